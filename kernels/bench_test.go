@@ -1,0 +1,97 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// benchSetBytes is the least total weight bytes a benchmark rotates
+// through: more than any cache (this machine reports a 260 MiB L3), so
+// GB/s measures DRAM streaming, as decoding does.
+const benchSetBytes = 512 << 20
+
+// benchMatrices returns enough matrices of dt and rows x cols to total at
+// least benchSetBytes. The data is random N(0, 0.02) weights, cheap to
+// make: one random block repeated at shifting offsets.
+func benchMatrices(dt DType, rows, cols int) []Matrix {
+	size := rows * cols * dt.Size()
+	count := (benchSetBytes + size - 1) / size
+	rng := rand.New(rand.NewPCG(71, 72))
+	block := make([]float32, 1<<16)
+	for i := range block {
+		block[i] = float32(rng.NormFloat64() * 0.02)
+	}
+	pattern := encode(dt, block)
+	ms := make([]Matrix, count)
+	for k := range ms {
+		shift := (k * 4096) % len(pattern)
+		rotated := append(append([]byte(nil), pattern[shift:]...), pattern[:shift]...)
+		data := make([]byte, size)
+		for off := 0; off < size; off += len(rotated) {
+			copy(data[off:], rotated)
+		}
+		ms[k] = Matrix{DType: dt, Rows: rows, Cols: cols, Data: data}
+	}
+	return ms
+}
+
+// BenchmarkMatVec streams Mixtral expert-sized matrices (w1/w3 are
+// 14336x4096, w2 4096x14336) with Threads() goroutines; SetBytes counts
+// weight bytes, so MB/s (and the GB/s metric) is weight bandwidth.
+func BenchmarkMatVec(b *testing.B) {
+	for _, dt := range []DType{BF16, F16, F32} {
+		b.Run(dt.String(), func(b *testing.B) {
+			var ms []Matrix // shared by both shapes: same byte size
+			next := 0       // rotation continues across runs: no matrix is reused while cached
+			for _, s := range []struct{ rows, cols int }{{4096, 14336}, {14336, 4096}} {
+				b.Run(fmt.Sprintf("%dx%d", s.rows, s.cols), func(b *testing.B) {
+					if ms == nil {
+						ms = benchMatrices(dt, s.rows, s.cols)
+					}
+					x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
+					out := make([]float32, s.rows)
+					bytes := int64(s.rows * s.cols * dt.Size())
+					b.SetBytes(bytes)
+					b.ResetTimer()
+					for range b.N {
+						m := ms[next%len(ms)]
+						next++
+						m.Rows, m.Cols = s.rows, s.cols
+						MatVec(out, m, x)
+					}
+					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkMatMul applies one 14336x4096 BF16 matrix to a mini-batch of
+// vectors (prefill); SetBytes counts the weight bytes once per call.
+func BenchmarkMatMul(b *testing.B) {
+	ms := benchMatrices(BF16, 14336, 4096)
+	next := 0
+	for _, n := range []int{4, 16} {
+		b.Run(fmt.Sprintf("BF16/n=%d", n), func(b *testing.B) {
+			x := randVec(rand.New(rand.NewPCG(1, 1)), n*4096)
+			out := make([]float32, n*14336)
+			b.SetBytes(int64(len(ms[0].Data)))
+			for range b.N {
+				MatMul(out, ms[next%len(ms)], x, n)
+				next++
+			}
+			b.ReportMetric(float64(2*14336*4096*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
+func BenchmarkSwiGLU(b *testing.B) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	gate, up := randVec(rng, 14336), randVec(rng, 14336)
+	out := make([]float32, 14336)
+	b.SetBytes(14336 * 4)
+	for range b.N {
+		SwiGLU(out, gate, up)
+	}
+}

@@ -1,0 +1,153 @@
+// Package kernels owns the arithmetic on tensors that odmoe computes with:
+// matrix-vector products over weights stored as F32, F16 or BF16,
+// RMSNorm, rotary embeddings, softmax, SiLU/SwiGLU, exp, and the
+// conversions between float32 and the 16-bit formats. It does not own
+// tensors' storage, shapes beyond a matrix, or any model structure.
+//
+// # One arithmetic per kernel
+//
+// A swarm may mix amd64 and arm64 nodes (and later GPUs), and its output
+// must equal a single-process run bit for bit. So each kernel below is
+// defined exactly — lanes, summation order, rounding of every operation —
+// and the pure-Go code in this package is the reference implementation of
+// that definition. Any faster path (AVX2, AVX-512, NEON assembly, CUDA)
+// must produce the same bits, and its tests compare it with the pure-Go
+// path for equality, not closeness.
+//
+// Everywhere: IEEE 754 binary32 (float32) or binary64 (float64) add,
+// subtract, multiply, divide and square root, rounded to nearest, ties to
+// even; subnormals are honoured on input and output (no flush-to-zero, no
+// denormals-are-zero: GPU code must be compiled with -ftz=false and
+// without fast-math); multiply and add are never fused. In Go source a
+// product that feeds an add is written float32(a*b) or float64(a*b): the
+// explicit conversion forbids the compiler to fuse it (otherwise Go may
+// fuse x*y+z, and does on arm64 and on amd64 with GOAMD64=v3). NaN
+// results are NaN, but their payload and sign are not part of any
+// definition below (hardware differs in which payload it propagates).
+//
+// # Dot, MatVec, MatMul
+//
+// A row of n elements w[i] times a vector x[i] (Dot, one MatVec row, one
+// MatMul output element) is:
+//
+//  1. Widen each weight exactly to float32: F32 as is; BF16 by bits<<16;
+//     F16 by the exact IEEE conversion (F16ToF32).
+//  2. Keep 16 float32 lane accumulators acc[0..15], all starting at +0.
+//  3. For i = 0, 1, ..., n-1 in increasing order:
+//     acc[i%16] = acc[i%16] + float32(w[i]*x[i])
+//     (the product rounded to float32, then the add rounded to float32).
+//     This covers the tail too: when n is not a multiple of 16, the last
+//     n%16 elements go to lanes 0..n%16-1 and the other lanes are not
+//     touched.
+//  4. Fold pairwise: acc[l] += acc[l+8] for l < 8; then acc[l] += acc[l+4]
+//     for l < 4; then acc[l] += acc[l+2] for l < 2; then acc[0] += acc[1].
+//     The result is acc[0].
+//
+// This maps onto one AVX-512 register of 16 lanes, two AVX2 ymm registers
+// (lanes 0-7 and 8-15), or four NEON q registers (lanes 4j..4j+3), each
+// element block loaded, multiplied (vmulps / fmul) and added (vaddps /
+// fadd) lane by lane. The fold is "high half onto low half" four times;
+// pairwise-adjacent horizontal adds (HADDPS, NEON FADDP) add lanes 0+1,
+// 2+3, ... and do NOT implement it.
+//
+// On the tail: the definition touches only the tail's own lanes, but
+// padding the unused lanes with zero products gives the same bits. A lane
+// starts at +0, and under round-to-nearest without flushing a sum is -0
+// only when both addends are -0, so a lane is never -0; adding ±0 to
+// anything that is not -0 leaves it unchanged (a NaN stays a NaN). Masked
+// loads that zero BOTH w and x in the unused lanes are therefore fine;
+// multiplying a zero-padded weight by a real or stale x element is not
+// (0 * Inf = NaN), nor is reading stale weights.
+//
+// MatVec computes every row with this definition; MatMul computes every
+// output element with it, so MatMul on n vectors equals n MatVecs bit for
+// bit. Neither result depends on Threads(), on how rows are split over
+// goroutines, or on blocking.
+//
+// Sum(x) is the same definition with the product float32(w[i]*x[i])
+// replaced by x[i].
+//
+// # Elementwise
+//
+//	Axpy:   dst[i] = dst[i] + float32(a*x[i])
+//	Add:    dst[i] = dst[i] + x[i]
+//	SiLU:   x / (1 + Exp(-x))                  (float32 add, then float32 divide)
+//	SwiGLU: out[i] = float32(SiLU(gate[i]) * up[i])
+//
+// # Exp
+//
+// Exp(x) for a float32 x is computed in float64, every operation rounded
+// to float64, and rounded to float32 once at the end:
+//
+//	NaN -> NaN (the input); x > 88.8 -> +Inf; x < -104 -> +0
+//	    (these two cutoffs change no result: there exp(x) already rounds
+//	    to +Inf, resp. +0; they only keep k small)
+//	d = float64(x)
+//	k = RoundToEven(d * log2e)                     log2e  = 0x3FF71547652B82FE
+//	r = (d - k*ln2hi) - k*ln2lo                    ln2hi  = 0x3FE62E42FEE00000
+//	                                               ln2lo  = 0x3DEA39EF35793C76
+//	p = c9; p = c8 + p*r; ...; p = c2 + p*r; p = 1 + p*r; p = 1 + p*r
+//	    with cj = 1/j! rounded to the nearest float64 (Horner, degree 9)
+//	result = float32(p * 2^k)    (2^k built from its exponent bits; the
+//	    product is exact in float64, the conversion rounds to nearest even
+//	    and produces float32 subnormals and +Inf as they come)
+//
+// Every product above is rounded before the following add or subtract.
+// The result is within 1 ulp of float32(math.Exp(float64(x))) for every x
+// (the tests check it); the polynomial's relative error is below 1e-11.
+// Exp must not call math.Exp, whose bits differ between architectures.
+//
+// # RMSNorm
+//
+//	ms  = Dot(x, x) / float32(n)
+//	r   = 1 / sqrt(ms + eps)   (float32 add; square root correctly rounded
+//	                            to float32; float32 division)
+//	out = weight[i] * float32(x[i]*r)
+//
+// # Softmax
+//
+//	m = the maximum of x (NaN anywhere makes the whole output NaN)
+//	e_i = Exp(x_i - m)          (float32 subtraction)
+//	s = Sum(e)                  (16 lanes and fold, as Dot)
+//	x_i = e_i / s               (a float32 division, not a multiply by 1/s)
+//
+// # RoPE
+//
+// RoPE's rotation is portable float32 arithmetic with HF's rotate_half
+// convention; for head h and i < half = headDim/2:
+//
+//	x[h+i]      = float32(x1*c) - float32(x2*s)
+//	x[h+i+half] = float32(x2*c) + float32(x1*s)
+//
+// Its tables (RoPEFreqs, RoPETable) use math.Pow, math.Cos and math.Sin,
+// which are deterministic within one architecture's build but not across
+// architectures.
+//
+// # Which kernels must agree across architectures
+//
+// The expert path runs on workers of any architecture and its results are
+// summed on the main node, so these must be bit-identical everywhere:
+// MatVec, MatMul, Dot, Sum, Exp, SiLU, SwiGLU, Axpy, Add, and the
+// conversions. RMSNorm and Softmax run on the main node only but are
+// defined portably anyway. The RoPE tables run on the main node only and
+// need only be deterministic within a process; the swarm equals local mode
+// as long as both run their main node on the same architecture.
+//
+// # Host requirements
+//
+// Weight bytes are little-endian. On amd64 and arm64 they are reinterpreted
+// in place (unaligned is fine); other architectures decode a copy on every
+// call (correct, slow). MatVec and MatMul only read w and x, which must not
+// overlap out.
+//
+// # Testing a new path
+//
+// The tests hold every path to these definitions: specDot in the tests is
+// the plain, non-unrolled form of the Dot definition, and MatVec, MatMul,
+// Dot and Sum must equal it bit for bit; testdata/golden.json records
+// hashes of the exact output bits of every portable kernel on fixed
+// inputs, and must match on every architecture (run the test binary of
+// GOARCH=arm64 under qemu-aarch64 on an amd64 machine, for example).
+// Assembly replaces the matVecF32, matVecBF16 and matVecF16 variables; the
+// same tests then cover it.
+package kernels

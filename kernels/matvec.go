@@ -1,0 +1,181 @@
+package kernels
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// Per-dtype row kernels: each computes out[r] = Dot(row r of w, x) for
+// r < len(out), where w holds len(out) rows of len(x) elements. They are
+// variables so that an assembly (or GPU) implementation can replace the
+// pure-Go one at init; any replacement must be bit-identical to it (the
+// tests compare them) and may not keep w or x.
+var (
+	matVecF32  = matVecF32Go
+	matVecBF16 = matVecBF16Go
+	matVecF16  = matVecF16Go
+	dotF32     = dotF32Go
+)
+
+func matVecF32Go(out, w, x []float32) {
+	cols := len(x)
+	for r := range out {
+		out[r] = dotF32Go(w[r*cols:(r+1)*cols], x)
+	}
+}
+
+func matVecBF16Go(out []float32, w []uint16, x []float32) {
+	cols := len(x)
+	for r := range out {
+		out[r] = dotBF16Go(w[r*cols:(r+1)*cols], x)
+	}
+}
+
+func matVecF16Go(out []float32, w []uint16, x []float32) {
+	tab := f16Table()
+	cols := len(x)
+	for r := range out {
+		out[r] = dotF16Go(w[r*cols:(r+1)*cols], x, tab)
+	}
+}
+
+// f16Table maps every F16 bit pattern to its exact float32 value (256 KiB,
+// built on first use): one load per weight in the F16 row kernel.
+var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	t := new([1 << 16]float32)
+	for h := range t {
+		t[h] = F16ToF32(uint16(h))
+	}
+	return t
+})
+
+// minParallelElems is the matrix size (weights times vectors) below which
+// MatVec and MatMul stay on the calling goroutine: starting goroutines
+// costs more than the work saves.
+const minParallelElems = 64 << 10
+
+// matMulBlockBytes bounds the weight bytes MatMul applies to all n vectors
+// before moving on, so that the block stays in L2 while it is reused.
+const matMulBlockBytes = 128 << 10
+
+var threads atomic.Int32 // 0: runtime.GOMAXPROCS(0)
+
+// Threads returns the number of goroutines MatVec and MatMul split their
+// rows over: the value set by SetThreads, by default runtime.GOMAXPROCS(0).
+func Threads() int {
+	if n := threads.Load(); n > 0 {
+		return int(n)
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// SetThreads sets the number of goroutines MatVec and MatMul use; n < 1
+// restores the default, runtime.GOMAXPROCS(0). It returns the previous
+// Threads() value. Results never depend on it: only speed does.
+func SetThreads(n int) (prev int) {
+	if n < 1 {
+		n = 0
+	}
+	old := threads.Swap(int32(min(n, 1<<20)))
+	if old > 0 {
+		return int(old)
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// MatVec computes out[r] = Dot(w[r,:], x) for every row r, with weights
+// widened exactly to float32. len(out) must be w.Rows and len(x) w.Cols;
+// it panics otherwise, or if w is invalid. Large matrices are split into
+// Threads() contiguous row ranges computed concurrently; the result is
+// bit-identical whatever the split.
+func MatVec(out []float32, w Matrix, x []float32) {
+	checkShapes("MatVec", out, w, x, 1)
+	parts := partsFor(w.Rows, w.Rows*w.Cols)
+	if parts <= 1 {
+		matVecRows(out, w, x, 0, w.Rows)
+		return
+	}
+	parallelRows(parts, w.Rows, func(r0, r1 int) {
+		matVecRows(out[r0:r1], w, x, r0, r1)
+	})
+}
+
+// MatMul applies w to n vectors: x holds n vectors of w.Cols elements one
+// after the other, and out[i*w.Rows+r] receives Dot(w[r,:], x[i*w.Cols:]).
+// Every element is bit-identical to MatVec on that vector, whatever n,
+// Threads() or the blocking. It panics on mismatched lengths.
+func MatMul(out []float32, w Matrix, x []float32, n int) {
+	checkShapes("MatMul", out, w, x, n)
+	if n == 0 {
+		return
+	}
+	parts := partsFor(w.Rows, w.Rows*w.Cols*n)
+	if parts <= 1 {
+		matMulRows(out, w, x, n, 0, w.Rows)
+		return
+	}
+	parallelRows(parts, w.Rows, func(r0, r1 int) {
+		matMulRows(out, w, x, n, r0, r1)
+	})
+}
+
+func checkShapes(op string, out []float32, w Matrix, x []float32, n int) {
+	if err := w.Validate(); err != nil {
+		panic(fmt.Sprintf("kernels.%s: %v", op, err))
+	}
+	if n < 0 || len(x) != n*w.Cols || len(out) != n*w.Rows {
+		panic(fmt.Sprintf("kernels.%s: %dx%d matrix, %d vectors: len(x) = %d (want %d), len(out) = %d (want %d)",
+			op, w.Rows, w.Cols, n, len(x), n*w.Cols, len(out), n*w.Rows))
+	}
+}
+
+// partsFor returns how many goroutines to split rows over for a job of
+// elems multiply-adds.
+func partsFor(rows, elems int) int {
+	if elems < minParallelElems {
+		return 1
+	}
+	return min(Threads(), rows)
+}
+
+// parallelRows runs fn over parts contiguous row ranges covering [0, rows),
+// parts-1 of them on new goroutines and the first on the caller's, and
+// returns when all are done.
+func parallelRows(parts, rows int, fn func(r0, r1 int)) {
+	var wg sync.WaitGroup
+	for p := 1; p < parts; p++ {
+		r0, r1 := rows*p/parts, rows*(p+1)/parts
+		wg.Go(func() { fn(r0, r1) })
+	}
+	fn(0, rows/parts)
+	wg.Wait()
+}
+
+// matVecRows computes rows [r0, r1) of w times x into out[:r1-r0].
+func matVecRows(out []float32, w Matrix, x []float32, r0, r1 int) {
+	rowBytes := w.Cols * w.DType.Size()
+	b := w.Data[r0*rowBytes : r1*rowBytes]
+	switch w.DType {
+	case F32:
+		matVecF32(out, f32View(b), x)
+	case BF16:
+		matVecBF16(out, u16View(b), x)
+	case F16:
+		matVecF16(out, u16View(b), x)
+	}
+}
+
+// matMulRows computes rows [r0, r1) for all n vectors, a block of rows at
+// a time so that each block is read from memory once for all vectors.
+func matMulRows(out []float32, w Matrix, x []float32, n, r0, r1 int) {
+	rows, cols := w.Rows, w.Cols
+	block := max(1, matMulBlockBytes/max(1, cols*w.DType.Size()))
+	for b0 := r0; b0 < r1; b0 += block {
+		b1 := min(b0+block, r1)
+		for i := range n {
+			matVecRows(out[i*rows+b0:i*rows+b1], w, x[i*cols:(i+1)*cols], b0, b1)
+		}
+	}
+}

@@ -1,0 +1,51 @@
+package kernels
+
+import "math"
+
+// RMSNorm computes Hugging Face's MixtralRMSNorm in float32:
+//
+//	ms  = Dot(x, x) / float32(n)
+//	r   = 1 / sqrt(ms + eps)   (sqrt correctly rounded, then a float32 division)
+//	out = weight[i] * float32(x[i]*r)
+//
+// out may alias x. It panics if the lengths differ.
+func RMSNorm(out, x, weight []float32, eps float32) {
+	if len(x) != len(out) || len(weight) != len(out) {
+		panic("kernels.RMSNorm: length mismatch")
+	}
+	ms := dotF32(x, x) / float32(len(x))
+	// A float64 square root rounded to float32 is the correctly rounded
+	// float32 square root (sqrtss, fsqrt), so this is portable.
+	r := 1 / float32(math.Sqrt(float64(ms+eps)))
+	for i, v := range x[:len(out)] {
+		out[i] = weight[i] * float32(v*r)
+	}
+}
+
+// Softmax replaces x by its softmax, in place:
+//
+//	m   = max(x)           (the first NaN-free maximum; any NaN makes all NaN)
+//	e_i = Exp(x_i - m)
+//	s   = Sum(e)           (the 16-lane definition of Dot)
+//	x_i = e_i / s          (a division, not a multiply by 1/s)
+//
+// An empty x is left alone; an x that is all -Inf becomes all NaN, as in
+// PyTorch.
+func Softmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	m := x[0]
+	for _, v := range x[1:] {
+		if v > m {
+			m = v
+		}
+	}
+	for i, v := range x {
+		x[i] = Exp(v - m)
+	}
+	s := Sum(x)
+	for i, v := range x {
+		x[i] = v / s
+	}
+}
