@@ -1,0 +1,128 @@
+// Package progress draws a one-line progress bar for long work (model
+// generation, conversion, loading): bytes done, rate and ETA. On a terminal
+// it redraws in place at most every 100 ms; otherwise (logs, CI) it prints a
+// plain line at every 10% so logs stay readable.
+package progress
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/term"
+)
+
+// Bar tracks one piece of work measured in bytes. Safe for concurrent use.
+type Bar struct {
+	mu       sync.Mutex
+	w        io.Writer
+	tty      bool
+	label    string
+	total    int64
+	done     int64
+	start    time.Time
+	lastDraw time.Time
+	lastTen  int64
+	now      func() time.Time
+}
+
+// New starts a bar on stderr.
+func New(label string, total int64) *Bar {
+	return NewWriter(os.Stderr, term.IsTerminal(int(os.Stderr.Fd())), label, total)
+}
+
+// NewWriter starts a bar on w; tty selects in-place redrawing.
+func NewWriter(w io.Writer, tty bool, label string, total int64) *Bar {
+	return &Bar{w: w, tty: tty, label: label, total: total, start: time.Now(), now: time.Now}
+}
+
+// Set records absolute progress.
+func (b *Bar) Set(done int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.done = done
+	b.draw(false)
+}
+
+// Add records n more bytes done.
+func (b *Bar) Add(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.done += n
+	b.draw(false)
+}
+
+// Finish draws the final state and ends the line.
+func (b *Bar) Finish() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.draw(true)
+	if b.tty {
+		fmt.Fprintln(b.w)
+	}
+}
+
+func (b *Bar) draw(final bool) {
+	now := b.now()
+	if b.tty {
+		if !final && now.Sub(b.lastDraw) < 100*time.Millisecond {
+			return
+		}
+	} else {
+		ten := int64(0)
+		if b.total > 0 {
+			ten = b.done * 10 / b.total
+		}
+		if !final && ten <= b.lastTen {
+			return
+		}
+		b.lastTen = ten
+	}
+	b.lastDraw = now
+	line := b.line(now)
+	if b.tty {
+		fmt.Fprintf(b.w, "\r%s\x1b[K", line)
+	} else {
+		fmt.Fprintln(b.w, line)
+	}
+}
+
+func (b *Bar) line(now time.Time) string {
+	el := now.Sub(b.start).Seconds()
+	rate := 0.0
+	if el > 0 {
+		rate = float64(b.done) / el
+	}
+	frac := 1.0
+	if b.total > 0 {
+		frac = min(float64(b.done)/float64(b.total), 1)
+	}
+	const width = 30
+	fillN := int(frac * width)
+	eta := "--"
+	if rate > 0 && b.total > b.done {
+		eta = time.Duration(float64(b.total-b.done) / rate * float64(time.Second)).Round(time.Second).String()
+	} else if b.done >= b.total {
+		eta = "0s"
+	}
+	return fmt.Sprintf("%s [%s%s] %5.1f%% %s/%s %s/s ETA %s", b.label,
+		strings.Repeat("=", fillN), strings.Repeat(" ", width-fillN), 100*frac,
+		Bytes(b.done), Bytes(b.total), Bytes(int64(rate)), eta)
+}
+
+// Bytes formats n with a binary unit (KiB, MiB, GiB).
+func Bytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,88 @@
+package safetensors
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Spec declares one tensor to write.
+type Spec struct {
+	Name  string
+	DType string // "BF16", "F16", "F32", ...
+	Shape []int
+}
+
+// Write streams a safetensors file to path: fill is called once per spec,
+// in order, with a buffer of exactly the tensor's byte size to fill, so a
+// large checkpoint never has to sit in memory whole. The file appears
+// atomically (written to a temporary name, then renamed).
+func Write(path string, specs []Spec, metadata map[string]string, fill func(i int, buf []byte) error) error {
+	header := map[string]any{}
+	if len(metadata) > 0 {
+		header["__metadata__"] = metadata
+	}
+	var off int64
+	sizes := make([]int64, len(specs))
+	for i, sp := range specs {
+		es := dtypeSize(sp.DType)
+		if es == 0 {
+			return fmt.Errorf("safetensors: %s: unknown dtype %q", sp.Name, sp.DType)
+		}
+		if _, dup := header[sp.Name]; dup {
+			return fmt.Errorf("safetensors: tensor %q declared twice", sp.Name)
+		}
+		sizes[i] = int64(elements(sp.Shape)) * int64(es)
+		header[sp.Name] = headerEntry{DType: sp.DType, Shape: sp.Shape, DataOffsets: []int64{off, off + sizes[i]}}
+		off += sizes[i]
+	}
+	hjson, err := json.Marshal(header)
+	if err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	// Pad the header with spaces so the data section is 8-byte aligned, as
+	// the reference writer does.
+	for (8+len(hjson))%8 != 0 {
+		hjson = append(hjson, ' ')
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	w := bufio.NewWriterSize(tmp, 1<<20)
+	var lenBuf [8]byte
+	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(hjson)))
+	w.Write(lenBuf[:])
+	w.Write(hjson)
+	var buf []byte
+	for i, sp := range specs {
+		if int64(cap(buf)) < sizes[i] {
+			buf = make([]byte, sizes[i])
+		}
+		b := buf[:sizes[i]]
+		clear(b)
+		if err := fill(i, b); err != nil {
+			tmp.Close()
+			return fmt.Errorf("safetensors: filling %s: %w", sp.Name, err)
+		}
+		if _, err := w.Write(b); err != nil {
+			tmp.Close()
+			return fmt.Errorf("safetensors: %w", err)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	return nil
+}
