@@ -26,6 +26,7 @@ type Bar struct {
 	start    time.Time
 	lastDraw time.Time
 	lastTen  int64
+	drawnAt  int64 // done when last drawn
 	now      func() time.Time
 }
 
@@ -55,11 +56,14 @@ func (b *Bar) Add(n int64) {
 	b.draw(false)
 }
 
-// Finish draws the final state and ends the line.
+// Finish draws the final state (unless it is already shown) and ends the
+// line.
 func (b *Bar) Finish() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.draw(true)
+	if b.tty || b.drawnAt != b.done || b.lastDraw.IsZero() {
+		b.draw(true)
+	}
 	if b.tty {
 		fmt.Fprintln(b.w)
 	}
@@ -82,6 +86,7 @@ func (b *Bar) draw(final bool) {
 		b.lastTen = ten
 	}
 	b.lastDraw = now
+	b.drawnAt = b.done
 	line := b.line(now)
 	if b.tty {
 		fmt.Fprintf(b.w, "\r%s\x1b[K", line)

@@ -16,8 +16,8 @@ func TestPlainOutputPrintsEveryTenthOnce(t *testing.T) {
 	}
 	b.Finish()
 	lines := strings.Split(strings.TrimSpace(sb.String()), "\n")
-	// 10 steps (10%..100%) plus the final line
-	if len(lines) != 11 {
+	// 10 steps (10%..100%); Finish adds nothing when 100% is shown
+	if len(lines) != 10 {
 		t.Fatalf("%d lines:\n%s", len(lines), sb.String())
 	}
 	if !strings.Contains(lines[len(lines)-1], "100.0%") || !strings.Contains(lines[0], "10.0%") {

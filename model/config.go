@@ -1,0 +1,184 @@
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Config is the part of a Hugging Face config.json that odmoe uses, with
+// Hugging Face's defaults filled in for absent fields.
+type Config struct {
+	Architecture     string  // architectures[0], e.g. "MixtralForCausalLM"
+	ModelType        string  // model_type, e.g. "mixtral"
+	HiddenSize       int     // hidden_size
+	IntermediateSize int     // intermediate_size (per expert)
+	NumLayers        int     // num_hidden_layers
+	NumHeads         int     // num_attention_heads
+	NumKVHeads       int     // num_key_value_heads
+	HeadDim          int     // head_dim, default hidden_size / num_attention_heads
+	NumExperts       int     // num_local_experts
+	TopK             int     // num_experts_per_tok
+	VocabSize        int     // vocab_size
+	MaxPositions     int     // max_position_embeddings
+	RMSNormEps       float64 // rms_norm_eps
+	RopeTheta        float64 // rope_theta
+	TieEmbeddings    bool    // tie_word_embeddings
+	SlidingWindow    int     // sliding_window, 0 = none
+	BOS              int     // bos_token_id, -1 = none
+	EOS              []int   // eos_token_id (int or list)
+	TorchDType       string  // torch_dtype, informational
+}
+
+// rawConfig mirrors config.json; pointers tell absent fields from zeros.
+type rawConfig struct {
+	Architectures    []string        `json:"architectures"`
+	ModelType        string          `json:"model_type"`
+	HiddenSize       *int            `json:"hidden_size"`
+	IntermediateSize *int            `json:"intermediate_size"`
+	NumLayers        *int            `json:"num_hidden_layers"`
+	NumHeads         *int            `json:"num_attention_heads"`
+	NumKVHeads       *int            `json:"num_key_value_heads"`
+	HeadDim          *int            `json:"head_dim"`
+	NumExperts       *int            `json:"num_local_experts"`
+	TopK             *int            `json:"num_experts_per_tok"`
+	VocabSize        *int            `json:"vocab_size"`
+	MaxPositions     *int            `json:"max_position_embeddings"`
+	RMSNormEps       *float64        `json:"rms_norm_eps"`
+	RopeTheta        *float64        `json:"rope_theta"`
+	TieEmbeddings    *bool           `json:"tie_word_embeddings"`
+	SlidingWindow    *int            `json:"sliding_window"`
+	BOS              *int            `json:"bos_token_id"`
+	EOS              json.RawMessage `json:"eos_token_id"`
+	TorchDType       string          `json:"torch_dtype"`
+}
+
+// LoadConfig reads dir/config.json.
+func LoadConfig(dir string) (Config, error) {
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("model: %w", err)
+	}
+	c, err := ParseConfig(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("model: %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseConfig parses config.json bytes and checks that odmoe supports the
+// architecture and that the shapes are consistent.
+func ParseConfig(b []byte) (Config, error) {
+	var r rawConfig
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Config{}, fmt.Errorf("bad config JSON: %w", err)
+	}
+	if len(r.Architectures) == 0 {
+		return Config{}, fmt.Errorf(`field "architectures" is missing or empty`)
+	}
+	arch, ok := architectures[r.Architectures[0]]
+	if !ok {
+		return Config{}, fmt.Errorf(`field "architectures" is %q; supported: %s`, r.Architectures[0], strings.Join(SupportedArchitectures(), ", "))
+	}
+	d := arch.defaults
+	c := Config{
+		Architecture:     r.Architectures[0],
+		ModelType:        r.ModelType,
+		HiddenSize:       or(r.HiddenSize, d.HiddenSize),
+		IntermediateSize: or(r.IntermediateSize, d.IntermediateSize),
+		NumLayers:        or(r.NumLayers, d.NumLayers),
+		NumHeads:         or(r.NumHeads, d.NumHeads),
+		NumKVHeads:       or(r.NumKVHeads, d.NumKVHeads),
+		NumExperts:       or(r.NumExperts, d.NumExperts),
+		TopK:             or(r.TopK, d.TopK),
+		VocabSize:        or(r.VocabSize, d.VocabSize),
+		MaxPositions:     or(r.MaxPositions, d.MaxPositions),
+		RMSNormEps:       or(r.RMSNormEps, d.RMSNormEps),
+		RopeTheta:        or(r.RopeTheta, d.RopeTheta),
+		TieEmbeddings:    or(r.TieEmbeddings, d.TieEmbeddings),
+		SlidingWindow:    or(r.SlidingWindow, 0),
+		BOS:              or(r.BOS, -1),
+		TorchDType:       r.TorchDType,
+	}
+	c.HeadDim = or(r.HeadDim, 0)
+	if c.HeadDim == 0 && c.NumHeads > 0 {
+		c.HeadDim = c.HiddenSize / c.NumHeads
+	}
+	if len(r.EOS) > 0 && string(r.EOS) != "null" {
+		var one int
+		if err := json.Unmarshal(r.EOS, &one); err == nil {
+			c.EOS = []int{one}
+		} else if err := json.Unmarshal(r.EOS, &c.EOS); err != nil {
+			return Config{}, fmt.Errorf(`field "eos_token_id" is %s; want an integer or a list of integers`, r.EOS)
+		}
+	}
+	return c, c.validate()
+}
+
+func or[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func (c Config) validate() error {
+	positive := []struct {
+		field string
+		v     int
+	}{
+		{"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize},
+		{"num_hidden_layers", c.NumLayers}, {"num_attention_heads", c.NumHeads},
+		{"num_key_value_heads", c.NumKVHeads}, {"head_dim", c.HeadDim},
+		{"num_local_experts", c.NumExperts}, {"num_experts_per_tok", c.TopK},
+		{"vocab_size", c.VocabSize}, {"max_position_embeddings", c.MaxPositions},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			return fmt.Errorf("field %q is %d; must be positive", p.field, p.v)
+		}
+	}
+	if c.NumHeads%c.NumKVHeads != 0 {
+		return fmt.Errorf(`field "num_attention_heads" (%d) is not a multiple of "num_key_value_heads" (%d)`, c.NumHeads, c.NumKVHeads)
+	}
+	if c.HeadDim%2 != 0 {
+		return fmt.Errorf(`field "head_dim" is %d; rotary embeddings need it even`, c.HeadDim)
+	}
+	if c.TopK > c.NumExperts {
+		return fmt.Errorf(`field "num_experts_per_tok" (%d) exceeds "num_local_experts" (%d)`, c.TopK, c.NumExperts)
+	}
+	if c.RMSNormEps <= 0 {
+		return fmt.Errorf(`field "rms_norm_eps" is %g; must be positive`, c.RMSNormEps)
+	}
+	if c.RopeTheta <= 0 {
+		return fmt.Errorf(`field "rope_theta" is %g; must be positive`, c.RopeTheta)
+	}
+	if c.SlidingWindow < 0 {
+		return fmt.Errorf(`field "sliding_window" is %d; must be positive or null`, c.SlidingWindow)
+	}
+	return nil
+}
+
+// SupportedArchitectures lists the values of "architectures" odmoe loads.
+func SupportedArchitectures() []string {
+	var names []string
+	for n := range architectures {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// IsEOS reports whether id ends generation.
+func (c Config) IsEOS(id int) bool {
+	for _, e := range c.EOS {
+		if e == id {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,87 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// GenerateStats summarises one generation.
+type GenerateStats struct {
+	PromptTokens    int
+	GeneratedTokens int
+	Prefill         time.Duration // prompt forward pass, up to the first logits
+	Decode          time.Duration // every later forward pass
+	StoppedAtEOS    bool
+}
+
+// PrefillTokensPerSec is prompt tokens per second of prefill.
+func (s GenerateStats) PrefillTokensPerSec() float64 {
+	return rate(s.PromptTokens, s.Prefill)
+}
+
+// DecodeTokensPerSec is forward passes per second after the prompt (each
+// yields one generated token).
+func (s GenerateStats) DecodeTokensPerSec() float64 {
+	return rate(s.GeneratedTokens-1, s.Decode)
+}
+
+func rate(n int, d time.Duration) float64 {
+	if n <= 0 || d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// GenerateOptions control Generate.
+type GenerateOptions struct {
+	MaxTokens int      // tokens to generate
+	Sampler   *Sampler // nil: greedy
+	StopAtEOS bool     // stop after generating an EOS id of the config
+	// OnToken, if set, sees every generated token with the logits it was
+	// sampled from: step 0 is the logits after the prompt, step i those
+	// after the i-th generated token. logits is reused after it returns.
+	OnToken func(step, id int, logits []float32) error
+}
+
+// Generate runs the prompt through s, then samples up to opt.MaxTokens
+// tokens, feeding each back. It returns the generated ids.
+func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions) ([]int, GenerateStats, error) {
+	st := GenerateStats{PromptTokens: len(prompt)}
+	if len(prompt) == 0 {
+		return nil, st, fmt.Errorf("model: empty prompt")
+	}
+	sampler := opt.Sampler
+	if sampler == nil {
+		sampler = NewSampler(0, 0, 0)
+	}
+	var out []int
+	t0 := time.Now()
+	logits, err := s.Forward(ctx, prompt)
+	st.Prefill = time.Since(t0)
+	if err != nil {
+		return nil, st, err
+	}
+	t1 := time.Now()
+	for step := 0; step < opt.MaxTokens; step++ {
+		if step > 0 {
+			if logits, err = s.Forward(ctx, out[len(out)-1:]); err != nil {
+				return out, st, err
+			}
+		}
+		id := sampler.Sample(logits)
+		out = append(out, id)
+		st.GeneratedTokens = len(out)
+		if opt.OnToken != nil {
+			if err := opt.OnToken(step, id, logits); err != nil {
+				return out, st, err
+			}
+		}
+		if opt.StopAtEOS && s.m.Config.IsEOS(id) {
+			st.StoppedAtEOS = true
+			break
+		}
+	}
+	st.Decode = time.Since(t1)
+	return out, st, nil
+}

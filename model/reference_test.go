@@ -1,0 +1,202 @@
+package model
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"testing"
+
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model/safetensors"
+)
+
+// refModel is an independent float64 implementation of Hugging Face's
+// MixtralForCausalLM forward pass (modeling_mixtral.py), written straight
+// from the formulas with no KV cache and none of the package's code paths:
+// it reads the checkpoint itself and recomputes the whole sequence.
+type refModel struct {
+	cfg Config
+	set *safetensors.Set
+	t   *testing.T
+}
+
+func (r refModel) tensor(name string) [][]float64 {
+	t, err := r.set.Tensor(name)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	rows, cols := 1, t.Shape[0]
+	if len(t.Shape) == 2 {
+		rows, cols = t.Shape[0], t.Shape[1]
+	}
+	out := make([][]float64, rows)
+	for i := range out {
+		out[i] = make([]float64, cols)
+		for j := range out[i] {
+			k := (i*cols + j) * t.DType.Size()
+			switch t.DType {
+			case kernels.BF16:
+				out[i][j] = float64(math.Float32frombits(uint32(t.Data[k])<<16 | uint32(t.Data[k+1])<<24))
+			case kernels.F32:
+				out[i][j] = float64(math.Float32frombits(uint32(t.Data[k]) | uint32(t.Data[k+1])<<8 | uint32(t.Data[k+2])<<16 | uint32(t.Data[k+3])<<24))
+			default:
+				r.t.Fatalf("reference reads BF16 and F32 only, %s is %v", name, t.DType)
+			}
+		}
+	}
+	return out
+}
+
+func (r refModel) vec(name string) []float64 { return r.tensor(name)[0] }
+
+func linear(w [][]float64, x []float64) []float64 {
+	y := make([]float64, len(w))
+	for i, row := range w {
+		for j, v := range row {
+			y[i] += v * x[j]
+		}
+	}
+	return y
+}
+
+func rmsnorm(x, w []float64, eps float64) []float64 {
+	var ss float64
+	for _, v := range x {
+		ss += v * v
+	}
+	r := 1 / math.Sqrt(ss/float64(len(x))+eps)
+	y := make([]float64, len(x))
+	for i := range x {
+		y[i] = w[i] * x[i] * r
+	}
+	return y
+}
+
+func softmax64(x []float64) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = math.Max(mx, v)
+	}
+	var sum float64
+	y := make([]float64, len(x))
+	for i, v := range x {
+		y[i] = math.Exp(v - mx)
+		sum += y[i]
+	}
+	for i := range y {
+		y[i] /= sum
+	}
+	return y
+}
+
+// rope applies HF's apply_rotary_pos_emb (rotate_half) to one head.
+func rope(x []float64, pos int, theta float64) []float64 {
+	d := len(x)
+	y := make([]float64, d)
+	for i := range d / 2 {
+		invFreq := 1 / math.Pow(theta, float64(2*i)/float64(d))
+		c, s := math.Cos(float64(pos)*invFreq), math.Sin(float64(pos)*invFreq)
+		y[i] = x[i]*c - x[i+d/2]*s
+		y[i+d/2] = x[i+d/2]*c + x[i]*s
+	}
+	return y
+}
+
+// forward returns the logits of every position of tokens.
+func (r refModel) forward(tokens []int) [][]float64 {
+	c := r.cfg
+	hd, eps := c.HeadDim, c.RMSNormEps
+	emb := r.tensor("model.embed_tokens.weight")
+	xs := make([][]float64, len(tokens))
+	for t, id := range tokens {
+		xs[t] = append([]float64(nil), emb[id]...)
+	}
+	for l := range c.NumLayers {
+		p := "model.layers." + strconv.Itoa(l) + "."
+		wq, wk, wv, wo := r.tensor(p+"self_attn.q_proj.weight"), r.tensor(p+"self_attn.k_proj.weight"), r.tensor(p+"self_attn.v_proj.weight"), r.tensor(p+"self_attn.o_proj.weight")
+		ln1, ln2 := r.vec(p+"input_layernorm.weight"), r.vec(p+"post_attention_layernorm.weight")
+		qs, ks, vs := make([][]float64, len(xs)), make([][]float64, len(xs)), make([][]float64, len(xs))
+		for t := range xs {
+			h := rmsnorm(xs[t], ln1, eps)
+			qs[t], ks[t], vs[t] = linear(wq, h), linear(wk, h), linear(wv, h)
+			for hh := range c.NumHeads {
+				copy(qs[t][hh*hd:], rope(qs[t][hh*hd:(hh+1)*hd], t, c.RopeTheta))
+			}
+			for hh := range c.NumKVHeads {
+				copy(ks[t][hh*hd:], rope(ks[t][hh*hd:(hh+1)*hd], t, c.RopeTheta))
+			}
+		}
+		next := make([][]float64, len(xs))
+		for t := range xs {
+			att := make([]float64, c.NumHeads*hd)
+			for hh := range c.NumHeads {
+				kvh := hh / (c.NumHeads / c.NumKVHeads) // repeat_kv
+				sc := make([]float64, t+1)
+				for j := 0; j <= t; j++ {
+					for i := range hd {
+						sc[j] += qs[t][hh*hd+i] * ks[j][kvh*hd+i]
+					}
+					sc[j] /= math.Sqrt(float64(hd))
+				}
+				pr := softmax64(sc)
+				for j := 0; j <= t; j++ {
+					for i := range hd {
+						att[hh*hd+i] += pr[j] * vs[j][kvh*hd+i]
+					}
+				}
+			}
+			o := linear(wo, att)
+			x := make([]float64, len(xs[t]))
+			for i := range x {
+				x[i] = xs[t][i] + o[i]
+			}
+			// sparse MoE block
+			h := rmsnorm(x, ln2, eps)
+			probs := softmax64(linear(r.tensor(p+"block_sparse_moe.gate.weight"), h))
+			idx := make([]int, len(probs))
+			for i := range idx {
+				idx[i] = i
+			}
+			sort.SliceStable(idx, func(a, b int) bool { return probs[idx[a]] > probs[idx[b]] })
+			var wsum float64
+			for _, e := range idx[:c.TopK] {
+				wsum += probs[e]
+			}
+			for _, e := range idx[:c.TopK] {
+				ep := p + "block_sparse_moe.experts." + strconv.Itoa(e) + "."
+				g, u := linear(r.tensor(ep+"w1.weight"), h), linear(r.tensor(ep+"w3.weight"), h)
+				for i := range g {
+					g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
+				}
+				y := linear(r.tensor(ep+"w2.weight"), g)
+				for i := range x {
+					x[i] += probs[e] / wsum * y[i]
+				}
+			}
+			next[t] = x
+		}
+		xs = next
+	}
+	norm := r.vec("model.norm.weight")
+	head := "lm_head.weight"
+	if c.TieEmbeddings {
+		head = "model.embed_tokens.weight"
+	}
+	lm := r.tensor(head)
+	out := make([][]float64, len(xs))
+	for t := range xs {
+		out[t] = linear(lm, rmsnorm(xs[t], norm, eps))
+	}
+	return out
+}
+
+// relL2 is ||a-b|| / ||b||.
+func relL2(a []float32, b []float64) float64 {
+	var num, den float64
+	for i := range b {
+		d := float64(a[i]) - b[i]
+		num += d * d
+		den += b[i] * b[i]
+	}
+	return math.Sqrt(num / den)
+}

@@ -1,0 +1,301 @@
+// Package synth writes deterministic random Mixtral checkpoints in exactly
+// the Hugging Face layout (config.json, model.safetensors in BF16,
+// tokenizer.json, tokenizer_config.json, generation_config.json), for
+// tests, demos and benchmarks. Nothing is ever downloaded: the tokenizer is
+// trained on a built-in corpus unless a real tokenizer.json is adopted.
+//
+// Weights are drawn like a trained model's so that the statistics later
+// stages depend on are realistic: matrices N(0, 0.02) (the BF16 exponent
+// entropy the store compresses), norm weights near 1, and the router scaled
+// so that its top-1 probability is typically 0.3-0.6 (so that expert
+// prediction is neither trivial nor a coin toss).
+package synth
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model/safetensors"
+	"github.com/odmoe/odmoe/model/tokenizer"
+)
+
+// Preset is a model shape.
+type Preset struct {
+	Name             string
+	Hidden           int
+	Intermediate     int
+	Layers           int
+	Heads, KVHeads   int
+	Experts, TopK    int
+	Vocab            int // 0: the tokenizer's size
+	TokenizerVocab   int // merges target for the built-in tokenizer
+	MaxPositions     int
+	RopeTheta        float64
+	TieWordEmbedding bool
+}
+
+// Presets are the shapes gen-tiny knows.
+var Presets = map[string]Preset{
+	// tiny: a few MB, for unit tests.
+	"tiny": {Name: "tiny", Hidden: 128, Intermediate: 256, Layers: 4, Heads: 4, KVHeads: 2,
+		Experts: 8, TopK: 2, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+	// small: ~1.5 GB, for benchmarks.
+	"small": {Name: "small", Hidden: 1024, Intermediate: 3584, Layers: 8, Heads: 16, KVHeads: 4,
+		Experts: 8, TopK: 2, Vocab: 32000, TokenizerVocab: 4096, MaxPositions: 32768, RopeTheta: 1e6},
+	// mixtral-layers: Mixtral-8x7B's real shapes, two layers, for memory tests.
+	"mixtral-layers": {Name: "mixtral-layers", Hidden: 4096, Intermediate: 14336, Layers: 2, Heads: 32, KVHeads: 8,
+		Experts: 8, TopK: 2, Vocab: 32000, TokenizerVocab: 4096, MaxPositions: 32768, RopeTheta: 1e6},
+}
+
+// PresetNames lists the presets, sorted.
+func PresetNames() []string {
+	var n []string
+	for k := range Presets {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// Options control Generate.
+type Options struct {
+	Preset string
+	Seed   uint64
+	// Tokenizer, if set, is a tokenizer.json to adopt; the vocabulary is
+	// sized to it.
+	Tokenizer string
+	// Progress, if set, is called with bytes of weights written so far and
+	// the total.
+	Progress func(done, total int64)
+}
+
+const (
+	weightStd = 0.02
+	// routerLogitStd is the spread of router logits on a normalised hidden
+	// state; 1.0 over 8 experts gives a mean top-1 probability near 0.45.
+	routerLogitStd = 1.0
+)
+
+// Generate writes a model into dir, which must not exist or be empty.
+func Generate(dir string, opt Options) error {
+	p, ok := Presets[opt.Preset]
+	if !ok {
+		return fmt.Errorf("synth: unknown preset %q (have %s)", opt.Preset, strings.Join(PresetNames(), ", "))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	tok, err := writeTokenizer(dir, p, opt.Tokenizer)
+	if err != nil {
+		return err
+	}
+	if p.Vocab == 0 || opt.Tokenizer != "" {
+		p.Vocab = tok.VocabSize()
+	}
+	if p.Vocab < tok.VocabSize() {
+		return fmt.Errorf("synth: preset vocabulary %d is smaller than the tokenizer's %d", p.Vocab, tok.VocabSize())
+	}
+	if err := writeJSON(filepath.Join(dir, "config.json"), hfConfig(p, tok)); err != nil {
+		return err
+	}
+	gen := map[string]any{"_from_model_config": true, "bos_token_id": tok.BOS(), "eos_token_id": firstOr(tok.EOS(), 2), "transformers_version": "4.46.0"}
+	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
+		return err
+	}
+	return writeWeights(filepath.Join(dir, "model.safetensors"), p, opt)
+}
+
+func firstOr(v []int, def int) int {
+	if len(v) > 0 {
+		return v[0]
+	}
+	return def
+}
+
+func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, error) {
+	if adopt != "" {
+		b, err := os.ReadFile(adopt)
+		if err != nil {
+			return nil, fmt.Errorf("synth: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644); err != nil {
+			return nil, fmt.Errorf("synth: %w", err)
+		}
+		side := filepath.Join(filepath.Dir(adopt), "tokenizer_config.json")
+		if cb, err := os.ReadFile(side); err == nil {
+			if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cb, 0o644); err != nil {
+				return nil, fmt.Errorf("synth: %w", err)
+			}
+		}
+		t, err := tokenizer.LoadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("synth: adopting %s: %w", adopt, err)
+		}
+		return t, nil
+	}
+	t, err := tokenizer.TrainSentencePieceBPE(tokenizer.BuiltinCorpus, p.TokenizerVocab)
+	if err != nil {
+		return nil, fmt.Errorf("synth: training the built-in tokenizer: %w", err)
+	}
+	if err := t.WriteFiles(dir); err != nil {
+		return nil, fmt.Errorf("synth: %w", err)
+	}
+	return tokenizer.LoadDir(dir)
+}
+
+func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
+	return map[string]any{
+		"architectures":           []string{"MixtralForCausalLM"},
+		"model_type":              "mixtral",
+		"attention_dropout":       0.0,
+		"bos_token_id":            tok.BOS(),
+		"eos_token_id":            firstOr(tok.EOS(), 2),
+		"hidden_act":              "silu",
+		"hidden_size":             p.Hidden,
+		"head_dim":                p.Hidden / p.Heads,
+		"initializer_range":       weightStd,
+		"intermediate_size":       p.Intermediate,
+		"max_position_embeddings": p.MaxPositions,
+		"num_attention_heads":     p.Heads,
+		"num_experts_per_tok":     p.TopK,
+		"num_hidden_layers":       p.Layers,
+		"num_key_value_heads":     p.KVHeads,
+		"num_local_experts":       p.Experts,
+		"output_router_logits":    false,
+		"rms_norm_eps":            1e-5,
+		"rope_theta":              p.RopeTheta,
+		"router_aux_loss_coef":    0.02,
+		"sliding_window":          nil,
+		"tie_word_embeddings":     p.TieWordEmbedding,
+		"torch_dtype":             "bfloat16",
+		"transformers_version":    "4.46.0",
+		"use_cache":               true,
+		"vocab_size":              p.Vocab,
+		"odmoe_synth_preset":      p.Name,
+	}
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	return nil
+}
+
+// tensor is one weight to draw: values ~ mean + std*N(0,1).
+type tensor struct {
+	spec      safetensors.Spec
+	mean, std float64
+}
+
+func tensors(p Preset) []tensor {
+	h, hd := p.Hidden, p.Hidden/p.Heads
+	mat := func(name string, rows, cols int, std float64) tensor {
+		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{rows, cols}}, std: std}
+	}
+	norm := func(name string) tensor {
+		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{h}}, mean: 1, std: weightStd}
+	}
+	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
+	for l := range p.Layers {
+		pre := fmt.Sprintf("model.layers.%d.", l)
+		ts = append(ts,
+			norm(pre+"input_layernorm.weight"),
+			mat(pre+"self_attn.q_proj.weight", p.Heads*hd, h, weightStd),
+			mat(pre+"self_attn.k_proj.weight", p.KVHeads*hd, h, weightStd),
+			mat(pre+"self_attn.v_proj.weight", p.KVHeads*hd, h, weightStd),
+			mat(pre+"self_attn.o_proj.weight", h, p.Heads*hd, weightStd),
+			norm(pre+"post_attention_layernorm.weight"),
+			// the router's rows dot a unit-RMS vector of h elements
+			mat(pre+"block_sparse_moe.gate.weight", p.Experts, h, routerLogitStd/math.Sqrt(float64(h))),
+		)
+		for e := range p.Experts {
+			ex := fmt.Sprintf("%sblock_sparse_moe.experts.%d.", pre, e)
+			ts = append(ts,
+				mat(ex+"w1.weight", p.Intermediate, h, weightStd),
+				mat(ex+"w2.weight", h, p.Intermediate, weightStd),
+				mat(ex+"w3.weight", p.Intermediate, h, weightStd),
+			)
+		}
+	}
+	ts = append(ts, norm("model.norm.weight"))
+	if !p.TieWordEmbedding {
+		ts = append(ts, mat("lm_head.weight", p.Vocab, h, weightStd))
+	}
+	return ts
+}
+
+// chunkElems is the unit of parallel, deterministic drawing: chunk i of a
+// tensor always comes from the same generator stream, however many
+// goroutines draw.
+const chunkElems = 1 << 18
+
+func writeWeights(path string, p Preset, opt Options) error {
+	ts := tensors(p)
+	specs := make([]safetensors.Spec, len(ts))
+	var total int64
+	for i, t := range ts {
+		specs[i] = t.spec
+		total += int64(elements(t.spec.Shape)) * 2
+	}
+	var done int64
+	meta := map[string]string{"format": "pt", "odmoe_synth_preset": p.Name, "odmoe_synth_seed": fmt.Sprint(opt.Seed)}
+	return safetensors.Write(path, specs, meta, func(i int, buf []byte) error {
+		fill(buf, ts[i], opt.Seed)
+		done += int64(len(buf))
+		if opt.Progress != nil {
+			opt.Progress(done, total)
+		}
+		return nil
+	})
+}
+
+func elements(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// fill draws tensor t as BF16 into buf, chunks in parallel.
+func fill(buf []byte, t tensor, seed uint64) {
+	hsh := fnv.New64a()
+	hsh.Write([]byte(t.spec.Name))
+	stream := hsh.Sum64()
+	n := len(buf) / 2
+	chunks := (n + chunkElems - 1) / chunkElems
+	var wg sync.WaitGroup
+	next := make(chan int, chunks)
+	for c := range chunks {
+		next <- c
+	}
+	close(next)
+	for range min(runtime.GOMAXPROCS(0), chunks) {
+		wg.Go(func() {
+			for c := range next {
+				rng := rand.New(rand.NewPCG(seed^stream, uint64(c)))
+				lo, hi := c*chunkElems, min((c+1)*chunkElems, n)
+				for i := lo; i < hi; i++ {
+					v := kernels.F32ToBF16(float32(t.mean + t.std*rng.NormFloat64()))
+					buf[2*i], buf[2*i+1] = byte(v), byte(v>>8)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

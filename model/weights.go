@@ -1,0 +1,163 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model/safetensors"
+)
+
+// Model is a checkpoint bound to odmoe's blocks. Matrices alias the
+// memory-mapped safetensors files and keep their stored dtype; vectors
+// (norm weights) are widened to float32 once at load.
+type Model struct {
+	Config    Config
+	Embed     kernels.Matrix // [vocab, hidden]
+	FinalNorm []float32      // [hidden]
+	LMHead    kernels.Matrix // [vocab, hidden]; Embed when tied
+	Layers    []Layer
+
+	arch *architecture
+	set  *safetensors.Set
+	// bytes held by the bound matrices, split by role
+	nonExpertBytes, expertBytes int64
+}
+
+// Layer is one decoder block.
+type Layer struct {
+	AttnNorm, FFNNorm []float32      // [hidden]
+	Q, K, V, O        kernels.Matrix // attention projections
+	Router            kernels.Matrix // [experts, hidden]
+	Experts           []Expert       // nil when loaded without experts
+}
+
+// Expert is one SwiGLU feed-forward network: Down(silu(Gate x) * Up x).
+type Expert struct {
+	Gate kernels.Matrix // [intermediate, hidden] (Mixtral w1)
+	Up   kernels.Matrix // [intermediate, hidden] (Mixtral w3)
+	Down kernels.Matrix // [hidden, intermediate] (Mixtral w2)
+}
+
+// LoadOptions says which weights to bind.
+type LoadOptions struct {
+	// SkipExperts leaves Layer.Experts nil: the main node's view, whose
+	// experts live on workers.
+	SkipExperts bool
+}
+
+// Load binds the checkpoint in dir (config.json plus safetensors, single or
+// sharded). Every tensor the architecture needs must exist with exactly the
+// expected shape; a missing or misshapen tensor is an error naming it.
+func Load(dir string, opt LoadOptions) (*Model, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	set, err := safetensors.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	m := &Model{Config: cfg, arch: architectures[cfg.Architecture], set: set}
+	if err := m.bind(opt); err != nil {
+		set.Close()
+		return nil, fmt.Errorf("model: %s: %w", dir, err)
+	}
+	return m, nil
+}
+
+// binder collects the first error so bind reads as a list of tensors.
+type binder struct {
+	set   *safetensors.Set
+	err   error
+	bytes *int64
+}
+
+func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
+	if b.err != nil {
+		return kernels.Matrix{}
+	}
+	t, err := b.set.TensorShape(name, rows, cols)
+	if err != nil {
+		b.err = err
+		return kernels.Matrix{}
+	}
+	m, _ := t.Matrix()
+	*b.bytes += int64(len(t.Data))
+	return m
+}
+
+func (b *binder) vector(name string, n int) []float32 {
+	if b.err != nil {
+		return nil
+	}
+	t, err := b.set.TensorShape(name, n)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	v := make([]float32, n)
+	kernels.ToFloat32(v, t.Data, t.DType)
+	*b.bytes += int64(len(t.Data))
+	return v
+}
+
+func (m *Model) bind(opt LoadOptions) error {
+	c, n := m.Config, m.arch.names
+	h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	b := &binder{set: m.set, bytes: &m.nonExpertBytes}
+	m.Embed = b.matrix(n.Embed, c.VocabSize, h)
+	m.FinalNorm = b.vector(n.FinalNorm, h)
+	if c.TieEmbeddings {
+		m.LMHead = m.Embed
+	} else {
+		m.LMHead = b.matrix(n.LMHead, c.VocabSize, h)
+	}
+	m.Layers = make([]Layer, c.NumLayers)
+	for l := range m.Layers {
+		L := &m.Layers[l]
+		L.AttnNorm = b.vector(n.layer(n.AttnNorm, l), h)
+		L.FFNNorm = b.vector(n.layer(n.FFNNorm, l), h)
+		L.Q = b.matrix(n.layer(n.Q, l), q, h)
+		L.K = b.matrix(n.layer(n.K, l), kv, h)
+		L.V = b.matrix(n.layer(n.V, l), kv, h)
+		L.O = b.matrix(n.layer(n.O, l), h, q)
+		L.Router = b.matrix(n.layer(n.Router, l), c.NumExperts, h)
+	}
+	if opt.SkipExperts {
+		return b.err
+	}
+	eb := &binder{set: m.set, bytes: &m.expertBytes}
+	for l := range m.Layers {
+		L := &m.Layers[l]
+		L.Experts = make([]Expert, c.NumExperts)
+		for e := range L.Experts {
+			L.Experts[e] = Expert{
+				Gate: eb.matrix(n.expert(n.ExpertGate, l, e), c.IntermediateSize, h),
+				Up:   eb.matrix(n.expert(n.ExpertUp, l, e), c.IntermediateSize, h),
+				Down: eb.matrix(n.expert(n.ExpertDown, l, e), h, c.IntermediateSize),
+			}
+		}
+	}
+	if b.err != nil {
+		return b.err
+	}
+	return eb.err
+}
+
+// NonExpertBytes is the size of every weight except the experts: what a
+// main node holds.
+func (m *Model) NonExpertBytes() int64 { return m.nonExpertBytes }
+
+// ExpertBytes is the size of the bound experts (0 with SkipExperts).
+func (m *Model) ExpertBytes() int64 { return m.expertBytes }
+
+// ExpertTensorNames returns the checkpoint names of one expert's gate, up
+// and down matrices, for readers of the raw checkpoint (the store).
+func (m *Model) ExpertTensorNames(layer, expert int) (gate, up, down string) {
+	n := m.arch.names
+	return n.expert(n.ExpertGate, layer, expert), n.expert(n.ExpertUp, layer, expert), n.expert(n.ExpertDown, layer, expert)
+}
+
+// Close releases the memory-mapped checkpoint; the Model's matrices must
+// not be used after.
+func (m *Model) Close() error { return m.set.Close() }
