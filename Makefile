@@ -30,7 +30,8 @@ $(TOKREF)/.installed: testdata/tokref/package.json testdata/tokref/package-lock.
 # (generated once into the user cache dir, ~1.4 GB).
 bench:
 	$(GO) test -run '^$$' -bench 'MatVec' -benchtime 20x ./kernels/
-	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'Local' -benchtime 16x -timeout 30m ./model/
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'LocalDecode' -benchtime 32x -timeout 30m ./model/
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'LocalPrefill' -benchtime 2x -timeout 30m ./model/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
