@@ -1,0 +1,79 @@
+package synth
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/odmoe/odmoe/model/tokenizer"
+)
+
+func TestGenerateIsDeterministicPerSeed(t *testing.T) {
+	dir := t.TempDir()
+	read := func(seed uint64, name string) []byte {
+		d := filepath.Join(dir, name)
+		if err := Generate(d, Options{Preset: "tiny", Seed: seed}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(d, "model.safetensors"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b, c := read(5, "a"), read(5, "b"), read(6, "c")
+	if !bytes.Equal(a, b) {
+		t.Fatal("same seed gave different weights")
+	}
+	if bytes.Equal(a, c) {
+		t.Fatal("different seeds gave the same weights")
+	}
+}
+
+func TestAdoptedTokenizerSizesVocabulary(t *testing.T) {
+	tokDir := t.TempDir()
+	tok, err := tokenizer.TrainSentencePieceBPE(tokenizer.BuiltinCorpus, 700)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tok.WriteFiles(tokDir); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "m")
+	if err := Generate(out, Options{Preset: "tiny", Seed: 1, Tokenizer: filepath.Join(tokDir, "tokenizer.json")}); err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Vocab int `json:"vocab_size"`
+	}
+	b, _ := os.ReadFile(filepath.Join(out, "config.json"))
+	json.Unmarshal(b, &cfg)
+	if cfg.Vocab != tok.VocabSize() {
+		t.Fatalf("vocab_size %d, adopted tokenizer has %d", cfg.Vocab, tok.VocabSize())
+	}
+}
+
+func TestMixtralLayersPresetHasMixtralExpertSize(t *testing.T) {
+	var expert int64
+	for _, ts := range tensors(Presets["mixtral-layers"]) {
+		switch ts.spec.Name {
+		case "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+			"model.layers.0.block_sparse_moe.experts.0.w2.weight",
+			"model.layers.0.block_sparse_moe.experts.0.w3.weight":
+			expert += int64(elements(ts.spec.Shape)) * 2
+		}
+	}
+	// Mixtral-8x7B: 3 x 4096 x 14336 BF16 = 352,321,536 bytes per expert
+	if expert != 3*4096*14336*2 {
+		t.Fatalf("expert bytes %d", expert)
+	}
+}
+
+func TestUnknownPresetIsNamed(t *testing.T) {
+	err := Generate(t.TempDir(), Options{Preset: "huge"})
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(`"huge"`)) {
+		t.Fatalf("err = %v", err)
+	}
+}
