@@ -32,6 +32,8 @@ bench:
 	$(GO) test -run '^$$' -bench 'MatVec' -benchtime 20x ./kernels/
 	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'LocalDecode' -benchtime 32x -timeout 30m ./model/
 	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'LocalPrefill' -benchtime 2x -timeout 30m ./model/
+	@# expert store: stored/BF16 ratio next to the entropy bound, decompression GB/s on 1 and 2 goroutines
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'StoreReadExpert' -benchtime 128x -count 3 -timeout 30m ./store/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -3,6 +3,8 @@
 //
 //	odmoe gen-tiny  -out DIR [-preset tiny|small|mixtral-layers] [-seed N]
 //	odmoe run       -role local -model DIR -prompt TEXT [-n N] [-dump DIR]
+//	odmoe convert   -model DIR -out STORE_DIR [-shards K] [-force]
+//	odmoe inspect   -store STORE_DIR [-verify] [-model DIR]
 //	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
 //
 // Run `odmoe COMMAND -h` for a command's flags.
@@ -28,7 +30,9 @@ type command struct {
 }
 
 var commands = map[string]command{
+	"convert":  {"compress a model's experts losslessly into a store directory", runConvert},
 	"gen-tiny": {"write a deterministic random model in Hugging Face layout", runGenTiny},
+	"inspect":  {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
 	"run":      {"run a role (local: the whole model in one process)", runRun},
 	"tokenize": {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
 }

@@ -1,0 +1,375 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+
+	"github.com/klauspost/compress/huff0"
+
+	"github.com/odmoe/odmoe/kernels"
+)
+
+// The files of a store directory and the format version this build reads
+// and writes. FORMAT.md is the specification; this file implements it.
+const (
+	IndexFile = "index.bin"
+	ChunkFile = "chunks.bin"
+
+	// Version is the store format version this build reads and writes.
+	Version = 1
+
+	indexMagic = "ODMOEIDX"
+	chunkMagic = "ODMOECHK"
+
+	indexHeaderLen = 76
+	chunkHeaderLen = 48
+	tensorFixedLen = 22
+	histEntryLen   = 9
+	shardRecordLen = 36
+
+	// DefaultShards is K, the shards per tensor: 3 tensors x 8 shards =
+	// 24 tasks per expert divide evenly over 2, 3, 4, 6 or 8 cores.
+	DefaultShards = 8
+	// defaultBlockElems is the exponent bytes per huff0 block: large
+	// enough that the block's table costs nothing, small enough that the
+	// decoded block stays in L2 while it is merged.
+	defaultBlockElems = 64 << 10
+
+	maxDim         = 1<<31 - 1
+	maxShards      = 1 << 12
+	maxTensorElems = 1 << 40
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// Kind is one of an expert's three tensors, in Mixtral's names.
+type Kind uint8
+
+// The three expert tensors: out = w2(silu(w1 x) * w3 x).
+const (
+	W1 Kind = 1 // gate, [intermediate, hidden]
+	W2 Kind = 2 // down, [hidden, intermediate]
+	W3 Kind = 3 // up,   [intermediate, hidden]
+)
+
+// kinds lists the tensor kinds in index order.
+var kinds = [3]Kind{W1, W2, W3}
+
+// String is the Mixtral name: w1, w2 or w3.
+func (k Kind) String() string {
+	switch k {
+	case W1, W2, W3:
+		return fmt.Sprintf("w%d", uint8(k))
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// dtype codes as stored in the index (independent of kernels' numbering).
+const (
+	codeBF16 = 1
+	codeF16  = 2
+	codeF32  = 3
+)
+
+func dtypeCode(d kernels.DType) (uint8, error) {
+	switch d {
+	case kernels.BF16:
+		return codeBF16, nil
+	case kernels.F16:
+		return codeF16, nil
+	case kernels.F32:
+		return codeF32, nil
+	}
+	return 0, fmt.Errorf("store: unsupported dtype %v", d)
+}
+
+func dtypeOf(code uint8) (kernels.DType, bool) {
+	switch code {
+	case codeBF16:
+		return kernels.BF16, true
+	case codeF16:
+		return kernels.F16, true
+	case codeF32:
+		return kernels.F32, true
+	}
+	return 0, false
+}
+
+// smWidth is the sign+mantissa bytes stored raw per element; the other
+// byte of each element is the entropy-coded "exponent" byte.
+func smWidth(d kernels.DType) int { return d.Size() - 1 }
+
+// ChunkRef locates one chunk in the chunk file.
+type ChunkRef struct {
+	Offset int64
+	Size   int
+}
+
+// index is the parsed index file.
+type index struct {
+	identity   Identity
+	layers     int
+	experts    int
+	shards     int // K as requested at conversion
+	blockElems int
+	chunkBytes int64 // exact size of the chunk file
+	tensors    []tensorEntry
+}
+
+// tensorEntry describes one tensor; its position in index.tensors is
+// (layer*experts + expert)*3 + kind-1.
+type tensorEntry struct {
+	layer, expert int
+	kind          Kind
+	dtype         kernels.DType
+	rows, cols    int
+	hist          [256]uint64 // exponent-byte histogram, for the entropy bound
+	shards        []shardEntry
+}
+
+type shardEntry struct {
+	exp, sm               ChunkRef
+	expCRC, smCRC, rawCRC uint32
+}
+
+func (t *tensorEntry) elems() int { return t.rows * t.cols }
+
+func (t *tensorEntry) bytes() int { return t.elems() * t.dtype.Size() }
+
+// shardRange returns shard i's element range [lo, hi).
+func shardRange(n, shards, i int) (lo, hi int) {
+	return int(int64(i) * int64(n) / int64(shards)), int(int64(i+1) * int64(n) / int64(shards))
+}
+
+// shardCount is the number of shards a tensor of n elements gets.
+func shardCount(n, k int) int { return min(n, k) }
+
+func (ix *index) find(layer, expert int, kind Kind) (*tensorEntry, error) {
+	if layer < 0 || layer >= ix.layers || expert < 0 || expert >= ix.experts || kind < W1 || kind > W3 {
+		return nil, fmt.Errorf("store: layer %d expert %d %v: %w (store has %d layers x %d experts)",
+			layer, expert, kind, ErrNotFound, ix.layers, ix.experts)
+	}
+	return &ix.tensors[(layer*ix.experts+expert)*3+int(kind)-1], nil
+}
+
+// marshal encodes the index, checksum last.
+func (ix *index) marshal() ([]byte, error) {
+	le := binary.LittleEndian
+	b := make([]byte, 0, indexHeaderLen+len(ix.tensors)*(tensorFixedLen+ix.shards*shardRecordLen+32*histEntryLen)+4)
+	b = append(b, indexMagic...)
+	b = le.AppendUint32(b, Version)
+	b = le.AppendUint32(b, 0) // flags
+	b = append(b, ix.identity[:]...)
+	b = le.AppendUint32(b, uint32(ix.layers))
+	b = le.AppendUint32(b, uint32(ix.experts))
+	b = le.AppendUint32(b, uint32(ix.shards))
+	b = le.AppendUint32(b, uint32(ix.blockElems))
+	b = le.AppendUint64(b, uint64(ix.chunkBytes))
+	b = le.AppendUint32(b, uint32(len(ix.tensors)))
+	for i := range ix.tensors {
+		t := &ix.tensors[i]
+		code, err := dtypeCode(t.dtype)
+		if err != nil {
+			return nil, err
+		}
+		b = le.AppendUint32(b, uint32(t.layer))
+		b = le.AppendUint32(b, uint32(t.expert))
+		b = append(b, byte(t.kind), code)
+		b = le.AppendUint16(b, uint16(len(t.shards)))
+		b = le.AppendUint32(b, uint32(t.rows))
+		b = le.AppendUint32(b, uint32(t.cols))
+		nh := 0
+		for _, c := range t.hist {
+			if c > 0 {
+				nh++
+			}
+		}
+		b = le.AppendUint16(b, uint16(nh))
+		for s, c := range t.hist {
+			if c > 0 {
+				b = append(b, byte(s))
+				b = le.AppendUint64(b, c)
+			}
+		}
+		for _, s := range t.shards {
+			b = le.AppendUint64(b, uint64(s.exp.Offset))
+			b = le.AppendUint32(b, uint32(s.exp.Size))
+			b = le.AppendUint32(b, s.expCRC)
+			b = le.AppendUint64(b, uint64(s.sm.Offset))
+			b = le.AppendUint32(b, uint32(s.sm.Size))
+			b = le.AppendUint32(b, s.smCRC)
+			b = le.AppendUint32(b, s.rawCRC)
+		}
+	}
+	return le.AppendUint32(b, crc(b)), nil
+}
+
+// parseIndex decodes and validates an index: every count, shape and
+// extent is checked, so a reader never indexes out of range on a
+// malformed file. The version is checked before the checksum, so a newer
+// format reports its version rather than a checksum failure.
+func parseIndex(b []byte) (*index, error) {
+	le := binary.LittleEndian
+	if len(b) < indexHeaderLen+4 || string(b[:8]) != indexMagic {
+		return nil, fmt.Errorf("not an odmoe store index: %w", ErrCorrupt)
+	}
+	if v := le.Uint32(b[8:]); v != Version {
+		return nil, fmt.Errorf("format version %d, this build reads version %d: %w", v, Version, ErrVersion)
+	}
+	body := b[:len(b)-4]
+	if got, want := crc(body), le.Uint32(b[len(b)-4:]); got != want {
+		return nil, fmt.Errorf("index checksum %08x, stored %08x: %w", got, want, ErrCorrupt)
+	}
+	r := reader{b: body, off: 16}
+	ix := &index{}
+	copy(ix.identity[:], r.next(32))
+	ix.layers = int(r.u32())
+	ix.experts = int(r.u32())
+	ix.shards = int(r.u32())
+	ix.blockElems = int(r.u32())
+	ix.chunkBytes = int64(r.u64())
+	count := int(r.u32())
+	switch {
+	case ix.layers < 1 || ix.layers > 1<<16 || ix.experts < 1 || ix.experts > 1<<16:
+		return nil, fmt.Errorf("index: %d layers x %d experts: %w", ix.layers, ix.experts, ErrCorrupt)
+	case count != ix.layers*ix.experts*3:
+		return nil, fmt.Errorf("index: %d tensors for %d layers x %d experts: %w", count, ix.layers, ix.experts, ErrCorrupt)
+	case count > len(body)/tensorFixedLen:
+		return nil, fmt.Errorf("index: %d tensors do not fit in %d bytes: %w", count, len(body), ErrCorrupt)
+	case ix.shards < 1 || ix.shards > maxShards:
+		return nil, fmt.Errorf("index: %d shards per tensor: %w", ix.shards, ErrCorrupt)
+	case ix.blockElems < 1 || ix.blockElems > huff0.BlockSizeMax:
+		return nil, fmt.Errorf("index: block of %d elements: %w", ix.blockElems, ErrCorrupt)
+	case ix.chunkBytes < chunkHeaderLen || ix.chunkBytes > math.MaxInt64/2:
+		return nil, fmt.Errorf("index: chunk file of %d bytes: %w", ix.chunkBytes, ErrCorrupt)
+	}
+	ix.tensors = make([]tensorEntry, count)
+	for i := range ix.tensors {
+		if err := r.tensor(ix, i); err != nil {
+			return nil, err
+		}
+	}
+	if r.err == nil && r.off != len(body) {
+		return nil, fmt.Errorf("index: %d stray bytes after the last tensor: %w", len(body)-r.off, ErrCorrupt)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return ix, nil
+}
+
+// reader reads little-endian fields; past the end it records ErrCorrupt
+// and returns zeros.
+type reader struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (r *reader) next(n int) []byte {
+	if r.err != nil || n > len(r.b)-r.off {
+		if r.err == nil {
+			r.err = fmt.Errorf("index: ends inside a record: %w", ErrCorrupt)
+		}
+		return make([]byte, n)
+	}
+	p := r.b[r.off : r.off+n]
+	r.off += n
+	return p
+}
+
+func (r *reader) u16() uint16 { return binary.LittleEndian.Uint16(r.next(2)) }
+func (r *reader) u32() uint32 { return binary.LittleEndian.Uint32(r.next(4)) }
+func (r *reader) u64() uint64 { return binary.LittleEndian.Uint64(r.next(8)) }
+
+func (r *reader) tensor(ix *index, i int) error {
+	t := &ix.tensors[i]
+	wantKind := Kind(i%3 + 1)
+	wantExpert := i / 3 % ix.experts
+	wantLayer := i / 3 / ix.experts
+	t.layer, t.expert = int(r.u32()), int(r.u32())
+	kind, code := r.next(1)[0], r.next(1)[0]
+	t.kind = Kind(kind)
+	nShards := int(r.u16())
+	rows, cols := int64(r.u32()), int64(r.u32())
+	nHist := int(r.u16())
+	if r.err != nil {
+		return r.err
+	}
+	name := fmt.Sprintf("index: tensor %d (layer %d expert %d %v)", i, t.layer, t.expert, t.kind)
+	var ok bool
+	t.dtype, ok = dtypeOf(code)
+	if rows > maxDim || cols > maxDim || rows*cols > maxTensorElems || rows*cols*4 > math.MaxInt {
+		return fmt.Errorf("%s: shape %dx%d too large: %w", name, rows, cols, ErrCorrupt)
+	}
+	t.rows, t.cols = int(rows), int(cols)
+	switch {
+	case t.layer != wantLayer || t.expert != wantExpert || t.kind != wantKind:
+		return fmt.Errorf("%s: out of order, want layer %d expert %d %v: %w", name, wantLayer, wantExpert, wantKind, ErrCorrupt)
+	case !ok:
+		return fmt.Errorf("%s: unknown dtype code %d: %w", name, code, ErrCorrupt)
+	case nShards > t.elems() || (t.elems() > 0 && nShards == 0):
+		return fmt.Errorf("%s: %d shards for %d elements: %w", name, nShards, t.elems(), ErrCorrupt)
+	}
+	var total uint64
+	last := -1
+	for range nHist {
+		sym := int(r.next(1)[0])
+		c := r.u64()
+		if r.err != nil {
+			return r.err
+		}
+		if sym <= last || c == 0 || c > maxTensorElems {
+			return fmt.Errorf("%s: bad histogram entry: %w", name, ErrCorrupt)
+		}
+		last = sym
+		t.hist[sym] = c
+		total += c
+	}
+	if total != uint64(t.elems()) {
+		return fmt.Errorf("%s: histogram counts %d symbols, tensor has %d: %w", name, total, t.elems(), ErrCorrupt)
+	}
+	if nShards > (len(r.b)-r.off)/shardRecordLen {
+		return fmt.Errorf("%s: %d shard records do not fit: %w", name, nShards, ErrCorrupt)
+	}
+	t.shards = make([]shardEntry, nShards)
+	for s := range t.shards {
+		sh := &t.shards[s]
+		sh.exp = ChunkRef{Offset: int64(r.u64()), Size: int(r.u32())}
+		sh.expCRC = r.u32()
+		sh.sm = ChunkRef{Offset: int64(r.u64()), Size: int(r.u32())}
+		sh.smCRC = r.u32()
+		sh.rawCRC = r.u32()
+		if r.err != nil {
+			return r.err
+		}
+		lo, hi := shardRange(t.elems(), nShards, s)
+		blocks := (hi - lo + ix.blockElems - 1) / ix.blockElems
+		switch {
+		case sh.sm.Size != (hi-lo)*smWidth(t.dtype):
+			return fmt.Errorf("%s shard %d: sign-mantissa chunk of %d bytes for %d elements: %w", name, s, sh.sm.Size, hi-lo, ErrCorrupt)
+		case sh.exp.Size < blocks*blockHeaderLen:
+			return fmt.Errorf("%s shard %d: exponent chunk of %d bytes for %d blocks: %w", name, s, sh.exp.Size, blocks, ErrCorrupt)
+		case !within(sh.exp, ix.chunkBytes) || !within(sh.sm, ix.chunkBytes):
+			return fmt.Errorf("%s shard %d: chunk outside the %d-byte chunk file: %w", name, s, ix.chunkBytes, ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+func within(c ChunkRef, size int64) bool {
+	return c.Offset >= chunkHeaderLen && c.Size >= 0 && c.Offset <= size && int64(c.Size) <= size-c.Offset
+}
+
+// chunkHeader is the first chunkHeaderLen bytes of the chunk file.
+func chunkHeader(id Identity) []byte {
+	b := make([]byte, 0, chunkHeaderLen)
+	b = append(b, chunkMagic...)
+	b = binary.LittleEndian.AppendUint32(b, Version)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	return append(b, id[:]...)
+}

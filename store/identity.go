@@ -1,0 +1,91 @@
+package store
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/safetensors"
+)
+
+// Identity names the model a store was built from: a SHA-256 over the
+// bytes of config.json, the sorted names, dtypes and shapes of every
+// expert tensor, and the router weights of every layer. The routers make
+// two checkpoints of one architecture (a base model and its fine-tune)
+// different models; they are small, and a main node holds them. A main
+// node computes the identity from its checkpoint and a worker passes it to
+// Open, which then refuses a store built from another model.
+type Identity [32]byte
+
+// IsZero reports whether id is unset.
+func (id Identity) IsZero() bool { return id == Identity{} }
+
+// String is the hex digest.
+func (id Identity) String() string { return hex.EncodeToString(id[:]) }
+
+// Short is the first 12 hex digits, for logs.
+func (id Identity) Short() string { return id.String()[:12] }
+
+// ModelIdentity computes the Identity of the Hugging Face checkpoint in
+// dir. It reads config.json, the safetensors headers and the router
+// weights; no expert weights.
+func ModelIdentity(dir string) (Identity, error) {
+	m, err := model.Load(dir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		return Identity{}, err
+	}
+	defer m.Close()
+	set, err := safetensors.Open(dir)
+	if err != nil {
+		return Identity{}, err
+	}
+	defer set.Close()
+	return identityOf(dir, m, set.Info)
+}
+
+// identityOf hashes config.json and the expert tensors info describes.
+func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info, bool)) (Identity, error) {
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return Identity{}, fmt.Errorf("store: %w", err)
+	}
+	var lines []string
+	for l := range m.Config.NumLayers {
+		for e := range m.Config.NumExperts {
+			gate, up, down := m.ExpertTensorNames(l, e)
+			for _, name := range []string{gate, up, down} {
+				in, ok := info(name)
+				if !ok {
+					return Identity{}, fmt.Errorf("store: %s: expert tensor %q: %w", dir, name, safetensors.ErrNotFound)
+				}
+				dims := make([]string, len(in.Shape))
+				for i, d := range in.Shape {
+					dims[i] = strconv.Itoa(d)
+				}
+				lines = append(lines, name+" "+in.DType+" "+strings.Join(dims, "x")+"\n")
+			}
+		}
+	}
+	sort.Strings(lines)
+	h := sha256.New()
+	fmt.Fprintf(h, "odmoe store identity v1\nconfig.json %d\n", len(cfg))
+	h.Write(cfg)
+	fmt.Fprintf(h, "\nexpert tensors %d\n", len(lines))
+	for _, l := range lines {
+		h.Write([]byte(l))
+	}
+	for l, layer := range m.Layers {
+		r := layer.Router
+		fmt.Fprintf(h, "router %d %v %dx%d\n", l, r.DType, r.Rows, r.Cols)
+		h.Write(r.Data)
+	}
+	var id Identity
+	h.Sum(id[:0])
+	return id, nil
+}

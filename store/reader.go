@@ -1,0 +1,380 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model"
+)
+
+// ChunkSource delivers the bytes of stored chunks: the local chunk file
+// (Open), or a peer holding the same store (New with that peer's index).
+// ReadChunk fills dst, len(dst) == ref.Size, with the chunk at ref; the
+// store checks every chunk's CRC-32C itself, so a source need not.
+// It must be safe for concurrent use.
+type ChunkSource interface {
+	ReadChunk(ctx context.Context, ref ChunkRef, dst []byte) error
+}
+
+// Options configure a Store.
+type Options struct {
+	// Identity, when set, is the model the caller serves: a store built
+	// from another model is refused with ErrModelMismatch.
+	Identity Identity
+	// Parallelism bounds the goroutines decoding at once, summed over all
+	// concurrent reads (default GOMAXPROCS).
+	Parallelism int
+	// VerifyDecoded also checks the decoded bytes of every shard against
+	// the CRC-32C of the original weights (costs a CRC pass over the
+	// output; the chunk checksums are always checked).
+	VerifyDecoded bool
+}
+
+// Store reads experts from a compressed store. Safe for concurrent use.
+type Store struct {
+	ix        *index
+	raw       []byte // the index file, for peers
+	src       ChunkSource
+	file      *os.File // closed by Close when Open opened it
+	verify    bool
+	slots     chan *decoder // a decoder (nil until first used) per goroutine allowed to decode
+	nslots    int
+	maxExp    int // the largest exponent chunk: each decoder's buffer
+	closeOnce sync.Once
+}
+
+// Open opens the store in dir and checks it: the index checksum, the
+// format version, the model identity (if opt.Identity is set) and that the
+// chunk file holds every chunk the index names. Chunks themselves are
+// checked as they are read.
+func Open(dir string, opt Options) (*Store, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, IndexFile))
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	f, err := os.Open(filepath.Join(dir, ChunkFile))
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	s, err := newStore(raw, fileSource{f}, opt)
+	if err == nil {
+		err = s.checkChunkFile(f)
+	}
+	if err != nil {
+		f.Close()
+		if te := (*TensorError)(nil); errors.As(err, &te) {
+			return nil, fmt.Errorf("%w (store %s)", err, dir)
+		}
+		return nil, fmt.Errorf("store: %s: %w", dir, err)
+	}
+	s.file = f
+	return s, nil
+}
+
+// New opens a store from its index bytes (Store.IndexBytes of a peer) and
+// a source of its chunks, such as a connection to that peer. The store
+// keeps index; the caller must not modify it.
+func New(index []byte, src ChunkSource, opt Options) (*Store, error) {
+	s, err := newStore(index, src, opt)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	return s, nil
+}
+
+func newStore(raw []byte, src ChunkSource, opt Options) (*Store, error) {
+	ix, err := parseIndex(raw)
+	if err != nil {
+		return nil, err
+	}
+	if !opt.Identity.IsZero() && opt.Identity != ix.identity {
+		return nil, fmt.Errorf("store model %s, serving model %s: %w", ix.identity.Short(), opt.Identity.Short(), ErrModelMismatch)
+	}
+	p := opt.Parallelism
+	if p <= 0 {
+		p = runtime.GOMAXPROCS(0)
+	}
+	s := &Store{ix: ix, raw: raw, src: src, verify: opt.VerifyDecoded, nslots: p}
+	for i := range ix.tensors {
+		for _, sh := range ix.tensors[i].shards {
+			s.maxExp = max(s.maxExp, sh.exp.Size)
+		}
+	}
+	s.slots = make(chan *decoder, p)
+	for range p {
+		s.slots <- nil // decoders are allocated on first use
+	}
+	return s, nil
+}
+
+// checkChunkFile compares the chunk file with the index: its header, and
+// its size. A short file names the first tensor it cuts off.
+func (s *Store) checkChunkFile(f *os.File) error {
+	hdr := make([]byte, chunkHeaderLen)
+	if _, err := f.ReadAt(hdr, 0); err != nil {
+		return fmt.Errorf("%s: header: %v: %w", ChunkFile, err, ErrTruncated)
+	}
+	want := chunkHeader(s.ix.identity)
+	switch {
+	case string(hdr[:8]) != chunkMagic:
+		return fmt.Errorf("%s: not an odmoe chunk file: %w", ChunkFile, ErrCorrupt)
+	case string(hdr[8:12]) != string(want[8:12]):
+		return fmt.Errorf("%s: format version differs from the index: %w", ChunkFile, ErrVersion)
+	case string(hdr) != string(want):
+		return fmt.Errorf("%s: belongs to another store (model identity differs from the index): %w", ChunkFile, ErrCorrupt)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if size := st.Size(); size < s.ix.chunkBytes {
+		for i := range s.ix.tensors {
+			t := &s.ix.tensors[i]
+			for sh, e := range t.shards {
+				for _, c := range []ChunkRef{e.exp, e.sm} {
+					if c.Offset+int64(c.Size) > size {
+						return &TensorError{Layer: t.layer, Expert: t.expert, Kind: t.kind, Shard: sh,
+							Err: fmt.Errorf("%s is %d bytes, the index needs %d (this and later chunks are missing): %w", ChunkFile, size, s.ix.chunkBytes, ErrTruncated)}
+					}
+				}
+			}
+		}
+	} else if size > s.ix.chunkBytes {
+		return fmt.Errorf("%s is %d bytes, the index says %d: %w", ChunkFile, size, s.ix.chunkBytes, ErrCorrupt)
+	}
+	return nil
+}
+
+// Close releases the chunk file. Reads must have returned.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		if s.file != nil {
+			err = s.file.Close()
+		}
+	})
+	return err
+}
+
+// Identity is the model the store was built from.
+func (s *Store) Identity() Identity { return s.ix.identity }
+
+// Layers is the number of layers in the store.
+func (s *Store) Layers() int { return s.ix.layers }
+
+// Experts is the number of experts per layer.
+func (s *Store) Experts() int { return s.ix.experts }
+
+// IndexBytes returns the index file, for a peer to call New with. The
+// caller must not modify it.
+func (s *Store) IndexBytes() []byte { return s.raw }
+
+// ExpertBytes is the size of the buffer ReadExpert needs for (layer,
+// expert): the original bytes of w1, w3 and w2.
+func (s *Store) ExpertBytes(layer, expert int) (int, error) {
+	n := 0
+	for _, k := range kinds {
+		t, err := s.ix.find(layer, expert, k)
+		if err != nil {
+			return 0, err
+		}
+		n += t.bytes()
+	}
+	return n, nil
+}
+
+// ReadExpert decompresses expert (layer, expert) into dst, which must be
+// ExpertBytes long, laid out as w1 (gate), w3 (up), w2 (down), and returns
+// the three matrices aliasing dst. Its shards decode in parallel on the
+// store's bounded pool. On error dst holds no valid weights.
+func (s *Store) ReadExpert(ctx context.Context, layer, expert int, dst []byte) (model.Expert, error) {
+	var ts [3]*tensorEntry
+	need := 0
+	for i, k := range [3]Kind{W1, W3, W2} {
+		t, err := s.ix.find(layer, expert, k)
+		if err != nil {
+			return model.Expert{}, err
+		}
+		ts[i] = t
+		need += t.bytes()
+	}
+	if len(dst) != need {
+		return model.Expert{}, fmt.Errorf("store: layer %d expert %d: buffer of %d bytes, need %d", layer, expert, len(dst), need)
+	}
+	var ms [3]kernels.Matrix
+	tasks := make([]task, 0, len(ts[0].shards)+len(ts[1].shards)+len(ts[2].shards))
+	off := 0
+	for i, t := range ts {
+		out := dst[off : off+t.bytes()]
+		off += t.bytes()
+		ms[i] = kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: out}
+		tasks = appendTasks(tasks, t, out)
+	}
+	if err := s.run(ctx, tasks, s.verify, false); err != nil {
+		return model.Expert{}, err
+	}
+	return model.Expert{Gate: ms[0], Up: ms[1], Down: ms[2]}, nil
+}
+
+// ReadTensor decompresses one tensor into dst (exactly its original size).
+func (s *Store) ReadTensor(ctx context.Context, layer, expert int, kind Kind, dst []byte) (kernels.Matrix, error) {
+	t, err := s.ix.find(layer, expert, kind)
+	if err != nil {
+		return kernels.Matrix{}, err
+	}
+	if len(dst) != t.bytes() {
+		return kernels.Matrix{}, fmt.Errorf("store: layer %d expert %d %v: buffer of %d bytes, need %d", layer, expert, kind, len(dst), t.bytes())
+	}
+	if err := s.run(ctx, appendTasks(nil, t, dst), s.verify, false); err != nil {
+		return kernels.Matrix{}, err
+	}
+	return kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: dst}, nil
+}
+
+// task is one shard to decode into out (the shard's part of the tensor).
+type task struct {
+	t     *tensorEntry
+	shard int
+	out   []byte
+}
+
+func appendTasks(tasks []task, t *tensorEntry, out []byte) []task {
+	es := t.dtype.Size()
+	for i := range t.shards {
+		lo, hi := shardRange(t.elems(), len(t.shards), i)
+		tasks = append(tasks, task{t: t, shard: i, out: out[lo*es : hi*es]})
+	}
+	return tasks
+}
+
+// run decodes tasks on up to Parallelism goroutines (the caller's among
+// them), each holding one of the store's decoders while it works. It
+// returns the error of the first failing task in task order; with all set
+// it runs every task and joins every failure, in task order.
+func (s *Store) run(ctx context.Context, tasks []task, verify, all bool) error {
+	var (
+		next   atomic.Int64
+		failed atomic.Bool
+		mu     sync.Mutex
+		errs   map[int]error
+	)
+	fail := func(i int, err error) {
+		if !all {
+			failed.Store(true)
+		}
+		mu.Lock()
+		if errs == nil {
+			errs = map[int]error{}
+		}
+		errs[i] = err
+		mu.Unlock()
+	}
+	work := func() {
+		for !failed.Load() {
+			i := int(next.Add(1) - 1)
+			if i >= len(tasks) {
+				return
+			}
+			var d *decoder
+			select {
+			case d = <-s.slots:
+			case <-ctx.Done():
+				fail(i, ctx.Err())
+				failed.Store(true)
+				return
+			}
+			if d == nil {
+				d = &decoder{}
+			}
+			err := s.decodeTask(ctx, d, &tasks[i], verify)
+			s.slots <- d
+			if err != nil {
+				fail(i, err)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(s.nslots, len(tasks)) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	if len(errs) == 0 {
+		return nil
+	}
+	keys := slices.Sorted(maps.Keys(errs))
+	if !all {
+		return errs[keys[0]]
+	}
+	list := make([]error, len(keys))
+	for i, k := range keys {
+		list[i] = errs[k]
+	}
+	return errors.Join(list...)
+}
+
+// decodeTask reads and checks a shard's two chunks and decodes them:
+// the sign-mantissa chunk straight into the tail of the shard's output,
+// the exponent chunk into the decoder's buffer.
+func (s *Store) decodeTask(ctx context.Context, d *decoder, tk *task, verify bool) error {
+	t, sh := tk.t, &tk.t.shards[tk.shard]
+	fail := func(part string, err error) error {
+		return &TensorError{Layer: t.layer, Expert: t.expert, Kind: t.kind, Shard: tk.shard, Part: part, Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return fail("", err)
+	}
+	n := len(tk.out) / t.dtype.Size()
+	sm := tk.out[n:]
+	if err := s.readChunk(ctx, sh.sm, sm, sh.smCRC); err != nil {
+		return fail("sign-mantissa", err)
+	}
+	d.chunk = grow(d.chunk, s.maxExp)
+	exp := d.chunk[:sh.exp.Size]
+	if err := s.readChunk(ctx, sh.exp, exp, sh.expCRC); err != nil {
+		return fail("exponent", err)
+	}
+	if err := d.decodeShard(t.dtype, exp, tk.out, n, s.ix.blockElems); err != nil {
+		return fail("exponent", err)
+	}
+	if verify {
+		if got := crc(tk.out); got != sh.rawCRC {
+			return fail("decoded", fmt.Errorf("decoded bytes have CRC-32C %08x, the original had %08x: %w", got, sh.rawCRC, ErrChecksum))
+		}
+	}
+	return nil
+}
+
+func (s *Store) readChunk(ctx context.Context, ref ChunkRef, dst []byte, want uint32) error {
+	if err := s.src.ReadChunk(ctx, ref, dst); err != nil {
+		return err
+	}
+	if got := crc(dst); got != want {
+		return fmt.Errorf("CRC-32C %08x, index says %08x (%d bytes at offset %d): %w", got, want, ref.Size, ref.Offset, ErrChecksum)
+	}
+	return nil
+}
+
+// fileSource reads chunks from the local chunk file with pread.
+type fileSource struct{ f *os.File }
+
+func (fs fileSource) ReadChunk(_ context.Context, ref ChunkRef, dst []byte) error {
+	n, err := fs.f.ReadAt(dst[:ref.Size], ref.Offset)
+	if n == ref.Size {
+		return nil
+	}
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s ends inside this chunk (%d of %d bytes at offset %d): %w", ChunkFile, n, ref.Size, ref.Offset, ErrTruncated)
+	}
+	return fmt.Errorf("%s: %w", ChunkFile, err)
+}

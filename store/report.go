@@ -1,0 +1,169 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+
+	"github.com/odmoe/odmoe/kernels"
+)
+
+// Report summarizes a store: sizes per tensor kind and in total, next to
+// the Shannon entropy bound of the exponent stream.
+type Report struct {
+	Identity                            Identity
+	Layers, Experts, Shards, BlockElems int
+	IndexBytes, ChunkFileBytes          int64
+	Chunks                              int
+	DTypes                              []kernels.DType // the dtypes of the expert tensors
+	Kinds                               [3]KindReport   // w1, w2, w3
+	Total                               KindReport
+}
+
+// KindReport is the sizes of one tensor kind (or all of them).
+type KindReport struct {
+	Name              string // "w1", "w2", "w3" or "total"
+	Tensors           int
+	Elements          int64
+	OriginalBytes     int64
+	ExponentBytes     int64 // coded exponent chunks, block headers and tables included
+	SignMantissaBytes int64 // raw sign-mantissa chunks
+	// EntropyBits is the Shannon entropy of the exponent bytes in bits
+	// per element, over all tensors of the kind taken together.
+	EntropyBits float64
+}
+
+// StoredBytes is the size of the kind's chunks.
+func (k KindReport) StoredBytes() int64 { return k.ExponentBytes + k.SignMantissaBytes }
+
+// BoundBytes is the entropy bound: exponents coded at EntropyBits each,
+// sign and mantissa raw.
+func (k KindReport) BoundBytes() float64 {
+	return float64(k.Elements)*k.EntropyBits/8 + float64(k.SignMantissaBytes)
+}
+
+// Ratio is stored size over original size.
+func (k KindReport) Ratio() float64 { return frac(float64(k.StoredBytes()), float64(k.OriginalBytes)) }
+
+// BoundRatio is the entropy bound over the original size.
+func (k KindReport) BoundRatio() float64 { return frac(k.BoundBytes(), float64(k.OriginalBytes)) }
+
+// Overhead is how far the stored size is above the bound (0.01 = 1%).
+func (k KindReport) Overhead() float64 { return frac(float64(k.StoredBytes()), k.BoundBytes()) - 1 }
+
+func frac(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// Report computes the store's summary from its index.
+func (s *Store) Report() Report {
+	ix := s.ix
+	r := Report{Identity: ix.identity, Layers: ix.layers, Experts: ix.experts, Shards: ix.shards,
+		BlockElems: ix.blockElems, IndexBytes: int64(len(s.raw)), ChunkFileBytes: ix.chunkBytes}
+	var hists [4][256]uint64
+	for i := range ix.tensors {
+		t := &ix.tensors[i]
+		r.Chunks += 2 * len(t.shards)
+		if !slices.Contains(r.DTypes, t.dtype) {
+			r.DTypes = append(r.DTypes, t.dtype)
+		}
+		for _, k := range []int{int(t.kind) - 1, 3} {
+			kr := &r.Total
+			if k < 3 {
+				kr = &r.Kinds[k]
+			}
+			kr.Tensors++
+			kr.Elements += int64(t.elems())
+			kr.OriginalBytes += int64(t.bytes())
+			for _, sh := range t.shards {
+				kr.ExponentBytes += int64(sh.exp.Size)
+				kr.SignMantissaBytes += int64(sh.sm.Size)
+			}
+			for sym, c := range t.hist {
+				hists[k][sym] += c
+			}
+		}
+	}
+	for k := range 4 {
+		kr := &r.Total
+		if k < 3 {
+			kr = &r.Kinds[k]
+			kr.Name = kinds[k].String()
+		} else {
+			kr.Name = "total"
+		}
+		kr.EntropyBits = entropy(&hists[k])
+	}
+	return r
+}
+
+// entropy is the Shannon entropy of a histogram in bits per symbol.
+func entropy(h *[256]uint64) float64 {
+	var n float64
+	for _, c := range h {
+		n += float64(c)
+	}
+	var bits float64
+	for _, c := range h {
+		if c > 0 {
+			p := float64(c) / n
+			bits -= p * math.Log2(p)
+		}
+	}
+	return bits
+}
+
+// maxVerifyErrors bounds the failures Verify lists.
+const maxVerifyErrors = 50
+
+// Verify re-reads every chunk of every expert, checks every chunk
+// checksum, decodes it and checks the decoded bytes against the checksum
+// of the original weights. It goes on past failures and returns them all
+// (up to 50, in index order) joined; progress, if set, gets the original
+// bytes verified so far and the total.
+func (s *Store) Verify(ctx context.Context, progress func(done, total int64)) error {
+	var total, done int64
+	maxExpert := 0
+	for l := range s.ix.layers {
+		for e := range s.ix.experts {
+			n, _ := s.ExpertBytes(l, e)
+			total += int64(n)
+			maxExpert = max(maxExpert, n)
+		}
+	}
+	buf := make([]byte, maxExpert)
+	var errs []error
+	for l := range s.ix.layers {
+		for e := range s.ix.experts {
+			var tasks []task
+			off := 0
+			for _, k := range kinds {
+				t, _ := s.ix.find(l, e, k)
+				tasks = appendTasks(tasks, t, buf[off:off+t.bytes()])
+				off += t.bytes()
+			}
+			if err := s.run(ctx, tasks, true, true); err != nil {
+				if ctx.Err() != nil {
+					return errors.Join(append(errs, ctx.Err())...)
+				}
+				if u, ok := err.(interface{ Unwrap() []error }); ok {
+					errs = append(errs, u.Unwrap()...)
+				} else {
+					errs = append(errs, err)
+				}
+				if len(errs) >= maxVerifyErrors {
+					return errors.Join(append(errs[:maxVerifyErrors], errors.New("store: too many failures, stopped"))...)
+				}
+			}
+			done += int64(off)
+			if progress != nil {
+				progress(done, total)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
