@@ -16,6 +16,8 @@ build:
 # every package with the race detector.
 test: tokref
 	ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -race -count=1 -timeout 15m $(PKGS)
+	@# tests too heavy for the race detector (a Mixtral-shaped expert on a 1 GiB worker)
+	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
 
 test-short:
 	$(GO) test -count=1 $(PKGS)

@@ -24,6 +24,12 @@ type ExpertScratch struct {
 	gate, up []float32
 }
 
+// NewExpertScratch wraps caller-owned buffers (a worker takes them from
+// its device budget); Forward uses them while they are large enough.
+func NewExpertScratch(gate, up []float32) *ExpertScratch {
+	return &ExpertScratch{gate: gate, up: up}
+}
+
 // Forward computes Down(SiLU(Gate x) * Up x) for n input vectors x
 // (n*hidden floats) into out (n*hidden floats). Every node that runs an
 // expert runs exactly this, so results are bit-identical wherever it runs.

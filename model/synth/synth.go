@@ -74,6 +74,9 @@ type Options struct {
 	// Tokenizer, if set, is a tokenizer.json to adopt; the vocabulary is
 	// sized to it.
 	Tokenizer string
+	// Layers and Experts, when positive, override the preset's (tests use
+	// Mixtral-shaped experts without generating all of Mixtral).
+	Layers, Experts int
 	// Progress, if set, is called with bytes of weights written so far and
 	// the total.
 	Progress func(done, total int64)
@@ -91,6 +94,15 @@ func Generate(dir string, opt Options) error {
 	p, ok := Presets[opt.Preset]
 	if !ok {
 		return fmt.Errorf("synth: unknown preset %q (have %s)", opt.Preset, strings.Join(PresetNames(), ", "))
+	}
+	if opt.Layers > 0 {
+		p.Layers = opt.Layers
+	}
+	if opt.Experts > 0 {
+		p.Experts = opt.Experts
+	}
+	if p.TopK > p.Experts {
+		return fmt.Errorf("synth: %d experts cannot serve top-%d routing", p.Experts, p.TopK)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("synth: %w", err)

@@ -1,0 +1,343 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/rs/zerolog"
+)
+
+// ExpertSource is what a worker needs from an expert store
+// (*store.Store satisfies it; a remote store will too).
+type ExpertSource interface {
+	ExpertBytes(layer, expert int) (int, error)
+	ReadExpert(ctx context.Context, layer, expert int, dst []byte) (model.Expert, error)
+}
+
+// Stats are a worker's counters since it started.
+type Stats struct {
+	Loads        atomic.Int64 // experts loaded (hinted or not)
+	Hits         atomic.Int64 // requests whose expert was hinted (loaded or loading)
+	Misses       atomic.Int64 // requests whose expert was not hinted: loaded on demand
+	Wasted       atomic.Int64 // hinted loads evicted without being used
+	Refused      atomic.Int64 // loads or requests refused for lack of device memory
+	LoadNanos    atomic.Int64 // time spent loading (read, decompress, link)
+	ComputeNanos atomic.Int64 // time spent computing experts
+	StallNanos   atomic.Int64 // time requests waited for their expert to be loaded
+}
+
+// Engine loads, computes and evicts experts within a device-memory budget.
+// Safe for concurrent use; Close waits for the loads it started.
+type Engine struct {
+	src    ExpertSource
+	arena  *Arena
+	link   *Link
+	hidden int
+	log    zerolog.Logger
+	Stats  Stats
+
+	ctx    context.Context // for background loads; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	slots map[slotKey]*slot
+	seq   uint64
+}
+
+type slotKey struct{ layer, expert int }
+
+// slot is one expert being loaded or resident.
+type slot struct {
+	done    chan struct{} // closed when the load ends
+	expert  model.Expert
+	block   Block
+	err     error
+	loadDur time.Duration
+	hinted  bool
+	users   int    // requests computing with it now
+	used    bool   // some request has used it
+	seq     uint64 // order of creation, for eviction of the oldest
+}
+
+// NewEngine returns an engine over src whose experts take hidden-size
+// inputs, with device memory arena and host-to-device link link.
+func NewEngine(src ExpertSource, hidden int, arena *Arena, link *Link, log zerolog.Logger) *Engine {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Engine{src: src, arena: arena, link: link, hidden: hidden, log: log,
+		ctx: ctx, cancel: cancel, slots: map[slotKey]*slot{}}
+}
+
+// Arena is the engine's device memory.
+func (e *Engine) Arena() *Arena { return e.arena }
+
+// Prefetch starts loading the experts of layer that are not resident or
+// loading already (a hint: from the shadow's prediction or the main
+// node). It returns at once; a load that does not fit the budget is
+// refused, counted and logged, and the request that needs it later loads
+// it as a miss.
+func (e *Engine) Prefetch(layer int, experts []int) {
+	for _, ex := range experts {
+		e.mu.Lock()
+		k := slotKey{layer, ex}
+		if s, ok := e.slots[k]; ok {
+			s.hinted = true
+			e.mu.Unlock()
+			continue
+		}
+		s := e.newSlotLocked(k, true)
+		e.mu.Unlock()
+		e.wg.Go(func() { e.load(e.ctx, k, s) })
+	}
+}
+
+func (e *Engine) newSlotLocked(k slotKey, hinted bool) *slot {
+	e.seq++
+	s := &slot{done: make(chan struct{}), hinted: hinted, seq: e.seq}
+	e.slots[k] = s
+	return s
+}
+
+// load fills s; on failure the slot is removed so a later request retries.
+func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
+	defer close(s.done)
+	t0 := time.Now()
+	s.err = e.loadInto(ctx, k, s)
+	s.loadDur = time.Since(t0)
+	if s.err != nil {
+		e.mu.Lock()
+		if e.slots[k] == s {
+			delete(e.slots, k)
+		}
+		e.mu.Unlock()
+		if errors.Is(s.err, ErrOverBudget) {
+			e.Stats.Refused.Add(1)
+		}
+		if !errors.Is(s.err, context.Canceled) {
+			e.log.Warn().Int("layer", k.layer).Int("expert", k.expert).Err(s.err).Msg("expert load failed")
+		}
+		return
+	}
+	e.Stats.Loads.Add(1)
+	e.Stats.LoadNanos.Add(int64(s.loadDur))
+	e.mu.Lock()
+	if e.slots[k] != s { // evicted while loading: nobody will use it
+		if s.hinted {
+			e.Stats.Wasted.Add(1)
+		}
+		e.arena.Free(s.block)
+		s.block = Block{}
+	}
+	e.mu.Unlock()
+}
+
+func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
+	n, err := e.src.ExpertBytes(k.layer, k.expert)
+	if err != nil {
+		return err
+	}
+	b, err := e.alloc(int64(n), k.layer)
+	if err != nil {
+		return fmt.Errorf("worker: loading layer %d expert %d: %w", k.layer, k.expert, err)
+	}
+	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, b.Bytes)
+	if err == nil {
+		err = e.link.Transfer(ctx, int64(n))
+	}
+	if err != nil {
+		e.arena.Free(b)
+		return err
+	}
+	if ex.Gate.Cols != e.hidden || ex.Down.Rows != e.hidden {
+		e.arena.Free(b)
+		return fmt.Errorf("worker: layer %d expert %d has hidden size %d, the model %d", k.layer, k.expert, ex.Gate.Cols, e.hidden)
+	}
+	s.expert, s.block = ex, b
+	return nil
+}
+
+// alloc takes n bytes of device memory; when the budget is full it first
+// evicts loaded experts nobody is using that belong to other layers
+// (predictions that turned out wrong, oldest first).
+func (e *Engine) alloc(n int64, layer int) (Block, error) {
+	for {
+		b, err := e.arena.Alloc(n)
+		if err == nil || !errors.Is(err, ErrOverBudget) {
+			return b, err
+		}
+		if !e.evictOneStale(layer) {
+			return Block{}, err
+		}
+	}
+}
+
+// evictOneStale drops the oldest idle resident expert of a layer other
+// than layer; it reports whether it found one.
+func (e *Engine) evictOneStale(layer int) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var victim *slot
+	var vk slotKey
+	for k, s := range e.slots {
+		if k.layer == layer || s.users > 0 || s.block.Bytes == nil {
+			continue
+		}
+		if victim == nil || s.seq < victim.seq {
+			victim, vk = s, k
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	e.dropLocked(vk, victim)
+	return true
+}
+
+// dropLocked removes a resident slot and frees its memory.
+func (e *Engine) dropLocked(k slotKey, s *slot) {
+	delete(e.slots, k)
+	if !s.used && s.hinted {
+		e.Stats.Wasted.Add(1)
+	}
+	if s.block.Bytes != nil {
+		e.arena.Free(s.block)
+		s.block = Block{}
+	}
+}
+
+// Result describes how a request was served.
+type Result struct {
+	Miss    bool          // the expert was not hinted: loaded on demand
+	Loaded  bool          // a load was (or had been) needed for this request
+	Stall   time.Duration // time waiting for the load
+	Load    time.Duration // the load's own duration
+	Compute time.Duration
+}
+
+// Run computes expert (layer, expert) on n input vectors x (n*hidden) into
+// out (n*hidden), loading it first if it is not resident (a miss if it was
+// not hinted either). With evict it frees the expert afterwards (decode:
+// JIT load, compute once, evict); without, it stays for further
+// mini-batches (prefill) until Evict.
+func (e *Engine) Run(ctx context.Context, layer, expert int, x []float32, n int, out []float32, evict bool) (Result, error) {
+	var res Result
+	if n <= 0 || len(x) != n*e.hidden || len(out) != n*e.hidden {
+		return res, fmt.Errorf("worker: layer %d expert %d: %d inputs and %d outputs for %d tokens of hidden size %d", layer, expert, len(x), len(out), n, e.hidden)
+	}
+	k := slotKey{layer, expert}
+	t0 := time.Now()
+	var s *slot
+	for {
+		e.mu.Lock()
+		s = e.slots[k]
+		if s == nil {
+			res.Miss = true
+			s = e.newSlotLocked(k, false)
+			e.mu.Unlock()
+			e.load(ctx, k, s)
+		} else {
+			e.mu.Unlock()
+		}
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		if s.err != nil {
+			if res.Miss {
+				return res, s.err
+			}
+			continue // the hinted load failed (and was counted): load it as a miss
+		}
+		e.mu.Lock()
+		if e.slots[k] != s { // evicted between the load and now
+			e.mu.Unlock()
+			continue
+		}
+		s.users++
+		s.used = true
+		e.mu.Unlock()
+		break
+	}
+	if res.Miss {
+		e.Stats.Misses.Add(1)
+	} else {
+		e.Stats.Hits.Add(1)
+	}
+	res.Stall = time.Since(t0)
+	res.Loaded, res.Load = true, s.loadDur
+	e.Stats.StallNanos.Add(int64(res.Stall))
+
+	err := e.compute(s.expert, x, n, out, &res)
+
+	e.mu.Lock()
+	s.users--
+	if evict && s.users == 0 && e.slots[k] == s {
+		e.dropLocked(k, s)
+	}
+	e.mu.Unlock()
+	return res, err
+}
+
+// compute runs the expert with its working memory taken from the budget
+// too: the budget covers the expert and the compute buffers.
+func (e *Engine) compute(ex model.Expert, x []float32, n int, out []float32, res *Result) error {
+	inter := ex.Gate.Rows
+	b, err := e.arena.Alloc(int64(2 * n * inter * 4))
+	if err != nil {
+		e.Stats.Refused.Add(1)
+		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
+	}
+	defer e.arena.Free(b)
+	f := unsafe.Slice((*float32)(unsafe.Pointer(&b.Bytes[0])), 2*n*inter)
+	scratch := model.NewExpertScratch(f[:n*inter], f[n*inter:])
+	t0 := time.Now()
+	ex.Forward(out, x, n, scratch)
+	res.Compute = time.Since(t0)
+	e.Stats.ComputeNanos.Add(int64(res.Compute))
+	return nil
+}
+
+// Evict frees every idle expert of layer (the end of a prefill layer, or
+// predictions for a layer that has run); one still loading is freed as
+// soon as its load ends.
+func (e *Engine) Evict(layer int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, s := range e.slots {
+		if k.layer != layer || s.users > 0 {
+			continue
+		}
+		select {
+		case <-s.done:
+			e.dropLocked(k, s)
+		default:
+			delete(e.slots, k) // load() frees it when it ends
+		}
+	}
+}
+
+// Resident is the number of experts loaded or loading.
+func (e *Engine) Resident() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.slots)
+}
+
+// Close cancels the loads in flight, waits for them, and frees every
+// expert.
+func (e *Engine) Close() {
+	e.cancel()
+	e.wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, s := range e.slots {
+		e.dropLocked(k, s)
+	}
+}

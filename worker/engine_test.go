@@ -1,0 +1,189 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/store"
+	"github.com/rs/zerolog"
+)
+
+// fixture is a tiny model and its store, made once per test binary.
+type fixture struct {
+	model *model.Model
+	store *store.Store
+	dir   string
+}
+
+var (
+	fixOnce sync.Once
+	fix     fixture
+	fixErr  error
+)
+
+func tinyFixture(t *testing.T) fixture {
+	t.Helper()
+	fixOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "odmoe-worker-")
+		if err != nil {
+			fixErr = err
+			return
+		}
+		fix.dir = dir
+		md, sd := filepath.Join(dir, "tiny"), filepath.Join(dir, "store")
+		if fixErr = synth.Generate(md, synth.Options{Preset: "tiny", Seed: 3}); fixErr != nil {
+			return
+		}
+		if fixErr = store.Convert(context.Background(), md, sd, store.ConvertOptions{}); fixErr != nil {
+			return
+		}
+		if fix.model, fixErr = model.Load(md, model.LoadOptions{}); fixErr != nil {
+			return
+		}
+		fix.store, fixErr = store.Open(sd, store.Options{})
+	})
+	if fixErr != nil {
+		t.Fatal(fixErr)
+	}
+	return fix
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if fix.dir != "" {
+		if fix.store != nil {
+			fix.store.Close()
+		}
+		if fix.model != nil {
+			fix.model.Close()
+		}
+		os.RemoveAll(fix.dir)
+	}
+	os.Exit(code)
+}
+
+func randomInput(n, h int, seed uint64) []float32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	x := make([]float32, n*h)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// localExpert computes what local mode computes for this expert.
+func localExpert(m *model.Model, layer, expert int, x []float32, n int) []float32 {
+	out := make([]float32, n*m.Config.HiddenSize)
+	m.Layers[layer].Experts[expert].Forward(out, x, n, &model.ExpertScratch{})
+	return out
+}
+
+// TestRunEqualsLocalExpertBitForBit: an expert loaded from the compressed
+// store and run by the worker gives local mode's bits, on a miss and on a
+// hinted load, for one token and for a batch.
+func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(f.store, h, arena, NewLink(0), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	for _, n := range []int{1, 5} {
+		x := randomInput(n, h, uint64(n))
+		out := make([]float32, n*h)
+		res, err := e.Run(ctx, 2, 5, x, n, out, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Miss || !sameBits(out, localExpert(f.model, 2, 5, x, n)) {
+			t.Fatalf("n=%d: miss=%v, bits equal=%v", n, res.Miss, sameBits(out, localExpert(f.model, 2, 5, x, n)))
+		}
+		e.Prefetch(3, []int{0, 7})
+		res, err = e.Run(ctx, 3, 7, x, n, out, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Miss || !sameBits(out, localExpert(f.model, 3, 7, x, n)) {
+			t.Fatalf("hinted n=%d: miss=%v", n, res.Miss)
+		}
+		e.Evict(3) // expert 0 was hinted but never used
+	}
+	if e.Resident() != 0 || arena.InUse() != 0 {
+		t.Fatalf("after evicting: %d resident, %d bytes in use", e.Resident(), arena.InUse())
+	}
+	if got := e.Stats.Misses.Load(); got != 2 {
+		t.Errorf("misses %d, want 2", got)
+	}
+	if got := e.Stats.Hits.Load(); got != 2 {
+		t.Errorf("hits %d, want 2", got)
+	}
+	if got := e.Stats.Wasted.Load(); got != 2 {
+		t.Errorf("wasted %d, want 2", got)
+	}
+}
+
+// TestBudgetIsNeverExceeded: with room for one expert, a second hinted
+// expert is refused (counted), the request for it still succeeds as a
+// miss once the first is done, and the peak stays within the budget.
+func TestBudgetIsNeverExceeded(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	eb, _ := f.store.ExpertBytes(0, 0)
+	budget := int64(eb) + 64<<10 // one expert and its compute buffers
+	arena, _ := NewArena(budget)
+	e := NewEngine(f.store, h, arena, NewLink(0), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	x := randomInput(1, h, 9)
+	out := make([]float32, h)
+	e.Prefetch(1, []int{2})
+	if _, err := e.Run(ctx, 1, 2, x, 1, out, false); err != nil { // keep it resident
+		t.Fatal(err)
+	}
+	e.Prefetch(1, []int{4}) // same layer: nothing may be evicted for it
+	e.wg.Wait()
+	if got := e.Stats.Refused.Load(); got != 1 {
+		t.Fatalf("refused %d, want 1", got)
+	}
+	if _, err := e.Run(ctx, 1, 4, x, 1, out, true); !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("second expert of the same layer while the first is resident: %v", err)
+	}
+	e.Evict(1)
+	res, err := e.Run(ctx, 1, 4, x, 1, out, true)
+	if err != nil || !res.Miss {
+		t.Fatalf("after evicting: miss=%v err=%v", res.Miss, err)
+	}
+	if !sameBits(out, localExpert(f.model, 1, 4, x, 1)) {
+		t.Fatal("wrong bits")
+	}
+	// a stale expert of another layer is evicted to make room
+	e.Prefetch(0, []int{1})
+	e.wg.Wait()
+	if _, err := e.Run(ctx, 2, 3, x, 1, out, true); err != nil {
+		t.Fatalf("stale expert was not evicted for a new layer: %v", err)
+	}
+	if arena.Peak() > budget {
+		t.Fatalf("peak %d > budget %d", arena.Peak(), budget)
+	}
+}
+

@@ -1,0 +1,63 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestLinkQueuesTransfersAtItsRate: three 4 MB transfers on a 4 MB/s link
+// issued together finish at 1 s, 2 s and 3 s (fake clock via synctest).
+func TestLinkQueuesTransfersAtItsRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLink(4e6)
+		start := time.Now()
+		var mu sync.Mutex
+		var done []time.Duration
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				if err := l.Transfer(context.Background(), 4e6); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				done = append(done, time.Since(start))
+				mu.Unlock()
+			})
+			synctest.Wait() // issue in order
+		}
+		wg.Wait()
+		want := []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}
+		for i := range want {
+			if done[i] != want[i] {
+				t.Fatalf("transfer %d finished at %v, want %v (all: %v)", i, done[i], want[i], done)
+			}
+		}
+		// an idle link does not bank credit: the next transfer takes 1 s again
+		time.Sleep(10 * time.Second)
+		t0 := time.Now()
+		l.Transfer(context.Background(), 4e6)
+		if d := time.Since(t0); d != time.Second {
+			t.Fatalf("after idling, transfer took %v", d)
+		}
+	})
+}
+
+func TestUnpacedLinkAndCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		if err := NewLink(0).Transfer(context.Background(), 1<<40); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		l := NewLink(1)
+		errc := make(chan error)
+		go func() { errc <- l.Transfer(ctx, 1000) }()
+		synctest.Wait()
+		cancel()
+		if err := <-errc; err != context.Canceled {
+			t.Fatalf("cancelled transfer: %v", err)
+		}
+	})
+}
