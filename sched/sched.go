@@ -1,0 +1,62 @@
+// Package sched holds the swarm's placement decisions as plain code, fed
+// with layer numbers and routes and returning worker indices, so that the
+// main node (which sends activations) and the shadow (which sends
+// predictions) always agree on who runs what, and so that the decisions
+// can be tested without a socket.
+//
+// Decode (OD-MoE section 3.1): workers form Workers/Group groups; layer l
+// runs on group l mod groups, round robin, and the i-th of a layer's
+// distinct experts (in id order) goes to the group's worker i mod Group,
+// so each expert is loaded to exactly one worker.
+//
+// Prefill (section 3.3): every expert of a layer is likely used, so expert
+// e of every layer runs on worker e mod Workers, all workers at once.
+package sched
+
+import "fmt"
+
+// Layout is how the workers are grouped.
+type Layout struct {
+	Workers int // worker count
+	Group   int // workers per group (G; the router's top-k in OD-MoE)
+}
+
+// NewLayout checks that workers split into whole groups.
+func NewLayout(workers, group int) (Layout, error) {
+	if workers < 1 || group < 1 {
+		return Layout{}, fmt.Errorf("sched: %d workers in groups of %d: both must be positive", workers, group)
+	}
+	if workers%group != 0 {
+		return Layout{}, fmt.Errorf("sched: %d workers do not split into groups of %d", workers, group)
+	}
+	return Layout{Workers: workers, Group: group}, nil
+}
+
+// Groups is the number of worker groups.
+func (l Layout) Groups() int { return l.Workers / l.Group }
+
+// GroupOf is the group that runs layer in decode: layer mod Groups.
+func (l Layout) GroupOf(layer int) int { return layer % l.Groups() }
+
+// DecodeWorker is the worker that runs the i-th (in expert-id order) of
+// the distinct experts layer uses for a decode step.
+func (l Layout) DecodeWorker(layer, i int) int {
+	return l.GroupOf(layer)*l.Group + i%l.Group
+}
+
+// PrefillWorker is the worker that runs expert in prefill, at every layer.
+func (l Layout) PrefillWorker(expert int) int { return expert % l.Workers }
+
+// Assign appends to dst, for each of experts (distinct, sorted by id), the
+// worker that runs it: DecodeWorker for a decode step, PrefillWorker for a
+// prefill batch.
+func (l Layout) Assign(dst []int, layer int, experts []int, prefill bool) []int {
+	for i, e := range experts {
+		if prefill {
+			dst = append(dst, l.PrefillWorker(e))
+		} else {
+			dst = append(dst, l.DecodeWorker(layer, i))
+		}
+	}
+	return dst
+}

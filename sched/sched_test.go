@@ -1,0 +1,43 @@
+package sched
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestLayoutNeedsWholeGroups(t *testing.T) {
+	for _, c := range []struct{ w, g int }{{3, 2}, {0, 2}, {4, 0}} {
+		if _, err := NewLayout(c.w, c.g); err == nil {
+			t.Errorf("NewLayout(%d, %d) accepted", c.w, c.g)
+		}
+	}
+}
+
+// TestDecodeIsRoundRobinOverGroups mirrors OD-MoE's ten-node rig: 8 workers
+// in groups of 2, so layers 0..3 run on workers {0,1},{2,3},{4,5},{6,7}
+// and layer 4 on {0,1} again.
+func TestDecodeIsRoundRobinOverGroups(t *testing.T) {
+	l, err := NewLayout(8, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]int{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {0, 1}, {2, 3}}
+	for layer, w := range want {
+		got := l.Assign(nil, layer, []int{3, 6}, false)
+		if !slices.Equal(got, w) {
+			t.Errorf("layer %d: workers %v, want %v", layer, got, w)
+		}
+	}
+	// more experts than group members wrap inside the group
+	if got := l.Assign(nil, 1, []int{0, 1, 2}, false); !slices.Equal(got, []int{2, 3, 2}) {
+		t.Errorf("3 experts in a group of 2: %v", got)
+	}
+}
+
+func TestPrefillSpreadsExpertsOverAllWorkers(t *testing.T) {
+	l, _ := NewLayout(4, 2)
+	got := l.Assign(nil, 5, []int{0, 1, 2, 3, 4, 5, 6, 7}, true)
+	if !slices.Equal(got, []int{0, 1, 2, 3, 0, 1, 2, 3}) {
+		t.Fatalf("prefill workers %v", got)
+	}
+}
