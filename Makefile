@@ -36,6 +36,10 @@ bench:
 	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'LocalPrefill' -benchtime 2x -timeout 30m ./model/
 	@# expert store: stored/BF16 ratio next to the entropy bound, decompression GB/s on 1 and 2 goroutines
 	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'StoreReadExpert' -benchtime 128x -count 3 -timeout 30m ./store/
+	@# wire: 16 KiB round trip p50/p99 and 4 MiB throughput, QUIC+msgpack next to bare UDP/TCP echoes; msgpack floats vs raw bytes
+	$(GO) test -run '^$$' -bench 'RoundTrip16KB' -benchtime 3000x -count 3 ./wire/
+	$(GO) test -run '^$$' -bench 'Throughput4MB' -benchtime 100x -count 3 ./wire/
+	$(GO) test -run '^$$' -bench 'TensorEncoding' ./wire/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

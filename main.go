@@ -5,6 +5,7 @@
 //	odmoe run       -role local -model DIR -prompt TEXT [-n N] [-dump DIR]
 //	odmoe convert   -model DIR -out STORE_DIR [-shards K] [-force]
 //	odmoe inspect   -store STORE_DIR [-verify] [-model DIR]
+//	odmoe certs     -out DIR -nodes main,shadow,w1,...
 //	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
 //
 // Run `odmoe COMMAND -h` for a command's flags.
@@ -30,6 +31,7 @@ type command struct {
 }
 
 var commands = map[string]command{
+	"certs":    {"make a cluster CA and a certificate for each node (mutual TLS)", runCerts},
 	"convert":  {"compress a model's experts losslessly into a store directory", runConvert},
 	"gen-tiny": {"write a deterministic random model in Hugging Face layout", runGenTiny},
 	"inspect":  {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},

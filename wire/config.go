@@ -1,0 +1,177 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/rs/zerolog"
+)
+
+// Defaults for the zero fields of a Config.
+const (
+	DefaultKeepAlivePeriod  = 1 * time.Second
+	DefaultIdleTimeout      = 5 * time.Second
+	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultDialAttempts     = 8
+	DefaultDialBackoff      = 100 * time.Millisecond
+	DefaultMaxDialBackoff   = 2 * time.Second
+)
+
+// Flow-control windows: the most a peer may send ahead of what we read,
+// per stream and per connection (bounding what a peer can make us buffer).
+const (
+	streamWindowBytes = 4 << 20
+	connWindowBytes   = 32 << 20
+)
+
+// maxIncomingStreams bounds the bulk streams (one per bulk message) a
+// peer may have open towards us at once.
+const maxIncomingStreams = 128
+
+// Config configures Listen and Dial. A Config may be shared by several
+// calls; nothing in it changes. Zero fields take the defaults above.
+type Config struct {
+	// Certs are this node's cluster credentials (LoadCerts). Every peer
+	// must present a certificate of the same cluster CA. Required unless
+	// Insecure.
+	Certs *Certs
+	// Insecure runs TLS without certificates: peers are not authenticated
+	// and say who they are in their Hello. For quick local experiments
+	// only; it logs a loud warning.
+	Insecure bool
+	// Name and Role are this node's identity when Insecure; with Certs
+	// they are taken from the certificate (and, if set, must match it).
+	Name string
+	Role Role
+
+	// PeerRoles are the roles a remote node may have; empty allows any.
+	// A worker listens for main and shadow; the main node dials workers.
+	PeerRoles []Role
+	// PeerName, for Dial, is the name the remote node must have; empty
+	// allows any name.
+	PeerName string
+
+	// Hello carries what this node tells its peers about itself
+	// (version, device memory budget, features); Name and Role are
+	// filled in from the identity above.
+	Hello Hello
+
+	// MaxFrameBytes bounds a received (and a sent) frame; a larger one
+	// closes the connection (ErrFrameTooLarge). Default 64 MiB.
+	MaxFrameBytes int
+	// KeepAlivePeriod is how often an idle connection sends a QUIC PING.
+	KeepAlivePeriod time.Duration
+	// IdleTimeout is how long a connection survives without hearing from
+	// the peer: a vanished peer is detected (ErrTimeout) after this.
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds one connection attempt: QUIC, TLS and the
+	// Hello exchange.
+	HandshakeTimeout time.Duration
+	// DialAttempts is how many times Dial tries before giving up;
+	// DialBackoff is the wait after the first failure, doubling up to
+	// MaxDialBackoff. Refusals (a bad certificate, a wrong role) are not
+	// retried.
+	DialAttempts   int
+	DialBackoff    time.Duration
+	MaxDialBackoff time.Duration
+
+	// Log receives connection events and errors (never per-message logs).
+	// The zero Logger discards them.
+	Log zerolog.Logger
+	// Stats, if set, counts for every Listener and Peer using this
+	// Config; otherwise each Listener (with its peers) and each dialed
+	// Peer has its own.
+	Stats *Stats
+}
+
+// settled returns a copy of c with defaults filled in, after checking it.
+func (c *Config) settled() (*Config, error) {
+	if c == nil {
+		return nil, errors.New("wire: nil Config")
+	}
+	s := *c
+	s.PeerRoles = slices.Clone(c.PeerRoles)
+	switch {
+	case s.Certs == nil && !s.Insecure:
+		return nil, errors.New("wire: Config needs Certs (from LoadCerts) or Insecure")
+	case s.Certs != nil && s.Insecure:
+		return nil, errors.New("wire: Config has both Certs and Insecure")
+	case s.Certs != nil:
+		id := s.Certs.Identity
+		if (s.Name != "" && s.Name != id.Name) || (s.Role != "" && s.Role != id.Role) {
+			return nil, fmt.Errorf("wire: Config names %s/%s, but the certificate is %v", s.Name, s.Role, id)
+		}
+		s.Name, s.Role = id.Name, id.Role
+	case s.Name == "" || !s.Role.Valid():
+		return nil, fmt.Errorf("wire: an insecure Config needs a Name and a valid Role (have %q, %q)", s.Name, s.Role)
+	}
+	for _, r := range s.PeerRoles {
+		if !r.Valid() {
+			return nil, fmt.Errorf("wire: PeerRoles: unknown role %q", r)
+		}
+	}
+	s.Hello.Name, s.Hello.Role = s.Name, s.Role
+	if s.Hello.Arch == "" {
+		s.Hello.Arch = runtime.GOARCH
+	}
+	setDefault(&s.MaxFrameBytes, DefaultMaxFrameBytes)
+	setDefault(&s.KeepAlivePeriod, DefaultKeepAlivePeriod)
+	setDefault(&s.IdleTimeout, DefaultIdleTimeout)
+	setDefault(&s.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDefault(&s.DialAttempts, DefaultDialAttempts)
+	setDefault(&s.DialBackoff, DefaultDialBackoff)
+	setDefault(&s.MaxDialBackoff, DefaultMaxDialBackoff)
+	if s.MaxFrameBytes < 1<<10 || s.MaxFrameBytes > 1<<31 {
+		return nil, fmt.Errorf("wire: MaxFrameBytes %d out of range [1 KiB, 2 GiB]", s.MaxFrameBytes)
+	}
+	if s.Stats == nil {
+		s.Stats = new(Stats)
+	}
+	return &s, nil
+}
+
+func setDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+func (c *Config) quicConfig() *quic.Config {
+	return &quic.Config{
+		HandshakeIdleTimeout:  c.HandshakeTimeout,
+		MaxIdleTimeout:        c.IdleTimeout,
+		KeepAlivePeriod:       c.KeepAlivePeriod,
+		MaxIncomingStreams:    -1, // the protocol uses unidirectional streams only
+		MaxIncomingUniStreams: maxIncomingStreams,
+		// Every bulk message opens a new stream: start its window large
+		// rather than at quic-go's 512 KiB, or each one pays the
+		// window's slow start again.
+		InitialStreamReceiveWindow:     streamWindowBytes,
+		MaxStreamReceiveWindow:         4 * streamWindowBytes,
+		InitialConnectionReceiveWindow: 2 * streamWindowBytes,
+		MaxConnectionReceiveWindow:     connWindowBytes,
+	}
+}
+
+// acceptPeer checks a remote identity against PeerRoles and wantName.
+func (c *Config) acceptPeer(id Identity, wantName string) error {
+	if len(c.PeerRoles) > 0 && !slices.Contains(c.PeerRoles, id.Role) {
+		return connErrorf(CodeIdentity, nil, "peer %v has role %s, want one of %v", id, id.Role, c.PeerRoles)
+	}
+	if wantName != "" && id.Name != wantName {
+		return connErrorf(CodeIdentity, nil, "peer is %v, want node %q", id, wantName)
+	}
+	return nil
+}
+
+// warnInsecure says loudly that nobody is being authenticated.
+func (c *Config) warnInsecure(what string) {
+	if c.Insecure {
+		c.Log.Warn().Str("node", c.Name).Str("what", what).
+			Msg("wire: INSECURE: no certificates, peers are NOT authenticated: anyone who can reach this node can join the swarm; use -certs DIR -name NAME outside quick local experiments")
+	}
+}

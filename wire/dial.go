@@ -1,0 +1,138 @@
+package wire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Dial connects to the node listening on addr (host:port), retrying with
+// backoff (Config.DialAttempts, DialBackoff, MaxDialBackoff) while it is
+// not reachable yet. A refusal (a certificate of another cluster, a
+// wrong role or name, a protocol version mismatch) is not retried. The
+// returned Peer owns its own UDP socket.
+func Dial(ctx context.Context, addr string, cfg *Config) (*Peer, error) {
+	c, err := cfg.settled()
+	if err != nil {
+		return nil, err
+	}
+	var p *Peer
+	attempt := 0
+	err = retry(ctx, c.DialAttempts, backoff(c.DialBackoff, c.MaxDialBackoff), func() error {
+		attempt++
+		var err error
+		p, err = dialOnce(ctx, addr, c)
+		if err != nil && !permanent(err) && attempt < c.DialAttempts {
+			c.Stats.DialRetries.Add(1)
+			c.Log.Debug().Err(err).Str("addr", addr).Int("attempt", attempt).Msg("wire: dial failed, retrying")
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wire: dial %s (%d attempts): %w", addr, attempt, err)
+	}
+	c.warnInsecure("dial")
+	return p, nil
+}
+
+func dialOnce(ctx context.Context, addr string, c *Config) (*Peer, error) {
+	raddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, &permanentError{err}
+	}
+	network, laddr := "udp4", (*net.UDPAddr)(nil)
+	if raddr.IP.To4() == nil {
+		network = "udp6"
+	}
+	if raddr.IP.IsLoopback() { // keep loopback traffic on loopback
+		laddr = &net.UDPAddr{IP: raddr.IP}
+	}
+	udp, err := listenUDP(network, laddr, c.Log)
+	if err != nil {
+		return nil, err
+	}
+	tr := &quic.Transport{Conn: udp}
+	release := func() {
+		tr.Close()
+		udp.Close()
+	}
+	var refused errBox
+	hctx, cancel := context.WithTimeout(ctx, c.HandshakeTimeout)
+	defer cancel()
+	conn, err := tr.Dial(hctx, raddr, c.clientTLS(&refused), c.quicConfig())
+	if err != nil {
+		release()
+		if r := refused.get(); r != nil {
+			c.Stats.Refused.Add(1)
+			return nil, &permanentError{r}
+		}
+		return nil, err
+	}
+	p := newPeer(conn, c, release)
+	if err := p.start(ctx, true, c.PeerName); err != nil {
+		return nil, err
+	}
+	c.Stats.PeersDialed.Add(1)
+	p.log.Info().Stringer("role", roleStringer(p.id.Role)).Msg("wire: connected to peer")
+	return p, nil
+}
+
+// permanentError marks a dial error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// permanent reports whether a dial error is a refusal rather than an
+// unreachable or not yet listening peer.
+func permanent(err error) bool {
+	var pe *permanentError
+	var ce *ConnError
+	var te *quic.TransportError
+	switch {
+	case errors.As(err, &pe):
+		return true
+	case errors.As(err, &ce):
+		// the peer refused us, or we it: only a listener shutting down is worth another try
+		return ce.Code != CodeClosed
+	case errors.As(err, &te):
+		// a TLS alert: the peer did not accept our certificate
+		return te.ErrorCode >= 0x100 && te.ErrorCode <= 0x1ff
+	}
+	return errors.Is(err, context.Canceled)
+}
+
+// backoff returns the wait after the n-th failure (n >= 1): base,
+// doubling, at most maxWait.
+func backoff(base, maxWait time.Duration) func(n int) time.Duration {
+	return func(n int) time.Duration {
+		d := base
+		for i := 1; i < n && d < maxWait; i++ {
+			d *= 2
+		}
+		return min(d, maxWait)
+	}
+}
+
+// retry calls f until it succeeds, fails permanently, has been called
+// attempts times, or ctx ends, waiting wait(n) after the n-th failure.
+func retry(ctx context.Context, attempts int, wait func(n int) time.Duration, f func() error) error {
+	var err error
+	for n := 1; n <= attempts; n++ {
+		if err = f(); err == nil || permanent(err) || n == attempts {
+			return err
+		}
+		t := time.NewTimer(wait(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+	return err
+}

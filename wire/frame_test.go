@@ -1,0 +1,231 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math"
+	"reflect"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// frames encodes msgs into one byte stream.
+func frames(t testing.TB, msgs ...Message) []byte {
+	t.Helper()
+	var out []byte
+	fe := newFrameEncoder(keepFrameBuf)
+	for _, m := range msgs {
+		f, err := fe.encode(m, DefaultMaxFrameBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, f...)
+	}
+	return out
+}
+
+// readAll decodes every frame of b, reusing one buffer (and copying) if
+// reuse, else aliasing each frame's buffer.
+func readAll(b []byte, maxBytes int, reuse bool) ([]Message, error) {
+	fr := &frameReader{r: bytes.NewReader(b), maxBytes: maxBytes, reuse: reuse}
+	md := newMessageDecoder()
+	var msgs []Message
+	for {
+		typ, body, owned, err := fr.next()
+		if err == io.EOF {
+			return msgs, nil
+		}
+		if err != nil {
+			return msgs, err
+		}
+		m, err := md.decode(typ, body, owned)
+		if err != nil {
+			return msgs, err
+		}
+		msgs = append(msgs, m)
+	}
+}
+
+func TestFramesRoundTripEveryMessageType(t *testing.T) {
+	msgs := append(sampleMessages(4096), &Hello{Name: "w1", Role: RoleWorker, Version: "dev", Arch: "arm64", DeviceMemBytes: 1 << 30, Features: []string{"bf16"}})
+	for _, reuse := range []bool{true, false} {
+		got, err := readAll(frames(t, msgs...), DefaultMaxFrameBytes, reuse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(msgs) {
+			t.Fatalf("decoded %d messages, want %d", len(got), len(msgs))
+		}
+		for i := range msgs { // with reuse, a message sharing the buffer would be overwritten by now
+			if !reflect.DeepEqual(got[i], msgs[i]) {
+				t.Errorf("reuse=%v %v: decoded\n%+v\nwant\n%+v", reuse, msgs[i].Type(), got[i], msgs[i])
+			}
+		}
+	}
+}
+
+func TestTensorBitsSurviveTheWire(t *testing.T) {
+	want := ramp(1000)
+	got, err := readAll(frames(t, &Activation{Tokens: 1, Hidden: Float32Tensor(want, 1, 1000)}), DefaultMaxFrameBytes, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := got[0].(*Activation).Hidden.Float32s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if f32bits(v[i]) != f32bits(want[i]) {
+			t.Fatalf("element %d: bits %#x, want %#x", i, f32bits(v[i]), f32bits(want[i]))
+		}
+	}
+}
+
+// frame builds a raw frame with the given header fields and body.
+func frame(length uint32, version byte, typ Type, body []byte) []byte {
+	b := binary.BigEndian.AppendUint32(nil, length)
+	return append(append(b, version, byte(typ)), body...)
+}
+
+func rawFrame(typ Type, body []byte) []byte {
+	return frame(uint32(len(body)+2), ProtocolVersion, typ, body)
+}
+
+func mustMsgpack(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// badFrames are inputs the decoder must refuse, with the code it must
+// refuse them with.
+func badFrames(t testing.TB) []struct {
+	name  string
+	input []byte
+	code  ErrorCode
+} {
+	pred := mustMsgpack(t, &Prediction{Iteration: 1, Layer: 2, Experts: []int32{3}})
+	badTensor := mustMsgpack(t, &Activation{Tokens: 1, Hidden: Tensor{DType: F32, Shape: []int{1, 4}, Data: make([]byte, 15)}})
+	return []struct {
+		name  string
+		input []byte
+		code  ErrorCode
+	}{
+		{"oversized frame", frame(1<<30, ProtocolVersion, TypePrediction, nil), CodeFrameTooLarge},
+		{"length shorter than header", frame(1, ProtocolVersion, TypePrediction, nil), CodeMalformed},
+		{"unknown version", frame(uint32(len(pred)+2), 2, TypePrediction, pred), CodeBadVersion},
+		{"unknown type", rawFrame(200, pred), CodeUnknownType},
+		{"type zero", rawFrame(0, pred), CodeUnknownType},
+		{"truncated header", rawFrame(TypePrediction, pred)[:3], CodeMalformed},
+		{"truncated body", rawFrame(TypePrediction, pred)[:8], CodeMalformed},
+		{"not msgpack", rawFrame(TypePrediction, []byte{0xc1, 0xc1}), CodeMalformed},
+		{"wrong shape of struct", rawFrame(TypePrediction, mustMsgpack(t, []int{1, 2})), CodeMalformed},
+		{"a string where a number goes", rawFrame(TypePrediction, mustMsgpack(t, []any{"x", 1, []int{1}})), CodeMalformed},
+		{"trailing bytes", rawFrame(TypePrediction, append(pred, 0x01)), CodeMalformed},
+		{"binary claims 4 GiB", rawFrame(TypeChunkResponse, []byte{0x97, 1, 1, 1, 0xa0, 1, 0xc2, 0xc6, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
+		{"array claims 2^32 items", rawFrame(TypePrediction, []byte{0x93, 1, 1, 0xdd, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
+		{"tensor bytes do not match shape", rawFrame(TypeActivation, badTensor), CodeBadTensor},
+		{"negative layer", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
+		{"weights do not match experts", rawFrame(TypeActivation, mustMsgpack(t, &Activation{Experts: []int32{1, 2}, Weights: []float32{1}})), CodeMalformed},
+	}
+}
+
+func TestDecoderRefusesBadInputWithItsCode(t *testing.T) {
+	for _, tc := range badFrames(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := readAll(tc.input, 1<<20, true)
+			var ce *ConnError
+			if !errors.As(err, &ce) || ce.Code != tc.code {
+				t.Fatalf("got %v, want code %v", err, tc.code)
+			}
+			if !errors.Is(err, &ConnError{Code: tc.code}) {
+				t.Fatalf("errors.Is does not match %v", tc.code)
+			}
+		})
+	}
+}
+
+func TestEncoderRefusesFramesOverTheLimit(t *testing.T) {
+	_, err := newFrameEncoder(keepFrameBuf).encode(&ChunkResponse{Data: make([]byte, 5000)}, 4096)
+	if !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("got %v, want ErrFrameTooLarge", err)
+	}
+}
+
+func TestCheckMsgpackAcceptsWhatTheEncoderWrites(t *testing.T) {
+	values := []any{nil, true, 1, -1, -33, 1 << 40, -(1 << 40), 1.5, float32(2.5), "", "short", string(make([]byte, 300)),
+		make([]byte, 70000), []int{}, make([]int, 20), map[string]int{"a": 1}, map[string]any{"x": []any{1, "y", nil}},
+		msgpack.RawMessage{0xd4, 1, 2}}
+	values = append(values, func() (v []any) {
+		for _, m := range sampleMessages(16) {
+			v = append(v, m)
+		}
+		return
+	}()...)
+	for _, v := range values {
+		b := mustMsgpack(t, v)
+		if err := checkMsgpack(b); err != nil {
+			t.Errorf("%T %x: %v", v, b[:min(len(b), 16)], err)
+		}
+	}
+}
+
+func TestTensorValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		t    Tensor
+		ok   bool
+	}{
+		{"absent", Tensor{}, true},
+		{"f32 vector", Tensor{DType: F32, Shape: []int{3}, Data: make([]byte, 12)}, true},
+		{"bf16 matrix", Tensor{DType: BF16, Shape: []int{2, 3}, Data: make([]byte, 12)}, true},
+		{"zero rows", Tensor{DType: F32, Shape: []int{0, 4096}, Data: nil}, true},
+		{"short", Tensor{DType: F32, Shape: []int{3}, Data: make([]byte, 11)}, false},
+		{"long", Tensor{DType: I8, Shape: []int{3}, Data: make([]byte, 4)}, false},
+		{"unknown dtype", Tensor{DType: 77, Shape: []int{1}, Data: make([]byte, 1)}, false},
+		{"no shape", Tensor{DType: F32, Data: make([]byte, 4)}, false},
+		{"negative dim", Tensor{DType: F32, Shape: []int{-1, -4}, Data: make([]byte, 16)}, false},
+		{"overflowing shape", Tensor{DType: F32, Shape: []int{1 << 40, 1 << 40}, Data: nil}, false},
+		{"too many dims", Tensor{DType: U8, Shape: make([]int, 9)}, false},
+	}
+	for _, tc := range cases {
+		err := tc.t.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, ErrBadTensor) {
+			t.Errorf("%s: %v is not ErrBadTensor", tc.name, err)
+		}
+	}
+}
+
+func TestSendClassOfMessages(t *testing.T) {
+	big := Float32Tensor(make([]float32, 128*1024), 128, 1024)
+	cases := []struct {
+		m    Message
+		want byte
+	}{
+		{&Prediction{}, classControl},
+		{&Activation{Hidden: Float32Tensor(make([]float32, 4096))}, classControl},
+		{&Activation{Tokens: 128, Hidden: big}, classBulk},
+		{&ExpertResult{Output: big}, classBulk},
+		{&ChunkRequest{}, classControl},
+		{&ChunkResponse{}, classBulk},
+		{&Alignment{}, classBulk},
+		{&Heartbeat{}, classControl},
+		{&Error{}, classControl},
+	}
+	for _, tc := range cases {
+		if got := classOf(tc.m); got != tc.want {
+			t.Errorf("%v: class %q, want %q", tc.m.Type(), got, tc.want)
+		}
+	}
+}
+
+func f32bits(f float32) uint32 { return math.Float32bits(f) }

@@ -1,0 +1,148 @@
+package wire
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+var (
+	clustersMu sync.Mutex
+	clusters   = map[string]string{}
+)
+
+// testCluster returns a certificate directory for main, shadow, w1 and
+// w2 of the cluster named key, made once per test binary.
+func testCluster(t testing.TB, key string) string {
+	t.Helper()
+	clustersMu.Lock()
+	defer clustersMu.Unlock()
+	if dir, ok := clusters[key]; ok {
+		return dir
+	}
+	dir := filepath.Join(testTempDir, key)
+	nodes, err := ParseNodes("main,shadow,w1,w2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteCerts(dir, nodes, CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clusters[key] = dir
+	return dir
+}
+
+// testConfig returns a Config for node name of cluster key with short
+// timeouts and the test's log.
+func testConfig(t testing.TB, key, name string, peerRoles ...Role) *Config {
+	t.Helper()
+	certs, err := LoadCerts(testCluster(t, key), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Config{
+		Certs:            certs,
+		PeerRoles:        peerRoles,
+		HandshakeTimeout: 2 * time.Second,
+		IdleTimeout:      5 * time.Second,
+		DialAttempts:     1,
+		Log:              testLogger(t),
+	}
+}
+
+func testLogger(t testing.TB) zerolog.Logger {
+	return zerolog.New(zerolog.ConsoleWriter{Out: zerolog.TestWriter{T: t, Frame: 6}, NoColor: true, TimeFormat: "15:04:05.000"}).
+		Level(zerolog.DebugLevel).With().Timestamp().Logger()
+}
+
+// listen starts a listener on loopback that the test closes at its end.
+func listen(t testing.TB, cfg *Config) *Listener {
+	t.Helper()
+	l, err := Listen(context.Background(), "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// connect dials l and returns both ends; the test closes them at its end.
+func connect(t testing.TB, l *Listener, dcfg *Config) (client, server *Peer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, err := Dial(ctx, l.Addr().String(), dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = l.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
+}
+
+func recv(t testing.TB, p *Peer) Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := p.Recv(ctx)
+	if err != nil {
+		t.Fatalf("recv from %v: %v", p.Identity(), err)
+	}
+	return m
+}
+
+func send(t testing.TB, p *Peer, m Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Send(ctx, m); err != nil {
+		t.Fatalf("send %v to %v: %v", m.Type(), p.Identity(), err)
+	}
+}
+
+// ramp returns n float32 values that exercise every byte: signs,
+// subnormals, NaN payloads, infinities.
+func ramp(n int) []float32 {
+	v := make([]float32, n)
+	special := []float32{0, float32(math.Copysign(0, -1)), math.SmallestNonzeroFloat32, float32(math.Inf(1)), float32(math.Inf(-1)), math.Float32frombits(0x7fc00001)}
+	for i := range v {
+		if i < len(special) {
+			v[i] = special[i]
+			continue
+		}
+		v[i] = float32(i)*0.001 - 3
+	}
+	return v
+}
+
+// sampleMessages returns one filled message of every type but Hello
+// (with a tensor of hidden float32 values where the type has one).
+func sampleMessages(hidden int) []Message {
+	h := Float32Tensor(ramp(hidden), 1, hidden)
+	kv := func(seed byte) Tensor {
+		b := make([]byte, 3*8*2)
+		for i := range b {
+			b[i] = seed + byte(i)
+		}
+		return Tensor{DType: BF16, Shape: []int{3, 8}, Data: b}
+	}
+	return []Message{
+		&Prediction{Iteration: 7, Layer: 3, Experts: []int32{1, 5}},
+		&Activation{Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Weights: []float32{0.625, 0.375}, Hidden: h},
+		&ExpertResult{Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
+		&Alignment{Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}},
+		&ChunkRequest{ID: 1 << 40, Layer: 31, Expert: 7, Tensor: "w2", Chunk: 3},
+		&ChunkResponse{ID: 1 << 40, Layer: 31, Expert: 7, Tensor: "w2", Chunk: 3, Last: true, Data: []byte("zstd frame bytes")},
+		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789, Stats: map[string]float64{"misses": 3, "load_gbps": 1.25}},
+		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9},
+	}
+}

@@ -1,0 +1,204 @@
+package wire
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Listener accepts peers on one UDP address.
+type Listener struct {
+	cfg   *Config
+	udp   *net.UDPConn
+	tr    *quic.Transport
+	ln    *quic.Listener
+	ready chan *Peer
+
+	closing   chan struct{}
+	cancel    context.CancelFunc // ends handshakes in progress
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	pending map[*quic.Conn]struct{} // in the Hello exchange
+	peers   map[*Peer]struct{}      // established, until they end
+}
+
+// Listen listens for peers on addr (host:port; port 0 picks one). Peers
+// come out of Accept once their certificate and Hello have been checked.
+// The listener closes when ctx ends or Close is called.
+func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
+	c, err := cfg.settled()
+	if err != nil {
+		return nil, err
+	}
+	uaddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
+	}
+	tlsConf, err := c.serverTLS()
+	if err != nil {
+		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
+	}
+	udp, err := listenUDP("udp", uaddr, c.Log)
+	if err != nil {
+		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(tlsConf, c.quicConfig())
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
+	}
+	hctx, cancel := context.WithCancel(context.Background())
+	l := &Listener{
+		cfg: c, udp: udp, tr: tr, ln: ln,
+		ready:   make(chan *Peer, 16),
+		closing: make(chan struct{}),
+		cancel:  cancel,
+		pending: map[*quic.Conn]struct{}{},
+		peers:   map[*Peer]struct{}{},
+	}
+	c.warnInsecure("listen")
+	c.Log.Info().Str("node", c.Name).Stringer("addr", udp.LocalAddr()).Strs("peer_roles", rolesStrings(c.PeerRoles)).Msg("wire: listening")
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	l.wg.Go(func() {
+		defer stop()
+		l.acceptLoop(hctx)
+	})
+	return l, nil
+}
+
+func rolesStrings(rs []Role) []string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return s
+}
+
+func (l *Listener) acceptLoop(ctx context.Context) {
+	for {
+		conn, err := l.ln.Accept(ctx)
+		if err != nil {
+			return // the listener is closing
+		}
+		l.wg.Go(func() { l.handshake(ctx, conn) })
+	}
+}
+
+// handshake runs the Hello exchange with a new connection and queues the
+// peer for Accept.
+func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
+	if !l.track(conn) {
+		conn.CloseWithError(quic.ApplicationErrorCode(CodeClosed), "listener closing")
+		return
+	}
+	var p *Peer
+	p = newPeer(conn, l.cfg, func() { l.forget(p) })
+	err := p.start(ctx, false, "")
+	if err == nil && !l.established(p) {
+		p.Close()
+		return
+	}
+	if err != nil {
+		l.cfg.Log.Warn().Err(err).Str("node", l.cfg.Name).Stringer("remote", conn.RemoteAddr()).Msg("wire: refused a peer")
+		return
+	}
+	l.cfg.Stats.PeersAccepted.Add(1)
+	p.log.Info().Stringer("role", roleStringer(p.id.Role)).Msg("wire: peer connected")
+	select {
+	case l.ready <- p:
+	case <-l.closing:
+		p.Close()
+	}
+}
+
+type roleStringer Role
+
+func (r roleStringer) String() string { return string(r) }
+
+// track registers a connection in the Hello exchange; false if closing.
+func (l *Listener) track(conn *quic.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.pending[conn] = struct{}{}
+	return true
+}
+
+// established moves a peer from pending to peers; false if closing.
+func (l *Listener) established(p *Peer) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.pending, p.conn)
+	if l.closed {
+		return false
+	}
+	l.peers[p] = struct{}{}
+	return true
+}
+
+// forget drops a peer whose connection ended (or failed its Hello).
+func (l *Listener) forget(p *Peer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.pending, p.conn)
+	delete(l.peers, p)
+}
+
+// Accept returns the next peer that connected and passed the checks;
+// after Close, an error matching net.ErrClosed.
+func (l *Listener) Accept(ctx context.Context) (*Peer, error) {
+	select {
+	case p := <-l.ready:
+		return p, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-l.closing:
+		return nil, fmt.Errorf("wire: listener closed: %w", net.ErrClosed)
+	}
+}
+
+// Addr is the address the listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.udp.LocalAddr() }
+
+// Stats are the counters of the listener and its peers.
+func (l *Listener) Stats() *Stats { return l.cfg.Stats }
+
+// Close stops accepting and closes every peer that came through the
+// listener, then frees its socket.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closing)
+		l.cancel()
+		l.ln.Close()
+		l.mu.Lock()
+		l.closed = true
+		var peers []*Peer
+		for p := range l.peers {
+			peers = append(peers, p)
+		}
+		for conn := range l.pending { // their handshake goroutines see it and end
+			conn.CloseWithError(quic.ApplicationErrorCode(CodeClosed), "listener closing")
+		}
+		l.mu.Unlock()
+		for _, p := range peers {
+			p.Close()
+		}
+		l.wg.Wait()
+		for len(l.ready) > 0 { // bounded: nothing adds to ready once closing
+			(<-l.ready).Close()
+		}
+		l.tr.Close()
+		l.udp.Close()
+	})
+	return nil
+}

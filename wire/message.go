@@ -1,0 +1,314 @@
+package wire
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Type identifies a message on the wire. Values are part of the protocol.
+type Type uint8
+
+// The message types of protocol version 1.
+const (
+	TypeHello         Type = 1
+	TypePrediction    Type = 2
+	TypeActivation    Type = 3
+	TypeExpertResult  Type = 4
+	TypeAlignment     Type = 5
+	TypeChunkRequest  Type = 6
+	TypeChunkResponse Type = 7
+	TypeHeartbeat     Type = 8
+	TypeError         Type = 9
+)
+
+func (t Type) String() string {
+	if m := newMessage(t); m != nil {
+		return fmt.Sprintf("%T", m)[len("*wire."):]
+	}
+	return fmt.Sprintf("Type(%d)", uint8(t))
+}
+
+// Message is one of the protocol's messages: *Hello, *Prediction,
+// *Activation, *ExpertResult, *Alignment, *ChunkRequest, *ChunkResponse,
+// *Heartbeat or *Error. Peer.Recv returns them; a type switch tells them
+// apart.
+type Message interface {
+	Type() Type
+	validate() error // checks a decoded message; seals the interface
+}
+
+// newMessage returns a zero message of type t, nil for an unknown type.
+func newMessage(t Type) Message {
+	switch t {
+	case TypeHello:
+		return new(Hello)
+	case TypePrediction:
+		return new(Prediction)
+	case TypeActivation:
+		return new(Activation)
+	case TypeExpertResult:
+		return new(ExpertResult)
+	case TypeAlignment:
+		return new(Alignment)
+	case TypeChunkRequest:
+		return new(ChunkRequest)
+	case TypeChunkResponse:
+		return new(ChunkResponse)
+	case TypeHeartbeat:
+		return new(Heartbeat)
+	case TypeError:
+		return new(Error)
+	}
+	return nil
+}
+
+// Hello is the first message on every connection, in both directions: who
+// the sender is and what it can do. With certificates, Name and Role must
+// match the sender's certificate.
+type Hello struct {
+	_msgpack       struct{} `msgpack:",as_array"`
+	Name           string
+	Role           Role
+	Version        string // the sender's build, for logs
+	Arch           string // GOARCH of the sender
+	DeviceMemBytes int64  // a worker's device memory budget; 0 if none
+	Features       []string
+}
+
+// Prediction tells a worker group which experts the shadow node expects
+// layer Layer of iteration Iteration to use, so that they load them now.
+type Prediction struct {
+	_msgpack  struct{} `msgpack:",as_array"`
+	Iteration int64
+	Layer     int
+	Experts   []int32
+}
+
+// Activation is the main node's request to run experts: the normalized
+// hidden state of Tokens tokens at layer Layer and the experts the router
+// really chose, with their routing weights.
+type Activation struct {
+	_msgpack  struct{} `msgpack:",as_array"`
+	Iteration int64
+	Layer     int
+	Tokens    int
+	Experts   []int32
+	Weights   []float32 // empty, or one per expert
+	Hidden    Tensor    // [Tokens, hidden] F32
+}
+
+// ExpertResult is a worker's answer to an Activation: one expert's output.
+type ExpertResult struct {
+	_msgpack    struct{} `msgpack:",as_array"`
+	Iteration   int64
+	Layer       int
+	Expert      int
+	Output      Tensor // [Tokens, hidden] F32
+	Loaded      bool   // the expert was loaded for this request (not already resident)
+	Miss        bool   // the expert had not been predicted (DESIGN.md: counted, never silent)
+	LoadTime    time.Duration
+	ComputeTime time.Duration
+}
+
+// Alignment re-aligns the shadow node with the main node (DESIGN.md step
+// 4): the token sampled at Iteration and, when it is a KV alignment, the
+// key and value rows of every layer written since position FromPos.
+type Alignment struct {
+	_msgpack  struct{} `msgpack:",as_array"`
+	Iteration int64
+	Token     int32
+	FromPos   int
+	Keys      []Tensor // one per layer, or none for a token-only alignment
+	Values    []Tensor // as Keys
+}
+
+// ChunkRequest asks a remote expert store for one chunk of one tensor of
+// an expert.
+type ChunkRequest struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       uint64   // echoed in the response
+	Layer    int
+	Expert   int
+	Tensor   string // e.g. "w1"
+	Chunk    int
+}
+
+// ChunkResponse carries the bytes of a requested chunk as stored
+// (compressed); the store verifies them.
+type ChunkResponse struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       uint64
+	Layer    int
+	Expert   int
+	Tensor   string
+	Chunk    int
+	Last     bool // no chunk follows this one
+	Data     []byte
+}
+
+// Heartbeat carries a node's liveness and counters (loads, misses,
+// queue depths) for the others' logs and metrics.
+type Heartbeat struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
+	UnixNano int64
+	Stats    Metrics
+}
+
+// Metrics are named values; they encode in key order, so that a message
+// always encodes to the same bytes.
+type Metrics map[string]float64
+
+// EncodeMsgpack writes m as a msgpack map with sorted keys.
+func (m Metrics) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if m == nil {
+		return enc.EncodeNil()
+	}
+	if err := enc.EncodeMapLen(len(m)); err != nil {
+		return err
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if err := enc.EncodeString(k); err != nil {
+			return err
+		}
+		if err := enc.EncodeFloat64(m[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Error reports a failure to handle a request (an unknown expert, a
+// device budget exceeded) without closing the connection. It is also a
+// Go error.
+type Error struct {
+	_msgpack  struct{} `msgpack:",as_array"`
+	Code      uint32
+	Msg       string
+	Iteration int64
+	Layer     int
+	Expert    int
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("remote error %d at iteration %d layer %d expert %d: %s", e.Code, e.Iteration, e.Layer, e.Expert, e.Msg)
+}
+
+func (*Hello) Type() Type         { return TypeHello }
+func (*Prediction) Type() Type    { return TypePrediction }
+func (*Activation) Type() Type    { return TypeActivation }
+func (*ExpertResult) Type() Type  { return TypeExpertResult }
+func (*Alignment) Type() Type     { return TypeAlignment }
+func (*ChunkRequest) Type() Type  { return TypeChunkRequest }
+func (*ChunkResponse) Type() Type { return TypeChunkResponse }
+func (*Heartbeat) Type() Type     { return TypeHeartbeat }
+func (*Error) Type() Type         { return TypeError }
+
+func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
+
+func nonNegative(what string, v ...int64) error {
+	for _, x := range v {
+		if x < 0 {
+			return malformed("%s %d is negative", what, x)
+		}
+	}
+	return nil
+}
+
+func (m *Hello) validate() error {
+	if m.Name == "" || !m.Role.Valid() {
+		return malformed("hello from %q with role %q", m.Name, m.Role)
+	}
+	return nil
+}
+
+func (m *Prediction) validate() error {
+	return nonNegative("iteration/layer", m.Iteration, int64(m.Layer))
+}
+
+func (m *Activation) validate() error {
+	if err := nonNegative("iteration/layer/tokens", m.Iteration, int64(m.Layer), int64(m.Tokens)); err != nil {
+		return err
+	}
+	if len(m.Weights) != 0 && len(m.Weights) != len(m.Experts) {
+		return malformed("activation has %d weights for %d experts", len(m.Weights), len(m.Experts))
+	}
+	return m.Hidden.Validate()
+}
+
+func (m *ExpertResult) validate() error {
+	if err := nonNegative("iteration/layer/expert", m.Iteration, int64(m.Layer), int64(m.Expert)); err != nil {
+		return err
+	}
+	return m.Output.Validate()
+}
+
+func (m *Alignment) validate() error {
+	if err := nonNegative("iteration/from", m.Iteration, int64(m.FromPos)); err != nil {
+		return err
+	}
+	if len(m.Keys) != len(m.Values) {
+		return malformed("alignment has %d key and %d value tensors", len(m.Keys), len(m.Values))
+	}
+	for i := range m.Keys {
+		if err := m.Keys[i].Validate(); err != nil {
+			return err
+		}
+		if err := m.Values[i].Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *ChunkRequest) validate() error {
+	return nonNegative("layer/expert/chunk", int64(m.Layer), int64(m.Expert), int64(m.Chunk))
+}
+
+func (m *ChunkResponse) validate() error {
+	return nonNegative("layer/expert/chunk", int64(m.Layer), int64(m.Expert), int64(m.Chunk))
+}
+
+func (m *Heartbeat) validate() error { return nil }
+func (m *Error) validate() error     { return nil }
+
+// DecodeMsgpack reads a ChunkResponse with Data sharing the frame's
+// memory where it may (see decodeBytes); the fields are in declaration
+// order, as the default encoder writes them.
+func (m *ChunkResponse) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n != 7 {
+		return fmt.Errorf("ChunkResponse as an array of %d, want 7", n)
+	}
+	var r ChunkResponse
+	if r.ID, err = dec.DecodeUint64(); err != nil {
+		return err
+	}
+	if r.Layer, err = dec.DecodeInt(); err != nil {
+		return err
+	}
+	if r.Expert, err = dec.DecodeInt(); err != nil {
+		return err
+	}
+	if r.Tensor, err = dec.DecodeString(); err != nil {
+		return err
+	}
+	if r.Chunk, err = dec.DecodeInt(); err != nil {
+		return err
+	}
+	if r.Last, err = dec.DecodeBool(); err != nil {
+		return err
+	}
+	if r.Data, err = decodeBytes(dec); err != nil {
+		return err
+	}
+	*m = r
+	return nil
+}

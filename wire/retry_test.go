@@ -1,0 +1,73 @@
+package wire
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestBackoffDoublesUpToItsCap(t *testing.T) {
+	wait := backoff(100*time.Millisecond, time.Second)
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i, w := range want {
+		if got := wait(i + 1); got != w*time.Millisecond {
+			t.Errorf("wait after failure %d = %v, want %v", i+1, got, w*time.Millisecond)
+		}
+	}
+}
+
+func TestRetryWaitsTheBackoffBetweenAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errDown := errors.New("not listening yet")
+		var at []time.Duration
+		start := time.Now()
+		calls := 0
+		err := retry(context.Background(), 10, backoff(100*time.Millisecond, time.Second), func() error {
+			at = append(at, time.Since(start))
+			calls++
+			if calls < 6 {
+				return errDown
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 0, +100, +200, +400, +800, +1000 ms
+		want := []time.Duration{0, 100, 300, 700, 1500, 2500}
+		for i := range want {
+			if at[i] != want[i]*time.Millisecond {
+				t.Errorf("attempt %d at %v, want %v", i+1, at[i], want[i]*time.Millisecond)
+			}
+		}
+	})
+}
+
+func TestRetryGivesUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errDown := errors.New("not listening yet")
+		calls := 0
+		start := time.Now()
+		err := retry(context.Background(), 3, backoff(time.Second, time.Minute), func() error { calls++; return errDown })
+		if !errors.Is(err, errDown) || calls != 3 || time.Since(start) != 3*time.Second {
+			t.Fatalf("err %v after %d calls and %v; want errDown after 3 calls and 3s", err, calls, time.Since(start))
+		}
+
+		calls = 0
+		refused := &ConnError{Code: CodeIdentity}
+		err = retry(context.Background(), 3, backoff(time.Second, time.Minute), func() error { calls++; return refused })
+		if !errors.Is(err, ErrIdentity) || calls != 1 {
+			t.Fatalf("a refusal was retried: %v after %d calls", err, calls)
+		}
+
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel()
+		start = time.Now()
+		err = retry(ctx, 100, backoff(time.Second, time.Minute), func() error { return errDown })
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 1500*time.Millisecond {
+			t.Fatalf("err %v after %v, want the context's deadline at 1.5s", err, time.Since(start))
+		}
+	})
+}
