@@ -99,6 +99,10 @@ type Activation struct {
 	Experts   []int32
 	Weights   []float32 // empty, or one per expert
 	Hidden    Tensor    // [Tokens, hidden] F32
+	ID        uint64    // echoed in the ExpertResults (and an Error) it causes
+	// Keep leaves the experts resident after computing (a prefill
+	// mini-batch with more to come); otherwise they are evicted at once.
+	Keep bool
 }
 
 // ExpertResult is a worker's answer to an Activation: one expert's output.
@@ -112,6 +116,8 @@ type ExpertResult struct {
 	Miss        bool   // the expert had not been predicted (DESIGN.md: counted, never silent)
 	LoadTime    time.Duration
 	ComputeTime time.Duration
+	ID          uint64        // the Activation's
+	StallTime   time.Duration // how long the request waited for the expert to load
 }
 
 // Alignment re-aligns the shadow node with the main node (DESIGN.md step
@@ -182,6 +188,14 @@ func (m Metrics) EncodeMsgpack(enc *msgpack.Encoder) error {
 	return nil
 }
 
+// Request error codes (Error.Code). Values are part of the protocol.
+const (
+	ReqBadRequest uint32 = 1 // the request does not fit the receiver (unknown expert, wrong sizes)
+	ReqOverBudget uint32 = 2 // a worker's device memory budget would be exceeded
+	ReqLoadFailed uint32 = 3 // the expert could not be read from the store (corrupt, missing)
+	ReqInternal   uint32 = 4 // anything else
+)
+
 // Error reports a failure to handle a request (an unknown expert, a
 // device budget exceeded) without closing the connection. It is also a
 // Go error.
@@ -192,6 +206,7 @@ type Error struct {
 	Iteration int64
 	Layer     int
 	Expert    int
+	ID        uint64 // the request's (Activation.ID), 0 if none
 }
 
 func (e *Error) Error() string {

@@ -1,0 +1,22 @@
+//go:build linux
+
+package procmem
+
+import "testing"
+
+func TestPeakRSSGrowsWithTouchedMemory(t *testing.T) {
+	before := PeakRSS()
+	if before <= 0 {
+		t.Fatalf("PeakRSS = %d", before)
+	}
+	b := make([]byte, 64<<20)
+	for i := range b {
+		if i%4096 == 0 {
+			b[i] = 1
+		}
+	}
+	if after := PeakRSS(); after < before+32<<20 {
+		t.Fatalf("peak RSS %d after touching 64 MiB, was %d", after, before)
+	}
+	_ = b[len(b)-1]
+}

@@ -1,0 +1,45 @@
+package mainnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/odmoe/odmoe/wire"
+)
+
+// Dial connects to every worker address (in order: addrs[i] is worker i of
+// the layout) and returns the Swarm over them. cfg is the main node's wire
+// configuration; only workers are accepted at the other end.
+func Dial(ctx context.Context, addrs []string, cfg *wire.Config, opt Options) (*Swarm, error) {
+	c := *cfg
+	c.PeerRoles = []wire.Role{wire.RoleWorker}
+	peers := make([]*wire.Peer, len(addrs))
+	errs := make([]error, len(addrs))
+	done := make(chan int)
+	for i, a := range addrs {
+		go func() {
+			peers[i], errs[i] = wire.Dial(ctx, a, &c)
+			done <- i
+		}()
+	}
+	for range addrs {
+		<-done
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range peers {
+			if p != nil {
+				p.Close()
+			}
+		}
+		return nil, fmt.Errorf("mainnode: dialing workers: %w", err)
+	}
+	s, err := NewSwarm(peers, opt)
+	if err != nil {
+		for _, p := range peers {
+			p.Close()
+		}
+		return nil, err
+	}
+	return s, nil
+}

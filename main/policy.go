@@ -1,0 +1,37 @@
+package mainnode
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Prefetch is a loading policy: who tells the workers what to load, when.
+type Prefetch string
+
+// The policies (OD-MoE section 4.2's ablation cases name them).
+const (
+	// Reactive sends no hints in decode: workers load an expert when its
+	// activation arrives (ablation case 6).
+	Reactive Prefetch = "reactive"
+	// OracleNext hints a layer's group the moment the main node's router
+	// has chosen, just before the activation: it exercises the hint path
+	// with always-correct predictions and no lookahead.
+	OracleNext Prefetch = "oracle-next"
+)
+
+// Prefetches lists the policies this build knows.
+var Prefetches = []Prefetch{Reactive, OracleNext}
+
+// ParsePrefetch checks a -prefetch value.
+func ParsePrefetch(s string) (Prefetch, error) {
+	for _, p := range Prefetches {
+		if string(p) == s {
+			return p, nil
+		}
+	}
+	names := make([]string, len(Prefetches))
+	for i, p := range Prefetches {
+		names[i] = string(p)
+	}
+	return "", fmt.Errorf("prefetch policy %q unknown (have %s)", s, strings.Join(names, ", "))
+}

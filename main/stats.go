@@ -1,0 +1,90 @@
+package mainnode
+
+import (
+	"time"
+
+	"github.com/odmoe/odmoe/wire"
+)
+
+// LayerStats sums what one layer cost over the iterations that ran it.
+type LayerStats struct {
+	Calls   int64
+	Main    time.Duration // t_M: main-node compute before the layer's experts (attention, router)
+	Experts time.Duration // wall time from sending activations to the last result
+	Worker  time.Duration // worker compute (the slowest request's, summed over calls)
+	Network time.Duration // Experts minus the slowest request's worker-side time
+	Stall   time.Duration // time requests waited on workers for their expert to load
+	Load    time.Duration // load time of the experts loaded for these requests
+	Loads   int64         // experts loaded for these requests
+	Misses  int64         // experts not hinted: loaded on demand
+	Results int64
+}
+
+// Stats are the main node's figures, split by decode and prefill, per layer.
+type Stats struct {
+	Decode, Prefill []LayerStats
+}
+
+// layerSample is one RunExperts call's figures.
+type layerSample struct {
+	wall, network          time.Duration
+	worker, stall, load    time.Duration
+	loads, misses, results int64
+}
+
+func (ls *layerSample) add(r *wire.ExpertResult) {
+	ls.worker = max(ls.worker, r.ComputeTime)
+	ls.stall = max(ls.stall, r.StallTime)
+	if r.Loaded {
+		ls.loads++
+		ls.load += r.LoadTime
+	}
+	if r.Miss {
+		ls.misses++
+	}
+	ls.results++
+}
+
+func (s *Stats) layer(prefill bool, l int) *LayerStats {
+	p := &s.Decode
+	if prefill {
+		p = &s.Prefill
+	}
+	for len(*p) <= l {
+		*p = append(*p, LayerStats{})
+	}
+	return &(*p)[l]
+}
+
+func (s *Stats) main(prefill bool, l int, d time.Duration) { s.layer(prefill, l).Main += d }
+
+func (s *Stats) experts(prefill bool, l int, ls layerSample) {
+	st := s.layer(prefill, l)
+	st.Calls++
+	st.Experts += ls.wall
+	st.Network += ls.network
+	st.Worker += ls.worker
+	st.Stall += ls.stall
+	st.Load += ls.load
+	st.Loads += ls.loads
+	st.Misses += ls.misses
+	st.Results += ls.results
+}
+
+// Total sums layers.
+func Total(layers []LayerStats) LayerStats {
+	var t LayerStats
+	for _, l := range layers {
+		t.Calls += l.Calls
+		t.Main += l.Main
+		t.Experts += l.Experts
+		t.Worker += l.Worker
+		t.Network += l.Network
+		t.Stall += l.Stall
+		t.Load += l.Load
+		t.Loads += l.Loads
+		t.Misses += l.Misses
+		t.Results += l.Results
+	}
+	return t
+}

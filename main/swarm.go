@@ -1,0 +1,280 @@
+package mainnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// DefaultMiniBatch is the prefill mini-batch in tokens. At Mixtral's hidden
+// size a 16-token mini-batch is 256 KiB of hidden state: ~2 ms on 1 Gbit/s,
+// short next to a worker's compute of the same tokens, so the worker starts
+// computing after one small transfer and the rest streams in behind it
+// (OD-MoE section 3.3), while each message stays large enough that
+// per-message costs (~0.1 ms on loopback QUIC) stay small.
+const DefaultMiniBatch = 16
+
+// Options configure a Swarm.
+type Options struct {
+	Layout    sched.Layout
+	Prefetch  Prefetch
+	MiniBatch int // prefill tokens per activation; 0: DefaultMiniBatch
+	Hidden    int // the model's hidden size
+	Log       zerolog.Logger
+}
+
+// Swarm runs experts on remote workers: the model.ExpertRunner of the main
+// node. Not safe for concurrent RunExperts calls (a Session makes one at a
+// time).
+type Swarm struct {
+	opt     Options
+	workers []*link
+	nextID  atomic.Uint64
+	iter    int64
+	mark    time.Time // end of the last RunExperts: main compute starts
+	stats   Stats
+
+	// reused per call
+	experts []int
+	assign  []int
+}
+
+// NewSwarm runs experts on peers, which must be workers, in sched order:
+// peers[i] is worker i of the layout.
+func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
+	if len(peers) != opt.Layout.Workers {
+		return nil, fmt.Errorf("mainnode: %d worker connections for a layout of %d workers", len(peers), opt.Layout.Workers)
+	}
+	if opt.MiniBatch <= 0 {
+		opt.MiniBatch = DefaultMiniBatch
+	}
+	s := &Swarm{opt: opt}
+	for i, p := range peers {
+		if p.Identity().Role != wire.RoleWorker {
+			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
+		}
+		l := &link{peer: p, index: i, waits: map[uint64]chan reply{}, beats: make(chan *wire.Heartbeat, 1)}
+		go l.receive()
+		s.workers = append(s.workers, l)
+	}
+	return s, nil
+}
+
+// Stats returns the figures measured so far.
+func (s *Swarm) Stats() *Stats { return &s.stats }
+
+// request is one Activation to one worker and what its results fill in.
+type request struct {
+	worker  int
+	msg     *wire.Activation
+	experts []int // as in msg
+	tokens  []int // batch token index of each row of msg.Hidden
+	replies chan reply
+	sent    time.Time
+}
+
+// RunExperts implements model.ExpertRunner over the workers.
+func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, routes []model.Route, out []float32) error {
+	start := time.Now()
+	h := s.opt.Hidden
+	prefill := n > 1
+	if layer == 0 {
+		s.iter++
+	}
+	if !s.mark.IsZero() {
+		s.stats.main(prefill, layer, start.Sub(s.mark))
+	}
+	defer func() { s.mark = time.Now() }()
+	if len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
+		return fmt.Errorf("mainnode: %d routes for %d tokens, %d inputs, %d outputs at hidden size %d", len(routes), n, len(x), len(out), h)
+	}
+	k := len(routes) / n
+
+	s.experts = s.experts[:0]
+	for _, r := range routes {
+		if !slices.Contains(s.experts, r.Expert) {
+			s.experts = append(s.experts, r.Expert)
+		}
+	}
+	slices.Sort(s.experts)
+	s.assign = s.opt.Layout.Assign(s.assign[:0], layer, s.experts, prefill)
+
+	if err := s.hint(ctx, layer, prefill); err != nil {
+		return err
+	}
+	reqs := s.requests(layer, x, n, k, routes, prefill)
+	if err := s.send(ctx, reqs, prefill); err != nil {
+		return err
+	}
+	return s.collect(ctx, layer, reqs, routes, k, out, prefill, start)
+}
+
+// hint sends the loading hints the policy calls for. Prefill always tells
+// each worker the experts of this layer it will run (the paper's prefill
+// loads every expert of a layer in parallel) and, unless the policy is
+// reactive, those of the next layer too, so loading hides behind compute.
+func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
+	per := make(map[int][]int32)
+	switch {
+	case prefill:
+		for i, e := range s.experts {
+			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
+		}
+	case s.opt.Prefetch == OracleNext:
+		for i, e := range s.experts {
+			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
+		}
+	default:
+		return nil
+	}
+	for w, es := range per {
+		if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: layer, Experts: es}); err != nil {
+			return s.workerErr(w, err)
+		}
+	}
+	return nil
+}
+
+// requests builds the activations: in decode one per worker with all its
+// experts on the one token; in prefill one per mini-batch of each
+// expert's tokens, the last one of an expert with Keep false.
+func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route, prefill bool) []*request {
+	h := s.opt.Hidden
+	var reqs []*request
+	if !prefill {
+		byWorker := map[int]*request{}
+		for i, e := range s.experts {
+			w := s.assign[i]
+			r := byWorker[w]
+			if r == nil {
+				r = &request{worker: w, tokens: []int{0}}
+				r.msg = &wire.Activation{Iteration: s.iter, Layer: layer, Tokens: 1, Hidden: wire.Float32Tensor(x[:h], 1, h)}
+				byWorker[w] = r
+				reqs = append(reqs, r)
+			}
+			r.experts = append(r.experts, e)
+			r.msg.Experts = append(r.msg.Experts, int32(e))
+		}
+	} else {
+		for i, e := range s.experts {
+			var toks []int
+			for t := range n {
+				for _, rt := range routes[t*k : (t+1)*k] {
+					if rt.Expert == e {
+						toks = append(toks, t)
+					}
+				}
+			}
+			for lo := 0; lo < len(toks); lo += s.opt.MiniBatch {
+				mb := toks[lo:min(lo+s.opt.MiniBatch, len(toks))]
+				buf := make([]float32, len(mb)*h)
+				for j, t := range mb {
+					copy(buf[j*h:(j+1)*h], x[t*h:(t+1)*h])
+				}
+				r := &request{worker: s.assign[i], experts: []int{e}, tokens: mb}
+				r.msg = &wire.Activation{Iteration: s.iter, Layer: layer, Tokens: len(mb), Experts: []int32{int32(e)},
+					Hidden: wire.Float32Tensor(buf, len(mb), h), Keep: lo+s.opt.MiniBatch < len(toks)}
+				reqs = append(reqs, r)
+			}
+		}
+	}
+	for _, r := range reqs {
+		r.msg.ID = s.nextID.Add(1)
+		r.replies = make(chan reply, len(r.experts))
+		s.workers[r.worker].expect(r.msg.ID, r.replies)
+	}
+	return reqs
+}
+
+// send sends every request; in prefill each worker's requests go out on
+// their own goroutine, in order, so transfers to different workers overlap.
+func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
+	if !prefill {
+		for _, r := range reqs {
+			r.sent = time.Now()
+			if err := s.workers[r.worker].peer.Send(ctx, r.msg); err != nil {
+				return s.workerErr(r.worker, err)
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(s.workers))
+	for w := range s.workers {
+		wg.Go(func() {
+			for _, r := range reqs {
+				if r.worker != w {
+					continue
+				}
+				r.sent = time.Now()
+				if err := s.workers[w].peer.Send(ctx, r.msg); err != nil {
+					errs[w] = s.workerErr(w, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// collect waits for every result, places each output row where its route
+// is, and records the layer's figures.
+func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
+	h := s.opt.Hidden
+	var crit time.Duration // the slowest request's worker-side time
+	var ls layerSample
+	for _, r := range reqs {
+		for range r.experts {
+			var rp reply
+			select {
+			case rp = <-r.replies:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if rp.err != nil {
+				return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.worker, s.workers[r.worker].peer.Identity().Name, rp.err)
+			}
+			res := rp.res
+			got, err := res.Output.Float32s()
+			if err != nil || len(got) != len(r.tokens)*h || !slices.Contains(r.experts, res.Expert) {
+				return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.worker, res.Expert, len(got), r.experts, len(r.tokens)*h)
+			}
+			for j, t := range r.tokens {
+				for q, rt := range routes[t*k : (t+1)*k] {
+					if rt.Expert == res.Expert {
+						copy(out[(t*k+q)*h:(t*k+q+1)*h], got[j*h:(j+1)*h])
+					}
+				}
+			}
+			ls.add(res)
+			crit = max(crit, res.StallTime+res.ComputeTime)
+		}
+	}
+	wall := time.Since(start)
+	ls.wall, ls.network = wall, max(wall-crit, 0)
+	s.stats.experts(prefill, layer, ls)
+	return nil
+}
+
+func (s *Swarm) workerErr(w int, err error) error {
+	return fmt.Errorf("mainnode: worker %d (%s): %w", w, s.workers[w].peer.Identity().Name, err)
+}
+
+// Close closes the worker connections.
+func (s *Swarm) Close() error {
+	var errs []error
+	for _, l := range s.workers {
+		errs = append(errs, l.peer.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/odmoe/odmoe/worker"
+	"github.com/rs/zerolog"
+)
+
+// swarmFixture is a tiny model, its store and a cluster's certificates.
+type swarmFixture struct {
+	modelDir, storeDir, certs string
+}
+
+func newSwarmFixture(t *testing.T, workers int) swarmFixture {
+	t.Helper()
+	dir := t.TempDir()
+	f := swarmFixture{filepath.Join(dir, "tiny"), filepath.Join(dir, "store"), filepath.Join(dir, "certs")}
+	if err := synth.Generate(f.modelDir, synth.Options{Preset: "tiny", Seed: 11}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Convert(context.Background(), f.modelDir, f.storeDir, store.ConvertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nodes := "main"
+	for i := range workers {
+		nodes += fmt.Sprintf(",w%d", i+1)
+	}
+	specs, err := wire.ParseNodes(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wire.WriteCerts(f.certs, specs, wire.CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// startWorkers runs n worker servers in this process on loopback QUIC with
+// mutual TLS; it returns their addresses.
+func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budget int64) []string {
+	t.Helper()
+	var addrs []string
+	var wg sync.WaitGroup
+	for i := range n {
+		st, err := store.Open(f.storeDir, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := model.LoadConfig(f.modelDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		arena, err := worker.NewArena(budget)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eng := worker.NewEngine(st, m.HiddenSize, arena, worker.NewLink(0), zerolog.Nop())
+		certs, err := wire.LoadCerts(f.certs, fmt.Sprintf("w%d", i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, ln.Addr().String())
+		srv := worker.NewServer(eng, zerolog.Nop())
+		wg.Go(func() {
+			srv.Serve(ctx, ln)
+			ln.Close()
+			eng.Close()
+			st.Close()
+		})
+	}
+	t.Cleanup(wg.Wait)
+	return addrs
+}
+
+// generation is what a run produced: tokens and every step's logits.
+type generation struct {
+	tokens []int
+	logits [][]float32
+}
+
+func generate(t *testing.T, m *model.Model, runner model.ExpertRunner, prompt []int, n int) generation {
+	t.Helper()
+	var g generation
+	s := model.NewSession(m, runner, len(prompt)+n)
+	ids, _, err := model.Generate(context.Background(), s, prompt, model.GenerateOptions{
+		MaxTokens: n,
+		OnToken: func(step, id int, logits []float32) error {
+			g.logits = append(g.logits, append([]float32(nil), logits...))
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.tokens = ids
+	return g
+}
+
+func diffGenerations(a, b generation) string {
+	if len(a.tokens) != len(b.tokens) {
+		return fmt.Sprintf("%d vs %d tokens", len(a.tokens), len(b.tokens))
+	}
+	for i := range a.tokens {
+		if a.tokens[i] != b.tokens[i] {
+			return fmt.Sprintf("token %d: %d vs %d", i, a.tokens[i], b.tokens[i])
+		}
+		for j := range a.logits[i] {
+			if math.Float32bits(a.logits[i][j]) != math.Float32bits(b.logits[i][j]) {
+				return fmt.Sprintf("step %d logit %d: %v vs %v", i, j, a.logits[i][j], b.logits[i][j])
+			}
+		}
+	}
+	return ""
+}
+
+// TestSwarmIsBitIdenticalToLocal is the lossless invariant end to end: main
+// node and workers over real loopback QUIC with mutual TLS produce local
+// mode's tokens and logits bit for bit, for every prefetch policy and
+// worker count, with a prompt long enough that prefill uses several
+// mini-batches.
+func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
+	f := newSwarmFixture(t, 8)
+	local, err := model.Load(f.modelDir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mainModel.Close()
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = (i*37 + 5) % local.Config.VocabSize
+	}
+	const steps = 6
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+
+	certs, err := wire.LoadCerts(f.certs, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, workers := range []int{2, 4, 8} {
+		for _, policy := range mainnode.Prefetches {
+			t.Run(fmt.Sprintf("%dworkers/%s", workers, policy), func(t *testing.T) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				addrs := startWorkers(t, ctx, f, workers, 64<<20)
+				layout, _ := sched.NewLayout(workers, 2)
+				sw, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop()}, mainnode.Options{
+					Layout: layout, Prefetch: policy, MiniBatch: 4, Hidden: mainModel.Config.HiddenSize, Log: zerolog.Nop()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer sw.Close()
+				got := generate(t, mainModel, sw, prompt, steps)
+				if d := diffGenerations(got, want); d != "" {
+					t.Fatalf("swarm differs from local: %s", d)
+				}
+				dec := mainnode.Total(sw.Stats().Decode)
+				if dec.Results == 0 || dec.Loads == 0 {
+					t.Fatalf("decode stats empty: %+v", dec)
+				}
+				// reactive: nothing is hinted in decode, every load is a miss;
+				// oracle-next: every expert is hinted before it is needed
+				switch policy {
+				case mainnode.Reactive:
+					if dec.Misses != dec.Results {
+						t.Errorf("reactive: %d misses of %d results", dec.Misses, dec.Results)
+					}
+				case mainnode.OracleNext:
+					if dec.Misses != 0 {
+						t.Errorf("oracle-next: %d misses", dec.Misses)
+					}
+				}
+				if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
+					t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
+				}
+				for i, m := range sw.WorkerMetrics(ctx, 5e9) {
+					if m == nil || m["device_peak_bytes"] > m["device_budget_bytes"] || m["device_in_use_bytes"] != 0 {
+						t.Errorf("worker %d metrics %v", i, m)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestSwarmRefusesAWorkerOfAnotherCluster: a worker whose certificate comes
+// from another CA is refused at the handshake; the main node says which.
+func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
+	f := newSwarmFixture(t, 1)
+	other := newSwarmFixture(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := startWorkers(t, ctx, other, 1, 64<<20)
+	certs, _ := wire.LoadCerts(f.certs, "main")
+	layout, _ := sched.NewLayout(1, 1)
+	_, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 1}, mainnode.Options{Layout: layout, Hidden: 128})
+	if err == nil || !strings.Contains(err.Error(), "dialing workers") {
+		t.Fatalf("err = %v", err)
+	}
+}

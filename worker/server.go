@@ -1,0 +1,181 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/procmem"
+
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// Server is the worker role on the network: it accepts the main node and
+// the shadow, turns their Predictions into Engine.Prefetch and their
+// Activations into Engine.Run, and answers with ExpertResults (or Errors
+// the main node sees).
+type Server struct {
+	engine *Engine
+	log    zerolog.Logger
+}
+
+// NewServer serves engine.
+func NewServer(engine *Engine, log zerolog.Logger) *Server {
+	return &Server{engine: engine, log: log}
+}
+
+// Serve accepts peers on ln until ctx ends, serving each on its own
+// goroutine; it returns when every peer's goroutines have ended.
+func (s *Server) Serve(ctx context.Context, ln *wire.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	var peers int
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			for range peers {
+				<-done
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		peers++
+		go func() {
+			defer func() { done <- struct{}{} }()
+			s.ServePeer(ctx, p)
+		}()
+	}
+}
+
+// ServePeer handles one connection until it ends. Activations are computed
+// one after another in arrival order, as on one device: the next
+// mini-batch arrives while this one computes, and a Keep=false request is
+// always the last one of its expert. Predictions start loads at once.
+func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
+	id := p.Identity()
+	log := s.log.With().Str("peer", id.Name).Str("role", string(id.Role)).Logger()
+	log.Info().Msg("peer connected")
+	defer p.Close()
+	acts := make(chan *wire.Activation, 64)
+	computed := make(chan struct{})
+	go func() {
+		defer close(computed)
+		var out []float32
+		for a := range acts {
+			out = s.activate(ctx, p, a, out, log)
+		}
+	}()
+	defer func() { close(acts); <-computed }()
+	for {
+		m, err := p.Recv(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Info().Err(err).Msg("peer gone")
+			}
+			return
+		}
+		switch m := m.(type) {
+		case *wire.Prediction:
+			experts := make([]int, len(m.Experts))
+			for i, e := range m.Experts {
+				experts[i] = int(e)
+			}
+			s.engine.Prefetch(m.Layer, experts)
+		case *wire.Activation:
+			select {
+			case acts <- m:
+			case <-ctx.Done():
+				return
+			}
+		case *wire.Heartbeat:
+			// a heartbeat asks for our counters: answer with them
+			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano(), Stats: s.Metrics()}); err != nil {
+				log.Info().Err(err).Msg("sending metrics failed")
+			}
+		default:
+			log.Warn().Str("type", m.Type().String()).Msg("ignoring a message a worker does not handle")
+		}
+	}
+}
+
+// activate runs every expert the activation names on its hidden states
+// and sends one result per expert; out is a reusable buffer.
+func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation, out []float32, log zerolog.Logger) []float32 {
+	fail := func(expert int, code uint32, err error) {
+		log.Warn().Int64("iteration", a.Iteration).Int("layer", a.Layer).Int("expert", expert).Err(err).Msg("request failed")
+		p.Send(ctx, &wire.Error{Code: code, Msg: err.Error(), Iteration: a.Iteration, Layer: a.Layer, Expert: expert, ID: a.ID})
+	}
+	x, err := a.Hidden.Float32s()
+	h := s.engine.hidden
+	if err == nil && (a.Tokens <= 0 || len(x) != a.Tokens*h) {
+		err = fmt.Errorf("activation of %d floats for %d tokens of hidden size %d", len(x), a.Tokens, h)
+	}
+	if err != nil {
+		fail(-1, wire.ReqBadRequest, err)
+		return out
+	}
+	if cap(out) < len(x) {
+		out = make([]float32, len(x))
+	}
+	out = out[:len(x)]
+	for _, e := range a.Experts {
+		res, err := s.engine.Run(ctx, a.Layer, int(e), x, a.Tokens, out, !a.Keep)
+		if err != nil {
+			fail(int(e), requestCode(err), err)
+			continue
+		}
+		if res.Miss {
+			log.Debug().Int64("iteration", a.Iteration).Int("layer", a.Layer).Int32("expert", e).Msg("miss: expert loaded on demand")
+		}
+		err = p.Send(ctx, &wire.ExpertResult{
+			Iteration: a.Iteration, Layer: a.Layer, Expert: int(e), ID: a.ID,
+			Output: wire.Float32Tensor(out, a.Tokens, h),
+			Loaded: res.Loaded, Miss: res.Miss,
+			LoadTime: res.Load, ComputeTime: res.Compute, StallTime: res.Stall,
+		})
+		if err != nil {
+			log.Info().Err(err).Msg("sending a result failed")
+			return out
+		}
+	}
+	return out
+}
+
+// Metrics are the worker's counters, as sent in heartbeats.
+func (s *Server) Metrics() wire.Metrics {
+	st := &s.engine.Stats
+	a := s.engine.Arena()
+	return wire.Metrics{
+		"loads":               float64(st.Loads.Load()),
+		"hits":                float64(st.Hits.Load()),
+		"misses":              float64(st.Misses.Load()),
+		"wasted_loads":        float64(st.Wasted.Load()),
+		"refused":             float64(st.Refused.Load()),
+		"load_seconds":        time.Duration(st.LoadNanos.Load()).Seconds(),
+		"compute_seconds":     time.Duration(st.ComputeNanos.Load()).Seconds(),
+		"stall_seconds":       time.Duration(st.StallNanos.Load()).Seconds(),
+		"device_budget_bytes": float64(a.Budget()),
+		"device_peak_bytes":   float64(a.Peak()),
+		"device_in_use_bytes": float64(a.InUse()),
+		"rss_peak_bytes":      float64(procmem.PeakRSS()),
+	}
+}
+
+// requestCode maps an engine error onto the protocol's request codes.
+func requestCode(err error) uint32 {
+	switch {
+	case errors.Is(err, ErrOverBudget):
+		return wire.ReqOverBudget
+	case errors.Is(err, store.ErrNotFound):
+		return wire.ReqBadRequest
+	case errors.Is(err, store.ErrChecksum), errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTruncated):
+		return wire.ReqLoadFailed
+	}
+	return wire.ReqInternal
+}
