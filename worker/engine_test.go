@@ -186,4 +186,3 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 		t.Fatalf("peak %d > budget %d", arena.Peak(), budget)
 	}
 }
-
