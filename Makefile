@@ -55,9 +55,8 @@ cross:
 clean:
 	rm -rf bin
 
-# The built-in default job: generate the tiny model once, then run it.
-# (Local mode for now; it becomes the on-machine swarm when the roles land.)
-DEMO_MODEL ?= out/tiny
+# The built-in default job: a swarm on this machine (main node and 8
+# workers as separate processes on loopback QUIC with mutual TLS) on a tiny
+# model generated once into the user cache directory.
 demo: build
-	@test -f $(DEMO_MODEL)/model.safetensors || ./$(BIN) gen-tiny -out $(DEMO_MODEL) -preset tiny -force
-	./$(BIN) run -role local -model $(DEMO_MODEL) -prompt "The quick brown fox" -n 32
+	./$(BIN) demo

@@ -11,76 +11,135 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/npy"
-	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
+	"github.com/rs/zerolog"
 )
 
-// roles that `odmoe run -role` will take; only local exists so far.
-const roleLocal = "local"
+// The roles `odmoe run -role` takes.
+const (
+	roleLocal  = "local"
+	roleMain   = "main"
+	roleWorker = "worker"
+)
+
+// runFlags are `odmoe run`'s flags; each role uses its share.
+type runFlags struct {
+	role string
+	// local and main
+	model, prompt, dump, stats string
+	n                          int
+	temp, topP                 float64
+	seed                       uint64
+	ignoreEOS                  bool
+	// main
+	workers, prefetch string
+	group, miniBatch  int
+	// worker
+	listen, store, deviceMem, loadBW string
+	// all
+	threads int
+	cluster clusterFlags
+	log     logFlags
+}
 
 func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	var f runFlags
 	fs := newFlagSet("run", stderr)
-	role := fs.String("role", roleLocal, "node role: local (the whole model in one process; the reference the swarm must match)")
-	dir := fs.String("model", "", "Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required)")
-	prompt := fs.String("prompt", "The capital of France is", "prompt text")
-	n := fs.Int("n", 64, "tokens to generate")
-	temp := fs.Float64("temperature", 0, "sampling temperature; 0 = greedy")
-	topP := fs.Float64("top-p", 1, "nucleus sampling threshold in (0, 1]; 1 = off")
-	seed := fs.Uint64("seed", 1, "sampling seed")
-	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past an end-of-sequence token (benchmarks)")
-	threads := fs.Int("threads", 0, "goroutines for matrix kernels; 0 = all cores")
-	dump := fs.String("dump", "", "directory to write tokens.json and logits.npy ([steps, vocab] float32) into")
-	var lf logFlags
-	lf.register(fs)
+	fs.StringVar(&f.role, "role", roleLocal, "node role: local (the whole model in one process; the reference the swarm must match), main, worker")
+	fs.StringVar(&f.model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required)")
+	fs.StringVar(&f.prompt, "prompt", "The capital of France is", "local, main: prompt text")
+	fs.IntVar(&f.n, "n", 64, "local, main: tokens to generate")
+	fs.Float64Var(&f.temp, "temperature", 0, "local, main: sampling temperature; 0 = greedy")
+	fs.Float64Var(&f.topP, "top-p", 1, "local, main: nucleus sampling threshold in (0, 1]; 1 = off")
+	fs.Uint64Var(&f.seed, "seed", 1, "local, main: sampling seed")
+	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "local, main: keep generating past an end-of-sequence token (benchmarks)")
+	fs.StringVar(&f.dump, "dump", "", "local, main: `DIR` to write tokens.json and logits.npy ([steps, vocab] float32) into")
+	fs.StringVar(&f.stats, "stats", "", "local, main: write the run's figures as JSON to `FILE`")
+	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required)")
+	fs.IntVar(&f.group, "group", 0, "main: workers per group G; 0 = the router's top-k")
+	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed)")
+	fs.IntVar(&f.miniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:7400", "worker: UDP `ADDR` to listen on")
+	fs.StringVar(&f.store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required)")
+	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
+	fs.StringVar(&f.loadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
+	fs.IntVar(&f.threads, "threads", 0, "goroutines for matrix kernels; 0 = all cores")
+	f.cluster.register(fs)
+	f.log.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := f.log.logger(stderr)
 	if err != nil {
 		return err
 	}
-	if *role != roleLocal {
-		return usagef("-role %q is not available yet; this build runs -role local", *role)
+	if f.threads > 0 {
+		kernels.SetThreads(f.threads)
 	}
-	if *dir == "" {
+	switch f.role {
+	case roleLocal:
+		return runLocal(ctx, &f, stdout, log)
+	case roleMain:
+		return runMain(ctx, &f, stdout, log)
+	case roleWorker:
+		return runWorker(ctx, &f, log)
+	}
+	return usagef("-role %q unknown: local, main or worker", f.role)
+}
+
+// checkGenerate validates the flags local and main share.
+func (f *runFlags) checkGenerate() error {
+	if f.model == "" {
 		return usagef("-model is required")
 	}
-	if *n < 0 {
-		return usagef("-n must be >= 0, got %d", *n)
+	if f.n < 0 {
+		return usagef("-n must be >= 0, got %d", f.n)
 	}
-	if *threads > 0 {
-		kernels.SetThreads(*threads)
-	}
+	return nil
+}
 
+func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Logger) error {
+	if err := f.checkGenerate(); err != nil {
+		return err
+	}
 	t0 := time.Now()
-	m, err := model.Load(*dir, model.LoadOptions{})
+	m, err := model.Load(f.model, model.LoadOptions{})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	tok, err := tokenizer.LoadDir(*dir)
+	c := m.Config
+	log.Info().Str("model", f.model).Str("arch", c.Architecture).Int("layers", c.NumLayers).
+		Int("experts", c.NumExperts).Int("top_k", c.TopK).
+		Str("non_expert", bytesString(m.NonExpertBytes())).Str("experts_bytes", bytesString(m.ExpertBytes())).
+		Int("threads", kernels.Threads()).Dur("load", time.Since(t0)).Msg("model mapped")
+	st, err := generateText(ctx, f, m, model.NewResidentExperts(m), stdout)
 	if err != nil {
 		return err
 	}
-	c := m.Config
-	log.Info().Str("model", *dir).Str("arch", c.Architecture).Int("layers", c.NumLayers).
-		Int("experts", c.NumExperts).Int("top_k", c.TopK).
-		Str("non_expert", progress.Bytes(m.NonExpertBytes())).Str("experts_bytes", progress.Bytes(m.ExpertBytes())).
-		Int("threads", kernels.Threads()).Dur("load", time.Since(t0)).Msg("model mapped")
+	return writeStats(f.stats, runStats(st, nil))
+}
 
-	ids := tok.Encode(*prompt, true)
+// generateText encodes the prompt, generates with runner, streams the text
+// to stdout, writes -dump files, and prints the summary line.
+func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model.ExpertRunner, stdout io.Writer) (model.GenerateStats, error) {
+	tok, err := tokenizer.LoadDir(f.model)
+	if err != nil {
+		return model.GenerateStats{}, err
+	}
+	ids := tok.Encode(f.prompt, true)
 	if len(ids) == 0 {
-		return fmt.Errorf("prompt %q encodes to no tokens", *prompt)
+		return model.GenerateStats{}, fmt.Errorf("prompt %q encodes to no tokens", f.prompt)
 	}
 	var logits *npy.Writer
-	if *dump != "" {
-		if err := os.MkdirAll(*dump, 0o755); err != nil {
-			return err
+	if f.dump != "" {
+		if err := os.MkdirAll(f.dump, 0o755); err != nil {
+			return model.GenerateStats{}, err
 		}
-		if logits, err = npy.Create(filepath.Join(*dump, "logits.npy"), c.VocabSize); err != nil {
-			return err
+		if logits, err = npy.Create(filepath.Join(f.dump, "logits.npy"), m.Config.VocabSize); err != nil {
+			return model.GenerateStats{}, err
 		}
 		defer func() {
 			if logits != nil {
@@ -90,14 +149,14 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	}
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
-	fmt.Fprint(out, *prompt)
+	fmt.Fprint(out, f.prompt)
 	out.Flush()
 	stream := tok.NewStreamDecoder()
-	sess := model.NewSession(m, model.NewResidentExperts(m), len(ids)+*n)
+	sess := model.NewSession(m, runner, len(ids)+f.n)
 	gen, st, err := model.Generate(ctx, sess, ids, model.GenerateOptions{
-		MaxTokens: *n,
-		Sampler:   model.NewSampler(*temp, *topP, *seed),
-		StopAtEOS: !*ignoreEOS,
+		MaxTokens: f.n,
+		Sampler:   model.NewSampler(f.temp, f.topP, f.seed),
+		StopAtEOS: !f.ignoreEOS,
 		OnToken: func(step, id int, lg []float32) error {
 			if logits != nil {
 				if err := logits.Append(lg); err != nil {
@@ -110,21 +169,21 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	})
 	fmt.Fprintln(out, stream.Flush())
 	if err != nil {
-		return err
+		return st, err
 	}
-	if *dump != "" {
+	if f.dump != "" {
 		if err := logits.Close(); err != nil {
-			return err
+			return st, err
 		}
 		logits = nil
 		b, _ := json.Marshal(map[string][]int{"prompt": ids, "generated": nonNil(gen)})
-		if err := os.WriteFile(filepath.Join(*dump, "tokens.json"), append(b, '\n'), 0o644); err != nil {
-			return err
+		if err := os.WriteFile(filepath.Join(f.dump, "tokens.json"), append(b, '\n'), 0o644); err != nil {
+			return st, err
 		}
 	}
 	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d, prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
 		st.PromptTokens, st.GeneratedTokens, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
-	return nil
+	return st, nil
 }
 
 func nonNil(v []int) []int {

@@ -2,7 +2,8 @@
 // swarm of small edge nodes. One binary, subcommands:
 //
 //	odmoe gen-tiny  -out DIR [-preset tiny|small|mixtral-layers] [-seed N]
-//	odmoe run       -role local -model DIR -prompt TEXT [-n N] [-dump DIR]
+//	odmoe demo      [-preset tiny|small] [-workers 8] [-prompt TEXT]
+//	odmoe run       -role local|main|worker ...
 //	odmoe convert   -model DIR -out STORE_DIR [-shards K] [-force]
 //	odmoe inspect   -store STORE_DIR [-verify] [-model DIR]
 //	odmoe certs     -out DIR -nodes main,shadow,w1,...
@@ -33,6 +34,7 @@ type command struct {
 var commands = map[string]command{
 	"certs":    {"make a cluster CA and a certificate for each node (mutual TLS)", runCerts},
 	"convert":  {"compress a model's experts losslessly into a store directory", runConvert},
+	"demo":     {"start a whole swarm on this machine on a generated model and run a prompt", runDemo},
 	"gen-tiny": {"write a deterministic random model in Hugging Face layout", runGenTiny},
 	"inspect":  {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
 	"run":      {"run a role (local: the whole model in one process)", runRun},

@@ -121,6 +121,44 @@ func TestGenTinyThenRunLocalWithDump(t *testing.T) {
 	}
 }
 
+// TestDemoRunsASwarmOfProcesses: `odmoe demo` starts workers and the main
+// node as separate processes and its answer equals local mode's.
+func TestDemoRunsASwarmOfProcesses(t *testing.T) {
+	cache := t.TempDir()
+	statsFile := filepath.Join(t.TempDir(), "stats.json")
+	so, se, code := run(t, "", "demo", "-workers", "4", "-n", "6", "-prompt", "Hello world", "-cache", cache, "-stats", statsFile)
+	if code != 0 {
+		t.Fatalf("demo exit %d:\n%s\n%s", code, so, se)
+	}
+	var st struct {
+		Generated int                `json:"generated_tokens"`
+		Loads     int                `json:"expert_loads"`
+		Misses    *int               `json:"misses"`
+		Stall     *float64           `json:"stall_fraction"`
+		Peak      map[string]float64 `json:"peak_memory_bytes"`
+		Workers   []map[string]float64
+	}
+	b, err := os.ReadFile(statsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Generated != 6 || st.Loads == 0 || st.Misses == nil || st.Stall == nil || len(st.Workers) != 4 || st.Peak["main"] <= 0 || st.Peak["worker_device"] <= 0 {
+		t.Fatalf("stats: %s", b)
+	}
+	// the same prompt in local mode prints the same text
+	lo, se, code := run(t, "", "run", "-role", "local", "-model", filepath.Join(cache, "tiny-seed1", "model"), "-prompt", "Hello world", "-n", "6")
+	if code != 0 {
+		t.Fatalf("local exit %d: %s", code, se)
+	}
+	firstLine := func(s string) string { return strings.SplitN(s, "\n", 2)[0] }
+	if firstLine(so) != firstLine(lo) {
+		t.Fatalf("demo printed %q, local %q", firstLine(so), firstLine(lo))
+	}
+}
+
 func TestCommandLineErrors(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -129,7 +167,11 @@ func TestCommandLineErrors(t *testing.T) {
 	}{
 		{[]string{"nope"}, 2, `unknown command "nope"`},
 		{[]string{"run", "-role", "local"}, 2, "-model is required"},
-		{[]string{"run", "-role", "martian", "-model", "x"}, 2, `-role "martian"`},
+		{[]string{"run", "-role", "martian", "-model", "x"}, 2, `-role "martian" unknown`},
+		{[]string{"run", "-role", "worker"}, 2, "-store is required"},
+		{[]string{"run", "-role", "worker", "-store", "x", "-device-mem", "lots"}, 2, `-device-mem "lots"`},
+		{[]string{"run", "-role", "main", "-model", "x"}, 2, "-workers is required"},
+		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-prefetch", "psychic"}, 2, `prefetch policy "psychic" unknown`},
 		{[]string{"run", "-model", "/does/not/exist"}, 1, "no such file"},
 		{[]string{"gen-tiny", "-out", "/tmp/x", "-preset", "huge"}, 1, `unknown preset "huge"`},
 		{[]string{"tokenize"}, 2, "-tokenizer or -model is required"},

@@ -179,6 +179,16 @@ func (s *Store) Experts() int { return s.ix.experts }
 // caller must not modify it.
 func (s *Store) IndexBytes() []byte { return s.raw }
 
+// ExpertShape returns the hidden and intermediate sizes of expert (layer,
+// expert), read off its w1 (gate) tensor.
+func (s *Store) ExpertShape(layer, expert int) (hidden, intermediate int, err error) {
+	t, err := s.ix.find(layer, expert, W1)
+	if err != nil {
+		return 0, 0, err
+	}
+	return t.cols, t.rows, nil
+}
+
 // ExpertBytes is the size of the buffer ReadExpert needs for (layer,
 // expert): the original bytes of w1, w3 and w2.
 func (s *Store) ExpertBytes(layer, expert int) (int, error) {

@@ -61,6 +61,7 @@ type slot struct {
 	err     error
 	loadDur time.Duration
 	hinted  bool
+	loaded  bool   // the load has ended (err says how); guarded by Engine.mu
 	users   int    // requests computing with it now
 	used    bool   // some request has used it
 	seq     uint64 // order of creation, for eviction of the oldest
@@ -104,30 +105,20 @@ func (e *Engine) newSlotLocked(k slotKey, hinted bool) *slot {
 	return s
 }
 
-// load fills s; on failure the slot is removed so a later request retries.
+// load fills s. The outcome is published under the lock together with
+// s.loaded, so Evict and load always agree on who frees the memory: a slot
+// evicted while loading is freed here.
 func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 	defer close(s.done)
 	t0 := time.Now()
-	s.err = e.loadInto(ctx, k, s)
-	s.loadDur = time.Since(t0)
-	if s.err != nil {
-		e.mu.Lock()
-		if e.slots[k] == s {
-			delete(e.slots, k)
-		}
-		e.mu.Unlock()
-		if errors.Is(s.err, ErrOverBudget) {
-			e.Stats.Refused.Add(1)
-		}
-		if !errors.Is(s.err, context.Canceled) {
-			e.log.Warn().Int("layer", k.layer).Int("expert", k.expert).Err(s.err).Msg("expert load failed")
-		}
-		return
-	}
-	e.Stats.Loads.Add(1)
-	e.Stats.LoadNanos.Add(int64(s.loadDur))
+	err := e.loadInto(ctx, k, s)
 	e.mu.Lock()
-	if e.slots[k] != s { // evicted while loading: nobody will use it
+	s.err, s.loadDur, s.loaded = err, time.Since(t0), true
+	current := e.slots[k] == s
+	if err != nil && current {
+		delete(e.slots, k)
+	}
+	if err == nil && !current { // evicted while loading: nobody will use it
 		if s.hinted {
 			e.Stats.Wasted.Add(1)
 		}
@@ -135,6 +126,17 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 		s.block = Block{}
 	}
 	e.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, ErrOverBudget) {
+			e.Stats.Refused.Add(1)
+		}
+		if !errors.Is(err, context.Canceled) {
+			e.log.Warn().Int("layer", k.layer).Int("expert", k.expert).Err(err).Msg("expert load failed")
+		}
+		return
+	}
+	e.Stats.Loads.Add(1)
+	e.Stats.LoadNanos.Add(int64(s.loadDur))
 }
 
 func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
@@ -185,7 +187,7 @@ func (e *Engine) evictOneStale(layer int) bool {
 	var victim *slot
 	var vk slotKey
 	for k, s := range e.slots {
-		if k.layer == layer || s.users > 0 || s.block.Bytes == nil {
+		if k.layer == layer || s.users > 0 || !s.loaded || s.err != nil {
 			continue
 		}
 		if victim == nil || s.seq < victim.seq {
@@ -314,10 +316,9 @@ func (e *Engine) Evict(layer int) {
 		if k.layer != layer || s.users > 0 {
 			continue
 		}
-		select {
-		case <-s.done:
+		if s.loaded {
 			e.dropLocked(k, s)
-		default:
+		} else {
 			delete(e.slots, k) // load() frees it when it ends
 		}
 	}

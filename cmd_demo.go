@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// runDemo starts a whole swarm on this machine — workers and the main node
+// as separate processes on loopback with generated certificates — on a
+// generated model cached in the user cache directory, and streams the
+// answer with the main node's summary.
+func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("demo", stderr)
+	preset := fs.String("preset", "tiny", "model to generate (and cache): "+strings.Join(synth.PresetNames(), ", "))
+	workers := fs.Int("workers", 8, "worker processes")
+	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k")
+	prompt := fs.String("prompt", "The quick brown fox", "prompt text")
+	n := fs.Int("n", 32, "tokens to generate")
+	prefetch := fs.String("prefetch", "oracle-next", "loading policy: reactive, oracle-next")
+	deviceMem := fs.String("device-mem", "1GiB", "each worker's device memory budget")
+	loadBW := fs.String("load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
+	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: the user cache dir/odmoe/demo)")
+	stats := fs.String("stats", "", "write the main node's figures as JSON to `FILE`")
+	var lf logFlags
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	if *workers < 1 {
+		return usagef("-workers must be >= 1")
+	}
+	if *cache == "" {
+		d, err := os.UserCacheDir()
+		if err != nil {
+			return err
+		}
+		*cache = filepath.Join(d, "odmoe", "demo")
+	}
+	base := filepath.Join(*cache, *preset+"-seed1")
+	modelDir, storeDir, certDir := filepath.Join(base, "model"), filepath.Join(base, "store"), filepath.Join(base, "certs")
+	if err := ensureModel(ctx, modelDir, *preset, log); err != nil {
+		return err
+	}
+	if err := ensureStore(ctx, modelDir, storeDir, log); err != nil {
+		return err
+	}
+	if err := ensureCerts(certDir, *workers); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logDir, err := os.MkdirTemp("", "odmoe-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(logDir)
+
+	wctx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
+	var addrs []string
+	var procs []*exec.Cmd
+	for i := range *workers {
+		addr, err := freeUDPAddr()
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("w%d", i+1)
+		lf, err := os.Create(filepath.Join(logDir, name+".log"))
+		if err != nil {
+			return err
+		}
+		defer lf.Close()
+		cmd := exec.CommandContext(wctx, self, "run", "-role", "worker", "-listen", addr, "-store", storeDir,
+			"-certs", certDir, "-name", name, "-device-mem", *deviceMem, "-load-bw", *loadBW, "-log-level", "warn")
+		cmd.Stdout, cmd.Stderr = lf, lf
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		cmd.WaitDelay = 5 * time.Second
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("starting worker %s: %w", name, err)
+		}
+		procs = append(procs, cmd)
+		addrs = append(addrs, addr)
+	}
+	defer func() {
+		stopWorkers()
+		for _, p := range procs {
+			p.Wait()
+		}
+	}()
+	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Msg("swarm started: workers are separate processes on loopback QUIC with mutual TLS")
+
+	margs := []string{"run", "-role", "main", "-model", modelDir, "-workers", strings.Join(addrs, ","),
+		"-certs", certDir, "-name", "main", "-prompt", *prompt, "-n", strconv.Itoa(*n), "-prefetch", *prefetch,
+		"-group", strconv.Itoa(*group), "-log-level", lf.level}
+	if *stats != "" {
+		margs = append(margs, "-stats", *stats)
+	}
+	if lf.json {
+		margs = append(margs, "-log-json")
+	}
+	mainCmd := exec.CommandContext(ctx, self, margs...)
+	mainCmd.Stdout, mainCmd.Stderr = stdout, stderr
+	if err := mainCmd.Run(); err != nil {
+		for i := range procs {
+			if b, rerr := os.ReadFile(filepath.Join(logDir, fmt.Sprintf("w%d.log", i+1))); rerr == nil && len(b) > 0 {
+				fmt.Fprintf(stderr, "--- worker w%d log ---\n%s", i+1, b)
+			}
+		}
+		return fmt.Errorf("main node: %w", err)
+	}
+	return nil
+}
+
+// freeUDPAddr asks the kernel for a free loopback UDP port.
+func freeUDPAddr() (string, error) {
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return c.LocalAddr().String(), nil
+}
+
+func ensureModel(ctx context.Context, dir, preset string, log zerolog.Logger) error {
+	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
+		return nil
+	}
+	log.Info().Str("preset", preset).Str("dir", dir).Msg("generating the demo model (once)")
+	tmp := dir + ".partial"
+	os.RemoveAll(tmp)
+	var bar *progress.Bar
+	err := synth.Generate(tmp, synth.Options{Preset: preset, Seed: 1, Progress: func(done, total int64) {
+		if bar == nil {
+			bar = progress.New("model", total)
+		}
+		bar.Set(done)
+	}})
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, dir)
+}
+
+func ensureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
+	if st, err := store.Open(dir, store.Options{}); err == nil {
+		return st.Close()
+	}
+	log.Info().Str("dir", dir).Msg("compressing the demo model's experts (once)")
+	var bar *progress.Bar
+	err := store.Convert(ctx, modelDir, dir, store.ConvertOptions{Force: true, Progress: func(done, total int64) {
+		if bar == nil {
+			bar = progress.New("store", total)
+		}
+		bar.Set(done)
+	}})
+	if bar != nil {
+		bar.Finish()
+	}
+	return err
+}
+
+// ensureCerts makes certificates for main and w1..wN, keeping the ones
+// that exist (the CA is reused).
+func ensureCerts(dir string, workers int) error {
+	names := []string{"main"}
+	for i := range workers {
+		names = append(names, fmt.Sprintf("w%d", i+1))
+	}
+	var missing []string
+	for _, n := range names {
+		if _, err := os.Stat(filepath.Join(dir, n+".pem")); errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	specs, err := wire.ParseNodes(strings.Join(missing, ","))
+	if err != nil {
+		return err
+	}
+	_, err = wire.WriteCerts(dir, specs, wire.CertOptions{})
+	return err
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/progress"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/wire"
+)
+
+func bytesString(n int64) string { return progress.Bytes(n) }
+
+// RunStats is what -stats writes: the run's figures for scripts.
+type RunStats struct {
+	PromptTokens      int     `json:"prompt_tokens"`
+	GeneratedTokens   int     `json:"generated_tokens"`
+	TTFTms            float64 `json:"ttft_ms"`
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
+	DecodeTokensPerS  float64 `json:"decode_tokens_per_s"`
+	OutputTokensPerS  float64 `json:"output_tokens_per_s"`
+	ExpertLoads       int64   `json:"expert_loads"`
+	Misses            int64   `json:"misses"`
+	// StallFraction is decode time spent waiting for expert loads (the
+	// slowest request of each layer) over decode wall time.
+	StallFraction float64           `json:"stall_fraction"`
+	PeakMemory    map[string]int64  `json:"peak_memory_bytes"` // per role: main/local RSS, worker device memory
+	Workers       []wire.Metrics    `json:"workers,omitempty"`
+	DecodeLayers  []LayerStatsJSON  `json:"decode_layers,omitempty"`
+	PrefillLayers []LayerStatsJSON  `json:"prefill_layers,omitempty"`
+	Extra         map[string]string `json:"extra,omitempty"`
+}
+
+// LayerStatsJSON is one layer's sums, in milliseconds.
+type LayerStatsJSON struct {
+	Layer     int     `json:"layer"`
+	Calls     int64   `json:"calls"`
+	MainMs    float64 `json:"main_ms"`
+	ExpertsMs float64 `json:"experts_ms"`
+	WorkerMs  float64 `json:"worker_ms"`
+	NetworkMs float64 `json:"network_ms"`
+	StallMs   float64 `json:"stall_ms"`
+	LoadMs    float64 `json:"load_ms"`
+	Loads     int64   `json:"loads"`
+	Misses    int64   `json:"misses"`
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func layersJSON(ls []mainnode.LayerStats) []LayerStatsJSON {
+	out := make([]LayerStatsJSON, len(ls))
+	for i, l := range ls {
+		out[i] = LayerStatsJSON{Layer: i, Calls: l.Calls, MainMs: ms(l.Main), ExpertsMs: ms(l.Experts), WorkerMs: ms(l.Worker),
+			NetworkMs: ms(l.Network), StallMs: ms(l.Stall), LoadMs: ms(l.Load), Loads: l.Loads, Misses: l.Misses}
+	}
+	return out
+}
+
+// runStats builds the figures of a run; sw is nil in local mode.
+func runStats(st model.GenerateStats, sw *mainnode.Stats) RunStats {
+	rs := RunStats{
+		PromptTokens: st.PromptTokens, GeneratedTokens: st.GeneratedTokens,
+		TTFTms: ms(st.Prefill), PrefillTokensPerS: st.PrefillTokensPerSec(), DecodeTokensPerS: st.DecodeTokensPerSec(),
+		PeakMemory: map[string]int64{},
+	}
+	if total := st.Prefill + st.Decode; total > 0 {
+		rs.OutputTokensPerS = float64(st.GeneratedTokens) / total.Seconds()
+	}
+	if sw == nil {
+		rs.PeakMemory["local"] = procmem.PeakRSS()
+		return rs
+	}
+	rs.PeakMemory["main"] = procmem.PeakRSS()
+	dec, pre := mainnode.Total(sw.Decode), mainnode.Total(sw.Prefill)
+	rs.ExpertLoads = dec.Loads + pre.Loads
+	rs.Misses = dec.Misses + pre.Misses
+	if st.Decode > 0 {
+		rs.StallFraction = dec.Stall.Seconds() / st.Decode.Seconds()
+	}
+	rs.DecodeLayers, rs.PrefillLayers = layersJSON(sw.Decode), layersJSON(sw.Prefill)
+	return rs
+}
+
+// addWorkers records the workers' counters and their peak device memory.
+func (rs *RunStats) addWorkers(ms []wire.Metrics) {
+	rs.Workers = ms
+	for _, m := range ms {
+		if m != nil {
+			rs.PeakMemory["worker_device"] = max(rs.PeakMemory["worker_device"], int64(m["device_peak_bytes"]))
+			rs.PeakMemory["worker_rss"] = max(rs.PeakMemory["worker_rss"], int64(m["rss_peak_bytes"]))
+		}
+	}
+}
+
+func writeStats(path string, rs RunStats) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(rs, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// printSwarmSummary prints what a person wants to see after a swarm run.
+func printSwarmSummary(w io.Writer, rs RunStats, sw *mainnode.Stats) {
+	dec := mainnode.Total(sw.Decode)
+	fmt.Fprintf(w, "swarm: TTFT %.1f ms, decode %.2f tok/s, output %.2f tok/s; expert loads %d, misses %d, stall %.1f%% of decode\n",
+		rs.TTFTms, rs.DecodeTokensPerS, rs.OutputTokensPerS, rs.ExpertLoads, rs.Misses, 100*rs.StallFraction)
+	if dec.Calls > 0 {
+		per := func(d time.Duration) float64 { return ms(d) / float64(dec.Calls) }
+		fmt.Fprintf(w, "per decode layer: main %.2f ms, experts %.2f ms (worker %.2f, network %.2f, stall %.2f), load %.2f ms\n",
+			per(dec.Main), per(dec.Experts), per(dec.Worker), per(dec.Network), per(dec.Stall), per(dec.Load))
+	}
+	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)\n",
+		bytesString(rs.PeakMemory["main"]), bytesString(rs.PeakMemory["worker_device"]), bytesString(rs.PeakMemory["worker_rss"]))
+}
