@@ -35,7 +35,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	prefetch := fs.String("prefetch", "oracle-next", "loading policy: reactive, oracle-next")
 	deviceMem := fs.String("device-mem", "1GiB", "each worker's device memory budget")
 	loadBW := fs.String("load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
-	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: the user cache dir/odmoe/demo)")
+	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: the user cache dir/odmoe)")
 	stats := fs.String("stats", "", "write the main node's figures as JSON to `FILE`")
 	var lf logFlags
 	lf.register(fs)
@@ -49,15 +49,18 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if *workers < 1 {
 		return usagef("-workers must be >= 1")
 	}
+	base := filepath.Join(*cache, *preset+"-seed1")
+	modelDir := filepath.Join(base, "model")
 	if *cache == "" {
 		d, err := os.UserCacheDir()
 		if err != nil {
 			return err
 		}
-		*cache = filepath.Join(d, "odmoe", "demo")
+		// the generated model is shared with the benchmarks (model/bench_test.go)
+		base = filepath.Join(d, "odmoe", "demo", *preset+"-seed1")
+		modelDir = filepath.Join(d, "odmoe", "models", *preset+"-seed1")
 	}
-	base := filepath.Join(*cache, *preset+"-seed1")
-	modelDir, storeDir, certDir := filepath.Join(base, "model"), filepath.Join(base, "store"), filepath.Join(base, "certs")
+	storeDir, certDir := filepath.Join(base, "store"), filepath.Join(base, "certs")
 	if err := ensureModel(ctx, modelDir, *preset, log); err != nil {
 		return err
 	}

@@ -1,12 +1,33 @@
 package procmem
 
-import "syscall"
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"strconv"
+)
 
-// PeakRSS is the process's peak resident set size in bytes (0 if unknown).
+// PeakRSS is the process's peak resident set size in bytes (0 if unknown):
+// VmHWM of /proc/self/status. (getrusage's ru_maxrss is no use here: it
+// survives fork and exec, so a worker started by `odmoe demo` would report
+// the demo process's own peak.)
 func PeakRSS() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
 		return 0
 	}
-	return ru.Maxrss * 1024 // kilobytes on Linux
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		line := sc.Bytes()
+		if v, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+			f := bytes.Fields(v) // "1234", "kB"
+			if len(f) == 2 {
+				kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+				if err == nil {
+					return kb * 1024
+				}
+			}
+		}
+	}
+	return 0
 }
