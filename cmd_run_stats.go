@@ -28,12 +28,15 @@ type RunStats struct {
 	Misses            int64   `json:"misses"`
 	// StallFraction is decode time spent waiting for expert loads (the
 	// slowest request of each layer) over decode wall time.
-	StallFraction float64           `json:"stall_fraction"`
-	PeakMemory    map[string]int64  `json:"peak_memory_bytes"` // per role: main/local RSS, worker device memory
-	Workers       []wire.Metrics    `json:"workers,omitempty"`
-	DecodeLayers  []LayerStatsJSON  `json:"decode_layers,omitempty"`
-	PrefillLayers []LayerStatsJSON  `json:"prefill_layers,omitempty"`
-	Extra         map[string]string `json:"extra,omitempty"`
+	StallFraction float64          `json:"stall_fraction"`
+	PeakMemory    map[string]int64 `json:"peak_memory_bytes"` // per role: main/local RSS, worker device memory
+	Workers       []wire.Metrics   `json:"workers,omitempty"`
+	DecodeLayers  []LayerStatsJSON `json:"decode_layers,omitempty"`
+	PrefillLayers []LayerStatsJSON `json:"prefill_layers,omitempty"`
+	// Iterations are summed over each forward pass's layers; "layer"
+	// holds the iteration (1 = the prompt).
+	Iterations []LayerStatsJSON  `json:"iterations,omitempty"`
+	Extra      map[string]string `json:"extra,omitempty"`
 }
 
 // LayerStatsJSON is one layer's sums, in milliseconds.
@@ -83,6 +86,10 @@ func runStats(st model.GenerateStats, sw *mainnode.Stats) RunStats {
 		rs.StallFraction = dec.Stall.Seconds() / st.Decode.Seconds()
 	}
 	rs.DecodeLayers, rs.PrefillLayers = layersJSON(sw.Decode), layersJSON(sw.Prefill)
+	rs.Iterations = layersJSON(sw.Iterations)
+	for i := range rs.Iterations {
+		rs.Iterations[i].Layer = i + 1
+	}
 	return rs
 }
 

@@ -191,6 +191,9 @@ func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 						t.Errorf("oracle-next: %d misses", dec.Misses)
 					}
 				}
+				if its := sw.Stats().Iterations; len(its) != steps || its[0].Calls != int64(mainModel.Config.NumLayers) {
+					t.Errorf("%d iterations recorded (want %d), first with %d layer calls", len(its), steps, its[0].Calls)
+				}
 				if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
 					t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
 				}

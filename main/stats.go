@@ -20,9 +20,11 @@ type LayerStats struct {
 	Results int64
 }
 
-// Stats are the main node's figures, split by decode and prefill, per layer.
+// Stats are the main node's figures, split by decode and prefill, per
+// layer, and summed over the layers of each iteration (forward pass).
 type Stats struct {
 	Decode, Prefill []LayerStats
+	Iterations      []LayerStats // index i: iteration i+1 (the prompt is iteration 1)
 }
 
 // layerSample is one RunExperts call's figures.
@@ -56,10 +58,24 @@ func (s *Stats) layer(prefill bool, l int) *LayerStats {
 	return &(*p)[l]
 }
 
-func (s *Stats) main(prefill bool, l int, d time.Duration) { s.layer(prefill, l).Main += d }
+func (s *Stats) iteration(it int64) *LayerStats {
+	for int64(len(s.Iterations)) < it {
+		s.Iterations = append(s.Iterations, LayerStats{})
+	}
+	return &s.Iterations[it-1]
+}
 
-func (s *Stats) experts(prefill bool, l int, ls layerSample) {
-	st := s.layer(prefill, l)
+func (s *Stats) main(prefill bool, it int64, l int, d time.Duration) {
+	s.layer(prefill, l).Main += d
+	s.iteration(it).Main += d
+}
+
+func (s *Stats) experts(prefill bool, it int64, l int, ls layerSample) {
+	ls.addTo(s.layer(prefill, l))
+	ls.addTo(s.iteration(it))
+}
+
+func (ls layerSample) addTo(st *LayerStats) {
 	st.Calls++
 	st.Experts += ls.wall
 	st.Network += ls.network

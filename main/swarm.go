@@ -91,7 +91,7 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 		s.iter++
 	}
 	if !s.mark.IsZero() {
-		s.stats.main(prefill, layer, start.Sub(s.mark))
+		s.stats.main(prefill, s.iter, layer, start.Sub(s.mark))
 	}
 	defer func() { s.mark = time.Now() }()
 	if len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
@@ -262,7 +262,7 @@ func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes 
 	}
 	wall := time.Since(start)
 	ls.wall, ls.network = wall, max(wall-crit, 0)
-	s.stats.experts(prefill, layer, ls)
+	s.stats.experts(prefill, s.iter, layer, ls)
 	return nil
 }
 

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/odmoe/odmoe/worker"
+	"github.com/rs/zerolog"
+)
+
+// benchSwarmFixture generates (once, cached like model/bench_test.go) the
+// model named by ODMOE_BENCH_PRESET (default tiny; `make bench`: small),
+// its store and certificates for 8 workers.
+func benchSwarmFixture(b *testing.B) swarmFixture {
+	b.Helper()
+	preset := os.Getenv("ODMOE_BENCH_PRESET")
+	if preset == "" {
+		preset = "tiny"
+	}
+	cache := os.Getenv("ODMOE_CACHE")
+	if cache == "" {
+		d, err := os.UserCacheDir()
+		if err != nil {
+			b.Fatal(err)
+		}
+		cache = filepath.Join(d, "odmoe")
+	}
+	f := swarmFixture{
+		modelDir: filepath.Join(cache, "models", preset+"-seed1"),
+		storeDir: filepath.Join(cache, "bench", preset+"-seed1", "store"),
+		certs:    filepath.Join(b.TempDir(), "certs"),
+	}
+	if _, err := os.Stat(filepath.Join(f.modelDir, "model.safetensors")); err != nil {
+		tmp := f.modelDir + ".partial"
+		os.RemoveAll(tmp)
+		if err := synth.Generate(tmp, synth.Options{Preset: preset, Seed: 1}); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Rename(tmp, f.modelDir); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st, err := store.Open(f.storeDir, store.Options{}); err == nil {
+		st.Close()
+	} else if err := store.Convert(context.Background(), f.modelDir, f.storeDir, store.ConvertOptions{Force: true}); err != nil {
+		b.Fatal(err)
+	}
+	specs, _ := wire.ParseNodes("main,w1,w2,w3,w4,w5,w6,w7,w8")
+	if _, err := wire.WriteCerts(f.certs, specs, wire.CertOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	return f
+}
+
+// benchLoadBW is the edge-like host-to-device link the benchmark paces
+// worker loads to: PCIe 3.0 x4, as on a Jetson (~4 GB/s).
+const benchLoadBW = 4e9
+
+// BenchmarkSwarmDecode measures, in one run, decode tokens/s of local mode
+// and of an 8-worker swarm (groups of 2, in-process workers on loopback
+// QUIC with mutual TLS) for each prefetch policy, with worker loads paced
+// to benchLoadBW, and the stall fraction of each.
+func BenchmarkSwarmDecode(b *testing.B) {
+	f := benchSwarmFixture(b)
+	m, err := model.Load(f.modelDir, model.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	prompt := make([]int, 16)
+	for i := range prompt {
+		prompt[i] = (i*7919 + 1) % m.Config.VocabSize
+	}
+	decode := func(b *testing.B, mm *model.Model, runner model.ExpertRunner) {
+		s := model.NewSession(mm, runner, len(prompt)+b.N)
+		logits, err := s.Forward(context.Background(), prompt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		next := model.Argmax(logits)
+		b.ResetTimer()
+		for range b.N {
+			if logits, err = s.Forward(context.Background(), []int{next}); err != nil {
+				b.Fatal(err)
+			}
+			next = model.Argmax(logits)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+	}
+	b.Run("local", func(b *testing.B) { decode(b, m, model.NewResidentExperts(m)) })
+
+	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mainModel.Close()
+	certs, err := wire.LoadCerts(f.certs, "main")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, policy := range mainnode.Prefetches {
+		b.Run(fmt.Sprintf("swarm8/%s", policy), func(b *testing.B) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			addrs := startBenchWorkers(b, ctx, f, 8, benchLoadBW)
+			layout, _ := sched.NewLayout(8, 2)
+			sw, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop()}, mainnode.Options{
+				Layout: layout, Prefetch: policy, Hidden: mainModel.Config.HiddenSize, Log: zerolog.Nop()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sw.Close()
+			decode(b, mainModel, sw)
+			dec := mainnode.Total(sw.Stats().Decode)
+			b.ReportMetric(dec.Stall.Seconds()/b.Elapsed().Seconds(), "stall-fraction")
+			b.ReportMetric(float64(dec.Misses)/float64(max(dec.Results, 1)), "miss-fraction")
+			b.ReportMetric(float64(dec.Load)/float64(max(dec.Loads, 1))/1e6, "ms/load")
+		})
+	}
+}
+
+// startBenchWorkers is startWorkers for benchmarks, with paced loads.
+func startBenchWorkers(b *testing.B, ctx context.Context, f swarmFixture, n int, loadBW float64) []string {
+	b.Helper()
+	var addrs []string
+	done := make(chan struct{}, n)
+	for i := range n {
+		st, err := store.Open(f.storeDir, store.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		hidden, _, _ := st.ExpertShape(0, 0)
+		arena, _ := worker.NewArena(1 << 30)
+		eng := worker.NewEngine(st, hidden, arena, worker.NewLink(loadBW), zerolog.Nop())
+		certs, err := wire.LoadCerts(f.certs, fmt.Sprintf("w%d", i+1))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		addrs = append(addrs, ln.Addr().String())
+		go func() {
+			worker.NewServer(eng, zerolog.Nop()).Serve(ctx, ln)
+			ln.Close()
+			eng.Close()
+			st.Close()
+			done <- struct{}{}
+		}()
+	}
+	b.Cleanup(func() {
+		for range n {
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				b.Error("a worker did not stop")
+				return
+			}
+		}
+	})
+	return addrs
+}
