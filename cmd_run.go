@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/npy"
@@ -39,9 +40,10 @@ type runFlags struct {
 	// worker
 	listen, store, deviceMem, loadBW string
 	// all
-	threads int
-	cluster clusterFlags
-	log     logFlags
+	threads    int
+	kernelPath string
+	cluster    clusterFlags
+	log        logFlags
 }
 
 func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -66,6 +68,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.loadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
 	fs.IntVar(&f.threads, "threads", 0, "goroutines for matrix kernels; 0 = all cores")
+	fs.StringVar(&f.kernelPath, "kernels", "", "kernel implementation: "+strings.Join(kernels.Paths(), ", ")+" (default: $ODMOE_KERNELS or the fastest; all give the same bits)")
 	f.cluster.register(fs)
 	f.log.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -77,6 +80,9 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	}
 	if f.threads > 0 {
 		kernels.SetThreads(f.threads)
+	}
+	if err := kernels.SetPath(f.kernelPath); err != nil {
+		return usagef("-kernels: %v", err)
 	}
 	switch f.role {
 	case roleLocal:
@@ -114,7 +120,7 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 	log.Info().Str("model", f.model).Str("arch", c.Architecture).Int("layers", c.NumLayers).
 		Int("experts", c.NumExperts).Int("top_k", c.TopK).
 		Str("non_expert", bytesString(m.NonExpertBytes())).Str("experts_bytes", bytesString(m.ExpertBytes())).
-		Int("threads", kernels.Threads()).Dur("load", time.Since(t0)).Msg("model mapped")
+		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
 	st, err := generateText(ctx, f, m, model.NewResidentExperts(m), stdout)
 	if err != nil {
 		return err

@@ -33,6 +33,7 @@ type command struct {
 
 var commands = map[string]command{
 	"certs":    {"make a cluster CA and a certificate for each node (mutual TLS)", runCerts},
+	"bench":    {"measure this machine (odmoe bench kernels: bandwidth, matvec, decode)", runBench},
 	"convert":  {"compress a model's experts losslessly into a store directory", runConvert},
 	"demo":     {"start a whole swarm on this machine on a generated model and run a prompt", runDemo},
 	"gen-tiny": {"write a deterministic random model in Hugging Face layout", runGenTiny},

@@ -140,6 +140,27 @@
 // call (correct, slow). MatVec and MatMul only read w and x, which must not
 // overlap out.
 //
+// # Paths
+//
+// The kernels run on one of several implementations ("paths"): "go", the
+// pure-Go reference that is the definition above, and assembly generated
+// by internal/asmgen: "avx512" (AVX-512F, one zmm register per 16 lanes)
+// and "avx2" (AVX2 and F16C, two ymm registers) on amd64, "neon" (four q
+// registers) on arm64. The fastest path the CPU supports
+// (golang.org/x/sys/cpu) runs by default; the environment variable
+// ODMOE_KERNELS or SetPath forces one, Paths lists them. A path changes
+// speed, never a bit: the assembly multiplies with vmulps/FMUL and adds
+// with vaddps/FADD (never a fused vfmadd/FMLA), widens BF16 by a shift
+// or a zip with zeros and F16 with VCVTPH2PS/FCVTL (both exact), folds
+// high half onto low half, and leaves each row's last n%16 elements (and
+// the elementwise kernels' last n%16) to the same Go code as the
+// reference. MatVec takes four rows at a time past each load of x, rows
+// i, i+q, i+2q and i+3q of q = rows/4, so that memory is read as four long
+// sequential streams; MatMul widens a tile of rows once into float32
+// scratch and applies it to several vectors at a time with one accumulator
+// set per output element in registers. The assembly covers MatVec, MatMul, Dot, Sum, Axpy, Add and
+// RMSNorm's scaling; the rest is Go on every path.
+//
 // # Testing a new path
 //
 // The tests hold every path to these definitions: specDot in the tests is
@@ -147,7 +168,9 @@
 // Dot and Sum must equal it bit for bit; testdata/golden.json records
 // hashes of the exact output bits of every portable kernel on fixed
 // inputs, and must match on every architecture (run the test binary of
-// GOARCH=arm64 under qemu-aarch64 on an amd64 machine, for example).
-// Assembly replaces the matVecF32, matVecBF16 and matVecF16 variables; the
-// same tests then cover it.
+// GOARCH=arm64 under qemu-aarch64 on an amd64 machine, for example:
+// make test-arm64). The definition tests and the golden test run once per
+// path in Paths(), and path_test.go compares every path with "go" bit for
+// bit on awkward shapes and special values (±0, subnormals, Inf, NaN); a
+// new path added to the list is covered by them.
 package kernels

@@ -17,12 +17,14 @@ func Dot(a, b []float32) float32 {
 	if len(a) != len(b) {
 		panic("kernels.Dot: length mismatch")
 	}
-	return dotF32(a, b)
+	return cur().dotF32(a, b)
 }
 
 // Sum returns the sum of x with the 16-lane definition of Dot, each
 // product replaced by the element itself.
-func Sum(x []float32) float32 {
+func Sum(x []float32) float32 { return cur().sum(x) }
+
+func sumGo(x []float32) float32 {
 	var acc [16]float32
 	for i, v := range x {
 		acc[i%16] += v

@@ -11,7 +11,9 @@ var dotSizes = []int{0, 1, 15, 16, 17, 31, 33, 100, 1000, 4099}
 // TestDotEqualsLaneDefinition pins Dot to the 16-lane definition: order
 // sensitive inputs, and special values (±0, subnormal products, overflow,
 // Inf, NaN) in the tail and in full blocks.
-func TestDotEqualsLaneDefinition(t *testing.T) {
+func TestDotEqualsLaneDefinition(t *testing.T) { forEachPath(t, testDotEqualsLaneDefinition) }
+
+func testDotEqualsLaneDefinition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	specials := []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 1e30, -1e30, 3e38,
 		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1.4e-45}
@@ -47,6 +49,10 @@ func TestDotEqualsLaneDefinition(t *testing.T) {
 // a = 1+2^-12, a*a = 1+2^-11+2^-24 rounds to 1+2^-11 (tie to even), so the
 // lane sum -(1+2^-11) + float32(a*a) is exactly 0; an FMA would give 2^-24.
 func TestDotRoundsProductsBeforeAdding(t *testing.T) {
+	forEachPath(t, testDotRoundsProductsBeforeAdding)
+}
+
+func testDotRoundsProductsBeforeAdding(t *testing.T) {
 	a := float32(1 + 1.0/(1<<12))
 	for _, n := range []int{17, 32, 40} {
 		w := make([]float32, n)
@@ -67,7 +73,9 @@ func TestDotRoundsProductsBeforeAdding(t *testing.T) {
 
 // TestDotTailTouchesOnlyItsLanes: a lane never becomes -0, so an all -0
 // product row gives +0, and the tail leaves untouched lanes alone.
-func TestDotTailTouchesOnlyItsLanes(t *testing.T) {
+func TestDotTailTouchesOnlyItsLanes(t *testing.T) { forEachPath(t, testDotTailTouchesOnlyItsLanes) }
+
+func testDotTailTouchesOnlyItsLanes(t *testing.T) {
 	negZero := float32(math.Copysign(0, -1))
 	for _, n := range []int{1, 5, 16, 21} {
 		w := make([]float32, n)
@@ -81,7 +89,9 @@ func TestDotTailTouchesOnlyItsLanes(t *testing.T) {
 	}
 }
 
-func TestDotWithinFloat64ErrorBound(t *testing.T) {
+func TestDotWithinFloat64ErrorBound(t *testing.T) { forEachPath(t, testDotWithinFloat64ErrorBound) }
+
+func testDotWithinFloat64ErrorBound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, n := range dotSizes {
 		for range 20 {
@@ -95,7 +105,9 @@ func TestDotWithinFloat64ErrorBound(t *testing.T) {
 	}
 }
 
-func TestSumEqualsDotWithOnes(t *testing.T) {
+func TestSumEqualsDotWithOnes(t *testing.T) { forEachPath(t, testSumEqualsDotWithOnes) }
+
+func testSumEqualsDotWithOnes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, n := range dotSizes {
 		x := wideRangeVec(rng, n)

@@ -7,17 +7,9 @@ import (
 	"sync/atomic"
 )
 
-// Per-dtype row kernels: each computes out[r] = Dot(row r of w, x) for
-// r < len(out), where w holds len(out) rows of len(x) elements. They are
-// variables so that an assembly (or GPU) implementation can replace the
-// pure-Go one at init; any replacement must be bit-identical to it (the
-// tests compare them) and may not keep w or x.
-var (
-	matVecF32  = matVecF32Go
-	matVecBF16 = matVecBF16Go
-	matVecF16  = matVecF16Go
-	dotF32     = dotF32Go
-)
+// The pure-Go row kernels of the "go" path (path.go): each computes
+// out[r] = Dot(row r of w, x) for r < len(out), where w holds len(out) rows
+// of len(x) elements.
 
 func matVecF32Go(out, w, x []float32) {
 	cols := len(x)
@@ -88,17 +80,18 @@ func SetThreads(n int) (prev int) {
 // MatVec computes out[r] = Dot(w[r,:], x) for every row r, with weights
 // widened exactly to float32. len(out) must be w.Rows and len(x) w.Cols;
 // it panics otherwise, or if w is invalid. Large matrices are split into
-// Threads() contiguous row ranges computed concurrently; the result is
+// row ranges that Threads() goroutines compute concurrently; the result is
 // bit-identical whatever the split.
 func MatVec(out []float32, w Matrix, x []float32) {
 	checkShapes("MatVec", out, w, x, 1)
+	p := cur()
 	parts := partsFor(w.Rows, w.Rows*w.Cols)
 	if parts <= 1 {
-		matVecRows(out, w, x, 0, w.Rows)
+		matVecRows(&p.rowKernels, out, w, x, 0, w.Rows)
 		return
 	}
 	parallelRows(parts, w.Rows, func(r0, r1 int) {
-		matVecRows(out[r0:r1], w, x, r0, r1)
+		matVecRows(&p.rowKernels, out[r0:r1], w, x, r0, r1)
 	})
 }
 
@@ -111,13 +104,20 @@ func MatMul(out []float32, w Matrix, x []float32, n int) {
 	if n == 0 {
 		return
 	}
+	if n == 1 {
+		// One vector (a decode step) reuses nothing: stream w as MatVec
+		// does, in one pass rather than in cache-sized blocks.
+		MatVec(out, w, x)
+		return
+	}
+	p := cur()
 	parts := partsFor(w.Rows, w.Rows*w.Cols*n)
 	if parts <= 1 {
-		matMulRows(out, w, x, n, 0, w.Rows)
+		p.matMulRows(out, w, x, n, 0, w.Rows)
 		return
 	}
 	parallelRows(parts, w.Rows, func(r0, r1 int) {
-		matMulRows(out, w, x, n, r0, r1)
+		p.matMulRows(out, w, x, n, r0, r1)
 	})
 }
 
@@ -140,42 +140,60 @@ func partsFor(rows, elems int) int {
 	return min(Threads(), rows)
 }
 
-// parallelRows runs fn over parts contiguous row ranges covering [0, rows),
-// parts-1 of them on new goroutines and the first on the caller's, and
-// returns when all are done.
+// chunksPerPart is how many row chunks parallelRows makes per goroutine.
+const chunksPerPart = 4
+
+// parallelRows runs fn over contiguous row ranges covering [0, rows) on
+// parts goroutines, the caller's among them, and returns when all are
+// done. The ranges are chunksPerPart times more than the goroutines and
+// each goroutine takes the next one free: when another process holds a
+// core (a shared node), the goroutines that run take over the chunks of
+// the one that does not, instead of waiting for its fixed share.
 func parallelRows(parts, rows int, fn func(r0, r1 int)) {
-	var wg sync.WaitGroup
-	for p := 1; p < parts; p++ {
-		r0, r1 := rows*p/parts, rows*(p+1)/parts
-		wg.Go(func() { fn(r0, r1) })
+	chunks := min(rows, parts*chunksPerPart)
+	var next atomic.Int64
+	work := func() {
+		for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
+			fn(rows*c/chunks, rows*(c+1)/chunks)
+		}
 	}
-	fn(0, rows/parts)
+	var wg sync.WaitGroup
+	for range parts - 1 {
+		wg.Go(work)
+	}
+	work()
 	wg.Wait()
 }
 
-// matVecRows computes rows [r0, r1) of w times x into out[:r1-r0].
-func matVecRows(out []float32, w Matrix, x []float32, r0, r1 int) {
+// matVecRows computes rows [r0, r1) of w times x into out[:r1-r0] with
+// p's row kernels.
+func matVecRows(p *rowKernels, out []float32, w Matrix, x []float32, r0, r1 int) {
 	rowBytes := w.Cols * w.DType.Size()
 	b := w.Data[r0*rowBytes : r1*rowBytes]
 	switch w.DType {
 	case F32:
-		matVecF32(out, f32View(b), x)
+		p.matVecF32(out, f32View(b), x)
 	case BF16:
-		matVecBF16(out, u16View(b), x)
+		p.matVecBF16(out, u16View(b), x)
 	case F16:
-		matVecF16(out, u16View(b), x)
+		p.matVecF16(out, u16View(b), x)
 	}
 }
 
-// matMulRows computes rows [r0, r1) for all n vectors, a block of rows at
-// a time so that each block is read from memory once for all vectors.
-func matMulRows(out []float32, w Matrix, x []float32, n, r0, r1 int) {
+// matMulRowsGo computes rows [r0, r1) for all n vectors, a block of rows
+// at a time so that each block is read from memory once for all vectors.
+func matMulRowsGo(out []float32, w Matrix, x []float32, n, r0, r1 int) {
+	matMulRowsByVector(&goRows, out, w, x, n, r0, r1)
+}
+
+// matMulRowsByVector is MatMul as blocks of MatVecs with p's row kernels.
+func matMulRowsByVector(p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
 	block := max(1, matMulBlockBytes/max(1, cols*w.DType.Size()))
 	for b0 := r0; b0 < r1; b0 += block {
 		b1 := min(b0+block, r1)
 		for i := range n {
-			matVecRows(out[i*rows+b0:i*rows+b1], w, x[i*cols:(i+1)*cols], b0, b1)
+			matVecRows(p, out[i*rows+b0:i*rows+b1], w, x[i*cols:(i+1)*cols], b0, b1)
 		}
 	}
 }

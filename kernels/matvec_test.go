@@ -15,7 +15,9 @@ var (
 
 // TestMatVecEqualsLaneDefinition: every row of MatVec, for every dtype, is
 // the Dot definition applied to the exactly widened weights.
-func TestMatVecEqualsLaneDefinition(t *testing.T) {
+func TestMatVecEqualsLaneDefinition(t *testing.T) { forEachPath(t, testMatVecEqualsLaneDefinition) }
+
+func testMatVecEqualsLaneDefinition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, dt := range dtypes {
 		for _, rows := range matRows {
@@ -35,6 +37,10 @@ func TestMatVecEqualsLaneDefinition(t *testing.T) {
 }
 
 func TestMatVecWithinFloat64ErrorBound(t *testing.T) {
+	forEachPath(t, testMatVecWithinFloat64ErrorBound)
+}
+
+func testMatVecWithinFloat64ErrorBound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	for _, dt := range dtypes {
 		for _, rows := range matRows {
@@ -60,7 +66,9 @@ var parallelShapes = []struct{ rows, cols int }{
 	{300, 1000}, {3, 30000}, {1, 70000}, {64, 1000}, {17, 33}, {129, 4097},
 }
 
-func TestMatVecIsIndependentOfThreads(t *testing.T) {
+func TestMatVecIsIndependentOfThreads(t *testing.T) { forEachPath(t, testMatVecIsIndependentOfThreads) }
+
+func testMatVecIsIndependentOfThreads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	defer SetThreads(SetThreads(0))
 	for _, dt := range dtypes {
@@ -88,7 +96,9 @@ func TestMatVecIsIndependentOfThreads(t *testing.T) {
 
 // TestMatMulEqualsMatVecPerVector: each MatMul output element is the MatVec
 // of its vector, bit for bit, for any thread count.
-func TestMatMulEqualsMatVecPerVector(t *testing.T) {
+func TestMatMulEqualsMatVecPerVector(t *testing.T) { forEachPath(t, testMatMulEqualsMatVecPerVector) }
+
+func testMatMulEqualsMatVecPerVector(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	defer SetThreads(SetThreads(0))
 	for _, dt := range dtypes {
@@ -116,7 +126,9 @@ func TestMatMulEqualsMatVecPerVector(t *testing.T) {
 	}
 }
 
-func TestMatVecOfEmptyShapes(t *testing.T) {
+func TestMatVecOfEmptyShapes(t *testing.T) { forEachPath(t, testMatVecOfEmptyShapes) }
+
+func testMatVecOfEmptyShapes(t *testing.T) {
 	for _, dt := range dtypes {
 		out := []float32{7, 7}
 		MatVec(out, Matrix{DType: dt, Rows: 2, Cols: 0}, nil)
@@ -129,7 +141,9 @@ func TestMatVecOfEmptyShapes(t *testing.T) {
 }
 
 // TestMatVecUnalignedData: a tensor at an odd offset of a mapped file.
-func TestMatVecUnalignedData(t *testing.T) {
+func TestMatVecUnalignedData(t *testing.T) { forEachPath(t, testMatVecUnalignedData) }
+
+func testMatVecUnalignedData(t *testing.T) {
 	rng := rand.New(rand.NewPCG(15, 16))
 	for _, dt := range dtypes {
 		m, _ := randMatrix(rng, dt, 5, 37)
@@ -150,6 +164,10 @@ func TestMatVecUnalignedData(t *testing.T) {
 }
 
 func TestMatVecSingleThreadDoesNotAllocate(t *testing.T) {
+	forEachPath(t, testMatVecSingleThreadDoesNotAllocate)
+}
+
+func testMatVecSingleThreadDoesNotAllocate(t *testing.T) {
 	if viewsCopy {
 		t.Skip("this architecture decodes weights into a copy")
 	}

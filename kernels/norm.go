@@ -13,11 +13,18 @@ func RMSNorm(out, x, weight []float32, eps float32) {
 	if len(x) != len(out) || len(weight) != len(out) {
 		panic("kernels.RMSNorm: length mismatch")
 	}
-	ms := dotF32(x, x) / float32(len(x))
+	p := cur()
+	ms := p.dotF32(x, x) / float32(len(x))
 	// A float64 square root rounded to float32 is the correctly rounded
 	// float32 square root (sqrtss, fsqrt), so this is portable.
 	r := 1 / float32(math.Sqrt(float64(ms+eps)))
-	for i, v := range x[:len(out)] {
+	p.scaleMul(out, x, weight, r)
+}
+
+// scaleMulGo is RMSNorm's last step: out[i] = weight[i] * float32(x[i]*r).
+func scaleMulGo(out, x, weight []float32, r float32) {
+	x, weight = x[:len(out)], weight[:len(out)]
+	for i, v := range x {
 		out[i] = weight[i] * float32(v*r)
 	}
 }

@@ -12,7 +12,9 @@ var vecSizes = []int{1, 8, 15, 16, 17, 100, 1000, 4096}
 // most gamma(ceil(n/16)+5) (all terms positive), the division by n and the
 // eps add u each, the square root halves the error and adds u, 1/s, x*r
 // and the weight multiply u each: under (ceil(n/16)+16)*u relative.
-func TestRMSNormWithinFloat64Bound(t *testing.T) {
+func TestRMSNormWithinFloat64Bound(t *testing.T) { forEachPath(t, testRMSNormWithinFloat64Bound) }
+
+func testRMSNormWithinFloat64Bound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 42))
 	for _, n := range vecSizes {
 		for _, eps := range []float32{1e-5, 1e-6, 0} {
@@ -51,7 +53,9 @@ func TestRMSNormWithinFloat64Bound(t *testing.T) {
 // TestSoftmaxWithinFloat64Bound: x_i - m costs u*|x_i - m| relative in e_i,
 // Exp 1.5 ulp (< 3u), the 16-lane sum gamma(ceil(n/16)+4) plus the terms'
 // own error, the division u.
-func TestSoftmaxWithinFloat64Bound(t *testing.T) {
+func TestSoftmaxWithinFloat64Bound(t *testing.T) { forEachPath(t, testSoftmaxWithinFloat64Bound) }
+
+func testSoftmaxWithinFloat64Bound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(43, 44))
 	for _, n := range vecSizes {
 		for _, scale := range []float64{1, 10} {
@@ -109,7 +113,9 @@ func TestSoftmaxWithinFloat64Bound(t *testing.T) {
 	}
 }
 
-func TestSoftmaxSpecialInputs(t *testing.T) {
+func TestSoftmaxSpecialInputs(t *testing.T) { forEachPath(t, testSoftmaxSpecialInputs) }
+
+func testSoftmaxSpecialInputs(t *testing.T) {
 	inf := float32(math.Inf(1))
 	nan := float32(math.NaN())
 	Softmax(nil) // no panic

@@ -6,7 +6,11 @@ func Axpy(dst []float32, a float32, x []float32) {
 	if len(dst) != len(x) {
 		panic("kernels.Axpy: length mismatch")
 	}
-	for i, v := range x {
+	cur().axpy(dst, a, x)
+}
+
+func axpyGo(dst []float32, a float32, x []float32) {
+	for i, v := range x[:len(dst)] {
 		dst[i] += float32(a * v)
 	}
 }
@@ -16,7 +20,11 @@ func Add(dst, x []float32) {
 	if len(dst) != len(x) {
 		panic("kernels.Add: length mismatch")
 	}
-	for i, v := range x {
+	cur().add(dst, x)
+}
+
+func addGo(dst, x []float32) {
+	for i, v := range x[:len(dst)] {
 		dst[i] += v
 	}
 }

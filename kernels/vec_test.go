@@ -6,7 +6,9 @@ import (
 	"testing"
 )
 
-func TestAxpyAndAddFollowDefinition(t *testing.T) {
+func TestAxpyAndAddFollowDefinition(t *testing.T) { forEachPath(t, testAxpyAndAddFollowDefinition) }
+
+func testAxpyAndAddFollowDefinition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 62))
 	for _, n := range []int{0, 1, 17, 1000} {
 		dst, x := randVec(rng, n), randVec(rng, n)
@@ -36,6 +38,10 @@ func TestAxpyAndAddFollowDefinition(t *testing.T) {
 // 1+2^-11 (tie to even), so -(1+2^-11) + float32(a*a) is 0 exactly; a fused
 // multiply-add would leave 2^-24.
 func TestAxpyRoundsProductBeforeAdding(t *testing.T) {
+	forEachPath(t, testAxpyRoundsProductBeforeAdding)
+}
+
+func testAxpyRoundsProductBeforeAdding(t *testing.T) {
 	a := float32(1 + 1.0/(1<<12))
 	dst := []float32{-(1 + 1.0/(1<<11))}
 	Axpy(dst, a, []float32{a})

@@ -1,0 +1,116 @@
+package kernels
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+)
+
+//go:generate go run ./internal/asmgen
+
+// A path is one implementation of the hot kernels: the pure-Go reference
+// ("go") or an assembly one ("avx2", "avx512", "neon"). Every path computes
+// exactly the arithmetic of the package doc, so which one runs changes
+// speed only, never a bit of any result; tests compare every available
+// path with "go".
+type path struct {
+	name string
+
+	rowKernels
+	dotF32 func(a, b []float32) float32
+	sum    func(x []float32) float32
+
+	// matMulRows computes rows [r0, r1) of w for all n vectors of x.
+	matMulRows func(out []float32, w Matrix, x []float32, n, r0, r1 int)
+
+	// Elementwise kernels (lengths already checked).
+	axpy func(dst []float32, a float32, x []float32)
+	add  func(dst, x []float32)
+	// scaleMul is RMSNorm's last step: out[i] = weight[i] * float32(x[i]*r).
+	scaleMul func(out, x, weight []float32, r float32)
+}
+
+// rowKernels compute out[r] = Dot(row r of w, x) for r < len(out), where
+// w holds len(out) rows of len(x) elements. They must not keep w or x.
+type rowKernels struct {
+	matVecF32  func(out, w, x []float32)
+	matVecBF16 func(out []float32, w []uint16, x []float32)
+	matVecF16  func(out []float32, w []uint16, x []float32)
+}
+
+var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go}
+
+// goPath is the pure-Go reference: the definition itself.
+var goPath = &path{
+	name:       "go",
+	rowKernels: goRows,
+	dotF32:     dotF32Go,
+	sum:        sumGo,
+	matMulRows: matMulRowsGo,
+	axpy:       axpyGo,
+	add:        addGo,
+	scaleMul:   scaleMulGo,
+}
+
+var active atomic.Pointer[path]
+
+// pathEnv names the environment variable that forces a path at start-up.
+const pathEnv = "ODMOE_KERNELS"
+
+func init() {
+	if SetPath("") != nil {
+		// ODMOE_KERNELS names a path this CPU lacks: keep the fastest one.
+		// The package cannot report it; odmoe's commands call SetPath("")
+		// themselves and refuse the value with this error.
+		active.Store(defaultPath())
+	}
+}
+
+func defaultPath() *path {
+	if len(simdPaths) > 0 {
+		return simdPaths[0]
+	}
+	return goPath
+}
+
+// cur returns the active path.
+func cur() *path { return active.Load() }
+
+// Path returns the name of the implementation the kernels run on: "go"
+// (the pure-Go reference), "avx2", "avx512" or "neon".
+func Path() string { return cur().name }
+
+// Paths lists the implementations this CPU can run, fastest first; "go" is
+// always last.
+func Paths() []string {
+	names := make([]string, 0, len(simdPaths)+1)
+	for _, p := range simdPaths {
+		names = append(names, p.name)
+	}
+	return append(names, goPath.name)
+}
+
+// SetPath makes the kernels run on the named implementation (one of
+// Paths()). The empty name selects the default: the value of the
+// ODMOE_KERNELS environment variable if it is set, else the fastest path.
+// It is an error to name a path this CPU cannot run. Results never depend
+// on the path, only speed does; SetPath is safe to call at any time, and a
+// kernel call already running finishes on the path it started with.
+func SetPath(name string) error {
+	src := "kernels"
+	if name == "" {
+		name, src = strings.TrimSpace(os.Getenv(pathEnv)), pathEnv
+	}
+	if name == "" {
+		active.Store(defaultPath())
+		return nil
+	}
+	for _, p := range append(simdPaths, goPath) {
+		if p.name == name {
+			active.Store(p)
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: path %q is not available on this CPU (available: %s)", src, name, strings.Join(Paths(), ", "))
+}

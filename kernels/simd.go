@@ -1,0 +1,181 @@
+//go:build amd64 || arm64
+
+package kernels
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// The glue between the exported kernels and the generated assembly
+// (simd_<arch>.go declares it). The assembly handles whole 16-element
+// blocks; a row's tail (cols%16 elements) is added here to the lanes the
+// assembly returns, exactly as the definition's step 3 does, and folded
+// with fold16. The elementwise kernels leave their last n%16 elements to
+// Go; elementwise arithmetic is the same whichever code runs it.
+
+// isa identifies one instruction set's kernels (isaAVX2, isaAVX512,
+// isaNEON); simd_<arch>.go maps it to its assembly.
+type isa uint8
+
+// newSIMDPath returns the path that runs on k's assembly.
+func newSIMDPath(name string, k isa) *path {
+	p := &path{name: name}
+	p.matVecF32 = func(out, w, x []float32) { rowsSIMD(k, F32, out, w, x, widenF32) }
+	p.matVecBF16 = func(out []float32, w []uint16, x []float32) { rowsSIMD(k, BF16, out, w, x, BF16ToF32) }
+	p.matVecF16 = func(out []float32, w []uint16, x []float32) { rowsSIMD(k, F16, out, w, x, F16ToF32) }
+	p.dotF32 = func(a, b []float32) float32 {
+		var out [1]float32
+		rowsSIMD(k, F32, out[:], a[:len(b)], b, widenF32)
+		return out[0]
+	}
+	p.sum = func(x []float32) float32 { return sumSIMD(k, x) }
+	p.matMulRows = func(out []float32, w Matrix, x []float32, n, r0, r1 int) {
+		matMulSIMD(k, &p.rowKernels, out, w, x, n, r0, r1)
+	}
+	p.axpy = func(dst []float32, a float32, x []float32) { axpySIMD(k, dst, a, x) }
+	p.add = func(dst, x []float32) { addSIMD(k, dst, x) }
+	p.scaleMul = func(out, x, weight []float32, r float32) { scaleMulSIMD(k, out, x, weight, r) }
+	return p
+}
+
+func widenF32(f float32) float32 { return f }
+
+// tailRows is how many rows' lanes the tail case keeps (on the stack) at
+// a time.
+const tailRows = 16
+
+// rowsSIMD computes out[r] = Dot(row r of w, x) for every r < len(out);
+// w holds len(out) rows of len(x) elements of dt, widen widens one.
+func rowsSIMD[E float32 | uint16](k isa, dt DType, out []float32, w []E, x []float32, widen func(E) float32) {
+	rows, cols := len(out), len(x)
+	if rows == 0 {
+		return
+	}
+	w = w[:rows*cols]
+	wp, xp := unsafe.Pointer(unsafe.SliceData(w)), unsafe.SliceData(x)
+	stride := cols * dt.Size()
+	n16 := cols &^ 15
+	if n16 == cols {
+		rowsAsm(k, dt, &out[0], wp, xp, rows, n16, stride, false)
+		return
+	}
+	var lanes [tailRows * 16]float32
+	for r0 := 0; r0 < rows; r0 += tailRows {
+		nr := min(tailRows, rows-r0)
+		rowsAsm(k, dt, &lanes[0], unsafe.Add(wp, r0*stride), xp, nr, n16, stride, true)
+		for r := range nr {
+			acc := (*[16]float32)(lanes[16*r : 16*r+16])
+			row := w[(r0+r)*cols : (r0+r+1)*cols]
+			for j := n16; j < cols; j++ {
+				acc[j-n16] += float32(widen(row[j]) * x[j])
+			}
+			out[r0+r] = fold16(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
+				acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15])
+		}
+	}
+}
+
+func sumSIMD(k isa, x []float32) float32 {
+	var acc [16]float32
+	n16 := len(x) &^ 15
+	if n16 > 0 {
+		sumLanesAsm(k, &acc[0], &x[0], n16)
+	}
+	for j := n16; j < len(x); j++ {
+		acc[j-n16] += x[j]
+	}
+	return fold16(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
+		acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15])
+}
+
+func axpySIMD(k isa, dst []float32, a float32, x []float32) {
+	x = x[:len(dst)]
+	n16 := len(dst) &^ 15
+	if n16 > 0 {
+		axpyAsm(k, &dst[0], a, &x[0], n16)
+	}
+	for i := n16; i < len(dst); i++ {
+		dst[i] += float32(a * x[i])
+	}
+}
+
+func addSIMD(k isa, dst, x []float32) {
+	x = x[:len(dst)]
+	n16 := len(dst) &^ 15
+	if n16 > 0 {
+		addAsm(k, &dst[0], &x[0], n16)
+	}
+	for i := n16; i < len(dst); i++ {
+		dst[i] += x[i]
+	}
+}
+
+func scaleMulSIMD(k isa, out, x, weight []float32, r float32) {
+	x, weight = x[:len(out)], weight[:len(out)]
+	n16 := len(out) &^ 15
+	if n16 > 0 {
+		scaleMulAsm(k, &out[0], &x[0], &weight[0], r, n16)
+	}
+	for i := n16; i < len(out); i++ {
+		out[i] = weight[i] * float32(x[i]*r)
+	}
+}
+
+// mmTileBytes bounds the float32 weights of one MatMul tile: rows widened
+// once, then applied to every vector while they stay in L2.
+const mmTileBytes = 256 << 10
+
+// mmScratch holds the widened weight tiles of BF16 and F16 MatMuls.
+var mmScratch = sync.Pool{New: func() any { return new([]float32) }}
+
+// matMulSIMD computes rows [r0, r1) of w for all n vectors of x. Rows are
+// taken a tile at a time: a BF16 or F16 tile is widened (exactly) into
+// float32 scratch once, and the micro-kernel applies it to mmShape's
+// vectors at a time with one accumulator set per (row, vector) in
+// registers. Every output element is still the Dot definition, so the
+// result equals MatVec per vector bit for bit.
+func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
+	rows, cols := w.Rows, w.Cols
+	mr, mt := mmShape(k)
+	if cols == 0 || cols%16 != 0 || n < mt {
+		matMulRowsByVector(p, out, w, x, n, r0, r1)
+		return
+	}
+	tile := max(mr, mmTileBytes/(cols*4)/mr*mr)
+	size := w.DType.Size()
+	var scratch []float32
+	if w.DType != F32 {
+		sp := mmScratch.Get().(*[]float32)
+		defer mmScratch.Put(sp)
+		if need := min(tile, r1-r0) * cols; cap(*sp) < need {
+			*sp = make([]float32, need)
+		}
+		scratch = (*sp)[:cap(*sp)]
+	}
+	for b0 := r0; b0 < r1; b0 += tile {
+		b1 := min(b0+tile, r1)
+		nr := b1 - b0
+		src := w.Data[b0*cols*size : b1*cols*size]
+		var wf []float32
+		if w.DType == F32 {
+			wf = f32View(src)
+		} else {
+			wf = scratch[:nr*cols]
+			widenAsm(k, w.DType, &wf[0], &u16View(src)[0], nr*cols)
+		}
+		whole := nr / mr * mr
+		t := 0
+		for ; t+mt <= n; t += mt {
+			if whole > 0 {
+				mmAsm(k, &out[t*rows+b0], rows*4, &wf[0], cols*4, whole, &x[t*cols], cols*4, cols)
+			}
+			for v := t; v < t+mt && whole < nr; v++ {
+				rowsAsm(k, F32, &out[v*rows+b0+whole], unsafe.Pointer(&wf[whole*cols]), &x[v*cols], nr-whole, cols, cols*4, false)
+			}
+		}
+		for ; t < n; t++ {
+			rowsAsm(k, F32, &out[t*rows+b0], unsafe.Pointer(&wf[0]), &x[t*cols], nr, cols, cols*4, false)
+		}
+	}
+}
