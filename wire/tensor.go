@@ -1,3 +1,5 @@
+//lint:file-ignore U1000 the _msgpack fields carry msgpack's as_array struct tag
+
 package wire
 
 import (

@@ -147,10 +147,10 @@ func splitWords(text string, f func(string)) {
 	isBreak := func(r rune) bool { return r == '\n' || r == '\r' }
 	for i := 0; i < len(text); {
 		start := i
-		r, n := utf8.DecodeRuneInString(text[i:])
+		r, _ := utf8.DecodeRuneInString(text[i:])
 		if isBreak(r) {
 			for i < len(text) {
-				r, n = utf8.DecodeRuneInString(text[i:])
+				r, n := utf8.DecodeRuneInString(text[i:])
 				if !isBreak(r) {
 					break
 				}
@@ -163,7 +163,7 @@ func splitWords(text string, f func(string)) {
 			i += len(spaceMarker)
 		}
 		for i < len(text) {
-			r, n = utf8.DecodeRuneInString(text[i:])
+			r, n := utf8.DecodeRuneInString(text[i:])
 			if isBreak(r) || strings.HasPrefix(text[i:], spaceMarker) {
 				break
 			}
