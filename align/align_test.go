@@ -1,0 +1,74 @@
+package align
+
+import (
+	"math"
+	"testing"
+)
+
+func TestPolicyPeriods(t *testing.T) {
+	cases := []struct {
+		p         Policy
+		it        int64
+		token, kv bool
+	}{
+		{Policy{1, 1}, 1, true, true},
+		{Policy{1, 4}, 3, true, false},
+		{Policy{1, 4}, 8, true, true},
+		{Policy{0, 0}, 4, false, false},
+		{Policy{2, 0}, 6, true, false},
+		{Policy{2, 2}, 0, false, false},
+	}
+	for _, c := range cases {
+		if c.p.TokenDue(c.it) != c.token || c.p.KVDue(c.it) != c.kv {
+			t.Errorf("%v at %d: token %v kv %v, want %v %v", c.p, c.it, c.p.TokenDue(c.it), c.p.KVDue(c.it), c.token, c.kv)
+		}
+	}
+	if (Policy{-1, 0}).Validate() == nil {
+		t.Error("negative period accepted")
+	}
+	if s := (Policy{1, 4}).String(); s != "T1_KV4" {
+		t.Errorf("String %q", s)
+	}
+}
+
+// TestRecallIsEquationThree works a hand-made case through eqs. (2), (3):
+// k = 2, L = 2; prompt 0 has tokens 1 and 2, prompt 1 only token 1.
+//
+//	q0 n1: l0 {1,2} vs {1,2} -> 2; l1 {3,4} vs {3,5} -> 1
+//	q1 n1: l0 {0,1} vs {6,7} -> 0; l1 {2,3} vs {3,2} -> 2
+//	q0 n2: l0 {1,2} vs {2,6} -> 1; l1 {0,5} vs {0,5} -> 2
+//
+// recall(1) = (2+1+0+2) / (2*2*2) = 5/8; recall(2) = 3/(2*2*1) = 3/4;
+// recall = 8 / (2*2*3) = 2/3.
+func TestRecallIsEquationThree(t *testing.T) {
+	r := NewRecall(2, 2)
+	obs := []struct {
+		q, n, l         int
+		pred, activated []int
+	}{
+		{0, 1, 0, []int{1, 2}, []int{1, 2}},
+		{0, 1, 1, []int{3, 4}, []int{3, 5}},
+		{1, 1, 0, []int{0, 1}, []int{6, 7}},
+		{1, 1, 1, []int{2, 3}, []int{3, 2}},
+		{0, 2, 0, []int{1, 2}, []int{2, 6}},
+		{0, 2, 1, []int{0, 5}, []int{0, 5}},
+	}
+	for _, o := range obs {
+		if err := r.Observe(o.q, o.n, o.l, o.pred, o.activated); err != nil {
+			t.Fatal(err)
+		}
+	}
+	by := r.ByToken()
+	if len(by) != 2 || math.Abs(by[0]-5.0/8) > 1e-15 || math.Abs(by[1]-3.0/4) > 1e-15 {
+		t.Fatalf("recall by token %v, want [0.625 0.75]", by)
+	}
+	if got := r.Overall(); math.Abs(got-2.0/3) > 1e-15 {
+		t.Fatalf("recall %v, want 2/3", got)
+	}
+	if err := r.Observe(0, 0, 0, nil, []int{1, 2}); err == nil {
+		t.Error("token 0 accepted (tokens are 1-based)")
+	}
+	if err := r.Observe(0, 1, 0, nil, []int{1}); err == nil {
+		t.Error("one activated expert accepted for top-2")
+	}
+}

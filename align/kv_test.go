@@ -1,0 +1,75 @@
+package align
+
+import (
+	"math"
+	"testing"
+
+	"github.com/odmoe/odmoe/kvcache"
+)
+
+func fill(c *kvcache.Cache, n int, seed float32) {
+	c.Reserve(n)
+	row := make([]float32, c.Width())
+	for p := range n {
+		for l := range c.Layers() {
+			for i := range row {
+				row[i] = seed + float32(l)*0.5 + float32(p)*0.25 + float32(i)/64
+			}
+			c.Put(l, p, row, row)
+		}
+	}
+	c.Commit(n)
+}
+
+// TestKVAlignmentOverwritesOnlyNewRows: the main node's rows [4, 7) land in
+// the shadow's cache in fp16 precision; older rows stay the shadow's own.
+func TestKVAlignmentOverwritesOnlyNewRows(t *testing.T) {
+	mainCache, shadow := kvcache.New(3, 2, 8, 8), kvcache.New(3, 2, 8, 8)
+	fill(mainCache, 7, 1)
+	fill(shadow, 5, -3) // the shadow ran ahead on its own, differently
+	kv, err := PackKV(mainCache, 4, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv.Rows != 3 || len(kv.Keys[2]) != 3*16 {
+		t.Fatalf("packed %d rows, %d values", kv.Rows, len(kv.Keys[2]))
+	}
+	if err := kv.Apply(shadow); err != nil {
+		t.Fatal(err)
+	}
+	if shadow.Len() != 7 {
+		t.Fatalf("shadow cache has %d positions, want 7", shadow.Len())
+	}
+	w := shadow.Width()
+	for l := range 3 {
+		got, want := shadow.Keys(l, 7), mainCache.Keys(l, 7)
+		for p := range 7 {
+			for i := range w {
+				g, m := got[p*w+i], want[p*w+i]
+				if p >= 4 && math.Abs(float64(g-m)) > math.Abs(float64(m))/1024 {
+					t.Fatalf("layer %d pos %d: %v, main %v (beyond fp16 rounding)", l, p, g, m)
+				}
+				if p < 4 && g == m {
+					t.Fatalf("layer %d pos %d was overwritten", l, p)
+				}
+			}
+		}
+	}
+}
+
+func TestKVAlignmentRefusesMismatches(t *testing.T) {
+	c := kvcache.New(2, 1, 4, 4)
+	fill(c, 2, 0)
+	if _, err := PackKV(c, 1, 3); err == nil {
+		t.Error("rows past the cache accepted")
+	}
+	kv, _ := PackKV(c, 0, 2)
+	if err := kv.Apply(kvcache.New(3, 1, 4, 4)); err == nil {
+		t.Error("rows for 2 layers applied to a 3-layer cache")
+	}
+	gap := kv
+	gap.From = 5
+	if err := gap.Apply(kvcache.New(2, 1, 4, 4)); err == nil {
+		t.Error("rows leaving a gap accepted")
+	}
+}

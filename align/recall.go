@@ -1,0 +1,77 @@
+package align
+
+import "fmt"
+
+// Recall scores expert predictions as OD-MoE's equations (2) and (3): for
+// prompt q, output token n (1-based) and layer l, c(q,n,l) is the number of
+// the k activated experts that were predicted; A(q,n) says token n exists
+// for prompt q.
+//
+//	recall(n) = sum_q sum_l c(q,n,l) A(q,n) / (k L sum_q A(q,n))      (2)
+//	recall    = sum_n sum_q sum_l c(q,n,l) A(q,n) / (k L sum_n sum_q A(q,n))   (3)
+type Recall struct {
+	k, layers int
+	correct   []int64        // per n-1: sum over q and l of c(q,n,l)
+	present   []int64        // per n-1: sum over q of A(q,n)
+	seen      map[[2]int]int // (q, n) -> layers observed
+}
+
+// NewRecall scores a model of layers layers with top-k routing.
+func NewRecall(k, layers int) *Recall {
+	return &Recall{k: k, layers: layers, seen: map[[2]int]int{}}
+}
+
+// Observe records layer l of output token n (1-based) of prompt q: the
+// experts the shadow predicted and those the router activated.
+func (r *Recall) Observe(q, n, l int, predicted, activated []int) error {
+	if n < 1 || l < 0 || l >= r.layers {
+		return fmt.Errorf("align: token %d layer %d outside tokens 1.. and layers 0..%d", n, l, r.layers-1)
+	}
+	if len(activated) != r.k {
+		return fmt.Errorf("align: %d activated experts, top-k is %d", len(activated), r.k)
+	}
+	for len(r.present) < n {
+		r.present = append(r.present, 0)
+		r.correct = append(r.correct, 0)
+	}
+	key := [2]int{q, n}
+	if r.seen[key] == 0 {
+		r.present[n-1]++ // A(q,n) = 1
+	}
+	r.seen[key]++
+	c := 0
+	for _, a := range activated {
+		for _, p := range predicted {
+			if p == a {
+				c++
+				break
+			}
+		}
+	}
+	r.correct[n-1] += int64(c)
+	return nil
+}
+
+// ByToken is recall(n) for n = 1..N (eq. 2); a token no prompt reached is 0.
+func (r *Recall) ByToken() []float64 {
+	out := make([]float64, len(r.present))
+	for i := range out {
+		if r.present[i] > 0 {
+			out[i] = float64(r.correct[i]) / float64(int64(r.k*r.layers)*r.present[i])
+		}
+	}
+	return out
+}
+
+// Overall is recall over every token observed (eq. 3), 0 if none.
+func (r *Recall) Overall() float64 {
+	var c, a int64
+	for i := range r.present {
+		c += r.correct[i]
+		a += r.present[i]
+	}
+	if a == 0 {
+		return 0
+	}
+	return float64(c) / float64(int64(r.k*r.layers)*a)
+}
