@@ -1,7 +1,8 @@
 // Package kernels owns the arithmetic on tensors that odmoe computes with:
-// matrix-vector products over weights stored as F32, F16 or BF16,
-// RMSNorm, rotary embeddings, softmax, SiLU/SwiGLU, exp, and the
-// conversions between float32 and the 16-bit formats. It does not own
+// matrix-vector products over weights stored as F32, F16 or BF16 or
+// quantized as Q8 or NF4 (the shadow node's lossy copies), RMSNorm,
+// rotary embeddings, softmax, SiLU/SwiGLU, exp, the conversions between
+// float32 and the 16-bit formats, and quantization. It does not own
 // tensors' storage, shapes beyond a matrix, or any model structure.
 //
 // # One arithmetic per kernel
@@ -31,7 +32,8 @@
 // MatMul output element) is:
 //
 //  1. Widen each weight exactly to float32: F32 as is; BF16 by bits<<16;
-//     F16 by the exact IEEE conversion (F16ToF32).
+//     F16 by the exact IEEE conversion (F16ToF32); Q8 and NF4 by their
+//     dequantization (below), one float32 multiply.
 //  2. Keep 16 float32 lane accumulators acc[0..15], all starting at +0.
 //  3. For i = 0, 1, ..., n-1 in increasing order:
 //     acc[i%16] = acc[i%16] + float32(w[i]*x[i])
@@ -66,6 +68,50 @@
 //
 // Sum(x) is the same definition with the product float32(w[i]*x[i])
 // replaced by x[i].
+//
+// # Quantized weights: Q8 and NF4
+//
+// Q8 and NF4 matrices are row-major and every row is self-contained, so
+// that rows split over goroutines as the float dtypes' do. A row of n
+// weights is (DType.RowBytes, all little-endian):
+//
+//	Q8:  ceil(n/32) float32 scales, then n int8 codes
+//	NF4: ceil(n/64) float32 absmax values, then ceil(n/2) bytes of 4-bit
+//	     codes, weight 2j in the low nibble of byte j and weight 2j+1 in its
+//	     high nibble (the high nibble after an odd row's last weight is 0)
+//
+// Weight i of a row is dequantized to float32 as
+//
+//	Q8:  float32(q[i]) * scale[i/32]       (q[i] an int8: the conversion is exact)
+//	NF4: code[q[i]] * absmax[i/64]
+//
+// each a single float32 multiply, rounded, and then enters the Dot
+// definition above like any widened weight: MatVec and MatMul on Q8 and
+// NF4 are the float definitions on the dequantized weights, bit for bit
+// on every path and architecture. code is the table of the 16 NormalFloat4
+// values of QLoRA (Dettmers et al., 2023), as float32, as bitsandbytes
+// dequantizes with: -1, -0.6961928009986877, -0.5250730514526367,
+// -0.39491748809814453, -0.28444138169288635, -0.18477343022823334,
+// -0.09105003625154495, 0, 0.07958029955625534, 0.16093020141124725,
+// 0.24611230194568634, 0.33791524171829224, 0.44070982933044434,
+// 0.5626170039176941, 0.7229568362236023, 1.
+//
+// Quantize makes these rows from F32, F16 or BF16 weights w (widened
+// exactly to float32), per group of 32 (Q8) or block of 64 (NF4) along
+// the row, the last one possibly shorter, absmax = max |w| of the group:
+//
+//	Q8:  scale = absmax / 127 (a float32 division);
+//	     q = RoundToEven(float64(w) / float64(scale)) clamped to [-127, 127],
+//	     or 0 where scale is 0. Then |w - dequantized| <= scale/2 plus half
+//	     an ulp of the dequantized weight.
+//	NF4: the block's absmax is stored as it is; q = the index of the code
+//	     nearest to float64(w) / float64(absmax), ties to the lower index,
+//	     or 7 (the code 0) where absmax is 0.
+//
+// F16 from Quantize is each weight rounded to nearest, ties to even
+// (F32ToF16). Quantize refuses NaN and infinite weights, and weights that
+// overflow F16. Its output bytes are part of the golden test: every node
+// that quantizes the same weights gets the same bytes.
 //
 // # Elementwise
 //
@@ -128,7 +174,9 @@
 // The expert path runs on workers of any architecture and its results are
 // summed on the main node, so these must be bit-identical everywhere:
 // MatVec, MatMul, Dot, Sum, Exp, SiLU, SwiGLU, Axpy, Add, and the
-// conversions. RMSNorm and Softmax run on the main node only but are
+// conversions. Quantize and the Q8 and NF4 products are portable too,
+// although only the shadow node, whose results change speed and never
+// output, uses them. RMSNorm and Softmax run on the main node only but are
 // defined portably anyway. The RoPE tables run on the main node only and
 // need only be deterministic within a process; the swarm equals local mode
 // as long as both run their main node on the same architecture.

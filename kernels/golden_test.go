@@ -186,5 +186,6 @@ func goldenResults() map[string]string {
 		}
 	}
 	res["F16ToF32"] = hashBits(wide)
+	quantGolden(res)
 	return res
 }

@@ -78,7 +78,7 @@ func SetThreads(n int) (prev int) {
 }
 
 // MatVec computes out[r] = Dot(w[r,:], x) for every row r, with weights
-// widened exactly to float32. len(out) must be w.Rows and len(x) w.Cols;
+// widened (Q8, NF4: dequantized) exactly to float32. len(out) must be w.Rows and len(x) w.Cols;
 // it panics otherwise, or if w is invalid. Large matrices are split into
 // row ranges that Threads() goroutines compute concurrently; the result is
 // bit-identical whatever the split.
@@ -168,7 +168,7 @@ func parallelRows(parts, rows int, fn func(r0, r1 int)) {
 // matVecRows computes rows [r0, r1) of w times x into out[:r1-r0] with
 // p's row kernels.
 func matVecRows(p *rowKernels, out []float32, w Matrix, x []float32, r0, r1 int) {
-	rowBytes := w.Cols * w.DType.Size()
+	rowBytes := w.DType.RowBytes(w.Cols)
 	b := w.Data[r0*rowBytes : r1*rowBytes]
 	switch w.DType {
 	case F32:
@@ -177,6 +177,10 @@ func matVecRows(p *rowKernels, out []float32, w Matrix, x []float32, r0, r1 int)
 		p.matVecBF16(out, u16View(b), x)
 	case F16:
 		p.matVecF16(out, u16View(b), x)
+	case Q8:
+		p.matVecQ8(out, b, x)
+	case NF4:
+		p.matVecNF4(out, b, x)
 	}
 }
 
@@ -189,7 +193,7 @@ func matMulRowsGo(out []float32, w Matrix, x []float32, n, r0, r1 int) {
 // matMulRowsByVector is MatMul as blocks of MatVecs with p's row kernels.
 func matMulRowsByVector(p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
-	block := max(1, matMulBlockBytes/max(1, cols*w.DType.Size()))
+	block := max(1, matMulBlockBytes/max(1, w.DType.RowBytes(cols)))
 	for b0 := r0; b0 < r1; b0 += block {
 		b1 := min(b0+block, r1)
 		for i := range n {

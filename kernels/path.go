@@ -32,14 +32,17 @@ type path struct {
 }
 
 // rowKernels compute out[r] = Dot(row r of w, x) for r < len(out), where
-// w holds len(out) rows of len(x) elements. They must not keep w or x.
+// w holds len(out) rows of len(x) elements (Q8 and NF4: len(out) rows of
+// RowBytes(len(x)) bytes). They must not keep w or x.
 type rowKernels struct {
 	matVecF32  func(out, w, x []float32)
 	matVecBF16 func(out []float32, w []uint16, x []float32)
 	matVecF16  func(out []float32, w []uint16, x []float32)
+	matVecQ8   func(out []float32, w []byte, x []float32)
+	matVecNF4  func(out []float32, w []byte, x []float32)
 }
 
-var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go}
+var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go}
 
 // goPath is the pure-Go reference: the definition itself.
 var goPath = &path{

@@ -24,6 +24,8 @@ func newSIMDPath(name string, k isa) *path {
 	p.matVecF32 = func(out, w, x []float32) { rowsSIMD(k, F32, out, w, x, widenF32) }
 	p.matVecBF16 = func(out []float32, w []uint16, x []float32) { rowsSIMD(k, BF16, out, w, x, BF16ToF32) }
 	p.matVecF16 = func(out []float32, w []uint16, x []float32) { rowsSIMD(k, F16, out, w, x, F16ToF32) }
+	p.matVecQ8 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, Q8, out, w, x) }
+	p.matVecNF4 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, NF4, out, w, x) }
 	p.dotF32 = func(a, b []float32) float32 {
 		var out [1]float32
 		rowsSIMD(k, F32, out[:], a[:len(b)], b, widenF32)
@@ -126,12 +128,12 @@ func scaleMulSIMD(k isa, out, x, weight []float32, r float32) {
 // once, then applied to every vector while they stay in L2.
 const mmTileBytes = 256 << 10
 
-// mmScratch holds the widened weight tiles of BF16 and F16 MatMuls.
+// mmScratch holds the widened weight tiles of BF16, F16, Q8 and NF4 MatMuls.
 var mmScratch = sync.Pool{New: func() any { return new([]float32) }}
 
 // matMulSIMD computes rows [r0, r1) of w for all n vectors of x. Rows are
-// taken a tile at a time: a BF16 or F16 tile is widened (exactly) into
-// float32 scratch once, and the micro-kernel applies it to mmShape's
+// taken a tile at a time: a BF16, F16, Q8 or NF4 tile is widened or
+// dequantized (exactly) into float32 scratch once, and the micro-kernel applies it to mmShape's
 // vectors at a time with one accumulator set per (row, vector) in
 // registers. Every output element is still the Dot definition, so the
 // result equals MatVec per vector bit for bit.
@@ -143,7 +145,7 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		return
 	}
 	tile := max(mr, mmTileBytes/(cols*4)/mr*mr)
-	size := w.DType.Size()
+	rowBytes := w.DType.RowBytes(cols)
 	var scratch []float32
 	if w.DType != F32 {
 		sp := mmScratch.Get().(*[]float32)
@@ -156,13 +158,17 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 	for b0 := r0; b0 < r1; b0 += tile {
 		b1 := min(b0+tile, r1)
 		nr := b1 - b0
-		src := w.Data[b0*cols*size : b1*cols*size]
+		src := w.Data[b0*rowBytes : b1*rowBytes]
 		var wf []float32
-		if w.DType == F32 {
+		switch w.DType {
+		case F32:
 			wf = f32View(src)
-		} else {
+		case BF16, F16:
 			wf = scratch[:nr*cols]
 			widenAsm(k, w.DType, &wf[0], &u16View(src)[0], nr*cols)
+		default:
+			wf = scratch[:nr*cols]
+			dequantRows(k, w.DType, wf, src, nr, cols)
 		}
 		whole := nr / mr * mr
 		t := 0

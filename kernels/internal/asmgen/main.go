@@ -7,8 +7,10 @@
 // float32 lanes, element i of a row to lane i%16, a product rounded to
 // float32 before the add (vmulps then vaddps, FMUL then FADD; never a
 // fused multiply-add) and the pairwise fold 8/4/2/1. Rows are processed
-// in whole 16-element blocks; the Go side (simd.go) adds a row's tail
-// (cols%16 elements) to the lanes the kernel returns and folds them.
+// in whole 16-element blocks; the Go side (simd.go, simd_quant.go) adds a
+// row's tail (cols%16 elements) to the lanes the kernel returns and folds
+// them. x86quant.go and neonquant.go emit the Q8 and NF4 rows and the
+// dequantization of MatMul's Q8 and NF4 tiles.
 package main
 
 import (

@@ -86,6 +86,10 @@ func neonAll(a *asm) {
 	for _, d := range []dtype{f32, bf16, f16} {
 		neonRows(a, d)
 	}
+	neonQuantRows(a, true)
+	neonQuantRows(a, false)
+	neonQuantDequant(a, true)
+	neonQuantDequant(a, false)
 	neonMM(a)
 	neonWiden(a, bf16)
 	neonWiden(a, f16)

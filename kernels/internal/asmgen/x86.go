@@ -23,6 +23,16 @@ func (k x86) all(a *asm) {
 	for _, d := range []dtype{f32, bf16, f16} {
 		k.rows(a, d)
 	}
+	k.quantRows(a, true)
+	k.quantRows(a, false)
+	k.quantDequant(a, true)
+	k.quantDequant(a, false)
+	nf4Data(a)
+	if k.parts == 1 {
+		nf4Perm512Data(a)
+	} else {
+		nf4Shift256Data(a)
+	}
 	k.mm(a)
 	k.widen(a, bf16)
 	k.widen(a, f16)

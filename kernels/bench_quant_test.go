@@ -1,0 +1,93 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// quantBenchMatrices returns matrices of dt, rows x cols, totalling at
+// least benchSetBytes of stored bytes: 64 rows of N(0, 0.02) weights with
+// outliers, quantized once (F16, Q8, NF4) or rounded (BF16), copied
+// row by row at a shift that differs per matrix.
+func quantBenchMatrices(b *testing.B, dt DType, rows, cols int) []Matrix {
+	const patternRows = 64
+	src, w := quantSource(rand.New(rand.NewPCG(73, 74)), patternRows, cols)
+	var pat Matrix
+	if dt == BF16 {
+		pat = Matrix{DType: BF16, Rows: patternRows, Cols: cols, Data: encode(BF16, w)}
+	} else {
+		pat = mustQuantize(b, dt, src)
+	}
+	rb := dt.RowBytes(cols)
+	size := rows * rb
+	ms := make([]Matrix, (benchSetBytes+size-1)/size)
+	for k := range ms {
+		data := make([]byte, size)
+		for r := range rows {
+			p := (r + 7*k) % patternRows
+			copy(data[r*rb:(r+1)*rb], pat.Data[p*rb:(p+1)*rb])
+		}
+		ms[k] = Matrix{DType: dt, Rows: rows, Cols: cols, Data: data}
+	}
+	return ms
+}
+
+// BenchmarkMatVecQuant streams a Mixtral w2-shaped matrix (4096x14336) in
+// the shadow node's dtypes and BF16, on 1 and 2 goroutines, rotating
+// through >= 512 MiB of stored matrices. SetBytes (MB/s) and "GB/s" count
+// the stored bytes; "eff-GB/s" counts the BF16 bytes of the same weights
+// per second, i.e. how fast the weights are consumed next to BF16.
+func BenchmarkMatVecQuant(b *testing.B) {
+	const rows, cols = 4096, 14336
+	defer SetThreads(SetThreads(0))
+	for _, dt := range []DType{Q8, NF4, F16, BF16} {
+		b.Run(dt.String(), func(b *testing.B) {
+			var ms []Matrix
+			next := 0
+			for _, th := range []int{1, 2} {
+				b.Run(fmt.Sprintf("threads=%d", th), func(b *testing.B) {
+					if ms == nil {
+						ms = quantBenchMatrices(b, dt, rows, cols)
+					}
+					SetThreads(th)
+					x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
+					out := make([]float32, rows)
+					stored := int64(len(ms[0].Data))
+					b.SetBytes(stored)
+					b.ResetTimer()
+					for range b.N {
+						MatVec(out, ms[next%len(ms)], x)
+						next++
+					}
+					secs := b.Elapsed().Seconds()
+					b.ReportMetric(float64(stored)*float64(b.N)/secs/1e9, "GB/s")
+					b.ReportMetric(float64(rows*cols*2)*float64(b.N)/secs/1e9, "eff-GB/s")
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkMatMulQuant applies a 4096x14336 matrix of each dtype to a
+// mini-batch of 16 vectors (the shadow's prefill): each tile is
+// dequantized to float32 once for all vectors.
+func BenchmarkMatMulQuant(b *testing.B) {
+	const rows, cols, n = 4096, 14336, 16
+	for _, dt := range []DType{Q8, NF4, BF16} {
+		b.Run(dt.String(), func(b *testing.B) {
+			src, w := quantSource(rand.New(rand.NewPCG(75, 76)), rows, cols)
+			m := Matrix{DType: BF16, Rows: rows, Cols: cols, Data: encode(BF16, w)}
+			if dt != BF16 {
+				m = mustQuantize(b, dt, src)
+			}
+			x := randVec(rand.New(rand.NewPCG(1, 1)), n*cols)
+			out := make([]float32, n*rows)
+			b.ResetTimer()
+			for range b.N {
+				MatMul(out, m, x, n)
+			}
+			b.ReportMetric(float64(2*rows*cols*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
