@@ -65,8 +65,8 @@ cross:
 clean:
 	rm -rf bin
 
-# The built-in default job: a swarm on this machine (main node and 8
-# workers as separate processes on loopback QUIC with mutual TLS) on a tiny
-# model generated once into the user cache directory.
+# The built-in default job: a swarm on this machine (main node, int8 shadow
+# and 8 workers as separate processes on loopback QUIC with mutual TLS) on
+# a tiny model generated once into the user cache directory.
 demo: build
 	./$(BIN) demo

@@ -32,7 +32,10 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k")
 	prompt := fs.String("prompt", "The quick brown fox", "prompt text")
 	n := fs.Int("n", 32, "tokens to generate")
-	prefetch := fs.String("prefetch", "oracle-next", "loading policy: reactive, oracle-next")
+	prefetch := fs.String("prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
+	quant := fs.String("quant", "int8", "the shadow's weight format: fp16, int8, nf4")
+	alignToken := fs.Int("align-token", 1, "align the shadow's token every T iterations (0 = never)")
+	alignKV := fs.Int("align-kv", 1, "align the shadow's KV cache every K iterations (0 = never)")
 	deviceMem := fs.String("device-mem", "1GiB", "each worker's device memory budget")
 	loadBW := fs.String("load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
 	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: the user cache dir/odmoe)")
@@ -112,7 +115,29 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 			p.Wait()
 		}
 	}()
-	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Msg("swarm started: workers are separate processes on loopback QUIC with mutual TLS")
+	var shadowAddr string
+	if *prefetch == "shadow" {
+		if shadowAddr, err = freeUDPAddr(); err != nil {
+			return err
+		}
+		lf, err := os.Create(filepath.Join(logDir, "shadow.log"))
+		if err != nil {
+			return err
+		}
+		defer lf.Close()
+		cmd := exec.CommandContext(wctx, self, "run", "-role", "shadow", "-model", modelDir, "-quant", *quant,
+			"-listen", shadowAddr, "-workers", strings.Join(addrs, ","), "-group", strconv.Itoa(*group),
+			"-certs", certDir, "-name", "shadow", "-log-level", "warn")
+		cmd.Stdout, cmd.Stderr = lf, lf
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		cmd.WaitDelay = 5 * time.Second
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("starting the shadow: %w", err)
+		}
+		procs = append(procs, cmd)
+	}
+	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Bool("shadow", shadowAddr != "").
+		Msg("swarm started: every node a separate process on loopback QUIC with mutual TLS")
 
 	margs := []string{"run", "-role", "main", "-model", modelDir, "-workers", strings.Join(addrs, ","),
 		"-certs", certDir, "-name", "main", "-prompt", *prompt, "-n", strconv.Itoa(*n), "-prefetch", *prefetch,
@@ -120,15 +145,19 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if *stats != "" {
 		margs = append(margs, "-stats", *stats)
 	}
+	if shadowAddr != "" {
+		margs = append(margs, "-shadow", shadowAddr, "-align-token", strconv.Itoa(*alignToken), "-align-kv", strconv.Itoa(*alignKV))
+	}
 	if lf.json {
 		margs = append(margs, "-log-json")
 	}
 	mainCmd := exec.CommandContext(ctx, self, margs...)
 	mainCmd.Stdout, mainCmd.Stderr = stdout, stderr
 	if err := mainCmd.Run(); err != nil {
-		for i := range procs {
-			if b, rerr := os.ReadFile(filepath.Join(logDir, fmt.Sprintf("w%d.log", i+1))); rerr == nil && len(b) > 0 {
-				fmt.Fprintf(stderr, "--- worker w%d log ---\n%s", i+1, b)
+		logs, _ := filepath.Glob(filepath.Join(logDir, "*.log"))
+		for _, l := range logs {
+			if b, rerr := os.ReadFile(l); rerr == nil && len(b) > 0 {
+				fmt.Fprintf(stderr, "--- %s ---\n%s", filepath.Base(l), b)
 			}
 		}
 		return fmt.Errorf("main node: %w", err)
@@ -187,10 +216,10 @@ func ensureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) 
 	return err
 }
 
-// ensureCerts makes certificates for main and w1..wN, keeping the ones
+// ensureCerts makes certificates for main, shadow and w1..wN, keeping the ones
 // that exist (the CA is reused).
 func ensureCerts(dir string, workers int) error {
-	names := []string{"main"}
+	names := []string{"main", "shadow"}
 	for i := range workers {
 		names = append(names, fmt.Sprintf("w%d", i+1))
 	}

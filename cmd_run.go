@@ -23,6 +23,7 @@ const (
 	roleLocal  = "local"
 	roleMain   = "main"
 	roleWorker = "worker"
+	roleShadow = "shadow"
 )
 
 // runFlags are `odmoe run`'s flags; each role uses its share.
@@ -35,8 +36,11 @@ type runFlags struct {
 	seed                       uint64
 	ignoreEOS                  bool
 	// main
-	workers, prefetch string
-	group, miniBatch  int
+	workers, prefetch, shadow string
+	group, miniBatch          int
+	alignToken, alignKV       int
+	// shadow
+	quant string
 	// worker
 	listen, store, deviceMem, loadBW string
 	// all
@@ -49,7 +53,7 @@ type runFlags struct {
 func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	var f runFlags
 	fs := newFlagSet("run", stderr)
-	fs.StringVar(&f.role, "role", roleLocal, "node role: local (the whole model in one process; the reference the swarm must match), main, worker")
+	fs.StringVar(&f.role, "role", roleLocal, "node role: local (the whole model in one process; the reference the swarm must match), main, worker, shadow")
 	fs.StringVar(&f.model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required)")
 	fs.StringVar(&f.prompt, "prompt", "The capital of France is", "local, main: prompt text")
 	fs.IntVar(&f.n, "n", 64, "local, main: tokens to generate")
@@ -61,9 +65,13 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.stats, "stats", "", "local, main: write the run's figures as JSON to `FILE`")
 	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required)")
 	fs.IntVar(&f.group, "group", 0, "main: workers per group G; 0 = the router's top-k")
-	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed)")
+	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead)")
 	fs.IntVar(&f.miniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:7400", "worker: UDP `ADDR` to listen on")
+	fs.StringVar(&f.shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
+	fs.IntVar(&f.alignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
+	fs.IntVar(&f.alignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
+	fs.StringVar(&f.quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
 	fs.StringVar(&f.store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required)")
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.loadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
@@ -91,8 +99,10 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return runMain(ctx, &f, stdout, log)
 	case roleWorker:
 		return runWorker(ctx, &f, log)
+	case roleShadow:
+		return runShadow(ctx, &f, log)
 	}
-	return usagef("-role %q unknown: local, main or worker", f.role)
+	return usagef("-role %q unknown: local, main, worker or shadow", f.role)
 }
 
 // checkGenerate validates the flags local and main share.
@@ -121,7 +131,7 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 		Int("experts", c.NumExperts).Int("top_k", c.TopK).
 		Str("non_expert", bytesString(m.NonExpertBytes())).Str("experts_bytes", bytesString(m.ExpertBytes())).
 		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
-	st, err := generateText(ctx, f, m, model.NewResidentExperts(m), stdout)
+	st, err := generateText(ctx, f, m, model.NewResidentExperts(m), nil, stdout)
 	if err != nil {
 		return err
 	}
@@ -130,7 +140,7 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 
 // generateText encodes the prompt, generates with runner, streams the text
 // to stdout, writes -dump files, and prints the summary line.
-func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model.ExpertRunner, stdout io.Writer) (model.GenerateStats, error) {
+func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model.ExpertRunner, before func(s *model.Session, step int, tokens []int) error, stdout io.Writer) (model.GenerateStats, error) {
 	tok, err := tokenizer.LoadDir(f.model)
 	if err != nil {
 		return model.GenerateStats{}, err
@@ -159,10 +169,15 @@ func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model
 	out.Flush()
 	stream := tok.NewStreamDecoder()
 	sess := model.NewSession(m, runner, len(ids)+f.n)
+	var hook func(int, []int) error
+	if before != nil {
+		hook = func(step int, tokens []int) error { return before(sess, step, tokens) }
+	}
 	gen, st, err := model.Generate(ctx, sess, ids, model.GenerateOptions{
-		MaxTokens: f.n,
-		Sampler:   model.NewSampler(f.temp, f.topP, f.seed),
-		StopAtEOS: !f.ignoreEOS,
+		MaxTokens:     f.n,
+		BeforeForward: hook,
+		Sampler:       model.NewSampler(f.temp, f.topP, f.seed),
+		StopAtEOS:     !f.ignoreEOS,
 		OnToken: func(step, id int, lg []float32) error {
 			if logits != nil {
 				if err := logits.Append(lg); err != nil {

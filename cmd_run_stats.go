@@ -35,8 +35,13 @@ type RunStats struct {
 	PrefillLayers []LayerStatsJSON `json:"prefill_layers,omitempty"`
 	// Iterations are summed over each forward pass's layers; "layer"
 	// holds the iteration (1 = the prompt).
-	Iterations []LayerStatsJSON  `json:"iterations,omitempty"`
-	Extra      map[string]string `json:"extra,omitempty"`
+	Iterations []LayerStatsJSON `json:"iterations,omitempty"`
+	// Recall is OD-MoE eq. (3) over the run, RecallByToken eq. (2) per
+	// output token; LateDepartureMs is the shadow's alignment delay per
+	// decode iteration. Absent without a shadow.
+	Recall          *float64  `json:"recall,omitempty"`
+	RecallByToken   []float64 `json:"recall_by_token,omitempty"`
+	LateDepartureMs []float64 `json:"late_departure_ms,omitempty"`
 }
 
 // LayerStatsJSON is one layer's sums, in milliseconds.
@@ -104,6 +109,13 @@ func (rs *RunStats) addWorkers(ms []wire.Metrics) {
 	}
 }
 
+// addShadow records the shadow's recall and late departures.
+func (rs *RunStats) addShadow(sh mainnode.ShadowStats) {
+	rs.Recall = &sh.Recall
+	rs.RecallByToken = sh.RecallByToken
+	rs.LateDepartureMs = sh.LateDepartureMs
+}
+
 func writeStats(path string, rs RunStats) error {
 	if path == "" {
 		return nil
@@ -124,6 +136,16 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *mainnode.Stats) {
 		per := func(d time.Duration) float64 { return ms(d) / float64(dec.Calls) }
 		fmt.Fprintf(w, "per decode layer: main %.2f ms, experts %.2f ms (worker %.2f, network %.2f, stall %.2f), load %.2f ms\n",
 			per(dec.Main), per(dec.Experts), per(dec.Worker), per(dec.Network), per(dec.Stall), per(dec.Load))
+	}
+	if rs.Recall != nil {
+		var late float64
+		for _, l := range rs.LateDepartureMs {
+			late += l
+		}
+		if n := len(rs.LateDepartureMs); n > 0 {
+			late /= float64(n)
+		}
+		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration\n", 100**rs.Recall, len(rs.RecallByToken), late)
 	}
 	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)\n",
 		bytesString(rs.PeakMemory["main"]), bytesString(rs.PeakMemory["worker_device"]), bytesString(rs.PeakMemory["worker_rss"]))

@@ -8,9 +8,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/odmoe/odmoe/worker"
@@ -50,21 +54,138 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	log.Info().Str("model", f.model).Str("holds", bytesString(m.NonExpertBytes())).Int("workers", len(addrs)).
 		Int("groups", layout.Groups()).Str("prefetch", string(policy)).Dur("load", time.Since(t0)).
 		Msg("main node: non-expert weights mapped")
-	sw, err := mainnode.Dial(ctx, addrs, cfg, mainnode.Options{
-		Layout: layout, Prefetch: policy, MiniBatch: f.miniBatch, Hidden: m.Config.HiddenSize, Log: log})
+	opt := mainnode.Options{
+		Layout: layout, Prefetch: policy, MiniBatch: f.miniBatch, Hidden: m.Config.HiddenSize, Log: log,
+		Align:  align.Policy{TokenPeriod: f.alignToken, KVPeriod: f.alignKV},
+		Layers: m.Config.NumLayers, Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: f.seed,
+	}
+	switch {
+	case policy == mainnode.Shadow && f.shadow == "":
+		return usagef("-prefetch shadow needs -shadow ADDR")
+	case policy != mainnode.Shadow && f.shadow != "":
+		return usagef("-shadow is only used with -prefetch shadow")
+	case policy == mainnode.Shadow:
+		if err := opt.Align.Validate(); err != nil {
+			return usagef("%v", err)
+		}
+		scfg := *cfg
+		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
+		scfg.DialAttempts, scfg.MaxDialBackoff = 120, time.Second // the shadow may still be quantizing
+		if opt.Shadow, err = wire.Dial(ctx, f.shadow, &scfg); err != nil {
+			return fmt.Errorf("dialing the shadow: %w", err)
+		}
+		defer opt.Shadow.Close()
+	}
+	sw, err := mainnode.Dial(ctx, addrs, cfg, opt)
 	if err != nil {
 		return err
 	}
 	defer sw.Close()
-	log.Info().Msg("all workers connected")
-	st, err := generateText(ctx, f, m, sw, stdout)
+	log.Info().Str("align", opt.Align.String()).Msg("all workers connected")
+	st, err := generateText(ctx, f, m, sw, func(s *model.Session, step int, tokens []int) error {
+		return sw.BeforeForward(ctx, step, tokens, s.Cache())
+	}, stdout)
 	if err != nil {
 		return err
 	}
 	rs := runStats(st, sw.Stats())
 	rs.addWorkers(sw.WorkerMetrics(ctx, 5*time.Second))
+	if sh, ok := sw.ShadowStats(10 * time.Second); ok {
+		rs.addShadow(sh)
+	}
 	printSwarmSummary(stdout, rs, sw.Stats())
 	return writeStats(f.stats, rs)
+}
+
+func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
+	if f.model == "" {
+		return usagef("-model is required for -role shadow")
+	}
+	if f.workers == "" {
+		return usagef("-workers is required for -role shadow (the same list, in the same order, as the main node's)")
+	}
+	dt, err := parseQuant(f.quant)
+	if err != nil {
+		return usagef("-quant: %v", err)
+	}
+	cfg, err := f.cluster.config(wire.RoleShadow, log)
+	if err != nil {
+		return err
+	}
+	full, err := model.Load(f.model, model.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	defer full.Close()
+	addrs := strings.Split(f.workers, ",")
+	group := f.group
+	if group == 0 {
+		group = full.Config.TopK
+	}
+	layout, err := sched.NewLayout(len(addrs), group)
+	if err != nil {
+		return usagef("-workers/-group: %v", err)
+	}
+	t0 := time.Now()
+	bar := progress.New("quantize "+f.quant, full.NonExpertBytes()+full.ExpertBytes())
+	qm, err := full.Quantized(dt, func(done, total int64) { bar.Set(done) })
+	bar.Finish()
+	if err != nil {
+		return err
+	}
+	log.Info().Str("quant", f.quant).Str("holds", bytesString(qm.NonExpertBytes()+qm.ExpertBytes())).
+		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
+	wcfg := *cfg
+	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
+	var peers []*wire.Peer
+	for _, a := range addrs {
+		p, err := wire.Dial(ctx, a, &wcfg)
+		if err != nil {
+			return fmt.Errorf("dialing worker %s: %w", a, err)
+		}
+		defer p.Close()
+		peers = append(peers, p)
+	}
+	node, err := shadow.NewNode(qm, peers, layout, log)
+	if err != nil {
+		return err
+	}
+	mcfg := *cfg
+	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
+	ln, err := wire.Listen(ctx, f.listen, &mcfg)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(peers)).Msg("shadow ready")
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		err = node.ServeMain(ctx, p)
+		p.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Info().Err(err).Msg("main node gone; waiting for the next")
+	}
+}
+
+// parseQuant maps -quant onto a weight format.
+func parseQuant(s string) (kernels.DType, error) {
+	switch s {
+	case "fp16":
+		return kernels.F16, nil
+	case "int8":
+		return kernels.Q8, nil
+	case "nf4":
+		return kernels.NF4, nil
+	}
+	return 0, fmt.Errorf("%q unknown: fp16, int8 or nf4", s)
 }
 
 func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {

@@ -172,6 +172,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-role", "worker", "-store", "x", "-device-mem", "lots"}, 2, `-device-mem "lots"`},
 		{[]string{"run", "-role", "main", "-model", "x"}, 2, "-workers is required"},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-prefetch", "psychic"}, 2, `prefetch policy "psychic" unknown`},
+		{[]string{"run", "-role", "shadow", "-model", "x"}, 2, "-workers is required for -role shadow"},
+		{[]string{"run", "-role", "shadow", "-model", "x", "-workers", "a:1", "-quant", "int3"}, 2, `-quant: "int3" unknown`},
 		{[]string{"run", "-model", "/does/not/exist"}, 1, "no such file"},
 		{[]string{"gen-tiny", "-out", "/tmp/x", "-preset", "huge"}, 1, `unknown preset "huge"`},
 		{[]string{"tokenize"}, 2, "-tokenizer or -model is required"},

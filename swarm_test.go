@@ -34,7 +34,7 @@ func newSwarmFixture(t *testing.T, workers int) swarmFixture {
 	if err := store.Convert(context.Background(), f.modelDir, f.storeDir, store.ConvertOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	nodes := "main"
+	nodes := "main,shadow"
 	for i := range workers {
 		nodes += fmt.Sprintf(",w%d", i+1)
 	}
@@ -52,6 +52,7 @@ func newSwarmFixture(t *testing.T, workers int) swarmFixture {
 // mutual TLS; it returns their addresses.
 func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budget int64) []string {
 	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
 	var addrs []string
 	var wg sync.WaitGroup
 	for i := range n {
@@ -85,7 +86,7 @@ func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budg
 			st.Close()
 		})
 	}
-	t.Cleanup(wg.Wait)
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	return addrs
 }
 
@@ -99,8 +100,13 @@ func generate(t *testing.T, m *model.Model, runner model.ExpertRunner, prompt []
 	t.Helper()
 	var g generation
 	s := model.NewSession(m, runner, len(prompt)+n)
+	var before func(int, []int) error
+	if sw, ok := runner.(*mainnode.Swarm); ok {
+		before = func(step int, toks []int) error { return sw.BeforeForward(context.Background(), step, toks, s.Cache()) }
+	}
 	ids, _, err := model.Generate(context.Background(), s, prompt, model.GenerateOptions{
-		MaxTokens: n,
+		MaxTokens:     n,
+		BeforeForward: before,
 		OnToken: func(step, id int, logits []float32) error {
 			g.logits = append(g.logits, append([]float32(nil), logits...))
 			return nil
@@ -154,55 +160,84 @@ func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 	const steps = 6
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 
-	certs, err := wire.LoadCerts(f.certs, "main")
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, workers := range []int{2, 4, 8} {
-		for _, policy := range mainnode.Prefetches {
+		for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext, mainnode.Random} {
 			t.Run(fmt.Sprintf("%dworkers/%s", workers, policy), func(t *testing.T) {
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				addrs := startWorkers(t, ctx, f, workers, 64<<20)
-				layout, _ := sched.NewLayout(workers, 2)
-				sw, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop()}, mainnode.Options{
-					Layout: layout, Prefetch: policy, MiniBatch: 4, Hidden: mainModel.Config.HiddenSize, Log: zerolog.Nop()})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer sw.Close()
+				sw := dialSwarm(t, f, workers, mainnode.Options{Prefetch: policy}, nil)
 				got := generate(t, mainModel, sw, prompt, steps)
 				if d := diffGenerations(got, want); d != "" {
 					t.Fatalf("swarm differs from local: %s", d)
 				}
-				dec := mainnode.Total(sw.Stats().Decode)
-				if dec.Results == 0 || dec.Loads == 0 {
-					t.Fatalf("decode stats empty: %+v", dec)
-				}
-				// reactive: nothing is hinted in decode, every load is a miss;
-				// oracle-next: every expert is hinted before it is needed
-				switch policy {
-				case mainnode.Reactive:
-					if dec.Misses != dec.Results {
-						t.Errorf("reactive: %d misses of %d results", dec.Misses, dec.Results)
-					}
-				case mainnode.OracleNext:
-					if dec.Misses != 0 {
-						t.Errorf("oracle-next: %d misses", dec.Misses)
-					}
-				}
-				if its := sw.Stats().Iterations; len(its) != steps || its[0].Calls != int64(mainModel.Config.NumLayers) {
-					t.Errorf("%d iterations recorded (want %d), first with %d layer calls", len(its), steps, its[0].Calls)
-				}
-				if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
-					t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
-				}
-				for i, m := range sw.WorkerMetrics(ctx, 5e9) {
-					if m == nil || m["device_peak_bytes"] > m["device_budget_bytes"] || m["device_in_use_bytes"] != 0 {
-						t.Errorf("worker %d metrics %v", i, m)
-					}
-				}
+				checkSwarmStats(t, sw, policy, steps, mainModel.Config.NumLayers)
 			})
+		}
+	}
+}
+
+// dialSwarm starts workers in this process and dials them as the main
+// node; sh, if set, is a shadow to connect. Options' layout (groups of 2),
+// sizes and logger are filled in.
+func dialSwarm(t *testing.T, f swarmFixture, workers int, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	addrs := startWorkers(t, ctx, f, workers, 64<<20)
+	cfg, err := model.LoadConfig(f.modelDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := wire.LoadCerts(f.certs, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Layout, _ = sched.NewLayout(workers, 2)
+	opt.MiniBatch, opt.Hidden, opt.Log = 4, cfg.HiddenSize, zerolog.Nop()
+	opt.Layers, opt.Experts, opt.TopK, opt.Seed = cfg.NumLayers, cfg.NumExperts, cfg.TopK, 1
+	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
+	if sh != nil {
+		saddr := startShadow(t, ctx, f, sh.quant, addrs, opt.Layout)
+		scfg := *mcfg
+		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
+		if opt.Shadow, err = wire.Dial(ctx, saddr, &scfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw, err := mainnode.Dial(ctx, addrs, mcfg, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sw.Close() })
+	return sw
+}
+
+// checkSwarmStats checks the figures a run must have produced.
+func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch, steps, layers int) {
+	t.Helper()
+	dec := mainnode.Total(sw.Stats().Decode)
+	if dec.Results == 0 || dec.Loads == 0 {
+		t.Fatalf("decode stats empty: %+v", dec)
+	}
+	// reactive: nothing is hinted in decode, every load is a miss;
+	// oracle-next: every expert is hinted before it is needed
+	switch policy {
+	case mainnode.Reactive:
+		if dec.Misses != dec.Results {
+			t.Errorf("reactive: %d misses of %d results", dec.Misses, dec.Results)
+		}
+	case mainnode.OracleNext:
+		if dec.Misses != 0 {
+			t.Errorf("oracle-next: %d misses", dec.Misses)
+		}
+	}
+	if its := sw.Stats().Iterations; len(its) != steps || its[0].Calls != int64(layers) {
+		t.Errorf("%d iterations recorded (want %d), first with %d layer calls", len(its), steps, its[0].Calls)
+	}
+	if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
+		t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
+	}
+	for i, m := range sw.WorkerMetrics(context.Background(), 5e9) {
+		if m == nil || m["device_peak_bytes"] > m["device_budget_bytes"] || m["device_in_use_bytes"] != 0 {
+			t.Errorf("worker %d metrics %v", i, m)
 		}
 	}
 }

@@ -17,10 +17,17 @@ const (
 	// has chosen, just before the activation: it exercises the hint path
 	// with always-correct predictions and no lookahead.
 	OracleNext Prefetch = "oracle-next"
+	// Shadow loads on the shadow node's predictions (SEP); a wrong one is
+	// reloaded on demand and counted as a miss (ablation cases 1-4, with
+	// the alignment periods).
+	Shadow Prefetch = "shadow"
+	// Random hints each layer's group with random experts one layer ahead
+	// (ablation case 5).
+	Random Prefetch = "random"
 )
 
 // Prefetches lists the policies this build knows.
-var Prefetches = []Prefetch{Reactive, OracleNext}
+var Prefetches = []Prefetch{Reactive, OracleNext, Shadow, Random}
 
 // ParsePrefetch checks a -prefetch value.
 func ParsePrefetch(s string) (Prefetch, error) {

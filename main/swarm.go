@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
@@ -30,6 +33,15 @@ type Options struct {
 	MiniBatch int // prefill tokens per activation; 0: DefaultMiniBatch
 	Hidden    int // the model's hidden size
 	Log       zerolog.Logger
+
+	// Shadow is the connection to the shadow node (-prefetch shadow).
+	Shadow *wire.Peer
+	// Align is when the shadow is re-aligned (-align-token, -align-kv).
+	Align align.Policy
+	// Layers, Experts and TopK size the recall scorer and the random policy.
+	Layers, Experts, TopK int
+	// Seed drives -prefetch random.
+	Seed uint64
 }
 
 // Swarm runs experts on remote workers: the model.ExpertRunner of the main
@@ -38,6 +50,9 @@ type Options struct {
 type Swarm struct {
 	opt     Options
 	workers []*link
+	shadow  *shadowLink
+	rng     *rand.Rand
+	random  map[int]map[int]int // -prefetch random: layer -> expert -> worker hinted
 	nextID  atomic.Uint64
 	iter    int64
 	mark    time.Time // end of the last RunExperts: main compute starts
@@ -58,6 +73,25 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		opt.MiniBatch = DefaultMiniBatch
 	}
 	s := &Swarm{opt: opt}
+	switch opt.Prefetch {
+	case Shadow:
+		if opt.Shadow == nil {
+			return nil, fmt.Errorf("mainnode: -prefetch shadow needs a shadow node")
+		}
+		if opt.Shadow.Identity().Role != wire.RoleShadow {
+			return nil, fmt.Errorf("mainnode: %s is a %s, not a shadow", opt.Shadow.Identity().Name, opt.Shadow.Identity().Role)
+		}
+		if err := opt.Align.Validate(); err != nil {
+			return nil, err
+		}
+		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers)
+	case Random:
+		if opt.Layers <= 0 || opt.TopK <= 0 || opt.Experts < opt.TopK {
+			return nil, fmt.Errorf("mainnode: -prefetch random needs the model's layers and top-k")
+		}
+		s.rng = rand.New(rand.NewPCG(opt.Seed, 0x72616e64))
+		s.random = map[int]map[int]int{}
+	}
 	for i, p := range peers {
 		if p.Identity().Role != wire.RoleWorker {
 			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
@@ -106,7 +140,20 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 		}
 	}
 	slices.Sort(s.experts)
-	s.assign = s.opt.Layout.Assign(s.assign[:0], layer, s.experts, prefill)
+	switch {
+	case prefill || (s.shadow == nil && s.random == nil):
+		s.assign = s.opt.Layout.Assign(s.assign[:0], layer, s.experts, prefill)
+	case s.shadow != nil:
+		pred := s.shadow.routed(s.iter, layer, s.experts)
+		hinted := make(map[int]int, len(pred))
+		for i, e := range pred {
+			hinted[e] = s.opt.Layout.DecodeWorker(layer, i)
+		}
+		s.assign = s.opt.Layout.PlaceDecode(s.assign[:0], layer, s.experts, hinted)
+	default: // random
+		s.assign = s.opt.Layout.PlaceDecode(s.assign[:0], layer, s.experts, s.random[layer])
+		delete(s.random, layer)
+	}
 
 	if err := s.hint(ctx, layer, prefill); err != nil {
 		return err
@@ -133,6 +180,25 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 		for i, e := range s.experts {
 			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
 		}
+	case s.opt.Prefetch == Random:
+		// random experts for the next layer, to its group
+		next := (layer + 1) % s.opt.Layers
+		es := s.rng.Perm(s.opt.Experts)[:s.opt.TopK]
+		slices.Sort(es)
+		hinted := map[int]int{}
+		nper := map[int][]int32{}
+		for i, e := range es {
+			w := s.opt.Layout.DecodeWorker(next, i)
+			hinted[e] = w
+			nper[w] = append(nper[w], int32(e))
+		}
+		s.random[next] = hinted
+		for w, es := range nper {
+			if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: next, Experts: es}); err != nil {
+				return s.workerErr(w, err)
+			}
+		}
+		return nil
 	default:
 		return nil
 	}
@@ -186,6 +252,14 @@ func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route,
 				reqs = append(reqs, r)
 			}
 		}
+	}
+	// each worker's last request of the layer ends the layer there
+	last := map[int]*request{}
+	for _, r := range reqs {
+		last[r.worker] = r
+	}
+	for _, r := range last {
+		r.msg.EndLayer = true
 	}
 	for _, r := range reqs {
 		r.msg.ID = s.nextID.Add(1)
@@ -277,4 +351,23 @@ func (s *Swarm) Close() error {
 		errs = append(errs, l.peer.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// BeforeForward is the generation hook (model.GenerateOptions) that departs
+// and aligns the shadow for the forward pass of step; a no-op without one.
+func (s *Swarm) BeforeForward(ctx context.Context, step int, tokens []int, cache *kvcache.Cache) error {
+	if s.shadow == nil {
+		return nil
+	}
+	return s.shadow.start(ctx, step, tokens, cache)
+}
+
+// ShadowStats waits (up to timeout) for the shadow to finish the last
+// iteration run and returns its recall and late departures; ok is false
+// without a shadow.
+func (s *Swarm) ShadowStats(timeout time.Duration) (st ShadowStats, ok bool) {
+	if s.shadow == nil {
+		return st, false
+	}
+	return s.shadow.stats(s.iter, timeout), true
 }

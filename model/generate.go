@@ -42,6 +42,10 @@ type GenerateOptions struct {
 	// sampled from: step 0 is the logits after the prompt, step i those
 	// after the i-th generated token. logits is reused after it returns.
 	OnToken func(step, id int, logits []float32) error
+	// BeforeForward, if set, sees the tokens of every forward pass just
+	// before it starts: step 0 feeds the prompt, step i the i-th generated
+	// token. The main node uses it to start (and re-align) the shadow.
+	BeforeForward func(step int, tokens []int) error
 }
 
 // Generate runs the prompt through s, then samples up to opt.MaxTokens
@@ -56,6 +60,15 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 		sampler = NewSampler(0, 0, 0)
 	}
 	var out []int
+	before := func(step int, tokens []int) error {
+		if opt.BeforeForward == nil {
+			return nil
+		}
+		return opt.BeforeForward(step, tokens)
+	}
+	if err := before(0, prompt); err != nil {
+		return nil, st, err
+	}
 	t0 := time.Now()
 	logits, err := s.Forward(ctx, prompt)
 	st.Prefill = time.Since(t0)
@@ -65,6 +78,9 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 	t1 := time.Now()
 	for step := 0; step < opt.MaxTokens; step++ {
 		if step > 0 {
+			if err := before(step, out[len(out)-1:]); err != nil {
+				return out, st, err
+			}
 			if logits, err = s.Forward(ctx, out[len(out)-1:]); err != nil {
 				return out, st, err
 			}

@@ -60,3 +60,41 @@ func (l Layout) Assign(dst []int, layer int, experts []int, prefill bool) []int 
 	}
 	return dst
 }
+
+// PlaceDecode appends to dst the worker for each of experts (distinct,
+// sorted) of a decode step of layer, keeping an expert on the worker that
+// was told to load it (hinted: expert -> worker, from the shadow's
+// prediction) when that worker is in the layer's group, and giving the
+// others the group's remaining workers in order. So a correct prediction
+// is a hit wherever the shadow placed it, and only a wrong one loads.
+func (l Layout) PlaceDecode(dst []int, layer int, experts []int, hinted map[int]int) []int {
+	g := l.GroupOf(layer)
+	inGroup := func(w int) bool { return w/l.Group == g }
+	taken := make(map[int]int, len(experts)) // worker -> experts placed on it
+	start := len(dst)
+	for _, e := range experts {
+		w, ok := hinted[e]
+		if !ok || !inGroup(w) {
+			w = -1
+		} else {
+			taken[w]++
+		}
+		dst = append(dst, w)
+	}
+	// the rest round robin over the group, least loaded first
+	for i, w := range dst[start:] {
+		if w >= 0 {
+			continue
+		}
+		best := -1
+		for j := range l.Group {
+			cand := g*l.Group + j
+			if best < 0 || taken[cand] < taken[best] {
+				best = cand
+			}
+		}
+		dst[start+i] = best
+		taken[best]++
+	}
+	return dst
+}

@@ -41,3 +41,23 @@ func TestPrefillSpreadsExpertsOverAllWorkers(t *testing.T) {
 		t.Fatalf("prefill workers %v", got)
 	}
 }
+
+func TestPlaceDecodeKeepsHintedExpertsWhereTheyWereLoaded(t *testing.T) {
+	l, _ := NewLayout(4, 2) // layer 1 -> group 1 = workers {2, 3}
+	cases := []struct {
+		experts []int
+		hinted  map[int]int
+		want    []int
+	}{
+		{[]int{2, 5}, map[int]int{2: 2, 5: 3}, []int{2, 3}}, // right prediction
+		{[]int{1, 2}, map[int]int{2: 2, 5: 3}, []int{3, 2}}, // 2 stays on w2, 1 takes the free w3
+		{[]int{1, 6}, map[int]int{2: 2, 5: 3}, []int{2, 3}}, // all wrong: in order
+		{[]int{2, 5}, map[int]int{2: 0, 5: 3}, []int{2, 3}}, // a hint outside the group is ignored
+		{[]int{3, 4}, nil, []int{2, 3}},
+	}
+	for _, c := range cases {
+		if got := l.PlaceDecode(nil, 1, c.experts, c.hinted); !slices.Equal(got, c.want) {
+			t.Errorf("experts %v hinted %v: workers %v, want %v", c.experts, c.hinted, got, c.want)
+		}
+	}
+}

@@ -105,6 +105,10 @@ type Activation struct {
 	// Keep leaves the experts resident after computing (a prefill
 	// mini-batch with more to come); otherwise they are evicted at once.
 	Keep bool
+	// EndLayer marks the last activation the worker gets for Layer in this
+	// iteration: it also evicts what it loaded for the layer on a wrong
+	// prediction, before answering.
+	EndLayer bool
 }
 
 // ExpertResult is a worker's answer to an Activation: one expert's output.
@@ -132,6 +136,9 @@ type Alignment struct {
 	FromPos   int
 	Keys      []Tensor // one per layer, or none for a token-only alignment
 	Values    []Tensor // as Keys
+	// Prompt, when set, starts a new sequence: the shadow resets and runs
+	// these tokens as its prefill (Iteration 1).
+	Prompt []int32
 }
 
 // ChunkRequest asks a remote expert store for one chunk of one tensor of

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/procmem"
@@ -20,11 +22,29 @@ import (
 type Server struct {
 	engine *Engine
 	log    zerolog.Logger
+
+	mu   sync.Mutex
+	done map[int]int64 // layer -> the last iteration that ended it here
+	late atomic.Int64  // predictions that arrived after their layer ran
 }
 
 // NewServer serves engine.
 func NewServer(engine *Engine, log zerolog.Logger) *Server {
-	return &Server{engine: engine, log: log}
+	return &Server{engine: engine, log: log, done: map[int]int64{}}
+}
+
+// ran reports whether layer of iteration it has already ended here.
+func (s *Server) ran(it int64, layer int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last, ok := s.done[layer]
+	return ok && it <= last
+}
+
+func (s *Server) ended(it int64, layer int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done[layer] = max(s.done[layer], it)
 }
 
 // Serve accepts peers on ln until ctx ends, serving each on its own
@@ -82,6 +102,11 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		}
 		switch m := m.(type) {
 		case *wire.Prediction:
+			if s.ran(m.Iteration, m.Layer) {
+				// the layer has run here already: loading now only wastes memory
+				s.late.Add(1)
+				continue
+			}
 			experts := make([]int, len(m.Experts))
 			for i, e := range m.Experts {
 				experts[i] = int(e)
@@ -124,8 +149,12 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 		out = make([]float32, len(x))
 	}
 	out = out[:len(x)]
-	for _, e := range a.Experts {
+	for i, e := range a.Experts {
 		res, err := s.engine.Run(ctx, a.Layer, int(e), x, a.Tokens, out, !a.Keep)
+		if a.EndLayer && i == len(a.Experts)-1 {
+			s.ended(a.Iteration, a.Layer)
+			s.engine.Evict(a.Layer) // wrong predictions for this layer: wasted, counted
+		}
 		if err != nil {
 			fail(int(e), requestCode(err), err)
 			continue
@@ -164,6 +193,7 @@ func (s *Server) Metrics() wire.Metrics {
 		"device_peak_bytes":   float64(a.Peak()),
 		"device_in_use_bytes": float64(a.InUse()),
 		"rss_peak_bytes":      float64(procmem.PeakRSS()),
+		"late_predictions":    float64(s.late.Load()),
 	}
 }
 

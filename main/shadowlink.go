@@ -1,0 +1,169 @@
+package mainnode
+
+import (
+	"context"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/kvcache"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// shadowLink is the main node's side of the shadow: it starts and aligns
+// the shadow's iterations and collects its predictions, which it scores
+// against the real routing (align.Recall) and hands to placement.
+type shadowLink struct {
+	peer   *wire.Peer
+	policy align.Policy
+	lastKV int // cache positions already sent
+
+	mu       sync.Mutex
+	pred     map[[2]int64][]int // (iteration, layer) -> predicted experts, sorted
+	actual   map[[2]int64][]int // routing awaiting its prediction, for scoring
+	recall   *align.Recall
+	late     []float64 // late-departure ms per decode iteration (index: iteration-2)
+	done     int64     // the last iteration the shadow finished
+	received chan struct{}
+}
+
+func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int) *shadowLink {
+	sl := &shadowLink{peer: p, policy: policy, pred: map[[2]int64][]int{}, actual: map[[2]int64][]int{},
+		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1)}
+	go sl.receive()
+	return sl
+}
+
+func (sl *shadowLink) receive() {
+	for {
+		m, err := sl.peer.Recv(context.Background())
+		if err != nil {
+			return
+		}
+		switch m := m.(type) {
+		case *wire.Prediction:
+			es := make([]int, len(m.Experts))
+			for i, e := range m.Experts {
+				es[i] = int(e)
+			}
+			slices.Sort(es)
+			key := [2]int64{m.Iteration, int64(m.Layer)}
+			sl.mu.Lock()
+			sl.pred[key] = es
+			if act, ok := sl.actual[key]; ok {
+				sl.score(key, es, act)
+			}
+			sl.mu.Unlock()
+		case *wire.Heartbeat:
+			if it := int(m.Stats["iteration"]); it >= 2 {
+				sl.mu.Lock()
+				for len(sl.late) < it-1 {
+					sl.late = append(sl.late, 0)
+				}
+				sl.late[it-2] = m.Stats["late_departure_ms"]
+				sl.done = max(sl.done, int64(it))
+				sl.mu.Unlock()
+				select {
+				case sl.received <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// score records one (iteration, layer); decode iteration i+1 produces
+// output token i+1 in the paper's numbering (iteration 1 is the prompt).
+func (sl *shadowLink) score(key [2]int64, pred, actual []int) {
+	sl.recall.Observe(0, int(key[0]-1), int(key[1]), pred, actual)
+	delete(sl.actual, key)
+}
+
+// routed tells the link the real routing of a decode layer; it returns the
+// shadow's prediction if it has arrived (nil otherwise).
+func (sl *shadowLink) routed(it int64, layer int, experts []int) []int {
+	key := [2]int64{it, int64(layer)}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	pred, ok := sl.pred[key]
+	if ok {
+		sl.score(key, pred, experts)
+		delete(sl.pred, key)
+	} else {
+		sl.actual[key] = slices.Clone(experts)
+	}
+	return pred
+}
+
+// start sends the alignment that departs the shadow on the forward pass
+// of step (0: the prompt, which also resets it): the token every
+// TokenPeriod steps and the KV rows written since the last KV alignment
+// every KVPeriod steps.
+func (sl *shadowLink) start(ctx context.Context, step int, tokens []int, cache *kvcache.Cache) error {
+	a := &wire.Alignment{Iteration: int64(step + 1), Token: -1}
+	if step == 0 {
+		a.Prompt = make([]int32, len(tokens))
+		for i, t := range tokens {
+			a.Prompt[i] = int32(t)
+		}
+		sl.lastKV = len(tokens)
+		return sl.peer.Send(ctx, a)
+	}
+	if sl.policy.TokenDue(int64(step)) {
+		a.Token = int32(tokens[0])
+	}
+	if sl.policy.KVDue(int64(step)) && cache.Len() > sl.lastKV {
+		kv, err := align.PackKV(cache, sl.lastKV, cache.Len())
+		if err != nil {
+			return err
+		}
+		a.FromPos = kv.From
+		for l := range kv.Keys {
+			a.Keys = append(a.Keys, f16Tensor(kv.Keys[l], kv.Rows, kv.Width))
+			a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
+		}
+		sl.lastKV = cache.Len()
+	}
+	return sl.peer.Send(ctx, a)
+}
+
+func f16Tensor(v []uint16, rows, width int) wire.Tensor {
+	b := make([]byte, 2*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint16(b[2*i:], x)
+	}
+	return wire.Tensor{DType: wire.F16, Shape: []int{rows, width}, Data: b}
+}
+
+// ShadowStats are the shadow's figures for the run summary.
+type ShadowStats struct {
+	Recall          float64   // eq. (3)
+	RecallByToken   []float64 // eq. (2), output token 1..N
+	LateDepartureMs []float64 // per decode iteration
+}
+
+// stats waits (up to timeout) for the shadow to finish iteration last,
+// so that its last predictions are scored, and returns its figures.
+func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		sl.mu.Lock()
+		finished := sl.done >= last
+		sl.mu.Unlock()
+		if finished {
+			break
+		}
+		select {
+		case <-sl.received:
+			continue
+		case <-deadline.C:
+		}
+		break
+	}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	return ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late)}
+}

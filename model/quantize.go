@@ -1,0 +1,103 @@
+package model
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/odmoe/odmoe/kernels"
+)
+
+// Quantized returns a copy of m whose matrices are quantized to dt (F16,
+// Q8 or NF4): the shadow node's model. The routers are kept at F16 at
+// most (they are tiny and they are what the shadow predicts with), the
+// embedding stays as stored (it is read a row at a time, not streamed),
+// and norms stay float32. progress, if set, sees bytes of source weights
+// done and the total. The copy owns its memory; m must stay open only
+// for the embedding it shares.
+func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*Model, error) {
+	switch dt {
+	case kernels.F16, kernels.Q8, kernels.NF4:
+	default:
+		return nil, fmt.Errorf("model: quantize to %v: want F16, Q8 or NF4", dt)
+	}
+	q := *m
+	q.Layers = make([]Layer, len(m.Layers))
+	type job struct {
+		dst    *kernels.Matrix
+		src    kernels.Matrix
+		dt     kernels.DType
+		expert bool
+	}
+	var jobs []job
+	add := func(dst *kernels.Matrix, src kernels.Matrix, dt kernels.DType) {
+		jobs = append(jobs, job{dst, src, dt, false})
+	}
+	routerDT := kernels.F16
+	add(&q.LMHead, m.LMHead, dt)
+	for l := range m.Layers {
+		src, dst := &m.Layers[l], &q.Layers[l]
+		*dst = *src
+		add(&dst.Q, src.Q, dt)
+		add(&dst.K, src.K, dt)
+		add(&dst.V, src.V, dt)
+		add(&dst.O, src.O, dt)
+		add(&dst.Router, src.Router, routerDT)
+		if src.Experts != nil {
+			dst.Experts = make([]Expert, len(src.Experts))
+			for e := range src.Experts {
+				ex, sx := &dst.Experts[e], src.Experts[e]
+				jobs = append(jobs, job{&ex.Gate, sx.Gate, dt, true}, job{&ex.Up, sx.Up, dt, true}, job{&ex.Down, sx.Down, dt, true})
+			}
+		}
+	}
+	var total, done int64
+	for _, j := range jobs {
+		total += int64(len(j.src.Data))
+	}
+	// Quantize parallelises inside a matrix; a few matrices at once keep
+	// the cores busy on the small ones too.
+	var mu sync.Mutex
+	var firstErr error
+	next := make(chan job)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), 4) {
+		wg.Go(func() {
+			for j := range next {
+				qm, err := kernels.Quantize(j.dt, j.src)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				*j.dst = qm
+				done += int64(len(j.src.Data))
+				if progress != nil {
+					progress(done, total)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, fmt.Errorf("model: quantizing to %v: %w", dt, firstErr)
+	}
+	// what the copy holds: the shared embedding and norms as before, the
+	// quantized matrices at their new size
+	q.expertBytes = 0
+	for _, j := range jobs {
+		if j.expert {
+			q.expertBytes += int64(len(j.dst.Data))
+		} else {
+			q.nonExpertBytes += int64(len(j.dst.Data)) - int64(len(j.src.Data))
+		}
+	}
+	if m.Config.TieEmbeddings {
+		q.nonExpertBytes += int64(len(m.LMHead.Data)) // LMHead no longer shares Embed's bytes
+	}
+	return &q, nil
+}

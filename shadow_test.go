@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/kernels"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+type shadowSpec struct{ quant kernels.DType }
+
+// startShadow runs a shadow node in this process: the model quantized to
+// quant, connected to the workers, listening for the main node.
+func startShadow(t *testing.T, ctx context.Context, f swarmFixture, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	full, err := model.Load(f.modelDir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { full.Close() })
+	qm, err := full.Quantized(quant, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := wire.LoadCerts(f.certs, "shadow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peers []*wire.Peer
+	for _, a := range workerAddrs {
+		p, err := wire.Dial(ctx, a, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		peers = append(peers, p)
+	}
+	node, err := shadow.NewNode(qm, peers, layout, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer ln.Close()
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		defer p.Close()
+		node.ServeMain(ctx, p)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return ln.Addr().String()
+}
+
+// TestSwarmWithShadowIsBitIdenticalToLocal: with the shadow driving the
+// loads — fp16, int8 or nf4, aligned every iteration, every 4th, or never
+// — the output is still local mode's bit for bit: the shadow changes
+// speed, never the output.
+func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, err := model.Load(f.modelDir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mainModel.Close()
+	prompt := make([]int, 12)
+	for i := range prompt {
+		prompt[i] = (i*53 + 7) % local.Config.VocabSize
+	}
+	const steps = 10
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	for _, q := range []kernels.DType{kernels.F16, kernels.Q8, kernels.NF4} {
+		for _, period := range []int{1, 4, 0} {
+			pol := align.Policy{TokenPeriod: period, KVPeriod: period}
+			t.Run(fmt.Sprintf("%v/%v", q, pol), func(t *testing.T) {
+				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: pol}, &shadowSpec{quant: q})
+				got := generate(t, mainModel, sw, prompt, steps)
+				if d := diffGenerations(got, want); d != "" {
+					t.Fatalf("swarm with a %v shadow (%v) differs from local: %s", q, pol, d)
+				}
+				checkSwarmStats(t, sw, mainnode.Shadow, steps, mainModel.Config.NumLayers)
+				st, ok := sw.ShadowStats(10e9)
+				if !ok || len(st.RecallByToken) != steps-1 || len(st.LateDepartureMs) != steps-1 {
+					t.Fatalf("shadow stats: ok=%v, %d recall tokens, %d late departures, want %d", ok, len(st.RecallByToken), len(st.LateDepartureMs), steps-1)
+				}
+				t.Logf("recall %.4f, misses %d", st.Recall, mainnode.Total(sw.Stats().Decode).Misses)
+			})
+		}
+	}
+}
+
+// TestFP16ShadowAlignedEveryIterationPredictsAbove99 is the paper's
+// headline for SEP: an fp16 shadow aligned every iteration (T1, K1)
+// predicts over 99% of the experts (eq. 3) on the tiny model.
+func TestFP16ShadowAlignedEveryIterationPredictsAbove99(t *testing.T) {
+	f := newSwarmFixture(t, 2)
+	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mainModel.Close()
+	prompt := make([]int, 16)
+	for i := range prompt {
+		prompt[i] = (i*101 + 3) % mainModel.Config.VocabSize
+	}
+	sw := dialSwarm(t, f, 2, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.F16})
+	generate(t, mainModel, sw, prompt, 32)
+	st, _ := sw.ShadowStats(10e9)
+	t.Logf("fp16 T1_KV1 recall %.5f over %d tokens", st.Recall, len(st.RecallByToken))
+	if st.Recall <= 0.99 {
+		t.Fatalf("recall %.4f, want > 0.99", st.Recall)
+	}
+}
