@@ -19,7 +19,7 @@ type shadowSpec struct{ quant kernels.DType }
 
 // startShadow runs a shadow node in this process: the model quantized to
 // quant, connected to the workers, listening for the main node.
-func startShadow(t *testing.T, ctx context.Context, f swarmFixture, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
+func startShadow(t testing.TB, ctx context.Context, f swarmFixture, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	full, err := model.Load(f.modelDir, model.LoadOptions{})

@@ -55,7 +55,7 @@ func benchSwarmFixture(b *testing.B) swarmFixture {
 	} else if err := store.Convert(context.Background(), f.modelDir, f.storeDir, store.ConvertOptions{Force: true}); err != nil {
 		b.Fatal(err)
 	}
-	specs, _ := wire.ParseNodes("main,w1,w2,w3,w4,w5,w6,w7,w8")
+	specs, _ := wire.ParseNodes("main,shadow,w1,w2,w3,w4,w5,w6,w7,w8")
 	if _, err := wire.WriteCerts(f.certs, specs, wire.CertOptions{}); err != nil {
 		b.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func startBenchWorkers(b *testing.B, ctx context.Context, f swarmFixture, n int,
 		if err != nil {
 			b.Fatal(err)
 		}
-		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
+		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -20,13 +20,15 @@ type shadowLink struct {
 	policy align.Policy
 	lastKV int // cache positions already sent
 
-	mu       sync.Mutex
-	pred     map[[2]int64][]int // (iteration, layer) -> predicted experts, sorted
-	actual   map[[2]int64][]int // routing awaiting its prediction, for scoring
-	recall   *align.Recall
-	late     []float64 // late-departure ms per decode iteration (index: iteration-2)
-	done     int64     // the last iteration the shadow finished
-	received chan struct{}
+	mu        sync.Mutex
+	pred      map[[2]int64][]int // (iteration, layer) -> predicted experts, sorted
+	actual    map[[2]int64][]int // routing awaiting its prediction, for scoring
+	recall    *align.Recall
+	late      []float64 // late-departure ms per decode iteration (index: iteration-2)
+	done      int64     // the last iteration the shadow finished
+	forwardMs float64   // the shadow's decode forward passes, summed
+	forwards  int
+	received  chan struct{}
 }
 
 func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int) *shadowLink {
@@ -63,6 +65,8 @@ func (sl *shadowLink) receive() {
 					sl.late = append(sl.late, 0)
 				}
 				sl.late[it-2] = m.Stats["late_departure_ms"]
+				sl.forwardMs += m.Stats["forward_ms"]
+				sl.forwards++
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
 				select {
@@ -142,6 +146,8 @@ type ShadowStats struct {
 	Recall          float64   // eq. (3)
 	RecallByToken   []float64 // eq. (2), output token 1..N
 	LateDepartureMs []float64 // per decode iteration
+	// ForwardMs is the shadow's mean decode forward pass (all layers).
+	ForwardMs float64
 }
 
 // stats waits (up to timeout) for the shadow to finish iteration last,
@@ -165,5 +171,9 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	return ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late)}
+	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late)}
+	if sl.forwards > 0 {
+		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
+	}
+	return st
 }

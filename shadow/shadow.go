@@ -119,7 +119,9 @@ func (n *Node) iterate(a *wire.Alignment) error {
 	late := time.Since(start) // late departure: the alignment's own cost here
 	n.sess.OnRoute = n.predict
 	n.sendErr = nil
+	t0 := time.Now()
 	logits, err := n.sess.Forward(n.ctx, []int{token})
+	forward := time.Since(t0)
 	n.sess.OnRoute = nil
 	if err != nil {
 		return fmt.Errorf("shadow: iteration %d: %w", a.Iteration, err)
@@ -129,7 +131,8 @@ func (n *Node) iterate(a *wire.Alignment) error {
 		return n.sendErr
 	}
 	return n.mainP.Send(n.ctx, &wire.Heartbeat{Seq: uint64(a.Iteration), UnixNano: time.Now().UnixNano(),
-		Stats: wire.Metrics{"iteration": float64(a.Iteration), "late_departure_ms": float64(late) / 1e6}})
+		Stats: wire.Metrics{"iteration": float64(a.Iteration), "late_departure_ms": float64(late) / 1e6,
+			"forward_ms": float64(forward) / 1e6}})
 }
 
 // predict is the Session's routing hook: the moment layer l is routed,

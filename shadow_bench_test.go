@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/kernels"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// BenchmarkShadowDecode measures in one run, on the model of
+// ODMOE_BENCH_PRESET (`make bench`: small), decode after a 16-token prompt
+// for local mode, a reactive 8-worker swarm, and the swarm driven by an
+// fp16, int8 or nf4 shadow aligned every iteration (T1_KV1) or never
+// (T0_KV0); worker loads paced to benchLoadBW. It reports tokens/s, the
+// stall fraction, recall (eq. 3) and the shadow's forward pass as a
+// fraction of the main node's iteration.
+func BenchmarkShadowDecode(b *testing.B) {
+	f := benchSwarmFixture(b)
+	full, err := model.Load(f.modelDir, model.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer full.Close()
+	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mainModel.Close()
+	c := mainModel.Config
+	prompt := make([]int, 16)
+	for i := range prompt {
+		prompt[i] = (i*7919 + 1) % c.VocabSize
+	}
+	run := func(b *testing.B, m *model.Model, runner model.ExpertRunner) {
+		s := model.NewSession(m, runner, len(prompt)+b.N+1)
+		var before func(int, []int) error
+		if sw, ok := runner.(*mainnode.Swarm); ok {
+			before = func(step int, toks []int) error { return sw.BeforeForward(context.Background(), step, toks, s.Cache()) }
+		}
+		// the prompt, then b.N timed decode steps
+		if before != nil {
+			if err := before(0, prompt); err != nil {
+				b.Fatal(err)
+			}
+		}
+		logits, err := s.Forward(context.Background(), prompt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		next := model.Argmax(logits)
+		b.ResetTimer()
+		for i := range b.N {
+			if before != nil {
+				if err := before(i+1, []int{next}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if logits, err = s.Forward(context.Background(), []int{next}); err != nil {
+				b.Fatal(err)
+			}
+			next = model.Argmax(logits)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+	}
+	b.Run("local", func(b *testing.B) { run(b, full, model.NewResidentExperts(full)) })
+
+	certs, err := wire.LoadCerts(f.certs, "main")
+	if err != nil {
+		b.Fatal(err)
+	}
+	swarm := func(b *testing.B, opt mainnode.Options, quant kernels.DType) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		addrs := startBenchWorkers(b, ctx, f, 8, benchLoadBW)
+		opt.Layout, _ = sched.NewLayout(8, 2)
+		opt.Hidden, opt.Log = c.HiddenSize, zerolog.Nop()
+		opt.Layers, opt.Experts, opt.TopK, opt.Seed = c.NumLayers, c.NumExperts, c.TopK, 1
+		mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
+		if opt.Prefetch == mainnode.Shadow {
+			saddr := startShadow(b, ctx, f, quant, addrs, opt.Layout)
+			scfg := *mcfg
+			scfg.PeerRoles = []wire.Role{wire.RoleShadow}
+			scfg.DialAttempts = 60
+			if opt.Shadow, err = wire.Dial(ctx, saddr, &scfg); err != nil {
+				b.Fatal(err)
+			}
+			defer opt.Shadow.Close()
+		}
+		sw, err := mainnode.Dial(ctx, addrs, mcfg, opt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sw.Close()
+		run(b, mainModel, sw)
+		dec := mainnode.Total(sw.Stats().Decode)
+		b.ReportMetric(dec.Stall.Seconds()/b.Elapsed().Seconds(), "stall-fraction")
+		if st, ok := sw.ShadowStats(30e9); ok {
+			b.ReportMetric(st.Recall, "recall")
+			b.ReportMetric(st.ForwardMs/(float64(b.Elapsed().Milliseconds())/float64(b.N)), "shadow/main-time")
+		}
+	}
+	b.Run("swarm8/reactive", func(b *testing.B) { swarm(b, mainnode.Options{Prefetch: mainnode.Reactive}, 0) })
+	for _, q := range []kernels.DType{kernels.F16, kernels.Q8, kernels.NF4} {
+		for _, pol := range []align.Policy{{TokenPeriod: 1, KVPeriod: 1}, {}} {
+			b.Run(fmt.Sprintf("swarm8/shadow-%v/%v", q, pol), func(b *testing.B) {
+				swarm(b, mainnode.Options{Prefetch: mainnode.Shadow, Align: pol}, q)
+			})
+		}
+	}
+}
