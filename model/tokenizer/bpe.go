@@ -157,7 +157,7 @@ func (m *bpe) mergeAll(syms []symbol) {
 	if len(syms) < 2 || len(m.merges) == 0 {
 		return
 	}
-	h := make(mergeHeap, 0, len(syms))
+	h := make(minHeap[mergeItem], 0, len(syms))
 	for i := 0; i+1 < len(syms); i++ {
 		if r, ok := m.merges[pairKey(int(syms[i].id), int(syms[i+1].id))]; ok {
 			h.push(mergeItem{rank: r.rank, pos: int32(i), id: r.id})
@@ -203,44 +203,4 @@ type mergeItem struct {
 
 func (a mergeItem) less(b mergeItem) bool {
 	return a.rank < b.rank || a.rank == b.rank && a.pos < b.pos
-}
-
-// mergeHeap is a binary min-heap of merge candidates.
-type mergeHeap []mergeItem
-
-func (h *mergeHeap) push(x mergeItem) {
-	*h = append(*h, x)
-	q := *h
-	for i := len(q) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !q[i].less(q[p]) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
-	}
-}
-
-func (h *mergeHeap) pop() mergeItem {
-	q := *h
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q = q[:last]
-	for i := 0; ; {
-		l, r, small := 2*i+1, 2*i+2, i
-		if l < len(q) && q[l].less(q[small]) {
-			small = l
-		}
-		if r < len(q) && q[r].less(q[small]) {
-			small = r
-		}
-		if small == i {
-			break
-		}
-		q[i], q[small] = q[small], q[i]
-		i = small
-	}
-	*h = q
-	return top
 }

@@ -63,8 +63,8 @@ type trainer struct {
 	counts  map[uint64]int
 	where   map[uint64][]int32
 	merges  [][2]string
-	heap    pairHeap
-	visited []int // word -> last merge step that rewrote it
+	heap    minHeap[pairEntry] // by count, then by the pair's strings
+	visited []int              // word -> last merge step that rewrote it
 }
 
 func newTrainer(corpus string, vocabSize int) *trainer {
@@ -283,7 +283,7 @@ type pairEntry struct {
 	key   uint64
 }
 
-func (x pairEntry) before(y pairEntry) bool {
+func (x pairEntry) less(y pairEntry) bool {
 	if x.count != y.count {
 		return x.count > y.count
 	}
@@ -291,44 +291,4 @@ func (x pairEntry) before(y pairEntry) bool {
 		return x.a < y.a
 	}
 	return x.b < y.b
-}
-
-// pairHeap orders candidates by count, then by their strings.
-type pairHeap []pairEntry
-
-func (h *pairHeap) push(x pairEntry) {
-	*h = append(*h, x)
-	q := *h
-	for i := len(q) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !q[i].before(q[p]) {
-			break
-		}
-		q[i], q[p] = q[p], q[i]
-		i = p
-	}
-}
-
-func (h *pairHeap) pop() pairEntry {
-	q := *h
-	top := q[0]
-	last := len(q) - 1
-	q[0] = q[last]
-	q = q[:last]
-	for i := 0; ; {
-		l, r, best := 2*i+1, 2*i+2, i
-		if l < len(q) && q[l].before(q[best]) {
-			best = l
-		}
-		if r < len(q) && q[r].before(q[best]) {
-			best = r
-		}
-		if best == i {
-			break
-		}
-		q[i], q[best] = q[best], q[i]
-		i = best
-	}
-	*h = q
-	return top
 }
