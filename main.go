@@ -7,6 +7,7 @@
 //	odmoe convert   -model DIR -out STORE_DIR [-shards K] [-force]
 //	odmoe inspect   -store STORE_DIR [-verify] [-model DIR]
 //	odmoe certs     -out DIR -nodes main,shadow,w1,...
+//	odmoe tune-align -model DIR [-quant int8] [-periods 1,2,4,8,16]
 //	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
 //
 // Run `odmoe COMMAND -h` for a command's flags.
@@ -32,14 +33,15 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"certs":    {"make a cluster CA and a certificate for each node (mutual TLS)", runCerts},
-	"bench":    {"measure this machine (odmoe bench kernels: bandwidth, matvec, decode)", runBench},
-	"convert":  {"compress a model's experts losslessly into a store directory", runConvert},
-	"demo":     {"start a whole swarm on this machine on a generated model and run a prompt", runDemo},
-	"gen-tiny": {"write a deterministic random model in Hugging Face layout", runGenTiny},
-	"inspect":  {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
-	"run":      {"run a role (local: the whole model in one process)", runRun},
-	"tokenize": {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
+	"certs":      {"make a cluster CA and a certificate for each node (mutual TLS)", runCerts},
+	"bench":      {"measure this machine (odmoe bench kernels: bandwidth, matvec, decode)", runBench},
+	"convert":    {"compress a model's experts losslessly into a store directory", runConvert},
+	"demo":       {"start a whole swarm on this machine on a generated model and run a prompt", runDemo},
+	"gen-tiny":   {"write a deterministic random model in Hugging Face layout", runGenTiny},
+	"inspect":    {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
+	"run":        {"run a role (local: the whole model in one process)", runRun},
+	"tune-align": {"try token/KV alignment periods for the shadow and print the fastest", runTuneAlign},
+	"tokenize":   {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
 }
 
 func main() {

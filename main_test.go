@@ -199,3 +199,21 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// TestTuneAlignPrintsATableAndTheBest runs the alignment sweep on a tiny
+// model with an in-process swarm.
+func TestTuneAlignPrintsATableAndTheBest(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-out", dir, "-seed", "5"); code != 0 {
+		t.Fatalf("gen-tiny: %s", se)
+	}
+	so, se, code := run(t, "", "tune-align", "-model", dir, "-periods", "1,0", "-workers", "2", "-n", "4", "-quant", "fp16", "-load-bw", "0")
+	if code != 0 {
+		t.Fatalf("tune-align exit %d: %s", code, se)
+	}
+	for _, want := range []string{"T1_KV1", "T1_KV0", "T0_KV1", "T0_KV0", "best: T"} {
+		if !strings.Contains(so, want) {
+			t.Errorf("output lacks %q:\n%s", want, so)
+		}
+	}
+}

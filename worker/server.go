@@ -44,7 +44,10 @@ func (s *Server) ran(it int64, layer int) bool {
 func (s *Server) ended(it int64, layer int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.done[layer] = max(s.done[layer], it)
+	if it < s.done[layer] {
+		clear(s.done) // iterations start again: a new sequence
+	}
+	s.done[layer] = it
 }
 
 // Serve accepts peers on ln until ctx ends, serving each on its own
