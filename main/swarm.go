@@ -113,7 +113,6 @@ type request struct {
 	experts []int // as in msg
 	tokens  []int // batch token index of each row of msg.Hidden
 	replies chan reply
-	sent    time.Time
 }
 
 // RunExperts implements model.ExpertRunner over the workers.
@@ -274,7 +273,6 @@ func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route,
 func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 	if !prefill {
 		for _, r := range reqs {
-			r.sent = time.Now()
 			if err := s.workers[r.worker].peer.Send(ctx, r.msg); err != nil {
 				return s.workerErr(r.worker, err)
 			}
@@ -289,7 +287,6 @@ func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 				if r.worker != w {
 					continue
 				}
-				r.sent = time.Now()
 				if err := s.workers[w].peer.Send(ctx, r.msg); err != nil {
 					errs[w] = s.workerErr(w, err)
 					return
