@@ -235,8 +235,12 @@ func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch,
 	if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
 		t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
 	}
+	// The budget is never exceeded. Without lookahead every expert is
+	// evicted once its layer has run; with it (random, shadow) a worker may
+	// still hold hints for an iteration that never came (the run ended).
+	lookahead := policy == mainnode.Random || policy == mainnode.Shadow
 	for i, m := range sw.WorkerMetrics(context.Background(), 5e9) {
-		if m == nil || m["device_peak_bytes"] > m["device_budget_bytes"] || m["device_in_use_bytes"] != 0 {
+		if m == nil || m["device_peak_bytes"] > m["device_budget_bytes"] || (!lookahead && m["device_in_use_bytes"] != 0) {
 			t.Errorf("worker %d metrics %v", i, m)
 		}
 	}

@@ -33,21 +33,40 @@ func NewServer(engine *Engine, log zerolog.Logger) *Server {
 	return &Server{engine: engine, log: log, done: map[int]int64{}}
 }
 
-// ran reports whether layer of iteration it has already ended here.
-func (s *Server) ran(it int64, layer int) bool {
+// prefetch starts loading a prediction's experts unless its layer has
+// already run here in that iteration (then loading would only waste
+// memory: it is counted as late). Checked and started under s.mu, so that
+// endLayer's eviction never misses a prefetch.
+func (s *Server) prefetch(m *wire.Prediction) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	last, ok := s.done[layer]
-	return ok && it <= last
+	if s.ranLocked(m.Iteration, m.Layer) {
+		s.late.Add(1)
+		return
+	}
+	experts := make([]int, len(m.Experts))
+	for i, e := range m.Experts {
+		experts[i] = int(e)
+	}
+	s.engine.Prefetch(m.Layer, experts)
 }
 
-func (s *Server) ended(it int64, layer int) {
+// endLayer records that layer of iteration it has run here and evicts
+// what was loaded for it on a wrong prediction (wasted, counted).
+func (s *Server) endLayer(it int64, layer int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if it < s.done[layer] {
 		clear(s.done) // iterations start again: a new sequence
 	}
 	s.done[layer] = it
+	s.engine.Evict(layer)
+}
+
+// ranLocked reports whether layer of iteration it has already ended here.
+func (s *Server) ranLocked(it int64, layer int) bool {
+	last, ok := s.done[layer]
+	return ok && it <= last
 }
 
 // Serve accepts peers on ln until ctx ends, serving each on its own
@@ -105,16 +124,7 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		}
 		switch m := m.(type) {
 		case *wire.Prediction:
-			if s.ran(m.Iteration, m.Layer) {
-				// the layer has run here already: loading now only wastes memory
-				s.late.Add(1)
-				continue
-			}
-			experts := make([]int, len(m.Experts))
-			for i, e := range m.Experts {
-				experts[i] = int(e)
-			}
-			s.engine.Prefetch(m.Layer, experts)
+			s.prefetch(m)
 		case *wire.Activation:
 			select {
 			case acts <- m:
@@ -155,8 +165,7 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 	for i, e := range a.Experts {
 		res, err := s.engine.Run(ctx, a.Layer, int(e), x, a.Tokens, out, !a.Keep)
 		if a.EndLayer && i == len(a.Experts)-1 {
-			s.ended(a.Iteration, a.Layer)
-			s.engine.Evict(a.Layer) // wrong predictions for this layer: wasted, counted
+			s.endLayer(a.Iteration, a.Layer)
 		}
 		if err != nil {
 			fail(int(e), requestCode(err), err)
