@@ -103,7 +103,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	addrs, stopWorkers, err := startLocalWorkers(ctx, *storeDir, certDir, *workers, float64(bw), log)
+	addrs, stopWorkers, err := startLocalWorkers(ctx, *storeDir, certDir, *workers, 1<<30, float64(bw), log)
 	if err != nil {
 		return err
 	}
@@ -174,13 +174,14 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	return nil
 }
 
-// startLocalWorkers runs n workers in this process on loopback.
-func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, loadBW float64, log zerolog.Logger) ([]string, func(), error) {
+// startLocalWorkers runs n workers (w1..wN of certDir) in this process on
+// loopback, each with a budget-byte arena and loads paced to loadBW; stop
+// ends them and waits.
+func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, budget int64, loadBW float64, log zerolog.Logger) (addrs []string, stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
-	var addrs []string
 	done := make(chan struct{}, n)
 	started := 0
-	stop := func() {
+	stop = func() {
 		cancel()
 		for range started {
 			<-done
@@ -193,7 +194,7 @@ func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, loa
 			return nil, nil, err
 		}
 		hidden, _, err := st.ExpertShape(0, 0)
-		arena, aerr := worker.NewArena(1 << 30)
+		arena, aerr := worker.NewArena(budget)
 		name := fmt.Sprintf("w%d", i+1)
 		certs, cerr := wire.LoadCerts(certDir, name)
 		if err = firstErr(err, aerr, cerr); err != nil {

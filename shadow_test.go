@@ -10,8 +10,6 @@ import (
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
-	"github.com/odmoe/odmoe/shadow"
-	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -21,7 +19,6 @@ type shadowSpec struct{ quant kernels.DType }
 // quant, connected to the workers, listening for the main node.
 func startShadow(t testing.TB, ctx context.Context, f swarmFixture, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
 	full, err := model.Load(f.modelDir, model.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -31,40 +28,12 @@ func startShadow(t testing.TB, ctx context.Context, f swarmFixture, quant kernel
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := wire.LoadCerts(f.certs, "shadow")
+	addr, stop, err := startLocalShadow(ctx, qm, f.certs, workerAddrs, layout, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var peers []*wire.Peer
-	for _, a := range workerAddrs {
-		p, err := wire.Dial(ctx, a, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		peers = append(peers, p)
-	}
-	node, err := shadow.NewNode(qm, peers, layout, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer ln.Close()
-		p, err := ln.Accept(ctx)
-		if err != nil {
-			return
-		}
-		defer p.Close()
-		node.ServeMain(ctx, p)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return ln.Addr().String()
+	t.Cleanup(stop)
+	return addr
 }
 
 // TestSwarmWithShadowIsBitIdenticalToLocal: with the shadow driving the

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
@@ -14,7 +13,6 @@ import (
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
-	"github.com/odmoe/odmoe/worker"
 	"github.com/rs/zerolog"
 )
 
@@ -133,42 +131,10 @@ func BenchmarkSwarmDecode(b *testing.B) {
 // startBenchWorkers is startWorkers for benchmarks, with paced loads.
 func startBenchWorkers(b *testing.B, ctx context.Context, f swarmFixture, n int, loadBW float64) []string {
 	b.Helper()
-	var addrs []string
-	done := make(chan struct{}, n)
-	for i := range n {
-		st, err := store.Open(f.storeDir, store.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		hidden, _, _ := st.ExpertShape(0, 0)
-		arena, _ := worker.NewArena(1 << 30)
-		eng := worker.NewEngine(st, hidden, arena, worker.NewLink(loadBW), zerolog.Nop())
-		certs, err := wire.LoadCerts(f.certs, fmt.Sprintf("w%d", i+1))
-		if err != nil {
-			b.Fatal(err)
-		}
-		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		addrs = append(addrs, ln.Addr().String())
-		go func() {
-			worker.NewServer(eng, zerolog.Nop()).Serve(ctx, ln)
-			ln.Close()
-			eng.Close()
-			st.Close()
-			done <- struct{}{}
-		}()
+	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, 1<<30, loadBW, zerolog.Nop())
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		for range n {
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				b.Error("a worker did not stop")
-				return
-			}
-		}
-	})
+	b.Cleanup(stop)
 	return addrs
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	mainnode "github.com/odmoe/odmoe/main"
@@ -15,7 +14,6 @@ import (
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
-	"github.com/odmoe/odmoe/worker"
 	"github.com/rs/zerolog"
 )
 
@@ -52,41 +50,11 @@ func newSwarmFixture(t *testing.T, workers int) swarmFixture {
 // mutual TLS; it returns their addresses.
 func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budget int64) []string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	var addrs []string
-	var wg sync.WaitGroup
-	for i := range n {
-		st, err := store.Open(f.storeDir, store.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := model.LoadConfig(f.modelDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		arena, err := worker.NewArena(budget)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eng := worker.NewEngine(st, m.HiddenSize, arena, worker.NewLink(0), zerolog.Nop())
-		certs, err := wire.LoadCerts(f.certs, fmt.Sprintf("w%d", i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs = append(addrs, ln.Addr().String())
-		srv := worker.NewServer(eng, zerolog.Nop())
-		wg.Go(func() {
-			srv.Serve(ctx, ln)
-			ln.Close()
-			eng.Close()
-			st.Close()
-		})
+	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, budget, 0, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	t.Cleanup(stop)
 	return addrs
 }
 
