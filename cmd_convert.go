@@ -37,17 +37,9 @@ func runConvert(ctx context.Context, args []string, _ io.Reader, _, stderr io.Wr
 		return usagef("-parallel must be >= 0, got %d", *parallel)
 	}
 	t0 := time.Now()
-	var bar *progress.Bar
-	err = store.Convert(ctx, *modelDir, *out, store.ConvertOptions{Shards: *shards, Parallelism: *parallel, Force: *force,
-		Progress: func(done, total int64) {
-			if bar == nil {
-				bar = progress.New("convert", total)
-			}
-			bar.Set(done)
-		}})
-	if bar != nil {
-		bar.Finish()
-	}
+	update, finish := progress.Reporter("convert")
+	err = store.Convert(ctx, *modelDir, *out, store.ConvertOptions{Shards: *shards, Parallelism: *parallel, Force: *force, Progress: update})
+	finish()
 	if err != nil {
 		return err
 	}

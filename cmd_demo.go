@@ -38,7 +38,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	alignKV := fs.Int("align-kv", 1, "align the shadow's KV cache every K iterations (0 = never)")
 	deviceMem := fs.String("device-mem", "1GiB", "each worker's device memory budget")
 	loadBW := fs.String("load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
-	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: the user cache dir/odmoe)")
+	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: $ODMOE_CACHE or the user cache dir/odmoe)")
 	stats := fs.String("stats", "", "write the main node's figures as JSON to `FILE`")
 	var lf logFlags
 	lf.register(fs)
@@ -52,21 +52,19 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if *workers < 1 {
 		return usagef("-workers must be >= 1")
 	}
-	base := filepath.Join(*cache, *preset+"-seed1")
-	modelDir := filepath.Join(base, "model")
 	if *cache == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
+		if *cache, err = synth.CacheDir(); err != nil {
 			return err
 		}
-		// the generated model is shared with the benchmarks (model/bench_test.go)
-		base = filepath.Join(d, "odmoe", "demo", *preset+"-seed1")
-		modelDir = filepath.Join(d, "odmoe", "models", *preset+"-seed1")
 	}
-	storeDir, certDir := filepath.Join(base, "store"), filepath.Join(base, "certs")
-	if err := ensureModel(ctx, modelDir, *preset, log); err != nil {
+	update, finish := progress.Reporter("model")
+	modelDir, err := synth.Cached(*cache, *preset, 1, update) // shared with the benchmarks
+	finish()
+	if err != nil {
 		return err
 	}
+	base := filepath.Join(*cache, "demo", *preset+"-seed1")
+	storeDir, certDir := filepath.Join(base, "store"), filepath.Join(base, "certs")
 	if err := ensureStore(ctx, modelDir, storeDir, log); err != nil {
 		return err
 	}
@@ -175,45 +173,14 @@ func freeUDPAddr() (string, error) {
 	return c.LocalAddr().String(), nil
 }
 
-func ensureModel(ctx context.Context, dir, preset string, log zerolog.Logger) error {
-	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
-		return nil
-	}
-	log.Info().Str("preset", preset).Str("dir", dir).Msg("generating the demo model (once)")
-	tmp := dir + ".partial"
-	os.RemoveAll(tmp)
-	var bar *progress.Bar
-	err := synth.Generate(tmp, synth.Options{Preset: preset, Seed: 1, Progress: func(done, total int64) {
-		if bar == nil {
-			bar = progress.New("model", total)
-		}
-		bar.Set(done)
-	}})
-	if bar != nil {
-		bar.Finish()
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp, dir)
-}
-
 func ensureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
 	if st, err := store.Open(dir, store.Options{}); err == nil {
 		return st.Close()
 	}
 	log.Info().Str("dir", dir).Msg("compressing the demo model's experts (once)")
-	var bar *progress.Bar
-	err := store.Convert(ctx, modelDir, dir, store.ConvertOptions{Force: true, Progress: func(done, total int64) {
-		if bar == nil {
-			bar = progress.New("store", total)
-		}
-		bar.Set(done)
-	}})
-	if bar != nil {
-		bar.Finish()
-	}
-	return err
+	update, finish := progress.Reporter("store")
+	defer finish()
+	return store.Convert(ctx, modelDir, dir, store.ConvertOptions{Force: true, Progress: update})
 }
 
 // ensureCerts makes certificates for main, shadow and w1..wN, keeping the ones

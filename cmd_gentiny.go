@@ -33,17 +33,9 @@ func runGenTiny(_ context.Context, args []string, _ io.Reader, _, stderr io.Writ
 	if entries, err := os.ReadDir(*out); err == nil && len(entries) > 0 && !*force {
 		return fmt.Errorf("%s is not empty (use -force to write into it)", *out)
 	}
-	var bar *progress.Bar
-	err = synth.Generate(*out, synth.Options{Preset: *preset, Seed: *seed, Tokenizer: *tok,
-		Progress: func(done, total int64) {
-			if bar == nil {
-				bar = progress.New("weights", total)
-			}
-			bar.Set(done)
-		}})
-	if bar != nil {
-		bar.Finish()
-	}
+	update, finish := progress.Reporter("weights")
+	err = synth.Generate(*out, synth.Options{Preset: *preset, Seed: *seed, Tokenizer: *tok, Progress: update})
+	finish()
 	if err != nil {
 		return err
 	}

@@ -50,16 +50,9 @@ func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	}
 
 	t0 := time.Now()
-	var bar *progress.Bar
-	err = st.Verify(ctx, func(done, total int64) {
-		if bar == nil {
-			bar = progress.New("verify", total)
-		}
-		bar.Set(done)
-	})
-	if bar != nil {
-		bar.Finish()
-	}
+	update, finish := progress.Reporter("verify")
+	err = st.Verify(ctx, update)
+	finish()
 	if err != nil {
 		if ctx.Err() != nil {
 			return err

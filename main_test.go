@@ -149,7 +149,7 @@ func TestDemoRunsASwarmOfProcesses(t *testing.T) {
 		t.Fatalf("stats: %s", b)
 	}
 	// the same prompt in local mode prints the same text
-	lo, se, code := run(t, "", "run", "-role", "local", "-model", filepath.Join(cache, "tiny-seed1", "model"), "-prompt", "Hello world", "-n", "6")
+	lo, se, code := run(t, "", "run", "-role", "local", "-model", filepath.Join(cache, "models", "tiny-seed1"), "-prompt", "Hello world", "-n", "6")
 	if code != 0 {
 		t.Fatalf("local exit %d: %s", code, se)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"
-	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -25,32 +24,20 @@ func benchSwarmFixture(b *testing.B) swarmFixture {
 	if preset == "" {
 		preset = "tiny"
 	}
-	cache := os.Getenv("ODMOE_CACHE")
-	if cache == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			b.Fatal(err)
-		}
-		cache = filepath.Join(d, "odmoe")
+	cache, err := synth.CacheDir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	modelDir, err := synth.Cached(cache, preset, 1, nil)
+	if err != nil {
+		b.Fatal(err)
 	}
 	f := swarmFixture{
-		modelDir: filepath.Join(cache, "models", preset+"-seed1"),
+		modelDir: modelDir,
 		storeDir: filepath.Join(cache, "bench", preset+"-seed1", "store"),
 		certs:    filepath.Join(b.TempDir(), "certs"),
 	}
-	if _, err := os.Stat(filepath.Join(f.modelDir, "model.safetensors")); err != nil {
-		tmp := f.modelDir + ".partial"
-		os.RemoveAll(tmp)
-		if err := synth.Generate(tmp, synth.Options{Preset: preset, Seed: 1}); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.Rename(tmp, f.modelDir); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if st, err := store.Open(f.storeDir, store.Options{}); err == nil {
-		st.Close()
-	} else if err := store.Convert(context.Background(), f.modelDir, f.storeDir, store.ConvertOptions{Force: true}); err != nil {
+	if err := ensureStore(context.Background(), f.modelDir, f.storeDir, zerolog.Nop()); err != nil {
 		b.Fatal(err)
 	}
 	specs, _ := wire.ParseNodes("main,shadow,w1,w2,w3,w4,w5,w6,w7,w8")

@@ -171,11 +171,7 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 	per := make(map[int][]int32)
 	switch {
-	case prefill:
-		for i, e := range s.experts {
-			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
-		}
-	case s.opt.Prefetch == OracleNext:
+	case prefill || s.opt.Prefetch == OracleNext:
 		for i, e := range s.experts {
 			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
 		}

@@ -3,7 +3,6 @@ package model
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/odmoe/odmoe/model/synth"
@@ -18,24 +17,13 @@ func benchModel(b *testing.B) *Model {
 	if preset == "" {
 		preset = "tiny"
 	}
-	cache := os.Getenv("ODMOE_CACHE")
-	if cache == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			b.Fatal(err)
-		}
-		cache = filepath.Join(d, "odmoe")
+	cache, err := synth.CacheDir()
+	if err != nil {
+		b.Fatal(err)
 	}
-	dir := filepath.Join(cache, "models", preset+"-seed1")
-	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err != nil {
-		tmp := dir + ".partial"
-		os.RemoveAll(tmp)
-		if err := synth.Generate(tmp, synth.Options{Preset: preset, Seed: 1}); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.Rename(tmp, dir); err != nil {
-			b.Fatal(err)
-		}
+	dir, err := synth.Cached(cache, preset, 1, nil)
+	if err != nil {
+		b.Fatal(err)
 	}
 	m, err := Load(dir, LoadOptions{})
 	if err != nil {

@@ -24,33 +24,12 @@ func benchDirs(b *testing.B) (modelDir, storeDir string) {
 	if preset == "" {
 		preset = "tiny"
 	}
-	cache := os.Getenv("ODMOE_CACHE")
-	if cache == "" {
-		d, err := os.UserCacheDir()
-		if err != nil {
-			b.Fatal(err)
-		}
-		cache = filepath.Join(d, "odmoe")
+	cache, err := synth.CacheDir()
+	if err != nil {
+		b.Fatal(err)
 	}
-	modelDir = filepath.Join(cache, "models", preset+"-seed1")
-	if _, err := os.Stat(filepath.Join(modelDir, "model.safetensors")); err != nil {
-		// A private temporary name: another benchmark may be generating
-		// the same model; whoever renames first wins.
-		os.MkdirAll(filepath.Dir(modelDir), 0o755)
-		tmp, err := os.MkdirTemp(filepath.Dir(modelDir), preset+"-seed1.gen-")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(tmp)
-		b.Logf("generating the %s model into %s (once)", preset, modelDir)
-		if err := synth.Generate(tmp, synth.Options{Preset: preset, Seed: 1}); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.Rename(tmp, modelDir); err != nil {
-			if _, serr := os.Stat(filepath.Join(modelDir, "model.safetensors")); serr != nil {
-				b.Fatal(err)
-			}
-		}
+	if modelDir, err = synth.Cached(cache, preset, 1, nil); err != nil {
+		b.Fatal(err)
 	}
 	storeDir = filepath.Join(cache, "stores", fmt.Sprintf("%s-seed1-k%d-v%d", preset, DefaultShards, Version))
 	if _, err := os.Stat(filepath.Join(storeDir, IndexFile)); err != nil {

@@ -131,3 +131,23 @@ func Bytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// Reporter returns the progress callback that long operations (Generate,
+// Convert, Verify) take — called with bytes done and the total — drawing
+// a bar labelled label from its first call, and finish, which ends the
+// bar if one was drawn.
+func Reporter(label string) (update func(done, total int64), finish func()) {
+	var bar *Bar
+	update = func(done, total int64) {
+		if bar == nil {
+			bar = New(label, total)
+		}
+		bar.Set(done)
+	}
+	finish = func() {
+		if bar != nil {
+			bar.Finish()
+		}
+	}
+	return update, finish
+}

@@ -77,3 +77,29 @@ func TestUnknownPresetIsNamed(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestCachedGeneratesOnceAndReuses(t *testing.T) {
+	cache := t.TempDir()
+	dir, err := Cached(cache, "tiny", 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir != filepath.Join(cache, "models", "tiny-seed4") {
+		t.Fatalf("dir %s", dir)
+	}
+	st, err := os.Stat(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Cached(cache, "tiny", 4, func(int64, int64) { t.Error("generated a cached model again") })
+	if err != nil || again != dir {
+		t.Fatalf("second call: %s, %v", again, err)
+	}
+	st2, _ := os.Stat(filepath.Join(dir, "model.safetensors"))
+	if !st2.ModTime().Equal(st.ModTime()) {
+		t.Fatal("the cached model was rewritten")
+	}
+	if entries, _ := os.ReadDir(filepath.Join(cache, "models")); len(entries) != 1 {
+		t.Fatalf("temporary directories left behind: %v", entries)
+	}
+}
