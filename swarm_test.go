@@ -225,7 +225,7 @@ func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
 	certs, _ := wire.LoadCerts(f.certs, "main")
 	layout, _ := sched.NewLayout(1, 1)
 	_, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 1}, mainnode.Options{Layout: layout, Hidden: 128})
-	if err == nil || !strings.Contains(err.Error(), "dialing workers") {
+	if err == nil || !strings.Contains(err.Error(), "dialing workers") || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("err = %v", err)
 	}
 }
