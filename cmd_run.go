@@ -31,7 +31,7 @@ type runFlags struct {
 	role string
 	// local and main
 	model, prompt, dump, stats string
-	n                          int
+	n, promptTokens            int
 	temp, topP                 float64
 	seed                       uint64
 	ignoreEOS                  bool
@@ -39,10 +39,12 @@ type runFlags struct {
 	workers, prefetch, shadow string
 	group, miniBatch          int
 	alignToken, alignKV       int
+	trace, traceIters         string
 	// shadow
 	quant string
 	// worker
 	listen, store, deviceMem, loadBW string
+	resident                         string
 	// all
 	threads    int
 	kernelPath string
@@ -57,6 +59,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required)")
 	fs.StringVar(&f.prompt, "prompt", "The capital of France is", "local, main: prompt text")
 	fs.IntVar(&f.n, "n", 64, "local, main: tokens to generate")
+	fs.IntVar(&f.promptTokens, "prompt-tokens", 0, "local, main: make the prompt exactly `N` tokens: the prompt's tokens repeated (benchmarks); 0 = the prompt as it encodes")
 	fs.Float64Var(&f.temp, "temperature", 0, "local, main: sampling temperature; 0 = greedy")
 	fs.Float64Var(&f.topP, "top-p", 1, "local, main: nucleus sampling threshold in (0, 1]; 1 = off")
 	fs.Uint64Var(&f.seed, "seed", 1, "local, main: sampling seed")
@@ -70,10 +73,13 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
 	fs.IntVar(&f.alignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
 	fs.IntVar(&f.alignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
+	fs.StringVar(&f.trace, "trace", "", "main: record the whole swarm's timeline (every node's compute, loads and messages) and write it as JSON to `FILE` (testbed draws it)")
+	fs.StringVar(&f.traceIters, "trace-iters", "2:4", "main: the iterations -trace records, `FROM:TO` (iteration 1 is the prompt)")
 	fs.StringVar(&f.quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
 	fs.StringVar(&f.store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required)")
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
+	fs.StringVar(&f.resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")
 	fs.StringVar(&f.loadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
 	fs.IntVar(&f.threads, "threads", 0, "goroutines for matrix kernels; 0 = all cores")
 	fs.StringVar(&f.kernelPath, "kernels", "", "kernel implementation: "+strings.Join(kernels.Paths(), ", ")+" (default: $ODMOE_KERNELS or the fastest; all give the same bits)")
@@ -149,6 +155,9 @@ func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model
 	if len(ids) == 0 {
 		return model.GenerateStats{}, fmt.Errorf("prompt %q encodes to no tokens", f.prompt)
 	}
+	if f.promptTokens > 0 {
+		ids = cycleTokens(ids, f.promptTokens, tok.BOS())
+	}
 	var logits *npy.Writer
 	if f.dump != "" {
 		if err := os.MkdirAll(f.dump, 0o755); err != nil {
@@ -165,7 +174,11 @@ func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model
 	}
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
-	fmt.Fprint(out, f.prompt)
+	if f.promptTokens > 0 {
+		fmt.Fprint(out, tok.Decode(ids, true))
+	} else {
+		fmt.Fprint(out, f.prompt)
+	}
 	out.Flush()
 	stream := tok.NewStreamDecoder()
 	sess := model.NewSession(m, runner, len(ids)+f.n)
@@ -205,6 +218,21 @@ func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model
 	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d, prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
 		st.PromptTokens, st.GeneratedTokens, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
 	return st, nil
+}
+
+// cycleTokens returns exactly n tokens: ids (which start with bos, if
+// bos >= 0 and they do) and then ids without bos again, as often as needed.
+func cycleTokens(ids []int, n, bos int) []int {
+	body := ids
+	if bos >= 0 && len(ids) > 1 && ids[0] == bos {
+		body = ids[1:]
+	}
+	out := make([]int, 0, n)
+	out = append(out, ids[:min(len(ids), n)]...)
+	for len(out) < n {
+		out = append(out, body[:min(len(body), n-len(out))]...)
+	}
+	return out
 }
 
 func nonNil(v []int) []int {

@@ -112,6 +112,9 @@ func (rs *RunStats) addWorkers(ms []wire.Metrics) {
 // addShadow records the shadow's recall and late departures.
 func (rs *RunStats) addShadow(sh mainnode.ShadowStats) {
 	rs.Recall = &sh.Recall
+	if sh.PeakRSS > 0 {
+		rs.PeakMemory["shadow"] = sh.PeakRSS
+	}
 	rs.RecallByToken = sh.RecallByToken
 	rs.LateDepartureMs = sh.LateDepartureMs
 }
@@ -147,6 +150,10 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *mainnode.Stats) {
 		}
 		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration\n", 100**rs.Recall, len(rs.RecallByToken), late)
 	}
-	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)\n",
+	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)",
 		bytesString(rs.PeakMemory["main"]), bytesString(rs.PeakMemory["worker_device"]), bytesString(rs.PeakMemory["worker_rss"]))
+	if sh, ok := rs.PeakMemory["shadow"]; ok {
+		fmt.Fprintf(w, ", shadow %s RSS", bytesString(sh))
+	}
+	fmt.Fprintln(w)
 }

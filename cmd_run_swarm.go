@@ -10,6 +10,7 @@ import (
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
@@ -76,12 +77,28 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		}
 		defer opt.Shadow.Close()
 	}
+	var traceFrom, traceTo int64
+	if f.trace != "" {
+		if traceFrom, traceTo, err = parseIters(f.traceIters); err != nil {
+			return usagef("-trace-iters: %v", err)
+		}
+		name := cfg.Name
+		if cfg.Certs != nil {
+			name = cfg.Certs.Identity.Name
+		}
+		opt.Trace = trace.NewRecorder(name)
+	}
 	sw, err := mainnode.Dial(ctx, addrs, cfg, opt)
 	if err != nil {
 		return err
 	}
 	defer sw.Close()
 	log.Info().Str("align", opt.Align.String()).Msg("all workers connected")
+	if f.trace != "" {
+		if err := sw.StartTrace(ctx, traceFrom, traceTo); err != nil {
+			return err
+		}
+	}
 	st, err := generateText(ctx, f, m, sw, func(s *model.Session, step int, tokens []int) error {
 		return sw.BeforeForward(ctx, step, tokens, s.Cache())
 	}, stdout)
@@ -92,6 +109,16 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	rs.addWorkers(sw.WorkerMetrics(ctx, 5*time.Second))
 	if sh, ok := sw.ShadowStats(10 * time.Second); ok {
 		rs.addShadow(sh)
+	}
+	if f.trace != "" {
+		tf, err := sw.CollectTrace(ctx, 10*time.Second, m.Config.NumLayers)
+		if err != nil {
+			return err
+		}
+		if err := tf.WriteFile(f.trace); err != nil {
+			return err
+		}
+		log.Info().Str("file", f.trace).Int("events", len(tf.Events)).Int64("from", tf.From).Int64("to", tf.To).Msg("swarm trace written")
 	}
 	printSwarmSummary(stdout, rs, sw.Stats())
 	return writeStats(f.stats, rs)
@@ -221,6 +248,11 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	}
 	eng := worker.NewEngine(st, hidden, arena, worker.NewLink(float64(bw)), log)
 	defer eng.Close()
+	if f.resident != "" {
+		if err := pinResident(ctx, eng, st, f.resident, log); err != nil {
+			return err
+		}
+	}
 	ln, err := wire.Listen(ctx, f.listen, cfg)
 	if err != nil {
 		return err
@@ -229,6 +261,53 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	log.Info().Str("listen", ln.Addr().String()).Str("store", f.store).Str("device_mem", bytesString(budget)).
 		Str("load_bw", bytesString(bw)+"/s").Msg("worker ready")
 	return worker.NewServer(eng, log).Serve(ctx, ln)
+}
+
+// pinResident loads and pins the experts worker I of W owns ("I/W") in
+// a resident swarm.
+func pinResident(ctx context.Context, eng *worker.Engine, st *store.Store, spec string, log zerolog.Logger) error {
+	var idx, n int
+	if _, err := fmt.Sscanf(spec, "%d/%d", &idx, &n); err != nil || n < 1 || idx < 0 || idx >= n {
+		return usagef("-resident %q: want I/W with 0 <= I < W, e.g. 3/8", spec)
+	}
+	layout := sched.Layout{Workers: n, Group: 1}
+	var total int64
+	for l := range st.Layers() {
+		for _, e := range layout.Owned(idx, l, st.Experts()) {
+			b, err := st.ExpertBytes(l, e)
+			if err != nil {
+				return err
+			}
+			total += int64(b)
+		}
+	}
+	t0 := time.Now()
+	bar := progress.New("pin resident experts", total)
+	var done int64
+	for l := range st.Layers() {
+		owned := layout.Owned(idx, l, st.Experts())
+		if err := eng.Pin(ctx, l, owned); err != nil {
+			bar.Finish()
+			return fmt.Errorf("-resident %s: %w", spec, err)
+		}
+		for _, e := range owned {
+			b, _ := st.ExpertBytes(l, e)
+			done += int64(b)
+		}
+		bar.Set(done)
+	}
+	bar.Finish()
+	log.Info().Str("resident", spec).Int("experts", eng.Resident()).Str("device_in_use", bytesString(eng.Arena().InUse())).
+		Dur("took", time.Since(t0)).Msg("resident experts pinned")
+	return nil
+}
+
+// parseIters reads "FROM:TO" (inclusive, FROM >= 1).
+func parseIters(s string) (from, to int64, err error) {
+	if _, err := fmt.Sscanf(s, "%d:%d", &from, &to); err != nil || from < 1 || to < from {
+		return 0, 0, fmt.Errorf("%q: want FROM:TO with 1 <= FROM <= TO, e.g. 2:4", s)
+	}
+	return from, to, nil
 }
 
 // storeHidden reads the hidden size off the store's first expert.

@@ -103,7 +103,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	addrs, stopWorkers, err := startLocalWorkers(ctx, *storeDir, certDir, *workers, 1<<30, float64(bw), log)
+	addrs, stopWorkers, err := startLocalWorkers(ctx, *storeDir, certDir, *workers, 1<<30, float64(bw), false, log)
 	if err != nil {
 		return err
 	}
@@ -175,9 +175,10 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 }
 
 // startLocalWorkers runs n workers (w1..wN of certDir) in this process on
-// loopback, each with a budget-byte arena and loads paced to loadBW; stop
-// ends them and waits.
-func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, budget int64, loadBW float64, log zerolog.Logger) (addrs []string, stop func(), err error) {
+// loopback, each with a budget-byte arena and loads paced to loadBW, and
+// with resident, each holding for good the experts it owns in a resident
+// swarm; stop ends them and waits.
+func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, budget int64, loadBW float64, resident bool, log zerolog.Logger) (addrs []string, stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{}, n)
 	started := 0
@@ -203,7 +204,18 @@ func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, bud
 			return nil, nil, err
 		}
 		eng := worker.NewEngine(st, hidden, arena, worker.NewLink(loadBW), log)
-		ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
+		if resident {
+			layout := sched.Layout{Workers: n, Group: 1}
+			for l := range st.Layers() {
+				if err = eng.Pin(ctx, l, layout.Owned(i, l, st.Experts())); err != nil {
+					break
+				}
+			}
+		}
+		var ln *wire.Listener
+		if err == nil {
+			ln, err = wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
+		}
 		if err != nil {
 			eng.Close()
 			st.Close()

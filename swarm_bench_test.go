@@ -118,7 +118,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 // startBenchWorkers is startWorkers for benchmarks, with paced loads.
 func startBenchWorkers(b *testing.B, ctx context.Context, f swarmFixture, n int, loadBW float64) []string {
 	b.Helper()
-	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, 1<<30, loadBW, zerolog.Nop())
+	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, 1<<30, loadBW, false, zerolog.Nop())
 	if err != nil {
 		b.Fatal(err)
 	}

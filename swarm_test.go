@@ -48,9 +48,9 @@ func newSwarmFixture(t *testing.T, workers int) swarmFixture {
 
 // startWorkers runs n worker servers in this process on loopback QUIC with
 // mutual TLS; it returns their addresses.
-func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budget int64) []string {
+func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budget int64, resident bool) []string {
 	t.Helper()
-	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, budget, 0, zerolog.Nop())
+	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, budget, 0, resident, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 
 	for _, workers := range []int{2, 4, 8} {
-		for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext, mainnode.Random} {
+		for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext, mainnode.Random, mainnode.Resident} {
 			t.Run(fmt.Sprintf("%dworkers/%s", workers, policy), func(t *testing.T) {
 				sw := dialSwarm(t, f, workers, mainnode.Options{Prefetch: policy}, nil)
 				got := generate(t, mainModel, sw, prompt, steps)
@@ -149,7 +149,7 @@ func dialSwarm(t *testing.T, f swarmFixture, workers int, opt mainnode.Options, 
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	addrs := startWorkers(t, ctx, f, workers, 64<<20)
+	addrs := startWorkers(t, ctx, f, workers, 64<<20, opt.Prefetch == mainnode.Resident)
 	cfg, err := model.LoadConfig(f.modelDir)
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +182,25 @@ func dialSwarm(t *testing.T, f swarmFixture, workers int, opt mainnode.Options, 
 func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch, steps, layers int) {
 	t.Helper()
 	dec := mainnode.Total(sw.Stats().Decode)
+	if policy == mainnode.Resident {
+		// the fully cached reference: nothing is ever loaded
+		pre := mainnode.Total(sw.Stats().Prefill)
+		if dec.Results == 0 || dec.Loads != 0 || dec.Misses != 0 || pre.Loads != 0 || pre.Misses != 0 {
+			t.Fatalf("resident swarm loaded experts: decode %+v, prefill %+v", dec, pre)
+		}
+		// the only loads are the pins at start: every expert once, over all workers
+		var pinned float64
+		for i, m := range sw.WorkerMetrics(context.Background(), 5e9) {
+			if m == nil || m["misses"] != 0 || m["device_in_use_bytes"] == 0 {
+				t.Errorf("resident worker %d metrics %v", i, m)
+			}
+			pinned += m["loads"]
+		}
+		if want := float64(layers * synth.Presets["tiny"].Experts); pinned != want {
+			t.Errorf("resident workers loaded %v experts, want each of %v once", pinned, want)
+		}
+		return
+	}
 	if dec.Results == 0 || dec.Loads == 0 {
 		t.Fatalf("decode stats empty: %+v", dec)
 	}
@@ -221,7 +240,7 @@ func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
 	other := newSwarmFixture(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addrs := startWorkers(t, ctx, other, 1, 64<<20)
+	addrs := startWorkers(t, ctx, other, 1, 64<<20, false)
 	certs, _ := wire.LoadCerts(f.certs, "main")
 	layout, _ := sched.NewLayout(1, 1)
 	_, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 1}, mainnode.Options{Layout: layout, Hidden: 128})

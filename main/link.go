@@ -11,9 +11,10 @@ import (
 // link is the main node's connection to one worker: it routes each
 // ExpertResult or Error to the request waiting for it.
 type link struct {
-	peer  *wire.Peer
-	index int
-	beats chan *wire.Heartbeat
+	peer   *wire.Peer
+	index  int
+	beats  chan *wire.Heartbeat
+	traces chan *wire.Trace
 
 	mu    sync.Mutex
 	waits map[uint64]chan reply
@@ -23,6 +24,7 @@ type link struct {
 type reply struct {
 	res *wire.ExpertResult
 	err error
+	at  time.Time // when it arrived
 }
 
 // expect registers the channel that receives the replies to request id.
@@ -56,12 +58,17 @@ func (l *link) receive() {
 		}
 		switch m := m.(type) {
 		case *wire.ExpertResult:
-			l.deliver(m.ID, reply{res: m}, false)
+			l.deliver(m.ID, reply{res: m, at: time.Now()}, false)
 		case *wire.Error:
 			l.deliver(m.ID, reply{err: m}, true)
 		case *wire.Heartbeat:
 			select {
 			case l.beats <- m:
+			default:
+			}
+		case *wire.Trace:
+			select {
+			case l.traces <- m:
 			default:
 			}
 		}

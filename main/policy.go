@@ -24,10 +24,14 @@ const (
 	// Random hints each layer's group with random experts one layer ahead
 	// (ablation case 5).
 	Random Prefetch = "random"
+	// Resident is the fully cached reference, not a loading policy: every
+	// expert lives on its owner worker (sched.Layout.Owner), which pinned
+	// it at start (worker -resident), so nothing is loaded at all.
+	Resident Prefetch = "resident"
 )
 
 // Prefetches lists the policies this build knows.
-var Prefetches = []Prefetch{Reactive, OracleNext, Shadow, Random}
+var Prefetches = []Prefetch{Reactive, OracleNext, Shadow, Random, Resident}
 
 // ParsePrefetch checks a -prefetch value.
 func ParsePrefetch(s string) (Prefetch, error) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -28,12 +29,15 @@ type shadowLink struct {
 	done      int64     // the last iteration the shadow finished
 	forwardMs float64   // the shadow's decode forward passes, summed
 	forwards  int
+	peakRSS   int64
 	received  chan struct{}
+	trace     *trace.Recorder
+	traces    chan *wire.Trace
 }
 
-func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int) *shadowLink {
+func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int, rec *trace.Recorder) *shadowLink {
 	sl := &shadowLink{peer: p, policy: policy, pred: map[[2]int64][]int{}, actual: map[[2]int64][]int{},
-		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1)}
+		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	go sl.receive()
 	return sl
 }
@@ -44,8 +48,15 @@ func (sl *shadowLink) receive() {
 		if err != nil {
 			return
 		}
+		at := time.Now()
 		switch m := m.(type) {
+		case *wire.Trace:
+			select {
+			case sl.traces <- m:
+			default:
+			}
 		case *wire.Prediction:
+			sl.trace.Message(trace.Recv, trace.MsgPrediction, sl.peer.Identity().Name, m.Iteration, m.Layer, -1, 0, at)
 			es := make([]int, len(m.Experts))
 			for i, e := range m.Experts {
 				es[i] = int(e)
@@ -66,6 +77,7 @@ func (sl *shadowLink) receive() {
 				}
 				sl.late[it-2] = m.Stats["late_departure_ms"]
 				sl.forwardMs += m.Stats["forward_ms"]
+				sl.peakRSS = max(sl.peakRSS, int64(m.Stats["rss_peak_bytes"]))
 				sl.forwards++
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
@@ -107,6 +119,7 @@ func (sl *shadowLink) routed(it int64, layer int, experts []int) []int {
 // every KVPeriod steps.
 func (sl *shadowLink) start(ctx context.Context, step int, tokens []int, cache *kvcache.Cache) error {
 	a := &wire.Alignment{Iteration: int64(step + 1), Token: -1}
+	defer sl.trace.Message(trace.Send, trace.MsgAlignment, sl.peer.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 	if step == 0 {
 		a.Prompt = make([]int32, len(tokens))
 		for i, t := range tokens {
@@ -148,6 +161,8 @@ type ShadowStats struct {
 	LateDepartureMs []float64 // per decode iteration
 	// ForwardMs is the shadow's mean decode forward pass (all layers).
 	ForwardMs float64
+	// PeakRSS is the shadow process's peak resident memory.
+	PeakRSS int64
 }
 
 // stats waits (up to timeout) for the shadow to finish iteration last,
@@ -171,7 +186,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late)}
+	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late), PeakRSS: sl.peakRSS}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}

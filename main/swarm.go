@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
@@ -42,6 +43,9 @@ type Options struct {
 	Layers, Experts, TopK int
 	// Seed drives -prefetch random.
 	Seed uint64
+	// Trace, if set, records this node's part of the swarm's timeline
+	// (StartTrace, CollectTrace).
+	Trace *trace.Recorder
 }
 
 // Swarm runs experts on remote workers: the model.ExpertRunner of the main
@@ -84,7 +88,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		if err := opt.Align.Validate(); err != nil {
 			return nil, err
 		}
-		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers)
+		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
 	case Random:
 		if opt.Layers <= 0 || opt.TopK <= 0 || opt.Experts < opt.TopK {
 			return nil, fmt.Errorf("mainnode: -prefetch random needs the model's layers and top-k")
@@ -96,7 +100,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		if p.Identity().Role != wire.RoleWorker {
 			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
 		}
-		l := &link{peer: p, index: i, waits: map[uint64]chan reply{}, beats: make(chan *wire.Heartbeat, 1)}
+		l := &link{peer: p, index: i, waits: map[uint64]chan reply{}, beats: make(chan *wire.Heartbeat, 1), traces: make(chan *wire.Trace, 1)}
 		go l.receive()
 		s.workers = append(s.workers, l)
 	}
@@ -125,6 +129,7 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 	}
 	if !s.mark.IsZero() {
 		s.stats.main(prefill, s.iter, layer, start.Sub(s.mark))
+		s.opt.Trace.Span(trace.Main, s.iter, layer, -1, s.mark, start)
 	}
 	defer func() { s.mark = time.Now() }()
 	if len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
@@ -140,6 +145,8 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 	}
 	slices.Sort(s.experts)
 	switch {
+	case s.opt.Prefetch == Resident:
+		s.assign = s.opt.Layout.Owners(s.assign[:0], layer, s.experts)
 	case prefill || (s.shadow == nil && s.random == nil):
 		s.assign = s.opt.Layout.Assign(s.assign[:0], layer, s.experts, prefill)
 	case s.shadow != nil:
@@ -171,6 +178,8 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 	per := make(map[int][]int32)
 	switch {
+	case s.opt.Prefetch == Resident:
+		return nil // nothing to load
 	case prefill || s.opt.Prefetch == OracleNext:
 		for i, e := range s.experts {
 			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
@@ -189,6 +198,7 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 		}
 		s.random[next] = hinted
 		for w, es := range nper {
+			s.opt.Trace.Message(trace.Send, trace.MsgPrediction, s.workers[w].peer.Identity().Name, s.iter, next, -1, 0, time.Now())
 			if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: next, Experts: es}); err != nil {
 				return s.workerErr(w, err)
 			}
@@ -198,6 +208,7 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 		return nil
 	}
 	for w, es := range per {
+		s.opt.Trace.Message(trace.Send, trace.MsgPrediction, s.workers[w].peer.Identity().Name, s.iter, layer, -1, 0, time.Now())
 		if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: layer, Experts: es}); err != nil {
 			return s.workerErr(w, err)
 		}
@@ -269,6 +280,7 @@ func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route,
 func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 	if !prefill {
 		for _, r := range reqs {
+			s.opt.Trace.Message(trace.Send, trace.MsgActivation, s.workers[r.worker].peer.Identity().Name, s.iter, r.msg.Layer, -1, r.msg.ID, time.Now())
 			if err := s.workers[r.worker].peer.Send(ctx, r.msg); err != nil {
 				return s.workerErr(r.worker, err)
 			}
@@ -283,6 +295,7 @@ func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 				if r.worker != w {
 					continue
 				}
+				s.opt.Trace.Message(trace.Send, trace.MsgActivation, s.workers[w].peer.Identity().Name, s.iter, r.msg.Layer, -1, r.msg.ID, time.Now())
 				if err := s.workers[w].peer.Send(ctx, r.msg); err != nil {
 					errs[w] = s.workerErr(w, err)
 					return
@@ -324,6 +337,7 @@ func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes 
 				}
 			}
 			ls.add(res)
+			s.opt.Trace.Message(trace.Recv, trace.MsgResult, s.workers[r.worker].peer.Identity().Name, s.iter, layer, res.Expert, r.msg.ID, rp.at)
 			crit = max(crit, res.StallTime+res.ComputeTime)
 		}
 	}

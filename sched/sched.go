@@ -9,6 +9,11 @@
 // distinct experts (in id order) goes to the group's worker i mod Group,
 // so each expert is loaded to exactly one worker.
 //
+// Resident (the fully cached reference, no loading at all): expert e of
+// layer l lives on worker (e + l) mod Workers for good, in decode and
+// prefill, so a layer's distinct experts sit on distinct workers whenever
+// there are no more experts than workers.
+//
 // Prefill (section 3.3): every expert of a layer is likely used, so expert
 // e of every layer runs on worker e mod Workers, all workers at once.
 package sched
@@ -46,6 +51,29 @@ func (l Layout) DecodeWorker(layer, i int) int {
 
 // PrefillWorker is the worker that runs expert in prefill, at every layer.
 func (l Layout) PrefillWorker(expert int) int { return expert % l.Workers }
+
+// Owner is the worker that holds expert of layer in a resident swarm.
+func (l Layout) Owner(layer, expert int) int { return (expert + layer) % l.Workers }
+
+// Owners appends Owner(layer, e) for each of experts to dst.
+func (l Layout) Owners(dst []int, layer int, experts []int) []int {
+	for _, e := range experts {
+		dst = append(dst, l.Owner(layer, e))
+	}
+	return dst
+}
+
+// Owned lists the experts of layer that worker holds in a resident swarm
+// of a model with experts experts per layer.
+func (l Layout) Owned(worker, layer, experts int) []int {
+	var out []int
+	for e := range experts {
+		if l.Owner(layer, e) == worker {
+			out = append(out, e)
+		}
+	}
+	return out
+}
 
 // Assign appends to dst, for each of experts (distinct, sorted by id), the
 // worker that runs it: DecodeWorker for a decode step, PrefillWorker for a

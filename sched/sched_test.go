@@ -61,3 +61,35 @@ func TestPlaceDecodeKeepsHintedExpertsWhereTheyWereLoaded(t *testing.T) {
 		}
 	}
 }
+
+func TestResidentOwnersSpreadEachLayerOverDistinctWorkers(t *testing.T) {
+	l, _ := NewLayout(8, 2)
+	const layers, experts = 32, 8
+	held := make([]int, l.Workers)
+	for layer := range layers {
+		seen := map[int]bool{}
+		for e := range experts {
+			w := l.Owner(layer, e)
+			if w < 0 || w >= l.Workers || seen[w] {
+				t.Fatalf("layer %d expert %d on worker %d (seen %v)", layer, e, w, seen)
+			}
+			seen[w] = true
+		}
+		for w := range l.Workers {
+			for _, e := range l.Owned(w, layer, experts) {
+				if l.Owner(layer, e) != w {
+					t.Fatalf("Owned(%d, %d) lists expert %d, owned by %d", w, layer, e, l.Owner(layer, e))
+				}
+				held[w]++
+			}
+		}
+	}
+	for w, n := range held {
+		if n != layers*experts/l.Workers {
+			t.Errorf("worker %d holds %d experts, want %d", w, n, layers*experts/l.Workers)
+		}
+	}
+	if got := l.Owners(nil, 3, []int{1, 6}); got[0] != 4 || got[1] != 1 {
+		t.Errorf("Owners(3, [1 6]) = %v, want [4 1]", got)
+	}
+}

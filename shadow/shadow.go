@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
@@ -39,6 +41,8 @@ type Node struct {
 	ctx     context.Context
 	experts []int
 	sendErr error
+	trace   *trace.Recorder
+	mark    time.Time // the end of the last traced piece of the forward pass
 }
 
 // NewNode returns a shadow over the quantized model m that hints workers
@@ -47,7 +51,7 @@ func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, log zero
 	if len(workers) != layout.Workers {
 		return nil, fmt.Errorf("shadow: %d worker connections for a layout of %d", len(workers), layout.Workers)
 	}
-	return &Node{m: m, workers: workers, layout: layout, log: log}, nil
+	return &Node{m: m, workers: workers, layout: layout, log: log, trace: trace.NewRecorder("shadow")}, nil
 }
 
 // ServeMain follows one main node until its connection ends: alignments
@@ -60,10 +64,17 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 		if err != nil {
 			return err
 		}
+		if t, ok := m.(*wire.Trace); ok {
+			if err := wire.AnswerTrace(ctx, p, n.trace, t); err != nil {
+				return err
+			}
+			continue
+		}
 		a, ok := m.(*wire.Alignment)
 		if !ok {
 			continue
 		}
+		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 		if len(a.Prompt) > 0 {
 			clear(pending)
 			n.it = 0
@@ -117,11 +128,14 @@ func (n *Node) iterate(a *wire.Alignment) error {
 		token = int(a.Token)
 	}
 	late := time.Since(start) // late departure: the alignment's own cost here
+	n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
 	n.sess.OnRoute = n.predict
 	n.sendErr = nil
 	t0 := time.Now()
+	n.mark = t0
 	logits, err := n.sess.Forward(n.ctx, []int{token})
 	forward := time.Since(t0)
+	n.trace.Span(trace.Shadow, a.Iteration, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	n.sess.OnRoute = nil
 	if err != nil {
 		return fmt.Errorf("shadow: iteration %d: %w", a.Iteration, err)
@@ -132,7 +146,7 @@ func (n *Node) iterate(a *wire.Alignment) error {
 	}
 	return n.mainP.Send(n.ctx, &wire.Heartbeat{Seq: uint64(a.Iteration), UnixNano: time.Now().UnixNano(),
 		Stats: wire.Metrics{"iteration": float64(a.Iteration), "late_departure_ms": float64(late) / 1e6,
-			"forward_ms": float64(forward) / 1e6}})
+			"forward_ms": float64(forward) / 1e6, "rss_peak_bytes": float64(procmem.PeakRSS())}})
 }
 
 // predict is the Session's routing hook: the moment layer l is routed,
@@ -141,6 +155,9 @@ func (n *Node) predict(l int, _ []float32, routes []model.Route) {
 	if n.sendErr != nil {
 		return
 	}
+	now := time.Now()
+	n.trace.Span(trace.Shadow, n.it, l, -1, n.mark, now)
+	n.mark = now
 	n.experts = n.experts[:0]
 	for _, r := range routes {
 		if !slices.Contains(n.experts, r.Expert) {
@@ -156,11 +173,13 @@ func (n *Node) predict(l int, _ []float32, routes []model.Route) {
 		per[w] = append(per[w], int32(e))
 	}
 	for w, es := range per {
+		n.trace.Message(trace.Send, trace.MsgPrediction, n.workers[w].Identity().Name, n.it, l, -1, 0, time.Now())
 		if err := n.workers[w].Send(n.ctx, &wire.Prediction{Iteration: n.it, Layer: l, Experts: es}); err != nil {
 			n.sendErr = fmt.Errorf("shadow: hinting worker %d: %w", w, err)
 			return
 		}
 	}
+	n.trace.Message(trace.Send, trace.MsgPrediction, n.mainP.Identity().Name, n.it, l, -1, 0, time.Now())
 	if err := n.mainP.Send(n.ctx, &wire.Prediction{Iteration: n.it, Layer: l, Experts: all}); err != nil {
 		n.sendErr = fmt.Errorf("shadow: telling the main node: %w", err)
 	}

@@ -12,9 +12,10 @@
 // the other node is not up yet and gives up at once on a refusal. Each
 // side opens one control stream for the connection's lifetime, with the
 // highest send priority, for the small latency-critical messages
-// (Prediction, Activation, ExpertResult, ChunkRequest, Heartbeat, Error);
-// every bulk message (ChunkResponse, Alignment, an Activation or
-// ExpertResult over 256 KiB: a prefill batch) gets a stream of its own,
+// (Prediction, Activation, ExpertResult, ChunkRequest, Heartbeat, Error,
+// a Trace request); every bulk message (ChunkResponse, Alignment, a Trace
+// carrying events, an Activation or ExpertResult over 256 KiB: a prefill
+// batch) gets a stream of its own,
 // so a 4 MiB transfer never holds up a 16 KiB hidden state. Keep-alives
 // and the idle timeout are configurable: a peer that vanishes is seen
 // (ErrTimeout) within Config.IdleTimeout; Close ends a connection

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -25,6 +26,7 @@ const (
 	TypeChunkResponse Type = 7
 	TypeHeartbeat     Type = 8
 	TypeError         Type = 9
+	TypeTrace         Type = 10
 )
 
 func (t Type) String() string {
@@ -36,7 +38,7 @@ func (t Type) String() string {
 
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment, *ChunkRequest, *ChunkResponse,
-// *Heartbeat or *Error. Peer.Recv returns them; a type switch tells them
+// *Heartbeat, *Error or *Trace. Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
 	Type() Type
@@ -64,6 +66,8 @@ func newMessage(t Type) Message {
 		return new(Heartbeat)
 	case TypeError:
 		return new(Error)
+	case TypeTrace:
+		return new(Trace)
 	}
 	return nil
 }
@@ -197,6 +201,19 @@ func (m Metrics) EncodeMsgpack(enc *msgpack.Encoder) error {
 	return nil
 }
 
+// Trace drives the swarm's timeline recording (internal/trace). The main
+// node sends Window (From..To, Collect false) to start recording those
+// iterations afresh, then Collect to ask for what was recorded; the
+// answer is a Trace with Events, Dropped and the sender's clock.
+type Trace struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	From, To int64    // the iterations to record
+	Collect  bool     // send back the events recorded
+	Events   []trace.Event
+	Dropped  int   // events the node did not keep
+	UnixNano int64 // the sender's clock when it sent this message
+}
+
 // Request error codes (Error.Code). Values are part of the protocol.
 const (
 	ReqBadRequest uint32 = 1 // the request does not fit the receiver (unknown expert, wrong sizes)
@@ -231,6 +248,7 @@ func (*ChunkRequest) Type() Type  { return TypeChunkRequest }
 func (*ChunkResponse) Type() Type { return TypeChunkResponse }
 func (*Heartbeat) Type() Type     { return TypeHeartbeat }
 func (*Error) Type() Type         { return TypeError }
+func (*Trace) Type() Type         { return TypeTrace }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -299,6 +317,21 @@ func (m *ChunkResponse) validate() error {
 
 func (m *Heartbeat) validate() error { return nil }
 func (m *Error) validate() error     { return nil }
+
+func (m *Trace) validate() error {
+	if m.From < 0 || m.To < m.From && m.To != 0 {
+		return malformed("trace window %d..%d", m.From, m.To)
+	}
+	if len(m.Events) > trace.MaxEvents {
+		return malformed("trace of %d events, more than %d", len(m.Events), trace.MaxEvents)
+	}
+	for i := range m.Events {
+		if err := m.Events[i].Valid(); err != nil {
+			return malformed("trace event %d: %v", i, err)
+		}
+	}
+	return nil
+}
 
 // DecodeMsgpack reads a ChunkResponse with Data sharing the frame's
 // memory where it may (see decodeBytes); the fields are in declaration

@@ -43,6 +43,10 @@ func classOf(m Message) byte {
 	switch m := m.(type) {
 	case *ChunkResponse, *Alignment:
 		return classBulk
+	case *Trace:
+		if len(m.Events) > 0 {
+			return classBulk
+		}
 	case *Activation:
 		if len(m.Hidden.Data) > urgentMaxBytes {
 			return classBulk

@@ -42,6 +42,10 @@ type Engine struct {
 	log    zerolog.Logger
 	Stats  Stats
 
+	// OnLoad, if set before the first load, is told of every load that
+	// succeeded: which expert and when it ran (for traces).
+	OnLoad func(layer, expert int, start, end time.Time)
+
 	ctx    context.Context // for background loads; cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -61,6 +65,7 @@ type slot struct {
 	err     error
 	loadDur time.Duration
 	hinted  bool
+	pinned  bool   // resident for good (Pin): never evicted but by Close
 	loaded  bool   // the load has ended (err says how); guarded by Engine.mu
 	users   int    // requests computing with it now
 	used    bool   // some request has used it
@@ -137,6 +142,41 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 	}
 	e.Stats.Loads.Add(1)
 	e.Stats.LoadNanos.Add(int64(s.loadDur))
+	if e.OnLoad != nil {
+		e.OnLoad(k.layer, k.expert, t0, t0.Add(s.loadDur))
+	}
+}
+
+// Pin loads the given experts of layer and keeps them resident until
+// Close, whatever the requests say (a resident swarm: the fully cached
+// reference). It waits for the loads and returns the first error.
+func (e *Engine) Pin(ctx context.Context, layer int, experts []int) error {
+	var pending []*slot
+	for _, ex := range experts {
+		k := slotKey{layer, ex}
+		e.mu.Lock()
+		s, ok := e.slots[k]
+		if !ok {
+			s = e.newSlotLocked(k, false)
+		}
+		s.pinned, s.used = true, true
+		e.mu.Unlock()
+		if !ok {
+			e.load(ctx, k, s)
+		}
+		pending = append(pending, s)
+	}
+	for _, s := range pending {
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if s.err != nil {
+			return s.err
+		}
+	}
+	return nil
 }
 
 func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
@@ -187,7 +227,7 @@ func (e *Engine) evictOneStale(layer int) bool {
 	var victim *slot
 	var vk slotKey
 	for k, s := range e.slots {
-		if k.layer == layer || s.users > 0 || !s.loaded || s.err != nil {
+		if k.layer == layer || s.users > 0 || !s.loaded || s.err != nil || s.pinned {
 			continue
 		}
 		if victim == nil || s.seq < victim.seq {
@@ -216,10 +256,13 @@ func (e *Engine) dropLocked(k slotKey, s *slot) {
 // Result describes how a request was served.
 type Result struct {
 	Miss    bool          // the expert was not hinted: loaded on demand
-	Loaded  bool          // a load was (or had been) needed for this request
+	Loaded  bool          // the expert was loaded for this request: its first user, and not pinned
 	Stall   time.Duration // time waiting for the load
 	Load    time.Duration // the load's own duration
 	Compute time.Duration
+	// Arrived is when Run was called (the stall starts), Started when the
+	// compute started.
+	Arrived, Started time.Time
 }
 
 // Run computes expert (layer, expert) on n input vectors x (n*hidden) into
@@ -262,6 +305,7 @@ func (e *Engine) Run(ctx context.Context, layer, expert int, x []float32, n int,
 			e.mu.Unlock()
 			continue
 		}
+		res.Loaded = !s.used && !s.pinned
 		s.users++
 		s.used = true
 		e.mu.Unlock()
@@ -272,15 +316,17 @@ func (e *Engine) Run(ctx context.Context, layer, expert int, x []float32, n int,
 	} else {
 		e.Stats.Hits.Add(1)
 	}
-	res.Stall = time.Since(t0)
-	res.Loaded, res.Load = true, s.loadDur
+	res.Stall, res.Arrived = time.Since(t0), t0
+	if res.Loaded {
+		res.Load = s.loadDur
+	}
 	e.Stats.StallNanos.Add(int64(res.Stall))
 
 	err := e.compute(s.expert, x, n, out, &res)
 
 	e.mu.Lock()
 	s.users--
-	if evict && s.users == 0 && e.slots[k] == s {
+	if evict && s.users == 0 && !s.pinned && e.slots[k] == s {
 		e.dropLocked(k, s)
 	}
 	e.mu.Unlock()
@@ -299,9 +345,9 @@ func (e *Engine) compute(ex model.Expert, x []float32, n int, out []float32, res
 	defer e.arena.Free(b)
 	f := unsafe.Slice((*float32)(unsafe.Pointer(&b.Bytes[0])), 2*n*inter)
 	scratch := model.NewExpertScratch(f[:n*inter], f[n*inter:])
-	t0 := time.Now()
+	res.Started = time.Now()
 	ex.Forward(out, x, n, scratch)
-	res.Compute = time.Since(t0)
+	res.Compute = time.Since(res.Started)
 	e.Stats.ComputeNanos.Add(int64(res.Compute))
 	return nil
 }
@@ -313,7 +359,7 @@ func (e *Engine) Evict(layer int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, s := range e.slots {
-		if k.layer != layer || s.users > 0 {
+		if k.layer != layer || s.users > 0 || s.pinned {
 			continue
 		}
 		if s.loaded {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/trace"
 
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
@@ -23,14 +24,30 @@ type Server struct {
 	engine *Engine
 	log    zerolog.Logger
 
-	mu   sync.Mutex
-	done map[int]int64 // layer -> the last iteration that ended it here
-	late atomic.Int64  // predictions that arrived after their layer ran
+	mu    sync.Mutex
+	done  map[int]int64 // layer -> the last iteration that ended it here
+	seen  map[int]int64 // layer -> the last iteration a message named (what a load is for, in traces)
+	late  atomic.Int64  // predictions that arrived after their layer ran
+	trace *trace.Recorder
 }
 
 // NewServer serves engine.
 func NewServer(engine *Engine, log zerolog.Logger) *Server {
-	return &Server{engine: engine, log: log, done: map[int]int64{}}
+	s := &Server{engine: engine, log: log, done: map[int]int64{}, seen: map[int]int64{}, trace: trace.NewRecorder("worker")}
+	engine.OnLoad = func(layer, expert int, start, end time.Time) {
+		s.mu.Lock()
+		it := s.seen[layer]
+		s.mu.Unlock()
+		s.trace.Span(trace.Load, it, layer, expert, start, end)
+	}
+	return s
+}
+
+// saw records that a message named layer of iteration it.
+func (s *Server) saw(it int64, layer int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen[layer] = it
 }
 
 // prefetch starts loading a prediction's experts unless its layer has
@@ -122,10 +139,15 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			}
 			return
 		}
+		at := time.Now()
 		switch m := m.(type) {
 		case *wire.Prediction:
+			s.saw(m.Iteration, m.Layer)
+			s.trace.Message(trace.Recv, trace.MsgPrediction, id.Name, m.Iteration, m.Layer, -1, 0, at)
 			s.prefetch(m)
 		case *wire.Activation:
+			s.saw(m.Iteration, m.Layer)
+			s.trace.Message(trace.Recv, trace.MsgActivation, id.Name, m.Iteration, m.Layer, -1, m.ID, at)
 			select {
 			case acts <- m:
 			case <-ctx.Done():
@@ -135,6 +157,10 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			// a heartbeat asks for our counters: answer with them
 			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano(), Stats: s.Metrics()}); err != nil {
 				log.Info().Err(err).Msg("sending metrics failed")
+			}
+		case *wire.Trace:
+			if err := wire.AnswerTrace(ctx, p, s.trace, m); err != nil {
+				log.Info().Err(err).Msg("sending the trace failed")
 			}
 		default:
 			log.Warn().Str("type", m.Type().String()).Msg("ignoring a message a worker does not handle")
@@ -173,6 +199,13 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 		}
 		if res.Miss {
 			log.Debug().Int64("iteration", a.Iteration).Int("layer", a.Layer).Int32("expert", e).Msg("miss: expert loaded on demand")
+		}
+		if s.trace.Active(a.Iteration) {
+			if res.Stall > 0 {
+				s.trace.Span(trace.Stall, a.Iteration, a.Layer, int(e), res.Arrived, res.Arrived.Add(res.Stall))
+			}
+			s.trace.Span(trace.Compute, a.Iteration, a.Layer, int(e), res.Started, res.Started.Add(res.Compute))
+			s.trace.Message(trace.Send, trace.MsgResult, p.Identity().Name, a.Iteration, a.Layer, int(e), a.ID, time.Now())
 		}
 		err = p.Send(ctx, &wire.ExpertResult{
 			Iteration: a.Iteration, Layer: a.Layer, Expert: int(e), ID: a.ID,

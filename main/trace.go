@@ -1,0 +1,104 @@
+package mainnode
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// StartTrace starts recording iterations from..to on this node (its
+// Options.Trace), on every worker and on the shadow. Call it before the
+// prompt: a node drops what it recorded before.
+func (s *Swarm) StartTrace(ctx context.Context, from, to int64) error {
+	if s.opt.Trace == nil {
+		return fmt.Errorf("mainnode: tracing needs Options.Trace")
+	}
+	s.opt.Trace.Window(from, to)
+	w := &wire.Trace{From: from, To: to}
+	for i, l := range s.workers {
+		if err := l.peer.Send(ctx, w); err != nil {
+			return s.workerErr(i, err)
+		}
+	}
+	if s.shadow != nil {
+		if err := s.shadow.peer.Send(ctx, w); err != nil {
+			return fmt.Errorf("mainnode: starting the shadow's trace: %w", err)
+		}
+	}
+	return nil
+}
+
+// CollectTrace gathers what every node recorded since StartTrace into one
+// trace, each node's events moved onto this node's clock by an offset
+// measured on the collect round trip (NTP's estimate: the remote clock
+// minus the midpoint of send and receive). Call it after ShadowStats, so
+// the shadow has finished. A node that does not answer within timeout is
+// left out and named in File.Dropped (with -1).
+func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers int) (*trace.File, error) {
+	if s.opt.Trace == nil {
+		return nil, fmt.Errorf("mainnode: tracing needs Options.Trace")
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	self := s.opt.Trace.Node()
+	own, dropped := s.opt.Trace.Events()
+	f := &trace.File{Layers: layers, Nodes: []string{self}, ClockOffsetNs: map[string]int64{self: 0}, Dropped: map[string]int{}, Events: own}
+	if dropped > 0 {
+		f.Dropped[self] = dropped
+	}
+	type remote struct {
+		peer *wire.Peer
+		in   chan *wire.Trace
+	}
+	var remotes []remote
+	if s.shadow != nil {
+		remotes = append(remotes, remote{s.shadow.peer, s.shadow.traces})
+	}
+	for _, l := range s.workers {
+		remotes = append(remotes, remote{l.peer, l.traces})
+	}
+	for _, r := range remotes {
+		name := r.peer.Identity().Name
+		f.Nodes = append(f.Nodes, name)
+		select { // drop a stale answer
+		case <-r.in:
+		default:
+		}
+		sent := time.Now()
+		if err := r.peer.Send(ctx, &wire.Trace{Collect: true}); err != nil {
+			f.Dropped[name] = -1
+			continue
+		}
+		var t *wire.Trace
+		select {
+		case t = <-r.in:
+		case <-ctx.Done():
+			f.Dropped[name] = -1
+			continue
+		}
+		got := time.Now()
+		offset := t.UnixNano - (sent.UnixNano()+got.UnixNano())/2
+		for i := range t.Events {
+			t.Events[i].Node = name // the certificate's name, not what the node calls itself
+		}
+		trace.Shift(t.Events, offset)
+		f.ClockOffsetNs[name] = offset
+		if t.Dropped > 0 {
+			f.Dropped[name] = t.Dropped
+		}
+		f.Events = append(f.Events, t.Events...)
+	}
+	for _, e := range f.Events {
+		if e.Iter < f.From || f.From == 0 {
+			f.From = e.Iter
+		}
+		f.To = max(f.To, e.Iter)
+	}
+	if len(f.Dropped) == 0 {
+		f.Dropped = nil
+	}
+	return f, nil
+}
