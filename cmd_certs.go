@@ -57,11 +57,13 @@ func runCerts(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 type clusterFlags struct {
 	certs, name string
 	insecure    bool
+	netDelay    time.Duration
 }
 
 func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.certs, "certs", "", "cluster certificate `DIR` made by odmoe certs (needs ca.pem, NAME.pem, NAME-key.pem)")
 	fs.StringVar(&c.name, "name", "", "this node's `NAME` in the cluster (default: the role's name for main and shadow)")
+	fs.DurationVar(&c.netDelay, "net-delay", 0, "delay every datagram this node sends by `D` (an emulated rig's link latency where the kernel has no netem; testbed/rig); below the timer grain (~1 ms here) it is not applied")
 	fs.BoolVar(&c.insecure, "insecure", false, "no certificates: peers are NOT authenticated (quick local experiments only)")
 }
 
@@ -79,7 +81,7 @@ func (c *clusterFlags) config(role wire.Role, log zerolog.Logger) (*wire.Config,
 		return nil, usagef("-name is required for a %s", role)
 	case c.insecure:
 		log.Warn().Str("name", name).Msg("-insecure: this node accepts and trusts any peer on the network")
-		return &wire.Config{Insecure: true, Name: name, Role: role, Log: log}, nil
+		return &wire.Config{Insecure: true, Name: name, Role: role, Log: log, SendDelay: c.netDelay}, nil
 	case c.certs == "":
 		return nil, usagef("-certs DIR is required (make it with `odmoe certs`), or -insecure for a local experiment")
 	}
@@ -90,5 +92,5 @@ func (c *clusterFlags) config(role wire.Role, log zerolog.Logger) (*wire.Config,
 	if certs.Identity.Role != role {
 		return nil, fmt.Errorf("%s's certificate is for a %s, not a %s", name, certs.Identity.Role, role)
 	}
-	return &wire.Config{Certs: certs, Log: log}, nil
+	return &wire.Config{Certs: certs, Log: log, SendDelay: c.netDelay}, nil
 }

@@ -79,6 +79,11 @@ type Config struct {
 	DialBackoff    time.Duration
 	MaxDialBackoff time.Duration
 
+	// SendDelay delays every datagram this node sends by this much: the
+	// link latency of an emulated rig whose kernel has no netem. Delays
+	// under half TimerGrain cannot be emulated and are ignored (logged).
+	SendDelay time.Duration
+
 	// Log receives connection events and errors (never per-message logs).
 	// The zero Logger discards them.
 	Log zerolog.Logger

@@ -55,10 +55,12 @@ func dialOnce(ctx context.Context, addr string, c *Config) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr := &quic.Transport{Conn: udp}
+	pc := c.packetConn(udp)
+	logDelay(c.Log, pc)
+	tr := &quic.Transport{Conn: pc}
 	release := func() {
 		tr.Close()
-		udp.Close()
+		pc.Close()
 	}
 	var refused errBox
 	hctx, cancel := context.WithTimeout(ctx, c.HandshakeTimeout)

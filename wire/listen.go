@@ -13,6 +13,7 @@ import (
 type Listener struct {
 	cfg   *Config
 	udp   *net.UDPConn
+	pc    net.PacketConn // udp, or udp behind a delay line (Config.SendDelay)
 	tr    *quic.Transport
 	ln    *quic.Listener
 	ready chan *Peer
@@ -48,16 +49,18 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
 	}
-	tr := &quic.Transport{Conn: udp}
+	pc := c.packetConn(udp)
+	logDelay(c.Log, pc)
+	tr := &quic.Transport{Conn: pc}
 	ln, err := tr.Listen(tlsConf, c.quicConfig())
 	if err != nil {
 		tr.Close()
-		udp.Close()
+		pc.Close()
 		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
 	}
 	hctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
-		cfg: c, udp: udp, tr: tr, ln: ln,
+		cfg: c, udp: udp, pc: pc, tr: tr, ln: ln,
 		ready:   make(chan *Peer, 16),
 		closing: make(chan struct{}),
 		cancel:  cancel,
@@ -198,7 +201,7 @@ func (l *Listener) Close() error {
 			(<-l.ready).Close()
 		}
 		l.tr.Close()
-		l.udp.Close()
+		l.pc.Close()
 	})
 	return nil
 }
