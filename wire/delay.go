@@ -63,10 +63,10 @@ func (d *delayConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 }
 
 func (d *delayConn) ReadFrom(b []byte) (int, net.Addr, error) { return d.conn.ReadFrom(b) }
-func (d *delayConn) LocalAddr() net.Addr                       { return d.conn.LocalAddr() }
-func (d *delayConn) SetDeadline(t time.Time) error             { return d.conn.SetDeadline(t) }
-func (d *delayConn) SetReadDeadline(t time.Time) error         { return d.conn.SetReadDeadline(t) }
-func (d *delayConn) SetWriteDeadline(t time.Time) error        { return d.conn.SetWriteDeadline(t) }
+func (d *delayConn) LocalAddr() net.Addr                      { return d.conn.LocalAddr() }
+func (d *delayConn) SetDeadline(t time.Time) error            { return d.conn.SetDeadline(t) }
+func (d *delayConn) SetReadDeadline(t time.Time) error        { return d.conn.SetReadDeadline(t) }
+func (d *delayConn) SetWriteDeadline(t time.Time) error       { return d.conn.SetWriteDeadline(t) }
 
 func (d *delayConn) Close() error {
 	d.once.Do(func() { close(d.done) })
