@@ -30,6 +30,7 @@ import (
 // flags.
 var benchTargets = map[string]command{
 	"kernels": {"DRAM bandwidth, matvec GB/s against it, prefill GFLOP/s, local decode pure Go vs SIMD", runBenchKernels},
+	"rig":     {"run local, resident, reactive and shadow-driven modes on a rig (testbed/bench); report.md, timeline.svg", runBenchRig},
 }
 
 func runBench(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {

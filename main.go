@@ -9,6 +9,8 @@
 //	odmoe certs     -out DIR -nodes main,shadow,w1,...
 //	odmoe tune-align -model DIR [-quant int8] [-periods 1,2,4,8,16]
 //	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
+//	odmoe launch    -rig FILE -model DIR [-via netns|local|ssh] [-mode shadow]
+//	odmoe bench rig -rig FILE -model DIR -out DIR [-cases 16x64,...]
 //
 // Run `odmoe COMMAND -h` for a command's flags.
 package main
@@ -38,6 +40,7 @@ var commands = map[string]command{
 	"convert":    {"compress a model's experts losslessly into a store directory", runConvert},
 	"demo":       {"start a whole swarm on this machine on a generated model and run a prompt", runDemo},
 	"gen-tiny":   {"write a deterministic random model in Hugging Face layout", runGenTiny},
+	"launch":     {"start a rig's workers and shadow (emulated, local or over ssh) until interrupted (testbed/launch)", runLaunch},
 	"inspect":    {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
 	"run":        {"run a role (local: the whole model in one process)", runRun},
 	"tune-align": {"try token/KV alignment periods for the shadow and print the fastest", runTuneAlign},

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/odmoe/odmoe/testbed"
+	"github.com/rs/zerolog"
+)
+
+// rigFlags are what launch and bench rig share: the rig, the files, and
+// how nodes are started.
+type rigFlags struct {
+	rig, model, store, certs, via, remoteDir, netDelay string
+	log                                                logFlags
+}
+
+func (f *rigFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+}) {
+	fs.StringVar(&f.rig, "rig", "testbed/rigs/paper.rig", "rig description `FILE` (nodes, roles, addresses, flags)")
+	fs.StringVar(&f.model, "model", "", "Hugging Face model `DIR` (required)")
+	fs.StringVar(&f.store, "store", "", "expert store `DIR`; default MODEL.store, made with odmoe convert if missing")
+	fs.StringVar(&f.certs, "certs", "", "cluster certificates `DIR`; default MODEL.certs-RIGNAME, made for the rig's nodes if missing")
+	fs.StringVar(&f.via, "via", "netns", "how nodes start: netns (the emulated rig of testbed/rig up), local (processes on this machine, loopback addresses), ssh (a real LAN)")
+	fs.StringVar(&f.remoteDir, "remote-dir", "/opt/odmoe", "ssh: the `DIR` on every host holding odmoe, model, store, certs (odmoe launch -push puts them there)")
+	fs.StringVar(&f.netDelay, "net-delay", "auto", "one-way delay every node adds to what it sends: auto = the emulated rig's delay when the kernel has no netem (testbed/rig state), else a duration or 0")
+}
+
+// setup reads the rig, makes the store and certificates if missing, and
+// returns how to start nodes.
+func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (*testbed.Rig, testbed.Via, testbed.Paths, time.Duration, error) {
+	var files testbed.Paths
+	if f.model == "" {
+		return nil, nil, files, 0, usagef("-model is required")
+	}
+	rig, err := testbed.ReadRig(f.rig)
+	if err != nil {
+		return nil, nil, files, 0, err
+	}
+	if files.Bin, err = os.Executable(); err != nil {
+		return nil, nil, files, 0, err
+	}
+	model, err := filepath.Abs(f.model)
+	if err != nil {
+		return nil, nil, files, 0, err
+	}
+	files.Model, files.Store, files.Certs = model, f.store, f.certs
+	if files.Store == "" {
+		files.Store = model + ".store"
+	}
+	if files.Certs == "" {
+		files.Certs = model + ".certs-" + strings.TrimSuffix(filepath.Base(f.rig), filepath.Ext(f.rig))
+	}
+	if err := ensureStore(ctx, files.Model, files.Store, log); err != nil {
+		return nil, nil, files, 0, err
+	}
+	if err := ensureRigCerts(files.Certs, rig); err != nil {
+		return nil, nil, files, 0, err
+	}
+	delay, err := f.delay(log)
+	if err != nil {
+		return nil, nil, files, 0, err
+	}
+	var via testbed.Via
+	switch f.via {
+	case "netns":
+		if via, err = testbed.NewNetns(files); err != nil {
+			return nil, nil, files, 0, err
+		}
+	case "local":
+		via = testbed.Local{Files: files}
+	case "ssh":
+		if !filepath.IsAbs(f.remoteDir) {
+			return nil, nil, files, 0, usagef("-remote-dir %q must be absolute (login shells may start elsewhere)", f.remoteDir)
+		}
+		via = testbed.SSH{Dir: f.remoteDir}
+	default:
+		return nil, nil, files, 0, usagef("-via %q unknown: netns, local or ssh", f.via)
+	}
+	return rig, via, files, delay, nil
+}
+
+// delay resolves -net-delay.
+func (f *rigFlags) delay(log zerolog.Logger) (time.Duration, error) {
+	if f.netDelay != "auto" {
+		d, err := time.ParseDuration(f.netDelay)
+		if err != nil && f.netDelay != "0" {
+			return 0, usagef("-net-delay %q: want auto or a duration such as 1ms", f.netDelay)
+		}
+		return d, nil
+	}
+	if f.via != "netns" {
+		return 0, nil
+	}
+	st := readKV(filepath.Join(testbed.RigStateDir, "state"))
+	if st["delay_by"] != "app" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(st["delay"])
+	if err != nil {
+		return 0, fmt.Errorf("rig state: delay %q: %w", st["delay"], err)
+	}
+	log.Info().Dur("delay", d).Msg("the kernel has no netem: nodes add the rig's link delay themselves (-net-delay)")
+	return d, nil
+}
+
+func readKV(path string) map[string]string {
+	out := map[string]string{}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// ensureRigCerts makes the rig's certificates unless every node has one.
+func ensureRigCerts(dir string, rig *testbed.Rig) error {
+	complete := true
+	for _, n := range rig.Nodes() {
+		if _, err := os.Stat(filepath.Join(dir, n.Name+".pem")); err != nil {
+			complete = false
+		}
+	}
+	if complete {
+		return nil
+	}
+	return runCerts(context.Background(), []string{"-out", dir, "-nodes", rig.CertNodes(), "-force"}, nil, io.Discard, io.Discard)
+}
+
+func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench rig", stderr)
+	var rf rigFlags
+	rf.register(fs)
+	out := fs.String("out", "", "`DIR` for report.json, report.md, timeline.svg, per-run dumps and node logs (required)")
+	cases := fs.String("cases", "16x64,16x256,128x64,128x256", "PROMPTxOUTPUT token lengths to run (OD-MoE's by default)")
+	modes := fs.String("modes", "resident,reactive,shadow", "swarm modes to run besides local: resident, reactive, shadow")
+	traceIters := fs.String("trace-iters", "3:5", "decode iterations the timelines show, FROM:TO")
+	rf.log.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := rf.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	if *out == "" {
+		return usagef("-out is required")
+	}
+	cs, err := testbed.ParseCases(*cases)
+	if err != nil {
+		return usagef("-cases: %v", err)
+	}
+	ms, err := testbed.ParseModes(*modes)
+	if err != nil {
+		return usagef("-modes: %v", err)
+	}
+	rig, via, files, delay, err := rf.setup(ctx, log)
+	if err != nil {
+		return err
+	}
+	absOut, err := filepath.Abs(*out)
+	if err != nil {
+		return err
+	}
+	rep, err := testbed.Bench(testbed.BenchOptions{
+		Rig: rig, Via: via, Files: files, Out: absOut, Cases: cs, Modes: ms, TraceIters: *traceIters, NetDelay: delay,
+		Command: "odmoe bench rig " + strings.Join(args, " "), Log: log,
+	})
+	if rep != nil {
+		fmt.Fprintf(stdout, "report: %s\n", filepath.Join(absOut, "report.md"))
+	}
+	return err
+}
+
+func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("launch", stderr)
+	var rf rigFlags
+	rf.register(fs)
+	mode := fs.String("mode", "shadow", "what to start: shadow (workers and the shadow), reactive (workers), resident (workers holding their experts)")
+	push := fs.Bool("push", false, "ssh: first copy the binary, model, store and certificates to every host's -remote-dir")
+	logDir := fs.String("logs", "rig-logs", "`DIR` for each node's log")
+	rf.log.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := rf.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	m := testbed.Mode(*mode)
+	if m != testbed.ModeShadow && m != testbed.ModeReactive && m != testbed.ModeResident {
+		return usagef("-mode %q unknown: shadow, reactive or resident", *mode)
+	}
+	rig, via, files, delay, err := rf.setup(ctx, log)
+	if err != nil {
+		return err
+	}
+	if *push {
+		s, ok := via.(testbed.SSH)
+		if !ok {
+			return usagef("-push is for -via ssh")
+		}
+		if err := s.Push(rig, files, stdout); err != nil {
+			return err
+		}
+	}
+	procs, err := testbed.StartServers(testbed.BenchOptions{Rig: rig, Via: via, Files: files, NetDelay: delay, Log: log}, m, *logDir)
+	defer testbed.StopAll(procs, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	mainArgs := testbed.MainArgs(testbed.BenchOptions{Rig: rig, Via: via, Files: files, NetDelay: delay}, m)
+	fmt.Fprintf(stdout, "rig up: %d node processes (%s), logs in %s. Run the main node on %s with:\n  %s run %s -prompt 'Hello'\nCtrl-C stops them.\n",
+		len(procs), m, *logDir, rig.Main.Host(), via.Paths(rig.Main).Bin, strings.Join(quoteArgs(mainArgs), " "))
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "stopping the rig's nodes")
+	return nil
+}
+
+func quoteArgs(a []string) []string {
+	out := make([]string, len(a))
+	for i, s := range a {
+		if strings.ContainsAny(s, " '\"$") {
+			s = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+		}
+		out[i] = s
+	}
+	return out
+}

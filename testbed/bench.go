@@ -1,0 +1,406 @@
+package testbed
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/rs/zerolog"
+)
+
+// Mode is a way of running the model the benchmark compares.
+type Mode string
+
+// The modes, in report order.
+const (
+	ModeLocal    Mode = "local"    // one process, the whole model: the reference the others must match bit for bit
+	ModeResident Mode = "resident" // every worker holds its experts for good: fully cached, no loading
+	ModeReactive Mode = "reactive" // load each expert when its activation arrives
+	ModeShadow   Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
+)
+
+// AllModes lists the modes in report order.
+var AllModes = []Mode{ModeLocal, ModeResident, ModeReactive, ModeShadow}
+
+// ParseModes reads a comma-separated mode list; local is always run
+// (first): it is what the others are checked against.
+func ParseModes(s string) ([]Mode, error) {
+	out := []Mode{ModeLocal}
+	for _, f := range strings.Split(s, ",") {
+		m := Mode(strings.TrimSpace(f))
+		switch m {
+		case ModeLocal, "":
+		case ModeResident, ModeReactive, ModeShadow:
+			out = append(out, m)
+		default:
+			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow (local always runs)", m)
+		}
+	}
+	return out, nil
+}
+
+// Case is one prompt length and output length.
+type Case struct {
+	Prompt, Output int
+}
+
+func (c Case) String() string { return fmt.Sprintf("p%d-o%d", c.Prompt, c.Output) }
+
+// PaperCases are OD-MoE's lengths: 16 and 128 prompt tokens, 64 and 256
+// output tokens.
+var PaperCases = []Case{{16, 64}, {16, 256}, {128, 64}, {128, 256}}
+
+// ParseCases reads "16x64,128x256".
+func ParseCases(s string) ([]Case, error) {
+	var out []Case
+	for _, f := range strings.Split(s, ",") {
+		var c Case
+		if _, err := fmt.Sscanf(strings.TrimSpace(f), "%dx%d", &c.Prompt, &c.Output); err != nil || c.Prompt < 1 || c.Output < 1 {
+			return nil, fmt.Errorf("case %q: want PROMPTxOUTPUT tokens, e.g. 16x64", f)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// Prompts is the benchmark's prompt set: case i uses Prompts[i %
+// len(Prompts)], its tokens repeated to the case's prompt length
+// (run -prompt-tokens), so lengths are exact whatever the tokenizer.
+var Prompts = []string{
+	"The history of the printing press begins with movable type in East Asia and continues in Europe, where",
+	"A distributed system of small computers can run a large language model if each of them",
+	"Write a short story about a lighthouse keeper who finds a message in a bottle that says",
+	"Explain step by step how a mixture-of-experts layer chooses which experts process a token:",
+}
+
+// BenchOptions configure a rig benchmark.
+type BenchOptions struct {
+	Rig   *Rig
+	Via   Via
+	Files Paths // on this machine (local mode reads them; Push sends them)
+	Out   string
+	Cases []Case
+	Modes []Mode
+	// TraceIters are the decode iterations the timeline shows ("3:5").
+	TraceIters string
+	// NetDelay, when set, is passed to every node as -net-delay (the
+	// emulated rig's delay where the kernel has no netem).
+	NetDelay time.Duration
+	// Command is how the benchmark was started, for the report.
+	Command string
+	Log     zerolog.Logger
+}
+
+// Run is one mode on one case.
+type Run struct {
+	Mode      Mode            `json:"mode"`
+	Case      string          `json:"case"`
+	Prompt    int             `json:"prompt_tokens"`
+	Output    int             `json:"output_tokens"`
+	Stats     json.RawMessage `json:"stats"`     // the main (or local) node's -stats
+	Identical bool            `json:"identical"` // tokens and logits bit-identical to local mode
+	Diff      string          `json:"diff,omitempty"`
+	CPUBusy   float64         `json:"cpu_busy"` // this machine's CPU busy fraction during the run
+	WallS     float64         `json:"wall_s"`
+	Trace     string          `json:"trace,omitempty"`
+}
+
+// Report is report.json.
+type Report struct {
+	Date    string            `json:"date"`
+	Command string            `json:"command"`
+	Machine Machine           `json:"machine"`
+	Rig     string            `json:"rig"`
+	Nodes   []string          `json:"nodes"`
+	Via     string            `json:"via"`
+	Link    map[string]string `json:"link,omitempty"` // the emulated rig's state: rate, delay, delay_by, loss
+	Model   string            `json:"model"`
+	Runs    []Run             `json:"runs"`
+}
+
+// Bench runs every mode on every case against the rig and writes
+// report.json, report.md and the timelines into opt.Out. It fails if a
+// swarm mode's output is not bit-identical to local mode's (after writing
+// the report, which says where).
+func Bench(opt BenchOptions) (*Report, error) {
+	if err := os.MkdirAll(filepath.Join(opt.Out, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	if opt.TraceIters == "" {
+		opt.TraceIters = "3:5"
+	}
+	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), Command: opt.Command, Machine: ReadMachine(),
+		Rig: opt.Rig.Path, Via: opt.Via.Name(), Model: opt.Files.Model, Link: readRigState()}
+	for _, n := range opt.Rig.Nodes() {
+		rep.Nodes = append(rep.Nodes, fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr))
+	}
+	var failed []string
+	for _, mode := range opt.Modes {
+		if mode == ModeShadow && opt.Rig.Shadow == nil {
+			return nil, fmt.Errorf("testbed: mode shadow needs a shadow node in %s", opt.Rig.Path)
+		}
+		runs, err := benchMode(opt, mode)
+		rep.Runs = append(rep.Runs, runs...)
+		if err != nil {
+			writeReport(opt, rep)
+			return rep, err
+		}
+		for _, r := range runs {
+			if !r.Identical {
+				failed = append(failed, fmt.Sprintf("%s %s: %s", r.Mode, r.Case, r.Diff))
+			}
+		}
+	}
+	if err := writeReport(opt, rep); err != nil {
+		return rep, err
+	}
+	if len(failed) > 0 {
+		return rep, fmt.Errorf("testbed: output differs from local mode: %s", strings.Join(failed, "; "))
+	}
+	return rep, nil
+}
+
+// nodeArgs are the flags every node gets: identity, certificates, and the
+// emulated link delay.
+func nodeArgs(opt BenchOptions, via Via, n Node) []string {
+	a := []string{"-certs", via.Paths(n).Certs, "-name", n.Name}
+	if opt.NetDelay > 0 {
+		a = append(a, "-net-delay", opt.NetDelay.String())
+	}
+	return a
+}
+
+// StartServers starts the workers (and the shadow, in shadow mode) that
+// mode needs, each logging to logDir/NAME.log. On error it returns what
+// it started, for the caller to stop.
+func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, err
+	}
+	var servers []*Proc
+	start := func(n Node, args []string) error {
+		f, err := os.Create(filepath.Join(logDir, n.Name+".log"))
+		if err != nil {
+			return err
+		}
+		p, err := opt.Via.Start(n, args, f)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		go func() { <-p.done; f.Close() }()
+		servers = append(servers, p)
+		return nil
+	}
+	for i, w := range opt.Rig.Workers {
+		args := append([]string{"run", "-role", "worker", "-listen", w.Addr, "-store", opt.Via.Paths(w).Store}, nodeArgs(opt, opt.Via, w)...)
+		if mode == ModeResident {
+			args = append(args, "-resident", fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers)))
+		}
+		if err := start(w, append(args, w.Flags...)); err != nil {
+			return servers, err
+		}
+	}
+	if mode == ModeShadow {
+		if opt.Rig.Shadow == nil {
+			return servers, fmt.Errorf("testbed: mode shadow needs a shadow node in %s", opt.Rig.Path)
+		}
+		s := *opt.Rig.Shadow
+		args := append([]string{"run", "-role", "shadow", "-listen", s.Addr, "-model", opt.Via.Paths(s).Model,
+			"-workers", opt.Rig.WorkerAddrs()}, nodeArgs(opt, opt.Via, s)...)
+		if err := start(s, append(args, s.Flags...)); err != nil {
+			return servers, err
+		}
+	}
+	return servers, nil
+}
+
+// mainVia is how the main node starts: in its namespace on the emulated
+// rig, else on this machine (on a real LAN the benchmark runs on the main
+// node's host, which reads the main node's dumps and stats).
+func (opt BenchOptions) mainVia() Via {
+	if opt.Via.Name() == "ssh" {
+		return Local{Files: opt.Files}
+	}
+	return opt.Via
+}
+
+// MainArgs are the main node's `odmoe` arguments for mode, without the
+// prompt, lengths and outputs.
+func MainArgs(opt BenchOptions, mode Mode) []string {
+	m := opt.Rig.Main
+	via := opt.mainVia()
+	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(mode)}
+	args = append(args, nodeArgs(opt, via, m)...)
+	if mode == ModeShadow {
+		args = append(args, "-shadow", opt.Rig.Shadow.Addr, "-align-token", "1", "-align-kv", "1")
+	}
+	return append(args, m.Flags...)
+}
+
+// benchMode starts the servers a mode needs, runs every case on it, and
+// stops them.
+func benchMode(opt BenchOptions, mode Mode) ([]Run, error) {
+	logDir := filepath.Join(opt.Out, "logs", string(mode))
+	var servers []*Proc
+	defer func() { StopAll(servers, 10*time.Second) }()
+	if mode != ModeLocal {
+		var err error
+		if servers, err = StartServers(opt, mode, logDir); err != nil {
+			return nil, err
+		}
+		opt.Log.Info().Str("mode", string(mode)).Int("servers", len(servers)).Str("logs", logDir).Msg("rig nodes started")
+	}
+	var runs []Run
+	for i, c := range opt.Cases {
+		for _, p := range servers {
+			if p.Exited() {
+				return runs, fmt.Errorf("testbed: %s %s %w; its log: %s", mode, p.Node.Name, errExited, filepath.Join(logDir, p.Node.Name+".log"))
+			}
+		}
+		r, err := benchCase(opt, mode, i, c)
+		if err != nil {
+			return runs, err
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+func runDir(opt BenchOptions, mode Mode, c Case) string {
+	return filepath.Join(opt.Out, "runs", string(mode)+"-"+c.String())
+}
+
+// benchCase runs the main node (or local mode) once.
+func benchCase(opt BenchOptions, mode Mode, i int, c Case) (Run, error) {
+	m := opt.Rig.Main
+	dir := runDir(opt, mode, c)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Run{}, err
+	}
+	var args []string
+	if mode == ModeLocal {
+		args = append([]string{"run", "-role", "local", "-model", opt.mainVia().Paths(m).Model}, m.Flags...)
+	} else {
+		args = MainArgs(opt, mode)
+	}
+	args = append(args, "-prompt", Prompts[i%len(Prompts)], "-prompt-tokens", strconv.Itoa(c.Prompt), "-n", strconv.Itoa(c.Output),
+		"-ignore-eos", "-dump", dir, "-stats", filepath.Join(dir, "stats.json"))
+	r := Run{Mode: mode, Case: c.String(), Prompt: c.Prompt, Output: c.Output}
+	if mode != ModeLocal && i == 0 {
+		r.Trace = filepath.Join(opt.Out, "trace-"+string(mode)+".json")
+		args = append(args, "-trace", r.Trace, "-trace-iters", opt.TraceIters)
+	}
+	out, err := os.Create(filepath.Join(dir, "main.log"))
+	if err != nil {
+		return r, err
+	}
+	defer out.Close()
+	opt.Log.Info().Str("mode", string(mode)).Str("case", c.String()).Msg("run")
+	cpu0 := ReadCPU()
+	t0 := time.Now()
+	p, err := opt.mainVia().Start(m, args, out)
+	if err == nil {
+		err = p.Wait()
+	}
+	r.WallS = time.Since(t0).Seconds()
+	r.CPUBusy = ReadCPU().BusySince(cpu0)
+	if err != nil {
+		return r, fmt.Errorf("testbed: %s %s: %w (log: %s)", mode, c, err, out.Name())
+	}
+	if r.Stats, err = os.ReadFile(filepath.Join(dir, "stats.json")); err != nil {
+		return r, err
+	}
+	r.Stats = bytes.TrimSpace(r.Stats)
+	if mode == ModeLocal {
+		r.Identical = true
+	} else {
+		r.Diff = sameOutput(runDir(opt, ModeLocal, c), dir)
+		r.Identical = r.Diff == ""
+	}
+	var st struct {
+		DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+	}
+	json.Unmarshal(r.Stats, &st)
+	opt.Log.Info().Str("mode", string(mode)).Str("case", c.String()).Float64("decode_tok_s", st.DecodeTokensPerS).
+		Float64("cpu_busy", r.CPUBusy).Bool("identical", r.Identical).Msg("run done")
+	return r, nil
+}
+
+// sameOutput compares two -dump directories byte for byte; "" if equal.
+func sameOutput(want, got string) string {
+	for _, f := range []string{"tokens.json", "logits.npy"} {
+		a, err1 := os.ReadFile(filepath.Join(want, f))
+		b, err2 := os.ReadFile(filepath.Join(got, f))
+		switch {
+		case err1 != nil:
+			return fmt.Sprintf("no reference %s: %v", f, err1)
+		case err2 != nil:
+			return fmt.Sprintf("no %s: %v", f, err2)
+		case !bytes.Equal(a, b):
+			return f + " differs from local mode's"
+		}
+	}
+	return ""
+}
+
+// writeReport writes report.json, report.md and the timelines.
+func writeReport(opt BenchOptions, rep *Report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(opt.Out, "report.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	var timelines []string
+	for _, r := range rep.Runs {
+		if r.Trace == "" {
+			continue
+		}
+		tf, err := trace.ReadFile(r.Trace)
+		if err != nil {
+			return err
+		}
+		name := "timeline-" + string(r.Mode) + ".svg"
+		if r.Mode == ModeShadow {
+			name = "timeline.svg"
+		}
+		if err := writeTimeline(filepath.Join(opt.Out, name), tf, fmt.Sprintf("%s swarm, %s: decode iterations %d-%d, measured", r.Mode, r.Case, tf.From, tf.To)); err != nil {
+			return err
+		}
+		timelines = append(timelines, name)
+	}
+	var md bytes.Buffer
+	WriteMarkdown(&md, rep, timelines)
+	return os.WriteFile(filepath.Join(opt.Out, "report.md"), md.Bytes(), 0o644)
+}
+
+func writeTimeline(path string, tf *trace.File, title string) error {
+	var buf bytes.Buffer
+	if err := Timeline(&buf, tf, TimelineOptions{Title: title}); err != nil {
+		return err
+	}
+	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
+
+// readRigState reads the emulated rig's link settings, if a rig is up.
+func readRigState() map[string]string {
+	b, err := os.ReadFile(filepath.Join(RigStateDir, "state"))
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			out[k] = strings.Trim(v, `"'`)
+		}
+	}
+	return out
+}

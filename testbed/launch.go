@@ -1,0 +1,235 @@
+package testbed
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Paths are where a node finds the odmoe binary and the files it needs.
+type Paths struct {
+	Bin, Model, Store, Certs string
+}
+
+// Via starts nodes: on this machine, in the emulated rig's network
+// namespaces, or over ssh on a real LAN.
+type Via interface {
+	// Name is "local", "netns" or "ssh".
+	Name() string
+	// Paths are the files as node n sees them.
+	Paths(n Node) Paths
+	// Start runs args (after the binary) as node n, its output to log.
+	Start(n Node, args []string, log io.Writer) (*Proc, error)
+}
+
+// Proc is a started node process.
+type Proc struct {
+	Node Node
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	stop func() error // asks the node to stop (SIGTERM, or kill over ssh)
+}
+
+func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop func(p *Proc) error) (*Proc, error) {
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("testbed: starting %s: %w", n.Name, err)
+	}
+	p := &Proc{Node: n, cmd: cmd, done: make(chan struct{})}
+	p.stop = func() error { return stop(p) }
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Wait waits for the process to end by itself.
+func (p *Proc) Wait() error {
+	<-p.done
+	if p.err != nil {
+		return fmt.Errorf("testbed: %s: %w", p.Node.Name, p.err)
+	}
+	return nil
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop asks the process to end, waits up to grace, then kills it.
+func (p *Proc) Stop(grace time.Duration) {
+	if p.Exited() {
+		return
+	}
+	p.stop()
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func signalStop(p *Proc) error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+
+// Local starts nodes as processes on this machine, with no network
+// isolation (addresses must be local ones, e.g. 127.0.0.x).
+type Local struct{ Files Paths }
+
+func (Local) Name() string       { return "local" }
+func (l Local) Paths(Node) Paths { return l.Files }
+func (l Local) Start(n Node, args []string, log io.Writer) (*Proc, error) {
+	return startProc(n, exec.Command(l.Files.Bin, args...), log, signalStop)
+}
+
+// RigStateDir is where testbed/rig keeps the emulated rig's state.
+const RigStateDir = "/run/odmoe-rig"
+
+// Netns starts each node in the network namespace of the emulated rig
+// (testbed/rig up) that owns the node's address.
+type Netns struct {
+	Files Paths
+	ns    map[string]string // IP -> namespace
+}
+
+// NewNetns reads the rig's node table (RigStateDir/nodes).
+func NewNetns(files Paths) (*Netns, error) {
+	f, err := os.Open(path.Join(RigStateDir, "nodes"))
+	if err != nil {
+		return nil, fmt.Errorf("testbed: no emulated rig (run testbed/rig up N first): %w", err)
+	}
+	defer f.Close()
+	v := &Netns{Files: files, ns: map[string]string{}}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fs := strings.Fields(sc.Text()); len(fs) == 3 {
+			v.ns[fs[2]] = fs[1]
+		}
+	}
+	return v, sc.Err()
+}
+
+func (*Netns) Name() string       { return "netns" }
+func (v *Netns) Paths(Node) Paths { return v.Files }
+func (v *Netns) Namespace(n Node) (string, error) {
+	ns, ok := v.ns[n.Host()]
+	if !ok {
+		return "", fmt.Errorf("testbed: node %s's address %s is not one of the emulated rig's (see %s/nodes; is the rig up with enough nodes?)", n.Name, n.Host(), RigStateDir)
+	}
+	return ns, nil
+}
+
+func (v *Netns) Start(n Node, args []string, log io.Writer) (*Proc, error) {
+	ns, err := v.Namespace(n)
+	if err != nil {
+		return nil, err
+	}
+	// ip netns exec enters the namespace and execs the binary: the
+	// process we signal is the node itself.
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, v.Files.Bin}, args...)...)
+	return startProc(n, cmd, log, signalStop)
+}
+
+// SSH starts nodes on the hosts of a real LAN. Each node's files live in
+// Dir on its host (Push puts them there); the node's shell PID goes to
+// Dir/NAME.pid so that Stop can end it, since ending the local ssh
+// client does not end the remote process.
+type SSH struct {
+	Dir string   // remote directory, absolute
+	Cmd []string // the ssh command and options; default ssh -o BatchMode=yes
+}
+
+func (s SSH) ssh() []string {
+	if len(s.Cmd) > 0 {
+		return s.Cmd
+	}
+	return []string{"ssh", "-o", "BatchMode=yes"}
+}
+
+func (SSH) Name() string { return "ssh" }
+
+func (s SSH) Paths(Node) Paths {
+	return Paths{Bin: path.Join(s.Dir, "odmoe"), Model: path.Join(s.Dir, "model"), Store: path.Join(s.Dir, "store"), Certs: path.Join(s.Dir, "certs")}
+}
+
+// remote runs a shell command line on node n's host.
+func (s SSH) remote(n Node, line string) *exec.Cmd {
+	argv := append(append([]string{}, s.ssh()...), n.SSHTarget(), line)
+	return exec.Command(argv[0], argv[1:]...)
+}
+
+func (s SSH) Start(n Node, args []string, log io.Writer) (*Proc, error) {
+	pid := path.Join(s.Dir, n.Name+".pid")
+	line := fmt.Sprintf("echo $$ > %s && exec %s", shellQuote(pid), shellJoin(append([]string{s.Paths(n).Bin}, args...)))
+	return startProc(n, s.remote(n, line), log, func(p *Proc) error {
+		return s.remote(n, fmt.Sprintf("kill $(cat %s)", shellQuote(pid))).Run()
+	})
+}
+
+// Push copies the binary, model, store and certificates from files to
+// every node's host (what each role needs), with ssh and scp.
+func (s SSH) Push(r *Rig, files Paths, out io.Writer) error {
+	scp := []string{"scp", "-q", "-r", "-o", "BatchMode=yes"}
+	done := map[string]bool{}
+	for _, n := range r.Nodes() {
+		host := n.SSHTarget()
+		if done[host] {
+			continue
+		}
+		done[host] = true
+		fmt.Fprintf(out, "push %s: binary, certificates, model, store -> %s:%s\n", host, host, s.Dir)
+		if b, err := s.remote(n, "mkdir -p "+shellQuote(s.Dir)).CombinedOutput(); err != nil {
+			return fmt.Errorf("testbed: %s: mkdir %s: %w: %s", host, s.Dir, err, b)
+		}
+		dst := s.Paths(n)
+		for _, c := range [][2]string{{files.Bin, dst.Bin}, {files.Certs, dst.Certs}, {files.Model, dst.Model}, {files.Store, dst.Store}} {
+			if b, err := exec.Command(scp[0], append(scp[1:], c[0], host+":"+c[1])...).CombinedOutput(); err != nil {
+				return fmt.Errorf("testbed: copying %s to %s:%s: %w: %s", c[0], host, c[1], err, b)
+			}
+		}
+	}
+	return nil
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,@%+", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func shellJoin(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = shellQuote(a)
+	}
+	return strings.Join(q, " ")
+}
+
+// StopAll stops procs, the last started first.
+func StopAll(procs []*Proc, grace time.Duration) {
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].Stop(grace)
+	}
+}
+
+// errExited is returned when a server node ends while it should serve.
+var errExited = errors.New("exited early")

@@ -1,0 +1,189 @@
+package testbed
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+)
+
+// Machine describes where the benchmark ran.
+type Machine struct {
+	CPUs   int    `json:"cpus"`
+	CPU    string `json:"cpu"`
+	Kernel string `json:"kernel"`
+	MemGiB int    `json:"mem_gib"`
+}
+
+// ReadMachine describes this machine from /proc.
+func ReadMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int
+		fmt.Sscanf(string(b), "MemTotal: %d kB", &kb)
+		m.MemGiB = (kb + 1<<19) >> 20
+	}
+	return m
+}
+
+// CPUTimes are the machine's cumulative CPU times (jiffies) from
+// /proc/stat: busy and total.
+type CPUTimes struct{ Busy, Total uint64 }
+
+// ReadCPU reads the "cpu" line of /proc/stat; zero if unavailable.
+func ReadCPU() CPUTimes {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return CPUTimes{}
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return CPUTimes{}
+	}
+	return parseCPULine(sc.Text())
+}
+
+func parseCPULine(line string) CPUTimes {
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return CPUTimes{}
+	}
+	var t CPUTimes
+	for i, s := range f[1:] {
+		v, _ := strconv.ParseUint(s, 10, 64)
+		if i >= 8 { // guest and guest_nice are already in user and nice
+			break
+		}
+		t.Total += v
+		if i != 3 && i != 4 { // idle, iowait
+			t.Busy += v
+		}
+	}
+	return t
+}
+
+// BusySince is the busy fraction of CPU time between before and t.
+func (t CPUTimes) BusySince(before CPUTimes) float64 {
+	if t.Total <= before.Total {
+		return 0
+	}
+	return float64(t.Busy-before.Busy) / float64(t.Total-before.Total)
+}
+
+// runFigures are the fields of a node's -stats the report shows.
+type runFigures struct {
+	TTFTms           float64          `json:"ttft_ms"`
+	DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
+	OutputTokensPerS float64          `json:"output_tokens_per_s"`
+	ExpertLoads      int64            `json:"expert_loads"`
+	Misses           int64            `json:"misses"`
+	StallFraction    float64          `json:"stall_fraction"`
+	PeakMemory       map[string]int64 `json:"peak_memory_bytes"`
+	Recall           *float64         `json:"recall"`
+}
+
+func (r Run) figures() runFigures {
+	var f runFigures
+	json.Unmarshal(r.Stats, &f)
+	return f
+}
+
+// BusyWarning is the CPU-busy fraction above which a run on the emulated
+// rig measures the shared CPU more than the swarm (FIELD-NOTES.md).
+const BusyWarning = 0.70
+
+func mib(b int64) string {
+	if b <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", float64(b)/(1<<20))
+}
+
+// WriteMarkdown writes the report's tables: one per case, one row per
+// mode, and the shadow-driven decode speed as a fraction of the resident
+// swarm's.
+func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
+	fmt.Fprintf(w, "# odmoe rig benchmark\n\n")
+	fmt.Fprintf(w, "- date: %s\n- machine: %d CPUs (%s), %d GiB, kernel %s\n", rep.Date, rep.Machine.CPUs, rep.Machine.CPU, rep.Machine.MemGiB, rep.Machine.Kernel)
+	fmt.Fprintf(w, "- rig: %s via %s, %d nodes: %s\n", rep.Rig, rep.Via, len(rep.Nodes), strings.Join(rep.Nodes, "; "))
+	if len(rep.Link) > 0 {
+		fmt.Fprintf(w, "- links: rate %s, delay %s (applied by %s), loss %s%%\n", rep.Link["rate"], rep.Link["delay"], rep.Link["delay_by"], rep.Link["loss"])
+	}
+	fmt.Fprintf(w, "- model: %s\n- command: `%s`\n\n", rep.Model, rep.Command)
+	var cases []string
+	byCase := map[string][]Run{}
+	for _, r := range rep.Runs {
+		if _, ok := byCase[r.Case]; !ok {
+			cases = append(cases, r.Case)
+		}
+		byCase[r.Case] = append(byCase[r.Case], r)
+	}
+	var flagged bool
+	for _, c := range cases {
+		runs := byCase[c]
+		fmt.Fprintf(w, "## %d prompt tokens, %d output tokens\n\n", runs[0].Prompt, runs[0].Output)
+		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
+		var resident, shadow float64
+		for _, r := range runs {
+			f := r.figures()
+			recall := "–"
+			if f.Recall != nil {
+				recall = fmt.Sprintf("%.2f%%", 100**f.Recall)
+			}
+			main := f.PeakMemory["main"]
+			if r.Mode == ModeLocal {
+				main = f.PeakMemory["local"]
+			}
+			busy := fmt.Sprintf("%.0f%%", 100*r.CPUBusy)
+			if r.CPUBusy > BusyWarning {
+				busy += " ⚠"
+				flagged = true
+			}
+			same := "yes"
+			if !r.Identical {
+				same = "**NO**: " + r.Diff
+			}
+			fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %s | %d | %d | %.1f%% | %s / %s / %s / %s | %s | %s |\n",
+				r.Mode, f.TTFTms, f.DecodeTokensPerS, f.OutputTokensPerS, recall, f.ExpertLoads, f.Misses, 100*f.StallFraction,
+				mib(main), mib(f.PeakMemory["shadow"]), mib(f.PeakMemory["worker_device"]), mib(f.PeakMemory["worker_rss"]), busy, same)
+			switch r.Mode {
+			case ModeResident:
+				resident = f.DecodeTokensPerS
+			case ModeShadow:
+				shadow = f.DecodeTokensPerS
+			}
+		}
+		if resident > 0 && shadow > 0 {
+			fmt.Fprintf(w, "\nShadow-driven decode reaches **%.1f%%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75%% on its rig).\n", 100*shadow/resident)
+		}
+		fmt.Fprintln(w)
+	}
+	if flagged {
+		fmt.Fprintf(w, "⚠ CPU busy above %.0f%%: the nodes shared too few cores, so that run measures CPU contention as much as the swarm.\n\n", 100*BusyWarning)
+	}
+	if len(timelines) > 0 {
+		fmt.Fprintln(w, "## Timelines")
+		fmt.Fprintln(w)
+		for _, t := range timelines {
+			fmt.Fprintf(w, "![%s](%s)\n\n", t, t)
+		}
+	}
+	fmt.Fprintln(w, "Peak memory: main/local and shadow are process RSS; a worker's is its device-memory arena (experts + compute buffers) and RSS, the largest over workers. CPU busy is this machine's, over the run: on an emulated rig, every node's.")
+}

@@ -1,0 +1,184 @@
+package testbed
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/odmoe/odmoe/wire"
+)
+
+// Node is one line of a rig description: a node, its role, where it
+// listens and the flags its `odmoe run` gets.
+type Node struct {
+	Name string
+	Role wire.Role
+	// Addr is HOST:PORT for workers and the shadow (where they listen), and
+	// HOST (or HOST:PORT, port unused) for the main node, which only dials.
+	Addr string
+	// SSH is where the launcher logs in for this node on a real LAN
+	// (ssh=USER@HOST); default: Addr's host.
+	SSH string
+	// Flags are passed to `odmoe run -role ROLE` as they are.
+	Flags []string
+}
+
+// Host is the node's address without the port.
+func (n Node) Host() string {
+	if h, _, err := net.SplitHostPort(n.Addr); err == nil {
+		return h
+	}
+	return n.Addr
+}
+
+// SSHTarget is where to ssh for this node.
+func (n Node) SSHTarget() string {
+	if n.SSH != "" {
+		return n.SSH
+	}
+	return n.Host()
+}
+
+// Rig is a parsed rig description.
+type Rig struct {
+	Path    string
+	Main    Node
+	Shadow  *Node // nil: no shadow (shadow-driven mode cannot run)
+	Workers []Node
+}
+
+// Nodes lists every node: main, shadow (if any), workers in order.
+func (r *Rig) Nodes() []Node {
+	out := []Node{r.Main}
+	if r.Shadow != nil {
+		out = append(out, *r.Shadow)
+	}
+	return append(out, r.Workers...)
+}
+
+// WorkerAddrs is the -workers list, in order.
+func (r *Rig) WorkerAddrs() string {
+	a := make([]string, len(r.Workers))
+	for i, w := range r.Workers {
+		a[i] = w.Addr
+	}
+	return strings.Join(a, ",")
+}
+
+// ReadRig reads a rig description file (ParseRig).
+func ReadRig(path string) (*Rig, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r, err := ParseRig(f, path)
+	if err != nil {
+		return nil, err
+	}
+	r.Path = path
+	return r, nil
+}
+
+// ParseRig reads a rig description: one node per line,
+//
+//	NAME ROLE ADDRESS [ssh=USER@HOST] [FLAG ...]
+//
+// with # comments and blank lines ignored. ROLE is main, shadow or worker;
+// ADDRESS is HOST:PORT (HOST for the main node, which only dials). There
+// must be exactly one main node, at most one shadow and at least one
+// worker; names (certificate names) and listening addresses are unique.
+// name names the input in errors.
+func ParseRig(in io.Reader, name string) (*Rig, error) {
+	r := &Rig{}
+	var haveMain bool
+	names, addrs := map[string]int{}, map[string]int{}
+	sc := bufio.NewScanner(in)
+	line := 0
+	for sc.Scan() {
+		line++
+		text, _, _ := strings.Cut(sc.Text(), "#")
+		f := strings.Fields(text)
+		if len(f) == 0 {
+			continue
+		}
+		errf := func(format string, a ...any) error {
+			return fmt.Errorf("%s:%d: %s", name, line, fmt.Sprintf(format, a...))
+		}
+		if len(f) < 3 {
+			return nil, errf("want NAME ROLE ADDRESS [ssh=USER@HOST] [FLAGS], got %q", strings.TrimSpace(text))
+		}
+		n := Node{Name: f[0], Addr: f[2]}
+		specs, err := wire.ParseNodes(n.Name + "=" + f[1])
+		if err != nil {
+			return nil, errf("%v", err)
+		}
+		n.Role = specs[0].Role
+		rest := f[3:]
+		if len(rest) > 0 && strings.HasPrefix(rest[0], "ssh=") {
+			n.SSH = strings.TrimPrefix(rest[0], "ssh=")
+			rest = rest[1:]
+		}
+		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+			return nil, errf("flag %q does not start with -", rest[0])
+		}
+		n.Flags = rest
+		if prev, ok := names[n.Name]; ok {
+			return nil, errf("node %s is already on line %d", n.Name, prev)
+		}
+		names[n.Name] = line
+		if n.Role != wire.RoleMain {
+			host, port, err := net.SplitHostPort(n.Addr)
+			if err != nil || host == "" || port == "" || port == "0" {
+				return nil, errf("%s %s listens on %q: want HOST:PORT with a fixed port", n.Role, n.Name, n.Addr)
+			}
+			if prev, ok := addrs[n.Addr]; ok {
+				return nil, errf("address %s is already taken on line %d", n.Addr, prev)
+			}
+			addrs[n.Addr] = line
+		}
+		for _, fl := range n.Flags {
+			switch strings.SplitN(strings.TrimLeft(fl, "-"), "=", 2)[0] {
+			case "role", "listen", "certs", "name", "workers", "shadow", "model", "store", "prefetch", "resident", "dump", "stats", "trace":
+				return nil, errf("flag %s is set by the launcher, not the rig description", fl)
+			}
+		}
+		switch n.Role {
+		case wire.RoleMain:
+			if haveMain {
+				return nil, errf("a second main node (%s)", n.Name)
+			}
+			r.Main, haveMain = n, true
+		case wire.RoleShadow:
+			if r.Shadow != nil {
+				return nil, errf("a second shadow node (%s)", n.Name)
+			}
+			r.Shadow = &n
+		default:
+			r.Workers = append(r.Workers, n)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	switch {
+	case !haveMain:
+		return nil, fmt.Errorf("%s: no main node", name)
+	case len(r.Workers) == 0:
+		return nil, fmt.Errorf("%s: no workers", name)
+	}
+	return r, nil
+}
+
+// CertNodes is the `odmoe certs -nodes` list for the rig: each node with
+// its role and its host in the certificate.
+func (r *Rig) CertNodes() string {
+	var parts []string
+	for _, n := range r.Nodes() {
+		parts = append(parts, fmt.Sprintf("%s=%s@%s", n.Name, n.Role, n.Host()))
+	}
+	return strings.Join(parts, ",")
+}
