@@ -246,8 +246,15 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	hostCache, err := parseBytes(f.hostCache)
+	if err != nil || hostCache < 0 {
+		return usagef("-host-cache %q: want a size such as 2GiB, or 0", f.hostCache)
+	}
 	eng := worker.NewEngine(st, hidden, arena, worker.NewLink(float64(bw)), log)
 	defer eng.Close()
+	if hostCache > 0 {
+		eng.Host = worker.NewHostCache(hostCache)
+	}
 	if f.resident != "" {
 		if err := pinResident(ctx, eng, st, f.resident, log); err != nil {
 			return err
@@ -259,7 +266,7 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	}
 	defer ln.Close()
 	log.Info().Str("listen", ln.Addr().String()).Str("store", f.store).Str("device_mem", bytesString(budget)).
-		Str("load_bw", bytesString(bw)+"/s").Msg("worker ready")
+		Str("load_bw", bytesString(bw)+"/s").Str("host_cache", bytesString(hostCache)).Msg("worker ready")
 	return worker.NewServer(eng, log).Serve(ctx, ln)
 }
 

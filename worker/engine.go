@@ -42,6 +42,10 @@ type Engine struct {
 	log    zerolog.Logger
 	Stats  Stats
 
+	// Host, if set before the first load, keeps decompressed experts in
+	// host memory (HostCache); nil reads every load from the store.
+	Host *HostCache
+
 	// OnLoad, if set before the first load, is told of every load that
 	// succeeded: which expert and when it ran (for traces).
 	OnLoad func(layer, expert int, start, end time.Time)
@@ -188,7 +192,12 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	if err != nil {
 		return fmt.Errorf("worker: loading layer %d expert %d: %w", k.layer, k.expert, err)
 	}
-	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, b.Bytes)
+	var ex model.Expert
+	if e.Host != nil {
+		ex, err = e.fromHost(ctx, k, n)
+	} else {
+		ex, err = e.src.ReadExpert(ctx, k.layer, k.expert, b.Bytes)
+	}
 	if err == nil {
 		err = e.link.Transfer(ctx, int64(n))
 	}
@@ -202,6 +211,19 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	}
 	s.expert, s.block = ex, b
 	return nil
+}
+
+// fromHost returns the expert's host copy, reading it into the host
+// cache first if it is not there.
+func (e *Engine) fromHost(ctx context.Context, k slotKey, n int) (model.Expert, error) {
+	if ex, ok := e.Host.get(k); ok {
+		return ex, nil
+	}
+	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, make([]byte, n))
+	if err == nil {
+		e.Host.put(k, ex, int64(n))
+	}
+	return ex, err
 }
 
 // alloc takes n bytes of device memory; when the budget is full it first

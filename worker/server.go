@@ -225,7 +225,7 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 func (s *Server) Metrics() wire.Metrics {
 	st := &s.engine.Stats
 	a := s.engine.Arena()
-	return wire.Metrics{
+	m := wire.Metrics{
 		"loads":               float64(st.Loads.Load()),
 		"hits":                float64(st.Hits.Load()),
 		"misses":              float64(st.Misses.Load()),
@@ -240,6 +240,11 @@ func (s *Server) Metrics() wire.Metrics {
 		"rss_peak_bytes":      float64(procmem.PeakRSS()),
 		"late_predictions":    float64(s.late.Load()),
 	}
+	if h := s.engine.Host; h != nil {
+		hits, misses, used := h.Stats()
+		m["host_cache_hits"], m["host_cache_misses"], m["host_cache_bytes"] = float64(hits), float64(misses), float64(used)
+	}
+	return m
 }
 
 // requestCode maps an engine error onto the protocol's request codes.
