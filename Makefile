@@ -7,7 +7,7 @@ PKGS    ?= ./...
 # the tokenizer reference test reads Hugging Face's tokenizers from here
 TOKREF  ?= testdata/tokref/node_modules
 
-.PHONY: build test test-short test-arm64 bench lint tokref cross demo clean
+.PHONY: build test test-short test-arm64 bench bench-rig testbed-ci lint tokref cross demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN) .
@@ -72,3 +72,13 @@ clean:
 # a tiny model generated once into the user cache directory.
 demo: build
 	./$(BIN) demo
+
+# The emulated ten-node rig benchmark on the small preset (root: network
+# namespaces). Brings the rig up and down itself; see testbed/README.md.
+bench-rig: build
+	test -d $(HOME)/.cache/odmoe/models/small-seed1 || ./$(BIN) gen-tiny -preset small -seed 1 -out $(HOME)/.cache/odmoe/models/small-seed1
+	testbed/bench -rig testbed/rigs/paper.rig -model $(HOME)/.cache/odmoe/models/small-seed1 -out bench-rig-out
+
+# CI's short emulated-rig run (tiny model, 4 nodes); SKIPs where namespaces are not allowed.
+testbed-ci:
+	bash testbed/ci.sh

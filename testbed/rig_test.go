@@ -1,0 +1,274 @@
+package testbed
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/odmoe/odmoe/wire"
+)
+
+const validRig = `# A hand-written rig: comments, blank lines, ssh= and flags.
+
+m1   main    10.0.0.1                       # the main node only dials
+   # an indented comment
+
+sh   shadow  10.0.0.2:7400   -quant fp16
+w2   worker  10.0.0.4:7401   ssh=alice@gw.example -device-mem 1GiB -load-bw 4GB
+w1   worker  10.0.0.5:7402
+`
+
+func TestParseRigReadsNodesInFileOrder(t *testing.T) {
+	r, err := ParseRig(strings.NewReader(validRig), "valid.rig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Main.Name != "m1" || r.Main.Role != wire.RoleMain || r.Main.Addr != "10.0.0.1" {
+		t.Errorf("Main = %+v, want m1 main 10.0.0.1", r.Main)
+	}
+	if r.Shadow == nil {
+		t.Fatal("Shadow = nil, want sh")
+	}
+	if r.Shadow.Name != "sh" || r.Shadow.Role != wire.RoleShadow || r.Shadow.Addr != "10.0.0.2:7400" {
+		t.Errorf("Shadow = %+v, want sh shadow 10.0.0.2:7400", *r.Shadow)
+	}
+	if want := []string{"-quant", "fp16"}; !slices.Equal(r.Shadow.Flags, want) {
+		t.Errorf("shadow flags = %q, want %q", r.Shadow.Flags, want)
+	}
+	// Workers keep the file's order (w2 before w1), not a sorted one.
+	if len(r.Workers) != 2 || r.Workers[0].Name != "w2" || r.Workers[1].Name != "w1" {
+		t.Fatalf("Workers = %+v, want w2 then w1", r.Workers)
+	}
+	w2, w1 := r.Workers[0], r.Workers[1]
+	for _, w := range r.Workers {
+		if w.Role != wire.RoleWorker {
+			t.Errorf("%s role = %q, want worker", w.Name, w.Role)
+		}
+	}
+	if w2.SSH != "alice@gw.example" {
+		t.Errorf("w2 SSH = %q, want alice@gw.example", w2.SSH)
+	}
+	if want := []string{"-device-mem", "1GiB", "-load-bw", "4GB"}; !slices.Equal(w2.Flags, want) {
+		t.Errorf("w2 flags = %q, want %q (ssh= is not a flag; flags keep their order)", w2.Flags, want)
+	}
+	if len(w1.Flags) != 0 || w1.SSH != "" {
+		t.Errorf("w1 = %+v, want no flags and no ssh=", w1)
+	}
+	if got, want := w2.SSHTarget(), "alice@gw.example"; got != want {
+		t.Errorf("w2 SSHTarget = %q, want the ssh= override %q", got, want)
+	}
+	if got, want := w1.SSHTarget(), "10.0.0.5"; got != want {
+		t.Errorf("w1 SSHTarget = %q, want its address's host %q", got, want)
+	}
+	if got, want := r.Main.SSHTarget(), "10.0.0.1"; got != want {
+		t.Errorf("main SSHTarget = %q, want %q", got, want)
+	}
+	if got, want := r.WorkerAddrs(), "10.0.0.4:7401,10.0.0.5:7402"; got != want {
+		t.Errorf("WorkerAddrs = %q, want %q", got, want)
+	}
+	var names []string
+	for _, n := range r.Nodes() {
+		names = append(names, n.Name)
+	}
+	if want := []string{"m1", "sh", "w2", "w1"}; !slices.Equal(names, want) {
+		t.Errorf("Nodes = %q, want %q", names, want)
+	}
+	// The certificate list names each node's address host, never its ssh
+	// login (w2's certificate is for 10.0.0.4, not gw.example).
+	certs := r.CertNodes()
+	if want := "m1=main@10.0.0.1,sh=shadow@10.0.0.2,w2=worker@10.0.0.4,w1=worker@10.0.0.5"; certs != want {
+		t.Errorf("CertNodes = %q, want %q", certs, want)
+	}
+	// And `odmoe certs -nodes` reads it back as the same nodes.
+	specs, err := wire.ParseNodes(certs)
+	if err != nil {
+		t.Fatalf("wire.ParseNodes(CertNodes()): %v", err)
+	}
+	for i, n := range r.Nodes() {
+		if specs[i].Name != n.Name || specs[i].Role != n.Role || !slices.Equal(specs[i].Hosts, []string{n.Host()}) {
+			t.Errorf("cert node %d = %+v, want %s %s [%s]", i, specs[i], n.Name, n.Role, n.Host())
+		}
+	}
+}
+
+func TestParseRigWithoutShadow(t *testing.T) {
+	r, err := ParseRig(strings.NewReader("m main 127.0.0.1:9\nw worker 127.0.0.1:7401\n"), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Shadow != nil {
+		t.Errorf("Shadow = %+v, want nil", *r.Shadow)
+	}
+	if n := r.Nodes(); len(n) != 2 || n[0].Name != "m" || n[1].Name != "w" {
+		t.Errorf("Nodes = %+v, want m, w", n)
+	}
+	if got, want := r.CertNodes(), "m=main@127.0.0.1,w=worker@127.0.0.1"; got != want {
+		t.Errorf("CertNodes = %q, want %q", got, want)
+	}
+}
+
+func TestNodeHostDropsThePort(t *testing.T) {
+	for _, tc := range []struct{ addr, host string }{
+		{"10.0.0.1", "10.0.0.1"},
+		{"10.0.0.1:7400", "10.0.0.1"},
+		{"[::1]:7400", "::1"},
+		{"node-3.lan", "node-3.lan"},
+		{"node-3.lan:7400", "node-3.lan"},
+	} {
+		if got := (Node{Addr: tc.addr}).Host(); got != tc.host {
+			t.Errorf("Node{Addr: %q}.Host() = %q, want %q", tc.addr, got, tc.host)
+		}
+	}
+}
+
+func TestParseRigRejectsBadDescriptions(t *testing.T) {
+	const head = "# test rig\nm main 10.0.0.1\n" // lines 1-2
+	for _, tc := range []struct {
+		name, text string
+		line       int      // 0: an error about the whole file
+		want       []string // substrings the error must have
+	}{
+		{"no main", "# only workers\nw1 worker 10.0.0.2:7400\n", 0, []string{"no main"}},
+		{"empty", "# nothing\n\n", 0, []string{"no main"}},
+		{"two mains", head + "w1 worker 10.0.0.2:7400\nm2 main 10.0.0.3\n", 4, []string{"second main", "m2"}},
+		{"two shadows", head + "s1 shadow 10.0.0.2:7400\ns2 shadow 10.0.0.3:7400\n", 4, []string{"second shadow", "s2"}},
+		{"no workers", head + "s1 shadow 10.0.0.2:7400\n", 0, []string{"no workers"}},
+		{"duplicate name", head + "w1 worker 10.0.0.2:7400\n\nw1 worker 10.0.0.3:7400\n", 5, []string{"w1", "already on line 3"}},
+		{"duplicate name of main", head + "m worker 10.0.0.2:7400\n", 3, []string{"node m", "already on line 2"}},
+		{"duplicate worker address", head + "w1 worker 10.0.0.2:7400\nw2 worker 10.0.0.2:7400\n", 4, []string{"10.0.0.2:7400", "already taken on line 3"}},
+		{"shadow and worker share an address", head + "s shadow 10.0.0.2:7400\nw1 worker 10.0.0.2:7400\n", 4, []string{"10.0.0.2:7400", "already taken on line 3"}},
+		{"worker without port", head + "w1 worker 10.0.0.2\n", 3, []string{"w1", "HOST:PORT"}},
+		{"worker with port 0", head + "w1 worker 10.0.0.2:0\n", 3, []string{"w1", "fixed port"}},
+		{"worker without host", head + "w1 worker :7400\n", 3, []string{"w1", "HOST:PORT"}},
+		{"shadow without port", head + "s shadow 10.0.0.2\nw1 worker 10.0.0.3:7400\n", 3, []string{"shadow s", "HOST:PORT"}},
+		{"unknown role", head + "w1 boss 10.0.0.2:7400\n", 3, []string{"boss", "role"}},
+		{"bad node name", head + "w_1 worker 10.0.0.2:7400\n", 3, []string{"w_1"}},
+		{"flag without dash", head + "w1 worker 10.0.0.2:7400 device-mem 1GiB\n", 3, []string{`"device-mem"`, "does not start with -"}},
+		{"flag without dash after ssh=", head + "w1 worker 10.0.0.2:7400 ssh=u@h quant\n", 3, []string{`"quant"`, "does not start with -"}},
+		{"too few fields", head + "w1 worker\n", 3, []string{"want NAME ROLE ADDRESS", "w1 worker"}},
+		{"one field", head + "w1   # a comment\n", 3, []string{"want NAME ROLE ADDRESS"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRigError(t, tc.text, tc.line, tc.want)
+		})
+	}
+}
+
+// The launcher sets these flags itself; a rig description must not.
+func TestParseRigRejectsLauncherFlags(t *testing.T) {
+	for _, fl := range []string{"-listen 10.0.0.9:1", "-role main", "-certs /tmp/c", "-name x", "-resident 0/2",
+		"-prefetch shadow", "-workers a:1", "-shadow a:1", "-model /m", "-store /s", "-dump /d", "-stats /s", "-trace /t",
+		"--listen=10.0.0.9:1", "-resident=0/2"} {
+		t.Run(fl, func(t *testing.T) {
+			flag := strings.Fields(fl)[0]
+			text := "m main 10.0.0.1\nw1 worker 10.0.0.2:7400 -device-mem 1GiB " + fl + "\n"
+			checkRigError(t, text, 2, []string{flag, "set by the launcher"})
+		})
+	}
+}
+
+func checkRigError(t *testing.T, text string, line int, want []string) {
+	t.Helper()
+	r, err := ParseRig(strings.NewReader(text), "bad.rig")
+	if err == nil {
+		t.Fatalf("ParseRig(%q) = %+v, want an error", text, r)
+	}
+	msg := err.Error()
+	prefix := "bad.rig: "
+	if line > 0 {
+		prefix = fmt.Sprintf("bad.rig:%d: ", line)
+	}
+	if !strings.HasPrefix(msg, prefix) {
+		t.Errorf("error %q does not start with %q", msg, prefix)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error %q does not mention %q", msg, w)
+		}
+	}
+}
+
+func TestShippedRigsParse(t *testing.T) {
+	for _, tc := range []struct {
+		file    string
+		workers int
+	}{
+		{"paper.rig", 8},
+		{"ci.rig", 2},
+		{"loopback.rig", 8},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			path := filepath.Join("rigs", tc.file)
+			r, err := ReadRig(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Path != path {
+				t.Errorf("Path = %q, want %q", r.Path, path)
+			}
+			if r.Shadow == nil {
+				t.Error("no shadow node: shadow mode could not run on this rig")
+			}
+			if len(r.Workers) != tc.workers {
+				t.Errorf("%d workers, want %d", len(r.Workers), tc.workers)
+			}
+			if n := len(r.Nodes()); n != tc.workers+2 {
+				t.Errorf("%d nodes, want %d", n, tc.workers+2)
+			}
+			if _, err := wire.ParseNodes(r.CertNodes()); err != nil {
+				t.Errorf("CertNodes %q does not parse: %v", r.CertNodes(), err)
+			}
+		})
+	}
+}
+
+// paper.rig is OD-MoE's ten-node rig on the emulated LAN: testbed/rig up
+// 10 numbers node i as 10.77.0.(10+i), one address per node.
+func TestPaperRigUsesTheEmulatedRigsAddresses(t *testing.T) {
+	r, err := ReadRig(filepath.Join("rigs", "paper.rig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Main.Role != wire.RoleMain || r.Shadow == nil || len(r.Workers) != 8 {
+		t.Fatalf("paper.rig: main %+v, shadow %v, %d workers; want 1 main, 1 shadow, 8 workers", r.Main, r.Shadow, len(r.Workers))
+	}
+	seen := map[string]string{}
+	for _, n := range r.Nodes() {
+		h := n.Host()
+		if prev, ok := seen[h]; ok {
+			t.Errorf("%s and %s share host %s", prev, n.Name, h)
+		}
+		seen[h] = n.Name
+		ip := net.ParseIP(h).To4()
+		if ip == nil || ip[0] != 10 || ip[1] != 77 || ip[2] != 0 || ip[3] < 11 || ip[3] > 20 {
+			t.Errorf("%s is at %s, want 10.77.0.11-20", n.Name, h)
+		}
+	}
+	if len(seen) != 10 {
+		t.Errorf("%d distinct hosts, want 10", len(seen))
+	}
+}
+
+func TestLoopbackRigStaysOnLoopback(t *testing.T) {
+	r, err := ReadRig(filepath.Join("rigs", "loopback.rig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range r.Nodes() {
+		if ip := net.ParseIP(n.Host()); ip == nil || !ip.IsLoopback() {
+			t.Errorf("%s is at %s, not a loopback address (-via local has no namespaces)", n.Name, n.Addr)
+		}
+	}
+}
+
+func TestReadRigMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "none.rig")
+	if _, err := ReadRig(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadRig(%s) error = %v, want a not-exist error", path, err)
+	}
+}

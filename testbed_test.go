@@ -1,0 +1,110 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/testbed"
+)
+
+// TestBenchRigOnLoopbackProcesses runs the rig benchmark end to end with
+// real processes on loopback (-via local: no namespaces needed): every
+// mode runs every case, matches local mode bit for bit, and the report,
+// the table and the timelines are written from what was measured.
+func TestBenchRigOnLoopbackProcesses(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-out", model, "-log-level", "warn"); code != 0 {
+		t.Fatalf("gen-tiny: %s", se)
+	}
+	var rig strings.Builder
+	fmt.Fprintln(&rig, "main main 127.0.0.1")
+	for i, name := range []string{"shadow", "w1", "w2", "w3", "w4"} {
+		addr, err := freeUDPAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		role, flags := "worker", "-device-mem 64MiB -host-cache 16MiB"
+		if i == 0 {
+			role, flags = "shadow", "-quant fp16"
+		}
+		fmt.Fprintf(&rig, "%s %s %s %s\n", name, role, addr, flags)
+	}
+	rigFile := filepath.Join(dir, "loop.rig")
+	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	so, se, code := run(t, "", "bench", "rig", "-via", "local", "-rig", rigFile, "-model", model, "-out", out,
+		"-cases", "6x5,12x4", "-trace-iters", "2:3", "-log-level", "warn")
+	if code != 0 {
+		t.Fatalf("bench rig exit %d:\n%s\n%s", code, so, se)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep testbed.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 8 || len(rep.Nodes) != 6 || rep.Machine.CPUs < 1 {
+		t.Fatalf("report: %d runs, %d nodes, machine %+v", len(rep.Runs), len(rep.Nodes), rep.Machine)
+	}
+	for i, r := range rep.Runs {
+		wantMode := testbed.AllModes[i/2]
+		var st struct {
+			Generated int              `json:"generated_tokens"`
+			Prompt    int              `json:"prompt_tokens"`
+			Decode    float64          `json:"decode_tokens_per_s"`
+			Loads     int              `json:"expert_loads"`
+			Recall    *float64         `json:"recall"`
+			Peak      map[string]int64 `json:"peak_memory_bytes"`
+		}
+		if err := json.Unmarshal(r.Stats, &st); err != nil {
+			t.Fatal(err)
+		}
+		if r.Mode != wantMode || !r.Identical || st.Generated != r.Output || st.Prompt != r.Prompt || st.Decode <= 0 || r.CPUBusy <= 0 {
+			t.Errorf("run %d: %+v, stats %s", i, r, r.Stats)
+		}
+		switch r.Mode {
+		case testbed.ModeResident:
+			if st.Loads != 0 {
+				t.Errorf("the resident swarm loaded %d experts", st.Loads)
+			}
+		case testbed.ModeShadow:
+			if st.Recall == nil || st.Peak["shadow"] <= 0 {
+				t.Errorf("shadow run without recall or shadow memory: %s", r.Stats)
+			}
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(md), "| mode |"); n != 2 || !strings.Contains(string(md), "of the resident (fully cached) swarm's tokens/s") {
+		t.Errorf("report.md has %d tables:\n%s", n, md)
+	}
+	for _, m := range []string{"resident", "reactive", "shadow"} {
+		tf, err := trace.ReadFile(filepath.Join(out, "trace-"+m+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes := 5 // main and the workers
+		if m == "shadow" {
+			nodes = 6
+		}
+		if tf.From != 2 || tf.To != 3 || len(tf.Nodes) != nodes {
+			t.Errorf("%s trace: iterations %d..%d, nodes %v", m, tf.From, tf.To, tf.Nodes)
+		}
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "timeline.svg"))
+	if err != nil || !strings.Contains(string(svg), `class="span EC`) || !strings.Contains(string(svg), `class="span S`) {
+		t.Errorf("timeline.svg without expert computes or shadow spans (%v)", err)
+	}
+}
