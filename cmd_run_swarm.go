@@ -88,7 +88,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		}
 		opt.Trace = trace.NewRecorder(name)
 	}
-	sw, err := mainnode.Dial(ctx, addrs, cfg, opt)
+	wcfg := *cfg
+	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	sw, err := mainnode.Dial(ctx, addrs, &wcfg, opt)
 	if err != nil {
 		return err
 	}
@@ -164,6 +166,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
 	wcfg := *cfg
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
+	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
 	var peers []*wire.Peer
 	for _, a := range addrs {
 		p, err := wire.Dial(ctx, a, &wcfg)
@@ -255,6 +258,20 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if hostCache > 0 {
 		eng.Host = worker.NewHostCache(hostCache)
 	}
+	if f.hostPreload {
+		if eng.Host == nil {
+			return usagef("-host-preload needs -host-cache SIZE")
+		}
+		t0 := time.Now()
+		bar := progress.New("host cache", min(hostCache, expertBytes(st)))
+		n, err := eng.Host.Preload(ctx, st, st.Layers(), st.Experts(), bar.Set)
+		bar.Finish()
+		if err != nil {
+			return err
+		}
+		_, _, used := eng.Host.Stats()
+		log.Info().Int("experts", n).Str("bytes", bytesString(used)).Dur("took", time.Since(t0)).Msg("host cache preloaded")
+	}
 	if f.resident != "" {
 		if err := pinResident(ctx, eng, st, f.resident, log); err != nil {
 			return err
@@ -315,6 +332,19 @@ func parseIters(s string) (from, to int64, err error) {
 		return 0, 0, fmt.Errorf("%q: want FROM:TO with 1 <= FROM <= TO, e.g. 2:4", s)
 	}
 	return from, to, nil
+}
+
+// expertBytes is the decompressed size of every expert in st.
+func expertBytes(st *store.Store) int64 {
+	var total int64
+	for l := range st.Layers() {
+		for e := range st.Experts() {
+			if b, err := st.ExpertBytes(l, e); err == nil {
+				total += int64(b)
+			}
+		}
+	}
+	return total
 }
 
 // storeHidden reads the hidden size off the store's first expert.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"container/list"
+	"context"
 	"sync"
 
 	"github.com/odmoe/odmoe/model"
@@ -78,4 +79,38 @@ func (c *HostCache) Stats() (hits, misses, used int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.hits, c.misses, c.used
+}
+
+// Preload fills the cache with src's experts in (layer, expert) order
+// until the next would not fit (a node that keeps the whole model in host
+// RAM, as OD-MoE's do), reporting bytes done to progress (may be nil).
+// It returns the number of experts loaded.
+func (c *HostCache) Preload(ctx context.Context, src ExpertSource, layers, experts int, progress func(done int64)) (int, error) {
+	var done int64
+	n := 0
+	for l := range layers {
+		for e := range experts {
+			size, err := src.ExpertBytes(l, e)
+			if err != nil {
+				return n, err
+			}
+			c.mu.Lock()
+			full := c.used+int64(size) > c.budget
+			c.mu.Unlock()
+			if full {
+				return n, nil
+			}
+			ex, err := src.ReadExpert(ctx, l, e, make([]byte, size))
+			if err != nil {
+				return n, err
+			}
+			c.put(slotKey{l, e}, ex, int64(size))
+			n++
+			done += int64(size)
+			if progress != nil {
+				progress(done)
+			}
+		}
+	}
+	return n, nil
 }

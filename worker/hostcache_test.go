@@ -72,3 +72,36 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 			src.reads.Load(), hits, misses, used, 2*size)
 	}
 }
+
+// TestHostPreloadFillsInOrderUpToTheBudget: preloading stops at the first
+// expert that would not fit, and preloaded experts load without a store
+// read.
+func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
+	f := tinyFixture(t)
+	src := &countingSource{ExpertSource: f.store}
+	size, _ := f.store.ExpertBytes(0, 0)
+	c := NewHostCache(int64(3*size + size/2))
+	var progressed int64
+	n, err := c.Preload(context.Background(), src, f.store.Layers(), f.store.Experts(), func(done int64) { progressed = done })
+	if err != nil || n != 3 || progressed != int64(3*size) {
+		t.Fatalf("preloaded %d experts (%d bytes reported), err %v; want 3", n, progressed, err)
+	}
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(src, f.model.Config.HiddenSize, arena, NewLink(0), zerolog.Nop())
+	defer e.Close()
+	e.Host = c
+	h := f.model.Config.HiddenSize
+	x := randomInput(1, h, 4)
+	out := make([]float32, h)
+	for ex := range 3 { // layer 0, experts 0..2: preloaded
+		if _, err := e.Run(context.Background(), 0, ex, x, 1, out, true); err != nil {
+			t.Fatal(err)
+		}
+		if !sameBits(out, localExpert(f.model, 0, ex, x, 1)) {
+			t.Fatalf("expert %d differs from local mode", ex)
+		}
+	}
+	if got := src.reads.Load(); got != 3 {
+		t.Errorf("%d store reads: preloading reads 3, running them should read none", got)
+	}
+}
