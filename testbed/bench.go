@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,9 @@ func ParseModes(s string) ([]Mode, error) {
 		switch m {
 		case ModeLocal, "":
 		case ModeResident, ModeReactive, ModeShadow:
-			out = append(out, m)
+			if !slices.Contains(out, m) {
+				out = append(out, m)
+			}
 		default:
 			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow (local always runs)", m)
 		}
@@ -61,7 +64,11 @@ func ParseCases(s string) ([]Case, error) {
 	var out []Case
 	for _, f := range strings.Split(s, ",") {
 		var c Case
-		if _, err := fmt.Sscanf(strings.TrimSpace(f), "%dx%d", &c.Prompt, &c.Output); err != nil || c.Prompt < 1 || c.Output < 1 {
+		p, o, ok := strings.Cut(strings.TrimSpace(f), "x")
+		var err1, err2 error
+		c.Prompt, err1 = strconv.Atoi(p)
+		c.Output, err2 = strconv.Atoi(o)
+		if !ok || err1 != nil || err2 != nil || c.Prompt < 1 || c.Output < 1 {
 			return nil, fmt.Errorf("case %q: want PROMPTxOUTPUT tokens, e.g. 16x64", f)
 		}
 		out = append(out, c)

@@ -40,6 +40,9 @@ type Proc struct {
 
 func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop func(p *Proc) error) (*Proc, error) {
 	cmd.Stdout, cmd.Stderr = log, log
+	// a killed process's children may still hold a piped log open: do not
+	// wait on them for long
+	cmd.WaitDelay = 2 * time.Second
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("testbed: starting %s: %w", n.Name, err)
 	}
@@ -182,7 +185,8 @@ func (s SSH) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 }
 
 // Push copies the binary, model, store and certificates from files to
-// every node's host (what each role needs), with ssh and scp.
+// every node's host, with ssh and scp, replacing what an earlier push
+// left there.
 func (s SSH) Push(r *Rig, files Paths, out io.Writer) error {
 	scp := []string{"scp", "-q", "-r", "-o", "BatchMode=yes"}
 	done := map[string]bool{}
@@ -193,10 +197,11 @@ func (s SSH) Push(r *Rig, files Paths, out io.Writer) error {
 		}
 		done[host] = true
 		fmt.Fprintf(out, "push %s: binary, certificates, model, store -> %s:%s\n", host, host, s.Dir)
-		if b, err := s.remote(n, "mkdir -p "+shellQuote(s.Dir)).CombinedOutput(); err != nil {
+		dst := s.Paths(n)
+		clean := fmt.Sprintf("rm -rf %s && mkdir -p %s", shellJoin([]string{dst.Bin, dst.Certs, dst.Model, dst.Store}), shellQuote(s.Dir))
+		if b, err := s.remote(n, clean).CombinedOutput(); err != nil {
 			return fmt.Errorf("testbed: %s: mkdir %s: %w: %s", host, s.Dir, err, b)
 		}
-		dst := s.Paths(n)
 		for _, c := range [][2]string{{files.Bin, dst.Bin}, {files.Certs, dst.Certs}, {files.Model, dst.Model}, {files.Store, dst.Store}} {
 			if b, err := exec.Command(scp[0], append(scp[1:], c[0], host+":"+c[1])...).CombinedOutput(); err != nil {
 				return fmt.Errorf("testbed: copying %s to %s:%s: %w: %s", c[0], host, c[1], err, b)

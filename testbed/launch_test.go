@@ -415,16 +415,17 @@ w1 worker 10.0.0.3:7400 ssh=u@box
 		}
 	}
 
-	// One mkdir and one copy of each of the four per host, hosts in node
-	// order: u@box (m and w1), then 10.0.0.2.
+	// One clean-and-mkdir (an earlier push's files must not survive: scp -r
+	// onto an existing folder copies into it) and one copy of each of the
+	// four per host, hosts in node order: u@box (m and w1), then 10.0.0.2.
 	hosts := []string{"u@box", "10.0.0.2"}
 	sshCalls := readCalls(t, sshArgs)
 	if len(sshCalls) != len(hosts) {
 		t.Fatalf("ssh called %d times, want %d (once per host): %q", len(sshCalls), len(hosts), sshCalls)
 	}
 	for i, h := range hosts {
-		if c := sshCalls[i]; len(c) != 2 || c[0] != h || !strings.HasPrefix(c[1], "mkdir -p ") {
-			t.Errorf("ssh call %d = %q, want mkdir -p on %s", i, c, h)
+		if c := sshCalls[i]; len(c) != 2 || c[0] != h || !strings.HasPrefix(c[1], "rm -rf ") || !strings.Contains(c[1], "/model") || !strings.Contains(c[1], " && mkdir -p ") {
+			t.Errorf("ssh call %d = %q, want rm -rf of the old files and mkdir -p on %s", i, c, h)
 		}
 	}
 	scpCalls := readCalls(t, scpArgs)

@@ -112,15 +112,21 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			return nil, errf("want NAME ROLE ADDRESS [ssh=USER@HOST] [FLAGS], got %q", strings.TrimSpace(text))
 		}
 		n := Node{Name: f[0], Addr: f[2]}
-		specs, err := wire.ParseNodes(n.Name + "=" + f[1])
+		role, err := wire.ParseRole(f[1])
 		if err != nil {
-			return nil, errf("%v", err)
+			return nil, errf("node %s: %v", n.Name, err)
 		}
-		n.Role = specs[0].Role
+		n.Role = role
+		if specs, err := wire.ParseNodes(n.Name + "=" + f[1]); err != nil || len(specs) != 1 || specs[0].Name != n.Name || len(specs[0].Hosts) != 0 {
+			return nil, errf("node name %q: a name is 1-63 letters, digits or inner hyphens", n.Name)
+		}
 		rest := f[3:]
 		if len(rest) > 0 && strings.HasPrefix(rest[0], "ssh=") {
 			n.SSH = strings.TrimPrefix(rest[0], "ssh=")
 			rest = rest[1:]
+			if n.SSH == "" {
+				return nil, errf("node %s: empty ssh=", n.Name)
+			}
 		}
 		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 			return nil, errf("flag %q does not start with -", rest[0])
@@ -141,8 +147,12 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			addrs[n.Addr] = line
 		}
 		for _, fl := range n.Flags {
+			if !strings.HasPrefix(fl, "-") {
+				continue // a flag's value
+			}
 			switch strings.SplitN(strings.TrimLeft(fl, "-"), "=", 2)[0] {
-			case "role", "listen", "certs", "name", "workers", "shadow", "model", "store", "prefetch", "resident", "dump", "stats", "trace":
+			case "role", "listen", "certs", "name", "workers", "shadow", "model", "store", "prefetch", "resident", "dump", "stats",
+				"trace", "trace-iters", "prompt", "prompt-tokens", "n", "ignore-eos", "net-delay", "align-token", "align-kv":
 				return nil, errf("flag %s is set by the launcher, not the rig description", fl)
 			}
 		}
