@@ -240,3 +240,30 @@ func TestLoadNamesMissingOrMisshapenTensor(t *testing.T) {
 		})
 	}
 }
+
+// TestForwardHiddenThenLogitsEqualsForward: the head run later (as the
+// shadow does) gives Forward's logits bit for bit, and nothing before a
+// forward pass.
+func TestForwardHiddenThenLogitsEqualsForward(t *testing.T) {
+	m := loadTiny(t)
+	a := NewSession(m, NewResidentExperts(m), 16)
+	b := NewSession(m, NewResidentExperts(m), 16)
+	if b.Logits() != nil {
+		t.Fatal("logits before any forward pass")
+	}
+	for _, toks := range [][]int{{1, 9, 33, 4}, {17}, {250}} {
+		want, err := a.Forward(context.Background(), toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.ForwardHidden(context.Background(), toks); err != nil {
+			t.Fatal(err)
+		}
+		got := b.Logits()
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("tokens %v: logit %d is %v, Forward gives %v", toks, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -30,6 +30,7 @@ type Session struct {
 	routes                    []Route   // n * topk
 	expertOut                 []float32 // n * topk * hidden
 	logits                    []float32 // vocab
+	lastRow                   int       // the row of x Logits reads; -1: none
 }
 
 // NewSession starts an empty sequence on m whose experts run on experts.
@@ -42,6 +43,7 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 		cache:   kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, capacity),
 		invFreq: kernels.RoPEFreqs(c.HeadDim, c.RopeTheta),
 		logits:  make([]float32, c.VocabSize),
+		lastRow: -1,
 	}
 }
 
@@ -54,43 +56,66 @@ func (s *Session) Cache() *kvcache.Cache { return s.cache }
 // Forward appends tokens at positions Len().. and returns the logits after
 // the last one. The slice is reused by the next call.
 func (s *Session) Forward(ctx context.Context, tokens []int) ([]float32, error) {
+	if err := s.ForwardHidden(ctx, tokens); err != nil {
+		return nil, err
+	}
+	return s.Logits(), nil
+}
+
+// ForwardHidden is Forward without the output head: it appends tokens to
+// the sequence and keeps the last hidden state, for Logits. (The shadow
+// node skips the head when the main node will send it the token anyway.)
+func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	c := s.m.Config
 	n, h := len(tokens), c.HiddenSize
 	if n == 0 {
-		return nil, fmt.Errorf("model: Forward with no tokens")
+		return fmt.Errorf("model: Forward with no tokens")
 	}
 	start := s.cache.Len()
 	if start+n > c.MaxPositions {
-		return nil, fmt.Errorf("model: position %d exceeds max_position_embeddings %d", start+n-1, c.MaxPositions)
+		return fmt.Errorf("model: position %d exceeds max_position_embeddings %d", start+n-1, c.MaxPositions)
 	}
 	s.cache.Reserve(start + n)
 	s.x = grow(s.x, n*h)
+	s.lastRow = -1
 	for t, id := range tokens {
 		if id < 0 || id >= c.VocabSize {
-			return nil, fmt.Errorf("model: token id %d outside the vocabulary of %d", id, c.VocabSize)
+			return fmt.Errorf("model: token id %d outside the vocabulary of %d", id, c.VocabSize)
 		}
 		row := s.m.Embed.Data[id*h*s.m.Embed.DType.Size() : (id+1)*h*s.m.Embed.DType.Size()]
 		kernels.ToFloat32(s.x[t*h:(t+1)*h], row, s.m.Embed.DType)
 	}
 	for l := range s.m.Layers {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		if err := s.attention(l, start, n); err != nil {
-			return nil, err
+			return err
 		}
 		if err := s.moe(ctx, l, n); err != nil {
-			return nil, fmt.Errorf("model: layer %d experts: %w", l, err)
+			return fmt.Errorf("model: layer %d experts: %w", l, err)
 		}
 	}
 	if err := s.cache.Commit(start + n); err != nil {
-		return nil, err
+		return err
 	}
-	last := s.x[(n-1)*h : n*h]
+	s.lastRow = n - 1
+	return nil
+}
+
+// Logits computes the output head on the last hidden state of the last
+// ForwardHidden (nil if there is none). The slice is reused.
+func (s *Session) Logits() []float32 {
+	if s.lastRow < 0 {
+		return nil
+	}
+	c := s.m.Config
+	h := c.HiddenSize
+	last := s.x[s.lastRow*h : (s.lastRow+1)*h]
 	s.hn = grow(s.hn, h)
 	kernels.RMSNorm(s.hn[:h], last, s.m.FinalNorm, float32(c.RMSNormEps))
 	kernels.MatVec(s.logits, s.m.LMHead, s.hn[:h])
-	return s.logits, nil
+	return s.logits
 }
 
 // attention runs the attention half of layer l on the batch: x += O(attn(norm(x))).

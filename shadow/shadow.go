@@ -35,7 +35,8 @@ type Node struct {
 	log     zerolog.Logger
 
 	sess    *model.Session
-	next    int   // the token the shadow itself sampled last
+	next    int   // the token the shadow itself sampled last (valid unless headDue)
+	headDue bool  // the last forward pass's head has not run yet (see iterate)
 	it      int64 // the iteration being run
 	mainP   *wire.Peer
 	ctx     context.Context
@@ -104,11 +105,10 @@ func (n *Node) iterate(a *wire.Alignment) error {
 			toks[i] = int(t)
 		}
 		n.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
-		logits, err := n.sess.Forward(n.ctx, toks)
-		if err != nil {
+		if err := n.sess.ForwardHidden(n.ctx, toks); err != nil {
 			return fmt.Errorf("shadow: prompt: %w", err)
 		}
-		n.next = model.Argmax(logits)
+		n.headDue = true
 		return nil
 	}
 	if n.sess == nil {
@@ -123,24 +123,32 @@ func (n *Node) iterate(a *wire.Alignment) error {
 			return fmt.Errorf("shadow: iteration %d KV alignment: %w", a.Iteration, err)
 		}
 	}
-	token := n.next
-	if a.Token >= 0 {
-		token = int(a.Token)
+	// The output head (the vocabulary-sized matvec) only gives the shadow
+	// its own next token, which it needs only when the main node does not
+	// send one: run it lazily, here, when it is due and the alignment has
+	// no token, so with token alignment it never delays a departure.
+	token := int(a.Token)
+	if a.Token < 0 {
+		if n.headDue {
+			n.next = model.Argmax(n.sess.Logits())
+		}
+		token = n.next
 	}
+	n.headDue = false
 	late := time.Since(start) // late departure: the alignment's own cost here
 	n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
 	n.sess.OnRoute = n.predict
 	n.sendErr = nil
 	t0 := time.Now()
 	n.mark = t0
-	logits, err := n.sess.Forward(n.ctx, []int{token})
+	err := n.sess.ForwardHidden(n.ctx, []int{token})
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, a.Iteration, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	n.sess.OnRoute = nil
 	if err != nil {
 		return fmt.Errorf("shadow: iteration %d: %w", a.Iteration, err)
 	}
-	n.next = model.Argmax(logits)
+	n.headDue = true
 	if n.sendErr != nil {
 		return n.sendErr
 	}
