@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,9 +21,7 @@ type rigFlags struct {
 	log                                                logFlags
 }
 
-func (f *rigFlags) register(fs interface {
-	StringVar(*string, string, string, string)
-}) {
+func (f *rigFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.rig, "rig", "testbed/rigs/paper.rig", "rig description `FILE` (nodes, roles, addresses, flags)")
 	fs.StringVar(&f.model, "model", "", "Hugging Face model `DIR` (required)")
 	fs.StringVar(&f.store, "store", "", "expert store `DIR`; default MODEL.store, made with odmoe convert if missing")
@@ -98,7 +97,7 @@ func (f *rigFlags) delay(log zerolog.Logger) (time.Duration, error) {
 	if f.via != "netns" {
 		return 0, nil
 	}
-	st := readKV(filepath.Join(testbed.RigStateDir, "state"))
+	st := testbed.ReadRigState()
 	if st["delay_by"] != "app" {
 		return 0, nil
 	}
@@ -108,20 +107,6 @@ func (f *rigFlags) delay(log zerolog.Logger) (time.Duration, error) {
 	}
 	log.Info().Dur("delay", d).Msg("the kernel has no netem: nodes add the rig's link delay themselves (-net-delay)")
 	return d, nil
-}
-
-func readKV(path string) map[string]string {
-	out := map[string]string{}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return out
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
-			out[k] = v
-		}
-	}
-	return out
 }
 
 // ensureRigCerts makes the rig's certificates unless every node has one.

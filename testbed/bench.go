@@ -143,7 +143,7 @@ func Bench(opt BenchOptions) (*Report, error) {
 		opt.TraceIters = "3:5"
 	}
 	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), Command: opt.Command, Machine: ReadMachine(),
-		Rig: opt.Rig.Path, Via: opt.Via.Name(), Model: opt.Files.Model, Link: readRigState()}
+		Rig: opt.Rig.Path, Via: opt.Via.Name(), Model: opt.Files.Model, Link: ReadRigState()}
 	for _, n := range opt.Rig.Nodes() {
 		rep.Nodes = append(rep.Nodes, fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr))
 	}
@@ -397,8 +397,9 @@ func writeTimeline(path string, tf *trace.File, title string) error {
 	return os.WriteFile(path, buf.Bytes(), 0o644)
 }
 
-// readRigState reads the emulated rig's link settings, if a rig is up.
-func readRigState() map[string]string {
+// ReadRigState reads the emulated rig's settings (testbed/rig's state
+// file: nodes, rate, delay, delay_by, loss, ...); nil if no rig is up.
+func ReadRigState() map[string]string {
 	b, err := os.ReadFile(filepath.Join(RigStateDir, "state"))
 	if err != nil {
 		return nil

@@ -269,24 +269,19 @@ func Join(events []Event) []Hop {
 		}
 		return k
 	}
-	sends := map[key][]int64{}
+	sends, recvs := map[key][]int64{}, map[key][]int64{}
 	for i := range events {
-		e := &events[i]
-		if e.Kind == Send {
+		switch e := &events[i]; e.Kind {
+		case Send:
 			k := keyOf(e, e.Node, e.Peer)
 			sends[k] = append(sends[k], e.Start)
+		case Recv:
+			k := keyOf(e, e.Peer, e.Node)
+			recvs[k] = append(recvs[k], e.Start)
 		}
 	}
 	for _, s := range sends {
 		slices.Sort(s)
-	}
-	recvs := map[key][]int64{}
-	for i := range events {
-		e := &events[i]
-		if e.Kind == Recv {
-			k := keyOf(e, e.Peer, e.Node)
-			recvs[k] = append(recvs[k], e.Start)
-		}
 	}
 	var hops []Hop
 	for k, rs := range recvs {
