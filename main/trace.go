@@ -31,11 +31,16 @@ func (s *Swarm) StartTrace(ctx context.Context, from, to int64) error {
 	return nil
 }
 
+// clockProbes is how many clock round trips CollectTrace makes per node;
+// it keeps the one with the shortest round trip.
+const clockProbes = 8
+
 // CollectTrace gathers what every node recorded since StartTrace into one
 // trace, each node's events moved onto this node's clock by an offset
-// measured on the collect round trip (NTP's estimate: the remote clock
-// minus the midpoint of send and receive). Call it after ShadowStats, so
-// the shadow has finished. A node that does not answer within timeout is
+// measured as NTP does (the remote clock minus the midpoint of send and
+// receive) on the shortest of clockProbes small round trips, whose error
+// is at most half that round trip. Call it after ShadowStats, so the
+// shadow has finished. A node that does not answer within timeout is
 // left out and named in File.Dropped (with -1).
 func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers int) (*trace.File, error) {
 	if s.opt.Trace == nil {
@@ -45,7 +50,7 @@ func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers 
 	defer cancel()
 	self := s.opt.Trace.Node()
 	own, dropped := s.opt.Trace.Events()
-	f := &trace.File{Layers: layers, Nodes: []string{self}, ClockOffsetNs: map[string]int64{self: 0}, Dropped: map[string]int{}, Events: own}
+	f := &trace.File{Layers: layers, Nodes: []string{self}, ClockOffsetNs: map[string]int64{self: 0}, ClockRTTNs: map[string]int64{self: 0}, Dropped: map[string]int{}, Events: own}
 	if dropped > 0 {
 		f.Dropped[self] = dropped
 	}
@@ -67,25 +72,41 @@ func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers 
 		case <-r.in:
 		default:
 		}
-		sent := time.Now()
-		if err := r.peer.Send(ctx, &wire.Trace{Collect: true}); err != nil {
+		ask := func(m *wire.Trace) (t *wire.Trace, rtt time.Duration, offset int64) {
+			sent := time.Now()
+			if err := r.peer.Send(ctx, m); err != nil {
+				return nil, 0, 0
+			}
+			select {
+			case t = <-r.in:
+			case <-ctx.Done():
+				return nil, 0, 0
+			}
+			got := time.Now()
+			return t, got.Sub(sent), t.UnixNano - (sent.UnixNano()+got.UnixNano())/2
+		}
+		var offset int64
+		best := time.Duration(-1)
+		for range clockProbes {
+			t, rtt, off := ask(&wire.Trace{Clock: true})
+			if t == nil {
+				break
+			}
+			if best < 0 || rtt < best {
+				best, offset = rtt, off
+			}
+		}
+		t, _, _ := ask(&wire.Trace{Collect: true})
+		if t == nil || best < 0 {
 			f.Dropped[name] = -1
 			continue
 		}
-		var t *wire.Trace
-		select {
-		case t = <-r.in:
-		case <-ctx.Done():
-			f.Dropped[name] = -1
-			continue
-		}
-		got := time.Now()
-		offset := t.UnixNano - (sent.UnixNano()+got.UnixNano())/2
 		for i := range t.Events {
 			t.Events[i].Node = name // the certificate's name, not what the node calls itself
 		}
 		trace.Shift(t.Events, offset)
 		f.ClockOffsetNs[name] = offset
+		f.ClockRTTNs[name] = int64(best)
 		if t.Dropped > 0 {
 			f.Dropped[name] = t.Dropped
 		}

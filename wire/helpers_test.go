@@ -146,6 +146,7 @@ func sampleMessages(hidden int) []Message {
 		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789, Stats: map[string]float64{"misses": 3, "load_gbps": 1.25}},
 		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9},
 		&Trace{From: 2, To: 4},
+		&Trace{Clock: true, UnixNano: 1763850000123456789},
 		&Trace{Collect: true, UnixNano: 1763850000123456789, Dropped: 1, Events: []trace.Event{
 			{Node: "w1", Kind: trace.Compute, Iter: 2, Layer: 3, Expert: 5, Start: 10, End: 20},
 			{Node: "w1", Kind: trace.Send, Msg: trace.MsgResult, Peer: "main", Iter: 2, Layer: 3, Expert: 5, ID: 9, Start: 21, End: 21},

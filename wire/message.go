@@ -202,9 +202,10 @@ func (m Metrics) EncodeMsgpack(enc *msgpack.Encoder) error {
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main
-// node sends Window (From..To, Collect false) to start recording those
-// iterations afresh, then Collect to ask for what was recorded; the
-// answer is a Trace with Events, Dropped and the sender's clock.
+// node sends a window (From..To) to start recording those iterations
+// afresh, Clock to read the receiver's clock (the answer carries only
+// UnixNano), then Collect to ask for what was recorded; the answer is a
+// Trace with Events, Dropped and the sender's clock.
 type Trace struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	From, To int64    // the iterations to record
@@ -212,6 +213,7 @@ type Trace struct {
 	Events   []trace.Event
 	Dropped  int   // events the node did not keep
 	UnixNano int64 // the sender's clock when it sent this message
+	Clock    bool  // send back only the clock
 }
 
 // Request error codes (Error.Code). Values are part of the protocol.

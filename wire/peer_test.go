@@ -39,7 +39,7 @@ func TestRoundTripEveryMessageTypeOverQUIC(t *testing.T) {
 			t.Errorf("worker -> main %v: got %+v", m.Type(), back)
 		}
 	}
-	if s := l.Stats().Snapshot(); s.PeersAccepted != 1 || s.FramesReceived != 11 || s.FramesSent != 11 || len(s.Errors) != 0 {
+	if s := l.Stats().Snapshot(); s.PeersAccepted != 1 || s.FramesReceived != 12 || s.FramesSent != 12 || len(s.Errors) != 0 {
 		t.Errorf("listener stats %+v", s)
 	}
 }

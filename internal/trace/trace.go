@@ -189,6 +189,9 @@ type File struct {
 	// ClockOffsetNs is, per node, how far its clock was measured ahead
 	// of the main node's (events are already shifted by it).
 	ClockOffsetNs map[string]int64 `json:"clock_offset_ns"`
+	// ClockRTTNs is, per node, the round trip the offset was measured on:
+	// the offset is right to within half of it.
+	ClockRTTNs map[string]int64 `json:"clock_rtt_ns,omitempty"`
 	// Dropped counts events a node did not keep (MaxEvents) or that did
 	// not arrive.
 	Dropped map[string]int `json:"dropped,omitempty"`
