@@ -206,8 +206,17 @@ func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr i
 		return err
 	}
 	mainArgs := testbed.MainArgs(testbed.BenchOptions{Rig: rig, Via: via, Files: files, NetDelay: delay}, m)
-	fmt.Fprintf(stdout, "rig up: %d node processes (%s), logs in %s. Run the main node on %s with:\n  %s run %s -prompt 'Hello'\nCtrl-C stops them.\n",
-		len(procs), m, *logDir, rig.Main.Host(), via.Paths(rig.Main).Bin, strings.Join(quoteArgs(mainArgs), " "))
+	line := files.Bin + " " + strings.Join(quoteArgs(mainArgs), " ") + " -prompt 'Hello'"
+	where := "on this host (" + rig.Main.Host() + ")"
+	if nv, ok := via.(*testbed.Netns); ok {
+		ns, err := nv.Namespace(rig.Main)
+		if err != nil {
+			return err
+		}
+		line, where = "ip netns exec "+ns+" "+line, "in its namespace"
+	}
+	fmt.Fprintf(stdout, "rig up: %d node processes (%s), logs in %s. Run the main node %s with:\n  %s\nCtrl-C stops them.\n",
+		len(procs), m, *logDir, where, line)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "stopping the rig's nodes")
 	return nil

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/testbed"
@@ -106,5 +110,84 @@ func TestBenchRigOnLoopbackProcesses(t *testing.T) {
 	svg, err := os.ReadFile(filepath.Join(out, "timeline.svg"))
 	if err != nil || !strings.Contains(string(svg), `class="span EC`) || !strings.Contains(string(svg), `class="span S`) {
 		t.Errorf("timeline.svg without expert computes or shadow spans (%v)", err)
+	}
+}
+
+// TestLaunchStartsARigAndStopsItOnInterrupt: odmoe launch (-via local)
+// starts the workers and the shadow, prints a main-node command line
+// that works as printed, and stops every node on SIGINT.
+func TestLaunchStartsARigAndStopsItOnInterrupt(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-out", model, "-log-level", "warn"); code != 0 {
+		t.Fatalf("gen-tiny: %s", se)
+	}
+	var rig strings.Builder
+	fmt.Fprintln(&rig, "main main 127.0.0.1")
+	for i, name := range []string{"shadow", "w1", "w2"} {
+		addr, err := freeUDPAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		role := "worker"
+		if i == 0 {
+			role = "shadow"
+		}
+		fmt.Fprintf(&rig, "%s %s %s\n", name, role, addr)
+	}
+	rigFile := filepath.Join(dir, "loop.rig")
+	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := filepath.Join(dir, "logs")
+	cmd := exec.Command(odmoeBin(t), "launch", "-via", "local", "-rig", rigFile, "-model", model, "-mode", "shadow", "-logs", logs, "-log-level", "warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stdout)
+	var line string
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, odmoeBin(t)+" run -role main") {
+			line = l
+			break
+		}
+	}
+	if line == "" {
+		t.Fatal("launch printed no main-node command line")
+	}
+	// run the printed line as a user would paste it
+	mainCmd := exec.Command("sh", "-c", line+" -n 5")
+	out, err := mainCmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "generated tokens: 5") || !strings.Contains(string(out), "shadow: recall") {
+		t.Fatalf("the printed main command (%s): %v\n%s", line, err, out)
+	}
+	go io.Copy(io.Discard, stdout)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("launch after SIGINT: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("launch did not stop its nodes within 30 s of SIGINT")
+	}
+	for _, n := range []string{"shadow", "w1", "w2"} {
+		b, err := os.ReadFile(filepath.Join(logs, n+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != "shadow" && !strings.Contains(string(b), "peer connected") {
+			t.Errorf("%s's log shows no connection:\n%s", n, b)
+		}
 	}
 }
