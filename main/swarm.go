@@ -198,7 +198,7 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 		}
 		s.random[next] = hinted
 		for w, es := range nper {
-			s.opt.Trace.Message(trace.Send, trace.MsgPrediction, s.workers[w].peer.Identity().Name, s.iter, next, -1, 0, time.Now())
+			s.traceWorker(trace.Send, trace.MsgPrediction, w, next, -1, 0, time.Now())
 			if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: next, Experts: es}); err != nil {
 				return s.workerErr(w, err)
 			}
@@ -208,7 +208,7 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 		return nil
 	}
 	for w, es := range per {
-		s.opt.Trace.Message(trace.Send, trace.MsgPrediction, s.workers[w].peer.Identity().Name, s.iter, layer, -1, 0, time.Now())
+		s.traceWorker(trace.Send, trace.MsgPrediction, w, layer, -1, 0, time.Now())
 		if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: layer, Experts: es}); err != nil {
 			return s.workerErr(w, err)
 		}
@@ -280,7 +280,7 @@ func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route,
 func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 	if !prefill {
 		for _, r := range reqs {
-			s.opt.Trace.Message(trace.Send, trace.MsgActivation, s.workers[r.worker].peer.Identity().Name, s.iter, r.msg.Layer, -1, r.msg.ID, time.Now())
+			s.traceWorker(trace.Send, trace.MsgActivation, r.worker, r.msg.Layer, -1, r.msg.ID, time.Now())
 			if err := s.workers[r.worker].peer.Send(ctx, r.msg); err != nil {
 				return s.workerErr(r.worker, err)
 			}
@@ -295,7 +295,7 @@ func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 				if r.worker != w {
 					continue
 				}
-				s.opt.Trace.Message(trace.Send, trace.MsgActivation, s.workers[w].peer.Identity().Name, s.iter, r.msg.Layer, -1, r.msg.ID, time.Now())
+				s.traceWorker(trace.Send, trace.MsgActivation, w, r.msg.Layer, -1, r.msg.ID, time.Now())
 				if err := s.workers[w].peer.Send(ctx, r.msg); err != nil {
 					errs[w] = s.workerErr(w, err)
 					return
@@ -337,7 +337,7 @@ func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes 
 				}
 			}
 			ls.add(res)
-			s.opt.Trace.Message(trace.Recv, trace.MsgResult, s.workers[r.worker].peer.Identity().Name, s.iter, layer, res.Expert, r.msg.ID, rp.at)
+			s.traceWorker(trace.Recv, trace.MsgResult, r.worker, layer, res.Expert, r.msg.ID, rp.at)
 			crit = max(crit, res.StallTime+res.ComputeTime)
 		}
 	}
@@ -345,6 +345,14 @@ func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes 
 	ls.wall, ls.network = wall, max(wall-crit, 0)
 	s.stats.experts(prefill, s.iter, layer, ls)
 	return nil
+}
+
+// traceWorker records a message to or from worker w, when this iteration
+// is traced.
+func (s *Swarm) traceWorker(kind trace.Kind, msg string, w, layer, expert int, id uint64, at time.Time) {
+	if s.opt.Trace.Active(s.iter) {
+		s.opt.Trace.Message(kind, msg, s.workers[w].peer.Identity().Name, s.iter, layer, expert, id, at)
+	}
 }
 
 func (s *Swarm) workerErr(w int, err error) error {

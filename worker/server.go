@@ -43,11 +43,17 @@ func NewServer(engine *Engine, log zerolog.Logger) *Server {
 	return s
 }
 
-// saw records that a message named layer of iteration it.
-func (s *Server) saw(it int64, layer int) {
+// traceRecv records a message that arrived from peer, and which
+// iteration it named layer for (what a load of that layer is for), when
+// that iteration is traced.
+func (s *Server) traceRecv(msg, peer string, it int64, layer int, id uint64, at time.Time) {
+	if !s.trace.Active(it) {
+		return
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.seen[layer] = it
+	s.mu.Unlock()
+	s.trace.Message(trace.Recv, msg, peer, it, layer, -1, id, at)
 }
 
 // prefetch starts loading a prediction's experts unless its layer has
@@ -142,12 +148,10 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		at := time.Now()
 		switch m := m.(type) {
 		case *wire.Prediction:
-			s.saw(m.Iteration, m.Layer)
-			s.trace.Message(trace.Recv, trace.MsgPrediction, id.Name, m.Iteration, m.Layer, -1, 0, at)
+			s.traceRecv(trace.MsgPrediction, id.Name, m.Iteration, m.Layer, 0, at)
 			s.prefetch(m)
 		case *wire.Activation:
-			s.saw(m.Iteration, m.Layer)
-			s.trace.Message(trace.Recv, trace.MsgActivation, id.Name, m.Iteration, m.Layer, -1, m.ID, at)
+			s.traceRecv(trace.MsgActivation, id.Name, m.Iteration, m.Layer, m.ID, at)
 			select {
 			case acts <- m:
 			case <-ctx.Done():

@@ -18,6 +18,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -85,18 +86,20 @@ const MaxEvents = 1 << 18
 // node. A nil *Recorder records nothing; all methods are safe for
 // concurrent use.
 type Recorder struct {
-	node string
+	node   string
+	window atomic.Pointer[[2]int64] // from, to: read without the lock on every message
 
-	mu       sync.Mutex
-	from, to int64
-	events   []Event
-	dropped  int
+	mu      sync.Mutex
+	events  []Event
+	dropped int
 }
 
 // NewRecorder returns a recorder for node that records nothing until
 // Window is called.
 func NewRecorder(node string) *Recorder {
-	return &Recorder{node: node, from: 1, to: 0}
+	r := &Recorder{node: node}
+	r.window.Store(&[2]int64{1, 0})
+	return r
 }
 
 // Window starts recording iterations from..to afresh: what was recorded
@@ -107,17 +110,18 @@ func (r *Recorder) Window(from, to int64) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.from, r.to, r.events, r.dropped = from, to, nil, 0
+	r.window.Store(&[2]int64{from, to})
+	r.events, r.dropped = nil, 0
 }
 
-// Active reports whether iteration it is in the window.
+// Active reports whether iteration it is in the window. It takes no lock:
+// callers on hot paths (every message, every layer) ask it first.
 func (r *Recorder) Active(it int64) bool {
 	if r == nil {
 		return false
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return it >= r.from && it <= r.to
+	w := r.window.Load()
+	return it >= w[0] && it <= w[1]
 }
 
 // Node is the name events are recorded under.
@@ -129,12 +133,9 @@ func (r *Recorder) Node() string {
 }
 
 func (r *Recorder) add(e Event) {
-	if r == nil {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e.Iter < r.from || e.Iter > r.to {
+	if !r.Active(e.Iter) { // the window moved since the caller asked
 		return
 	}
 	if len(r.events) >= MaxEvents {
@@ -147,12 +148,18 @@ func (r *Recorder) add(e Event) {
 
 // Span records a span of kind on (it, layer, expert; -1 for none).
 func (r *Recorder) Span(kind Kind, it int64, layer, expert int, start, end time.Time) {
+	if !r.Active(it) {
+		return
+	}
 	r.add(Event{Kind: kind, Iter: it, Layer: layer, Expert: expert, Start: start.UnixNano(), End: end.UnixNano()})
 }
 
 // Message records a message of iteration it sent to (Send) or received
 // from (Recv) peer at time at.
 func (r *Recorder) Message(kind Kind, msg, peer string, it int64, layer, expert int, id uint64, at time.Time) {
+	if !r.Active(it) {
+		return
+	}
 	ns := at.UnixNano()
 	r.add(Event{Kind: kind, Msg: msg, Peer: peer, Iter: it, Layer: layer, Expert: expert, ID: id, Start: ns, End: ns})
 }
