@@ -288,41 +288,51 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 }
 
 // pinResident loads and pins the experts worker I of W owns ("I/W") in
-// a resident swarm.
+// a resident swarm, with a progress bar.
 func pinResident(ctx context.Context, eng *worker.Engine, st *store.Store, spec string, log zerolog.Logger) error {
 	var idx, n int
 	if _, err := fmt.Sscanf(spec, "%d/%d", &idx, &n); err != nil || n < 1 || idx < 0 || idx >= n {
 		return usagef("-resident %q: want I/W with 0 <= I < W, e.g. 3/8", spec)
 	}
+	var total int64 // what this worker owns
 	layout := sched.Layout{Workers: n, Group: 1}
-	var total int64
 	for l := range st.Layers() {
 		for _, e := range layout.Owned(idx, l, st.Experts()) {
-			b, err := st.ExpertBytes(l, e)
-			if err != nil {
-				return err
-			}
+			b, _ := st.ExpertBytes(l, e)
 			total += int64(b)
 		}
 	}
 	t0 := time.Now()
 	bar := progress.New("pin resident experts", total)
+	err := pinOwned(ctx, eng, st, idx, n, bar.Set)
+	bar.Finish()
+	if err != nil {
+		return fmt.Errorf("-resident %s: %w", spec, err)
+	}
+	log.Info().Str("resident", spec).Int("experts", eng.Resident()).Str("device_in_use", bytesString(eng.Arena().InUse())).
+		Dur("took", time.Since(t0)).Msg("resident experts pinned")
+	return nil
+}
+
+// pinOwned pins every expert worker idx of n owns in a resident swarm
+// (sched.Layout.Owner), reporting the bytes pinned so far to progress
+// (may be nil).
+func pinOwned(ctx context.Context, eng *worker.Engine, st *store.Store, idx, n int, progress func(done int64)) error {
+	layout := sched.Layout{Workers: n, Group: 1}
 	var done int64
 	for l := range st.Layers() {
 		owned := layout.Owned(idx, l, st.Experts())
 		if err := eng.Pin(ctx, l, owned); err != nil {
-			bar.Finish()
-			return fmt.Errorf("-resident %s: %w", spec, err)
+			return err
 		}
 		for _, e := range owned {
 			b, _ := st.ExpertBytes(l, e)
 			done += int64(b)
 		}
-		bar.Set(done)
+		if progress != nil {
+			progress(done)
+		}
 	}
-	bar.Finish()
-	log.Info().Str("resident", spec).Int("experts", eng.Resident()).Str("device_in_use", bytesString(eng.Arena().InUse())).
-		Dur("took", time.Since(t0)).Msg("resident experts pinned")
 	return nil
 }
 

@@ -32,22 +32,24 @@ func (f *rigFlags) register(fs *flag.FlagSet) {
 }
 
 // setup reads the rig, makes the store and certificates if missing, and
-// returns how to start nodes.
-func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (*testbed.Rig, testbed.Via, testbed.Paths, time.Duration, error) {
-	var files testbed.Paths
+// returns the options that say how to start nodes (Rig, Via, Files,
+// NetDelay, Log).
+func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (testbed.BenchOptions, error) {
+	o := testbed.BenchOptions{Log: log}
+	files := &o.Files
 	if f.model == "" {
-		return nil, nil, files, 0, usagef("-model is required")
+		return o, usagef("-model is required")
 	}
-	rig, err := testbed.ReadRig(f.rig)
-	if err != nil {
-		return nil, nil, files, 0, err
+	var err error
+	if o.Rig, err = testbed.ReadRig(f.rig); err != nil {
+		return o, err
 	}
 	if files.Bin, err = os.Executable(); err != nil {
-		return nil, nil, files, 0, err
+		return o, err
 	}
 	model, err := filepath.Abs(f.model)
 	if err != nil {
-		return nil, nil, files, 0, err
+		return o, err
 	}
 	files.Model, files.Store, files.Certs = model, f.store, f.certs
 	if files.Store == "" {
@@ -57,32 +59,30 @@ func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (*testbed.Rig,
 		files.Certs = model + ".certs-" + strings.TrimSuffix(filepath.Base(f.rig), filepath.Ext(f.rig))
 	}
 	if err := ensureStore(ctx, files.Model, files.Store, log); err != nil {
-		return nil, nil, files, 0, err
+		return o, err
 	}
-	if err := ensureRigCerts(files.Certs, rig); err != nil {
-		return nil, nil, files, 0, err
+	if err := ensureRigCerts(files.Certs, o.Rig); err != nil {
+		return o, err
 	}
-	delay, err := f.delay(log)
-	if err != nil {
-		return nil, nil, files, 0, err
+	if o.NetDelay, err = f.delay(log); err != nil {
+		return o, err
 	}
-	var via testbed.Via
 	switch f.via {
 	case "netns":
-		if via, err = testbed.NewNetns(files); err != nil {
-			return nil, nil, files, 0, err
+		if o.Via, err = testbed.NewNetns(*files); err != nil {
+			return o, err
 		}
 	case "local":
-		via = testbed.Local{Files: files}
+		o.Via = testbed.Local{Files: *files}
 	case "ssh":
 		if !filepath.IsAbs(f.remoteDir) {
-			return nil, nil, files, 0, usagef("-remote-dir %q must be absolute (login shells may start elsewhere)", f.remoteDir)
+			return o, usagef("-remote-dir %q must be absolute (login shells may start elsewhere)", f.remoteDir)
 		}
-		via = testbed.SSH{Dir: f.remoteDir}
+		o.Via = testbed.SSH{Dir: f.remoteDir}
 	default:
-		return nil, nil, files, 0, usagef("-via %q unknown: netns, local or ssh", f.via)
+		return o, usagef("-via %q unknown: netns, local or ssh", f.via)
 	}
-	return rig, via, files, delay, nil
+	return o, nil
 }
 
 // delay resolves -net-delay.
@@ -150,20 +150,18 @@ func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr
 	if err != nil {
 		return usagef("-modes: %v", err)
 	}
-	rig, via, files, delay, err := rf.setup(ctx, log)
+	opt, err := rf.setup(ctx, log)
 	if err != nil {
 		return err
 	}
-	absOut, err := filepath.Abs(*out)
-	if err != nil {
+	if opt.Out, err = filepath.Abs(*out); err != nil {
 		return err
 	}
-	rep, err := testbed.Bench(testbed.BenchOptions{
-		Rig: rig, Via: via, Files: files, Out: absOut, Cases: cs, Modes: ms, TraceIters: *traceIters, NetDelay: delay,
-		Command: "odmoe bench rig " + strings.Join(args, " "), Log: log,
-	})
+	opt.Cases, opt.Modes, opt.TraceIters = cs, ms, *traceIters
+	opt.Command = "odmoe bench rig " + strings.Join(args, " ")
+	rep, err := testbed.Bench(opt)
 	if rep != nil {
-		fmt.Fprintf(stdout, "report: %s\n", filepath.Join(absOut, "report.md"))
+		fmt.Fprintf(stdout, "report: %s\n", filepath.Join(opt.Out, "report.md"))
 	}
 	return err
 }
@@ -187,26 +185,27 @@ func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr i
 	if m != testbed.ModeShadow && m != testbed.ModeReactive && m != testbed.ModeResident {
 		return usagef("-mode %q unknown: shadow, reactive or resident", *mode)
 	}
-	rig, via, files, delay, err := rf.setup(ctx, log)
+	opt, err := rf.setup(ctx, log)
 	if err != nil {
 		return err
 	}
+	rig, via := opt.Rig, opt.Via
 	if *push {
 		s, ok := via.(testbed.SSH)
 		if !ok {
 			return usagef("-push is for -via ssh")
 		}
-		if err := s.Push(rig, files, stdout); err != nil {
+		if err := s.Push(rig, opt.Files, stdout); err != nil {
 			return err
 		}
 	}
-	procs, err := testbed.StartServers(testbed.BenchOptions{Rig: rig, Via: via, Files: files, NetDelay: delay, Log: log}, m, *logDir)
+	procs, err := testbed.StartServers(opt, m, *logDir)
 	defer testbed.StopAll(procs, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	mainArgs := testbed.MainArgs(testbed.BenchOptions{Rig: rig, Via: via, Files: files, NetDelay: delay}, m)
-	line := files.Bin + " " + strings.Join(quoteArgs(mainArgs), " ") + " -prompt 'Hello'"
+	mainArgs := testbed.MainArgs(opt, m)
+	line := opt.Files.Bin + " " + strings.Join(quoteArgs(mainArgs), " ") + " -prompt 'Hello'"
 	where := "on this host (" + rig.Main.Host() + ")"
 	if nv, ok := via.(*testbed.Netns); ok {
 		ns, err := nv.Namespace(rig.Main)

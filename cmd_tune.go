@@ -205,12 +205,7 @@ func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, bud
 		}
 		eng := worker.NewEngine(st, hidden, arena, worker.NewLink(loadBW), log)
 		if resident {
-			layout := sched.Layout{Workers: n, Group: 1}
-			for l := range st.Layers() {
-				if err = eng.Pin(ctx, l, layout.Owned(i, l, st.Experts())); err != nil {
-					break
-				}
-			}
+			err = pinOwned(ctx, eng, st, i, n, nil)
 		}
 		var ln *wire.Listener
 		if err == nil {

@@ -16,33 +16,47 @@ import (
 	"github.com/odmoe/odmoe/testbed"
 )
 
+// tinyModel generates the tiny preset with the CLI, as a user would.
+func tinyModel(t *testing.T) string {
+	t.Helper()
+	model := filepath.Join(t.TempDir(), "tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-out", model, "-log-level", "warn"); code != 0 {
+		t.Fatalf("gen-tiny: %s", se)
+	}
+	return model
+}
+
+// loopbackRig writes dir/loop.rig: a main node, an fp16 shadow and
+// workers w1..wN with workerFlags, on free loopback ports.
+func loopbackRig(t *testing.T, dir string, workers int, workerFlags string) string {
+	t.Helper()
+	var rig strings.Builder
+	fmt.Fprintln(&rig, "main main 127.0.0.1")
+	for i := range workers + 1 {
+		addr, err := freeUDPAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			fmt.Fprintf(&rig, "shadow shadow %s -quant fp16\n", addr)
+		} else {
+			fmt.Fprintf(&rig, "w%d worker %s %s\n", i, addr, workerFlags)
+		}
+	}
+	path := filepath.Join(dir, "loop.rig")
+	if err := os.WriteFile(path, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestBenchRigOnLoopbackProcesses runs the rig benchmark end to end with
 // real processes on loopback (-via local: no namespaces needed): every
 // mode runs every case, matches local mode bit for bit, and the report,
 // the table and the timelines are written from what was measured.
 func TestBenchRigOnLoopbackProcesses(t *testing.T) {
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny")
-	if _, se, code := run(t, "", "gen-tiny", "-out", model, "-log-level", "warn"); code != 0 {
-		t.Fatalf("gen-tiny: %s", se)
-	}
-	var rig strings.Builder
-	fmt.Fprintln(&rig, "main main 127.0.0.1")
-	for i, name := range []string{"shadow", "w1", "w2", "w3", "w4"} {
-		addr, err := freeUDPAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		role, flags := "worker", "-device-mem 64MiB -host-cache 16MiB"
-		if i == 0 {
-			role, flags = "shadow", "-quant fp16"
-		}
-		fmt.Fprintf(&rig, "%s %s %s %s\n", name, role, addr, flags)
-	}
-	rigFile := filepath.Join(dir, "loop.rig")
-	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir, model := t.TempDir(), tinyModel(t)
+	rigFile := loopbackRig(t, dir, 4, "-device-mem 64MiB -host-cache 16MiB")
 	out := filepath.Join(dir, "out")
 	so, se, code := run(t, "", "bench", "rig", "-via", "local", "-rig", rigFile, "-model", model, "-out", out,
 		"-cases", "6x5,12x4", "-trace-iters", "2:3", "-log-level", "warn")
@@ -117,28 +131,8 @@ func TestBenchRigOnLoopbackProcesses(t *testing.T) {
 // starts the workers and the shadow, prints a main-node command line
 // that works as printed, and stops every node on SIGINT.
 func TestLaunchStartsARigAndStopsItOnInterrupt(t *testing.T) {
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny")
-	if _, se, code := run(t, "", "gen-tiny", "-out", model, "-log-level", "warn"); code != 0 {
-		t.Fatalf("gen-tiny: %s", se)
-	}
-	var rig strings.Builder
-	fmt.Fprintln(&rig, "main main 127.0.0.1")
-	for i, name := range []string{"shadow", "w1", "w2"} {
-		addr, err := freeUDPAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		role := "worker"
-		if i == 0 {
-			role = "shadow"
-		}
-		fmt.Fprintf(&rig, "%s %s %s\n", name, role, addr)
-	}
-	rigFile := filepath.Join(dir, "loop.rig")
-	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir, model := t.TempDir(), tinyModel(t)
+	rigFile := loopbackRig(t, dir, 2, "")
 	logs := filepath.Join(dir, "logs")
 	cmd := exec.Command(odmoeBin(t), "launch", "-via", "local", "-rig", rigFile, "-model", model, "-mode", "shadow", "-logs", logs, "-log-level", "warn")
 	stdout, err := cmd.StdoutPipe()

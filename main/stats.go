@@ -71,36 +71,31 @@ func (s *Stats) main(prefill bool, it int64, l int, d time.Duration) {
 }
 
 func (s *Stats) experts(prefill bool, it int64, l int, ls layerSample) {
-	ls.addTo(s.layer(prefill, l))
-	ls.addTo(s.iteration(it))
+	one := LayerStats{Calls: 1, Experts: ls.wall, Network: ls.network, Worker: ls.worker, Stall: ls.stall,
+		Load: ls.load, Loads: ls.loads, Misses: ls.misses, Results: ls.results}
+	s.layer(prefill, l).add(one)
+	s.iteration(it).add(one)
 }
 
-func (ls layerSample) addTo(st *LayerStats) {
-	st.Calls++
-	st.Experts += ls.wall
-	st.Network += ls.network
-	st.Worker += ls.worker
-	st.Stall += ls.stall
-	st.Load += ls.load
-	st.Loads += ls.loads
-	st.Misses += ls.misses
-	st.Results += ls.results
+// add sums b into a.
+func (a *LayerStats) add(b LayerStats) {
+	a.Calls += b.Calls
+	a.Main += b.Main
+	a.Experts += b.Experts
+	a.Worker += b.Worker
+	a.Network += b.Network
+	a.Stall += b.Stall
+	a.Load += b.Load
+	a.Loads += b.Loads
+	a.Misses += b.Misses
+	a.Results += b.Results
 }
 
 // Total sums layers.
 func Total(layers []LayerStats) LayerStats {
 	var t LayerStats
 	for _, l := range layers {
-		t.Calls += l.Calls
-		t.Main += l.Main
-		t.Experts += l.Experts
-		t.Worker += l.Worker
-		t.Network += l.Network
-		t.Stall += l.Stall
-		t.Load += l.Load
-		t.Loads += l.Loads
-		t.Misses += l.Misses
-		t.Results += l.Results
+		t.add(l)
 	}
 	return t
 }

@@ -61,6 +61,7 @@ type Swarm struct {
 	iter    int64
 	mark    time.Time // end of the last RunExperts: main compute starts
 	stats   Stats
+	traced  [2]int64 // the iterations StartTrace asked for
 
 	// reused per call
 	experts []int

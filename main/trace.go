@@ -17,6 +17,7 @@ func (s *Swarm) StartTrace(ctx context.Context, from, to int64) error {
 		return fmt.Errorf("mainnode: tracing needs Options.Trace")
 	}
 	s.opt.Trace.Window(from, to)
+	s.traced = [2]int64{from, to}
 	w := &wire.Trace{From: from, To: to}
 	for i, l := range s.workers {
 		if err := l.peer.Send(ctx, w); err != nil {
@@ -50,7 +51,7 @@ func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers 
 	defer cancel()
 	self := s.opt.Trace.Node()
 	own, dropped := s.opt.Trace.Events()
-	f := &trace.File{Layers: layers, Nodes: []string{self}, ClockOffsetNs: map[string]int64{self: 0}, ClockRTTNs: map[string]int64{self: 0}, Dropped: map[string]int{}, Events: own}
+	f := &trace.File{From: s.traced[0], To: s.traced[1], Layers: layers, Nodes: []string{self}, ClockOffsetNs: map[string]int64{self: 0}, ClockRTTNs: map[string]int64{self: 0}, Dropped: map[string]int{}, Events: own}
 	if dropped > 0 {
 		f.Dropped[self] = dropped
 	}
@@ -111,12 +112,6 @@ func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers 
 			f.Dropped[name] = t.Dropped
 		}
 		f.Events = append(f.Events, t.Events...)
-	}
-	for _, e := range f.Events {
-		if e.Iter < f.From || f.From == 0 {
-			f.From = e.Iter
-		}
-		f.To = max(f.To, e.Iter)
 	}
 	if len(f.Dropped) == 0 {
 		f.Dropped = nil

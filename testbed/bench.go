@@ -143,7 +143,10 @@ func Bench(opt BenchOptions) (*Report, error) {
 		opt.TraceIters = "3:5"
 	}
 	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), Command: opt.Command, Machine: ReadMachine(),
-		Rig: opt.Rig.Path, Via: opt.Via.Name(), Model: opt.Files.Model, Link: ReadRigState()}
+		Rig: opt.Rig.Path, Via: opt.Via.Name(), Model: opt.Files.Model}
+	if opt.Via.Name() == "netns" { // the links are the emulated rig's only there
+		rep.Link = ReadRigState()
+	}
 	for _, n := range opt.Rig.Nodes() {
 		rep.Nodes = append(rep.Nodes, fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr))
 	}

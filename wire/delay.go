@@ -2,10 +2,9 @@ package wire
 
 import (
 	"net"
+	"slices"
 	"sync"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // delayConn adds a fixed one-way delay to every datagram it sends: the
@@ -88,11 +87,7 @@ func TimerGrain() time.Duration {
 			time.Sleep(50 * time.Microsecond)
 			ds[i] = time.Since(t)
 		}
-		for i := range ds { // insertion sort: five values
-			for j := i; j > 0 && ds[j] < ds[j-1]; j-- {
-				ds[j], ds[j-1] = ds[j-1], ds[j]
-			}
-		}
+		slices.Sort(ds[:])
 		grain = ds[2]
 	})
 	return grain
@@ -113,14 +108,8 @@ func (c *Config) packetConn(udp *net.UDPConn) net.PacketConn {
 		})
 		return udp
 	}
+	c.Log.Debug().Dur("delay", c.SendDelay).Msg("wire: sending through a delay line")
 	return newDelayConn(udp, c.SendDelay)
 }
 
 var delayWarning sync.Once
-
-// logDelay notes the emulated delay on a new socket.
-func logDelay(log zerolog.Logger, pc net.PacketConn) {
-	if d, ok := pc.(*delayConn); ok {
-		log.Debug().Dur("delay", d.delay).Msg("wire: sending through a delay line")
-	}
-}

@@ -56,7 +56,6 @@ func dialOnce(ctx context.Context, addr string, c *Config) (*Peer, error) {
 		return nil, err
 	}
 	pc := c.packetConn(udp)
-	logDelay(c.Log, pc)
 	tr := &quic.Transport{Conn: pc}
 	release := func() {
 		tr.Close()

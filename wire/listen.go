@@ -50,7 +50,6 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
 	}
 	pc := c.packetConn(udp)
-	logDelay(c.Log, pc)
 	tr := &quic.Transport{Conn: pc}
 	ln, err := tr.Listen(tlsConf, c.quicConfig())
 	if err != nil {
