@@ -149,7 +149,7 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 
 // generateText encodes the prompt, generates with runner, streams the text
 // to stdout, writes -dump files, and prints the summary line.
-func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model.ExpertRunner, before func(s *model.Session, step int, tokens []int) error, stdout io.Writer) (model.GenerateStats, error) {
+func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model.ExpertRunner, before func(s *model.Session, step model.Step, tokens []int) error, stdout io.Writer) (model.GenerateStats, error) {
 	tok, err := tokenizer.LoadDir(f.model)
 	if err != nil {
 		return model.GenerateStats{}, err
@@ -185,9 +185,9 @@ func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model
 	out.Flush()
 	stream := tok.NewStreamDecoder()
 	sess := model.NewSession(m, runner, len(ids)+f.n)
-	var hook func(int, []int) error
+	var hook func(model.Step, []int) error
 	if before != nil {
-		hook = func(step int, tokens []int) error { return before(sess, step, tokens) }
+		hook = func(step model.Step, tokens []int) error { return before(sess, step, tokens) }
 	}
 	gen, st, err := model.Generate(ctx, sess, ids, model.GenerateOptions{
 		MaxTokens:     f.n,

@@ -101,7 +101,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 			return err
 		}
 	}
-	st, err := generateText(ctx, f, m, sw, func(s *model.Session, step int, tokens []int) error {
+	var seq uint64
+	st, err := generateText(ctx, f, m, sw, func(s *model.Session, step model.Step, tokens []int) error {
+		seq = step.Seq
 		return sw.BeforeForward(ctx, step, tokens, s.Cache())
 	}, stdout)
 	if err != nil {
@@ -121,6 +123,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 			return err
 		}
 		log.Info().Str("file", f.trace).Int("events", len(tf.Events)).Int64("from", tf.From).Int64("to", tf.To).Msg("swarm trace written")
+	}
+	if err := sw.EndSequence(ctx, seq); err != nil {
+		return err
 	}
 	printSwarmSummary(stdout, rs, sw.Stats())
 	return writeStats(f.stats, rs)

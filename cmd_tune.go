@@ -149,7 +149,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 			}
 			s := model.NewSession(mainModel, sw, len(ids)+*n)
 			_, st, err := model.Generate(ctx, s, ids, model.GenerateOptions{MaxTokens: *n,
-				BeforeForward: func(step int, toks []int) error { return sw.BeforeForward(ctx, step, toks, s.Cache()) }})
+				BeforeForward: func(step model.Step, toks []int) error { return sw.BeforeForward(ctx, step, toks, s.Cache()) }})
 			if err != nil {
 				sw.Close()
 				sp.Close()

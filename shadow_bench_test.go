@@ -40,13 +40,15 @@ func BenchmarkShadowDecode(b *testing.B) {
 	}
 	run := func(b *testing.B, m *model.Model, runner model.ExpertRunner) {
 		s := model.NewSession(m, runner, len(prompt)+b.N+1)
-		var before func(int, []int) error
+		var before func(model.Step, []int) error
 		if sw, ok := runner.(*mainnode.Swarm); ok {
-			before = func(step int, toks []int) error { return sw.BeforeForward(context.Background(), step, toks, s.Cache()) }
+			before = func(step model.Step, toks []int) error {
+				return sw.BeforeForward(context.Background(), step, toks, s.Cache())
+			}
 		}
 		// the prompt, then b.N timed decode steps
 		if before != nil {
-			if err := before(0, prompt); err != nil {
+			if err := before(s.Next(), prompt); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -56,9 +58,9 @@ func BenchmarkShadowDecode(b *testing.B) {
 		}
 		next := model.Argmax(logits)
 		b.ResetTimer()
-		for i := range b.N {
+		for range b.N {
 			if before != nil {
-				if err := before(i+1, []int{next}); err != nil {
+				if err := before(s.Next(), []int{next}); err != nil {
 					b.Fatal(err)
 				}
 			}

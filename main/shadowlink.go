@@ -10,6 +10,7 @@ import (
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kvcache"
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )
 
@@ -22,8 +23,8 @@ type shadowLink struct {
 	lastKV int // cache positions already sent
 
 	mu        sync.Mutex
-	pred      map[[2]int64][]int // (iteration, layer) -> predicted experts, sorted
-	actual    map[[2]int64][]int // routing awaiting its prediction, for scoring
+	pred      map[layerKey][]int // predicted experts, sorted
+	actual    map[layerKey][]int // routing awaiting its prediction, for scoring
 	recall    *align.Recall
 	late      []float64 // late-departure ms per decode iteration (index: iteration-2)
 	done      int64     // the last iteration the shadow finished
@@ -35,8 +36,14 @@ type shadowLink struct {
 	traces    chan *wire.Trace
 }
 
+// layerKey is one layer of one forward pass.
+type layerKey struct {
+	step  model.Step
+	layer int
+}
+
 func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{peer: p, policy: policy, pred: map[[2]int64][]int{}, actual: map[[2]int64][]int{},
+	sl := &shadowLink{peer: p, policy: policy, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	go sl.receive()
 	return sl
@@ -62,7 +69,7 @@ func (sl *shadowLink) receive() {
 				es[i] = int(e)
 			}
 			slices.Sort(es)
-			key := [2]int64{m.Iteration, int64(m.Layer)}
+			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
 			sl.mu.Lock()
 			sl.pred[key] = es
 			if act, ok := sl.actual[key]; ok {
@@ -92,15 +99,15 @@ func (sl *shadowLink) receive() {
 
 // score records one (iteration, layer); decode iteration i+1 produces
 // output token i+1 in the paper's numbering (iteration 1 is the prompt).
-func (sl *shadowLink) score(key [2]int64, pred, actual []int) {
-	sl.recall.Observe(0, int(key[0]-1), int(key[1]), pred, actual)
+func (sl *shadowLink) score(key layerKey, pred, actual []int) {
+	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, actual)
 	delete(sl.actual, key)
 }
 
 // routed tells the link the real routing of a decode layer; it returns the
 // shadow's prediction if it has arrived (nil otherwise).
-func (sl *shadowLink) routed(it int64, layer int, experts []int) []int {
-	key := [2]int64{it, int64(layer)}
+func (sl *shadowLink) routed(step model.Step, layer int, experts []int) []int {
+	key := layerKey{step, layer}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	pred, ok := sl.pred[key]
@@ -114,13 +121,14 @@ func (sl *shadowLink) routed(it int64, layer int, experts []int) []int {
 }
 
 // start sends the alignment that departs the shadow on the forward pass
-// of step (0: the prompt, which also resets it): the token every
-// TokenPeriod steps and the KV rows written since the last KV alignment
-// every KVPeriod steps.
-func (sl *shadowLink) start(ctx context.Context, step int, tokens []int, cache *kvcache.Cache) error {
-	a := &wire.Alignment{Iteration: int64(step + 1), Token: -1}
+// step (iteration 1: the prompt, which starts the sequence there): the
+// token every TokenPeriod decode steps and the KV rows written since the
+// last KV alignment every KVPeriod decode steps.
+func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) error {
+	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1}
 	defer sl.trace.Message(trace.Send, trace.MsgAlignment, sl.peer.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
-	if step == 0 {
+	decodeStep := step.Iter - 1 // the generated tokens fed so far
+	if decodeStep == 0 {
 		a.Prompt = make([]int32, len(tokens))
 		for i, t := range tokens {
 			a.Prompt[i] = int32(t)
@@ -128,10 +136,10 @@ func (sl *shadowLink) start(ctx context.Context, step int, tokens []int, cache *
 		sl.lastKV = len(tokens)
 		return sl.peer.Send(ctx, a)
 	}
-	if sl.policy.TokenDue(int64(step)) {
+	if sl.policy.TokenDue(decodeStep) {
 		a.Token = int32(tokens[0])
 	}
-	if sl.policy.KVDue(int64(step)) && cache.Len() > sl.lastKV {
+	if sl.policy.KVDue(decodeStep) && cache.Len() > sl.lastKV {
 		kv, err := align.PackKV(cache, sl.lastKV, cache.Len())
 		if err != nil {
 			return err

@@ -58,8 +58,8 @@ type Swarm struct {
 	rng     *rand.Rand
 	random  map[int]map[int]int // -prefetch random: layer -> expert -> worker hinted
 	nextID  atomic.Uint64
-	iter    int64
-	mark    time.Time // end of the last RunExperts: main compute starts
+	step    model.Step // the forward pass the current RunExperts call belongs to
+	mark    time.Time  // end of the last RunExperts: main compute starts
 	stats   Stats
 	traced  [2]int64 // the iterations StartTrace asked for
 
@@ -121,16 +121,14 @@ type request struct {
 }
 
 // RunExperts implements model.ExpertRunner over the workers.
-func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, routes []model.Route, out []float32) error {
+func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []float32, n int, routes []model.Route, out []float32) error {
 	start := time.Now()
 	h := s.opt.Hidden
 	prefill := n > 1
-	if layer == 0 {
-		s.iter++
-	}
+	s.step = step
 	if !s.mark.IsZero() {
-		s.stats.main(prefill, s.iter, layer, start.Sub(s.mark))
-		s.opt.Trace.Span(trace.Main, s.iter, layer, -1, s.mark, start)
+		s.stats.main(prefill, step.Iter, layer, start.Sub(s.mark))
+		s.opt.Trace.Span(trace.Main, step.Iter, layer, -1, s.mark, start)
 	}
 	defer func() { s.mark = time.Now() }()
 	if len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
@@ -151,7 +149,7 @@ func (s *Swarm) RunExperts(ctx context.Context, layer int, x []float32, n int, r
 	case prefill || (s.shadow == nil && s.random == nil):
 		s.assign = s.opt.Layout.Assign(s.assign[:0], layer, s.experts, prefill)
 	case s.shadow != nil:
-		pred := s.shadow.routed(s.iter, layer, s.experts)
+		pred := s.shadow.routed(step, layer, s.experts)
 		hinted := make(map[int]int, len(pred))
 		for i, e := range pred {
 			hinted[e] = s.opt.Layout.DecodeWorker(layer, i)
@@ -200,7 +198,7 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 		s.random[next] = hinted
 		for w, es := range nper {
 			s.traceWorker(trace.Send, trace.MsgPrediction, w, next, -1, 0, time.Now())
-			if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: next, Experts: es}); err != nil {
+			if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: next, Experts: es}); err != nil {
 				return s.workerErr(w, err)
 			}
 		}
@@ -210,7 +208,7 @@ func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
 	}
 	for w, es := range per {
 		s.traceWorker(trace.Send, trace.MsgPrediction, w, layer, -1, 0, time.Now())
-		if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Iteration: s.iter, Layer: layer, Experts: es}); err != nil {
+		if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: layer, Experts: es}); err != nil {
 			return s.workerErr(w, err)
 		}
 	}
@@ -230,7 +228,7 @@ func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route,
 			r := byWorker[w]
 			if r == nil {
 				r = &request{worker: w, tokens: []int{0}}
-				r.msg = &wire.Activation{Iteration: s.iter, Layer: layer, Tokens: 1, Hidden: wire.Float32Tensor(x[:h], 1, h)}
+				r.msg = &wire.Activation{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: layer, Tokens: 1, Hidden: wire.Float32Tensor(x[:h], 1, h)}
 				byWorker[w] = r
 				reqs = append(reqs, r)
 			}
@@ -254,7 +252,7 @@ func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route,
 					copy(buf[j*h:(j+1)*h], x[t*h:(t+1)*h])
 				}
 				r := &request{worker: s.assign[i], experts: []int{e}, tokens: mb}
-				r.msg = &wire.Activation{Iteration: s.iter, Layer: layer, Tokens: len(mb), Experts: []int32{int32(e)},
+				r.msg = &wire.Activation{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: layer, Tokens: len(mb), Experts: []int32{int32(e)},
 					Hidden: wire.Float32Tensor(buf, len(mb), h), Keep: lo+s.opt.MiniBatch < len(toks)}
 				reqs = append(reqs, r)
 			}
@@ -344,15 +342,15 @@ func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes 
 	}
 	wall := time.Since(start)
 	ls.wall, ls.network = wall, max(wall-crit, 0)
-	s.stats.experts(prefill, s.iter, layer, ls)
+	s.stats.experts(prefill, s.step.Iter, layer, ls)
 	return nil
 }
 
 // traceWorker records a message to or from worker w, when this iteration
 // is traced.
 func (s *Swarm) traceWorker(kind trace.Kind, msg string, w, layer, expert int, id uint64, at time.Time) {
-	if s.opt.Trace.Active(s.iter) {
-		s.opt.Trace.Message(kind, msg, s.workers[w].peer.Identity().Name, s.iter, layer, expert, id, at)
+	if s.opt.Trace.Active(s.step.Iter) {
+		s.opt.Trace.Message(kind, msg, s.workers[w].peer.Identity().Name, s.step.Iter, layer, expert, id, at)
 	}
 }
 
@@ -371,11 +369,30 @@ func (s *Swarm) Close() error {
 
 // BeforeForward is the generation hook (model.GenerateOptions) that departs
 // and aligns the shadow for the forward pass of step; a no-op without one.
-func (s *Swarm) BeforeForward(ctx context.Context, step int, tokens []int, cache *kvcache.Cache) error {
+func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) error {
 	if s.shadow == nil {
 		return nil
 	}
 	return s.shadow.start(ctx, step, tokens, cache)
+}
+
+// EndSequence tells every worker and the shadow that sequence seq is over,
+// so that they free what they keep for it (hints for iterations that never
+// came, the shadow's copy of the sequence). Call it after ShadowStats and
+// CollectTrace, which read what the sequence left.
+func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
+	end := &wire.SequenceEnd{Seq: seq}
+	for i, l := range s.workers {
+		if err := l.peer.Send(ctx, end); err != nil {
+			return s.workerErr(i, err)
+		}
+	}
+	if s.shadow != nil {
+		if err := s.shadow.peer.Send(ctx, end); err != nil {
+			return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)
+		}
+	}
+	return nil
 }
 
 // ShadowStats waits (up to timeout) for the shadow to finish the last
@@ -385,5 +402,5 @@ func (s *Swarm) ShadowStats(timeout time.Duration) (st ShadowStats, ok bool) {
 	if s.shadow == nil {
 		return st, false
 	}
-	return s.shadow.stats(s.iter, timeout), true
+	return s.shadow.stats(s.step.Iter, timeout), true
 }

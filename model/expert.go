@@ -15,8 +15,9 @@ type ExpertRunner interface {
 	// RunExperts computes, for every route r, the expert routes[r].Expert
 	// on token r/k's input x[t*hidden:(t+1)*hidden] (k = len(routes)/n)
 	// and writes it to out[r*hidden:(r+1)*hidden]. Weights are not applied:
-	// the caller mixes the outputs in its fixed order.
-	RunExperts(ctx context.Context, layer int, x []float32, n int, routes []Route, out []float32) error
+	// the caller mixes the outputs in its fixed order. step is the forward
+	// pass the layer belongs to.
+	RunExperts(ctx context.Context, step Step, layer int, x []float32, n int, routes []Route, out []float32) error
 }
 
 // ExpertScratch is reusable working memory for Expert.Forward.
@@ -59,7 +60,7 @@ func NewResidentExperts(m *Model) *ResidentExperts { return &ResidentExperts{mod
 // RunExperts implements ExpertRunner. Tokens routed to the same expert are
 // batched into one matrix product; each output element is computed exactly
 // as for a single token (kernels.MatMul == kernels.MatVec per element).
-func (r *ResidentExperts) RunExperts(_ context.Context, layer int, x []float32, n int, routes []Route, out []float32) error {
+func (r *ResidentExperts) RunExperts(_ context.Context, _ Step, layer int, x []float32, n int, routes []Route, out []float32) error {
 	m := r.model
 	h := m.Config.HiddenSize
 	if layer < 0 || layer >= len(m.Layers) || m.Layers[layer].Experts == nil {

@@ -43,9 +43,10 @@ type GenerateOptions struct {
 	// after the i-th generated token. logits is reused after it returns.
 	OnToken func(step, id int, logits []float32) error
 	// BeforeForward, if set, sees the tokens of every forward pass just
-	// before it starts: step 0 feeds the prompt, step i the i-th generated
-	// token. The main node uses it to start (and re-align) the shadow.
-	BeforeForward func(step int, tokens []int) error
+	// before it starts, with the pass's step: Iter 1 feeds the prompt, Iter
+	// i+1 the i-th generated token. The main node uses it to start (and
+	// re-align) the shadow.
+	BeforeForward func(step Step, tokens []int) error
 }
 
 // Generate runs the prompt through s, then samples up to opt.MaxTokens
@@ -60,13 +61,13 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 		sampler = NewSampler(0, 0, 0)
 	}
 	var out []int
-	before := func(step int, tokens []int) error {
+	before := func(tokens []int) error {
 		if opt.BeforeForward == nil {
 			return nil
 		}
-		return opt.BeforeForward(step, tokens)
+		return opt.BeforeForward(s.Next(), tokens)
 	}
-	if err := before(0, prompt); err != nil {
+	if err := before(prompt); err != nil {
 		return nil, st, err
 	}
 	t0 := time.Now()
@@ -78,7 +79,7 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 	t1 := time.Now()
 	for step := 0; step < opt.MaxTokens; step++ {
 		if step > 0 {
-			if err := before(step, out[len(out)-1:]); err != nil {
+			if err := before(out[len(out)-1:]); err != nil {
 				return out, st, err
 			}
 			if logits, err = s.Forward(ctx, out[len(out)-1:]); err != nil {

@@ -147,7 +147,7 @@ func TestRouterSpreadLikeTrainedModel(t *testing.T) {
 	var count int
 	s := NewSession(m, NewResidentExperts(m), 0)
 	E := m.Config.NumExperts
-	s.OnRoute = func(layer int, logits []float32, routes []Route) {
+	s.OnRoute = func(_ Step, layer int, logits []float32, routes []Route) {
 		for t := 0; t < len(logits)/E; t++ {
 			p := append([]float32(nil), logits[t*E:(t+1)*E]...)
 			kernels.Softmax(p)

@@ -11,14 +11,18 @@ import (
 
 // Session decodes one sequence: it owns the KV cache and every working
 // buffer, so a token step allocates nothing once the buffers have grown to
-// the largest batch seen. Not safe for concurrent use.
+// the largest batch seen. It has its own sequence id and counts its forward
+// passes (Step). Not safe for concurrent use; Sessions are independent of
+// each other.
 type Session struct {
 	// OnRoute, if set, sees every layer's routing decision for the batch:
 	// router logits (n*experts) and routes (n*topk). Both are reused after
-	// it returns. The main node uses it to score predictions.
-	OnRoute func(layer int, routerLogits []float32, routes []Route)
+	// it returns. The shadow node uses it to send its predictions.
+	OnRoute func(step Step, layer int, routerLogits []float32, routes []Route)
 
 	m       *Model
+	seq     uint64
+	iter    int64 // forward passes run
 	experts ExpertRunner
 	cache   *kvcache.Cache
 	invFreq []float32
@@ -39,6 +43,7 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 	c := m.Config
 	return &Session{
 		m:       m,
+		seq:     nextSeq(),
 		experts: experts,
 		cache:   kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, capacity),
 		invFreq: kernels.RoPEFreqs(c.HeadDim, c.RopeTheta),
@@ -46,6 +51,12 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 		lastRow: -1,
 	}
 }
+
+// Seq is the session's sequence id, unique within this process.
+func (s *Session) Seq() uint64 { return s.seq }
+
+// Next is the step the next forward pass will run.
+func (s *Session) Next() Step { return Step{Seq: s.seq, Iter: s.iter + 1} }
 
 // Len is the number of positions already in the KV cache.
 func (s *Session) Len() int { return s.cache.Len() }
@@ -75,13 +86,17 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	if start+n > c.MaxPositions {
 		return fmt.Errorf("model: position %d exceeds max_position_embeddings %d", start+n-1, c.MaxPositions)
 	}
+	for _, id := range tokens {
+		if id < 0 || id >= c.VocabSize {
+			return fmt.Errorf("model: token id %d outside the vocabulary of %d", id, c.VocabSize)
+		}
+	}
+	s.iter++
+	step := Step{Seq: s.seq, Iter: s.iter}
 	s.cache.Reserve(start + n)
 	s.x = grow(s.x, n*h)
 	s.lastRow = -1
 	for t, id := range tokens {
-		if id < 0 || id >= c.VocabSize {
-			return fmt.Errorf("model: token id %d outside the vocabulary of %d", id, c.VocabSize)
-		}
 		row := s.m.Embed.Data[id*h*s.m.Embed.DType.Size() : (id+1)*h*s.m.Embed.DType.Size()]
 		kernels.ToFloat32(s.x[t*h:(t+1)*h], row, s.m.Embed.DType)
 	}
@@ -92,7 +107,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 		if err := s.attention(l, start, n); err != nil {
 			return err
 		}
-		if err := s.moe(ctx, l, n); err != nil {
+		if err := s.moe(ctx, step, l, n); err != nil {
 			return fmt.Errorf("model: layer %d experts: %w", l, err)
 		}
 	}
@@ -176,7 +191,7 @@ func (s *Session) attention(l, start, n int) error {
 
 // moe runs the sparse MoE half of layer l: route each token, run its
 // experts, mix their outputs in expert-id order, add to the residual.
-func (s *Session) moe(ctx context.Context, l, n int) error {
+func (s *Session) moe(ctx context.Context, step Step, l, n int) error {
 	c, L := s.m.Config, &s.m.Layers[l]
 	h, E, k := c.HiddenSize, c.NumExperts, c.TopK
 	s.hn = grow(s.hn, n*h)
@@ -194,10 +209,10 @@ func (s *Session) moe(ctx context.Context, l, n int) error {
 		route(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, s.m.arch.normTopK)
 	}
 	if s.OnRoute != nil {
-		s.OnRoute(l, s.routerLogits, s.routes)
+		s.OnRoute(step, l, s.routerLogits, s.routes)
 	}
 	s.expertOut = grow(s.expertOut, n*k*h)
-	if err := s.experts.RunExperts(ctx, l, s.hn[:n*h], n, s.routes, s.expertOut); err != nil {
+	if err := s.experts.RunExperts(ctx, step, l, s.hn[:n*h], n, s.routes, s.expertOut); err != nil {
 		return err
 	}
 	s.proj = grow(s.proj, n*h)

@@ -35,9 +35,10 @@ type Node struct {
 	log     zerolog.Logger
 
 	sess    *model.Session
-	next    int   // the token the shadow itself sampled last (valid unless headDue)
-	headDue bool  // the last forward pass's head has not run yet (see iterate)
-	it      int64 // the iteration being run
+	seq     uint64 // the main node's id of the sequence sess follows
+	next    int    // the token the shadow itself sampled last (valid unless headDue)
+	headDue bool   // the last forward pass's head has not run yet (see iterate)
+	it      int64  // the iteration being run
 	mainP   *wire.Peer
 	ctx     context.Context
 	experts []int
@@ -71,6 +72,13 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 			}
 			continue
 		}
+		if end, ok := m.(*wire.SequenceEnd); ok {
+			if end.Seq == n.seq {
+				n.sess, n.seq, n.it = nil, 0, 0
+				clear(pending)
+			}
+			continue
+		}
 		a, ok := m.(*wire.Alignment)
 		if !ok {
 			continue
@@ -78,7 +86,11 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 		if len(a.Prompt) > 0 {
 			clear(pending)
-			n.it = 0
+			n.it, n.seq = 0, a.Seq
+		}
+		if a.Seq != n.seq {
+			n.log.Warn().Uint64("seq", a.Seq).Uint64("following", n.seq).Int64("iteration", a.Iteration).Msg("alignment for a sequence the shadow does not follow: dropped")
+			continue
 		}
 		pending[a.Iteration] = a
 		for {
@@ -159,7 +171,7 @@ func (n *Node) iterate(a *wire.Alignment) error {
 
 // predict is the Session's routing hook: the moment layer l is routed,
 // hint its group's workers and tell the main node.
-func (n *Node) predict(l int, _ []float32, routes []model.Route) {
+func (n *Node) predict(_ model.Step, l int, _ []float32, routes []model.Route) {
 	if n.sendErr != nil {
 		return
 	}
@@ -182,13 +194,13 @@ func (n *Node) predict(l int, _ []float32, routes []model.Route) {
 	}
 	for w, es := range per {
 		n.trace.Message(trace.Send, trace.MsgPrediction, n.workers[w].Identity().Name, n.it, l, -1, 0, time.Now())
-		if err := n.workers[w].Send(n.ctx, &wire.Prediction{Iteration: n.it, Layer: l, Experts: es}); err != nil {
+		if err := n.workers[w].Send(n.ctx, &wire.Prediction{Seq: n.seq, Iteration: n.it, Layer: l, Experts: es}); err != nil {
 			n.sendErr = fmt.Errorf("shadow: hinting worker %d: %w", w, err)
 			return
 		}
 	}
 	n.trace.Message(trace.Send, trace.MsgPrediction, n.mainP.Identity().Name, n.it, l, -1, 0, time.Now())
-	if err := n.mainP.Send(n.ctx, &wire.Prediction{Iteration: n.it, Layer: l, Experts: all}); err != nil {
+	if err := n.mainP.Send(n.ctx, &wire.Prediction{Seq: n.seq, Iteration: n.it, Layer: l, Experts: all}); err != nil {
 		n.sendErr = fmt.Errorf("shadow: telling the main node: %w", err)
 	}
 }

@@ -13,6 +13,7 @@
 // side opens one control stream for the connection's lifetime, with the
 // highest send priority, for the small latency-critical messages
 // (Prediction, Activation, ExpertResult, ChunkRequest, Heartbeat, Error,
+// SequenceEnd,
 // a Trace request); every bulk message (ChunkResponse, Alignment, a Trace
 // carrying events, an Activation or ExpertResult over 256 KiB: a prefill
 // batch) gets a stream of its own,

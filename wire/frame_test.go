@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -119,7 +121,8 @@ func badFrames(t testing.TB) []struct {
 	}{
 		{"oversized frame", frame(1<<30, ProtocolVersion, TypePrediction, nil), CodeFrameTooLarge},
 		{"length shorter than header", frame(1, ProtocolVersion, TypePrediction, nil), CodeMalformed},
-		{"unknown version", frame(uint32(len(pred)+2), 2, TypePrediction, pred), CodeBadVersion},
+		{"an older protocol version", frame(uint32(len(pred)+2), ProtocolVersion-1, TypePrediction, pred), CodeBadVersion},
+		{"a newer protocol version", frame(uint32(len(pred)+2), ProtocolVersion+1, TypePrediction, pred), CodeBadVersion},
 		{"unknown type", rawFrame(200, pred), CodeUnknownType},
 		{"type zero", rawFrame(0, pred), CodeUnknownType},
 		{"truncated header", rawFrame(TypePrediction, pred)[:3], CodeMalformed},
@@ -132,7 +135,6 @@ func badFrames(t testing.TB) []struct {
 		{"array claims 2^32 items", rawFrame(TypePrediction, []byte{0x93, 1, 1, 0xdd, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
 		{"tensor bytes do not match shape", rawFrame(TypeActivation, badTensor), CodeBadTensor},
 		{"negative layer", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
-		{"weights do not match experts", rawFrame(TypeActivation, mustMsgpack(t, &Activation{Experts: []int32{1, 2}, Weights: []float32{1}})), CodeMalformed},
 	}
 }
 
@@ -229,3 +231,19 @@ func TestSendClassOfMessages(t *testing.T) {
 }
 
 func f32bits(f float32) uint32 { return math.Float32bits(f) }
+
+// TestOlderPeerIsRefusedNamingBothVersions: a peer of the previous protocol
+// (no sequence ids) is refused with an error that names its version and
+// ours, so an operator knows which side to upgrade.
+func TestOlderPeerIsRefusedNamingBothVersions(t *testing.T) {
+	pred := mustMsgpack(t, &Prediction{Iteration: 1, Layer: 2, Experts: []int32{3}})
+	_, err := readAll(frame(uint32(len(pred)+2), ProtocolVersion-1, TypePrediction, pred), 1<<20, true)
+	if !errors.Is(err, ErrBadVersion) {
+		t.Fatalf("got %v, want ErrBadVersion", err)
+	}
+	for _, want := range []string{fmt.Sprintf("version %d", ProtocolVersion-1), fmt.Sprintf("speaks %d", ProtocolVersion)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}

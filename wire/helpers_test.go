@@ -137,14 +137,15 @@ func sampleMessages(hidden int) []Message {
 		return Tensor{DType: BF16, Shape: []int{3, 8}, Data: b}
 	}
 	return []Message{
-		&Prediction{Iteration: 7, Layer: 3, Experts: []int32{1, 5}},
-		&Activation{Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Weights: []float32{0.625, 0.375}, Hidden: h},
-		&ExpertResult{Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
-		&Alignment{Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}},
+		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}},
+		&Activation{Seq: 3, Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
+		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
+		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}},
+		&SequenceEnd{Seq: 1 << 40},
 		&ChunkRequest{ID: 1 << 40, Layer: 31, Expert: 7, Tensor: "w2", Chunk: 3},
 		&ChunkResponse{ID: 1 << 40, Layer: 31, Expert: 7, Tensor: "w2", Chunk: 3, Last: true, Data: []byte("zstd frame bytes")},
 		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789, Stats: map[string]float64{"misses": 3, "load_gbps": 1.25}},
-		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9},
+		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9, Seq: 3},
 		&Trace{From: 2, To: 4},
 		&Trace{Clock: true, UnixNano: 1763850000123456789},
 		&Trace{Collect: true, UnixNano: 1763850000123456789, Dropped: 1, Events: []trace.Event{

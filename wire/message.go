@@ -15,7 +15,7 @@ import (
 // Type identifies a message on the wire. Values are part of the protocol.
 type Type uint8
 
-// The message types of protocol version 1.
+// The message types of protocol version 2.
 const (
 	TypeHello         Type = 1
 	TypePrediction    Type = 2
@@ -27,6 +27,7 @@ const (
 	TypeHeartbeat     Type = 8
 	TypeError         Type = 9
 	TypeTrace         Type = 10
+	TypeSequenceEnd   Type = 11
 )
 
 func (t Type) String() string {
@@ -38,7 +39,7 @@ func (t Type) String() string {
 
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment, *ChunkRequest, *ChunkResponse,
-// *Heartbeat, *Error or *Trace. Peer.Recv returns them; a type switch tells them
+// *Heartbeat, *Error, *Trace or *SequenceEnd. Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
 	Type() Type
@@ -68,6 +69,8 @@ func newMessage(t Type) Message {
 		return new(Error)
 	case TypeTrace:
 		return new(Trace)
+	case TypeSequenceEnd:
+		return new(SequenceEnd)
 	}
 	return nil
 }
@@ -86,38 +89,42 @@ type Hello struct {
 }
 
 // Prediction tells a worker group which experts the shadow node expects
-// layer Layer of iteration Iteration to use, so that they load them now.
+// layer Layer of iteration Iteration of sequence Seq to use, so that they
+// load them now.
 type Prediction struct {
 	_msgpack  struct{} `msgpack:",as_array"`
+	Seq       uint64   // the sequence (the main node's id for it)
 	Iteration int64
 	Layer     int
 	Experts   []int32
 }
 
 // Activation is the main node's request to run experts: the normalized
-// hidden state of Tokens tokens at layer Layer and the experts the router
-// really chose, with their routing weights.
+// hidden state of Tokens tokens of sequence Seq at layer Layer and the
+// experts the router really chose. Routing weights stay on the main node,
+// which mixes the outputs in its fixed order.
 type Activation struct {
 	_msgpack  struct{} `msgpack:",as_array"`
+	Seq       uint64
 	Iteration int64
 	Layer     int
 	Tokens    int
 	Experts   []int32
-	Weights   []float32 // empty, or one per expert
-	Hidden    Tensor    // [Tokens, hidden] F32
-	ID        uint64    // echoed in the ExpertResults (and an Error) it causes
+	Hidden    Tensor // [Tokens, hidden] F32
+	ID        uint64 // echoed in the ExpertResults (and an Error) it causes
 	// Keep leaves the experts resident after computing (a prefill
 	// mini-batch with more to come); otherwise they are evicted at once.
 	Keep bool
 	// EndLayer marks the last activation the worker gets for Layer in this
-	// iteration: it also evicts what it loaded for the layer on a wrong
-	// prediction, before answering.
+	// iteration of Seq: it also evicts what it loaded for the layer on a
+	// wrong prediction of that sequence, before answering.
 	EndLayer bool
 }
 
 // ExpertResult is a worker's answer to an Activation: one expert's output.
 type ExpertResult struct {
 	_msgpack    struct{} `msgpack:",as_array"`
+	Seq         uint64
 	Iteration   int64
 	Layer       int
 	Expert      int
@@ -130,19 +137,29 @@ type ExpertResult struct {
 	StallTime   time.Duration // how long the request waited for the expert to load
 }
 
-// Alignment re-aligns the shadow node with the main node (DESIGN.md step
-// 4): the token sampled at Iteration and, when it is a KV alignment, the
-// key and value rows of every layer written since position FromPos.
+// Alignment re-aligns the shadow node's copy of sequence Seq with the main
+// node's (DESIGN.md step 4): the token sampled at Iteration and, when it is
+// a KV alignment, the key and value rows of every layer written since
+// position FromPos.
 type Alignment struct {
 	_msgpack  struct{} `msgpack:",as_array"`
+	Seq       uint64
 	Iteration int64
 	Token     int32
 	FromPos   int
 	Keys      []Tensor // one per layer, or none for a token-only alignment
 	Values    []Tensor // as Keys
-	// Prompt, when set, starts a new sequence: the shadow resets and runs
-	// these tokens as its prefill (Iteration 1).
+	// Prompt, when set, starts sequence Seq: the shadow runs these tokens
+	// as its prefill (Iteration 1).
 	Prompt []int32
+}
+
+// SequenceEnd tells a worker or the shadow that the main node is done with
+// sequence Seq: what it keeps for that sequence (hints, iteration marks,
+// the shadow's copy of it) can go.
+type SequenceEnd struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
 }
 
 // ChunkRequest asks a remote expert store for one chunk of one tensor of
@@ -235,6 +252,7 @@ type Error struct {
 	Layer     int
 	Expert    int
 	ID        uint64 // the request's (Activation.ID), 0 if none
+	Seq       uint64 // the request's sequence
 }
 
 func (e *Error) Error() string {
@@ -251,6 +269,7 @@ func (*ChunkResponse) Type() Type { return TypeChunkResponse }
 func (*Heartbeat) Type() Type     { return TypeHeartbeat }
 func (*Error) Type() Type         { return TypeError }
 func (*Trace) Type() Type         { return TypeTrace }
+func (*SequenceEnd) Type() Type   { return TypeSequenceEnd }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -277,9 +296,6 @@ func (m *Prediction) validate() error {
 func (m *Activation) validate() error {
 	if err := nonNegative("iteration/layer/tokens", m.Iteration, int64(m.Layer), int64(m.Tokens)); err != nil {
 		return err
-	}
-	if len(m.Weights) != 0 && len(m.Weights) != len(m.Experts) {
-		return malformed("activation has %d weights for %d experts", len(m.Weights), len(m.Experts))
 	}
 	return m.Hidden.Validate()
 }
@@ -317,8 +333,9 @@ func (m *ChunkResponse) validate() error {
 	return nonNegative("layer/expert/chunk", int64(m.Layer), int64(m.Expert), int64(m.Chunk))
 }
 
-func (m *Heartbeat) validate() error { return nil }
-func (m *Error) validate() error     { return nil }
+func (m *Heartbeat) validate() error   { return nil }
+func (m *SequenceEnd) validate() error { return nil }
+func (m *Error) validate() error       { return nil }
 
 func (m *Trace) validate() error {
 	if m.From < 0 || m.To < m.From && m.To != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,12 +57,13 @@ type Engine struct {
 
 	mu    sync.Mutex
 	slots map[slotKey]*slot
-	seq   uint64
+	order uint64
 }
 
 type slotKey struct{ layer, expert int }
 
-// slot is one expert being loaded or resident.
+// slot is one expert being loaded or resident. One slot serves every
+// sequence that wants the expert: it stays while any of them holds it.
 type slot struct {
 	done    chan struct{} // closed when the load ends
 	expert  model.Expert
@@ -69,11 +71,28 @@ type slot struct {
 	err     error
 	loadDur time.Duration
 	hinted  bool
-	pinned  bool   // resident for good (Pin): never evicted but by Close
-	loaded  bool   // the load has ended (err says how); guarded by Engine.mu
-	users   int    // requests computing with it now
-	used    bool   // some request has used it
-	seq     uint64 // order of creation, for eviction of the oldest
+	pinned  bool     // resident for good (Pin): never evicted but by Close
+	loaded  bool     // the load has ended (err says how); guarded by Engine.mu
+	users   int      // requests computing with it now
+	used    bool     // some request has used it
+	order   uint64   // order of creation, for eviction of the oldest
+	holders []uint64 // the sequences that hinted it or are running it, until they let go
+}
+
+// hold adds seq to the slot's holders (once).
+func (s *slot) hold(seq uint64) {
+	if !slices.Contains(s.holders, seq) {
+		s.holders = append(s.holders, seq)
+	}
+}
+
+// release drops seq from the slot's holders and reports whether the slot
+// can go: nobody holds it, nobody computes with it, and it is not pinned.
+func (s *slot) release(seq uint64) bool {
+	if i := slices.Index(s.holders, seq); i >= 0 {
+		s.holders = slices.Delete(s.holders, i, i+1)
+	}
+	return len(s.holders) == 0 && s.users == 0 && !s.pinned
 }
 
 // NewEngine returns an engine over src whose experts take hidden-size
@@ -87,29 +106,32 @@ func NewEngine(src ExpertSource, hidden int, arena *Arena, link *Link, log zerol
 // Arena is the engine's device memory.
 func (e *Engine) Arena() *Arena { return e.arena }
 
-// Prefetch starts loading the experts of layer that are not resident or
-// loading already (a hint: from the shadow's prediction or the main
-// node). It returns at once; a load that does not fit the budget is
-// refused, counted and logged, and the request that needs it later loads
-// it as a miss.
-func (e *Engine) Prefetch(layer int, experts []int) {
+// Prefetch starts loading the experts of layer that sequence seq will need
+// and that are not resident or loading already (a hint: from the shadow's
+// prediction or the main node), and holds them for seq until it runs them
+// or lets go of the layer (Evict). It returns at once; a load that does
+// not fit the budget is refused, counted and logged, and the request that
+// needs it later loads it as a miss.
+func (e *Engine) Prefetch(seq uint64, layer int, experts []int) {
 	for _, ex := range experts {
 		e.mu.Lock()
 		k := slotKey{layer, ex}
 		if s, ok := e.slots[k]; ok {
 			s.hinted = true
+			s.hold(seq)
 			e.mu.Unlock()
 			continue
 		}
 		s := e.newSlotLocked(k, true)
+		s.hold(seq)
 		e.mu.Unlock()
 		e.wg.Go(func() { e.load(e.ctx, k, s) })
 	}
 }
 
 func (e *Engine) newSlotLocked(k slotKey, hinted bool) *slot {
-	e.seq++
-	s := &slot{done: make(chan struct{}), hinted: hinted, seq: e.seq}
+	e.order++
+	s := &slot{done: make(chan struct{}), hinted: hinted, order: e.order}
 	e.slots[k] = s
 	return s
 }
@@ -252,7 +274,7 @@ func (e *Engine) evictOneStale(layer int) bool {
 		if k.layer == layer || s.users > 0 || !s.loaded || s.err != nil || s.pinned {
 			continue
 		}
-		if victim == nil || s.seq < victim.seq {
+		if victim == nil || s.order < victim.order {
 			victim, vk = s, k
 		}
 	}
@@ -287,12 +309,13 @@ type Result struct {
 	Arrived, Started time.Time
 }
 
-// Run computes expert (layer, expert) on n input vectors x (n*hidden) into
-// out (n*hidden), loading it first if it is not resident (a miss if it was
-// not hinted either). With evict it frees the expert afterwards (decode:
-// JIT load, compute once, evict); without, it stays for further
-// mini-batches (prefill) until Evict.
-func (e *Engine) Run(ctx context.Context, layer, expert int, x []float32, n int, out []float32, evict bool) (Result, error) {
+// Run computes expert (layer, expert) for sequence seq on n input vectors
+// x (n*hidden) into out (n*hidden), loading it first if it is not resident
+// (a miss if no sequence hinted it either). With evict seq lets go of the
+// expert afterwards, and it is freed unless another sequence still holds
+// it (decode: JIT load, compute once, evict); without, seq keeps holding
+// it for further mini-batches (prefill) until Evict.
+func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []float32, n int, out []float32, evict bool) (Result, error) {
 	var res Result
 	if n <= 0 || len(x) != n*e.hidden || len(out) != n*e.hidden {
 		return res, fmt.Errorf("worker: layer %d expert %d: %d inputs and %d outputs for %d tokens of hidden size %d", layer, expert, len(x), len(out), n, e.hidden)
@@ -330,6 +353,7 @@ func (e *Engine) Run(ctx context.Context, layer, expert int, x []float32, n int,
 		res.Loaded = !s.used && !s.pinned
 		s.users++
 		s.used = true
+		s.hold(seq)
 		e.mu.Unlock()
 		break
 	}
@@ -348,7 +372,7 @@ func (e *Engine) Run(ctx context.Context, layer, expert int, x []float32, n int,
 
 	e.mu.Lock()
 	s.users--
-	if evict && s.users == 0 && !s.pinned && e.slots[k] == s {
+	if evict && s.release(seq) && e.slots[k] == s {
 		e.dropLocked(k, s)
 	}
 	e.mu.Unlock()
@@ -374,21 +398,38 @@ func (e *Engine) compute(ex model.Expert, x []float32, n int, out []float32, res
 	return nil
 }
 
-// Evict frees every idle expert of layer (the end of a prefill layer, or
-// predictions for a layer that has run); one still loading is freed as
-// soon as its load ends.
-func (e *Engine) Evict(layer int) {
+// Evict lets sequence seq go of every expert of layer (the end of a
+// prefill layer, or predictions for a layer that has run) and frees those
+// that no other sequence holds and nobody computes with; one still
+// loading is freed as soon as its load ends.
+func (e *Engine) Evict(seq uint64, layer int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, s := range e.slots {
-		if k.layer != layer || s.users > 0 || s.pinned {
-			continue
+		if k.layer == layer {
+			e.releaseLocked(seq, k, s)
 		}
-		if s.loaded {
-			e.dropLocked(k, s)
-		} else {
-			delete(e.slots, k) // load() frees it when it ends
-		}
+	}
+}
+
+// EndSequence lets sequence seq go of every expert it still holds (hints
+// for iterations that never came) and frees those nobody else holds.
+func (e *Engine) EndSequence(seq uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, s := range e.slots {
+		e.releaseLocked(seq, k, s)
+	}
+}
+
+func (e *Engine) releaseLocked(seq uint64, k slotKey, s *slot) {
+	if !s.release(seq) {
+		return
+	}
+	if s.loaded {
+		e.dropLocked(k, s)
+	} else {
+		delete(e.slots, k) // load() frees it when it ends
 	}
 }
 

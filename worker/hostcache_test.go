@@ -39,12 +39,12 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	x := randomInput(2, h, 9)
 	out := make([]float32, 2*h)
 	for round := range 3 {
-		e.Prefetch(1, []int{4})
+		e.Prefetch(1, 1, []int{4})
 		e.wg.Wait()
 		if arena.InUse() != int64(size) {
 			t.Fatalf("round %d: a resident expert holds %d device bytes, want %d", round, arena.InUse(), size)
 		}
-		if _, err := e.Run(context.Background(), 1, 4, x, 2, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, true); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 1, 4, x, 2)) {
@@ -59,11 +59,11 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	}
 	// two more experts push the first out of the host cache (LRU)
 	for _, ex := range []int{5, 6} {
-		if _, err := e.Run(context.Background(), 1, ex, x, 2, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 1, ex, x, 2, out, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.Run(context.Background(), 1, 4, x, 2, out, true); err != nil {
+	if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, true); err != nil {
 		t.Fatal(err)
 	}
 	hits, misses, used := e.Host.Stats()
@@ -94,7 +94,7 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 	x := randomInput(1, h, 4)
 	out := make([]float32, h)
 	for ex := range 3 { // layer 0, experts 0..2: preloaded
-		if _, err := e.Run(context.Background(), 0, ex, x, 1, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 0, ex, x, 1, out, true); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 0, ex, x, 1)) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,15 +26,28 @@ type Server struct {
 	log    zerolog.Logger
 
 	mu    sync.Mutex
-	done  map[int]int64 // layer -> the last iteration that ended it here
+	done  map[seqLayer]int64 // the last iteration of a sequence that ended a layer here
+	ended [endedSeqs]uint64  // the sequences ended last (a ring), whose late hints are dropped
+	nEnd  int
 	seen  map[int]int64 // layer -> the last iteration a message named (what a load is for, in traces)
 	late  atomic.Int64  // predictions that arrived after their layer ran
 	trace *trace.Recorder
 }
 
+// endedSeqs is how many ended sequences a worker remembers, so that a
+// prediction that arrives after its sequence's end (the shadow's and the
+// main node's messages travel on different connections) loads nothing.
+const endedSeqs = 64
+
+// seqLayer is one layer of one sequence.
+type seqLayer struct {
+	seq   uint64
+	layer int
+}
+
 // NewServer serves engine.
 func NewServer(engine *Engine, log zerolog.Logger) *Server {
-	s := &Server{engine: engine, log: log, done: map[int]int64{}, seen: map[int]int64{}, trace: trace.NewRecorder("worker")}
+	s := &Server{engine: engine, log: log, done: map[seqLayer]int64{}, seen: map[int]int64{}, trace: trace.NewRecorder("worker")}
 	engine.OnLoad = func(layer, expert int, start, end time.Time) {
 		s.mu.Lock()
 		it := s.seen[layer]
@@ -57,13 +71,13 @@ func (s *Server) traceRecv(msg, peer string, it int64, layer int, id uint64, at 
 }
 
 // prefetch starts loading a prediction's experts unless its layer has
-// already run here in that iteration (then loading would only waste
-// memory: it is counted as late). Checked and started under s.mu, so that
-// endLayer's eviction never misses a prefetch.
+// already run here in that iteration of its sequence (then loading would
+// only waste memory: it is counted as late). Checked and started under
+// s.mu, so that endLayer's eviction never misses a prefetch.
 func (s *Server) prefetch(m *wire.Prediction) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ranLocked(m.Iteration, m.Layer) {
+	if s.ranLocked(m.Seq, m.Iteration, m.Layer) {
 		s.late.Add(1)
 		return
 	}
@@ -71,25 +85,41 @@ func (s *Server) prefetch(m *wire.Prediction) {
 	for i, e := range m.Experts {
 		experts[i] = int(e)
 	}
-	s.engine.Prefetch(m.Layer, experts)
+	s.engine.Prefetch(m.Seq, m.Layer, experts)
 }
 
-// endLayer records that layer of iteration it has run here and evicts
-// what was loaded for it on a wrong prediction (wasted, counted).
-func (s *Server) endLayer(it int64, layer int) {
+// endLayer records that layer of iteration it of sequence seq has run here
+// and evicts what was loaded for it on a wrong prediction (wasted,
+// counted).
+func (s *Server) endLayer(seq uint64, it int64, layer int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if it < s.done[layer] {
-		clear(s.done) // iterations start again: a new sequence
-	}
-	s.done[layer] = it
-	s.engine.Evict(layer)
+	s.done[seqLayer{seq, layer}] = it
+	s.engine.Evict(seq, layer)
 }
 
-// ranLocked reports whether layer of iteration it has already ended here.
-func (s *Server) ranLocked(it int64, layer int) bool {
-	last, ok := s.done[layer]
-	return ok && it <= last
+// endSequence forgets sequence seq: its iteration marks, and the experts
+// it still holds (hints for iterations that never came).
+func (s *Server) endSequence(seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.done {
+		if k.seq == seq {
+			delete(s.done, k)
+		}
+	}
+	s.ended[s.nEnd%endedSeqs] = seq
+	s.nEnd++
+	s.engine.EndSequence(seq)
+}
+
+// ranLocked reports whether layer of iteration it of sequence seq has
+// already ended here.
+func (s *Server) ranLocked(seq uint64, it int64, layer int) bool {
+	if last, ok := s.done[seqLayer{seq, layer}]; ok {
+		return it <= last
+	}
+	return slices.Contains(s.ended[:min(s.nEnd, endedSeqs)], seq)
 }
 
 // Serve accepts peers on ln until ctx ends, serving each on its own
@@ -157,6 +187,8 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			case <-ctx.Done():
 				return
 			}
+		case *wire.SequenceEnd:
+			s.endSequence(m.Seq)
 		case *wire.Heartbeat:
 			// a heartbeat asks for our counters: answer with them
 			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano(), Stats: s.Metrics()}); err != nil {
@@ -176,8 +208,8 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 // and sends one result per expert; out is a reusable buffer.
 func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation, out []float32, log zerolog.Logger) []float32 {
 	fail := func(expert int, code uint32, err error) {
-		log.Warn().Int64("iteration", a.Iteration).Int("layer", a.Layer).Int("expert", expert).Err(err).Msg("request failed")
-		p.Send(ctx, &wire.Error{Code: code, Msg: err.Error(), Iteration: a.Iteration, Layer: a.Layer, Expert: expert, ID: a.ID})
+		log.Warn().Uint64("seq", a.Seq).Int64("iteration", a.Iteration).Int("layer", a.Layer).Int("expert", expert).Err(err).Msg("request failed")
+		p.Send(ctx, &wire.Error{Code: code, Msg: err.Error(), Iteration: a.Iteration, Layer: a.Layer, Expert: expert, ID: a.ID, Seq: a.Seq})
 	}
 	x, err := a.Hidden.Float32s()
 	h := s.engine.hidden
@@ -193,9 +225,9 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 	}
 	out = out[:len(x)]
 	for i, e := range a.Experts {
-		res, err := s.engine.Run(ctx, a.Layer, int(e), x, a.Tokens, out, !a.Keep)
+		res, err := s.engine.Run(ctx, a.Seq, a.Layer, int(e), x, a.Tokens, out, !a.Keep)
 		if a.EndLayer && i == len(a.Experts)-1 {
-			s.endLayer(a.Iteration, a.Layer)
+			s.endLayer(a.Seq, a.Iteration, a.Layer)
 		}
 		if err != nil {
 			fail(int(e), requestCode(err), err)
@@ -212,7 +244,7 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 			s.trace.Message(trace.Send, trace.MsgResult, p.Identity().Name, a.Iteration, a.Layer, int(e), a.ID, time.Now())
 		}
 		err = p.Send(ctx, &wire.ExpertResult{
-			Iteration: a.Iteration, Layer: a.Layer, Expert: int(e), ID: a.ID,
+			Seq: a.Seq, Iteration: a.Iteration, Layer: a.Layer, Expert: int(e), ID: a.ID,
 			Output: wire.Float32Tensor(out, a.Tokens, h),
 			Loaded: res.Loaded, Miss: res.Miss,
 			LoadTime: res.Load, ComputeTime: res.Compute, StallTime: res.Stall,
