@@ -17,25 +17,33 @@ type link struct {
 	traces chan *wire.Trace
 
 	mu    sync.Mutex
-	waits map[uint64]chan reply
+	waits map[uint64]waiter
 	err   error // set when the connection ended
 }
 
+// waiter is a request waiting for its replies.
+type waiter struct {
+	ch   chan reply
+	left int // results still to come
+}
+
 type reply struct {
+	id  uint64 // the request's
 	res *wire.ExpertResult
 	err error
 	at  time.Time // when it arrived
 }
 
-// expect registers the channel that receives the replies to request id.
-func (l *link) expect(id uint64, ch chan reply) {
+// expect registers the channel that receives the n replies to request id;
+// ch must have room for them (a channel may serve several requests).
+func (l *link) expect(id uint64, n int, ch chan reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
-		ch <- reply{err: l.err}
+		ch <- reply{id: id, err: l.err}
 		return
 	}
-	l.waits[id] = ch
+	l.waits[id] = waiter{ch, n}
 }
 
 // receive dispatches messages until the connection ends, then fails every
@@ -46,9 +54,9 @@ func (l *link) receive() {
 		if err != nil {
 			l.mu.Lock()
 			l.err = err
-			for id, ch := range l.waits {
+			for id, w := range l.waits {
 				select {
-				case ch <- reply{err: err}:
+				case w.ch <- reply{id: id, err: err}:
 				default:
 				}
 				delete(l.waits, id)
@@ -58,9 +66,9 @@ func (l *link) receive() {
 		}
 		switch m := m.(type) {
 		case *wire.ExpertResult:
-			l.deliver(m.ID, reply{res: m, at: time.Now()}, false)
+			l.deliver(reply{id: m.ID, res: m, at: time.Now()})
 		case *wire.Error:
-			l.deliver(m.ID, reply{err: m}, true)
+			l.deliver(reply{id: m.ID, err: m})
 		case *wire.Heartbeat:
 			select {
 			case l.beats <- m:
@@ -75,25 +83,26 @@ func (l *link) receive() {
 	}
 }
 
-// deliver hands r to request id; after an error the request is over.
-func (l *link) deliver(id uint64, r reply, last bool) {
+// deliver hands r to the request it answers; after its last result or an
+// error the request is over, and what else comes for it is dropped.
+func (l *link) deliver(r reply) {
 	l.mu.Lock()
-	ch, ok := l.waits[id]
-	if ok && last {
-		delete(l.waits, id)
+	w, ok := l.waits[r.id]
+	if ok {
+		w.left--
+		if w.left <= 0 || r.err != nil {
+			delete(l.waits, r.id)
+		} else {
+			l.waits[r.id] = w
+		}
 	}
 	l.mu.Unlock()
 	if !ok {
 		return
 	}
 	select {
-	case ch <- r:
-	default: // the request has all it wanted
-	}
-	if !last && len(ch) == cap(ch) {
-		l.mu.Lock()
-		delete(l.waits, id)
-		l.mu.Unlock()
+	case w.ch <- r:
+	default: // cannot happen: the channel has room for every result it expects
 	}
 }
 

@@ -104,20 +104,33 @@ func (sl *shadowLink) score(key layerKey, pred, actual []int) {
 	delete(sl.actual, key)
 }
 
-// routed tells the link the real routing of a decode layer; it returns the
-// shadow's prediction if it has arrived (nil otherwise).
-func (sl *shadowLink) routed(step model.Step, layer int, experts []int) []int {
+// prediction takes the shadow's prediction for a decode layer if it has
+// arrived (nil otherwise).
+func (sl *shadowLink) prediction(step model.Step, layer int) []int {
 	key := layerKey{step, layer}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	pred, ok := sl.pred[key]
-	if ok {
-		sl.score(key, pred, experts)
+	pred := sl.pred[key]
+	delete(sl.pred, key)
+	return pred
+}
+
+// routed tells the link the real routing of a decode layer, with the
+// prediction taken for it (nil if none had arrived): it is scored now,
+// or when the prediction arrives.
+func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
+	key := layerKey{step, layer}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if pred == nil { // it may have arrived since
+		pred = sl.pred[key]
 		delete(sl.pred, key)
+	}
+	if pred != nil {
+		sl.score(key, pred, experts)
 	} else {
 		sl.actual[key] = slices.Clone(experts)
 	}
-	return pred
 }
 
 // start sends the alignment that departs the shadow on the forward pass

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -49,14 +48,14 @@ type Options struct {
 }
 
 // Swarm runs experts on remote workers: the model.ExpertRunner of the main
-// node. Not safe for concurrent RunExperts calls (a Session makes one at a
-// time).
+// node. It asks its Planner what to do with each layer and carries the
+// plan out: hints, activations, results, figures. Not safe for concurrent
+// RunExperts calls (a Session makes one at a time).
 type Swarm struct {
 	opt     Options
+	planner *Planner
 	workers []*link
 	shadow  *shadowLink
-	rng     *rand.Rand
-	random  map[int]map[int]int // -prefetch random: layer -> expert -> worker hinted
 	nextID  atomic.Uint64
 	step    model.Step // the forward pass the current RunExperts call belongs to
 	mark    time.Time  // end of the last RunExperts: main compute starts
@@ -64,8 +63,12 @@ type Swarm struct {
 	traced  [2]int64 // the iterations StartTrace asked for
 
 	// reused per call
-	experts []int
-	assign  []int
+	plan    Plan
+	in      Input
+	reqs    []request
+	replies chan reply
+	pred    wire.Prediction
+	act     wire.Activation
 }
 
 // NewSwarm runs experts on peers, which must be workers, in sched order:
@@ -77,12 +80,22 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	if opt.MiniBatch <= 0 {
 		opt.MiniBatch = DefaultMiniBatch
 	}
-	s := &Swarm{opt: opt}
-	switch opt.Prefetch {
-	case Shadow:
-		if opt.Shadow == nil {
-			return nil, fmt.Errorf("mainnode: -prefetch shadow needs a shadow node")
-		}
+	policy, err := NewPolicy(opt.Prefetch, PolicyModel{Layers: opt.Layers, Experts: opt.Experts, TopK: opt.TopK, Seed: opt.Seed})
+	if err != nil {
+		return nil, err
+	}
+	planner, err := NewPlanner(opt.Layout, policy, opt.MiniBatch)
+	if err != nil {
+		return nil, err
+	}
+	s := &Swarm{opt: opt, planner: planner}
+	_, predicted := policy.(shadowPolicy)
+	switch {
+	case predicted && opt.Shadow == nil:
+		return nil, fmt.Errorf("mainnode: -prefetch shadow needs a shadow node")
+	case !predicted && opt.Shadow != nil:
+		return nil, fmt.Errorf("mainnode: a shadow node is only used with -prefetch shadow, not %s", policy.Name())
+	case predicted:
 		if opt.Shadow.Identity().Role != wire.RoleShadow {
 			return nil, fmt.Errorf("mainnode: %s is a %s, not a shadow", opt.Shadow.Identity().Name, opt.Shadow.Identity().Role)
 		}
@@ -90,18 +103,12 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 			return nil, err
 		}
 		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
-	case Random:
-		if opt.Layers <= 0 || opt.TopK <= 0 || opt.Experts < opt.TopK {
-			return nil, fmt.Errorf("mainnode: -prefetch random needs the model's layers and top-k")
-		}
-		s.rng = rand.New(rand.NewPCG(opt.Seed, 0x72616e64))
-		s.random = map[int]map[int]int{}
 	}
 	for i, p := range peers {
 		if p.Identity().Role != wire.RoleWorker {
 			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
 		}
-		l := &link{peer: p, index: i, waits: map[uint64]chan reply{}, beats: make(chan *wire.Heartbeat, 1), traces: make(chan *wire.Trace, 1)}
+		l := &link{peer: p, index: i, waits: map[uint64]waiter{}, beats: make(chan *wire.Heartbeat, 1), traces: make(chan *wire.Trace, 1)}
 		go l.receive()
 		s.workers = append(s.workers, l)
 	}
@@ -111,13 +118,12 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 // Stats returns the figures measured so far.
 func (s *Swarm) Stats() *Stats { return &s.stats }
 
-// request is one Activation to one worker and what its results fill in.
+// request is one planned Activation on its way: its ID and the results
+// still to come.
 type request struct {
-	worker  int
-	msg     *wire.Activation
-	experts []int // as in msg
-	tokens  []int // batch token index of each row of msg.Hidden
-	replies chan reply
+	Request
+	id      uint64
+	pending int // results not yet received
 }
 
 // RunExperts implements model.ExpertRunner over the workers.
@@ -131,157 +137,58 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 		s.opt.Trace.Span(trace.Main, step.Iter, layer, -1, s.mark, start)
 	}
 	defer func() { s.mark = time.Now() }()
-	if len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
+	if n <= 0 || len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
 		return fmt.Errorf("mainnode: %d routes for %d tokens, %d inputs, %d outputs at hidden size %d", len(routes), n, len(x), len(out), h)
 	}
-	k := len(routes) / n
-
-	s.experts = s.experts[:0]
-	for _, r := range routes {
-		if !slices.Contains(s.experts, r.Expert) {
-			s.experts = append(s.experts, r.Expert)
-		}
+	s.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
+	if s.shadow != nil && !prefill {
+		s.in.Predicted = s.shadow.prediction(step, layer)
 	}
-	slices.Sort(s.experts)
-	switch {
-	case s.opt.Prefetch == Resident:
-		s.assign = s.opt.Layout.Owners(s.assign[:0], layer, s.experts)
-	case prefill || (s.shadow == nil && s.random == nil):
-		s.assign = s.opt.Layout.Assign(s.assign[:0], layer, s.experts, prefill)
-	case s.shadow != nil:
-		pred := s.shadow.routed(step, layer, s.experts)
-		hinted := make(map[int]int, len(pred))
-		for i, e := range pred {
-			hinted[e] = s.opt.Layout.DecodeWorker(layer, i)
-		}
-		s.assign = s.opt.Layout.PlaceDecode(s.assign[:0], layer, s.experts, hinted)
-	default: // random
-		s.assign = s.opt.Layout.PlaceDecode(s.assign[:0], layer, s.experts, s.random[layer])
-		delete(s.random, layer)
+	s.planner.Plan(&s.plan, &s.in)
+	if s.shadow != nil && !prefill {
+		s.shadow.routed(step, layer, s.in.Predicted, s.plan.Experts)
 	}
-
-	if err := s.hint(ctx, layer, prefill); err != nil {
+	if err := s.hint(ctx); err != nil {
 		return err
 	}
-	reqs := s.requests(layer, x, n, k, routes, prefill)
-	if err := s.send(ctx, reqs, prefill); err != nil {
+	if err := s.send(ctx, x, prefill); err != nil {
 		return err
 	}
-	return s.collect(ctx, layer, reqs, routes, k, out, prefill, start)
+	return s.collect(ctx, layer, routes, len(routes)/n, out, prefill, start)
 }
 
-// hint sends the loading hints the policy calls for. Prefill always tells
-// each worker the experts of this layer it will run (the paper's prefill
-// loads every expert of a layer in parallel) and, unless the policy is
-// reactive, those of the next layer too, so loading hides behind compute.
-func (s *Swarm) hint(ctx context.Context, layer int, prefill bool) error {
-	per := make(map[int][]int32)
-	switch {
-	case s.opt.Prefetch == Resident:
-		return nil // nothing to load
-	case prefill || s.opt.Prefetch == OracleNext:
-		for i, e := range s.experts {
-			per[s.assign[i]] = append(per[s.assign[i]], int32(e))
-		}
-	case s.opt.Prefetch == Random:
-		// random experts for the next layer, to its group
-		next := (layer + 1) % s.opt.Layers
-		es := s.rng.Perm(s.opt.Experts)[:s.opt.TopK]
-		slices.Sort(es)
-		hinted := map[int]int{}
-		nper := map[int][]int32{}
-		for i, e := range es {
-			w := s.opt.Layout.DecodeWorker(next, i)
-			hinted[e] = w
-			nper[w] = append(nper[w], int32(e))
-		}
-		s.random[next] = hinted
-		for w, es := range nper {
-			s.traceWorker(trace.Send, trace.MsgPrediction, w, next, -1, 0, time.Now())
-			if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: next, Experts: es}); err != nil {
-				return s.workerErr(w, err)
-			}
-		}
-		return nil
-	default:
-		return nil
-	}
-	for w, es := range per {
-		s.traceWorker(trace.Send, trace.MsgPrediction, w, layer, -1, 0, time.Now())
-		if err := s.workers[w].peer.Send(ctx, &wire.Prediction{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: layer, Experts: es}); err != nil {
-			return s.workerErr(w, err)
+// hint sends the plan's hints.
+func (s *Swarm) hint(ctx context.Context) error {
+	for _, hn := range s.plan.Hints {
+		s.traceWorker(trace.Send, trace.MsgPrediction, hn.Worker, hn.Layer, -1, 0, time.Now())
+		s.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts}
+		if err := s.workers[hn.Worker].peer.Send(ctx, &s.pred); err != nil {
+			return s.workerErr(hn.Worker, err)
 		}
 	}
 	return nil
 }
 
-// requests builds the activations: in decode one per worker with all its
-// experts on the one token; in prefill one per mini-batch of each
-// expert's tokens, the last one of an expert with Keep false.
-func (s *Swarm) requests(layer int, x []float32, n, k int, routes []model.Route, prefill bool) []*request {
-	h := s.opt.Hidden
-	var reqs []*request
+// send registers and sends the plan's requests. In decode they go out one
+// after another; in prefill each worker's requests go out on their own
+// goroutine, in order, so transfers to different workers overlap.
+func (s *Swarm) send(ctx context.Context, x []float32, prefill bool) error {
+	results := 0
+	s.reqs = s.reqs[:0]
+	for _, r := range s.plan.Requests {
+		s.reqs = append(s.reqs, request{Request: r, id: s.nextID.Add(1), pending: len(r.Experts)})
+		results += len(r.Experts)
+	}
+	if cap(s.replies) < results {
+		s.replies = make(chan reply, max(results, 2*cap(s.replies)))
+	}
+	for i := range s.reqs {
+		s.workers[s.reqs[i].Worker].expect(s.reqs[i].id, s.reqs[i].pending, s.replies)
+	}
 	if !prefill {
-		byWorker := map[int]*request{}
-		for i, e := range s.experts {
-			w := s.assign[i]
-			r := byWorker[w]
-			if r == nil {
-				r = &request{worker: w, tokens: []int{0}}
-				r.msg = &wire.Activation{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: layer, Tokens: 1, Hidden: wire.Float32Tensor(x[:h], 1, h)}
-				byWorker[w] = r
-				reqs = append(reqs, r)
-			}
-			r.experts = append(r.experts, e)
-			r.msg.Experts = append(r.msg.Experts, int32(e))
-		}
-	} else {
-		for i, e := range s.experts {
-			var toks []int
-			for t := range n {
-				for _, rt := range routes[t*k : (t+1)*k] {
-					if rt.Expert == e {
-						toks = append(toks, t)
-					}
-				}
-			}
-			for lo := 0; lo < len(toks); lo += s.opt.MiniBatch {
-				mb := toks[lo:min(lo+s.opt.MiniBatch, len(toks))]
-				buf := make([]float32, len(mb)*h)
-				for j, t := range mb {
-					copy(buf[j*h:(j+1)*h], x[t*h:(t+1)*h])
-				}
-				r := &request{worker: s.assign[i], experts: []int{e}, tokens: mb}
-				r.msg = &wire.Activation{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: layer, Tokens: len(mb), Experts: []int32{int32(e)},
-					Hidden: wire.Float32Tensor(buf, len(mb), h), Keep: lo+s.opt.MiniBatch < len(toks)}
-				reqs = append(reqs, r)
-			}
-		}
-	}
-	// each worker's last request of the layer ends the layer there
-	last := map[int]*request{}
-	for _, r := range reqs {
-		last[r.worker] = r
-	}
-	for _, r := range last {
-		r.msg.EndLayer = true
-	}
-	for _, r := range reqs {
-		r.msg.ID = s.nextID.Add(1)
-		r.replies = make(chan reply, len(r.experts))
-		s.workers[r.worker].expect(r.msg.ID, r.replies)
-	}
-	return reqs
-}
-
-// send sends every request; in prefill each worker's requests go out on
-// their own goroutine, in order, so transfers to different workers overlap.
-func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
-	if !prefill {
-		for _, r := range reqs {
-			s.traceWorker(trace.Send, trace.MsgActivation, r.worker, r.msg.Layer, -1, r.msg.ID, time.Now())
-			if err := s.workers[r.worker].peer.Send(ctx, r.msg); err != nil {
-				return s.workerErr(r.worker, err)
+		for i := range s.reqs {
+			if err := s.sendRequest(ctx, &s.act, &s.reqs[i], x, nil); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -290,13 +197,14 @@ func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 	errs := make([]error, len(s.workers))
 	for w := range s.workers {
 		wg.Go(func() {
-			for _, r := range reqs {
-				if r.worker != w {
+			var act wire.Activation
+			var buf []float32
+			for i := range s.reqs {
+				if s.reqs[i].Worker != w {
 					continue
 				}
-				s.traceWorker(trace.Send, trace.MsgActivation, w, r.msg.Layer, -1, r.msg.ID, time.Now())
-				if err := s.workers[w].peer.Send(ctx, r.msg); err != nil {
-					errs[w] = s.workerErr(w, err)
+				if err := s.sendRequest(ctx, &act, &s.reqs[i], x, &buf); err != nil {
+					errs[w] = err
 					return
 				}
 			}
@@ -306,38 +214,65 @@ func (s *Swarm) send(ctx context.Context, reqs []*request, prefill bool) error {
 	return errors.Join(errs...)
 }
 
+// sendRequest sends r as act (reused). In decode the hidden state is x
+// itself; in prefill the request's rows are gathered into *buf.
+func (s *Swarm) sendRequest(ctx context.Context, act *wire.Activation, r *request, x []float32, buf *[]float32) error {
+	h := s.opt.Hidden
+	hidden := x[:h]
+	if buf != nil {
+		*buf = slices.Grow((*buf)[:0], len(r.Tokens)*h)[:len(r.Tokens)*h]
+		for j, t := range r.Tokens {
+			copy((*buf)[j*h:(j+1)*h], x[t*h:(t+1)*h])
+		}
+		hidden = *buf
+	}
+	*act = wire.Activation{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: s.in.Layer, Tokens: len(r.Tokens), Experts: r.Experts,
+		Hidden: wire.Float32Tensor(hidden, len(r.Tokens), h), ID: r.id, Keep: r.Keep, EndLayer: r.EndLayer}
+	s.traceWorker(trace.Send, trace.MsgActivation, r.Worker, s.in.Layer, -1, r.id, time.Now())
+	if err := s.workers[r.Worker].peer.Send(ctx, act); err != nil {
+		return s.workerErr(r.Worker, err)
+	}
+	return nil
+}
+
 // collect waits for every result, places each output row where its route
 // is, and records the layer's figures.
-func (s *Swarm) collect(ctx context.Context, layer int, reqs []*request, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
+func (s *Swarm) collect(ctx context.Context, layer int, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
 	h := s.opt.Hidden
 	var crit time.Duration // the slowest request's worker-side time
 	var ls layerSample
-	for _, r := range reqs {
-		for range r.experts {
-			var rp reply
-			select {
-			case rp = <-r.replies:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			if rp.err != nil {
-				return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.worker, s.workers[r.worker].peer.Identity().Name, rp.err)
-			}
-			res := rp.res
-			got, err := res.Output.Float32s()
-			if err != nil || len(got) != len(r.tokens)*h || !slices.Contains(r.experts, res.Expert) {
-				return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.worker, res.Expert, len(got), r.experts, len(r.tokens)*h)
-			}
-			for j, t := range r.tokens {
-				for q, rt := range routes[t*k : (t+1)*k] {
-					if rt.Expert == res.Expert {
-						copy(out[(t*k+q)*h:(t*k+q+1)*h], got[j*h:(j+1)*h])
-					}
+	first := s.reqs[0].id
+	for left := len(s.reqs); left > 0; {
+		var rp reply
+		select {
+		case rp = <-s.replies:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if rp.id < first || rp.id >= first+uint64(len(s.reqs)) {
+			continue // a stale answer to a layer that failed
+		}
+		r := &s.reqs[rp.id-first]
+		if rp.err != nil {
+			return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.Worker, s.workers[r.Worker].peer.Identity().Name, rp.err)
+		}
+		res := rp.res
+		got, err := res.Output.Float32s()
+		if err != nil || len(got) != len(r.Tokens)*h || !slices.Contains(r.Experts, int32(res.Expert)) || r.pending == 0 {
+			return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.Worker, res.Expert, len(got), r.Experts, len(r.Tokens)*h)
+		}
+		for j, t := range r.Tokens {
+			for q, rt := range routes[t*k : (t+1)*k] {
+				if rt.Expert == res.Expert {
+					copy(out[(t*k+q)*h:(t*k+q+1)*h], got[j*h:(j+1)*h])
 				}
 			}
-			ls.add(res)
-			s.traceWorker(trace.Recv, trace.MsgResult, r.worker, layer, res.Expert, r.msg.ID, rp.at)
-			crit = max(crit, res.StallTime+res.ComputeTime)
+		}
+		ls.add(res)
+		s.traceWorker(trace.Recv, trace.MsgResult, r.Worker, layer, res.Expert, r.id, rp.at)
+		crit = max(crit, res.StallTime+res.ComputeTime)
+		if r.pending--; r.pending == 0 {
+			left--
 		}
 	}
 	wall := time.Since(start)

@@ -126,3 +126,43 @@ func (l Layout) PlaceDecode(dst []int, layer int, experts []int, hinted map[int]
 	}
 	return dst
 }
+
+// PlacePredicted is PlaceDecode for the common case where the hints came
+// from a prediction that placed its i-th expert (in id order) on
+// DecodeWorker(layer, i), as the shadow and the random policy do; it
+// allocates nothing. predicted holds the predicted experts, sorted.
+func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted []int) []int {
+	start := len(dst)
+	for _, e := range experts {
+		w := -1
+		for i, p := range predicted {
+			if p == e {
+				w = l.DecodeWorker(layer, i)
+				break
+			}
+		}
+		dst = append(dst, w)
+	}
+	placed := dst[start:]
+	g := l.GroupOf(layer)
+	// the rest round robin over the group, least loaded first
+	for i, w := range placed {
+		if w >= 0 {
+			continue
+		}
+		best, bestLoad := -1, 0
+		for j := range l.Group {
+			cand, load := g*l.Group+j, 0
+			for _, o := range placed {
+				if o == cand {
+					load++
+				}
+			}
+			if best < 0 || load < bestLoad {
+				best, bestLoad = cand, load
+			}
+		}
+		placed[i] = best
+	}
+	return dst
+}

@@ -93,3 +93,33 @@ func TestResidentOwnersSpreadEachLayerOverDistinctWorkers(t *testing.T) {
 		t.Errorf("Owners(3, [1 6]) = %v, want [4 1]", got)
 	}
 }
+
+// TestPlacePredictedIsPlaceDecodeOfThePrediction: placing on a prediction
+// directly gives what PlaceDecode gives with the hints that prediction
+// made (its i-th expert on DecodeWorker(layer, i)), for every pair of
+// 2-of-8 routings and predictions and groups of 2 and 4.
+func TestPlacePredictedIsPlaceDecodeOfThePrediction(t *testing.T) {
+	var pairs [][]int
+	for a := range 8 {
+		for b := a + 1; b < 8; b++ {
+			pairs = append(pairs, []int{a, b})
+		}
+	}
+	for _, g := range []int{2, 4} {
+		l, _ := NewLayout(8, g)
+		for layer := range 3 {
+			for _, experts := range pairs {
+				for _, pred := range append(pairs, nil) {
+					hinted := map[int]int{}
+					for i, e := range pred {
+						hinted[e] = l.DecodeWorker(layer, i)
+					}
+					want := l.PlaceDecode(nil, layer, experts, hinted)
+					if got := l.PlacePredicted(nil, layer, experts, pred); !slices.Equal(got, want) {
+						t.Fatalf("group %d layer %d experts %v predicted %v: %v, want %v", g, layer, experts, pred, got, want)
+					}
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,258 @@
+package mainnode
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+)
+
+// The planner is the main node's decision logic, kept apart from the
+// network as etcd raft keeps its state machine apart from its transport:
+// fed with one layer's routing (and the shadow's prediction for it), it
+// says which worker runs each expert, which hints to send, and which
+// activations to send, with what eviction marks. The Swarm only carries
+// plans out. It touches no socket and no clock, so scenario tests drive it
+// directly (plan_test.go).
+
+// Input is what the planner knows of one layer once the router has chosen.
+type Input struct {
+	Step   model.Step
+	Layer  int
+	Tokens int           // rows in the batch: 1 in decode, the prompt's length in prefill
+	Routes []model.Route // Tokens*k routes, each token's sorted by expert id
+	// Predicted is the shadow's prediction for this layer (distinct
+	// experts, sorted), nil when none has arrived: no shadow, or late.
+	Predicted []int
+}
+
+// Prefill reports whether the batch is a prompt's (more than one row).
+func (in *Input) Prefill() bool { return in.Tokens > 1 }
+
+// Hint is a Prediction the main node sends: worker should load experts of
+// layer for step.
+type Hint struct {
+	Worker  int
+	Step    model.Step
+	Layer   int
+	Experts []int32
+}
+
+// Request is one Activation: rows Tokens of the batch (indices into it)
+// for Experts on Worker.
+type Request struct {
+	Worker  int
+	Experts []int32
+	Tokens  []int
+	// Keep leaves the expert loaded for the request's next mini-batch.
+	Keep bool
+	// EndLayer marks the worker's last request of the layer: it evicts
+	// what it loaded for the layer on a wrong prediction.
+	EndLayer bool
+}
+
+// Plan is what the main node does for one layer. Its slices are reused
+// from one layer to the next: a Plan belongs to one sequence and is valid
+// until the next Planner.Plan on it.
+type Plan struct {
+	Experts  []int // the distinct experts the layer's routes name, sorted
+	Assign   []int // the worker that runs Experts[i]
+	Hints    []Hint
+	Requests []Request
+
+	ids     []int32 // backing store of Hints' and Requests' Experts
+	tokens  []int   // backing store of Requests' Tokens
+	scratch []int
+	perm    []int // the random policy's draws
+}
+
+// Hint adds a hint: worker is to load experts of layer for step.
+func (p *Plan) Hint(worker int, step model.Step, layer int, experts ...int) {
+	start := len(p.ids)
+	for _, e := range experts {
+		p.ids = append(p.ids, int32(e))
+	}
+	p.Hints = append(p.Hints, Hint{Worker: worker, Step: step, Layer: layer, Experts: p.ids[start:len(p.ids):len(p.ids)]})
+}
+
+// HintAssigned hints every expert of the layer to the worker it is
+// assigned to (one hint per worker, experts in id order).
+func (p *Plan) HintAssigned(in *Input) {
+	for i, w := range p.Assign {
+		if slices.Index(p.Assign, w) != i {
+			continue // hinted with the worker's first expert
+		}
+		p.scratch = p.scratch[:0]
+		for j, e := range p.Experts {
+			if p.Assign[j] == w {
+				p.scratch = append(p.scratch, e)
+			}
+		}
+		p.Hint(w, in.Step, in.Layer, p.scratch...)
+	}
+}
+
+// Policy is a prefetch policy: where a layer's experts run and what the
+// main node hints ahead of them. A Policy is shared by every sequence and
+// keeps no state of its own between calls: what it decides follows from
+// its input.
+type Policy interface {
+	// Name is the policy's -prefetch name.
+	Name() string
+	// Place fills p.Assign (one worker per p.Experts, within the layout)
+	// and adds the hints the main node sends for this layer.
+	Place(p *Plan, in *Input, layout sched.Layout)
+}
+
+// Planner plans layers for a layout of workers under a policy. Safe for
+// concurrent use by sequences with plans of their own, except SetLive.
+type Planner struct {
+	layout    sched.Layout
+	policy    Policy
+	miniBatch int
+	down      []bool // workers out of the layout (lost)
+}
+
+// NewPlanner returns a planner; miniBatch is the prefill tokens per
+// activation.
+func NewPlanner(layout sched.Layout, policy Policy, miniBatch int) (*Planner, error) {
+	if miniBatch <= 0 {
+		return nil, fmt.Errorf("mainnode: prefill mini-batch of %d tokens", miniBatch)
+	}
+	if layout.Workers < 1 || layout.Group < 1 || layout.Workers%layout.Group != 0 {
+		return nil, fmt.Errorf("mainnode: layout of %d workers in groups of %d", layout.Workers, layout.Group)
+	}
+	return &Planner{layout: layout, policy: policy, miniBatch: miniBatch, down: make([]bool, layout.Workers)}, nil
+}
+
+// Policy is the planner's prefetch policy.
+func (pl *Planner) Policy() Policy { return pl.policy }
+
+// SetLive takes worker w out of the layout (live false) or puts it back:
+// what would run on a worker that is out runs on a live one instead. At
+// least one worker must stay live.
+func (pl *Planner) SetLive(w int, live bool) error {
+	if w < 0 || w >= len(pl.down) {
+		return fmt.Errorf("mainnode: worker %d of %d", w, len(pl.down))
+	}
+	if !live && pl.live() == 1 && !pl.down[w] {
+		return fmt.Errorf("mainnode: worker %d is the last one live", w)
+	}
+	pl.down[w] = !live
+	return nil
+}
+
+func (pl *Planner) live() int {
+	n := 0
+	for _, d := range pl.down {
+		if !d {
+			n++
+		}
+	}
+	return n
+}
+
+// Plan fills p for one layer: the experts the routes name, where each
+// runs, the hints and the requests.
+func (pl *Planner) Plan(p *Plan, in *Input) {
+	p.Experts, p.Assign, p.Hints, p.Requests = p.Experts[:0], p.Assign[:0], p.Hints[:0], p.Requests[:0]
+	p.ids, p.tokens = p.ids[:0], p.tokens[:0]
+	for _, r := range in.Routes {
+		if !slices.Contains(p.Experts, r.Expert) {
+			p.Experts = append(p.Experts, r.Expert)
+		}
+	}
+	slices.Sort(p.Experts)
+	pl.policy.Place(p, in, pl.layout)
+	pl.avoidDown(p, in.Layer)
+	if in.Prefill() {
+		pl.prefillRequests(p, in)
+	} else {
+		pl.decodeRequests(p)
+	}
+}
+
+// avoidDown moves what the policy gave to workers out of the layout onto
+// live ones: the next live worker of the same group, else the next live
+// worker at all.
+func (pl *Planner) avoidDown(p *Plan, layer int) {
+	if pl.live() == len(pl.down) {
+		return
+	}
+	for i, w := range p.Assign {
+		p.Assign[i] = pl.substitute(w)
+	}
+	for i := range p.Hints {
+		p.Hints[i].Worker = pl.substitute(p.Hints[i].Worker)
+	}
+}
+
+func (pl *Planner) substitute(w int) int {
+	if !pl.down[w] {
+		return w
+	}
+	g, G := w/pl.layout.Group, pl.layout.Group
+	for j := 1; j < G; j++ {
+		if c := g*G + (w%G+j)%G; !pl.down[c] {
+			return c
+		}
+	}
+	for j := 1; j < pl.layout.Workers; j++ {
+		if c := (w + j) % pl.layout.Workers; !pl.down[c] {
+			return c
+		}
+	}
+	return w // unreachable: SetLive keeps one worker live
+}
+
+// decodeRequests sends each worker one activation with all its experts on
+// the one token; each is the worker's last of the layer.
+func (pl *Planner) decodeRequests(p *Plan) {
+	for i, w := range p.Assign {
+		if slices.Index(p.Assign, w) != i {
+			continue // the worker's request was made with its first expert
+		}
+		start := len(p.ids)
+		for j, e := range p.Experts {
+			if p.Assign[j] == w {
+				p.ids = append(p.ids, int32(e))
+			}
+		}
+		p.tokens = append(p.tokens, 0)
+		p.Requests = append(p.Requests, Request{Worker: w, Experts: p.ids[start:len(p.ids):len(p.ids)],
+			Tokens: p.tokens[len(p.tokens)-1 : len(p.tokens) : len(p.tokens)], EndLayer: true})
+	}
+}
+
+// prefillRequests sends each expert's tokens in mini-batches (OD-MoE
+// section 3.3), all but the last with Keep; each worker's last request
+// ends the layer there.
+func (pl *Planner) prefillRequests(p *Plan, in *Input) {
+	k := len(in.Routes) / in.Tokens
+	for i, e := range p.Experts {
+		start := len(p.tokens)
+		for t := range in.Tokens {
+			for _, r := range in.Routes[t*k : (t+1)*k] {
+				if r.Expert == e {
+					p.tokens = append(p.tokens, t)
+				}
+			}
+		}
+		toks := p.tokens[start:]
+		p.ids = append(p.ids, int32(e))
+		id := p.ids[len(p.ids)-1 : len(p.ids) : len(p.ids)]
+		for lo := 0; lo < len(toks); lo += pl.miniBatch {
+			hi := min(lo+pl.miniBatch, len(toks))
+			p.Requests = append(p.Requests, Request{Worker: p.Assign[i], Experts: id, Tokens: toks[lo:hi:hi], Keep: hi < len(toks)})
+		}
+	}
+	for w := range pl.layout.Workers {
+		for i := len(p.Requests) - 1; i >= 0; i-- {
+			if p.Requests[i].Worker == w {
+				p.Requests[i].EndLayer = true
+				break
+			}
+		}
+	}
+}

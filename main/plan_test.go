@@ -1,0 +1,221 @@
+package mainnode
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+)
+
+// render writes a plan as one line a person can check:
+//
+//	e2@w2 e5@w3 | hint w2 it5 L1 [2] | send w2 [2] rows [0] end
+func render(p *Plan) string {
+	var parts []string
+	var run []string
+	for i, e := range p.Experts {
+		run = append(run, fmt.Sprintf("e%d@w%d", e, p.Assign[i]))
+	}
+	parts = append(parts, strings.Join(run, " "))
+	for _, h := range p.Hints {
+		parts = append(parts, fmt.Sprintf("hint w%d it%d L%d %v", h.Worker, h.Step.Iter, h.Layer, h.Experts))
+	}
+	for _, r := range p.Requests {
+		s := fmt.Sprintf("send w%d %v rows %v", r.Worker, r.Experts, r.Tokens)
+		if r.Keep {
+			s += " keep"
+		}
+		if r.EndLayer {
+			s += " end"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, " | ")
+}
+
+// routes makes one token's routes (k = len(experts), equal weights).
+func routes(tokens ...[]int) []model.Route {
+	var rs []model.Route
+	for _, t := range tokens {
+		for _, e := range t {
+			rs = append(rs, model.Route{Expert: e, Weight: 1 / float32(len(t))})
+		}
+	}
+	return rs
+}
+
+func testPlanner(t *testing.T, p Prefetch, down ...int) *Planner {
+	t.Helper()
+	layout, _ := sched.NewLayout(4, 2) // groups {w0, w1}, {w2, w3}; layer l on group l mod 2
+	pol, err := NewPolicy(p, PolicyModel{Layers: 4, Experts: 8, TopK: 2, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := NewPlanner(layout, pol, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range down {
+		if err := pl.SetLive(w, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pl
+}
+
+// TestPlannerScenarios: what the main node does with one layer, for each
+// policy, right, wrong and late predictions, prefill mini-batches, and
+// workers out of the layout. Each case is one layer of a 4-layer model on
+// 4 workers in groups of 2, read as: where each expert runs | the hints
+// sent | the activations sent.
+func TestPlannerScenarios(t *testing.T) {
+	step := model.Step{Seq: 9, Iter: 5}
+	cases := []struct {
+		name      string
+		policy    Prefetch
+		down      []int
+		layer     int
+		tokens    [][]int // each token's experts
+		predicted []int
+		want      string
+	}{
+		{name: "reactive decode: the layer's group, no hints", policy: Reactive, layer: 1, tokens: [][]int{{2, 5}},
+			want: "e2@w2 e5@w3 | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
+		{name: "oracle-next hints what it is about to send", policy: OracleNext, layer: 1, tokens: [][]int{{2, 5}},
+			want: "e2@w2 e5@w3 | hint w2 it5 L1 [2] | hint w3 it5 L1 [5] | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
+		{name: "shadow, right prediction: each expert where it was loaded", policy: Shadow, layer: 0, tokens: [][]int{{3, 6}}, predicted: []int{3, 6},
+			want: "e3@w0 e6@w1 | send w0 [3] rows [0] end | send w1 [6] rows [0] end"},
+		{name: "shadow, one wrong: the right one stays, the other takes the free worker", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{1, 2},
+			want: "e2@w3 e5@w2 | send w3 [2] rows [0] end | send w2 [5] rows [0] end"},
+		{name: "shadow, all wrong: in order over the group", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{0, 7},
+			want: "e2@w2 e5@w3 | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
+		{name: "shadow, late (no prediction yet): in order over the group", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}},
+			want: "e2@w2 e5@w3 | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
+		{name: "shadow, both on one expert: one worker, one request", policy: Shadow, layer: 1, tokens: [][]int{{4}}, predicted: []int{4},
+			want: "e4@w2 | send w2 [4] rows [0] end"},
+		{name: "resident: every expert on its owner, nothing hinted", policy: Resident, layer: 1, tokens: [][]int{{2, 5}},
+			want: "e2@w3 e5@w2 | send w3 [2] rows [0] end | send w2 [5] rows [0] end"},
+		{name: "prefill: expert e on worker e mod 4, hinted, in mini-batches of 2", policy: Shadow, layer: 1,
+			tokens: [][]int{{1, 2}, {1, 6}, {1, 2}},
+			want:   "e1@w1 e2@w2 e6@w2 | hint w1 it5 L1 [1] | hint w2 it5 L1 [2 6] | send w1 [1] rows [0 1] keep | send w1 [1] rows [2] end | send w2 [2] rows [0 2] | send w2 [6] rows [1] end"},
+		{name: "resident prefill: owners, no hints", policy: Resident, layer: 1, tokens: [][]int{{1, 2}, {1, 6}},
+			want: "e1@w2 e2@w3 e6@w3 | send w2 [1] rows [0 1] end | send w3 [2] rows [0] | send w3 [6] rows [1] end"},
+		{name: "a worker out: its experts go to the other of its group", policy: OracleNext, down: []int{3}, layer: 1, tokens: [][]int{{2, 5}},
+			want: "e2@w2 e5@w2 | hint w2 it5 L1 [2] | hint w2 it5 L1 [5] | send w2 [2 5] rows [0] end"},
+		{name: "a group out: its experts go to the next live worker", policy: Shadow, down: []int{2, 3}, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{2, 5},
+			want: "e2@w0 e5@w0 | send w0 [2 5] rows [0] end"},
+		{name: "a worker out in prefill: its expert goes to the other of its group", policy: Reactive, down: []int{1}, layer: 0, tokens: [][]int{{1, 2}, {1, 2}},
+			want: "e1@w0 e2@w2 | hint w0 it5 L0 [1] | hint w2 it5 L0 [2] | send w0 [1] rows [0 1] end | send w2 [2] rows [0 1] end"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pl := testPlanner(t, c.policy, c.down...)
+			var p Plan
+			in := &Input{Step: step, Layer: c.layer, Tokens: len(c.tokens), Routes: routes(c.tokens...), Predicted: c.predicted}
+			pl.Plan(&p, in)
+			if got := render(&p); got != c.want {
+				t.Errorf("\n got: %s\nwant: %s", got, c.want)
+			}
+			for _, r := range p.Requests {
+				if slices.Contains(c.down, r.Worker) {
+					t.Errorf("request sent to worker %d, which is out", r.Worker)
+				}
+			}
+		})
+	}
+}
+
+// TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws: the random policy
+// hints TopK distinct experts for the next layer to that layer's group
+// (the last layer's hint goes to layer 0 of the next iteration), draws the
+// same experts again when it places that layer, and so keeps the drawn
+// experts that are really routed where they were hinted. The prompt's
+// layers and the first decode layer 0 were never hinted.
+func TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws(t *testing.T) {
+	pl := testPlanner(t, Random)
+	layout := pl.layout
+	step := model.Step{Seq: 3, Iter: 4}
+	for layer := range 4 {
+		var p Plan
+		pl.Plan(&p, &Input{Step: step, Layer: layer, Tokens: 1, Routes: routes([]int{0, 1})})
+		wantIt, next := step.Iter, layer+1
+		if next == 4 {
+			wantIt, next = wantIt+1, 0
+		}
+		var hinted []int
+		for _, h := range p.Hints {
+			if h.Step.Iter != wantIt || h.Layer != next || h.Step.Seq != step.Seq || layout.GroupOf(next) != h.Worker/layout.Group {
+				t.Fatalf("layer %d: hint %+v, want iteration %d layer %d in its group", layer, h, wantIt, next)
+			}
+			for _, e := range h.Experts {
+				hinted = append(hinted, int(e))
+			}
+		}
+		slices.Sort(hinted)
+		if len(hinted) != 2 || hinted[0] == hinted[1] {
+			t.Fatalf("layer %d hinted %v, want 2 distinct experts", layer, hinted)
+		}
+		// placing the hinted layer on exactly the hinted experts puts each
+		// where its hint went: no miss
+		var q Plan
+		pl.Plan(&q, &Input{Step: model.Step{Seq: step.Seq, Iter: wantIt}, Layer: next, Tokens: 1, Routes: routes(hinted)})
+		for i, e := range q.Experts {
+			for _, h := range p.Hints {
+				if slices.Contains(h.Experts, int32(e)) && h.Worker != q.Assign[i] {
+					t.Fatalf("layer %d: expert %d hinted to w%d, placed on w%d", next, e, h.Worker, q.Assign[i])
+				}
+			}
+		}
+	}
+	var again Plan // a different sequence draws differently somewhere
+	differs := false
+	for seq := uint64(4); seq < 12 && !differs; seq++ {
+		var a, b Plan
+		pl.Plan(&a, &Input{Step: step, Layer: 1, Tokens: 1, Routes: routes([]int{0, 1})})
+		pl.Plan(&b, &Input{Step: model.Step{Seq: seq, Iter: step.Iter}, Layer: 1, Tokens: 1, Routes: routes([]int{0, 1})})
+		differs = render(&a) != render(&b)
+		again = a
+	}
+	if !differs {
+		t.Errorf("8 sequences all drew %s", render(&again))
+	}
+}
+
+// TestPlannerKeepsOneWorkerLive: the last live worker cannot be taken out.
+func TestPlannerKeepsOneWorkerLive(t *testing.T) {
+	pl := testPlanner(t, Reactive, 0, 1, 2)
+	if err := pl.SetLive(3, false); err == nil {
+		t.Fatal("took the last live worker out")
+	}
+	if err := pl.SetLive(4, false); err == nil {
+		t.Fatal("took out a worker the layout does not have")
+	}
+	if err := pl.SetLive(1, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPlanningADecodeLayerAllocatesNothing: once a sequence's Plan has
+// grown, planning a decode layer allocates nothing, for every policy.
+func TestPlanningADecodeLayerAllocatesNothing(t *testing.T) {
+	for _, name := range Prefetches {
+		pl := testPlanner(t, name)
+		var p Plan
+		rs := routes([]int{2, 5})
+		pred := []int{2, 6}
+		in := &Input{Step: model.Step{Seq: 1, Iter: 7}, Tokens: 1, Routes: rs, Predicted: pred}
+		plan := func() {
+			pl.Plan(&p, in)
+			in.Layer = (in.Layer + 1) % 4
+		}
+		for range 8 {
+			plan()
+		}
+		if n := testing.AllocsPerRun(100, plan); n != 0 {
+			t.Errorf("%s: %v allocations per decode layer", name, n)
+		}
+	}
+}
