@@ -44,9 +44,9 @@ bench:
 	mkdir -p bin && $(GO) run . bench kernels -json bin/bench-kernels.json
 	@# expert store: stored/BF16 ratio next to the entropy bound, decompression GB/s on 1 and 2 goroutines
 	@# swarm: decode tokens/s of local vs an 8-worker swarm per prefetch policy, loads paced to 4 GB/s, stall fraction
-	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'SwarmDecode' -benchtime 16x -timeout 30m .
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'SwarmDecode' -benchtime 16x -timeout 30m ./main/
 	@# shadow: recall (eq. 3) and decode tokens/s for fp16/int8/nf4 shadows, aligned T1_KV1 and never, vs local and reactive
-	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'ShadowDecode' -benchtime 24x -timeout 30m .
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'ShadowDecode' -benchtime 24x -timeout 30m ./main/
 	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'StoreReadExpert' -benchtime 128x -count 3 -timeout 30m ./store/
 	@# wire: 16 KiB round trip p50/p99 and 4 MiB throughput, QUIC+msgpack next to bare UDP/TCP echoes; msgpack floats vs raw bytes
 	$(GO) test -run '^$$' -bench 'RoundTrip16KB' -benchtime 3000x -count 3 ./wire/

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,11 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/model/synth"
-	"github.com/odmoe/odmoe/store"
-	"github.com/odmoe/odmoe/wire"
-	"github.com/rs/zerolog"
 )
 
 // runDemo starts a whole swarm on this machine — workers and the main node
@@ -65,10 +62,10 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	}
 	base := filepath.Join(*cache, "demo", *preset+"-seed1")
 	storeDir, certDir := filepath.Join(base, "store"), filepath.Join(base, "certs")
-	if err := ensureStore(ctx, modelDir, storeDir, log); err != nil {
+	if err := inproc.EnsureStore(ctx, modelDir, storeDir, log); err != nil {
 		return err
 	}
-	if err := ensureCerts(certDir, *workers); err != nil {
+	if err := inproc.EnsureCerts(certDir, *workers); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -171,38 +168,4 @@ func freeUDPAddr() (string, error) {
 	}
 	defer c.Close()
 	return c.LocalAddr().String(), nil
-}
-
-func ensureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
-	if st, err := store.Open(dir, store.Options{}); err == nil {
-		return st.Close()
-	}
-	log.Info().Str("dir", dir).Msg("compressing the demo model's experts (once)")
-	update, finish := progress.Reporter("store")
-	defer finish()
-	return store.Convert(ctx, modelDir, dir, store.ConvertOptions{Force: true, Progress: update})
-}
-
-// ensureCerts makes certificates for main, shadow and w1..wN, keeping the ones
-// that exist (the CA is reused).
-func ensureCerts(dir string, workers int) error {
-	names := []string{"main", "shadow"}
-	for i := range workers {
-		names = append(names, fmt.Sprintf("w%d", i+1))
-	}
-	var missing []string
-	for _, n := range names {
-		if _, err := os.Stat(filepath.Join(dir, n+".pem")); errors.Is(err, os.ErrNotExist) {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	specs, err := wire.ParseNodes(strings.Join(missing, ","))
-	if err != nil {
-		return err
-	}
-	_, err = wire.WriteCerts(dir, specs, wire.CertOptions{})
-	return err
 }

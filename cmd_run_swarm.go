@@ -309,35 +309,13 @@ func pinResident(ctx context.Context, eng *worker.Engine, st *store.Store, spec 
 	}
 	t0 := time.Now()
 	bar := progress.New("pin resident experts", total)
-	err := pinOwned(ctx, eng, st, idx, n, bar.Set)
+	err := eng.PinOwned(ctx, st.Layers(), st.Experts(), idx, n, bar.Set)
 	bar.Finish()
 	if err != nil {
 		return fmt.Errorf("-resident %s: %w", spec, err)
 	}
 	log.Info().Str("resident", spec).Int("experts", eng.Resident()).Str("device_in_use", bytesString(eng.Arena().InUse())).
 		Dur("took", time.Since(t0)).Msg("resident experts pinned")
-	return nil
-}
-
-// pinOwned pins every expert worker idx of n owns in a resident swarm
-// (sched.Layout.Owner), reporting the bytes pinned so far to progress
-// (may be nil).
-func pinOwned(ctx context.Context, eng *worker.Engine, st *store.Store, idx, n int, progress func(done int64)) error {
-	layout := sched.Layout{Workers: n, Group: 1}
-	var done int64
-	for l := range st.Layers() {
-		owned := layout.Owned(idx, l, st.Experts())
-		if err := eng.Pin(ctx, l, owned); err != nil {
-			return err
-		}
-		for _, e := range owned {
-			b, _ := st.ExpertBytes(l, e)
-			done += int64(b)
-		}
-		if progress != nil {
-			progress(done)
-		}
-	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/testbed"
 	"github.com/rs/zerolog"
 )
@@ -58,7 +59,7 @@ func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (testbed.Bench
 	if files.Certs == "" {
 		files.Certs = model + ".certs-" + strings.TrimSuffix(filepath.Base(f.rig), filepath.Ext(f.rig))
 	}
-	if err := ensureStore(ctx, files.Model, files.Store, log); err != nil {
+	if err := inproc.EnsureStore(ctx, files.Model, files.Store, log); err != nil {
 		return o, err
 	}
 	if err := ensureRigCerts(files.Certs, o.Rig); err != nil {

@@ -11,14 +11,13 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/inproc"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/sched"
-	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
-	"github.com/odmoe/odmoe/worker"
 	"github.com/rs/zerolog"
 )
 
@@ -79,7 +78,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 		}
 	}
 	certDir := filepath.Join(tmp, "certs")
-	if err := ensureCerts(certDir, *workers); err != nil {
+	if err := inproc.EnsureCerts(certDir, *workers); err != nil {
 		return err
 	}
 	full, err := model.Load(*dir, model.LoadOptions{})
@@ -103,7 +102,8 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	addrs, stopWorkers, err := startLocalWorkers(ctx, *storeDir, certDir, *workers, 1<<30, float64(bw), false, log)
+	files := inproc.Files{Model: *dir, Store: *storeDir, Certs: certDir}
+	addrs, stopWorkers, err := inproc.StartWorkers(ctx, files, inproc.WorkerOptions{Count: *workers, BudgetBytes: 1 << 30, LoadBytesSec: float64(bw), Log: log})
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	shadowAddr, stopShadow, err := startLocalShadow(ctx, qm, certDir, addrs, layout, log)
+	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, qm, certDir, addrs, layout, log)
 	if err != nil {
 		return err
 	}
@@ -148,8 +148,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 				return err
 			}
 			s := model.NewSession(mainModel, sw, len(ids)+*n)
-			_, st, err := model.Generate(ctx, s, ids, model.GenerateOptions{MaxTokens: *n,
-				BeforeForward: func(step model.Step, toks []int) error { return sw.BeforeForward(ctx, step, toks, s.Cache()) }})
+			_, st, err := sw.Generate(ctx, s, ids, model.GenerateOptions{MaxTokens: *n})
 			if err != nil {
 				sw.Close()
 				sp.Close()
@@ -171,120 +170,5 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 		}
 	}
 	fmt.Fprintf(stdout, "\nbest: %s (%.2f tokens/s): run the main node with its -align-token and -align-kv\n", best, bestRate)
-	return nil
-}
-
-// startLocalWorkers runs n workers (w1..wN of certDir) in this process on
-// loopback, each with a budget-byte arena and loads paced to loadBW, and
-// with resident, each holding for good the experts it owns in a resident
-// swarm; stop ends them and waits.
-func startLocalWorkers(ctx context.Context, storeDir, certDir string, n int, budget int64, loadBW float64, resident bool, log zerolog.Logger) (addrs []string, stop func(), err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{}, n)
-	started := 0
-	stop = func() {
-		cancel()
-		for range started {
-			<-done
-		}
-	}
-	for i := range n {
-		st, err := store.Open(storeDir, store.Options{})
-		if err != nil {
-			stop()
-			return nil, nil, err
-		}
-		hidden, _, err := st.ExpertShape(0, 0)
-		arena, aerr := worker.NewArena(budget)
-		name := fmt.Sprintf("w%d", i+1)
-		certs, cerr := wire.LoadCerts(certDir, name)
-		if err = firstErr(err, aerr, cerr); err != nil {
-			st.Close()
-			stop()
-			return nil, nil, err
-		}
-		eng := worker.NewEngine(st, hidden, arena, worker.NewLink(loadBW), log)
-		if resident {
-			err = pinOwned(ctx, eng, st, i, n, nil)
-		}
-		var ln *wire.Listener
-		if err == nil {
-			ln, err = wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
-		}
-		if err != nil {
-			eng.Close()
-			st.Close()
-			stop()
-			return nil, nil, err
-		}
-		addrs = append(addrs, ln.Addr().String())
-		started++
-		go func() {
-			worker.NewServer(eng, log).Serve(ctx, ln)
-			ln.Close()
-			eng.Close()
-			st.Close()
-			done <- struct{}{}
-		}()
-	}
-	return addrs, stop, nil
-}
-
-// startLocalShadow runs a shadow over qm in this process, serving one
-// main node connection after another.
-func startLocalShadow(ctx context.Context, qm *model.Model, certDir string, workerAddrs []string, layout sched.Layout, log zerolog.Logger) (string, func(), error) {
-	ctx, cancel := context.WithCancel(ctx)
-	certs, err := wire.LoadCerts(certDir, "shadow")
-	if err != nil {
-		cancel()
-		return "", nil, err
-	}
-	var peers []*wire.Peer
-	closeAll := func() {
-		for _, p := range peers {
-			p.Close()
-		}
-	}
-	for _, a := range workerAddrs {
-		p, err := wire.Dial(ctx, a, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
-		if err != nil {
-			closeAll()
-			cancel()
-			return "", nil, err
-		}
-		peers = append(peers, p)
-	}
-	node, err := shadow.NewNode(qm, peers, layout, log)
-	if err == nil {
-		var ln *wire.Listener
-		ln, err = wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
-		if err == nil {
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				defer ln.Close()
-				for {
-					p, err := ln.Accept(ctx)
-					if err != nil {
-						return
-					}
-					node.ServeMain(ctx, p)
-					p.Close()
-				}
-			}()
-			return ln.Addr().String(), func() { cancel(); <-done; closeAll() }, nil
-		}
-	}
-	closeAll()
-	cancel()
-	return "", nil, err
-}
-
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
 	return nil
 }

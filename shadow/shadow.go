@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -60,7 +61,14 @@ func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, log zero
 // start iterations, run in iteration order.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 	n.mainP, n.ctx = p, ctx
-	pending := map[int64]*wire.Alignment{} // bulk streams may arrive out of order
+	// Alignments travel on bulk streams and may arrive out of order: each
+	// waits here until its iteration is next in its sequence.
+	type seqIter struct {
+		seq uint64
+		it  int64
+	}
+	pending := map[seqIter]*wire.Alignment{}
+	var ended []uint64 // sequences the main node ended, most recent last
 	for {
 		m, err := p.Recv(ctx)
 		if err != nil {
@@ -75,8 +83,9 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 		if end, ok := m.(*wire.SequenceEnd); ok {
 			if end.Seq == n.seq {
 				n.sess, n.seq, n.it = nil, 0, 0
-				clear(pending)
 			}
+			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == end.Seq })
+			ended = append(ended[max(0, len(ended)-63):], end.Seq)
 			continue
 		}
 		a, ok := m.(*wire.Alignment)
@@ -84,21 +93,22 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 			continue
 		}
 		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
-		if len(a.Prompt) > 0 {
-			clear(pending)
-			n.it, n.seq = 0, a.Seq
-		}
-		if a.Seq != n.seq {
-			n.log.Warn().Uint64("seq", a.Seq).Uint64("following", n.seq).Int64("iteration", a.Iteration).Msg("alignment for a sequence the shadow does not follow: dropped")
+		if slices.Contains(ended, a.Seq) {
+			n.log.Warn().Uint64("seq", a.Seq).Int64("iteration", a.Iteration).Msg("alignment for a sequence that has ended: dropped")
 			continue
 		}
-		pending[a.Iteration] = a
+		if len(a.Prompt) > 0 { // a new sequence: the shadow follows one at a time
+			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq != a.Seq })
+			n.it, n.seq = 0, a.Seq
+		}
+		pending[seqIter{a.Seq, a.Iteration}] = a
 		for {
-			a, ok := pending[n.it+1]
+			k := seqIter{n.seq, n.it + 1}
+			a, ok := pending[k]
 			if !ok {
 				break
 			}
-			delete(pending, n.it+1)
+			delete(pending, k)
 			if err := n.iterate(a); err != nil {
 				return err
 			}

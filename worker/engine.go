@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
 	"github.com/rs/zerolog"
 )
 
@@ -450,4 +451,26 @@ func (e *Engine) Close() {
 	for k, s := range e.slots {
 		e.dropLocked(k, s)
 	}
+}
+
+// PinOwned pins every expert worker idx of n owns in a resident swarm
+// (sched.Layout.Owner) of a model with layers layers of experts experts,
+// reporting the bytes pinned so far to progress (may be nil).
+func (e *Engine) PinOwned(ctx context.Context, layers, experts, idx, n int, progress func(done int64)) error {
+	layout := sched.Layout{Workers: n, Group: 1}
+	var done int64
+	for l := range layers {
+		owned := layout.Owned(idx, l, experts)
+		if err := e.Pin(ctx, l, owned); err != nil {
+			return err
+		}
+		for _, ex := range owned {
+			b, _ := e.src.ExpertBytes(l, ex)
+			done += int64(b)
+		}
+		if progress != nil {
+			progress(done)
+		}
+	}
+	return nil
 }

@@ -1,47 +1,28 @@
-package main
+package mainnode_test
 
 import (
 	"context"
 	"fmt"
 	"math"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/odmoe/odmoe/internal/inproc"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"
-	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
-// swarmFixture is a tiny model, its store and a cluster's certificates.
-type swarmFixture struct {
-	modelDir, storeDir, certs string
-}
-
-func newSwarmFixture(t *testing.T, workers int) swarmFixture {
+// newSwarmFixture generates a tiny model, its store and certificates for
+// workers workers.
+func newSwarmFixture(t *testing.T, workers int) inproc.Files {
 	t.Helper()
-	dir := t.TempDir()
-	f := swarmFixture{filepath.Join(dir, "tiny"), filepath.Join(dir, "store"), filepath.Join(dir, "certs")}
-	if err := synth.Generate(f.modelDir, synth.Options{Preset: "tiny", Seed: 11}); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Convert(context.Background(), f.modelDir, f.storeDir, store.ConvertOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	nodes := "main,shadow"
-	for i := range workers {
-		nodes += fmt.Sprintf(",w%d", i+1)
-	}
-	specs, err := wire.ParseNodes(nodes)
+	f, err := inproc.Generate(context.Background(), t.TempDir(), "tiny", 11, workers)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := wire.WriteCerts(f.certs, specs, wire.CertOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -49,9 +30,9 @@ func newSwarmFixture(t *testing.T, workers int) swarmFixture {
 
 // startWorkers runs n worker servers in this process on loopback QUIC with
 // mutual TLS; it returns their addresses.
-func startWorkers(t *testing.T, ctx context.Context, f swarmFixture, n int, budget int64, resident bool) []string {
+func startWorkers(t *testing.T, ctx context.Context, f inproc.Files, n int, budget int64, resident bool) []string {
 	t.Helper()
-	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, budget, 0, resident, zerolog.Nop())
+	addrs, stop, err := inproc.StartWorkers(ctx, f, inproc.WorkerOptions{Count: n, BudgetBytes: budget, Resident: resident, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +100,12 @@ func diffGenerations(a, b generation) string {
 // mini-batches.
 func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 8)
-	local, err := model.Load(f.modelDir, model.LoadOptions{})
+	local, err := model.Load(f.Model, model.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer local.Close()
-	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,16 +134,16 @@ func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 // dialSwarm starts workers in this process and dials them as the main
 // node; sh, if set, is a shadow to connect. Options' layout (groups of 2),
 // sizes and logger are filled in.
-func dialSwarm(t *testing.T, f swarmFixture, workers int, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
+func dialSwarm(t *testing.T, f inproc.Files, workers int, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	addrs := startWorkers(t, ctx, f, workers, 64<<20, opt.Prefetch == mainnode.Resident)
-	cfg, err := model.LoadConfig(f.modelDir)
+	cfg, err := model.LoadConfig(f.Model)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := wire.LoadCerts(f.certs, "main")
+	certs, err := wire.LoadCerts(f.Certs, "main")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +243,7 @@ func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addrs := startWorkers(t, ctx, other, 1, 64<<20, false)
-	certs, _ := wire.LoadCerts(f.certs, "main")
+	certs, _ := wire.LoadCerts(f.Certs, "main")
 	layout, _ := sched.NewLayout(1, 1)
 	_, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 1}, mainnode.Options{Layout: layout, Hidden: 128})
 	if err == nil || !strings.Contains(err.Error(), "dialing workers") || !strings.Contains(err.Error(), "certificate") {

@@ -1,4 +1,4 @@
-package main
+package mainnode_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // recorded, on one clock.
 func TestSwarmTraceCoversEveryNodeAndHop(t *testing.T) {
 	f := newSwarmFixture(t, 4)
-	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		t.Fatal(err)
 	}

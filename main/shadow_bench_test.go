@@ -1,4 +1,4 @@
-package main
+package mainnode_test
 
 import (
 	"context"
@@ -23,12 +23,12 @@ import (
 // fraction of the main node's iteration.
 func BenchmarkShadowDecode(b *testing.B) {
 	f := benchSwarmFixture(b)
-	full, err := model.Load(f.modelDir, model.LoadOptions{})
+	full, err := model.Load(f.Model, model.LoadOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer full.Close()
-	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func BenchmarkShadowDecode(b *testing.B) {
 	}
 	b.Run("local", func(b *testing.B) { run(b, full, model.NewResidentExperts(full)) })
 
-	certs, err := wire.LoadCerts(f.certs, "main")
+	certs, err := wire.LoadCerts(f.Certs, "main")
 	if err != nil {
 		b.Fatal(err)
 	}

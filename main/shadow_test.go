@@ -1,4 +1,4 @@
-package main
+package mainnode_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
@@ -17,9 +18,9 @@ type shadowSpec struct{ quant kernels.DType }
 
 // startShadow runs a shadow node in this process: the model quantized to
 // quant, connected to the workers, listening for the main node.
-func startShadow(t testing.TB, ctx context.Context, f swarmFixture, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
+func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
 	t.Helper()
-	full, err := model.Load(f.modelDir, model.LoadOptions{})
+	full, err := model.Load(f.Model, model.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +29,7 @@ func startShadow(t testing.TB, ctx context.Context, f swarmFixture, quant kernel
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := startLocalShadow(ctx, qm, f.certs, workerAddrs, layout, zerolog.Nop())
+	addr, stop, err := inproc.StartShadow(ctx, qm, f.Certs, workerAddrs, layout, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,12 +43,12 @@ func startShadow(t testing.TB, ctx context.Context, f swarmFixture, quant kernel
 // speed, never the output.
 func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 4)
-	local, err := model.Load(f.modelDir, model.LoadOptions{})
+	local, err := model.Load(f.Model, model.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer local.Close()
-	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 // predicts over 99% of the experts (eq. 3) on the tiny model.
 func TestFP16ShadowAlignedEveryIterationPredictsAbove99(t *testing.T) {
 	f := newSwarmFixture(t, 2)
-	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package mainnode_test
 
 import (
 	"context"
@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/odmoe/odmoe/internal/inproc"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
-	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
@@ -18,30 +18,14 @@ import (
 // benchSwarmFixture generates (once, cached like model/bench_test.go) the
 // model named by ODMOE_BENCH_PRESET (default tiny; `make bench`: small),
 // its store and certificates for 8 workers.
-func benchSwarmFixture(b *testing.B) swarmFixture {
+func benchSwarmFixture(b *testing.B) inproc.Files {
 	b.Helper()
 	preset := os.Getenv("ODMOE_BENCH_PRESET")
 	if preset == "" {
 		preset = "tiny"
 	}
-	cache, err := synth.CacheDir()
+	f, err := inproc.Cached(context.Background(), preset, 1, filepath.Join(b.TempDir(), "certs"), 8, zerolog.Nop())
 	if err != nil {
-		b.Fatal(err)
-	}
-	modelDir, err := synth.Cached(cache, preset, 1, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := swarmFixture{
-		modelDir: modelDir,
-		storeDir: filepath.Join(cache, "bench", preset+"-seed1", "store"),
-		certs:    filepath.Join(b.TempDir(), "certs"),
-	}
-	if err := ensureStore(context.Background(), f.modelDir, f.storeDir, zerolog.Nop()); err != nil {
-		b.Fatal(err)
-	}
-	specs, _ := wire.ParseNodes("main,shadow,w1,w2,w3,w4,w5,w6,w7,w8")
-	if _, err := wire.WriteCerts(f.certs, specs, wire.CertOptions{}); err != nil {
 		b.Fatal(err)
 	}
 	return f
@@ -57,7 +41,7 @@ const benchLoadBW = 4e9
 // to benchLoadBW, and the stall fraction of each.
 func BenchmarkSwarmDecode(b *testing.B) {
 	f := benchSwarmFixture(b)
-	m, err := model.Load(f.modelDir, model.LoadOptions{})
+	m, err := model.Load(f.Model, model.LoadOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,12 +69,12 @@ func BenchmarkSwarmDecode(b *testing.B) {
 	}
 	b.Run("local", func(b *testing.B) { decode(b, m, model.NewResidentExperts(m)) })
 
-	mainModel, err := model.Load(f.modelDir, model.LoadOptions{SkipExperts: true})
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer mainModel.Close()
-	certs, err := wire.LoadCerts(f.certs, "main")
+	certs, err := wire.LoadCerts(f.Certs, "main")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -116,9 +100,9 @@ func BenchmarkSwarmDecode(b *testing.B) {
 }
 
 // startBenchWorkers is startWorkers for benchmarks, with paced loads.
-func startBenchWorkers(b *testing.B, ctx context.Context, f swarmFixture, n int, loadBW float64) []string {
+func startBenchWorkers(b *testing.B, ctx context.Context, f inproc.Files, n int, loadBW float64) []string {
 	b.Helper()
-	addrs, stop, err := startLocalWorkers(ctx, f.storeDir, f.certs, n, 1<<30, loadBW, false, zerolog.Nop())
+	addrs, stop, err := inproc.StartWorkers(ctx, f, inproc.WorkerOptions{Count: n, BudgetBytes: 1 << 30, LoadBytesSec: loadBW, Log: zerolog.Nop()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,0 +1,183 @@
+package shadow_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// shadowRig is a shadow node over the tiny model's int8 copy and two
+// workers, with this test as its main node.
+type shadowRig struct {
+	qm      *model.Model
+	main    *wire.Peer   // the test's connection to the shadow, as the main node
+	workers []*wire.Peer // the test's connections to the workers, as the main node
+	layout  sched.Layout
+}
+
+func newShadowRig(t *testing.T) *shadowRig {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f, err := inproc.Generate(ctx, t.TempDir(), "tiny", 5, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := model.Load(f.Model, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { full.Close() })
+	qm, err := full.Quantized(kernels.Q8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, stopWorkers, err := inproc.StartWorkers(ctx, f, inproc.WorkerOptions{Count: 2, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopWorkers)
+	layout, _ := sched.NewLayout(2, 2)
+	saddr, stopShadow, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopShadow)
+	certs, err := wire.LoadCerts(f.Certs, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &shadowRig{qm: qm, layout: layout}
+	dial := func(addr string, role wire.Role) *wire.Peer {
+		p, err := wire.Dial(ctx, addr, &wire.Config{Certs: certs, PeerRoles: []wire.Role{role}, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	r.main = dial(saddr, wire.RoleShadow)
+	for _, a := range addrs {
+		r.workers = append(r.workers, dial(a, wire.RoleWorker))
+	}
+	return r
+}
+
+// reference decodes prompt then token on the shadow's own weights in
+// this process and returns each decode layer's distinct experts, sorted:
+// what the shadow must predict.
+func (r *shadowRig) reference(t *testing.T, prompt []int, token int) [][]int {
+	t.Helper()
+	s := model.NewSession(r.qm, model.NewResidentExperts(r.qm), 0)
+	if _, err := s.Forward(context.Background(), prompt); err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]int, r.qm.Config.NumLayers)
+	s.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) {
+		for _, rt := range routes {
+			if !slices.Contains(want[l], rt.Expert) {
+				want[l] = append(want[l], rt.Expert)
+			}
+		}
+		slices.Sort(want[l])
+	}
+	if _, err := s.Forward(context.Background(), []int{token}); err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// predictions reads the shadow's messages to the main node until it
+// reports iteration it of seq done, and returns that iteration's
+// predictions by layer; a prediction of any other sequence fails the test.
+func (r *shadowRig) predictions(t *testing.T, seq uint64, it int64) [][]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := make([][]int, r.qm.Config.NumLayers)
+	for {
+		m, err := r.main.Recv(ctx)
+		if err != nil {
+			t.Fatalf("waiting for iteration %d of sequence %d: %v", it, seq, err)
+		}
+		switch m := m.(type) {
+		case *wire.Prediction:
+			if m.Seq != seq || m.Iteration != it {
+				t.Fatalf("prediction for sequence %d iteration %d, want %d/%d", m.Seq, m.Iteration, seq, it)
+			}
+			for _, e := range m.Experts {
+				got[m.Layer] = append(got[m.Layer], int(e))
+			}
+		case *wire.Heartbeat:
+			if int64(m.Stats["iteration"]) == it {
+				return got
+			}
+		}
+	}
+}
+
+func (r *shadowRig) send(t *testing.T, m wire.Message) {
+	t.Helper()
+	if err := r.main.Send(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShadowPredictsWhatItsModelRoutes: departed by alignments as the main
+// node departs it, the shadow predicts, for every decode layer, exactly
+// the experts its quantized model routes to (computed here independently),
+// tells the main node under the main node's sequence id, and hints the
+// workers, which load them. After SequenceEnd it follows the next
+// sequence, and alignments for the ended one are dropped.
+func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
+	r := newShadowRig(t)
+	prompt := []int{1, 17, 33, 49, 65, 81}
+	const a, b = 1 << 40, 1<<40 + 1
+	toInt32 := func(ids []int) []int32 {
+		out := make([]int32, len(ids))
+		for i, id := range ids {
+			out[i] = int32(id)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		seq   uint64
+		token int
+	}{{a, 100}, {b, 7}} {
+		r.send(t, &wire.Alignment{Seq: c.seq, Iteration: 1, Token: -1, Prompt: toInt32(prompt)})
+		r.send(t, &wire.Alignment{Seq: c.seq, Iteration: 2, Token: int32(c.token)})
+		got := r.predictions(t, c.seq, 2)
+		want := r.reference(t, prompt, c.token)
+		for l := range want {
+			if !slices.Equal(got[l], want[l]) {
+				t.Errorf("sequence %d layer %d: predicted %v, the shadow's model routes %v", c.seq, l, got[l], want[l])
+			}
+		}
+		r.send(t, &wire.SequenceEnd{Seq: c.seq})
+		if c.seq == a { // a late alignment of the ended sequence: nothing may come of it
+			r.send(t, &wire.Alignment{Seq: a, Iteration: 3, Token: 5})
+		}
+	}
+	var loads float64
+	for i, w := range r.workers {
+		if err := w.Send(context.Background(), &wire.Heartbeat{Seq: 1}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := w.Recv(context.Background())
+		if err != nil {
+			t.Fatalf("worker %d metrics: %v", i, err)
+		}
+		loads += m.(*wire.Heartbeat).Stats["loads"]
+	}
+	if loads == 0 {
+		t.Error("the workers loaded nothing on the shadow's hints")
+	}
+}
