@@ -1,20 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
-	"time"
 
-	"github.com/odmoe/odmoe/internal/npy"
 	"github.com/odmoe/odmoe/kernels"
-	"github.com/odmoe/odmoe/model"
-	"github.com/odmoe/odmoe/model/tokenizer"
+	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/rs/zerolog"
 )
 
@@ -125,122 +117,15 @@ func (f *runFlags) checkGenerate() error {
 	return nil
 }
 
+// text is the prompt and generation settings local and main share.
+func (f *runFlags) text() mainnode.Text {
+	return mainnode.Text{Prompt: f.prompt, MaxTokens: f.n, PromptTokens: f.promptTokens, Temperature: f.temp, TopP: f.topP,
+		Seed: f.seed, IgnoreEOS: f.ignoreEOS, Dump: f.dump, Stats: f.stats}
+}
+
 func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Logger) error {
 	if err := f.checkGenerate(); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	m, err := model.Load(f.model, model.LoadOptions{})
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	c := m.Config
-	log.Info().Str("model", f.model).Str("arch", c.Architecture).Int("layers", c.NumLayers).
-		Int("experts", c.NumExperts).Int("top_k", c.TopK).
-		Str("non_expert", bytesString(m.NonExpertBytes())).Str("experts_bytes", bytesString(m.ExpertBytes())).
-		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
-	st, err := generateText(ctx, f, m, model.NewResidentExperts(m), nil, stdout)
-	if err != nil {
-		return err
-	}
-	return writeStats(f.stats, runStats(st, nil))
-}
-
-// generateText encodes the prompt, generates with runner, streams the text
-// to stdout, writes -dump files, and prints the summary line.
-func generateText(ctx context.Context, f *runFlags, m *model.Model, runner model.ExpertRunner, before func(s *model.Session, step model.Step, tokens []int) error, stdout io.Writer) (model.GenerateStats, error) {
-	tok, err := tokenizer.LoadDir(f.model)
-	if err != nil {
-		return model.GenerateStats{}, err
-	}
-	ids := tok.Encode(f.prompt, true)
-	if len(ids) == 0 {
-		return model.GenerateStats{}, fmt.Errorf("prompt %q encodes to no tokens", f.prompt)
-	}
-	if f.promptTokens > 0 {
-		ids = cycleTokens(ids, f.promptTokens, tok.BOS())
-	}
-	var logits *npy.Writer
-	if f.dump != "" {
-		if err := os.MkdirAll(f.dump, 0o755); err != nil {
-			return model.GenerateStats{}, err
-		}
-		if logits, err = npy.Create(filepath.Join(f.dump, "logits.npy"), m.Config.VocabSize); err != nil {
-			return model.GenerateStats{}, err
-		}
-		defer func() {
-			if logits != nil {
-				logits.Close()
-			}
-		}()
-	}
-	out := bufio.NewWriter(stdout)
-	defer out.Flush()
-	if f.promptTokens > 0 {
-		fmt.Fprint(out, tok.Decode(ids, true))
-	} else {
-		fmt.Fprint(out, f.prompt)
-	}
-	out.Flush()
-	stream := tok.NewStreamDecoder()
-	sess := model.NewSession(m, runner, len(ids)+f.n)
-	var hook func(model.Step, []int) error
-	if before != nil {
-		hook = func(step model.Step, tokens []int) error { return before(sess, step, tokens) }
-	}
-	gen, st, err := model.Generate(ctx, sess, ids, model.GenerateOptions{
-		MaxTokens:     f.n,
-		BeforeForward: hook,
-		Sampler:       model.NewSampler(f.temp, f.topP, f.seed),
-		StopAtEOS:     !f.ignoreEOS,
-		OnToken: func(step, id int, lg []float32) error {
-			if logits != nil {
-				if err := logits.Append(lg); err != nil {
-					return err
-				}
-			}
-			fmt.Fprint(out, stream.Next(id))
-			return out.Flush()
-		},
-	})
-	fmt.Fprintln(out, stream.Flush())
-	if err != nil {
-		return st, err
-	}
-	if f.dump != "" {
-		if err := logits.Close(); err != nil {
-			return st, err
-		}
-		logits = nil
-		b, _ := json.Marshal(map[string][]int{"prompt": ids, "generated": nonNil(gen)})
-		if err := os.WriteFile(filepath.Join(f.dump, "tokens.json"), append(b, '\n'), 0o644); err != nil {
-			return st, err
-		}
-	}
-	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d, prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
-		st.PromptTokens, st.GeneratedTokens, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
-	return st, nil
-}
-
-// cycleTokens returns exactly n tokens: ids (which start with bos, if
-// bos >= 0 and they do) and then ids without bos again, as often as needed.
-func cycleTokens(ids []int, n, bos int) []int {
-	body := ids
-	if bos >= 0 && len(ids) > 1 && ids[0] == bos {
-		body = ids[1:]
-	}
-	out := make([]int, 0, n)
-	out = append(out, ids[:min(len(ids), n)]...)
-	for len(out) < n {
-		out = append(out, body[:min(len(body), n-len(out))]...)
-	}
-	return out
-}
-
-func nonNil(v []int) []int {
-	if v == nil {
-		return []int{}
-	}
-	return v
+	return mainnode.RunLocal(ctx, f.model, f.text(), stdout, log)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/internal/progress"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
@@ -131,7 +132,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	scfg.PeerRoles = []wire.Role{wire.RoleShadow}
 
 	fmt.Fprintf(stdout, "tune-align: %s shadow, %d workers in groups of %d, loads paced to %s/s, %d prompt + %d generated tokens\n\n",
-		*quant, *workers, *group, bytesString(bw), len(ids), *n)
+		*quant, *workers, *group, progress.Bytes(bw), len(ids), *n)
 	fmt.Fprintf(stdout, "%-10s %9s %7s %12s %10s\n", "periods", "recall", "misses", "late ms/it", "tokens/s")
 	best, bestRate := "", 0.0
 	for _, tp := range periods {

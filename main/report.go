@@ -1,4 +1,4 @@
-package main
+package mainnode
 
 import (
 	"encoding/json"
@@ -9,12 +9,9 @@ import (
 
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/progress"
-	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )
-
-func bytesString(n int64) string { return progress.Bytes(n) }
 
 // RunStats is what -stats writes: the run's figures for scripts.
 type RunStats struct {
@@ -60,7 +57,9 @@ type LayerStatsJSON struct {
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func layersJSON(ls []mainnode.LayerStats) []LayerStatsJSON {
+func bytesString(n int64) string { return progress.Bytes(n) }
+
+func layersJSON(ls []LayerStats) []LayerStatsJSON {
 	out := make([]LayerStatsJSON, len(ls))
 	for i, l := range ls {
 		out[i] = LayerStatsJSON{Layer: i, Calls: l.Calls, MainMs: ms(l.Main), ExpertsMs: ms(l.Experts), WorkerMs: ms(l.Worker),
@@ -70,7 +69,7 @@ func layersJSON(ls []mainnode.LayerStats) []LayerStatsJSON {
 }
 
 // runStats builds the figures of a run; sw is nil in local mode.
-func runStats(st model.GenerateStats, sw *mainnode.Stats) RunStats {
+func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	rs := RunStats{
 		PromptTokens: st.PromptTokens, GeneratedTokens: st.GeneratedTokens,
 		TTFTms: ms(st.Prefill), PrefillTokensPerS: st.PrefillTokensPerSec(), DecodeTokensPerS: st.DecodeTokensPerSec(),
@@ -84,7 +83,7 @@ func runStats(st model.GenerateStats, sw *mainnode.Stats) RunStats {
 		return rs
 	}
 	rs.PeakMemory["main"] = procmem.PeakRSS()
-	dec, pre := mainnode.Total(sw.Decode), mainnode.Total(sw.Prefill)
+	dec, pre := Total(sw.Decode), Total(sw.Prefill)
 	rs.ExpertLoads = dec.Loads + pre.Loads
 	rs.Misses = dec.Misses + pre.Misses
 	if st.Decode > 0 {
@@ -110,7 +109,7 @@ func (rs *RunStats) addWorkers(ms []wire.Metrics) {
 }
 
 // addShadow records the shadow's recall and late departures.
-func (rs *RunStats) addShadow(sh mainnode.ShadowStats) {
+func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.Recall = &sh.Recall
 	if sh.PeakRSS > 0 {
 		rs.PeakMemory["shadow"] = sh.PeakRSS
@@ -131,8 +130,8 @@ func writeStats(path string, rs RunStats) error {
 }
 
 // printSwarmSummary prints what a person wants to see after a swarm run.
-func printSwarmSummary(w io.Writer, rs RunStats, sw *mainnode.Stats) {
-	dec := mainnode.Total(sw.Decode)
+func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
+	dec := Total(sw.Decode)
 	fmt.Fprintf(w, "swarm: TTFT %.1f ms, decode %.2f tok/s, output %.2f tok/s; expert loads %d, misses %d, stall %.1f%% of decode\n",
 		rs.TTFTms, rs.DecodeTokensPerS, rs.OutputTokensPerS, rs.ExpertLoads, rs.Misses, 100*rs.StallFraction)
 	if dec.Calls > 0 {

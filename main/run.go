@@ -1,0 +1,132 @@
+package mainnode
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// Config is what the main node runs on (`odmoe run -role main`).
+type Config struct {
+	Model     string   // Hugging Face model directory
+	Text      Text     // the prompt and what to do with it
+	Workers   []string // worker addresses, in layout order
+	Group     int      // workers per group; 0: the router's top-k
+	Prefetch  Prefetch
+	MiniBatch int    // prefill tokens per activation; 0: DefaultMiniBatch
+	Shadow    string // the shadow node's address (Prefetch Shadow)
+	Align     align.Policy
+	// TraceFile, if set, receives the swarm's timeline of iterations
+	// TraceFrom..TraceTo.
+	TraceFile          string
+	TraceFrom, TraceTo int64
+	Wire               *wire.Config // this node's identity and transport settings
+	Log                zerolog.Logger
+}
+
+// Run loads the non-expert weights, connects to the workers (and the
+// shadow), answers cfg.Text on the swarm and prints what it cost.
+func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
+	log := cfg.Log
+	t0 := time.Now()
+	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	group := cfg.Group
+	if group == 0 {
+		group = m.Config.TopK
+	}
+	layout, err := sched.NewLayout(len(cfg.Workers), group)
+	if err != nil {
+		return err
+	}
+	log.Info().Str("model", cfg.Model).Str("holds", bytesString(m.NonExpertBytes())).Int("workers", len(cfg.Workers)).
+		Int("groups", layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Dur("load", time.Since(t0)).
+		Msg("main node: non-expert weights mapped")
+	opt := Options{
+		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
+		Layers: m.Config.NumLayers, Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
+	}
+	if cfg.Shadow != "" {
+		scfg := *cfg.Wire
+		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
+		scfg.DialAttempts, scfg.MaxDialBackoff = 120, time.Second // the shadow may still be quantizing
+		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &scfg); err != nil {
+			return fmt.Errorf("dialing the shadow: %w", err)
+		}
+		defer opt.Shadow.Close()
+	}
+	if cfg.TraceFile != "" {
+		name := cfg.Wire.Name
+		if cfg.Wire.Certs != nil {
+			name = cfg.Wire.Certs.Identity.Name
+		}
+		opt.Trace = trace.NewRecorder(name)
+	}
+	wcfg := *cfg.Wire
+	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	sw, err := Dial(ctx, cfg.Workers, &wcfg, opt)
+	if err != nil {
+		return err
+	}
+	defer sw.Close()
+	log.Info().Str("align", opt.Align.String()).Msg("all workers connected")
+	if cfg.TraceFile != "" {
+		if err := sw.StartTrace(ctx, cfg.TraceFrom, cfg.TraceTo); err != nil {
+			return err
+		}
+	}
+	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw, sw.Generate, stdout)
+	if err != nil {
+		return err
+	}
+	rs := runStats(st, sw.Stats())
+	rs.addWorkers(sw.WorkerMetrics(ctx, 5*time.Second))
+	if sh, ok := sw.ShadowStats(10 * time.Second); ok {
+		rs.addShadow(sh)
+	}
+	if cfg.TraceFile != "" {
+		tf, err := sw.CollectTrace(ctx, 10*time.Second, m.Config.NumLayers)
+		if err != nil {
+			return err
+		}
+		if err := tf.WriteFile(cfg.TraceFile); err != nil {
+			return err
+		}
+		log.Info().Str("file", cfg.TraceFile).Int("events", len(tf.Events)).Int64("from", tf.From).Int64("to", tf.To).Msg("swarm trace written")
+	}
+	printSwarmSummary(stdout, rs, sw.Stats())
+	return writeStats(cfg.Text.Stats, rs)
+}
+
+// RunLocal answers t with the whole model in this process (`odmoe run
+// -role local`): the reference the swarm must match bit for bit.
+func RunLocal(ctx context.Context, modelDir string, t Text, stdout io.Writer, log zerolog.Logger) error {
+	t0 := time.Now()
+	m, err := model.Load(modelDir, model.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	c := m.Config
+	log.Info().Str("model", modelDir).Str("arch", c.Architecture).Int("layers", c.NumLayers).
+		Int("experts", c.NumExperts).Int("top_k", c.TopK).
+		Str("non_expert", bytesString(m.NonExpertBytes())).Str("experts_bytes", bytesString(m.ExpertBytes())).
+		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
+	st, err := generateText(ctx, modelDir, t, m, model.NewResidentExperts(m), model.Generate, stdout)
+	if err != nil {
+		return err
+	}
+	return writeStats(t.Stats, runStats(st, nil))
+}

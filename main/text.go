@@ -1,0 +1,124 @@
+package mainnode
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/npy"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/tokenizer"
+)
+
+// Text is one prompt to answer, as `odmoe run` takes it: what to generate,
+// how to sample, and where the run's files go.
+type Text struct {
+	Prompt       string
+	MaxTokens    int
+	PromptTokens int // make the prompt exactly this many tokens (benchmarks); 0: as it encodes
+	Temperature  float64
+	TopP         float64
+	Seed         uint64
+	IgnoreEOS    bool   // keep generating past an end-of-sequence token
+	Dump         string // directory for tokens.json and logits.npy; "" for none
+	Stats        string // file for the run's figures as JSON; "" for none
+}
+
+// generateFunc runs a generation on a session (model.Generate, or a
+// Swarm's Generate).
+type generateFunc func(ctx context.Context, sess *model.Session, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error)
+
+// generateText encodes the prompt, generates with runner through gen,
+// streams the text to stdout, writes the dump files, and prints the
+// summary line.
+func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, runner model.ExpertRunner, gen generateFunc, stdout io.Writer) (model.GenerateStats, error) {
+	tok, err := tokenizer.LoadDir(modelDir)
+	if err != nil {
+		return model.GenerateStats{}, err
+	}
+	ids := tok.Encode(t.Prompt, true)
+	if len(ids) == 0 {
+		return model.GenerateStats{}, fmt.Errorf("prompt %q encodes to no tokens", t.Prompt)
+	}
+	if t.PromptTokens > 0 {
+		ids = cycleTokens(ids, t.PromptTokens, tok.BOS())
+	}
+	var logits *npy.Writer
+	if t.Dump != "" {
+		if err := os.MkdirAll(t.Dump, 0o755); err != nil {
+			return model.GenerateStats{}, err
+		}
+		if logits, err = npy.Create(filepath.Join(t.Dump, "logits.npy"), m.Config.VocabSize); err != nil {
+			return model.GenerateStats{}, err
+		}
+		defer func() {
+			if logits != nil {
+				logits.Close()
+			}
+		}()
+	}
+	out := bufio.NewWriter(stdout)
+	defer out.Flush()
+	if t.PromptTokens > 0 {
+		fmt.Fprint(out, tok.Decode(ids, true))
+	} else {
+		fmt.Fprint(out, t.Prompt)
+	}
+	out.Flush()
+	stream := tok.NewStreamDecoder()
+	sess := model.NewSession(m, runner, len(ids)+t.MaxTokens)
+	generated, st, err := gen(ctx, sess, ids, model.GenerateOptions{
+		MaxTokens: t.MaxTokens,
+		Sampler:   model.NewSampler(t.Temperature, t.TopP, t.Seed),
+		StopAtEOS: !t.IgnoreEOS,
+		OnToken: func(step, id int, lg []float32) error {
+			if logits != nil {
+				if err := logits.Append(lg); err != nil {
+					return err
+				}
+			}
+			fmt.Fprint(out, stream.Next(id))
+			return out.Flush()
+		},
+	})
+	fmt.Fprintln(out, stream.Flush())
+	if err != nil {
+		return st, err
+	}
+	if t.Dump != "" {
+		if err := logits.Close(); err != nil {
+			return st, err
+		}
+		logits = nil
+		if generated == nil {
+			generated = []int{}
+		}
+		b, _ := json.Marshal(map[string][]int{"prompt": ids, "generated": generated})
+		if err := os.WriteFile(filepath.Join(t.Dump, "tokens.json"), append(b, '\n'), 0o644); err != nil {
+			return st, err
+		}
+	}
+	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d, prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
+		st.PromptTokens, st.GeneratedTokens, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
+	return st, nil
+}
+
+// cycleTokens returns exactly n tokens: ids (which start with bos, if
+// bos >= 0 and they do) and then ids without bos again, as often as needed.
+func cycleTokens(ids []int, n, bos int) []int {
+	body := ids
+	if bos >= 0 && len(ids) > 1 && ids[0] == bos {
+		body = ids[1:]
+	}
+	out := make([]int, 0, n)
+	out = append(out, ids[:min(len(ids), n)]...)
+	for len(out) < n {
+		out = append(out, body[:min(len(body), n-len(out))]...)
+	}
+	return out
+}

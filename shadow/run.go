@@ -1,0 +1,92 @@
+package shadow
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// Config is what the shadow node runs on (`odmoe run -role shadow`).
+type Config struct {
+	Model   string        // Hugging Face model directory (the full-precision weights)
+	Quant   kernels.DType // the shadow's weight format: F16, Q8 or NF4
+	Workers []string      // worker addresses, in the main node's order
+	Group   int           // workers per group; 0: the router's top-k
+	Listen  string        // UDP address the main node dials
+	Wire    *wire.Config  // this node's identity and transport settings
+	Log     zerolog.Logger
+}
+
+// Run quantizes the model, connects to the workers and follows one main
+// node after another until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Log
+	full, err := model.Load(cfg.Model, model.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	defer full.Close()
+	group := cfg.Group
+	if group == 0 {
+		group = full.Config.TopK
+	}
+	layout, err := sched.NewLayout(len(cfg.Workers), group)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	bar := progress.New("quantize "+cfg.Quant.String(), full.NonExpertBytes()+full.ExpertBytes())
+	qm, err := full.Quantized(cfg.Quant, func(done, total int64) { bar.Set(done) })
+	bar.Finish()
+	if err != nil {
+		return err
+	}
+	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
+		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
+	wcfg := *cfg.Wire
+	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
+	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	var peers []*wire.Peer
+	for _, a := range cfg.Workers {
+		p, err := wire.Dial(ctx, a, &wcfg)
+		if err != nil {
+			return fmt.Errorf("dialing worker %s: %w", a, err)
+		}
+		defer p.Close()
+		peers = append(peers, p)
+	}
+	node, err := NewNode(qm, peers, layout, log)
+	if err != nil {
+		return err
+	}
+	mcfg := *cfg.Wire
+	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
+	ln, err := wire.Listen(ctx, cfg.Listen, &mcfg)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(peers)).Msg("shadow ready")
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		err = node.ServeMain(ctx, p)
+		p.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Info().Err(err).Msg("main node gone; waiting for the next")
+	}
+}

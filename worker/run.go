@@ -1,0 +1,123 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// Config is what a worker runs on (`odmoe run -role worker`).
+type Config struct {
+	Listen         string // UDP address
+	Store          string // compressed expert store directory
+	DeviceMemBytes int64  // the device memory budget
+	LoadBytesSec   float64
+	HostCacheBytes int64 // decompressed experts kept in host memory; 0: none
+	HostPreload    bool  // fill the host cache at start
+	// ResidentIndex/ResidentOf, when ResidentOf > 0, make this worker
+	// ResidentIndex of ResidentOf in a resident swarm: it pins the experts
+	// it owns at start and holds them for good.
+	ResidentIndex, ResidentOf int
+	Wire                      *wire.Config // this node's identity and transport settings
+	Log                       zerolog.Logger
+}
+
+// Run opens the store, fills the host cache and pins resident experts as
+// configured, then serves the main node and the shadow until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Log
+	st, err := store.Open(cfg.Store, store.Options{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if st.Layers() == 0 || st.Experts() == 0 {
+		return fmt.Errorf("worker: store %s holds no experts", cfg.Store)
+	}
+	hidden, _, err := st.ExpertShape(0, 0)
+	if err != nil {
+		return err
+	}
+	arena, err := NewArena(cfg.DeviceMemBytes)
+	if err != nil {
+		return err
+	}
+	eng := NewEngine(st, hidden, arena, NewLink(cfg.LoadBytesSec), log)
+	defer eng.Close()
+	if cfg.HostCacheBytes > 0 {
+		eng.Host = NewHostCache(cfg.HostCacheBytes)
+	}
+	if cfg.HostPreload {
+		if eng.Host == nil {
+			return fmt.Errorf("worker: preloading the host cache needs a host cache")
+		}
+		if err := preloadHost(ctx, eng, st, cfg.HostCacheBytes, log); err != nil {
+			return err
+		}
+	}
+	if cfg.ResidentOf > 0 {
+		if err := pinResident(ctx, eng, st, cfg.ResidentIndex, cfg.ResidentOf, log); err != nil {
+			return err
+		}
+	}
+	wcfg := *cfg.Wire
+	wcfg.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
+	wcfg.Hello.DeviceMemBytes = cfg.DeviceMemBytes
+	ln, err := wire.Listen(ctx, cfg.Listen, &wcfg)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	log.Info().Str("listen", ln.Addr().String()).Str("store", cfg.Store).Str("device_mem", progress.Bytes(cfg.DeviceMemBytes)).
+		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).Msg("worker ready")
+	return NewServer(eng, log).Serve(ctx, ln)
+}
+
+func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64, log zerolog.Logger) error {
+	t0 := time.Now()
+	var total int64 // every expert's decompressed size
+	for l := range st.Layers() {
+		for e := range st.Experts() {
+			if b, err := st.ExpertBytes(l, e); err == nil {
+				total += int64(b)
+			}
+		}
+	}
+	bar := progress.New("host cache", min(limit, total))
+	n, err := eng.Host.Preload(ctx, st, st.Layers(), st.Experts(), bar.Set)
+	bar.Finish()
+	if err != nil {
+		return err
+	}
+	_, _, used := eng.Host.Stats()
+	log.Info().Int("experts", n).Str("bytes", progress.Bytes(used)).Dur("took", time.Since(t0)).Msg("host cache preloaded")
+	return nil
+}
+
+// pinResident pins the experts worker idx of n owns, with a progress bar.
+func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, log zerolog.Logger) error {
+	var total int64 // what this worker owns
+	layout := sched.Layout{Workers: n, Group: 1}
+	for l := range st.Layers() {
+		for _, e := range layout.Owned(idx, l, st.Experts()) {
+			b, _ := st.ExpertBytes(l, e)
+			total += int64(b)
+		}
+	}
+	t0 := time.Now()
+	bar := progress.New("pin resident experts", total)
+	err := eng.PinOwned(ctx, st.Layers(), st.Experts(), idx, n, bar.Set)
+	bar.Finish()
+	if err != nil {
+		return fmt.Errorf("worker: resident %d/%d: %w", idx, n, err)
+	}
+	log.Info().Str("resident", fmt.Sprintf("%d/%d", idx, n)).Int("experts", eng.Resident()).Str("device_in_use", progress.Bytes(eng.Arena().InUse())).
+		Dur("took", time.Since(t0)).Msg("resident experts pinned")
+	return nil
+}
