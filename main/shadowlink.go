@@ -3,6 +3,7 @@ package mainnode
 import (
 	"context"
 	"encoding/binary"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -20,9 +21,9 @@ import (
 type shadowLink struct {
 	peer   *wire.Peer
 	policy align.Policy
-	lastKV int // cache positions already sent
 
 	mu        sync.Mutex
+	lastKV    map[uint64]int     // sequence -> cache positions already sent
 	pred      map[layerKey][]int // predicted experts, sorted
 	actual    map[layerKey][]int // routing awaiting its prediction, for scoring
 	recall    *align.Recall
@@ -43,7 +44,7 @@ type layerKey struct {
 }
 
 func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{peer: p, policy: policy, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
+	sl := &shadowLink{peer: p, policy: policy, lastKV: map[uint64]int{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	go sl.receive()
 	return sl
@@ -71,10 +72,12 @@ func (sl *shadowLink) receive() {
 			slices.Sort(es)
 			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
 			sl.mu.Lock()
-			sl.pred[key] = es
+			_, live := sl.lastKV[m.Seq]
 			if act, ok := sl.actual[key]; ok {
-				sl.score(key, es, act)
-			}
+				sl.score(key, es, act) // a late prediction: the layer has run
+			} else if live {
+				sl.pred[key] = es
+			} // else: a sequence that has ended ran no such layer
 			sl.mu.Unlock()
 		case *wire.Heartbeat:
 			if it := int(m.Stats["iteration"]); it >= 2 {
@@ -141,19 +144,22 @@ func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, 
 	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1}
 	defer sl.trace.Message(trace.Send, trace.MsgAlignment, sl.peer.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 	decodeStep := step.Iter - 1 // the generated tokens fed so far
+	sl.mu.Lock()
+	lastKV := sl.lastKV[step.Seq]
+	sl.mu.Unlock()
 	if decodeStep == 0 {
 		a.Prompt = make([]int32, len(tokens))
 		for i, t := range tokens {
 			a.Prompt[i] = int32(t)
 		}
-		sl.lastKV = len(tokens)
+		sl.setLastKV(step.Seq, len(tokens))
 		return sl.peer.Send(ctx, a)
 	}
 	if sl.policy.TokenDue(decodeStep) {
 		a.Token = int32(tokens[0])
 	}
-	if sl.policy.KVDue(decodeStep) && cache.Len() > sl.lastKV {
-		kv, err := align.PackKV(cache, sl.lastKV, cache.Len())
+	if sl.policy.KVDue(decodeStep) && cache.Len() > lastKV {
+		kv, err := align.PackKV(cache, lastKV, cache.Len())
 		if err != nil {
 			return err
 		}
@@ -162,9 +168,25 @@ func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, 
 			a.Keys = append(a.Keys, f16Tensor(kv.Keys[l], kv.Rows, kv.Width))
 			a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
 		}
-		sl.lastKV = cache.Len()
+		sl.setLastKV(step.Seq, cache.Len())
 	}
 	return sl.peer.Send(ctx, a)
+}
+
+func (sl *shadowLink) setLastKV(seq uint64, n int) {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	sl.lastKV[seq] = n
+}
+
+// end forgets sequence seq: its alignment mark and predictions nobody
+// will ask for. Routing still waiting for its prediction stays, to be
+// scored when the shadow finishes the sequence's last iteration.
+func (sl *shadowLink) end(seq uint64) {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	delete(sl.lastKV, seq)
+	maps.DeleteFunc(sl.pred, func(k layerKey, _ []int) bool { return k.step.Seq == seq })
 }
 
 func f16Tensor(v []uint16, rows, width int) wire.Tensor {

@@ -1,6 +1,7 @@
 package mainnode
 
 import (
+	"slices"
 	"time"
 
 	"github.com/odmoe/odmoe/wire"
@@ -98,4 +99,8 @@ func Total(layers []LayerStats) LayerStats {
 		t.add(l)
 	}
 	return t
+}
+
+func (s *Stats) clone() *Stats {
+	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Iterations: slices.Clone(s.Iterations)}
 }

@@ -49,20 +49,27 @@ type Options struct {
 
 // Swarm runs experts on remote workers: the model.ExpertRunner of the main
 // node. It asks its Planner what to do with each layer and carries the
-// plan out: hints, activations, results, figures. Not safe for concurrent
-// RunExperts calls (a Session makes one at a time).
+// plan out: hints, activations, results, figures. Safe for concurrent use
+// by many sequences (Sessions), each making one RunExperts call at a time.
 type Swarm struct {
 	opt     Options
 	planner *Planner
 	workers []*link
 	shadow  *shadowLink
 	nextID  atomic.Uint64
-	step    model.Step // the forward pass the current RunExperts call belongs to
-	mark    time.Time  // end of the last RunExperts: main compute starts
-	stats   Stats
 	traced  [2]int64 // the iterations StartTrace asked for
 
-	// reused per call
+	mu       sync.Mutex
+	seqs     map[uint64]*sequence
+	lastIter int64 // the highest iteration any sequence has run
+	stats    Stats
+}
+
+// sequence is one sequence's state in the Swarm: the plan of its current
+// layer and the buffers that carry it out, reused layer after layer.
+type sequence struct {
+	step    model.Step // the forward pass of the current RunExperts call
+	mark    time.Time  // end of the last RunExperts: main compute starts
 	plan    Plan
 	in      Input
 	reqs    []request
@@ -88,7 +95,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Swarm{opt: opt, planner: planner}
+	s := &Swarm{opt: opt, planner: planner, seqs: map[uint64]*sequence{}}
 	_, predicted := policy.(shadowPolicy)
 	switch {
 	case predicted && opt.Shadow == nil:
@@ -115,8 +122,25 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	return s, nil
 }
 
-// Stats returns the figures measured so far.
-func (s *Swarm) Stats() *Stats { return &s.stats }
+// Stats returns a copy of the figures measured so far, over all sequences.
+func (s *Swarm) Stats() *Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats.clone()
+}
+
+// sequence returns the state of sequence seq, made on its first layer.
+func (s *Swarm) sequence(step model.Step) *sequence {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.seqs[step.Seq]
+	if q == nil {
+		q = &sequence{}
+		s.seqs[step.Seq] = q
+	}
+	s.lastIter = max(s.lastIter, step.Iter)
+	return q
+}
 
 // request is one planned Activation on its way: its ID and the results
 // still to come.
@@ -131,38 +155,41 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	start := time.Now()
 	h := s.opt.Hidden
 	prefill := n > 1
-	s.step = step
-	if !s.mark.IsZero() {
-		s.stats.main(prefill, step.Iter, layer, start.Sub(s.mark))
-		s.opt.Trace.Span(trace.Main, step.Iter, layer, -1, s.mark, start)
+	q := s.sequence(step)
+	q.step = step
+	if !q.mark.IsZero() {
+		s.mu.Lock()
+		s.stats.main(prefill, step.Iter, layer, start.Sub(q.mark))
+		s.mu.Unlock()
+		s.opt.Trace.Span(trace.Main, step.Iter, layer, -1, q.mark, start)
 	}
-	defer func() { s.mark = time.Now() }()
+	defer func() { q.mark = time.Now() }()
 	if n <= 0 || len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
 		return fmt.Errorf("mainnode: %d routes for %d tokens, %d inputs, %d outputs at hidden size %d", len(routes), n, len(x), len(out), h)
 	}
-	s.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
+	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
 	if s.shadow != nil && !prefill {
-		s.in.Predicted = s.shadow.prediction(step, layer)
+		q.in.Predicted = s.shadow.prediction(step, layer)
 	}
-	s.planner.Plan(&s.plan, &s.in)
+	s.planner.Plan(&q.plan, &q.in)
 	if s.shadow != nil && !prefill {
-		s.shadow.routed(step, layer, s.in.Predicted, s.plan.Experts)
+		s.shadow.routed(step, layer, q.in.Predicted, q.plan.Experts)
 	}
-	if err := s.hint(ctx); err != nil {
+	if err := s.hint(ctx, q); err != nil {
 		return err
 	}
-	if err := s.send(ctx, x, prefill); err != nil {
+	if err := s.send(ctx, q, x, prefill); err != nil {
 		return err
 	}
-	return s.collect(ctx, layer, routes, len(routes)/n, out, prefill, start)
+	return s.collect(ctx, q, routes, len(routes)/n, out, prefill, start)
 }
 
 // hint sends the plan's hints.
-func (s *Swarm) hint(ctx context.Context) error {
-	for _, hn := range s.plan.Hints {
-		s.traceWorker(trace.Send, trace.MsgPrediction, hn.Worker, hn.Layer, -1, 0, time.Now())
-		s.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts}
-		if err := s.workers[hn.Worker].peer.Send(ctx, &s.pred); err != nil {
+func (s *Swarm) hint(ctx context.Context, q *sequence) error {
+	for _, hn := range q.plan.Hints {
+		s.traceWorker(q, trace.Send, trace.MsgPrediction, hn.Worker, hn.Layer, -1, 0, time.Now())
+		q.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts}
+		if err := s.workers[hn.Worker].peer.Send(ctx, &q.pred); err != nil {
 			return s.workerErr(hn.Worker, err)
 		}
 	}
@@ -172,22 +199,25 @@ func (s *Swarm) hint(ctx context.Context) error {
 // send registers and sends the plan's requests. In decode they go out one
 // after another; in prefill each worker's requests go out on their own
 // goroutine, in order, so transfers to different workers overlap.
-func (s *Swarm) send(ctx context.Context, x []float32, prefill bool) error {
+func (s *Swarm) send(ctx context.Context, q *sequence, x []float32, prefill bool) error {
 	results := 0
-	s.reqs = s.reqs[:0]
-	for _, r := range s.plan.Requests {
-		s.reqs = append(s.reqs, request{Request: r, id: s.nextID.Add(1), pending: len(r.Experts)})
+	q.reqs = q.reqs[:0]
+	// the layer's requests take consecutive ids, so that a reply finds its
+	// request by subtraction
+	first := s.nextID.Add(uint64(len(q.plan.Requests))) - uint64(len(q.plan.Requests)) + 1
+	for i, r := range q.plan.Requests {
+		q.reqs = append(q.reqs, request{Request: r, id: first + uint64(i), pending: len(r.Experts)})
 		results += len(r.Experts)
 	}
-	if cap(s.replies) < results {
-		s.replies = make(chan reply, max(results, 2*cap(s.replies)))
+	if cap(q.replies) < results {
+		q.replies = make(chan reply, max(results, 2*cap(q.replies)))
 	}
-	for i := range s.reqs {
-		s.workers[s.reqs[i].Worker].expect(s.reqs[i].id, s.reqs[i].pending, s.replies)
+	for i := range q.reqs {
+		s.workers[q.reqs[i].Worker].expect(q.reqs[i].id, q.reqs[i].pending, q.replies)
 	}
 	if !prefill {
-		for i := range s.reqs {
-			if err := s.sendRequest(ctx, &s.act, &s.reqs[i], x, nil); err != nil {
+		for i := range q.reqs {
+			if err := s.sendRequest(ctx, q, &q.act, &q.reqs[i], x, nil); err != nil {
 				return err
 			}
 		}
@@ -199,11 +229,11 @@ func (s *Swarm) send(ctx context.Context, x []float32, prefill bool) error {
 		wg.Go(func() {
 			var act wire.Activation
 			var buf []float32
-			for i := range s.reqs {
-				if s.reqs[i].Worker != w {
+			for i := range q.reqs {
+				if q.reqs[i].Worker != w {
 					continue
 				}
-				if err := s.sendRequest(ctx, &act, &s.reqs[i], x, &buf); err != nil {
+				if err := s.sendRequest(ctx, q, &act, &q.reqs[i], x, &buf); err != nil {
 					errs[w] = err
 					return
 				}
@@ -216,7 +246,7 @@ func (s *Swarm) send(ctx context.Context, x []float32, prefill bool) error {
 
 // sendRequest sends r as act (reused). In decode the hidden state is x
 // itself; in prefill the request's rows are gathered into *buf.
-func (s *Swarm) sendRequest(ctx context.Context, act *wire.Activation, r *request, x []float32, buf *[]float32) error {
+func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activation, r *request, x []float32, buf *[]float32) error {
 	h := s.opt.Hidden
 	hidden := x[:h]
 	if buf != nil {
@@ -226,9 +256,9 @@ func (s *Swarm) sendRequest(ctx context.Context, act *wire.Activation, r *reques
 		}
 		hidden = *buf
 	}
-	*act = wire.Activation{Seq: s.step.Seq, Iteration: s.step.Iter, Layer: s.in.Layer, Tokens: len(r.Tokens), Experts: r.Experts,
+	*act = wire.Activation{Seq: q.step.Seq, Iteration: q.step.Iter, Layer: q.in.Layer, Tokens: len(r.Tokens), Experts: r.Experts,
 		Hidden: wire.Float32Tensor(hidden, len(r.Tokens), h), ID: r.id, Keep: r.Keep, EndLayer: r.EndLayer}
-	s.traceWorker(trace.Send, trace.MsgActivation, r.Worker, s.in.Layer, -1, r.id, time.Now())
+	s.traceWorker(q, trace.Send, trace.MsgActivation, r.Worker, q.in.Layer, -1, r.id, time.Now())
 	if err := s.workers[r.Worker].peer.Send(ctx, act); err != nil {
 		return s.workerErr(r.Worker, err)
 	}
@@ -237,22 +267,22 @@ func (s *Swarm) sendRequest(ctx context.Context, act *wire.Activation, r *reques
 
 // collect waits for every result, places each output row where its route
 // is, and records the layer's figures.
-func (s *Swarm) collect(ctx context.Context, layer int, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
-	h := s.opt.Hidden
+func (s *Swarm) collect(ctx context.Context, q *sequence, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
+	h, layer := s.opt.Hidden, q.in.Layer
 	var crit time.Duration // the slowest request's worker-side time
 	var ls layerSample
-	first := s.reqs[0].id
-	for left := len(s.reqs); left > 0; {
+	first := q.reqs[0].id
+	for left := len(q.reqs); left > 0; {
 		var rp reply
 		select {
-		case rp = <-s.replies:
+		case rp = <-q.replies:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if rp.id < first || rp.id >= first+uint64(len(s.reqs)) {
+		if rp.id < first || rp.id >= first+uint64(len(q.reqs)) {
 			continue // a stale answer to a layer that failed
 		}
-		r := &s.reqs[rp.id-first]
+		r := &q.reqs[rp.id-first]
 		if rp.err != nil {
 			return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.Worker, s.workers[r.Worker].peer.Identity().Name, rp.err)
 		}
@@ -269,7 +299,7 @@ func (s *Swarm) collect(ctx context.Context, layer int, routes []model.Route, k 
 			}
 		}
 		ls.add(res)
-		s.traceWorker(trace.Recv, trace.MsgResult, r.Worker, layer, res.Expert, r.id, rp.at)
+		s.traceWorker(q, trace.Recv, trace.MsgResult, r.Worker, layer, res.Expert, r.id, rp.at)
 		crit = max(crit, res.StallTime+res.ComputeTime)
 		if r.pending--; r.pending == 0 {
 			left--
@@ -277,15 +307,17 @@ func (s *Swarm) collect(ctx context.Context, layer int, routes []model.Route, k 
 	}
 	wall := time.Since(start)
 	ls.wall, ls.network = wall, max(wall-crit, 0)
-	s.stats.experts(prefill, s.step.Iter, layer, ls)
+	s.mu.Lock()
+	s.stats.experts(prefill, q.step.Iter, layer, ls)
+	s.mu.Unlock()
 	return nil
 }
 
 // traceWorker records a message to or from worker w, when this iteration
 // is traced.
-func (s *Swarm) traceWorker(kind trace.Kind, msg string, w, layer, expert int, id uint64, at time.Time) {
-	if s.opt.Trace.Active(s.step.Iter) {
-		s.opt.Trace.Message(kind, msg, s.workers[w].peer.Identity().Name, s.step.Iter, layer, expert, id, at)
+func (s *Swarm) traceWorker(q *sequence, kind trace.Kind, msg string, w, layer, expert int, id uint64, at time.Time) {
+	if s.opt.Trace.Active(q.step.Iter) {
+		s.opt.Trace.Message(kind, msg, s.workers[w].peer.Identity().Name, q.step.Iter, layer, expert, id, at)
 	}
 }
 
@@ -316,6 +348,9 @@ func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int
 // came, the shadow's copy of the sequence). Call it after ShadowStats and
 // CollectTrace, which read what the sequence left.
 func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
+	s.mu.Lock()
+	delete(s.seqs, seq)
+	s.mu.Unlock()
 	end := &wire.SequenceEnd{Seq: seq}
 	for i, l := range s.workers {
 		if err := l.peer.Send(ctx, end); err != nil {
@@ -323,6 +358,7 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 		}
 	}
 	if s.shadow != nil {
+		s.shadow.end(seq)
 		if err := s.shadow.peer.Send(ctx, end); err != nil {
 			return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)
 		}
@@ -337,5 +373,8 @@ func (s *Swarm) ShadowStats(timeout time.Duration) (st ShadowStats, ok bool) {
 	if s.shadow == nil {
 		return st, false
 	}
-	return s.shadow.stats(s.step.Iter, timeout), true
+	s.mu.Lock()
+	last := s.lastIter
+	s.mu.Unlock()
+	return s.shadow.stats(last, timeout), true
 }
