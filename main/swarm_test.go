@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -211,9 +212,15 @@ func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch,
 	if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
 		t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
 	}
-	// The budget is never exceeded, and once the sequence has ended every
-	// expert is gone, hints for iterations that never came (random, shadow)
-	// included; a load still in flight at the end is freed when it lands.
+	waitWorkersEmpty(t, sw)
+}
+
+// waitWorkersEmpty: the budget is never exceeded, and once the sequences
+// have ended every expert is gone, hints for iterations that never came
+// (random, shadow) included; a load still in flight at the end is freed
+// when it lands.
+func waitWorkersEmpty(t *testing.T, sw *mainnode.Swarm) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var held []int
@@ -248,5 +255,79 @@ func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
 	_, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 1}, mainnode.Options{Layout: layout, Hidden: 128})
 	if err == nil || !strings.Contains(err.Error(), "dialing workers") || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestTwoSequencesAtOnceAreEachBitIdenticalToLocal: two Sessions decode
+// different prompts through one Swarm at the same time; each gets its own
+// local run's tokens and logits bit for bit, for every policy, and the
+// workers hold nothing once both have ended.
+func TestTwoSequencesAtOnceAreEachBitIdenticalToLocal(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, err := model.Load(f.Model, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mainModel.Close()
+	prompts := [][]int{make([]int, 24), make([]int, 9)}
+	for i := range prompts[0] {
+		prompts[0][i] = (i*37 + 5) % local.Config.VocabSize
+	}
+	for i := range prompts[1] {
+		prompts[1][i] = (i*91 + 2) % local.Config.VocabSize
+	}
+	const steps = 8
+	var want [2]generation
+	for i, p := range prompts {
+		want[i] = generate(t, local, model.NewResidentExperts(local), p, steps)
+	}
+	for _, policy := range mainnode.Prefetches {
+		if policy == mainnode.Shadow {
+			continue // TestTwoSequencesWithTheShadow
+		}
+		t.Run(string(policy), func(t *testing.T) {
+			sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: policy}, nil)
+			checkConcurrent(t, sw, mainModel, prompts, steps, want, policy != mainnode.Resident)
+		})
+	}
+}
+
+// checkConcurrent runs the prompts on sw at once and compares each with
+// want; with loads, the workers must hold nothing afterwards.
+func checkConcurrent(t *testing.T, sw *mainnode.Swarm, m *model.Model, prompts [][]int, steps int, want [2]generation, loads bool) {
+	t.Helper()
+	var got [2]generation
+	var wg sync.WaitGroup
+	errs := make([]error, len(prompts))
+	for i, p := range prompts {
+		wg.Go(func() {
+			s := model.NewSession(m, sw, len(p)+steps)
+			ids, _, err := sw.Generate(context.Background(), s, p, model.GenerateOptions{MaxTokens: steps,
+				OnToken: func(step, id int, logits []float32) error {
+					got[i].logits = append(got[i].logits, append([]float32(nil), logits...))
+					return nil
+				}})
+			got[i].tokens, errs[i] = ids, err
+		})
+	}
+	wg.Wait()
+	for i := range prompts {
+		if errs[i] != nil {
+			t.Fatalf("sequence %d: %v", i, errs[i])
+		}
+		if d := diffGenerations(got[i], want[i]); d != "" {
+			t.Errorf("sequence %d differs from its local run: %s", i, d)
+		}
+	}
+	if its := sw.Stats().Iterations; len(its) != steps {
+		t.Errorf("%d iterations recorded, want %d (both sequences summed per iteration)", len(its), steps)
+	}
+	if loads {
+		waitWorkersEmpty(t, sw)
 	}
 }
