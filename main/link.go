@@ -13,7 +13,7 @@ import (
 type link struct {
 	peer   *wire.Peer
 	index  int
-	beats  chan *wire.Heartbeat
+	stats  chan *wire.WorkerStats
 	traces chan *wire.Trace
 
 	mu    sync.Mutex
@@ -69,9 +69,9 @@ func (l *link) receive() {
 			l.deliver(reply{id: m.ID, res: m, at: time.Now()})
 		case *wire.Error:
 			l.deliver(reply{id: m.ID, err: m})
-		case *wire.Heartbeat:
+		case *wire.WorkerStats:
 			select {
-			case l.beats <- m:
+			case l.stats <- m:
 			default:
 			}
 		case *wire.Trace:
@@ -106,26 +106,27 @@ func (l *link) deliver(r reply) {
 	}
 }
 
-// WorkerMetrics asks every worker for its counters (loads, misses, peak
+// WorkerStats asks every worker for its counters (loads, misses, peak
 // device memory, ...) and returns them in worker order; a worker that
 // does not answer within timeout gets nil.
-func (s *Swarm) WorkerMetrics(ctx context.Context, timeout time.Duration) []wire.Metrics {
-	out := make([]wire.Metrics, len(s.workers))
+func (s *Swarm) WorkerStats(ctx context.Context, timeout time.Duration) []*wire.WorkerStats {
+	out := make([]*wire.WorkerStats, len(s.workers))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for _, l := range s.workers {
+	asked := make([]bool, len(s.workers))
+	for i, l := range s.workers {
 		select { // drop a stale answer
-		case <-l.beats:
+		case <-l.stats:
 		default:
 		}
-		if err := l.peer.Send(ctx, &wire.Heartbeat{Seq: uint64(l.index), UnixNano: time.Now().UnixNano()}); err != nil {
-			continue
-		}
+		asked[i] = l.peer.Send(ctx, &wire.StatsRequest{}) == nil
 	}
 	for i, l := range s.workers {
+		if !asked[i] {
+			continue
+		}
 		select {
-		case hb := <-l.beats:
-			out[i] = hb.Stats
+		case out[i] = <-l.stats:
 		case <-ctx.Done():
 		}
 	}

@@ -25,11 +25,11 @@ type RunStats struct {
 	Misses            int64   `json:"misses"`
 	// StallFraction is decode time spent waiting for expert loads (the
 	// slowest request of each layer) over decode wall time.
-	StallFraction float64          `json:"stall_fraction"`
-	PeakMemory    map[string]int64 `json:"peak_memory_bytes"` // per role: main/local RSS, worker device memory
-	Workers       []wire.Metrics   `json:"workers,omitempty"`
-	DecodeLayers  []LayerStatsJSON `json:"decode_layers,omitempty"`
-	PrefillLayers []LayerStatsJSON `json:"prefill_layers,omitempty"`
+	StallFraction float64             `json:"stall_fraction"`
+	PeakMemory    map[string]int64    `json:"peak_memory_bytes"` // per role: main/local RSS, worker device memory
+	Workers       []*wire.WorkerStats `json:"workers,omitempty"`
+	DecodeLayers  []LayerStatsJSON    `json:"decode_layers,omitempty"`
+	PrefillLayers []LayerStatsJSON    `json:"prefill_layers,omitempty"`
 	// Iterations are summed over each forward pass's layers; "layer"
 	// holds the iteration (1 = the prompt).
 	Iterations []LayerStatsJSON `json:"iterations,omitempty"`
@@ -98,12 +98,12 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 }
 
 // addWorkers records the workers' counters and their peak device memory.
-func (rs *RunStats) addWorkers(ms []wire.Metrics) {
-	rs.Workers = ms
-	for _, m := range ms {
-		if m != nil {
-			rs.PeakMemory["worker_device"] = max(rs.PeakMemory["worker_device"], int64(m["device_peak_bytes"]))
-			rs.PeakMemory["worker_rss"] = max(rs.PeakMemory["worker_rss"], int64(m["rss_peak_bytes"]))
+func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
+	rs.Workers = ws
+	for _, w := range ws {
+		if w != nil {
+			rs.PeakMemory["worker_device"] = max(rs.PeakMemory["worker_device"], w.DevicePeak)
+			rs.PeakMemory["worker_rss"] = max(rs.PeakMemory["worker_rss"], w.RSSPeak)
 		}
 	}
 }

@@ -92,7 +92,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return err
 	}
 	rs := runStats(st, sw.Stats())
-	rs.addWorkers(sw.WorkerMetrics(ctx, 5*time.Second))
+	rs.addWorkers(sw.WorkerStats(ctx, 5*time.Second))
 	if sh, ok := sw.ShadowStats(10 * time.Second); ok {
 		rs.addShadow(sh)
 	}

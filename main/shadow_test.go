@@ -101,3 +101,32 @@ func TestFP16ShadowAlignedEveryIterationPredictsAbove99(t *testing.T) {
 		t.Fatalf("recall %.4f, want > 0.99", st.Recall)
 	}
 }
+
+// TestTwoSequencesWithTheShadow: two sequences at once through one Swarm
+// driven by one shadow, which follows both; each is bit-identical to its
+// local run, and the shadow's predictions are scored for both.
+func TestTwoSequencesWithTheShadow(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, err := model.Load(f.Model, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mainModel.Close()
+	prompts := [][]int{{3, 40, 77, 9, 12}, {5, 6, 7, 8, 9, 10, 11}}
+	const steps = 8
+	var want [2]generation
+	for i, p := range prompts {
+		want[i] = generate(t, local, model.NewResidentExperts(local), p, steps)
+	}
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.F16})
+	checkConcurrent(t, sw, mainModel, prompts, steps, want, true)
+	st, ok := sw.ShadowStats(10e9)
+	if !ok || st.Recall < 0.9 {
+		t.Fatalf("shadow recall %.3f over two sequences (ok=%v), want >= 0.9 for an fp16 shadow aligned every step", st.Recall, ok)
+	}
+}

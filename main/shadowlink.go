@@ -79,15 +79,15 @@ func (sl *shadowLink) receive() {
 				sl.pred[key] = es
 			} // else: a sequence that has ended ran no such layer
 			sl.mu.Unlock()
-		case *wire.Heartbeat:
-			if it := int(m.Stats["iteration"]); it >= 2 {
+		case *wire.ShadowDone:
+			if it := int(m.Iteration); it >= 2 {
 				sl.mu.Lock()
 				for len(sl.late) < it-1 {
 					sl.late = append(sl.late, 0)
 				}
-				sl.late[it-2] = m.Stats["late_departure_ms"]
-				sl.forwardMs += m.Stats["forward_ms"]
-				sl.peakRSS = max(sl.peakRSS, int64(m.Stats["rss_peak_bytes"]))
+				sl.late[it-2] = ms(m.LateDeparture)
+				sl.forwardMs += ms(m.Forward)
+				sl.peakRSS = max(sl.peakRSS, m.RSSPeak)
 				sl.forwards++
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()

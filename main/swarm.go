@@ -115,7 +115,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		if p.Identity().Role != wire.RoleWorker {
 			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
 		}
-		l := &link{peer: p, index: i, waits: map[uint64]waiter{}, beats: make(chan *wire.Heartbeat, 1), traces: make(chan *wire.Trace, 1)}
+		l := &link{peer: p, index: i, waits: map[uint64]waiter{}, stats: make(chan *wire.WorkerStats, 1), traces: make(chan *wire.Trace, 1)}
 		go l.receive()
 		s.workers = append(s.workers, l)
 	}

@@ -179,14 +179,14 @@ func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch,
 			t.Fatalf("resident swarm loaded experts: decode %+v, prefill %+v", dec, pre)
 		}
 		// the only loads are the pins at start: every expert once, over all workers
-		var pinned float64
-		for i, m := range sw.WorkerMetrics(context.Background(), 5e9) {
-			if m == nil || m["misses"] != 0 || m["device_in_use_bytes"] == 0 {
+		var pinned int64
+		for i, m := range sw.WorkerStats(context.Background(), 5e9) {
+			if m == nil || m.Misses != 0 || m.DeviceInUse == 0 {
 				t.Errorf("resident worker %d metrics %v", i, m)
 			}
-			pinned += m["loads"]
+			pinned += m.Loads
 		}
-		if want := float64(layers * synth.Presets["tiny"].Experts); pinned != want {
+		if want := int64(layers * synth.Presets["tiny"].Experts); pinned != want {
 			t.Errorf("resident workers loaded %v experts, want each of %v once", pinned, want)
 		}
 		return
@@ -224,11 +224,11 @@ func waitWorkersEmpty(t *testing.T, sw *mainnode.Swarm) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var held []int
-		for i, m := range sw.WorkerMetrics(context.Background(), 5e9) {
-			if m == nil || m["device_peak_bytes"] > m["device_budget_bytes"] {
+		for i, m := range sw.WorkerStats(context.Background(), 5e9) {
+			if m == nil || m.DevicePeak > m.DeviceBudget {
 				t.Fatalf("worker %d metrics %v", i, m)
 			}
-			if m["device_in_use_bytes"] != 0 {
+			if m.DeviceInUse != 0 {
 				held = append(held, i)
 			}
 		}

@@ -26,26 +26,41 @@ import (
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 )
 
-// Node runs the shadow model for one main node at a time.
+// Node runs the shadow model for one main node at a time, following
+// every sequence that main node runs.
 type Node struct {
 	m       *model.Model // quantized
 	workers []*wire.Peer
 	layout  sched.Layout
 	log     zerolog.Logger
-
-	sess    *model.Session
-	seq     uint64 // the main node's id of the sequence sess follows
-	next    int    // the token the shadow itself sampled last (valid unless headDue)
-	headDue bool   // the last forward pass's head has not run yet (see iterate)
-	it      int64  // the iteration being run
-	mainP   *wire.Peer
-	ctx     context.Context
-	experts []int
-	sendErr error
 	trace   *trace.Recorder
+
+	// while a forward pass runs (one at a time, on ServeMain's goroutine)
+	out     chan<- outgoing // to the sender
+	mainP   *wire.Peer
+	experts []int
 	mark    time.Time // the end of the last traced piece of the forward pass
+}
+
+// follow is the shadow's copy of one of the main node's sequences.
+type follow struct {
+	seq     uint64 // the main node's id for it
+	sess    *model.Session
+	it      int64 // the last iteration run
+	next    int   // the token the shadow itself sampled last (valid unless headDue)
+	headDue bool  // the last forward pass's head has not run yet (see iterate)
+}
+
+// outgoing is a message for the sender to send, with what the trace
+// records of it.
+type outgoing struct {
+	to    *wire.Peer
+	msg   wire.Message
+	it    int64
+	layer int
 }
 
 // NewNode returns a shadow over the quantized model m that hints workers
@@ -57,10 +72,45 @@ func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, log zero
 	return &Node{m: m, workers: workers, layout: layout, log: log, trace: trace.NewRecorder("shadow")}, nil
 }
 
-// ServeMain follows one main node until its connection ends: alignments
-// start iterations, run in iteration order.
+// sendQueue is how many messages the forward pass may run ahead of the
+// network: two iterations' predictions of a 32-layer model to a group.
+const sendQueue = 256
+
+// ServeMain follows one main node until its connection ends, and says why
+// it ended. Its alignments start iterations, run on this goroutine in each
+// sequence's iteration order; a sender goroutine carries the predictions
+// to the workers and the main node, so the forward pass never waits on
+// the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
-	n.mainP, n.ctx = p, ctx
+	g, ctx := errgroup.WithContext(ctx)
+	out := make(chan outgoing, sendQueue)
+	g.Go(func() error { return n.send(ctx, out) })
+	n.out, n.mainP = out, p
+	err := n.receive(ctx, p)
+	close(out)
+	if serr := g.Wait(); serr != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		err = serr // the sender failed first, and cancelled the receive
+	}
+	n.log.Info().Str("main", p.Identity().Name).Err(err).Msg("shadow: stopped following the main node")
+	return err
+}
+
+// send sends what the forward passes queue, in order, until out is closed.
+func (n *Node) send(ctx context.Context, out <-chan outgoing) error {
+	for o := range out {
+		if n.trace.Active(o.it) {
+			n.trace.Message(trace.Send, trace.MsgPrediction, o.to.Identity().Name, o.it, o.layer, -1, 0, time.Now())
+		}
+		if err := o.to.Send(ctx, o.msg); err != nil {
+			return fmt.Errorf("shadow: sending a %v to %s: %w", o.msg.Type(), o.to.Identity().Name, err)
+		}
+	}
+	return nil
+}
+
+// receive reads the main node's messages and runs the iterations they
+// start until the connection or ctx ends.
+func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 	// Alignments travel on bulk streams and may arrive out of order: each
 	// waits here until its iteration is next in its sequence.
 	type seqIter struct {
@@ -68,81 +118,78 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 		it  int64
 	}
 	pending := map[seqIter]*wire.Alignment{}
+	seqs := map[uint64]*follow{}
 	var ended []uint64 // sequences the main node ended, most recent last
 	for {
 		m, err := p.Recv(ctx)
 		if err != nil {
 			return err
 		}
-		if t, ok := m.(*wire.Trace); ok {
-			if err := wire.AnswerTrace(ctx, p, n.trace, t); err != nil {
+		switch m := m.(type) {
+		case *wire.Trace:
+			if err := wire.AnswerTrace(ctx, p, n.trace, m); err != nil {
 				return err
 			}
-			continue
-		}
-		if end, ok := m.(*wire.SequenceEnd); ok {
-			if end.Seq == n.seq {
-				n.sess, n.seq, n.it = nil, 0, 0
+		case *wire.SequenceEnd:
+			delete(seqs, m.Seq)
+			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == m.Seq })
+			ended = append(ended[max(0, len(ended)-63):], m.Seq)
+		case *wire.Alignment:
+			n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
+			if slices.Contains(ended, m.Seq) {
+				n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
+				continue
 			}
-			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == end.Seq })
-			ended = append(ended[max(0, len(ended)-63):], end.Seq)
-			continue
-		}
-		a, ok := m.(*wire.Alignment)
-		if !ok {
-			continue
-		}
-		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
-		if slices.Contains(ended, a.Seq) {
-			n.log.Warn().Uint64("seq", a.Seq).Int64("iteration", a.Iteration).Msg("alignment for a sequence that has ended: dropped")
-			continue
-		}
-		if len(a.Prompt) > 0 { // a new sequence: the shadow follows one at a time
-			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq != a.Seq })
-			n.it, n.seq = 0, a.Seq
-		}
-		pending[seqIter{a.Seq, a.Iteration}] = a
-		for {
-			k := seqIter{n.seq, n.it + 1}
-			a, ok := pending[k]
-			if !ok {
-				break
+			if len(m.Prompt) > 0 {
+				seqs[m.Seq] = &follow{seq: m.Seq}
 			}
-			delete(pending, k)
-			if err := n.iterate(a); err != nil {
-				return err
+			pending[seqIter{m.Seq, m.Iteration}] = m
+			f := seqs[m.Seq]
+			if f == nil {
+				continue // its prompt has not arrived yet
 			}
+			for {
+				k := seqIter{f.seq, f.it + 1}
+				a, ok := pending[k]
+				if !ok {
+					break
+				}
+				delete(pending, k)
+				if err := n.iterate(ctx, f, a); err != nil {
+					return err
+				}
+			}
+		default:
+			n.log.Warn().Str("type", m.Type().String()).Msg("ignoring a message the shadow does not handle")
 		}
 	}
 }
 
-// iterate runs one iteration: the prompt (no predictions: prefill loads
-// every expert anyway) or one decode step after applying the alignment.
-func (n *Node) iterate(a *wire.Alignment) error {
+// iterate runs one iteration of f: the prompt (no predictions: prefill
+// loads every expert anyway) or one decode step after applying the
+// alignment.
+func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error {
 	start := time.Now()
-	n.it = a.Iteration
+	f.it = a.Iteration
 	if len(a.Prompt) > 0 {
 		toks := make([]int, len(a.Prompt))
 		for i, t := range a.Prompt {
 			toks[i] = int(t)
 		}
-		n.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
-		if err := n.sess.ForwardHidden(n.ctx, toks); err != nil {
-			return fmt.Errorf("shadow: prompt: %w", err)
+		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
+		if err := f.sess.ForwardHidden(ctx, toks); err != nil {
+			return fmt.Errorf("shadow: sequence %d prompt: %w", f.seq, err)
 		}
-		n.headDue = true
+		f.headDue = true
 		return nil
-	}
-	if n.sess == nil {
-		return fmt.Errorf("shadow: iteration %d before any prompt", a.Iteration)
 	}
 	if len(a.Keys) > 0 {
 		kv, err := kvRows(a)
 		if err == nil {
-			err = kv.Apply(n.sess.Cache())
+			err = kv.Apply(f.sess.Cache())
 		}
 		if err != nil {
-			return fmt.Errorf("shadow: iteration %d KV alignment: %w", a.Iteration, err)
+			return fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
 		}
 	}
 	// The output head (the vocabulary-sized matvec) only gives the shadow
@@ -151,42 +198,46 @@ func (n *Node) iterate(a *wire.Alignment) error {
 	// no token, so with token alignment it never delays a departure.
 	token := int(a.Token)
 	if a.Token < 0 {
-		if n.headDue {
-			n.next = model.Argmax(n.sess.Logits())
+		if f.headDue {
+			f.next = model.Argmax(f.sess.Logits())
 		}
-		token = n.next
+		token = f.next
 	}
-	n.headDue = false
+	f.headDue = false
 	late := time.Since(start) // late departure: the alignment's own cost here
 	n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
-	n.sess.OnRoute = n.predict
-	n.sendErr = nil
+	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, f, l, routes) }
 	t0 := time.Now()
 	n.mark = t0
-	err := n.sess.ForwardHidden(n.ctx, []int{token})
+	err := f.sess.ForwardHidden(ctx, []int{token})
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, a.Iteration, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
-	n.sess.OnRoute = nil
+	f.sess.OnRoute = nil
 	if err != nil {
-		return fmt.Errorf("shadow: iteration %d: %w", a.Iteration, err)
+		return fmt.Errorf("shadow: sequence %d iteration %d: %w", f.seq, a.Iteration, err)
 	}
-	n.headDue = true
-	if n.sendErr != nil {
-		return n.sendErr
-	}
-	return n.mainP.Send(n.ctx, &wire.Heartbeat{Seq: uint64(a.Iteration), UnixNano: time.Now().UnixNano(),
-		Stats: wire.Metrics{"iteration": float64(a.Iteration), "late_departure_ms": float64(late) / 1e6,
-			"forward_ms": float64(forward) / 1e6, "rss_peak_bytes": float64(procmem.PeakRSS())}})
+	f.headDue = true
+	return n.queue(ctx, outgoing{to: n.mainP, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: a.Iteration,
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
 }
 
-// predict is the Session's routing hook: the moment layer l is routed,
-// hint its group's workers and tell the main node.
-func (n *Node) predict(_ model.Step, l int, _ []float32, routes []model.Route) {
-	if n.sendErr != nil {
-		return
+// queue hands o to the sender.
+func (n *Node) queue(ctx context.Context, o outgoing) error {
+	select {
+	case n.out <- o:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
+}
+
+// predict is the Session's routing hook: the moment layer l of f is
+// routed, hint its group's workers and tell the main node (through the
+// sender). If ctx has ended nothing is queued, and the forward pass stops
+// at its next layer.
+func (n *Node) predict(ctx context.Context, f *follow, l int, routes []model.Route) {
 	now := time.Now()
-	n.trace.Span(trace.Shadow, n.it, l, -1, n.mark, now)
+	n.trace.Span(trace.Shadow, f.it, l, -1, n.mark, now)
 	n.mark = now
 	n.experts = n.experts[:0]
 	for _, r := range routes {
@@ -196,23 +247,22 @@ func (n *Node) predict(_ model.Step, l int, _ []float32, routes []model.Route) {
 	}
 	slices.Sort(n.experts)
 	all := make([]int32, len(n.experts))
-	per := map[int][]int32{}
 	for i, e := range n.experts {
 		all[i] = int32(e)
-		w := n.layout.DecodeWorker(l, i)
-		per[w] = append(per[w], int32(e))
 	}
-	for w, es := range per {
-		n.trace.Message(trace.Send, trace.MsgPrediction, n.workers[w].Identity().Name, n.it, l, -1, 0, time.Now())
-		if err := n.workers[w].Send(n.ctx, &wire.Prediction{Seq: n.seq, Iteration: n.it, Layer: l, Experts: es}); err != nil {
-			n.sendErr = fmt.Errorf("shadow: hinting worker %d: %w", w, err)
+	// the i-th predicted expert goes to DecodeWorker(l, i), as the main
+	// node's planner expects (sched.PlacePredicted)
+	for j := range min(n.layout.Group, len(all)) {
+		var es []int32
+		for i := j; i < len(all); i += n.layout.Group {
+			es = append(es, all[i])
+		}
+		w := n.layout.DecodeWorker(l, j)
+		if n.queue(ctx, outgoing{to: n.workers[w], it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: es}}) != nil {
 			return
 		}
 	}
-	n.trace.Message(trace.Send, trace.MsgPrediction, n.mainP.Identity().Name, n.it, l, -1, 0, time.Now())
-	if err := n.mainP.Send(n.ctx, &wire.Prediction{Seq: n.seq, Iteration: n.it, Layer: l, Experts: all}); err != nil {
-		n.sendErr = fmt.Errorf("shadow: telling the main node: %w", err)
-	}
+	_ = n.queue(ctx, outgoing{to: n.mainP, it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: all}})
 }
 
 // kvRows turns an alignment's tensors back into align.KVRows.

@@ -96,32 +96,38 @@ func (r *shadowRig) reference(t *testing.T, prompt []int, token int) [][]int {
 }
 
 // predictions reads the shadow's messages to the main node until it
-// reports iteration it of seq done, and returns that iteration's
-// predictions by layer; a prediction of any other sequence fails the test.
-func (r *shadowRig) predictions(t *testing.T, seq uint64, it int64) [][]int {
+// reports iteration it of every sequence of seqs done, and returns their
+// predictions by sequence and layer; a prediction of another sequence or
+// iteration fails the test.
+func (r *shadowRig) predictions(t *testing.T, it int64, seqs ...uint64) map[uint64][][]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	got := make([][]int, r.qm.Config.NumLayers)
-	for {
+	got := map[uint64][][]int{}
+	for _, s := range seqs {
+		got[s] = make([][]int, r.qm.Config.NumLayers)
+	}
+	for done := 0; done < len(seqs); {
 		m, err := r.main.Recv(ctx)
 		if err != nil {
-			t.Fatalf("waiting for iteration %d of sequence %d: %v", it, seq, err)
+			t.Fatalf("waiting for iteration %d of sequences %v: %v", it, seqs, err)
 		}
 		switch m := m.(type) {
 		case *wire.Prediction:
-			if m.Seq != seq || m.Iteration != it {
-				t.Fatalf("prediction for sequence %d iteration %d, want %d/%d", m.Seq, m.Iteration, seq, it)
+			if got[m.Seq] == nil || m.Iteration != it {
+				t.Fatalf("prediction for sequence %d iteration %d, want iteration %d of %v", m.Seq, m.Iteration, it, seqs)
 			}
 			for _, e := range m.Experts {
-				got[m.Layer] = append(got[m.Layer], int(e))
+				got[m.Seq][m.Layer] = append(got[m.Seq][m.Layer], int(e))
 			}
-		case *wire.Heartbeat:
-			if int64(m.Stats["iteration"]) == it {
-				return got
+		case *wire.ShadowDone:
+			if got[m.Seq] == nil || m.Iteration != it || m.Forward <= 0 || m.RSSPeak <= 0 {
+				t.Fatalf("shadow reports %+v, want iteration %d of one of %v", m, it, seqs)
 			}
+			done++
 		}
 	}
+	return got
 }
 
 func (r *shadowRig) send(t *testing.T, m wire.Message) {
@@ -135,8 +141,8 @@ func (r *shadowRig) send(t *testing.T, m wire.Message) {
 // node departs it, the shadow predicts, for every decode layer, exactly
 // the experts its quantized model routes to (computed here independently),
 // tells the main node under the main node's sequence id, and hints the
-// workers, which load them. After SequenceEnd it follows the next
-// sequence, and alignments for the ended one are dropped.
+// workers, which load them. It follows two sequences at once, and after
+// SequenceEnd alignments for the ended one are dropped.
 func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
 	r := newShadowRig(t)
 	prompt := []int{1, 17, 33, 49, 65, 81}
@@ -148,34 +154,39 @@ func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
 		}
 		return out
 	}
-	for _, c := range []struct {
-		seq   uint64
-		token int
-	}{{a, 100}, {b, 7}} {
-		r.send(t, &wire.Alignment{Seq: c.seq, Iteration: 1, Token: -1, Prompt: toInt32(prompt)})
-		r.send(t, &wire.Alignment{Seq: c.seq, Iteration: 2, Token: int32(c.token)})
-		got := r.predictions(t, c.seq, 2)
-		want := r.reference(t, prompt, c.token)
+	tokens := map[uint64]int{a: 100, b: 7}
+	for _, seq := range []uint64{a, b} { // both prompts first: the shadow follows both
+		r.send(t, &wire.Alignment{Seq: seq, Iteration: 1, Token: -1, Prompt: toInt32(prompt)})
+	}
+	for _, seq := range []uint64{b, a} {
+		r.send(t, &wire.Alignment{Seq: seq, Iteration: 2, Token: int32(tokens[seq])})
+	}
+	got := r.predictions(t, 2, a, b)
+	for seq, tok := range tokens {
+		want := r.reference(t, prompt, tok)
 		for l := range want {
-			if !slices.Equal(got[l], want[l]) {
-				t.Errorf("sequence %d layer %d: predicted %v, the shadow's model routes %v", c.seq, l, got[l], want[l])
+			if !slices.Equal(got[seq][l], want[l]) {
+				t.Errorf("sequence %d layer %d: predicted %v, the shadow's model routes %v", seq, l, got[seq][l], want[l])
 			}
 		}
-		r.send(t, &wire.SequenceEnd{Seq: c.seq})
-		if c.seq == a { // a late alignment of the ended sequence: nothing may come of it
-			r.send(t, &wire.Alignment{Seq: a, Iteration: 3, Token: 5})
-		}
+	}
+	// a ends; a late alignment of it must come to nothing, b goes on
+	r.send(t, &wire.SequenceEnd{Seq: a})
+	r.send(t, &wire.Alignment{Seq: a, Iteration: 3, Token: 5})
+	r.send(t, &wire.Alignment{Seq: b, Iteration: 3, Token: 9})
+	if got := r.predictions(t, 3, b); len(got[b][0]) == 0 {
+		t.Error("no prediction for sequence b after a ended")
 	}
 	var loads float64
 	for i, w := range r.workers {
-		if err := w.Send(context.Background(), &wire.Heartbeat{Seq: 1}); err != nil {
+		if err := w.Send(context.Background(), &wire.StatsRequest{}); err != nil {
 			t.Fatal(err)
 		}
 		m, err := w.Recv(context.Background())
 		if err != nil {
-			t.Fatalf("worker %d metrics: %v", i, err)
+			t.Fatalf("worker %d stats: %v", i, err)
 		}
-		loads += m.(*wire.Heartbeat).Stats["loads"]
+		loads += float64(m.(*wire.WorkerStats).Loads)
 	}
 	if loads == 0 {
 		t.Error("the workers loaded nothing on the shadow's hints")

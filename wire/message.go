@@ -4,8 +4,6 @@ package wire
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
@@ -28,6 +26,9 @@ const (
 	TypeError         Type = 9
 	TypeTrace         Type = 10
 	TypeSequenceEnd   Type = 11
+	TypeStatsRequest  Type = 12
+	TypeWorkerStats   Type = 13
+	TypeShadowDone    Type = 14
 )
 
 func (t Type) String() string {
@@ -39,7 +40,8 @@ func (t Type) String() string {
 
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment, *ChunkRequest, *ChunkResponse,
-// *Heartbeat, *Error, *Trace or *SequenceEnd. Peer.Recv returns them; a type switch tells them
+// *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats or
+// *ShadowDone. Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
 	Type() Type
@@ -71,6 +73,12 @@ func newMessage(t Type) Message {
 		return new(Trace)
 	case TypeSequenceEnd:
 		return new(SequenceEnd)
+	case TypeStatsRequest:
+		return new(StatsRequest)
+	case TypeWorkerStats:
+		return new(WorkerStats)
+	case TypeShadowDone:
+		return new(ShadowDone)
 	}
 	return nil
 }
@@ -186,36 +194,50 @@ type ChunkResponse struct {
 	Data     []byte
 }
 
-// Heartbeat carries a node's liveness and counters (loads, misses,
-// queue depths) for the others' logs and metrics.
+// Heartbeat is a liveness probe: a worker answers one with one carrying
+// the same Seq and its own clock.
 type Heartbeat struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Seq      uint64
 	UnixNano int64
-	Stats    Metrics
 }
 
-// Metrics are named values; they encode in key order, so that a message
-// always encodes to the same bytes.
-type Metrics map[string]float64
+// StatsRequest asks a worker for its counters; it answers with WorkerStats.
+type StatsRequest struct {
+	_msgpack struct{} `msgpack:",as_array"`
+}
 
-// EncodeMsgpack writes m as a msgpack map with sorted keys.
-func (m Metrics) EncodeMsgpack(enc *msgpack.Encoder) error {
-	if m == nil {
-		return enc.EncodeNil()
-	}
-	if err := enc.EncodeMapLen(len(m)); err != nil {
-		return err
-	}
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		if err := enc.EncodeString(k); err != nil {
-			return err
-		}
-		if err := enc.EncodeFloat64(m[k]); err != nil {
-			return err
-		}
-	}
-	return nil
+// WorkerStats are a worker's counters since it started.
+type WorkerStats struct {
+	_msgpack        struct{}      `msgpack:",as_array"`
+	Loads           int64         `json:"loads"`            // experts loaded (hinted or not)
+	Hits            int64         `json:"hits"`             // requests whose expert was hinted
+	Misses          int64         `json:"misses"`           // requests whose expert was loaded on demand
+	WastedLoads     int64         `json:"wasted_loads"`     // hinted loads evicted unused
+	Refused         int64         `json:"refused"`          // loads or requests refused for lack of device memory
+	LatePredictions int64         `json:"late_predictions"` // predictions that arrived after their layer ran
+	LoadTime        time.Duration `json:"load_ns"`
+	ComputeTime     time.Duration `json:"compute_ns"`
+	StallTime       time.Duration `json:"stall_ns"`
+	DeviceBudget    int64         `json:"device_budget_bytes"`
+	DevicePeak      int64         `json:"device_peak_bytes"`
+	DeviceInUse     int64         `json:"device_in_use_bytes"`
+	RSSPeak         int64         `json:"rss_peak_bytes"`
+	HostCacheHits   int64         `json:"host_cache_hits"`
+	HostCacheMisses int64         `json:"host_cache_misses"`
+	HostCacheBytes  int64         `json:"host_cache_bytes"`
+}
+
+// ShadowDone tells the main node that the shadow has finished iteration
+// Iteration of sequence Seq (every prediction of it sent), and what that
+// cost it.
+type ShadowDone struct {
+	_msgpack      struct{} `msgpack:",as_array"`
+	Seq           uint64
+	Iteration     int64
+	LateDeparture time.Duration // applying the alignment before departing
+	Forward       time.Duration // the forward pass
+	RSSPeak       int64         // the shadow process's peak resident memory
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main
@@ -270,6 +292,9 @@ func (*Heartbeat) Type() Type     { return TypeHeartbeat }
 func (*Error) Type() Type         { return TypeError }
 func (*Trace) Type() Type         { return TypeTrace }
 func (*SequenceEnd) Type() Type   { return TypeSequenceEnd }
+func (*StatsRequest) Type() Type  { return TypeStatsRequest }
+func (*WorkerStats) Type() Type   { return TypeWorkerStats }
+func (*ShadowDone) Type() Type    { return TypeShadowDone }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -333,9 +358,20 @@ func (m *ChunkResponse) validate() error {
 	return nonNegative("layer/expert/chunk", int64(m.Layer), int64(m.Expert), int64(m.Chunk))
 }
 
-func (m *Heartbeat) validate() error   { return nil }
-func (m *SequenceEnd) validate() error { return nil }
-func (m *Error) validate() error       { return nil }
+func (m *Heartbeat) validate() error    { return nil }
+func (m *SequenceEnd) validate() error  { return nil }
+func (m *StatsRequest) validate() error { return nil }
+
+func (m *WorkerStats) validate() error {
+	return nonNegative("worker counter", m.Loads, m.Hits, m.Misses, m.WastedLoads, m.Refused, m.LatePredictions,
+		int64(m.LoadTime), int64(m.ComputeTime), int64(m.StallTime), m.DeviceBudget, m.DevicePeak, m.DeviceInUse, m.RSSPeak,
+		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes)
+}
+
+func (m *ShadowDone) validate() error {
+	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak)
+}
+func (m *Error) validate() error { return nil }
 
 func (m *Trace) validate() error {
 	if m.From < 0 || m.To < m.From && m.To != 0 {

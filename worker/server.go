@@ -190,9 +190,12 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		case *wire.SequenceEnd:
 			s.endSequence(m.Seq)
 		case *wire.Heartbeat:
-			// a heartbeat asks for our counters: answer with them
-			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano(), Stats: s.Metrics()}); err != nil {
-				log.Info().Err(err).Msg("sending metrics failed")
+			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano()}); err != nil {
+				log.Info().Err(err).Msg("answering a heartbeat failed")
+			}
+		case *wire.StatsRequest:
+			if err := p.Send(ctx, s.Stats()); err != nil {
+				log.Info().Err(err).Msg("sending the worker's counters failed")
 			}
 		case *wire.Trace:
 			if err := wire.AnswerTrace(ctx, p, s.trace, m); err != nil {
@@ -257,30 +260,21 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 	return out
 }
 
-// Metrics are the worker's counters, as sent in heartbeats.
-func (s *Server) Metrics() wire.Metrics {
+// Stats are the worker's counters, as a StatsRequest gets them.
+func (s *Server) Stats() *wire.WorkerStats {
 	st := &s.engine.Stats
 	a := s.engine.Arena()
-	m := wire.Metrics{
-		"loads":               float64(st.Loads.Load()),
-		"hits":                float64(st.Hits.Load()),
-		"misses":              float64(st.Misses.Load()),
-		"wasted_loads":        float64(st.Wasted.Load()),
-		"refused":             float64(st.Refused.Load()),
-		"load_seconds":        time.Duration(st.LoadNanos.Load()).Seconds(),
-		"compute_seconds":     time.Duration(st.ComputeNanos.Load()).Seconds(),
-		"stall_seconds":       time.Duration(st.StallNanos.Load()).Seconds(),
-		"device_budget_bytes": float64(a.Budget()),
-		"device_peak_bytes":   float64(a.Peak()),
-		"device_in_use_bytes": float64(a.InUse()),
-		"rss_peak_bytes":      float64(procmem.PeakRSS()),
-		"late_predictions":    float64(s.late.Load()),
+	ws := &wire.WorkerStats{
+		Loads: st.Loads.Load(), Hits: st.Hits.Load(), Misses: st.Misses.Load(), WastedLoads: st.Wasted.Load(),
+		Refused: st.Refused.Load(), LatePredictions: s.late.Load(),
+		LoadTime: time.Duration(st.LoadNanos.Load()), ComputeTime: time.Duration(st.ComputeNanos.Load()), StallTime: time.Duration(st.StallNanos.Load()),
+		DeviceBudget: a.Budget(), DevicePeak: a.Peak(), DeviceInUse: a.InUse(), RSSPeak: procmem.PeakRSS(),
 	}
 	if h := s.engine.Host; h != nil {
 		hits, misses, used := h.Stats()
-		m["host_cache_hits"], m["host_cache_misses"], m["host_cache_bytes"] = float64(hits), float64(misses), float64(used)
+		ws.HostCacheHits, ws.HostCacheMisses, ws.HostCacheBytes = int64(hits), int64(misses), used
 	}
-	return m
+	return ws
 }
 
 // requestCode maps an engine error onto the protocol's request codes.
