@@ -46,11 +46,11 @@ func (l *link) expect(id uint64, n int, ch chan reply) {
 	l.waits[id] = waiter{ch, n}
 }
 
-// receive dispatches messages until the connection ends, then fails every
-// waiting request with the reason.
-func (l *link) receive() {
+// receive dispatches messages until the connection or ctx ends, then
+// fails every waiting request with the reason, and returns it.
+func (l *link) receive(ctx context.Context) error {
 	for {
-		m, err := l.peer.Recv(context.Background())
+		m, err := l.peer.Recv(ctx)
 		if err != nil {
 			l.mu.Lock()
 			l.err = err
@@ -62,7 +62,7 @@ func (l *link) receive() {
 				delete(l.waits, id)
 			}
 			l.mu.Unlock()
-			return
+			return err
 		}
 		switch m := m.(type) {
 		case *wire.ExpertResult:

@@ -46,15 +46,16 @@ type layerKey struct {
 func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int, rec *trace.Recorder) *shadowLink {
 	sl := &shadowLink{peer: p, policy: policy, lastKV: map[uint64]int{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
-	go sl.receive()
 	return sl
 }
 
-func (sl *shadowLink) receive() {
+// receive takes the shadow's predictions and reports until the connection
+// or ctx ends, and returns why.
+func (sl *shadowLink) receive(ctx context.Context) error {
 	for {
-		m, err := sl.peer.Recv(context.Background())
+		m, err := sl.peer.Recv(ctx)
 		if err != nil {
-			return
+			return err
 		}
 		at := time.Now()
 		switch m := m.(type) {

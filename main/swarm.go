@@ -59,6 +59,11 @@ type Swarm struct {
 	nextID  atomic.Uint64
 	traced  [2]int64 // the iterations StartTrace asked for
 
+	// the receive loops of the worker and shadow connections: Close stops
+	// them and waits
+	stop      context.CancelFunc
+	receivers sync.WaitGroup
+
 	mu       sync.Mutex
 	seqs     map[uint64]*sequence
 	lastIter int64 // the highest iteration any sequence has run
@@ -96,6 +101,11 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		return nil, err
 	}
 	s := &Swarm{opt: opt, planner: planner, seqs: map[uint64]*sequence{}}
+	for i, p := range peers {
+		if p.Identity().Role != wire.RoleWorker {
+			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
+		}
+	}
 	_, predicted := policy.(shadowPolicy)
 	switch {
 	case predicted && opt.Shadow == nil:
@@ -111,15 +121,27 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		}
 		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
 	}
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop = stop
 	for i, p := range peers {
-		if p.Identity().Role != wire.RoleWorker {
-			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
-		}
 		l := &link{peer: p, index: i, waits: map[uint64]waiter{}, stats: make(chan *wire.WorkerStats, 1), traces: make(chan *wire.Trace, 1)}
-		go l.receive()
 		s.workers = append(s.workers, l)
+		s.receivers.Go(func() { s.ended(ctx, "worker", p, l.receive(ctx)) })
+	}
+	if s.shadow != nil {
+		s.receivers.Go(func() { s.ended(ctx, "shadow", opt.Shadow, s.shadow.receive(ctx)) })
 	}
 	return s, nil
+}
+
+// ended logs why a receive loop ended, unless Close ended it. After a
+// worker's loop ends every request to it fails; after the shadow's, every
+// load is a miss.
+func (s *Swarm) ended(ctx context.Context, role string, p *wire.Peer, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	s.opt.Log.Warn().Str("peer", p.Identity().Name).Str("role", role).Err(err).Msg("mainnode: connection lost: no more messages from it")
 }
 
 // Stats returns a copy of the figures measured so far, over all sequences.
@@ -327,10 +349,12 @@ func (s *Swarm) workerErr(w int, err error) error {
 
 // Close closes the worker connections.
 func (s *Swarm) Close() error {
+	s.stop()
 	var errs []error
 	for _, l := range s.workers {
 		errs = append(errs, l.peer.Close())
 	}
+	s.receivers.Wait()
 	return errors.Join(errs...)
 }
 

@@ -35,7 +35,8 @@ type Stats struct {
 }
 
 // Engine loads, computes and evicts experts within a device-memory budget.
-// Safe for concurrent use; Close waits for the loads it started.
+// Safe for concurrent use; Close waits for the loads it started, which end
+// with the context of the Prefetch that started them.
 type Engine struct {
 	src    ExpertSource
 	arena  *Arena
@@ -52,9 +53,7 @@ type Engine struct {
 	// succeeded: which expert and when it ran (for traces).
 	OnLoad func(layer, expert int, start, end time.Time)
 
-	ctx    context.Context // for background loads; cancelled by Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg sync.WaitGroup // background loads
 
 	mu    sync.Mutex
 	slots map[slotKey]*slot
@@ -99,9 +98,7 @@ func (s *slot) release(seq uint64) bool {
 // NewEngine returns an engine over src whose experts take hidden-size
 // inputs, with device memory arena and host-to-device link link.
 func NewEngine(src ExpertSource, hidden int, arena *Arena, link *Link, log zerolog.Logger) *Engine {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Engine{src: src, arena: arena, link: link, hidden: hidden, log: log,
-		ctx: ctx, cancel: cancel, slots: map[slotKey]*slot{}}
+	return &Engine{src: src, arena: arena, link: link, hidden: hidden, log: log, slots: map[slotKey]*slot{}}
 }
 
 // Arena is the engine's device memory.
@@ -113,7 +110,7 @@ func (e *Engine) Arena() *Arena { return e.arena }
 // or lets go of the layer (Evict). It returns at once; a load that does
 // not fit the budget is refused, counted and logged, and the request that
 // needs it later loads it as a miss.
-func (e *Engine) Prefetch(seq uint64, layer int, experts []int) {
+func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []int) {
 	for _, ex := range experts {
 		e.mu.Lock()
 		k := slotKey{layer, ex}
@@ -126,7 +123,7 @@ func (e *Engine) Prefetch(seq uint64, layer int, experts []int) {
 		s := e.newSlotLocked(k, true)
 		s.hold(seq)
 		e.mu.Unlock()
-		e.wg.Go(func() { e.load(e.ctx, k, s) })
+		e.wg.Go(func() { e.load(ctx, k, s) })
 	}
 }
 
@@ -441,10 +438,9 @@ func (e *Engine) Resident() int {
 	return len(e.slots)
 }
 
-// Close cancels the loads in flight, waits for them, and frees every
-// expert.
+// Close waits for the loads in flight (end their Prefetch's context to
+// cut them short) and frees every expert.
 func (e *Engine) Close() {
-	e.cancel()
 	e.wg.Wait()
 	e.mu.Lock()
 	defer e.mu.Unlock()

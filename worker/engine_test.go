@@ -118,7 +118,7 @@ func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
 		if !res.Miss || !sameBits(out, localExpert(f.model, 2, 5, x, n)) {
 			t.Fatalf("n=%d: miss=%v, bits equal=%v", n, res.Miss, sameBits(out, localExpert(f.model, 2, 5, x, n)))
 		}
-		e.Prefetch(1, 3, []int{0, 7})
+		e.Prefetch(ctx, 1, 3, []int{0, 7})
 		res, err = e.Run(ctx, 1, 3, 7, x, n, out, true)
 		if err != nil {
 			t.Fatal(err)
@@ -157,11 +157,11 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 	ctx := context.Background()
 	x := randomInput(1, h, 9)
 	out := make([]float32, h)
-	e.Prefetch(1, 1, []int{2})
+	e.Prefetch(ctx, 1, 1, []int{2})
 	if _, err := e.Run(ctx, 1, 1, 2, x, 1, out, false); err != nil { // keep it resident
 		t.Fatal(err)
 	}
-	e.Prefetch(1, 1, []int{4}) // same layer: nothing may be evicted for it
+	e.Prefetch(ctx, 1, 1, []int{4}) // same layer: nothing may be evicted for it
 	e.wg.Wait()
 	if got := e.Stats.Refused.Load(); got != 1 {
 		t.Fatalf("refused %d, want 1", got)
@@ -178,7 +178,7 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 		t.Fatal("wrong bits")
 	}
 	// a stale expert of another layer is evicted to make room
-	e.Prefetch(1, 0, []int{1})
+	e.Prefetch(ctx, 1, 0, []int{1})
 	e.wg.Wait()
 	if _, err := e.Run(ctx, 1, 2, 3, x, 1, out, true); err != nil {
 		t.Fatalf("stale expert was not evicted for a new layer: %v", err)
@@ -202,8 +202,8 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 	x := randomInput(1, h, 5)
 	out := make([]float32, h)
 	const a, b = 1, 2
-	e.Prefetch(a, 3, []int{1, 6}) // a's prediction for layer 3
-	e.Prefetch(b, 3, []int{6})    // b's: expert 6 is shared
+	e.Prefetch(ctx, a, 3, []int{1, 6}) // a's prediction for layer 3
+	e.Prefetch(ctx, b, 3, []int{6})    // b's: expert 6 is shared
 	e.wg.Wait()
 	// b runs expert 6 and ends its layer 3: a still holds 1 and 6
 	if res, err := e.Run(ctx, b, 3, 6, x, 1, out, true); err != nil || res.Miss {
@@ -226,7 +226,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 		t.Fatalf("after both ran: %d resident, %d bytes in use", e.Resident(), arena.InUse())
 	}
 	// an expert b hinted is a hit for a, and stays for b
-	e.Prefetch(b, 2, []int{2})
+	e.Prefetch(ctx, b, 2, []int{2})
 	if res, err := e.Run(ctx, a, 2, 2, x, 1, out, true); err != nil || res.Miss {
 		t.Fatalf("a on b's hinted expert: miss=%v err=%v", res.Miss, err)
 	}
@@ -234,7 +234,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 		t.Fatalf("a's run freed the expert b still holds (%d resident)", e.Resident())
 	}
 	// hints for iterations that never came go with their sequence
-	e.Prefetch(a, 0, []int{0})
+	e.Prefetch(ctx, a, 0, []int{0})
 	e.EndSequence(b)
 	e.EndSequence(a)
 	e.wg.Wait()

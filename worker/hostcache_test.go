@@ -39,7 +39,7 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	x := randomInput(2, h, 9)
 	out := make([]float32, 2*h)
 	for round := range 3 {
-		e.Prefetch(1, 1, []int{4})
+		e.Prefetch(context.Background(), 1, 1, []int{4})
 		e.wg.Wait()
 		if arena.InUse() != int64(size) {
 			t.Fatalf("round %d: a resident expert holds %d device bytes, want %d", round, arena.InUse(), size)

@@ -74,7 +74,7 @@ func (s *Server) traceRecv(msg, peer string, it int64, layer int, id uint64, at 
 // already run here in that iteration of its sequence (then loading would
 // only waste memory: it is counted as late). Checked and started under
 // s.mu, so that endLayer's eviction never misses a prefetch.
-func (s *Server) prefetch(m *wire.Prediction) {
+func (s *Server) prefetch(ctx context.Context, m *wire.Prediction) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ranLocked(m.Seq, m.Iteration, m.Layer) {
@@ -85,7 +85,7 @@ func (s *Server) prefetch(m *wire.Prediction) {
 	for i, e := range m.Experts {
 		experts[i] = int(e)
 	}
-	s.engine.Prefetch(m.Seq, m.Layer, experts)
+	s.engine.Prefetch(ctx, m.Seq, m.Layer, experts)
 }
 
 // endLayer records that layer of iteration it of sequence seq has run here
@@ -179,7 +179,7 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		switch m := m.(type) {
 		case *wire.Prediction:
 			s.traceRecv(trace.MsgPrediction, id.Name, m.Iteration, m.Layer, 0, at)
-			s.prefetch(m)
+			s.prefetch(ctx, m)
 		case *wire.Activation:
 			s.traceRecv(trace.MsgActivation, id.Name, m.Iteration, m.Layer, m.ID, at)
 			select {
