@@ -285,18 +285,18 @@ func BenchmarkThroughput4MB(b *testing.B) {
 				if err != nil {
 					return
 				}
-				if server.Send(ctx, &Heartbeat{Seq: m.(*ChunkResponse).ID}) != nil {
+				if server.Send(ctx, &Heartbeat{Seq: m.(*Alignment).Seq}) != nil {
 					return
 				}
 			}
 		}()
-		chunk := &ChunkResponse{Layer: 1, Expert: 2, Tensor: "w1", Data: make([]byte, bulkPayload)}
+		chunk := bulk(0, make([]byte, bulkPayload))
 		b.SetBytes(bulkPayload)
 		b.ReportAllocs()
 		b.ResetTimer()
 		start := time.Now()
 		for i := range b.N {
-			chunk.ID = uint64(i)
+			chunk.Seq = uint64(i)
 			if err := client.Send(ctx, chunk); err != nil {
 				b.Fatal(err)
 			}

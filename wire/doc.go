@@ -12,9 +12,9 @@
 // the other node is not up yet and gives up at once on a refusal. Each
 // side opens one control stream for the connection's lifetime, with the
 // highest send priority, for the small latency-critical messages
-// (Prediction, Activation, ExpertResult, ChunkRequest, Heartbeat, Error,
-// SequenceEnd,
-// a Trace request); every bulk message (ChunkResponse, Alignment, a Trace
+// (Prediction, Activation, ExpertResult, Heartbeat, Error, StatsRequest,
+// WorkerStats, ShadowDone, SequenceEnd,
+// a Trace request); every bulk message (Alignment, a Trace
 // carrying events, an Activation or ExpertResult over 256 KiB: a prefill
 // batch) gets a stream of its own,
 // so a 4 MiB transfer never holds up a 16 KiB hidden state. Keep-alives

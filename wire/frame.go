@@ -85,8 +85,6 @@ func payloadBytes(m Message) int {
 		return len(m.Hidden.Data)
 	case *ExpertResult:
 		return len(m.Output.Data)
-	case *ChunkResponse:
-		return len(m.Data)
 	case *Alignment:
 		n := 0
 		for i := range m.Keys {

@@ -131,7 +131,7 @@ func badFrames(t testing.TB) []struct {
 		{"wrong shape of struct", rawFrame(TypePrediction, mustMsgpack(t, []int{1, 2})), CodeMalformed},
 		{"a string where a number goes", rawFrame(TypePrediction, mustMsgpack(t, []any{"x", 1, []int{1}})), CodeMalformed},
 		{"trailing bytes", rawFrame(TypePrediction, append(pred, 0x01)), CodeMalformed},
-		{"binary claims 4 GiB", rawFrame(TypeChunkResponse, []byte{0x97, 1, 1, 1, 0xa0, 1, 0xc2, 0xc6, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
+		{"binary claims 4 GiB", rawFrame(TypeActivation, []byte{0x99, 1, 1, 1, 1, 0x90, 0x93, 1, 0x91, 1, 0xc6, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
 		{"array claims 2^32 items", rawFrame(TypePrediction, []byte{0x93, 1, 1, 0xdd, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
 		{"tensor bytes do not match shape", rawFrame(TypeActivation, badTensor), CodeBadTensor},
 		{"negative layer", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
@@ -154,7 +154,7 @@ func TestDecoderRefusesBadInputWithItsCode(t *testing.T) {
 }
 
 func TestEncoderRefusesFramesOverTheLimit(t *testing.T) {
-	_, err := newFrameEncoder(keepFrameBuf).encode(&ChunkResponse{Data: make([]byte, 5000)}, 4096)
+	_, err := newFrameEncoder(keepFrameBuf).encode(bulk(0, make([]byte, 5000)), 4096)
 	if !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("got %v, want ErrFrameTooLarge", err)
 	}
@@ -217,8 +217,10 @@ func TestSendClassOfMessages(t *testing.T) {
 		{&Activation{Hidden: Float32Tensor(make([]float32, 4096))}, classControl},
 		{&Activation{Tokens: 128, Hidden: big}, classBulk},
 		{&ExpertResult{Output: big}, classBulk},
-		{&ChunkRequest{}, classControl},
-		{&ChunkResponse{}, classBulk},
+		{&SequenceEnd{}, classControl},
+		{&StatsRequest{}, classControl},
+		{&WorkerStats{}, classControl},
+		{&ShadowDone{}, classControl},
 		{&Alignment{}, classBulk},
 		{&Heartbeat{}, classControl},
 		{&Error{}, classControl},

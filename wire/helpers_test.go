@@ -142,8 +142,6 @@ func sampleMessages(hidden int) []Message {
 		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
 		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}},
 		&SequenceEnd{Seq: 1 << 40},
-		&ChunkRequest{ID: 1 << 40, Layer: 31, Expert: 7, Tensor: "w2", Chunk: 3},
-		&ChunkResponse{ID: 1 << 40, Layer: 31, Expert: 7, Tensor: "w2", Chunk: 3, Last: true, Data: []byte("zstd frame bytes")},
 		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789},
 		&StatsRequest{},
 		&WorkerStats{Loads: 40, Hits: 42, Misses: 14, WastedLoads: 8, LatePredictions: 5, LoadTime: 12 * time.Millisecond, ComputeTime: 1500 * time.Microsecond,
@@ -158,3 +156,14 @@ func sampleMessages(hidden int) []Message {
 		}},
 	}
 }
+
+// bulk is a message that travels on a bulk stream of its own, carrying
+// data (an even number of bytes) as an alignment's key rows; id goes in
+// Seq.
+func bulk(id uint64, data []byte) *Alignment {
+	return &Alignment{Seq: id, Keys: []Tensor{{DType: BF16, Shape: []int{1, len(data) / 2}, Data: data}},
+		Values: []Tensor{{DType: BF16, Shape: []int{1, 0}, Data: []byte{}}}}
+}
+
+// bulkData is what bulk carries.
+func bulkData(a *Alignment) []byte { return a.Keys[0].Data }

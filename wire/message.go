@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Type identifies a message on the wire. Values are part of the protocol.
@@ -15,20 +14,18 @@ type Type uint8
 
 // The message types of protocol version 2.
 const (
-	TypeHello         Type = 1
-	TypePrediction    Type = 2
-	TypeActivation    Type = 3
-	TypeExpertResult  Type = 4
-	TypeAlignment     Type = 5
-	TypeChunkRequest  Type = 6
-	TypeChunkResponse Type = 7
-	TypeHeartbeat     Type = 8
-	TypeError         Type = 9
-	TypeTrace         Type = 10
-	TypeSequenceEnd   Type = 11
-	TypeStatsRequest  Type = 12
-	TypeWorkerStats   Type = 13
-	TypeShadowDone    Type = 14
+	TypeHello        Type = 1
+	TypePrediction   Type = 2
+	TypeActivation   Type = 3
+	TypeExpertResult Type = 4
+	TypeAlignment    Type = 5
+	TypeHeartbeat    Type = 8
+	TypeError        Type = 9
+	TypeTrace        Type = 10
+	TypeSequenceEnd  Type = 11
+	TypeStatsRequest Type = 12
+	TypeWorkerStats  Type = 13
+	TypeShadowDone   Type = 14
 )
 
 func (t Type) String() string {
@@ -39,7 +36,7 @@ func (t Type) String() string {
 }
 
 // Message is one of the protocol's messages: *Hello, *Prediction,
-// *Activation, *ExpertResult, *Alignment, *ChunkRequest, *ChunkResponse,
+// *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats or
 // *ShadowDone. Peer.Recv returns them; a type switch tells them
 // apart.
@@ -61,10 +58,6 @@ func newMessage(t Type) Message {
 		return new(ExpertResult)
 	case TypeAlignment:
 		return new(Alignment)
-	case TypeChunkRequest:
-		return new(ChunkRequest)
-	case TypeChunkResponse:
-		return new(ChunkResponse)
 	case TypeHeartbeat:
 		return new(Heartbeat)
 	case TypeError:
@@ -170,30 +163,6 @@ type SequenceEnd struct {
 	Seq      uint64
 }
 
-// ChunkRequest asks a remote expert store for one chunk of one tensor of
-// an expert.
-type ChunkRequest struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	ID       uint64   // echoed in the response
-	Layer    int
-	Expert   int
-	Tensor   string // e.g. "w1"
-	Chunk    int
-}
-
-// ChunkResponse carries the bytes of a requested chunk as stored
-// (compressed); the store verifies them.
-type ChunkResponse struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	ID       uint64
-	Layer    int
-	Expert   int
-	Tensor   string
-	Chunk    int
-	Last     bool // no chunk follows this one
-	Data     []byte
-}
-
 // Heartbeat is a liveness probe: a worker answers one with one carrying
 // the same Seq and its own clock.
 type Heartbeat struct {
@@ -281,20 +250,18 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("remote error %d at iteration %d layer %d expert %d: %s", e.Code, e.Iteration, e.Layer, e.Expert, e.Msg)
 }
 
-func (*Hello) Type() Type         { return TypeHello }
-func (*Prediction) Type() Type    { return TypePrediction }
-func (*Activation) Type() Type    { return TypeActivation }
-func (*ExpertResult) Type() Type  { return TypeExpertResult }
-func (*Alignment) Type() Type     { return TypeAlignment }
-func (*ChunkRequest) Type() Type  { return TypeChunkRequest }
-func (*ChunkResponse) Type() Type { return TypeChunkResponse }
-func (*Heartbeat) Type() Type     { return TypeHeartbeat }
-func (*Error) Type() Type         { return TypeError }
-func (*Trace) Type() Type         { return TypeTrace }
-func (*SequenceEnd) Type() Type   { return TypeSequenceEnd }
-func (*StatsRequest) Type() Type  { return TypeStatsRequest }
-func (*WorkerStats) Type() Type   { return TypeWorkerStats }
-func (*ShadowDone) Type() Type    { return TypeShadowDone }
+func (*Hello) Type() Type        { return TypeHello }
+func (*Prediction) Type() Type   { return TypePrediction }
+func (*Activation) Type() Type   { return TypeActivation }
+func (*ExpertResult) Type() Type { return TypeExpertResult }
+func (*Alignment) Type() Type    { return TypeAlignment }
+func (*Heartbeat) Type() Type    { return TypeHeartbeat }
+func (*Error) Type() Type        { return TypeError }
+func (*Trace) Type() Type        { return TypeTrace }
+func (*SequenceEnd) Type() Type  { return TypeSequenceEnd }
+func (*StatsRequest) Type() Type { return TypeStatsRequest }
+func (*WorkerStats) Type() Type  { return TypeWorkerStats }
+func (*ShadowDone) Type() Type   { return TypeShadowDone }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -350,14 +317,6 @@ func (m *Alignment) validate() error {
 	return nil
 }
 
-func (m *ChunkRequest) validate() error {
-	return nonNegative("layer/expert/chunk", int64(m.Layer), int64(m.Expert), int64(m.Chunk))
-}
-
-func (m *ChunkResponse) validate() error {
-	return nonNegative("layer/expert/chunk", int64(m.Layer), int64(m.Expert), int64(m.Chunk))
-}
-
 func (m *Heartbeat) validate() error    { return nil }
 func (m *SequenceEnd) validate() error  { return nil }
 func (m *StatsRequest) validate() error { return nil }
@@ -385,42 +344,5 @@ func (m *Trace) validate() error {
 			return malformed("trace event %d: %v", i, err)
 		}
 	}
-	return nil
-}
-
-// DecodeMsgpack reads a ChunkResponse with Data sharing the frame's
-// memory where it may (see decodeBytes); the fields are in declaration
-// order, as the default encoder writes them.
-func (m *ChunkResponse) DecodeMsgpack(dec *msgpack.Decoder) error {
-	n, err := dec.DecodeArrayLen()
-	if err != nil {
-		return err
-	}
-	if n != 7 {
-		return fmt.Errorf("ChunkResponse as an array of %d, want 7", n)
-	}
-	var r ChunkResponse
-	if r.ID, err = dec.DecodeUint64(); err != nil {
-		return err
-	}
-	if r.Layer, err = dec.DecodeInt(); err != nil {
-		return err
-	}
-	if r.Expert, err = dec.DecodeInt(); err != nil {
-		return err
-	}
-	if r.Tensor, err = dec.DecodeString(); err != nil {
-		return err
-	}
-	if r.Chunk, err = dec.DecodeInt(); err != nil {
-		return err
-	}
-	if r.Last, err = dec.DecodeBool(); err != nil {
-		return err
-	}
-	if r.Data, err = decodeBytes(dec); err != nil {
-		return err
-	}
-	*m = r
 	return nil
 }

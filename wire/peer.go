@@ -38,10 +38,10 @@ const streamCancelled quic.StreamErrorCode = 1
 
 // classOf says on which kind of stream m travels: control for small,
 // latency-critical messages (hello, prediction, activation, result,
-// chunk request, heartbeat, error), bulk for large ones.
+// heartbeat, error, ...), bulk for large ones.
 func classOf(m Message) byte {
 	switch m := m.(type) {
-	case *ChunkResponse, *Alignment:
+	case *Alignment:
 		return classBulk
 	case *Trace:
 		if len(m.Events) > 0 {

@@ -57,11 +57,12 @@ func TestManyConcurrentStreams(t *testing.T) {
 			for i := range each {
 				var m Message = &Prediction{Iteration: int64(g), Layer: i, Experts: []int32{int32(g), int32(i)}}
 				if i%2 == 1 { // a bulk stream of its own
-					data := make([]byte, 64<<10+g)
+					data := make([]byte, 64<<10+2*g)
 					for j := range data {
 						data[j] = byte(g + i + j)
 					}
-					m = &ChunkResponse{ID: uint64(g), Chunk: i, Data: data}
+					m = bulk(uint64(g), data)
+					m.(*Alignment).Iteration = int64(i)
 				}
 				if err := client.Send(context.Background(), m); err != nil {
 					errs <- err
@@ -78,13 +79,14 @@ func TestManyConcurrentStreams(t *testing.T) {
 			if m.Experts[0] != int32(m.Iteration) || m.Experts[1] != int32(m.Layer) {
 				t.Errorf("prediction %+v mixed up", m)
 			}
-		case *ChunkResponse:
-			g, i := int(m.ID), m.Chunk
+		case *Alignment:
+			g, i := int(m.Seq), int(m.Iteration)
 			seen[[2]int{g, i}] = true
-			if len(m.Data) != 64<<10+g {
-				t.Fatalf("chunk %d/%d has %d bytes", g, i, len(m.Data))
+			data := bulkData(m)
+			if len(data) != 64<<10+2*g {
+				t.Fatalf("chunk %d/%d has %d bytes", g, i, len(data))
 			}
-			for j, b := range m.Data {
+			for j, b := range data {
 				if b != byte(g+i+j) {
 					t.Fatalf("chunk %d/%d byte %d corrupted", g, i, j)
 				}
@@ -106,7 +108,7 @@ func TestUrgentMessageOvertakesBulkTransfer(t *testing.T) {
 	client, server := connect(t, l, testConfig(t, "a", "main"))
 	bulkDone := make(chan error, 1)
 	go func() {
-		bulkDone <- client.Send(context.Background(), &ChunkResponse{Data: make([]byte, 24<<20)})
+		bulkDone <- client.Send(context.Background(), bulk(0, make([]byte, 24<<20)))
 	}()
 	time.Sleep(5 * time.Millisecond) // let the bulk stream start
 	send(t, client, &Prediction{Layer: 1})
@@ -116,7 +118,7 @@ func TestUrgentMessageOvertakesBulkTransfer(t *testing.T) {
 	if err := <-bulkDone; err != nil {
 		t.Fatal(err)
 	}
-	if m := recv(t, server); m.Type() != TypeChunkResponse {
+	if m := recv(t, server); m.Type() != TypeAlignment {
 		t.Errorf("second message is %v, want the chunk", m.Type())
 	}
 }
