@@ -2,24 +2,19 @@ package model
 
 import "fmt"
 
-// architecture binds one Hugging Face model family to odmoe's blocks: its
-// config defaults, the names of its tensors and the switches in its math.
-// A new MoE family is a new file that registers one of these.
+// architecture binds one Hugging Face model family to odmoe's blocks
+// (block.go): its config defaults, its tensor names, and how its layers
+// are made of blocks. A new MoE family is a new file that registers one
+// of these.
 type architecture struct {
 	defaults Config
-	names    tensorNames
-	// normTopK renormalises the top-k routing weights to sum to one.
-	normTopK bool
-}
-
-// tensorNames are fmt patterns: per-layer names take the layer index,
-// expert names the layer and the expert index.
-type tensorNames struct {
-	Embed, FinalNorm, LMHead         string
-	AttnNorm, FFNNorm                string
-	Q, K, V, O                       string
-	Router                           string
-	ExpertGate, ExpertUp, ExpertDown string // w1, w3, w2 in Mixtral's naming
+	// Embed, FinalNorm and LMHead name the model's outer tensors.
+	embed, finalNorm, lmHead string
+	// layer binds layer l's blocks, all but the experts.
+	layer func(b *binder, c Config, l int) Layer
+	// expertNames names the gate, up and down matrices of expert e of
+	// layer l (w1, w3, w2 in Mixtral's naming).
+	expertNames func(l, e int) (gate, up, down string)
 }
 
 var architectures = map[string]*architecture{}
@@ -31,6 +26,5 @@ func register(name string, a *architecture) {
 	architectures[name] = a
 }
 
-func (n tensorNames) layer(pattern string, l int) string { return fmt.Sprintf(pattern, l) }
-
-func (n tensorNames) expert(pattern string, l, e int) string { return fmt.Sprintf(pattern, l, e) }
+// per fills a per-layer or per-expert name pattern.
+func per(pattern string, a ...any) string { return fmt.Sprintf(pattern, a...) }

@@ -63,7 +63,7 @@ func NewResidentExperts(m *Model) *ResidentExperts { return &ResidentExperts{mod
 func (r *ResidentExperts) RunExperts(_ context.Context, _ Step, layer int, x []float32, n int, routes []Route, out []float32) error {
 	m := r.model
 	h := m.Config.HiddenSize
-	if layer < 0 || layer >= len(m.Layers) || m.Layers[layer].Experts == nil {
+	if layer < 0 || layer >= len(m.Layers) || m.Layers[layer].MoE == nil || m.Layers[layer].MoE.Experts == nil {
 		return fmt.Errorf("model: layer %d has no resident experts", layer)
 	}
 	if n == 0 || len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
@@ -73,7 +73,7 @@ func (r *ResidentExperts) RunExperts(_ context.Context, _ Step, layer int, x []f
 		return err
 	}
 	k := len(routes) / n
-	experts := m.Layers[layer].Experts
+	experts := m.Layers[layer].MoE.Experts
 	for e := range experts {
 		r.tokens = r.tokens[:0]
 		for i, rt := range routes {

@@ -12,21 +12,30 @@ func init() {
 			VocabSize: 32000, MaxPositions: 4096 * 32,
 			RMSNormEps: 1e-5, RopeTheta: 1e6,
 		},
-		names: tensorNames{
-			Embed:      "model.embed_tokens.weight",
-			FinalNorm:  "model.norm.weight",
-			LMHead:     "lm_head.weight",
-			AttnNorm:   "model.layers.%d.input_layernorm.weight",
-			FFNNorm:    "model.layers.%d.post_attention_layernorm.weight",
-			Q:          "model.layers.%d.self_attn.q_proj.weight",
-			K:          "model.layers.%d.self_attn.k_proj.weight",
-			V:          "model.layers.%d.self_attn.v_proj.weight",
-			O:          "model.layers.%d.self_attn.o_proj.weight",
-			Router:     "model.layers.%d.block_sparse_moe.gate.weight",
-			ExpertGate: "model.layers.%d.block_sparse_moe.experts.%d.w1.weight",
-			ExpertUp:   "model.layers.%d.block_sparse_moe.experts.%d.w3.weight",
-			ExpertDown: "model.layers.%d.block_sparse_moe.experts.%d.w2.weight",
+		embed:     "model.embed_tokens.weight",
+		finalNorm: "model.norm.weight",
+		lmHead:    "lm_head.weight",
+		layer: func(b *binder, c Config, l int) Layer {
+			h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+			p := per("model.layers.%d.", l)
+			return Layer{
+				Attention: Attention{
+					Norm: b.vector(p+"input_layernorm.weight", h),
+					Q:    b.matrix(p+"self_attn.q_proj.weight", q, h),
+					K:    b.matrix(p+"self_attn.k_proj.weight", kv, h),
+					V:    b.matrix(p+"self_attn.v_proj.weight", kv, h),
+					O:    b.matrix(p+"self_attn.o_proj.weight", h, q),
+				},
+				MoE: &MoE{
+					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
+					Router:   b.matrix(p+"block_sparse_moe.gate.weight", c.NumExperts, h),
+					NormTopK: true,
+				},
+			}
 		},
-		normTopK: true,
+		expertNames: func(l, e int) (gate, up, down string) {
+			p := per("model.layers.%d.block_sparse_moe.experts.%d.", l, e)
+			return p + "w1.weight", p + "w3.weight", p + "w2.weight"
+		},
 	})
 }

@@ -38,15 +38,19 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	for l := range m.Layers {
 		src, dst := &m.Layers[l], &q.Layers[l]
 		*dst = *src
-		add(&dst.Q, src.Q, dt)
-		add(&dst.K, src.K, dt)
-		add(&dst.V, src.V, dt)
-		add(&dst.O, src.O, dt)
-		add(&dst.Router, src.Router, routerDT)
-		if src.Experts != nil {
-			dst.Experts = make([]Expert, len(src.Experts))
-			for e := range src.Experts {
-				ex, sx := &dst.Experts[e], src.Experts[e]
+		sa, da := &src.Attention, &dst.Attention
+		add(&da.Q, sa.Q, dt)
+		add(&da.K, sa.K, dt)
+		add(&da.V, sa.V, dt)
+		add(&da.O, sa.O, dt)
+		smoe := src.MoE
+		dmoe := *smoe
+		dst.MoE = &dmoe
+		add(&dmoe.Router, smoe.Router, routerDT)
+		if smoe.Experts != nil {
+			dmoe.Experts = make([]Expert, len(smoe.Experts))
+			for e := range smoe.Experts {
+				ex, sx := &dmoe.Experts[e], smoe.Experts[e]
 				jobs = append(jobs, job{&ex.Gate, sx.Gate, dt, true}, job{&ex.Up, sx.Up, dt, true}, job{&ex.Down, sx.Down, dt, true})
 			}
 		}

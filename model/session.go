@@ -3,7 +3,6 @@ package model
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/kvcache"
@@ -104,11 +103,12 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := s.attention(l, start, n); err != nil {
+		L := &s.m.Layers[l]
+		if err := L.Attention.forward(s, l, start, n); err != nil {
 			return err
 		}
-		if err := s.moe(ctx, step, l, n); err != nil {
-			return fmt.Errorf("model: layer %d experts: %w", l, err)
+		if err := L.ffn().forward(ctx, s, step, l, n); err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
 	if err := s.cache.Commit(start + n); err != nil {
@@ -131,99 +131,4 @@ func (s *Session) Logits() []float32 {
 	kernels.RMSNorm(s.hn[:h], last, s.m.FinalNorm, float32(c.RMSNormEps))
 	kernels.MatVec(s.logits, s.m.LMHead, s.hn[:h])
 	return s.logits
-}
-
-// attention runs the attention half of layer l on the batch: x += O(attn(norm(x))).
-func (s *Session) attention(l, start, n int) error {
-	c, L := s.m.Config, &s.m.Layers[l]
-	h, hd := c.HiddenSize, c.HeadDim
-	qw, kvw := c.NumHeads*hd, c.NumKVHeads*hd
-	eps := float32(c.RMSNormEps)
-	s.hn = grow(s.hn, n*h)
-	for t := range n {
-		kernels.RMSNorm(s.hn[t*h:(t+1)*h], s.x[t*h:(t+1)*h], L.AttnNorm, eps)
-	}
-	s.q, s.k, s.v = grow(s.q, n*qw), grow(s.k, n*kvw), grow(s.v, n*kvw)
-	kernels.MatMul(s.q, L.Q, s.hn, n)
-	kernels.MatMul(s.k, L.K, s.hn, n)
-	kernels.MatMul(s.v, L.V, s.hn, n)
-	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
-	for t := range n {
-		kernels.RoPETable(s.cos, s.sin, start+t, s.invFreq)
-		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)
-		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
-		if err := s.cache.Put(l, start+t, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {
-			return err
-		}
-	}
-	s.att = grow(s.att, n*qw)
-	s.scores = grow(s.scores, start+n)
-	keys, values := s.cache.Keys(l, start+n), s.cache.Values(l, start+n)
-	group := c.NumHeads / c.NumKVHeads
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	for t := range n {
-		pos := start + t
-		lo := 0
-		if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
-			lo = pos - c.SlidingWindow + 1
-		}
-		for head := range c.NumHeads {
-			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
-			kvOff := (head / group) * hd
-			sc := s.scores[:pos+1-lo]
-			for j := range sc {
-				krow := keys[(lo+j)*kvw+kvOff : (lo+j)*kvw+kvOff+hd]
-				sc[j] = float32(kernels.Dot(q, krow) * scale)
-			}
-			kernels.Softmax(sc)
-			out := s.att[t*qw+head*hd : t*qw+(head+1)*hd]
-			clear(out)
-			for j, p := range sc {
-				kernels.Axpy(out, p, values[(lo+j)*kvw+kvOff:(lo+j)*kvw+kvOff+hd])
-			}
-		}
-	}
-	s.proj = grow(s.proj, n*h)
-	kernels.MatMul(s.proj, L.O, s.att, n)
-	kernels.Add(s.x[:n*h], s.proj)
-	return nil
-}
-
-// moe runs the sparse MoE half of layer l: route each token, run its
-// experts, mix their outputs in expert-id order, add to the residual.
-func (s *Session) moe(ctx context.Context, step Step, l, n int) error {
-	c, L := s.m.Config, &s.m.Layers[l]
-	h, E, k := c.HiddenSize, c.NumExperts, c.TopK
-	s.hn = grow(s.hn, n*h)
-	for t := range n {
-		kernels.RMSNorm(s.hn[t*h:(t+1)*h], s.x[t*h:(t+1)*h], L.FFNNorm, float32(c.RMSNormEps))
-	}
-	s.routerLogits = grow(s.routerLogits, n*E)
-	kernels.MatMul(s.routerLogits, L.Router, s.hn, n)
-	s.probs = grow(s.probs, E)
-	if cap(s.routes) < n*k {
-		s.routes = make([]Route, n*k)
-	}
-	s.routes = s.routes[:n*k]
-	for t := range n {
-		route(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, s.m.arch.normTopK)
-	}
-	if s.OnRoute != nil {
-		s.OnRoute(step, l, s.routerLogits, s.routes)
-	}
-	s.expertOut = grow(s.expertOut, n*k*h)
-	if err := s.experts.RunExperts(ctx, step, l, s.hn[:n*h], n, s.routes, s.expertOut); err != nil {
-		return err
-	}
-	s.proj = grow(s.proj, n*h)
-	for t := range n {
-		mix := s.proj[t*h : (t+1)*h]
-		clear(mix)
-		// fixed summation order (routes are sorted by expert id): swarm == local
-		for j, r := range s.routes[t*k : (t+1)*k] {
-			kernels.Axpy(mix, r.Weight, s.expertOut[(t*k+j)*h:(t*k+j+1)*h])
-		}
-	}
-	kernels.Add(s.x[:n*h], s.proj[:n*h])
-	return nil
 }

@@ -23,14 +23,6 @@ type Model struct {
 	nonExpertBytes, expertBytes int64
 }
 
-// Layer is one decoder block.
-type Layer struct {
-	AttnNorm, FFNNorm []float32      // [hidden]
-	Q, K, V, O        kernels.Matrix // attention projections
-	Router            kernels.Matrix // [experts, hidden]
-	Experts           []Expert       // nil when loaded without experts
-}
-
 // Expert is one SwiGLU feed-forward network: Down(silu(Gate x) * Up x).
 type Expert struct {
 	Gate kernels.Matrix // [intermediate, hidden] (Mixtral w1)
@@ -102,44 +94,35 @@ func (b *binder) vector(name string, n int) []float32 {
 }
 
 func (m *Model) bind(opt LoadOptions) error {
-	c, n := m.Config, m.arch.names
-	h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	c, arch := m.Config, m.arch
+	h := c.HiddenSize
 	b := &binder{set: m.set, bytes: &m.nonExpertBytes}
-	m.Embed = b.matrix(n.Embed, c.VocabSize, h)
-	m.FinalNorm = b.vector(n.FinalNorm, h)
+	m.Embed = b.matrix(arch.embed, c.VocabSize, h)
+	m.FinalNorm = b.vector(arch.finalNorm, h)
 	if c.TieEmbeddings {
 		m.LMHead = m.Embed
 	} else {
-		m.LMHead = b.matrix(n.LMHead, c.VocabSize, h)
+		m.LMHead = b.matrix(arch.lmHead, c.VocabSize, h)
 	}
 	m.Layers = make([]Layer, c.NumLayers)
 	for l := range m.Layers {
-		L := &m.Layers[l]
-		L.AttnNorm = b.vector(n.layer(n.AttnNorm, l), h)
-		L.FFNNorm = b.vector(n.layer(n.FFNNorm, l), h)
-		L.Q = b.matrix(n.layer(n.Q, l), q, h)
-		L.K = b.matrix(n.layer(n.K, l), kv, h)
-		L.V = b.matrix(n.layer(n.V, l), kv, h)
-		L.O = b.matrix(n.layer(n.O, l), h, q)
-		L.Router = b.matrix(n.layer(n.Router, l), c.NumExperts, h)
+		m.Layers[l] = arch.layer(b, c, l)
 	}
-	if opt.SkipExperts {
+	if opt.SkipExperts || b.err != nil {
 		return b.err
 	}
 	eb := &binder{set: m.set, bytes: &m.expertBytes}
 	for l := range m.Layers {
-		L := &m.Layers[l]
-		L.Experts = make([]Expert, c.NumExperts)
-		for e := range L.Experts {
-			L.Experts[e] = Expert{
-				Gate: eb.matrix(n.expert(n.ExpertGate, l, e), c.IntermediateSize, h),
-				Up:   eb.matrix(n.expert(n.ExpertUp, l, e), c.IntermediateSize, h),
-				Down: eb.matrix(n.expert(n.ExpertDown, l, e), h, c.IntermediateSize),
+		moe := m.Layers[l].MoE
+		moe.Experts = make([]Expert, c.NumExperts)
+		for e := range moe.Experts {
+			gate, up, down := arch.expertNames(l, e)
+			moe.Experts[e] = Expert{
+				Gate: eb.matrix(gate, c.IntermediateSize, h),
+				Up:   eb.matrix(up, c.IntermediateSize, h),
+				Down: eb.matrix(down, h, c.IntermediateSize),
 			}
 		}
-	}
-	if b.err != nil {
-		return b.err
 	}
 	return eb.err
 }
@@ -154,8 +137,7 @@ func (m *Model) ExpertBytes() int64 { return m.expertBytes }
 // ExpertTensorNames returns the checkpoint names of one expert's gate, up
 // and down matrices, for readers of the raw checkpoint (the store).
 func (m *Model) ExpertTensorNames(layer, expert int) (gate, up, down string) {
-	n := m.arch.names
-	return n.expert(n.ExpertGate, layer, expert), n.expert(n.ExpertUp, layer, expert), n.expert(n.ExpertDown, layer, expert)
+	return m.arch.expertNames(layer, expert)
 }
 
 // Close releases the memory-mapped checkpoint; the Model's matrices must

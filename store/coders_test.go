@@ -171,7 +171,7 @@ func benchWeights(b *testing.B, n int) []byte {
 	defer m.Close()
 	out := make([]byte, 0, 2*n)
 	for _, l := range m.Layers {
-		for _, e := range l.Experts {
+		for _, e := range l.MoE.Experts {
 			for _, t := range []kernels.Matrix{e.Gate, e.Up, e.Down} {
 				out = append(out, t.Data[:min(len(t.Data), 2*n-len(out))]...)
 				if len(out) == 2*n {

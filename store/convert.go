@@ -58,7 +58,7 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 	b := build{identity: id, layers: m.Config.NumLayers, experts: m.Config.NumExperts}
 	for l := range b.layers {
 		for e := range b.experts {
-			ex := m.Layers[l].Experts[e]
+			ex := m.Layers[l].MoE.Experts[e]
 			b.tensors = append(b.tensors,
 				source{l, e, W1, ex.Gate}, source{l, e, W2, ex.Down}, source{l, e, W3, ex.Up})
 		}

@@ -88,7 +88,7 @@ func TestConvertTinyModelReadsBackEveryExpert(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := m.Layers[l].Experts[e]
+			want := m.Layers[l].MoE.Experts[e]
 			for i, pair := range [][2]kernels.Matrix{{got.Gate, want.Gate}, {got.Up, want.Up}, {got.Down, want.Down}} {
 				g, w := pair[0], pair[1]
 				if g.Rows != w.Rows || g.Cols != w.Cols || g.DType != w.DType || !bytes.Equal(g.Data, w.Data) {

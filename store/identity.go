@@ -81,7 +81,7 @@ func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info,
 		h.Write([]byte(l))
 	}
 	for l, layer := range m.Layers {
-		r := layer.Router
+		r := layer.MoE.Router
 		fmt.Fprintf(h, "router %d %v %dx%d\n", l, r.DType, r.Rows, r.Cols)
 		h.Write(r.Data)
 	}

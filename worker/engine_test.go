@@ -94,7 +94,7 @@ func sameBits(a, b []float32) bool {
 // localExpert computes what local mode computes for this expert.
 func localExpert(m *model.Model, layer, expert int, x []float32, n int) []float32 {
 	out := make([]float32, n*m.Config.HiddenSize)
-	m.Layers[layer].Experts[expert].Forward(out, x, n, &model.ExpertScratch{})
+	m.Layers[layer].MoE.Experts[expert].Forward(out, x, n, &model.ExpertScratch{})
 	return out
 }
 

@@ -1,0 +1,143 @@
+package model
+
+import (
+	"context"
+	"math"
+
+	"github.com/odmoe/odmoe/kernels"
+)
+
+// The blocks a decoder layer is made of. A family (mixtral.go) binds its
+// tensors to these and sets their switches; the Session runs them in
+// order. A family whose layers differ (query/key norms, a dense or shared
+// feed-forward) adds the block or switch here and says so in its file.
+
+// Layer is one decoder block: attention, then a feed-forward block.
+type Layer struct {
+	Attention Attention
+	MoE       *MoE // the sparse feed-forward block
+}
+
+// feedForward is the second half of a layer.
+type feedForward interface {
+	forward(ctx context.Context, s *Session, step Step, l, n int) error
+}
+
+// ffn is the layer's feed-forward block.
+func (L *Layer) ffn() feedForward { return L.MoE }
+
+// Attention is pre-norm grouped-query self-attention with rotate-half
+// RoPE over the sequence's KV cache (and a sliding window if the config
+// has one).
+type Attention struct {
+	Norm       []float32      // [hidden]
+	Q, K, V, O kernels.Matrix // projections
+}
+
+// MoE is a sparse feed-forward block: pre-norm, a softmax router choosing
+// each token's top-k experts (renormalised when NormTopK), the experts,
+// and their outputs mixed in expert-id order. The experts run wherever
+// the session's ExpertRunner puts them; Experts is nil on a main node.
+type MoE struct {
+	Norm     []float32      // [hidden]
+	Router   kernels.Matrix // [experts, hidden]
+	Experts  []Expert
+	NormTopK bool
+}
+
+// forward runs the block on the session's batch at layer l (the KV cache
+// layer it reads and extends): x += O(attn(norm(x))).
+func (a *Attention) forward(s *Session, l, start, n int) error {
+	c := s.m.Config
+	h, hd := c.HiddenSize, c.HeadDim
+	qw, kvw := c.NumHeads*hd, c.NumKVHeads*hd
+	eps := float32(c.RMSNormEps)
+	s.hn = grow(s.hn, n*h)
+	for t := range n {
+		kernels.RMSNorm(s.hn[t*h:(t+1)*h], s.x[t*h:(t+1)*h], a.Norm, eps)
+	}
+	s.q, s.k, s.v = grow(s.q, n*qw), grow(s.k, n*kvw), grow(s.v, n*kvw)
+	kernels.MatMul(s.q, a.Q, s.hn, n)
+	kernels.MatMul(s.k, a.K, s.hn, n)
+	kernels.MatMul(s.v, a.V, s.hn, n)
+	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
+	for t := range n {
+		kernels.RoPETable(s.cos, s.sin, start+t, s.invFreq)
+		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)
+		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
+		if err := s.cache.Put(l, start+t, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {
+			return err
+		}
+	}
+	s.att = grow(s.att, n*qw)
+	s.scores = grow(s.scores, start+n)
+	keys, values := s.cache.Keys(l, start+n), s.cache.Values(l, start+n)
+	group := c.NumHeads / c.NumKVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for t := range n {
+		pos := start + t
+		lo := 0
+		if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
+			lo = pos - c.SlidingWindow + 1
+		}
+		for head := range c.NumHeads {
+			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
+			kvOff := (head / group) * hd
+			sc := s.scores[:pos+1-lo]
+			for j := range sc {
+				krow := keys[(lo+j)*kvw+kvOff : (lo+j)*kvw+kvOff+hd]
+				sc[j] = float32(kernels.Dot(q, krow) * scale)
+			}
+			kernels.Softmax(sc)
+			out := s.att[t*qw+head*hd : t*qw+(head+1)*hd]
+			clear(out)
+			for j, p := range sc {
+				kernels.Axpy(out, p, values[(lo+j)*kvw+kvOff:(lo+j)*kvw+kvOff+hd])
+			}
+		}
+	}
+	s.proj = grow(s.proj, n*h)
+	kernels.MatMul(s.proj, a.O, s.att, n)
+	kernels.Add(s.x[:n*h], s.proj)
+	return nil
+}
+
+// forward runs the block on the session's batch at layer l: route each
+// token, run its experts on the session's ExpertRunner, mix their outputs
+// in expert-id order, add to the residual.
+func (b *MoE) forward(ctx context.Context, s *Session, step Step, l, n int) error {
+	c := s.m.Config
+	h, E, k := c.HiddenSize, c.NumExperts, c.TopK
+	s.hn = grow(s.hn, n*h)
+	for t := range n {
+		kernels.RMSNorm(s.hn[t*h:(t+1)*h], s.x[t*h:(t+1)*h], b.Norm, float32(c.RMSNormEps))
+	}
+	s.routerLogits = grow(s.routerLogits, n*E)
+	kernels.MatMul(s.routerLogits, b.Router, s.hn, n)
+	s.probs = grow(s.probs, E)
+	if cap(s.routes) < n*k {
+		s.routes = make([]Route, n*k)
+	}
+	s.routes = s.routes[:n*k]
+	for t := range n {
+		route(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, b.NormTopK)
+	}
+	if s.OnRoute != nil {
+		s.OnRoute(step, l, s.routerLogits, s.routes)
+	}
+	s.expertOut = grow(s.expertOut, n*k*h)
+	if err := s.experts.RunExperts(ctx, step, l, s.hn[:n*h], n, s.routes, s.expertOut); err != nil {
+		return err
+	}
+	s.proj = grow(s.proj, n*h)
+	for t := range n {
+		mix := s.proj[t*h : (t+1)*h]
+		clear(mix)
+		// fixed summation order (routes are sorted by expert id): swarm == local
+		for j, r := range s.routes[t*k : (t+1)*k] {
+			kernels.Axpy(mix, r.Weight, s.expertOut[(t*k+j)*h:(t*k+j+1)*h])
+		}
+	}
+	kernels.Add(s.x[:n*h], s.proj[:n*h])
+	return nil
+}
