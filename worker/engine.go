@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
@@ -39,8 +38,7 @@ type Stats struct {
 // with the context of the Prefetch that started them.
 type Engine struct {
 	src    ExpertSource
-	arena  *Arena
-	link   *Link
+	dev    Device
 	hidden int
 	log    zerolog.Logger
 	Stats  Stats
@@ -96,13 +94,13 @@ func (s *slot) release(seq uint64) bool {
 }
 
 // NewEngine returns an engine over src whose experts take hidden-size
-// inputs, with device memory arena and host-to-device link link.
-func NewEngine(src ExpertSource, hidden int, arena *Arena, link *Link, log zerolog.Logger) *Engine {
-	return &Engine{src: src, arena: arena, link: link, hidden: hidden, log: log, slots: map[slotKey]*slot{}}
+// inputs, on device dev.
+func NewEngine(src ExpertSource, hidden int, dev Device, log zerolog.Logger) *Engine {
+	return &Engine{src: src, dev: dev, hidden: hidden, log: log, slots: map[slotKey]*slot{}}
 }
 
-// Arena is the engine's device memory.
-func (e *Engine) Arena() *Arena { return e.arena }
+// Device is where the engine keeps and runs experts.
+func (e *Engine) Device() Device { return e.dev }
 
 // Prefetch starts loading the experts of layer that sequence seq will need
 // and that are not resident or loading already (a hint: from the shadow's
@@ -151,7 +149,7 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 		if s.hinted {
 			e.Stats.Wasted.Add(1)
 		}
-		e.arena.Free(s.block)
+		e.dev.Free(s.block)
 		s.block = Block{}
 	}
 	e.mu.Unlock()
@@ -216,17 +214,17 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	if e.Host != nil {
 		ex, err = e.fromHost(ctx, k, n)
 	} else {
-		ex, err = e.src.ReadExpert(ctx, k.layer, k.expert, b.Bytes)
+		ex, err = e.src.ReadExpert(ctx, k.layer, k.expert, e.dev.Staging(b))
 	}
 	if err == nil {
-		err = e.link.Transfer(ctx, int64(n))
+		ex, err = e.dev.Upload(ctx, b, ex, int64(n))
 	}
 	if err != nil {
-		e.arena.Free(b)
+		e.dev.Free(b)
 		return err
 	}
 	if ex.Gate.Cols != e.hidden || ex.Down.Rows != e.hidden {
-		e.arena.Free(b)
+		e.dev.Free(b)
 		return fmt.Errorf("worker: layer %d expert %d has hidden size %d, the model %d", k.layer, k.expert, ex.Gate.Cols, e.hidden)
 	}
 	s.expert, s.block = ex, b
@@ -251,7 +249,7 @@ func (e *Engine) fromHost(ctx context.Context, k slotKey, n int) (model.Expert, 
 // (predictions that turned out wrong, oldest first).
 func (e *Engine) alloc(n int64, layer int) (Block, error) {
 	for {
-		b, err := e.arena.Alloc(n)
+		b, err := e.dev.Alloc(n)
 		if err == nil || !errors.Is(err, ErrOverBudget) {
 			return b, err
 		}
@@ -290,7 +288,7 @@ func (e *Engine) dropLocked(k slotKey, s *slot) {
 		e.Stats.Wasted.Add(1)
 	}
 	if s.block.Bytes != nil {
-		e.arena.Free(s.block)
+		e.dev.Free(s.block)
 		s.block = Block{}
 	}
 }
@@ -377,20 +375,16 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 	return res, err
 }
 
-// compute runs the expert with its working memory taken from the budget
-// too: the budget covers the expert and the compute buffers.
+// compute runs the expert on the device, its working memory taken from
+// the budget too: the budget covers the expert and the compute buffers.
 func (e *Engine) compute(ex model.Expert, x []float32, n int, out []float32, res *Result) error {
-	inter := ex.Gate.Rows
-	b, err := e.arena.Alloc(int64(2 * n * inter * 4))
-	if err != nil {
-		e.Stats.Refused.Add(1)
-		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
-	}
-	defer e.arena.Free(b)
-	f := unsafe.Slice((*float32)(unsafe.Pointer(&b.Bytes[0])), 2*n*inter)
-	scratch := model.NewExpertScratch(f[:n*inter], f[n*inter:])
 	res.Started = time.Now()
-	ex.Forward(out, x, n, scratch)
+	if err := e.dev.Run(ex, x, n, out); err != nil {
+		if errors.Is(err, ErrOverBudget) {
+			e.Stats.Refused.Add(1)
+		}
+		return err
+	}
 	res.Compute = time.Since(res.Started)
 	e.Stats.ComputeNanos.Add(int64(res.Compute))
 	return nil

@@ -105,7 +105,7 @@ func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
 	f := tinyFixture(t)
 	h := f.model.Config.HiddenSize
 	arena, _ := NewArena(64 << 20)
-	e := NewEngine(f.store, h, arena, NewLink(0), zerolog.Nop())
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer e.Close()
 	ctx := context.Background()
 	for _, n := range []int{1, 5} {
@@ -152,7 +152,7 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 	eb, _ := f.store.ExpertBytes(0, 0)
 	budget := int64(eb) + 64<<10 // one expert and its compute buffers
 	arena, _ := NewArena(budget)
-	e := NewEngine(f.store, h, arena, NewLink(0), zerolog.Nop())
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer e.Close()
 	ctx := context.Background()
 	x := randomInput(1, h, 9)
@@ -196,7 +196,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 	f := tinyFixture(t)
 	h := f.model.Config.HiddenSize
 	arena, _ := NewArena(64 << 20)
-	e := NewEngine(f.store, h, arena, NewLink(0), zerolog.Nop())
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer e.Close()
 	ctx := context.Background()
 	x := randomInput(1, h, 5)

@@ -29,7 +29,7 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	h := f.model.Config.HiddenSize
 	src := &countingSource{ExpertSource: f.store}
 	arena, _ := NewArena(64 << 20)
-	e := NewEngine(src, h, arena, NewLink(0), zerolog.Nop())
+	e := NewEngine(src, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer e.Close()
 	size, err := f.store.ExpertBytes(1, 4)
 	if err != nil {
@@ -87,7 +87,7 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 		t.Fatalf("preloaded %d experts (%d bytes reported), err %v; want 3", n, progressed, err)
 	}
 	arena, _ := NewArena(64 << 20)
-	e := NewEngine(src, f.model.Config.HiddenSize, arena, NewLink(0), zerolog.Nop())
+	e := NewEngine(src, f.model.Config.HiddenSize, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer e.Close()
 	e.Host = c
 	h := f.model.Config.HiddenSize

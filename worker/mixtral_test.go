@@ -40,7 +40,7 @@ func TestMixtralExpertRunsWithin1GiB(t *testing.T) {
 	}
 	const budget = 1 << 30
 	arena, _ := NewArena(budget)
-	e := NewEngine(st, 4096, arena, NewLink(0), zerolog.Nop())
+	e := NewEngine(st, 4096, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer e.Close()
 	x := randomInput(1, 4096, 4)
 	out := make([]float32, 4096)

@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	eng := NewEngine(st, hidden, arena, NewLink(cfg.LoadBytesSec), log)
+	eng := NewEngine(st, hidden, NewCPU(arena, NewLink(cfg.LoadBytesSec)), log)
 	defer eng.Close()
 	if cfg.HostCacheBytes > 0 {
 		eng.Host = NewHostCache(cfg.HostCacheBytes)
@@ -100,6 +100,11 @@ func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64,
 	return nil
 }
 
+func inUse(d Device) int64 {
+	_, n, _ := d.Memory()
+	return n
+}
+
 // pinResident pins the experts worker idx of n owns, with a progress bar.
 func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, log zerolog.Logger) error {
 	var total int64 // what this worker owns
@@ -117,7 +122,7 @@ func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, 
 	if err != nil {
 		return fmt.Errorf("worker: resident %d/%d: %w", idx, n, err)
 	}
-	log.Info().Str("resident", fmt.Sprintf("%d/%d", idx, n)).Int("experts", eng.Resident()).Str("device_in_use", progress.Bytes(eng.Arena().InUse())).
+	log.Info().Str("resident", fmt.Sprintf("%d/%d", idx, n)).Int("experts", eng.Resident()).Str("device_in_use", progress.Bytes(inUse(eng.Device()))).
 		Dur("took", time.Since(t0)).Msg("resident experts pinned")
 	return nil
 }

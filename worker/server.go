@@ -263,12 +263,12 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 // Stats are the worker's counters, as a StatsRequest gets them.
 func (s *Server) Stats() *wire.WorkerStats {
 	st := &s.engine.Stats
-	a := s.engine.Arena()
+	budget, inUse, peak := s.engine.Device().Memory()
 	ws := &wire.WorkerStats{
 		Loads: st.Loads.Load(), Hits: st.Hits.Load(), Misses: st.Misses.Load(), WastedLoads: st.Wasted.Load(),
 		Refused: st.Refused.Load(), LatePredictions: s.late.Load(),
 		LoadTime: time.Duration(st.LoadNanos.Load()), ComputeTime: time.Duration(st.ComputeNanos.Load()), StallTime: time.Duration(st.StallNanos.Load()),
-		DeviceBudget: a.Budget(), DevicePeak: a.Peak(), DeviceInUse: a.InUse(), RSSPeak: procmem.PeakRSS(),
+		DeviceBudget: budget, DevicePeak: peak, DeviceInUse: inUse, RSSPeak: procmem.PeakRSS(),
 	}
 	if h := s.engine.Host; h != nil {
 		hits, misses, used := h.Stats()

@@ -12,7 +12,7 @@ import (
 // forgotten.
 func TestLatePredictionsAreCountedPerSequence(t *testing.T) {
 	arena, _ := NewArena(1 << 20)
-	eng := NewEngine(nil, 8, arena, NewLink(0), zerolog.Nop())
+	eng := NewEngine(nil, 8, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	defer eng.Close()
 	s := NewServer(eng, zerolog.Nop())
 	const a, b = 7, 9

@@ -163,7 +163,7 @@ func startWorker(ctx context.Context, st *store.Store, certDir string, i int, o 
 	if err != nil {
 		return nil, nil, err
 	}
-	eng := worker.NewEngine(st, hidden, arena, worker.NewLink(o.LoadBytesSec), o.Log)
+	eng := worker.NewEngine(st, hidden, worker.NewCPU(arena, worker.NewLink(o.LoadBytesSec)), o.Log)
 	if o.Resident {
 		err = eng.PinOwned(ctx, st.Layers(), st.Experts(), i, o.Count, nil)
 	}

@@ -1,0 +1,77 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/odmoe/odmoe/model"
+)
+
+// Device is the memory and compute a worker keeps and runs experts on:
+// allocate within the budget, upload an expert, run it on a batch of rows,
+// free. CPU is this build's device; a GPU device keeps the same
+// accounting over its own memory (DESIGN.md "Bounded device memory").
+type Device interface {
+	// Alloc reserves n bytes of device memory, or fails with ErrOverBudget
+	// (wrapped) rather than exceed the budget.
+	Alloc(n int64) (Block, error)
+	// Free returns b.
+	Free(b Block)
+	// Staging is the host memory the store decompresses an expert bound
+	// for b into: b itself where device memory is host memory.
+	Staging(b Block) []byte
+	// Upload moves the n bytes of expert ex (in host memory: the staging
+	// bytes of b, or a host cache) into b and returns the expert as the
+	// device runs it.
+	Upload(ctx context.Context, b Block, ex model.Expert, n int64) (model.Expert, error)
+	// Run computes an uploaded expert on n rows of x into out, its working
+	// memory taken from the budget too.
+	Run(ex model.Expert, x []float32, n int, out []float32) error
+	// Memory reports the budget, the bytes in use and their peak.
+	Memory() (budget, inUse, peak int64)
+}
+
+// CPU is the device of a worker without a GPU: an Arena of host memory
+// stands in for device memory, with loads paced by a Link to emulate the
+// host-to-device bus, and experts run on the kernels package.
+type CPU struct {
+	arena *Arena
+	link  *Link
+}
+
+// NewCPU returns a CPU device over arena with transfers paced by link.
+func NewCPU(arena *Arena, link *Link) *CPU { return &CPU{arena: arena, link: link} }
+
+// Alloc implements Device.
+func (d *CPU) Alloc(n int64) (Block, error) { return d.arena.Alloc(n) }
+
+// Free implements Device.
+func (d *CPU) Free(b Block) { d.arena.Free(b) }
+
+// Staging implements Device: device memory is host memory.
+func (d *CPU) Staging(b Block) []byte { return b.Bytes }
+
+// Upload implements Device. The expert is already in host memory, which
+// is the device's: only the paced transfer remains.
+func (d *CPU) Upload(ctx context.Context, _ Block, ex model.Expert, n int64) (model.Expert, error) {
+	return ex, d.link.Transfer(ctx, n)
+}
+
+// Run implements Device.
+func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
+	inter := ex.Gate.Rows
+	b, err := d.arena.Alloc(int64(2 * n * inter * 4))
+	if err != nil {
+		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
+	}
+	defer d.arena.Free(b)
+	f := unsafe.Slice((*float32)(unsafe.Pointer(&b.Bytes[0])), 2*n*inter)
+	ex.Forward(out, x, n, model.NewExpertScratch(f[:n*inter], f[n*inter:]))
+	return nil
+}
+
+// Memory implements Device.
+func (d *CPU) Memory() (budget, inUse, peak int64) {
+	return d.arena.Budget(), d.arena.InUse(), d.arena.Peak()
+}
