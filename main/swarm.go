@@ -278,8 +278,9 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 		}
 		hidden = *buf
 	}
-	*act = wire.Activation{Seq: q.step.Seq, Iteration: q.step.Iter, Layer: q.in.Layer, Tokens: len(r.Tokens), Experts: r.Experts,
-		Hidden: wire.Float32Tensor(hidden, len(r.Tokens), h), ID: r.id, Keep: r.Keep, EndLayer: r.EndLayer}
+	act.Seq, act.Iteration, act.Layer, act.Tokens, act.Experts = q.step.Seq, q.step.Iter, q.in.Layer, len(r.Tokens), r.Experts
+	act.ID, act.Keep, act.EndLayer = r.id, r.Keep, r.EndLayer
+	act.Hidden.SetFloat32s(hidden, len(r.Tokens), h)
 	s.traceWorker(q, trace.Send, trace.MsgActivation, r.Worker, q.in.Layer, -1, r.id, time.Now())
 	if err := s.workers[r.Worker].peer.Send(ctx, act); err != nil {
 		return s.workerErr(r.Worker, err)

@@ -80,6 +80,15 @@ func Float32Tensor(v []float32, shape ...int) Tensor {
 	return Tensor{DType: F32, Shape: shape, Data: f32Bytes(v)}
 }
 
+// SetFloat32s makes t the [rows, cols] F32 tensor of v, as Float32Tensor
+// does, reusing t's shape slice: a message reused for every send
+// allocates nothing.
+func (t *Tensor) SetFloat32s(v []float32, rows, cols int) {
+	t.DType = F32
+	t.Shape = append(t.Shape[:0], rows, cols)
+	t.Data = f32Bytes(v)
+}
+
 // Float32s returns the elements of an F32 tensor. On little-endian hosts
 // it shares t.Data's memory.
 func (t Tensor) Float32s() ([]float32, error) {

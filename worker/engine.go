@@ -75,6 +75,7 @@ type slot struct {
 	used    bool     // some request has used it
 	order   uint64   // order of creation, for eviction of the oldest
 	holders []uint64 // the sequences that hinted it or are running it, until they let go
+	held    [2]uint64 // holders' first backing array: most experts serve one or two sequences
 }
 
 // hold adds seq to the slot's holders (once).
@@ -128,6 +129,7 @@ func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []
 func (e *Engine) newSlotLocked(k slotKey, hinted bool) *slot {
 	e.order++
 	s := &slot{done: make(chan struct{}), hinted: hinted, order: e.order}
+	s.holders = s.held[:0]
 	e.slots[k] = s
 	return s
 }

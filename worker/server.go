@@ -162,8 +162,9 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 	go func() {
 		defer close(computed)
 		var out []float32
+		var res wire.ExpertResult // reused: Send encodes before it returns
 		for a := range acts {
-			out = s.activate(ctx, p, a, out, log)
+			out = s.activate(ctx, p, a, out, &res, log)
 		}
 	}()
 	defer func() { close(acts); <-computed }()
@@ -208,8 +209,8 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 }
 
 // activate runs every expert the activation names on its hidden states
-// and sends one result per expert; out is a reusable buffer.
-func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation, out []float32, log zerolog.Logger) []float32 {
+// and sends one result per expert; out and msg are reused.
+func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation, out []float32, msg *wire.ExpertResult, log zerolog.Logger) []float32 {
 	fail := func(expert int, code uint32, err error) {
 		log.Warn().Uint64("seq", a.Seq).Int64("iteration", a.Iteration).Int("layer", a.Layer).Int("expert", expert).Err(err).Msg("request failed")
 		p.Send(ctx, &wire.Error{Code: code, Msg: err.Error(), Iteration: a.Iteration, Layer: a.Layer, Expert: expert, ID: a.ID, Seq: a.Seq})
@@ -246,12 +247,10 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 			s.trace.Span(trace.Compute, a.Iteration, a.Layer, int(e), res.Started, res.Started.Add(res.Compute))
 			s.trace.Message(trace.Send, trace.MsgResult, p.Identity().Name, a.Iteration, a.Layer, int(e), a.ID, time.Now())
 		}
-		err = p.Send(ctx, &wire.ExpertResult{
-			Seq: a.Seq, Iteration: a.Iteration, Layer: a.Layer, Expert: int(e), ID: a.ID,
-			Output: wire.Float32Tensor(out, a.Tokens, h),
-			Loaded: res.Loaded, Miss: res.Miss,
-			LoadTime: res.Load, ComputeTime: res.Compute, StallTime: res.Stall,
-		})
+		msg.Seq, msg.Iteration, msg.Layer, msg.Expert, msg.ID = a.Seq, a.Iteration, a.Layer, int(e), a.ID
+		msg.Loaded, msg.Miss, msg.LoadTime, msg.ComputeTime, msg.StallTime = res.Loaded, res.Miss, res.Load, res.Compute, res.Stall
+		msg.Output.SetFloat32s(out, a.Tokens, h)
+		err = p.Send(ctx, msg)
 		if err != nil {
 			log.Info().Err(err).Msg("sending a result failed")
 			return out
