@@ -69,12 +69,12 @@ type slot struct {
 	err     error
 	loadDur time.Duration
 	hinted  bool
-	pinned  bool     // resident for good (Pin): never evicted but by Close
-	loaded  bool     // the load has ended (err says how); guarded by Engine.mu
-	users   int      // requests computing with it now
-	used    bool     // some request has used it
-	order   uint64   // order of creation, for eviction of the oldest
-	holders []uint64 // the sequences that hinted it or are running it, until they let go
+	pinned  bool      // resident for good (Pin): never evicted but by Close
+	loaded  bool      // the load has ended (err says how); guarded by Engine.mu
+	users   int       // requests computing with it now
+	used    bool      // some request has used it
+	order   uint64    // order of creation, for eviction of the oldest
+	holders []uint64  // the sequences that hinted it or are running it, until they let go
 	held    [2]uint64 // holders' first backing array: most experts serve one or two sequences
 }
 
