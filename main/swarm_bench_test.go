@@ -37,8 +37,10 @@ const benchLoadBW = 4e9
 
 // BenchmarkSwarmDecode measures, in one run, decode tokens/s of local mode
 // and of an 8-worker swarm (groups of 2, in-process workers on loopback
-// QUIC with mutual TLS) for each prefetch policy, with worker loads paced
-// to benchLoadBW, and the stall fraction of each.
+// QUIC with mutual TLS) for each prefetch policy but the shadow's
+// (BenchmarkShadowDecode), with worker loads paced to benchLoadBW, and the
+// stall fraction of each; the resident swarm's workers pin their experts
+// first.
 func BenchmarkSwarmDecode(b *testing.B) {
 	f := benchSwarmFixture(b)
 	m, err := model.Load(f.Model, model.LoadOptions{})
@@ -78,14 +80,24 @@ func BenchmarkSwarmDecode(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	c := mainModel.Config
 	for _, policy := range mainnode.Prefetches {
+		if policy == mainnode.Shadow {
+			continue
+		}
 		b.Run(fmt.Sprintf("swarm8/%s", policy), func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			addrs := startBenchWorkers(b, ctx, f, 8, benchLoadBW)
+			addrs, stop, err := inproc.StartWorkers(ctx, f, inproc.WorkerOptions{Count: 8, BudgetBytes: 1 << 30, LoadBytesSec: benchLoadBW,
+				Resident: policy == mainnode.Resident, Log: zerolog.Nop()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer stop()
 			layout, _ := sched.NewLayout(8, 2)
 			sw, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop()}, mainnode.Options{
-				Layout: layout, Prefetch: policy, Hidden: mainModel.Config.HiddenSize, Log: zerolog.Nop()})
+				Layout: layout, Prefetch: policy, Hidden: c.HiddenSize, Log: zerolog.Nop(),
+				Layers: c.NumLayers, Experts: c.NumExperts, TopK: c.TopK, Seed: 1})
 			if err != nil {
 				b.Fatal(err)
 			}
