@@ -88,7 +88,7 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 	n.out, n.mainP = out, p
 	err := n.receive(ctx, p)
 	close(out)
-	if serr := g.Wait(); serr != nil && (err == nil || errors.Is(err, context.Canceled)) {
+	if serr := g.Wait(); serr != nil && errors.Is(err, context.Canceled) {
 		err = serr // the sender failed first, and cancelled the receive
 	}
 	n.log.Info().Str("main", p.Identity().Name).Err(err).Msg("shadow: stopped following the main node")

@@ -1,3 +1,5 @@
+//lint:file-ignore U1000 the _msgpack field carries msgpack's as_array struct tag
+
 // Package trace records what each node of a swarm did and when, for a
 // window of iterations: main compute (M_l), shadow compute (S_l), expert
 // loads (EL_l) and expert computes (EC_l) as spans, and every message

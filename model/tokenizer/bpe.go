@@ -201,6 +201,7 @@ type mergeItem struct {
 	rank, pos, id int32
 }
 
+//lint:ignore U1000 used through minHeap's type constraint
 func (a mergeItem) less(b mergeItem) bool {
 	return a.rank < b.rank || a.rank == b.rank && a.pos < b.pos
 }

@@ -283,6 +283,7 @@ type pairEntry struct {
 	key   uint64
 }
 
+//lint:ignore U1000 used through minHeap's type constraint
 func (x pairEntry) less(y pairEntry) bool {
 	if x.count != y.count {
 		return x.count > y.count
