@@ -43,16 +43,7 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 // speed, never the output.
 func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 4)
-	local, err := model.Load(f.Model, model.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer local.Close()
-	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mainModel.Close()
+	local, mainModel := loadModels(t, f)
 	prompt := make([]int, 12)
 	for i := range prompt {
 		prompt[i] = (i*53 + 7) % local.Config.VocabSize
@@ -107,16 +98,7 @@ func TestFP16ShadowAlignedEveryIterationPredictsAbove99(t *testing.T) {
 // local run, and the shadow's predictions are scored for both.
 func TestTwoSequencesWithTheShadow(t *testing.T) {
 	f := newSwarmFixture(t, 4)
-	local, err := model.Load(f.Model, model.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer local.Close()
-	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mainModel.Close()
+	local, mainModel := loadModels(t, f)
 	prompts := [][]int{{3, 40, 77, 9, 12}, {5, 6, 7, 8, 9, 10, 11}}
 	const steps = 8
 	var want [2]generation

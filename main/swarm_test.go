@@ -29,6 +29,23 @@ func newSwarmFixture(t *testing.T, workers int) inproc.Files {
 	return f
 }
 
+// loadModels loads f's model twice: whole (local mode, the reference)
+// and without its experts (the main node's view); the test closes both.
+func loadModels(t *testing.T, f inproc.Files) (local, mainModel *model.Model) {
+	t.Helper()
+	local, err := model.Load(f.Model, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { local.Close() })
+	mainModel, err = model.Load(f.Model, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mainModel.Close() })
+	return local, mainModel
+}
+
 // startWorkers runs n worker servers in this process on loopback QUIC with
 // mutual TLS; it returns their addresses.
 func startWorkers(t *testing.T, ctx context.Context, f inproc.Files, n int, budget int64, resident bool) []string {
@@ -101,16 +118,7 @@ func diffGenerations(a, b generation) string {
 // mini-batches.
 func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 8)
-	local, err := model.Load(f.Model, model.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer local.Close()
-	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mainModel.Close()
+	local, mainModel := loadModels(t, f)
 	prompt := make([]int, 40)
 	for i := range prompt {
 		prompt[i] = (i*37 + 5) % local.Config.VocabSize
@@ -264,16 +272,7 @@ func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
 // workers hold nothing once both have ended.
 func TestTwoSequencesAtOnceAreEachBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 4)
-	local, err := model.Load(f.Model, model.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer local.Close()
-	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mainModel.Close()
+	local, mainModel := loadModels(t, f)
 	prompts := [][]int{make([]int, 24), make([]int, 9)}
 	for i := range prompts[0] {
 		prompts[0][i] = (i*37 + 5) % local.Config.VocabSize
