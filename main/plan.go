@@ -61,10 +61,11 @@ type Plan struct {
 	Hints    []Hint
 	Requests []Request
 
-	ids     []int32 // backing store of Hints' and Requests' Experts
-	tokens  []int   // backing store of Requests' Tokens
-	scratch []int
-	perm    []int // the random policy's draws
+	ids          []int32 // backing store of Hints' and Requests' Experts
+	tokens       []int   // backing store of Requests' Tokens
+	hintAssigned bool    // HintAssigned was called
+	scratch      []int
+	perm         []int // the random policy's draws
 }
 
 // Hint adds a hint: worker is to load experts of layer for step.
@@ -76,20 +77,25 @@ func (p *Plan) Hint(worker int, step model.Step, layer int, experts ...int) {
 	p.Hints = append(p.Hints, Hint{Worker: worker, Step: step, Layer: layer, Experts: p.ids[start:len(p.ids):len(p.ids)]})
 }
 
-// HintAssigned hints every expert of the layer to the worker it is
-// assigned to (one hint per worker, experts in id order).
-func (p *Plan) HintAssigned(in *Input) {
+// HintAssigned asks for every expert of the layer to be hinted to the
+// worker that will run it, once placement is final (after workers out of
+// the layout have been avoided): one hint per worker, experts in id order.
+func (p *Plan) HintAssigned() { p.hintAssigned = true }
+
+// workers calls f for each worker that runs some of the layer's experts,
+// in order of their first expert, with those experts (in p.ids).
+func (p *Plan) workers(f func(w int, experts []int32)) {
 	for i, w := range p.Assign {
 		if slices.Index(p.Assign, w) != i {
-			continue // hinted with the worker's first expert
+			continue // done with the worker's first expert
 		}
-		p.scratch = p.scratch[:0]
+		start := len(p.ids)
 		for j, e := range p.Experts {
 			if p.Assign[j] == w {
-				p.scratch = append(p.scratch, e)
+				p.ids = append(p.ids, int32(e))
 			}
 		}
-		p.Hint(w, in.Step, in.Layer, p.scratch...)
+		f(w, p.ids[start:len(p.ids):len(p.ids)])
 	}
 }
 
@@ -157,7 +163,7 @@ func (pl *Planner) live() int {
 // runs, the hints and the requests.
 func (pl *Planner) Plan(p *Plan, in *Input) {
 	p.Experts, p.Assign, p.Hints, p.Requests = p.Experts[:0], p.Assign[:0], p.Hints[:0], p.Requests[:0]
-	p.ids, p.tokens = p.ids[:0], p.tokens[:0]
+	p.ids, p.tokens, p.hintAssigned = p.ids[:0], p.tokens[:0], false
 	for _, r := range in.Routes {
 		if !slices.Contains(p.Experts, r.Expert) {
 			p.Experts = append(p.Experts, r.Expert)
@@ -166,6 +172,11 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 	slices.Sort(p.Experts)
 	pl.policy.Place(p, in, pl.layout)
 	pl.avoidDown(p, in.Layer)
+	if p.hintAssigned {
+		p.workers(func(w int, experts []int32) {
+			p.Hints = append(p.Hints, Hint{Worker: w, Step: in.Step, Layer: in.Layer, Experts: experts})
+		})
+	}
 	if in.Prefill() {
 		pl.prefillRequests(p, in)
 	} else {
@@ -209,20 +220,11 @@ func (pl *Planner) substitute(w int) int {
 // decodeRequests sends each worker one activation with all its experts on
 // the one token; each is the worker's last of the layer.
 func (pl *Planner) decodeRequests(p *Plan) {
-	for i, w := range p.Assign {
-		if slices.Index(p.Assign, w) != i {
-			continue // the worker's request was made with its first expert
-		}
-		start := len(p.ids)
-		for j, e := range p.Experts {
-			if p.Assign[j] == w {
-				p.ids = append(p.ids, int32(e))
-			}
-		}
+	p.workers(func(w int, experts []int32) {
 		p.tokens = append(p.tokens, 0)
-		p.Requests = append(p.Requests, Request{Worker: w, Experts: p.ids[start:len(p.ids):len(p.ids)],
+		p.Requests = append(p.Requests, Request{Worker: w, Experts: experts,
 			Tokens: p.tokens[len(p.tokens)-1 : len(p.tokens) : len(p.tokens)], EndLayer: true})
-	}
+	})
 }
 
 // prefillRequests sends each expert's tokens in mini-batches (OD-MoE

@@ -104,7 +104,7 @@ func TestPlannerScenarios(t *testing.T) {
 		{name: "resident prefill: owners, no hints", policy: Resident, layer: 1, tokens: [][]int{{1, 2}, {1, 6}},
 			want: "e1@w2 e2@w3 e6@w3 | send w2 [1] rows [0 1] end | send w3 [2] rows [0] | send w3 [6] rows [1] end"},
 		{name: "a worker out: its experts go to the other of its group", policy: OracleNext, down: []int{3}, layer: 1, tokens: [][]int{{2, 5}},
-			want: "e2@w2 e5@w2 | hint w2 it5 L1 [2] | hint w2 it5 L1 [5] | send w2 [2 5] rows [0] end"},
+			want: "e2@w2 e5@w2 | hint w2 it5 L1 [2 5] | send w2 [2 5] rows [0] end"},
 		{name: "a group out: its experts go to the next live worker", policy: Shadow, down: []int{2, 3}, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{2, 5},
 			want: "e2@w0 e5@w0 | send w0 [2 5] rows [0] end"},
 		{name: "a worker out in prefill: its expert goes to the other of its group", policy: Reactive, down: []int{1}, layer: 0, tokens: [][]int{{1, 2}, {1, 2}},

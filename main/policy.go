@@ -83,7 +83,7 @@ func NewPolicy(p Prefetch, m PolicyModel) (Policy, error) {
 // it will run, so all of them load in parallel (OD-MoE section 3.3).
 func prefillAll(p *Plan, in *Input, layout sched.Layout) {
 	p.Assign = layout.Assign(p.Assign, in.Layer, p.Experts, true)
-	p.HintAssigned(in)
+	p.HintAssigned()
 }
 
 type reactive struct{}
@@ -108,7 +108,7 @@ func (oracleNext) Place(p *Plan, in *Input, layout sched.Layout) {
 		return
 	}
 	p.Assign = layout.Assign(p.Assign, in.Layer, p.Experts, false)
-	p.HintAssigned(in)
+	p.HintAssigned()
 }
 
 // shadowPolicy keeps each expert the shadow predicted on the worker the
