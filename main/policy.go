@@ -151,13 +151,7 @@ func (r randomPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 	drawn := r.draw(p, in.Step.Seq, it, next)
 	step := in.Step
 	step.Iter = it
-	for j := range min(layout.Group, len(drawn)) { // the i-th drawn expert goes to DecodeWorker(next, i)
-		p.scratch = p.scratch[:0]
-		for i := j; i < len(drawn); i += layout.Group {
-			p.scratch = append(p.scratch, drawn[i])
-		}
-		p.Hint(layout.DecodeWorker(next, j), step, next, p.scratch...)
-	}
+	p.scratch = layout.PredictionHints(next, drawn, p.scratch, func(w int, experts []int) { p.Hint(w, step, next, experts...) })
 }
 
 // draw returns TopK distinct experts for (seq, iteration, layer), sorted,

@@ -315,9 +315,9 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, routes []model.Route, 
 			return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.Worker, res.Expert, len(got), r.Experts, len(r.Tokens)*h)
 		}
 		for j, t := range r.Tokens {
-			for q, rt := range routes[t*k : (t+1)*k] {
+			for slot, rt := range routes[t*k : (t+1)*k] {
 				if rt.Expert == res.Expert {
-					copy(out[(t*k+q)*h:(t*k+q+1)*h], got[j*h:(j+1)*h])
+					copy(out[(t*k+slot)*h:(t*k+slot+1)*h], got[j*h:(j+1)*h])
 				}
 			}
 		}

@@ -166,3 +166,19 @@ func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted []int) [
 	}
 	return dst
 }
+
+// PredictionHints calls f once for each worker of layer's group that a
+// prediction (distinct experts, sorted) hints, with the experts it is to
+// load: the i-th predicted expert goes to DecodeWorker(layer, i), which is
+// where PlacePredicted expects it. buf is scratch for the experts handed
+// to f (valid until f returns); the grown buffer is returned for reuse.
+func (l Layout) PredictionHints(layer int, predicted, buf []int, f func(worker int, experts []int)) []int {
+	for j := range min(l.Group, len(predicted)) {
+		buf = buf[:0]
+		for i := j; i < len(predicted); i += l.Group {
+			buf = append(buf, predicted[i])
+		}
+		f(l.DecodeWorker(layer, j), buf)
+	}
+	return buf
+}

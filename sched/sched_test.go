@@ -123,3 +123,39 @@ func TestPlacePredictedIsPlaceDecodeOfThePrediction(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictionHintsAreWherePlacePredictedLooks: when the routing is what
+// was predicted, every expert is placed on the worker its hint went to,
+// each predicted expert is hinted exactly once, and only the layer's
+// group is hinted; for groups of 2 and 4 and 1 to 6 predicted experts.
+func TestPredictionHintsAreWherePlacePredictedLooks(t *testing.T) {
+	for _, g := range []int{2, 4} {
+		l, _ := NewLayout(8, g)
+		for layer := range 3 {
+			for k := 1; k <= 6; k++ {
+				predicted := make([]int, k)
+				for i := range predicted {
+					predicted[i] = 3*i + 1
+				}
+				hintedTo := map[int]int{}
+				l.PredictionHints(layer, predicted, nil, func(w int, experts []int) {
+					if l.GroupOf(layer) != w/l.Group {
+						t.Fatalf("layer %d: hint to worker %d outside its group", layer, w)
+					}
+					for _, e := range experts {
+						if _, dup := hintedTo[e]; dup {
+							t.Fatalf("expert %d hinted twice", e)
+						}
+						hintedTo[e] = w
+					}
+				})
+				placed := l.PlacePredicted(nil, layer, predicted, predicted)
+				for i, e := range predicted {
+					if w, ok := hintedTo[e]; !ok || w != placed[i] {
+						t.Fatalf("group %d layer %d: expert %d hinted to %d (ok=%v), placed on %d", g, layer, e, w, ok, placed[i])
+					}
+				}
+			}
+		}
+	}
+}

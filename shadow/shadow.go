@@ -42,6 +42,7 @@ type Node struct {
 	out     chan<- outgoing // to the sender
 	mainP   *wire.Peer
 	experts []int
+	buf     []int     // scratch for sched.PredictionHints
 	mark    time.Time // the end of the last traced piece of the forward pass
 }
 
@@ -246,23 +247,29 @@ func (n *Node) predict(ctx context.Context, f *follow, l int, routes []model.Rou
 		}
 	}
 	slices.Sort(n.experts)
-	all := make([]int32, len(n.experts))
-	for i, e := range n.experts {
-		all[i] = int32(e)
+	prediction := func(to *wire.Peer, experts []int) outgoing {
+		return outgoing{to: to, it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: int32s(experts)}}
 	}
-	// the i-th predicted expert goes to DecodeWorker(l, i), as the main
-	// node's planner expects (sched.PlacePredicted)
-	for j := range min(n.layout.Group, len(all)) {
-		var es []int32
-		for i := j; i < len(all); i += n.layout.Group {
-			es = append(es, all[i])
+	// each worker of the group loads its share, where the main node's
+	// planner will look for it (sched.PlacePredicted)
+	var failed error
+	n.buf = n.layout.PredictionHints(l, n.experts, n.buf, func(w int, experts []int) {
+		if failed == nil {
+			failed = n.queue(ctx, prediction(n.workers[w], experts))
 		}
-		w := n.layout.DecodeWorker(l, j)
-		if n.queue(ctx, outgoing{to: n.workers[w], it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: es}}) != nil {
-			return
-		}
+	})
+	if failed == nil {
+		_ = n.queue(ctx, prediction(n.mainP, n.experts))
 	}
-	_ = n.queue(ctx, outgoing{to: n.mainP, it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: all}})
+}
+
+// int32s copies ids for a message, which the sender owns.
+func int32s(ids []int) []int32 {
+	out := make([]int32, len(ids))
+	for i, e := range ids {
+		out[i] = int32(e)
+	}
+	return out
 }
 
 // kvRows turns an alignment's tensors back into align.KVRows.
