@@ -39,38 +39,7 @@ func BenchmarkShadowDecode(b *testing.B) {
 		prompt[i] = (i*7919 + 1) % c.VocabSize
 	}
 	run := func(b *testing.B, m *model.Model, runner model.ExpertRunner) {
-		s := model.NewSession(m, runner, len(prompt)+b.N+1)
-		var before func(model.Step, []int) error
-		if sw, ok := runner.(*mainnode.Swarm); ok {
-			before = func(step model.Step, toks []int) error {
-				return sw.BeforeForward(context.Background(), step, toks, s.Cache())
-			}
-		}
-		// the prompt, then b.N timed decode steps
-		if before != nil {
-			if err := before(s.Next(), prompt); err != nil {
-				b.Fatal(err)
-			}
-		}
-		logits, err := s.Forward(context.Background(), prompt)
-		if err != nil {
-			b.Fatal(err)
-		}
-		next := model.Argmax(logits)
-		b.ResetTimer()
-		for range b.N {
-			if before != nil {
-				if err := before(s.Next(), []int{next}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if logits, err = s.Forward(context.Background(), []int{next}); err != nil {
-				b.Fatal(err)
-			}
-			next = model.Argmax(logits)
-		}
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+		benchDecode(context.Background(), b, m, runner, prompt, 0)
 	}
 	b.Run("local", func(b *testing.B) { run(b, full, model.NewResidentExperts(full)) })
 

@@ -31,6 +31,39 @@ func benchSwarmFixture(b *testing.B) inproc.Files {
 	return f
 }
 
+// benchDecode runs prompt through runner on a new session of m, then
+// warm untimed decode steps and b.N timed ones (greedy), and reports
+// tokens/s. On a Swarm the shadow, if any, is departed and aligned before
+// every forward pass, as Swarm.Generate does. (A cancellable ctx costs
+// the wire a few allocations per message that context.Background saves.)
+func benchDecode(ctx context.Context, b *testing.B, m *model.Model, runner model.ExpertRunner, prompt []int, warm int) {
+	s := model.NewSession(m, runner, len(prompt)+warm+b.N)
+	sw, _ := runner.(*mainnode.Swarm)
+	tok := make([]int, 1)
+	forward := func(tokens []int) {
+		if sw != nil {
+			if err := sw.BeforeForward(ctx, s.Next(), tokens, s.Cache()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		logits, err := s.Forward(ctx, tokens)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tok[0] = model.Argmax(logits)
+	}
+	forward(prompt)
+	for range warm {
+		forward(tok)
+	}
+	b.ResetTimer()
+	for range b.N {
+		forward(tok)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}
+
 // benchLoadBW is the edge-like host-to-device link the benchmark paces
 // worker loads to: PCIe 3.0 x4, as on a Jetson (~4 GB/s).
 const benchLoadBW = 4e9
@@ -52,24 +85,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 	for i := range prompt {
 		prompt[i] = (i*7919 + 1) % m.Config.VocabSize
 	}
-	decode := func(b *testing.B, mm *model.Model, runner model.ExpertRunner) {
-		s := model.NewSession(mm, runner, len(prompt)+b.N)
-		logits, err := s.Forward(context.Background(), prompt)
-		if err != nil {
-			b.Fatal(err)
-		}
-		next := model.Argmax(logits)
-		b.ResetTimer()
-		for range b.N {
-			if logits, err = s.Forward(context.Background(), []int{next}); err != nil {
-				b.Fatal(err)
-			}
-			next = model.Argmax(logits)
-		}
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
-	}
-	b.Run("local", func(b *testing.B) { decode(b, m, model.NewResidentExperts(m)) })
+	b.Run("local", func(b *testing.B) { benchDecode(context.Background(), b, m, model.NewResidentExperts(m), prompt, 0) })
 
 	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
@@ -102,7 +118,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer sw.Close()
-			decode(b, mainModel, sw)
+			benchDecode(context.Background(), b, mainModel, sw, prompt, 0)
 			dec := mainnode.Total(sw.Stats().Decode)
 			b.ReportMetric(dec.Stall.Seconds()/b.Elapsed().Seconds(), "stall-fraction")
 			b.ReportMetric(float64(dec.Misses)/float64(max(dec.Results, 1)), "miss-fraction")
