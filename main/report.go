@@ -57,8 +57,6 @@ type LayerStatsJSON struct {
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func bytesString(n int64) string { return progress.Bytes(n) }
-
 func layersJSON(ls []LayerStats) []LayerStatsJSON {
 	out := make([]LayerStatsJSON, len(ls))
 	for i, l := range ls {
@@ -150,9 +148,9 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration\n", 100**rs.Recall, len(rs.RecallByToken), late)
 	}
 	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)",
-		bytesString(rs.PeakMemory["main"]), bytesString(rs.PeakMemory["worker_device"]), bytesString(rs.PeakMemory["worker_rss"]))
+		progress.Bytes(rs.PeakMemory["main"]), progress.Bytes(rs.PeakMemory["worker_device"]), progress.Bytes(rs.PeakMemory["worker_rss"]))
 	if sh, ok := rs.PeakMemory["shadow"]; ok {
-		fmt.Fprintf(w, ", shadow %s RSS", bytesString(sh))
+		fmt.Fprintf(w, ", shadow %s RSS", progress.Bytes(sh))
 	}
 	fmt.Fprintln(w)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
@@ -51,7 +52,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log.Info().Str("model", cfg.Model).Str("holds", bytesString(m.NonExpertBytes())).Int("workers", len(cfg.Workers)).
+	log.Info().Str("model", cfg.Model).Str("holds", progress.Bytes(m.NonExpertBytes())).Int("workers", len(cfg.Workers)).
 		Int("groups", layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Dur("load", time.Since(t0)).
 		Msg("main node: non-expert weights mapped")
 	opt := Options{
@@ -122,7 +123,7 @@ func RunLocal(ctx context.Context, modelDir string, t Text, stdout io.Writer, lo
 	c := m.Config
 	log.Info().Str("model", modelDir).Str("arch", c.Architecture).Int("layers", c.NumLayers).
 		Int("experts", c.NumExperts).Int("top_k", c.TopK).
-		Str("non_expert", bytesString(m.NonExpertBytes())).Str("experts_bytes", bytesString(m.ExpertBytes())).
+		Str("non_expert", progress.Bytes(m.NonExpertBytes())).Str("experts_bytes", progress.Bytes(m.ExpertBytes())).
 		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
 	st, err := generateText(ctx, modelDir, t, m, model.NewResidentExperts(m), model.Generate, stdout)
 	if err != nil {
