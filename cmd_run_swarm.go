@@ -6,6 +6,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/kernels"
@@ -38,7 +39,10 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return usagef("%v", err)
 	}
 	cfg := mainnode.Config{Model: f.model, Text: f.text(), Workers: strings.Split(f.workers, ","), Group: f.group,
-		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, Log: log}
+		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, Log: log}
+	if f.peerTimeout < 100*time.Millisecond {
+		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.peerTimeout)
+	}
 	if f.trace != "" {
 		if cfg.TraceFrom, cfg.TraceTo, err = parseIters(f.traceIters); err != nil {
 			return usagef("-trace-iters: %v", err)

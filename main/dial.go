@@ -10,7 +10,9 @@ import (
 
 // Dial connects to every worker address (in order: addrs[i] is worker i of
 // the layout) and returns the Swarm over them. cfg is the main node's wire
-// configuration; only workers are accepted at the other end.
+// configuration; only workers are accepted at the other end. A worker
+// lost later is dialed again at the same address (unless opt.Redial says
+// otherwise).
 func Dial(ctx context.Context, addrs []string, cfg *wire.Config, opt Options) (*Swarm, error) {
 	c := *cfg
 	c.PeerRoles = []wire.Role{wire.RoleWorker}
@@ -33,6 +35,11 @@ func Dial(ctx context.Context, addrs []string, cfg *wire.Config, opt Options) (*
 			}
 		}
 		return nil, fmt.Errorf("mainnode: dialing workers: %w", err)
+	}
+	if opt.Redial == nil {
+		rc := c
+		rc.DialAttempts = 1 // the Swarm retries, and logs each attempt
+		opt.Redial = func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, addrs[w], &rc) }
 	}
 	s, err := NewSwarm(peers, opt)
 	if err != nil {

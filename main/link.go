@@ -3,23 +3,56 @@ package mainnode
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/wire"
 )
 
 // link is the main node's connection to one worker: it routes each
-// ExpertResult or Error to the request waiting for it.
+// ExpertResult or Error to the request waiting for it. When the
+// connection ends the link is down until a new connection to the same
+// worker replaces it (rejoin).
 type link struct {
-	peer   *wire.Peer
+	peer   atomic.Pointer[wire.Peer] // the current connection
+	name   string                    // the worker's name, the same on every connection
 	index  int
 	stats  chan *wire.WorkerStats
 	traces chan *wire.Trace
 
-	mu    sync.Mutex
-	waits map[uint64]waiter
-	err   error // set when the connection ended
+	mu        sync.Mutex
+	waits     map[uint64]waiter
+	err       error      // why the current connection ended; nil while it is up
+	next      *wire.Peer // a new connection waiting to rejoin at an iteration boundary
+	redialing bool       // a goroutine is dialing the worker again
 }
+
+func newLink(p *wire.Peer, index int) *link {
+	l := &link{name: p.Identity().Name, index: index, waits: map[uint64]waiter{},
+		stats: make(chan *wire.WorkerStats, 1), traces: make(chan *wire.Trace, 1)}
+	l.peer.Store(p)
+	return l
+}
+
+// conn is the link's current connection (possibly ended).
+func (l *link) conn() *wire.Peer { return l.peer.Load() }
+
+// down reports whether the current connection has ended.
+func (l *link) down() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err != nil
+}
+
+// lostError is a request's reply when the connection to its worker ended
+// before the results came: the request is re-sent to another worker.
+type lostError struct {
+	worker string
+	err    error
+}
+
+func (e *lostError) Error() string { return "connection to " + e.worker + " lost: " + e.err.Error() }
+func (e *lostError) Unwrap() error { return e.err }
 
 // waiter is a request waiting for its replies.
 type waiter struct {
@@ -40,28 +73,29 @@ func (l *link) expect(id uint64, n int, ch chan reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
-		ch <- reply{id: id, err: l.err}
+		ch <- reply{id: id, err: &lostError{l.name, l.err}}
 		return
 	}
 	l.waits[id] = waiter{ch, n}
 }
 
-// receive dispatches messages until the connection or ctx ends, then
-// fails every waiting request with the reason, and returns it.
-func (l *link) receive(ctx context.Context) error {
+// receive dispatches p's messages until the connection or ctx ends, then
+// fails every waiting request with a *lostError, and returns the reason.
+func (l *link) receive(ctx context.Context, p *wire.Peer) error {
 	for {
-		m, err := l.peer.Recv(ctx)
+		m, err := p.Recv(ctx)
 		if err != nil {
 			l.mu.Lock()
 			l.err = err
 			for id, w := range l.waits {
 				select {
-				case w.ch <- reply{id: id, err: err}:
+				case w.ch <- reply{id: id, err: &lostError{l.name, err}}:
 				default:
 				}
 				delete(l.waits, id)
 			}
 			l.mu.Unlock()
+			p.Close()
 			return err
 		}
 		switch m := m.(type) {
@@ -107,8 +141,9 @@ func (l *link) deliver(r reply) {
 }
 
 // WorkerStats asks every worker for its counters (loads, misses, peak
-// device memory, ...) and returns them in worker order; a worker that
-// does not answer within timeout gets nil.
+// device memory, ...) and returns them in worker order; a worker that is
+// down or does not answer within timeout gets nil. A worker that rejoined
+// counts from its restart.
 func (s *Swarm) WorkerStats(ctx context.Context, timeout time.Duration) []*wire.WorkerStats {
 	out := make([]*wire.WorkerStats, len(s.workers))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -119,7 +154,7 @@ func (s *Swarm) WorkerStats(ctx context.Context, timeout time.Duration) []*wire.
 		case <-l.stats:
 		default:
 		}
-		asked[i] = l.peer.Send(ctx, &wire.StatsRequest{}) == nil
+		asked[i] = !l.down() && l.conn().Send(ctx, &wire.StatsRequest{}) == nil
 	}
 	for i, l := range s.workers {
 		if !asked[i] {

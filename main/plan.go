@@ -3,6 +3,7 @@ package mainnode
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
@@ -112,12 +113,14 @@ type Policy interface {
 }
 
 // Planner plans layers for a layout of workers under a policy. Safe for
-// concurrent use by sequences with plans of their own, except SetLive.
+// concurrent use by sequences with plans of their own, and with SetLive
+// (a layer planned while a worker goes out sees it in or out, and either
+// is a valid plan: the Swarm re-sends what a lost worker had).
 type Planner struct {
 	layout    sched.Layout
 	policy    Policy
 	miniBatch int
-	down      []bool // workers out of the layout (lost)
+	down      []atomic.Bool // workers out of the layout (lost)
 }
 
 // NewPlanner returns a planner; miniBatch is the prefill tokens per
@@ -129,35 +132,36 @@ func NewPlanner(layout sched.Layout, policy Policy, miniBatch int) (*Planner, er
 	if layout.Workers < 1 || layout.Group < 1 || layout.Workers%layout.Group != 0 {
 		return nil, fmt.Errorf("mainnode: layout of %d workers in groups of %d", layout.Workers, layout.Group)
 	}
-	return &Planner{layout: layout, policy: policy, miniBatch: miniBatch, down: make([]bool, layout.Workers)}, nil
+	return &Planner{layout: layout, policy: policy, miniBatch: miniBatch, down: make([]atomic.Bool, layout.Workers)}, nil
 }
 
 // Policy is the planner's prefetch policy.
 func (pl *Planner) Policy() Policy { return pl.policy }
 
 // SetLive takes worker w out of the layout (live false) or puts it back:
-// what would run on a worker that is out runs on a live one instead. At
-// least one worker must stay live.
-func (pl *Planner) SetLive(w int, live bool) error {
+// what would run on a worker that is out runs on a live one instead. It
+// reports whether w's state changed. With no worker live, Plan must not
+// be called (Live says so).
+func (pl *Planner) SetLive(w int, live bool) (changed bool, err error) {
 	if w < 0 || w >= len(pl.down) {
-		return fmt.Errorf("mainnode: worker %d of %d", w, len(pl.down))
+		return false, fmt.Errorf("mainnode: worker %d of %d", w, len(pl.down))
 	}
-	if !live && pl.live() == 1 && !pl.down[w] {
-		return fmt.Errorf("mainnode: worker %d is the last one live", w)
-	}
-	pl.down[w] = !live
-	return nil
+	return pl.down[w].Swap(!live) == live, nil
 }
 
-func (pl *Planner) live() int {
+// Live is the number of workers in the layout.
+func (pl *Planner) Live() int {
 	n := 0
-	for _, d := range pl.down {
-		if !d {
+	for i := range pl.down {
+		if !pl.down[i].Load() {
 			n++
 		}
 	}
 	return n
 }
+
+// IsLive reports whether worker w is in the layout.
+func (pl *Planner) IsLive(w int) bool { return !pl.down[w].Load() }
 
 // Plan fills p for one layer: the experts the routes name, where each
 // runs, the hints and the requests.
@@ -188,33 +192,36 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 // live ones: the next live worker of the same group, else the next live
 // worker at all.
 func (pl *Planner) avoidDown(p *Plan, layer int) {
-	if pl.live() == len(pl.down) {
+	if pl.Live() == len(pl.down) {
 		return
 	}
 	for i, w := range p.Assign {
-		p.Assign[i] = pl.substitute(w)
+		p.Assign[i] = pl.Substitute(w)
 	}
 	for i := range p.Hints {
-		p.Hints[i].Worker = pl.substitute(p.Hints[i].Worker)
+		p.Hints[i].Worker = pl.Substitute(p.Hints[i].Worker)
 	}
 }
 
-func (pl *Planner) substitute(w int) int {
-	if !pl.down[w] {
+// Substitute is the worker that runs what the layout gives w: w itself
+// while it is live, else the next live worker of its group, else the next
+// live worker at all (w when none is).
+func (pl *Planner) Substitute(w int) int {
+	if !pl.down[w].Load() {
 		return w
 	}
 	g, G := w/pl.layout.Group, pl.layout.Group
 	for j := 1; j < G; j++ {
-		if c := g*G + (w%G+j)%G; !pl.down[c] {
+		if c := g*G + (w%G+j)%G; !pl.down[c].Load() {
 			return c
 		}
 	}
 	for j := 1; j < pl.layout.Workers; j++ {
-		if c := (w + j) % pl.layout.Workers; !pl.down[c] {
+		if c := (w + j) % pl.layout.Workers; !pl.down[c].Load() {
 			return c
 		}
 	}
-	return w // unreachable: SetLive keeps one worker live
+	return w
 }
 
 // decodeRequests sends each worker one activation with all its experts on

@@ -59,7 +59,7 @@ func testPlanner(t *testing.T, p Prefetch, down ...int) *Planner {
 		t.Fatal(err)
 	}
 	for _, w := range down {
-		if err := pl.SetLive(w, false); err != nil {
+		if _, err := pl.SetLive(w, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -184,17 +184,30 @@ func TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws(t *testing.T) {
 	}
 }
 
-// TestPlannerKeepsOneWorkerLive: the last live worker cannot be taken out.
-func TestPlannerKeepsOneWorkerLive(t *testing.T) {
-	pl := testPlanner(t, Reactive, 0, 1, 2)
-	if err := pl.SetLive(3, false); err == nil {
-		t.Fatal("took the last live worker out")
+// TestPlannerCountsLiveWorkers: SetLive says when it changed something,
+// Live counts down to zero, and Substitute finds a live worker while one
+// is left.
+func TestPlannerCountsLiveWorkers(t *testing.T) {
+	pl := testPlanner(t, Reactive, 0, 1)
+	if pl.Live() != 2 || pl.Substitute(0) != 2 || pl.Substitute(1) != 2 || pl.Substitute(3) != 3 {
+		t.Fatalf("live %d, substitutes %d %d %d", pl.Live(), pl.Substitute(0), pl.Substitute(1), pl.Substitute(3))
 	}
-	if err := pl.SetLive(4, false); err == nil {
+	if changed, err := pl.SetLive(1, false); changed || err != nil {
+		t.Fatalf("taking out a worker already out: changed %v, %v", changed, err)
+	}
+	for _, w := range []int{2, 3} {
+		if changed, err := pl.SetLive(w, false); !changed || err != nil {
+			t.Fatalf("taking out worker %d: changed %v, %v", w, changed, err)
+		}
+	}
+	if pl.Live() != 0 {
+		t.Fatalf("%d live after all went out", pl.Live())
+	}
+	if _, err := pl.SetLive(4, false); err == nil {
 		t.Fatal("took out a worker the layout does not have")
 	}
-	if err := pl.SetLive(1, true); err != nil {
-		t.Fatal(err)
+	if changed, err := pl.SetLive(1, true); !changed || err != nil || pl.Substitute(3) != 1 || !pl.IsLive(1) {
+		t.Fatalf("putting worker 1 back: changed %v, %v, substitute of 3: %d", changed, err, pl.Substitute(3))
 	}
 }
 

@@ -39,6 +39,18 @@ type RunStats struct {
 	Recall          *float64  `json:"recall,omitempty"`
 	RecallByToken   []float64 `json:"recall_by_token,omitempty"`
 	LateDepartureMs []float64 `json:"late_departure_ms,omitempty"`
+	// Faults are what lost nodes cost: absent in local mode.
+	Faults *FaultsJSON `json:"faults,omitempty"`
+}
+
+// FaultsJSON are FaultStats for scripts.
+type FaultsJSON struct {
+	WorkersLost        int64 `json:"workers_lost"`
+	Rejoins            int64 `json:"rejoins"`
+	Resent             int64 `json:"resent_requests"`
+	ShadowLost         int64 `json:"shadow_lost"`
+	ShadowReattached   int64 `json:"shadow_reattached"`
+	ReactiveIterations int64 `json:"reactive_iterations"`
 }
 
 // LayerStatsJSON is one layer's sums, in milliseconds.
@@ -89,6 +101,9 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	}
 	rs.DecodeLayers, rs.PrefillLayers = layersJSON(sw.Decode), layersJSON(sw.Prefill)
 	rs.Iterations = layersJSON(sw.Iterations)
+	f := sw.Faults
+	rs.Faults = &FaultsJSON{WorkersLost: f.WorkersLost, Rejoins: f.Rejoins, Resent: f.Resent, ShadowLost: f.ShadowLost,
+		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations}
 	for i := range rs.Iterations {
 		rs.Iterations[i].Layer = i + 1
 	}
@@ -146,6 +161,10 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 			late /= float64(n)
 		}
 		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration\n", 100**rs.Recall, len(rs.RecallByToken), late)
+	}
+	if f := sw.Faults; f != (FaultStats{}) {
+		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it\n",
+			f.WorkersLost, f.Rejoins, f.Resent, f.ShadowLost, f.ShadowReattached, f.ReactiveIterations)
 	}
 	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)",
 		progress.Bytes(rs.PeakMemory["main"]), progress.Bytes(rs.PeakMemory["worker_device"]), progress.Bytes(rs.PeakMemory["worker_rss"]))

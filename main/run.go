@@ -1,6 +1,7 @@
 package mainnode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -30,9 +31,17 @@ type Config struct {
 	// TraceFrom..TraceTo.
 	TraceFile          string
 	TraceFrom, TraceTo int64
-	Wire               *wire.Config // this node's identity and transport settings
-	Log                zerolog.Logger
+	// PeerTimeout is how long a worker or the shadow may stay silent
+	// before it is lost (0: DefaultPeerTimeout).
+	PeerTimeout time.Duration
+	Wire        *wire.Config // this node's identity and transport settings
+	Log         zerolog.Logger
 }
+
+// DefaultPeerTimeout is how long a silent worker or shadow is waited for
+// before it is lost: a few QUIC keep-alive periods, far below anything a
+// user would wait out, and above the pauses a loaded machine makes.
+const DefaultPeerTimeout = 2 * time.Second
 
 // Run loads the non-expert weights, connects to the workers (and the
 // shadow), answers cfg.Text on the swarm and prints what it cost.
@@ -77,6 +86,8 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	wcfg := *cfg.Wire
 	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, DefaultPeerTimeout)
+	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
 	sw, err := Dial(ctx, cfg.Workers, &wcfg, opt)
 	if err != nil {
 		return err

@@ -26,6 +26,7 @@ type LayerStats struct {
 type Stats struct {
 	Decode, Prefill []LayerStats
 	Iterations      []LayerStats // index i: iteration i+1 (the prompt is iteration 1)
+	Faults          FaultStats
 }
 
 // layerSample is one RunExperts call's figures.
@@ -102,5 +103,5 @@ func Total(layers []LayerStats) LayerStats {
 }
 
 func (s *Stats) clone() *Stats {
-	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Iterations: slices.Clone(s.Iterations)}
+	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Iterations: slices.Clone(s.Iterations), Faults: s.Faults}
 }

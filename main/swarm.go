@@ -45,6 +45,10 @@ type Options struct {
 	// Trace, if set, records this node's part of the swarm's timeline
 	// (StartTrace, CollectTrace).
 	Trace *trace.Recorder
+	// Redial, if set, connects to worker w of the layout again after its
+	// connection was lost (one attempt, which may retry inside); the
+	// Swarm calls it in the background until the worker answers.
+	Redial func(ctx context.Context, w int) (*wire.Peer, error)
 }
 
 // Swarm runs experts on remote workers: the model.ExpertRunner of the main
@@ -57,10 +61,12 @@ type Swarm struct {
 	workers []*link
 	shadow  *shadowLink
 	nextID  atomic.Uint64
-	traced  [2]int64 // the iterations StartTrace asked for
+	traced  [2]int64     // the iterations StartTrace asked for
+	rejoins atomic.Int64 // lost workers with a new connection waiting to rejoin
 
-	// the receive loops of the worker and shadow connections: Close stops
-	// them and waits
+	// the receive loops of the worker and shadow connections and the
+	// redials of lost ones: Close ends life, closing them, and waits
+	life      context.Context
 	stop      context.CancelFunc
 	receivers sync.WaitGroup
 
@@ -73,14 +79,16 @@ type Swarm struct {
 // sequence is one sequence's state in the Swarm: the plan of its current
 // layer and the buffers that carry it out, reused layer after layer.
 type sequence struct {
-	step    model.Step // the forward pass of the current RunExperts call
-	mark    time.Time  // end of the last RunExperts: main compute starts
-	plan    Plan
-	in      Input
-	reqs    []request
-	replies chan reply
-	pred    wire.Prediction
-	act     wire.Activation
+	step     model.Step // the forward pass of the current RunExperts call
+	mark     time.Time  // end of the last RunExperts: main compute starts
+	plan     Plan
+	in       Input
+	reqs     []request // the plan's requests, then any re-sent after a worker was lost
+	planned  int       // how many of reqs the plan made
+	expected int       // replies that may still be delivered to replies this layer, at most
+	replies  chan reply
+	pred     wire.Prediction
+	act      wire.Activation
 }
 
 // NewSwarm runs experts on peers, which must be workers, in sched order:
@@ -121,15 +129,17 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		}
 		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	s.stop = stop
+	if opt.TopK > 64 {
+		return nil, fmt.Errorf("mainnode: top-%d routing: at most 64 experts per token", opt.TopK)
+	}
+	s.life, s.stop = context.WithCancel(context.Background())
 	for i, p := range peers {
-		l := &link{peer: p, index: i, waits: map[uint64]waiter{}, stats: make(chan *wire.WorkerStats, 1), traces: make(chan *wire.Trace, 1)}
+		l := newLink(p, i)
 		s.workers = append(s.workers, l)
-		s.receivers.Go(func() { s.ended(ctx, "worker", p, l.receive(ctx)) })
+		s.watch(l, p)
 	}
 	if s.shadow != nil {
-		s.receivers.Go(func() { s.ended(ctx, "shadow", opt.Shadow, s.shadow.receive(ctx)) })
+		s.receivers.Go(func() { s.ended(s.life, "shadow", opt.Shadow, s.shadow.receive(s.life)) })
 	}
 	return s, nil
 }
@@ -169,7 +179,8 @@ func (s *Swarm) sequence(step model.Step) *sequence {
 type request struct {
 	Request
 	id      uint64
-	pending int // results not yet received
+	pending int    // results not yet received; 0 also once re-sent elsewhere
+	got     uint64 // bit j: Experts[j] has answered
 }
 
 // RunExperts implements model.ExpertRunner over the workers.
@@ -179,6 +190,9 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	prefill := n > 1
 	q := s.sequence(step)
 	q.step = step
+	if layer == 0 {
+		s.rejoin() // an iteration boundary of this sequence
+	}
 	if !q.mark.IsZero() {
 		s.mu.Lock()
 		s.stats.main(prefill, step.Iter, layer, start.Sub(q.mark))
@@ -188,6 +202,9 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	defer func() { q.mark = time.Now() }()
 	if n <= 0 || len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
 		return fmt.Errorf("mainnode: %d routes for %d tokens, %d inputs, %d outputs at hidden size %d", len(routes), n, len(x), len(out), h)
+	}
+	if s.planner.Live() == 0 {
+		return fmt.Errorf("mainnode: layer %d: every worker is lost (%d in the layout)", layer, len(s.workers))
 	}
 	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
 	if s.shadow != nil && !prefill {
@@ -203,7 +220,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if err := s.send(ctx, q, x, prefill); err != nil {
 		return err
 	}
-	return s.collect(ctx, q, routes, len(routes)/n, out, prefill, start)
+	return s.collect(ctx, q, x, routes, len(routes)/n, out, prefill, start)
 }
 
 // hint sends the plan's hints.
@@ -211,8 +228,8 @@ func (s *Swarm) hint(ctx context.Context, q *sequence) error {
 	for _, hn := range q.plan.Hints {
 		s.traceWorker(q, trace.Send, trace.MsgPrediction, hn.Worker, hn.Layer, -1, 0, time.Now())
 		q.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts}
-		if err := s.workers[hn.Worker].peer.Send(ctx, &q.pred); err != nil {
-			return s.workerErr(hn.Worker, err)
+		if err := s.sendTo(ctx, hn.Worker, &q.pred); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -231,8 +248,12 @@ func (s *Swarm) send(ctx context.Context, q *sequence, x []float32, prefill bool
 		q.reqs = append(q.reqs, request{Request: r, id: first + uint64(i), pending: len(r.Experts)})
 		results += len(r.Experts)
 	}
-	if cap(q.replies) < results {
-		q.replies = make(chan reply, max(results, 2*cap(q.replies)))
+	q.planned = len(q.reqs)
+	// every result, and one lost-connection reply per request; room for
+	// as much again lets a lost worker's requests be re-sent
+	q.expected = results + len(q.reqs)
+	if need := 2 * q.expected; cap(q.replies) < need {
+		q.replies = make(chan reply, max(need, 2*cap(q.replies)))
 	}
 	for i := range q.reqs {
 		s.workers[q.reqs[i].Worker].expect(q.reqs[i].id, q.reqs[i].pending, q.replies)
@@ -282,15 +303,12 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 	act.ID, act.Keep, act.EndLayer = r.id, r.Keep, r.EndLayer
 	act.Hidden.SetFloat32s(hidden, len(r.Tokens), h)
 	s.traceWorker(q, trace.Send, trace.MsgActivation, r.Worker, q.in.Layer, -1, r.id, time.Now())
-	if err := s.workers[r.Worker].peer.Send(ctx, act); err != nil {
-		return s.workerErr(r.Worker, err)
-	}
-	return nil
+	return s.sendTo(ctx, r.Worker, act)
 }
 
 // collect waits for every result, places each output row where its route
 // is, and records the layer's figures.
-func (s *Swarm) collect(ctx context.Context, q *sequence, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
+func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
 	h, layer := s.opt.Hidden, q.in.Layer
 	var crit time.Duration // the slowest request's worker-side time
 	var ls layerSample
@@ -302,16 +320,24 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, routes []model.Route, 
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if rp.id < first || rp.id >= first+uint64(len(q.reqs)) {
-			continue // a stale answer to a layer that failed
+		i, ok := q.find(rp.id, first)
+		if !ok || q.reqs[i].pending == 0 {
+			continue // a stale answer to a layer that failed, or to a request re-sent elsewhere
 		}
-		r := &q.reqs[rp.id-first]
+		r := &q.reqs[i]
 		if rp.err != nil {
-			return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.Worker, s.workers[r.Worker].peer.Identity().Name, rp.err)
+			var lost *lostError
+			if !errors.As(rp.err, &lost) {
+				return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.Worker, s.workers[r.Worker].name, rp.err)
+			}
+			if err := s.failover(ctx, q, r.Worker, x, prefill, rp.err); err != nil {
+				return err
+			}
+			continue
 		}
 		res := rp.res
 		got, err := res.Output.Float32s()
-		if err != nil || len(got) != len(r.Tokens)*h || !slices.Contains(r.Experts, int32(res.Expert)) || r.pending == 0 {
+		if err != nil || len(got) != len(r.Tokens)*h || !r.gotExpert(res.Expert) {
 			return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.Worker, res.Expert, len(got), r.Experts, len(r.Tokens)*h)
 		}
 		for j, t := range r.Tokens {
@@ -340,12 +366,12 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, routes []model.Route, 
 // is traced.
 func (s *Swarm) traceWorker(q *sequence, kind trace.Kind, msg string, w, layer, expert int, id uint64, at time.Time) {
 	if s.opt.Trace.Active(q.step.Iter) {
-		s.opt.Trace.Message(kind, msg, s.workers[w].peer.Identity().Name, q.step.Iter, layer, expert, id, at)
+		s.opt.Trace.Message(kind, msg, s.workers[w].name, q.step.Iter, layer, expert, id, at)
 	}
 }
 
 func (s *Swarm) workerErr(w int, err error) error {
-	return fmt.Errorf("mainnode: worker %d (%s): %w", w, s.workers[w].peer.Identity().Name, err)
+	return fmt.Errorf("mainnode: worker %d (%s): %w", w, s.workers[w].name, err)
 }
 
 // Close closes the worker connections.
@@ -353,9 +379,17 @@ func (s *Swarm) Close() error {
 	s.stop()
 	var errs []error
 	for _, l := range s.workers {
-		errs = append(errs, l.peer.Close())
+		if !l.down() {
+			errs = append(errs, l.conn().Close())
+		}
 	}
 	s.receivers.Wait()
+	for _, l := range s.workers {
+		l.conn().Close()
+		if l.next != nil {
+			l.next.Close()
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -377,9 +411,9 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	delete(s.seqs, seq)
 	s.mu.Unlock()
 	end := &wire.SequenceEnd{Seq: seq}
-	for i, l := range s.workers {
-		if err := l.peer.Send(ctx, end); err != nil {
-			return s.workerErr(i, err)
+	for i := range s.workers {
+		if err := s.sendTo(ctx, i, end); err != nil {
+			return err
 		}
 	}
 	if s.shadow != nil {

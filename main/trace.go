@@ -19,9 +19,9 @@ func (s *Swarm) StartTrace(ctx context.Context, from, to int64) error {
 	s.opt.Trace.Window(from, to)
 	s.traced = [2]int64{from, to}
 	w := &wire.Trace{From: from, To: to}
-	for i, l := range s.workers {
-		if err := l.peer.Send(ctx, w); err != nil {
-			return s.workerErr(i, err)
+	for i := range s.workers {
+		if err := s.sendTo(ctx, i, w); err != nil {
+			return err
 		}
 	}
 	if s.shadow != nil {
@@ -64,7 +64,7 @@ func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers 
 		remotes = append(remotes, remote{s.shadow.peer, s.shadow.traces})
 	}
 	for _, l := range s.workers {
-		remotes = append(remotes, remote{l.peer, l.traces})
+		remotes = append(remotes, remote{l.conn(), l.traces})
 	}
 	for _, r := range remotes {
 		name := r.peer.Identity().Name

@@ -114,43 +114,51 @@ type WorkerOptions struct {
 // StartWorkers runs o.Count workers (w1..wN of f.Certs) on loopback and
 // returns their addresses in order; stop ends them and waits for them.
 func StartWorkers(ctx context.Context, f Files, o WorkerOptions) (addrs []string, stop func(), err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{}, o.Count)
-	started := 0
+	var stops []func()
 	stop = func() {
-		cancel()
-		for range started {
-			<-done
+		for _, s := range stops {
+			s()
 		}
-	}
-	fail := func(err error) ([]string, func(), error) {
-		stop()
-		return nil, nil, err
 	}
 	for i := range o.Count {
-		st, err := store.Open(f.Store, store.Options{})
+		addr, s, err := StartWorker(ctx, f, i, "127.0.0.1:0", o)
 		if err != nil {
-			return fail(err)
+			stop()
+			return nil, nil, err
 		}
-		ln, eng, err := startWorker(ctx, st, f.Certs, i, o)
-		if err != nil {
-			st.Close()
-			return fail(err)
-		}
-		addrs = append(addrs, ln.Addr().String())
-		started++
-		go func() {
-			worker.NewServer(eng, o.Log).Serve(ctx, ln)
-			ln.Close()
-			eng.Close()
-			st.Close()
-			done <- struct{}{}
-		}()
+		addrs, stops = append(addrs, addr), append(stops, s)
 	}
 	return addrs, stop, nil
 }
 
-func startWorker(ctx context.Context, st *store.Store, certDir string, i int, o WorkerOptions) (*wire.Listener, *worker.Engine, error) {
+// StartWorker runs worker i (w<i+1> of f.Certs; its share of a resident
+// swarm of o.Count) listening on addr, and returns the address it
+// listens on; stop ends it, closing its connections, and waits for it.
+// Starting it again on the same address is a restarted worker.
+func StartWorker(ctx context.Context, f Files, i int, addr string, o WorkerOptions) (string, func(), error) {
+	st, err := store.Open(f.Store, store.Options{})
+	if err != nil {
+		return "", nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	ln, eng, err := startWorker(ctx, st, f.Certs, i, addr, o)
+	if err != nil {
+		cancel()
+		st.Close()
+		return "", nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		worker.NewServer(eng, o.Log).Serve(ctx, ln)
+		ln.Close()
+		eng.Close()
+		st.Close()
+	}()
+	return ln.Addr().String(), func() { cancel(); <-done }, nil
+}
+
+func startWorker(ctx context.Context, st *store.Store, certDir string, i int, addr string, o WorkerOptions) (*wire.Listener, *worker.Engine, error) {
 	hidden, _, err := st.ExpertShape(0, 0)
 	if err != nil {
 		return nil, nil, err
@@ -169,7 +177,7 @@ func startWorker(ctx context.Context, st *store.Store, certDir string, i int, o 
 	}
 	var ln *wire.Listener
 	if err == nil {
-		ln, err = wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
+		ln, err = wire.Listen(ctx, addr, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
 	}
 	if err != nil {
 		eng.Close()

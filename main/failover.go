@@ -1,0 +1,230 @@
+package mainnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/odmoe/odmoe/wire"
+)
+
+// Worker failover. Every worker holds the whole expert store and the main
+// node holds all the state that matters (KV cache, hidden states), so a
+// lost worker loses nothing but time: its connection's end takes it out
+// of the layout (the planner moves its work to live workers), what it had
+// in flight is re-sent to the worker that now owns it, and a background
+// goroutine dials it again; a new connection rejoins the layout when a
+// sequence starts its next forward pass. Experts compute the same bits on
+// any worker, so the output stays bit-identical to local mode.
+
+// FaultStats count what faults cost a run.
+type FaultStats struct {
+	WorkersLost int64 // worker connections that ended during the run
+	Rejoins     int64 // workers that came back
+	Resent      int64 // requests re-sent to another worker after their worker was lost
+	ShadowLost  int64 // times the shadow's connection ended
+	// ReactiveIterations are decode iterations run without the shadow
+	// (lost, or not reached yet), with reactive loading.
+	ReactiveIterations int64
+	ShadowReattached   int64 // times a lost shadow came back and was re-aligned
+}
+
+// redialWait is the wait after the n-th failed attempt to reach a lost
+// node again (each attempt is a wire.Dial of its own): 250 ms, doubling,
+// at most 2 s.
+func redialWait(n int) time.Duration {
+	return min(250*time.Millisecond<<min(n-1, 3), 2*time.Second)
+}
+
+// watch runs l's receive loop on p; when the connection ends (not by
+// Close) the worker is lost.
+func (s *Swarm) watch(l *link, p *wire.Peer) {
+	s.receivers.Go(func() {
+		err := l.receive(s.life, p)
+		if s.life.Err() != nil {
+			return
+		}
+		s.lost(l, err)
+	})
+}
+
+// lost takes l's worker out of the layout and starts dialing it again.
+func (s *Swarm) lost(l *link, err error) {
+	s.planner.SetLive(l.index, false)
+	s.mu.Lock()
+	s.stats.Faults.WorkersLost++
+	s.mu.Unlock()
+	s.opt.Log.Warn().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Err(err).
+		Msg("mainnode: worker lost; the live workers take its experts until it rejoins")
+	if s.opt.Redial == nil {
+		return
+	}
+	l.mu.Lock()
+	start := !l.redialing
+	l.redialing = true
+	l.mu.Unlock()
+	if start {
+		s.receivers.Go(func() { s.redial(l) })
+	}
+}
+
+// redial dials l's worker until it answers (or the Swarm closes) and
+// leaves the connection for rejoin.
+func (s *Swarm) redial(l *link) {
+	defer func() {
+		l.mu.Lock()
+		l.redialing = false
+		l.mu.Unlock()
+	}()
+	for attempt := 1; s.life.Err() == nil; attempt++ {
+		p, err := s.opt.Redial(s.life, l.index)
+		if err == nil && (p.Identity().Name != l.name || p.Identity().Role != wire.RoleWorker) {
+			err = fmt.Errorf("answered as %s %s, not worker %s", p.Identity().Role, p.Identity().Name, l.name)
+			p.Close()
+		}
+		if err == nil {
+			l.mu.Lock()
+			l.next = p
+			l.mu.Unlock()
+			s.rejoins.Add(1)
+			s.opt.Log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("mainnode: lost worker answers again; it rejoins at the next iteration")
+			return
+		}
+		if s.life.Err() != nil {
+			return
+		}
+		s.opt.Log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("mainnode: lost worker still unreachable; dialing again")
+		t := time.NewTimer(redialWait(attempt))
+		select {
+		case <-s.life.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// rejoin puts the workers whose new connection is ready back into the
+// layout. Called when a sequence starts a forward pass.
+func (s *Swarm) rejoin() {
+	if s.rejoins.Load() == 0 || s.life.Err() != nil {
+		return
+	}
+	for _, l := range s.workers {
+		l.mu.Lock()
+		p := l.next
+		if p != nil {
+			l.next, l.err = nil, nil
+			l.peer.Store(p)
+			s.rejoins.Add(-1)
+		}
+		l.mu.Unlock()
+		if p == nil {
+			continue
+		}
+		s.watch(l, p)
+		s.planner.SetLive(l.index, true)
+		s.mu.Lock()
+		s.stats.Faults.Rejoins++
+		s.mu.Unlock()
+		s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Msg("mainnode: worker rejoined the layout")
+	}
+}
+
+// failover re-sends every request of q still waiting on worker w, whose
+// connection is lost, to the worker that now runs its experts: the
+// experts it had not answered yet, on the same rows, in the same order
+// (so prefill mini-batches keep their Keep chain).
+func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, prefill bool, cause error) error {
+	s.planner.SetLive(w, false) // the receive loop does it too; whichever comes first
+	if s.planner.Live() == 0 {
+		return fmt.Errorf("mainnode: layer %d: no live worker left (the last lost: %s): %w", q.in.Layer, s.workers[w].name, cause)
+	}
+	var act wire.Activation
+	var buf []float32
+	var bufp *[]float32
+	if prefill {
+		bufp = &buf
+	}
+	n := len(q.reqs)
+	for i := range n {
+		r := &q.reqs[i]
+		if r.Worker != w || r.pending == 0 {
+			continue
+		}
+		rest := make([]int32, 0, r.pending)
+		for j, e := range r.Experts {
+			if r.got&(1<<j) == 0 {
+				rest = append(rest, e)
+			}
+		}
+		r.pending = 0 // replaced
+		nr := request{Request: Request{Worker: s.planner.Substitute(w), Experts: rest, Tokens: r.Tokens, Keep: r.Keep},
+			id: s.nextID.Add(1), pending: len(rest)}
+		if q.expected+nr.pending+1 > cap(q.replies) {
+			return fmt.Errorf("mainnode: layer %d: too many workers lost at once (last: %s): %w", q.in.Layer, s.workers[w].name, cause)
+		}
+		q.expected += nr.pending + 1
+		q.reqs = append(q.reqs, nr)
+		s.workers[nr.Worker].expect(nr.id, nr.pending, q.replies)
+		if err := s.sendRequest(ctx, q, &act, &q.reqs[len(q.reqs)-1], x, bufp); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.stats.Faults.Resent++
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// find is the index in q.reqs of the request with id: planned requests
+// have consecutive ids from first; re-sent ones follow.
+func (q *sequence) find(id, first uint64) (int, bool) {
+	if id >= first && id < first+uint64(q.planned) {
+		return int(id - first), true
+	}
+	for i := q.planned; i < len(q.reqs); i++ {
+		if q.reqs[i].id == id {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// sendTo sends m to worker w. A connection that has ended is not an error
+// here: its receive loop fails what waits on it, and failover re-sends it.
+func (s *Swarm) sendTo(ctx context.Context, w int, m wire.Message) error {
+	l := s.workers[w]
+	p := l.conn()
+	err := p.Send(ctx, m)
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	if p.Err() != nil || l.down() || isConnLoss(err) {
+		return nil
+	}
+	return s.workerErr(w, err)
+}
+
+// isConnLoss reports whether err says the connection is gone (rather than
+// that this node could not send the message at all).
+func isConnLoss(err error) bool {
+	var ce *wire.ConnError
+	if errors.As(err, &ce) {
+		return ce.Remote || ce.Code == wire.CodeClosed
+	}
+	return errors.Is(err, wire.ErrTimeout) || errors.Is(err, wire.ErrClosed)
+}
+
+// gotExpert records that r's expert e has answered; false if r does not
+// name e or it has answered already.
+func (r *request) gotExpert(e int) bool {
+	j := slices.Index(r.Experts, int32(e))
+	if j < 0 || j >= 64 || r.got&(1<<j) != 0 {
+		return false
+	}
+	r.got |= 1 << j
+	return true
+}

@@ -1,0 +1,183 @@
+package mainnode_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/inproc"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// restartableWorkers runs n workers one by one, so that a test can stop
+// one and start it again on the same address.
+type restartableWorkers struct {
+	t     *testing.T
+	ctx   context.Context
+	f     inproc.Files
+	o     inproc.WorkerOptions
+	mu    sync.Mutex
+	addrs []string
+	stops []func()
+}
+
+func startRestartable(t *testing.T, ctx context.Context, f inproc.Files, o inproc.WorkerOptions) *restartableWorkers {
+	t.Helper()
+	rw := &restartableWorkers{t: t, ctx: ctx, f: f, o: o}
+	for i := range o.Count {
+		addr, stop, err := inproc.StartWorker(ctx, f, i, "127.0.0.1:0", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rw.addrs, rw.stops = append(rw.addrs, addr), append(rw.stops, stop)
+	}
+	t.Cleanup(func() {
+		rw.mu.Lock()
+		defer rw.mu.Unlock()
+		for _, s := range rw.stops {
+			if s != nil {
+				s()
+			}
+		}
+	})
+	return rw
+}
+
+func (rw *restartableWorkers) stop(i int) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	rw.stops[i]()
+	rw.stops[i] = nil
+}
+
+func (rw *restartableWorkers) restart(i int) error {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	_, stop, err := inproc.StartWorker(rw.ctx, rw.f, i, rw.addrs[i], rw.o)
+	rw.stops[i] = stop
+	return err
+}
+
+func (rw *restartableWorkers) dial(t *testing.T, policy mainnode.Prefetch) *mainnode.Swarm {
+	t.Helper()
+	cfg, err := model.LoadConfig(rw.f.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := wire.LoadCerts(rw.f.Certs, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout, _ := sched.NewLayout(len(rw.addrs), min(2, len(rw.addrs)))
+	opt := mainnode.Options{Layout: layout, Prefetch: policy, MiniBatch: 4, Hidden: cfg.HiddenSize, Log: zerolog.Nop(),
+		Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, Seed: 1}
+	sw, err := mainnode.Dial(rw.ctx, rw.addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), HandshakeTimeout: time.Second}, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sw.Close() })
+	return sw
+}
+
+// TestSwarmSurvivesALostWorker: a worker stopped in the middle of prefill
+// (requests in flight to it) loses nothing: its requests are re-sent to
+// the other worker of its group, decode goes on without it, it is dialed
+// again once it restarts on the same address and rejoins, and every token
+// and logit is local mode's, bit for bit.
+func TestSwarmSurvivesALostWorker(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = (i*37 + 5) % local.Config.VocabSize
+	}
+	const steps, restartAt = 14, 3
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext} {
+		t.Run(string(policy), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			// loads of ~20 ms keep prefill requests in flight long enough
+			// to lose some
+			rw := startRestartable(t, ctx, f, inproc.WorkerOptions{Count: 4, BudgetBytes: 64 << 20, LoadBytesSec: 10e6, Log: zerolog.Nop()})
+			sw := rw.dial(t, policy)
+			killed := make(chan struct{})
+			go func() {
+				defer close(killed)
+				time.Sleep(40 * time.Millisecond)
+				rw.stop(1)
+			}()
+			var got generation
+			var restartErr error
+			s := model.NewSession(mainModel, sw, len(prompt)+steps)
+			ids, _, err := sw.Generate(ctx, s, prompt, model.GenerateOptions{MaxTokens: steps,
+				OnToken: func(step, id int, logits []float32) error {
+					got.logits = append(got.logits, append([]float32(nil), logits...))
+					if step == restartAt {
+						<-killed
+						restartErr = rw.restart(1)
+					}
+					if step == restartAt+1 {
+						waitRejoin(t, sw)
+					}
+					return nil
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if restartErr != nil {
+				t.Fatal(restartErr)
+			}
+			got.tokens = ids
+			if d := diffGenerations(got, want); d != "" {
+				t.Fatalf("swarm with a lost worker differs from local: %s", d)
+			}
+			fs := sw.Stats().Faults
+			if fs.WorkersLost != 1 || fs.Resent == 0 || fs.Rejoins != 1 {
+				t.Errorf("faults %+v: want 1 worker lost, requests re-sent, 1 rejoin", fs)
+			}
+			// the restarted worker (fresh counters) has run experts since it rejoined
+			ws := sw.WorkerStats(ctx, 5*time.Second)
+			if ws[1] == nil || ws[1].Hits+ws[1].Misses == 0 {
+				t.Errorf("the restarted worker ran nothing after it rejoined: %+v", ws[1])
+			}
+		})
+	}
+}
+
+// waitRejoin waits until the lost worker's new connection is ready to
+// rejoin (the Swarm dials it again in the background every 2 s at most),
+// so that the next forward pass takes it back.
+func waitRejoin(t *testing.T, sw *mainnode.Swarm) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !sw.RejoinReady() {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted worker was not dialed again within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSwarmWithNoLiveWorkerFailsSayingSo: with its only worker gone the
+// swarm cannot go on, and the error says why.
+func TestSwarmWithNoLiveWorkerFailsSayingSo(t *testing.T) {
+	f := newSwarmFixture(t, 1)
+	_, mainModel := loadModels(t, f)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rw := startRestartable(t, ctx, f, inproc.WorkerOptions{Count: 1, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
+	sw := rw.dial(t, mainnode.Reactive)
+	rw.stop(0)
+	s := model.NewSession(mainModel, sw, 16)
+	_, _, err := sw.Generate(ctx, s, []int{1, 2, 3}, model.GenerateOptions{MaxTokens: 4})
+	if err == nil || !(strings.Contains(err.Error(), "every worker is lost") || strings.Contains(err.Error(), "no live worker left")) {
+		t.Fatalf("err = %v, want one that says no worker is live", err)
+	}
+}
