@@ -113,7 +113,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, qm, certDir, addrs, layout, log)
+	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, qm, certDir, addrs, layout, "127.0.0.1:0", log)
 	if err != nil {
 		return err
 	}

@@ -3,3 +3,11 @@ package mainnode
 // RejoinReady reports whether a lost worker's new connection waits to
 // rejoin at the next forward pass.
 func (s *Swarm) RejoinReady() bool { return s.rejoins.Load() > 0 }
+
+// ShadowReady reports whether a shadow connection waits to attach at the
+// next forward pass.
+func (s *Swarm) ShadowReady() bool {
+	s.shadow.mu.Lock()
+	defer s.shadow.mu.Unlock()
+	return s.shadow.next != nil
+}

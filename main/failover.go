@@ -228,3 +228,104 @@ func (r *request) gotExpert(e int) bool {
 	r.got |= 1 << j
 	return true
 }
+
+// Shadow fallback. The shadow only ever changes speed: while it is lost
+// the main node loads reactively (its planner places experts as it would
+// with no prediction), dials it again in the background, and when it
+// answers attaches it at a sequence's next forward pass, sending it the
+// whole sequence first (shadowLink.start).
+
+// shadowConn is the shadow's connection while it is up, else nil.
+func (s *Swarm) shadowConn() *wire.Peer {
+	if s.shadow == nil {
+		return nil
+	}
+	return s.shadow.conn()
+}
+
+// watchShadow runs the shadow link's receive loop on p; when the
+// connection ends (not by Close) the shadow is lost.
+func (s *Swarm) watchShadow(p *wire.Peer) {
+	s.receivers.Go(func() {
+		err := s.shadow.receive(s.life, p)
+		if s.life.Err() != nil {
+			return
+		}
+		s.shadow.down()
+		s.mu.Lock()
+		s.stats.Faults.ShadowLost++
+		s.mu.Unlock()
+		s.opt.Log.Warn().Str("shadow", p.Identity().Name).Err(err).
+			Msg("mainnode: shadow lost; loading reactively until it answers again")
+		s.startRedialShadow()
+	})
+}
+
+// startRedialShadow dials the shadow in the background until it answers
+// (unless a dial is under way already or the Swarm cannot redial).
+func (s *Swarm) startRedialShadow() {
+	if s.opt.RedialShadow == nil {
+		return
+	}
+	sl := s.shadow
+	sl.mu.Lock()
+	start := !sl.redialing
+	sl.redialing = true
+	sl.mu.Unlock()
+	if !start {
+		return
+	}
+	s.receivers.Go(func() {
+		defer func() {
+			sl.mu.Lock()
+			sl.redialing = false
+			sl.mu.Unlock()
+		}()
+		for attempt := 1; s.life.Err() == nil; attempt++ {
+			p, err := s.opt.RedialShadow(s.life)
+			if err == nil && p.Identity().Role != wire.RoleShadow {
+				err = fmt.Errorf("answered as %s %s, not as a shadow", p.Identity().Role, p.Identity().Name)
+				p.Close()
+			}
+			if err == nil {
+				sl.mu.Lock()
+				sl.next = p
+				sl.mu.Unlock()
+				s.opt.Log.Info().Str("shadow", p.Identity().Name).Int("attempt", attempt).Msg("mainnode: the shadow answers; it attaches at the next forward pass")
+				return
+			}
+			if s.life.Err() != nil {
+				return
+			}
+			s.opt.Log.Warn().Int("attempt", attempt).Err(err).Msg("mainnode: the shadow is still unreachable; dialing again")
+			t := time.NewTimer(redialWait(attempt))
+			select {
+			case <-s.life.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// attachShadow attaches a shadow connection that is ready.
+func (s *Swarm) attachShadow() {
+	sl := s.shadow
+	sl.mu.Lock()
+	p := sl.next
+	sl.next = nil
+	sl.mu.Unlock()
+	if p == nil || s.life.Err() != nil {
+		if p != nil {
+			p.Close()
+		}
+		return
+	}
+	sl.attach(p)
+	s.watchShadow(p)
+	s.mu.Lock()
+	s.stats.Faults.ShadowReattached++
+	s.mu.Unlock()
+	s.opt.Log.Info().Str("shadow", p.Identity().Name).Msg("mainnode: shadow attached; each sequence is sent whole before it predicts")
+}

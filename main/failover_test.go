@@ -2,12 +2,15 @@ package mainnode_test
 
 import (
 	"context"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
@@ -180,4 +183,122 @@ func TestSwarmWithNoLiveWorkerFailsSayingSo(t *testing.T) {
 	if err == nil || !(strings.Contains(err.Error(), "every worker is lost") || strings.Contains(err.Error(), "no live worker left")) {
 		t.Fatalf("err = %v, want one that says no worker is live", err)
 	}
+}
+
+// TestSwarmSurvivesALostShadow: the shadow stopped mid-generation only
+// costs speed: the main node loads reactively, dials it again, and once
+// it restarts on the same address attaches it, sending each sequence
+// whole, after which it predicts again. Bit-identical to local throughout;
+// a swarm whose shadow is not up at start begins reactive the same way.
+func TestSwarmSurvivesALostShadow(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	prompt := make([]int, 12)
+	for i := range prompt {
+		prompt[i] = (i*53 + 7) % local.Config.VocabSize
+	}
+	const steps = 16
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	qm, err := local.Quantized(kernels.F16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name              string
+		upAtStart         bool
+		stopAt, restartAt int // output steps; -1: never
+	}{
+		{"lost and back", true, 3, 6},
+		{"unreachable at start", false, -1, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			addrs := startWorkers(t, ctx, f, 4, 64<<20, false)
+			layout, _ := sched.NewLayout(4, 2)
+			shadowAddr := freeUDPAddr(t)
+			var stopShadow func()
+			startShadow := func() error {
+				_, stop, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, shadowAddr, zerolog.Nop())
+				stopShadow = stop
+				return err
+			}
+			t.Cleanup(func() {
+				if stopShadow != nil {
+					stopShadow()
+				}
+			})
+			certs, err := wire.LoadCerts(f.Certs, "main")
+			if err != nil {
+				t.Fatal(err)
+			}
+			scfg := &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop(), DialAttempts: 1, HandshakeTimeout: time.Second}
+			opt := mainnode.Options{Layout: layout, Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}, MiniBatch: 4,
+				Hidden: local.Config.HiddenSize, Log: zerolog.Nop(), Layers: local.Config.NumLayers, Experts: local.Config.NumExperts, TopK: local.Config.TopK,
+				RedialShadow: func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, shadowAddr, scfg) }}
+			if c.upAtStart {
+				if err := startShadow(); err != nil {
+					t.Fatal(err)
+				}
+				if opt.Shadow, err = wire.Dial(ctx, shadowAddr, scfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sw, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop()}, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sw.Close()
+			var got generation
+			var hookErr error
+			s := model.NewSession(mainModel, sw, len(prompt)+steps)
+			ids, _, err := sw.Generate(ctx, s, prompt, model.GenerateOptions{MaxTokens: steps,
+				OnToken: func(step, id int, logits []float32) error {
+					got.logits = append(got.logits, append([]float32(nil), logits...))
+					switch step {
+					case c.stopAt:
+						stopShadow()
+						stopShadow = nil
+					case c.restartAt:
+						hookErr = startShadow()
+						deadline := time.Now().Add(10 * time.Second)
+						for !sw.ShadowReady() && time.Now().Before(deadline) {
+							time.Sleep(5 * time.Millisecond)
+						}
+					}
+					return nil
+				}})
+			if err != nil || hookErr != nil {
+				t.Fatal(err, hookErr)
+			}
+			got.tokens = ids
+			if d := diffGenerations(got, want); d != "" {
+				t.Fatalf("swarm with a lost shadow differs from local: %s", d)
+			}
+			fs := sw.Stats().Faults
+			wantLost := int64(0)
+			if c.upAtStart {
+				wantLost = 1
+			}
+			if fs.ShadowLost != wantLost || fs.ShadowReattached != 1 || fs.ReactiveIterations == 0 || fs.ReactiveIterations >= steps-2 {
+				t.Errorf("faults %+v: want the shadow lost %d time(s), attached once, some iterations reactive", fs, wantLost)
+			}
+			st, ok := sw.ShadowStats(10 * time.Second)
+			t.Logf("faults %+v, recall %.3f by token %.2f", fs, st.Recall, st.RecallByToken)
+			if !ok || st.Recall < 0.5 {
+				t.Errorf("after it attached the shadow predicted with recall %.3f (ok %v)", st.Recall, ok)
+			}
+		})
+	}
+}
+
+// freeUDPAddr is a loopback UDP address nothing listens on.
+func freeUDPAddr(t *testing.T) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().String()
 }

@@ -3,6 +3,7 @@ package mainnode
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -68,14 +69,23 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
 		Layers: m.Config.NumLayers, Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
 	}
+	timeout := cmp.Or(cfg.PeerTimeout, DefaultPeerTimeout)
 	if cfg.Shadow != "" {
 		scfg := *cfg.Wire
 		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
-		scfg.DialAttempts, scfg.MaxDialBackoff = 120, time.Second // the shadow may still be quantizing
-		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &scfg); err != nil {
-			return fmt.Errorf("dialing the shadow: %w", err)
+		scfg.IdleTimeout, scfg.KeepAlivePeriod = timeout, timeout/4
+		scfg.DialAttempts, scfg.MaxDialBackoff = 1, time.Second
+		opt.RedialShadow = func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Shadow, &scfg) }
+		// the shadow may still be quantizing: wait a while for it, then
+		// start reactive and attach it when it answers
+		first := scfg
+		first.DialAttempts = 30
+		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &first); err != nil {
+			if ce := (*wire.ConnError)(nil); ctx.Err() != nil || errors.As(err, &ce) {
+				return fmt.Errorf("dialing the shadow: %w", err) // refused, not unreachable
+			}
+			log.Warn().Str("shadow", cfg.Shadow).Err(err).Msg("main node: the shadow does not answer; starting with reactive loading, it attaches when it does")
 		}
-		defer opt.Shadow.Close()
 	}
 	if cfg.TraceFile != "" {
 		name := cfg.Wire.Name
@@ -86,8 +96,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	wcfg := *cfg.Wire
 	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
-	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, DefaultPeerTimeout)
-	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
+	wcfg.IdleTimeout, wcfg.KeepAlivePeriod = timeout, timeout/4
 	sw, err := Dial(ctx, cfg.Workers, &wcfg, opt)
 	if err != nil {
 		return err

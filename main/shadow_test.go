@@ -29,7 +29,7 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := inproc.StartShadow(ctx, qm, f.Certs, workerAddrs, layout, zerolog.Nop())
+	addr, stop, err := inproc.StartShadow(ctx, qm, f.Certs, workerAddrs, layout, "127.0.0.1:0", zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

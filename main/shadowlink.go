@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
@@ -19,11 +20,15 @@ import (
 // the shadow's iterations and collects its predictions, which it scores
 // against the real routing (align.Recall) and hands to placement.
 type shadowLink struct {
-	peer   *wire.Peer
+	peer   atomic.Pointer[wire.Peer] // the current connection; nil before the first
+	name   string                    // the shadow's name, once known
 	policy align.Policy
 
 	mu        sync.Mutex
-	lastKV    map[uint64]int     // sequence -> cache positions already sent
+	up        bool       // the current connection is live
+	next      *wire.Peer // a connection waiting to attach at a sequence's next forward pass
+	redialing bool
+	seqs      map[uint64]*shadowSeq
 	pred      map[layerKey][]int // predicted experts, sorted
 	actual    map[layerKey][]int // routing awaiting its prediction, for scoring
 	recall    *align.Recall
@@ -37,24 +42,81 @@ type shadowLink struct {
 	traces    chan *wire.Trace
 }
 
+// shadowSeq is what the link keeps of one sequence: enough to bring a
+// shadow that attaches mid-sequence up to date.
+type shadowSeq struct {
+	lastKV int     // cache positions already sent
+	hist   []int32 // every token fed so far
+	synced bool    // the current connection has been sent the sequence
+}
+
+// maxAttachKVBytes bounds the KV rows an attaching shadow is sent with
+// the token history; above it the shadow keeps the KV of its own prefill
+// of the history until the next KV alignment.
+const maxAttachKVBytes = 16 << 20
+
 // layerKey is one layer of one forward pass.
 type layerKey struct {
 	step  model.Step
 	layer int
 }
 
+// newShadowLink returns the link over p, or a link that waits for its
+// first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{peer: p, policy: policy, lastKV: map[uint64]int{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
+	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
+	if p != nil {
+		sl.peer.Store(p)
+		sl.name, sl.up = p.Identity().Name, true
+	}
 	return sl
 }
 
-// receive takes the shadow's predictions and reports until the connection
-// or ctx ends, and returns why.
-func (sl *shadowLink) receive(ctx context.Context) error {
+// isUp reports whether the shadow is connected and following.
+func (sl *shadowLink) isUp() bool {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	return sl.up
+}
+
+// conn is the current connection while it is up, else nil.
+func (sl *shadowLink) conn() *wire.Peer {
+	if !sl.isUp() {
+		return nil
+	}
+	return sl.peer.Load()
+}
+
+// down marks the connection lost: nothing more comes from it, so the
+// predictions and routing waiting for each other are dropped.
+func (sl *shadowLink) down() {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	sl.up = false
+	clear(sl.pred)
+	clear(sl.actual)
+}
+
+// attach makes p the connection: every live sequence is sent whole at
+// its next forward pass.
+func (sl *shadowLink) attach(p *wire.Peer) {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	sl.peer.Store(p)
+	sl.name, sl.up = p.Identity().Name, true
+	for _, q := range sl.seqs {
+		q.synced = false
+	}
+}
+
+// receive takes the shadow's predictions and reports from p until the
+// connection or ctx ends, and returns why.
+func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 	for {
-		m, err := sl.peer.Recv(ctx)
+		m, err := p.Recv(ctx)
 		if err != nil {
+			p.Close()
 			return err
 		}
 		at := time.Now()
@@ -65,7 +127,7 @@ func (sl *shadowLink) receive(ctx context.Context) error {
 			default:
 			}
 		case *wire.Prediction:
-			sl.trace.Message(trace.Recv, trace.MsgPrediction, sl.peer.Identity().Name, m.Iteration, m.Layer, -1, 0, at)
+			sl.trace.Message(trace.Recv, trace.MsgPrediction, p.Identity().Name, m.Iteration, m.Layer, -1, 0, at)
 			es := make([]int, len(m.Experts))
 			for i, e := range m.Experts {
 				es[i] = int(e)
@@ -73,7 +135,7 @@ func (sl *shadowLink) receive(ctx context.Context) error {
 			slices.Sort(es)
 			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
 			sl.mu.Lock()
-			_, live := sl.lastKV[m.Seq]
+			_, live := sl.seqs[m.Seq]
 			if act, ok := sl.actual[key]; ok {
 				sl.score(key, es, act) // a late prediction: the layer has run
 			} else if live {
@@ -140,44 +202,86 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
 // start sends the alignment that departs the shadow on the forward pass
 // step (iteration 1: the prompt, which starts the sequence there): the
 // token every TokenPeriod decode steps and the KV rows written since the
-// last KV alignment every KVPeriod decode steps.
-func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) error {
-	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1}
-	defer sl.trace.Message(trace.Send, trace.MsgAlignment, sl.peer.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
-	decodeStep := step.Iter - 1 // the generated tokens fed so far
+// last KV alignment every KVPeriod decode steps. A shadow that attached
+// since the sequence's last forward pass gets the whole sequence instead:
+// every token so far as its prompt, the KV rows (when they are not too
+// big) and the token to feed. It reports whether the shadow departs: not
+// while it is lost (a connection that ends here is reported by the
+// receive loop, not as an error).
+func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
 	sl.mu.Lock()
-	lastKV := sl.lastKV[step.Seq]
+	q := sl.seqs[step.Seq]
+	if q == nil {
+		q = &shadowSeq{}
+		sl.seqs[step.Seq] = q
+	}
+	before := len(q.hist)
+	for _, t := range tokens {
+		q.hist = append(q.hist, int32(t))
+	}
+	up, synced, lastKV := sl.up, q.synced, q.lastKV
+	var history []int32
+	if up && !synced && step.Iter > 1 {
+		history = slices.Clone(q.hist[:before])
+	}
 	sl.mu.Unlock()
-	if decodeStep == 0 {
+	if !up {
+		return false, nil
+	}
+	p := sl.peer.Load()
+	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1}
+	decodeStep := step.Iter - 1 // the generated tokens fed so far
+	switch {
+	case decodeStep == 0:
 		a.Prompt = make([]int32, len(tokens))
 		for i, t := range tokens {
 			a.Prompt[i] = int32(t)
 		}
-		sl.setLastKV(step.Seq, len(tokens))
-		return sl.peer.Send(ctx, a)
-	}
-	if sl.policy.TokenDue(decodeStep) {
-		a.Token = int32(tokens[0])
-	}
-	if sl.policy.KVDue(decodeStep) && cache.Len() > lastKV {
-		kv, err := align.PackKV(cache, lastKV, cache.Len())
-		if err != nil {
-			return err
+		lastKV = len(tokens)
+	case !synced:
+		a.Prompt, a.Token = history, int32(tokens[0])
+		if 4*int64(cache.Len())*int64(cache.Width())*int64(cache.Layers()) <= maxAttachKVBytes {
+			if err := packInto(a, cache, 0); err != nil {
+				return false, err
+			}
 		}
-		a.FromPos = kv.From
-		for l := range kv.Keys {
-			a.Keys = append(a.Keys, f16Tensor(kv.Keys[l], kv.Rows, kv.Width))
-			a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
+		lastKV = cache.Len()
+	default:
+		if sl.policy.TokenDue(decodeStep) {
+			a.Token = int32(tokens[0])
 		}
-		sl.setLastKV(step.Seq, cache.Len())
+		if sl.policy.KVDue(decodeStep) && cache.Len() > lastKV {
+			if err := packInto(a, cache, lastKV); err != nil {
+				return false, err
+			}
+			lastKV = cache.Len()
+		}
 	}
-	return sl.peer.Send(ctx, a)
+	sl.mu.Lock()
+	q.synced, q.lastKV = true, lastKV
+	sl.mu.Unlock()
+	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
+	if err := p.Send(ctx, a); err != nil {
+		if ctx.Err() == nil && (p.Err() != nil || isConnLoss(err)) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
-func (sl *shadowLink) setLastKV(seq uint64, n int) {
-	sl.mu.Lock()
-	defer sl.mu.Unlock()
-	sl.lastKV[seq] = n
+// packInto puts the KV rows from position from to the end of cache into a.
+func packInto(a *wire.Alignment, cache *kvcache.Cache, from int) error {
+	kv, err := align.PackKV(cache, from, cache.Len())
+	if err != nil {
+		return err
+	}
+	a.FromPos = kv.From
+	for l := range kv.Keys {
+		a.Keys = append(a.Keys, f16Tensor(kv.Keys[l], kv.Rows, kv.Width))
+		a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
+	}
+	return nil
 }
 
 // end forgets sequence seq: its alignment mark and predictions nobody
@@ -186,7 +290,7 @@ func (sl *shadowLink) setLastKV(seq uint64, n int) {
 func (sl *shadowLink) end(seq uint64) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	delete(sl.lastKV, seq)
+	delete(sl.seqs, seq)
 	maps.DeleteFunc(sl.pred, func(k layerKey, _ []int) bool { return k.step.Seq == seq })
 }
 
@@ -210,13 +314,14 @@ type ShadowStats struct {
 }
 
 // stats waits (up to timeout) for the shadow to finish iteration last,
-// so that its last predictions are scored, and returns its figures.
+// so that its last predictions are scored, and returns its figures. A
+// lost shadow is not waited for.
 func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
 		sl.mu.Lock()
-		finished := sl.done >= last
+		finished := sl.done >= last || !sl.up
 		sl.mu.Unlock()
 		if finished {
 			break

@@ -34,8 +34,13 @@ type Options struct {
 	Hidden    int // the model's hidden size
 	Log       zerolog.Logger
 
-	// Shadow is the connection to the shadow node (-prefetch shadow).
+	// Shadow is the connection to the shadow node (-prefetch shadow); nil
+	// with RedialShadow set starts reactive until the shadow answers.
 	Shadow *wire.Peer
+	// RedialShadow, if set, connects to the shadow again after its
+	// connection was lost; the Swarm calls it in the background until the
+	// shadow answers, and runs reactive meanwhile.
+	RedialShadow func(ctx context.Context) (*wire.Peer, error)
 	// Align is when the shadow is re-aligned (-align-token, -align-kv).
 	Align align.Policy
 	// Layers, Experts and TopK size the recall scorer and the random policy.
@@ -116,12 +121,12 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	}
 	_, predicted := policy.(shadowPolicy)
 	switch {
-	case predicted && opt.Shadow == nil:
+	case predicted && opt.Shadow == nil && opt.RedialShadow == nil:
 		return nil, fmt.Errorf("mainnode: -prefetch shadow needs a shadow node")
 	case !predicted && opt.Shadow != nil:
 		return nil, fmt.Errorf("mainnode: a shadow node is only used with -prefetch shadow, not %s", policy.Name())
 	case predicted:
-		if opt.Shadow.Identity().Role != wire.RoleShadow {
+		if opt.Shadow != nil && opt.Shadow.Identity().Role != wire.RoleShadow {
 			return nil, fmt.Errorf("mainnode: %s is a %s, not a shadow", opt.Shadow.Identity().Name, opt.Shadow.Identity().Role)
 		}
 		if err := opt.Align.Validate(); err != nil {
@@ -138,20 +143,14 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		s.workers = append(s.workers, l)
 		s.watch(l, p)
 	}
-	if s.shadow != nil {
-		s.receivers.Go(func() { s.ended(s.life, "shadow", opt.Shadow, s.shadow.receive(s.life)) })
+	switch {
+	case opt.Shadow != nil:
+		s.watchShadow(opt.Shadow)
+	case s.shadow != nil:
+		s.opt.Log.Warn().Msg("mainnode: the shadow is not reachable: loading reactively until it answers")
+		s.startRedialShadow()
 	}
 	return s, nil
-}
-
-// ended logs why a receive loop ended, unless Close ended it. After a
-// worker's loop ends every request to it fails; after the shadow's, every
-// load is a miss.
-func (s *Swarm) ended(ctx context.Context, role string, p *wire.Peer, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	s.opt.Log.Warn().Str("peer", p.Identity().Name).Str("role", role).Err(err).Msg("mainnode: connection lost: no more messages from it")
 }
 
 // Stats returns a copy of the figures measured so far, over all sequences.
@@ -207,11 +206,12 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 		return fmt.Errorf("mainnode: layer %d: every worker is lost (%d in the layout)", layer, len(s.workers))
 	}
 	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
-	if s.shadow != nil && !prefill {
+	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
+	if predicted {
 		q.in.Predicted = s.shadow.prediction(step, layer)
 	}
 	s.planner.Plan(&q.plan, &q.in)
-	if s.shadow != nil && !prefill {
+	if predicted {
 		s.shadow.routed(step, layer, q.in.Predicted, q.plan.Experts)
 	}
 	if err := s.hint(ctx, q); err != nil {
@@ -374,7 +374,7 @@ func (s *Swarm) workerErr(w int, err error) error {
 	return fmt.Errorf("mainnode: worker %d (%s): %w", w, s.workers[w].name, err)
 }
 
-// Close closes the worker connections.
+// Close closes the worker and shadow connections.
 func (s *Swarm) Close() error {
 	s.stop()
 	var errs []error
@@ -383,11 +383,22 @@ func (s *Swarm) Close() error {
 			errs = append(errs, l.conn().Close())
 		}
 	}
+	if p := s.shadowConn(); p != nil {
+		p.Close()
+	}
 	s.receivers.Wait()
 	for _, l := range s.workers {
 		l.conn().Close()
 		if l.next != nil {
 			l.next.Close()
+		}
+	}
+	if s.shadow != nil {
+		if p := s.shadow.peer.Load(); p != nil {
+			p.Close()
+		}
+		if s.shadow.next != nil {
+			s.shadow.next.Close()
 		}
 	}
 	return errors.Join(errs...)
@@ -399,7 +410,14 @@ func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int
 	if s.shadow == nil {
 		return nil
 	}
-	return s.shadow.start(ctx, step, tokens, cache)
+	s.attachShadow()
+	departed, err := s.shadow.start(ctx, step, tokens, cache)
+	if !departed && err == nil && step.Iter > 1 {
+		s.mu.Lock()
+		s.stats.Faults.ReactiveIterations++
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // EndSequence tells every worker and the shadow that sequence seq is over,
@@ -418,8 +436,10 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	}
 	if s.shadow != nil {
 		s.shadow.end(seq)
-		if err := s.shadow.peer.Send(ctx, end); err != nil {
-			return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)
+		if p := s.shadow.conn(); p != nil {
+			if err := p.Send(ctx, end); err != nil && ctx.Err() == nil && p.Err() == nil && !isConnLoss(err) {
+				return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)
+			}
 		}
 	}
 	return nil

@@ -24,8 +24,8 @@ func (s *Swarm) StartTrace(ctx context.Context, from, to int64) error {
 			return err
 		}
 	}
-	if s.shadow != nil {
-		if err := s.shadow.peer.Send(ctx, w); err != nil {
+	if p := s.shadowConn(); p != nil {
+		if err := p.Send(ctx, w); err != nil {
 			return fmt.Errorf("mainnode: starting the shadow's trace: %w", err)
 		}
 	}
@@ -60,8 +60,8 @@ func (s *Swarm) CollectTrace(ctx context.Context, timeout time.Duration, layers 
 		in   chan *wire.Trace
 	}
 	var remotes []remote
-	if s.shadow != nil {
-		remotes = append(remotes, remote{s.shadow.peer, s.shadow.traces})
+	if p := s.shadowConn(); p != nil {
+		remotes = append(remotes, remote{p, s.shadow.traces})
 	}
 	for _, l := range s.workers {
 		remotes = append(remotes, remote{l.conn(), l.traces})

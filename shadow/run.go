@@ -1,6 +1,7 @@
 package shadow
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -20,8 +21,11 @@ type Config struct {
 	Workers []string      // worker addresses, in the main node's order
 	Group   int           // workers per group; 0: the router's top-k
 	Listen  string        // UDP address the main node dials
-	Wire    *wire.Config  // this node's identity and transport settings
-	Log     zerolog.Logger
+	// PeerTimeout is how long a worker may stay silent before it is lost
+	// (its hints dropped until it answers again); 0: 2 s.
+	PeerTimeout time.Duration
+	Wire        *wire.Config // this node's identity and transport settings
+	Log         zerolog.Logger
 }
 
 // Run quantizes the model, connects to the workers and follows one main
@@ -53,19 +57,31 @@ func Run(ctx context.Context, cfg Config) error {
 	wcfg := *cfg.Wire
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
 	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, 2*time.Second)
+	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
 	var peers []*wire.Peer
+	closeAll := func() {
+		for _, p := range peers {
+			p.Close()
+		}
+	}
 	for _, a := range cfg.Workers {
 		p, err := wire.Dial(ctx, a, &wcfg)
 		if err != nil {
+			closeAll()
 			return fmt.Errorf("dialing worker %s: %w", a, err)
 		}
-		defer p.Close()
 		peers = append(peers, p)
 	}
-	node, err := NewNode(qm, peers, layout, log)
+	rcfg := wcfg
+	rcfg.DialAttempts = 1 // the node retries, and logs each attempt
+	redial := func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Workers[w], &rcfg) }
+	node, err := NewNode(qm, peers, layout, redial, log)
 	if err != nil {
+		closeAll()
 		return err
 	}
+	defer node.Close()
 	mcfg := *cfg.Wire
 	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
 	ln, err := wire.Listen(ctx, cfg.Listen, &mcfg)

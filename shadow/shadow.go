@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
@@ -33,10 +35,16 @@ import (
 // every sequence that main node runs.
 type Node struct {
 	m       *model.Model // quantized
-	workers []*wire.Peer
+	workers []*workerLink
 	layout  sched.Layout
 	log     zerolog.Logger
 	trace   *trace.Recorder
+	redial  func(ctx context.Context, w int) (*wire.Peer, error)
+
+	// the watchers of the worker connections: Close ends life and waits
+	life     context.Context
+	stop     context.CancelFunc
+	watchers sync.WaitGroup
 
 	// while a forward pass runs (one at a time, on ServeMain's goroutine)
 	out     chan<- outgoing // to the sender
@@ -58,19 +66,89 @@ type follow struct {
 // outgoing is a message for the sender to send, with what the trace
 // records of it.
 type outgoing struct {
-	to    *wire.Peer
-	msg   wire.Message
-	it    int64
-	layer int
+	worker int // the worker it goes to, or -1: the main node
+	msg    wire.Message
+	it     int64
+	layer  int
+}
+
+// workerLink is the shadow's connection to one worker, replaced when the
+// worker comes back after it was lost.
+type workerLink struct {
+	name string
+	peer atomic.Pointer[wire.Peer]
+	up   atomic.Bool
 }
 
 // NewNode returns a shadow over the quantized model m that hints workers
-// (in layout order).
-func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, log zerolog.Logger) (*Node, error) {
+// (in layout order). When a worker's connection ends its hints are
+// dropped, and redial (if set) is called in the background until it
+// answers again. Close the node when done.
+func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, redial func(ctx context.Context, w int) (*wire.Peer, error), log zerolog.Logger) (*Node, error) {
 	if len(workers) != layout.Workers {
 		return nil, fmt.Errorf("shadow: %d worker connections for a layout of %d", len(workers), layout.Workers)
 	}
-	return &Node{m: m, workers: workers, layout: layout, log: log, trace: trace.NewRecorder("shadow")}, nil
+	n := &Node{m: m, layout: layout, log: log, trace: trace.NewRecorder("shadow"), redial: redial}
+	n.life, n.stop = context.WithCancel(context.Background())
+	for w, p := range workers {
+		l := &workerLink{name: p.Identity().Name}
+		l.peer.Store(p)
+		l.up.Store(true)
+		n.workers = append(n.workers, l)
+		n.watchers.Go(func() { n.watch(w, l) })
+	}
+	return n, nil
+}
+
+// Close stops dialing lost workers and closes the worker connections.
+func (n *Node) Close() {
+	n.stop()
+	n.watchers.Wait()
+	for _, l := range n.workers {
+		l.peer.Load().Close()
+	}
+}
+
+// watch waits for worker w's connection to end, then dials the worker
+// until it answers, and again, until the node closes.
+func (n *Node) watch(w int, l *workerLink) {
+	for {
+		p := l.peer.Load()
+		select {
+		case <-p.Done():
+		case <-n.life.Done():
+			return
+		}
+		l.up.Store(false)
+		n.log.Warn().Str("worker", l.name).Err(p.Err()).Msg("shadow: worker lost; its hints are dropped until it answers again")
+		if n.redial == nil {
+			return
+		}
+		for attempt := 1; ; attempt++ {
+			np, err := n.redial(n.life, w)
+			if err == nil && np.Identity().Name != l.name {
+				err = fmt.Errorf("answered as %s, not %s", np.Identity().Name, l.name)
+				np.Close()
+			}
+			if err == nil {
+				l.peer.Store(np)
+				l.up.Store(true)
+				n.log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("shadow: worker back")
+				break
+			}
+			if n.life.Err() != nil {
+				return
+			}
+			n.log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("shadow: lost worker still unreachable; dialing again")
+			t := time.NewTimer(min(250*time.Millisecond<<min(attempt-1, 3), 2*time.Second))
+			select {
+			case <-n.life.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
 }
 
 // sendQueue is how many messages the forward pass may run ahead of the
@@ -96,14 +174,25 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 	return err
 }
 
-// send sends what the forward passes queue, in order, until out is closed.
+// send sends what the forward passes queue, in order, until out is
+// closed. Failing to reach the main node ends it; failing to reach a
+// worker only drops the hint (the worker's watcher sees the loss).
 func (n *Node) send(ctx context.Context, out <-chan outgoing) error {
 	for o := range out {
-		if n.trace.Active(o.it) {
-			n.trace.Message(trace.Send, trace.MsgPrediction, o.to.Identity().Name, o.it, o.layer, -1, 0, time.Now())
+		to := n.mainP
+		if o.worker >= 0 {
+			to = n.workers[o.worker].peer.Load()
 		}
-		if err := o.to.Send(ctx, o.msg); err != nil {
-			return fmt.Errorf("shadow: sending a %v to %s: %w", o.msg.Type(), o.to.Identity().Name, err)
+		if n.trace.Active(o.it) {
+			n.trace.Message(trace.Send, trace.MsgPrediction, to.Identity().Name, o.it, o.layer, -1, 0, time.Now())
+		}
+		err := to.Send(ctx, o.msg)
+		switch {
+		case err == nil:
+		case o.worker < 0 || ctx.Err() != nil:
+			return fmt.Errorf("shadow: sending a %v to %s: %w", o.msg.Type(), to.Identity().Name, err)
+		default:
+			n.log.Debug().Str("worker", to.Identity().Name).Err(err).Msg("shadow: hint not sent")
 		}
 	}
 	return nil
@@ -141,8 +230,8 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 				n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
 				continue
 			}
-			if len(m.Prompt) > 0 {
-				seqs[m.Seq] = &follow{seq: m.Seq}
+			if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
+				seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1}
 			}
 			pending[seqIter{m.Seq, m.Iteration}] = m
 			f := seqs[m.Seq]
@@ -168,7 +257,9 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 
 // iterate runs one iteration of f: the prompt (no predictions: prefill
 // loads every expert anyway) or one decode step after applying the
-// alignment.
+// alignment. A sequence the shadow joins late (it attached, or came
+// back, mid-sequence) starts with every token so far as its prompt and
+// goes on with the decode step at once.
 func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error {
 	start := time.Now()
 	f.it = a.Iteration
@@ -182,7 +273,16 @@ func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error 
 			return fmt.Errorf("shadow: sequence %d prompt: %w", f.seq, err)
 		}
 		f.headDue = true
-		return nil
+		if a.Iteration == 1 {
+			return nil
+		}
+		if a.Token < 0 {
+			return fmt.Errorf("shadow: sequence %d joined at iteration %d without the token to feed", f.seq, a.Iteration)
+		}
+		n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(toks)).Bool("kv", len(a.Keys) > 0).
+			Msg("shadow: following a sequence from the middle")
+	} else if f.sess == nil {
+		return fmt.Errorf("shadow: sequence %d iteration %d before its prompt", f.seq, a.Iteration)
 	}
 	if len(a.Keys) > 0 {
 		kv, err := kvRows(a)
@@ -218,7 +318,7 @@ func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error 
 		return fmt.Errorf("shadow: sequence %d iteration %d: %w", f.seq, a.Iteration, err)
 	}
 	f.headDue = true
-	return n.queue(ctx, outgoing{to: n.mainP, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: a.Iteration,
+	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: a.Iteration,
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
 }
 
@@ -247,19 +347,19 @@ func (n *Node) predict(ctx context.Context, f *follow, l int, routes []model.Rou
 		}
 	}
 	slices.Sort(n.experts)
-	prediction := func(to *wire.Peer, experts []int) outgoing {
-		return outgoing{to: to, it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: int32s(experts)}}
+	prediction := func(worker int, experts []int) outgoing {
+		return outgoing{worker: worker, it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: int32s(experts)}}
 	}
 	// each worker of the group loads its share, where the main node's
 	// planner will look for it (sched.PlacePredicted)
 	var failed error
 	n.buf = n.layout.PredictionHints(l, n.experts, n.buf, func(w int, experts []int) {
-		if failed == nil {
-			failed = n.queue(ctx, prediction(n.workers[w], experts))
+		if failed == nil && n.workers[w].up.Load() {
+			failed = n.queue(ctx, prediction(w, experts))
 		}
 	})
 	if failed == nil {
-		_ = n.queue(ctx, prediction(n.mainP, n.experts))
+		_ = n.queue(ctx, prediction(-1, n.experts))
 	}
 }
 

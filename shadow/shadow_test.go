@@ -21,6 +21,13 @@ type shadowRig struct {
 	main    *wire.Peer   // the test's connection to the shadow, as the main node
 	workers []*wire.Peer // the test's connections to the workers, as the main node
 	layout  sched.Layout
+
+	ctx        context.Context
+	files      inproc.Files
+	addrs      []string // the workers'
+	stopWorker []func()
+	workerOpt  inproc.WorkerOptions
+	dialAsMain func(addr string, role wire.Role) *wire.Peer
 }
 
 func newShadowRig(t *testing.T) *shadowRig {
@@ -40,13 +47,23 @@ func newShadowRig(t *testing.T) *shadowRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs, stopWorkers, err := inproc.StartWorkers(ctx, f, inproc.WorkerOptions{Count: 2, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
+	r := &shadowRig{qm: qm, ctx: ctx, files: f, workerOpt: inproc.WorkerOptions{Count: 2, BudgetBytes: 64 << 20, Log: zerolog.Nop()}}
+	for i := range r.workerOpt.Count {
+		addr, stop, err := inproc.StartWorker(ctx, f, i, "127.0.0.1:0", r.workerOpt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.addrs, r.stopWorker = append(r.addrs, addr), append(r.stopWorker, stop)
 	}
-	t.Cleanup(stopWorkers)
+	t.Cleanup(func() {
+		for _, stop := range r.stopWorker {
+			stop()
+		}
+	})
+	addrs := r.addrs
 	layout, _ := sched.NewLayout(2, 2)
-	saddr, stopShadow, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, zerolog.New(zerolog.NewTestWriter(t)))
+	r.layout = layout
+	saddr, stopShadow, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, "127.0.0.1:0", zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +72,6 @@ func newShadowRig(t *testing.T) *shadowRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &shadowRig{qm: qm, layout: layout}
 	dial := func(addr string, role wire.Role) *wire.Peer {
 		p, err := wire.Dial(ctx, addr, &wire.Config{Certs: certs, PeerRoles: []wire.Role{role}, Log: zerolog.Nop()})
 		if err != nil {
@@ -64,6 +80,7 @@ func newShadowRig(t *testing.T) *shadowRig {
 		t.Cleanup(func() { p.Close() })
 		return p
 	}
+	r.dialAsMain = dial
 	r.main = dial(saddr, wire.RoleShadow)
 	for _, a := range addrs {
 		r.workers = append(r.workers, dial(a, wire.RoleWorker))
@@ -73,12 +90,18 @@ func newShadowRig(t *testing.T) *shadowRig {
 
 // reference decodes prompt then token on the shadow's own weights in
 // this process and returns each decode layer's distinct experts, sorted:
-// what the shadow must predict.
-func (r *shadowRig) reference(t *testing.T, prompt []int, token int) [][]int {
+// what the shadow must predict. Each of feed is fed after the prompt, one
+// token at a time, before token.
+func (r *shadowRig) reference(t *testing.T, prompt []int, token int, feed ...int) [][]int {
 	t.Helper()
 	s := model.NewSession(r.qm, model.NewResidentExperts(r.qm), 0)
 	if _, err := s.Forward(context.Background(), prompt); err != nil {
 		t.Fatal(err)
+	}
+	for _, tok := range feed {
+		if _, err := s.Forward(context.Background(), []int{tok}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want := make([][]int, r.qm.Config.NumLayers)
 	s.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) {
@@ -195,5 +218,62 @@ func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
 	}
 	if loads == 0 {
 		t.Error("the workers loaded nothing on the shadow's hints")
+	}
+}
+
+// TestShadowJoinsASequenceInTheMiddle: a shadow that attaches while a
+// sequence is under way (it was lost, or started late) gets every token so
+// far as its prompt and the token to feed; it predicts at once what its
+// model routes after that history.
+func TestShadowJoinsASequenceInTheMiddle(t *testing.T) {
+	r := newShadowRig(t)
+	history := []int{1, 17, 33, 49, 65, 81, 4, 300, 12} // prompt 6 tokens, then 3 fed in iterations 2..4
+	r.send(t, &wire.Alignment{Seq: 9, Iteration: 5, Token: 77, Prompt: []int32{1, 17, 33, 49, 65, 81, 4, 300, 12}})
+	got := r.predictions(t, 5, 9)
+	want := r.reference(t, history[:6], 77, history[6:]...)
+	for l := range want {
+		if !slices.Equal(got[9][l], want[l]) {
+			t.Errorf("layer %d: predicted %v, the shadow's model routes %v after the history", l, got[9][l], want[l])
+		}
+	}
+	r.send(t, &wire.Alignment{Seq: 9, Iteration: 6, Token: 5})
+	r.predictions(t, 6, 9) // and it goes on from there
+}
+
+// TestShadowDialsARestartedWorkerAgain: a worker that restarts (on the
+// same address) is dialed again by the shadow, which hints it as before,
+// and the shadow keeps following the main node meanwhile.
+func TestShadowDialsARestartedWorkerAgain(t *testing.T) {
+	r := newShadowRig(t)
+	prompt := []int32{1, 17, 33, 49, 65, 81}
+	r.send(t, &wire.Alignment{Seq: 3, Iteration: 1, Token: -1, Prompt: prompt})
+	r.stopWorker[0]()
+	r.stopWorker[0] = func() {}
+	r.send(t, &wire.Alignment{Seq: 3, Iteration: 2, Token: 100})
+	r.predictions(t, 2, 3) // the worker is gone: the shadow goes on
+	addr, stop, err := inproc.StartWorker(r.ctx, r.files, 0, r.addrs[0], r.workerOpt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.stopWorker[0] = stop
+	w := r.dialAsMain(addr, wire.RoleWorker)
+	deadline := time.Now().Add(15 * time.Second)
+	for it := int64(3); ; it++ {
+		r.send(t, &wire.Alignment{Seq: 3, Iteration: it, Token: int32(it)})
+		r.predictions(t, it, 3)
+		if err := w.Send(context.Background(), &wire.StatsRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := w.Recv(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := m.(*wire.WorkerStats); st.Loads > 0 {
+			break // the restarted worker has loaded on the shadow's hints
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted worker got no hint from the shadow within 15 s")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

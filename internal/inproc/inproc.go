@@ -186,10 +186,10 @@ func startWorker(ctx context.Context, st *store.Store, certDir string, i int, ad
 	return ln, eng, nil
 }
 
-// StartShadow runs a shadow over qm (the model as the shadow holds it) on
-// loopback, connected to the workers at workerAddrs, serving one main
-// node connection after another; stop ends it and waits for it.
-func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAddrs []string, layout sched.Layout, log zerolog.Logger) (addr string, stop func(), err error) {
+// StartShadow runs a shadow over qm (the model as the shadow holds it)
+// listening on listen, connected to the workers at workerAddrs, serving
+// one main node connection after another; stop ends it and waits for it.
+func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAddrs []string, layout sched.Layout, listen string, log zerolog.Logger) (addr string, stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	certs, err := wire.LoadCerts(certDir, "shadow")
 	if err != nil {
@@ -211,14 +211,18 @@ func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAdd
 		}
 		peers = append(peers, p)
 	}
-	node, err := shadow.NewNode(qm, peers, layout, log)
+	redial := func(ctx context.Context, w int) (*wire.Peer, error) {
+		return wire.Dial(ctx, workerAddrs[w], &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop(), DialAttempts: 1})
+	}
+	node, err := shadow.NewNode(qm, peers, layout, redial, log)
 	if err != nil {
 		closeAll()
 		return "", nil, err
 	}
-	ln, err := wire.Listen(ctx, "127.0.0.1:0", &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
+	ln, err := wire.Listen(ctx, listen, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
 	if err != nil {
-		closeAll()
+		node.Close()
+		cancel()
 		return "", nil, err
 	}
 	done := make(chan struct{})
@@ -234,5 +238,5 @@ func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAdd
 			p.Close()
 		}
 	}()
-	return ln.Addr().String(), func() { cancel(); <-done; closeAll() }, nil
+	return ln.Addr().String(), func() { cancel(); <-done; node.Close() }, nil
 }
