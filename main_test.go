@@ -217,3 +217,23 @@ func TestTuneAlignPrintsATableAndTheBest(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedRunLeavesNoPartialDump: a run that fails half way (here: it
+// runs past the model's context) writes no dump files, so nothing half
+// written sits beside another run's files.
+func TestFailedRunLeavesNoPartialDump(t *testing.T) {
+	model := tinyModel(t)
+	dump := filepath.Join(t.TempDir(), "dump")
+	_, se, code := run(t, "", "run", "-role", "local", "-model", model, "-prompt-tokens", "4090", "-n", "16", "-dump", dump, "-log-level", "warn")
+	if code == 0 {
+		t.Fatal("a run past the context limit succeeded")
+	}
+	entries, _ := os.ReadDir(dump)
+	if len(entries) != 0 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("the failed run (%s) left %v in its dump directory", strings.TrimSpace(se), names)
+	}
+}

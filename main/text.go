@@ -53,13 +53,18 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 		if err := os.MkdirAll(t.Dump, 0o755); err != nil {
 			return model.GenerateStats{}, err
 		}
-		if logits, err = npy.Create(filepath.Join(t.Dump, "logits.npy"), m.Config.VocabSize); err != nil {
+		// written under temporary names, renamed only once the run has
+		// completed: a failed run never leaves a partial dump beside
+		// another run's files
+		if logits, err = npy.Create(filepath.Join(t.Dump, partial("logits.npy")), m.Config.VocabSize); err != nil {
 			return model.GenerateStats{}, err
 		}
 		defer func() {
 			if logits != nil {
 				logits.Close()
 			}
+			os.Remove(filepath.Join(t.Dump, partial("logits.npy")))
+			os.Remove(filepath.Join(t.Dump, partial("tokens.json")))
 		}()
 	}
 	out := bufio.NewWriter(stdout)
@@ -99,8 +104,13 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 			generated = []int{}
 		}
 		b, _ := json.Marshal(map[string][]int{"prompt": ids, "generated": generated})
-		if err := os.WriteFile(filepath.Join(t.Dump, "tokens.json"), append(b, '\n'), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(t.Dump, partial("tokens.json")), append(b, '\n'), 0o644); err != nil {
 			return st, err
+		}
+		for _, name := range []string{"logits.npy", "tokens.json"} {
+			if err := os.Rename(filepath.Join(t.Dump, partial(name)), filepath.Join(t.Dump, name)); err != nil {
+				return st, err
+			}
 		}
 	}
 	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d, prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
@@ -122,3 +132,6 @@ func cycleTokens(ids []int, n, bos int) []int {
 	}
 	return out
 }
+
+// partial is the name a dump file has until the run completes.
+func partial(name string) string { return "." + name + ".partial" }

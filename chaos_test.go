@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// chaosRig is a swarm of real processes on loopback: workers, a shadow
+// and a main node, each with its log in dir.
+type chaosRig struct {
+	t       *testing.T
+	dir     string
+	model   string
+	store   string
+	workers []string // addresses
+	shadow  string
+	procs   map[string]*exec.Cmd
+}
+
+func newChaosRig(t *testing.T, workers int) *chaosRig {
+	t.Helper()
+	r := &chaosRig{t: t, dir: t.TempDir(), model: tinyModel(t), procs: map[string]*exec.Cmd{}}
+	nodes := "main,shadow"
+	for i := range workers {
+		nodes += fmt.Sprintf(",w%d", i+1)
+		r.workers = append(r.workers, freeLoopbackUDP(t))
+	}
+	r.shadow = freeLoopbackUDP(t)
+	r.store = filepath.Join(r.dir, "tiny.store")
+	for _, args := range [][]string{
+		{"certs", "-out", filepath.Join(r.dir, "certs"), "-nodes", nodes, "-log-level", "warn"},
+		{"convert", "-model", r.model, "-out", r.store, "-log-level", "warn"},
+	} {
+		if _, se, code := run(t, "", args...); code != 0 {
+			t.Fatalf("%s: %s", args[0], se)
+		}
+	}
+	t.Cleanup(func() {
+		for _, c := range r.procs {
+			c.Process.Signal(syscall.SIGCONT)
+			c.Process.Kill()
+			c.Wait()
+		}
+	})
+	return r
+}
+
+func freeLoopbackUDP(t *testing.T) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().String()
+}
+
+// start runs the odmoe command as node name (a restart replaces the
+// earlier process of that name), its output appended to dir/name.log.
+func (r *chaosRig) start(name string, args ...string) *exec.Cmd {
+	r.t.Helper()
+	logf, err := os.OpenFile(filepath.Join(r.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer logf.Close()
+	c := exec.Command(odmoeBin(r.t), args...)
+	c.Stdout, c.Stderr = logf, logf
+	if err := c.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.procs[name] = c
+	return c
+}
+
+func (r *chaosRig) startWorker(i int) {
+	name := fmt.Sprintf("w%d", i+1)
+	r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", r.store, "-certs", filepath.Join(r.dir, "certs"), "-name", name,
+		"-device-mem", "64MiB", "-load-bw", "8MB", "-log-level", "info")
+}
+
+func (r *chaosRig) startShadow() {
+	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","),
+		"-group", "2", "-certs", filepath.Join(r.dir, "certs"), "-name", "shadow", "-log-level", "info")
+}
+
+func (r *chaosRig) signal(name string, sig syscall.Signal) {
+	r.t.Helper()
+	if err := r.procs[name].Process.Signal(sig); err != nil {
+		r.t.Errorf("%v to %s: %v", sig, name, err)
+	}
+	if sig == syscall.SIGKILL {
+		r.procs[name].Wait()
+	}
+}
+
+// logs is every node's log, for a failure message.
+func (r *chaosRig) logs() string {
+	var b strings.Builder
+	for _, name := range []string{"main", "shadow", "w1", "w2", "w3", "w4"} {
+		if out, err := os.ReadFile(filepath.Join(r.dir, name+".log")); err == nil {
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+		}
+	}
+	return b.String()
+}
+
+// TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes is the faults
+// issue's scenario with real processes on loopback: a 400-token
+// shadow-driven generation (loads paced so that it takes ~20 s) during
+// which worker w2 is SIGKILLed and restarted, w3 SIGSTOPped for 3 s and
+// continued, and the shadow SIGKILLed and restarted. The main node exits
+// 0, its logits are local mode's bit for bit, and its stats count the
+// failovers, rejoins and reactive iterations.
+func TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 400-token run of ~20 s with real processes")
+	}
+	r := newChaosRig(t, 4)
+	for i := range r.workers {
+		r.startWorker(i)
+	}
+	r.startShadow()
+	const n = "400"
+	localDump, swarmDump := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", localDump, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	statsFile := filepath.Join(r.dir, "stats.json")
+	mainCmd := r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
+		"-prefetch", "shadow", "-shadow", r.shadow, "-certs", filepath.Join(r.dir, "certs"), "-name", "main",
+		"-n", n, "-ignore-eos", "-dump", swarmDump, "-stats", statsFile, "-log-level", "info")
+	exited := make(chan error, 1)
+	go func() { exited <- mainCmd.Wait() }()
+	t0 := time.Now()
+	schedule := []struct {
+		at   time.Duration
+		what string
+		do   func()
+	}{
+		{3 * time.Second, "SIGKILL w2", func() { r.signal("w2", syscall.SIGKILL) }},
+		{4 * time.Second, "restart w2", func() { r.startWorker(1) }},
+		{7 * time.Second, "SIGSTOP w3", func() { r.signal("w3", syscall.SIGSTOP) }},
+		{10 * time.Second, "SIGCONT w3", func() { r.signal("w3", syscall.SIGCONT) }},
+		{13 * time.Second, "SIGKILL shadow", func() { r.signal("shadow", syscall.SIGKILL) }},
+		{17 * time.Second, "restart shadow", func() { r.startShadow() }},
+	}
+	var mainErr error
+	done := false
+	for _, ev := range schedule {
+		select {
+		case mainErr = <-exited:
+			done = true
+		case <-time.After(time.Until(t0.Add(ev.at))):
+		}
+		if done {
+			t.Fatalf("the main node ended (%v) before %q at %v; the run is too short for the scenario\n%s", mainErr, ev.what, ev.at, r.logs())
+		}
+		ev.do()
+		t.Logf("%5.1fs %s", time.Since(t0).Seconds(), ev.what)
+	}
+	select {
+	case mainErr = <-exited:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the main node did not finish within 3 minutes\n%s", r.logs())
+	}
+	t.Logf("%5.1fs main node exited: %v", time.Since(t0).Seconds(), mainErr)
+	if mainErr != nil {
+		t.Fatalf("main node: %v\n%s", mainErr, r.logs())
+	}
+	for _, f := range []string{"logits.npy", "tokens.json"} {
+		want, err := os.ReadFile(filepath.Join(localDump, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(swarmDump, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s of the swarm under faults differs from local mode's", f)
+		}
+	}
+	var st struct {
+		Generated int `json:"generated_tokens"`
+		Faults    map[string]int64
+	}
+	b, err := os.ReadFile(statsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	f := st.Faults
+	t.Logf("faults: %v", f)
+	if st.Generated != 400 || f["workers_lost"] < 2 || f["rejoins"] < 2 || f["shadow_lost"] < 1 || f["shadow_reattached"] < 1 || f["reactive_iterations"] < 1 {
+		t.Errorf("stats: %d generated, faults %v: want 2+ workers lost and rejoined, the shadow lost and re-attached, reactive iterations\n%s", st.Generated, f, r.logs())
+	}
+}
