@@ -59,6 +59,11 @@ type Config struct {
 	// (version, device memory budget, features); Name and Role are
 	// filled in from the identity above.
 	Hello Hello
+	// CheckHello, if set, vets the Hello of a peer whose identity has
+	// been accepted: an error refuses the peer, and its text reaches the
+	// peer too, so it should say what differs (this node's view and the
+	// peer's). Dial does not retry such a refusal.
+	CheckHello func(h *Hello) error
 
 	// MaxFrameBytes bounds a received (and a sent) frame; a larger one
 	// closes the connection (ErrFrameTooLarge). Default 64 MiB.

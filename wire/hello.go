@@ -129,6 +129,11 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 		}
 		p.id = id
 	}
+	if p.cfg.CheckHello != nil {
+		if err := p.cfg.CheckHello(h); err != nil {
+			return connErrorf(CodeIdentity, nil, "%s refuses %s: %v", p.cfg.Hello.Name, p.id.Name, err)
+		}
+	}
 	p.hello = *h
 	p.log = p.log.With().Str("peer", p.id.Name).Logger()
 	p.wg.Go(func() { p.readControl(fr, md) })

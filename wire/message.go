@@ -87,6 +87,15 @@ type Hello struct {
 	Arch           string // GOARCH of the sender
 	DeviceMemBytes int64  // a worker's device memory budget; 0 if none
 	Features       []string
+	// Model is the identity (store.Identity, hex) of the model the sender
+	// serves: a worker's store's, the main node's and the shadow's
+	// checkpoint's. Nodes of different models refuse each other.
+	Model string
+	// Layout, from a shadow, is its workers' names in the order it hints
+	// them, in groups of Group: the main node refuses a shadow whose
+	// layout is not its own.
+	Layout []string
+	Group  int
 }
 
 // Prediction tells a worker group which experts the shadow node expects
