@@ -82,15 +82,30 @@ func (r *chaosRig) start(name string, args ...string) *exec.Cmd {
 	return c
 }
 
-func (r *chaosRig) startWorker(i int) {
+func (r *chaosRig) startWorker(i int) { r.startWorkerOn(i, r.store) }
+
+func (r *chaosRig) startWorkerOn(i int, store string) {
 	name := fmt.Sprintf("w%d", i+1)
-	r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", r.store, "-certs", filepath.Join(r.dir, "certs"), "-name", name,
+	r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", store, "-certs", filepath.Join(r.dir, "certs"), "-name", name,
 		"-device-mem", "64MiB", "-load-bw", "8MB", "-log-level", "info")
 }
 
-func (r *chaosRig) startShadow() {
-	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","),
+func (r *chaosRig) startShadow() { r.startShadowOf(r.workers) }
+
+// startShadowOf starts the shadow with workers as its -workers list.
+func (r *chaosRig) startShadowOf(workers []string) {
+	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(workers, ","),
 		"-group", "2", "-certs", filepath.Join(r.dir, "certs"), "-name", "shadow", "-log-level", "info")
+}
+
+// runMain runs the main node on the rig to the end and returns its
+// stderr and exit code.
+func (r *chaosRig) runMain(extra ...string) (stderr string, code int) {
+	r.t.Helper()
+	args := append([]string{"run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
+		"-certs", filepath.Join(r.dir, "certs"), "-name", "main", "-n", "4", "-log-level", "warn"}, extra...)
+	_, se, code := run(r.t, "", args...)
+	return se, code
 }
 
 func (r *chaosRig) signal(name string, sig syscall.Signal) {
@@ -206,5 +221,36 @@ func TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes(t *testing.T) {
 	t.Logf("faults: %v", f)
 	if st.Generated != 400 || f["workers_lost"] < 2 || f["rejoins"] < 2 || f["shadow_lost"] < 1 || f["shadow_reattached"] < 1 || f["reactive_iterations"] < 1 {
 		t.Errorf("stats: %d generated, faults %v: want 2+ workers lost and rejoined, the shadow lost and re-attached, reactive iterations\n%s", st.Generated, f, r.logs())
+	}
+}
+
+// TestNodesOfAnotherModelOrLayoutAreRefused: a worker whose store was
+// built from another model (a valid store, of another seed) is refused by
+// the main node with a message naming the worker and both models, and the
+// run fails instead of producing other logits; a shadow given the workers
+// in another order than the main node is refused saying what differs.
+func TestNodesOfAnotherModelOrLayoutAreRefused(t *testing.T) {
+	r := newChaosRig(t, 2)
+	other := filepath.Join(r.dir, "other")
+	for _, args := range [][]string{
+		{"gen-tiny", "-out", other, "-seed", "2", "-log-level", "warn"},
+		{"convert", "-model", other, "-out", other + ".store", "-log-level", "warn"},
+	} {
+		if _, se, code := run(t, "", args...); code != 0 {
+			t.Fatalf("%s: %s", args[0], se)
+		}
+	}
+	r.startWorkerOn(0, other+".store")
+	r.startWorker(1)
+	se, code := r.runMain("-prefetch", "reactive")
+	if code == 0 || !strings.Contains(se, "main (main) serves model") || !strings.Contains(se, "w1 (worker) model") {
+		t.Fatalf("main node with a worker of another model: exit %d, stderr:\n%s", code, se)
+	}
+	r.signal("w1", syscall.SIGKILL)
+	r.startWorker(0)
+	r.startShadowOf([]string{r.workers[1], r.workers[0]})
+	se, code = r.runMain("-prefetch", "shadow", "-shadow", r.shadow)
+	if code == 0 || !strings.Contains(se, "the shadow hints workers [w2 w1] in groups of 2, the main node runs [w1 w2]") {
+		t.Fatalf("main node with a shadow of another worker order: exit %d, stderr:\n%s", code, se)
 	}
 }

@@ -14,6 +14,26 @@ import (
 // lost later is dialed again at the same address (unless opt.Redial says
 // otherwise).
 func Dial(ctx context.Context, addrs []string, cfg *wire.Config, opt Options) (*Swarm, error) {
+	peers, err := DialWorkers(ctx, addrs, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Redial == nil {
+		opt.Redial = RedialWorkers(addrs, cfg)
+	}
+	s, err := NewSwarm(peers, opt)
+	if err != nil {
+		for _, p := range peers {
+			p.Close()
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// DialWorkers connects to every worker address at once and returns the
+// connections in the order of addrs, or every error.
+func DialWorkers(ctx context.Context, addrs []string, cfg *wire.Config) ([]*wire.Peer, error) {
 	c := *cfg
 	c.PeerRoles = []wire.Role{wire.RoleWorker}
 	peers := make([]*wire.Peer, len(addrs))
@@ -36,17 +56,14 @@ func Dial(ctx context.Context, addrs []string, cfg *wire.Config, opt Options) (*
 		}
 		return nil, fmt.Errorf("mainnode: dialing workers: %w", err)
 	}
-	if opt.Redial == nil {
-		rc := c
-		rc.DialAttempts = 1 // the Swarm retries, and logs each attempt
-		opt.Redial = func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, addrs[w], &rc) }
-	}
-	s, err := NewSwarm(peers, opt)
-	if err != nil {
-		for _, p := range peers {
-			p.Close()
-		}
-		return nil, err
-	}
-	return s, nil
+	return peers, nil
+}
+
+// RedialWorkers is an Options.Redial that dials worker w at addrs[w] once
+// (the Swarm retries, and logs each attempt).
+func RedialWorkers(addrs []string, cfg *wire.Config) func(ctx context.Context, w int) (*wire.Peer, error) {
+	c := *cfg
+	c.PeerRoles = []wire.Role{wire.RoleWorker}
+	c.DialAttempts = 1
+	return func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, addrs[w], &c) }
 }

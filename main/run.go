@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
@@ -14,6 +15,7 @@ import (
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -69,24 +71,15 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
 		Layers: m.Config.NumLayers, Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
 	}
-	timeout := cmp.Or(cfg.PeerTimeout, DefaultPeerTimeout)
-	if cfg.Shadow != "" {
-		scfg := *cfg.Wire
-		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
-		scfg.IdleTimeout, scfg.KeepAlivePeriod = timeout, timeout/4
-		scfg.DialAttempts, scfg.MaxDialBackoff = 1, time.Second
-		opt.RedialShadow = func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Shadow, &scfg) }
-		// the shadow may still be quantizing: wait a while for it, then
-		// start reactive and attach it when it answers
-		first := scfg
-		first.DialAttempts = 30
-		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &first); err != nil {
-			if ce := (*wire.ConnError)(nil); ctx.Err() != nil || errors.As(err, &ce) {
-				return fmt.Errorf("dialing the shadow: %w", err) // refused, not unreachable
-			}
-			log.Warn().Str("shadow", cfg.Shadow).Err(err).Msg("main node: the shadow does not answer; starting with reactive loading, it attaches when it does")
-		}
+	id, err := store.ModelIdentity(cfg.Model)
+	if err != nil {
+		return err
 	}
+	timeout := cmp.Or(cfg.PeerTimeout, DefaultPeerTimeout)
+	base := *cfg.Wire
+	base.IdleTimeout, base.KeepAlivePeriod = timeout, timeout/4
+	base.Hello.Model = id.String()
+	base.CheckHello = wire.SameModel(true) // a worker of another model would change the output
 	if cfg.TraceFile != "" {
 		name := cfg.Wire.Name
 		if cfg.Wire.Certs != nil {
@@ -94,11 +87,54 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 		opt.Trace = trace.NewRecorder(name)
 	}
-	wcfg := *cfg.Wire
+	wcfg := base
 	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
-	wcfg.IdleTimeout, wcfg.KeepAlivePeriod = timeout, timeout/4
-	sw, err := Dial(ctx, cfg.Workers, &wcfg, opt)
+	peers, err := DialWorkers(ctx, cfg.Workers, &wcfg)
 	if err != nil {
+		return err
+	}
+	opt.Redial = RedialWorkers(cfg.Workers, &base)
+	if cfg.Shadow != "" {
+		names := make([]string, len(peers))
+		for i, p := range peers {
+			names[i] = p.Identity().Name
+		}
+		scfg := base
+		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
+		scfg.DialAttempts, scfg.MaxDialBackoff = 1, time.Second
+		scfg.CheckHello = func(self, h *wire.Hello) error {
+			if err := base.CheckHello(self, h); err != nil {
+				return err
+			}
+			if !slices.Equal(h.Layout, names) || h.Group != layout.Group {
+				return fmt.Errorf("the shadow hints workers %v in groups of %d, the main node runs %v in groups of %d: give both the same -workers, in the same order, and the same -group",
+					h.Layout, h.Group, names, layout.Group)
+			}
+			return nil
+		}
+		opt.RedialShadow = func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Shadow, &scfg) }
+		// the shadow may still be quantizing: wait a while for it, then
+		// start reactive and attach it when it answers
+		first := scfg
+		first.DialAttempts = 30
+		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &first); err != nil {
+			if ce := (*wire.ConnError)(nil); ctx.Err() != nil || errors.As(err, &ce) {
+				for _, p := range peers {
+					p.Close()
+				}
+				return fmt.Errorf("dialing the shadow: %w", err) // refused, not unreachable
+			}
+			log.Warn().Str("shadow", cfg.Shadow).Err(err).Msg("main node: the shadow does not answer; starting with reactive loading, it attaches when it does")
+		}
+	}
+	sw, err := NewSwarm(peers, opt)
+	if err != nil {
+		for _, p := range peers {
+			p.Close()
+		}
+		if opt.Shadow != nil {
+			opt.Shadow.Close()
+		}
 		return err
 	}
 	defer sw.Close()

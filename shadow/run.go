@@ -10,6 +10,7 @@ import (
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -54,8 +55,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
 		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
+	id, err := store.ModelIdentity(cfg.Model)
+	if err != nil {
+		return err
+	}
 	wcfg := *cfg.Wire
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
+	wcfg.Hello.Model = id.String()
+	wcfg.CheckHello = wire.SameModel(true)
 	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
 	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, 2*time.Second)
 	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
@@ -84,6 +91,11 @@ func Run(ctx context.Context, cfg Config) error {
 	defer node.Close()
 	mcfg := *cfg.Wire
 	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
+	mcfg.Hello.Model, mcfg.CheckHello = id.String(), wire.SameModel(true)
+	mcfg.Hello.Group = layout.Group // the main node checks that it runs the same layout
+	for _, p := range peers {
+		mcfg.Hello.Layout = append(mcfg.Hello.Layout, p.Identity().Name)
+	}
 	ln, err := wire.Listen(ctx, cfg.Listen, &mcfg)
 	if err != nil {
 		return err

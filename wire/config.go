@@ -63,7 +63,7 @@ type Config struct {
 	// been accepted: an error refuses the peer, and its text reaches the
 	// peer too, so it should say what differs (this node's view and the
 	// peer's). Dial does not retry such a refusal.
-	CheckHello func(h *Hello) error
+	CheckHello func(self, peer *Hello) error
 
 	// MaxFrameBytes bounds a received (and a sent) frame; a larger one
 	// closes the connection (ErrFrameTooLarge). Default 64 MiB.

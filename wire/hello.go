@@ -130,7 +130,7 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 		p.id = id
 	}
 	if p.cfg.CheckHello != nil {
-		if err := p.cfg.CheckHello(h); err != nil {
+		if err := p.cfg.CheckHello(&p.cfg.Hello, h); err != nil {
 			return connErrorf(CodeIdentity, nil, "%s refuses %s: %v", p.cfg.Hello.Name, p.id.Name, err)
 		}
 	}
@@ -139,3 +139,23 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 	p.wg.Go(func() { p.readControl(fr, md) })
 	return nil
 }
+
+// SameModel is a CheckHello that refuses a peer whose Hello names another
+// model than this node's (Hello.Model). With strict, a peer that names
+// none is refused too; otherwise it is let through (it is checked from its
+// side).
+func SameModel(strict bool) func(self, peer *Hello) error {
+	return func(self, peer *Hello) error {
+		switch {
+		case peer.Model == self.Model, peer.Model == "" && !strict:
+			return nil
+		case peer.Model == "":
+			return fmt.Errorf("%s (%s) does not say which model it serves; %s serves %s", peer.Name, peer.Role, self.Name, short(self.Model))
+		}
+		return fmt.Errorf("%s (%s) serves model %s, %s (%s) model %s: they come from different checkpoints (a worker's store must be converted from the main node's model)",
+			peer.Name, peer.Role, short(peer.Model), self.Name, self.Role, short(self.Model))
+	}
+}
+
+// short is the first 12 hex digits of a model identity, as logs show it.
+func short(id string) string { return id[:min(12, len(id))] }

@@ -14,8 +14,8 @@ import (
 // reason (naming the refusing node and both models) at once, without
 // retrying, whichever side refuses.
 func TestCheckHelloRefusesAPeerOfAnotherModel(t *testing.T) {
-	sameModel := func(mine string) func(*Hello) error {
-		return func(h *Hello) error {
+	sameModel := func(mine string) func(_, peer *Hello) error {
+		return func(_, h *Hello) error {
 			if h.Model != mine {
 				return fmt.Errorf("serves model %s, this node %s", h.Model, mine)
 			}

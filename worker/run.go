@@ -69,6 +69,10 @@ func Run(ctx context.Context, cfg Config) error {
 	wcfg := *cfg.Wire
 	wcfg.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
 	wcfg.Hello.DeviceMemBytes = cfg.DeviceMemBytes
+	// a main node or shadow of another model is refused here too (they
+	// refuse this worker from their side as well)
+	wcfg.Hello.Model = st.Identity().String()
+	wcfg.CheckHello = wire.SameModel(false)
 	ln, err := wire.Listen(ctx, cfg.Listen, &wcfg)
 	if err != nil {
 		return err
