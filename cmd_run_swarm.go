@@ -39,7 +39,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return usagef("%v", err)
 	}
 	cfg := mainnode.Config{Model: f.model, Text: f.text(), Workers: strings.Split(f.workers, ","), Group: f.group,
-		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, Log: log}
+		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if f.peerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.peerTimeout)
 	}
@@ -68,7 +68,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if err != nil {
 		return usagef("-quant: %v", err)
 	}
-	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, PeerTimeout: f.peerTimeout, Log: log}
+	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if cfg.Wire, err = f.cluster.config(wire.RoleShadow, log); err != nil {
 		return err
 	}

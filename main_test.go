@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // odmoeBin builds the binary once per test run: the end-to-end tests drive
@@ -235,5 +236,25 @@ func TestFailedRunLeavesNoPartialDump(t *testing.T) {
 			names = append(names, e.Name())
 		}
 		t.Fatalf("the failed run (%s) left %v in its dump directory", strings.TrimSpace(se), names)
+	}
+}
+
+// TestMainNodeToAbsentWorkerSaysSoAndStops: a main node pointed at a
+// worker that is not running logs that it is still dialing, then gives up
+// after -dial-timeout with an error naming the address.
+func TestMainNodeToAbsentWorkerSaysSoAndStops(t *testing.T) {
+	model := tinyModel(t)
+	certs := filepath.Join(t.TempDir(), "certs")
+	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "main,w1", "-log-level", "warn"); code != 0 {
+		t.Fatal(se)
+	}
+	addr := freeLoopbackUDP(t)
+	start := time.Now()
+	_, se, code := run(t, "", "run", "-role", "main", "-model", model, "-workers", addr, "-group", "1", "-certs", certs, "-name", "main", "-dial-timeout", "2s")
+	if took := time.Since(start); code == 0 || took > 15*time.Second {
+		t.Fatalf("exit %d after %v", code, took)
+	}
+	if !strings.Contains(se, "no answer yet; dialing again") || !strings.Contains(se, "no answer within 2s") || !strings.Contains(se, addr) {
+		t.Fatalf("stderr does not show the dial's progress and end:\n%s", se)
 	}
 }

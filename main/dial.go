@@ -64,6 +64,6 @@ func DialWorkers(ctx context.Context, addrs []string, cfg *wire.Config) ([]*wire
 func RedialWorkers(addrs []string, cfg *wire.Config) func(ctx context.Context, w int) (*wire.Peer, error) {
 	c := *cfg
 	c.PeerRoles = []wire.Role{wire.RoleWorker}
-	c.DialAttempts = 1
+	c.DialAttempts, c.DialTimeout = 1, 0
 	return func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, addrs[w], &c) }
 }

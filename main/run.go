@@ -37,6 +37,9 @@ type Config struct {
 	// PeerTimeout is how long a worker or the shadow may stay silent
 	// before it is lost (0: DefaultPeerTimeout).
 	PeerTimeout time.Duration
+	// DialTimeout bounds the wait for the workers (and the shadow) to
+	// answer at start (0: DefaultDialTimeout).
+	DialTimeout time.Duration
 	Wire        *wire.Config // this node's identity and transport settings
 	Log         zerolog.Logger
 }
@@ -45,6 +48,10 @@ type Config struct {
 // before it is lost: a few QUIC keep-alive periods, far below anything a
 // user would wait out, and above the pauses a loaded machine makes.
 const DefaultPeerTimeout = 2 * time.Second
+
+// DefaultDialTimeout is how long the main node and the shadow wait for
+// the nodes they dial to answer at start.
+const DefaultDialTimeout = 30 * time.Second
 
 // Run loads the non-expert weights, connects to the workers (and the
 // shadow), answers cfg.Text on the swarm and prints what it cost.
@@ -88,7 +95,8 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		opt.Trace = trace.NewRecorder(name)
 	}
 	wcfg := base
-	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	// workers may still be pinning or preloading experts
+	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, DefaultDialTimeout)
 	peers, err := DialWorkers(ctx, cfg.Workers, &wcfg)
 	if err != nil {
 		return err
@@ -116,7 +124,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		// the shadow may still be quantizing: wait a while for it, then
 		// start reactive and attach it when it answers
 		first := scfg
-		first.DialAttempts = 30
+		first.DialAttempts, first.DialTimeout = 1<<20, wcfg.DialTimeout
 		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &first); err != nil {
 			if ce := (*wire.ConnError)(nil); ctx.Err() != nil || errors.As(err, &ce) {
 				for _, p := range peers {

@@ -25,6 +25,9 @@ type Config struct {
 	// PeerTimeout is how long a worker may stay silent before it is lost
 	// (its hints dropped until it answers again); 0: 2 s.
 	PeerTimeout time.Duration
+	// DialTimeout bounds the wait for the workers to answer at start; 0:
+	// 30 s.
+	DialTimeout time.Duration
 	Wire        *wire.Config // this node's identity and transport settings
 	Log         zerolog.Logger
 }
@@ -63,7 +66,8 @@ func Run(ctx context.Context, cfg Config) error {
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
 	wcfg.Hello.Model = id.String()
 	wcfg.CheckHello = wire.SameModel(true)
-	wcfg.DialAttempts, wcfg.MaxDialBackoff = 90, time.Second // workers may still be pinning or preloading experts
+	// workers may still be pinning or preloading experts
+	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, 30*time.Second)
 	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, 2*time.Second)
 	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
 	var peers []*wire.Peer
@@ -81,7 +85,7 @@ func Run(ctx context.Context, cfg Config) error {
 		peers = append(peers, p)
 	}
 	rcfg := wcfg
-	rcfg.DialAttempts = 1 // the node retries, and logs each attempt
+	rcfg.DialAttempts, rcfg.DialTimeout = 1, 0 // the node retries, and logs each attempt
 	redial := func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Workers[w], &rcfg) }
 	node, err := NewNode(qm, peers, layout, redial, log)
 	if err != nil {

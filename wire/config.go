@@ -83,6 +83,9 @@ type Config struct {
 	DialAttempts   int
 	DialBackoff    time.Duration
 	MaxDialBackoff time.Duration
+	// DialTimeout, if set, bounds a whole Dial, its attempts and waits
+	// included; the error then says how long and how often it tried.
+	DialTimeout time.Duration
 
 	// SendDelay delays every datagram this node sends by this much: the
 	// link latency of an emulated rig whose kernel has no netem. Delays

@@ -22,17 +22,31 @@ func Dial(ctx context.Context, addr string, cfg *Config) (*Peer, error) {
 	}
 	var p *Peer
 	attempt := 0
+	start := time.Now()
+	if c.DialTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.DialTimeout)
+		defer cancel()
+	}
 	err = retry(ctx, c.DialAttempts, backoff(c.DialBackoff, c.MaxDialBackoff), func() error {
 		attempt++
 		var err error
 		p, err = dialOnce(ctx, addr, c)
 		if err != nil && !permanent(err) && attempt < c.DialAttempts {
 			c.Stats.DialRetries.Add(1)
-			c.Log.Debug().Err(err).Str("addr", addr).Int("attempt", attempt).Msg("wire: dial failed, retrying")
+			ev := c.Log.Debug()
+			if attempt&(attempt-1) == 0 { // attempts 1, 2, 4, 8, ...: progress without a flood
+				ev = c.Log.Info()
+			}
+			ev.Err(err).Str("addr", addr).Str("peer", c.PeerName).Int("attempt", attempt).Dur("waited", time.Since(start).Round(time.Millisecond)).
+				Msg("wire: no answer yet; dialing again")
 		}
 		return err
 	})
 	if err != nil {
+		if c.DialTimeout > 0 && ctx.Err() != nil && !permanent(err) {
+			return nil, fmt.Errorf("wire: dial %s: no answer within %v (%d attempts): %w", addr, c.DialTimeout, attempt, err)
+		}
 		return nil, fmt.Errorf("wire: dial %s (%d attempts): %w", addr, attempt, err)
 	}
 	c.warnInsecure("dial")
