@@ -130,7 +130,7 @@ func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr
 	rf.register(fs)
 	out := fs.String("out", "", "`DIR` for report.json, report.md, timeline.svg, per-run dumps and node logs (required)")
 	cases := fs.String("cases", "16x64,16x256,128x64,128x256", "PROMPTxOUTPUT token lengths to run (OD-MoE's by default)")
-	modes := fs.String("modes", "resident,reactive,shadow", "swarm modes to run besides local: resident, reactive, shadow")
+	modes := fs.String("modes", "resident,reactive,shadow", "swarm modes to run besides local: resident, reactive, shadow, fault (shadow with worker w2 killed 40% into each decode: tokens/s with and without the fault, and the recovery time)")
 	traceIters := fs.String("trace-iters", "3:5", "decode iterations the timelines show, FROM:TO")
 	rf.log.register(fs)
 	if err := parseFlags(fs, args); err != nil {

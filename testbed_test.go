@@ -185,3 +185,47 @@ func TestLaunchStartsARigAndStopsItOnInterrupt(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchFaultModeKillsAWorkerMidRun: bench rig's fault mode kills
+// worker w2 during the decode of a shadow-driven run (loads paced so the
+// decode lasts a few seconds); the run stays bit-identical, its stats
+// count the lost worker, and report.md says what the fault cost.
+func TestBenchFaultModeKillsAWorkerMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two runs of a few seconds with real processes")
+	}
+	dir, model := t.TempDir(), tinyModel(t)
+	rigFile := loopbackRig(t, dir, 4, "-device-mem 64MiB -load-bw 8MB")
+	out := filepath.Join(dir, "out")
+	so, se, code := run(t, "", "bench", "rig", "-via", "local", "-rig", rigFile, "-model", model, "-out", out,
+		"-modes", "fault", "-cases", "6x100", "-log-level", "warn")
+	if code != 0 {
+		t.Fatalf("bench rig exit %d:\n%s\n%s", code, so, se)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep testbed.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 3 || rep.Runs[1].Mode != testbed.ModeShadow || rep.Runs[2].Mode != testbed.ModeFault {
+		t.Fatalf("runs: %+v", rep.Runs)
+	}
+	fr := rep.Runs[2]
+	var st struct {
+		Faults map[string]int64 `json:"faults"`
+	}
+	json.Unmarshal(fr.Stats, &st)
+	if !fr.Identical || fr.FaultNode != "w2" || fr.FaultAtS <= 0 || st.Faults["workers_lost"] != 1 {
+		t.Fatalf("fault run: %+v, faults %v", fr, st.Faults)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "Fault: w2 killed (SIGKILL)") || !strings.Contains(string(md), "recovery **") {
+		t.Errorf("report.md does not report the fault:\n%s", md)
+	}
+}

@@ -24,9 +24,13 @@ const (
 	ModeResident Mode = "resident" // every worker holds its experts for good: fully cached, no loading
 	ModeReactive Mode = "reactive" // load each expert when its activation arrives
 	ModeShadow   Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
+	// ModeFault is shadow mode with a worker killed (SIGKILL) 40% into
+	// each run's decode and restarted after it: what a lost node costs.
+	ModeFault Mode = "fault"
 )
 
-// AllModes lists the modes in report order.
+// AllModes lists the modes a benchmark runs by default, in report order
+// (fault mode runs when asked for).
 var AllModes = []Mode{ModeLocal, ModeResident, ModeReactive, ModeShadow}
 
 // ParseModes reads a comma-separated mode list; local is always run
@@ -37,12 +41,15 @@ func ParseModes(s string) ([]Mode, error) {
 		m := Mode(strings.TrimSpace(f))
 		switch m {
 		case ModeLocal, "":
-		case ModeResident, ModeReactive, ModeShadow:
+		case ModeResident, ModeReactive, ModeShadow, ModeFault:
+			if m == ModeFault && !slices.Contains(out, ModeShadow) {
+				out = append(out, ModeShadow) // the fault run is timed, and compared, against it
+			}
 			if !slices.Contains(out, m) {
 				out = append(out, m)
 			}
 		default:
-			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow (local always runs)", m)
+			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, fault (local always runs)", m)
 		}
 	}
 	return out, nil
@@ -116,6 +123,10 @@ type Run struct {
 	CPUBusy   float64         `json:"cpu_busy"` // this machine's CPU busy fraction during the run
 	WallS     float64         `json:"wall_s"`
 	Trace     string          `json:"trace,omitempty"`
+	// FaultNode was killed FaultAtS seconds after the main node started
+	// (fault mode).
+	FaultNode string  `json:"fault_node,omitempty"`
+	FaultAtS  float64 `json:"fault_at_s,omitempty"`
 }
 
 // Report is report.json.
@@ -152,10 +163,13 @@ func Bench(opt BenchOptions) (*Report, error) {
 	}
 	var failed []string
 	for _, mode := range opt.Modes {
-		if mode == ModeShadow && opt.Rig.Shadow == nil {
-			return nil, fmt.Errorf("testbed: mode shadow needs a shadow node in %s", opt.Rig.Path)
+		if (mode == ModeShadow || mode == ModeFault) && opt.Rig.Shadow == nil {
+			return nil, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
 		}
-		runs, err := benchMode(opt, mode)
+		if mode == ModeFault && len(opt.Rig.Workers) < 2 {
+			return nil, fmt.Errorf("testbed: mode fault needs two workers or more in %s", opt.Rig.Path)
+		}
+		runs, err := benchMode(opt, mode, rep.Runs)
 		rep.Runs = append(rep.Runs, runs...)
 		if err != nil {
 			writeReport(opt, rep)
@@ -195,29 +209,18 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 	}
 	var servers []*Proc
 	start := func(n Node, args []string) error {
-		f, err := os.Create(filepath.Join(logDir, n.Name+".log"))
-		if err != nil {
-			return err
+		p, err := startLogged(opt, logDir, n, args)
+		if err == nil {
+			servers = append(servers, p)
 		}
-		p, err := opt.Via.Start(n, args, f)
-		if err != nil {
-			f.Close()
-			return err
-		}
-		go func() { <-p.done; f.Close() }()
-		servers = append(servers, p)
-		return nil
+		return err
 	}
-	for i, w := range opt.Rig.Workers {
-		args := append([]string{"run", "-role", "worker", "-listen", w.Addr, "-store", opt.Via.Paths(w).Store}, nodeArgs(opt, opt.Via, w)...)
-		if mode == ModeResident {
-			args = append(args, "-resident", fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers)))
-		}
-		if err := start(w, append(args, w.Flags...)); err != nil {
+	for i := range opt.Rig.Workers {
+		if err := start(opt.Rig.Workers[i], workerArgs(opt, mode, i)); err != nil {
 			return servers, err
 		}
 	}
-	if mode == ModeShadow {
+	if mode == ModeShadow || mode == ModeFault {
 		if opt.Rig.Shadow == nil {
 			return servers, fmt.Errorf("testbed: mode shadow needs a shadow node in %s", opt.Rig.Path)
 		}
@@ -229,6 +232,32 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		}
 	}
 	return servers, nil
+}
+
+// startLogged starts node n with args, its output appended to
+// logDir/NAME.log (a restarted node adds to its first log).
+func startLogged(opt BenchOptions, logDir string, n Node, args []string) (*Proc, error) {
+	f, err := os.OpenFile(filepath.Join(logDir, n.Name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	p, err := opt.Via.Start(n, args, f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	go func() { <-p.done; f.Close() }()
+	return p, nil
+}
+
+// workerArgs are worker i's `odmoe` arguments in mode.
+func workerArgs(opt BenchOptions, mode Mode, i int) []string {
+	w := opt.Rig.Workers[i]
+	args := append([]string{"run", "-role", "worker", "-listen", w.Addr, "-store", opt.Via.Paths(w).Store}, nodeArgs(opt, opt.Via, w)...)
+	if mode == ModeResident {
+		args = append(args, "-resident", fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers)))
+	}
+	return append(args, w.Flags...)
 }
 
 // mainVia is how the main node starts: in its namespace on the emulated
@@ -246,17 +275,22 @@ func (opt BenchOptions) mainVia() Via {
 func MainArgs(opt BenchOptions, mode Mode) []string {
 	m := opt.Rig.Main
 	via := opt.mainVia()
-	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(mode)}
+	prefetch := mode
+	if mode == ModeFault {
+		prefetch = ModeShadow
+	}
+	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(prefetch)}
 	args = append(args, nodeArgs(opt, via, m)...)
-	if mode == ModeShadow {
+	if prefetch == ModeShadow {
 		args = append(args, "-shadow", opt.Rig.Shadow.Addr, "-align-token", "1", "-align-kv", "1")
 	}
 	return append(args, m.Flags...)
 }
 
 // benchMode starts the servers a mode needs, runs every case on it, and
-// stops them.
-func benchMode(opt BenchOptions, mode Mode) ([]Run, error) {
+// stops them. done are the runs so far (fault mode times its kill from
+// the shadow run of the same case).
+func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 	logDir := filepath.Join(opt.Out, "logs", string(mode))
 	var servers []*Proc
 	defer func() { StopAll(servers, 10*time.Second) }()
@@ -274,7 +308,23 @@ func benchMode(opt BenchOptions, mode Mode) ([]Run, error) {
 				return runs, fmt.Errorf("testbed: %s %s %w; its log: %s", mode, p.Node.Name, errExited, filepath.Join(logDir, p.Node.Name+".log"))
 			}
 		}
-		r, err := benchCase(opt, mode, i, c)
+		var f *fault
+		if mode == ModeFault {
+			f = planFault(opt, servers, done, c)
+		}
+		r, err := benchCase(opt, mode, i, c, f)
+		if f != nil {
+			<-f.ran // benchCase has stopped the kill, or it has run
+			r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
+			// the killed worker comes back for the next case
+			if servers[f.victim].Exited() {
+				p, serr := startLogged(opt, logDir, opt.Rig.Workers[f.victim], workerArgs(opt, mode, f.victim))
+				if serr != nil {
+					return runs, serr
+				}
+				servers[f.victim] = p
+			}
+		}
 		if err != nil {
 			return runs, err
 		}
@@ -283,12 +333,50 @@ func benchMode(opt BenchOptions, mode Mode) ([]Run, error) {
 	return runs, nil
 }
 
+// fault is fault mode's kill of one worker during a run.
+type fault struct {
+	victim int           // index of the worker in the rig (and in servers)
+	node   string        // its name
+	at     time.Duration // after the main node's start
+	kill   func()
+	timer  *time.Timer
+	ran    chan struct{} // closed once the kill ran or was cancelled
+}
+
+// planFault picks worker w2 (the second) and the moment to kill it: the
+// shadow run of the same case's start-up time (its wall time less its
+// decode time) plus 40% of its decode.
+func planFault(opt BenchOptions, servers []*Proc, done []Run, c Case) *fault {
+	at := time.Second
+	for _, r := range done {
+		var st struct {
+			Generated int     `json:"generated_tokens"`
+			Decode    float64 `json:"decode_tokens_per_s"`
+		}
+		if r.Mode != ModeShadow || r.Case != c.String() || json.Unmarshal(r.Stats, &st) != nil || st.Decode <= 0 {
+			continue
+		}
+		decode := float64(st.Generated) / st.Decode
+		at = time.Duration((r.WallS - decode + 0.4*decode) * float64(time.Second))
+	}
+	f := &fault{victim: 1, node: opt.Rig.Workers[1].Name, at: at, ran: make(chan struct{})}
+	f.kill = func() {
+		defer close(f.ran)
+		if err := servers[f.victim].Kill(); err != nil {
+			opt.Log.Warn().Err(err).Msg("fault mode: kill failed")
+			return
+		}
+		opt.Log.Info().Str("node", f.node).Dur("at", f.at).Msg("fault mode: worker killed")
+	}
+	return f
+}
+
 func runDir(opt BenchOptions, mode Mode, c Case) string {
 	return filepath.Join(opt.Out, "runs", string(mode)+"-"+c.String())
 }
 
 // benchCase runs the main node (or local mode) once.
-func benchCase(opt BenchOptions, mode Mode, i int, c Case) (Run, error) {
+func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault) (Run, error) {
 	m := opt.Rig.Main
 	dir := runDir(opt, mode, c)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -316,8 +404,18 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case) (Run, error) {
 	cpu0 := ReadCPU()
 	t0 := time.Now()
 	p, err := opt.mainVia().Start(m, args, out)
+	if f != nil {
+		if err != nil {
+			close(f.ran)
+		} else {
+			f.timer = time.AfterFunc(f.at, f.kill)
+		}
+	}
 	if err == nil {
 		err = p.Wait()
+	}
+	if f != nil && f.timer != nil && f.timer.Stop() {
+		close(f.ran) // the run ended before the kill
 	}
 	r.WallS = time.Since(t0).Seconds()
 	r.CPUBusy = ReadCPU().BusySince(cpu0)

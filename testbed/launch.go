@@ -36,9 +36,10 @@ type Proc struct {
 	done chan struct{}
 	err  error
 	stop func() error // asks the node to stop (SIGTERM, or kill over ssh)
+	kill func() error // kills the node at once (SIGKILL), as a crash would
 }
 
-func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop func(p *Proc) error) (*Proc, error) {
+func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop, kill func(p *Proc) error) (*Proc, error) {
 	cmd.Stdout, cmd.Stderr = log, log
 	// a killed process's children may still hold a piped log open: do not
 	// wait on them for long
@@ -48,6 +49,7 @@ func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop func(p *Proc) error) (
 	}
 	p := &Proc{Node: n, cmd: cmd, done: make(chan struct{})}
 	p.stop = func() error { return stop(p) }
+	p.kill = func() error { return kill(p) }
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -88,7 +90,21 @@ func (p *Proc) Stop(grace time.Duration) {
 	}
 }
 
+// Kill ends the node at once, as a crash or a power cut would, and waits
+// for it to be gone.
+func (p *Proc) Kill() error {
+	if p.Exited() {
+		return nil
+	}
+	if err := p.kill(); err != nil {
+		return fmt.Errorf("testbed: killing %s: %w", p.Node.Name, err)
+	}
+	<-p.done
+	return nil
+}
+
 func signalStop(p *Proc) error { return p.cmd.Process.Signal(syscall.SIGTERM) }
+func signalKill(p *Proc) error { return p.cmd.Process.Kill() }
 
 // Local starts nodes as processes on this machine, with no network
 // isolation (addresses must be local ones, e.g. 127.0.0.x).
@@ -97,7 +113,7 @@ type Local struct{ Files Paths }
 func (Local) Name() string       { return "local" }
 func (l Local) Paths(Node) Paths { return l.Files }
 func (l Local) Start(n Node, args []string, log io.Writer) (*Proc, error) {
-	return startProc(n, exec.Command(l.Files.Bin, args...), log, signalStop)
+	return startProc(n, exec.Command(l.Files.Bin, args...), log, signalStop, signalKill)
 }
 
 // RigStateDir is where testbed/rig keeps the emulated rig's state.
@@ -145,7 +161,7 @@ func (v *Netns) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 	// ip netns exec enters the namespace and execs the binary: the
 	// process we signal is the node itself.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, v.Files.Bin}, args...)...)
-	return startProc(n, cmd, log, signalStop)
+	return startProc(n, cmd, log, signalStop, signalKill)
 }
 
 // SSH starts nodes on the hosts of a real LAN. Each node's files live in
@@ -181,6 +197,8 @@ func (s SSH) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 	line := fmt.Sprintf("echo $$ > %s && exec %s", shellQuote(pid), shellJoin(append([]string{s.Paths(n).Bin}, args...)))
 	return startProc(n, s.remote(n, line), log, func(p *Proc) error {
 		return s.remote(n, fmt.Sprintf("kill $(cat %s)", shellQuote(pid))).Run()
+	}, func(p *Proc) error {
+		return s.remote(n, fmt.Sprintf("kill -9 $(cat %s)", shellQuote(pid))).Run()
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -96,12 +97,51 @@ type runFigures struct {
 	StallFraction    float64          `json:"stall_fraction"`
 	PeakMemory       map[string]int64 `json:"peak_memory_bytes"`
 	Recall           *float64         `json:"recall"`
+	Faults           map[string]int64 `json:"faults"`
+	Iterations       []struct {
+		Layer     int     `json:"layer"` // the iteration
+		MainMs    float64 `json:"main_ms"`
+		ExpertsMs float64 `json:"experts_ms"`
+	} `json:"iterations"`
+}
+
+// recoveryMs is what a fault cost the decode iteration it hit: the
+// slowest decode iteration's wall time (main-node compute plus waiting
+// for experts) less the median's.
+func (f runFigures) recoveryMs() float64 {
+	var ms []float64
+	for _, it := range f.Iterations {
+		if it.Layer >= 2 { // iteration 1 is the prompt
+			ms = append(ms, it.MainMs+it.ExpertsMs)
+		}
+	}
+	if len(ms) == 0 {
+		return 0
+	}
+	slices.Sort(ms)
+	return ms[len(ms)-1] - ms[len(ms)/2]
 }
 
 func (r Run) figures() runFigures {
 	var f runFigures
 	json.Unmarshal(r.Stats, &f)
 	return f
+}
+
+// writeFault says what the fault run's killed worker cost, next to the
+// shadow run without a fault (decode tokens/s shadowTokS).
+func writeFault(w io.Writer, r Run, shadowTokS float64) {
+	f := r.figures()
+	if f.Faults["workers_lost"] == 0 {
+		fmt.Fprintf(w, "\nFault: %s was killed %.1f s after the main node started, but the run had no worker to lose by then (it ended first, or the kill failed): nothing measured.\n", r.FaultNode, r.FaultAtS)
+		return
+	}
+	vs := ""
+	if shadowTokS > 0 {
+		vs = fmt.Sprintf(" against %.2f without it (**%.1f%%**)", shadowTokS, 100*f.DecodeTokensPerS/shadowTokS)
+	}
+	fmt.Fprintf(w, "\nFault: %s killed (SIGKILL) %.1f s after the main node started: decode %.2f tok/s%s; recovery **%.0f ms** (the decode iteration the fault hit, over the median: detecting the silent worker within -peer-timeout, then re-sending its requests); %d worker(s) lost, %d request(s) re-sent, %d rejoined; bit-identical: %v.\n",
+		r.FaultNode, r.FaultAtS, f.DecodeTokensPerS, vs, f.recoveryMs(), f.Faults["workers_lost"], f.Faults["resent_requests"], f.Faults["rejoins"], r.Identical)
 }
 
 // BusyWarning is the CPU-busy fraction above which a run on the emulated
@@ -141,6 +181,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
 		var resident, shadow float64
+		var faulted *Run
 		for _, r := range runs {
 			f := r.figures()
 			recall := "–"
@@ -168,10 +209,15 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 				resident = f.DecodeTokensPerS
 			case ModeShadow:
 				shadow = f.DecodeTokensPerS
+			case ModeFault:
+				faulted = &r
 			}
 		}
 		if resident > 0 && shadow > 0 {
 			fmt.Fprintf(w, "\nShadow-driven decode reaches **%.1f%%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75%% on its rig).\n", 100*shadow/resident)
+		}
+		if faulted != nil {
+			writeFault(w, *faulted, shadow)
 		}
 		fmt.Fprintln(w)
 	}
