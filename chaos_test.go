@@ -254,3 +254,26 @@ func TestNodesOfAnotherModelOrLayoutAreRefused(t *testing.T) {
 		t.Fatalf("main node with a shadow of another worker order: exit %d, stderr:\n%s", code, se)
 	}
 }
+
+// TestRunThatLosesEveryWorkerFailsCleanly: a main node whose only worker
+// dies mid-run exits non-zero with one line that names the cause, and
+// leaves no partial dump.
+func TestRunThatLosesEveryWorkerFailsCleanly(t *testing.T) {
+	r := newChaosRig(t, 1)
+	r.startWorker(0)
+	dump := filepath.Join(r.dir, "dump")
+	mainCmd := r.start("main", "run", "-role", "main", "-model", r.model, "-workers", r.workers[0], "-group", "1", "-prefetch", "reactive",
+		"-certs", filepath.Join(r.dir, "certs"), "-name", "main", "-n", "400", "-ignore-eos", "-dump", dump, "-log-level", "warn")
+	time.Sleep(1500 * time.Millisecond)
+	r.signal("w1", syscall.SIGKILL)
+	err := mainCmd.Wait()
+	log, _ := os.ReadFile(filepath.Join(r.dir, "main.log"))
+	lines := strings.Split(strings.TrimSpace(string(log)), "\n")
+	last := lines[len(lines)-1]
+	if err == nil || !strings.HasPrefix(last, "odmoe run: ") || !strings.Contains(last, "every worker is lost") && !strings.Contains(last, "no live worker left") {
+		t.Fatalf("main node: %v, last line %q\n%s", err, last, r.logs())
+	}
+	if entries, _ := os.ReadDir(dump); len(entries) != 0 {
+		t.Fatalf("the failed run left %d files in its dump directory", len(entries))
+	}
+}

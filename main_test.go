@@ -219,23 +219,18 @@ func TestTuneAlignPrintsATableAndTheBest(t *testing.T) {
 	}
 }
 
-// TestFailedRunLeavesNoPartialDump: a run that fails half way (here: it
-// runs past the model's context) writes no dump files, so nothing half
-// written sits beside another run's files.
-func TestFailedRunLeavesNoPartialDump(t *testing.T) {
+// TestRunPastTheContextIsRefusedBeforeAnyWork: a prompt and -n that do
+// not fit the model's context are refused at once, saying what would fit,
+// and nothing is dumped.
+func TestRunPastTheContextIsRefusedBeforeAnyWork(t *testing.T) {
 	model := tinyModel(t)
 	dump := filepath.Join(t.TempDir(), "dump")
-	_, se, code := run(t, "", "run", "-role", "local", "-model", model, "-prompt-tokens", "4090", "-n", "16", "-dump", dump, "-log-level", "warn")
-	if code == 0 {
-		t.Fatal("a run past the context limit succeeded")
+	so, se, code := run(t, "", "run", "-role", "local", "-model", model, "-prompt-tokens", "4090", "-n", "16", "-dump", dump, "-log-level", "warn")
+	if code == 0 || !strings.Contains(se, "need 4105 positions, more than the model's context of 4096") || !strings.Contains(se, "-n 7 or less") || so != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, so, se)
 	}
-	entries, _ := os.ReadDir(dump)
-	if len(entries) != 0 {
-		var names []string
-		for _, e := range entries {
-			names = append(names, e.Name())
-		}
-		t.Fatalf("the failed run (%s) left %v in its dump directory", strings.TrimSpace(se), names)
+	if entries, _ := os.ReadDir(dump); len(entries) != 0 {
+		t.Fatalf("the refused run left %d files in its dump directory", len(entries))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 type RunStats struct {
 	PromptTokens      int     `json:"prompt_tokens"`
 	GeneratedTokens   int     `json:"generated_tokens"`
+	FinishReason      string  `json:"finish_reason"` // stop (EOS) or length (-n, or the context full)
 	TTFTms            float64 `json:"ttft_ms"`
 	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
 	DecodeTokensPerS  float64 `json:"decode_tokens_per_s"`
@@ -81,7 +82,7 @@ func layersJSON(ls []LayerStats) []LayerStatsJSON {
 // runStats builds the figures of a run; sw is nil in local mode.
 func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	rs := RunStats{
-		PromptTokens: st.PromptTokens, GeneratedTokens: st.GeneratedTokens,
+		PromptTokens: st.PromptTokens, GeneratedTokens: st.GeneratedTokens, FinishReason: st.FinishReason,
 		TTFTms: ms(st.Prefill), PrefillTokensPerS: st.PrefillTokensPerSec(), DecodeTokensPerS: st.DecodeTokensPerSec(),
 		PeakMemory: map[string]int64{},
 	}

@@ -48,6 +48,11 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 	if t.PromptTokens > 0 {
 		ids = cycleTokens(ids, t.PromptTokens, tok.BOS())
 	}
+	// n tokens need len(ids)+n-1 positions: the last one is never fed back
+	if limit, need := m.Config.MaxPositions, len(ids)+max(t.MaxTokens, 1)-1; need > limit {
+		return model.GenerateStats{}, fmt.Errorf("a prompt of %d tokens and -n %d need %d positions, more than the model's context of %d (max_position_embeddings): shorten the prompt or use -n %d or less",
+			len(ids), t.MaxTokens, need, limit, max(limit-len(ids)+1, 0))
+	}
 	var logits *npy.Writer
 	if t.Dump != "" {
 		if err := os.MkdirAll(t.Dump, 0o755); err != nil {
@@ -113,8 +118,12 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 			}
 		}
 	}
-	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d, prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
-		st.PromptTokens, st.GeneratedTokens, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
+	finish := st.FinishReason
+	if st.ContextFull {
+		finish += ": the model's context is full"
+	}
+	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d (finish: %s), prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
+		st.PromptTokens, st.GeneratedTokens, finish, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
 	return st, nil
 }
 

@@ -13,6 +13,11 @@ type GenerateStats struct {
 	Prefill         time.Duration // prompt forward pass, up to the first logits
 	Decode          time.Duration // every later forward pass
 	StoppedAtEOS    bool
+	// FinishReason is why generation stopped, in OpenAI's words: "stop"
+	// (an EOS token) or "length" (MaxTokens generated, or the model's
+	// context full: ContextFull).
+	FinishReason string
+	ContextFull  bool
 }
 
 // PrefillTokensPerSec is prompt tokens per second of prefill.
@@ -50,11 +55,16 @@ type GenerateOptions struct {
 }
 
 // Generate runs the prompt through s, then samples up to opt.MaxTokens
-// tokens, feeding each back. It returns the generated ids.
+// tokens, feeding each back; it stops early at an EOS (StopAtEOS) or when
+// the model's context (max_position_embeddings) is full. It returns the
+// generated ids.
 func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions) ([]int, GenerateStats, error) {
-	st := GenerateStats{PromptTokens: len(prompt)}
+	st := GenerateStats{PromptTokens: len(prompt), FinishReason: "length"}
 	if len(prompt) == 0 {
 		return nil, st, fmt.Errorf("model: empty prompt")
+	}
+	if limit := s.m.Config.MaxPositions; s.Len()+len(prompt) > limit {
+		return nil, st, fmt.Errorf("model: a prompt of %d tokens after %d does not fit the model's context of %d (max_position_embeddings)", len(prompt), s.Len(), limit)
 	}
 	sampler := opt.Sampler
 	if sampler == nil {
@@ -79,6 +89,10 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 	t1 := time.Now()
 	for step := 0; step < opt.MaxTokens; step++ {
 		if step > 0 {
+			if s.Len() >= s.m.Config.MaxPositions {
+				st.ContextFull = true
+				break
+			}
 			if err := before(out[len(out)-1:]); err != nil {
 				return out, st, err
 			}
@@ -95,7 +109,7 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 			}
 		}
 		if opt.StopAtEOS && s.m.Config.IsEOS(id) {
-			st.StoppedAtEOS = true
+			st.StoppedAtEOS, st.FinishReason = true, "stop"
 			break
 		}
 	}

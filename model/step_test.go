@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -58,5 +59,32 @@ func TestSessionCountsItsStepsAndHandsThemDown(t *testing.T) {
 	}
 	if got := a.Next(); got.Iter != 4 {
 		t.Fatalf("after three passes the next step is %+v, want iteration 4", got)
+	}
+}
+
+// TestGenerateStopsCleanlyWhenTheContextIsFull: a generation that would
+// run past max_position_embeddings stops at the last position with
+// FinishReason "length" and ContextFull, not with an error; a prompt that
+// does not fit at all is refused before any forward pass.
+func TestGenerateStopsCleanlyWhenTheContextIsFull(t *testing.T) {
+	m := loadTiny(t)
+	m.Config.MaxPositions = 12
+	prompt := []int{1, 5, 9, 13, 17, 21, 25, 29}
+	s := NewSession(m, NewResidentExperts(m), 0)
+	ids, st, err := Generate(context.Background(), s, prompt, GenerateOptions{MaxTokens: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 prompt positions + 4 fed tokens fill 12; the 5th token is sampled from the last logits
+	if len(ids) != 5 || !st.ContextFull || st.FinishReason != "length" || s.Len() != 12 {
+		t.Fatalf("%d tokens, stats %+v, %d positions", len(ids), st, s.Len())
+	}
+	_, st, err = Generate(context.Background(), s, prompt, GenerateOptions{MaxTokens: 1})
+	if err == nil || !strings.Contains(err.Error(), "does not fit the model's context of 12") {
+		t.Fatalf("err = %v", err)
+	}
+	s = NewSession(m, NewResidentExperts(m), 0)
+	if _, st, err = Generate(context.Background(), s, prompt, GenerateOptions{MaxTokens: 2}); err != nil || st.ContextFull || st.FinishReason != "length" {
+		t.Fatalf("a short generation: %+v, %v", st, err)
 	}
 }
