@@ -157,6 +157,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 		}
 		return fmt.Errorf("main node: %w", err)
 	}
+	fmt.Fprintf(stdout, "(the %s model has random weights, so its text is gibberish by design; `odmoe run -role local -model %s` with the same prompt prints the same text: the swarm is lossless)\n", *preset, modelDir)
 	return nil
 }
 

@@ -24,6 +24,10 @@ type RunStats struct {
 	OutputTokensPerS  float64 `json:"output_tokens_per_s"`
 	ExpertLoads       int64   `json:"expert_loads"`
 	Misses            int64   `json:"misses"`
+	// MissesLate and MissesWrong split the shadow-driven decode's misses:
+	// predicted too late, or not predicted.
+	MissesLate  int64 `json:"misses_late"`
+	MissesWrong int64 `json:"misses_wrong"`
 	// StallFraction is decode time spent waiting for expert loads (the
 	// slowest request of each layer) over decode wall time.
 	StallFraction float64             `json:"stall_fraction"`
@@ -97,6 +101,7 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	dec, pre := Total(sw.Decode), Total(sw.Prefill)
 	rs.ExpertLoads = dec.Loads + pre.Loads
 	rs.Misses = dec.Misses + pre.Misses
+	rs.MissesLate, rs.MissesWrong = dec.MissesLate, dec.MissesWrong
 	if st.Decode > 0 {
 		rs.StallFraction = dec.Stall.Seconds() / st.Decode.Seconds()
 	}
@@ -148,6 +153,7 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 	dec := Total(sw.Decode)
 	fmt.Fprintf(w, "swarm: TTFT %.1f ms, decode %.2f tok/s, output %.2f tok/s; expert loads %d, misses %d, stall %.1f%% of decode\n",
 		rs.TTFTms, rs.DecodeTokensPerS, rs.OutputTokensPerS, rs.ExpertLoads, rs.Misses, 100*rs.StallFraction)
+	fmt.Fprintln(w, "  (a miss: an expert that was not loaded, nor loading, when its activation reached the worker, so it was loaded then; stall: decode time spent waiting for loads)")
 	if dec.Calls > 0 {
 		per := func(d time.Duration) float64 { return ms(d) / float64(dec.Calls) }
 		fmt.Fprintf(w, "per decode layer: main %.2f ms, experts %.2f ms (worker %.2f, network %.2f, stall %.2f), load %.2f ms\n",
@@ -161,7 +167,8 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		if n := len(rs.LateDepartureMs); n > 0 {
 			late /= float64(n)
 		}
-		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration\n", 100**rs.Recall, len(rs.RecallByToken), late)
+		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
+			100**rs.Recall, len(rs.RecallByToken), late, rs.MissesLate, rs.MissesWrong)
 	}
 	if f := sw.Faults; f != (FaultStats{}) {
 		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it\n",

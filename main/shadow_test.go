@@ -64,7 +64,11 @@ func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 				if !ok || len(st.RecallByToken) != steps-1 || len(st.LateDepartureMs) != steps-1 {
 					t.Fatalf("shadow stats: ok=%v, %d recall tokens, %d late departures, want %d", ok, len(st.RecallByToken), len(st.LateDepartureMs), steps-1)
 				}
-				t.Logf("recall %.4f, misses %d", st.Recall, mainnode.Total(sw.Stats().Decode).Misses)
+				dec := mainnode.Total(sw.Stats().Decode)
+				if dec.MissesLate+dec.MissesWrong != dec.Misses {
+					t.Errorf("decode misses %d are not late %d + wrong %d", dec.Misses, dec.MissesLate, dec.MissesWrong)
+				}
+				t.Logf("recall %.4f, misses %d (late %d, wrong %d)", st.Recall, dec.Misses, dec.MissesLate, dec.MissesWrong)
 			})
 		}
 	}

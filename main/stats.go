@@ -17,8 +17,12 @@ type LayerStats struct {
 	Stall   time.Duration // time requests waited on workers for their expert to load
 	Load    time.Duration // load time of the experts loaded for these requests
 	Loads   int64         // experts loaded for these requests
-	Misses  int64         // experts not hinted: loaded on demand
-	Results int64
+	Misses  int64         // experts not loaded when their activation arrived: loaded on demand
+	// With the shadow, in decode, a miss is late (the expert was
+	// predicted, but the prediction, or the hint, came after the
+	// activation) or wrong (the expert was not predicted).
+	MissesLate, MissesWrong int64
+	Results                 int64
 }
 
 // Stats are the main node's figures, split by decode and prefill, per
@@ -31,9 +35,10 @@ type Stats struct {
 
 // layerSample is one RunExperts call's figures.
 type layerSample struct {
-	wall, network          time.Duration
-	worker, stall, load    time.Duration
-	loads, misses, results int64
+	wall, network           time.Duration
+	worker, stall, load     time.Duration
+	loads, misses, results  int64
+	missesLate, missesWrong int64
 }
 
 func (ls *layerSample) add(r *wire.ExpertResult) {
@@ -74,7 +79,7 @@ func (s *Stats) main(prefill bool, it int64, l int, d time.Duration) {
 
 func (s *Stats) experts(prefill bool, it int64, l int, ls layerSample) {
 	one := LayerStats{Calls: 1, Experts: ls.wall, Network: ls.network, Worker: ls.worker, Stall: ls.stall,
-		Load: ls.load, Loads: ls.loads, Misses: ls.misses, Results: ls.results}
+		Load: ls.load, Loads: ls.loads, Misses: ls.misses, MissesLate: ls.missesLate, MissesWrong: ls.missesWrong, Results: ls.results}
 	s.layer(prefill, l).add(one)
 	s.iteration(it).add(one)
 }
@@ -90,6 +95,8 @@ func (a *LayerStats) add(b LayerStats) {
 	a.Load += b.Load
 	a.Loads += b.Loads
 	a.Misses += b.Misses
+	a.MissesLate += b.MissesLate
+	a.MissesWrong += b.MissesWrong
 	a.Results += b.Results
 }
 

@@ -220,7 +220,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if err := s.send(ctx, q, x, prefill); err != nil {
 		return err
 	}
-	return s.collect(ctx, q, x, routes, len(routes)/n, out, prefill, start)
+	return s.collect(ctx, q, x, routes, len(routes)/n, out, prefill, predicted, start)
 }
 
 // hint sends the plan's hints.
@@ -308,7 +308,7 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 
 // collect waits for every result, places each output row where its route
 // is, and records the layer's figures.
-func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []model.Route, k int, out []float32, prefill bool, start time.Time) error {
+func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []model.Route, k int, out []float32, prefill, predicted bool, start time.Time) error {
 	h, layer := s.opt.Hidden, q.in.Layer
 	var crit time.Duration // the slowest request's worker-side time
 	var ls layerSample
@@ -348,6 +348,13 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 			}
 		}
 		ls.add(res)
+		if res.Miss && predicted {
+			if q.in.Predicted != nil && !slices.Contains(q.in.Predicted, res.Expert) {
+				ls.missesWrong++
+			} else {
+				ls.missesLate++
+			}
+		}
 		s.traceWorker(q, trace.Recv, trace.MsgResult, r.Worker, layer, res.Expert, r.id, rp.at)
 		crit = max(crit, res.StallTime+res.ComputeTime)
 		if r.pending--; r.pending == 0 {
