@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -173,7 +174,7 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	dtypeList := fs.String("dtypes", "BF16,F16,F32", "comma-separated weight dtypes for matvec")
 	tokenList := fs.String("prefill-tokens", "4,16,64", "comma-separated tokens per prefill matmul")
 	decodeTokens := fs.Int("decode-tokens", 32, "decode steps timed per path on the small preset; 0 skips decode")
-	cache := fs.String("cache", defaultModelCache(), "directory holding models/small-seed1 (generated there if absent, ~1.5 GB)")
+	cache := fs.String("cache", "", "`DIR` holding models/small-seed1, generated there if absent, ~1.5 GB (default: $ODMOE_CACHE or the user cache dir/odmoe)")
 	var lf logFlags
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -250,7 +251,7 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	runtime.GC()
 
 	if *decodeTokens > 0 {
-		dir := filepath.Join(*cache, "models", "small-seed1")
+		dir := filepath.Join(cmp.Or(*cache, defaultModelCache()), "models", "small-seed1")
 		log.Info().Str("model", dir).Int("tokens", *decodeTokens).Msg("local decode, small preset")
 		d, err := benchDecode(ctx, dir, *decodeTokens, simd)
 		if err != nil {

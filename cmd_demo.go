@@ -26,7 +26,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	fs := newFlagSet("demo", stderr)
 	preset := fs.String("preset", "tiny", "model to generate (and cache): "+strings.Join(synth.PresetNames(), ", "))
 	workers := fs.Int("workers", 8, "worker processes")
-	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k")
+	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	prompt := fs.String("prompt", "The quick brown fox", "prompt text")
 	n := fs.Int("n", 32, "tokens to generate")
 	prefetch := fs.String("prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")

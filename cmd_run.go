@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -51,7 +52,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	var f runFlags
 	fs := newFlagSet("run", stderr)
 	fs.StringVar(&f.role, "role", roleLocal, "node role: local (the whole model in one process; the reference the swarm must match), main, worker, shadow")
-	fs.StringVar(&f.model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required)")
+	fs.StringVar(&f.model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required for these roles)")
 	fs.StringVar(&f.prompt, "prompt", "The capital of France is", "local, main: prompt text")
 	fs.IntVar(&f.n, "n", 64, "local, main: tokens to generate")
 	fs.IntVar(&f.promptTokens, "prompt-tokens", 0, "local, main: make the prompt exactly `N` tokens: the prompt's tokens repeated (benchmarks); 0 = the prompt as it encodes")
@@ -61,9 +62,9 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "local, main: keep generating past an end-of-sequence token (benchmarks)")
 	fs.StringVar(&f.dump, "dump", "", "local, main: `DIR` to write tokens.json and logits.npy ([steps, vocab] float32) into")
 	fs.StringVar(&f.stats, "stats", "", "local, main: write the run's figures as JSON to `FILE`")
-	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required)")
-	fs.IntVar(&f.group, "group", 0, "main: workers per group G; 0 = the router's top-k")
-	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead)")
+	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
+	fs.IntVar(&f.group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
+	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
 	fs.IntVar(&f.miniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
 	fs.StringVar(&f.shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
 	fs.IntVar(&f.alignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
@@ -74,7 +75,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.traceIters, "trace-iters", "2:4", "main: the iterations -trace records, `FROM:TO` (iteration 1 is the prompt)")
 	fs.StringVar(&f.quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
-	fs.StringVar(&f.store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required)")
+	fs.StringVar(&f.store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")
 	fs.StringVar(&f.hostCache, "host-cache", "0", "worker: keep up to this many bytes of decompressed experts in host memory (the node's CPU RAM of OD-MoE's rig): a load is then a host-to-device transfer paced by -load-bw, with no store read or decompression; 0 = off")
@@ -115,8 +116,17 @@ func (f *runFlags) checkGenerate() error {
 	if f.model == "" {
 		return usagef("-model is required")
 	}
-	if f.n < 0 {
+	switch {
+	case f.n < 0:
 		return usagef("-n must be >= 0, got %d", f.n)
+	case f.temp < 0 || math.IsNaN(f.temp):
+		return usagef("-temperature must be >= 0 (0 = greedy), got %v", f.temp)
+	case !(f.topP > 0 && f.topP <= 1):
+		return usagef("-top-p must be in (0, 1] (1 = off), got %v", f.topP)
+	case strings.TrimSpace(f.prompt) == "" && f.promptTokens == 0:
+		return usagef("-prompt is empty: give the text to continue")
+	case f.promptTokens < 0:
+		return usagef("-prompt-tokens must be >= 0, got %d", f.promptTokens)
 	}
 	return nil
 }

@@ -33,6 +33,9 @@ func (l *logFlags) logger(w io.Writer) (zerolog.Logger, error) {
 			noColor = !term.IsTerminal(int(f.Fd()))
 		}
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: noColor}
+		// durations with their unit for people ("load=123.4ms"); JSON
+		// lines keep zerolog's milliseconds as numbers
+		zerolog.DurationFieldFormat = zerolog.DurationFormatString
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
 }

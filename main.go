@@ -45,6 +45,7 @@ var commands = map[string]command{
 	"run":        {"run a role (local: the whole model in one process)", runRun},
 	"tune-align": {"try token/KV alignment periods for the shadow and print the fastest", runTuneAlign},
 	"tokenize":   {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
+	"version":    {"print the build: version, commit, Go version, kernel path", runVersion},
 }
 
 func main() {
@@ -55,6 +56,11 @@ func main() {
 
 // dispatch runs the subcommand named by args[0] and returns the exit code.
 func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 2 && args[0] == "help" { // odmoe help run: run's flags
+		if _, ok := commands[args[1]]; ok {
+			return dispatch(ctx, []string{args[1], "-h"}, stdin, stdout, stderr)
+		}
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
@@ -85,7 +91,7 @@ func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "odmoe runs Mixture-of-Experts models losslessly on a swarm of small edge nodes.")
-	fmt.Fprintln(w, "\nUsage: odmoe COMMAND [flags]   (odmoe COMMAND -h for its flags)")
+	fmt.Fprintln(w, "\nUsage: odmoe COMMAND [flags]   (odmoe help COMMAND, or odmoe COMMAND -h, for its flags)")
 	fmt.Fprintln(w, "\nCommands:")
 	var names []string
 	for n := range commands {

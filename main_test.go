@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -178,6 +179,11 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-model", "/does/not/exist"}, 1, "no such file"},
 		{[]string{"gen-tiny", "-out", "/tmp/x", "-preset", "huge"}, 1, `unknown preset "huge"`},
 		{[]string{"tokenize"}, 2, "-tokenizer or -model is required"},
+		{[]string{"run", "-role", "local", "-model", "x", "-temperature", "-1"}, 2, "-temperature must be >= 0"},
+		{[]string{"run", "-role", "local", "-model", "x", "-top-p", "2"}, 2, "-top-p must be in (0, 1]"},
+		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-prompt", ""}, 2, "-prompt is empty"},
+		{[]string{"help", "run"}, 0, "-prefetch"},
+		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-peer-timeout", "1ms"}, 2, "-peer-timeout 1ms: at least 100ms"},
 	}
 	for _, tc := range cases {
 		_, se, code := run(t, "", tc.args...)
@@ -251,5 +257,14 @@ func TestMainNodeToAbsentWorkerSaysSoAndStops(t *testing.T) {
 	}
 	if !strings.Contains(se, "no answer yet; dialing again") || !strings.Contains(se, "no answer within 2s") || !strings.Contains(se, addr) {
 		t.Fatalf("stderr does not show the dial's progress and end:\n%s", se)
+	}
+}
+
+// TestVersionSaysWhatTheBinaryIs: odmoe version prints the Go version,
+// the wire protocol and the kernel path this machine picks.
+func TestVersionSaysWhatTheBinaryIs(t *testing.T) {
+	so, se, code := run(t, "", "version")
+	if code != 0 || !strings.Contains(so, "odmoe ") || !strings.Contains(so, runtime.Version()) || !strings.Contains(so, "wire protocol ") || !strings.Contains(so, "kernels ") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, so, se)
 	}
 }

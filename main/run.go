@@ -65,7 +65,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	defer m.Close()
 	group := cfg.Group
 	if group == 0 {
-		group = m.Config.TopK
+		group = sched.DefaultGroup(len(cfg.Workers), m.Config.TopK)
 	}
 	layout, err := sched.NewLayout(len(cfg.Workers), group)
 	if err != nil {

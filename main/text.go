@@ -122,8 +122,8 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 	if st.ContextFull {
 		finish += ": the model's context is full"
 	}
-	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d (finish: %s), prefill: %v (%.1f tok/s), decode: %.2f tok/s\n",
-		st.PromptTokens, st.GeneratedTokens, finish, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), st.DecodeTokensPerSec())
+	fmt.Fprintf(out, "prompt tokens: %d, generated tokens: %d (finish: %s), prefill: %v (%.1f tok/s), decode: %s\n",
+		st.PromptTokens, st.GeneratedTokens, finish, st.Prefill.Round(time.Microsecond), st.PrefillTokensPerSec(), decodeRate(st))
 	return st, nil
 }
 
@@ -144,3 +144,12 @@ func cycleTokens(ids []int, n, bos int) []int {
 
 // partial is the name a dump file has until the run completes.
 func partial(name string) string { return "." + name + ".partial" }
+
+// decodeRate is the decode speed for people: there is none before the
+// second generated token (the first comes from the prompt's forward pass).
+func decodeRate(st model.GenerateStats) string {
+	if st.GeneratedTokens < 2 {
+		return "none (decode starts with the 2nd generated token)"
+	}
+	return fmt.Sprintf("%.2f tok/s", st.DecodeTokensPerSec())
+}

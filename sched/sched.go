@@ -32,9 +32,23 @@ func NewLayout(workers, group int) (Layout, error) {
 		return Layout{}, fmt.Errorf("sched: %d workers in groups of %d: both must be positive", workers, group)
 	}
 	if workers%group != 0 {
-		return Layout{}, fmt.Errorf("sched: %d workers do not split into groups of %d", workers, group)
+		return Layout{}, fmt.Errorf("sched: %d workers do not split into groups of %d: give -group %d (or a worker count that is a multiple of %d)",
+			workers, group, DefaultGroup(workers, group), group)
 	}
 	return Layout{Workers: workers, Group: group}, nil
+}
+
+// DefaultGroup is the group size when none is given: the router's top-k
+// (OD-MoE: one worker per expert of a token), or, when the workers do not
+// split into groups of that many, the largest size below it that they do
+// split into (1 worker: groups of 1).
+func DefaultGroup(workers, topK int) int {
+	for g := min(topK, workers); g > 1; g-- {
+		if workers%g == 0 {
+			return g
+		}
+	}
+	return 1
 }
 
 // Groups is the number of worker groups.

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -157,5 +158,22 @@ func TestPredictionHintsAreWherePlacePredictedLooks(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestDefaultGroupSplitsTheWorkersEvenly(t *testing.T) {
+	for _, c := range []struct{ workers, topK, want int }{
+		{8, 2, 2}, {1, 2, 1}, {3, 2, 1}, {6, 4, 3}, {8, 8, 8}, {4, 8, 4}, {7, 8, 7}, {9, 8, 3},
+	} {
+		g := DefaultGroup(c.workers, c.topK)
+		if g != c.want {
+			t.Errorf("DefaultGroup(%d workers, top-%d) = %d, want %d", c.workers, c.topK, g, c.want)
+		}
+		if _, err := NewLayout(c.workers, g); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := NewLayout(1, 2); err == nil || !strings.Contains(err.Error(), "give -group 1") {
+		t.Errorf("NewLayout(1, 2): %v", err)
 	}
 }

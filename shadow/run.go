@@ -43,7 +43,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer full.Close()
 	group := cfg.Group
 	if group == 0 {
-		group = full.Config.TopK
+		group = sched.DefaultGroup(len(cfg.Workers), full.Config.TopK)
 	}
 	layout, err := sched.NewLayout(len(cfg.Workers), group)
 	if err != nil {

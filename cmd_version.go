@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// runVersion prints what this binary is: its module version and commit
+// (from the Go build info), the Go toolchain, the platform, the wire
+// protocol it speaks and the kernel path it picks on this machine.
+func runVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("version", stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	version, commit, modified := "(devel)", "unknown", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.modified":
+				if s.Value == "true" {
+					modified = " (modified)"
+				}
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "odmoe %s\ncommit %s%s\n%s %s/%s\nwire protocol %d\nkernels %s (of %v), %d threads\n",
+		version, commit, modified, runtime.Version(), runtime.GOOS, runtime.GOARCH, wire.ProtocolVersion, kernels.Path(), kernels.Paths(), kernels.Threads())
+	return nil
+}
