@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/odmoe/odmoe/kernels"
@@ -13,8 +14,8 @@ import (
 // most (they are tiny and they are what the shadow predicts with), the
 // embedding stays as stored (it is read a row at a time, not streamed),
 // and norms stay float32. progress, if set, sees bytes of source weights
-// done and the total. The copy owns its memory; m must stay open only
-// for the embedding it shares.
+// done and the total. The copy owns all its memory (the embedding is
+// copied): m may be closed once it returns.
 func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*Model, error) {
 	switch dt {
 	case kernels.F16, kernels.Q8, kernels.NF4:
@@ -69,6 +70,11 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		wg.Go(func() {
 			for j := range next {
 				qm, err := kernels.Quantize(j.dt, j.src)
+				if m.set != nil {
+					// done with these source bytes: quantizing a whole model
+					// then holds about its copy, not the checkpoint too
+					release(j.src.Data)
+				}
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -103,5 +109,11 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	if m.Config.TieEmbeddings {
 		q.nonExpertBytes += int64(len(m.LMHead.Data)) // LMHead no longer shares Embed's bytes
 	}
+	// the embedding is the one matrix kept as stored: copied, so that the
+	// copy shares nothing with m's mapping, which the caller may close (a
+	// shadow would otherwise keep the whole full-precision mapping
+	// resident beside its quantized weights)
+	q.Embed.Data = slices.Clone(m.Embed.Data)
+	q.set = nil
 	return &q, nil
 }

@@ -142,4 +142,9 @@ func (m *Model) ExpertTensorNames(layer, expert int) (gate, up, down string) {
 
 // Close releases the memory-mapped checkpoint; the Model's matrices must
 // not be used after.
-func (m *Model) Close() error { return m.set.Close() }
+func (m *Model) Close() error {
+	if m.set == nil { // a quantized copy owns its memory
+		return nil
+	}
+	return m.set.Close()
+}

@@ -40,7 +40,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	defer full.Close()
+	defer func() {
+		if full != nil {
+			full.Close()
+		}
+	}()
 	group := cfg.Group
 	if group == 0 {
 		group = sched.DefaultGroup(len(cfg.Workers), full.Config.TopK)
@@ -56,6 +60,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	// the quantized copy owns its memory: unmapping the full-precision
+	// checkpoint gives its pages back, so the shadow holds only its copy
+	full.Close()
+	full = nil
 	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
 		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
 	id, err := store.ModelIdentity(cfg.Model)
