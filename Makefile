@@ -19,8 +19,9 @@ test: tokref
 	@# tests too heavy for the race detector (a Mixtral-shaped expert on a 1 GiB worker)
 	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
 
+# The quick loop: no race detector, the long end-to-end runs skipped.
 test-short:
-	$(GO) test -count=1 $(PKGS)
+	$(GO) test -short -count=1 $(PKGS)
 
 # The arm64 (NEON) kernels and the model on them, on an amd64 machine under
 # qemu-user (Debian: apt-get install qemu-user-static): every path against
