@@ -154,6 +154,16 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 	fmt.Fprintf(w, "swarm: TTFT %.1f ms, decode %.2f tok/s, output %.2f tok/s; expert loads %d, misses %d, stall %.1f%% of decode\n",
 		rs.TTFTms, rs.DecodeTokensPerS, rs.OutputTokensPerS, rs.ExpertLoads, rs.Misses, 100*rs.StallFraction)
 	fmt.Fprintln(w, "  (a miss: an expert that was not loaded, nor loading, when its activation reached the worker, so it was loaded then; stall: decode time spent waiting for loads)")
+	var loads, wasted, late int64
+	for _, ws := range rs.Workers {
+		if ws != nil {
+			loads, wasted, late = loads+ws.Loads, wasted+ws.WastedLoads, late+ws.LatePredictions
+		}
+	}
+	if loads > 0 {
+		fmt.Fprintf(w, "  workers loaded %d experts in all: the %d above were used by requests; %d were loaded on a prediction and evicted unused; %d predictions reached a worker after their layer had run (counters of a worker that restarted start again)\n",
+			loads, rs.ExpertLoads, wasted, late)
+	}
 	if dec.Calls > 0 {
 		per := func(d time.Duration) float64 { return ms(d) / float64(dec.Calls) }
 		fmt.Fprintf(w, "per decode layer: main %.2f ms, experts %.2f ms (worker %.2f, network %.2f, stall %.2f), load %.2f ms\n",
