@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,10 +40,17 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	loadBW := fs.String("load-bw", "4GB", "pace worker loads (bytes/s); 0 = unpaced")
 	prompt := fs.String("prompt", "The quick brown fox jumps over the lazy dog.", "prompt text")
 	n := fs.Int("n", 32, "tokens to generate per run")
+	repeat := fs.Int("repeat", 3, "runs of each (T, K) pair, interleaved with the other pairs': the table shows their median and spread")
 	var lf logFlags
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if !flagGiven(fs, "log-level") {
+		lf.level = "warn" // the nodes' connect and disconnect lines would bury the table
+	}
+	if *repeat < 1 {
+		return usagef("-repeat must be >= 1, got %d", *repeat)
 	}
 	log, err := lf.logger(stderr)
 	if err != nil {
@@ -89,7 +98,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	defer full.Close()
 	c := full.Config
 	if *group == 0 {
-		*group = c.TopK
+		*group = sched.DefaultGroup(*workers, c.TopK)
 	}
 	layout, err := sched.NewLayout(*workers, *group)
 	if err != nil {
@@ -104,7 +113,19 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	files := inproc.Files{Model: *dir, Store: *storeDir, Certs: certDir}
-	addrs, stopWorkers, err := inproc.StartWorkers(ctx, files, inproc.WorkerOptions{Count: *workers, BudgetBytes: 1 << 30, LoadBytesSec: float64(bw), Log: log})
+	st, err := store.Open(*storeDir, store.Options{})
+	if err != nil {
+		return err
+	}
+	expertBytes, err := st.ExpertBytes(0, 0)
+	st.Close()
+	if err != nil {
+		return err
+	}
+	// room for a few experts and their compute buffers: what a worker holds
+	// at once in decode (the layer it runs and the hints for the next)
+	budget := 4*int64(expertBytes) + 16<<20
+	addrs, stopWorkers, err := inproc.StartWorkers(ctx, files, inproc.WorkerOptions{Count: *workers, BudgetBytes: budget, LoadBytesSec: float64(bw), Log: log})
 	if err != nil {
 		return err
 	}
@@ -131,45 +152,92 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	scfg := *mcfg
 	scfg.PeerRoles = []wire.Role{wire.RoleShadow}
 
-	fmt.Fprintf(stdout, "tune-align: %s shadow, %d workers in groups of %d, loads paced to %s/s, %d prompt + %d generated tokens\n\n",
-		*quant, *workers, *group, progress.Bytes(bw), len(ids), *n)
-	fmt.Fprintf(stdout, "%-10s %9s %7s %12s %10s\n", "periods", "recall", "misses", "late ms/it", "tokens/s")
-	best, bestRate := "", 0.0
+	fmt.Fprintf(stdout, "tune-align: %s shadow, %d workers in groups of %d, loads paced to %s/s, %d prompt + %d generated tokens, %d runs per pair\n\n",
+		*quant, *workers, *group, progress.Bytes(bw), len(ids), *n, *repeat)
+	type pair struct {
+		pol    align.Policy
+		rates  []float64 // decode tokens/s, one per run
+		recall float64   // mean over runs
+		misses []int64
+		lateMs float64
+	}
+	var pairs []*pair
 	for _, tp := range periods {
 		for _, kp := range periods {
-			pol := align.Policy{TokenPeriod: tp, KVPeriod: kp}
-			sp, err := wire.Dial(ctx, shadowAddr, &scfg)
-			if err != nil {
-				return err
-			}
-			sw, err := mainnode.Dial(ctx, addrs, mcfg, mainnode.Options{Layout: layout, Prefetch: mainnode.Shadow, Shadow: sp, Align: pol,
-				Hidden: c.HiddenSize, Layers: c.NumLayers, Experts: c.NumExperts, TopK: c.TopK, Log: zerolog.Nop()})
-			if err != nil {
-				sp.Close()
-				return err
-			}
-			s := model.NewSession(mainModel, sw, len(ids)+*n)
-			_, st, err := sw.Generate(ctx, s, ids, model.GenerateOptions{MaxTokens: *n})
-			if err != nil {
-				sw.Close()
-				sp.Close()
-				return fmt.Errorf("%v: %w", pol, err)
-			}
-			sh, _ := sw.ShadowStats(30 * time.Second)
-			var late float64
-			for _, l := range sh.LateDepartureMs {
-				late += l / float64(len(sh.LateDepartureMs))
-			}
-			dec := mainnode.Total(sw.Stats().Decode)
-			rate := st.DecodeTokensPerSec()
-			fmt.Fprintf(stdout, "%-10s %8.2f%% %7d %12.3f %10.2f\n", pol, 100*sh.Recall, dec.Misses, late, rate)
-			if rate > bestRate {
-				best, bestRate = pol.String(), rate
-			}
-			sw.Close()
-			sp.Close()
+			pairs = append(pairs, &pair{pol: align.Policy{TokenPeriod: tp, KVPeriod: kp}})
 		}
 	}
-	fmt.Fprintf(stdout, "\nbest: %s (%.2f tokens/s): run the main node with its -align-token and -align-kv\n", best, bestRate)
+	run := func(p *pair) error {
+		sp, err := wire.Dial(ctx, shadowAddr, &scfg)
+		if err != nil {
+			return err
+		}
+		defer sp.Close()
+		sw, err := mainnode.Dial(ctx, addrs, mcfg, mainnode.Options{Layout: layout, Prefetch: mainnode.Shadow, Shadow: sp, Align: p.pol,
+			Hidden: c.HiddenSize, Layers: c.NumLayers, Experts: c.NumExperts, TopK: c.TopK, Log: zerolog.Nop()})
+		if err != nil {
+			return err
+		}
+		defer sw.Close()
+		s := model.NewSession(mainModel, sw, len(ids)+*n)
+		_, st, err := sw.Generate(ctx, s, ids, model.GenerateOptions{MaxTokens: *n})
+		if err != nil {
+			return fmt.Errorf("%v: %w", p.pol, err)
+		}
+		sh, _ := sw.ShadowStats(30 * time.Second)
+		for _, l := range sh.LateDepartureMs {
+			p.lateMs += l / float64(len(sh.LateDepartureMs)) / float64(*repeat)
+		}
+		p.recall += sh.Recall / float64(*repeat)
+		p.misses = append(p.misses, mainnode.Total(sw.Stats().Decode).Misses)
+		p.rates = append(p.rates, st.DecodeTokensPerSec())
+		return nil
+	}
+	// interleaved: a pair's runs are spread over the sweep, so that a
+	// slow stretch of a shared machine does not fall on one pair alone
+	for range *repeat {
+		for _, p := range pairs {
+			if err := run(p); err != nil {
+				return err
+			}
+		}
+	}
+	median := func(v []float64) float64 {
+		w := slices.Clone(v)
+		slices.Sort(w)
+		return w[len(w)/2]
+	}
+	fmt.Fprintf(stdout, "%-10s %9s %7s %12s %10s %17s\n", "periods", "recall", "misses", "late ms/it", "tok/s med", "min-max")
+	var best *pair
+	for _, p := range pairs {
+		ms := make([]float64, len(p.misses))
+		for i, m := range p.misses {
+			ms[i] = float64(m)
+		}
+		fmt.Fprintf(stdout, "%-10s %8.2f%% %7.0f %12.3f %10.2f %8.2f-%-8.2f\n", p.pol, 100*p.recall, median(ms), p.lateMs, median(p.rates), slices.Min(p.rates), slices.Max(p.rates))
+		if best == nil || median(p.rates) > median(best.rates) {
+			best = p
+		}
+	}
+	// pairs whose median reaches into the best's spread are a tie: the
+	// machine's noise cannot tell them apart
+	var ties []string
+	for _, p := range pairs {
+		if p != best && median(p.rates) >= slices.Min(best.rates) {
+			ties = append(ties, p.pol.String())
+		}
+	}
+	fmt.Fprintf(stdout, "\nbest: %s, %.2f tokens/s (median of %d runs)", best.pol, median(best.rates), *repeat)
+	if len(ties) > 0 {
+		fmt.Fprintf(stdout, "; within its spread, so as good on this evidence: %s", strings.Join(ties, ", "))
+	}
+	fmt.Fprintf(stdout, "\nmain node flags: -prefetch shadow -align-token %d -align-kv %d\n", best.pol.TokenPeriod, best.pol.KVPeriod)
 	return nil
+}
+
+// flagGiven reports whether the command line set flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
