@@ -68,6 +68,17 @@ type Config struct {
 	// MaxFrameBytes bounds a received (and a sent) frame; a larger one
 	// closes the connection (ErrFrameTooLarge). Default 64 MiB.
 	MaxFrameBytes int
+	// MaxConnBufferedBytes bounds what one connection's received frames
+	// hold: being read, or decoded and waiting for Recv. A frame waits
+	// for room for its whole length before its body is read, and its body
+	// grows only as its bytes arrive, so a peer that claims big frames
+	// stalls itself, never makes this node allocate. Default 2 x
+	// MaxFrameBytes; at least MaxFrameBytes.
+	MaxConnBufferedBytes int64
+	// MaxBufferedBytes bounds the same over every connection a Listener
+	// accepts (for a worker or a shadow: the whole process's). Default
+	// 4 x MaxFrameBytes; at least MaxConnBufferedBytes.
+	MaxBufferedBytes int64
 	// KeepAlivePeriod is how often an idle connection sends a QUIC PING.
 	KeepAlivePeriod time.Duration
 	// IdleTimeout is how long a connection survives without hearing from
@@ -141,13 +152,21 @@ func (c *Config) settled() (*Config, error) {
 	if s.MaxFrameBytes < 1<<10 || s.MaxFrameBytes > 1<<31 {
 		return nil, fmt.Errorf("wire: MaxFrameBytes %d out of range [1 KiB, 2 GiB]", s.MaxFrameBytes)
 	}
+	setDefault(&s.MaxConnBufferedBytes, 2*int64(s.MaxFrameBytes))
+	setDefault(&s.MaxBufferedBytes, 4*int64(s.MaxFrameBytes))
+	switch {
+	case s.MaxConnBufferedBytes < int64(s.MaxFrameBytes):
+		return nil, fmt.Errorf("wire: MaxConnBufferedBytes %d is below MaxFrameBytes %d: a largest frame could never be read", s.MaxConnBufferedBytes, s.MaxFrameBytes)
+	case s.MaxBufferedBytes < s.MaxConnBufferedBytes:
+		return nil, fmt.Errorf("wire: MaxBufferedBytes %d is below MaxConnBufferedBytes %d", s.MaxBufferedBytes, s.MaxConnBufferedBytes)
+	}
 	if s.Stats == nil {
 		s.Stats = new(Stats)
 	}
 	return &s, nil
 }
 
-func setDefault[T int | time.Duration](v *T, def T) {
+func setDefault[T int | int64 | time.Duration](v *T, def T) {
 	if *v <= 0 {
 		*v = def
 	}

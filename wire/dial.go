@@ -87,7 +87,7 @@ func dialOnce(ctx context.Context, addr string, c *Config) (*Peer, error) {
 		}
 		return nil, err
 	}
-	p := newPeer(conn, c, release)
+	p := newPeer(conn, c, nil, release)
 	if err := p.start(ctx, true, c.PeerName); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -103,14 +104,27 @@ type frameReader struct {
 	r        io.Reader
 	maxBytes int
 	reuse    bool // keep one buffer for frames up to keepFrameBuf
-	hdr      [frameHeaderLen]byte
-	buf      []byte
+	// buffers, if set, must make room for a frame's body before it is
+	// read (it blocks until there is, or fails when the connection ends);
+	// next gives the room back itself only on error.
+	buffers interface {
+		reserve(n int64) error
+		unreserve(n int64)
+	}
+	hdr [frameHeaderLen]byte
+	buf []byte
 }
+
+// readPiece is the most of a frame body allocated before its bytes
+// arrive: a body is never allocated whole from the length its header
+// claims.
+const readPiece = 1 << 20
 
 // next reads the next frame and returns its type and body. If owned, the
 // body is the caller's to keep (a decoded message may share it);
-// otherwise it is valid until the next call. At a clean end of the
-// stream next returns io.EOF; every other error is a *ConnError (bad
+// otherwise it is valid until the next call. With buffers set, the body's
+// length stays reserved until the caller gives it back. At a clean end of
+// the stream next returns io.EOF; every other error is a *ConnError (bad
 // input) or the stream's own error.
 func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
@@ -132,15 +146,25 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 		return 0, nil, false, connErrorf(CodeUnknownType, nil, "unknown message type %d", uint8(typ))
 	}
 	size := int(n) - 2
+	if fr.buffers != nil {
+		if err := fr.buffers.reserve(int64(size)); err != nil {
+			return 0, nil, false, err
+		}
+	}
 	if fr.reuse && size <= keepFrameBuf {
 		if cap(fr.buf) < size {
 			fr.buf = make([]byte, size, keepFrameBuf)
 		}
 		body = fr.buf[:size]
+		_, err = io.ReadFull(fr.r, body)
 	} else {
-		body, owned = make([]byte, size), true
+		body, err = readBody(fr.r, size)
+		owned = true
 	}
-	if _, err := io.ReadFull(fr.r, body); err != nil {
+	if err != nil {
+		if fr.buffers != nil {
+			fr.buffers.unreserve(int64(size))
+		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			return 0, nil, false, connErrorf(CodeMalformed, err, "stream ends inside a %v frame", typ)
 		}
@@ -148,6 +172,40 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 	}
 	return typ, body, owned, nil
 }
+
+// readBody reads a frame body of size bytes into a buffer of its own. A
+// body up to readPiece is allocated at once; a bigger one is read into a
+// pooled first piece, and only once that piece has arrived, so that the
+// peer has shown it is sending the frame, is the whole body allocated
+// (the frame's buffer room, reserved before, bounds how many such frames
+// a connection holds at once).
+func readBody(r io.Reader, size int) ([]byte, error) {
+	if size <= readPiece {
+		body := make([]byte, size)
+		_, err := io.ReadFull(r, body)
+		return body, err
+	}
+	piece := firstPieces.Get().(*[]byte)
+	defer firstPieces.Put(piece)
+	if _, err := io.ReadFull(r, *piece); err != nil {
+		return nil, err
+	}
+	body := make([]byte, size)
+	copy(body, *piece)
+	if _, err := io.ReadFull(r, body[readPiece:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return body, nil
+}
+
+// firstPieces are the buffers big frames start in (readBody).
+var firstPieces = sync.Pool{New: func() any {
+	b := make([]byte, readPiece)
+	return &b
+}}
 
 // messageDecoder decodes frame bodies into messages, reusing its state.
 type messageDecoder struct {

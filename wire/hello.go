@@ -136,6 +136,7 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 	}
 	p.hello = *h
 	p.log = p.log.With().Str("peer", p.id.Name).Logger()
+	fr.buffers = p.bufs // the Hello itself is read before the peer is known; the rest counts
 	p.wg.Go(func() { p.readControl(fr, md) })
 	return nil
 }

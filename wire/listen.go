@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/quic-go/quic-go"
+	"golang.org/x/sync/semaphore"
 )
 
 // Listener accepts peers on one UDP address.
@@ -17,6 +18,9 @@ type Listener struct {
 	tr    *quic.Transport
 	ln    *quic.Listener
 	ready chan *Peer
+	// buffers is the room every accepted connection's received frames
+	// share (Config.MaxBufferedBytes)
+	buffers *semaphore.Weighted
 
 	closing   chan struct{}
 	cancel    context.CancelFunc // ends handshakes in progress
@@ -61,6 +65,7 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 	l := &Listener{
 		cfg: c, udp: udp, pc: pc, tr: tr, ln: ln,
 		ready:   make(chan *Peer, 16),
+		buffers: semaphore.NewWeighted(c.MaxBufferedBytes),
 		closing: make(chan struct{}),
 		cancel:  cancel,
 		pending: map[*quic.Conn]struct{}{},
@@ -102,7 +107,7 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 		return
 	}
 	var p *Peer
-	p = newPeer(conn, l.cfg, func() { l.forget(p) })
+	p = newPeer(conn, l.cfg, l.buffers, func() { l.forget(p) })
 	err := p.start(ctx, false, "")
 	if err == nil && !l.established(p) {
 		p.Close()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/semaphore"
 )
 
 // Every unidirectional stream starts with its class byte. Each side opens
@@ -74,7 +75,8 @@ type Peer struct {
 	ctrl    *quic.SendStream
 	ctrlEnc *frameEncoder
 
-	ctrlIn, bulkIn chan Message
+	ctrlIn, bulkIn chan inbound
+	bufs           *peerBuffers
 
 	wg        sync.WaitGroup
 	done      chan struct{}
@@ -85,15 +87,16 @@ type Peer struct {
 
 // newPeer wraps an established QUIC connection; start runs the Hello
 // exchange.
-func newPeer(conn *quic.Conn, cfg *Config, release func()) *Peer {
+func newPeer(conn *quic.Conn, cfg *Config, all *semaphore.Weighted, release func()) *Peer {
 	return &Peer{
+		bufs:    newPeerBuffers(conn.Context(), cfg, all),
 		conn:    conn,
 		cfg:     cfg,
 		log:     cfg.Log.With().Str("node", cfg.Name).Stringer("remote", conn.RemoteAddr()).Logger(),
 		release: release,
 		ctrlEnc: newFrameEncoder(keepFrameBuf),
-		ctrlIn:  make(chan Message, 256),
-		bulkIn:  make(chan Message, 16),
+		ctrlIn:  make(chan inbound, 256),
+		bulkIn:  make(chan inbound, 16),
 		done:    make(chan struct{}),
 	}
 }
@@ -255,6 +258,7 @@ func (p *Peer) Close() error {
 
 func (p *Peer) runRelease() {
 	p.closeOnce.Do(func() {
+		p.bufs.end()
 		if p.release != nil {
 			p.release()
 		}

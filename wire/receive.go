@@ -14,27 +14,40 @@ import (
 // Err().
 func (p *Peer) Recv(ctx context.Context) (Message, error) {
 	select {
-	case m := <-p.ctrlIn:
-		return m, nil
+	case in := <-p.ctrlIn:
+		return p.handOut(in), nil
 	default:
 	}
 	select {
-	case m := <-p.ctrlIn:
-		return m, nil
-	case m := <-p.bulkIn:
-		return m, nil
+	case in := <-p.ctrlIn:
+		return p.handOut(in), nil
+	case in := <-p.bulkIn:
+		return p.handOut(in), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-p.done:
 		select {
-		case m := <-p.ctrlIn:
-			return m, nil
-		case m := <-p.bulkIn:
-			return m, nil
+		case in := <-p.ctrlIn:
+			return p.handOut(in), nil
+		case in := <-p.bulkIn:
+			return p.handOut(in), nil
 		default:
 			return nil, p.Err()
 		}
 	}
+}
+
+// inbound is a received message waiting for Recv, with the buffer room
+// its frame took.
+type inbound struct {
+	m Message
+	n int64
+}
+
+// handOut gives back a message's buffer room as Recv hands it out.
+func (p *Peer) handOut(in inbound) Message {
+	p.bufs.unreserve(in.n)
+	return in.m
 }
 
 // readControl delivers the messages of the peer's control stream.
@@ -75,7 +88,7 @@ func (p *Peer) readBulk(s *quic.ReceiveStream) {
 		p.fail(connErrorf(CodeProtocol, nil, "stream of class %q after the control stream", class[0]))
 		return
 	}
-	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes} // a fresh buffer per frame: messages keep it
+	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes, buffers: p.bufs} // a fresh buffer per frame: messages keep it
 	md := newMessageDecoder()
 	for {
 		typ, body, owned, err := fr.next()
@@ -93,21 +106,25 @@ func (p *Peer) readBulk(s *quic.ReceiveStream) {
 
 // deliver decodes a frame and queues the message for Recv. It reports
 // whether the stream may go on.
-func (p *Peer) deliver(to chan Message, md *messageDecoder, typ Type, body []byte, owned bool) bool {
+func (p *Peer) deliver(to chan inbound, md *messageDecoder, typ Type, body []byte, owned bool) bool {
+	n := int64(len(body))
 	if typ == TypeHello {
+		p.bufs.unreserve(n)
 		p.fail(connErrorf(CodeProtocol, nil, "a second Hello"))
 		return false
 	}
 	m, err := md.decode(typ, body, owned)
 	if err != nil {
+		p.bufs.unreserve(n)
 		p.readFailed(err)
 		return false
 	}
 	p.countReceived(len(body))
 	select {
-	case to <- m:
+	case to <- inbound{m, n}:
 		return true
 	case <-p.done:
+		p.bufs.unreserve(n)
 		return false
 	}
 }

@@ -11,6 +11,7 @@ type Stats struct {
 	DialRetries                atomic.Uint64 // failed Dial attempts that were retried
 	Refused                    atomic.Uint64 // peers refused: certificate, role, name or Hello
 	PeersLost                  atomic.Uint64 // peers that went silent past the idle timeout
+	BufferWaits                atomic.Uint64 // received frames that waited for buffer room (MaxConnBufferedBytes, MaxBufferedBytes)
 	errors                     [numCodes]atomic.Uint64
 }
 
