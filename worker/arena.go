@@ -18,12 +18,15 @@ const arenaAlign = 256
 
 // Arena is the accounting allocator over a worker's device memory: one
 // contiguous region of Budget bytes handed out as aligned blocks (first
-// fit, adjacent free blocks merge). The CPU backend backs it with host
-// memory; a CUDA backend keeps the same bookkeeping over one cudaMalloc'd
-// region, so offsets, not pointers, are what it tracks.
+// fit, adjacent free blocks merge). The CPU backend backs it with one
+// anonymous memory mapping off the Go heap, so a worker's resident memory
+// is what it touched of its budget plus the process's own; a CUDA backend
+// keeps the same bookkeeping over one cudaMalloc'd region, so offsets,
+// not pointers, are what it tracks. Close it when done.
 type Arena struct {
 	mu     sync.Mutex
 	mem    []byte
+	unmap  func() error
 	free   []span // sorted by offset, non-adjacent
 	inUse  int64
 	peak   int64
@@ -38,7 +41,24 @@ func NewArena(budget int64) (*Arena, error) {
 	if budget <= 0 {
 		return nil, fmt.Errorf("worker: device memory budget must be positive, got %d", budget)
 	}
-	return &Arena{mem: make([]byte, budget), free: []span{{0, budget}}, blocks: map[int64]int64{}}, nil
+	mem, unmap, err := mapArena(budget)
+	if err != nil {
+		return nil, err
+	}
+	return &Arena{mem: mem, unmap: unmap, free: []span{{0, budget}}, blocks: map[int64]int64{}}, nil
+}
+
+// Close gives the arena's memory back. No block may be used after: the
+// worker closes it once its engine has stopped.
+func (a *Arena) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unmap == nil {
+		return nil
+	}
+	err := a.unmap()
+	a.unmap, a.mem, a.free = nil, nil, nil
+	return err
 }
 
 // Budget is the arena's size.

@@ -1,9 +1,13 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+
+	"github.com/rs/zerolog"
 )
 
 func TestArenaRefusesPastBudgetAndReusesFreedSpace(t *testing.T) {
@@ -83,5 +87,52 @@ func TestArenaNeverExceedsBudgetUnderRandomLoad(t *testing.T) {
 	}
 	if a.Peak() > budget {
 		t.Fatalf("peak %d > budget", a.Peak())
+	}
+}
+
+// liveHeap is the Go heap that survives a collection; at the default
+// GOGC, garbage may pile up to as much again before the next one.
+func liveHeap() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestArenaIsOffTheGoHeap: a worker's device budget is not Go heap, so it
+// neither counts as live heap nor lets garbage pile up to its size before
+// a collection (a budget-sized slice did both: the GC's goal was twice
+// the budget, and a worker's RSS grew towards it run after run); many
+// loads through the engine leave the heap near where it started.
+func TestArenaIsOffTheGoHeap(t *testing.T) {
+	const budget = 512 << 20
+	f := tinyFixture(t)
+	before := liveHeap()
+	arena, err := NewArena(budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arena.Close()
+	if grew := int64(liveHeap()) - int64(before); grew > 16<<20 {
+		t.Fatalf("a %d MiB arena added %d MiB of live Go heap", budget>>20, grew>>20)
+	}
+	e := NewEngine(f.store, f.model.Config.HiddenSize, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	h := f.model.Config.HiddenSize
+	x, out := randomInput(1, h, 1), make([]float32, h)
+	var peakHeap uint64
+	var ms runtime.MemStats
+	for i := range 2000 {
+		if _, err := e.Run(context.Background(), 1, i%4, i%8, x, 1, out, true); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 0 {
+			runtime.ReadMemStats(&ms)
+			peakHeap = max(peakHeap, ms.HeapInuse)
+		}
+	}
+	t.Logf("2000 loads through a %d MiB arena: Go heap in use peaked at %d MiB (live before: %d MiB)", budget>>20, peakHeap>>20, before>>20)
+	if peakHeap > before+64<<20 {
+		t.Errorf("Go heap in use reached %d MiB over loads of 0.2 MiB experts: garbage grows with the budget", peakHeap>>20)
 	}
 }

@@ -30,6 +30,8 @@ type Device interface {
 	Run(ex model.Expert, x []float32, n int, out []float32) error
 	// Memory reports the budget, the bytes in use and their peak.
 	Memory() (budget, inUse, peak int64)
+	// Close frees the device memory, once nothing runs on it any more.
+	Close() error
 }
 
 // CPU is the device of a worker without a GPU: an Arena of host memory
@@ -75,3 +77,6 @@ func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
 func (d *CPU) Memory() (budget, inUse, peak int64) {
 	return d.arena.Budget(), d.arena.InUse(), d.arena.Peak()
 }
+
+// Close implements Device: the arena's memory goes back to the system.
+func (d *CPU) Close() error { return d.arena.Close() }

@@ -48,8 +48,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	eng := NewEngine(st, hidden, NewCPU(arena, NewLink(cfg.LoadBytesSec)), log)
-	defer eng.Close()
+	dev := NewCPU(arena, NewLink(cfg.LoadBytesSec))
+	defer dev.Close()
+	eng := NewEngine(st, hidden, dev, log)
+	defer eng.Close() // first: nothing runs on the device when it closes
 	if cfg.HostCacheBytes > 0 {
 		eng.Host = NewHostCache(cfg.HostCacheBytes)
 	}

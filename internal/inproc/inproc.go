@@ -153,6 +153,7 @@ func StartWorker(ctx context.Context, f Files, i int, addr string, o WorkerOptio
 		worker.NewServer(eng, o.Log).Serve(ctx, ln)
 		ln.Close()
 		eng.Close()
+		eng.Device().Close()
 		st.Close()
 	}()
 	return ln.Addr().String(), func() { cancel(); <-done }, nil
@@ -169,6 +170,7 @@ func startWorker(ctx context.Context, st *store.Store, certDir string, i int, ad
 	}
 	certs, err := wire.LoadCerts(certDir, fmt.Sprintf("w%d", i+1))
 	if err != nil {
+		arena.Close()
 		return nil, nil, err
 	}
 	eng := worker.NewEngine(st, hidden, worker.NewCPU(arena, worker.NewLink(o.LoadBytesSec)), o.Log)
@@ -181,6 +183,7 @@ func startWorker(ctx context.Context, st *store.Store, certDir string, i int, ad
 	}
 	if err != nil {
 		eng.Close()
+		arena.Close()
 		return nil, nil, err
 	}
 	return ln, eng, nil
