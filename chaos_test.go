@@ -277,3 +277,16 @@ func TestRunThatLosesEveryWorkerFailsCleanly(t *testing.T) {
 		t.Fatalf("the failed run left %d files in its dump directory", len(entries))
 	}
 }
+
+// TestWorkerRefusesABudgetTooSmallForItsExperts: a worker whose
+// -device-mem cannot hold the store's largest expert refuses to start,
+// saying how much it needs, instead of saying ready and failing at its
+// first load.
+func TestWorkerRefusesABudgetTooSmallForItsExperts(t *testing.T) {
+	r := newChaosRig(t, 1)
+	_, se, code := run(t, "", "run", "-role", "worker", "-listen", r.workers[0], "-store", r.store, "-certs", filepath.Join(r.dir, "certs"),
+		"-name", "w1", "-device-mem", "100KiB", "-log-level", "warn")
+	if code == 0 || !strings.Contains(se, "-device-mem 100.0 KiB cannot hold the store's largest expert") || !strings.Contains(se, "give at least") {
+		t.Fatalf("exit %d, stderr %q", code, se)
+	}
+}

@@ -44,6 +44,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if need, err := smallestBudget(st); err != nil {
+		return err
+	} else if cfg.DeviceMemBytes < need {
+		return fmt.Errorf("worker: -device-mem %s cannot hold the store's largest expert and its compute buffers (%s): give at least %s",
+			progress.Bytes(cfg.DeviceMemBytes), progress.Bytes(need), progress.Bytes(need))
+	}
 	arena, err := NewArena(cfg.DeviceMemBytes)
 	if err != nil {
 		return err
@@ -84,6 +90,28 @@ func Run(ctx context.Context, cfg Config) error {
 		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).Msg("worker ready")
 	return NewServer(eng, log).Serve(ctx, ln)
 }
+
+// smallestBudget is the least device memory that can run every expert of
+// st: the largest expert, aligned, and the compute buffers of one token.
+func smallestBudget(st *store.Store) (int64, error) {
+	var need int64
+	for l := range st.Layers() {
+		for e := range st.Experts() {
+			n, err := st.ExpertBytes(l, e)
+			if err != nil {
+				return 0, err
+			}
+			_, inter, err := st.ExpertShape(l, e)
+			if err != nil {
+				return 0, err
+			}
+			need = max(need, align(int64(n))+align(int64(2*inter*4)))
+		}
+	}
+	return need, nil
+}
+
+func align(n int64) int64 { return (n + arenaAlign - 1) / arenaAlign * arenaAlign }
 
 func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64, log zerolog.Logger) error {
 	t0 := time.Now()
