@@ -66,6 +66,7 @@ type slot struct {
 	done    chan struct{} // closed when the load ends
 	expert  model.Expert
 	block   Block
+	unhost  func() // ends the hold on the host copy it computes from; nil if none
 	err     error
 	loadDur time.Duration
 	hinted  bool
@@ -151,8 +152,7 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 		if s.hinted {
 			e.Stats.Wasted.Add(1)
 		}
-		e.dev.Free(s.block)
-		s.block = Block{}
+		e.freeLocked(s)
 	}
 	e.mu.Unlock()
 	if err != nil {
@@ -212,38 +212,38 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	if err != nil {
 		return fmt.Errorf("worker: loading layer %d expert %d: %w", k.layer, k.expert, err)
 	}
-	var ex model.Expert
-	if e.Host != nil {
-		ex, err = e.fromHost(ctx, k, n)
-	} else {
-		ex, err = e.src.ReadExpert(ctx, k.layer, k.expert, e.dev.Staging(b))
-	}
+	ex, unhost, err := e.fromHost(ctx, k, n, b)
 	if err == nil {
 		ex, err = e.dev.Upload(ctx, b, ex, int64(n))
 	}
+	if err == nil && (ex.Gate.Cols != e.hidden || ex.Down.Rows != e.hidden) {
+		err = fmt.Errorf("worker: layer %d expert %d has hidden size %d, the model %d", k.layer, k.expert, ex.Gate.Cols, e.hidden)
+	}
 	if err != nil {
+		if unhost != nil {
+			unhost()
+		}
 		e.dev.Free(b)
 		return err
 	}
-	if ex.Gate.Cols != e.hidden || ex.Down.Rows != e.hidden {
-		e.dev.Free(b)
-		return fmt.Errorf("worker: layer %d expert %d has hidden size %d, the model %d", k.layer, k.expert, ex.Gate.Cols, e.hidden)
-	}
-	s.expert, s.block = ex, b
+	s.expert, s.block, s.unhost = ex, b, unhost
 	return nil
 }
 
-// fromHost returns the expert's host copy, reading it into the host
-// cache first if it is not there.
-func (e *Engine) fromHost(ctx context.Context, k slotKey, n int) (model.Expert, error) {
-	if ex, ok := e.Host.get(k); ok {
-		return ex, nil
+// fromHost reads expert k (n bytes) into host memory bound for device
+// block b: into the host cache if there is one (a hit reads nothing; the
+// returned unhost ends the hold on the copy, which the device may compute
+// from until then), else, or when the cache has no room, into b's
+// staging memory.
+func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model.Expert, func(), error) {
+	if e.Host != nil {
+		ex, unhost, err := e.Host.hold(ctx, e.src, k, n)
+		if !errors.Is(err, errHostFull) {
+			return ex, unhost, err
+		}
 	}
-	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, make([]byte, n))
-	if err == nil {
-		e.Host.put(k, ex, int64(n))
-	}
-	return ex, err
+	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, e.dev.Staging(b))
+	return ex, nil, err
 }
 
 // alloc takes n bytes of device memory; when the budget is full it first
@@ -290,8 +290,18 @@ func (e *Engine) dropLocked(k slotKey, s *slot) {
 		e.Stats.Wasted.Add(1)
 	}
 	if s.block.Bytes != nil {
-		e.dev.Free(s.block)
-		s.block = Block{}
+		e.freeLocked(s)
+	}
+}
+
+// freeLocked frees a loaded slot's device memory and its hold on a host
+// copy.
+func (e *Engine) freeLocked(s *slot) {
+	e.dev.Free(s.block)
+	s.block = Block{}
+	if s.unhost != nil {
+		s.unhost()
+		s.unhost = nil
 	}
 }
 

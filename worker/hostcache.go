@@ -3,6 +3,7 @@ package worker
 import (
 	"container/list"
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/odmoe/odmoe/model"
@@ -15,12 +16,18 @@ import (
 // over PCIe would be, costing no CPU) instead of a store read and
 // decompression. The expert then computes from the host copy while the
 // Arena accounts its bytes as device memory, so the device budget is
-// enforced exactly as without the cache. Safe for concurrent use.
+// enforced exactly as without the cache.
+//
+// The copies live in an Arena of their own (off the Go heap, as the
+// device's), so the cache's resident memory is its budget at most and
+// its evictions leave no garbage behind. A copy in use stays until its
+// last user lets go, even when evicted. Safe for concurrent use; Close
+// it once nothing uses its copies any more.
 type HostCache struct {
-	budget int64
+	arena *Arena
 
 	mu     sync.Mutex
-	used   int64
+	used   int64      // bytes of the cached copies
 	lru    *list.List // of *hostEntry, most recent at the front
 	byKey  map[slotKey]*list.Element
 	hits   int64
@@ -30,48 +37,137 @@ type HostCache struct {
 type hostEntry struct {
 	key    slotKey
 	expert model.Expert
+	block  Block
 	size   int64
+	users  int  // holds not yet released
+	cached bool // in lru and byKey; false once evicted
 }
+
+// errHostFull says a copy does not fit the host cache, even after
+// evicting every copy nobody uses.
+var errHostFull = errors.New("worker: host cache full")
 
 // NewHostCache returns a cache of up to budget bytes.
-func NewHostCache(budget int64) *HostCache {
-	return &HostCache{budget: budget, lru: list.New(), byKey: map[slotKey]*list.Element{}}
+func NewHostCache(budget int64) (*HostCache, error) {
+	a, err := NewArena(budget)
+	if err != nil {
+		return nil, err
+	}
+	return &HostCache{arena: a, lru: list.New(), byKey: map[slotKey]*list.Element{}}, nil
 }
 
-func (c *HostCache) get(k slotKey) (model.Expert, bool) {
+// Close gives the cache's memory back; no copy may be used after.
+func (c *HostCache) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lru.Init()
+	clear(c.byKey)
+	c.used = 0
+	return c.arena.Close()
+}
+
+// hold returns the host copy of expert k (n bytes), reading it from src
+// into the cache first if it is not there, and the release that ends the
+// hold: the copy's memory stays until then. It fails with errHostFull
+// (wrapped) when the copy does not fit.
+func (c *HostCache) hold(ctx context.Context, src ExpertSource, k slotKey, n int) (model.Expert, func(), error) {
+	if ent, ok := c.get(k); ok {
+		return ent.expert, c.releaser(ent), nil
+	}
+	c.mu.Lock()
+	b, err := c.allocLocked(int64(n))
+	c.mu.Unlock()
+	if err != nil {
+		return model.Expert{}, nil, err
+	}
+	ex, err := src.ReadExpert(ctx, k.layer, k.expert, b.Bytes)
+	if err != nil {
+		c.arena.Free(b)
+		return model.Expert{}, nil, err
+	}
+	ent := &hostEntry{key: k, expert: ex, block: b, size: int64(n), users: 1}
+	c.insert(ent)
+	return ex, c.releaser(ent), nil
+}
+
+// get takes a hold on k's copy if it is cached.
+func (c *HostCache) get(k slotKey) (*hostEntry, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.byKey[k]
 	if !ok {
 		c.misses++
-		return model.Expert{}, false
+		return nil, false
 	}
 	c.hits++
 	c.lru.MoveToFront(el)
-	return el.Value.(*hostEntry).expert, true
+	ent := el.Value.(*hostEntry)
+	ent.users++
+	return ent, true
 }
 
-// put adds an expert of size bytes unless it is larger than the budget,
-// evicting the least recently used ones to make room.
-func (c *HostCache) put(k slotKey, ex model.Expert, size int64) {
+// allocLocked takes n bytes of the cache's memory, evicting the least
+// recently used copies nobody holds until they fit.
+func (c *HostCache) allocLocked(n int64) (Block, error) {
+	for {
+		b, err := c.arena.Alloc(n)
+		if err == nil || !errors.Is(err, ErrOverBudget) {
+			return b, err
+		}
+		el := c.lru.Back()
+		for el != nil && el.Value.(*hostEntry).users > 0 {
+			el = el.Prev()
+		}
+		if el == nil {
+			return Block{}, errors.Join(errHostFull, err)
+		}
+		c.evictLocked(el)
+	}
+}
+
+// insert caches ent, unless a copy of its expert was cached meanwhile
+// (loaded twice at once): then ent is only held, and freed on release.
+func (c *HostCache) insert(ent *hostEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if size > c.budget {
-		return
-	}
-	if el, ok := c.byKey[k]; ok { // loaded twice at once: keep one
+	if el, ok := c.byKey[ent.key]; ok {
 		c.lru.MoveToFront(el)
+		if ent.users == 0 {
+			c.arena.Free(ent.block)
+		}
 		return
 	}
-	for c.used+size > c.budget {
-		old := c.lru.Back()
-		e := old.Value.(*hostEntry)
-		c.lru.Remove(old)
-		delete(c.byKey, e.key)
-		c.used -= e.size
+	ent.cached = true
+	c.byKey[ent.key] = c.lru.PushFront(ent)
+	c.used += ent.size
+}
+
+// evictLocked drops a copy from the cache; its memory goes back now, or
+// when its last hold is released.
+func (c *HostCache) evictLocked(el *list.Element) {
+	ent := el.Value.(*hostEntry)
+	c.lru.Remove(el)
+	delete(c.byKey, ent.key)
+	c.used -= ent.size
+	ent.cached = false
+	if ent.users == 0 {
+		c.arena.Free(ent.block)
 	}
-	c.byKey[k] = c.lru.PushFront(&hostEntry{key: k, expert: ex, size: size})
-	c.used += size
+}
+
+// releaser returns the function that ends one hold on ent (once).
+func (c *HostCache) releaser(ent *hostEntry) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			ent.users--
+			if ent.users == 0 && !ent.cached {
+				c.arena.Free(ent.block)
+			}
+		})
+	}
 }
 
 // Stats returns the cache's hits, misses and bytes held.
@@ -94,17 +190,18 @@ func (c *HostCache) Preload(ctx context.Context, src ExpertSource, layers, exper
 			if err != nil {
 				return n, err
 			}
-			c.mu.Lock()
-			full := c.used+int64(size) > c.budget
-			c.mu.Unlock()
-			if full {
+			b, err := c.arena.Alloc(int64(size)) // no eviction: stop when full
+			if errors.Is(err, ErrOverBudget) {
 				return n, nil
-			}
-			ex, err := src.ReadExpert(ctx, l, e, make([]byte, size))
-			if err != nil {
+			} else if err != nil {
 				return n, err
 			}
-			c.put(slotKey{l, e}, ex, int64(size))
+			ex, err := src.ReadExpert(ctx, l, e, b.Bytes)
+			if err != nil {
+				c.arena.Free(b)
+				return n, err
+			}
+			c.insert(&hostEntry{key: slotKey{l, e}, expert: ex, block: b, size: int64(size)})
 			n++
 			done += int64(size)
 			if progress != nil {

@@ -1,12 +1,16 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 )
 
 // countingSource counts store reads.
@@ -35,7 +39,7 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Host = NewHostCache(int64(2 * size)) // room for two experts
+	e.Host = newHostCache(t, int64(2*size)) // room for two experts
 	x := randomInput(2, h, 9)
 	out := make([]float32, 2*h)
 	for round := range 3 {
@@ -80,7 +84,7 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 	f := tinyFixture(t)
 	src := &countingSource{ExpertSource: f.store}
 	size, _ := f.store.ExpertBytes(0, 0)
-	c := NewHostCache(int64(3*size + size/2))
+	c := newHostCache(t, int64(3*size+size/2))
 	var progressed int64
 	n, err := c.Preload(context.Background(), src, f.store.Layers(), f.store.Experts(), func(done int64) { progressed = done })
 	if err != nil || n != 3 || progressed != int64(3*size) {
@@ -103,5 +107,113 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 	}
 	if got := src.reads.Load(); got != 3 {
 		t.Errorf("%d store reads: preloading reads 3, running them should read none", got)
+	}
+}
+
+func newHostCache(t *testing.T, budget int64) *HostCache {
+	t.Helper()
+	c, err := NewHostCache(budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestHostCacheKeepsACopyInUseUntilReleased: a copy the device computes
+// from is never evicted from under it; when every copy is held a new one
+// does not fit (and the engine reads into device staging instead), and
+// once released it makes room.
+func TestHostCacheKeepsACopyInUseUntilReleased(t *testing.T) {
+	f := tinyFixture(t)
+	size, _ := f.store.ExpertBytes(0, 0)
+	c := newHostCache(t, int64(size)) // room for one expert
+	ctx := context.Background()
+	a, releaseA, err := c.hold(ctx, f.store, slotKey{0, 0}, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), a.Gate.Data...)
+	if _, _, err := c.hold(ctx, f.store, slotKey{0, 1}, size); !errors.Is(err, errHostFull) {
+		t.Fatalf("second copy while the first is held: err %v, want errHostFull", err)
+	}
+	if !bytes.Equal(a.Gate.Data, want) {
+		t.Fatal("a held copy changed")
+	}
+	releaseA()
+	releaseA() // a second release is a no-op
+	_, releaseB, err := c.hold(ctx, f.store, slotKey{0, 1}, size)
+	if err != nil {
+		t.Fatalf("second copy after the first was released: %v", err)
+	}
+	defer releaseB()
+	if _, _, used := c.Stats(); used != int64(size) {
+		t.Errorf("%d bytes held, want %d", used, size)
+	}
+}
+
+// TestHostCacheBoundedUnderConcurrentLoads: many experts loaded and run
+// at once through a host cache smaller than the device budget give local
+// mode's bits, the cache's memory never exceeds its budget, and every
+// copy is back once the engine has closed.
+func TestHostCacheBoundedUnderConcurrentLoads(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	size, _ := f.store.ExpertBytes(0, 0)
+	arena, _ := NewArena(64 << 20)
+	defer arena.Close()
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	c := newHostCache(t, int64(3*size))
+	e.Host = c
+	layers, experts := f.store.Layers(), f.store.Experts()
+	var g errgroup.Group
+	for w := range 6 {
+		g.Go(func() error {
+			x := randomInput(1, h, uint64(w))
+			out := make([]float32, h)
+			for i := range 40 {
+				l, ex := (w+i)%layers, (w*3+i)%experts
+				if _, err := e.Run(context.Background(), uint64(w+1), l, ex, x, 1, out, i%3 != 0); err != nil {
+					return err
+				}
+				if !sameBits(out, localExpert(f.model, l, ex, x, 1)) {
+					return fmt.Errorf("layer %d expert %d differs from local mode", l, ex)
+				}
+				if c.arena.InUse() > c.arena.Budget() {
+					return fmt.Errorf("host cache holds %d of %d bytes", c.arena.InUse(), c.arena.Budget())
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if _, _, used := c.Stats(); c.arena.InUse() != used {
+		t.Errorf("after the engine closed the cache's arena holds %d bytes, its copies %d: a hold was never released", c.arena.InUse(), used)
+	}
+	if hits, _, _ := c.Stats(); hits == 0 {
+		t.Error("no host cache hits")
+	}
+}
+
+// TestHostCacheIsOffTheGoHeap: cached copies neither count as live Go
+// heap nor leave garbage when evicted, so a worker's host cache costs
+// its budget and no more.
+func TestHostCacheIsOffTheGoHeap(t *testing.T) {
+	f := tinyFixture(t)
+	size, _ := f.store.ExpertBytes(0, 0)
+	layers, experts := f.store.Layers(), f.store.Experts()
+	before := liveHeap()
+	c := newHostCache(t, int64(layers*experts*size))
+	n, err := c.Preload(context.Background(), f.store, layers, experts, nil)
+	if err != nil || n != layers*experts {
+		t.Fatalf("preloaded %d of %d experts: %v", n, layers*experts, err)
+	}
+	grew := int64(liveHeap()) - int64(before)
+	t.Logf("%d experts (%d KiB) cached: live Go heap %+d KiB", n, int64(n*size)>>10, grew>>10)
+	if grew > int64(n*size)/4 {
+		t.Errorf("caching %d KiB of experts added %d KiB of live Go heap", int64(n*size)>>10, grew>>10)
 	}
 }

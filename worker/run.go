@@ -56,11 +56,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	dev := NewCPU(arena, NewLink(cfg.LoadBytesSec))
 	defer dev.Close()
-	eng := NewEngine(st, hidden, dev, log)
-	defer eng.Close() // first: nothing runs on the device when it closes
+	var host *HostCache
 	if cfg.HostCacheBytes > 0 {
-		eng.Host = NewHostCache(cfg.HostCacheBytes)
+		if host, err = NewHostCache(cfg.HostCacheBytes); err != nil {
+			return err
+		}
+		defer host.Close()
 	}
+	eng := NewEngine(st, hidden, dev, log)
+	eng.Host = host
+	defer eng.Close() // first: nothing runs on the device or from the host cache when they close
 	if cfg.HostPreload {
 		if eng.Host == nil {
 			return fmt.Errorf("worker: preloading the host cache needs a host cache")
