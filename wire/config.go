@@ -28,6 +28,10 @@ const (
 	connWindowBytes   = 32 << 20
 )
 
+// maxBufferedBytes bounds the buffer room settings (1 TiB): far above
+// any machine's memory, far below overflowing when multiplied.
+const maxBufferedBytes = 1 << 40
+
 // maxIncomingStreams bounds the bulk streams (one per bulk message) a
 // peer may have open towards us at once.
 const maxIncomingStreams = 128
@@ -70,14 +74,18 @@ type Config struct {
 	MaxFrameBytes int
 	// MaxConnBufferedBytes bounds what one connection's received frames
 	// hold: being read, or decoded and waiting for Recv. A frame waits
-	// for room for its whole length before its body is read, and its body
-	// grows only as its bytes arrive, so a peer that claims big frames
+	// for room for its whole length before its body is read (QUIC flow
+	// control then holds the sender back), and its body is allocated only
+	// once its first MiB has arrived, so a peer that claims big frames
 	// stalls itself, never makes this node allocate. Default 2 x
-	// MaxFrameBytes; at least MaxFrameBytes.
+	// MaxFrameBytes; at least MaxFrameBytes, or a largest frame could
+	// never be read.
 	MaxConnBufferedBytes int64
 	// MaxBufferedBytes bounds the same over every connection a Listener
-	// accepts (for a worker or a shadow: the whole process's). Default
-	// 4 x MaxFrameBytes; at least MaxConnBufferedBytes.
+	// accepts (for a worker or a shadow: the whole process's; a dialed
+	// connection has only its own bound). Default 4 x
+	// MaxConnBufferedBytes, so that one peer stalling its frames leaves
+	// room for three others; at least MaxConnBufferedBytes.
 	MaxBufferedBytes int64
 	// KeepAlivePeriod is how often an idle connection sends a QUIC PING.
 	KeepAlivePeriod time.Duration
@@ -153,8 +161,10 @@ func (c *Config) settled() (*Config, error) {
 		return nil, fmt.Errorf("wire: MaxFrameBytes %d out of range [1 KiB, 2 GiB]", s.MaxFrameBytes)
 	}
 	setDefault(&s.MaxConnBufferedBytes, 2*int64(s.MaxFrameBytes))
-	setDefault(&s.MaxBufferedBytes, 4*int64(s.MaxFrameBytes))
+	setDefault(&s.MaxBufferedBytes, 4*min(s.MaxConnBufferedBytes, maxBufferedBytes))
 	switch {
+	case s.MaxConnBufferedBytes > maxBufferedBytes || s.MaxBufferedBytes > maxBufferedBytes:
+		return nil, fmt.Errorf("wire: MaxConnBufferedBytes %d or MaxBufferedBytes %d above %d", s.MaxConnBufferedBytes, s.MaxBufferedBytes, int64(maxBufferedBytes))
 	case s.MaxConnBufferedBytes < int64(s.MaxFrameBytes):
 		return nil, fmt.Errorf("wire: MaxConnBufferedBytes %d is below MaxFrameBytes %d: a largest frame could never be read", s.MaxConnBufferedBytes, s.MaxFrameBytes)
 	case s.MaxBufferedBytes < s.MaxConnBufferedBytes:

@@ -117,7 +117,7 @@ type frameReader struct {
 
 // readPiece is the most of a frame body allocated before its bytes
 // arrive: a body is never allocated whole from the length its header
-// claims.
+// claims (readBody).
 const readPiece = 1 << 20
 
 // next reads the next frame and returns its type and body. If owned, the
@@ -125,7 +125,8 @@ const readPiece = 1 << 20
 // otherwise it is valid until the next call. With buffers set, the body's
 // length stays reserved until the caller gives it back. At a clean end of
 // the stream next returns io.EOF; every other error is a *ConnError (bad
-// input) or the stream's own error.
+// input), the stream's own error, or the end of the connection while the
+// frame waited for buffer room.
 func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -139,7 +140,7 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 	case n < 2:
 		return 0, nil, false, connErrorf(CodeMalformed, nil, "frame length %d is shorter than its header", n)
 	case uint64(n) > uint64(fr.maxBytes):
-		return 0, nil, false, connErrorf(CodeFrameTooLarge, nil, "frame of %d bytes exceeds the limit of %d bytes", n, fr.maxBytes)
+		return 0, nil, false, connErrorf(CodeFrameTooLarge, nil, "%v frame of %d bytes exceeds the limit of %d bytes", typ, n, fr.maxBytes)
 	case version != ProtocolVersion:
 		return 0, nil, false, connErrorf(CodeBadVersion, nil, "peer speaks protocol version %d, this build speaks %d", version, ProtocolVersion)
 	case newMessage(typ) == nil:
@@ -148,7 +149,7 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 	size := int(n) - 2
 	if fr.buffers != nil {
 		if err := fr.buffers.reserve(int64(size)); err != nil {
-			return 0, nil, false, err
+			return 0, nil, false, fmt.Errorf("waiting for room for a %v frame of %d bytes: %w", typ, size, err)
 		}
 	}
 	if fr.reuse && size <= keepFrameBuf {
@@ -174,25 +175,39 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 }
 
 // readBody reads a frame body of size bytes into a buffer of its own. A
-// body up to readPiece is allocated at once; a bigger one is read into a
-// pooled first piece, and only once that piece has arrived, so that the
-// peer has shown it is sending the frame, is the whole body allocated
-// (the frame's buffer room, reserved before, bounds how many such frames
-// a connection holds at once).
+// body up to readPiece is allocated at once. A bigger one is read into
+// pooled pieces until half of it has arrived, and only then allocated
+// whole, the pieces copied in and the rest read into place: until its
+// last half arrives a frame costs at most twice the bytes received plus
+// a piece, so a header's claim alone costs nothing. (The room reserved
+// before, in next, bounds what a connection's frames hold together.)
 func readBody(r io.Reader, size int) ([]byte, error) {
 	if size <= readPiece {
 		body := make([]byte, size)
 		_, err := io.ReadFull(r, body)
 		return body, err
 	}
-	piece := firstPieces.Get().(*[]byte)
-	defer firstPieces.Put(piece)
-	if _, err := io.ReadFull(r, *piece); err != nil {
-		return nil, err
+	var stack [8]*[]byte
+	pieces, got := stack[:0], 0
+	for got < size/2 {
+		p := bodyPieces.Get().(*[]byte)
+		pieces = append(pieces, p)
+		n, err := io.ReadFull(r, (*p)[:min(readPiece, size-got)])
+		got += n
+		if err != nil {
+			putPieces(pieces)
+			if err == io.EOF && got > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
 	}
 	body := make([]byte, size)
-	copy(body, *piece)
-	if _, err := io.ReadFull(r, body[readPiece:]); err != nil {
+	for i, p := range pieces {
+		copy(body[i*readPiece:got], *p)
+	}
+	putPieces(pieces)
+	if _, err := io.ReadFull(r, body[got:]); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
@@ -201,11 +216,18 @@ func readBody(r io.Reader, size int) ([]byte, error) {
 	return body, nil
 }
 
-// firstPieces are the buffers big frames start in (readBody).
-var firstPieces = sync.Pool{New: func() any {
+// bodyPieces are the buffers the first half of a big frame is read into
+// (readBody).
+var bodyPieces = sync.Pool{New: func() any {
 	b := make([]byte, readPiece)
 	return &b
 }}
+
+func putPieces(pieces []*[]byte) {
+	for _, p := range pieces {
+		bodyPieces.Put(p)
+	}
+}
 
 // messageDecoder decodes frame bodies into messages, reusing its state.
 type messageDecoder struct {

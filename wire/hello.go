@@ -9,6 +9,10 @@ import (
 	"github.com/quic-go/quic-go"
 )
 
+// maxHelloBytes bounds a Hello frame: a Hello is a few names and numbers
+// (a shadow's Layout: one name per worker), never near this.
+const maxHelloBytes = 64 << 10
+
 // start runs the Hello exchange and checks who the peer is (wantName:
 // the name it must have, or any). The dialer speaks first and the
 // listener answers only once it has accepted the dialer, so a Dial that
@@ -95,11 +99,14 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 	if class[0] != classControl {
 		return connErrorf(CodeProtocol, nil, "first stream has class %q, want the control stream", class[0])
 	}
-	fr := &frameReader{r: in, maxBytes: p.cfg.MaxFrameBytes, reuse: true}
+	// The Hello is read before the peer is known, without buffer room
+	// (Config.MaxConnBufferedBytes), so it gets a small limit of its own.
+	fr := &frameReader{r: in, maxBytes: min(p.cfg.MaxFrameBytes, maxHelloBytes), reuse: true}
 	typ, body, owned, err := fr.next()
 	if err != nil {
 		return err
 	}
+	fr.maxBytes = p.cfg.MaxFrameBytes
 	if typ != TypeHello {
 		return connErrorf(CodeProtocol, nil, "first message is %v, want Hello", typ)
 	}
@@ -136,7 +143,7 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 	}
 	p.hello = *h
 	p.log = p.log.With().Str("peer", p.id.Name).Logger()
-	fr.buffers = p.bufs // the Hello itself is read before the peer is known; the rest counts
+	fr.buffers = p.bufs
 	p.wg.Go(func() { p.readControl(fr, md) })
 	return nil
 }

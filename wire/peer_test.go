@@ -429,6 +429,9 @@ func TestConfigErrors(t *testing.T) {
 		{"name differs from certificate", &Config{Certs: certs, Name: "w2"}},
 		{"unknown peer role", &Config{Certs: certs, PeerRoles: []Role{"boss"}}},
 		{"tiny frames", &Config{Certs: certs, MaxFrameBytes: 10}},
+		{"connection's buffer room below a frame", &Config{Certs: certs, MaxFrameBytes: 1 << 20, MaxConnBufferedBytes: 1<<20 - 1}},
+		{"listener's buffer room below a connection's", &Config{Certs: certs, MaxConnBufferedBytes: 256 << 20, MaxBufferedBytes: 128 << 20}},
+		{"buffer room past 1 TiB", &Config{Certs: certs, MaxConnBufferedBytes: 1 << 50}},
 	}
 	for _, tc := range cases {
 		if _, err := Listen(context.Background(), "127.0.0.1:0", tc.cfg); err == nil {

@@ -1,0 +1,267 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+// claimHeader is a bulk stream's class byte and a frame header claiming
+// size bytes of an Alignment.
+func claimHeader(size uint32) []byte {
+	h := []byte{classBulk, 0, 0, 0, 0, ProtocolVersion, byte(TypeAlignment)}
+	binary.BigEndian.PutUint32(h[1:], size+2)
+	return h
+}
+
+// TestFrameBodyGrowsOnlyAsItsBytesArrive: a header claiming 64 MiB
+// followed by some bytes and the end of the stream costs at most twice the
+// bytes that came plus a piece, not what the header claimed, and is
+// reported as malformed; real frames of any size still read whole.
+func TestFrameBodyGrowsOnlyAsItsBytesArrive(t *testing.T) {
+	for _, sent := range []int{0, 100, readPiece - 1, readPiece + 1, 10 << 20} {
+		in := append(claimHeader(64<<20 - 2)[1:], bytes.Repeat([]byte{7}, sent)...)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		fr := &frameReader{r: bytes.NewReader(in), maxBytes: DefaultMaxFrameBytes}
+		_, _, _, err := fr.next()
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("%d bytes after a 64 MiB claim: err = %v, want a malformed frame", sent, err)
+		}
+		if got, bound := after.TotalAlloc-before.TotalAlloc, uint64(2*sent+2*readPiece); got > bound {
+			t.Errorf("reading a 64 MiB claim backed by %d bytes allocated %d bytes, bound %d", sent, got, bound)
+		}
+	}
+	pattern := bytes.Repeat([]byte{1, 2, 3, 4, 5, 6, 7}, 2<<20)
+	for _, size := range []int{1, readPiece, readPiece + 1, 3 << 20, 9<<20 + 7} {
+		body := pattern[:size]
+		in := append(claimHeader(uint32(size))[1:], body...)
+		fr := &frameReader{r: iotest.HalfReader(bytes.NewReader(in)), maxBytes: DefaultMaxFrameBytes}
+		_, got, owned, err := fr.next()
+		if err != nil || !owned || !bytes.Equal(got, body) {
+			t.Fatalf("a frame of %d bytes: err %v, owned %v, %d bytes, equal %v", size, err, owned, len(got), bytes.Equal(got, body))
+		}
+	}
+}
+
+// TestConnectionBufferCapHoldsFramesBackUntilReceived: with room for one
+// frame per connection, a second waits (counted) until the application
+// receives the first, then every message arrives intact.
+func TestConnectionBufferCapHoldsFramesBackUntilReceived(t *testing.T) {
+	scfg := testConfig(t, "buf", "w1")
+	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes = 1<<20, 1<<20
+	l := listen(t, scfg)
+	client, server := connect(t, l, testConfig(t, "buf", "main"))
+	for i := range 3 {
+		send(t, client, bulk(uint64(i), bytes.Repeat([]byte{byte(i)}, 600<<10)))
+	}
+	waitFor(t, "a frame waiting for buffer room", func() bool { return l.Stats().BufferWaits.Load() > 0 })
+	if n := len(server.bulkIn); n > 1 {
+		t.Fatalf("%d frames of 600 KiB queued with room for 1 MiB", n)
+	}
+	seen := map[uint64]bool{}
+	for range 3 {
+		a := recv(t, server).(*Alignment)
+		if d := bulkData(a); len(d) != 600<<10 || d[0] != byte(a.Seq) {
+			t.Fatalf("alignment %d: %d bytes", a.Seq, len(d))
+		}
+		seen[a.Seq] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("received %v", seen)
+	}
+}
+
+// TestBufferRoomIsGivenBack: whatever becomes of a frame (received,
+// refused, cut short, cancelled, never received before its connection
+// ended), its room comes back to the connection and to the listener.
+func TestBufferRoomIsGivenBack(t *testing.T) {
+	scfg := testConfig(t, "buf", "w1")
+	scfg.MaxFrameBytes = 1 << 20
+	l := listen(t, scfg)
+	rawBulk := func(t *testing.T, client *Peer, b []byte) {
+		s, err := client.conn.OpenUniStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	t.Run("received", func(t *testing.T) {
+		client, server := connect(t, l, testConfig(t, "buf", "main"))
+		for i := range 3 {
+			send(t, client, bulk(uint64(i), make([]byte, 300<<10)))
+			send(t, client, &Prediction{Layer: i})
+		}
+		for range 6 {
+			recv(t, server)
+		}
+		if !roomFree(server.bufs.conn, l.cfg.MaxConnBufferedBytes) {
+			t.Error("the connection's room was not given back")
+		}
+		waitRoomFree(t, l)
+	})
+	for _, tc := range []struct {
+		name  string
+		input []byte
+		want  error
+	}{
+		{"not msgpack", append([]byte{classBulk}, rawFrame(TypeAlignment, []byte{0xc1, 0xc1})...), ErrMalformed},
+		{"cut short", append(claimHeader(512<<10), make([]byte, 100)...), ErrMalformed},
+		{"a Hello", append([]byte{classBulk}, rawFrame(TypeHello, []byte{0x90})...), ErrProtocol},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, server := connect(t, l, testConfig(t, "buf", "shadow"))
+			rawBulk(t, client, tc.input)
+			if _, err := server.Recv(context.Background()); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+			waitRoomFree(t, l)
+		})
+	}
+	t.Run("cancelled", func(t *testing.T) {
+		client, server := connect(t, l, testConfig(t, "buf", "main"))
+		s, err := client.conn.OpenUniStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Write(append(claimHeader(512<<10), make([]byte, 100)...))
+		waitFor(t, "the claim to be reserved", func() bool { return !roomFree(server.bufs.conn, l.cfg.MaxConnBufferedBytes) })
+		s.CancelWrite(streamCancelled)
+		waitFor(t, "the connection's room", func() bool { return roomFree(server.bufs.conn, l.cfg.MaxConnBufferedBytes) })
+		waitRoomFree(t, l)
+		send(t, client, &Heartbeat{Seq: 1}) // the connection goes on
+		if m := recv(t, server); m.(*Heartbeat).Seq != 1 {
+			t.Fatalf("got %v", m)
+		}
+	})
+	t.Run("never received", func(t *testing.T) {
+		client, server := connect(t, l, testConfig(t, "buf", "main"))
+		for i := range 3 {
+			send(t, client, bulk(uint64(i), make([]byte, 300<<10)))
+		}
+		waitFor(t, "3 messages queued", func() bool { return len(server.bulkIn) == 3 })
+		client.Close()
+		<-server.Done()
+		waitRoomFree(t, l)
+	})
+}
+
+// TestListenerRoomBoundsEveryConnectionTogether: peers that stall inside
+// claimed frames hold at most their connection's room each; once they
+// hold the listener's, another peer's frame waits, and it arrives when a
+// staller's connection ends.
+func TestListenerRoomBoundsEveryConnectionTogether(t *testing.T) {
+	scfg := testConfig(t, "buf", "w1")
+	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes = 1<<20, 1<<20, 2<<20
+	l := listen(t, scfg)
+	healthy, healthyServer := connect(t, l, testConfig(t, "buf", "main"))
+	stall := func(streams int) *Peer {
+		p, _ := connect(t, l, testConfig(t, "buf", "shadow"))
+		for range streams {
+			s, err := p.conn.OpenUniStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Write(append(claimHeader(1<<20-2), make([]byte, 100)...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p
+	}
+	a := stall(3) // the second and third claims wait on a's own room
+	waitFor(t, "the first staller's claims", func() bool { return l.Stats().BufferWaits.Load() == 2 })
+	if roomFree(l.buffers, 3<<19) {
+		t.Fatal("the staller holds none of the listener's room")
+	}
+	send(t, healthy, bulk(1, make([]byte, 600<<10))) // room for it beside one staller
+	if m := recv(t, healthyServer); m.(*Alignment).Seq != 1 {
+		t.Fatalf("got %v", m)
+	}
+	stall(1)
+	waitFor(t, "the listener's room taken", func() bool { return !roomFree(l.buffers, 1<<19) })
+	waits := l.Stats().BufferWaits.Load()
+	send(t, healthy, bulk(2, make([]byte, 600<<10)))
+	waitFor(t, "the healthy peer's frame waiting", func() bool { return l.Stats().BufferWaits.Load() > waits })
+	a.Close()
+	if m := recv(t, healthyServer); m.(*Alignment).Seq != 2 {
+		t.Fatalf("got %v", m)
+	}
+}
+
+// TestOversizedHelloIsRefused: the Hello, read before the peer is known
+// and so without buffer room, has a limit of its own far below
+// MaxFrameBytes.
+func TestOversizedHelloIsRefused(t *testing.T) {
+	l := listen(t, testConfig(t, "buf", "w1"))
+	ccfg := testConfig(t, "buf", "main")
+	ccfg.Hello.Features = []string{strings.Repeat("x", maxHelloBytes)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := Dial(ctx, l.Addr().String(), ccfg); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("Dial with a %d-byte Hello: %v, want ErrFrameTooLarge", maxHelloBytes, err)
+	}
+	if n := l.Stats().Errors(CodeFrameTooLarge); n != 1 {
+		t.Errorf("listener counted %d oversized frames, want 1", n)
+	}
+}
+
+func TestBufferRoomDefaults(t *testing.T) {
+	cases := []struct {
+		frame             int
+		conn, all         int64
+		wantConn, wantAll int64
+	}{
+		{0, 0, 0, 128 << 20, 512 << 20},
+		{1 << 20, 0, 0, 2 << 20, 8 << 20},
+		{1 << 20, 10 << 20, 0, 10 << 20, 40 << 20},
+		{1 << 20, 0, 3 << 20, 2 << 20, 3 << 20},
+		{1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20},
+	}
+	for _, c := range cases {
+		s, err := (&Config{Insecure: true, Name: "w1", Role: RoleWorker, MaxFrameBytes: c.frame, MaxConnBufferedBytes: c.conn, MaxBufferedBytes: c.all}).settled()
+		if err != nil {
+			t.Errorf("%+v: %v", c, err)
+			continue
+		}
+		if s.MaxConnBufferedBytes != c.wantConn || s.MaxBufferedBytes != c.wantAll {
+			t.Errorf("frames %d, room %d/%d: settled to %d/%d, want %d/%d", c.frame, c.conn, c.all, s.MaxConnBufferedBytes, s.MaxBufferedBytes, c.wantConn, c.wantAll)
+		}
+	}
+}
+
+// roomFree reports whether all n bytes of s are free (taking none).
+func roomFree(s interface {
+	TryAcquire(int64) bool
+	Release(int64)
+}, n int64) bool {
+	if !s.TryAcquire(n) {
+		return false
+	}
+	s.Release(n)
+	return true
+}
+
+func waitRoomFree(t *testing.T, l *Listener) {
+	t.Helper()
+	waitFor(t, "the listener's room given back", func() bool { return roomFree(l.buffers, l.cfg.MaxBufferedBytes) })
+}
+
+// waitFor polls cond until it holds, failing the test after 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after 5 s", what)
+		}
+	}
+}
