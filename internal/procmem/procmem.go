@@ -1,3 +1,4 @@
-// Package procmem reports the process's peak resident memory, for the
-// per-role memory figures of run summaries and benchmarks.
+// Package procmem reports the process's resident memory, peak and
+// current, for the per-role memory figures of run summaries and
+// benchmarks and for tests that bound memory.
 package procmem

@@ -11,15 +11,21 @@ import (
 // VmHWM of /proc/self/status. (getrusage's ru_maxrss is no use here: it
 // survives fork and exec, so a worker started by `odmoe demo` would report
 // the demo process's own peak.)
-func PeakRSS() int64 {
+func PeakRSS() int64 { return status("VmHWM:") }
+
+// RSS is the process's resident set size now in bytes (0 if unknown):
+// VmRSS of /proc/self/status.
+func RSS() int64 { return status("VmRSS:") }
+
+// status reads a field of /proc/self/status given in kB, in bytes.
+func status(field string) int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
-		line := sc.Bytes()
-		if v, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte(field)); ok {
 			f := bytes.Fields(v) // "1234", "kB"
 			if len(f) == 2 {
 				kb, err := strconv.ParseInt(string(f[0]), 10, 64)

@@ -4,3 +4,6 @@ package procmem
 
 // PeakRSS is unknown on this platform: 0.
 func PeakRSS() int64 { return 0 }
+
+// RSS is unknown on this platform: 0.
+func RSS() int64 { return 0 }

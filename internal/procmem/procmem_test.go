@@ -20,3 +20,22 @@ func TestPeakRSSGrowsWithTouchedMemory(t *testing.T) {
 	}
 	_ = b[len(b)-1]
 }
+
+func TestRSSCountsTouchedMemoryAndStaysUnderThePeak(t *testing.T) {
+	before := RSS()
+	if before <= 0 {
+		t.Fatalf("RSS = %d", before)
+	}
+	b := make([]byte, 64<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	now, peak := RSS(), PeakRSS()
+	if now < before+32<<20 {
+		t.Fatalf("RSS %d after touching 64 MiB, was %d", now, before)
+	}
+	if now > peak {
+		t.Fatalf("RSS %d above the peak %d", now, peak)
+	}
+	_ = b[len(b)-1]
+}
