@@ -52,7 +52,12 @@
 // against ErrFrameTooLarge, ErrMalformed, ErrUnknownType, ErrBadVersion,
 // ErrBadTensor) sent to the peer as the QUIC application error code,
 // logged, and counted in Stats; the listener and every other connection
-// carry on.
+// carry on. Nor is a frame's length: a frame waits for room for its body
+// in its connection's budget (Config.MaxConnBufferedBytes) and its
+// listener's (MaxBufferedBytes) before the body is read, so a peer that
+// claims more than it may have in flight is held back by QUIC flow
+// control, and a body over 1 MiB is allocated only once half of it has
+// arrived; the room comes back as Recv hands the message out.
 //
 // # Speed
 //
