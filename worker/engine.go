@@ -66,7 +66,7 @@ type slot struct {
 	done    chan struct{} // closed when the load ends
 	expert  model.Expert
 	block   Block
-	unhost  func() // ends the hold on the host copy it computes from; nil if none
+	host    *hostEntry // the host copy it computes from, held until freed; nil if none
 	err     error
 	loadDur time.Duration
 	hinted  bool
@@ -212,7 +212,7 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	if err != nil {
 		return fmt.Errorf("worker: loading layer %d expert %d: %w", k.layer, k.expert, err)
 	}
-	ex, unhost, err := e.fromHost(ctx, k, n, b)
+	ex, host, err := e.fromHost(ctx, k, n, b)
 	if err == nil {
 		ex, err = e.dev.Upload(ctx, b, ex, int64(n))
 	}
@@ -220,26 +220,29 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 		err = fmt.Errorf("worker: layer %d expert %d has hidden size %d, the model %d", k.layer, k.expert, ex.Gate.Cols, e.hidden)
 	}
 	if err != nil {
-		if unhost != nil {
-			unhost()
+		if host != nil {
+			e.Host.release(host)
 		}
 		e.dev.Free(b)
 		return err
 	}
-	s.expert, s.block, s.unhost = ex, b, unhost
+	s.expert, s.block, s.host = ex, b, host
 	return nil
 }
 
 // fromHost reads expert k (n bytes) into host memory bound for device
-// block b: into the host cache if there is one (a hit reads nothing; the
-// returned unhost ends the hold on the copy, which the device may compute
-// from until then), else, or when the cache has no room, into b's
+// block b: into the host cache if there is one (a hit reads nothing),
+// holding the copy there, which the device may compute from until the
+// hold is released; else, or when the cache has no room, into b's
 // staging memory.
-func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model.Expert, func(), error) {
+func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model.Expert, *hostEntry, error) {
 	if e.Host != nil {
-		ex, unhost, err := e.Host.hold(ctx, e.src, k, n)
+		host, err := e.Host.hold(ctx, e.src, k, n)
+		if err == nil {
+			return host.expert, host, nil
+		}
 		if !errors.Is(err, errHostFull) {
-			return ex, unhost, err
+			return model.Expert{}, nil, err
 		}
 	}
 	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, e.dev.Staging(b))
@@ -299,9 +302,9 @@ func (e *Engine) dropLocked(k slotKey, s *slot) {
 func (e *Engine) freeLocked(s *slot) {
 	e.dev.Free(s.block)
 	s.block = Block{}
-	if s.unhost != nil {
-		s.unhost()
-		s.unhost = nil
+	if s.host != nil {
+		e.Host.release(s.host)
+		s.host = nil
 	}
 }
 

@@ -67,27 +67,27 @@ func (c *HostCache) Close() error {
 }
 
 // hold returns the host copy of expert k (n bytes), reading it from src
-// into the cache first if it is not there, and the release that ends the
-// hold: the copy's memory stays until then. It fails with errHostFull
-// (wrapped) when the copy does not fit.
-func (c *HostCache) hold(ctx context.Context, src ExpertSource, k slotKey, n int) (model.Expert, func(), error) {
+// into the cache first if it is not there; its memory stays until the
+// hold is released (once). It fails with errHostFull (wrapped) when the
+// copy does not fit.
+func (c *HostCache) hold(ctx context.Context, src ExpertSource, k slotKey, n int) (*hostEntry, error) {
 	if ent, ok := c.get(k); ok {
-		return ent.expert, c.releaser(ent), nil
+		return ent, nil
 	}
 	c.mu.Lock()
 	b, err := c.allocLocked(int64(n))
 	c.mu.Unlock()
 	if err != nil {
-		return model.Expert{}, nil, err
+		return nil, err
 	}
 	ex, err := src.ReadExpert(ctx, k.layer, k.expert, b.Bytes)
 	if err != nil {
 		c.arena.Free(b)
-		return model.Expert{}, nil, err
+		return nil, err
 	}
 	ent := &hostEntry{key: k, expert: ex, block: b, size: int64(n), users: 1}
 	c.insert(ent)
-	return ex, c.releaser(ent), nil
+	return ent, nil
 }
 
 // get takes a hold on k's copy if it is cached.
@@ -155,18 +155,13 @@ func (c *HostCache) evictLocked(el *list.Element) {
 	}
 }
 
-// releaser returns the function that ends one hold on ent (once).
-func (c *HostCache) releaser(ent *hostEntry) func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			ent.users--
-			if ent.users == 0 && !ent.cached {
-				c.arena.Free(ent.block)
-			}
-		})
+// release ends one hold on ent.
+func (c *HostCache) release(ent *hostEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ent.users--
+	if ent.users == 0 && !ent.cached {
+		c.arena.Free(ent.block)
 	}
 }
 

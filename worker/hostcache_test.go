@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -129,24 +130,23 @@ func TestHostCacheKeepsACopyInUseUntilReleased(t *testing.T) {
 	size, _ := f.store.ExpertBytes(0, 0)
 	c := newHostCache(t, int64(size)) // room for one expert
 	ctx := context.Background()
-	a, releaseA, err := c.hold(ctx, f.store, slotKey{0, 0}, size)
+	a, err := c.hold(ctx, f.store, slotKey{0, 0}, size)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := append([]byte(nil), a.Gate.Data...)
-	if _, _, err := c.hold(ctx, f.store, slotKey{0, 1}, size); !errors.Is(err, errHostFull) {
+	want := append([]byte(nil), a.expert.Gate.Data...)
+	if _, err := c.hold(ctx, f.store, slotKey{0, 1}, size); !errors.Is(err, errHostFull) {
 		t.Fatalf("second copy while the first is held: err %v, want errHostFull", err)
 	}
-	if !bytes.Equal(a.Gate.Data, want) {
+	if !bytes.Equal(a.expert.Gate.Data, want) {
 		t.Fatal("a held copy changed")
 	}
-	releaseA()
-	releaseA() // a second release is a no-op
-	_, releaseB, err := c.hold(ctx, f.store, slotKey{0, 1}, size)
+	c.release(a)
+	b, err := c.hold(ctx, f.store, slotKey{0, 1}, size)
 	if err != nil {
 		t.Fatalf("second copy after the first was released: %v", err)
 	}
-	defer releaseB()
+	defer c.release(b)
 	if _, _, used := c.Stats(); used != int64(size) {
 		t.Errorf("%d bytes held, want %d", used, size)
 	}
@@ -215,5 +215,38 @@ func TestHostCacheIsOffTheGoHeap(t *testing.T) {
 	t.Logf("%d experts (%d KiB) cached: live Go heap %+d KiB", n, int64(n*size)>>10, grew>>10)
 	if grew > int64(n*size)/4 {
 		t.Errorf("caching %d KiB of experts added %d KiB of live Go heap", int64(n*size)>>10, grew>>10)
+	}
+}
+
+// TestHostCacheFillsAllocateNoExpertBuffers: loads through a host cache
+// too small for the experts they cycle through (every load a fill and an
+// eviction) take their memory from the cache's arena, not from the Go
+// heap, so they leave no expert-sized garbage behind.
+func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	size, _ := f.store.ExpertBytes(0, 0)
+	arena, _ := NewArena(64 << 20)
+	defer arena.Close()
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	e.Host = newHostCache(t, int64(2*size))
+	x, out := randomInput(1, h, 5), make([]float32, h)
+	const loads = 64
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range loads {
+		if _, err := e.Run(context.Background(), 1, 0, i%f.store.Experts(), x, 1, out, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if hits, _, _ := e.Host.Stats(); hits != 0 {
+		t.Fatalf("%d host cache hits: the loads should all be fills", hits)
+	}
+	perLoad := (after.TotalAlloc - before.TotalAlloc) / loads
+	t.Logf("%d fills of %d KiB experts: %d bytes of Go heap allocated per load", loads, size>>10, perLoad)
+	if perLoad > uint64(size)/8 {
+		t.Errorf("a load through the host cache allocates %d bytes of Go heap (an expert is %d)", perLoad, size)
 	}
 }
