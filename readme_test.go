@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// readmeBlock is one ```sh block of README.md: its command lines (a
+// trailing backslash joins the next line) and what the comment line just
+// before it says about running it in a test.
+type readmeBlock struct {
+	line     int      // where it starts in README.md
+	commands []string // comments stripped
+	skip     string   // why the test does not run it ("" = it runs)
+}
+
+// readmeBlocks parses README.md. A block preceded by the comment
+// `<!-- readme-test: skip: REASON -->` is one the README says needs
+// what a test machine lacks (root, a rig) or what CI runs anyway.
+func readmeBlocks(t *testing.T) []readmeBlock {
+	t.Helper()
+	f, err := os.Open("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []readmeBlock
+	var cur *readmeBlock
+	prev, pending := "", ""
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		switch {
+		case cur == nil && strings.HasPrefix(line, "```sh"):
+			cur = &readmeBlock{line: n}
+			if m := skipComment.FindStringSubmatch(prev); m != nil {
+				cur.skip = m[1]
+			}
+		case cur != nil && strings.HasPrefix(line, "```"):
+			blocks = append(blocks, *cur)
+			cur = nil
+		case cur != nil:
+			text := pending + stripComment(line)
+			if strings.HasSuffix(text, `\`) {
+				pending = strings.TrimSuffix(text, `\`) + " "
+				continue
+			}
+			pending = ""
+			if strings.TrimSpace(text) != "" {
+				cur.commands = append(cur.commands, strings.TrimSpace(text))
+			}
+		}
+		if strings.TrimSpace(line) != "" {
+			prev = line
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return blocks
+}
+
+var skipComment = regexp.MustCompile(`^<!-- readme-test: skip: (.+) -->$`)
+
+// stripComment drops a shell comment that starts after two spaces (the
+// README's style), keeping quoted '#'s alone.
+func stripComment(line string) string {
+	if i := strings.Index(line, "  #"); i >= 0 && strings.Count(line[:i], "'")%2 == 0 && strings.Count(line[:i], `"`)%2 == 0 {
+		return strings.TrimRight(line[:i], " ")
+	}
+	return line
+}
+
+// server reports whether a README command starts a node that serves until
+// stopped (a worker or a shadow: the README runs each on its own
+// machine, or in its own terminal).
+func server(cmd string) bool {
+	return strings.Contains(cmd, "-role worker") || strings.Contains(cmd, "-role shadow")
+}
+
+// TestReadmeCommandsRunAsWritten runs every ```sh block of README.md, in
+// order, as a newcomer would on a fresh clone: the binary is the one
+// `go build -o bin/odmoe .` makes, servers (workers, the shadow) run in
+// the background as if in their own terminals, everything else must exit
+// 0. The README's /tmp paths are moved into the test's directory so
+// parallel runs do not collide; blocks the README marks as needing root or
+// a rig are skipped and listed. The cmp block checks that the swarm's
+// logits are local mode's.
+func TestReadmeCommandsRunAsWritten(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every README command, ~1 minute")
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(odmoeBin(t), filepath.Join(dir, "bin", "odmoe")); err != nil {
+		t.Fatal(err)
+	}
+	var servers []*exec.Cmd
+	defer func() {
+		for _, s := range servers {
+			s.Process.Signal(syscall.SIGTERM)
+			s.Wait()
+		}
+	}()
+	tmp := filepath.Join(dir, "tmp") + "/"
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for _, b := range readmeBlocks(t) {
+		if b.skip != "" {
+			t.Logf("README.md:%d skipped: %s", b.line, b.skip)
+			continue
+		}
+		for _, c := range b.commands {
+			if c == "go build -o bin/odmoe ." {
+				continue // the test built it (odmoeBin), from this checkout
+			}
+			c = strings.ReplaceAll(c, "/tmp/", tmp)
+			cmd := exec.Command("bash", "-euo", "pipefail", "-c", c)
+			cmd.Dir = dir
+			// the system's python3 first: the one Debian's python3-numpy
+			// (the README's numpy line) serves, which CI installs
+			cmd.Env = append(os.Environ(), "PATH=/usr/bin:"+os.Getenv("PATH"))
+			logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("cmd-%d.log", ran)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout, cmd.Stderr = logf, logf
+			ran++
+			if server(c) {
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				servers = append(servers, cmd)
+				t.Logf("README.md:%d started: %s", b.line, c)
+				continue
+			}
+			start := time.Now()
+			err = cmd.Run()
+			logf.Close()
+			out, _ := os.ReadFile(logf.Name())
+			if err != nil {
+				t.Fatalf("README.md:%d: %s\n%v\n%s", b.line, c, err, out)
+			}
+			t.Logf("README.md:%d ran in %.1fs: %s", b.line, time.Since(start).Seconds(), c)
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no README command ran")
+	}
+}
