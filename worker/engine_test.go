@@ -29,7 +29,7 @@ var (
 	fixErr  error
 )
 
-func tinyFixture(t *testing.T) fixture {
+func tinyFixture(t testing.TB) fixture {
 	t.Helper()
 	fixOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "odmoe-worker-")
