@@ -3,8 +3,10 @@
 package wire
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -546,4 +548,25 @@ func quicStreamPair(b *testing.B, serve func(*quic.Stream)) *quic.Stream {
 		ln.Close()
 	})
 	return stream
+}
+
+// BenchmarkReadFrame reads bulk frames from memory through the frame
+// reader: what reading a big body into pieces until half of it has come
+// costs beside allocating it from its header (no network in the way).
+func BenchmarkReadFrame(b *testing.B) {
+	for _, size := range []int{64 << 10, 4 << 20, 64<<20 - 2} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			in := frame(uint32(size+2), ProtocolVersion, TypeAlignment, make([]byte, size))
+			r := bytes.NewReader(in)
+			fr := &frameReader{r: r, maxBytes: DefaultMaxFrameBytes}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Reset(in)
+				if _, _, _, err := fr.next(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

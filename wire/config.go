@@ -76,7 +76,7 @@ type Config struct {
 	// hold: being read, or decoded and waiting for Recv. A frame waits
 	// for room for its whole length before its body is read (QUIC flow
 	// control then holds the sender back), and a body over 1 MiB is
-	// allocated only once half of it has arrived, so a peer that claims
+	// allocated only once its first MiB has arrived, so a peer that claims
 	// big frames stalls itself, never makes this node allocate. Default 2 x
 	// MaxFrameBytes; at least MaxFrameBytes, or a largest frame could
 	// never be read.

@@ -56,8 +56,8 @@
 // in its connection's budget (Config.MaxConnBufferedBytes) and its
 // listener's (MaxBufferedBytes) before the body is read, so a peer that
 // claims more than it may have in flight is held back by QUIC flow
-// control, and a body over 1 MiB is allocated only once half of it has
-// arrived; the room comes back as Recv hands the message out.
+// control, and a body over 1 MiB is allocated only once its first MiB
+// has arrived; the room comes back as Recv hands the message out.
 //
 // # Speed
 //

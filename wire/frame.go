@@ -175,39 +175,28 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 }
 
 // readBody reads a frame body of size bytes into a buffer of its own. A
-// body up to readPiece is allocated at once. A bigger one is read into
-// pooled pieces until half of it has arrived, and only then allocated
-// whole, the pieces copied in and the rest read into place: until its
-// last half arrives a frame costs at most twice the bytes received plus
-// a piece, so a header's claim alone costs nothing. (The room reserved
-// before, in next, bounds what a connection's frames hold together.)
+// body up to readPiece is allocated at once. A bigger one is read into a
+// pooled first piece, and only once that piece has arrived, so that the
+// peer has shown it is sending the frame, is the whole body allocated.
+// (The room reserved before, in next, bounds what a connection's frames
+// hold together. Growing the body further in step with its bytes was
+// tried: pieces until half the body had come made a 64 MiB frame read
+// from memory several times slower, BenchmarkReadFrame, for a bound the
+// reserved room already gives.)
 func readBody(r io.Reader, size int) ([]byte, error) {
 	if size <= readPiece {
 		body := make([]byte, size)
 		_, err := io.ReadFull(r, body)
 		return body, err
 	}
-	var stack [8]*[]byte
-	pieces, got := stack[:0], 0
-	for got < size/2 {
-		p := bodyPieces.Get().(*[]byte)
-		pieces = append(pieces, p)
-		n, err := io.ReadFull(r, (*p)[:min(readPiece, size-got)])
-		got += n
-		if err != nil {
-			putPieces(pieces)
-			if err == io.EOF && got > 0 {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, err
-		}
+	piece := firstPieces.Get().(*[]byte)
+	defer firstPieces.Put(piece)
+	if _, err := io.ReadFull(r, *piece); err != nil {
+		return nil, err
 	}
 	body := make([]byte, size)
-	for i, p := range pieces {
-		copy(body[i*readPiece:got], *p)
-	}
-	putPieces(pieces)
-	if _, err := io.ReadFull(r, body[got:]); err != nil {
+	copy(body, *piece)
+	if _, err := io.ReadFull(r, body[readPiece:]); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
@@ -216,18 +205,11 @@ func readBody(r io.Reader, size int) ([]byte, error) {
 	return body, nil
 }
 
-// bodyPieces are the buffers the first half of a big frame is read into
-// (readBody).
-var bodyPieces = sync.Pool{New: func() any {
+// firstPieces are the buffers big frames start in (readBody).
+var firstPieces = sync.Pool{New: func() any {
 	b := make([]byte, readPiece)
 	return &b
 }}
-
-func putPieces(pieces []*[]byte) {
-	for _, p := range pieces {
-		bodyPieces.Put(p)
-	}
-}
 
 // messageDecoder decodes frame bodies into messages, reusing its state.
 type messageDecoder struct {
