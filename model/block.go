@@ -28,10 +28,12 @@ func (L *Layer) ffn() feedForward { return L.MoE }
 
 // Attention is pre-norm grouped-query self-attention with rotate-half
 // RoPE over the sequence's KV cache (and a sliding window if the config
-// has one).
+// has one). QNorm and KNorm, when set (Qwen3), are RMSNorm weights applied
+// to each query and key head before RoPE.
 type Attention struct {
-	Norm       []float32      // [hidden]
-	Q, K, V, O kernels.Matrix // projections
+	Norm         []float32      // [hidden]
+	Q, K, V, O   kernels.Matrix // projections
+	QNorm, KNorm []float32      // [head_dim], or nil
 }
 
 // MoE is a sparse feed-forward block: pre-norm, a softmax router choosing
@@ -61,6 +63,14 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 	kernels.MatMul(s.k, a.K, s.hn, n)
 	kernels.MatMul(s.v, a.V, s.hn, n)
 	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
+	if a.QNorm != nil {
+		for i := 0; i < n*qw; i += hd {
+			kernels.RMSNorm(s.q[i:i+hd], s.q[i:i+hd], a.QNorm, eps)
+		}
+		for i := 0; i < n*kvw; i += hd {
+			kernels.RMSNorm(s.k[i:i+hd], s.k[i:i+hd], a.KNorm, eps)
+		}
+	}
 	for t := range n {
 		kernels.RoPETable(s.cos, s.sin, start+t, s.invFreq)
 		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)

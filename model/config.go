@@ -15,12 +15,12 @@ type Config struct {
 	Architecture     string  // architectures[0], e.g. "MixtralForCausalLM"
 	ModelType        string  // model_type, e.g. "mixtral"
 	HiddenSize       int     // hidden_size
-	IntermediateSize int     // intermediate_size (per expert)
+	IntermediateSize int     // an expert's: moe_intermediate_size where the family has one, else intermediate_size
 	NumLayers        int     // num_hidden_layers
 	NumHeads         int     // num_attention_heads
 	NumKVHeads       int     // num_key_value_heads
 	HeadDim          int     // head_dim, default hidden_size / num_attention_heads
-	NumExperts       int     // num_local_experts
+	NumExperts       int     // num_local_experts (Mixtral) or num_experts (Qwen)
 	TopK             int     // num_experts_per_tok
 	VocabSize        int     // vocab_size
 	MaxPositions     int     // max_position_embeddings
@@ -31,6 +31,10 @@ type Config struct {
 	BOS              int     // bos_token_id, -1 = none
 	EOS              []int   // eos_token_id (int or list)
 	TorchDType       string  // torch_dtype, informational
+	// NormTopK renormalises each token's top-k routing weights to sum to
+	// one: norm_topk_prob where the family has it, else the family's rule
+	// (Mixtral always).
+	NormTopK bool
 }
 
 // rawConfig mirrors config.json; pointers tell absent fields from zeros.
@@ -44,6 +48,11 @@ type rawConfig struct {
 	NumKVHeads       *int            `json:"num_key_value_heads"`
 	HeadDim          *int            `json:"head_dim"`
 	NumExperts       *int            `json:"num_local_experts"`
+	NumExpertsQwen   *int            `json:"num_experts"`
+	MoEIntermediate  *int            `json:"moe_intermediate_size"`
+	NormTopKProb     *bool           `json:"norm_topk_prob"`
+	SparseStep       *int            `json:"decoder_sparse_step"`
+	MLPOnlyLayers    []int           `json:"mlp_only_layers"`
 	TopK             *int            `json:"num_experts_per_tok"`
 	VocabSize        *int            `json:"vocab_size"`
 	MaxPositions     *int            `json:"max_position_embeddings"`
@@ -89,11 +98,12 @@ func ParseConfig(b []byte) (Config, error) {
 		Architecture:     r.Architectures[0],
 		ModelType:        r.ModelType,
 		HiddenSize:       or(r.HiddenSize, d.HiddenSize),
-		IntermediateSize: or(r.IntermediateSize, d.IntermediateSize),
+		IntermediateSize: or(r.MoEIntermediate, or(r.IntermediateSize, d.IntermediateSize)),
 		NumLayers:        or(r.NumLayers, d.NumLayers),
 		NumHeads:         or(r.NumHeads, d.NumHeads),
 		NumKVHeads:       or(r.NumKVHeads, d.NumKVHeads),
-		NumExperts:       or(r.NumExperts, d.NumExperts),
+		NumExperts:       or(r.NumExperts, or(r.NumExpertsQwen, d.NumExperts)),
+		NormTopK:         or(r.NormTopKProb, d.NormTopK),
 		TopK:             or(r.TopK, d.TopK),
 		VocabSize:        or(r.VocabSize, d.VocabSize),
 		MaxPositions:     or(r.MaxPositions, d.MaxPositions),
@@ -103,6 +113,11 @@ func ParseConfig(b []byte) (Config, error) {
 		SlidingWindow:    or(r.SlidingWindow, 0),
 		BOS:              or(r.BOS, -1),
 		TorchDType:       r.TorchDType,
+	}
+	// dense (MLP-only) layers beside the sparse ones are not supported yet:
+	// refuse them rather than run a different model
+	if step := or(r.SparseStep, 1); step > 1 || len(r.MLPOnlyLayers) > 0 {
+		return Config{}, fmt.Errorf(`fields "decoder_sparse_step" (%d) and "mlp_only_layers" (%v) make some layers dense; odmoe runs all-sparse models only so far`, step, r.MLPOnlyLayers)
 	}
 	c.HeadDim = or(r.HeadDim, 0)
 	if c.HeadDim == 0 && c.NumHeads > 0 {

@@ -10,7 +10,7 @@ func init() {
 			HiddenSize: 4096, IntermediateSize: 14336, NumLayers: 32,
 			NumHeads: 32, NumKVHeads: 8, NumExperts: 8, TopK: 2,
 			VocabSize: 32000, MaxPositions: 4096 * 32,
-			RMSNormEps: 1e-5, RopeTheta: 1e6,
+			RMSNormEps: 1e-5, RopeTheta: 1e6, NormTopK: true,
 		},
 		embed:     "model.embed_tokens.weight",
 		finalNorm: "model.norm.weight",
@@ -29,7 +29,7 @@ func init() {
 				MoE: &MoE{
 					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
 					Router:   b.matrix(p+"block_sparse_moe.gate.weight", c.NumExperts, h),
-					NormTopK: true,
+					NormTopK: c.NormTopK,
 				},
 			}
 		},

@@ -1,4 +1,5 @@
-// Package synth writes deterministic random Mixtral checkpoints in exactly
+// Package synth writes deterministic random MoE checkpoints (Mixtral,
+// Qwen3-MoE) in exactly
 // the Hugging Face layout (config.json, model.safetensors in BF16,
 // tokenizer.json, tokenizer_config.json, generation_config.json), for
 // tests, demos and benchmarks. Nothing is ever downloaded: the tokenizer is
@@ -31,9 +32,14 @@ import (
 
 // Preset is a model shape.
 type Preset struct {
-	Name             string
+	Name string
+	// Family is the Hugging Face architecture: "" or "mixtral"
+	// (MixtralForCausalLM), "qwen3-moe" (Qwen3MoeForCausalLM).
+	Family           string
 	Hidden           int
-	Intermediate     int
+	Intermediate     int  // an expert's
+	HeadDim          int  // 0: Hidden / Heads
+	NormTopK         bool // Qwen's norm_topk_prob
 	Layers           int
 	Heads, KVHeads   int
 	Experts, TopK    int
@@ -55,6 +61,18 @@ var Presets = map[string]Preset{
 	// mixtral-layers: Mixtral-8x7B's real shapes, two layers, for memory tests.
 	"mixtral-layers": {Name: "mixtral-layers", Hidden: 4096, Intermediate: 14336, Layers: 2, Heads: 32, KVHeads: 8,
 		Experts: 8, TopK: 2, Vocab: 32000, TokenizerVocab: 4096, MaxPositions: 32768, RopeTheta: 1e6},
+	// qwen3-moe-tiny: Qwen3-MoE's layer structure (q/k norms, a head_dim
+	// apart from hidden/heads, many small experts, top-4) at a few MB.
+	"qwen3-moe-tiny": {Name: "qwen3-moe-tiny", Family: "qwen3-moe", Hidden: 128, Intermediate: 64, HeadDim: 64, NormTopK: true,
+		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+}
+
+// headDim is the preset's attention head width.
+func (p Preset) headDim() int {
+	if p.HeadDim > 0 {
+		return p.HeadDim
+	}
+	return p.Hidden / p.Heads
 }
 
 // PresetNames lists the presets, sorted.
@@ -166,6 +184,41 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 }
 
 func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
+	if p.Family == "qwen3-moe" {
+		return map[string]any{
+			"architectures":           []string{"Qwen3MoeForCausalLM"},
+			"model_type":              "qwen3_moe",
+			"attention_bias":          false,
+			"attention_dropout":       0.0,
+			"bos_token_id":            tok.BOS(),
+			"eos_token_id":            firstOr(tok.EOS(), 2),
+			"decoder_sparse_step":     1,
+			"head_dim":                p.headDim(),
+			"hidden_act":              "silu",
+			"hidden_size":             p.Hidden,
+			"initializer_range":       weightStd,
+			"intermediate_size":       4 * p.Hidden, // a dense layer's; all layers are sparse here
+			"max_position_embeddings": p.MaxPositions,
+			"mlp_only_layers":         []int{},
+			"moe_intermediate_size":   p.Intermediate,
+			"norm_topk_prob":          p.NormTopK,
+			"num_attention_heads":     p.Heads,
+			"num_experts":             p.Experts,
+			"num_experts_per_tok":     p.TopK,
+			"num_hidden_layers":       p.Layers,
+			"num_key_value_heads":     p.KVHeads,
+			"rms_norm_eps":            1e-6,
+			"rope_theta":              p.RopeTheta,
+			"sliding_window":          nil,
+			"tie_word_embeddings":     p.TieWordEmbedding,
+			"torch_dtype":             "bfloat16",
+			"transformers_version":    "4.51.0",
+			"use_cache":               true,
+			"use_sliding_window":      false,
+			"vocab_size":              p.Vocab,
+			"odmoe_synth_preset":      p.Name,
+		}
+	}
 	return map[string]any{
 		"architectures":           []string{"MixtralForCausalLM"},
 		"model_type":              "mixtral",
@@ -215,13 +268,15 @@ type tensor struct {
 }
 
 func tensors(p Preset) []tensor {
-	h, hd := p.Hidden, p.Hidden/p.Heads
+	h, hd := p.Hidden, p.headDim()
 	mat := func(name string, rows, cols int, std float64) tensor {
 		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{rows, cols}}, std: std}
 	}
-	norm := func(name string) tensor {
-		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{h}}, mean: 1, std: weightStd}
+	normOf := func(name string, n int) tensor {
+		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{n}}, mean: 1, std: weightStd}
 	}
+	norm := func(name string) tensor { return normOf(name, h) }
+	qwen := p.Family == "qwen3-moe"
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
 	for l := range p.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
@@ -232,9 +287,26 @@ func tensors(p Preset) []tensor {
 			mat(pre+"self_attn.v_proj.weight", p.KVHeads*hd, h, weightStd),
 			mat(pre+"self_attn.o_proj.weight", h, p.Heads*hd, weightStd),
 			norm(pre+"post_attention_layernorm.weight"),
-			// the router's rows dot a unit-RMS vector of h elements
-			mat(pre+"block_sparse_moe.gate.weight", p.Experts, h, routerLogitStd/math.Sqrt(float64(h))),
 		)
+		// the router's rows dot a unit-RMS vector of h elements
+		routerStd := routerLogitStd / math.Sqrt(float64(h))
+		if qwen {
+			ts = append(ts,
+				normOf(pre+"self_attn.q_norm.weight", hd),
+				normOf(pre+"self_attn.k_norm.weight", hd),
+				mat(pre+"mlp.gate.weight", p.Experts, h, routerStd),
+			)
+			for e := range p.Experts {
+				ex := fmt.Sprintf("%smlp.experts.%d.", pre, e)
+				ts = append(ts,
+					mat(ex+"gate_proj.weight", p.Intermediate, h, weightStd),
+					mat(ex+"up_proj.weight", p.Intermediate, h, weightStd),
+					mat(ex+"down_proj.weight", h, p.Intermediate, weightStd),
+				)
+			}
+			continue
+		}
+		ts = append(ts, mat(pre+"block_sparse_moe.gate.weight", p.Experts, h, routerStd))
 		for e := range p.Experts {
 			ex := fmt.Sprintf("%sblock_sparse_moe.experts.%d.", pre, e)
 			ts = append(ts,

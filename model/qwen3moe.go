@@ -1,0 +1,47 @@
+package model
+
+// Qwen3-MoE (Qwen3MoeForCausalLM): Mixtral's decoder with a head_dim of its
+// own (not hidden/heads), an RMSNorm over head_dim on every query and key
+// head before RoPE, and a sparse block whose softmax top-k weights are
+// renormalised only when norm_topk_prob. Its experts are
+// moe_intermediate_size wide, counted by num_experts, named
+// mlp.experts.E.{gate,up,down}_proj. Defaults are transformers'
+// Qwen3MoeConfig's. Dense layers (decoder_sparse_step, mlp_only_layers)
+// are refused by ParseConfig for now.
+func init() {
+	register("Qwen3MoeForCausalLM", &architecture{
+		defaults: Config{
+			HiddenSize: 2048, IntermediateSize: 768, NumLayers: 24,
+			NumHeads: 32, NumKVHeads: 4, NumExperts: 128, TopK: 8,
+			VocabSize: 151936, MaxPositions: 32768,
+			RMSNormEps: 1e-6, RopeTheta: 1e4, NormTopK: false,
+		},
+		embed:     "model.embed_tokens.weight",
+		finalNorm: "model.norm.weight",
+		lmHead:    "lm_head.weight",
+		layer: func(b *binder, c Config, l int) Layer {
+			h, hd, q, kv := c.HiddenSize, c.HeadDim, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+			p := per("model.layers.%d.", l)
+			return Layer{
+				Attention: Attention{
+					Norm:  b.vector(p+"input_layernorm.weight", h),
+					Q:     b.matrix(p+"self_attn.q_proj.weight", q, h),
+					K:     b.matrix(p+"self_attn.k_proj.weight", kv, h),
+					V:     b.matrix(p+"self_attn.v_proj.weight", kv, h),
+					O:     b.matrix(p+"self_attn.o_proj.weight", h, q),
+					QNorm: b.vector(p+"self_attn.q_norm.weight", hd),
+					KNorm: b.vector(p+"self_attn.k_norm.weight", hd),
+				},
+				MoE: &MoE{
+					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
+					Router:   b.matrix(p+"mlp.gate.weight", c.NumExperts, h),
+					NormTopK: c.NormTopK,
+				},
+			}
+		},
+		expertNames: func(l, e int) (gate, up, down string) {
+			p := per("model.layers.%d.mlp.experts.%d.", l, e)
+			return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+		},
+	})
+}
