@@ -28,12 +28,14 @@ func (L *Layer) ffn() feedForward { return L.MoE }
 
 // Attention is pre-norm grouped-query self-attention with rotate-half
 // RoPE over the sequence's KV cache (and a sliding window if the config
-// has one). QNorm and KNorm, when set (Qwen3), are RMSNorm weights applied
-// to each query and key head before RoPE.
+// has one). QNorm and KNorm, when set, are RMSNorm weights applied before
+// RoPE: over each head when they are head_dim long (Qwen3), over the whole
+// query and key projections when they are that long (OLMoE). With the
+// config's ClipQKV, queries, keys and values are then clamped (OLMoE).
 type Attention struct {
 	Norm         []float32      // [hidden]
 	Q, K, V, O   kernels.Matrix // projections
-	QNorm, KNorm []float32      // [head_dim], or nil
+	QNorm, KNorm []float32      // [head_dim], or [heads*head_dim] and [kv_heads*head_dim], or nil
 }
 
 // MoE is a sparse feed-forward block: pre-norm, a softmax router choosing
@@ -64,11 +66,20 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 	kernels.MatMul(s.v, a.V, s.hn, n)
 	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
 	if a.QNorm != nil {
-		for i := 0; i < n*qw; i += hd {
-			kernels.RMSNorm(s.q[i:i+hd], s.q[i:i+hd], a.QNorm, eps)
+		qn, kn := len(a.QNorm), len(a.KNorm) // a head, or the whole projection
+		for i := 0; i < n*qw; i += qn {
+			kernels.RMSNorm(s.q[i:i+qn], s.q[i:i+qn], a.QNorm, eps)
 		}
-		for i := 0; i < n*kvw; i += hd {
-			kernels.RMSNorm(s.k[i:i+hd], s.k[i:i+hd], a.KNorm, eps)
+		for i := 0; i < n*kvw; i += kn {
+			kernels.RMSNorm(s.k[i:i+kn], s.k[i:i+kn], a.KNorm, eps)
+		}
+	}
+	if c.ClipQKV > 0 {
+		lim := float32(c.ClipQKV)
+		for _, v := range [][]float32{s.q[:n*qw], s.k[:n*kvw], s.v[:n*kvw]} {
+			for i, x := range v {
+				v[i] = min(max(x, -lim), lim)
+			}
 		}
 	}
 	for t := range n {

@@ -35,6 +35,9 @@ type Config struct {
 	// one: norm_topk_prob where the family has it, else the family's rule
 	// (Mixtral always).
 	NormTopK bool
+	// ClipQKV clamps queries, keys and values to [-ClipQKV, ClipQKV]
+	// after their projections and norms (OLMoE's clip_qkv); 0: none.
+	ClipQKV float64
 }
 
 // rawConfig mirrors config.json; pointers tell absent fields from zeros.
@@ -53,6 +56,7 @@ type rawConfig struct {
 	NormTopKProb     *bool           `json:"norm_topk_prob"`
 	SparseStep       *int            `json:"decoder_sparse_step"`
 	MLPOnlyLayers    []int           `json:"mlp_only_layers"`
+	ClipQKV          *float64        `json:"clip_qkv"`
 	TopK             *int            `json:"num_experts_per_tok"`
 	VocabSize        *int            `json:"vocab_size"`
 	MaxPositions     *int            `json:"max_position_embeddings"`
@@ -104,6 +108,7 @@ func ParseConfig(b []byte) (Config, error) {
 		NumKVHeads:       or(r.NumKVHeads, d.NumKVHeads),
 		NumExperts:       or(r.NumExperts, or(r.NumExpertsQwen, d.NumExperts)),
 		NormTopK:         or(r.NormTopKProb, d.NormTopK),
+		ClipQKV:          or(r.ClipQKV, 0),
 		TopK:             or(r.TopK, d.TopK),
 		VocabSize:        or(r.VocabSize, d.VocabSize),
 		MaxPositions:     or(r.MaxPositions, d.MaxPositions),
@@ -171,6 +176,9 @@ func (c Config) validate() error {
 	}
 	if c.RopeTheta <= 0 {
 		return fmt.Errorf(`field "rope_theta" is %g; must be positive`, c.RopeTheta)
+	}
+	if c.ClipQKV < 0 {
+		return fmt.Errorf(`field "clip_qkv" is %g; must be positive or null`, c.ClipQKV)
 	}
 	if c.SlidingWindow < 0 {
 		return fmt.Errorf(`field "sliding_window" is %d; must be positive or null`, c.SlidingWindow)

@@ -34,8 +34,10 @@ import (
 type Preset struct {
 	Name string
 	// Family is the Hugging Face architecture: "" or "mixtral"
-	// (MixtralForCausalLM), "qwen3-moe" (Qwen3MoeForCausalLM).
+	// (MixtralForCausalLM), "qwen3-moe" (Qwen3MoeForCausalLM), "olmoe"
+	// (OlmoeForCausalLM).
 	Family           string
+	ClipQKV          float64 // OLMoE's clip_qkv; 0: none
 	Hidden           int
 	Intermediate     int  // an expert's
 	HeadDim          int  // 0: Hidden / Heads
@@ -65,6 +67,11 @@ var Presets = map[string]Preset{
 	// apart from hidden/heads, many small experts, top-4) at a few MB.
 	"qwen3-moe-tiny": {Name: "qwen3-moe-tiny", Family: "qwen3-moe", Hidden: 128, Intermediate: 64, HeadDim: 64, NormTopK: true,
 		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+	// olmoe-tiny: OLMoE's layer structure (q/k norms over the whole
+	// projections, clip_qkv, many small experts, top-4, routing weights
+	// not renormalised) at a few MB.
+	"olmoe-tiny": {Name: "olmoe-tiny", Family: "olmoe", Hidden: 128, Intermediate: 64, ClipQKV: 2,
+		Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
 }
 
 // headDim is the preset's attention head width.
@@ -184,6 +191,42 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 }
 
 func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
+	if p.Family == "olmoe" {
+		var clip any // null unless set
+		if p.ClipQKV > 0 {
+			clip = p.ClipQKV
+		}
+		return map[string]any{
+			"architectures":           []string{"OlmoeForCausalLM"},
+			"model_type":              "olmoe",
+			"attention_bias":          false,
+			"attention_dropout":       0.0,
+			"bos_token_id":            tok.BOS(),
+			"eos_token_id":            firstOr(tok.EOS(), 2),
+			"clip_qkv":                clip,
+			"hidden_act":              "silu",
+			"hidden_size":             p.Hidden,
+			"initializer_range":       weightStd,
+			"intermediate_size":       p.Intermediate,
+			"max_position_embeddings": p.MaxPositions,
+			"norm_topk_prob":          p.NormTopK,
+			"num_attention_heads":     p.Heads,
+			"num_experts":             p.Experts,
+			"num_experts_per_tok":     p.TopK,
+			"num_hidden_layers":       p.Layers,
+			"num_key_value_heads":     p.KVHeads,
+			"output_router_logits":    false,
+			"rms_norm_eps":            1e-5,
+			"rope_theta":              p.RopeTheta,
+			"router_aux_loss_coef":    0.01,
+			"tie_word_embeddings":     p.TieWordEmbedding,
+			"torch_dtype":             "bfloat16",
+			"transformers_version":    "4.51.0",
+			"use_cache":               true,
+			"vocab_size":              p.Vocab,
+			"odmoe_synth_preset":      p.Name,
+		}
+	}
 	if p.Family == "qwen3-moe" {
 		return map[string]any{
 			"architectures":           []string{"Qwen3MoeForCausalLM"},
@@ -276,7 +319,10 @@ func tensors(p Preset) []tensor {
 		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{n}}, mean: 1, std: weightStd}
 	}
 	norm := func(name string) tensor { return normOf(name, h) }
-	qwen := p.Family == "qwen3-moe"
+	// Qwen3-MoE and OLMoE name their blocks alike and norm queries and
+	// keys: over a head (Qwen3) or over the whole projection (OLMoE)
+	qkNorm := map[string][2]int{"qwen3-moe": {hd, hd}, "olmoe": {p.Heads * hd, p.KVHeads * hd}}
+	qk, mlpNames := qkNorm[p.Family]
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
 	for l := range p.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
@@ -290,10 +336,10 @@ func tensors(p Preset) []tensor {
 		)
 		// the router's rows dot a unit-RMS vector of h elements
 		routerStd := routerLogitStd / math.Sqrt(float64(h))
-		if qwen {
+		if mlpNames {
 			ts = append(ts,
-				normOf(pre+"self_attn.q_norm.weight", hd),
-				normOf(pre+"self_attn.k_norm.weight", hd),
+				normOf(pre+"self_attn.q_norm.weight", qk[0]),
+				normOf(pre+"self_attn.k_norm.weight", qk[1]),
 				mat(pre+"mlp.gate.weight", p.Experts, h, routerStd),
 			)
 			for e := range p.Experts {

@@ -14,14 +14,31 @@ import (
 	"github.com/odmoe/odmoe/model/synth"
 )
 
-// forwardQwen3MoE is an independent float64 implementation of Hugging
-// Face's Qwen3MoeForCausalLM forward pass (modeling_qwen3_moe.py), from the
-// formulas, with no KV cache: per-head RMSNorm of queries and keys before
-// RoPE (Qwen3MoeAttention.q_norm, k_norm), head_dim from the config,
-// softmax routing over num_experts whose top-k weights are renormalised
-// only when norm_topk_prob (Qwen3MoeSparseMoeBlock), and SwiGLU experts
+// qkFamily says how a family with query/key norms differs from Mixtral.
+type qkFamily struct {
+	perHead  bool    // Qwen3: RMSNorm over each head; OLMoE: over the whole projection
+	clip     float64 // OLMoE's clip_qkv, after the norms; 0: none
+	normTopK bool    // norm_topk_prob
+}
+
+// forwardQKNorm is an independent float64 implementation of Hugging
+// Face's Qwen3MoeForCausalLM (modeling_qwen3_moe.py) and OlmoeForCausalLM
+// (modeling_olmoe.py) forward passes, from the formulas, with no KV cache:
+// RMSNorm of queries and keys before RoPE (Qwen3: per head, q_norm and
+// k_norm of head_dim; OLMoE: over the whole q and k projections, then
+// q, k, v clamped to clip_qkv), head_dim from the config, softmax routing
+// over num_experts whose top-k weights are renormalised only when
+// norm_topk_prob, and SwiGLU experts mlp.experts.E
 // down(silu(gate(x)) * up(x)). It returns every position's logits.
-func (r refModel) forwardQwen3MoE(tokens []int, normTopK bool) [][]float64 {
+func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
+	normTopK := f.normTopK
+	clamp := func(v []float64) {
+		if f.clip > 0 {
+			for i := range v {
+				v[i] = math.Max(-f.clip, math.Min(f.clip, v[i]))
+			}
+		}
+	}
 	c := r.cfg
 	hd, eps := c.HeadDim, c.RMSNormEps
 	emb := r.tensor("model.embed_tokens.weight")
@@ -38,12 +55,24 @@ func (r refModel) forwardQwen3MoE(tokens []int, normTopK bool) [][]float64 {
 		for t := range xs {
 			h := rmsnorm(xs[t], ln1, eps)
 			qs[t], ks[t], vs[t] = linear(wq, h), linear(wk, h), linear(wv, h)
+			if !f.perHead {
+				qs[t], ks[t] = rmsnorm(qs[t], qn, eps), rmsnorm(ks[t], kn, eps)
+				clamp(qs[t])
+				clamp(ks[t])
+				clamp(vs[t])
+			}
 			for hh := range c.NumHeads {
-				head := rmsnorm(qs[t][hh*hd:(hh+1)*hd], qn, eps)
+				head := qs[t][hh*hd : (hh+1)*hd]
+				if f.perHead {
+					head = rmsnorm(head, qn, eps)
+				}
 				copy(qs[t][hh*hd:], rope(head, t, c.RopeTheta))
 			}
 			for hh := range c.NumKVHeads {
-				head := rmsnorm(ks[t][hh*hd:(hh+1)*hd], kn, eps)
+				head := ks[t][hh*hd : (hh+1)*hd]
+				if f.perHead {
+					head = rmsnorm(head, kn, eps)
+				}
 				copy(ks[t][hh*hd:], rope(head, t, c.RopeTheta))
 			}
 		}
@@ -118,18 +147,43 @@ func (r refModel) forwardQwen3MoE(tokens []int, normTopK bool) [][]float64 {
 // of the Hugging Face formulas at every position (relative L2 <= 1e-4),
 // with the same greedy token.
 func TestQwen3MoEMatchesFloat64Reference(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "q3")
-	if err := synth.Generate(dir, synth.Options{Preset: "qwen3-moe-tiny", Seed: 4}); err != nil {
+	m, dir := loadPreset(t, "qwen3-moe-tiny")
+	if m.Config.HeadDim == m.Config.HiddenSize/m.Config.NumHeads || !m.Config.NormTopK || len(m.Layers[0].Attention.QNorm) != m.Config.HeadDim {
+		t.Fatalf("the preset does not exercise Qwen3's differences: %+v", m.Config)
+	}
+	checkAgainstReference(t, m, dir, qkFamily{perHead: true})
+}
+
+// TestOLMoEMatchesFloat64Reference: the olmoe-tiny preset (clip_qkv set,
+// whole-projection q/k norms) with norm_topk_prob off (OLMoE's default)
+// and on matches the float64 reference the same way.
+func TestOLMoEMatchesFloat64Reference(t *testing.T) {
+	m, dir := loadPreset(t, "olmoe-tiny")
+	if m.Config.ClipQKV == 0 || m.Config.NormTopK || len(m.Layers[0].Attention.QNorm) != m.Config.NumHeads*m.Config.HeadDim {
+		t.Fatalf("the preset does not exercise OLMoE's differences: %+v", m.Config)
+	}
+	checkAgainstReference(t, m, dir, qkFamily{clip: m.Config.ClipQKV})
+}
+
+// loadPreset generates preset and loads it; the test closes it.
+func loadPreset(t *testing.T, preset string) (*Model, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), preset)
+	if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 4}); err != nil {
 		t.Fatal(err)
 	}
 	m, err := Load(dir, LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
-	if m.Config.HeadDim == m.Config.HiddenSize/m.Config.NumHeads || !m.Config.NormTopK || m.Layers[0].Attention.QNorm == nil {
-		t.Fatalf("the preset does not exercise Qwen3's differences: %+v", m.Config)
-	}
+	t.Cleanup(func() { m.Close() })
+	return m, dir
+}
+
+// checkAgainstReference runs testTokens through m, with norm_topk_prob on
+// and off, against forwardQKNorm.
+func checkAgainstReference(t *testing.T, m *Model, dir string, f qkFamily) {
+	t.Helper()
 	set, err := safetensors.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +194,8 @@ func TestQwen3MoEMatchesFloat64Reference(t *testing.T) {
 		for l := range m.Layers {
 			m.Layers[l].MoE.NormTopK = normTopK
 		}
-		want := refModel{cfg: m.Config, set: set, t: t}.forwardQwen3MoE(testTokens, normTopK)
+		f.normTopK = normTopK
+		want := refModel{cfg: m.Config, set: set, t: t}.forwardQKNorm(testTokens, f)
 		s := NewSession(m, NewResidentExperts(m), len(testTokens))
 		for i, id := range testTokens {
 			got, err := s.Forward(context.Background(), []int{id})

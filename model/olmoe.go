@@ -1,0 +1,47 @@
+package model
+
+// OLMoE (OlmoeForCausalLM): Mixtral's decoder with an RMSNorm over the
+// whole query projection (hidden size) and the whole key projection (kv
+// heads x head_dim) before the heads are split and rotated, queries, keys
+// and values clamped to clip_qkv when the config sets it, and a sparse
+// block whose softmax top-k weights are renormalised only when
+// norm_topk_prob. Experts are intermediate_size wide, counted by
+// num_experts, named mlp.experts.E.{gate,up,down}_proj. Defaults are
+// transformers' OlmoeConfig's.
+func init() {
+	register("OlmoeForCausalLM", &architecture{
+		defaults: Config{
+			HiddenSize: 2048, IntermediateSize: 1024, NumLayers: 16,
+			NumHeads: 16, NumKVHeads: 16, NumExperts: 64, TopK: 8,
+			VocabSize: 50304, MaxPositions: 4096,
+			RMSNormEps: 1e-5, RopeTheta: 1e4, NormTopK: false,
+		},
+		embed:     "model.embed_tokens.weight",
+		finalNorm: "model.norm.weight",
+		lmHead:    "lm_head.weight",
+		layer: func(b *binder, c Config, l int) Layer {
+			h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+			p := per("model.layers.%d.", l)
+			return Layer{
+				Attention: Attention{
+					Norm:  b.vector(p+"input_layernorm.weight", h),
+					Q:     b.matrix(p+"self_attn.q_proj.weight", q, h),
+					K:     b.matrix(p+"self_attn.k_proj.weight", kv, h),
+					V:     b.matrix(p+"self_attn.v_proj.weight", kv, h),
+					O:     b.matrix(p+"self_attn.o_proj.weight", h, q),
+					QNorm: b.vector(p+"self_attn.q_norm.weight", q),
+					KNorm: b.vector(p+"self_attn.k_norm.weight", kv),
+				},
+				MoE: &MoE{
+					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
+					Router:   b.matrix(p+"mlp.gate.weight", c.NumExperts, h),
+					NormTopK: c.NormTopK,
+				},
+			}
+		},
+		expertNames: func(l, e int) (gate, up, down string) {
+			p := per("model.layers.%d.mlp.experts.%d.", l, e)
+			return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+		},
+	})
+}
