@@ -17,7 +17,7 @@ import (
 // an int8 shadow, gives local mode's tokens and logits bit for bit, with
 // top-k above the group size (a worker runs several experts of a layer).
 func TestEveryFamilyOnTheSwarmIsBitIdenticalToLocal(t *testing.T) {
-	for _, preset := range []string{"qwen3-moe-tiny", "olmoe-tiny"} {
+	for _, preset := range []string{"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
 		t.Run(preset, func(t *testing.T) {
 			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 21, 4)
 			if err != nil {

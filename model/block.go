@@ -36,6 +36,9 @@ type Attention struct {
 	Norm         []float32      // [hidden]
 	Q, K, V, O   kernels.Matrix // projections
 	QNorm, KNorm []float32      // [head_dim], or [heads*head_dim] and [kv_heads*head_dim], or nil
+	// QBias, KBias and VBias, when set (Qwen2-MoE), are added to the
+	// projections.
+	QBias, KBias, VBias []float32
 }
 
 // MoE is a sparse feed-forward block: pre-norm, a softmax router choosing
@@ -47,6 +50,12 @@ type MoE struct {
 	Router   kernels.Matrix // [experts, hidden]
 	Experts  []Expert
 	NormTopK bool
+	// Shared, when set (Qwen2-MoE), is an expert every token runs, scaled
+	// by sigmoid(SharedGate x) and added to the routed experts' mix. Every
+	// token needs it, so it is held and run with the non-expert weights
+	// (on the main node), never on a worker.
+	Shared     *Expert
+	SharedGate kernels.Matrix // [1, hidden]
 }
 
 // forward runs the block on the session's batch at layer l (the KV cache
@@ -64,6 +73,13 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 	kernels.MatMul(s.q, a.Q, s.hn, n)
 	kernels.MatMul(s.k, a.K, s.hn, n)
 	kernels.MatMul(s.v, a.V, s.hn, n)
+	if a.QBias != nil {
+		for t := range n {
+			kernels.Add(s.q[t*qw:(t+1)*qw], a.QBias)
+			kernels.Add(s.k[t*kvw:(t+1)*kvw], a.KBias)
+			kernels.Add(s.v[t*kvw:(t+1)*kvw], a.VBias)
+		}
+	}
 	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
 	if a.QNorm != nil {
 		qn, kn := len(a.QNorm), len(a.KNorm) // a head, or the whole projection
@@ -157,6 +173,15 @@ func (b *MoE) forward(ctx context.Context, s *Session, step Step, l, n int) erro
 		// fixed summation order (routes are sorted by expert id): swarm == local
 		for j, r := range s.routes[t*k : (t+1)*k] {
 			kernels.Axpy(mix, r.Weight, s.expertOut[(t*k+j)*h:(t*k+j+1)*h])
+		}
+	}
+	if b.Shared != nil {
+		s.shared, s.sharedGate = grow(s.shared, n*h), grow(s.sharedGate, n)
+		b.Shared.Forward(s.shared, s.hn[:n*h], n, &s.sharedScratch)
+		kernels.MatMul(s.sharedGate, b.SharedGate, s.hn, n)
+		for t := range n {
+			g := 1 / (1 + kernels.Exp(-s.sharedGate[t])) // sigmoid
+			kernels.Axpy(s.proj[t*h:(t+1)*h], g, s.shared[t*h:(t+1)*h])
 		}
 	}
 	kernels.Add(s.x[:n*h], s.proj[:n*h])

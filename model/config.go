@@ -38,6 +38,10 @@ type Config struct {
 	// ClipQKV clamps queries, keys and values to [-ClipQKV, ClipQKV]
 	// after their projections and norms (OLMoE's clip_qkv); 0: none.
 	ClipQKV float64
+	// SharedIntermediateSize is the width of a shared expert every token
+	// runs beside its routed ones (Qwen2-MoE's
+	// shared_expert_intermediate_size); 0: none.
+	SharedIntermediateSize int
 }
 
 // rawConfig mirrors config.json; pointers tell absent fields from zeros.
@@ -57,6 +61,7 @@ type rawConfig struct {
 	SparseStep       *int            `json:"decoder_sparse_step"`
 	MLPOnlyLayers    []int           `json:"mlp_only_layers"`
 	ClipQKV          *float64        `json:"clip_qkv"`
+	SharedInter      *int            `json:"shared_expert_intermediate_size"`
 	TopK             *int            `json:"num_experts_per_tok"`
 	VocabSize        *int            `json:"vocab_size"`
 	MaxPositions     *int            `json:"max_position_embeddings"`
@@ -99,25 +104,26 @@ func ParseConfig(b []byte) (Config, error) {
 	}
 	d := arch.defaults
 	c := Config{
-		Architecture:     r.Architectures[0],
-		ModelType:        r.ModelType,
-		HiddenSize:       or(r.HiddenSize, d.HiddenSize),
-		IntermediateSize: or(r.MoEIntermediate, or(r.IntermediateSize, d.IntermediateSize)),
-		NumLayers:        or(r.NumLayers, d.NumLayers),
-		NumHeads:         or(r.NumHeads, d.NumHeads),
-		NumKVHeads:       or(r.NumKVHeads, d.NumKVHeads),
-		NumExperts:       or(r.NumExperts, or(r.NumExpertsQwen, d.NumExperts)),
-		NormTopK:         or(r.NormTopKProb, d.NormTopK),
-		ClipQKV:          or(r.ClipQKV, 0),
-		TopK:             or(r.TopK, d.TopK),
-		VocabSize:        or(r.VocabSize, d.VocabSize),
-		MaxPositions:     or(r.MaxPositions, d.MaxPositions),
-		RMSNormEps:       or(r.RMSNormEps, d.RMSNormEps),
-		RopeTheta:        or(r.RopeTheta, d.RopeTheta),
-		TieEmbeddings:    or(r.TieEmbeddings, d.TieEmbeddings),
-		SlidingWindow:    or(r.SlidingWindow, 0),
-		BOS:              or(r.BOS, -1),
-		TorchDType:       r.TorchDType,
+		Architecture:           r.Architectures[0],
+		ModelType:              r.ModelType,
+		HiddenSize:             or(r.HiddenSize, d.HiddenSize),
+		IntermediateSize:       or(r.MoEIntermediate, or(r.IntermediateSize, d.IntermediateSize)),
+		NumLayers:              or(r.NumLayers, d.NumLayers),
+		NumHeads:               or(r.NumHeads, d.NumHeads),
+		NumKVHeads:             or(r.NumKVHeads, d.NumKVHeads),
+		NumExperts:             or(r.NumExperts, or(r.NumExpertsQwen, d.NumExperts)),
+		NormTopK:               or(r.NormTopKProb, d.NormTopK),
+		ClipQKV:                or(r.ClipQKV, 0),
+		SharedIntermediateSize: or(r.SharedInter, d.SharedIntermediateSize),
+		TopK:                   or(r.TopK, d.TopK),
+		VocabSize:              or(r.VocabSize, d.VocabSize),
+		MaxPositions:           or(r.MaxPositions, d.MaxPositions),
+		RMSNormEps:             or(r.RMSNormEps, d.RMSNormEps),
+		RopeTheta:              or(r.RopeTheta, d.RopeTheta),
+		TieEmbeddings:          or(r.TieEmbeddings, d.TieEmbeddings),
+		SlidingWindow:          or(r.SlidingWindow, 0),
+		BOS:                    or(r.BOS, -1),
+		TorchDType:             r.TorchDType,
 	}
 	// dense (MLP-only) layers beside the sparse ones are not supported yet:
 	// refuse them rather than run a different model

@@ -48,6 +48,14 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		dmoe := *smoe
 		dst.MoE = &dmoe
 		add(&dmoe.Router, smoe.Router, routerDT)
+		if smoe.Shared != nil { // held with the non-expert weights
+			sh := *smoe.Shared
+			dmoe.Shared = &sh
+			add(&sh.Gate, smoe.Shared.Gate, dt)
+			add(&sh.Up, smoe.Shared.Up, dt)
+			add(&sh.Down, smoe.Shared.Down, dt)
+			add(&dmoe.SharedGate, smoe.SharedGate, routerDT)
+		}
 		if smoe.Experts != nil {
 			dmoe.Experts = make([]Expert, len(smoe.Experts))
 			for e := range smoe.Experts {

@@ -14,22 +14,27 @@ import (
 	"github.com/odmoe/odmoe/model/synth"
 )
 
-// qkFamily says how a family with query/key norms differs from Mixtral.
+// qkFamily says how a Qwen/OLMoE-style family differs from Mixtral.
 type qkFamily struct {
-	perHead  bool    // Qwen3: RMSNorm over each head; OLMoE: over the whole projection
+	qkNorm   string  // "head" (Qwen3: RMSNorm over each head), "whole" (OLMoE: over the projection), "" (none)
 	clip     float64 // OLMoE's clip_qkv, after the norms; 0: none
 	normTopK bool    // norm_topk_prob
+	bias     bool    // Qwen2-MoE: q/k/v projection biases
+	shared   bool    // Qwen2-MoE: the shared expert, sigmoid-gated
 }
 
 // forwardQKNorm is an independent float64 implementation of Hugging
-// Face's Qwen3MoeForCausalLM (modeling_qwen3_moe.py) and OlmoeForCausalLM
-// (modeling_olmoe.py) forward passes, from the formulas, with no KV cache:
-// RMSNorm of queries and keys before RoPE (Qwen3: per head, q_norm and
-// k_norm of head_dim; OLMoE: over the whole q and k projections, then
-// q, k, v clamped to clip_qkv), head_dim from the config, softmax routing
-// over num_experts whose top-k weights are renormalised only when
-// norm_topk_prob, and SwiGLU experts mlp.experts.E
-// down(silu(gate(x)) * up(x)). It returns every position's logits.
+// Face's Qwen3MoeForCausalLM (modeling_qwen3_moe.py), OlmoeForCausalLM
+// (modeling_olmoe.py) and Qwen2MoeForCausalLM (modeling_qwen2_moe.py)
+// forward passes, from the formulas, with no KV cache: q/k/v biases
+// (Qwen2), RMSNorm of queries and keys before RoPE (Qwen3: per head,
+// q_norm and k_norm of head_dim; OLMoE: over the whole q and k
+// projections, then q, k, v clamped to clip_qkv), head_dim from the
+// config, softmax routing over num_experts whose top-k weights are
+// renormalised only when norm_topk_prob, SwiGLU experts mlp.experts.E
+// down(silu(gate(x)) * up(x)), and (Qwen2) the shared expert
+// sigmoid(shared_expert_gate(x)) * shared_expert(x) added to the routed
+// sum. It returns every position's logits.
 func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 	normTopK := f.normTopK
 	clamp := func(v []float64) {
@@ -49,13 +54,26 @@ func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 	for l := range c.NumLayers {
 		p := "model.layers." + strconv.Itoa(l) + "."
 		wq, wk, wv, wo := r.tensor(p+"self_attn.q_proj.weight"), r.tensor(p+"self_attn.k_proj.weight"), r.tensor(p+"self_attn.v_proj.weight"), r.tensor(p+"self_attn.o_proj.weight")
-		qn, kn := r.vec(p+"self_attn.q_norm.weight"), r.vec(p+"self_attn.k_norm.weight")
+		var qn, kn []float64
+		if f.qkNorm != "" {
+			qn, kn = r.vec(p+"self_attn.q_norm.weight"), r.vec(p+"self_attn.k_norm.weight")
+		}
 		ln1, ln2 := r.vec(p+"input_layernorm.weight"), r.vec(p+"post_attention_layernorm.weight")
 		qs, ks, vs := make([][]float64, len(xs)), make([][]float64, len(xs)), make([][]float64, len(xs))
 		for t := range xs {
 			h := rmsnorm(xs[t], ln1, eps)
 			qs[t], ks[t], vs[t] = linear(wq, h), linear(wk, h), linear(wv, h)
-			if !f.perHead {
+			if f.bias {
+				for _, pb := range []struct {
+					v    []float64
+					name string
+				}{{qs[t], "q"}, {ks[t], "k"}, {vs[t], "v"}} {
+					for i, b := range r.vec(p + "self_attn." + pb.name + "_proj.bias") {
+						pb.v[i] += b
+					}
+				}
+			}
+			if f.qkNorm == "whole" {
 				qs[t], ks[t] = rmsnorm(qs[t], qn, eps), rmsnorm(ks[t], kn, eps)
 				clamp(qs[t])
 				clamp(ks[t])
@@ -63,14 +81,14 @@ func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 			}
 			for hh := range c.NumHeads {
 				head := qs[t][hh*hd : (hh+1)*hd]
-				if f.perHead {
+				if f.qkNorm == "head" {
 					head = rmsnorm(head, qn, eps)
 				}
 				copy(qs[t][hh*hd:], rope(head, t, c.RopeTheta))
 			}
 			for hh := range c.NumKVHeads {
 				head := ks[t][hh*hd : (hh+1)*hd]
-				if f.perHead {
+				if f.qkNorm == "head" {
 					head = rmsnorm(head, kn, eps)
 				}
 				copy(ks[t][hh*hd:], rope(head, t, c.RopeTheta))
@@ -125,6 +143,18 @@ func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 					x[i] += probs[e] / wsum * y[i]
 				}
 			}
+			if f.shared {
+				sp := p + "mlp.shared_expert."
+				g, u := linear(r.tensor(sp+"gate_proj.weight"), h), linear(r.tensor(sp+"up_proj.weight"), h)
+				for i := range g {
+					g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
+				}
+				y := linear(r.tensor(sp+"down_proj.weight"), g)
+				z := linear(r.tensor(p+"mlp.shared_expert_gate.weight"), h)[0]
+				for i := range x {
+					x[i] += 1 / (1 + math.Exp(-z)) * y[i]
+				}
+			}
 			next[t] = x
 		}
 		xs = next
@@ -151,7 +181,7 @@ func TestQwen3MoEMatchesFloat64Reference(t *testing.T) {
 	if m.Config.HeadDim == m.Config.HiddenSize/m.Config.NumHeads || !m.Config.NormTopK || len(m.Layers[0].Attention.QNorm) != m.Config.HeadDim {
 		t.Fatalf("the preset does not exercise Qwen3's differences: %+v", m.Config)
 	}
-	checkAgainstReference(t, m, dir, qkFamily{perHead: true})
+	checkAgainstReference(t, m, dir, qkFamily{qkNorm: "head"})
 }
 
 // TestOLMoEMatchesFloat64Reference: the olmoe-tiny preset (clip_qkv set,
@@ -162,7 +192,17 @@ func TestOLMoEMatchesFloat64Reference(t *testing.T) {
 	if m.Config.ClipQKV == 0 || m.Config.NormTopK || len(m.Layers[0].Attention.QNorm) != m.Config.NumHeads*m.Config.HeadDim {
 		t.Fatalf("the preset does not exercise OLMoE's differences: %+v", m.Config)
 	}
-	checkAgainstReference(t, m, dir, qkFamily{clip: m.Config.ClipQKV})
+	checkAgainstReference(t, m, dir, qkFamily{qkNorm: "whole", clip: m.Config.ClipQKV})
+}
+
+// TestQwen2MoEMatchesFloat64Reference: the qwen2-moe-tiny preset (q/k/v
+// biases, a shared expert) matches the float64 reference the same way.
+func TestQwen2MoEMatchesFloat64Reference(t *testing.T) {
+	m, dir := loadPreset(t, "qwen2-moe-tiny")
+	if m.Layers[0].MoE.Shared == nil || m.Layers[0].Attention.QBias == nil || m.Config.SharedIntermediateSize == 0 {
+		t.Fatalf("the preset does not exercise Qwen2-MoE's differences: %+v", m.Config)
+	}
+	checkAgainstReference(t, m, dir, qkFamily{bias: true, shared: true})
 }
 
 // loadPreset generates preset and loads it; the test closes it.

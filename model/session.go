@@ -32,6 +32,8 @@ type Session struct {
 	routerLogits              []float32 // n * experts
 	routes                    []Route   // n * topk
 	expertOut                 []float32 // n * topk * hidden
+	shared, sharedGate        []float32 // a shared expert's output and gate, n * hidden and n
+	sharedScratch             ExpertScratch
 	logits                    []float32 // vocab
 	lastRow                   int       // the row of x Logits reads; -1: none
 }

@@ -35,21 +35,22 @@ type Preset struct {
 	Name string
 	// Family is the Hugging Face architecture: "" or "mixtral"
 	// (MixtralForCausalLM), "qwen3-moe" (Qwen3MoeForCausalLM), "olmoe"
-	// (OlmoeForCausalLM).
-	Family           string
-	ClipQKV          float64 // OLMoE's clip_qkv; 0: none
-	Hidden           int
-	Intermediate     int  // an expert's
-	HeadDim          int  // 0: Hidden / Heads
-	NormTopK         bool // Qwen's norm_topk_prob
-	Layers           int
-	Heads, KVHeads   int
-	Experts, TopK    int
-	Vocab            int // 0: the tokenizer's size
-	TokenizerVocab   int // merges target for the built-in tokenizer
-	MaxPositions     int
-	RopeTheta        float64
-	TieWordEmbedding bool
+	// (OlmoeForCausalLM), "qwen2-moe" (Qwen2MoeForCausalLM).
+	Family             string
+	ClipQKV            float64 // OLMoE's clip_qkv; 0: none
+	SharedIntermediate int     // Qwen2-MoE's shared expert
+	Hidden             int
+	Intermediate       int  // an expert's
+	HeadDim            int  // 0: Hidden / Heads
+	NormTopK           bool // Qwen's norm_topk_prob
+	Layers             int
+	Heads, KVHeads     int
+	Experts, TopK      int
+	Vocab              int // 0: the tokenizer's size
+	TokenizerVocab     int // merges target for the built-in tokenizer
+	MaxPositions       int
+	RopeTheta          float64
+	TieWordEmbedding   bool
 }
 
 // Presets are the shapes gen-tiny knows.
@@ -72,6 +73,10 @@ var Presets = map[string]Preset{
 	// not renormalised) at a few MB.
 	"olmoe-tiny": {Name: "olmoe-tiny", Family: "olmoe", Hidden: 128, Intermediate: 64, ClipQKV: 2,
 		Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
+	// qwen2-moe-tiny: Qwen2-MoE's layer structure (q/k/v biases, a shared
+	// expert with its sigmoid gate beside 16 routed ones, top-4) at a few MB.
+	"qwen2-moe-tiny": {Name: "qwen2-moe-tiny", Family: "qwen2-moe", Hidden: 128, Intermediate: 64, SharedIntermediate: 128,
+		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
 }
 
 // headDim is the preset's attention head width.
@@ -227,6 +232,40 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 			"odmoe_synth_preset":      p.Name,
 		}
 	}
+	if p.Family == "qwen2-moe" {
+		return map[string]any{
+			"architectures":                   []string{"Qwen2MoeForCausalLM"},
+			"model_type":                      "qwen2_moe",
+			"attention_dropout":               0.0,
+			"bos_token_id":                    tok.BOS(),
+			"eos_token_id":                    firstOr(tok.EOS(), 2),
+			"decoder_sparse_step":             1,
+			"hidden_act":                      "silu",
+			"hidden_size":                     p.Hidden,
+			"initializer_range":               weightStd,
+			"intermediate_size":               4 * p.Hidden, // a dense layer's; all layers are sparse here
+			"max_position_embeddings":         p.MaxPositions,
+			"mlp_only_layers":                 []int{},
+			"moe_intermediate_size":           p.Intermediate,
+			"norm_topk_prob":                  p.NormTopK,
+			"num_attention_heads":             p.Heads,
+			"num_experts":                     p.Experts,
+			"num_experts_per_tok":             p.TopK,
+			"num_hidden_layers":               p.Layers,
+			"num_key_value_heads":             p.KVHeads,
+			"rms_norm_eps":                    1e-6,
+			"rope_theta":                      p.RopeTheta,
+			"shared_expert_intermediate_size": p.SharedIntermediate,
+			"sliding_window":                  nil,
+			"tie_word_embeddings":             p.TieWordEmbedding,
+			"torch_dtype":                     "bfloat16",
+			"transformers_version":            "4.51.0",
+			"use_cache":                       true,
+			"use_sliding_window":              false,
+			"vocab_size":                      p.Vocab,
+			"odmoe_synth_preset":              p.Name,
+		}
+	}
 	if p.Family == "qwen3-moe" {
 		return map[string]any{
 			"architectures":           []string{"Qwen3MoeForCausalLM"},
@@ -321,8 +360,11 @@ func tensors(p Preset) []tensor {
 	norm := func(name string) tensor { return normOf(name, h) }
 	// Qwen3-MoE and OLMoE name their blocks alike and norm queries and
 	// keys: over a head (Qwen3) or over the whole projection (OLMoE)
-	qkNorm := map[string][2]int{"qwen3-moe": {hd, hd}, "olmoe": {p.Heads * hd, p.KVHeads * hd}}
+	qkNorm := map[string][2]int{"qwen3-moe": {hd, hd}, "olmoe": {p.Heads * hd, p.KVHeads * hd}, "qwen2-moe": {0, 0}}
 	qk, mlpNames := qkNorm[p.Family]
+	bias := func(name string, n int) tensor {
+		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{n}}, std: weightStd}
+	}
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
 	for l := range p.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
@@ -336,12 +378,23 @@ func tensors(p Preset) []tensor {
 		)
 		// the router's rows dot a unit-RMS vector of h elements
 		routerStd := routerLogitStd / math.Sqrt(float64(h))
-		if mlpNames {
+		if qk[0] > 0 {
+			ts = append(ts, normOf(pre+"self_attn.q_norm.weight", qk[0]), normOf(pre+"self_attn.k_norm.weight", qk[1]))
+		}
+		if p.Family == "qwen2-moe" {
+			si := p.SharedIntermediate
 			ts = append(ts,
-				normOf(pre+"self_attn.q_norm.weight", qk[0]),
-				normOf(pre+"self_attn.k_norm.weight", qk[1]),
-				mat(pre+"mlp.gate.weight", p.Experts, h, routerStd),
+				bias(pre+"self_attn.q_proj.bias", p.Heads*hd),
+				bias(pre+"self_attn.k_proj.bias", p.KVHeads*hd),
+				bias(pre+"self_attn.v_proj.bias", p.KVHeads*hd),
+				mat(pre+"mlp.shared_expert.gate_proj.weight", si, h, weightStd),
+				mat(pre+"mlp.shared_expert.up_proj.weight", si, h, weightStd),
+				mat(pre+"mlp.shared_expert.down_proj.weight", h, si, weightStd),
+				mat(pre+"mlp.shared_expert_gate.weight", 1, h, routerStd),
 			)
+		}
+		if mlpNames {
+			ts = append(ts, mat(pre+"mlp.gate.weight", p.Experts, h, routerStd))
 			for e := range p.Experts {
 				ex := fmt.Sprintf("%smlp.experts.%d.", pre, e)
 				ts = append(ts,

@@ -1,0 +1,60 @@
+package model
+
+// Qwen2-MoE (Qwen2MoeForCausalLM, also Qwen1.5-MoE): Mixtral's decoder with
+// biases on the query, key and value projections, a sparse block whose
+// softmax top-k weights are renormalised only when norm_topk_prob, and a
+// shared expert (mlp.shared_expert, shared_expert_intermediate_size wide)
+// that every token runs, scaled by sigmoid(mlp.shared_expert_gate(x)) and
+// added to the routed mix. The shared expert is held and run with the
+// non-expert weights, on the main node (MoE.Shared). Routed experts are
+// moe_intermediate_size wide, counted by num_experts, named
+// mlp.experts.E.{gate,up,down}_proj. Defaults are transformers'
+// Qwen2MoeConfig's.
+func init() {
+	register("Qwen2MoeForCausalLM", &architecture{
+		defaults: Config{
+			HiddenSize: 2048, IntermediateSize: 1408, NumLayers: 24,
+			NumHeads: 16, NumKVHeads: 16, NumExperts: 60, TopK: 4,
+			VocabSize: 151936, MaxPositions: 32768,
+			RMSNormEps: 1e-6, RopeTheta: 1e4, NormTopK: false,
+			SharedIntermediateSize: 5632,
+		},
+		embed:     "model.embed_tokens.weight",
+		finalNorm: "model.norm.weight",
+		lmHead:    "lm_head.weight",
+		layer: func(b *binder, c Config, l int) Layer {
+			h, q, kv, si := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.SharedIntermediateSize
+			p := per("model.layers.%d.", l)
+			L := Layer{
+				Attention: Attention{
+					Norm:  b.vector(p+"input_layernorm.weight", h),
+					Q:     b.matrix(p+"self_attn.q_proj.weight", q, h),
+					K:     b.matrix(p+"self_attn.k_proj.weight", kv, h),
+					V:     b.matrix(p+"self_attn.v_proj.weight", kv, h),
+					O:     b.matrix(p+"self_attn.o_proj.weight", h, q),
+					QBias: b.vector(p+"self_attn.q_proj.bias", q),
+					KBias: b.vector(p+"self_attn.k_proj.bias", kv),
+					VBias: b.vector(p+"self_attn.v_proj.bias", kv),
+				},
+				MoE: &MoE{
+					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
+					Router:   b.matrix(p+"mlp.gate.weight", c.NumExperts, h),
+					NormTopK: c.NormTopK,
+				},
+			}
+			if si > 0 {
+				L.MoE.Shared = &Expert{
+					Gate: b.matrix(p+"mlp.shared_expert.gate_proj.weight", si, h),
+					Up:   b.matrix(p+"mlp.shared_expert.up_proj.weight", si, h),
+					Down: b.matrix(p+"mlp.shared_expert.down_proj.weight", h, si),
+				}
+				L.MoE.SharedGate = b.matrix(p+"mlp.shared_expert_gate.weight", 1, h)
+			}
+			return L
+		},
+		expertNames: func(l, e int) (gate, up, down string) {
+			p := per("model.layers.%d.mlp.experts.%d.", l, e)
+			return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+		},
+	})
+}
