@@ -226,7 +226,7 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		}
 		s := *opt.Rig.Shadow
 		args := append([]string{"run", "-role", "shadow", "-listen", s.Addr, "-model", opt.Via.Paths(s).Model,
-			"-workers", opt.Rig.WorkerAddrs()}, nodeArgs(opt, opt.Via, s)...)
+			"-workers", opt.Rig.WorkerAddrs(), "-dial-timeout", rigDialTimeout}, nodeArgs(opt, opt.Via, s)...)
 		if err := start(s, append(args, s.Flags...)); err != nil {
 			return servers, err
 		}
@@ -260,6 +260,12 @@ func workerArgs(opt BenchOptions, mode Mode, i int) []string {
 	return append(args, w.Flags...)
 }
 
+// rigDialTimeout is how long the main node and the shadow wait for the
+// rig's workers at start: the benchmark started them itself, and on a rig
+// whose workers fill a host cache (-host-preload) or pin experts first
+// that takes far longer than a node's 30 s default.
+const rigDialTimeout = "10m"
+
 // mainVia is how the main node starts: in its namespace on the emulated
 // rig, else on this machine (on a real LAN the benchmark runs on the main
 // node's host, which reads the main node's dumps and stats).
@@ -279,7 +285,8 @@ func MainArgs(opt BenchOptions, mode Mode) []string {
 	if mode == ModeFault {
 		prefetch = ModeShadow
 	}
-	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(prefetch)}
+	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(prefetch),
+		"-dial-timeout", rigDialTimeout}
 	args = append(args, nodeArgs(opt, via, m)...)
 	if prefetch == ModeShadow {
 		args = append(args, "-shadow", opt.Rig.Shadow.Addr, "-align-token", "1", "-align-kv", "1")
