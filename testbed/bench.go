@@ -344,31 +344,37 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 type fault struct {
 	victim int           // index of the worker in the rig (and in servers)
 	node   string        // its name
-	at     time.Duration // after the main node's start
+	after  time.Duration // after the main node has connected to its workers
+	at     time.Duration // when the kill came, after the main node's start; 0: none
 	kill   func()
-	timer  *time.Timer
-	ran    chan struct{} // closed once the kill ran or was cancelled
+	stop   chan struct{} // closed when the run has ended
+	ran    chan struct{} // closed once the kill ran or was called off
 }
 
-// planFault picks worker w2 (the second) and the moment to kill it: the
-// shadow run of the same case's start-up time (its wall time less its
-// decode time) plus 40% of its decode.
+// connectedMark is what the main node logs once every worker is connected.
+const connectedMark = "all workers connected"
+
+// planFault picks worker w2 (the second) and the moment to kill it,
+// counted from the main node's "all workers connected" (start-up, which
+// includes waiting for workers that fill a host cache, varies from run to
+// run): the shadow run of the same case's time to first token plus 40% of
+// its decode.
 func planFault(opt BenchOptions, servers []*Proc, done []Run, c Case) *fault {
-	at := time.Second
+	after := time.Second
 	for _, r := range done {
 		var st struct {
 			Generated int     `json:"generated_tokens"`
 			Decode    float64 `json:"decode_tokens_per_s"`
+			TTFTms    float64 `json:"ttft_ms"`
 		}
 		if r.Mode != ModeShadow || r.Case != c.String() || json.Unmarshal(r.Stats, &st) != nil || st.Decode <= 0 {
 			continue
 		}
 		decode := float64(st.Generated) / st.Decode
-		at = time.Duration((r.WallS - decode + 0.4*decode) * float64(time.Second))
+		after = time.Duration((st.TTFTms/1e3 + 0.4*decode) * float64(time.Second))
 	}
-	f := &fault{victim: 1, node: opt.Rig.Workers[1].Name, at: at, ran: make(chan struct{})}
+	f := &fault{victim: 1, node: opt.Rig.Workers[1].Name, after: after, stop: make(chan struct{}), ran: make(chan struct{})}
 	f.kill = func() {
-		defer close(f.ran)
 		if err := servers[f.victim].Kill(); err != nil {
 			opt.Log.Warn().Err(err).Msg("fault mode: kill failed")
 			return
@@ -376,6 +382,31 @@ func planFault(opt BenchOptions, servers []*Proc, done []Run, c Case) *fault {
 		opt.Log.Info().Str("node", f.node).Dur("at", f.at).Msg("fault mode: worker killed")
 	}
 	return f
+}
+
+// arm waits for the main node (logging to logPath, started at t0) to
+// connect, then f.after, then kills, unless the run ends first.
+func (f *fault) arm(logPath string, t0 time.Time) {
+	defer close(f.ran)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if b, err := os.ReadFile(logPath); err == nil && bytes.Contains(b, []byte(connectedMark)) {
+			break
+		}
+		select {
+		case <-f.stop:
+			return
+		case <-tick.C:
+		}
+	}
+	select {
+	case <-f.stop:
+		return
+	case <-time.After(f.after):
+	}
+	f.at = time.Since(t0)
+	f.kill()
 }
 
 func runDir(opt BenchOptions, mode Mode, c Case) string {
@@ -415,14 +446,14 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault) (Run, error
 		if err != nil {
 			close(f.ran)
 		} else {
-			f.timer = time.AfterFunc(f.at, f.kill)
+			go f.arm(out.Name(), t0)
 		}
 	}
 	if err == nil {
 		err = p.Wait()
 	}
-	if f != nil && f.timer != nil && f.timer.Stop() {
-		close(f.ran) // the run ended before the kill
+	if f != nil {
+		close(f.stop) // a kill not yet due is called off
 	}
 	r.WallS = time.Since(t0).Seconds()
 	r.CPUBusy = ReadCPU().BusySince(cpu0)
