@@ -38,6 +38,19 @@ func redialWait(n int) time.Duration {
 	return min(250*time.Millisecond<<min(n-1, 3), 2*time.Second)
 }
 
+// waitRedial waits before the next attempt to reach a lost node; false
+// if the Swarm closed meanwhile.
+func (s *Swarm) waitRedial(attempt int) bool {
+	t := time.NewTimer(redialWait(attempt))
+	defer t.Stop()
+	select {
+	case <-s.life.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // watch runs l's receive loop on p; when the connection ends (not by
 // Close) the worker is lost.
 func (s *Swarm) watch(l *link, p *wire.Peer) {
@@ -96,12 +109,8 @@ func (s *Swarm) redial(l *link) {
 			return
 		}
 		s.opt.Log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("mainnode: lost worker still unreachable; dialing again")
-		t := time.NewTimer(redialWait(attempt))
-		select {
-		case <-s.life.Done():
-			t.Stop()
+		if !s.waitRedial(attempt) {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -298,12 +307,8 @@ func (s *Swarm) startRedialShadow() {
 				return
 			}
 			s.opt.Log.Warn().Int("attempt", attempt).Err(err).Msg("mainnode: the shadow is still unreachable; dialing again")
-			t := time.NewTimer(redialWait(attempt))
-			select {
-			case <-s.life.Done():
-				t.Stop()
+			if !s.waitRedial(attempt) {
 				return
-			case <-t.C:
 			}
 		}
 	})

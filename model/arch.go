@@ -28,3 +28,34 @@ func register(name string, a *architecture) {
 
 // per fills a per-layer or per-expert name pattern.
 func per(pattern string, a ...any) string { return fmt.Sprintf(pattern, a...) }
+
+// attention binds the attention block every family names alike:
+// input_layernorm and self_attn.{q,k,v,o}_proj of layer prefix p. A family
+// adds what its attention has beyond that (norms, biases).
+func (b *binder) attention(c Config, p string) Attention {
+	h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
+	return Attention{
+		Norm: b.vector(p+"input_layernorm.weight", h),
+		Q:    b.matrix(p+"self_attn.q_proj.weight", q, h),
+		K:    b.matrix(p+"self_attn.k_proj.weight", kv, h),
+		V:    b.matrix(p+"self_attn.v_proj.weight", kv, h),
+		O:    b.matrix(p+"self_attn.o_proj.weight", h, q),
+	}
+}
+
+// moe binds a sparse block: post_attention_layernorm and the router
+// (named router, under layer prefix p); the experts are bound apart.
+func (b *binder) moe(c Config, p, router string) *MoE {
+	return &MoE{
+		Norm:     b.vector(p+"post_attention_layernorm.weight", c.HiddenSize),
+		Router:   b.matrix(p+router, c.NumExperts, c.HiddenSize),
+		NormTopK: c.NormTopK,
+	}
+}
+
+// mlpExpertNames names expert e of layer l as the Qwen and OLMoE families
+// do: mlp.experts.E.{gate,up,down}_proj.
+func mlpExpertNames(l, e int) (gate, up, down string) {
+	p := per("model.layers.%d.mlp.experts.%d.", l, e)
+	return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+}

@@ -16,22 +16,8 @@ func init() {
 		finalNorm: "model.norm.weight",
 		lmHead:    "lm_head.weight",
 		layer: func(b *binder, c Config, l int) Layer {
-			h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
 			p := per("model.layers.%d.", l)
-			return Layer{
-				Attention: Attention{
-					Norm: b.vector(p+"input_layernorm.weight", h),
-					Q:    b.matrix(p+"self_attn.q_proj.weight", q, h),
-					K:    b.matrix(p+"self_attn.k_proj.weight", kv, h),
-					V:    b.matrix(p+"self_attn.v_proj.weight", kv, h),
-					O:    b.matrix(p+"self_attn.o_proj.weight", h, q),
-				},
-				MoE: &MoE{
-					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
-					Router:   b.matrix(p+"block_sparse_moe.gate.weight", c.NumExperts, h),
-					NormTopK: c.NormTopK,
-				},
-			}
+			return Layer{Attention: b.attention(c, p), MoE: b.moe(c, p, "block_sparse_moe.gate.weight")}
 		},
 		expertNames: func(l, e int) (gate, up, down string) {
 			p := per("model.layers.%d.block_sparse_moe.experts.%d.", l, e)

@@ -20,28 +20,12 @@ func init() {
 		finalNorm: "model.norm.weight",
 		lmHead:    "lm_head.weight",
 		layer: func(b *binder, c Config, l int) Layer {
-			h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
 			p := per("model.layers.%d.", l)
-			return Layer{
-				Attention: Attention{
-					Norm:  b.vector(p+"input_layernorm.weight", h),
-					Q:     b.matrix(p+"self_attn.q_proj.weight", q, h),
-					K:     b.matrix(p+"self_attn.k_proj.weight", kv, h),
-					V:     b.matrix(p+"self_attn.v_proj.weight", kv, h),
-					O:     b.matrix(p+"self_attn.o_proj.weight", h, q),
-					QNorm: b.vector(p+"self_attn.q_norm.weight", q),
-					KNorm: b.vector(p+"self_attn.k_norm.weight", kv),
-				},
-				MoE: &MoE{
-					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
-					Router:   b.matrix(p+"mlp.gate.weight", c.NumExperts, h),
-					NormTopK: c.NormTopK,
-				},
-			}
+			a := b.attention(c, p)
+			a.QNorm = b.vector(p+"self_attn.q_norm.weight", c.NumHeads*c.HeadDim) // the whole projection
+			a.KNorm = b.vector(p+"self_attn.k_norm.weight", c.NumKVHeads*c.HeadDim)
+			return Layer{Attention: a, MoE: b.moe(c, p, "mlp.gate.weight")}
 		},
-		expertNames: func(l, e int) (gate, up, down string) {
-			p := per("model.layers.%d.mlp.experts.%d.", l, e)
-			return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
-		},
+		expertNames: mlpExpertNames,
 	})
 }

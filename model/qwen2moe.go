@@ -25,23 +25,10 @@ func init() {
 		layer: func(b *binder, c Config, l int) Layer {
 			h, q, kv, si := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.SharedIntermediateSize
 			p := per("model.layers.%d.", l)
-			L := Layer{
-				Attention: Attention{
-					Norm:  b.vector(p+"input_layernorm.weight", h),
-					Q:     b.matrix(p+"self_attn.q_proj.weight", q, h),
-					K:     b.matrix(p+"self_attn.k_proj.weight", kv, h),
-					V:     b.matrix(p+"self_attn.v_proj.weight", kv, h),
-					O:     b.matrix(p+"self_attn.o_proj.weight", h, q),
-					QBias: b.vector(p+"self_attn.q_proj.bias", q),
-					KBias: b.vector(p+"self_attn.k_proj.bias", kv),
-					VBias: b.vector(p+"self_attn.v_proj.bias", kv),
-				},
-				MoE: &MoE{
-					Norm:     b.vector(p+"post_attention_layernorm.weight", h),
-					Router:   b.matrix(p+"mlp.gate.weight", c.NumExperts, h),
-					NormTopK: c.NormTopK,
-				},
-			}
+			L := Layer{Attention: b.attention(c, p), MoE: b.moe(c, p, "mlp.gate.weight")}
+			L.Attention.QBias = b.vector(p+"self_attn.q_proj.bias", q)
+			L.Attention.KBias = b.vector(p+"self_attn.k_proj.bias", kv)
+			L.Attention.VBias = b.vector(p+"self_attn.v_proj.bias", kv)
 			if si > 0 {
 				L.MoE.Shared = &Expert{
 					Gate: b.matrix(p+"mlp.shared_expert.gate_proj.weight", si, h),
@@ -52,9 +39,6 @@ func init() {
 			}
 			return L
 		},
-		expertNames: func(l, e int) (gate, up, down string) {
-			p := per("model.layers.%d.mlp.experts.%d.", l, e)
-			return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
-		},
+		expertNames: mlpExpertNames,
 	})
 }
