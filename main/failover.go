@@ -211,15 +211,19 @@ func (s *Swarm) sendTo(ctx context.Context, w int, m wire.Message) error {
 	if err == nil || ctx.Err() != nil {
 		return err
 	}
-	if p.Err() != nil || l.down() || isConnLoss(err) {
+	if connGone(p, err) {
 		return nil
 	}
 	return s.workerErr(w, err)
 }
 
-// isConnLoss reports whether err says the connection is gone (rather than
-// that this node could not send the message at all).
-func isConnLoss(err error) bool {
+// connGone reports whether Send on p failed because the connection is
+// gone (its receive loop reports that), rather than because this node
+// could not send the message at all.
+func connGone(p *wire.Peer, err error) bool {
+	if p.Err() != nil {
+		return true
+	}
 	var ce *wire.ConnError
 	if errors.As(err, &ce) {
 		return ce.Remote || ce.Code == wire.CodeClosed

@@ -37,13 +37,6 @@ func newLink(p *wire.Peer, index int) *link {
 // conn is the link's current connection (possibly ended).
 func (l *link) conn() *wire.Peer { return l.peer.Load() }
 
-// down reports whether the current connection has ended.
-func (l *link) down() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err != nil
-}
-
 // lostError is a request's reply when the connection to its worker ended
 // before the results came: the request is re-sent to another worker.
 type lostError struct {
@@ -154,7 +147,7 @@ func (s *Swarm) WorkerStats(ctx context.Context, timeout time.Duration) []*wire.
 		case <-l.stats:
 		default:
 		}
-		asked[i] = !l.down() && l.conn().Send(ctx, &wire.StatsRequest{}) == nil
+		asked[i] = l.conn().Send(ctx, &wire.StatsRequest{}) == nil // fails at once on a connection that has ended
 	}
 	for i, l := range s.workers {
 		if !asked[i] {

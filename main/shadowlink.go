@@ -262,7 +262,7 @@ func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, 
 	sl.mu.Unlock()
 	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 	if err := p.Send(ctx, a); err != nil {
-		if ctx.Err() == nil && (p.Err() != nil || isConnLoss(err)) {
+		if ctx.Err() == nil && connGone(p, err) {
 			return false, nil
 		}
 		return false, err

@@ -381,31 +381,24 @@ func (s *Swarm) workerErr(w int, err error) error {
 	return fmt.Errorf("mainnode: worker %d (%s): %w", w, s.workers[w].name, err)
 }
 
-// Close closes the worker and shadow connections.
+// Close stops the receive loops and redials, then closes the worker and
+// shadow connections, current and waiting to rejoin.
 func (s *Swarm) Close() error {
-	s.stop()
+	s.stop() // ends every receive loop (they receive with s.life) and redial
+	s.receivers.Wait()
 	var errs []error
 	for _, l := range s.workers {
-		if !l.down() {
-			errs = append(errs, l.conn().Close())
-		}
-	}
-	if p := s.shadowConn(); p != nil {
-		p.Close()
-	}
-	s.receivers.Wait()
-	for _, l := range s.workers {
-		l.conn().Close()
+		errs = append(errs, l.conn().Close())
 		if l.next != nil {
-			l.next.Close()
+			errs = append(errs, l.next.Close())
 		}
 	}
 	if s.shadow != nil {
 		if p := s.shadow.peer.Load(); p != nil {
-			p.Close()
+			errs = append(errs, p.Close())
 		}
 		if s.shadow.next != nil {
-			s.shadow.next.Close()
+			errs = append(errs, s.shadow.next.Close())
 		}
 	}
 	return errors.Join(errs...)
@@ -444,7 +437,7 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	if s.shadow != nil {
 		s.shadow.end(seq)
 		if p := s.shadow.conn(); p != nil {
-			if err := p.Send(ctx, end); err != nil && ctx.Err() == nil && p.Err() == nil && !isConnLoss(err) {
+			if err := p.Send(ctx, end); err != nil && ctx.Err() == nil && !connGone(p, err) {
 				return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)
 			}
 		}
