@@ -9,6 +9,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -69,8 +70,8 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
 	fs.IntVar(&f.alignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
 	fs.IntVar(&f.alignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
-	fs.DurationVar(&f.peerTimeout, "peer-timeout", mainnode.DefaultPeerTimeout, "main, shadow: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
-	fs.DurationVar(&f.dialTimeout, "dial-timeout", mainnode.DefaultDialTimeout, "main, shadow: how long to wait at start for the workers (and the shadow) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")
+	fs.DurationVar(&f.peerTimeout, "peer-timeout", wire.DefaultPeerTimeout, "main, shadow: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
+	fs.DurationVar(&f.dialTimeout, "dial-timeout", wire.DefaultStartDialTimeout, "main, shadow: how long to wait at start for the workers (and the shadow) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")
 	fs.StringVar(&f.trace, "trace", "", "main: record the whole swarm's timeline (every node's compute, loads and messages) and write it as JSON to `FILE` (testbed draws it)")
 	fs.StringVar(&f.traceIters, "trace-iters", "2:4", "main: the iterations -trace records, `FROM:TO` (iteration 1 is the prompt)")
 	fs.StringVar(&f.quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")

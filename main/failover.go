@@ -31,17 +31,10 @@ type FaultStats struct {
 	ShadowReattached   int64 // times a lost shadow came back and was re-aligned
 }
 
-// redialWait is the wait after the n-th failed attempt to reach a lost
-// node again (each attempt is a wire.Dial of its own): 250 ms, doubling,
-// at most 2 s.
-func redialWait(n int) time.Duration {
-	return min(250*time.Millisecond<<min(n-1, 3), 2*time.Second)
-}
-
 // waitRedial waits before the next attempt to reach a lost node; false
 // if the Swarm closed meanwhile.
 func (s *Swarm) waitRedial(attempt int) bool {
-	t := time.NewTimer(redialWait(attempt))
+	t := time.NewTimer(wire.RedialWait(attempt))
 	defer t.Stop()
 	select {
 	case <-s.life.Done():

@@ -35,23 +35,14 @@ type Config struct {
 	TraceFile          string
 	TraceFrom, TraceTo int64
 	// PeerTimeout is how long a worker or the shadow may stay silent
-	// before it is lost (0: DefaultPeerTimeout).
+	// before it is lost (0: wire.DefaultPeerTimeout).
 	PeerTimeout time.Duration
 	// DialTimeout bounds the wait for the workers (and the shadow) to
-	// answer at start (0: DefaultDialTimeout).
+	// answer at start (0: wire.DefaultStartDialTimeout).
 	DialTimeout time.Duration
 	Wire        *wire.Config // this node's identity and transport settings
 	Log         zerolog.Logger
 }
-
-// DefaultPeerTimeout is how long a silent worker or shadow is waited for
-// before it is lost: a few QUIC keep-alive periods, far below anything a
-// user would wait out, and above the pauses a loaded machine makes.
-const DefaultPeerTimeout = 2 * time.Second
-
-// DefaultDialTimeout is how long the main node and the shadow wait for
-// the nodes they dial to answer at start.
-const DefaultDialTimeout = 30 * time.Second
 
 // Run loads the non-expert weights, connects to the workers (and the
 // shadow), answers cfg.Text on the swarm and prints what it cost.
@@ -82,7 +73,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	timeout := cmp.Or(cfg.PeerTimeout, DefaultPeerTimeout)
+	timeout := cmp.Or(cfg.PeerTimeout, wire.DefaultPeerTimeout)
 	base := *cfg.Wire
 	base.IdleTimeout, base.KeepAlivePeriod = timeout, timeout/4
 	base.Hello.Model = id.String()
@@ -96,7 +87,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	wcfg := base
 	// workers may still be pinning or preloading experts
-	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, DefaultDialTimeout)
+	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
 	peers, err := DialWorkers(ctx, cfg.Workers, &wcfg)
 	if err != nil {
 		return err

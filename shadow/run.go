@@ -23,10 +23,10 @@ type Config struct {
 	Group   int           // workers per group; 0: the router's top-k
 	Listen  string        // UDP address the main node dials
 	// PeerTimeout is how long a worker may stay silent before it is lost
-	// (its hints dropped until it answers again); 0: 2 s.
+	// (its hints dropped until it answers again); 0: wire.DefaultPeerTimeout.
 	PeerTimeout time.Duration
 	// DialTimeout bounds the wait for the workers to answer at start; 0:
-	// 30 s.
+	// wire.DefaultStartDialTimeout.
 	DialTimeout time.Duration
 	Wire        *wire.Config // this node's identity and transport settings
 	Log         zerolog.Logger
@@ -75,8 +75,8 @@ func Run(ctx context.Context, cfg Config) error {
 	wcfg.Hello.Model = id.String()
 	wcfg.CheckHello = wire.SameModel(true)
 	// workers may still be pinning or preloading experts
-	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, 30*time.Second)
-	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, 2*time.Second)
+	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
+	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, wire.DefaultPeerTimeout)
 	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
 	var peers []*wire.Peer
 	closeAll := func() {

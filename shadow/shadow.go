@@ -140,7 +140,7 @@ func (n *Node) watch(w int, l *workerLink) {
 				return
 			}
 			n.log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("shadow: lost worker still unreachable; dialing again")
-			t := time.NewTimer(min(250*time.Millisecond<<min(attempt-1, 3), 2*time.Second))
+			t := time.NewTimer(wire.RedialWait(attempt))
 			select {
 			case <-n.life.Done():
 				t.Stop()

@@ -21,6 +21,19 @@ const (
 	DefaultMaxDialBackoff   = 2 * time.Second
 )
 
+// Defaults of the roles that dial (the main node, the shadow), set by
+// their flags.
+const (
+	// DefaultPeerTimeout is how long a silent worker or shadow is waited
+	// for before it is lost (the IdleTimeout of those connections): a few
+	// keep-alive periods, far below anything a user would wait out, and
+	// above the pauses a loaded machine makes.
+	DefaultPeerTimeout = 2 * time.Second
+	// DefaultStartDialTimeout is how long they wait at start for the nodes
+	// they dial to answer (their DialTimeout).
+	DefaultStartDialTimeout = 30 * time.Second
+)
+
 // Flow-control windows: the most a peer may send ahead of what we read,
 // per stream and per connection (bounding what a peer can make us buffer).
 const (

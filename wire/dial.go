@@ -121,6 +121,12 @@ func permanent(err error) bool {
 	return errors.Is(err, context.Canceled)
 }
 
+// RedialWait is how long a node waits after the n-th failed attempt
+// (n >= 1) to reach a peer it lost, before dialing again: 250 ms,
+// doubling, at most 2 s. The main node (workers, the shadow) and the
+// shadow (workers) redial alike.
+func RedialWait(n int) time.Duration { return backoff(250*time.Millisecond, 2*time.Second)(n) }
+
 // backoff returns the wait after the n-th failure (n >= 1): base,
 // doubling, at most maxWait.
 func backoff(base, maxWait time.Duration) func(n int) time.Duration {

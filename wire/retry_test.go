@@ -71,3 +71,12 @@ func TestRetryGivesUp(t *testing.T) {
 		}
 	})
 }
+
+func TestRedialWaitDoublesFrom250msTo2s(t *testing.T) {
+	want := []time.Duration{250, 500, 1000, 2000, 2000}
+	for i, w := range want {
+		if got := RedialWait(i + 1); got != w*time.Millisecond {
+			t.Errorf("RedialWait(%d) = %v, want %v", i+1, got, w*time.Millisecond)
+		}
+	}
+}
