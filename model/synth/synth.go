@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -196,140 +197,85 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 }
 
 func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
-	if p.Family == "olmoe" {
-		var clip any // null unless set
-		if p.ClipQKV > 0 {
-			clip = p.ClipQKV
-		}
-		return map[string]any{
-			"architectures":           []string{"OlmoeForCausalLM"},
-			"model_type":              "olmoe",
-			"attention_bias":          false,
-			"attention_dropout":       0.0,
-			"bos_token_id":            tok.BOS(),
-			"eos_token_id":            firstOr(tok.EOS(), 2),
-			"clip_qkv":                clip,
-			"hidden_act":              "silu",
-			"hidden_size":             p.Hidden,
-			"initializer_range":       weightStd,
-			"intermediate_size":       p.Intermediate,
-			"max_position_embeddings": p.MaxPositions,
-			"norm_topk_prob":          p.NormTopK,
-			"num_attention_heads":     p.Heads,
-			"num_experts":             p.Experts,
-			"num_experts_per_tok":     p.TopK,
-			"num_hidden_layers":       p.Layers,
-			"num_key_value_heads":     p.KVHeads,
-			"output_router_logits":    false,
-			"rms_norm_eps":            1e-5,
-			"rope_theta":              p.RopeTheta,
-			"router_aux_loss_coef":    0.01,
-			"tie_word_embeddings":     p.TieWordEmbedding,
-			"torch_dtype":             "bfloat16",
-			"transformers_version":    "4.51.0",
-			"use_cache":               true,
-			"vocab_size":              p.Vocab,
-			"odmoe_synth_preset":      p.Name,
-		}
-	}
-	if p.Family == "qwen2-moe" {
-		return map[string]any{
-			"architectures":                   []string{"Qwen2MoeForCausalLM"},
-			"model_type":                      "qwen2_moe",
-			"attention_dropout":               0.0,
-			"bos_token_id":                    tok.BOS(),
-			"eos_token_id":                    firstOr(tok.EOS(), 2),
-			"decoder_sparse_step":             1,
-			"hidden_act":                      "silu",
-			"hidden_size":                     p.Hidden,
-			"initializer_range":               weightStd,
-			"intermediate_size":               4 * p.Hidden, // a dense layer's; all layers are sparse here
-			"max_position_embeddings":         p.MaxPositions,
-			"mlp_only_layers":                 []int{},
-			"moe_intermediate_size":           p.Intermediate,
-			"norm_topk_prob":                  p.NormTopK,
-			"num_attention_heads":             p.Heads,
-			"num_experts":                     p.Experts,
-			"num_experts_per_tok":             p.TopK,
-			"num_hidden_layers":               p.Layers,
-			"num_key_value_heads":             p.KVHeads,
-			"rms_norm_eps":                    1e-6,
-			"rope_theta":                      p.RopeTheta,
-			"shared_expert_intermediate_size": p.SharedIntermediate,
-			"sliding_window":                  nil,
-			"tie_word_embeddings":             p.TieWordEmbedding,
-			"torch_dtype":                     "bfloat16",
-			"transformers_version":            "4.51.0",
-			"use_cache":                       true,
-			"use_sliding_window":              false,
-			"vocab_size":                      p.Vocab,
-			"odmoe_synth_preset":              p.Name,
-		}
-	}
-	if p.Family == "qwen3-moe" {
-		return map[string]any{
-			"architectures":           []string{"Qwen3MoeForCausalLM"},
-			"model_type":              "qwen3_moe",
-			"attention_bias":          false,
-			"attention_dropout":       0.0,
-			"bos_token_id":            tok.BOS(),
-			"eos_token_id":            firstOr(tok.EOS(), 2),
-			"decoder_sparse_step":     1,
-			"head_dim":                p.headDim(),
-			"hidden_act":              "silu",
-			"hidden_size":             p.Hidden,
-			"initializer_range":       weightStd,
-			"intermediate_size":       4 * p.Hidden, // a dense layer's; all layers are sparse here
-			"max_position_embeddings": p.MaxPositions,
-			"mlp_only_layers":         []int{},
-			"moe_intermediate_size":   p.Intermediate,
-			"norm_topk_prob":          p.NormTopK,
-			"num_attention_heads":     p.Heads,
-			"num_experts":             p.Experts,
-			"num_experts_per_tok":     p.TopK,
-			"num_hidden_layers":       p.Layers,
-			"num_key_value_heads":     p.KVHeads,
-			"rms_norm_eps":            1e-6,
-			"rope_theta":              p.RopeTheta,
-			"sliding_window":          nil,
-			"tie_word_embeddings":     p.TieWordEmbedding,
-			"torch_dtype":             "bfloat16",
-			"transformers_version":    "4.51.0",
-			"use_cache":               true,
-			"use_sliding_window":      false,
-			"vocab_size":              p.Vocab,
-			"odmoe_synth_preset":      p.Name,
-		}
-	}
-	return map[string]any{
-		"architectures":           []string{"MixtralForCausalLM"},
-		"model_type":              "mixtral",
+	// what every family's config.json has
+	c := map[string]any{
 		"attention_dropout":       0.0,
 		"bos_token_id":            tok.BOS(),
 		"eos_token_id":            firstOr(tok.EOS(), 2),
 		"hidden_act":              "silu",
 		"hidden_size":             p.Hidden,
-		"head_dim":                p.Hidden / p.Heads,
 		"initializer_range":       weightStd,
-		"intermediate_size":       p.Intermediate,
 		"max_position_embeddings": p.MaxPositions,
 		"num_attention_heads":     p.Heads,
 		"num_experts_per_tok":     p.TopK,
 		"num_hidden_layers":       p.Layers,
 		"num_key_value_heads":     p.KVHeads,
-		"num_local_experts":       p.Experts,
-		"output_router_logits":    false,
-		"rms_norm_eps":            1e-5,
 		"rope_theta":              p.RopeTheta,
-		"router_aux_loss_coef":    0.02,
-		"sliding_window":          nil,
 		"tie_word_embeddings":     p.TieWordEmbedding,
 		"torch_dtype":             "bfloat16",
-		"transformers_version":    "4.46.0",
+		"transformers_version":    "4.51.0",
 		"use_cache":               true,
 		"vocab_size":              p.Vocab,
 		"odmoe_synth_preset":      p.Name,
 	}
+	// and what each family names or adds in its own way
+	var own map[string]any
+	switch p.Family {
+	case "qwen3-moe", "qwen2-moe":
+		own = map[string]any{
+			"architectures":         []string{"Qwen3MoeForCausalLM"},
+			"model_type":            "qwen3_moe",
+			"attention_bias":        false,
+			"decoder_sparse_step":   1,
+			"head_dim":              p.headDim(),
+			"intermediate_size":     4 * p.Hidden, // a dense layer's; all layers are sparse here
+			"mlp_only_layers":       []int{},
+			"moe_intermediate_size": p.Intermediate,
+			"norm_topk_prob":        p.NormTopK,
+			"num_experts":           p.Experts,
+			"rms_norm_eps":          1e-6,
+			"sliding_window":        nil,
+			"use_sliding_window":    false,
+		}
+		if p.Family == "qwen2-moe" { // no head_dim (hidden/heads), biases always, a shared expert
+			own["architectures"], own["model_type"] = []string{"Qwen2MoeForCausalLM"}, "qwen2_moe"
+			delete(own, "attention_bias")
+			delete(own, "head_dim")
+			own["shared_expert_intermediate_size"] = p.SharedIntermediate
+		}
+	case "olmoe":
+		var clip any // null unless set
+		if p.ClipQKV > 0 {
+			clip = p.ClipQKV
+		}
+		own = map[string]any{
+			"architectures":        []string{"OlmoeForCausalLM"},
+			"model_type":           "olmoe",
+			"attention_bias":       false,
+			"clip_qkv":             clip,
+			"intermediate_size":    p.Intermediate,
+			"norm_topk_prob":       p.NormTopK,
+			"num_experts":          p.Experts,
+			"output_router_logits": false,
+			"rms_norm_eps":         1e-5,
+			"router_aux_loss_coef": 0.01,
+		}
+	default:
+		own = map[string]any{
+			"architectures":        []string{"MixtralForCausalLM"},
+			"model_type":           "mixtral",
+			"head_dim":             p.Hidden / p.Heads,
+			"intermediate_size":    p.Intermediate,
+			"num_local_experts":    p.Experts,
+			"output_router_logits": false,
+			"rms_norm_eps":         1e-5,
+			"router_aux_loss_coef": 0.02,
+			"sliding_window":       nil,
+			"transformers_version": "4.46.0",
+		}
+	}
+	maps.Copy(c, own)
+	return c
 }
 
 func writeJSON(path string, v any) error {
