@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,14 +53,14 @@ func newChaosRig(t *testing.T, workers int) *chaosRig {
 	return r
 }
 
+// freeLoopbackUDP is freeUDPAddr (the demo's) for a test.
 func freeLoopbackUDP(t *testing.T) string {
 	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	addr, err := freeUDPAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	return c.LocalAddr().String()
+	return addr
 }
 
 // start runs the odmoe command as node name (a restart replaces the

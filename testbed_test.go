@@ -33,10 +33,7 @@ func loopbackRig(t *testing.T, dir string, workers int, workerFlags string) stri
 	var rig strings.Builder
 	fmt.Fprintln(&rig, "main main 127.0.0.1")
 	for i := range workers + 1 {
-		addr, err := freeUDPAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
+		addr := freeLoopbackUDP(t)
 		if i == 0 {
 			fmt.Fprintf(&rig, "shadow shadow %s -quant fp16\n", addr)
 		} else {
@@ -50,16 +47,12 @@ func loopbackRig(t *testing.T, dir string, workers int, workerFlags string) stri
 	return path
 }
 
-// TestBenchRigOnLoopbackProcesses runs the rig benchmark end to end with
-// real processes on loopback (-via local: no namespaces needed): every
-// mode runs every case, matches local mode bit for bit, and the report,
-// the table and the timelines are written from what was measured.
-func TestBenchRigOnLoopbackProcesses(t *testing.T) {
-	dir, model := t.TempDir(), tinyModel(t)
-	rigFile := loopbackRig(t, dir, 4, "-device-mem 64MiB -host-cache 16MiB")
-	out := filepath.Join(dir, "out")
-	so, se, code := run(t, "", "bench", "rig", "-via", "local", "-rig", rigFile, "-model", model, "-out", out,
-		"-cases", "6x5,12x4", "-trace-iters", "2:3", "-log-level", "warn")
+// benchRig runs `odmoe bench rig -via local` on rigFile with the extra
+// flags, into out, and returns its report.json.
+func benchRig(t *testing.T, rigFile, model, out string, flags ...string) testbed.Report {
+	t.Helper()
+	args := append([]string{"bench", "rig", "-via", "local", "-rig", rigFile, "-model", model, "-out", out, "-log-level", "warn"}, flags...)
+	so, se, code := run(t, "", args...)
 	if code != 0 {
 		t.Fatalf("bench rig exit %d:\n%s\n%s", code, so, se)
 	}
@@ -71,6 +64,18 @@ func TestBenchRigOnLoopbackProcesses(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
+	return rep
+}
+
+// TestBenchRigOnLoopbackProcesses runs the rig benchmark end to end with
+// real processes on loopback (-via local: no namespaces needed): every
+// mode runs every case, matches local mode bit for bit, and the report,
+// the table and the timelines are written from what was measured.
+func TestBenchRigOnLoopbackProcesses(t *testing.T) {
+	dir, model := t.TempDir(), tinyModel(t)
+	rigFile := loopbackRig(t, dir, 4, "-device-mem 64MiB -host-cache 16MiB")
+	out := filepath.Join(dir, "out")
+	rep := benchRig(t, rigFile, model, out, "-cases", "6x5,12x4", "-trace-iters", "2:3")
 	if len(rep.Runs) != 8 || len(rep.Nodes) != 6 || rep.Machine.CPUs < 1 {
 		t.Fatalf("report: %d runs, %d nodes, machine %+v", len(rep.Runs), len(rep.Nodes), rep.Machine)
 	}
@@ -197,19 +202,7 @@ func TestBenchFaultModeKillsAWorkerMidRun(t *testing.T) {
 	dir, model := t.TempDir(), tinyModel(t)
 	rigFile := loopbackRig(t, dir, 4, "-device-mem 64MiB -load-bw 8MB")
 	out := filepath.Join(dir, "out")
-	so, se, code := run(t, "", "bench", "rig", "-via", "local", "-rig", rigFile, "-model", model, "-out", out,
-		"-modes", "fault", "-cases", "6x100", "-log-level", "warn")
-	if code != 0 {
-		t.Fatalf("bench rig exit %d:\n%s\n%s", code, so, se)
-	}
-	b, err := os.ReadFile(filepath.Join(out, "report.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep testbed.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := benchRig(t, rigFile, model, out, "-modes", "fault", "-cases", "6x100")
 	if len(rep.Runs) != 3 || rep.Runs[1].Mode != testbed.ModeShadow || rep.Runs[2].Mode != testbed.ModeFault {
 		t.Fatalf("runs: %+v", rep.Runs)
 	}

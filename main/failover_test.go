@@ -96,10 +96,7 @@ func (rw *restartableWorkers) dial(t *testing.T, policy mainnode.Prefetch) *main
 func TestSwarmSurvivesALostWorker(t *testing.T) {
 	f := newSwarmFixture(t, 4)
 	local, mainModel := loadModels(t, f)
-	prompt := make([]int, 40)
-	for i := range prompt {
-		prompt[i] = (i*37 + 5) % local.Config.VocabSize
-	}
+	prompt := testPrompt(40, 37, 5, local.Config.VocabSize)
 	const steps, restartAt = 14, 3
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 	for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext} {
@@ -193,10 +190,7 @@ func TestSwarmWithNoLiveWorkerFailsSayingSo(t *testing.T) {
 func TestSwarmSurvivesALostShadow(t *testing.T) {
 	f := newSwarmFixture(t, 4)
 	local, mainModel := loadModels(t, f)
-	prompt := make([]int, 12)
-	for i := range prompt {
-		prompt[i] = (i*53 + 7) % local.Config.VocabSize
-	}
+	prompt := testPrompt(12, 53, 7, local.Config.VocabSize)
 	const steps = 16
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 	qm, err := local.Quantized(kernels.F16, nil)

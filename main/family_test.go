@@ -24,10 +24,7 @@ func TestEveryFamilyOnTheSwarmIsBitIdenticalToLocal(t *testing.T) {
 				t.Fatal(err)
 			}
 			local, mainModel := loadModels(t, f)
-			prompt := make([]int, 20)
-			for i := range prompt {
-				prompt[i] = (i*29 + 3) % local.Config.VocabSize
-			}
+			prompt := testPrompt(20, 29, 3, local.Config.VocabSize)
 			const steps = 8
 			want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 			for _, c := range []struct {

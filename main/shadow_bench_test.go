@@ -34,10 +34,7 @@ func BenchmarkShadowDecode(b *testing.B) {
 	}
 	defer mainModel.Close()
 	c := mainModel.Config
-	prompt := make([]int, 16)
-	for i := range prompt {
-		prompt[i] = (i*7919 + 1) % c.VocabSize
-	}
+	prompt := testPrompt(16, 7919, 1, c.VocabSize)
 	run := func(b *testing.B, m *model.Model, runner model.ExpertRunner) {
 		benchDecode(context.Background(), b, m, runner, prompt, 0)
 	}

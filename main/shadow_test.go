@@ -44,10 +44,7 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 4)
 	local, mainModel := loadModels(t, f)
-	prompt := make([]int, 12)
-	for i := range prompt {
-		prompt[i] = (i*53 + 7) % local.Config.VocabSize
-	}
+	prompt := testPrompt(12, 53, 7, local.Config.VocabSize)
 	const steps = 10
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 	for _, q := range []kernels.DType{kernels.F16, kernels.Q8, kernels.NF4} {
@@ -84,10 +81,7 @@ func TestFP16ShadowAlignedEveryIterationPredictsAbove99(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mainModel.Close()
-	prompt := make([]int, 16)
-	for i := range prompt {
-		prompt[i] = (i*101 + 3) % mainModel.Config.VocabSize
-	}
+	prompt := testPrompt(16, 101, 3, mainModel.Config.VocabSize)
 	sw := dialSwarm(t, f, 2, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.F16})
 	generate(t, mainModel, sw, prompt, 32)
 	st, _ := sw.ShadowStats(10e9)

@@ -81,10 +81,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	prompt := make([]int, 16)
-	for i := range prompt {
-		prompt[i] = (i*7919 + 1) % m.Config.VocabSize
-	}
+	prompt := testPrompt(16, 7919, 1, m.Config.VocabSize)
 	b.Run("local", func(b *testing.B) { benchDecode(context.Background(), b, m, model.NewResidentExperts(m), prompt, 0) })
 
 	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})

@@ -64,6 +64,16 @@ type generation struct {
 	logits [][]float32
 }
 
+// testPrompt is n token ids spread over the vocabulary: (i*mul + add) mod
+// vocab.
+func testPrompt(n, mul, add, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = (i*mul + add) % vocab
+	}
+	return p
+}
+
 func generate(t *testing.T, m *model.Model, runner model.ExpertRunner, prompt []int, n int) generation {
 	t.Helper()
 	var g generation
@@ -119,10 +129,7 @@ func diffGenerations(a, b generation) string {
 func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 8)
 	local, mainModel := loadModels(t, f)
-	prompt := make([]int, 40)
-	for i := range prompt {
-		prompt[i] = (i*37 + 5) % local.Config.VocabSize
-	}
+	prompt := testPrompt(40, 37, 5, local.Config.VocabSize)
 	const steps = 6
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 
@@ -273,13 +280,7 @@ func TestSwarmRefusesAWorkerOfAnotherCluster(t *testing.T) {
 func TestTwoSequencesAtOnceAreEachBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 4)
 	local, mainModel := loadModels(t, f)
-	prompts := [][]int{make([]int, 24), make([]int, 9)}
-	for i := range prompts[0] {
-		prompts[0][i] = (i*37 + 5) % local.Config.VocabSize
-	}
-	for i := range prompts[1] {
-		prompts[1][i] = (i*91 + 2) % local.Config.VocabSize
-	}
+	prompts := [][]int{testPrompt(24, 37, 5, local.Config.VocabSize), testPrompt(9, 91, 2, local.Config.VocabSize)}
 	const steps = 8
 	var want [2]generation
 	for i, p := range prompts {
