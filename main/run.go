@@ -69,7 +69,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
 		Layers: m.Config.NumLayers, Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
 	}
-	id, err := store.ModelIdentity(cfg.Model)
+	id, err := store.IdentityOf(cfg.Model, m)
 	if err != nil {
 		return err
 	}

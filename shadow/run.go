@@ -53,6 +53,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	id, err := store.IdentityOf(cfg.Model, full) // from the checkpoint, before it is let go
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	bar := progress.New("quantize "+cfg.Quant.String(), full.NonExpertBytes()+full.ExpertBytes())
 	qm, err := full.Quantized(cfg.Quant, func(done, total int64) { bar.Set(done) })
@@ -66,10 +70,6 @@ func Run(ctx context.Context, cfg Config) error {
 	full = nil
 	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
 		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
-	id, err := store.ModelIdentity(cfg.Model)
-	if err != nil {
-		return err
-	}
 	wcfg := *cfg.Wire
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
 	wcfg.Hello.Model = id.String()

@@ -41,6 +41,13 @@ func ModelIdentity(dir string) (Identity, error) {
 		return Identity{}, err
 	}
 	defer m.Close()
+	return IdentityOf(dir, m)
+}
+
+// IdentityOf is ModelIdentity for a node that has loaded the checkpoint
+// in dir as m already (experts or not): it reads only the safetensors
+// headers again.
+func IdentityOf(dir string, m *model.Model) (Identity, error) {
 	set, err := safetensors.Open(dir)
 	if err != nil {
 		return Identity{}, err
