@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/odmoe/odmoe/wire"
 )
@@ -29,19 +28,6 @@ type FaultStats struct {
 	// (lost, or not reached yet), with reactive loading.
 	ReactiveIterations int64
 	ShadowReattached   int64 // times a lost shadow came back and was re-aligned
-}
-
-// waitRedial waits before the next attempt to reach a lost node; false
-// if the Swarm closed meanwhile.
-func (s *Swarm) waitRedial(attempt int) bool {
-	t := time.NewTimer(wire.RedialWait(attempt))
-	defer t.Stop()
-	select {
-	case <-s.life.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // watch runs l's receive loop on p; when the connection ends (not by
@@ -84,28 +70,24 @@ func (s *Swarm) redial(l *link) {
 		l.redialing = false
 		l.mu.Unlock()
 	}()
-	for attempt := 1; s.life.Err() == nil; attempt++ {
-		p, err := s.opt.Redial(s.life, l.index)
-		if err == nil && (p.Identity().Name != l.name || p.Identity().Role != wire.RoleWorker) {
-			err = fmt.Errorf("answered as %s %s, not worker %s", p.Identity().Role, p.Identity().Name, l.name)
-			p.Close()
-		}
-		if err == nil {
-			l.mu.Lock()
-			l.next = p
-			l.mu.Unlock()
-			s.rejoins.Add(1)
-			s.opt.Log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("mainnode: lost worker answers again; it rejoins at the next iteration")
-			return
-		}
-		if s.life.Err() != nil {
-			return
-		}
-		s.opt.Log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("mainnode: lost worker still unreachable; dialing again")
-		if !s.waitRedial(attempt) {
-			return
-		}
+	p, attempt, err := wire.Redial(s.life, func(ctx context.Context) (*wire.Peer, error) { return s.opt.Redial(ctx, l.index) },
+		func(id wire.Identity) error {
+			if id.Name != l.name || id.Role != wire.RoleWorker {
+				return fmt.Errorf("not worker %s", l.name)
+			}
+			return nil
+		},
+		func(attempt int, err error) {
+			s.opt.Log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("mainnode: lost worker still unreachable; dialing again")
+		})
+	if err != nil {
+		return // the Swarm closed
 	}
+	l.mu.Lock()
+	l.next = p
+	l.mu.Unlock()
+	s.rejoins.Add(1)
+	s.opt.Log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("mainnode: lost worker answers again; it rejoins at the next iteration")
 }
 
 // rejoin puts the workers whose new connection is ready back into the
@@ -287,27 +269,23 @@ func (s *Swarm) startRedialShadow() {
 			sl.redialing = false
 			sl.mu.Unlock()
 		}()
-		for attempt := 1; s.life.Err() == nil; attempt++ {
-			p, err := s.opt.RedialShadow(s.life)
-			if err == nil && p.Identity().Role != wire.RoleShadow {
-				err = fmt.Errorf("answered as %s %s, not as a shadow", p.Identity().Role, p.Identity().Name)
-				p.Close()
-			}
-			if err == nil {
-				sl.mu.Lock()
-				sl.next = p
-				sl.mu.Unlock()
-				s.opt.Log.Info().Str("shadow", p.Identity().Name).Int("attempt", attempt).Msg("mainnode: the shadow answers; it attaches at the next forward pass")
-				return
-			}
-			if s.life.Err() != nil {
-				return
-			}
-			s.opt.Log.Warn().Int("attempt", attempt).Err(err).Msg("mainnode: the shadow is still unreachable; dialing again")
-			if !s.waitRedial(attempt) {
-				return
-			}
+		p, attempt, err := wire.Redial(s.life, s.opt.RedialShadow,
+			func(id wire.Identity) error {
+				if id.Role != wire.RoleShadow {
+					return errors.New("not a shadow")
+				}
+				return nil
+			},
+			func(attempt int, err error) {
+				s.opt.Log.Warn().Int("attempt", attempt).Err(err).Msg("mainnode: the shadow is still unreachable; dialing again")
+			})
+		if err != nil {
+			return // the Swarm closed
 		}
+		sl.mu.Lock()
+		sl.next = p
+		sl.mu.Unlock()
+		s.opt.Log.Info().Str("shadow", p.Identity().Name).Int("attempt", attempt).Msg("mainnode: the shadow answers; it attaches at the next forward pass")
 	})
 }
 

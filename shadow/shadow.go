@@ -124,30 +124,22 @@ func (n *Node) watch(w int, l *workerLink) {
 		if n.redial == nil {
 			return
 		}
-		for attempt := 1; ; attempt++ {
-			np, err := n.redial(n.life, w)
-			if err == nil && np.Identity().Name != l.name {
-				err = fmt.Errorf("answered as %s, not %s", np.Identity().Name, l.name)
-				np.Close()
-			}
-			if err == nil {
-				l.peer.Store(np)
-				l.up.Store(true)
-				n.log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("shadow: worker back")
-				break
-			}
-			if n.life.Err() != nil {
-				return
-			}
-			n.log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("shadow: lost worker still unreachable; dialing again")
-			t := time.NewTimer(wire.RedialWait(attempt))
-			select {
-			case <-n.life.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		np, attempt, err := wire.Redial(n.life, func(ctx context.Context) (*wire.Peer, error) { return n.redial(ctx, w) },
+			func(id wire.Identity) error {
+				if id.Name != l.name {
+					return fmt.Errorf("not %s", l.name)
+				}
+				return nil
+			},
+			func(attempt int, err error) {
+				n.log.Warn().Str("worker", l.name).Int("attempt", attempt).Err(err).Msg("shadow: lost worker still unreachable; dialing again")
+			})
+		if err != nil {
+			return // the node closed
 		}
+		l.peer.Store(np)
+		l.up.Store(true)
+		n.log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("shadow: worker back")
 	}
 }
 

@@ -121,6 +121,38 @@ func permanent(err error) bool {
 	return errors.Is(err, context.Canceled)
 }
 
+// Redial reaches a peer this node lost: it calls dial until it returns a
+// peer whose identity want accepts (a peer it refuses is closed), waiting
+// RedialWait after each failed attempt, which it reports to failed
+// first. It returns the peer and the attempt that reached it, or ctx's
+// error once ctx ends.
+func Redial(ctx context.Context, dial func(context.Context) (*Peer, error), want func(Identity) error,
+	failed func(attempt int, err error)) (*Peer, int, error) {
+	for attempt := 1; ; attempt++ {
+		p, err := dial(ctx)
+		if err == nil {
+			if err = want(p.Identity()); err != nil {
+				p.Close()
+				err = fmt.Errorf("answered as %v: %w", p.Identity(), err)
+			}
+		}
+		if err == nil {
+			return p, attempt, nil
+		}
+		if ctx.Err() != nil {
+			return nil, attempt, ctx.Err()
+		}
+		failed(attempt, err)
+		t := time.NewTimer(RedialWait(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, attempt, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
 // RedialWait is how long a node waits after the n-th failed attempt
 // (n >= 1) to reach a peer it lost, before dialing again: 250 ms,
 // doubling, at most 2 s. The main node (workers, the shadow) and the

@@ -80,3 +80,28 @@ func TestRedialWaitDoublesFrom250msTo2s(t *testing.T) {
 		}
 	}
 }
+
+// TestRedialReportsEachFailureAndEndsWithItsContext: every failed attempt
+// is reported before the wait that follows it, and the loop ends with its
+// context, without a peer.
+func TestRedialReportsEachFailureAndEndsWithItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var failures []int
+		start := time.Now()
+		p, attempt, err := Redial(ctx, func(context.Context) (*Peer, error) { return nil, errors.New("no answer") },
+			func(Identity) error { return nil },
+			func(attempt int, err error) {
+				failures = append(failures, attempt)
+				if attempt == 3 {
+					cancel()
+				}
+			})
+		if p != nil || attempt != 3 || !errors.Is(err, context.Canceled) || len(failures) != 3 {
+			t.Fatalf("peer %v, attempt %d, err %v, failures %v", p, attempt, err, failures)
+		}
+		if waited := time.Since(start); waited != 750*time.Millisecond { // 250 + 500 before attempts 2 and 3
+			t.Fatalf("waited %v between attempts, want 750ms", waited)
+		}
+	})
+}
