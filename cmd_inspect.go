@@ -82,7 +82,10 @@ func printReport(w io.Writer, dir, modelDir string, r store.Report) {
 		model += " (matches " + modelDir + ")"
 	}
 	fmt.Fprintf(w, "model    %s\n", model)
-	fmt.Fprintf(w, "experts  %d layers x %d experts, %s\n", r.Layers, r.Experts, strings.Join(dts, ", "))
+	fmt.Fprintf(w, "experts  %d layers x %d experts, %s\n", len(r.Layers), r.Experts, strings.Join(dts, ", "))
+	if n := len(r.Layers); r.Layers[n-1] != n-1 {
+		fmt.Fprintf(w, "layers   %v have experts; the others are dense\n", r.Layers)
+	}
 	fmt.Fprintf(w, "files    %s index, %s chunks (%d chunks)\n\n", progress.Bytes(r.IndexBytes), progress.Bytes(r.ChunkFileBytes), r.Chunks)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "tensor\ttensors\toriginal\tstored\tratio\tentropy bound\tover bound\texponent bits\tentropy bits\t")

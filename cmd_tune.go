@@ -117,7 +117,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	expertBytes, err := st.ExpertBytes(0, 0)
+	expertBytes, err := st.ExpertBytes(st.Layers()[0], 0)
 	st.Close()
 	if err != nil {
 		return err
@@ -174,7 +174,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 		}
 		defer sp.Close()
 		sw, err := mainnode.Dial(ctx, addrs, mcfg, mainnode.Options{Layout: layout, Prefetch: mainnode.Shadow, Shadow: sp, Align: p.pol,
-			Hidden: c.HiddenSize, Layers: c.NumLayers, Experts: c.NumExperts, TopK: c.TopK, Log: zerolog.Nop()})
+			Hidden: c.HiddenSize, Layers: c.ExpertLayers(), Experts: c.NumExperts, TopK: c.TopK, Log: zerolog.Nop()})
 		if err != nil {
 			return err
 		}

@@ -32,26 +32,27 @@ func TestPolicyPeriods(t *testing.T) {
 }
 
 // TestRecallIsEquationThree works a hand-made case through eqs. (2), (3):
-// k = 2, L = 2; prompt 0 has tokens 1 and 2, prompt 1 only token 1.
+// k = 2, L = 2 routed layers (1 and 3 of a model whose layers 0 and 2 are
+// dense); prompt 0 has tokens 1 and 2, prompt 1 only token 1.
 //
-//	q0 n1: l0 {1,2} vs {1,2} -> 2; l1 {3,4} vs {3,5} -> 1
-//	q1 n1: l0 {0,1} vs {6,7} -> 0; l1 {2,3} vs {3,2} -> 2
-//	q0 n2: l0 {1,2} vs {2,6} -> 1; l1 {0,5} vs {0,5} -> 2
+//	q0 n1: l1 {1,2} vs {1,2} -> 2; l3 {3,4} vs {3,5} -> 1
+//	q1 n1: l1 {0,1} vs {6,7} -> 0; l3 {2,3} vs {3,2} -> 2
+//	q0 n2: l1 {1,2} vs {2,6} -> 1; l3 {0,5} vs {0,5} -> 2
 //
 // recall(1) = (2+1+0+2) / (2*2*2) = 5/8; recall(2) = 3/(2*2*1) = 3/4;
 // recall = 8 / (2*2*3) = 2/3.
 func TestRecallIsEquationThree(t *testing.T) {
-	r := NewRecall(2, 2)
+	r := NewRecall(2, []int{1, 3})
 	obs := []struct {
 		q, n, l         int
 		pred, activated []int
 	}{
-		{0, 1, 0, []int{1, 2}, []int{1, 2}},
-		{0, 1, 1, []int{3, 4}, []int{3, 5}},
-		{1, 1, 0, []int{0, 1}, []int{6, 7}},
-		{1, 1, 1, []int{2, 3}, []int{3, 2}},
-		{0, 2, 0, []int{1, 2}, []int{2, 6}},
-		{0, 2, 1, []int{0, 5}, []int{0, 5}},
+		{0, 1, 1, []int{1, 2}, []int{1, 2}},
+		{0, 1, 3, []int{3, 4}, []int{3, 5}},
+		{1, 1, 1, []int{0, 1}, []int{6, 7}},
+		{1, 1, 3, []int{2, 3}, []int{3, 2}},
+		{0, 2, 1, []int{1, 2}, []int{2, 6}},
+		{0, 2, 3, []int{0, 5}, []int{0, 5}},
 	}
 	for _, o := range obs {
 		if err := r.Observe(o.q, o.n, o.l, o.pred, o.activated); err != nil {
@@ -65,10 +66,13 @@ func TestRecallIsEquationThree(t *testing.T) {
 	if got := r.Overall(); math.Abs(got-2.0/3) > 1e-15 {
 		t.Fatalf("recall %v, want 2/3", got)
 	}
-	if err := r.Observe(0, 0, 0, nil, []int{1, 2}); err == nil {
+	if err := r.Observe(0, 0, 1, nil, []int{1, 2}); err == nil {
 		t.Error("token 0 accepted (tokens are 1-based)")
 	}
-	if err := r.Observe(0, 1, 0, nil, []int{1}); err == nil {
+	if err := r.Observe(0, 1, 2, nil, []int{1, 2}); err == nil {
+		t.Error("dense layer 2 accepted")
+	}
+	if err := r.Observe(0, 1, 1, nil, []int{1}); err == nil {
 		t.Error("one activated expert accepted for top-2")
 	}
 }

@@ -1,6 +1,9 @@
 package align
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Recall scores expert predictions as OD-MoE's equations (2) and (3): for
 // prompt q, output token n (1-based) and layer l, c(q,n,l) is the number of
@@ -9,23 +12,26 @@ import "fmt"
 //
 //	recall(n) = sum_q sum_l c(q,n,l) A(q,n) / (k L sum_q A(q,n))      (2)
 //	recall    = sum_n sum_q sum_l c(q,n,l) A(q,n) / (k L sum_n sum_q A(q,n))   (3)
+//
+// L counts the layers that route (a model's dense layers predict nothing).
 type Recall struct {
-	k, layers int
-	correct   []int64        // per n-1: sum over q and l of c(q,n,l)
-	present   []int64        // per n-1: sum over q of A(q,n)
-	seen      map[[2]int]int // (q, n) -> layers observed
+	k       int
+	layers  []int          // the layers with experts, ascending
+	correct []int64        // per n-1: sum over q and l of c(q,n,l)
+	present []int64        // per n-1: sum over q of A(q,n)
+	seen    map[[2]int]int // (q, n) -> layers observed
 }
 
-// NewRecall scores a model of layers layers with top-k routing.
-func NewRecall(k, layers int) *Recall {
+// NewRecall scores a model whose layers (ascending) route with top-k.
+func NewRecall(k int, layers []int) *Recall {
 	return &Recall{k: k, layers: layers, seen: map[[2]int]int{}}
 }
 
 // Observe records layer l of output token n (1-based) of prompt q: the
 // experts the shadow predicted and those the router activated.
 func (r *Recall) Observe(q, n, l int, predicted, activated []int) error {
-	if n < 1 || l < 0 || l >= r.layers {
-		return fmt.Errorf("align: token %d layer %d outside tokens 1.. and layers 0..%d", n, l, r.layers-1)
+	if _, ok := slices.BinarySearch(r.layers, l); n < 1 || !ok {
+		return fmt.Errorf("align: token %d layer %d outside tokens 1.. and the routed layers %v", n, l, r.layers)
 	}
 	if len(activated) != r.k {
 		return fmt.Errorf("align: %d activated experts, top-k is %d", len(activated), r.k)
@@ -57,7 +63,7 @@ func (r *Recall) ByToken() []float64 {
 	out := make([]float64, len(r.present))
 	for i := range out {
 		if r.present[i] > 0 {
-			out[i] = float64(r.correct[i]) / float64(int64(r.k*r.layers)*r.present[i])
+			out[i] = float64(r.correct[i]) / float64(int64(r.k*len(r.layers))*r.present[i])
 		}
 	}
 	return out
@@ -73,5 +79,5 @@ func (r *Recall) Overall() float64 {
 	if a == 0 {
 		return 0
 	}
-	return float64(c) / float64(int64(r.k*r.layers)*a)
+	return float64(c) / float64(int64(r.k*len(r.layers))*a)
 }

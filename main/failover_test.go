@@ -79,7 +79,7 @@ func (rw *restartableWorkers) dial(t *testing.T, policy mainnode.Prefetch) *main
 	}
 	layout, _ := sched.NewLayout(len(rw.addrs), min(2, len(rw.addrs)))
 	opt := mainnode.Options{Layout: layout, Prefetch: policy, MiniBatch: 4, Hidden: cfg.HiddenSize, Log: zerolog.Nop(),
-		Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, Seed: 1}
+		Layers: cfg.ExpertLayers(), Experts: cfg.NumExperts, TopK: cfg.TopK, Seed: 1}
 	sw, err := mainnode.Dial(rw.ctx, rw.addrs, &wire.Config{Certs: certs, Log: zerolog.Nop(), HandshakeTimeout: time.Second}, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +228,7 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 			}
 			scfg := &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop(), DialAttempts: 1, HandshakeTimeout: time.Second}
 			opt := mainnode.Options{Layout: layout, Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}, MiniBatch: 4,
-				Hidden: local.Config.HiddenSize, Log: zerolog.Nop(), Layers: local.Config.NumLayers, Experts: local.Config.NumExperts, TopK: local.Config.TopK,
+				Hidden: local.Config.HiddenSize, Log: zerolog.Nop(), Layers: local.Config.ExpertLayers(), Experts: local.Config.NumExperts, TopK: local.Config.TopK,
 				RedialShadow: func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, shadowAddr, scfg) }}
 			if c.upAtStart {
 				if err := startShadow(); err != nil {

@@ -49,8 +49,14 @@ func routes(tokens ...[]int) []model.Route {
 
 func testPlanner(t *testing.T, p Prefetch, down ...int) *Planner {
 	t.Helper()
+	return testPlannerOf(t, p, []int{0, 1, 2, 3}, down...)
+}
+
+// testPlannerOf is testPlanner for a model whose layers have experts.
+func testPlannerOf(t *testing.T, p Prefetch, layers []int, down ...int) *Planner {
+	t.Helper()
 	layout, _ := sched.NewLayout(4, 2) // groups {w0, w1}, {w2, w3}; layer l on group l mod 2
-	pol, err := NewPolicy(p, PolicyModel{Layers: 4, Experts: 8, TopK: 2, Seed: 1})
+	pol, err := NewPolicy(p, PolicyModel{Layers: layers, Experts: 8, TopK: 2, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,20 +136,27 @@ func TestPlannerScenarios(t *testing.T) {
 
 // TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws: the random policy
 // hints TopK distinct experts for the next layer to that layer's group
-// (the last layer's hint goes to layer 0 of the next iteration), draws the
-// same experts again when it places that layer, and so keeps the drawn
-// experts that are really routed where they were hinted. The prompt's
-// layers and the first decode layer 0 were never hinted.
+// (the last layer's hint goes to the first layer of the next iteration;
+// dense layers, which have no experts, are skipped), draws the same
+// experts again when it places that layer, and so keeps the drawn experts
+// that are really routed where they were hinted. The prompt's layers and
+// the first decode layer were never hinted.
 func TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws(t *testing.T) {
-	pl := testPlanner(t, Random)
+	for _, layers := range [][]int{{0, 1, 2, 3}, {1, 3}} {
+		t.Run(fmt.Sprint(layers), func(t *testing.T) { testRandomPolicyHints(t, layers) })
+	}
+}
+
+func testRandomPolicyHints(t *testing.T, layers []int) {
+	pl := testPlannerOf(t, Random, layers)
 	layout := pl.layout
 	step := model.Step{Seq: 3, Iter: 4}
-	for layer := range 4 {
+	for i, layer := range layers {
 		var p Plan
 		pl.Plan(&p, &Input{Step: step, Layer: layer, Tokens: 1, Routes: routes([]int{0, 1})})
-		wantIt, next := step.Iter, layer+1
-		if next == 4 {
-			wantIt, next = wantIt+1, 0
+		wantIt, next := step.Iter+1, layers[0]
+		if i+1 < len(layers) {
+			wantIt, next = step.Iter, layers[i+1]
 		}
 		var hinted []int
 		for _, h := range p.Hints {

@@ -51,10 +51,12 @@ func ParsePrefetch(s string) (Prefetch, error) {
 }
 
 // PolicyModel is what a policy may need to know of the model: the random
-// policy draws from it.
+// policy draws from it. Layers are the layers that have experts,
+// ascending.
 type PolicyModel struct {
-	Layers, Experts, TopK int
-	Seed                  uint64 // the random policy's draws
+	Layers        []int
+	Experts, TopK int
+	Seed          uint64 // the random policy's draws
 }
 
 // NewPolicy returns the Policy named p.
@@ -67,7 +69,7 @@ func NewPolicy(p Prefetch, m PolicyModel) (Policy, error) {
 	case Shadow:
 		return shadowPolicy{}, nil
 	case Random:
-		if m.Layers <= 0 || m.TopK <= 0 || m.Experts < m.TopK {
+		if len(m.Layers) == 0 || m.TopK <= 0 || m.Experts < m.TopK {
 			return nil, fmt.Errorf("mainnode: -prefetch random needs the model's layers, experts and top-k, got %+v", m)
 		}
 		return randomPolicy{m}, nil
@@ -139,14 +141,16 @@ func (r randomPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 		return
 	}
 	// this layer was hinted by the one before it, unless that was the prompt
-	if in.Layer > 0 || in.Step.Iter > 2 {
+	if in.Layer > r.m.Layers[0] || in.Step.Iter > 2 {
 		p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, r.draw(p, in.Step.Seq, in.Step.Iter, in.Layer))
 	} else {
 		p.Assign = layout.Assign(p.Assign, in.Layer, p.Experts, false)
 	}
-	it, next := in.Step.Iter, in.Layer+1
-	if next == r.m.Layers {
-		it, next = it+1, 0
+	it, next := in.Step.Iter, r.m.Layers[0] // the next layer with experts
+	if i, _ := slices.BinarySearch(r.m.Layers, in.Layer+1); i < len(r.m.Layers) {
+		next = r.m.Layers[i]
+	} else {
+		it++
 	}
 	drawn := r.draw(p, in.Step.Seq, it, next)
 	step := in.Step

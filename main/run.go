@@ -67,7 +67,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Msg("main node: non-expert weights mapped")
 	opt := Options{
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
-		Layers: m.Config.NumLayers, Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
+		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
 	}
 	id, err := store.IdentityOf(cfg.Model, m)
 	if err != nil {

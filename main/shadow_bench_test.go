@@ -50,7 +50,7 @@ func BenchmarkShadowDecode(b *testing.B) {
 		addrs := startBenchWorkers(b, ctx, f, 8, benchLoadBW)
 		opt.Layout, _ = sched.NewLayout(8, 2)
 		opt.Hidden, opt.Log = c.HiddenSize, zerolog.Nop()
-		opt.Layers, opt.Experts, opt.TopK, opt.Seed = c.NumLayers, c.NumExperts, c.TopK, 1
+		opt.Layers, opt.Experts, opt.TopK, opt.Seed = c.ExpertLayers(), c.NumExperts, c.TopK, 1
 		mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
 		if opt.Prefetch == mainnode.Shadow {
 			saddr := startShadow(b, ctx, f, quant, addrs, opt.Layout)

@@ -56,7 +56,7 @@ func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 				if d := diffGenerations(got, want); d != "" {
 					t.Fatalf("swarm with a %v shadow (%v) differs from local: %s", q, pol, d)
 				}
-				checkSwarmStats(t, sw, mainnode.Shadow, steps, mainModel.Config.NumLayers)
+				checkSwarmStats(t, sw, mainnode.Shadow, steps, len(mainModel.Config.ExpertLayers()))
 				st, ok := sw.ShadowStats(10e9)
 				if !ok || len(st.RecallByToken) != steps-1 || len(st.LateDepartureMs) != steps-1 {
 					t.Fatalf("shadow stats: ok=%v, %d recall tokens, %d late departures, want %d", ok, len(st.RecallByToken), len(st.LateDepartureMs), steps-1)

@@ -63,7 +63,7 @@ type layerKey struct {
 
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
-func newShadowLink(p *wire.Peer, policy align.Policy, k, layers int, rec *trace.Recorder) *shadowLink {
+func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
 	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {

@@ -43,8 +43,11 @@ type Options struct {
 	RedialShadow func(ctx context.Context) (*wire.Peer, error)
 	// Align is when the shadow is re-aligned (-align-token, -align-kv).
 	Align align.Policy
-	// Layers, Experts and TopK size the recall scorer and the random policy.
-	Layers, Experts, TopK int
+	// Layers (the model's layers that have experts, ascending:
+	// model.Config.ExpertLayers), Experts and TopK size the recall scorer
+	// and the random policy.
+	Layers        []int
+	Experts, TopK int
 	// Seed drives -prefetch random.
 	Seed uint64
 	// Trace, if set, records this node's part of the swarm's timeline

@@ -110,7 +110,7 @@ func BenchmarkSwarmDecode(b *testing.B) {
 			layout, _ := sched.NewLayout(8, 2)
 			sw, err := mainnode.Dial(ctx, addrs, &wire.Config{Certs: certs, Log: zerolog.Nop()}, mainnode.Options{
 				Layout: layout, Prefetch: policy, Hidden: c.HiddenSize, Log: zerolog.Nop(),
-				Layers: c.NumLayers, Experts: c.NumExperts, TopK: c.TopK, Seed: 1})
+				Layers: c.ExpertLayers(), Experts: c.NumExperts, TopK: c.TopK, Seed: 1})
 			if err != nil {
 				b.Fatal(err)
 			}

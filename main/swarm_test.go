@@ -141,7 +141,7 @@ func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 				if d := diffGenerations(got, want); d != "" {
 					t.Fatalf("swarm differs from local: %s", d)
 				}
-				checkSwarmStats(t, sw, policy, steps, mainModel.Config.NumLayers)
+				checkSwarmStats(t, sw, policy, steps, len(mainModel.Config.ExpertLayers()))
 			})
 		}
 	}
@@ -165,7 +165,7 @@ func dialSwarm(t *testing.T, f inproc.Files, workers int, opt mainnode.Options, 
 	}
 	opt.Layout, _ = sched.NewLayout(workers, 2)
 	opt.MiniBatch, opt.Hidden, opt.Log = 4, cfg.HiddenSize, zerolog.Nop()
-	opt.Layers, opt.Experts, opt.TopK, opt.Seed = cfg.NumLayers, cfg.NumExperts, cfg.TopK, 1
+	opt.Layers, opt.Experts, opt.TopK, opt.Seed = cfg.ExpertLayers(), cfg.NumExperts, cfg.TopK, 1
 	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
 	if sh != nil {
 		saddr := startShadow(t, ctx, f, sh.quant, addrs, opt.Layout)

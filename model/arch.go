@@ -8,6 +8,10 @@ import "fmt"
 // of these.
 type architecture struct {
 	defaults Config
+	// denseLayers: the family honours decoder_sparse_step and
+	// mlp_only_layers (Config.DenseLayers); others ignore them, as
+	// transformers does.
+	denseLayers bool
 	// Embed, FinalNorm and LMHead name the model's outer tensors.
 	embed, finalNorm, lmHead string
 	// layer binds layer l's blocks, all but the experts.
@@ -51,6 +55,24 @@ func (b *binder) moe(c Config, p, router string) *MoE {
 		Router:   b.matrix(p+router, c.NumExperts, c.HiddenSize),
 		NormTopK: c.NormTopK,
 	}
+}
+
+// ffn binds layer l's feed-forward block: a sparse block (moe, with the
+// router named router) or, for a dense layer, post_attention_layernorm
+// and the SwiGLU mlp.{gate,up,down}_proj of intermediate_size.
+func (b *binder) ffn(c Config, l int, p, router string) Layer {
+	if c.Sparse(l) {
+		return Layer{MoE: b.moe(c, p, router)}
+	}
+	h, in := c.HiddenSize, c.DenseIntermediateSize
+	return Layer{Dense: &Dense{
+		Norm: b.vector(p+"post_attention_layernorm.weight", h),
+		MLP: Expert{
+			Gate: b.matrix(p+"mlp.gate_proj.weight", in, h),
+			Up:   b.matrix(p+"mlp.up_proj.weight", in, h),
+			Down: b.matrix(p+"mlp.down_proj.weight", h, in),
+		},
+	}}
 }
 
 // mlpExpertNames names expert e of layer l as the Qwen and OLMoE families

@@ -12,10 +12,12 @@ import (
 // order. A family whose layers differ (query/key norms, a dense or shared
 // feed-forward) adds the block or switch here and says so in its file.
 
-// Layer is one decoder block: attention, then a feed-forward block.
+// Layer is one decoder block: attention, then a feed-forward block, MoE
+// or Dense (exactly one is set).
 type Layer struct {
 	Attention Attention
-	MoE       *MoE // the sparse feed-forward block
+	MoE       *MoE   // the sparse feed-forward block
+	Dense     *Dense // a dense layer's feed-forward block
 }
 
 // feedForward is the second half of a layer.
@@ -24,7 +26,34 @@ type feedForward interface {
 }
 
 // ffn is the layer's feed-forward block.
-func (L *Layer) ffn() feedForward { return L.MoE }
+func (L *Layer) ffn() feedForward {
+	if L.Dense != nil {
+		return L.Dense
+	}
+	return L.MoE
+}
+
+// Dense is a dense layer's feed-forward block: pre-norm and one SwiGLU
+// MLP every token runs, held with the non-expert weights (Qwen's
+// mlp_only_layers).
+type Dense struct {
+	Norm []float32 // [hidden]
+	MLP  Expert
+}
+
+// forward runs the block on the session's batch: x += MLP(norm(x)).
+func (d *Dense) forward(_ context.Context, s *Session, _ Step, _, n int) error {
+	c := s.m.Config
+	h := c.HiddenSize
+	s.hn = grow(s.hn, n*h)
+	for t := range n {
+		kernels.RMSNorm(s.hn[t*h:(t+1)*h], s.x[t*h:(t+1)*h], d.Norm, float32(c.RMSNormEps))
+	}
+	s.proj = grow(s.proj, n*h)
+	d.MLP.Forward(s.proj, s.hn[:n*h], n, &s.ffnScratch)
+	kernels.Add(s.x[:n*h], s.proj[:n*h])
+	return nil
+}
 
 // Attention is pre-norm grouped-query self-attention with rotate-half
 // RoPE over the sequence's KV cache (and a sliding window if the config
@@ -177,7 +206,7 @@ func (b *MoE) forward(ctx context.Context, s *Session, step Step, l, n int) erro
 	}
 	if b.Shared != nil {
 		s.shared, s.sharedGate = grow(s.shared, n*h), grow(s.sharedGate, n)
-		b.Shared.Forward(s.shared, s.hn[:n*h], n, &s.sharedScratch)
+		b.Shared.Forward(s.shared, s.hn[:n*h], n, &s.ffnScratch)
 		kernels.MatMul(s.sharedGate, b.SharedGate, s.hn, n)
 		for t := range n {
 			g := 1 / (1 + kernels.Exp(-s.sharedGate[t])) // sigmoid

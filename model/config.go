@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -15,7 +16,7 @@ type Config struct {
 	Architecture     string  // architectures[0], e.g. "MixtralForCausalLM"
 	ModelType        string  // model_type, e.g. "mixtral"
 	HiddenSize       int     // hidden_size
-	IntermediateSize int     // an expert's: moe_intermediate_size where the family has one, else intermediate_size
+	IntermediateSize int     // an expert's: moe_intermediate_size in the families with dense layers, else intermediate_size
 	NumLayers        int     // num_hidden_layers
 	NumHeads         int     // num_attention_heads
 	NumKVHeads       int     // num_key_value_heads
@@ -42,6 +43,30 @@ type Config struct {
 	// runs beside its routed ones (Qwen2-MoE's
 	// shared_expert_intermediate_size); 0: none.
 	SharedIntermediateSize int
+	// DenseLayers lists, ascending, the layers whose feed-forward block is
+	// a dense SwiGLU MLP run with the non-expert weights instead of a
+	// sparse block (Qwen's mlp_only_layers and decoder_sparse_step);
+	// DenseIntermediateSize is that MLP's width (intermediate_size).
+	DenseLayers           []int
+	DenseIntermediateSize int
+}
+
+// Sparse reports whether layer l has a sparse (MoE) block.
+func (c Config) Sparse(l int) bool {
+	_, dense := slices.BinarySearch(c.DenseLayers, l)
+	return !dense
+}
+
+// ExpertLayers lists, ascending, the layers that have experts: every
+// layer but the dense ones.
+func (c Config) ExpertLayers() []int {
+	var ls []int
+	for l := range c.NumLayers {
+		if c.Sparse(l) {
+			ls = append(ls, l)
+		}
+	}
+	return ls
 }
 
 // rawConfig mirrors config.json; pointers tell absent fields from zeros.
@@ -107,7 +132,7 @@ func ParseConfig(b []byte) (Config, error) {
 		Architecture:           r.Architectures[0],
 		ModelType:              r.ModelType,
 		HiddenSize:             or(r.HiddenSize, d.HiddenSize),
-		IntermediateSize:       or(r.MoEIntermediate, or(r.IntermediateSize, d.IntermediateSize)),
+		IntermediateSize:       or(r.IntermediateSize, d.IntermediateSize),
 		NumLayers:              or(r.NumLayers, d.NumLayers),
 		NumHeads:               or(r.NumHeads, d.NumHeads),
 		NumKVHeads:             or(r.NumKVHeads, d.NumKVHeads),
@@ -125,10 +150,29 @@ func ParseConfig(b []byte) (Config, error) {
 		BOS:                    or(r.BOS, -1),
 		TorchDType:             r.TorchDType,
 	}
-	// dense (MLP-only) layers beside the sparse ones are not supported yet:
-	// refuse them rather than run a different model
-	if step := or(r.SparseStep, 1); step > 1 || len(r.MLPOnlyLayers) > 0 {
-		return Config{}, fmt.Errorf(`fields "decoder_sparse_step" (%d) and "mlp_only_layers" (%v) make some layers dense; odmoe runs all-sparse models only so far`, step, r.MLPOnlyLayers)
+	if arch.denseLayers {
+		// these families name an expert's width moe_intermediate_size and
+		// keep intermediate_size for their dense layers
+		c.IntermediateSize = or(r.MoEIntermediate, d.IntermediateSize)
+		// transformers' rule: layer l is sparse unless it is in
+		// mlp_only_layers or (l+1) is not a multiple of decoder_sparse_step
+		step := or(r.SparseStep, 1)
+		if step < 1 {
+			return Config{}, fmt.Errorf(`field "decoder_sparse_step" is %d; must be positive`, step)
+		}
+		for l := range c.NumLayers {
+			if slices.Contains(r.MLPOnlyLayers, l) || (l+1)%step != 0 {
+				c.DenseLayers = append(c.DenseLayers, l)
+			}
+		}
+		for _, l := range r.MLPOnlyLayers {
+			if l < 0 || l >= c.NumLayers {
+				return Config{}, fmt.Errorf(`field "mlp_only_layers" names layer %d; the model has layers 0..%d`, l, c.NumLayers-1)
+			}
+		}
+		if len(c.DenseLayers) > 0 {
+			c.DenseIntermediateSize = or(r.IntermediateSize, d.DenseIntermediateSize)
+		}
 	}
 	c.HeadDim = or(r.HeadDim, 0)
 	if c.HeadDim == 0 && c.NumHeads > 0 {
@@ -163,10 +207,19 @@ func (c Config) validate() error {
 		{"num_local_experts", c.NumExperts}, {"num_experts_per_tok", c.TopK},
 		{"vocab_size", c.VocabSize}, {"max_position_embeddings", c.MaxPositions},
 	}
+	if len(c.DenseLayers) > 0 {
+		positive = append(positive, struct {
+			field string
+			v     int
+		}{"intermediate_size", c.DenseIntermediateSize})
+	}
 	for _, p := range positive {
 		if p.v <= 0 {
 			return fmt.Errorf("field %q is %d; must be positive", p.field, p.v)
 		}
+	}
+	if len(c.DenseLayers) == c.NumLayers {
+		return fmt.Errorf(`fields "mlp_only_layers" and "decoder_sparse_step" make every layer dense; odmoe runs models with experts`)
 	}
 	if c.NumHeads%c.NumKVHeads != 0 {
 		return fmt.Errorf(`field "num_attention_heads" (%d) is not a multiple of "num_key_value_heads" (%d)`, c.NumHeads, c.NumKVHeads)

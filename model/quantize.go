@@ -44,6 +44,14 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		add(&da.K, sa.K, dt)
 		add(&da.V, sa.V, dt)
 		add(&da.O, sa.O, dt)
+		if sd := src.Dense; sd != nil { // held with the non-expert weights
+			dd := *sd
+			dst.Dense = &dd
+			add(&dd.MLP.Gate, sd.MLP.Gate, dt)
+			add(&dd.MLP.Up, sd.MLP.Up, dt)
+			add(&dd.MLP.Down, sd.MLP.Down, dt)
+			continue
+		}
 		smoe := src.MoE
 		dmoe := *smoe
 		dst.MoE = &dmoe

@@ -8,15 +8,18 @@ package model
 // added to the routed mix. The shared expert is held and run with the
 // non-expert weights, on the main node (MoE.Shared). Routed experts are
 // moe_intermediate_size wide, counted by num_experts, named
-// mlp.experts.E.{gate,up,down}_proj. Defaults are transformers'
+// mlp.experts.E.{gate,up,down}_proj. Dense layers (mlp_only_layers,
+// decoder_sparse_step) as in Qwen3-MoE. Defaults are transformers'
 // Qwen2MoeConfig's.
 func init() {
 	register("Qwen2MoeForCausalLM", &architecture{
+		denseLayers: true,
 		defaults: Config{
 			HiddenSize: 2048, IntermediateSize: 1408, NumLayers: 24,
 			NumHeads: 16, NumKVHeads: 16, NumExperts: 60, TopK: 4,
 			VocabSize: 151936, MaxPositions: 32768,
 			RMSNormEps: 1e-6, RopeTheta: 1e4, NormTopK: false,
+			DenseIntermediateSize:  5632,
 			SharedIntermediateSize: 5632,
 		},
 		embed:     "model.embed_tokens.weight",
@@ -25,11 +28,12 @@ func init() {
 		layer: func(b *binder, c Config, l int) Layer {
 			h, q, kv, si := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.SharedIntermediateSize
 			p := per("model.layers.%d.", l)
-			L := Layer{Attention: b.attention(c, p), MoE: b.moe(c, p, "mlp.gate.weight")}
+			L := b.ffn(c, l, p, "mlp.gate.weight")
+			L.Attention = b.attention(c, p)
 			L.Attention.QBias = b.vector(p+"self_attn.q_proj.bias", q)
 			L.Attention.KBias = b.vector(p+"self_attn.k_proj.bias", kv)
 			L.Attention.VBias = b.vector(p+"self_attn.v_proj.bias", kv)
-			if si > 0 {
+			if si > 0 && L.MoE != nil {
 				L.MoE.Shared = &Expert{
 					Gate: b.matrix(p+"mlp.shared_expert.gate_proj.weight", si, h),
 					Up:   b.matrix(p+"mlp.shared_expert.up_proj.weight", si, h),

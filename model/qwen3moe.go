@@ -6,15 +6,18 @@ package model
 // renormalised only when norm_topk_prob. Its experts are
 // moe_intermediate_size wide, counted by num_experts, named
 // mlp.experts.E.{gate,up,down}_proj. Defaults are transformers'
-// Qwen3MoeConfig's. Dense layers (decoder_sparse_step, mlp_only_layers)
-// are refused by ParseConfig for now.
+// Qwen3MoeConfig's. Layers in mlp_only_layers, or not on the
+// decoder_sparse_step, are dense: a SwiGLU mlp.{gate,up,down}_proj of
+// intermediate_size, run with the non-expert weights.
 func init() {
 	register("Qwen3MoeForCausalLM", &architecture{
+		denseLayers: true,
 		defaults: Config{
 			HiddenSize: 2048, IntermediateSize: 768, NumLayers: 24,
 			NumHeads: 32, NumKVHeads: 4, NumExperts: 128, TopK: 8,
 			VocabSize: 151936, MaxPositions: 32768,
 			RMSNormEps: 1e-6, RopeTheta: 1e4, NormTopK: false,
+			DenseIntermediateSize: 6144,
 		},
 		embed:     "model.embed_tokens.weight",
 		finalNorm: "model.norm.weight",
@@ -24,7 +27,9 @@ func init() {
 			a := b.attention(c, p)
 			a.QNorm = b.vector(p+"self_attn.q_norm.weight", c.HeadDim) // per head
 			a.KNorm = b.vector(p+"self_attn.k_norm.weight", c.HeadDim)
-			return Layer{Attention: a, MoE: b.moe(c, p, "mlp.gate.weight")}
+			L := b.ffn(c, l, p, "mlp.gate.weight")
+			L.Attention = a
+			return L
 		},
 		expertNames: mlpExpertNames,
 	})

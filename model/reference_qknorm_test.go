@@ -2,9 +2,12 @@ package model
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +24,48 @@ type qkFamily struct {
 	normTopK bool    // norm_topk_prob
 	bias     bool    // Qwen2-MoE: q/k/v projection biases
 	shared   bool    // Qwen2-MoE: the shared expert, sigmoid-gated
+	// dense says which layers are a dense MLP (mlp.{gate,up,down}_proj)
+	// instead of experts; read by the test from config.json itself
+	// (denseLayersOf), not from odmoe's Config.
+	dense map[int]bool
+}
+
+// denseLayersOf applies transformers' rule (Qwen3MoeDecoderLayer,
+// Qwen2MoeDecoderLayer) to dir/config.json: layer l is a dense MLP when it
+// is in mlp_only_layers or (l+1) % decoder_sparse_step != 0.
+func denseLayersOf(t *testing.T, dir string) map[int]bool {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Layers     int   `json:"num_hidden_layers"`
+		SparseStep *int  `json:"decoder_sparse_step"`
+		MLPOnly    []int `json:"mlp_only_layers"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	step := 1
+	if raw.SparseStep != nil {
+		step = *raw.SparseStep
+	}
+	dense := map[int]bool{}
+	for l := range raw.Layers {
+		if slices.Contains(raw.MLPOnly, l) || (l+1)%step != 0 {
+			dense[l] = true
+		}
+	}
+	return dense
+}
+
+// swiglu64 is down(silu(gate(h)) * up(h)) of the MLP named prefix.
+func (r refModel) swiglu64(prefix string, h []float64) []float64 {
+	g, u := linear(r.tensor(prefix+"gate_proj.weight"), h), linear(r.tensor(prefix+"up_proj.weight"), h)
+	for i := range g {
+		g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
+	}
+	return linear(r.tensor(prefix+"down_proj.weight"), g)
 }
 
 // forwardQKNorm is an independent float64 implementation of Hugging
@@ -34,7 +79,8 @@ type qkFamily struct {
 // renormalised only when norm_topk_prob, SwiGLU experts mlp.experts.E
 // down(silu(gate(x)) * up(x)), and (Qwen2) the shared expert
 // sigmoid(shared_expert_gate(x)) * shared_expert(x) added to the routed
-// sum. It returns every position's logits.
+// sum; a dense layer (f.dense) runs mlp.{gate,up,down}_proj as one
+// SwiGLU MLP instead. It returns every position's logits.
 func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 	normTopK := f.normTopK
 	clamp := func(v []float64) {
@@ -119,6 +165,14 @@ func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 				x[i] = xs[t][i] + o[i]
 			}
 			h := rmsnorm(x, ln2, eps)
+			if f.dense[l] {
+				y := r.swiglu64(p+"mlp.", h)
+				for i := range x {
+					x[i] += y[i]
+				}
+				next[t] = x
+				continue
+			}
 			probs := softmax64(linear(r.tensor(p+"mlp.gate.weight"), h))
 			idx := make([]int, len(probs))
 			for i := range idx {
@@ -133,23 +187,13 @@ func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 				}
 			}
 			for _, e := range idx[:c.TopK] {
-				ep := p + "mlp.experts." + strconv.Itoa(e) + "."
-				g, u := linear(r.tensor(ep+"gate_proj.weight"), h), linear(r.tensor(ep+"up_proj.weight"), h)
-				for i := range g {
-					g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
-				}
-				y := linear(r.tensor(ep+"down_proj.weight"), g)
+				y := r.swiglu64(p+"mlp.experts."+strconv.Itoa(e)+".", h)
 				for i := range x {
 					x[i] += probs[e] / wsum * y[i]
 				}
 			}
 			if f.shared {
-				sp := p + "mlp.shared_expert."
-				g, u := linear(r.tensor(sp+"gate_proj.weight"), h), linear(r.tensor(sp+"up_proj.weight"), h)
-				for i := range g {
-					g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
-				}
-				y := linear(r.tensor(sp+"down_proj.weight"), g)
+				y := r.swiglu64(p+"mlp.shared_expert.", h)
 				z := linear(r.tensor(p+"mlp.shared_expert_gate.weight"), h)[0]
 				for i := range x {
 					x[i] += 1 / (1 + math.Exp(-z)) * y[i]
@@ -178,7 +222,8 @@ func (r refModel) forwardQKNorm(tokens []int, f qkFamily) [][]float64 {
 // with the same greedy token.
 func TestQwen3MoEMatchesFloat64Reference(t *testing.T) {
 	m, dir := loadPreset(t, "qwen3-moe-tiny")
-	if m.Config.HeadDim == m.Config.HiddenSize/m.Config.NumHeads || !m.Config.NormTopK || len(m.Layers[0].Attention.QNorm) != m.Config.HeadDim {
+	if m.Config.HeadDim == m.Config.HiddenSize/m.Config.NumHeads || !m.Config.NormTopK || len(m.Layers[0].Attention.QNorm) != m.Config.HeadDim ||
+		len(denseLayersOf(t, dir)) == 0 {
 		t.Fatalf("the preset does not exercise Qwen3's differences: %+v", m.Config)
 	}
 	checkAgainstReference(t, m, dir, qkFamily{qkNorm: "head"})
@@ -199,7 +244,8 @@ func TestOLMoEMatchesFloat64Reference(t *testing.T) {
 // biases, a shared expert) matches the float64 reference the same way.
 func TestQwen2MoEMatchesFloat64Reference(t *testing.T) {
 	m, dir := loadPreset(t, "qwen2-moe-tiny")
-	if m.Layers[0].MoE.Shared == nil || m.Layers[0].Attention.QBias == nil || m.Config.SharedIntermediateSize == 0 {
+	last := len(m.Layers) - 1
+	if m.Layers[last].MoE.Shared == nil || m.Layers[0].Attention.QBias == nil || m.Config.SharedIntermediateSize == 0 || len(denseLayersOf(t, dir)) == 0 {
 		t.Fatalf("the preset does not exercise Qwen2-MoE's differences: %+v", m.Config)
 	}
 	checkAgainstReference(t, m, dir, qkFamily{bias: true, shared: true})
@@ -229,9 +275,10 @@ func checkAgainstReference(t *testing.T, m *Model, dir string, f qkFamily) {
 		t.Fatal(err)
 	}
 	defer set.Close()
+	f.dense = denseLayersOf(t, dir)
 	for _, normTopK := range []bool{true, false} {
 		m.Config.NormTopK = normTopK
-		for l := range m.Layers {
+		for _, l := range m.Config.ExpertLayers() {
 			m.Layers[l].MoE.NormTopK = normTopK
 		}
 		f.normTopK = normTopK
@@ -264,8 +311,10 @@ func argmax64(v []float64) int {
 
 // TestQwen3MoEConfig: Qwen's field names (num_experts,
 // moe_intermediate_size, norm_topk_prob) are read, norm_topk_prob
-// defaults to false as in transformers, and a config with dense layers is
-// refused, saying why, rather than run as another model.
+// defaults to false as in transformers, and dense layers follow
+// transformers' rule: layer l is sparse unless it is in mlp_only_layers
+// or (l+1) is not a multiple of decoder_sparse_step. Mixtral, which has
+// no such fields in transformers, ignores them.
 func TestQwen3MoEConfig(t *testing.T) {
 	base := `{"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
 		"num_key_value_heads":2,"head_dim":32,"num_experts":16,"num_experts_per_tok":4,"moe_intermediate_size":24,
@@ -280,10 +329,39 @@ func TestQwen3MoEConfig(t *testing.T) {
 	if c, _ := ParseConfig([]byte(fmt.Sprintf(base, `,"norm_topk_prob":true`))); !c.NormTopK {
 		t.Fatal("norm_topk_prob true not read")
 	}
-	for _, dense := range []string{`,"mlp_only_layers":[1]`, `,"decoder_sparse_step":2`} {
-		if _, err := ParseConfig([]byte(fmt.Sprintf(base, dense))); err == nil || !strings.Contains(err.Error(), "dense") {
-			t.Errorf("%s: err = %v, want a refusal of dense layers", dense, err)
+	if len(c.DenseLayers) != 0 || c.DenseIntermediateSize != 0 {
+		t.Errorf("no dense fields: dense layers %v of width %d", c.DenseLayers, c.DenseIntermediateSize)
+	}
+	four := strings.Replace(base, `"num_hidden_layers":2`, `"num_hidden_layers":4`, 1)
+	for _, tc := range []struct {
+		fields         string
+		dense, experts []int
+	}{
+		{`,"mlp_only_layers":[1]`, []int{1}, []int{0, 2, 3}},
+		{`,"decoder_sparse_step":2`, []int{0, 2}, []int{1, 3}},
+		{`,"decoder_sparse_step":2,"mlp_only_layers":[3]`, []int{0, 2, 3}, []int{1}},
+	} {
+		c, err := ParseConfig([]byte(fmt.Sprintf(four, tc.fields)))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.fields, err)
 		}
+		if !slices.Equal(c.DenseLayers, tc.dense) || !slices.Equal(c.ExpertLayers(), tc.experts) || c.DenseIntermediateSize != 256 || c.IntermediateSize != 24 {
+			t.Errorf("%s: dense %v (width %d), experts in %v (width %d); want dense %v of 256, experts in %v of 24",
+				tc.fields, c.DenseLayers, c.DenseIntermediateSize, c.ExpertLayers(), c.IntermediateSize, tc.dense, tc.experts)
+		}
+	}
+	for _, bad := range []struct{ fields, says string }{
+		{`,"mlp_only_layers":[0,1,2,3]`, "every layer dense"},
+		{`,"mlp_only_layers":[7]`, "names layer 7"},
+		{`,"decoder_sparse_step":0`, "decoder_sparse_step"},
+	} {
+		if _, err := ParseConfig([]byte(fmt.Sprintf(four, bad.fields))); err == nil || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("%s: err = %v, want it to say %q", bad.fields, err, bad.says)
+		}
+	}
+	mixtral := strings.Replace(strings.Replace(four, "Qwen3MoeForCausalLM", "MixtralForCausalLM", 1), `"num_experts"`, `"num_local_experts"`, 1)
+	if c, err := ParseConfig([]byte(fmt.Sprintf(mixtral, `,"mlp_only_layers":[1]`))); err != nil || len(c.DenseLayers) != 0 || c.IntermediateSize != 256 {
+		t.Errorf("Mixtral with mlp_only_layers: %v, dense %v, expert width %d; want the field ignored and intermediate_size 256", err, c.DenseLayers, c.IntermediateSize)
 	}
 	_, err = ParseConfig([]byte(`{"architectures":["LlamaForCausalLM"]}`))
 	if err == nil || !strings.Contains(err.Error(), "MixtralForCausalLM") || !strings.Contains(err.Error(), "Qwen3MoeForCausalLM") {

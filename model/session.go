@@ -29,13 +29,13 @@ type Session struct {
 	// working buffers, n = tokens in the current batch
 	x, hn, q, k, v, att, proj []float32 // n * width
 	cos, sin, scores, probs   []float32
-	routerLogits              []float32 // n * experts
-	routes                    []Route   // n * topk
-	expertOut                 []float32 // n * topk * hidden
-	shared, sharedGate        []float32 // a shared expert's output and gate, n * hidden and n
-	sharedScratch             ExpertScratch
-	logits                    []float32 // vocab
-	lastRow                   int       // the row of x Logits reads; -1: none
+	routerLogits              []float32     // n * experts
+	routes                    []Route       // n * topk
+	expertOut                 []float32     // n * topk * hidden
+	shared, sharedGate        []float32     // a shared expert's output and gate, n * hidden and n
+	ffnScratch                ExpertScratch // a shared expert's or a dense MLP's
+	logits                    []float32     // vocab
+	lastRow                   int           // the row of x Logits reads; -1: none
 }
 
 // NewSession starts an empty sequence on m whose experts run on experts.

@@ -112,7 +112,7 @@ func (m *Model) bind(opt LoadOptions) error {
 		return b.err
 	}
 	eb := &binder{set: m.set, bytes: &m.expertBytes}
-	for l := range m.Layers {
+	for _, l := range c.ExpertLayers() {
 		moe := m.Layers[l].MoE
 		moe.Experts = make([]Expert, c.NumExperts)
 		for e := range moe.Experts {

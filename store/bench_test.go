@@ -70,9 +70,9 @@ func BenchmarkStoreReadExpert(b *testing.B) {
 			n, _ := st.ExpertBytes(0, 0)
 			buf := make([]byte, n)
 			ctx := context.Background()
-			experts := st.Layers() * st.Experts()
+			experts := len(st.Layers()) * st.Experts()
 			read := func(i int) {
-				if _, err := st.ReadExpert(ctx, i/st.Experts()%st.Layers(), i%st.Experts(), buf); err != nil {
+				if _, err := st.ReadExpert(ctx, st.Layers()[i/st.Experts()%len(st.Layers())], i%st.Experts(), buf); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -55,8 +55,8 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 	if err != nil {
 		return err
 	}
-	b := build{identity: id, layers: m.Config.NumLayers, experts: m.Config.NumExperts}
-	for l := range b.layers {
+	b := build{identity: id, layers: m.Config.ExpertLayers(), experts: m.Config.NumExperts}
+	for _, l := range b.layers {
 		for e := range b.experts {
 			ex := m.Layers[l].MoE.Experts[e]
 			b.tensors = append(b.tensors,
@@ -68,9 +68,10 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 
 // build is what a store is written from: tensors in index order.
 type build struct {
-	identity        Identity
-	layers, experts int
-	tensors         []source
+	identity Identity
+	layers   []int // the model layers that have experts, ascending
+	experts  int
+	tensors  []source
 }
 
 type source struct {
@@ -93,8 +94,9 @@ func writeStore(ctx context.Context, outDir string, b build, opt ConvertOptions)
 	if k > maxShards {
 		return fmt.Errorf("store: %d shards per tensor, at most %d", k, maxShards)
 	}
-	ix := &index{identity: b.identity, layers: b.layers, experts: b.experts, shards: k, blockElems: blockElems,
+	ix := &index{identity: b.identity, experts: b.experts, shards: k, blockElems: blockElems,
 		tensors: make([]tensorEntry, len(b.tensors))}
+	ix.setLayers(b.layers)
 	var total int64
 	for i, s := range b.tensors {
 		if err := checkSource(s, i, b); err != nil {
@@ -137,7 +139,7 @@ func writeStore(ctx context.Context, outDir string, b build, opt ConvertOptions)
 
 func checkSource(s source, i int, b build) error {
 	want := kinds[i%3]
-	if s.layer != i/3/b.experts || s.expert != i/3%b.experts || s.kind != want {
+	if slot := i / 3 / b.experts; slot >= len(b.layers) || s.layer != b.layers[slot] || s.expert != i/3%b.experts || s.kind != want {
 		return fmt.Errorf("store: tensor %d is layer %d expert %d %v, out of order", i, s.layer, s.expert, s.kind)
 	}
 	if err := s.m.Validate(); err != nil {
@@ -248,7 +250,7 @@ func writeChunks(ctx context.Context, path string, b build, ix *index, p int, to
 		}
 	}()
 	w := bufio.NewWriterSize(f, 1<<20)
-	w.Write(chunkHeader(ix.identity))
+	w.Write(chunkHeader(ix.identity, Version))
 	off := int64(chunkHeaderLen)
 
 	ctx, cancel := context.WithCancel(ctx)

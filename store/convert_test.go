@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -78,10 +79,10 @@ func TestConvertTinyModelReadsBackEveryExpert(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if st.Layers() != m.Config.NumLayers || st.Experts() != m.Config.NumExperts {
-		t.Fatalf("store is %dx%d, model %dx%d", st.Layers(), st.Experts(), m.Config.NumLayers, m.Config.NumExperts)
+	if !slices.Equal(st.Layers(), m.Config.ExpertLayers()) || st.Experts() != m.Config.NumExperts {
+		t.Fatalf("store has layers %v x %d experts, model %v x %d", st.Layers(), st.Experts(), m.Config.ExpertLayers(), m.Config.NumExperts)
 	}
-	for l := range st.Layers() {
+	for _, l := range st.Layers() {
 		for e := range st.Experts() {
 			n, _ := st.ExpertBytes(l, e)
 			got, err := st.ReadExpert(context.Background(), l, e, make([]byte, n))

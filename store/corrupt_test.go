@@ -166,15 +166,15 @@ func TestOpenRefusesWrongVersionOtherModelAndDamagedIndex(t *testing.T) {
 	v2 := append([]byte(nil), index...)
 	binary.LittleEndian.PutUint32(v2[8:], Version+1)
 	os.WriteFile(indexPath, v2, 0o644)
-	if _, err := Open(dir, Options{}); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), "version 2") {
-		t.Errorf("index version 2: %v", err)
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), fmt.Sprintf("version %d", Version+1)) {
+		t.Errorf("index version %d: %v", Version+1, err)
 	}
 	restore()
 	c2 := append([]byte(nil), chunks...)
 	binary.LittleEndian.PutUint32(c2[8:], Version+1)
 	os.WriteFile(chunkPath, c2, 0o644)
 	if _, err := Open(dir, Options{}); !errors.Is(err, ErrVersion) {
-		t.Errorf("chunk file version 2: %v", err)
+		t.Errorf("chunk file version %d: %v", Version+1, err)
 	}
 	restore()
 

@@ -17,8 +17,10 @@ const (
 	IndexFile = "index.bin"
 	ChunkFile = "chunks.bin"
 
-	// Version is the store format version this build reads and writes.
-	Version = 1
+	// Version is the store format version this build writes. It reads
+	// it and version 1 (whose expert layers are 0..L-1: a version 1
+	// index is a version 2 index of a model with no dense layers).
+	Version = 2
 
 	indexMagic = "ODMOEIDX"
 	chunkMagic = "ODMOECHK"
@@ -38,6 +40,7 @@ const (
 	defaultBlockElems = 64 << 10
 
 	maxDim         = 1<<31 - 1
+	maxLayers      = 1 << 16
 	maxShards      = 1 << 12
 	maxTensorElems = 1 << 40
 )
@@ -111,8 +114,13 @@ type ChunkRef struct {
 
 // index is the parsed index file.
 type index struct {
-	identity   Identity
-	layers     int
+	identity Identity
+	version  uint32 // the format version read (written: Version)
+	// layers lists the model layers that have experts, ascending (every
+	// layer but the dense ones); slot maps a layer to its position there,
+	// -1 for a dense layer.
+	layers     []int
+	slot       []int
 	experts    int
 	shards     int // K as requested at conversion
 	blockElems int
@@ -121,7 +129,7 @@ type index struct {
 }
 
 // tensorEntry describes one tensor; its position in index.tensors is
-// (layer*experts + expert)*3 + kind-1.
+// (slot[layer]*experts + expert)*3 + kind-1.
 type tensorEntry struct {
 	layer, expert int
 	kind          Kind
@@ -149,11 +157,34 @@ func shardRange(n, shards, i int) (lo, hi int) {
 func shardCount(n, k int) int { return min(n, k) }
 
 func (ix *index) find(layer, expert int, kind Kind) (*tensorEntry, error) {
-	if layer < 0 || layer >= ix.layers || expert < 0 || expert >= ix.experts || kind < W1 || kind > W3 {
-		return nil, fmt.Errorf("store: layer %d expert %d %v: %w (store has %d layers x %d experts)",
-			layer, expert, kind, ErrNotFound, ix.layers, ix.experts)
+	if layer < 0 || layer >= len(ix.slot) || ix.slot[layer] < 0 || expert < 0 || expert >= ix.experts || kind < W1 || kind > W3 {
+		return nil, fmt.Errorf("store: layer %d expert %d %v: %w (store has experts 0..%d of layers %s)",
+			layer, expert, kind, ErrNotFound, ix.experts-1, layerList(ix.layers))
 	}
-	return &ix.tensors[(layer*ix.experts+expert)*3+int(kind)-1], nil
+	return &ix.tensors[(ix.slot[layer]*ix.experts+expert)*3+int(kind)-1], nil
+}
+
+// setLayers records the expert layers and their slots.
+func (ix *index) setLayers(layers []int) {
+	ix.layers = layers
+	ix.slot = make([]int, 0)
+	if n := len(layers); n > 0 {
+		ix.slot = make([]int, layers[n-1]+1)
+	}
+	for i := range ix.slot {
+		ix.slot[i] = -1
+	}
+	for i, l := range layers {
+		ix.slot[l] = i
+	}
+}
+
+// layerList writes layers compactly: "0..5" when they run without gaps.
+func layerList(layers []int) string {
+	if n := len(layers); n > 0 && layers[n-1]-layers[0] == n-1 {
+		return fmt.Sprintf("%d..%d", layers[0], layers[n-1])
+	}
+	return fmt.Sprint(layers)
 }
 
 // marshal encodes the index, checksum last.
@@ -164,7 +195,7 @@ func (ix *index) marshal() ([]byte, error) {
 	b = le.AppendUint32(b, Version)
 	b = le.AppendUint32(b, 0) // flags
 	b = append(b, ix.identity[:]...)
-	b = le.AppendUint32(b, uint32(ix.layers))
+	b = le.AppendUint32(b, uint32(len(ix.layers)))
 	b = le.AppendUint32(b, uint32(ix.experts))
 	b = le.AppendUint32(b, uint32(ix.shards))
 	b = le.AppendUint32(b, uint32(ix.blockElems))
@@ -217,8 +248,9 @@ func parseIndex(b []byte) (*index, error) {
 	if len(b) < indexHeaderLen+4 || string(b[:8]) != indexMagic {
 		return nil, fmt.Errorf("not an odmoe store index: %w", ErrCorrupt)
 	}
-	if v := le.Uint32(b[8:]); v != Version {
-		return nil, fmt.Errorf("format version %d, this build reads version %d: %w", v, Version, ErrVersion)
+	version := le.Uint32(b[8:])
+	if version != 1 && version != Version {
+		return nil, fmt.Errorf("format version %d, this build reads versions 1 and %d: %w", version, Version, ErrVersion)
 	}
 	body := b[:len(b)-4]
 	if got, want := crc(body), le.Uint32(b[len(b)-4:]); got != want {
@@ -227,17 +259,17 @@ func parseIndex(b []byte) (*index, error) {
 	r := reader{b: body, off: 16}
 	ix := &index{}
 	copy(ix.identity[:], r.next(32))
-	ix.layers = int(r.u32())
+	layers := int(r.u32())
 	ix.experts = int(r.u32())
 	ix.shards = int(r.u32())
 	ix.blockElems = int(r.u32())
 	ix.chunkBytes = int64(r.u64())
 	count := int(r.u32())
 	switch {
-	case ix.layers < 1 || ix.layers > 1<<16 || ix.experts < 1 || ix.experts > 1<<16:
-		return nil, fmt.Errorf("index: %d layers x %d experts: %w", ix.layers, ix.experts, ErrCorrupt)
-	case count != ix.layers*ix.experts*3:
-		return nil, fmt.Errorf("index: %d tensors for %d layers x %d experts: %w", count, ix.layers, ix.experts, ErrCorrupt)
+	case layers < 1 || layers > maxLayers || ix.experts < 1 || ix.experts > 1<<16:
+		return nil, fmt.Errorf("index: %d layers x %d experts: %w", layers, ix.experts, ErrCorrupt)
+	case count != layers*ix.experts*3:
+		return nil, fmt.Errorf("index: %d tensors for %d layers x %d experts: %w", count, layers, ix.experts, ErrCorrupt)
 	case count > len(body)/tensorFixedLen:
 		return nil, fmt.Errorf("index: %d tensors do not fit in %d bytes: %w", count, len(body), ErrCorrupt)
 	case ix.shards < 1 || ix.shards > maxShards:
@@ -248,11 +280,14 @@ func parseIndex(b []byte) (*index, error) {
 		return nil, fmt.Errorf("index: chunk file of %d bytes: %w", ix.chunkBytes, ErrCorrupt)
 	}
 	ix.tensors = make([]tensorEntry, count)
+	ids := make([]int, 0, layers)
 	for i := range ix.tensors {
-		if err := r.tensor(ix, i); err != nil {
+		if err := r.tensor(ix, i, version, &ids); err != nil {
 			return nil, err
 		}
 	}
+	ix.setLayers(ids)
+	ix.version = version
 	if r.err == nil && r.off != len(body) {
 		return nil, fmt.Errorf("index: %d stray bytes after the last tensor: %w", len(body)-r.off, ErrCorrupt)
 	}
@@ -286,12 +321,26 @@ func (r *reader) u16() uint16 { return binary.LittleEndian.Uint16(r.next(2)) }
 func (r *reader) u32() uint32 { return binary.LittleEndian.Uint32(r.next(4)) }
 func (r *reader) u64() uint64 { return binary.LittleEndian.Uint64(r.next(8)) }
 
-func (r *reader) tensor(ix *index, i int) error {
+// tensor reads record i. The first record of each expert layer names
+// that layer (version 1: the layer's position; version 2: any layer
+// above the one before); ids collects them.
+func (r *reader) tensor(ix *index, i int, version uint32, ids *[]int) error {
 	t := &ix.tensors[i]
 	wantKind := Kind(i%3 + 1)
 	wantExpert := i / 3 % ix.experts
-	wantLayer := i / 3 / ix.experts
+	slot := i / 3 / ix.experts
 	t.layer, t.expert = int(r.u32()), int(r.u32())
+	if slot == len(*ids) {
+		next := slot // version 1
+		if version >= 2 {
+			next = -1 // out of order: the check below fails
+			if t.layer < maxLayers && (slot == 0 || t.layer > (*ids)[slot-1]) {
+				next = t.layer
+			}
+		}
+		*ids = append(*ids, next)
+	}
+	wantLayer := (*ids)[slot]
 	kind, code := r.next(1)[0], r.next(1)[0]
 	t.kind = Kind(kind)
 	nShards := int(r.u16())
@@ -366,10 +415,10 @@ func within(c ChunkRef, size int64) bool {
 }
 
 // chunkHeader is the first chunkHeaderLen bytes of the chunk file.
-func chunkHeader(id Identity) []byte {
+func chunkHeader(id Identity, version uint32) []byte {
 	b := make([]byte, 0, chunkHeaderLen)
 	b = append(b, chunkMagic...)
-	b = binary.LittleEndian.AppendUint32(b, Version)
+	b = binary.LittleEndian.AppendUint32(b, version)
 	b = binary.LittleEndian.AppendUint32(b, 0)
 	return append(b, id[:]...)
 }

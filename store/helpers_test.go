@@ -78,6 +78,7 @@ func randomTensor(rng *rand.Rand, dt kernels.DType, n int, p profile) []byte {
 // testStore describes a store of random tensors to write in a test.
 type testStore struct {
 	layers, experts int
+	layerIDs        []int // the layers with experts, when not 0..layers-1 (a model with dense layers)
 	dtype           kernels.DType
 	rows, cols      func(l, e int, k Kind) int
 	profile         func(l, e int, k Kind) profile
@@ -87,10 +88,15 @@ type testStore struct {
 // build draws the tensors.
 func (ts testStore) build() build {
 	rng := rand.New(rand.NewPCG(ts.seed, 7))
-	b := build{layers: ts.layers, experts: ts.experts}
+	b := build{layers: ts.layerIDs, experts: ts.experts}
+	if b.layers == nil {
+		for l := range ts.layers {
+			b.layers = append(b.layers, l)
+		}
+	}
 	b.identity[0] = byte(ts.seed)
 	b.identity[31] = 0xa5
-	for l := range ts.layers {
+	for _, l := range b.layers {
 		for e := range ts.experts {
 			for _, k := range kinds {
 				r, c := ts.rows(l, e, k), ts.cols(l, e, k)

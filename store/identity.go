@@ -16,7 +16,7 @@ import (
 
 // Identity names the model a store was built from: a SHA-256 over the
 // bytes of config.json, the sorted names, dtypes and shapes of every
-// expert tensor, and the router weights of every layer. The routers make
+// expert tensor, and the router weights of every layer with experts. The routers make
 // two checkpoints of one architecture (a base model and its fine-tune)
 // different models; they are small, and a main node holds them. A main
 // node computes the identity from its checkpoint and a worker passes it to
@@ -63,7 +63,7 @@ func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info,
 		return Identity{}, fmt.Errorf("store: %w", err)
 	}
 	var lines []string
-	for l := range m.Config.NumLayers {
+	for _, l := range m.Config.ExpertLayers() {
 		for e := range m.Config.NumExperts {
 			gate, up, down := m.ExpertTensorNames(l, e)
 			for _, name := range []string{gate, up, down} {
@@ -87,8 +87,8 @@ func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info,
 	for _, l := range lines {
 		h.Write([]byte(l))
 	}
-	for l, layer := range m.Layers {
-		r := layer.MoE.Router
+	for _, l := range m.Config.ExpertLayers() {
+		r := m.Layers[l].MoE.Router
 		fmt.Fprintf(h, "router %d %v %dx%d\n", l, r.DType, r.Rows, r.Cols)
 		h.Write(r.Data)
 	}

@@ -124,7 +124,7 @@ func (s *Store) checkChunkFile(f *os.File) error {
 	if _, err := f.ReadAt(hdr, 0); err != nil {
 		return fmt.Errorf("%s: header: %v: %w", ChunkFile, err, ErrTruncated)
 	}
-	want := chunkHeader(s.ix.identity)
+	want := chunkHeader(s.ix.identity, s.ix.version)
 	switch {
 	case string(hdr[:8]) != chunkMagic:
 		return fmt.Errorf("%s: not an odmoe chunk file: %w", ChunkFile, ErrCorrupt)
@@ -169,8 +169,9 @@ func (s *Store) Close() error {
 // Identity is the model the store was built from.
 func (s *Store) Identity() Identity { return s.ix.identity }
 
-// Layers is the number of layers in the store.
-func (s *Store) Layers() int { return s.ix.layers }
+// Layers lists the model layers whose experts the store holds, ascending:
+// every layer but a model's dense ones. The caller must not modify it.
+func (s *Store) Layers() []int { return s.ix.layers }
 
 // Experts is the number of experts per layer.
 func (s *Store) Experts() int { return s.ix.experts }

@@ -12,13 +12,14 @@ import (
 // Report summarizes a store: sizes per tensor kind and in total, next to
 // the Shannon entropy bound of the exponent stream.
 type Report struct {
-	Identity                            Identity
-	Layers, Experts, Shards, BlockElems int
-	IndexBytes, ChunkFileBytes          int64
-	Chunks                              int
-	DTypes                              []kernels.DType // the dtypes of the expert tensors
-	Kinds                               [3]KindReport   // w1, w2, w3
-	Total                               KindReport
+	Identity                    Identity
+	Layers                      []int // the layers with experts
+	Experts, Shards, BlockElems int
+	IndexBytes, ChunkFileBytes  int64
+	Chunks                      int
+	DTypes                      []kernels.DType // the dtypes of the expert tensors
+	Kinds                       [3]KindReport   // w1, w2, w3
+	Total                       KindReport
 }
 
 // KindReport is the sizes of one tensor kind (or all of them).
@@ -128,7 +129,7 @@ const maxVerifyErrors = 50
 func (s *Store) Verify(ctx context.Context, progress func(done, total int64)) error {
 	var total, done int64
 	maxExpert := 0
-	for l := range s.ix.layers {
+	for _, l := range s.ix.layers {
 		for e := range s.ix.experts {
 			n, _ := s.ExpertBytes(l, e)
 			total += int64(n)
@@ -137,7 +138,7 @@ func (s *Store) Verify(ctx context.Context, progress func(done, total int64)) er
 	}
 	buf := make([]byte, maxExpert)
 	var errs []error
-	for l := range s.ix.layers {
+	for _, l := range s.ix.layers {
 		for e := range s.ix.experts {
 			var tasks []task
 			off := 0

@@ -3,10 +3,13 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -52,7 +55,7 @@ func checkStore(t *testing.T, name string, st *Store, b build) {
 			t.Fatalf("%s: layer %d expert %d %v: wrong tensor back", name, s.layer, s.expert, s.kind)
 		}
 	}
-	for l := range b.layers {
+	for slot, l := range b.layers {
 		for e := range b.experts {
 			n, err := st.ExpertBytes(l, e)
 			if err != nil {
@@ -62,13 +65,84 @@ func checkStore(t *testing.T, name string, st *Store, b build) {
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
-			base := (l*b.experts + e) * 3
+			base := (slot*b.experts + e) * 3
 			for i, m := range []kernels.Matrix{ex.Gate, ex.Down, ex.Up} {
 				if !bytes.Equal(m.Data, b.tensors[base+i].m.Data) {
 					t.Fatalf("%s: ReadExpert(%d, %d) %v differs", name, l, e, kinds[i])
 				}
 			}
 		}
+	}
+}
+
+// TestStoreSkipsDenseLayers: a model whose layers 0 and 2 are dense
+// stores the experts of layers 1, 3 and 4 under their own layer numbers;
+// asking for a dense layer's expert is ErrNotFound naming the layers that
+// have experts.
+func TestStoreSkipsDenseLayers(t *testing.T) {
+	ts := smallStore
+	ts.layers, ts.layerIDs = 3, []int{1, 3, 4}
+	dir, b := ts.write(t, ConvertOptions{})
+	st, err := Open(dir, Options{Identity: b.identity, VerifyDecoded: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !slices.Equal(st.Layers(), []int{1, 3, 4}) || !slices.Equal(st.Report().Layers, []int{1, 3, 4}) {
+		t.Fatalf("store says layers %v (report %v), wrote 1, 3, 4", st.Layers(), st.Report().Layers)
+	}
+	checkStore(t, "layers 1, 3, 4", st, b)
+	if err := st.Verify(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []int{0, 2, 5, -1} {
+		if _, err := st.ExpertBytes(l, 0); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "[1 3 4]") {
+			t.Errorf("layer %d: %v, want ErrNotFound naming layers [1 3 4]", l, err)
+		}
+	}
+}
+
+// TestStoreReadsVersion1: a store written before dense layers (format
+// version 1, whose expert layers are 0..L-1 by position) still opens and
+// reads back the same weights; a version 2 index whose layer numbers do
+// not ascend is refused as corrupt.
+func TestStoreReadsVersion1(t *testing.T) {
+	dir, b := smallStore.write(t, ConvertOptions{})
+	indexPath, chunkPath := filepath.Join(dir, IndexFile), filepath.Join(dir, ChunkFile)
+	index, _ := os.ReadFile(indexPath)
+	chunks, _ := os.ReadFile(chunkPath)
+	reseal := func(ix []byte) []byte {
+		le := binary.LittleEndian
+		return le.AppendUint32(ix[:len(ix)-4:len(ix)-4], crc(ix[:len(ix)-4]))
+	}
+	v1 := append([]byte(nil), index...)
+	binary.LittleEndian.PutUint32(v1[8:], 1)
+	os.WriteFile(indexPath, reseal(v1), 0o644)
+	c1 := append([]byte(nil), chunks...)
+	binary.LittleEndian.PutUint32(c1[8:], 1)
+	os.WriteFile(chunkPath, c1, 0o644)
+	st, err := Open(dir, Options{Identity: b.identity})
+	if err != nil {
+		t.Fatalf("a version 1 store: %v", err)
+	}
+	checkStore(t, "version 1", st, b)
+	st.Close()
+
+	// version 2 with the second layer numbered as the first
+	bad := append([]byte(nil), index...)
+	second := indexHeaderLen
+	for range 3 * smallStore.experts { // skip the first layer's records (FORMAT.md)
+		shards, hist := binary.LittleEndian.Uint16(bad[second+10:]), binary.LittleEndian.Uint16(bad[second+20:])
+		second += tensorFixedLen + int(hist)*histEntryLen + int(shards)*shardRecordLen
+	}
+	if got := binary.LittleEndian.Uint32(bad[second:]); got != 1 {
+		t.Fatalf("test reads the second layer's first record wrong: layer %d", got)
+	}
+	binary.LittleEndian.PutUint32(bad[second:], 0)
+	os.WriteFile(indexPath, reseal(bad), 0o644)
+	os.WriteFile(chunkPath, chunks, 0o644)
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "out of order") {
+		t.Errorf("layers 0, 0: %v, want ErrCorrupt saying out of order", err)
 	}
 }
 

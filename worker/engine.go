@@ -459,12 +459,13 @@ func (e *Engine) Close() {
 }
 
 // PinOwned pins every expert worker idx of n owns in a resident swarm
-// (sched.Layout.Owner) of a model with layers layers of experts experts,
+// (sched.Layout.Owner) of a model whose layers (ascending) have experts
+// experts each,
 // reporting the bytes pinned so far to progress (may be nil).
-func (e *Engine) PinOwned(ctx context.Context, layers, experts, idx, n int, progress func(done int64)) error {
+func (e *Engine) PinOwned(ctx context.Context, layers []int, experts, idx, n int, progress func(done int64)) error {
 	layout := sched.Layout{Workers: n, Group: 1}
 	var done int64
-	for l := range layers {
+	for _, l := range layers {
 		owned := layout.Owned(idx, l, experts)
 		if err := e.Pin(ctx, l, owned); err != nil {
 			return err

@@ -172,14 +172,15 @@ func (c *HostCache) Stats() (hits, misses, used int64) {
 	return c.hits, c.misses, c.used
 }
 
-// Preload fills the cache with src's experts in (layer, expert) order
+// Preload fills the cache with src's experts of layers (ascending) in
+// (layer, expert) order
 // until the next would not fit (a node that keeps the whole model in host
 // RAM, as OD-MoE's do), reporting bytes done to progress (may be nil).
 // It returns the number of experts loaded.
-func (c *HostCache) Preload(ctx context.Context, src ExpertSource, layers, experts int, progress func(done int64)) (int, error) {
+func (c *HostCache) Preload(ctx context.Context, src ExpertSource, layers []int, experts int, progress func(done int64)) (int, error) {
 	var done int64
 	n := 0
-	for l := range layers {
+	for _, l := range layers {
 		for e := range experts {
 			size, err := src.ExpertBytes(l, e)
 			if err != nil {

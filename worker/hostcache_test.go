@@ -172,7 +172,7 @@ func TestHostCacheBoundedUnderConcurrentLoads(t *testing.T) {
 			x := randomInput(1, h, uint64(w))
 			out := make([]float32, h)
 			for i := range 40 {
-				l, ex := (w+i)%layers, (w*3+i)%experts
+				l, ex := layers[(w+i)%len(layers)], (w*3+i)%experts
 				if _, err := e.Run(context.Background(), uint64(w+1), l, ex, x, 1, out, i%3 != 0); err != nil {
 					return err
 				}
@@ -206,10 +206,10 @@ func TestHostCacheIsOffTheGoHeap(t *testing.T) {
 	size, _ := f.store.ExpertBytes(0, 0)
 	layers, experts := f.store.Layers(), f.store.Experts()
 	before := liveHeap()
-	c := newHostCache(t, int64(layers*experts*size))
+	c := newHostCache(t, int64(len(layers)*experts*size))
 	n, err := c.Preload(context.Background(), f.store, layers, experts, nil)
-	if err != nil || n != layers*experts {
-		t.Fatalf("preloaded %d of %d experts: %v", n, layers*experts, err)
+	if err != nil || n != len(layers)*experts {
+		t.Fatalf("preloaded %d of %d experts: %v", n, len(layers)*experts, err)
 	}
 	grew := int64(liveHeap()) - int64(before)
 	t.Logf("%d experts (%d KiB) cached: live Go heap %+d KiB", n, int64(n*size)>>10, grew>>10)

@@ -16,7 +16,7 @@ func BenchmarkLoad(b *testing.B) {
 	f := tinyFixture(b)
 	h := f.model.Config.HiddenSize
 	size, _ := f.store.ExpertBytes(0, 0)
-	all := f.store.Layers() * f.store.Experts()
+	all := len(f.store.Layers()) * f.store.Experts()
 	for _, bc := range []struct {
 		name      string
 		hostBytes int64
@@ -43,7 +43,7 @@ func BenchmarkLoad(b *testing.B) {
 			}
 			x, out := randomInput(1, h, 1), make([]float32, h)
 			run := func(i int) {
-				l, ex := i/f.store.Experts()%f.store.Layers(), i%f.store.Experts()
+				l, ex := f.store.Layers()[i/f.store.Experts()%len(f.store.Layers())], i%f.store.Experts()
 				if _, err := e.Run(context.Background(), 1, l, ex, x, 1, out, true); err != nil {
 					b.Fatal(err)
 				}

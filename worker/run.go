@@ -37,10 +37,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer st.Close()
-	if st.Layers() == 0 || st.Experts() == 0 {
+	if len(st.Layers()) == 0 || st.Experts() == 0 {
 		return fmt.Errorf("worker: store %s holds no experts", cfg.Store)
 	}
-	hidden, _, err := st.ExpertShape(0, 0)
+	hidden, _, err := st.ExpertShape(st.Layers()[0], 0)
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg Config) error {
 // st: the largest expert, aligned, and the compute buffers of one token.
 func smallestBudget(st *store.Store) (int64, error) {
 	var need int64
-	for l := range st.Layers() {
+	for _, l := range st.Layers() {
 		for e := range st.Experts() {
 			n, err := st.ExpertBytes(l, e)
 			if err != nil {
@@ -121,7 +121,7 @@ func align(n int64) int64 { return (n + arenaAlign - 1) / arenaAlign * arenaAlig
 func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64, log zerolog.Logger) error {
 	t0 := time.Now()
 	var total int64 // every expert's decompressed size
-	for l := range st.Layers() {
+	for _, l := range st.Layers() {
 		for e := range st.Experts() {
 			if b, err := st.ExpertBytes(l, e); err == nil {
 				total += int64(b)
@@ -148,7 +148,7 @@ func inUse(d Device) int64 {
 func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, log zerolog.Logger) error {
 	var total int64 // what this worker owns
 	layout := sched.Layout{Workers: n, Group: 1}
-	for l := range st.Layers() {
+	for _, l := range st.Layers() {
 		for _, e := range layout.Owned(idx, l, st.Experts()) {
 			b, _ := st.ExpertBytes(l, e)
 			total += int64(b)

@@ -64,10 +64,19 @@ func Cached(ctx context.Context, preset string, seed uint64, certDir string, wor
 	return f, EnsureCerts(certDir, workers)
 }
 
-// EnsureStore converts modelDir's experts into dir unless a valid store is
-// there already.
+// EnsureStore converts modelDir's experts into dir unless a valid store of
+// that model is there already.
 func EnsureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
-	if st, err := store.Open(dir, store.Options{}); err == nil {
+	m, err := model.Load(modelDir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		return err
+	}
+	id, err := store.IdentityOf(modelDir, m)
+	m.Close()
+	if err != nil {
+		return err
+	}
+	if st, err := store.Open(dir, store.Options{Identity: id}); err == nil {
 		return st.Close()
 	}
 	log.Info().Str("dir", dir).Msg("compressing the model's experts (once)")
@@ -160,7 +169,7 @@ func StartWorker(ctx context.Context, f Files, i int, addr string, o WorkerOptio
 }
 
 func startWorker(ctx context.Context, st *store.Store, certDir string, i int, addr string, o WorkerOptions) (*wire.Listener, *worker.Engine, error) {
-	hidden, _, err := st.ExpertShape(0, 0)
+	hidden, _, err := st.ExpertShape(st.Layers()[0], 0)
 	if err != nil {
 		return nil, nil, err
 	}

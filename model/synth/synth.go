@@ -13,6 +13,8 @@
 package synth
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -22,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -40,18 +43,22 @@ type Preset struct {
 	Family             string
 	ClipQKV            float64 // OLMoE's clip_qkv; 0: none
 	SharedIntermediate int     // Qwen2-MoE's shared expert
-	Hidden             int
-	Intermediate       int  // an expert's
-	HeadDim            int  // 0: Hidden / Heads
-	NormTopK           bool // Qwen's norm_topk_prob
-	Layers             int
-	Heads, KVHeads     int
-	Experts, TopK      int
-	Vocab              int // 0: the tokenizer's size
-	TokenizerVocab     int // merges target for the built-in tokenizer
-	MaxPositions       int
-	RopeTheta          float64
-	TieWordEmbedding   bool
+	// MLPOnlyLayers are dense layers (Qwen's mlp_only_layers): a SwiGLU
+	// MLP of DenseIntermediate instead of experts.
+	MLPOnlyLayers     []int
+	DenseIntermediate int
+	Hidden            int
+	Intermediate      int  // an expert's
+	HeadDim           int  // 0: Hidden / Heads
+	NormTopK          bool // Qwen's norm_topk_prob
+	Layers            int
+	Heads, KVHeads    int
+	Experts, TopK     int
+	Vocab             int // 0: the tokenizer's size
+	TokenizerVocab    int // merges target for the built-in tokenizer
+	MaxPositions      int
+	RopeTheta         float64
+	TieWordEmbedding  bool
 }
 
 // Presets are the shapes gen-tiny knows.
@@ -67,17 +74,28 @@ var Presets = map[string]Preset{
 		Experts: 8, TopK: 2, Vocab: 32000, TokenizerVocab: 4096, MaxPositions: 32768, RopeTheta: 1e6},
 	// qwen3-moe-tiny: Qwen3-MoE's layer structure (q/k norms, a head_dim
 	// apart from hidden/heads, many small experts, top-4) at a few MB.
+	// Its middle layer is dense (mlp_only_layers).
 	"qwen3-moe-tiny": {Name: "qwen3-moe-tiny", Family: "qwen3-moe", Hidden: 128, Intermediate: 64, HeadDim: 64, NormTopK: true,
-		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+		MLPOnlyLayers: []int{1}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
 	// olmoe-tiny: OLMoE's layer structure (q/k norms over the whole
 	// projections, clip_qkv, many small experts, top-4, routing weights
 	// not renormalised) at a few MB.
 	"olmoe-tiny": {Name: "olmoe-tiny", Family: "olmoe", Hidden: 128, Intermediate: 64, ClipQKV: 2,
 		Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
 	// qwen2-moe-tiny: Qwen2-MoE's layer structure (q/k/v biases, a shared
-	// expert with its sigmoid gate beside 16 routed ones, top-4) at a few MB.
+	// expert with its sigmoid gate beside 16 routed ones, top-4) at a few
+	// MB. Its first layer is dense (mlp_only_layers).
 	"qwen2-moe-tiny": {Name: "qwen2-moe-tiny", Family: "qwen2-moe", Hidden: 128, Intermediate: 64, SharedIntermediate: 128,
-		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+		MLPOnlyLayers: []int{0}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+}
+
+// denseIntermediate is the width of a dense layer's MLP (Qwen's
+// intermediate_size).
+func (p Preset) denseIntermediate() int {
+	if p.DenseIntermediate > 0 {
+		return p.DenseIntermediate
+	}
+	return 4 * p.Hidden
 }
 
 // headDim is the preset's attention head width.
@@ -138,6 +156,7 @@ func Generate(dir string, opt Options) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
+	stamp := stampOf(p, opt)
 	tok, err := writeTokenizer(dir, p, opt.Tokenizer)
 	if err != nil {
 		return err
@@ -155,7 +174,30 @@ func Generate(dir string, opt Options) error {
 	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
 		return err
 	}
-	return writeWeights(filepath.Join(dir, "model.safetensors"), p, opt)
+	if err := writeWeights(filepath.Join(dir, "model.safetensors"), p, opt); err != nil {
+		return err
+	}
+	return writeJSON(filepath.Join(dir, stampFile), stamp)
+}
+
+// stampFile records what a generated model was generated from, so that a
+// cached model of a preset whose shape has since changed is made anew.
+const stampFile = "odmoe-synth.json"
+
+// generatorVersion changes when the same preset and seed would give
+// other bytes (a change to the drawing or the files written).
+const generatorVersion = 2
+
+type stamp struct {
+	Preset      string `json:"preset"`
+	Seed        uint64 `json:"seed"`
+	Tokenizer   string `json:"tokenizer,omitempty"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+func stampOf(p Preset, opt Options) stamp {
+	sum := sha256.Sum256(fmt.Appendf(nil, "odmoe synth v%d %#v", generatorVersion, p))
+	return stamp{Preset: p.Name, Seed: opt.Seed, Tokenizer: opt.Tokenizer, Fingerprint: hex.EncodeToString(sum[:8])}
 }
 
 func firstOr(v []int, def int) int {
@@ -228,8 +270,8 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 			"attention_bias":        false,
 			"decoder_sparse_step":   1,
 			"head_dim":              p.headDim(),
-			"intermediate_size":     4 * p.Hidden, // a dense layer's; all layers are sparse here
-			"mlp_only_layers":       []int{},
+			"intermediate_size":     p.denseIntermediate(),
+			"mlp_only_layers":       append([]int{}, p.MLPOnlyLayers...),
 			"moe_intermediate_size": p.Intermediate,
 			"norm_topk_prob":        p.NormTopK,
 			"num_experts":           p.Experts,
@@ -328,11 +370,23 @@ func tensors(p Preset) []tensor {
 			ts = append(ts, normOf(pre+"self_attn.q_norm.weight", qk[0]), normOf(pre+"self_attn.k_norm.weight", qk[1]))
 		}
 		if p.Family == "qwen2-moe" {
-			si := p.SharedIntermediate
 			ts = append(ts,
 				bias(pre+"self_attn.q_proj.bias", p.Heads*hd),
 				bias(pre+"self_attn.k_proj.bias", p.KVHeads*hd),
 				bias(pre+"self_attn.v_proj.bias", p.KVHeads*hd),
+			)
+		}
+		if slices.Contains(p.MLPOnlyLayers, l) {
+			di := p.denseIntermediate()
+			ts = append(ts,
+				mat(pre+"mlp.gate_proj.weight", di, h, weightStd),
+				mat(pre+"mlp.up_proj.weight", di, h, weightStd),
+				mat(pre+"mlp.down_proj.weight", h, di, weightStd),
+			)
+			continue
+		}
+		if si := p.SharedIntermediate; si > 0 {
+			ts = append(ts,
 				mat(pre+"mlp.shared_expert.gate_proj.weight", si, h, weightStd),
 				mat(pre+"mlp.shared_expert.up_proj.weight", si, h, weightStd),
 				mat(pre+"mlp.shared_expert.down_proj.weight", h, si, weightStd),

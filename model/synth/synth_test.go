@@ -102,4 +102,21 @@ func TestCachedGeneratesOnceAndReuses(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(cache, "models")); len(entries) != 1 {
 		t.Fatalf("temporary directories left behind: %v", entries)
 	}
+
+	// a model generated from another shape of the preset (an older
+	// odmoe's) is made anew, and nothing is left beside it
+	stale := filepath.Join(dir, stampFile)
+	b, _ := os.ReadFile(stale)
+	os.WriteFile(stale, bytes.Replace(b, []byte(`"fingerprint": "`), []byte(`"fingerprint": "0`), 1), 0o644)
+	regenerated := false
+	again, err = Cached(cache, "tiny", 4, func(int64, int64) { regenerated = true })
+	if err != nil || again != dir || !regenerated {
+		t.Fatalf("stale model: %s, %v, regenerated %v", again, err, regenerated)
+	}
+	if b2, _ := os.ReadFile(stale); !bytes.Equal(b2, b) {
+		t.Fatalf("stamp after regenerating: %s, want %s", b2, b)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(cache, "models")); len(entries) != 1 {
+		t.Fatalf("after regenerating a stale model: %v", entries)
+	}
 }
