@@ -19,7 +19,8 @@ import (
 // where present, decide what Encode's addSpecial adds, as transformers'
 // Llama tokenizers do. generation_config.json's eos_token_id adds more
 // EOS ids, and its bos_token_id is used only when tokenizer_config.json
-// does not mention bos_token.
+// does not mention bos_token. pad_token and tokenizer_class are kept for
+// WriteFiles.
 func LoadDir(dir string) (*Tokenizer, error) {
 	t, err := Load(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
@@ -50,6 +51,8 @@ func LoadDir(dir string) (*Tokenizer, error) {
 type tokenizerConfig struct {
 	BOS            json.RawMessage `json:"bos_token"`
 	EOS            json.RawMessage `json:"eos_token"`
+	PAD            json.RawMessage `json:"pad_token"`
+	Class          *string         `json:"tokenizer_class"`
 	AddBOS         *bool           `json:"add_bos_token"`
 	AddEOS         *bool           `json:"add_eos_token"`
 	ModelMaxLength *float64        `json:"model_max_length"`
@@ -141,6 +144,15 @@ func (t *Tokenizer) applyConfig(cfg tokenizerConfig, gen generationConfig, cfgPa
 		if *cfg.AddEOS && len(t.eos) > 0 {
 			t.suffixIDs = []int{t.eos[0]}
 		}
+	}
+	// An unknown pad_token is no error: nothing here encodes with it.
+	if padName, _, err := tokenName(cfg.PAD); err == nil && padName != "" {
+		if id, ok := t.TokenID(padName); ok {
+			t.pad = id
+		}
+	}
+	if cfg.Class != nil {
+		t.class = *cfg.Class
 	}
 	if m := cfg.ModelMaxLength; m != nil && *m > 0 && *m <= math.MaxInt32 {
 		t.modelMaxLength = int(*m)

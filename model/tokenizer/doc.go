@@ -5,7 +5,9 @@
 // Qwen3, and the GPT-2 and Llama 3 regex shapes). It reads
 // tokenizer.json and the BOS/EOS settings of tokenizer_config.json and
 // generation_config.json, streams decoded text token by token, and trains
-// small deterministic SentencePiece-style tokenizers for test models.
+// small deterministic tokenizers of both families for test models
+// (TrainSentencePieceBPE shaped like Mixtral's, TrainByteLevelBPE like
+// Qwen2's and Qwen3's).
 //
 // It does not own chat templates, truncation or padding; files using
 // components it does not implement (Unigram or WordPiece models, other

@@ -49,7 +49,7 @@ func parse(data []byte) (*Tokenizer, error) {
 	if isNull(f.Model) {
 		return nil, errors.New("model is missing")
 	}
-	t := &Tokenizer{source: data, bos: -1}
+	t := &Tokenizer{source: data, bos: -1, pad: -1}
 	var err error
 	if t.model, err = parseBPE(f.Model); err != nil {
 		return nil, err

@@ -5,9 +5,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -367,6 +371,101 @@ func TestTrainedTokenizerMatchesHuggingFace(t *testing.T) {
 	res := runReference(t, modules, node, filepath.Join(dir, "tokenizer.json"), inputs)
 	compareWithReference(t, "trained", tok, inputs, res)
 	compareWithReference(t, "trained, loaded", loaded, inputs, res)
+}
+
+func TestTrainedByteLevelMatchesHuggingFace(t *testing.T) {
+	modules, node := tokref(t)
+	inputs := append(referenceInputs(), byteLevelRoundTripInputs()...)
+	for _, size := range []int{259, 1024, 4096} {
+		t.Run(strconv.Itoa(size), func(t *testing.T) {
+			tok, err := TrainByteLevelBPE(BuiltinCorpus, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			if err := tok.WriteFiles(dir); err != nil {
+				t.Fatal(err)
+			}
+			loaded, err := LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := runReference(t, modules, node, filepath.Join(dir, "tokenizer.json"), inputs)
+			compareWithReference(t, "trained byte-level", tok, inputs, res)
+			compareWithReference(t, "trained byte-level, loaded", loaded, inputs, res)
+		})
+	}
+}
+
+// TestTrainedByteLevelHasQwen3Shape compares the trained files with
+// Qwen3's: the same components, model settings, byte-level ids, added
+// tokens after the vocabulary and tokenizer_config.json conventions.
+func TestTrainedByteLevelHasQwen3Shape(t *testing.T) {
+	modules, _ := tokref(t)
+	qwenDir := filepath.Dir(filepath.Join(modules, qwen3File))
+	tok, err := TrainByteLevelBPE(BuiltinCorpus, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := tok.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	read := func(dir, name string) map[string]any {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(data, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	same := func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: got %v, want Qwen3's %v", what, got, want)
+		}
+	}
+	ours, qwen := read(dir, "tokenizer.json"), read(qwenDir, "tokenizer.json")
+	same("top-level keys", slices.Sorted(maps.Keys(ours)), slices.Sorted(maps.Keys(qwen)))
+	for _, k := range []string{"version", "truncation", "padding", "normalizer", "pre_tokenizer", "post_processor", "decoder"} {
+		same(k, ours[k], qwen[k])
+	}
+	om, qm := ours["model"].(map[string]any), qwen["model"].(map[string]any)
+	same("model keys", slices.Sorted(maps.Keys(om)), slices.Sorted(maps.Keys(qm)))
+	for k := range qm {
+		if k != "vocab" && k != "merges" {
+			same("model."+k, om[k], qm[k])
+		}
+	}
+	ov, qv := om["vocab"].(map[string]any), qm["vocab"].(map[string]any)
+	for s, id := range qv {
+		if id.(float64) < 256 {
+			same(fmt.Sprintf("model.vocab[%q]", s), ov[s], id)
+		}
+	}
+	_, pairs := om["merges"].([]any)[0].([]any)
+	_, qwenPairs := qm["merges"].([]any)[0].([]any)
+	same("merges as pairs", pairs, qwenPairs)
+	oa, qa := ours["added_tokens"].([]any), qwen["added_tokens"].([]any)
+	if len(oa) != len(byteLevelSpecials) {
+		t.Fatalf("%d added tokens, want %d", len(oa), len(byteLevelSpecials))
+	}
+	for i := range oa {
+		o, q := oa[i].(map[string]any), qa[i].(map[string]any)
+		// Qwen numbers its added tokens from the BPE vocabulary's size.
+		same(fmt.Sprintf("added_tokens[%d].id - len(vocab)", i), o["id"].(float64)-float64(len(ov)), q["id"].(float64)-float64(len(qv)))
+		delete(o, "id")
+		delete(q, "id")
+		same(fmt.Sprintf("added_tokens[%d]", i), o, q)
+	}
+	oc, qc := read(dir, "tokenizer_config.json"), read(qwenDir, "tokenizer_config.json")
+	for _, k := range []string{"bos_token", "eos_token", "pad_token", "add_bos_token", "clean_up_tokenization_spaces", "tokenizer_class"} {
+		same("tokenizer_config.json "+k, oc[k], qc[k])
+	}
 }
 
 // wordStarts returns the indices of the ids that start a new word; the

@@ -23,6 +23,8 @@ type Tokenizer struct {
 	prefixIDs, suffixIDs []int
 	bos                  int
 	eos                  []int
+	pad                  int    // tokenizer_config.json's pad_token; -1 if none
+	class                string // tokenizer_config.json's tokenizer_class; "" if unknown
 
 	source         []byte // tokenizer.json, for WriteFiles
 	modelMaxLength int    // tokenizer_config.json's model_max_length; 0 if unknown
@@ -61,10 +63,28 @@ func (t *Tokenizer) encode(text string, addSpecial bool, words *[]int) []int {
 		ids = append(ids, t.prefixIDs...)
 		endWord(-1)
 	}
+	t.segment(text, func(id int) {
+		ids = append(ids, id)
+		endWord(word)
+	}, func(w string) {
+		ids = t.model.tokenize(w, ids)
+		endWord(word)
+	})
+	if addSpecial {
+		ids = append(ids, t.suffixIDs...)
+		endWord(-1)
+	}
+	return ids
+}
+
+// segment runs the steps of encoding before the model: it calls added
+// for each added token found in text and word for each pre-tokenized
+// word of the rest (in byte-level runes for ByteLevel), in order. The
+// model encodes each word on its own; training counts them.
+func (t *Tokenizer) segment(text string, added func(id int), word func(w string)) {
 	t.rawAdded.split(text, func(start, end, id int) {
 		if id >= 0 {
-			ids = append(ids, id)
-			endWord(word)
+			added(id)
 			return
 		}
 		seg := text[start:end]
@@ -74,27 +94,17 @@ func (t *Tokenizer) encode(text string, addSpecial bool, words *[]int) []int {
 		first := start == 0
 		t.normAdded.split(seg, func(s, e, id int) {
 			if id >= 0 {
-				ids = append(ids, id)
-				endWord(word)
+				added(id)
 				return
 			}
 			p := piece{text: seg[s:e], first: first && s == 0}
 			if t.pre == nil {
-				ids = t.model.tokenize(p.text, ids)
-				endWord(word)
+				word(p.text)
 				return
 			}
-			t.pre.preTokenize(p, func(w piece) {
-				ids = t.model.tokenize(w.text, ids)
-				endWord(word)
-			})
+			t.pre.preTokenize(p, func(w piece) { word(w.text) })
 		})
 	})
-	if addSpecial {
-		ids = append(ids, t.suffixIDs...)
-		endWord(-1)
-	}
-	return ids
 }
 
 // Decode returns the text of ids. With skipSpecial, special tokens

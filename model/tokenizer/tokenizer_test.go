@@ -251,7 +251,7 @@ func streamAll(tok *Tokenizer, ids []int) string {
 
 func TestStreamDecoderEqualsDecodeForEveryPrefix(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
-	for _, tok := range []*Tokenizer{trained(t), byteLevelTok(t)} {
+	for _, tok := range []*Tokenizer{trained(t), byteLevelTok(t), trainedByteLevel(t)} {
 		var seqs [][]int
 		for _, s := range referenceStrings {
 			seqs = append(seqs, tok.Encode(s, true))
@@ -457,7 +457,7 @@ func FuzzEncodeDecodeRoundTrip(f *testing.F) {
 		f.Add(s)
 	}
 	sp := trained(f)
-	bl := byteLevelTok(f)
+	byteLevels := map[string]*Tokenizer{"byte-level": byteLevelTok(f), "trained byte-level": trainedByteLevel(f)}
 	f.Fuzz(func(t *testing.T, s string) {
 		if !utf8.ValidString(s) {
 			return
@@ -471,9 +471,11 @@ func FuzzEncodeDecodeRoundTrip(f *testing.F) {
 				t.Fatalf("SentencePiece: stream of %q = %q", s, got)
 			}
 		}
-		ids := bl.Encode(s, false)
-		if got, want := bl.Decode(ids, false), norm.NFC.String(s); got != want {
-			t.Fatalf("byte-level: decode(encode(%q)) = %q, want %q", s, got, want)
+		for name, bl := range byteLevels {
+			ids := bl.Encode(s, false)
+			if got, want := bl.Decode(ids, false), norm.NFC.String(s); got != want {
+				t.Fatalf("%s: decode(encode(%q)) = %q, want %q", name, s, got, want)
+			}
 		}
 	})
 }

@@ -4,13 +4,15 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
 )
 
 // BuiltinCorpus is a small English, code and multilingual text for
-// TrainSentencePieceBPE, so test models need no download.
+// TrainSentencePieceBPE and TrainByteLevelBPE, so test models need no
+// download.
 //
 //go:embed corpus.txt
 var BuiltinCorpus string
@@ -39,7 +41,7 @@ func TrainSentencePieceBPE(corpus string, vocabSize int) (*Tokenizer, error) {
 	if !utf8.ValidString(corpus) {
 		return nil, errors.New("tokenizer: training corpus is not valid UTF-8")
 	}
-	tr := newTrainer(corpus, vocabSize)
+	tr := newSentencePieceTrainer(corpus, vocabSize)
 	tr.learn(vocabSize)
 	data, err := sentencePieceJSON(tr.tokens, tr.merges)
 	if err != nil {
@@ -51,6 +53,88 @@ func TrainSentencePieceBPE(corpus string, vocabSize int) (*Tokenizer, error) {
 	}
 	t.modelMaxLength = trainedModelMaxLength
 	return t, nil
+}
+
+// byteLevelSpecials are the added tokens of TrainByteLevelBPE, numbered
+// after the BPE vocabulary as in Qwen2's and Qwen3's files.
+var byteLevelSpecials = []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+// TrainByteLevelBPE trains a byte-level BPE tokenizer shaped like
+// Qwen2's and Qwen3's: NFC, the Qwen2 split regex and the ByteLevel
+// pre-tokenizer and decoder, ids 0-255 the byte-level runes (GPT-2's
+// alphabet, in code point order as Qwen numbers them), then the merges'
+// results, then the added tokens <|endoftext|>, <|im_start|> and
+// <|im_end|>. Its tokenizer_config.json (WriteFiles) names no BOS,
+// <|im_end|> as EOS and <|endoftext|> as padding, as Qwen's does.
+//
+// vocabSize counts the BPE vocabulary and the three added tokens. Merges
+// are learned as in TrainSentencePieceBPE, over the words the Qwen2
+// regex splits the corpus into, so merges never cross them; a corpus too
+// small to give vocabSize tokens (no pair left that occurs twice) gives
+// fewer. The result is deterministic.
+func TrainByteLevelBPE(corpus string, vocabSize int) (*Tokenizer, error) {
+	if base := 256 + len(byteLevelSpecials); vocabSize < base {
+		return nil, fmt.Errorf("tokenizer: vocab size %d is below the %d base tokens", vocabSize, base)
+	}
+	if !utf8.ValidString(corpus) {
+		return nil, errors.New("tokenizer: training corpus is not valid UTF-8")
+	}
+	tr, err := newByteLevelTrainer(corpus)
+	if err != nil {
+		return nil, err
+	}
+	tr.learn(vocabSize - len(byteLevelSpecials))
+	data, err := byteLevelBPEJSON(tr.tokens, tr.merges, byteLevelSpecials)
+	if err != nil {
+		return nil, err
+	}
+	t, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: trained tokenizer does not load: %w", err)
+	}
+	t.modelMaxLength = trainedModelMaxLength
+	if id, ok := t.TokenID("<|endoftext|>"); ok {
+		t.pad = id
+	}
+	t.class = "Qwen2Tokenizer"
+	return t, nil
+}
+
+// newByteLevelTrainer starts TrainByteLevelBPE's training: the 256
+// byte-level runes and the corpus' words as the untrained tokenizer
+// splits them, which is exactly how encoding will split text.
+func newByteLevelTrainer(corpus string) (*trainer, error) {
+	tr := newTrainer()
+	for _, s := range byteLevelAlphabet() {
+		tr.add(s, true)
+	}
+	for _, s := range byteLevelSpecials {
+		tr.banned[s] = true
+	}
+	data, err := byteLevelBPEJSON(tr.tokens, nil, byteLevelSpecials)
+	if err != nil {
+		return nil, err
+	}
+	empty, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: untrained tokenizer does not load: %w", err)
+	}
+	wordFreq := make(map[string]int)
+	empty.segment(corpus, func(int) {}, func(w string) { wordFreq[w]++ })
+	tr.setWords(wordFreq)
+	return tr, nil
+}
+
+// byteLevelAlphabet returns the 256 byte-level runes in code point
+// order, the order of ids 0-255 in Qwen's and GPT-2's vocabularies.
+func byteLevelAlphabet() []string {
+	runes := byteToRune
+	slices.Sort(runes[:])
+	out := make([]string, len(runes))
+	for i, r := range runes {
+		out[i] = string(r)
+	}
+	return out
 }
 
 // trainer holds the state of BPE training.
@@ -67,21 +151,31 @@ type trainer struct {
 	visited []int              // word -> last merge step that rewrote it
 }
 
-func newTrainer(corpus string, vocabSize int) *trainer {
-	tr := &trainer{ids: make(map[string]int), banned: make(map[string]bool)}
-	add := func(s string) {
-		tr.ids[s] = len(tr.tokens)
-		tr.tokens = append(tr.tokens, s)
+func newTrainer() *trainer {
+	return &trainer{ids: make(map[string]int), banned: make(map[string]bool)}
+}
+
+// add appends s to the vocabulary; base tokens are banned as merge
+// results so that no merge shadows them.
+func (tr *trainer) add(s string, base bool) {
+	tr.ids[s] = len(tr.tokens)
+	tr.tokens = append(tr.tokens, s)
+	if base {
 		tr.banned[s] = true
 	}
+}
+
+// newSentencePieceTrainer starts TrainSentencePieceBPE's training: the
+// specials, byte tokens, "▁" and the corpus' characters, and its words.
+func newSentencePieceTrainer(corpus string, vocabSize int) *trainer {
+	tr := newTrainer()
 	for _, s := range []string{"<unk>", "<s>", "</s>"} {
-		add(s)
+		tr.add(s, true)
 	}
 	for b := 0; b < 256; b++ {
-		add(byteTokenName(byte(b)))
+		tr.add(byteTokenName(byte(b)), true)
 	}
-	add(spaceMarker)
-	delete(tr.banned, spaceMarker)
+	tr.add(spaceMarker, false)
 
 	text := ""
 	if corpus != "" {
@@ -107,12 +201,19 @@ func newTrainer(corpus string, vocabSize int) *trainer {
 		if len(tr.tokens) >= vocabSize {
 			break
 		}
-		tr.ids[string(r)] = len(tr.tokens)
-		tr.tokens = append(tr.tokens, string(r))
+		tr.add(string(r), false)
 	}
 
 	wordFreq := make(map[string]int)
 	splitWords(text, func(w string) { wordFreq[w]++ })
+	tr.setWords(wordFreq)
+	return tr
+}
+
+// setWords loads the training words with their frequencies: each word's
+// characters are its first symbols (a character not in the vocabulary
+// breaks the pairs around it).
+func (tr *trainer) setWords(wordFreq map[string]int) {
 	words := make([]string, 0, len(wordFreq))
 	for w := range wordFreq {
 		words = append(words, w)
@@ -137,7 +238,6 @@ func newTrainer(corpus string, vocabSize int) *trainer {
 	for k, n := range tr.counts {
 		tr.heap.push(tr.entry(k, n))
 	}
-	return tr
 }
 
 // splitWords calls f for each training word of the normalized text: a

@@ -176,9 +176,108 @@ func sentencePieceJSON(tokens []string, merges [][2]string) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// byteLevelBPEJSON writes a tokenizer.json in the shape of Qwen3's: the
+// specials as added tokens after the vocabulary, NFC, the Qwen2 regex
+// split and ByteLevel, BPE without byte fallback, merges as pairs.
+func byteLevelBPEJSON(tokens []string, merges [][2]string, specials []string) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(`{
+  "version": "1.0",
+  "truncation": null,
+  "padding": null,
+  "added_tokens": [
+`)
+	for i, s := range specials {
+		sep := ","
+		if i == len(specials)-1 {
+			sep = ""
+		}
+		fmt.Fprintf(&b, `    {
+      "id": %d,
+      "content": %s,
+      "single_word": false,
+      "lstrip": false,
+      "rstrip": false,
+      "normalized": false,
+      "special": true
+    }%s
+`, len(tokens)+i, jsonString(s), sep)
+	}
+	b.WriteString(`  ],
+  "normalizer": {
+    "type": "NFC"
+  },
+  "pre_tokenizer": {
+    "type": "Sequence",
+    "pretokenizers": [
+      {
+        "type": "Split",
+        "pattern": {
+          "Regex": ` + jsonString(patternQwen2) + `
+        },
+        "behavior": "Isolated",
+        "invert": false
+      },
+      {
+        "type": "ByteLevel",
+        "add_prefix_space": false,
+        "trim_offsets": false,
+        "use_regex": false
+      }
+    ]
+  },
+  "post_processor": {
+    "type": "ByteLevel",
+    "add_prefix_space": false,
+    "trim_offsets": false,
+    "use_regex": false
+  },
+  "decoder": {
+    "type": "ByteLevel",
+    "add_prefix_space": false,
+    "trim_offsets": false,
+    "use_regex": false
+  },
+  "model": {
+    "type": "BPE",
+    "dropout": null,
+    "unk_token": null,
+    "continuing_subword_prefix": "",
+    "end_of_word_suffix": "",
+    "fuse_unk": false,
+    "byte_fallback": false,
+    "ignore_merges": false,
+    "vocab": {
+`)
+	for id, tok := range tokens {
+		sep := ","
+		if id == len(tokens)-1 {
+			sep = ""
+		}
+		fmt.Fprintf(&b, "      %s: %d%s\n", jsonString(tok), id, sep)
+	}
+	b.WriteString("    },\n    \"merges\": [")
+	for i, m := range merges {
+		sep := ","
+		if i == len(merges)-1 {
+			sep = ""
+		}
+		fmt.Fprintf(&b, "\n      [\n        %s,\n        %s\n      ]%s", jsonString(m[0]), jsonString(m[1]), sep)
+	}
+	if len(merges) > 0 {
+		b.WriteString("\n    ")
+	}
+	b.WriteString("]\n  }\n}\n")
+	if !json.Valid(b.Bytes()) {
+		return nil, fmt.Errorf("tokenizer: internal error: generated tokenizer.json is not valid JSON")
+	}
+	return b.Bytes(), nil
+}
+
 // WriteFiles writes tokenizer.json (the file the tokenizer was loaded
 // from, or the trained one) and a tokenizer_config.json with bos_token,
-// eos_token, add_bos_token, add_eos_token and model_max_length into dir,
+// eos_token, pad_token, add_bos_token, add_eos_token, tokenizer_class
+// and model_max_length into dir,
 // which must exist. Hugging Face's tokenizers and transformers load the
 // pair.
 func (t *Tokenizer) WriteFiles(dir string) error {
@@ -220,6 +319,12 @@ func (t *Tokenizer) configJSON() ([]byte, error) {
 		cfg["legacy"] = true
 		cfg["spaces_between_special_tokens"] = false
 		cfg["pad_token"] = nil
+	}
+	if t.class != "" {
+		cfg["tokenizer_class"] = t.class
+	}
+	if t.pad >= 0 {
+		cfg["pad_token"] = t.TokenString(t.pad)
 	}
 	if t.model.unkID >= 0 {
 		cfg["unk_token"] = t.TokenString(t.model.unkID)
