@@ -319,7 +319,7 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 		if mode == ModeFault {
 			f = planFault(opt, servers, done, c)
 		}
-		r, err := benchCase(opt, mode, i, c, f)
+		r, err := benchCase(opt, mode, i, c, f, servers)
 		if f != nil {
 			<-f.ran // benchCase has stopped the kill, or it has run
 			r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
@@ -414,7 +414,7 @@ func runDir(opt BenchOptions, mode Mode, c Case) string {
 }
 
 // benchCase runs the main node (or local mode) once.
-func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault) (Run, error) {
+func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*Proc) (Run, error) {
 	m := opt.Rig.Main
 	dir := runDir(opt, mode, c)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -449,11 +449,18 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault) (Run, error
 			go f.arm(out.Name(), t0)
 		}
 	}
+	var died *Proc
 	if err == nil {
+		gone := watchServers(p, servers, f)
 		err = p.Wait()
+		died = gone()
 	}
 	if f != nil {
 		close(f.stop) // a kill not yet due is called off
+	}
+	if died != nil {
+		return r, fmt.Errorf("testbed: %s %s: node %s %w while the main node ran, so the run was stopped; its log: %s",
+			mode, c, died.Node.Name, errExited, filepath.Join(opt.Out, "logs", string(mode), died.Node.Name+".log"))
 	}
 	r.WallS = time.Since(t0).Seconds()
 	r.CPUBusy = ReadCPU().BusySince(cpu0)
@@ -477,6 +484,38 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault) (Run, error
 	opt.Log.Info().Str("mode", string(mode)).Str("case", c.String()).Float64("decode_tok_s", st.DecodeTokensPerS).
 		Float64("cpu_busy", r.CPUBusy).Bool("identical", r.Identical).Msg("run done")
 	return r, nil
+}
+
+// watchServers stops the main node p when a server it needs ends (other
+// than the fault's victim), instead of letting it wait out its dial
+// timeout for a node that is gone. Once p has ended, the returned func
+// says which server that was (nil: none).
+func watchServers(p *Proc, servers []*Proc, f *fault) func() *Proc {
+	var gone *Proc
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-tick.C:
+			}
+			for i, s := range servers {
+				if s.Exited() && (f == nil || i != f.victim) {
+					gone = s
+					p.Stop(5 * time.Second)
+					return
+				}
+			}
+		}
+	}()
+	return func() *Proc {
+		<-done
+		return gone
+	}
 }
 
 // sameOutput compares two -dump directories byte for byte; "" if equal.

@@ -528,3 +528,33 @@ func TestNewNetns(t *testing.T) {
 		}
 	})
 }
+
+// TestWatchServersStopsTheMainNodeWhenAServerDies: a worker that ends
+// while the main node runs (it failed to bind, ran out of memory) stops
+// the main node at once, naming the worker, instead of the main node
+// waiting out its dial timeout; a fault's planned victim does not.
+func TestWatchServersStopsTheMainNodeWhenAServerDies(t *testing.T) {
+	main, log := startSh(t, "main", "echo ready; exec sleep 60")
+	log.waitFor(t, "ready")
+	alive, _ := startSh(t, "w1", "exec sleep 60")
+	dying, _ := startSh(t, "w2", "sleep 0.3; exit 3")
+	gone := watchServers(main, []*Proc{alive, dying}, nil)
+	if sig := endedBy(t, main.Wait()); sig != syscall.SIGTERM {
+		t.Errorf("main ended by %v, want the watcher's SIGTERM", sig)
+	}
+	if g := gone(); g != dying {
+		t.Errorf("watcher names %v, want w2", g)
+	}
+
+	// the fault's victim may die: the main node keeps running
+	main2, log2 := startSh(t, "main", "echo ready; sleep 1; exit 0")
+	log2.waitFor(t, "ready")
+	victim, _ := startSh(t, "w1", "exit 0")
+	gone = watchServers(main2, []*Proc{victim, alive}, &fault{victim: 0})
+	if err := main2.Wait(); err != nil {
+		t.Errorf("main with its fault victim dead: %v, want it to run to its end", err)
+	}
+	if g := gone(); g != nil {
+		t.Errorf("watcher names %s for a planned fault", g.Node.Name)
+	}
+}
