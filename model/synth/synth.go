@@ -77,6 +77,15 @@ var Presets = map[string]Preset{
 	// Its middle layer is dense (mlp_only_layers).
 	"qwen3-moe-tiny": {Name: "qwen3-moe-tiny", Family: "qwen3-moe", Hidden: 128, Intermediate: 64, HeadDim: 64, NormTopK: true,
 		MLPOnlyLayers: []int{1}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+	// qwen3-moe-small: Qwen3-30B-A3B's real layer (hidden 2048, 32 query
+	// and 4 KV heads of head_dim 128, 128 experts of 768, top-8,
+	// norm_topk_prob), ~1.5 GB: one layer (128 experts of 9.4 MB are
+	// 1.2 GB a layer) and a 32000-token vocabulary, untied as in the real
+	// model. The real vocabulary (151936) alone would take 1.24 GB for
+	// the embedding and the head; adopt Qwen3's tokenizer.json with
+	// gen-tiny -tokenizer for that (~2.5 GB).
+	"qwen3-moe-small": {Name: "qwen3-moe-small", Family: "qwen3-moe", Hidden: 2048, Intermediate: 768, HeadDim: 128, NormTopK: true,
+		Layers: 1, Heads: 32, KVHeads: 4, Experts: 128, TopK: 8, Vocab: 32000, TokenizerVocab: 4096, MaxPositions: 40960, RopeTheta: 1e6},
 	// olmoe-tiny: OLMoE's layer structure (q/k norms over the whole
 	// projections, clip_qkv, many small experts, top-4, routing weights
 	// not renormalised) at a few MB.
@@ -97,6 +106,11 @@ func (p Preset) denseIntermediate() int {
 	}
 	return 4 * p.Hidden
 }
+
+// byteLevel says whether the family's tokenizer is a byte-level BPE
+// (Qwen's, with <|endoftext|>, <|im_start|>, <|im_end|>) rather than
+// Mixtral's SentencePiece-style BPE with byte fallback.
+func (p Preset) byteLevel() bool { return p.Family == "qwen3-moe" || p.Family == "qwen2-moe" }
 
 // headDim is the preset's attention head width.
 func (p Preset) headDim() int {
@@ -170,7 +184,7 @@ func Generate(dir string, opt Options) error {
 	if err := writeJSON(filepath.Join(dir, "config.json"), hfConfig(p, tok)); err != nil {
 		return err
 	}
-	gen := map[string]any{"_from_model_config": true, "bos_token_id": tok.BOS(), "eos_token_id": firstOr(tok.EOS(), 2), "transformers_version": "4.46.0"}
+	gen := map[string]any{"_from_model_config": true, "bos_token_id": bosID(tok), "eos_token_id": firstOr(tok.EOS(), 2), "transformers_version": "4.46.0"}
 	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
 		return err
 	}
@@ -186,7 +200,7 @@ const stampFile = "odmoe-synth.json"
 
 // generatorVersion changes when the same preset and seed would give
 // other bytes (a change to the drawing or the files written).
-const generatorVersion = 2
+const generatorVersion = 4
 
 type stamp struct {
 	Preset      string `json:"preset"`
@@ -198,6 +212,18 @@ type stamp struct {
 func stampOf(p Preset, opt Options) stamp {
 	sum := sha256.Sum256(fmt.Appendf(nil, "odmoe synth v%d %#v", generatorVersion, p))
 	return stamp{Preset: p.Name, Seed: opt.Seed, Tokenizer: opt.Tokenizer, Fingerprint: hex.EncodeToString(sum[:8])}
+}
+
+// bosID is the config's bos_token_id: the tokenizer's, or, for a
+// tokenizer that adds none (Qwen's), <|endoftext|> as Qwen's configs say.
+func bosID(tok *tokenizer.Tokenizer) any {
+	if tok.BOS() >= 0 {
+		return tok.BOS()
+	}
+	if id, ok := tok.TokenID("<|endoftext|>"); ok {
+		return id
+	}
+	return nil
 }
 
 func firstOr(v []int, def int) int {
@@ -228,7 +254,11 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 		}
 		return t, nil
 	}
-	t, err := tokenizer.TrainSentencePieceBPE(tokenizer.BuiltinCorpus, p.TokenizerVocab)
+	train := tokenizer.TrainSentencePieceBPE // Mixtral's kind
+	if p.byteLevel() {
+		train = tokenizer.TrainByteLevelBPE
+	}
+	t, err := train(tokenizer.BuiltinCorpus, p.TokenizerVocab)
 	if err != nil {
 		return nil, fmt.Errorf("synth: training the built-in tokenizer: %w", err)
 	}
@@ -242,7 +272,7 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 	// what every family's config.json has
 	c := map[string]any{
 		"attention_dropout":       0.0,
-		"bos_token_id":            tok.BOS(),
+		"bos_token_id":            bosID(tok),
 		"eos_token_id":            firstOr(tok.EOS(), 2),
 		"hidden_act":              "silu",
 		"hidden_size":             p.Hidden,

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
 )
 
@@ -118,5 +119,41 @@ func TestCachedGeneratesOnceAndReuses(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(cache, "models")); len(entries) != 1 {
 		t.Fatalf("after regenerating a stale model: %v", entries)
+	}
+}
+
+// TestEveryTinyPresetLoads generates each family's tiny preset and reads
+// it back as the run commands do: config.json as a model config,
+// tokenizer.json with tokenizer_config.json and generation_config.json
+// as a tokenizer whose text round-trips, and the BOS and EOS ids the
+// configs name inside the model's vocabulary.
+func TestEveryTinyPresetLoads(t *testing.T) {
+	for _, name := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), name)
+			if err := Generate(dir, Options{Preset: name, Seed: 1}); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := model.LoadConfig(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok, err := tokenizer.LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const text = "The swarm loads experts just in time."
+			if got := tok.Decode(tok.Encode(text, false), false); got != text {
+				t.Fatalf("round trip: %q, want %q", got, text)
+			}
+			if len(tok.EOS()) == 0 {
+				t.Fatal("no EOS id")
+			}
+			for _, id := range append(tok.EOS(), tok.BOS()) {
+				if id >= cfg.VocabSize {
+					t.Fatalf("special id %d outside the model's vocabulary %d", id, cfg.VocabSize)
+				}
+			}
+		})
 	}
 }
