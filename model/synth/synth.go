@@ -91,6 +91,18 @@ var Presets = map[string]Preset{
 	// not renormalised) at a few MB.
 	"olmoe-tiny": {Name: "olmoe-tiny", Family: "olmoe", Hidden: 128, Intermediate: 64, ClipQKV: 2,
 		Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
+	// olmoe-small: OLMoE-1B-7B's real layer (hidden 2048, 16 heads of
+	// 128 without GQA, 64 experts of 1024, top-8, no clip_qkv, routing
+	// weights not renormalised) and real vocabulary size (50304, untied),
+	// one layer: ~1.25 GB.
+	"olmoe-small": {Name: "olmoe-small", Family: "olmoe", Hidden: 2048, Intermediate: 1024,
+		Layers: 1, Heads: 16, KVHeads: 16, Experts: 64, TopK: 8, Vocab: 50304, TokenizerVocab: 4096, MaxPositions: 4096, RopeTheta: 1e4},
+	// qwen2-moe-small: Qwen1.5-MoE-A2.7B's real layer (hidden 2048, 16
+	// heads of 128 without GQA, q/k/v biases, 60 experts of 1408, top-4,
+	// a shared expert of 5632 with its gate), one layer and a 32000-token
+	// vocabulary (the real 151936 would be 1.24 GB alone): ~1.4 GB.
+	"qwen2-moe-small": {Name: "qwen2-moe-small", Family: "qwen2-moe", Hidden: 2048, Intermediate: 1408, SharedIntermediate: 5632,
+		Layers: 1, Heads: 16, KVHeads: 16, Experts: 60, TopK: 4, Vocab: 32000, TokenizerVocab: 4096, MaxPositions: 8192, RopeTheta: 1e6},
 	// qwen2-moe-tiny: Qwen2-MoE's layer structure (q/k/v biases, a shared
 	// expert with its sigmoid gate beside 16 routed ones, top-4) at a few
 	// MB. Its first layer is dense (mlp_only_layers).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/model"
@@ -69,6 +70,43 @@ func TestMixtralLayersPresetHasMixtralExpertSize(t *testing.T) {
 	// Mixtral-8x7B: 3 x 4096 x 14336 BF16 = 352,321,536 bytes per expert
 	if expert != 3*4096*14336*2 {
 		t.Fatalf("expert bytes %d", expert)
+	}
+}
+
+// TestSmallPresetsHaveTheRealLayerShapes checks each family's -small
+// preset against its real model's per-layer shapes (one expert's bytes,
+// experts per layer) and the ~1.5 GB budget the presets are sized for.
+func TestSmallPresetsHaveTheRealLayerShapes(t *testing.T) {
+	for _, c := range []struct {
+		preset, expert0 string
+		expertBytes     int64 // one expert's gate, up and down projections in BF16
+		experts         int
+	}{
+		{"small", "model.layers.0.block_sparse_moe.experts.0.", 3 * 1024 * 3584 * 2, 8},
+		{"qwen3-moe-small", "model.layers.0.mlp.experts.0.", 3 * 2048 * 768 * 2, 128}, // Qwen3-30B-A3B
+		{"olmoe-small", "model.layers.0.mlp.experts.0.", 3 * 2048 * 1024 * 2, 64},     // OLMoE-1B-7B
+		{"qwen2-moe-small", "model.layers.0.mlp.experts.0.", 3 * 2048 * 1408 * 2, 60}, // Qwen1.5-MoE-A2.7B
+	} {
+		var expert, total int64
+		experts := map[string]bool{}
+		for _, ts := range tensors(Presets[c.preset]) {
+			n := int64(elements(ts.spec.Shape)) * 2
+			total += n
+			if strings.HasPrefix(ts.spec.Name, c.expert0) {
+				expert += n
+			}
+			if rest, ok := strings.CutPrefix(ts.spec.Name, "model.layers.0.mlp.experts."); ok {
+				experts[strings.SplitN(rest, ".", 2)[0]] = true
+			} else if rest, ok := strings.CutPrefix(ts.spec.Name, "model.layers.0.block_sparse_moe.experts."); ok {
+				experts[strings.SplitN(rest, ".", 2)[0]] = true
+			}
+		}
+		if expert != c.expertBytes || len(experts) != c.experts {
+			t.Errorf("%s: expert 0 of layer 0 has %d bytes, want %d; %d experts, want %d", c.preset, expert, c.expertBytes, len(experts), c.experts)
+		}
+		if total > 1600<<20 {
+			t.Errorf("%s: %d MiB of weights, over the ~1.5 GB budget", c.preset, total>>20)
+		}
 	}
 }
 
