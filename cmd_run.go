@@ -30,6 +30,8 @@ type runFlags struct {
 	temp, topP                 float64
 	seed                       uint64
 	ignoreEOS                  bool
+	http, servedName           string
+	maxBatch, maxQueue         int
 	// main
 	workers, prefetch, shadow string
 	group, miniBatch          int
@@ -63,6 +65,10 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "local, main: keep generating past an end-of-sequence token (benchmarks)")
 	fs.StringVar(&f.dump, "dump", "", "local, main: `DIR` to write tokens.json and logits.npy ([steps, vocab] float32) into")
 	fs.StringVar(&f.stats, "stats", "", "local, main: write the run's figures as JSON to `FILE`")
+	fs.StringVar(&f.http, "http", "", "local, main: serve the OpenAI-compatible API on TCP `ADDR` (e.g. 127.0.0.1:8080) until interrupted, instead of answering -prompt")
+	fs.StringVar(&f.servedName, "served-model-name", "", "local, main: the model's name in the API; default: the -model directory's base name")
+	fs.IntVar(&f.maxBatch, "max-batch", 8, "local, main: with -http, requests generating at once")
+	fs.IntVar(&f.maxQueue, "max-queue", 64, "local, main: with -http, requests waiting for a place beyond -max-batch; more are refused with 503")
 	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
 	fs.IntVar(&f.group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
@@ -128,8 +134,21 @@ func (f *runFlags) checkGenerate() error {
 		return usagef("-prompt is empty: give the text to continue")
 	case f.promptTokens < 0:
 		return usagef("-prompt-tokens must be >= 0, got %d", f.promptTokens)
+	case f.maxBatch < 1:
+		return usagef("-max-batch must be >= 1, got %d", f.maxBatch)
+	case f.maxQueue < 0:
+		return usagef("-max-queue must be >= 0, got %d", f.maxQueue)
 	}
 	return nil
+}
+
+// serving is how local and main serve the API (-http).
+func (f *runFlags) serving() mainnode.Serving {
+	q := f.maxQueue
+	if q == 0 {
+		q = -1 // no queue: serve's 0 means its default
+	}
+	return mainnode.Serving{Addr: f.http, ModelName: f.servedName, MaxBatch: f.maxBatch, MaxQueue: q}
 }
 
 // text is the prompt and generation settings local and main share.
@@ -142,5 +161,5 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 	if err := f.checkGenerate(); err != nil {
 		return err
 	}
-	return mainnode.RunLocal(ctx, f.model, f.text(), stdout, log)
+	return mainnode.RunLocal(ctx, f.model, f.text(), f.serving(), stdout, log)
 }

@@ -38,7 +38,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	cfg := mainnode.Config{Model: f.model, Text: f.text(), Workers: strings.Split(f.workers, ","), Group: f.group,
+	cfg := mainnode.Config{Model: f.model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.workers, ","), Group: f.group,
 		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if f.peerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.peerTimeout)

@@ -17,6 +17,7 @@ import (
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -24,6 +25,7 @@ import (
 type Config struct {
 	Model     string   // Hugging Face model directory
 	Text      Text     // the prompt and what to do with it
+	Serve     Serving  // serve the API instead (Serve.Addr set)
 	Workers   []string // worker addresses, in layout order
 	Group     int      // workers per group; 0: the router's top-k
 	Prefetch  Prefetch
@@ -143,6 +145,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 			return err
 		}
 	}
+	if cfg.Serve.Addr != "" {
+		return serveAPI(ctx, cfg.Model, m, sw.Generator(m), sw.Health, prometheus.NewRegistry(), cfg.Serve, log)
+	}
 	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw, sw.Generate, stdout)
 	if err != nil {
 		return err
@@ -167,8 +172,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 }
 
 // RunLocal answers t with the whole model in this process (`odmoe run
-// -role local`): the reference the swarm must match bit for bit.
-func RunLocal(ctx context.Context, modelDir string, t Text, stdout io.Writer, log zerolog.Logger) error {
+// -role local`): the reference the swarm must match bit for bit. With
+// sv.Addr set it serves the API instead.
+func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, stdout io.Writer, log zerolog.Logger) error {
 	t0 := time.Now()
 	m, err := model.Load(modelDir, model.LoadOptions{})
 	if err != nil {
@@ -180,6 +186,9 @@ func RunLocal(ctx context.Context, modelDir string, t Text, stdout io.Writer, lo
 		Int("experts", c.NumExperts).Int("top_k", c.TopK).
 		Str("non_expert", progress.Bytes(m.NonExpertBytes())).Str("experts_bytes", progress.Bytes(m.ExpertBytes())).
 		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
+	if sv.Addr != "" {
+		return serveAPI(ctx, modelDir, m, localGenerator{m: m}, nil, prometheus.NewRegistry(), sv, log)
+	}
 	st, err := generateText(ctx, modelDir, t, m, model.NewResidentExperts(m), model.Generate, stdout)
 	if err != nil {
 		return err

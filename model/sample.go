@@ -9,9 +9,11 @@ import (
 // Sampler picks the next token from logits: greedy (argmax, lowest id on
 // ties) at temperature 0, otherwise softmax(logits/T) restricted to the
 // smallest set of tokens whose probability reaches topP (nucleus
-// sampling), drawn from a seeded generator so runs repeat.
+// sampling), drawn from a seeded generator so runs repeat. A top-k cut
+// (WithTopK) comes before the nucleus cut, as in Hugging Face's warpers.
 type Sampler struct {
 	temperature, topP float64
+	topK              int
 	rng               *rand.Rand
 	idx               []int
 	probs             []float64
@@ -21,6 +23,13 @@ type Sampler struct {
 // (0, 1) means no nucleus cut.
 func NewSampler(temperature, topP float64, seed uint64) *Sampler {
 	return &Sampler{temperature: temperature, topP: topP, rng: rand.New(rand.NewPCG(seed, 0x6f646d6f65))}
+}
+
+// WithTopK restricts sampling to the k most likely tokens (k <= 0: no
+// cut) and returns s.
+func (s *Sampler) WithTopK(k int) *Sampler {
+	s.topK = k
+	return s
 }
 
 // Sample returns the chosen token id.
@@ -41,9 +50,15 @@ func (s *Sampler) Sample(logits []float32) int {
 	}
 	sort.SliceStable(idx, func(a, b int) bool { return probs[idx[a]] > probs[idx[b]] })
 	keep := len(idx)
+	if s.topK > 0 && s.topK < keep {
+		keep, sum = s.topK, 0
+		for _, id := range idx[:keep] {
+			sum += probs[id]
+		}
+	}
 	if s.topP > 0 && s.topP < 1 {
 		var acc float64
-		for i, id := range idx {
+		for i, id := range idx[:keep] {
 			acc += probs[id] / sum
 			if acc >= s.topP {
 				keep = i + 1

@@ -62,6 +62,34 @@ func TestSamplerFollowsTemperatureAndTopP(t *testing.T) {
 	}
 }
 
+// TestSamplerTopKComesBeforeTopP: top-k 2 draws only the two most likely
+// tokens, in proportion to their renormalised probabilities, and the
+// nucleus cut is then taken over those two (Hugging Face's warper order).
+func TestSamplerTopKComesBeforeTopP(t *testing.T) {
+	logits := []float32{2, 1, 0, -1}
+	s := NewSampler(1, 1, 3).WithTopK(2)
+	counts := make([]int, 4)
+	const n = 20000
+	for range n {
+		counts[s.Sample(logits)]++
+	}
+	p0 := math.E / (math.E + 1) // softmax over the top two at T=1
+	if counts[2]+counts[3] != 0 {
+		t.Fatalf("top-k 2 sampled tokens outside the top two: %v", counts)
+	}
+	if got := float64(counts[0]) / n; math.Abs(got-p0) > 4*math.Sqrt(p0*(1-p0)/n) {
+		t.Fatalf("token 0: frequency %.4f, want %.4f", got, p0)
+	}
+	// over the top two, p0 = 0.73 >= 0.7: the nucleus keeps token 0 alone
+	// (over all four tokens p0 = 0.64 would have kept token 1 too)
+	s = NewSampler(1, 0.7, 4).WithTopK(2)
+	for range 500 {
+		if got := s.Sample(logits); got != 0 {
+			t.Fatalf("top-k 2 then top-p 0.7 sampled %d", got)
+		}
+	}
+}
+
 func TestRouteRenormalisesAndSortsByExpert(t *testing.T) {
 	logits := []float32{0.1, 2, -1, 1.5, 0}
 	probs := make([]float32, len(logits))

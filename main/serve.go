@@ -1,0 +1,94 @@
+package mainnode
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/tokenizer"
+	"github.com/odmoe/odmoe/serve"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Serving is how a node serves the OpenAI-compatible API instead of
+// answering one prompt (`odmoe run -http ADDR`).
+type Serving struct {
+	Addr      string // TCP address to listen on; "" = answer Text once and exit
+	ModelName string // the model's name in the API; "" = the model directory's base name
+	// MaxBatch sequences generate at once; MaxQueue more requests wait
+	// (0: serve's defaults).
+	MaxBatch, MaxQueue int
+	// Ready, if set, gets the bound address once the API listens.
+	Ready func(net.Addr)
+}
+
+// kvHint caps the KV rows a new sequence reserves up front: a request
+// that may run to the model's whole context grows its cache as it goes.
+const kvHint = 512
+
+// localGenerator runs each generation on its own session of the resident
+// model (local mode).
+type localGenerator struct{ m *model.Model }
+
+func (g localGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
+	sess := model.NewSession(g.m, model.NewResidentExperts(g.m), len(prompt)+min(opt.MaxTokens, kvHint))
+	return model.Generate(ctx, sess, prompt, opt)
+}
+
+// Generator runs each generation as its own sequence of m on the swarm:
+// what the API serves on a main node.
+func (s *Swarm) Generator(m *model.Model) serve.Generator { return swarmGenerator{m: m, sw: s} }
+
+// swarmGenerator runs each generation as its own sequence on the swarm.
+type swarmGenerator struct {
+	m  *model.Model
+	sw *Swarm
+}
+
+func (g swarmGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
+	sess := model.NewSession(g.m, g.sw, len(prompt)+min(opt.MaxTokens, kvHint))
+	return g.sw.Generate(ctx, sess, prompt, opt)
+}
+
+// Health reports which of the swarm's nodes are down: a lost worker (its
+// experts run elsewhere meanwhile) or a lost shadow (loads are reactive
+// meanwhile). The swarm is ready when none is.
+func (s *Swarm) Health() serve.Health {
+	h := serve.Health{Ready: true}
+	for _, l := range s.workers {
+		l.mu.Lock()
+		down := l.err != nil
+		l.mu.Unlock()
+		if down {
+			h.Down = append(h.Down, l.name)
+		}
+	}
+	if s.shadow != nil && !s.shadow.isUp() {
+		h.Down = append(h.Down, "shadow")
+	}
+	h.Ready = len(h.Down) == 0
+	return h
+}
+
+// serveAPI serves the API for the model in modelDir with gen until ctx
+// ends.
+func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Generator, health func() serve.Health, reg *prometheus.Registry, sv Serving, log zerolog.Logger) error {
+	tok, err := tokenizer.LoadDir(modelDir)
+	if err != nil {
+		return err
+	}
+	name := sv.ModelName
+	if name == "" {
+		name = filepath.Base(filepath.Clean(modelDir))
+	}
+	srv, err := serve.New(serve.Config{
+		Model: name, Tokenizer: tok, Context: m.Config.MaxPositions, Generator: gen, Health: health,
+		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	return srv.Serve(ctx, sv.Addr, sv.Ready)
+}

@@ -1,0 +1,455 @@
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/odmoe/odmoe/model"
+)
+
+// job is one checked request, ready to generate.
+type job struct {
+	endpoint  string
+	prompt    []int
+	maxTokens int
+	sampler   *model.Sampler
+	stops     []string
+	ignoreEOS bool
+	stream    bool
+	usage     bool // stream_options.include_usage
+	arrived   time.Time
+}
+
+// outcome is what a generation gave.
+type outcome struct {
+	text      string // all of it (non-streamed requests)
+	generated int
+	finish    string // stop, length
+}
+
+// errStopString ends a generation at a stop string.
+var errStopString = errors.New("serve: stop string")
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	const endpoint = "chat"
+	arrived := time.Now()
+	var req chatRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, endpoint, err)
+		return
+	}
+	j, err := s.chatJob(&req)
+	if err != nil {
+		s.fail(w, endpoint, err)
+		return
+	}
+	j.endpoint, j.arrived = endpoint, arrived
+	id := "chatcmpl-" + randomID()
+	chunk := func(delta *chatDelta, finish *string) any {
+		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: arrived.Unix(), Model: s.cfg.Model,
+			Choices: []chatChoice{{Delta: delta, FinishReason: finish}}}
+	}
+	if !j.stream {
+		out, err := s.generate(r.Context(), j, nil)
+		if err != nil {
+			s.fail(w, endpoint, err)
+			return
+		}
+		s.metrics.requests.WithLabelValues(endpoint, "200").Inc()
+		writeJSON(w, http.StatusOK, chatResponse{ID: id, Object: "chat.completion", Created: arrived.Unix(), Model: s.cfg.Model,
+			Choices: []chatChoice{{Message: &chatMessage{Role: "assistant", Content: out.text}, FinishReason: &out.finish}},
+			Usage:   j.usageOf(out)})
+		return
+	}
+	s.streamEvents(w, r, j, func(text string) any { return chunk(&chatDelta{Content: text}, nil) },
+		chunk(&chatDelta{Role: "assistant"}, nil),
+		func(out outcome) any { return chunk(&chatDelta{}, &out.finish) },
+		func(u *usage) any {
+			return chatResponse{ID: id, Object: "chat.completion.chunk", Created: arrived.Unix(), Model: s.cfg.Model, Choices: []chatChoice{}, Usage: u}
+		})
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	const endpoint = "completions"
+	arrived := time.Now()
+	var req completionRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, endpoint, err)
+		return
+	}
+	j, err := s.completionJob(&req)
+	if err != nil {
+		s.fail(w, endpoint, err)
+		return
+	}
+	j.endpoint, j.arrived = endpoint, arrived
+	id := "cmpl-" + randomID()
+	chunk := func(text string, finish *string) any {
+		return completionResponse{ID: id, Object: "text_completion", Created: arrived.Unix(), Model: s.cfg.Model,
+			Choices: []completionChoice{{Text: text, FinishReason: finish}}}
+	}
+	if !j.stream {
+		out, err := s.generate(r.Context(), j, nil)
+		if err != nil {
+			s.fail(w, endpoint, err)
+			return
+		}
+		s.metrics.requests.WithLabelValues(endpoint, "200").Inc()
+		writeJSON(w, http.StatusOK, completionResponse{ID: id, Object: "text_completion", Created: arrived.Unix(), Model: s.cfg.Model,
+			Choices: []completionChoice{{Text: out.text, FinishReason: &out.finish}}, Usage: j.usageOf(out)})
+		return
+	}
+	s.streamEvents(w, r, j, func(text string) any { return chunk(text, nil) }, nil,
+		func(out outcome) any { return chunk("", &out.finish) },
+		func(u *usage) any {
+			return completionResponse{ID: id, Object: "text_completion", Created: arrived.Unix(), Model: s.cfg.Model, Choices: []completionChoice{}, Usage: u}
+		})
+}
+
+func (j *job) usageOf(out outcome) *usage {
+	return &usage{PromptTokens: len(j.prompt), CompletionTokens: out.generated, TotalTokens: len(j.prompt) + out.generated}
+}
+
+// streamEvents answers j as server-sent events: first (if any), a chunk
+// per piece of text, the final chunk with the finish reason, the usage
+// chunk when asked for, and [DONE]. Once the stream has begun an error
+// can no longer change the status: it goes out as an error event.
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, piece func(string) any, first any, final func(outcome) any, usageChunk func(*usage) any) {
+	rc := http.NewResponseController(w)
+	started := false
+	send := func(v any) error {
+		if !started {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	ctx := r.Context()
+	emitted := false
+	out, err := s.generate(ctx, j, func(text string) error {
+		if !emitted && first != nil {
+			if err := send(first); err != nil {
+				return err
+			}
+		}
+		emitted = true
+		return send(piece(text))
+	})
+	if err != nil && !started {
+		s.fail(w, j.endpoint, err)
+		return
+	}
+	if err != nil {
+		status := http.StatusInternalServerError
+		if ctx.Err() != nil {
+			status = 499 // the client went away: nginx's code for it
+		}
+		s.metrics.requests.WithLabelValues(j.endpoint, strconv.Itoa(status)).Inc()
+		if ctx.Err() == nil {
+			e := &apiError{Status: status, Type: "server_error", Message: err.Error()}
+			send(e.body())
+		}
+		return
+	}
+	s.metrics.requests.WithLabelValues(j.endpoint, "200").Inc()
+	if !emitted && first != nil {
+		send(first)
+	}
+	send(final(out))
+	if j.usage {
+		send(usageChunk(j.usageOf(out)))
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	rc.Flush()
+}
+
+// generate runs j when the batch has room, handing each piece of text
+// that is final (stop strings cut, incomplete characters held back) to
+// emit, or collecting it in the outcome when emit is nil.
+func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) (outcome, error) {
+	release, err := s.admit.acquire(ctx)
+	if err != nil {
+		return outcome{}, err
+	}
+	defer release()
+	var out outcome
+	var text []byte
+	put := func(piece string) error {
+		if piece == "" {
+			return nil
+		}
+		if emit == nil {
+			text = append(text, piece...)
+			return nil
+		}
+		return emit(piece)
+	}
+	dec := s.cfg.Tokenizer.NewStreamDecoder()
+	stop := newStopFilter(j.stops)
+	last := j.arrived
+	s.metrics.promptTokens.Add(float64(len(j.prompt)))
+	generated, st, err := s.cfg.Generator.Generate(ctx, j.prompt, model.GenerateOptions{
+		MaxTokens: j.maxTokens,
+		Sampler:   j.sampler,
+		StopAtEOS: !j.ignoreEOS,
+		OnToken: func(step, id int, _ []float32) error {
+			now := time.Now()
+			if step == 0 {
+				s.metrics.timeToFirstToken.Observe(now.Sub(j.arrived).Seconds())
+			} else {
+				s.metrics.interToken.Observe(now.Sub(last).Seconds())
+			}
+			last = now
+			s.metrics.generatedTokens.Inc()
+			piece, stopped := stop.Push(dec.Next(id))
+			if err := put(piece); err != nil {
+				return err
+			}
+			if stopped {
+				return errStopString
+			}
+			return nil
+		},
+	})
+	out.generated, out.finish = len(generated), st.FinishReason
+	switch {
+	case errors.Is(err, errStopString):
+		out.finish = "stop"
+	case err != nil:
+		return out, err
+	default:
+		piece, stopped := stop.Push(dec.Flush())
+		if err := put(piece); err != nil {
+			return out, err
+		}
+		if !stopped {
+			if err := put(stop.Flush()); err != nil {
+				return out, err
+			}
+		} else {
+			out.finish = "stop"
+		}
+	}
+	out.text = string(text)
+	return out, nil
+}
+
+// chatJob checks a chat request and renders its prompt.
+func (s *Server) chatJob(req *chatRequest) (*job, error) {
+	if s.cfg.Chat == nil {
+		return nil, badRequest("messages", "model %q has no chat template (tokenizer_config.json chat_template): use /v1/completions", s.cfg.Model)
+	}
+	if len(req.Messages) == 0 {
+		return nil, badRequest("messages", "messages: at least one message is required")
+	}
+	for i, m := range req.Messages {
+		if _, ok := m["role"].(string); !ok {
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d]: a role (string) is required", i)
+		}
+		// the OpenAI content-part form: text parts are joined, as
+		// single-modality servers do
+		if parts, ok := m["content"].([]any); ok {
+			text, err := joinTextParts(parts, i)
+			if err != nil {
+				return nil, err
+			}
+			m["content"] = text
+		}
+	}
+	vars := map[string]any{}
+	for k, v := range req.ChatTemplateKwargs {
+		vars[k] = v
+	}
+	msgs := make([]any, len(req.Messages))
+	for i, m := range req.Messages {
+		msgs[i] = m
+	}
+	vars["messages"] = msgs
+	vars["add_generation_prompt"] = true
+	if len(req.Tools) > 0 {
+		vars["tools"] = req.Tools
+	}
+	if v, ok := req.ChatTemplateKwargs["add_generation_prompt"]; ok {
+		vars["add_generation_prompt"] = v
+	}
+	text, err := s.cfg.Chat.Render(vars)
+	if err != nil {
+		return nil, badRequest("messages", "the chat template refused the conversation: %v", err)
+	}
+	// the template writes the special tokens itself (apply_chat_template
+	// tokenizes with add_special_tokens=False)
+	prompt := s.cfg.Tokenizer.Encode(text, false)
+	maxTokens := req.MaxCompletionTokens
+	if maxTokens == nil {
+		maxTokens = req.MaxTokens
+	}
+	return s.job(&req.samplingFields, prompt, maxTokens, -1)
+}
+
+func joinTextParts(parts []any, i int) (string, error) {
+	var text string
+	for k, p := range parts {
+		pm, ok := p.(map[string]any)
+		if !ok || pm["type"] != "text" {
+			return "", badRequest(fmt.Sprintf("messages[%d].content[%d]", i, k), "messages[%d].content[%d]: only text parts are supported", i, k)
+		}
+		t, _ := pm["text"].(string)
+		text += t
+	}
+	return text, nil
+}
+
+// completionJob checks a completion request and tokenizes its prompt.
+func (s *Server) completionJob(req *completionRequest) (*job, error) {
+	switch {
+	case req.Echo:
+		return nil, badRequest("echo", "echo is not supported")
+	case req.Suffix != nil && *req.Suffix != "":
+		return nil, badRequest("suffix", "suffix is not supported")
+	case req.BestOf != nil && *req.BestOf != 1:
+		return nil, badRequest("best_of", "best_of must be 1")
+	}
+	var prompt []int
+	var text string
+	var ids []int
+	switch {
+	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
+		return nil, badRequest("prompt", "prompt is required")
+	case json.Unmarshal(req.Prompt, &text) == nil:
+		prompt = s.cfg.Tokenizer.Encode(text, true)
+	case json.Unmarshal(req.Prompt, &ids) == nil:
+		for _, id := range ids {
+			if id < 0 || id >= s.cfg.Tokenizer.VocabSize() {
+				return nil, badRequest("prompt", "prompt token id %d is outside the vocabulary of %d", id, s.cfg.Tokenizer.VocabSize())
+			}
+		}
+		prompt = ids
+	default:
+		var list []json.RawMessage
+		if json.Unmarshal(req.Prompt, &list) == nil && len(list) != 1 {
+			return nil, badRequest("prompt", "one prompt per request (got %d)", len(list))
+		}
+		if len(list) == 1 {
+			req.Prompt = list[0]
+			return s.completionJob(req)
+		}
+		return nil, badRequest("prompt", "prompt must be a string or an array of token ids")
+	}
+	return s.job(&req.samplingFields, prompt, req.MaxTokens, 16)
+}
+
+// job checks the fields both endpoints share. defaultMax < 0 means the
+// rest of the context.
+func (s *Server) job(f *samplingFields, prompt []int, maxTokens *int, defaultMax int) (*job, error) {
+	if f.Model != "" && f.Model != s.cfg.Model {
+		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("the model %q does not exist: this server serves %q", f.Model, s.cfg.Model)}
+	}
+	if len(prompt) == 0 {
+		return nil, badRequest("prompt", "the prompt encodes to no tokens")
+	}
+	ctxLen := s.cfg.Context
+	if len(prompt) > ctxLen {
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "messages", Code: "context_length_exceeded",
+			Message: fmt.Sprintf("this model's maximum context length is %d tokens, but the prompt has %d", ctxLen, len(prompt))}
+	}
+	// n generated tokens take len(prompt)+n-1 positions (the last is
+	// never fed back)
+	room := ctxLen - len(prompt) + 1
+	j := &job{prompt: prompt, stream: f.Stream, ignoreEOS: f.IgnoreEOS}
+	switch {
+	case maxTokens != nil && *maxTokens < 1:
+		return nil, badRequest("max_tokens", "max_tokens must be at least 1, got %d", *maxTokens)
+	case maxTokens != nil && *maxTokens > room:
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "max_tokens", Code: "context_length_exceeded",
+			Message: fmt.Sprintf("this model's maximum context length is %d tokens: %d in the prompt leave room for %d, but max_tokens is %d", ctxLen, len(prompt), room, *maxTokens)}
+	case maxTokens != nil:
+		j.maxTokens = *maxTokens
+	case defaultMax < 0:
+		j.maxTokens = room
+	default:
+		j.maxTokens = min(defaultMax, room)
+	}
+	if f.N != nil && *f.N != 1 {
+		return nil, badRequest("n", "n must be 1 (one choice per request)")
+	}
+	if len(f.Logprobs) > 0 && string(f.Logprobs) != "null" && string(f.Logprobs) != "false" {
+		return nil, badRequest("logprobs", "logprobs are not supported")
+	}
+	if f.StreamOptions != nil {
+		if !f.Stream {
+			return nil, badRequest("stream_options", "stream_options is only allowed with stream: true")
+		}
+		j.usage = f.StreamOptions.IncludeUsage
+	}
+	temperature, topP, topK := 1.0, 1.0, 0
+	if f.Temperature != nil {
+		temperature = *f.Temperature
+	}
+	if f.TopP != nil {
+		topP = *f.TopP
+	}
+	if f.TopK != nil {
+		topK = *f.TopK
+	}
+	switch {
+	case temperature < 0 || temperature > 2 || math.IsNaN(temperature):
+		return nil, badRequest("temperature", "temperature must be between 0 and 2, got %v", temperature)
+	case topP <= 0 || topP > 1 || math.IsNaN(topP):
+		return nil, badRequest("top_p", "top_p must be in (0, 1], got %v", topP)
+	case topK < -1:
+		return nil, badRequest("top_k", "top_k must be -1 or 0 (none) or positive, got %d", topK)
+	}
+	seed := mrand.Uint64()
+	if f.Seed != nil {
+		seed = uint64(*f.Seed)
+	}
+	j.sampler = model.NewSampler(temperature, topP, seed).WithTopK(topK)
+	stops, err := stopStrings(f.Stop)
+	if err != nil {
+		return nil, err
+	}
+	j.stops = stops
+	return j, nil
+}
+
+// stopStrings reads "stop": null, a string, or up to 4 strings (OpenAI's
+// limit; more are accepted).
+func stopStrings(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		return []string{one}, nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, badRequest("stop", "stop must be a string or an array of strings")
+	}
+	return many, nil
+}
+
+func randomID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

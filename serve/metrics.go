@@ -1,0 +1,45 @@
+package serve
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the API's own figures; the node adds its swarm's (loads,
+// stalls, recall, workers up) to the same registry.
+type metrics struct {
+	requests         *prometheus.CounterVec
+	promptTokens     prometheus.Counter
+	generatedTokens  prometheus.Counter
+	timeToFirstToken prometheus.Histogram
+	interToken       prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
+	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "odmoe_requests_total", Help: "API requests answered, by endpoint and HTTP status.",
+		}, []string{"endpoint", "status"}),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "odmoe_prompt_tokens_total", Help: "Prompt tokens of the requests that generated.",
+		}),
+		generatedTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "odmoe_generated_tokens_total", Help: "Tokens generated.",
+		}),
+		timeToFirstToken: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "odmoe_time_to_first_token_seconds", Help: "From a request's arrival (queueing included) to its first generated token.",
+			Buckets: latency,
+		}),
+		interToken: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "odmoe_inter_token_latency_seconds", Help: "Between consecutive generated tokens of a sequence.",
+			Buckets: latency,
+		}),
+	}
+	reg.MustRegister(m.requests, m.promptTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "odmoe_requests_waiting", Help: "Requests queued for a place in the batch.",
+		}, func() float64 { return float64(a.waits.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "odmoe_batch_size", Help: "Sequences generating now.",
+		}, func() float64 { return float64(a.running.Load()) }),
+	)
+	return m
+}

@@ -1,0 +1,199 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/tokenizer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+)
+
+// Generator runs one sequence's generation: the prompt, then up to
+// opt.MaxTokens tokens, each handed to opt.OnToken. It must be safe for
+// concurrent use; a cancelled ctx ends the sequence and frees what it
+// held (its KV rows, its state on other nodes).
+type Generator interface {
+	Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error)
+}
+
+// ChatTemplate renders a conversation into prompt text as Hugging Face's
+// apply_chat_template does. vars holds messages, add_generation_prompt,
+// tools (when given) and any extra template variables; the template adds
+// bos_token and eos_token itself.
+type ChatTemplate interface {
+	Render(vars map[string]any) (string, error)
+}
+
+// Health is what GET /healthz reports: Ready when every role a generation
+// needs is connected, and the ones that are not.
+type Health struct {
+	Ready bool     `json:"ready"`
+	Down  []string `json:"down,omitempty"`
+}
+
+// Config is what a Server serves.
+type Config struct {
+	Model     string // the model's name in the API (GET /v1/models, the "model" field)
+	Tokenizer *tokenizer.Tokenizer
+	Chat      ChatTemplate // nil: the model has none, and chat completions are refused
+	Context   int          // the model's context (max_position_embeddings), in tokens
+	Generator Generator
+	// Health reports the node's roles; nil: always ready (local mode).
+	Health func() Health
+	// MaxBatch is how many sequences generate at once (default 8);
+	// MaxQueue how many more requests may wait for a place (0: 64;
+	// negative: none). A request beyond both is refused with 503.
+	MaxBatch, MaxQueue int
+	// Registry, if set, receives the server's metrics (GET /metrics serves
+	// it); nil: a new registry.
+	Registry *prometheus.Registry
+	Log      zerolog.Logger
+}
+
+// Server is the HTTP API. Make one with New; Handler serves it.
+type Server struct {
+	cfg     Config
+	admit   *admission
+	metrics *metrics
+	mux     *http.ServeMux
+	created int64
+}
+
+// New checks cfg and returns its server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Tokenizer == nil || cfg.Generator == nil {
+		return nil, errors.New("serve: a server needs a tokenizer and a generator")
+	}
+	if cfg.Context <= 0 {
+		return nil, fmt.Errorf("serve: context of %d tokens", cfg.Context)
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 8
+	}
+	switch {
+	case cfg.MaxQueue < 0:
+		cfg.MaxQueue = 0
+	case cfg.MaxQueue == 0:
+		cfg.MaxQueue = 64
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix()}
+	s.metrics = newMetrics(cfg.Registry, s.admit)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	s.mux = mux
+	return s, nil
+}
+
+// Handler is the API's http.Handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Serve answers on addr until ctx is cancelled, then shuts down: new
+// connections are refused, running requests are cancelled (their
+// sequences end) and waited for. ready, if set, gets the bound address
+// once the listener is up.
+func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	s.cfg.Log.Info().Str("addr", ln.Addr().String()).Str("model", s.cfg.Model).Int("max_batch", s.cfg.MaxBatch).
+		Int("context", s.cfg.Context).Bool("chat_template", s.cfg.Chat != nil).Msg("serving the OpenAI-compatible API")
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	<-errc
+	return nil
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{{
+		ID: s.cfg.Model, Object: "model", Created: s.created, OwnedBy: "odmoe", MaxModelLen: s.cfg.Context,
+	}}})
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	h := Health{Ready: true}
+	if s.cfg.Health != nil {
+		h = s.cfg.Health()
+	}
+	status := http.StatusOK
+	if !h.Ready {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, h)
+}
+
+// decodeBody reads a JSON request body of at most 16 MiB into v.
+func decodeBody(r *http.Request, v any) *apiError {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 16<<20))
+	if err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Message: "request body over 16 MiB"}
+		}
+		return badRequest("", "reading the request body: %v", err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			field := strings.TrimPrefix(te.Field, "samplingFields.") // the embedded struct is not in the API
+			return badRequest(field, "field %q: expected %s, got JSON %s", field, te.Type, te.Value)
+		}
+		return badRequest("", "invalid JSON in the request body: %v", err)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":{"message":"encoding the response failed","type":"server_error"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// fail writes e (or, for any other error, a 500) and counts the request.
+func (s *Server) fail(w http.ResponseWriter, endpoint string, err error) {
+	var e *apiError
+	if !errors.As(err, &e) {
+		e = &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
+	}
+	s.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(e.Status)).Inc()
+	if e.Status >= 500 {
+		s.cfg.Log.Warn().Str("endpoint", endpoint).Int("status", e.Status).Str("error", e.Message).Msg("request failed")
+	}
+	writeJSON(w, e.Status, e.body())
+}

@@ -1,0 +1,493 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/model/tokenizer"
+	"github.com/rs/zerolog"
+)
+
+// localGenerator runs each generation on its own session of a resident
+// model: local mode.
+type localGenerator struct {
+	m *model.Model
+	// ended counts generations that have returned, and how
+	mu    sync.Mutex
+	ended []error
+}
+
+func (g *localGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
+	sess := model.NewSession(g.m, model.NewResidentExperts(g.m), len(prompt)+opt.MaxTokens)
+	ids, st, err := model.Generate(ctx, sess, prompt, opt)
+	g.mu.Lock()
+	g.ended = append(g.ended, err)
+	g.mu.Unlock()
+	return ids, st, err
+}
+
+// gatedGenerator holds every generation until open is closed.
+type gatedGenerator struct {
+	Generator
+	open chan struct{}
+}
+
+func (g gatedGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return nil, model.GenerateStats{}, ctx.Err()
+	}
+	return g.Generator.Generate(ctx, prompt, opt)
+}
+
+// plainChat is a chat template for tests: "role: content" lines and
+// "assistant:" to generate.
+type plainChat struct{}
+
+func (plainChat) Render(vars map[string]any) (string, error) {
+	var b strings.Builder
+	for _, m := range vars["messages"].([]any) {
+		mm := m.(map[string]any)
+		fmt.Fprintf(&b, "%s: %s\n", mm["role"], mm["content"])
+	}
+	if vars["add_generation_prompt"] == true {
+		b.WriteString("assistant:")
+	}
+	return b.String(), nil
+}
+
+type fixture struct {
+	m   *model.Model
+	tok *tokenizer.Tokenizer
+	gen *localGenerator
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := synth.Generate(dir, synth.Options{Preset: "tiny", Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{m: m, tok: tok, gen: &localGenerator{m: m}}
+}
+
+func (f *fixture) server(t *testing.T, mod func(*Config)) *httptest.Server {
+	t.Helper()
+	cfg := Config{Model: "tiny", Tokenizer: f.tok, Chat: plainChat{}, Context: f.m.Config.MaxPositions, Generator: f.gen, Log: zerolog.Nop()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+// reference is what local mode generates greedily for text (encoded as
+// a completion prompt is).
+func (f *fixture) reference(t *testing.T, prompt []int, n int) string {
+	t.Helper()
+	sess := model.NewSession(f.m, model.NewResidentExperts(f.m), len(prompt)+n)
+	ids, _, err := model.Generate(context.Background(), sess, prompt, model.GenerateOptions{MaxTokens: n, StopAtEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.tok.Decode(ids, true)
+}
+
+func post(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// events reads a server-sent event stream: the data of every event, up
+// to and without [DONE] (done says whether it came).
+func events(t *testing.T, r io.Reader) (data []map[string]any, done bool) {
+	t.Helper()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		payload, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			t.Fatalf("not an SSE data line: %q", line)
+		}
+		if payload == "[DONE]" {
+			return data, true
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(payload), &v); err != nil {
+			t.Fatalf("event %q: %v", payload, err)
+		}
+		data = append(data, v)
+	}
+	return data, false
+}
+
+func TestCompletionIsLocalModesGreedyText(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	resp, body := post(t, hs.URL+"/v1/completions", `{"model":"tiny","prompt":"The quick brown fox","max_tokens":12,"temperature":0}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var got completionResponse
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	prompt := f.tok.Encode("The quick brown fox", true)
+	want := f.reference(t, prompt, 12)
+	if len(got.Choices) != 1 || got.Choices[0].Text != want {
+		t.Fatalf("text %+v, want %q", got.Choices, want)
+	}
+	if got.Object != "text_completion" || got.Usage == nil || got.Usage.PromptTokens != len(prompt) || got.Usage.TotalTokens != len(prompt)+got.Usage.CompletionTokens {
+		t.Fatalf("response %+v usage %+v", got, got.Usage)
+	}
+	if fr := *got.Choices[0].FinishReason; (fr != "length" || got.Usage.CompletionTokens != 12) && fr != "stop" {
+		t.Fatalf("finish %q after %d tokens", fr, got.Usage.CompletionTokens)
+	}
+}
+
+// TestStreamedChatEqualsTheWholeAnswer: the streamed deltas of a chat
+// completion concatenate to the non-streamed message, start with the
+// assistant role, end with a finish reason, the usage chunk and [DONE].
+func TestStreamedChatEqualsTheWholeAnswer(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	const req = `{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Name a colour."}],"max_tokens":10,"temperature":0%s}`
+	resp, body := post(t, hs.URL+"/v1/chat/completions", fmt.Sprintf(req, ""))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var whole chatResponse
+	json.Unmarshal(body, &whole)
+	if whole.Object != "chat.completion" || len(whole.Choices) != 1 || whole.Choices[0].Message.Role != "assistant" {
+		t.Fatalf("response %s", body)
+	}
+	prompt := f.tok.Encode("system: Be brief.\nuser: Name a colour.\nassistant:", false)
+	if want := f.reference(t, prompt, 10); whole.Choices[0].Message.Content != want {
+		t.Fatalf("content %q, want local mode's %q", whole.Choices[0].Message.Content, want)
+	}
+
+	resp, err := http.Post(hs.URL+"/v1/chat/completions", "application/json", strings.NewReader(fmt.Sprintf(req, `,"stream":true,"stream_options":{"include_usage":true}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	evs, done := events(t, resp.Body)
+	if !done || len(evs) < 3 {
+		t.Fatalf("%d events, [DONE] %v", len(evs), done)
+	}
+	var text strings.Builder
+	var finish any
+	for i, ev := range evs[:len(evs)-1] {
+		if ev["object"] != "chat.completion.chunk" {
+			t.Fatalf("event %d: %v", i, ev)
+		}
+		ch := ev["choices"].([]any)[0].(map[string]any)
+		delta := ch["delta"].(map[string]any)
+		if i == 0 && delta["role"] != "assistant" {
+			t.Fatalf("first delta %v", delta)
+		}
+		if c, ok := delta["content"].(string); ok {
+			text.WriteString(c)
+		}
+		if ch["finish_reason"] != nil {
+			finish = ch["finish_reason"]
+		}
+	}
+	last := evs[len(evs)-1]
+	u, _ := last["usage"].(map[string]any)
+	if text.String() != whole.Choices[0].Message.Content || finish != *whole.Choices[0].FinishReason {
+		t.Fatalf("streamed %q (%v), whole %q (%v)", text.String(), finish, whole.Choices[0].Message.Content, *whole.Choices[0].FinishReason)
+	}
+	if u == nil || int(u["prompt_tokens"].(float64)) != whole.Usage.PromptTokens || int(u["completion_tokens"].(float64)) != whole.Usage.CompletionTokens {
+		t.Fatalf("usage chunk %v, whole %+v", last, whole.Usage)
+	}
+}
+
+// TestStopStringCutsTheText: a stop string taken from the greedy answer
+// ends it just before, and is not in the text.
+func TestStopStringCutsTheText(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	full := f.reference(t, f.tok.Encode("Once upon a time", true), 24)
+	if len([]rune(full)) < 8 {
+		t.Fatalf("reference text %q too short for the test", full)
+	}
+	runes := []rune(full)
+	stop := string(runes[len(runes)/2 : len(runes)/2+2])
+	want := full[:strings.Index(full, stop)]
+	for _, stream := range []bool{false, true} {
+		b, _ := json.Marshal(map[string]any{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stop": []string{"no such text", stop}, "stream": stream})
+		resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text string
+		var finish any
+		if stream {
+			evs, _ := events(t, resp.Body)
+			for _, ev := range evs {
+				ch := ev["choices"].([]any)[0].(map[string]any)
+				text += ch["text"].(string)
+				if ch["finish_reason"] != nil {
+					finish = ch["finish_reason"]
+				}
+			}
+		} else {
+			var cr completionResponse
+			json.NewDecoder(resp.Body).Decode(&cr)
+			text, finish = cr.Choices[0].Text, *cr.Choices[0].FinishReason
+		}
+		resp.Body.Close()
+		if text != want || finish != "stop" {
+			t.Fatalf("stream %v, stop %q: %q (%v), want %q (stop)", stream, stop, text, finish, want)
+		}
+	}
+}
+
+// TestBadRequestsGetOpenAIErrorsAndServingGoesOn sends each kind of bad
+// request, checks its status and error body, and checks a good request
+// still succeeds after them.
+func TestBadRequestsGetOpenAIErrorsAndServingGoesOn(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, func(c *Config) { c.Context = 64 })
+	long := strings.Repeat("word ", 200)
+	for _, c := range []struct {
+		path, body string
+		status     int
+		param      string
+	}{
+		{"/v1/completions", `{"prompt": "hi", "max_tokens": `, 400, ""},
+		{"/v1/completions", `{"prompt": "hi", "max_tokens": -1}`, 400, "max_tokens"},
+		{"/v1/completions", `{"prompt": "hi", "max_tokens": "many"}`, 400, "max_tokens"},
+		{"/v1/completions", `{"model": "gpt-4", "prompt": "hi"}`, 404, "model"},
+		{"/v1/completions", `{"prompt": "` + long + `"}`, 400, "messages"},
+		{"/v1/completions", `{"prompt": "hi", "max_tokens": 1000}`, 400, "max_tokens"},
+		{"/v1/completions", `{"prompt": "hi", "n": 2}`, 400, "n"},
+		{"/v1/completions", `{"prompt": "hi", "temperature": 3}`, 400, "temperature"},
+		{"/v1/completions", `{"prompt": [1, 99999999]}`, 400, "prompt"},
+		{"/v1/completions", `{}`, 400, "prompt"},
+		{"/v1/chat/completions", `{"messages": []}`, 400, "messages"},
+		{"/v1/chat/completions", `{"messages": [{"content": "no role"}]}`, 400, "messages[0].role"},
+		{"/v1/chat/completions", `[1, 2]`, 400, ""},
+	} {
+		resp, body := post(t, hs.URL+c.path, c.body)
+		var e struct {
+			Error struct {
+				Message string  `json:"message"`
+				Type    string  `json:"type"`
+				Param   *string `json:"param"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != c.status || e.Error.Message == "" || e.Error.Type == "" {
+			t.Fatalf("%s %s: status %d, body %s (want %d and an OpenAI error)", c.path, c.body, resp.StatusCode, body, c.status)
+		}
+		if c.param != "" && (e.Error.Param == nil || *e.Error.Param != c.param) {
+			t.Fatalf("%s %s: param %v, want %q (%s)", c.path, c.body, e.Error.Param, c.param, e.Error.Message)
+		}
+	}
+	resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 3}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("after the bad requests: status %d: %s", resp.StatusCode, body)
+	}
+}
+
+// TestClientHangingUpEndsItsSequence: a client that goes away mid-stream
+// cancels its generation (the generator returns with the context's
+// error) and the server goes on serving.
+func TestClientHangingUpEndsItsSequence(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", hs.URL+"/v1/completions",
+		strings.NewReader(`{"prompt": "hi", "max_tokens": 4000, "ignore_eos": true, "stream": true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil { // the first event
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.gen.mu.Lock()
+		ended := append([]error(nil), f.gen.ended...)
+		f.gen.mu.Unlock()
+		if len(ended) == 1 {
+			if ended[0] == nil || !strings.Contains(ended[0].Error(), "context canceled") {
+				t.Fatalf("the generation ended with %v, want the cancelled context", ended[0])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the generation went on after its client hung up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 2}`); resp.StatusCode != 200 {
+		t.Fatalf("after the hang-up: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestFullQueueIsRefusedWith503: with one place in the batch and one in
+// the queue, a third request is refused at once; the first two complete.
+func TestFullQueueIsRefusedWith503(t *testing.T) {
+	f := newFixture(t)
+	open := make(chan struct{})
+	hs := f.server(t, func(c *Config) {
+		c.MaxBatch, c.MaxQueue = 1, 1
+		c.Generator = gatedGenerator{Generator: f.gen, open: open}
+	})
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			resp, _ := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 2}`)
+			codes[i] = resp.StatusCode
+		})
+		// let the first take the batch's place before the second queues
+		waitFor(t, hs.URL, "odmoe_batch_size 1")
+		if i == 1 {
+			waitFor(t, hs.URL, "odmoe_requests_waiting 1")
+		}
+	}
+	resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 2}`)
+	if resp.StatusCode != 503 || !strings.Contains(string(body), "busy") {
+		t.Fatalf("third request: %d %s", resp.StatusCode, body)
+	}
+	close(open)
+	wg.Wait()
+	if codes[0] != 200 || codes[1] != 200 {
+		t.Fatalf("queued requests: %v", codes)
+	}
+}
+
+// waitFor polls /metrics until it has the line.
+func waitFor(t *testing.T, url, line string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url + "/metrics")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, l := range strings.Split(string(b), "\n") {
+				if l == line {
+					return
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("/metrics never showed %q", line)
+}
+
+// TestConcurrentGreedyRequestsEachGetTheirOwnAnswer: four requests at
+// once each return exactly what they return alone.
+func TestConcurrentGreedyRequestsEachGetTheirOwnAnswer(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	prompts := []string{"The quick brown fox", "Hello", "Once upon a time there", "1 2 3 4"}
+	ask := func(p string) string {
+		b, _ := json.Marshal(map[string]any{"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": true})
+		resp, body := post(t, hs.URL+"/v1/completions", string(b))
+		if resp.StatusCode != 200 {
+			t.Errorf("%q: %d %s", p, resp.StatusCode, body)
+			return ""
+		}
+		var cr completionResponse
+		json.Unmarshal(body, &cr)
+		return cr.Choices[0].Text
+	}
+	alone := make([]string, len(prompts))
+	for i, p := range prompts {
+		alone[i] = ask(p)
+	}
+	together := make([]string, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Go(func() { together[i] = ask(p) })
+	}
+	wg.Wait()
+	for i := range prompts {
+		if together[i] != alone[i] {
+			t.Fatalf("%q: together %q, alone %q", prompts[i], together[i], alone[i])
+		}
+	}
+}
+
+func TestModelsAndHealth(t *testing.T) {
+	f := newFixture(t)
+	var health atomic.Pointer[Health]
+	health.Store(&Health{Ready: false, Down: []string{"w2", "shadow"}})
+	hs := f.server(t, func(c *Config) { c.Health = func() Health { return *health.Load() } })
+	resp, err := http.Get(hs.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ml modelList
+	json.NewDecoder(resp.Body).Decode(&ml)
+	resp.Body.Close()
+	if len(ml.Data) != 1 || ml.Data[0].ID != "tiny" || ml.Data[0].MaxModelLen != f.m.Config.MaxPositions {
+		t.Fatalf("models %+v", ml)
+	}
+	resp, err = http.Get(hs.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), `"w2"`) || !strings.Contains(string(b), `"shadow"`) {
+		t.Fatalf("healthz with w2 and the shadow down: %d %s", resp.StatusCode, b)
+	}
+	health.Store(&Health{Ready: true})
+	if resp, err = http.Get(hs.URL + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("healthz when ready: %v %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+}
