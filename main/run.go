@@ -15,6 +15,7 @@ import (
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/serve"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,7 +147,15 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 	}
 	if cfg.Serve.Addr != "" {
-		return serveAPI(ctx, cfg.Model, m, sw.Generator(m), sw.Health, prometheus.NewRegistry(), cfg.Serve, log)
+		// requests decode in one batch; with a shadow each is its own
+		// sequence, as the shadow predicts per sequence
+		var gen serve.Generator = sw.Generator(m)
+		if cfg.Prefetch != Shadow {
+			b := sw.Batcher(m)
+			defer b.Close()
+			gen = b
+		}
+		return serveAPI(ctx, cfg.Model, m, gen, sw.Health, prometheus.NewRegistry(), cfg.Serve, log)
 	}
 	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw, sw.Generate, stdout)
 	if err != nil {
@@ -187,7 +196,9 @@ func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, stdout i
 		Str("non_expert", progress.Bytes(m.NonExpertBytes())).Str("experts_bytes", progress.Bytes(m.ExpertBytes())).
 		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
 	if sv.Addr != "" {
-		return serveAPI(ctx, modelDir, m, localGenerator{m: m}, nil, prometheus.NewRegistry(), sv, log)
+		b := NewLocalBatcher(m)
+		defer b.Close()
+		return serveAPI(ctx, modelDir, m, b, nil, prometheus.NewRegistry(), sv, log)
 	}
 	st, err := generateText(ctx, modelDir, t, m, model.NewResidentExperts(m), model.Generate, stdout)
 	if err != nil {

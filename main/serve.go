@@ -28,18 +28,27 @@ type Serving struct {
 // that may run to the model's whole context grows its cache as it goes.
 const kvHint = 512
 
-// localGenerator runs each generation on its own session of the resident
-// model (local mode).
-type localGenerator struct{ m *model.Model }
+// Generator runs each generation as its own sequence of m on the swarm,
+// concurrently: what the API serves on a main node with a shadow (whose
+// predictions follow sequences, not batches, so far).
+func (s *Swarm) Generator(m *model.Model) serve.Generator { return swarmGenerator{m: m, sw: s} }
 
-func (g localGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
-	sess := model.NewSession(g.m, model.NewResidentExperts(g.m), len(prompt)+min(opt.MaxTokens, kvHint))
-	return model.Generate(ctx, sess, prompt, opt)
+// Batcher batches m's generations on the swarm (continuous batching):
+// each layer's experts load once for every sequence in a decode pass.
+// Close it before the swarm.
+func (s *Swarm) Batcher(m *model.Model) *Batcher {
+	b := NewBatcher(m, s, func() model.ExpertRunner { return s }, s.EndSequence)
+	s.mu.Lock()
+	s.batches[b.Seq()] = true
+	s.mu.Unlock()
+	return b
 }
 
-// Generator runs each generation as its own sequence of m on the swarm:
-// what the API serves on a main node.
-func (s *Swarm) Generator(m *model.Model) serve.Generator { return swarmGenerator{m: m, sw: s} }
+// NewLocalBatcher batches generations of the resident model m (local
+// mode).
+func NewLocalBatcher(m *model.Model) *Batcher {
+	return NewBatcher(m, model.NewResidentExperts(m), func() model.ExpertRunner { return model.NewResidentExperts(m) }, nil)
+}
 
 // swarmGenerator runs each generation as its own sequence on the swarm.
 type swarmGenerator struct {

@@ -80,6 +80,7 @@ type Swarm struct {
 
 	mu       sync.Mutex
 	seqs     map[uint64]*sequence
+	batches  map[uint64]bool // the sequence ids of Batchers' decode passes
 	lastIter int64 // the highest iteration any sequence has run
 	stats    Stats
 }
@@ -88,6 +89,7 @@ type Swarm struct {
 // layer and the buffers that carry it out, reused layer after layer.
 type sequence struct {
 	step     model.Step // the forward pass of the current RunExperts call
+	batch    bool       // the sequence is a Batcher's: its passes are batched decode
 	mark     time.Time  // end of the last RunExperts: main compute starts
 	plan     Plan
 	in       Input
@@ -116,7 +118,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Swarm{opt: opt, planner: planner, seqs: map[uint64]*sequence{}}
+	s := &Swarm{opt: opt, planner: planner, seqs: map[uint64]*sequence{}, batches: map[uint64]bool{}}
 	for i, p := range peers {
 		if p.Identity().Role != wire.RoleWorker {
 			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
@@ -169,7 +171,7 @@ func (s *Swarm) sequence(step model.Step) *sequence {
 	defer s.mu.Unlock()
 	q := s.seqs[step.Seq]
 	if q == nil {
-		q = &sequence{}
+		q = &sequence{batch: s.batches[step.Seq]}
 		s.seqs[step.Seq] = q
 	}
 	s.lastIter = max(s.lastIter, step.Iter)
@@ -189,9 +191,13 @@ type request struct {
 func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []float32, n int, routes []model.Route, out []float32) error {
 	start := time.Now()
 	h := s.opt.Hidden
-	prefill := n > 1
 	q := s.sequence(step)
 	q.step = step
+	// several rows: a prompt's, or a batched decode pass's (one row per
+	// sequence); both go out as rows per expert, the figures count a
+	// batched pass as decode
+	rows := n > 1
+	prefill := rows && !q.batch
 	if layer == 0 {
 		s.rejoin() // an iteration boundary of this sequence
 	}
@@ -209,7 +215,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 		return fmt.Errorf("mainnode: layer %d: every worker is lost (%d in the layout)", layer, len(s.workers))
 	}
 	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
-	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
+	predicted := s.shadow != nil && !rows && s.shadow.isUp()
 	if predicted {
 		q.in.Predicted = s.shadow.prediction(step, layer)
 	}
@@ -220,10 +226,10 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if err := s.hint(ctx, q); err != nil {
 		return err
 	}
-	if err := s.send(ctx, q, x, prefill); err != nil {
+	if err := s.send(ctx, q, x, rows); err != nil {
 		return err
 	}
-	return s.collect(ctx, q, x, routes, len(routes)/n, out, prefill, predicted, start)
+	return s.collect(ctx, q, x, routes, len(routes)/n, out, rows, predicted, start)
 }
 
 // hint sends the plan's hints.
@@ -367,7 +373,7 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 	wall := time.Since(start)
 	ls.wall, ls.network = wall, max(wall-crit, 0)
 	s.mu.Lock()
-	s.stats.experts(prefill, q.step.Iter, layer, ls)
+	s.stats.experts(prefill && !q.batch, q.step.Iter, layer, ls)
 	s.mu.Unlock()
 	return nil
 }

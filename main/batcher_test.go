@@ -1,0 +1,123 @@
+package mainnode_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/odmoe/odmoe/internal/inproc"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+)
+
+// batchedGenerations runs prompts on g at once, n tokens each (EOS
+// ignored). Every request holds its first token until all have one, so
+// their decode passes overlap in the batch.
+func batchedGenerations(t *testing.T, g interface {
+	Generate(context.Context, []int, model.GenerateOptions) ([]int, model.GenerateStats, error)
+}, prompts [][]int, n int) []generation {
+	t.Helper()
+	out := make([]generation, len(prompts))
+	var all sync.WaitGroup
+	all.Add(len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Go(func() {
+			ids, _, err := g.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n,
+				OnToken: func(step, id int, logits []float32) error {
+					out[i].logits = append(out[i].logits, append([]float32(nil), logits...))
+					if step == 0 {
+						all.Done()
+						all.Wait()
+					}
+					return nil
+				}})
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			out[i].tokens = ids
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func decodeLoads(st *mainnode.Stats) (loads int64) {
+	for _, l := range st.Decode {
+		loads += l.Loads
+	}
+	return loads
+}
+
+// TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone: four requests
+// decoding together in one batch on the swarm (reactive loading, top-k
+// above the group size) each get local mode's tokens and logits alone,
+// bit for bit, for every family; and the batch loads fewer experts than
+// the same requests one after another, since a layer's expert loads once
+// for every sequence that routed to it.
+func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
+		t.Run(preset, func(t *testing.T) {
+			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 13, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local, mainModel := loadModels(t, f)
+			const n = 8
+			var prompts [][]int
+			for i := range 4 {
+				prompts = append(prompts, testPrompt(3+2*i, 11+i, 7+i, local.Config.VocabSize))
+			}
+			want := make([]generation, len(prompts))
+			for i, p := range prompts {
+				want[i] = generate(t, local, model.NewResidentExperts(local), p, n)
+			}
+
+			sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
+			b := sw.Batcher(mainModel)
+			got := batchedGenerations(t, b, prompts, n)
+			b.Close()
+			for i := range prompts {
+				if d := diffGenerations(got[i], want[i]); d != "" {
+					t.Fatalf("request %d batched on the swarm differs from local mode alone: %s", i, d)
+				}
+			}
+			together := decodeLoads(sw.Stats())
+
+			sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
+			b = sw.Batcher(mainModel)
+			for i, p := range prompts {
+				g := batchedGenerations(t, b, [][]int{p}, n)
+				if d := diffGenerations(g[0], want[i]); d != "" {
+					t.Fatalf("request %d alone in the batch differs from local mode: %s", i, d)
+				}
+			}
+			b.Close()
+			alone := decodeLoads(sw.Stats())
+			t.Logf("%s: decode expert loads %d batched, %d one request after another", preset, together, alone)
+			if together >= alone {
+				t.Fatalf("batched decode loaded %d experts, one after another %d: batching shared no load", together, alone)
+			}
+		})
+	}
+}
+
+// TestLocalBatcherIsLocalModeAlone: the local batcher (what -role local
+// -http serves) gives every request what model.Generate gives it alone.
+func TestLocalBatcherIsLocalModeAlone(t *testing.T) {
+	f := newSwarmFixture(t, 1)
+	local, _ := loadModels(t, f)
+	var prompts [][]int
+	for i := range 3 {
+		prompts = append(prompts, testPrompt(4+i, 5+i, 3+i, local.Config.VocabSize))
+	}
+	b := mainnode.NewLocalBatcher(local)
+	defer b.Close()
+	got := batchedGenerations(t, b, prompts, 10)
+	for i, p := range prompts {
+		if d := diffGenerations(got[i], generate(t, local, model.NewResidentExperts(local), p, 10)); d != "" {
+			t.Fatal(fmt.Sprintf("request %d: %s", i, d))
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package model
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/odmoe/odmoe/model/synth"
+)
+
+// TestBatchedDecodeIsEachSequenceAlone decodes three sequences of every
+// family together, with members joining and leaving between passes, and
+// checks every pass's logits against the same sequence decoded alone, bit
+// for bit.
+func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
+		t.Run(preset, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), preset)
+			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 11}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := Load(dir, LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ctx := context.Background()
+			prompts := [][]int{{1, 17, 300, 42}, {5, 77}, {9, 250, 100, 64, 3, 8}}
+			const steps = 6
+			// alone: each sequence greedy, one token per Forward
+			want := make([][][]float32, len(prompts))
+			for i, p := range prompts {
+				s := NewSession(m, NewResidentExperts(m), 16)
+				logits, err := s.Forward(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range steps {
+					want[i] = append(want[i], slices.Clone(logits))
+					if logits, err = s.Forward(ctx, []int{Argmax(logits)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// together: sequence 2 joins one pass late, sequence 1 leaves
+			// two passes early
+			sessions := make([]*Session, len(prompts))
+			got := make([][][]float32, len(prompts))
+			for i, p := range prompts {
+				sessions[i] = NewSession(m, NewResidentExperts(m), 16)
+				logits, err := sessions[i].Forward(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[i] = append(got[i], slices.Clone(logits))
+			}
+			b := NewBatch(m, NewResidentExperts(m))
+			for pass := range steps + 1 {
+				var members []*Session
+				var tokens []int
+				for i, s := range sessions {
+					if (i == 2 && pass == 0) || (i == 1 && pass >= steps-2) || len(got[i]) >= steps {
+						continue
+					}
+					members = append(members, s)
+					tokens = append(tokens, Argmax(got[i][len(got[i])-1]))
+				}
+				if len(members) == 0 {
+					continue
+				}
+				if err := b.Forward(ctx, members, tokens); err != nil {
+					t.Fatal(err)
+				}
+				for i, s := range sessions {
+					if slices.Contains(members, s) {
+						got[i] = append(got[i], slices.Clone(s.Logits()))
+					}
+				}
+			}
+			// sequence 1 left early: finish it alone
+			for len(got[1]) < steps {
+				logits, err := sessions[1].Forward(ctx, []int{Argmax(got[1][len(got[1])-1])})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[1] = append(got[1], slices.Clone(logits))
+			}
+			for i := range prompts {
+				for step := range steps {
+					if d := firstDiff(got[i][step], want[i][step]); d >= 0 {
+						t.Fatalf("sequence %d step %d: logit %d is %v batched, %v alone", i, step, d, got[i][step][d], want[i][step][d])
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestBatchRefusesMismatchedInput(t *testing.T) {
+	m := loadTiny(t)
+	b := NewBatch(m, NewResidentExperts(m))
+	s := NewSession(m, NewResidentExperts(m), 4)
+	if err := b.Forward(context.Background(), []*Session{s}, []int{1, 2}); err == nil {
+		t.Fatal("one session with two tokens was accepted")
+	}
+	if err := b.Forward(context.Background(), []*Session{s}, []int{m.Config.VocabSize}); err == nil {
+		t.Fatal("a token outside the vocabulary was accepted")
+	}
+}
