@@ -81,7 +81,7 @@ type Swarm struct {
 	mu       sync.Mutex
 	seqs     map[uint64]*sequence
 	batches  map[uint64]bool // the sequence ids of Batchers' decode passes
-	lastIter int64 // the highest iteration any sequence has run
+	lastIter int64           // the highest iteration any sequence has run
 	stats    Stats
 }
 
