@@ -28,10 +28,10 @@ type Batcher struct {
 	// once it has run (its decode passes run as the batch's), the batch's
 	// at Close.
 	endSeq func(ctx context.Context, seq uint64) error
-	joins     chan *member
-	life      context.Context
-	stop      context.CancelFunc
-	done      chan struct{}
+	joins  chan *member
+	life   context.Context
+	stop   context.CancelFunc
+	done   chan struct{}
 }
 
 // NewBatcher starts a batcher of m's sequences: decode passes run on
