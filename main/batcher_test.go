@@ -2,7 +2,6 @@ package mainnode_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 
@@ -117,7 +116,7 @@ func TestLocalBatcherIsLocalModeAlone(t *testing.T) {
 	got := batchedGenerations(t, b, prompts, 10)
 	for i, p := range prompts {
 		if d := diffGenerations(got[i], generate(t, local, model.NewResidentExperts(local), p, 10)); d != "" {
-			t.Fatal(fmt.Sprintf("request %d: %s", i, d))
+			t.Fatalf("request %d: %s", i, d)
 		}
 	}
 }
