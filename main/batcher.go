@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 )
 
@@ -24,21 +25,37 @@ type Batcher struct {
 	m         *model.Model
 	batch     *model.Batch
 	newRunner func() model.ExpertRunner // a prompt's runner
-	// endSeq, if set, is told when a sequence is done with: a prompt's
-	// once it has run (its decode passes run as the batch's), the batch's
-	// at Close.
-	endSeq func(ctx context.Context, seq uint64) error
-	joins  chan *member
-	life   context.Context
-	stop   context.CancelFunc
-	done   chan struct{}
+	hooks     BatcherHooks
+	joins     chan *member
+	life      context.Context
+	stop      context.CancelFunc
+	done      chan struct{}
+	// the last pass's members, for BeforePass
+	steps  []model.Step
+	caches []*kvcache.Cache
+}
+
+// BatcherHooks let the runner follow the batch's sequences (the swarm:
+// the shadow's alignments, what workers and the shadow keep per
+// sequence). Any may be nil.
+type BatcherHooks struct {
+	// BeforePrompt comes before a request's prompt runs, as its own
+	// forward pass step.
+	BeforePrompt func(ctx context.Context, step model.Step, prompt []int, cache *kvcache.Cache) error
+	// BeforePass comes before each batched decode pass step (the batch's):
+	// members[i] is member i's own forward pass, feeding tokens[i] after
+	// the rows in caches[i].
+	BeforePass func(ctx context.Context, step model.Step, members []model.Step, tokens []int, caches []*kvcache.Cache) error
+	// EndSequence is told when a sequence is done with: a request's when
+	// it leaves the batch, the batch's at Close.
+	EndSequence func(ctx context.Context, seq uint64) error
 }
 
 // NewBatcher starts a batcher of m's sequences: decode passes run on
 // runner, each prompt on a runner newRunner returns (the same one where
 // it is safe for concurrent use).
-func NewBatcher(m *model.Model, runner model.ExpertRunner, newRunner func() model.ExpertRunner, endSeq func(ctx context.Context, seq uint64) error) *Batcher {
-	b := &Batcher{m: m, batch: model.NewBatch(m, runner), newRunner: newRunner, endSeq: endSeq,
+func NewBatcher(m *model.Model, runner model.ExpertRunner, newRunner func() model.ExpertRunner, hooks BatcherHooks) *Batcher {
+	b := &Batcher{m: m, batch: model.NewBatch(m, runner), newRunner: newRunner, hooks: hooks,
 		joins: make(chan *member), done: make(chan struct{})}
 	b.life, b.stop = context.WithCancel(context.Background())
 	go b.loop()
@@ -52,11 +69,17 @@ func (b *Batcher) Seq() uint64 { return b.batch.Seq() }
 func (b *Batcher) Close() {
 	b.stop()
 	<-b.done
-	if b.endSeq != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		b.endSeq(ctx, b.batch.Seq())
+	b.end(b.batch.Seq())
+}
+
+// end tells the hooks that sequence seq is done with.
+func (b *Batcher) end(seq uint64) {
+	if b.hooks.EndSequence == nil {
+		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b.hooks.EndSequence(ctx, seq) // a node it cannot reach forgets with the connection
 }
 
 // member is one request in the batch.
@@ -88,30 +111,35 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 		sampler = model.NewSampler(0, 0, 0)
 	}
 	sess := model.NewSession(b.m, b.newRunner(), len(prompt)+min(opt.MaxTokens, kvHint))
+	if b.hooks.BeforePrompt != nil {
+		if err := b.hooks.BeforePrompt(ctx, sess.Next(), prompt, sess.Cache()); err != nil {
+			b.end(sess.Seq())
+			return nil, st, err
+		}
+	}
 	t0 := time.Now()
 	logits, err := sess.Forward(ctx, prompt)
 	st.Prefill = time.Since(t0)
-	if b.endSeq != nil {
-		if endErr := b.endSeq(ctx, sess.Seq()); err == nil && ctx.Err() == nil {
-			err = endErr
-		}
-	}
 	if err != nil {
+		b.end(sess.Seq())
 		return nil, st, err
 	}
 	m := &member{ctx: ctx, sess: sess, opt: opt, sampler: sampler, st: st, eos: b.m.Config.IsEOS, done: make(chan struct{})}
 	t1 := time.Now()
 	if opt.MaxTokens <= 0 || m.take(logits) {
+		b.end(sess.Seq())
 		return m.out, m.st, m.err
 	}
 	select {
 	case b.joins <- m:
 	case <-ctx.Done():
+		b.end(sess.Seq())
 		return m.out, m.st, ctx.Err()
 	case <-b.life.Done():
+		b.end(sess.Seq())
 		return m.out, m.st, errors.New("mainnode: the batch has stopped")
 	}
-	<-m.done
+	<-m.done // the loop has ended the sequence
 	m.st.Decode = time.Since(t1)
 	return m.out, m.st, m.err
 }
@@ -146,6 +174,7 @@ func (b *Batcher) loop() {
 		if m.err == nil {
 			m.err = err
 		}
+		b.end(m.sess.Seq())
 		close(m.done)
 	}
 	defer func() {
@@ -187,11 +216,21 @@ func (b *Batcher) loop() {
 			continue
 		}
 		sessions, tokens = sessions[:0], tokens[:0]
+		b.steps, b.caches = b.steps[:0], b.caches[:0]
 		for _, m := range members {
 			sessions = append(sessions, m.sess)
 			tokens = append(tokens, m.out[len(m.out)-1])
+			b.steps = append(b.steps, m.sess.Next())
+			b.caches = append(b.caches, m.sess.Cache())
 		}
-		if err := b.batch.Forward(b.life, sessions, tokens); err != nil {
+		err := error(nil)
+		if b.hooks.BeforePass != nil {
+			err = b.hooks.BeforePass(b.life, b.batch.Next(), b.steps, tokens, b.caches)
+		}
+		if err == nil {
+			err = b.batch.Forward(b.life, sessions, tokens)
+		}
+		if err != nil {
 			for _, m := range members {
 				finish(m, err)
 			}

@@ -5,7 +5,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 )
@@ -54,7 +56,9 @@ func decodeLoads(st *mainnode.Stats) (loads int64) {
 // above the group size) each get local mode's tokens and logits alone,
 // bit for bit, for every family; and the batch loads fewer experts than
 // the same requests one after another, since a layer's expert loads once
-// for every sequence that routed to it.
+// for every sequence that routed to it. With an int8 shadow running the
+// same batches, the tokens are the same and its predictions of the
+// batches' routing score a recall well above chance.
 func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
 		t.Run(preset, func(t *testing.T) {
@@ -97,6 +101,22 @@ func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
 			t.Logf("%s: decode expert loads %d batched, %d one request after another", preset, together, alone)
 			if together >= alone {
 				t.Fatalf("batched decode loaded %d experts, one after another %d: batching shared no load", together, alone)
+			}
+
+			sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
+			b = sw.Batcher(mainModel)
+			got = batchedGenerations(t, b, prompts, n)
+			for i := range prompts {
+				if d := diffGenerations(got[i], want[i]); d != "" {
+					t.Fatalf("request %d batched with a shadow differs from local mode alone: %s", i, d)
+				}
+			}
+			st, ok := sw.ShadowStats(10e9)
+			b.Close()
+			chance := float64(local.Config.TopK) / float64(local.Config.NumExperts)
+			t.Logf("%s: the shadow's recall over batched passes %.4f", preset, st.BatchRecall)
+			if !ok || st.BatchRecall < 2*chance {
+				t.Fatalf("the shadow's recall over batched passes %.4f (ok %v), not above twice chance %.2f", st.BatchRecall, ok, 2*chance)
 			}
 		})
 	}

@@ -23,13 +23,17 @@ type Input struct {
 	Layer  int
 	Tokens int           // rows in the batch: 1 in decode, the prompt's length in prefill
 	Routes []model.Route // Tokens*k routes, each token's sorted by expert id
+	// Batched marks a batched decode pass: one row per sequence of a
+	// Batcher, each a decode step, so the policies treat it as decode.
+	Batched bool
 	// Predicted is the shadow's prediction for this layer (distinct
 	// experts, sorted), nil when none has arrived: no shadow, or late.
 	Predicted []int
 }
 
-// Prefill reports whether the batch is a prompt's (more than one row).
-func (in *Input) Prefill() bool { return in.Tokens > 1 }
+// Prefill reports whether the batch is a prompt's (more than one row,
+// not a batched decode pass).
+func (in *Input) Prefill() bool { return in.Tokens > 1 && !in.Batched }
 
 // Hint is a Prediction the main node sends: worker should load experts of
 // layer for step.
@@ -181,8 +185,8 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 			p.Hints = append(p.Hints, Hint{Worker: w, Step: in.Step, Layer: in.Layer, Experts: experts})
 		})
 	}
-	if in.Prefill() {
-		pl.prefillRequests(p, in)
+	if in.Tokens > 1 { // a prompt's rows, or a batched decode pass's
+		pl.rowRequests(p, in)
 	} else {
 		pl.decodeRequests(p)
 	}
@@ -234,10 +238,10 @@ func (pl *Planner) decodeRequests(p *Plan) {
 	})
 }
 
-// prefillRequests sends each expert's tokens in mini-batches (OD-MoE
+// rowRequests sends each expert its rows in mini-batches (OD-MoE
 // section 3.3), all but the last with Keep; each worker's last request
 // ends the layer there.
-func (pl *Planner) prefillRequests(p *Plan, in *Input) {
+func (pl *Planner) rowRequests(p *Plan, in *Input) {
 	k := len(in.Routes) / in.Tokens
 	for i, e := range p.Experts {
 		start := len(p.tokens)

@@ -15,7 +15,6 @@ import (
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
-	"github.com/odmoe/odmoe/serve"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -147,15 +146,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 	}
 	if cfg.Serve.Addr != "" {
-		// requests decode in one batch; with a shadow each is its own
-		// sequence, as the shadow predicts per sequence
-		var gen serve.Generator = sw.Generator(m)
-		if cfg.Prefetch != Shadow {
-			b := sw.Batcher(m)
-			defer b.Close()
-			gen = b
-		}
-		return serveAPI(ctx, cfg.Model, m, gen, sw.Health, prometheus.NewRegistry(), cfg.Serve, log)
+		b := sw.Batcher(m) // requests decode together (continuous batching)
+		defer b.Close()
+		return serveAPI(ctx, cfg.Model, m, b, sw.Health, prometheus.NewRegistry(), cfg.Serve, log)
 	}
 	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw, sw.Generate, stdout)
 	if err != nil {

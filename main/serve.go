@@ -29,15 +29,15 @@ type Serving struct {
 const kvHint = 512
 
 // Generator runs each generation as its own sequence of m on the swarm,
-// concurrently: what the API serves on a main node with a shadow (whose
-// predictions follow sequences, not batches, so far).
+// concurrently, unbatched.
 func (s *Swarm) Generator(m *model.Model) serve.Generator { return swarmGenerator{m: m, sw: s} }
 
 // Batcher batches m's generations on the swarm (continuous batching):
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
 func (s *Swarm) Batcher(m *model.Model) *Batcher {
-	b := NewBatcher(m, s, func() model.ExpertRunner { return s }, s.EndSequence)
+	b := NewBatcher(m, s, func() model.ExpertRunner { return s }, BatcherHooks{
+		BeforePrompt: s.BeforeForward, BeforePass: s.BeforeBatch, EndSequence: s.EndSequence})
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()
@@ -47,7 +47,7 @@ func (s *Swarm) Batcher(m *model.Model) *Batcher {
 // NewLocalBatcher batches generations of the resident model m (local
 // mode).
 func NewLocalBatcher(m *model.Model) *Batcher {
-	return NewBatcher(m, model.NewResidentExperts(m), func() model.ExpertRunner { return model.NewResidentExperts(m) }, nil)
+	return NewBatcher(m, model.NewResidentExperts(m), func() model.ExpertRunner { return model.NewResidentExperts(m) }, BatcherHooks{})
 }
 
 // swarmGenerator runs each generation as its own sequence on the swarm.

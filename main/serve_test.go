@@ -35,8 +35,10 @@ func TestServedConcurrentRequestsOnTheSwarmAreEachLocalModesAnswer(t *testing.T)
 		t.Fatal(err)
 	}
 	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
+	b := sw.Batcher(mainModel)
+	defer b.Close()
 	srv, err := serve.New(serve.Config{Model: "m", Tokenizer: tok, Context: mainModel.Config.MaxPositions,
-		Generator: sw.Generator(mainModel), Health: sw.Health, Log: zerolog.Nop()})
+		Generator: b, Health: sw.Health, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +84,8 @@ func TestServedConcurrentRequestsOnTheSwarmAreEachLocalModesAnswer(t *testing.T)
 			t.Errorf("%q: served %q, local mode alone %q", prompts[i], got[i], want[i])
 		}
 	}
-	if st, ok := sw.ShadowStats(10e9); !ok || st.Recall <= 0 {
-		t.Fatalf("the shadow predicted nothing for the served sequences (recall %v, ok %v)", st.Recall, ok)
+	if st, ok := sw.ShadowStats(10e9); !ok || st.BatchRecall <= 0 {
+		t.Fatalf("the shadow predicted nothing for the served sequences (recall over batched passes %v, ok %v)", st.BatchRecall, ok)
 	}
 }
 

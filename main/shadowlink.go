@@ -32,14 +32,19 @@ type shadowLink struct {
 	pred      map[layerKey][]int // predicted experts, sorted
 	actual    map[layerKey][]int // routing awaiting its prediction, for scoring
 	recall    *align.Recall
-	late      []float64 // late-departure ms per decode iteration (index: iteration-2)
-	done      int64     // the last iteration the shadow finished
-	forwardMs float64   // the shadow's decode forward passes, summed
-	forwards  int
-	peakRSS   int64
-	received  chan struct{}
-	trace     *trace.Recorder
-	traces    chan *wire.Trace
+	// batched decode passes: their sequence ids, and the experts they
+	// activated (the union over their rows) and how many of those the
+	// shadow predicted
+	batches                   map[uint64]bool
+	batchCorrect, batchRouted int64
+	late                      []float64 // late-departure ms per decode iteration (index: iteration-2)
+	done                      int64     // the last iteration the shadow finished
+	forwardMs                 float64   // the shadow's decode forward passes, summed
+	forwards                  int
+	peakRSS                   int64
+	received                  chan struct{}
+	trace                     *trace.Recorder
+	traces                    chan *wire.Trace
 }
 
 // shadowSeq is what the link keeps of one sequence: enough to bring a
@@ -64,7 +69,7 @@ type layerKey struct {
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{},
+	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{}, batches: map[uint64]bool{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {
 		sl.peer.Store(p)
@@ -166,7 +171,18 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 // score records one (iteration, layer); decode iteration i+1 produces
 // output token i+1 in the paper's numbering (iteration 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred, actual []int) {
-	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, actual)
+	if sl.batches[key.step.Seq] {
+		// a batched pass activates the union of its rows' experts, and the
+		// shadow predicts the union: the share of it predicted
+		for _, e := range actual {
+			if slices.Contains(pred, e) {
+				sl.batchCorrect++
+			}
+		}
+		sl.batchRouted += int64(len(actual))
+	} else {
+		sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, actual)
+	}
 	delete(sl.actual, key)
 }
 
@@ -209,6 +225,44 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
 // while it is lost (a connection that ends here is reported by the
 // receive loop, not as an error).
 func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
+	return sl.startIn(ctx, step, tokens, cache, batchPass{})
+}
+
+// batchPass is the batched decode pass a sequence's forward pass runs in:
+// the batch's sequence id and iteration, and how many sequences it has.
+type batchPass struct {
+	seq  uint64
+	iter int64
+	size int
+}
+
+// startBatch departs the shadow on a batched decode pass (step is the
+// batch's): one alignment per member, members[i] being its own forward
+// pass that feeds tokens[i] after the rows in caches[i]. The shadow runs
+// the pass once it has them all. It reports whether every member
+// departed.
+func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, members []model.Step, tokens []int, caches []*kvcache.Cache) (bool, error) {
+	sl.mu.Lock()
+	if sl.seqs[step.Seq] == nil {
+		sl.seqs[step.Seq] = &shadowSeq{} // the batch's predictions are for a live sequence
+	}
+	sl.batches[step.Seq] = true
+	sl.mu.Unlock()
+	bp := batchPass{seq: step.Seq, iter: step.Iter, size: len(members)}
+	all := true
+	for i, m := range members {
+		departed, err := sl.startIn(ctx, m, tokens[i:i+1], caches[i], bp)
+		if err != nil {
+			return false, err
+		}
+		all = all && departed
+	}
+	return all, nil
+}
+
+// startIn is start for a forward pass that runs in batch pass bp (bp.seq
+// 0: on its own).
+func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache, bp batchPass) (bool, error) {
 	sl.mu.Lock()
 	q := sl.seqs[step.Seq]
 	if q == nil {
@@ -229,7 +283,7 @@ func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, 
 		return false, nil
 	}
 	p := sl.peer.Load()
-	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1}
+	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchIteration: bp.iter, BatchSize: bp.size}
 	decodeStep := step.Iter - 1 // the generated tokens fed so far
 	switch {
 	case decodeStep == 0:
@@ -304,7 +358,11 @@ func f16Tensor(v []uint16, rows, width int) wire.Tensor {
 
 // ShadowStats are the shadow's figures for the run summary.
 type ShadowStats struct {
-	Recall          float64   // eq. (3)
+	Recall float64 // eq. (3), over the decode steps of sequences run alone
+	// BatchRecall is, over batched decode passes, the share of the
+	// experts a layer activated (the union over the pass's sequences)
+	// that the shadow predicted for it; 0 if no batched pass ran.
+	BatchRecall     float64
 	RecallByToken   []float64 // eq. (2), output token 1..N
 	LateDepartureMs []float64 // per decode iteration
 	// ForwardMs is the shadow's mean decode forward pass (all layers).
@@ -336,6 +394,9 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late), PeakRSS: sl.peakRSS}
+	if sl.batchRouted > 0 {
+		st.BatchRecall = float64(sl.batchCorrect) / float64(sl.batchRouted)
+	}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}

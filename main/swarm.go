@@ -214,8 +214,8 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if s.planner.Live() == 0 {
 		return fmt.Errorf("mainnode: layer %d: every worker is lost (%d in the layout)", layer, len(s.workers))
 	}
-	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes}
-	predicted := s.shadow != nil && !rows && s.shadow.isUp()
+	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes, Batched: q.batch}
+	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
 	if predicted {
 		q.in.Predicted = s.shadow.prediction(step, layer)
 	}
@@ -422,6 +422,24 @@ func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int
 	s.attachShadow()
 	departed, err := s.shadow.start(ctx, step, tokens, cache)
 	if !departed && err == nil && step.Iter > 1 {
+		s.mu.Lock()
+		s.stats.Faults.ReactiveIterations++
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// BeforeBatch departs and aligns the shadow for a batched decode pass,
+// step being the batch's: members[i] is the member sequence's own forward
+// pass, which feeds tokens[i] after the rows in caches[i]. A no-op
+// without a shadow.
+func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, members []model.Step, tokens []int, caches []*kvcache.Cache) error {
+	if s.shadow == nil {
+		return nil
+	}
+	s.attachShadow()
+	departed, err := s.shadow.startBatch(ctx, step, members, tokens, caches)
+	if !departed && err == nil {
 		s.mu.Lock()
 		s.stats.Faults.ReactiveIterations++
 		s.mu.Unlock()

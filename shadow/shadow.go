@@ -195,13 +195,13 @@ func (n *Node) send(ctx context.Context, out <-chan outgoing) error {
 func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 	// Alignments travel on bulk streams and may arrive out of order: each
 	// waits here until its iteration is next in its sequence.
-	type seqIter struct {
-		seq uint64
-		it  int64
-	}
 	pending := map[seqIter]*wire.Alignment{}
 	seqs := map[uint64]*follow{}
 	var ended []uint64 // sequences the main node ended, most recent last
+	// batched decode passes: the member alignments of each pass, and each
+	// batch's state
+	passes := map[seqIter][]*wire.Alignment{}
+	batches := map[uint64]*batchFollow{}
 	for {
 		m, err := p.Recv(ctx)
 		if err != nil {
@@ -214,7 +214,9 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 			}
 		case *wire.SequenceEnd:
 			delete(seqs, m.Seq)
+			delete(batches, m.Seq)
 			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == m.Seq })
+			maps.DeleteFunc(passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == m.Seq })
 			ended = append(ended[max(0, len(ended)-63):], m.Seq)
 		case *wire.Alignment:
 			n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
@@ -224,6 +226,14 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 			}
 			if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
 				seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1}
+			}
+			if m.Batch != 0 {
+				k := seqIter{m.Batch, m.BatchIteration}
+				passes[k] = append(passes[k], m)
+				if err := n.runPasses(ctx, m.Batch, passes, batches, seqs); err != nil {
+					return err
+				}
+				continue
 			}
 			pending[seqIter{m.Seq, m.Iteration}] = m
 			f := seqs[m.Seq]
@@ -241,6 +251,12 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 					return err
 				}
 			}
+			// a member's prompt may be what a batched pass waited for
+			for b := range batches {
+				if err := n.runPasses(ctx, b, passes, batches, seqs); err != nil {
+					return err
+				}
+			}
 		default:
 			n.log.Warn().Str("type", m.Type().String()).Msg("ignoring a message the shadow does not handle")
 		}
@@ -254,55 +270,16 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 // goes on with the decode step at once.
 func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error {
 	start := time.Now()
-	f.it = a.Iteration
-	if len(a.Prompt) > 0 {
-		toks := make([]int, len(a.Prompt))
-		for i, t := range a.Prompt {
-			toks[i] = int(t)
-		}
-		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
-		if err := f.sess.ForwardHidden(ctx, toks); err != nil {
-			return fmt.Errorf("shadow: sequence %d prompt: %w", f.seq, err)
-		}
-		f.headDue = true
-		if a.Iteration == 1 {
-			return nil
-		}
-		if a.Token < 0 {
-			return fmt.Errorf("shadow: sequence %d joined at iteration %d without the token to feed", f.seq, a.Iteration)
-		}
-		n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(toks)).Bool("kv", len(a.Keys) > 0).
-			Msg("shadow: following a sequence from the middle")
-	} else if f.sess == nil {
-		return fmt.Errorf("shadow: sequence %d iteration %d before its prompt", f.seq, a.Iteration)
+	token, decode, err := n.prepare(ctx, f, a)
+	if err != nil || !decode {
+		return err
 	}
-	if len(a.Keys) > 0 {
-		kv, err := kvRows(a)
-		if err == nil {
-			err = kv.Apply(f.sess.Cache())
-		}
-		if err != nil {
-			return fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
-		}
-	}
-	// The output head (the vocabulary-sized matvec) only gives the shadow
-	// its own next token, which it needs only when the main node does not
-	// send one: run it lazily, here, when it is due and the alignment has
-	// no token, so with token alignment it never delays a departure.
-	token := int(a.Token)
-	if a.Token < 0 {
-		if f.headDue {
-			f.next = model.Argmax(f.sess.Logits())
-		}
-		token = f.next
-	}
-	f.headDue = false
 	late := time.Since(start) // late departure: the alignment's own cost here
 	n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
-	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, f, l, routes) }
+	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, f.seq, f.it, l, routes) }
 	t0 := time.Now()
 	n.mark = t0
-	err := f.sess.ForwardHidden(ctx, []int{token})
+	err = f.sess.ForwardHidden(ctx, []int{token})
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, a.Iteration, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	f.sess.OnRoute = nil
@@ -311,6 +288,157 @@ func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error 
 	}
 	f.headDue = true
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: a.Iteration,
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
+}
+
+// prepare applies a to f: its prompt (starting or restarting f), its KV
+// rows, its token. It returns the token f's decode step feeds, and
+// whether there is one (not after a sequence's first prompt).
+func (n *Node) prepare(ctx context.Context, f *follow, a *wire.Alignment) (token int, decode bool, err error) {
+	f.it = a.Iteration
+	if len(a.Prompt) > 0 {
+		toks := make([]int, len(a.Prompt))
+		for i, t := range a.Prompt {
+			toks[i] = int(t)
+		}
+		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
+		if err := f.sess.ForwardHidden(ctx, toks); err != nil {
+			return 0, false, fmt.Errorf("shadow: sequence %d prompt: %w", f.seq, err)
+		}
+		f.headDue = true
+		if a.Iteration == 1 {
+			return 0, false, nil
+		}
+		if a.Token < 0 {
+			return 0, false, fmt.Errorf("shadow: sequence %d joined at iteration %d without the token to feed", f.seq, a.Iteration)
+		}
+		n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(toks)).Bool("kv", len(a.Keys) > 0).
+			Msg("shadow: following a sequence from the middle")
+	} else if f.sess == nil {
+		return 0, false, fmt.Errorf("shadow: sequence %d iteration %d before its prompt", f.seq, a.Iteration)
+	}
+	if len(a.Keys) > 0 {
+		kv, err := kvRows(a)
+		if err == nil {
+			err = kv.Apply(f.sess.Cache())
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
+		}
+	}
+	// The output head (the vocabulary-sized matvec) only gives the shadow
+	// its own next token, which it needs only when the main node does not
+	// send one: run it lazily, here, when it is due and the alignment has
+	// no token, so with token alignment it never delays a departure.
+	token = int(a.Token)
+	if a.Token < 0 {
+		if f.headDue {
+			f.next = model.Argmax(f.sess.Logits())
+		}
+		token = f.next
+	}
+	f.headDue = false
+	return token, true, nil
+}
+
+// seqIter is one iteration of one sequence (or batch).
+type seqIter struct {
+	seq uint64
+	it  int64
+}
+
+// batchFollow is the shadow's copy of one of the main node's decode
+// batches.
+type batchFollow struct {
+	batch *model.Batch
+	it    int64 // the last pass run; 0: none yet
+}
+
+// runPasses runs batch b's passes that are ready, in order: a pass is
+// ready when all its members' alignments have come, each is its
+// sequence's next iteration (or restarts it with its prompt), and the
+// batch's previous pass has run. The first pass the shadow sees of a
+// batch starts it (it may attach mid-batch).
+func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wire.Alignment, batches map[uint64]*batchFollow, seqs map[uint64]*follow) error {
+	for {
+		bf := batches[b]
+		var k seqIter
+		if bf != nil {
+			k = seqIter{b, bf.it + 1}
+		} else {
+			first := int64(0) // the earliest pass waiting
+			for pk := range passes {
+				if pk.seq == b && (first == 0 || pk.it < first) {
+					first = pk.it
+				}
+			}
+			if first == 0 {
+				return nil
+			}
+			k = seqIter{b, first}
+		}
+		members := passes[k]
+		if len(members) == 0 || len(members) < members[0].BatchSize {
+			return nil
+		}
+		for _, a := range members {
+			f := seqs[a.Seq]
+			if len(a.Prompt) == 0 && (f == nil || f.it+1 != a.Iteration) {
+				return nil // the member's previous iteration has not run
+			}
+		}
+		delete(passes, k)
+		if bf == nil {
+			bf = &batchFollow{batch: model.NewBatch(n.m, model.NewResidentExperts(n.m))}
+			batches[b] = bf
+		}
+		bf.it = k.it
+		if err := n.pass(ctx, b, bf, members, seqs); err != nil {
+			return err
+		}
+	}
+}
+
+// pass runs one batched decode pass of batch b: each member's alignment,
+// then one forward pass over all of them whose routing, the union over
+// the members, is predicted for step (b, pass).
+func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
+	start := time.Now()
+	sessions := make([]*model.Session, 0, len(members))
+	tokens := make([]int, 0, len(members))
+	for _, a := range members {
+		f := seqs[a.Seq]
+		if f == nil { // restarted by its prompt
+			f = &follow{seq: a.Seq}
+			seqs[a.Seq] = f
+		}
+		token, decode, err := n.prepare(ctx, f, a)
+		if err != nil {
+			return err
+		}
+		if !decode {
+			return fmt.Errorf("shadow: batch %d pass %d: sequence %d has no decode step", b, bf.it, a.Seq)
+		}
+		sessions = append(sessions, f.sess)
+		tokens = append(tokens, token)
+	}
+	late := time.Since(start)
+	n.trace.Span(trace.Align, bf.it, 0, -1, start, start.Add(late))
+	it := bf.it
+	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, b, it, l, routes) })
+	t0 := time.Now()
+	n.mark = t0
+	err := bf.batch.Forward(ctx, sessions, tokens)
+	forward := time.Since(t0)
+	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
+	bf.batch.SetOnRoute(nil)
+	if err != nil {
+		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
+	}
+	for _, a := range members {
+		seqs[a.Seq].headDue = true
+	}
+	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: b, Iteration: it,
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
 }
 
@@ -324,13 +452,14 @@ func (n *Node) queue(ctx context.Context, o outgoing) error {
 	}
 }
 
-// predict is the Session's routing hook: the moment layer l of f is
-// routed, hint its group's workers and tell the main node (through the
+// predict is the routing hook of a forward pass, step (seq, it): the
+// moment layer l is routed (the union over a batch's rows), hint its
+// group's workers and tell the main node (through the
 // sender). If ctx has ended nothing is queued, and the forward pass stops
 // at its next layer.
-func (n *Node) predict(ctx context.Context, f *follow, l int, routes []model.Route) {
+func (n *Node) predict(ctx context.Context, seq uint64, it int64, l int, routes []model.Route) {
 	now := time.Now()
-	n.trace.Span(trace.Shadow, f.it, l, -1, n.mark, now)
+	n.trace.Span(trace.Shadow, it, l, -1, n.mark, now)
 	n.mark = now
 	n.experts = n.experts[:0]
 	for _, r := range routes {
@@ -340,7 +469,7 @@ func (n *Node) predict(ctx context.Context, f *follow, l int, routes []model.Rou
 	}
 	slices.Sort(n.experts)
 	prediction := func(worker int, experts []int) outgoing {
-		return outgoing{worker: worker, it: f.it, layer: l, msg: &wire.Prediction{Seq: f.seq, Iteration: f.it, Layer: l, Experts: int32s(experts)}}
+		return outgoing{worker: worker, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts)}}
 	}
 	// each worker of the group loads its share, where the main node's
 	// planner will look for it (sched.PlacePredicted)

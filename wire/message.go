@@ -162,6 +162,14 @@ type Alignment struct {
 	// Prompt, when set, starts sequence Seq: the shadow runs these tokens
 	// as its prefill (Iteration 1).
 	Prompt []int32
+	// Batch, when not 0, says that this iteration of Seq runs in pass
+	// BatchIteration of the main node's decode batch Batch, together with
+	// BatchSize sequences in all (this one included): the shadow runs the
+	// pass when it has all of their alignments, as one batched forward
+	// pass, and predicts each layer for step (Batch, BatchIteration).
+	Batch          uint64
+	BatchIteration int64
+	BatchSize      int
 }
 
 // SequenceEnd tells a worker or the shadow that the main node is done with
@@ -311,6 +319,9 @@ func (m *ExpertResult) validate() error {
 func (m *Alignment) validate() error {
 	if err := nonNegative("iteration/from", m.Iteration, int64(m.FromPos)); err != nil {
 		return err
+	}
+	if m.Batch != 0 && (m.BatchIteration < 1 || m.BatchSize < 1) {
+		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchIteration, m.BatchSize)
 	}
 	if len(m.Keys) != len(m.Values) {
 		return malformed("alignment has %d key and %d value tensors", len(m.Keys), len(m.Values))
