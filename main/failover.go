@@ -139,13 +139,23 @@ func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, p
 			continue
 		}
 		rest := make([]int32, 0, r.pending)
+		var rows, counts []int32 // the unanswered experts' own rows, if they have them
+		off := 0
 		for j, e := range r.Experts {
+			c := 0
+			if len(r.RowCounts) > 0 {
+				c = int(r.RowCounts[j])
+			}
 			if r.got&(1<<j) == 0 {
 				rest = append(rest, e)
+				if c > 0 {
+					rows, counts = append(rows, r.Rows[off:off+c]...), append(counts, int32(c))
+				}
 			}
+			off += c
 		}
 		r.pending = 0 // replaced
-		nr := request{Request: Request{Worker: s.planner.Substitute(w), Experts: rest, Tokens: r.Tokens, Keep: r.Keep},
+		nr := request{Request: Request{Worker: s.planner.Substitute(w), Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Rows: rows, RowCounts: counts},
 			id: s.nextID.Add(1), pending: len(rest)}
 		if q.expected+nr.pending+1 > cap(q.replies) {
 			return fmt.Errorf("mainnode: layer %d: too many workers lost at once (last: %s): %w", q.in.Layer, s.workers[w].name, cause)

@@ -55,6 +55,26 @@ type Request struct {
 	// EndLayer marks the worker's last request of the layer: it evicts
 	// what it loaded for the layer on a wrong prediction.
 	EndLayer bool
+	// RowCounts, when set, gives each expert its own rows of Tokens
+	// (wire.Activation.RowCounts): expert j runs on Tokens[Rows[...]],
+	// RowCounts[j] of them. Unset: every expert on every token.
+	Rows, RowCounts []int32
+}
+
+// ExpertTokens returns the batch rows expert j of r runs on, appended to
+// dst.
+func (r *Request) ExpertTokens(dst []int, j int) []int {
+	if len(r.RowCounts) == 0 {
+		return append(dst, r.Tokens...)
+	}
+	off := 0
+	for _, c := range r.RowCounts[:j] {
+		off += int(c)
+	}
+	for _, row := range r.Rows[off : off+int(r.RowCounts[j])] {
+		dst = append(dst, r.Tokens[row])
+	}
+	return dst
 }
 
 // Plan is what the main node does for one layer. Its slices are reused
@@ -68,6 +88,7 @@ type Plan struct {
 
 	ids          []int32 // backing store of Hints' and Requests' Experts
 	tokens       []int   // backing store of Requests' Tokens
+	rows         []int32 // backing store of Requests' Rows and RowCounts
 	hintAssigned bool    // HintAssigned was called
 	scratch      []int
 	perm         []int // the random policy's draws
@@ -171,7 +192,7 @@ func (pl *Planner) IsLive(w int) bool { return !pl.down[w].Load() }
 // runs, the hints and the requests.
 func (pl *Planner) Plan(p *Plan, in *Input) {
 	p.Experts, p.Assign, p.Hints, p.Requests = p.Experts[:0], p.Assign[:0], p.Hints[:0], p.Requests[:0]
-	p.ids, p.tokens, p.hintAssigned = p.ids[:0], p.tokens[:0], false
+	p.ids, p.tokens, p.rows, p.hintAssigned = p.ids[:0], p.tokens[:0], p.rows[:0], false
 	for _, r := range in.Routes {
 		if !slices.Contains(p.Experts, r.Expert) {
 			p.Experts = append(p.Experts, r.Expert)
@@ -185,9 +206,12 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 			p.Hints = append(p.Hints, Hint{Worker: w, Step: in.Step, Layer: in.Layer, Experts: experts})
 		})
 	}
-	if in.Tokens > 1 { // a prompt's rows, or a batched decode pass's
+	switch {
+	case in.Batched && in.Tokens > 1:
+		pl.batchRequests(p, in)
+	case in.Tokens > 1:
 		pl.rowRequests(p, in)
-	} else {
+	default:
 		pl.decodeRequests(p)
 	}
 }
@@ -235,6 +259,59 @@ func (pl *Planner) decodeRequests(p *Plan) {
 		p.tokens = append(p.tokens, 0)
 		p.Requests = append(p.Requests, Request{Worker: w, Experts: experts,
 			Tokens: p.tokens[len(p.tokens)-1 : len(p.tokens) : len(p.tokens)], EndLayer: true})
+	})
+}
+
+// maxRequestExperts bounds the experts of one request (the Swarm marks
+// each one's answer in a 64-bit mask).
+const maxRequestExperts = 64
+
+// batchRequests sends each worker of a batched decode pass one request
+// (up to maxRequestExperts experts) with the rows of every sequence that
+// routed to one of its experts, each expert with its own rows; each is
+// the worker's last of the layer.
+func (pl *Planner) batchRequests(p *Plan, in *Input) {
+	k := len(in.Routes) / in.Tokens
+	routed := func(t int, e int32) bool {
+		for _, r := range in.Routes[t*k : (t+1)*k] {
+			if r.Expert == int(e) {
+				return true
+			}
+		}
+		return false
+	}
+	p.workers(func(w int, experts []int32) {
+		for lo := 0; lo < len(experts); lo += maxRequestExperts {
+			exps := experts[lo:min(lo+maxRequestExperts, len(experts))]
+			start := len(p.tokens)
+			for t := range in.Tokens {
+				if slices.ContainsFunc(exps, func(e int32) bool { return routed(t, e) }) {
+					p.tokens = append(p.tokens, t)
+				}
+			}
+			toks := p.tokens[start:len(p.tokens):len(p.tokens)]
+			rstart := len(p.rows)
+			for _, e := range exps {
+				for i, t := range toks {
+					if routed(t, e) {
+						p.rows = append(p.rows, int32(i))
+					}
+				}
+			}
+			cstart := len(p.rows)
+			for _, e := range exps {
+				c := int32(0)
+				for _, t := range toks {
+					if routed(t, e) {
+						c++
+					}
+				}
+				p.rows = append(p.rows, c)
+			}
+			p.Requests = append(p.Requests, Request{Worker: w, Experts: exps, Tokens: toks,
+				Rows: p.rows[rstart:cstart:cstart], RowCounts: p.rows[cstart:len(p.rows):len(p.rows)],
+				EndLayer: lo+maxRequestExperts >= len(experts)})
+		}
 	})
 }
 

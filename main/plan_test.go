@@ -245,3 +245,46 @@ func TestPlanningADecodeLayerAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchedPassSendsEachWorkerOneRequest: a batched decode pass of three
+// sequences sends each worker of the layer's group one activation with
+// the rows of every sequence routed to its experts, each expert with its
+// own rows, placed by the decode rule (the group), not prefill's spread.
+func TestBatchedPassSendsEachWorkerOneRequest(t *testing.T) {
+	pl := testPlanner(t, Reactive)
+	// layer 1 runs on group {w2, w3}; rows: seq A -> e1 e4, B -> e4 e6, C -> e1 e3
+	in := Input{Step: model.Step{Seq: 9, Iter: 3}, Layer: 1, Tokens: 3, Routes: routes([]int{1, 4}, []int{4, 6}, []int{1, 3}), Batched: true}
+	if in.Prefill() {
+		t.Fatal("a batched pass counts as prefill")
+	}
+	var p Plan
+	pl.Plan(&p, &in)
+	perWorker := map[int]int{}
+	got := map[int][]int{} // expert -> the batch rows it runs on
+	for _, r := range p.Requests {
+		perWorker[r.Worker]++
+		if r.Worker != 2 && r.Worker != 3 {
+			t.Fatalf("request to w%d, outside layer 1's group: %s", r.Worker, render(&p))
+		}
+		if !r.EndLayer || r.Keep {
+			t.Fatalf("request %+v: want the worker's last of the layer, no keep", r)
+		}
+		for j, e := range r.Experts {
+			got[int(e)] = r.ExpertTokens(nil, j)
+		}
+	}
+	for w, n := range perWorker {
+		if n != 1 {
+			t.Fatalf("w%d got %d requests: %s", w, n, render(&p))
+		}
+	}
+	want := map[int][]int{1: {0, 2}, 3: {2}, 4: {0, 1}, 6: {1}}
+	if len(got) != len(want) {
+		t.Fatalf("experts %v, want %v", got, want)
+	}
+	for e, rows := range want {
+		if !slices.Equal(got[e], rows) {
+			t.Fatalf("expert %d runs on rows %v, want %v (plan %s)", e, got[e], rows, render(&p))
+		}
+	}
+}

@@ -99,6 +99,7 @@ type sequence struct {
 	replies  chan reply
 	pred     wire.Prediction
 	act      wire.Activation
+	toks     []int // scratch: the rows of one result
 }
 
 // NewSwarm runs experts on peers, which must be workers, in sched order:
@@ -310,6 +311,7 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 	}
 	act.Seq, act.Iteration, act.Layer, act.Tokens, act.Experts = q.step.Seq, q.step.Iter, q.in.Layer, len(r.Tokens), r.Experts
 	act.ID, act.Keep, act.EndLayer = r.id, r.Keep, r.EndLayer
+	act.Rows, act.RowCounts = r.Rows, r.RowCounts
 	act.Hidden.SetFloat32s(hidden, len(r.Tokens), h)
 	s.traceWorker(q, trace.Send, trace.MsgActivation, r.Worker, q.in.Layer, -1, r.id, time.Now())
 	return s.sendTo(ctx, r.Worker, act)
@@ -346,10 +348,14 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 		}
 		res := rp.res
 		got, err := res.Output.Float32s()
-		if err != nil || len(got) != len(r.Tokens)*h || !r.gotExpert(res.Expert) {
-			return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.Worker, res.Expert, len(got), r.Experts, len(r.Tokens)*h)
+		q.toks = q.toks[:0]
+		if j := slices.Index(r.Experts, int32(res.Expert)); j >= 0 {
+			q.toks = r.ExpertTokens(q.toks, j)
 		}
-		for j, t := range r.Tokens {
+		if err != nil || len(q.toks) == 0 || len(got) != len(q.toks)*h || !r.gotExpert(res.Expert) {
+			return fmt.Errorf("mainnode: layer %d: worker %d sent a result for expert %d of %d floats, want one of %v with %d", layer, r.Worker, res.Expert, len(got), r.Experts, len(q.toks)*h)
+		}
+		for j, t := range q.toks {
 			for slot, rt := range routes[t*k : (t+1)*k] {
 				if rt.Expert == res.Expert {
 					copy(out[(t*k+slot)*h:(t*k+slot+1)*h], got[j*h:(j+1)*h])

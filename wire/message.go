@@ -129,6 +129,13 @@ type Activation struct {
 	// iteration of Seq: it also evicts what it loaded for the layer on a
 	// wrong prediction of that sequence, before answering.
 	EndLayer bool
+	// RowCounts, when set (one per expert), gives each expert its own rows
+	// of Hidden: expert j runs on rows Rows[c_0+...+c_(j-1) :][:c_j], in
+	// that order, and its result has c_j rows (a batched decode pass: one
+	// message per worker carries the rows of every sequence routed to its
+	// experts). Unset: every expert runs on every row.
+	Rows      []int32
+	RowCounts []int32
 }
 
 // ExpertResult is a worker's answer to an Activation: one expert's output.
@@ -306,7 +313,40 @@ func (m *Activation) validate() error {
 	if err := nonNegative("iteration/layer/tokens", m.Iteration, int64(m.Layer), int64(m.Tokens)); err != nil {
 		return err
 	}
+	if len(m.RowCounts) > 0 || len(m.Rows) > 0 {
+		if len(m.RowCounts) != len(m.Experts) {
+			return malformed("activation has row counts for %d experts, and %d experts", len(m.RowCounts), len(m.Experts))
+		}
+		sum := 0
+		for _, c := range m.RowCounts {
+			if c < 1 {
+				return malformed("activation gives an expert %d rows", c)
+			}
+			sum += int(c)
+		}
+		if sum != len(m.Rows) {
+			return malformed("activation row counts add up to %d, and it has %d rows", sum, len(m.Rows))
+		}
+		for _, r := range m.Rows {
+			if r < 0 || int(r) >= m.Tokens {
+				return malformed("activation row %d outside its %d tokens", r, m.Tokens)
+			}
+		}
+	}
 	return m.Hidden.Validate()
+}
+
+// ExpertRows returns the rows of Hidden expert j runs on: Rows' share of
+// it, or nil when every expert runs on every row.
+func (m *Activation) ExpertRows(j int) []int32 {
+	if len(m.RowCounts) == 0 {
+		return nil
+	}
+	off := 0
+	for _, c := range m.RowCounts[:j] {
+		off += int(c)
+	}
+	return m.Rows[off : off+int(m.RowCounts[j])]
 }
 
 func (m *ExpertResult) validate() error {

@@ -224,12 +224,22 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 		fail(-1, wire.ReqBadRequest, err)
 		return out
 	}
-	if cap(out) < len(x) {
-		out = make([]float32, len(x))
+	// buf holds the outputs, then (for per-expert rows) the gathered rows
+	buf := out
+	if cap(buf) < 2*len(x) {
+		buf = make([]float32, 2*len(x))
 	}
-	out = out[:len(x)]
+	buf = buf[:2*len(x)]
 	for i, e := range a.Experts {
-		res, err := s.engine.Run(ctx, a.Seq, a.Layer, int(e), x, a.Tokens, out, !a.Keep)
+		in, n := x, a.Tokens
+		if rows := a.ExpertRows(i); rows != nil {
+			in, n = buf[len(x):len(x)+len(rows)*h], len(rows)
+			for j, r := range rows {
+				copy(in[j*h:(j+1)*h], x[int(r)*h:(int(r)+1)*h])
+			}
+		}
+		out := buf[:n*h]
+		res, err := s.engine.Run(ctx, a.Seq, a.Layer, int(e), in, n, out, !a.Keep)
 		if a.EndLayer && i == len(a.Experts)-1 {
 			s.endLayer(a.Seq, a.Iteration, a.Layer)
 		}
@@ -249,14 +259,14 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 		}
 		msg.Seq, msg.Iteration, msg.Layer, msg.Expert, msg.ID = a.Seq, a.Iteration, a.Layer, int(e), a.ID
 		msg.Loaded, msg.Miss, msg.LoadTime, msg.ComputeTime, msg.StallTime = res.Loaded, res.Miss, res.Load, res.Compute, res.Stall
-		msg.Output.SetFloat32s(out, a.Tokens, h)
+		msg.Output.SetFloat32s(out, n, h)
 		err = p.Send(ctx, msg)
 		if err != nil {
 			log.Info().Err(err).Msg("sending a result failed")
-			return out
+			return buf
 		}
 	}
-	return out
+	return buf
 }
 
 // Stats are the worker's counters, as a StatsRequest gets them.
