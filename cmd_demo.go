@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/internal/progress"
@@ -68,93 +66,30 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if err := inproc.EnsureCerts(certDir, *workers); err != nil {
 		return err
 	}
-	self, err := os.Executable()
+	sw, err := startProcSwarm(ctx, inproc.Files{Model: modelDir, Store: storeDir, Certs: certDir}, procSwarmOptions{
+		Workers: *workers, Group: *group, Shadow: *prefetch == "shadow", Quant: *quant, DeviceMem: *deviceMem, LoadBW: *loadBW})
 	if err != nil {
 		return err
 	}
-	logDir, err := os.MkdirTemp("", "odmoe-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(logDir)
-
-	wctx, stopWorkers := context.WithCancel(ctx)
-	defer stopWorkers()
-	var addrs []string
-	var procs []*exec.Cmd
-	for i := range *workers {
-		addr, err := freeUDPAddr()
-		if err != nil {
-			return err
-		}
-		name := fmt.Sprintf("w%d", i+1)
-		lf, err := os.Create(filepath.Join(logDir, name+".log"))
-		if err != nil {
-			return err
-		}
-		defer lf.Close()
-		cmd := exec.CommandContext(wctx, self, "run", "-role", "worker", "-listen", addr, "-store", storeDir,
-			"-certs", certDir, "-name", name, "-device-mem", *deviceMem, "-load-bw", *loadBW, "-log-level", "warn")
-		cmd.Stdout, cmd.Stderr = lf, lf
-		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-		cmd.WaitDelay = 5 * time.Second
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("starting worker %s: %w", name, err)
-		}
-		procs = append(procs, cmd)
-		addrs = append(addrs, addr)
-	}
-	defer func() {
-		stopWorkers()
-		for _, p := range procs {
-			p.Wait()
-		}
-	}()
-	var shadowAddr string
-	if *prefetch == "shadow" {
-		if shadowAddr, err = freeUDPAddr(); err != nil {
-			return err
-		}
-		lf, err := os.Create(filepath.Join(logDir, "shadow.log"))
-		if err != nil {
-			return err
-		}
-		defer lf.Close()
-		cmd := exec.CommandContext(wctx, self, "run", "-role", "shadow", "-model", modelDir, "-quant", *quant,
-			"-listen", shadowAddr, "-workers", strings.Join(addrs, ","), "-group", strconv.Itoa(*group),
-			"-certs", certDir, "-name", "shadow", "-log-level", "warn")
-		cmd.Stdout, cmd.Stderr = lf, lf
-		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-		cmd.WaitDelay = 5 * time.Second
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("starting the shadow: %w", err)
-		}
-		procs = append(procs, cmd)
-	}
-	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Bool("shadow", shadowAddr != "").
+	defer sw.Close()
+	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Bool("shadow", sw.shadow != "").
 		Msg("swarm started: every node a separate process on loopback QUIC with mutual TLS")
 
-	margs := []string{"run", "-role", "main", "-model", modelDir, "-workers", strings.Join(addrs, ","),
-		"-certs", certDir, "-name", "main", "-prompt", *prompt, "-n", strconv.Itoa(*n), "-prefetch", *prefetch,
-		"-group", strconv.Itoa(*group), "-log-level", lf.level}
+	margs := append(sw.mainArgs(*prefetch, *alignToken, *alignKV), "-prompt", *prompt, "-n", strconv.Itoa(*n), "-log-level", lf.level)
 	if *stats != "" {
 		margs = append(margs, "-stats", *stats)
-	}
-	if shadowAddr != "" {
-		margs = append(margs, "-shadow", shadowAddr, "-align-token", strconv.Itoa(*alignToken), "-align-kv", strconv.Itoa(*alignKV))
 	}
 	if lf.json {
 		margs = append(margs, "-log-json")
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	mainCmd := exec.CommandContext(ctx, self, margs...)
 	mainCmd.Stdout, mainCmd.Stderr = stdout, stderr
 	if err := mainCmd.Run(); err != nil {
-		logs, _ := filepath.Glob(filepath.Join(logDir, "*.log"))
-		for _, l := range logs {
-			if b, rerr := os.ReadFile(l); rerr == nil && len(b) > 0 {
-				fmt.Fprintf(stderr, "--- %s ---\n%s", filepath.Base(l), b)
-			}
-		}
+		sw.printLogs(stderr)
 		return fmt.Errorf("main node: %w", err)
 	}
 	fmt.Fprintf(stdout, "(the %s model has random weights, so its text is gibberish by design; `odmoe run -role local -model %s` with the same prompt prints the same text: the swarm is lossless)\n", *preset, modelDir)

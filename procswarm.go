@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/inproc"
+)
+
+// procSwarmOptions say which nodes a procSwarm starts and how.
+type procSwarmOptions struct {
+	Workers int
+	Group   int    // workers per group; 0: the main node's default
+	Shadow  bool   // start a shadow node (for -prefetch shadow)
+	Quant   string // the shadow's weight format
+	// DeviceMem and LoadBW are the workers' -device-mem and -load-bw.
+	DeviceMem, LoadBW string
+}
+
+// procSwarm is a swarm's workers (and shadow) running as processes of
+// this binary on loopback QUIC with mutual TLS, each logging to its own
+// file; the main node is the caller's to start (mainArgs). demo and
+// bench serve run on it.
+type procSwarm struct {
+	files   inproc.Files
+	group   int
+	workers []string // addresses, in layout order
+	shadow  string   // the shadow's address; "" without one
+	logDir  string
+	stop    context.CancelFunc
+	procs   []*exec.Cmd
+}
+
+// startProcSwarm starts o.Workers workers (w1..wN of f.Certs) and, with
+// o.Shadow, a shadow, as child processes. Close stops them.
+func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ *procSwarm, err error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	logDir, err := os.MkdirTemp("", "odmoe-swarm-")
+	if err != nil {
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	for i := range o.Workers {
+		addr, err := freeUDPAddr()
+		if err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("w%d", i+1)
+		if err := s.start(wctx, self, name, "run", "-role", "worker", "-listen", addr, "-store", f.Store,
+			"-certs", f.Certs, "-name", name, "-device-mem", o.DeviceMem, "-load-bw", o.LoadBW, "-log-level", "warn"); err != nil {
+			return nil, err
+		}
+		s.workers = append(s.workers, addr)
+	}
+	if o.Shadow {
+		addr, err := freeUDPAddr()
+		if err != nil {
+			return nil, err
+		}
+		if err := s.start(wctx, self, "shadow", "run", "-role", "shadow", "-model", f.Model, "-quant", o.Quant,
+			"-listen", addr, "-workers", strings.Join(s.workers, ","), "-group", strconv.Itoa(o.Group),
+			"-certs", f.Certs, "-name", "shadow", "-log-level", "warn"); err != nil {
+			return nil, err
+		}
+		s.shadow = addr
+	}
+	return s, nil
+}
+
+// start runs this binary with args as node name, logging to its file.
+func (s *procSwarm) start(ctx context.Context, self, name string, args ...string) error {
+	lf, err := os.Create(filepath.Join(s.logDir, name+".log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, self, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	err = cmd.Start()
+	lf.Close() // the child has its own descriptor
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	s.procs = append(s.procs, cmd)
+	return nil
+}
+
+// mainArgs are the arguments of `odmoe run -role main` on this swarm with
+// the loading policy prefetch (the shadow's alignment periods with one).
+func (s *procSwarm) mainArgs(prefetch string, alignToken, alignKV int) []string {
+	args := []string{"run", "-role", "main", "-model", s.files.Model, "-workers", strings.Join(s.workers, ","),
+		"-certs", s.files.Certs, "-name", "main", "-prefetch", prefetch, "-group", strconv.Itoa(s.group)}
+	if s.shadow != "" {
+		args = append(args, "-shadow", s.shadow, "-align-token", strconv.Itoa(alignToken), "-align-kv", strconv.Itoa(alignKV))
+	}
+	return args
+}
+
+// logFile is where a node started here (or the caller's main node) logs.
+func (s *procSwarm) logFile(name string) string { return filepath.Join(s.logDir, name+".log") }
+
+// printLogs copies every node's non-empty log to w, for a failed run.
+func (s *procSwarm) printLogs(w io.Writer) {
+	logs, _ := filepath.Glob(filepath.Join(s.logDir, "*.log"))
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil && len(b) > 0 {
+			fmt.Fprintf(w, "--- %s ---\n%s", filepath.Base(l), b)
+		}
+	}
+}
+
+// Close stops the nodes (SIGTERM), waits for them and removes their logs.
+func (s *procSwarm) Close() {
+	s.stop()
+	for _, p := range s.procs {
+		p.Wait()
+	}
+	os.RemoveAll(s.logDir)
+}
