@@ -32,6 +32,7 @@ import (
 var benchTargets = map[string]command{
 	"kernels": {"DRAM bandwidth, matvec GB/s against it, prefill GFLOP/s, local decode pure Go vs SIMD", runBenchKernels},
 	"rig":     {"run local, resident, reactive and shadow-driven modes on a rig (testbed/bench); report.md, timeline.svg", runBenchRig},
+	"serve":   {"serve the OpenAI API from a swarm of processes; N streaming clients: tokens/s, TTFT, inter-token latency, expert bytes per token", runBenchServe},
 }
 
 func runBench(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {

@@ -11,6 +11,7 @@
 //	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
 //	odmoe launch    -rig FILE -model DIR [-via netns|local|ssh] [-mode shadow]
 //	odmoe bench rig -rig FILE -model DIR -out DIR [-cases 16x64,...]
+//	odmoe bench serve [-preset small] [-clients 1,2,4,8] [-out DIR]
 //
 // Run `odmoe COMMAND -h` for a command's flags.
 package main

@@ -103,6 +103,57 @@ func (s *procSwarm) start(ctx context.Context, self, name string, args ...string
 	return nil
 }
 
+// node is a process of this binary that its starter owns: Stop ends it
+// and waits for it; Exited is closed once it has exited, Err then says
+// how.
+type node struct {
+	cmd    *exec.Cmd
+	cancel context.CancelFunc
+	exited chan struct{}
+	err    error
+}
+
+// runNode starts this binary with args as node name (the main node of a
+// procSwarm), logging to logFile(name), and waits for it in the
+// background.
+func (s *procSwarm) runNode(ctx context.Context, name string, args ...string) (*node, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	lf, err := os.Create(s.logFile(name))
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close() // the child has its own descriptor
+	nctx, cancel := context.WithCancel(ctx)
+	cmd := exec.CommandContext(nctx, self, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	n := &node{cmd: cmd, cancel: cancel, exited: make(chan struct{})}
+	go func() {
+		n.err = cmd.Wait()
+		close(n.exited)
+	}()
+	return n, nil
+}
+
+// Stop ends the node (SIGTERM) and waits for it; an exit status of 0
+// after the signal is no error.
+func (n *node) Stop() error {
+	n.cancel()
+	<-n.exited
+	if ps := n.cmd.ProcessState; ps != nil && ps.Success() {
+		return nil
+	}
+	return n.err
+}
+
 // mainArgs are the arguments of `odmoe run -role main` on this swarm with
 // the loading policy prefetch (the shadow's alignment periods with one).
 func (s *procSwarm) mainArgs(prefetch string, alignToken, alignKV int) []string {

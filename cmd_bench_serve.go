@@ -1,0 +1,632 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/internal/progress"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/testbed"
+	"github.com/rs/zerolog"
+)
+
+// serveReport is what `odmoe bench serve` measured (report.json).
+type serveReport struct {
+	Date         string          `json:"date"`
+	Command      string          `json:"command"`
+	Machine      testbed.Machine `json:"machine"`
+	LoadBefore   string          `json:"loadavg_before"` // /proc/loadavg: 1, 5, 15 min
+	LoadAfter    string          `json:"loadavg_after"`
+	Model        string          `json:"model"`
+	Preset       string          `json:"preset,omitempty"`
+	Workers      int             `json:"workers"`
+	Prefetch     string          `json:"prefetch"`
+	Quant        string          `json:"quant,omitempty"` // the shadow's
+	MaxBatch     int             `json:"max_batch"`
+	Requests     int             `json:"requests_per_client"`
+	PromptTokens int             `json:"prompt_tokens"`
+	MaxTokens    int             `json:"max_tokens"`
+	// ExpertBytes is one expert's size (3 matrices of hidden x
+	// intermediate, BF16); BytesFrom says where the bytes loaded per
+	// token come from (the metric read from the main node's /metrics).
+	ExpertBytes int64         `json:"expert_bytes"`
+	BytesFrom   string        `json:"bytes_from"`
+	Rows        []serveResult `json:"rows"`
+}
+
+// serveResult is one client count's figures.
+type serveResult struct {
+	Clients  int `json:"clients"`
+	Requests int `json:"requests"`
+	Failed   int `json:"failed"`
+	// Tokens are the completion tokens the responses counted
+	// (usage.completion_tokens); ServerTokens what the node's
+	// odmoe_generated_tokens_total grew by meanwhile.
+	Tokens       int     `json:"tokens"`
+	ServerTokens float64 `json:"server_tokens"`
+	WallS        float64 `json:"wall_s"`
+	TokensPerS   float64 `json:"tokens_per_s"`
+	Speedup      float64 `json:"speedup"` // tokens/s over the first row's
+	// TTFT: from sending a request to its first content chunk;
+	// InterToken: between consecutive content chunks of a request (a chunk
+	// may carry several tokens); Chunks counts those gaps.
+	TTFT       quantiles `json:"ttft_ms"`
+	InterToken quantiles `json:"inter_token_ms"`
+	Chunks     int       `json:"inter_token_gaps"`
+	// ExpertBytesLoaded is what the swarm loaded meanwhile (prefill and
+	// decode); BytesPerToken that over Tokens. Negative: unknown.
+	ExpertBytesLoaded float64 `json:"expert_bytes_loaded"`
+	BytesPerToken     float64 `json:"expert_bytes_per_token"`
+	CPUBusy           float64 `json:"cpu_busy"` // the whole machine's, over the wall time
+	LoadAvg           string  `json:"loadavg_after"`
+}
+
+// quantiles are a latency's median and 99th percentile (nearest rank),
+// in milliseconds.
+type quantiles struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	N   int     `json:"n"`
+}
+
+func quantilesOf(ms []float64) quantiles {
+	if len(ms) == 0 {
+		return quantiles{}
+	}
+	s := slices.Sorted(slices.Values(ms))
+	rank := func(p float64) float64 { return s[max(0, int(math.Ceil(p*float64(len(s))))-1)] }
+	return quantiles{P50: rank(0.50), P99: rank(0.99), N: len(s)}
+}
+
+// serveFlags are `odmoe bench serve`'s settings.
+type serveFlags struct {
+	preset, model, storeDir, cache     string
+	workers, group                     int
+	prefetch, quant, deviceMem, loadBW string
+	clients                            []int
+	requests, maxTokens, promptTokens  int
+	maxBatch                           int
+	readyTimeout                       time.Duration
+	out                                string
+}
+
+func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	var f serveFlags
+	fs := newFlagSet("bench serve", stderr)
+	fs.StringVar(&f.preset, "preset", "small", "model to generate (and cache) when -model is not given: "+strings.Join(synth.PresetNames(), ", "))
+	fs.StringVar(&f.model, "model", "", "Hugging Face model `DIR` to serve instead of a preset")
+	fs.StringVar(&f.storeDir, "store", "", "the model's expert store `DIR` (odmoe convert); default: the preset's in the cache, or -model's converted into a temporary directory")
+	fs.StringVar(&f.cache, "cache", "", "cache `DIR` for the preset's model and store (default: $ODMOE_CACHE or the user cache dir/odmoe)")
+	fs.IntVar(&f.workers, "workers", 8, "worker processes")
+	fs.IntVar(&f.group, "group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
+	fs.StringVar(&f.prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
+	fs.StringVar(&f.quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
+	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "each worker's device memory budget")
+	fs.StringVar(&f.loadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
+	clients := fs.String("clients", "1,2,4,8", "comma-separated counts N of concurrent streaming clients, one measurement each")
+	fs.IntVar(&f.requests, "requests", 2, "requests each client sends, one after another")
+	fs.IntVar(&f.maxTokens, "max-tokens", 64, "tokens each request generates (ignore_eos: always this many)")
+	fs.IntVar(&f.promptTokens, "prompt-tokens", 16, "prompt tokens of each request (random token ids, distinct per request)")
+	fs.IntVar(&f.maxBatch, "max-batch", 0, "the main node's -max-batch; 0 = the largest -clients")
+	fs.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the swarm to answer /healthz (the shadow quantizes its copy first)")
+	fs.StringVar(&f.out, "out", "", "`DIR` to write report.json and report.md into")
+	var lf logFlags
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	if f.clients, err = parseInts(*clients); err != nil {
+		return usagef("-clients: %v", err)
+	}
+	switch p, err := mainnode.ParsePrefetch(f.prefetch); {
+	case err != nil:
+		return usagef("-prefetch: %v", err)
+	case p == mainnode.Resident:
+		return usagef("-prefetch resident is not a loading policy bench serve runs")
+	}
+	if _, err := parseQuant(f.quant); err != nil {
+		return usagef("-quant: %v", err)
+	}
+	switch {
+	case f.workers < 1 || f.requests < 1 || f.maxTokens < 1 || f.promptTokens < 1:
+		return usagef("-workers, -requests, -max-tokens and -prompt-tokens must be >= 1")
+	case f.maxBatch < 0:
+		return usagef("-max-batch must be >= 0")
+	case f.storeDir != "" && f.model == "":
+		return usagef("-store needs -model (a preset's store is kept in the cache)")
+	}
+	if f.maxBatch == 0 {
+		f.maxBatch = slices.Max(f.clients)
+	}
+	rep := &serveReport{Date: time.Now().UTC().Format(time.RFC3339), Command: "odmoe bench serve " + strings.Join(args, " "),
+		Machine: testbed.ReadMachine(), LoadBefore: loadAvg(), Workers: f.workers, Prefetch: f.prefetch, MaxBatch: f.maxBatch,
+		Requests: f.requests, PromptTokens: f.promptTokens, MaxTokens: f.maxTokens}
+	if f.prefetch == string(mainnode.Shadow) {
+		rep.Quant = f.quant
+	}
+	if err := benchServe(ctx, &f, rep, log); err != nil {
+		return err
+	}
+	rep.LoadAfter = loadAvg()
+	writeServeMarkdown(stdout, rep)
+	if f.out != "" {
+		if err := writeServeReport(f.out, rep); err != nil {
+			return err
+		}
+		log.Info().Str("dir", f.out).Msg("report.json and report.md written")
+	}
+	for _, r := range rep.Rows {
+		if r.Failed > 0 {
+			return fmt.Errorf("%d of %d requests with %d clients failed", r.Failed, r.Requests, r.Clients)
+		}
+	}
+	return nil
+}
+
+// benchServe starts the swarm and its API, then measures every client
+// count into rep.
+func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolog.Logger) error {
+	tmp, err := os.MkdirTemp("", "odmoe-bench-serve-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	files, err := serveFiles(ctx, f, tmp, log)
+	if err != nil {
+		return err
+	}
+	rep.Model = files.Model
+	if f.model == "" {
+		rep.Preset = f.preset
+	}
+	cfg, err := model.LoadConfig(files.Model)
+	if err != nil {
+		return err
+	}
+	rep.ExpertBytes = 3 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize) * 2
+
+	sw, err := startProcSwarm(ctx, files, procSwarmOptions{Workers: f.workers, Group: f.group,
+		Shadow: f.prefetch == string(mainnode.Shadow), Quant: f.quant, DeviceMem: f.deviceMem, LoadBW: f.loadBW})
+	if err != nil {
+		return err
+	}
+	defer sw.Close()
+	addr, err := freeTCPAddr()
+	if err != nil {
+		return err
+	}
+	mainNode, err := sw.runNode(ctx, "main", append(sw.mainArgs(f.prefetch, 1, 1), "-http", addr,
+		"-max-batch", strconv.Itoa(f.maxBatch), "-log-level", "warn")...)
+	if err != nil {
+		return err
+	}
+	defer mainNode.Stop()
+	base := "http://" + addr
+	log.Info().Int("workers", f.workers).Str("prefetch", f.prefetch).Str("api", base).Msg("swarm started; waiting for /healthz")
+	c := &serveClient{base: base, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: f.maxBatch}}}
+	t0 := time.Now()
+	if err := c.waitReady(ctx, mainNode.exited, f.readyTimeout); err != nil {
+		sw.printLogs(os.Stderr)
+		return err
+	}
+	log.Info().Dur("took", time.Since(t0)).Msg("swarm ready")
+
+	// one short request first: connections, page cache and the first
+	// batch are not what any row measures
+	if r := c.complete(ctx, promptIDs(cfg.VocabSize, f.promptTokens, 0, 0, 0), 2); r.err != nil {
+		sw.printLogs(os.Stderr)
+		return fmt.Errorf("warm-up request: %w", r.err)
+	}
+	bytesMetric := ""
+	for _, n := range f.clients {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		before, err := c.metrics(ctx)
+		if err != nil {
+			return err
+		}
+		row, results := c.measure(ctx, n, f, cfg.VocabSize)
+		after, err := c.metrics(ctx)
+		if err != nil {
+			return err
+		}
+		row.ServerTokens = after["odmoe_generated_tokens_total"] - before["odmoe_generated_tokens_total"]
+		var from string
+		row.ExpertBytesLoaded, from = expertBytesLoaded(before, after, rep.ExpertBytes)
+		bytesMetric = cmp.Or(bytesMetric, from)
+		row.BytesPerToken = -1
+		if row.ExpertBytesLoaded >= 0 && row.Tokens > 0 {
+			row.BytesPerToken = row.ExpertBytesLoaded / float64(row.Tokens)
+		}
+		if len(rep.Rows) > 0 && rep.Rows[0].TokensPerS > 0 {
+			row.Speedup = row.TokensPerS / rep.Rows[0].TokensPerS
+		} else {
+			row.Speedup = 1
+		}
+		for _, r := range results {
+			if r.err != nil {
+				log.Error().Int("clients", n).Err(r.err).Msg("request failed")
+			}
+		}
+		log.Info().Int("clients", n).Int("tokens", row.Tokens).Float64("tok_per_s", row.TokensPerS).
+			Float64("ttft_p50_ms", row.TTFT.P50).Float64("itl_p50_ms", row.InterToken.P50).Str("loadavg", row.LoadAvg).Msg("measured")
+		rep.Rows = append(rep.Rows, row)
+	}
+	rep.BytesFrom = cmp.Or(bytesMetric, "unknown: the main node's /metrics has no expert load counter")
+	if err := mainNode.Stop(); err != nil {
+		log.Warn().Err(err).Msg("the main node did not exit cleanly")
+	}
+	return nil
+}
+
+// serveFiles finds (or makes) the model, its store and certificates for
+// the swarm; certificates and a converted -model's store go under tmp.
+func serveFiles(ctx context.Context, f *serveFlags, tmp string, log zerolog.Logger) (inproc.Files, error) {
+	files := inproc.Files{Model: f.model, Store: f.storeDir, Certs: filepath.Join(tmp, "certs")}
+	if f.model == "" {
+		cache := f.cache
+		if cache == "" {
+			var err error
+			if cache, err = synth.CacheDir(); err != nil {
+				return files, err
+			}
+		}
+		update, finish := progress.Reporter("model")
+		dir, err := synth.Cached(cache, f.preset, 1, update)
+		finish()
+		if err != nil {
+			return files, err
+		}
+		// the store the in-process benchmarks keep (inproc.Cached)
+		files.Model, files.Store = dir, filepath.Join(cache, "bench", f.preset+"-seed1", "store")
+	}
+	if files.Store == "" {
+		files.Store = filepath.Join(tmp, "store")
+	}
+	if err := inproc.EnsureStore(ctx, files.Model, files.Store, log); err != nil {
+		return files, err
+	}
+	return files, inproc.EnsureCerts(files.Certs, f.workers)
+}
+
+// freeTCPAddr asks the kernel for a free loopback TCP port.
+func freeTCPAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// promptIDs is request r of client c in round n: prompt tokens of random
+// ids, distinct for every request (so that requests in a batch route as
+// unrelated text does).
+func promptIDs(vocab, tokens, n, c, r int) []int {
+	rng := rand.New(rand.NewPCG(uint64(n)<<32|uint64(c), uint64(r)+1))
+	ids := make([]int, tokens)
+	for i := range ids {
+		ids[i] = 3 + rng.IntN(max(1, vocab-3)) // past the usual special ids
+	}
+	return ids
+}
+
+// serveClient talks to the API as a plain OpenAI client would.
+type serveClient struct {
+	base string
+	http *http.Client
+}
+
+// waitReady polls /healthz until it answers 200, the main node exits or
+// timeout passes.
+func (c *serveClient) waitReady(ctx context.Context, exited <-chan struct{}, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	last := "no answer"
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/healthz", nil)
+		if resp, err := c.http.Do(req); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Sprintf("%s %s", resp.Status, bytes.TrimSpace(b))
+		}
+		select {
+		case <-exited:
+			return errors.New("the main node exited before it was ready")
+		case <-ctx.Done():
+			return fmt.Errorf("the swarm was not ready after %v (/healthz: %s)", timeout, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// metrics reads the main node's /metrics.
+func (c *serveClient) metrics(ctx context.Context) (map[string]float64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("/metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	return parsePromText(resp.Body)
+}
+
+// parsePromText sums each metric's samples over their label sets, from
+// Prometheus's text exposition format.
+func parsePromText(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest := line, ""
+		if i := strings.IndexByte(line, '{'); i >= 0 {
+			j := strings.LastIndexByte(line, '}')
+			if j < i {
+				return nil, fmt.Errorf("metrics: malformed line %q", line)
+			}
+			name, rest = line[:i], line[j+1:]
+		} else if i := strings.IndexAny(line, " \t"); i >= 0 {
+			name, rest = line[:i], line[i:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return nil, fmt.Errorf("metrics: no value in %q", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %q: %w", line, err)
+		}
+		out[name] += v
+	}
+	return out, sc.Err()
+}
+
+// The swarm's counters the bytes loaded per token come from, the first
+// the main node exposes: expert bytes loaded, else expert loads (times
+// an expert's size).
+var (
+	expertBytesCounters = []string{"odmoe_expert_load_bytes_total", "odmoe_expert_bytes_loaded_total", "odmoe_worker_load_bytes_total"}
+	expertLoadCounters  = []string{"odmoe_expert_loads_total", "odmoe_worker_loads_total"}
+)
+
+// expertBytesLoaded is what the swarm loaded between two reads of its
+// metrics, and the metric it comes from; -1 when there is none.
+func expertBytesLoaded(before, after map[string]float64, expertBytes int64) (float64, string) {
+	for _, m := range expertBytesCounters {
+		if v, ok := after[m]; ok {
+			return v - before[m], m
+		}
+	}
+	for _, m := range expertLoadCounters {
+		if v, ok := after[m]; ok {
+			return (v - before[m]) * float64(expertBytes), m + " x expert bytes"
+		}
+	}
+	return -1, ""
+}
+
+// streamResult is one streamed request as its client saw it.
+type streamResult struct {
+	ttft   time.Duration   // to the first content chunk
+	gaps   []time.Duration // between content chunks
+	tokens int             // usage.completion_tokens
+	err    error
+}
+
+// measure runs n clients at once, each sending f.requests streamed
+// requests one after another.
+func (c *serveClient) measure(ctx context.Context, n int, f *serveFlags, vocab int) (serveResult, []streamResult) {
+	results := make([]streamResult, n*f.requests)
+	cpu0 := testbed.ReadCPU()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Go(func() {
+			for r := range f.requests {
+				results[k*f.requests+r] = c.complete(ctx, promptIDs(vocab, f.promptTokens, n, k, r), f.maxTokens)
+			}
+		})
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	row := serveResult{Clients: n, Requests: len(results), WallS: wall.Seconds(), CPUBusy: testbed.ReadCPU().BusySince(cpu0), LoadAvg: loadAvg()}
+	var ttft, gaps []float64
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, r := range results {
+		if r.err != nil {
+			row.Failed++
+			continue
+		}
+		row.Tokens += r.tokens
+		ttft = append(ttft, ms(r.ttft))
+		for _, g := range r.gaps {
+			gaps = append(gaps, ms(g))
+		}
+	}
+	row.TTFT, row.InterToken, row.Chunks = quantilesOf(ttft), quantilesOf(gaps), len(gaps)
+	row.TokensPerS = float64(row.Tokens) / wall.Seconds()
+	return row, results
+}
+
+// streamChunk is the part of a streamed completion chunk the client
+// reads.
+type streamChunk struct {
+	Choices []struct {
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// complete sends one streamed, greedy completion of prompt (token ids)
+// for exactly maxTokens tokens and times its chunks.
+func (c *serveClient) complete(ctx context.Context, prompt []int, maxTokens int) streamResult {
+	body, _ := json.Marshal(map[string]any{
+		"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+		"stream": true, "stream_options": map[string]bool{"include_usage": true},
+	})
+	var res streamResult
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		res.err = err
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	sent := time.Now()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		res.err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
+		return res
+	}
+	var last time.Time
+	usage, done := false, false
+	br := bufio.NewReader(resp.Body)
+	for !done {
+		line, err := br.ReadBytes('\n')
+		now := time.Now()
+		if err != nil {
+			res.err = fmt.Errorf("the stream ended before [DONE]: %w", err)
+			return res
+		}
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data: "))
+		if !ok {
+			continue // blank separators, comments, other fields
+		}
+		if string(data) == "[DONE]" {
+			done = true
+			continue
+		}
+		var ch streamChunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			res.err = fmt.Errorf("chunk %q: %w", data, err)
+			return res
+		}
+		switch {
+		case ch.Error != nil:
+			res.err = fmt.Errorf("server error in the stream: %s", ch.Error.Message)
+			return res
+		case ch.Usage != nil:
+			res.tokens, usage = ch.Usage.CompletionTokens, true
+		}
+		if len(ch.Choices) == 0 || ch.Choices[0].Text == "" {
+			continue
+		}
+		if last.IsZero() {
+			res.ttft = now.Sub(sent)
+		} else {
+			res.gaps = append(res.gaps, now.Sub(last))
+		}
+		last = now
+	}
+	switch {
+	case !usage:
+		res.err = errors.New("the stream had no usage chunk (stream_options.include_usage)")
+	case last.IsZero():
+		res.err = errors.New("the stream had no content")
+	}
+	return res
+}
+
+// writeServeMarkdown writes the report: where it ran and one row per
+// client count.
+func writeServeMarkdown(w io.Writer, rep *serveReport) {
+	fmt.Fprintf(w, "# odmoe serving benchmark\n\n")
+	fmt.Fprintf(w, "- date: %s\n- machine: %d CPUs (%s), %d GiB, kernel %s; load average before %s, after %s\n",
+		rep.Date, rep.Machine.CPUs, rep.Machine.CPU, rep.Machine.MemGiB, rep.Machine.Kernel, rep.LoadBefore, rep.LoadAfter)
+	model := rep.Model
+	if rep.Preset != "" {
+		model = fmt.Sprintf("%s preset (%s)", rep.Preset, rep.Model)
+	}
+	swarm := fmt.Sprintf("%d workers, -prefetch %s", rep.Workers, rep.Prefetch)
+	if rep.Quant != "" {
+		swarm += ", " + rep.Quant + " shadow"
+	}
+	fmt.Fprintf(w, "- model: %s\n- swarm: %s, every node a process on loopback QUIC with mutual TLS; main node -max-batch %d\n", model, swarm, rep.MaxBatch)
+	fmt.Fprintf(w, "- load: N streaming clients at once, each sending %d requests one after another: %d random prompt token ids, %d tokens generated (greedy, ignore_eos) via /v1/completions\n",
+		rep.Requests, rep.PromptTokens, rep.MaxTokens)
+	fmt.Fprintf(w, "- command: `%s`\n\n", rep.Command)
+	first := 1
+	if len(rep.Rows) > 0 {
+		first = rep.Rows[0].Clients
+	}
+	fmt.Fprintf(w, "| clients | requests | tokens | wall s | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-token p50 / p99 ms | expert bytes / token | CPU busy | load avg after |\n", first)
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	for _, r := range rep.Rows {
+		perTok := "–"
+		if r.BytesPerToken >= 0 {
+			perTok = progress.Bytes(int64(r.BytesPerToken))
+		}
+		req := strconv.Itoa(r.Requests)
+		if r.Failed > 0 {
+			req += fmt.Sprintf(" (%d failed)", r.Failed)
+		}
+		fmt.Fprintf(w, "| %d | %s | %d | %.1f | %.2f | %.2fx | %.0f / %.0f | %.1f / %.1f | %s | %.0f%% | %s |\n",
+			r.Clients, req, r.Tokens, r.WallS, r.TokensPerS, r.Speedup, r.TTFT.P50, r.TTFT.P99, r.InterToken.P50, r.InterToken.P99, perTok, 100*r.CPUBusy, r.LoadAvg)
+	}
+	fmt.Fprintf(w, "\nTTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch). Inter-token: between consecutive content chunks of one request. Tokens: the responses' usage.completion_tokens. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate).\n",
+		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
+}
+
+// writeServeReport writes report.json and report.md into dir.
+func writeServeReport(dir string, rep *serveReport) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	var md bytes.Buffer
+	writeServeMarkdown(&md, rep)
+	return os.WriteFile(filepath.Join(dir, "report.md"), md.Bytes(), 0o644)
+}
