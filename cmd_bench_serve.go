@@ -26,7 +26,9 @@ import (
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/testbed"
+	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -67,26 +69,44 @@ type serveResult struct {
 	WallS        float64 `json:"wall_s"`
 	TokensPerS   float64 `json:"tokens_per_s"`
 	Speedup      float64 `json:"speedup"` // tokens/s over the first row's
-	// TTFT: from sending a request to its first content chunk;
-	// InterToken: between consecutive content chunks of a request (a chunk
-	// may carry several tokens); Chunks counts those gaps.
+	// TTFT: from sending a request to its first content chunk (requests
+	// without one have none); InterToken: between consecutive content
+	// chunks of a request. A chunk carries the text of one token or more,
+	// or none: a token whose text is not complete yet, or is empty,
+	// waits for the next; Chunks counts the content chunks.
 	TTFT       quantiles `json:"ttft_ms"`
 	InterToken quantiles `json:"inter_token_ms"`
-	Chunks     int       `json:"inter_token_gaps"`
+	Chunks     int       `json:"content_chunks"`
+	// ServerTTFT and ServerInterToken are the same per generated token,
+	// as the node observed them meanwhile (its
+	// odmoe_time_to_first_token_seconds and
+	// odmoe_inter_token_latency_seconds histograms), interpolated within
+	// their buckets as Prometheus's histogram_quantile does.
+	ServerTTFT       quantiles `json:"server_ttft_ms"`
+	ServerInterToken quantiles `json:"server_inter_token_ms"`
 	// ExpertBytesLoaded is what the swarm loaded meanwhile (prefill and
 	// decode); BytesPerToken that over Tokens. Negative: unknown.
 	ExpertBytesLoaded float64 `json:"expert_bytes_loaded"`
 	BytesPerToken     float64 `json:"expert_bytes_per_token"`
-	CPUBusy           float64 `json:"cpu_busy"` // the whole machine's, over the wall time
-	LoadAvg           string  `json:"loadavg_after"`
+	// Workers are the workers' own counters meanwhile, summed: experts
+	// loaded (hinted or not), hinted loads evicted unused, requests
+	// whose expert was loaded on demand.
+	Workers struct {
+		Loads       int64 `json:"loads"`
+		WastedLoads int64 `json:"wasted_loads"`
+		Misses      int64 `json:"misses"`
+	} `json:"workers"`
+	CPUBusy float64 `json:"cpu_busy"` // the whole machine's, over the wall time
+	LoadAvg string  `json:"loadavg_after"`
 }
 
-// quantiles are a latency's median and 99th percentile (nearest rank),
-// in milliseconds.
+// quantiles are a latency's median and 99th percentile (nearest rank)
+// and its mean, in milliseconds, over N samples.
 type quantiles struct {
-	P50 float64 `json:"p50"`
-	P99 float64 `json:"p99"`
-	N   int     `json:"n"`
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+	Mean float64 `json:"mean"`
+	N    int     `json:"n"`
 }
 
 func quantilesOf(ms []float64) quantiles {
@@ -95,7 +115,11 @@ func quantilesOf(ms []float64) quantiles {
 	}
 	s := slices.Sorted(slices.Values(ms))
 	rank := func(p float64) float64 { return s[max(0, int(math.Ceil(p*float64(len(s))))-1)] }
-	return quantiles{P50: rank(0.50), P99: rank(0.99), N: len(s)}
+	var sum float64
+	for _, v := range s {
+		sum += v
+	}
+	return quantiles{P50: rank(0.50), P99: rank(0.99), Mean: sum / float64(len(s)), N: len(s)}
 }
 
 // serveFlags are `odmoe bench serve`'s settings.
@@ -208,6 +232,13 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		return err
 	}
 	rep.ExpertBytes = 3 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize) * 2
+	tok, err := tokenizer.LoadDir(files.Model)
+	if err != nil {
+		return err
+	}
+	// the API takes the tokenizer's ids (a synthetic model's vocabulary
+	// may be smaller than its embeddings)
+	vocab := min(cfg.VocabSize, tok.VocabSize())
 
 	sw, err := startProcSwarm(ctx, files, procSwarmOptions{Workers: f.workers, Group: f.group,
 		Shadow: f.prefetch == string(mainnode.Shadow), Quant: f.quant, DeviceMem: f.deviceMem, LoadBW: f.loadBW})
@@ -234,10 +265,14 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		return err
 	}
 	log.Info().Dur("took", time.Since(t0)).Msg("swarm ready")
+	counters, err := newWorkerCounters(files.Certs, sw.workers)
+	if err != nil {
+		return err
+	}
 
 	// one short request first: connections, page cache and the first
 	// batch are not what any row measures
-	if r := c.complete(ctx, promptIDs(cfg.VocabSize, f.promptTokens, 0, 0, 0), 2); r.err != nil {
+	if r := c.complete(ctx, promptIDs(vocab, f.promptTokens, 0, 0, 0), 2); r.err != nil {
 		sw.printLogs(os.Stderr)
 		return fmt.Errorf("warm-up request: %w", r.err)
 	}
@@ -250,14 +285,28 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		if err != nil {
 			return err
 		}
-		row, results := c.measure(ctx, n, f, cfg.VocabSize)
+		wBefore, err := counters.read(ctx)
+		if err != nil {
+			return err
+		}
+		row, results := c.measure(ctx, n, f, vocab)
 		after, err := c.metrics(ctx)
 		if err != nil {
 			return err
 		}
+		wAfter, err := counters.read(ctx)
+		if err != nil {
+			return err
+		}
+		row.Workers.Loads, row.Workers.WastedLoads, row.Workers.Misses = wAfter.Loads-wBefore.Loads, wAfter.WastedLoads-wBefore.WastedLoads, wAfter.Misses-wBefore.Misses
 		row.ServerTokens = after["odmoe_generated_tokens_total"] - before["odmoe_generated_tokens_total"]
+		row.ServerTTFT = histogramQuantiles(before, after, "odmoe_time_to_first_token_seconds")
+		row.ServerInterToken = histogramQuantiles(before, after, "odmoe_inter_token_latency_seconds")
 		var from string
 		row.ExpertBytesLoaded, from = expertBytesLoaded(before, after, rep.ExpertBytes)
+		if from == "" { // the workers' own count
+			row.ExpertBytesLoaded, from = float64(row.Workers.Loads*rep.ExpertBytes), "the workers' expert loads (wire.WorkerStats) x an expert's bytes"
+		}
 		bytesMetric = cmp.Or(bytesMetric, from)
 		row.BytesPerToken = -1
 		if row.ExpertBytesLoaded >= 0 && row.Tokens > 0 {
@@ -277,7 +326,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 			Float64("ttft_p50_ms", row.TTFT.P50).Float64("itl_p50_ms", row.InterToken.P50).Str("loadavg", row.LoadAvg).Msg("measured")
 		rep.Rows = append(rep.Rows, row)
 	}
-	rep.BytesFrom = cmp.Or(bytesMetric, "unknown: the main node's /metrics has no expert load counter")
+	rep.BytesFrom = bytesMetric
 	if err := mainNode.Stop(); err != nil {
 		log.Warn().Err(err).Msg("the main node did not exit cleanly")
 	}
@@ -385,7 +434,8 @@ func (c *serveClient) metrics(ctx context.Context) (map[string]float64, error) {
 }
 
 // parsePromText sums each metric's samples over their label sets, from
-// Prometheus's text exposition format.
+// Prometheus's text exposition format; a histogram's buckets are kept
+// apart too, each as name_bucket{le="bound"}.
 func parsePromText(r io.Reader) (map[string]float64, error) {
 	out := map[string]float64{}
 	sc := bufio.NewScanner(r)
@@ -414,8 +464,54 @@ func parsePromText(r io.Reader) (map[string]float64, error) {
 			return nil, fmt.Errorf("metrics: %q: %w", line, err)
 		}
 		out[name] += v
+		if strings.HasSuffix(name, "_bucket") {
+			if _, le, ok := strings.Cut(line[len(name):], `le="`); ok {
+				if le, _, ok := strings.Cut(le, `"`); ok {
+					out[name+`{le="`+le+`"}`] += v
+				}
+			}
+		}
 	}
 	return out, sc.Err()
+}
+
+// histogramQuantiles are the median and 99th percentile, in
+// milliseconds, of what histogram name (in seconds) observed between two
+// reads of the metrics, interpolated linearly within a bucket as
+// Prometheus's histogram_quantile does.
+func histogramQuantiles(before, after map[string]float64, name string) quantiles {
+	type bucket struct{ le, count float64 }
+	var bs []bucket
+	prefix := name + `_bucket{le="`
+	for k, v := range after {
+		if b, ok := strings.CutPrefix(k, prefix); ok {
+			le, err := strconv.ParseFloat(strings.TrimSuffix(b, `"}`), 64)
+			if err == nil {
+				bs = append(bs, bucket{le, v - before[k]})
+			}
+		}
+	}
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	if len(bs) == 0 || bs[len(bs)-1].count <= 0 {
+		return quantiles{}
+	}
+	total := bs[len(bs)-1].count // the +Inf bucket
+	at := func(q float64) float64 {
+		rank := q * total
+		lower, below := 0.0, 0.0
+		for _, b := range bs {
+			if b.count >= rank {
+				if math.IsInf(b.le, 1) {
+					return 1000 * lower // the highest finite bound
+				}
+				return 1000 * (lower + (b.le-lower)*(rank-below)/max(b.count-below, 1e-12))
+			}
+			lower, below = b.le, b.count
+		}
+		return 1000 * lower
+	}
+	mean := 1000 * (after[name+"_sum"] - before[name+"_sum"]) / total
+	return quantiles{P50: at(0.5), P99: at(0.99), Mean: mean, N: int(total)}
 }
 
 // The swarm's counters the bytes loaded per token come from, the first
@@ -442,10 +538,72 @@ func expertBytesLoaded(before, after map[string]float64, expertBytes int64) (flo
 	return -1, ""
 }
 
+// workerCounters read the workers' counters (wire.WorkerStats) over
+// connections of their own, as a main-role peer named bench.
+type workerCounters struct {
+	addrs []string
+	cfg   *wire.Config
+}
+
+// newWorkerCounters issues the bench's certificate from the cluster CA
+// in certDir.
+func newWorkerCounters(certDir string, addrs []string) (*workerCounters, error) {
+	specs, err := wire.ParseNodes("bench=main")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := wire.WriteCerts(certDir, specs, wire.CertOptions{}); err != nil {
+		return nil, err
+	}
+	certs, err := wire.LoadCerts(certDir, "bench")
+	if err != nil {
+		return nil, err
+	}
+	return &workerCounters{addrs: addrs, cfg: &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 3}}, nil
+}
+
+// read sums every worker's counters, dialing each for one answer.
+func (w *workerCounters) read(ctx context.Context) (wire.WorkerStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var sum wire.WorkerStats
+	for _, addr := range w.addrs {
+		st, err := w.readOne(ctx, addr)
+		if err != nil {
+			return sum, fmt.Errorf("reading worker %s's counters: %w", addr, err)
+		}
+		sum.Loads += st.Loads
+		sum.WastedLoads += st.WastedLoads
+		sum.Misses += st.Misses
+	}
+	return sum, nil
+}
+
+func (w *workerCounters) readOne(ctx context.Context, addr string) (*wire.WorkerStats, error) {
+	p, err := wire.Dial(ctx, addr, w.cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	if err := p.Send(ctx, &wire.StatsRequest{}); err != nil {
+		return nil, err
+	}
+	for {
+		m, err := p.Recv(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if st, ok := m.(*wire.WorkerStats); ok {
+			return st, nil
+		}
+	}
+}
+
 // streamResult is one streamed request as its client saw it.
 type streamResult struct {
-	ttft   time.Duration   // to the first content chunk
+	ttft   time.Duration   // to the first content chunk; 0: none came
 	gaps   []time.Duration // between content chunks
+	chunks int             // content chunks
 	tokens int             // usage.completion_tokens
 	err    error
 }
@@ -475,12 +633,15 @@ func (c *serveClient) measure(ctx context.Context, n int, f *serveFlags, vocab i
 			continue
 		}
 		row.Tokens += r.tokens
-		ttft = append(ttft, ms(r.ttft))
+		row.Chunks += r.chunks
+		if r.chunks > 0 {
+			ttft = append(ttft, ms(r.ttft))
+		}
 		for _, g := range r.gaps {
 			gaps = append(gaps, ms(g))
 		}
 	}
-	row.TTFT, row.InterToken, row.Chunks = quantilesOf(ttft), quantilesOf(gaps), len(gaps)
+	row.TTFT, row.InterToken = quantilesOf(ttft), quantilesOf(gaps)
 	row.TokensPerS = float64(row.Tokens) / wall.Seconds()
 	return row, results
 }
@@ -558,6 +719,7 @@ func (c *serveClient) complete(ctx context.Context, prompt []int, maxTokens int)
 		if len(ch.Choices) == 0 || ch.Choices[0].Text == "" {
 			continue
 		}
+		res.chunks++
 		if last.IsZero() {
 			res.ttft = now.Sub(sent)
 		} else {
@@ -565,11 +727,8 @@ func (c *serveClient) complete(ctx context.Context, prompt []int, maxTokens int)
 		}
 		last = now
 	}
-	switch {
-	case !usage:
+	if !usage {
 		res.err = errors.New("the stream had no usage chunk (stream_options.include_usage)")
-	case last.IsZero():
-		res.err = errors.New("the stream had no content")
 	}
 	return res
 }
@@ -596,8 +755,8 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	if len(rep.Rows) > 0 {
 		first = rep.Rows[0].Clients
 	}
-	fmt.Fprintf(w, "| clients | requests | tokens | wall s | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-token p50 / p99 ms | expert bytes / token | CPU busy | load avg after |\n", first)
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | CPU busy | load 1 min |\n", first)
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Rows {
 		perTok := "–"
 		if r.BytesPerToken >= 0 {
@@ -607,11 +766,27 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 		if r.Failed > 0 {
 			req += fmt.Sprintf(" (%d failed)", r.Failed)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %.1f | %.2f | %.2fx | %.0f / %.0f | %.1f / %.1f | %s | %.0f%% | %s |\n",
-			r.Clients, req, r.Tokens, r.WallS, r.TokensPerS, r.Speedup, r.TTFT.P50, r.TTFT.P99, r.InterToken.P50, r.InterToken.P99, perTok, 100*r.CPUBusy, r.LoadAvg)
+		load, _, _ := strings.Cut(r.LoadAvg, " ")
+		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %.0f%% | %s |\n",
+			r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
+			r.ServerTTFT, r.ServerInterToken, perTok, 100*r.CPUBusy, load)
 	}
-	fmt.Fprintf(w, "\nTTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch). Inter-token: between consecutive content chunks of one request. Tokens: the responses' usage.completion_tokens. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate).\n",
+	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate).\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
+}
+
+// String formats q as "p50 / p99" milliseconds ("–" when empty).
+func (q quantiles) String() string {
+	if q.N == 0 {
+		return "–"
+	}
+	f := func(v float64) string {
+		if v < 10 {
+			return strconv.FormatFloat(v, 'f', 1, 64)
+		}
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return f(q.P50) + " / " + f(q.P99)
 }
 
 // writeServeReport writes report.json and report.md into dir.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,17 +42,26 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 			t.Errorf("row %d: %d clients, %d requests, %d failed; want %d, %d, 0", i, r.Clients, r.Requests, r.Failed, clients, clients)
 		case r.Tokens != want || r.ServerTokens != float64(want):
 			t.Errorf("row %d: the clients counted %d tokens and the node %v; want %d", i, r.Tokens, r.ServerTokens, want)
-		case !(r.TTFT.P50 > 0 && r.TTFT.P99 >= r.TTFT.P50 && r.TTFT.N == clients):
-			t.Errorf("row %d: TTFT %+v", i, r.TTFT)
-		case !(r.InterToken.P50 > 0 && r.InterToken.P99 >= r.InterToken.P50 && r.InterToken.N > 0):
-			t.Errorf("row %d: inter-token %+v", i, r.InterToken)
+		case r.Chunks > r.Tokens || r.TTFT.N > clients || (r.TTFT.N > 0) != (r.Chunks > 0) || r.InterToken.N > max(0, r.Chunks-r.TTFT.N):
+			t.Errorf("row %d: %d content chunks for %d tokens, TTFT of %d requests and %d gaps between chunks", i, r.Chunks, r.Tokens, r.TTFT.N, r.InterToken.N)
+		case !ordered(r.TTFT) || !ordered(r.InterToken):
+			t.Errorf("row %d: TTFT %+v, inter-chunk %+v", i, r.TTFT, r.InterToken)
+		// every request's first token, and every later one, as the node saw them
+		case r.ServerTTFT.N != clients || r.ServerTTFT.P50 <= 0 || !ordered(r.ServerTTFT):
+			t.Errorf("row %d: the node's TTFT %+v, want %d first tokens", i, r.ServerTTFT, clients)
+		case r.ServerInterToken.N != want-clients || r.ServerInterToken.P50 <= 0 || !ordered(r.ServerInterToken):
+			t.Errorf("row %d: the node's inter-token latency %+v, want %d gaps", i, r.ServerInterToken, want-clients)
 		case !(r.WallS > 0 && r.TokensPerS > 0) || r.TokensPerS != float64(r.Tokens)/r.WallS:
 			t.Errorf("row %d: %d tokens in %v s at %v tok/s", i, r.Tokens, r.WallS, r.TokensPerS)
 		case i == 0 && r.Speedup != 1:
 			t.Errorf("row 0: speedup %v over itself", r.Speedup)
-		case r.BytesPerToken <= 0 && !strings.HasPrefix(rep.BytesFrom, "unknown"):
-			t.Errorf("row %d: %v expert bytes per token from %s", i, r.BytesPerToken, rep.BytesFrom)
+		// the experts loaded for the row's prompts and tokens, hinted or not
+		case r.Workers.Loads <= 0 || r.BytesPerToken <= 0 || rep.BytesFrom == "":
+			t.Errorf("row %d: workers loaded %+v, %v expert bytes per token from %q", i, r.Workers, r.BytesPerToken, rep.BytesFrom)
 		}
+	}
+	if rep.Rows[0].TTFT.N+rep.Rows[1].TTFT.N == 0 {
+		t.Error("no request had a content chunk: no TTFT measured by the clients")
 	}
 	md, err := os.ReadFile(filepath.Join(out, "report.md"))
 	if err != nil {
@@ -63,6 +74,9 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	}
 }
 
+// ordered: no latencies, or positive ones with p99 >= p50.
+func ordered(q quantiles) bool { return q.N == 0 || (q.P50 > 0 && q.P99 >= q.P50) }
+
 func TestQuantilesAreNearestRank(t *testing.T) {
 	ms := make([]float64, 200)
 	for i := range ms {
@@ -73,9 +87,9 @@ func TestQuantilesAreNearestRank(t *testing.T) {
 		want quantiles
 	}{
 		{nil, quantiles{}},
-		{[]float64{7}, quantiles{7, 7, 1}},
-		{[]float64{3, 1, 2}, quantiles{2, 3, 3}},
-		{ms, quantiles{100, 198, 200}},
+		{[]float64{7}, quantiles{7, 7, 7, 1}},
+		{[]float64{3, 1, 2}, quantiles{2, 3, 2, 3}},
+		{ms, quantiles{100, 198, 100.5, 200}},
 	}
 	for _, tc := range cases {
 		if got := quantilesOf(tc.in); got != tc.want {
@@ -101,5 +115,33 @@ odmoe_batch_size 0
 	}
 	if _, err := parsePromText(strings.NewReader("odmoe_x{a=\"b\"}\n")); err == nil {
 		t.Fatal("a sample without a value parsed")
+	}
+}
+
+func TestHistogramQuantilesInterpolateWithinBuckets(t *testing.T) {
+	text := func(sum float64, counts ...int) string {
+		les := []string{"0.005", "0.01", "0.025", "+Inf"}
+		var b strings.Builder
+		for i, c := range counts {
+			fmt.Fprintf(&b, "odmoe_x_seconds_bucket{le=%q} %d\n", les[i], c)
+		}
+		fmt.Fprintf(&b, "odmoe_x_seconds_sum %g\nodmoe_x_seconds_count %d\n", sum, counts[len(counts)-1])
+		return b.String()
+	}
+	before, err := parsePromText(strings.NewReader(text(0.01, 5, 5, 5, 5)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parsePromText(strings.NewReader(text(0.31, 5, 15, 25, 25)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20 observations: 10 in (5, 10] ms, 10 in (10, 25] ms
+	q := histogramQuantiles(before, after, "odmoe_x_seconds")
+	if q.N != 20 || math.Abs(q.P50-10) > 1e-9 || math.Abs(q.P99-24.7) > 1e-9 || math.Abs(q.Mean-15) > 1e-9 {
+		t.Fatalf("got %+v, want p50 10 ms, p99 24.7 ms, mean 15 ms of 20", q)
+	}
+	if q := histogramQuantiles(after, after, "odmoe_x_seconds"); q.N != 0 {
+		t.Fatalf("no observations gave %+v", q)
 	}
 }
