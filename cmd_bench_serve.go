@@ -514,12 +514,13 @@ func histogramQuantiles(before, after map[string]float64, name string) quantiles
 	return quantiles{P50: at(0.5), P99: at(0.99), Mean: mean, N: int(total)}
 }
 
-// The swarm's counters the bytes loaded per token come from, the first
-// the main node exposes: expert bytes loaded, else expert loads (times
-// an expert's size).
+// The main node's counters the bytes loaded per token come from (its
+// swarm metrics, main/metrics.go), the first it exposes: the bytes of the
+// experts loaded for its requests, else their count (times an expert's
+// size). Without either, the workers' own counters are read instead.
 var (
-	expertBytesCounters = []string{"odmoe_expert_load_bytes_total", "odmoe_expert_bytes_loaded_total", "odmoe_worker_load_bytes_total"}
-	expertLoadCounters  = []string{"odmoe_expert_loads_total", "odmoe_worker_loads_total"}
+	expertBytesCounters = []string{"odmoe_worker_load_bytes_total"}
+	expertLoadCounters  = []string{"odmoe_expert_loads_total"}
 )
 
 // expertBytesLoaded is what the swarm loaded between two reads of its
