@@ -19,6 +19,7 @@ type link struct {
 	index  int
 	stats  chan *wire.WorkerStats
 	traces chan *wire.Trace
+	counts workerCounts // what its results say it did, for the metrics
 
 	mu        sync.Mutex
 	waits     map[uint64]waiter
@@ -93,6 +94,7 @@ func (l *link) receive(ctx context.Context, p *wire.Peer) error {
 		}
 		switch m := m.(type) {
 		case *wire.ExpertResult:
+			l.counts.add(m)
 			l.deliver(reply{id: m.ID, res: m, at: time.Now()})
 		case *wire.Error:
 			l.deliver(reply{id: m.ID, err: m})

@@ -148,7 +148,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if cfg.Serve.Addr != "" {
 		b := sw.Batcher(m) // requests decode together (continuous batching)
 		defer b.Close()
-		return serveAPI(ctx, cfg.Model, m, b, sw.Health, prometheus.NewRegistry(), cfg.Serve, log)
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(sw.Collector(ExpertBytes(m.Config))) // the swarm's figures beside the API's
+		return serveAPI(ctx, cfg.Model, m, b, sw.Health, reg, cfg.Serve, log)
 	}
 	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw, sw.Generate, stdout)
 	if err != nil {

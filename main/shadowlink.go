@@ -45,6 +45,8 @@ type shadowLink struct {
 	received                  chan struct{}
 	trace                     *trace.Recorder
 	traces                    chan *wire.Trace
+	// every decode layer scored, alone or batched: eq. (3) for the metrics
+	counts recallCounts
 }
 
 // shadowSeq is what the link keeps of one sequence: enough to bring a
@@ -171,6 +173,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 // score records one (iteration, layer); decode iteration i+1 produces
 // output token i+1 in the paper's numbering (iteration 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred, actual []int) {
+	sl.counts.add(pred, actual)
 	if sl.batches[key.step.Seq] {
 		// a batched pass activates the union of its rows' experts, and the
 		// shadow predicts the union: the share of it predicted

@@ -1,0 +1,228 @@
+package mainnode
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ExpertBytes is the size of one expert of a model with config c, as the
+// store keeps and a worker reads it: its three matrices (w1, w3: hidden x
+// intermediate, w2: intermediate x hidden) in the checkpoint's dtype,
+// BF16 unless config.json says float32.
+func ExpertBytes(c model.Config) int64 {
+	size := int64(2)
+	if c.TorchDType == "float32" {
+		size = 4
+	}
+	return 3 * int64(c.HiddenSize) * int64(c.IntermediateSize) * size
+}
+
+// workerCounts sum what one worker's results say it did; the link's
+// receive loop adds each result, a scrape reads them.
+type workerCounts struct {
+	results, loads, misses     atomic.Int64
+	loadNs, computeNs, stallNs atomic.Int64
+}
+
+func (c *workerCounts) add(r *wire.ExpertResult) {
+	c.results.Add(1)
+	if r.Loaded {
+		c.loads.Add(1)
+		c.loadNs.Add(int64(r.LoadTime))
+	}
+	if r.Miss {
+		c.misses.Add(1)
+	}
+	c.computeNs.Add(int64(r.ComputeTime))
+	c.stallNs.Add(int64(r.StallTime))
+}
+
+// recallCounts are OD-MoE eq. (3)'s numerator and denominator as
+// counters: over the decode layers scored, the experts activated that
+// were predicted, and the experts activated. Once each token's every
+// layer is scored, predicted/routed is eq. (3): sum c(q,n,l) over
+// k L sum A(q,n).
+type recallCounts struct{ predicted, routed int64 }
+
+func (c *recallCounts) add(pred, actual []int) {
+	for _, e := range actual {
+		if slices.Contains(pred, e) {
+			c.predicted++
+		}
+	}
+	c.routed += int64(len(actual))
+}
+
+func newDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+var (
+	descExpertLoads  = newDesc("odmoe_expert_loads_total", "Experts a worker loaded for this node's requests (their first user).", "phase")
+	descExpertMisses = newDesc("odmoe_expert_misses_total", "Experts loaded on demand: not loaded, nor loading, when their activation arrived. cause: late (predicted too late), wrong (not predicted), unscored (no shadow prediction).", "phase", "cause")
+	descLayerPasses  = newDesc("odmoe_layer_passes_total", "Layers whose experts ran on the workers.", "phase")
+	descLayerMain    = newDesc("odmoe_layer_main_seconds_total", "Main-node compute before each layer's experts (attention, router).", "phase")
+	descLayerExperts = newDesc("odmoe_layer_experts_seconds_total", "From sending a layer's activations to its last expert result.", "phase")
+	descLayerNetwork = newDesc("odmoe_layer_network_seconds_total", "Layer expert time less the slowest request's time on its worker.", "phase")
+	descLayerStall   = newDesc("odmoe_layer_stall_seconds_total", "The slowest request's wait for its expert to load, per layer.", "phase")
+
+	descWorkerUp      = newDesc("odmoe_worker_up", "Whether the connection to the worker is live (1) or lost (0).", "worker")
+	descWorkerResults = newDesc("odmoe_worker_results_total", "Expert results received from the worker.", "worker")
+	descWorkerLoads   = newDesc("odmoe_worker_loads_total", "Experts the worker loaded for this node's requests.", "worker")
+	descWorkerBytes   = newDesc("odmoe_worker_load_bytes_total", "Bytes of the experts the worker loaded for this node's requests.", "worker")
+	descWorkerMisses  = newDesc("odmoe_worker_misses_total", "Experts the worker loaded on demand for this node's requests.", "worker")
+	descWorkerLoad    = newDesc("odmoe_worker_load_seconds_total", "Time the worker spent loading experts for this node's requests.", "worker")
+	descWorkerCompute = newDesc("odmoe_worker_compute_seconds_total", "Time the worker spent computing experts for this node's requests.", "worker")
+	descWorkerStall   = newDesc("odmoe_worker_stall_seconds_total", "Time this node's requests waited on the worker for their expert to load.", "worker")
+
+	descWorkersLost     = newDesc("odmoe_workers_lost_total", "Worker connections that ended.")
+	descWorkersRejoined = newDesc("odmoe_workers_rejoined_total", "Lost workers that came back into the layout.")
+	descResent          = newDesc("odmoe_requests_resent_total", "Expert requests re-sent to another worker after theirs was lost.")
+
+	descShadowUp         = newDesc("odmoe_shadow_up", "Whether the shadow is connected and predicting (1) or lost (0).")
+	descShadowPredicted  = newDesc("odmoe_shadow_predicted_experts_total", "Experts activated in decode layers that the shadow had predicted (OD-MoE eq. 3's numerator).")
+	descShadowRouted     = newDesc("odmoe_shadow_routed_experts_total", "Experts activated in the decode layers scored against a shadow prediction (eq. 3's denominator).")
+	descShadowLost       = newDesc("odmoe_shadow_lost_total", "Times the shadow's connection ended.")
+	descShadowReattached = newDesc("odmoe_shadow_reattached_total", "Times a lost shadow came back and was re-aligned.")
+	descReactive         = newDesc("odmoe_reactive_iterations_total", "Decode iterations run without the shadow, loading reactively.")
+)
+
+// Collector returns the swarm's Prometheus metrics, for GET /metrics
+// beside the API's own (serve/metrics.go); expertBytes is one expert's
+// size (ExpertBytes), which turns loads into bytes. A scrape reads
+// counters the main node keeps anyway, under the Swarm's locks: it sends
+// no message. Label values are bounded: phase is prefill or decode,
+// worker a worker's name, cause one of three.
+//
+// What the layers cost this node (Stats, summed over the layers):
+//
+//	odmoe_expert_loads_total{phase}          experts a worker loaded for this node's requests (their first
+//	                                         user; a hinted load evicted unused is not one)
+//	odmoe_expert_misses_total{phase,cause}   experts not loaded, nor loading, when their activation arrived:
+//	                                         loaded on demand. cause: late (the shadow predicted it, too late),
+//	                                         wrong (the shadow did not predict it), unscored (no shadow
+//	                                         prediction: prefill, reactive loading, the other -prefetch policies)
+//	odmoe_layer_passes_total{phase}          layers run on the workers (each layer of each forward pass)
+//	odmoe_layer_main_seconds_total{phase}    main-node compute before the layers' experts (t_M: attention, router)
+//	odmoe_layer_experts_seconds_total{phase} from sending a layer's activations to its last result
+//	odmoe_layer_network_seconds_total{phase} that, less the slowest request's time on its worker
+//	odmoe_layer_stall_seconds_total{phase}   the slowest request's wait for its expert to load
+//
+// Per worker (worker="w1", ...), from every result it sent:
+//
+//	odmoe_worker_up{worker}                    1 while its connection is live, 0 while it is lost
+//	odmoe_worker_results_total{worker}         expert results received
+//	odmoe_worker_loads_total{worker}           experts it loaded for them (as odmoe_expert_loads_total)
+//	odmoe_worker_load_bytes_total{worker}      the bytes of those loads (loads x expertBytes)
+//	odmoe_worker_misses_total{worker}          of them, the ones loaded on demand
+//	odmoe_worker_load_seconds_total{worker}    loading them
+//	odmoe_worker_compute_seconds_total{worker} computing experts
+//	odmoe_worker_stall_seconds_total{worker}   requests waiting for their expert to load
+//
+// Faults (FaultStats):
+//
+//	odmoe_workers_lost_total     worker connections that ended
+//	odmoe_workers_rejoined_total lost workers that came back
+//	odmoe_requests_resent_total  requests re-sent to another worker after theirs was lost
+//
+// With a shadow (-prefetch shadow) only:
+//
+//	odmoe_shadow_up                      1 while the shadow is connected and predicting, else 0
+//	odmoe_shadow_predicted_experts_total experts activated in decode layers that the shadow had predicted
+//	odmoe_shadow_routed_experts_total    experts activated in the decode layers scored against a prediction:
+//	                                     predicted/routed is OD-MoE eq. (3) (a batched pass counts the union
+//	                                     of its rows' experts, as ShadowStats.BatchRecall does)
+//	odmoe_shadow_lost_total              times the shadow's connection ended
+//	odmoe_shadow_reattached_total        times a lost shadow came back
+//	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
+func (s *Swarm) Collector(expertBytes int64) prometheus.Collector {
+	return &swarmCollector{s: s, expertBytes: expertBytes}
+}
+
+type swarmCollector struct {
+	s           *Swarm
+	expertBytes int64
+}
+
+func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerMain, descLayerExperts,
+		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
+		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent} {
+		ch <- d
+	}
+	if c.s.shadow != nil {
+		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descReactive} {
+			ch <- d
+		}
+	}
+}
+
+func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	// the sums, not Stats(): its copy of every iteration's figures grows
+	// with the node's life
+	s.mu.Lock()
+	phases := [2]LayerStats{Total(s.stats.Prefill), Total(s.stats.Decode)}
+	faults := s.stats.Faults
+	s.mu.Unlock()
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	seconds := func(ns int64) float64 { return time.Duration(ns).Seconds() }
+	for i, ph := range [2]string{"prefill", "decode"} {
+		t := phases[i]
+		counter(descExpertLoads, float64(t.Loads), ph)
+		counter(descExpertMisses, float64(t.MissesLate), ph, "late")
+		counter(descExpertMisses, float64(t.MissesWrong), ph, "wrong")
+		counter(descExpertMisses, float64(t.Misses-t.MissesLate-t.MissesWrong), ph, "unscored")
+		counter(descLayerPasses, float64(t.Calls), ph)
+		counter(descLayerMain, t.Main.Seconds(), ph)
+		counter(descLayerExperts, t.Experts.Seconds(), ph)
+		counter(descLayerNetwork, t.Network.Seconds(), ph)
+		counter(descLayerStall, t.Stall.Seconds(), ph)
+	}
+	for _, l := range s.workers {
+		l.mu.Lock()
+		up := l.err == nil
+		l.mu.Unlock()
+		gauge(descWorkerUp, boolFloat(up), l.name)
+		n := &l.counts
+		counter(descWorkerResults, float64(n.results.Load()), l.name)
+		loads := n.loads.Load()
+		counter(descWorkerLoads, float64(loads), l.name)
+		counter(descWorkerBytes, float64(loads*c.expertBytes), l.name)
+		counter(descWorkerMisses, float64(n.misses.Load()), l.name)
+		counter(descWorkerLoad, seconds(n.loadNs.Load()), l.name)
+		counter(descWorkerCompute, seconds(n.computeNs.Load()), l.name)
+		counter(descWorkerStall, seconds(n.stallNs.Load()), l.name)
+	}
+	counter(descWorkersLost, float64(faults.WorkersLost))
+	counter(descWorkersRejoined, float64(faults.Rejoins))
+	counter(descResent, float64(faults.Resent))
+	if sl := s.shadow; sl != nil {
+		sl.mu.Lock()
+		up, rc := sl.up, sl.counts
+		sl.mu.Unlock()
+		gauge(descShadowUp, boolFloat(up))
+		counter(descShadowPredicted, float64(rc.predicted))
+		counter(descShadowRouted, float64(rc.routed))
+		counter(descShadowLost, float64(faults.ShadowLost))
+		counter(descShadowReattached, float64(faults.ShadowReattached))
+		counter(descReactive, float64(faults.ReactiveIterations))
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
