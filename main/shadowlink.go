@@ -152,10 +152,12 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 		case *wire.ShadowDone:
 			if it := int(m.Iteration); it >= 2 {
 				sl.mu.Lock()
-				for len(sl.late) < it-1 {
-					sl.late = append(sl.late, 0)
+				if it <= maxIterationStats { // a server's batch runs on
+					for len(sl.late) < it-1 {
+						sl.late = append(sl.late, 0)
+					}
+					sl.late[it-2] = ms(m.LateDeparture)
 				}
-				sl.late[it-2] = ms(m.LateDeparture)
 				sl.forwardMs += ms(m.Forward)
 				sl.peakRSS = max(sl.peakRSS, m.RSSPeak)
 				sl.forwards++

@@ -29,8 +29,9 @@ type LayerStats struct {
 // layer, and summed over the layers of each iteration (forward pass).
 type Stats struct {
 	Decode, Prefill []LayerStats
-	Iterations      []LayerStats // index i: iteration i+1 (the prompt is iteration 1)
+	Iterations      []LayerStats // index i: iteration i+1 (the prompt is iteration 1), up to maxIterationStats
 	Faults          FaultStats
+	beyond          LayerStats // where iterations past maxIterationStats go, unkept
 }
 
 // layerSample is one RunExperts call's figures.
@@ -65,7 +66,16 @@ func (s *Stats) layer(prefill bool, l int) *LayerStats {
 	return &(*p)[l]
 }
 
+// maxIterationStats bounds the per-iteration figures: a server's batch
+// runs passes for as long as it lives, and only a run's first iterations
+// are worth a row each (the figures per layer hold everything).
+const maxIterationStats = 4096
+
 func (s *Stats) iteration(it int64) *LayerStats {
+	if it > maxIterationStats {
+		s.beyond = LayerStats{}
+		return &s.beyond
+	}
 	for int64(len(s.Iterations)) < it {
 		s.Iterations = append(s.Iterations, LayerStats{})
 	}

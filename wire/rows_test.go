@@ -19,7 +19,7 @@ func TestActivationRowsAreChecked(t *testing.T) {
 		t.Fatal("an activation without row counts gave an expert rows")
 	}
 	for name, a := range map[string]Activation{
-		"counts for fewer experts": {Tokens: 3, Experts: []int32{1, 4}, Rows: []int32{0}, RowCounts: []int32{1}},
+		"counts for fewer experts":  {Tokens: 3, Experts: []int32{1, 4}, Rows: []int32{0}, RowCounts: []int32{1}},
 		"counts that do not add up": {Tokens: 3, Experts: []int32{1}, Rows: []int32{0, 1}, RowCounts: []int32{1}},
 		"a row outside the tokens":  {Tokens: 2, Experts: []int32{1}, Rows: []int32{2}, RowCounts: []int32{1}},
 		"an expert with no rows":    {Tokens: 2, Experts: []int32{1, 2}, Rows: []int32{0}, RowCounts: []int32{1, 0}},
