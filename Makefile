@@ -78,9 +78,10 @@ clean:
 
 # The built-in default job: a swarm on this machine (main node, int8 shadow
 # and 8 workers as separate processes on loopback QUIC with mutual TLS) on
-# a tiny model generated once into the user cache directory.
+# a tiny model generated once into the user cache directory: it answers one
+# prompt and exits (`bin/odmoe demo` without -prompt serves the API instead).
 demo: build
-	./$(BIN) demo
+	./$(BIN) demo -prompt "The quick brown fox"
 
 # The emulated ten-node rig benchmark on the small preset (root: network
 # namespaces). Brings the rig up and down itself; see testbed/README.md.

@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/internal/progress"
@@ -18,15 +22,17 @@ import (
 
 // runDemo starts a whole swarm on this machine — workers and the main node
 // as separate processes on loopback with generated certificates — on a
-// generated model cached in the user cache directory, and streams the
-// answer with the main node's summary.
+// generated model cached in the user cache directory. With -prompt it
+// streams the answer with the main node's summary and exits; without, the
+// main node serves the OpenAI-compatible API until interrupted.
 func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", stderr)
 	preset := fs.String("preset", "tiny", "model to generate (and cache): "+strings.Join(synth.PresetNames(), ", "))
 	workers := fs.Int("workers", 8, "worker processes")
 	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
-	prompt := fs.String("prompt", "The quick brown fox", "prompt text")
-	n := fs.Int("n", 32, "tokens to generate")
+	prompt := fs.String("prompt", "", "answer this prompt once, print the run's summary and exit; without it the swarm serves the API (-http) until interrupted")
+	n := fs.Int("n", 32, "with -prompt: tokens to generate")
+	httpAddr := fs.String("http", defaultDemoHTTP, "without -prompt: serve the OpenAI-compatible API on TCP `ADDR`; when the default's port is taken, a free one is used")
 	prefetch := fs.String("prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
 	quant := fs.String("quant", "int8", "the shadow's weight format: fp16, int8, nf4")
 	alignToken := fs.Int("align-token", 1, "align the shadow's token every T iterations (0 = never)")
@@ -46,6 +52,21 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	}
 	if *workers < 1 {
 		return usagef("-workers must be >= 1")
+	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "http" })
+	if *prompt != "" && explicit {
+		return usagef("-prompt answers once and exits, -http serves: give one of them")
+	}
+	if *prompt == "" {
+		addr, err := demoHTTPAddr(*httpAddr, explicit)
+		if err != nil {
+			return err
+		}
+		if addr != *httpAddr && !explicit {
+			log.Warn().Str("taken", *httpAddr).Str("addr", addr).Msg("the default API port is taken: serving on a free one (-http ADDR to choose)")
+		}
+		*httpAddr = addr
 	}
 	if *cache == "" {
 		if *cache, err = synth.CacheDir(); err != nil {
@@ -75,6 +96,13 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Bool("shadow", sw.shadow != "").
 		Msg("swarm started: every node a separate process on loopback QUIC with mutual TLS")
 
+	if *prompt == "" {
+		margs := append(sw.mainArgs(*prefetch, *alignToken, *alignKV), "-http", *httpAddr, "-served-model-name", *preset, "-log-level", lf.level)
+		if lf.json {
+			margs = append(margs, "-log-json")
+		}
+		return serveDemo(ctx, sw, margs, *httpAddr, *preset, stdout, stderr)
+	}
 	margs := append(sw.mainArgs(*prefetch, *alignToken, *alignKV), "-prompt", *prompt, "-n", strconv.Itoa(*n), "-log-level", lf.level)
 	if *stats != "" {
 		margs = append(margs, "-stats", *stats)
@@ -94,6 +122,69 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	}
 	fmt.Fprintf(stdout, "(the %s model has random weights, so its text is gibberish by design; `odmoe run -role local -model %s` with the same prompt prints the same text: the swarm is lossless)\n", *preset, modelDir)
 	return nil
+}
+
+// defaultDemoHTTP is where `odmoe demo` serves the API by default.
+const defaultDemoHTTP = "127.0.0.1:8080"
+
+// demoHTTPAddr checks that the API's address can be listened on and
+// returns it with its port resolved (":0" becomes the free port the kernel
+// picks). When the port is taken the default gives way to a free port;
+// an address the user chose is an error.
+func demoHTTPAddr(addr string, explicit bool) (string, error) {
+	l, err := net.Listen("tcp", addr)
+	if err == nil {
+		defer l.Close()
+		return l.Addr().String(), nil
+	}
+	if explicit {
+		return "", fmt.Errorf("-http %s: cannot serve there (%w): choose another ADDR, or port 0 for any free one", addr, err)
+	}
+	if addr, err = freeTCPAddr(); err != nil {
+		return "", err
+	}
+	return addr, nil
+}
+
+// serveDemo runs the main node with margs (-http addr) on sw, prints how
+// to call the API once it is ready, and keeps the swarm up until ctx
+// ends (Ctrl-C, SIGTERM): then the main node stops first, the workers and
+// the shadow after it (the caller's sw.Close).
+func serveDemo(ctx context.Context, sw *procSwarm, margs []string, addr, model string, stdout, stderr io.Writer) error {
+	mainNode, err := sw.runNode(ctx, "main", margs...)
+	if err != nil {
+		return err
+	}
+	defer mainNode.Stop()
+	c := &serveClient{base: "http://" + addr, http: &http.Client{Timeout: 5 * time.Second}}
+	if err := c.waitReady(ctx, mainNode.exited, 10*time.Minute); err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while starting
+		}
+		sw.printLogs(stderr)
+		return fmt.Errorf("main node: %w", err)
+	}
+	api := c.base + "/v1"
+	fmt.Fprintf(stdout, "The swarm serves the OpenAI-compatible API on %s (model %q; its weights are random, so its text is gibberish by design).\n", api, model)
+	fmt.Fprintf(stdout, "Ctrl-C stops every node. Try, in another terminal, a streaming chat completion:\n\n")
+	fmt.Fprintf(stdout, "  curl -N %s/chat/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32, \"stream\": true}'\n\n", api, model)
+	fmt.Fprintf(stdout, "and a completion:\n\n")
+	fmt.Fprintf(stdout, "  curl %s/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"prompt\": \"The quick brown fox\", \"max_tokens\": 32}'\n\n", api, model)
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(stdout, "stopping the swarm")
+		if err := mainNode.Stop(); err != nil {
+			sw.printLogs(stderr)
+			return fmt.Errorf("main node: %w", err)
+		}
+		return nil
+	case <-mainNode.exited:
+		sw.printLogs(stderr)
+		if mainNode.err == nil {
+			return errors.New("main node: exited while serving")
+		}
+		return fmt.Errorf("main node: %w", mainNode.err)
+	}
 }
 
 // freeUDPAddr asks the kernel for a free loopback UDP port.

@@ -39,7 +39,7 @@ var commands = map[string]command{
 	"certs":      {"make a cluster CA and a certificate for each node (mutual TLS)", runCerts},
 	"bench":      {"measure this machine (odmoe bench kernels: bandwidth, matvec, decode)", runBench},
 	"convert":    {"compress a model's experts losslessly into a store directory", runConvert},
-	"demo":       {"start a whole swarm on this machine on a generated model and run a prompt", runDemo},
+	"demo":       {"start a whole swarm on this machine on a generated model and serve the API (-prompt: answer once)", runDemo},
 	"gen-tiny":   {"write a deterministic random model in Hugging Face layout", runGenTiny},
 	"launch":     {"start a rig's workers and shadow (emulated, local or over ssh) until interrupted (testbed/launch)", runLaunch},
 	"inspect":    {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
