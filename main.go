@@ -9,6 +9,7 @@
 //	odmoe certs     -out DIR -nodes main,shadow,w1,...
 //	odmoe tune-align -model DIR [-quant int8] [-periods 1,2,4,8,16]
 //	odmoe tokenize  -tokenizer FILE | -model DIR [-jsonl] [-special]
+//	odmoe template  -config tokenizer_config.json | -model DIR [-jsonl]
 //	odmoe launch    -rig FILE -model DIR [-via netns|local|ssh] [-mode shadow]
 //	odmoe bench rig -rig FILE -model DIR -out DIR [-cases 16x64,...]
 //	odmoe bench serve [-preset small] [-clients 1,2,4,8] [-out DIR]
@@ -46,6 +47,7 @@ var commands = map[string]command{
 	"run":        {"run a role (local: the whole model in one process)", runRun},
 	"tune-align": {"try token/KV alignment periods for the shadow and print the fastest", runTuneAlign},
 	"tokenize":   {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
+	"template":   {"render conversations (JSON on stdin) with a model's chat template, as transformers does", runTemplate},
 	"version":    {"print the build: version, commit, Go version, kernel path", runVersion},
 }
 
