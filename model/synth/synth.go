@@ -3,7 +3,8 @@
 // the Hugging Face layout (config.json, model.safetensors in BF16,
 // tokenizer.json, tokenizer_config.json, generation_config.json), for
 // tests, demos and benchmarks. Nothing is ever downloaded: the tokenizer is
-// trained on a built-in corpus unless a real tokenizer.json is adopted.
+// trained on a built-in corpus unless a real tokenizer.json is adopted,
+// and tokenizer_config.json carries the family's real chat template.
 //
 // Weights are drawn like a trained model's so that the statistics later
 // stages depend on are realistic: matrices N(0, 0.02) (the BF16 exponent
@@ -13,6 +14,7 @@
 package synth
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -30,6 +32,7 @@ import (
 	"sync"
 
 	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model/chat"
 	"github.com/odmoe/odmoe/model/safetensors"
 	"github.com/odmoe/odmoe/model/tokenizer"
 )
@@ -147,7 +150,8 @@ type Options struct {
 	Preset string
 	Seed   uint64
 	// Tokenizer, if set, is a tokenizer.json to adopt; the vocabulary is
-	// sized to it.
+	// sized to it. The tokenizer_config.json beside it, if any, is copied
+	// as it is, its chat_template (or none) included.
 	Tokenizer string
 	// Layers and Experts, when positive, override the preset's (tests use
 	// Mixtral-shaped experts without generating all of Mixtral).
@@ -211,8 +215,9 @@ func Generate(dir string, opt Options) error {
 const stampFile = "odmoe-synth.json"
 
 // generatorVersion changes when the same preset and seed would give
-// other bytes (a change to the drawing or the files written).
-const generatorVersion = 4
+// other bytes (a change to the drawing or the files written). 5: the
+// family's chat template in tokenizer_config.json.
+const generatorVersion = 5
 
 type stamp struct {
 	Preset      string `json:"preset"`
@@ -277,7 +282,45 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 	if err := t.WriteFiles(dir); err != nil {
 		return nil, fmt.Errorf("synth: %w", err)
 	}
+	if err := addChatTemplate(filepath.Join(dir, "tokenizer_config.json"), p); err != nil {
+		return nil, err
+	}
 	return tokenizer.LoadDir(dir)
+}
+
+// chatTemplates name each family's chat template (package chat's
+// built-in copies of the real ones): Mixtral-8x7B-Instruct's, Qwen3's,
+// Qwen1.5's for Qwen2-MoE, OLMoE-Instruct's Tulu template.
+var chatTemplates = map[string]string{"": "mixtral-instruct", "mixtral": "mixtral-instruct",
+	"qwen3-moe": "qwen3", "qwen2-moe": "qwen1.5", "olmoe": "tulu"}
+
+// addChatTemplate adds the family's chat_template to the
+// tokenizer_config.json the tokenizer wrote (which owns no templates).
+func addChatTemplate(path string, p Preset) error {
+	src, ok := chat.Builtin(chatTemplates[p.Family])
+	if !ok {
+		return fmt.Errorf("synth: no chat template for family %q", p.Family)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return fmt.Errorf("synth: %s: %w", path, err)
+	}
+	cfg["chat_template"] = src
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(cfg); err != nil {
+		return fmt.Errorf("synth: %s: %w", path, err)
+	}
+	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	return nil
 }
 
 func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {

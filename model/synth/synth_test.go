@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/chat"
 	"github.com/odmoe/odmoe/model/tokenizer"
 )
 
@@ -190,6 +192,29 @@ func TestEveryTinyPresetLoads(t *testing.T) {
 			for _, id := range append(tok.EOS(), tok.BOS()) {
 				if id >= cfg.VocabSize {
 					t.Fatalf("special id %d outside the model's vocabulary %d", id, cfg.VocabSize)
+				}
+			}
+			// the family's chat template, whose markers are the
+			// tokenizer's special tokens
+			tmpl, err := chat.Load(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, _ := chat.Builtin(chatTemplates[Presets[name].Family]); tmpl.Source() != want {
+				t.Errorf("chat template is not the family's %s", chatTemplates[Presets[name].Family])
+			}
+			prompt, err := tmpl.Render(map[string]any{"add_generation_prompt": true, "messages": []any{
+				map[string]any{"role": "system", "content": "Be brief."}, map[string]any{"role": "user", "content": text},
+				map[string]any{"role": "assistant", "content": "Yes."}, map[string]any{"role": "user", "content": "Why?"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := tok.Encode(prompt, false)
+			markers := map[bool][]string{false: {"<s>", "</s>"}, true: {"<|im_start|>", "<|im_end|>"}}[Presets[name].byteLevel()]
+			for _, m := range markers {
+				id, ok := tok.TokenID(m)
+				if !ok || !slices.Contains(ids, id) {
+					t.Errorf("%s (id %d, %v) is not a token of the prompt %q", m, id, ok, prompt)
 				}
 			}
 		})
