@@ -2,10 +2,12 @@ package mainnode
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/chat"
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/serve"
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,8 +94,17 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	if name == "" {
 		name = filepath.Base(filepath.Clean(modelDir))
 	}
+	var tmpl serve.ChatTemplate
+	switch t, err := chat.Load(modelDir); {
+	case err == nil:
+		tmpl = t
+	case errors.Is(err, chat.ErrNoTemplate):
+		log.Warn().Str("model", modelDir).Msg("the model has no chat template (tokenizer_config.json chat_template): /v1/chat/completions refuses requests, /v1/completions serves")
+	default:
+		return err
+	}
 	srv, err := serve.New(serve.Config{
-		Model: name, Tokenizer: tok, Context: m.Config.MaxPositions, Generator: gen, Health: health,
+		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
 		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, Log: log,
 	})
 	if err != nil {

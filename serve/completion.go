@@ -260,10 +260,16 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if len(req.Messages) == 0 {
 		return nil, badRequest("messages", "messages: at least one message is required")
 	}
-	for i, m := range req.Messages {
+	msgs := make([]any, len(req.Messages))
+	for i, raw := range req.Messages {
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+			return nil, badRequest(fmt.Sprintf("messages[%d]", i), "messages[%d]: not a JSON object", i)
+		}
 		if _, ok := m["role"].(string); !ok {
 			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d]: a role (string) is required", i)
 		}
+		msgs[i] = raw // as the client wrote it
 		// the OpenAI content-part form: text parts are joined, as
 		// single-modality servers do
 		if parts, ok := m["content"].([]any); ok {
@@ -272,19 +278,16 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 				return nil, err
 			}
 			m["content"] = text
+			msgs[i] = m
 		}
 	}
 	vars := map[string]any{}
 	for k, v := range req.ChatTemplateKwargs {
 		vars[k] = v
 	}
-	msgs := make([]any, len(req.Messages))
-	for i, m := range req.Messages {
-		msgs[i] = m
-	}
 	vars["messages"] = msgs
 	vars["add_generation_prompt"] = true
-	if len(req.Tools) > 0 {
+	if len(req.Tools) > 0 && string(req.Tools) != "null" {
 		vars["tools"] = req.Tools
 	}
 	if v, ok := req.ChatTemplateKwargs["add_generation_prompt"]; ok {

@@ -33,13 +33,16 @@ type samplingFields struct {
 	IgnoreEOS bool `json:"ignore_eos"`
 }
 
+// chatRequest keeps messages, tools and template variables as the client
+// wrote them (json.RawMessage): a chat template renders them, and its
+// tojson must see the client's key order and numbers.
 type chatRequest struct {
 	samplingFields
-	Messages []map[string]any `json:"messages"`
-	Tools    []any            `json:"tools"`
+	Messages []json.RawMessage `json:"messages"`
+	Tools    json.RawMessage   `json:"tools"`
 	// ChatTemplateKwargs are extra template variables (vLLM's extension),
 	// e.g. {"enable_thinking": false} for Qwen3.
-	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
+	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 type completionRequest struct {

@@ -61,7 +61,13 @@ type plainChat struct{}
 func (plainChat) Render(vars map[string]any) (string, error) {
 	var b strings.Builder
 	for _, m := range vars["messages"].([]any) {
-		mm := m.(map[string]any)
+		mm, ok := m.(map[string]any)
+		if raw, isRaw := m.(json.RawMessage); isRaw {
+			ok = json.Unmarshal(raw, &mm) == nil
+		}
+		if !ok {
+			return "", fmt.Errorf("message %v", m)
+		}
 		fmt.Fprintf(&b, "%s: %s\n", mm["role"], mm["content"])
 	}
 	if vars["add_generation_prompt"] == true {
@@ -492,4 +498,37 @@ func TestModelsAndHealth(t *testing.T) {
 		t.Fatalf("healthz when ready: %v %v", resp.StatusCode, err)
 	}
 	resp.Body.Close()
+}
+
+// recordingChat renders like plainChat and keeps the variables it got.
+type recordingChat struct{ got chan map[string]any }
+
+func (r recordingChat) Render(vars map[string]any) (string, error) {
+	r.got <- vars
+	return plainChat{}.Render(vars)
+}
+
+// TestChatTemplateGetsTheClientsJSON: tools and messages reach the
+// template as the client wrote them (key order, numbers), so the
+// template's tojson prints what Hugging Face's would.
+func TestChatTemplateGetsTheClientsJSON(t *testing.T) {
+	f := newFixture(t)
+	rec := recordingChat{got: make(chan map[string]any, 1)}
+	hs := f.server(t, func(c *Config) { c.Chat = rec })
+	const tools = `[{"type":"function","function":{"name":"f","parameters":{"z":1.0,"a":2}}}]`
+	const msg = `{"role":"user","content":"hi","zeta":3.0}`
+	resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages":[`+msg+`],"tools":`+tools+`,"max_tokens":1,"chat_template_kwargs":{"enable_thinking":false}}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	vars := <-rec.got
+	if got, ok := vars["tools"].(json.RawMessage); !ok || string(got) != tools {
+		t.Fatalf("tools reached the template as %T %v", vars["tools"], vars["tools"])
+	}
+	if got, ok := vars["messages"].([]any)[0].(json.RawMessage); !ok || string(got) != msg {
+		t.Fatalf("the message reached the template as %T %v", vars["messages"].([]any)[0], vars["messages"].([]any)[0])
+	}
+	if got, ok := vars["enable_thinking"].(json.RawMessage); !ok || string(got) != "false" {
+		t.Fatalf("enable_thinking reached the template as %T %v", vars["enable_thinking"], vars["enable_thinking"])
+	}
 }
