@@ -34,6 +34,9 @@ func TestDemoServesTheAPIUntilInterrupted(t *testing.T) {
 	defer stderrFile.Close()
 	cmd.Stderr = stderrFile
 	stderr := func() string { b, _ := os.ReadFile(stderrFile.Name()); return string(b) }
+	// its own process group: the cleanup can kill the demo's children
+	// too, which hold its stdout open after the demo itself is killed
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -52,8 +55,12 @@ func TestDemoServesTheAPIUntilInterrupted(t *testing.T) {
 		close(exited)
 	}()
 	defer func() {
-		cmd.Process.Kill()
-		<-exited
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			t.Error("the demo's stdout stayed open 30 s after its process group was killed")
+		}
 	}()
 	var printed, curls []string
 	timeout := time.After(2 * time.Minute)
