@@ -127,6 +127,8 @@ type serveFlags struct {
 	preset, model, storeDir, cache     string
 	workers, group                     int
 	prefetch, quant, deviceMem, loadBW string
+	hostCache                          string
+	hostPreload                        bool
 	clients                            []int
 	requests, maxTokens, promptTokens  int
 	maxBatch                           int
@@ -147,6 +149,8 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	fs.StringVar(&f.quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "each worker's device memory budget")
 	fs.StringVar(&f.loadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
+	fs.StringVar(&f.hostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
+	fs.BoolVar(&f.hostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
 	clients := fs.String("clients", "1,2,4,8", "comma-separated counts N of concurrent streaming clients, one measurement each")
 	fs.IntVar(&f.requests, "requests", 2, "requests each client sends, one after another")
 	fs.IntVar(&f.maxTokens, "max-tokens", 64, "tokens each request generates (ignore_eos: always this many)")
@@ -241,7 +245,8 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	vocab := min(cfg.VocabSize, tok.VocabSize())
 
 	sw, err := startProcSwarm(ctx, files, procSwarmOptions{Workers: f.workers, Group: f.group,
-		Shadow: f.prefetch == string(mainnode.Shadow), Quant: f.quant, DeviceMem: f.deviceMem, LoadBW: f.loadBW})
+		Shadow: f.prefetch == string(mainnode.Shadow), Quant: f.quant, DeviceMem: f.deviceMem, LoadBW: f.loadBW,
+		HostCache: f.hostCache, HostPreload: f.hostPreload})
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,10 @@ type procSwarmOptions struct {
 	Quant   string // the shadow's weight format
 	// DeviceMem and LoadBW are the workers' -device-mem and -load-bw.
 	DeviceMem, LoadBW string
+	// HostCache and HostPreload are the workers' -host-cache and
+	// -host-preload ("" and false: none, as the workers default).
+	HostCache   string
+	HostPreload bool
 }
 
 // procSwarm is a swarm's workers (and shadow) running as processes of
@@ -34,9 +38,12 @@ type procSwarm struct {
 	group   int
 	workers []string // addresses, in layout order
 	shadow  string   // the shadow's address; "" without one
-	logDir  string
-	stop    context.CancelFunc
-	procs   []*exec.Cmd
+	// dialTimeout is the main node's and the shadow's -dial-timeout:
+	// long while the workers fill their host caches
+	dialTimeout string
+	logDir      string
+	stop        context.CancelFunc
+	procs       []*exec.Cmd
 }
 
 // startProcSwarm starts o.Workers workers (w1..wN of f.Certs) and, with
@@ -51,7 +58,10 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop}
+	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: "30s"}
+	if o.HostPreload {
+		s.dialTimeout = "10m" // the workers answer once their host caches are full
+	}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -63,8 +73,15 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 			return nil, err
 		}
 		name := fmt.Sprintf("w%d", i+1)
-		if err := s.start(wctx, self, name, "run", "-role", "worker", "-listen", addr, "-store", f.Store,
-			"-certs", f.Certs, "-name", name, "-device-mem", o.DeviceMem, "-load-bw", o.LoadBW, "-log-level", "warn"); err != nil {
+		args := []string{"run", "-role", "worker", "-listen", addr, "-store", f.Store,
+			"-certs", f.Certs, "-name", name, "-device-mem", o.DeviceMem, "-load-bw", o.LoadBW, "-log-level", "warn"}
+		if o.HostCache != "" {
+			args = append(args, "-host-cache", o.HostCache)
+		}
+		if o.HostPreload {
+			args = append(args, "-host-preload")
+		}
+		if err := s.start(wctx, self, name, args...); err != nil {
 			return nil, err
 		}
 		s.workers = append(s.workers, addr)
@@ -76,7 +93,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		}
 		if err := s.start(wctx, self, "shadow", "run", "-role", "shadow", "-model", f.Model, "-quant", o.Quant,
 			"-listen", addr, "-workers", strings.Join(s.workers, ","), "-group", strconv.Itoa(o.Group),
-			"-certs", f.Certs, "-name", "shadow", "-log-level", "warn"); err != nil {
+			"-certs", f.Certs, "-name", "shadow", "-dial-timeout", s.dialTimeout, "-log-level", "warn"); err != nil {
 			return nil, err
 		}
 		s.shadow = addr
@@ -158,7 +175,7 @@ func (n *node) Stop() error {
 // the loading policy prefetch (the shadow's alignment periods with one).
 func (s *procSwarm) mainArgs(prefetch string, alignToken, alignKV int) []string {
 	args := []string{"run", "-role", "main", "-model", s.files.Model, "-workers", strings.Join(s.workers, ","),
-		"-certs", s.files.Certs, "-name", "main", "-prefetch", prefetch, "-group", strconv.Itoa(s.group)}
+		"-certs", s.files.Certs, "-name", "main", "-prefetch", prefetch, "-group", strconv.Itoa(s.group), "-dial-timeout", s.dialTimeout}
 	if s.shadow != "" {
 		args = append(args, "-shadow", s.shadow, "-align-token", strconv.Itoa(alignToken), "-align-kv", strconv.Itoa(alignKV))
 	}
