@@ -39,91 +39,108 @@ type outcome struct {
 // errStopString ends a generation at a stop string.
 var errStopString = errors.New("serve: stop string")
 
+// shape is how one endpoint's answers look: the whole response, and
+// the chunks of a stream (first, if set, goes before the first piece).
+type shape struct {
+	whole func(out outcome, u *usage) any
+	first any
+	piece func(text string) any
+	final func(out outcome) any
+	usage func(u *usage) any
+}
+
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	const endpoint = "chat"
-	arrived := time.Now()
-	var req chatRequest
-	if err := decodeBody(r, &req); err != nil {
-		s.fail(w, endpoint, err)
-		return
-	}
-	j, err := s.chatJob(&req)
-	if err != nil {
-		s.fail(w, endpoint, err)
-		return
-	}
-	j.endpoint, j.arrived = endpoint, arrived
-	id := "chatcmpl-" + randomID()
-	chunk := func(delta *chatDelta, finish *string) any {
-		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: arrived.Unix(), Model: s.cfg.Model,
-			Choices: []chatChoice{{Delta: delta, FinishReason: finish}}}
-	}
-	if !j.stream {
-		out, err := s.generate(r.Context(), j, nil)
-		if err != nil {
-			s.fail(w, endpoint, err)
-			return
+	s.answer(w, r, "chat", func() (*job, error) {
+		var req chatRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
 		}
-		s.metrics.requests.WithLabelValues(endpoint, "200").Inc()
-		writeJSON(w, http.StatusOK, chatResponse{ID: id, Object: "chat.completion", Created: arrived.Unix(), Model: s.cfg.Model,
-			Choices: []chatChoice{{Message: &chatMessage{Role: "assistant", Content: out.text}, FinishReason: &out.finish}},
-			Usage:   j.usageOf(out)})
-		return
-	}
-	s.streamEvents(w, r, j, func(text string) any { return chunk(&chatDelta{Content: text}, nil) },
-		chunk(&chatDelta{Role: "assistant"}, nil),
-		func(out outcome) any { return chunk(&chatDelta{}, &out.finish) },
-		func(u *usage) any {
-			return chatResponse{ID: id, Object: "chat.completion.chunk", Created: arrived.Unix(), Model: s.cfg.Model, Choices: []chatChoice{}, Usage: u}
-		})
+		return s.chatJob(&req)
+	}, s.chatShape)
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	const endpoint = "completions"
-	arrived := time.Now()
-	var req completionRequest
-	if err := decodeBody(r, &req); err != nil {
-		s.fail(w, endpoint, err)
-		return
+	s.answer(w, r, "completions", func() (*job, error) {
+		var req completionRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return s.completionJob(&req)
+	}, s.completionShape)
+}
+
+// chatShape is chat.completion and chat.completion.chunk.
+func (s *Server) chatShape(created int64) shape {
+	id := "chatcmpl-" + randomID()
+	chunk := func(delta *chatDelta, finish *string, u *usage) any {
+		choices := []chatChoice{}
+		if delta != nil {
+			choices = []chatChoice{{Delta: delta, FinishReason: finish}}
+		}
+		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model, Choices: choices, Usage: u}
 	}
-	j, err := s.completionJob(&req)
+	return shape{
+		whole: func(out outcome, u *usage) any {
+			return chatResponse{ID: id, Object: "chat.completion", Created: created, Model: s.cfg.Model,
+				Choices: []chatChoice{{Message: &chatMessage{Role: "assistant", Content: out.text}, FinishReason: &out.finish}}, Usage: u}
+		},
+		first: chunk(&chatDelta{Role: "assistant"}, nil, nil),
+		piece: func(text string) any { return chunk(&chatDelta{Content: text}, nil, nil) },
+		final: func(out outcome) any { return chunk(&chatDelta{}, &out.finish, nil) },
+		usage: func(u *usage) any { return chunk(nil, nil, u) },
+	}
+}
+
+// completionShape is text_completion, whole and as chunks.
+func (s *Server) completionShape(created int64) shape {
+	id := "cmpl-" + randomID()
+	resp := func(choices []completionChoice, u *usage) any {
+		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, Choices: choices, Usage: u}
+	}
+	return shape{
+		whole: func(out outcome, u *usage) any {
+			return resp([]completionChoice{{Text: out.text, FinishReason: &out.finish}}, u)
+		},
+		piece: func(text string) any { return resp([]completionChoice{{Text: text}}, nil) },
+		final: func(out outcome) any { return resp([]completionChoice{{FinishReason: &out.finish}}, nil) },
+		usage: func(u *usage) any { return resp([]completionChoice{}, u) },
+	}
+}
+
+// answer parses a request into a job with parse and answers it in the
+// endpoint's shape, whole or streamed.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, parse func() (*job, error), shapeOf func(created int64) shape) {
+	arrived := time.Now()
+	j, err := parse()
 	if err != nil {
 		s.fail(w, endpoint, err)
 		return
 	}
 	j.endpoint, j.arrived = endpoint, arrived
-	id := "cmpl-" + randomID()
-	chunk := func(text string, finish *string) any {
-		return completionResponse{ID: id, Object: "text_completion", Created: arrived.Unix(), Model: s.cfg.Model,
-			Choices: []completionChoice{{Text: text, FinishReason: finish}}}
-	}
-	if !j.stream {
-		out, err := s.generate(r.Context(), j, nil)
-		if err != nil {
-			s.fail(w, endpoint, err)
-			return
-		}
-		s.metrics.requests.WithLabelValues(endpoint, "200").Inc()
-		writeJSON(w, http.StatusOK, completionResponse{ID: id, Object: "text_completion", Created: arrived.Unix(), Model: s.cfg.Model,
-			Choices: []completionChoice{{Text: out.text, FinishReason: &out.finish}}, Usage: j.usageOf(out)})
+	sh := shapeOf(arrived.Unix())
+	if j.stream {
+		s.streamEvents(w, r, j, sh)
 		return
 	}
-	s.streamEvents(w, r, j, func(text string) any { return chunk(text, nil) }, nil,
-		func(out outcome) any { return chunk("", &out.finish) },
-		func(u *usage) any {
-			return completionResponse{ID: id, Object: "text_completion", Created: arrived.Unix(), Model: s.cfg.Model, Choices: []completionChoice{}, Usage: u}
-		})
+	out, err := s.generate(r.Context(), j, nil)
+	if err != nil {
+		s.fail(w, endpoint, err)
+		return
+	}
+	s.metrics.requests.WithLabelValues(endpoint, "200").Inc()
+	writeJSON(w, http.StatusOK, sh.whole(out, j.usageOf(out)))
 }
 
 func (j *job) usageOf(out outcome) *usage {
 	return &usage{PromptTokens: len(j.prompt), CompletionTokens: out.generated, TotalTokens: len(j.prompt) + out.generated}
 }
 
-// streamEvents answers j as server-sent events: first (if any), a chunk
-// per piece of text, the final chunk with the finish reason, the usage
-// chunk when asked for, and [DONE]. Once the stream has begun an error
-// can no longer change the status: it goes out as an error event.
-func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, piece func(string) any, first any, final func(outcome) any, usageChunk func(*usage) any) {
+// streamEvents answers j as server-sent events in shape sh: its first
+// chunk (if any), a chunk per piece of text, the final chunk with the
+// finish reason, the usage chunk when asked for, and [DONE]. Once the
+// stream has begun an error can no longer change the status: it goes out
+// as an error event.
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, sh shape) {
 	rc := http.NewResponseController(w)
 	started := false
 	send := func(v any) error {
@@ -145,13 +162,13 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, pi
 	ctx := r.Context()
 	emitted := false
 	out, err := s.generate(ctx, j, func(text string) error {
-		if !emitted && first != nil {
-			if err := send(first); err != nil {
+		if !emitted && sh.first != nil {
+			if err := send(sh.first); err != nil {
 				return err
 			}
 		}
 		emitted = true
-		return send(piece(text))
+		return send(sh.piece(text))
 	})
 	if err != nil && !started {
 		s.fail(w, j.endpoint, err)
@@ -170,12 +187,12 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, pi
 		return
 	}
 	s.metrics.requests.WithLabelValues(j.endpoint, "200").Inc()
-	if !emitted && first != nil {
-		send(first)
+	if !emitted && sh.first != nil {
+		send(sh.first)
 	}
-	send(final(out))
+	send(sh.final(out))
 	if j.usage {
-		send(usageChunk(j.usageOf(out)))
+		send(sh.usage(j.usageOf(out)))
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	rc.Flush()
