@@ -352,6 +352,9 @@ type seqIter struct {
 type batchFollow struct {
 	batch *model.Batch
 	it    int64 // the last pass run; 0: none yet
+	// a pass's sessions and tokens, reused pass after pass
+	sessions []*model.Session
+	tokens   []int
 }
 
 // runPasses runs batch b's passes that are ready, in order: a pass is
@@ -404,8 +407,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 // the members, is predicted for step (b, pass).
 func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	start := time.Now()
-	sessions := make([]*model.Session, 0, len(members))
-	tokens := make([]int, 0, len(members))
+	sessions, tokens := bf.sessions[:0], bf.tokens[:0]
 	for _, a := range members {
 		f := seqs[a.Seq]
 		if f == nil { // restarted by its prompt
@@ -422,6 +424,7 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*w
 		sessions = append(sessions, f.sess)
 		tokens = append(tokens, token)
 	}
+	bf.sessions, bf.tokens = sessions, tokens
 	late := time.Since(start)
 	n.trace.Span(trace.Align, bf.it, 0, -1, start, start.Add(late))
 	it := bf.it
