@@ -124,33 +124,23 @@ func quantilesOf(ms []float64) quantiles {
 
 // serveFlags are `odmoe bench serve`'s settings.
 type serveFlags struct {
-	preset, model, storeDir, cache     string
-	workers, group                     int
-	prefetch, quant, deviceMem, loadBW string
-	hostCache                          string
-	hostPreload                        bool
-	clients                            []int
-	requests, maxTokens, promptTokens  int
-	maxBatch                           int
-	readyTimeout                       time.Duration
-	out                                string
+	preset, model, storeDir, cache    string
+	swarm                             procSwarmOptions
+	clients                           []int
+	requests, maxTokens, promptTokens int
+	maxBatch                          int
+	readyTimeout                      time.Duration
+	out                               string
 }
 
 func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	var f serveFlags
 	fs := newFlagSet("bench serve", stderr)
+	f.swarm.register(fs)
 	fs.StringVar(&f.preset, "preset", "small", "model to generate (and cache) when -model is not given: "+strings.Join(synth.PresetNames(), ", "))
 	fs.StringVar(&f.model, "model", "", "Hugging Face model `DIR` to serve instead of a preset")
 	fs.StringVar(&f.storeDir, "store", "", "the model's expert store `DIR` (odmoe convert); default: the preset's in the cache, or -model's converted into a temporary directory")
 	fs.StringVar(&f.cache, "cache", "", "cache `DIR` for the preset's model and store (default: $ODMOE_CACHE or the user cache dir/odmoe)")
-	fs.IntVar(&f.workers, "workers", 8, "worker processes")
-	fs.IntVar(&f.group, "group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
-	fs.StringVar(&f.prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
-	fs.StringVar(&f.quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
-	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "each worker's device memory budget")
-	fs.StringVar(&f.loadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
-	fs.StringVar(&f.hostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
-	fs.BoolVar(&f.hostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
 	clients := fs.String("clients", "1,2,4,8", "comma-separated counts N of concurrent streaming clients, one measurement each")
 	fs.IntVar(&f.requests, "requests", 2, "requests each client sends, one after another")
 	fs.IntVar(&f.maxTokens, "max-tokens", 64, "tokens each request generates (ignore_eos: always this many)")
@@ -170,17 +160,17 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	if f.clients, err = parseInts(*clients); err != nil {
 		return usagef("-clients: %v", err)
 	}
-	switch p, err := mainnode.ParsePrefetch(f.prefetch); {
+	switch p, err := mainnode.ParsePrefetch(f.swarm.Prefetch); {
 	case err != nil:
 		return usagef("-prefetch: %v", err)
 	case p == mainnode.Resident:
 		return usagef("-prefetch resident is not a loading policy bench serve runs")
 	}
-	if _, err := parseQuant(f.quant); err != nil {
+	if _, err := parseQuant(f.swarm.Quant); err != nil {
 		return usagef("-quant: %v", err)
 	}
 	switch {
-	case f.workers < 1 || f.requests < 1 || f.maxTokens < 1 || f.promptTokens < 1:
+	case f.swarm.Workers < 1 || f.requests < 1 || f.maxTokens < 1 || f.promptTokens < 1:
 		return usagef("-workers, -requests, -max-tokens and -prompt-tokens must be >= 1")
 	case f.maxBatch < 0:
 		return usagef("-max-batch must be >= 0")
@@ -191,10 +181,10 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 		f.maxBatch = slices.Max(f.clients)
 	}
 	rep := &serveReport{Date: time.Now().UTC().Format(time.RFC3339), Command: "odmoe bench serve " + strings.Join(args, " "),
-		Machine: testbed.ReadMachine(), LoadBefore: loadAvg(), Workers: f.workers, Prefetch: f.prefetch, MaxBatch: f.maxBatch,
+		Machine: testbed.ReadMachine(), LoadBefore: loadAvg(), Workers: f.swarm.Workers, Prefetch: f.swarm.Prefetch, MaxBatch: f.maxBatch,
 		Requests: f.requests, PromptTokens: f.promptTokens, MaxTokens: f.maxTokens}
-	if f.prefetch == string(mainnode.Shadow) {
-		rep.Quant = f.quant
+	if f.swarm.Prefetch == string(mainnode.Shadow) {
+		rep.Quant = f.swarm.Quant
 	}
 	if err := benchServe(ctx, &f, rep, log); err != nil {
 		return err
@@ -244,9 +234,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	// may be smaller than its embeddings)
 	vocab := min(cfg.VocabSize, tok.VocabSize())
 
-	sw, err := startProcSwarm(ctx, files, procSwarmOptions{Workers: f.workers, Group: f.group,
-		Shadow: f.prefetch == string(mainnode.Shadow), Quant: f.quant, DeviceMem: f.deviceMem, LoadBW: f.loadBW,
-		HostCache: f.hostCache, HostPreload: f.hostPreload})
+	sw, err := startProcSwarm(ctx, files, f.swarm)
 	if err != nil {
 		return err
 	}
@@ -255,14 +243,14 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	if err != nil {
 		return err
 	}
-	mainNode, err := sw.runNode(ctx, "main", append(sw.mainArgs(f.prefetch, 1, 1), "-http", addr,
+	mainNode, err := sw.runNode(ctx, "main", append(sw.mainArgs(f.swarm.Prefetch, 1, 1), "-http", addr,
 		"-max-batch", strconv.Itoa(f.maxBatch), "-log-level", "warn")...)
 	if err != nil {
 		return err
 	}
 	defer mainNode.Stop()
 	base := "http://" + addr
-	log.Info().Int("workers", f.workers).Str("prefetch", f.prefetch).Str("api", base).Msg("swarm started; waiting for /healthz")
+	log.Info().Int("workers", f.swarm.Workers).Str("prefetch", f.swarm.Prefetch).Str("api", base).Msg("swarm started; waiting for /healthz")
 	c := &serveClient{base: base, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: f.maxBatch}}}
 	t0 := time.Now()
 	if err := c.waitReady(ctx, mainNode.exited, f.readyTimeout); err != nil {
@@ -365,7 +353,7 @@ func serveFiles(ctx context.Context, f *serveFlags, tmp string, log zerolog.Logg
 	if err := inproc.EnsureStore(ctx, files.Model, files.Store, log); err != nil {
 		return files, err
 	}
-	return files, inproc.EnsureCerts(files.Certs, f.workers)
+	return files, inproc.EnsureCerts(files.Certs, f.swarm.Workers)
 }
 
 // freeTCPAddr asks the kernel for a free loopback TCP port.

@@ -27,18 +27,14 @@ import (
 // main node serves the OpenAI-compatible API until interrupted.
 func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", stderr)
+	var o procSwarmOptions
+	o.register(fs)
 	preset := fs.String("preset", "tiny", "model to generate (and cache): "+strings.Join(synth.PresetNames(), ", "))
-	workers := fs.Int("workers", 8, "worker processes")
-	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	prompt := fs.String("prompt", "", "answer this prompt once, print the run's summary and exit; without it the swarm serves the API (-http) until interrupted")
 	n := fs.Int("n", 32, "with -prompt: tokens to generate")
 	httpAddr := fs.String("http", defaultDemoHTTP, "without -prompt: serve the OpenAI-compatible API on TCP `ADDR`; when the default's port is taken, a free one is used")
-	prefetch := fs.String("prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
-	quant := fs.String("quant", "int8", "the shadow's weight format: fp16, int8, nf4")
 	alignToken := fs.Int("align-token", 1, "align the shadow's token every T iterations (0 = never)")
 	alignKV := fs.Int("align-kv", 1, "align the shadow's KV cache every K iterations (0 = never)")
-	deviceMem := fs.String("device-mem", "1GiB", "each worker's device memory budget")
-	loadBW := fs.String("load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
 	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: $ODMOE_CACHE or the user cache dir/odmoe)")
 	stats := fs.String("stats", "", "write the main node's figures as JSON to `FILE`")
 	var lf logFlags
@@ -50,7 +46,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if err != nil {
 		return err
 	}
-	if *workers < 1 {
+	if o.Workers < 1 {
 		return usagef("-workers must be >= 1")
 	}
 	explicit := false
@@ -84,26 +80,25 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if err := inproc.EnsureStore(ctx, modelDir, storeDir, log); err != nil {
 		return err
 	}
-	if err := inproc.EnsureCerts(certDir, *workers); err != nil {
+	if err := inproc.EnsureCerts(certDir, o.Workers); err != nil {
 		return err
 	}
-	sw, err := startProcSwarm(ctx, inproc.Files{Model: modelDir, Store: storeDir, Certs: certDir}, procSwarmOptions{
-		Workers: *workers, Group: *group, Shadow: *prefetch == "shadow", Quant: *quant, DeviceMem: *deviceMem, LoadBW: *loadBW})
+	sw, err := startProcSwarm(ctx, inproc.Files{Model: modelDir, Store: storeDir, Certs: certDir}, o)
 	if err != nil {
 		return err
 	}
 	defer sw.Close()
-	log.Info().Int("workers", *workers).Str("preset", *preset).Str("prefetch", *prefetch).Bool("shadow", sw.shadow != "").
+	log.Info().Int("workers", o.Workers).Str("preset", *preset).Str("prefetch", o.Prefetch).Bool("shadow", sw.shadow != "").
 		Msg("swarm started: every node a separate process on loopback QUIC with mutual TLS")
 
 	if *prompt == "" {
-		margs := append(sw.mainArgs(*prefetch, *alignToken, *alignKV), "-http", *httpAddr, "-served-model-name", *preset, "-log-level", lf.level)
+		margs := append(sw.mainArgs(o.Prefetch, *alignToken, *alignKV), "-http", *httpAddr, "-served-model-name", *preset, "-log-level", lf.level)
 		if lf.json {
 			margs = append(margs, "-log-json")
 		}
 		return serveDemo(ctx, sw, margs, *httpAddr, *preset, stdout, stderr)
 	}
-	margs := append(sw.mainArgs(*prefetch, *alignToken, *alignKV), "-prompt", *prompt, "-n", strconv.Itoa(*n), "-log-level", lf.level)
+	margs := append(sw.mainArgs(o.Prefetch, *alignToken, *alignKV), "-prompt", *prompt, "-n", strconv.Itoa(*n), "-log-level", lf.level)
 	if *stats != "" {
 		margs = append(margs, "-stats", *stats)
 	}

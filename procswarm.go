@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,15 +19,29 @@ import (
 // procSwarmOptions say which nodes a procSwarm starts and how.
 type procSwarmOptions struct {
 	Workers int
-	Group   int    // workers per group; 0: the main node's default
-	Shadow  bool   // start a shadow node (for -prefetch shadow)
-	Quant   string // the shadow's weight format
+	Group   int // workers per group; 0: the main node's default
+	// Prefetch is the main node's -prefetch; "shadow" starts a shadow node.
+	Prefetch string
+	Quant    string // the shadow's weight format
 	// DeviceMem and LoadBW are the workers' -device-mem and -load-bw.
 	DeviceMem, LoadBW string
 	// HostCache and HostPreload are the workers' -host-cache and
 	// -host-preload ("" and false: none, as the workers default).
 	HostCache   string
 	HostPreload bool
+}
+
+// register adds the flags that choose a procSwarm's nodes (demo, bench
+// serve) to fs, writing into o.
+func (o *procSwarmOptions) register(fs *flag.FlagSet) {
+	fs.IntVar(&o.Workers, "workers", 8, "worker processes")
+	fs.IntVar(&o.Group, "group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
+	fs.StringVar(&o.Prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
+	fs.StringVar(&o.Quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
+	fs.StringVar(&o.DeviceMem, "device-mem", "1GiB", "each worker's device memory budget")
+	fs.StringVar(&o.LoadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
+	fs.StringVar(&o.HostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
+	fs.BoolVar(&o.HostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
 }
 
 // procSwarm is a swarm's workers (and shadow) running as processes of
@@ -47,7 +62,7 @@ type procSwarm struct {
 }
 
 // startProcSwarm starts o.Workers workers (w1..wN of f.Certs) and, with
-// o.Shadow, a shadow, as child processes. Close stops them.
+// o.Prefetch shadow, a shadow, as child processes. Close stops them.
 func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ *procSwarm, err error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -86,7 +101,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		}
 		s.workers = append(s.workers, addr)
 	}
-	if o.Shadow {
+	if o.Prefetch == "shadow" {
 		addr, err := freeUDPAddr()
 		if err != nil {
 			return nil, err
