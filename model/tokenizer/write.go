@@ -143,13 +143,7 @@ func sentencePieceJSON(tokens []string, merges [][2]string) ([]byte, error) {
     "ignore_merges": false,
     "vocab": {
 `)
-	for id, tok := range tokens {
-		sep := ","
-		if id == len(tokens)-1 {
-			sep = ""
-		}
-		fmt.Fprintf(&b, "      %s: %d%s\n", jsonString(tok), id, sep)
-	}
+	writeVocab(&b, tokens)
 	b.WriteString("    },\n    \"merges\": [\n")
 	// "a b" strings as in Mixtral's file; pairs if a token has a space.
 	pairs := false
@@ -249,13 +243,7 @@ func byteLevelBPEJSON(tokens []string, merges [][2]string, specials []string) ([
     "ignore_merges": false,
     "vocab": {
 `)
-	for id, tok := range tokens {
-		sep := ","
-		if id == len(tokens)-1 {
-			sep = ""
-		}
-		fmt.Fprintf(&b, "      %s: %d%s\n", jsonString(tok), id, sep)
-	}
+	writeVocab(&b, tokens)
 	b.WriteString("    },\n    \"merges\": [")
 	for i, m := range merges {
 		sep := ","
@@ -351,6 +339,18 @@ func (t *Tokenizer) SetModelMaxLength(tokens int) { t.modelMaxLength = tokens }
 func (t *Tokenizer) ModelMaxLength() int { return t.modelMaxLength }
 
 // jsonString returns s as a JSON string without HTML escaping.
+// writeVocab writes a tokenizer.json vocabulary's entries, "token": id,
+// one per line in id order.
+func writeVocab(b *bytes.Buffer, tokens []string) {
+	for id, tok := range tokens {
+		sep := ","
+		if id == len(tokens)-1 {
+			sep = ""
+		}
+		fmt.Fprintf(b, "      %s: %d%s\n", jsonString(tok), id, sep)
+	}
+}
+
 func jsonString(s string) string {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
