@@ -30,10 +30,6 @@ type Serving struct {
 // that may run to the model's whole context grows its cache as it goes.
 const kvHint = 512
 
-// Generator runs each generation as its own sequence of m on the swarm,
-// concurrently, unbatched.
-func (s *Swarm) Generator(m *model.Model) serve.Generator { return swarmGenerator{m: m, sw: s} }
-
 // Batcher batches m's generations on the swarm (continuous batching):
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
@@ -50,17 +46,6 @@ func (s *Swarm) Batcher(m *model.Model) *Batcher {
 // mode).
 func NewLocalBatcher(m *model.Model) *Batcher {
 	return NewBatcher(m, model.NewResidentExperts(m), func() model.ExpertRunner { return model.NewResidentExperts(m) }, BatcherHooks{})
-}
-
-// swarmGenerator runs each generation as its own sequence on the swarm.
-type swarmGenerator struct {
-	m  *model.Model
-	sw *Swarm
-}
-
-func (g swarmGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
-	sess := model.NewSession(g.m, g.sw, len(prompt)+min(opt.MaxTokens, kvHint))
-	return g.sw.Generate(ctx, sess, prompt, opt)
 }
 
 // Health reports which of the swarm's nodes are down: a lost worker (its
