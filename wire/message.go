@@ -136,6 +136,10 @@ type Activation struct {
 	// experts). Unset: every expert runs on every row.
 	Rows      []int32
 	RowCounts []int32
+	// Cache leaves the experts resident once computed (and Keep no longer
+	// holds them), for later requests (-residency on): the worker evicts
+	// them, coldest first, only when it needs their memory.
+	Cache bool
 }
 
 // ExpertResult is a worker's answer to an Activation: one expert's output.
@@ -219,6 +223,14 @@ type WorkerStats struct {
 	HostCacheHits   int64         `json:"host_cache_hits"`
 	HostCacheMisses int64         `json:"host_cache_misses"`
 	HostCacheBytes  int64         `json:"host_cache_bytes"`
+	// Resident are requests served by an expert an earlier request left
+	// resident (Activation.Cache), ResidentEvicted the resident experts
+	// dropped for room; ResidentExperts and ResidentBytes are what is
+	// resident now.
+	ResidentHits    int64 `json:"resident_hits"`
+	ResidentEvicted int64 `json:"resident_evicted"`
+	ResidentExperts int64 `json:"resident_experts"`
+	ResidentBytes   int64 `json:"resident_bytes"`
 }
 
 // ShadowDone tells the main node that the shadow has finished iteration

@@ -123,7 +123,7 @@ func TestArenaIsOffTheGoHeap(t *testing.T) {
 	var peakHeap uint64
 	var ms runtime.MemStats
 	for i := range 2000 {
-		if _, err := e.Run(context.Background(), 1, i%4, i%8, x, 1, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, i%4, i%8, x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if i%100 == 0 {

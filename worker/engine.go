@@ -31,6 +31,11 @@ type Stats struct {
 	LoadNanos    atomic.Int64 // time spent loading (read, decompress, link)
 	ComputeNanos atomic.Int64 // time spent computing experts
 	StallNanos   atomic.Int64 // time requests waited for their expert to be loaded
+	// Resident are requests served by an expert an earlier request left
+	// resident (After Cache): no load at all.
+	Resident atomic.Int64
+	// Evicted are resident experts dropped to make room for another.
+	Evicted atomic.Int64
 }
 
 // Engine loads, computes and evicts experts within a device-memory budget.
@@ -56,6 +61,7 @@ type Engine struct {
 	mu    sync.Mutex
 	slots map[slotKey]*slot
 	order uint64
+	clock uint64 // requests run: the residency policy's clock
 }
 
 type slotKey struct{ layer, expert int }
@@ -71,6 +77,8 @@ type slot struct {
 	loadDur time.Duration
 	hinted  bool
 	pinned  bool      // resident for good (Pin): never evicted but by Close
+	cached  bool      // a request left it resident (After Cache): it stays when nobody holds it
+	heat    heat      // its uses, decayed: the coldest cached expert goes first
 	loaded  bool      // the load has ended (err says how); guarded by Engine.mu
 	users   int       // requests computing with it now
 	used    bool      // some request has used it
@@ -250,18 +258,43 @@ func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model
 }
 
 // alloc takes n bytes of device memory; when the budget is full it first
-// evicts loaded experts nobody is using that belong to other layers
-// (predictions that turned out wrong, oldest first).
+// evicts the coldest expert left resident that nobody holds, then loaded
+// experts nobody is using that belong to other layers (predictions that
+// turned out wrong, oldest first).
 func (e *Engine) alloc(n int64, layer int) (Block, error) {
 	for {
 		b, err := e.dev.Alloc(n)
 		if err == nil || !errors.Is(err, ErrOverBudget) {
 			return b, err
 		}
-		if !e.evictOneStale(layer) {
+		if !e.evictOneCached() && !e.evictOneStale(layer) {
 			return Block{}, err
 		}
 	}
+}
+
+// evictOneCached drops the coldest expert left resident (After Cache)
+// that no sequence holds and no request computes with; it reports whether
+// it found one.
+func (e *Engine) evictOneCached() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var victim *slot
+	var vk slotKey
+	for k, s := range e.slots {
+		if !s.cached || len(s.holders) > 0 || s.users > 0 || !s.loaded || s.err != nil || s.pinned {
+			continue
+		}
+		if victim == nil || colder(s.heat, s.order, victim.heat, victim.order, e.clock) {
+			victim, vk = s, k
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	e.Stats.Evicted.Add(1)
+	e.dropLocked(vk, victim)
+	return true
 }
 
 // evictOneStale drops the oldest idle resident expert of a layer other
@@ -281,6 +314,9 @@ func (e *Engine) evictOneStale(layer int) bool {
 	}
 	if victim == nil {
 		return false
+	}
+	if victim.cached {
+		e.Stats.Evicted.Add(1)
 	}
 	e.dropLocked(vk, victim)
 	return true
@@ -310,11 +346,13 @@ func (e *Engine) freeLocked(s *slot) {
 
 // Result describes how a request was served.
 type Result struct {
-	Miss    bool          // the expert was not hinted: loaded on demand
-	Loaded  bool          // the expert was loaded for this request: its first user, and not pinned
-	Stall   time.Duration // time waiting for the load
-	Load    time.Duration // the load's own duration
-	Compute time.Duration
+	Miss bool // the expert was not hinted: loaded on demand
+	// Resident: an earlier request left the expert resident (After Cache).
+	Resident bool
+	Loaded   bool          // the expert was loaded for this request: its first user, and not pinned
+	Stall    time.Duration // time waiting for the load
+	Load     time.Duration // the load's own duration
+	Compute  time.Duration
 	// Arrived is when Run was called (the stall starts), Started when the
 	// compute started.
 	Arrived, Started time.Time
@@ -322,11 +360,12 @@ type Result struct {
 
 // Run computes expert (layer, expert) for sequence seq on n input vectors
 // x (n*hidden) into out (n*hidden), loading it first if it is not resident
-// (a miss if no sequence hinted it either). With evict seq lets go of the
-// expert afterwards, and it is freed unless another sequence still holds
-// it (decode: JIT load, compute once, evict); without, seq keeps holding
-// it for further mini-batches (prefill) until Evict.
-func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []float32, n int, out []float32, evict bool) (Result, error) {
+// (a miss if no sequence hinted it either). after says what becomes of it
+// then: Evict lets go of it, and it is freed unless another sequence still
+// holds it (decode: JIT load, compute once, evict); Hold keeps holding it
+// for further mini-batches (prefill) until Evict; Cache lets go of it but
+// leaves it resident for later requests (-residency on).
+func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []float32, n int, out []float32, after After) (Result, error) {
 	var res Result
 	if n <= 0 || len(x) != n*e.hidden || len(out) != n*e.hidden {
 		return res, fmt.Errorf("worker: layer %d expert %d: %d inputs and %d outputs for %d tokens of hidden size %d", layer, expert, len(x), len(out), n, e.hidden)
@@ -362,9 +401,12 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 			continue
 		}
 		res.Loaded = !s.used && !s.pinned
+		res.Resident = s.cached && s.used && !s.pinned
 		s.users++
 		s.used = true
 		s.hold(seq)
+		e.clock++
+		s.heat.use(e.clock)
 		e.mu.Unlock()
 		break
 	}
@@ -372,6 +414,9 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 		e.Stats.Misses.Add(1)
 	} else {
 		e.Stats.Hits.Add(1)
+	}
+	if res.Resident {
+		e.Stats.Resident.Add(1)
 	}
 	res.Stall, res.Arrived = time.Since(t0), t0
 	if res.Loaded {
@@ -383,7 +428,10 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 
 	e.mu.Lock()
 	s.users--
-	if evict && s.release(seq) && e.slots[k] == s {
+	if after == Cache {
+		s.cached = true
+	}
+	if after != Hold && s.release(seq) && !s.cached && e.slots[k] == s {
 		e.dropLocked(k, s)
 	}
 	e.mu.Unlock()
@@ -430,7 +478,7 @@ func (e *Engine) EndSequence(seq uint64) {
 }
 
 func (e *Engine) releaseLocked(seq uint64, k slotKey, s *slot) {
-	if !s.release(seq) {
+	if !s.release(seq) || s.cached {
 		return
 	}
 	if s.loaded {
@@ -445,6 +493,20 @@ func (e *Engine) Resident() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.slots)
+}
+
+// Cached is the number of experts requests have left resident (After
+// Cache) and the device bytes they take.
+func (e *Engine) Cached() (experts int, bytes int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.slots {
+		if s.cached && s.loaded && s.err == nil {
+			experts++
+			bytes += int64(len(s.block.Bytes))
+		}
+	}
+	return experts, bytes
 }
 
 // Close waits for the loads in flight (end their Prefetch's context to

@@ -111,7 +111,7 @@ func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
 	for _, n := range []int{1, 5} {
 		x := randomInput(n, h, uint64(n))
 		out := make([]float32, n*h)
-		res, err := e.Run(ctx, 1, 2, 5, x, n, out, true)
+		res, err := e.Run(ctx, 1, 2, 5, x, n, out, Evict)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
 			t.Fatalf("n=%d: miss=%v, bits equal=%v", n, res.Miss, sameBits(out, localExpert(f.model, 2, 5, x, n)))
 		}
 		e.Prefetch(ctx, 1, 3, []int{0, 7})
-		res, err = e.Run(ctx, 1, 3, 7, x, n, out, true)
+		res, err = e.Run(ctx, 1, 3, 7, x, n, out, Evict)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 	x := randomInput(1, h, 9)
 	out := make([]float32, h)
 	e.Prefetch(ctx, 1, 1, []int{2})
-	if _, err := e.Run(ctx, 1, 1, 2, x, 1, out, false); err != nil { // keep it resident
+	if _, err := e.Run(ctx, 1, 1, 2, x, 1, out, Hold); err != nil { // keep it resident
 		t.Fatal(err)
 	}
 	e.Prefetch(ctx, 1, 1, []int{4}) // same layer: nothing may be evicted for it
@@ -166,11 +166,11 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 	if got := e.Stats.Refused.Load(); got != 1 {
 		t.Fatalf("refused %d, want 1", got)
 	}
-	if _, err := e.Run(ctx, 1, 1, 4, x, 1, out, true); !errors.Is(err, ErrOverBudget) {
+	if _, err := e.Run(ctx, 1, 1, 4, x, 1, out, Evict); !errors.Is(err, ErrOverBudget) {
 		t.Fatalf("second expert of the same layer while the first is resident: %v", err)
 	}
 	e.Evict(1, 1)
-	res, err := e.Run(ctx, 1, 1, 4, x, 1, out, true)
+	res, err := e.Run(ctx, 1, 1, 4, x, 1, out, Evict)
 	if err != nil || !res.Miss {
 		t.Fatalf("after evicting: miss=%v err=%v", res.Miss, err)
 	}
@@ -180,7 +180,7 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 	// a stale expert of another layer is evicted to make room
 	e.Prefetch(ctx, 1, 0, []int{1})
 	e.wg.Wait()
-	if _, err := e.Run(ctx, 1, 2, 3, x, 1, out, true); err != nil {
+	if _, err := e.Run(ctx, 1, 2, 3, x, 1, out, Evict); err != nil {
 		t.Fatalf("stale expert was not evicted for a new layer: %v", err)
 	}
 	if arena.Peak() > budget {
@@ -206,7 +206,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 	e.Prefetch(ctx, b, 3, []int{6})    // b's: expert 6 is shared
 	e.wg.Wait()
 	// b runs expert 6 and ends its layer 3: a still holds 1 and 6
-	if res, err := e.Run(ctx, b, 3, 6, x, 1, out, true); err != nil || res.Miss {
+	if res, err := e.Run(ctx, b, 3, 6, x, 1, out, Evict); err != nil || res.Miss {
 		t.Fatalf("b's hinted expert: miss=%v err=%v", res.Miss, err)
 	}
 	e.Evict(b, 3)
@@ -214,7 +214,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 		t.Fatalf("after b ended layer 3, %d experts resident, want a's 2", got)
 	}
 	for _, ex := range []int{1, 6} {
-		res, err := e.Run(ctx, a, 3, ex, x, 1, out, true)
+		res, err := e.Run(ctx, a, 3, ex, x, 1, out, Evict)
 		if err != nil || res.Miss {
 			t.Fatalf("a's expert %d after b's eviction: miss=%v err=%v", ex, res.Miss, err)
 		}
@@ -227,7 +227,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 	}
 	// an expert b hinted is a hit for a, and stays for b
 	e.Prefetch(ctx, b, 2, []int{2})
-	if res, err := e.Run(ctx, a, 2, 2, x, 1, out, true); err != nil || res.Miss {
+	if res, err := e.Run(ctx, a, 2, 2, x, 1, out, Evict); err != nil || res.Miss {
 		t.Fatalf("a on b's hinted expert: miss=%v err=%v", res.Miss, err)
 	}
 	if e.Resident() != 1 {

@@ -49,7 +49,7 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 		if arena.InUse() != int64(size) {
 			t.Fatalf("round %d: a resident expert holds %d device bytes, want %d", round, arena.InUse(), size)
 		}
-		if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 1, 4, x, 2)) {
@@ -64,11 +64,11 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	}
 	// two more experts push the first out of the host cache (LRU)
 	for _, ex := range []int{5, 6} {
-		if _, err := e.Run(context.Background(), 1, 1, ex, x, 2, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 1, ex, x, 2, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, true); err != nil {
+	if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, Evict); err != nil {
 		t.Fatal(err)
 	}
 	hits, misses, used := e.Host.Stats()
@@ -99,7 +99,7 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 	x := randomInput(1, h, 4)
 	out := make([]float32, h)
 	for ex := range 3 { // layer 0, experts 0..2: preloaded
-		if _, err := e.Run(context.Background(), 1, 0, ex, x, 1, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 0, ex, x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 0, ex, x, 1)) {
@@ -173,7 +173,8 @@ func TestHostCacheBoundedUnderConcurrentLoads(t *testing.T) {
 			out := make([]float32, h)
 			for i := range 40 {
 				l, ex := layers[(w+i)%len(layers)], (w*3+i)%experts
-				if _, err := e.Run(context.Background(), uint64(w+1), l, ex, x, 1, out, i%3 != 0); err != nil {
+				after := []After{Hold, Cache, Evict}[i%3]
+				if _, err := e.Run(context.Background(), uint64(w+1), l, ex, x, 1, out, after); err != nil {
 					return err
 				}
 				if !sameBits(out, localExpert(f.model, l, ex, x, 1)) {
@@ -236,7 +237,7 @@ func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for i := range loads {
-		if _, err := e.Run(context.Background(), 1, 0, i%f.store.Experts(), x, 1, out, true); err != nil {
+		if _, err := e.Run(context.Background(), 1, 0, i%f.store.Experts(), x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 	}

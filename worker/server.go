@@ -239,7 +239,7 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 			}
 		}
 		out := buf[:n*h]
-		res, err := s.engine.Run(ctx, a.Seq, a.Layer, int(e), in, n, out, !a.Keep)
+		res, err := s.engine.Run(ctx, a.Seq, a.Layer, int(e), in, n, out, afterOf(a))
 		if a.EndLayer && i == len(a.Experts)-1 {
 			s.endLayer(a.Seq, a.Iteration, a.Layer)
 		}
@@ -269,6 +269,17 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 	return buf
 }
 
+// afterOf is what becomes of an activation's experts once computed.
+func afterOf(a *wire.Activation) After {
+	switch {
+	case a.Keep:
+		return Hold
+	case a.Cache:
+		return Cache
+	}
+	return Evict
+}
+
 // Stats are the worker's counters, as a StatsRequest gets them.
 func (s *Server) Stats() *wire.WorkerStats {
 	st := &s.engine.Stats
@@ -279,6 +290,8 @@ func (s *Server) Stats() *wire.WorkerStats {
 		LoadTime: time.Duration(st.LoadNanos.Load()), ComputeTime: time.Duration(st.ComputeNanos.Load()), StallTime: time.Duration(st.StallNanos.Load()),
 		DeviceBudget: budget, DevicePeak: peak, DeviceInUse: inUse, RSSPeak: procmem.PeakRSS(),
 	}
+	n, b := s.engine.Cached()
+	ws.ResidentHits, ws.ResidentEvicted, ws.ResidentExperts, ws.ResidentBytes = st.Resident.Load(), st.Evicted.Load(), int64(n), b
 	if h := s.engine.Host; h != nil {
 		hits, misses, used := h.Stats()
 		ws.HostCacheHits, ws.HostCacheMisses, ws.HostCacheBytes = int64(hits), int64(misses), used

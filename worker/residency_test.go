@@ -1,0 +1,147 @@
+package worker
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+// residencyEngine is an engine with room for n experts of the tiny model
+// (and one token's compute buffers).
+func residencyEngine(t *testing.T, n int) (*Engine, *Arena, fixture) {
+	t.Helper()
+	f := tinyFixture(t)
+	eb, _ := f.store.ExpertBytes(0, 0)
+	budget := int64(n)*align(int64(eb)) + 64<<10
+	arena, err := NewArena(budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(f.store, f.model.Config.HiddenSize, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	t.Cleanup(e.Close)
+	return e, arena, f
+}
+
+// runExpert runs one token through (layer, expert) and checks local
+// mode's bits.
+func runExpert(t *testing.T, e *Engine, f fixture, seq uint64, layer, expert int, after After) Result {
+	t.Helper()
+	h := f.model.Config.HiddenSize
+	x := randomInput(1, h, uint64(7*layer+expert))
+	out := make([]float32, h)
+	res, err := e.Run(context.Background(), seq, layer, expert, x, 1, out, after)
+	if err != nil {
+		t.Fatalf("layer %d expert %d (%s): %v", layer, expert, after, err)
+	}
+	if !sameBits(out, localExpert(f.model, layer, expert, x, 1)) {
+		t.Fatalf("layer %d expert %d (%s): not local mode's bits", layer, expert, after)
+	}
+	return res
+}
+
+// TestCachedExpertServesLaterRequestsWithoutALoad: an expert a request
+// left resident is a hit for the next request of any sequence, loads
+// nothing and still gives local mode's bits; Evict (OD-MoE's cacheless
+// worker) leaves nothing behind.
+func TestCachedExpertServesLaterRequestsWithoutALoad(t *testing.T) {
+	e, _, f := residencyEngine(t, 4)
+	if res := runExpert(t, e, f, 1, 1, 3, Cache); !res.Miss || !res.Loaded || res.Resident {
+		t.Fatalf("first request: %+v, want a miss that loads", res)
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		res := runExpert(t, e, f, seq, 1, 3, Cache)
+		if res.Miss || res.Loaded || !res.Resident {
+			t.Fatalf("sequence %d: %+v, want a resident hit", seq, res)
+		}
+	}
+	if got := e.Stats.Loads.Load(); got != 1 {
+		t.Fatalf("%d loads for four requests of one cached expert, want 1", got)
+	}
+	if got := e.Stats.Resident.Load(); got != 3 {
+		t.Fatalf("%d resident hits, want 3", got)
+	}
+	if n, b := e.Cached(); n != 1 || b <= 0 {
+		t.Fatalf("cached %d experts, %d bytes; want 1 expert", n, b)
+	}
+	// ending the sequences and their layers keeps it: nobody asked to evict
+	e.Evict(1, 1)
+	e.EndSequence(2)
+	if res := runExpert(t, e, f, 4, 1, 3, Evict); !res.Resident {
+		t.Fatal("an expert left resident was lost when its sequences let go of the layer")
+	}
+
+	runExpert(t, e, f, 5, 2, 1, Evict)
+	if n := e.Resident(); n != 1 {
+		t.Fatalf("%d experts resident after an Evict request beside the cached one, want 1", n)
+	}
+}
+
+// TestResidencyEvictsTheColdestExpertForRoom: with room for two experts,
+// loading a third evicts the one used least (recently), never the budget
+// exceeded; the hot one is still a hit afterwards.
+func TestResidencyEvictsTheColdestExpertForRoom(t *testing.T) {
+	e, arena, f := residencyEngine(t, 2)
+	for range 3 {
+		runExpert(t, e, f, 1, 0, 5, Cache) // hot
+	}
+	runExpert(t, e, f, 1, 1, 2, Cache) // cold, and newer
+	runExpert(t, e, f, 1, 2, 7, Cache) // needs room
+	if got := e.Stats.Evicted.Load(); got != 1 {
+		t.Fatalf("%d evictions for one expert over the budget, want 1", got)
+	}
+	if res := runExpert(t, e, f, 1, 0, 5, Cache); !res.Resident {
+		t.Fatal("the hot expert was evicted, not the cold one")
+	}
+	if res := runExpert(t, e, f, 1, 1, 2, Cache); !res.Loaded {
+		t.Fatal("the cold expert was still resident: what was evicted?")
+	}
+	if arena.Peak() > arena.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	}
+}
+
+// TestPredictionsOutrankResidentExperts: an expert predicted for a layer
+// that has not run yet is never evicted to make room; a resident expert
+// nobody predicted is, however hot.
+func TestPredictionsOutrankResidentExperts(t *testing.T) {
+	e, _, f := residencyEngine(t, 2)
+	for range 5 {
+		runExpert(t, e, f, 1, 0, 4, Cache)
+	}
+	ctx := context.Background()
+	e.Prefetch(ctx, 2, 1, []int{6}) // predicted for sequence 2's layer 1
+	e.wg.Wait()
+	runExpert(t, e, f, 3, 2, 1, Cache) // a miss that needs room
+	loads := e.Stats.Loads.Load()
+	if res := runExpert(t, e, f, 2, 1, 6, Evict); res.Miss || e.Stats.Loads.Load() != loads {
+		t.Fatalf("the predicted expert was evicted for a miss: %+v", res)
+	}
+	if res := runExpert(t, e, f, 1, 0, 4, Cache); !res.Loaded {
+		t.Fatal("the resident expert was kept and the prediction dropped?")
+	}
+}
+
+// TestHeatDecaysWithHalfLife checks the residency policy's heat against
+// the formula: count * 2^(-age/heatHalfLife), one added per use.
+func TestHeatDecaysWithHalfLife(t *testing.T) {
+	var h heat
+	h.use(10)
+	h.use(10 + heatHalfLife)
+	want := 1*0.5 + 1
+	if got := h.value(10 + heatHalfLife); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("heat %v, want %v", got, want)
+	}
+	if got, want := h.value(10+3*heatHalfLife), want/4; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("heat two half-lives later %v, want %v", got, want)
+	}
+	var cold heat
+	cold.use(10 + 3*heatHalfLife)
+	if !colder(h, 1, cold, 2, 10+3*heatHalfLife) {
+		t.Fatal("0.375 uses is not colder than 1")
+	}
+	if colder(cold, 2, cold, 1, 0) || !colder(cold, 1, cold, 2, 0) {
+		t.Fatal("on a tie the older goes first")
+	}
+}
