@@ -38,7 +38,14 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	cfg := mainnode.Config{Model: f.model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.workers, ","), Group: f.group,
+	residency, err := parseResidency(f.residency)
+	if err != nil {
+		return err
+	}
+	if residency && policy == mainnode.Resident {
+		return usagef("-residency on with -prefetch resident: the resident swarm keeps every expert already")
+	}
+	cfg := mainnode.Config{Residency: residency, Model: f.model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.workers, ","), Group: f.group,
 		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if f.peerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.peerTimeout)
@@ -55,6 +62,17 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return usagef("-workers/-group: %d workers do not split into groups of %d", len(cfg.Workers), f.group)
 	}
 	return mainnode.Run(ctx, cfg, stdout)
+}
+
+// parseResidency reads -residency.
+func parseResidency(s string) (bool, error) {
+	switch s {
+	case "off":
+		return false, nil
+	case "on":
+		return true, nil
+	}
+	return false, usagef("-residency %q: off or on", s)
 }
 
 func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {

@@ -155,7 +155,7 @@ func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, p
 			off += c
 		}
 		r.pending = 0 // replaced
-		nr := request{Request: Request{Worker: s.planner.Substitute(w), Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Rows: rows, RowCounts: counts},
+		nr := request{Request: Request{Worker: s.planner.Substitute(w), Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Cache: r.Cache, Rows: rows, RowCounts: counts},
 			id: s.nextID.Add(1), pending: len(rest)}
 		if q.expected+nr.pending+1 > cap(q.replies) {
 			return fmt.Errorf("mainnode: layer %d: too many workers lost at once (last: %s): %w", q.in.Layer, s.workers[w].name, cause)
@@ -313,6 +313,7 @@ func (s *Swarm) attachShadow() {
 		return
 	}
 	sl.attach(p)
+	s.sendPlacement(p)
 	s.watchShadow(p)
 	s.mu.Lock()
 	s.stats.Faults.ShadowReattached++

@@ -52,6 +52,9 @@ type Request struct {
 	Tokens  []int
 	// Keep leaves the expert loaded for the request's next mini-batch.
 	Keep bool
+	// Cache leaves the experts resident on the worker once computed
+	// (-residency on): they run on their owners, which keep them.
+	Cache bool
 	// EndLayer marks the worker's last request of the layer: it evicts
 	// what it loaded for the layer on a wrong prediction.
 	EndLayer bool
@@ -146,6 +149,9 @@ type Planner struct {
 	policy    Policy
 	miniBatch int
 	down      []atomic.Bool // workers out of the layout (lost)
+	// placement, when set, is who owns each expert (-residency on): every
+	// expert runs on its owner, which keeps it resident
+	placement atomic.Pointer[sched.Placement]
 }
 
 // NewPlanner returns a planner; miniBatch is the prefill tokens per
@@ -162,6 +168,22 @@ func NewPlanner(layout sched.Layout, policy Policy, miniBatch int) (*Planner, er
 
 // Policy is the planner's prefetch policy.
 func (pl *Planner) Policy() Policy { return pl.policy }
+
+// SetPlacement makes every expert run on its owner in p and stay resident
+// there (-residency on), whatever the policy would place; hints go to the
+// owners too. nil goes back to the policy's placement, cacheless. Safe
+// while sequences plan: a layer planned meanwhile follows one or the
+// other, and either is a valid plan.
+func (pl *Planner) SetPlacement(p *sched.Placement) error {
+	if p != nil && p.Workers() != pl.layout.Workers {
+		return fmt.Errorf("mainnode: a placement over %d workers for a layout of %d", p.Workers(), pl.layout.Workers)
+	}
+	pl.placement.Store(p)
+	return nil
+}
+
+// Placement is the placement experts run on (nil: the policy's).
+func (pl *Planner) Placement() *sched.Placement { return pl.placement.Load() }
 
 // SetLive takes worker w out of the layout (live false) or puts it back:
 // what would run on a worker that is out runs on a live one instead. It
@@ -200,6 +222,11 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 	}
 	slices.Sort(p.Experts)
 	pl.policy.Place(p, in, pl.layout)
+	owners := pl.placement.Load()
+	if owners != nil {
+		p.Assign = owners.Owners(p.Assign[:0], in.Layer, p.Experts)
+		ownHints(p, owners)
+	}
 	pl.avoidDown(p, in.Layer)
 	if p.hintAssigned {
 		p.workers(func(w int, experts []int32) {
@@ -214,6 +241,34 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 	default:
 		pl.decodeRequests(p)
 	}
+	if owners != nil {
+		for i := range p.Requests {
+			p.Requests[i].Cache = true
+		}
+	}
+}
+
+// ownHints sends each expert the policy hinted to its owner: one hint per
+// (hint, owner), experts in the hint's order.
+func ownHints(p *Plan, owners *sched.Placement) {
+	n := len(p.Hints)
+	for i := range n {
+		h := p.Hints[i]
+		for j, e := range h.Experts {
+			w := owners.Owner(h.Layer, int(e))
+			if slices.ContainsFunc(h.Experts[:j], func(d int32) bool { return owners.Owner(h.Layer, int(d)) == w }) {
+				continue // done with this owner
+			}
+			start := len(p.ids)
+			for _, d := range h.Experts[j:] {
+				if owners.Owner(h.Layer, int(d)) == w {
+					p.ids = append(p.ids, d)
+				}
+			}
+			p.Hints = append(p.Hints, Hint{Worker: w, Step: h.Step, Layer: h.Layer, Experts: p.ids[start:len(p.ids):len(p.ids)]})
+		}
+	}
+	p.Hints = append(p.Hints[:0], p.Hints[n:]...)
 }
 
 // avoidDown moves what the policy gave to workers out of the layout onto

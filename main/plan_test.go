@@ -28,6 +28,9 @@ func render(p *Plan) string {
 		if r.Keep {
 			s += " keep"
 		}
+		if r.Cache {
+			s += " cache"
+		}
 		if r.EndLayer {
 			s += " end"
 		}
@@ -286,5 +289,78 @@ func TestBatchedPassSendsEachWorkerOneRequest(t *testing.T) {
 		if !slices.Equal(got[e], rows) {
 			t.Fatalf("expert %d runs on rows %v, want %v (plan %s)", e, got[e], rows, render(&p))
 		}
+	}
+}
+
+// TestResidencyRunsEveryExpertOnItsOwner: with a placement set, every
+// policy runs each expert on its owner (whatever it would have placed),
+// hints go to the owners, every request asks the worker to keep its
+// experts, and planning still allocates nothing.
+func TestResidencyRunsEveryExpertOnItsOwner(t *testing.T) {
+	owners, err := sched.NewPlacement(4, []int{0, 1, 2, 3}, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		policy Prefetch
+		in     Input
+		want   string
+	}{
+		// layer 1: e2 -> (2+1)%4 = w3, e5 -> w2; reactive would use group {w2,w3} by index
+		{Reactive, Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 1, Tokens: 1, Routes: routes([]int{2, 5})},
+			"e2@w3 e5@w2 | send w3 [2] rows [0] cache end | send w2 [5] rows [0] cache end"},
+		// the shadow predicted e2 and e6 (placed on w2, w3 without residency): owners win
+		{Shadow, Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 0, Tokens: 1, Routes: routes([]int{2, 6}), Predicted: []int{2, 6}},
+			"e2@w2 e6@w2 | send w2 [2 6] rows [0] cache end"},
+		// oracle-next hints what runs where
+		{OracleNext, Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 2, Tokens: 1, Routes: routes([]int{1, 7})},
+			"e1@w3 e7@w1 | hint w3 it5 L2 [1] | hint w1 it5 L2 [7] | send w3 [1] rows [0] cache end | send w1 [7] rows [0] cache end"},
+		// a prompt of two tokens: each expert on its owner, mini-batches keep, all cache
+		{Reactive, Input{Step: model.Step{Seq: 1, Iter: 1}, Layer: 3, Tokens: 2, Routes: routes([]int{0, 5}, []int{5, 6})},
+			"e0@w3 e5@w0 e6@w1 | hint w3 it1 L3 [0] | hint w0 it1 L3 [5] | hint w1 it1 L3 [6] | send w3 [0] rows [0] cache end | send w0 [5] rows [0 1] cache end | send w1 [6] rows [1] cache end"},
+	}
+	for _, tc := range cases {
+		pl := testPlanner(t, tc.policy)
+		if err := pl.SetPlacement(owners); err != nil {
+			t.Fatal(err)
+		}
+		var p Plan
+		pl.Plan(&p, &tc.in)
+		if got := render(&p); got != tc.want {
+			t.Errorf("%s layer %d:\n got %s\nwant %s", tc.policy, tc.in.Layer, got, tc.want)
+		}
+	}
+	// the random policy's hints for the next layer go to that layer's owners
+	pl := testPlanner(t, Random)
+	if err := pl.SetPlacement(owners); err != nil {
+		t.Fatal(err)
+	}
+	var p Plan
+	pl.Plan(&p, &Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 0, Tokens: 1, Routes: routes([]int{2, 5})})
+	if len(p.Hints) == 0 {
+		t.Fatal("random policy sent no hints")
+	}
+	for _, h := range p.Hints {
+		for _, e := range h.Experts {
+			if w := owners.Owner(h.Layer, int(e)); w != h.Worker {
+				t.Errorf("random hint of layer %d expert %d to w%d, its owner is w%d", h.Layer, e, h.Worker, w)
+			}
+		}
+	}
+	in := &Input{Step: model.Step{Seq: 1, Iter: 7}, Tokens: 1, Routes: routes([]int{2, 5})}
+	plan := func() {
+		pl.Plan(&p, in)
+		in.Layer = (in.Layer + 1) % 4
+	}
+	for range 8 {
+		plan()
+	}
+	if n := testing.AllocsPerRun(100, plan); n != 0 {
+		t.Errorf("%v allocations per decode layer with residency", n)
+	}
+	// a placement for another layout is refused
+	other, _ := sched.NewPlacement(3, []int{0, 1, 2, 3}, 8)
+	if err := pl.SetPlacement(other); err == nil {
+		t.Error("a placement over 3 workers was taken by a planner of 4")
 	}
 }

@@ -29,6 +29,7 @@ type Config struct {
 	Workers   []string // worker addresses, in layout order
 	Group     int      // workers per group; 0: the router's top-k
 	Prefetch  Prefetch
+	Residency bool   // experts stay resident on their owners (Options.Residency)
 	MiniBatch int    // prefill tokens per activation; 0: DefaultMiniBatch
 	Shadow    string // the shadow node's address (Prefetch Shadow)
 	Align     align.Policy
@@ -65,11 +66,11 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return err
 	}
 	log.Info().Str("model", cfg.Model).Str("holds", progress.Bytes(m.NonExpertBytes())).Int("workers", len(cfg.Workers)).
-		Int("groups", layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Dur("load", time.Since(t0)).
+		Int("groups", layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Bool("residency", cfg.Residency).Dur("load", time.Since(t0)).
 		Msg("main node: non-expert weights mapped")
 	opt := Options{
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
-		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed,
+		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed, Residency: cfg.Residency,
 	}
 	id, err := store.IdentityOf(cfg.Model, m)
 	if err != nil {

@@ -50,6 +50,11 @@ type Options struct {
 	Experts, TopK int
 	// Seed drives -prefetch random.
 	Seed uint64
+	// Residency keeps experts resident on the workers (-residency on):
+	// every expert runs on its owner (sched.Placement), which keeps it
+	// until it needs the memory for another. Off: OD-MoE's cacheless
+	// workers, each expert evicted once computed.
+	Residency bool
 	// Trace, if set, records this node's part of the swarm's timeline
 	// (StartTrace, CollectTrace).
 	Trace *trace.Recorder
@@ -119,6 +124,18 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opt.Residency {
+		if opt.Prefetch == Resident {
+			return nil, fmt.Errorf("mainnode: -residency on with -prefetch resident: the resident swarm keeps every expert already")
+		}
+		owners, err := sched.NewPlacement(opt.Layout.Workers, opt.Layers, opt.Experts)
+		if err != nil {
+			return nil, fmt.Errorf("mainnode: -residency on: %w", err)
+		}
+		if err := planner.SetPlacement(owners); err != nil {
+			return nil, err
+		}
+	}
 	s := &Swarm{opt: opt, planner: planner, seqs: map[uint64]*sequence{}, batches: map[uint64]bool{}}
 	for i, p := range peers {
 		if p.Identity().Role != wire.RoleWorker {
@@ -151,12 +168,28 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	}
 	switch {
 	case opt.Shadow != nil:
+		s.sendPlacement(opt.Shadow)
 		s.watchShadow(opt.Shadow)
 	case s.shadow != nil:
 		s.opt.Log.Warn().Msg("mainnode: the shadow is not reachable: loading reactively until it answers")
 		s.startRedialShadow()
 	}
 	return s, nil
+}
+
+// sendPlacement tells the shadow on p who owns each expert, when experts
+// stay resident, so that it hints them to their owners. A failed send
+// only costs misses (the shadow hints its default workers): logged.
+func (s *Swarm) sendPlacement(p *wire.Peer) {
+	owners := s.planner.Placement()
+	if owners == nil {
+		return
+	}
+	v, layers, own := owners.Encode()
+	m := &wire.Placement{Version: v, Workers: owners.Workers(), Experts: owners.Experts(), Layers: layers, Owners: own}
+	if err := p.Send(s.life, m); err != nil {
+		s.opt.Log.Warn().Str("shadow", p.Identity().Name).Err(err).Msg("mainnode: the placement did not reach the shadow: its hints go astray until it does")
+	}
 }
 
 // Stats returns a copy of the figures measured so far, over all sequences.
@@ -310,7 +343,7 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 		hidden = *buf
 	}
 	act.Seq, act.Iteration, act.Layer, act.Tokens, act.Experts = q.step.Seq, q.step.Iter, q.in.Layer, len(r.Tokens), r.Experts
-	act.ID, act.Keep, act.EndLayer = r.id, r.Keep, r.EndLayer
+	act.ID, act.Keep, act.Cache, act.EndLayer = r.id, r.Keep, r.Cache, r.EndLayer
 	act.Rows, act.RowCounts = r.Rows, r.RowCounts
 	act.Hidden.SetFloat32s(hidden, len(r.Tokens), h)
 	s.traceWorker(q, trace.Send, trace.MsgActivation, r.Worker, q.in.Layer, -1, r.id, time.Now())

@@ -152,9 +152,16 @@ func TestSwarmIsBitIdenticalToLocal(t *testing.T) {
 // sizes and logger are filled in.
 func dialSwarm(t *testing.T, f inproc.Files, workers int, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
 	t.Helper()
+	return dialSwarmWithBudget(t, f, workers, 64<<20, opt, sh)
+}
+
+// dialSwarmWithBudget is dialSwarm with workers of budget bytes of device
+// memory each.
+func dialSwarmWithBudget(t *testing.T, f inproc.Files, workers int, budget int64, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	addrs := startWorkers(t, ctx, f, workers, 64<<20, opt.Prefetch == mainnode.Resident)
+	addrs := startWorkers(t, ctx, f, workers, budget, opt.Prefetch == mainnode.Resident)
 	cfg, err := model.LoadConfig(f.Model)
 	if err != nil {
 		t.Fatal(err)

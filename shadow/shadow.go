@@ -50,8 +50,11 @@ type Node struct {
 	out     chan<- outgoing // to the sender
 	mainP   *wire.Peer
 	experts []int
-	buf     []int     // scratch for sched.PredictionHints
-	mark    time.Time // the end of the last traced piece of the forward pass
+	buf     []int // scratch for sched.PredictionHints
+	// owners, once the main node has sent one, is who owns each expert
+	// (-residency on): a predicted expert is hinted to its owner
+	owners *sched.Placement
+	mark   time.Time // the end of the last traced piece of the forward pass
 }
 
 // follow is the shadow's copy of one of the main node's sequences.
@@ -212,6 +215,8 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 			if err := wire.AnswerTrace(ctx, p, n.trace, m); err != nil {
 				return err
 			}
+		case *wire.Placement:
+			n.setPlacement(m)
 		case *wire.SequenceEnd:
 			delete(seqs, m.Seq)
 			delete(batches, m.Seq)
@@ -475,16 +480,62 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, l int, routes 
 		return outgoing{worker: worker, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts)}}
 	}
 	// each worker of the group loads its share, where the main node's
-	// planner will look for it (sched.PlacePredicted)
+	// planner will look for it (sched.PlacePredicted), or each owner its
+	// experts when they stay resident
 	var failed error
-	n.buf = n.layout.PredictionHints(l, n.experts, n.buf, func(w int, experts []int) {
+	hint := func(w int, experts []int) {
 		if failed == nil && n.workers[w].up.Load() {
 			failed = n.queue(ctx, prediction(w, experts))
 		}
-	})
+	}
+	if n.owners != nil {
+		n.buf = ownerHints(n.owners, l, n.experts, n.buf, hint)
+	} else {
+		n.buf = n.layout.PredictionHints(l, n.experts, n.buf, hint)
+	}
 	if failed == nil {
 		_ = n.queue(ctx, prediction(-1, n.experts))
 	}
+}
+
+// setPlacement takes the main node's placement of the experts, unless it
+// is older than the one the shadow has (they travel on streams of their
+// own) or does not fit the layout (logged, and ignored: hints then go to
+// the default workers and only cost misses).
+func (n *Node) setPlacement(m *wire.Placement) {
+	p, err := sched.DecodePlacement(m.Workers, m.Experts, m.Version, m.Layers, m.Owners)
+	if err == nil && (p.Workers() != n.layout.Workers || p.Experts() != n.m.Config.NumExperts || !slices.Equal(p.Layers(), n.m.Config.ExpertLayers())) {
+		err = fmt.Errorf("placement of %d experts of layers %v over %d workers, the shadow has %d experts of layers %v and %d workers",
+			p.Experts(), p.Layers(), p.Workers(), n.m.Config.NumExperts, n.m.Config.ExpertLayers(), n.layout.Workers)
+	}
+	if err != nil {
+		n.log.Warn().Err(err).Msg("shadow: the main node's placement is unusable: hinting the default workers")
+		return
+	}
+	if n.owners == nil || p.Version() > n.owners.Version() {
+		n.owners = p
+		n.log.Debug().Uint64("version", p.Version()).Msg("shadow: hinting experts to their owners")
+	}
+}
+
+// ownerHints calls f once per owner of some of experts (distinct, sorted)
+// of layer, with the experts it owns; buf is scratch for them (valid
+// until f returns), returned grown.
+func ownerHints(owners *sched.Placement, layer int, experts, buf []int, f func(worker int, experts []int)) []int {
+	for i, e := range experts {
+		w := owners.Owner(layer, e)
+		if slices.ContainsFunc(experts[:i], func(d int) bool { return owners.Owner(layer, d) == w }) {
+			continue
+		}
+		buf = buf[:0]
+		for _, d := range experts[i:] {
+			if owners.Owner(layer, d) == w {
+				buf = append(buf, d)
+			}
+		}
+		f(w, buf)
+	}
+	return buf
 }
 
 // int32s copies ids for a message, which the sender owns.

@@ -24,10 +24,16 @@ const (
 	ModeResident Mode = "resident" // every worker holds its experts for good: fully cached, no loading
 	ModeReactive Mode = "reactive" // load each expert when its activation arrives
 	ModeShadow   Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
+	// ModeResidency is shadow mode with -residency on: each expert runs on
+	// its owner, which keeps it resident while its budget allows.
+	ModeResidency Mode = "residency"
 	// ModeFault is shadow mode with a worker killed (SIGKILL) 40% into
 	// each run's decode and restarted after it: what a lost node costs.
 	ModeFault Mode = "fault"
 )
+
+// usesShadow reports whether mode runs a shadow node.
+func (m Mode) usesShadow() bool { return m == ModeShadow || m == ModeResidency || m == ModeFault }
 
 // AllModes lists the modes a benchmark runs by default, in report order
 // (fault mode runs when asked for).
@@ -41,7 +47,7 @@ func ParseModes(s string) ([]Mode, error) {
 		m := Mode(strings.TrimSpace(f))
 		switch m {
 		case ModeLocal, "":
-		case ModeResident, ModeReactive, ModeShadow, ModeFault:
+		case ModeResident, ModeReactive, ModeShadow, ModeResidency, ModeFault:
 			if m == ModeFault && !slices.Contains(out, ModeShadow) {
 				out = append(out, ModeShadow) // the fault run is timed, and compared, against it
 			}
@@ -49,7 +55,7 @@ func ParseModes(s string) ([]Mode, error) {
 				out = append(out, m)
 			}
 		default:
-			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, fault (local always runs)", m)
+			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, residency, fault (local always runs)", m)
 		}
 	}
 	return out, nil
@@ -106,6 +112,11 @@ type BenchOptions struct {
 	// NetDelay, when set, is passed to every node as -net-delay (the
 	// emulated rig's delay where the kernel has no netem).
 	NetDelay time.Duration
+	// ResidencyDeviceMem, when set, is every worker's -device-mem in
+	// residency mode (e.g. a quarter of the expert bytes over the
+	// workers), while the other modes keep the rig's: the resident
+	// reference needs room for every expert it owns.
+	ResidencyDeviceMem string
 	// Command is how the benchmark was started, for the report.
 	Command string
 	Log     zerolog.Logger
@@ -163,7 +174,7 @@ func Bench(opt BenchOptions) (*Report, error) {
 	}
 	var failed []string
 	for _, mode := range opt.Modes {
-		if (mode == ModeShadow || mode == ModeFault) && opt.Rig.Shadow == nil {
+		if mode.usesShadow() && opt.Rig.Shadow == nil {
 			return nil, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
 		}
 		if mode == ModeFault && len(opt.Rig.Workers) < 2 {
@@ -220,9 +231,9 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 			return servers, err
 		}
 	}
-	if mode == ModeShadow || mode == ModeFault {
+	if mode.usesShadow() {
 		if opt.Rig.Shadow == nil {
-			return servers, fmt.Errorf("testbed: mode shadow needs a shadow node in %s", opt.Rig.Path)
+			return servers, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
 		}
 		s := *opt.Rig.Shadow
 		args := append([]string{"run", "-role", "shadow", "-listen", s.Addr, "-model", opt.Via.Paths(s).Model,
@@ -257,7 +268,11 @@ func workerArgs(opt BenchOptions, mode Mode, i int) []string {
 	if mode == ModeResident {
 		args = append(args, "-resident", fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers)))
 	}
-	return append(args, w.Flags...)
+	args = append(args, w.Flags...)
+	if mode == ModeResidency && opt.ResidencyDeviceMem != "" {
+		args = append(args, "-device-mem", opt.ResidencyDeviceMem) // after the rig's: the last one counts
+	}
+	return args
 }
 
 // rigDialTimeout is how long the main node and the shadow wait for the
@@ -282,11 +297,14 @@ func MainArgs(opt BenchOptions, mode Mode) []string {
 	m := opt.Rig.Main
 	via := opt.mainVia()
 	prefetch := mode
-	if mode == ModeFault {
+	if mode.usesShadow() {
 		prefetch = ModeShadow
 	}
 	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(prefetch),
 		"-dial-timeout", rigDialTimeout}
+	if mode == ModeResidency {
+		args = append(args, "-residency", "on")
+	}
 	args = append(args, nodeArgs(opt, via, m)...)
 	if prefetch == ModeShadow {
 		args = append(args, "-shadow", opt.Rig.Shadow.Addr, "-align-token", "1", "-align-kv", "1")

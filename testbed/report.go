@@ -180,7 +180,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		fmt.Fprintf(w, "## %d prompt tokens, %d output tokens\n\n", runs[0].Prompt, runs[0].Output)
 		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
-		var resident, shadow float64
+		var resident, shadow, residency float64
 		var faulted *Run
 		for _, r := range runs {
 			f := r.figures()
@@ -209,12 +209,17 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 				resident = f.DecodeTokensPerS
 			case ModeShadow:
 				shadow = f.DecodeTokensPerS
+			case ModeResidency:
+				residency = f.DecodeTokensPerS
 			case ModeFault:
 				faulted = &r
 			}
 		}
 		if resident > 0 && shadow > 0 {
 			fmt.Fprintf(w, "\nShadow-driven decode reaches **%.1f%%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75%% on its rig).\n", 100*shadow/resident)
+		}
+		if resident > 0 && residency > 0 {
+			fmt.Fprintf(w, "\nShadow-driven decode with -residency on reaches **%.1f%%** of the resident swarm's tokens/s.\n", 100*residency/resident)
 		}
 		if faulted != nil {
 			writeFault(w, *faulted, shadow)

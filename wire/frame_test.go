@@ -135,6 +135,8 @@ func badFrames(t testing.TB) []struct {
 		{"array claims 2^32 items", rawFrame(TypePrediction, []byte{0x93, 1, 1, 0xdd, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
 		{"tensor bytes do not match shape", rawFrame(TypeActivation, badTensor), CodeBadTensor},
 		{"negative layer", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
+		{"placement owners for other shape", rawFrame(TypePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 2, Layers: []int32{0}, Owners: []int32{0}})), CodeMalformed},
+		{"placement names an unknown worker", rawFrame(TypePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
 	}
 }
 
@@ -222,6 +224,7 @@ func TestSendClassOfMessages(t *testing.T) {
 		{&WorkerStats{}, classControl},
 		{&ShadowDone{}, classControl},
 		{&Alignment{}, classBulk},
+		{&Placement{}, classBulk},
 		{&Heartbeat{}, classControl},
 		{&Error{}, classControl},
 	}

@@ -26,6 +26,7 @@ const (
 	TypeStatsRequest Type = 12
 	TypeWorkerStats  Type = 13
 	TypeShadowDone   Type = 14
+	TypePlacement    Type = 15
 )
 
 func (t Type) String() string {
@@ -37,8 +38,8 @@ func (t Type) String() string {
 
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment,
-// *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats or
-// *ShadowDone. Peer.Recv returns them; a type switch tells them
+// *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
+// *ShadowDone or *Placement. Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
 	Type() Type
@@ -72,6 +73,8 @@ func newMessage(t Type) Message {
 		return new(WorkerStats)
 	case TypeShadowDone:
 		return new(ShadowDone)
+	case TypePlacement:
+		return new(Placement)
 	}
 	return nil
 }
@@ -233,6 +236,20 @@ type WorkerStats struct {
 	ResidentBytes   int64 `json:"resident_bytes"`
 }
 
+// Placement tells the shadow which worker owns each expert when experts
+// stay resident (-residency on; sched.Placement): it hints a predicted
+// expert to its owner, where the main node will run it. The main node
+// sends it when the shadow connects and whenever it migrates experts;
+// Version orders them.
+type Placement struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Version  uint64
+	Workers  int
+	Experts  int     // per layer
+	Layers   []int32 // the layers that have experts, ascending
+	Owners   []int32 // len(Layers)*Experts, layer-major
+}
+
 // ShadowDone tells the main node that the shadow has finished iteration
 // Iteration of sequence Seq (every prediction of it sent), and what that
 // cost it.
@@ -298,6 +315,7 @@ func (*SequenceEnd) Type() Type  { return TypeSequenceEnd }
 func (*StatsRequest) Type() Type { return TypeStatsRequest }
 func (*WorkerStats) Type() Type  { return TypeWorkerStats }
 func (*ShadowDone) Type() Type   { return TypeShadowDone }
+func (*Placement) Type() Type    { return TypePlacement }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -396,7 +414,19 @@ func (m *StatsRequest) validate() error { return nil }
 func (m *WorkerStats) validate() error {
 	return nonNegative("worker counter", m.Loads, m.Hits, m.Misses, m.WastedLoads, m.Refused, m.LatePredictions,
 		int64(m.LoadTime), int64(m.ComputeTime), int64(m.StallTime), m.DeviceBudget, m.DevicePeak, m.DeviceInUse, m.RSSPeak,
-		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes)
+		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes, m.ResidentHits, m.ResidentEvicted, m.ResidentExperts, m.ResidentBytes)
+}
+
+func (m *Placement) validate() error {
+	if m.Workers < 1 || m.Experts < 1 || len(m.Owners) != len(m.Layers)*m.Experts {
+		return malformed("placement of %d experts x %d layers over %d workers with %d owners", m.Experts, len(m.Layers), m.Workers, len(m.Owners))
+	}
+	for _, w := range m.Owners {
+		if w < 0 || int(w) >= m.Workers {
+			return malformed("placement names worker %d of %d", w, m.Workers)
+		}
+	}
+	return nil
 }
 
 func (m *ShadowDone) validate() error {

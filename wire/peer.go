@@ -42,7 +42,7 @@ const streamCancelled quic.StreamErrorCode = 1
 // heartbeat, error, ...), bulk for large ones.
 func classOf(m Message) byte {
 	switch m := m.(type) {
-	case *Alignment:
+	case *Alignment, *Placement: // large, and ordered by their own numbers
 		return classBulk
 	case *Trace:
 		if len(m.Events) > 0 {
