@@ -76,15 +76,18 @@ type slot struct {
 	err     error
 	loadDur time.Duration
 	hinted  bool
-	pinned  bool      // resident for good (Pin): never evicted but by Close
-	cached  bool      // a request left it resident (After Cache): it stays when nobody holds it
-	heat    heat      // its uses, decayed: the coldest cached expert goes first
-	loaded  bool      // the load has ended (err says how); guarded by Engine.mu
-	users   int       // requests computing with it now
-	used    bool      // some request has used it
-	order   uint64    // order of creation, for eviction of the oldest
-	holders []uint64  // the sequences that hinted it or are running it, until they let go
-	held    [2]uint64 // holders' first backing array: most experts serve one or two sequences
+	// prefetched: a prediction started its load (Prefetch), which never
+	// waits for memory: a waiting request may wait for it instead
+	prefetched bool
+	pinned     bool      // resident for good (Pin): never evicted but by Close
+	cached     bool      // a request left it resident (After Cache): it stays when nobody holds it
+	heat       heat      // its uses, decayed: the coldest cached expert goes first
+	loaded     bool      // the load has ended (err says how); guarded by Engine.mu
+	users      int       // requests computing with it now
+	used       bool      // some request has used it
+	order      uint64    // order of creation, for eviction of the oldest
+	holders    []uint64  // the sequences that hinted it or are running it, until they let go
+	held       [2]uint64 // holders' first backing array: most experts serve one or two sequences
 }
 
 // hold adds seq to the slot's holders (once).
@@ -137,7 +140,7 @@ func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []
 
 func (e *Engine) newSlotLocked(k slotKey, hinted bool) *slot {
 	e.order++
-	s := &slot{done: make(chan struct{}), hinted: hinted, order: e.order}
+	s := &slot{done: make(chan struct{}), hinted: hinted, prefetched: hinted, order: e.order}
 	s.holders = s.held[:0]
 	e.slots[k] = s
 	return s
@@ -216,7 +219,7 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	if err != nil {
 		return err
 	}
-	b, err := e.alloc(int64(n), k.layer)
+	b, err := e.alloc(ctx, int64(n), k.layer, s)
 	if err != nil {
 		return fmt.Errorf("worker: loading layer %d expert %d: %w", k.layer, k.expert, err)
 	}
@@ -257,20 +260,64 @@ func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model
 	return ex, nil, err
 }
 
-// alloc takes n bytes of device memory; when the budget is full it first
-// evicts the coldest expert left resident that nobody holds, then loaded
-// experts nobody is using that belong to other layers (predictions that
-// turned out wrong, oldest first).
-func (e *Engine) alloc(n int64, layer int) (Block, error) {
+// alloc takes n bytes of device memory for s's load; when the budget is
+// full it makes room until they fit (roomFor).
+func (e *Engine) alloc(ctx context.Context, n int64, layer int, s *slot) (Block, error) {
 	for {
 		b, err := e.dev.Alloc(n)
 		if err == nil || !errors.Is(err, ErrOverBudget) {
 			return b, err
 		}
-		if !e.evictOneCached() && !e.evictOneStale(layer) {
+		if ok, werr := e.roomFor(ctx, layer, !s.prefetched); werr != nil {
+			return Block{}, werr
+		} else if !ok {
 			return Block{}, err
 		}
 	}
+}
+
+// roomFor frees one expert (makeRoom) or, for a waiting request (demand)
+// whose room predictions still loading hold, waits for one of them to
+// land (it can go then); it reports false when neither can help. A
+// prediction never waits: it is refused.
+func (e *Engine) roomFor(ctx context.Context, layer int, demand bool) (bool, error) {
+	if e.makeRoom(layer, demand) {
+		return true, nil
+	}
+	landing := e.prefetchInFlight()
+	if !demand || landing == nil {
+		return false, nil
+	}
+	select {
+	case <-landing:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// prefetchInFlight returns the done channel of a prediction's load still
+// under way, nil if there is none.
+func (e *Engine) prefetchInFlight() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.slots {
+		if s.prefetched && !s.loaded {
+			return s.done
+		}
+	}
+	return nil
+}
+
+// makeRoom frees one expert nobody computes with, in this order: the
+// coldest expert left resident that nobody holds; the oldest loaded expert
+// of a layer other than layer (predictions that turned out wrong); and,
+// for a request waiting now (demand), the newest prediction not used yet,
+// whatever its layer (predictions come in the order requests follow, so
+// the newest is needed last; if it is needed after all it loads again, a
+// miss). It reports whether it freed one.
+func (e *Engine) makeRoom(layer int, demand bool) bool {
+	return e.evictOneCached() || e.evictOneStale(layer) || demand && e.evictOneUnused()
 }
 
 // evictOneCached drops the coldest expert left resident (After Cache)
@@ -293,6 +340,28 @@ func (e *Engine) evictOneCached() bool {
 		return false
 	}
 	e.Stats.Evicted.Add(1)
+	e.dropLocked(vk, victim)
+	return true
+}
+
+// evictOneUnused drops the newest loaded expert that no request has used
+// yet (a prediction); it reports whether it found one.
+func (e *Engine) evictOneUnused() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var victim *slot
+	var vk slotKey
+	for k, s := range e.slots {
+		if s.used || s.users > 0 || !s.loaded || s.err != nil || s.pinned {
+			continue
+		}
+		if victim == nil || s.order > victim.order {
+			victim, vk = s, k
+		}
+	}
+	if victim == nil {
+		return false
+	}
 	e.dropLocked(vk, victim)
 	return true
 }
@@ -424,7 +493,7 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 	}
 	e.Stats.StallNanos.Add(int64(res.Stall))
 
-	err := e.compute(s.expert, x, n, out, &res)
+	err := e.compute(ctx, layer, s.expert, x, n, out, &res)
 
 	e.mu.Lock()
 	s.users--
@@ -439,11 +508,22 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 }
 
 // compute runs the expert on the device, its working memory taken from
-// the budget too: the budget covers the expert and the compute buffers.
-func (e *Engine) compute(ex model.Expert, x []float32, n int, out []float32, res *Result) error {
+// the budget too: the budget covers the expert and the compute buffers,
+// for which others make room (makeRoom).
+func (e *Engine) compute(ctx context.Context, layer int, ex model.Expert, x []float32, n int, out []float32, res *Result) error {
 	res.Started = time.Now()
-	if err := e.dev.Run(ex, x, n, out); err != nil {
+	for {
+		err := e.dev.Run(ex, x, n, out)
+		if err == nil {
+			break
+		}
 		if errors.Is(err, ErrOverBudget) {
+			// resident experts and predictions give way to the work at hand
+			if ok, werr := e.roomFor(ctx, layer, true); werr != nil {
+				return werr
+			} else if ok {
+				continue
+			}
 			e.Stats.Refused.Add(1)
 		}
 		return err

@@ -145,3 +145,72 @@ func TestHeatDecaysWithHalfLife(t *testing.T) {
 		t.Fatal("on a tie the older goes first")
 	}
 }
+
+// TestResidentExpertsGiveWayToComputeBuffers: a budget filled with
+// resident experts still computes: the coldest is evicted to make room
+// for the compute buffers.
+func TestResidentExpertsGiveWayToComputeBuffers(t *testing.T) {
+	f := tinyFixture(t)
+	eb, _ := f.store.ExpertBytes(0, 0)
+	budget := 2 * align(int64(eb)) // two experts, no room for buffers beside them
+	arena, err := NewArena(budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(f.store, f.model.Config.HiddenSize, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	t.Cleanup(e.Close)
+	runExpert(t, e, f, 1, 0, 1, Cache)
+	runExpert(t, e, f, 1, 0, 2, Cache) // its buffers need the first one's room
+	if got := e.Stats.Evicted.Load(); got != 1 {
+		t.Fatalf("%d resident experts evicted, want 1 (for the second expert's buffers)", got)
+	}
+	if arena.Peak() > budget {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), budget)
+	}
+}
+
+// TestAWaitingRequestEvictsAnUnusedPrediction: when predictions of the
+// request's own layer fill the budget, a request for an expert nobody
+// predicted still runs: the newest prediction not used yet gives way
+// (wasted, counted), and the older one stays for its request.
+func TestAWaitingRequestEvictsAnUnusedPrediction(t *testing.T) {
+	e, arena, f := residencyEngine(t, 2)
+	ctx := context.Background()
+	e.Prefetch(ctx, 1, 1, []int{2})
+	e.Prefetch(ctx, 1, 1, []int{4})
+	e.wg.Wait()
+	if res := runExpert(t, e, f, 1, 1, 6, Evict); !res.Miss {
+		t.Fatalf("expert 6 was not predicted, yet %+v", res)
+	}
+	if got := e.Stats.Wasted.Load(); got != 1 {
+		t.Fatalf("%d predictions wasted, want 1", got)
+	}
+	loads := e.Stats.Loads.Load()
+	if res := runExpert(t, e, f, 1, 1, 2, Evict); res.Miss || e.Stats.Loads.Load() != loads {
+		t.Fatalf("the older prediction was evicted instead of the newer: %+v", res)
+	}
+	if arena.Peak() > arena.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	}
+}
+
+// TestAWaitingRequestWaitsForPredictionsStillLoading: when predictions
+// still loading hold the whole budget, a request for another expert waits
+// for one to land and evicts it, rather than failing.
+func TestAWaitingRequestWaitsForPredictionsStillLoading(t *testing.T) {
+	f := tinyFixture(t)
+	eb, _ := f.store.ExpertBytes(0, 0)
+	arena, err := NewArena(2*align(int64(eb)) + 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(f.store, f.model.Config.HiddenSize, NewCPU(arena, NewLink(float64(eb)*20)), zerolog.Nop()) // 50 ms a load
+	t.Cleanup(e.Close)
+	e.Prefetch(context.Background(), 1, 1, []int{2, 4})
+	if res := runExpert(t, e, f, 1, 1, 6, Evict); !res.Miss {
+		t.Fatalf("expert 6 was not predicted, yet %+v", res)
+	}
+	if arena.Peak() > arena.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	}
+}
