@@ -11,3 +11,7 @@ func (s *Swarm) ShadowReady() bool {
 	defer s.shadow.mu.Unlock()
 	return s.shadow.next != nil
 }
+
+// RebalanceEvery makes residency look at the placement every n decode
+// passes (tests run few).
+func (s *Swarm) RebalanceEvery(n int) { s.placer.every = int64(n) }

@@ -46,6 +46,21 @@ type RunStats struct {
 	LateDepartureMs []float64 `json:"late_departure_ms,omitempty"`
 	// Faults are what lost nodes cost: absent in local mode.
 	Faults *FaultsJSON `json:"faults,omitempty"`
+	// Residency is what -residency on did: absent with it off.
+	Residency *ResidencyJSON `json:"residency,omitempty"`
+}
+
+// ResidencyJSON is what residency did over a run: the main node's
+// placement decisions and, summed over the workers, what their resident
+// experts served.
+type ResidencyJSON struct {
+	Rebalances       int64  `json:"rebalances"`
+	Migrations       int64  `json:"migrations"`
+	PlacementVersion uint64 `json:"placement_version"`
+	ResidentHits     int64  `json:"resident_hits"`    // requests served with no load
+	ResidentEvicted  int64  `json:"resident_evicted"` // resident experts evicted for room
+	ResidentExperts  int64  `json:"resident_experts"` // resident at the end
+	ResidentBytes    int64  `json:"resident_bytes"`
 }
 
 // FaultsJSON are FaultStats for scripts.
@@ -113,6 +128,9 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	for i := range rs.Iterations {
 		rs.Iterations[i].Layer = i + 1
 	}
+	if r := sw.Residency; r != nil {
+		rs.Residency = &ResidencyJSON{Rebalances: r.Rebalances, Migrations: r.Migrations, PlacementVersion: r.Version}
+	}
 	return rs
 }
 
@@ -120,6 +138,11 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
 	rs.Workers = ws
 	for _, w := range ws {
+		if w != nil && rs.Residency != nil {
+			r := rs.Residency
+			r.ResidentHits, r.ResidentEvicted = r.ResidentHits+w.ResidentHits, r.ResidentEvicted+w.ResidentEvicted
+			r.ResidentExperts, r.ResidentBytes = r.ResidentExperts+w.ResidentExperts, r.ResidentBytes+w.ResidentBytes
+		}
 		if w != nil {
 			rs.PeakMemory["worker_device"] = max(rs.PeakMemory["worker_device"], w.DevicePeak)
 			rs.PeakMemory["worker_rss"] = max(rs.PeakMemory["worker_rss"], w.RSSPeak)
@@ -179,6 +202,10 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		}
 		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
 			100**rs.Recall, len(rs.RecallByToken), late, rs.MissesLate, rs.MissesWrong)
+	}
+	if r := rs.Residency; r != nil {
+		fmt.Fprintf(w, "residency: %d requests served by resident experts (no load), %d resident experts evicted for room, %d resident at the end (%s); placement: %d rebalances, %d experts migrated\n",
+			r.ResidentHits, r.ResidentEvicted, r.ResidentExperts, progress.Bytes(r.ResidentBytes), r.Rebalances, r.Migrations)
 	}
 	if f := sw.Faults; f != (FaultStats{}) {
 		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it\n",

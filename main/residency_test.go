@@ -3,6 +3,7 @@ package mainnode_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
@@ -31,6 +32,12 @@ func TestResidencyIsBitIdenticalToLocalAndLoadsLess(t *testing.T) {
 	eb, _ := st.ExpertBytes(st.Layers()[0], 0)
 	st.Close()
 	budgets := map[string]int64{"roomy": 64 << 20, "tight": 5*int64(eb) + 64<<10}
+	var migrations atomic.Int64 // over every run: some runs must have moved experts while decoding
+	t.Cleanup(func() {
+		if !t.Failed() && migrations.Load() == 0 {
+			t.Error("no run migrated an expert: placement changes were never exercised")
+		}
+	})
 
 	for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext, mainnode.Random, mainnode.Shadow} {
 		for _, name := range []string{"roomy", "tight"} {
@@ -43,6 +50,9 @@ func TestResidencyIsBitIdenticalToLocalAndLoadsLess(t *testing.T) {
 						sh = &shadowSpec{quant: kernels.F16}
 					}
 					sw := dialSwarmWithBudget(t, f, 4, budgets[name], opt, sh)
+					if residency {
+						sw.RebalanceEvery(2) // placements change while it decodes
+					}
 					got := generate(t, mainModel, sw, prompt, steps)
 					if d := diffGenerations(got, want); d != "" {
 						t.Fatalf("residency %v: swarm differs from local: %s", residency, d)
@@ -58,8 +68,15 @@ func TestResidencyIsBitIdenticalToLocalAndLoadsLess(t *testing.T) {
 					if residency != (hits > 0) {
 						t.Errorf("residency %v: %d requests served by resident experts", residency, hits)
 					}
-					dec := mainnode.Total(sw.Stats().Decode)
-					t.Logf("residency %v: %d worker loads, %d resident hits; decode %d results, %d loaded, %d misses", residency, loads[residency], hits, dec.Results, dec.Loads, dec.Misses)
+					st := sw.Stats()
+					if residency && (st.Residency == nil || st.Residency.Rebalances == 0) {
+						t.Fatalf("residency figures %+v: the placement was never looked at", st.Residency)
+					}
+					if residency {
+						migrations.Add(st.Residency.Migrations)
+					}
+					dec := mainnode.Total(st.Decode)
+					t.Logf("residency %v: %d worker loads, %d resident hits; decode %d results, %d loaded, %d misses; %+v", residency, loads[residency], hits, dec.Results, dec.Loads, dec.Misses, st.Residency)
 				}
 				if loads[true] >= loads[false] {
 					t.Errorf("%d loads with residency, %d without: residency saved nothing", loads[true], loads[false])

@@ -70,7 +70,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Msg("main node: non-expert weights mapped")
 	opt := Options{
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
-		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed, Residency: cfg.Residency,
+		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed, Residency: cfg.Residency, Intermediate: m.Config.IntermediateSize,
 	}
 	id, err := store.IdentityOf(cfg.Model, m)
 	if err != nil {

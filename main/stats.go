@@ -31,7 +31,9 @@ type Stats struct {
 	Decode, Prefill []LayerStats
 	Iterations      []LayerStats // index i: iteration i+1 (the prompt is iteration 1), up to maxIterationStats
 	Faults          FaultStats
-	beyond          LayerStats // where iterations past maxIterationStats go, unkept
+	// Residency is what -residency on decided; nil with it off.
+	Residency *ResidencyStats
+	beyond    LayerStats // where iterations past maxIterationStats go, unkept
 }
 
 // layerSample is one RunExperts call's figures.

@@ -55,6 +55,9 @@ type Options struct {
 	// until it needs the memory for another. Off: OD-MoE's cacheless
 	// workers, each expert evicted once computed.
 	Residency bool
+	// Intermediate is an expert's width (the model's), which with Hidden
+	// sizes the experts residency places.
+	Intermediate int
 	// Trace, if set, records this node's part of the swarm's timeline
 	// (StartTrace, CollectTrace).
 	Trace *trace.Recorder
@@ -73,6 +76,7 @@ type Swarm struct {
 	planner *Planner
 	workers []*link
 	shadow  *shadowLink
+	placer  *placer // -residency on: activation statistics and migrations
 	nextID  atomic.Uint64
 	traced  [2]int64     // the iterations StartTrace asked for
 	rejoins atomic.Int64 // lost workers with a new connection waiting to rejoin
@@ -128,6 +132,9 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		if opt.Prefetch == Resident {
 			return nil, fmt.Errorf("mainnode: -residency on with -prefetch resident: the resident swarm keeps every expert already")
 		}
+		if opt.Hidden <= 0 || opt.Intermediate <= 0 {
+			return nil, fmt.Errorf("mainnode: -residency on needs the experts' shape, got hidden %d, intermediate %d", opt.Hidden, opt.Intermediate)
+		}
 		owners, err := sched.NewPlacement(opt.Layout.Workers, opt.Layers, opt.Experts)
 		if err != nil {
 			return nil, fmt.Errorf("mainnode: -residency on: %w", err)
@@ -136,7 +143,18 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 			return nil, err
 		}
 	}
-	s := &Swarm{opt: opt, planner: planner, seqs: map[uint64]*sequence{}, batches: map[uint64]bool{}}
+	var pc *placer
+	if opt.Residency {
+		hellos := make([]wire.Hello, len(peers))
+		for i, p := range peers {
+			hellos[i] = p.Hello()
+		}
+		expertBytes := int64(3 * opt.Hidden * opt.Intermediate * 2) // gate, up, down in BF16
+		if pc, err = newPlacer(opt.Layers, opt.Experts, expertBytes, hellos, opt.Log); err != nil {
+			return nil, fmt.Errorf("mainnode: -residency on: %w", err)
+		}
+	}
+	s := &Swarm{opt: opt, planner: planner, placer: pc, seqs: map[uint64]*sequence{}, batches: map[uint64]bool{}}
 	for i, p := range peers {
 		if p.Identity().Role != wire.RoleWorker {
 			return nil, fmt.Errorf("mainnode: peer %d (%s) is a %s, not a worker", i, p.Identity().Name, p.Identity().Role)
@@ -192,11 +210,39 @@ func (s *Swarm) sendPlacement(p *wire.Peer) {
 	}
 }
 
+// rebalance asks the placer whether experts should move to other owners
+// and, if so, runs on the new placement from now on, logs every move and
+// tells the shadow.
+func (s *Swarm) rebalance() {
+	next, moves := s.placer.pass(s.planner.Placement())
+	if next == nil {
+		return
+	}
+	if err := s.planner.SetPlacement(next); err != nil {
+		s.opt.Log.Error().Err(err).Msg("mainnode: placement not taken")
+		return
+	}
+	for _, m := range moves {
+		s.opt.Log.Info().Int("layer", m.Layer).Int("expert", m.Expert).Str("from", s.workers[m.From].name).Str("to", s.workers[m.To].name).
+			Float64("saves_ms_per_pass", m.Gain*1e3).Uint64("placement", next.Version()).Msg("mainnode: expert migrated")
+	}
+	if s.shadow != nil {
+		if p := s.shadow.conn(); p != nil {
+			s.receivers.Go(func() { s.sendPlacement(p) }) // off the decode path; versions order them
+		}
+	}
+}
+
 // Stats returns a copy of the figures measured so far, over all sequences.
 func (s *Swarm) Stats() *Stats {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stats.clone()
+	st := s.stats.clone()
+	s.mu.Unlock()
+	if s.placer != nil {
+		r := s.placer.snapshot()
+		st.Residency = &r
+	}
+	return st
 }
 
 // sequence returns the state of sequence seq, made on its first layer.
@@ -248,12 +294,18 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if s.planner.Live() == 0 {
 		return fmt.Errorf("mainnode: layer %d: every worker is lost (%d in the layout)", layer, len(s.workers))
 	}
+	if s.placer != nil && !prefill && layer == s.placer.first {
+		s.rebalance() // a decode pass's boundary
+	}
 	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes, Batched: q.batch}
 	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
 	if predicted {
 		q.in.Predicted = s.shadow.prediction(step, layer)
 	}
 	s.planner.Plan(&q.plan, &q.in)
+	if s.placer != nil && !prefill {
+		s.placer.observe(layer, routes)
+	}
 	if predicted {
 		s.shadow.routed(step, layer, q.in.Predicted, q.plan.Experts)
 	}
@@ -396,6 +448,9 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 			}
 		}
 		ls.add(res)
+		if s.placer != nil {
+			s.placer.measured(r.Worker, res, len(q.toks))
+		}
 		if res.Miss && predicted {
 			if q.in.Predicted != nil && !slices.Contains(q.in.Predicted, res.Expert) {
 				ls.missesWrong++

@@ -172,7 +172,7 @@ func dialSwarmWithBudget(t *testing.T, f inproc.Files, workers int, budget int64
 	}
 	opt.Layout, _ = sched.NewLayout(workers, 2)
 	opt.MiniBatch, opt.Hidden, opt.Log = 4, cfg.HiddenSize, zerolog.Nop()
-	opt.Layers, opt.Experts, opt.TopK, opt.Seed = cfg.ExpertLayers(), cfg.NumExperts, cfg.TopK, 1
+	opt.Layers, opt.Experts, opt.TopK, opt.Seed, opt.Intermediate = cfg.ExpertLayers(), cfg.NumExperts, cfg.TopK, 1, cfg.IntermediateSize
 	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
 	if sh != nil {
 		saddr := startShadow(t, ctx, f, sh.quant, addrs, opt.Layout)

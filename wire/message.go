@@ -99,6 +99,9 @@ type Hello struct {
 	// layout is not its own.
 	Layout []string
 	Group  int
+	// LoadBytesSec is a worker's expert load bandwidth (its -load-bw),
+	// 0 if unpaced: the main node's placement weighs workers by it.
+	LoadBytesSec float64
 }
 
 // Prediction tells a worker group which experts the shadow node expects

@@ -81,7 +81,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	wcfg := *cfg.Wire
 	wcfg.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
-	wcfg.Hello.DeviceMemBytes = cfg.DeviceMemBytes
+	wcfg.Hello.DeviceMemBytes, wcfg.Hello.LoadBytesSec = cfg.DeviceMemBytes, cfg.LoadBytesSec
 	// a main node or shadow of another model is refused here too (they
 	// refuse this worker from their side as well)
 	wcfg.Hello.Model = st.Identity().String()
