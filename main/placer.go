@@ -1,6 +1,7 @@
 package mainnode
 
 import (
+	"math"
 	"sync"
 
 	"github.com/odmoe/odmoe/model"
@@ -37,6 +38,10 @@ const (
 	// has loaded something (and said nothing in its Hello): a store read
 	// and decompression on one core (FIELD-NOTES: ~1.9 GB/s).
 	defaultLoadBytesSec = 1.9e9
+	// defaultComputeBytesSec stands for how fast a worker streams an
+	// expert's weights through one row until it has computed something
+	// (FIELD-NOTES: BF16 matvec on one core, ~10 GB/s).
+	defaultComputeBytesSec = 10e9
 )
 
 // ResidencyStats are what residency decided: absent with -residency off.
@@ -76,6 +81,35 @@ func newPlacer(layers []int, experts int, expertBytes int64, hellos []wire.Hello
 		pc.caps[w] = sched.Capacity{CacheBytes: cacheBytes(h.DeviceMemBytes, expertBytes), LoadBytesSec: h.LoadBytesSec}
 	}
 	return pc, nil
+}
+
+// initial is the placement to start from: cur moved, expert by expert,
+// until each worker's share of the experts follows what it can hold,
+// load and compute (Prism's capability-proportional placement), with
+// every expert assumed equally popular, and nothing loaded yet, so every
+// move is free. Equal workers keep cur as it is.
+func (pc *placer) initial(cur *sched.Placement, topK int) (*sched.Placement, error) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	h, err := sched.NewHeat(cur.Layers(), cur.Experts(), math.Inf(1))
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range cur.Layers() {
+		for e := range cur.Experts() {
+			h.Observe(l, e, float64(topK)/float64(cur.Experts()))
+		}
+	}
+	h.Tick()
+	opt, caps := pc.options()
+	opt.HorizonIters, opt.MaxMoves = math.Inf(1), 0
+	moves := sched.Rebalance(cur, h, caps, func(int, int) int64 { return pc.expertBytes }, opt)
+	next := cur.Clone()
+	if err := next.Apply(moves); err != nil {
+		return nil, err
+	}
+	pc.stats.Version = next.Version()
+	return next, nil
 }
 
 // cacheBytes is what a worker of budget bytes can keep resident: its
@@ -150,7 +184,9 @@ func (pc *placer) options() (sched.RebalanceOptions, []sched.Capacity) {
 			sum, n = sum+s, n+1
 		}
 	}
-	mean := 1e-4 // until measured: 0.1 ms a row, about a 9 MB expert on one core
+	// until measured: a row reads the expert's weights once, at about
+	// one core's memory bandwidth
+	mean := float64(pc.expertBytes) / defaultComputeBytesSec
 	if n > 0 {
 		mean = sum / float64(n)
 	}

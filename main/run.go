@@ -29,10 +29,12 @@ type Config struct {
 	Workers   []string // worker addresses, in layout order
 	Group     int      // workers per group; 0: the router's top-k
 	Prefetch  Prefetch
-	Residency bool   // experts stay resident on their owners (Options.Residency)
-	MiniBatch int    // prefill tokens per activation; 0: DefaultMiniBatch
-	Shadow    string // the shadow node's address (Prefetch Shadow)
-	Align     align.Policy
+	Residency bool // experts stay resident on their owners (Options.Residency)
+	// UniformPlacement keeps residency's owners fixed (Options.UniformPlacement)
+	UniformPlacement bool
+	MiniBatch        int    // prefill tokens per activation; 0: DefaultMiniBatch
+	Shadow           string // the shadow node's address (Prefetch Shadow)
+	Align            align.Policy
 	// TraceFile, if set, receives the swarm's timeline of iterations
 	// TraceFrom..TraceTo.
 	TraceFile          string
@@ -70,7 +72,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Msg("main node: non-expert weights mapped")
 	opt := Options{
 		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
-		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed, Residency: cfg.Residency, Intermediate: m.Config.IntermediateSize,
+		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Intermediate: m.Config.IntermediateSize,
 	}
 	id, err := store.IdentityOf(cfg.Model, m)
 	if err != nil {

@@ -58,6 +58,11 @@ type Options struct {
 	// Intermediate is an expert's width (the model's), which with Hidden
 	// sizes the experts residency places.
 	Intermediate int
+	// UniformPlacement keeps residency's owners at (expert + layer) mod
+	// workers for good (-placement uniform); otherwise the main node
+	// places by the workers' capabilities at start and by activation
+	// after (-placement activation).
+	UniformPlacement bool
 	// Trace, if set, records this node's part of the swarm's timeline
 	// (StartTrace, CollectTrace).
 	Trace *trace.Recorder
@@ -144,7 +149,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		}
 	}
 	var pc *placer
-	if opt.Residency {
+	if opt.Residency && !opt.UniformPlacement {
 		hellos := make([]wire.Hello, len(peers))
 		for i, p := range peers {
 			hellos[i] = p.Hello()
@@ -152,6 +157,24 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		expertBytes := int64(3 * opt.Hidden * opt.Intermediate * 2) // gate, up, down in BF16
 		if pc, err = newPlacer(opt.Layers, opt.Experts, expertBytes, hellos, opt.Log); err != nil {
 			return nil, fmt.Errorf("mainnode: -residency on: %w", err)
+		}
+		start, err := pc.initial(planner.Placement(), opt.TopK)
+		if err != nil {
+			return nil, fmt.Errorf("mainnode: -residency on: %w", err)
+		}
+		if err := planner.SetPlacement(start); err != nil {
+			return nil, err
+		}
+		if start.Version() > 0 {
+			var per []int
+			for w := range opt.Layout.Workers {
+				n := 0
+				for _, l := range opt.Layers {
+					n += len(start.Owned(w, l))
+				}
+				per = append(per, n)
+			}
+			opt.Log.Info().Ints("experts_per_worker", per).Msg("mainnode: experts placed by the workers' capabilities")
 		}
 	}
 	s := &Swarm{opt: opt, planner: planner, placer: pc, seqs: map[uint64]*sequence{}, batches: map[uint64]bool{}}

@@ -81,6 +81,7 @@ type slot struct {
 	prefetched bool
 	pinned     bool      // resident for good (Pin): never evicted but by Close
 	cached     bool      // a request left it resident (After Cache): it stays when nobody holds it
+	kept       bool      // its last request held it for more mini-batches (After Hold)
 	heat       heat      // its uses, decayed: the coldest cached expert goes first
 	loaded     bool      // the load has ended (err says how); guarded by Engine.mu
 	users      int       // requests computing with it now
@@ -315,9 +316,38 @@ func (e *Engine) prefetchInFlight() <-chan struct{} {
 // for a request waiting now (demand), the newest prediction not used yet,
 // whatever its layer (predictions come in the order requests follow, so
 // the newest is needed last; if it is needed after all it loads again, a
-// miss). It reports whether it freed one.
+// miss), then the coldest resident expert a prediction holds. Only an
+// expert computing, or kept for a prompt's next mini-batch, stays. It
+// reports whether it freed one.
 func (e *Engine) makeRoom(layer int, demand bool) bool {
-	return e.evictOneCached() || e.evictOneStale(layer) || demand && e.evictOneUnused()
+	return e.evictOneCached() || e.evictOneStale(layer) || demand && (e.evictOneUnused() || e.evictOneHinted())
+}
+
+// evictOneHinted drops the coldest loaded expert nobody computes with or
+// keeps for more mini-batches, though a prediction holds it: an expert
+// left resident that was predicted again (its request will load it again,
+// a miss). It reports whether it found one.
+func (e *Engine) evictOneHinted() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var victim *slot
+	var vk slotKey
+	for k, s := range e.slots {
+		if s.kept || s.users > 0 || !s.loaded || s.err != nil || s.pinned {
+			continue
+		}
+		if victim == nil || colder(s.heat, s.order, victim.heat, victim.order, e.clock) {
+			victim, vk = s, k
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	if victim.cached {
+		e.Stats.Evicted.Add(1)
+	}
+	e.dropLocked(vk, victim)
+	return true
 }
 
 // evictOneCached drops the coldest expert left resident (After Cache)
@@ -497,6 +527,7 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 
 	e.mu.Lock()
 	s.users--
+	s.kept = after == Hold
 	if after == Cache {
 		s.cached = true
 	}
@@ -558,6 +589,7 @@ func (e *Engine) EndSequence(seq uint64) {
 }
 
 func (e *Engine) releaseLocked(seq uint64, k slotKey, s *slot) {
+	s.kept = false
 	if !s.release(seq) || s.cached {
 		return
 	}

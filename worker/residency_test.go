@@ -214,3 +214,33 @@ func TestAWaitingRequestWaitsForPredictionsStillLoading(t *testing.T) {
 		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
 	}
 }
+
+// TestAWaitingRequestEvictsAPredictedResidentExpert: when the budget is
+// full of resident experts that predictions hold again, a request for an
+// expert nobody predicted evicts the coldest of them rather than failing;
+// an expert kept for a prompt's next mini-batch is never taken.
+func TestAWaitingRequestEvictsAPredictedResidentExpert(t *testing.T) {
+	e, arena, f := residencyEngine(t, 2)
+	runExpert(t, e, f, 1, 0, 1, Cache)
+	runExpert(t, e, f, 1, 0, 1, Cache) // hotter
+	runExpert(t, e, f, 1, 0, 2, Cache)
+	e.Prefetch(context.Background(), 2, 0, []int{1, 2}) // both predicted again: held
+	e.wg.Wait()
+	if res := runExpert(t, e, f, 3, 0, 3, Evict); !res.Miss {
+		t.Fatalf("expert 3 was not predicted, yet %+v", res)
+	}
+	if res := runExpert(t, e, f, 2, 0, 1, Evict); !res.Resident {
+		t.Fatal("the hotter predicted expert was evicted, not the colder")
+	}
+	// a prompt's expert kept for its next mini-batch stays
+	e2, _, _ := residencyEngine(t, 1)
+	runExpert(t, e2, f, 1, 1, 4, Hold)
+	h := f.model.Config.HiddenSize
+	out := make([]float32, h)
+	if _, err := e2.Run(context.Background(), 2, 1, 5, randomInput(1, h, 1), 1, out, Evict); err == nil {
+		t.Fatal("an expert kept for a prompt's next mini-batch was evicted for another request")
+	}
+	if arena.Peak() > arena.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	}
+}
