@@ -43,7 +43,7 @@ type runFlags struct {
 	// worker
 	listen, store, deviceMem, loadBW string
 	resident, hostCache              string
-	residency                        string
+	residency, placement             string
 	hostPreload                      bool
 	// all
 	threads    int
@@ -74,6 +74,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.IntVar(&f.group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
 	fs.StringVar(&f.residency, "residency", "off", "main: off (OD-MoE's cacheless workers: every expert evicted once computed) or on (every expert runs on the worker that owns it, which keeps it resident while its -device-mem allows, evicting the coldest; the shadow hints owners)")
+	fs.StringVar(&f.placement, "placement", "activation", "main, with -residency on: activation (experts spread over the workers by what each can hold, load and compute, then moved as their popularity shows: Prism) or uniform (expert e of layer l on worker (e + l) mod W, for good)")
 	fs.IntVar(&f.miniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
 	fs.StringVar(&f.shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
 	fs.IntVar(&f.alignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")

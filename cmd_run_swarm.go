@@ -45,7 +45,10 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if residency && policy == mainnode.Resident {
 		return usagef("-residency on with -prefetch resident: the resident swarm keeps every expert already")
 	}
-	cfg := mainnode.Config{Residency: residency, Model: f.model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.workers, ","), Group: f.group,
+	if f.placement != "activation" && f.placement != "uniform" {
+		return usagef("-placement %q: activation or uniform", f.placement)
+	}
+	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.placement == "uniform", Model: f.model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.workers, ","), Group: f.group,
 		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if f.peerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.peerTimeout)

@@ -27,13 +27,21 @@ const (
 	// ModeResidency is shadow mode with -residency on: each expert runs on
 	// its owner, which keeps it resident while its budget allows.
 	ModeResidency Mode = "residency"
+	// ModeResidencyUniform is residency with -placement uniform: owners
+	// fixed at (expert + layer) mod workers, whatever the workers are.
+	ModeResidencyUniform Mode = "residency-uniform"
 	// ModeFault is shadow mode with a worker killed (SIGKILL) 40% into
 	// each run's decode and restarted after it: what a lost node costs.
 	ModeFault Mode = "fault"
 )
 
 // usesShadow reports whether mode runs a shadow node.
-func (m Mode) usesShadow() bool { return m == ModeShadow || m == ModeResidency || m == ModeFault }
+func (m Mode) usesShadow() bool {
+	return m == ModeShadow || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault
+}
+
+// residency reports whether mode runs -residency on.
+func (m Mode) residency() bool { return m == ModeResidency || m == ModeResidencyUniform }
 
 // AllModes lists the modes a benchmark runs by default, in report order
 // (fault mode runs when asked for).
@@ -47,7 +55,7 @@ func ParseModes(s string) ([]Mode, error) {
 		m := Mode(strings.TrimSpace(f))
 		switch m {
 		case ModeLocal, "":
-		case ModeResident, ModeReactive, ModeShadow, ModeResidency, ModeFault:
+		case ModeResident, ModeReactive, ModeShadow, ModeResidency, ModeResidencyUniform, ModeFault:
 			if m == ModeFault && !slices.Contains(out, ModeShadow) {
 				out = append(out, ModeShadow) // the fault run is timed, and compared, against it
 			}
@@ -55,7 +63,7 @@ func ParseModes(s string) ([]Mode, error) {
 				out = append(out, m)
 			}
 		default:
-			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, residency, fault (local always runs)", m)
+			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, residency, residency-uniform, fault (local always runs)", m)
 		}
 	}
 	return out, nil
@@ -269,7 +277,7 @@ func workerArgs(opt BenchOptions, mode Mode, i int) []string {
 		args = append(args, "-resident", fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers)))
 	}
 	args = append(args, w.Flags...)
-	if mode == ModeResidency && opt.ResidencyDeviceMem != "" {
+	if mode.residency() && opt.ResidencyDeviceMem != "" {
 		args = append(args, "-device-mem", opt.ResidencyDeviceMem) // after the rig's: the last one counts
 	}
 	return args
@@ -302,8 +310,11 @@ func MainArgs(opt BenchOptions, mode Mode) []string {
 	}
 	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(prefetch),
 		"-dial-timeout", rigDialTimeout}
-	if mode == ModeResidency {
+	if mode.residency() {
 		args = append(args, "-residency", "on")
+	}
+	if mode == ModeResidencyUniform {
+		args = append(args, "-placement", "uniform")
 	}
 	args = append(args, nodeArgs(opt, via, m)...)
 	if prefetch == ModeShadow {

@@ -98,6 +98,7 @@ type runFigures struct {
 	PeakMemory       map[string]int64 `json:"peak_memory_bytes"`
 	Recall           *float64         `json:"recall"`
 	Faults           map[string]int64 `json:"faults"`
+	Residency        map[string]int64 `json:"residency"`
 	Iterations       []struct {
 		Layer     int     `json:"layer"` // the iteration
 		MainMs    float64 `json:"main_ms"`
@@ -180,7 +181,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		fmt.Fprintf(w, "## %d prompt tokens, %d output tokens\n\n", runs[0].Prompt, runs[0].Output)
 		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
-		var resident, shadow, residency float64
+		var resident, shadow, residency, uniform float64
 		var faulted *Run
 		for _, r := range runs {
 			f := r.figures()
@@ -211,6 +212,8 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 				shadow = f.DecodeTokensPerS
 			case ModeResidency:
 				residency = f.DecodeTokensPerS
+			case ModeResidencyUniform:
+				uniform = f.DecodeTokensPerS
 			case ModeFault:
 				faulted = &r
 			}
@@ -220,6 +223,16 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		}
 		if resident > 0 && residency > 0 {
 			fmt.Fprintf(w, "\nShadow-driven decode with -residency on reaches **%.1f%%** of the resident swarm's tokens/s.\n", 100*residency/resident)
+		}
+		for _, r := range runs {
+			if f := r.figures(); f.Residency != nil {
+				rs := f.Residency
+				fmt.Fprintf(w, "\n%s: %d loads, %d requests served by resident experts (no load), %d resident experts evicted for room, %d resident at the end (%s); %d experts migrated in %d rebalances.\n",
+					r.Mode, f.ExpertLoads, rs["resident_hits"], rs["resident_evicted"], rs["resident_experts"], mib(rs["resident_bytes"])+" MiB", rs["migrations"], rs["rebalances"])
+			}
+		}
+		if uniform > 0 && residency > 0 {
+			fmt.Fprintf(w, "\nResidency placed by capability and activation decodes at **%.2fx** the tokens/s of uniform placement.\n", residency/uniform)
 		}
 		if faulted != nil {
 			writeFault(w, *faulted, shadow)

@@ -360,6 +360,7 @@ func TestParseModesRunsLocalFirst(t *testing.T) {
 		{"resident,reactive,shadow", AllModes},
 		{"shadow,local,resident", []Mode{ModeLocal, ModeShadow, ModeResident}}, // local moves first, the rest keep their order
 		{" resident , shadow ", []Mode{ModeLocal, ModeResident, ModeShadow}},
+		{"residency,residency-uniform", []Mode{ModeLocal, ModeResidency, ModeResidencyUniform}},
 	} {
 		got, err := ParseModes(tc.in)
 		if err != nil || !slices.Equal(got, tc.want) {
@@ -416,6 +417,50 @@ func TestSameOutput(t *testing.T) {
 			if !strings.Contains(msg, w) {
 				t.Errorf("%s: sameOutput = %q, does not mention %q", tc.name, msg, w)
 			}
+		}
+	}
+}
+
+// TestResidencyModesStartTheSwarmWithResidency: residency modes run the
+// shadow-driven main node with -residency on (uniform placement in
+// residency-uniform), their workers get -residency-device-mem after the
+// rig's own flags (the last one counts), and no other mode is touched;
+// the heterogeneous rig reads.
+func TestResidencyModesStartTheSwarmWithResidency(t *testing.T) {
+	rig, err := ReadRig("rigs/hetero.rig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rig.Workers) != 8 || rig.Shadow == nil {
+		t.Fatalf("hetero.rig: %d workers, shadow %v", len(rig.Workers), rig.Shadow)
+	}
+	opt := BenchOptions{Rig: rig, Via: Local{Files: Paths{Model: "m", Store: "s", Certs: "c"}}, ResidencyDeviceMem: "36MiB"}
+	flags := func(args []string) string { return strings.Join(args, " ") }
+	for _, tc := range []struct {
+		mode             Mode
+		residency, fixed bool
+	}{
+		{ModeShadow, false, false}, {ModeResidency, true, false}, {ModeResidencyUniform, true, true}, {ModeReactive, false, false},
+	} {
+		main := flags(MainArgs(opt, tc.mode))
+		if got := strings.Contains(main, "-residency on"); got != tc.residency {
+			t.Errorf("%s main node: %q", tc.mode, main)
+		}
+		if got := strings.Contains(main, "-placement uniform"); got != tc.fixed {
+			t.Errorf("%s main node: %q", tc.mode, main)
+		}
+		if tc.mode.residency() && !strings.Contains(main, "-prefetch shadow") {
+			t.Errorf("%s main node is not shadow-driven: %q", tc.mode, main)
+		}
+		w := workerArgs(opt, tc.mode, 4)
+		last := strings.LastIndex(flags(w), "-device-mem ")
+		got := strings.Fields(flags(w)[last:])[1]
+		want := "28MiB" // w5's own
+		if tc.mode.residency() {
+			want = "36MiB"
+		}
+		if got != want {
+			t.Errorf("%s worker w5: last -device-mem %s, want %s (%q)", tc.mode, got, want, flags(w))
 		}
 	}
 }
