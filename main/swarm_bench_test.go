@@ -31,13 +31,21 @@ func benchSwarmFixture(b *testing.B) inproc.Files {
 	return f
 }
 
+// benchPositions bounds a benchmark session's positions.
+const benchPositions = 512
+
 // benchDecode runs prompt through runner on a new session of m, then
 // warm untimed decode steps and b.N timed ones (greedy), and reports
 // tokens/s. On a Swarm the shadow, if any, is departed and aligned before
 // every forward pass, as Swarm.Generate does. (A cancellable ctx costs
 // the wire a few allocations per message that context.Background saves.)
 func benchDecode(ctx context.Context, b *testing.B, m *model.Model, runner model.ExpertRunner, prompt []int, warm int) {
-	s := model.NewSession(m, runner, len(prompt)+warm+b.N)
+	// a session decodes at most benchPositions positions (a fast run
+	// would pass the model's max_position_embeddings, and every policy is
+	// measured over the same short contexts): then a new one starts,
+	// untimed, with the prompt again
+	room := min(len(prompt)+warm+b.N, benchPositions, m.Config.MaxPositions)
+	s := model.NewSession(m, runner, room)
 	sw, _ := runner.(*mainnode.Swarm)
 	tok := make([]int, 1)
 	forward := func(tokens []int) {
@@ -58,6 +66,17 @@ func benchDecode(ctx context.Context, b *testing.B, m *model.Model, runner model
 	}
 	b.ResetTimer()
 	for range b.N {
+		if s.Len() >= room {
+			b.StopTimer()
+			if sw != nil {
+				if err := sw.EndSequence(ctx, s.Seq()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			s = model.NewSession(m, runner, room)
+			forward(prompt)
+			b.StartTimer()
+		}
 		forward(tok)
 	}
 	b.StopTimer()
