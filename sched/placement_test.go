@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
@@ -393,21 +394,22 @@ func TestCostFollowsTheModel(t *testing.T) {
 		workers int
 		caps    []Capacity
 		want    float64
+		busy    float64 // 0: want (one worker's busy time is Cost)
 	}{
-		{"one worker, everything resident", 1, []Capacity{{CacheBytes: 8 * L, LoadBytesSec: B}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C},
+		{"one worker, everything resident", 1, []Capacity{{CacheBytes: 8 * L, LoadBytesSec: B}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C, 0},
 		{"one worker, no cache: a load per use, at most one per iteration", 1, []Capacity{{LoadBytesSec: B}},
-			(4+0.5+2+0.25+1+3)*C + (1+0.5+1+0.25+1+1)*0.1},
+			(4+0.5+2+0.25+1+3)*C + (1+0.5+1+0.25+1+1)*0.1, 0},
 		{"one worker, room for the three hottest (4, 3, 2 rows)", 1, []Capacity{{CacheBytes: 3*L + L/2, LoadBytesSec: B}},
-			(4+0.5+2+0.25+1+3)*C + (0.5+0.25+1)*0.1},
-		{"one worker, loads free", 1, []Capacity{{}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C},
-		{"one worker twice as fast", 1, []Capacity{{CacheBytes: 8 * L, ComputeScale: 2}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C / 2},
+			(4+0.5+2+0.25+1+3)*C + (0.5+0.25+1)*0.1, 0},
+		{"one worker, loads free", 1, []Capacity{{}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C, 0},
+		{"one worker twice as fast", 1, []Capacity{{CacheBytes: 8 * L, ComputeScale: 2}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C / 2, 0},
 		// 2 workers, owner (e+l) mod 2: layer 0: w0 {0,2}, w1 {1,3}; layer 1: w0 {1,3}, w1 {0,2}
 		{"two workers, each layer waits for its slowest", 2, sameCaps(2, Capacity{CacheBytes: 8 * L, LoadBytesSec: B}),
-			max(4+2, 0.5+0.25)*C + max(3, 1)*C},
+			max(4+2, 0.5+0.25)*C + max(3, 1)*C, (4+2+0.5+0.25)*C + (3+1)*C},
 		// w0 keeps layer 0 expert 0 (4 rows) resident, misses layer 0 expert 2 and layer 1 expert 1;
 		// w1 keeps layer 1 expert 0 (1 row) resident, misses layer 0 experts 1 and 3
 		{"two workers, one resident expert each", 2, sameCaps(2, Capacity{CacheBytes: L, LoadBytesSec: B}),
-			max(6*C+0.1, 0.75*C+0.075) + max(3*C+0.1, 1*C)},
+			max(6*C+0.1, 0.75*C+0.075) + max(3*C+0.1, 1*C), (6*C + 0.1) + (0.75*C + 0.075) + (3*C + 0.1) + 1*C},
 	}
 	for _, c := range cases {
 		p, _ := NewPlacement(c.workers, []int{0, 1}, 4)
@@ -416,30 +418,49 @@ func TestCostFollowsTheModel(t *testing.T) {
 		if math.Abs(got-c.want) > 1e-12*c.want {
 			t.Errorf("%s: Cost %v, want %v", c.name, got, c.want)
 		}
+		wantBusy := cmp.Or(c.busy, c.want)
+		if got := busyTime(p, h, c.caps, bytesEach(L), RebalanceOptions{ComputeSeconds: C}); math.Abs(got-wantBusy) > 1e-12*wantBusy {
+			t.Errorf("%s: busy time %v, want %v", c.name, got, wantBusy)
+		}
 	}
 }
 
-// checkMoves applies moves one at a time to a copy of p and checks each: it
-// lowers Cost by its Gain, and pays back its load in HorizonIters. It
-// returns the placement with every move applied.
-func checkMoves(t *testing.T, p *Placement, h *Heat, caps []Capacity, bytes func(int, int) int64, opt RebalanceOptions, moves []Move) *Placement {
+// busyTime is the busy time Rebalance breaks Cost's ties with: every
+// worker's seconds on every layer, summed.
+func busyTime(p *Placement, h *Heat, caps []Capacity, bytes func(int, int) int64, opt RebalanceOptions) float64 {
+	return newCostModel(p, h, caps, bytes, opt).busy()
+}
+
+// checkMoves applies moves one at a time to a copy of p and checks each:
+// it lowers Cost by its Gain, or leaves Cost no higher and lowers the busy
+// time by its Gain; and it pays back its load in HorizonIters. It returns
+// the placement with every move applied and how many moves lowered Cost.
+func checkMoves(t *testing.T, p *Placement, h *Heat, caps []Capacity, bytes func(int, int) int64, opt RebalanceOptions, moves []Move) (*Placement, int) {
 	t.Helper()
 	q := p.Clone()
-	cost := Cost(q, h, caps, bytes, opt)
+	cost, busy := Cost(q, h, caps, bytes, opt), busyTime(q, h, caps, bytes, opt)
+	lowered := 0
 	for _, m := range moves {
 		if err := q.Apply([]Move{m}); err != nil {
 			t.Fatalf("move %+v: %v", m, err)
 		}
-		after := Cost(q, h, caps, bytes, opt)
-		if !(m.Gain > 0) || !(after < cost) || math.Abs((cost-after)-m.Gain) > 1e-9*cost {
-			t.Fatalf("move %+v: Cost %v -> %v, a gain of %v", m, cost, after, cost-after)
+		after, busyAfter := Cost(q, h, caps, bytes, opt), busyTime(q, h, caps, bytes, opt)
+		switch {
+		case !(m.Gain > 0):
+			t.Fatalf("move %+v: Gain not positive", m)
+		case after < cost && math.Abs((cost-after)-m.Gain) <= 1e-9*cost:
+			lowered++
+		case after > cost:
+			t.Fatalf("move %+v: Cost %v -> %v", m, cost, after)
+		case !(busyAfter < busy) || math.Abs((busy-busyAfter)-m.Gain) > 1e-9*busy:
+			t.Fatalf("move %+v: Cost %v -> %v, busy time %v -> %v: neither fell by Gain", m, cost, after, busy, busyAfter)
 		}
 		if load := float64(bytes(m.Layer, m.Expert)) / caps[m.To].LoadBytesSec; caps[m.To].LoadBytesSec > 0 && !(m.Gain*opt.HorizonIters > load) {
 			t.Fatalf("move %+v: saves %v s in %v iterations, loading costs %v s", m, m.Gain*opt.HorizonIters, opt.HorizonIters, load)
 		}
-		cost = after
+		cost, busy = after, busyAfter
 	}
-	return q
+	return q, lowered
 }
 
 func TestRebalanceLeavesUniformHeatOnEqualWorkersAlone(t *testing.T) {
@@ -505,7 +526,7 @@ func TestRebalanceSpreadsCollidingHotExperts(t *testing.T) {
 		if p.Version() != 0 || p.Owner(0, 8) != 0 {
 			t.Fatalf("%s: Rebalance changed the placement", c.name)
 		}
-		q := checkMoves(t, p, h, caps, bytesEach(L), opt, moves)
+		q, _ := checkMoves(t, p, h, caps, bytesEach(L), opt, moves)
 		if after := Cost(q, h, caps, bytesEach(L), opt); !(after < before) {
 			t.Errorf("%s: Cost %v before the moves, %v after", c.name, before, after)
 		}
@@ -584,7 +605,7 @@ func TestRebalanceGivesTwiceTheHeatToTwiceTheWorker(t *testing.T) {
 	p, _ := NewPlacement(workers, layers, experts)
 	opt := RebalanceOptions{ComputeSeconds: 1e-3, HorizonIters: 1e6}
 	moves := Rebalance(p, h, caps, bytesEach(L), opt)
-	q := checkMoves(t, p, h, caps, bytesEach(L), opt, moves)
+	q, _ := checkMoves(t, p, h, caps, bytesEach(L), opt, moves)
 	var strongHeat, refHeat float64
 	for _, l := range layers {
 		for e := range experts {
@@ -646,7 +667,7 @@ func TestRebalanceLowersZipfCost(t *testing.T) {
 	p, h, caps, bytes := zipfSwarm(t, 16, 128, 8)
 	opt := RebalanceOptions{ComputeSeconds: 2e-5, HorizonIters: 1000}
 	moves := Rebalance(p, h, caps, bytes, opt)
-	q := checkMoves(t, p, h, caps, bytes, opt, moves)
+	q, _ := checkMoves(t, p, h, caps, bytes, opt, moves)
 	before, after := Cost(p, h, caps, bytes, opt), Cost(q, h, caps, bytes, opt)
 	if !(after < 0.95*before) {
 		t.Fatalf("%d moves took Cost from %v to %v", len(moves), before, after)

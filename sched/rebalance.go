@@ -56,26 +56,48 @@ func Cost(p *Placement, h *Heat, caps []Capacity, expertBytes func(layer, expert
 	return newCostModel(p, h, caps, expertBytes, opt).total()
 }
 
-// Rebalance is the moves that lower Cost, in the order to apply them; it
-// does not change p. It is a deterministic greedy local search: each round
-// takes, for every layer, the best move of one expert off the layer's
-// slowest worker (lowest index on ties) to any other worker, then applies
-// these best first (by Gain, then layer, expert, To), each re-chosen for
-// its layer against the moves already made; rounds go on until no move is
-// left or MaxMoves are made. A move is kept only if it lowers Cost by more
-// than a billionth of the initial Cost (float noise) and pays back its
-// load within HorizonIters: Gain*HorizonIters > bytes/LoadBytesSec of To
-// (Prism eq. (4), per move). Each move's Gain is the Cost it saves given
-// the moves before it.
+// Rebalance is the moves that lower Cost, or failing that the swarm's busy
+// time, in the order to apply them; it does not change p. Its objective is
+// lexicographic: first Cost; then, among placements of equal Cost (within
+// a billionth of the initial Cost: float noise), the busy time, the sum
+// over layers of every worker's time on the layer (worker-seconds per
+// iteration). The second key matters where several workers tie at a
+// layer's maximum, as under the uniform heat the initial placement is
+// computed from: no single move lowers the maximum, but moving experts off
+// a tied worker onto one that runs them for less (more cache, faster
+// loads or compute) lowers busy time and unties the maximum, so later
+// moves lower Cost (Prism: placement by node capability).
 //
-// Only single moves are tried: when several workers tie at a layer's
-// maximum no single move lowers it, which real (never exactly tied) heat
-// rarely meets; a move whose gain is too small to pay back its load is not
-// worth making anyway. Rebalance panics where Cost does.
+// It is a deterministic greedy local search: each round takes, for every
+// layer, the best move of one expert off a worker at the layer's maximum
+// (within the epsilon) to any other worker, then applies these best first,
+// each re-chosen for its layer against the moves already made; rounds go
+// on until no move is left or MaxMoves are made. A move is kept if either
+//
+//   - it lowers Cost by more than the epsilon; its Gain is the Cost it
+//     saves, or
+//   - it does not raise Cost, leaves every worker it adds time to more
+//     than the epsilon below its layer's maximum (so not even rounding
+//     raises Cost), and lowers busy time by more than a billionth of the
+//     initial busy time; its Gain is the busy time it saves,
+//
+// and it pays back its load within HorizonIters: Gain*HorizonIters >
+// bytes/LoadBytesSec of To (Prism eq. (4), per move; for the second kind
+// both sides are worker-seconds: those the move saves each iteration, and
+// those the new owner spends loading the expert once). Moves rank the
+// first kind before the second, then by Gain, busy time saved, the
+// receiver's time on the layer (least first: alike workers share equal
+// gains, and spreading over them keeps room for the next moves), layer,
+// expert and To. Each move's Gain is given the moves before it.
+//
+// Only single moves off the workers at a layer's maximum are tried: a move
+// off another worker that would only lower busy time is not looked for,
+// and a move whose gain is too small to pay back its load is not worth
+// making anyway. Rebalance panics where Cost does.
 func Rebalance(p *Placement, h *Heat, caps []Capacity, expertBytes func(layer, expert int) int64, opt RebalanceOptions) []Move {
 	m := newCostModel(p, h, caps, expertBytes, opt)
-	minGain := 1e-9 * m.total()
-	if !(minGain > 0) {
+	lim := limits{minCost: 1e-9 * m.total(), minBusy: 1e-9 * m.busy(), horizon: opt.HorizonIters}
+	if !(lim.minCost > 0) {
 		return nil // no heat: nothing to go on
 	}
 	var moves []Move
@@ -83,37 +105,76 @@ func Rebalance(p *Placement, h *Heat, caps []Capacity, expertBytes func(layer, e
 	for {
 		cands = cands[:0]
 		for r := range m.layerNums {
-			if mv, ok := m.bestMove(r, minGain, opt.HorizonIters); ok {
-				cands = append(cands, candidate{r, mv})
+			if c, ok := m.bestMove(r, lim); ok {
+				cands = append(cands, c)
 			}
 		}
 		if len(cands) == 0 {
 			return moves
 		}
 		slices.SortFunc(cands, func(a, b candidate) int {
-			return cmp.Or(cmp.Compare(b.mv.Gain, a.mv.Gain), cmp.Compare(a.mv.Layer, b.mv.Layer),
-				cmp.Compare(a.mv.Expert, b.mv.Expert), cmp.Compare(a.mv.To, b.mv.To))
+			if a.better(b) {
+				return -1
+			}
+			if b.better(a) {
+				return 1
+			}
+			return 0
 		})
 		for i, c := range cands {
 			if opt.MaxMoves > 0 && len(moves) >= opt.MaxMoves {
 				return moves
 			}
-			mv := c.mv
 			if i > 0 { // the moves before it changed the state c was chosen in
 				var ok bool
-				if mv, ok = m.bestMove(c.row, minGain, opt.HorizonIters); !ok {
+				if c, ok = m.bestMove(c.row, lim); !ok {
 					continue
 				}
 			}
-			m.apply(c.row*m.experts+mv.Expert, mv.From, mv.To)
-			moves = append(moves, mv)
+			m.apply(c.row*m.experts+c.mv.Expert, c.mv.From, c.mv.To)
+			moves = append(moves, c.mv)
 		}
 	}
 }
 
+// limits are what a move must beat to be kept.
+type limits struct {
+	minCost float64 // Cost differences up to this are float noise
+	minBusy float64 // likewise for busy time
+	horizon float64 // HorizonIters
+}
+
+// candidate is a move of the expert at row*experts+mv.Expert.
 type candidate struct {
-	row int
-	mv  Move
+	row        int
+	lowersCost bool    // Gain is Cost saved; else busy time saved at equal Cost
+	busyGain   float64 // busy time saved
+	toTime     float64 // To's seconds on the layer after the move
+	mv         Move
+}
+
+// better orders candidates lexicographically: Cost moves first; then the
+// larger Gain; then the larger busy time saved (the objective's second key,
+// for Cost moves of equal Gain); then the receiver left least busy on the
+// layer (gains tie exactly where workers are alike: spreading the moves
+// over them keeps room under the maximum for the next ones, where filling
+// the lowest-numbered first would stall with it at the maximum); then
+// the lowest (layer, expert, To).
+func (a candidate) better(b candidate) bool {
+	if a.lowersCost != b.lowersCost {
+		return a.lowersCost
+	}
+	if a.mv.Gain != b.mv.Gain {
+		return a.mv.Gain > b.mv.Gain
+	}
+	if a.busyGain != b.busyGain {
+		return a.busyGain > b.busyGain
+	}
+	if a.toTime != b.toTime {
+		return a.toTime < b.toTime
+	}
+	return cmp.Or(cmp.Compare(a.mv.Layer, b.mv.Layer), cmp.Compare(a.mv.Expert, b.mv.Expert),
+		cmp.Compare(a.mv.To, b.mv.To)) < 0
 }
 
 // costModel is the state behind Cost and Rebalance. Experts are indexed
@@ -133,6 +194,7 @@ type costModel struct {
 	resident         []bool
 	t                []float64 // [row*workers+w]: worker w's seconds on the layer
 	layerMax         []float64 // per row: the slowest worker's seconds
+	top              []ranked  // [row*3+i]: the three slowest workers, slowest first (w -1: none)
 
 	// scratch of drop and delta
 	dropped  []rowDelta // w1's savings without the expert to move
@@ -156,7 +218,7 @@ func newCostModel(p *Placement, h *Heat, caps []Capacity, expertBytes func(layer
 		computeSec: make([]float64, W), loadSecPerByte: make([]float64, W), cache: make([]int64, W),
 		order: make([][]int32, W), cum: make([][]int64, W), fit: make([]int, W),
 		resident: make([]bool, n), t: make([]float64, len(p.layers)*W), layerMax: make([]float64, len(p.layers)),
-		dt: make([]float64, len(p.layers)*W), seen: make([]bool, len(p.layers)),
+		top: make([]ranked, 3*len(p.layers)), dt: make([]float64, len(p.layers)*W), seen: make([]bool, len(p.layers)),
 	}
 	for r, l := range p.layers {
 		for e := range p.experts {
@@ -250,15 +312,55 @@ func (m *costModel) rebuild(w int) {
 	}
 }
 
+// ranked is worker w's seconds v on a layer.
+type ranked struct {
+	v float64
+	w int
+}
+
 func (m *costModel) refreshMax() {
 	for r := range m.layerNums {
-		m.layerMax[r] = slices.Max(m.t[r*m.workers : (r+1)*m.workers])
+		top := m.top[3*r : 3*r+3]
+		for i := range top {
+			top[i] = ranked{0, -1}
+		}
+		for w, v := range m.t[r*m.workers : (r+1)*m.workers] {
+			switch {
+			case top[0].w < 0 || v > top[0].v:
+				top[0], top[1], top[2] = ranked{v, w}, top[0], top[1]
+			case top[1].w < 0 || v > top[1].v:
+				top[1], top[2] = ranked{v, w}, top[1]
+			case top[2].w < 0 || v > top[2].v:
+				top[2] = ranked{v, w}
+			}
+		}
+		m.layerMax[r] = top[0].v
 	}
+}
+
+// slowestOther is the slowest time on row r of the workers other than w1
+// and w2 (0 if there are none: times are not negative).
+func (m *costModel) slowestOther(r, w1, w2 int) float64 {
+	for _, t := range m.top[3*r : 3*r+3] {
+		if t.w != w1 && t.w != w2 {
+			return t.v
+		}
+	}
+	return 0
 }
 
 func (m *costModel) total() float64 {
 	s := 0.0
 	for _, v := range m.layerMax {
+		s += v
+	}
+	return s
+}
+
+// busy is the busy time: every worker's seconds on every layer, summed.
+func (m *costModel) busy() float64 {
+	s := 0.0
+	for _, v := range m.t {
 		s += v
 	}
 	return s
@@ -292,13 +394,18 @@ type rowDelta struct {
 	v   float64
 }
 
-// delta is the change in Cost if x, just passed to drop, moved from its
-// owner w1 to w2: only w1 and w2's times change, on x's layer and on the
-// layers of the experts whose residency the move flips.
-func (m *costModel) delta(x int32, w1, w2 int) float64 {
-	r, b := int(x)/m.experts, m.bytes[x]
+// delta is the change in Cost and in busy time if x, just passed to drop,
+// moved from its owner w1 to w2: only w1 and w2's times change, on x's
+// layer and on the layers of the experts whose residency the move flips.
+// crowds says whether w2 would end within margin of, or above, the maximum
+// of a layer it gains time on. (w1's times only fall, also as rebuild
+// sums them: float addition is monotone.) toTime is w2's new time on x's
+// layer.
+func (m *costModel) delta(x int32, w1, w2 int, margin float64) (cost, busy, toTime float64, crowds bool) {
+	rx, b := int(x)/m.experts, m.bytes[x]
 	for _, d := range m.dropped {
 		m.add(d.row, w1, d.v)
+		busy += d.v
 	}
 
 	// w2 takes x at its place in the order; experts of the resident run
@@ -310,55 +417,68 @@ func (m *costModel) delta(x int32, w1, w2 int) float64 {
 		before = c[k-1]
 	}
 	fits := k <= f && before+b <= m.cache[w2]
-	m.add(r, w2, m.itemCost(x, w2, fits))
+	v := m.itemCost(x, w2, fits)
+	m.add(rx, w2, v)
+	busy += v
 	for i := f - 1; i >= k && (!fits || c[i]+b > m.cache[w2]); i-- {
-		m.add(int(o[i])/m.experts, w2, m.missCost(o[i], w2))
+		v := m.missCost(o[i], w2)
+		m.add(int(o[i])/m.experts, w2, v)
+		busy += v
 	}
 
-	d := 0.0
 	for _, r := range m.rowsSeen {
 		t, dt := m.t[r*m.workers:(r+1)*m.workers], m.dt[r*m.workers:(r+1)*m.workers]
-		slowest := 0.0
-		for w := range t {
-			slowest = max(slowest, t[w]+dt[w])
-			dt[w] = 0
+		if dt[w2] > 0 && t[w2]+dt[w2] > m.layerMax[r]-margin {
+			crowds = true
 		}
-		d += slowest - m.layerMax[r]
+		if r == rx {
+			toTime = t[w2] + dt[w2]
+		}
+		// only w1 and w2 change
+		slowest := max(m.slowestOther(r, w1, w2), t[w1]+dt[w1], t[w2]+dt[w2])
+		dt[w1], dt[w2] = 0, 0
+		cost += slowest - m.layerMax[r]
 		m.seen[r] = false
 	}
 	m.rowsSeen = m.rowsSeen[:0]
-	return d
+	return cost, busy, toTime, crowds
 }
 
-// bestMove is the move of one expert of row r off the layer's slowest
-// worker that lowers Cost most, by more than minGain, and pays back its
-// load within horizon iterations; ties go to the lowest (expert, To).
-func (m *costModel) bestMove(r int, minGain, horizon float64) (Move, bool) {
+// bestMove is the best move (see candidate.better) of one expert of row r
+// off a worker within lim.minCost of the layer's maximum that Rebalance
+// may keep (see there).
+func (m *costModel) bestMove(r int, lim limits) (candidate, bool) {
 	t := m.t[r*m.workers : (r+1)*m.workers]
-	w1 := 0
-	for w, v := range t {
-		if v > t[w1] {
-			w1 = w
-		}
-	}
-	var best Move
+	floor := m.layerMax[r] - lim.minCost
+	best := candidate{row: r}
 	found := false
 	for e := range m.experts {
 		x := int32(r*m.experts + e)
-		if int(m.owner[x]) != w1 || m.rate[x] == 0 {
-			continue // a cold expert's move saves nothing
+		w1 := int(m.owner[x])
+		if t[w1] < floor || m.rate[x] == 0 {
+			continue // off the maximum, or cold: moving it saves nothing
 		}
 		m.drop(x, w1)
 		for w2 := range m.workers {
 			if w2 == w1 {
 				continue
 			}
-			gain := -m.delta(x, w1, w2)
-			if gain <= minGain || !(gain*horizon > float64(m.bytes[x])*m.loadSecPerByte[w2]) {
+			cost, busy, toTime, crowds := m.delta(x, w1, w2, lim.minCost)
+			c := candidate{row: r, lowersCost: -cost > lim.minCost, busyGain: -busy, toTime: toTime}
+			switch {
+			case c.lowersCost:
+				c.mv.Gain = -cost
+			case cost <= 0 && !crowds && -busy > lim.minBusy:
+				c.mv.Gain = -busy
+			default:
 				continue
 			}
-			if !found || gain > best.Gain {
-				best, found = Move{Layer: m.layerNums[r], Expert: e, From: w1, To: w2, Gain: gain}, true
+			if !(c.mv.Gain*lim.horizon > float64(m.bytes[x])*m.loadSecPerByte[w2]) {
+				continue
+			}
+			c.mv.Layer, c.mv.Expert, c.mv.From, c.mv.To = m.layerNums[r], e, w1, w2
+			if !found || c.better(best) {
+				best, found = c, true
 			}
 		}
 	}
