@@ -247,7 +247,7 @@ func (s *Swarm) rebalance() {
 	}
 	for _, m := range moves {
 		s.opt.Log.Info().Int("layer", m.Layer).Int("expert", m.Expert).Str("from", s.workers[m.From].name).Str("to", s.workers[m.To].name).
-			Float64("saves_ms_per_pass", m.Gain*1e3).Uint64("placement", next.Version()).Msg("mainnode: expert migrated")
+			Float64("gain_ms_per_pass", m.Gain*1e3).Uint64("placement", next.Version()).Msg("mainnode: expert migrated")
 	}
 	if s.shadow != nil {
 		if p := s.shadow.conn(); p != nil {

@@ -152,7 +152,7 @@ func (p *Placement) Clone() *Placement {
 // Move hands expert of layer from worker From to worker To.
 type Move struct {
 	Layer, Expert, From, To int
-	Gain                    float64 // modelled seconds saved per iteration (see Cost)
+	Gain                    float64 // modelled seconds saved per iteration: of Cost, or of busy time for a move that breaks a tie (see Rebalance)
 }
 
 // Apply makes each move's To the owner of its expert, in order, and bumps
