@@ -43,6 +43,7 @@ type serveReport struct {
 	Preset       string          `json:"preset,omitempty"`
 	Workers      int             `json:"workers"`
 	Prefetch     string          `json:"prefetch"`
+	Residency    string          `json:"residency,omitempty"`
 	Quant        string          `json:"quant,omitempty"` // the shadow's
 	MaxBatch     int             `json:"max_batch"`
 	Requests     int             `json:"requests_per_client"`
@@ -181,7 +182,7 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 		f.maxBatch = slices.Max(f.clients)
 	}
 	rep := &serveReport{Date: time.Now().UTC().Format(time.RFC3339), Command: "odmoe bench serve " + strings.Join(args, " "),
-		Machine: testbed.ReadMachine(), LoadBefore: loadAvg(), Workers: f.swarm.Workers, Prefetch: f.swarm.Prefetch, MaxBatch: f.maxBatch,
+		Machine: testbed.ReadMachine(), LoadBefore: loadAvg(), Workers: f.swarm.Workers, Prefetch: f.swarm.Prefetch, Residency: f.swarm.Residency, MaxBatch: f.maxBatch,
 		Requests: f.requests, PromptTokens: f.promptTokens, MaxTokens: f.maxTokens}
 	if f.swarm.Prefetch == string(mainnode.Shadow) {
 		rep.Quant = f.swarm.Quant
@@ -740,6 +741,9 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	swarm := fmt.Sprintf("%d workers, -prefetch %s", rep.Workers, rep.Prefetch)
 	if rep.Quant != "" {
 		swarm += ", " + rep.Quant + " shadow"
+	}
+	if rep.Residency == "on" {
+		swarm += ", -residency on"
 	}
 	fmt.Fprintf(w, "- model: %s\n- swarm: %s, every node a process on loopback QUIC with mutual TLS; main node -max-batch %d\n", model, swarm, rep.MaxBatch)
 	fmt.Fprintf(w, "- load: N streaming clients at once, each sending %d requests one after another: %d random prompt token ids, %d tokens generated (greedy, ignore_eos) via /v1/completions\n",

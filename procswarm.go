@@ -29,6 +29,8 @@ type procSwarmOptions struct {
 	// -host-preload ("" and false: none, as the workers default).
 	HostCache   string
 	HostPreload bool
+	// Residency is the main node's -residency (off, on).
+	Residency string
 }
 
 // register adds the flags that choose a procSwarm's nodes (demo, bench
@@ -42,6 +44,7 @@ func (o *procSwarmOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.LoadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
 	fs.StringVar(&o.HostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
 	fs.BoolVar(&o.HostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
+	fs.StringVar(&o.Residency, "residency", "off", "the main node's -residency: off (cacheless workers) or on (experts stay resident on their owners while -device-mem allows)")
 }
 
 // procSwarm is a swarm's workers (and shadow) running as processes of
@@ -57,6 +60,7 @@ type procSwarm struct {
 	// long while the workers fill their host caches
 	dialTimeout string
 	logDir      string
+	residency   string // the main node's -residency; "" as off
 	stop        context.CancelFunc
 	procs       []*exec.Cmd
 }
@@ -73,7 +77,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: "30s"}
+	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: "30s", residency: o.Residency}
 	if o.HostPreload {
 		s.dialTimeout = "10m" // the workers answer once their host caches are full
 	}
@@ -193,6 +197,9 @@ func (s *procSwarm) mainArgs(prefetch string, alignToken, alignKV int) []string 
 		"-certs", s.files.Certs, "-name", "main", "-prefetch", prefetch, "-group", strconv.Itoa(s.group), "-dial-timeout", s.dialTimeout}
 	if s.shadow != "" {
 		args = append(args, "-shadow", s.shadow, "-align-token", strconv.Itoa(alignToken), "-align-kv", strconv.Itoa(alignKV))
+	}
+	if s.residency != "" {
+		args = append(args, "-residency", s.residency)
 	}
 	return args
 }
