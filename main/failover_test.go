@@ -110,7 +110,17 @@ func TestSwarmSurvivesALostWorker(t *testing.T) {
 			killed := make(chan struct{})
 			go func() {
 				defer close(killed)
-				time.Sleep(40 * time.Millisecond)
+				// stop it while it loads the prompt's experts (its device
+				// memory is taken at a load's start; the requests for them
+				// wait behind loads of 20 ms each): a fixed delay missed
+				// the prefill on a busy machine
+				deadline := time.Now().Add(10 * time.Second)
+				for time.Now().Before(deadline) {
+					if ws := sw.WorkerStats(ctx, time.Second); ws[1] != nil && ws[1].DeviceInUse > 0 {
+						break
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
 				rw.stop(1)
 			}()
 			var got generation
