@@ -44,6 +44,7 @@ type runFlags struct {
 	listen, store, deviceMem, loadBW string
 	resident, hostCache              string
 	residency, placement             string
+	hostCompressed                   string
 	hostPreload                      bool
 	// all
 	threads    int
@@ -89,6 +90,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")
 	fs.StringVar(&f.hostCache, "host-cache", "0", "worker: keep up to this many bytes of decompressed experts in host memory (the node's CPU RAM of OD-MoE's rig): a load is then a host-to-device transfer paced by -load-bw, with no store read or decompression; 0 = off")
+	fs.StringVar(&f.hostCompressed, "host-compressed", "0", "worker: keep up to this many bytes of the store's compressed chunks in host memory (ZipMoE's compressed tier: ~0.66 of an expert's BF16 bytes): a load not in -host-cache then decompresses from RAM instead of reading the store; 0 = off")
 	fs.BoolVar(&f.hostPreload, "host-preload", false, "worker: fill -host-cache with the store's experts at start (layer by layer, as far as it holds), as a node holding the model in RAM would")
 	fs.StringVar(&f.loadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
 	fs.IntVar(&f.threads, "threads", 0, "goroutines for matrix kernels; 0 = all cores")

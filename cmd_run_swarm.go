@@ -129,6 +129,9 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.hostPreload && cfg.HostCacheBytes == 0 {
 		return usagef("-host-preload needs -host-cache SIZE")
 	}
+	if cfg.HostCompressedBytes, err = parseBytes(f.hostCompressed); err != nil || cfg.HostCompressedBytes < 0 {
+		return usagef("-host-compressed %q: want a size such as 1GiB, or 0", f.hostCompressed)
+	}
 	if f.resident != "" {
 		var idx, n int
 		if _, err := fmt.Sscanf(f.resident, "%d/%d", &idx, &n); err != nil || n < 1 || idx < 0 || idx >= n {

@@ -48,6 +48,10 @@ type RunStats struct {
 	Faults *FaultsJSON `json:"faults,omitempty"`
 	// Residency is what -residency on did: absent with it off.
 	Residency *ResidencyJSON `json:"residency,omitempty"`
+	// TierBytes are the expert bytes the workers hold at the end, summed,
+	// per tier: device_resident (decompressed, left resident),
+	// host_decompressed (-host-cache), host_compressed (-host-compressed).
+	TierBytes map[string]int64 `json:"tier_bytes,omitempty"`
 }
 
 // ResidencyJSON is what residency did over a run: the main node's
@@ -138,6 +142,14 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
 	rs.Workers = ws
 	for _, w := range ws {
+		if w != nil && w.ResidentBytes+w.HostCacheBytes+w.HostCompressedBytes > 0 {
+			if rs.TierBytes == nil {
+				rs.TierBytes = map[string]int64{}
+			}
+			rs.TierBytes["device_resident"] += w.ResidentBytes
+			rs.TierBytes["host_decompressed"] += w.HostCacheBytes
+			rs.TierBytes["host_compressed"] += w.HostCompressedBytes
+		}
 		if w != nil && rs.Residency != nil {
 			r := rs.Residency
 			r.ResidentHits, r.ResidentEvicted = r.ResidentHits+w.ResidentHits, r.ResidentEvicted+w.ResidentEvicted
@@ -206,6 +218,10 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 	if r := rs.Residency; r != nil {
 		fmt.Fprintf(w, "residency: %d requests served by resident experts (no load), %d resident experts evicted for room, %d resident at the end (%s); placement: %d rebalances, %d experts migrated\n",
 			r.ResidentHits, r.ResidentEvicted, r.ResidentExperts, progress.Bytes(r.ResidentBytes), r.Rebalances, r.Migrations)
+	}
+	if t := rs.TierBytes; t != nil {
+		fmt.Fprintf(w, "expert bytes held by the workers: device (resident) %s, host decompressed %s, host compressed %s\n",
+			progress.Bytes(t["device_resident"]), progress.Bytes(t["host_decompressed"]), progress.Bytes(t["host_compressed"]))
 	}
 	if f := sw.Faults; f != (FaultStats{}) {
 		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it\n",

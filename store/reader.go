@@ -38,6 +38,9 @@ type Options struct {
 	// the CRC-32C of the original weights (costs a CRC pass over the
 	// output; the chunk checksums are always checked).
 	VerifyDecoded bool
+	// Chunks, if set, keeps the chunks read in host memory (the compressed
+	// tier): a chunk found there is decoded without reading the source.
+	Chunks *ChunkCache
 }
 
 // Store reads experts from a compressed store. Safe for concurrent use.
@@ -47,6 +50,7 @@ type Store struct {
 	src       ChunkSource
 	file      *os.File // closed by Close when Open opened it
 	verify    bool
+	chunks    *ChunkCache // nil: none
 	slots     chan *decoder // a decoder (nil until first used) per goroutine allowed to decode
 	nslots    int
 	maxExp    int // the largest exponent chunk: each decoder's buffer
@@ -104,7 +108,7 @@ func newStore(raw []byte, src ChunkSource, opt Options) (*Store, error) {
 	if p <= 0 {
 		p = runtime.GOMAXPROCS(0)
 	}
-	s := &Store{ix: ix, raw: raw, src: src, verify: opt.VerifyDecoded, nslots: p}
+	s := &Store{ix: ix, raw: raw, src: src, verify: opt.VerifyDecoded, chunks: opt.Chunks, nslots: p}
 	for i := range ix.tensors {
 		for _, sh := range ix.tensors[i].shards {
 			s.maxExp = max(s.maxExp, sh.exp.Size)
@@ -366,12 +370,26 @@ func (s *Store) decodeTask(ctx context.Context, d *decoder, tk *task, verify boo
 	return nil
 }
 
+// readChunk fills dst with the chunk at ref, from the chunk cache if it
+// holds it, else from the source (and keeps a copy in the cache), and
+// checks its CRC-32C either way: a cached copy that no longer matches
+// (memory that flipped a bit) is dropped and the chunk read again.
 func (s *Store) readChunk(ctx context.Context, ref ChunkRef, dst []byte, want uint32) error {
-	if err := s.src.ReadChunk(ctx, ref, dst); err != nil {
-		return err
+	cached := s.chunks != nil && s.chunks.get(ref, dst)
+	if cached && crc(dst) != want {
+		s.chunks.drop(ref)
+		cached = false
+	}
+	if !cached {
+		if err := s.src.ReadChunk(ctx, ref, dst); err != nil {
+			return err
+		}
 	}
 	if got := crc(dst); got != want {
 		return fmt.Errorf("CRC-32C %08x, index says %08x (%d bytes at offset %d): %w", got, want, ref.Size, ref.Offset, ErrChecksum)
+	}
+	if s.chunks != nil && !cached {
+		s.chunks.put(ref, dst)
 	}
 	return nil
 }

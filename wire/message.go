@@ -237,6 +237,11 @@ type WorkerStats struct {
 	ResidentEvicted int64 `json:"resident_evicted"`
 	ResidentExperts int64 `json:"resident_experts"`
 	ResidentBytes   int64 `json:"resident_bytes"`
+	// HostCompressed* are the compressed tier's: chunk reads served from
+	// host memory, chunk reads that went to the store, bytes held.
+	HostCompressedHits   int64 `json:"host_compressed_hits"`
+	HostCompressedMisses int64 `json:"host_compressed_misses"`
+	HostCompressedBytes  int64 `json:"host_compressed_bytes"`
 }
 
 // Placement tells the shadow which worker owns each expert when experts
@@ -417,7 +422,8 @@ func (m *StatsRequest) validate() error { return nil }
 func (m *WorkerStats) validate() error {
 	return nonNegative("worker counter", m.Loads, m.Hits, m.Misses, m.WastedLoads, m.Refused, m.LatePredictions,
 		int64(m.LoadTime), int64(m.ComputeTime), int64(m.StallTime), m.DeviceBudget, m.DevicePeak, m.DeviceInUse, m.RSSPeak,
-		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes, m.ResidentHits, m.ResidentEvicted, m.ResidentExperts, m.ResidentBytes)
+		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes, m.ResidentHits, m.ResidentEvicted, m.ResidentExperts, m.ResidentBytes,
+		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes)
 }
 
 func (m *Placement) validate() error {

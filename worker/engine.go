@@ -11,6 +11,7 @@ import (
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/store"
 	"github.com/rs/zerolog"
 )
 
@@ -51,6 +52,9 @@ type Engine struct {
 	// Host, if set before the first load, keeps decompressed experts in
 	// host memory (HostCache); nil reads every load from the store.
 	Host *HostCache
+	// Chunks, if set, is the store's cache of compressed chunks in host
+	// memory (the compressed tier), for the worker's figures.
+	Chunks *store.ChunkCache
 
 	// OnLoad, if set before the first load, is told of every load that
 	// succeeded: which expert and when it ran (for traces).

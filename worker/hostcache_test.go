@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/store"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 )
@@ -249,5 +251,40 @@ func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
 	t.Logf("%d fills of %d KiB experts: %d bytes of Go heap allocated per load", loads, size>>10, perLoad)
 	if perLoad > uint64(size)/8 {
 		t.Errorf("a load through the host cache allocates %d bytes of Go heap (an expert is %d)", perLoad, size)
+	}
+}
+
+// TestCompressedTierServesReloadsFromHostMemory: a worker whose store
+// keeps its chunks in host memory (-host-compressed) reloads an expert it
+// evicted by decompressing it from RAM, without reading the store file,
+// and computes local mode's bits; the compressed copy is smaller than the
+// expert.
+func TestCompressedTierServesReloadsFromHostMemory(t *testing.T) {
+	f := tinyFixture(t)
+	chunks := store.NewChunkCache(64 << 20)
+	st, err := store.Open(filepath.Join(f.dir, "store"), store.Options{Chunks: chunks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(st, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	e.Chunks = chunks
+	defer e.Close()
+	x := randomInput(1, h, 5)
+	out := make([]float32, h)
+	for range 2 {
+		if _, err := e.Run(context.Background(), 1, 1, 3, x, 1, out, Evict); err != nil {
+			t.Fatal(err)
+		}
+		if !sameBits(out, localExpert(f.model, 1, 3, x, 1)) {
+			t.Fatal("not local mode's bits")
+		}
+	}
+	hits, misses, held := chunks.Stats()
+	eb, _ := st.ExpertBytes(1, 3)
+	if e.Stats.Loads.Load() != 2 || hits != misses || hits == 0 || held <= 0 || held >= int64(eb) {
+		t.Fatalf("2 loads (%d): %d chunk reads from RAM, %d from the store, %d bytes held for an expert of %d", e.Stats.Loads.Load(), hits, misses, held, eb)
 	}
 }

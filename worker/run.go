@@ -20,6 +20,9 @@ type Config struct {
 	LoadBytesSec   float64
 	HostCacheBytes int64 // decompressed experts kept in host memory; 0: none
 	HostPreload    bool  // fill the host cache at start
+	// HostCompressedBytes keeps the store's chunks (compressed experts)
+	// in host memory, up to this many bytes: the compressed tier; 0: none.
+	HostCompressedBytes int64
 	// ResidentIndex/ResidentOf, when ResidentOf > 0, make this worker
 	// ResidentIndex of ResidentOf in a resident swarm: it pins the experts
 	// it owns at start and holds them for good.
@@ -32,7 +35,11 @@ type Config struct {
 // configured, then serves the main node and the shadow until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
-	st, err := store.Open(cfg.Store, store.Options{})
+	var chunks *store.ChunkCache
+	if cfg.HostCompressedBytes > 0 {
+		chunks = store.NewChunkCache(cfg.HostCompressedBytes)
+	}
+	st, err := store.Open(cfg.Store, store.Options{Chunks: chunks})
 	if err != nil {
 		return err
 	}
@@ -64,7 +71,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer host.Close()
 	}
 	eng := NewEngine(st, hidden, dev, log)
-	eng.Host = host
+	eng.Host, eng.Chunks = host, chunks
 	defer eng.Close() // first: nothing runs on the device or from the host cache when they close
 	if cfg.HostPreload {
 		if eng.Host == nil {
@@ -92,7 +99,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer ln.Close()
 	log.Info().Str("listen", ln.Addr().String()).Str("store", cfg.Store).Str("device_mem", progress.Bytes(cfg.DeviceMemBytes)).
-		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).Msg("worker ready")
+		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).
+		Str("host_compressed", progress.Bytes(cfg.HostCompressedBytes)).Msg("worker ready")
 	return NewServer(eng, log).Serve(ctx, ln)
 }
 

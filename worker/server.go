@@ -292,6 +292,9 @@ func (s *Server) Stats() *wire.WorkerStats {
 	}
 	n, b := s.engine.Cached()
 	ws.ResidentHits, ws.ResidentEvicted, ws.ResidentExperts, ws.ResidentBytes = st.Resident.Load(), st.Evicted.Load(), int64(n), b
+	if c := s.engine.Chunks; c != nil {
+		ws.HostCompressedHits, ws.HostCompressedMisses, ws.HostCompressedBytes = c.Stats()
+	}
 	if h := s.engine.Host; h != nil {
 		hits, misses, used := h.Stats()
 		ws.HostCacheHits, ws.HostCacheMisses, ws.HostCacheBytes = int64(hits), int64(misses), used

@@ -1,0 +1,90 @@
+package store
+
+import (
+	"container/list"
+	"sync"
+)
+
+// ChunkCache keeps stored chunks (the compressed experts, ~0.66 of their
+// BF16 bytes) in host memory, up to a byte budget, least recently used
+// out first: ZipMoE's compressed tier. A Store given one (Options) reads
+// a cached chunk from memory instead of its source and only decodes it,
+// so a worker can hold half as many experts again in the same RAM as
+// decompressed copies take, at the price of decompressing each load. A
+// chunk larger than the budget is never kept. Safe for concurrent use.
+type ChunkCache struct {
+	budget int64
+
+	mu     sync.Mutex
+	used   int64
+	lru    *list.List // of *cachedChunk, most recent at the front
+	byOff  map[int64]*list.Element
+	hits   int64
+	misses int64
+}
+
+type cachedChunk struct {
+	off  int64
+	data []byte
+}
+
+// NewChunkCache returns a cache of up to budget bytes of chunks.
+func NewChunkCache(budget int64) *ChunkCache {
+	return &ChunkCache{budget: budget, lru: list.New(), byOff: map[int64]*list.Element{}}
+}
+
+// Stats returns the cache's hits, misses and the bytes it holds.
+func (c *ChunkCache) Stats() (hits, misses, bytes int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hits, c.misses, c.used
+}
+
+// get copies the chunk at ref into dst if it is cached.
+func (c *ChunkCache) get(ref ChunkRef, dst []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.byOff[ref.Offset]
+	if !ok || len(el.Value.(*cachedChunk).data) != ref.Size {
+		c.misses++
+		return false
+	}
+	c.hits++
+	c.lru.MoveToFront(el)
+	copy(dst, el.Value.(*cachedChunk).data)
+	return true
+}
+
+// drop forgets the chunk at ref.
+func (c *ChunkCache) drop(ref ChunkRef) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.byOff[ref.Offset]; ok {
+		c.lru.Remove(el)
+		delete(c.byOff, ref.Offset)
+		c.used -= int64(len(el.Value.(*cachedChunk).data))
+	}
+}
+
+// put keeps a copy of chunk (the bytes at ref, checked), evicting the
+// least recently used chunks until it fits.
+func (c *ChunkCache) put(ref ChunkRef, chunk []byte) {
+	n := int64(len(chunk))
+	if n > c.budget {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.byOff[ref.Offset]; ok {
+		return // read twice at once
+	}
+	for c.used+n > c.budget {
+		el := c.lru.Back()
+		old := el.Value.(*cachedChunk)
+		c.lru.Remove(el)
+		delete(c.byOff, old.off)
+		c.used -= int64(len(old.data))
+	}
+	c.byOff[ref.Offset] = c.lru.PushFront(&cachedChunk{off: ref.Offset, data: append([]byte(nil), chunk...)})
+	c.used += n
+}
