@@ -50,7 +50,7 @@ type Store struct {
 	src       ChunkSource
 	file      *os.File // closed by Close when Open opened it
 	verify    bool
-	chunks    *ChunkCache // nil: none
+	chunks    *ChunkCache   // nil: none
 	slots     chan *decoder // a decoder (nil until first used) per goroutine allowed to decode
 	nslots    int
 	maxExp    int // the largest exponent chunk: each decoder's buffer

@@ -55,6 +55,9 @@ type Engine struct {
 	// Chunks, if set, is the store's cache of compressed chunks in host
 	// memory (the compressed tier), for the worker's figures.
 	Chunks *store.ChunkCache
+	// tiers, with both host tiers, chooses which an expert stays in
+	// (set before the first load); nil: every load fills Host.
+	tiers *hostTiers
 
 	// OnLoad, if set before the first load, is told of every load that
 	// succeeded: which expert and when it ran (for traces).
@@ -253,15 +256,26 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 // staging memory.
 func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model.Expert, *hostEntry, error) {
 	if e.Host != nil {
-		host, err := e.Host.hold(ctx, e.src, k, n)
-		if err == nil {
+		if host, ok := e.Host.get(k); ok {
 			return host.expert, host, nil
 		}
-		if !errors.Is(err, errHostFull) {
-			return model.Expert{}, nil, err
+		if e.tiers == nil || e.tiers.admit(k, n) {
+			t0 := time.Now()
+			host, err := e.Host.fill(ctx, e.src, k, n)
+			if err == nil {
+				e.tiers.decompressed(n, time.Since(t0))
+				return host.expert, host, nil
+			}
+			if !errors.Is(err, errHostFull) {
+				return model.Expert{}, nil, err
+			}
 		}
 	}
+	t0 := time.Now()
 	ex, err := e.src.ReadExpert(ctx, k.layer, k.expert, e.dev.Staging(b))
+	if err == nil {
+		e.tiers.decompressed(n, time.Since(t0))
+	}
 	return ex, nil, err
 }
 

@@ -74,6 +74,12 @@ func (c *HostCache) hold(ctx context.Context, src ExpertSource, k slotKey, n int
 	if ent, ok := c.get(k); ok {
 		return ent, nil
 	}
+	return c.fill(ctx, src, k, n)
+}
+
+// fill reads expert k (n bytes) from src into the cache and holds it, as
+// hold does for an expert the cache does not have.
+func (c *HostCache) fill(ctx context.Context, src ExpertSource, k slotKey, n int) (*hostEntry, error) {
 	c.mu.Lock()
 	b, err := c.allocLocked(int64(n))
 	c.mu.Unlock()

@@ -72,6 +72,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	eng := NewEngine(st, hidden, dev, log)
 	eng.Host, eng.Chunks = host, chunks
+	if host != nil && chunks != nil {
+		eng.tiers = newHostTiers(cfg.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
+	}
 	defer eng.Close() // first: nothing runs on the device or from the host cache when they close
 	if cfg.HostPreload {
 		if eng.Host == nil {
