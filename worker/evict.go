@@ -1,0 +1,52 @@
+package worker
+
+// makeRoom frees one expert nobody computes with, in this order: the
+// coldest expert left resident that nobody holds; the oldest loaded expert
+// of a layer other than layer (predictions that turned out wrong); and,
+// for a request waiting now (demand), the newest prediction not used yet,
+// whatever its layer (predictions come in the order requests follow, so
+// the newest is needed last; if it is needed after all it loads again, a
+// miss), then the coldest resident expert a prediction holds. Only an
+// expert computing, or kept for a prompt's next mini-batch, stays. It
+// reports whether it freed one.
+func (e *Engine) makeRoom(layer int, demand bool) bool {
+	// a candidate: loaded, idle, and not pinned for good
+	idle := func(s *slot) bool { return s.users == 0 && s.loaded && s.err == nil && !s.pinned }
+	colderOf := func(a, b *slot) bool { return colder(a.heat, a.order, b.heat, b.order, e.clock) }
+	older := func(a, b *slot) bool { return a.order < b.order }
+	newer := func(a, b *slot) bool { return a.order > b.order }
+	if e.evictOne(func(_ slotKey, s *slot) bool { return idle(s) && s.cached && len(s.holders) == 0 }, colderOf) {
+		return true // left resident, nobody holds it
+	}
+	if e.evictOne(func(k slotKey, s *slot) bool { return idle(s) && k.layer != layer }, older) {
+		return true // another layer's: a wrong prediction, or resident
+	}
+	if !demand {
+		return false
+	}
+	return e.evictOne(func(_ slotKey, s *slot) bool { return idle(s) && !s.used }, newer) || // a prediction not used yet
+		e.evictOne(func(_ slotKey, s *slot) bool { return idle(s) && !s.kept }, colderOf) // resident, predicted again
+}
+
+// evictOne drops the expert that eligible accepts and that comes first
+// by before; it reports whether there was one. A resident expert dropped
+// counts as evicted.
+func (e *Engine) evictOne(eligible func(k slotKey, s *slot) bool, before func(a, b *slot) bool) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var victim *slot
+	var vk slotKey
+	for k, s := range e.slots {
+		if eligible(k, s) && (victim == nil || before(s, victim)) {
+			victim, vk = s, k
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	if victim.cached {
+		e.Stats.Evicted.Add(1)
+	}
+	e.dropLocked(vk, victim)
+	return true
+}
