@@ -328,7 +328,6 @@ func (e *Engine) prefetchInFlight() <-chan struct{} {
 	return nil
 }
 
-
 // dropLocked removes a resident slot and frees its memory.
 func (e *Engine) dropLocked(k slotKey, s *slot) {
 	delete(e.slots, k)
