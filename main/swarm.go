@@ -82,9 +82,12 @@ type Swarm struct {
 	workers []*link
 	shadow  *shadowLink
 	placer  *placer // -residency on: activation statistics and migrations
-	nextID  atomic.Uint64
-	traced  [2]int64     // the iterations StartTrace asked for
-	rejoins atomic.Int64 // lost workers with a new connection waiting to rejoin
+	// rebalancing: one rebalance at a time reads, moves and sets the
+	// placement, so concurrent sequences never both move from one version
+	rebalancing sync.Mutex
+	nextID      atomic.Uint64
+	traced      [2]int64     // the iterations StartTrace asked for
+	rejoins     atomic.Int64 // lost workers with a new connection waiting to rejoin
 
 	// the receive loops of the worker and shadow connections and the
 	// redials of lost ones: Close ends life, closing them, and waits
@@ -237,11 +240,15 @@ func (s *Swarm) sendPlacement(p *wire.Peer) {
 // and, if so, runs on the new placement from now on, logs every move and
 // tells the shadow.
 func (s *Swarm) rebalance() {
+	s.rebalancing.Lock()
 	next, moves := s.placer.pass(s.planner.Placement())
 	if next == nil {
+		s.rebalancing.Unlock()
 		return
 	}
-	if err := s.planner.SetPlacement(next); err != nil {
+	err := s.planner.SetPlacement(next)
+	s.rebalancing.Unlock()
+	if err != nil {
 		s.opt.Log.Error().Err(err).Msg("mainnode: placement not taken")
 		return
 	}

@@ -156,6 +156,7 @@ const sendQueue = 256
 // to the workers and the main node, so the forward pass never waits on
 // the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
+	n.owners = nil // a placement is one main node's: the next may run without residency, or number its own from 0
 	g, ctx := errgroup.WithContext(ctx)
 	out := make(chan outgoing, sendQueue)
 	g.Go(func() error { return n.send(ctx, out) })

@@ -55,6 +55,22 @@ func (c *ChunkCache) get(ref ChunkRef, dst []byte) bool {
 	return true
 }
 
+// DropExpert forgets the chunks of expert (layer, expert) of st, when
+// its caller keeps it another way (a decompressed copy): the compressed
+// tier's memory goes to experts only it holds.
+func (c *ChunkCache) DropExpert(st *Store, layer, expert int) {
+	for _, k := range kinds {
+		t, err := st.ix.find(layer, expert, k)
+		if err != nil {
+			return
+		}
+		for _, sh := range t.shards {
+			c.drop(sh.sm)
+			c.drop(sh.exp)
+		}
+	}
+}
+
 // drop forgets the chunk at ref.
 func (c *ChunkCache) drop(ref ChunkRef) {
 	c.mu.Lock()

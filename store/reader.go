@@ -375,20 +375,19 @@ func (s *Store) decodeTask(ctx context.Context, d *decoder, tk *task, verify boo
 // checks its CRC-32C either way: a cached copy that no longer matches
 // (memory that flipped a bit) is dropped and the chunk read again.
 func (s *Store) readChunk(ctx context.Context, ref ChunkRef, dst []byte, want uint32) error {
-	cached := s.chunks != nil && s.chunks.get(ref, dst)
-	if cached && crc(dst) != want {
-		s.chunks.drop(ref)
-		cached = false
-	}
-	if !cached {
-		if err := s.src.ReadChunk(ctx, ref, dst); err != nil {
-			return err
+	if s.chunks != nil && s.chunks.get(ref, dst) {
+		if crc(dst) == want {
+			return nil
 		}
+		s.chunks.drop(ref)
+	}
+	if err := s.src.ReadChunk(ctx, ref, dst); err != nil {
+		return err
 	}
 	if got := crc(dst); got != want {
 		return fmt.Errorf("CRC-32C %08x, index says %08x (%d bytes at offset %d): %w", got, want, ref.Size, ref.Offset, ErrChecksum)
 	}
-	if s.chunks != nil && !cached {
+	if s.chunks != nil {
 		s.chunks.put(ref, dst)
 	}
 	return nil

@@ -252,3 +252,24 @@ func TestOlderPeerIsRefusedNamingBothVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestHelloWithImpossibleCapacitiesIsMalformed: a worker's Hello feeds the
+// main node's placement, so a negative, NaN or infinite load bandwidth,
+// or a negative budget, is refused rather than believed.
+func TestHelloWithImpossibleCapacitiesIsMalformed(t *testing.T) {
+	for _, h := range []Hello{
+		{Name: "w1", Role: RoleWorker, LoadBytesSec: -1},
+		{Name: "w1", Role: RoleWorker, LoadBytesSec: math.NaN()},
+		{Name: "w1", Role: RoleWorker, LoadBytesSec: math.Inf(1)},
+		{Name: "w1", Role: RoleWorker, DeviceMemBytes: -1},
+	} {
+		_, err := readAll(rawFrame(TypeHello, mustMsgpack(t, &h)), DefaultMaxFrameBytes, false)
+		var ce *ConnError
+		if !errors.As(err, &ce) || ce.Code != CodeMalformed {
+			t.Errorf("hello %+v: %v, want a malformed message", h, err)
+		}
+	}
+	if err := (&Hello{Name: "w1", Role: RoleWorker, LoadBytesSec: 4e9, DeviceMemBytes: 1 << 30}).validate(); err != nil {
+		t.Errorf("a sound hello: %v", err)
+	}
+}

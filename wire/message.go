@@ -4,6 +4,7 @@ package wire
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
@@ -339,6 +340,9 @@ func nonNegative(what string, v ...int64) error {
 func (m *Hello) validate() error {
 	if m.Name == "" || !m.Role.Valid() {
 		return malformed("hello from %q with role %q", m.Name, m.Role)
+	}
+	if !(m.LoadBytesSec >= 0) || math.IsInf(m.LoadBytesSec, 1) || m.DeviceMemBytes < 0 {
+		return malformed("hello from %q: load bandwidth %v B/s, device memory %d B", m.Name, m.LoadBytesSec, m.DeviceMemBytes)
 	}
 	return nil
 }

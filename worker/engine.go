@@ -86,16 +86,18 @@ type slot struct {
 	// prefetched: a prediction started its load (Prefetch), which never
 	// waits for memory: a waiting request may wait for it instead
 	prefetched bool
-	pinned     bool      // resident for good (Pin): never evicted but by Close
-	cached     bool      // a request left it resident (After Cache): it stays when nobody holds it
-	kept       bool      // its last request held it for more mini-batches (After Hold)
-	heat       heat      // its uses, decayed: the coldest cached expert goes first
-	loaded     bool      // the load has ended (err says how); guarded by Engine.mu
-	users      int       // requests computing with it now
-	used       bool      // some request has used it
-	order      uint64    // order of creation, for eviction of the oldest
-	holders    []uint64  // the sequences that hinted it or are running it, until they let go
-	held       [2]uint64 // holders' first backing array: most experts serve one or two sequences
+	pinned     bool // resident for good (Pin): never evicted but by Close
+	cached     bool // a request left it resident (After Cache): it stays when nobody holds it
+	// keepers are the sequences whose last request held it for their
+	// prompt's next mini-batch (After Hold), until they let go
+	keepers []uint64
+	heat    heat      // its uses, decayed: the coldest cached expert goes first
+	loaded  bool      // the load has ended (err says how); guarded by Engine.mu
+	users   int       // requests computing with it now
+	used    bool      // some request has used it
+	order   uint64    // order of creation, for eviction of the oldest
+	holders []uint64  // the sequences that hinted it or are running it, until they let go
+	held    [2]uint64 // holders' first backing array: most experts serve one or two sequences
 }
 
 // hold adds seq to the slot's holders (once).
@@ -264,6 +266,7 @@ func (e *Engine) fromHost(ctx context.Context, k slotKey, n int, b Block) (model
 			host, err := e.Host.fill(ctx, e.src, k, n)
 			if err == nil {
 				e.tiers.decompressed(n, time.Since(t0))
+				e.tiers.admitted(k)
 				return host.expert, host, nil
 			}
 			if !errors.Is(err, errHostFull) {
@@ -434,7 +437,13 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 
 	e.mu.Lock()
 	s.users--
-	s.kept = after == Hold
+	if after == Hold {
+		if !slices.Contains(s.keepers, seq) {
+			s.keepers = append(s.keepers, seq)
+		}
+	} else {
+		s.keepers = slices.DeleteFunc(s.keepers, func(q uint64) bool { return q == seq })
+	}
 	if after == Cache {
 		s.cached = true
 	}
@@ -496,7 +505,7 @@ func (e *Engine) EndSequence(seq uint64) {
 }
 
 func (e *Engine) releaseLocked(seq uint64, k slotKey, s *slot) {
-	s.kept = false
+	s.keepers = slices.DeleteFunc(s.keepers, func(q uint64) bool { return q == seq })
 	if !s.release(seq) || s.cached {
 		return
 	}

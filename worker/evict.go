@@ -6,9 +6,11 @@ package worker
 // for a request waiting now (demand), the newest prediction not used yet,
 // whatever its layer (predictions come in the order requests follow, so
 // the newest is needed last; if it is needed after all it loads again, a
-// miss), then the coldest resident expert a prediction holds. Only an
-// expert computing, or kept for a prompt's next mini-batch, stays. It
-// reports whether it freed one.
+// miss), then the coldest resident expert a prediction holds but no
+// sequence keeps for its prompt's next mini-batch. An expert computing is
+// never taken, nor one of this layer kept for a prompt (another layer's
+// is, by the second rule, as before residency). It reports whether it
+// freed one.
 func (e *Engine) makeRoom(layer int, demand bool) bool {
 	// a candidate: loaded, idle, and not pinned for good
 	idle := func(s *slot) bool { return s.users == 0 && s.loaded && s.err == nil && !s.pinned }
@@ -25,7 +27,7 @@ func (e *Engine) makeRoom(layer int, demand bool) bool {
 		return false
 	}
 	return e.evictOne(func(_ slotKey, s *slot) bool { return idle(s) && !s.used }, newer) || // a prediction not used yet
-		e.evictOne(func(_ slotKey, s *slot) bool { return idle(s) && !s.kept }, colderOf) // resident, predicted again
+		e.evictOne(func(_ slotKey, s *slot) bool { return idle(s) && len(s.keepers) == 0 }, colderOf) // resident, predicted again
 }
 
 // evictOne drops the expert that eligible accepts and that comes first

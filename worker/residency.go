@@ -40,14 +40,14 @@ const heatHalfLife = 64
 // heat is an expert's decayed use count, as of the worker's use clock at:
 // the residency policy evicts the coldest resident expert first (FluxMoE's
 // reuse-driven residency, with per-expert counts decayed as popularity
-// drifts). Experts predicted for an upcoming layer are not evicted at
-// all: a prediction holds its expert until the layer has run.
+// drifts). Experts a prediction holds go only after every resident
+// expert nobody holds (Engine.makeRoom).
 type heat struct {
 	count float64
 	at    uint64
 }
 
-// at returns the heat decayed to clock now.
+// value is the heat decayed to clock now.
 func (h heat) value(now uint64) float64 {
 	if h.count == 0 || now <= h.at {
 		return h.count

@@ -2,8 +2,10 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -207,6 +209,12 @@ func TestAWaitingRequestWaitsForPredictionsStillLoading(t *testing.T) {
 	e := NewEngine(f.store, f.model.Config.HiddenSize, NewCPU(arena, NewLink(float64(eb)*20)), zerolog.Nop()) // 50 ms a load
 	t.Cleanup(e.Close)
 	e.Prefetch(context.Background(), 1, 1, []int{2, 4})
+	for arena.InUse() < 2*align(int64(eb)) { // both predictions hold their memory: the request must wait
+		time.Sleep(time.Millisecond)
+	}
+	if e.prefetchInFlight() == nil {
+		t.Fatal("the predictions landed before the request: the wait is not exercised (slow the link)")
+	}
 	if res := runExpert(t, e, f, 1, 1, 6, Evict); !res.Miss {
 		t.Fatalf("expert 6 was not predicted, yet %+v", res)
 	}
@@ -233,14 +241,38 @@ func TestAWaitingRequestEvictsAPredictedResidentExpert(t *testing.T) {
 		t.Fatal("the hotter predicted expert was evicted, not the colder")
 	}
 	// a prompt's expert kept for its next mini-batch stays
-	e2, _, _ := residencyEngine(t, 1)
+	if arena.Peak() > arena.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	}
+	e2, arena2, _ := residencyEngine(t, 1)
 	runExpert(t, e2, f, 1, 1, 4, Hold)
 	h := f.model.Config.HiddenSize
 	out := make([]float32, h)
 	if _, err := e2.Run(context.Background(), 2, 1, 5, randomInput(1, h, 1), 1, out, Evict); err == nil {
 		t.Fatal("an expert kept for a prompt's next mini-batch was evicted for another request")
 	}
-	if arena.Peak() > arena.Budget() {
-		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	if arena2.Peak() > arena2.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena2.Peak(), arena2.Budget())
+	}
+}
+
+// TestAPromptsKeptExpertSurvivesOtherSequences: an expert a prompt keeps
+// for its next mini-batch stays kept when other sequences let go of its
+// layer or run it themselves: a third sequence's request is refused for
+// room rather than take it, and the prompt's next mini-batch loads nothing.
+func TestAPromptsKeptExpertSurvivesOtherSequences(t *testing.T) {
+	e, _, f := residencyEngine(t, 1)
+	runExpert(t, e, f, 1, 1, 4, Hold) // sequence 1's prompt keeps expert 4
+	runExpert(t, e, f, 2, 1, 4, Evict)
+	e.Evict(2, 1)
+	e.EndSequence(2)
+	h := f.model.Config.HiddenSize
+	out := make([]float32, h)
+	if _, err := e.Run(context.Background(), 3, 1, 5, randomInput(1, h, 2), 1, out, Evict); !errors.Is(err, ErrOverBudget) {
+		t.Fatalf("sequence 3 took the room of an expert sequence 1 keeps: %v", err)
+	}
+	loads := e.Stats.Loads.Load()
+	if runExpert(t, e, f, 1, 1, 4, Evict); e.Stats.Loads.Load() != loads {
+		t.Fatal("the prompt's kept expert was reloaded")
 	}
 }

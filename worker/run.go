@@ -74,6 +74,7 @@ func Run(ctx context.Context, cfg Config) error {
 	eng.Host, eng.Chunks = host, chunks
 	if host != nil && chunks != nil {
 		eng.tiers = newHostTiers(cfg.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
+		eng.tiers.forget = func(layer, expert int) { chunks.DropExpert(st, layer, expert) }
 	}
 	defer eng.Close() // first: nothing runs on the device or from the host cache when they close
 	if cfg.HostPreload {

@@ -23,6 +23,9 @@ import (
 // saves too little to be worth 1.5x the memory, and nothing is admitted.
 type hostTiers struct {
 	linkBytesSec float64 // the transfer rate; 0: unpaced (transfers cost nothing)
+	// forget, if set, drops an expert's compressed copy once it has a
+	// decompressed one: each expert lives in one host tier
+	forget func(layer, expert int)
 
 	mu            sync.Mutex
 	ghost         *list.List // of slotKey, most recent at the front
@@ -62,6 +65,13 @@ func (t *hostTiers) admit(k slotKey, n int) bool {
 		delete(t.inGhost, old.Value.(slotKey))
 	}
 	return false
+}
+
+// admitted says k now has a decompressed host copy (a nil t: nothing).
+func (t *hostTiers) admitted(k slotKey) {
+	if t != nil && t.forget != nil {
+		t.forget(k.layer, k.expert)
+	}
 }
 
 // decompressed records that n bytes took d to read and decompress (a nil

@@ -74,6 +74,7 @@ func TestEngineWithBothHostTiers(t *testing.T) {
 	arena, _ := NewArena(64 << 20)
 	e := NewEngine(st, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
 	e.Host, e.Chunks, e.tiers = newHostCache(t, 64<<20), chunks, newHostTiers(0)
+	e.tiers.forget = func(layer, expert int) { chunks.DropExpert(st, layer, expert) }
 	defer e.Close()
 	x := randomInput(1, h, 8)
 	out := make([]float32, h)
@@ -90,7 +91,10 @@ func TestEngineWithBothHostTiers(t *testing.T) {
 		}
 	}
 	hostHits, _, _ := e.Host.Stats()
-	chunkHits, chunkMisses, _ := chunks.Stats()
+	chunkHits, chunkMisses, chunkBytes := chunks.Stats()
+	if chunkBytes != 0 {
+		t.Errorf("the compressed tier still holds %d bytes of an expert the decompressed tier holds", chunkBytes)
+	}
 	if hostHits != 1 || chunkMisses == 0 || chunkHits != chunkMisses {
 		t.Fatalf("host cache hits %d (want 1: the third load); chunk reads from RAM %d, from the store %d (want equal: the second load from RAM)",
 			hostHits, chunkHits, chunkMisses)
