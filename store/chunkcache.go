@@ -14,6 +14,7 @@ import (
 // chunk larger than the budget is never kept. Safe for concurrent use.
 type ChunkCache struct {
 	budget int64
+	mem    ChunkMemory // nil: the Go heap
 
 	mu     sync.Mutex
 	used   int64
@@ -28,9 +29,19 @@ type cachedChunk struct {
 	data []byte
 }
 
-// NewChunkCache returns a cache of up to budget bytes of chunks.
-func NewChunkCache(budget int64) *ChunkCache {
-	return &ChunkCache{budget: budget, lru: list.New(), byOff: map[int64]*list.Element{}}
+// ChunkMemory is where a ChunkCache keeps its copies: a worker lends it
+// an arena off the Go heap, so that the cache's resident memory is its
+// budget at most and its evictions leave no garbage. Alloc fails when the
+// memory has no room for n bytes (the cache evicts and tries again).
+type ChunkMemory interface {
+	Alloc(n int) ([]byte, error)
+	Free(b []byte)
+}
+
+// NewChunkCache returns a cache of up to budget bytes of chunks, kept in
+// mem (nil: on the Go heap).
+func NewChunkCache(budget int64, mem ChunkMemory) *ChunkCache {
+	return &ChunkCache{budget: budget, mem: mem, lru: list.New(), byOff: map[int64]*list.Element{}}
 }
 
 // Stats returns the cache's hits, misses and the bytes it holds.
@@ -76,9 +87,39 @@ func (c *ChunkCache) drop(ref ChunkRef) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.byOff[ref.Offset]; ok {
-		c.lru.Remove(el)
-		delete(c.byOff, ref.Offset)
-		c.used -= int64(len(el.Value.(*cachedChunk).data))
+		c.removeLocked(el)
+	}
+}
+
+// removeLocked forgets a cached chunk and gives its memory back.
+func (c *ChunkCache) removeLocked(el *list.Element) {
+	ch := el.Value.(*cachedChunk)
+	c.lru.Remove(el)
+	delete(c.byOff, ch.off)
+	c.used -= int64(len(ch.data))
+	if c.mem != nil {
+		c.mem.Free(ch.data)
+	}
+}
+
+// allocLocked takes n bytes for a copy, evicting the least recently used
+// chunks while the budget or the memory has no room; nil if it cannot.
+func (c *ChunkCache) allocLocked(n int) []byte {
+	for c.used+int64(n) > c.budget && c.lru.Len() > 0 {
+		c.removeLocked(c.lru.Back())
+	}
+	if c.mem == nil {
+		return make([]byte, n)
+	}
+	for {
+		b, err := c.mem.Alloc(n)
+		if err == nil {
+			return b
+		}
+		if c.lru.Len() == 0 {
+			return nil
+		}
+		c.removeLocked(c.lru.Back()) // room, but in pieces: free more
 	}
 }
 
@@ -86,7 +127,7 @@ func (c *ChunkCache) drop(ref ChunkRef) {
 // least recently used chunks until it fits.
 func (c *ChunkCache) put(ref ChunkRef, chunk []byte) {
 	n := int64(len(chunk))
-	if n > c.budget {
+	if n == 0 || n > c.budget {
 		return
 	}
 	c.mu.Lock()
@@ -94,13 +135,11 @@ func (c *ChunkCache) put(ref ChunkRef, chunk []byte) {
 	if _, ok := c.byOff[ref.Offset]; ok {
 		return // read twice at once
 	}
-	for c.used+n > c.budget {
-		el := c.lru.Back()
-		old := el.Value.(*cachedChunk)
-		c.lru.Remove(el)
-		delete(c.byOff, old.off)
-		c.used -= int64(len(old.data))
+	data := c.allocLocked(len(chunk))
+	if data == nil {
+		return
 	}
-	c.byOff[ref.Offset] = c.lru.PushFront(&cachedChunk{off: ref.Offset, data: append([]byte(nil), chunk...)})
+	copy(data, chunk)
+	c.byOff[ref.Offset] = c.lru.PushFront(&cachedChunk{off: ref.Offset, data: data})
 	c.used += n
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -31,7 +32,7 @@ func cachedStore(t *testing.T, budget int64) (*Store, *countingSource, *ChunkCac
 	t.Cleanup(func() { local.Close() })
 	chunks, _ := os.ReadFile(filepath.Join(dir, ChunkFile))
 	src := &countingSource{memSource: memSource(chunks)}
-	cache := NewChunkCache(budget)
+	cache := NewChunkCache(budget, nil)
 	st, err := New(local.IndexBytes(), src, Options{Identity: b.identity, Chunks: cache})
 	if err != nil {
 		t.Fatal(err)
@@ -110,5 +111,45 @@ func TestChunkCacheCatchesAFlippedCachedByte(t *testing.T) {
 	checkStore(t, "after flipping cached bytes", st, b)
 	if src.reads.Load() == before {
 		t.Fatal("flipped cached chunks were used without a re-read")
+	}
+}
+
+// tightMemory lends at most limit bytes, as an arena that fills up or
+// fragments would.
+type tightMemory struct {
+	limit, inUse int
+	frees        int
+}
+
+func (m *tightMemory) Alloc(n int) ([]byte, error) {
+	if m.inUse+n > m.limit {
+		return nil, errors.New("no room")
+	}
+	m.inUse += n
+	return make([]byte, n), nil
+}
+
+func (m *tightMemory) Free(b []byte) { m.inUse -= len(b); m.frees++ }
+
+// TestChunkCacheEvictsWhenItsMemoryIsFull: when the memory the cache
+// keeps its copies in refuses an allocation below the cache's budget, the
+// cache evicts until it fits (or keeps nothing), gives back what it
+// evicts, and every read is still right.
+func TestChunkCacheEvictsWhenItsMemoryIsFull(t *testing.T) {
+	dir, b := smallStore.write(t, ConvertOptions{Shards: 2})
+	mem := &tightMemory{limit: 500}
+	st, err := Open(dir, Options{Chunks: NewChunkCache(1<<20, mem)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for range 2 {
+		checkStore(t, "tight memory", st, b)
+		if mem.inUse > mem.limit {
+			t.Fatalf("memory lends %d of %d", mem.inUse, mem.limit)
+		}
+	}
+	if _, _, held := st.chunks.Stats(); held != int64(mem.inUse) || mem.frees == 0 {
+		t.Fatalf("cache holds %d bytes, memory lends %d, %d frees", held, mem.inUse, mem.frees)
 	}
 }

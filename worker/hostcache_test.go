@@ -261,7 +261,12 @@ func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
 // expert.
 func TestCompressedTierServesReloadsFromHostMemory(t *testing.T) {
 	f := tinyFixture(t)
-	chunks := store.NewChunkCache(64 << 20)
+	mem, err := NewArenaChunks(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	chunks := store.NewChunkCache(64<<20, mem)
 	st, err := store.Open(filepath.Join(f.dir, "store"), store.Options{Chunks: chunks})
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +288,9 @@ func TestCompressedTierServesReloadsFromHostMemory(t *testing.T) {
 		}
 	}
 	hits, misses, held := chunks.Stats()
+	if mem.InUse() < held || mem.InUse() > held+64*arenaAlign {
+		t.Fatalf("the compressed tier holds %d bytes, its arena lends %d", held, mem.InUse())
+	}
 	eb, _ := st.ExpertBytes(1, 3)
 	if e.Stats.Loads.Load() != 2 || hits != misses || hits == 0 || held <= 0 || held >= int64(eb) {
 		t.Fatalf("2 loads (%d): %d chunk reads from RAM, %d from the store, %d bytes held for an expert of %d", e.Stats.Loads.Load(), hits, misses, held, eb)

@@ -37,7 +37,12 @@ func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
 	var chunks *store.ChunkCache
 	if cfg.HostCompressedBytes > 0 {
-		chunks = store.NewChunkCache(cfg.HostCompressedBytes)
+		mem, err := NewArenaChunks(cfg.HostCompressedBytes) // off the Go heap
+		if err != nil {
+			return err
+		}
+		defer mem.Close() // last: after the store
+		chunks = store.NewChunkCache(cfg.HostCompressedBytes, mem)
 	}
 	st, err := store.Open(cfg.Store, store.Options{Chunks: chunks})
 	if err != nil {
