@@ -74,3 +74,27 @@ func TestPlacerMeasuresLoadsAndCompute(t *testing.T) {
 		t.Errorf("cache %d bytes, want %d: the budget less two passing experts", caps[0].CacheBytes, want)
 	}
 }
+
+// TestLeadPercentilesAreNearestRank checks the percentiles against the
+// nearest-rank definition on 1..100 ms, and that the samples are bounded.
+func TestLeadPercentilesAreNearestRank(t *testing.T) {
+	var st Stats
+	if a, b, c := st.LeadPercentiles(); a != 0 || b != 0 || c != 0 {
+		t.Fatal("percentiles of nothing")
+	}
+	var leads []time.Duration
+	for i := 100; i >= 1; i-- {
+		leads = append(leads, time.Duration(i)*time.Millisecond)
+	}
+	st.addLeads(leads)
+	p5, p50, p95 := st.LeadPercentiles()
+	if p5 != 5*time.Millisecond || p50 != 50*time.Millisecond || p95 != 95*time.Millisecond {
+		t.Fatalf("p5 %v p50 %v p95 %v, want 5, 50, 95 ms", p5, p50, p95)
+	}
+	for range maxLeadSamples / 100 {
+		st.addLeads(leads)
+	}
+	if len(st.Leads) != maxLeadSamples {
+		t.Fatalf("%d samples kept, bound %d", len(st.Leads), maxLeadSamples)
+	}
+}

@@ -48,10 +48,22 @@ type RunStats struct {
 	Faults *FaultsJSON `json:"faults,omitempty"`
 	// Residency is what -residency on did: absent with it off.
 	Residency *ResidencyJSON `json:"residency,omitempty"`
+	// LeadMs is the distribution of how long before its request each
+	// decode load made on a prediction had its prediction: absent when
+	// none was.
+	LeadMs *LeadJSON `json:"prediction_lead_ms,omitempty"`
 	// TierBytes are the expert bytes the workers hold at the end, summed,
 	// per tier: device_resident (decompressed, left resident),
 	// host_decompressed (-host-cache), host_compressed (-host-compressed).
 	TierBytes map[string]int64 `json:"tier_bytes,omitempty"`
+}
+
+// LeadJSON is a distribution of prediction leads, in milliseconds.
+type LeadJSON struct {
+	Samples int     `json:"samples"`
+	P5      float64 `json:"p5"`
+	P50     float64 `json:"p50"`
+	P95     float64 `json:"p95"`
 }
 
 // ResidencyJSON is what residency did over a run: the main node's
@@ -131,6 +143,10 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations}
 	for i := range rs.Iterations {
 		rs.Iterations[i].Layer = i + 1
+	}
+	if len(sw.Leads) > 0 {
+		p5, p50, p95 := sw.LeadPercentiles()
+		rs.LeadMs = &LeadJSON{Samples: len(sw.Leads), P5: ms(p5), P50: ms(p50), P95: ms(p95)}
 	}
 	if r := sw.Residency; r != nil {
 		rs.Residency = &ResidencyJSON{Rebalances: r.Rebalances, Migrations: r.Migrations, PlacementVersion: r.Version}
@@ -214,6 +230,14 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		}
 		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
 			100**rs.Recall, len(rs.RecallByToken), late, rs.MissesLate, rs.MissesWrong)
+	}
+	if l := rs.LeadMs; l != nil {
+		load := 0.0
+		if dec.Loads > 0 {
+			load = ms(dec.Load) / float64(dec.Loads)
+		}
+		fmt.Fprintf(w, "prediction lead over %d decode loads made on a prediction: p5 %.2f, p50 %.2f, p95 %.2f ms, against %.2f ms a load (a load hides when its lead covers it)\n",
+			l.Samples, l.P5, l.P50, l.P95, load)
 	}
 	if r := rs.Residency; r != nil {
 		fmt.Fprintf(w, "residency: %d requests served by resident experts (no load), %d resident experts evicted for room, %d resident at the end (%s); placement: %d rebalances, %d experts migrated\n",

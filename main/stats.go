@@ -1,6 +1,7 @@
 package mainnode
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -33,7 +34,11 @@ type Stats struct {
 	Faults          FaultStats
 	// Residency is what -residency on decided; nil with it off.
 	Residency *ResidencyStats
-	beyond    LayerStats // where iterations past maxIterationStats go, unkept
+	// Leads are how long before its request each decode load made on a
+	// prediction had its prediction (the first maxLeadSamples of them):
+	// a load hides when its lead covers it.
+	Leads  []time.Duration
+	beyond LayerStats // where iterations past maxIterationStats go, unkept
 }
 
 // layerSample is one RunExperts call's figures.
@@ -122,5 +127,28 @@ func Total(layers []LayerStats) LayerStats {
 }
 
 func (s *Stats) clone() *Stats {
-	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Iterations: slices.Clone(s.Iterations), Faults: s.Faults}
+	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Iterations: slices.Clone(s.Iterations), Faults: s.Faults,
+		Leads: slices.Clone(s.Leads)}
+}
+
+// maxLeadSamples bounds Stats.Leads (a server runs for as long as it lives).
+const maxLeadSamples = 1 << 16
+
+// addLeads records prediction leads, up to maxLeadSamples in all.
+func (s *Stats) addLeads(leads []time.Duration) {
+	s.Leads = append(s.Leads, leads[:min(len(leads), maxLeadSamples-len(s.Leads))]...)
+}
+
+// LeadPercentiles returns the 5th, 50th and 95th percentiles of the
+// leads (nearest rank), zeros if there are none.
+func (s *Stats) LeadPercentiles() (p5, p50, p95 time.Duration) {
+	if len(s.Leads) == 0 {
+		return 0, 0, 0
+	}
+	sorted := slices.Sorted(slices.Values(s.Leads))
+	at := func(p float64) time.Duration {
+		i := int(math.Ceil(p*float64(len(sorted)))) - 1
+		return sorted[max(i, 0)]
+	}
+	return at(0.05), at(0.50), at(0.95)
 }

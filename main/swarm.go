@@ -116,7 +116,8 @@ type sequence struct {
 	replies  chan reply
 	pred     wire.Prediction
 	act      wire.Activation
-	toks     []int // scratch: the rows of one result
+	toks     []int           // scratch: the rows of one result
+	leads    []time.Duration // scratch: the layer's prediction leads
 }
 
 // NewSwarm runs experts on peers, which must be workers, in sched order:
@@ -478,6 +479,9 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 			}
 		}
 		ls.add(res)
+		if res.Loaded && !res.Miss && res.Lead > 0 && !(prefill && !q.batch) {
+			q.leads = append(q.leads, res.Lead)
+		}
 		if s.placer != nil {
 			s.placer.measured(r.Worker, res, len(q.toks))
 		}
@@ -498,6 +502,8 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 	ls.wall, ls.network = wall, max(wall-crit, 0)
 	s.mu.Lock()
 	s.stats.experts(prefill && !q.batch, q.step.Iter, layer, ls)
+	s.stats.addLeads(q.leads)
+	q.leads = q.leads[:0]
 	s.mu.Unlock()
 	return nil
 }

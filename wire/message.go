@@ -163,6 +163,9 @@ type ExpertResult struct {
 	ComputeTime time.Duration
 	ID          uint64        // the Activation's
 	StallTime   time.Duration // how long the request waited for the expert to load
+	// Lead is how long before the Activation the prediction that loaded
+	// the expert arrived (0: not loaded on a prediction for it).
+	Lead time.Duration
 }
 
 // Alignment re-aligns the shadow node's copy of sequence Seq with the main

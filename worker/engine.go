@@ -76,13 +76,14 @@ type slotKey struct{ layer, expert int }
 // slot is one expert being loaded or resident. One slot serves every
 // sequence that wants the expert: it stays while any of them holds it.
 type slot struct {
-	done    chan struct{} // closed when the load ends
-	expert  model.Expert
-	block   Block
-	host    *hostEntry // the host copy it computes from, held until freed; nil if none
-	err     error
-	loadDur time.Duration
-	hinted  bool
+	done     chan struct{} // closed when the load ends
+	expert   model.Expert
+	block    Block
+	host     *hostEntry // the host copy it computes from, held until freed; nil if none
+	err      error
+	loadDur  time.Duration
+	hinted   bool
+	hintedAt time.Time // when the first prediction of it arrived
 	// prefetched: a prediction started its load (Prefetch), which never
 	// waits for memory: a waiting request may wait for it instead
 	prefetched bool
@@ -136,7 +137,9 @@ func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []
 		e.mu.Lock()
 		k := slotKey{layer, ex}
 		if s, ok := e.slots[k]; ok {
-			s.hinted = true
+			if !s.hinted {
+				s.hinted, s.hintedAt = true, time.Now()
+			}
 			s.hold(seq)
 			e.mu.Unlock()
 			continue
@@ -151,6 +154,9 @@ func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []
 func (e *Engine) newSlotLocked(k slotKey, hinted bool) *slot {
 	e.order++
 	s := &slot{done: make(chan struct{}), hinted: hinted, prefetched: hinted, order: e.order}
+	if hinted {
+		s.hintedAt = time.Now()
+	}
 	s.holders = s.held[:0]
 	e.slots[k] = s
 	return s
@@ -358,10 +364,14 @@ type Result struct {
 	Miss bool // the expert was not hinted: loaded on demand
 	// Resident: an earlier request left the expert resident (After Cache).
 	Resident bool
-	Loaded   bool          // the expert was loaded for this request: its first user, and not pinned
-	Stall    time.Duration // time waiting for the load
-	Load     time.Duration // the load's own duration
-	Compute  time.Duration
+	// Lead, for an expert loaded for this request on a prediction, is how
+	// long before the request the prediction arrived (0 otherwise): the
+	// load hides when the lead covers it.
+	Lead    time.Duration
+	Loaded  bool          // the expert was loaded for this request: its first user, and not pinned
+	Stall   time.Duration // time waiting for the load
+	Load    time.Duration // the load's own duration
+	Compute time.Duration
 	// Arrived is when Run was called (the stall starts), Started when the
 	// compute started.
 	Arrived, Started time.Time
@@ -411,6 +421,9 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 		}
 		res.Loaded = !s.used && !s.pinned
 		res.Resident = s.cached && s.used && !s.pinned
+		if res.Loaded && s.hinted && s.hintedAt.Before(t0) {
+			res.Lead = t0.Sub(s.hintedAt)
+		}
 		s.users++
 		s.used = true
 		s.hold(seq)

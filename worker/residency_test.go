@@ -276,3 +276,21 @@ func TestAPromptsKeptExpertSurvivesOtherSequences(t *testing.T) {
 		t.Fatal("the prompt's kept expert was reloaded")
 	}
 }
+
+// TestResultSaysHowLongBeforeItsRequestThePredictionCame: a load made on
+// a prediction reports the prediction's lead over the request; a miss, or
+// an expert already resident, reports none.
+func TestResultSaysHowLongBeforeItsRequestThePredictionCame(t *testing.T) {
+	e, _, f := residencyEngine(t, 4)
+	e.Prefetch(context.Background(), 1, 0, []int{3})
+	time.Sleep(20 * time.Millisecond)
+	if res := runExpert(t, e, f, 1, 0, 3, Cache); res.Miss || !res.Loaded || res.Lead < 20*time.Millisecond || res.Lead > 10*time.Second {
+		t.Fatalf("hinted load: %+v, want a lead of at least 20 ms", res)
+	}
+	if res := runExpert(t, e, f, 1, 0, 5, Evict); !res.Miss || res.Lead != 0 {
+		t.Fatalf("miss: lead %v, want 0", res.Lead)
+	}
+	if res := runExpert(t, e, f, 1, 0, 3, Evict); !res.Resident || res.Lead != 0 {
+		t.Fatalf("resident hit: lead %v, want 0 (nothing loaded)", res.Lead)
+	}
+}

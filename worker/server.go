@@ -258,7 +258,7 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 			s.trace.Message(trace.Send, trace.MsgResult, p.Identity().Name, a.Iteration, a.Layer, int(e), a.ID, time.Now())
 		}
 		msg.Seq, msg.Iteration, msg.Layer, msg.Expert, msg.ID = a.Seq, a.Iteration, a.Layer, int(e), a.ID
-		msg.Loaded, msg.Miss, msg.LoadTime, msg.ComputeTime, msg.StallTime = res.Loaded, res.Miss, res.Load, res.Compute, res.Stall
+		msg.Loaded, msg.Miss, msg.LoadTime, msg.ComputeTime, msg.StallTime, msg.Lead = res.Loaded, res.Miss, res.Load, res.Compute, res.Stall, res.Lead
 		msg.Output.SetFloat32s(out, n, h)
 		err = p.Send(ctx, msg)
 		if err != nil {
