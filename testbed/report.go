@@ -99,6 +99,9 @@ type runFigures struct {
 	Recall           *float64         `json:"recall"`
 	Faults           map[string]int64 `json:"faults"`
 	Residency        map[string]int64 `json:"residency"`
+	Lead             *struct {
+		P50 float64 `json:"p50"`
+	} `json:"prediction_lead_ms"`
 	Iterations       []struct {
 		Layer     int     `json:"layer"` // the iteration
 		MainMs    float64 `json:"main_ms"`
@@ -179,8 +182,8 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 	for _, c := range cases {
 		runs := byCase[c]
 		fmt.Fprintf(w, "## %d prompt tokens, %d output tokens\n\n", runs[0].Prompt, runs[0].Output)
-		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
+		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | lead p50 ms | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
 		var resident, shadow, residency, uniform float64
 		var faulted *Run
 		for _, r := range runs {
@@ -202,8 +205,12 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 			if !r.Identical {
 				same = "**NO**: " + r.Diff
 			}
-			fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %s | %d | %d | %.1f%% | %s / %s / %s / %s | %s | %s |\n",
-				r.Mode, f.TTFTms, f.DecodeTokensPerS, f.OutputTokensPerS, recall, f.ExpertLoads, f.Misses, 100*f.StallFraction,
+			lead := "–"
+			if f.Lead != nil {
+				lead = fmt.Sprintf("%.2f", f.Lead.P50)
+			}
+			fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %s | %d | %d | %.1f%% | %s | %s / %s / %s / %s | %s | %s |\n",
+				r.Mode, f.TTFTms, f.DecodeTokensPerS, f.OutputTokensPerS, recall, f.ExpertLoads, f.Misses, 100*f.StallFraction, lead,
 				mib(main), mib(f.PeakMemory["shadow"]), mib(f.PeakMemory["worker_device"]), mib(f.PeakMemory["worker_rss"]), busy, same)
 			switch r.Mode {
 			case ModeResident:

@@ -181,6 +181,7 @@ const (
 	colLoads
 	colMisses
 	colStall
+	colLead
 	colPeak
 	colBusy
 	colSame
@@ -462,5 +463,19 @@ func TestResidencyModesStartTheSwarmWithResidency(t *testing.T) {
 		if got != want {
 			t.Errorf("%s worker w5: last -device-mem %s, want %s (%q)", tc.mode, got, want, flags(w))
 		}
+	}
+}
+
+// TestReportShowsThePredictionLead: a run whose stats carry prediction
+// leads shows their median in the table; one without shows a dash.
+func TestReportShowsThePredictionLead(t *testing.T) {
+	withLead := Run{Mode: ModeShadow, Case: "p16-o8", Prompt: 16, Output: 8, Identical: true,
+		Stats: json.RawMessage(`{"decode_tokens_per_s": 9, "prediction_lead_ms": {"samples": 40, "p5": 0.5, "p50": 3.25, "p95": 9}}`)}
+	without := Run{Mode: ModeReactive, Case: "p16-o8", Prompt: 16, Output: 8, Identical: true, Stats: json.RawMessage(`{"decode_tokens_per_s": 4}`)}
+	var buf bytes.Buffer
+	WriteMarkdown(&buf, testReport([]Run{without, withLead}), nil)
+	rows := splitMarkdown(buf.String())[0].rows
+	if len(rows) != 2 || rows[0][colLead] != "–" || rows[1][colLead] != "3.25" {
+		t.Fatalf("lead cells %q", rows)
 	}
 }
