@@ -102,7 +102,7 @@ type runFigures struct {
 	Lead             *struct {
 		P50 float64 `json:"p50"`
 	} `json:"prediction_lead_ms"`
-	Iterations       []struct {
+	Iterations []struct {
 		Layer     int     `json:"layer"` // the iteration
 		MainMs    float64 `json:"main_ms"`
 		ExpertsMs float64 `json:"experts_ms"`
