@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
@@ -182,12 +183,32 @@ func serveDemo(ctx context.Context, sw *procSwarm, margs []string, addr, model s
 	}
 }
 
-// freeUDPAddr asks the kernel for a free loopback UDP port.
+// freeUDPAddr asks the kernel for a free loopback UDP port, one this
+// process has not handed out before: a port is free again once this lets
+// go of it, so two nodes that have not bound theirs yet could otherwise be
+// given the same one (seen: a shadow given a worker's port, failing to
+// listen).
 func freeUDPAddr() (string, error) {
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	for range 64 {
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := c.LocalAddr().String()
+		c.Close()
+		handedOut.Lock()
+		fresh := !handedOut.addrs[addr]
+		handedOut.addrs[addr] = true
+		handedOut.Unlock()
+		if fresh {
+			return addr, nil
+		}
 	}
-	defer c.Close()
-	return c.LocalAddr().String(), nil
+	return "", fmt.Errorf("no loopback UDP port this process has not handed out already, in 64 tries")
 }
+
+// handedOut are the addresses freeUDPAddr has returned.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
