@@ -229,22 +229,37 @@ func TestPlannerCountsLiveWorkers(t *testing.T) {
 
 // TestPlanningADecodeLayerAllocatesNothing: once a sequence's Plan has
 // grown, planning a decode layer allocates nothing, for every policy.
+// With residency (a placement set) it allocates nothing either.
 func TestPlanningADecodeLayerAllocatesNothing(t *testing.T) {
+	owners, err := sched.NewPlacement(4, []int{0, 1, 2, 3}, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range Prefetches {
-		pl := testPlanner(t, name)
-		var p Plan
-		rs := routes([]int{2, 5})
-		pred := []int{2, 6}
-		in := &Input{Step: model.Step{Seq: 1, Iter: 7}, Tokens: 1, Routes: rs, Predicted: pred}
-		plan := func() {
-			pl.Plan(&p, in)
-			in.Layer = (in.Layer + 1) % 4
-		}
-		for range 8 {
-			plan()
-		}
-		if n := testing.AllocsPerRun(100, plan); n != 0 {
-			t.Errorf("%s: %v allocations per decode layer", name, n)
+		for _, residency := range []bool{false, true} {
+			if residency && name == Resident {
+				continue // the resident swarm keeps every expert already
+			}
+			pl := testPlanner(t, name)
+			if residency {
+				if err := pl.SetPlacement(owners); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var p Plan
+			rs := routes([]int{2, 5})
+			pred := []int{2, 6}
+			in := &Input{Step: model.Step{Seq: 1, Iter: 7}, Tokens: 1, Routes: rs, Predicted: pred}
+			plan := func() {
+				pl.Plan(&p, in)
+				in.Layer = (in.Layer + 1) % 4
+			}
+			for range 8 {
+				plan()
+			}
+			if n := testing.AllocsPerRun(100, plan); n != 0 {
+				t.Errorf("%s, residency %v: %v allocations per decode layer", name, residency, n)
+			}
 		}
 	}
 }
@@ -294,8 +309,8 @@ func TestBatchedPassSendsEachWorkerOneRequest(t *testing.T) {
 
 // TestResidencyRunsEveryExpertOnItsOwner: with a placement set, every
 // policy runs each expert on its owner (whatever it would have placed),
-// hints go to the owners, every request asks the worker to keep its
-// experts, and planning still allocates nothing.
+// hints go to the owners, and every request asks the worker to keep its
+// experts.
 func TestResidencyRunsEveryExpertOnItsOwner(t *testing.T) {
 	owners, err := sched.NewPlacement(4, []int{0, 1, 2, 3}, 8)
 	if err != nil {
@@ -347,17 +362,7 @@ func TestResidencyRunsEveryExpertOnItsOwner(t *testing.T) {
 			}
 		}
 	}
-	in := &Input{Step: model.Step{Seq: 1, Iter: 7}, Tokens: 1, Routes: routes([]int{2, 5})}
-	plan := func() {
-		pl.Plan(&p, in)
-		in.Layer = (in.Layer + 1) % 4
-	}
-	for range 8 {
-		plan()
-	}
-	if n := testing.AllocsPerRun(100, plan); n != 0 {
-		t.Errorf("%v allocations per decode layer with residency", n)
-	}
+	// planning allocates nothing: TestPlanningADecodeLayerAllocatesNothing
 	// a placement for another layout is refused
 	other, _ := sched.NewPlacement(3, []int{0, 1, 2, 3}, 8)
 	if err := pl.SetPlacement(other); err == nil {

@@ -44,6 +44,9 @@ func NewChunkCache(budget int64, mem ChunkMemory) *ChunkCache {
 	return &ChunkCache{budget: budget, mem: mem, lru: list.New(), byOff: map[int64]*list.Element{}}
 }
 
+// Memory is where the cache keeps its copies (nil: the Go heap).
+func (c *ChunkCache) Memory() ChunkMemory { return c.mem }
+
 // Stats returns the cache's hits, misses and the bytes it holds.
 func (c *ChunkCache) Stats() (hits, misses, bytes int64) {
 	c.mu.Lock()

@@ -254,29 +254,33 @@ func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
 	}
 }
 
+// compressedTierEngine is an engine over the tiny store opened with a
+// 64 MiB compressed tier (as Run opens it), and that tier's arena.
+func compressedTierEngine(t *testing.T) (*Engine, *store.Store, *ArenaChunks, fixture) {
+	t.Helper()
+	f := tinyFixture(t)
+	st, chunks, closeStore, err := openStore(filepath.Join(f.dir, "store"), 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arena, err := NewArena(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(st, f.model.Config.HiddenSize, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	e.Chunks = chunks
+	t.Cleanup(func() { e.Close(); closeStore() })
+	return e, st, chunks.Memory().(*ArenaChunks), f
+}
+
 // TestCompressedTierServesReloadsFromHostMemory: a worker whose store
 // keeps its chunks in host memory (-host-compressed) reloads an expert it
 // evicted by decompressing it from RAM, without reading the store file,
 // and computes local mode's bits; the compressed copy is smaller than the
 // expert.
 func TestCompressedTierServesReloadsFromHostMemory(t *testing.T) {
-	f := tinyFixture(t)
-	mem, err := NewArenaChunks(64 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	chunks := store.NewChunkCache(64<<20, mem)
-	st, err := store.Open(filepath.Join(f.dir, "store"), store.Options{Chunks: chunks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	h := f.model.Config.HiddenSize
-	arena, _ := NewArena(64 << 20)
-	e := NewEngine(st, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
-	e.Chunks = chunks
-	defer e.Close()
+	e, st, mem, f := compressedTierEngine(t)
+	chunks, h := e.Chunks, f.model.Config.HiddenSize
 	x := randomInput(1, h, 5)
 	out := make([]float32, h)
 	for range 2 {

@@ -35,20 +35,11 @@ type Config struct {
 // configured, then serves the main node and the shadow until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
-	var chunks *store.ChunkCache
-	if cfg.HostCompressedBytes > 0 {
-		mem, err := NewArenaChunks(cfg.HostCompressedBytes) // off the Go heap
-		if err != nil {
-			return err
-		}
-		defer mem.Close() // last: after the store
-		chunks = store.NewChunkCache(cfg.HostCompressedBytes, mem)
-	}
-	st, err := store.Open(cfg.Store, store.Options{Chunks: chunks})
+	st, chunks, closeStore, err := openStore(cfg.Store, cfg.HostCompressedBytes)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer closeStore()
 	if len(st.Layers()) == 0 || st.Experts() == 0 {
 		return fmt.Errorf("worker: store %s holds no experts", cfg.Store)
 	}
@@ -78,8 +69,7 @@ func Run(ctx context.Context, cfg Config) error {
 	eng := NewEngine(st, hidden, dev, log)
 	eng.Host, eng.Chunks = host, chunks
 	if host != nil && chunks != nil {
-		eng.tiers = newHostTiers(cfg.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
-		eng.tiers.forget = func(layer, expert int) { chunks.DropExpert(st, layer, expert) }
+		eng.chooseTiers(st, cfg.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
 	}
 	defer eng.Close() // first: nothing runs on the device or from the host cache when they close
 	if cfg.HostPreload {
@@ -111,6 +101,31 @@ func Run(ctx context.Context, cfg Config) error {
 		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).
 		Str("host_compressed", progress.Bytes(cfg.HostCompressedBytes)).Msg("worker ready")
 	return NewServer(eng, log).Serve(ctx, ln)
+}
+
+// openStore opens the store in dir with, when compressedBytes > 0, a
+// compressed tier of that many bytes in an arena off the Go heap
+// (-host-compressed); close closes both.
+func openStore(dir string, compressedBytes int64) (st *store.Store, chunks *store.ChunkCache, close func(), err error) {
+	var mem *ArenaChunks
+	if compressedBytes > 0 {
+		if mem, err = NewArenaChunks(compressedBytes); err != nil {
+			return nil, nil, nil, err
+		}
+		chunks = store.NewChunkCache(compressedBytes, mem)
+	}
+	if st, err = store.Open(dir, store.Options{Chunks: chunks}); err != nil {
+		if mem != nil {
+			mem.Close()
+		}
+		return nil, nil, nil, err
+	}
+	return st, chunks, func() {
+		st.Close()
+		if mem != nil {
+			mem.Close() // last: nothing reads the chunks any more
+		}
+	}, nil
 }
 
 // smallestBudget is the least device memory that can run every expert of

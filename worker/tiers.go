@@ -4,6 +4,8 @@ import (
 	"container/list"
 	"sync"
 	"time"
+
+	"github.com/odmoe/odmoe/store"
 )
 
 // hostTiers chooses, per expert, which host tier a load leaves it in when
@@ -40,6 +42,14 @@ const (
 	// decompressing again is cheap enough to keep only compressed copies.
 	cheapDecompress = 0.25
 )
+
+// chooseTiers makes e choose per expert between its host cache and st's
+// compressed tier (both set), an expert admitted to the first leaving the
+// second.
+func (e *Engine) chooseTiers(st *store.Store, linkBytesSec float64) {
+	e.tiers = newHostTiers(linkBytesSec)
+	e.tiers.forget = func(layer, expert int) { e.Chunks.DropExpert(st, layer, expert) }
+}
 
 func newHostTiers(linkBytesSec float64) *hostTiers {
 	return &hostTiers{linkBytesSec: linkBytesSec, ghost: list.New(), inGhost: map[slotKey]*list.Element{}}

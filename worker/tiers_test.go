@@ -2,12 +2,8 @@ package worker
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/odmoe/odmoe/store"
-	"github.com/rs/zerolog"
 )
 
 // TestHostTiersAdmitAnExpertOnItsSecondLoad: a first load leaves only the
@@ -63,24 +59,10 @@ func TestHostTiersKeepCompressedWhenDecompressingIsCheap(t *testing.T) {
 // and its third is a host-cache hit; every load computes local mode's bits
 // and only the first reads the store file.
 func TestEngineWithBothHostTiers(t *testing.T) {
-	f := tinyFixture(t)
-	mem, err := NewArenaChunks(64 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	chunks := store.NewChunkCache(64<<20, mem)
-	st, err := store.Open(filepath.Join(f.dir, "store"), store.Options{Chunks: chunks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	h := f.model.Config.HiddenSize
-	arena, _ := NewArena(64 << 20)
-	e := NewEngine(st, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
-	e.Host, e.Chunks, e.tiers = newHostCache(t, 64<<20), chunks, newHostTiers(0)
-	e.tiers.forget = func(layer, expert int) { chunks.DropExpert(st, layer, expert) }
-	defer e.Close()
+	e, st, mem, f := compressedTierEngine(t)
+	chunks, h := e.Chunks, f.model.Config.HiddenSize
+	e.Host = newHostCache(t, 64<<20)
+	e.chooseTiers(st, 0)
 	x := randomInput(1, h, 8)
 	out := make([]float32, h)
 	for i := range 3 {
