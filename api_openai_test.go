@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/odmoe/odmoe/internal/noderef"
 )
 
 // The official OpenAI client (the `openai` npm package, pinned in
@@ -33,21 +35,7 @@ const openaiClientJS = "testdata/openai/client.mjs"
 // when node or the client package is missing.
 func openaiClient(t *testing.T) string {
 	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...) + "; run `npm ci --prefix testdata/openai` (see api_openai_test.go)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	if _, err := os.Stat("testdata/openai/node_modules/openai/package.json"); err != nil {
-		missing("the openai npm package is not installed in testdata/openai/node_modules")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is not installed")
-	}
+	_, node := noderef.Require(t, "testdata/openai/node_modules", "openai", "npm ci --prefix testdata/openai")
 	return node
 }
 

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/odmoe/odmoe/internal/noderef"
 )
 
 // The reference test renders conversations with Hugging Face's own
@@ -31,33 +33,7 @@ const (
 // them it skips the test, or fails it when CI=true.
 func jinjaRef(t *testing.T) (modules, node string) {
 	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...) + "; run `npm ci --prefix testdata/tokref` (see reference_test.go)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	modules = os.Getenv("ODMOE_TOKREF_DIR")
-	if modules == "" {
-		modules = "../../testdata/tokref/node_modules"
-	}
-	if _, err := os.Stat(filepath.Join(modules, "node_modules")); err == nil {
-		modules = filepath.Join(modules, "node_modules")
-	}
-	if _, err := os.Stat(filepath.Join(modules, "@huggingface", "jinja", "package.json")); err != nil {
-		missing("@huggingface/jinja is not installed in %s", modules)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is not installed")
-	}
-	abs, err := filepath.Abs(modules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return abs, node
+	return noderef.Require(t, noderef.TokrefModules("../.."), "@huggingface/jinja", "npm ci --prefix testdata/tokref")
 }
 
 // refCase is a conversation to render with a template.

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/odmoe/odmoe/internal/noderef"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -37,42 +38,13 @@ const (
 
 // tokrefModules returns the reference node_modules folder:
 // ODMOE_TOKREF_DIR (the folder or its parent), or the default.
-func tokrefModules() string {
-	modules := os.Getenv("ODMOE_TOKREF_DIR")
-	if modules == "" {
-		modules = "../../testdata/tokref/node_modules"
-	}
-	if _, err := os.Stat(filepath.Join(modules, "node_modules")); err == nil {
-		modules = filepath.Join(modules, "node_modules")
-	}
-	return modules
-}
+func tokrefModules() string { return noderef.TokrefModules("../..") }
 
 // tokref locates the reference node_modules folder and node; without
 // them it skips the test, or fails it when CI=true.
 func tokref(t *testing.T) (modules, node string) {
 	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...) + "; run `npm ci --prefix testdata/tokref` (see reference_test.go)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	modules = tokrefModules()
-	if _, err := os.Stat(filepath.Join(modules, "tokenizers", "package.json")); err != nil {
-		missing("reference tokenizers not installed in %s", modules)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is not installed")
-	}
-	abs, err := filepath.Abs(modules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return abs, node
+	return noderef.Require(t, tokrefModules(), "tokenizers", "npm ci --prefix testdata/tokref")
 }
 
 // refResult is one line of encode.js's output.
