@@ -9,6 +9,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -40,6 +41,7 @@ type runFlags struct {
 	peerTimeout, dialTimeout  time.Duration
 	// shadow
 	quant string
+	ahead int
 	// worker
 	listen, store, deviceMem, loadBW string
 	resident, hostCache              string
@@ -85,6 +87,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.trace, "trace", "", "main: record the whole swarm's timeline (every node's compute, loads and messages) and write it as JSON to `FILE` (testbed draws it)")
 	fs.StringVar(&f.traceIters, "trace-iters", "2:4", "main: the iterations -trace records, `FROM:TO` (iteration 1 is the prompt)")
 	fs.StringVar(&f.quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
+	fs.IntVar(&f.ahead, "ahead", shadow.DefaultAhead, "shadow: run up to `N` iterations past the main node's latest alignment on the shadow's own sampled tokens, so predictions come an iteration early; an alignment with another token rewinds it (its predictions withdrawn); 0 = wait for every alignment (OD-MoE's late departure)")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
 	fs.StringVar(&f.store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")
 	fs.StringVar(&f.deviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")

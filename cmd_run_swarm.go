@@ -89,7 +89,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if err != nil {
 		return usagef("-quant: %v", err)
 	}
-	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
+	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, Ahead: f.ahead, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if cfg.Wire, err = f.cluster.config(wire.RoleShadow, log); err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
@@ -134,7 +135,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, qm, certDir, addrs, layout, "127.0.0.1:0", log)
+	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, qm, certDir, addrs, layout, shadow.DefaultAhead, "127.0.0.1:0", log)
 	if err != nil {
 		return err
 	}

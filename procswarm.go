@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/shadow"
 )
 
 // procSwarmOptions say which nodes a procSwarm starts and how.
@@ -23,6 +24,7 @@ type procSwarmOptions struct {
 	// Prefetch is the main node's -prefetch; "shadow" starts a shadow node.
 	Prefetch string
 	Quant    string // the shadow's weight format
+	Ahead    int    // the shadow's -ahead
 	// DeviceMem and LoadBW are the workers' -device-mem and -load-bw.
 	DeviceMem, LoadBW string
 	// HostCache and HostPreload are the workers' -host-cache and
@@ -40,6 +42,7 @@ func (o *procSwarmOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Group, "group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&o.Prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
 	fs.StringVar(&o.Quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
+	fs.IntVar(&o.Ahead, "ahead", shadow.DefaultAhead, "the shadow's -ahead: iterations it may run past its alignment on its own tokens (0 = OD-MoE's late departure)")
 	fs.StringVar(&o.DeviceMem, "device-mem", "1GiB", "each worker's device memory budget")
 	fs.StringVar(&o.LoadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
 	fs.StringVar(&o.HostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
@@ -112,7 +115,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		}
 		if err := s.start(wctx, self, "shadow", "run", "-role", "shadow", "-model", f.Model, "-quant", o.Quant,
 			"-listen", addr, "-workers", strings.Join(s.workers, ","), "-group", strconv.Itoa(o.Group),
-			"-certs", f.Certs, "-name", "shadow", "-dial-timeout", s.dialTimeout, "-log-level", "warn"); err != nil {
+			"-certs", f.Certs, "-name", "shadow", "-dial-timeout", s.dialTimeout, "-ahead", strconv.Itoa(o.Ahead), "-log-level", "warn"); err != nil {
 			return nil, err
 		}
 		s.shadow = addr

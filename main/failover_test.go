@@ -14,6 +14,7 @@ import (
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -223,7 +224,7 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 			shadowAddr := freeUDPAddr(t)
 			var stopShadow func()
 			startShadow := func() error {
-				_, stop, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, shadowAddr, zerolog.Nop())
+				_, stop, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, shadow.DefaultAhead, shadowAddr, zerolog.Nop())
 				stopShadow = stop
 				return err
 			}

@@ -52,6 +52,9 @@ type RunStats struct {
 	// decode load made on a prediction had its prediction: absent when
 	// none was.
 	LeadMs *LeadJSON `json:"prediction_lead_ms,omitempty"`
+	// Ahead is what the shadow's running ahead did: absent without a
+	// shadow.
+	Ahead *AheadJSON `json:"shadow_ahead,omitempty"`
 	// TierBytes are the expert bytes the workers hold at the end, summed,
 	// per tier: device_resident (decompressed, left resident),
 	// host_decompressed (-host-cache), host_compressed (-host-compressed).
@@ -64,6 +67,20 @@ type LeadJSON struct {
 	P5      float64 `json:"p5"`
 	P50     float64 `json:"p50"`
 	P95     float64 `json:"p95"`
+}
+
+// AheadJSON is what the shadow's running ahead of its alignments did
+// (ShadowStats), and what its withdrawn predictions cost the workers.
+type AheadJSON struct {
+	Iterations int64 `json:"iterations"` // decode passes run ahead, on the shadow's own tokens
+	Agreed     int64 `json:"agreed"`     // alignments whose token the shadow had run ahead on
+	Rewound    int64 `json:"rewound"`    // alignments with another token: rewinds
+	// TokenAgreement is Agreed over Agreed+Rewound (0 when none).
+	TokenAgreement       float64 `json:"token_agreement"`
+	WithdrawnPredictions int64   `json:"withdrawn_predictions"` // layers' predictions taken back from the main node
+	OffPath              int64   `json:"off_path_predictions"`  // dropped by the main node before their withdrawal came
+	WithdrawnLoads       int64   `json:"withdrawn_loads"`       // worker loads dropped unused
+	WithdrawnBytes       int64   `json:"withdrawn_bytes"`
 }
 
 // ResidencyJSON is what residency did over a run: the main node's
@@ -178,7 +195,8 @@ func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
 	}
 }
 
-// addShadow records the shadow's recall and late departures.
+// addShadow records the shadow's recall, late departures and running
+// ahead (after addWorkers: the workers' withdrawn loads count in it).
 func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.Recall = &sh.Recall
 	if sh.PeakRSS > 0 {
@@ -186,6 +204,16 @@ func (rs *RunStats) addShadow(sh ShadowStats) {
 	}
 	rs.RecallByToken = sh.RecallByToken
 	rs.LateDepartureMs = sh.LateDepartureMs
+	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath}
+	if n := sh.Agreed + sh.Rewound; n > 0 {
+		a.TokenAgreement = float64(sh.Agreed) / float64(n)
+	}
+	for _, w := range rs.Workers { // recorded first (addWorkers)
+		if w != nil {
+			a.WithdrawnLoads, a.WithdrawnBytes = a.WithdrawnLoads+w.WithdrawnLoads, a.WithdrawnBytes+w.WithdrawnBytes
+		}
+	}
+	rs.Ahead = a
 }
 
 func writeStats(path string, rs RunStats) error {
@@ -230,6 +258,11 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		}
 		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
 			100**rs.Recall, len(rs.RecallByToken), late, rs.MissesLate, rs.MissesWrong)
+	}
+	if a := rs.Ahead; a != nil && a.Iterations > 0 {
+		fmt.Fprintf(w, "shadow ran ahead: %d decode passes on its own tokens; token agreement %.2f%% (%d alignments met, %d rewound it); %d predictions withdrawn (%d dropped here first), %d loads withdrawn on the workers (%s, %.1f KiB per token)\n",
+			a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnPredictions, a.OffPath, a.WithdrawnLoads, progress.Bytes(a.WithdrawnBytes),
+			float64(a.WithdrawnBytes)/1024/float64(max(rs.GeneratedTokens, 1)))
 	}
 	if l := rs.LeadMs; l != nil {
 		load := 0.0

@@ -10,6 +10,7 @@ import (
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -53,7 +54,7 @@ func BenchmarkShadowDecode(b *testing.B) {
 		opt.Layers, opt.Experts, opt.TopK, opt.Seed = c.ExpertLayers(), c.NumExperts, c.TopK, 1
 		mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
 		if opt.Prefetch == mainnode.Shadow {
-			saddr := startShadow(b, ctx, f, quant, addrs, opt.Layout)
+			saddr := startShadow(b, ctx, f, quant, shadow.DefaultAhead, addrs, opt.Layout)
 			scfg := *mcfg
 			scfg.PeerRoles = []wire.Role{wire.RoleShadow}
 			scfg.DialAttempts = 60

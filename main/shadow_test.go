@@ -11,14 +11,29 @@ import (
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/rs/zerolog"
 )
 
-type shadowSpec struct{ quant kernels.DType }
+type shadowSpec struct {
+	quant kernels.DType
+	// late: the shadow waits for every alignment (OD-MoE's late
+	// departure) instead of running ahead (shadow.DefaultAhead)
+	late bool
+}
+
+// ahead is the shadow's Ahead for spec.
+func (spec shadowSpec) ahead() int {
+	if spec.late {
+		return 0
+	}
+	return shadow.DefaultAhead
+}
 
 // startShadow runs a shadow node in this process: the model quantized to
-// quant, connected to the workers, listening for the main node.
-func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernels.DType, workerAddrs []string, layout sched.Layout) string {
+// quant, connected to the workers, running up to ahead iterations ahead,
+// listening for the main node.
+func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernels.DType, ahead int, workerAddrs []string, layout sched.Layout) string {
 	t.Helper()
 	full, err := model.Load(f.Model, model.LoadOptions{})
 	if err != nil {
@@ -29,7 +44,7 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := inproc.StartShadow(ctx, qm, f.Certs, workerAddrs, layout, "127.0.0.1:0", zerolog.Nop())
+	addr, stop, err := inproc.StartShadow(ctx, qm, f.Certs, workerAddrs, layout, ahead, "127.0.0.1:0", zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,9 +53,9 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 }
 
 // TestSwarmWithShadowIsBitIdenticalToLocal: with the shadow driving the
-// loads — fp16, int8 or nf4, aligned every iteration, every 4th, or never
-// — the output is still local mode's bit for bit: the shadow changes
-// speed, never the output.
+// loads — fp16, int8 or nf4, aligned every iteration, every 4th, or never,
+// running ahead or departing late — the output is still local mode's bit
+// for bit: the shadow changes speed, never the output.
 func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	f := newSwarmFixture(t, 4)
 	local, mainModel := loadModels(t, f)
@@ -48,10 +63,14 @@ func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	const steps = 10
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 	for _, q := range []kernels.DType{kernels.F16, kernels.Q8, kernels.NF4} {
-		for _, period := range []int{1, 4, 0} {
-			pol := align.Policy{TokenPeriod: period, KVPeriod: period}
-			t.Run(fmt.Sprintf("%v/%v", q, pol), func(t *testing.T) {
-				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: pol}, &shadowSpec{quant: q})
+		for _, c := range []struct {
+			period int
+			late   bool
+		}{{1, false}, {4, false}, {0, false}, {1, true}} {
+			pol := align.Policy{TokenPeriod: c.period, KVPeriod: c.period}
+			spec := shadowSpec{quant: q, late: c.late}
+			t.Run(fmt.Sprintf("%v/%v/ahead%d", q, pol, spec.ahead()), func(t *testing.T) {
+				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: pol}, &spec)
 				got := generate(t, mainModel, sw, prompt, steps)
 				if d := diffGenerations(got, want); d != "" {
 					t.Fatalf("swarm with a %v shadow (%v) differs from local: %s", q, pol, d)

@@ -29,8 +29,8 @@ type shadowLink struct {
 	next      *wire.Peer // a connection waiting to attach at a sequence's next forward pass
 	redialing bool
 	seqs      map[uint64]*shadowSeq
-	pred      map[layerKey][]int // predicted experts, sorted
-	actual    map[layerKey][]int // routing awaiting its prediction, for scoring
+	pred      map[layerKey]predicted // predictions not taken yet
+	actual    map[layerKey][]int     // routing awaiting its prediction, for scoring
 	recall    *align.Recall
 	// batched decode passes: their sequence ids, and the experts they
 	// activated (the union over their rows) and how many of those the
@@ -47,6 +47,19 @@ type shadowLink struct {
 	traces                    chan *wire.Trace
 	// every decode layer scored, alone or batched: eq. (3) for the metrics
 	counts recallCounts
+	// running ahead: decode passes the shadow ran ahead of its alignment;
+	// its latest counts of alignments that agreed with the token it ran
+	// ahead on and that rewound it; the withdrawals it sent and the
+	// predictions they took back; predictions dropped as made on a token
+	// this node did not feed
+	ahead, agreed, rewound, withdrawals, withdrawn, offPath int64
+}
+
+// predicted is one layer's prediction: its experts (sorted) and the token
+// the shadow fed that iteration (-1: not said).
+type predicted struct {
+	experts []int
+	token   int32
 }
 
 // shadowSeq is what the link keeps of one sequence: enough to bring a
@@ -55,6 +68,12 @@ type shadowSeq struct {
 	lastKV int     // cache positions already sent
 	hist   []int32 // every token fed so far
 	synced bool    // the current connection has been sent the sequence
+	// the latest decode iteration departed, the token it fed, and whether
+	// the shadow was sent that token: then a prediction made on another
+	// token is on a path not taken (the shadow rewinds and withdraws it)
+	iter      int64
+	token     int32
+	tokenSent bool
 }
 
 // maxAttachKVBytes bounds the KV rows an attaching shadow is sent with
@@ -71,7 +90,7 @@ type layerKey struct {
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey][]int{}, actual: map[layerKey][]int{}, batches: map[uint64]bool{},
+	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey][]int{}, batches: map[uint64]bool{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {
 		sl.peer.Store(p)
@@ -144,10 +163,22 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			sl.mu.Lock()
 			_, live := sl.seqs[m.Seq]
 			if act, ok := sl.actual[key]; ok {
-				sl.score(key, es, act) // a late prediction: the layer has run
+				if !sl.offPathLocked(key.step, m.Token) {
+					sl.score(key, es, act) // a late prediction: the layer has run
+				}
 			} else if live {
-				sl.pred[key] = es
+				sl.pred[key] = predicted{es, m.Token}
 			} // else: a sequence that has ended ran no such layer
+			sl.mu.Unlock()
+		case *wire.Withdraw:
+			sl.mu.Lock()
+			sl.withdrawals++
+			for k := range sl.pred {
+				if k.step.Seq == m.Seq && k.step.Iter >= m.From {
+					delete(sl.pred, k)
+					sl.withdrawn++
+				}
+			}
 			sl.mu.Unlock()
 		case *wire.ShadowDone:
 			if it := int(m.Iteration); it >= 2 {
@@ -161,6 +192,10 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				sl.forwardMs += ms(m.Forward)
 				sl.peakRSS = max(sl.peakRSS, m.RSSPeak)
 				sl.forwards++
+				if m.Ahead > 0 {
+					sl.ahead++
+				}
+				sl.agreed, sl.rewound = m.Agreed, m.Rewound
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
 				select {
@@ -194,12 +229,36 @@ func (sl *shadowLink) score(key layerKey, pred, actual []int) {
 // prediction takes the shadow's prediction for a decode layer if it has
 // arrived (nil otherwise).
 func (sl *shadowLink) prediction(step model.Step, layer int) []int {
-	key := layerKey{step, layer}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	pred := sl.pred[key]
+	return sl.takeLocked(layerKey{step, layer})
+}
+
+// takeLocked takes the prediction for key if it has arrived and was made
+// on the token this node fed (nil otherwise: one made on another token is
+// dropped, counted; the shadow will withdraw it and predict again).
+func (sl *shadowLink) takeLocked(key layerKey) []int {
+	p, ok := sl.pred[key]
+	if !ok {
+		return nil
+	}
 	delete(sl.pred, key)
-	return pred
+	if sl.offPathLocked(key.step, p.token) {
+		return nil
+	}
+	return p.experts
+}
+
+// offPathLocked reports whether a prediction for step made on token is
+// on a path this node did not take (counted): the shadow ran ahead on a
+// token other than the one this node sampled and sent it.
+func (sl *shadowLink) offPathLocked(step model.Step, token int32) bool {
+	q := sl.seqs[step.Seq]
+	if token < 0 || q == nil || q.iter != step.Iter || !q.tokenSent || q.token == token {
+		return false
+	}
+	sl.offPath++
+	return true
 }
 
 // routed tells the link the real routing of a decode layer, with the
@@ -210,8 +269,7 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	if pred == nil { // it may have arrived since
-		pred = sl.pred[key]
-		delete(sl.pred, key)
+		pred = sl.takeLocked(key)
 	}
 	if pred != nil {
 		sl.score(key, pred, experts)
@@ -318,6 +376,9 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 	}
 	sl.mu.Lock()
 	q.synced, q.lastKV = true, lastKV
+	if decodeStep > 0 {
+		q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[0]), a.Token >= 0
+	}
 	sl.mu.Unlock()
 	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 	if err := p.Send(ctx, a); err != nil {
@@ -350,7 +411,7 @@ func (sl *shadowLink) end(seq uint64) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	delete(sl.seqs, seq)
-	maps.DeleteFunc(sl.pred, func(k layerKey, _ []int) bool { return k.step.Seq == seq })
+	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == seq })
 }
 
 func f16Tensor(v []uint16, rows, width int) wire.Tensor {
@@ -374,6 +435,14 @@ type ShadowStats struct {
 	ForwardMs float64
 	// PeakRSS is the shadow process's peak resident memory.
 	PeakRSS int64
+	// Ahead are the decode passes the shadow ran ahead of the main node's
+	// alignment, on its own tokens. Agreed and Rewound are the alignments
+	// whose token met such a pass: the same token, or another (the shadow
+	// rewound, withdrawing Withdrawn predictions it had sent this node,
+	// and ran the iteration again). OffPath are predictions this node
+	// dropped as made on a token it did not feed before their withdrawal
+	// came.
+	Ahead, Agreed, Rewound, Withdrawn, OffPath int64
 }
 
 // stats waits (up to timeout) for the shadow to finish iteration last,
@@ -398,7 +467,10 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(sl.late), PeakRSS: sl.peakRSS}
+	// a shadow running ahead may have run an iteration past the last
+	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
+	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
+		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath}
 	if sl.batchRouted > 0 {
 		st.BatchRecall = float64(sl.batchCorrect) / float64(sl.batchRouted)
 	}

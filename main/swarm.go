@@ -353,7 +353,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 func (s *Swarm) hint(ctx context.Context, q *sequence) error {
 	for _, hn := range q.plan.Hints {
 		s.traceWorker(q, trace.Send, trace.MsgPrediction, hn.Worker, hn.Layer, -1, 0, time.Now())
-		q.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts}
+		q.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts, Token: -1}
 		if err := s.sendTo(ctx, hn.Worker, &q.pred); err != nil {
 			return err
 		}

@@ -175,7 +175,7 @@ func dialSwarmWithBudget(t *testing.T, f inproc.Files, workers int, budget int64
 	opt.Layers, opt.Experts, opt.TopK, opt.Seed, opt.Intermediate = cfg.ExpertLayers(), cfg.NumExperts, cfg.TopK, 1, cfg.IntermediateSize
 	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
 	if sh != nil {
-		saddr := startShadow(t, ctx, f, sh.quant, addrs, opt.Layout)
+		saddr := startShadow(t, ctx, f, sh.quant, sh.ahead(), addrs, opt.Layout)
 		scfg := *mcfg
 		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
 		if opt.Shadow, err = wire.Dial(ctx, saddr, &scfg); err != nil {

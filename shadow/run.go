@@ -22,6 +22,9 @@ type Config struct {
 	Workers []string      // worker addresses, in the main node's order
 	Group   int           // workers per group; 0: the router's top-k
 	Listen  string        // UDP address the main node dials
+	// Ahead is how many iterations a sequence may run past the main
+	// node's latest alignment on the shadow's own tokens (Node.Ahead).
+	Ahead int
 	// PeerTimeout is how long a worker may stay silent before it is lost
 	// (its hints dropped until it answers again); 0: wire.DefaultPeerTimeout.
 	PeerTimeout time.Duration
@@ -101,6 +104,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer node.Close()
+	node.Ahead = cfg.Ahead
 	mcfg := *cfg.Wire
 	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
 	mcfg.Hello.Model, mcfg.CheckHello = id.String(), wire.SameModel(true)

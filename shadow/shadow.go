@@ -1,11 +1,20 @@
 // Package shadow is the shadow node role: a quantized copy of the whole
-// model that decodes the same sequence as the main node, started by it
-// each iteration, and as soon as its router has chosen a layer's experts
-// tells that layer's worker group to load them (and the main node, which
-// scores the prediction and places the real experts on the workers that
-// loaded them). Before departing on an iteration it takes the main node's
-// alignment: the token to feed and KV rows to overwrite (OD-MoE section
-// 3.2, "late departure").
+// model that decodes the same sequence as the main node and, as soon as
+// its router has chosen a layer's experts, tells that layer's worker group
+// to load them (and the main node, which scores the prediction and places
+// the real experts on the workers that loaded them). The main node's
+// alignments carry the token to feed and KV rows to overwrite (OD-MoE
+// section 3.2).
+//
+// It departs speculatively: once an iteration is done it runs the next on
+// the token it sampled itself, up to Ahead iterations past the main
+// node's latest alignment, so its predictions come an iteration early
+// instead of a few layers. An alignment whose token differs from the one
+// the shadow ran on rewinds it to that iteration: it withdraws the
+// predictions made since (wire.Withdraw), truncates its KV cache there and
+// runs the iteration again on the main node's token. KV rows overwrite the
+// shadow's own in place. With Ahead 0 it waits for every alignment before
+// departing (OD-MoE's "late departure").
 //
 // It does not own the alignment policy (align; the main node applies it),
 // the placement rule (sched) or the transport (wire).
@@ -55,15 +64,47 @@ type Node struct {
 	// (-residency on): a predicted expert is hinted to its owner
 	owners *sched.Placement
 	mark   time.Time // the end of the last traced piece of the forward pass
+
+	// Ahead is how many iterations past the main node's latest alignment
+	// a sequence may run on its own tokens (0: wait for every alignment).
+	// Set it before ServeMain.
+	Ahead int
+	// agreed and rewound count the alignments whose token met an
+	// iteration already run ahead: on the same token, or not (a rewind)
+	agreed, rewound int64
 }
+
+// DefaultAhead is Node.Ahead unless set: one iteration ahead hides a
+// whole iteration's loads, and holds twice an iteration's predictions on
+// the workers at most.
+const DefaultAhead = 1
 
 // follow is the shadow's copy of one of the main node's sequences.
 type follow struct {
 	seq     uint64 // the main node's id for it
 	sess    *model.Session
 	it      int64 // the last iteration run
+	aligned int64 // the last iteration whose alignment has been applied
 	next    int   // the token the shadow itself sampled last (valid unless headDue)
-	headDue bool  // the last forward pass's head has not run yet (see iterate)
+	headDue bool  // the last forward pass's head has not run yet (see ownToken)
+	// base places iterations in the cache: decode iteration i feeds the
+	// token at position base+i
+	base int64
+	// fed are the tokens of the iterations run ahead of their alignment
+	fed map[int64]int
+	// batched: the sequence has run in a batched pass, which departs
+	// late; it never runs ahead
+	batched bool
+}
+
+// ownToken is the token f's last forward pass sampled (greedy), running
+// the output head once per pass.
+func (f *follow) ownToken() int {
+	if f.headDue {
+		f.next = model.Argmax(f.sess.Logits())
+		f.headDue = false
+	}
+	return f.next
 }
 
 // outgoing is a message for the sender to send, with what the trace
@@ -91,7 +132,7 @@ func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, redial f
 	if len(workers) != layout.Workers {
 		return nil, fmt.Errorf("shadow: %d worker connections for a layout of %d", len(workers), layout.Workers)
 	}
-	n := &Node{m: m, layout: layout, log: log, trace: trace.NewRecorder("shadow"), redial: redial}
+	n := &Node{m: m, layout: layout, log: log, trace: trace.NewRecorder("shadow"), redial: redial, Ahead: DefaultAhead}
 	n.life, n.stop = context.WithCancel(context.Background())
 	for w, p := range workers {
 		l := &workerLink{name: p.Identity().Name}
@@ -157,6 +198,7 @@ const sendQueue = 256
 // the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 	n.owners = nil // a placement is one main node's: the next may run without residency, or number its own from 0
+	n.agreed, n.rewound = 0, 0
 	g, ctx := errgroup.WithContext(ctx)
 	out := make(chan outgoing, sendQueue)
 	g.Go(func() error { return n.send(ctx, out) })
@@ -179,7 +221,7 @@ func (n *Node) send(ctx context.Context, out <-chan outgoing) error {
 		if o.worker >= 0 {
 			to = n.workers[o.worker].peer.Load()
 		}
-		if n.trace.Active(o.it) {
+		if _, ok := o.msg.(*wire.Prediction); ok && n.trace.Active(o.it) {
 			n.trace.Message(trace.Send, trace.MsgPrediction, to.Identity().Name, o.it, o.layer, -1, 0, time.Now())
 		}
 		err := to.Send(ctx, o.msg)
@@ -195,118 +237,198 @@ func (n *Node) send(ctx context.Context, out <-chan outgoing) error {
 }
 
 // receive reads the main node's messages and runs the iterations they
-// start until the connection or ctx ends.
+// start, and those sequences may run ahead, until the connection or ctx
+// ends. Messages come first: an alignment may rewind what would run ahead.
 func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
-	// Alignments travel on bulk streams and may arrive out of order: each
-	// waits here until its iteration is next in its sequence.
-	pending := map[seqIter]*wire.Alignment{}
-	seqs := map[uint64]*follow{}
-	var ended []uint64 // sequences the main node ended, most recent last
-	// batched decode passes: the member alignments of each pass, and each
-	// batch's state
-	passes := map[seqIter][]*wire.Alignment{}
-	batches := map[uint64]*batchFollow{}
-	for {
-		m, err := p.Recv(ctx)
-		if err != nil {
-			return err
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	inbox := make(chan wire.Message, 64)
+	failed := make(chan error, 1)
+	go func() {
+		for {
+			m, err := p.Recv(ctx)
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case inbox <- m:
+			case <-ctx.Done():
+				return
+			}
 		}
-		switch m := m.(type) {
-		case *wire.Trace:
-			if err := wire.AnswerTrace(ctx, p, n.trace, m); err != nil {
-				return err
-			}
-		case *wire.Placement:
-			n.setPlacement(m)
-		case *wire.SequenceEnd:
-			delete(seqs, m.Seq)
-			delete(batches, m.Seq)
-			maps.DeleteFunc(pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == m.Seq })
-			maps.DeleteFunc(passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == m.Seq })
-			ended = append(ended[max(0, len(ended)-63):], m.Seq)
-		case *wire.Alignment:
-			n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
-			if slices.Contains(ended, m.Seq) {
-				n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
-				continue
-			}
-			if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
-				seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1}
-			}
-			if m.Batch != 0 {
-				k := seqIter{m.Batch, m.BatchIteration}
-				passes[k] = append(passes[k], m)
-				if err := n.runPasses(ctx, m.Batch, passes, batches, seqs); err != nil {
-					return err
-				}
-				continue
-			}
-			pending[seqIter{m.Seq, m.Iteration}] = m
-			f := seqs[m.Seq]
-			if f == nil {
-				continue // its prompt has not arrived yet
-			}
-			for {
-				k := seqIter{f.seq, f.it + 1}
-				a, ok := pending[k]
-				if !ok {
-					break
-				}
-				delete(pending, k)
-				if err := n.iterate(ctx, f, a); err != nil {
-					return err
-				}
-			}
-			// a member's prompt may be what a batched pass waited for
-			for b := range batches {
-				if err := n.runPasses(ctx, b, passes, batches, seqs); err != nil {
-					return err
-				}
-			}
+	}()
+	st := &mainState{pending: map[seqIter]*wire.Alignment{}, seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*batchFollow{}}
+	for {
+		var m wire.Message
+		select {
+		case m = <-inbox:
 		default:
-			n.log.Warn().Str("type", m.Type().String()).Msg("ignoring a message the shadow does not handle")
+			if f := n.dueAhead(st.seqs); f != nil {
+				if err := n.runAhead(ctx, f); err != nil {
+					return err
+				}
+				continue
+			}
+			select {
+			case m = <-inbox:
+			case err := <-failed:
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := n.handle(ctx, p, st, m); err != nil {
+			return err
 		}
 	}
 }
 
-// iterate runs one iteration of f: the prompt (no predictions: prefill
-// loads every expert anyway) or one decode step after applying the
-// alignment. A sequence the shadow joins late (it attached, or came
+// mainState is what the shadow keeps of one main node's sequences.
+type mainState struct {
+	// Alignments travel on bulk streams and may arrive out of order: each
+	// waits here until its iteration is next in its sequence.
+	pending map[seqIter]*wire.Alignment
+	seqs    map[uint64]*follow
+	ended   []uint64 // sequences the main node ended, most recent last
+	// batched decode passes: the member alignments of each pass, and each
+	// batch's state
+	passes  map[seqIter][]*wire.Alignment
+	batches map[uint64]*batchFollow
+}
+
+// handle takes one message from the main node.
+func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.Message) error {
+	switch m := m.(type) {
+	case *wire.Trace:
+		return wire.AnswerTrace(ctx, p, n.trace, m)
+	case *wire.Placement:
+		n.setPlacement(m)
+	case *wire.SequenceEnd:
+		delete(st.seqs, m.Seq)
+		delete(st.batches, m.Seq)
+		maps.DeleteFunc(st.pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == m.Seq })
+		maps.DeleteFunc(st.passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == m.Seq })
+		st.ended = append(st.ended[max(0, len(st.ended)-63):], m.Seq)
+	case *wire.Alignment:
+		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
+		if slices.Contains(st.ended, m.Seq) {
+			n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
+			return nil
+		}
+		if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
+			st.seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1, aligned: m.Iteration - 1}
+		}
+		if m.Batch != 0 {
+			k := seqIter{m.Batch, m.BatchIteration}
+			st.passes[k] = append(st.passes[k], m)
+			return n.runPasses(ctx, m.Batch, st.passes, st.batches, st.seqs)
+		}
+		st.pending[seqIter{m.Seq, m.Iteration}] = m
+		f := st.seqs[m.Seq]
+		if f == nil {
+			return nil // its prompt has not arrived yet
+		}
+		for {
+			k := seqIter{f.seq, f.aligned + 1}
+			a, ok := st.pending[k]
+			if !ok {
+				break
+			}
+			delete(st.pending, k)
+			if err := n.iterate(ctx, f, a); err != nil {
+				return err
+			}
+		}
+		// a member's prompt may be what a batched pass waited for
+		for b := range st.batches {
+			if err := n.runPasses(ctx, b, st.passes, st.batches, st.seqs); err != nil {
+				return err
+			}
+		}
+	default:
+		n.log.Warn().Str("type", m.Type().String()).Msg("ignoring a message the shadow does not handle")
+	}
+	return nil
+}
+
+// dueAhead is a sequence that may run its next iteration ahead of the
+// main node's alignment (the one furthest behind), nil if none may.
+func (n *Node) dueAhead(seqs map[uint64]*follow) *follow {
+	var due *follow
+	for _, f := range seqs {
+		if f.sess != nil && !f.batched && f.aligned >= 1 && f.it < f.aligned+int64(n.Ahead) && f.sess.Len() < n.m.Config.MaxPositions && (due == nil || f.it-f.aligned < due.it-due.aligned) {
+			due = f
+		}
+	}
+	return due
+}
+
+// runAhead runs f's next iteration on the token f sampled itself.
+func (n *Node) runAhead(ctx context.Context, f *follow) error {
+	token := f.ownToken()
+	it := f.it + 1
+	if f.fed == nil {
+		f.fed = map[int64]int{}
+	}
+	f.fed[it] = token
+	return n.forward(ctx, f, it, token, 0)
+}
+
+// iterate applies alignment a, f's next, and runs the iteration it
+// departs unless f ran it ahead on the same token: the prompt (no
+// predictions: prefill loads every expert anyway), or one decode step. A
+// token that differs from the one f ran ahead on rewinds f to a's
+// iteration first. A sequence the shadow joins late (it attached, or came
 // back, mid-sequence) starts with every token so far as its prompt and
 // goes on with the decode step at once.
 func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error {
 	start := time.Now()
 	token, decode, err := n.prepare(ctx, f, a)
+	late := time.Since(start)
+	if a.Iteration > 1 {
+		n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
+	}
 	if err != nil || !decode {
 		return err
 	}
-	late := time.Since(start) // late departure: the alignment's own cost here
-	n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
-	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, f.seq, f.it, l, routes) }
+	return n.forward(ctx, f, a.Iteration, token, late)
+}
+
+// forward runs decode iteration it of f, feeding token, and predicts its
+// layers; late is what the alignment cost before departing (0 when f runs
+// ahead).
+func (n *Node) forward(ctx context.Context, f *follow, it int64, token int, late time.Duration) error {
 	t0 := time.Now()
+	ahead := it - f.aligned
+	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) {
+		n.predict(ctx, f.seq, it, token, l, routes)
+	}
 	n.mark = t0
-	err = f.sess.ForwardHidden(ctx, []int{token})
+	err := f.sess.ForwardHidden(ctx, []int{token})
 	forward := time.Since(t0)
-	n.trace.Span(trace.Shadow, a.Iteration, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
+	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	f.sess.OnRoute = nil
 	if err != nil {
-		return fmt.Errorf("shadow: sequence %d iteration %d: %w", f.seq, a.Iteration, err)
+		return fmt.Errorf("shadow: sequence %d iteration %d: %w", f.seq, it, err)
 	}
-	f.headDue = true
-	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: a.Iteration,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
+	f.it, f.headDue = it, true
+	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: it,
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound}})
 }
 
 // prepare applies a to f: its prompt (starting or restarting f), its KV
-// rows, its token. It returns the token f's decode step feeds, and
-// whether there is one (not after a sequence's first prompt).
+// rows, its token. It returns the token a's decode step feeds, and
+// whether that step is still to run: not after a sequence's first prompt,
+// nor when f ran it ahead on the same token (or a brings no token).
 func (n *Node) prepare(ctx context.Context, f *follow, a *wire.Alignment) (token int, decode bool, err error) {
-	f.it = a.Iteration
 	if len(a.Prompt) > 0 {
 		toks := make([]int, len(a.Prompt))
 		for i, t := range a.Prompt {
 			toks[i] = int(t)
 		}
+		f.it, f.aligned, f.fed = a.Iteration, a.Iteration, nil
+		f.base = int64(len(toks)) - max(a.Iteration, 2)
 		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
 		if err := f.sess.ForwardHidden(ctx, toks); err != nil {
 			return 0, false, fmt.Errorf("shadow: sequence %d prompt: %w", f.seq, err)
@@ -320,9 +442,37 @@ func (n *Node) prepare(ctx context.Context, f *follow, a *wire.Alignment) (token
 		}
 		n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(toks)).Bool("kv", len(a.Keys) > 0).
 			Msg("shadow: following a sequence from the middle")
+		f.it = a.Iteration - 1
+		return n.applyKV(f, a, int(a.Token))
 	} else if f.sess == nil {
 		return 0, false, fmt.Errorf("shadow: sequence %d iteration %d before its prompt", f.seq, a.Iteration)
 	}
+	it := a.Iteration
+	f.aligned = it
+	ran, ranAhead := f.fed[it]
+	delete(f.fed, it)
+	switch {
+	case f.it < it: // departs now: on the main node's token, or its own
+		token = int(a.Token)
+		if a.Token < 0 {
+			token = f.ownToken()
+		}
+	case !ranAhead || a.Token < 0 || int(a.Token) == ran:
+		if ranAhead && a.Token >= 0 {
+			n.agreed++
+		}
+		return n.applyKV(f, a, -1) // ran ahead on the right token: nothing to run
+	default:
+		n.rewound++
+		n.rewind(ctx, f, it)
+		token = int(a.Token)
+	}
+	return n.applyKV(f, a, token)
+}
+
+// applyKV overwrites f's KV rows with a's, if it has any, and returns
+// prepare's answer for token (-1: nothing to run).
+func (n *Node) applyKV(f *follow, a *wire.Alignment, token int) (int, bool, error) {
 	if len(a.Keys) > 0 {
 		kv, err := kvRows(a)
 		if err == nil {
@@ -332,19 +482,25 @@ func (n *Node) prepare(ctx context.Context, f *follow, a *wire.Alignment) (token
 			return 0, false, fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
 		}
 	}
-	// The output head (the vocabulary-sized matvec) only gives the shadow
-	// its own next token, which it needs only when the main node does not
-	// send one: run it lazily, here, when it is due and the alignment has
-	// no token, so with token alignment it never delays a departure.
-	token = int(a.Token)
-	if a.Token < 0 {
-		if f.headDue {
-			f.next = model.Argmax(f.sess.Logits())
+	return token, token >= 0, nil
+}
+
+// rewind takes f back to just before iteration it, which it ran ahead on
+// a token the main node did not sample: the predictions of it and every
+// later iteration are withdrawn (from the workers, which drop their
+// loads, and the main node), and the KV rows from it on are forgotten.
+func (n *Node) rewind(ctx context.Context, f *follow, it int64) {
+	n.log.Debug().Uint64("seq", f.seq).Int64("iteration", it).Int64("ran", f.it).Msg("shadow: rewinding: the main node sampled another token")
+	w := &wire.Withdraw{Seq: f.seq, From: it}
+	for i, l := range n.workers {
+		if l.up.Load() {
+			_ = n.queue(ctx, outgoing{worker: i, it: it, msg: w})
 		}
-		token = f.next
 	}
-	f.headDue = false
-	return token, true, nil
+	_ = n.queue(ctx, outgoing{worker: -1, it: it, msg: w})
+	f.sess.Cache().Truncate(int(f.base + it))
+	maps.DeleteFunc(f.fed, func(i int64, _ int) bool { return i >= it })
+	f.it, f.headDue = it-1, false
 }
 
 // seqIter is one iteration of one sequence (or batch).
@@ -392,7 +548,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 		}
 		for _, a := range members {
 			f := seqs[a.Seq]
-			if len(a.Prompt) == 0 && (f == nil || f.it+1 != a.Iteration) {
+			if len(a.Prompt) == 0 && (f == nil || f.aligned+1 != a.Iteration) {
 				return nil // the member's previous iteration has not run
 			}
 		}
@@ -420,6 +576,10 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*w
 			f = &follow{seq: a.Seq}
 			seqs[a.Seq] = f
 		}
+		f.batched = true
+		if len(a.Prompt) == 0 && f.it >= a.Iteration { // it ran ahead alone: the batch runs it again
+			n.rewind(ctx, f, a.Iteration)
+		}
 		token, decode, err := n.prepare(ctx, f, a)
 		if err != nil {
 			return err
@@ -434,7 +594,7 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*w
 	late := time.Since(start)
 	n.trace.Span(trace.Align, bf.it, 0, -1, start, start.Add(late))
 	it := bf.it
-	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, b, it, l, routes) })
+	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, b, it, -1, l, routes) })
 	t0 := time.Now()
 	n.mark = t0
 	err := bf.batch.Forward(ctx, sessions, tokens)
@@ -445,7 +605,7 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*w
 		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
 	}
 	for _, a := range members {
-		seqs[a.Seq].headDue = true
+		seqs[a.Seq].it, seqs[a.Seq].headDue = a.Iteration, true
 	}
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: b, Iteration: it,
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
@@ -461,12 +621,12 @@ func (n *Node) queue(ctx context.Context, o outgoing) error {
 	}
 }
 
-// predict is the routing hook of a forward pass, step (seq, it): the
-// moment layer l is routed (the union over a batch's rows), hint its
-// group's workers and tell the main node (through the
-// sender). If ctx has ended nothing is queued, and the forward pass stops
-// at its next layer.
-func (n *Node) predict(ctx context.Context, seq uint64, it int64, l int, routes []model.Route) {
+// predict is the routing hook of a forward pass, step (seq, it), that fed
+// token (-1: a batched pass's): the moment layer l is routed (the union
+// over a batch's rows), hint its group's workers and tell the main node
+// (through the sender). If ctx has ended nothing is queued, and the
+// forward pass stops at its next layer.
+func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, routes []model.Route) {
 	now := time.Now()
 	n.trace.Span(trace.Shadow, it, l, -1, n.mark, now)
 	n.mark = now
@@ -478,7 +638,7 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, l int, routes 
 	}
 	slices.Sort(n.experts)
 	prediction := func(worker int, experts []int) outgoing {
-		return outgoing{worker: worker, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts)}}
+		return outgoing{worker: worker, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts), Token: int32(token)}}
 	}
 	// each worker of the group loads its share, where the main node's
 	// planner will look for it (sched.PlacePredicted), or each owner its

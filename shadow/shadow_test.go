@@ -32,6 +32,13 @@ type shadowRig struct {
 
 func newShadowRig(t *testing.T) *shadowRig {
 	t.Helper()
+	return newShadowRigAhead(t, 0)
+}
+
+// newShadowRigAhead is newShadowRig with a shadow that runs up to ahead
+// iterations ahead of its alignments.
+func newShadowRigAhead(t *testing.T, ahead int) *shadowRig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	f, err := inproc.Generate(ctx, t.TempDir(), "tiny", 5, 2)
@@ -63,7 +70,7 @@ func newShadowRig(t *testing.T) *shadowRig {
 	addrs := r.addrs
 	layout, _ := sched.NewLayout(2, 2)
 	r.layout = layout
-	saddr, stopShadow, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, "127.0.0.1:0", zerolog.New(zerolog.NewTestWriter(t)))
+	saddr, stopShadow, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, ahead, "127.0.0.1:0", zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,4 +290,150 @@ func TestShadowDialsARestartedWorkerAgain(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestShadowRunsAheadAndRewinds: a shadow allowed one iteration ahead
+// predicts iteration 2 on the token it samples itself, with no alignment
+// for it. An alignment with that token is met (nothing runs again) and
+// the shadow goes on to iteration 3; one with another token rewinds it:
+// it withdraws iteration 3's predictions, from the main node and the
+// workers, and predicts iteration 3 again as its model routes after the
+// main node's token.
+func TestShadowRunsAheadAndRewinds(t *testing.T) {
+	r := newShadowRigAhead(t, 1)
+	prompt := []int{5, 200, 7, 300, 11, 90}
+	const seq = 12
+	r.send(t, &wire.Alignment{Seq: seq, Iteration: 1, Token: -1, Prompt: []int32{5, 200, 7, 300, 11, 90}})
+	own := r.greedy(t, prompt) // the shadow's own token after the prompt
+	got, done := r.readUntilDone(t, seq, 2)
+	first2 := got
+	if done.Ahead != 1 {
+		t.Fatalf("iteration 2 reported %d ahead, want 1 (no alignment for it was sent)", done.Ahead)
+	}
+	want := r.reference(t, prompt, own)
+	for l := range want {
+		if !slices.Equal(got[l].experts, want[l]) || got[l].token != int32(own) {
+			t.Errorf("ahead, layer %d: predicted %v on token %d, the shadow's model routes %v after its own token %d", l, got[l].experts, got[l].token, want[l], own)
+		}
+	}
+	// the main node samples the same token: met, and iteration 3 runs ahead
+	r.send(t, &wire.Alignment{Seq: seq, Iteration: 2, Token: int32(own)})
+	own3 := r.greedy(t, append(slices.Clone(prompt), own))
+	first3, done := r.readUntilDone(t, seq, 3)
+	if done.Ahead != 1 || done.Agreed != 1 || done.Rewound != 0 {
+		t.Fatalf("iteration 3: %+v, want 1 ahead, 1 agreed, 0 rewound", done)
+	}
+	// the main node samples another token for iteration 3: a rewind
+	other := (own3 + 1) % r.qm.Config.VocabSize
+	r.send(t, &wire.Alignment{Seq: seq, Iteration: 3, Token: int32(other)})
+	withdrawn := false
+	for !withdrawn {
+		m := r.recv(t)
+		switch m := m.(type) {
+		case *wire.Withdraw:
+			if m.Seq != seq || m.From != 3 {
+				t.Fatalf("withdraw %+v, want sequence %d from iteration 3", m, seq)
+			}
+			withdrawn = true
+		case *wire.Prediction, *wire.ShadowDone:
+			t.Fatalf("%T %+v before the withdrawal", m, m)
+		}
+	}
+	got, done = r.readUntilDone(t, seq, 3)
+	if done.Ahead != 0 || done.Rewound != 1 {
+		t.Fatalf("iteration 3 again: %+v, want 0 ahead (it departed on the alignment), 1 rewound", done)
+	}
+	want = r.reference(t, prompt, other, own)
+	for l := range want {
+		if !slices.Equal(got[l].experts, want[l]) || got[l].token != int32(other) {
+			t.Errorf("after the rewind, layer %d: predicted %v on token %d, the shadow's model routes %v after the main node's token %d", l, got[l].experts, got[l].token, want[l], other)
+		}
+	}
+	// the workers dropped what only iteration 3's first path held: each
+	// predicted expert is hinted to one worker of its group, and nothing
+	// ran, so what iteration 2 did not predict too
+	var onlyThird int64
+	for l := range first3 {
+		for _, e := range first3[l].experts {
+			if !slices.Contains(first2[l].experts, e) {
+				onlyThird++
+			}
+		}
+	}
+	if onlyThird == 0 {
+		t.Fatal("iteration 3's first path predicted nothing iteration 2 did not: pick another prompt")
+	}
+	var withdrawnLoads int64
+	for deadline := time.Now().Add(5 * time.Second); withdrawnLoads != onlyThird && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		withdrawnLoads = 0
+		for _, w := range r.workers {
+			if err := w.Send(context.Background(), &wire.StatsRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := w.Recv(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			withdrawnLoads += m.(*wire.WorkerStats).WithdrawnLoads
+		}
+	}
+	if withdrawnLoads != onlyThird {
+		t.Fatalf("workers dropped %d withdrawn loads, want %d (what only iteration 3's first path predicted)", withdrawnLoads, onlyThird)
+	}
+}
+
+// layerPrediction is what the shadow predicted for one layer.
+type layerPrediction struct {
+	experts []int
+	token   int32
+}
+
+// recv is the shadow's next message to the main node.
+func (r *shadowRig) recv(t *testing.T) wire.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := r.main.Recv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// readUntilDone reads the shadow's predictions for iteration it of seq
+// until its ShadowDone, which it returns with them by layer; a message of
+// another iteration fails the test.
+func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPrediction, *wire.ShadowDone) {
+	t.Helper()
+	got := make([]layerPrediction, r.qm.Config.NumLayers)
+	for {
+		switch m := r.recv(t).(type) {
+		case *wire.Prediction:
+			if m.Seq != seq || m.Iteration != it {
+				t.Fatalf("prediction for sequence %d iteration %d, want iteration %d of %d", m.Seq, m.Iteration, it, seq)
+			}
+			for _, e := range m.Experts {
+				got[m.Layer].experts = append(got[m.Layer].experts, int(e))
+			}
+			got[m.Layer].token = m.Token
+		case *wire.ShadowDone:
+			if m.Seq != seq || m.Iteration != it {
+				t.Fatalf("shadow reports %+v, want iteration %d of %d", m, it, seq)
+			}
+			return got, m
+		case *wire.Withdraw:
+			t.Fatalf("withdraw %+v while reading iteration %d", m, it)
+		}
+	}
+}
+
+// greedy is the token the shadow's own model samples after tokens.
+func (r *shadowRig) greedy(t *testing.T, tokens []int) int {
+	t.Helper()
+	s := model.NewSession(r.qm, model.NewResidentExperts(r.qm), 0)
+	logits, err := s.Forward(context.Background(), tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model.Argmax(logits)
 }

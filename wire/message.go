@@ -28,6 +28,7 @@ const (
 	TypeWorkerStats  Type = 13
 	TypeShadowDone   Type = 14
 	TypePlacement    Type = 15
+	TypeWithdraw     Type = 16
 )
 
 func (t Type) String() string {
@@ -40,7 +41,7 @@ func (t Type) String() string {
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
-// *ShadowDone or *Placement. Peer.Recv returns them; a type switch tells them
+// *ShadowDone, *Placement or *Withdraw. Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
 	Type() Type
@@ -76,6 +77,8 @@ func newMessage(t Type) Message {
 		return new(ShadowDone)
 	case TypePlacement:
 		return new(Placement)
+	case TypeWithdraw:
+		return new(Withdraw)
 	}
 	return nil
 }
@@ -114,6 +117,22 @@ type Prediction struct {
 	Iteration int64
 	Layer     int
 	Experts   []int32
+	// Token is the token the shadow fed that iteration: its own when it
+	// ran ahead of the main node's alignment, so the main node can tell a
+	// prediction on a path it did not take; -1 when not said (the main
+	// node's own hints, a batched pass).
+	Token int32
+}
+
+// Withdraw tells a worker group and the main node that the shadow takes
+// back its predictions for iterations From and later of sequence Seq: it
+// ran ahead on a token the main node did not sample, and runs them again.
+// A worker drops the loads they started unless something else holds
+// them; predictions sent after it stand.
+type Withdraw struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
+	From     int64
 }
 
 // Activation is the main node's request to run experts: the normalized
@@ -246,6 +265,10 @@ type WorkerStats struct {
 	HostCompressedHits   int64 `json:"host_compressed_hits"`
 	HostCompressedMisses int64 `json:"host_compressed_misses"`
 	HostCompressedBytes  int64 `json:"host_compressed_bytes"`
+	// Withdrawn are predicted loads the shadow withdrew before any request
+	// used them, WithdrawnBytes their size.
+	WithdrawnLoads int64 `json:"withdrawn_loads"`
+	WithdrawnBytes int64 `json:"withdrawn_bytes"`
 }
 
 // Placement tells the shadow which worker owns each expert when experts
@@ -272,6 +295,14 @@ type ShadowDone struct {
 	LateDeparture time.Duration // applying the alignment before departing
 	Forward       time.Duration // the forward pass
 	RSSPeak       int64         // the shadow process's peak resident memory
+	// Ahead is how many iterations past the main node's latest alignment
+	// the pass ran, on tokens the shadow sampled itself (0: it departed
+	// on the main node's alignment).
+	Ahead int64
+	// Agreed and Rewound count, since the main node connected, the
+	// alignments whose token met an iteration the shadow had run ahead:
+	// on the same token, or on another (it rewound and ran it again).
+	Agreed, Rewound int64
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main
@@ -328,6 +359,7 @@ func (*StatsRequest) Type() Type { return TypeStatsRequest }
 func (*WorkerStats) Type() Type  { return TypeWorkerStats }
 func (*ShadowDone) Type() Type   { return TypeShadowDone }
 func (*Placement) Type() Type    { return TypePlacement }
+func (*Withdraw) Type() Type     { return TypeWithdraw }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -351,8 +383,13 @@ func (m *Hello) validate() error {
 }
 
 func (m *Prediction) validate() error {
+	if m.Token < -1 {
+		return malformed("prediction fed token %d", m.Token)
+	}
 	return nonNegative("iteration/layer", m.Iteration, int64(m.Layer))
 }
+
+func (m *Withdraw) validate() error { return nonNegative("withdrawn iteration", m.From) }
 
 func (m *Activation) validate() error {
 	if err := nonNegative("iteration/layer/tokens", m.Iteration, int64(m.Layer), int64(m.Tokens)); err != nil {
@@ -430,7 +467,7 @@ func (m *WorkerStats) validate() error {
 	return nonNegative("worker counter", m.Loads, m.Hits, m.Misses, m.WastedLoads, m.Refused, m.LatePredictions,
 		int64(m.LoadTime), int64(m.ComputeTime), int64(m.StallTime), m.DeviceBudget, m.DevicePeak, m.DeviceInUse, m.RSSPeak,
 		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes, m.ResidentHits, m.ResidentEvicted, m.ResidentExperts, m.ResidentBytes,
-		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes)
+		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes, m.WithdrawnLoads, m.WithdrawnBytes)
 }
 
 func (m *Placement) validate() error {
@@ -446,7 +483,7 @@ func (m *Placement) validate() error {
 }
 
 func (m *ShadowDone) validate() error {
-	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak)
+	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound)
 }
 func (m *Error) validate() error { return nil }
 

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/odmoe/odmoe/model"
 	"github.com/rs/zerolog"
 )
 
@@ -123,7 +124,7 @@ func TestArenaIsOffTheGoHeap(t *testing.T) {
 	var peakHeap uint64
 	var ms runtime.MemStats
 	for i := range 2000 {
-		if _, err := e.Run(context.Background(), 1, i%4, i%8, x, 1, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, i%4, i%8, x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if i%100 == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,12 @@ type Stats struct {
 	Resident atomic.Int64
 	// Evicted are resident experts dropped to make room for another.
 	Evicted atomic.Int64
+	// Withdrawn are predicted loads the shadow took back (it had run
+	// ahead on a token the main node did not sample) and that nobody else
+	// held: dropped unused, their bytes in WithdrawnBytes (a load still
+	// under way counts its whole expert).
+	Withdrawn      atomic.Int64
+	WithdrawnBytes atomic.Int64
 }
 
 // Engine loads, computes and evicts experts within a device-memory budget.
@@ -69,9 +76,26 @@ type Engine struct {
 	slots map[slotKey]*slot
 	order uint64
 	clock uint64 // requests run: the residency policy's clock
+	// at is, per sequence, the latest iteration and layer a request has
+	// run: a prediction for a later iteration is for the future (a shadow
+	// running ahead), and waits its turn behind the current iteration's;
+	// one for an earlier layer has passed (a wrong prediction)
+	at map[uint64]position
+}
+
+// position is where a sequence's requests have got to.
+type position struct {
+	it    int64
+	layer int
 }
 
 type slotKey struct{ layer, expert int }
+
+// holder is a sequence that holds an expert for one of its iterations.
+type holder struct {
+	seq uint64
+	it  int64
+}
 
 // slot is one expert being loaded or resident. One slot serves every
 // sequence that wants the expert: it stays while any of them holds it.
@@ -92,47 +116,88 @@ type slot struct {
 	// keepers are the sequences whose last request held it for their
 	// prompt's next mini-batch (After Hold), until they let go
 	keepers []uint64
-	heat    heat      // its uses, decayed: the coldest cached expert goes first
-	loaded  bool      // the load has ended (err says how); guarded by Engine.mu
-	users   int       // requests computing with it now
-	used    bool      // some request has used it
-	order   uint64    // order of creation, for eviction of the oldest
-	holders []uint64  // the sequences that hinted it or are running it, until they let go
-	held    [2]uint64 // holders' first backing array: most experts serve one or two sequences
+	heat    heat   // its uses, decayed: the coldest cached expert goes first
+	loaded  bool   // the load has ended (err says how); guarded by Engine.mu
+	users   int    // requests computing with it now
+	used    bool   // some request has used it
+	order   uint64 // order of creation, for eviction of the oldest
+	// holders are the iterations of sequences that hinted it or are
+	// running it, until they let go
+	holders []holder
+	held    [2]holder // holders' first backing array: most experts serve one or two
 }
 
-// hold adds seq to the slot's holders (once).
-func (s *slot) hold(seq uint64) {
-	if !slices.Contains(s.holders, seq) {
-		s.holders = append(s.holders, seq)
+// hold adds iteration it of seq to the slot's holders (once).
+func (s *slot) hold(seq uint64, it int64) {
+	if !slices.Contains(s.holders, holder{seq, it}) {
+		s.holders = append(s.holders, holder{seq, it})
 	}
 }
 
-// release drops seq from the slot's holders and reports whether the slot
-// can go: nobody holds it, nobody computes with it, and it is not pinned.
-func (s *slot) release(seq uint64) bool {
-	if i := slices.Index(s.holders, seq); i >= 0 {
-		s.holders = slices.Delete(s.holders, i, i+1)
-	}
+// release drops seq's holds for iterations from..to from the slot's
+// holders and reports whether the slot can go: nobody holds it, nobody
+// computes with it, and it is not pinned.
+func (s *slot) release(seq uint64, from, to int64) bool {
+	s.holders = slices.DeleteFunc(s.holders, func(h holder) bool { return h.seq == seq && h.it >= from && h.it <= to })
 	return len(s.holders) == 0 && s.users == 0 && !s.pinned
+}
+
+// firstIteration is the earliest iteration that holds s (MinInt64 if
+// none).
+func (s *slot) firstIteration() int64 {
+	if len(s.holders) == 0 {
+		return math.MinInt64
+	}
+	first := int64(math.MaxInt64)
+	for _, h := range s.holders {
+		first = min(first, h.it)
+	}
+	return first
+}
+
+// future reports whether every holder of s holds it for an iteration
+// after the one its sequence runs now (at), and the earliest of them:
+// a prediction from a shadow running ahead, not needed this iteration.
+func (s *slot) future(at map[uint64]position) (bool, int64) {
+	first := int64(math.MaxInt64)
+	for _, h := range s.holders {
+		if h.it <= at[h.seq].it {
+			return false, 0
+		}
+		first = min(first, h.it)
+	}
+	return len(s.holders) > 0, first
+}
+
+// passed reports whether every holder of s, an expert of layer, holds it
+// for a layer its sequence's requests have gone past: a wrong prediction.
+func (s *slot) passed(layer int, at map[uint64]position) bool {
+	for _, h := range s.holders {
+		if a, ok := at[h.seq]; !ok || h.it > a.it || h.it == a.it && layer >= a.layer {
+			return false
+		}
+	}
+	return true
 }
 
 // NewEngine returns an engine over src whose experts take hidden-size
 // inputs, on device dev.
 func NewEngine(src ExpertSource, hidden int, dev Device, log zerolog.Logger) *Engine {
-	return &Engine{src: src, dev: dev, hidden: hidden, log: log, slots: map[slotKey]*slot{}}
+	return &Engine{src: src, dev: dev, hidden: hidden, log: log, slots: map[slotKey]*slot{}, at: map[uint64]position{}}
 }
 
 // Device is where the engine keeps and runs experts.
 func (e *Engine) Device() Device { return e.dev }
 
-// Prefetch starts loading the experts of layer that sequence seq will need
-// and that are not resident or loading already (a hint: from the shadow's
-// prediction or the main node), and holds them for seq until it runs them
-// or lets go of the layer (Evict). It returns at once; a load that does
-// not fit the budget is refused, counted and logged, and the request that
-// needs it later loads it as a miss.
-func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []int) {
+// Prefetch starts loading the experts of layer that forward pass step
+// will need and that are not resident or loading already (a hint: from
+// the shadow's prediction or the main node), and holds them for that
+// iteration of the sequence until it runs them or lets go of the layer
+// (Evict). It returns at once; a load that does not fit the budget is
+// refused, counted and logged, and the request that needs it later loads
+// it as a miss. A load for a later iteration than the sequence runs now
+// never takes the room of one for the current iteration.
+func (e *Engine) Prefetch(ctx context.Context, step model.Step, layer int, experts []int) {
 	for _, ex := range experts {
 		e.mu.Lock()
 		k := slotKey{layer, ex}
@@ -140,12 +205,12 @@ func (e *Engine) Prefetch(ctx context.Context, seq uint64, layer int, experts []
 			if !s.hinted {
 				s.hinted, s.hintedAt = true, time.Now()
 			}
-			s.hold(seq)
+			s.hold(step.Seq, step.Iter)
 			e.mu.Unlock()
 			continue
 		}
 		s := e.newSlotLocked(k, true)
-		s.hold(seq)
+		s.hold(step.Seq, step.Iter)
 		e.mu.Unlock()
 		e.wg.Go(func() { e.load(ctx, k, s) })
 	}
@@ -296,7 +361,7 @@ func (e *Engine) alloc(ctx context.Context, n int64, layer int, s *slot) (Block,
 		if err == nil || !errors.Is(err, ErrOverBudget) {
 			return b, err
 		}
-		if ok, werr := e.roomFor(ctx, layer, !s.prefetched); werr != nil {
+		if ok, werr := e.roomFor(ctx, layer, s); werr != nil {
 			return Block{}, werr
 		} else if !ok {
 			return Block{}, err
@@ -304,12 +369,14 @@ func (e *Engine) alloc(ctx context.Context, n int64, layer int, s *slot) (Block,
 	}
 }
 
-// roomFor frees one expert (makeRoom) or, for a waiting request (demand)
+// roomFor frees one expert (makeRoom) for slot s of layer (nil: a
+// request's compute buffers) or, for a waiting request (not a prediction)
 // whose room predictions still loading hold, waits for one of them to
 // land (it can go then); it reports false when neither can help. A
 // prediction never waits: it is refused.
-func (e *Engine) roomFor(ctx context.Context, layer int, demand bool) (bool, error) {
-	if e.makeRoom(layer, demand) {
+func (e *Engine) roomFor(ctx context.Context, layer int, s *slot) (bool, error) {
+	demand := s == nil || !s.prefetched
+	if e.makeRoom(layer, s) {
 		return true, nil
 	}
 	landing := e.prefetchInFlight()
@@ -384,7 +451,8 @@ type Result struct {
 // holds it (decode: JIT load, compute once, evict); Hold keeps holding it
 // for further mini-batches (prefill) until Evict; Cache lets go of it but
 // leaves it resident for later requests (-residency on).
-func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []float32, n int, out []float32, after After) (Result, error) {
+func (e *Engine) Run(ctx context.Context, step model.Step, layer, expert int, x []float32, n int, out []float32, after After) (Result, error) {
+	seq := step.Seq
 	var res Result
 	if n <= 0 || len(x) != n*e.hidden || len(out) != n*e.hidden {
 		return res, fmt.Errorf("worker: layer %d expert %d: %d inputs and %d outputs for %d tokens of hidden size %d", layer, expert, len(x), len(out), n, e.hidden)
@@ -392,6 +460,11 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 	k := slotKey{layer, expert}
 	t0 := time.Now()
 	var s *slot
+	e.mu.Lock()
+	if a := e.at[seq]; step.Iter > a.it || step.Iter == a.it && layer > a.layer {
+		e.at[seq] = position{step.Iter, layer}
+	}
+	e.mu.Unlock()
 	for {
 		e.mu.Lock()
 		s = e.slots[k]
@@ -426,7 +499,7 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 		}
 		s.users++
 		s.used = true
-		s.hold(seq)
+		s.hold(seq, step.Iter)
 		e.clock++
 		s.heat.use(e.clock)
 		e.mu.Unlock()
@@ -460,7 +533,7 @@ func (e *Engine) Run(ctx context.Context, seq uint64, layer, expert int, x []flo
 	if after == Cache {
 		s.cached = true
 	}
-	if after != Hold && s.release(seq) && !s.cached && e.slots[k] == s {
+	if after != Hold && s.release(seq, math.MinInt64, step.Iter) && !s.cached && e.slots[k] == s {
 		e.dropLocked(k, s)
 	}
 	e.mu.Unlock()
@@ -479,7 +552,7 @@ func (e *Engine) compute(ctx context.Context, layer int, ex model.Expert, x []fl
 		}
 		if errors.Is(err, ErrOverBudget) {
 			// resident experts and predictions give way to the work at hand
-			if ok, werr := e.roomFor(ctx, layer, true); werr != nil {
+			if ok, werr := e.roomFor(ctx, layer, nil); werr != nil {
 				return werr
 			} else if ok {
 				continue
@@ -493,16 +566,37 @@ func (e *Engine) compute(ctx context.Context, layer int, ex model.Expert, x []fl
 	return nil
 }
 
-// Evict lets sequence seq go of every expert of layer (the end of a
-// prefill layer, or predictions for a layer that has run) and frees those
-// that no other sequence holds and nobody computes with; one still
+// Evict lets forward pass step go of every expert of layer (the end of
+// a prefill layer, or predictions for a layer that has run), its
+// sequence's earlier iterations too, and frees those that no other
+// sequence or later iteration holds and nobody computes with; one still
 // loading is freed as soon as its load ends.
-func (e *Engine) Evict(seq uint64, layer int) {
+func (e *Engine) Evict(step model.Step, layer int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, s := range e.slots {
 		if k.layer == layer {
-			e.releaseLocked(seq, k, s)
+			e.releaseLocked(step.Seq, math.MinInt64, step.Iter, k, s)
+		}
+	}
+}
+
+// Withdraw lets sequence step.Seq go of every expert it holds for
+// iteration step.Iter or later (the shadow's predictions on a path the
+// main node did not take) and frees those nobody else holds: a withdrawn
+// load, counted with its bytes unless a request used it.
+func (e *Engine) Withdraw(step model.Step) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, s := range e.slots {
+		if !slices.ContainsFunc(s.holders, func(h holder) bool { return h.seq == step.Seq && h.it >= step.Iter }) {
+			continue
+		}
+		if e.releaseLocked(step.Seq, step.Iter, math.MaxInt64, k, s) && !s.used {
+			e.Stats.Withdrawn.Add(1)
+			if n, err := e.src.ExpertBytes(k.layer, k.expert); err == nil {
+				e.Stats.WithdrawnBytes.Add(int64(n))
+			}
 		}
 	}
 }
@@ -513,20 +607,26 @@ func (e *Engine) EndSequence(seq uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, s := range e.slots {
-		e.releaseLocked(seq, k, s)
+		e.releaseLocked(seq, math.MinInt64, math.MaxInt64, k, s)
 	}
+	delete(e.at, seq)
 }
 
-func (e *Engine) releaseLocked(seq uint64, k slotKey, s *slot) {
-	s.keepers = slices.DeleteFunc(s.keepers, func(q uint64) bool { return q == seq })
-	if !s.release(seq) || s.cached {
-		return
+// releaseLocked drops seq's holds on s for iterations from..to and frees
+// s if it can go; it reports whether it went.
+func (e *Engine) releaseLocked(seq uint64, from, to int64, k slotKey, s *slot) bool {
+	if from == math.MinInt64 { // a prompt's keeping ends with its layer, a withdrawal leaves it
+		s.keepers = slices.DeleteFunc(s.keepers, func(q uint64) bool { return q == seq })
+	}
+	if !s.release(seq, from, to) || s.cached {
+		return false
 	}
 	if s.loaded {
 		e.dropLocked(k, s)
 	} else {
 		delete(e.slots, k) // load() frees it when it ends
 	}
+	return true
 }
 
 // Resident is the number of experts loaded or loading.

@@ -111,22 +111,22 @@ func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
 	for _, n := range []int{1, 5} {
 		x := randomInput(n, h, uint64(n))
 		out := make([]float32, n*h)
-		res, err := e.Run(ctx, 1, 2, 5, x, n, out, Evict)
+		res, err := e.Run(ctx, model.Step{Seq: 1}, 2, 5, x, n, out, Evict)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !res.Miss || !sameBits(out, localExpert(f.model, 2, 5, x, n)) {
 			t.Fatalf("n=%d: miss=%v, bits equal=%v", n, res.Miss, sameBits(out, localExpert(f.model, 2, 5, x, n)))
 		}
-		e.Prefetch(ctx, 1, 3, []int{0, 7})
-		res, err = e.Run(ctx, 1, 3, 7, x, n, out, Evict)
+		e.Prefetch(ctx, model.Step{Seq: 1}, 3, []int{0, 7})
+		res, err = e.Run(ctx, model.Step{Seq: 1}, 3, 7, x, n, out, Evict)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if res.Miss || !sameBits(out, localExpert(f.model, 3, 7, x, n)) {
 			t.Fatalf("hinted n=%d: miss=%v", n, res.Miss)
 		}
-		e.Evict(1, 3) // expert 0 was hinted but never used
+		e.Evict(model.Step{Seq: 1}, 3) // expert 0 was hinted but never used
 	}
 	e.wg.Wait() // a hinted load evicted while in flight is freed when it ends
 	if e.Resident() != 0 || arena.InUse() != 0 {
@@ -157,20 +157,20 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 	ctx := context.Background()
 	x := randomInput(1, h, 9)
 	out := make([]float32, h)
-	e.Prefetch(ctx, 1, 1, []int{2})
-	if _, err := e.Run(ctx, 1, 1, 2, x, 1, out, Hold); err != nil { // keep it resident
+	e.Prefetch(ctx, model.Step{Seq: 1}, 1, []int{2})
+	if _, err := e.Run(ctx, model.Step{Seq: 1}, 1, 2, x, 1, out, Hold); err != nil { // keep it resident
 		t.Fatal(err)
 	}
-	e.Prefetch(ctx, 1, 1, []int{4}) // same layer: nothing may be evicted for it
+	e.Prefetch(ctx, model.Step{Seq: 1}, 1, []int{4}) // same layer: nothing may be evicted for it
 	e.wg.Wait()
 	if got := e.Stats.Refused.Load(); got != 1 {
 		t.Fatalf("refused %d, want 1", got)
 	}
-	if _, err := e.Run(ctx, 1, 1, 4, x, 1, out, Evict); !errors.Is(err, ErrOverBudget) {
+	if _, err := e.Run(ctx, model.Step{Seq: 1}, 1, 4, x, 1, out, Evict); !errors.Is(err, ErrOverBudget) {
 		t.Fatalf("second expert of the same layer while the first is resident: %v", err)
 	}
-	e.Evict(1, 1)
-	res, err := e.Run(ctx, 1, 1, 4, x, 1, out, Evict)
+	e.Evict(model.Step{Seq: 1}, 1)
+	res, err := e.Run(ctx, model.Step{Seq: 1}, 1, 4, x, 1, out, Evict)
 	if err != nil || !res.Miss {
 		t.Fatalf("after evicting: miss=%v err=%v", res.Miss, err)
 	}
@@ -178,9 +178,9 @@ func TestBudgetIsNeverExceeded(t *testing.T) {
 		t.Fatal("wrong bits")
 	}
 	// a stale expert of another layer is evicted to make room
-	e.Prefetch(ctx, 1, 0, []int{1})
+	e.Prefetch(ctx, model.Step{Seq: 1}, 0, []int{1})
 	e.wg.Wait()
-	if _, err := e.Run(ctx, 1, 2, 3, x, 1, out, Evict); err != nil {
+	if _, err := e.Run(ctx, model.Step{Seq: 1}, 2, 3, x, 1, out, Evict); err != nil {
 		t.Fatalf("stale expert was not evicted for a new layer: %v", err)
 	}
 	if arena.Peak() > budget {
@@ -202,19 +202,19 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 	x := randomInput(1, h, 5)
 	out := make([]float32, h)
 	const a, b = 1, 2
-	e.Prefetch(ctx, a, 3, []int{1, 6}) // a's prediction for layer 3
-	e.Prefetch(ctx, b, 3, []int{6})    // b's: expert 6 is shared
+	e.Prefetch(ctx, model.Step{Seq: a}, 3, []int{1, 6}) // a's prediction for layer 3
+	e.Prefetch(ctx, model.Step{Seq: b}, 3, []int{6})    // b's: expert 6 is shared
 	e.wg.Wait()
 	// b runs expert 6 and ends its layer 3: a still holds 1 and 6
-	if res, err := e.Run(ctx, b, 3, 6, x, 1, out, Evict); err != nil || res.Miss {
+	if res, err := e.Run(ctx, model.Step{Seq: b}, 3, 6, x, 1, out, Evict); err != nil || res.Miss {
 		t.Fatalf("b's hinted expert: miss=%v err=%v", res.Miss, err)
 	}
-	e.Evict(b, 3)
+	e.Evict(model.Step{Seq: b}, 3)
 	if got := e.Resident(); got != 2 {
 		t.Fatalf("after b ended layer 3, %d experts resident, want a's 2", got)
 	}
 	for _, ex := range []int{1, 6} {
-		res, err := e.Run(ctx, a, 3, ex, x, 1, out, Evict)
+		res, err := e.Run(ctx, model.Step{Seq: a}, 3, ex, x, 1, out, Evict)
 		if err != nil || res.Miss {
 			t.Fatalf("a's expert %d after b's eviction: miss=%v err=%v", ex, res.Miss, err)
 		}
@@ -226,15 +226,15 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 		t.Fatalf("after both ran: %d resident, %d bytes in use", e.Resident(), arena.InUse())
 	}
 	// an expert b hinted is a hit for a, and stays for b
-	e.Prefetch(ctx, b, 2, []int{2})
-	if res, err := e.Run(ctx, a, 2, 2, x, 1, out, Evict); err != nil || res.Miss {
+	e.Prefetch(ctx, model.Step{Seq: b}, 2, []int{2})
+	if res, err := e.Run(ctx, model.Step{Seq: a}, 2, 2, x, 1, out, Evict); err != nil || res.Miss {
 		t.Fatalf("a on b's hinted expert: miss=%v err=%v", res.Miss, err)
 	}
 	if e.Resident() != 1 {
 		t.Fatalf("a's run freed the expert b still holds (%d resident)", e.Resident())
 	}
 	// hints for iterations that never came go with their sequence
-	e.Prefetch(ctx, a, 0, []int{0})
+	e.Prefetch(ctx, model.Step{Seq: a}, 0, []int{0})
 	e.EndSequence(b)
 	e.EndSequence(a)
 	e.wg.Wait()

@@ -46,12 +46,12 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	x := randomInput(2, h, 9)
 	out := make([]float32, 2*h)
 	for round := range 3 {
-		e.Prefetch(context.Background(), 1, 1, []int{4})
+		e.Prefetch(context.Background(), model.Step{Seq: 1}, 1, []int{4})
 		e.wg.Wait()
 		if arena.InUse() != int64(size) {
 			t.Fatalf("round %d: a resident expert holds %d device bytes, want %d", round, arena.InUse(), size)
 		}
-		if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 1, 4, x, 2, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 1, 4, x, 2)) {
@@ -66,11 +66,11 @@ func TestHostCacheServesReloadsWithoutTheStore(t *testing.T) {
 	}
 	// two more experts push the first out of the host cache (LRU)
 	for _, ex := range []int{5, 6} {
-		if _, err := e.Run(context.Background(), 1, 1, ex, x, 2, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 1, ex, x, 2, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.Run(context.Background(), 1, 1, 4, x, 2, out, Evict); err != nil {
+	if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 1, 4, x, 2, out, Evict); err != nil {
 		t.Fatal(err)
 	}
 	hits, misses, used := e.Host.Stats()
@@ -101,7 +101,7 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 	x := randomInput(1, h, 4)
 	out := make([]float32, h)
 	for ex := range 3 { // layer 0, experts 0..2: preloaded
-		if _, err := e.Run(context.Background(), 1, 0, ex, x, 1, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 0, ex, x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 0, ex, x, 1)) {
@@ -176,7 +176,7 @@ func TestHostCacheBoundedUnderConcurrentLoads(t *testing.T) {
 			for i := range 40 {
 				l, ex := layers[(w+i)%len(layers)], (w*3+i)%experts
 				after := []After{Hold, Cache, Evict}[i%3]
-				if _, err := e.Run(context.Background(), uint64(w+1), l, ex, x, 1, out, after); err != nil {
+				if _, err := e.Run(context.Background(), model.Step{Seq: uint64(w + 1)}, l, ex, x, 1, out, after); err != nil {
 					return err
 				}
 				if !sameBits(out, localExpert(f.model, l, ex, x, 1)) {
@@ -239,7 +239,7 @@ func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for i := range loads {
-		if _, err := e.Run(context.Background(), 1, 0, i%f.store.Experts(), x, 1, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 0, i%f.store.Experts(), x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -284,7 +284,7 @@ func TestCompressedTierServesReloadsFromHostMemory(t *testing.T) {
 	x := randomInput(1, h, 5)
 	out := make([]float32, h)
 	for range 2 {
-		if _, err := e.Run(context.Background(), 1, 1, 3, x, 1, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 1, 3, x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 1, 3, x, 1)) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/odmoe/odmoe/model"
 	"github.com/rs/zerolog"
 )
 
@@ -44,7 +45,7 @@ func BenchmarkLoad(b *testing.B) {
 			x, out := randomInput(1, h, 1), make([]float32, h)
 			run := func(i int) {
 				l, ex := f.store.Layers()[i/f.store.Experts()%len(f.store.Layers())], i%f.store.Experts()
-				if _, err := e.Run(context.Background(), 1, l, ex, x, 1, out, Evict); err != nil {
+				if _, err := e.Run(context.Background(), model.Step{Seq: 1}, l, ex, x, 1, out, Evict); err != nil {
 					b.Fatal(err)
 				}
 			}

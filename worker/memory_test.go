@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/model"
 	"github.com/rs/zerolog"
 )
 
@@ -43,7 +44,7 @@ func TestWorkerRSSStaysWithinTouchedBudgetAndOverhead(t *testing.T) {
 	x, out := randomInput(1, h, 1), make([]float32, h)
 	var grew int64
 	for i := range loads {
-		if _, err := e.Run(context.Background(), 1, f.store.Layers()[i%len(f.store.Layers())], i%f.store.Experts(), x, 1, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, f.store.Layers()[i%len(f.store.Layers())], i%f.store.Experts(), x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		msg := make([]byte, garbageBytes)

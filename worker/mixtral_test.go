@@ -44,7 +44,7 @@ func TestMixtralExpertRunsWithin1GiB(t *testing.T) {
 	defer e.Close()
 	x := randomInput(1, 4096, 4)
 	out := make([]float32, 4096)
-	if _, err := e.Run(context.Background(), 1, 0, 1, x, 1, out, Evict); err != nil {
+	if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 0, 1, x, 1, out, Evict); err != nil {
 		t.Fatal(err)
 	}
 	m, err := model.Load(md, model.LoadOptions{})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/odmoe/odmoe/model"
 	"github.com/rs/zerolog"
 )
 
@@ -33,7 +34,7 @@ func runExpert(t *testing.T, e *Engine, f fixture, seq uint64, layer, expert int
 	h := f.model.Config.HiddenSize
 	x := randomInput(1, h, uint64(7*layer+expert))
 	out := make([]float32, h)
-	res, err := e.Run(context.Background(), seq, layer, expert, x, 1, out, after)
+	res, err := e.Run(context.Background(), model.Step{Seq: seq}, layer, expert, x, 1, out, after)
 	if err != nil {
 		t.Fatalf("layer %d expert %d (%s): %v", layer, expert, after, err)
 	}
@@ -68,7 +69,7 @@ func TestCachedExpertServesLaterRequestsWithoutALoad(t *testing.T) {
 		t.Fatalf("cached %d experts, %d bytes; want 1 expert", n, b)
 	}
 	// ending the sequences and their layers keeps it: nobody asked to evict
-	e.Evict(1, 1)
+	e.Evict(model.Step{Seq: 1}, 1)
 	e.EndSequence(2)
 	if res := runExpert(t, e, f, 4, 1, 3, Evict); !res.Resident {
 		t.Fatal("an expert left resident was lost when its sequences let go of the layer")
@@ -113,7 +114,7 @@ func TestPredictionsOutrankResidentExperts(t *testing.T) {
 		runExpert(t, e, f, 1, 0, 4, Cache)
 	}
 	ctx := context.Background()
-	e.Prefetch(ctx, 2, 1, []int{6}) // predicted for sequence 2's layer 1
+	e.Prefetch(ctx, model.Step{Seq: 2}, 1, []int{6}) // predicted for sequence 2's layer 1
 	e.wg.Wait()
 	runExpert(t, e, f, 3, 2, 1, Cache) // a miss that needs room
 	loads := e.Stats.Loads.Load()
@@ -178,8 +179,8 @@ func TestResidentExpertsGiveWayToComputeBuffers(t *testing.T) {
 func TestAWaitingRequestEvictsAnUnusedPrediction(t *testing.T) {
 	e, arena, f := residencyEngine(t, 2)
 	ctx := context.Background()
-	e.Prefetch(ctx, 1, 1, []int{2})
-	e.Prefetch(ctx, 1, 1, []int{4})
+	e.Prefetch(ctx, model.Step{Seq: 1}, 1, []int{2})
+	e.Prefetch(ctx, model.Step{Seq: 1}, 1, []int{4})
 	e.wg.Wait()
 	if res := runExpert(t, e, f, 1, 1, 6, Evict); !res.Miss {
 		t.Fatalf("expert 6 was not predicted, yet %+v", res)
@@ -208,7 +209,7 @@ func TestAWaitingRequestWaitsForPredictionsStillLoading(t *testing.T) {
 	}
 	e := NewEngine(f.store, f.model.Config.HiddenSize, NewCPU(arena, NewLink(float64(eb)*20)), zerolog.Nop()) // 50 ms a load
 	t.Cleanup(e.Close)
-	e.Prefetch(context.Background(), 1, 1, []int{2, 4})
+	e.Prefetch(context.Background(), model.Step{Seq: 1}, 1, []int{2, 4})
 	for arena.InUse() < 2*align(int64(eb)) { // both predictions hold their memory: the request must wait
 		time.Sleep(time.Millisecond)
 	}
@@ -232,7 +233,7 @@ func TestAWaitingRequestEvictsAPredictedResidentExpert(t *testing.T) {
 	runExpert(t, e, f, 1, 0, 1, Cache)
 	runExpert(t, e, f, 1, 0, 1, Cache) // hotter
 	runExpert(t, e, f, 1, 0, 2, Cache)
-	e.Prefetch(context.Background(), 2, 0, []int{1, 2}) // both predicted again: held
+	e.Prefetch(context.Background(), model.Step{Seq: 2}, 0, []int{1, 2}) // both predicted again: held
 	e.wg.Wait()
 	if res := runExpert(t, e, f, 3, 0, 3, Evict); !res.Miss {
 		t.Fatalf("expert 3 was not predicted, yet %+v", res)
@@ -248,7 +249,7 @@ func TestAWaitingRequestEvictsAPredictedResidentExpert(t *testing.T) {
 	runExpert(t, e2, f, 1, 1, 4, Hold)
 	h := f.model.Config.HiddenSize
 	out := make([]float32, h)
-	if _, err := e2.Run(context.Background(), 2, 1, 5, randomInput(1, h, 1), 1, out, Evict); err == nil {
+	if _, err := e2.Run(context.Background(), model.Step{Seq: 2}, 1, 5, randomInput(1, h, 1), 1, out, Evict); err == nil {
 		t.Fatal("an expert kept for a prompt's next mini-batch was evicted for another request")
 	}
 	if arena2.Peak() > arena2.Budget() {
@@ -264,11 +265,11 @@ func TestAPromptsKeptExpertSurvivesOtherSequences(t *testing.T) {
 	e, _, f := residencyEngine(t, 1)
 	runExpert(t, e, f, 1, 1, 4, Hold) // sequence 1's prompt keeps expert 4
 	runExpert(t, e, f, 2, 1, 4, Evict)
-	e.Evict(2, 1)
+	e.Evict(model.Step{Seq: 2}, 1)
 	e.EndSequence(2)
 	h := f.model.Config.HiddenSize
 	out := make([]float32, h)
-	if _, err := e.Run(context.Background(), 3, 1, 5, randomInput(1, h, 2), 1, out, Evict); !errors.Is(err, ErrOverBudget) {
+	if _, err := e.Run(context.Background(), model.Step{Seq: 3}, 1, 5, randomInput(1, h, 2), 1, out, Evict); !errors.Is(err, ErrOverBudget) {
 		t.Fatalf("sequence 3 took the room of an expert sequence 1 keeps: %v", err)
 	}
 	loads := e.Stats.Loads.Load()
@@ -282,7 +283,7 @@ func TestAPromptsKeptExpertSurvivesOtherSequences(t *testing.T) {
 // an expert already resident, reports none.
 func TestResultSaysHowLongBeforeItsRequestThePredictionCame(t *testing.T) {
 	e, _, f := residencyEngine(t, 4)
-	e.Prefetch(context.Background(), 1, 0, []int{3})
+	e.Prefetch(context.Background(), model.Step{Seq: 1}, 0, []int{3})
 	time.Sleep(20 * time.Millisecond)
 	if res := runExpert(t, e, f, 1, 0, 3, Cache); res.Miss || !res.Loaded || res.Lead < 20*time.Millisecond || res.Lead > 10*time.Second {
 		t.Fatalf("hinted load: %+v, want a lead of at least 20 ms", res)

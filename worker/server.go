@@ -11,6 +11,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/model"
 
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
@@ -85,7 +86,7 @@ func (s *Server) prefetch(ctx context.Context, m *wire.Prediction) {
 	for i, e := range m.Experts {
 		experts[i] = int(e)
 	}
-	s.engine.Prefetch(ctx, m.Seq, m.Layer, experts)
+	s.engine.Prefetch(ctx, model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer, experts)
 }
 
 // endLayer records that layer of iteration it of sequence seq has run here
@@ -95,7 +96,7 @@ func (s *Server) endLayer(seq uint64, it int64, layer int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done[seqLayer{seq, layer}] = it
-	s.engine.Evict(seq, layer)
+	s.engine.Evict(model.Step{Seq: seq, Iter: it}, layer)
 }
 
 // endSequence forgets sequence seq: its iteration marks, and the experts
@@ -188,6 +189,8 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			case <-ctx.Done():
 				return
 			}
+		case *wire.Withdraw:
+			s.engine.Withdraw(model.Step{Seq: m.Seq, Iter: m.From})
 		case *wire.SequenceEnd:
 			s.endSequence(m.Seq)
 		case *wire.Heartbeat:
@@ -239,7 +242,7 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 			}
 		}
 		out := buf[:n*h]
-		res, err := s.engine.Run(ctx, a.Seq, a.Layer, int(e), in, n, out, afterOf(a))
+		res, err := s.engine.Run(ctx, model.Step{Seq: a.Seq, Iter: a.Iteration}, a.Layer, int(e), in, n, out, afterOf(a))
 		if a.EndLayer && i == len(a.Experts)-1 {
 			s.endLayer(a.Seq, a.Iteration, a.Layer)
 		}
@@ -290,6 +293,7 @@ func (s *Server) Stats() *wire.WorkerStats {
 		LoadTime: time.Duration(st.LoadNanos.Load()), ComputeTime: time.Duration(st.ComputeNanos.Load()), StallTime: time.Duration(st.StallNanos.Load()),
 		DeviceBudget: budget, DevicePeak: peak, DeviceInUse: inUse, RSSPeak: procmem.PeakRSS(),
 	}
+	ws.WithdrawnLoads, ws.WithdrawnBytes = st.Withdrawn.Load(), st.WithdrawnBytes.Load()
 	n, b := s.engine.Cached()
 	ws.ResidentHits, ws.ResidentEvicted, ws.ResidentExperts, ws.ResidentBytes = st.Resident.Load(), st.Evicted.Load(), int64(n), b
 	if c := s.engine.Chunks; c != nil {

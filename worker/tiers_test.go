@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/odmoe/odmoe/model"
 )
 
 // TestHostTiersAdmitAnExpertOnItsSecondLoad: a first load leaves only the
@@ -66,7 +68,7 @@ func TestEngineWithBothHostTiers(t *testing.T) {
 	x := randomInput(1, h, 8)
 	out := make([]float32, h)
 	for i := range 3 {
-		if _, err := e.Run(context.Background(), 1, 2, 5, x, 1, out, Evict); err != nil {
+		if _, err := e.Run(context.Background(), model.Step{Seq: 1}, 2, 5, x, 1, out, Evict); err != nil {
 			t.Fatal(err)
 		}
 		if !sameBits(out, localExpert(f.model, 2, 5, x, 1)) {

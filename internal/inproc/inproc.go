@@ -199,9 +199,11 @@ func startWorker(ctx context.Context, st *store.Store, certDir string, i int, ad
 }
 
 // StartShadow runs a shadow over qm (the model as the shadow holds it)
-// listening on listen, connected to the workers at workerAddrs, serving
-// one main node connection after another; stop ends it and waits for it.
-func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAddrs []string, layout sched.Layout, listen string, log zerolog.Logger) (addr string, stop func(), err error) {
+// listening on listen, connected to the workers at workerAddrs, running
+// up to ahead iterations ahead of the main node (shadow.Node.Ahead),
+// serving one main node connection after another; stop ends it and waits
+// for it.
+func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAddrs []string, layout sched.Layout, ahead int, listen string, log zerolog.Logger) (addr string, stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	certs, err := wire.LoadCerts(certDir, "shadow")
 	if err != nil {
@@ -231,6 +233,7 @@ func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAdd
 		closeAll()
 		return "", nil, err
 	}
+	node.Ahead = ahead
 	ln, err := wire.Listen(ctx, listen, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
 	if err != nil {
 		node.Close()

@@ -1,0 +1,131 @@
+package worker
+
+import (
+	"context"
+	"testing"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/rs/zerolog"
+)
+
+// TestPredictionsForALaterIterationOutliveTheCurrentOne: a shadow running
+// ahead predicts layer 1 of iteration 3 while iteration 2 still runs it.
+// Ending iteration 2's layer 1 lets go of iteration 2's hold only: the
+// expert iteration 3 was predicted stays loaded and is a hit then; a
+// prediction nobody used that iteration 3 held is freed when iteration 3
+// ends the layer.
+func TestPredictionsForALaterIterationOutliveTheCurrentOne(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	x := randomInput(1, h, 4)
+	out := make([]float32, h)
+	it2, it3 := model.Step{Seq: 7, Iter: 2}, model.Step{Seq: 7, Iter: 3}
+	e.Prefetch(ctx, it2, 1, []int{0})
+	e.Prefetch(ctx, it3, 1, []int{0, 5}) // ahead: 0 again, and 5
+	e.wg.Wait()
+	if _, err := e.Run(ctx, it2, 1, 0, x, 1, out, Evict); err != nil {
+		t.Fatal(err)
+	}
+	e.Evict(it2, 1)
+	if got := e.Resident(); got != 2 {
+		t.Fatalf("after iteration 2's layer 1: %d experts resident, want 2 (iteration 3's predictions)", got)
+	}
+	res, err := e.Run(ctx, it3, 1, 0, x, 1, out, Evict)
+	if err != nil || res.Miss || res.Loaded {
+		t.Fatalf("iteration 3's expert 0: miss=%v loaded=%v err=%v, want a hit on the expert iteration 2 loaded", res.Miss, res.Loaded, err)
+	}
+	if !sameBits(out, localExpert(f.model, 1, 0, x, 1)) {
+		t.Fatal("wrong bits")
+	}
+	e.Evict(it3, 1)
+	if got, wasted := e.Resident(), e.Stats.Wasted.Load(); got != 0 || wasted != 1 {
+		t.Fatalf("after iteration 3's layer 1: %d resident and %d wasted, want 0 and 1 (expert 5)", got, wasted)
+	}
+}
+
+// TestWithdrawDropsOnlyTheWithdrawnIterations: the shadow takes back its
+// predictions from iteration 3 on (it ran ahead on a token the main node
+// did not sample). What only iterations 3 and 4 held goes, counted with its
+// bytes; what iteration 2 or another sequence also holds, or a request
+// has used, stays.
+func TestWithdrawDropsOnlyTheWithdrawnIterations(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	seq := uint64(3)
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 2}, 0, []int{1})
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 3}, 0, []int{1, 2})
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 4}, 1, []int{3})
+	e.Prefetch(ctx, model.Step{Seq: 9, Iter: 3}, 1, []int{4}) // another sequence's
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 3}, 1, []int{4})
+	e.wg.Wait()
+	e.Withdraw(model.Step{Seq: seq, Iter: 3})
+	if got := e.Resident(); got != 2 {
+		t.Fatalf("%d experts resident after the withdrawal, want 2 (layer 0 expert 1 for iteration 2, layer 1 expert 4 for sequence 9)", got)
+	}
+	b2, _ := f.store.ExpertBytes(0, 2)
+	b3, _ := f.store.ExpertBytes(1, 3)
+	if n, bytes := e.Stats.Withdrawn.Load(), e.Stats.WithdrawnBytes.Load(); n != 2 || bytes != int64(b2+b3) {
+		t.Fatalf("withdrawn %d loads of %d bytes, want 2 of %d", n, bytes, b2+b3)
+	}
+	x := randomInput(1, h, 5)
+	out := make([]float32, h)
+	if res, err := e.Run(ctx, model.Step{Seq: seq, Iter: 2}, 0, 1, x, 1, out, Evict); err != nil || res.Miss {
+		t.Fatalf("iteration 2's prediction after the withdrawal: miss=%v err=%v", res.Miss, err)
+	}
+}
+
+// TestLoadsForTheCurrentIterationComeFirst: the budget is full of
+// predictions for iteration 3 (a shadow running ahead) when iteration 2's
+// prediction arrives: one of iteration 3's makes room for it, the latest
+// iteration's first. A prediction for iteration 4 then finds no room:
+// it may not take iteration 3's, nor iteration 2's.
+func TestLoadsForTheCurrentIterationComeFirst(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	eb, _ := f.store.ExpertBytes(0, 0)
+	arena, _ := NewArena(int64(2*eb) + 64<<10) // two experts and compute buffers
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	x := randomInput(1, h, 6)
+	out := make([]float32, h)
+	seq := uint64(1)
+	if _, err := e.Run(ctx, model.Step{Seq: seq, Iter: 2}, 0, 0, x, 1, out, Evict); err != nil { // iteration 2 runs
+		t.Fatal(err)
+	}
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 3}, 1, []int{1})
+	e.wg.Wait()
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 4}, 1, []int{2})
+	e.wg.Wait()
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 2}, 1, []int{3}) // now: iteration 4's gives way
+	e.wg.Wait()
+	if r := e.Stats.Refused.Load(); r != 0 {
+		t.Fatalf("iteration 2's prediction was refused (%d)", r)
+	}
+	e.Prefetch(ctx, model.Step{Seq: seq, Iter: 4}, 1, []int{4}) // later than both: refused
+	e.wg.Wait()
+	if r := e.Stats.Refused.Load(); r != 1 {
+		t.Fatalf("refused %d, want 1: iteration 4's prediction took the room of an earlier iteration's", r)
+	}
+	for _, c := range []struct {
+		it     int64
+		expert int
+	}{{2, 3}, {3, 1}} {
+		res, err := e.Run(ctx, model.Step{Seq: seq, Iter: c.it}, 1, c.expert, x, 1, out, Evict)
+		if err != nil || res.Miss {
+			t.Fatalf("iteration %d expert %d: miss=%v err=%v, want its prediction kept", c.it, c.expert, res.Miss, err)
+		}
+		e.Evict(model.Step{Seq: seq, Iter: c.it}, 1)
+	}
+	if arena.Peak() > arena.Budget() {
+		t.Fatalf("peak %d over the budget %d", arena.Peak(), arena.Budget())
+	}
+}
