@@ -130,7 +130,7 @@ func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr
 	rf.register(fs)
 	out := fs.String("out", "", "`DIR` for report.json, report.md, timeline.svg, per-run dumps and node logs (required)")
 	cases := fs.String("cases", "16x64,16x256,128x64,128x256", "PROMPTxOUTPUT token lengths to run (OD-MoE's by default)")
-	modes := fs.String("modes", "resident,reactive,shadow", "swarm modes to run besides local: resident, reactive, shadow, residency (shadow with -residency on: experts stay on their owners while the budget allows), residency-uniform (the same with -placement uniform), fault (shadow with worker w2 killed 40% into each decode: tokens/s with and without the fault, and the recovery time)")
+	modes := fs.String("modes", "resident,reactive,shadow", "swarm modes to run besides local: resident, reactive, shadow, shadow-late (shadow with the shadow's -ahead 0: OD-MoE's late departure), residency (shadow with -residency on: experts stay on their owners while the budget allows), residency-uniform (the same with -placement uniform), fault (shadow with worker w2 killed 40% into each decode: tokens/s with and without the fault, and the recovery time)")
 	traceIters := fs.String("trace-iters", "3:5", "decode iterations the timelines show, FROM:TO")
 	residencyMem := fs.String("residency-device-mem", "", "residency mode: every worker's -device-mem `SIZE` (e.g. 38MiB: a quarter of a model's expert bytes over 8 workers), where the other modes keep the rig's; empty = the rig's")
 	rf.log.register(fs)

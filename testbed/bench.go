@@ -24,6 +24,9 @@ const (
 	ModeResident Mode = "resident" // every worker holds its experts for good: fully cached, no loading
 	ModeReactive Mode = "reactive" // load each expert when its activation arrives
 	ModeShadow   Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
+	// ModeShadowLate is shadow mode with the shadow's -ahead 0: it waits
+	// for every alignment before departing (OD-MoE's late departure).
+	ModeShadowLate Mode = "shadow-late"
 	// ModeResidency is shadow mode with -residency on: each expert runs on
 	// its owner, which keeps it resident while its budget allows.
 	ModeResidency Mode = "residency"
@@ -37,7 +40,7 @@ const (
 
 // usesShadow reports whether mode runs a shadow node.
 func (m Mode) usesShadow() bool {
-	return m == ModeShadow || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault
+	return m == ModeShadow || m == ModeShadowLate || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault
 }
 
 // residency reports whether mode runs -residency on.
@@ -55,7 +58,7 @@ func ParseModes(s string) ([]Mode, error) {
 		m := Mode(strings.TrimSpace(f))
 		switch m {
 		case ModeLocal, "":
-		case ModeResident, ModeReactive, ModeShadow, ModeResidency, ModeResidencyUniform, ModeFault:
+		case ModeResident, ModeReactive, ModeShadow, ModeShadowLate, ModeResidency, ModeResidencyUniform, ModeFault:
 			if m == ModeFault && !slices.Contains(out, ModeShadow) {
 				out = append(out, ModeShadow) // the fault run is timed, and compared, against it
 			}
@@ -63,7 +66,7 @@ func ParseModes(s string) ([]Mode, error) {
 				out = append(out, m)
 			}
 		default:
-			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, residency, residency-uniform, fault (local always runs)", m)
+			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, shadow-late, residency, residency-uniform, fault (local always runs)", m)
 		}
 	}
 	return out, nil
@@ -246,7 +249,11 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		s := *opt.Rig.Shadow
 		args := append([]string{"run", "-role", "shadow", "-listen", s.Addr, "-model", opt.Via.Paths(s).Model,
 			"-workers", opt.Rig.WorkerAddrs(), "-dial-timeout", rigDialTimeout}, nodeArgs(opt, opt.Via, s)...)
-		if err := start(s, append(args, s.Flags...)); err != nil {
+		args = append(args, s.Flags...)
+		if mode == ModeShadowLate {
+			args = append(args, "-ahead", "0") // after the rig's: the last one counts
+		}
+		if err := start(s, args); err != nil {
 			return servers, err
 		}
 	}

@@ -99,7 +99,15 @@ type runFigures struct {
 	Recall           *float64         `json:"recall"`
 	Faults           map[string]int64 `json:"faults"`
 	Residency        map[string]int64 `json:"residency"`
-	Lead             *struct {
+	Ahead            *struct {
+		Iterations     int64   `json:"iterations"`
+		Agreed         int64   `json:"agreed"`
+		Rewound        int64   `json:"rewound"`
+		TokenAgreement float64 `json:"token_agreement"`
+		WithdrawnLoads int64   `json:"withdrawn_loads"`
+		WithdrawnBytes int64   `json:"withdrawn_bytes"`
+	} `json:"shadow_ahead"`
+	Lead *struct {
 		P50 float64 `json:"p50"`
 	} `json:"prediction_lead_ms"`
 	Iterations []struct {
@@ -184,7 +192,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		fmt.Fprintf(w, "## %d prompt tokens, %d output tokens\n\n", runs[0].Prompt, runs[0].Output)
 		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | lead p50 ms | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
-		var resident, shadow, residency, uniform float64
+		var resident, shadow, late, residency, uniform float64
 		var faulted *Run
 		for _, r := range runs {
 			f := r.figures()
@@ -217,6 +225,8 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 				resident = f.DecodeTokensPerS
 			case ModeShadow:
 				shadow = f.DecodeTokensPerS
+			case ModeShadowLate:
+				late = f.DecodeTokensPerS
 			case ModeResidency:
 				residency = f.DecodeTokensPerS
 			case ModeResidencyUniform:
@@ -227,6 +237,15 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		}
 		if resident > 0 && shadow > 0 {
 			fmt.Fprintf(w, "\nShadow-driven decode reaches **%.1f%%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75%% on its rig).\n", 100*shadow/resident)
+		}
+		if resident > 0 && late > 0 {
+			fmt.Fprintf(w, "\nWith late departure (the shadow's -ahead 0) it reaches **%.1f%%**.\n", 100*late/resident)
+		}
+		for _, r := range runs {
+			if a := r.figures().Ahead; a != nil && a.Iterations > 0 {
+				fmt.Fprintf(w, "\n%s: the shadow ran %d decode passes ahead of its alignment; token agreement %.2f%% (%d met, %d rewinds); %d loads withdrawn on the workers (%s MiB).\n",
+					r.Mode, a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnLoads, mib(a.WithdrawnBytes))
+			}
 		}
 		if resident > 0 && residency > 0 {
 			fmt.Fprintf(w, "\nShadow-driven decode with -residency on reaches **%.1f%%** of the resident swarm's tokens/s.\n", 100*residency/resident)
