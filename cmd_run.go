@@ -37,6 +37,7 @@ type runFlags struct {
 	workers, prefetch, shadow string
 	group, miniBatch          int
 	alignToken, alignKV       int
+	alignAdaptive             bool
 	trace, traceIters         string
 	peerTimeout, dialTimeout  time.Duration
 	// shadow
@@ -82,6 +83,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
 	fs.IntVar(&f.alignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
 	fs.IntVar(&f.alignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
+	fs.BoolVar(&f.alignAdaptive, "align-adaptive", false, "main: choose the alignment periods online from the shadow's measured recall and rewinds, starting at every iteration, -align-token and -align-kv being the longest allowed (align.Controller)")
 	fs.DurationVar(&f.peerTimeout, "peer-timeout", wire.DefaultPeerTimeout, "main, shadow: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
 	fs.DurationVar(&f.dialTimeout, "dial-timeout", wire.DefaultStartDialTimeout, "main, shadow: how long to wait at start for the workers (and the shadow) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")
 	fs.StringVar(&f.trace, "trace", "", "main: record the whole swarm's timeline (every node's compute, loads and messages) and write it as JSON to `FILE` (testbed draws it)")

@@ -28,7 +28,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err != nil {
 		return usagef("-prefetch: %v", err)
 	}
-	pol := align.Policy{TokenPeriod: f.alignToken, KVPeriod: f.alignKV}
+	pol := align.Policy{TokenPeriod: f.alignToken, KVPeriod: f.alignKV, Adaptive: f.alignAdaptive}
 	switch {
 	case policy == mainnode.Shadow && f.shadow == "":
 		return usagef("-prefetch shadow needs -shadow ADDR")

@@ -11,22 +11,22 @@ func TestPolicyPeriods(t *testing.T) {
 		it        int64
 		token, kv bool
 	}{
-		{Policy{1, 1}, 1, true, true},
-		{Policy{1, 4}, 3, true, false},
-		{Policy{1, 4}, 8, true, true},
-		{Policy{0, 0}, 4, false, false},
-		{Policy{2, 0}, 6, true, false},
-		{Policy{2, 2}, 0, false, false},
+		{Policy{TokenPeriod: 1, KVPeriod: 1}, 1, true, true},
+		{Policy{TokenPeriod: 1, KVPeriod: 4}, 3, true, false},
+		{Policy{TokenPeriod: 1, KVPeriod: 4}, 8, true, true},
+		{Policy{TokenPeriod: 0, KVPeriod: 0}, 4, false, false},
+		{Policy{TokenPeriod: 2, KVPeriod: 0}, 6, true, false},
+		{Policy{TokenPeriod: 2, KVPeriod: 2}, 0, false, false},
 	}
 	for _, c := range cases {
 		if c.p.TokenDue(c.it) != c.token || c.p.KVDue(c.it) != c.kv {
 			t.Errorf("%v at %d: token %v kv %v, want %v %v", c.p, c.it, c.p.TokenDue(c.it), c.p.KVDue(c.it), c.token, c.kv)
 		}
 	}
-	if (Policy{-1, 0}).Validate() == nil {
+	if (Policy{TokenPeriod: -1, KVPeriod: 0}).Validate() == nil {
 		t.Error("negative period accepted")
 	}
-	if s := (Policy{1, 4}).String(); s != "T1_KV4" {
+	if s := (Policy{TokenPeriod: 1, KVPeriod: 4}).String(); s != "T1_KV4" {
 		t.Errorf("String %q", s)
 	}
 }

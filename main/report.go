@@ -44,6 +44,10 @@ type RunStats struct {
 	Recall          *float64  `json:"recall,omitempty"`
 	RecallByToken   []float64 `json:"recall_by_token,omitempty"`
 	LateDepartureMs []float64 `json:"late_departure_ms,omitempty"`
+	// Align is the alignment used: the fixed periods (-align-token,
+	// -align-kv), or those -align-adaptive ran the most decode steps
+	// under. Absent without a shadow.
+	Align string `json:"align,omitempty"`
 	// Faults are what lost nodes cost: absent in local mode.
 	Faults *FaultsJSON `json:"faults,omitempty"`
 	// Residency is what -residency on did: absent with it off.
@@ -204,6 +208,7 @@ func (rs *RunStats) addShadow(sh ShadowStats) {
 	}
 	rs.RecallByToken = sh.RecallByToken
 	rs.LateDepartureMs = sh.LateDepartureMs
+	rs.Align = sh.Align.String()
 	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath}
 	if n := sh.Agreed + sh.Rewound; n > 0 {
 		a.TokenAgreement = float64(sh.Agreed) / float64(n)
@@ -256,8 +261,8 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		if n := len(rs.LateDepartureMs); n > 0 {
 			late /= float64(n)
 		}
-		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
-			100**rs.Recall, len(rs.RecallByToken), late, rs.MissesLate, rs.MissesWrong)
+		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, aligned %s, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
+			100**rs.Recall, len(rs.RecallByToken), rs.Align, late, rs.MissesLate, rs.MissesWrong)
 	}
 	if a := rs.Ahead; a != nil && a.Iterations > 0 {
 		fmt.Fprintf(w, "shadow ran ahead: %d decode passes on its own tokens; token agreement %.2f%% (%d alignments met, %d rewound it); %d predictions withdrawn (%d dropped here first), %d loads withdrawn on the workers (%s, %.1f KiB per token)\n",

@@ -64,10 +64,11 @@ func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 	for _, q := range []kernels.DType{kernels.F16, kernels.Q8, kernels.NF4} {
 		for _, c := range []struct {
-			period int
-			late   bool
-		}{{1, false}, {4, false}, {0, false}, {1, true}} {
-			pol := align.Policy{TokenPeriod: c.period, KVPeriod: c.period}
+			period   int
+			late     bool
+			adaptive bool
+		}{{1, false, false}, {4, false, false}, {0, false, false}, {1, true, false}, {4, false, true}} {
+			pol := align.Policy{TokenPeriod: c.period, KVPeriod: c.period, Adaptive: c.adaptive}
 			spec := shadowSpec{quant: q, late: c.late}
 			t.Run(fmt.Sprintf("%v/%v/ahead%d", q, pol, spec.ahead()), func(t *testing.T) {
 				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: pol}, &spec)

@@ -20,9 +20,9 @@ import (
 // the shadow's iterations and collects its predictions, which it scores
 // against the real routing (align.Recall) and hands to placement.
 type shadowLink struct {
-	peer   atomic.Pointer[wire.Peer] // the current connection; nil before the first
-	name   string                    // the shadow's name, once known
-	policy align.Policy
+	peer  atomic.Pointer[wire.Peer] // the current connection; nil before the first
+	name  string                    // the shadow's name, once known
+	align *align.Controller         // when to align: guarded by mu
 
 	mu        sync.Mutex
 	up        bool       // the current connection is live
@@ -66,6 +66,7 @@ type predicted struct {
 // shadow that attaches mid-sequence up to date.
 type shadowSeq struct {
 	lastKV int     // cache positions already sent
+	kvStep int64   // the decode step of the latest KV alignment
 	hist   []int32 // every token fed so far
 	synced bool    // the current connection has been sent the sequence
 	// the latest decode iteration departed, the token it fed, and whether
@@ -90,7 +91,7 @@ type layerKey struct {
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{policy: policy, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey][]int{}, batches: map[uint64]bool{},
+	sl := &shadowLink{align: align.NewController(policy), seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey][]int{}, batches: map[uint64]bool{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {
 		sl.peer.Store(p)
@@ -195,6 +196,9 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				if m.Ahead > 0 {
 					sl.ahead++
 				}
+				if m.Rewound > sl.rewound {
+					sl.align.Rewound(m.Rewound - sl.rewound)
+				}
 				sl.agreed, sl.rewound = m.Agreed, m.Rewound
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
@@ -211,6 +215,13 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 // output token i+1 in the paper's numbering (iteration 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred, actual []int) {
 	sl.counts.add(pred, actual)
+	correct := 0
+	for _, e := range actual {
+		if slices.Contains(pred, e) {
+			correct++
+		}
+	}
+	sl.align.Observe(correct, len(actual))
 	if sl.batches[key.step.Seq] {
 		// a batched pass activates the union of its rows' experts, and the
 		// shadow predicts the union: the share of it predicted
@@ -337,6 +348,11 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 		q.hist = append(q.hist, int32(t))
 	}
 	up, synced, lastKV := sl.up, q.synced, q.lastKV
+	decodeStep := step.Iter - 1 // the generated tokens fed so far
+	var tokenDue, kvDue bool
+	if up && synced && decodeStep > 0 {
+		tokenDue, kvDue = sl.align.Step(decodeStep, q.kvStep)
+	}
 	var history []int32
 	if up && !synced && step.Iter > 1 {
 		history = slices.Clone(q.hist[:before])
@@ -347,7 +363,7 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 	}
 	p := sl.peer.Load()
 	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchIteration: bp.iter, BatchSize: bp.size}
-	decodeStep := step.Iter - 1 // the generated tokens fed so far
+	kvStep := int64(-1) // unchanged
 	switch {
 	case decodeStep == 0:
 		a.Prompt = make([]int32, len(tokens))
@@ -362,20 +378,23 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 				return false, err
 			}
 		}
-		lastKV = cache.Len()
+		lastKV, kvStep = cache.Len(), decodeStep
 	default:
-		if sl.policy.TokenDue(decodeStep) {
+		if tokenDue {
 			a.Token = int32(tokens[0])
 		}
-		if sl.policy.KVDue(decodeStep) && cache.Len() > lastKV {
+		if kvDue && cache.Len() > lastKV {
 			if err := packInto(a, cache, lastKV); err != nil {
 				return false, err
 			}
-			lastKV = cache.Len()
+			lastKV, kvStep = cache.Len(), decodeStep
 		}
 	}
 	sl.mu.Lock()
 	q.synced, q.lastKV = true, lastKV
+	if kvStep >= 0 {
+		q.kvStep = kvStep
+	}
 	if decodeStep > 0 {
 		q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[0]), a.Token >= 0
 	}
@@ -443,6 +462,9 @@ type ShadowStats struct {
 	// dropped as made on a token it did not feed before their withdrawal
 	// came.
 	Ahead, Agreed, Rewound, Withdrawn, OffPath int64
+	// Align is the alignment the run used: the fixed policy, or the
+	// periods an adaptive one ran the most decode steps under.
+	Align align.Policy
 }
 
 // stats waits (up to timeout) for the shadow to finish iteration last,
@@ -470,7 +492,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	// a shadow running ahead may have run an iteration past the last
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
-		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath}
+		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Align: sl.align.Chosen()}
 	if sl.batchRouted > 0 {
 		st.BatchRecall = float64(sl.batchCorrect) / float64(sl.batchRouted)
 	}
