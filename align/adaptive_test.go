@@ -44,46 +44,76 @@ func TestFixedControllerIsThePolicy(t *testing.T) {
 }
 
 // TestAdaptiveControllerFollowsRecallAndRewinds walks the adaptive
-// controller through each of its rules: it starts aligned every step;
-// while recall holds it doubles both periods up to the bounds (the KV
-// rows then go every K steps, counted from the last that went); a
-// rewind brings the token back to every step; a recall drop halves the
-// KV period.
+// controller through each of its rules, window by window: it starts
+// aligned every step; while recall holds it doubles the KV period up to
+// its bound, then the token period (the KV rows then go every K steps,
+// counted from the last that went); a rewind brings the token back to
+// every step, and it grows again only after a back-off; a recall drop
+// undoes the period grown last, or, with none to undo, halves the KV
+// period.
 func TestAdaptiveControllerFollowsRecallAndRewinds(t *testing.T) {
 	lastKV = 0
 	c := NewController(Policy{TokenPeriod: 2, KVPeriod: 8, Adaptive: true})
 	var it int64
-	tokens, kvs := runWindow(c, &it, 0.99, 0)
-	if len(tokens) != Window || len(kvs) != Window {
-		t.Fatalf("first window: %d token and %d KV alignments, want every step's (%d)", len(tokens), len(kvs), Window)
+	windows := []struct {
+		recall  float64
+		rewinds int64
+		want    Policy // in force during the window
+		why     string
+	}{
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 1}, "the start"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 2}, "recall held: KV grows first"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 4}, "KV grows"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 8}, "KV reaches its bound"},
+		{0.99, 1, Policy{TokenPeriod: 2, KVPeriod: 8}, "then the token period grows"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 8}, "a rewind: the token every step"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 8}, "backing off"},
+		{0.97, 0, Policy{TokenPeriod: 2, KVPeriod: 8}, "the back-off over, the token period grows"},
+		{0.97, 0, Policy{TokenPeriod: 1, KVPeriod: 8}, "recall fell 2 points: the token period, grown last, is undone"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 4}, "recall fell again, nothing grown to undo: KV halves"},
+		{0.99, 0, Policy{TokenPeriod: 1, KVPeriod: 4}, "both periods back off"},
 	}
-	want := []Policy{{TokenPeriod: 2, KVPeriod: 2}, {TokenPeriod: 2, KVPeriod: 4}, {TokenPeriod: 2, KVPeriod: 8}, {TokenPeriod: 2, KVPeriod: 8}}
-	for i, w := range want { // recall holds: the periods grow to the bounds and stay
-		tokens, kvs = runWindow(c, &it, 0.99, 0)
-		if got := c.Current(); got != w {
-			t.Fatalf("window %d: %v, want %v", i+2, got, w)
+	for i, w := range windows {
+		tokens, kvs := runWindow(c, &it, w.recall, w.rewinds)
+		if got := c.Current(); got != w.want {
+			t.Fatalf("window %d (%s): %v, want %v", i+1, w.why, got, w.want)
 		}
-		if len(tokens) != Window/w.TokenPeriod || len(kvs) != Window/w.KVPeriod {
-			t.Fatalf("window %d under %v: %d token and %d KV alignments, want %d and %d", i+2, w, len(tokens), len(kvs), Window/w.TokenPeriod, Window/w.KVPeriod)
+		if len(tokens) != Window/w.want.TokenPeriod || len(kvs) != Window/w.want.KVPeriod {
+			t.Fatalf("window %d under %v: %d token and %d KV alignments, want %d and %d", i+1, w.want, len(tokens), len(kvs), Window/w.want.TokenPeriod, Window/w.want.KVPeriod)
 		}
 		for j := 1; j < len(kvs); j++ {
-			if kvs[j]-kvs[j-1] != int64(w.KVPeriod) {
-				t.Fatalf("window %d: KV alignments at %v, want every %d steps", i+2, kvs, w.KVPeriod)
+			if kvs[j]-kvs[j-1] != int64(w.want.KVPeriod) {
+				t.Fatalf("window %d: KV alignments at %v, want every %d steps", i+1, kvs, w.want.KVPeriod)
 			}
 		}
 	}
-	runWindow(c, &it, 0.99, 1) // a rewind: the token goes every step again
-	runWindow(c, &it, 0.99, 0)
-	if got := c.Current(); got != (Policy{TokenPeriod: 1, KVPeriod: 8}) {
-		t.Fatalf("after a window with a rewind: %v, want T1_KV8", got)
+	if got := c.Chosen(); got != (Policy{TokenPeriod: 1, KVPeriod: 8}) {
+		t.Fatalf("chosen %v, want T1_KV8 (the most steps ran under it)", got)
 	}
-	runWindow(c, &it, 0.97, 0) // recall fell 2 points below T1/KV1's
-	runWindow(c, &it, 0.97, 0)
-	if got := c.Current(); got != (Policy{TokenPeriod: 1, KVPeriod: 4}) {
-		t.Fatalf("after a recall drop: %v, want T1_KV4", got)
-	}
-	if got := c.Chosen(); got != (Policy{TokenPeriod: 2, KVPeriod: 8}) {
-		t.Fatalf("chosen %v, want T2_KV8 (the most steps ran under it)", got)
+}
+
+// TestAdaptiveRecallDropUndoesTheTokenPeriodFirst: with nothing grown
+// to undo, a recall drop takes the token period down before the KV one
+// (a shadow that runs on its own tokens drifts more than on old KV rows).
+func TestAdaptiveRecallDropUndoesTheTokenPeriodFirst(t *testing.T) {
+	lastKV = 0
+	c := NewController(Policy{TokenPeriod: 4, KVPeriod: 2, Adaptive: true})
+	var it int64
+	for i, w := range []struct {
+		recall float64
+		want   Policy
+	}{
+		{0.99, Policy{TokenPeriod: 1, KVPeriod: 1}},
+		{0.99, Policy{TokenPeriod: 1, KVPeriod: 2}},
+		{0.99, Policy{TokenPeriod: 2, KVPeriod: 2}},
+		{0.97, Policy{TokenPeriod: 4, KVPeriod: 2}}, // a drop: the token period grown last is undone
+		{0.97, Policy{TokenPeriod: 2, KVPeriod: 2}}, // another: nothing grown, the token period goes first
+		{0.99, Policy{TokenPeriod: 1, KVPeriod: 2}},
+	} {
+		runWindow(c, &it, w.recall, 0)
+		if got := c.Current(); got != w.want {
+			t.Fatalf("window %d: %v, want %v", i+1, got, w.want)
+		}
 	}
 }
 
