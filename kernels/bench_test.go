@@ -95,3 +95,21 @@ func BenchmarkSwiGLU(b *testing.B) {
 		SwiGLU(out, gate, up)
 	}
 }
+
+// BenchmarkMatVecDecodeShapes times one product of each of the small
+// preset's decode shapes, cache-resident: what a parallel region costs
+// beside the work (go test -bench DecodeShapes -cpu 1,2).
+func BenchmarkMatVecDecodeShapes(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, s := range []struct{ rows, cols int }{{256, 1024}, {1024, 1024}, {3584, 1024}, {1024, 3584}} {
+		b.Run(fmt.Sprintf("BF16_%dx%d", s.rows, s.cols), func(b *testing.B) {
+			m, _ := randMatrix(rng, BF16, s.rows, s.cols)
+			x := randVec(rng, s.cols)
+			out := make([]float32, s.rows)
+			b.SetBytes(int64(len(m.Data)))
+			for b.Loop() {
+				MatVec(out, m, x)
+			}
+		})
+	}
+}

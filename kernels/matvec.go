@@ -144,13 +144,17 @@ func partsFor(rows, elems int) int {
 const chunksPerPart = 4
 
 // parallelRows runs fn over contiguous row ranges covering [0, rows) on
-// parts goroutines, the caller's among them, and returns when all are
-// done. The ranges are chunksPerPart times more than the goroutines and
-// each goroutine takes the next one free: when another process holds a
-// core (a shared node), the goroutines that run take over the chunks of
-// the one that does not, instead of waiting for its fixed share.
+// the caller and the persistent team (team.go), and returns when all are
+// done. The ranges are chunksPerPart times more than parts and each
+// goroutine takes the next one free: when another process holds a core (a
+// shared node), the goroutines that run take over the chunks of the one
+// that does not, instead of waiting for its fixed share.
 func parallelRows(parts, rows int, fn func(r0, r1 int)) {
 	chunks := min(rows, parts*chunksPerPart)
+	if teamFor(Threads()).run(rows, chunks, fn) {
+		return
+	}
+	// the team is running another goroutine's product: start goroutines
 	var next atomic.Int64
 	work := func() {
 		for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {

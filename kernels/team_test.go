@@ -1,0 +1,116 @@
+package kernels
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestTeamProductsMatchOneThreadUnderConcurrentCallers: goroutines that
+// multiply at once (one on the team, the others on goroutines of their
+// own) and a team resized in between all get the one-thread result, bit
+// for bit, for every dtype and for sizes that split into uneven chunks.
+func TestTeamProductsMatchOneThreadUnderConcurrentCallers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	type job struct {
+		m    Matrix
+		x    []float32
+		want []float32
+		n    int
+	}
+	var jobs []job
+	for _, dt := range []DType{F32, BF16, F16, Q8, NF4} {
+		for _, s := range []struct{ rows, cols, n int }{{517, 256, 1}, {96, 1024, 1}, {300, 512, 3}} {
+			m := teamMatrix(t, rng, dt, s.rows, s.cols)
+			x := randVec(rng, s.cols*s.n)
+			jobs = append(jobs, job{m: m, x: x, n: s.n, want: make([]float32, s.rows*s.n)})
+		}
+	}
+	prev := SetThreads(1)
+	defer SetThreads(prev)
+	for _, j := range jobs {
+		MatMul(j.want, j.m, j.x, j.n)
+	}
+	for _, threads := range []int{2, 3, 2} { // 3 then 2: the team is replaced
+		SetThreads(threads)
+		var wg sync.WaitGroup
+		errs := make(chan string, 64)
+		for g := range 4 {
+			wg.Go(func() {
+				out := make([]float32, 0)
+				for rep := range 5 {
+					for i, j := range jobs {
+						if (i+g+rep)%2 == 0 {
+							continue
+						}
+						out = slices.Grow(out[:0], len(j.want))[:len(j.want)]
+						MatMul(out, j.m, j.x, j.n)
+						if !slices.Equal(out, j.want) {
+							errs <- j.m.DType.String()
+							return
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for dt := range errs {
+			t.Errorf("threads %d: a %s product on the team differs from the one-thread product", threads, dt)
+		}
+	}
+}
+
+// TestTeamMembersParkAndWake: after a pause long enough for every member
+// to park, a product still completes (the members are woken, or the
+// caller does every chunk), and a replaced team's members stop.
+func TestTeamMembersParkAndWake(t *testing.T) {
+	prev := SetThreads(3)
+	defer SetThreads(prev)
+	rng := rand.New(rand.NewPCG(7, 8))
+	m, _ := randMatrix(rng, BF16, 1024, 512)
+	x := randVec(rng, 512)
+	want, got := make([]float32, 1024), make([]float32, 1024)
+	MatVec(want, m, x)
+	tm := teamFor(3)
+	for range 3 {
+		time.Sleep(20 * time.Millisecond) // far past spinLoads: the members park
+		parked := 0
+		for _, mb := range tm.members {
+			if mb.parked.Load() {
+				parked++
+			}
+		}
+		if parked != len(tm.members) {
+			t.Errorf("%d of %d members parked after 20 ms without work", parked, len(tm.members))
+		}
+		clear(got)
+		MatVec(got, m, x)
+		if !slices.Equal(got, want) {
+			t.Fatal("a product after the members parked differs")
+		}
+	}
+	SetThreads(2)
+	MatVec(got, m, x)
+	select {
+	case <-tm.quit:
+	default:
+		t.Error("the 3-thread team was not stopped when the thread count changed")
+	}
+}
+
+// teamMatrix is a random matrix of dt, quantized from F32 for Q8 and NF4.
+func teamMatrix(t *testing.T, rng *rand.Rand, dt DType, rows, cols int) Matrix {
+	if dt != Q8 && dt != NF4 {
+		m, _ := randMatrix(rng, dt, rows, cols)
+		return m
+	}
+	f, _ := randMatrix(rng, F32, rows, cols)
+	m, err := Quantize(dt, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
