@@ -85,6 +85,9 @@ type AheadJSON struct {
 	OffPath              int64   `json:"off_path_predictions"`  // dropped by the main node before their withdrawal came
 	WithdrawnLoads       int64   `json:"withdrawn_loads"`       // worker loads dropped unused
 	WithdrawnBytes       int64   `json:"withdrawn_bytes"`
+	// Unhinted is the layers the shadow predicted after the main node had
+	// started a later iteration (it had fallen behind): no loads hinted.
+	Unhinted int64 `json:"unhinted_layers"`
 }
 
 // ResidencyJSON is what residency did over a run: the main node's
@@ -209,7 +212,7 @@ func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.RecallByToken = sh.RecallByToken
 	rs.LateDepartureMs = sh.LateDepartureMs
 	rs.Align = sh.Align.String()
-	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath}
+	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath, Unhinted: sh.Unhinted}
 	if n := sh.Agreed + sh.Rewound; n > 0 {
 		a.TokenAgreement = float64(sh.Agreed) / float64(n)
 	}
@@ -268,6 +271,9 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		fmt.Fprintf(w, "shadow ran ahead: %d decode passes on its own tokens; token agreement %.2f%% (%d alignments met, %d rewound it); %d predictions withdrawn (%d dropped here first), %d loads withdrawn on the workers (%s, %.1f KiB per token)\n",
 			a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnPredictions, a.OffPath, a.WithdrawnLoads, progress.Bytes(a.WithdrawnBytes),
 			float64(a.WithdrawnBytes)/1024/float64(max(rs.GeneratedTokens, 1)))
+	}
+	if a := rs.Ahead; a != nil && a.Unhinted > 0 {
+		fmt.Fprintf(w, "shadow fell behind: %d layers predicted after this node had finished their iteration; their loads were not hinted\n", a.Unhinted)
 	}
 	if l := rs.LeadMs; l != nil {
 		load := 0.0

@@ -53,6 +53,7 @@ type shadowLink struct {
 	// predictions they took back; predictions dropped as made on a token
 	// this node did not feed
 	ahead, agreed, rewound, withdrawals, withdrawn, offPath int64
+	unhinted                                                int64 // the shadow's ShadowDone.Unhinted
 }
 
 // predicted is one layer's prediction: its experts (sorted) and the token
@@ -199,7 +200,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				if m.Rewound > sl.rewound {
 					sl.align.Rewound(m.Rewound - sl.rewound)
 				}
-				sl.agreed, sl.rewound = m.Agreed, m.Rewound
+				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
 				select {
@@ -462,6 +463,9 @@ type ShadowStats struct {
 	// dropped as made on a token it did not feed before their withdrawal
 	// came.
 	Ahead, Agreed, Rewound, Withdrawn, OffPath int64
+	// Unhinted is the layers the shadow predicted after this node had
+	// started a later iteration (it had fallen behind): no loads hinted.
+	Unhinted int64
 	// Align is the alignment the run used: the fixed policy, or the
 	// periods an adaptive one ran the most decode steps under.
 	Align align.Policy
@@ -492,7 +496,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	// a shadow running ahead may have run an iteration past the last
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
-		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Align: sl.align.Chosen()}
+		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Align: sl.align.Chosen()}
 	if sl.batchRouted > 0 {
 		st.BatchRecall = float64(sl.batchCorrect) / float64(sl.batchRouted)
 	}

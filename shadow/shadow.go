@@ -72,6 +72,46 @@ type Node struct {
 	// agreed and rewound count the alignments whose token met an
 	// iteration already run ahead: on the same token, or not (a rewind)
 	agreed, rewound int64
+	// started is the latest iteration the main node has started of each
+	// sequence, as its alignments arrive (before they are handled): a
+	// shadow behind it hints no loads for iterations the main node has
+	// finished (see predict)
+	started  startedIters
+	unhinted int64 // layers predicted after the main node had run them: no hints sent
+}
+
+// startedIters is, per sequence, the latest iteration whose alignment
+// has arrived; safe for concurrent use.
+type startedIters struct {
+	mu sync.Mutex
+	it map[uint64]int64
+}
+
+func (s *startedIters) saw(a *wire.Alignment) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.it == nil {
+		s.it = map[uint64]int64{}
+	}
+	if len(a.Prompt) > 0 { // the sequence (re)starts here
+		s.it[a.Seq] = a.Iteration
+		return
+	}
+	s.it[a.Seq] = max(s.it[a.Seq], a.Iteration)
+}
+
+// passed reports whether the main node has started an iteration of seq
+// after it, so has run every layer of it.
+func (s *startedIters) passed(seq uint64, it int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.it[seq] > it
+}
+
+func (s *startedIters) forget(seq uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.it, seq)
 }
 
 // DefaultAhead is Node.Ahead unless set: one iteration ahead hides a
@@ -251,6 +291,12 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 				failed <- err
 				return
 			}
+			switch m := m.(type) {
+			case *wire.Alignment:
+				n.started.saw(m)
+			case *wire.SequenceEnd:
+				n.started.forget(m.Seq)
+			}
 			select {
 			case inbox <- m:
 			case <-ctx.Done():
@@ -414,7 +460,7 @@ func (n *Node) forward(ctx context.Context, f *follow, it int64, token int, late
 	}
 	f.it, f.headDue = it, true
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound}})
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted}})
 }
 
 // prepare applies a to f: its prompt (starting or restarting f), its KV
@@ -642,10 +688,16 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 	}
 	// each worker of the group loads its share, where the main node's
 	// planner will look for it (sched.PlacePredicted), or each owner its
-	// experts when they stay resident
+	// experts when they stay resident; none when the main node has already
+	// run the iteration (a shadow fallen behind): the loads would come too
+	// late and take the cores and links from loads that are not
 	var failed error
+	passed := n.started.passed(seq, it)
+	if passed {
+		n.unhinted++
+	}
 	hint := func(w int, experts []int) {
-		if failed == nil && n.workers[w].up.Load() {
+		if failed == nil && !passed && n.workers[w].up.Load() {
 			failed = n.queue(ctx, prediction(w, experts))
 		}
 	}

@@ -303,6 +303,10 @@ type ShadowDone struct {
 	// alignments whose token met an iteration the shadow had run ahead:
 	// on the same token, or on another (it rewound and ran it again).
 	Agreed, Rewound int64
+	// Unhinted counts, since the main node connected, the layers the
+	// shadow predicted after the main node had started a later iteration
+	// (it had fallen behind): it told the main node but hinted no loads.
+	Unhinted int64
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main
@@ -483,7 +487,7 @@ func (m *Placement) validate() error {
 }
 
 func (m *ShadowDone) validate() error {
-	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound)
+	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted)
 }
 func (m *Error) validate() error { return nil }
 
