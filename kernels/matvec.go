@@ -121,6 +121,52 @@ func MatMul(out []float32, w Matrix, x []float32, n int) {
 	})
 }
 
+// Product is one matrix of MatMulEach and where its results go.
+type Product struct {
+	Out []float32
+	W   Matrix
+}
+
+// MatMulEach computes MatMul(p.Out, p.W, x, n) for every p of ps, all
+// applied to the same n vectors x (q, k and v of a layer; an expert's gate
+// and up). For one vector (a decode step) their rows are split together
+// over one parallel region instead of one region each. Every element is
+// bit-identical to the separate products'. It panics on mismatched lengths.
+func MatMulEach(x []float32, n int, ps []Product) {
+	if n != 1 {
+		for _, p := range ps {
+			MatMul(p.Out, p.W, x, n)
+		}
+		return
+	}
+	rows, elems := 0, 0
+	for _, p := range ps {
+		checkShapes("MatMulEach", p.Out, p.W, x, 1)
+		rows += p.W.Rows
+		elems += p.W.Rows * p.W.Cols
+	}
+	k := cur()
+	if parts := partsFor(rows, elems); parts > 1 {
+		parallelRows(parts, rows, func(r0, r1 int) { eachRows(&k.rowKernels, ps, x, r0, r1) })
+		return
+	}
+	eachRows(&k.rowKernels, ps, x, 0, rows)
+}
+
+// eachRows computes rows [r0, r1) of ps's matrices stacked in order.
+func eachRows(k *rowKernels, ps []Product, x []float32, r0, r1 int) {
+	base := 0
+	for _, p := range ps {
+		if lo, hi := max(r0, base), min(r1, base+p.W.Rows); lo < hi {
+			matVecRows(k, p.Out[lo-base:hi-base], p.W, x, lo-base, hi-base)
+		}
+		base += p.W.Rows
+		if base >= r1 {
+			return
+		}
+	}
+}
+
 func checkShapes(op string, out []float32, w Matrix, x []float32, n int) {
 	if err := w.Validate(); err != nil {
 		panic(fmt.Sprintf("kernels.%s: %v", op, err))

@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -113,4 +115,44 @@ func teamMatrix(t *testing.T, rng *rand.Rand, dt DType, rows, cols int) Matrix {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestMatMulEachMatchesSeparateProducts: products sharing their input,
+// split together over one region, give each product's MatMul bit for
+// bit, at every thread count, for one vector and for several, on every
+// path; mismatched shapes panic naming the operation.
+func TestMatMulEachMatchesSeparateProducts(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(5, 6))
+		for _, dt := range []DType{BF16, F32, Q8} {
+			const cols = 512
+			ws := []Matrix{teamMatrix(t, rng, dt, 1024, cols), teamMatrix(t, rng, dt, 256, cols), teamMatrix(t, rng, dt, 250, cols)}
+			for _, n := range []int{1, 3} {
+				x := randVec(rng, n*cols)
+				for _, threads := range []int{1, 2, 3} {
+					prev := SetThreads(threads)
+					ps := make([]Product, len(ws))
+					for i, w := range ws {
+						ps[i] = Product{Out: make([]float32, n*w.Rows), W: w}
+					}
+					MatMulEach(x, n, ps)
+					for i, w := range ws {
+						want := make([]float32, n*w.Rows)
+						MatMul(want, w, x, n)
+						if !slices.Equal(ps[i].Out, want) {
+							t.Errorf("%v, %d vectors, %d threads: product %d differs from its own MatMul", dt, n, threads, i)
+						}
+					}
+					SetThreads(prev)
+				}
+			}
+		}
+	})
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "MatMulEach") {
+			t.Errorf("a product with the wrong output length: panic %v, want one naming MatMulEach", r)
+		}
+	}()
+	w := Matrix{DType: F32, Rows: 2, Cols: 3, Data: make([]byte, 24)}
+	MatMulEach(make([]float32, 3), 1, []Product{{Out: make([]float32, 2), W: w}, {Out: make([]float32, 3), W: w}})
 }

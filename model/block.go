@@ -99,9 +99,8 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 		kernels.RMSNorm(s.hn[t*h:(t+1)*h], s.x[t*h:(t+1)*h], a.Norm, eps)
 	}
 	s.q, s.k, s.v = grow(s.q, n*qw), grow(s.k, n*kvw), grow(s.v, n*kvw)
-	kernels.MatMul(s.q, a.Q, s.hn, n)
-	kernels.MatMul(s.k, a.K, s.hn, n)
-	kernels.MatMul(s.v, a.V, s.hn, n)
+	s.qkv = [3]kernels.Product{{Out: s.q[:n*qw], W: a.Q}, {Out: s.k[:n*kvw], W: a.K}, {Out: s.v[:n*kvw], W: a.V}}
+	kernels.MatMulEach(s.hn[:n*h], n, s.qkv[:])
 	if a.QBias != nil {
 		for t := range n {
 			kernels.Add(s.q[t*qw:(t+1)*qw], a.QBias)

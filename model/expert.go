@@ -23,6 +23,7 @@ type ExpertRunner interface {
 // ExpertScratch is reusable working memory for Expert.Forward.
 type ExpertScratch struct {
 	gate, up []float32
+	gateUp   [2]kernels.Product
 }
 
 // NewExpertScratch wraps caller-owned buffers (a worker takes them from
@@ -38,8 +39,8 @@ func (e Expert) Forward(out, x []float32, n int, s *ExpertScratch) {
 	inter := e.Gate.Rows
 	s.gate = grow(s.gate, n*inter)
 	s.up = grow(s.up, n*inter)
-	kernels.MatMul(s.gate, e.Gate, x, n)
-	kernels.MatMul(s.up, e.Up, x, n)
+	s.gateUp = [2]kernels.Product{{Out: s.gate[:n*inter], W: e.Gate}, {Out: s.up[:n*inter], W: e.Up}}
+	kernels.MatMulEach(x, n, s.gateUp[:])
 	kernels.SwiGLU(s.gate, s.gate, s.up)
 	kernels.MatMul(out, e.Down, s.gate, n)
 }

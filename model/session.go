@@ -34,8 +34,9 @@ type Session struct {
 	expertOut                 []float32     // n * topk * hidden
 	shared, sharedGate        []float32     // a shared expert's output and gate, n * hidden and n
 	ffnScratch                ExpertScratch // a shared expert's or a dense MLP's
-	logits                    []float32     // vocab
-	lastRow                   int           // the row of x Logits reads; -1: none
+	qkv                       [3]kernels.Product
+	logits                    []float32 // vocab
+	lastRow                   int       // the row of x Logits reads; -1: none
 }
 
 // NewSession starts an empty sequence on m whose experts run on experts.
