@@ -189,6 +189,34 @@ func partsFor(rows, elems int) int {
 // chunksPerPart is how many row chunks parallelRows makes per goroutine.
 const chunksPerPart = 4
 
+func chunksFor(parts, rows int) int { return max(1, min(rows, parts*chunksPerPart)) }
+
+// ParallelChunks is how many chunks ParallelFor splits items into for
+// work multiply-adds in all (1: it runs them on the caller alone).
+func ParallelChunks(items, work int) int {
+	if parts := partsFor(items, work); parts > 1 {
+		return chunksFor(parts, items)
+	}
+	return 1
+}
+
+// ParallelFor runs fn over chunks contiguous ranges [i0, i1) covering
+// [0, items) (chunks from ParallelChunks) on the thread team, as MatVec
+// splits its rows, and returns when all are done; c < chunks numbers the
+// range, for scratch memory of its own. One chunk runs on the caller. The
+// split must not change results: each item must be computed the same way
+// wherever it runs.
+func ParallelFor(chunks, items int, fn func(c, i0, i1 int)) {
+	chunks = min(chunks, items)
+	if chunks <= 1 {
+		if items > 0 {
+			fn(0, 0, items)
+		}
+		return
+	}
+	parallelChunks(min(Threads(), chunks), items, chunks, fn)
+}
+
 // parallelRows runs fn over contiguous row ranges covering [0, rows) on
 // the caller and the persistent team (team.go), and returns when all are
 // done. The ranges are chunksPerPart times more than parts and each
@@ -196,7 +224,12 @@ const chunksPerPart = 4
 // shared node), the goroutines that run take over the chunks of the one
 // that does not, instead of waiting for its fixed share.
 func parallelRows(parts, rows int, fn func(r0, r1 int)) {
-	chunks := min(rows, parts*chunksPerPart)
+	parallelChunks(parts, rows, chunksFor(parts, rows), func(_, r0, r1 int) { fn(r0, r1) })
+}
+
+// parallelChunks is parallelRows over a given number of chunks, telling
+// fn which chunk (c < chunks) each range is: a chunk's own scratch memory.
+func parallelChunks(parts, rows, chunks int, fn func(c, r0, r1 int)) {
 	if teamFor(Threads()).run(rows, chunks, fn) {
 		return
 	}
@@ -204,7 +237,7 @@ func parallelRows(parts, rows int, fn func(r0, r1 int)) {
 	var next atomic.Int64
 	work := func() {
 		for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
-			fn(rows*c/chunks, rows*(c+1)/chunks)
+			fn(c, rows*c/chunks, rows*(c+1)/chunks)
 		}
 	}
 	var wg sync.WaitGroup

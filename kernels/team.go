@@ -30,7 +30,7 @@ type team struct {
 // in order by the caller and the members. A region is never reused, so a
 // member that comes late to one finds nothing left to claim.
 type region struct {
-	fn     func(r0, r1 int)
+	fn     func(c, r0, r1 int) // chunk c: rows [r0, r1)
 	rows   int
 	chunks int64
 	next   atomic.Int64 // the next chunk to claim
@@ -114,7 +114,7 @@ func (t *team) await(m *member, seen uint64) (gen uint64, ok bool) {
 // work claims and runs chunks until none is left.
 func (r *region) work() {
 	for c := r.next.Add(1) - 1; c < r.chunks; c = r.next.Add(1) - 1 {
-		r.fn(int(int64(r.rows)*c/r.chunks), int(int64(r.rows)*(c+1)/r.chunks))
+		r.fn(int(c), int(int64(r.rows)*c/r.chunks), int(int64(r.rows)*(c+1)/r.chunks))
 		r.done.Add(1)
 	}
 }
@@ -122,7 +122,7 @@ func (r *region) work() {
 // run runs fn over chunks row ranges covering [0, rows) on the team and
 // the calling goroutine, and returns when every chunk is done. It reports
 // false, having run nothing, when another goroutine holds the team.
-func (t *team) run(rows, chunks int, fn func(r0, r1 int)) bool {
+func (t *team) run(rows, chunks int, fn func(c, r0, r1 int)) bool {
 	if !t.busy.TryLock() {
 		return false
 	}

@@ -135,20 +135,26 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 		}
 	}
 	s.att = grow(s.att, n*qw)
-	s.scores = grow(s.scores, start+n)
 	keys, values := s.cache.Keys(l, start+n), s.cache.Values(l, start+n)
 	group := c.NumHeads / c.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	for t := range n {
-		pos := start + t
-		lo := 0
-		if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
-			lo = pos - c.SlidingWindow + 1
-		}
-		for head := range c.NumHeads {
+	// every (token, head) on its own, over the thread team: a chunk of
+	// them shares one scores buffer
+	heads, span := n*c.NumHeads, start+n
+	chunks := kernels.ParallelChunks(heads, 2*heads*span*hd)
+	s.scores = grow(s.scores, chunks*span)
+	kernels.ParallelFor(chunks, heads, func(ch, i0, i1 int) {
+		scores := s.scores[ch*span : (ch+1)*span]
+		for i := i0; i < i1; i++ {
+			t, head := i/c.NumHeads, i%c.NumHeads
+			pos := start + t
+			lo := 0
+			if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
+				lo = pos - c.SlidingWindow + 1
+			}
 			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
 			kvOff := (head / group) * hd
-			sc := s.scores[:pos+1-lo]
+			sc := scores[:pos+1-lo]
 			for j := range sc {
 				krow := keys[(lo+j)*kvw+kvOff : (lo+j)*kvw+kvOff+hd]
 				sc[j] = float32(kernels.Dot(q, krow) * scale)
@@ -160,7 +166,7 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 				kernels.Axpy(out, p, values[(lo+j)*kvw+kvOff:(lo+j)*kvw+kvOff+hd])
 			}
 		}
-	}
+	})
 	s.proj = grow(s.proj, n*h)
 	kernels.MatMul(s.proj, a.O, s.att, n)
 	kernels.Add(s.x[:n*h], s.proj)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -136,6 +137,43 @@ func TestLogitsIndependentOfThreads(t *testing.T) {
 		} else if d := firstDiff(out, ref); d >= 0 {
 			t.Fatalf("threads %d: logit %d = %v, with 1 thread %v", th, d, out[d], ref[d])
 		}
+	}
+}
+
+// TestLongContextIndependentOfThreads: past ~256 positions on tiny the
+// attention of a step splits its heads over the thread team (and prefill
+// its tokens' heads): a 300-token prompt and three decode steps give the
+// same logits, bit for bit, at 1, 2 and 7 threads.
+func TestLongContextIndependentOfThreads(t *testing.T) {
+	m := loadTiny(t)
+	defer kernels.SetThreads(kernels.SetThreads(1))
+	prompt := make([]int, 300)
+	for i := range prompt {
+		prompt[i] = (i*7919 + 3) % m.Config.VocabSize
+	}
+	var ref []float32
+	for _, th := range []int{1, 2, 7} {
+		kernels.SetThreads(th)
+		s := NewSession(m, NewResidentExperts(m), 0)
+		logits, err := s.Forward(context.Background(), prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := slices.Clone(logits)
+		for range 3 {
+			if logits, err = s.Forward(context.Background(), []int{Argmax(logits)}); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, logits...)
+		}
+		if ref == nil {
+			ref = all
+		} else if d := firstDiff(all, ref); d >= 0 {
+			t.Fatalf("threads %d: logit %d = %v, with 1 thread %v", th, d, all[d], ref[d])
+		}
+	}
+	if kernels.ParallelChunks(m.Config.NumHeads, 2*m.Config.NumHeads*301*m.Config.HeadDim) < 2 {
+		t.Fatal("a decode step at 301 positions does not split its attention: the test checks nothing")
 	}
 }
 
