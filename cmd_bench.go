@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -22,6 +23,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
@@ -159,6 +162,16 @@ type decodeResult struct {
 	SIMDTokPerS  float64 `json:"simd_tokens_per_s"`
 	Speedup      float64 `json:"speedup"`
 	BitIdentical bool    `json:"bit_identical"` // logits of every step, both paths
+	// The SIMD path at each thread count ("1", "2", ...): tokens/s, the
+	// fraction of that count's DRAM roofline it reaches (BytesPerToken x
+	// tokens/s over the roofline measured in the same run), and the CPUs
+	// the process kept busy (CPU time over wall time).
+	BytesPerToken    int64              `json:"bytes_per_token"`
+	TokPerSByThreads map[string]float64 `json:"simd_tokens_per_s_by_threads"`
+	RooflineFraction map[string]float64 `json:"roofline_fraction"`
+	CPUBusy          map[string]float64 `json:"cpu_busy"`
+	// ThreadsBitIdentical: every thread count gave the same logits.
+	ThreadsBitIdentical bool `json:"threads_bit_identical"`
 }
 
 // Mixtral-8x7B expert shapes: w1/w3 are 14336x4096, w2 4096x14336.
@@ -254,7 +267,7 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	if *decodeTokens > 0 {
 		dir := filepath.Join(cmp.Or(*cache, defaultModelCache()), "models", "small-seed1")
 		log.Info().Str("model", dir).Int("tokens", *decodeTokens).Msg("local decode, small preset")
-		d, err := benchDecode(ctx, dir, *decodeTokens, simd)
+		d, err := benchDecode(ctx, dir, *decodeTokens, simd, threads, rep.DRAMGBps)
 		if err != nil {
 			return err
 		}
@@ -274,6 +287,9 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	}
 	if rep.Decode != nil && !rep.Decode.BitIdentical {
 		return fmt.Errorf("local decode: the %s path's logits differ from the pure-Go path's", simd)
+	}
+	if rep.Decode != nil && !rep.Decode.ThreadsBitIdentical {
+		return fmt.Errorf("local decode: the %s path's logits differ between thread counts %v", simd, threads)
 	}
 	return nil
 }
@@ -547,8 +563,9 @@ func benchVec(n int) []float32 {
 // benchDecode times greedy decode steps after a 16-token prompt on the
 // small preset (generated into dir if absent, as model/bench_test.go
 // does), on the pure-Go path and on simd, and checks that both produce
-// the same logits bit for bit.
-func benchDecode(ctx context.Context, dir string, steps int, simd string) (*decodeResult, error) {
+// the same logits bit for bit; then simd at each thread count, against
+// that count's DRAM roofline (dram, GB/s by thread count).
+func benchDecode(ctx context.Context, dir string, steps int, simd string, threads []int, dram map[string]float64) (*decodeResult, error) {
 	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err != nil {
 		tmp := dir + ".partial"
 		os.RemoveAll(tmp)
@@ -568,6 +585,7 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string) (*deco
 	for i := range prompt {
 		prompt[i] = (i*7919 + 1) % m.Config.VocabSize
 	}
+	var busy float64 // the last run's CPUs busy
 	run := func(path string) (tokPerS float64, digest []byte, err error) {
 		if err := kernels.SetPath(path); err != nil {
 			return 0, nil, err
@@ -579,14 +597,16 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string) (*deco
 		}
 		h := fnv.New64a()
 		hashLogits(h, logits)
-		t0 := time.Now()
+		t0, cpu0 := time.Now(), procmem.CPUTime()
 		for range steps {
 			if logits, err = s.Forward(ctx, []int{model.Argmax(logits)}); err != nil {
 				return 0, nil, err
 			}
 			hashLogits(h, logits)
 		}
-		return float64(steps) / time.Since(t0).Seconds(), h.Sum(nil), nil
+		wall := time.Since(t0)
+		busy = (procmem.CPUTime() - cpu0).Seconds() / wall.Seconds()
+		return float64(steps) / wall.Seconds(), h.Sum(nil), nil
 	}
 	// Warm the page cache and the CPU with a short run first.
 	if _, _, err := run(simd); err != nil {
@@ -607,7 +627,33 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string) (*deco
 	}
 	d.Speedup = d.SIMDTokPerS / d.GoTokPerS
 	d.BitIdentical = bytes.Equal(goDigest, simdDigest)
-	return d, kernels.SetPath(simd)
+	if err := kernels.SetPath(simd); err != nil {
+		return nil, err
+	}
+	// simd at each thread count, interleaved, the better of two runs
+	d.BytesPerToken = m.DecodeBytesPerToken()
+	d.TokPerSByThreads, d.RooflineFraction, d.CPUBusy = map[string]float64{}, map[string]float64{}, map[string]float64{}
+	d.ThreadsBitIdentical = true
+	prev := kernels.SetThreads(0)
+	defer kernels.SetThreads(prev)
+	for range 2 {
+		for _, th := range threads {
+			kernels.SetThreads(th)
+			rate, digest, err := run(simd)
+			if err != nil {
+				return nil, err
+			}
+			d.ThreadsBitIdentical = d.ThreadsBitIdentical && bytes.Equal(digest, simdDigest)
+			key := strconv.Itoa(th)
+			if rate > d.TokPerSByThreads[key] {
+				d.TokPerSByThreads[key], d.CPUBusy[key] = rate, busy
+				if gbps := dram[key]; gbps > 0 {
+					d.RooflineFraction[key] = float64(d.BytesPerToken) * rate / (gbps * 1e9)
+				}
+			}
+		}
+	}
+	return d, nil
 }
 
 func hashLogits(h io.Writer, logits []float32) {
@@ -645,5 +691,12 @@ func printKernelsReport(w io.Writer, r *kernelsReport) {
 	if d := r.Decode; d != nil {
 		fmt.Fprintf(w, "\nLocal decode, %s preset, %d tokens, %d threads: go %.2f tok/s, %s %.2f tok/s: %.2fx; logits bit-identical: %v\n",
 			d.Preset, d.Tokens, d.Threads, d.GoTokPerS, d.SIMDPath, d.SIMDTokPerS, d.Speedup, d.BitIdentical)
+		fmt.Fprintf(w, "Local decode [%s] by threads, %s of weights a token; logits the same at every count: %v\n", d.SIMDPath, progress.Bytes(d.BytesPerToken), d.ThreadsBitIdentical)
+		keys := slices.Collect(maps.Keys(d.TokPerSByThreads))
+		slices.SortFunc(keys, func(a, b string) int { x, _ := strconv.Atoi(a); y, _ := strconv.Atoi(b); return x - y })
+		for _, k := range keys {
+			fmt.Fprintf(w, "  %s threads: %.2f tok/s, %.1f GB/s of weights, %.2f of the roofline, %.2f CPUs busy\n",
+				k, d.TokPerSByThreads[k], float64(d.BytesPerToken)*d.TokPerSByThreads[k]/1e9, d.RooflineFraction[k], d.CPUBusy[k])
+		}
 	}
 }

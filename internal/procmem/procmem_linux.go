@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"os"
 	"strconv"
+	"syscall"
+	"time"
 )
 
 // PeakRSS is the process's peak resident set size in bytes (0 if unknown):
@@ -36,4 +38,14 @@ func status(field string) int64 {
 		}
 	}
 	return 0
+}
+
+// CPUTime is the CPU time (user and system) all of the process's threads
+// have used so far; 0 if unknown.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -2,8 +2,13 @@
 
 package procmem
 
+import "time"
+
 // PeakRSS is unknown on this platform: 0.
 func PeakRSS() int64 { return 0 }
 
 // RSS is unknown on this platform: 0.
 func RSS() int64 { return 0 }
+
+// CPUTime is unknown on this platform: 0.
+func CPUTime() time.Duration { return 0 }

@@ -2,7 +2,10 @@
 
 package procmem
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestPeakRSSGrowsWithTouchedMemory(t *testing.T) {
 	before := PeakRSS()
@@ -38,4 +41,16 @@ func TestRSSCountsTouchedMemoryAndStaysUnderThePeak(t *testing.T) {
 		t.Fatalf("RSS %d above the peak %d", now, peak)
 	}
 	_ = b[len(b)-1]
+}
+
+func TestCPUTimeCountsBusyThreads(t *testing.T) {
+	before := CPUTime()
+	deadline := time.Now().Add(50 * time.Millisecond)
+	x := 0
+	for time.Now().Before(deadline) {
+		x++
+	}
+	if got := CPUTime() - before; got < 20*time.Millisecond {
+		t.Fatalf("CPU time grew by %v over 50 ms of spinning (%d loops)", got, x)
+	}
 }
