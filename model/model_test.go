@@ -125,7 +125,7 @@ func TestLogitsIndependentOfThreads(t *testing.T) {
 	m := loadTiny(t)
 	defer kernels.SetThreads(kernels.SetThreads(1))
 	var ref []float32
-	for _, th := range []int{1, 2, 7} {
+	for _, th := range []int{1, 2, 3, 7} {
 		kernels.SetThreads(th)
 		s := NewSession(m, NewResidentExperts(m), 0)
 		out, err := s.Forward(context.Background(), testTokens)
@@ -143,7 +143,7 @@ func TestLogitsIndependentOfThreads(t *testing.T) {
 // TestLongContextIndependentOfThreads: past ~256 positions on tiny the
 // attention of a step splits its heads over the thread team (and prefill
 // its tokens' heads): a 300-token prompt and three decode steps give the
-// same logits, bit for bit, at 1, 2 and 7 threads.
+// same logits, bit for bit, at 1, 2, 3 and 7 threads.
 func TestLongContextIndependentOfThreads(t *testing.T) {
 	m := loadTiny(t)
 	defer kernels.SetThreads(kernels.SetThreads(1))
@@ -152,7 +152,7 @@ func TestLongContextIndependentOfThreads(t *testing.T) {
 		prompt[i] = (i*7919 + 3) % m.Config.VocabSize
 	}
 	var ref []float32
-	for _, th := range []int{1, 2, 7} {
+	for _, th := range []int{1, 2, 3, 7} {
 		kernels.SetThreads(th)
 		s := NewSession(m, NewResidentExperts(m), 0)
 		logits, err := s.Forward(context.Background(), prompt)
