@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -143,8 +144,13 @@ type Run struct {
 	Identical bool            `json:"identical"` // tokens and logits bit-identical to local mode
 	Diff      string          `json:"diff,omitempty"`
 	CPUBusy   float64         `json:"cpu_busy"` // this machine's CPU busy fraction during the run
-	WallS     float64         `json:"wall_s"`
-	Trace     string          `json:"trace,omitempty"`
+	// CPUSeconds is the CPU time each role's nodes used during the run
+	// ("main", "shadow", "workers": all workers together), where every
+	// node runs on this machine; what the roles cost one another when
+	// they share its cores.
+	CPUSeconds map[string]float64 `json:"cpu_s,omitempty"`
+	WallS      float64            `json:"wall_s"`
+	Trace      string             `json:"trace,omitempty"`
 	// FaultNode was killed FaultAtS seconds after the main node started
 	// (fault mode).
 	FaultNode string  `json:"fault_node,omitempty"`
@@ -476,6 +482,7 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*
 	defer out.Close()
 	opt.Log.Info().Str("mode", string(mode)).Str("case", c.String()).Msg("run")
 	cpu0 := ReadCPU()
+	serversCPU0, serversOK := serversCPU(servers)
 	t0 := time.Now()
 	p, err := opt.mainVia().Start(m, args, out)
 	if f != nil {
@@ -500,6 +507,16 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*
 	}
 	r.WallS = time.Since(t0).Seconds()
 	r.CPUBusy = ReadCPU().BusySince(cpu0)
+	if f == nil && serversOK && p != nil {
+		if mainCPU, ok := p.CPUTime(); ok {
+			if after, ok := serversCPU(servers); ok {
+				r.CPUSeconds = map[string]float64{"main": mainCPU.Seconds()}
+				for role, s := range after {
+					r.CPUSeconds[role] = s - serversCPU0[role]
+				}
+			}
+		}
+	}
 	if err != nil {
 		return r, fmt.Errorf("testbed: %s %s: %w (log: %s)", mode, c, err, out.Name())
 	}
@@ -520,6 +537,25 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*
 	opt.Log.Info().Str("mode", string(mode)).Str("case", c.String()).Float64("decode_tok_s", st.DecodeTokensPerS).
 		Float64("cpu_busy", r.CPUBusy).Bool("identical", r.Identical).Msg("run done")
 	return r, nil
+}
+
+// serversCPU is the CPU seconds the servers have used so far, by role
+// ("shadow", "workers"); false unless every one runs on this machine and
+// is readable.
+func serversCPU(servers []*Proc) (map[string]float64, bool) {
+	by := map[string]float64{}
+	for _, s := range servers {
+		t, ok := s.CPUTime()
+		if !ok {
+			return nil, false
+		}
+		role := "workers"
+		if s.Node.Role == wire.RoleShadow {
+			role = "shadow"
+		}
+		by[role] += t.Seconds()
+	}
+	return by, true
 }
 
 // watchServers stops the main node p when a server it needs ends (other

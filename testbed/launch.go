@@ -2,12 +2,14 @@ package testbed
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -37,6 +39,9 @@ type Proc struct {
 	err  error
 	stop func() error // asks the node to stop (SIGTERM, or kill over ssh)
 	kill func() error // kills the node at once (SIGKILL), as a crash would
+	// here: the process is the node itself, on this machine (not an ssh
+	// client), so its CPU time is the node's
+	here bool
 }
 
 func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop, kill func(p *Proc) error) (*Proc, error) {
@@ -55,6 +60,50 @@ func startProc(n Node, cmd *exec.Cmd, log io.Writer, stop, kill func(p *Proc) er
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// CPUTime is the CPU time (user and system) the node has used so far, if
+// it runs on this machine (false over ssh, or if it cannot be read): from
+// /proc while it runs, from its exit status once it has ended.
+func (p *Proc) CPUTime() (time.Duration, bool) {
+	if !p.here {
+		return 0, false
+	}
+	if p.Exited() {
+		if st := p.cmd.ProcessState; st != nil {
+			return st.UserTime() + st.SystemTime(), true
+		}
+		return 0, false
+	}
+	return procCPUTime(p.cmd.Process.Pid)
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's times (100
+// on every architecture Linux builds for user space).
+const clockTicks = 100
+
+// procCPUTime reads utime and stime of /proc/PID/stat.
+func procCPUTime(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// "PID (COMM) STATE PPID ...": fields after the command name, which
+	// may hold spaces and parentheses, so from its last ")"
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 { // STATE is field 3; utime 14, stime 15
+		return 0, false
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, true
 }
 
 // Wait waits for the process to end by itself.
@@ -113,7 +162,11 @@ type Local struct{ Files Paths }
 func (Local) Name() string       { return "local" }
 func (l Local) Paths(Node) Paths { return l.Files }
 func (l Local) Start(n Node, args []string, log io.Writer) (*Proc, error) {
-	return startProc(n, exec.Command(l.Files.Bin, args...), log, signalStop, signalKill)
+	p, err := startProc(n, exec.Command(l.Files.Bin, args...), log, signalStop, signalKill)
+	if p != nil {
+		p.here = true
+	}
+	return p, err
 }
 
 // RigStateDir is where testbed/rig keeps the emulated rig's state.
@@ -161,7 +214,11 @@ func (v *Netns) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 	// ip netns exec enters the namespace and execs the binary: the
 	// process we signal is the node itself.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, v.Files.Bin}, args...)...)
-	return startProc(n, cmd, log, signalStop, signalKill)
+	p, err := startProc(n, cmd, log, signalStop, signalKill)
+	if p != nil {
+		p.here = true
+	}
+	return p, err
 }
 
 // SSH starts nodes on the hosts of a real LAN. Each node's files live in

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -556,5 +557,45 @@ func TestWatchServersStopsTheMainNodeWhenAServerDies(t *testing.T) {
 	}
 	if g := gone(); g != nil {
 		t.Errorf("watcher names %s for a planned fault", g.Node.Name)
+	}
+}
+
+// TestProcCPUTimeOfANodeHere: a node process on this machine reports the
+// CPU it uses while it runs (from /proc) and once it has ended (from its
+// exit status); one reached over ssh reports none.
+func TestProcCPUTimeOfANodeHere(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a busy loop of ~0.3 s, then a pause while it is read
+	p, err := Local{Files: Paths{Bin: sh}}.Start(Node{Name: "w1"}, []string{"-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 0.5"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var running time.Duration
+	for time.Now().Before(deadline) {
+		d, ok := p.CPUTime()
+		if !ok {
+			t.Fatal("a running local node's CPU time unreadable")
+		}
+		if d >= 50*time.Millisecond {
+			running = d
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if running == 0 {
+		t.Fatal("a busy local node never showed 50 ms of CPU")
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := p.CPUTime(); !ok || d < running {
+		t.Fatalf("after exit: %v, %v; want at least the %v seen running", d, ok, running)
+	}
+	if _, ok := (&Proc{}).CPUTime(); ok {
+		t.Fatal("a node not on this machine reported CPU time")
 	}
 }

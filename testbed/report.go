@@ -247,6 +247,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 					r.Mode, a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnLoads, mib(a.WithdrawnBytes))
 			}
 		}
+		writeCPUSplit(w, runs)
 		if resident > 0 && residency > 0 {
 			fmt.Fprintf(w, "\nShadow-driven decode with -residency on reaches **%.1f%%** of the resident swarm's tokens/s.\n", 100*residency/resident)
 		}
@@ -276,4 +277,30 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		}
 	}
 	fmt.Fprintln(w, "Peak memory: main/local and shadow are process RSS; a worker's is its device-memory arena (experts + compute buffers) and RSS, the largest over workers. CPU busy is this machine's, over the run: on an emulated rig, every node's.")
+}
+
+// writeCPUSplit says, for the runs whose nodes all ran on this machine,
+// the CPU time each role used per output token: on an emulated rig the
+// roles share its cores, so a role's CPU is the others' lost time.
+func writeCPUSplit(w io.Writer, runs []Run) {
+	var lines []string
+	for _, r := range runs {
+		if len(r.CPUSeconds) == 0 || r.Output == 0 {
+			continue
+		}
+		var total float64
+		for _, s := range r.CPUSeconds {
+			total += s
+		}
+		var parts []string
+		for _, role := range []string{"main", "shadow", "workers"} {
+			if s, ok := r.CPUSeconds[role]; ok {
+				parts = append(parts, fmt.Sprintf("%s %.1f (%.0f%%)", role, 1000*s/float64(r.Output), 100*s/max(total, 1e-9)))
+			}
+		}
+		lines = append(lines, fmt.Sprintf("%s: %s", r.Mode, strings.Join(parts, ", ")))
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(w, "\nCPU ms per output token by role (share of the run's CPU): %s.\n", strings.Join(lines, "; "))
+	}
 }

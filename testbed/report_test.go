@@ -479,3 +479,20 @@ func TestReportShowsThePredictionLead(t *testing.T) {
 		t.Fatalf("lead cells %q", rows)
 	}
 }
+
+// TestReportSplitsTheCPUByRole: a run whose nodes all ran here says what
+// each role cost per output token and its share; a run without the
+// figures (over ssh) says nothing.
+func TestReportSplitsTheCPUByRole(t *testing.T) {
+	split := Run{Mode: ModeShadow, Case: "p16-o8", Prompt: 16, Output: 8, Identical: true,
+		Stats:      json.RawMessage(`{"decode_tokens_per_s": 9}`),
+		CPUSeconds: map[string]float64{"main": 0.4, "shadow": 0.4, "workers": 0.8}}
+	none := Run{Mode: ModeResident, Case: "p16-o8", Prompt: 16, Output: 8, Identical: true, Stats: json.RawMessage(`{"decode_tokens_per_s": 10}`)}
+	var buf bytes.Buffer
+	WriteMarkdown(&buf, testReport([]Run{none, split}), nil)
+	text := splitMarkdown(buf.String())[0].text
+	want := "CPU ms per output token by role (share of the run's CPU): shadow: main 50.0 (25%), shadow 50.0 (25%), workers 100.0 (50%)."
+	if !strings.Contains(text, want) {
+		t.Fatalf("report:\n%s\nwant the line %q", text, want)
+	}
+}
