@@ -1,0 +1,296 @@
+// Package sim is a model of the swarm's decode at the level of
+// docs/DESIGN.md's timeline, for rigs and scales that cannot be run here
+// (issue 18): the main node's layers, the k expert activations of each
+// layer sent to the workers of its group, each worker's expert loads (one
+// link, one load at a time) and expert compute, the network hops, and the
+// shadow node's iterations and predictions, departing late (on the main
+// node's alignment) or running ahead of it. Each node has its own CPU
+// and link: what a real rig has and the emulated one on two shared cores
+// does not. It is deterministic for a seed.
+//
+// This is the model only; a Profile's costs come from published figures
+// or, later, from the traces of a measured run.
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/odmoe/odmoe/sched"
+)
+
+// Profile is what a rig's parts cost, in milliseconds and bytes per
+// second.
+type Profile struct {
+	Name    string   `json:"name"`
+	Sources []string `json:"sources,omitempty"` // where each figure comes from
+	// MainLayerMs is the main node's part of a decode layer before its
+	// experts (norm, attention, router); MainTokenMs the rest of a token
+	// (embedding, final norm, output head, sampling).
+	MainLayerMs float64 `json:"main_layer_ms"`
+	MainTokenMs float64 `json:"main_token_ms"`
+	// ShadowLayerMs is the shadow's whole decode layer (its experts run
+	// in place); ShadowTokenMs its output head, when it samples its own
+	// token to run ahead.
+	ShadowLayerMs float64 `json:"shadow_layer_ms"`
+	ShadowTokenMs float64 `json:"shadow_token_ms"`
+	// ExpertMs is one expert on one token on a worker; LoadMs and
+	// LoadBytesPerS make an expert load (LoadMs + bytes / LoadBytesPerS).
+	ExpertMs      float64 `json:"expert_ms"`
+	LoadMs        float64 `json:"load_ms"`
+	LoadBytesPerS float64 `json:"load_bytes_per_s"`
+	// HopMs is one message's latency; LinkBytesPerS its links' rate.
+	HopMs         float64 `json:"hop_ms"`
+	LinkBytesPerS float64 `json:"link_bytes_per_s"`
+}
+
+// Validate refuses negative costs and rates that are not positive.
+func (p Profile) Validate() error {
+	for name, v := range map[string]float64{"main_layer_ms": p.MainLayerMs, "main_token_ms": p.MainTokenMs, "shadow_layer_ms": p.ShadowLayerMs,
+		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs} {
+		if v < 0 {
+			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
+		}
+	}
+	if p.LoadBytesPerS <= 0 || p.LinkBytesPerS <= 0 {
+		return fmt.Errorf("sim: profile %q: load_bytes_per_s (%v) and link_bytes_per_s (%v) must be > 0", p.Name, p.LoadBytesPerS, p.LinkBytesPerS)
+	}
+	return nil
+}
+
+// Shape is what of the model the timeline depends on.
+type Shape struct {
+	Layers, Experts, TopK int
+	ExpertBytes           int64 // one expert's weights, as loaded
+	HiddenBytes           int64 // one token's hidden state on the wire
+}
+
+// Mode is how experts reach the workers.
+type Mode string
+
+const (
+	Resident Mode = "resident" // every expert stays on its owner: no loads
+	Reactive Mode = "reactive" // loaded when its activation arrives
+	Shadow   Mode = "shadow"   // loaded on the shadow's prediction
+)
+
+// Options is one simulated run.
+type Options struct {
+	Mode   Mode
+	Output int // tokens generated (decode steps = Output - 1)
+	// Recall is the share of activations the shadow predicts; Ahead how
+	// many iterations past its latest alignment it may run (0: it
+	// departs on each alignment, OD-MoE's late departure).
+	Recall float64
+	Ahead  int
+	Seed   uint64
+}
+
+// Result is what the run would measure.
+type Result struct {
+	DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+	StallFraction    float64 `json:"stall_fraction"` // decode time spent waiting for loads
+	Loads            int     `json:"expert_loads"`
+	MissesLate       int     `json:"misses_late"`  // predicted, but the prediction came after the activation
+	MissesWrong      int     `json:"misses_wrong"` // not predicted
+}
+
+// Run simulates the decode of o.Output tokens on a rig of layout's
+// workers.
+func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
+	if err := p.Validate(); err != nil {
+		return Result{}, err
+	}
+	if s.Layers < 1 || s.Experts < 1 || s.TopK < 1 || s.TopK > s.Experts {
+		return Result{}, fmt.Errorf("sim: shape of %d layers, %d experts, top-%d", s.Layers, s.Experts, s.TopK)
+	}
+	if layout.Workers < 1 || layout.Group < 1 || layout.Workers%layout.Group != 0 {
+		return Result{}, fmt.Errorf("sim: %d workers in groups of %d", layout.Workers, layout.Group)
+	}
+	switch o.Mode {
+	case Resident, Reactive, Shadow:
+	default:
+		return Result{}, fmt.Errorf("sim: mode %q: want resident, reactive or shadow", o.Mode)
+	}
+	if o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 {
+		return Result{}, fmt.Errorf("sim: %d tokens (want >= 2), recall %v (0..1), ahead %d (>= 0)", o.Output, o.Recall, o.Ahead)
+	}
+	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
+		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
+		hop: p.HopMs + 1000*float64(s.HiddenBytes)/p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
+	return r.decode(), nil
+}
+
+type run struct {
+	p         Profile
+	layout    sched.Layout
+	s         Shape
+	o         Options
+	rng       *rand.Rand
+	link, cpu []timeline // per worker: its load link and its compute
+	hop, load float64    // one activation's hop, one expert's load (ms)
+	res       Result
+	stall     float64
+}
+
+// prediction is a load the shadow asked of a worker for an expert.
+type prediction struct {
+	worker         int
+	arrive, loaded float64 // when the prediction reached the worker; when its load ends
+}
+
+// decode runs the decode steps; time 0 is the first step's start.
+func (r *run) decode() Result {
+	steps := r.o.Output - 1
+	var mainStart []float64 // each iteration's start on the main node
+	shadowEnd := 0.0        // the shadow's last iteration's end
+	now := 0.0
+	for it := range steps {
+		mainStart = append(mainStart, now)
+		// the routing of this iteration: k distinct experts per layer
+		routes := make([][]int, r.s.Layers)
+		for l := range routes {
+			routes[l] = r.route()
+		}
+		var predicted []map[int]prediction // per layer: expert -> its load
+		if r.o.Mode == Shadow {
+			// the shadow departs once it has finished the last iteration
+			// and the alignment that lets it go has come: this
+			// iteration's (late), or the one Ahead before it
+			depart := shadowEnd
+			if a := it - r.o.Ahead; a >= 0 {
+				depart = max(depart, mainStart[a]+r.p.HopMs)
+			}
+			predicted = r.predict(depart, routes)
+			shadowEnd = depart + float64(r.s.Layers)*r.p.ShadowLayerMs
+			if r.o.Ahead > 0 {
+				shadowEnd += r.p.ShadowTokenMs
+			}
+		}
+		for l := range r.s.Layers {
+			need := now + r.p.MainLayerMs
+			var pl map[int]prediction
+			if predicted != nil {
+				pl = predicted[l]
+			}
+			now = r.layer(l, need, routes[l], pl)
+		}
+		now += r.p.MainTokenMs
+	}
+	r.res.DecodeTokensPerS = float64(steps) / (now / 1000)
+	r.res.StallFraction = r.stall / now
+	return r.res
+}
+
+// route is a layer's k distinct experts, in id order.
+func (r *run) route() []int {
+	e := r.rng.Perm(r.s.Experts)[:r.s.TopK]
+	slices.Sort(e)
+	return e
+}
+
+// predict sends the shadow's predictions of an iteration departing at
+// depart: layer l's leave once its router has run, to the workers of the
+// layer's group, which load them in turn. An activation is predicted with
+// probability Recall; for one that is not, another expert is (and loaded
+// for nothing).
+func (r *run) predict(depart float64, routes [][]int) []map[int]prediction {
+	out := make([]map[int]prediction, len(routes))
+	for l, experts := range routes {
+		out[l] = map[int]prediction{}
+		arrive := depart + float64(l+1)*r.p.ShadowLayerMs + r.p.HopMs
+		var guess []int
+		for _, e := range experts {
+			if r.rng.Float64() < r.o.Recall {
+				guess = append(guess, e)
+				continue
+			}
+			for { // a wrong expert in its place
+				w := r.rng.IntN(r.s.Experts)
+				if !slices.Contains(experts, w) && !slices.Contains(guess, w) {
+					guess = append(guess, w)
+					break
+				}
+			}
+		}
+		slices.Sort(guess)
+		for i, e := range guess {
+			w := r.layout.DecodeWorker(l, i)
+			start := r.link[w].reserve(arrive, r.load)
+			r.res.Loads++
+			out[l][e] = prediction{worker: w, arrive: arrive, loaded: start + r.load}
+		}
+	}
+	return out
+}
+
+// layer runs one decode layer's experts whose activations leave the main
+// node at need, and returns when the last result is back.
+func (r *run) layer(l int, need float64, experts []int, predicted map[int]prediction) float64 {
+	end := need
+	for i, e := range experts {
+		w := r.layout.DecodeWorker(l, i)
+		if r.o.Mode == Resident {
+			w = r.layout.Owner(l, e)
+		}
+		at := need + r.hop // the activation reaches the worker
+		ready := at
+		switch r.o.Mode {
+		case Reactive:
+			ready = r.demand(w, at)
+		case Shadow:
+			pr, ok := predicted[e]
+			switch {
+			case !ok:
+				r.res.MissesWrong++
+				ready = r.demand(w, at)
+			case pr.arrive > at:
+				r.res.MissesLate++
+				ready = r.demand(w, at)
+			default:
+				w, ready = pr.worker, max(at, pr.loaded)
+			}
+		}
+		start := r.cpu[w].reserve(ready, r.p.ExpertMs)
+		end = max(end, start+r.p.ExpertMs+r.hop)
+	}
+	// what the layer would take with every expert in place
+	resident := need + r.hop + r.p.ExpertMs + r.hop
+	r.stall += max(0, end-resident)
+	return end
+}
+
+// demand loads an expert on w for an activation that arrived at at.
+func (r *run) demand(w int, at float64) float64 {
+	r.res.Loads++
+	return r.link[w].reserve(at, r.load) + r.load
+}
+
+// timeline is one resource's busy intervals, in start order: a task is
+// put in the first gap at or after its ready time that fits it.
+type timeline struct{ busy [][2]float64 }
+
+// reserve books dur from the first free moment at or after t and
+// returns its start.
+func (tl *timeline) reserve(t, dur float64) float64 {
+	start := t
+	i := 0
+	for ; i < len(tl.busy); i++ {
+		b := tl.busy[i]
+		if b[1] <= start {
+			continue
+		}
+		if b[0] >= start+dur {
+			break // fits before this one
+		}
+		start = b[1]
+	}
+	tl.busy = slices.Insert(tl.busy, i, [2]float64{start, start + dur})
+	// intervals that ended long before t are of no use to later tasks
+	// whose ready times only grow on average: keep the list short
+	if len(tl.busy) > 256 {
+		tl.busy = tl.busy[len(tl.busy)-128:]
+	}
+	return start
+}

@@ -1,0 +1,142 @@
+package sim
+
+import (
+	"math"
+	"testing"
+
+	"github.com/odmoe/odmoe/sched"
+)
+
+// a rig in the proportions of the emulated one: 8 workers in groups of
+// 2, layers of ~1 ms on the main node, loads of ~6 ms
+func testRig(t *testing.T) (Profile, sched.Layout, Shape) {
+	t.Helper()
+	layout, err := sched.NewLayout(8, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Profile{Name: "test", MainLayerMs: 1, MainTokenMs: 2, ShadowLayerMs: 0.8, ShadowTokenMs: 1,
+		ExpertMs: 0.5, LoadMs: 0.2, LoadBytesPerS: 4e9, HopMs: 0.1, LinkBytesPerS: 125e6}
+	s := Shape{Layers: 8, Experts: 8, TopK: 2, ExpertBytes: 22 << 20, HiddenBytes: 4 << 10}
+	return p, layout, s
+}
+
+func mustRun(t *testing.T, p Profile, l sched.Layout, s Shape, o Options) Result {
+	t.Helper()
+	r, err := Run(p, l, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestRunIsDeterministicForASeed: the same seed gives the same run, bit
+// for bit; another seed routes differently.
+func TestRunIsDeterministicForASeed(t *testing.T) {
+	p, l, s := testRig(t)
+	o := Options{Mode: Shadow, Output: 64, Recall: 0.95, Ahead: 1, Seed: 7}
+	a, b := mustRun(t, p, l, s, o), mustRun(t, p, l, s, o)
+	if a != b {
+		t.Fatalf("two runs of seed 7: %+v and %+v", a, b)
+	}
+	o.Seed = 8
+	if c := mustRun(t, p, l, s, o); c == a {
+		t.Fatalf("seeds 7 and 8 gave the same run %+v", c)
+	}
+}
+
+// TestModesOrderAsOnARig: no loads beats loads on predictions, which
+// beats loads on demand; a resident swarm has neither loads nor stall, a
+// reactive one loads every activation on demand and stalls on it.
+func TestModesOrderAsOnARig(t *testing.T) {
+	p, l, s := testRig(t)
+	run := func(m Mode) Result {
+		return mustRun(t, p, l, s, Options{Mode: m, Output: 64, Recall: 1, Ahead: 1, Seed: 1})
+	}
+	res, sh, re := run(Resident), run(Shadow), run(Reactive)
+	if !(res.DecodeTokensPerS > sh.DecodeTokensPerS && sh.DecodeTokensPerS > re.DecodeTokensPerS) {
+		t.Fatalf("tokens/s resident %.2f, shadow %.2f, reactive %.2f: want that order", res.DecodeTokensPerS, sh.DecodeTokensPerS, re.DecodeTokensPerS)
+	}
+	if res.Loads != 0 || res.StallFraction != 0 {
+		t.Fatalf("resident: %+v, want no loads and no stall", res)
+	}
+	if want := 63 * 8 * 2; re.Loads != want || re.StallFraction < 0.5 {
+		t.Fatalf("reactive: %d loads (want %d, one per activation), stall %.2f (want most of decode)", re.Loads, want, re.StallFraction)
+	}
+	if sh.MissesWrong != 0 {
+		t.Fatalf("shadow at recall 1: %d wrong misses", sh.MissesWrong)
+	}
+}
+
+// TestLoadsHideWhenThePredictionLeadCoversThem is OD-MoE's eq. (1): a
+// shadow departing late leads layer l's activation by about (l+1) x the
+// main node's and the shadow's layer time difference; loads shorter than
+// the first layer's lead hide entirely, longer ones stall decode.
+func TestLoadsHideWhenThePredictionLeadCoversThem(t *testing.T) {
+	p, l, s := testRig(t)
+	p.MainLayerMs, p.ShadowLayerMs = 3, 0.5 // the first layer's lead: ~2.5 ms
+	o := Options{Mode: Shadow, Output: 32, Recall: 1, Ahead: 0, Seed: 3}
+	p.LoadBytesPerS = float64(s.ExpertBytes) / 1e-3 // ~1 ms a load
+	short := mustRun(t, p, l, s, o)
+	p.LoadBytesPerS = float64(s.ExpertBytes) / 30e-3 // ~30 ms a load
+	long := mustRun(t, p, l, s, o)
+	if short.StallFraction > 1e-9 || short.MissesLate != 0 {
+		t.Fatalf("1 ms loads against a 2.5 ms lead: stall %.4f, %d late misses; want none", short.StallFraction, short.MissesLate)
+	}
+	if long.StallFraction < 0.3 {
+		t.Fatalf("30 ms loads against a 2.5-20 ms lead: stall %.4f, want most of decode", long.StallFraction)
+	}
+	// running ahead leads by a whole iteration: the long loads hide better
+	o.Ahead = 1
+	if ahead := mustRun(t, p, l, s, o); ahead.StallFraction >= long.StallFraction {
+		t.Fatalf("running ahead: stall %.3f, late departure %.3f; want less", ahead.StallFraction, long.StallFraction)
+	}
+}
+
+// TestWrongMissesFollowRecall: each activation is missed with
+// probability 1 - recall: the count over many is within four standard
+// deviations of its expectation.
+func TestWrongMissesFollowRecall(t *testing.T) {
+	p, l, s := testRig(t)
+	const recall, out = 0.9, 201
+	r := mustRun(t, p, l, s, Options{Mode: Shadow, Output: out, Recall: recall, Ahead: 1, Seed: 5})
+	n := float64((out - 1) * s.Layers * s.TopK)
+	mean, sd := n*(1-recall), math.Sqrt(n*recall*(1-recall))
+	if got := float64(r.MissesWrong); math.Abs(got-mean) > 4*sd {
+		t.Fatalf("%v wrong misses over %v activations at recall %v: want %v +- %v", got, n, recall, mean, 4*sd)
+	}
+}
+
+// TestRunRefusesBadInput names what is wrong.
+func TestRunRefusesBadInput(t *testing.T) {
+	p, l, s := testRig(t)
+	o := Options{Mode: Shadow, Output: 8, Recall: 1}
+	bad := p
+	bad.LoadBytesPerS = 0
+	if _, err := Run(bad, l, s, o); err == nil {
+		t.Error("a profile with no load rate accepted")
+	}
+	if _, err := Run(p, l, s, Options{Mode: "cached", Output: 8}); err == nil {
+		t.Error("an unknown mode accepted")
+	}
+	s.TopK = 9
+	if _, err := Run(p, l, s, o); err == nil {
+		t.Error("top-9 of 8 experts accepted")
+	}
+}
+
+func TestTimelineFillsTheFirstGapThatFits(t *testing.T) {
+	var tl timeline
+	if s := tl.reserve(10, 5); s != 10 { // [10,15)
+		t.Fatalf("first task at %v", s)
+	}
+	if s := tl.reserve(0, 4); s != 0 { // [0,4): before it
+		t.Fatalf("a task that fits before at %v", s)
+	}
+	if s := tl.reserve(3, 4); s != 4 { // [4,8): after [0,4)
+		t.Fatalf("a task overlapping [0,4) at %v, want 4", s)
+	}
+	if s := tl.reserve(7, 3); s != 15 { // does not fit in [8,10): after [10,15)
+		t.Fatalf("a task that fits no gap at %v, want 15", s)
+	}
+}
