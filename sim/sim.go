@@ -43,12 +43,17 @@ type Profile struct {
 	// HopMs is one message's latency; LinkBytesPerS its links' rate.
 	HopMs         float64 `json:"hop_ms"`
 	LinkBytesPerS float64 `json:"link_bytes_per_s"`
+	// Prefill: the main node's part of a layer per prompt token, and one
+	// expert on one token of a batch on a worker.
+	MainPrefillTokenMs   float64 `json:"main_prefill_token_ms"`
+	ExpertPrefillTokenMs float64 `json:"expert_prefill_token_ms"`
 }
 
 // Validate refuses negative costs and rates that are not positive.
 func (p Profile) Validate() error {
 	for name, v := range map[string]float64{"main_layer_ms": p.MainLayerMs, "main_token_ms": p.MainTokenMs, "shadow_layer_ms": p.ShadowLayerMs,
-		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs} {
+		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
+		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
@@ -62,8 +67,15 @@ func (p Profile) Validate() error {
 // Shape is what of the model the timeline depends on.
 type Shape struct {
 	Layers, Experts, TopK int
-	ExpertBytes           int64 // one expert's weights, as loaded
-	HiddenBytes           int64 // one token's hidden state on the wire
+	// ExpertLayers are the layers with experts (nil: all); the others
+	// run on the main node alone.
+	ExpertLayers []int
+	ExpertBytes  int64 // one expert's weights, as loaded
+	HiddenBytes  int64 // one token's hidden state on the wire
+}
+
+func (s Shape) hasExperts(l int) bool {
+	return s.ExpertLayers == nil || slices.Contains(s.ExpertLayers, l)
 }
 
 // Mode is how experts reach the workers.
@@ -78,6 +90,7 @@ const (
 // Options is one simulated run.
 type Options struct {
 	Mode   Mode
+	Prompt int // prompt tokens (prefill)
 	Output int // tokens generated (decode steps = Output - 1)
 	// Recall is the share of activations the shadow predicts; Ahead how
 	// many iterations past its latest alignment it may run (0: it
@@ -89,11 +102,12 @@ type Options struct {
 
 // Result is what the run would measure.
 type Result struct {
+	TTFTms           float64 `json:"ttft_ms"`
 	DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
 	StallFraction    float64 `json:"stall_fraction"` // decode time spent waiting for loads
 	Loads            int     `json:"expert_loads"`
 	MissesLate       int     `json:"misses_late"`  // predicted, but the prediction came after the activation
-	MissesWrong      int     `json:"misses_wrong"` // not predicted
+	MissesWrong      int     `json:"misses_wrong"` // not predicted (every load of a reactive swarm)
 }
 
 // Run simulates the decode of o.Output tokens on a rig of layout's
@@ -113,13 +127,14 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	default:
 		return Result{}, fmt.Errorf("sim: mode %q: want resident, reactive or shadow", o.Mode)
 	}
-	if o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 {
-		return Result{}, fmt.Errorf("sim: %d tokens (want >= 2), recall %v (0..1), ahead %d (>= 0)", o.Output, o.Recall, o.Ahead)
+	if o.Prompt < 1 || o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 {
+		return Result{}, fmt.Errorf("sim: %d prompt tokens (want >= 1), %d output (>= 2), recall %v (0..1), ahead %d (>= 0)", o.Prompt, o.Output, o.Recall, o.Ahead)
 	}
 	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
 		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
 		hop: p.HopMs + 1000*float64(s.HiddenBytes)/p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
-	return r.decode(), nil
+	r.res.TTFTms = r.prefill()
+	return r.decode(r.res.TTFTms), nil
 }
 
 type run struct {
@@ -129,6 +144,7 @@ type run struct {
 	o         Options
 	rng       *rand.Rand
 	link, cpu []timeline // per worker: its load link and its compute
+	up, down  timeline   // the main node's link, each way
 	hop, load float64    // one activation's hop, one expert's load (ms)
 	res       Result
 	stall     float64
@@ -140,12 +156,54 @@ type prediction struct {
 	arrive, loaded float64 // when the prediction reached the worker; when its load ends
 }
 
-// decode runs the decode steps; time 0 is the first step's start.
-func (r *run) decode() Result {
+// prefill runs the prompt layer by layer (OD-MoE section 3.3): the main
+// node's part for every token, then each used expert on the worker that
+// holds its index (sched.Layout.PrefillWorker) for the tokens routed to
+// it, their activations over the main node's link each way; loads (but
+// in a resident swarm) when the layer's activations are ready. It
+// returns the time to the first token.
+func (r *run) prefill() float64 {
+	now := 0.0
+	P := r.o.Prompt
+	count := make([]int, r.s.Experts)
+	for l := range r.s.Layers {
+		need := now + float64(P)*r.p.MainPrefillTokenMs
+		now = need
+		if !r.s.hasExperts(l) {
+			continue
+		}
+		clear(count)
+		for range P {
+			for _, e := range r.route() {
+				count[e]++
+			}
+		}
+		for e, c := range count {
+			if c == 0 {
+				continue
+			}
+			w := r.layout.PrefillWorker(e)
+			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / r.p.LinkBytesPerS
+			at := r.up.reserve(need, bytes) + bytes + r.p.HopMs
+			ready := at
+			if r.o.Mode != Resident {
+				ready = max(at, r.demand(w, need))
+			}
+			done := r.cpu[w].reserve(ready, float64(c)*r.p.ExpertPrefillTokenMs) + float64(c)*r.p.ExpertPrefillTokenMs
+			back := r.down.reserve(done+r.p.HopMs, bytes) + bytes
+			now = max(now, back)
+		}
+	}
+	r.res.Loads = 0 // the figures are decode's, as the run's stats
+	return now + r.p.MainTokenMs
+}
+
+// decode runs the decode steps from start (the first token's time).
+func (r *run) decode(start float64) Result {
 	steps := r.o.Output - 1
 	var mainStart []float64 // each iteration's start on the main node
-	shadowEnd := 0.0        // the shadow's last iteration's end
-	now := 0.0
+	shadowEnd := start      // the shadow's last iteration's end
+	now := start
 	for it := range steps {
 		mainStart = append(mainStart, now)
 		// the routing of this iteration: k distinct experts per layer
@@ -170,6 +228,10 @@ func (r *run) decode() Result {
 		}
 		for l := range r.s.Layers {
 			need := now + r.p.MainLayerMs
+			if !r.s.hasExperts(l) {
+				now = need
+				continue
+			}
 			var pl map[int]prediction
 			if predicted != nil {
 				pl = predicted[l]
@@ -178,8 +240,8 @@ func (r *run) decode() Result {
 		}
 		now += r.p.MainTokenMs
 	}
-	r.res.DecodeTokensPerS = float64(steps) / (now / 1000)
-	r.res.StallFraction = r.stall / now
+	r.res.DecodeTokensPerS = float64(steps) / ((now - start) / 1000)
+	r.res.StallFraction = r.stall / (now - start)
 	return r.res
 }
 
@@ -199,6 +261,9 @@ func (r *run) predict(depart float64, routes [][]int) []map[int]prediction {
 	out := make([]map[int]prediction, len(routes))
 	for l, experts := range routes {
 		out[l] = map[int]prediction{}
+		if !r.s.hasExperts(l) {
+			continue
+		}
 		arrive := depart + float64(l+1)*r.p.ShadowLayerMs + r.p.HopMs
 		var guess []int
 		for _, e := range experts {
@@ -238,6 +303,7 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 		ready := at
 		switch r.o.Mode {
 		case Reactive:
+			r.res.MissesWrong++ // nothing is predicted
 			ready = r.demand(w, at)
 		case Shadow:
 			pr, ok := predicted[e]

@@ -16,7 +16,8 @@ func testRig(t *testing.T) (Profile, sched.Layout, Shape) {
 		t.Fatal(err)
 	}
 	p := Profile{Name: "test", MainLayerMs: 1, MainTokenMs: 2, ShadowLayerMs: 0.8, ShadowTokenMs: 1,
-		ExpertMs: 0.5, LoadMs: 0.2, LoadBytesPerS: 4e9, HopMs: 0.1, LinkBytesPerS: 125e6}
+		ExpertMs: 0.5, LoadMs: 0.2, LoadBytesPerS: 4e9, HopMs: 0.1, LinkBytesPerS: 125e6,
+		MainPrefillTokenMs: 0.1, ExpertPrefillTokenMs: 0.05}
 	s := Shape{Layers: 8, Experts: 8, TopK: 2, ExpertBytes: 22 << 20, HiddenBytes: 4 << 10}
 	return p, layout, s
 }
@@ -34,7 +35,7 @@ func mustRun(t *testing.T, p Profile, l sched.Layout, s Shape, o Options) Result
 // for bit; another seed routes differently.
 func TestRunIsDeterministicForASeed(t *testing.T) {
 	p, l, s := testRig(t)
-	o := Options{Mode: Shadow, Output: 64, Recall: 0.95, Ahead: 1, Seed: 7}
+	o := Options{Mode: Shadow, Prompt: 16, Output: 64, Recall: 0.95, Ahead: 1, Seed: 7}
 	a, b := mustRun(t, p, l, s, o), mustRun(t, p, l, s, o)
 	if a != b {
 		t.Fatalf("two runs of seed 7: %+v and %+v", a, b)
@@ -51,7 +52,7 @@ func TestRunIsDeterministicForASeed(t *testing.T) {
 func TestModesOrderAsOnARig(t *testing.T) {
 	p, l, s := testRig(t)
 	run := func(m Mode) Result {
-		return mustRun(t, p, l, s, Options{Mode: m, Output: 64, Recall: 1, Ahead: 1, Seed: 1})
+		return mustRun(t, p, l, s, Options{Mode: m, Prompt: 16, Output: 64, Recall: 1, Ahead: 1, Seed: 1})
 	}
 	res, sh, re := run(Resident), run(Shadow), run(Reactive)
 	if !(res.DecodeTokensPerS > sh.DecodeTokensPerS && sh.DecodeTokensPerS > re.DecodeTokensPerS) {
@@ -75,7 +76,7 @@ func TestModesOrderAsOnARig(t *testing.T) {
 func TestLoadsHideWhenThePredictionLeadCoversThem(t *testing.T) {
 	p, l, s := testRig(t)
 	p.MainLayerMs, p.ShadowLayerMs = 3, 0.5 // the first layer's lead: ~2.5 ms
-	o := Options{Mode: Shadow, Output: 32, Recall: 1, Ahead: 0, Seed: 3}
+	o := Options{Mode: Shadow, Prompt: 16, Output: 32, Recall: 1, Ahead: 0, Seed: 3}
 	p.LoadBytesPerS = float64(s.ExpertBytes) / 1e-3 // ~1 ms a load
 	short := mustRun(t, p, l, s, o)
 	p.LoadBytesPerS = float64(s.ExpertBytes) / 30e-3 // ~30 ms a load
@@ -99,7 +100,7 @@ func TestLoadsHideWhenThePredictionLeadCoversThem(t *testing.T) {
 func TestWrongMissesFollowRecall(t *testing.T) {
 	p, l, s := testRig(t)
 	const recall, out = 0.9, 201
-	r := mustRun(t, p, l, s, Options{Mode: Shadow, Output: out, Recall: recall, Ahead: 1, Seed: 5})
+	r := mustRun(t, p, l, s, Options{Mode: Shadow, Prompt: 16, Output: out, Recall: recall, Ahead: 1, Seed: 5})
 	n := float64((out - 1) * s.Layers * s.TopK)
 	mean, sd := n*(1-recall), math.Sqrt(n*recall*(1-recall))
 	if got := float64(r.MissesWrong); math.Abs(got-mean) > 4*sd {
@@ -110,13 +111,13 @@ func TestWrongMissesFollowRecall(t *testing.T) {
 // TestRunRefusesBadInput names what is wrong.
 func TestRunRefusesBadInput(t *testing.T) {
 	p, l, s := testRig(t)
-	o := Options{Mode: Shadow, Output: 8, Recall: 1}
+	o := Options{Mode: Shadow, Prompt: 16, Output: 8, Recall: 1}
 	bad := p
 	bad.LoadBytesPerS = 0
 	if _, err := Run(bad, l, s, o); err == nil {
 		t.Error("a profile with no load rate accepted")
 	}
-	if _, err := Run(p, l, s, Options{Mode: "cached", Output: 8}); err == nil {
+	if _, err := Run(p, l, s, Options{Mode: "cached", Prompt: 16, Output: 8}); err == nil {
 		t.Error("an unknown mode accepted")
 	}
 	s.TopK = 9
@@ -138,5 +139,36 @@ func TestTimelineFillsTheFirstGapThatFits(t *testing.T) {
 	}
 	if s := tl.reserve(7, 3); s != 15 { // does not fit in [8,10): after [10,15)
 		t.Fatalf("a task that fits no gap at %v, want 15", s)
+	}
+}
+
+// TestPrefillTimeToFirstToken: the first token comes later with a longer
+// prompt and with experts to load than with experts resident, and a
+// prompt's main-node part alone bounds it from below.
+func TestPrefillTimeToFirstToken(t *testing.T) {
+	p, l, s := testRig(t)
+	ttft := func(m Mode, prompt int) float64 {
+		return mustRun(t, p, l, s, Options{Mode: m, Prompt: prompt, Output: 2, Recall: 1, Seed: 9}).TTFTms
+	}
+	if a, b := ttft(Resident, 16), ttft(Resident, 128); !(a < b) {
+		t.Fatalf("resident TTFT %v ms for 16 tokens, %v for 128: want it to grow", a, b)
+	}
+	if a, b := ttft(Resident, 128), ttft(Reactive, 128); !(a < b) {
+		t.Fatalf("TTFT resident %v, with loads %v: want loads to cost", a, b)
+	}
+	if got, floor := ttft(Resident, 128), 128*p.MainPrefillTokenMs*float64(s.Layers); got < floor {
+		t.Fatalf("TTFT %v ms under the main node's own %v", got, floor)
+	}
+}
+
+// TestDenseLayersRunOnTheMainNode: a model whose layers 0 and 1 have no
+// experts loads none for them.
+func TestDenseLayersRunOnTheMainNode(t *testing.T) {
+	p, l, s := testRig(t)
+	all := mustRun(t, p, l, s, Options{Mode: Reactive, Prompt: 4, Output: 9, Seed: 2})
+	s.ExpertLayers = []int{2, 3, 4, 5, 6, 7}
+	some := mustRun(t, p, l, s, Options{Mode: Reactive, Prompt: 4, Output: 9, Seed: 2})
+	if all.Loads != 8*8*2 || some.Loads != 8*6*2 {
+		t.Fatalf("loads: %d with 8 MoE layers (want %d), %d with 6 (want %d)", all.Loads, 8*8*2, some.Loads, 8*6*2)
 	}
 }

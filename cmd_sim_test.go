@@ -1,0 +1,54 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestSimPredictsACaseAsJSON: `odmoe sim -json` on the tiny model and the
+// paper rig prints one object with the figures scripts read, resident
+// faster than reactive; a profile with a bad figure is refused naming it.
+func TestSimPredictsACaseAsJSON(t *testing.T) {
+	dir := t.TempDir()
+	modelDir := filepath.Join(dir, "tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-out", modelDir, "-log-level", "warn"); code != 0 {
+		t.Fatalf("gen-tiny: %s", se)
+	}
+	profile := filepath.Join(dir, "p.json")
+	write := func(loadRate string) {
+		p := `{"name": "t", "main_layer_ms": 0.5, "main_token_ms": 1, "shadow_layer_ms": 0.3, "shadow_token_ms": 0.5, "expert_ms": 0.2,
+			"load_ms": 0.1, "load_bytes_per_s": ` + loadRate + `, "hop_ms": 0.1, "link_bytes_per_s": 125e6, "main_prefill_token_ms": 0.05, "expert_prefill_token_ms": 0.02}`
+		if err := os.WriteFile(profile, []byte(p), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("1e8")
+	tps := map[string]float64{}
+	for _, mode := range []string{"resident", "reactive", "shadow"} {
+		so, se, code := run(t, "", "sim", "-profile", profile, "-rig", "testbed/rigs/paper.rig", "-model", modelDir, "-mode", mode, "-case", "16x32", "-json")
+		if code != 0 {
+			t.Fatalf("sim -mode %s: exit %d: %s", mode, code, se)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(so), &out); err != nil {
+			t.Fatalf("sim -json printed %q: %v", so, err)
+		}
+		for _, k := range []string{"decode_tokens_per_s", "ttft_ms", "stall_fraction"} {
+			if v, ok := out[k].(float64); !ok || v < 0 {
+				t.Fatalf("sim -json: %s = %v in %s", k, out[k], so)
+			}
+		}
+		tps[mode] = out["decode_tokens_per_s"].(float64)
+	}
+	if !(tps["resident"] > tps["reactive"]) || tps["resident"] <= 0 {
+		t.Fatalf("decode tokens/s %v: want resident above reactive", tps)
+	}
+	write("0")
+	_, se, code := run(t, "", "sim", "-profile", profile, "-model", modelDir)
+	if code == 0 || !strings.Contains(se, "load_bytes_per_s") {
+		t.Fatalf("a profile with no load rate: exit %d, %q", code, se)
+	}
+}
