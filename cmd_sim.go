@@ -5,19 +5,29 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/sim"
 	"github.com/odmoe/odmoe/testbed"
 )
 
 // runSim predicts one bench rig case on a rig whose parts cost what a
 // profile says, each node on its own CPU and link (package sim).
-func runSim(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "calibrate" {
+		return runSimCalibrate(ctx, args[1:], stdin, stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "validate" {
+		return runSimValidate(ctx, args[1:], stdin, stdout, stderr)
+	}
 	fs := newFlagSet("sim", stderr)
 	profilePath := fs.String("profile", "", "`FILE`: the rig's costs as JSON (sim.Profile; testbed/profiles/) (required)")
 	rigPath := fs.String("rig", "testbed/rigs/paper.rig", "rig description `FILE`: its workers, and the main node's -group")
@@ -44,11 +54,11 @@ func runSim(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wri
 	if err := json.Unmarshal(b, &p); err != nil {
 		return fmt.Errorf("sim: profile %s: %w", *profilePath, err)
 	}
-	cfg, err := model.LoadConfig(*dir)
+	rig, err := testbed.ReadRig(*rigPath)
 	if err != nil {
 		return err
 	}
-	rig, err := testbed.ReadRig(*rigPath)
+	shape, cfg, err := simShape(*dir)
 	if err != nil {
 		return err
 	}
@@ -66,9 +76,6 @@ func runSim(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	shape := sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
-		// bf16 gate, up and down; the hidden state travels as float32
-		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize)}
 	c := cases[0]
 	res, err := sim.Run(p, layout, shape, sim.Options{Mode: sim.Mode(*mode), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, Seed: *seed})
 	if err != nil {
@@ -90,4 +97,219 @@ func runSim(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wri
 	fmt.Fprintf(stdout, "%s, %s, %d workers in groups of %d, %s mode, %s: TTFT %.1f ms, decode %.2f tok/s, stall %.1f%%, %d loads, misses %d late / %d wrong\n",
 		p.Name, *dir, layout.Workers, layout.Group, *mode, *caseFlag, res.TTFTms, res.DecodeTokensPerS, 100*res.StallFraction, res.Loads, res.MissesLate, res.MissesWrong)
 	return nil
+}
+
+// simShape is what of the model in dir the simulation needs.
+func simShape(dir string) (sim.Shape, model.Config, error) {
+	cfg, err := model.LoadConfig(dir)
+	if err != nil {
+		return sim.Shape{}, cfg, err
+	}
+	return sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
+		// bf16 gate, up and down; the hidden state travels as float32
+		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize)}, cfg, nil
+}
+
+// runSimCalibrate fits a profile to a bench rig directory's resident and
+// shadow runs of one case.
+func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim calibrate", stderr)
+	benchDir := fs.String("bench", "", "`DIR`: an odmoe bench rig output directory (its report.json) with resident and shadow runs (required)")
+	caseFlag := fs.String("case", "16x256", "the PROMPTxOUTPUT case to calibrate from")
+	out := fs.String("out", "", "write the profile to `FILE` (default: standard output)")
+	cores := fs.Int("cores", -1, "CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0")
+	var lf logFlags
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *benchDir == "" {
+		return usagef("-bench is required")
+	}
+	rep, err := readBenchReport(*benchDir)
+	if err != nil {
+		return err
+	}
+	cases, err := testbed.ParseCases(*caseFlag)
+	if err != nil || len(cases) != 1 {
+		return usagef("-case %q: want one PROMPTxOUTPUT, e.g. 16x256", *caseFlag)
+	}
+	want := cases[0].String()
+	runs := map[testbed.Mode]*sim.Measured{}
+	for _, r := range rep.Runs {
+		if r.Case != want || (r.Mode != testbed.ModeResident && r.Mode != testbed.ModeShadow) {
+			continue
+		}
+		var st struct {
+			DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
+			Decode           []sim.LayerStats `json:"decode_layers"`
+			Prefill          []sim.LayerStats `json:"prefill_layers"`
+		}
+		if err := json.Unmarshal(r.Stats, &st); err != nil {
+			return fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
+		}
+		runs[r.Mode] = &sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill, CPUSeconds: r.CPUSeconds}
+	}
+	if runs[testbed.ModeResident] == nil || runs[testbed.ModeShadow] == nil {
+		return fmt.Errorf("sim calibrate: %s has no resident and shadow runs of case %s", *benchDir, *caseFlag)
+	}
+	shape, _, err := simShape(rep.Model)
+	if err != nil {
+		return fmt.Errorf("sim calibrate: the bench's model: %w", err)
+	}
+	shared := *cores
+	if shared < 0 {
+		shared = 0
+		if rep.Via == "netns" || rep.Via == "local" {
+			shared = rep.Machine.CPUs
+		}
+	}
+	rate := 125e6 // 1 Gbit/s, the rigs' links
+	if r, ok := rep.Link["rate"]; ok {
+		if v, ok := parseBitRate(r); ok {
+			rate = v / 8
+		}
+	}
+	name := fmt.Sprintf("calibrated from %s (%s, case %s, %s)", *benchDir, rep.Machine.CPU, *caseFlag, rep.Date)
+	p, err := sim.Calibrate(name, shape, shared, rate, *runs[testbed.ModeResident], *runs[testbed.ModeShadow])
+	if err != nil {
+		return err
+	}
+	p.Sources = []string{"odmoe sim calibrate -bench " + *benchDir + " -case " + *caseFlag}
+	j, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	j = append(j, '\n')
+	if *out == "" {
+		_, err = stdout.Write(j)
+		return err
+	}
+	return os.WriteFile(*out, j, 0o644)
+}
+
+// parseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"
+// (bits per second).
+func parseBitRate(s string) (float64, bool) {
+	for _, u := range []struct {
+		suffix string
+		scale  float64
+	}{{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
+		if num, ok := strings.CutSuffix(strings.ToLower(strings.TrimSpace(s)), u.suffix); ok {
+			v, err := strconv.ParseFloat(num, 64)
+			return v * u.scale, err == nil && v > 0
+		}
+	}
+	return 0, false
+}
+
+// readBenchReport reads a bench rig directory's report.json.
+func readBenchReport(dir string) (*testbed.Report, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		return nil, err
+	}
+	var rep testbed.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("sim: %s/report.json: %w", dir, err)
+	}
+	return &rep, nil
+}
+
+// runSimValidate predicts every resident, reactive and shadow run of a
+// bench rig directory with a profile and prints the table of measured
+// against predicted decode tokens/s and TTFT, with the errors.
+func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim validate", stderr)
+	benchDir := fs.String("bench", "", "`DIR`: an odmoe bench rig output directory (required)")
+	profilePath := fs.String("profile", "", "`FILE`: the profile to predict with (required)")
+	rigPath := fs.String("rig", "testbed/rigs/paper.rig", "the bench's rig `FILE`")
+	seed := fs.Uint64("seed", 1, "routing and prediction seed")
+	var lf logFlags
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *benchDir == "" || *profilePath == "" {
+		return usagef("-bench and -profile are required")
+	}
+	rep, err := readBenchReport(*benchDir)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(*profilePath)
+	if err != nil {
+		return err
+	}
+	var p sim.Profile
+	if err := json.Unmarshal(b, &p); err != nil {
+		return fmt.Errorf("sim: profile %s: %w", *profilePath, err)
+	}
+	rig, err := testbed.ReadRig(*rigPath)
+	if err != nil {
+		return err
+	}
+	shape, cfg, err := simShape(rep.Model)
+	if err != nil {
+		return err
+	}
+	layout, err := sched.NewLayout(len(rig.Workers), cfg.TopK)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s against %s\n\n", p.Name, *benchDir)
+	fmt.Fprintln(stdout, "| case | mode | measured tok/s | predicted | error | measured TTFT ms | predicted | error |")
+	fmt.Fprintln(stdout, "|---|---|---:|---:|---:|---:|---:|---:|")
+	ratios := map[string]map[testbed.Mode][2]float64{} // case -> mode -> measured, predicted
+	for _, r := range rep.Runs {
+		var mode sim.Mode
+		switch r.Mode {
+		case testbed.ModeResident, testbed.ModeReactive, testbed.ModeShadow:
+			mode = sim.Mode(r.Mode)
+		default:
+			continue
+		}
+		var st struct {
+			DecodeTokensPerS float64  `json:"decode_tokens_per_s"`
+			TTFTms           float64  `json:"ttft_ms"`
+			Recall           *float64 `json:"recall"`
+		}
+		if err := json.Unmarshal(r.Stats, &st); err != nil {
+			return fmt.Errorf("sim validate: %s %s: %w", r.Mode, r.Case, err)
+		}
+		recall := 1.0
+		if st.Recall != nil {
+			recall = *st.Recall
+		}
+		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: shadowAhead(rig), Seed: *seed})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "| %dx%d | %s | %.2f | %.2f | %+.0f%% | %.1f | %.1f | %+.0f%% |\n", r.Prompt, r.Output, r.Mode,
+			st.DecodeTokensPerS, res.DecodeTokensPerS, 100*(res.DecodeTokensPerS/st.DecodeTokensPerS-1), st.TTFTms, res.TTFTms, 100*(res.TTFTms/st.TTFTms-1))
+		if ratios[r.Case] == nil {
+			ratios[r.Case] = map[testbed.Mode][2]float64{}
+		}
+		ratios[r.Case][r.Mode] = [2]float64{st.DecodeTokensPerS, res.DecodeTokensPerS}
+	}
+	for _, c := range slices.Sorted(maps.Keys(ratios)) {
+		res, sh := ratios[c][testbed.ModeResident], ratios[c][testbed.ModeShadow]
+		if res[0] > 0 && sh[0] > 0 {
+			fmt.Fprintf(stdout, "\n%s: shadow / resident measured %.1f%%, predicted %.1f%%", c, 100*sh[0]/res[0], 100*sh[1]/res[1])
+		}
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+// shadowAhead is the rig's shadow's -ahead (the default when not set).
+func shadowAhead(rig *testbed.Rig) int {
+	if rig.Shadow != nil {
+		if i := slices.Index(rig.Shadow.Flags, "-ahead"); i >= 0 && i+1 < len(rig.Shadow.Flags) {
+			if n, err := strconv.Atoi(rig.Shadow.Flags[i+1]); err == nil {
+				return n
+			}
+		}
+	}
+	return shadow.DefaultAhead
 }

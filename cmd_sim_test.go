@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,5 +52,41 @@ func TestSimPredictsACaseAsJSON(t *testing.T) {
 	_, se, code := run(t, "", "sim", "-profile", profile, "-model", modelDir)
 	if code == 0 || !strings.Contains(se, "load_bytes_per_s") {
 		t.Fatalf("a profile with no load rate: exit %d, %q", code, se)
+	}
+}
+
+// TestSimCalibratesFromARecordedRigRun: calibrated from one case of a
+// recorded paper.rig run (testdata/sim/paper-rig-r4: report.json trimmed
+// to what calibration reads, small's config), the simulation gives that
+// case back within 2% in both modes and the shadow/resident ratio of
+// every case within 15% of the measured one.
+func TestSimCalibratesFromARecordedRigRun(t *testing.T) {
+	profile := filepath.Join(t.TempDir(), "p.json")
+	if _, se, code := run(t, "", "sim", "calibrate", "-bench", "testdata/sim/paper-rig-r4", "-case", "16x256", "-out", profile); code != 0 {
+		t.Fatalf("sim calibrate: exit %d: %s", code, se)
+	}
+	so, se, code := run(t, "", "sim", "validate", "-bench", "testdata/sim/paper-rig-r4", "-profile", profile)
+	if code != 0 {
+		t.Fatalf("sim validate: exit %d: %s", code, se)
+	}
+	rows, ratios := 0, 0
+	for line := range strings.SplitSeq(so, "\n") {
+		var c, mode string
+		var meas, pred float64
+		if n, _ := fmt.Sscanf(line, "| %s | %s | %f | %f |", &c, &mode, &meas, &pred); n == 4 {
+			rows++
+			if c == "16x256" && math.Abs(pred/meas-1) > 0.02 {
+				t.Errorf("the calibration case, %s: measured %v tok/s, predicted %v", mode, meas, pred)
+			}
+		}
+		if n, _ := fmt.Sscanf(line, "%s shadow / resident measured %f%%, predicted %f%%", &c, &meas, &pred); n == 3 {
+			ratios++
+			if math.Abs(pred/meas-1) > 0.15 {
+				t.Errorf("%s: shadow/resident measured %v%%, predicted %v%%", c, meas, pred)
+			}
+		}
+	}
+	if rows != 8 || ratios != 4 {
+		t.Fatalf("sim validate printed %d rows and %d ratios, want 8 and 4:\n%s", rows, ratios, so)
 	}
 }

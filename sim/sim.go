@@ -47,16 +47,35 @@ type Profile struct {
 	// expert on one token of a batch on a worker.
 	MainPrefillTokenMs   float64 `json:"main_prefill_token_ms"`
 	ExpertPrefillTokenMs float64 `json:"expert_prefill_token_ms"`
+	// Cores, when not 0, is how many CPU cores all the nodes share (the
+	// emulated rig: ten nodes on one machine). Decode then goes no faster
+	// than Cores over the CPU a token costs: the main node's, the
+	// workers' per expert activation and per load, and the shadow's.
+	Cores int `json:"cores,omitempty"`
+	// CPUEfficiency is the share of the shared cores the nodes keep busy
+	// when they bound decode (0: 1), as calibrated from a CPU-bound run.
+	CPUEfficiency     float64 `json:"cpu_efficiency,omitempty"`
+	MainCPUTokenMs    float64 `json:"main_cpu_token_ms,omitempty"`
+	WorkerCPUExpertMs float64 `json:"worker_cpu_expert_ms,omitempty"`
+	WorkerCPULoadMs   float64 `json:"worker_cpu_load_ms,omitempty"`
+	ShadowCPUTokenMs  float64 `json:"shadow_cpu_token_ms,omitempty"`
 }
 
 // Validate refuses negative costs and rates that are not positive.
 func (p Profile) Validate() error {
 	for name, v := range map[string]float64{"main_layer_ms": p.MainLayerMs, "main_token_ms": p.MainTokenMs, "shadow_layer_ms": p.ShadowLayerMs,
 		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
-		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs} {
+		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
+		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
+	}
+	if p.CPUEfficiency < 0 || p.CPUEfficiency > 1 {
+		return fmt.Errorf("sim: profile %q: cpu_efficiency is %v, must be in 0..1 (0: 1)", p.Name, p.CPUEfficiency)
+	}
+	if p.Cores < 0 {
+		return fmt.Errorf("sim: profile %q: cores is %d, must be >= 0 (0: every node has its own)", p.Name, p.Cores)
 	}
 	if p.LoadBytesPerS <= 0 || p.LinkBytesPerS <= 0 {
 		return fmt.Errorf("sim: profile %q: load_bytes_per_s (%v) and link_bytes_per_s (%v) must be > 0", p.Name, p.LoadBytesPerS, p.LinkBytesPerS)
@@ -108,6 +127,9 @@ type Result struct {
 	Loads            int     `json:"expert_loads"`
 	MissesLate       int     `json:"misses_late"`  // predicted, but the prediction came after the activation
 	MissesWrong      int     `json:"misses_wrong"` // not predicted (every load of a reactive swarm)
+	// CPUBound: the shared cores, not the timeline, set the decode rate
+	// (Profile.Cores).
+	CPUBound bool `json:"cpu_bound,omitempty"`
 }
 
 // Run simulates the decode of o.Output tokens on a rig of layout's
@@ -242,6 +264,20 @@ func (r *run) decode(start float64) Result {
 	}
 	r.res.DecodeTokensPerS = float64(steps) / ((now - start) / 1000)
 	r.res.StallFraction = r.stall / (now - start)
+	if r.p.Cores > 0 {
+		// the CPU a decode token costs all the nodes together
+		cpu := r.p.MainCPUTokenMs + float64(moe(r.s)*r.s.TopK)*r.p.WorkerCPUExpertMs + float64(r.res.Loads)/float64(steps)*r.p.WorkerCPULoadMs
+		if r.o.Mode == Shadow {
+			cpu += r.p.ShadowCPUTokenMs
+		}
+		eff := r.p.CPUEfficiency
+		if eff <= 0 {
+			eff = 1
+		}
+		if bound := eff * float64(r.p.Cores) * 1000 / cpu; cpu > 0 && bound < r.res.DecodeTokensPerS {
+			r.res.DecodeTokensPerS, r.res.CPUBound = bound, true
+		}
+	}
 	return r.res
 }
 

@@ -1,0 +1,84 @@
+package sim
+
+import (
+	"math"
+	"testing"
+)
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(b)) }
+
+// TestCalibrateReadsEachCostFromItsFigure: runs made up from known
+// costs give those costs back, and the CPU a token by role.
+func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
+	s := Shape{Layers: 4, Experts: 8, TopK: 2, ExpertBytes: 1 << 20, HiddenBytes: 1000}
+	const calls, out = 10, 11
+	layers := func(main0, main, worker, network, load float64, loads int) []LayerStats {
+		var ls []LayerStats
+		for l := range s.Layers {
+			m := main
+			if l == 0 {
+				m = main0
+			}
+			ls = append(ls, LayerStats{Layer: l, Calls: calls, MainMs: m * calls, WorkerMs: worker * calls, NetworkMs: network * calls, LoadMs: load * float64(loads), Loads: loads})
+		}
+		return ls
+	}
+	resident := Measured{Prompt: 16, Output: out, Decode: layers(3, 1, 2, 0.5, 0, 0),
+		Prefill:    []LayerStats{{Calls: 1, MainMs: 1.6, WorkerMs: 8}},
+		CPUSeconds: map[string]float64{"main": 0.11, "workers": 0.176}}
+	shadow := Measured{Prompt: 16, Output: out, DecodeTokensPerS: 20, Decode: layers(3, 1, 2, 0.5, 4, 5),
+		CPUSeconds: map[string]float64{"main": 0.11, "workers": 0.196, "shadow": 0.088}}
+	p, err := Calibrate("t", s, 2, 1e8, resident, shadow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"main_layer_ms", p.MainLayerMs, 1},
+		{"main_token_ms", p.MainTokenMs, 2},                                  // layer 0's excess
+		{"expert_ms", p.ExpertMs, 2},                                         // the slowest request's compute a call
+		{"hop_ms", p.HopMs, 0.25 - 0.01},                                     // half the round trip less the bytes' time (1000 B at 100 MB/s)
+		{"load_bytes_per_s", p.LoadBytesPerS, float64(s.ExpertBytes) / 4e-3}, // 4 ms a load
+		{"main_prefill_token_ms", p.MainPrefillTokenMs, 0.1},
+		{"expert_prefill_token_ms", p.ExpertPrefillTokenMs, 8 / (16.0 * 2 / 8)},
+		{"shadow_cpu_token_ms", p.ShadowCPUTokenMs, 8},
+		{"shadow_layer_ms", p.ShadowLayerMs, 2},
+		{"main_cpu_token_ms", p.MainCPUTokenMs, 10},
+		{"worker_cpu_expert_ms", p.WorkerCPUExpertMs, 176.0 / (out * 4 * 2)},
+		{"worker_cpu_load_ms", p.WorkerCPULoadMs, 20.0 / 20}, // 20 ms more over 20 loads
+	} {
+		if !near(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	// the shadow run at 20 tok/s kept this share of 2 cores busy
+	cpu := 10 + 8*(176.0/(out*4*2)) + 20.0/10*1 + 8
+	if !near(p.CPUEfficiency, 20*cpu/2000) {
+		t.Errorf("cpu_efficiency = %v, want %v", p.CPUEfficiency, 20*cpu/2000)
+	}
+	if _, err := Calibrate("t", s, 2, 1e8, resident, Measured{Output: out, Decode: layers(3, 1, 2, 0.5, 4, 5)}); err == nil {
+		t.Error("a shadow run without the shadow's CPU time calibrated")
+	}
+}
+
+// TestSharedCoresBoundDecode: with cores shared, decode goes no faster
+// than the cores over a token's CPU, the shadow's included; without,
+// the timeline alone sets it.
+func TestSharedCoresBoundDecode(t *testing.T) {
+	p, l, s := testRig(t)
+	o := Options{Mode: Shadow, Prompt: 4, Output: 33, Recall: 1, Ahead: 1, Seed: 4}
+	free := mustRun(t, p, l, s, o)
+	p.Cores, p.CPUEfficiency = 2, 0.5
+	p.MainCPUTokenMs, p.WorkerCPUExpertMs, p.WorkerCPULoadMs, p.ShadowCPUTokenMs = 20, 1, 0.5, 30
+	bound := mustRun(t, p, l, s, o)
+	cpu := 20 + float64(s.Layers*s.TopK)*1 + float64(bound.Loads)/32*0.5 + 30
+	if want := 0.5 * 2 * 1000 / cpu; !bound.CPUBound || !near(bound.DecodeTokensPerS, want) || want >= free.DecodeTokensPerS {
+		t.Fatalf("shared cores: %+v, want %.3f tok/s, CPU-bound (free: %.3f)", bound, want, free.DecodeTokensPerS)
+	}
+	o.Mode = Resident // no shadow, no loads: a lighter token
+	if res := mustRun(t, p, l, s, o); !(res.DecodeTokensPerS > bound.DecodeTokensPerS) {
+		t.Fatalf("resident %v tok/s under the shadow's %v with shared cores", res.DecodeTokensPerS, bound.DecodeTokensPerS)
+	}
+}
