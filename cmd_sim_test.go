@@ -90,3 +90,32 @@ func TestSimCalibratesFromARecordedRigRun(t *testing.T) {
 		t.Fatalf("sim validate printed %d rows and %d ratios, want 8 and 4:\n%s", rows, ratios, so)
 	}
 }
+
+// TestShippedProfilesPredict: every profile in testbed/profiles is valid
+// and predicts Mixtral-8x7B on the paper rig, shadow-driven decode below
+// the resident swarm's.
+func TestShippedProfilesPredict(t *testing.T) {
+	profiles, err := filepath.Glob("testbed/profiles/*.json")
+	if err != nil || len(profiles) == 0 {
+		t.Fatalf("no profiles in testbed/profiles (%v)", err)
+	}
+	for _, p := range profiles {
+		tps := map[string]float64{}
+		for _, mode := range []string{"resident", "shadow"} {
+			so, se, code := run(t, "", "sim", "-profile", p, "-model", "testdata/sim/mixtral-8x7b", "-mode", mode, "-case", "16x64", "-json")
+			if code != 0 {
+				t.Fatalf("%s, %s: exit %d: %s", p, mode, code, se)
+			}
+			var out struct {
+				DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+			}
+			if err := json.Unmarshal([]byte(so), &out); err != nil {
+				t.Fatal(err)
+			}
+			tps[mode] = out.DecodeTokensPerS
+		}
+		if !(tps["shadow"] > 0 && tps["shadow"] < tps["resident"]) {
+			t.Errorf("%s: decode tokens/s %v: want 0 < shadow < resident", p, tps)
+		}
+	}
+}
