@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/odmoe/odmoe/internal/svgplot"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
@@ -27,6 +28,9 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	if len(args) > 0 && args[0] == "validate" {
 		return runSimValidate(ctx, args[1:], stdin, stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "sweep" {
+		return runSimSweep(ctx, args[1:], stdin, stdout, stderr)
 	}
 	fs := newFlagSet("sim", stderr)
 	profilePath := fs.String("profile", "", "`FILE`: the rig's costs as JSON (sim.Profile; testbed/profiles/) (required)")
@@ -312,4 +316,113 @@ func shadowAhead(rig *testbed.Rig) int {
 		}
 	}
 	return shadow.DefaultAhead
+}
+
+// runSimSweep predicts decode tokens/s over a range of one parameter
+// (workers, link rate, recall, the shadow's lead), for each mode, as a
+// table and an SVG chart.
+func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim sweep", stderr)
+	profilePath := fs.String("profile", "", "`FILE`: the rig's costs (required)")
+	dir := fs.String("model", "", "Hugging Face model directory (config.json) (required)")
+	vary := fs.String("vary", "workers", "the parameter swept: workers, link (bits/s), recall, ahead")
+	valuesFlag := fs.String("values", "4,8,16,32,64,128", "its values, comma-separated")
+	modesFlag := fs.String("modes", "resident,reactive,shadow", "modes to predict")
+	caseFlag := fs.String("case", "16x64", "PROMPTxOUTPUT tokens")
+	workers := fs.Int("workers", 8, "workers (when not swept)")
+	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k")
+	recall := fs.Float64("recall", 1, "the shadow's recall (when not swept)")
+	ahead := fs.Int("ahead", 1, "the shadow's lead in iterations (when not swept)")
+	seed := fs.Uint64("seed", 1, "routing and prediction seed")
+	svgOut := fs.String("svg", "", "also draw the chart to `FILE`")
+	var lf logFlags
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *profilePath == "" || *dir == "" {
+		return usagef("-profile and -model are required")
+	}
+	b, err := os.ReadFile(*profilePath)
+	if err != nil {
+		return err
+	}
+	var p sim.Profile
+	if err := json.Unmarshal(b, &p); err != nil {
+		return fmt.Errorf("sim: profile %s: %w", *profilePath, err)
+	}
+	shape, cfg, err := simShape(*dir)
+	if err != nil {
+		return err
+	}
+	cases, err := testbed.ParseCases(*caseFlag)
+	if err != nil || len(cases) != 1 {
+		return usagef("-case %q: want one PROMPTxOUTPUT, e.g. 16x64", *caseFlag)
+	}
+	var values []float64
+	for _, f := range strings.Split(*valuesFlag, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil {
+			return usagef("-values: %q is not a number", f)
+		}
+		values = append(values, v)
+	}
+	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "iterations ahead"}[*vary], *vary == "workers" || *vary == "link"
+	if xlabel == "" {
+		return usagef("-vary %q: want workers, link, recall or ahead", *vary)
+	}
+	g := *group
+	if g == 0 {
+		g = cfg.TopK
+	}
+	modes := strings.Split(*modesFlag, ",")
+	chart := svgplot.Chart{Title: fmt.Sprintf("decode tokens/s by %s, %s, %s", xlabel, *caseFlag, strings.TrimSuffix(filepath.Base(*profilePath), ".json")), XLabel: xlabel, YLabel: "decode tokens/s", X: values, LogX: logX}
+	fmt.Fprintf(stdout, "| %s | %s |\n|---|%s\n", xlabel, strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
+	rows := make([][]float64, len(values))
+	for _, m := range modes {
+		var ys []float64
+		for i, v := range values {
+			pp, w, o := p, *workers, sim.Options{Mode: sim.Mode(strings.TrimSpace(m)), Prompt: cases[0].Prompt, Output: cases[0].Output, Recall: *recall, Ahead: *ahead, Seed: *seed}
+			switch *vary {
+			case "workers":
+				w = int(v)
+			case "link":
+				pp.LinkBytesPerS = v / 8
+			case "recall":
+				o.Recall = v
+			case "ahead":
+				o.Ahead = int(v)
+			}
+			layout, err := sched.NewLayout(w, g)
+			if err != nil {
+				return err
+			}
+			res, err := sim.Run(pp, layout, shape, o)
+			if err != nil {
+				return err
+			}
+			ys = append(ys, res.DecodeTokensPerS)
+			rows[i] = append(rows[i], res.DecodeTokensPerS)
+		}
+		chart.Series = append(chart.Series, svgplot.Series{Name: strings.TrimSpace(m), Y: ys})
+	}
+	for i, v := range values {
+		cells := make([]string, len(rows[i]))
+		for j, y := range rows[i] {
+			cells[j] = fmt.Sprintf("%.2f", y)
+		}
+		fmt.Fprintf(stdout, "| %g | %s |\n", v, strings.Join(cells, " | "))
+	}
+	if *svgOut != "" {
+		f, err := os.Create(*svgOut)
+		if err != nil {
+			return err
+		}
+		if err := chart.Write(f); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	return nil
 }

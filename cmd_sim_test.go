@@ -119,3 +119,32 @@ func TestShippedProfilesPredict(t *testing.T) {
 		}
 	}
 }
+
+// TestSimSweepTablesAndDraws: a sweep over workers prints a row per
+// value with a column per mode, and its SVG holds a line per mode; the
+// shadow-driven swarm gains from more workers on a load-bound rig.
+func TestSimSweepTablesAndDraws(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "w.svg")
+	so, se, code := run(t, "", "sim", "sweep", "-profile", "testbed/profiles/odmoe-rig-rtx3090-1gbit.json", "-model", "testdata/sim/mixtral-8x7b",
+		"-vary", "workers", "-values", "4,16", "-modes", "resident,shadow", "-svg", svg)
+	if code != 0 {
+		t.Fatalf("sim sweep: exit %d: %s", code, se)
+	}
+	var shadow []float64
+	for line := range strings.SplitSeq(so, "\n") {
+		var x, res, sh float64
+		if n, _ := fmt.Sscanf(line, "| %g | %f | %f |", &x, &res, &sh); n == 3 {
+			shadow = append(shadow, sh)
+		}
+	}
+	if len(shadow) != 2 || !(shadow[1] > shadow[0]) {
+		t.Fatalf("sweep printed shadow tokens/s %v over 4 and 16 workers, want 2 rising values:\n%s", shadow, so)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "<polyline"); n != 2 {
+		t.Fatalf("the chart has %d lines, want 2", n)
+	}
+}
