@@ -90,7 +90,7 @@ func MatVec(out []float32, w Matrix, x []float32) {
 		matVecRows(&p.rowKernels, out, w, x, 0, w.Rows)
 		return
 	}
-	parallelRows(parts, w.Rows, func(r0, r1 int) {
+	parallelRows(parts, w.Rows, func(_, r0, r1 int) {
 		matVecRows(&p.rowKernels, out[r0:r1], w, x, r0, r1)
 	})
 }
@@ -116,7 +116,7 @@ func MatMul(out []float32, w Matrix, x []float32, n int) {
 		p.matMulRows(out, w, x, n, 0, w.Rows)
 		return
 	}
-	parallelRows(parts, w.Rows, func(r0, r1 int) {
+	parallelRows(parts, w.Rows, func(_, r0, r1 int) {
 		p.matMulRows(out, w, x, n, r0, r1)
 	})
 }
@@ -147,7 +147,7 @@ func MatMulEach(x []float32, n int, ps []Product) {
 	}
 	k := cur()
 	if parts := partsFor(rows, elems); parts > 1 {
-		parallelRows(parts, rows, func(r0, r1 int) { eachRows(&k.rowKernels, ps, x, r0, r1) })
+		parallelRows(parts, rows, func(_, r0, r1 int) { eachRows(&k.rowKernels, ps, x, r0, r1) })
 		return
 	}
 	eachRows(&k.rowKernels, ps, x, 0, rows)
@@ -219,16 +219,16 @@ func ParallelFor(chunks, items int, fn func(c, i0, i1 int)) {
 
 // parallelRows runs fn over contiguous row ranges covering [0, rows) on
 // the caller and the persistent team (team.go), and returns when all are
-// done. The ranges are chunksPerPart times more than parts and each
-// goroutine takes the next one free: when another process holds a core (a
-// shared node), the goroutines that run take over the chunks of the one
-// that does not, instead of waiting for its fixed share.
-func parallelRows(parts, rows int, fn func(r0, r1 int)) {
-	parallelChunks(parts, rows, chunksFor(parts, rows), func(_, r0, r1 int) { fn(r0, r1) })
+// done; c numbers the range. The ranges are chunksPerPart times more than
+// parts and each goroutine takes the next one free: when another process
+// holds a core (a shared node), the goroutines that run take over the
+// chunks of the one that does not, instead of waiting for its fixed share.
+func parallelRows(parts, rows int, fn func(c, r0, r1 int)) {
+	parallelChunks(parts, rows, chunksFor(parts, rows), fn)
 }
 
-// parallelChunks is parallelRows over a given number of chunks, telling
-// fn which chunk (c < chunks) each range is: a chunk's own scratch memory.
+// parallelChunks is parallelRows over a given number of chunks (c <
+// chunks: a chunk's own scratch memory, for ParallelFor).
 func parallelChunks(parts, rows, chunks int, fn func(c, r0, r1 int)) {
 	if teamFor(Threads()).run(rows, chunks, fn) {
 		return

@@ -113,7 +113,7 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 		badErr error
 	)
 	srcBytes := m.DType.RowBytes(cols)
-	work := func(r0, r1 int) {
+	work := func(_, r0, r1 int) {
 		w := make([]float32, cols)
 		for r := r0; r < r1; r++ {
 			ToFloat32(w, m.Data[r*srcBytes:(r+1)*srcBytes], m.DType)
@@ -145,7 +145,7 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 		}
 	}
 	if parts := partsFor(rows, rows*cols); parts <= 1 {
-		work(0, rows)
+		work(0, 0, rows)
 	} else {
 		parallelRows(parts, rows, work)
 	}

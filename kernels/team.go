@@ -43,26 +43,31 @@ type member struct {
 }
 
 // spinLoads is how many times a member looks at the team's generation
-// before it parks: some 10-30 us here, more than the serial work between
-// two products of a layer (norms, RoPE, one head's attention), less than a
-// token.
+// before it parks: 5.7-7.0 us on the 2-vCPU VM of docs/BENCHMARKS.md (go
+// test -bench of the loop), about the serial work between two products
+// of a layer (norms, RoPE), well under a token.
 const spinLoads = 1 << 14
 
 var (
-	teamMu  sync.Mutex
-	theTeam *team // for teamSize(); replaced when Threads() changes
+	theTeam atomic.Pointer[team] // of Threads() goroutines
+	teamMu  sync.Mutex           // held while a team is replaced
 )
 
 // teamFor returns the team of parts goroutines (the caller and parts-1
-// members), starting it (and stopping another size's) when needed.
+// members), starting it (and stopping another size's) when needed. Every
+// parallel product asks: the usual answer is one atomic load.
 func teamFor(parts int) *team {
+	if t := theTeam.Load(); t != nil && len(t.members) == parts-1 {
+		return t
+	}
 	teamMu.Lock()
 	defer teamMu.Unlock()
-	if theTeam != nil && len(theTeam.members) == parts-1 {
-		return theTeam
+	old := theTeam.Load()
+	if old != nil && len(old.members) == parts-1 {
+		return old // another caller replaced it first
 	}
-	if theTeam != nil {
-		close(theTeam.quit)
+	if old != nil {
+		close(old.quit)
 	}
 	t := &team{quit: make(chan struct{})}
 	for range parts - 1 {
@@ -70,7 +75,7 @@ func teamFor(parts int) *team {
 		t.members = append(t.members, m)
 		go t.serve(m)
 	}
-	theTeam = t
+	theTeam.Store(t)
 	return t
 }
 
