@@ -2,17 +2,17 @@ package testbed
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/odmoe/odmoe/internal/procmem"
 )
 
 // Paths are where a node finds the odmoe binary and the files it needs.
@@ -75,35 +75,7 @@ func (p *Proc) CPUTime() (time.Duration, bool) {
 		}
 		return 0, false
 	}
-	return procCPUTime(p.cmd.Process.Pid)
-}
-
-// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's times (100
-// on every architecture Linux builds for user space).
-const clockTicks = 100
-
-// procCPUTime reads utime and stime of /proc/PID/stat.
-func procCPUTime(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// "PID (COMM) STATE PPID ...": fields after the command name, which
-	// may hold spaces and parentheses, so from its last ")"
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 { // STATE is field 3; utime 14, stime 15
-		return 0, false
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, true
+	return procmem.CPUTimeOf(p.cmd.Process.Pid)
 }
 
 // Wait waits for the process to end by itself.

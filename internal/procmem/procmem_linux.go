@@ -49,3 +49,32 @@ func CPUTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's times (100
+// on every architecture Linux builds for user space).
+const clockTicks = 100
+
+// CPUTimeOf is the CPU time (user and system) process pid has used so
+// far, from /proc/PID/stat; false if it cannot be read.
+func CPUTimeOf(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// "PID (COMM) STATE PPID ...": fields after the command name, which
+	// may hold spaces and parentheses, so from its last ")"
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 13 { // STATE is field 3; utime 14, stime 15
+		return 0, false
+	}
+	ut, err1 := strconv.ParseInt(string(f[11]), 10, 64)
+	st, err2 := strconv.ParseInt(string(f[12]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, true
+}

@@ -12,3 +12,6 @@ func RSS() int64 { return 0 }
 
 // CPUTime is unknown on this platform: 0.
 func CPUTime() time.Duration { return 0 }
+
+// CPUTimeOf is unknown on this platform: false.
+func CPUTimeOf(pid int) (time.Duration, bool) { return 0, false }
