@@ -49,13 +49,17 @@ func (c *workerCounts) add(r *wire.ExpertResult) {
 // k L sum A(q,n).
 type recallCounts struct{ predicted, routed int64 }
 
-func (c *recallCounts) add(pred, actual []int) {
+// add counts one layer's activations and those of them predicted, and
+// returns the latter.
+func (c *recallCounts) add(pred, actual []int) (predicted int) {
 	for _, e := range actual {
 		if slices.Contains(pred, e) {
-			c.predicted++
+			predicted++
 		}
 	}
+	c.predicted += int64(predicted)
 	c.routed += int64(len(actual))
+	return predicted
 }
 
 func newDesc(name, help string, labels ...string) *prometheus.Desc {

@@ -215,14 +215,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 // score records one (iteration, layer); decode iteration i+1 produces
 // output token i+1 in the paper's numbering (iteration 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred, actual []int) {
-	sl.counts.add(pred, actual)
-	correct := 0
-	for _, e := range actual {
-		if slices.Contains(pred, e) {
-			correct++
-		}
-	}
-	sl.align.Observe(correct, len(actual))
+	sl.align.Observe(sl.counts.add(pred, actual), len(actual))
 	if sl.batches[key.step.Seq] {
 		// a batched pass activates the union of its rows' experts, and the
 		// shadow predicts the union: the share of it predicted

@@ -692,18 +692,17 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 	// run the iteration (a shadow fallen behind): the loads would come too
 	// late and take the cores and links from loads that are not
 	var failed error
-	passed := n.started.passed(seq, it)
-	if passed {
-		n.unhinted++
-	}
 	hint := func(w int, experts []int) {
-		if failed == nil && !passed && n.workers[w].up.Load() {
+		if failed == nil && n.workers[w].up.Load() {
 			failed = n.queue(ctx, prediction(w, experts))
 		}
 	}
-	if n.owners != nil {
+	switch {
+	case n.started.passed(seq, it):
+		n.unhinted++
+	case n.owners != nil:
 		n.buf = ownerHints(n.owners, l, n.experts, n.buf, hint)
-	} else {
+	default:
 		n.buf = n.layout.PredictionHints(l, n.experts, n.buf, hint)
 	}
 	if failed == nil {
