@@ -81,12 +81,12 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 		// the slowest worker of a layer ran about its share of the tokens
 		p.ExpertPrefillTokenMs = w / float64(len(rp)) / (float64(resident.Prompt*s.TopK) / float64(s.Experts))
 	}
-	if sh := shadow.CPUSeconds["shadow"]; sh > 0 && shadow.Output > 0 {
-		p.ShadowCPUTokenMs = 1000 * sh / float64(shadow.Output)
-		p.ShadowLayerMs = p.ShadowCPUTokenMs / float64(s.Layers)
-	} else {
+	sh := shadow.CPUSeconds["shadow"]
+	if sh <= 0 || shadow.Output < 2 {
 		return p, fmt.Errorf("sim: the shadow run has no CPU time of its shadow node: its time a layer cannot be calibrated")
 	}
+	p.ShadowCPUTokenMs = 1000 * sh / float64(shadow.Output)
+	p.ShadowLayerMs = p.ShadowCPUTokenMs / float64(s.Layers)
 	if cores > 0 {
 		rc, sc := resident.CPUSeconds, shadow.CPUSeconds
 		if rc == nil || sc == nil {
@@ -102,7 +102,7 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 		// the shadow run was CPU-bound (it is on two shared cores): the
 		// share of the cores it kept busy at its measured rate
 		if shadow.DecodeTokensPerS > 0 {
-			cpu := p.MainCPUTokenMs + float64(moe(s)*s.TopK)*p.WorkerCPUExpertMs + float64(loads)/float64(shadow.Output-1)*p.WorkerCPULoadMs + p.ShadowCPUTokenMs
+			cpu := p.tokenCPUMs(s, float64(loads)/float64(shadow.Output-1), true)
 			p.CPUEfficiency = min(1, shadow.DecodeTokensPerS*cpu/(1000*float64(cores)))
 		}
 	}

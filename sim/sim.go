@@ -8,8 +8,8 @@
 // and link: what a real rig has and the emulated one on two shared cores
 // does not. It is deterministic for a seed.
 //
-// This is the model only; a Profile's costs come from published figures
-// or, later, from the traces of a measured run.
+// A Profile's costs come from published figures (testbed/profiles) or are
+// fitted to a measured bench rig run (Calibrate).
 package sim
 
 import (
@@ -208,15 +208,14 @@ func (r *run) prefill() float64 {
 			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / r.p.LinkBytesPerS
 			at := r.up.reserve(need, bytes) + bytes + r.p.HopMs
 			ready := at
-			if r.o.Mode != Resident {
-				ready = max(at, r.demand(w, need))
+			if r.o.Mode != Resident { // the figures are decode's: not counted
+				ready = max(at, r.loadAt(w, need))
 			}
 			done := r.cpu[w].reserve(ready, float64(c)*r.p.ExpertPrefillTokenMs) + float64(c)*r.p.ExpertPrefillTokenMs
 			back := r.down.reserve(done+r.p.HopMs, bytes) + bytes
 			now = max(now, back)
 		}
 	}
-	r.res.Loads = 0 // the figures are decode's, as the run's stats
 	return now + r.p.MainTokenMs
 }
 
@@ -265,20 +264,27 @@ func (r *run) decode(start float64) Result {
 	r.res.DecodeTokensPerS = float64(steps) / ((now - start) / 1000)
 	r.res.StallFraction = r.stall / (now - start)
 	if r.p.Cores > 0 {
-		// the CPU a decode token costs all the nodes together
-		cpu := r.p.MainCPUTokenMs + float64(moe(r.s)*r.s.TopK)*r.p.WorkerCPUExpertMs + float64(r.res.Loads)/float64(steps)*r.p.WorkerCPULoadMs
-		if r.o.Mode == Shadow {
-			cpu += r.p.ShadowCPUTokenMs
-		}
 		eff := r.p.CPUEfficiency
 		if eff <= 0 {
 			eff = 1
 		}
+		cpu := r.p.tokenCPUMs(r.s, float64(r.res.Loads)/float64(steps), r.o.Mode == Shadow)
 		if bound := eff * float64(r.p.Cores) * 1000 / cpu; cpu > 0 && bound < r.res.DecodeTokensPerS {
 			r.res.DecodeTokensPerS, r.res.CPUBound = bound, true
 		}
 	}
 	return r.res
+}
+
+// tokenCPUMs is the CPU a decode token costs all the nodes together: the
+// main node's, the workers' per expert activation and per load, and the
+// shadow's when there is one.
+func (p Profile) tokenCPUMs(s Shape, loadsPerToken float64, shadow bool) float64 {
+	cpu := p.MainCPUTokenMs + float64(moe(s)*s.TopK)*p.WorkerCPUExpertMs + loadsPerToken*p.WorkerCPULoadMs
+	if shadow {
+		cpu += p.ShadowCPUTokenMs
+	}
+	return cpu
 }
 
 // route is a layer's k distinct experts, in id order.
@@ -318,9 +324,8 @@ func (r *run) predict(depart float64, routes [][]int) []map[int]prediction {
 		slices.Sort(guess)
 		for i, e := range guess {
 			w := r.layout.DecodeWorker(l, i)
-			start := r.link[w].reserve(arrive, r.load)
 			r.res.Loads++
-			out[l][e] = prediction{worker: w, arrive: arrive, loaded: start + r.load}
+			out[l][e] = prediction{worker: w, arrive: arrive, loaded: r.loadAt(w, arrive)}
 		}
 	}
 	return out
@@ -342,8 +347,7 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 			r.res.MissesWrong++ // nothing is predicted
 			ready = r.demand(w, at)
 		case Shadow:
-			pr, ok := predicted[e]
-			switch {
+			switch pr, ok := predicted[e]; {
 			case !ok:
 				r.res.MissesWrong++
 				ready = r.demand(w, at)
@@ -363,11 +367,15 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 	return end
 }
 
-// demand loads an expert on w for an activation that arrived at at.
+// demand loads an expert on w for a decode activation that arrived at
+// at, counted, and returns when it is loaded.
 func (r *run) demand(w int, at float64) float64 {
 	r.res.Loads++
-	return r.link[w].reserve(at, r.load) + r.load
+	return r.loadAt(w, at)
 }
+
+// loadAt books a load on w's link from at and returns when it ends.
+func (r *run) loadAt(w int, at float64) float64 { return r.link[w].reserve(at, r.load) + r.load }
 
 // timeline is one resource's busy intervals, in start order: a task is
 // put in the first gap at or after its ready time that fits it.
