@@ -23,14 +23,11 @@ import (
 // runSim predicts one bench rig case on a rig whose parts cost what a
 // profile says, each node on its own CPU and link (package sim).
 func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "calibrate" {
-		return runSimCalibrate(ctx, args[1:], stdin, stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "validate" {
-		return runSimValidate(ctx, args[1:], stdin, stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "sweep" {
-		return runSimSweep(ctx, args[1:], stdin, stdout, stderr)
+	if len(args) > 0 {
+		if sub, ok := map[string]func(context.Context, []string, io.Reader, io.Writer, io.Writer) error{
+			"calibrate": runSimCalibrate, "validate": runSimValidate, "sweep": runSimSweep}[args[0]]; ok {
+			return sub(ctx, args[1:], stdin, stdout, stderr)
+		}
 	}
 	fs := newFlagSet("sim", stderr)
 	profilePath := fs.String("profile", "", "`FILE`: the rig's costs as JSON (sim.Profile; testbed/profiles/) (required)")
@@ -50,13 +47,9 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if *profilePath == "" || *dir == "" {
 		return usagef("-profile and -model are required")
 	}
-	b, err := os.ReadFile(*profilePath)
+	p, err := readProfile(*profilePath)
 	if err != nil {
 		return err
-	}
-	var p sim.Profile
-	if err := json.Unmarshal(b, &p); err != nil {
-		return fmt.Errorf("sim: profile %s: %w", *profilePath, err)
 	}
 	rig, err := testbed.ReadRig(*rigPath)
 	if err != nil {
@@ -66,21 +59,14 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return err
 	}
-	cases, err := testbed.ParseCases(*caseFlag)
-	if err != nil || len(cases) != 1 {
-		return usagef("-case %q: want one PROMPTxOUTPUT, e.g. 16x64", *caseFlag)
-	}
-	group := cfg.TopK
-	if i := slices.Index(rig.Main.Flags, "-group"); i >= 0 && i+1 < len(rig.Main.Flags) {
-		if group, err = strconv.Atoi(rig.Main.Flags[i+1]); err != nil {
-			return fmt.Errorf("sim: %s: the main node's -group %q", *rigPath, rig.Main.Flags[i+1])
-		}
-	}
-	layout, err := sched.NewLayout(len(rig.Workers), group)
+	c, err := oneCase(*caseFlag)
 	if err != nil {
 		return err
 	}
-	c := cases[0]
+	layout, err := rigLayout(rig, cfg)
+	if err != nil {
+		return err
+	}
 	res, err := sim.Run(p, layout, shape, sim.Options{Mode: sim.Mode(*mode), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, Seed: *seed})
 	if err != nil {
 		return err
@@ -134,11 +120,11 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	if err != nil {
 		return err
 	}
-	cases, err := testbed.ParseCases(*caseFlag)
-	if err != nil || len(cases) != 1 {
-		return usagef("-case %q: want one PROMPTxOUTPUT, e.g. 16x256", *caseFlag)
+	c, err := oneCase(*caseFlag)
+	if err != nil {
+		return err
 	}
-	want := cases[0].String()
+	want := c.String()
 	runs := map[testbed.Mode]*sim.Measured{}
 	for _, r := range rep.Runs {
 		if r.Case != want || (r.Mode != testbed.ModeResident && r.Mode != testbed.ModeShadow) {
@@ -241,13 +227,9 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	b, err := os.ReadFile(*profilePath)
+	p, err := readProfile(*profilePath)
 	if err != nil {
 		return err
-	}
-	var p sim.Profile
-	if err := json.Unmarshal(b, &p); err != nil {
-		return fmt.Errorf("sim: profile %s: %w", *profilePath, err)
 	}
 	rig, err := testbed.ReadRig(*rigPath)
 	if err != nil {
@@ -257,7 +239,11 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	layout, err := sched.NewLayout(len(rig.Workers), cfg.TopK)
+	layout, err := rigLayout(rig, cfg)
+	if err != nil {
+		return err
+	}
+	ahead, err := shadowAhead(rig)
 	if err != nil {
 		return err
 	}
@@ -285,7 +271,7 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 		if st.Recall != nil {
 			recall = *st.Recall
 		}
-		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: shadowAhead(rig), Seed: *seed})
+		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, Seed: *seed})
 		if err != nil {
 			return err
 		}
@@ -307,15 +293,65 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 }
 
 // shadowAhead is the rig's shadow's -ahead (the default when not set).
-func shadowAhead(rig *testbed.Rig) int {
-	if rig.Shadow != nil {
-		if i := slices.Index(rig.Shadow.Flags, "-ahead"); i >= 0 && i+1 < len(rig.Shadow.Flags) {
-			if n, err := strconv.Atoi(rig.Shadow.Flags[i+1]); err == nil {
-				return n
-			}
+func shadowAhead(rig *testbed.Rig) (int, error) {
+	if rig.Shadow == nil {
+		return shadow.DefaultAhead, nil
+	}
+	return nodeIntFlag(*rig.Shadow, "-ahead", shadow.DefaultAhead)
+}
+
+// rigLayout is the rig's workers in groups of its main node's -group (by
+// default the model's top-k, as the main node does).
+func rigLayout(rig *testbed.Rig, cfg model.Config) (sched.Layout, error) {
+	group, err := nodeIntFlag(rig.Main, "-group", cfg.TopK)
+	if err != nil {
+		return sched.Layout{}, err
+	}
+	return sched.NewLayout(len(rig.Workers), group)
+}
+
+// nodeIntFlag is the value of a rig node's integer flag, or def when the
+// node does not set it (the last setting counts, as for the node itself).
+func nodeIntFlag(n testbed.Node, name string, def int) (int, error) {
+	v, set := "", false
+	for i, f := range n.Flags {
+		switch {
+		case f == name && i+1 < len(n.Flags):
+			v, set = n.Flags[i+1], true
+		case strings.HasPrefix(f, name+"="):
+			v, set = strings.TrimPrefix(f, name+"="), true
 		}
 	}
-	return shadow.DefaultAhead
+	if !set {
+		return def, nil
+	}
+	x, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("sim: rig node %s: %s %q is not an integer", n.Name, name, v)
+	}
+	return x, nil
+}
+
+// readProfile reads a sim.Profile from a JSON file.
+func readProfile(path string) (sim.Profile, error) {
+	var p sim.Profile
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("sim: profile %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// oneCase reads a single PROMPTxOUTPUT case.
+func oneCase(s string) (testbed.Case, error) {
+	cases, err := testbed.ParseCases(s)
+	if err != nil || len(cases) != 1 {
+		return testbed.Case{}, usagef("-case %q: want one PROMPTxOUTPUT, e.g. 16x64", s)
+	}
+	return cases[0], nil
 }
 
 // runSimSweep predicts decode tokens/s over a range of one parameter
@@ -343,21 +379,17 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	if *profilePath == "" || *dir == "" {
 		return usagef("-profile and -model are required")
 	}
-	b, err := os.ReadFile(*profilePath)
+	p, err := readProfile(*profilePath)
 	if err != nil {
 		return err
-	}
-	var p sim.Profile
-	if err := json.Unmarshal(b, &p); err != nil {
-		return fmt.Errorf("sim: profile %s: %w", *profilePath, err)
 	}
 	shape, cfg, err := simShape(*dir)
 	if err != nil {
 		return err
 	}
-	cases, err := testbed.ParseCases(*caseFlag)
-	if err != nil || len(cases) != 1 {
-		return usagef("-case %q: want one PROMPTxOUTPUT, e.g. 16x64", *caseFlag)
+	c, err := oneCase(*caseFlag)
+	if err != nil {
+		return err
 	}
 	var values []float64
 	for _, f := range strings.Split(*valuesFlag, ",") {
@@ -376,13 +408,16 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 		g = cfg.TopK
 	}
 	modes := strings.Split(*modesFlag, ",")
+	for i := range modes {
+		modes[i] = strings.TrimSpace(modes[i])
+	}
 	chart := svgplot.Chart{Title: fmt.Sprintf("decode tokens/s by %s, %s, %s", xlabel, *caseFlag, strings.TrimSuffix(filepath.Base(*profilePath), ".json")), XLabel: xlabel, YLabel: "decode tokens/s", X: values, LogX: logX}
 	fmt.Fprintf(stdout, "| %s | %s |\n|---|%s\n", xlabel, strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
 	rows := make([][]float64, len(values))
 	for _, m := range modes {
 		var ys []float64
 		for i, v := range values {
-			pp, w, o := p, *workers, sim.Options{Mode: sim.Mode(strings.TrimSpace(m)), Prompt: cases[0].Prompt, Output: cases[0].Output, Recall: *recall, Ahead: *ahead, Seed: *seed}
+			pp, w, o := p, *workers, sim.Options{Mode: sim.Mode(m), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, Seed: *seed}
 			switch *vary {
 			case "workers":
 				w = int(v)
@@ -404,7 +439,7 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 			ys = append(ys, res.DecodeTokensPerS)
 			rows[i] = append(rows[i], res.DecodeTokensPerS)
 		}
-		chart.Series = append(chart.Series, svgplot.Series{Name: strings.TrimSpace(m), Y: ys})
+		chart.Series = append(chart.Series, svgplot.Series{Name: m, Y: ys})
 	}
 	for i, v := range values {
 		cells := make([]string, len(rows[i]))
