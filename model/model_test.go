@@ -122,22 +122,7 @@ func firstDiff(a, b []float32) int {
 // TestLogitsIndependentOfThreads: the swarm must match local mode bit for
 // bit whatever the core counts, so kernel results may not depend on them.
 func TestLogitsIndependentOfThreads(t *testing.T) {
-	m := loadTiny(t)
-	defer kernels.SetThreads(kernels.SetThreads(1))
-	var ref []float32
-	for _, th := range []int{1, 2, 3, 7} {
-		kernels.SetThreads(th)
-		s := NewSession(m, NewResidentExperts(m), 0)
-		out, err := s.Forward(context.Background(), testTokens)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ref == nil {
-			ref = append([]float32(nil), out...)
-		} else if d := firstDiff(out, ref); d >= 0 {
-			t.Fatalf("threads %d: logit %d = %v, with 1 thread %v", th, d, out[d], ref[d])
-		}
-	}
+	checkLogitsIndependentOfThreads(t, loadTiny(t), testTokens, 0)
 }
 
 // TestLongContextIndependentOfThreads: past ~256 positions on tiny the
@@ -146,11 +131,23 @@ func TestLogitsIndependentOfThreads(t *testing.T) {
 // same logits, bit for bit, at 1, 2, 3 and 7 threads.
 func TestLongContextIndependentOfThreads(t *testing.T) {
 	m := loadTiny(t)
-	defer kernels.SetThreads(kernels.SetThreads(1))
 	prompt := make([]int, 300)
 	for i := range prompt {
 		prompt[i] = (i*7919 + 3) % m.Config.VocabSize
 	}
+	checkLogitsIndependentOfThreads(t, m, prompt, 3)
+	defer kernels.SetThreads(kernels.SetThreads(2))
+	if kernels.ParallelChunks(m.Config.NumHeads, 2*m.Config.NumHeads*301*m.Config.HeadDim) < 2 {
+		t.Fatal("a decode step at 301 positions does not split its attention at 2 threads: the test checks nothing")
+	}
+}
+
+// checkLogitsIndependentOfThreads runs prompt, then steps greedy decode
+// steps, at 1, 2, 3 and 7 threads, and fails unless every logit of every
+// pass is the same bit for bit.
+func checkLogitsIndependentOfThreads(t *testing.T, m *Model, prompt []int, steps int) {
+	t.Helper()
+	defer kernels.SetThreads(kernels.SetThreads(1))
 	var ref []float32
 	for _, th := range []int{1, 2, 3, 7} {
 		kernels.SetThreads(th)
@@ -160,7 +157,7 @@ func TestLongContextIndependentOfThreads(t *testing.T) {
 			t.Fatal(err)
 		}
 		all := slices.Clone(logits)
-		for range 3 {
+		for range steps {
 			if logits, err = s.Forward(context.Background(), []int{Argmax(logits)}); err != nil {
 				t.Fatal(err)
 			}
@@ -171,9 +168,6 @@ func TestLongContextIndependentOfThreads(t *testing.T) {
 		} else if d := firstDiff(all, ref); d >= 0 {
 			t.Fatalf("threads %d: logit %d = %v, with 1 thread %v", th, d, all[d], ref[d])
 		}
-	}
-	if kernels.ParallelChunks(m.Config.NumHeads, 2*m.Config.NumHeads*301*m.Config.HeadDim) < 2 {
-		t.Fatal("a decode step at 301 positions does not split its attention: the test checks nothing")
 	}
 }
 
