@@ -104,9 +104,9 @@ func TestSwarmSurvivesALostWorker(t *testing.T) {
 		t.Run(string(policy), func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			// loads of ~20 ms keep prefill requests in flight long enough
+			// loads of ~80 ms keep requests in flight long enough
 			// to lose some
-			rw := startRestartable(t, ctx, f, inproc.WorkerOptions{Count: 4, BudgetBytes: 64 << 20, LoadBytesSec: 10e6, Log: zerolog.Nop()})
+			rw := startRestartable(t, ctx, f, inproc.WorkerOptions{Count: 4, BudgetBytes: 64 << 20, LoadBytesSec: 2.5e6, Log: zerolog.Nop()})
 			sw := rw.dial(t, policy)
 			killed := make(chan struct{})
 			go func() {
