@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"math"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -52,6 +55,7 @@ type runFlags struct {
 	// all
 	threads    int
 	kernelPath string
+	cpuProfile string
 	cluster    clusterFlags
 	log        logFlags
 }
@@ -100,6 +104,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.loadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
 	fs.IntVar(&f.threads, "threads", 0, "goroutines for matrix kernels; 0 = all cores")
 	fs.StringVar(&f.kernelPath, "kernels", "", "kernel implementation: "+strings.Join(kernels.Paths(), ", ")+" (default: $ODMOE_KERNELS or the fastest; all give the same bits)")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write the process's CPU profile (go tool pprof) to `FILE` when it ends")
 	f.cluster.register(fs)
 	f.log.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -108,6 +113,13 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	log, err := f.log.logger(stderr)
 	if err != nil {
 		return err
+	}
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	if f.threads > 0 {
 		kernels.SetThreads(f.threads)
@@ -126,6 +138,22 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return runShadow(ctx, &f, log)
 	}
 	return usagef("-role %q unknown: local, main, worker or shadow", f.role)
+}
+
+// startCPUProfile profiles the process's CPU into path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}, nil
 }
 
 // checkGenerate validates the flags local and main share.
