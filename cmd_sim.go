@@ -134,11 +134,12 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 			DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
 			Decode           []sim.LayerStats `json:"decode_layers"`
 			Prefill          []sim.LayerStats `json:"prefill_layers"`
+			Iterations       []sim.LayerStats `json:"iterations"`
 		}
 		if err := json.Unmarshal(r.Stats, &st); err != nil {
 			return fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
 		}
-		runs[r.Mode] = &sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill, CPUSeconds: r.CPUSeconds}
+		runs[r.Mode] = &sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill, CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}
 	}
 	if runs[testbed.ModeResident] == nil || runs[testbed.ModeShadow] == nil {
 		return fmt.Errorf("sim calibrate: %s has no resident and shadow runs of case %s", *benchDir, *caseFlag)

@@ -23,6 +23,10 @@ type Measured struct {
 	DecodeTokensPerS float64
 	Decode           []LayerStats
 	Prefill          []LayerStats
+	// Iterations are the figures of each forward pass, summed over its
+	// layers (Layer holds the iteration; 1 is the prompt), as -stats
+	// writes them: what the main node's layer costs as the context grows
+	Iterations []LayerStats
 	// CPUSeconds by role ("main", "shadow", "workers"), when every node
 	// ran on the measuring machine
 	CPUSeconds map[string]float64
@@ -35,7 +39,11 @@ type Measured struct {
 // run's prefill; and, when cores > 0 (the nodes shared that many) and
 // both runs have their CPU by role, what each role's CPU costs a token.
 // The shadow's layer time is its CPU time a token over the layers: its
-// forward pass, on one core.
+// forward pass, on one core. When the resident run has its iterations'
+// figures, the main node's layer grows with the context: its cost per
+// cached position is fitted to them (positionSlope), the shadow's taken
+// to be the same (the same attention over the same KV cache), and the
+// fixed costs are what remains at position 0.
 func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident, shadow Measured) (Profile, error) {
 	p := Profile{Name: name, LinkBytesPerS: linkBytesPerS, Cores: cores}
 	rd := withCalls(resident.Decode)
@@ -56,7 +64,10 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	}
 	worker /= float64(len(rd))
 	network /= float64(len(rd))
-	p.MainLayerMs = main
+	slope := positionSlope(resident)
+	p.MainPositionMs, p.ShadowPositionMs = slope, slope
+	resPos, shPos := meanDecodePosition(resident), meanDecodePosition(shadow)
+	p.MainLayerMs = max(0, main-slope*resPos)
 	p.MainTokenMs = max(0, rd[0].MainMs/float64(rd[0].Calls)-main)
 	p.ExpertMs = worker
 	wire := 1000 * float64(s.HiddenBytes) / linkBytesPerS
@@ -69,6 +80,16 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	}
 	if loads == 0 {
 		return p, fmt.Errorf("sim: the shadow run made no loads to calibrate them from")
+	}
+	// the hop while loads run: the shadow run's round trips, as the
+	// resident run's give HopMs; kept only where it differs (the shared
+	// cores of the emulated rig), as a rig of separate nodes has one hop
+	var loadingNet float64
+	for _, l := range sd {
+		loadingNet += l.NetworkMs / float64(l.Calls)
+	}
+	if h := max(0, loadingNet/float64(len(sd))/2-wire); h > p.HopMs*1.1 {
+		p.LoadingHopMs = h
 	}
 	p.LoadBytesPerS = float64(s.ExpertBytes) / (loadMs / float64(loads) / 1000)
 	if rp := withCalls(resident.Prefill); len(rp) > 0 && resident.Prompt > 0 {
@@ -85,15 +106,16 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	if sh <= 0 || shadow.Output < 2 {
 		return p, fmt.Errorf("sim: the shadow run has no CPU time of its shadow node: its time a layer cannot be calibrated")
 	}
-	p.ShadowCPUTokenMs = 1000 * sh / float64(shadow.Output)
-	p.ShadowLayerMs = p.ShadowCPUTokenMs / float64(s.Layers)
+	layers := float64(s.Layers)
+	p.ShadowCPUTokenMs = max(0, 1000*sh/float64(shadow.Output)-layers*slope*shPos)
+	p.ShadowLayerMs = p.ShadowCPUTokenMs / layers
 	if cores > 0 {
 		rc, sc := resident.CPUSeconds, shadow.CPUSeconds
 		if rc == nil || sc == nil {
 			return p, fmt.Errorf("sim: shared cores but the runs have no CPU time by role")
 		}
 		tokens := float64(resident.Output)
-		p.MainCPUTokenMs = 1000 * rc["main"] / tokens
+		p.MainCPUTokenMs = max(0, 1000*rc["main"]/tokens-layers*slope*resPos)
 		experts := float64(resident.Output * moe(s) * s.TopK)
 		p.WorkerCPUExpertMs = 1000 * rc["workers"] / experts
 		// what the shadow run's workers spent beyond computing: loads
@@ -102,11 +124,54 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 		// the shadow run was CPU-bound (it is on two shared cores): the
 		// share of the cores it kept busy at its measured rate
 		if shadow.DecodeTokensPerS > 0 {
-			cpu := p.tokenCPUMs(s, float64(loads)/float64(shadow.Output-1), true)
+			cpu := p.tokenCPUMs(s, float64(loads)/float64(shadow.Output-1), true, shPos)
 			p.CPUEfficiency = min(1, shadow.DecodeTokensPerS*cpu/(1000*float64(cores)))
 		}
 	}
 	return p, p.Validate()
+}
+
+// meanDecodePosition is the mean count of cached positions over a run's
+// decode steps (Run's positions: the prompt, then one more a step).
+func meanDecodePosition(m Measured) float64 {
+	return float64(m.Prompt) + float64(max(0, m.Output-2))/2
+}
+
+// positionSlope fits what one more cached position adds to the main
+// node's decode layer: the Theil-Sen slope (the median of the pairwise
+// slopes, which the emulated rig's scheduling spikes do not move) of a
+// decode iteration's main time a layer against its position; 0 when the
+// run has too few decode iterations or the slope is not positive.
+func positionSlope(m Measured) float64 {
+	type point struct{ pos, ms float64 }
+	var pts []point
+	for _, it := range m.Iterations {
+		if it.Layer < 2 || it.Calls == 0 { // 1: the prompt
+			continue
+		}
+		pts = append(pts, point{float64(m.Prompt + it.Layer - 2), it.MainMs / float64(it.Calls)})
+	}
+	// at most 256 points, evenly spread: 32640 pairs
+	if n := len(pts); n > 256 {
+		kept := make([]point, 256)
+		for i := range kept {
+			kept[i] = pts[i*n/256]
+		}
+		pts = kept
+	}
+	var slopes []float64
+	for i := range pts {
+		for j := i + 1; j < len(pts); j++ {
+			if dx := pts[j].pos - pts[i].pos; dx != 0 {
+				slopes = append(slopes, (pts[j].ms-pts[i].ms)/dx)
+			}
+		}
+	}
+	if len(slopes) < 3 {
+		return 0
+	}
+	slices.Sort(slopes)
+	return max(0, slopes[len(slopes)/2])
 }
 
 func withCalls(ls []LayerStats) []LayerStats {

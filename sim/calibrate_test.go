@@ -82,3 +82,71 @@ func TestSharedCoresBoundDecode(t *testing.T) {
 		t.Fatalf("resident %v tok/s under the shadow's %v with shared cores", res.DecodeTokensPerS, bound.DecodeTokensPerS)
 	}
 }
+
+// TestPositionSlopeFitsTheMainLayersGrowth: iterations whose main time a
+// layer grows by a known amount a position give that slope back, through
+// spikes in a fifth of them; calibration then keeps the position-0 costs.
+func TestPositionSlopeFitsTheMainLayersGrowth(t *testing.T) {
+	const prompt, out, layers = 16, 300, 4
+	const base, slope = 0.5, 0.003                                // ms a layer; ms a layer a position
+	iters := []LayerStats{{Layer: 1, Calls: layers, MainMs: 100}} // the prompt: not a decode step
+	for it := 2; it <= out; it++ {
+		ms := base + slope*float64(prompt+it-2)
+		if it%5 == 0 {
+			ms += 7 // a descheduled node
+		}
+		iters = append(iters, LayerStats{Layer: it, Calls: layers, MainMs: ms * layers})
+	}
+	m := Measured{Prompt: prompt, Output: out, Iterations: iters}
+	if got := positionSlope(m); math.Abs(got-slope) > 1e-9 {
+		t.Fatalf("slope = %v ms a position, want %v", got, slope)
+	}
+	if got := positionSlope(Measured{Prompt: prompt, Output: out, Iterations: iters[:3]}); got != 0 {
+		t.Errorf("two decode iterations gave a slope %v, want none (0)", got)
+	}
+	for i := range iters[1:] { // flat: no growth to fit
+		iters[i+1].MainMs = base * layers
+	}
+	if got := positionSlope(m); got != 0 {
+		t.Errorf("a flat run's slope = %v, want 0", got)
+	}
+}
+
+// TestCalibrateTakesTheContextsGrowthOut: a resident run whose main layer
+// grows with the context calibrates to its position-0 layer, the slope,
+// and CPU a token at position 0; the shadow's the same way.
+func TestCalibrateTakesTheContextsGrowthOut(t *testing.T) {
+	s := Shape{Layers: 2, Experts: 4, TopK: 1, ExpertBytes: 1 << 20, HiddenBytes: 1000}
+	const prompt, out, slope = 10, 21, 0.01
+	mean := float64(prompt) + float64(out-2)/2 // 19.5
+	var iters []LayerStats
+	for it := 2; it <= out; it++ {
+		iters = append(iters, LayerStats{Layer: it, Calls: 2, MainMs: 2 * (1 + slope*float64(prompt+it-2))})
+	}
+	calls := float64(out - 1)
+	layer := 1 + slope*mean // the run's mean main time a layer
+	decode := []LayerStats{{Layer: 0, Calls: out - 1, MainMs: (layer + 3) * calls, WorkerMs: calls, NetworkMs: calls},
+		{Layer: 1, Calls: out - 1, MainMs: layer * calls, WorkerMs: calls, NetworkMs: calls, LoadMs: 8, Loads: 2}}
+	resident := Measured{Prompt: prompt, Output: out, Decode: decode, Iterations: iters, CPUSeconds: map[string]float64{"main": 0.42, "workers": 0.1}}
+	shadow := Measured{Prompt: prompt, Output: out, DecodeTokensPerS: 10, Decode: decode, CPUSeconds: map[string]float64{"main": 0.42, "workers": 0.2, "shadow": 0.21}}
+	p, err := Calibrate("t", s, 2, 1e8, resident, shadow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"main_position_ms", p.MainPositionMs, slope},
+		{"shadow_position_ms", p.ShadowPositionMs, slope},
+		{"main_layer_ms", p.MainLayerMs, 1},
+		{"main_token_ms", p.MainTokenMs, 3},
+		{"main_cpu_token_ms", p.MainCPUTokenMs, 420.0/out - 2*slope*mean},
+		{"shadow_cpu_token_ms", p.ShadowCPUTokenMs, 210.0/out - 2*slope*mean},
+		{"shadow_layer_ms", p.ShadowLayerMs, (210.0/out - 2*slope*mean) / 2},
+	} {
+		if !near(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}

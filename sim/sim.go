@@ -30,6 +30,12 @@ type Profile struct {
 	// (embedding, final norm, output head, sampling).
 	MainLayerMs float64 `json:"main_layer_ms"`
 	MainTokenMs float64 `json:"main_token_ms"`
+	// MainPositionMs is what one more cached position adds to the main
+	// node's layer (its attention reads the position's keys and values);
+	// ShadowPositionMs the same on the shadow. A decode layer at
+	// position n costs MainLayerMs + n * MainPositionMs.
+	MainPositionMs   float64 `json:"main_position_ms,omitempty"`
+	ShadowPositionMs float64 `json:"shadow_position_ms,omitempty"`
 	// ShadowLayerMs is the shadow's whole decode layer (its experts run
 	// in place); ShadowTokenMs its output head, when it samples its own
 	// token to run ahead.
@@ -43,6 +49,12 @@ type Profile struct {
 	// HopMs is one message's latency; LinkBytesPerS its links' rate.
 	HopMs         float64 `json:"hop_ms"`
 	LinkBytesPerS float64 `json:"link_bytes_per_s"`
+	// LoadingHopMs, when not 0, is a message's latency while the workers
+	// load experts (reactive and shadow-driven swarms): on the emulated
+	// rig, whose nodes share cores, a load's copies keep the cores busy
+	// and a message waits for its node to be scheduled. A rig whose nodes
+	// have their own cores leaves it 0: HopMs.
+	LoadingHopMs float64 `json:"loading_hop_ms,omitempty"`
 	// Prefill: the main node's part of a layer per prompt token, and one
 	// expert on one token of a batch on a worker.
 	MainPrefillTokenMs   float64 `json:"main_prefill_token_ms"`
@@ -50,7 +62,9 @@ type Profile struct {
 	// Cores, when not 0, is how many CPU cores all the nodes share (the
 	// emulated rig: ten nodes on one machine). Decode then goes no faster
 	// than Cores over the CPU a token costs: the main node's, the
-	// workers' per expert activation and per load, and the shadow's.
+	// workers' per expert activation and per load, and the shadow's
+	// (the main node's and the shadow's at position 0: their attention
+	// adds Layers * *PositionMs a position, on their CPU).
 	Cores int `json:"cores,omitempty"`
 	// CPUEfficiency is the share of the shared cores the nodes keep busy
 	// when they bound decode (0: 1), as calibrated from a CPU-bound run.
@@ -66,7 +80,8 @@ func (p Profile) Validate() error {
 	for name, v := range map[string]float64{"main_layer_ms": p.MainLayerMs, "main_token_ms": p.MainTokenMs, "shadow_layer_ms": p.ShadowLayerMs,
 		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
 		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
-		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs} {
+		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs,
+		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
@@ -152,9 +167,13 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	if o.Prompt < 1 || o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 {
 		return Result{}, fmt.Errorf("sim: %d prompt tokens (want >= 1), %d output (>= 2), recall %v (0..1), ahead %d (>= 0)", o.Prompt, o.Output, o.Recall, o.Ahead)
 	}
+	hop := p.HopMs
+	if o.Mode != Resident && p.LoadingHopMs > 0 {
+		hop = p.LoadingHopMs
+	}
 	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
 		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
-		hop: p.HopMs + 1000*float64(s.HiddenBytes)/p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
+		latency: hop, hop: hop + 1000*float64(s.HiddenBytes)/p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
 	r.res.TTFTms = r.prefill()
 	return r.decode(r.res.TTFTms), nil
 }
@@ -167,6 +186,7 @@ type run struct {
 	rng       *rand.Rand
 	link, cpu []timeline // per worker: its load link and its compute
 	up, down  timeline   // the main node's link, each way
+	latency   float64    // a message's latency in this mode (ms)
 	hop, load float64    // one activation's hop, one expert's load (ms)
 	res       Result
 	stall     float64
@@ -206,13 +226,13 @@ func (r *run) prefill() float64 {
 			}
 			w := r.layout.PrefillWorker(e)
 			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / r.p.LinkBytesPerS
-			at := r.up.reserve(need, bytes) + bytes + r.p.HopMs
+			at := r.up.reserve(need, bytes) + bytes + r.latency
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
 				ready = max(at, r.loadAt(w, need))
 			}
 			done := r.cpu[w].reserve(ready, float64(c)*r.p.ExpertPrefillTokenMs) + float64(c)*r.p.ExpertPrefillTokenMs
-			back := r.down.reserve(done+r.p.HopMs, bytes) + bytes
+			back := r.down.reserve(done+r.latency, bytes) + bytes
 			now = max(now, back)
 		}
 	}
@@ -226,6 +246,7 @@ func (r *run) decode(start float64) Result {
 	shadowEnd := start      // the shadow's last iteration's end
 	now := start
 	for it := range steps {
+		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
 		mainStart = append(mainStart, now)
 		// the routing of this iteration: k distinct experts per layer
 		routes := make([][]int, r.s.Layers)
@@ -239,16 +260,17 @@ func (r *run) decode(start float64) Result {
 			// iteration's (late), or the one Ahead before it
 			depart := shadowEnd
 			if a := it - r.o.Ahead; a >= 0 {
-				depart = max(depart, mainStart[a]+r.p.HopMs)
+				depart = max(depart, mainStart[a]+r.latency)
 			}
-			predicted = r.predict(depart, routes)
-			shadowEnd = depart + float64(r.s.Layers)*r.p.ShadowLayerMs
+			shadowLayer := r.p.ShadowLayerMs + pos*r.p.ShadowPositionMs
+			predicted = r.predict(depart, shadowLayer, routes)
+			shadowEnd = depart + float64(r.s.Layers)*shadowLayer
 			if r.o.Ahead > 0 {
 				shadowEnd += r.p.ShadowTokenMs
 			}
 		}
 		for l := range r.s.Layers {
-			need := now + r.p.MainLayerMs
+			need := now + r.p.MainLayerMs + pos*r.p.MainPositionMs
 			if !r.s.hasExperts(l) {
 				now = need
 				continue
@@ -268,7 +290,9 @@ func (r *run) decode(start float64) Result {
 		if eff <= 0 {
 			eff = 1
 		}
-		cpu := r.p.tokenCPUMs(r.s, float64(r.res.Loads)/float64(steps), r.o.Mode == Shadow)
+		// the mean decode position: the CPU a token costs grows with it
+		pos := float64(r.o.Prompt) + float64(steps-1)/2
+		cpu := r.p.tokenCPUMs(r.s, float64(r.res.Loads)/float64(steps), r.o.Mode == Shadow, pos)
 		if bound := eff * float64(r.p.Cores) * 1000 / cpu; cpu > 0 && bound < r.res.DecodeTokensPerS {
 			r.res.DecodeTokensPerS, r.res.CPUBound = bound, true
 		}
@@ -276,13 +300,14 @@ func (r *run) decode(start float64) Result {
 	return r.res
 }
 
-// tokenCPUMs is the CPU a decode token costs all the nodes together: the
-// main node's, the workers' per expert activation and per load, and the
-// shadow's when there is one.
-func (p Profile) tokenCPUMs(s Shape, loadsPerToken float64, shadow bool) float64 {
-	cpu := p.MainCPUTokenMs + float64(moe(s)*s.TopK)*p.WorkerCPUExpertMs + loadsPerToken*p.WorkerCPULoadMs
+// tokenCPUMs is the CPU a decode token at position pos costs all the
+// nodes together: the main node's, the workers' per expert activation
+// and per load, and the shadow's when there is one.
+func (p Profile) tokenCPUMs(s Shape, loadsPerToken float64, shadow bool, pos float64) float64 {
+	layers := float64(s.Layers)
+	cpu := p.MainCPUTokenMs + layers*pos*p.MainPositionMs + float64(moe(s)*s.TopK)*p.WorkerCPUExpertMs + loadsPerToken*p.WorkerCPULoadMs
 	if shadow {
-		cpu += p.ShadowCPUTokenMs
+		cpu += p.ShadowCPUTokenMs + layers*pos*p.ShadowPositionMs
 	}
 	return cpu
 }
@@ -295,18 +320,18 @@ func (r *run) route() []int {
 }
 
 // predict sends the shadow's predictions of an iteration departing at
-// depart: layer l's leave once its router has run, to the workers of the
-// layer's group, which load them in turn. An activation is predicted with
-// probability Recall; for one that is not, another expert is (and loaded
-// for nothing).
-func (r *run) predict(depart float64, routes [][]int) []map[int]prediction {
+// depart, its layers shadowLayer apart: layer l's leave once its router
+// has run, to the workers of the layer's group, which load them in turn.
+// An activation is predicted with probability Recall; for one that is
+// not, another expert is (and loaded for nothing).
+func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]prediction {
 	out := make([]map[int]prediction, len(routes))
 	for l, experts := range routes {
 		out[l] = map[int]prediction{}
 		if !r.s.hasExperts(l) {
 			continue
 		}
-		arrive := depart + float64(l+1)*r.p.ShadowLayerMs + r.p.HopMs
+		arrive := depart + float64(l+1)*shadowLayer + r.latency
 		var guess []int
 		for _, e := range experts {
 			if r.rng.Float64() < r.o.Recall {

@@ -172,3 +172,35 @@ func TestDenseLayersRunOnTheMainNode(t *testing.T) {
 		t.Fatalf("loads: %d with 8 MoE layers (want %d), %d with 6 (want %d)", all.Loads, 8*8*2, some.Loads, 8*6*2)
 	}
 }
+
+// TestLongerContextsCostTheMainNodesAttention: with a cost per cached
+// position, a resident decode after a longer prompt takes exactly the
+// extra positions' cost more in every layer of every step (the resident
+// timeline adds the main node's layer to the experts' round trip), and
+// the shared cores' bound charges it as CPU.
+func TestLongerContextsCostTheMainNodesAttention(t *testing.T) {
+	p, l, s := testRig(t)
+	p.MainPositionMs = 0.002
+	const out = 65
+	decodeMs := func(p Profile, prompt int) float64 {
+		r := mustRun(t, p, l, s, Options{Mode: Resident, Prompt: prompt, Output: out, Recall: 1, Seed: 3})
+		return (out - 1) / r.DecodeTokensPerS * 1000
+	}
+	short, long := decodeMs(p, 16), decodeMs(p, 128)
+	want := float64((out-1)*s.Layers) * 112 * p.MainPositionMs
+	if got := long - short; math.Abs(got-want) > 1e-6*long {
+		t.Fatalf("128-token prompt decodes %v ms longer than a 16-token one, want %v (64 steps x 8 layers x 112 positions x %v ms)", got, want, p.MainPositionMs)
+	}
+	flat := p
+	flat.MainPositionMs = 0
+	if a, b := decodeMs(flat, 16), decodeMs(flat, 128); !near(a, b) {
+		t.Fatalf("without a position cost the prompt's length changed decode: %v and %v ms", a, b)
+	}
+	// on shared cores: the bound at the mean position 128 + 63/2
+	p.Cores, p.CPUEfficiency, p.MainCPUTokenMs, p.WorkerCPUExpertMs = 1, 1, 200, 1
+	r := mustRun(t, p, l, s, Options{Mode: Resident, Prompt: 128, Output: out, Recall: 1, Seed: 3})
+	cpu := 200 + float64(s.Layers)*(128+31.5)*p.MainPositionMs + float64(s.Layers*s.TopK)*1
+	if !r.CPUBound || !near(r.DecodeTokensPerS, 1000/cpu) {
+		t.Fatalf("shared core: %+v, want CPU-bound at %v tok/s", r, 1000/cpu)
+	}
+}
