@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -84,7 +85,9 @@ func (c Case) String() string { return fmt.Sprintf("p%d-o%d", c.Prompt, c.Output
 // output tokens.
 var PaperCases = []Case{{16, 64}, {16, 256}, {128, 64}, {128, 256}}
 
-// ParseCases reads "16x64,128x256".
+// ParseCases reads "16x64,128x256". A case given twice is refused: a
+// case's index picks its prompt, and both would write one run directory
+// (BenchOptions.Repeat runs a case more than once).
 func ParseCases(s string) ([]Case, error) {
 	var out []Case
 	for _, f := range strings.Split(s, ",") {
@@ -95,6 +98,9 @@ func ParseCases(s string) ([]Case, error) {
 		c.Output, err2 = strconv.Atoi(o)
 		if !ok || err1 != nil || err2 != nil || c.Prompt < 1 || c.Output < 1 {
 			return nil, fmt.Errorf("case %q: want PROMPTxOUTPUT tokens, e.g. 16x64", f)
+		}
+		if slices.Contains(out, c) {
+			return nil, fmt.Errorf("case %s given twice: to run a case more than once, repeat the benchmark's runs (-repeat)", c)
 		}
 		out = append(out, c)
 	}
@@ -119,6 +125,10 @@ type BenchOptions struct {
 	Out   string
 	Cases []Case
 	Modes []Mode
+	// Repeat runs every case this many times on each mode (0: once), the
+	// cases in turn, so that a case's runs are minutes apart; the report
+	// keeps the run of median decode tokens/s and the others' rates.
+	Repeat int
 	// TraceIters are the decode iterations the timeline shows ("3:5").
 	TraceIters string
 	// NetDelay, when set, is passed to every node as -net-delay (the
@@ -151,6 +161,10 @@ type Run struct {
 	CPUSeconds map[string]float64 `json:"cpu_s,omitempty"`
 	WallS      float64            `json:"wall_s"`
 	Trace      string             `json:"trace,omitempty"`
+	// DecodeRuns are the decode tokens/s of every run of this mode and
+	// case, in order, when BenchOptions.Repeat ran it more than once:
+	// the run kept is the median's
+	DecodeRuns []float64 `json:"decode_tokens_per_s_runs,omitempty"`
 	// FaultNode was killed FaultAtS seconds after the main node started
 	// (fault mode).
 	FaultNode string  `json:"fault_node,omitempty"`
@@ -350,36 +364,78 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 		}
 		opt.Log.Info().Str("mode", string(mode)).Int("servers", len(servers)).Str("logs", logDir).Msg("rig nodes started")
 	}
-	var runs []Run
-	for i, c := range opt.Cases {
-		for _, p := range servers {
-			if p.Exited() {
-				return runs, fmt.Errorf("testbed: %s %s %w; its log: %s", mode, p.Node.Name, errExited, filepath.Join(logDir, p.Node.Name+".log"))
-			}
-		}
-		var f *fault
-		if mode == ModeFault {
-			f = planFault(opt, servers, done, c)
-		}
-		r, err := benchCase(opt, mode, i, c, f, servers)
-		if f != nil {
-			<-f.ran // benchCase has stopped the kill, or it has run
-			r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
-			// the killed worker comes back for the next case
-			if servers[f.victim].Exited() {
-				p, serr := startLogged(opt, logDir, opt.Rig.Workers[f.victim], workerArgs(opt, mode, f.victim))
-				if serr != nil {
-					return runs, serr
+	repeats := make([][]Run, len(opt.Cases)) // by case
+	for range max(1, opt.Repeat) {
+		for i, c := range opt.Cases {
+			for _, p := range servers {
+				if p.Exited() {
+					return keptRuns(repeats), fmt.Errorf("testbed: %s %s %w; its log: %s", mode, p.Node.Name, errExited, filepath.Join(logDir, p.Node.Name+".log"))
 				}
-				servers[f.victim] = p
+			}
+			var f *fault
+			if mode == ModeFault {
+				f = planFault(opt, servers, done, c)
+			}
+			r, err := benchCase(opt, mode, i, c, f, servers)
+			if f != nil {
+				<-f.ran // benchCase has stopped the kill, or it has run
+				r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
+				// the killed worker comes back for the next case
+				if servers[f.victim].Exited() {
+					p, serr := startLogged(opt, logDir, opt.Rig.Workers[f.victim], workerArgs(opt, mode, f.victim))
+					if serr != nil {
+						return keptRuns(repeats), serr
+					}
+					servers[f.victim] = p
+				}
+			}
+			if err != nil {
+				return keptRuns(repeats), err
+			}
+			repeats[i] = append(repeats[i], r)
+		}
+	}
+	return keptRuns(repeats), nil
+}
+
+// keptRuns is the run of each case that the report keeps: of its repeats,
+// the first not bit-identical to local mode (so that the report says so),
+// else the one of median decode tokens/s (the lower of the middle two),
+// with every repeat's rate in DecodeRuns.
+func keptRuns(repeats [][]Run) []Run {
+	var out []Run
+	for _, rs := range repeats {
+		if len(rs) == 0 {
+			continue
+		}
+		if len(rs) == 1 {
+			out = append(out, rs[0])
+			continue
+		}
+		rates := make([]float64, len(rs))
+		for i, r := range rs {
+			rates[i] = r.figures().DecodeTokensPerS
+		}
+		kept := -1
+		for i, r := range rs {
+			if !r.Identical {
+				kept = i
+				break
 			}
 		}
-		if err != nil {
-			return runs, err
+		if kept < 0 {
+			order := make([]int, len(rs))
+			for i := range order {
+				order[i] = i
+			}
+			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rates[a], rates[b]) })
+			kept = order[(len(order)-1)/2]
 		}
-		runs = append(runs, r)
+		r := rs[kept]
+		r.DecodeRuns = rates
+		out = append(out, r)
 	}
-	return runs, nil
+	return out
 }
 
 // fault is fault mode's kill of one worker during a run.

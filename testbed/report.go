@@ -217,8 +217,12 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 			if f.Lead != nil {
 				lead = fmt.Sprintf("%.2f", f.Lead.P50)
 			}
-			fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %s | %d | %d | %.1f%% | %s | %s / %s / %s / %s | %s | %s |\n",
-				r.Mode, f.TTFTms, f.DecodeTokensPerS, f.OutputTokensPerS, recall, f.ExpertLoads, f.Misses, 100*f.StallFraction, lead,
+			decode := fmt.Sprintf("%.2f", f.DecodeTokensPerS)
+			if len(r.DecodeRuns) > 1 {
+				decode += fmt.Sprintf(" (%.2f-%.2f, %d runs)", slices.Min(r.DecodeRuns), slices.Max(r.DecodeRuns), len(r.DecodeRuns))
+			}
+			fmt.Fprintf(w, "| %s | %.1f | %s | %.2f | %s | %d | %d | %.1f%% | %s | %s / %s / %s / %s | %s | %s |\n",
+				r.Mode, f.TTFTms, decode, f.OutputTokensPerS, recall, f.ExpertLoads, f.Misses, 100*f.StallFraction, lead,
 				mib(main), mib(f.PeakMemory["shadow"]), mib(f.PeakMemory["worker_device"]), mib(f.PeakMemory["worker_rss"]), busy, same)
 			switch r.Mode {
 			case ModeResident:

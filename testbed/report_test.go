@@ -3,6 +3,7 @@ package testbed
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -347,6 +348,45 @@ func TestParseCases(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "PROMPTxOUTPUT") {
 			t.Errorf("ParseCases(%q) error %q does not say the form", bad, err)
 		}
+	}
+	// the same case twice would share a run directory, with two prompts
+	if c, err := ParseCases("16x64,128x64,16x64"); err == nil || !strings.Contains(err.Error(), "p16-o64 given twice") || !strings.Contains(err.Error(), "-repeat") {
+		t.Errorf("ParseCases with a case twice = %v, %v; want an error naming it and -repeat", c, err)
+	}
+}
+
+// TestKeptRunsTakesTheMedianRepeat: of a case's repeats the report keeps
+// the run of median decode tokens/s (the lower middle one of an even
+// count) with every rate, a single run as it is, and a repeat that was
+// not bit-identical over any faster one.
+func TestKeptRunsTakesTheMedianRepeat(t *testing.T) {
+	run := func(c string, tps float64, same bool) Run {
+		return Run{Mode: ModeResident, Case: c, Identical: same, Stats: json.RawMessage(fmt.Sprintf(`{"decode_tokens_per_s": %v}`, tps))}
+	}
+	got := keptRuns([][]Run{
+		{run("a", 30, true), run("a", 10, true), run("a", 20, true)},
+		{run("b", 5, true)},
+		{run("c", 4, true), run("c", 1, true), run("c", 3, true), run("c", 2, true)},
+		{run("d", 9, true), run("d", 7, false), run("d", 8, true)},
+		nil,
+	})
+	if len(got) != 4 {
+		t.Fatalf("kept %d runs, want 4 (one a case)", len(got))
+	}
+	for i, want := range []struct {
+		tps  float64
+		runs []float64
+		same bool
+	}{{20, []float64{30, 10, 20}, true}, {5, nil, true}, {2, []float64{4, 1, 3, 2}, true}, {7, []float64{9, 7, 8}, false}} {
+		r := got[i]
+		if tps := r.figures().DecodeTokensPerS; tps != want.tps || !slices.Equal(r.DecodeRuns, want.runs) || r.Identical != want.same {
+			t.Errorf("case %s: kept %v tok/s (runs %v, identical %v), want %v (runs %v, identical %v)", r.Case, tps, r.DecodeRuns, r.Identical, want.tps, want.runs, want.same)
+		}
+	}
+	var md strings.Builder
+	WriteMarkdown(&md, &Report{Runs: got[:1]}, nil)
+	if !strings.Contains(md.String(), "| 20.00 (10.00-30.00, 3 runs) |") {
+		t.Errorf("report.md does not give the repeats' range:\n%s", md.String())
 	}
 }
 
