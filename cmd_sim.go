@@ -37,6 +37,7 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	caseFlag := fs.String("case", "16x64", "PROMPTxOUTPUT tokens")
 	recall := fs.Float64("recall", 1, "shadow: the share of activations it predicts (eq. 3; measured: fp16 ~1, int8 ~0.98)")
 	ahead := fs.Int("ahead", 1, "shadow: iterations it may run past its latest alignment (0: late departure)")
+	alignKV := fs.Int("align-kv", 1, alignKVUsage)
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	var lf logFlags
@@ -67,7 +68,7 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return err
 	}
-	res, err := sim.Run(p, layout, shape, sim.Options{Mode: sim.Mode(*mode), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, Seed: *seed})
+	res, err := sim.Run(p, layout, shape, sim.Options{Mode: sim.Mode(*mode), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV, Seed: *seed})
 	if err != nil {
 		return err
 	}
@@ -89,6 +90,9 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	return nil
 }
 
+// alignKVUsage is the -align-kv flag's help in odmoe sim and its sweep.
+const alignKVUsage = "shadow: the main node's -align-kv `K`: every K iterations it sends the shadow the new positions' keys and values over its link (0: never); the token period's effect, and K's on the shadow's routing, are the recall's (odmoe tune-align measures it)"
+
 // simShape is what of the model in dir the simulation needs.
 func simShape(dir string) (sim.Shape, model.Config, error) {
 	cfg, err := model.LoadConfig(dir)
@@ -96,8 +100,9 @@ func simShape(dir string) (sim.Shape, model.Config, error) {
 		return sim.Shape{}, cfg, err
 	}
 	return sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
-		// bf16 gate, up and down; the hidden state travels as float32
-		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize)}, cfg, nil
+		// bf16 gate, up and down; the hidden state, keys and values travel as float32
+		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize),
+		KVBytes: int64(cfg.NumLayers) * 2 * int64(cfg.NumKVHeads*cfg.HeadDim) * 4}, cfg, nil
 }
 
 // runSimCalibrate fits a profile to a bench rig directory's resident and
@@ -272,7 +277,8 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 		if st.Recall != nil {
 			recall = *st.Recall
 		}
-		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, Seed: *seed})
+		// bench rig aligns the shadow every iteration (testbed.MainArgs)
+		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: *seed})
 		if err != nil {
 			return err
 		}
@@ -362,7 +368,7 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	fs := newFlagSet("sim sweep", stderr)
 	profilePath := fs.String("profile", "", "`FILE`: the rig's costs (required)")
 	dir := fs.String("model", "", "Hugging Face model directory (config.json) (required)")
-	vary := fs.String("vary", "workers", "the parameter swept: workers, link (bits/s), recall, ahead")
+	vary := fs.String("vary", "workers", "the parameter swept: workers, link (bits/s), recall, ahead, align (the KV alignment period, with -recalls as measured at each)")
 	valuesFlag := fs.String("values", "4,8,16,32,64,128", "its values, comma-separated")
 	modesFlag := fs.String("modes", "resident,reactive,shadow", "modes to predict")
 	caseFlag := fs.String("case", "16x64", "PROMPTxOUTPUT tokens")
@@ -370,6 +376,8 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	group := fs.Int("group", 0, "workers per group; 0 = the router's top-k")
 	recall := fs.Float64("recall", 1, "the shadow's recall (when not swept)")
 	ahead := fs.Int("ahead", 1, "the shadow's lead in iterations (when not swept)")
+	alignKV := fs.Int("align-kv", 1, alignKVUsage+" (when not swept)")
+	recallsFlag := fs.String("recalls", "", "the shadow's recall at each of -values, comma-separated (e.g. tune-align's at each alignment period); empty: -recall at all")
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
 	svgOut := fs.String("svg", "", "also draw the chart to `FILE`")
 	var lf logFlags
@@ -400,9 +408,22 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 		}
 		values = append(values, v)
 	}
-	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "iterations ahead"}[*vary], *vary == "workers" || *vary == "link"
+	var recalls []float64
+	if *recallsFlag != "" {
+		for _, f := range strings.Split(*recallsFlag, ",") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || v < 0 || v > 1 {
+				return usagef("-recalls: %q is not a recall in 0..1", f)
+			}
+			recalls = append(recalls, v)
+		}
+		if len(recalls) != len(values) {
+			return usagef("-recalls has %d values for -values' %d", len(recalls), len(values))
+		}
+	}
+	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "iterations ahead", "align": "KV alignment period (iterations)"}[*vary], *vary == "workers" || *vary == "link" || *vary == "align"
 	if xlabel == "" {
-		return usagef("-vary %q: want workers, link, recall or ahead", *vary)
+		return usagef("-vary %q: want workers, link, recall, ahead or align", *vary)
 	}
 	g := *group
 	if g == 0 {
@@ -418,7 +439,10 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	for _, m := range modes {
 		var ys []float64
 		for i, v := range values {
-			pp, w, o := p, *workers, sim.Options{Mode: sim.Mode(m), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, Seed: *seed}
+			pp, w, o := p, *workers, sim.Options{Mode: sim.Mode(m), Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV, Seed: *seed}
+			if recalls != nil {
+				o.Recall = recalls[i]
+			}
 			switch *vary {
 			case "workers":
 				w = int(v)
@@ -428,6 +452,8 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 				o.Recall = v
 			case "ahead":
 				o.Ahead = int(v)
+			case "align":
+				o.AlignKV = int(v)
 			}
 			layout, err := sched.NewLayout(w, g)
 			if err != nil {

@@ -106,6 +106,7 @@ type Shape struct {
 	ExpertLayers []int
 	ExpertBytes  int64 // one expert's weights, as loaded
 	HiddenBytes  int64 // one token's hidden state on the wire
+	KVBytes      int64 // one position's keys and values, every layer, as the main node sends them to the shadow
 }
 
 func (s Shape) hasExperts(l int) bool {
@@ -131,7 +132,14 @@ type Options struct {
 	// departs on each alignment, OD-MoE's late departure).
 	Recall float64
 	Ahead  int
-	Seed   uint64
+	// AlignKV is the shadow's KV alignment period (-align-kv): every
+	// AlignKV iterations the main node sends it the new positions' keys
+	// and values, AlignKV * Shape.KVBytes over its link ahead of that
+	// iteration's activations (0: never). The token period, and the
+	// KV period's own effect on the shadow's routing, show in Recall,
+	// measured (odmoe tune-align).
+	AlignKV int
+	Seed    uint64
 }
 
 // Result is what the run would measure.
@@ -164,8 +172,8 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	default:
 		return Result{}, fmt.Errorf("sim: mode %q: want resident, reactive or shadow", o.Mode)
 	}
-	if o.Prompt < 1 || o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 {
-		return Result{}, fmt.Errorf("sim: %d prompt tokens (want >= 1), %d output (>= 2), recall %v (0..1), ahead %d (>= 0)", o.Prompt, o.Output, o.Recall, o.Ahead)
+	if o.Prompt < 1 || o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 || o.AlignKV < 0 {
+		return Result{}, fmt.Errorf("sim: %d prompt tokens (want >= 1), %d output (>= 2), recall %v (0..1), ahead %d (>= 0), KV alignment period %d (>= 0)", o.Prompt, o.Output, o.Recall, o.Ahead, o.AlignKV)
 	}
 	hop := p.HopMs
 	if o.Mode != Resident && p.LoadingHopMs > 0 {
@@ -173,7 +181,7 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	}
 	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
 		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
-		latency: hop, hop: hop + 1000*float64(s.HiddenBytes)/p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
+		latency: hop, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
 	r.res.TTFTms = r.prefill()
 	return r.decode(r.res.TTFTms), nil
 }
@@ -187,7 +195,8 @@ type run struct {
 	link, cpu []timeline // per worker: its load link and its compute
 	up, down  timeline   // the main node's link, each way
 	latency   float64    // a message's latency in this mode (ms)
-	hop, load float64    // one activation's hop, one expert's load (ms)
+	wire      float64    // a hidden state's time on a link (ms)
+	load      float64    // one expert's load (ms)
 	res       Result
 	stall     float64
 }
@@ -248,6 +257,12 @@ func (r *run) decode(start float64) Result {
 	for it := range steps {
 		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
 		mainStart = append(mainStart, now)
+		if r.o.Mode == Shadow && r.o.AlignKV > 0 && it%r.o.AlignKV == 0 {
+			// the KV rows of the last AlignKV positions, on the main
+			// node's link before this iteration's activations
+			kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
+			r.up.reserve(now, kv)
+		}
 		// the routing of this iteration: k distinct experts per layer
 		routes := make([][]int, r.s.Layers)
 		for l := range routes {
@@ -359,13 +374,14 @@ func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]pre
 // layer runs one decode layer's experts whose activations leave the main
 // node at need, and returns when the last result is back.
 func (r *run) layer(l int, need float64, experts []int, predicted map[int]prediction) float64 {
-	end := need
+	end, stall := need, 0.0
 	for i, e := range experts {
 		w := r.layout.DecodeWorker(l, i)
 		if r.o.Mode == Resident {
 			w = r.layout.Owner(l, e)
 		}
-		at := need + r.hop // the activation reaches the worker
+		// the activation reaches the worker over the main node's link
+		at := r.up.reserve(need, r.wire) + r.wire + r.latency
 		ready := at
 		switch r.o.Mode {
 		case Reactive:
@@ -383,12 +399,12 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 				w, ready = pr.worker, max(at, pr.loaded)
 			}
 		}
+		stall = max(stall, ready-at) // its wait for the load, as the main node counts it
 		start := r.cpu[w].reserve(ready, r.p.ExpertMs)
-		end = max(end, start+r.p.ExpertMs+r.hop)
+		back := r.down.reserve(start+r.p.ExpertMs+r.latency, r.wire) + r.wire
+		end = max(end, back)
 	}
-	// what the layer would take with every expert in place
-	resident := need + r.hop + r.p.ExpertMs + r.hop
-	r.stall += max(0, end-resident)
+	r.stall += stall
 	return end
 }
 

@@ -204,3 +204,30 @@ func TestLongerContextsCostTheMainNodesAttention(t *testing.T) {
 		t.Fatalf("shared core: %+v, want CPU-bound at %v tok/s", r, 1000/cpu)
 	}
 }
+
+// TestKVAlignmentTakesTheMainNodesLink: the KV rows sent to the shadow
+// share the main node's link with the activations and delay them: sent
+// every iteration, each costs up to its bytes' time (less what overlaps
+// the main node's first layer, or what the delay lets loads finish); in
+// bursts every 8th iteration too; never, nothing; without a shadow they
+// are not sent.
+func TestKVAlignmentTakesTheMainNodesLink(t *testing.T) {
+	p, l, s := testRig(t)
+	s.KVBytes = 256 << 10 // 2.1 ms a position at 125 MB/s
+	const out = 65
+	stepMs := func(m Mode, k int) float64 {
+		r := mustRun(t, p, l, s, Options{Mode: m, Prompt: 16, Output: out, Recall: 1, Ahead: 1, AlignKV: k, Seed: 5})
+		return 1000 / r.DecodeTokensPerS
+	}
+	never, every, eighth := stepMs(Shadow, 0), stepMs(Shadow, 1), stepMs(Shadow, 8)
+	kv := 1000 * float64(s.KVBytes) / p.LinkBytesPerS
+	if cost := every - never; cost > kv+1e-9 || cost < kv/4 {
+		t.Errorf("KV rows every iteration cost %.3f ms a step, want at most their %.3f ms on the link and more than a quarter of it", cost, kv)
+	}
+	if !(eighth > never) {
+		t.Errorf("KV rows every 8th iteration: %.3f ms a step, not above never's %.3f", eighth, never)
+	}
+	if a, b := stepMs(Resident, 0), stepMs(Resident, 1); a != b {
+		t.Errorf("a resident swarm (no shadow) took %v ms a step with KV alignment, %v without", b, a)
+	}
+}
