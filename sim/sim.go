@@ -251,18 +251,19 @@ func (r *run) prefill() float64 {
 // decode runs the decode steps from start (the first token's time).
 func (r *run) decode(start float64) Result {
 	steps := r.o.Output - 1
-	var mainStart []float64 // each iteration's start on the main node
-	shadowEnd := start      // the shadow's last iteration's end
+	var aligned []float64 // when each iteration's alignment reached the shadow
+	shadowEnd := start    // the shadow's last iteration's end
 	now := start
 	for it := range steps {
 		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
-		mainStart = append(mainStart, now)
+		align := now // the sampled token (a few bytes) leaves at once
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && it%r.o.AlignKV == 0 {
-			// the KV rows of the last AlignKV positions, on the main
-			// node's link before this iteration's activations
+			// with the KV rows of the last AlignKV positions, on the
+			// main node's link before this iteration's activations
 			kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
-			r.up.reserve(now, kv)
+			align = r.up.reserve(now, kv) + kv
 		}
+		aligned = append(aligned, align+r.latency)
 		// the routing of this iteration: k distinct experts per layer
 		routes := make([][]int, r.s.Layers)
 		for l := range routes {
@@ -275,7 +276,7 @@ func (r *run) decode(start float64) Result {
 			// iteration's (late), or the one Ahead before it
 			depart := shadowEnd
 			if a := it - r.o.Ahead; a >= 0 {
-				depart = max(depart, mainStart[a]+r.latency)
+				depart = max(depart, aligned[a])
 			}
 			shadowLayer := r.p.ShadowLayerMs + pos*r.p.ShadowPositionMs
 			predicted = r.predict(depart, shadowLayer, routes)
