@@ -1301,6 +1301,80 @@ done:
 	VZEROUPPER
 	RET
 
+// func axpyRowsAVX2(dst, a, x *float32, rows, n16, stride int)
+// dst[i] += a[j]*x[j*stride+i] (stride in bytes) for i < n16 (a multiple
+// of 16) and j = 0, 1, ..., rows-1 in order: Axpy's arithmetic (the
+// product rounded, VMULPS, then added, VADDPS) a row at a time, with each
+// block of 32 (then 16) elements of dst held in registers over all rows.
+TEXT ·axpyRowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ rows+24(FP), CX
+	MOVQ n16+32(FP), R9
+	MOVQ stride+40(FP), BX
+	SHLQ $2, R9
+	XORQ R8, R8
+block32:
+	MOVQ R9, AX
+	SUBQ R8, AX
+	CMPQ AX, $128
+	JLT block16
+	VMOVUPS 0(DI)(R8*1), Y0
+	VMOVUPS 32(DI)(R8*1), Y1
+	VMOVUPS 64(DI)(R8*1), Y2
+	VMOVUPS 96(DI)(R8*1), Y3
+	LEAQ (DX)(R8*1), R10
+	XORQ R11, R11
+	TESTQ CX, CX
+	JEQ store32
+row32:
+	VBROADCASTSS (SI)(R11*4), Y8
+	VMULPS 0(R10), Y8, Y4
+	VADDPS Y4, Y0, Y0
+	VMULPS 32(R10), Y8, Y5
+	VADDPS Y5, Y1, Y1
+	VMULPS 64(R10), Y8, Y6
+	VADDPS Y6, Y2, Y2
+	VMULPS 96(R10), Y8, Y7
+	VADDPS Y7, Y3, Y3
+	ADDQ BX, R10
+	INCQ R11
+	CMPQ R11, CX
+	JLT row32
+store32:
+	VMOVUPS Y0, 0(DI)(R8*1)
+	VMOVUPS Y1, 32(DI)(R8*1)
+	VMOVUPS Y2, 64(DI)(R8*1)
+	VMOVUPS Y3, 96(DI)(R8*1)
+	ADDQ $128, R8
+	JMP block32
+block16:
+	CMPQ AX, $64
+	JLT done
+	VMOVUPS 0(DI)(R8*1), Y0
+	VMOVUPS 32(DI)(R8*1), Y1
+	LEAQ (DX)(R8*1), R10
+	XORQ R11, R11
+	TESTQ CX, CX
+	JEQ store16
+row16:
+	VBROADCASTSS (SI)(R11*4), Y8
+	VMULPS 0(R10), Y8, Y4
+	VADDPS Y4, Y0, Y0
+	VMULPS 32(R10), Y8, Y5
+	VADDPS Y5, Y1, Y1
+	ADDQ BX, R10
+	INCQ R11
+	CMPQ R11, CX
+	JLT row16
+store16:
+	VMOVUPS Y0, 0(DI)(R8*1)
+	VMOVUPS Y1, 32(DI)(R8*1)
+done:
+	VZEROUPPER
+	RET
+
 // func addAVX2(dst, x *float32, n int)
 TEXT ·addAVX2(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI

@@ -24,6 +24,11 @@ type path struct {
 	// matMulRows computes rows [r0, r1) of w for all n vectors of x.
 	matMulRows func(out []float32, w Matrix, x []float32, n, r0, r1 int)
 
+	// dotRows: out[j] = Dot(x, row j of w), rows stride floats apart;
+	// axpyRows: dst += a[j] * (row j of x), j in order (Attend).
+	dotRows  func(out, x, w []float32, stride int)
+	axpyRows func(dst, a, x []float32, stride int)
+
 	// Elementwise kernels (lengths already checked).
 	axpy func(dst []float32, a float32, x []float32)
 	add  func(dst, x []float32)
@@ -51,6 +56,8 @@ var goPath = &path{
 	dotF32:     dotF32Go,
 	sum:        sumGo,
 	matMulRows: matMulRowsGo,
+	dotRows:    dotRowsGo,
+	axpyRows:   axpyRowsGo,
 	axpy:       axpyGo,
 	add:        addGo,
 	scaleMul:   scaleMulGo,

@@ -26,15 +26,13 @@ func newSIMDPath(name string, k isa) *path {
 	p.matVecF16 = func(out []float32, w []uint16, x []float32) { rowsSIMD(k, F16, out, w, x, F16ToF32) }
 	p.matVecQ8 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, Q8, out, w, x) }
 	p.matVecNF4 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, NF4, out, w, x) }
-	p.dotF32 = func(a, b []float32) float32 {
-		var out [1]float32
-		rowsSIMD(k, F32, out[:], a[:len(b)], b, widenF32)
-		return out[0]
-	}
+	p.dotF32 = func(a, b []float32) float32 { return dotF32SIMD(k, a, b) }
 	p.sum = func(x []float32) float32 { return sumSIMD(k, x) }
 	p.matMulRows = func(out []float32, w Matrix, x []float32, n, r0, r1 int) {
 		matMulSIMD(k, &p.rowKernels, out, w, x, n, r0, r1)
 	}
+	p.dotRows = func(out, x, w []float32, stride int) { dotRowsSIMD(k, out, x, w, stride) }
+	p.axpyRows = func(dst, a, x []float32, stride int) { axpyRowsSIMD(k, dst, a, x, stride) }
 	p.axpy = func(dst []float32, a float32, x []float32) { axpySIMD(k, dst, a, x) }
 	p.add = func(dst, x []float32) { addSIMD(k, dst, x) }
 	p.scaleMul = func(out, x, weight []float32, r float32) { scaleMulSIMD(k, out, x, weight, r) }
@@ -99,6 +97,40 @@ func axpySIMD(k isa, dst []float32, a float32, x []float32) {
 	}
 	for i := n16; i < len(dst); i++ {
 		dst[i] += float32(a * x[i])
+	}
+}
+
+// dotRowsSIMD is Attend's scores: the rows are a MatVec's whose rows lie
+// stride floats apart.
+func dotRowsSIMD(k isa, out, x, w []float32, stride int) {
+	cols := len(x)
+	if cols%16 != 0 { // a head of an odd width: one row at a time
+		for j := range out {
+			out[j] = dotF32SIMD(k, x, w[j*stride:j*stride+cols])
+		}
+		return
+	}
+	w = w[:(len(out)-1)*stride+cols]
+	rowsAsm(k, F32, &out[0], unsafe.Pointer(unsafe.SliceData(w)), unsafe.SliceData(x), len(out), cols, 4*stride, false)
+}
+
+func dotF32SIMD(k isa, a, b []float32) float32 {
+	var out [1]float32
+	rowsSIMD(k, F32, out[:], a[:len(b)], b, widenF32)
+	return out[0]
+}
+
+// axpyRowsSIMD is Attend's weighted sum: every row's Axpy, in order.
+func axpyRowsSIMD(k isa, dst, a, x []float32, stride int) {
+	n := len(dst)
+	x = x[:(len(a)-1)*stride+n]
+	if n16 := n &^ 15; n16 > 0 {
+		axpyRowsAsm(k, &dst[0], &a[0], &x[0], len(a), n16, 4*stride)
+	}
+	for i := n &^ 15; i < n; i++ {
+		for j, aj := range a {
+			dst[i] += float32(aj * x[j*stride+i])
+		}
 	}
 }
 

@@ -93,6 +93,13 @@ func axpyAsm(k isa, dst *float32, a float32, x *float32, n int) {
 	}
 }
 
+// axpyRowsAsm: dst[i] += a[j] * x[j*stride/4 + i] for i < n16, j < rows
+// in order (stride in bytes). Its AVX2 code serves the AVX-512 path too:
+// the same operations, so the same bits.
+func axpyRowsAsm(_ isa, dst, a, x *float32, rows, n16, stride int) {
+	axpyRowsAVX2(dst, a, x, rows, n16, stride)
+}
+
 func addAsm(k isa, dst, x *float32, n int) {
 	if k == isaAVX512 {
 		addAVX512(dst, x, n)
@@ -164,6 +171,9 @@ func sumLanesAVX2(acc *float32, x *float32, n16 int)
 
 //go:noescape
 func axpyAVX2(dst *float32, a float32, x *float32, n int)
+
+//go:noescape
+func axpyRowsAVX2(dst, a, x *float32, rows, n16, stride int)
 
 //go:noescape
 func addAVX2(dst, x *float32, n int)

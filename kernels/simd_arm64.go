@@ -45,6 +45,15 @@ func axpyAsm(_ isa, dst *float32, a float32, x *float32, n int) { axpyNEON(dst, 
 
 func addAsm(_ isa, dst, x *float32, n int) { addNEON(dst, x, n) }
 
+// axpyRowsAsm: dst[i] += a[j] * x[j*stride/4 + i] for i < n16, j < rows
+// in order (stride in bytes): one NEON Axpy a row.
+func axpyRowsAsm(_ isa, dst, a, x *float32, rows, n16, stride int) {
+	as := unsafe.Slice(a, rows)
+	for j := range rows {
+		axpyNEON(dst, as[j], (*float32)(unsafe.Add(unsafe.Pointer(x), j*stride)), n16)
+	}
+}
+
 func scaleMulAsm(_ isa, out, x, weight *float32, r float32, n int) {
 	scaleMulNEON(out, x, weight, r, n)
 }

@@ -153,18 +153,9 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 				lo = pos - c.SlidingWindow + 1
 			}
 			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
-			kvOff := (head / group) * hd
-			sc := scores[:pos+1-lo]
-			for j := range sc {
-				krow := keys[(lo+j)*kvw+kvOff : (lo+j)*kvw+kvOff+hd]
-				sc[j] = float32(kernels.Dot(q, krow) * scale)
-			}
-			kernels.Softmax(sc)
 			out := s.att[t*qw+head*hd : t*qw+(head+1)*hd]
-			clear(out)
-			for j, p := range sc {
-				kernels.Axpy(out, p, values[(lo+j)*kvw+kvOff:(lo+j)*kvw+kvOff+hd])
-			}
+			// positions lo..pos of the head's KV head, kvw floats apart
+			kernels.Attend(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale)
 		}
 	})
 	s.proj = grow(s.proj, n*h)
