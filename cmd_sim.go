@@ -130,23 +130,26 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 		return err
 	}
 	want := c.String()
-	runs := map[testbed.Mode]*sim.Measured{}
+	// each mode's runs of the case: every repeat when the bench repeated it
+	runs := map[testbed.Mode][]sim.Measured{}
 	for _, r := range rep.Runs {
 		if r.Case != want || (r.Mode != testbed.ModeResident && r.Mode != testbed.ModeShadow) {
 			continue
 		}
-		var st struct {
-			DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
-			Decode           []sim.LayerStats `json:"decode_layers"`
-			Prefill          []sim.LayerStats `json:"prefill_layers"`
-			Iterations       []sim.LayerStats `json:"iterations"`
+		repeats := r.Repeats
+		if len(repeats) == 0 {
+			repeats = []testbed.Run{r}
 		}
-		if err := json.Unmarshal(r.Stats, &st); err != nil {
-			return fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
+		for _, rr := range repeats {
+			m, err := measured(rr)
+			if err != nil {
+				return err
+			}
+			runs[r.Mode] = append(runs[r.Mode], m)
 		}
-		runs[r.Mode] = &sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill, CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}
 	}
-	if runs[testbed.ModeResident] == nil || runs[testbed.ModeShadow] == nil {
+	n := min(len(runs[testbed.ModeResident]), len(runs[testbed.ModeShadow]))
+	if n == 0 {
 		return fmt.Errorf("sim calibrate: %s has no resident and shadow runs of case %s", *benchDir, *caseFlag)
 	}
 	shape, _, err := simShape(rep.Model)
@@ -167,11 +170,17 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 		}
 	}
 	name := fmt.Sprintf("calibrated from %s (%s, case %s, %s)", *benchDir, rep.Machine.CPU, *caseFlag, rep.Date)
-	p, err := sim.Calibrate(name, shape, shared, rate, *runs[testbed.ModeResident], *runs[testbed.ModeShadow])
-	if err != nil {
-		return err
+	// a profile for each repeat (its resident and shadow runs), averaged
+	var ps []sim.Profile
+	for i := range n {
+		p, err := sim.Calibrate(name, shape, shared, rate, runs[testbed.ModeResident][i], runs[testbed.ModeShadow][i])
+		if err != nil {
+			return fmt.Errorf("sim calibrate: run %d of %d: %w", i+1, n, err)
+		}
+		ps = append(ps, p)
 	}
-	p.Sources = []string{"odmoe sim calibrate -bench " + *benchDir + " -case " + *caseFlag}
+	p := sim.MeanProfile(ps)
+	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the mean of %d calibrations, one a run of the case", *benchDir, *caseFlag, n)}
 	j, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return err
@@ -182,6 +191,21 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 		return err
 	}
 	return os.WriteFile(*out, j, 0o644)
+}
+
+// measured is what calibration reads of one bench run.
+func measured(r testbed.Run) (sim.Measured, error) {
+	var st struct {
+		DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
+		Decode           []sim.LayerStats `json:"decode_layers"`
+		Prefill          []sim.LayerStats `json:"prefill_layers"`
+		Iterations       []sim.LayerStats `json:"iterations"`
+	}
+	if err := json.Unmarshal(r.Stats, &st); err != nil {
+		return sim.Measured{}, fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
+	}
+	return sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill,
+		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}, nil
 }
 
 // parseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"

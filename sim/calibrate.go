@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 )
 
@@ -129,6 +130,28 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 		}
 	}
 	return p, p.Validate()
+}
+
+// MeanProfile is the profile whose every figure is the mean of ps' (the
+// calibrations on each run of a repeated case: a shared machine's speed
+// drifts between runs); its name, sources and cores are ps[0]'s.
+func MeanProfile(ps []Profile) Profile {
+	if len(ps) == 0 {
+		return Profile{}
+	}
+	out := ps[0]
+	v := reflect.ValueOf(&out).Elem()
+	for f := range v.NumField() {
+		if v.Field(f).Kind() != reflect.Float64 {
+			continue
+		}
+		var sum float64
+		for _, p := range ps {
+			sum += reflect.ValueOf(p).Field(f).Float()
+		}
+		v.Field(f).SetFloat(sum / float64(len(ps)))
+	}
+	return out
 }
 
 // meanDecodePosition is the mean count of cached positions over a run's

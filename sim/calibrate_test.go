@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"reflect"
 	"testing"
 )
 
@@ -148,5 +149,17 @@ func TestCalibrateTakesTheContextsGrowthOut(t *testing.T) {
 		if !near(c.got, c.want) {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
+	}
+}
+
+// TestMeanProfileAveragesEveryFigure: each float figure is the mean of
+// the profiles'; name, sources and cores are the first's.
+func TestMeanProfileAveragesEveryFigure(t *testing.T) {
+	a := Profile{Name: "a", Sources: []string{"s"}, Cores: 2, MainLayerMs: 1, HopMs: 0.5, LoadBytesPerS: 1e9, LinkBytesPerS: 1e8, CPUEfficiency: 0.5, MainPositionMs: 0.002}
+	b := Profile{Name: "b", Cores: 2, MainLayerMs: 3, HopMs: 1.5, LoadBytesPerS: 3e9, LinkBytesPerS: 1e8, CPUEfficiency: 1, LoadingHopMs: 2}
+	m := MeanProfile([]Profile{a, b})
+	want := Profile{Name: "a", Sources: []string{"s"}, Cores: 2, MainLayerMs: 2, HopMs: 1, LoadBytesPerS: 2e9, LinkBytesPerS: 1e8, CPUEfficiency: 0.75, MainPositionMs: 0.001, LoadingHopMs: 1}
+	if !reflect.DeepEqual(m, want) {
+		t.Fatalf("MeanProfile = %+v\nwant %+v", m, want)
 	}
 }

@@ -256,7 +256,7 @@ func (r *run) decode(start float64) Result {
 	now := start
 	for it := range steps {
 		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
-		align := now // the sampled token (a few bytes) leaves at once
+		align := now                    // the sampled token (a few bytes) leaves at once
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && it%r.o.AlignKV == 0 {
 			// with the KV rows of the last AlignKV positions, on the
 			// main node's link before this iteration's activations

@@ -163,8 +163,10 @@ type Run struct {
 	Trace      string             `json:"trace,omitempty"`
 	// DecodeRuns are the decode tokens/s of every run of this mode and
 	// case, in order, when BenchOptions.Repeat ran it more than once:
-	// the run kept is the median's
+	// the run kept is the median's; Repeats are those runs themselves
+	// (their stats and CPU time: what calibration averages)
 	DecodeRuns []float64 `json:"decode_tokens_per_s_runs,omitempty"`
+	Repeats    []Run     `json:"repeats,omitempty"`
 	// FaultNode was killed FaultAtS seconds after the main node started
 	// (fault mode).
 	FaultNode string  `json:"fault_node,omitempty"`
@@ -401,7 +403,7 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 // keptRuns is the run of each case that the report keeps: of its repeats,
 // the first not bit-identical to local mode (so that the report says so),
 // else the one of median decode tokens/s (the lower of the middle two),
-// with every repeat's rate in DecodeRuns.
+// with every repeat's rate in DecodeRuns and every repeat in Repeats.
 func keptRuns(repeats [][]Run) []Run {
 	var out []Run
 	for _, rs := range repeats {
@@ -432,7 +434,7 @@ func keptRuns(repeats [][]Run) []Run {
 			kept = order[(len(order)-1)/2]
 		}
 		r := rs[kept]
-		r.DecodeRuns = rates
+		r.DecodeRuns, r.Repeats = rates, rs
 		out = append(out, r)
 	}
 	return out

@@ -382,6 +382,9 @@ func TestKeptRunsTakesTheMedianRepeat(t *testing.T) {
 		if tps := r.figures().DecodeTokensPerS; tps != want.tps || !slices.Equal(r.DecodeRuns, want.runs) || r.Identical != want.same {
 			t.Errorf("case %s: kept %v tok/s (runs %v, identical %v), want %v (runs %v, identical %v)", r.Case, tps, r.DecodeRuns, r.Identical, want.tps, want.runs, want.same)
 		}
+		if want.runs != nil && len(r.Repeats) != len(want.runs) {
+			t.Errorf("case %s: %d repeats kept, want all %d", r.Case, len(r.Repeats), len(want.runs))
+		}
 	}
 	var md strings.Builder
 	WriteMarkdown(&md, &Report{Runs: got[:1]}, nil)
