@@ -12,6 +12,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/testbed"
+	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -105,6 +106,15 @@ func (f *rigFlags) delay(log zerolog.Logger) (time.Duration, error) {
 	d, err := time.ParseDuration(st["delay"])
 	if err != nil {
 		return 0, fmt.Errorf("rig state: delay %q: %w", st["delay"], err)
+	}
+	// decided here, once, where this process idles: a node deciding for
+	// itself measures its timers while it loads (busy, so they look
+	// fine), applies the delay, and then sleeps the idle grain (~1 ms
+	// here, not 0.1) on every datagram: a run in two that took twice the
+	// network time per token
+	if g := wire.TimerGrain(); d < g/2 {
+		log.Warn().Dur("delay", d).Dur("timer_grain", g).Msg("the kernel has no netem and this machine's timers cannot emulate the rig's link delay: not applied (the network path's own latency stands in for it)")
+		return 0, nil
 	}
 	log.Info().Dur("delay", d).Msg("the kernel has no netem: nodes add the rig's link delay themselves (-net-delay)")
 	return d, nil
