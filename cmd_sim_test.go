@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/odmoe/odmoe/sim"
 	"github.com/odmoe/odmoe/testbed"
 )
 
@@ -58,16 +59,25 @@ func TestSimPredictsACaseAsJSON(t *testing.T) {
 }
 
 // TestSimCalibratesFromARecordedRigRun: calibrated from one case of a
-// recorded paper.rig run (testdata/sim/paper-rig-r4: report.json trimmed
-// to what calibration reads, small's config), the simulation gives that
-// case back within 2% in both modes and the shadow/resident ratio of
-// every case within 15% of the measured one.
+// recorded paper.rig run (testdata/sim/paper-rig-r9: five runs of every
+// mode and case, report.json trimmed by testdata/sim/trim-report.py to
+// what calibration and validation read), the simulation predicts every
+// mode and case's decode tokens/s within 15% of the measured median
+// (issue 18's bar), and every case's shadow/resident ratio within 15%.
 func TestSimCalibratesFromARecordedRigRun(t *testing.T) {
+	const bench = "testdata/sim/paper-rig-r9"
 	profile := filepath.Join(t.TempDir(), "p.json")
-	if _, se, code := run(t, "", "sim", "calibrate", "-bench", "testdata/sim/paper-rig-r4", "-case", "16x256", "-out", profile); code != 0 {
+	if _, se, code := run(t, "", "sim", "calibrate", "-bench", bench, "-case", "16x256", "-out", profile); code != 0 {
 		t.Fatalf("sim calibrate: exit %d: %s", code, se)
 	}
-	so, se, code := run(t, "", "sim", "validate", "-bench", "testdata/sim/paper-rig-r4", "-profile", profile)
+	var p sim.Profile
+	if b, err := os.ReadFile(profile); err != nil || json.Unmarshal(b, &p) != nil {
+		t.Fatalf("the profile: %v", err)
+	}
+	if p.MainPositionMs <= 0 || !strings.Contains(p.Sources[0], "mean of 5 calibrations") {
+		t.Errorf("profile: main_position_ms %v, sources %q: want the context's growth fitted and 5 runs averaged", p.MainPositionMs, p.Sources)
+	}
+	so, se, code := run(t, "", "sim", "validate", "-bench", bench, "-profile", profile)
 	if code != 0 {
 		t.Fatalf("sim validate: exit %d: %s", code, se)
 	}
@@ -77,8 +87,8 @@ func TestSimCalibratesFromARecordedRigRun(t *testing.T) {
 		var meas, pred float64
 		if n, _ := fmt.Sscanf(line, "| %s | %s | %f | %f |", &c, &mode, &meas, &pred); n == 4 {
 			rows++
-			if c == "16x256" && math.Abs(pred/meas-1) > 0.02 {
-				t.Errorf("the calibration case, %s: measured %v tok/s, predicted %v", mode, meas, pred)
+			if math.Abs(pred/meas-1) > 0.15 {
+				t.Errorf("%s %s: measured %v tok/s, predicted %v", c, mode, meas, pred)
 			}
 		}
 		if n, _ := fmt.Sscanf(line, "%s shadow / resident measured %f%%, predicted %f%%", &c, &meas, &pred); n == 3 {
@@ -88,8 +98,8 @@ func TestSimCalibratesFromARecordedRigRun(t *testing.T) {
 			}
 		}
 	}
-	if rows != 8 || ratios != 4 {
-		t.Fatalf("sim validate printed %d rows and %d ratios, want 8 and 4:\n%s", rows, ratios, so)
+	if rows != 12 || ratios != 4 {
+		t.Fatalf("sim validate printed %d rows and %d ratios, want 12 and 4:\n%s", rows, ratios, so)
 	}
 }
 
