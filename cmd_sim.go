@@ -100,9 +100,10 @@ func simShape(dir string) (sim.Shape, model.Config, error) {
 		return sim.Shape{}, cfg, err
 	}
 	return sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
-		// bf16 gate, up and down; the hidden state, keys and values travel as float32
+		// bf16 gate, up and down; the hidden state travels as float32,
+		// the shadow's KV rows as fp16 (align.PackKV)
 		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize),
-		KVBytes: int64(cfg.NumLayers) * 2 * int64(cfg.NumKVHeads*cfg.HeadDim) * 4}, cfg, nil
+		KVBytes: int64(cfg.NumLayers) * 2 * int64(cfg.NumKVHeads*cfg.HeadDim) * 2}, cfg, nil
 }
 
 // runSimCalibrate fits a profile to a bench rig directory's resident and

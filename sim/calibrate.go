@@ -134,10 +134,22 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 
 // MeanProfile is the profile whose every figure is the mean of ps' (the
 // calibrations on each run of a repeated case: a shared machine's speed
-// drifts between runs); its name, sources and cores are ps[0]'s.
+// drifts between runs); its name, sources and cores are ps[0]'s. The
+// figures whose 0 stands for another value are averaged as that value:
+// a LoadingHopMs of 0 as HopMs (and left 0 when the mean is within 10%
+// of HopMs, as Calibrate would), a CPUEfficiency of 0 as 1.
 func MeanProfile(ps []Profile) Profile {
 	if len(ps) == 0 {
 		return Profile{}
+	}
+	ps = slices.Clone(ps)
+	for i := range ps {
+		if ps[i].LoadingHopMs == 0 {
+			ps[i].LoadingHopMs = ps[i].HopMs
+		}
+		if ps[i].CPUEfficiency == 0 {
+			ps[i].CPUEfficiency = 1
+		}
 	}
 	out := ps[0]
 	v := reflect.ValueOf(&out).Elem()
@@ -150,6 +162,9 @@ func MeanProfile(ps []Profile) Profile {
 			sum += reflect.ValueOf(p).Field(f).Float()
 		}
 		v.Field(f).SetFloat(sum / float64(len(ps)))
+	}
+	if out.LoadingHopMs <= out.HopMs*1.1 {
+		out.LoadingHopMs = 0
 	}
 	return out
 }

@@ -257,7 +257,8 @@ func (r *run) decode(start float64) Result {
 	for it := range steps {
 		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
 		align := now                    // the sampled token (a few bytes) leaves at once
-		if r.o.Mode == Shadow && r.o.AlignKV > 0 && it%r.o.AlignKV == 0 {
+		// due at decode iterations K, 2K, ... as align.Policy.KVDue says
+		if r.o.Mode == Shadow && r.o.AlignKV > 0 && (it+1)%r.o.AlignKV == 0 {
 			// with the KV rows of the last AlignKV positions, on the
 			// main node's link before this iteration's activations
 			kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
