@@ -367,7 +367,7 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 		opt.Log.Info().Str("mode", string(mode)).Int("servers", len(servers)).Str("logs", logDir).Msg("rig nodes started")
 	}
 	repeats := make([][]Run, len(opt.Cases)) // by case
-	for range max(1, opt.Repeat) {
+	for rep := range max(1, opt.Repeat) {
 		for i, c := range opt.Cases {
 			for _, p := range servers {
 				if p.Exited() {
@@ -378,7 +378,7 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 			if mode == ModeFault {
 				f = planFault(opt, servers, done, c)
 			}
-			r, err := benchCase(opt, mode, i, c, f, servers)
+			r, err := benchCase(opt, mode, i, rep, c, f, servers)
 			if f != nil {
 				<-f.ran // benchCase has stopped the kill, or it has run
 				r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
@@ -509,14 +509,21 @@ func (f *fault) arm(logPath string, t0 time.Time) {
 	f.kill()
 }
 
-func runDir(opt BenchOptions, mode Mode, c Case) string {
-	return filepath.Join(opt.Out, "runs", string(mode)+"-"+c.String())
+// runDir is where repeat rep (from 0) of mode on c leaves its dumps,
+// stats and log: runs/MODE-CASE, then runs/MODE-CASE-r2, -r3, ...
+func runDir(opt BenchOptions, mode Mode, c Case, rep int) string {
+	name := string(mode) + "-" + c.String()
+	if rep > 0 {
+		name += fmt.Sprintf("-r%d", rep+1)
+	}
+	return filepath.Join(opt.Out, "runs", name)
 }
 
-// benchCase runs the main node (or local mode) once.
-func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*Proc) (Run, error) {
+// benchCase runs the main node (or local mode) once: repeat rep of case
+// i, c.
+func benchCase(opt BenchOptions, mode Mode, i, rep int, c Case, f *fault, servers []*Proc) (Run, error) {
 	m := opt.Rig.Main
-	dir := runDir(opt, mode, c)
+	dir := runDir(opt, mode, c, rep)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Run{}, err
 	}
@@ -529,7 +536,7 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*
 	args = append(args, "-prompt", Prompts[i%len(Prompts)], "-prompt-tokens", strconv.Itoa(c.Prompt), "-n", strconv.Itoa(c.Output),
 		"-ignore-eos", "-dump", dir, "-stats", filepath.Join(dir, "stats.json"))
 	r := Run{Mode: mode, Case: c.String(), Prompt: c.Prompt, Output: c.Output}
-	if mode != ModeLocal && i == 0 {
+	if mode != ModeLocal && i == 0 && rep == 0 {
 		r.Trace = filepath.Join(opt.Out, "trace-"+string(mode)+".json")
 		args = append(args, "-trace", r.Trace, "-trace-iters", opt.TraceIters)
 	}
@@ -585,7 +592,7 @@ func benchCase(opt BenchOptions, mode Mode, i int, c Case, f *fault, servers []*
 	if mode == ModeLocal {
 		r.Identical = true
 	} else {
-		r.Diff = sameOutput(runDir(opt, ModeLocal, c), dir)
+		r.Diff = sameOutput(runDir(opt, ModeLocal, c, 0), dir) // every local run gives the same bits
 		r.Identical = r.Diff == ""
 	}
 	var st struct {
