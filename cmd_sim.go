@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,23 +49,11 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if *profilePath == "" || *dir == "" {
 		return usagef("-profile and -model are required")
 	}
-	p, err := readProfile(*profilePath)
-	if err != nil {
-		return err
-	}
-	rig, err := testbed.ReadRig(*rigPath)
-	if err != nil {
-		return err
-	}
-	shape, cfg, err := simShape(*dir)
+	p, _, layout, shape, err := simRig(*profilePath, *rigPath, *dir)
 	if err != nil {
 		return err
 	}
 	c, err := oneCase(*caseFlag)
-	if err != nil {
-		return err
-	}
-	layout, err := rigLayout(rig, cfg)
 	if err != nil {
 		return err
 	}
@@ -209,6 +198,19 @@ func measured(r testbed.Run) (sim.Measured, error) {
 		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}, nil
 }
 
+// parseFloats reads comma-separated numbers, each in [lo, hi].
+func parseFloats(s string, lo, hi float64) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v < lo || v > hi {
+			return nil, fmt.Errorf("%q is not a number in %v..%v", f, lo, hi)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
 // parseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"
 // (bits per second).
 func parseBitRate(s string) (float64, bool) {
@@ -258,19 +260,7 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	p, err := readProfile(*profilePath)
-	if err != nil {
-		return err
-	}
-	rig, err := testbed.ReadRig(*rigPath)
-	if err != nil {
-		return err
-	}
-	shape, cfg, err := simShape(rep.Model)
-	if err != nil {
-		return err
-	}
-	layout, err := rigLayout(rig, cfg)
+	p, rig, layout, shape, err := simRig(*profilePath, *rigPath, rep.Model)
 	if err != nil {
 		return err
 	}
@@ -330,6 +320,25 @@ func shadowAhead(rig *testbed.Rig) (int, error) {
 		return shadow.DefaultAhead, nil
 	}
 	return nodeIntFlag(*rig.Shadow, "-ahead", shadow.DefaultAhead)
+}
+
+// simRig reads what a simulation of a rig runs on: the profile, the rig
+// and its worker layout, and the model's shape.
+func simRig(profilePath, rigPath, modelDir string) (sim.Profile, *testbed.Rig, sched.Layout, sim.Shape, error) {
+	p, err := readProfile(profilePath)
+	if err != nil {
+		return p, nil, sched.Layout{}, sim.Shape{}, err
+	}
+	rig, err := testbed.ReadRig(rigPath)
+	if err != nil {
+		return p, nil, sched.Layout{}, sim.Shape{}, err
+	}
+	shape, cfg, err := simShape(modelDir)
+	if err != nil {
+		return p, rig, sched.Layout{}, shape, err
+	}
+	layout, err := rigLayout(rig, cfg)
+	return p, rig, layout, shape, err
 }
 
 // rigLayout is the rig's workers in groups of its main node's -group (by
@@ -425,22 +434,14 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	var values []float64
-	for _, f := range strings.Split(*valuesFlag, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-		if err != nil {
-			return usagef("-values: %q is not a number", f)
-		}
-		values = append(values, v)
+	values, err := parseFloats(*valuesFlag, math.Inf(-1), math.Inf(1))
+	if err != nil {
+		return usagef("-values: %v", err)
 	}
 	var recalls []float64
 	if *recallsFlag != "" {
-		for _, f := range strings.Split(*recallsFlag, ",") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-			if err != nil || v < 0 || v > 1 {
-				return usagef("-recalls: %q is not a recall in 0..1", f)
-			}
-			recalls = append(recalls, v)
+		if recalls, err = parseFloats(*recallsFlag, 0, 1); err != nil {
+			return usagef("-recalls: %v", err)
 		}
 		if len(recalls) != len(values) {
 			return usagef("-recalls has %d values for -values' %d", len(recalls), len(values))
