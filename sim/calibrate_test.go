@@ -8,6 +8,21 @@ import (
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(b)) }
 
+// figure is a calibrated profile's figure and the value it must have.
+type figure struct {
+	name      string
+	got, want float64
+}
+
+func checkFigures(t *testing.T, fs []figure) {
+	t.Helper()
+	for _, f := range fs {
+		if !near(f.got, f.want) {
+			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
+		}
+	}
+}
+
 // TestCalibrateReadsEachCostFromItsFigure: runs made up from known
 // costs give those costs back, and the CPU a token by role.
 func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
@@ -33,10 +48,7 @@ func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		name      string
-		got, want float64
-	}{
+	checkFigures(t, []figure{
 		{"main_layer_ms", p.MainLayerMs, 1},
 		{"main_token_ms", p.MainTokenMs, 2},                                  // layer 0's excess
 		{"expert_ms", p.ExpertMs, 2},                                         // the slowest request's compute a call
@@ -49,11 +61,7 @@ func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
 		{"main_cpu_token_ms", p.MainCPUTokenMs, 10},
 		{"worker_cpu_expert_ms", p.WorkerCPUExpertMs, 176.0 / (out * 4 * 2)},
 		{"worker_cpu_load_ms", p.WorkerCPULoadMs, 20.0 / 20}, // 20 ms more over 20 loads
-	} {
-		if !near(c.got, c.want) {
-			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
-		}
-	}
+	})
 	// the shadow run at 20 tok/s kept this share of 2 cores busy
 	cpu := 10 + 8*(176.0/(out*4*2)) + 20.0/10*1 + 8
 	if !near(p.CPUEfficiency, 20*cpu/2000) {
@@ -134,10 +142,7 @@ func TestCalibrateTakesTheContextsGrowthOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		name      string
-		got, want float64
-	}{
+	checkFigures(t, []figure{
 		{"main_position_ms", p.MainPositionMs, slope},
 		{"shadow_position_ms", p.ShadowPositionMs, slope},
 		{"main_layer_ms", p.MainLayerMs, 1},
@@ -145,11 +150,7 @@ func TestCalibrateTakesTheContextsGrowthOut(t *testing.T) {
 		{"main_cpu_token_ms", p.MainCPUTokenMs, 420.0/out - 2*slope*mean},
 		{"shadow_cpu_token_ms", p.ShadowCPUTokenMs, 210.0/out - 2*slope*mean},
 		{"shadow_layer_ms", p.ShadowLayerMs, (210.0/out - 2*slope*mean) / 2},
-	} {
-		if !near(c.got, c.want) {
-			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
-		}
-	}
+	})
 }
 
 // TestMeanProfileAveragesEveryFigure: each float figure is the mean of
