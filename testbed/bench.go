@@ -512,11 +512,15 @@ func (f *fault) arm(logPath string, t0 time.Time) {
 // runDir is where repeat rep (from 0) of mode on c leaves its dumps,
 // stats and log: runs/MODE-CASE, then runs/MODE-CASE-r2, -r3, ...
 func runDir(opt BenchOptions, mode Mode, c Case, rep int) string {
-	name := string(mode) + "-" + c.String()
-	if rep > 0 {
-		name += fmt.Sprintf("-r%d", rep+1)
+	return filepath.Join(opt.Out, "runs", string(mode)+"-"+c.String()+repeatSuffix(rep))
+}
+
+// repeatSuffix names repeat rep's files: none for the first, -r2, -r3, ...
+func repeatSuffix(rep int) string {
+	if rep == 0 {
+		return ""
 	}
-	return filepath.Join(opt.Out, "runs", name)
+	return fmt.Sprintf("-r%d", rep+1)
 }
 
 // benchCase runs the main node (or local mode) once: repeat rep of case
@@ -536,8 +540,8 @@ func benchCase(opt BenchOptions, mode Mode, i, rep int, c Case, f *fault, server
 	args = append(args, "-prompt", Prompts[i%len(Prompts)], "-prompt-tokens", strconv.Itoa(c.Prompt), "-n", strconv.Itoa(c.Output),
 		"-ignore-eos", "-dump", dir, "-stats", filepath.Join(dir, "stats.json"))
 	r := Run{Mode: mode, Case: c.String(), Prompt: c.Prompt, Output: c.Output}
-	if mode != ModeLocal && i == 0 && rep == 0 {
-		r.Trace = filepath.Join(opt.Out, "trace-"+string(mode)+".json")
+	if mode != ModeLocal && i == 0 { // each repeat its own, so that the run the report keeps has its timeline
+		r.Trace = filepath.Join(opt.Out, "trace-"+string(mode)+repeatSuffix(rep)+".json")
 		args = append(args, "-trace", r.Trace, "-trace-iters", opt.TraceIters)
 	}
 	out, err := os.Create(filepath.Join(dir, "main.log"))

@@ -539,3 +539,18 @@ func TestReportSplitsTheCPUByRole(t *testing.T) {
 		t.Fatalf("report:\n%s\nwant the line %q", text, want)
 	}
 }
+
+// TestRepeatsKeepTheirOwnFiles: a case's first run keeps the directory
+// it always had; each further repeat gets its own, so none overwrites the
+// run the report keeps.
+func TestRepeatsKeepTheirOwnFiles(t *testing.T) {
+	opt := BenchOptions{Out: "/out"}
+	c := Case{16, 64}
+	seen := map[string]bool{}
+	for rep, want := range []string{"/out/runs/shadow-p16-o64", "/out/runs/shadow-p16-o64-r2", "/out/runs/shadow-p16-o64-r3"} {
+		if got := runDir(opt, ModeShadow, c, rep); got != want || seen[got] {
+			t.Errorf("repeat %d: %s, want %s (and not another repeat's)", rep, got, want)
+		}
+		seen[want] = true
+	}
+}
