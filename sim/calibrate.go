@@ -89,9 +89,8 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	for _, l := range sd {
 		loadingNet += l.NetworkMs / float64(l.Calls)
 	}
-	if h := max(0, loadingNet/float64(len(sd))/2-wire); h > p.HopMs*1.1 {
-		p.LoadingHopMs = h
-	}
+	p.LoadingHopMs = max(0, loadingNet/float64(len(sd))/2-wire)
+	p.dropSameLoadingHop()
 	p.LoadBytesPerS = float64(s.ExpertBytes) / (loadMs / float64(loads) / 1000)
 	if rp := withCalls(resident.Prefill); len(rp) > 0 && resident.Prompt > 0 {
 		var m, w float64
@@ -136,8 +135,8 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 // calibrations on each run of a repeated case: a shared machine's speed
 // drifts between runs); its name, sources and cores are ps[0]'s. The
 // figures whose 0 stands for another value are averaged as that value:
-// a LoadingHopMs of 0 as HopMs (and left 0 when the mean is within 10%
-// of HopMs, as Calibrate would), a CPUEfficiency of 0 as 1.
+// a LoadingHopMs of 0 as HopMs (and dropped again as Calibrate drops
+// it), a CPUEfficiency of 0 as 1.
 func MeanProfile(ps []Profile) Profile {
 	if len(ps) == 0 {
 		return Profile{}
@@ -163,10 +162,16 @@ func MeanProfile(ps []Profile) Profile {
 		}
 		v.Field(f).SetFloat(sum / float64(len(ps)))
 	}
-	if out.LoadingHopMs <= out.HopMs*1.1 {
-		out.LoadingHopMs = 0
-	}
+	out.dropSameLoadingHop()
 	return out
+}
+
+// dropSameLoadingHop leaves LoadingHopMs 0 (the hop) unless it exceeds
+// HopMs by more than 10%: a rig of separate nodes has one hop.
+func (p *Profile) dropSameLoadingHop() {
+	if p.LoadingHopMs <= p.HopMs*1.1 {
+		p.LoadingHopMs = 0
+	}
 }
 
 // meanDecodePosition is the mean count of cached positions over a run's
