@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // benchSetBytes is the least total weight bytes a benchmark rotates
@@ -111,5 +112,31 @@ func BenchmarkMatVecDecodeShapes(b *testing.B) {
 				MatVec(out, m, x)
 			}
 		})
+	}
+}
+
+// BenchmarkMatVecWake times one BF16 product of 64K to 1M elements
+// directly (ns/product) and after a 200 us pause, where the team's members
+// have parked (minWakeElems).
+func BenchmarkMatVecWake(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, rows := range []int{256, 512, 1024, 2048, 4096} {
+		m, _ := randMatrix(rng, BF16, rows, 256)
+		x := make([]float32, 256)
+		out := make([]float32, rows)
+		for _, pause := range []bool{false, true} {
+			b.Run(fmt.Sprintf("elems=%dK/pause=%v", rows/4, pause), func(b *testing.B) {
+				var busy time.Duration
+				for range b.N {
+					if pause {
+						time.Sleep(200 * time.Microsecond)
+					}
+					t0 := time.Now()
+					MatVec(out, m, x)
+					busy += time.Since(t0)
+				}
+				b.ReportMetric(float64(busy.Nanoseconds())/float64(b.N), "ns/product")
+			})
+		}
 	}
 }

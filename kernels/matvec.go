@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The pure-Go row kernels of the "go" path (path.go): each computes
@@ -177,10 +178,39 @@ func checkShapes(op string, out []float32, w Matrix, x []float32, n int) {
 	}
 }
 
+// minWakeElems is the job size (multiply-adds) below which a product
+// that finds the team's members parked runs on the caller alone, unless
+// products are coming densely (the previous one of at least
+// minParallelElems began less than denseGap ago), where the members,
+// once woken, spin on to the next ones. Waking a member costs a futex
+// and, in a VM, the other vCPU's wake-up: on the 2-vCPU VM of
+// docs/BENCHMARKS.md a BF16 product of up to 1M elements after the
+// members parked took longer on 2 threads than on 1 (go test -bench MatVecWake:
+// 64K elements 15.9 against 9.1 us, 1M 151 against 124 us), while one
+// whose members spin gains from 64K up. Members park where products come
+// far apart: a worker between layers (its activation a network hop away),
+// the main node between tokens.
+const minWakeElems = 1 << 20
+
+// denseGap: see minWakeElems.
+const denseGap = 100 * time.Microsecond
+
+// lastEligible is when the last product of minParallelElems or more
+// asked partsFor, in nanoseconds since clockStart.
+var (
+	lastEligible atomic.Int64
+	clockStart   = time.Now()
+)
+
 // partsFor returns how many goroutines to split rows over for a job of
 // elems multiply-adds.
 func partsFor(rows, elems int) int {
 	if elems < minParallelElems {
+		return 1
+	}
+	now := int64(time.Since(clockStart))
+	prev := lastEligible.Swap(now)
+	if elems < minWakeElems && now-prev > int64(denseGap) && teamAsleep() {
 		return 1
 	}
 	return min(Threads(), rows)

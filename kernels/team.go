@@ -79,6 +79,21 @@ func teamFor(parts int) *team {
 	return t
 }
 
+// teamAsleep reports whether a member of the current team is parked, so
+// that a region would have to wake it.
+func teamAsleep() bool {
+	t := theTeam.Load()
+	if t == nil {
+		return false
+	}
+	for _, m := range t.members {
+		if m.parked.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // serve is a member's life: wait for a new region, work on it, again.
 func (t *team) serve(m *member) {
 	var seen uint64

@@ -72,9 +72,9 @@ func TestTeamMembersParkAndWake(t *testing.T) {
 	prev := SetThreads(3)
 	defer SetThreads(prev)
 	rng := rand.New(rand.NewPCG(7, 8))
-	m, _ := randMatrix(rng, BF16, 1024, 512)
+	m, _ := randMatrix(rng, BF16, 2048, 512) // minWakeElems: big enough to wake them
 	x := randVec(rng, 512)
-	want, got := make([]float32, 1024), make([]float32, 1024)
+	want, got := make([]float32, 2048), make([]float32, 2048)
 	MatVec(want, m, x)
 	tm := teamFor(3)
 	parked := func() (n int) {
@@ -106,6 +106,62 @@ func TestTeamMembersParkAndWake(t *testing.T) {
 	case <-tm.quit:
 	default:
 		t.Error("the 3-thread team was not stopped when the thread count changed")
+	}
+}
+
+// TestSmallProductsLeaveAParkedTeamAsleep: a product under minWakeElems
+// that finds the members parked, long after the previous product, runs on
+// the caller alone (the team's generation does not move, no member
+// wakes); products that follow it closely wake the team; the results are
+// the same either way.
+func TestSmallProductsLeaveAParkedTeamAsleep(t *testing.T) {
+	prev := SetThreads(2)
+	defer SetThreads(prev)
+	rng := rand.New(rand.NewPCG(9, 10))
+	m, _ := randMatrix(rng, BF16, 512, 512) // 256K elements: parallel, but under minWakeElems
+	x := randVec(rng, 512)
+	want, got := make([]float32, 512), make([]float32, 512)
+	SetThreads(1)
+	MatVec(want, m, x)
+	SetThreads(2)
+	MatVec(got, m, x) // starts the 2-thread team
+	tm := teamFor(2)
+	mb := tm.members[0]
+	for deadline := time.Now().Add(2 * time.Second); !mb.parked.Load() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !mb.parked.Load() {
+		t.Fatal("the member did not park within 2 s without work")
+	}
+	time.Sleep(2 * denseGap)
+	gen := tm.gen.Load()
+	clear(got)
+	MatVec(got, m, x)
+	if g := tm.gen.Load(); g != gen {
+		t.Errorf("a small product after a pause ran on the parked team (generation %d -> %d)", gen, g)
+	}
+	if !mb.parked.Load() {
+		t.Error("a small product after a pause woke the parked member")
+	}
+	if !slices.Equal(got, want) {
+		t.Fatal("the product on the caller alone differs from the one-thread product")
+	}
+	// products back to back: the team runs them (a loaded machine may
+	// pause the test between two past denseGap; a few tries allow for it)
+	woke := false
+	for range 20 {
+		gen = tm.gen.Load()
+		MatVec(got, m, x)
+		if !slices.Equal(got, want) {
+			t.Fatal("a product on the team differs from the one-thread product")
+		}
+		if tm.gen.Load() != gen {
+			woke = true
+			break
+		}
+	}
+	if !woke {
+		t.Error("20 small products back to back never ran on the team")
 	}
 }
 
