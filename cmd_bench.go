@@ -170,6 +170,14 @@ type decodeResult struct {
 	TokPerSByThreads map[string]float64 `json:"simd_tokens_per_s_by_threads"`
 	RooflineFraction map[string]float64 `json:"roofline_fraction"`
 	CPUBusy          map[string]float64 `json:"cpu_busy"`
+	// Scaling is each count's tokens/s over one thread's; ScalingCeiling
+	// the most it could be in this run: the fastest weight stream
+	// measured at that count (the DRAM roofline or the BF16 matvec,
+	// whichever streamed more) over the GB/s one thread's decode already
+	// reads. Where one thread decodes near the bandwidth of two, two
+	// cannot gain more.
+	Scaling        map[string]float64 `json:"scaling"`
+	ScalingCeiling map[string]float64 `json:"scaling_ceiling"`
 	// ThreadsBitIdentical: every thread count gave the same logits.
 	ThreadsBitIdentical bool `json:"threads_bit_identical"`
 }
@@ -271,6 +279,7 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 		if err != nil {
 			return err
 		}
+		d.scaling(bestStreams(rep))
 		rep.Decode = d
 	}
 	rep.Machine.LoadAfter = loadAvg()
@@ -656,6 +665,35 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 	return d, nil
 }
 
+// bestStreams is the fastest weight stream each thread count measured in
+// rep: the DRAM roofline or the BF16 matvec, whichever is more (GB/s).
+func bestStreams(rep *kernelsReport) map[string]float64 {
+	best := maps.Clone(rep.DRAMGBps)
+	for _, m := range rep.MatVec {
+		if k := strconv.Itoa(m.Threads); m.DType == "BF16" {
+			best[k] = max(best[k], m.GBps)
+		}
+	}
+	return best
+}
+
+// scaling fills Scaling and ScalingCeiling from the tokens/s by thread
+// count and streams, the fastest GB/s measured at each count.
+func (d *decodeResult) scaling(streams map[string]float64) {
+	one := d.TokPerSByThreads["1"]
+	if one == 0 {
+		return
+	}
+	oneGBps := float64(d.BytesPerToken) * one / 1e9
+	d.Scaling, d.ScalingCeiling = map[string]float64{}, map[string]float64{}
+	for k, rate := range d.TokPerSByThreads {
+		d.Scaling[k] = rate / one
+		if gbps := streams[k]; gbps > 0 {
+			d.ScalingCeiling[k] = gbps / oneGBps
+		}
+	}
+}
+
 func hashLogits(h io.Writer, logits []float32) {
 	b := make([]byte, 4*len(logits))
 	for i, v := range logits {
@@ -695,8 +733,12 @@ func printKernelsReport(w io.Writer, r *kernelsReport) {
 		keys := slices.Collect(maps.Keys(d.TokPerSByThreads))
 		slices.SortFunc(keys, func(a, b string) int { x, _ := strconv.Atoi(a); y, _ := strconv.Atoi(b); return x - y })
 		for _, k := range keys {
-			fmt.Fprintf(w, "  %s threads: %.2f tok/s, %.1f GB/s of weights, %.2f of the roofline, %.2f CPUs busy\n",
+			fmt.Fprintf(w, "  %s threads: %.2f tok/s, %.1f GB/s of weights, %.2f of the roofline, %.2f CPUs busy",
 				k, d.TokPerSByThreads[k], float64(d.BytesPerToken)*d.TokPerSByThreads[k]/1e9, d.RooflineFraction[k], d.CPUBusy[k])
+			if c, ok := d.ScalingCeiling[k]; ok && k != "1" {
+				fmt.Fprintf(w, "; %.2fx one thread (at most %.2fx: the fastest stream measured at %s threads over one thread's decode)", d.Scaling[k], c, k)
+			}
+			fmt.Fprintln(w)
 		}
 	}
 }

@@ -1,0 +1,34 @@
+package main
+
+import "testing"
+
+// TestDecodeScalingCeiling: the ceiling of N threads over one is the
+// fastest BF16 or DRAM stream measured at N over the GB/s one thread's
+// decode reads; other dtypes' matvecs do not count.
+func TestDecodeScalingCeiling(t *testing.T) {
+	rep := &kernelsReport{
+		DRAMGBps: map[string]float64{"1": 8, "2": 12},
+		MatVec: []matVecResult{
+			{DType: "BF16", Threads: 2, GBps: 15},
+			{DType: "F16", Threads: 2, GBps: 20},
+			{DType: "BF16", Threads: 1, GBps: 7},
+		},
+	}
+	streams := bestStreams(rep)
+	if streams["1"] != 8 || streams["2"] != 15 {
+		t.Fatalf("best streams %v, want 1: 8 (DRAM), 2: 15 (BF16 matvec)", streams)
+	}
+	d := &decodeResult{BytesPerToken: 1e9, TokPerSByThreads: map[string]float64{"1": 10, "2": 13}}
+	d.scaling(streams)
+	if d.Scaling["2"] != 1.3 || d.ScalingCeiling["2"] != 1.5 {
+		t.Errorf("2 threads: scaling %v, ceiling %v; want 1.3 and 1.5 (15 GB/s over one thread's 10)", d.Scaling["2"], d.ScalingCeiling["2"])
+	}
+	if d.Scaling["1"] != 1 {
+		t.Errorf("1 thread over itself: %v", d.Scaling["1"])
+	}
+	d = &decodeResult{BytesPerToken: 1e9, TokPerSByThreads: map[string]float64{"2": 13}}
+	d.scaling(streams)
+	if d.Scaling != nil {
+		t.Errorf("without a 1-thread figure there is no scaling, got %v", d.Scaling)
+	}
+}
