@@ -86,7 +86,7 @@ func SetThreads(n int) (prev int) {
 func MatVec(out []float32, w Matrix, x []float32) {
 	checkShapes("MatVec", out, w, x, 1)
 	p := cur()
-	parts := partsFor(w.Rows, w.Rows*w.Cols)
+	parts := partsNow(w.Rows, w.Rows*w.Cols)
 	if parts <= 1 {
 		matVecRows(&p.rowKernels, out, w, x, 0, w.Rows)
 		return
@@ -112,7 +112,7 @@ func MatMul(out []float32, w Matrix, x []float32, n int) {
 		return
 	}
 	p := cur()
-	parts := partsFor(w.Rows, w.Rows*w.Cols*n)
+	parts := partsNow(w.Rows, w.Rows*w.Cols*n)
 	if parts <= 1 {
 		p.matMulRows(out, w, x, n, 0, w.Rows)
 		return
@@ -147,7 +147,7 @@ func MatMulEach(x []float32, n int, ps []Product) {
 		elems += p.W.Rows * p.W.Cols
 	}
 	k := cur()
-	if parts := partsFor(rows, elems); parts > 1 {
+	if parts := partsNow(rows, elems); parts > 1 {
 		parallelRows(parts, rows, func(_, r0, r1 int) { eachRows(&k.rowKernels, ps, x, r0, r1) })
 		return
 	}
@@ -196,16 +196,27 @@ const minWakeElems = 1 << 20
 const denseGap = 100 * time.Microsecond
 
 // lastEligible is when the last product of minParallelElems or more
-// asked partsFor, in nanoseconds since clockStart.
+// asked partsNow, in nanoseconds since clockStart.
 var (
 	lastEligible atomic.Int64
 	clockStart   = time.Now()
 )
 
-// partsFor returns how many goroutines to split rows over for a job of
-// elems multiply-adds.
+// partsFor returns how many goroutines a job of elems multiply-adds over
+// rows could split over: by size alone, the same at every call.
 func partsFor(rows, elems int) int {
 	if elems < minParallelElems {
+		return 1
+	}
+	return min(Threads(), rows)
+}
+
+// partsNow is partsFor for a product about to run: 1, the caller alone,
+// where the job is under minWakeElems, the team's members are parked and
+// the previous product began more than denseGap ago.
+func partsNow(rows, elems int) int {
+	parts := partsFor(rows, elems)
+	if parts == 1 {
 		return 1
 	}
 	now := int64(time.Since(clockStart))
@@ -213,7 +224,7 @@ func partsFor(rows, elems int) int {
 	if elems < minWakeElems && now-prev > int64(denseGap) && teamAsleep() {
 		return 1
 	}
-	return min(Threads(), rows)
+	return parts
 }
 
 // chunksPerPart is how many row chunks parallelRows makes per goroutine.
