@@ -63,7 +63,7 @@ func testMatVecWithinFloat64ErrorBound(t *testing.T) {
 // Shapes big enough to be split over goroutines (>= minParallelElems),
 // fewer rows than goroutines, and several MatMul row blocks.
 var parallelShapes = []struct{ rows, cols int }{
-	{300, 1000}, {3, 30000}, {1, 70000}, {64, 1000}, {17, 33}, {129, 4097},
+	{300, 1000}, {3, 30000}, {1, 70000}, {64, 1000}, {17, 33}, {129, 4097}, {71, 2048},
 }
 
 func TestMatVecIsIndependentOfThreads(t *testing.T) { forEachPath(t, testMatVecIsIndependentOfThreads) }

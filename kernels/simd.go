@@ -176,6 +176,10 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		matMulRowsByVector(p, out, w, x, n, r0, r1)
 		return
 	}
+	if w.DType == BF16 && mmBF16Direct(k) {
+		matMulBF16Direct(k, out, w, x, n, r0, r1)
+		return
+	}
 	tile := max(mr, mmTileBytes/(cols*4)/mr*mr)
 	rowBytes := w.DType.RowBytes(cols)
 	var scratch []float32
@@ -214,6 +218,36 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		}
 		for ; t < n; t++ {
 			rowsAsm(k, F32, &out[t*rows+b0], unsafe.Pointer(&wf[0]), &x[t*cols], nr, cols, cols*4, false)
+		}
+	}
+}
+
+// matMulBF16Direct is matMulSIMD for BF16 weights on an ISA whose
+// micro-kernel widens them in registers (mmBF16Asm): no widened copy is
+// stored; a tile of rows (mmTileBytes of BF16, so it stays in L2) is
+// applied to every pair of vectors in turn, read from memory once. Every
+// output element is the Dot definition, as matMulSIMD's.
+func matMulBF16Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int) {
+	rows, cols := w.Rows, w.Cols
+	mr, mt := mmShape(k)
+	tile := max(mr, mmTileBytes/(cols*2)/mr*mr)
+	rowBytes := w.DType.RowBytes(cols)
+	wu := u16View(w.Data)
+	for b0 := r0; b0 < r1; b0 += tile {
+		b1 := min(b0+tile, r1)
+		nr := b1 - b0
+		whole := nr / mr * mr
+		t := 0
+		for ; t+mt <= n; t += mt {
+			if whole > 0 {
+				mmBF16Asm(k, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, whole, &x[t*cols], cols*4, cols)
+			}
+			for v := t; v < t+mt && whole < nr; v++ {
+				rowsAsm(k, BF16, &out[v*rows+b0+whole], unsafe.Pointer(&wu[(b0+whole)*cols]), &x[v*cols], nr-whole, cols, rowBytes, false)
+			}
+		}
+		for ; t < n; t++ {
+			rowsAsm(k, BF16, &out[t*rows+b0], unsafe.Pointer(&wu[b0*cols]), &x[t*cols], nr, cols, rowBytes, false)
 		}
 	}
 }

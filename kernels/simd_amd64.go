@@ -64,6 +64,14 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 	}
 }
 
+// mmBF16Direct reports whether k has a MatMul micro-kernel that reads
+// BF16 weights itself (mmBF16Asm): AVX2. AVX-512 widens a tile first.
+func mmBF16Direct(k isa) bool { return k == isaAVX2 }
+
+func mmBF16Asm(_ isa, out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int) {
+	mmBF16AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+}
+
 func widenAsm(k isa, dt DType, dst *float32, src *uint16, n int) {
 	switch {
 	case k == isaAVX512 && dt == BF16:
@@ -159,6 +167,9 @@ func rowsF16AVX2(out *float32, w unsafe.Pointer, x *float32, rows, n16, stride i
 
 //go:noescape
 func mmAVX2(out *float32, outStride int, w *float32, wStride, rows int, x *float32, xStride, n16 int)
+
+//go:noescape
+func mmBF16AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
 
 //go:noescape
 func widenBF16AVX2(dst *float32, src *uint16, n int)

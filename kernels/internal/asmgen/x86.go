@@ -34,10 +34,16 @@ func (k x86) all(a *asm) {
 		nf4Shift256Data(a)
 	}
 	k.mm(a)
+	if k.parts == 2 {
+		k.mmBF16(a)
+	}
 	k.widen(a, bf16)
 	k.widen(a, f16)
 	k.sumLanes(a)
 	k.axpy(a)
+	if k.parts == 2 {
+		axpyRowsAVX2(a) // the AVX-512 path calls it too
+	}
 	k.add(a)
 	k.scaleMul(a)
 }
@@ -347,6 +353,87 @@ func (k x86) mm(a *asm) {
 	a.i("RET")
 }
 
+// mmBF16 emits mmBF16AVX2(out *float32, outStride int, w *uint16,
+// wStride, rows int, x *float32, xStride, n16 int): mm's AVX2 2x2 tile
+// on BF16 weights read as they are, each 8 widened in a register (exact:
+// the 16 bits become the top half), so a MatMul reads its weights once
+// from memory and never stores a widened copy. The accumulators, their
+// order and the fold are mm's: the same bits as mm on the widened rows.
+func (k x86) mmBF16(a *asm) {
+	const R, T = 2, 2
+	name := "mmBF16" + k.name
+	a.comment("func %s(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)", name)
+	a.comment("%d rows x %d vectors per register tile, BF16 weights widened in registers.", R, T)
+	a.text(name, 64)
+	a.i("MOVQ out+0(FP), DI")
+	a.i("MOVQ outStride+8(FP), BX")
+	a.i("MOVQ w+16(FP), R12")
+	a.i("MOVQ wStride+24(FP), DX")
+	a.i("MOVQ rows+32(FP), CX")
+	a.i("MOVQ x+40(FP), R8")
+	a.i("MOVQ xStride+48(FP), AX")
+	a.i("MOVQ n16+56(FP), SI") // elements: AX counts elements below
+	a.i("LEAQ (R8)(AX*1), R9")
+	xp := []string{"R8", "R9"}
+	wp := []string{"R12", "R13"}
+	// acc[r][t] part p Y(4r+2t+p), w[r] part p Y(8+2r+p), x part p
+	// Y12+p, temporaries Y14-Y15: as mm
+	acc := func(r, t, p int) int { return 4*r + 2*t + p }
+	a.label("group")
+	a.i("CMPQ CX, $%d", R)
+	a.i("JLT done")
+	a.i("LEAQ (R12)(DX*1), R13")
+	for r := range R {
+		for t := range T {
+			for p := range 2 {
+				n := acc(r, t, p)
+				a.i("%s %s, %s, %s", k.zero, k.r(n), k.r(n), k.r(n))
+			}
+		}
+	}
+	a.i("XORQ AX, AX")
+	a.i("TESTQ SI, SI")
+	a.i("JEQ fold")
+	a.label("loop")
+	for r := range R {
+		for p := range 2 {
+			k.loadW(a, bf16, wp[r], p, fmt.Sprintf("Y%d", 8+2*r+p))
+		}
+	}
+	n := 0
+	for t := range T {
+		for p := range 2 {
+			a.i("VMOVUPS %d(%s)(AX*4), Y%d", 32*p, xp[t], 12+p)
+		}
+		for r := range R {
+			for p := range 2 {
+				tmp := 14 + n%2
+				n++
+				a.i("VMULPS Y%d, Y%d, Y%d", 12+p, 8+2*r+p, tmp)
+				a.i("VADDPS Y%d, Y%d, Y%d", tmp, acc(r, t, p), acc(r, t, p))
+			}
+		}
+	}
+	a.i("ADDQ $16, AX")
+	a.i("CMPQ AX, SI")
+	a.i("JLT loop")
+	a.label("fold")
+	outAddr := []string{"(DI)", "(DI)(BX*1)"}
+	for r := range R {
+		for t := range T {
+			k.fold(a, []int{acc(r, t, 0), acc(r, t, 1)}, 15)
+			a.i("VMOVSS X%d, %d%s", acc(r, t, 0), 4*r, outAddr[t])
+		}
+	}
+	a.i("ADDQ $%d, DI", 4*R)
+	a.i("LEAQ (R12)(DX*%d), R12", R)
+	a.i("SUBQ $%d, CX", R)
+	a.i("JMP group")
+	a.label("done")
+	a.i("VZEROUPPER")
+	a.i("RET")
+}
+
 // widen emits widen<D><ISA>(dst *float32, src *uint16, n int): dst[i] =
 // the exact float32 value of src[i], n a multiple of 16.
 func (k x86) widen(a *asm, d dtype) {
@@ -475,3 +562,87 @@ func (k x86) scaleMul(a *asm) {
 		a.i("VMOVUPS %s, %d(DI)(AX*4)", t, off)
 	})
 }
+
+// axpyRowsAVX2 emits axpyRowsAVX2(dst, a, x *float32, rows, n16, stride
+// int), kernels.Attend's weighted sum of value rows, as written by hand
+// (its comment says what it computes). It was first added to
+// avx2_amd64.s directly; kept here so that go generate reproduces the
+// file.
+func axpyRowsAVX2(a *asm) {
+	a.b.WriteString("\n" + axpyRowsAVX2Text)
+}
+
+const axpyRowsAVX2Text = `// func axpyRowsAVX2(dst, a, x *float32, rows, n16, stride int)
+// dst[i] += a[j]*x[j*stride+i] (stride in bytes) for i < n16 (a multiple
+// of 16) and j = 0, 1, ..., rows-1 in order: Axpy's arithmetic (the
+// product rounded, VMULPS, then added, VADDPS) a row at a time, with each
+// block of 32 (then 16) elements of dst held in registers over all rows.
+TEXT ·axpyRowsAVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ rows+24(FP), CX
+	MOVQ n16+32(FP), R9
+	MOVQ stride+40(FP), BX
+	SHLQ $2, R9
+	XORQ R8, R8
+block32:
+	MOVQ R9, AX
+	SUBQ R8, AX
+	CMPQ AX, $128
+	JLT block16
+	VMOVUPS 0(DI)(R8*1), Y0
+	VMOVUPS 32(DI)(R8*1), Y1
+	VMOVUPS 64(DI)(R8*1), Y2
+	VMOVUPS 96(DI)(R8*1), Y3
+	LEAQ (DX)(R8*1), R10
+	XORQ R11, R11
+	TESTQ CX, CX
+	JEQ store32
+row32:
+	VBROADCASTSS (SI)(R11*4), Y8
+	VMULPS 0(R10), Y8, Y4
+	VADDPS Y4, Y0, Y0
+	VMULPS 32(R10), Y8, Y5
+	VADDPS Y5, Y1, Y1
+	VMULPS 64(R10), Y8, Y6
+	VADDPS Y6, Y2, Y2
+	VMULPS 96(R10), Y8, Y7
+	VADDPS Y7, Y3, Y3
+	ADDQ BX, R10
+	INCQ R11
+	CMPQ R11, CX
+	JLT row32
+store32:
+	VMOVUPS Y0, 0(DI)(R8*1)
+	VMOVUPS Y1, 32(DI)(R8*1)
+	VMOVUPS Y2, 64(DI)(R8*1)
+	VMOVUPS Y3, 96(DI)(R8*1)
+	ADDQ $128, R8
+	JMP block32
+block16:
+	CMPQ AX, $64
+	JLT done
+	VMOVUPS 0(DI)(R8*1), Y0
+	VMOVUPS 32(DI)(R8*1), Y1
+	LEAQ (DX)(R8*1), R10
+	XORQ R11, R11
+	TESTQ CX, CX
+	JEQ store16
+row16:
+	VBROADCASTSS (SI)(R11*4), Y8
+	VMULPS 0(R10), Y8, Y4
+	VADDPS Y4, Y0, Y0
+	VMULPS 32(R10), Y8, Y5
+	VADDPS Y5, Y1, Y1
+	ADDQ BX, R10
+	INCQ R11
+	CMPQ R11, CX
+	JLT row16
+store16:
+	VMOVUPS Y0, 0(DI)(R8*1)
+	VMOVUPS Y1, 32(DI)(R8*1)
+done:
+	VZEROUPPER
+	RET
+`
