@@ -230,6 +230,9 @@ func (b *Batcher) loop() {
 		if err == nil {
 			err = b.batch.Forward(b.life, sessions, tokens)
 		}
+		if err == nil {
+			err = b.batch.Logits(sessions) // the output head once for every row
+		}
 		if err != nil {
 			for _, m := range members {
 				finish(m, err)

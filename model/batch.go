@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/kvcache"
 )
 
 // Batch runs decode steps of several sequences as one forward pass
@@ -23,7 +24,7 @@ type Batch struct {
 	m       *Model
 	seq     uint64
 	iter    int64
-	ffn     *Session // the feed-forward blocks' rows and buffers; no KV cache
+	ffn     *Session // the pass's rows and buffers; no KV cache of its own
 	starts  []int
 	experts ExpertRunner
 }
@@ -31,7 +32,7 @@ type Batch struct {
 // NewBatch returns a batch of m's sessions whose experts run on experts.
 func NewBatch(m *Model, experts ExpertRunner) *Batch {
 	return &Batch{m: m, seq: nextSeq(), experts: experts,
-		ffn: &Session{m: m, experts: experts, lastRow: -1}}
+		ffn: &Session{m: m, experts: experts, lastRow: -1, invFreq: kernels.RoPEFreqs(m.Config.HeadDim, m.Config.RopeTheta)}}
 }
 
 // Seq is the batch's sequence id (its steps' Seq).
@@ -74,37 +75,67 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 	step := Step{Seq: b.seq, Iter: b.iter}
 	f := b.ffn
 	f.x = grow(f.x, n*h)
+	size := b.m.Embed.DType.Size()
 	for i, s := range sessions {
 		s.iter++
 		s.cache.Reserve(b.starts[i] + 1)
-		s.x = grow(s.x, h)
-		s.lastRow = -1
-		id, size := tokens[i], b.m.Embed.DType.Size()
-		kernels.ToFloat32(s.x[:h], b.m.Embed.Data[id*h*size:(id+1)*h*size], b.m.Embed.DType)
+		s.lastRow, s.headDone = -1, false
+		id := tokens[i]
+		kernels.ToFloat32(f.x[i*h:(i+1)*h], b.m.Embed.Data[id*h*size:(id+1)*h*size], b.m.Embed.DType)
 	}
+	at := func(i int) (*kvcache.Cache, int) { return sessions[i].cache, b.starts[i] }
 	for l := range b.m.Layers {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		L := &b.m.Layers[l]
-		for i, s := range sessions {
-			if err := L.Attention.forward(s, l, b.starts[i], 1); err != nil {
-				return fmt.Errorf("model: batch row %d: %w", i, err)
-			}
-			copy(f.x[i*h:(i+1)*h], s.x[:h])
+		// the rows' projections and feed-forward block each go over the
+		// weights once; only attention is per row, over its own cache
+		L.Attention.project(f, n)
+		if err := L.Attention.attend(f, l, n, at); err != nil {
+			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
+		L.Attention.output(f, n)
 		if err := L.ffn().forward(ctx, f, step, l, n); err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
-		for i, s := range sessions {
-			copy(s.x[:h], f.x[i*h:(i+1)*h])
-		}
+	}
+	for i, s := range sessions {
+		s.x = grow(s.x, h)
+		copy(s.x[:h], f.x[i*h:(i+1)*h])
 	}
 	for i, s := range sessions {
 		if err := s.cache.Commit(b.starts[i] + 1); err != nil {
 			return err
 		}
 		s.lastRow = 0
+	}
+	return nil
+}
+
+// Logits computes the output head of every session of the last Forward in
+// one pass over its weights (row i is sessions[i]); each session's Logits
+// then returns its row without computing it again. The sessions must be
+// those of the last Forward, in its order.
+func (b *Batch) Logits(sessions []*Session) error {
+	c := b.m.Config
+	n, h, V := len(sessions), c.HiddenSize, c.VocabSize
+	f := b.ffn
+	if len(f.x) < n*h {
+		return fmt.Errorf("model: logits of %d sessions after a pass of %d rows", n, len(f.x)/h)
+	}
+	f.hn = grow(f.hn, n*h)
+	for i, s := range sessions {
+		if s.m != b.m || s.lastRow != 0 {
+			return fmt.Errorf("model: batch row %d has no pass to compute logits for", i)
+		}
+		kernels.RMSNorm(f.hn[i*h:(i+1)*h], s.x[:h], b.m.FinalNorm, float32(c.RMSNormEps))
+	}
+	f.logits = grow(f.logits, n*V)
+	kernels.MatMul(f.logits[:n*V], b.m.LMHead, f.hn[:n*h], n)
+	for i, s := range sessions {
+		copy(s.logits, f.logits[i*V:(i+1)*V])
+		s.headDone = true
 	}
 	return nil
 }

@@ -11,8 +11,9 @@ import (
 
 // TestBatchedDecodeIsEachSequenceAlone decodes three sequences of every
 // family together, with members joining and leaving between passes, and
-// checks every pass's logits against the same sequence decoded alone, bit
-// for bit.
+// checks every pass's logits (every other pass from Batch.Logits, the
+// others from each session's Logits) against the same sequence decoded
+// alone, bit for bit.
 func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
 		t.Run(preset, func(t *testing.T) {
@@ -72,6 +73,11 @@ func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
 				if err := b.Forward(ctx, members, tokens); err != nil {
 					t.Fatal(err)
 				}
+				if pass%2 == 0 { // the head of every row in one product; else each session's own
+					if err := b.Logits(members); err != nil {
+						t.Fatal(err)
+					}
+				}
 				for i, s := range sessions {
 					if slices.Contains(members, s) {
 						got[i] = append(got[i], slices.Clone(s.Logits()))
@@ -106,5 +112,14 @@ func TestBatchRefusesMismatchedInput(t *testing.T) {
 	}
 	if err := b.Forward(context.Background(), []*Session{s}, []int{m.Config.VocabSize}); err == nil {
 		t.Fatal("a token outside the vocabulary was accepted")
+	}
+	if err := b.Logits([]*Session{s}); err == nil {
+		t.Fatal("Logits of a session that no pass ran was accepted")
+	}
+	if err := b.Forward(context.Background(), []*Session{s}, []int{1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Logits([]*Session{s, NewSession(m, NewResidentExperts(m), 4)}); err == nil {
+		t.Fatal("Logits of two sessions after a pass of one was accepted")
 	}
 }

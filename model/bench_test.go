@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
@@ -80,4 +81,51 @@ func BenchmarkLocalPrefill(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*len(prompt))/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// BenchmarkBatchDecode measures continuous batching: decode passes of
+// rows sequences in one Batch (each after its own 16-token prompt), all
+// experts resident. tokens/s counts every row's token.
+func BenchmarkBatchDecode(b *testing.B) {
+	m := benchModel(b)
+	ctx := context.Background()
+	for _, rows := range []int{1, 4} {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			sessions, tokens := make([]*Session, rows), make([]int, rows)
+			start := func() {
+				for i := range sessions {
+					prompt := make([]int, 16)
+					for j := range prompt {
+						prompt[j] = (j*7919 + 1 + i*131) % m.Config.VocabSize
+					}
+					sessions[i] = NewSession(m, NewResidentExperts(m), 0)
+					logits, err := sessions[i].Forward(ctx, prompt)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens[i] = Argmax(logits)
+				}
+			}
+			start()
+			batch := NewBatch(m, NewResidentExperts(m))
+			b.ResetTimer()
+			for range b.N {
+				if sessions[0].Len() >= m.Config.MaxPositions-1 {
+					b.StopTimer()
+					start()
+					b.StartTimer()
+				}
+				if err := batch.Forward(ctx, sessions, tokens); err != nil {
+					b.Fatal(err)
+				}
+				if err := batch.Logits(sessions); err != nil {
+					b.Fatal(err)
+				}
+				for i, s := range sessions {
+					tokens[i] = Argmax(s.Logits())
+				}
+			}
+			b.ReportMetric(float64(b.N*rows)/b.Elapsed().Seconds(), "tokens/s")
+		})
+	}
 }

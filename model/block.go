@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/kvcache"
 )
 
 // The blocks a decoder layer is made of. A family (mixtral.go) binds its
@@ -90,6 +91,18 @@ type MoE struct {
 // forward runs the block on the session's batch at layer l (the KV cache
 // layer it reads and extends): x += O(attn(norm(x))).
 func (a *Attention) forward(s *Session, l, start, n int) error {
+	a.project(s, n)
+	if err := a.attend(s, l, n, func(t int) (*kvcache.Cache, int) { return s.cache, start + t }); err != nil {
+		return err
+	}
+	a.output(s, n)
+	return nil
+}
+
+// project computes the queries, keys and values of s's n rows of x
+// (s.q, s.k, s.v): norm, the three products in one pass over the
+// weights, then the family's biases, norms and clipping.
+func (a *Attention) project(s *Session, n int) {
 	c := s.m.Config
 	h, hd := c.HiddenSize, c.HeadDim
 	qw, kvw := c.NumHeads*hd, c.NumKVHeads*hd
@@ -108,7 +121,6 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 			kernels.Add(s.v[t*kvw:(t+1)*kvw], a.VBias)
 		}
 	}
-	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
 	if a.QNorm != nil {
 		qn, kn := len(a.QNorm), len(a.KNorm) // a head, or the whole projection
 		for i := 0; i < n*qw; i += qn {
@@ -126,28 +138,44 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 			}
 		}
 	}
+}
+
+// attend rotates s's n rows of queries and keys to their positions,
+// stores each row's key and value in its KV cache at layer l, and
+// attends each row over its cache up to its own position, into s.att.
+// at says where row t sits: its sequence's cache and position (a
+// session's rows are consecutive positions of one cache; a Batch's rows
+// are one position each of several).
+func (a *Attention) attend(s *Session, l, n int, at func(t int) (*kvcache.Cache, int)) error {
+	c := s.m.Config
+	hd := c.HeadDim
+	qw, kvw := c.NumHeads*hd, c.NumKVHeads*hd
+	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
+	span, positions := 0, 0 // the longest row's positions, all rows'
 	for t := range n {
-		kernels.RoPETable(s.cos, s.sin, start+t, s.invFreq)
+		cache, pos := at(t)
+		kernels.RoPETable(s.cos, s.sin, pos, s.invFreq)
 		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)
 		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
-		if err := s.cache.Put(l, start+t, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {
+		if err := cache.Put(l, pos, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {
 			return err
 		}
+		span, positions = max(span, pos+1), positions+pos+1
 	}
 	s.att = grow(s.att, n*qw)
-	keys, values := s.cache.Keys(l, start+n), s.cache.Values(l, start+n)
 	group := c.NumHeads / c.NumKVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	// every (token, head) on its own, over the thread team: a chunk of
 	// them shares one scores buffer
-	heads, span := n*c.NumHeads, start+n
-	chunks := kernels.ParallelChunks(heads, 2*heads*span*hd)
+	heads := n * c.NumHeads
+	chunks := kernels.ParallelChunks(heads, 2*c.NumHeads*positions*hd)
 	s.scores = grow(s.scores, chunks*span)
 	kernels.ParallelFor(chunks, heads, func(ch, i0, i1 int) {
 		scores := s.scores[ch*span : (ch+1)*span]
 		for i := i0; i < i1; i++ {
 			t, head := i/c.NumHeads, i%c.NumHeads
-			pos := start + t
+			cache, pos := at(t)
+			keys, values := cache.Keys(l, pos+1), cache.Values(l, pos+1)
 			lo := 0
 			if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
 				lo = pos - c.SlidingWindow + 1
@@ -158,10 +186,15 @@ func (a *Attention) forward(s *Session, l, start, n int) error {
 			kernels.Attend(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale)
 		}
 	})
+	return nil
+}
+
+// output adds the attention's output projection of s's n rows to x.
+func (a *Attention) output(s *Session, n int) {
+	h := s.m.Config.HiddenSize
 	s.proj = grow(s.proj, n*h)
 	kernels.MatMul(s.proj, a.O, s.att, n)
-	kernels.Add(s.x[:n*h], s.proj)
-	return nil
+	kernels.Add(s.x[:n*h], s.proj[:n*h])
 }
 
 // forward runs the block on the session's batch at layer l: route each

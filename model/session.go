@@ -37,6 +37,7 @@ type Session struct {
 	qkv                       [3]kernels.Product
 	logits                    []float32 // vocab
 	lastRow                   int       // the row of x Logits reads; -1: none
+	headDone                  bool      // logits hold the head of lastRow (Batch.Logits)
 }
 
 // NewSession starts an empty sequence on m whose experts run on experts.
@@ -97,7 +98,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	step := Step{Seq: s.seq, Iter: s.iter}
 	s.cache.Reserve(start + n)
 	s.x = grow(s.x, n*h)
-	s.lastRow = -1
+	s.lastRow, s.headDone = -1, false
 	for t, id := range tokens {
 		row := s.m.Embed.Data[id*h*s.m.Embed.DType.Size() : (id+1)*h*s.m.Embed.DType.Size()]
 		kernels.ToFloat32(s.x[t*h:(t+1)*h], row, s.m.Embed.DType)
@@ -126,6 +127,9 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 func (s *Session) Logits() []float32 {
 	if s.lastRow < 0 {
 		return nil
+	}
+	if s.headDone {
+		return s.logits
 	}
 	c := s.m.Config
 	h := c.HiddenSize
