@@ -86,14 +86,15 @@ func SetThreads(n int) (prev int) {
 func MatVec(out []float32, w Matrix, x []float32) {
 	checkShapes("MatVec", out, w, x, 1)
 	p := cur()
-	parts := partsNow(w.Rows, w.Rows*w.Cols)
-	if parts <= 1 {
+	elems := w.Rows * w.Cols
+	if parts := partsNow(w.Rows, elems); parts > 1 {
+		parallelRows(parts, w.Rows, func(_, r0, r1 int) {
+			matVecRows(&p.rowKernels, out[r0:r1], w, x, r0, r1)
+		})
+	} else {
 		matVecRows(&p.rowKernels, out, w, x, 0, w.Rows)
-		return
 	}
-	parallelRows(parts, w.Rows, func(_, r0, r1 int) {
-		matVecRows(&p.rowKernels, out[r0:r1], w, x, r0, r1)
-	})
+	productEnded(elems)
 }
 
 // MatMul applies w to n vectors: x holds n vectors of w.Cols elements one
@@ -112,14 +113,15 @@ func MatMul(out []float32, w Matrix, x []float32, n int) {
 		return
 	}
 	p := cur()
-	parts := partsNow(w.Rows, w.Rows*w.Cols*n)
-	if parts <= 1 {
+	elems := w.Rows * w.Cols * n
+	if parts := partsNow(w.Rows, elems); parts > 1 {
+		parallelRows(parts, w.Rows, func(_, r0, r1 int) {
+			p.matMulRows(out, w, x, n, r0, r1)
+		})
+	} else {
 		p.matMulRows(out, w, x, n, 0, w.Rows)
-		return
 	}
-	parallelRows(parts, w.Rows, func(_, r0, r1 int) {
-		p.matMulRows(out, w, x, n, r0, r1)
-	})
+	productEnded(elems)
 }
 
 // Product is one matrix of MatMulEach and where its results go.
@@ -149,9 +151,10 @@ func MatMulEach(x []float32, n int, ps []Product) {
 	k := cur()
 	if parts := partsNow(rows, elems); parts > 1 {
 		parallelRows(parts, rows, func(_, r0, r1 int) { eachRows(&k.rowKernels, ps, x, r0, r1) })
-		return
+	} else {
+		eachRows(&k.rowKernels, ps, x, 0, rows)
 	}
-	eachRows(&k.rowKernels, ps, x, 0, rows)
+	productEnded(elems)
 }
 
 // eachRows computes rows [r0, r1) of ps's matrices stacked in order.
@@ -181,26 +184,33 @@ func checkShapes(op string, out []float32, w Matrix, x []float32, n int) {
 // minWakeElems is the job size (multiply-adds) below which a product
 // that finds the team's members parked runs on the caller alone, unless
 // products are coming densely (the previous one of at least
-// minParallelElems began less than denseGap ago), where the members,
+// minParallelElems ended less than denseGap ago), where the members,
 // once woken, spin on to the next ones. Waking a member costs a futex
 // and, in a VM, the other vCPU's wake-up: on the 2-vCPU VM of
 // docs/BENCHMARKS.md a BF16 product of up to 1M elements after the
-// members parked took longer on 2 threads than on 1 (go test -bench MatVecWake:
-// 64K elements 15.9 against 9.1 us, 1M 151 against 124 us), while one
-// whose members spin gains from 64K up. Members park where products come
-// far apart: a worker between layers (its activation a network hop away),
-// the main node between tokens.
+// members parked took longer on 2 threads than on 1 (go test -bench
+// MatVecWake: 64K elements 15.9 against 9.1 us, 1M 151 against 124 us),
+// while one whose members spin gains from 64K up. Members park where
+// products come far apart: a worker between layers (its activation a
+// network hop away), the main node between tokens.
 const minWakeElems = 1 << 20
 
 // denseGap: see minWakeElems.
 const denseGap = 100 * time.Microsecond
 
-// lastEligible is when the last product of minParallelElems or more
-// asked partsNow, in nanoseconds since clockStart.
+// lastEnd is when the last product of minParallelElems or more ended, in
+// nanoseconds since clockStart.
 var (
-	lastEligible atomic.Int64
-	clockStart   = time.Now()
+	lastEnd    atomic.Int64
+	clockStart = time.Now()
 )
+
+// productEnded records the end of a product of elems multiply-adds.
+func productEnded(elems int) {
+	if elems >= minParallelElems {
+		lastEnd.Store(int64(time.Since(clockStart)))
+	}
+}
 
 // partsFor returns how many goroutines a job of elems multiply-adds over
 // rows could split over: by size alone, the same at every call.
@@ -213,15 +223,14 @@ func partsFor(rows, elems int) int {
 
 // partsNow is partsFor for a product about to run: 1, the caller alone,
 // where the job is under minWakeElems, the team's members are parked and
-// the previous product began more than denseGap ago.
+// the previous product ended more than denseGap ago. The caller reports
+// the product's end (productEnded).
 func partsNow(rows, elems int) int {
 	parts := partsFor(rows, elems)
-	if parts == 1 {
-		return 1
+	if parts == 1 || elems >= minWakeElems {
+		return parts
 	}
-	now := int64(time.Since(clockStart))
-	prev := lastEligible.Swap(now)
-	if elems < minWakeElems && now-prev > int64(denseGap) && teamAsleep() {
+	if int64(time.Since(clockStart))-lastEnd.Load() > int64(denseGap) && teamAsleep() {
 		return 1
 	}
 	return parts

@@ -144,7 +144,7 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 			return // the rest of this range cannot hold a lower bad row
 		}
 	}
-	if parts := partsNow(rows, rows*cols); parts <= 1 {
+	if parts := partsFor(rows, rows*cols); parts <= 1 {
 		work(0, 0, rows)
 	} else {
 		parallelRows(parts, rows, work)
