@@ -176,7 +176,7 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		matMulRowsByVector(p, out, w, x, n, r0, r1)
 		return
 	}
-	if w.DType == BF16 && mmBF16Direct(k) {
+	if w.DType == BF16 && n <= mmDirectVectors && mmBF16Direct(k) {
 		matMulBF16Direct(k, out, w, x, n, r0, r1)
 		return
 	}
@@ -221,6 +221,12 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		}
 	}
 }
+
+// mmDirectVectors is the most vectors a BF16 MatMul applies with
+// mmBF16Asm (decode batches); more (prefill) widen a tile once and reuse
+// it. go test -bench MatMul, 2 threads: direct 1.2-2.5x faster at 2-4
+// vectors, even at 32, 10-15% slower at 128 on two shapes of three.
+const mmDirectVectors = 16
 
 // matMulBF16Direct is matMulSIMD for BF16 weights on an ISA whose
 // micro-kernel widens them in registers (mmBF16Asm): no widened copy is
