@@ -104,7 +104,7 @@ func testMatMulEqualsMatVecPerVector(t *testing.T) {
 	for _, dt := range dtypes {
 		for _, s := range parallelShapes {
 			m, _ := randMatrix(rng, dt, s.rows, s.cols)
-			for _, n := range []int{1, 2, 5, 17} { // BF16 on AVX2: up to mmDirectVectors (16) direct, 17 a widened tile
+			for _, n := range []int{1, 2, 5, 6, 17} { // BF16 on AVX2: up to mmDirectVectors (16) direct (4 at a time, then one by one), 17 a widened tile
 				x := wideRangeVec(rng, n*s.cols)
 				want := make([]float32, n*s.rows)
 				SetThreads(1)

@@ -223,34 +223,30 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 }
 
 // mmDirectVectors is the most vectors a BF16 MatMul applies with
-// mmBF16Asm (decode batches); more (prefill) widen a tile once and reuse
-// it. go test -bench MatMul, 2 threads: direct 1.2-2.5x faster at 2-4
-// vectors, even at 32, 10-15% slower at 128 on two shapes of three.
+// mmBF16x4Asm (decode batches); more (prefill) widen a tile once and
+// reuse it. go test -bench MatMul, 2 threads: direct 1.2-2.5x faster at
+// 2-4 vectors, even at 32, 10-15% slower at 128 on two shapes of three.
 const mmDirectVectors = 16
 
 // matMulBF16Direct is matMulSIMD for BF16 weights on an ISA whose
-// micro-kernel widens them in registers (mmBF16Asm): no widened copy is
-// stored; a tile of rows (mmTileBytes of BF16, so it stays in L2) is
-// applied to every pair of vectors in turn, read from memory once. Every
-// output element is the Dot definition, as matMulSIMD's.
+// micro-kernel widens them in registers (mmBF16x4Asm, 4 vectors a row):
+// no widened copy is stored. A tile of rows (mmTileBytes of BF16, so it
+// stays in L2) goes to every 4 vectors in turn, then to each vector left
+// over with the row kernels, as MatVec streams it: on small's shapes two
+// or three vectors one at a time measured up to 2x faster than a 2x2
+// register tile, which reads two rows at a time without prefetching.
+// Every output element is the Dot definition, as matMulSIMD's.
 func matMulBF16Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
-	mr, mt := mmShape(k)
-	tile := max(mr, mmTileBytes/(cols*2)/mr*mr)
+	tile := max(1, mmTileBytes/(cols*2))
 	rowBytes := w.DType.RowBytes(cols)
 	wu := u16View(w.Data)
 	for b0 := r0; b0 < r1; b0 += tile {
 		b1 := min(b0+tile, r1)
 		nr := b1 - b0
-		whole := nr / mr * mr
 		t := 0
-		for ; t+mt <= n; t += mt {
-			if whole > 0 {
-				mmBF16Asm(k, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, whole, &x[t*cols], cols*4, cols)
-			}
-			for v := t; v < t+mt && whole < nr; v++ {
-				rowsAsm(k, BF16, &out[v*rows+b0+whole], unsafe.Pointer(&wu[(b0+whole)*cols]), &x[v*cols], nr-whole, cols, rowBytes, false)
-			}
+		for ; t+4 <= n; t += 4 {
+			mmBF16x4Asm(k, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, nr, &x[t*cols], cols*4, cols)
 		}
 		for ; t < n; t++ {
 			rowsAsm(k, BF16, &out[t*rows+b0], unsafe.Pointer(&wu[b0*cols]), &x[t*cols], nr, cols, rowBytes, false)

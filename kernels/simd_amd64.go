@@ -65,11 +65,12 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 }
 
 // mmBF16Direct reports whether k has a MatMul micro-kernel that reads
-// BF16 weights itself (mmBF16Asm): AVX2. AVX-512 widens a tile first.
+// BF16 weights itself (mmBF16x4Asm): AVX2. AVX-512 widens a tile first.
 func mmBF16Direct(k isa) bool { return k == isaAVX2 }
 
-func mmBF16Asm(_ isa, out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int) {
-	mmBF16AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+// mmBF16x4Asm applies rows of BF16 weights (any count) to 4 vectors.
+func mmBF16x4Asm(_ isa, out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int) {
+	mmBF16x4AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
 }
 
 func widenAsm(k isa, dt DType, dst *float32, src *uint16, n int) {
@@ -169,7 +170,7 @@ func rowsF16AVX2(out *float32, w unsafe.Pointer, x *float32, rows, n16, stride i
 func mmAVX2(out *float32, outStride int, w *float32, wStride, rows int, x *float32, xStride, n16 int)
 
 //go:noescape
-func mmBF16AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
+func mmBF16x4AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
 
 //go:noescape
 func widenBF16AVX2(dst *float32, src *uint16, n int)

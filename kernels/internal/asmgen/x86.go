@@ -35,7 +35,7 @@ func (k x86) all(a *asm) {
 	}
 	k.mm(a)
 	if k.parts == 2 {
-		k.mmBF16(a)
+		k.mmBF16x4(a)
 	}
 	k.widen(a, bf16)
 	k.widen(a, f16)
@@ -353,17 +353,19 @@ func (k x86) mm(a *asm) {
 	a.i("RET")
 }
 
-// mmBF16 emits mmBF16AVX2(out *float32, outStride int, w *uint16,
-// wStride, rows int, x *float32, xStride, n16 int): mm's AVX2 2x2 tile
-// on BF16 weights read as they are, each 8 widened in a register (exact:
-// the 16 bits become the top half), so a MatMul reads its weights once
-// from memory and never stores a widened copy. The accumulators, their
-// order and the fold are mm's: the same bits as mm on the widened rows.
-func (k x86) mmBF16(a *asm) {
-	const R, T = 2, 2
-	name := "mmBF16" + k.name
+// mmBF16x4 emits mmBF16x4AVX2(out *float32, outStride int, w *uint16,
+// wStride, rows int, x *float32, xStride, n16 int): for each row (any
+// count) and the 4 vectors at x, x+xStride, ..., out[t*outStride + r] =
+// Dot(row r, vector t), BF16 weights widened in registers once for all 4
+// vectors. acc[t] part p is Y(2t+p), w part p Y8+p, x part p Y10+p,
+// temporaries Y12-Y15; each accumulator follows the definition, as mm's,
+// so the bits are those of mm on the widened rows. A MatMul so reads its
+// weights once from memory and never stores a widened copy.
+func (k x86) mmBF16x4(a *asm) {
+	const T = 4
+	name := "mmBF16x4" + k.name
 	a.comment("func %s(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)", name)
-	a.comment("%d rows x %d vectors per register tile, BF16 weights widened in registers.", R, T)
+	a.comment("1 row x %d vectors per register tile, BF16 weights widened in registers.", T)
 	a.text(name, 64)
 	a.i("MOVQ out+0(FP), DI")
 	a.i("MOVQ outStride+8(FP), BX")
@@ -372,63 +374,48 @@ func (k x86) mmBF16(a *asm) {
 	a.i("MOVQ rows+32(FP), CX")
 	a.i("MOVQ x+40(FP), R8")
 	a.i("MOVQ xStride+48(FP), AX")
-	a.i("MOVQ n16+56(FP), SI") // elements: AX counts elements below
+	a.i("MOVQ n16+56(FP), SI")
 	a.i("LEAQ (R8)(AX*1), R9")
-	xp := []string{"R8", "R9"}
-	wp := []string{"R12", "R13"}
-	// acc[r][t] part p Y(4r+2t+p), w[r] part p Y(8+2r+p), x part p
-	// Y12+p, temporaries Y14-Y15: as mm
-	acc := func(r, t, p int) int { return 4*r + 2*t + p }
-	a.label("group")
-	a.i("CMPQ CX, $%d", R)
-	a.i("JLT done")
-	a.i("LEAQ (R12)(DX*1), R13")
-	for r := range R {
-		for t := range T {
-			for p := range 2 {
-				n := acc(r, t, p)
-				a.i("%s %s, %s, %s", k.zero, k.r(n), k.r(n), k.r(n))
-			}
-		}
+	a.i("LEAQ (R9)(AX*1), R10")
+	a.i("LEAQ (R10)(AX*1), R11")
+	a.i("LEAQ (BX)(BX*2), R13") // 3 * outStride
+	xp := []string{"R8", "R9", "R10", "R11"}
+	a.label("row")
+	a.i("TESTQ CX, CX")
+	a.i("JEQ done")
+	for n := range 2 * T {
+		a.i("%s %s, %s, %s", k.zero, k.r(n), k.r(n), k.r(n))
 	}
 	a.i("XORQ AX, AX")
 	a.i("TESTQ SI, SI")
 	a.i("JEQ fold")
 	a.label("loop")
-	for r := range R {
-		for p := range 2 {
-			k.loadW(a, bf16, wp[r], p, fmt.Sprintf("Y%d", 8+2*r+p))
-		}
+	for p := range 2 {
+		k.loadW(a, bf16, "R12", p, fmt.Sprintf("Y%d", 8+p))
 	}
 	n := 0
 	for t := range T {
 		for p := range 2 {
-			a.i("VMOVUPS %d(%s)(AX*4), Y%d", 32*p, xp[t], 12+p)
-		}
-		for r := range R {
-			for p := range 2 {
-				tmp := 14 + n%2
-				n++
-				a.i("VMULPS Y%d, Y%d, Y%d", 12+p, 8+2*r+p, tmp)
-				a.i("VADDPS Y%d, Y%d, Y%d", tmp, acc(r, t, p), acc(r, t, p))
-			}
+			a.i("VMOVUPS %d(%s)(AX*4), Y%d", 32*p, xp[t], 10+p)
+			tmp := 12 + n%4
+			n++
+			a.i("VMULPS Y%d, Y%d, Y%d", 10+p, 8+p, tmp)
+			a.i("VADDPS Y%d, Y%d, Y%d", tmp, 2*t+p, 2*t+p)
 		}
 	}
 	a.i("ADDQ $16, AX")
 	a.i("CMPQ AX, SI")
 	a.i("JLT loop")
 	a.label("fold")
-	outAddr := []string{"(DI)", "(DI)(BX*1)"}
-	for r := range R {
-		for t := range T {
-			k.fold(a, []int{acc(r, t, 0), acc(r, t, 1)}, 15)
-			a.i("VMOVSS X%d, %d%s", acc(r, t, 0), 4*r, outAddr[t])
-		}
+	outAddr := []string{"(DI)", "(DI)(BX*1)", "(DI)(BX*2)", "(DI)(R13*1)"}
+	for t := range T {
+		k.fold(a, []int{2 * t, 2*t + 1}, 15)
+		a.i("VMOVSS X%d, %s", 2*t, outAddr[t])
 	}
-	a.i("ADDQ $%d, DI", 4*R)
-	a.i("LEAQ (R12)(DX*%d), R12", R)
-	a.i("SUBQ $%d, CX", R)
-	a.i("JMP group")
+	a.i("ADDQ $4, DI")
+	a.i("ADDQ DX, R12")
+	a.i("DECQ CX")
+	a.i("JMP row")
 	a.label("done")
 	a.i("VZEROUPPER")
 	a.i("RET")
