@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/odmoe/odmoe/kernels"
-	"github.com/odmoe/odmoe/kvcache"
 )
 
 // Batch runs decode steps of several sequences as one forward pass
@@ -83,7 +82,7 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 		id := tokens[i]
 		kernels.ToFloat32(f.x[i*h:(i+1)*h], b.m.Embed.Data[id*h*size:(id+1)*h*size], b.m.Embed.DType)
 	}
-	at := func(i int) (*kvcache.Cache, int) { return sessions[i].cache, b.starts[i] }
+	rows := kvRows{seqs: sessions, starts: b.starts}
 	for l := range b.m.Layers {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -92,7 +91,7 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 		// the rows' projections and feed-forward block each go over the
 		// weights once; only attention is per row, over its own cache
 		L.Attention.project(f, n)
-		if err := L.Attention.attend(f, l, n, at); err != nil {
+		if err := L.Attention.attend(f, l, n, rows); err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 		L.Attention.output(f, n)

@@ -92,7 +92,7 @@ type MoE struct {
 // layer it reads and extends): x += O(attn(norm(x))).
 func (a *Attention) forward(s *Session, l, start, n int) error {
 	a.project(s, n)
-	if err := a.attend(s, l, n, func(t int) (*kvcache.Cache, int) { return s.cache, start + t }); err != nil {
+	if err := a.attend(s, l, n, kvRows{cache: s.cache, start: start}); err != nil {
 		return err
 	}
 	a.output(s, n)
@@ -140,20 +140,35 @@ func (a *Attention) project(s *Session, n int) {
 	}
 }
 
+// kvRows says where each row of a pass sits: its sequence's KV cache and
+// position. A session's rows are consecutive positions of one cache
+// (start, start+1, ...); a Batch's rows are one position each of several
+// sessions (seqs[t] at starts[t]).
+type kvRows struct {
+	cache  *kvcache.Cache
+	start  int
+	seqs   []*Session
+	starts []int
+}
+
+func (r kvRows) at(t int) (*kvcache.Cache, int) {
+	if r.seqs == nil {
+		return r.cache, r.start + t
+	}
+	return r.seqs[t].cache, r.starts[t]
+}
+
 // attend rotates s's n rows of queries and keys to their positions,
 // stores each row's key and value in its KV cache at layer l, and
 // attends each row over its cache up to its own position, into s.att.
-// at says where row t sits: its sequence's cache and position (a
-// session's rows are consecutive positions of one cache; a Batch's rows
-// are one position each of several).
-func (a *Attention) attend(s *Session, l, n int, at func(t int) (*kvcache.Cache, int)) error {
+func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 	c := s.m.Config
 	hd := c.HeadDim
 	qw, kvw := c.NumHeads*hd, c.NumKVHeads*hd
 	s.cos, s.sin = grow(s.cos, hd/2), grow(s.sin, hd/2)
 	span, positions := 0, 0 // the longest row's positions, all rows'
 	for t := range n {
-		cache, pos := at(t)
+		cache, pos := rows.at(t)
 		kernels.RoPETable(s.cos, s.sin, pos, s.invFreq)
 		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)
 		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
@@ -174,7 +189,7 @@ func (a *Attention) attend(s *Session, l, n int, at func(t int) (*kvcache.Cache,
 		scores := s.scores[ch*span : (ch+1)*span]
 		for i := i0; i < i1; i++ {
 			t, head := i/c.NumHeads, i%c.NumHeads
-			cache, pos := at(t)
+			cache, pos := rows.at(t)
 			keys, values := cache.Keys(l, pos+1), cache.Values(l, pos+1)
 			lo := 0
 			if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
