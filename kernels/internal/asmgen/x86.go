@@ -551,85 +551,65 @@ func (k x86) scaleMul(a *asm) {
 }
 
 // axpyRowsAVX2 emits axpyRowsAVX2(dst, a, x *float32, rows, n16, stride
-// int), kernels.Attend's weighted sum of value rows, as written by hand
-// (its comment says what it computes). It was first added to
-// avx2_amd64.s directly; kept here so that go generate reproduces the
-// file.
+// int), kernels.Attend's weighted sum of value rows (the comment it emits
+// says what it computes): blocks of 32 elements of dst in Y0-Y3 over all
+// rows, then a block of 16 in Y0-Y1. The AVX-512 path calls it too.
 func axpyRowsAVX2(a *asm) {
-	a.b.WriteString("\n" + axpyRowsAVX2Text)
-}
-
-const axpyRowsAVX2Text = `// func axpyRowsAVX2(dst, a, x *float32, rows, n16, stride int)
+	a.b.WriteString(`
+// func axpyRowsAVX2(dst, a, x *float32, rows, n16, stride int)
 // dst[i] += a[j]*x[j*stride+i] (stride in bytes) for i < n16 (a multiple
 // of 16) and j = 0, 1, ..., rows-1 in order: Axpy's arithmetic (the
 // product rounded, VMULPS, then added, VADDPS) a row at a time, with each
 // block of 32 (then 16) elements of dst held in registers over all rows.
-TEXT ·axpyRowsAVX2(SB), NOSPLIT, $0-48
-	MOVQ dst+0(FP), DI
-	MOVQ a+8(FP), SI
-	MOVQ x+16(FP), DX
-	MOVQ rows+24(FP), CX
-	MOVQ n16+32(FP), R9
-	MOVQ stride+40(FP), BX
-	SHLQ $2, R9
-	XORQ R8, R8
-block32:
-	MOVQ R9, AX
-	SUBQ R8, AX
-	CMPQ AX, $128
-	JLT block16
-	VMOVUPS 0(DI)(R8*1), Y0
-	VMOVUPS 32(DI)(R8*1), Y1
-	VMOVUPS 64(DI)(R8*1), Y2
-	VMOVUPS 96(DI)(R8*1), Y3
-	LEAQ (DX)(R8*1), R10
-	XORQ R11, R11
-	TESTQ CX, CX
-	JEQ store32
-row32:
-	VBROADCASTSS (SI)(R11*4), Y8
-	VMULPS 0(R10), Y8, Y4
-	VADDPS Y4, Y0, Y0
-	VMULPS 32(R10), Y8, Y5
-	VADDPS Y5, Y1, Y1
-	VMULPS 64(R10), Y8, Y6
-	VADDPS Y6, Y2, Y2
-	VMULPS 96(R10), Y8, Y7
-	VADDPS Y7, Y3, Y3
-	ADDQ BX, R10
-	INCQ R11
-	CMPQ R11, CX
-	JLT row32
-store32:
-	VMOVUPS Y0, 0(DI)(R8*1)
-	VMOVUPS Y1, 32(DI)(R8*1)
-	VMOVUPS Y2, 64(DI)(R8*1)
-	VMOVUPS Y3, 96(DI)(R8*1)
-	ADDQ $128, R8
-	JMP block32
-block16:
-	CMPQ AX, $64
-	JLT done
-	VMOVUPS 0(DI)(R8*1), Y0
-	VMOVUPS 32(DI)(R8*1), Y1
-	LEAQ (DX)(R8*1), R10
-	XORQ R11, R11
-	TESTQ CX, CX
-	JEQ store16
-row16:
-	VBROADCASTSS (SI)(R11*4), Y8
-	VMULPS 0(R10), Y8, Y4
-	VADDPS Y4, Y0, Y0
-	VMULPS 32(R10), Y8, Y5
-	VADDPS Y5, Y1, Y1
-	ADDQ BX, R10
-	INCQ R11
-	CMPQ R11, CX
-	JLT row16
-store16:
-	VMOVUPS Y0, 0(DI)(R8*1)
-	VMOVUPS Y1, 32(DI)(R8*1)
-done:
-	VZEROUPPER
-	RET
-`
+`)
+	a.text("axpyRowsAVX2", 48)
+	a.i("MOVQ dst+0(FP), DI")
+	a.i("MOVQ a+8(FP), SI")
+	a.i("MOVQ x+16(FP), DX")
+	a.i("MOVQ rows+24(FP), CX")
+	a.i("MOVQ n16+32(FP), R9")
+	a.i("MOVQ stride+40(FP), BX")
+	a.i("SHLQ $2, R9") // bytes
+	a.i("XORQ R8, R8") // byte offset of the block
+	for _, regs := range []int{4, 2} {
+		elems, bytes := 8*regs, 32*regs
+		a.label(fmt.Sprintf("block%d", elems))
+		if regs == 4 { // as many blocks of 32 as fit
+			a.i("MOVQ R9, AX")
+			a.i("SUBQ R8, AX")
+			a.i("CMPQ AX, $%d", bytes)
+			a.i("JLT block16")
+		} else { // at most one block of 16 is left
+			a.i("CMPQ AX, $%d", bytes)
+			a.i("JLT done")
+		}
+		for r := range regs {
+			a.i("VMOVUPS %d(DI)(R8*1), Y%d", 32*r, r)
+		}
+		a.i("LEAQ (DX)(R8*1), R10")
+		a.i("XORQ R11, R11")
+		a.i("TESTQ CX, CX")
+		a.i("JEQ store%d", elems)
+		a.label(fmt.Sprintf("row%d", elems))
+		a.i("VBROADCASTSS (SI)(R11*4), Y8")
+		for r := range regs {
+			a.i("VMULPS %d(R10), Y8, Y%d", 32*r, 4+r)
+			a.i("VADDPS Y%d, Y%d, Y%d", 4+r, r, r)
+		}
+		a.i("ADDQ BX, R10")
+		a.i("INCQ R11")
+		a.i("CMPQ R11, CX")
+		a.i("JLT row%d", elems)
+		a.label(fmt.Sprintf("store%d", elems))
+		for r := range regs {
+			a.i("VMOVUPS Y%d, %d(DI)(R8*1)", r, 32*r)
+		}
+		if regs == 4 {
+			a.i("ADDQ $%d, R8", bytes)
+			a.i("JMP block32")
+		}
+	}
+	a.label("done")
+	a.i("VZEROUPPER")
+	a.i("RET")
+}
