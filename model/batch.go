@@ -74,13 +74,11 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 	step := Step{Seq: b.seq, Iter: b.iter}
 	f := b.ffn
 	f.x = grow(f.x, n*h)
-	size := b.m.Embed.DType.Size()
 	for i, s := range sessions {
 		s.iter++
 		s.cache.Reserve(b.starts[i] + 1)
 		s.lastRow, s.headDone = -1, false
-		id := tokens[i]
-		kernels.ToFloat32(f.x[i*h:(i+1)*h], b.m.Embed.Data[id*h*size:(id+1)*h*size], b.m.Embed.DType)
+		b.m.embed(f.x[i*h:(i+1)*h], tokens[i])
 	}
 	rows := kvRows{seqs: sessions, starts: b.starts}
 	for l := range b.m.Layers {

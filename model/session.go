@@ -100,8 +100,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	s.x = grow(s.x, n*h)
 	s.lastRow, s.headDone = -1, false
 	for t, id := range tokens {
-		row := s.m.Embed.Data[id*h*s.m.Embed.DType.Size() : (id+1)*h*s.m.Embed.DType.Size()]
-		kernels.ToFloat32(s.x[t*h:(t+1)*h], row, s.m.Embed.DType)
+		s.m.embed(s.x[t*h:(t+1)*h], id)
 	}
 	for l := range s.m.Layers {
 		if err := ctx.Err(); err != nil {
@@ -120,6 +119,13 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	}
 	s.lastRow = n - 1
 	return nil
+}
+
+// embed writes token id's embedding row, as float32, into dst (hidden
+// size long).
+func (m *Model) embed(dst []float32, id int) {
+	n := len(dst) * m.Embed.DType.Size()
+	kernels.ToFloat32(dst, m.Embed.Data[id*n:(id+1)*n], m.Embed.DType)
 }
 
 // Logits computes the output head on the last hidden state of the last
