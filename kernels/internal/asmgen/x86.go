@@ -244,14 +244,7 @@ func (k x86) mm(a *asm) {
 	a.comment("func %s(out *float32, outStride int, w *float32, wStride, rows int, x *float32, xStride, n16 int)", name)
 	a.comment("%d rows x %d vectors per register tile.", R, T)
 	a.text(name, 64)
-	a.i("MOVQ out+0(FP), DI")
-	a.i("MOVQ outStride+8(FP), BX")
-	a.i("MOVQ w+16(FP), R12")
-	a.i("MOVQ wStride+24(FP), DX")
-	a.i("MOVQ rows+32(FP), CX")
-	a.i("MOVQ x+40(FP), R8")
-	a.i("MOVQ xStride+48(FP), AX")
-	a.i("MOVQ n16+56(FP), SI")
+	mmArgs(a)
 	a.i("SHLQ $2, SI")
 	xp := []string{"R8", "R9", "R10", "R11"}[:T]
 	wp := []string{"R12", "R13", "R14", "R15"}[:R]
@@ -353,6 +346,17 @@ func (k x86) mm(a *asm) {
 	a.i("RET")
 }
 
+// mmArgs loads the arguments every MatMul micro-kernel takes, (out
+// *float32, outStride int, w, wStride, rows int, x *float32, xStride,
+// n16 int): out DI, outStride BX, w R12, wStride DX, rows CX, x R8,
+// xStride AX, n16 SI.
+func mmArgs(a *asm) {
+	for _, arg := range []string{"out+0(FP), DI", "outStride+8(FP), BX", "w+16(FP), R12", "wStride+24(FP), DX",
+		"rows+32(FP), CX", "x+40(FP), R8", "xStride+48(FP), AX", "n16+56(FP), SI"} {
+		a.i("MOVQ %s", arg)
+	}
+}
+
 // mmBF16x4 emits mmBF16x4AVX2(out *float32, outStride int, w *uint16,
 // wStride, rows int, x *float32, xStride, n16 int): for each row (any
 // count) and the 4 vectors at x, x+xStride, ..., out[t*outStride + r] =
@@ -367,14 +371,7 @@ func (k x86) mmBF16x4(a *asm) {
 	a.comment("func %s(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)", name)
 	a.comment("1 row x %d vectors per register tile, BF16 weights widened in registers.", T)
 	a.text(name, 64)
-	a.i("MOVQ out+0(FP), DI")
-	a.i("MOVQ outStride+8(FP), BX")
-	a.i("MOVQ w+16(FP), R12")
-	a.i("MOVQ wStride+24(FP), DX")
-	a.i("MOVQ rows+32(FP), CX")
-	a.i("MOVQ x+40(FP), R8")
-	a.i("MOVQ xStride+48(FP), AX")
-	a.i("MOVQ n16+56(FP), SI")
+	mmArgs(a)
 	a.i("LEAQ (R8)(AX*1), R9")
 	a.i("LEAQ (R9)(AX*1), R10")
 	a.i("LEAQ (R10)(AX*1), R11")
