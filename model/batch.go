@@ -110,26 +110,23 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 	return nil
 }
 
-// Logits computes the output head of every session of the last Forward in
-// one pass over its weights (row i is sessions[i]); each session's Logits
-// then returns its row without computing it again. The sessions must be
-// those of the last Forward, in its order.
+// Logits computes the output head of every session's last hidden state
+// (what each session's Logits would compute) in one pass over its
+// weights; each session's Logits then returns its row without computing
+// it again. Every session must have run a pass.
 func (b *Batch) Logits(sessions []*Session) error {
 	c := b.m.Config
 	n, h, V := len(sessions), c.HiddenSize, c.VocabSize
 	f := b.ffn
-	if len(f.x) < n*h {
-		return fmt.Errorf("model: logits of %d sessions after a pass of %d rows", n, len(f.x)/h)
-	}
 	f.hn = grow(f.hn, n*h)
 	for i, s := range sessions {
-		if s.m != b.m || s.lastRow != 0 {
+		if s.m != b.m || s.lastRow < 0 {
 			return fmt.Errorf("model: batch row %d has no pass to compute logits for", i)
 		}
-		kernels.RMSNorm(f.hn[i*h:(i+1)*h], s.x[:h], b.m.FinalNorm, float32(c.RMSNormEps))
+		kernels.RMSNorm(f.hn[i*h:(i+1)*h], s.x[s.lastRow*h:(s.lastRow+1)*h], b.m.FinalNorm, float32(c.RMSNormEps))
 	}
 	f.logits = grow(f.logits, n*V)
-	kernels.MatMul(f.logits[:n*V], b.m.LMHead, f.hn[:n*h], n)
+	kernels.MatMul(f.logits, b.m.LMHead, f.hn, n)
 	for i, s := range sessions {
 		copy(s.logits, f.logits[i*V:(i+1)*V])
 		s.headDone = true

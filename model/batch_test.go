@@ -120,6 +120,6 @@ func TestBatchRefusesMismatchedInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := b.Logits([]*Session{s, NewSession(m, NewResidentExperts(m), 4)}); err == nil {
-		t.Fatal("Logits of two sessions after a pass of one was accepted")
+		t.Fatal("Logits of a session that no pass ran, beside one that did, was accepted")
 	}
 }
