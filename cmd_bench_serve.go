@@ -99,6 +99,14 @@ type serveResult struct {
 	} `json:"workers"`
 	CPUBusy float64 `json:"cpu_busy"` // the whole machine's, over the wall time
 	LoadAvg string  `json:"loadavg_after"`
+	// CPUPerToken is the CPU time (user and system, from /proc) the
+	// swarm's processes used meanwhile over the generated tokens, by
+	// role, in milliseconds: which node a token's cost falls on.
+	CPUPerToken struct {
+		Main    float64 `json:"main"`
+		Shadow  float64 `json:"shadow"`
+		Workers float64 `json:"workers"`
+	} `json:"cpu_ms_per_token"`
 }
 
 // quantiles are a latency's median and 99th percentile (nearest rank)
@@ -283,7 +291,13 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		if err != nil {
 			return err
 		}
+		cpu0 := sw.cpu()
 		row, results := c.measure(ctx, n, f, vocab)
+		cpu1 := sw.cpu()
+		perTok := func(a, b time.Duration) float64 {
+			return float64(b-a) / float64(time.Millisecond) / float64(max(1, row.Tokens))
+		}
+		row.CPUPerToken.Main, row.CPUPerToken.Shadow, row.CPUPerToken.Workers = perTok(cpu0.Main, cpu1.Main), perTok(cpu0.Shadow, cpu1.Shadow), perTok(cpu0.Workers, cpu1.Workers)
 		after, err := c.metrics(ctx)
 		if err != nil {
 			return err
@@ -753,8 +767,8 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	if len(rep.Rows) > 0 {
 		first = rep.Rows[0].Clients
 	}
-	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | CPU busy | load 1 min |\n", first)
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | CPU busy | CPU ms / token: main, shadow, workers | load 1 min |\n", first)
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Rows {
 		perTok := "–"
 		if r.BytesPerToken >= 0 {
@@ -765,11 +779,12 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 			req += fmt.Sprintf(" (%d failed)", r.Failed)
 		}
 		load, _, _ := strings.Cut(r.LoadAvg, " ")
-		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %.0f%% | %s |\n",
+		c := r.CPUPerToken
+		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %.0f%% | %.1f, %.1f, %.1f | %s |\n",
 			r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
-			r.ServerTTFT, r.ServerInterToken, perTok, 100*r.CPUBusy, load)
+			r.ServerTTFT, r.ServerInterToken, perTok, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, load)
 	}
-	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate).\n",
+	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -35,7 +36,7 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 		t.Fatalf("report: %s", b)
 	}
 	for i, r := range rep.Rows {
-		clients := i + 1
+		clients, c := i+1, r.CPUPerToken
 		want := clients * 1 * 8
 		switch {
 		case r.Clients != clients || r.Requests != clients || r.Failed != 0:
@@ -58,6 +59,10 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 		// the experts loaded for the row's prompts and tokens, hinted or not
 		case r.Workers.Loads <= 0 || r.BytesPerToken <= 0 || rep.BytesFrom == "":
 			t.Errorf("row %d: workers loaded %+v, %v expert bytes per token from %q", i, r.Workers, r.BytesPerToken, rep.BytesFrom)
+		// the nodes' CPU time from /proc, in 10 ms ticks: the row's
+		// whole swarm used some
+		case runtime.GOOS == "linux" && (min(c.Main, c.Shadow, c.Workers) < 0 || c.Main+c.Shadow+c.Workers <= 0):
+			t.Errorf("row %d: CPU ms per token %+v", i, c)
 		}
 	}
 	if rep.Rows[0].TTFT.N+rep.Rows[1].TTFT.N == 0 {

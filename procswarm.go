@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/shadow"
 )
 
@@ -33,6 +35,9 @@ type procSwarmOptions struct {
 	HostPreload bool
 	// Residency is the main node's -residency (off, on).
 	Residency string
+	// ProfileDir, when set, has every node write its CPU profile there
+	// (-cpuprofile DIR/NAME.pprof) as it ends.
+	ProfileDir string
 }
 
 // register adds the flags that choose a procSwarm's nodes (demo, bench
@@ -48,6 +53,7 @@ func (o *procSwarmOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.HostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
 	fs.BoolVar(&o.HostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
 	fs.StringVar(&o.Residency, "residency", "off", "the main node's -residency: off (cacheless workers) or on (experts stay resident on their owners while -device-mem allows)")
+	fs.StringVar(&o.ProfileDir, "profile", "", "every node (main, shadow, workers) writes its CPU profile to `DIR`/NAME.pprof as it ends (go tool pprof)")
 }
 
 // procSwarm is a swarm's workers (and shadow) running as processes of
@@ -64,8 +70,11 @@ type procSwarm struct {
 	dialTimeout string
 	logDir      string
 	residency   string // the main node's -residency; "" as off
+	profileDir  string // where nodes write their CPU profiles; "" none
 	stop        context.CancelFunc
 	procs       []*exec.Cmd
+	names       []string // procs' node names (w1.., shadow)
+	mainNode    *node    // the caller's main node, once runNode started it
 }
 
 // startProcSwarm starts o.Workers workers (w1..wN of f.Certs) and, with
@@ -80,7 +89,12 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: "30s", residency: o.Residency}
+	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: "30s", residency: o.Residency, profileDir: o.ProfileDir}
+	if s.profileDir != "" {
+		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("-profile: %w", err)
+		}
+	}
 	if o.HostPreload {
 		s.dialTimeout = "10m" // the workers answer once their host caches are full
 	}
@@ -129,7 +143,7 @@ func (s *procSwarm) start(ctx context.Context, self, name string, args ...string
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, self, args...)
+	cmd := exec.CommandContext(ctx, self, s.profiled(name, args)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second
@@ -139,6 +153,7 @@ func (s *procSwarm) start(ctx context.Context, self, name string, args ...string
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
 	s.procs = append(s.procs, cmd)
+	s.names = append(s.names, name)
 	return nil
 }
 
@@ -166,7 +181,7 @@ func (s *procSwarm) runNode(ctx context.Context, name string, args ...string) (*
 	}
 	defer lf.Close() // the child has its own descriptor
 	nctx, cancel := context.WithCancel(ctx)
-	cmd := exec.CommandContext(nctx, self, args...)
+	cmd := exec.CommandContext(nctx, self, s.profiled(name, args)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -175,6 +190,7 @@ func (s *procSwarm) runNode(ctx context.Context, name string, args ...string) (*
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	n := &node{cmd: cmd, cancel: cancel, exited: make(chan struct{})}
+	s.mainNode = n
 	go func() {
 		n.err = cmd.Wait()
 		close(n.exited)
@@ -205,6 +221,37 @@ func (s *procSwarm) mainArgs(prefetch string, alignToken, alignKV int) []string 
 		args = append(args, "-residency", s.residency)
 	}
 	return args
+}
+
+// profiled is a node's arguments with -cpuprofile added when the swarm
+// profiles its nodes.
+func (s *procSwarm) profiled(name string, args []string) []string {
+	if s.profileDir == "" {
+		return args
+	}
+	return append(slices.Clip(args), "-cpuprofile", filepath.Join(s.profileDir, name+".pprof"))
+}
+
+// roleCPU is the CPU time (user and system) a swarm's processes have
+// used so far, by role.
+type roleCPU struct{ Main, Shadow, Workers time.Duration }
+
+// cpu reads every node's CPU time so far from /proc (zero where it is
+// unavailable: not Linux, or a node that has exited).
+func (s *procSwarm) cpu() roleCPU {
+	var c roleCPU
+	if s.mainNode != nil {
+		c.Main, _ = procmem.CPUTimeOf(s.mainNode.cmd.Process.Pid)
+	}
+	for i, p := range s.procs {
+		t, _ := procmem.CPUTimeOf(p.Process.Pid)
+		if s.names[i] == "shadow" {
+			c.Shadow += t
+		} else {
+			c.Workers += t
+		}
+	}
+	return c
 }
 
 // logFile is where a node started here (or the caller's main node) logs.
