@@ -99,6 +99,17 @@ type serveResult struct {
 	} `json:"workers"`
 	CPUBusy float64 `json:"cpu_busy"` // the whole machine's, over the wall time
 	LoadAvg string  `json:"loadavg_after"`
+	// DecodeLayer is the main node's figures per decode layer pass (a
+	// layer of one batched forward pass) meanwhile: Experts activated
+	// (the union of the pass's rows', one result each), MainMs of its own compute
+	// before them (attention, router), ExpertsMs from sending the
+	// activations to the last result.
+	DecodeLayer struct {
+		Passes    float64 `json:"passes"`
+		Experts   float64 `json:"experts"`
+		MainMs    float64 `json:"main_ms"`
+		ExpertsMs float64 `json:"experts_ms"`
+	} `json:"decode_layer"`
 	// CPUPerToken is the CPU time (user and system, from /proc) the
 	// swarm's processes used meanwhile over the generated tokens, by
 	// role, in milliseconds: which node a token's cost falls on.
@@ -310,6 +321,13 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		row.ServerTokens = after["odmoe_generated_tokens_total"] - before["odmoe_generated_tokens_total"]
 		row.ServerTTFT = histogramQuantiles(before, after, "odmoe_time_to_first_token_seconds")
 		row.ServerInterToken = histogramQuantiles(before, after, "odmoe_inter_token_latency_seconds")
+		d := func(name string) float64 { return after[name] - before[name] }
+		if l := &row.DecodeLayer; d(`odmoe_layer_passes_total{phase="decode"}`) > 0 {
+			l.Passes = d(`odmoe_layer_passes_total{phase="decode"}`)
+			l.Experts = d(`odmoe_layer_expert_results_total{phase="decode"}`) / l.Passes
+			l.MainMs = 1000 * d(`odmoe_layer_main_seconds_total{phase="decode"}`) / l.Passes
+			l.ExpertsMs = 1000 * d(`odmoe_layer_experts_seconds_total{phase="decode"}`) / l.Passes
+		}
 		var from string
 		row.ExpertBytesLoaded, from = expertBytesLoaded(before, after, rep.ExpertBytes)
 		if from == "" { // the workers' own count
@@ -443,7 +461,8 @@ func (c *serveClient) metrics(ctx context.Context) (map[string]float64, error) {
 
 // parsePromText sums each metric's samples over their label sets, from
 // Prometheus's text exposition format; a histogram's buckets are kept
-// apart too, each as name_bucket{le="bound"}.
+// apart too, each as name_bucket{le="bound"}, and so are the samples of
+// each phase, as name{phase="decode"}.
 func parsePromText(r io.Reader) (map[string]float64, error) {
 	out := map[string]float64{}
 	sc := bufio.NewScanner(r)
@@ -472,6 +491,11 @@ func parsePromText(r io.Reader) (map[string]float64, error) {
 			return nil, fmt.Errorf("metrics: %q: %w", line, err)
 		}
 		out[name] += v
+		if _, phase, ok := strings.Cut(line[len(name):], `phase="`); ok {
+			if phase, _, ok := strings.Cut(phase, `"`); ok {
+				out[name+`{phase="`+phase+`"}`] += v
+			}
+		}
 		if strings.HasSuffix(name, "_bucket") {
 			if _, le, ok := strings.Cut(line[len(name):], `le="`); ok {
 				if le, _, ok := strings.Cut(le, `"`); ok {
@@ -767,8 +791,8 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	if len(rep.Rows) > 0 {
 		first = rep.Rows[0].Clients
 	}
-	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | CPU busy | CPU ms / token: main, shadow, workers | load 1 min |\n", first)
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers | load 1 min |\n", first)
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Rows {
 		perTok := "–"
 		if r.BytesPerToken >= 0 {
@@ -779,12 +803,12 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 			req += fmt.Sprintf(" (%d failed)", r.Failed)
 		}
 		load, _, _ := strings.Cut(r.LoadAvg, " ")
-		c := r.CPUPerToken
-		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %.0f%% | %.1f, %.1f, %.1f | %s |\n",
+		c, l := r.CPUPerToken, r.DecodeLayer
+		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f | %s |\n",
 			r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
-			r.ServerTTFT, r.ServerInterToken, perTok, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, load)
+			r.ServerTTFT, r.ServerInterToken, perTok, l.Experts, l.MainMs, l.ExpertsMs, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, load)
 	}
-	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
+	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
 }
 

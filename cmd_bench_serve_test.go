@@ -61,6 +61,10 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 			t.Errorf("row %d: workers loaded %+v, %v expert bytes per token from %q", i, r.Workers, r.BytesPerToken, rep.BytesFrom)
 		// the nodes' CPU time from /proc, in 10 ms ticks: the row's
 		// whole swarm used some
+		// one layer pass per layer of the tiny preset's decode passes;
+		// each activates top-k (2) experts or more
+		case r.DecodeLayer.Passes < float64(want-clients) || r.DecodeLayer.Experts < 2 || r.DecodeLayer.Experts > 8 || r.DecodeLayer.MainMs <= 0 || r.DecodeLayer.ExpertsMs <= 0:
+			t.Errorf("row %d: decode layer %+v", i, r.DecodeLayer)
 		case runtime.GOOS == "linux" && (min(c.Main, c.Shadow, c.Workers) < 0 || c.Main+c.Shadow+c.Workers <= 0):
 			t.Errorf("row %d: CPU ms per token %+v", i, c)
 		}
@@ -110,12 +114,15 @@ odmoe_requests_total{endpoint="completions",status="200"} 3
 odmoe_requests_total{endpoint="chat",status="200"} 2
 odmoe_generated_tokens_total 1.5e+02
 odmoe_batch_size 0
+odmoe_layer_passes_total{phase="decode"} 40
+odmoe_layer_passes_total{phase="prefill"} 8
 `
 	got, err := parsePromText(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got["odmoe_requests_total"] != 5 || got["odmoe_generated_tokens_total"] != 150 || len(got) != 3 {
+	if got["odmoe_requests_total"] != 5 || got["odmoe_generated_tokens_total"] != 150 || len(got) != 6 ||
+		got["odmoe_layer_passes_total"] != 48 || got[`odmoe_layer_passes_total{phase="decode"}`] != 40 || got[`odmoe_layer_passes_total{phase="prefill"}`] != 8 {
 		t.Fatalf("got %v", got)
 	}
 	if _, err := parsePromText(strings.NewReader("odmoe_x{a=\"b\"}\n")); err == nil {

@@ -70,6 +70,7 @@ var (
 	descExpertLoads  = newDesc("odmoe_expert_loads_total", "Experts a worker loaded for this node's requests (their first user).", "phase")
 	descExpertMisses = newDesc("odmoe_expert_misses_total", "Experts loaded on demand: not loaded, nor loading, when their activation arrived. cause: late (predicted too late), wrong (not predicted), unscored (no shadow prediction).", "phase", "cause")
 	descLayerPasses  = newDesc("odmoe_layer_passes_total", "Layers whose experts ran on the workers.", "phase")
+	descLayerResults = newDesc("odmoe_layer_expert_results_total", "Expert results the layers' passes received: one per expert a pass activated (a batched pass's rows share each).", "phase")
 	descLayerMain    = newDesc("odmoe_layer_main_seconds_total", "Main-node compute before each layer's experts (attention, router).", "phase")
 	descLayerExperts = newDesc("odmoe_layer_experts_seconds_total", "From sending a layer's activations to its last expert result.", "phase")
 	descLayerNetwork = newDesc("odmoe_layer_network_seconds_total", "Layer expert time less the slowest request's time on its worker.", "phase")
@@ -112,6 +113,7 @@ var (
 //	                                         wrong (the shadow did not predict it), unscored (no shadow
 //	                                         prediction: prefill, reactive loading, the other -prefetch policies)
 //	odmoe_layer_passes_total{phase}          layers run on the workers (each layer of each forward pass)
+//	odmoe_layer_expert_results_total{phase}  expert results those layers received (experts activated)
 //	odmoe_layer_main_seconds_total{phase}    main-node compute before the layers' experts (t_M: attention, router)
 //	odmoe_layer_experts_seconds_total{phase} from sending a layer's activations to its last result
 //	odmoe_layer_network_seconds_total{phase} that, less the slowest request's time on its worker
@@ -154,7 +156,7 @@ type swarmCollector struct {
 }
 
 func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerMain, descLayerExperts,
+	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerResults, descLayerMain, descLayerExperts,
 		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
 		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent} {
 		ch <- d
@@ -188,6 +190,7 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descExpertMisses, float64(t.MissesWrong), ph, "wrong")
 		counter(descExpertMisses, float64(t.Misses-t.MissesLate-t.MissesWrong), ph, "unscored")
 		counter(descLayerPasses, float64(t.Calls), ph)
+		counter(descLayerResults, float64(t.Results), ph)
 		counter(descLayerMain, t.Main.Seconds(), ph)
 		counter(descLayerExperts, t.Experts.Seconds(), ph)
 		counter(descLayerNetwork, t.Network.Seconds(), ph)

@@ -191,6 +191,7 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 			{`odmoe_expert_misses_total{cause="wrong",phase="%s"}`, float64(ph.s.MissesWrong)},
 			{`odmoe_expert_misses_total{cause="unscored",phase="%s"}`, float64(ph.s.Misses - ph.s.MissesLate - ph.s.MissesWrong)},
 			{`odmoe_layer_passes_total{phase="%s"}`, float64(ph.s.Calls)},
+			{`odmoe_layer_expert_results_total{phase="%s"}`, float64(ph.s.Results)},
 			{`odmoe_layer_stall_seconds_total{phase="%s"}`, ph.s.Stall.Seconds()},
 			{`odmoe_layer_main_seconds_total{phase="%s"}`, ph.s.Main.Seconds()},
 		} {
