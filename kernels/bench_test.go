@@ -68,12 +68,13 @@ func BenchmarkMatVec(b *testing.B) {
 	}
 }
 
-// BenchmarkMatMul applies one 14336x4096 BF16 matrix to a mini-batch of
-// vectors (prefill); SetBytes counts the weight bytes once per call.
+// BenchmarkMatMul applies one 14336x4096 BF16 matrix to a batch of
+// vectors (a batched decode pass's 2 to 16 rows, prefill); SetBytes
+// counts the weight bytes once per call.
 func BenchmarkMatMul(b *testing.B) {
 	ms := benchMatrices(BF16, 14336, 4096)
 	next := 0
-	for _, n := range []int{4, 16} {
+	for _, n := range []int{2, 3, 4, 16} {
 		b.Run(fmt.Sprintf("BF16/n=%d", n), func(b *testing.B) {
 			x := randVec(rand.New(rand.NewPCG(1, 1)), n*4096)
 			out := make([]float32, n*14336)

@@ -223,19 +223,21 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 }
 
 // mmDirectVectors is the most vectors a BF16 MatMul applies with
-// mmBF16x4Asm (decode batches); more (prefill) widen a tile once and
+// mmBF16Asm (decode batches); more (prefill) widen a tile once and
 // reuse it. go test -bench MatMul, 2 threads: direct 1.2-2.5x faster at
 // 2-4 vectors, even at 32, 10-15% slower at 128 on two shapes of three.
 const mmDirectVectors = 16
 
 // matMulBF16Direct is matMulSIMD for BF16 weights on an ISA whose
-// micro-kernel widens them in registers (mmBF16x4Asm, 4 vectors a row):
-// no widened copy is stored. A tile of rows (mmTileBytes of BF16, so it
-// stays in L2) goes to every 4 vectors in turn, then to each vector left
-// over with the row kernels, as MatVec streams it: on small's shapes two
-// or three vectors one at a time measured up to 2x faster than a 2x2
-// register tile, which reads two rows at a time without prefetching.
-// Every output element is the Dot definition, as matMulSIMD's.
+// micro-kernels widen them in registers (mmBF16Asm, 2 to 4 vectors a
+// row): no widened copy is stored. A tile of rows (mmTileBytes of BF16,
+// so it stays in L2) goes to every 4 vectors in turn, then to the 2 or 3
+// left over at once, or to the one left over with the row kernels, as
+// MatVec streams it. On small's shapes (3584x1024, 1024x3584), 2 and 3
+// vectors at once measured up to 1.3x faster than one at a time through
+// the row kernels, which in turn were up to 2x faster than the 2x2
+// register tile that read two rows at a time without prefetching. Every
+// output element is the Dot definition, as matMulSIMD's.
 func matMulBF16Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
 	tile := max(1, mmTileBytes/(cols*2))
@@ -244,12 +246,14 @@ func matMulBF16Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int
 	for b0 := r0; b0 < r1; b0 += tile {
 		b1 := min(b0+tile, r1)
 		nr := b1 - b0
-		t := 0
-		for ; t+4 <= n; t += 4 {
-			mmBF16x4Asm(k, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, nr, &x[t*cols], cols*4, cols)
-		}
-		for ; t < n; t++ {
-			rowsAsm(k, BF16, &out[t*rows+b0], unsafe.Pointer(&wu[b0*cols]), &x[t*cols], nr, cols, rowBytes, false)
+		for t := 0; t < n; {
+			v := min(4, n-t)
+			if v == 1 {
+				rowsAsm(k, BF16, &out[t*rows+b0], unsafe.Pointer(&wu[b0*cols]), &x[t*cols], nr, cols, rowBytes, false)
+			} else {
+				mmBF16Asm(k, v, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, nr, &x[t*cols], cols*4, cols)
+			}
+			t += v
 		}
 	}
 }

@@ -64,13 +64,23 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 	}
 }
 
-// mmBF16Direct reports whether k has a MatMul micro-kernel that reads
-// BF16 weights itself (mmBF16x4Asm): AVX2. AVX-512 widens a tile first.
+// mmBF16Direct reports whether k has MatMul micro-kernels that read
+// BF16 weights themselves (mmBF16Asm): AVX2. AVX-512 widens a tile first.
 func mmBF16Direct(k isa) bool { return k == isaAVX2 }
 
-// mmBF16x4Asm applies rows of BF16 weights (any count) to 4 vectors.
-func mmBF16x4Asm(_ isa, out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int) {
-	mmBF16x4AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+// mmBF16Asm applies rows of BF16 weights (any count) to t vectors, 2 to
+// 4.
+func mmBF16Asm(_ isa, t int, out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int) {
+	switch t {
+	case 2:
+		mmBF16x2AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+	case 3:
+		mmBF16x3AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+	case 4:
+		mmBF16x4AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+	default:
+		panic("kernels: no BF16 MatMul micro-kernel for this many vectors")
+	}
 }
 
 func widenAsm(k isa, dt DType, dst *float32, src *uint16, n int) {
@@ -168,6 +178,12 @@ func rowsF16AVX2(out *float32, w unsafe.Pointer, x *float32, rows, n16, stride i
 
 //go:noescape
 func mmAVX2(out *float32, outStride int, w *float32, wStride, rows int, x *float32, xStride, n16 int)
+
+//go:noescape
+func mmBF16x2AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
+
+//go:noescape
+func mmBF16x3AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
 
 //go:noescape
 func mmBF16x4AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)

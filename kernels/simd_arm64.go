@@ -19,7 +19,7 @@ func mmShape(isa) (rows, vectors int) { return 2, 2 }
 // mmBF16Direct: NEON's MatMul widens a BF16 tile first.
 func mmBF16Direct(isa) bool { return false }
 
-func mmBF16x4Asm(isa, *float32, int, *uint16, int, int, *float32, int, int) {
+func mmBF16Asm(isa, int, *float32, int, *uint16, int, int, *float32, int, int) {
 	panic("kernels: no BF16 MatMul micro-kernel on arm64")
 }
 

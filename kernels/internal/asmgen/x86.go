@@ -35,7 +35,9 @@ func (k x86) all(a *asm) {
 	}
 	k.mm(a)
 	if k.parts == 2 {
-		k.mmBF16x4(a)
+		for _, t := range []int{2, 3, 4} {
+			k.mmBF16(a, t)
+		}
 	}
 	k.widen(a, bf16)
 	k.widen(a, f16)
@@ -93,7 +95,7 @@ func (k x86) fold(a *asm, acc []int, tmp int) {
 // and go without.
 const prefetchElems = 512
 
-// mmPrefetchElems is how far ahead of its loads mmBF16x4 asks for the
+// mmPrefetchElems is how far ahead of its loads mmBF16 asks for the
 // weights: its one stream of rows is read at a quarter of a row kernel's
 // pace a vector, and without the hint it fell short of the L2-resident
 // speed. 1024 elements measured 1.1-1.4x no prefetch on small's shapes
@@ -366,36 +368,39 @@ func mmArgs(a *asm) {
 	}
 }
 
-// mmBF16x4 emits mmBF16x4AVX2(out *float32, outStride int, w *uint16,
-// wStride, rows int, x *float32, xStride, n16 int): for each row (any
-// count) and the 4 vectors at x, x+xStride, ..., out[t*outStride + r] =
-// Dot(row r, vector t), BF16 weights widened in registers once for all 4
-// vectors. acc[t] part p is Y(2t+p), w part p Y8+p, x part p Y10+p,
-// temporaries Y12-Y15; each accumulator follows the definition, as mm's,
-// so the bits are those of mm on the widened rows. A MatMul so reads its
-// weights once from memory and never stores a widened copy.
-func (k x86) mmBF16x4(a *asm) {
-	const T = 4
-	name := "mmBF16x4" + k.name
+// mmBF16 emits mmBF16x<T>AVX2(out *float32, outStride int, w *uint16,
+// wStride, rows int, x *float32, xStride, n16 int), T 2 to 4: for each
+// row (any count) and the T vectors at x, x+xStride, ...,
+// out[t*outStride + r] = Dot(row r, vector t), BF16 weights widened in
+// registers once for all T vectors. acc[t] part p is Y(2t+p), w part p
+// Y8+p, x part p Y10+p, temporaries Y12-Y15; each accumulator follows the
+// definition, as mm's, so the bits are those of mm on the widened rows. A
+// MatMul so reads its weights once from memory and never stores a widened
+// copy.
+func (k x86) mmBF16(a *asm, T int) {
+	name := fmt.Sprintf("mmBF16x%d%s", T, k.name)
 	a.comment("func %s(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)", name)
 	a.comment("1 row x %d vectors per register tile, BF16 weights widened in registers.", T)
 	a.text(name, 64)
 	mmArgs(a)
-	a.i("LEAQ (R8)(AX*1), R9")
-	a.i("LEAQ (R9)(AX*1), R10")
-	a.i("LEAQ (R10)(AX*1), R11")
-	a.i("LEAQ (BX)(BX*2), R13") // 3 * outStride
-	xp := []string{"R8", "R9", "R10", "R11"}
-	a.label("row")
+	xp := []string{"R8", "R9", "R10", "R11"}[:T]
+	for t := 1; t < T; t++ {
+		a.i("LEAQ (%s)(AX*1), %s", xp[t-1], xp[t])
+	}
+	if T > 3 {
+		a.i("LEAQ (BX)(BX*2), R13") // 3 * outStride
+	}
+	sfx := fmt.Sprintf("x%d", T)
+	a.label("row" + sfx)
 	a.i("TESTQ CX, CX")
-	a.i("JEQ done")
+	a.i("JEQ done" + sfx)
 	for n := range 2 * T {
 		a.i("%s %s, %s, %s", k.zero, k.r(n), k.r(n), k.r(n))
 	}
 	a.i("XORQ AX, AX")
 	a.i("TESTQ SI, SI")
-	a.i("JEQ fold")
-	a.label("loop")
+	a.i("JEQ fold" + sfx)
+	a.label("loop" + sfx)
 	a.i("PREFETCHNTA %d(R12)(AX*2)", mmPrefetchElems*bf16.size())
 	for p := range 2 {
 		k.loadW(a, bf16, "R12", p, fmt.Sprintf("Y%d", 8+p))
@@ -412,8 +417,8 @@ func (k x86) mmBF16x4(a *asm) {
 	}
 	a.i("ADDQ $16, AX")
 	a.i("CMPQ AX, SI")
-	a.i("JLT loop")
-	a.label("fold")
+	a.i("JLT loop" + sfx)
+	a.label("fold" + sfx)
 	outAddr := []string{"(DI)", "(DI)(BX*1)", "(DI)(BX*2)", "(DI)(R13*1)"}
 	for t := range T {
 		k.fold(a, []int{2 * t, 2*t + 1}, 15)
@@ -422,8 +427,8 @@ func (k x86) mmBF16x4(a *asm) {
 	a.i("ADDQ $4, DI")
 	a.i("ADDQ DX, R12")
 	a.i("DECQ CX")
-	a.i("JMP row")
-	a.label("done")
+	a.i("JMP row" + sfx)
+	a.label("done" + sfx)
 	a.i("VZEROUPPER")
 	a.i("RET")
 }
