@@ -180,6 +180,10 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		matMulBF16Direct(k, out, w, x, n, r0, r1)
 		return
 	}
+	if w.DType == Q8 && n <= mmDirectVectors && mmQ8Direct(k) {
+		matMulQ8Direct(k, out, w, x, n, r0, r1)
+		return
+	}
 	tile := max(mr, mmTileBytes/(cols*4)/mr*mr)
 	rowBytes := w.DType.RowBytes(cols)
 	var scratch []float32
@@ -252,6 +256,37 @@ func matMulBF16Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int
 				rowsAsm(k, BF16, &out[t*rows+b0], unsafe.Pointer(&wu[b0*cols]), &x[t*cols], nr, cols, rowBytes, false)
 			} else {
 				mmBF16Asm(k, v, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, nr, &x[t*cols], cols*4, cols)
+			}
+			t += v
+		}
+	}
+}
+
+// matMulQ8Direct is matMulSIMD for Q8 weights on an ISA whose
+// micro-kernels dequantize them in registers (mmQ8Asm, 2 to 4 vectors a
+// row), as matMulBF16Direct is for BF16: a tile of rows (mmTileBytes of
+// codes and scales, so it stays in L2) goes to every 4 vectors in turn,
+// then to the 2 or 3 left over at once, or to the one left over with the
+// Q8 row kernels. A Q8 product is compute-bound on dequantizing (8 bits
+// to float32 and the scale): done once per weight for up to 4 vectors
+// instead of once per vector (dequantizing a tile into float32 scratch
+// and a 2x2 register tile over it cost 2.8-3.6x one vector for 4 on
+// small's shapes). Every output element is MatVec's.
+func matMulQ8Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int) {
+	rows, cols := w.Rows, w.Cols
+	rowBytes := w.DType.RowBytes(cols)
+	sb := quantScaleBytes(w.DType, cols)
+	tile := max(1, mmTileBytes/rowBytes)
+	for b0 := r0; b0 < r1; b0 += tile {
+		b1 := min(b0+tile, r1)
+		nr := b1 - b0
+		wp := unsafe.Pointer(&w.Data[b0*rowBytes])
+		for t := 0; t < n; {
+			v := min(4, n-t)
+			if v == 1 {
+				quantRowsAsm(k, Q8, &out[t*rows+b0], wp, &x[t*cols], nr, cols, rowBytes, sb, false)
+			} else {
+				mmQ8Asm(k, v, &out[t*rows+b0], rows*4, wp, rowBytes, nr, &x[t*cols], cols*4, cols, sb)
 			}
 			t += v
 		}

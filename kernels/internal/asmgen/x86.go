@@ -38,6 +38,9 @@ func (k x86) all(a *asm) {
 		for _, t := range []int{2, 3, 4} {
 			k.mmBF16(a, t)
 		}
+		for _, t := range []int{2, 3, 4} {
+			k.mmQ8(a, t)
+		}
 	}
 	k.widen(a, bf16)
 	k.widen(a, f16)
@@ -381,7 +384,32 @@ func (k x86) mmBF16(a *asm, T int) {
 	name := fmt.Sprintf("mmBF16x%d%s", T, k.name)
 	a.comment("func %s(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)", name)
 	a.comment("1 row x %d vectors per register tile, BF16 weights widened in registers.", T)
-	a.text(name, 64)
+	k.mmOneRow(a, name, T, 64, nil, func(xp []string) {
+		a.i("PREFETCHNTA %d(R12)(AX*2)", mmPrefetchElems*bf16.size())
+		for p := range 2 {
+			k.loadW(a, bf16, "R12", p, fmt.Sprintf("Y%d", 8+p))
+		}
+		n := 0
+		for t := range T {
+			for p := range 2 {
+				a.i("VMOVUPS %d(%s)(AX*4), Y%d", 32*p, xp[t], 10+p)
+				tmp := 12 + n%4
+				n++
+				a.i("VMULPS Y%d, Y%d, Y%d", 10+p, 8+p, tmp)
+				a.i("VADDPS Y%d, Y%d, Y%d", tmp, 2*t+p, 2*t+p)
+			}
+		}
+	})
+}
+
+// mmOneRow emits the skeleton of a 1-row x T-vector MatMul micro-kernel
+// (mmBF16, mmQ8) taking mmArgs (argBytes of them): the vectors' pointers
+// in R8-R11, for each row its T accumulator pairs Y(2t), Y(2t+1) zeroed,
+// rowSetup (if any), then block(xp) for each 16 elements at AX, then each
+// pair folded to out[t*outStride + r] (3*outStride in R13). block must
+// leave AX, BX, CX, DX, SI, DI, R8-R13 as it found them.
+func (k x86) mmOneRow(a *asm, name string, T, argBytes int, rowSetup func(), block func(xp []string)) {
+	a.text(name, argBytes)
 	mmArgs(a)
 	xp := []string{"R8", "R9", "R10", "R11"}[:T]
 	for t := 1; t < T; t++ {
@@ -397,24 +425,14 @@ func (k x86) mmBF16(a *asm, T int) {
 	for n := range 2 * T {
 		a.i("%s %s, %s, %s", k.zero, k.r(n), k.r(n), k.r(n))
 	}
+	if rowSetup != nil {
+		rowSetup()
+	}
 	a.i("XORQ AX, AX")
 	a.i("TESTQ SI, SI")
 	a.i("JEQ fold" + sfx)
 	a.label("loop" + sfx)
-	a.i("PREFETCHNTA %d(R12)(AX*2)", mmPrefetchElems*bf16.size())
-	for p := range 2 {
-		k.loadW(a, bf16, "R12", p, fmt.Sprintf("Y%d", 8+p))
-	}
-	n := 0
-	for t := range T {
-		for p := range 2 {
-			a.i("VMOVUPS %d(%s)(AX*4), Y%d", 32*p, xp[t], 10+p)
-			tmp := 12 + n%4
-			n++
-			a.i("VMULPS Y%d, Y%d, Y%d", 10+p, 8+p, tmp)
-			a.i("VADDPS Y%d, Y%d, Y%d", tmp, 2*t+p, 2*t+p)
-		}
-	}
+	block(xp)
 	a.i("ADDQ $16, AX")
 	a.i("CMPQ AX, SI")
 	a.i("JLT loop" + sfx)

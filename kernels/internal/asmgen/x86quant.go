@@ -430,3 +430,46 @@ func (k x86) quantDequant(a *asm, q8 bool) {
 	a.i("VZEROUPPER")
 	a.i("RET")
 }
+
+// mmQ8 emits mmQ8x<T>AVX2(out *float32, outStride int, w unsafe.Pointer,
+// wStride, rows int, x *float32, xStride, n16, sb int), T 2 to 4: for
+// each of rows Q8 rows (row r at w + r*wStride, its codes from byte sb)
+// and the T vectors at x, x+xStride, ..., out[t*outStride + r] =
+// Dot(row r, vector t) over n16 elements (a multiple of 16). Each block
+// of 16 weights is dequantized once, as the row kernels do it (the same
+// operations, operands in the same order), for all T vectors, whose
+// products go to the lanes as the row kernels' do: the bits are MatVec's.
+// acc[t] part p is Y(2t+p), the block Y11-Y12 (scale Y10), products Y8-Y9
+// and Y13-Y15; x is read by the multiplies. R15 holds the row's codes,
+// R14 a block's scale index.
+func (k x86) mmQ8(a *asm, T int) {
+	name := fmt.Sprintf("mmQ8x%d%s", T, k.name)
+	a.comment("func %s(out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, n16, sb int)", name)
+	a.comment("1 row x %d vectors per register tile, Q8 weights dequantized in registers.", T)
+	rowSetup := func() {
+		a.i("MOVQ sb+64(FP), R15")
+		a.i("ADDQ R12, R15")
+	}
+	k.mmOneRow(a, name, T, 72, rowSetup, func(xp []string) {
+		a.i("MOVQ AX, R14")
+		a.i("SHRQ $5, R14")
+		a.i("PREFETCHNTA %d(R15)(AX*1)", quantPrefetchBytes)
+		a.i("VBROADCASTSS (R12)(R14*4), Y10")
+		for p := range 2 {
+			w := 11 + p
+			a.i("VPMOVSXBD %d(R15)(AX*1), Y%d", 8*p, w)
+			a.i("VCVTDQ2PS Y%d, Y%d", w, w)
+			a.i("VMULPS Y10, Y%d, Y%d", w, w)
+		}
+		tmps := []int{8, 9, 13, 14, 15}
+		n := 0
+		for t := range T {
+			for p := range 2 {
+				tmp := tmps[n%len(tmps)]
+				n++
+				a.i("VMULPS %d(%s)(AX*4), Y%d, Y%d", 32*p, xp[t], 11+p, tmp)
+				a.i("VADDPS Y%d, Y%d, Y%d", tmp, 2*t+p, 2*t+p)
+			}
+		}
+	})
+}
