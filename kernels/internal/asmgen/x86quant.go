@@ -307,15 +307,23 @@ func (k x86) quantLoad512(a *asm, q8 bool, base, si, ci string, blk, t, u, tab i
 // quantBlock256 emits one 16-element block of row r with AVX2: lanes 0-7
 // in Y<2r>, 8-15 in Y<2r+1>, x in Y8-Y9.
 func (k x86) quantBlock256(a *asm, q8 bool, base, si, ci string, r int) {
-	w := k.quantLoad256(a, q8, base, si, ci)
+	scale, codes := quantAddrs(base, si, ci)
+	w := k.quantLoad256(a, q8, scale, codes)
 	for p := range 2 {
 		a.i("VMULPS Y%d, Y%d, Y%d", 8+p, w[p], w[p])
 		a.i("VADDPS Y%d, Y%d, Y%d", w[p], 2*r+p, 2*r+p)
 	}
 }
 
-// quantLoad256 dequantizes the block with AVX2 into the returned two
-// registers, with temporaries Y10-Y15: Q8 lanes 0-7 and 8-15; NF4 in a
+// quantAddrs are the addresses of a block's scale, (base)(si*4), and
+// codes, (base)(ci*1), for quantLoad256.
+func quantAddrs(base, si, ci string) (scale, codes string) {
+	return fmt.Sprintf("(%s)(%s*4)", base, si), fmt.Sprintf("(%s)(%s*1)", base, ci)
+}
+
+// quantLoad256 dequantizes the block whose scale and codes are at the
+// addresses scale and codes with AVX2 into the returned two registers,
+// with temporaries Y10-Y15: Q8 lanes 0-7 and 8-15; NF4 in a
 // permuted order. NF4 broadcasts the block's 8 code bytes to the four
 // qwords and shifts them right by nf4shiftA (0, 4, 16, 20) and nf4shiftB
 // (8, 12, 24, 28) bits: dwords 2j and 2j+1 of the first register then
@@ -324,21 +332,21 @@ func (k x86) quantBlock256(a *asm, q8 bool, base, si, ci string, r int) {
 // VUNPCKHPS put x in; unpermute256 puts the lanes back. AVX2's VPERMPS
 // indexes 8 entries, so NF4 looks up both halves of the table and blends
 // on the code's bit 3.
-func (k x86) quantLoad256(a *asm, q8 bool, base, si, ci string) [2]int {
+func (k x86) quantLoad256(a *asm, q8 bool, scale, codes string) [2]int {
 	if q8 {
-		a.i("VBROADCASTSS (%s)(%s*4), Y10", base, si)
+		a.i("VBROADCASTSS %s, Y10", scale)
 		for p := range 2 {
 			t := 11 + p
-			a.i("VPMOVSXBD %d(%s)(%s*1), Y%d", 8*p, base, ci, t)
+			a.i("VPMOVSXBD %d%s, Y%d", 8*p, codes, t)
 			a.i("VCVTDQ2PS Y%d, Y%d", t, t)
 			a.i("VMULPS Y10, Y%d, Y%d", t, t)
 		}
 		return [2]int{11, 12}
 	}
-	a.i("VPBROADCASTQ (%s)(%s*1), Y10", base, ci)
+	a.i("VPBROADCASTQ %s, Y10", codes)
 	a.i("VPSRLVQ nf4shiftA<>(SB), Y10, Y11")
 	a.i("VPSRLVQ nf4shiftB<>(SB), Y10, Y10")
-	a.i("VBROADCASTSS (%s)(%s*4), Y12", base, si)
+	a.i("VBROADCASTSS %s, Y12", scale)
 	a.i("VMULPS nf4codes<>+0(SB), Y12, Y13")  // table, codes 0-7
 	a.i("VMULPS nf4codes<>+32(SB), Y12, Y12") // table, codes 8-15
 	a.i("VPERMPS Y13, Y11, Y14")
@@ -412,7 +420,8 @@ func (k x86) quantDequant(a *asm, q8 bool) {
 		}
 		a.i("VMOVUPS Z4, (DI)")
 	} else {
-		w := k.quantLoad256(a, q8, "SI", "R10", "R11")
+		scale, codes := quantAddrs("SI", "R10", "R11")
+		w := k.quantLoad256(a, q8, scale, codes)
 		if !q8 {
 			unpermute256(a, w[0], w[1], 13)
 		}
@@ -436,8 +445,8 @@ func (k x86) quantDequant(a *asm, q8 bool) {
 // each of rows Q8 rows (row r at w + r*wStride, its codes from byte sb)
 // and the T vectors at x, x+xStride, ..., out[t*outStride + r] =
 // Dot(row r, vector t) over n16 elements (a multiple of 16). Each block
-// of 16 weights is dequantized once, as the row kernels do it (the same
-// operations, operands in the same order), for all T vectors, whose
+// of 16 weights is dequantized once, by the row kernels' own emitter
+// (quantLoad256), for all T vectors, whose
 // products go to the lanes as the row kernels' do: the bits are MatVec's.
 // acc[t] part p is Y(2t+p), the block Y11-Y12 (scale Y10), products Y8-Y9
 // and Y13-Y15; x is read by the multiplies. R15 holds the row's codes,
@@ -454,20 +463,14 @@ func (k x86) mmQ8(a *asm, T int) {
 		a.i("MOVQ AX, R14")
 		a.i("SHRQ $5, R14")
 		a.i("PREFETCHNTA %d(R15)(AX*1)", quantPrefetchBytes)
-		a.i("VBROADCASTSS (R12)(R14*4), Y10")
-		for p := range 2 {
-			w := 11 + p
-			a.i("VPMOVSXBD %d(R15)(AX*1), Y%d", 8*p, w)
-			a.i("VCVTDQ2PS Y%d, Y%d", w, w)
-			a.i("VMULPS Y10, Y%d, Y%d", w, w)
-		}
+		w := k.quantLoad256(a, true, "(R12)(R14*4)", "(R15)(AX*1)")
 		tmps := []int{8, 9, 13, 14, 15}
 		n := 0
 		for t := range T {
 			for p := range 2 {
 				tmp := tmps[n%len(tmps)]
 				n++
-				a.i("VMULPS %d(%s)(AX*4), Y%d, Y%d", 32*p, xp[t], 11+p, tmp)
+				a.i("VMULPS %d(%s)(AX*4), Y%d, Y%d", 32*p, xp[t], w[p], tmp)
 				a.i("VADDPS Y%d, Y%d, Y%d", tmp, 2*t+p, 2*t+p)
 			}
 		}
