@@ -176,12 +176,8 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		matMulRowsByVector(p, out, w, x, n, r0, r1)
 		return
 	}
-	if w.DType == BF16 && n <= mmDirectVectors && mmBF16Direct(k) {
-		matMulBF16Direct(k, out, w, x, n, r0, r1)
-		return
-	}
-	if w.DType == Q8 && n <= mmDirectVectors && mmQ8Direct(k) {
-		matMulQ8Direct(k, out, w, x, n, r0, r1)
+	if n <= mmDirectVectors && mmDirect(k, w.DType) {
+		matMulDirect(k, p, out, w, x, n, r0, r1)
 		return
 	}
 	tile := max(mr, mmTileBytes/(cols*4)/mr*mr)
@@ -226,67 +222,37 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 	}
 }
 
-// mmDirectVectors is the most vectors a BF16 MatMul applies with
-// mmBF16Asm (decode batches); more (prefill) widen a tile once and
-// reuse it. go test -bench MatMul, 2 threads: direct 1.2-2.5x faster at
-// 2-4 vectors, even at 32, 10-15% slower at 128 on two shapes of three.
+// mmDirectVectors is the most vectors a MatMul applies with mmDirectAsm
+// (decode batches); more (prefill) widen or dequantize a tile once and
+// reuse it. go test -bench MatMul, BF16, 2 threads: direct 1.2-2.5x
+// faster at 2-4 vectors, even at 32, 10-15% slower at 128 on two shapes
+// of three; Q8 direct 1.2-1.5x faster at 8 and 16.
 const mmDirectVectors = 16
 
-// matMulBF16Direct is matMulSIMD for BF16 weights on an ISA whose
-// micro-kernels widen them in registers (mmBF16Asm, 2 to 4 vectors a
-// row): no widened copy is stored. A tile of rows (mmTileBytes of BF16,
-// so it stays in L2) goes to every 4 vectors in turn, then to the 2 or 3
-// left over at once, or to the one left over with the row kernels, as
-// MatVec streams it. On small's shapes (3584x1024, 1024x3584), 2 and 3
-// vectors at once measured up to 1.3x faster than one at a time through
-// the row kernels, which in turn were up to 2x faster than the 2x2
-// register tile that read two rows at a time without prefetching. Every
-// output element is the Dot definition, as matMulSIMD's.
-func matMulBF16Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int) {
-	rows, cols := w.Rows, w.Cols
-	tile := max(1, mmTileBytes/(cols*2))
-	rowBytes := w.DType.RowBytes(cols)
-	wu := u16View(w.Data)
-	for b0 := r0; b0 < r1; b0 += tile {
-		b1 := min(b0+tile, r1)
-		nr := b1 - b0
-		for t := 0; t < n; {
-			v := min(4, n-t)
-			if v == 1 {
-				rowsAsm(k, BF16, &out[t*rows+b0], unsafe.Pointer(&wu[b0*cols]), &x[t*cols], nr, cols, rowBytes, false)
-			} else {
-				mmBF16Asm(k, v, &out[t*rows+b0], rows*4, &wu[b0*cols], rowBytes, nr, &x[t*cols], cols*4, cols)
-			}
-			t += v
-		}
-	}
-}
-
-// matMulQ8Direct is matMulSIMD for Q8 weights on an ISA whose
-// micro-kernels dequantize them in registers (mmQ8Asm, 2 to 4 vectors a
-// row), as matMulBF16Direct is for BF16: a tile of rows (mmTileBytes of
-// codes and scales, so it stays in L2) goes to every 4 vectors in turn,
-// then to the 2 or 3 left over at once, or to the one left over with the
-// Q8 row kernels. A Q8 product is compute-bound on dequantizing (8 bits
-// to float32 and the scale): done once per weight for up to 4 vectors
-// instead of once per vector (dequantizing a tile into float32 scratch
-// and a 2x2 register tile over it cost 2.8-3.6x one vector for 4 on
-// small's shapes). Every output element is MatVec's.
-func matMulQ8Direct(k isa, out []float32, w Matrix, x []float32, n, r0, r1 int) {
+// matMulDirect is matMulSIMD for weights that k's micro-kernels read as
+// they are (mmDirect: BF16 widened, Q8 dequantized in registers, 2 to 4
+// vectors a row), so no float32 copy is stored. A tile of rows
+// (mmTileBytes of them, so it stays in L2) goes to every 4 vectors in
+// turn, then to the 2 or 3 left over at once, or to the one left over
+// through the row kernels, as MatVec streams it. Measured on small's
+// shapes (docs/BENCHMARKS.md): BF16 2 and 3 vectors at once 0.9-1.3x one
+// at a time, which was up to 2x the 2x2 register tile that read two rows
+// at a time without prefetching; Q8 2 to 4 vectors 1.5-1.9x a dequantized
+// tile under the 2x2 tile, since a Q8 product is bound by dequantizing,
+// now done once a weight for up to 4 vectors. Every output element is
+// MatVec's.
+func matMulDirect(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
 	rowBytes := w.DType.RowBytes(cols)
-	sb := quantScaleBytes(w.DType, cols)
 	tile := max(1, mmTileBytes/rowBytes)
 	for b0 := r0; b0 < r1; b0 += tile {
 		b1 := min(b0+tile, r1)
-		nr := b1 - b0
-		wp := unsafe.Pointer(&w.Data[b0*rowBytes])
 		for t := 0; t < n; {
 			v := min(4, n-t)
 			if v == 1 {
-				quantRowsAsm(k, Q8, &out[t*rows+b0], wp, &x[t*cols], nr, cols, rowBytes, sb, false)
+				matVecRows(p, out[t*rows+b0:t*rows+b1], w, x[t*cols:(t+1)*cols], b0, b1)
 			} else {
-				mmQ8Asm(k, v, &out[t*rows+b0], rows*4, wp, rowBytes, nr, &x[t*cols], cols*4, cols, sb)
+				mmDirectAsm(k, w.DType, v, &out[t*rows+b0], rows*4, unsafe.Pointer(&w.Data[b0*rowBytes]), rowBytes, b1-b0, &x[t*cols], cols*4, cols)
 			}
 			t += v
 		}

@@ -64,22 +64,29 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 	}
 }
 
-// mmBF16Direct reports whether k has MatMul micro-kernels that read
-// BF16 weights themselves (mmBF16Asm): AVX2. AVX-512 widens a tile first.
-func mmBF16Direct(k isa) bool { return k == isaAVX2 }
+// mmDirect reports whether k has MatMul micro-kernels that read dt's
+// weights as they are (mmDirectAsm): BF16 and Q8 on AVX2. AVX-512 widens
+// or dequantizes a tile first.
+func mmDirect(k isa, dt DType) bool { return k == isaAVX2 && (dt == BF16 || dt == Q8) }
 
-// mmBF16Asm applies rows of BF16 weights (any count) to t vectors, 2 to
-// 4.
-func mmBF16Asm(_ isa, t int, out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int) {
-	switch t {
-	case 2:
-		mmBF16x2AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
-	case 3:
-		mmBF16x3AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
-	case 4:
-		mmBF16x4AVX2(out, outStride, w, wStride, rows, x, xStride, n16)
+// mmDirectAsm applies rows of dt's weights (any count, wStride bytes
+// apart, n16 elements long: a multiple of 16) to t vectors, 2 to 4.
+func mmDirectAsm(_ isa, dt DType, t int, out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, n16 int) {
+	switch {
+	case dt == BF16 && t == 2:
+		mmBF16x2AVX2(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
+	case dt == BF16 && t == 3:
+		mmBF16x3AVX2(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
+	case dt == BF16 && t == 4:
+		mmBF16x4AVX2(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
+	case dt == Q8 && t == 2:
+		mmQ8x2AVX2(out, outStride, w, wStride, rows, x, xStride, n16, quantScaleBytes(Q8, n16))
+	case dt == Q8 && t == 3:
+		mmQ8x3AVX2(out, outStride, w, wStride, rows, x, xStride, n16, quantScaleBytes(Q8, n16))
+	case dt == Q8 && t == 4:
+		mmQ8x4AVX2(out, outStride, w, wStride, rows, x, xStride, n16, quantScaleBytes(Q8, n16))
 	default:
-		panic("kernels: no BF16 MatMul micro-kernel for this many vectors")
+		panic("kernels: no MatMul micro-kernel for " + dt.String() + " and this many vectors")
 	}
 }
 

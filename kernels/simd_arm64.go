@@ -16,11 +16,11 @@ var simdPaths = []*path{newSIMDPath("neon", isaNEON)}
 // register tile.
 func mmShape(isa) (rows, vectors int) { return 2, 2 }
 
-// mmBF16Direct: NEON's MatMul widens a BF16 tile first.
-func mmBF16Direct(isa) bool { return false }
+// mmDirect: NEON's MatMul widens or dequantizes a tile first.
+func mmDirect(isa, DType) bool { return false }
 
-func mmBF16Asm(isa, int, *float32, int, *uint16, int, int, *float32, int, int) {
-	panic("kernels: no BF16 MatMul micro-kernel on arm64")
+func mmDirectAsm(isa, DType, int, *float32, int, unsafe.Pointer, int, int, *float32, int, int) {
+	panic("kernels: no direct MatMul micro-kernel on arm64")
 }
 
 func rowsAsm(_ isa, dt DType, out *float32, w unsafe.Pointer, x *float32, rows, n16, stride int, lanes bool) {

@@ -18,26 +18,6 @@ func quantRowsAsm(k isa, dt DType, out *float32, w unsafe.Pointer, x *float32, r
 	}
 }
 
-// mmQ8Direct reports whether k has MatMul micro-kernels that dequantize
-// Q8 weights in registers (mmQ8Asm): AVX2. AVX-512 dequantizes a tile
-// first.
-func mmQ8Direct(k isa) bool { return k == isaAVX2 }
-
-// mmQ8Asm applies rows of Q8 weights (any count, codes from byte sb of
-// each) to t vectors, 2 to 4.
-func mmQ8Asm(_ isa, t int, out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, n16, sb int) {
-	switch t {
-	case 2:
-		mmQ8x2AVX2(out, outStride, w, wStride, rows, x, xStride, n16, sb)
-	case 3:
-		mmQ8x3AVX2(out, outStride, w, wStride, rows, x, xStride, n16, sb)
-	case 4:
-		mmQ8x4AVX2(out, outStride, w, wStride, rows, x, xStride, n16, sb)
-	default:
-		panic("kernels: no Q8 MatMul micro-kernel for this many vectors")
-	}
-}
-
 func dequantAsm(k isa, dt DType, dst *float32, w unsafe.Pointer, rows, n16, stride, sb int) {
 	switch {
 	case k == isaAVX512 && dt == Q8:

@@ -13,13 +13,6 @@ func quantRowsAsm(_ isa, dt DType, out *float32, w unsafe.Pointer, x *float32, r
 	}
 }
 
-// mmQ8Direct: NEON's MatMul dequantizes a Q8 tile first.
-func mmQ8Direct(isa) bool { return false }
-
-func mmQ8Asm(isa, int, *float32, int, unsafe.Pointer, int, int, *float32, int, int, int) {
-	panic("kernels: no Q8 MatMul micro-kernel on arm64")
-}
-
 func dequantAsm(_ isa, dt DType, dst *float32, w unsafe.Pointer, rows, n16, stride, sb int) {
 	if dt == Q8 {
 		dequantQ8NEON(dst, w, rows, n16, stride, sb)
