@@ -86,13 +86,9 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 			return err
 		}
 		L := &b.m.Layers[l]
-		// the rows' projections and feed-forward block each go over the
-		// weights once; only attention is per row, over its own cache
-		L.Attention.project(f, n)
-		if err := L.Attention.attend(f, l, n, rows); err != nil {
+		if err := L.Attention.forward(f, l, n, rows); err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
-		L.Attention.output(f, n)
 		if err := L.ffn().forward(ctx, f, step, l, n); err != nil {
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}

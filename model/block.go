@@ -88,11 +88,13 @@ type MoE struct {
 	SharedGate kernels.Matrix // [1, hidden]
 }
 
-// forward runs the block on the session's batch at layer l (the KV cache
-// layer it reads and extends): x += O(attn(norm(x))).
-func (a *Attention) forward(s *Session, l, start, n int) error {
+// forward runs the block on s's n rows at layer l (the KV cache layer
+// each row reads and extends, where rows says): x += O(attn(norm(x))).
+// The projections go over their weights once for all rows; only
+// attention is per row, over its own cache.
+func (a *Attention) forward(s *Session, l, n int, rows kvRows) error {
 	a.project(s, n)
-	if err := a.attend(s, l, n, kvRows{cache: s.cache, start: start}); err != nil {
+	if err := a.attend(s, l, n, rows); err != nil {
 		return err
 	}
 	a.output(s, n)

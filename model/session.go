@@ -102,12 +102,13 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	for t, id := range tokens {
 		s.m.embed(s.x[t*h:(t+1)*h], id)
 	}
+	rows := kvRows{cache: s.cache, start: start}
 	for l := range s.m.Layers {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		L := &s.m.Layers[l]
-		if err := L.Attention.forward(s, l, start, n); err != nil {
+		if err := L.Attention.forward(s, l, n, rows); err != nil {
 			return err
 		}
 		if err := L.ffn().forward(ctx, s, step, l, n); err != nil {
