@@ -491,17 +491,16 @@ func parsePromText(r io.Reader) (map[string]float64, error) {
 			return nil, fmt.Errorf("metrics: %q: %w", line, err)
 		}
 		out[name] += v
-		if _, phase, ok := strings.Cut(line[len(name):], `phase="`); ok {
-			if phase, _, ok := strings.Cut(phase, `"`); ok {
-				out[name+`{phase="`+phase+`"}`] += v
-			}
-		}
-		if strings.HasSuffix(name, "_bucket") {
-			if _, le, ok := strings.Cut(line[len(name):], `le="`); ok {
-				if le, _, ok := strings.Cut(le, `"`); ok {
-					out[name+`{le="`+le+`"}`] += v
+		bySample := func(label string) { // name{label="value"}'s own sum
+			if _, val, ok := strings.Cut(line[len(name):], label+`="`); ok {
+				if val, _, ok := strings.Cut(val, `"`); ok {
+					out[name+"{"+label+`="`+val+`"}`] += v
 				}
 			}
+		}
+		bySample("phase")
+		if strings.HasSuffix(name, "_bucket") {
+			bySample("le")
 		}
 	}
 	return out, sc.Err()

@@ -59,12 +59,12 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 		// the experts loaded for the row's prompts and tokens, hinted or not
 		case r.Workers.Loads <= 0 || r.BytesPerToken <= 0 || rep.BytesFrom == "":
 			t.Errorf("row %d: workers loaded %+v, %v expert bytes per token from %q", i, r.Workers, r.BytesPerToken, rep.BytesFrom)
-		// the nodes' CPU time from /proc, in 10 ms ticks: the row's
-		// whole swarm used some
 		// one layer pass per layer of the tiny preset's decode passes;
 		// each activates top-k (2) experts or more
 		case r.DecodeLayer.Passes < float64(want-clients) || r.DecodeLayer.Experts < 2 || r.DecodeLayer.Experts > 8 || r.DecodeLayer.MainMs <= 0 || r.DecodeLayer.ExpertsMs <= 0:
 			t.Errorf("row %d: decode layer %+v", i, r.DecodeLayer)
+		// the nodes' CPU time from /proc, in 10 ms ticks: the row's
+		// whole swarm used some
 		case runtime.GOOS == "linux" && (min(c.Main, c.Shadow, c.Workers) < 0 || c.Main+c.Shadow+c.Workers <= 0):
 			t.Errorf("row %d: CPU ms per token %+v", i, c)
 		}

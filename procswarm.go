@@ -72,9 +72,9 @@ type procSwarm struct {
 	residency   string // the main node's -residency; "" as off
 	profileDir  string // where nodes write their CPU profiles; "" none
 	stop        context.CancelFunc
-	procs       []*exec.Cmd
-	names       []string // procs' node names (w1.., shadow)
-	mainNode    *node    // the caller's main node, once runNode started it
+	procs       []*exec.Cmd // the workers, then the shadow
+	shadowCmd   *exec.Cmd   // the shadow's, among procs; nil without one
+	mainNode    *node       // the caller's main node, once runNode started it
 }
 
 // startProcSwarm starts o.Workers workers (w1..wN of f.Certs) and, with
@@ -132,7 +132,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 			"-certs", f.Certs, "-name", "shadow", "-dial-timeout", s.dialTimeout, "-ahead", strconv.Itoa(o.Ahead), "-log-level", "warn"); err != nil {
 			return nil, err
 		}
-		s.shadow = addr
+		s.shadow, s.shadowCmd = addr, s.procs[len(s.procs)-1]
 	}
 	return s, nil
 }
@@ -153,7 +153,6 @@ func (s *procSwarm) start(ctx context.Context, self, name string, args ...string
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
 	s.procs = append(s.procs, cmd)
-	s.names = append(s.names, name)
 	return nil
 }
 
@@ -243,9 +242,9 @@ func (s *procSwarm) cpu() roleCPU {
 	if s.mainNode != nil {
 		c.Main, _ = procmem.CPUTimeOf(s.mainNode.cmd.Process.Pid)
 	}
-	for i, p := range s.procs {
+	for _, p := range s.procs {
 		t, _ := procmem.CPUTimeOf(p.Process.Pid)
-		if s.names[i] == "shadow" {
+		if p == s.shadowCmd {
 			c.Shadow += t
 		} else {
 			c.Workers += t
