@@ -103,8 +103,9 @@ const prefetchElems = 512
 // pace a vector, and without the hint it fell short of the L2-resident
 // speed. 1024 elements measured 1.1-1.4x no prefetch on small's shapes
 // (1024 to 32000 rows of 1024 or 3584, 4 vectors, 1 and 2 threads,
-// weights streamed from DRAM); 256 to 4096 (NTA or T0) all gained, 1024
-// NTA the most.
+// weights streamed from DRAM, means of three rounds); 256 to 4096
+// (NTA or T0) all gained, 1024 and 2048 NTA the most (each best in one of
+// two experiments).
 const mmPrefetchElems = 1024
 
 // rows emits rows<D><ISA>(out *float32, w unsafe.Pointer, x *float32,
