@@ -164,14 +164,19 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
 			sl.mu.Lock()
 			_, live := sl.seqs[m.Seq]
+			scored := false
 			if act, ok := sl.actual[key]; ok {
 				if !sl.offPathLocked(key.step, m.Token) {
 					sl.score(key, es, act) // a late prediction: the layer has run
+					scored = true
 				}
 			} else if live {
 				sl.pred[key] = predicted{es, m.Token}
 			} // else: a sequence that has ended ran no such layer
 			sl.mu.Unlock()
+			if scored {
+				sl.signal()
+			}
 		case *wire.Withdraw:
 			sl.mu.Lock()
 			sl.withdrawals++
@@ -203,12 +208,17 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
-				select {
-				case sl.received <- struct{}{}:
-				default:
-				}
+				sl.signal()
 			}
 		}
+	}
+}
+
+// signal wakes stats, which waits for the shadow's last figures.
+func (sl *shadowLink) signal() {
+	select {
+	case sl.received <- struct{}{}:
+	default:
 	}
 }
 
@@ -464,15 +474,21 @@ type ShadowStats struct {
 	Align align.Policy
 }
 
-// stats waits (up to timeout) for the shadow to finish iteration last,
-// so that its last predictions are scored, and returns its figures. A
-// lost shadow is not waited for.
+// stats waits (up to timeout) for the shadow to finish iteration last
+// and for every layer of it that has run to be scored (a prediction the
+// shadow made running ahead on another token is dropped, and comes again
+// after it rewinds, possibly after that iteration's first finish), and
+// returns its figures. A lost shadow is not waited for.
 func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
 		sl.mu.Lock()
-		finished := sl.done >= last || !sl.up
+		unscored := false
+		for k := range sl.actual {
+			unscored = unscored || k.step.Iter == last
+		}
+		finished := (sl.done >= last && !unscored) || !sl.up
 		sl.mu.Unlock()
 		if finished {
 			break
