@@ -76,3 +76,32 @@ func TestRecallIsEquationThree(t *testing.T) {
 		t.Error("one activated expert accepted for top-2")
 	}
 }
+
+// TestPassTokenIsTheRowsTokensInAnyOrder: a lone row's token is itself;
+// several rows' do not depend on their order, and change with any row's
+// token or sequence.
+func TestPassTokenIsTheRowsTokensInAnyOrder(t *testing.T) {
+	if got := PassToken([]uint64{7}, []int{1234}); got != 1234 {
+		t.Fatalf("one row fed 1234: PassToken %d", got)
+	}
+	base := PassToken([]uint64{1, 2, 3}, []int{10, 20, 30})
+	if base < 0 {
+		t.Fatalf("PassToken %d is negative (-1 means not said)", base)
+	}
+	if got := PassToken([]uint64{3, 1, 2}, []int{30, 10, 20}); got != base {
+		t.Fatalf("the same rows in another order: %d, want %d", got, base)
+	}
+	for _, c := range []struct {
+		seqs   []uint64
+		tokens []int
+	}{
+		{[]uint64{1, 2, 3}, []int{10, 20, 31}},
+		{[]uint64{1, 2, 4}, []int{10, 20, 30}},
+		{[]uint64{1, 2, 3}, []int{20, 10, 30}}, // tokens swapped between sequences
+		{[]uint64{1, 2}, []int{10, 20}},
+	} {
+		if got := PassToken(c.seqs, c.tokens); got == base {
+			t.Errorf("rows %v fed %v: PassToken %d, the same as rows 1,2,3 fed 10,20,30", c.seqs, c.tokens, got)
+		}
+	}
+}

@@ -335,7 +335,27 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, members [
 		}
 		all = all && departed
 	}
+	// the pass's own mark: a prediction for it made on other tokens (the
+	// shadow ran it ahead on its own) is off the path taken
+	seqs := make([]uint64, len(members))
+	sent := true
+	sl.mu.Lock()
+	for i, m := range members {
+		seqs[i] = m.Seq
+		q := sl.seqs[m.Seq]
+		sent = sent && q != nil && q.iter == m.Iter && q.tokenSent
+	}
+	q := sl.seqs[step.Seq]
+	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(seqs, tokens), sent && all
+	sl.mu.Unlock()
 	return all, nil
+}
+
+// startPrompt departs the shadow on the prompt of a sequence whose
+// decode passes will run in batch (so that it never runs the sequence
+// ahead alone, only as a row of the batch's passes).
+func (sl *shadowLink) startPrompt(ctx context.Context, batch uint64, step model.Step, prompt []int, cache *kvcache.Cache) (bool, error) {
+	return sl.startIn(ctx, step, prompt, cache, batchPass{seq: batch})
 }
 
 // startIn is start for a forward pass that runs in batch pass bp (bp.seq

@@ -559,6 +559,17 @@ func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int
 	return err
 }
 
+// beforePrompt departs the shadow on the prompt of a sequence that will
+// decode in batch's passes; a no-op without a shadow.
+func (s *Swarm) beforePrompt(ctx context.Context, batch uint64, step model.Step, prompt []int, cache *kvcache.Cache) error {
+	if s.shadow == nil {
+		return nil
+	}
+	s.attachShadow()
+	_, err := s.shadow.startPrompt(ctx, batch, step, prompt, cache)
+	return err
+}
+
 // BeforeBatch departs and aligns the shadow for a batched decode pass,
 // step being the batch's: members[i] is the member sequence's own forward
 // pass, which feeds tokens[i] after the rows in caches[i]. A no-op

@@ -93,6 +93,9 @@ func (s *startedIters) saw(a *wire.Alignment) {
 	if s.it == nil {
 		s.it = map[uint64]int64{}
 	}
+	if a.Batch != 0 && a.BatchIteration > 0 { // the batch's pass has started too
+		s.it[a.Batch] = max(s.it[a.Batch], a.BatchIteration)
+	}
 	if len(a.Prompt) > 0 { // the sequence (re)starts here
 		s.it[a.Seq] = a.Iteration
 		return
@@ -132,8 +135,9 @@ type follow struct {
 	base int64
 	// fed are the tokens of the iterations run ahead of their alignment
 	fed map[int64]int
-	// batched: the sequence has run in a batched pass, which departs
-	// late; it never runs ahead
+	// batched: the sequence decodes in the main node's passes (its
+	// prompt said so, or it has run in one): it runs ahead only as a row
+	// of its pass (passFollow), never alone
 	batched bool
 }
 
@@ -304,7 +308,7 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 			}
 		}
 	}()
-	st := &mainState{pending: map[seqIter]*wire.Alignment{}, seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*batchFollow{}}
+	st := &mainState{pending: map[seqIter]*wire.Alignment{}, seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*passFollow{}}
 	for {
 		var m wire.Message
 		select {
@@ -312,6 +316,12 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 		default:
 			if f := n.dueAhead(st.seqs); f != nil {
 				if err := n.runAhead(ctx, f); err != nil {
+					return err
+				}
+				continue
+			}
+			if b, bf := n.passDueAhead(st.batches, st.seqs); bf != nil {
+				if err := n.runPassAhead(ctx, b, bf, st.seqs); err != nil {
 					return err
 				}
 				continue
@@ -340,7 +350,7 @@ type mainState struct {
 	// batched decode passes: the member alignments of each pass, and each
 	// batch's state
 	passes  map[seqIter][]*wire.Alignment
-	batches map[uint64]*batchFollow
+	batches map[uint64]*passFollow
 }
 
 // handle takes one message from the main node.
@@ -363,9 +373,11 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 			return nil
 		}
 		if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
-			st.seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1, aligned: m.Iteration - 1}
+			// a prompt that names a batch (pass 0) is a sequence that will
+			// decode in that batch's passes
+			st.seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1, aligned: m.Iteration - 1, batched: m.Batch != 0}
 		}
-		if m.Batch != 0 {
+		if m.Batch != 0 && m.BatchIteration > 0 {
 			k := seqIter{m.Batch, m.BatchIteration}
 			st.passes[k] = append(st.passes[k], m)
 			return n.runPasses(ctx, m.Batch, st.passes, st.batches, st.seqs)
@@ -387,7 +399,11 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 			}
 		}
 		// a member's prompt may be what a batched pass waited for
-		for b := range st.batches {
+		waiting := map[uint64]bool{}
+		for k := range st.passes {
+			waiting[k.seq] = true
+		}
+		for b := range waiting {
 			if err := n.runPasses(ctx, b, st.passes, st.batches, st.seqs); err != nil {
 				return err
 			}
@@ -549,114 +565,6 @@ func (n *Node) rewind(ctx context.Context, f *follow, it int64) {
 	f.it, f.headDue = it-1, false
 }
 
-// seqIter is one iteration of one sequence (or batch).
-type seqIter struct {
-	seq uint64
-	it  int64
-}
-
-// batchFollow is the shadow's copy of one of the main node's decode
-// batches.
-type batchFollow struct {
-	batch *model.Batch
-	it    int64 // the last pass run; 0: none yet
-	// a pass's sessions and tokens, reused pass after pass
-	sessions []*model.Session
-	tokens   []int
-}
-
-// runPasses runs batch b's passes that are ready, in order: a pass is
-// ready when all its members' alignments have come, each is its
-// sequence's next iteration (or restarts it with its prompt), and the
-// batch's previous pass has run. The first pass the shadow sees of a
-// batch starts it (it may attach mid-batch).
-func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wire.Alignment, batches map[uint64]*batchFollow, seqs map[uint64]*follow) error {
-	for {
-		bf := batches[b]
-		var k seqIter
-		if bf != nil {
-			k = seqIter{b, bf.it + 1}
-		} else {
-			first := int64(0) // the earliest pass waiting
-			for pk := range passes {
-				if pk.seq == b && (first == 0 || pk.it < first) {
-					first = pk.it
-				}
-			}
-			if first == 0 {
-				return nil
-			}
-			k = seqIter{b, first}
-		}
-		members := passes[k]
-		if len(members) == 0 || len(members) < members[0].BatchSize {
-			return nil
-		}
-		for _, a := range members {
-			f := seqs[a.Seq]
-			if len(a.Prompt) == 0 && (f == nil || f.aligned+1 != a.Iteration) {
-				return nil // the member's previous iteration has not run
-			}
-		}
-		delete(passes, k)
-		if bf == nil {
-			bf = &batchFollow{batch: model.NewBatch(n.m, model.NewResidentExperts(n.m))}
-			batches[b] = bf
-		}
-		bf.it = k.it
-		if err := n.pass(ctx, b, bf, members, seqs); err != nil {
-			return err
-		}
-	}
-}
-
-// pass runs one batched decode pass of batch b: each member's alignment,
-// then one forward pass over all of them whose routing, the union over
-// the members, is predicted for step (b, pass).
-func (n *Node) pass(ctx context.Context, b uint64, bf *batchFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
-	start := time.Now()
-	sessions, tokens := bf.sessions[:0], bf.tokens[:0]
-	for _, a := range members {
-		f := seqs[a.Seq]
-		if f == nil { // restarted by its prompt
-			f = &follow{seq: a.Seq}
-			seqs[a.Seq] = f
-		}
-		f.batched = true
-		if len(a.Prompt) == 0 && f.it >= a.Iteration { // it ran ahead alone: the batch runs it again
-			n.rewind(ctx, f, a.Iteration)
-		}
-		token, decode, err := n.prepare(ctx, f, a)
-		if err != nil {
-			return err
-		}
-		if !decode {
-			return fmt.Errorf("shadow: batch %d pass %d: sequence %d has no decode step", b, bf.it, a.Seq)
-		}
-		sessions = append(sessions, f.sess)
-		tokens = append(tokens, token)
-	}
-	bf.sessions, bf.tokens = sessions, tokens
-	late := time.Since(start)
-	n.trace.Span(trace.Align, bf.it, 0, -1, start, start.Add(late))
-	it := bf.it
-	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) { n.predict(ctx, b, it, -1, l, routes) })
-	t0 := time.Now()
-	n.mark = t0
-	err := bf.batch.Forward(ctx, sessions, tokens)
-	forward := time.Since(t0)
-	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
-	bf.batch.SetOnRoute(nil)
-	if err != nil {
-		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
-	}
-	for _, a := range members {
-		seqs[a.Seq].it, seqs[a.Seq].headDue = a.Iteration, true
-	}
-	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: b, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS()}})
-}
-
 // queue hands o to the sender.
 func (n *Node) queue(ctx context.Context, o outgoing) error {
 	select {
@@ -668,7 +576,7 @@ func (n *Node) queue(ctx context.Context, o outgoing) error {
 }
 
 // predict is the routing hook of a forward pass, step (seq, it), that fed
-// token (-1: a batched pass's): the moment layer l is routed (the union
+// token (a batch's pass: align.PassToken of its rows' tokens): the moment layer l is routed (the union
 // over a batch's rows), hint its group's workers and tell the main node
 // (through the sender). If ctx has ended nothing is queued, and the
 // forward pass stops at its next layer.

@@ -117,10 +117,11 @@ type Prediction struct {
 	Iteration int64
 	Layer     int
 	Experts   []int32
-	// Token is the token the shadow fed that iteration: its own when it
-	// ran ahead of the main node's alignment, so the main node can tell a
+	// Token is the token the shadow fed that iteration (for a batch's
+	// pass, align.PassToken of its rows' tokens): its own when it ran
+	// ahead of the main node's alignment, so the main node can tell a
 	// prediction on a path it did not take; -1 when not said (the main
-	// node's own hints, a batched pass).
+	// node's own hints).
 	Token int32
 }
 
@@ -207,6 +208,9 @@ type Alignment struct {
 	// BatchSize sequences in all (this one included): the shadow runs the
 	// pass when it has all of their alignments, as one batched forward
 	// pass, and predicts each layer for step (Batch, BatchIteration).
+	// BatchIteration 0 (with a Prompt, BatchSize 0) is a sequence's
+	// prompt, run alone, whose decode steps will run in Batch's passes:
+	// the shadow runs it ahead only as a row of those.
 	Batch          uint64
 	BatchIteration int64
 	BatchSize      int
@@ -446,7 +450,11 @@ func (m *Alignment) validate() error {
 	if err := nonNegative("iteration/from", m.Iteration, int64(m.FromPos)); err != nil {
 		return err
 	}
-	if m.Batch != 0 && (m.BatchIteration < 1 || m.BatchSize < 1) {
+	switch {
+	case m.Batch == 0:
+	case m.BatchIteration == 0 && (len(m.Prompt) == 0 || m.BatchSize != 0):
+		return malformed("alignment for batch %d's pass 0 (a prompt that will decode in the batch) without a prompt, or of %d sequences", m.Batch, m.BatchSize)
+	case m.BatchIteration != 0 && (m.BatchIteration < 1 || m.BatchSize < 1):
 		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchIteration, m.BatchSize)
 	}
 	if len(m.Keys) != len(m.Values) {

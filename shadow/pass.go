@@ -1,0 +1,290 @@
+package shadow
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// seqIter is one iteration of one sequence (or pass of a batch).
+type seqIter struct {
+	seq uint64
+	it  int64
+}
+
+// passFollow is the shadow's copy of one of the main node's batches of
+// decode passes. Like a lone sequence (follow), it runs ahead: once a
+// pass is done it runs the next on the tokens its own model sampled for
+// every member of the last pass, up to Ahead passes past the latest
+// alignment, so the next pass's predictions come a pass early. The main
+// node's alignments for a pass it ran ahead are met when the pass has the
+// same members fed the same tokens; otherwise it rewinds the pass (and
+// any run after it) and runs it again as the alignments say.
+type passFollow struct {
+	batch   *model.Batch
+	it      int64 // the last pass run, aligned or ahead; 0: none yet
+	aligned int64 // the last pass whose alignments have all been applied
+	// last are the members of pass it, which the next pass run ahead
+	// feeds again
+	last []uint64
+	// ahead are the passes run ahead of their alignments, oldest first
+	// (passes aligned+1 .. it)
+	ahead []aheadPass
+	// a pass's rows: their sequences, sessions and tokens, reused pass
+	// after pass
+	rows     []*follow
+	seqs     []uint64
+	sessions []*model.Session
+	tokens   []int
+}
+
+// reset empties bf's rows for the next pass.
+func (bf *passFollow) reset() {
+	bf.rows, bf.seqs, bf.sessions, bf.tokens = bf.rows[:0], bf.seqs[:0], bf.sessions[:0], bf.tokens[:0]
+}
+
+// add makes f, fed token, a row of the next pass.
+func (bf *passFollow) add(f *follow, token int) {
+	bf.rows, bf.seqs = append(bf.rows, f), append(bf.seqs, f.seq)
+	bf.sessions, bf.tokens = append(bf.sessions, f.sess), append(bf.tokens, token)
+}
+
+// aheadPass is a pass run ahead: which sequences it fed which tokens.
+type aheadPass struct {
+	it     int64
+	seqs   []uint64
+	tokens []int
+}
+
+// runPasses runs batch b's passes that are ready, in order: a pass is
+// ready when all its members' alignments have come, each is its
+// sequence's next iteration (or restarts it with its prompt), and the
+// batch's previous pass has run. The first pass the shadow sees of a
+// batch starts it (it may attach mid-batch). A pass run ahead is met or
+// rewound instead of run again.
+func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wire.Alignment, batches map[uint64]*passFollow, seqs map[uint64]*follow) error {
+	for {
+		bf := batches[b]
+		var k seqIter
+		if bf != nil {
+			k = seqIter{b, bf.aligned + 1}
+		} else {
+			first := int64(0) // the earliest pass waiting
+			for pk := range passes {
+				if pk.seq == b && (first == 0 || pk.it < first) {
+					first = pk.it
+				}
+			}
+			if first == 0 {
+				return nil
+			}
+			k = seqIter{b, first}
+		}
+		members := passes[k]
+		if len(members) == 0 || len(members) < members[0].BatchSize {
+			return nil
+		}
+		for _, a := range members {
+			f := seqs[a.Seq]
+			if len(a.Prompt) == 0 && (f == nil || f.aligned+1 != a.Iteration) {
+				return nil // the member's previous iteration has not run
+			}
+		}
+		delete(passes, k)
+		if bf == nil {
+			bf = &passFollow{batch: model.NewBatch(n.m, model.NewResidentExperts(n.m))}
+			batches[b] = bf
+		}
+		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
+			if n.meets(bf.ahead[0], members) {
+				n.meet(bf, members, seqs)
+				continue
+			}
+			n.rewindPasses(ctx, b, bf, k.it, seqs)
+		}
+		bf.it = k.it
+		if err := n.pass(ctx, b, bf, members, seqs); err != nil {
+			return err
+		}
+	}
+}
+
+// meets reports whether pass p, run ahead, fed what the main node's
+// alignments of that pass say: the same sequences (none restarted), each
+// the token its alignment carries (or any, if it carries none).
+func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
+	if len(members) != len(p.seqs) {
+		return false
+	}
+	for _, a := range members {
+		i := slices.Index(p.seqs, a.Seq)
+		if i < 0 || len(a.Prompt) > 0 || a.Token >= 0 && int(a.Token) != p.tokens[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// meet applies the alignments of bf's oldest pass run ahead, which it
+// met: their KV rows; nothing runs again.
+func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) {
+	for _, a := range members {
+		f := seqs[a.Seq]
+		f.aligned = a.Iteration
+		if _, _, err := n.applyKV(f, a, -1); err != nil {
+			n.log.Warn().Err(err).Msg("shadow: KV alignment not applied")
+		}
+	}
+	n.agreed++
+	bf.aligned = bf.ahead[0].it
+	bf.ahead = bf.ahead[1:]
+}
+
+// rewindPasses takes bf back to just before pass it, which (with every
+// pass after it) ran ahead on members or tokens the main node's pass did
+// not have: their predictions are withdrawn (from the workers, which drop
+// their loads, and the main node) and each row they added to a member's
+// KV cache is forgotten; each member's own token is again the one it fed
+// pass it.
+func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it int64, seqs map[uint64]*follow) {
+	n.log.Debug().Uint64("batch", b).Int64("pass", it).Int64("ran", bf.it).Msg("shadow: rewinding a pass: the main node's differs")
+	n.rewound++
+	w := &wire.Withdraw{Seq: b, From: it}
+	for i, l := range n.workers {
+		if l.up.Load() {
+			_ = n.queue(ctx, outgoing{worker: i, it: it, msg: w})
+		}
+	}
+	_ = n.queue(ctx, outgoing{worker: -1, it: it, msg: w})
+	for i := len(bf.ahead) - 1; i >= 0 && bf.ahead[i].it >= it; i-- {
+		p := bf.ahead[i]
+		for j, seq := range p.seqs {
+			f := seqs[seq]
+			if f == nil || f.sess == nil {
+				continue // ended, or restarted since
+			}
+			f.sess.Cache().Truncate(f.sess.Len() - 1)
+			f.it--
+			f.next, f.headDue = p.tokens[j], false
+		}
+		bf.ahead = bf.ahead[:i]
+	}
+	bf.it = it - 1
+}
+
+// passDueAhead is a batch that may run its next pass ahead of the main
+// node's alignments (the one furthest behind), nil if none may: it has
+// run an aligned pass, is less than Ahead passes past it, and every
+// member of its last pass that is still live has room for a token.
+func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*follow) (uint64, *passFollow) {
+	var due *passFollow
+	var b uint64
+	for id, bf := range batches {
+		if n.Ahead <= 0 || bf.aligned < 1 || bf.it >= bf.aligned+int64(n.Ahead) || due != nil && bf.it-bf.aligned >= due.it-due.aligned {
+			continue
+		}
+		live, full := 0, false
+		for _, seq := range bf.last {
+			if f := seqs[seq]; f != nil && f.sess != nil {
+				live++
+				full = full || f.sess.Len() >= n.m.Config.MaxPositions
+			}
+		}
+		if live > 0 && !full {
+			due, b = bf, id
+		}
+	}
+	return b, due
+}
+
+// runPassAhead runs bf's next pass on the tokens its own model sampled
+// for the members of its last pass that are still live.
+func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs map[uint64]*follow) error {
+	bf.reset()
+	var heads []*model.Session
+	for _, seq := range bf.last {
+		if f := seqs[seq]; f != nil && f.sess != nil { // else it ended
+			if f.headDue {
+				heads = append(heads, f.sess)
+			}
+			bf.add(f, -1)
+		}
+	}
+	if len(heads) > 0 { // the output heads of every row at once
+		if err := bf.batch.Logits(heads); err != nil {
+			return fmt.Errorf("shadow: batch %d pass %d: %w", b, bf.it+1, err)
+		}
+	}
+	for i, f := range bf.rows {
+		bf.tokens[i] = f.ownToken()
+	}
+	it := bf.it + 1
+	bf.ahead = append(bf.ahead, aheadPass{it: it, seqs: slices.Clone(bf.seqs), tokens: slices.Clone(bf.tokens)})
+	bf.it = it
+	return n.forwardPass(ctx, b, bf, it, 0, time.Now())
+}
+
+// pass runs pass bf.it of batch b as its members' alignments say: each
+// member's alignment, then one forward pass over all of them whose
+// routing, the union over the members, is predicted for step (b, pass).
+func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
+	start := time.Now()
+	bf.reset()
+	for _, a := range members {
+		f := seqs[a.Seq]
+		if f == nil { // restarted by its prompt
+			f = &follow{seq: a.Seq}
+			seqs[a.Seq] = f
+		}
+		f.batched = true
+		if len(a.Prompt) == 0 && f.it >= a.Iteration { // it ran ahead alone: the batch runs it again
+			n.rewind(ctx, f, a.Iteration)
+		}
+		token, decode, err := n.prepare(ctx, f, a)
+		if err != nil {
+			return err
+		}
+		if !decode {
+			return fmt.Errorf("shadow: batch %d pass %d: sequence %d has no decode step", b, bf.it, a.Seq)
+		}
+		bf.add(f, token)
+	}
+	bf.aligned = bf.it
+	return n.forwardPass(ctx, b, bf, bf.it, time.Since(start), start)
+}
+
+// forwardPass runs pass it of batch b over bf's sessions and tokens,
+// predicting each layer's routing for step (b, it), and reports it done;
+// late is what applying its alignments cost (0 when it runs ahead), from
+// start.
+func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int64, late time.Duration, start time.Time) error {
+	if late > 0 {
+		n.trace.Span(trace.Align, it, 0, -1, start, start.Add(late))
+	}
+	fed := align.PassToken(bf.seqs, bf.tokens)
+	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) {
+		n.predict(ctx, b, it, int(fed), l, routes)
+	})
+	t0 := time.Now()
+	n.mark = t0
+	err := bf.batch.Forward(ctx, bf.sessions, bf.tokens)
+	forward := time.Since(t0)
+	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
+	bf.batch.SetOnRoute(nil)
+	if err != nil {
+		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
+	}
+	bf.last = append(bf.last[:0], bf.seqs...)
+	for _, f := range bf.rows {
+		f.it, f.headDue = f.it+1, true
+	}
+	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: b, Iteration: it,
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: it - bf.aligned, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted}})
+}
