@@ -36,6 +36,8 @@ type runFlags struct {
 	ignoreEOS                  bool
 	http, servedName           string
 	maxBatch, maxQueue         int
+	prefixCache                string
+	prefixCacheBytes           int64
 	// main
 	workers, prefetch, shadow string
 	group, miniBatch          int
@@ -78,6 +80,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.StringVar(&f.servedName, "served-model-name", "", "local, main: the model's name in the API; default: the -model directory's base name")
 	fs.IntVar(&f.maxBatch, "max-batch", 8, "local, main: with -http, requests generating at once")
 	fs.IntVar(&f.maxQueue, "max-queue", 64, "local, main: with -http, requests waiting for a place beyond -max-batch; more are refused with 503")
+	fs.StringVar(&f.prefixCache, "prefix-cache", "512MiB", "local, main: with -http, memory for finished requests' KV rows, which a request whose prompt starts with the same tokens (a system prompt, a chat's next turn) reuses instead of computing them again (least recently used dropped first); 0 = off")
 	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
 	fs.IntVar(&f.group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
@@ -161,6 +164,10 @@ func (f *runFlags) checkGenerate() error {
 	if f.model == "" {
 		return usagef("-model is required")
 	}
+	var err error
+	if f.prefixCacheBytes, err = parseBytes(f.prefixCache); err != nil || f.prefixCacheBytes < 0 {
+		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.prefixCache)
+	}
 	switch {
 	case f.n < 0:
 		return usagef("-n must be >= 0, got %d", f.n)
@@ -186,7 +193,7 @@ func (f *runFlags) serving() mainnode.Serving {
 	if q == 0 {
 		q = -1 // no queue: serve's 0 means its default
 	}
-	return mainnode.Serving{Addr: f.http, ModelName: f.servedName, MaxBatch: f.maxBatch, MaxQueue: q}
+	return mainnode.Serving{Addr: f.http, ModelName: f.servedName, MaxBatch: f.maxBatch, MaxQueue: q, PrefixCacheBytes: f.prefixCacheBytes}
 }
 
 // text is the prompt and generation settings local and main share.

@@ -85,3 +85,24 @@ func (c *Cache) Truncate(n int) {
 		c.n = max(n, 0)
 	}
 }
+
+// Prefix returns a new cache holding a copy of positions [0, n) of c,
+// with room for capacity positions (it grows on demand): the start of
+// another sequence that begins with the same tokens.
+func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
+	if n < 0 || n > c.n {
+		return nil, fmt.Errorf("kvcache: a prefix of %d positions of %d", n, c.n)
+	}
+	p := &Cache{width: c.width, k: make([][]float32, len(c.k)), v: make([][]float32, len(c.v))}
+	p.Reserve(max(n, capacity))
+	for l := range c.k {
+		copy(p.k[l], c.k[l][:n*c.width])
+		copy(p.v[l], c.v[l][:n*c.width])
+	}
+	p.n = n
+	return p, nil
+}
+
+// Bytes is the memory the cache holds: every reserved row of every
+// layer, keys and values.
+func (c *Cache) Bytes() int64 { return 2 * 4 * int64(len(c.k)) * int64(c.cap) * int64(c.width) }

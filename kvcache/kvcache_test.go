@@ -61,3 +61,44 @@ func TestPutRefusesBadRows(t *testing.T) {
 		t.Error("Commit past reserve: no error")
 	}
 }
+
+// TestPrefixCopiesTheFirstRowsApart: a prefix holds the source's first
+// rows, in a cache of its own (writing either leaves the other as it
+// was), and refuses more rows than the source has.
+func TestPrefixCopiesTheFirstRowsApart(t *testing.T) {
+	c := New(2, 1, 2, 4)
+	for p := range 5 {
+		c.Reserve(p + 1)
+		for l := range 2 {
+			v := float32(l*100 + p)
+			if err := c.Put(l, p, []float32{v, v + .5}, []float32{-v, -v - .5}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Commit(p + 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := c.Prefix(3, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const row = 2 * 4 * 2 * 2 // keys and values, float32, 2 layers, width 2
+	if p.Len() != 3 || p.Bytes() < 8*row || p.Bytes()%row != 0 {
+		t.Fatalf("prefix: %d rows, %d bytes; want 3 rows and room for 8 or more rows of %d bytes", p.Len(), p.Bytes(), row)
+	}
+	for l := range 2 {
+		if !slices.Equal(p.Keys(l, 3), c.Keys(l, 3)) || !slices.Equal(p.Values(l, 3), c.Values(l, 3)) {
+			t.Fatalf("layer %d: prefix rows %v, source %v", l, p.Keys(l, 3), c.Keys(l, 3))
+		}
+	}
+	if err := p.Put(0, 1, []float32{9, 9}, []float32{9, 9}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Keys(0, 3)[2] == 9 {
+		t.Fatal("writing the prefix wrote the source")
+	}
+	if _, err := c.Prefix(6, 8); err == nil {
+		t.Fatal("a prefix of 6 rows of 5: no error")
+	}
+}

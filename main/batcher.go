@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/odmoe/odmoe/kvcache"
@@ -33,6 +34,30 @@ type Batcher struct {
 	// the last pass's members, for BeforePass
 	steps  []model.Step
 	caches []*kvcache.Cache
+	// prefixes, if set (KeepPrefixes), are finished sequences' KV rows
+	// that a new prompt starting with the same tokens reuses
+	prefixes *prefixCache
+}
+
+// KeepPrefixes keeps the KV rows of finished requests, up to budget
+// bytes (least recently used go first), for later requests whose prompts
+// start with the same tokens: those rows are copied, not computed again
+// (GenerateStats.CachedTokens). Call it before the first Generate; 0
+// keeps none.
+func (b *Batcher) KeepPrefixes(budget int64) { b.prefixes = newPrefixCache(budget) }
+
+// keep hands sess's KV rows to the prefix cache, if any: prompt then
+// out, as far as they were fed. sess is not used again.
+func (b *Batcher) keep(sess *model.Session, prompt, out []int) {
+	if b.prefixes == nil {
+		return
+	}
+	n := sess.Len()
+	tokens := append(slices.Clone(prompt), out...)
+	if n > len(tokens) {
+		return
+	}
+	b.prefixes.put(tokens[:n], sess.Cache())
 }
 
 // BatcherHooks let the runner follow the batch's sequences (the swarm:
@@ -86,6 +111,7 @@ func (b *Batcher) end(seq uint64) {
 type member struct {
 	ctx     context.Context
 	sess    *model.Session
+	prompt  []int
 	opt     model.GenerateOptions
 	sampler *model.Sampler
 	out     []int
@@ -110,24 +136,37 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 	if sampler == nil {
 		sampler = model.NewSampler(0, 0, 0)
 	}
-	sess := model.NewSession(b.m, b.newRunner(), len(prompt)+min(opt.MaxTokens, kvHint))
-	if b.hooks.BeforePrompt != nil {
+	capacity := len(prompt) + min(opt.MaxTokens, kvHint)
+	var sess *model.Session
+	if cache, n := b.prefixes.take(prompt, capacity); n > 0 {
+		resumed, err := model.ResumeSession(b.m, b.newRunner(), cache)
+		if err != nil {
+			return nil, st, err
+		}
+		sess, st.CachedTokens = resumed, n
+	} else {
+		sess = model.NewSession(b.m, b.newRunner(), capacity)
+	}
+	if b.hooks.BeforePrompt != nil { // the whole prompt: the shadow keeps no prefixes
 		if err := b.hooks.BeforePrompt(ctx, sess.Next(), prompt, sess.Cache()); err != nil {
 			b.end(sess.Seq())
 			return nil, st, err
 		}
 	}
 	t0 := time.Now()
-	logits, err := sess.Forward(ctx, prompt)
+	logits, err := sess.Forward(ctx, prompt[st.CachedTokens:])
 	st.Prefill = time.Since(t0)
 	if err != nil {
 		b.end(sess.Seq())
 		return nil, st, err
 	}
-	m := &member{ctx: ctx, sess: sess, opt: opt, sampler: sampler, st: st, eos: b.m.Config.IsEOS, done: make(chan struct{})}
+	m := &member{ctx: ctx, sess: sess, prompt: prompt, opt: opt, sampler: sampler, st: st, eos: b.m.Config.IsEOS, done: make(chan struct{})}
 	t1 := time.Now()
 	if opt.MaxTokens <= 0 || m.take(logits) {
 		b.end(sess.Seq())
+		if m.err == nil {
+			b.keep(sess, prompt, m.out)
+		}
 		return m.out, m.st, m.err
 	}
 	select {
@@ -175,6 +214,9 @@ func (b *Batcher) loop() {
 			m.err = err
 		}
 		b.end(m.sess.Seq())
+		if m.err == nil {
+			b.keep(m.sess, m.prompt, m.out)
+		}
 		close(m.done)
 	}
 	defer func() {

@@ -23,6 +23,10 @@ type Serving struct {
 	// MaxBatch sequences generate at once; MaxQueue more requests wait
 	// (0: serve's defaults).
 	MaxBatch, MaxQueue int
+	// PrefixCacheBytes is the memory for finished requests' KV rows,
+	// which later prompts starting with the same tokens reuse
+	// (Batcher.KeepPrefixes); 0: none.
+	PrefixCacheBytes int64
 	// Ready, if set, gets the bound address once the API listens.
 	Ready func(net.Addr)
 }

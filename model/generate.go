@@ -8,7 +8,10 @@ import (
 
 // GenerateStats summarises one generation.
 type GenerateStats struct {
-	PromptTokens    int
+	PromptTokens int
+	// CachedTokens are the prompt's leading tokens whose KV rows were
+	// reused from an earlier sequence (a prefix cache), not computed.
+	CachedTokens    int
 	GeneratedTokens int
 	Prefill         time.Duration // prompt forward pass, up to the first logits
 	Decode          time.Duration // every later forward pass

@@ -146,3 +146,17 @@ func (s *Session) Logits() []float32 {
 	kernels.MatVec(s.logits, s.m.LMHead, s.hn[:h])
 	return s.logits
 }
+
+// ResumeSession starts a sequence on m that goes on after the rows
+// already in cache (a prefix another sequence computed: the prefix
+// cache), whose experts run on experts. The session owns cache from now
+// on.
+func ResumeSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) (*Session, error) {
+	c := m.Config
+	if cache.Layers() != c.NumLayers || cache.Width() != c.NumKVHeads*c.HeadDim {
+		return nil, fmt.Errorf("model: a KV cache of %d layers of width %d for a model of %d layers of width %d", cache.Layers(), cache.Width(), c.NumLayers, c.NumKVHeads*c.HeadDim)
+	}
+	s := NewSession(m, experts, 0)
+	s.cache = cache
+	return s, nil
+}

@@ -33,6 +33,7 @@ type job struct {
 type outcome struct {
 	text      string // all of it (non-streamed requests)
 	generated int
+	cached    int    // prompt tokens reused from the prefix cache
 	finish    string // stop, length
 }
 
@@ -132,7 +133,8 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 }
 
 func (j *job) usageOf(out outcome) *usage {
-	return &usage{PromptTokens: len(j.prompt), CompletionTokens: out.generated, TotalTokens: len(j.prompt) + out.generated}
+	return &usage{PromptTokens: len(j.prompt), CompletionTokens: out.generated, TotalTokens: len(j.prompt) + out.generated,
+		PromptTokensDetails: promptTokensDetails{CachedTokens: out.cached}}
 }
 
 // streamEvents answers j as server-sent events in shape sh: its first
@@ -246,7 +248,11 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 			return nil
 		},
 	})
-	out.generated, out.finish = len(generated), st.FinishReason
+	out.generated, out.cached, out.finish = len(generated), st.CachedTokens, st.FinishReason
+	if st.CachedTokens > 0 {
+		s.metrics.prefixHits.Inc()
+		s.metrics.cachedTokens.Add(float64(st.CachedTokens))
+	}
 	switch {
 	case errors.Is(err, errStopString):
 		out.finish = "stop"

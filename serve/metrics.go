@@ -7,6 +7,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	requests         *prometheus.CounterVec
 	promptTokens     prometheus.Counter
+	prefixHits       prometheus.Counter
+	cachedTokens     prometheus.Counter
 	generatedTokens  prometheus.Counter
 	timeToFirstToken prometheus.Histogram
 	interToken       prometheus.Histogram
@@ -21,6 +23,12 @@ func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "odmoe_prompt_tokens_total", Help: "Prompt tokens of the requests that generated.",
 		}),
+		prefixHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "odmoe_prefix_cache_hits_total", Help: "Requests whose prompt started with tokens whose KV rows the prefix cache held: reused, not computed.",
+		}),
+		cachedTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "odmoe_prompt_cached_tokens_total", Help: "Prompt tokens whose KV rows came from the prefix cache (usage.prompt_tokens_details.cached_tokens).",
+		}),
 		generatedTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "odmoe_generated_tokens_total", Help: "Tokens generated.",
 		}),
@@ -33,7 +41,7 @@ func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
 			Buckets: latency,
 		}),
 	}
-	reg.MustRegister(m.requests, m.promptTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
+	reg.MustRegister(m.requests, m.promptTokens, m.prefixHits, m.cachedTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "odmoe_requests_waiting", Help: "Requests queued for a place in the batch.",
 		}, func() float64 { return float64(a.waits.Load()) }),

@@ -54,9 +54,16 @@ type completionRequest struct {
 }
 
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int                 `json:"prompt_tokens"`
+	CompletionTokens    int                 `json:"completion_tokens"`
+	TotalTokens         int                 `json:"total_tokens"`
+	PromptTokensDetails promptTokensDetails `json:"prompt_tokens_details"`
+}
+
+// promptTokensDetails says, as OpenAI's API does, how many of the
+// prompt's tokens came from the prefix cache.
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 type chatMessage struct {

@@ -532,3 +532,41 @@ func TestChatTemplateGetsTheClientsJSON(t *testing.T) {
 		t.Fatalf("enable_thinking reached the template as %T %v", vars["enable_thinking"], vars["enable_thinking"])
 	}
 }
+
+// prefixGenerator is a generator with a prefix cache that held the
+// first cached tokens of every prompt.
+type prefixGenerator struct {
+	Generator
+	cached int
+}
+
+func (g prefixGenerator) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
+	ids, st, err := g.Generator.Generate(ctx, prompt, opt)
+	st.CachedTokens = g.cached
+	return ids, st, err
+}
+
+// TestUsageReportsCachedPromptTokens: the prompt tokens a generation
+// reused from the prefix cache are the usage's
+// prompt_tokens_details.cached_tokens, as OpenAI reports them, and are
+// counted in /metrics with the request as a hit.
+func TestUsageReportsCachedPromptTokens(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, func(c *Config) { c.Generator = prefixGenerator{Generator: f.gen, cached: 3} })
+	resp, body := post(t, hs.URL+"/v1/completions", `{"model":"tiny","prompt":"The quick brown fox","max_tokens":4}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var got struct {
+		Usage map[string]any `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	details, _ := got.Usage["prompt_tokens_details"].(map[string]any)
+	if cached, _ := details["cached_tokens"].(float64); cached != 3 {
+		t.Fatalf("usage %v: want prompt_tokens_details.cached_tokens 3", got.Usage)
+	}
+	waitFor(t, hs.URL, "odmoe_prompt_cached_tokens_total 3")
+	waitFor(t, hs.URL, "odmoe_prefix_cache_hits_total 1")
+}
