@@ -92,7 +92,10 @@ func TestBenchRigOnLoopbackProcesses(t *testing.T) {
 		if err := json.Unmarshal(r.Stats, &st); err != nil {
 			t.Fatal(err)
 		}
-		if r.Mode != wantMode || !r.Identical || st.Generated != r.Output || st.Prompt != r.Prompt || st.Decode <= 0 || r.CPUBusy <= 0 {
+		// /proc/stat counts CPU time in 10 ms ticks: a run shorter than a
+		// few of them (local mode's ~10 ms on a quiet machine) may see none
+		busyMeasured := r.CPUBusy > 0 || r.WallS < 0.05
+		if r.Mode != wantMode || !r.Identical || st.Generated != r.Output || st.Prompt != r.Prompt || st.Decode <= 0 || !busyMeasured {
 			t.Errorf("run %d: %+v, stats %s", i, r, r.Stats)
 		}
 		switch r.Mode {
