@@ -52,12 +52,8 @@ func (b *Batcher) keep(sess *model.Session, prompt, out []int) {
 	if b.prefixes == nil {
 		return
 	}
-	n := sess.Len()
-	tokens := append(slices.Clone(prompt), out...)
-	if n > len(tokens) {
-		return
-	}
-	b.prefixes.put(tokens[:n], sess.Cache())
+	fed := slices.Concat(prompt, out) // a new array: prompt is the caller's
+	b.prefixes.put(fed[:min(sess.Len(), len(fed))], sess.Cache())
 }
 
 // BatcherHooks let the runner follow the batch's sequences (the swarm:
@@ -65,8 +61,8 @@ func (b *Batcher) keep(sess *model.Session, prompt, out []int) {
 // sequence). Any may be nil.
 type BatcherHooks struct {
 	// BeforePrompt comes before a request's prompt runs, as its own
-	// forward pass step.
-	BeforePrompt func(ctx context.Context, step model.Step, prompt []int, cache *kvcache.Cache) error
+	// forward pass step, with the batch its decode passes will run in.
+	BeforePrompt func(ctx context.Context, batch uint64, step model.Step, prompt []int, cache *kvcache.Cache) error
 	// BeforePass comes before each batched decode pass step (the batch's):
 	// members[i] is member i's own forward pass, feeding tokens[i] after
 	// the rows in caches[i].
@@ -148,7 +144,7 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 		sess = model.NewSession(b.m, b.newRunner(), capacity)
 	}
 	if b.hooks.BeforePrompt != nil { // the whole prompt: the shadow keeps no prefixes
-		if err := b.hooks.BeforePrompt(ctx, sess.Next(), prompt, sess.Cache()); err != nil {
+		if err := b.hooks.BeforePrompt(ctx, b.batch.Seq(), sess.Next(), prompt, sess.Cache()); err != nil {
 			b.end(sess.Seq())
 			return nil, st, err
 		}

@@ -44,6 +44,22 @@ func batchedGenerations(t *testing.T, g interface {
 	return out
 }
 
+// eachFamily runs test on each family's tiny preset, generated with seed
+// for a swarm of 4 workers, with the whole model and the main node's part
+// of it.
+func eachFamily(t *testing.T, seed uint64, test func(t *testing.T, preset string, f inproc.Files, local, mainModel *model.Model)) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
+		t.Run(preset, func(t *testing.T) {
+			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, seed, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local, mainModel := loadModels(t, f)
+			test(t, preset, f, local, mainModel)
+		})
+	}
+}
+
 func decodeLoads(st *mainnode.Stats) (loads int64) {
 	for _, l := range st.Decode {
 		loads += l.Loads
@@ -60,66 +76,59 @@ func decodeLoads(st *mainnode.Stats) (loads int64) {
 // same batches, the tokens are the same and its predictions of the
 // batches' routing score a recall well above chance.
 func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
-	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
-		t.Run(preset, func(t *testing.T) {
-			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 13, 4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			local, mainModel := loadModels(t, f)
-			const n = 8
-			var prompts [][]int
-			for i := range 4 {
-				prompts = append(prompts, testPrompt(3+2*i, 11+i, 7+i, local.Config.VocabSize))
-			}
-			want := make([]generation, len(prompts))
-			for i, p := range prompts {
-				want[i] = generate(t, local, model.NewResidentExperts(local), p, n)
-			}
+	eachFamily(t, 13, func(t *testing.T, preset string, f inproc.Files, local, mainModel *model.Model) {
+		const n = 8
+		var prompts [][]int
+		for i := range 4 {
+			prompts = append(prompts, testPrompt(3+2*i, 11+i, 7+i, local.Config.VocabSize))
+		}
+		want := make([]generation, len(prompts))
+		for i, p := range prompts {
+			want[i] = generate(t, local, model.NewResidentExperts(local), p, n)
+		}
 
-			sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
-			b := sw.Batcher(mainModel)
-			got := batchedGenerations(t, b, prompts, n)
-			b.Close()
-			for i := range prompts {
-				if d := diffGenerations(got[i], want[i]); d != "" {
-					t.Fatalf("request %d batched on the swarm differs from local mode alone: %s", i, d)
-				}
+		sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
+		b := sw.Batcher(mainModel)
+		got := batchedGenerations(t, b, prompts, n)
+		b.Close()
+		for i := range prompts {
+			if d := diffGenerations(got[i], want[i]); d != "" {
+				t.Fatalf("request %d batched on the swarm differs from local mode alone: %s", i, d)
 			}
-			together := decodeLoads(sw.Stats())
+		}
+		together := decodeLoads(sw.Stats())
 
-			sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
-			b = sw.Batcher(mainModel)
-			for i, p := range prompts {
-				g := batchedGenerations(t, b, [][]int{p}, n)
-				if d := diffGenerations(g[0], want[i]); d != "" {
-					t.Fatalf("request %d alone in the batch differs from local mode: %s", i, d)
-				}
+		sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
+		b = sw.Batcher(mainModel)
+		for i, p := range prompts {
+			g := batchedGenerations(t, b, [][]int{p}, n)
+			if d := diffGenerations(g[0], want[i]); d != "" {
+				t.Fatalf("request %d alone in the batch differs from local mode: %s", i, d)
 			}
-			b.Close()
-			alone := decodeLoads(sw.Stats())
-			t.Logf("%s: decode expert loads %d batched, %d one request after another", preset, together, alone)
-			if together >= alone {
-				t.Fatalf("batched decode loaded %d experts, one after another %d: batching shared no load", together, alone)
-			}
+		}
+		b.Close()
+		alone := decodeLoads(sw.Stats())
+		t.Logf("%s: decode expert loads %d batched, %d one request after another", preset, together, alone)
+		if together >= alone {
+			t.Fatalf("batched decode loaded %d experts, one after another %d: batching shared no load", together, alone)
+		}
 
-			sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
-			b = sw.Batcher(mainModel)
-			got = batchedGenerations(t, b, prompts, n)
-			for i := range prompts {
-				if d := diffGenerations(got[i], want[i]); d != "" {
-					t.Fatalf("request %d batched with a shadow differs from local mode alone: %s", i, d)
-				}
+		sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
+		b = sw.Batcher(mainModel)
+		got = batchedGenerations(t, b, prompts, n)
+		for i := range prompts {
+			if d := diffGenerations(got[i], want[i]); d != "" {
+				t.Fatalf("request %d batched with a shadow differs from local mode alone: %s", i, d)
 			}
-			st, ok := sw.ShadowStats(10e9)
-			b.Close()
-			chance := float64(local.Config.TopK) / float64(local.Config.NumExperts)
-			t.Logf("%s: the shadow's recall over batched passes %.4f", preset, st.BatchRecall)
-			if !ok || st.BatchRecall < 2*chance {
-				t.Fatalf("the shadow's recall over batched passes %.4f (ok %v), not above twice chance %.2f", st.BatchRecall, ok, 2*chance)
-			}
-		})
-	}
+		}
+		st, ok := sw.ShadowStats(10e9)
+		b.Close()
+		chance := float64(local.Config.TopK) / float64(local.Config.NumExperts)
+		t.Logf("%s: the shadow's recall over batched passes %.4f", preset, st.BatchRecall)
+		if !ok || st.BatchRecall < 2*chance {
+			t.Fatalf("the shadow's recall over batched passes %.4f (ok %v), not above twice chance %.2f", st.BatchRecall, ok, 2*chance)
+		}
+	})
 }
 
 // TestLocalBatcherIsLocalModeAlone: the local batcher (what -role local

@@ -72,8 +72,8 @@ func (p *prefixCache) take(prompt []int, capacity int) (*kvcache.Cache, int) {
 	return c, n
 }
 
-// put keeps cache, whose rows are tokens', taking it over (the caller
-// drops it). An entry whose tokens start the new ones goes (the new one
+// put keeps cache, whose rows are tokens', taking both over (the caller
+// drops them). An entry whose tokens start the new ones goes (the new one
 // holds all it did); tokens that start an entry's are not kept (it holds
 // them already). The least recently used entries go until the budget
 // holds; a cache larger than the whole budget is not kept.
@@ -103,7 +103,7 @@ func (p *prefixCache) put(tokens []int, cache *kvcache.Cache) {
 		p.used -= p.entries[0].cache.Bytes()
 		p.entries = slices.Delete(p.entries, 0, 1)
 	}
-	p.entries = append(p.entries, &prefixEntry{tokens: slices.Clone(tokens), cache: cache})
+	p.entries = append(p.entries, &prefixEntry{tokens: tokens, cache: cache})
 	p.used += size
 }
 

@@ -6,7 +6,6 @@ import (
 	"net"
 	"path/filepath"
 
-	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/chat"
 	"github.com/odmoe/odmoe/model/tokenizer"
@@ -39,12 +38,8 @@ const kvHint = 512
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
 func (s *Swarm) Batcher(m *model.Model) *Batcher {
-	var b *Batcher // the hooks run once it is made
-	b = NewBatcher(m, s, func() model.ExpertRunner { return s }, BatcherHooks{
-		BeforePrompt: func(ctx context.Context, step model.Step, prompt []int, cache *kvcache.Cache) error {
-			return s.beforePrompt(ctx, b.Seq(), step, prompt, cache)
-		},
-		BeforePass: s.BeforeBatch, EndSequence: s.EndSequence})
+	b := NewBatcher(m, s, func() model.ExpertRunner { return s }, BatcherHooks{
+		BeforePrompt: s.depart, BeforePass: s.BeforeBatch, EndSequence: s.EndSequence})
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()

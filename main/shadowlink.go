@@ -301,9 +301,11 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
 // every token so far as its prompt, the KV rows (when they are not too
 // big) and the token to feed. It reports whether the shadow departs: not
 // while it is lost (a connection that ends here is reported by the
-// receive loop, not as an error).
-func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
-	return sl.startIn(ctx, step, tokens, cache, batchPass{})
+// receive loop, not as an error). A prompt names the batch whose passes
+// its sequence will decode in (0: none), so that the shadow runs it
+// ahead only as a row of those.
+func (sl *shadowLink) start(ctx context.Context, batch uint64, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
+	return sl.startIn(ctx, step, tokens, cache, batchPass{seq: batch})
 }
 
 // batchPass is the batched decode pass a sequence's forward pass runs in:
@@ -349,13 +351,6 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, members [
 	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(seqs, tokens), sent && all
 	sl.mu.Unlock()
 	return all, nil
-}
-
-// startPrompt departs the shadow on the prompt of a sequence whose
-// decode passes will run in batch (so that it never runs the sequence
-// ahead alone, only as a row of the batch's passes).
-func (sl *shadowLink) startPrompt(ctx context.Context, batch uint64, step model.Step, prompt []int, cache *kvcache.Cache) (bool, error) {
-	return sl.startIn(ctx, step, prompt, cache, batchPass{seq: batch})
 }
 
 // startIn is start for a forward pass that runs in batch pass bp (bp.seq

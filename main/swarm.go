@@ -546,27 +546,23 @@ func (s *Swarm) Close() error {
 // BeforeForward is the generation hook (model.GenerateOptions) that departs
 // and aligns the shadow for the forward pass of step; a no-op without one.
 func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) error {
+	return s.depart(ctx, 0, step, tokens, cache)
+}
+
+// depart departs and aligns the shadow for the forward pass of step of a
+// sequence run alone, or for the prompt of one whose decode passes run in
+// batch (0: none); a no-op without a shadow.
+func (s *Swarm) depart(ctx context.Context, batch uint64, step model.Step, tokens []int, cache *kvcache.Cache) error {
 	if s.shadow == nil {
 		return nil
 	}
 	s.attachShadow()
-	departed, err := s.shadow.start(ctx, step, tokens, cache)
+	departed, err := s.shadow.start(ctx, batch, step, tokens, cache)
 	if !departed && err == nil && step.Iter > 1 {
 		s.mu.Lock()
 		s.stats.Faults.ReactiveIterations++
 		s.mu.Unlock()
 	}
-	return err
-}
-
-// beforePrompt departs the shadow on the prompt of a sequence that will
-// decode in batch's passes; a no-op without a shadow.
-func (s *Swarm) beforePrompt(ctx context.Context, batch uint64, step model.Step, prompt []int, cache *kvcache.Cache) error {
-	if s.shadow == nil {
-		return nil
-	}
-	s.attachShadow()
-	_, err := s.shadow.startPrompt(ctx, batch, step, prompt, cache)
 	return err
 }
 

@@ -44,11 +44,17 @@ type Session struct {
 // capacity is a hint for the longest sequence (the cache grows past it).
 func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 	c := m.Config
+	return newSession(m, experts, kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, capacity))
+}
+
+// newSession starts a sequence on m that goes on after the rows in cache.
+func newSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) *Session {
+	c := m.Config
 	return &Session{
 		m:       m,
 		seq:     nextSeq(),
 		experts: experts,
-		cache:   kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, capacity),
+		cache:   cache,
 		invFreq: kernels.RoPEFreqs(c.HeadDim, c.RopeTheta),
 		logits:  make([]float32, c.VocabSize),
 		lastRow: -1,
@@ -156,7 +162,5 @@ func ResumeSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) (*Sessi
 	if cache.Layers() != c.NumLayers || cache.Width() != c.NumKVHeads*c.HeadDim {
 		return nil, fmt.Errorf("model: a KV cache of %d layers of width %d for a model of %d layers of width %d", cache.Layers(), cache.Width(), c.NumLayers, c.NumKVHeads*c.HeadDim)
 	}
-	s := NewSession(m, experts, 0)
-	s.cache = cache
-	return s, nil
+	return newSession(m, experts, cache), nil
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
-	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
@@ -37,12 +36,13 @@ type passFollow struct {
 	// ahead are the passes run ahead of their alignments, oldest first
 	// (passes aligned+1 .. it)
 	ahead []aheadPass
-	// a pass's rows: their sequences, sessions and tokens, reused pass
-	// after pass
+	// a pass's rows: their sequences, sessions and tokens, and the
+	// sessions whose output head is due, reused pass after pass
 	rows     []*follow
 	seqs     []uint64
 	sessions []*model.Session
 	tokens   []int
+	heads    []*model.Session
 }
 
 // reset empties bf's rows for the next pass.
@@ -104,7 +104,9 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 		}
 		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
 			if n.meets(bf.ahead[0], members) {
-				n.meet(bf, members, seqs)
+				if err := n.meet(bf, members, seqs); err != nil {
+					return err
+				}
 				continue
 			}
 			n.rewindPasses(ctx, b, bf, k.it, seqs)
@@ -134,17 +136,18 @@ func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 
 // meet applies the alignments of bf's oldest pass run ahead, which it
 // met: their KV rows; nothing runs again.
-func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) {
+func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	for _, a := range members {
 		f := seqs[a.Seq]
 		f.aligned = a.Iteration
 		if _, _, err := n.applyKV(f, a, -1); err != nil {
-			n.log.Warn().Err(err).Msg("shadow: KV alignment not applied")
+			return err
 		}
 	}
 	n.agreed++
 	bf.aligned = bf.ahead[0].it
 	bf.ahead = bf.ahead[1:]
+	return nil
 }
 
 // rewindPasses takes bf back to just before pass it, which (with every
@@ -156,13 +159,7 @@ func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*
 func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it int64, seqs map[uint64]*follow) {
 	n.log.Debug().Uint64("batch", b).Int64("pass", it).Int64("ran", bf.it).Msg("shadow: rewinding a pass: the main node's differs")
 	n.rewound++
-	w := &wire.Withdraw{Seq: b, From: it}
-	for i, l := range n.workers {
-		if l.up.Load() {
-			_ = n.queue(ctx, outgoing{worker: i, it: it, msg: w})
-		}
-	}
-	_ = n.queue(ctx, outgoing{worker: -1, it: it, msg: w})
+	n.withdraw(ctx, b, it)
 	for i := len(bf.ahead) - 1; i >= 0 && bf.ahead[i].it >= it; i-- {
 		p := bf.ahead[i]
 		for j, seq := range p.seqs {
@@ -208,17 +205,17 @@ func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*fol
 // for the members of its last pass that are still live.
 func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs map[uint64]*follow) error {
 	bf.reset()
-	var heads []*model.Session
+	bf.heads = bf.heads[:0]
 	for _, seq := range bf.last {
 		if f := seqs[seq]; f != nil && f.sess != nil { // else it ended
 			if f.headDue {
-				heads = append(heads, f.sess)
+				bf.heads = append(bf.heads, f.sess)
 			}
 			bf.add(f, -1)
 		}
 	}
-	if len(heads) > 0 { // the output heads of every row at once
-		if err := bf.batch.Logits(heads); err != nil {
+	if len(bf.heads) > 0 { // the output heads of every row at once
+		if err := bf.batch.Logits(bf.heads); err != nil {
 			return fmt.Errorf("shadow: batch %d pass %d: %w", b, bf.it+1, err)
 		}
 	}
@@ -228,7 +225,7 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 	it := bf.it + 1
 	bf.ahead = append(bf.ahead, aheadPass{it: it, seqs: slices.Clone(bf.seqs), tokens: slices.Clone(bf.tokens)})
 	bf.it = it
-	return n.forwardPass(ctx, b, bf, it, 0, time.Now())
+	return n.forwardPass(ctx, b, bf, it, 0)
 }
 
 // pass runs pass bf.it of batch b as its members' alignments say: each
@@ -244,9 +241,6 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wi
 			seqs[a.Seq] = f
 		}
 		f.batched = true
-		if len(a.Prompt) == 0 && f.it >= a.Iteration { // it ran ahead alone: the batch runs it again
-			n.rewind(ctx, f, a.Iteration)
-		}
 		token, decode, err := n.prepare(ctx, f, a)
 		if err != nil {
 			return err
@@ -257,17 +251,15 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wi
 		bf.add(f, token)
 	}
 	bf.aligned = bf.it
-	return n.forwardPass(ctx, b, bf, bf.it, time.Since(start), start)
+	late := time.Since(start)
+	n.trace.Span(trace.Align, bf.it, 0, -1, start, start.Add(late))
+	return n.forwardPass(ctx, b, bf, bf.it, late)
 }
 
-// forwardPass runs pass it of batch b over bf's sessions and tokens,
-// predicting each layer's routing for step (b, it), and reports it done;
-// late is what applying its alignments cost (0 when it runs ahead), from
-// start.
-func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int64, late time.Duration, start time.Time) error {
-	if late > 0 {
-		n.trace.Span(trace.Align, it, 0, -1, start, start.Add(late))
-	}
+// forwardPass runs pass it of batch b over bf's rows, predicting each
+// layer's routing for step (b, it), and reports it done; late is what
+// applying its alignments cost (0 when it runs ahead).
+func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int64, late time.Duration) error {
 	fed := align.PassToken(bf.seqs, bf.tokens)
 	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) {
 		n.predict(ctx, b, it, int(fed), l, routes)
@@ -275,8 +267,6 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 	t0 := time.Now()
 	n.mark = t0
 	err := bf.batch.Forward(ctx, bf.sessions, bf.tokens)
-	forward := time.Since(t0)
-	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	bf.batch.SetOnRoute(nil)
 	if err != nil {
 		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
@@ -285,6 +275,5 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 	for _, f := range bf.rows {
 		f.it, f.headDue = f.it+1, true
 	}
-	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: b, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: it - bf.aligned, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted}})
+	return n.done(ctx, b, it, t0, late, it-bf.aligned)
 }

@@ -89,29 +89,11 @@ func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 	// the main node samples another token for the first member: a rewind
 	main3 := []int{(own3[0] + 1) % r.qm.Config.VocabSize, own3[1]}
 	sendPass(3, main3...)
-	for withdrawn := false; !withdrawn; {
-		switch m := r.recv(t).(type) {
-		case *wire.Withdraw:
-			if m.Seq != batch || m.From != 3 {
-				t.Fatalf("withdraw %+v, want batch %d from pass 3", m, uint64(batch))
-			}
-			withdrawn = true
-		case *wire.Prediction, *wire.ShadowDone:
-			t.Fatalf("%T %+v before the withdrawal", m, m)
-		}
-	}
+	r.awaitWithdraw(t, batch, 3)
 	got, done = r.readUntilDone(t, batch, 3)
 	if done.Ahead != 0 || done.Rewound != 1 {
 		t.Fatalf("pass 3 again: %+v, want 0 ahead (it departed on the alignments), 1 rewound", done)
 	}
 	fed[0][len(fed[0])-1] = main3[0]
 	check("pass 3 after the rewind", got, main3)
-}
-
-func int32s(ids []int) []int32 {
-	out := make([]int32, len(ids))
-	for i, id := range ids {
-		out[i] = int32(id)
-	}
-	return out
 }

@@ -398,13 +398,8 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 				return err
 			}
 		}
-		// a member's prompt may be what a batched pass waited for
-		waiting := map[uint64]bool{}
-		for k := range st.passes {
-			waiting[k.seq] = true
-		}
-		for b := range waiting {
-			if err := n.runPasses(ctx, b, st.passes, st.batches, st.seqs); err != nil {
+		for k := range st.passes { // a member's prompt may be what a waiting pass needs
+			if err := n.runPasses(ctx, k.seq, st.passes, st.batches, st.seqs); err != nil {
 				return err
 			}
 		}
@@ -461,21 +456,29 @@ func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error 
 // layers; late is what the alignment cost before departing (0 when f runs
 // ahead).
 func (n *Node) forward(ctx context.Context, f *follow, it int64, token int, late time.Duration) error {
-	t0 := time.Now()
 	ahead := it - f.aligned
 	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) {
 		n.predict(ctx, f.seq, it, token, l, routes)
 	}
+	t0 := time.Now()
 	n.mark = t0
 	err := f.sess.ForwardHidden(ctx, []int{token})
-	forward := time.Since(t0)
-	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	f.sess.OnRoute = nil
 	if err != nil {
 		return fmt.Errorf("shadow: sequence %d iteration %d: %w", f.seq, it, err)
 	}
 	f.it, f.headDue = it, true
-	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: f.seq, Iteration: it,
+	return n.done(ctx, f.seq, it, t0, late, ahead)
+}
+
+// done traces the forward pass of step (seq, it), which ran from t0 to
+// now, and reports it to the main node: late is what applying its
+// alignment cost before it departed, ahead how many iterations past the
+// latest alignment it ran.
+func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, late time.Duration, ahead int64) error {
+	forward := time.Since(t0)
+	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
+	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Iteration: it,
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted}})
 }
 
@@ -553,16 +556,23 @@ func (n *Node) applyKV(f *follow, a *wire.Alignment, token int) (int, bool, erro
 // loads, and the main node), and the KV rows from it on are forgotten.
 func (n *Node) rewind(ctx context.Context, f *follow, it int64) {
 	n.log.Debug().Uint64("seq", f.seq).Int64("iteration", it).Int64("ran", f.it).Msg("shadow: rewinding: the main node sampled another token")
-	w := &wire.Withdraw{Seq: f.seq, From: it}
-	for i, l := range n.workers {
-		if l.up.Load() {
-			_ = n.queue(ctx, outgoing{worker: i, it: it, msg: w})
-		}
-	}
-	_ = n.queue(ctx, outgoing{worker: -1, it: it, msg: w})
+	n.withdraw(ctx, f.seq, it)
 	f.sess.Cache().Truncate(int(f.base + it))
 	maps.DeleteFunc(f.fed, func(i int64, _ int) bool { return i >= it })
 	f.it, f.headDue = it-1, false
+}
+
+// withdraw takes back the predictions for iterations from and later of
+// seq (a sequence, or a batch's passes): from the live workers, which
+// drop their loads unless something else holds them, and the main node.
+func (n *Node) withdraw(ctx context.Context, seq uint64, from int64) {
+	w := &wire.Withdraw{Seq: seq, From: from}
+	for i, l := range n.workers {
+		if l.up.Load() {
+			_ = n.queue(ctx, outgoing{worker: i, it: from, msg: w})
+		}
+	}
+	_ = n.queue(ctx, outgoing{worker: -1, it: from, msg: w})
 }
 
 // queue hands o to the sender.
@@ -576,9 +586,9 @@ func (n *Node) queue(ctx context.Context, o outgoing) error {
 }
 
 // predict is the routing hook of a forward pass, step (seq, it), that fed
-// token (a batch's pass: align.PassToken of its rows' tokens): the moment layer l is routed (the union
-// over a batch's rows), hint its group's workers and tell the main node
-// (through the sender). If ctx has ended nothing is queued, and the
+// token (a batch's pass: align.PassToken of its rows' tokens): the moment
+// layer l is routed (the union over a batch's rows), hint its group's
+// workers and tell the main node (through the sender). If ctx has ended nothing is queued, and the
 // forward pass stops at its next layer.
 func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, routes []model.Route) {
 	now := time.Now()

@@ -177,16 +177,9 @@ func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
 	r := newShadowRig(t)
 	prompt := []int{1, 17, 33, 49, 65, 81}
 	const a, b = 1 << 40, 1<<40 + 1
-	toInt32 := func(ids []int) []int32 {
-		out := make([]int32, len(ids))
-		for i, id := range ids {
-			out[i] = int32(id)
-		}
-		return out
-	}
 	tokens := map[uint64]int{a: 100, b: 7}
 	for _, seq := range []uint64{a, b} { // both prompts first: the shadow follows both
-		r.send(t, &wire.Alignment{Seq: seq, Iteration: 1, Token: -1, Prompt: toInt32(prompt)})
+		r.send(t, &wire.Alignment{Seq: seq, Iteration: 1, Token: -1, Prompt: int32s(prompt)})
 	}
 	for _, seq := range []uint64{b, a} {
 		r.send(t, &wire.Alignment{Seq: seq, Iteration: 2, Token: int32(tokens[seq])})
@@ -326,19 +319,7 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 	// the main node samples another token for iteration 3: a rewind
 	other := (own3 + 1) % r.qm.Config.VocabSize
 	r.send(t, &wire.Alignment{Seq: seq, Iteration: 3, Token: int32(other)})
-	withdrawn := false
-	for !withdrawn {
-		m := r.recv(t)
-		switch m := m.(type) {
-		case *wire.Withdraw:
-			if m.Seq != seq || m.From != 3 {
-				t.Fatalf("withdraw %+v, want sequence %d from iteration 3", m, seq)
-			}
-			withdrawn = true
-		case *wire.Prediction, *wire.ShadowDone:
-			t.Fatalf("%T %+v before the withdrawal", m, m)
-		}
-	}
+	r.awaitWithdraw(t, seq, 3)
 	got, done = r.readUntilDone(t, seq, 3)
 	if done.Ahead != 0 || done.Rewound != 1 {
 		t.Fatalf("iteration 3 again: %+v, want 0 ahead (it departed on the alignment), 1 rewound", done)
@@ -425,6 +406,32 @@ func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPr
 			t.Fatalf("withdraw %+v while reading iteration %d", m, it)
 		}
 	}
+}
+
+// awaitWithdraw reads the shadow's messages until a Withdraw, which must
+// take back seq's iterations from on; a prediction or a report before it
+// fails the test.
+func (r *shadowRig) awaitWithdraw(t *testing.T, seq uint64, from int64) {
+	t.Helper()
+	for {
+		switch m := r.recv(t).(type) {
+		case *wire.Withdraw:
+			if m.Seq != seq || m.From != from {
+				t.Fatalf("withdraw %+v, want %d from %d", m, seq, from)
+			}
+			return
+		case *wire.Prediction, *wire.ShadowDone:
+			t.Fatalf("%T %+v before the withdrawal", m, m)
+		}
+	}
+}
+
+func int32s(ids []int) []int32 {
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out
 }
 
 // greedy is the token the shadow's own model samples after tokens.
