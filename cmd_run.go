@@ -12,6 +12,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/passes"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
@@ -38,6 +39,7 @@ type runFlags struct {
 	maxBatch, maxQueue         int
 	prefixCache                string
 	prefixCacheBytes           int64
+	prefillChunk               int
 	// main
 	workers, prefetch, shadow string
 	group, miniBatch          int
@@ -81,6 +83,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs.IntVar(&f.maxBatch, "max-batch", 8, "local, main: with -http, requests generating at once")
 	fs.IntVar(&f.maxQueue, "max-queue", 64, "local, main: with -http, requests waiting for a place beyond -max-batch; more are refused with 503")
 	fs.StringVar(&f.prefixCache, "prefix-cache", "512MiB", "local, main: with -http, memory for finished requests' KV rows, which a request whose prompt starts with the same tokens (a system prompt, a chat's next turn) reuses instead of computing them again (least recently used dropped first); 0 = off")
+	fs.IntVar(&f.prefillChunk, "prefill-chunk", passes.DefaultChunk, "local, main: with -http, the most prompt tokens one forward pass feeds, over all the prompts joining: a long prompt is fed in chunks beside the running requests' decode steps, so none of them waits for all of it; 0 = each prompt in one pass")
 	fs.StringVar(&f.workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
 	fs.IntVar(&f.group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&f.prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
@@ -183,6 +186,8 @@ func (f *runFlags) checkGenerate() error {
 		return usagef("-max-batch must be >= 1, got %d", f.maxBatch)
 	case f.maxQueue < 0:
 		return usagef("-max-queue must be >= 0, got %d", f.maxQueue)
+	case f.prefillChunk < 0:
+		return usagef("-prefill-chunk must be >= 0 (0 = each prompt in one pass), got %d", f.prefillChunk)
 	}
 	return nil
 }
@@ -193,7 +198,11 @@ func (f *runFlags) serving() mainnode.Serving {
 	if q == 0 {
 		q = -1 // no queue: serve's 0 means its default
 	}
-	return mainnode.Serving{Addr: f.http, ModelName: f.servedName, MaxBatch: f.maxBatch, MaxQueue: q, PrefixCacheBytes: f.prefixCacheBytes}
+	chunk := f.prefillChunk
+	if chunk == 0 {
+		chunk = -1 // each prompt whole: Serving's 0 means the default
+	}
+	return mainnode.Serving{Addr: f.http, ModelName: f.servedName, MaxBatch: f.maxBatch, MaxQueue: q, PrefixCacheBytes: f.prefixCacheBytes, PrefillChunk: chunk}
 }
 
 // text is the prompt and generation settings local and main share.

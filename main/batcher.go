@@ -9,34 +9,39 @@ import (
 
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/passes"
 )
 
-// Batcher is continuous batching: each request's prompt runs as its own
-// forward pass (a sequence of its own), then the request joins the
-// running batch of decode passes at the next iteration boundary and
-// leaves it when it is done (EOS, its token limit, a full context, an
-// error of its own, or its client gone). A decode pass carries one token
-// of every member, and each layer's experts run once for all members
-// that routed to them (model.Batch); every member's tokens and logits are
-// what it would get alone.
+// Batcher is the main node's pass loop (continuous batching, with
+// prompts fed in chunks): one goroutine, owned by the Batcher and ended by
+// Close, runs every forward pass. A request joins at the next pass
+// boundary; each pass carries every running request's next decode token
+// and chunks of the prompts still being fed, up to the chunk budget
+// (passes.Next), so no running stream waits for a whole long prompt and
+// the experts see one stream of passes. Each layer's experts run once for
+// all the pass's rows that routed to them (model.Batch); every request's
+// tokens and logits are what it would get alone. A request leaves when it
+// is done: EOS, its token limit, a full context, an error of its own, or
+// its client gone.
 //
-// One goroutine, owned by the Batcher and ended by Close, runs the
-// passes; Generate is safe for concurrent use.
+// Generate is safe for concurrent use.
 type Batcher struct {
-	m         *model.Model
-	batch     *model.Batch
-	newRunner func() model.ExpertRunner // a prompt's runner
-	hooks     BatcherHooks
-	joins     chan *member
-	life      context.Context
-	stop      context.CancelFunc
-	done      chan struct{}
-	// the last pass's members, for BeforePass
-	steps  []model.Step
-	caches []*kvcache.Cache
+	m      *model.Model
+	batch  *model.Batch
+	runner model.ExpertRunner
+	hooks  BatcherHooks
+	budget passes.Budget
+	joins  chan *member
+	life   context.Context
+	stop   context.CancelFunc
+	done   chan struct{}
 	// prefixes, if set (KeepPrefixes), are finished sequences' KV rows
 	// that a new prompt starting with the same tokens reuses
 	prefixes *prefixCache
+	// the first pass waits for gather requests, telling gathered as each
+	// joins (tests)
+	gather   int
+	gathered chan struct{}
 }
 
 // KeepPrefixes keeps the KV rows of finished requests, up to budget
@@ -45,6 +50,11 @@ type Batcher struct {
 // (GenerateStats.CachedTokens). Call it before the first Generate; 0
 // keeps none.
 func (b *Batcher) KeepPrefixes(budget int64) { b.prefixes = newPrefixCache(budget) }
+
+// ChunkPrompts sets the most prompt tokens one pass carries, over all
+// the prompts being fed (passes.Budget.Chunk; 0: every prompt in one
+// pass). Call it before the first Generate.
+func (b *Batcher) ChunkPrompts(tokens int) { b.budget.Chunk = tokens }
 
 // keep hands sess's KV rows to the prefix cache, if any: prompt then
 // out, as far as they were fed. sess is not used again.
@@ -58,32 +68,42 @@ func (b *Batcher) keep(sess *model.Session, prompt, out []int) {
 
 // BatcherHooks let the runner follow the batch's sequences (the swarm:
 // the shadow's alignments, what workers and the shadow keep per
-// sequence). Any may be nil.
+// sequence). Either may be nil.
 type BatcherHooks struct {
-	// BeforePrompt comes before a request's prompt runs, as its own
-	// forward pass step, with the batch its decode passes will run in.
-	BeforePrompt func(ctx context.Context, batch uint64, step model.Step, prompt []int, cache *kvcache.Cache) error
-	// BeforePass comes before each batched decode pass step (the batch's):
-	// members[i] is member i's own forward pass, feeding tokens[i] after
-	// the rows in caches[i].
-	BeforePass func(ctx context.Context, step model.Step, members []model.Step, tokens []int, caches []*kvcache.Cache) error
+	// BeforePass comes before each pass (step is the batch's): rows are
+	// its members' parts, in the pass's row order.
+	BeforePass func(ctx context.Context, step model.Step, rows []PassRow) error
 	// EndSequence is told when a sequence is done with: a request's when
 	// it leaves the batch, the batch's at Close.
 	EndSequence func(ctx context.Context, seq uint64) error
 }
 
-// NewBatcher starts a batcher of m's sequences: decode passes run on
-// runner, each prompt on a runner newRunner returns (the same one where
-// it is safe for concurrent use).
-func NewBatcher(m *model.Model, runner model.ExpertRunner, newRunner func() model.ExpertRunner, hooks BatcherHooks) *Batcher {
-	b := &Batcher{m: m, batch: model.NewBatch(m, runner), newRunner: newRunner, hooks: hooks,
-		joins: make(chan *member), done: make(chan struct{})}
+// PassRow is one member's part of a pass.
+type PassRow struct {
+	Step   model.Step // the member's own forward pass
+	Tokens []int      // what it feeds: its last sampled token, or a chunk of its prompt
+	// Prompt says Tokens are prompt tokens; PromptLeft are those still to
+	// feed after this pass.
+	Prompt     bool
+	PromptLeft int
+	// Reused, on a member's first pass, are the tokens whose KV rows
+	// its cache already holds from an earlier sequence (the prefix
+	// cache), which no pass fed.
+	Reused []int
+	Cache  *kvcache.Cache // the member's KV rows before the pass
+}
+
+// NewBatcher starts a pass loop over m's sequences whose experts run on
+// runner.
+func NewBatcher(m *model.Model, runner model.ExpertRunner, hooks BatcherHooks) *Batcher {
+	b := &Batcher{m: m, batch: model.NewBatch(m, runner), runner: runner, hooks: hooks,
+		budget: passes.Budget{Chunk: passes.DefaultChunk}, joins: make(chan *member), done: make(chan struct{})}
 	b.life, b.stop = context.WithCancel(context.Background())
 	go b.loop()
 	return b
 }
 
-// Seq is the sequence id the batch's decode passes run under.
+// Seq is the sequence id the batch's passes run under.
 func (b *Batcher) Seq() uint64 { return b.batch.Seq() }
 
 // Close ends the batch: members still generating fail.
@@ -108,18 +128,23 @@ type member struct {
 	ctx     context.Context
 	sess    *model.Session
 	prompt  []int
+	fed     int // prompt tokens in sess's cache
 	opt     model.GenerateOptions
 	sampler *model.Sampler
 	out     []int
 	st      model.GenerateStats
 	err     error
 	eos     func(id int) bool
+	joined  time.Time // when it asked to join
+	first   time.Time // when its first token came; zero before
+	left    bool      // the loop has finished it
 	done    chan struct{}
 }
 
-// Generate runs prompt, then decodes in the batch until the request is
-// done, as model.Generate does alone (opt.BeforeForward is not called:
-// a batched pass is not one sequence's).
+// Generate feeds prompt and decodes until the request is done, in the
+// batch's passes, as model.Generate does alone (opt.BeforeForward is not
+// called: a pass is not one sequence's). Its Prefill is the time from
+// the call to the first token, Decode the time after.
 func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
 	st := model.GenerateStats{PromptTokens: len(prompt), FinishReason: "length"}
 	if len(prompt) == 0 {
@@ -128,54 +153,36 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 	if limit := b.m.Config.MaxPositions; len(prompt) > limit {
 		return nil, st, fmt.Errorf("model: a prompt of %d tokens does not fit the model's context of %d (max_position_embeddings)", len(prompt), limit)
 	}
+	vocab := b.m.Config.VocabSize
+	if i := slices.IndexFunc(prompt, func(id int) bool { return id < 0 || id >= vocab }); i >= 0 {
+		return nil, st, fmt.Errorf("model: token id %d outside the vocabulary of %d", prompt[i], vocab)
+	}
 	sampler := opt.Sampler
 	if sampler == nil {
 		sampler = model.NewSampler(0, 0, 0)
 	}
+	joined := time.Now()
 	capacity := len(prompt) + min(opt.MaxTokens, kvHint)
 	var sess *model.Session
 	if cache, n := b.prefixes.take(prompt, capacity); n > 0 {
-		resumed, err := model.ResumeSession(b.m, b.newRunner(), cache)
+		resumed, err := model.ResumeSession(b.m, b.runner, cache)
 		if err != nil {
 			return nil, st, err
 		}
 		sess, st.CachedTokens = resumed, n
 	} else {
-		sess = model.NewSession(b.m, b.newRunner(), capacity)
+		sess = model.NewSession(b.m, b.runner, capacity)
 	}
-	if b.hooks.BeforePrompt != nil { // the whole prompt: the shadow keeps no prefixes
-		if err := b.hooks.BeforePrompt(ctx, b.batch.Seq(), sess.Next(), prompt, sess.Cache()); err != nil {
-			b.end(sess.Seq())
-			return nil, st, err
-		}
-	}
-	t0 := time.Now()
-	logits, err := sess.Forward(ctx, prompt[st.CachedTokens:])
-	st.Prefill = time.Since(t0)
-	if err != nil {
-		b.end(sess.Seq())
-		return nil, st, err
-	}
-	m := &member{ctx: ctx, sess: sess, prompt: prompt, opt: opt, sampler: sampler, st: st, eos: b.m.Config.IsEOS, done: make(chan struct{})}
-	t1 := time.Now()
-	if opt.MaxTokens <= 0 || m.take(logits) {
-		b.end(sess.Seq())
-		if m.err == nil {
-			b.keep(sess, prompt, m.out)
-		}
-		return m.out, m.st, m.err
-	}
+	m := &member{ctx: ctx, sess: sess, prompt: prompt, fed: st.CachedTokens, opt: opt, sampler: sampler, st: st,
+		eos: b.m.Config.IsEOS, joined: joined, done: make(chan struct{})}
 	select {
 	case b.joins <- m:
 	case <-ctx.Done():
-		b.end(sess.Seq())
-		return m.out, m.st, ctx.Err()
+		return nil, st, ctx.Err()
 	case <-b.life.Done():
-		b.end(sess.Seq())
-		return m.out, m.st, errors.New("mainnode: the batch has stopped")
+		return nil, st, errors.New("mainnode: the batch has stopped")
 	}
 	<-m.done // the loop has ended the sequence
-	m.st.Decode = time.Since(t1)
 	return m.out, m.st, m.err
 }
 
@@ -198,37 +205,56 @@ func (m *member) take(logits []float32) bool {
 	return len(m.out) >= m.opt.MaxTokens
 }
 
-// loop runs decode passes while there are members, admitting the ones
-// that joined before each pass.
+// loop runs passes while there are members, admitting the ones that
+// joined before each pass.
 func (b *Batcher) loop() {
 	defer close(b.done)
-	var members []*member
-	var sessions []*model.Session
-	var tokens []int
+	var (
+		members  []*member
+		seqs     []passes.Seq
+		plan     []passes.Row
+		rows     []PassRow
+		sessions []*model.Session
+		feeds    [][]int
+		heads    []*model.Session
+		toks     []int // the decode rows' tokens, one each
+	)
 	finish := func(m *member, err error) {
 		if m.err == nil {
 			m.err = err
+		}
+		now := time.Now()
+		if m.first.IsZero() {
+			m.st.Prefill = now.Sub(m.joined)
+		} else {
+			m.st.Decode = now.Sub(m.first)
 		}
 		b.end(m.sess.Seq())
 		if m.err == nil {
 			b.keep(m.sess, m.prompt, m.out)
 		}
+		m.left = true
 		close(m.done)
 	}
+	gone := func(m *member) bool { return m.left }
 	defer func() {
 		for _, m := range members {
 			finish(m, errors.New("mainnode: the batch has stopped"))
 		}
 	}()
 	for {
-		if len(members) == 0 {
+		for len(members) == 0 || len(members) < b.gather {
 			select {
 			case m := <-b.joins:
 				members = append(members, m)
+				if b.gathered != nil {
+					b.gathered <- struct{}{}
+				}
 			case <-b.life.Done():
 				return
 			}
 		}
+		b.gather, b.gathered = 0, nil
 		for more := true; more; {
 			select {
 			case m := <-b.joins:
@@ -237,55 +263,78 @@ func (b *Batcher) loop() {
 				more = false
 			}
 		}
-		live := members[:0]
 		for _, m := range members {
 			switch {
 			case m.ctx.Err() != nil:
 				finish(m, m.ctx.Err())
-			case m.sess.Len() >= b.m.Config.MaxPositions:
+			case m.fed == len(m.prompt) && m.sess.Len() >= b.m.Config.MaxPositions:
 				m.st.ContextFull = true
 				finish(m, nil)
-			default:
-				live = append(live, m)
 			}
 		}
-		members = live
+		members = slices.DeleteFunc(members, gone)
 		if len(members) == 0 {
 			continue
 		}
-		sessions, tokens = sessions[:0], tokens[:0]
-		b.steps, b.caches = b.steps[:0], b.caches[:0]
+		seqs = seqs[:0]
 		for _, m := range members {
-			sessions = append(sessions, m.sess)
-			tokens = append(tokens, m.out[len(m.out)-1])
-			b.steps = append(b.steps, m.sess.Next())
-			b.caches = append(b.caches, m.sess.Cache())
+			seqs = append(seqs, passes.Seq{Prompt: len(m.prompt) - m.fed})
+		}
+		plan = passes.Next(plan[:0], seqs, b.budget)
+		rows, sessions, feeds, heads = rows[:0], sessions[:0], feeds[:0], heads[:0]
+		toks = slices.Grow(toks[:0], len(plan))
+		for _, r := range plan {
+			m := members[r.Seq]
+			row := PassRow{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache()}
+			if r.Prompt {
+				row.Tokens, row.PromptLeft = m.prompt[m.fed:m.fed+r.Tokens], len(m.prompt)-m.fed-r.Tokens
+				if row.Step.Iter == 1 && m.fed > 0 {
+					row.Reused = m.prompt[:m.fed]
+				}
+			} else {
+				toks = append(toks, m.out[len(m.out)-1])
+				row.Tokens = toks[len(toks)-1:]
+			}
+			if !r.Prompt || r.Last {
+				heads = append(heads, m.sess)
+			}
+			rows, sessions, feeds = append(rows, row), append(sessions, m.sess), append(feeds, row.Tokens)
 		}
 		err := error(nil)
 		if b.hooks.BeforePass != nil {
-			err = b.hooks.BeforePass(b.life, b.batch.Next(), b.steps, tokens, b.caches)
+			err = b.hooks.BeforePass(b.life, b.batch.Next(), rows)
 		}
 		if err == nil {
-			err = b.batch.Forward(b.life, sessions, tokens)
+			err = b.batch.Forward(b.life, sessions, feeds)
 		}
-		if err == nil {
-			err = b.batch.Logits(sessions) // the output head once for every row
+		if err == nil && len(heads) > 0 {
+			err = b.batch.Logits(heads) // the output head once for every row that samples
 		}
 		if err != nil {
-			for _, m := range members {
-				finish(m, err)
+			for _, r := range plan {
+				finish(members[r.Seq], err)
 			}
-			members = members[:0]
+			members = slices.DeleteFunc(members, gone)
 			continue
 		}
-		live = members[:0]
-		for _, m := range members {
+		now := time.Now()
+		for _, r := range plan {
+			m := members[r.Seq]
+			if r.Prompt {
+				m.fed += r.Tokens
+				if !r.Last {
+					continue
+				}
+				m.first, m.st.Prefill = now, now.Sub(m.joined)
+				if m.opt.MaxTokens <= 0 {
+					finish(m, nil)
+					continue
+				}
+			}
 			if m.take(m.sess.Logits()) {
 				finish(m, nil)
-			} else {
-				live = append(live, m)
 			}
 		}
-		members = live
+		members = slices.DeleteFunc(members, gone)
 	}
 }

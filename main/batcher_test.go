@@ -2,7 +2,9 @@ package mainnode_test
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
@@ -12,26 +14,19 @@ import (
 	"github.com/odmoe/odmoe/model"
 )
 
-// batchedGenerations runs prompts on g at once, n tokens each (EOS
-// ignored). Every request holds its first token until all have one, so
-// their decode passes overlap in the batch.
-func batchedGenerations(t *testing.T, g interface {
-	Generate(context.Context, []int, model.GenerateOptions) ([]int, model.GenerateStats, error)
-}, prompts [][]int, n int) []generation {
+// batchedGenerations runs prompts on b at once, n tokens each (EOS
+// ignored): they join the first pass together, in order, so their decode
+// passes overlap in the batch.
+func batchedGenerations(t *testing.T, b *mainnode.Batcher, prompts [][]int, n int) []generation {
 	t.Helper()
 	out := make([]generation, len(prompts))
-	var all sync.WaitGroup
-	all.Add(len(prompts))
+	joined := b.StartTogether(len(prompts))
 	var wg sync.WaitGroup
 	for i, p := range prompts {
 		wg.Go(func() {
-			ids, _, err := g.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n,
+			ids, _, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n,
 				OnToken: func(step, id int, logits []float32) error {
-					out[i].logits = append(out[i].logits, append([]float32(nil), logits...))
-					if step == 0 {
-						all.Done()
-						all.Wait()
-					}
+					out[i].logits = append(out[i].logits, slices.Clone(logits))
 					return nil
 				}})
 			if err != nil {
@@ -39,6 +34,7 @@ func batchedGenerations(t *testing.T, g interface {
 			}
 			out[i].tokens = ids
 		})
+		<-joined
 	}
 	wg.Wait()
 	return out
@@ -148,4 +144,89 @@ func TestLocalBatcherIsLocalModeAlone(t *testing.T) {
 			t.Fatalf("request %d: %s", i, d)
 		}
 	}
+}
+
+// joinLongPrompt runs short prompts and then long on b at once (they
+// share the first pass, in that order), n tokens each. It returns every request's generation
+// (the long one last) and how many tokens the short requests were given
+// before the long one's first.
+func joinLongPrompt(t *testing.T, b *mainnode.Batcher, short [][]int, long []int, n int) ([]generation, int64) {
+	t.Helper()
+	prompts := append(slices.Clone(short), long)
+	joined := b.StartTogether(len(prompts))
+	out := make([]generation, len(prompts))
+	var tokens atomic.Int64 // the short requests' tokens so far
+	var before int64
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Go(func() {
+			ids, _, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n,
+				OnToken: func(step, id int, logits []float32) error {
+					out[i].logits = append(out[i].logits, slices.Clone(logits))
+					switch {
+					case i < len(short):
+						tokens.Add(1)
+					case step == 0:
+						before = tokens.Load()
+					}
+					return nil
+				}})
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			out[i].tokens = ids
+		})
+		<-joined
+	}
+	wg.Wait()
+	return out, before
+}
+
+// TestChunkedPromptJoinsRunningStreams: a 41-token prompt starts with two
+// short ones in passes of at most 8 prompt tokens, so the short requests
+// decode a token in every pass that feeds a chunk of the long one once
+// their own prompts are in; in local mode and on the swarm (reactive, and
+// with an int8 shadow that follows the chunked passes) every request's
+// tokens and logits are local mode's alone, bit for bit, for every
+// family.
+func TestChunkedPromptJoinsRunningStreams(t *testing.T) {
+	eachFamily(t, 17, func(t *testing.T, preset string, f inproc.Files, local, mainModel *model.Model) {
+		const n, chunk = 24, 8
+		vocab := local.Config.VocabSize
+		short := [][]int{testPrompt(3, 7, 2, vocab), testPrompt(5, 11, 4, vocab)}
+		long := testPrompt(41, 13, 5, vocab)
+		var want []generation
+		for _, p := range append(slices.Clone(short), long) {
+			want = append(want, generate(t, local, model.NewResidentExperts(local), p, n))
+		}
+		check := func(what string, b *mainnode.Batcher) {
+			t.Helper()
+			b.ChunkPrompts(chunk)
+			got, before := joinLongPrompt(t, b, short, long, n)
+			for i := range got {
+				if d := diffGenerations(got[i], want[i]); d != "" {
+					t.Fatalf("%s: request %d differs from local mode alone: %s", what, i, d)
+				}
+			}
+			// the long prompt takes at least 41/8 passes; from the second
+			// on, the short requests decode beside it
+			if min := int64(len(short) * (len(long)/chunk - 1)); before < min {
+				t.Fatalf("%s: the short requests got %d tokens before the long one's first, want at least %d (one in each pass that fed it a chunk)", what, before, min)
+			}
+		}
+		b := mainnode.NewLocalBatcher(local)
+		check("local", b)
+		b.Close()
+		b = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil).Batcher(mainModel)
+		check("swarm, reactive", b)
+		b.Close()
+		sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
+		b = sw.Batcher(mainModel)
+		check("swarm, int8 shadow", b)
+		st, ok := sw.ShadowStats(10e9)
+		b.Close()
+		if !ok || st.BatchRecall <= 0 {
+			t.Fatalf("the shadow predicted none of the decode passes (recall %v, ok %v)", st.BatchRecall, ok)
+		}
+	})
 }

@@ -15,3 +15,11 @@ func (s *Swarm) ShadowReady() bool {
 // RebalanceEvery makes residency look at the placement every n decode
 // passes (tests run few).
 func (s *Swarm) RebalanceEvery(n int) { s.placer.every = int64(n) }
+
+// StartTogether makes b's first pass wait until n requests have joined,
+// so that a test knows which requests share it and in what order they
+// came: the channel gets a value as each joins.
+func (b *Batcher) StartTogether(n int) <-chan struct{} {
+	b.gather, b.gathered = n, make(chan struct{}, n)
+	return b.gathered
+}

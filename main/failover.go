@@ -121,7 +121,7 @@ func (s *Swarm) rejoin() {
 // connection is lost, to the worker that now runs its experts: the
 // experts it had not answered yet, on the same rows, in the same order
 // (so prefill mini-batches keep their Keep chain).
-func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, prefill bool, cause error) error {
+func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, rows bool, cause error) error {
 	s.planner.SetLive(w, false) // the receive loop does it too; whichever comes first
 	if s.planner.Live() == 0 {
 		return fmt.Errorf("mainnode: layer %d: no live worker left (the last lost: %s): %w", q.in.Layer, s.workers[w].name, cause)
@@ -129,7 +129,7 @@ func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, p
 	var act wire.Activation
 	var buf []float32
 	var bufp *[]float32
-	if prefill {
+	if rows {
 		bufp = &buf
 	}
 	n := len(q.reqs)

@@ -151,7 +151,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if cfg.Serve.Addr != "" {
 		b := sw.Batcher(m) // requests decode together (continuous batching)
 		defer b.Close()
-		b.KeepPrefixes(cfg.Serve.PrefixCacheBytes)
+		cfg.Serve.configure(b)
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(sw.Collector(ExpertBytes(m.Config))) // the swarm's figures beside the API's
 		return serveAPI(ctx, cfg.Model, m, b, sw.Health, reg, cfg.Serve, log)
@@ -197,7 +197,7 @@ func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, stdout i
 	if sv.Addr != "" {
 		b := NewLocalBatcher(m)
 		defer b.Close()
-		b.KeepPrefixes(sv.PrefixCacheBytes)
+		sv.configure(b)
 		return serveAPI(ctx, modelDir, m, b, nil, prometheus.NewRegistry(), sv, log)
 	}
 	st, err := generateText(ctx, modelDir, t, m, model.NewResidentExperts(m), model.Generate, stdout)

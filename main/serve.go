@@ -26,8 +26,24 @@ type Serving struct {
 	// which later prompts starting with the same tokens reuse
 	// (Batcher.KeepPrefixes); 0: none.
 	PrefixCacheBytes int64
+	// PrefillChunk is the most prompt tokens one pass carries, over all
+	// the prompts being fed beside the running streams' decode steps
+	// (Batcher.ChunkPrompts); 0: passes.DefaultChunk; negative: every
+	// prompt in one pass.
+	PrefillChunk int
 	// Ready, if set, gets the bound address once the API listens.
 	Ready func(net.Addr)
+}
+
+// configure sets b up as sv says: its prefix cache and prompt chunks.
+func (sv Serving) configure(b *Batcher) {
+	b.KeepPrefixes(sv.PrefixCacheBytes)
+	switch {
+	case sv.PrefillChunk > 0:
+		b.ChunkPrompts(sv.PrefillChunk)
+	case sv.PrefillChunk < 0:
+		b.ChunkPrompts(0)
+	}
 }
 
 // kvHint caps the KV rows a new sequence reserves up front: a request
@@ -38,8 +54,7 @@ const kvHint = 512
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
 func (s *Swarm) Batcher(m *model.Model) *Batcher {
-	b := NewBatcher(m, s, func() model.ExpertRunner { return s }, BatcherHooks{
-		BeforePrompt: s.depart, BeforePass: s.BeforeBatch, EndSequence: s.EndSequence})
+	b := NewBatcher(m, s, BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence})
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()
@@ -49,7 +64,7 @@ func (s *Swarm) Batcher(m *model.Model) *Batcher {
 // NewLocalBatcher batches generations of the resident model m (local
 // mode).
 func NewLocalBatcher(m *model.Model) *Batcher {
-	return NewBatcher(m, model.NewResidentExperts(m), func() model.ExpertRunner { return model.NewResidentExperts(m) }, BatcherHooks{})
+	return NewBatcher(m, model.NewResidentExperts(m), BatcherHooks{})
 }
 
 // Health reports which of the swarm's nodes are down: a lost worker (its

@@ -70,6 +70,8 @@ type shadowSeq struct {
 	kvStep int64   // the decode step of the latest KV alignment
 	hist   []int32 // every token fed so far
 	synced bool    // the current connection has been sent the sequence
+	// decodes are the generated tokens fed so far (decode steps)
+	decodes int64
 	// the latest decode iteration departed, the token it fed, and whether
 	// the shadow was sent that token: then a prediction made on another
 	// token is on a path not taken (the shadow rewinds and withdraws it)
@@ -294,44 +296,38 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
 }
 
 // start sends the alignment that departs the shadow on the forward pass
-// step (iteration 1: the prompt, which starts the sequence there): the
-// token every TokenPeriod decode steps and the KV rows written since the
-// last KV alignment every KVPeriod decode steps. A shadow that attached
-// since the sequence's last forward pass gets the whole sequence instead:
-// every token so far as its prompt, the KV rows (when they are not too
-// big) and the token to feed. It reports whether the shadow departs: not
-// while it is lost (a connection that ends here is reported by the
-// receive loop, not as an error). A prompt names the batch whose passes
-// its sequence will decode in (0: none), so that the shadow runs it
-// ahead only as a row of those.
-func (sl *shadowLink) start(ctx context.Context, batch uint64, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
-	return sl.startIn(ctx, step, tokens, cache, batchPass{seq: batch})
+// step of a sequence run alone (iteration 1: the prompt, which starts the
+// sequence there). It reports whether the shadow departs: not while it
+// is lost (a connection that ends here is reported by the receive loop,
+// not as an error).
+func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
+	return sl.startIn(ctx, PassRow{Step: step, Tokens: tokens, Prompt: step.Iter == 1, Cache: cache}, batchPass{})
 }
 
-// batchPass is the batched decode pass a sequence's forward pass runs in:
-// the batch's sequence id and iteration, and how many sequences it has.
+// batchPass is the pass a member's forward pass runs in: the batch's
+// sequence id and iteration, and how many members it has (seq 0: the
+// forward pass runs alone).
 type batchPass struct {
 	seq  uint64
 	iter int64
 	size int
 }
 
-// startBatch departs the shadow on a batched decode pass (step is the
-// batch's): one alignment per member, members[i] being its own forward
-// pass that feeds tokens[i] after the rows in caches[i]. The shadow runs
+// startBatch departs the shadow on a pass (step is the batch's): one
+// alignment per member, rows[i] being member i's part. The shadow runs
 // the pass once it has them all. It reports whether every member
 // departed.
-func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, members []model.Step, tokens []int, caches []*kvcache.Cache) (bool, error) {
+func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []PassRow) (bool, error) {
 	sl.mu.Lock()
 	if sl.seqs[step.Seq] == nil {
 		sl.seqs[step.Seq] = &shadowSeq{} // the batch's predictions are for a live sequence
 	}
 	sl.batches[step.Seq] = true
 	sl.mu.Unlock()
-	bp := batchPass{seq: step.Seq, iter: step.Iter, size: len(members)}
+	bp := batchPass{seq: step.Seq, iter: step.Iter, size: len(rows)}
 	all := true
-	for i, m := range members {
-		departed, err := sl.startIn(ctx, m, tokens[i:i+1], caches[i], bp)
+	for _, r := range rows {
+		departed, err := sl.startIn(ctx, r, bp)
 		if err != nil {
 			return false, err
 		}
@@ -339,41 +335,58 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, members [
 	}
 	// the pass's own mark: a prediction for it made on other tokens (the
 	// shadow ran it ahead on its own) is off the path taken
-	seqs := make([]uint64, len(members))
+	seqs, last := make([]uint64, len(rows)), make([]int, len(rows))
 	sent := true
 	sl.mu.Lock()
-	for i, m := range members {
-		seqs[i] = m.Seq
-		q := sl.seqs[m.Seq]
-		sent = sent && q != nil && q.iter == m.Iter && q.tokenSent
+	for i, r := range rows {
+		seqs[i], last[i] = r.Step.Seq, r.Tokens[len(r.Tokens)-1]
+		q := sl.seqs[r.Step.Seq]
+		sent = sent && q != nil && q.iter == r.Step.Iter && q.tokenSent
 	}
 	q := sl.seqs[step.Seq]
-	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(seqs, tokens), sent && all
+	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(seqs, last), sent && all
 	sl.mu.Unlock()
 	return all, nil
 }
 
-// startIn is start for a forward pass that runs in batch pass bp (bp.seq
-// 0: on its own).
-func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache, bp batchPass) (bool, error) {
+// startIn sends the alignment of row, which runs alone (bp.seq 0) or in
+// pass bp: the token every TokenPeriod decode steps and the KV rows
+// written since the last KV alignment every KVPeriod decode steps; every
+// prompt chunk of a pass (the shadow cannot guess them) and, at a pass
+// member's first pass, the prefix its cache reused. A shadow that
+// attached since the sequence's last forward pass gets the whole sequence
+// instead: every token so far, the KV rows (when they are not too big)
+// and what to feed.
+func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (bool, error) {
+	step, tokens, cache := row.Step, row.Tokens, row.Cache
+	lone, first := bp.seq == 0, step.Iter == 1
 	sl.mu.Lock()
 	q := sl.seqs[step.Seq]
 	if q == nil {
 		q = &shadowSeq{}
 		sl.seqs[step.Seq] = q
 	}
+	if first {
+		q.hist = q.hist[:0]
+		for _, t := range row.Reused {
+			q.hist = append(q.hist, int32(t))
+		}
+	}
 	before := len(q.hist)
 	for _, t := range tokens {
 		q.hist = append(q.hist, int32(t))
 	}
+	if !row.Prompt {
+		q.decodes++
+	}
 	up, synced, lastKV := sl.up, q.synced, q.lastKV
-	decodeStep := step.Iter - 1 // the generated tokens fed so far
+	decodeStep := q.decodes // the generated tokens fed so far
 	var tokenDue, kvDue bool
-	if up && synced && decodeStep > 0 {
+	if up && synced && !row.Prompt && decodeStep > 0 {
 		tokenDue, kvDue = sl.align.Step(decodeStep, q.kvStep)
 	}
 	var history []int32
-	if up && !synced && step.Iter > 1 {
+	if up && (!synced && !first || first && !lone) {
 		history = slices.Clone(q.hist[:before])
 	}
 	sl.mu.Unlock()
@@ -384,20 +397,25 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchIteration: bp.iter, BatchSize: bp.size}
 	kvStep := int64(-1) // unchanged
 	switch {
-	case decodeStep == 0:
-		a.Prompt = make([]int32, len(tokens))
-		for i, t := range tokens {
-			a.Prompt[i] = int32(t)
-		}
+	case first && lone: // the prompt
+		a.Prompt = int32s(tokens)
 		lastKV = len(tokens)
+	case first: // a pass member's first chunk, after the prefix it reused
+		a.Prompt = history
+		lastKV = cache.Len() + len(tokens)
 	case !synced:
-		a.Prompt, a.Token = history, int32(tokens[0])
+		a.Prompt = history
+		if !row.Prompt {
+			a.Token = int32(tokens[0])
+		}
 		if 4*int64(cache.Len())*int64(cache.Width())*int64(cache.Layers()) <= maxAttachKVBytes {
 			if err := packInto(a, cache, 0); err != nil {
 				return false, err
 			}
 		}
 		lastKV, kvStep = cache.Len(), decodeStep
+	case row.Prompt: // the shadow computes the chunk's rows itself
+		lastKV = cache.Len() + len(tokens)
 	default:
 		if tokenDue {
 			a.Token = int32(tokens[0])
@@ -409,13 +427,16 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 			lastKV, kvStep = cache.Len(), decodeStep
 		}
 	}
+	if row.Prompt && !lone {
+		a.Chunk, a.PromptLeft = int32s(tokens), row.PromptLeft
+	}
 	sl.mu.Lock()
 	q.synced, q.lastKV = true, lastKV
 	if kvStep >= 0 {
 		q.kvStep = kvStep
 	}
-	if decodeStep > 0 {
-		q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[0]), a.Token >= 0
+	if !lone || !first {
+		q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[len(tokens)-1]), a.Token >= 0 || row.Prompt
 	}
 	sl.mu.Unlock()
 	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
@@ -426,6 +447,15 @@ func (sl *shadowLink) startIn(ctx context.Context, step model.Step, tokens []int
 		return false, err
 	}
 	return true, nil
+}
+
+// int32s narrows token ids for the wire.
+func int32s(ids []int) []int32 {
+	out := make([]int32, len(ids))
+	for i, t := range ids {
+		out[i] = int32(t)
+	}
+	return out
 }
 
 // packInto puts the KV rows from position from to the end of cache into a.

@@ -106,7 +106,8 @@ type Swarm struct {
 // layer and the buffers that carry it out, reused layer after layer.
 type sequence struct {
 	step     model.Step // the forward pass of the current RunExperts call
-	batch    bool       // the sequence is a Batcher's: its passes are batched decode
+	batch    bool       // the sequence is a Batcher's: its passes are batched
+	prompt   bool       // its current pass feeds prompt chunks (BeforeBatch): prefill
 	mark     time.Time  // end of the last RunExperts: main compute starts
 	plan     Plan
 	in       Input
@@ -304,11 +305,11 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	h := s.opt.Hidden
 	q := s.sequence(step)
 	q.step = step
-	// several rows: a prompt's, or a batched decode pass's (one row per
-	// sequence); both go out as rows per expert, the figures count a
-	// batched pass as decode
+	// several rows: a prompt's, or a pass's (a batch's rows); both go out
+	// as rows per expert. A pass that feeds prompt chunks is prefill, one
+	// of decode steps only is decode.
 	rows := n > 1
-	prefill := rows && !q.batch
+	prefill := rows && (!q.batch || q.prompt)
 	if layer == 0 {
 		s.rejoin() // an iteration boundary of this sequence
 	}
@@ -328,7 +329,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if s.placer != nil && !prefill && layer == s.placer.first {
 		s.rebalance() // a decode pass's boundary
 	}
-	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes, Batched: q.batch}
+	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes, Batched: q.batch && !prefill}
 	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
 	if predicted {
 		q.in.Predicted = s.shadow.prediction(step, layer)
@@ -346,7 +347,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	if err := s.send(ctx, q, x, rows); err != nil {
 		return err
 	}
-	return s.collect(ctx, q, x, routes, len(routes)/n, out, rows, predicted, start)
+	return s.collect(ctx, q, x, routes, len(routes)/n, out, rows, prefill, predicted, start)
 }
 
 // hint sends the plan's hints.
@@ -361,10 +362,11 @@ func (s *Swarm) hint(ctx context.Context, q *sequence) error {
 	return nil
 }
 
-// send registers and sends the plan's requests. In decode they go out one
-// after another; in prefill each worker's requests go out on their own
-// goroutine, in order, so transfers to different workers overlap.
-func (s *Swarm) send(ctx context.Context, q *sequence, x []float32, prefill bool) error {
+// send registers and sends the plan's requests. For one row they go out
+// one after another; for several (prefill, a pass) each worker's requests
+// go out on their own goroutine, in order, so transfers to different
+// workers overlap.
+func (s *Swarm) send(ctx context.Context, q *sequence, x []float32, rows bool) error {
 	results := 0
 	q.reqs = q.reqs[:0]
 	// the layer's requests take consecutive ids, so that a reply finds its
@@ -384,7 +386,7 @@ func (s *Swarm) send(ctx context.Context, q *sequence, x []float32, prefill bool
 	for i := range q.reqs {
 		s.workers[q.reqs[i].Worker].expect(q.reqs[i].id, q.reqs[i].pending, q.replies)
 	}
-	if !prefill {
+	if !rows {
 		for i := range q.reqs {
 			if err := s.sendRequest(ctx, q, &q.act, &q.reqs[i], x, nil); err != nil {
 				return err
@@ -413,8 +415,8 @@ func (s *Swarm) send(ctx context.Context, q *sequence, x []float32, prefill bool
 	return errors.Join(errs...)
 }
 
-// sendRequest sends r as act (reused). In decode the hidden state is x
-// itself; in prefill the request's rows are gathered into *buf.
+// sendRequest sends r as act (reused). For one row the hidden state is x
+// itself; for several the request's rows are gathered into *buf.
 func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activation, r *request, x []float32, buf *[]float32) error {
 	h := s.opt.Hidden
 	hidden := x[:h]
@@ -434,8 +436,8 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 }
 
 // collect waits for every result, places each output row where its route
-// is, and records the layer's figures.
-func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []model.Route, k int, out []float32, prefill, predicted bool, start time.Time) error {
+// is, and records the layer's figures (as prefill's or decode's).
+func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []model.Route, k int, out []float32, rows, prefill, predicted bool, start time.Time) error {
 	h, layer := s.opt.Hidden, q.in.Layer
 	var crit time.Duration // the slowest request's worker-side time
 	var ls layerSample
@@ -457,7 +459,7 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 			if !errors.As(rp.err, &lost) {
 				return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.Worker, s.workers[r.Worker].name, rp.err)
 			}
-			if err := s.failover(ctx, q, r.Worker, x, prefill, rp.err); err != nil {
+			if err := s.failover(ctx, q, r.Worker, x, rows, rp.err); err != nil {
 				return err
 			}
 			continue
@@ -479,7 +481,7 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 			}
 		}
 		ls.add(res)
-		if res.Loaded && !res.Miss && res.Lead > 0 && !(prefill && !q.batch) {
+		if res.Loaded && !res.Miss && res.Lead > 0 && !prefill {
 			q.leads = append(q.leads, res.Lead)
 		}
 		if s.placer != nil {
@@ -501,7 +503,7 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 	wall := time.Since(start)
 	ls.wall, ls.network = wall, max(wall-crit, 0)
 	s.mu.Lock()
-	s.stats.experts(prefill && !q.batch, q.step.Iter, layer, ls)
+	s.stats.experts(prefill, q.step.Iter, layer, ls)
 	s.stats.addLeads(q.leads)
 	q.leads = q.leads[:0]
 	s.mu.Unlock()
@@ -544,20 +546,14 @@ func (s *Swarm) Close() error {
 }
 
 // BeforeForward is the generation hook (model.GenerateOptions) that departs
-// and aligns the shadow for the forward pass of step; a no-op without one.
+// and aligns the shadow for the forward pass of step of a sequence run
+// alone; a no-op without one.
 func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) error {
-	return s.depart(ctx, 0, step, tokens, cache)
-}
-
-// depart departs and aligns the shadow for the forward pass of step of a
-// sequence run alone, or for the prompt of one whose decode passes run in
-// batch (0: none); a no-op without a shadow.
-func (s *Swarm) depart(ctx context.Context, batch uint64, step model.Step, tokens []int, cache *kvcache.Cache) error {
 	if s.shadow == nil {
 		return nil
 	}
 	s.attachShadow()
-	departed, err := s.shadow.start(ctx, batch, step, tokens, cache)
+	departed, err := s.shadow.start(ctx, step, tokens, cache)
 	if !departed && err == nil && step.Iter > 1 {
 		s.mu.Lock()
 		s.stats.Faults.ReactiveIterations++
@@ -566,17 +562,19 @@ func (s *Swarm) depart(ctx context.Context, batch uint64, step model.Step, token
 	return err
 }
 
-// BeforeBatch departs and aligns the shadow for a batched decode pass,
-// step being the batch's: members[i] is the member sequence's own forward
-// pass, which feeds tokens[i] after the rows in caches[i]. A no-op
-// without a shadow.
-func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, members []model.Step, tokens []int, caches []*kvcache.Cache) error {
+// BeforeBatch is the pass loop's hook (BatcherHooks.BeforePass): it notes
+// whether the pass (step is the batch's) feeds prompt chunks, which run
+// as prefill does, and departs and aligns the shadow for it, rows[i]
+// being member i's part.
+func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow) error {
+	prompt := slices.ContainsFunc(rows, func(r PassRow) bool { return r.Prompt })
+	s.sequence(step).prompt = prompt
 	if s.shadow == nil {
 		return nil
 	}
 	s.attachShadow()
-	departed, err := s.shadow.startBatch(ctx, step, members, tokens, caches)
-	if !departed && err == nil {
+	departed, err := s.shadow.startBatch(ctx, step, rows)
+	if !departed && err == nil && !prompt {
 		s.mu.Lock()
 		s.stats.Faults.ReactiveIterations++
 		s.mu.Unlock()

@@ -3,18 +3,22 @@ package model
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/odmoe/odmoe/kernels"
 )
 
-// Batch runs decode steps of several sequences as one forward pass
-// (continuous batching): each session's attention over its own KV cache,
-// then each layer's feed-forward block once over all their rows, so a
-// layer's experts run once for every sequence that routed to them. A
-// session's logits after Forward are bit-identical to those of a Forward
-// of its token alone: every kernel computes a row of a batch exactly as
-// it computes that row alone, and each row's experts are mixed in the
-// same fixed order.
+// Batch runs forward passes of several sequences as one (continuous
+// batching): each session feeds its own rows (a decode step's token, or a
+// chunk of its prompt), attention runs per row over its own session's KV
+// cache, then each layer's feed-forward block runs once over all the
+// pass's rows, so a layer's experts run once for every row that routed to
+// them. A session's logits after Forward are bit-identical to those of a
+// Forward of its rows alone, and a prompt fed in chunks over several
+// passes gives the logits of the whole prompt fed at once: every kernel
+// computes a row of a batch exactly as it computes that row alone, each
+// row attends over exactly the positions before it, and each row's
+// experts are mixed in the same fixed order.
 //
 // The batch is a sequence of its own to the ExpertRunner: its passes are
 // steps Seq(), 1, 2, ..., whichever sessions they carry. Not safe for
@@ -24,6 +28,8 @@ type Batch struct {
 	seq     uint64
 	iter    int64
 	ffn     *Session // the pass's rows and buffers; no KV cache of its own
+	rowSeqs []*Session
+	rowPos  []int
 	starts  []int
 	experts ExpertRunner
 }
@@ -40,47 +46,63 @@ func (b *Batch) Seq() uint64 { return b.seq }
 // Next is the step the next Forward will run.
 func (b *Batch) Next() Step { return Step{Seq: b.seq, Iter: b.iter + 1} }
 
-// SetOnRoute sets the hook that sees every layer's routing of the batch's
-// rows (row i is sessions[i] of that Forward).
+// SetOnRoute sets the hook that sees every layer's routing of the pass's
+// rows (sessions[0]'s rows first, in the order Forward was given them).
 func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, routes []Route)) {
 	b.ffn.OnRoute = f
 }
 
-// Forward appends tokens[i] to sessions[i], for every i, in one pass;
-// then sessions[i].Logits() are the logits after it. Each session counts
-// the pass as one of its own. If it fails before its last layer, no
-// session has the token in its cache.
-func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) error {
+// Forward appends feeds[i] (one token or more) to sessions[i], for every
+// i, in one pass; then sessions[i].Logits() are the logits after its last
+// row. Each session counts the pass as one of its own. If it fails before
+// its last layer, no session has the rows in its cache.
+func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) error {
 	c := b.m.Config
-	n, h := len(sessions), c.HiddenSize
-	if n == 0 || len(tokens) != n {
-		return fmt.Errorf("model: a batch of %d sessions and %d tokens", n, len(tokens))
+	h := c.HiddenSize
+	if len(sessions) == 0 || len(feeds) != len(sessions) {
+		return fmt.Errorf("model: a batch of %d sessions and %d feeds", len(sessions), len(feeds))
 	}
-	b.starts = b.starts[:0]
+	b.starts, b.rowSeqs, b.rowPos = b.starts[:0], b.rowSeqs[:0], b.rowPos[:0]
 	for i, s := range sessions {
 		if s.m != b.m {
 			return fmt.Errorf("model: batch row %d is a session of another model", i)
 		}
-		start := s.cache.Len()
-		if start+1 > c.MaxPositions {
-			return fmt.Errorf("model: batch row %d: position %d exceeds max_position_embeddings %d", i, start, c.MaxPositions)
+		if len(feeds[i]) == 0 {
+			return fmt.Errorf("model: batch member %d feeds no tokens", i)
 		}
-		if id := tokens[i]; id < 0 || id >= c.VocabSize {
-			return fmt.Errorf("model: batch row %d: token id %d outside the vocabulary of %d", i, id, c.VocabSize)
+		if slices.Index(sessions[:i], s) >= 0 {
+			return fmt.Errorf("model: batch member %d is also an earlier member", i)
+		}
+		start := s.cache.Len()
+		if end := start + len(feeds[i]); end > c.MaxPositions {
+			return fmt.Errorf("model: batch member %d: position %d exceeds max_position_embeddings %d", i, end-1, c.MaxPositions)
+		}
+		for _, id := range feeds[i] {
+			if id < 0 || id >= c.VocabSize {
+				return fmt.Errorf("model: batch member %d: token id %d outside the vocabulary of %d", i, id, c.VocabSize)
+			}
 		}
 		b.starts = append(b.starts, start)
+		for j := range feeds[i] {
+			b.rowSeqs, b.rowPos = append(b.rowSeqs, s), append(b.rowPos, start+j)
+		}
 	}
+	n := len(b.rowSeqs)
 	b.iter++
 	step := Step{Seq: b.seq, Iter: b.iter}
 	f := b.ffn
 	f.x = grow(f.x, n*h)
+	t := 0
 	for i, s := range sessions {
+		for _, id := range feeds[i] {
+			b.m.embed(f.x[t*h:(t+1)*h], id)
+			t++
+		}
 		s.iter++
-		s.cache.Reserve(b.starts[i] + 1)
+		s.cache.Reserve(b.starts[i] + len(feeds[i]))
 		s.lastRow, s.headDone = -1, false
-		b.m.embed(f.x[i*h:(i+1)*h], tokens[i])
 	}
-	rows := kvRows{seqs: sessions, starts: b.starts}
+	rows := kvRows{seqs: b.rowSeqs, starts: b.rowPos}
 	for l := range b.m.Layers {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -93,12 +115,14 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, tokens []int) 
 			return fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
+	last := -1
 	for i, s := range sessions {
+		last += len(feeds[i])
 		s.x = grow(s.x, h)
-		copy(s.x[:h], f.x[i*h:(i+1)*h])
+		copy(s.x[:h], f.x[last*h:(last+1)*h])
 	}
 	for i, s := range sessions {
-		if err := s.cache.Commit(b.starts[i] + 1); err != nil {
+		if err := s.cache.Commit(b.starts[i] + len(feeds[i])); err != nil {
 			return err
 		}
 		s.lastRow = 0

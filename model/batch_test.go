@@ -59,13 +59,13 @@ func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
 			b := NewBatch(m, NewResidentExperts(m))
 			for pass := range steps + 1 {
 				var members []*Session
-				var tokens []int
+				var tokens [][]int
 				for i, s := range sessions {
 					if (i == 2 && pass == 0) || (i == 1 && pass >= steps-2) || len(got[i]) >= steps {
 						continue
 					}
 					members = append(members, s)
-					tokens = append(tokens, Argmax(got[i][len(got[i])-1]))
+					tokens = append(tokens, []int{Argmax(got[i][len(got[i])-1])})
 				}
 				if len(members) == 0 {
 					continue
@@ -103,20 +103,108 @@ func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
 	}
 }
 
+// TestChunkedPromptsInPassesAreEachSequenceAlone feeds three prompts of
+// every family in chunks of up to 4 tokens, in passes that also carry the
+// other sequences' decode steps (one joins two passes late), and checks
+// the logits after each prompt and each decode step against the same
+// sequence run alone (its whole prompt in one Forward), bit for bit.
+func TestChunkedPromptsInPassesAreEachSequenceAlone(t *testing.T) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
+		t.Run(preset, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), preset)
+			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 12}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := Load(dir, LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ctx := context.Background()
+			prompts := [][]int{{1, 17, 300, 42, 8, 9, 10, 11, 12}, {5, 77, 6}, {9, 250, 100, 64, 3, 8, 2, 4, 6, 8, 10, 12}}
+			const steps, chunk = 4, 4
+			want := make([][][]float32, len(prompts))
+			for i, p := range prompts {
+				s := NewSession(m, NewResidentExperts(m), 32)
+				logits, err := s.Forward(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range steps {
+					want[i] = append(want[i], slices.Clone(logits))
+					if logits, err = s.Forward(ctx, []int{Argmax(logits)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			sessions := make([]*Session, len(prompts))
+			for i := range sessions {
+				sessions[i] = NewSession(m, nil, 32) // a batch member's own runner never runs
+			}
+			got := make([][][]float32, len(prompts))
+			fed := make([]int, len(prompts))
+			b := NewBatch(m, NewResidentExperts(m))
+			for pass := 0; ; pass++ {
+				var members []*Session
+				var feeds [][]int
+				var heads []int
+				for i, s := range sessions {
+					if (i == 2 && pass < 2) || len(got[i]) >= steps {
+						continue
+					}
+					members = append(members, s)
+					if p := prompts[i]; fed[i] < len(p) {
+						n := min(chunk, len(p)-fed[i])
+						feeds = append(feeds, p[fed[i]:fed[i]+n])
+						if fed[i] += n; fed[i] == len(p) {
+							heads = append(heads, i)
+						}
+					} else {
+						feeds = append(feeds, []int{Argmax(got[i][len(got[i])-1])})
+						heads = append(heads, i)
+					}
+				}
+				if len(members) == 0 {
+					break
+				}
+				if err := b.Forward(ctx, members, feeds); err != nil {
+					t.Fatal(err)
+				}
+				for _, i := range heads {
+					got[i] = append(got[i], slices.Clone(sessions[i].Logits()))
+				}
+			}
+			for i := range prompts {
+				for step := range steps {
+					if d := firstDiff(got[i][step], want[i][step]); d >= 0 {
+						t.Fatalf("sequence %d step %d: logit %d is %v chunked in passes, %v alone", i, step, d, got[i][step][d], want[i][step][d])
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestBatchRefusesMismatchedInput(t *testing.T) {
 	m := loadTiny(t)
 	b := NewBatch(m, NewResidentExperts(m))
 	s := NewSession(m, NewResidentExperts(m), 4)
-	if err := b.Forward(context.Background(), []*Session{s}, []int{1, 2}); err == nil {
-		t.Fatal("one session with two tokens was accepted")
+	if err := b.Forward(context.Background(), []*Session{s}, [][]int{{1}, {2}}); err == nil {
+		t.Fatal("one session with two feeds was accepted")
 	}
-	if err := b.Forward(context.Background(), []*Session{s}, []int{m.Config.VocabSize}); err == nil {
+	if err := b.Forward(context.Background(), []*Session{s}, [][]int{{}}); err == nil {
+		t.Fatal("a member feeding no tokens was accepted")
+	}
+	if err := b.Forward(context.Background(), []*Session{s, s}, [][]int{{1}, {2}}); err == nil {
+		t.Fatal("one session as two members was accepted")
+	}
+	if err := b.Forward(context.Background(), []*Session{s}, [][]int{{1, m.Config.VocabSize}}); err == nil {
 		t.Fatal("a token outside the vocabulary was accepted")
 	}
 	if err := b.Logits([]*Session{s}); err == nil {
 		t.Fatal("Logits of a session that no pass ran was accepted")
 	}
-	if err := b.Forward(context.Background(), []*Session{s}, []int{1}); err != nil {
+	if err := b.Forward(context.Background(), []*Session{s}, [][]int{{1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Logits([]*Session{s, NewSession(m, NewResidentExperts(m), 4)}); err == nil {

@@ -91,7 +91,7 @@ func BenchmarkBatchDecode(b *testing.B) {
 	ctx := context.Background()
 	for _, rows := range []int{1, 4} {
 		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
-			sessions, tokens := make([]*Session, rows), make([]int, rows)
+			sessions, tokens, feeds := make([]*Session, rows), make([]int, rows), make([][]int, rows)
 			start := func() {
 				for i := range sessions {
 					prompt := make([]int, 16)
@@ -115,7 +115,10 @@ func BenchmarkBatchDecode(b *testing.B) {
 					start()
 					b.StartTimer()
 				}
-				if err := batch.Forward(ctx, sessions, tokens); err != nil {
+				for i := range feeds {
+					feeds[i] = tokens[i : i+1]
+				}
+				if err := batch.Forward(ctx, sessions, feeds); err != nil {
 					b.Fatal(err)
 				}
 				if err := batch.Logits(sessions); err != nil {

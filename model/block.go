@@ -144,8 +144,8 @@ func (a *Attention) project(s *Session, n int) {
 
 // kvRows says where each row of a pass sits: its sequence's KV cache and
 // position. A session's rows are consecutive positions of one cache
-// (start, start+1, ...); a Batch's rows are one position each of several
-// sessions (seqs[t] at starts[t]).
+// (start, start+1, ...); a Batch's rows are seqs[t]'s position starts[t]
+// (a member's rows consecutive).
 type kvRows struct {
 	cache  *kvcache.Cache
 	start  int

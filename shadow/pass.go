@@ -19,10 +19,12 @@ type seqIter struct {
 }
 
 // passFollow is the shadow's copy of one of the main node's batches of
-// decode passes. Like a lone sequence (follow), it runs ahead: once a
-// pass is done it runs the next on the tokens its own model sampled for
-// every member of the last pass, up to Ahead passes past the latest
-// alignment, so the next pass's predictions come a pass early. The main
+// passes, each of which feeds every member a decode token or a chunk of
+// its prompt. Like a lone sequence (follow), it runs ahead: once a pass
+// is done it runs the next on the tokens its own model sampled for every
+// member of the last pass (when none of them has prompt tokens still to
+// come), up to Ahead passes past the latest alignment, so the next pass's
+// predictions come a pass early. The main
 // node's alignments for a pass it ran ahead are met when the pass has the
 // same members fed the same tokens; otherwise it rewinds the pass (and
 // any run after it) and runs it again as the alignments say.
@@ -36,24 +38,43 @@ type passFollow struct {
 	// ahead are the passes run ahead of their alignments, oldest first
 	// (passes aligned+1 .. it)
 	ahead []aheadPass
-	// a pass's rows: their sequences, sessions and tokens, and the
-	// sessions whose output head is due, reused pass after pass
+	// a pass's members: their sequences and sessions, what each feeds
+	// (its decode token, or a chunk of its prompt) and its last token
+	// (PassToken's), whether any feeds prompt tokens, and the sessions
+	// whose output head is due, reused pass after pass
 	rows     []*follow
 	seqs     []uint64
 	sessions []*model.Session
+	feeds    [][]int
 	tokens   []int
+	prompt   bool
 	heads    []*model.Session
 }
 
 // reset empties bf's rows for the next pass.
 func (bf *passFollow) reset() {
-	bf.rows, bf.seqs, bf.sessions, bf.tokens = bf.rows[:0], bf.seqs[:0], bf.sessions[:0], bf.tokens[:0]
+	bf.rows, bf.seqs, bf.sessions, bf.feeds, bf.tokens = bf.rows[:0], bf.seqs[:0], bf.sessions[:0], bf.feeds[:0], bf.tokens[:0]
+	bf.prompt = false
 }
 
-// add makes f, fed token, a row of the next pass.
-func (bf *passFollow) add(f *follow, token int) {
+// add makes f a member of the next pass: fed chunk (prompt tokens) if it
+// has any, else token.
+func (bf *passFollow) add(f *follow, token int, chunk []int) {
+	if len(chunk) > 0 {
+		token, bf.prompt = chunk[len(chunk)-1], true
+	}
 	bf.rows, bf.seqs = append(bf.rows, f), append(bf.seqs, f.seq)
-	bf.sessions, bf.tokens = append(bf.sessions, f.sess), append(bf.tokens, token)
+	bf.sessions, bf.tokens, bf.feeds = append(bf.sessions, f.sess), append(bf.tokens, token), append(bf.feeds, chunk)
+}
+
+// seal points each decode member's feed at its token, once every member
+// is in.
+func (bf *passFollow) seal() {
+	for i := range bf.feeds {
+		if len(bf.feeds[i]) == 0 {
+			bf.feeds[i] = bf.tokens[i : i+1]
+		}
+	}
 }
 
 // aheadPass is a pass run ahead: which sequences it fed which tokens.
@@ -65,8 +86,8 @@ type aheadPass struct {
 
 // runPasses runs batch b's passes that are ready, in order: a pass is
 // ready when all its members' alignments have come, each is its
-// sequence's next iteration (or restarts it with its prompt), and the
-// batch's previous pass has run. The first pass the shadow sees of a
+// sequence's next iteration (or starts it), and the batch's previous pass
+// has run. The first pass the shadow sees of a
 // batch starts it (it may attach mid-batch). A pass run ahead is met or
 // rewound instead of run again.
 func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wire.Alignment, batches map[uint64]*passFollow, seqs map[uint64]*follow) error {
@@ -93,7 +114,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 		}
 		for _, a := range members {
 			f := seqs[a.Seq]
-			if len(a.Prompt) == 0 && (f == nil || f.aligned+1 != a.Iteration) {
+			if !starts(a) && (f == nil || f.aligned+1 != a.Iteration) {
 				return nil // the member's previous iteration has not run
 			}
 		}
@@ -118,16 +139,20 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 	}
 }
 
+// starts reports whether alignment a (in a pass) starts its sequence.
+func starts(a *wire.Alignment) bool { return a.Iteration == 1 || len(a.Prompt) > 0 }
+
 // meets reports whether pass p, run ahead, fed what the main node's
-// alignments of that pass say: the same sequences (none restarted), each
-// the token its alignment carries (or any, if it carries none).
+// alignments of that pass say: the same sequences (none restarted, none
+// fed a prompt chunk), each the token its alignment carries (or any, if
+// it carries none).
 func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 	if len(members) != len(p.seqs) {
 		return false
 	}
 	for _, a := range members {
 		i := slices.Index(p.seqs, a.Seq)
-		if i < 0 || len(a.Prompt) > 0 || a.Token >= 0 && int(a.Token) != p.tokens[i] {
+		if i < 0 || starts(a) || len(a.Chunk) > 0 || a.Token >= 0 && int(a.Token) != p.tokens[i] {
 			return false
 		}
 	}
@@ -179,7 +204,8 @@ func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it in
 // passDueAhead is a batch that may run its next pass ahead of the main
 // node's alignments (the one furthest behind), nil if none may: it has
 // run an aligned pass, is less than Ahead passes past it, and every
-// member of its last pass that is still live has room for a token.
+// member of its last pass that is still live has fed all its prompt and
+// has room for a token.
 func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*follow) (uint64, *passFollow) {
 	var due *passFollow
 	var b uint64
@@ -191,7 +217,7 @@ func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*fol
 		for _, seq := range bf.last {
 			if f := seqs[seq]; f != nil && f.sess != nil {
 				live++
-				full = full || f.sess.Len() >= n.m.Config.MaxPositions
+				full = full || f.promptLeft > 0 || f.sess.Len() >= n.m.Config.MaxPositions
 			}
 		}
 		if live > 0 && !full {
@@ -211,7 +237,7 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 			if f.headDue {
 				bf.heads = append(bf.heads, f.sess)
 			}
-			bf.add(f, -1)
+			bf.add(f, -1, nil)
 		}
 	}
 	if len(bf.heads) > 0 { // the output heads of every row at once
@@ -222,6 +248,7 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 	for i, f := range bf.rows {
 		bf.tokens[i] = f.ownToken()
 	}
+	bf.seal()
 	it := bf.it + 1
 	bf.ahead = append(bf.ahead, aheadPass{it: it, seqs: slices.Clone(bf.seqs), tokens: slices.Clone(bf.tokens)})
 	bf.it = it
@@ -230,26 +257,20 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 
 // pass runs pass bf.it of batch b as its members' alignments say: each
 // member's alignment, then one forward pass over all of them whose
-// routing, the union over the members, is predicted for step (b, pass).
+// routing, the union over the members, is predicted for step (b, pass)
+// when it is a decode pass (no prompt chunk: prefill loads every expert
+// anyway).
 func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	start := time.Now()
 	bf.reset()
 	for _, a := range members {
-		f := seqs[a.Seq]
-		if f == nil { // restarted by its prompt
-			f = &follow{seq: a.Seq}
-			seqs[a.Seq] = f
-		}
-		f.batched = true
-		token, decode, err := n.prepare(ctx, f, a)
+		f, token, err := n.member(ctx, seqs, a)
 		if err != nil {
-			return err
+			return fmt.Errorf("shadow: batch %d pass %d: %w", b, bf.it, err)
 		}
-		if !decode {
-			return fmt.Errorf("shadow: batch %d pass %d: sequence %d has no decode step", b, bf.it, a.Seq)
-		}
-		bf.add(f, token)
+		bf.add(f, token, ints(a.Chunk))
 	}
+	bf.seal()
 	bf.aligned = bf.it
 	late := time.Since(start)
 	n.trace.Span(trace.Align, bf.it, 0, -1, start, start.Add(late))
@@ -261,12 +282,14 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wi
 // applying its alignments cost (0 when it runs ahead).
 func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int64, late time.Duration) error {
 	fed := align.PassToken(bf.seqs, bf.tokens)
-	bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) {
-		n.predict(ctx, b, it, int(fed), l, routes)
-	})
+	if !bf.prompt {
+		bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) {
+			n.predict(ctx, b, it, int(fed), l, routes)
+		})
+	}
 	t0 := time.Now()
 	n.mark = t0
-	err := bf.batch.Forward(ctx, bf.sessions, bf.tokens)
+	err := bf.batch.Forward(ctx, bf.sessions, bf.feeds)
 	bf.batch.SetOnRoute(nil)
 	if err != nil {
 		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
@@ -276,4 +299,64 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 		f.it, f.headDue = f.it+1, true
 	}
 	return n.done(ctx, b, it, t0, late, it-bf.aligned)
+}
+
+// member applies alignment a of a pass to its sequence: it starts the
+// sequence (running the tokens it holds before the pass, if any, and
+// their KV rows), or continues it with a prompt chunk, or aligns its
+// decode step (prepare). It returns the sequence and the decode token
+// it feeds (when a carries no chunk).
+func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alignment) (*follow, int, error) {
+	f := seqs[a.Seq]
+	if starts(a) {
+		f = &follow{seq: a.Seq, batched: true}
+		seqs[a.Seq] = f
+		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(a.Prompt)+len(a.Chunk)+a.PromptLeft+256)
+		if len(a.Prompt) > 0 {
+			if err := f.sess.ForwardHidden(ctx, ints(a.Prompt)); err != nil {
+				return nil, 0, fmt.Errorf("sequence %d: the tokens before iteration %d: %w", f.seq, a.Iteration, err)
+			}
+		}
+		if a.Iteration > 1 {
+			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.Prompt)).Bool("kv", len(a.Keys) > 0).
+				Msg("shadow: following a sequence from the middle")
+		}
+		f.it, f.aligned, f.promptLeft = a.Iteration-1, a.Iteration, a.PromptLeft
+		if _, _, err := n.applyKV(f, a, -1); err != nil {
+			return nil, 0, err
+		}
+		if len(a.Chunk) == 0 && a.Token < 0 {
+			return nil, 0, fmt.Errorf("sequence %d started at iteration %d without a chunk or a token to feed", f.seq, a.Iteration)
+		}
+		return f, int(a.Token), nil
+	}
+	if f == nil || f.sess == nil {
+		return nil, 0, fmt.Errorf("sequence %d iteration %d before its start", a.Seq, a.Iteration)
+	}
+	f.batched, f.promptLeft = true, a.PromptLeft
+	if len(a.Chunk) > 0 {
+		f.aligned = a.Iteration
+		_, _, err := n.applyKV(f, a, -1)
+		return f, -1, err
+	}
+	token, decode, err := n.prepare(ctx, f, a)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !decode {
+		return nil, 0, fmt.Errorf("sequence %d iteration %d has no decode step", a.Seq, a.Iteration)
+	}
+	return f, token, nil
+}
+
+// ints widens wire token ids (nil for none).
+func ints(ids []int32) []int {
+	if len(ids) == 0 {
+		return nil
+	}
+	out := make([]int, len(ids))
+	for i, t := range ids {
+		out[i] = int(t)
+	}
+	return out
 }

@@ -135,10 +135,11 @@ type follow struct {
 	base int64
 	// fed are the tokens of the iterations run ahead of their alignment
 	fed map[int64]int
-	// batched: the sequence decodes in the main node's passes (its
-	// prompt said so, or it has run in one): it runs ahead only as a row
-	// of its pass (passFollow), never alone
+	// batched: the sequence runs in the main node's passes: it runs
+	// ahead only as a row of its pass (passFollow), never alone
 	batched bool
+	// promptLeft are the prompt tokens a later pass feeds it
+	promptLeft int
 }
 
 // ownToken is the token f's last forward pass sampled (greedy), running
@@ -372,15 +373,13 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 			n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
 			return nil
 		}
-		if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
-			// a prompt that names a batch (pass 0) is a sequence that will
-			// decode in that batch's passes
-			st.seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1, aligned: m.Iteration - 1, batched: m.Batch != 0}
-		}
-		if m.Batch != 0 && m.BatchIteration > 0 {
+		if m.Batch != 0 {
 			k := seqIter{m.Batch, m.BatchIteration}
 			st.passes[k] = append(st.passes[k], m)
 			return n.runPasses(ctx, m.Batch, st.passes, st.batches, st.seqs)
+		}
+		if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
+			st.seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1, aligned: m.Iteration - 1}
 		}
 		st.pending[seqIter{m.Seq, m.Iteration}] = m
 		f := st.seqs[m.Seq]
@@ -395,11 +394,6 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 			}
 			delete(st.pending, k)
 			if err := n.iterate(ctx, f, a); err != nil {
-				return err
-			}
-		}
-		for k := range st.passes { // a member's prompt may be what a waiting pass needs
-			if err := n.runPasses(ctx, k.seq, st.passes, st.batches, st.seqs); err != nil {
 				return err
 			}
 		}

@@ -200,20 +200,25 @@ type Alignment struct {
 	FromPos   int
 	Keys      []Tensor // one per layer, or none for a token-only alignment
 	Values    []Tensor // as Keys
-	// Prompt, when set, starts sequence Seq: the shadow runs these tokens
-	// as its prefill (Iteration 1).
+	// Prompt, when set, starts sequence Seq. Run alone (Batch 0): the
+	// shadow runs these tokens as its prefill (Iteration 1), or, at a
+	// later iteration, as every token so far before feeding Token. In a
+	// pass: the tokens the sequence holds before this pass (a prefix the
+	// main node reused, or every token so far), which the shadow runs
+	// first; a pass at Iteration 1 starts the sequence without them.
 	Prompt []int32
 	// Batch, when not 0, says that this iteration of Seq runs in pass
-	// BatchIteration of the main node's decode batch Batch, together with
+	// BatchIteration of the main node's batch Batch, together with
 	// BatchSize sequences in all (this one included): the shadow runs the
 	// pass when it has all of their alignments, as one batched forward
 	// pass, and predicts each layer for step (Batch, BatchIteration).
-	// BatchIteration 0 (with a Prompt, BatchSize 0) is a sequence's
-	// prompt, run alone, whose decode steps will run in Batch's passes:
-	// the shadow runs it ahead only as a row of those.
 	Batch          uint64
 	BatchIteration int64
 	BatchSize      int
+	// Chunk, in a pass, are prompt tokens this iteration feeds (instead of
+	// Token), PromptLeft the prompt tokens that later passes feed.
+	Chunk      []int32
+	PromptLeft int
 }
 
 // SequenceEnd tells a worker or the shadow that the main node is done with
@@ -451,11 +456,13 @@ func (m *Alignment) validate() error {
 		return err
 	}
 	switch {
+	case m.Batch == 0 && (len(m.Chunk) > 0 || m.PromptLeft != 0):
+		return malformed("alignment of sequence %d with a prompt chunk outside a pass", m.Seq)
 	case m.Batch == 0:
-	case m.BatchIteration == 0 && (len(m.Prompt) == 0 || m.BatchSize != 0):
-		return malformed("alignment for batch %d's pass 0 (a prompt that will decode in the batch) without a prompt, or of %d sequences", m.Batch, m.BatchSize)
-	case m.BatchIteration != 0 && (m.BatchIteration < 1 || m.BatchSize < 1):
+	case m.BatchIteration < 1 || m.BatchSize < 1:
 		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchIteration, m.BatchSize)
+	case m.PromptLeft < 0 || m.PromptLeft > 0 && len(m.Chunk) == 0:
+		return malformed("alignment in batch %d: %d prompt tokens left after a chunk of %d", m.Batch, m.PromptLeft, len(m.Chunk))
 	}
 	if len(m.Keys) != len(m.Values) {
 		return malformed("alignment has %d key and %d value tensors", len(m.Keys), len(m.Values))
