@@ -187,8 +187,10 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 			return err
 		}
 		defer sw.Close()
-		s := model.NewSession(mainModel, sw, len(ids)+*n)
-		_, st, err := sw.Generate(ctx, s, ids, model.GenerateOptions{MaxTokens: *n})
+		b := sw.Batcher(mainModel) // a batch of one, as text mode runs
+		b.ChunkPrompts(0)
+		_, st, err := b.Generate(ctx, ids, model.GenerateOptions{MaxTokens: *n})
+		b.Close()
 		if err != nil {
 			return fmt.Errorf("%v: %w", p.pol, err)
 		}

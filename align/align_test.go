@@ -77,6 +77,33 @@ func TestRecallIsEquationThree(t *testing.T) {
 	}
 }
 
+// TestRecallOfAPassIsTheUnionsShare: a pass of rows activates the union of
+// their experts; its recall is the share of the union predicted. Pass 1:
+// l1 union {1,2,5} with {1,5} predicted -> 2 of 3, l3 union {0,3,4,7}
+// with {3,4,6} -> 2 of 4; pass 2 of one row: l1 {2,3} vs {2,3} -> 2 of 2.
+// recall(1) = 4/7, recall(2) = 1, recall = 6/9.
+func TestRecallOfAPassIsTheUnionsShare(t *testing.T) {
+	r := NewRecall(2, []int{1, 3})
+	for _, o := range []struct {
+		n, l            int
+		pred, activated []int
+	}{
+		{1, 1, []int{1, 5}, []int{1, 2, 5}},
+		{1, 3, []int{3, 4, 6}, []int{0, 3, 4, 7}},
+		{2, 1, []int{2, 3}, []int{2, 3}},
+	} {
+		if err := r.Observe(0, o.n, o.l, o.pred, o.activated); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if by := r.ByToken(); len(by) != 2 || math.Abs(by[0]-4.0/7) > 1e-15 || by[1] != 1 {
+		t.Fatalf("recall by pass %v, want [4/7 1]", by)
+	}
+	if got := r.Overall(); math.Abs(got-6.0/9) > 1e-15 {
+		t.Fatalf("recall %v, want 6/9", got)
+	}
+}
+
 // TestPassTokenIsTheRowsTokensInAnyOrder: a lone row's token is itself;
 // several rows' do not depend on their order, and change with any row's
 // token or sequence.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/odmoe/odmoe/kvcache"
@@ -26,15 +27,16 @@ import (
 //
 // Generate is safe for concurrent use.
 type Batcher struct {
-	m      *model.Model
-	batch  *model.Batch
-	runner model.ExpertRunner
-	hooks  BatcherHooks
-	budget passes.Budget
-	joins  chan *member
-	life   context.Context
-	stop   context.CancelFunc
-	done   chan struct{}
+	m       *model.Model
+	batch   *model.Batch
+	runner  model.ExpertRunner
+	hooks   BatcherHooks
+	budget  passes.Budget
+	joins   chan *member
+	life    context.Context
+	stop    context.CancelFunc
+	done    chan struct{}
+	closing sync.Once
 	// prefixes, if set (KeepPrefixes), are finished sequences' KV rows
 	// that a new prompt starting with the same tokens reuses
 	prefixes *prefixCache
@@ -106,11 +108,14 @@ func NewBatcher(m *model.Model, runner model.ExpertRunner, hooks BatcherHooks) *
 // Seq is the sequence id the batch's passes run under.
 func (b *Batcher) Seq() uint64 { return b.batch.Seq() }
 
-// Close ends the batch: members still generating fail.
+// Close ends the batch: members still generating fail. Calls after the
+// first do nothing.
 func (b *Batcher) Close() {
-	b.stop()
-	<-b.done
-	b.end(b.batch.Seq())
+	b.closing.Do(func() {
+		b.stop()
+		<-b.done
+		b.end(b.batch.Seq())
+	})
 }
 
 // end tells the hooks that sequence seq is done with.
@@ -142,9 +147,9 @@ type member struct {
 }
 
 // Generate feeds prompt and decodes until the request is done, in the
-// batch's passes, as model.Generate does alone (opt.BeforeForward is not
-// called: a pass is not one sequence's). Its Prefill is the time from
-// the call to the first token, Decode the time after.
+// batch's passes, getting the tokens and logits model.Generate gives it
+// alone. Its Prefill is the time from the call to the first token,
+// Decode the time after.
 func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
 	st := model.GenerateStats{PromptTokens: len(prompt), FinishReason: "length"}
 	if len(prompt) == 0 {

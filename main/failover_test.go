@@ -126,8 +126,7 @@ func TestSwarmSurvivesALostWorker(t *testing.T) {
 			}()
 			var got generation
 			var restartErr error
-			s := model.NewSession(mainModel, sw, len(prompt)+steps)
-			ids, _, err := sw.Generate(ctx, s, prompt, model.GenerateOptions{MaxTokens: steps,
+			ids, _, err := alone(ctx, sw, mainModel, prompt, model.GenerateOptions{MaxTokens: steps,
 				OnToken: func(step, id int, logits []float32) error {
 					got.logits = append(got.logits, append([]float32(nil), logits...))
 					if step == restartAt {
@@ -186,8 +185,7 @@ func TestSwarmWithNoLiveWorkerFailsSayingSo(t *testing.T) {
 	rw := startRestartable(t, ctx, f, inproc.WorkerOptions{Count: 1, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
 	sw := rw.dial(t, mainnode.Reactive)
 	rw.stop(0)
-	s := model.NewSession(mainModel, sw, 16)
-	_, _, err := sw.Generate(ctx, s, []int{1, 2, 3}, model.GenerateOptions{MaxTokens: 4})
+	_, _, err := alone(ctx, sw, mainModel, []int{1, 2, 3}, model.GenerateOptions{MaxTokens: 4})
 	if err == nil || !(strings.Contains(err.Error(), "every worker is lost") || strings.Contains(err.Error(), "no live worker left")) {
 		t.Fatalf("err = %v, want one that says no worker is live", err)
 	}
@@ -256,8 +254,7 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 			defer sw.Close()
 			var got generation
 			var hookErr error
-			s := model.NewSession(mainModel, sw, len(prompt)+steps)
-			ids, _, err := sw.Generate(ctx, s, prompt, model.GenerateOptions{MaxTokens: steps,
+			ids, _, err := alone(ctx, sw, mainModel, prompt, model.GenerateOptions{MaxTokens: steps,
 				OnToken: func(step, id int, logits []float32) error {
 					got.logits = append(got.logits, append([]float32(nil), logits...))
 					switch step {

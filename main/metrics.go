@@ -142,7 +142,7 @@ var (
 //	odmoe_shadow_predicted_experts_total experts activated in decode layers that the shadow had predicted
 //	odmoe_shadow_routed_experts_total    experts activated in the decode layers scored against a prediction:
 //	                                     predicted/routed is OD-MoE eq. (3) (a batched pass counts the union
-//	                                     of its rows' experts, as ShadowStats.BatchRecall does)
+//	                                     of its rows' experts, as ShadowStats.Recall does)
 //	odmoe_shadow_lost_total              times the shadow's connection ended
 //	odmoe_shadow_reattached_total        times a lost shadow came back
 //	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively

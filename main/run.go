@@ -156,7 +156,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		reg.MustRegister(sw.Collector(ExpertBytes(m.Config))) // the swarm's figures beside the API's
 		return serveAPI(ctx, cfg.Model, m, b, sw.Health, reg, cfg.Serve, log)
 	}
-	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw, sw.Generate, stdout)
+	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw.Batcher(m), stdout)
 	if err != nil {
 		return err
 	}
@@ -200,7 +200,7 @@ func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, stdout i
 		sv.configure(b)
 		return serveAPI(ctx, modelDir, m, b, nil, prometheus.NewRegistry(), sv, log)
 	}
-	st, err := generateText(ctx, modelDir, t, m, model.NewResidentExperts(m), model.Generate, stdout)
+	st, err := generateText(ctx, modelDir, t, m, NewLocalBatcher(m), stdout)
 	if err != nil {
 		return err
 	}

@@ -84,8 +84,8 @@ func TestServedConcurrentRequestsOnTheSwarmAreEachLocalModesAnswer(t *testing.T)
 			t.Errorf("%q: served %q, local mode alone %q", prompts[i], got[i], want[i])
 		}
 	}
-	if st, ok := sw.ShadowStats(10e9); !ok || st.BatchRecall <= 0 {
-		t.Fatalf("the shadow predicted nothing for the served sequences (recall over batched passes %v, ok %v)", st.BatchRecall, ok)
+	if st, ok := sw.ShadowStats(10e9); !ok || st.Recall <= 0 {
+		t.Fatalf("the shadow predicted nothing for the served sequences (recall over batched passes %v, ok %v)", st.Recall, ok)
 	}
 }
 

@@ -31,20 +31,15 @@ type shadowLink struct {
 	seqs      map[uint64]*shadowSeq
 	pred      map[layerKey]predicted // predictions not taken yet
 	actual    map[layerKey][]int     // routing awaiting its prediction, for scoring
-	recall    *align.Recall
-	// batched decode passes: their sequence ids, and the experts they
-	// activated (the union over their rows) and how many of those the
-	// shadow predicted
-	batches                   map[uint64]bool
-	batchCorrect, batchRouted int64
-	late                      []float64 // late-departure ms per decode iteration (index: iteration-2)
-	done                      int64     // the last iteration the shadow finished
-	forwardMs                 float64   // the shadow's decode forward passes, summed
-	forwards                  int
-	peakRSS                   int64
-	received                  chan struct{}
-	trace                     *trace.Recorder
-	traces                    chan *wire.Trace
+	recall    *align.Recall          // over decode passes
+	late      []float64              // late-departure ms per decode iteration (index: iteration-2)
+	done      int64                  // the last iteration the shadow finished
+	forwardMs float64                // the shadow's decode forward passes, summed
+	forwards  int
+	peakRSS   int64
+	received  chan struct{}
+	trace     *trace.Recorder
+	traces    chan *wire.Trace
 	// every decode layer scored, alone or batched: eq. (3) for the metrics
 	counts recallCounts
 	// running ahead: decode passes the shadow ran ahead of its alignment;
@@ -94,7 +89,7 @@ type layerKey struct {
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{align: align.NewController(policy), seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey][]int{}, batches: map[uint64]bool{},
+	sl := &shadowLink{align: align.NewController(policy), seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey][]int{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {
 		sl.peer.Store(p)
@@ -228,18 +223,9 @@ func (sl *shadowLink) signal() {
 // output token i+1 in the paper's numbering (iteration 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred, actual []int) {
 	sl.align.Observe(sl.counts.add(pred, actual), len(actual))
-	if sl.batches[key.step.Seq] {
-		// a batched pass activates the union of its rows' experts, and the
-		// shadow predicts the union: the share of it predicted
-		for _, e := range actual {
-			if slices.Contains(pred, e) {
-				sl.batchCorrect++
-			}
-		}
-		sl.batchRouted += int64(len(actual))
-	} else {
-		sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, actual)
-	}
+	// a pass activates the union of its rows' experts, and the shadow
+	// predicts the union: eq. (3) for a pass of one row
+	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, actual)
 	delete(sl.actual, key)
 }
 
@@ -295,18 +281,8 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
 	}
 }
 
-// start sends the alignment that departs the shadow on the forward pass
-// step of a sequence run alone (iteration 1: the prompt, which starts the
-// sequence there). It reports whether the shadow departs: not while it
-// is lost (a connection that ends here is reported by the receive loop,
-// not as an error).
-func (sl *shadowLink) start(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) (bool, error) {
-	return sl.startIn(ctx, PassRow{Step: step, Tokens: tokens, Prompt: step.Iter == 1, Cache: cache}, batchPass{})
-}
-
 // batchPass is the pass a member's forward pass runs in: the batch's
-// sequence id and iteration, and how many members it has (seq 0: the
-// forward pass runs alone).
+// sequence id and iteration, and how many members it has.
 type batchPass struct {
 	seq  uint64
 	iter int64
@@ -322,7 +298,6 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 	if sl.seqs[step.Seq] == nil {
 		sl.seqs[step.Seq] = &shadowSeq{} // the batch's predictions are for a live sequence
 	}
-	sl.batches[step.Seq] = true
 	sl.mu.Unlock()
 	bp := batchPass{seq: step.Seq, iter: step.Iter, size: len(rows)}
 	all := true
@@ -349,17 +324,17 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 	return all, nil
 }
 
-// startIn sends the alignment of row, which runs alone (bp.seq 0) or in
-// pass bp: the token every TokenPeriod decode steps and the KV rows
-// written since the last KV alignment every KVPeriod decode steps; every
-// prompt chunk of a pass (the shadow cannot guess them) and, at a pass
-// member's first pass, the prefix its cache reused. A shadow that
+// startIn sends the alignment of row, a member of pass bp: the token
+// every TokenPeriod decode steps and the KV rows written since the last
+// KV alignment every KVPeriod decode steps; every prompt chunk (the
+// shadow cannot guess them) and, at the member's first pass, the prefix
+// its cache reused. A shadow that
 // attached since the sequence's last forward pass gets the whole sequence
 // instead: every token so far, the KV rows (when they are not too big)
 // and what to feed.
 func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (bool, error) {
 	step, tokens, cache := row.Step, row.Tokens, row.Cache
-	lone, first := bp.seq == 0, step.Iter == 1
+	first := step.Iter == 1
 	sl.mu.Lock()
 	q := sl.seqs[step.Seq]
 	if q == nil {
@@ -386,7 +361,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		tokenDue, kvDue = sl.align.Step(decodeStep, q.kvStep)
 	}
 	var history []int32
-	if up && (!synced && !first || first && !lone) {
+	if up && (!synced || first) {
 		history = slices.Clone(q.hist[:before])
 	}
 	sl.mu.Unlock()
@@ -397,10 +372,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchIteration: bp.iter, BatchSize: bp.size}
 	kvStep := int64(-1) // unchanged
 	switch {
-	case first && lone: // the prompt
-		a.Prompt = int32s(tokens)
-		lastKV = len(tokens)
-	case first: // a pass member's first chunk, after the prefix it reused
+	case first: // its first chunk, after the prefix it reused
 		a.Prompt = history
 		lastKV = cache.Len() + len(tokens)
 	case !synced:
@@ -427,7 +399,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 			lastKV, kvStep = cache.Len(), decodeStep
 		}
 	}
-	if row.Prompt && !lone {
+	if row.Prompt {
 		a.Chunk, a.PromptLeft = int32s(tokens), row.PromptLeft
 	}
 	sl.mu.Lock()
@@ -435,9 +407,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	if kvStep >= 0 {
 		q.kvStep = kvStep
 	}
-	if !lone || !first {
-		q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[len(tokens)-1]), a.Token >= 0 || row.Prompt
-	}
+	q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[len(tokens)-1]), a.Token >= 0 || row.Prompt
 	sl.mu.Unlock()
 	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
 	if err := p.Send(ctx, a); err != nil {
@@ -492,12 +462,13 @@ func f16Tensor(v []uint16, rows, width int) wire.Tensor {
 
 // ShadowStats are the shadow's figures for the run summary.
 type ShadowStats struct {
-	Recall float64 // eq. (3), over the decode steps of sequences run alone
-	// BatchRecall is, over batched decode passes, the share of the
-	// experts a layer activated (the union over the pass's sequences)
-	// that the shadow predicted for it; 0 if no batched pass ran.
-	BatchRecall     float64
-	RecallByToken   []float64 // eq. (2), output token 1..N
+	// Recall is, over the decode passes, the share of the experts a
+	// layer activated (the union over the pass's rows) that the shadow
+	// predicted for it: eq. (3) when every pass has one row (text mode);
+	// RecallByToken is the same per pass, eq. (2) for text mode's output
+	// tokens 1..N.
+	Recall          float64
+	RecallByToken   []float64
 	LateDepartureMs []float64 // per decode iteration
 	// ForwardMs is the shadow's mean decode forward pass (all layers).
 	ForwardMs float64
@@ -551,9 +522,6 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
 		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Align: sl.align.Chosen()}
-	if sl.batchRouted > 0 {
-		st.BatchRecall = float64(sl.batchCorrect) / float64(sl.batchRouted)
-	}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}

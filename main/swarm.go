@@ -11,7 +11,6 @@ import (
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/trace"
-	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
@@ -543,23 +542,6 @@ func (s *Swarm) Close() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// BeforeForward is the generation hook (model.GenerateOptions) that departs
-// and aligns the shadow for the forward pass of step of a sequence run
-// alone; a no-op without one.
-func (s *Swarm) BeforeForward(ctx context.Context, step model.Step, tokens []int, cache *kvcache.Cache) error {
-	if s.shadow == nil {
-		return nil
-	}
-	s.attachShadow()
-	departed, err := s.shadow.start(ctx, step, tokens, cache)
-	if !departed && err == nil && step.Iter > 1 {
-		s.mu.Lock()
-		s.stats.Faults.ReactiveIterations++
-		s.mu.Unlock()
-	}
-	return err
 }
 
 // BeforeBatch is the pass loop's hook (BatcherHooks.BeforePass): it notes

@@ -34,52 +34,43 @@ func benchSwarmFixture(b *testing.B) inproc.Files {
 // benchPositions bounds a benchmark session's positions.
 const benchPositions = 512
 
-// benchDecode runs prompt through runner on a new session of m, then
-// warm untimed decode steps and b.N timed ones (greedy), and reports
-// tokens/s. On a Swarm the shadow, if any, is departed and aligned before
-// every forward pass, as Swarm.Generate does. (A cancellable ctx costs
-// the wire a few allocations per message that context.Background saves.)
+// benchDecode runs prompt through runner as text mode does (a batch of
+// one in the pass loop: on a Swarm with its hooks, the shadow's
+// departures and alignments included), then warm untimed decode steps
+// and b.N timed ones (greedy), and reports tokens/s. (A cancellable ctx
+// costs the wire a few allocations per message that context.Background
+// saves.)
 func benchDecode(ctx context.Context, b *testing.B, m *model.Model, runner model.ExpertRunner, prompt []int, warm int) {
-	// a session decodes at most benchPositions positions (a fast run
+	// a sequence decodes at most benchPositions positions (a fast run
 	// would pass the model's max_position_embeddings, and every policy is
 	// measured over the same short contexts): then a new one starts,
 	// untimed, with the prompt again
-	room := min(len(prompt)+warm+b.N, benchPositions, m.Config.MaxPositions)
-	s := model.NewSession(m, runner, room)
-	sw, _ := runner.(*mainnode.Swarm)
-	tok := make([]int, 1)
-	forward := func(tokens []int) {
-		if sw != nil {
-			if err := sw.BeforeForward(ctx, s.Next(), tokens, s.Cache()); err != nil {
-				b.Fatal(err)
-			}
-		}
-		logits, err := s.Forward(ctx, tokens)
+	room := min(benchPositions, m.Config.MaxPositions) - len(prompt) - warm
+	var bt *mainnode.Batcher
+	if sw, ok := runner.(*mainnode.Swarm); ok {
+		bt = sw.Batcher(m)
+	} else {
+		bt = mainnode.NewBatcher(m, runner, mainnode.BatcherHooks{})
+	}
+	defer bt.Close()
+	bt.ChunkPrompts(0)
+	b.ResetTimer()
+	b.StopTimer()
+	for left := b.N; left > 0; {
+		n := min(left, room)
+		_, _, err := bt.Generate(ctx, prompt, model.GenerateOptions{MaxTokens: warm + n + 1,
+			OnToken: func(step, _ int, _ []float32) error {
+				if step == warm {
+					b.StartTimer()
+				}
+				return nil
+			}})
+		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
 		}
-		tok[0] = model.Argmax(logits)
+		left -= n
 	}
-	forward(prompt)
-	for range warm {
-		forward(tok)
-	}
-	b.ResetTimer()
-	for range b.N {
-		if s.Len() >= room {
-			b.StopTimer()
-			if sw != nil {
-				if err := sw.EndSequence(ctx, s.Seq()); err != nil {
-					b.Fatal(err)
-				}
-			}
-			s = model.NewSession(m, runner, room)
-			forward(prompt)
-			b.StartTimer()
-		}
-		forward(tok)
-	}
-	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
 

@@ -74,34 +74,40 @@ func testPrompt(n, mul, add, vocab int) []int {
 	return p
 }
 
+// generate runs prompt, n tokens, as text mode does: on a swarm a batch
+// of one in its pass loop (its prompt whole); otherwise model.Generate,
+// the reference.
 func generate(t *testing.T, m *model.Model, runner model.ExpertRunner, prompt []int, n int) generation {
 	t.Helper()
 	var g generation
-	s := model.NewSession(m, runner, len(prompt)+n)
-	var before func(model.Step, []int) error
-	if sw, ok := runner.(*mainnode.Swarm); ok {
-		before = func(step model.Step, toks []int) error {
-			return sw.BeforeForward(context.Background(), step, toks, s.Cache())
-		}
-	}
-	ids, _, err := model.Generate(context.Background(), s, prompt, model.GenerateOptions{
-		MaxTokens:     n,
-		BeforeForward: before,
+	opt := model.GenerateOptions{
+		MaxTokens: n,
 		OnToken: func(step, id int, logits []float32) error {
 			g.logits = append(g.logits, append([]float32(nil), logits...))
 			return nil
 		},
-	})
+	}
+	var ids []int
+	var err error
+	if sw, ok := runner.(*mainnode.Swarm); ok {
+		ids, _, err = alone(context.Background(), sw, m, prompt, opt)
+	} else {
+		ids, _, err = model.Generate(context.Background(), model.NewSession(m, runner, len(prompt)+n), prompt, opt)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sw, ok := runner.(*mainnode.Swarm); ok {
-		if err := sw.EndSequence(context.Background(), s.Seq()); err != nil {
-			t.Fatal(err)
-		}
-	}
 	g.tokens = ids
 	return g
+}
+
+// alone runs prompt on sw as text mode does: a batch of one in its pass
+// loop, the prompt whole.
+func alone(ctx context.Context, sw *mainnode.Swarm, m *model.Model, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error) {
+	b := sw.Batcher(m)
+	defer b.Close()
+	b.ChunkPrompts(0)
+	return b.Generate(ctx, prompt, opt)
 }
 
 func diffGenerations(a, b generation) string {
@@ -313,8 +319,7 @@ func checkConcurrent(t *testing.T, sw *mainnode.Swarm, m *model.Model, prompts [
 	errs := make([]error, len(prompts))
 	for i, p := range prompts {
 		wg.Go(func() {
-			s := model.NewSession(m, sw, len(p)+steps)
-			ids, _, err := sw.Generate(context.Background(), s, p, model.GenerateOptions{MaxTokens: steps,
+			ids, _, err := alone(context.Background(), sw, m, p, model.GenerateOptions{MaxTokens: steps,
 				OnToken: func(step, id int, logits []float32) error {
 					got[i].logits = append(got[i].logits, append([]float32(nil), logits...))
 					return nil

@@ -29,14 +29,15 @@ type Text struct {
 	Stats        string // file for the run's figures as JSON; "" for none
 }
 
-// generateFunc runs a generation on a session (model.Generate, or a
-// Swarm's Generate).
-type generateFunc func(ctx context.Context, sess *model.Session, prompt []int, opt model.GenerateOptions) ([]int, model.GenerateStats, error)
-
-// generateText encodes the prompt, generates with runner through gen,
-// streams the text to stdout, writes the dump files, and prints the
-// summary line.
-func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, runner model.ExpertRunner, gen generateFunc, stdout io.Writer) (model.GenerateStats, error) {
+// generateText encodes the prompt, generates it on b, streams the text
+// to stdout, writes the dump files, and prints the summary line. Text
+// mode is a batch of one in the same pass loop the API serves from; its
+// prompt goes in whole (one pass: nothing runs beside it to wait), so
+// iteration 1 is the prompt and i+1 feeds token i, as OD-MoE numbers
+// them. It closes b: the run's figures are read after.
+func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, b *Batcher, stdout io.Writer) (model.GenerateStats, error) {
+	defer b.Close()
+	b.ChunkPrompts(0)
 	tok, err := tokenizer.LoadDir(modelDir)
 	if err != nil {
 		return model.GenerateStats{}, err
@@ -81,8 +82,7 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 	}
 	out.Flush()
 	stream := tok.NewStreamDecoder()
-	sess := model.NewSession(m, runner, len(ids)+t.MaxTokens)
-	generated, st, err := gen(ctx, sess, ids, model.GenerateOptions{
+	generated, st, err := b.Generate(ctx, ids, model.GenerateOptions{
 		MaxTokens: t.MaxTokens,
 		Sampler:   model.NewSampler(t.Temperature, t.TopP, t.Seed),
 		StopAtEOS: !t.IgnoreEOS,
@@ -97,6 +97,7 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 		},
 	})
 	fmt.Fprintln(out, stream.Flush())
+	b.Close() // ends the sequence on the swarm before its figures are read
 	if err != nil {
 		return st, err
 	}

@@ -50,17 +50,15 @@ type GenerateOptions struct {
 	// sampled from: step 0 is the logits after the prompt, step i those
 	// after the i-th generated token. logits is reused after it returns.
 	OnToken func(step, id int, logits []float32) error
-	// BeforeForward, if set, sees the tokens of every forward pass just
-	// before it starts, with the pass's step: Iter 1 feeds the prompt, Iter
-	// i+1 the i-th generated token. The main node uses it to start (and
-	// re-align) the shadow.
-	BeforeForward func(step Step, tokens []int) error
 }
 
 // Generate runs the prompt through s, then samples up to opt.MaxTokens
 // tokens, feeding each back; it stops early at an EOS (StopAtEOS) or when
 // the model's context (max_position_embeddings) is full. It returns the
-// generated ids.
+// generated ids. It is the reference: one sequence alone, in one
+// process, no pass loop; every node runs the main node's pass loop
+// (mainnode.Batcher), whose every sequence must get these tokens and
+// logits bit for bit.
 func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions) ([]int, GenerateStats, error) {
 	st := GenerateStats{PromptTokens: len(prompt), FinishReason: "length"}
 	if len(prompt) == 0 {
@@ -74,15 +72,6 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 		sampler = NewSampler(0, 0, 0)
 	}
 	var out []int
-	before := func(tokens []int) error {
-		if opt.BeforeForward == nil {
-			return nil
-		}
-		return opt.BeforeForward(s.Next(), tokens)
-	}
-	if err := before(prompt); err != nil {
-		return nil, st, err
-	}
 	t0 := time.Now()
 	logits, err := s.Forward(ctx, prompt)
 	st.Prefill = time.Since(t0)
@@ -95,9 +84,6 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 			if s.Len() >= s.m.Config.MaxPositions {
 				st.ContextFull = true
 				break
-			}
-			if err := before(out[len(out)-1:]); err != nil {
-				return out, st, err
 			}
 			if logits, err = s.Forward(ctx, out[len(out)-1:]); err != nil {
 				return out, st, err

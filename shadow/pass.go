@@ -20,8 +20,8 @@ type seqIter struct {
 
 // passFollow is the shadow's copy of one of the main node's batches of
 // passes, each of which feeds every member a decode token or a chunk of
-// its prompt. Like a lone sequence (follow), it runs ahead: once a pass
-// is done it runs the next on the tokens its own model sampled for every
+// its prompt (text mode: a batch of one). It runs ahead: once a pass is
+// done it runs the next on the tokens its own model sampled for every
 // member of the last pass (when none of them has prompt tokens still to
 // come), up to Ahead passes past the latest alignment, so the next pass's
 // predictions come a pass early. The main
@@ -125,9 +125,11 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 		}
 		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
 			if n.meets(bf.ahead[0], members) {
+				start := time.Now()
 				if err := n.meet(bf, members, seqs); err != nil {
 					return err
 				}
+				n.trace.Span(trace.Align, k.it, 0, -1, start, time.Now())
 				continue
 			}
 			n.rewindPasses(ctx, b, bf, k.it, seqs)
@@ -309,7 +311,7 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alignment) (*follow, int, error) {
 	f := seqs[a.Seq]
 	if starts(a) {
-		f = &follow{seq: a.Seq, batched: true}
+		f = &follow{seq: a.Seq}
 		seqs[a.Seq] = f
 		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(a.Prompt)+len(a.Chunk)+a.PromptLeft+256)
 		if len(a.Prompt) > 0 {
@@ -333,18 +335,15 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 	if f == nil || f.sess == nil {
 		return nil, 0, fmt.Errorf("sequence %d iteration %d before its start", a.Seq, a.Iteration)
 	}
-	f.batched, f.promptLeft = true, a.PromptLeft
+	f.promptLeft = a.PromptLeft
 	if len(a.Chunk) > 0 {
 		f.aligned = a.Iteration
 		_, _, err := n.applyKV(f, a, -1)
 		return f, -1, err
 	}
-	token, decode, err := n.prepare(ctx, f, a)
+	token, err := n.prepare(f, a)
 	if err != nil {
 		return nil, 0, err
-	}
-	if !decode {
-		return nil, 0, fmt.Errorf("sequence %d iteration %d has no decode step", a.Seq, a.Iteration)
 	}
 	return f, token, nil
 }

@@ -122,7 +122,8 @@ func (s *startedIters) forget(seq uint64) {
 // the workers at most.
 const DefaultAhead = 1
 
-// follow is the shadow's copy of one of the main node's sequences.
+// follow is the shadow's copy of one of the main node's sequences, which
+// runs in the passes of one of its batches (passFollow).
 type follow struct {
 	seq     uint64 // the main node's id for it
 	sess    *model.Session
@@ -130,14 +131,6 @@ type follow struct {
 	aligned int64 // the last iteration whose alignment has been applied
 	next    int   // the token the shadow itself sampled last (valid unless headDue)
 	headDue bool  // the last forward pass's head has not run yet (see ownToken)
-	// base places iterations in the cache: decode iteration i feeds the
-	// token at position base+i
-	base int64
-	// fed are the tokens of the iterations run ahead of their alignment
-	fed map[int64]int
-	// batched: the sequence runs in the main node's passes: it runs
-	// ahead only as a row of its pass (passFollow), never alone
-	batched bool
 	// promptLeft are the prompt tokens a later pass feeds it
 	promptLeft int
 }
@@ -309,18 +302,12 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 			}
 		}
 	}()
-	st := &mainState{pending: map[seqIter]*wire.Alignment{}, seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*passFollow{}}
+	st := &mainState{seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*passFollow{}}
 	for {
 		var m wire.Message
 		select {
 		case m = <-inbox:
 		default:
-			if f := n.dueAhead(st.seqs); f != nil {
-				if err := n.runAhead(ctx, f); err != nil {
-					return err
-				}
-				continue
-			}
 			if b, bf := n.passDueAhead(st.batches, st.seqs); bf != nil {
 				if err := n.runPassAhead(ctx, b, bf, st.seqs); err != nil {
 					return err
@@ -343,13 +330,11 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 
 // mainState is what the shadow keeps of one main node's sequences.
 type mainState struct {
-	// Alignments travel on bulk streams and may arrive out of order: each
-	// waits here until its iteration is next in its sequence.
-	pending map[seqIter]*wire.Alignment
-	seqs    map[uint64]*follow
-	ended   []uint64 // sequences the main node ended, most recent last
-	// batched decode passes: the member alignments of each pass, and each
-	// batch's state
+	seqs  map[uint64]*follow
+	ended []uint64 // sequences the main node ended, most recent last
+	// the member alignments of each pass (they travel on bulk streams and
+	// may arrive out of order: they wait here until the pass is next in
+	// its batch and complete), and each batch's state
 	passes  map[seqIter][]*wire.Alignment
 	batches map[uint64]*passFollow
 }
@@ -364,7 +349,6 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 	case *wire.SequenceEnd:
 		delete(st.seqs, m.Seq)
 		delete(st.batches, m.Seq)
-		maps.DeleteFunc(st.pending, func(k seqIter, _ *wire.Alignment) bool { return k.seq == m.Seq })
 		maps.DeleteFunc(st.passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == m.Seq })
 		st.ended = append(st.ended[max(0, len(st.ended)-63):], m.Seq)
 	case *wire.Alignment:
@@ -373,96 +357,13 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 			n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
 			return nil
 		}
-		if m.Batch != 0 {
-			k := seqIter{m.Batch, m.BatchIteration}
-			st.passes[k] = append(st.passes[k], m)
-			return n.runPasses(ctx, m.Batch, st.passes, st.batches, st.seqs)
-		}
-		if len(m.Prompt) > 0 { // the sequence starts here: its prompt, or all of it so far
-			st.seqs[m.Seq] = &follow{seq: m.Seq, it: m.Iteration - 1, aligned: m.Iteration - 1}
-		}
-		st.pending[seqIter{m.Seq, m.Iteration}] = m
-		f := st.seqs[m.Seq]
-		if f == nil {
-			return nil // its prompt has not arrived yet
-		}
-		for {
-			k := seqIter{f.seq, f.aligned + 1}
-			a, ok := st.pending[k]
-			if !ok {
-				break
-			}
-			delete(st.pending, k)
-			if err := n.iterate(ctx, f, a); err != nil {
-				return err
-			}
-		}
+		k := seqIter{m.Batch, m.BatchIteration}
+		st.passes[k] = append(st.passes[k], m)
+		return n.runPasses(ctx, m.Batch, st.passes, st.batches, st.seqs)
 	default:
 		n.log.Warn().Str("type", m.Type().String()).Msg("ignoring a message the shadow does not handle")
 	}
 	return nil
-}
-
-// dueAhead is a sequence that may run its next iteration ahead of the
-// main node's alignment (the one furthest behind), nil if none may.
-func (n *Node) dueAhead(seqs map[uint64]*follow) *follow {
-	var due *follow
-	for _, f := range seqs {
-		if f.sess != nil && !f.batched && f.aligned >= 1 && f.it < f.aligned+int64(n.Ahead) && f.sess.Len() < n.m.Config.MaxPositions && (due == nil || f.it-f.aligned < due.it-due.aligned) {
-			due = f
-		}
-	}
-	return due
-}
-
-// runAhead runs f's next iteration on the token f sampled itself.
-func (n *Node) runAhead(ctx context.Context, f *follow) error {
-	token := f.ownToken()
-	it := f.it + 1
-	if f.fed == nil {
-		f.fed = map[int64]int{}
-	}
-	f.fed[it] = token
-	return n.forward(ctx, f, it, token, 0)
-}
-
-// iterate applies alignment a, f's next, and runs the iteration it
-// departs unless f ran it ahead on the same token: the prompt (no
-// predictions: prefill loads every expert anyway), or one decode step. A
-// token that differs from the one f ran ahead on rewinds f to a's
-// iteration first. A sequence the shadow joins late (it attached, or came
-// back, mid-sequence) starts with every token so far as its prompt and
-// goes on with the decode step at once.
-func (n *Node) iterate(ctx context.Context, f *follow, a *wire.Alignment) error {
-	start := time.Now()
-	token, decode, err := n.prepare(ctx, f, a)
-	late := time.Since(start)
-	if a.Iteration > 1 {
-		n.trace.Span(trace.Align, a.Iteration, 0, -1, start, start.Add(late))
-	}
-	if err != nil || !decode {
-		return err
-	}
-	return n.forward(ctx, f, a.Iteration, token, late)
-}
-
-// forward runs decode iteration it of f, feeding token, and predicts its
-// layers; late is what the alignment cost before departing (0 when f runs
-// ahead).
-func (n *Node) forward(ctx context.Context, f *follow, it int64, token int, late time.Duration) error {
-	ahead := it - f.aligned
-	f.sess.OnRoute = func(_ model.Step, l int, _ []float32, routes []model.Route) {
-		n.predict(ctx, f.seq, it, token, l, routes)
-	}
-	t0 := time.Now()
-	n.mark = t0
-	err := f.sess.ForwardHidden(ctx, []int{token})
-	f.sess.OnRoute = nil
-	if err != nil {
-		return fmt.Errorf("shadow: sequence %d iteration %d: %w", f.seq, it, err)
-	}
-	f.it, f.headDue = it, true
-	return n.done(ctx, f.seq, it, t0, late, ahead)
 }
 
 // done traces the forward pass of step (seq, it), which ran from t0 to
@@ -476,57 +377,16 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted}})
 }
 
-// prepare applies a to f: its prompt (starting or restarting f), its KV
-// rows, its token. It returns the token a's decode step feeds, and
-// whether that step is still to run: not after a sequence's first prompt,
-// nor when f ran it ahead on the same token (or a brings no token).
-func (n *Node) prepare(ctx context.Context, f *follow, a *wire.Alignment) (token int, decode bool, err error) {
-	if len(a.Prompt) > 0 {
-		toks := make([]int, len(a.Prompt))
-		for i, t := range a.Prompt {
-			toks[i] = int(t)
-		}
-		f.it, f.aligned, f.fed = a.Iteration, a.Iteration, nil
-		f.base = int64(len(toks)) - max(a.Iteration, 2)
-		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(toks)+256)
-		if err := f.sess.ForwardHidden(ctx, toks); err != nil {
-			return 0, false, fmt.Errorf("shadow: sequence %d prompt: %w", f.seq, err)
-		}
-		f.headDue = true
-		if a.Iteration == 1 {
-			return 0, false, nil
-		}
-		if a.Token < 0 {
-			return 0, false, fmt.Errorf("shadow: sequence %d joined at iteration %d without the token to feed", f.seq, a.Iteration)
-		}
-		n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(toks)).Bool("kv", len(a.Keys) > 0).
-			Msg("shadow: following a sequence from the middle")
-		f.it = a.Iteration - 1
-		return n.applyKV(f, a, int(a.Token))
-	} else if f.sess == nil {
-		return 0, false, fmt.Errorf("shadow: sequence %d iteration %d before its prompt", f.seq, a.Iteration)
+// prepare aligns f's decode step a: its KV rows, and the token it feeds
+// (the main node's, or f's own when a carries none).
+func (n *Node) prepare(f *follow, a *wire.Alignment) (token int, err error) {
+	f.aligned = a.Iteration
+	token = int(a.Token)
+	if a.Token < 0 {
+		token = f.ownToken()
 	}
-	it := a.Iteration
-	f.aligned = it
-	ran, ranAhead := f.fed[it]
-	delete(f.fed, it)
-	switch {
-	case f.it < it: // departs now: on the main node's token, or its own
-		token = int(a.Token)
-		if a.Token < 0 {
-			token = f.ownToken()
-		}
-	case !ranAhead || a.Token < 0 || int(a.Token) == ran:
-		if ranAhead && a.Token >= 0 {
-			n.agreed++
-		}
-		return n.applyKV(f, a, -1) // ran ahead on the right token: nothing to run
-	default:
-		n.rewound++
-		n.rewind(ctx, f, it)
-		token = int(a.Token)
-	}
-	return n.applyKV(f, a, token)
+	token, _, err = n.applyKV(f, a, token)
+	return token, err
 }
 
 // applyKV overwrites f's KV rows with a's, if it has any, and returns
@@ -544,20 +404,8 @@ func (n *Node) applyKV(f *follow, a *wire.Alignment, token int) (int, bool, erro
 	return token, token >= 0, nil
 }
 
-// rewind takes f back to just before iteration it, which it ran ahead on
-// a token the main node did not sample: the predictions of it and every
-// later iteration are withdrawn (from the workers, which drop their
-// loads, and the main node), and the KV rows from it on are forgotten.
-func (n *Node) rewind(ctx context.Context, f *follow, it int64) {
-	n.log.Debug().Uint64("seq", f.seq).Int64("iteration", it).Int64("ran", f.it).Msg("shadow: rewinding: the main node sampled another token")
-	n.withdraw(ctx, f.seq, it)
-	f.sess.Cache().Truncate(int(f.base + it))
-	maps.DeleteFunc(f.fed, func(i int64, _ int) bool { return i >= it })
-	f.it, f.headDue = it-1, false
-}
-
 // withdraw takes back the predictions for iterations from and later of
-// seq (a sequence, or a batch's passes): from the live workers, which
+// seq (a batch's passes): from the live workers, which
 // drop their loads unless something else holds them, and the main node.
 func (n *Node) withdraw(ctx context.Context, seq uint64, from int64) {
 	w := &wire.Withdraw{Seq: seq, From: from}

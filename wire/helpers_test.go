@@ -141,7 +141,8 @@ func sampleMessages(hidden int) []Message {
 		&Withdraw{Seq: 3, From: 9},
 		&Activation{Seq: 3, Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
 		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
-		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}},
+		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchIteration: 8, BatchSize: 1},
+		&Alignment{Seq: 4, Iteration: 1, Token: -1, Prompt: []int32{1, 2}, Batch: 2, BatchIteration: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40},
 		&SequenceEnd{Seq: 1 << 40},
 		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789},
 		&StatsRequest{},
@@ -164,7 +165,7 @@ func sampleMessages(hidden int) []Message {
 // Seq.
 func bulk(id uint64, data []byte) *Alignment {
 	return &Alignment{Seq: id, Keys: []Tensor{{DType: BF16, Shape: []int{1, len(data) / 2}, Data: data}},
-		Values: []Tensor{{DType: BF16, Shape: []int{1, 0}, Data: []byte{}}}}
+		Values: []Tensor{{DType: BF16, Shape: []int{1, 0}, Data: []byte{}}}, Batch: 1, BatchIteration: 1, BatchSize: 1}
 }
 
 // bulkData is what bulk carries.

@@ -200,23 +200,22 @@ type Alignment struct {
 	FromPos   int
 	Keys      []Tensor // one per layer, or none for a token-only alignment
 	Values    []Tensor // as Keys
-	// Prompt, when set, starts sequence Seq. Run alone (Batch 0): the
-	// shadow runs these tokens as its prefill (Iteration 1), or, at a
-	// later iteration, as every token so far before feeding Token. In a
-	// pass: the tokens the sequence holds before this pass (a prefix the
-	// main node reused, or every token so far), which the shadow runs
-	// first; a pass at Iteration 1 starts the sequence without them.
+	// Prompt, when set, starts sequence Seq with the tokens it holds
+	// before this pass (a prefix the main node reused, or, to a shadow
+	// that attaches mid-sequence, every token so far), which the shadow
+	// runs first; a pass at Iteration 1 starts the sequence without them.
 	Prompt []int32
-	// Batch, when not 0, says that this iteration of Seq runs in pass
-	// BatchIteration of the main node's batch Batch, together with
+	// Batch, BatchIteration and BatchSize say that this iteration of Seq
+	// runs in pass BatchIteration of the main node's batch Batch, with
 	// BatchSize sequences in all (this one included): the shadow runs the
 	// pass when it has all of their alignments, as one batched forward
 	// pass, and predicts each layer for step (Batch, BatchIteration).
+	// Every sequence runs in a batch's passes (text mode: a batch of one).
 	Batch          uint64
 	BatchIteration int64
 	BatchSize      int
-	// Chunk, in a pass, are prompt tokens this iteration feeds (instead of
-	// Token), PromptLeft the prompt tokens that later passes feed.
+	// Chunk are prompt tokens this iteration feeds (instead of Token),
+	// PromptLeft the prompt tokens that later passes feed.
 	Chunk      []int32
 	PromptLeft int
 }
@@ -456,9 +455,8 @@ func (m *Alignment) validate() error {
 		return err
 	}
 	switch {
-	case m.Batch == 0 && (len(m.Chunk) > 0 || m.PromptLeft != 0):
-		return malformed("alignment of sequence %d with a prompt chunk outside a pass", m.Seq)
 	case m.Batch == 0:
+		return malformed("alignment of sequence %d iteration %d outside a pass (batch 0)", m.Seq, m.Iteration)
 	case m.BatchIteration < 1 || m.BatchSize < 1:
 		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchIteration, m.BatchSize)
 	case m.PromptLeft < 0 || m.PromptLeft > 0 && len(m.Chunk) == 0:
