@@ -89,7 +89,11 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if err != nil {
 		return usagef("-quant: %v", err)
 	}
-	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, Ahead: f.ahead, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
+	if f.prefixCacheBytes, err = parseBytes(f.prefixCache); err != nil || f.prefixCacheBytes < 0 {
+		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.prefixCache)
+	}
+	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, Ahead: f.ahead,
+		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
 	if cfg.Wire, err = f.cluster.config(wire.RoleShadow, log); err != nil {
 		return err
 	}

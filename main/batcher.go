@@ -39,7 +39,7 @@ type Batcher struct {
 	closing sync.Once
 	// prefixes, if set (KeepPrefixes), are finished sequences' KV rows
 	// that a new prompt starting with the same tokens reuses
-	prefixes *prefixCache
+	prefixes *kvcache.Prefixes
 	// the first pass waits for gather requests, telling gathered as each
 	// joins (tests)
 	gather   int
@@ -51,7 +51,7 @@ type Batcher struct {
 // start with the same tokens: those rows are copied, not computed again
 // (GenerateStats.CachedTokens). Call it before the first Generate; 0
 // keeps none.
-func (b *Batcher) KeepPrefixes(budget int64) { b.prefixes = newPrefixCache(budget) }
+func (b *Batcher) KeepPrefixes(budget int64) { b.prefixes = kvcache.NewPrefixes(budget) }
 
 // ChunkPrompts sets the most prompt tokens one pass carries, over all
 // the prompts being fed (passes.Budget.Chunk; 0: every prompt in one
@@ -65,7 +65,7 @@ func (b *Batcher) keep(sess *model.Session, prompt, out []int) {
 		return
 	}
 	fed := slices.Concat(prompt, out) // a new array: prompt is the caller's
-	b.prefixes.put(fed[:min(sess.Len(), len(fed))], sess.Cache())
+	b.prefixes.Put(fed[:min(sess.Len(), len(fed))], sess.Cache())
 }
 
 // BatcherHooks let the runner follow the batch's sequences (the swarm:
@@ -169,7 +169,8 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 	joined := time.Now()
 	capacity := len(prompt) + min(opt.MaxTokens, kvHint)
 	var sess *model.Session
-	if cache, n := b.prefixes.take(prompt, capacity); n > 0 {
+	// the prompt's last token runs, for its logits
+	if cache, n := b.prefixes.Take(prompt[:len(prompt)-1], capacity); n > 0 {
 		resumed, err := model.ResumeSession(b.m, b.runner, cache)
 		if err != nil {
 			return nil, st, err

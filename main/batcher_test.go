@@ -185,10 +185,10 @@ func joinLongPrompt(t *testing.T, b *mainnode.Batcher, short [][]int, long []int
 // TestChunkedPromptJoinsRunningStreams: a 41-token prompt starts with two
 // short ones in passes of at most 8 prompt tokens, so the short requests
 // decode a token in every pass that feeds a chunk of the long one once
-// their own prompts are in; in local mode and on the swarm (reactive, and
-// with an int8 shadow that follows the chunked passes) every request's
-// tokens and logits are local mode's alone, bit for bit, for every
-// family.
+// their own prompts are in; in local mode and on the swarm (every
+// prefetch policy, the shadow's with an int8 shadow that follows the
+// chunked passes) every request's tokens and logits are local mode's
+// alone, bit for bit, for every family.
 func TestChunkedPromptJoinsRunningStreams(t *testing.T) {
 	eachFamily(t, 17, func(t *testing.T, preset string, f inproc.Files, local, mainModel *model.Model) {
 		const n, chunk = 24, 8
@@ -217,9 +217,14 @@ func TestChunkedPromptJoinsRunningStreams(t *testing.T) {
 		b := mainnode.NewLocalBatcher(local)
 		check("local", b)
 		b.Close()
-		b = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil).Batcher(mainModel)
-		check("swarm, reactive", b)
-		b.Close()
+		for _, policy := range mainnode.Prefetches {
+			if policy == mainnode.Shadow {
+				continue // below, with its shadow
+			}
+			b = dialSwarm(t, f, 4, mainnode.Options{Prefetch: policy}, nil).Batcher(mainModel)
+			check("swarm, "+string(policy), b)
+			b.Close()
+		}
 		sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
 		b = sw.Batcher(mainModel)
 		check("swarm, int8 shadow", b)

@@ -94,6 +94,7 @@ var (
 	descShadowRouted     = newDesc("odmoe_shadow_routed_experts_total", "Experts activated in the decode layers scored against a shadow prediction (eq. 3's denominator).")
 	descShadowLost       = newDesc("odmoe_shadow_lost_total", "Times the shadow's connection ended.")
 	descShadowReattached = newDesc("odmoe_shadow_reattached_total", "Times a lost shadow came back and was re-aligned.")
+	descShadowReused     = newDesc("odmoe_shadow_cached_tokens_total", "Prompt tokens whose KV rows the shadow copied from its prefix cache instead of running them.")
 	descReactive         = newDesc("odmoe_reactive_iterations_total", "Decode iterations run without the shadow, loading reactively.")
 )
 
@@ -145,6 +146,7 @@ var (
 //	                                     of its rows' experts, as ShadowStats.Recall does)
 //	odmoe_shadow_lost_total              times the shadow's connection ended
 //	odmoe_shadow_reattached_total        times a lost shadow came back
+//	odmoe_shadow_cached_tokens_total     prompt tokens the shadow reused from its prefix cache
 //	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
 func (s *Swarm) Collector(expertBytes int64) prometheus.Collector {
 	return &swarmCollector{s: s, expertBytes: expertBytes}
@@ -162,7 +164,7 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	if c.s.shadow != nil {
-		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descReactive} {
+		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descShadowReused, descReactive} {
 			ch <- d
 		}
 	}
@@ -216,13 +218,14 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descResent, float64(faults.Resent))
 	if sl := s.shadow; sl != nil {
 		sl.mu.Lock()
-		up, rc := sl.up, sl.counts
+		up, rc, reused := sl.up, sl.counts, sl.reused
 		sl.mu.Unlock()
 		gauge(descShadowUp, boolFloat(up))
 		counter(descShadowPredicted, float64(rc.predicted))
 		counter(descShadowRouted, float64(rc.routed))
 		counter(descShadowLost, float64(faults.ShadowLost))
 		counter(descShadowReattached, float64(faults.ShadowReattached))
+		counter(descShadowReused, float64(reused))
 		counter(descReactive, float64(faults.ReactiveIterations))
 	}
 }

@@ -66,6 +66,10 @@ func TestPrefixCacheIsBitIdenticalToPrefillingAgain(t *testing.T) {
 		sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
 		sb := sw.Batcher(mainModel)
 		run("swarm", sb)
+		st, _ := sw.ShadowStats(10e9)
 		sb.Close()
+		if st.Reused == 0 {
+			t.Fatal("the shadow ran every reused prefix again: its prefix cache reused no token")
+		}
 	})
 }

@@ -49,6 +49,9 @@ type shadowLink struct {
 	// this node did not feed
 	ahead, agreed, rewound, withdrawals, withdrawn, offPath int64
 	unhinted                                                int64 // the shadow's ShadowDone.Unhinted
+	// reused sums the shadow's ShadowDone.Reused over its connections
+	// (reusedSeen: the current connection's latest)
+	reused, reusedSeen int64
 }
 
 // predicted is one layer's prediction: its experts (sorted) and the token
@@ -130,6 +133,7 @@ func (sl *shadowLink) attach(p *wire.Peer) {
 	defer sl.mu.Unlock()
 	sl.peer.Store(p)
 	sl.name, sl.up = p.Identity().Name, true
+	sl.reusedSeen = 0
 	for _, q := range sl.seqs {
 		q.synced = false
 	}
@@ -203,6 +207,8 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 					sl.align.Rewound(m.Rewound - sl.rewound)
 				}
 				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
+				sl.reused += max(m.Reused-sl.reusedSeen, 0)
+				sl.reusedSeen = max(sl.reusedSeen, m.Reused)
 				sl.done = max(sl.done, int64(it))
 				sl.mu.Unlock()
 				sl.signal()
@@ -485,6 +491,9 @@ type ShadowStats struct {
 	// Unhinted is the layers the shadow predicted after this node had
 	// started a later iteration (it had fallen behind): no loads hinted.
 	Unhinted int64
+	// Reused are the prompt tokens whose KV rows the shadow copied from
+	// its prefix cache instead of running them.
+	Reused int64
 	// Align is the alignment the run used: the fixed policy, or the
 	// periods an adaptive one ran the most decode steps under.
 	Align align.Policy
@@ -521,7 +530,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	// a shadow running ahead may have run an iteration past the last
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
-		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Align: sl.align.Chosen()}
+		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.align.Chosen()}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}

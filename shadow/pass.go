@@ -8,6 +8,7 @@ import (
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -87,10 +88,12 @@ type aheadPass struct {
 // runPasses runs batch b's passes that are ready, in order: a pass is
 // ready when all its members' alignments have come, each is its
 // sequence's next iteration (or starts it), and the batch's previous pass
-// has run. The first pass the shadow sees of a
-// batch starts it (it may attach mid-batch). A pass run ahead is met or
-// rewound instead of run again.
-func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wire.Alignment, batches map[uint64]*passFollow, seqs map[uint64]*follow) error {
+// has run. The first pass the shadow sees of a batch starts it (it may
+// attach mid-batch). A pass run ahead is met or rewound instead of run
+// again. A member that has ended (its SequenceEnd overtook its last
+// alignment) counts for the pass but runs no row.
+func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
+	passes, batches, seqs := st.passes, st.batches, st.seqs
 	for {
 		bf := batches[b]
 		var k seqIter
@@ -112,16 +115,31 @@ func (n *Node) runPasses(ctx context.Context, b uint64, passes map[seqIter][]*wi
 		if len(members) == 0 || len(members) < members[0].BatchSize {
 			return nil
 		}
+		live := make([]*wire.Alignment, 0, len(members))
 		for _, a := range members {
+			if slices.Contains(st.ended, a.Seq) {
+				continue
+			}
 			f := seqs[a.Seq]
 			if !starts(a) && (f == nil || f.aligned+1 != a.Iteration) {
 				return nil // the member's previous iteration has not run
 			}
+			live = append(live, a)
 		}
 		delete(passes, k)
 		if bf == nil {
 			bf = &passFollow{batch: model.NewBatch(n.m, model.NewResidentExperts(n.m))}
 			batches[b] = bf
+		}
+		if members = live; len(members) == 0 { // every member has ended
+			if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
+				n.rewindPasses(ctx, b, bf, k.it, seqs)
+			}
+			bf.it, bf.aligned, bf.last = k.it, k.it, bf.last[:0]
+			if err := n.done(ctx, b, k.it, time.Now(), 0, 0); err != nil {
+				return err
+			}
+			continue
 		}
 		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
 			if n.meets(bf.ahead[0], members) {
@@ -195,6 +213,7 @@ func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it in
 				continue // ended, or restarted since
 			}
 			f.sess.Cache().Truncate(f.sess.Len() - 1)
+			f.fed = f.fed[:len(f.fed)-1]
 			f.it--
 			f.next, f.headDue = p.tokens[j], false
 		}
@@ -297,8 +316,9 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
 	}
 	bf.last = append(bf.last[:0], bf.seqs...)
-	for _, f := range bf.rows {
+	for i, f := range bf.rows {
 		f.it, f.headDue = f.it+1, true
+		f.fed = append(f.fed, bf.feeds[i]...)
 	}
 	return n.done(ctx, b, it, t0, late, it-bf.aligned)
 }
@@ -311,16 +331,27 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alignment) (*follow, int, error) {
 	f := seqs[a.Seq]
 	if starts(a) {
-		f = &follow{seq: a.Seq}
+		f = &follow{seq: a.Seq, fed: ints(a.Prompt)}
+		capacity := len(a.Prompt) + len(a.Chunk) + a.PromptLeft + 256
+		cache, reused := n.reuse(f.fed, capacity, seqs)
+		n.reused += int64(reused)
+		if reused > 0 {
+			sess, err := model.ResumeSession(n.m, model.NewResidentExperts(n.m), cache)
+			if err != nil {
+				return nil, 0, err
+			}
+			f.sess = sess
+		} else {
+			f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), capacity)
+		}
 		seqs[a.Seq] = f
-		f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), len(a.Prompt)+len(a.Chunk)+a.PromptLeft+256)
-		if len(a.Prompt) > 0 {
-			if err := f.sess.ForwardHidden(ctx, ints(a.Prompt)); err != nil {
+		if len(f.fed) > reused {
+			if err := f.sess.ForwardHidden(ctx, f.fed[reused:]); err != nil {
 				return nil, 0, fmt.Errorf("sequence %d: the tokens before iteration %d: %w", f.seq, a.Iteration, err)
 			}
 		}
 		if a.Iteration > 1 {
-			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.Prompt)).Bool("kv", len(a.Keys) > 0).
+			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.Prompt)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
 				Msg("shadow: following a sequence from the middle")
 		}
 		f.it, f.aligned, f.promptLeft = a.Iteration-1, a.Iteration, a.PromptLeft
@@ -358,4 +389,39 @@ func ints(ids []int32) []int {
 		out[i] = int(t)
 	}
 	return out
+}
+
+// reuse is a copy of the longest run of rows that a finished sequence
+// (the prefix cache) or a live one shares with tokens, in a cache with
+// room for capacity positions, and how many rows it holds (nil, 0: none).
+// A live one counts because the main node may reuse a sequence whose end
+// has not reached this node yet: messages on different streams have no
+// order.
+func (n *Node) reuse(tokens []int, capacity int, seqs map[uint64]*follow) (*kvcache.Cache, int) {
+	if n.Prefixes == nil {
+		return nil, 0
+	}
+	cache, reused := n.Prefixes.Take(tokens, capacity)
+	var from *follow
+	best := reused
+	for _, f := range seqs {
+		if f.sess == nil {
+			continue
+		}
+		k := 0
+		for k < min(len(f.fed), len(tokens), f.sess.Len()) && f.fed[k] == tokens[k] {
+			k++
+		}
+		if k > best {
+			from, best = f, k
+		}
+	}
+	if from == nil {
+		return cache, reused
+	}
+	c, err := from.sess.Cache().Prefix(best, capacity)
+	if err != nil {
+		return cache, reused // cannot be: best is within its rows
+	}
+	return c, best
 }

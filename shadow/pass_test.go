@@ -120,3 +120,103 @@ func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 	}
 	check("pass 4 after the rewind", got, main4)
 }
+
+// TestShadowReusesAFinishedSequencesRows: a sequence that ends leaves its
+// rows in the shadow's prefix cache; the next one, whose pass says it
+// starts with all of those tokens (the main node reused them), copies
+// them instead of running them (ShadowDone.Reused counts them) and
+// predicts what its model routes after the whole history.
+func TestShadowReusesAFinishedSequencesRows(t *testing.T) {
+	r := newShadowRig(t)
+	prompt, first := []int{5, 200, 7, 300, 11, 90}, 100
+	const a, b = 1 << 44, 1<<44 + 1
+	r.send(t, alone(a, 1, -1, prompt...))
+	r.send(t, alone(a, 2, first))
+	if _, done := r.readUntilDone(t, batchOf(a), 2); done.Reused != 0 {
+		t.Fatalf("the first sequence reports %d reused tokens, want 0", done.Reused)
+	}
+	r.send(t, &wire.SequenceEnd{Seq: a})
+	r.send(t, &wire.SequenceEnd{Seq: batchOf(a)})
+	// the next turn: the history, then two new prompt tokens, then a token
+	history := append(slices.Clone(prompt), first)
+	start := alone(b, 1, -1, 33, 49)
+	start.Prompt = int32s(history)
+	r.send(t, start)
+	r.send(t, alone(b, 2, 7))
+	got, done := r.readUntilDone(t, batchOf(b), 2)
+	if done.Reused != int64(len(history)) {
+		t.Fatalf("the next turn reused %d tokens' rows, want the %d of the history", done.Reused, len(history))
+	}
+	want := r.reference(t, prompt, 7, first, 33, 49)
+	for l := range want {
+		if !slices.Equal(got[l].experts, want[l]) {
+			t.Errorf("layer %d: predicted %v, the shadow's model routes %v after the history", l, got[l].experts, want[l])
+		}
+	}
+}
+
+// TestShadowRunsAPassWhoseMemberEndedFirst: a member's SequenceEnd can
+// overtake its last alignment (they travel on different streams). The
+// pass still counts that alignment and runs without the member's row:
+// the other member's routing is predicted, and the batch goes on; a pass
+// whose every member has ended is reported done, and the next pass, with
+// a new member, runs.
+func TestShadowRunsAPassWhoseMemberEndedFirst(t *testing.T) {
+	r := newShadowRig(t)
+	const batch = 1 << 52
+	a, b, c := uint64(1<<52+1), uint64(1<<52+2), uint64(1<<52+3)
+	prompt := []int{5, 200, 7, 300, 11, 90}
+	member := func(seq uint64, it, pass int64, size int) *wire.Alignment {
+		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchIteration: pass, BatchSize: size}
+	}
+	for _, seq := range []uint64{a, b} {
+		m := member(seq, 1, 1, 2)
+		m.Chunk = int32s(prompt)
+		r.send(t, m)
+	}
+	r.readUntilDone(t, batch, 1)
+	r.send(t, &wire.SequenceEnd{Seq: a}) // before its last alignment
+	r.sync(t)
+	for _, seq := range []uint64{a, b} {
+		m := member(seq, 2, 2, 2)
+		m.Token = 9
+		r.send(t, m)
+	}
+	got, _ := r.readUntilDone(t, batch, 2)
+	want := r.reference(t, prompt, 9)
+	for l := range want {
+		if !slices.Equal(got[l].experts, want[l]) {
+			t.Errorf("pass 2, layer %d: predicted %v, the remaining member routes %v", l, got[l].experts, want[l])
+		}
+	}
+	r.send(t, &wire.SequenceEnd{Seq: b})
+	r.sync(t)
+	m := member(b, 3, 3, 1)
+	m.Token = 4
+	r.send(t, m)
+	if got, _ := r.readUntilDone(t, batch, 3); len(got[0].experts) != 0 {
+		t.Fatalf("pass 3 of ended members only predicted %v", got[0].experts)
+	}
+	m = member(c, 1, 4, 1)
+	m.Chunk = int32s(prompt)
+	r.send(t, m)
+	r.readUntilDone(t, batch, 4)
+	m = member(c, 2, 5, 1)
+	m.Token = 9
+	r.send(t, m)
+	if got, _ := r.readUntilDone(t, batch, 5); !slices.Equal(got[0].experts, want[0]) {
+		t.Fatalf("pass 5 after a pass of ended members predicted %v, want %v", got[0].experts, want[0])
+	}
+}
+
+// sync waits until the shadow has handled every control message sent
+// before (a SequenceEnd): it answers a clock request on the same stream.
+func (r *shadowRig) sync(t *testing.T) {
+	t.Helper()
+	r.send(t, &wire.Trace{Clock: true})
+	for {
+		if _, ok := r.recv(t).(*wire.Trace); ok {
+			return
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
@@ -25,6 +26,10 @@ type Config struct {
 	// Ahead is how many iterations a sequence may run past the main
 	// node's latest alignment on the shadow's own tokens (Node.Ahead).
 	Ahead int
+	// PrefixBytes is the memory for finished sequences' KV rows, which a
+	// sequence starting with the same tokens reuses (Node.Prefixes); 0:
+	// none.
+	PrefixBytes int64
 	// PeerTimeout is how long a worker may stay silent before it is lost
 	// (its hints dropped until it answers again); 0: wire.DefaultPeerTimeout.
 	PeerTimeout time.Duration
@@ -104,7 +109,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer node.Close()
-	node.Ahead = cfg.Ahead
+	node.Ahead, node.Prefixes = cfg.Ahead, kvcache.NewPrefixes(cfg.PrefixBytes)
 	mcfg := *cfg.Wire
 	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
 	mcfg.Hello.Model, mcfg.CheckHello = id.String(), wire.SameModel(true)

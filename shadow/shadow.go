@@ -33,6 +33,7 @@ import (
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
@@ -69,6 +70,11 @@ type Node struct {
 	// a sequence may run on its own tokens (0: wait for every alignment).
 	// Set it before ServeMain.
 	Ahead int
+	// Prefixes, if set, keeps finished sequences' KV rows: a sequence
+	// that starts with a prefix the main node reused (a chat's next turn)
+	// copies them instead of running those tokens again. Set it before
+	// ServeMain.
+	Prefixes *kvcache.Prefixes
 	// agreed and rewound count the alignments whose token met an
 	// iteration already run ahead: on the same token, or not (a rewind)
 	agreed, rewound int64
@@ -78,6 +84,7 @@ type Node struct {
 	// finished (see predict)
 	started  startedIters
 	unhinted int64 // layers predicted after the main node had run them: no hints sent
+	reused   int64 // tokens whose rows came from Prefixes
 }
 
 // startedIters is, per sequence, the latest iteration whose alignment
@@ -133,6 +140,9 @@ type follow struct {
 	headDue bool  // the last forward pass's head has not run yet (see ownToken)
 	// promptLeft are the prompt tokens a later pass feeds it
 	promptLeft int
+	// fed are the tokens whose rows sess holds, in order (for the prefix
+	// cache when the sequence ends)
+	fed []int
 }
 
 // ownToken is the token f's last forward pass sampled (greedy), running
@@ -347,19 +357,24 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 	case *wire.Placement:
 		n.setPlacement(m)
 	case *wire.SequenceEnd:
+		if f := st.seqs[m.Seq]; f != nil && f.sess != nil {
+			n.Prefixes.Put(f.fed[:min(len(f.fed), f.sess.Len())], f.sess.Cache())
+		}
 		delete(st.seqs, m.Seq)
 		delete(st.batches, m.Seq)
 		maps.DeleteFunc(st.passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == m.Seq })
 		st.ended = append(st.ended[max(0, len(st.ended)-63):], m.Seq)
 	case *wire.Alignment:
 		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
-		if slices.Contains(st.ended, m.Seq) {
-			n.log.Warn().Uint64("seq", m.Seq).Int64("iteration", m.Iteration).Msg("alignment for a sequence that has ended: dropped")
+		if slices.Contains(st.ended, m.Batch) {
+			n.log.Warn().Uint64("batch", m.Batch).Int64("pass", m.BatchIteration).Msg("alignment for a batch that has ended: dropped")
 			return nil
 		}
+		// a member whose end overtook this alignment (they travel on
+		// different streams) still counts: its pass waits for it
 		k := seqIter{m.Batch, m.BatchIteration}
 		st.passes[k] = append(st.passes[k], m)
-		return n.runPasses(ctx, m.Batch, st.passes, st.batches, st.seqs)
+		return n.runPasses(ctx, m.Batch, st)
 	default:
 		n.log.Warn().Str("type", m.Type().String()).Msg("ignoring a message the shadow does not handle")
 	}
@@ -374,7 +389,7 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted}})
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted, Reused: n.reused}})
 }
 
 // prepare aligns f's decode step a: its KV rows, and the token it feeds

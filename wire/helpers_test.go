@@ -148,7 +148,7 @@ func sampleMessages(hidden int) []Message {
 		&StatsRequest{},
 		&WorkerStats{Loads: 40, Hits: 42, Misses: 14, WastedLoads: 8, LatePredictions: 5, LoadTime: 12 * time.Millisecond, ComputeTime: 1500 * time.Microsecond,
 			DeviceBudget: 1 << 30, DevicePeak: 794624, RSSPeak: 700 << 20, HostCacheHits: 3, HostCacheBytes: 1 << 20, ResidentHits: 7, ResidentEvicted: 2, ResidentExperts: 4, ResidentBytes: 4 << 20, WithdrawnLoads: 2, WithdrawnBytes: 3 << 20},
-		&ShadowDone{Seq: 3, Iteration: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1},
+		&ShadowDone{Seq: 3, Iteration: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1, Reused: 1024},
 		&Placement{Version: 4, Workers: 3, Experts: 2, Layers: []int32{0, 2}, Owners: []int32{0, 1, 2, 0}},
 		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9, Seq: 3},
 		&Trace{From: 2, To: 4},

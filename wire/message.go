@@ -315,6 +315,10 @@ type ShadowDone struct {
 	// shadow predicted after the main node had started a later iteration
 	// (it had fallen behind): it told the main node but hinted no loads.
 	Unhinted int64
+	// Reused counts, since the main node connected, the tokens whose KV
+	// rows the shadow copied from a finished sequence that started with
+	// them (its prefix cache) instead of running them.
+	Reused int64
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main

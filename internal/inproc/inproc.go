@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"
@@ -233,7 +234,7 @@ func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAdd
 		closeAll()
 		return "", nil, err
 	}
-	node.Ahead = ahead
+	node.Ahead, node.Prefixes = ahead, kvcache.NewPrefixes(kvcache.DefaultPrefixBytes) // as -prefix-cache's default
 	ln, err := wire.Listen(ctx, listen, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
 	if err != nil {
 		node.Close()

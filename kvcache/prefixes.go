@@ -1,27 +1,25 @@
-package mainnode
+package kvcache
 
 import (
 	"slices"
 	"sync"
-
-	"github.com/odmoe/odmoe/kvcache"
 )
 
-// DefaultPrefixCacheBytes is the prefix cache's budget unless set
+// DefaultPrefixBytes is the budget a node's Prefixes have unless set
 // (-prefix-cache): a few long conversations of a small model, one of a
 // Mixtral-sized one (256 KiB of KV a token).
-const DefaultPrefixCacheBytes = 512 << 20
+const DefaultPrefixBytes = 512 << 20
 
-// prefixCache keeps the KV caches of finished sequences, so that a
-// request whose prompt starts with the tokens of an earlier sequence (the
-// same system prompt, the next turn of a chat, which repeats the history)
-// starts from a copy of those rows instead of computing them again. A
+// Prefixes keeps the KV caches of finished sequences, so that a sequence
+// whose tokens start with those of an earlier one (the same system
+// prompt, the next turn of a chat, which repeats the history) starts from
+// a copy of those rows instead of computing them again. A
 // row depends only on the tokens up to it, and every kernel computes a
 // row the same whether it ran in a prompt or alone, so a reused row is
 // the row a prefill would compute, bit for bit. Entries are dropped
 // least recently used first to stay within a budget of bytes. Safe for
 // concurrent use.
-type prefixCache struct {
+type Prefixes struct {
 	budget int64
 
 	mu      sync.Mutex
@@ -32,31 +30,31 @@ type prefixCache struct {
 // prefixEntry is one finished sequence: its tokens and their KV rows.
 type prefixEntry struct {
 	tokens []int
-	cache  *kvcache.Cache
+	cache  *Cache
 }
 
-// newPrefixCache returns a cache of at most budget bytes; nil (no cache)
-// if budget <= 0.
-func newPrefixCache(budget int64) *prefixCache {
+// NewPrefixes returns a cache of at most budget bytes; nil (no cache) if
+// budget <= 0. A nil *Prefixes keeps nothing and finds nothing.
+func NewPrefixes(budget int64) *Prefixes {
 	if budget <= 0 {
 		return nil
 	}
-	return &prefixCache{budget: budget}
+	return &Prefixes{budget: budget}
 }
 
-// take returns a copy of the longest run of rows an entry shares with
-// prompt, at most len(prompt)-1 of them (the prompt's last token must
-// run, for its logits), in a cache with room for capacity positions, and
-// how many rows it holds; nil and 0 when no entry shares a token.
-func (p *prefixCache) take(prompt []int, capacity int) (*kvcache.Cache, int) {
-	if p == nil || len(prompt) < 2 {
+// Take returns a copy of the longest run of rows an entry shares with
+// tokens (all of them, at most), in a cache with room for capacity
+// positions, and how many rows it holds; nil and 0 when no entry shares a
+// token.
+func (p *Prefixes) Take(tokens []int, capacity int) (*Cache, int) {
+	if p == nil || len(tokens) == 0 {
 		return nil, 0
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	best, n := -1, 0
 	for i, e := range p.entries {
-		if k := commonPrefix(e.tokens, prompt[:len(prompt)-1]); k > n {
+		if k := commonPrefix(e.tokens, tokens); k > n {
 			best, n = i, k
 		}
 	}
@@ -72,12 +70,12 @@ func (p *prefixCache) take(prompt []int, capacity int) (*kvcache.Cache, int) {
 	return c, n
 }
 
-// put keeps cache, whose rows are tokens', taking both over (the caller
+// Put keeps cache, whose rows are tokens', taking both over (the caller
 // drops them). An entry whose tokens start the new ones goes (the new one
 // holds all it did); tokens that start an entry's are not kept (it holds
 // them already). The least recently used entries go until the budget
 // holds; a cache larger than the whole budget is not kept.
-func (p *prefixCache) put(tokens []int, cache *kvcache.Cache) {
+func (p *Prefixes) Put(tokens []int, cache *Cache) {
 	if p == nil || len(tokens) == 0 || cache.Len() < len(tokens) {
 		return
 	}
