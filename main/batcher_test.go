@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
@@ -16,8 +15,9 @@ import (
 
 // batchedGenerations runs prompts on b at once, n tokens each (EOS
 // ignored): they join the first pass together, in order, so their decode
-// passes overlap in the batch.
-func batchedGenerations(t *testing.T, b *mainnode.Batcher, prompts [][]int, n int) []generation {
+// passes overlap in the batch. seen, if set, is told of request i's
+// token step as it comes (on the batch's loop).
+func batchedGenerations(t *testing.T, b *mainnode.Batcher, prompts [][]int, n int, seen func(i, step int)) []generation {
 	t.Helper()
 	out := make([]generation, len(prompts))
 	joined := b.StartTogether(len(prompts))
@@ -27,6 +27,9 @@ func batchedGenerations(t *testing.T, b *mainnode.Batcher, prompts [][]int, n in
 			ids, _, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n,
 				OnToken: func(step, id int, logits []float32) error {
 					out[i].logits = append(out[i].logits, slices.Clone(logits))
+					if seen != nil {
+						seen(i, step)
+					}
 					return nil
 				}})
 			if err != nil {
@@ -85,7 +88,7 @@ func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
 
 		sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
 		b := sw.Batcher(mainModel)
-		got := batchedGenerations(t, b, prompts, n)
+		got := batchedGenerations(t, b, prompts, n, nil)
 		b.Close()
 		for i := range prompts {
 			if d := diffGenerations(got[i], want[i]); d != "" {
@@ -97,7 +100,7 @@ func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
 		sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
 		b = sw.Batcher(mainModel)
 		for i, p := range prompts {
-			g := batchedGenerations(t, b, [][]int{p}, n)
+			g := batchedGenerations(t, b, [][]int{p}, n, nil)
 			if d := diffGenerations(g[0], want[i]); d != "" {
 				t.Fatalf("request %d alone in the batch differs from local mode: %s", i, d)
 			}
@@ -111,7 +114,7 @@ func TestBatchedRequestsOnTheSwarmAreEachLocalModesAlone(t *testing.T) {
 
 		sw = dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
 		b = sw.Batcher(mainModel)
-		got = batchedGenerations(t, b, prompts, n)
+		got = batchedGenerations(t, b, prompts, n, nil)
 		for i := range prompts {
 			if d := diffGenerations(got[i], want[i]); d != "" {
 				t.Fatalf("request %d batched with a shadow differs from local mode alone: %s", i, d)
@@ -138,7 +141,7 @@ func TestLocalBatcherIsLocalModeAlone(t *testing.T) {
 	}
 	b := mainnode.NewLocalBatcher(local)
 	defer b.Close()
-	got := batchedGenerations(t, b, prompts, 10)
+	got := batchedGenerations(t, b, prompts, 10, nil)
 	for i, p := range prompts {
 		if d := diffGenerations(got[i], generate(t, local, model.NewResidentExperts(local), p, 10)); d != "" {
 			t.Fatalf("request %d: %s", i, d)
@@ -150,35 +153,17 @@ func TestLocalBatcherIsLocalModeAlone(t *testing.T) {
 // share the first pass, in that order), n tokens each. It returns every request's generation
 // (the long one last) and how many tokens the short requests were given
 // before the long one's first.
-func joinLongPrompt(t *testing.T, b *mainnode.Batcher, short [][]int, long []int, n int) ([]generation, int64) {
+func joinLongPrompt(t *testing.T, b *mainnode.Batcher, short [][]int, long []int, n int) ([]generation, int) {
 	t.Helper()
-	prompts := append(slices.Clone(short), long)
-	joined := b.StartTogether(len(prompts))
-	out := make([]generation, len(prompts))
-	var tokens atomic.Int64 // the short requests' tokens so far
-	var before int64
-	var wg sync.WaitGroup
-	for i, p := range prompts {
-		wg.Go(func() {
-			ids, _, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n,
-				OnToken: func(step, id int, logits []float32) error {
-					out[i].logits = append(out[i].logits, slices.Clone(logits))
-					switch {
-					case i < len(short):
-						tokens.Add(1)
-					case step == 0:
-						before = tokens.Load()
-					}
-					return nil
-				}})
-			if err != nil {
-				t.Errorf("request %d: %v", i, err)
-			}
-			out[i].tokens = ids
-		})
-		<-joined
-	}
-	wg.Wait()
+	tokens, before := 0, 0 // the short requests' tokens so far, and at the long one's first
+	out := batchedGenerations(t, b, append(slices.Clone(short), long), n, func(i, step int) {
+		switch {
+		case i < len(short):
+			tokens++
+		case step == 0:
+			before = tokens
+		}
+	})
 	return out, before
 }
 
@@ -210,7 +195,7 @@ func TestChunkedPromptJoinsRunningStreams(t *testing.T) {
 			}
 			// the long prompt takes at least 41/8 passes; from the second
 			// on, the short requests decode beside it
-			if min := int64(len(short) * (len(long)/chunk - 1)); before < min {
+			if min := len(short) * (len(long)/chunk - 1); before < min {
 				t.Fatalf("%s: the short requests got %d tokens before the long one's first, want at least %d (one in each pass that fed it a chunk)", what, before, min)
 			}
 		}

@@ -9,16 +9,12 @@ import (
 	"github.com/odmoe/odmoe/model/synth"
 )
 
-// TestBatchedDecodeIsEachSequenceAlone decodes three sequences of every
-// family together, with members joining and leaving between passes, and
-// checks every pass's logits (every other pass from Batch.Logits, the
-// others from each session's Logits) against the same sequence decoded
-// alone, bit for bit.
-func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
+// eachFamily runs test on each family's tiny preset, generated with seed.
+func eachFamily(t *testing.T, seed uint64, test func(t *testing.T, m *Model)) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
 		t.Run(preset, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), preset)
-			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 11}); err != nil {
+			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: seed}); err != nil {
 				t.Fatal(err)
 			}
 			m, err := Load(dir, LoadOptions{})
@@ -26,81 +22,99 @@ func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			ctx := context.Background()
-			prompts := [][]int{{1, 17, 300, 42}, {5, 77}, {9, 250, 100, 64, 3, 8}}
-			const steps = 6
-			// alone: each sequence greedy, one token per Forward
-			want := make([][][]float32, len(prompts))
-			for i, p := range prompts {
-				s := NewSession(m, NewResidentExperts(m), 16)
-				logits, err := s.Forward(ctx, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for range steps {
-					want[i] = append(want[i], slices.Clone(logits))
-					if logits, err = s.Forward(ctx, []int{Argmax(logits)}); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			// together: sequence 2 joins one pass late, sequence 1 leaves
-			// two passes early
-			sessions := make([]*Session, len(prompts))
-			got := make([][][]float32, len(prompts))
-			for i, p := range prompts {
-				sessions[i] = NewSession(m, NewResidentExperts(m), 16)
-				logits, err := sessions[i].Forward(ctx, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got[i] = append(got[i], slices.Clone(logits))
-			}
-			b := NewBatch(m, NewResidentExperts(m))
-			for pass := range steps + 1 {
-				var members []*Session
-				var tokens [][]int
-				for i, s := range sessions {
-					if (i == 2 && pass == 0) || (i == 1 && pass >= steps-2) || len(got[i]) >= steps {
-						continue
-					}
-					members = append(members, s)
-					tokens = append(tokens, []int{Argmax(got[i][len(got[i])-1])})
-				}
-				if len(members) == 0 {
-					continue
-				}
-				if err := b.Forward(ctx, members, tokens); err != nil {
-					t.Fatal(err)
-				}
-				if pass%2 == 0 { // the head of every row in one product; else each session's own
-					if err := b.Logits(members); err != nil {
-						t.Fatal(err)
-					}
-				}
-				for i, s := range sessions {
-					if slices.Contains(members, s) {
-						got[i] = append(got[i], slices.Clone(s.Logits()))
-					}
-				}
-			}
-			// sequence 1 left early: finish it alone
-			for len(got[1]) < steps {
-				logits, err := sessions[1].Forward(ctx, []int{Argmax(got[1][len(got[1])-1])})
-				if err != nil {
-					t.Fatal(err)
-				}
-				got[1] = append(got[1], slices.Clone(logits))
-			}
-			for i := range prompts {
-				for step := range steps {
-					if d := firstDiff(got[i][step], want[i][step]); d >= 0 {
-						t.Fatalf("sequence %d step %d: logit %d is %v batched, %v alone", i, step, d, got[i][step][d], want[i][step][d])
-					}
-				}
-			}
+			test(t, m)
 		})
 	}
+}
+
+// aloneLogits runs each prompt alone, greedy, one token per Forward:
+// the logits after the prompt and after each of steps-1 tokens.
+func aloneLogits(t *testing.T, m *Model, prompts [][]int, steps int) [][][]float32 {
+	t.Helper()
+	want := make([][][]float32, len(prompts))
+	for i, p := range prompts {
+		s := NewSession(m, NewResidentExperts(m), len(p)+steps)
+		logits, err := s.Forward(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range steps {
+			want[i] = append(want[i], slices.Clone(logits))
+			if logits, err = s.Forward(context.Background(), []int{Argmax(logits)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return want
+}
+
+// TestBatchedDecodeIsEachSequenceAlone decodes three sequences of every
+// family together, with members joining and leaving between passes, and
+// checks every pass's logits (every other pass from Batch.Logits, the
+// others from each session's Logits) against the same sequence decoded
+// alone, bit for bit.
+func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
+	eachFamily(t, 11, func(t *testing.T, m *Model) {
+		ctx := context.Background()
+		prompts := [][]int{{1, 17, 300, 42}, {5, 77}, {9, 250, 100, 64, 3, 8}}
+		const steps = 6
+		want := aloneLogits(t, m, prompts, steps)
+		// together: sequence 2 joins one pass late, sequence 1 leaves
+		// two passes early
+		sessions := make([]*Session, len(prompts))
+		got := make([][][]float32, len(prompts))
+		for i, p := range prompts {
+			sessions[i] = NewSession(m, NewResidentExperts(m), 16)
+			logits, err := sessions[i].Forward(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] = append(got[i], slices.Clone(logits))
+		}
+		b := NewBatch(m, NewResidentExperts(m))
+		for pass := range steps + 1 {
+			var members []*Session
+			var tokens [][]int
+			for i, s := range sessions {
+				if (i == 2 && pass == 0) || (i == 1 && pass >= steps-2) || len(got[i]) >= steps {
+					continue
+				}
+				members = append(members, s)
+				tokens = append(tokens, []int{Argmax(got[i][len(got[i])-1])})
+			}
+			if len(members) == 0 {
+				continue
+			}
+			if err := b.Forward(ctx, members, tokens); err != nil {
+				t.Fatal(err)
+			}
+			if pass%2 == 0 { // the head of every row in one product; else each session's own
+				if err := b.Logits(members); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, s := range sessions {
+				if slices.Contains(members, s) {
+					got[i] = append(got[i], slices.Clone(s.Logits()))
+				}
+			}
+		}
+		// sequence 1 left early: finish it alone
+		for len(got[1]) < steps {
+			logits, err := sessions[1].Forward(ctx, []int{Argmax(got[1][len(got[1])-1])})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[1] = append(got[1], slices.Clone(logits))
+		}
+		for i := range prompts {
+			for step := range steps {
+				if d := firstDiff(got[i][step], want[i][step]); d >= 0 {
+					t.Fatalf("sequence %d step %d: logit %d is %v batched, %v alone", i, step, d, got[i][step][d], want[i][step][d])
+				}
+			}
+		}
+	})
 }
 
 // TestChunkedPromptsInPassesAreEachSequenceAlone feeds three prompts of
@@ -109,80 +123,56 @@ func TestBatchedDecodeIsEachSequenceAlone(t *testing.T) {
 // the logits after each prompt and each decode step against the same
 // sequence run alone (its whole prompt in one Forward), bit for bit.
 func TestChunkedPromptsInPassesAreEachSequenceAlone(t *testing.T) {
-	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny"} {
-		t.Run(preset, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), preset)
-			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 12}); err != nil {
-				t.Fatal(err)
-			}
-			m, err := Load(dir, LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
-			ctx := context.Background()
-			prompts := [][]int{{1, 17, 300, 42, 8, 9, 10, 11, 12}, {5, 77, 6}, {9, 250, 100, 64, 3, 8, 2, 4, 6, 8, 10, 12}}
-			const steps, chunk = 4, 4
-			want := make([][][]float32, len(prompts))
-			for i, p := range prompts {
-				s := NewSession(m, NewResidentExperts(m), 32)
-				logits, err := s.Forward(ctx, p)
-				if err != nil {
-					t.Fatal(err)
+	eachFamily(t, 12, func(t *testing.T, m *Model) {
+		ctx := context.Background()
+		prompts := [][]int{{1, 17, 300, 42, 8, 9, 10, 11, 12}, {5, 77, 6}, {9, 250, 100, 64, 3, 8, 2, 4, 6, 8, 10, 12}}
+		const steps, chunk = 4, 4
+		want := aloneLogits(t, m, prompts, steps)
+		sessions := make([]*Session, len(prompts))
+		for i := range sessions {
+			sessions[i] = NewSession(m, nil, 32) // a batch member's own runner never runs
+		}
+		got := make([][][]float32, len(prompts))
+		fed := make([]int, len(prompts))
+		b := NewBatch(m, NewResidentExperts(m))
+		for pass := 0; ; pass++ {
+			var members []*Session
+			var feeds [][]int
+			var heads []int
+			for i, s := range sessions {
+				if (i == 2 && pass < 2) || len(got[i]) >= steps {
+					continue
 				}
-				for range steps {
-					want[i] = append(want[i], slices.Clone(logits))
-					if logits, err = s.Forward(ctx, []int{Argmax(logits)}); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			sessions := make([]*Session, len(prompts))
-			for i := range sessions {
-				sessions[i] = NewSession(m, nil, 32) // a batch member's own runner never runs
-			}
-			got := make([][][]float32, len(prompts))
-			fed := make([]int, len(prompts))
-			b := NewBatch(m, NewResidentExperts(m))
-			for pass := 0; ; pass++ {
-				var members []*Session
-				var feeds [][]int
-				var heads []int
-				for i, s := range sessions {
-					if (i == 2 && pass < 2) || len(got[i]) >= steps {
-						continue
-					}
-					members = append(members, s)
-					if p := prompts[i]; fed[i] < len(p) {
-						n := min(chunk, len(p)-fed[i])
-						feeds = append(feeds, p[fed[i]:fed[i]+n])
-						if fed[i] += n; fed[i] == len(p) {
-							heads = append(heads, i)
-						}
-					} else {
-						feeds = append(feeds, []int{Argmax(got[i][len(got[i])-1])})
+				members = append(members, s)
+				if p := prompts[i]; fed[i] < len(p) {
+					n := min(chunk, len(p)-fed[i])
+					feeds = append(feeds, p[fed[i]:fed[i]+n])
+					if fed[i] += n; fed[i] == len(p) {
 						heads = append(heads, i)
 					}
-				}
-				if len(members) == 0 {
-					break
-				}
-				if err := b.Forward(ctx, members, feeds); err != nil {
-					t.Fatal(err)
-				}
-				for _, i := range heads {
-					got[i] = append(got[i], slices.Clone(sessions[i].Logits()))
+				} else {
+					feeds = append(feeds, []int{Argmax(got[i][len(got[i])-1])})
+					heads = append(heads, i)
 				}
 			}
-			for i := range prompts {
-				for step := range steps {
-					if d := firstDiff(got[i][step], want[i][step]); d >= 0 {
-						t.Fatalf("sequence %d step %d: logit %d is %v chunked in passes, %v alone", i, step, d, got[i][step][d], want[i][step][d])
-					}
+			if len(members) == 0 {
+				break
+			}
+			if err := b.Forward(ctx, members, feeds); err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range heads {
+				got[i] = append(got[i], slices.Clone(sessions[i].Logits()))
+			}
+		}
+		for i := range prompts {
+			for step := range steps {
+				if d := firstDiff(got[i][step], want[i][step]); d >= 0 {
+					t.Fatalf("sequence %d step %d: logit %d is %v chunked in passes, %v alone", i, step, d, got[i][step][d], want[i][step][d])
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 func TestBatchRefusesMismatchedInput(t *testing.T) {
