@@ -78,6 +78,9 @@ type BatcherHooks struct {
 	// EndSequence is told when a sequence is done with: a request's when
 	// it leaves the batch, the batch's at Close.
 	EndSequence func(ctx context.Context, seq uint64) error
+	// Figures, if set, is asked for a request's share of the runner's
+	// figures (GenerateStats.Experts) just before its EndSequence.
+	Figures func(seq uint64) model.ExpertFigures
 }
 
 // PassRow is one member's part of a pass.
@@ -234,6 +237,9 @@ func (b *Batcher) loop() {
 			m.st.Prefill = now.Sub(m.joined)
 		} else {
 			m.st.Decode = now.Sub(m.first)
+		}
+		if b.hooks.Figures != nil {
+			m.st.Experts = b.hooks.Figures(m.sess.Seq())
 		}
 		b.end(m.sess.Seq())
 		if m.err == nil {

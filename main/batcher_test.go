@@ -220,3 +220,49 @@ func TestChunkedPromptJoinsRunningStreams(t *testing.T) {
 		}
 	})
 }
+
+// TestEachRequestGetsItsShareOfTheFigures: requests batched on the swarm
+// each get their own rows' figures (GenerateStats.Experts). Reactive,
+// every expert a row was routed to is loaded on demand in every decode
+// step: each request counts top-k x expert layers misses a step, none
+// scored against a prediction. With an int8 shadow, each request's rows
+// are scored: some of its routed experts predicted, never more than
+// routed, its misses late or wrong.
+func TestEachRequestGetsItsShareOfTheFigures(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	c := local.Config
+	prompts := [][]int{testPrompt(5, 7, 1, c.VocabSize), testPrompt(9, 11, 2, c.VocabSize), testPrompt(3, 13, 3, c.VocabSize)}
+	const n = 8
+	perStep := int64(c.TopK * len(c.ExpertLayers()))
+	run := func(sw *mainnode.Swarm) []model.ExpertFigures {
+		b := sw.Batcher(mainModel)
+		defer b.Close()
+		joined := b.StartTogether(len(prompts))
+		figs := make([]model.ExpertFigures, len(prompts))
+		var wg sync.WaitGroup
+		for i, p := range prompts {
+			wg.Go(func() {
+				_, st, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n})
+				if err != nil {
+					t.Error(err)
+				}
+				figs[i] = st.Experts
+			})
+			<-joined
+		}
+		wg.Wait()
+		return figs
+	}
+	for i, e := range run(dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)) {
+		if e.Steps != n-1 || e.Misses != perStep*e.Steps || e.Routed != 0 || e.MissesLate+e.MissesWrong != 0 {
+			t.Errorf("reactive, request %d: %+v, want %d steps and %d misses a step, none scored", i, e, n-1, perStep)
+		}
+	}
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.Q8})
+	for i, e := range run(sw) {
+		if e.Steps != n-1 || e.Predicted <= 0 || e.Predicted > e.Routed || e.Routed > perStep*e.Steps || e.MissesLate+e.MissesWrong > e.Misses {
+			t.Errorf("with a shadow, request %d: %+v, want %d steps, 0 < predicted <= routed <= %d, late + wrong <= misses", i, e, n-1, perStep*(n-1))
+		}
+	}
+}

@@ -164,6 +164,12 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	if generated != len(prompts)*n || m["odmoe_generated_tokens_total"] != float64(generated) {
 		t.Errorf("odmoe_generated_tokens_total %v, the answers' usage says %d (want %d)", m["odmoe_generated_tokens_total"], generated, len(prompts)*n)
 	}
+	// every served request's own share: one recall and one misses sample each
+	for _, h := range []string{"odmoe_request_shadow_recall_count", "odmoe_request_expert_misses_per_step_count"} {
+		if m[h] != float64(len(prompts)) {
+			t.Errorf("%s %v, want one a request (%d)", h, m[h], len(prompts))
+		}
+	}
 	if m[`odmoe_requests_total{endpoint="completions",status="200"}`] != float64(len(prompts)) {
 		t.Errorf("odmoe_requests_total for completions/200: %v, want %d", m[`odmoe_requests_total{endpoint="completions",status="200"}`], len(prompts))
 	}

@@ -54,7 +54,7 @@ const kvHint = 512
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
 func (s *Swarm) Batcher(m *model.Model) *Batcher {
-	b := NewBatcher(m, s, BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence})
+	b := NewBatcher(m, s, BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence, Figures: s.SequenceFigures})
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()

@@ -30,11 +30,14 @@ type shadowLink struct {
 	redialing bool
 	seqs      map[uint64]*shadowSeq
 	pred      map[layerKey]predicted // predictions not taken yet
-	actual    map[layerKey][]int     // routing awaiting its prediction, for scoring
-	recall    *align.Recall          // over decode passes
-	late      []float64              // late-departure ms per decode iteration (index: iteration-2)
-	done      int64                  // the last iteration the shadow finished
-	forwardMs float64                // the shadow's decode forward passes, summed
+	actual    map[layerKey]routing   // routing awaiting its prediction, for scoring
+	// members are each member sequence's rows scored so far: experts
+	// routed, and predicted (SequenceFigures)
+	members   map[uint64]*[2]int64
+	recall    *align.Recall // over decode passes
+	late      []float64     // late-departure ms per decode iteration (index: iteration-2)
+	done      int64         // the last iteration the shadow finished
+	forwardMs float64       // the shadow's decode forward passes, summed
 	forwards  int
 	peakRSS   int64
 	received  chan struct{}
@@ -70,6 +73,9 @@ type shadowSeq struct {
 	synced bool    // the current connection has been sent the sequence
 	// decodes are the generated tokens fed so far (decode steps)
 	decodes int64
+	// sent is the last iteration (a batch's: pass) the shadow was sent
+	// all of (SequenceEnd.Last)
+	sent int64
 	// the latest decode iteration departed, the token it fed, and whether
 	// the shadow was sent that token: then a prediction made on another
 	// token is on a path not taken (the shadow rewinds and withdraws it)
@@ -92,7 +98,7 @@ type layerKey struct {
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{align: align.NewController(policy), seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey][]int{},
+	sl := &shadowLink{align: align.NewController(policy), seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey]routing{}, members: map[uint64]*[2]int64{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {
 		sl.peer.Store(p)
@@ -225,14 +231,54 @@ func (sl *shadowLink) signal() {
 	}
 }
 
-// score records one (iteration, layer); decode iteration i+1 produces
-// output token i+1 in the paper's numbering (iteration 1 is the prompt).
-func (sl *shadowLink) score(key layerKey, pred, actual []int) {
-	sl.align.Observe(sl.counts.add(pred, actual), len(actual))
+// routing is a decode layer's real routing: the experts its pass
+// activated (the union over its rows) and, when the pass said whose they
+// are, each row's member and routes (k a row).
+type routing struct {
+	experts []int
+	members []uint64
+	routes  []model.Route
+}
+
+// score records one (iteration, layer) of a pass: the union's share
+// predicted, and each member's rows' (pass i+1 produces output token i+1
+// of a batch of one in the paper's numbering: pass 1 is the prompt).
+func (sl *shadowLink) score(key layerKey, pred []int, r routing) {
+	sl.align.Observe(sl.counts.add(pred, r.experts), len(r.experts))
 	// a pass activates the union of its rows' experts, and the shadow
 	// predicts the union: eq. (3) for a pass of one row
-	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, actual)
+	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, r.experts)
+	if n := len(r.members); n > 0 {
+		k := len(r.routes) / n
+		for t, seq := range r.members {
+			if _, live := sl.seqs[seq]; !live {
+				continue // scored after its end: nobody asks any more
+			}
+			m := sl.members[seq]
+			if m == nil {
+				m = &[2]int64{}
+				sl.members[seq] = m
+			}
+			for _, rt := range r.routes[t*k : (t+1)*k] {
+				m[0]++
+				if slices.Contains(pred, rt.Expert) {
+					m[1]++
+				}
+			}
+		}
+	}
 	delete(sl.actual, key)
+}
+
+// memberRecall is member sequence seq's rows' routed and predicted
+// experts scored so far.
+func (sl *shadowLink) memberRecall(seq uint64) (routed, predicted int64) {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if m := sl.members[seq]; m != nil {
+		return m[0], m[1]
+	}
+	return 0, 0
 }
 
 // prediction takes the shadow's prediction for a decode layer if it has
@@ -270,20 +316,23 @@ func (sl *shadowLink) offPathLocked(step model.Step, token int32) bool {
 	return true
 }
 
-// routed tells the link the real routing of a decode layer, with the
-// prediction taken for it (nil if none had arrived): it is scored now,
-// or when the prediction arrives.
-func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int) {
+// routed tells the link the real routing of a decode layer (experts:
+// the union; members and routes: each row's member, nil if unknown, and
+// its routes), with the prediction taken for it (nil if none had
+// arrived): it is scored now, or when the prediction arrives.
+func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int, members []uint64, routes []model.Route) {
 	key := layerKey{step, layer}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	if pred == nil { // it may have arrived since
 		pred = sl.takeLocked(key)
 	}
+	r := routing{experts: experts, members: members, routes: routes}
 	if pred != nil {
-		sl.score(key, pred, experts)
+		sl.score(key, pred, r)
 	} else {
-		sl.actual[key] = slices.Clone(experts)
+		r.experts, r.members, r.routes = slices.Clone(experts), slices.Clone(members), slices.Clone(routes)
+		sl.actual[key] = r
 	}
 }
 
@@ -326,6 +375,9 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 	}
 	q := sl.seqs[step.Seq]
 	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(seqs, last), sent && all
+	if all {
+		q.sent = step.Iter
+	}
 	sl.mu.Unlock()
 	return all, nil
 }
@@ -422,6 +474,9 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		}
 		return false, err
 	}
+	sl.mu.Lock()
+	q.sent = step.Iter
+	sl.mu.Unlock()
 	return true, nil
 }
 
@@ -450,12 +505,18 @@ func packInto(a *wire.Alignment, cache *kvcache.Cache, from int) error {
 
 // end forgets sequence seq: its alignment mark and predictions nobody
 // will ask for. Routing still waiting for its prediction stays, to be
-// scored when the shadow finishes the sequence's last iteration.
-func (sl *shadowLink) end(seq uint64) {
+// scored when the shadow finishes the sequence's last iteration. It
+// returns the last iteration the shadow was sent all of (0: none).
+func (sl *shadowLink) end(seq uint64) (last int64) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
+	if q := sl.seqs[seq]; q != nil {
+		last = q.sent
+	}
 	delete(sl.seqs, seq)
+	delete(sl.members, seq)
 	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == seq })
+	return last
 }
 
 func f16Tensor(v []uint16, rows, width int) wire.Tensor {

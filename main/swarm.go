@@ -94,10 +94,13 @@ type Swarm struct {
 	stop      context.CancelFunc
 	receivers sync.WaitGroup
 
-	mu       sync.Mutex
-	seqs     map[uint64]*sequence
-	batches  map[uint64]bool // the sequence ids of Batchers' decode passes
-	lastIter int64           // the highest iteration any sequence has run
+	mu      sync.Mutex
+	seqs    map[uint64]*sequence
+	batches map[uint64]bool // the sequence ids of Batchers' decode passes
+	// figures are each member sequence's share of the decode misses
+	// (SequenceFigures; the shadow link keeps its share of the recall)
+	figures  map[uint64]*model.ExpertFigures
+	lastIter int64 // the highest iteration any sequence has run
 	stats    Stats
 }
 
@@ -107,6 +110,7 @@ type sequence struct {
 	step     model.Step // the forward pass of the current RunExperts call
 	batch    bool       // the sequence is a Batcher's: its passes are batched
 	prompt   bool       // its current pass feeds prompt chunks (BeforeBatch): prefill
+	rowSeqs  []uint64   // the member each row of the current pass is of (BeforeBatch)
 	mark     time.Time  // end of the last RunExperts: main compute starts
 	plan     Plan
 	in       Input
@@ -338,7 +342,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 		s.placer.observe(layer, routes)
 	}
 	if predicted {
-		s.shadow.routed(step, layer, q.in.Predicted, q.plan.Experts)
+		s.shadow.routed(step, layer, q.in.Predicted, q.plan.Experts, q.members(n), routes)
 	}
 	if err := s.hint(ctx, q); err != nil {
 		return err
@@ -493,6 +497,9 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 				ls.missesLate++
 			}
 		}
+		if res.Miss && !prefill {
+			s.missed(q, res.Expert, predicted)
+		}
 		s.traceWorker(q, trace.Recv, trace.MsgResult, r.Worker, layer, res.Expert, r.id, rp.at)
 		crit = max(crit, res.StallTime+res.ComputeTime)
 		if r.pending--; r.pending == 0 {
@@ -550,7 +557,18 @@ func (s *Swarm) Close() error {
 // being member i's part.
 func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow) error {
 	prompt := slices.ContainsFunc(rows, func(r PassRow) bool { return r.Prompt })
-	s.sequence(step).prompt = prompt
+	q := s.sequence(step)
+	q.prompt, q.rowSeqs = prompt, q.rowSeqs[:0]
+	s.mu.Lock()
+	for _, r := range rows {
+		for range r.Tokens {
+			q.rowSeqs = append(q.rowSeqs, r.Step.Seq)
+		}
+		if !r.Prompt {
+			s.figuresLocked(r.Step.Seq).Steps++
+		}
+	}
+	s.mu.Unlock()
 	if s.shadow == nil {
 		return nil
 	}
@@ -564,6 +582,67 @@ func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow
 	return err
 }
 
+// members is the member sequence of each of the current pass's n rows,
+// nil when the pass did not say (a Session run on the Swarm directly).
+func (q *sequence) members(n int) []uint64 {
+	if len(q.rowSeqs) != n {
+		return nil
+	}
+	return q.rowSeqs
+}
+
+// missed counts a miss of expert e in the current decode pass of q
+// against every member whose row was routed to it (q.toks: the result's
+// rows), late or wrong when the pass had a prediction.
+func (s *Swarm) missed(q *sequence, e int, predicted bool) {
+	rows := q.members(q.in.Tokens)
+	if rows == nil {
+		return
+	}
+	wrong := predicted && q.in.Predicted != nil && !slices.Contains(q.in.Predicted, e)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range q.toks {
+		f := s.figuresLocked(rows[t])
+		f.Misses++
+		switch {
+		case wrong:
+			f.MissesWrong++
+		case predicted:
+			f.MissesLate++
+		}
+	}
+}
+
+// figuresLocked is member sequence seq's figures, made on first use.
+func (s *Swarm) figuresLocked(seq uint64) *model.ExpertFigures {
+	if s.figures == nil {
+		s.figures = map[uint64]*model.ExpertFigures{}
+	}
+	f := s.figures[seq]
+	if f == nil {
+		f = &model.ExpertFigures{}
+		s.figures[seq] = f
+	}
+	return f
+}
+
+// SequenceFigures is member sequence seq's share of the decode figures
+// so far: its misses, and its rows' recall as the shadow link scored it
+// (BatcherHooks.Figures).
+func (s *Swarm) SequenceFigures(seq uint64) model.ExpertFigures {
+	var f model.ExpertFigures
+	s.mu.Lock()
+	if p := s.figures[seq]; p != nil {
+		f = *p
+	}
+	s.mu.Unlock()
+	if s.shadow != nil {
+		f.Routed, f.Predicted = s.shadow.memberRecall(seq)
+	}
+	return f
+}
+
 // EndSequence tells every worker and the shadow that sequence seq is over,
 // so that they free what they keep for it (hints for iterations that never
 // came, the shadow's copy of the sequence). Call it after ShadowStats and
@@ -571,6 +650,7 @@ func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow
 func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	s.mu.Lock()
 	delete(s.seqs, seq)
+	delete(s.figures, seq)
 	s.mu.Unlock()
 	end := &wire.SequenceEnd{Seq: seq}
 	for i := range s.workers {
@@ -579,7 +659,7 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 		}
 	}
 	if s.shadow != nil {
-		s.shadow.end(seq)
+		end = &wire.SequenceEnd{Seq: seq, Last: s.shadow.end(seq)}
 		if p := s.shadow.conn(); p != nil {
 			if err := p.Send(ctx, end); err != nil && ctx.Err() == nil && !connGone(p, err) {
 				return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)

@@ -21,6 +21,30 @@ type GenerateStats struct {
 	// context full: ContextFull).
 	FinishReason string
 	ContextFull  bool
+	// Experts is, for a sequence decoded on a swarm, its rows' share of
+	// the decode figures (zero in one process).
+	Experts ExpertFigures
+}
+
+// ExpertFigures are one sequence's share of a swarm's decode figures,
+// counted over its own rows of every decode pass: the experts they were
+// routed to and how many of those the shadow had predicted for the pass
+// (OD-MoE eq. 3 over this sequence's tokens), and the routed experts that
+// were loaded on demand while its row waited (misses): late (predicted,
+// the hint too late) or wrong (not predicted); Misses counts them all,
+// passes without a prediction included. Steps are its decode steps.
+type ExpertFigures struct {
+	Steps                           int64
+	Routed, Predicted               int64
+	Misses, MissesLate, MissesWrong int64
+}
+
+// Recall is Predicted over Routed, 0 when nothing was scored.
+func (f ExpertFigures) Recall() float64 {
+	if f.Routed == 0 {
+		return 0
+	}
+	return float64(f.Predicted) / float64(f.Routed)
 }
 
 // PrefillTokensPerSec is prompt tokens per second of prefill.

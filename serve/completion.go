@@ -253,6 +253,12 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 		s.metrics.prefixHits.Inc()
 		s.metrics.cachedTokens.Add(float64(st.CachedTokens))
 	}
+	if e := st.Experts; e.Routed > 0 {
+		s.metrics.requestRecall.Observe(e.Recall())
+	}
+	if e := st.Experts; e.Steps > 0 {
+		s.metrics.requestMisses.Observe(float64(e.Misses) / float64(e.Steps))
+	}
 	switch {
 	case errors.Is(err, errStopString):
 		out.finish = "stop"

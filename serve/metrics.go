@@ -12,6 +12,9 @@ type metrics struct {
 	generatedTokens  prometheus.Counter
 	timeToFirstToken prometheus.Histogram
 	interToken       prometheus.Histogram
+	// a request's own share of a swarm's figures (GenerateStats.Experts)
+	requestRecall prometheus.Histogram
+	requestMisses prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
@@ -40,8 +43,17 @@ func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
 			Name: "odmoe_inter_token_latency_seconds", Help: "Between consecutive generated tokens of a sequence.",
 			Buckets: latency,
 		}),
+		requestRecall: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "odmoe_request_shadow_recall", Help: "A request's share of its decode rows' routed experts that the shadow had predicted (OD-MoE eq. 3 over its own tokens), on a swarm with a shadow.",
+			Buckets: []float64{.5, .6, .7, .8, .9, .95, .98, .99, 1},
+		}),
+		requestMisses: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "odmoe_request_expert_misses_per_step", Help: "A request's decode rows' experts loaded on demand while the row waited, over its decode steps, on a swarm.",
+			Buckets: []float64{0, .01, .02, .05, .1, .2, .5, 1, 2, 5},
+		}),
 	}
 	reg.MustRegister(m.requests, m.promptTokens, m.prefixHits, m.cachedTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
+		m.requestRecall, m.requestMisses,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "odmoe_requests_waiting", Help: "Requests queued for a place in the batch.",
 		}, func() float64 { return float64(a.waits.Load()) }),

@@ -139,6 +139,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 			if err := n.done(ctx, b, k.it, time.Now(), 0, 0); err != nil {
 				return err
 			}
+			n.settle(st)
 			continue
 		}
 		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
@@ -148,6 +149,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 					return err
 				}
 				n.trace.Span(trace.Align, k.it, 0, -1, start, time.Now())
+				n.settle(st)
 				continue
 			}
 			n.rewindPasses(ctx, b, bf, k.it, seqs)
@@ -156,6 +158,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 		if err := n.pass(ctx, b, bf, members, seqs); err != nil {
 			return err
 		}
+		n.settle(st)
 	}
 }
 

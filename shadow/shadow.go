@@ -312,7 +312,7 @@ func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
 			}
 		}
 	}()
-	st := &mainState{seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*passFollow{}}
+	st := &mainState{ending: map[uint64]int64{}, seqs: map[uint64]*follow{}, passes: map[seqIter][]*wire.Alignment{}, batches: map[uint64]*passFollow{}}
 	for {
 		var m wire.Message
 		select {
@@ -347,6 +347,56 @@ type mainState struct {
 	// its batch and complete), and each batch's state
 	passes  map[seqIter][]*wire.Alignment
 	batches map[uint64]*passFollow
+	// ending are the sequences (and batches) whose SequenceEnd came
+	// before the alignment of their last iteration (the value): they end
+	// once it has run
+	ending map[uint64]int64
+}
+
+// behind reports whether sequence or batch seq, ended after iteration
+// last, has not run that iteration yet (0: not said); one the shadow
+// does not know yet is not waited for (its alignments, should they come,
+// find it ended and run no row of it).
+func (st *mainState) behind(seq uint64, last int64) bool {
+	if last <= 0 {
+		return false
+	}
+	if bf := st.batches[seq]; bf != nil {
+		return bf.aligned < last
+	}
+	if f := st.seqs[seq]; f != nil {
+		return f.aligned < last
+	}
+	for k := range st.passes {
+		if k.seq == seq {
+			return true // a batch whose first pass waits
+		}
+	}
+	return false
+}
+
+// end lets sequence or batch seq go: a sequence's rows go to the prefix
+// cache; alignments that still come for it are dropped (a batch's) or
+// count without a row (a member's).
+func (n *Node) end(st *mainState, seq uint64) {
+	if f := st.seqs[seq]; f != nil && f.sess != nil {
+		n.Prefixes.Put(f.fed[:min(len(f.fed), f.sess.Len())], f.sess.Cache())
+	}
+	delete(st.seqs, seq)
+	delete(st.batches, seq)
+	delete(st.ending, seq)
+	maps.DeleteFunc(st.passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == seq })
+	st.ended = append(st.ended[max(0, len(st.ended)-63):], seq)
+}
+
+// settle ends every sequence and batch in st.ending that has now run its
+// last iteration.
+func (n *Node) settle(st *mainState) {
+	for seq, last := range st.ending {
+		if !st.behind(seq, last) {
+			n.end(st, seq)
+		}
+	}
 }
 
 // handle takes one message from the main node.
@@ -357,13 +407,11 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 	case *wire.Placement:
 		n.setPlacement(m)
 	case *wire.SequenceEnd:
-		if f := st.seqs[m.Seq]; f != nil && f.sess != nil {
-			n.Prefixes.Put(f.fed[:min(len(f.fed), f.sess.Len())], f.sess.Cache())
+		if st.behind(m.Seq, m.Last) {
+			st.ending[m.Seq] = m.Last // its last alignments are still on their way
+			return nil
 		}
-		delete(st.seqs, m.Seq)
-		delete(st.batches, m.Seq)
-		maps.DeleteFunc(st.passes, func(k seqIter, _ []*wire.Alignment) bool { return k.seq == m.Seq })
-		st.ended = append(st.ended[max(0, len(st.ended)-63):], m.Seq)
+		n.end(st, m.Seq)
 	case *wire.Alignment:
 		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
 		if slices.Contains(st.ended, m.Batch) {

@@ -143,7 +143,7 @@ func sampleMessages(hidden int) []Message {
 		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
 		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchIteration: 8, BatchSize: 1},
 		&Alignment{Seq: 4, Iteration: 1, Token: -1, Prompt: []int32{1, 2}, Batch: 2, BatchIteration: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40},
-		&SequenceEnd{Seq: 1 << 40},
+		&SequenceEnd{Seq: 1 << 40, Last: 7},
 		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789},
 		&StatsRequest{},
 		&WorkerStats{Loads: 40, Hits: 42, Misses: 14, WastedLoads: 8, LatePredictions: 5, LoadTime: 12 * time.Millisecond, ComputeTime: 1500 * time.Microsecond,

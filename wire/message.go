@@ -226,6 +226,11 @@ type Alignment struct {
 type SequenceEnd struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Seq      uint64
+	// Last, when not 0, is the last iteration (a batch's pass) of Seq the
+	// main node sent the shadow an alignment for: alignments travel on
+	// other streams and may come after this message, so the shadow keeps
+	// the sequence until it has run that iteration.
+	Last int64
 }
 
 // Heartbeat is a liveness probe: a worker answers one with one carrying
