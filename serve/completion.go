@@ -11,6 +11,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/odmoe/odmoe/model"
@@ -162,16 +163,23 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, sh
 		return rc.Flush()
 	}
 	ctx := r.Context()
+	// the pieces go out on this goroutine's writer, not on the batch's
+	// pass loop that generates them: a slow client (or a slow flush) holds
+	// up no other request's next token
+	w8 := newEventWriter(send)
 	emitted := false
 	out, err := s.generate(ctx, j, func(text string) error {
 		if !emitted && sh.first != nil {
-			if err := send(sh.first); err != nil {
+			if err := w8.put(sh.first); err != nil {
 				return err
 			}
 		}
 		emitted = true
-		return send(sh.piece(text))
+		return w8.put(sh.piece(text))
 	})
+	if werr := w8.close(); err == nil {
+		err = werr
+	}
 	if err != nil && !started {
 		s.fail(w, j.endpoint, err)
 		return
@@ -198,6 +206,76 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, sh
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	rc.Flush()
+}
+
+// eventWriter sends events in order on a goroutine of its own: put
+// queues one (never waiting on the client) and reports the writer's
+// error, if it has failed; close waits for the queue to drain.
+type eventWriter struct {
+	mu     sync.Mutex
+	queue  []any
+	closed bool
+	err    error
+	wake   chan struct{}
+	done   chan struct{}
+}
+
+func newEventWriter(send func(any) error) *eventWriter {
+	e := &eventWriter{wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		for {
+			e.mu.Lock()
+			batch, closed := e.queue, e.closed
+			e.queue = nil
+			e.mu.Unlock()
+			for _, v := range batch {
+				if err := send(v); err != nil {
+					e.mu.Lock()
+					e.err = err
+					e.mu.Unlock()
+					return
+				}
+			}
+			if closed && len(batch) == 0 {
+				return
+			}
+			if len(batch) == 0 {
+				<-e.wake
+			}
+		}
+	}()
+	return e
+}
+
+func (e *eventWriter) put(v any) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		return e.err
+	}
+	e.queue = append(e.queue, v)
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// close ends the queue once it has drained and returns the writer's
+// error, if any.
+func (e *eventWriter) close() error {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	<-e.done
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
 }
 
 // generate runs j when the batch has room, handing each piece of text
