@@ -179,9 +179,14 @@ func (p Policy) period(a axis) int {
 
 // Chosen is the choice the controller ran the most decode steps under
 // (the fixed Policy when not adaptive, or before any step).
-func (c *Controller) Chosen() Policy {
-	best, n := c.cur, 0
-	for p, m := range c.Counts {
+func (c *Controller) Chosen() Policy { return MostSteps(c.Counts, c.cur) }
+
+// MostSteps is the choice counts holds the most decode steps under (of
+// two as many, the shorter KV period, then the shorter token period);
+// none when counts is empty.
+func MostSteps(counts map[Policy]int, none Policy) Policy {
+	best, n := none, 0
+	for p, m := range counts {
 		if m > n || m == n && (p.KVPeriod < best.KVPeriod || p.KVPeriod == best.KVPeriod && p.TokenPeriod < best.TokenPeriod) {
 			best, n = p, m
 		}

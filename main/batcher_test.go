@@ -266,3 +266,45 @@ func TestEachRequestGetsItsShareOfTheFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestEachSequenceAlignsOnItsOwn: with an adaptive alignment policy each
+// member sequence has its own controller. A request that has decoded
+// long enough for its periods to grow keeps them, while one that joins
+// its batch late starts aligned every step (T1_KV1) and ran most of its
+// steps so: it does not inherit the other's periods.
+func TestEachSequenceAlignsOnItsOwn(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	vocab := local.Config.VocabSize
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 4, KVPeriod: 4, Adaptive: true}}, &shadowSpec{quant: kernels.Q8})
+	b := sw.Batcher(mainModel)
+	defer b.Close()
+	const long, late, joinAt = 200, 20, 150
+	var lateFigs model.ExpertFigures
+	var wg sync.WaitGroup
+	_, st, err := b.Generate(context.Background(), testPrompt(5, 7, 1, vocab), model.GenerateOptions{MaxTokens: long,
+		OnToken: func(step, _ int, _ []float32) error {
+			if step == joinAt {
+				wg.Go(func() {
+					_, lst, err := b.Generate(context.Background(), testPrompt(6, 11, 2, vocab), model.GenerateOptions{MaxTokens: late})
+					if err != nil {
+						t.Error(err)
+					}
+					lateFigs = lst.Experts
+				})
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	first := st.Experts
+	t.Logf("the long request ran %d steps mostly at T%d_KV%d, the late one %d steps mostly at T%d_KV%d", first.Steps, first.AlignToken, first.AlignKV, lateFigs.Steps, lateFigs.AlignToken, lateFigs.AlignKV)
+	if first.AlignToken == 1 && first.AlignKV == 1 {
+		t.Fatalf("the long request's periods never grew (T1_KV1 most): %+v", first)
+	}
+	if lateFigs.Steps != late-1 || lateFigs.AlignToken != 1 || lateFigs.AlignKV != 1 {
+		t.Fatalf("the late request: %+v, want %d steps aligned mostly every step (T1_KV1), as a sequence of its own starts", lateFigs, late-1)
+	}
+}

@@ -20,9 +20,13 @@ import (
 // the shadow's iterations and collects its predictions, which it scores
 // against the real routing (align.Recall) and hands to placement.
 type shadowLink struct {
-	peer  atomic.Pointer[wire.Peer] // the current connection; nil before the first
-	name  string                    // the shadow's name, once known
-	align *align.Controller         // when to align: guarded by mu
+	peer atomic.Pointer[wire.Peer] // the current connection; nil before the first
+	name string                    // the shadow's name, once known
+	// policy is when to align: each member sequence has its own
+	// controller of it (shadowSeq.ctl); steps sums the decode steps ended
+	// sequences ran under each choice
+	policy align.Policy
+	steps  map[align.Policy]int
 
 	mu        sync.Mutex
 	up        bool       // the current connection is live
@@ -76,6 +80,11 @@ type shadowSeq struct {
 	// sent is the last iteration (a batch's: pass) the shadow was sent
 	// all of (SequenceEnd.Last)
 	sent int64
+	// a member's own alignment controller (its decode steps' periods,
+	// driven by its rows' recall) and its rows' experts routed and
+	// predicted so far
+	ctl               *align.Controller
+	routed, predicted int64
 	// the latest decode iteration departed, the token it fed, and whether
 	// the shadow was sent that token: then a prediction made on another
 	// token is on a path not taken (the shadow rewinds and withdraws it)
@@ -98,7 +107,7 @@ type layerKey struct {
 // newShadowLink returns the link over p, or a link that waits for its
 // first connection if p is nil.
 func newShadowLink(p *wire.Peer, policy align.Policy, k int, layers []int, rec *trace.Recorder) *shadowLink {
-	sl := &shadowLink{align: align.NewController(policy), seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey]routing{}, members: map[uint64]*[2]int64{},
+	sl := &shadowLink{policy: policy, steps: map[align.Policy]int{}, seqs: map[uint64]*shadowSeq{}, pred: map[layerKey]predicted{}, actual: map[layerKey]routing{},
 		recall: align.NewRecall(k, layers), received: make(chan struct{}, 1), trace: rec, traces: make(chan *wire.Trace, 1)}
 	if p != nil {
 		sl.peer.Store(p)
@@ -210,7 +219,11 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 					sl.ahead++
 				}
 				if m.Rewound > sl.rewound {
-					sl.align.Rewound(m.Rewound - sl.rewound)
+					for _, q := range sl.seqs { // the shadow's rewinds are the pass's
+						if q.ctl != nil {
+							q.ctl.Rewound(m.Rewound - sl.rewound)
+						}
+					}
 				}
 				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
 				sl.reused += max(m.Reused-sl.reusedSeen, 0)
@@ -244,41 +257,60 @@ type routing struct {
 // predicted, and each member's rows' (pass i+1 produces output token i+1
 // of a batch of one in the paper's numbering: pass 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred []int, r routing) {
-	sl.align.Observe(sl.counts.add(pred, r.experts), len(r.experts))
+	sl.counts.add(pred, r.experts)
 	// a pass activates the union of its rows' experts, and the shadow
 	// predicts the union: eq. (3) for a pass of one row
 	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, r.experts)
 	if n := len(r.members); n > 0 {
 		k := len(r.routes) / n
 		for t, seq := range r.members {
-			if _, live := sl.seqs[seq]; !live {
+			q := sl.seqs[seq]
+			if q == nil {
 				continue // scored after its end: nobody asks any more
 			}
-			m := sl.members[seq]
-			if m == nil {
-				m = &[2]int64{}
-				sl.members[seq] = m
-			}
+			hits := 0
 			for _, rt := range r.routes[t*k : (t+1)*k] {
-				m[0]++
 				if slices.Contains(pred, rt.Expert) {
-					m[1]++
+					hits++
 				}
+			}
+			q.routed, q.predicted = q.routed+int64(k), q.predicted+int64(hits)
+			if q.ctl != nil {
+				q.ctl.Observe(hits, k) // its own recall drives its alignment
 			}
 		}
 	}
 	delete(sl.actual, key)
 }
 
-// memberRecall is member sequence seq's rows' routed and predicted
-// experts scored so far.
-func (sl *shadowLink) memberRecall(seq uint64) (routed, predicted int64) {
+// chosenLocked is the alignment the run's sequences ran the most decode
+// steps under, ended and live: the policy itself unless adaptive.
+func (sl *shadowLink) chosenLocked() align.Policy {
+	if !sl.policy.Adaptive {
+		return sl.policy
+	}
+	all := maps.Clone(sl.steps)
+	for _, q := range sl.seqs {
+		if q.ctl != nil {
+			for p, n := range q.ctl.Counts {
+				all[p] += n
+			}
+		}
+	}
+	return align.MostSteps(all, align.Policy{TokenPeriod: 1, KVPeriod: 1})
+}
+
+// memberFigures is member sequence seq's rows' routed and predicted
+// experts scored so far, and the alignment it ran the most decode steps
+// under.
+func (sl *shadowLink) memberFigures(seq uint64) (routed, predicted int64, chosen align.Policy) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if m := sl.members[seq]; m != nil {
-		return m[0], m[1]
+	q := sl.seqs[seq]
+	if q == nil || q.ctl == nil {
+		return 0, 0, sl.policy
 	}
-	return 0, 0
+	return q.routed, q.predicted, q.ctl.Chosen()
 }
 
 // prediction takes the shadow's prediction for a decode layer if it has
@@ -415,8 +447,11 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	up, synced, lastKV := sl.up, q.synced, q.lastKV
 	decodeStep := q.decodes // the generated tokens fed so far
 	var tokenDue, kvDue bool
+	if q.ctl == nil {
+		q.ctl = align.NewController(sl.policy)
+	}
 	if up && synced && !row.Prompt && decodeStep > 0 {
-		tokenDue, kvDue = sl.align.Step(decodeStep, q.kvStep)
+		tokenDue, kvDue = q.ctl.Step(decodeStep, q.kvStep)
 	}
 	var history []int32
 	if up && (!synced || first) {
@@ -512,9 +547,13 @@ func (sl *shadowLink) end(seq uint64) (last int64) {
 	defer sl.mu.Unlock()
 	if q := sl.seqs[seq]; q != nil {
 		last = q.sent
+		if q.ctl != nil {
+			for p, n := range q.ctl.Counts {
+				sl.steps[p] += n
+			}
+		}
 	}
 	delete(sl.seqs, seq)
-	delete(sl.members, seq)
 	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == seq })
 	return last
 }
@@ -591,7 +630,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	// a shadow running ahead may have run an iteration past the last
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
-		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.align.Chosen()}
+		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.chosenLocked()}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}

@@ -638,7 +638,9 @@ func (s *Swarm) SequenceFigures(seq uint64) model.ExpertFigures {
 	}
 	s.mu.Unlock()
 	if s.shadow != nil {
-		f.Routed, f.Predicted = s.shadow.memberRecall(seq)
+		var chosen align.Policy
+		f.Routed, f.Predicted, chosen = s.shadow.memberFigures(seq)
+		f.AlignToken, f.AlignKV = chosen.TokenPeriod, chosen.KVPeriod
 	}
 	return f
 }

@@ -32,11 +32,14 @@ type GenerateStats struct {
 // (OD-MoE eq. 3 over this sequence's tokens), and the routed experts that
 // were loaded on demand while its row waited (misses): late (predicted,
 // the hint too late) or wrong (not predicted); Misses counts them all,
-// passes without a prediction included. Steps are its decode steps.
+// passes without a prediction included. Steps are its decode steps;
+// AlignToken and AlignKV the periods (in decode steps) at which it was
+// re-aligned with the shadow for the most of them (0: never).
 type ExpertFigures struct {
 	Steps                           int64
 	Routed, Predicted               int64
 	Misses, MissesLate, MissesWrong int64
+	AlignToken, AlignKV             int
 }
 
 // Recall is Predicted over Routed, 0 when nothing was scored.
