@@ -95,7 +95,10 @@ type PassRow struct {
 	// its cache already holds from an earlier sequence (the prefix
 	// cache), which no pass fed.
 	Reused []int
-	Cache  *kvcache.Cache // the member's KV rows before the pass
+	// Final says the member leaves after this pass, whatever it samples:
+	// its token limit, or the model's context, is reached.
+	Final bool
+	Cache *kvcache.Cache // the member's KV rows before the pass
 }
 
 // NewBatcher starts a pass loop over m's sequences whose experts run on
@@ -309,6 +312,8 @@ func (b *Batcher) loop() {
 			}
 			if !r.Prompt || r.Last {
 				heads = append(heads, m.sess)
+				// the token this pass samples is its len(m.out)+1-th
+				row.Final = len(m.out)+1 >= m.opt.MaxTokens || m.sess.Len()+len(row.Tokens) >= b.m.Config.MaxPositions
 			}
 			rows, sessions, feeds = append(rows, row), append(sessions, m.sess), append(feeds, row.Tokens)
 		}

@@ -495,6 +495,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	if row.Prompt {
 		a.Chunk, a.PromptLeft = int32s(tokens), row.PromptLeft
 	}
+	a.Final = row.Final
 	sl.mu.Lock()
 	q.synced, q.lastKV = true, lastKV
 	if kvStep >= 0 {

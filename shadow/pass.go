@@ -187,7 +187,7 @@ func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	for _, a := range members {
 		f := seqs[a.Seq]
-		f.aligned = a.Iteration
+		f.aligned, f.final = a.Iteration, a.Final
 		if _, _, err := n.applyKV(f, a, -1); err != nil {
 			return err
 		}
@@ -228,8 +228,8 @@ func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it in
 // passDueAhead is a batch that may run its next pass ahead of the main
 // node's alignments (the one furthest behind), nil if none may: it has
 // run an aligned pass, is less than Ahead passes past it, and every
-// member of its last pass that is still live has fed all its prompt and
-// has room for a token.
+// member of its last pass that is still live and not leaving (final) has
+// fed all its prompt and has room for a token.
 func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*follow) (uint64, *passFollow) {
 	var due *passFollow
 	var b uint64
@@ -239,7 +239,7 @@ func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*fol
 		}
 		live, full := 0, false
 		for _, seq := range bf.last {
-			if f := seqs[seq]; f != nil && f.sess != nil {
+			if f := seqs[seq]; f != nil && f.sess != nil && !f.final {
 				live++
 				full = full || f.promptLeft > 0 || f.sess.Len() >= n.m.Config.MaxPositions
 			}
@@ -252,12 +252,12 @@ func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*fol
 }
 
 // runPassAhead runs bf's next pass on the tokens its own model sampled
-// for the members of its last pass that are still live.
+// for the members of its last pass that are still live and not leaving.
 func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs map[uint64]*follow) error {
 	bf.reset()
 	bf.heads = bf.heads[:0]
 	for _, seq := range bf.last {
-		if f := seqs[seq]; f != nil && f.sess != nil { // else it ended
+		if f := seqs[seq]; f != nil && f.sess != nil && !f.final { // else it ended, or leaves
 			if f.headDue {
 				bf.heads = append(bf.heads, f.sess)
 			}
@@ -357,7 +357,7 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.Prompt)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
 				Msg("shadow: following a sequence from the middle")
 		}
-		f.it, f.aligned, f.promptLeft = a.Iteration-1, a.Iteration, a.PromptLeft
+		f.it, f.aligned, f.promptLeft, f.final = a.Iteration-1, a.Iteration, a.PromptLeft, a.Final
 		if _, _, err := n.applyKV(f, a, -1); err != nil {
 			return nil, 0, err
 		}
@@ -369,7 +369,7 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 	if f == nil || f.sess == nil {
 		return nil, 0, fmt.Errorf("sequence %d iteration %d before its start", a.Seq, a.Iteration)
 	}
-	f.promptLeft = a.PromptLeft
+	f.promptLeft, f.final = a.PromptLeft, a.Final
 	if len(a.Chunk) > 0 {
 		f.aligned = a.Iteration
 		_, _, err := n.applyKV(f, a, -1)

@@ -223,3 +223,52 @@ func (r *shadowRig) sync(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowRunsNoPassAheadForAMemberLeaving: a member whose alignment
+// says it is final (its token limit reached) is left out of the pass the
+// shadow runs ahead, so the next pass, without it, meets that pass
+// instead of rewinding it.
+func TestShadowRunsNoPassAheadForAMemberLeaving(t *testing.T) {
+	r := newShadowRigAhead(t, 1)
+	const batch = 1 << 53
+	a, b := uint64(1<<53+1), uint64(1<<53+2)
+	prompts := map[uint64][]int{a: {5, 200, 7, 300, 11, 90}, b: {1, 17, 33, 49, 65, 81}}
+	member := func(seq uint64, it int64, size int) *wire.Alignment {
+		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchIteration: it, BatchSize: size}
+	}
+	for _, seq := range []uint64{a, b} {
+		m := member(seq, 1, 2)
+		m.Chunk = int32s(prompts[seq])
+		r.send(t, m)
+	}
+	r.readUntilDone(t, batch, 1)
+	// pass 2 runs ahead on both members' own tokens
+	own := map[uint64]int{a: r.greedy(t, prompts[a]), b: r.greedy(t, prompts[b])}
+	if _, done := r.readUntilDone(t, batch, 2); done.Ahead != 1 {
+		t.Fatalf("pass 2: %+v, want it run ahead", done)
+	}
+	for _, seq := range []uint64{a, b} {
+		m := member(seq, 2, 2)
+		m.Token, m.Final = int32(own[seq]), seq == a // a leaves after pass 2
+		r.send(t, m)
+	}
+	// pass 3 runs ahead on b alone, and b's alignment meets it
+	ownB := r.greedy(t, append(slices.Clone(prompts[b]), own[b]))
+	got, done := r.readUntilDone(t, batch, 3)
+	if done.Ahead != 1 {
+		t.Fatalf("pass 3: %+v, want it run ahead", done)
+	}
+	want := r.reference(t, prompts[b], ownB, own[b])
+	for l := range want {
+		if !slices.Equal(got[l].experts, want[l]) {
+			t.Errorf("pass 3 ahead, layer %d: predicted %v, b alone routes %v", l, got[l].experts, want[l])
+		}
+	}
+	r.send(t, &wire.SequenceEnd{Seq: a, Last: 2})
+	m := member(b, 3, 1)
+	m.Token = int32(ownB)
+	r.send(t, m)
+	if _, done := r.readUntilDone(t, batch, 4); done.Rewound != 0 || done.Agreed != 2 {
+		t.Fatalf("after pass 3's alignment: %+v, want it met (2 agreed, 0 rewound)", done)
+	}
+}

@@ -138,8 +138,10 @@ type follow struct {
 	aligned int64 // the last iteration whose alignment has been applied
 	next    int   // the token the shadow itself sampled last (valid unless headDue)
 	headDue bool  // the last forward pass's head has not run yet (see ownToken)
-	// promptLeft are the prompt tokens a later pass feeds it
+	// promptLeft are the prompt tokens a later pass feeds it; final: its
+	// last pass has been aligned (it leaves the batch after it)
 	promptLeft int
+	final      bool
 	// fed are the tokens whose rows sess holds, in order (for the prefix
 	// cache when the sequence ends)
 	fed []int

@@ -218,6 +218,10 @@ type Alignment struct {
 	// PromptLeft the prompt tokens that later passes feed.
 	Chunk      []int32
 	PromptLeft int
+	// Final says this is the sequence's last iteration: it has reached
+	// its token limit (or the context's end) and leaves the batch after
+	// it, so the shadow runs no pass ahead with it.
+	Final bool
 }
 
 // SequenceEnd tells a worker or the shadow that the main node is done with
