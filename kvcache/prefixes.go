@@ -54,7 +54,7 @@ func (p *Prefixes) Take(tokens []int, capacity int) (*Cache, int) {
 	defer p.mu.Unlock()
 	best, n := -1, 0
 	for i, e := range p.entries {
-		if k := commonPrefix(e.tokens, tokens); k > n {
+		if k := CommonPrefix(e.tokens, tokens); k > n {
 			best, n = i, k
 		}
 	}
@@ -87,7 +87,7 @@ func (p *Prefixes) Put(tokens []int, cache *Cache) {
 	defer p.mu.Unlock()
 	for i := 0; i < len(p.entries); i++ {
 		e := p.entries[i]
-		switch k := commonPrefix(e.tokens, tokens); {
+		switch k := CommonPrefix(e.tokens, tokens); {
 		case k == len(tokens):
 			p.entries = append(slices.Delete(p.entries, i, i+1), e) // nothing new: it is used again
 			return
@@ -105,8 +105,8 @@ func (p *Prefixes) Put(tokens []int, cache *Cache) {
 	p.used += size
 }
 
-// commonPrefix is how many leading tokens a and b share.
-func commonPrefix(a, b []int) int {
+// CommonPrefix is how many leading tokens a and b share.
+func CommonPrefix(a, b []int) int {
 	n := min(len(a), len(b))
 	for i := range n {
 		if a[i] != b[i] {

@@ -85,6 +85,9 @@ type shadowSeq struct {
 	// predicted so far
 	ctl               *align.Controller
 	routed, predicted int64
+	// a batch's scratch: its pass's members and their last tokens
+	rowSeqs   []uint64
+	rowTokens []int
 	// the latest decode iteration departed, the token it fed, and whether
 	// the shadow was sent that token: then a prediction made on another
 	// token is on a path not taken (the shadow rewinds and withdraws it)
@@ -397,16 +400,16 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 	}
 	// the pass's own mark: a prediction for it made on other tokens (the
 	// shadow ran it ahead on its own) is off the path taken
-	seqs, last := make([]uint64, len(rows)), make([]int, len(rows))
 	sent := true
 	sl.mu.Lock()
-	for i, r := range rows {
-		seqs[i], last[i] = r.Step.Seq, r.Tokens[len(r.Tokens)-1]
-		q := sl.seqs[r.Step.Seq]
-		sent = sent && q != nil && q.iter == r.Step.Iter && q.tokenSent
-	}
 	q := sl.seqs[step.Seq]
-	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(seqs, last), sent && all
+	q.rowSeqs, q.rowTokens = q.rowSeqs[:0], q.rowTokens[:0]
+	for _, r := range rows {
+		q.rowSeqs, q.rowTokens = append(q.rowSeqs, r.Step.Seq), append(q.rowTokens, r.Tokens[len(r.Tokens)-1])
+		m := sl.seqs[r.Step.Seq]
+		sent = sent && m != nil && m.iter == r.Step.Iter && m.tokenSent
+	}
+	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(q.rowSeqs, q.rowTokens), sent && all
 	if all {
 		q.sent = step.Iter
 	}
@@ -428,7 +431,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	sl.mu.Lock()
 	q := sl.seqs[step.Seq]
 	if q == nil {
-		q = &shadowSeq{}
+		q = &shadowSeq{ctl: align.NewController(sl.policy)}
 		sl.seqs[step.Seq] = q
 	}
 	if first {
@@ -447,9 +450,6 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	up, synced, lastKV := sl.up, q.synced, q.lastKV
 	decodeStep := q.decodes // the generated tokens fed so far
 	var tokenDue, kvDue bool
-	if q.ctl == nil {
-		q.ctl = align.NewController(sl.policy)
-	}
 	if up && synced && !row.Prompt && decodeStep > 0 {
 		tokenDue, kvDue = q.ctl.Step(decodeStep, q.kvStep)
 	}

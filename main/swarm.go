@@ -490,15 +490,19 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 		if s.placer != nil {
 			s.placer.measured(r.Worker, res, len(q.toks))
 		}
-		if res.Miss && predicted {
-			if q.in.Predicted != nil && !slices.Contains(q.in.Predicted, res.Expert) {
+		if res.Miss {
+			// scored when the layer had a prediction: wrong if it did not
+			// name the expert, else late
+			wrong := predicted && q.in.Predicted != nil && !slices.Contains(q.in.Predicted, res.Expert)
+			switch {
+			case wrong:
 				ls.missesWrong++
-			} else {
+			case predicted:
 				ls.missesLate++
 			}
-		}
-		if res.Miss && !prefill {
-			s.missed(q, res.Expert, predicted)
+			if !prefill {
+				s.missed(q, predicted, wrong)
+			}
 		}
 		s.traceWorker(q, trace.Recv, trace.MsgResult, r.Worker, layer, res.Expert, r.id, rp.at)
 		crit = max(crit, res.StallTime+res.ComputeTime)
@@ -591,15 +595,14 @@ func (q *sequence) members(n int) []uint64 {
 	return q.rowSeqs
 }
 
-// missed counts a miss of expert e in the current decode pass of q
-// against every member whose row was routed to it (q.toks: the result's
-// rows), late or wrong when the pass had a prediction.
-func (s *Swarm) missed(q *sequence, e int, predicted bool) {
+// missed counts a miss in the current decode pass of q against every
+// member whose row was routed to its expert (q.toks: the result's rows),
+// late or wrong when the pass had a prediction (collect's verdict).
+func (s *Swarm) missed(q *sequence, predicted, wrong bool) {
 	rows := q.members(q.in.Tokens)
 	if rows == nil {
 		return
 	}
-	wrong := predicted && q.in.Predicted != nil && !slices.Contains(q.in.Predicted, e)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, t := range q.toks {

@@ -224,10 +224,11 @@ func newEventWriter(send func(any) error) *eventWriter {
 	e := &eventWriter{wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
+		var batch []any // the events being sent; its array goes back as the queue's
 		for {
 			e.mu.Lock()
-			batch, closed := e.queue, e.closed
-			e.queue = nil
+			batch, e.queue = e.queue, batch[:0]
+			closed := e.closed
 			e.mu.Unlock()
 			for _, v := range batch {
 				if err := send(v); err != nil {

@@ -115,23 +115,19 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 		if len(members) == 0 || len(members) < members[0].BatchSize {
 			return nil
 		}
-		live := make([]*wire.Alignment, 0, len(members))
 		for _, a := range members {
-			if slices.Contains(st.ended, a.Seq) {
-				continue
-			}
 			f := seqs[a.Seq]
-			if !starts(a) && (f == nil || f.aligned+1 != a.Iteration) {
+			if !slices.Contains(st.ended, a.Seq) && !starts(a) && (f == nil || f.aligned+1 != a.Iteration) {
 				return nil // the member's previous iteration has not run
 			}
-			live = append(live, a)
 		}
 		delete(passes, k)
+		members = slices.DeleteFunc(members, func(a *wire.Alignment) bool { return slices.Contains(st.ended, a.Seq) })
 		if bf == nil {
 			bf = &passFollow{batch: model.NewBatch(n.m, model.NewResidentExperts(n.m))}
 			batches[b] = bf
 		}
-		if members = live; len(members) == 0 { // every member has ended
+		if len(members) == 0 { // every member has ended
 			if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
 				n.rewindPasses(ctx, b, bf, k.it, seqs)
 			}
@@ -186,9 +182,7 @@ func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 // met: their KV rows; nothing runs again.
 func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	for _, a := range members {
-		f := seqs[a.Seq]
-		f.aligned, f.final = a.Iteration, a.Final
-		if _, _, err := n.applyKV(f, a, -1); err != nil {
+		if err := n.apply(seqs[a.Seq], a); err != nil {
 			return err
 		}
 	}
@@ -217,7 +211,6 @@ func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it in
 			}
 			f.sess.Cache().Truncate(f.sess.Len() - 1)
 			f.fed = f.fed[:len(f.fed)-1]
-			f.it--
 			f.next, f.headDue = p.tokens[j], false
 		}
 		bf.ahead = bf.ahead[:i]
@@ -320,17 +313,17 @@ func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int
 	}
 	bf.last = append(bf.last[:0], bf.seqs...)
 	for i, f := range bf.rows {
-		f.it, f.headDue = f.it+1, true
+		f.headDue = true
 		f.fed = append(f.fed, bf.feeds[i]...)
 	}
 	return n.done(ctx, b, it, t0, late, it-bf.aligned)
 }
 
-// member applies alignment a of a pass to its sequence: it starts the
-// sequence (running the tokens it holds before the pass, if any, and
-// their KV rows), or continues it with a prompt chunk, or aligns its
-// decode step (prepare). It returns the sequence and the decode token
-// it feeds (when a carries no chunk).
+// member applies alignment a of a pass to its sequence, starting it
+// first (the tokens it holds before the pass, if any, copied from a
+// finished or live sequence or run), and returns the sequence and the
+// decode token it feeds when a carries no prompt chunk: the main node's,
+// or its own when a carries none.
 func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alignment) (*follow, int, error) {
 	f := seqs[a.Seq]
 	if starts(a) {
@@ -357,29 +350,19 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.Prompt)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
 				Msg("shadow: following a sequence from the middle")
 		}
-		f.it, f.aligned, f.promptLeft, f.final = a.Iteration-1, a.Iteration, a.PromptLeft, a.Final
-		if _, _, err := n.applyKV(f, a, -1); err != nil {
-			return nil, 0, err
-		}
 		if len(a.Chunk) == 0 && a.Token < 0 {
 			return nil, 0, fmt.Errorf("sequence %d started at iteration %d without a chunk or a token to feed", f.seq, a.Iteration)
 		}
-		return f, int(a.Token), nil
-	}
-	if f == nil || f.sess == nil {
+	} else if f == nil || f.sess == nil {
 		return nil, 0, fmt.Errorf("sequence %d iteration %d before its start", a.Seq, a.Iteration)
 	}
-	f.promptLeft, f.final = a.PromptLeft, a.Final
-	if len(a.Chunk) > 0 {
-		f.aligned = a.Iteration
-		_, _, err := n.applyKV(f, a, -1)
-		return f, -1, err
-	}
-	token, err := n.prepare(f, a)
-	if err != nil {
+	if err := n.apply(f, a); err != nil {
 		return nil, 0, err
 	}
-	return f, token, nil
+	if len(a.Chunk) > 0 || a.Token >= 0 {
+		return f, int(a.Token), nil
+	}
+	return f, f.ownToken(), nil
 }
 
 // ints widens wire token ids (nil for none).
@@ -411,11 +394,7 @@ func (n *Node) reuse(tokens []int, capacity int, seqs map[uint64]*follow) (*kvca
 		if f.sess == nil {
 			continue
 		}
-		k := 0
-		for k < min(len(f.fed), len(tokens), f.sess.Len()) && f.fed[k] == tokens[k] {
-			k++
-		}
-		if k > best {
+		if k := min(kvcache.CommonPrefix(f.fed, tokens), f.sess.Len()); k > best {
 			from, best = f, k
 		}
 	}

@@ -134,7 +134,6 @@ const DefaultAhead = 1
 type follow struct {
 	seq     uint64 // the main node's id for it
 	sess    *model.Session
-	it      int64 // the last iteration run
 	aligned int64 // the last iteration whose alignment has been applied
 	next    int   // the token the shadow itself sampled last (valid unless headDue)
 	headDue bool  // the last forward pass's head has not run yet (see ownToken)
@@ -442,31 +441,22 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted, Reused: n.reused}})
 }
 
-// prepare aligns f's decode step a: its KV rows, and the token it feeds
-// (the main node's, or f's own when a carries none).
-func (n *Node) prepare(f *follow, a *wire.Alignment) (token int, err error) {
-	f.aligned = a.Iteration
-	token = int(a.Token)
-	if a.Token < 0 {
-		token = f.ownToken()
+// apply aligns f with a, its iteration's alignment: the iteration, what
+// is left of its prompt, whether it is its last, and its KV rows if a
+// has any.
+func (n *Node) apply(f *follow, a *wire.Alignment) error {
+	f.aligned, f.promptLeft, f.final = a.Iteration, a.PromptLeft, a.Final
+	if len(a.Keys) == 0 {
+		return nil
 	}
-	token, _, err = n.applyKV(f, a, token)
-	return token, err
-}
-
-// applyKV overwrites f's KV rows with a's, if it has any, and returns
-// prepare's answer for token (-1: nothing to run).
-func (n *Node) applyKV(f *follow, a *wire.Alignment, token int) (int, bool, error) {
-	if len(a.Keys) > 0 {
-		kv, err := kvRows(a)
-		if err == nil {
-			err = kv.Apply(f.sess.Cache())
-		}
-		if err != nil {
-			return 0, false, fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
-		}
+	kv, err := kvRows(a)
+	if err == nil {
+		err = kv.Apply(f.sess.Cache())
 	}
-	return token, token >= 0, nil
+	if err != nil {
+		return fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
+	}
+	return nil
 }
 
 // withdraw takes back the predictions for iterations from and later of
