@@ -97,8 +97,12 @@ type serveResult struct {
 		WastedLoads int64 `json:"wasted_loads"`
 		Misses      int64 `json:"misses"`
 	} `json:"workers"`
-	CPUBusy float64 `json:"cpu_busy"` // the whole machine's, over the wall time
-	LoadAvg string  `json:"loadavg_after"`
+	// ShadowRecall is the shadow's recall meanwhile (OD-MoE eq. 3 over
+	// the decode passes: odmoe_shadow_predicted_experts_total over
+	// odmoe_shadow_routed_experts_total); -1 without a shadow.
+	ShadowRecall float64 `json:"shadow_recall"`
+	CPUBusy      float64 `json:"cpu_busy"` // the whole machine's, over the wall time
+	LoadAvg      string  `json:"loadavg_after"`
 	// DecodeLayer is the main node's figures per decode layer pass (a
 	// layer of one batched forward pass) meanwhile: Experts activated
 	// (the union of the pass's rows', one result each), MainMs of its own compute
@@ -327,6 +331,10 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 			l.Experts = d(`odmoe_layer_expert_results_total{phase="decode"}`) / l.Passes
 			l.MainMs = 1000 * d(`odmoe_layer_main_seconds_total{phase="decode"}`) / l.Passes
 			l.ExpertsMs = 1000 * d(`odmoe_layer_experts_seconds_total{phase="decode"}`) / l.Passes
+		}
+		row.ShadowRecall = -1
+		if routed := d("odmoe_shadow_routed_experts_total"); routed > 0 {
+			row.ShadowRecall = d("odmoe_shadow_predicted_experts_total") / routed
 		}
 		var from string
 		row.ExpertBytesLoaded, from = expertBytesLoaded(before, after, rep.ExpertBytes)
@@ -790,8 +798,8 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	if len(rep.Rows) > 0 {
 		first = rep.Rows[0].Clients
 	}
-	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | expert loads missed | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers | load 1 min |\n", first)
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | expert loads missed | shadow recall | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers | load 1 min |\n", first)
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Rows {
 		perTok := "–"
 		if r.BytesPerToken >= 0 {
@@ -807,11 +815,15 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 		if r.Workers.Loads > 0 {
 			missed = fmt.Sprintf("%.1f%% (%d of %d)", 100*float64(r.Workers.Misses)/float64(r.Workers.Loads), r.Workers.Misses, r.Workers.Loads)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f | %s |\n",
+		recall := "–"
+		if r.ShadowRecall >= 0 {
+			recall = fmt.Sprintf("%.1f%%", 100*r.ShadowRecall)
+		}
+		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f | %s |\n",
 			r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
-			r.ServerTTFT, r.ServerInterToken, perTok, missed, l.Experts, l.MainMs, l.ExpertsMs, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, load)
+			r.ServerTTFT, r.ServerInterToken, perTok, missed, recall, l.Experts, l.MainMs, l.ExpertsMs, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, load)
 	}
-	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
+	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Shadow recall: the experts the decode passes activated that the shadow had predicted, over all they activated (OD-MoE eq. 3, from odmoe_shadow_predicted_experts_total and odmoe_shadow_routed_experts_total). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
 }
 

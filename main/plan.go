@@ -29,6 +29,9 @@ type Input struct {
 	// Predicted is the shadow's prediction for this layer (distinct
 	// experts, sorted), nil when none has arrived: no shadow, or late.
 	Predicted []int
+	// PredictedOn is the worker the shadow hinted each of Predicted to,
+	// nil when it did not say (sched.Layout.PlacePredicted).
+	PredictedOn []int
 }
 
 // Prefill reports whether the batch is a prompt's (more than one row,

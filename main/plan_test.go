@@ -89,6 +89,7 @@ func TestPlannerScenarios(t *testing.T) {
 		layer     int
 		tokens    [][]int // each token's experts
 		predicted []int
+		on        []int // where the shadow hinted each predicted expert (nil: by index)
 		want      string
 	}{
 		{name: "reactive decode: the layer's group, no hints", policy: Reactive, layer: 1, tokens: [][]int{{2, 5}},
@@ -100,6 +101,10 @@ func TestPlannerScenarios(t *testing.T) {
 		{name: "shadow, one wrong: the right one stays, the other takes the free worker", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{1, 2},
 			want: "e2@w3 e5@w2 | send w3 [2] rows [0] end | send w2 [5] rows [0] end"},
 		{name: "shadow, all wrong: in order over the group", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{0, 7},
+			want: "e2@w2 e5@w3 | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
+		{name: "shadow, revised prediction: each expert on the worker it was hinted to, not by its index", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{2, 5}, on: []int{3, 2},
+			want: "e2@w3 e5@w2 | send w3 [2] rows [0] end | send w2 [5] rows [0] end"},
+		{name: "shadow, hinted nowhere or outside the group: as unpredicted", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}}, predicted: []int{2, 5}, on: []int{-1, 0},
 			want: "e2@w2 e5@w3 | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
 		{name: "shadow, late (no prediction yet): in order over the group", policy: Shadow, layer: 1, tokens: [][]int{{2, 5}},
 			want: "e2@w2 e5@w3 | send w2 [2] rows [0] end | send w3 [5] rows [0] end"},
@@ -123,7 +128,7 @@ func TestPlannerScenarios(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			pl := testPlanner(t, c.policy, c.down...)
 			var p Plan
-			in := &Input{Step: step, Layer: c.layer, Tokens: len(c.tokens), Routes: routes(c.tokens...), Predicted: c.predicted}
+			in := &Input{Step: step, Layer: c.layer, Tokens: len(c.tokens), Routes: routes(c.tokens...), Predicted: c.predicted, PredictedOn: c.on}
 			pl.Plan(&p, in)
 			if got := render(&p); got != c.want {
 				t.Errorf("\n got: %s\nwant: %s", got, c.want)

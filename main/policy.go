@@ -124,7 +124,7 @@ func (shadowPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 		prefillAll(p, in, layout)
 		return
 	}
-	p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, in.Predicted)
+	p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, in.Predicted, in.PredictedOn)
 }
 
 // randomPolicy hints the next layer's group with TopK experts drawn at
@@ -142,7 +142,7 @@ func (r randomPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 	}
 	// this layer was hinted by the one before it, unless that was the prompt
 	if in.Layer > r.m.Layers[0] || in.Step.Iter > 2 {
-		p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, r.draw(p, in.Step.Seq, in.Step.Iter, in.Layer))
+		p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, r.draw(p, in.Step.Seq, in.Step.Iter, in.Layer), nil)
 	} else {
 		p.Assign = layout.Assign(p.Assign, in.Layer, p.Experts, false)
 	}

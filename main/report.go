@@ -77,8 +77,8 @@ type LeadJSON struct {
 // (ShadowStats), and what its withdrawn predictions cost the workers.
 type AheadJSON struct {
 	Iterations int64 `json:"iterations"` // decode passes run ahead, on the shadow's own tokens
-	Agreed     int64 `json:"agreed"`     // alignments whose token the shadow had run ahead on
-	Rewound    int64 `json:"rewound"`    // alignments with another token: rewinds
+	Agreed     int64 `json:"agreed"`     // members' rows run ahead that their alignment met
+	Rewound    int64 `json:"rewound"`    // members' rows run ahead on another token: rewound
 	// TokenAgreement is Agreed over Agreed+Rewound (0 when none).
 	TokenAgreement       float64 `json:"token_agreement"`
 	WithdrawnPredictions int64   `json:"withdrawn_predictions"` // layers' predictions taken back from the main node
@@ -268,7 +268,7 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 			100**rs.Recall, len(rs.RecallByToken), rs.Align, late, rs.MissesLate, rs.MissesWrong)
 	}
 	if a := rs.Ahead; a != nil && a.Iterations > 0 {
-		fmt.Fprintf(w, "shadow ran ahead: %d decode passes on its own tokens; token agreement %.2f%% (%d alignments met, %d rewound it); %d predictions withdrawn (%d dropped here first), %d loads withdrawn on the workers (%s, %.1f KiB per token)\n",
+		fmt.Fprintf(w, "shadow ran ahead: %d decode passes on its own tokens; token agreement %.2f%% (%d members' rows met, %d rewound); %d predictions withdrawn (%d dropped here first), %d loads withdrawn on the workers (%s, %.1f KiB per token)\n",
 			a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnPredictions, a.OffPath, a.WithdrawnLoads, progress.Bytes(a.WithdrawnBytes),
 			float64(a.WithdrawnBytes)/1024/float64(max(rs.GeneratedTokens, 1)))
 	}

@@ -65,6 +65,7 @@ type shadowLink struct {
 // the shadow fed that iteration (-1: not said).
 type predicted struct {
 	experts []int
+	on      []int // the worker each expert was hinted to; nil: sched's index rule
 	token   int32
 }
 
@@ -175,11 +176,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			}
 		case *wire.Prediction:
 			sl.trace.Message(trace.Recv, trace.MsgPrediction, p.Identity().Name, m.Iteration, m.Layer, -1, 0, at)
-			es := make([]int, len(m.Experts))
-			for i, e := range m.Experts {
-				es[i] = int(e)
-			}
-			slices.Sort(es)
+			es, on := predictedOn(m.Experts, m.Workers)
 			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
 			sl.mu.Lock()
 			_, live := sl.seqs[m.Seq]
@@ -189,14 +186,17 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 					sl.score(key, es, act) // a late prediction: the layer has run
 					scored = true
 				}
-			} else if live {
-				sl.pred[key] = predicted{es, m.Token}
-			} // else: a sequence that has ended ran no such layer
+			} else if live && key.step.Iter >= sl.seqs[m.Seq].iter {
+				sl.pred[key] = predicted{es, on, m.Token}
+			} // else: a sequence that has ended, or a pass that has run, ran no such layer
 			sl.mu.Unlock()
 			if scored {
 				sl.signal()
 			}
 		case *wire.Withdraw:
+			if len(m.Experts) > 0 {
+				break // a worker's: the shadow revises its prediction for this node
+			}
 			sl.mu.Lock()
 			sl.withdrawals++
 			for k := range sl.pred {
@@ -221,11 +221,9 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				if m.Ahead > 0 {
 					sl.ahead++
 				}
-				if m.Rewound > sl.rewound {
-					for _, q := range sl.seqs { // the shadow's rewinds are the pass's
-						if q.ctl != nil {
-							q.ctl.Rewound(m.Rewound - sl.rewound)
-						}
+				for _, seq := range m.RewoundSeqs { // a member's guessed token: its own alignment's
+					if q := sl.seqs[seq]; q != nil && q.ctl != nil {
+						q.ctl.Rewound(1)
 					}
 				}
 				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
@@ -316,27 +314,56 @@ func (sl *shadowLink) memberFigures(seq uint64) (routed, predicted int64, chosen
 	return q.routed, q.predicted, q.ctl.Chosen()
 }
 
+// predictedOn widens a prediction's experts and the workers they were
+// hinted to (none: nil), sorted by expert.
+func predictedOn(experts, workers []int32) (es, on []int) {
+	es = make([]int, len(experts))
+	for i, e := range experts {
+		es[i] = int(e)
+	}
+	if len(workers) == 0 {
+		slices.Sort(es)
+		return es, nil
+	}
+	on = make([]int, len(workers))
+	for i, w := range workers {
+		on[i] = int(w)
+	}
+	order := make([]int, len(es))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return es[a] - es[b] })
+	sorted, sortedOn := make([]int, len(es)), make([]int, len(es))
+	for i, j := range order {
+		sorted[i], sortedOn[i] = es[j], on[j]
+	}
+	return sorted, sortedOn
+}
+
 // prediction takes the shadow's prediction for a decode layer if it has
-// arrived (nil otherwise).
-func (sl *shadowLink) prediction(step model.Step, layer int) []int {
+// arrived: its experts and the worker each was hinted to (nil, nil
+// otherwise; on is nil when the shadow did not say).
+func (sl *shadowLink) prediction(step model.Step, layer int) (experts, on []int) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	return sl.takeLocked(layerKey{step, layer})
+	p := sl.takeLocked(layerKey{step, layer})
+	return p.experts, p.on
 }
 
 // takeLocked takes the prediction for key if it has arrived and was made
-// on the token this node fed (nil otherwise: one made on another token is
-// dropped, counted; the shadow will withdraw it and predict again).
-func (sl *shadowLink) takeLocked(key layerKey) []int {
+// on the token this node fed (none otherwise: one made on another token is
+// dropped, counted; the shadow will withdraw or revise it).
+func (sl *shadowLink) takeLocked(key layerKey) predicted {
 	p, ok := sl.pred[key]
 	if !ok {
-		return nil
+		return predicted{}
 	}
 	delete(sl.pred, key)
 	if sl.offPathLocked(key.step, p.token) {
-		return nil
+		return predicted{}
 	}
-	return p.experts
+	return p
 }
 
 // offPathLocked reports whether a prediction for step made on token is
@@ -360,7 +387,7 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int, me
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	if pred == nil { // it may have arrived since
-		pred = sl.takeLocked(key)
+		pred = sl.takeLocked(key).experts
 	}
 	r := routing{experts: experts, members: members, routes: routes}
 	if pred != nil {
@@ -410,6 +437,9 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 		sent = sent && m != nil && m.iter == r.Step.Iter && m.tokenSent
 	}
 	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(q.rowSeqs, q.rowTokens), sent && all
+	// predictions for earlier passes nobody will ask for (revised ones that
+	// came after their layer ran)
+	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == step.Seq && k.step.Iter < step.Iter })
 	if all {
 		q.sent = step.Iter
 	}

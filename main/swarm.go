@@ -335,7 +335,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes, Batched: q.batch && !prefill}
 	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
 	if predicted {
-		q.in.Predicted = s.shadow.prediction(step, layer)
+		q.in.Predicted, q.in.PredictedOn = s.shadow.prediction(step, layer)
 	}
 	s.planner.Plan(&q.plan, &q.in)
 	if s.placer != nil && !prefill {

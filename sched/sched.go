@@ -18,7 +18,10 @@
 // e of every layer runs on worker e mod Workers, all workers at once.
 package sched
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Layout is how the workers are grouped.
 type Layout struct {
@@ -141,25 +144,38 @@ func (l Layout) PlaceDecode(dst []int, layer int, experts []int, hinted map[int]
 	return dst
 }
 
-// PlacePredicted is PlaceDecode for the common case where the hints came
-// from a prediction that placed its i-th expert (in id order) on
-// DecodeWorker(layer, i), as the shadow and the random policy do; it
-// allocates nothing. predicted holds the predicted experts, sorted.
-func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted []int) []int {
+// PlacePredicted is PlaceDecode for a prediction (distinct experts,
+// sorted) whose i-th expert was hinted to on[i], or, when on is nil, to
+// DecodeWorker(layer, i), as the random policy and a fresh prediction of
+// the shadow do (PredictionWorkers); it allocates nothing. A worker in on
+// outside layer's group, or -1 (no hint went out), counts as no hint.
+func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted, on []int) []int {
 	start := len(dst)
+	g := l.GroupOf(layer)
 	for _, e := range experts {
 		w := -1
 		for i, p := range predicted {
-			if p == e {
-				w = l.DecodeWorker(layer, i)
-				break
+			if p != e {
+				continue
 			}
+			if on == nil {
+				w = l.DecodeWorker(layer, i)
+			} else if i < len(on) && on[i] >= g*l.Group && on[i] < (g+1)*l.Group {
+				w = on[i]
+			}
+			break
 		}
 		dst = append(dst, w)
 	}
-	placed := dst[start:]
+	l.fillLeastLoaded(layer, dst[start:]) // the rest round robin over the group
+	return dst
+}
+
+// fillLeastLoaded gives each entry of placed that is -1, in order, the
+// worker of layer's group that placed holds least so far, ties to the
+// lower.
+func (l Layout) fillLeastLoaded(layer int, placed []int) {
 	g := l.GroupOf(layer)
-	// the rest round robin over the group, least loaded first
 	for i, w := range placed {
 		if w >= 0 {
 			continue
@@ -178,6 +194,24 @@ func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted []int) [
 		}
 		placed[i] = best
 	}
+}
+
+// PredictionWorkers appends to dst the worker of layer's group each
+// predicted expert (distinct, sorted) is to be hinted to: an expert that
+// was already predicted (was, sorted, hinted to wasOn) stays where it
+// was; each other goes, in id order, to the group's least loaded worker,
+// ties to the lower (DecodeWorker(layer, j) order). With was empty that is
+// DecodeWorker(layer, i) for the i-th expert, PredictionHints' rule.
+func (l Layout) PredictionWorkers(dst []int, layer int, predicted, was, wasOn []int) []int {
+	start := len(dst)
+	for _, e := range predicted {
+		w := -1
+		if i, ok := slices.BinarySearch(was, e); ok && i < len(wasOn) {
+			w = wasOn[i]
+		}
+		dst = append(dst, w)
+	}
+	l.fillLeastLoaded(layer, dst[start:])
 	return dst
 }
 

@@ -116,7 +116,7 @@ func TestPlacePredictedIsPlaceDecodeOfThePrediction(t *testing.T) {
 						hinted[e] = l.DecodeWorker(layer, i)
 					}
 					want := l.PlaceDecode(nil, layer, experts, hinted)
-					if got := l.PlacePredicted(nil, layer, experts, pred); !slices.Equal(got, want) {
+					if got := l.PlacePredicted(nil, layer, experts, pred, nil); !slices.Equal(got, want) {
 						t.Fatalf("group %d layer %d experts %v predicted %v: %v, want %v", g, layer, experts, pred, got, want)
 					}
 				}
@@ -150,7 +150,7 @@ func TestPredictionHintsAreWherePlacePredictedLooks(t *testing.T) {
 						hintedTo[e] = w
 					}
 				})
-				placed := l.PlacePredicted(nil, layer, predicted, predicted)
+				placed := l.PlacePredicted(nil, layer, predicted, predicted, nil)
 				for i, e := range predicted {
 					if w, ok := hintedTo[e]; !ok || w != placed[i] {
 						t.Fatalf("group %d layer %d: expert %d hinted to %d (ok=%v), placed on %d", g, layer, e, w, ok, placed[i])
@@ -175,5 +175,57 @@ func TestDefaultGroupSplitsTheWorkersEvenly(t *testing.T) {
 	}
 	if _, err := NewLayout(1, 2); err == nil || !strings.Contains(err.Error(), "give -group 1") {
 		t.Errorf("NewLayout(1, 2): %v", err)
+	}
+}
+
+// TestPredictionWorkersKeepWhatStays: a fresh prediction goes where
+// PredictionHints sends it; revised (an expert dropped, others added),
+// every expert that stays keeps its worker, the new ones fill the least
+// loaded workers of the group, and PlacePredicted told those workers
+// places every expert there; for groups of 2 and 4.
+func TestPredictionWorkersKeepWhatStays(t *testing.T) {
+	for _, g := range []int{2, 4} {
+		l, _ := NewLayout(8, g)
+		for layer := range 3 {
+			was := []int{1, 4, 6, 9}
+			on := l.PredictionWorkers(nil, layer, was, nil, nil)
+			for i := range was {
+				if on[i] != l.DecodeWorker(layer, i) {
+					t.Fatalf("group %d layer %d: fresh prediction %v on %v, want expert %d on %d", g, layer, was, on, was[i], l.DecodeWorker(layer, i))
+				}
+			}
+			now := []int{0, 1, 6, 9, 11} // 4 gone; 0 and 11 new
+			got := l.PredictionWorkers(nil, layer, now, was, on)
+			load := map[int]int{}
+			for i, e := range now {
+				if j, ok := slices.BinarySearch(was, e); ok && got[i] != on[j] {
+					t.Fatalf("group %d layer %d: expert %d moved from %d to %d", g, layer, e, on[j], got[i])
+				}
+				if got[i]/g != l.GroupOf(layer) {
+					t.Fatalf("group %d layer %d: expert %d on worker %d outside the group", g, layer, e, got[i])
+				}
+				load[got[i]]++
+			}
+			most, least := 0, len(now)
+			for j := range g {
+				most, least = max(most, load[l.DecodeWorker(layer, j)]), min(least, load[l.DecodeWorker(layer, j)])
+			}
+			if most-least > 1 {
+				t.Fatalf("group %d layer %d: loads %v after revision, uneven", g, layer, load)
+			}
+			placed := l.PlacePredicted(nil, layer, now, now, got)
+			if !slices.Equal(placed, got) {
+				t.Fatalf("group %d layer %d: placed %v, hinted %v", g, layer, placed, got)
+			}
+			// a worker outside the group, or none, counts as no hint
+			bad := slices.Clone(got)
+			bad[0], bad[1] = (l.GroupOf(layer)+1)%l.Groups()*g, -1
+			placed = l.PlacePredicted(nil, layer, now, now, bad)
+			for i := range 2 {
+				if placed[i]/g != l.GroupOf(layer) {
+					t.Fatalf("group %d layer %d: expert %d placed on %d outside the group", g, layer, now[i], placed[i])
+				}
+			}
+		}
 	}
 }

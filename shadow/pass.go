@@ -78,11 +78,14 @@ func (bf *passFollow) seal() {
 	}
 }
 
-// aheadPass is a pass run ahead: which sequences it fed which tokens.
+// aheadPass is a pass run ahead: which sequences it fed which tokens,
+// and what it hinted for each layer (indexed by layer; a layer without
+// experts has none).
 type aheadPass struct {
 	it     int64
 	seqs   []uint64
 	tokens []int
+	layers []layerHints
 }
 
 // runPasses runs batch b's passes that are ready, in order: a pass is
@@ -145,10 +148,11 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 					return err
 				}
 				n.trace.Span(trace.Align, k.it, 0, -1, start, time.Now())
-				n.settle(st)
-				continue
+			} else if err := n.revise(ctx, b, bf, members, seqs); err != nil {
+				return err
 			}
-			n.rewindPasses(ctx, b, bf, k.it, seqs)
+			n.settle(st)
+			continue
 		}
 		bf.it = k.it
 		if err := n.pass(ctx, b, bf, members, seqs); err != nil {
@@ -186,7 +190,7 @@ func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*
 			return err
 		}
 	}
-	n.agreed++
+	n.agreed += int64(len(members))
 	bf.aligned = bf.ahead[0].it
 	bf.ahead = bf.ahead[1:]
 	return nil
@@ -200,7 +204,6 @@ func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*
 // pass it.
 func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it int64, seqs map[uint64]*follow) {
 	n.log.Debug().Uint64("batch", b).Int64("pass", it).Int64("ran", bf.it).Msg("shadow: rewinding a pass: the main node's differs")
-	n.rewound++
 	n.withdraw(ctx, b, it)
 	for i := len(bf.ahead) - 1; i >= 0 && bf.ahead[i].it >= it; i-- {
 		p := bf.ahead[i]
@@ -295,28 +298,44 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wi
 }
 
 // forwardPass runs pass it of batch b over bf's rows, predicting each
-// layer's routing for step (b, it), and reports it done; late is what
-// applying its alignments cost (0 when it runs ahead).
+// layer's routing for step (b, it) (recorded in bf's last pass run ahead
+// when it is one), and reports it done; late is what applying its
+// alignments cost (0 when it runs ahead).
 func (n *Node) forwardPass(ctx context.Context, b uint64, bf *passFollow, it int64, late time.Duration) error {
 	fed := align.PassToken(bf.seqs, bf.tokens)
+	var rec *aheadPass
+	if len(bf.ahead) > 0 && bf.ahead[len(bf.ahead)-1].it == it {
+		rec = &bf.ahead[len(bf.ahead)-1]
+	}
+	var hook func(model.Step, int, []float32, []model.Route)
 	if !bf.prompt {
-		bf.batch.SetOnRoute(func(_ model.Step, l int, _ []float32, routes []model.Route) {
-			n.predict(ctx, b, it, int(fed), l, routes)
-		})
+		hook = func(_ model.Step, l int, _ []float32, routes []model.Route) {
+			n.predict(ctx, b, it, int(fed), l, routes, rec)
+		}
 	}
 	t0 := time.Now()
-	n.mark = t0
+	if err := n.forwardRows(ctx, b, bf, it, hook); err != nil {
+		return err
+	}
+	bf.last = append(bf.last[:0], bf.seqs...)
+	return n.done(ctx, b, it, t0, late, it-bf.aligned)
+}
+
+// forwardRows runs bf's rows through one forward pass of pass it, with
+// hook (if set) as its routing hook.
+func (n *Node) forwardRows(ctx context.Context, b uint64, bf *passFollow, it int64, hook func(model.Step, int, []float32, []model.Route)) error {
+	bf.batch.SetOnRoute(hook)
+	n.mark = time.Now()
 	err := bf.batch.Forward(ctx, bf.sessions, bf.feeds)
 	bf.batch.SetOnRoute(nil)
 	if err != nil {
 		return fmt.Errorf("shadow: batch %d pass %d: %w", b, it, err)
 	}
-	bf.last = append(bf.last[:0], bf.seqs...)
 	for i, f := range bf.rows {
 		f.headDue = true
 		f.fed = append(f.fed, bf.feeds[i]...)
 	}
-	return n.done(ctx, b, it, t0, late, it-bf.aligned)
+	return nil
 }
 
 // member applies alignment a of a pass to its sequence, starting it

@@ -17,9 +17,11 @@ import (
 // members, predicting the union of their routing under the batch's step
 // with those tokens' PassToken. Alignments with the same tokens meet it
 // (nothing runs again) and it goes on to the next pass; alignments where
-// one member's token differs rewind it: it withdraws that pass's
-// predictions and predicts it again as its model routes after the main
-// node's tokens.
+// one member's token differs rewind that member's row only: the main
+// node hears at once, for every layer, the other member's routing (its
+// row kept), each expert on the worker it was hinted to, then the union
+// with the rewound member's routing on the main node's token, no expert
+// that stays moved; no pass is withdrawn whole.
 func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 	r := newShadowRigAhead(t, 1)
 	const batch = 1 << 50
@@ -105,20 +107,34 @@ func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 	sendPass(3, own3...)
 	own4 := own()
 	first4, done := r.readUntilDone(t, batch, 4)
-	if done.Ahead != 1 || done.Agreed != 1 || done.Rewound != 0 {
-		t.Fatalf("pass 4: %+v, want 1 ahead, 1 agreed, 0 rewound", done)
+	if done.Ahead != 1 || done.Agreed != 2 || done.Rewound != 0 {
+		t.Fatalf("pass 4: %+v, want 1 ahead, 2 agreed (both members' rows), 0 rewound", done)
 	}
 	check("pass 4 ahead", first4, own4)
 
-	// the main node samples another token for the first member: a rewind
+	// the main node samples another token for the first member: its row
+	// is rewound, the second member's kept
 	main4 := []int{(own4[0] + 1) % r.qm.Config.VocabSize, own4[1]}
 	sendPass(4, main4...)
-	r.awaitWithdraw(t, batch, 4)
 	got, done = r.readUntilDone(t, batch, 4)
-	if done.Ahead != 0 || done.Rewound != 1 {
-		t.Fatalf("pass 4 again: %+v, want 0 ahead (it departed on the alignments), 1 rewound", done)
+	if done.Ahead != 0 || done.Rewound != 1 || done.Agreed != 3 || !slices.Equal(done.RewoundSeqs, seqs[:1]) {
+		t.Fatalf("pass 4 again: %+v, want 0 ahead (it departed on the alignments), 1 rewound (the first member), 3 agreed", done)
 	}
 	check("pass 4 after the rewind", got, main4)
+	kept := r.reference(t, prompts[1], own4[1], fed[1]...)
+	for l := range kept {
+		if len(kept[l]) == 0 {
+			continue
+		}
+		if len(got[l].all) != 2 || !slices.Equal(got[l].all[0], kept[l]) {
+			t.Errorf("pass 4 after the rewind, layer %d: predictions %v, want the kept member's routing %v first, then the union", l, got[l].all, kept[l])
+		}
+		for i, e := range got[l].experts {
+			if j := slices.Index(first4[l].experts, e); j >= 0 && got[l].on[i] != first4[l].on[j] {
+				t.Errorf("layer %d: expert %d moved from worker %d to %d", l, e, first4[l].on[j], got[l].on[i])
+			}
+		}
+	}
 }
 
 // TestShadowReusesAFinishedSequencesRows: a sequence that ends leaves its
@@ -231,17 +247,7 @@ func (r *shadowRig) sync(t *testing.T) {
 func TestShadowRunsNoPassAheadForAMemberLeaving(t *testing.T) {
 	r := newShadowRigAhead(t, 1)
 	const batch = 1 << 53
-	a, b := uint64(1<<53+1), uint64(1<<53+2)
-	prompts := map[uint64][]int{a: {5, 200, 7, 300, 11, 90}, b: {1, 17, 33, 49, 65, 81}}
-	member := func(seq uint64, it int64, size int) *wire.Alignment {
-		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchIteration: it, BatchSize: size}
-	}
-	for _, seq := range []uint64{a, b} {
-		m := member(seq, 1, 2)
-		m.Chunk = int32s(prompts[seq])
-		r.send(t, m)
-	}
-	r.readUntilDone(t, batch, 1)
+	a, b, prompts, member := twoMembers(t, r, batch)
 	// pass 2 runs ahead on both members' own tokens
 	own := map[uint64]int{a: r.greedy(t, prompts[a]), b: r.greedy(t, prompts[b])}
 	if _, done := r.readUntilDone(t, batch, 2); done.Ahead != 1 {
@@ -268,7 +274,63 @@ func TestShadowRunsNoPassAheadForAMemberLeaving(t *testing.T) {
 	m := member(b, 3, 1)
 	m.Token = int32(ownB)
 	r.send(t, m)
-	if _, done := r.readUntilDone(t, batch, 4); done.Rewound != 0 || done.Agreed != 2 {
-		t.Fatalf("after pass 3's alignment: %+v, want it met (2 agreed, 0 rewound)", done)
+	if _, done := r.readUntilDone(t, batch, 4); done.Rewound != 0 || done.Agreed != 3 {
+		t.Fatalf("after pass 3's alignment: %+v, want it met (3 rows agreed: 2 of pass 2, 1 of pass 3; 0 rewound)", done)
 	}
+}
+
+// TestAMemberThatLeavesUnannouncedCostsItsRowOnly: a member that ends
+// without a final pass (an end of sequence the main node could not know
+// before sampling it) was in the pass the shadow ran ahead. The main
+// node's pass holds only the other member, on the token the shadow
+// guessed: nothing runs again, nothing is rewound, and that pass's
+// predictions become what the remaining member routes, each expert left
+// on the worker it was hinted to.
+func TestAMemberThatLeavesUnannouncedCostsItsRowOnly(t *testing.T) {
+	r := newShadowRigAhead(t, 1)
+	const batch = 1 << 54
+	a, b, prompts, member := twoMembers(t, r, batch)
+	own := map[uint64]int{a: r.greedy(t, prompts[a]), b: r.greedy(t, prompts[b])}
+	ahead, done := r.readUntilDone(t, batch, 2)
+	if done.Ahead != 1 {
+		t.Fatalf("pass 2: %+v, want it run ahead", done)
+	}
+	r.send(t, &wire.SequenceEnd{Seq: a, Last: 1}) // a ended after pass 1
+	m := member(b, 2, 1)
+	m.Token = int32(own[b])
+	r.send(t, m)
+	got, done := r.readUntilDone(t, batch, 2)
+	if done.Ahead != 0 || done.Rewound != 0 || done.Agreed != 1 || len(done.RewoundSeqs) != 0 {
+		t.Fatalf("pass 2 without a: %+v, want 0 ahead, 0 rewound, 1 agreed (b's row)", done)
+	}
+	want := r.reference(t, prompts[b], own[b])
+	for l := range want {
+		if !slices.Equal(got[l].experts, want[l]) || len(got[l].all) != 1 || got[l].token != int32(own[b]) {
+			t.Errorf("pass 2 without a, layer %d: predictions %v with token %d, want once b's routing %v with token %d", l, got[l].all, got[l].token, want[l], own[b])
+		}
+		for i, e := range got[l].experts {
+			if j := slices.Index(ahead[l].experts, e); j < 0 || got[l].on[i] != ahead[l].on[j] {
+				t.Errorf("layer %d: expert %d on worker %d, hinted ahead to %v", l, e, got[l].on[i], ahead[l].on)
+			}
+		}
+	}
+}
+
+// twoMembers starts batch's members batch+1 and batch+2 with their
+// prompts in its first pass, and returns them, their prompts and a maker
+// of their alignments.
+func twoMembers(t *testing.T, r *shadowRig, batch uint64) (a, b uint64, prompts map[uint64][]int, member func(seq uint64, it int64, size int) *wire.Alignment) {
+	t.Helper()
+	a, b = batch+1, batch+2
+	prompts = map[uint64][]int{a: {5, 200, 7, 300, 11, 90}, b: {1, 17, 33, 49, 65, 81}}
+	member = func(seq uint64, it int64, size int) *wire.Alignment {
+		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchIteration: it, BatchSize: size}
+	}
+	for _, seq := range []uint64{a, b} {
+		m := member(seq, 1, 2)
+		m.Chunk = int32s(prompts[seq])
+		r.send(t, m)
+	}
+	r.readUntilDone(t, batch, 1)
+	return a, b, prompts, member
 }

@@ -59,8 +59,8 @@ type Node struct {
 	// while a forward pass runs (one at a time, on ServeMain's goroutine)
 	out     chan<- outgoing // to the sender
 	mainP   *wire.Peer
-	experts []int
-	buf     []int // scratch for sched.PredictionHints
+	experts []int // scratch: a layer's predicted experts
+	on      []int // scratch: the worker each is hinted to
 	// owners, once the main node has sent one, is who owns each expert
 	// (-residency on): a predicted expert is hinted to its owner
 	owners *sched.Placement
@@ -75,9 +75,12 @@ type Node struct {
 	// copies them instead of running those tokens again. Set it before
 	// ServeMain.
 	Prefixes *kvcache.Prefixes
-	// agreed and rewound count the alignments whose token met an
-	// iteration already run ahead: on the same token, or not (a rewind)
+	// agreed and rewound count the members' rows of passes run ahead
+	// whose alignment met them: on the same token, or not (a rewind of
+	// that row); rewoundSeqs are the members whose rows the pass being
+	// run rewound, for its ShadowDone
 	agreed, rewound int64
+	rewoundSeqs     []uint64
 	// started is the latest iteration the main node has started of each
 	// sequence, as its alignments arrive (before they are handled): a
 	// shadow behind it hints no loads for iterations the main node has
@@ -438,7 +441,17 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, Unhinted: n.unhinted, Reused: n.reused}})
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: n.takeRewound(), Unhinted: n.unhinted, Reused: n.reused}})
+}
+
+// takeRewound hands over the members the pass being reported rewound.
+func (n *Node) takeRewound() []uint64 {
+	if len(n.rewoundSeqs) == 0 {
+		return nil
+	}
+	seqs := slices.Clone(n.rewoundSeqs)
+	n.rewoundSeqs = n.rewoundSeqs[:0]
+	return seqs
 }
 
 // apply aligns f with a, its iteration's alignment: the iteration, what
@@ -482,49 +495,6 @@ func (n *Node) queue(ctx context.Context, o outgoing) error {
 	}
 }
 
-// predict is the routing hook of a forward pass, step (seq, it), that fed
-// token (a batch's pass: align.PassToken of its rows' tokens): the moment
-// layer l is routed (the union over a batch's rows), hint its group's
-// workers and tell the main node (through the sender). If ctx has ended nothing is queued, and the
-// forward pass stops at its next layer.
-func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, routes []model.Route) {
-	now := time.Now()
-	n.trace.Span(trace.Shadow, it, l, -1, n.mark, now)
-	n.mark = now
-	n.experts = n.experts[:0]
-	for _, r := range routes {
-		if !slices.Contains(n.experts, r.Expert) {
-			n.experts = append(n.experts, r.Expert)
-		}
-	}
-	slices.Sort(n.experts)
-	prediction := func(worker int, experts []int) outgoing {
-		return outgoing{worker: worker, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts), Token: int32(token)}}
-	}
-	// each worker of the group loads its share, where the main node's
-	// planner will look for it (sched.PlacePredicted), or each owner its
-	// experts when they stay resident; none when the main node has already
-	// run the iteration (a shadow fallen behind): the loads would come too
-	// late and take the cores and links from loads that are not
-	var failed error
-	hint := func(w int, experts []int) {
-		if failed == nil && n.workers[w].up.Load() {
-			failed = n.queue(ctx, prediction(w, experts))
-		}
-	}
-	switch {
-	case n.started.passed(seq, it):
-		n.unhinted++
-	case n.owners != nil:
-		n.buf = ownerHints(n.owners, l, n.experts, n.buf, hint)
-	default:
-		n.buf = n.layout.PredictionHints(l, n.experts, n.buf, hint)
-	}
-	if failed == nil {
-		_ = n.queue(ctx, prediction(-1, n.experts))
-	}
-}
-
 // setPlacement takes the main node's placement of the experts, unless it
 // is older than the one the shadow has (they travel on streams of their
 // own) or does not fit the layout (logged, and ignored: hints then go to
@@ -543,26 +513,6 @@ func (n *Node) setPlacement(m *wire.Placement) {
 		n.owners = p
 		n.log.Debug().Uint64("version", p.Version()).Msg("shadow: hinting experts to their owners")
 	}
-}
-
-// ownerHints calls f once per owner of some of experts (distinct, sorted)
-// of layer, with the experts it owns; buf is scratch for them (valid
-// until f returns), returned grown.
-func ownerHints(owners *sched.Placement, layer int, experts, buf []int, f func(worker int, experts []int)) []int {
-	for i, e := range experts {
-		w := owners.Owner(layer, e)
-		if slices.ContainsFunc(experts[:i], func(d int) bool { return owners.Owner(layer, d) == w }) {
-			continue
-		}
-		buf = buf[:0]
-		for _, d := range experts[i:] {
-			if owners.Owner(layer, d) == w {
-				buf = append(buf, d)
-			}
-		}
-		f(w, buf)
-	}
-	return buf
 }
 
 // int32s copies ids for a message, which the sender owns.

@@ -384,8 +384,10 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 
 // layerPrediction is what the shadow predicted for one layer.
 type layerPrediction struct {
-	experts []int
+	experts []int   // the latest prediction's
+	on      []int32 // the worker each was hinted to
 	token   int32
+	all     [][]int // every prediction's experts, in order (a revised pass has more than one)
 }
 
 // recv is the shadow's next message to the main node.
@@ -401,8 +403,9 @@ func (r *shadowRig) recv(t *testing.T) wire.Message {
 }
 
 // readUntilDone reads the shadow's predictions for iteration it of seq
-// until its ShadowDone, which it returns with them by layer; a message of
-// another iteration fails the test.
+// until its ShadowDone, which it returns with them by layer (a later
+// prediction of a layer replacing an earlier, as on the main node); a
+// message of another iteration, or a withdrawal, fails the test.
 func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPrediction, *wire.ShadowDone) {
 	t.Helper()
 	got := make([]layerPrediction, r.qm.Config.NumLayers)
@@ -412,10 +415,12 @@ func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPr
 			if m.Seq != seq || m.Iteration != it {
 				t.Fatalf("prediction for sequence %d iteration %d, want iteration %d of %d", m.Seq, m.Iteration, it, seq)
 			}
+			lp := &got[m.Layer]
+			lp.experts = nil
 			for _, e := range m.Experts {
-				got[m.Layer].experts = append(got[m.Layer].experts, int(e))
+				lp.experts = append(lp.experts, int(e))
 			}
-			got[m.Layer].token = m.Token
+			lp.on, lp.token, lp.all = m.Workers, m.Token, append(lp.all, lp.experts)
 		case *wire.ShadowDone:
 			if m.Iteration == 1 && it > 1 {
 				continue // a prompt's pass: no predictions

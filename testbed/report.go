@@ -247,7 +247,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		}
 		for _, r := range runs {
 			if a := r.figures().Ahead; a != nil && a.Iterations > 0 {
-				fmt.Fprintf(w, "\n%s: the shadow ran %d decode passes ahead of its alignment; token agreement %.2f%% (%d met, %d rewinds); %d loads withdrawn on the workers (%s MiB).\n",
+				fmt.Fprintf(w, "\n%s: the shadow ran %d decode passes ahead of its alignment; token agreement %.2f%% (%d rows met, %d rewound); %d loads withdrawn on the workers (%s MiB).\n",
 					r.Mode, a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnLoads, mib(a.WithdrawnBytes))
 			}
 		}

@@ -137,6 +137,8 @@ func badFrames(t testing.TB) []struct {
 		{"negative layer", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
 		{"placement owners for other shape", rawFrame(TypePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 2, Layers: []int32{0}, Owners: []int32{0}})), CodeMalformed},
 		{"withdraw from a negative iteration", rawFrame(TypeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: -2})), CodeMalformed},
+		{"prediction with workers for some experts", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Experts: []int32{1, 2}, Workers: []int32{0}})), CodeMalformed},
+		{"withdraw at a negative layer", rawFrame(TypeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
 		{"prediction with a negative token", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Token: -5})), CodeMalformed},
 		{"placement names an unknown worker", rawFrame(TypePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
 	}

@@ -139,6 +139,8 @@ func sampleMessages(hidden int) []Message {
 	return []Message{
 		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812},
 		&Withdraw{Seq: 3, From: 9},
+		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812, Workers: []int32{2, -1}},
+		&Withdraw{Seq: 3, From: 9, Layer: 2, Experts: []int32{4, 6}},
 		&Activation{Seq: 3, Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
 		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
 		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchIteration: 8, BatchSize: 1},
@@ -148,7 +150,7 @@ func sampleMessages(hidden int) []Message {
 		&StatsRequest{},
 		&WorkerStats{Loads: 40, Hits: 42, Misses: 14, WastedLoads: 8, LatePredictions: 5, LoadTime: 12 * time.Millisecond, ComputeTime: 1500 * time.Microsecond,
 			DeviceBudget: 1 << 30, DevicePeak: 794624, RSSPeak: 700 << 20, HostCacheHits: 3, HostCacheBytes: 1 << 20, ResidentHits: 7, ResidentEvicted: 2, ResidentExperts: 4, ResidentBytes: 4 << 20, WithdrawnLoads: 2, WithdrawnBytes: 3 << 20},
-		&ShadowDone{Seq: 3, Iteration: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1, Reused: 1024},
+		&ShadowDone{Seq: 3, Iteration: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1, Reused: 1024, RewoundSeqs: []uint64{4, 9}},
 		&Placement{Version: 4, Workers: 3, Experts: 2, Layers: []int32{0, 2}, Owners: []int32{0, 1, 2, 0}},
 		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9, Seq: 3},
 		&Trace{From: 2, To: 4},

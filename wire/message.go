@@ -123,17 +123,31 @@ type Prediction struct {
 	// prediction on a path it did not take; -1 when not said (the main
 	// node's own hints).
 	Token int32
+	// Workers, in a prediction to the main node, gives the worker each of
+	// Experts was hinted to (-1: none, its worker was down), so the main
+	// node runs it there; empty: the i-th expert's is DecodeWorker(Layer,
+	// i), sched.Layout.PredictionHints' rule. A prediction the shadow
+	// revises after a rewind of some of a pass's members keeps the
+	// experts still wanted where they were hinted, which that rule would
+	// move.
+	Workers []int32
 }
 
 // Withdraw tells a worker group and the main node that the shadow takes
 // back its predictions for iterations From and later of sequence Seq: it
 // ran ahead on a token the main node did not sample, and runs them again.
 // A worker drops the loads they started unless something else holds
-// them; predictions sent after it stand.
+// them; predictions sent after it stand. With Experts set it takes back
+// only those experts of layer Layer of iteration From, sent to the worker
+// they were hinted to: a pass run ahead whose other members the main
+// node's pass kept no longer needs them (a member left, or was fed
+// another token).
 type Withdraw struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Seq      uint64
 	From     int64
+	Layer    int
+	Experts  []int32
 }
 
 // Activation is the main node's request to run experts: the normalized
@@ -317,9 +331,14 @@ type ShadowDone struct {
 	// on the main node's alignment).
 	Ahead int64
 	// Agreed and Rewound count, since the main node connected, the
-	// alignments whose token met an iteration the shadow had run ahead:
-	// on the same token, or on another (it rewound and ran it again).
+	// members' rows of passes run ahead whose alignment met them: on the
+	// same token, or on another (the shadow rewound that member's row and
+	// ran it again).
 	Agreed, Rewound int64
+	// RewoundSeqs are the members whose rows this pass rewound (their
+	// token guessed wrong): each member's alignment period answers for
+	// its own guesses.
+	RewoundSeqs []uint64
 	// Unhinted counts, since the main node connected, the layers the
 	// shadow predicted after the main node had started a later iteration
 	// (it had fallen behind): it told the main node but hinted no loads.
@@ -411,10 +430,15 @@ func (m *Prediction) validate() error {
 	if m.Token < -1 {
 		return malformed("prediction fed token %d", m.Token)
 	}
+	if len(m.Workers) > 0 && len(m.Workers) != len(m.Experts) {
+		return malformed("prediction names workers for %d of %d experts", len(m.Workers), len(m.Experts))
+	}
 	return nonNegative("iteration/layer", m.Iteration, int64(m.Layer))
 }
 
-func (m *Withdraw) validate() error { return nonNegative("withdrawn iteration", m.From) }
+func (m *Withdraw) validate() error {
+	return nonNegative("withdrawn iteration/layer", m.From, int64(m.Layer))
+}
 
 func (m *Activation) validate() error {
 	if err := nonNegative("iteration/layer/tokens", m.Iteration, int64(m.Layer), int64(m.Tokens)); err != nil {

@@ -82,6 +82,43 @@ func TestWithdrawDropsOnlyTheWithdrawnIterations(t *testing.T) {
 	}
 }
 
+// TestWithdrawExpertsDropsOnlyThoseOfTheIteration: the shadow takes back
+// experts 2 and 3 of layer 0 of iteration 3 (the member that wanted them
+// left the pass run ahead). Expert 2 goes, counted with its bytes; expert
+// 3, which iteration 4 also holds, and expert 1, not named, stay; so does
+// the same expert of layer 1.
+func TestWithdrawExpertsDropsOnlyThoseOfTheIteration(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	it3, it4 := model.Step{Seq: 3, Iter: 3}, model.Step{Seq: 3, Iter: 4}
+	e.Prefetch(ctx, it3, 0, []int{1, 2, 3})
+	e.Prefetch(ctx, it4, 0, []int{3})
+	e.Prefetch(ctx, it3, 1, []int{2})
+	e.wg.Wait()
+	e.WithdrawExperts(it3, 0, []int{2, 3})
+	if got := e.Resident(); got != 3 {
+		t.Fatalf("%d experts resident after the withdrawal, want 3 (layer 0 experts 1 and 3, layer 1 expert 2)", got)
+	}
+	b2, _ := f.store.ExpertBytes(0, 2)
+	if n, bytes := e.Stats.Withdrawn.Load(), e.Stats.WithdrawnBytes.Load(); n != 1 || bytes != int64(b2) {
+		t.Fatalf("withdrawn %d loads of %d bytes, want 1 of %d", n, bytes, b2)
+	}
+	x := randomInput(1, h, 5)
+	out := make([]float32, h)
+	for _, c := range []struct {
+		step          model.Step
+		layer, expert int
+	}{{it3, 0, 1}, {it4, 0, 3}, {it3, 1, 2}} {
+		if res, err := e.Run(ctx, c.step, c.layer, c.expert, x, 1, out, Evict); err != nil || res.Miss {
+			t.Fatalf("iteration %d layer %d expert %d after the withdrawal: miss=%v err=%v, want a hit", c.step.Iter, c.layer, c.expert, res.Miss, err)
+		}
+	}
+}
+
 // TestLoadsForTheCurrentIterationComeFirst: the budget is full of
 // predictions for iteration 3 (a shadow running ahead) when iteration 2's
 // prediction arrives: one of iteration 3's makes room for it, the latest

@@ -601,6 +601,28 @@ func (e *Engine) Withdraw(step model.Step) {
 	}
 }
 
+// WithdrawExperts lets sequence step.Seq go of experts of layer it holds
+// for iteration step.Iter only (predictions that the rest of a pass run
+// ahead no longer needs) and frees those nobody else holds, counted as
+// Withdraw counts them.
+func (e *Engine) WithdrawExperts(step model.Step, layer int, experts []int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ex := range experts {
+		k := slotKey{layer, ex}
+		s, ok := e.slots[k]
+		if !ok || !slices.Contains(s.holders, holder{step.Seq, step.Iter}) {
+			continue
+		}
+		if e.releaseLocked(step.Seq, step.Iter, step.Iter, k, s) && !s.used {
+			e.Stats.Withdrawn.Add(1)
+			if n, err := e.src.ExpertBytes(k.layer, k.expert); err == nil {
+				e.Stats.WithdrawnBytes.Add(int64(n))
+			}
+		}
+	}
+}
+
 // EndSequence lets sequence seq go of every expert it still holds (hints
 // for iterations that never came) and frees those nobody else holds.
 func (e *Engine) EndSequence(seq uint64) {

@@ -190,7 +190,15 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 				return
 			}
 		case *wire.Withdraw:
-			s.engine.Withdraw(model.Step{Seq: m.Seq, Iter: m.From})
+			if len(m.Experts) > 0 {
+				experts := make([]int, len(m.Experts))
+				for i, e := range m.Experts {
+					experts[i] = int(e)
+				}
+				s.engine.WithdrawExperts(model.Step{Seq: m.Seq, Iter: m.From}, m.Layer, experts)
+			} else {
+				s.engine.Withdraw(model.Step{Seq: m.Seq, Iter: m.From})
+			}
 		case *wire.SequenceEnd:
 			s.endSequence(m.Seq)
 		case *wire.Heartbeat:
