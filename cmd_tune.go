@@ -135,7 +135,11 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
-	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, qm, certDir, addrs, layout, shadow.DefaultAhead, "127.0.0.1:0", log)
+	id, err := files.Identity()
+	if err != nil {
+		return err
+	}
+	shadowAddr, stopShadow, err := inproc.StartShadow(ctx, inproc.ShadowOptions{Model: qm, Identity: id, Certs: certDir, Workers: addrs, Layout: layout, Ahead: shadow.DefaultAhead, Listen: "127.0.0.1:0", Log: log})
 	if err != nil {
 		return err
 	}
@@ -150,6 +154,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 		return err
 	}
 	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
+	mcfg.Hello.Model, mcfg.CheckHello = id, wire.SameModel(true)
 	scfg := *mcfg
 	scfg.PeerRoles = []wire.Role{wire.RoleShadow}
 

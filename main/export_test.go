@@ -1,5 +1,11 @@
 package mainnode
 
+import (
+	"slices"
+
+	"github.com/odmoe/odmoe/sched"
+)
+
 // RejoinReady reports whether a lost worker's new connection waits to
 // rejoin at the next forward pass.
 func (s *Swarm) RejoinReady() bool { return s.rejoins.Load() > 0 }
@@ -22,4 +28,15 @@ func (s *Swarm) RebalanceEvery(n int) { s.placer.every = int64(n) }
 func (b *Batcher) StartTogether(n int) <-chan struct{} {
 	b.gather, b.gathered = n, make(chan struct{}, n)
 	return b.gathered
+}
+
+// PlacerCapacities is what the placer (-residency on) knows of each
+// worker's memory and load bandwidth, nil without one.
+func (s *Swarm) PlacerCapacities() []sched.Capacity {
+	if s.placer == nil {
+		return nil
+	}
+	s.placer.mu.Lock()
+	defer s.placer.mu.Unlock()
+	return slices.Clone(s.placer.caps)
 }

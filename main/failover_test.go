@@ -206,6 +206,10 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	id, err := f.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name              string
 		upAtStart         bool
@@ -222,7 +226,7 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 			shadowAddr := freeUDPAddr(t)
 			var stopShadow func()
 			startShadow := func() error {
-				_, stop, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, shadow.DefaultAhead, shadowAddr, zerolog.Nop())
+				_, stop, err := inproc.StartShadow(ctx, inproc.ShadowOptions{Model: qm, Identity: id, Certs: f.Certs, Workers: addrs, Layout: layout, Ahead: shadow.DefaultAhead, Listen: shadowAddr, Log: zerolog.Nop()})
 				stopShadow = stop
 				return err
 			}
@@ -236,6 +240,7 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 				t.Fatal(err)
 			}
 			scfg := &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop(), DialAttempts: 1, HandshakeTimeout: time.Second}
+			scfg.Hello.Model = id
 			opt := mainnode.Options{Layout: layout, Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}, MiniBatch: 4,
 				Hidden: local.Config.HiddenSize, Log: zerolog.Nop(), Layers: local.Config.ExpertLayers(), Experts: local.Config.NumExperts, TopK: local.Config.TopK,
 				RedialShadow: func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, shadowAddr, scfg) }}

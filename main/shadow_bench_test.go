@@ -45,6 +45,10 @@ func BenchmarkShadowDecode(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	id, err := f.Identity()
+	if err != nil {
+		b.Fatal(err)
+	}
 	swarm := func(b *testing.B, opt mainnode.Options, quant kernels.DType) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -52,7 +56,8 @@ func BenchmarkShadowDecode(b *testing.B) {
 		opt.Layout, _ = sched.NewLayout(8, 2)
 		opt.Hidden, opt.Log = c.HiddenSize, zerolog.Nop()
 		opt.Layers, opt.Experts, opt.TopK, opt.Seed = c.ExpertLayers(), c.NumExperts, c.TopK, 1
-		mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
+		mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop(), CheckHello: wire.SameModel(true)} // as main.Run: its model said and checked
+		mcfg.Hello.Model = id
 		if opt.Prefetch == mainnode.Shadow {
 			saddr := startShadow(b, ctx, f, quant, shadow.DefaultAhead, addrs, opt.Layout)
 			scfg := *mcfg

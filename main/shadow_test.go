@@ -44,7 +44,11 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := inproc.StartShadow(ctx, qm, f.Certs, workerAddrs, layout, ahead, "127.0.0.1:0", zerolog.Nop())
+	id, err := f.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, stop, err := inproc.StartShadow(ctx, inproc.ShadowOptions{Model: qm, Identity: id, Certs: f.Certs, Workers: workerAddrs, Layout: layout, Ahead: ahead, Listen: "127.0.0.1:0", Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,7 +179,12 @@ func dialSwarmWithBudget(t *testing.T, f inproc.Files, workers int, budget int64
 	opt.Layout, _ = sched.NewLayout(workers, 2)
 	opt.MiniBatch, opt.Hidden, opt.Log = 4, cfg.HiddenSize, zerolog.Nop()
 	opt.Layers, opt.Experts, opt.TopK, opt.Seed, opt.Intermediate = cfg.ExpertLayers(), cfg.NumExperts, cfg.TopK, 1, cfg.IntermediateSize
-	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop()}
+	id, err := f.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop(), CheckHello: wire.SameModel(true)} // as main.Run: its model said and checked
+	mcfg.Hello.Model = id
 	if sh != nil {
 		saddr := startShadow(t, ctx, f, sh.quant, sh.ahead(), addrs, opt.Layout)
 		scfg := *mcfg

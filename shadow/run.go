@@ -40,8 +40,8 @@ type Config struct {
 	Log         zerolog.Logger
 }
 
-// Run quantizes the model, connects to the workers and follows one main
-// node after another until ctx ends.
+// Run quantizes the model, builds the shadow on it (New: connected to
+// the workers) and follows one main node after another until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
 	full, err := model.Load(cfg.Model, model.LoadOptions{})
@@ -53,14 +53,6 @@ func Run(ctx context.Context, cfg Config) error {
 			full.Close()
 		}
 	}()
-	group := cfg.Group
-	if group == 0 {
-		group = sched.DefaultGroup(len(cfg.Workers), full.Config.TopK)
-	}
-	layout, err := sched.NewLayout(len(cfg.Workers), group)
-	if err != nil {
-		return err
-	}
 	id, err := store.IdentityOf(cfg.Model, full) // from the checkpoint, before it is let go
 	if err != nil {
 		return err
@@ -78,13 +70,71 @@ func Run(ctx context.Context, cfg Config) error {
 	full = nil
 	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
 		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
-	wcfg := *cfg.Wire
+	node, err := New(ctx, Deps{Model: qm, Identity: id.String(), Workers: cfg.Workers, Wire: cfg.Wire, Log: log},
+		Options{Group: cfg.Group, Ahead: cfg.Ahead, PrefixBytes: cfg.PrefixBytes, PeerTimeout: cfg.PeerTimeout, DialTimeout: cfg.DialTimeout})
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	ln, err := node.Listen(ctx, cfg.Listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(cfg.Workers)).Msg("shadow ready")
+	return node.Serve(ctx, ln)
+}
+
+// Deps are what a shadow runs on, already made.
+type Deps struct {
+	Model *model.Model // the quantized copy
+	// Identity is the checkpoint's (store.IdentityOf): the shadow tells
+	// it to its peers and refuses one of another model.
+	Identity string
+	Workers  []string // worker addresses, in the main node's order
+	// Wire is the shadow's identity (its certificates) and transport
+	// settings; New adds what a shadow tells its peers.
+	Wire *wire.Config
+	Log  zerolog.Logger
+}
+
+// Options say how a shadow runs.
+type Options struct {
+	Group int // workers per group; 0: the router's top-k
+	// Ahead is how many iterations a sequence may run past the main
+	// node's latest alignment on the shadow's own tokens (Node.Ahead).
+	Ahead int
+	// PrefixBytes is the memory for finished sequences' KV rows (Node.Prefixes); 0: none.
+	PrefixBytes int64
+	// PeerTimeout is how long a worker may stay silent before it is lost;
+	// 0: wire.DefaultPeerTimeout.
+	PeerTimeout time.Duration
+	// DialTimeout bounds the wait for the workers to answer at start; 0:
+	// wire.DefaultStartDialTimeout.
+	DialTimeout time.Duration
+}
+
+// New builds a shadow the one way both a process (`odmoe run -role
+// shadow`, Run) and an in-process swarm (internal/inproc) build it:
+// connected to d's workers (waiting for them while they start, and
+// refusing one of another model), with its layout, run-ahead and prefix
+// cache as o says. It does not listen yet.
+func New(ctx context.Context, d Deps, o Options) (*Node, error) {
+	group := o.Group
+	if group == 0 {
+		group = sched.DefaultGroup(len(d.Workers), d.Model.Config.TopK)
+	}
+	layout, err := sched.NewLayout(len(d.Workers), group)
+	if err != nil {
+		return nil, err
+	}
+	wcfg := *d.Wire
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
-	wcfg.Hello.Model = id.String()
+	wcfg.Hello.Model = d.Identity
 	wcfg.CheckHello = wire.SameModel(true)
 	// workers may still be pinning or preloading experts
-	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
-	wcfg.IdleTimeout = cmp.Or(cfg.PeerTimeout, wire.DefaultPeerTimeout)
+	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(o.DialTimeout, wire.DefaultStartDialTimeout)
+	wcfg.IdleTimeout = cmp.Or(o.PeerTimeout, wire.DefaultPeerTimeout)
 	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
 	var peers []*wire.Peer
 	closeAll := func() {
@@ -92,37 +142,41 @@ func Run(ctx context.Context, cfg Config) error {
 			p.Close()
 		}
 	}
-	for _, a := range cfg.Workers {
+	for _, a := range d.Workers {
 		p, err := wire.Dial(ctx, a, &wcfg)
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("dialing worker %s: %w", a, err)
+			return nil, fmt.Errorf("dialing worker %s: %w", a, err)
 		}
 		peers = append(peers, p)
 	}
 	rcfg := wcfg
 	rcfg.DialAttempts, rcfg.DialTimeout = 1, 0 // the node retries, and logs each attempt
-	redial := func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Workers[w], &rcfg) }
-	node, err := NewNode(qm, peers, layout, redial, log)
+	redial := func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, d.Workers[w], &rcfg) }
+	node, err := newNode(d.Model, peers, layout, redial, d.Log)
 	if err != nil {
 		closeAll()
-		return err
+		return nil, err
 	}
-	defer node.Close()
-	node.Ahead, node.Prefixes = cfg.Ahead, kvcache.NewPrefixes(cfg.PrefixBytes)
-	mcfg := *cfg.Wire
-	mcfg.PeerRoles = []wire.Role{wire.RoleMain}
-	mcfg.Hello.Model, mcfg.CheckHello = id.String(), wire.SameModel(true)
-	mcfg.Hello.Group = layout.Group // the main node checks that it runs the same layout
+	node.Ahead, node.Prefixes = o.Ahead, kvcache.NewPrefixes(o.PrefixBytes)
+	node.mainWire = *d.Wire
+	node.mainWire.PeerRoles = []wire.Role{wire.RoleMain}
+	node.mainWire.Hello.Model, node.mainWire.CheckHello = d.Identity, wire.SameModel(true)
+	node.mainWire.Hello.Group = layout.Group // the main node checks that it runs the same layout
 	for _, p := range peers {
-		mcfg.Hello.Layout = append(mcfg.Hello.Layout, p.Identity().Name)
+		node.mainWire.Hello.Layout = append(node.mainWire.Hello.Layout, p.Identity().Name)
 	}
-	ln, err := wire.Listen(ctx, cfg.Listen, &mcfg)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(peers)).Msg("shadow ready")
+	return node, nil
+}
+
+// Listen listens on addr (UDP) for the main node, as this shadow.
+func (n *Node) Listen(ctx context.Context, addr string) (*wire.Listener, error) {
+	return wire.Listen(ctx, addr, &n.mainWire)
+}
+
+// Serve follows one main node after another, as they connect on ln,
+// until ctx ends.
+func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
 	for {
 		p, err := ln.Accept(ctx)
 		if err != nil {
@@ -131,11 +185,11 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return err
 		}
-		err = node.ServeMain(ctx, p)
+		err = n.ServeMain(ctx, p)
 		p.Close()
 		if ctx.Err() != nil {
 			return nil
 		}
-		log.Info().Err(err).Msg("main node gone; waiting for the next")
+		n.log.Info().Err(err).Msg("main node gone; waiting for the next")
 	}
 }

@@ -50,6 +50,9 @@ type Node struct {
 	log     zerolog.Logger
 	trace   *trace.Recorder
 	redial  func(ctx context.Context, w int) (*wire.Peer, error)
+	// mainWire is how the shadow listens for the main node: its model,
+	// layout and group said in its Hello (New)
+	mainWire wire.Config
 
 	// the watchers of the worker connections: Close ends life and waits
 	life     context.Context
@@ -176,11 +179,11 @@ type workerLink struct {
 	up   atomic.Bool
 }
 
-// NewNode returns a shadow over the quantized model m that hints workers
+// newNode returns a shadow over the quantized model m that hints workers
 // (in layout order). When a worker's connection ends its hints are
 // dropped, and redial (if set) is called in the background until it
 // answers again. Close the node when done.
-func NewNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, redial func(ctx context.Context, w int) (*wire.Peer, error), log zerolog.Logger) (*Node, error) {
+func newNode(m *model.Model, workers []*wire.Peer, layout sched.Layout, redial func(ctx context.Context, w int) (*wire.Peer, error), log zerolog.Logger) (*Node, error) {
 	if len(workers) != layout.Workers {
 		return nil, fmt.Errorf("shadow: %d worker connections for a layout of %d", len(workers), layout.Workers)
 	}

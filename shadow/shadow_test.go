@@ -70,7 +70,11 @@ func newShadowRigAhead(t *testing.T, ahead int) *shadowRig {
 	addrs := r.addrs
 	layout, _ := sched.NewLayout(2, 2)
 	r.layout = layout
-	saddr, stopShadow, err := inproc.StartShadow(ctx, qm, f.Certs, addrs, layout, ahead, "127.0.0.1:0", zerolog.New(zerolog.NewTestWriter(t)))
+	id, err := f.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saddr, stopShadow, err := inproc.StartShadow(ctx, inproc.ShadowOptions{Model: qm, Identity: id, Certs: f.Certs, Workers: addrs, Layout: layout, Ahead: ahead, Listen: "127.0.0.1:0", Log: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +84,9 @@ func newShadowRigAhead(t *testing.T, ahead int) *shadowRig {
 		t.Fatal(err)
 	}
 	dial := func(addr string, role wire.Role) *wire.Peer {
-		p, err := wire.Dial(ctx, addr, &wire.Config{Certs: certs, PeerRoles: []wire.Role{role}, Log: zerolog.Nop()})
+		cfg := &wire.Config{Certs: certs, PeerRoles: []wire.Role{role}, Log: zerolog.Nop()}
+		cfg.Hello.Model = id // as a main node says its model
+		p, err := wire.Dial(ctx, addr, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

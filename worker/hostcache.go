@@ -56,6 +56,9 @@ func NewHostCache(budget int64) (*HostCache, error) {
 	return &HostCache{arena: a, lru: list.New(), byKey: map[slotKey]*list.Element{}}, nil
 }
 
+// Budget is the bytes the cache may hold.
+func (c *HostCache) Budget() int64 { return c.arena.Budget() }
+
 // Close gives the cache's memory back; no copy may be used after.
 func (c *HostCache) Close() error {
 	c.mu.Lock()

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/progress"
@@ -31,8 +32,10 @@ type Config struct {
 	Log                       zerolog.Logger
 }
 
-// Run opens the store, fills the host cache and pins resident experts as
-// configured, then serves the main node and the shadow until ctx ends.
+// Run opens the store, the device and the host caches as configured,
+// builds the worker on them (New: the budget check, the host cache
+// filled, resident experts pinned) and serves the main node and the
+// shadow until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
 	st, chunks, closeStore, err := openStore(cfg.Store, cfg.HostCompressedBytes)
@@ -40,19 +43,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeStore()
-	if len(st.Layers()) == 0 || st.Experts() == 0 {
-		return fmt.Errorf("worker: store %s holds no experts", cfg.Store)
-	}
-	hidden, _, err := st.ExpertShape(st.Layers()[0], 0)
-	if err != nil {
-		return err
-	}
-	if need, err := smallestBudget(st); err != nil {
-		return err
-	} else if cfg.DeviceMemBytes < need {
-		return fmt.Errorf("worker: -device-mem %s cannot hold the store's largest expert and its compute buffers (%s): give at least %s",
-			progress.Bytes(cfg.DeviceMemBytes), progress.Bytes(need), progress.Bytes(need))
-	}
 	arena, err := NewArena(cfg.DeviceMemBytes)
 	if err != nil {
 		return err
@@ -66,33 +56,13 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer host.Close()
 	}
-	eng := NewEngine(st, hidden, dev, log)
-	eng.Host, eng.Chunks = host, chunks
-	if host != nil && chunks != nil {
-		eng.chooseTiers(st, cfg.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
+	n, err := New(ctx, Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log},
+		Options{LoadBytesSec: cfg.LoadBytesSec, HostPreload: cfg.HostPreload, ResidentIndex: cfg.ResidentIndex, ResidentOf: cfg.ResidentOf})
+	if err != nil {
+		return fmt.Errorf("%w (store %s)", err, cfg.Store)
 	}
-	defer eng.Close() // first: nothing runs on the device or from the host cache when they close
-	if cfg.HostPreload {
-		if eng.Host == nil {
-			return fmt.Errorf("worker: preloading the host cache needs a host cache")
-		}
-		if err := preloadHost(ctx, eng, st, cfg.HostCacheBytes, log); err != nil {
-			return err
-		}
-	}
-	if cfg.ResidentOf > 0 {
-		if err := pinResident(ctx, eng, st, cfg.ResidentIndex, cfg.ResidentOf, log); err != nil {
-			return err
-		}
-	}
-	wcfg := *cfg.Wire
-	wcfg.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
-	wcfg.Hello.DeviceMemBytes, wcfg.Hello.LoadBytesSec = cfg.DeviceMemBytes, cfg.LoadBytesSec
-	// a main node or shadow of another model is refused here too (they
-	// refuse this worker from their side as well)
-	wcfg.Hello.Model = st.Identity().String()
-	wcfg.CheckHello = wire.SameModel(false)
-	ln, err := wire.Listen(ctx, cfg.Listen, &wcfg)
+	defer n.Close() // first: nothing runs on the device or from the host cache when they close
+	ln, err := n.Listen(ctx, cfg.Listen)
 	if err != nil {
 		return err
 	}
@@ -100,7 +70,7 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info().Str("listen", ln.Addr().String()).Str("store", cfg.Store).Str("device_mem", progress.Bytes(cfg.DeviceMemBytes)).
 		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).
 		Str("host_compressed", progress.Bytes(cfg.HostCompressedBytes)).Msg("worker ready")
-	return NewServer(eng, log).Serve(ctx, ln)
+	return n.Serve(ctx, ln)
 }
 
 // openStore opens the store in dir with, when compressedBytes > 0, a
@@ -150,7 +120,7 @@ func smallestBudget(st *store.Store) (int64, error) {
 
 func align(n int64) int64 { return (n + arenaAlign - 1) / arenaAlign * arenaAlign }
 
-func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64, log zerolog.Logger) error {
+func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64, quiet bool, log zerolog.Logger) error {
 	t0 := time.Now()
 	var total int64 // every expert's decompressed size
 	for _, l := range st.Layers() {
@@ -160,7 +130,7 @@ func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64,
 			}
 		}
 	}
-	bar := progress.New("host cache", min(limit, total))
+	bar := newBar(quiet, "host cache", min(limit, total))
 	n, err := eng.Host.Preload(ctx, st, st.Layers(), st.Experts(), bar.Set)
 	bar.Finish()
 	if err != nil {
@@ -171,13 +141,21 @@ func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64,
 	return nil
 }
 
+// newBar is a progress bar on stderr, or one drawn nowhere when quiet.
+func newBar(quiet bool, label string, total int64) *progress.Bar {
+	if quiet {
+		return progress.NewWriter(io.Discard, false, label, total)
+	}
+	return progress.New(label, total)
+}
+
 func inUse(d Device) int64 {
 	_, n, _ := d.Memory()
 	return n
 }
 
 // pinResident pins the experts worker idx of n owns, with a progress bar.
-func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, log zerolog.Logger) error {
+func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, quiet bool, log zerolog.Logger) error {
 	var total int64 // what this worker owns
 	layout := sched.Layout{Workers: n, Group: 1}
 	for _, l := range st.Layers() {
@@ -187,7 +165,7 @@ func pinResident(ctx context.Context, eng *Engine, st *store.Store, idx, n int, 
 		}
 	}
 	t0 := time.Now()
-	bar := progress.New("pin resident experts", total)
+	bar := newBar(quiet, "pin resident experts", total)
 	err := eng.PinOwned(ctx, st.Layers(), st.Experts(), idx, n, bar.Set)
 	bar.Finish()
 	if err != nil {

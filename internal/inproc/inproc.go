@@ -33,6 +33,13 @@ type Files struct {
 	Model, Store, Certs string
 }
 
+// Identity is the identity of f's model (store.ModelIdentity), which
+// every node of its swarm says in its Hello and checks in its peers'.
+func (f Files) Identity() (string, error) {
+	id, err := store.ModelIdentity(f.Model)
+	return id.String(), err
+}
+
 // Generate makes Files under dir: the synth preset with seed, its store,
 // and certificates for workers workers.
 func Generate(ctx context.Context, dir, preset string, seed uint64, workers int) (Files, error) {
@@ -142,100 +149,96 @@ func StartWorkers(ctx context.Context, f Files, o WorkerOptions) (addrs []string
 }
 
 // StartWorker runs worker i (w<i+1> of f.Certs; its share of a resident
-// swarm of o.Count) listening on addr, and returns the address it
-// listens on; stop ends it, closing its connections, and waits for it.
-// Starting it again on the same address is a restarted worker.
+// swarm of o.Count) listening on addr, built as a worker process builds
+// itself (worker.New: the budget check, its model's identity, budget and
+// load bandwidth in its Hello), and returns the address it listens on;
+// stop ends it, closing its connections, and waits for it. Starting it
+// again on the same address is a restarted worker.
 func StartWorker(ctx context.Context, f Files, i int, addr string, o WorkerOptions) (string, func(), error) {
-	st, err := store.Open(f.Store, store.Options{})
+	return StartWorkerOn(ctx, f.Store, f.Certs, i, addr, o)
+}
+
+// StartWorkerOn is StartWorker on the store in storeDir (another
+// model's, say) with the certificates in certDir.
+func StartWorkerOn(ctx context.Context, storeDir, certDir string, i int, addr string, o WorkerOptions) (string, func(), error) {
+	certs, err := wire.LoadCerts(certDir, fmt.Sprintf("w%d", i+1))
 	if err != nil {
 		return "", nil, err
 	}
+	st, err := store.Open(storeDir, store.Options{})
+	if err != nil {
+		return "", nil, err
+	}
+	arena, err := worker.NewArena(o.BudgetBytes)
+	if err != nil {
+		st.Close()
+		return "", nil, err
+	}
+	dev := worker.NewCPU(arena, worker.NewLink(o.LoadBytesSec))
+	closeDeps := func() {
+		dev.Close()
+		st.Close()
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	ln, eng, err := startWorker(ctx, st, f.Certs, i, addr, o)
+	opt := worker.Options{LoadBytesSec: o.LoadBytesSec, Quiet: true}
+	if o.Resident {
+		opt.ResidentIndex, opt.ResidentOf = i, o.Count
+	}
+	n, err := worker.New(ctx, worker.Deps{Store: st, Device: dev, Wire: &wire.Config{Certs: certs, Log: zerolog.Nop()}, Log: o.Log}, opt)
 	if err != nil {
 		cancel()
-		st.Close()
+		closeDeps()
+		return "", nil, err
+	}
+	ln, err := n.Listen(ctx, addr)
+	if err != nil {
+		cancel()
+		n.Close()
+		closeDeps()
 		return "", nil, err
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		worker.NewServer(eng, o.Log).Serve(ctx, ln)
+		n.Serve(ctx, ln)
 		ln.Close()
-		eng.Close()
-		eng.Device().Close()
-		st.Close()
+		n.Close()
+		closeDeps()
 	}()
 	return ln.Addr().String(), func() { cancel(); <-done }, nil
 }
 
-func startWorker(ctx context.Context, st *store.Store, certDir string, i int, addr string, o WorkerOptions) (*wire.Listener, *worker.Engine, error) {
-	hidden, _, err := st.ExpertShape(st.Layers()[0], 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	arena, err := worker.NewArena(o.BudgetBytes)
-	if err != nil {
-		return nil, nil, err
-	}
-	certs, err := wire.LoadCerts(certDir, fmt.Sprintf("w%d", i+1))
-	if err != nil {
-		arena.Close()
-		return nil, nil, err
-	}
-	eng := worker.NewEngine(st, hidden, worker.NewCPU(arena, worker.NewLink(o.LoadBytesSec)), o.Log)
-	if o.Resident {
-		err = eng.PinOwned(ctx, st.Layers(), st.Experts(), i, o.Count, nil)
-	}
-	var ln *wire.Listener
-	if err == nil {
-		ln, err = wire.Listen(ctx, addr, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain, wire.RoleShadow}, Log: zerolog.Nop()})
-	}
-	if err != nil {
-		eng.Close()
-		arena.Close()
-		return nil, nil, err
-	}
-	return ln, eng, nil
+// ShadowOptions configure an in-process shadow.
+type ShadowOptions struct {
+	Model *model.Model // the model as the shadow holds it (quantized)
+	// Identity is the checkpoint's (store.ModelIdentity of the model
+	// directory), which the shadow and its peers check each other by.
+	Identity string
+	Certs    string       // the cluster's certificates (the shadow's)
+	Workers  []string     // the workers' addresses, in layout order
+	Layout   sched.Layout // as the main node runs it
+	Ahead    int          // shadow.Node.Ahead
+	Listen   string       // the address it listens on for the main node
+	Log      zerolog.Logger
 }
 
-// StartShadow runs a shadow over qm (the model as the shadow holds it)
-// listening on listen, connected to the workers at workerAddrs, running
-// up to ahead iterations ahead of the main node (shadow.Node.Ahead),
-// serving one main node connection after another; stop ends it and waits
-// for it.
-func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAddrs []string, layout sched.Layout, ahead int, listen string, log zerolog.Logger) (addr string, stop func(), err error) {
+// StartShadow runs a shadow built as a shadow process builds itself
+// (shadow.New: connected to the workers, its prefix cache at
+// -prefix-cache's default), serving one main node connection after
+// another; stop ends it and waits for it.
+func StartShadow(ctx context.Context, o ShadowOptions) (addr string, stop func(), err error) {
+	certs, err := wire.LoadCerts(o.Certs, "shadow")
+	if err != nil {
+		return "", nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	certs, err := wire.LoadCerts(certDir, "shadow")
+	node, err := shadow.New(ctx, shadow.Deps{Model: o.Model, Identity: o.Identity, Workers: o.Workers, Wire: &wire.Config{Certs: certs, Log: zerolog.Nop()}, Log: o.Log},
+		shadow.Options{Group: o.Layout.Group, Ahead: o.Ahead, PrefixBytes: kvcache.DefaultPrefixBytes})
 	if err != nil {
 		cancel()
 		return "", nil, err
 	}
-	var peers []*wire.Peer
-	closeAll := func() {
-		for _, p := range peers {
-			p.Close()
-		}
-		cancel()
-	}
-	for _, a := range workerAddrs {
-		p, err := wire.Dial(ctx, a, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
-		if err != nil {
-			closeAll()
-			return "", nil, err
-		}
-		peers = append(peers, p)
-	}
-	redial := func(ctx context.Context, w int) (*wire.Peer, error) {
-		return wire.Dial(ctx, workerAddrs[w], &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop(), DialAttempts: 1})
-	}
-	node, err := shadow.NewNode(qm, peers, layout, redial, log)
-	if err != nil {
-		closeAll()
-		return "", nil, err
-	}
-	node.Ahead, node.Prefixes = ahead, kvcache.NewPrefixes(kvcache.DefaultPrefixBytes) // as -prefix-cache's default
-	ln, err := wire.Listen(ctx, listen, &wire.Config{Certs: certs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()})
+	ln, err := node.Listen(ctx, o.Listen)
 	if err != nil {
 		node.Close()
 		cancel()
@@ -245,14 +248,7 @@ func StartShadow(ctx context.Context, qm *model.Model, certDir string, workerAdd
 	go func() {
 		defer close(done)
 		defer ln.Close()
-		for {
-			p, err := ln.Accept(ctx)
-			if err != nil {
-				return
-			}
-			node.ServeMain(ctx, p)
-			p.Close()
-		}
+		node.Serve(ctx, ln)
 	}()
 	return ln.Addr().String(), func() { cancel(); <-done; node.Close() }, nil
 }

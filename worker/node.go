@@ -1,0 +1,120 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// Deps are what a worker runs on, already opened. The Node uses them and
+// closes none: whoever opened them closes them after Node.Close.
+type Deps struct {
+	Store *store.Store
+	// Chunks is the store's compressed host tier (-host-compressed), nil
+	// for none; Host the decompressed one (-host-cache), nil for none.
+	Chunks *store.ChunkCache
+	Host   *HostCache
+	// Device holds and runs the experts within its budget.
+	Device Device
+	// Wire is the worker's identity (its certificates) and transport
+	// settings; New adds what a worker tells its peers.
+	Wire *wire.Config
+	Log  zerolog.Logger
+}
+
+// Options say how a worker uses its deps.
+type Options struct {
+	// LoadBytesSec is the device's load bandwidth (-load-bw; 0:
+	// unpaced), told to the main node's placer with the device's budget.
+	LoadBytesSec float64
+	// HostPreload fills the host cache before the worker listens.
+	HostPreload bool
+	// ResidentIndex/ResidentOf, when ResidentOf > 0, make this worker
+	// ResidentIndex of ResidentOf in a resident swarm: it pins the
+	// experts it owns before it listens and holds them for good.
+	ResidentIndex, ResidentOf int
+	// Quiet draws no progress bars (a worker in a test's or a
+	// benchmark's process: their output is the caller's).
+	Quiet bool
+}
+
+// Node is a worker, built the one way both a process (`odmoe run -role
+// worker`, Run) and an in-process swarm (internal/inproc) build it: an
+// Engine over its deps, introduced to its peers by its model's identity,
+// its device budget and its load bandwidth, and refusing a main node or
+// shadow of another model.
+type Node struct {
+	eng  *Engine
+	wire wire.Config
+	log  zerolog.Logger
+}
+
+// New checks that d's device can run every expert of d's store, builds
+// the engine over them, fills the host cache and pins the resident
+// experts as o says (progress bars on the console), and returns the
+// worker, not yet listening.
+func New(ctx context.Context, d Deps, o Options) (*Node, error) {
+	st := d.Store
+	if len(st.Layers()) == 0 || st.Experts() == 0 {
+		return nil, fmt.Errorf("worker: the store holds no experts")
+	}
+	hidden, _, err := st.ExpertShape(st.Layers()[0], 0)
+	if err != nil {
+		return nil, err
+	}
+	budget, _, _ := d.Device.Memory()
+	if need, err := smallestBudget(st); err != nil {
+		return nil, err
+	} else if budget < need {
+		return nil, fmt.Errorf("worker: -device-mem %s cannot hold the store's largest expert and its compute buffers (%s): give at least %s",
+			progress.Bytes(budget), progress.Bytes(need), progress.Bytes(need))
+	}
+	if o.HostPreload && d.Host == nil {
+		return nil, fmt.Errorf("worker: preloading the host cache needs a host cache")
+	}
+	eng := NewEngine(st, hidden, d.Device, d.Log)
+	eng.Host, eng.Chunks = d.Host, d.Chunks
+	if d.Host != nil && d.Chunks != nil {
+		eng.chooseTiers(st, o.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
+	}
+	if o.HostPreload {
+		err = preloadHost(ctx, eng, st, d.Host.Budget(), o.Quiet, d.Log)
+	}
+	if err == nil && o.ResidentOf > 0 {
+		err = pinResident(ctx, eng, st, o.ResidentIndex, o.ResidentOf, o.Quiet, d.Log)
+	}
+	if err != nil {
+		eng.Close()
+		return nil, err
+	}
+	n := &Node{eng: eng, wire: *d.Wire, log: d.Log}
+	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
+	n.wire.Hello.DeviceMemBytes, n.wire.Hello.LoadBytesSec = budget, o.LoadBytesSec
+	// a main node or shadow of another model is refused here too (they
+	// refuse this worker from their side as well)
+	n.wire.Hello.Model = st.Identity().String()
+	n.wire.CheckHello = wire.SameModel(false)
+	return n, nil
+}
+
+// Listen listens on addr (UDP) for the main node and the shadow, as this
+// worker.
+func (n *Node) Listen(ctx context.Context, addr string) (*wire.Listener, error) {
+	return wire.Listen(ctx, addr, &n.wire)
+}
+
+// Serve serves the main node and the shadow on ln until ctx ends.
+func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
+	return NewServer(n.eng, n.log).Serve(ctx, ln)
+}
+
+// Engine is the worker's engine.
+func (n *Node) Engine() *Engine { return n.eng }
+
+// Close waits for the loads in flight and frees every expert; nothing
+// runs on the device or from the host cache after it.
+func (n *Node) Close() { n.eng.Close() }
