@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"hash/fnv"
 	"io"
 	"maps"
@@ -197,12 +198,12 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	tokenList := fs.String("prefill-tokens", "4,16,64", "comma-separated tokens per prefill matmul")
 	decodeTokens := fs.Int("decode-tokens", 32, "decode steps timed per path on the small preset; 0 skips decode")
 	cache := fs.String("cache", "", "`DIR` holding models/small-seed1, generated there if absent, ~1.5 GB (default: $ODMOE_CACHE or the user cache dir/odmoe)")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -172,12 +173,12 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	fs.IntVar(&f.maxBatch, "max-batch", 0, "the main node's -max-batch; 0 = the largest -clients")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the swarm to answer /healthz (the shadow quantizes its copy first)")
 	fs.StringVar(&f.out, "out", "", "`DIR` to write report.json and report.md into")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}
@@ -267,8 +268,9 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	if err != nil {
 		return err
 	}
-	mainNode, err := sw.runNode(ctx, "main", append(sw.mainArgs(f.swarm.Prefetch, 1, 1), "-http", addr,
-		"-max-batch", strconv.Itoa(f.maxBatch), "-log-level", "warn")...)
+	m := sw.mainFlags(f.swarm.Prefetch, 1, 1)
+	m.HTTP, m.MaxBatch, m.Log.Level = addr, f.maxBatch, "warn"
+	mainNode, err := sw.runNode(ctx, "main", m.Args()...)
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"path/filepath"
 	"time"
@@ -19,12 +19,12 @@ func runCerts(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	nodes := fs.String("nodes", "", "comma-separated nodes NAME[=ROLE][@HOST]...; the role is inferred from main, shadow, w<N>, worker* (required)")
 	force := fs.Bool("force", false, "replace existing node certificates")
 	validity := fs.Duration("validity", 10*365*24*time.Hour, "how long the certificates are valid (e.g. 8760h = a year)")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}
@@ -52,45 +52,30 @@ func runCerts(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	return nil
 }
 
-// clusterFlags are the flags with which every swarm role joins the
-// cluster: -certs DIR -name NAME, or -insecure.
-type clusterFlags struct {
-	certs, name string
-	insecure    bool
-	netDelay    time.Duration
-}
-
-func (c *clusterFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.certs, "certs", "", "cluster certificate `DIR` made by odmoe certs (needs ca.pem, NAME.pem, NAME-key.pem)")
-	fs.StringVar(&c.name, "name", "", "this node's `NAME` in the cluster (default: the role's name for main and shadow)")
-	fs.DurationVar(&c.netDelay, "net-delay", 0, "delay every datagram this node sends by `D` (an emulated rig's link latency where the kernel has no netem; testbed/rig); below the timer grain (~1 ms here) it is not applied")
-	fs.BoolVar(&c.insecure, "insecure", false, "no certificates: peers are NOT authenticated (quick local experiments only)")
-}
-
-// config returns the wire configuration of a node in role: its
-// certificate must be for that role.
-func (c *clusterFlags) config(role wire.Role, log zerolog.Logger) (*wire.Config, error) {
-	name := c.name
+// clusterConfig returns the wire configuration of a node in role, as its
+// cluster flags c say: its certificate must be for that role.
+func clusterConfig(c runflags.Cluster, role wire.Role, log zerolog.Logger) (*wire.Config, error) {
+	name := c.Name
 	if name == "" && role != wire.RoleWorker {
 		name = string(role)
 	}
 	switch {
-	case c.insecure && c.certs != "":
+	case c.Insecure && c.Certs != "":
 		return nil, usagef("-insecure and -certs exclude each other")
 	case name == "":
 		return nil, usagef("-name is required for a %s", role)
-	case c.insecure:
+	case c.Insecure:
 		log.Warn().Str("name", name).Msg("-insecure: this node accepts and trusts any peer on the network")
-		return &wire.Config{Insecure: true, Name: name, Role: role, Log: log, SendDelay: c.netDelay}, nil
-	case c.certs == "":
+		return &wire.Config{Insecure: true, Name: name, Role: role, Log: log, SendDelay: c.NetDelay}, nil
+	case c.Certs == "":
 		return nil, usagef("-certs DIR is required (make it with `odmoe certs`), or -insecure for a local experiment")
 	}
-	certs, err := wire.LoadCerts(c.certs, name)
+	certs, err := wire.LoadCerts(c.Certs, name)
 	if err != nil {
 		return nil, err
 	}
 	if certs.Identity.Role != role {
 		return nil, fmt.Errorf("%s's certificate is for a %s, not a %s", name, certs.Identity.Role, role)
 	}
-	return &wire.Config{Certs: certs, Log: log, SendDelay: c.netDelay}, nil
+	return &wire.Config{Certs: certs, Log: log, SendDelay: c.NetDelay}, nil
 }

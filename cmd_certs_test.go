@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"github.com/odmoe/odmoe/runflags"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,23 +80,23 @@ func TestClusterFlagsMakeAWireConfigForTheRole(t *testing.T) {
 	if _, err := wire.WriteCerts(dir, nodes, wire.CertOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	parse := func(args ...string) *clusterFlags {
-		var cf clusterFlags
+	parse := func(args ...string) runflags.Cluster {
+		var cf runflags.Cluster
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
-		cf.register(fs)
+		cf.Register(fs)
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		return &cf
+		return cf
 	}
-	cfg, err := parse("-certs", dir).config(wire.RoleMain, zerolog.Nop())
+	cfg, err := clusterConfig(parse("-certs", dir), wire.RoleMain, zerolog.Nop())
 	if err != nil || cfg.Certs == nil || cfg.Certs.Identity.Name != "main" {
 		t.Fatalf("main: %+v, %v", cfg, err)
 	}
-	if cfg, err := parse("-certs", dir, "-name", "w1").config(wire.RoleWorker, zerolog.Nop()); err != nil || cfg.Certs.Identity.Name != "w1" {
+	if cfg, err := clusterConfig(parse("-certs", dir, "-name", "w1"), wire.RoleWorker, zerolog.Nop()); err != nil || cfg.Certs.Identity.Name != "w1" {
 		t.Fatalf("w1: %v", err)
 	}
-	if cfg, err := parse("-insecure", "-name", "w7").config(wire.RoleWorker, zerolog.Nop()); err != nil || !cfg.Insecure || cfg.Name != "w7" {
+	if cfg, err := clusterConfig(parse("-insecure", "-name", "w7"), wire.RoleWorker, zerolog.Nop()); err != nil || !cfg.Insecure || cfg.Name != "w7" {
 		t.Fatalf("insecure: %+v, %v", cfg, err)
 	}
 	bad := []struct {
@@ -110,7 +111,7 @@ func TestClusterFlagsMakeAWireConfigForTheRole(t *testing.T) {
 		{[]string{"-certs", dir, "-name", "w9"}, wire.RoleWorker, "no such file"},
 	}
 	for _, tc := range bad {
-		if _, err := parse(tc.args...).config(tc.role, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := clusterConfig(parse(tc.args...), tc.role, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v as %s: %v, want %q", tc.args, tc.role, err, tc.want)
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"time"
 
@@ -17,12 +18,12 @@ func runConvert(ctx context.Context, args []string, _ io.Reader, _, stderr io.Wr
 	shards := fs.Int("shards", store.DefaultShards, "shards per tensor (K): the unit of parallel decompression")
 	parallel := fs.Int("parallel", 0, "encoding goroutines; 0 = all cores")
 	force := fs.Bool("force", false, "replace an existing store at -out")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,12 +38,12 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	alignKV := fs.Int("align-kv", 1, "align the shadow's KV cache every K iterations (0 = never)")
 	cache := fs.String("cache", "", "cache `DIR` for the model, store and certificates (default: $ODMOE_CACHE or the user cache dir/odmoe)")
 	stats := fs.String("stats", "", "write the main node's figures as JSON to `FILE`")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}
@@ -93,19 +93,13 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 		Msg("swarm started: every node a separate process on loopback QUIC with mutual TLS")
 
 	if *prompt == "" {
-		margs := append(sw.mainArgs(o.Prefetch, *alignToken, *alignKV), "-http", *httpAddr, "-served-model-name", *preset, "-log-level", lf.level)
-		if lf.json {
-			margs = append(margs, "-log-json")
-		}
-		return serveDemo(ctx, sw, margs, *httpAddr, *preset, stdout, stderr)
+		m := sw.mainFlags(o.Prefetch, *alignToken, *alignKV)
+		m.HTTP, m.ServedName, m.Log = *httpAddr, *preset, lf
+		return serveDemo(ctx, sw, m.Args(), *httpAddr, *preset, stdout, stderr)
 	}
-	margs := append(sw.mainArgs(o.Prefetch, *alignToken, *alignKV), "-prompt", *prompt, "-n", strconv.Itoa(*n), "-log-level", lf.level)
-	if *stats != "" {
-		margs = append(margs, "-stats", *stats)
-	}
-	if lf.json {
-		margs = append(margs, "-log-json")
-	}
+	m := sw.mainFlags(o.Prefetch, *alignToken, *alignKV)
+	m.Prompt, m.N, m.Stats, m.Log = *prompt, *n, *stats, lf
+	margs := m.Args()
 	self, err := os.Executable()
 	if err != nil {
 		return err

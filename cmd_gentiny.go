@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"os"
 	"strings"
@@ -18,12 +19,12 @@ func runGenTiny(_ context.Context, args []string, _ io.Reader, _, stderr io.Writ
 	seed := fs.Uint64("seed", 1, "random seed; the same seed and preset give the same bytes")
 	tok := fs.String("tokenizer", "", "adopt this tokenizer.json (vocabulary sized to it) instead of the built-in one")
 	force := fs.Bool("force", false, "write into a non-empty -out directory")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -18,12 +19,12 @@ func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	verify := fs.Bool("verify", false, "re-read every chunk, check every checksum and decode it")
 	modelDir := fs.String("model", "", "also check that the store was built from this Hugging Face model directory")
 	parallel := fs.Int("parallel", 0, "decoding goroutines for -verify; 0 = all cores")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}

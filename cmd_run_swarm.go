@@ -21,48 +21,48 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := f.checkGenerate(); err != nil {
 		return err
 	}
-	if f.workers == "" {
+	if f.Workers == "" {
 		return usagef("-workers is required for -role main")
 	}
-	policy, err := mainnode.ParsePrefetch(f.prefetch)
+	policy, err := mainnode.ParsePrefetch(f.Prefetch)
 	if err != nil {
 		return usagef("-prefetch: %v", err)
 	}
-	pol := align.Policy{TokenPeriod: f.alignToken, KVPeriod: f.alignKV, Adaptive: f.alignAdaptive}
+	pol := align.Policy{TokenPeriod: f.AlignToken, KVPeriod: f.AlignKV, Adaptive: f.AlignAdaptive}
 	switch {
-	case policy == mainnode.Shadow && f.shadow == "":
+	case policy == mainnode.Shadow && f.Shadow == "":
 		return usagef("-prefetch shadow needs -shadow ADDR")
-	case policy != mainnode.Shadow && f.shadow != "":
+	case policy != mainnode.Shadow && f.Shadow != "":
 		return usagef("-shadow is only used with -prefetch shadow")
 	}
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	residency, err := parseResidency(f.residency)
+	residency, err := parseResidency(f.Residency)
 	if err != nil {
 		return err
 	}
 	if residency && policy == mainnode.Resident {
 		return usagef("-residency on with -prefetch resident: the resident swarm keeps every expert already")
 	}
-	if f.placement != "activation" && f.placement != "uniform" {
-		return usagef("-placement %q: activation or uniform", f.placement)
+	if f.Placement != "activation" && f.Placement != "uniform" {
+		return usagef("-placement %q: activation or uniform", f.Placement)
 	}
-	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.placement == "uniform", Model: f.model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.workers, ","), Group: f.group,
-		Prefetch: policy, MiniBatch: f.miniBatch, Shadow: f.shadow, Align: pol, TraceFile: f.trace, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
-	if f.peerTimeout < 100*time.Millisecond {
-		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.peerTimeout)
+	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.Workers, ","), Group: f.Group,
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
+	if f.PeerTimeout < 100*time.Millisecond {
+		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}
-	if f.trace != "" {
-		if cfg.TraceFrom, cfg.TraceTo, err = parseIters(f.traceIters); err != nil {
+	if f.Trace != "" {
+		if cfg.TraceFrom, cfg.TraceTo, err = parseIters(f.TraceIters); err != nil {
 			return usagef("-trace-iters: %v", err)
 		}
 	}
-	if cfg.Wire, err = f.cluster.config(wire.RoleMain, log); err != nil {
+	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleMain, log); err != nil {
 		return err
 	}
-	if f.group < 0 || (f.group > 0 && len(cfg.Workers)%f.group != 0) {
-		return usagef("-workers/-group: %d workers do not split into groups of %d", len(cfg.Workers), f.group)
+	if f.Group < 0 || (f.Group > 0 && len(cfg.Workers)%f.Group != 0) {
+		return usagef("-workers/-group: %d workers do not split into groups of %d", len(cfg.Workers), f.Group)
 	}
 	return mainnode.Run(ctx, cfg, stdout)
 }
@@ -79,22 +79,22 @@ func parseResidency(s string) (bool, error) {
 }
 
 func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
-	if f.model == "" {
+	if f.Model == "" {
 		return usagef("-model is required for -role shadow")
 	}
-	if f.workers == "" {
+	if f.Workers == "" {
 		return usagef("-workers is required for -role shadow (the same list, in the same order, as the main node's)")
 	}
-	dt, err := parseQuant(f.quant)
+	dt, err := parseQuant(f.Quant)
 	if err != nil {
 		return usagef("-quant: %v", err)
 	}
-	if f.prefixCacheBytes, err = parseBytes(f.prefixCache); err != nil || f.prefixCacheBytes < 0 {
-		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.prefixCache)
+	if f.prefixCacheBytes, err = parseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
+		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
-	cfg := shadow.Config{Model: f.model, Quant: dt, Workers: strings.Split(f.workers, ","), Group: f.group, Listen: f.listen, Ahead: f.ahead,
-		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.peerTimeout, DialTimeout: f.dialTimeout, Log: log}
-	if cfg.Wire, err = f.cluster.config(wire.RoleShadow, log); err != nil {
+	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: strings.Split(f.Workers, ","), Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
+		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
+	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err
 	}
 	return shadow.Run(ctx, cfg)
@@ -114,36 +114,36 @@ func parseQuant(s string) (kernels.DType, error) {
 }
 
 func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
-	if f.store == "" {
+	if f.Store == "" {
 		return usagef("-store is required for -role worker")
 	}
-	cfg := worker.Config{Listen: f.listen, Store: f.store, HostPreload: f.hostPreload, Log: log}
+	cfg := worker.Config{Listen: f.Listen, Store: f.Store, HostPreload: f.HostPreload, Log: log}
 	var err error
-	if cfg.DeviceMemBytes, err = parseBytes(f.deviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
-		return usagef("-device-mem %q: want a positive size such as 1GiB", f.deviceMem)
+	if cfg.DeviceMemBytes, err = parseBytes(f.DeviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
+		return usagef("-device-mem %q: want a positive size such as 1GiB", f.DeviceMem)
 	}
-	bw, err := parseBytes(f.loadBW)
+	bw, err := parseBytes(f.LoadBW)
 	if err != nil || bw < 0 {
-		return usagef("-load-bw %q: want bytes per second such as 4GB, or 0", f.loadBW)
+		return usagef("-load-bw %q: want bytes per second such as 4GB, or 0", f.LoadBW)
 	}
 	cfg.LoadBytesSec = float64(bw)
-	if cfg.HostCacheBytes, err = parseBytes(f.hostCache); err != nil || cfg.HostCacheBytes < 0 {
-		return usagef("-host-cache %q: want a size such as 2GiB, or 0", f.hostCache)
+	if cfg.HostCacheBytes, err = parseBytes(f.HostCache); err != nil || cfg.HostCacheBytes < 0 {
+		return usagef("-host-cache %q: want a size such as 2GiB, or 0", f.HostCache)
 	}
-	if f.hostPreload && cfg.HostCacheBytes == 0 {
+	if f.HostPreload && cfg.HostCacheBytes == 0 {
 		return usagef("-host-preload needs -host-cache SIZE")
 	}
-	if cfg.HostCompressedBytes, err = parseBytes(f.hostCompressed); err != nil || cfg.HostCompressedBytes < 0 {
-		return usagef("-host-compressed %q: want a size such as 1GiB, or 0", f.hostCompressed)
+	if cfg.HostCompressedBytes, err = parseBytes(f.HostCompressed); err != nil || cfg.HostCompressedBytes < 0 {
+		return usagef("-host-compressed %q: want a size such as 1GiB, or 0", f.HostCompressed)
 	}
-	if f.resident != "" {
+	if f.Resident != "" {
 		var idx, n int
-		if _, err := fmt.Sscanf(f.resident, "%d/%d", &idx, &n); err != nil || n < 1 || idx < 0 || idx >= n {
-			return usagef("-resident %q: want I/W with 0 <= I < W, e.g. 3/8", f.resident)
+		if _, err := fmt.Sscanf(f.Resident, "%d/%d", &idx, &n); err != nil || n < 1 || idx < 0 || idx >= n {
+			return usagef("-resident %q: want I/W with 0 <= I < W, e.g. 3/8", f.Resident)
 		}
 		cfg.ResidentIndex, cfg.ResidentOf = idx, n
 	}
-	if cfg.Wire, err = f.cluster.config(wire.RoleWorker, log); err != nil {
+	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleWorker, log); err != nil {
 		return err
 	}
 	return worker.Run(ctx, cfg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"maps"
 	"math"
@@ -41,8 +42,8 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	alignKV := fs.Int("align-kv", 1, alignKVUsage)
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -103,8 +104,8 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	caseFlag := fs.String("case", "16x256", "the PROMPTxOUTPUT case to calibrate from")
 	out := fs.String("out", "", "write the profile to `FILE` (default: standard output)")
 	cores := fs.Int("cores", -1, "CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -248,8 +249,8 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 	profilePath := fs.String("profile", "", "`FILE`: the profile to predict with (required)")
 	rigPath := fs.String("rig", "testbed/rigs/paper.rig", "the bench's rig `FILE`")
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -292,7 +293,7 @@ func runSimValidate(_ context.Context, args []string, _ io.Reader, stdout, stder
 		if st.Recall != nil {
 			recall = *st.Recall
 		}
-		// bench rig aligns the shadow every iteration (testbed.MainArgs)
+		// bench rig aligns the shadow every iteration (testbed.MainFlags)
 		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: *seed})
 		if err != nil {
 			return err
@@ -414,8 +415,8 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	recallsFlag := fs.String("recalls", "", "the shadow's recall at each of -values, comma-separated (e.g. tune-align's at each alignment period); empty: -recall at all")
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
 	svgOut := fs.String("svg", "", "also draw the chart to `FILE`")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

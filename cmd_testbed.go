@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"os"
 	"path/filepath"
@@ -20,7 +21,7 @@ import (
 // how nodes are started.
 type rigFlags struct {
 	rig, model, store, certs, via, remoteDir, netDelay string
-	log                                                logFlags
+	log                                                runflags.Log
 }
 
 func (f *rigFlags) register(fs *flag.FlagSet) {
@@ -144,11 +145,11 @@ func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr
 	traceIters := fs.String("trace-iters", "3:5", "decode iterations the timelines show, FROM:TO")
 	repeat := fs.Int("repeat", 1, "run every case `N` times on each mode, the cases in turn, and report the run of median decode tokens/s with the others' rates (a shared machine's speed drifts by 10-20% over minutes)")
 	residencyMem := fs.String("residency-device-mem", "", "residency mode: every worker's -device-mem `SIZE` (e.g. 38MiB: a quarter of a model's expert bytes over 8 workers), where the other modes keep the rig's; empty = the rig's")
-	rf.log.register(fs)
+	rf.log.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := rf.log.logger(stderr)
+	log, err := newLogger(rf.log, stderr)
 	if err != nil {
 		return err
 	}
@@ -189,11 +190,11 @@ func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr i
 	mode := fs.String("mode", "shadow", "what to start: shadow (workers and the shadow), reactive (workers), resident (workers holding their experts)")
 	push := fs.Bool("push", false, "ssh: first copy the binary, model, store and certificates to every host's -remote-dir")
 	logDir := fs.String("logs", "rig-logs", "`DIR` for each node's log")
-	rf.log.register(fs)
+	rf.log.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	log, err := rf.log.logger(stderr)
+	log, err := newLogger(rf.log, stderr)
 	if err != nil {
 		return err
 	}
@@ -220,7 +221,7 @@ func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	mainArgs := testbed.MainArgs(opt, m)
+	mainArgs := testbed.MainFlags(opt, m).Args()
 	line := opt.Files.Bin + " " + strings.Join(quoteArgs(mainArgs), " ") + " -prompt 'Hello'"
 	where := "on this host (" + rig.Main.Host() + ")"
 	if nv, ok := via.(*testbed.Netns); ok {

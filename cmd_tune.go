@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"os"
 	"path/filepath"
@@ -42,18 +43,18 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	prompt := fs.String("prompt", "The quick brown fox jumps over the lazy dog.", "prompt text")
 	n := fs.Int("n", 32, "tokens to generate per run")
 	repeat := fs.Int("repeat", 3, "runs of each (T, K) pair, interleaved with the other pairs': the table shows their median and spread")
-	var lf logFlags
-	lf.register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if !flagGiven(fs, "log-level") {
-		lf.level = "warn" // the nodes' connect and disconnect lines would bury the table
+		lf.Level = "warn" // the nodes' connect and disconnect lines would bury the table
 	}
 	if *repeat < 1 {
 		return usagef("-repeat must be >= 1, got %d", *repeat)
 	}
-	log, err := lf.logger(stderr)
+	log, err := newLogger(lf, stderr)
 	if err != nil {
 		return err
 	}

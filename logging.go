@@ -1,33 +1,23 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"os"
 	"time"
 
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/rs/zerolog"
 	"golang.org/x/term"
 )
 
-// logFlags are the logging flags every subcommand takes.
-type logFlags struct {
-	json  bool
-	level string
-}
-
-func (l *logFlags) register(fs *flag.FlagSet) {
-	fs.BoolVar(&l.json, "log-json", false, "log JSON lines instead of the human console format")
-	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
-}
-
-// logger builds the one logger a command passes down.
-func (l *logFlags) logger(w io.Writer) (zerolog.Logger, error) {
-	lvl, err := zerolog.ParseLevel(l.level)
+// newLogger builds the one logger a command passes down, as its
+// logging flags l say.
+func newLogger(l runflags.Log, w io.Writer) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(l.Level)
 	if err != nil {
-		return zerolog.Nop(), usagef("-log-level %q: %v", l.level, err)
+		return zerolog.Nop(), usagef("-log-level %q: %v", l.Level, err)
 	}
-	if !l.json {
+	if !l.JSON {
 		noColor := true
 		if f, ok := w.(*os.File); ok {
 			noColor = !term.IsTerminal(int(f.Fd()))

@@ -1,15 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -67,7 +68,7 @@ type procSwarm struct {
 	shadow  string   // the shadow's address; "" without one
 	// dialTimeout is the main node's and the shadow's -dial-timeout:
 	// long while the workers fill their host caches
-	dialTimeout string
+	dialTimeout time.Duration
 	logDir      string
 	residency   string // the main node's -residency; "" as off
 	profileDir  string // where nodes write their CPU profiles; "" none
@@ -89,14 +90,14 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: "30s", residency: o.Residency, profileDir: o.ProfileDir}
+	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir}
 	if s.profileDir != "" {
 		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
 			return nil, fmt.Errorf("-profile: %w", err)
 		}
 	}
 	if o.HostPreload {
-		s.dialTimeout = "10m" // the workers answer once their host caches are full
+		s.dialTimeout = 10 * time.Minute // the workers answer once their host caches are full
 	}
 	defer func() {
 		if err != nil {
@@ -109,15 +110,11 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 			return nil, err
 		}
 		name := fmt.Sprintf("w%d", i+1)
-		args := []string{"run", "-role", "worker", "-listen", addr, "-store", f.Store,
-			"-certs", f.Certs, "-name", name, "-device-mem", o.DeviceMem, "-load-bw", o.LoadBW, "-log-level", "warn"}
-		if o.HostCache != "" {
-			args = append(args, "-host-cache", o.HostCache)
-		}
-		if o.HostPreload {
-			args = append(args, "-host-preload")
-		}
-		if err := s.start(wctx, self, name, args...); err != nil {
+		w := runflags.For(runflags.RoleWorker)
+		w.Listen, w.Store, w.DeviceMem, w.LoadBW, w.HostPreload = addr, f.Store, o.DeviceMem, o.LoadBW, o.HostPreload
+		w.HostCache = cmp.Or(o.HostCache, w.HostCache)
+		w.Cluster.Certs, w.Cluster.Name, w.Log.Level = f.Certs, name, "warn"
+		if err := s.start(wctx, self, name, w.Args()...); err != nil {
 			return nil, err
 		}
 		s.workers = append(s.workers, addr)
@@ -127,9 +124,10 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		if err != nil {
 			return nil, err
 		}
-		if err := s.start(wctx, self, "shadow", "run", "-role", "shadow", "-model", f.Model, "-quant", o.Quant,
-			"-listen", addr, "-workers", strings.Join(s.workers, ","), "-group", strconv.Itoa(o.Group),
-			"-certs", f.Certs, "-name", "shadow", "-dial-timeout", s.dialTimeout, "-ahead", strconv.Itoa(o.Ahead), "-log-level", "warn"); err != nil {
+		sh := runflags.For(runflags.RoleShadow)
+		sh.Model, sh.Quant, sh.Listen, sh.Workers, sh.Group, sh.DialTimeout, sh.Ahead = f.Model, o.Quant, addr, strings.Join(s.workers, ","), o.Group, s.dialTimeout, o.Ahead
+		sh.Cluster.Certs, sh.Cluster.Name, sh.Log.Level = f.Certs, "shadow", "warn"
+		if err := s.start(wctx, self, "shadow", sh.Args()...); err != nil {
 			return nil, err
 		}
 		s.shadow, s.shadowCmd = addr, s.procs[len(s.procs)-1]
@@ -208,18 +206,18 @@ func (n *node) Stop() error {
 	return n.err
 }
 
-// mainArgs are the arguments of `odmoe run -role main` on this swarm with
-// the loading policy prefetch (the shadow's alignment periods with one).
-func (s *procSwarm) mainArgs(prefetch string, alignToken, alignKV int) []string {
-	args := []string{"run", "-role", "main", "-model", s.files.Model, "-workers", strings.Join(s.workers, ","),
-		"-certs", s.files.Certs, "-name", "main", "-prefetch", prefetch, "-group", strconv.Itoa(s.group), "-dial-timeout", s.dialTimeout}
+// mainFlags are the flags of `odmoe run -role main` on this swarm with
+// the loading policy prefetch (the shadow's alignment periods with one):
+// the caller adds what the main node is to do, and renders them (Args).
+func (s *procSwarm) mainFlags(prefetch string, alignToken, alignKV int) runflags.Flags {
+	m := runflags.For(runflags.RoleMain)
+	m.Model, m.Workers, m.Prefetch, m.Group, m.DialTimeout = s.files.Model, strings.Join(s.workers, ","), prefetch, s.group, s.dialTimeout
+	m.Cluster.Certs, m.Cluster.Name = s.files.Certs, "main"
 	if s.shadow != "" {
-		args = append(args, "-shadow", s.shadow, "-align-token", strconv.Itoa(alignToken), "-align-kv", strconv.Itoa(alignKV))
+		m.Shadow, m.AlignToken, m.AlignKV = s.shadow, alignToken, alignKV
 	}
-	if s.residency != "" {
-		args = append(args, "-residency", s.residency)
-	}
-	return args
+	m.Residency = cmp.Or(s.residency, m.Residency)
+	return m
 }
 
 // profiled is a node's arguments with -cpuprofile added when the swarm

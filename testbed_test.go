@@ -155,7 +155,7 @@ func TestLaunchStartsARigAndStopsItOnInterrupt(t *testing.T) {
 	sc := bufio.NewScanner(stdout)
 	var line string
 	for sc.Scan() {
-		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, odmoeBin(t)+" run -role main") {
+		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, odmoeBin(t)+" run -role=main") {
 			line = l
 			break
 		}

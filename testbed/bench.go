@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -234,14 +235,18 @@ func Bench(opt BenchOptions) (*Report, error) {
 	return rep, nil
 }
 
-// nodeArgs are the flags every node gets: identity, certificates, and the
-// emulated link delay.
-func nodeArgs(opt BenchOptions, via Via, n Node) []string {
-	a := []string{"-certs", via.Paths(n).Certs, "-name", n.Name}
+// nodeFlags are node n's flags in role: the rig's own for it (ReadRig
+// checked they parse), then what every node gets (identity,
+// certificates, the emulated link delay). The caller sets the rest, after
+// the rig's: what it sets counts.
+func nodeFlags(opt BenchOptions, via Via, n Node, role string) runflags.Flags {
+	f := runflags.For(role)
+	_ = f.Parse(n.Flags) // checked by ReadRig
+	f.Cluster.Certs, f.Cluster.Name = via.Paths(n).Certs, n.Name
 	if opt.NetDelay > 0 {
-		a = append(a, "-net-delay", opt.NetDelay.String())
+		f.Cluster.NetDelay = opt.NetDelay
 	}
-	return a
+	return f
 }
 
 // StartServers starts the workers (and the shadow, in shadow mode) that
@@ -269,13 +274,12 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 			return servers, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
 		}
 		s := *opt.Rig.Shadow
-		args := append([]string{"run", "-role", "shadow", "-listen", s.Addr, "-model", opt.Via.Paths(s).Model,
-			"-workers", opt.Rig.WorkerAddrs(), "-dial-timeout", rigDialTimeout}, nodeArgs(opt, opt.Via, s)...)
-		args = append(args, s.Flags...)
+		f := nodeFlags(opt, opt.Via, s, runflags.RoleShadow)
+		f.Listen, f.Model, f.Workers, f.DialTimeout = s.Addr, opt.Via.Paths(s).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
 		if mode == ModeShadowLate {
-			args = append(args, "-ahead", "0") // after the rig's: the last one counts
+			f.Ahead = 0 // whatever the rig says
 		}
-		if err := start(s, args); err != nil {
+		if err := start(s, f.Args()); err != nil {
 			return servers, err
 		}
 	}
@@ -301,22 +305,22 @@ func startLogged(opt BenchOptions, logDir string, n Node, args []string) (*Proc,
 // workerArgs are worker i's `odmoe` arguments in mode.
 func workerArgs(opt BenchOptions, mode Mode, i int) []string {
 	w := opt.Rig.Workers[i]
-	args := append([]string{"run", "-role", "worker", "-listen", w.Addr, "-store", opt.Via.Paths(w).Store}, nodeArgs(opt, opt.Via, w)...)
+	f := nodeFlags(opt, opt.Via, w, runflags.RoleWorker)
+	f.Listen, f.Store = w.Addr, opt.Via.Paths(w).Store
 	if mode == ModeResident {
-		args = append(args, "-resident", fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers)))
+		f.Resident = fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers))
 	}
-	args = append(args, w.Flags...)
 	if mode.residency() && opt.ResidencyDeviceMem != "" {
-		args = append(args, "-device-mem", opt.ResidencyDeviceMem) // after the rig's: the last one counts
+		f.DeviceMem = opt.ResidencyDeviceMem // whatever the rig says
 	}
-	return args
+	return f.Args()
 }
 
 // rigDialTimeout is how long the main node and the shadow wait for the
 // rig's workers at start: the benchmark started them itself, and on a rig
 // whose workers fill a host cache (-host-preload) or pin experts first
 // that takes far longer than a node's 30 s default.
-const rigDialTimeout = "10m"
+const rigDialTimeout = 10 * time.Minute
 
 // mainVia is how the main node starts: in its namespace on the emulated
 // rig, else on this machine (on a real LAN the benchmark runs on the main
@@ -328,28 +332,33 @@ func (opt BenchOptions) mainVia() Via {
 	return opt.Via
 }
 
-// MainArgs are the main node's `odmoe` arguments for mode, without the
-// prompt, lengths and outputs.
-func MainArgs(opt BenchOptions, mode Mode) []string {
+// MainFlags are the main node's flags for mode (local mode's for
+// ModeLocal), without the prompt, lengths and outputs.
+func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	m := opt.Rig.Main
 	via := opt.mainVia()
+	if mode == ModeLocal {
+		f := runflags.For(runflags.RoleLocal)
+		_ = f.Parse(m.Flags) // checked by ReadRig
+		f.Model = via.Paths(m).Model
+		return f
+	}
 	prefetch := mode
 	if mode.usesShadow() {
 		prefetch = ModeShadow
 	}
-	args := []string{"run", "-role", "main", "-model", via.Paths(m).Model, "-workers", opt.Rig.WorkerAddrs(), "-prefetch", string(prefetch),
-		"-dial-timeout", rigDialTimeout}
+	f := nodeFlags(opt, via, m, runflags.RoleMain)
+	f.Model, f.Workers, f.Prefetch, f.DialTimeout = via.Paths(m).Model, opt.Rig.WorkerAddrs(), string(prefetch), rigDialTimeout
 	if mode.residency() {
-		args = append(args, "-residency", "on")
+		f.Residency = "on"
 	}
 	if mode == ModeResidencyUniform {
-		args = append(args, "-placement", "uniform")
+		f.Placement = "uniform"
 	}
-	args = append(args, nodeArgs(opt, via, m)...)
 	if prefetch == ModeShadow {
-		args = append(args, "-shadow", opt.Rig.Shadow.Addr, "-align-token", "1", "-align-kv", "1")
+		f.Shadow, f.AlignToken, f.AlignKV = opt.Rig.Shadow.Addr, 1, 1
 	}
-	return append(args, m.Flags...)
+	return f
 }
 
 // benchMode starts the servers a mode needs, runs every case on it, and
@@ -531,18 +540,12 @@ func benchCase(opt BenchOptions, mode Mode, i, rep int, c Case, f *fault, server
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Run{}, err
 	}
-	var args []string
-	if mode == ModeLocal {
-		args = append([]string{"run", "-role", "local", "-model", opt.mainVia().Paths(m).Model}, m.Flags...)
-	} else {
-		args = MainArgs(opt, mode)
-	}
-	args = append(args, "-prompt", Prompts[i%len(Prompts)], "-prompt-tokens", strconv.Itoa(c.Prompt), "-n", strconv.Itoa(c.Output),
-		"-ignore-eos", "-dump", dir, "-stats", filepath.Join(dir, "stats.json"))
+	mf := MainFlags(opt, mode)
+	mf.Prompt, mf.PromptTokens, mf.N, mf.IgnoreEOS, mf.Dump, mf.Stats = Prompts[i%len(Prompts)], c.Prompt, c.Output, true, dir, filepath.Join(dir, "stats.json")
 	r := Run{Mode: mode, Case: c.String(), Prompt: c.Prompt, Output: c.Output}
 	if mode != ModeLocal && i == 0 { // each repeat its own, so that the run the report keeps has its timeline
 		r.Trace = filepath.Join(opt.Out, "trace-"+string(mode)+repeatSuffix(rep)+".json")
-		args = append(args, "-trace", r.Trace, "-trace-iters", opt.TraceIters)
+		mf.Trace, mf.TraceIters = r.Trace, opt.TraceIters
 	}
 	out, err := os.Create(filepath.Join(dir, "main.log"))
 	if err != nil {
@@ -553,7 +556,7 @@ func benchCase(opt BenchOptions, mode Mode, i, rep int, c Case, f *fault, server
 	cpu0 := ReadCPU()
 	serversCPU0, serversOK := serversCPU(servers)
 	t0 := time.Now()
-	p, err := opt.mainVia().Start(m, args, out)
+	p, err := opt.mainVia().Start(m, mf.Args(), out)
 	if f != nil {
 		if err != nil {
 			close(f.ran)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"math"
 	"os"
 	"path/filepath"
@@ -486,25 +487,26 @@ func TestResidencyModesStartTheSwarmWithResidency(t *testing.T) {
 	}{
 		{ModeShadow, false, false}, {ModeResidency, true, false}, {ModeResidencyUniform, true, true}, {ModeReactive, false, false},
 	} {
-		main := flags(MainArgs(opt, tc.mode))
-		if got := strings.Contains(main, "-residency on"); got != tc.residency {
-			t.Errorf("%s main node: %q", tc.mode, main)
+		main := MainFlags(opt, tc.mode)
+		if got := main.Residency == "on"; got != tc.residency {
+			t.Errorf("%s main node: %q", tc.mode, flags(main.Args()))
 		}
-		if got := strings.Contains(main, "-placement uniform"); got != tc.fixed {
-			t.Errorf("%s main node: %q", tc.mode, main)
+		if got := main.Placement == "uniform"; got != tc.fixed {
+			t.Errorf("%s main node: %q", tc.mode, flags(main.Args()))
 		}
-		if tc.mode.residency() && !strings.Contains(main, "-prefetch shadow") {
-			t.Errorf("%s main node is not shadow-driven: %q", tc.mode, main)
+		if tc.mode.residency() && main.Prefetch != "shadow" {
+			t.Errorf("%s main node is not shadow-driven: %q", tc.mode, flags(main.Args()))
 		}
-		w := workerArgs(opt, tc.mode, 4)
-		last := strings.LastIndex(flags(w), "-device-mem ")
-		got := strings.Fields(flags(w)[last:])[1]
+		w := runflags.For(runflags.RoleWorker)
+		if err := w.Parse(workerArgs(opt, tc.mode, 4)[1:]); err != nil {
+			t.Fatal(err)
+		}
 		want := "28MiB" // w5's own
 		if tc.mode.residency() {
 			want = "36MiB"
 		}
-		if got != want {
-			t.Errorf("%s worker w5: last -device-mem %s, want %s (%q)", tc.mode, got, want, flags(w))
+		if w.DeviceMem != want {
+			t.Errorf("%s worker w5: -device-mem %s, want %s (%q)", tc.mode, w.DeviceMem, want, flags(workerArgs(opt, tc.mode, 4)))
 		}
 	}
 }

@@ -3,6 +3,7 @@ package testbed
 import (
 	"bufio"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"net"
 	"os"
@@ -145,6 +146,10 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 				return nil, errf("address %s is already taken on line %d", n.Addr, prev)
 			}
 			addrs[n.Addr] = line
+		}
+		nf := runflags.For(string(n.Role)) // wire's role names are run -role's
+		if err := nf.Parse(n.Flags); err != nil {
+			return nil, errf("node %s's flags %q: %v", n.Name, strings.Join(n.Flags, " "), err)
 		}
 		for _, fl := range n.Flags {
 			if !strings.HasPrefix(fl, "-") {

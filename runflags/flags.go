@@ -1,0 +1,191 @@
+// Package runflags is the one typed description of `odmoe run`'s flags:
+// the command registers them (Register), and whoever launches a node (the
+// demo, bench serve, the testbed) fills the same fields and renders the
+// node's command line (Args), so a launcher cannot name a flag the node
+// does not have.
+package runflags
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/passes"
+	"github.com/odmoe/odmoe/shadow"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// The roles `odmoe run -role` takes.
+const (
+	RoleLocal  = "local"
+	RoleMain   = "main"
+	RoleWorker = "worker"
+	RoleShadow = "shadow"
+)
+
+// Flags are `odmoe run`'s flags; each role uses its share (their usage
+// says which).
+type Flags struct {
+	Role string
+	// local and main
+	Model, Prompt, Dump, Stats string
+	N, PromptTokens            int
+	Temperature, TopP          float64
+	Seed                       uint64
+	IgnoreEOS                  bool
+	HTTP, ServedName           string
+	MaxBatch, MaxQueue         int
+	PrefixCache                string
+	PrefillChunk               int
+	// main
+	Workers, Prefetch, Shadow string
+	Group, MiniBatch          int
+	AlignToken, AlignKV       int
+	AlignAdaptive             bool
+	Trace, TraceIters         string
+	PeerTimeout, DialTimeout  time.Duration
+	Residency, Placement      string
+	// shadow
+	Quant string
+	Ahead int
+	// worker
+	Listen, Store, DeviceMem, LoadBW string
+	Resident, HostCache              string
+	HostCompressed                   string
+	HostPreload                      bool
+	// all
+	Threads    int
+	Kernels    string
+	CPUProfile string
+	Cluster    Cluster
+	Log        Log
+}
+
+// Cluster are a node's flags for its place in the cluster, which every
+// networked command shares.
+type Cluster struct {
+	Certs, Name string
+	Insecure    bool
+	NetDelay    time.Duration
+}
+
+// Log are the logging flags every command shares.
+type Log struct {
+	JSON  bool
+	Level string
+}
+
+// Register registers f's flags on fs, each field set to its default.
+func (f *Flags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.Role, "role", "local", "node role: local (the whole model in one process; the reference the swarm must match), main, worker, shadow")
+	fs.StringVar(&f.Model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required for these roles)")
+	fs.StringVar(&f.Prompt, "prompt", "The capital of France is", "local, main: prompt text")
+	fs.IntVar(&f.N, "n", 64, "local, main: tokens to generate")
+	fs.IntVar(&f.PromptTokens, "prompt-tokens", 0, "local, main: make the prompt exactly `N` tokens: the prompt's tokens repeated (benchmarks); 0 = the prompt as it encodes")
+	fs.Float64Var(&f.Temperature, "temperature", 0, "local, main: sampling temperature; 0 = greedy")
+	fs.Float64Var(&f.TopP, "top-p", 1, "local, main: nucleus sampling threshold in (0, 1]; 1 = off")
+	fs.Uint64Var(&f.Seed, "seed", 1, "local, main: sampling seed")
+	fs.BoolVar(&f.IgnoreEOS, "ignore-eos", false, "local, main: keep generating past an end-of-sequence token (benchmarks)")
+	fs.StringVar(&f.Dump, "dump", "", "local, main: `DIR` to write tokens.json and logits.npy ([steps, vocab] float32) into")
+	fs.StringVar(&f.Stats, "stats", "", "local, main: write the run's figures as JSON to `FILE`")
+	fs.StringVar(&f.HTTP, "http", "", "local, main: serve the OpenAI-compatible API on TCP `ADDR` (e.g. 127.0.0.1:8080) until interrupted, instead of answering -prompt")
+	fs.StringVar(&f.ServedName, "served-model-name", "", "local, main: the model's name in the API; default: the -model directory's base name")
+	fs.IntVar(&f.MaxBatch, "max-batch", 8, "local, main: with -http, requests generating at once")
+	fs.IntVar(&f.MaxQueue, "max-queue", 64, "local, main: with -http, requests waiting for a place beyond -max-batch; more are refused with 503")
+	fs.StringVar(&f.PrefixCache, "prefix-cache", "512MiB", "local, main: with -http, memory for finished requests' KV rows, which a request whose prompt starts with the same tokens (a system prompt, a chat's next turn) reuses instead of computing them again (least recently used dropped first); shadow: the same for its copies of the sequences; 0 = off")
+	fs.IntVar(&f.PrefillChunk, "prefill-chunk", passes.DefaultChunk, "local, main: with -http, the most prompt tokens one forward pass feeds, over all the prompts joining: a long prompt is fed in chunks beside the running requests' decode steps, so none of them waits for all of it; 0 = each prompt in one pass")
+	fs.StringVar(&f.Workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
+	fs.IntVar(&f.Group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
+	fs.StringVar(&f.Prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
+	fs.StringVar(&f.Residency, "residency", "off", "main: off (OD-MoE's cacheless workers: every expert evicted once computed) or on (every expert runs on the worker that owns it, which keeps it resident while its -device-mem allows, evicting the coldest; the shadow hints owners)")
+	fs.StringVar(&f.Placement, "placement", "activation", "main, with -residency on: activation (experts spread over the workers by what each can hold, load and compute, then moved as their popularity shows: Prism) or uniform (expert e of layer l on worker (e + l) mod W, for good)")
+	fs.IntVar(&f.MiniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
+	fs.StringVar(&f.Shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
+	fs.IntVar(&f.AlignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
+	fs.IntVar(&f.AlignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
+	fs.BoolVar(&f.AlignAdaptive, "align-adaptive", false, "main: choose the alignment periods online from the shadow's measured recall and rewinds, starting at every iteration, -align-token and -align-kv being the longest allowed (align.Controller)")
+	fs.DurationVar(&f.PeerTimeout, "peer-timeout", wire.DefaultPeerTimeout, "main, shadow: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
+	fs.DurationVar(&f.DialTimeout, "dial-timeout", wire.DefaultStartDialTimeout, "main, shadow: how long to wait at start for the workers (and the shadow) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")
+	fs.StringVar(&f.Trace, "trace", "", "main: record the whole swarm's timeline (every node's compute, loads and messages) and write it as JSON to `FILE` (testbed draws it)")
+	fs.StringVar(&f.TraceIters, "trace-iters", "2:4", "main: the iterations -trace records, `FROM:TO` (iteration 1 is the prompt)")
+	fs.StringVar(&f.Quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
+	fs.IntVar(&f.Ahead, "ahead", shadow.DefaultAhead, "shadow: run up to `N` iterations past the main node's latest alignment on the shadow's own sampled tokens, so predictions come an iteration early; an alignment with another token rewinds it (its predictions withdrawn); 0 = wait for every alignment (OD-MoE's late departure)")
+	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
+	fs.StringVar(&f.Store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")
+	fs.StringVar(&f.DeviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
+	fs.StringVar(&f.Resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")
+	fs.StringVar(&f.HostCache, "host-cache", "0", "worker: keep up to this many bytes of decompressed experts in host memory (the node's CPU RAM of OD-MoE's rig): a load is then a host-to-device transfer paced by -load-bw, with no store read or decompression; 0 = off")
+	fs.StringVar(&f.HostCompressed, "host-compressed", "0", "worker: keep up to this many bytes of the store's compressed chunks in host memory (ZipMoE's compressed tier: ~0.66 of an expert's BF16 bytes): a load not in -host-cache then decompresses from RAM instead of reading the store; 0 = off")
+	fs.BoolVar(&f.HostPreload, "host-preload", false, "worker: fill -host-cache with the store's experts at start (layer by layer, as far as it holds), as a node holding the model in RAM would")
+	fs.StringVar(&f.LoadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")
+	fs.IntVar(&f.Threads, "threads", 0, "goroutines for matrix kernels; 0 = all cores")
+	fs.StringVar(&f.Kernels, "kernels", "", "kernel implementation: "+strings.Join(kernels.Paths(), ", ")+" (default: $ODMOE_KERNELS or the fastest; all give the same bits)")
+	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write the process's CPU profile (go tool pprof) to `FILE` when it ends")
+	f.Cluster.Register(fs)
+	f.Log.Register(fs)
+}
+
+// Register registers c's flags on fs.
+func (c *Cluster) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.Certs, "certs", "", "cluster certificate `DIR` made by odmoe certs (needs ca.pem, NAME.pem, NAME-key.pem)")
+	fs.StringVar(&c.Name, "name", "", "this node's `NAME` in the cluster (default: the role's name for main and shadow)")
+	fs.DurationVar(&c.NetDelay, "net-delay", 0, "delay every datagram this node sends by `D` (an emulated rig's link latency where the kernel has no netem; testbed/rig); below the timer grain (~1 ms here) it is not applied")
+	fs.BoolVar(&c.Insecure, "insecure", false, "no certificates: peers are NOT authenticated (quick local experiments only)")
+}
+
+// Register registers l's flags on fs.
+func (l *Log) Register(fs *flag.FlagSet) {
+	fs.BoolVar(&l.JSON, "log-json", false, "log JSON lines instead of the human console format")
+	fs.StringVar(&l.Level, "log-level", "info", "log level: debug, info, warn, error")
+}
+
+// For is the flags of a node in role, every other flag at its default:
+// what a launcher fills in before Args.
+func For(role string) Flags {
+	var f Flags
+	f.Register(flag.NewFlagSet("", flag.ContinueOnError))
+	f.Role = role
+	return f
+}
+
+// Parse sets the flags args name (`-flag value` or `-flag=value`, as the
+// command line takes them) on f: a rig's extra flags for a node, say.
+func (f *Flags) Parse(args []string) error {
+	var d Flags
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(discard{})
+	d.Register(fs)
+	d = *f // the flags point into d: they hold f's values now
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("runflags: %q is not a flag", fs.Arg(0))
+	}
+	*f = d
+	return nil
+}
+
+// Args renders f as the arguments of `odmoe run`: "run", -role=ROLE, then
+// every other flag whose value differs from its default, in name order,
+// as -name=value.
+func (f Flags) Args() []string {
+	var d Flags
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	d.Register(fs)
+	d = f // the flags point into d: they hold f's values now
+	args := []string{"run", "-role=" + f.Role}
+	fs.VisitAll(func(fl *flag.Flag) {
+		if v := fl.Value.String(); v != fl.DefValue && fl.Name != "role" {
+			args = append(args, "-"+fl.Name+"="+v)
+		}
+	})
+	return args
+}
+
+// discard swallows a flag set's own messages: Parse returns them.
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
