@@ -56,6 +56,27 @@ type serveReport struct {
 	ExpertBytes int64         `json:"expert_bytes"`
 	BytesFrom   string        `json:"bytes_from"`
 	Rows        []serveResult `json:"rows"`
+	// TextRounds are -text-rounds' rounds: the API at 1 client against
+	// text mode on the same swarm.
+	TextRounds []textRound `json:"text_rounds,omitempty"`
+}
+
+// textRound is one round of the API against text mode on the same swarm:
+// each one's decode tokens/s (the API's from its node's mean inter-token
+// time, text mode's from its -stats), and each one's expert loads and
+// misses (the API's from the workers' counters, text mode's from its
+// -stats).
+type textRound struct {
+	Round      int     `json:"round"`
+	APIDecode  float64 `json:"api_decode_tokens_per_s"`
+	TextDecode float64 `json:"text_decode_tokens_per_s"`
+	Ratio      float64 `json:"api_over_text"`
+	APILoads   int64   `json:"api_loads"`
+	APIMisses  int64   `json:"api_misses"`
+	TextLoads  int64   `json:"text_loads"`
+	TextMisses int64   `json:"text_misses"`
+	APITokens  int     `json:"api_tokens"`
+	TextTokens int     `json:"text_tokens"`
 }
 
 // serveResult is one client count's figures.
@@ -156,6 +177,7 @@ type serveFlags struct {
 	maxBatch                          int
 	readyTimeout                      time.Duration
 	out                               string
+	textRounds                        int
 }
 
 func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -173,6 +195,7 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	fs.IntVar(&f.maxBatch, "max-batch", 0, "the main node's -max-batch; 0 = the largest -clients")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the swarm to answer /healthz (the shadow quantizes its copy first)")
 	fs.StringVar(&f.out, "out", "", "`DIR` to write report.json and report.md into")
+	fs.IntVar(&f.textRounds, "text-rounds", 0, "after the rows, `N` rounds on the same swarm (its workers and shadow): the API's main node stopped, text mode's (odmoe run -role main -prompt, -prompt-tokens and -max-tokens, ignoring EOS) run, the API's started again and measured at 1 client: its decode tokens/s (1000 / the node's mean inter-token time) against text mode's")
 	var lf runflags.Log
 	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -197,8 +220,8 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	switch {
 	case f.swarm.Workers < 1 || f.requests < 1 || f.maxTokens < 1 || f.promptTokens < 1:
 		return usagef("-workers, -requests, -max-tokens and -prompt-tokens must be >= 1")
-	case f.maxBatch < 0:
-		return usagef("-max-batch must be >= 0")
+	case f.maxBatch < 0 || f.textRounds < 0:
+		return usagef("-max-batch and -text-rounds must be >= 0")
 	case f.storeDir != "" && f.model == "":
 		return usagef("-store needs -model (a preset's store is kept in the cache)")
 	}
@@ -270,20 +293,31 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	}
 	m := sw.mainFlags(f.swarm.Prefetch, 1, 1)
 	m.HTTP, m.MaxBatch, m.Log.Level = addr, f.maxBatch, "warn"
-	mainNode, err := sw.runNode(ctx, "main", m.Args()...)
-	if err != nil {
-		return err
-	}
-	defer mainNode.Stop()
 	base := "http://" + addr
-	log.Info().Int("workers", f.swarm.Workers).Str("prefetch", f.swarm.Prefetch).Str("api", base).Msg("swarm started; waiting for /healthz")
 	c := &serveClient{base: base, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: f.maxBatch}}}
-	t0 := time.Now()
-	if err := c.waitReady(ctx, mainNode.exited, f.readyTimeout); err != nil {
-		sw.printLogs(os.Stderr)
+	var mainNode *node
+	defer func() {
+		if mainNode != nil {
+			mainNode.Stop()
+		}
+	}()
+	// startAPI starts the API's main node and waits for it to answer
+	startAPI := func() error {
+		if mainNode, err = sw.runNode(ctx, "main", m.Args()...); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := c.waitReady(ctx, mainNode.exited, f.readyTimeout); err != nil {
+			sw.printLogs(os.Stderr)
+			return err
+		}
+		log.Info().Dur("took", time.Since(t0)).Msg("swarm ready")
+		return nil
+	}
+	log.Info().Int("workers", f.swarm.Workers).Str("prefetch", f.swarm.Prefetch).Str("api", base).Msg("swarm started; waiting for /healthz")
+	if err := startAPI(); err != nil {
 		return err
 	}
-	log.Info().Dur("took", time.Since(t0)).Msg("swarm ready")
 	counters, err := newWorkerCounters(files.Certs, sw.workers)
 	if err != nil {
 		return err
@@ -296,17 +330,15 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		return fmt.Errorf("warm-up request: %w", r.err)
 	}
 	bytesMetric := ""
-	for _, n := range f.clients {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
+	// measure measures n clients on the API as it runs now
+	measure := func(n int) (serveResult, error) {
 		before, err := c.metrics(ctx)
 		if err != nil {
-			return err
+			return serveResult{}, err
 		}
 		wBefore, err := counters.read(ctx)
 		if err != nil {
-			return err
+			return serveResult{}, err
 		}
 		cpu0 := sw.cpu()
 		row, results := c.measure(ctx, n, f, vocab)
@@ -317,11 +349,11 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		row.CPUPerToken.Main, row.CPUPerToken.Shadow, row.CPUPerToken.Workers = perTok(cpu0.Main, cpu1.Main), perTok(cpu0.Shadow, cpu1.Shadow), perTok(cpu0.Workers, cpu1.Workers)
 		after, err := c.metrics(ctx)
 		if err != nil {
-			return err
+			return serveResult{}, err
 		}
 		wAfter, err := counters.read(ctx)
 		if err != nil {
-			return err
+			return serveResult{}, err
 		}
 		row.Workers.Loads, row.Workers.WastedLoads, row.Workers.Misses = wAfter.Loads-wBefore.Loads, wAfter.WastedLoads-wBefore.WastedLoads, wAfter.Misses-wBefore.Misses
 		row.ServerTokens = after["odmoe_generated_tokens_total"] - before["odmoe_generated_tokens_total"]
@@ -360,13 +392,87 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		}
 		log.Info().Int("clients", n).Int("tokens", row.Tokens).Float64("tok_per_s", row.TokensPerS).
 			Float64("ttft_p50_ms", row.TTFT.P50).Float64("itl_p50_ms", row.InterToken.P50).Str("loadavg", row.LoadAvg).Msg("measured")
+		return row, nil
+	}
+	for _, n := range f.clients {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		row, err := measure(n)
+		if err != nil {
+			return err
+		}
 		rep.Rows = append(rep.Rows, row)
+	}
+	for r := range f.textRounds {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := mainNode.Stop(); err != nil {
+			log.Warn().Err(err).Msg("the main node did not exit cleanly")
+		}
+		mainNode = nil
+		text, err := textMode(ctx, sw, f, tmp, r+1)
+		if err != nil {
+			return err
+		}
+		if err := startAPI(); err != nil {
+			return err
+		}
+		if r := c.complete(ctx, promptIDs(vocab, f.promptTokens, 0, 0, 0), 2); r.err != nil {
+			return fmt.Errorf("warm-up request: %w", r.err)
+		}
+		row, err := measure(1)
+		if err != nil {
+			return err
+		}
+		if row.Failed > 0 || row.ServerInterToken.Mean <= 0 || text.DecodeTokensPerS <= 0 {
+			return fmt.Errorf("text round %d: %d requests failed, inter-token mean %v ms, text mode %v tok/s", r+1, row.Failed, row.ServerInterToken.Mean, text.DecodeTokensPerS)
+		}
+		tr := textRound{Round: r + 1, APIDecode: 1000 / row.ServerInterToken.Mean, TextDecode: text.DecodeTokensPerS,
+			APILoads: row.Workers.Loads, APIMisses: row.Workers.Misses, TextLoads: text.ExpertLoads, TextMisses: text.Misses, APITokens: row.Tokens, TextTokens: text.GeneratedTokens}
+		tr.Ratio = tr.APIDecode / tr.TextDecode
+		log.Info().Int("round", tr.Round).Float64("api_decode", tr.APIDecode).Float64("text_decode", tr.TextDecode).Float64("ratio", tr.Ratio).Msg("the API against text mode")
+		rep.TextRounds = append(rep.TextRounds, tr)
 	}
 	rep.BytesFrom = bytesMetric
 	if err := mainNode.Stop(); err != nil {
 		log.Warn().Err(err).Msg("the main node did not exit cleanly")
 	}
+	mainNode = nil
 	return nil
+}
+
+// textMode runs text mode on sw (its workers and shadow; the API's main
+// node stopped): a main node decoding one prompt of -prompt-tokens to
+// -max-tokens tokens, EOS ignored, and returns its -stats.
+func textMode(ctx context.Context, sw *procSwarm, f *serveFlags, tmp string, round int) (*mainnode.RunStats, error) {
+	t := sw.mainFlags(f.swarm.Prefetch, 1, 1)
+	t.PromptTokens, t.N, t.IgnoreEOS, t.Log.Level = f.promptTokens, f.maxTokens, true, "warn"
+	t.Stats = filepath.Join(tmp, fmt.Sprintf("text-%d.json", round))
+	n, err := sw.runNode(ctx, "text", t.Args()...)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-n.exited:
+	case <-ctx.Done():
+		n.Stop()
+		return nil, ctx.Err()
+	}
+	if n.err != nil {
+		sw.printLogs(os.Stderr)
+		return nil, fmt.Errorf("text mode, round %d: %w", round, n.err)
+	}
+	b, err := os.ReadFile(t.Stats)
+	if err != nil {
+		return nil, err
+	}
+	var st mainnode.RunStats
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("text mode's -stats: %w", err)
+	}
+	return &st, nil
 }
 
 // serveFiles finds (or makes) the model, its store and certificates for
@@ -827,6 +933,19 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	}
 	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Shadow recall: the experts the decode passes activated that the shadow had predicted, over all they activated (OD-MoE eq. 3, from odmoe_shadow_predicted_experts_total and odmoe_shadow_routed_experts_total). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
+	if len(rep.TextRounds) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n## The API against text mode on the same swarm\n\n")
+	fmt.Fprintln(w, "| round | API decode tok/s | text mode decode tok/s | API / text | API loads missed | text mode loads missed |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+	var api, text float64
+	for _, r := range rep.TextRounds {
+		fmt.Fprintf(w, "| %d | %.1f | %.1f | %.3f | %d of %d | %d of %d |\n", r.Round, r.APIDecode, r.TextDecode, r.Ratio, r.APIMisses, r.APILoads, r.TextMisses, r.TextLoads)
+		api, text = api+r.APIDecode, text+r.TextDecode
+	}
+	fmt.Fprintf(w, "\nOver the %d rounds: API %.1f, text mode %.1f decode tok/s on average, %.3f. Each round stops the API's main node, runs text mode (`odmoe run -role main`, a prompt of %d tokens, %d generated, EOS ignored) on the same workers and shadow, starts the API's main node again and measures it at 1 client (%d requests of %d tokens): the API's decode tokens/s is 1000 over its node's mean inter-token time (odmoe_inter_token_latency_seconds' sum over its count), text mode's its -stats decode_tokens_per_s.\n",
+		len(rep.TextRounds), api/float64(len(rep.TextRounds)), text/float64(len(rep.TextRounds)), api/text, rep.PromptTokens, rep.MaxTokens, rep.Requests, rep.MaxTokens)
 }
 
 // String formats q as "p50 / p99" milliseconds ("–" when empty).

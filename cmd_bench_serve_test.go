@@ -19,7 +19,7 @@ import (
 func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report")
 	so, se, code := run(t, "", "bench", "serve", "-preset", "tiny", "-cache", t.TempDir(), "-workers", "4",
-		"-clients", "1,2", "-requests", "1", "-max-tokens", "8", "-out", out, "-log-level", "warn")
+		"-clients", "1,2", "-requests", "1", "-max-tokens", "8", "-text-rounds", "1", "-out", out, "-log-level", "warn")
 	if code != 0 {
 		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
 	}
@@ -67,7 +67,19 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 		// whole swarm used some
 		case runtime.GOOS == "linux" && (min(c.Main, c.Shadow, c.Workers) < 0 || c.Main+c.Shadow+c.Workers <= 0):
 			t.Errorf("row %d: CPU ms per token %+v", i, c)
+		// the shadow predicted decode layers: some of what they activated
+		case !(r.ShadowRecall > 0 && r.ShadowRecall <= 1):
+			t.Errorf("row %d: shadow recall %v", i, r.ShadowRecall)
 		}
+	}
+	// -text-rounds 1: text mode's run and the API's, on the same swarm,
+	// each generating -max-tokens
+	if len(rep.TextRounds) != 1 {
+		t.Fatalf("%d text rounds, want 1: %s", len(rep.TextRounds), b)
+	}
+	if tr := rep.TextRounds[0]; tr.Round != 1 || !(tr.APIDecode > 0 && tr.TextDecode > 0) || tr.Ratio != tr.APIDecode/tr.TextDecode ||
+		tr.APITokens != 8 || tr.TextTokens != 8 || tr.APILoads <= 0 || tr.TextLoads <= 0 {
+		t.Errorf("text round %+v", tr)
 	}
 	if rep.Rows[0].TTFT.N+rep.Rows[1].TTFT.N == 0 {
 		t.Error("no request had a content chunk: no TTFT measured by the clients")
@@ -76,7 +88,7 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| clients | requests |", "| 1 | 1 | 8 |", "| 2 | 2 | 16 |", "load average before", "command: `odmoe bench serve"} {
+	for _, want := range []string{"| clients | requests |", "| 1 | 1 | 8 |", "| 2 | 2 | 16 |", "load average before", "command: `odmoe bench serve", "## The API against text mode on the same swarm", "| 1 | "} {
 		if !strings.Contains(so, want) || !strings.Contains(string(md), want) {
 			t.Errorf("stdout or report.md lacks %q:\n%s", want, so)
 		}
