@@ -61,7 +61,8 @@ type serveReport struct {
 	TextRounds []textRound `json:"text_rounds,omitempty"`
 }
 
-// textRound is one round of the API against text mode on the same swarm:
+// textRound is one round of the API against text mode on the same swarm,
+// the API's requests sending text mode's prompt:
 // each one's decode tokens/s (the API's from its node's mean inter-token
 // time, text mode's from its -stats), and each one's expert loads and
 // misses (the API's from the workers' counters, text mode's from its
@@ -330,8 +331,9 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		return fmt.Errorf("warm-up request: %w", r.err)
 	}
 	bytesMetric := ""
-	// measure measures n clients on the API as it runs now
-	measure := func(n int) (serveResult, error) {
+	// measure measures n clients on the API as it runs now, client k's
+	// r-th request sending prompt(k, r)
+	measure := func(n int, prompt func(k, r int) []int) (serveResult, error) {
 		before, err := c.metrics(ctx)
 		if err != nil {
 			return serveResult{}, err
@@ -341,7 +343,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 			return serveResult{}, err
 		}
 		cpu0 := sw.cpu()
-		row, results := c.measure(ctx, n, f, vocab)
+		row, results := c.measure(ctx, n, f, prompt)
 		cpu1 := sw.cpu()
 		perTok := func(a, b time.Duration) float64 {
 			return float64(b-a) / float64(time.Millisecond) / float64(max(1, row.Tokens))
@@ -398,12 +400,15 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		row, err := measure(n)
+		row, err := measure(n, func(k, r int) []int { return promptIDs(vocab, f.promptTokens, n, k, r) })
 		if err != nil {
 			return err
 		}
 		rep.Rows = append(rep.Rows, row)
 	}
+	// the API's requests in a text round send text mode's prompt (its
+	// -prompt at its default, made -prompt-tokens long)
+	textIDs := mainnode.CycleTokens(tok.Encode(runflags.For(runflags.RoleMain).Prompt, true), f.promptTokens, tok.BOS())
 	for r := range f.textRounds {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -422,7 +427,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		if r := c.complete(ctx, promptIDs(vocab, f.promptTokens, 0, 0, 0), 2); r.err != nil {
 			return fmt.Errorf("warm-up request: %w", r.err)
 		}
-		row, err := measure(1)
+		row, err := measure(1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
 		if err != nil {
 			return err
 		}
@@ -758,7 +763,7 @@ type streamResult struct {
 
 // measure runs n clients at once, each sending f.requests streamed
 // requests one after another.
-func (c *serveClient) measure(ctx context.Context, n int, f *serveFlags, vocab int) (serveResult, []streamResult) {
+func (c *serveClient) measure(ctx context.Context, n int, f *serveFlags, prompt func(k, r int) []int) (serveResult, []streamResult) {
 	results := make([]streamResult, n*f.requests)
 	cpu0 := testbed.ReadCPU()
 	t0 := time.Now()
@@ -766,7 +771,7 @@ func (c *serveClient) measure(ctx context.Context, n int, f *serveFlags, vocab i
 	for k := range n {
 		wg.Go(func() {
 			for r := range f.requests {
-				results[k*f.requests+r] = c.complete(ctx, promptIDs(vocab, f.promptTokens, n, k, r), f.maxTokens)
+				results[k*f.requests+r] = c.complete(ctx, prompt(k, r), f.maxTokens)
 			}
 		})
 	}
@@ -944,7 +949,7 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 		fmt.Fprintf(w, "| %d | %.1f | %.1f | %.3f | %d of %d | %d of %d |\n", r.Round, r.APIDecode, r.TextDecode, r.Ratio, r.APIMisses, r.APILoads, r.TextMisses, r.TextLoads)
 		api, text = api+r.APIDecode, text+r.TextDecode
 	}
-	fmt.Fprintf(w, "\nOver the %d rounds: API %.1f, text mode %.1f decode tok/s on average, %.3f. Each round stops the API's main node, runs text mode (`odmoe run -role main`, a prompt of %d tokens, %d generated, EOS ignored) on the same workers and shadow, starts the API's main node again and measures it at 1 client (%d requests of %d tokens): the API's decode tokens/s is 1000 over its node's mean inter-token time (odmoe_inter_token_latency_seconds' sum over its count), text mode's its -stats decode_tokens_per_s.\n",
+	fmt.Fprintf(w, "\nOver the %d rounds: API %.1f, text mode %.1f decode tok/s on average, %.3f. Each round stops the API's main node, runs text mode (`odmoe run -role main`, a prompt of %d tokens, %d generated, EOS ignored) on the same workers and shadow, starts the API's main node again and measures it at 1 client (%d requests of %d tokens, each with text mode's prompt): the API's decode tokens/s is 1000 over its node's mean inter-token time (odmoe_inter_token_latency_seconds' sum over its count), text mode's its -stats decode_tokens_per_s.\n",
 		len(rep.TextRounds), api/float64(len(rep.TextRounds)), text/float64(len(rep.TextRounds)), api/text, rep.PromptTokens, rep.MaxTokens, rep.Requests, rep.MaxTokens)
 }
 

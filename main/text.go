@@ -47,7 +47,7 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 		return model.GenerateStats{}, fmt.Errorf("prompt %q encodes to no tokens", t.Prompt)
 	}
 	if t.PromptTokens > 0 {
-		ids = cycleTokens(ids, t.PromptTokens, tok.BOS())
+		ids = CycleTokens(ids, t.PromptTokens, tok.BOS())
 	}
 	// n tokens need len(ids)+n-1 positions: the last one is never fed back
 	if limit, need := m.Config.MaxPositions, len(ids)+max(t.MaxTokens, 1)-1; need > limit {
@@ -128,9 +128,11 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 	return st, nil
 }
 
-// cycleTokens returns exactly n tokens: ids (which start with bos, if
-// bos >= 0 and they do) and then ids without bos again, as often as needed.
-func cycleTokens(ids []int, n, bos int) []int {
+// CycleTokens returns exactly n tokens: ids (which start with bos, if
+// bos >= 0 and they do) and then ids without bos again, as often as
+// needed: text mode's prompt at -prompt-tokens n (bench serve sends the API
+// the same).
+func CycleTokens(ids []int, n, bos int) []int {
 	body := ids
 	if bos >= 0 && len(ids) > 1 && ids[0] == bos {
 		body = ids[1:]
