@@ -69,6 +69,7 @@ type serveReport struct {
 // -stats).
 type textRound struct {
 	Round      int     `json:"round"`
+	TextFirst  bool    `json:"text_first"` // text mode ran before the API in this round
 	APIDecode  float64 `json:"api_decode_tokens_per_s"`
 	TextDecode float64 `json:"text_decode_tokens_per_s"`
 	Ratio      float64 `json:"api_over_text"`
@@ -144,6 +145,9 @@ type serveResult struct {
 		Main    float64 `json:"main"`
 		Shadow  float64 `json:"shadow"`
 		Workers float64 `json:"workers"`
+		// Client is the benchmark's own process: its streaming clients
+		// share the machine with the swarm
+		Client float64 `json:"client"`
 	} `json:"cpu_ms_per_token"`
 }
 
@@ -349,6 +353,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 			return float64(b-a) / float64(time.Millisecond) / float64(max(1, row.Tokens))
 		}
 		row.CPUPerToken.Main, row.CPUPerToken.Shadow, row.CPUPerToken.Workers = perTok(cpu0.Main, cpu1.Main), perTok(cpu0.Shadow, cpu1.Shadow), perTok(cpu0.Workers, cpu1.Workers)
+		row.CPUPerToken.Client = perTok(cpu0.Client, cpu1.Client)
 		after, err := c.metrics(ctx)
 		if err != nil {
 			return serveResult{}, err
@@ -409,32 +414,49 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	// the API's requests in a text round send text mode's prompt (its
 	// -prompt at its default, made -prompt-tokens long)
 	textIDs := mainnode.CycleTokens(tok.Encode(runflags.For(runflags.RoleMain).Prompt, true), f.promptTokens, tok.BOS())
-	for r := range f.textRounds {
-		if err := ctx.Err(); err != nil {
-			return err
+	// apiRound measures the API at 1 client, after a warm-up request
+	apiRound := func() (serveResult, error) {
+		if r := c.complete(ctx, promptIDs(vocab, f.promptTokens, 0, 0, 0), 2); r.err != nil {
+			return serveResult{}, fmt.Errorf("warm-up request: %w", r.err)
 		}
+		return measure(1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
+	}
+	// runText runs text mode with the API's main node stopped, then
+	// starts it again
+	runText := func(round int) (*mainnode.RunStats, error) {
 		if err := mainNode.Stop(); err != nil {
 			log.Warn().Err(err).Msg("the main node did not exit cleanly")
 		}
 		mainNode = nil
-		text, err := textMode(ctx, sw, f, tmp, r+1)
+		text, err := textMode(ctx, sw, f, tmp, round)
 		if err != nil {
+			return nil, err
+		}
+		return text, startAPI()
+	}
+	for r := range f.textRounds {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := startAPI(); err != nil {
-			return err
+		// odd rounds run text mode first, even rounds the API: a drift
+		// of the machine's speed over the rounds favours neither
+		var row serveResult
+		var text *mainnode.RunStats
+		var err error
+		if r%2 == 0 {
+			if text, err = runText(r + 1); err == nil {
+				row, err = apiRound()
+			}
+		} else if row, err = apiRound(); err == nil {
+			text, err = runText(r + 1)
 		}
-		if r := c.complete(ctx, promptIDs(vocab, f.promptTokens, 0, 0, 0), 2); r.err != nil {
-			return fmt.Errorf("warm-up request: %w", r.err)
-		}
-		row, err := measure(1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
 		if err != nil {
 			return err
 		}
 		if row.Failed > 0 || row.ServerInterToken.Mean <= 0 || text.DecodeTokensPerS <= 0 {
 			return fmt.Errorf("text round %d: %d requests failed, inter-token mean %v ms, text mode %v tok/s", r+1, row.Failed, row.ServerInterToken.Mean, text.DecodeTokensPerS)
 		}
-		tr := textRound{Round: r + 1, APIDecode: 1000 / row.ServerInterToken.Mean, TextDecode: text.DecodeTokensPerS,
+		tr := textRound{Round: r + 1, TextFirst: r%2 == 0, APIDecode: 1000 / row.ServerInterToken.Mean, TextDecode: text.DecodeTokensPerS,
 			APILoads: row.Workers.Loads, APIMisses: row.Workers.Misses, TextLoads: text.ExpertLoads, TextMisses: text.Misses, APITokens: row.Tokens, TextTokens: text.GeneratedTokens}
 		tr.Ratio = tr.APIDecode / tr.TextDecode
 		log.Info().Int("round", tr.Round).Float64("api_decode", tr.APIDecode).Float64("text_decode", tr.TextDecode).Float64("ratio", tr.Ratio).Msg("the API against text mode")
@@ -911,7 +933,7 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 	if len(rep.Rows) > 0 {
 		first = rep.Rows[0].Clients
 	}
-	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | expert loads missed | shadow recall | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers | load 1 min |\n", first)
+	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | expert loads missed | shadow recall | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers, clients | load 1 min |\n", first)
 	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Rows {
 		perTok := "–"
@@ -932,11 +954,11 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 		if r.ShadowRecall >= 0 {
 			recall = fmt.Sprintf("%.1f%%", 100*r.ShadowRecall)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f | %s |\n",
+		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f, %.1f | %s |\n",
 			r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
-			r.ServerTTFT, r.ServerInterToken, perTok, missed, recall, l.Experts, l.MainMs, l.ExpertsMs, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, load)
+			r.ServerTTFT, r.ServerInterToken, perTok, missed, recall, l.Experts, l.MainMs, l.ExpertsMs, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, c.Client, load)
 	}
-	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Shadow recall: the experts the decode passes activated that the shadow had predicted, over all they activated (OD-MoE eq. 3, from odmoe_shadow_predicted_experts_total and odmoe_shadow_routed_experts_total). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow and all workers used during the row, over its tokens.\n",
+	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Shadow recall: the experts the decode passes activated that the shadow had predicted, over all they activated (OD-MoE eq. 3, from odmoe_shadow_predicted_experts_total and odmoe_shadow_routed_experts_total). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow, all workers and this benchmark's own clients used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
 	if len(rep.TextRounds) == 0 {
 		return
@@ -949,7 +971,7 @@ func writeServeMarkdown(w io.Writer, rep *serveReport) {
 		fmt.Fprintf(w, "| %d | %.1f | %.1f | %.3f | %d of %d | %d of %d |\n", r.Round, r.APIDecode, r.TextDecode, r.Ratio, r.APIMisses, r.APILoads, r.TextMisses, r.TextLoads)
 		api, text = api+r.APIDecode, text+r.TextDecode
 	}
-	fmt.Fprintf(w, "\nOver the %d rounds: API %.1f, text mode %.1f decode tok/s on average, %.3f. Each round stops the API's main node, runs text mode (`odmoe run -role main`, a prompt of %d tokens, %d generated, EOS ignored) on the same workers and shadow, starts the API's main node again and measures it at 1 client (%d requests of %d tokens, each with text mode's prompt): the API's decode tokens/s is 1000 over its node's mean inter-token time (odmoe_inter_token_latency_seconds' sum over its count), text mode's its -stats decode_tokens_per_s.\n",
+	fmt.Fprintf(w, "\nOver the %d rounds: API %.1f, text mode %.1f decode tok/s on average, %.3f. Each round runs text mode (`odmoe run -role main`, a prompt of %d tokens, %d generated, EOS ignored) on the same workers and shadow, the API's main node stopped meanwhile, and measures the API at 1 client, odd rounds text mode first, even rounds the API (%d requests of %d tokens, each with text mode's prompt): the API's decode tokens/s is 1000 over its node's mean inter-token time (odmoe_inter_token_latency_seconds' sum over its count), text mode's its -stats decode_tokens_per_s.\n",
 		len(rep.TextRounds), api/float64(len(rep.TextRounds)), text/float64(len(rep.TextRounds)), api/text, rep.PromptTokens, rep.MaxTokens, rep.Requests, rep.MaxTokens)
 }
 

@@ -65,7 +65,7 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 			t.Errorf("row %d: decode layer %+v", i, r.DecodeLayer)
 		// the nodes' CPU time from /proc, in 10 ms ticks: the row's
 		// whole swarm used some
-		case runtime.GOOS == "linux" && (min(c.Main, c.Shadow, c.Workers) < 0 || c.Main+c.Shadow+c.Workers <= 0):
+		case runtime.GOOS == "linux" && (min(c.Main, c.Shadow, c.Workers, c.Client) < 0 || c.Main+c.Shadow+c.Workers <= 0):
 			t.Errorf("row %d: CPU ms per token %+v", i, c)
 		// the shadow predicted decode layers: some of what they activated
 		case !(r.ShadowRecall > 0 && r.ShadowRecall <= 1):

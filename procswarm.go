@@ -230,13 +230,15 @@ func (s *procSwarm) profiled(name string, args []string) []string {
 }
 
 // roleCPU is the CPU time (user and system) a swarm's processes have
-// used so far, by role.
-type roleCPU struct{ Main, Shadow, Workers time.Duration }
+// used so far, by role, and this process's (the benchmark's own
+// clients).
+type roleCPU struct{ Main, Shadow, Workers, Client time.Duration }
 
 // cpu reads every node's CPU time so far from /proc (zero where it is
 // unavailable: not Linux, or a node that has exited).
 func (s *procSwarm) cpu() roleCPU {
 	var c roleCPU
+	c.Client, _ = procmem.CPUTimeOf(os.Getpid())
 	if s.mainNode != nil {
 		c.Main, _ = procmem.CPUTimeOf(s.mainNode.cmd.Process.Pid)
 	}
