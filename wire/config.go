@@ -131,6 +131,10 @@ type Config struct {
 	// Config; otherwise each Listener (with its peers) and each dialed
 	// Peer has its own.
 	Stats *Stats
+
+	// bulkArrived, if set (tests), is called when a bulk stream's first
+	// byte has arrived: a transfer is under way.
+	bulkArrived func()
 }
 
 // settled returns a copy of c with defaults filled in, after checking it.

@@ -103,14 +103,29 @@ func TestManyConcurrentStreams(t *testing.T) {
 	}
 }
 
+// TestUrgentMessageOvertakesBulkTransfer: a prediction sent once a 24 MiB
+// chunk's stream has started arriving reaches the receiver before the
+// chunk does.
 func TestUrgentMessageOvertakesBulkTransfer(t *testing.T) {
-	l := listen(t, testConfig(t, "a", "w1"))
+	lcfg := testConfig(t, "a", "w1")
+	arrived := make(chan struct{}, 1)
+	lcfg.bulkArrived = func() {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+	}
+	l := listen(t, lcfg)
 	client, server := connect(t, l, testConfig(t, "a", "main"))
 	bulkDone := make(chan error, 1)
 	go func() {
 		bulkDone <- client.Send(context.Background(), bulk(0, make([]byte, 24<<20)))
 	}()
-	time.Sleep(5 * time.Millisecond) // let the bulk stream start
+	select { // the chunk is on its way
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the chunk's stream never arrived")
+	}
 	send(t, client, &Prediction{Layer: 1})
 	if m := recv(t, server); m.Type() != TypePrediction {
 		t.Errorf("first message is %v: the prediction waited behind the 24 MiB chunk", m.Type())

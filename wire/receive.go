@@ -88,6 +88,9 @@ func (p *Peer) readBulk(s *quic.ReceiveStream) {
 		p.fail(connErrorf(CodeProtocol, nil, "stream of class %q after the control stream", class[0]))
 		return
 	}
+	if p.cfg.bulkArrived != nil {
+		p.cfg.bulkArrived()
+	}
 	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes, buffers: p.bufs} // a fresh buffer per frame: messages keep it
 	md := newMessageDecoder()
 	for {
