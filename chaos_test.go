@@ -265,7 +265,17 @@ func TestRunThatLosesEveryWorkerFailsCleanly(t *testing.T) {
 	dump := filepath.Join(r.dir, "dump")
 	mainCmd := r.start("main", "run", "-role", "main", "-model", r.model, "-workers", r.workers[0], "-group", "1", "-prefetch", "reactive",
 		"-certs", filepath.Join(r.dir, "certs"), "-name", "main", "-n", "400", "-ignore-eos", "-dump", dump, "-log-level", "warn")
-	time.Sleep(1500 * time.Millisecond)
+	// mid-run: its dump holds a few steps' logits (each 4 KiB: the
+	// tiny vocabulary in float32), far from its 400
+	partial := filepath.Join(dump, ".logits.npy.partial")
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if st, err := os.Stat(partial); err == nil && st.Size() >= 8<<10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the main node wrote no logits within 60 s\n%s", r.logs())
+		}
+	}
 	r.signal("w1", syscall.SIGKILL)
 	err := mainCmd.Wait()
 	log, _ := os.ReadFile(filepath.Join(r.dir, "main.log"))
