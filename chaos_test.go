@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/odmoe/odmoe/internal/procswarm"
 )
 
 // chaosRig is a swarm of real processes on loopback: workers, a shadow
@@ -54,10 +56,10 @@ func newChaosRig(t *testing.T, workers int) *chaosRig {
 	return r
 }
 
-// freeLoopbackUDP is freeUDPAddr (the demo's) for a test.
+// freeLoopbackUDP is procswarm.FreeUDPAddr (the demo's) for a test.
 func freeLoopbackUDP(t *testing.T) string {
 	t.Helper()
-	addr, err := freeUDPAddr()
+	addr, err := procswarm.FreeUDPAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"hash/fnv"
 	"io"
 	"maps"
@@ -29,6 +28,7 @@ import (
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/runflags"
 )
 
 // benchTargets are what `odmoe bench TARGET` measures; each parses its own

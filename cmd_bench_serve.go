@@ -8,11 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,11 +21,13 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/internal/procswarm"
 	"github.com/odmoe/odmoe/internal/progress"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/model/tokenizer"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
@@ -176,7 +176,7 @@ func quantilesOf(ms []float64) quantiles {
 // serveFlags are `odmoe bench serve`'s settings.
 type serveFlags struct {
 	preset, model, storeDir, cache    string
-	swarm                             procSwarmOptions
+	swarm                             procswarm.Options
 	clients                           []int
 	requests, maxTokens, promptTokens int
 	maxBatch                          int
@@ -188,7 +188,7 @@ type serveFlags struct {
 func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	var f serveFlags
 	fs := newFlagSet("bench serve", stderr)
-	f.swarm.register(fs)
+	f.swarm.Register(fs)
 	fs.StringVar(&f.preset, "preset", "small", "model to generate (and cache) when -model is not given: "+strings.Join(synth.PresetNames(), ", "))
 	fs.StringVar(&f.model, "model", "", "Hugging Face model `DIR` to serve instead of a preset")
 	fs.StringVar(&f.storeDir, "store", "", "the model's expert store `DIR` (odmoe convert); default: the preset's in the cache, or -model's converted into a temporary directory")
@@ -287,20 +287,20 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	// may be smaller than its embeddings)
 	vocab := min(cfg.VocabSize, tok.VocabSize())
 
-	sw, err := startProcSwarm(ctx, files, f.swarm)
+	sw, err := procswarm.Start(ctx, files, f.swarm)
 	if err != nil {
 		return err
 	}
 	defer sw.Close()
-	addr, err := freeTCPAddr()
+	addr, err := procswarm.FreeTCPAddr()
 	if err != nil {
 		return err
 	}
-	m := sw.mainFlags(f.swarm.Prefetch, 1, 1)
+	m := sw.MainFlags(f.swarm.Prefetch, 1, 1)
 	m.HTTP, m.MaxBatch, m.Log.Level = addr, f.maxBatch, "warn"
 	base := "http://" + addr
 	c := &serveClient{base: base, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: f.maxBatch}}}
-	var mainNode *node
+	var mainNode *procswarm.Node
 	defer func() {
 		if mainNode != nil {
 			mainNode.Stop()
@@ -308,12 +308,12 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	}()
 	// startAPI starts the API's main node and waits for it to answer
 	startAPI := func() error {
-		if mainNode, err = sw.runNode(ctx, "main", m.Args()...); err != nil {
+		if mainNode, err = sw.RunNode(ctx, "main", m.Args()...); err != nil {
 			return err
 		}
 		t0 := time.Now()
-		if err := c.waitReady(ctx, mainNode.exited, f.readyTimeout); err != nil {
-			sw.printLogs(os.Stderr)
+		if err := c.waitReady(ctx, mainNode.Exited(), f.readyTimeout); err != nil {
+			sw.PrintLogs(os.Stderr)
 			return err
 		}
 		log.Info().Dur("took", time.Since(t0)).Msg("swarm ready")
@@ -323,7 +323,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	if err := startAPI(); err != nil {
 		return err
 	}
-	counters, err := newWorkerCounters(files.Certs, sw.workers)
+	counters, err := newWorkerCounters(files.Certs, sw.Workers())
 	if err != nil {
 		return err
 	}
@@ -331,7 +331,7 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 	// one short request first: connections, page cache and the first
 	// batch are not what any row measures
 	if r := c.complete(ctx, promptIDs(vocab, f.promptTokens, 0, 0, 0), 2); r.err != nil {
-		sw.printLogs(os.Stderr)
+		sw.PrintLogs(os.Stderr)
 		return fmt.Errorf("warm-up request: %w", r.err)
 	}
 	bytesMetric := ""
@@ -346,9 +346,9 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 		if err != nil {
 			return serveResult{}, err
 		}
-		cpu0 := sw.cpu()
+		cpu0 := sw.CPU()
 		row, results := c.measure(ctx, n, f, prompt)
-		cpu1 := sw.cpu()
+		cpu1 := sw.CPU()
 		perTok := func(a, b time.Duration) float64 {
 			return float64(b-a) / float64(time.Millisecond) / float64(max(1, row.Tokens))
 		}
@@ -473,23 +473,23 @@ func benchServe(ctx context.Context, f *serveFlags, rep *serveReport, log zerolo
 // textMode runs text mode on sw (its workers and shadow; the API's main
 // node stopped): a main node decoding one prompt of -prompt-tokens to
 // -max-tokens tokens, EOS ignored, and returns its -stats.
-func textMode(ctx context.Context, sw *procSwarm, f *serveFlags, tmp string, round int) (*mainnode.RunStats, error) {
-	t := sw.mainFlags(f.swarm.Prefetch, 1, 1)
+func textMode(ctx context.Context, sw *procswarm.Swarm, f *serveFlags, tmp string, round int) (*mainnode.RunStats, error) {
+	t := sw.MainFlags(f.swarm.Prefetch, 1, 1)
 	t.PromptTokens, t.N, t.IgnoreEOS, t.Log.Level = f.promptTokens, f.maxTokens, true, "warn"
 	t.Stats = filepath.Join(tmp, fmt.Sprintf("text-%d.json", round))
-	n, err := sw.runNode(ctx, "text", t.Args()...)
+	n, err := sw.RunNode(ctx, "text", t.Args()...)
 	if err != nil {
 		return nil, err
 	}
 	select {
-	case <-n.exited:
+	case <-n.Exited():
 	case <-ctx.Done():
 		n.Stop()
 		return nil, ctx.Err()
 	}
-	if n.err != nil {
-		sw.printLogs(os.Stderr)
-		return nil, fmt.Errorf("text mode, round %d: %w", round, n.err)
+	if n.Err() != nil {
+		sw.PrintLogs(os.Stderr)
+		return nil, fmt.Errorf("text mode, round %d: %w", round, n.Err())
 	}
 	b, err := os.ReadFile(t.Stats)
 	if err != nil {
@@ -530,16 +530,6 @@ func serveFiles(ctx context.Context, f *serveFlags, tmp string, log zerolog.Logg
 		return files, err
 	}
 	return files, inproc.EnsureCerts(files.Certs, f.swarm.Workers)
-}
-
-// freeTCPAddr asks the kernel for a free loopback TCP port.
-func freeTCPAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // promptIDs is request r of client c in round n: prompt tokens of random

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"path/filepath"
 	"time"
 
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/rs/zerolog"
 
 	"github.com/odmoe/odmoe/wire"

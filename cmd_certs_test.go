@@ -2,12 +2,12 @@ package main
 
 import (
 	"flag"
-	"github.com/odmoe/odmoe/runflags"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/rs/zerolog"
 
 	"github.com/odmoe/odmoe/wire"

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/store"
 )
 

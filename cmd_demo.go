@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"net"
 	"net/http"
@@ -13,12 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/internal/procswarm"
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/runflags"
 )
 
 // runDemo starts a whole swarm on this machine — workers and the main node
@@ -28,8 +28,8 @@ import (
 // main node serves the OpenAI-compatible API until interrupted.
 func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", stderr)
-	var o procSwarmOptions
-	o.register(fs)
+	var o procswarm.Options
+	o.Register(fs)
 	preset := fs.String("preset", "tiny", "model to generate (and cache): "+strings.Join(synth.PresetNames(), ", "))
 	prompt := fs.String("prompt", "", "answer this prompt once, print the run's summary and exit; without it the swarm serves the API (-http) until interrupted")
 	n := fs.Int("n", 32, "with -prompt: tokens to generate")
@@ -84,20 +84,20 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	if err := inproc.EnsureCerts(certDir, o.Workers); err != nil {
 		return err
 	}
-	sw, err := startProcSwarm(ctx, inproc.Files{Model: modelDir, Store: storeDir, Certs: certDir}, o)
+	sw, err := procswarm.Start(ctx, inproc.Files{Model: modelDir, Store: storeDir, Certs: certDir}, o)
 	if err != nil {
 		return err
 	}
 	defer sw.Close()
-	log.Info().Int("workers", o.Workers).Str("preset", *preset).Str("prefetch", o.Prefetch).Bool("shadow", sw.shadow != "").
+	log.Info().Int("workers", o.Workers).Str("preset", *preset).Str("prefetch", o.Prefetch).Bool("shadow", sw.Shadow() != "").
 		Msg("swarm started: every node a separate process on loopback QUIC with mutual TLS")
 
 	if *prompt == "" {
-		m := sw.mainFlags(o.Prefetch, *alignToken, *alignKV)
+		m := sw.MainFlags(o.Prefetch, *alignToken, *alignKV)
 		m.HTTP, m.ServedName, m.Log = *httpAddr, *preset, lf
 		return serveDemo(ctx, sw, m.Args(), *httpAddr, *preset, stdout, stderr)
 	}
-	m := sw.mainFlags(o.Prefetch, *alignToken, *alignKV)
+	m := sw.MainFlags(o.Prefetch, *alignToken, *alignKV)
 	m.Prompt, m.N, m.Stats, m.Log = *prompt, *n, *stats, lf
 	margs := m.Args()
 	self, err := os.Executable()
@@ -107,7 +107,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	mainCmd := exec.CommandContext(ctx, self, margs...)
 	mainCmd.Stdout, mainCmd.Stderr = stdout, stderr
 	if err := mainCmd.Run(); err != nil {
-		sw.printLogs(stderr)
+		sw.PrintLogs(stderr)
 		return fmt.Errorf("main node: %w", err)
 	}
 	fmt.Fprintf(stdout, "(the %s model has random weights, so its text is gibberish by design; `odmoe run -role local -model %s` with the same prompt prints the same text: the swarm is lossless)\n", *preset, modelDir)
@@ -130,7 +130,7 @@ func demoHTTPAddr(addr string, explicit bool) (string, error) {
 	if explicit {
 		return "", fmt.Errorf("-http %s: cannot serve there (%w): choose another ADDR, or port 0 for any free one", addr, err)
 	}
-	if addr, err = freeTCPAddr(); err != nil {
+	if addr, err = procswarm.FreeTCPAddr(); err != nil {
 		return "", err
 	}
 	return addr, nil
@@ -140,18 +140,18 @@ func demoHTTPAddr(addr string, explicit bool) (string, error) {
 // to call the API once it is ready, and keeps the swarm up until ctx
 // ends (Ctrl-C, SIGTERM): then the main node stops first, the workers and
 // the shadow after it (the caller's sw.Close).
-func serveDemo(ctx context.Context, sw *procSwarm, margs []string, addr, model string, stdout, stderr io.Writer) error {
-	mainNode, err := sw.runNode(ctx, "main", margs...)
+func serveDemo(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model string, stdout, stderr io.Writer) error {
+	mainNode, err := sw.RunNode(ctx, "main", margs...)
 	if err != nil {
 		return err
 	}
 	defer mainNode.Stop()
 	c := &serveClient{base: "http://" + addr, http: &http.Client{Timeout: 5 * time.Second}}
-	if err := c.waitReady(ctx, mainNode.exited, 10*time.Minute); err != nil {
+	if err := c.waitReady(ctx, mainNode.Exited(), 10*time.Minute); err != nil {
 		if ctx.Err() != nil {
 			return nil // interrupted while starting
 		}
-		sw.printLogs(stderr)
+		sw.PrintLogs(stderr)
 		return fmt.Errorf("main node: %w", err)
 	}
 	api := c.base + "/v1"
@@ -164,45 +164,15 @@ func serveDemo(ctx context.Context, sw *procSwarm, margs []string, addr, model s
 	case <-ctx.Done():
 		fmt.Fprintln(stdout, "stopping the swarm")
 		if err := mainNode.Stop(); err != nil {
-			sw.printLogs(stderr)
+			sw.PrintLogs(stderr)
 			return fmt.Errorf("main node: %w", err)
 		}
 		return nil
-	case <-mainNode.exited:
-		sw.printLogs(stderr)
-		if mainNode.err == nil {
+	case <-mainNode.Exited():
+		sw.PrintLogs(stderr)
+		if mainNode.Err() == nil {
 			return errors.New("main node: exited while serving")
 		}
-		return fmt.Errorf("main node: %w", mainNode.err)
+		return fmt.Errorf("main node: %w", mainNode.Err())
 	}
 }
-
-// freeUDPAddr asks the kernel for a free loopback UDP port, one this
-// process has not handed out before: a port is free again once this lets
-// go of it, so two nodes that have not bound theirs yet could otherwise be
-// given the same one (seen: a shadow given a worker's port, failing to
-// listen).
-func freeUDPAddr() (string, error) {
-	for range 64 {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		addr := c.LocalAddr().String()
-		c.Close()
-		handedOut.Lock()
-		fresh := !handedOut.addrs[addr]
-		handedOut.addrs[addr] = true
-		handedOut.Unlock()
-		if fresh {
-			return addr, nil
-		}
-	}
-	return "", fmt.Errorf("no loopback UDP port this process has not handed out already, in 64 tries")
-}
-
-// handedOut are the addresses freeUDPAddr has returned.
-var handedOut = struct {
-	sync.Mutex
-	addrs map[string]bool
-}{addrs: map[string]bool{}}

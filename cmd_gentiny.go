@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"os"
 	"strings"
 
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/runflags"
 )
 
 func runGenTiny(_ context.Context, args []string, _ io.Reader, _, stderr io.Writer) error {

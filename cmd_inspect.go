@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/store"
 )
 

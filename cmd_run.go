@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"math"
 	"os"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/rs/zerolog"
 )
 

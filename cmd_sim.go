@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"maps"
 	"math"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/svgplot"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/sim"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"

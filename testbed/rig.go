@@ -3,12 +3,12 @@ package testbed
 import (
 	"bufio"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"net"
 	"os"
 	"strings"
 
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/wire"
 )
 

@@ -1,27 +1,33 @@
-package main
+// Package procswarm runs a swarm's workers and shadow as processes of
+// this binary on loopback QUIC with mutual TLS, each logging to its own
+// file, and starts the main node the caller asks for: what `odmoe demo`
+// and `odmoe bench serve` run on.
+package procswarm
 
 import (
 	"cmp"
 	"context"
 	"flag"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"
 )
 
-// procSwarmOptions say which nodes a procSwarm starts and how.
-type procSwarmOptions struct {
+// Options say which nodes a procSwarm starts and how.
+type Options struct {
 	Workers int
 	Group   int // workers per group; 0: the main node's default
 	// Prefetch is the main node's -prefetch; "shadow" starts a shadow node.
@@ -41,9 +47,9 @@ type procSwarmOptions struct {
 	ProfileDir string
 }
 
-// register adds the flags that choose a procSwarm's nodes (demo, bench
+// Register adds the flags that choose a Swarm's nodes (demo, bench
 // serve) to fs, writing into o.
-func (o *procSwarmOptions) register(fs *flag.FlagSet) {
+func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Workers, "workers", 8, "worker processes")
 	fs.IntVar(&o.Group, "group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&o.Prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
@@ -57,11 +63,11 @@ func (o *procSwarmOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProfileDir, "profile", "", "every node (main, shadow, workers) writes its CPU profile to `DIR`/NAME.pprof as it ends (go tool pprof)")
 }
 
-// procSwarm is a swarm's workers (and shadow) running as processes of
+// Swarm is a swarm's workers (and shadow) running as processes of
 // this binary on loopback QUIC with mutual TLS, each logging to its own
-// file; the main node is the caller's to start (mainArgs). demo and
+// file; the main node is the caller's to start (MainFlags, RunNode). demo and
 // bench serve run on it.
-type procSwarm struct {
+type Swarm struct {
 	files   inproc.Files
 	group   int
 	workers []string // addresses, in layout order
@@ -75,12 +81,12 @@ type procSwarm struct {
 	stop        context.CancelFunc
 	procs       []*exec.Cmd // the workers, then the shadow
 	shadowCmd   *exec.Cmd   // the shadow's, among procs; nil without one
-	mainNode    *node       // the caller's main node, once runNode started it
+	mainNode    *Node       // the caller's main node, once runNode started it
 }
 
-// startProcSwarm starts o.Workers workers (w1..wN of f.Certs) and, with
+// Start starts o.Workers workers (w1..wN of f.Certs) and, with
 // o.Prefetch shadow, a shadow, as child processes. Close stops them.
-func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ *procSwarm, err error) {
+func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -90,7 +96,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &procSwarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir}
+	s := &Swarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir}
 	if s.profileDir != "" {
 		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
 			return nil, fmt.Errorf("-profile: %w", err)
@@ -105,7 +111,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		}
 	}()
 	for i := range o.Workers {
-		addr, err := freeUDPAddr()
+		addr, err := FreeUDPAddr()
 		if err != nil {
 			return nil, err
 		}
@@ -120,7 +126,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 		s.workers = append(s.workers, addr)
 	}
 	if o.Prefetch == "shadow" {
-		addr, err := freeUDPAddr()
+		addr, err := FreeUDPAddr()
 		if err != nil {
 			return nil, err
 		}
@@ -136,7 +142,7 @@ func startProcSwarm(ctx context.Context, f inproc.Files, o procSwarmOptions) (_ 
 }
 
 // start runs this binary with args as node name, logging to its file.
-func (s *procSwarm) start(ctx context.Context, self, name string, args ...string) error {
+func (s *Swarm) start(ctx context.Context, self, name string, args ...string) error {
 	lf, err := os.Create(filepath.Join(s.logDir, name+".log"))
 	if err != nil {
 		return err
@@ -154,20 +160,20 @@ func (s *procSwarm) start(ctx context.Context, self, name string, args ...string
 	return nil
 }
 
-// node is a process of this binary that its starter owns: Stop ends it
+// Node is a process of this binary that its starter owns: Stop ends it
 // and waits for it; Exited is closed once it has exited, Err then says
 // how.
-type node struct {
+type Node struct {
 	cmd    *exec.Cmd
 	cancel context.CancelFunc
 	exited chan struct{}
 	err    error
 }
 
-// runNode starts this binary with args as node name (the main node of a
-// procSwarm), logging to logFile(name), and waits for it in the
+// RunNode starts this binary with args as node name (the main node of a
+// Swarm), logging to logFile(name), and waits for it in the
 // background.
-func (s *procSwarm) runNode(ctx context.Context, name string, args ...string) (*node, error) {
+func (s *Swarm) RunNode(ctx context.Context, name string, args ...string) (*Node, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -186,7 +192,7 @@ func (s *procSwarm) runNode(ctx context.Context, name string, args ...string) (*
 		cancel()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	n := &node{cmd: cmd, cancel: cancel, exited: make(chan struct{})}
+	n := &Node{cmd: cmd, cancel: cancel, exited: make(chan struct{})}
 	s.mainNode = n
 	go func() {
 		n.err = cmd.Wait()
@@ -195,9 +201,15 @@ func (s *procSwarm) runNode(ctx context.Context, name string, args ...string) (*
 	return n, nil
 }
 
+// Exited is closed once the node has exited.
+func (n *Node) Exited() <-chan struct{} { return n.exited }
+
+// Err is how the node exited (nil: status 0), once Exited is closed.
+func (n *Node) Err() error { return n.err }
+
 // Stop ends the node (SIGTERM) and waits for it; an exit status of 0
 // after the signal is no error.
-func (n *node) Stop() error {
+func (n *Node) Stop() error {
 	n.cancel()
 	<-n.exited
 	if ps := n.cmd.ProcessState; ps != nil && ps.Success() {
@@ -206,10 +218,10 @@ func (n *node) Stop() error {
 	return n.err
 }
 
-// mainFlags are the flags of `odmoe run -role main` on this swarm with
+// MainFlags are the flags of `odmoe run -role main` on this swarm with
 // the loading policy prefetch (the shadow's alignment periods with one):
 // the caller adds what the main node is to do, and renders them (Args).
-func (s *procSwarm) mainFlags(prefetch string, alignToken, alignKV int) runflags.Flags {
+func (s *Swarm) MainFlags(prefetch string, alignToken, alignKV int) runflags.Flags {
 	m := runflags.For(runflags.RoleMain)
 	m.Model, m.Workers, m.Prefetch, m.Group, m.DialTimeout = s.files.Model, strings.Join(s.workers, ","), prefetch, s.group, s.dialTimeout
 	m.Cluster.Certs, m.Cluster.Name = s.files.Certs, "main"
@@ -222,22 +234,22 @@ func (s *procSwarm) mainFlags(prefetch string, alignToken, alignKV int) runflags
 
 // profiled is a node's arguments with -cpuprofile added when the swarm
 // profiles its nodes.
-func (s *procSwarm) profiled(name string, args []string) []string {
+func (s *Swarm) profiled(name string, args []string) []string {
 	if s.profileDir == "" {
 		return args
 	}
 	return append(slices.Clip(args), "-cpuprofile", filepath.Join(s.profileDir, name+".pprof"))
 }
 
-// roleCPU is the CPU time (user and system) a swarm's processes have
+// RoleCPU is the CPU time (user and system) a swarm's processes have
 // used so far, by role, and this process's (the benchmark's own
 // clients).
-type roleCPU struct{ Main, Shadow, Workers, Client time.Duration }
+type RoleCPU struct{ Main, Shadow, Workers, Client time.Duration }
 
-// cpu reads every node's CPU time so far from /proc (zero where it is
+// CPU reads every node's CPU time so far from /proc (zero where it is
 // unavailable: not Linux, or a node that has exited).
-func (s *procSwarm) cpu() roleCPU {
-	var c roleCPU
+func (s *Swarm) CPU() RoleCPU {
+	var c RoleCPU
 	c.Client, _ = procmem.CPUTimeOf(os.Getpid())
 	if s.mainNode != nil {
 		c.Main, _ = procmem.CPUTimeOf(s.mainNode.cmd.Process.Pid)
@@ -254,10 +266,10 @@ func (s *procSwarm) cpu() roleCPU {
 }
 
 // logFile is where a node started here (or the caller's main node) logs.
-func (s *procSwarm) logFile(name string) string { return filepath.Join(s.logDir, name+".log") }
+func (s *Swarm) logFile(name string) string { return filepath.Join(s.logDir, name+".log") }
 
-// printLogs copies every node's non-empty log to w, for a failed run.
-func (s *procSwarm) printLogs(w io.Writer) {
+// PrintLogs copies every node's non-empty log to w, for a failed run.
+func (s *Swarm) PrintLogs(w io.Writer) {
 	logs, _ := filepath.Glob(filepath.Join(s.logDir, "*.log"))
 	for _, l := range logs {
 		if b, err := os.ReadFile(l); err == nil && len(b) > 0 {
@@ -266,11 +278,57 @@ func (s *procSwarm) printLogs(w io.Writer) {
 	}
 }
 
+// Workers are the workers' addresses, in layout order.
+func (s *Swarm) Workers() []string { return s.workers }
+
+// Shadow is the shadow's address, "" without one.
+func (s *Swarm) Shadow() string { return s.shadow }
+
 // Close stops the nodes (SIGTERM), waits for them and removes their logs.
-func (s *procSwarm) Close() {
+func (s *Swarm) Close() {
 	s.stop()
 	for _, p := range s.procs {
 		p.Wait()
 	}
 	os.RemoveAll(s.logDir)
+}
+
+// FreeUDPAddr asks the kernel for a free loopback UDP port, one this
+// process has not handed out before: a port is free again once this lets
+// go of it, so two nodes that have not bound theirs yet could otherwise be
+// given the same one (seen: a shadow given a worker's port, failing to
+// listen).
+func FreeUDPAddr() (string, error) {
+	for range 64 {
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := c.LocalAddr().String()
+		c.Close()
+		handedOut.Lock()
+		fresh := !handedOut.addrs[addr]
+		handedOut.addrs[addr] = true
+		handedOut.Unlock()
+		if fresh {
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("no loopback UDP port this process has not handed out already, in 64 tries")
+}
+
+// handedOut are the addresses FreeUDPAddr has returned.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// FreeTCPAddr asks the kernel for a free loopback TCP port.
+func FreeTCPAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
