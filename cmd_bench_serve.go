@@ -8,6 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	promodel "github.com/prometheus/common/model"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -593,50 +596,49 @@ func (c *serveClient) metrics(ctx context.Context) (map[string]float64, error) {
 }
 
 // parsePromText sums each metric's samples over their label sets, from
-// Prometheus's text exposition format; a histogram's buckets are kept
-// apart too, each as name_bucket{le="bound"}, and so are the samples of
-// each phase, as name{phase="decode"}.
+// Prometheus's text exposition format (parsed by expfmt); a histogram's
+// buckets are kept apart too, each as name_bucket{le="bound"} (with
+// name_sum and name_count), and so are the samples of each phase, as
+// name{phase="decode"}.
 func parsePromText(r io.Reader) (map[string]float64, error) {
+	parser := expfmt.NewTextParser(promodel.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest := line, ""
-		if i := strings.IndexByte(line, '{'); i >= 0 {
-			j := strings.LastIndexByte(line, '}')
-			if j < i {
-				return nil, fmt.Errorf("metrics: malformed line %q", line)
-			}
-			name, rest = line[:i], line[j+1:]
-		} else if i := strings.IndexAny(line, " \t"); i >= 0 {
-			name, rest = line[:i], line[i:]
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			return nil, fmt.Errorf("metrics: no value in %q", line)
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics: %q: %w", line, err)
-		}
+	add := func(name string, labels []*dto.LabelPair, v float64, byLabels ...string) {
 		out[name] += v
-		bySample := func(label string) { // name{label="value"}'s own sum
-			if _, val, ok := strings.Cut(line[len(name):], label+`="`); ok {
-				if val, _, ok := strings.Cut(val, `"`); ok {
-					out[name+"{"+label+`="`+val+`"}`] += v
-				}
+		for _, l := range labels {
+			if slices.Contains(byLabels, l.GetName()) {
+				out[name+"{"+l.GetName()+`="`+l.GetValue()+`"}`] += v
 			}
-		}
-		bySample("phase")
-		if strings.HasSuffix(name, "_bucket") {
-			bySample("le")
 		}
 	}
-	return out, sc.Err()
+	for name, mf := range families {
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Histogram != nil:
+				h := m.GetHistogram()
+				for _, b := range h.GetBucket() { // the text has +Inf's too
+					out[name+`_bucket{le="`+strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)+`"}`] += float64(b.GetCumulativeCount())
+				}
+				add(name+"_sum", m.GetLabel(), h.GetSampleSum(), "phase")
+				add(name+"_count", m.GetLabel(), float64(h.GetSampleCount()), "phase")
+			case m.Counter != nil:
+				add(name, m.GetLabel(), m.GetCounter().GetValue(), "phase")
+			case m.Gauge != nil:
+				add(name, m.GetLabel(), m.GetGauge().GetValue(), "phase")
+			case m.Untyped != nil: // a bucket written without its TYPE line keeps its le
+				byLabels := []string{"phase"}
+				if strings.HasSuffix(name, "_bucket") {
+					byLabels = append(byLabels, "le")
+				}
+				add(name, m.GetLabel(), m.GetUntyped().GetValue(), byLabels...)
+			}
+		}
+	}
+	return out, nil
 }
 
 // histogramQuantiles are the median and 99th percentile, in

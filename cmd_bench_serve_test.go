@@ -142,30 +142,39 @@ odmoe_layer_passes_total{phase="prefill"} 8
 	}
 }
 
+// TestHistogramQuantilesInterpolateWithinBuckets: from two reads of a
+// histogram, written with its TYPE line (as our /metrics writes it) or
+// without (untyped samples), the observations between them are 20, their
+// median, 99th percentile and mean as histogram_quantile interpolates.
 func TestHistogramQuantilesInterpolateWithinBuckets(t *testing.T) {
-	text := func(sum float64, counts ...int) string {
-		les := []string{"0.005", "0.01", "0.025", "+Inf"}
-		var b strings.Builder
-		for i, c := range counts {
-			fmt.Fprintf(&b, "odmoe_x_seconds_bucket{le=%q} %d\n", les[i], c)
+	for _, typed := range []bool{true, false} {
+		text := func(sum float64, counts ...int) string {
+			les := []string{"0.005", "0.01", "0.025", "+Inf"}
+			var b strings.Builder
+			if typed {
+				b.WriteString("# TYPE odmoe_x_seconds histogram\n")
+			}
+			for i, c := range counts {
+				fmt.Fprintf(&b, "odmoe_x_seconds_bucket{le=%q} %d\n", les[i], c)
+			}
+			fmt.Fprintf(&b, "odmoe_x_seconds_sum %g\nodmoe_x_seconds_count %d\n", sum, counts[len(counts)-1])
+			return b.String()
 		}
-		fmt.Fprintf(&b, "odmoe_x_seconds_sum %g\nodmoe_x_seconds_count %d\n", sum, counts[len(counts)-1])
-		return b.String()
-	}
-	before, err := parsePromText(strings.NewReader(text(0.01, 5, 5, 5, 5)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	after, err := parsePromText(strings.NewReader(text(0.31, 5, 15, 25, 25)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 20 observations: 10 in (5, 10] ms, 10 in (10, 25] ms
-	q := histogramQuantiles(before, after, "odmoe_x_seconds")
-	if q.N != 20 || math.Abs(q.P50-10) > 1e-9 || math.Abs(q.P99-24.7) > 1e-9 || math.Abs(q.Mean-15) > 1e-9 {
-		t.Fatalf("got %+v, want p50 10 ms, p99 24.7 ms, mean 15 ms of 20", q)
-	}
-	if q := histogramQuantiles(after, after, "odmoe_x_seconds"); q.N != 0 {
-		t.Fatalf("no observations gave %+v", q)
+		before, err := parsePromText(strings.NewReader(text(0.01, 5, 5, 5, 5)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := parsePromText(strings.NewReader(text(0.31, 5, 15, 25, 25)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 20 observations: 10 in (5, 10] ms, 10 in (10, 25] ms
+		q := histogramQuantiles(before, after, "odmoe_x_seconds")
+		if q.N != 20 || math.Abs(q.P50-10) > 1e-9 || math.Abs(q.P99-24.7) > 1e-9 || math.Abs(q.Mean-15) > 1e-9 {
+			t.Fatalf("typed %v: got %+v, want p50 10 ms, p99 24.7 ms, mean 15 ms of 20", typed, q)
+		}
+		if q := histogramQuantiles(after, after, "odmoe_x_seconds"); q.N != 0 {
+			t.Fatalf("typed %v: no observations gave %+v", typed, q)
+		}
 	}
 }
