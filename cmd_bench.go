@@ -29,6 +29,7 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/testbed"
 )
 
 // benchTargets are what `odmoe bench TARGET` measures; each parses its own
@@ -283,7 +284,7 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 		d.scaling(bestStreams(rep))
 		rep.Decode = d
 	}
-	rep.Machine.LoadAfter = loadAvg()
+	rep.Machine.LoadAfter = testbed.LoadAvg()
 
 	printKernelsReport(stdout, rep)
 	if *jsonOut != "" {
@@ -441,7 +442,7 @@ func defaultModelCache() string {
 
 func machineInfo() benchMachine {
 	m := benchMachine{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GOARCH: runtime.GOARCH,
-		Go: runtime.Version(), LoadBefore: loadAvg()}
+		Go: runtime.Version(), LoadBefore: testbed.LoadAvg()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for line := range strings.Lines(string(b)) {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -451,15 +452,6 @@ func machineInfo() benchMachine {
 		}
 	}
 	return m
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
 }
 
 // dramProbe reads a buffer far larger than any cache two ways, on the

@@ -2,13 +2,13 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/odmoe/odmoe/internal/servebench"
 )
 
 // TestBenchServeMeasuresStreamingClients: `odmoe bench serve` starts a
@@ -23,7 +23,7 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
 	}
-	var rep serveReport
+	var rep servebench.Report
 	b, err := os.ReadFile(filepath.Join(out, "report.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -96,85 +96,4 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 }
 
 // ordered: no latencies, or positive ones with p99 >= p50.
-func ordered(q quantiles) bool { return q.N == 0 || (q.P50 > 0 && q.P99 >= q.P50) }
-
-func TestQuantilesAreNearestRank(t *testing.T) {
-	ms := make([]float64, 200)
-	for i := range ms {
-		ms[i] = float64(200 - i) // 200..1, unsorted
-	}
-	cases := []struct {
-		in   []float64
-		want quantiles
-	}{
-		{nil, quantiles{}},
-		{[]float64{7}, quantiles{7, 7, 7, 1}},
-		{[]float64{3, 1, 2}, quantiles{2, 3, 2, 3}},
-		{ms, quantiles{100, 198, 100.5, 200}},
-	}
-	for _, tc := range cases {
-		if got := quantilesOf(tc.in); got != tc.want {
-			t.Errorf("quantilesOf(%v) = %+v, want %+v", tc.in, got, tc.want)
-		}
-	}
-}
-
-func TestParsePromTextSumsLabelSets(t *testing.T) {
-	text := `# HELP odmoe_requests_total API requests.
-# TYPE odmoe_requests_total counter
-odmoe_requests_total{endpoint="completions",status="200"} 3
-odmoe_requests_total{endpoint="chat",status="200"} 2
-odmoe_generated_tokens_total 1.5e+02
-odmoe_batch_size 0
-odmoe_layer_passes_total{phase="decode"} 40
-odmoe_layer_passes_total{phase="prefill"} 8
-`
-	got, err := parsePromText(strings.NewReader(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got["odmoe_requests_total"] != 5 || got["odmoe_generated_tokens_total"] != 150 || len(got) != 6 ||
-		got["odmoe_layer_passes_total"] != 48 || got[`odmoe_layer_passes_total{phase="decode"}`] != 40 || got[`odmoe_layer_passes_total{phase="prefill"}`] != 8 {
-		t.Fatalf("got %v", got)
-	}
-	if _, err := parsePromText(strings.NewReader("odmoe_x{a=\"b\"}\n")); err == nil {
-		t.Fatal("a sample without a value parsed")
-	}
-}
-
-// TestHistogramQuantilesInterpolateWithinBuckets: from two reads of a
-// histogram, written with its TYPE line (as our /metrics writes it) or
-// without (untyped samples), the observations between them are 20, their
-// median, 99th percentile and mean as histogram_quantile interpolates.
-func TestHistogramQuantilesInterpolateWithinBuckets(t *testing.T) {
-	for _, typed := range []bool{true, false} {
-		text := func(sum float64, counts ...int) string {
-			les := []string{"0.005", "0.01", "0.025", "+Inf"}
-			var b strings.Builder
-			if typed {
-				b.WriteString("# TYPE odmoe_x_seconds histogram\n")
-			}
-			for i, c := range counts {
-				fmt.Fprintf(&b, "odmoe_x_seconds_bucket{le=%q} %d\n", les[i], c)
-			}
-			fmt.Fprintf(&b, "odmoe_x_seconds_sum %g\nodmoe_x_seconds_count %d\n", sum, counts[len(counts)-1])
-			return b.String()
-		}
-		before, err := parsePromText(strings.NewReader(text(0.01, 5, 5, 5, 5)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		after, err := parsePromText(strings.NewReader(text(0.31, 5, 15, 25, 25)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// 20 observations: 10 in (5, 10] ms, 10 in (10, 25] ms
-		q := histogramQuantiles(before, after, "odmoe_x_seconds")
-		if q.N != 20 || math.Abs(q.P50-10) > 1e-9 || math.Abs(q.P99-24.7) > 1e-9 || math.Abs(q.Mean-15) > 1e-9 {
-			t.Fatalf("typed %v: got %+v, want p50 10 ms, p99 24.7 ms, mean 15 ms of 20", typed, q)
-		}
-		if q := histogramQuantiles(after, after, "odmoe_x_seconds"); q.N != 0 {
-			t.Fatalf("typed %v: no observations gave %+v", typed, q)
-		}
-	}
-}
+func ordered(q servebench.Quantiles) bool { return q.N == 0 || (q.P50 > 0 && q.P99 >= q.P50) }

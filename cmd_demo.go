@@ -17,6 +17,7 @@ import (
 	"github.com/odmoe/odmoe/internal/inproc"
 	"github.com/odmoe/odmoe/internal/procswarm"
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/internal/servebench"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"
 )
@@ -146,15 +147,15 @@ func serveDemo(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, m
 		return err
 	}
 	defer mainNode.Stop()
-	c := &serveClient{base: "http://" + addr, http: &http.Client{Timeout: 5 * time.Second}}
-	if err := c.waitReady(ctx, mainNode.Exited(), 10*time.Minute); err != nil {
+	c := servebench.NewClient("http://"+addr, &http.Client{Timeout: 5 * time.Second})
+	if err := c.WaitReady(ctx, mainNode.Exited(), 10*time.Minute); err != nil {
 		if ctx.Err() != nil {
 			return nil // interrupted while starting
 		}
 		sw.PrintLogs(stderr)
 		return fmt.Errorf("main node: %w", err)
 	}
-	api := c.base + "/v1"
+	api := c.Base() + "/v1"
 	fmt.Fprintf(stdout, "The swarm serves the OpenAI-compatible API on %s (model %q; its weights are random, so its text is gibberish by design).\n", api, model)
 	fmt.Fprintf(stdout, "Ctrl-C stops every node. Try, in another terminal, a streaming chat completion:\n\n")
 	fmt.Fprintf(stdout, "  curl -N %s/chat/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32, \"stream\": true}'\n\n", api, model)

@@ -20,6 +20,17 @@ type Machine struct {
 	MemGiB int    `json:"mem_gib"`
 }
 
+// LoadAvg is /proc/loadavg's 1, 5 and 15 minute load averages ("unknown"
+// where there is none).
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
 // ReadMachine describes this machine from /proc.
 func ReadMachine() Machine {
 	m := Machine{CPUs: runtime.NumCPU()}
