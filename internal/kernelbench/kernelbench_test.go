@@ -1,4 +1,4 @@
-package main
+package kernelbench
 
 import "testing"
 
@@ -6,7 +6,7 @@ import "testing"
 // fastest BF16 or DRAM stream measured at N over the GB/s one thread's
 // decode reads; other dtypes' matvecs do not count.
 func TestDecodeScalingCeiling(t *testing.T) {
-	rep := &kernelsReport{
+	rep := &Report{
 		DRAMGBps: map[string]float64{"1": 8, "2": 12},
 		MatVec: []matVecResult{
 			{DType: "BF16", Threads: 2, GBps: 15},
