@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/sim"
-	"github.com/odmoe/odmoe/testbed"
 )
 
 // TestSimPredictsACaseAsJSON: `odmoe sim -json` on the tiny model and the
@@ -158,22 +157,5 @@ func TestSimSweepTablesAndDraws(t *testing.T) {
 	}
 	if n := strings.Count(string(b), "<polyline"); n != 2 {
 		t.Fatalf("the chart has %d lines, want 2", n)
-	}
-}
-
-// TestNodeIntFlagReadsARigNodesFlag: "-name V" and "-name=V", the last
-// setting counting as for the node itself, the default when unset, and
-// an error naming the node for a value that is not a number.
-func TestNodeIntFlagReadsARigNodesFlag(t *testing.T) {
-	n := testbed.Node{Name: "main", Flags: []string{"-group", "4", "-x", "1", "-group=2"}}
-	if v, err := nodeIntFlag(n, "-group", 8); err != nil || v != 2 {
-		t.Fatalf("-group: %v, %v; want 2 (the last)", v, err)
-	}
-	if v, err := nodeIntFlag(n, "-ahead", 1); err != nil || v != 1 {
-		t.Fatalf("-ahead unset: %v, %v; want the default 1", v, err)
-	}
-	n.Flags = []string{"-group", "two"}
-	if _, err := nodeIntFlag(n, "-group", 8); err == nil || !strings.Contains(err.Error(), "main") {
-		t.Fatalf("-group two: %v; want an error naming the node", err)
 	}
 }

@@ -1,0 +1,427 @@
+// Package simrig runs package sim against the testbed's rigs: it
+// predicts a case on a rig, calibrates a profile from a bench rig run,
+// validates a profile against one, and sweeps one parameter (`odmoe sim`).
+package simrig
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/odmoe/odmoe/internal/svgplot"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/shadow"
+	"github.com/odmoe/odmoe/sim"
+	"github.com/odmoe/odmoe/testbed"
+)
+
+// PredictOptions say what Predict predicts.
+type PredictOptions struct {
+	Profile, Rig, Model string // the profile's file, the rig's file, the model's directory
+	Mode                string // resident, reactive or shadow
+	Case                testbed.Case
+	Recall              float64
+	Ahead, AlignKV      int
+	Seed                uint64
+	JSON                bool // one JSON object instead of a line
+}
+
+// Predict predicts one case on a rig whose parts cost what a profile
+// says, each node on its own CPU and link, and prints it.
+func Predict(o PredictOptions, stdout io.Writer) error {
+	p, _, layout, shape, err := setup(o.Profile, o.Rig, o.Model)
+	if err != nil {
+		return err
+	}
+	c := o.Case
+	res, err := sim.Run(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed})
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		out, err := json.Marshal(struct {
+			Profile string `json:"profile"`
+			Mode    string `json:"mode"`
+			Case    string `json:"case"`
+			sim.Result
+		}{p.Name, o.Mode, o.Case.String(), res})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, string(out))
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s, %s, %d workers in groups of %d, %s mode, %s: TTFT %.1f ms, decode %.2f tok/s, stall %.1f%%, %d loads, misses %d late / %d wrong\n",
+		p.Name, o.Model, layout.Workers, layout.Group, o.Mode, o.Case.String(), res.TTFTms, res.DecodeTokensPerS, 100*res.StallFraction, res.Loads, res.MissesLate, res.MissesWrong)
+	return nil
+}
+
+// CalibrateOptions say what Calibrate fits a profile to.
+type CalibrateOptions struct {
+	Bench string       // a bench rig output directory (its report.json) with resident and shadow runs
+	Case  testbed.Case // the case to calibrate from
+	Cores int          // CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0
+}
+
+// Calibrate fits a profile to a bench rig directory's resident and shadow
+// runs of one case: one calibration a repeat, averaged.
+func Calibrate(o CalibrateOptions) (sim.Profile, error) {
+	rep, err := ReadBenchReport(o.Bench)
+	if err != nil {
+		return sim.Profile{}, err
+	}
+	c := o.Case
+	want := c.String()
+	// each mode's runs of the case: every repeat when the bench repeated it
+	runs := map[testbed.Mode][]sim.Measured{}
+	for _, r := range rep.Runs {
+		if r.Case != want || (r.Mode != testbed.ModeResident && r.Mode != testbed.ModeShadow) {
+			continue
+		}
+		repeats := r.Repeats
+		if len(repeats) == 0 {
+			repeats = []testbed.Run{r}
+		}
+		for _, rr := range repeats {
+			m, err := measured(rr)
+			if err != nil {
+				return sim.Profile{}, err
+			}
+			runs[r.Mode] = append(runs[r.Mode], m)
+		}
+	}
+	n := min(len(runs[testbed.ModeResident]), len(runs[testbed.ModeShadow]))
+	if n == 0 {
+		return sim.Profile{}, fmt.Errorf("sim calibrate: %s has no resident and shadow runs of case %s", o.Bench, o.Case.String())
+	}
+	shape, _, err := Shape(rep.Model)
+	if err != nil {
+		return sim.Profile{}, fmt.Errorf("sim calibrate: the bench's model: %w", err)
+	}
+	shared := o.Cores
+	if shared < 0 {
+		shared = 0
+		if rep.Via == "netns" || rep.Via == "local" {
+			shared = rep.Machine.CPUs
+		}
+	}
+	rate := 125e6 // 1 Gbit/s, the rigs' links
+	if r, ok := rep.Link["rate"]; ok {
+		if v, ok := parseBitRate(r); ok {
+			rate = v / 8
+		}
+	}
+	name := fmt.Sprintf("calibrated from %s (%s, case %s, %s)", o.Bench, rep.Machine.CPU, o.Case.String(), rep.Date)
+	// a profile for each repeat (its resident and shadow runs), averaged
+	var ps []sim.Profile
+	for i := range n {
+		p, err := sim.Calibrate(name, shape, shared, rate, runs[testbed.ModeResident][i], runs[testbed.ModeShadow][i])
+		if err != nil {
+			return sim.Profile{}, fmt.Errorf("sim calibrate: run %d of %d: %w", i+1, n, err)
+		}
+		ps = append(ps, p)
+	}
+	p := sim.MeanProfile(ps)
+	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the mean of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
+	return p, nil
+}
+
+// ValidateOptions say what Validate checks, against what.
+type ValidateOptions struct {
+	Bench, Profile, Rig string // a bench rig output directory, the profile's file, the bench's rig file
+	Seed                uint64
+}
+
+// Validate predicts every resident, reactive and shadow run of a bench
+// rig directory with a profile and prints the table of measured against
+// predicted decode tokens/s and TTFT, with the errors.
+func Validate(o ValidateOptions, stdout io.Writer) error {
+	rep, err := ReadBenchReport(o.Bench)
+	if err != nil {
+		return err
+	}
+	p, rig, layout, shape, err := setup(o.Profile, o.Rig, rep.Model)
+	if err != nil {
+		return err
+	}
+	ahead, err := shadowAhead(rig)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s against %s\n\n", p.Name, o.Bench)
+	fmt.Fprintln(stdout, "| case | mode | measured tok/s | predicted | error | measured TTFT ms | predicted | error |")
+	fmt.Fprintln(stdout, "|---|---|---:|---:|---:|---:|---:|---:|")
+	ratios := map[string]map[testbed.Mode][2]float64{} // case -> mode -> measured, predicted
+	for _, r := range rep.Runs {
+		var mode sim.Mode
+		switch r.Mode {
+		case testbed.ModeResident, testbed.ModeReactive, testbed.ModeShadow:
+			mode = sim.Mode(r.Mode)
+		default:
+			continue
+		}
+		var st struct {
+			DecodeTokensPerS float64  `json:"decode_tokens_per_s"`
+			TTFTms           float64  `json:"ttft_ms"`
+			Recall           *float64 `json:"recall"`
+		}
+		if err := json.Unmarshal(r.Stats, &st); err != nil {
+			return fmt.Errorf("sim validate: %s %s: %w", r.Mode, r.Case, err)
+		}
+		recall := 1.0
+		if st.Recall != nil {
+			recall = *st.Recall
+		}
+		// bench rig aligns the shadow every iteration (testbed.MainFlags)
+		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "| %dx%d | %s | %.2f | %.2f | %+.0f%% | %.1f | %.1f | %+.0f%% |\n", r.Prompt, r.Output, r.Mode,
+			st.DecodeTokensPerS, res.DecodeTokensPerS, 100*(res.DecodeTokensPerS/st.DecodeTokensPerS-1), st.TTFTms, res.TTFTms, 100*(res.TTFTms/st.TTFTms-1))
+		if ratios[r.Case] == nil {
+			ratios[r.Case] = map[testbed.Mode][2]float64{}
+		}
+		ratios[r.Case][r.Mode] = [2]float64{st.DecodeTokensPerS, res.DecodeTokensPerS}
+	}
+	for _, c := range slices.Sorted(maps.Keys(ratios)) {
+		res, sh := ratios[c][testbed.ModeResident], ratios[c][testbed.ModeShadow]
+		if res[0] > 0 && sh[0] > 0 {
+			fmt.Fprintf(stdout, "\n%s: shadow / resident measured %.1f%%, predicted %.1f%%", c, 100*sh[0]/res[0], 100*sh[1]/res[1])
+		}
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}
+
+// Varies are the parameters Sweep sweeps.
+var Varies = []string{"workers", "link", "recall", "ahead", "align"}
+
+// SweepOptions say what Sweep sweeps.
+type SweepOptions struct {
+	Profile, Model string // the profile's file, the model's directory
+	Vary           string // one of Varies
+	Values         []float64
+	Recalls        []float64 // the shadow's recall at each of Values; nil: Recall at all
+	Modes          []string
+	Case           testbed.Case
+	Workers, Group int // when not swept; Group 0: the router's top-k
+	Recall         float64
+	Ahead, AlignKV int
+	Seed           uint64
+	SVG            string // also draw the chart to this file
+}
+
+// Sweep predicts decode tokens/s over a range of one parameter (workers,
+// link rate, recall, the shadow's lead, the KV alignment period), for
+// each mode, as a table and an SVG chart.
+func Sweep(o SweepOptions, stdout io.Writer) error {
+	p, err := ReadProfile(o.Profile)
+	if err != nil {
+		return err
+	}
+	shape, cfg, err := Shape(o.Model)
+	if err != nil {
+		return err
+	}
+	c := o.Case
+	values, recalls := o.Values, o.Recalls
+	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "iterations ahead", "align": "KV alignment period (iterations)"}[o.Vary], o.Vary == "workers" || o.Vary == "link" || o.Vary == "align"
+	if xlabel == "" {
+		return fmt.Errorf("sim sweep: -vary %q: want %s", o.Vary, strings.Join(Varies, ", "))
+	}
+	g := o.Group
+	if g == 0 {
+		g = cfg.TopK
+	}
+	modes := o.Modes
+	chart := svgplot.Chart{Title: fmt.Sprintf("decode tokens/s by %s, %s, %s", xlabel, o.Case.String(), strings.TrimSuffix(filepath.Base(o.Profile), ".json")), XLabel: xlabel, YLabel: "decode tokens/s", X: values, LogX: logX}
+	fmt.Fprintf(stdout, "| %s | %s |\n|---|%s\n", xlabel, strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
+	rows := make([][]float64, len(values))
+	for _, m := range modes {
+		var ys []float64
+		for i, v := range values {
+			pp, w, so := p, o.Workers, sim.Options{Mode: sim.Mode(m), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed}
+			if recalls != nil {
+				so.Recall = recalls[i]
+			}
+			switch o.Vary {
+			case "workers":
+				w = int(v)
+			case "link":
+				pp.LinkBytesPerS = v / 8
+			case "recall":
+				so.Recall = v
+			case "ahead":
+				so.Ahead = int(v)
+			case "align":
+				so.AlignKV = int(v)
+			}
+			layout, err := sched.NewLayout(w, g)
+			if err != nil {
+				return err
+			}
+			res, err := sim.Run(pp, layout, shape, so)
+			if err != nil {
+				return err
+			}
+			ys = append(ys, res.DecodeTokensPerS)
+			rows[i] = append(rows[i], res.DecodeTokensPerS)
+		}
+		chart.Series = append(chart.Series, svgplot.Series{Name: m, Y: ys})
+	}
+	for i, v := range values {
+		cells := make([]string, len(rows[i]))
+		for j, y := range rows[i] {
+			cells[j] = fmt.Sprintf("%.2f", y)
+		}
+		fmt.Fprintf(stdout, "| %g | %s |\n", v, strings.Join(cells, " | "))
+	}
+	if o.SVG != "" {
+		f, err := os.Create(o.SVG)
+		if err != nil {
+			return err
+		}
+		if err := chart.Write(f); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	return nil
+}
+
+// Shape is what of the model in dir the simulation needs.
+func Shape(dir string) (sim.Shape, model.Config, error) {
+	cfg, err := model.LoadConfig(dir)
+	if err != nil {
+		return sim.Shape{}, cfg, err
+	}
+	return sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
+		// bf16 gate, up and down; the hidden state travels as float32,
+		// the shadow's KV rows as fp16 (align.PackKV)
+		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize),
+		KVBytes: int64(cfg.NumLayers) * 2 * int64(cfg.NumKVHeads*cfg.HeadDim) * 2}, cfg, nil
+}
+
+// measured is what calibration reads of one bench run.
+func measured(r testbed.Run) (sim.Measured, error) {
+	var st struct {
+		DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
+		Decode           []sim.LayerStats `json:"decode_layers"`
+		Prefill          []sim.LayerStats `json:"prefill_layers"`
+		Iterations       []sim.LayerStats `json:"iterations"`
+	}
+	if err := json.Unmarshal(r.Stats, &st); err != nil {
+		return sim.Measured{}, fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
+	}
+	return sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill,
+		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}, nil
+}
+
+// parseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"
+// (bits per second).
+func parseBitRate(s string) (float64, bool) {
+	for _, u := range []struct {
+		suffix string
+		scale  float64
+	}{{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
+		if num, ok := strings.CutSuffix(strings.ToLower(strings.TrimSpace(s)), u.suffix); ok {
+			v, err := strconv.ParseFloat(num, 64)
+			return v * u.scale, err == nil && v > 0
+		}
+	}
+	return 0, false
+}
+
+// ReadBenchReport reads a bench rig directory's report.json.
+func ReadBenchReport(dir string) (*testbed.Report, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		return nil, err
+	}
+	var rep testbed.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("sim: %s/report.json: %w", dir, err)
+	}
+	return &rep, nil
+}
+
+// shadowAhead is the rig's shadow's -ahead (the default when not set).
+func shadowAhead(rig *testbed.Rig) (int, error) {
+	if rig.Shadow == nil {
+		return shadow.DefaultAhead, nil
+	}
+	return NodeIntFlag(*rig.Shadow, "-ahead", shadow.DefaultAhead)
+}
+
+// setup reads what a simulation of a rig runs on: the profile, the rig
+// and its worker layout, and the model's shape.
+func setup(profilePath, rigPath, modelDir string) (sim.Profile, *testbed.Rig, sched.Layout, sim.Shape, error) {
+	p, err := ReadProfile(profilePath)
+	if err != nil {
+		return p, nil, sched.Layout{}, sim.Shape{}, err
+	}
+	rig, err := testbed.ReadRig(rigPath)
+	if err != nil {
+		return p, nil, sched.Layout{}, sim.Shape{}, err
+	}
+	shape, cfg, err := Shape(modelDir)
+	if err != nil {
+		return p, rig, sched.Layout{}, shape, err
+	}
+	layout, err := rigLayout(rig, cfg)
+	return p, rig, layout, shape, err
+}
+
+// rigLayout is the rig's workers in groups of its main node's -group (by
+// default the model's top-k, as the main node does).
+func rigLayout(rig *testbed.Rig, cfg model.Config) (sched.Layout, error) {
+	group, err := NodeIntFlag(rig.Main, "-group", cfg.TopK)
+	if err != nil {
+		return sched.Layout{}, err
+	}
+	return sched.NewLayout(len(rig.Workers), group)
+}
+
+// NodeIntFlag is the value of a rig node's integer flag, or def when the
+// node does not set it (the last setting counts, as for the node itself).
+func NodeIntFlag(n testbed.Node, name string, def int) (int, error) {
+	v, set := "", false
+	for i, f := range n.Flags {
+		switch {
+		case f == name && i+1 < len(n.Flags):
+			v, set = n.Flags[i+1], true
+		case strings.HasPrefix(f, name+"="):
+			v, set = strings.TrimPrefix(f, name+"="), true
+		}
+	}
+	if !set {
+		return def, nil
+	}
+	x, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("sim: rig node %s: %s %q is not an integer", n.Name, name, v)
+	}
+	return x, nil
+}
+
+// ReadProfile reads a sim.Profile from a JSON file.
+func ReadProfile(path string) (sim.Profile, error) {
+	var p sim.Profile
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return p, err
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("sim: profile %s: %w", path, err)
+	}
+	return p, nil
+}
