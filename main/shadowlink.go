@@ -182,8 +182,10 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			_, live := sl.seqs[m.Seq]
 			scored := false
 			if act, ok := sl.actual[key]; ok {
-				if !sl.offPathLocked(key.step, m.Token) {
-					sl.score(key, es, act) // a late prediction: the layer has run
+				// a late prediction: the layer has run; a partial one
+				// waits for the whole union that follows it
+				if !m.Partial && !sl.offPathLocked(key.step, m.Token) {
+					sl.score(key, es, act)
 					scored = true
 				}
 			} else if live && key.step.Iter >= sl.seqs[m.Seq].iter {

@@ -167,15 +167,18 @@ func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted, on []in
 		}
 		dst = append(dst, w)
 	}
-	l.fillLeastLoaded(layer, dst[start:]) // the rest round robin over the group
+	l.fillLeastLoaded(layer, dst[start:], nil) // the rest round robin over the group
 	return dst
 }
 
 // fillLeastLoaded gives each entry of placed that is -1, in order, the
 // worker of layer's group that placed holds least so far, ties to the
-// lower.
-func (l Layout) fillLeastLoaded(layer int, placed []int) {
+// lower; only workers up says are up, when up is set and some are.
+func (l Layout) fillLeastLoaded(layer int, placed []int, up func(w int) bool) {
 	g := l.GroupOf(layer)
+	if up != nil && !slices.ContainsFunc(l.groupWorkers(g), up) {
+		up = nil // none is: any will do
+	}
 	for i, w := range placed {
 		if w >= 0 {
 			continue
@@ -183,6 +186,9 @@ func (l Layout) fillLeastLoaded(layer int, placed []int) {
 		best, bestLoad := -1, 0
 		for j := range l.Group {
 			cand, load := g*l.Group+j, 0
+			if up != nil && !up(cand) {
+				continue
+			}
 			for _, o := range placed {
 				if o == cand {
 					load++
@@ -199,10 +205,11 @@ func (l Layout) fillLeastLoaded(layer int, placed []int) {
 // PredictionWorkers appends to dst the worker of layer's group each
 // predicted expert (distinct, sorted) is to be hinted to: an expert that
 // was already predicted (was, sorted, hinted to wasOn) stays where it
-// was; each other goes, in id order, to the group's least loaded worker,
-// ties to the lower (DecodeWorker(layer, j) order). With was empty that is
-// DecodeWorker(layer, i) for the i-th expert, PredictionHints' rule.
-func (l Layout) PredictionWorkers(dst []int, layer int, predicted, was, wasOn []int) []int {
+// was; each other goes, in id order, to the group's least loaded worker
+// that up (if set) says is up, ties to the lower (DecodeWorker(layer, j)
+// order). With was empty and every worker up that is DecodeWorker(layer,
+// i) for the i-th expert, PredictionHints' rule.
+func (l Layout) PredictionWorkers(dst []int, layer int, predicted, was, wasOn []int, up func(w int) bool) []int {
 	start := len(dst)
 	for _, e := range predicted {
 		w := -1
@@ -211,8 +218,17 @@ func (l Layout) PredictionWorkers(dst []int, layer int, predicted, was, wasOn []
 		}
 		dst = append(dst, w)
 	}
-	l.fillLeastLoaded(layer, dst[start:])
+	l.fillLeastLoaded(layer, dst[start:], up)
 	return dst
+}
+
+// groupWorkers are group g's workers.
+func (l Layout) groupWorkers(g int) []int {
+	ws := make([]int, l.Group)
+	for j := range ws {
+		ws[j] = g*l.Group + j
+	}
+	return ws
 }
 
 // PredictionHints calls f once for each worker of layer's group that a

@@ -188,14 +188,14 @@ func TestPredictionWorkersKeepWhatStays(t *testing.T) {
 		l, _ := NewLayout(8, g)
 		for layer := range 3 {
 			was := []int{1, 4, 6, 9}
-			on := l.PredictionWorkers(nil, layer, was, nil, nil)
+			on := l.PredictionWorkers(nil, layer, was, nil, nil, nil)
 			for i := range was {
 				if on[i] != l.DecodeWorker(layer, i) {
 					t.Fatalf("group %d layer %d: fresh prediction %v on %v, want expert %d on %d", g, layer, was, on, was[i], l.DecodeWorker(layer, i))
 				}
 			}
 			now := []int{0, 1, 6, 9, 11} // 4 gone; 0 and 11 new
-			got := l.PredictionWorkers(nil, layer, now, was, on)
+			got := l.PredictionWorkers(nil, layer, now, was, on, nil)
 			load := map[int]int{}
 			for i, e := range now {
 				if j, ok := slices.BinarySearch(was, e); ok && got[i] != on[j] {

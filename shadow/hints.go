@@ -37,7 +37,7 @@ func union(dst []int, rows []int, keep []bool, extra []int) []int {
 		k = len(rows) / len(keep)
 	}
 	for i, e := range rows {
-		if keep != nil && !keep[i/k] {
+		if keep != nil && (k == 0 || !keep[i/k]) {
 			continue
 		}
 		if !slices.Contains(dst[start:], e) {
@@ -88,7 +88,14 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, experts []int, was *layerHints) []int {
 	var wasExperts, wasOn []int
 	if was != nil {
-		wasExperts, wasOn = was.experts, was.on
+		// an expert whose worker has gone down since goes to a live one
+		// of the group (and is hinted there)
+		wasExperts, wasOn = was.experts, slices.Clone(was.on)
+		for i, w := range wasOn {
+			if w >= 0 && !n.workers[w].up.Load() {
+				wasOn[i] = -1
+			}
+		}
 	}
 	n.on = n.on[:0]
 	if n.owners != nil {
@@ -96,7 +103,7 @@ func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, exp
 			n.on = append(n.on, n.owners.Owner(l, e))
 		}
 	} else {
-		n.on = n.layout.PredictionWorkers(n.on, l, experts, wasExperts, wasOn)
+		n.on = n.layout.PredictionWorkers(n.on, l, experts, wasExperts, wasOn, func(w int) bool { return n.workers[w].up.Load() })
 	}
 	for i, w := range n.on {
 		if !n.workers[w].up.Load() {

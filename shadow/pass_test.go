@@ -128,6 +128,18 @@ func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 		}
 		if len(got[l].all) != 2 || !slices.Equal(got[l].all[0], kept[l]) {
 			t.Errorf("pass 4 after the rewind, layer %d: predictions %v, want the kept member's routing %v first, then the union", l, got[l].all, kept[l])
+			continue
+		}
+		// the kept union is partial (placed on, not scored), each expert
+		// on the worker it was hinted to ahead; the whole union is not
+		if first := got[l].msgs[0]; !first.Partial || got[l].msgs[1].Partial {
+			t.Errorf("layer %d: partial flags %v, %v; want the kept union partial, the whole one not", l, first.Partial, got[l].msgs[1].Partial)
+		} else {
+			for i, e := range first.Experts {
+				if j := slices.Index(first4[l].experts, int(e)); j < 0 || first.Workers[i] != first4[l].on[j] {
+					t.Errorf("layer %d: kept expert %d told on worker %d, hinted ahead to %v of %v", l, e, first.Workers[i], first4[l].on, first4[l].experts)
+				}
+			}
 		}
 		for i, e := range got[l].experts {
 			if j := slices.Index(first4[l].experts, e); j >= 0 && got[l].on[i] != first4[l].on[j] {

@@ -68,13 +68,15 @@ func TestHintsGoToOwnersWhenResident(t *testing.T) {
 }
 
 // TestARevisedPredictionMovesNothingThatStays: layer 1 of a pass run
-// ahead predicted experts 1, 4, 6 and 9 (group 2 of 4x2: w2 and w3, by
-// index). Revised to 0, 1, 6, 9, 11 (the row that wanted 4 was taken
+// ahead predicted experts 1, 4, 6 and 9 (layer 1's group of 4x2, the
+// second: w2 and w3, by index). Revised to 0, 1, 6, 9, 11 (the row that wanted 4 was taken
 // back, a new row wants 0 and 11): 1, 6 and 9 are neither hinted again
 // nor moved, 4 is withdrawn from the worker it was hinted to, 0 and 11
 // go to the less loaded workers, and the main node is told where each
-// is. A worker that is down gets no hint, and the main node hears that
-// its expert went nowhere (-1).
+// is. A worker that is down gets no hint: its share goes to the group's
+// live worker, fresh or revised (an expert it held moves); with the
+// whole group down, nothing is hinted and the main node hears that each
+// expert went nowhere (-1).
 func TestARevisedPredictionMovesNothingThatStays(t *testing.T) {
 	layout, _ := sched.NewLayout(4, 2)
 	n, sent := hintNode(t, layout)
@@ -93,8 +95,21 @@ func TestARevisedPredictionMovesNothingThatStays(t *testing.T) {
 	}
 	n.workers[3].up.Store(false)
 	n.hint(ctx, 7, 4, 6, 1, []int{2, 5}, nil)
-	want = []string{"w2 predict [2]", "main predict [2 5] on [2 -1]"}
+	want = []string{"w2 predict [2 5]", "main predict [2 5] on [2 2]"}
 	if got := sent(); !slices.Equal(got, want) {
 		t.Fatalf("with w3 down: %q, want %q", got, want)
+	}
+	// revised while w3 is down: its kept expert moves to the live worker
+	// of the group and is hinted there; nothing goes to w3
+	n.hint(ctx, 7, 5, 6, 1, []int{2, 5}, &layerHints{experts: []int{2, 5}, on: []int{2, 3}})
+	want = []string{"w2 predict [5]", "main predict [2 5] on [2 2]"}
+	if got := sent(); !slices.Equal(got, want) {
+		t.Fatalf("revised with w3 down: %q, want %q", got, want)
+	}
+	n.workers[2].up.Store(false)
+	n.hint(ctx, 7, 6, 6, 1, []int{2, 5}, nil)
+	want = []string{"main predict [2 5] on [-1 -1]"}
+	if got := sent(); !slices.Equal(got, want) {
+		t.Fatalf("with the whole group down: %q, want %q", got, want)
 	}
 }

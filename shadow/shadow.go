@@ -253,7 +253,7 @@ const sendQueue = 256
 // the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 	n.owners = nil // a placement is one main node's: the next may run without residency, or number its own from 0
-	n.agreed, n.rewound = 0, 0
+	n.agreed, n.rewound, n.rewoundSeqs = 0, 0, n.rewoundSeqs[:0]
 	g, ctx := errgroup.WithContext(ctx)
 	out := make(chan outgoing, sendQueue)
 	g.Go(func() error { return n.send(ctx, out) })

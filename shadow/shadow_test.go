@@ -394,6 +394,7 @@ type layerPrediction struct {
 	on      []int32 // the worker each was hinted to
 	token   int32
 	all     [][]int // every prediction's experts, in order (a revised pass has more than one)
+	msgs    []*wire.Prediction
 }
 
 // recv is the shadow's next message to the main node.
@@ -426,7 +427,7 @@ func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPr
 			for _, e := range m.Experts {
 				lp.experts = append(lp.experts, int(e))
 			}
-			lp.on, lp.token, lp.all = m.Workers, m.Token, append(lp.all, lp.experts)
+			lp.on, lp.token, lp.all, lp.msgs = m.Workers, m.Token, append(lp.all, lp.experts), append(lp.msgs, m)
 		case *wire.ShadowDone:
 			if m.Iteration == 1 && it > 1 {
 				continue // a prompt's pass: no predictions

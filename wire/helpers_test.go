@@ -139,7 +139,7 @@ func sampleMessages(hidden int) []Message {
 	return []Message{
 		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812},
 		&Withdraw{Seq: 3, From: 9},
-		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812, Workers: []int32{2, -1}},
+		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812, Workers: []int32{2, -1}, Partial: true},
 		&Withdraw{Seq: 3, From: 9, Layer: 2, Experts: []int32{4, 6}},
 		&Activation{Seq: 3, Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
 		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},

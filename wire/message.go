@@ -131,6 +131,10 @@ type Prediction struct {
 	// experts still wanted where they were hinted, which that rule would
 	// move.
 	Workers []int32
+	// Partial marks a revised pass's kept rows' union, sent before the
+	// rows still to run are routed: the main node may place on it, but
+	// scores the whole union that follows.
+	Partial bool
 }
 
 // Withdraw tells a worker group and the main node that the shadow takes
