@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/procswarm"
+	"github.com/odmoe/odmoe/harness/procswarm"
 )
 
 // chaosRig is a swarm of real processes on loopback: workers, a shadow

@@ -10,10 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
-	"github.com/odmoe/odmoe/internal/kernelbench"
+	"github.com/odmoe/odmoe/harness/kernelbench"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/runflags"
 )
@@ -109,18 +108,6 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 		}
 	}
 	return rep.Check()
-}
-
-func parseInts(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("%q is not a positive integer", f)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 // defaultModelCache is where model/bench_test.go keeps generated models:

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/servebench"
+	"github.com/odmoe/odmoe/harness/servebench"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/odmoe/odmoe/internal/servebench"
+	"github.com/odmoe/odmoe/harness/servebench"
 )
 
 // TestBenchServeMeasuresStreamingClients: `odmoe bench serve` starts a

@@ -14,10 +14,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/inproc"
-	"github.com/odmoe/odmoe/internal/procswarm"
+	"github.com/odmoe/odmoe/harness/inproc"
+	"github.com/odmoe/odmoe/harness/procswarm"
+	"github.com/odmoe/odmoe/harness/servebench"
 	"github.com/odmoe/odmoe/internal/progress"
-	"github.com/odmoe/odmoe/internal/servebench"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"
 )

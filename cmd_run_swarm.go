@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
-	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
@@ -100,19 +98,6 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	return shadow.Run(ctx, cfg)
 }
 
-// parseQuant maps -quant onto a weight format.
-func parseQuant(s string) (kernels.DType, error) {
-	switch s {
-	case "fp16":
-		return kernels.F16, nil
-	case "int8":
-		return kernels.Q8, nil
-	case "nf4":
-		return kernels.NF4, nil
-	}
-	return 0, fmt.Errorf("%q unknown: fp16, int8 or nf4", s)
-}
-
 func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.Store == "" {
 		return usagef("-store is required for -role worker")
@@ -147,37 +132,4 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		return err
 	}
 	return worker.Run(ctx, cfg)
-}
-
-// parseIters reads "FROM:TO" (inclusive, FROM >= 1).
-func parseIters(s string) (from, to int64, err error) {
-	if _, err := fmt.Sscanf(s, "%d:%d", &from, &to); err != nil || from < 1 || to < from {
-		return 0, 0, fmt.Errorf("%q: want FROM:TO with 1 <= FROM <= TO, e.g. 2:4", s)
-	}
-	return from, to, nil
-}
-
-// parseBytes reads a size: a number with an optional unit (B, KB, MB, GB,
-// TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   float64
-	}{
-		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
-	}
-	mult := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return 0, fmt.Errorf("size %q: %w", s, err)
-	}
-	return int64(v * mult), nil
 }

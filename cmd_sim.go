@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/odmoe/odmoe/internal/simrig"
+	"github.com/odmoe/odmoe/harness/simrig"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"
 )

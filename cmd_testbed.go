@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"
 	"github.com/odmoe/odmoe/wire"

@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"strconv"
 	"strings"
 
-	"github.com/odmoe/odmoe/internal/tunealign"
+	"github.com/odmoe/odmoe/harness/tunealign"
 	"github.com/odmoe/odmoe/runflags"
 )
 
@@ -64,11 +63,4 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	}
 	return tunealign.Run(ctx, tunealign.Options{ModelDir: *dir, StoreDir: *storeDir, Quant: dt, QuantName: *quant, Periods: periods, Workers: *workers, Group: *group,
 		LoadBytesSec: float64(bw), Prompt: *prompt, N: *n, Repeat: *repeat}, stdout, log)
-}
-
-// flagGiven reports whether the command line set flag name.
-func flagGiven(fs *flag.FlagSet, name string) bool {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
-	return given
 }

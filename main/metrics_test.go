@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
-	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/kernels"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"

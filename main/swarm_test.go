@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/harness/inproc"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"

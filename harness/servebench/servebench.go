@@ -25,8 +25,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/inproc"
-	"github.com/odmoe/odmoe/internal/procswarm"
+	"github.com/odmoe/odmoe/harness/inproc"
+	"github.com/odmoe/odmoe/harness/procswarm"
 	"github.com/odmoe/odmoe/internal/progress"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"

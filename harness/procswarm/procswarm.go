@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/inproc"
+	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"
