@@ -5,15 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"
-	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -35,104 +32,29 @@ func (f *rigFlags) register(fs *flag.FlagSet) {
 }
 
 // setup reads the rig, makes the store and certificates if missing, and
-// returns the options that say how to start nodes (Rig, Via, Files,
-// NetDelay, Log).
+// returns the options that say how to start nodes (testbed.Setup).
 func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (testbed.BenchOptions, error) {
-	o := testbed.BenchOptions{Log: log}
-	files := &o.Files
 	if f.model == "" {
-		return o, usagef("-model is required")
-	}
-	var err error
-	if o.Rig, err = testbed.ReadRig(f.rig); err != nil {
-		return o, err
-	}
-	if files.Bin, err = os.Executable(); err != nil {
-		return o, err
-	}
-	model, err := filepath.Abs(f.model)
-	if err != nil {
-		return o, err
-	}
-	files.Model, files.Store, files.Certs = model, f.store, f.certs
-	if files.Store == "" {
-		files.Store = model + ".store"
-	}
-	if files.Certs == "" {
-		files.Certs = model + ".certs-" + strings.TrimSuffix(filepath.Base(f.rig), filepath.Ext(f.rig))
-	}
-	if err := inproc.EnsureStore(ctx, files.Model, files.Store, log); err != nil {
-		return o, err
-	}
-	if err := ensureRigCerts(files.Certs, o.Rig); err != nil {
-		return o, err
-	}
-	if o.NetDelay, err = f.delay(log); err != nil {
-		return o, err
+		return testbed.BenchOptions{}, usagef("-model is required")
 	}
 	switch f.via {
-	case "netns":
-		if o.Via, err = testbed.NewNetns(*files); err != nil {
-			return o, err
-		}
-	case "local":
-		o.Via = testbed.Local{Files: *files}
+	case "netns", "local":
 	case "ssh":
 		if !filepath.IsAbs(f.remoteDir) {
-			return o, usagef("-remote-dir %q must be absolute (login shells may start elsewhere)", f.remoteDir)
+			return testbed.BenchOptions{}, usagef("-remote-dir %q must be absolute (login shells may start elsewhere)", f.remoteDir)
 		}
-		o.Via = testbed.SSH{Dir: f.remoteDir}
 	default:
-		return o, usagef("-via %q unknown: netns, local or ssh", f.via)
+		return testbed.BenchOptions{}, usagef("-via %q unknown: netns, local or ssh", f.via)
 	}
-	return o, nil
-}
-
-// delay resolves -net-delay.
-func (f *rigFlags) delay(log zerolog.Logger) (time.Duration, error) {
+	delay := time.Duration(-1) // auto
 	if f.netDelay != "auto" {
 		d, err := time.ParseDuration(f.netDelay)
 		if err != nil && f.netDelay != "0" {
-			return 0, usagef("-net-delay %q: want auto or a duration such as 1ms", f.netDelay)
+			return testbed.BenchOptions{}, usagef("-net-delay %q: want auto or a duration such as 1ms", f.netDelay)
 		}
-		return d, nil
+		delay = d
 	}
-	if f.via != "netns" {
-		return 0, nil
-	}
-	st := testbed.ReadRigState()
-	if st["delay_by"] != "app" {
-		return 0, nil
-	}
-	d, err := time.ParseDuration(st["delay"])
-	if err != nil {
-		return 0, fmt.Errorf("rig state: delay %q: %w", st["delay"], err)
-	}
-	// decided here, once, where this process idles: a node deciding for
-	// itself measures its timers while it loads (busy, so they look
-	// fine), applies the delay, and then sleeps the idle grain (~1 ms
-	// here, not 0.1) on every datagram: a run in two that took twice the
-	// network time per token
-	if g := wire.TimerGrain(); d < g/2 {
-		log.Warn().Dur("delay", d).Dur("timer_grain", g).Msg("the kernel has no netem and this machine's timers cannot emulate the rig's link delay: not applied (the network path's own latency stands in for it)")
-		return 0, nil
-	}
-	log.Info().Dur("delay", d).Msg("the kernel has no netem: nodes add the rig's link delay themselves (-net-delay)")
-	return d, nil
-}
-
-// ensureRigCerts makes the rig's certificates unless every node has one.
-func ensureRigCerts(dir string, rig *testbed.Rig) error {
-	complete := true
-	for _, n := range rig.Nodes() {
-		if _, err := os.Stat(filepath.Join(dir, n.Name+".pem")); err != nil {
-			complete = false
-		}
-	}
-	if complete {
-		return nil
-	}
-	return runCerts(context.Background(), []string{"-out", dir, "-nodes", rig.CertNodes(), "-force"}, nil, io.Discard, io.Discard)
+	return testbed.Setup(ctx, testbed.SetupOptions{Rig: f.rig, Model: f.model, Store: f.store, Certs: f.certs, Via: f.via, RemoteDir: f.remoteDir, NetDelay: delay}, log)
 }
 
 func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {

@@ -96,3 +96,17 @@ func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info,
 	h.Sum(id[:0])
 	return id, nil
 }
+
+// Current reports whether dir holds a valid store of the checkpoint in
+// modelDir (its identity), so that converting it again is not needed.
+func Current(modelDir, dir string) (bool, error) {
+	id, err := ModelIdentity(modelDir)
+	if err != nil {
+		return false, err
+	}
+	st, err := Open(dir, Options{Identity: id})
+	if err != nil {
+		return false, nil
+	}
+	return true, st.Close()
+}

@@ -75,17 +75,8 @@ func Cached(ctx context.Context, preset string, seed uint64, certDir string, wor
 // EnsureStore converts modelDir's experts into dir unless a valid store of
 // that model is there already.
 func EnsureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
-	m, err := model.Load(modelDir, model.LoadOptions{SkipExperts: true})
-	if err != nil {
+	if ok, err := store.Current(modelDir, dir); ok || err != nil {
 		return err
-	}
-	id, err := store.IdentityOf(modelDir, m)
-	m.Close()
-	if err != nil {
-		return err
-	}
-	if st, err := store.Open(dir, store.Options{Identity: id}); err == nil {
-		return st.Close()
 	}
 	log.Info().Str("dir", dir).Msg("compressing the model's experts (once)")
 	update, finish := progress.Reporter("store")
