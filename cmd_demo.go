@@ -20,6 +20,7 @@ import (
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/testbed"
 )
 
 // runDemo starts a whole swarm on this machine — workers and the main node
@@ -79,7 +80,7 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	}
 	base := filepath.Join(*cache, "demo", *preset+"-seed1")
 	storeDir, certDir := filepath.Join(base, "store"), filepath.Join(base, "certs")
-	if err := inproc.EnsureStore(ctx, modelDir, storeDir, log); err != nil {
+	if err := testbed.EnsureStore(ctx, modelDir, storeDir, log); err != nil {
 		return err
 	}
 	if err := inproc.EnsureCerts(certDir, o.Workers); err != nil {

@@ -53,7 +53,7 @@ func Setup(ctx context.Context, so SetupOptions, log zerolog.Logger) (BenchOptio
 	if files.Certs == "" {
 		files.Certs = model + ".certs-" + strings.TrimSuffix(filepath.Base(so.Rig), filepath.Ext(so.Rig))
 	}
-	if err := ensureStore(ctx, files.Model, files.Store, log); err != nil {
+	if err := EnsureStore(ctx, files.Model, files.Store, log); err != nil {
 		return o, err
 	}
 	if err := ensureRigCerts(files.Certs, o.Rig); err != nil {
@@ -125,9 +125,9 @@ func ensureRigCerts(dir string, rig *Rig) error {
 	return err
 }
 
-// ensureStore converts modelDir's experts into dir unless a valid store of
-// that model is there already.
-func ensureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
+// EnsureStore converts modelDir's experts into dir unless a valid store of
+// that model is there already (a progress bar while it does).
+func EnsureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
 	if ok, err := store.Current(modelDir, dir); ok || err != nil {
 		return err
 	}

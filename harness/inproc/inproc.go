@@ -15,13 +15,13 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/testbed"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/odmoe/odmoe/worker"
 	"github.com/rs/zerolog"
@@ -66,22 +66,10 @@ func Cached(ctx context.Context, preset string, seed uint64, certDir string, wor
 		return Files{}, err
 	}
 	f := Files{Model: dir, Store: filepath.Join(cache, "bench", fmt.Sprintf("%s-seed%d", preset, seed), "store"), Certs: certDir}
-	if err := EnsureStore(ctx, f.Model, f.Store, log); err != nil {
+	if err := testbed.EnsureStore(ctx, f.Model, f.Store, log); err != nil {
 		return f, err
 	}
 	return f, EnsureCerts(certDir, workers)
-}
-
-// EnsureStore converts modelDir's experts into dir unless a valid store of
-// that model is there already.
-func EnsureStore(ctx context.Context, modelDir, dir string, log zerolog.Logger) error {
-	if ok, err := store.Current(modelDir, dir); ok || err != nil {
-		return err
-	}
-	log.Info().Str("dir", dir).Msg("compressing the model's experts (once)")
-	update, finish := progress.Reporter("store")
-	defer finish()
-	return store.Convert(ctx, modelDir, dir, store.ConvertOptions{Force: true, Progress: update})
 }
 
 // EnsureCerts makes certificates for main, shadow and w1..wN in dir,

@@ -461,7 +461,7 @@ func serveFiles(ctx context.Context, f *Options, tmp string, log zerolog.Logger)
 	if files.Store == "" {
 		files.Store = filepath.Join(tmp, "store")
 	}
-	if err := inproc.EnsureStore(ctx, files.Model, files.Store, log); err != nil {
+	if err := testbed.EnsureStore(ctx, files.Model, files.Store, log); err != nil {
 		return files, err
 	}
 	return files, inproc.EnsureCerts(files.Certs, f.Swarm.Workers)
