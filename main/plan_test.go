@@ -374,3 +374,22 @@ func TestResidencyRunsEveryExpertOnItsOwner(t *testing.T) {
 		t.Error("a placement over 3 workers was taken by a planner of 4")
 	}
 }
+
+// TestPredictedOnKeepsEachExpertWithItsWorker: a prediction's experts
+// come back sorted, each still with the worker it was hinted to, whether
+// they arrived sorted (as the shadow sends them) or not; without workers
+// the index rule applies (nil).
+func TestPredictedOnKeepsEachExpertWithItsWorker(t *testing.T) {
+	for _, c := range []struct{ experts, workers []int32 }{
+		{[]int32{1, 4, 6}, []int32{2, -1, 3}},
+		{[]int32{6, 1, 4}, []int32{3, 2, -1}},
+	} {
+		es, on := predictedOn(c.experts, c.workers)
+		if !slices.Equal(es, []int{1, 4, 6}) || !slices.Equal(on, []int{2, -1, 3}) {
+			t.Errorf("%v on %v: %v on %v, want [1 4 6] on [2 -1 3]", c.experts, c.workers, es, on)
+		}
+	}
+	if es, on := predictedOn([]int32{5, 2}, nil); !slices.Equal(es, []int{2, 5}) || on != nil {
+		t.Errorf("without workers: %v on %v, want [2 5] on nil", es, on)
+	}
+}

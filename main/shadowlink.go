@@ -331,6 +331,9 @@ func predictedOn(experts, workers []int32) (es, on []int) {
 	for i, w := range workers {
 		on[i] = int(w)
 	}
+	if slices.IsSorted(es) { // as the shadow sends them
+		return es, on
+	}
 	order := make([]int, len(es))
 	for i := range order {
 		order[i] = i

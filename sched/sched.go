@@ -176,8 +176,14 @@ func (l Layout) PlacePredicted(dst []int, layer int, experts, predicted, on []in
 // lower; only workers up says are up, when up is set and some are.
 func (l Layout) fillLeastLoaded(layer int, placed []int, up func(w int) bool) {
 	g := l.GroupOf(layer)
-	if up != nil && !slices.ContainsFunc(l.groupWorkers(g), up) {
-		up = nil // none is: any will do
+	if up != nil {
+		anyUp := false
+		for j := range l.Group {
+			anyUp = anyUp || up(g*l.Group+j)
+		}
+		if !anyUp {
+			up = nil // none is: any will do
+		}
 	}
 	for i, w := range placed {
 		if w >= 0 {
@@ -220,15 +226,6 @@ func (l Layout) PredictionWorkers(dst []int, layer int, predicted, was, wasOn []
 	}
 	l.fillLeastLoaded(layer, dst[start:], up)
 	return dst
-}
-
-// groupWorkers are group g's workers.
-func (l Layout) groupWorkers(g int) []int {
-	ws := make([]int, l.Group)
-	for j := range ws {
-		ws[j] = g*l.Group + j
-	}
-	return ws
 }
 
 // PredictionHints calls f once for each worker of layer's group that a

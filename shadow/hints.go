@@ -66,10 +66,8 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 	n.experts = union(n.experts[:0], nil, nil, rowExperts(n.on[:0], routes))
 	on := n.hint(ctx, seq, it, token, l, n.experts, nil)
 	if rec != nil {
-		if rec.layers == nil {
-			rec.layers = make([]layerHints, n.m.Config.NumLayers)
-		}
-		rec.layers[l] = layerHints{rows: rowExperts(nil, routes), experts: slices.Clone(n.experts), on: slices.Clone(on)}
+		lh := &rec.layers[l]
+		lh.rows, lh.experts, lh.on = rowExperts(lh.rows[:0], routes), append(lh.experts[:0], n.experts...), append(lh.on[:0], on...)
 	}
 }
 

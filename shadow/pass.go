@@ -37,8 +37,9 @@ type passFollow struct {
 	// feeds again
 	last []uint64
 	// ahead are the passes run ahead of their alignments, oldest first
-	// (passes aligned+1 .. it)
-	ahead []aheadPass
+	// (passes aligned+1 .. it); spare are records no longer ahead, whose
+	// buffers the next pass run ahead reuses (no allocation a layer)
+	ahead, spare []aheadPass
 	// a pass's members: their sequences and sessions, what each feeds
 	// (its decode token, or a chunk of its prompt) and its last token
 	// (PassToken's), whether any feeds prompt tokens, and the sessions
@@ -80,12 +81,37 @@ func (bf *passFollow) seal() {
 
 // aheadPass is a pass run ahead: which sequences it fed which tokens,
 // and what it hinted for each layer (indexed by layer; a layer without
-// experts has none).
+// experts has no rows).
 type aheadPass struct {
 	it     int64
 	seqs   []uint64
 	tokens []int
 	layers []layerHints
+}
+
+// pushAhead records pass it, run ahead on bf's rows, reusing a spare
+// record's buffers when there is one.
+func (bf *passFollow) pushAhead(it int64, layers int) {
+	var p aheadPass
+	if k := len(bf.spare); k > 0 {
+		p, bf.spare = bf.spare[k-1], bf.spare[:k-1]
+	}
+	p.it, p.seqs, p.tokens = it, append(p.seqs[:0], bf.seqs...), append(p.tokens[:0], bf.tokens...)
+	if len(p.layers) != layers {
+		p.layers = make([]layerHints, layers)
+	}
+	for l := range p.layers {
+		lh := &p.layers[l]
+		lh.rows, lh.experts, lh.on = lh.rows[:0], lh.experts[:0], lh.on[:0]
+	}
+	bf.ahead = append(bf.ahead, p)
+}
+
+// retire keeps p, no longer ahead, for its buffers (a few at most).
+func (bf *passFollow) retire(p aheadPass) {
+	if len(bf.spare) < 4 {
+		bf.spare = append(bf.spare, p)
+	}
 }
 
 // runPasses runs batch b's passes that are ready, in order: a pass is
@@ -192,6 +218,7 @@ func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*
 	}
 	n.agreed += int64(len(members))
 	bf.aligned = bf.ahead[0].it
+	bf.retire(bf.ahead[0])
 	bf.ahead = bf.ahead[1:]
 	return nil
 }
@@ -216,6 +243,7 @@ func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it in
 			f.fed = f.fed[:len(f.fed)-1]
 			f.next, f.headDue = p.tokens[j], false
 		}
+		bf.retire(p)
 		bf.ahead = bf.ahead[:i]
 	}
 	bf.it = it - 1
@@ -270,7 +298,7 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 	}
 	bf.seal()
 	it := bf.it + 1
-	bf.ahead = append(bf.ahead, aheadPass{it: it, seqs: slices.Clone(bf.seqs), tokens: slices.Clone(bf.tokens)})
+	bf.pushAhead(it, n.m.Config.NumLayers)
 	bf.it = it
 	return n.forwardPass(ctx, b, bf, it, 0)
 }

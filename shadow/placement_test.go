@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -111,5 +112,42 @@ func TestARevisedPredictionMovesNothingThatStays(t *testing.T) {
 	want = []string{"main predict [2 5] on [-1 -1]"}
 	if got := sent(); !slices.Equal(got, want) {
 		t.Fatalf("with the whole group down: %q, want %q", got, want)
+	}
+}
+
+// TestAPassRunAheadRecordsItsHintsWithoutAllocating: recording a layer's
+// hints in a pass run ahead (for a later revision) reuses the record's
+// buffers: predict allocates no more with a record than without one (its
+// messages, which the sender owns, are all it allocates).
+func TestAPassRunAheadRecordsItsHintsWithoutAllocating(t *testing.T) {
+	layout, _ := sched.NewLayout(4, 2)
+	n, _ := hintNode(t, layout)
+	out := make(chan outgoing, 4096)
+	n.out = out
+	routes := []model.Route{{Expert: 1}, {Expert: 6}, {Expert: 6}, {Expert: 3}}
+	ctx := context.Background()
+	var bf passFollow
+	bf.pushAhead(2, 2)
+	rec := &bf.ahead[0]
+	n.predict(ctx, 9, 2, 5, 1, routes, rec) // the record's buffers grow once
+	drain := func() {
+		for len(out) > 0 {
+			<-out
+		}
+	}
+	without := testing.AllocsPerRun(50, func() { n.predict(ctx, 9, 2, 5, 1, routes, nil); drain() })
+	with := testing.AllocsPerRun(50, func() { n.predict(ctx, 9, 2, 5, 1, routes, rec); drain() })
+	if with > without {
+		t.Fatalf("predict allocates %v times with a record, %v without", with, without)
+	}
+	if lh := rec.layers[1]; !slices.Equal(lh.rows, []int{1, 6, 6, 3}) || !slices.Equal(lh.experts, []int{1, 3, 6}) || len(lh.on) != 3 {
+		t.Fatalf("recorded %+v, want rows [1 6 6 3], experts [1 3 6] with their workers", lh)
+	}
+	// a retired record's buffers serve the next pass run ahead
+	bf.retire(bf.ahead[0])
+	bf.ahead = bf.ahead[:0]
+	bf.pushAhead(3, 2)
+	if p := bf.ahead[0]; p.it != 3 || len(p.layers[1].rows) != 0 || cap(p.layers[1].rows) < 4 {
+		t.Fatalf("reused record: pass %d, layer 1 rows %v (cap %d); want pass 3, emptied, its buffer kept", p.it, p.layers[1].rows, cap(p.layers[1].rows))
 	}
 }

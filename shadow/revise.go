@@ -47,6 +47,7 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 		}
 	}
 	bf.ahead = bf.ahead[1:]
+	defer bf.retire(p) // its hints are read until the pass has run
 	bf.it, bf.aligned = p.it, p.it
 	bf.reset()
 	var all []uint64    // every member, kept or run
@@ -75,7 +76,7 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 	if !bf.prompt { // a prefill pass loads every expert: predictions are moot
 		keptUnion := make([][]int, len(p.layers))
 		for l, lh := range p.layers {
-			if lh.experts == nil {
+			if len(lh.rows) == 0 { // a layer without experts
 				continue
 			}
 			keptUnion[l] = union(nil, lh.rows, kept, nil)
