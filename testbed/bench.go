@@ -240,8 +240,7 @@ func Bench(opt BenchOptions) (*Report, error) {
 // certificates, the emulated link delay). The caller sets the rest, after
 // the rig's: what it sets counts.
 func nodeFlags(opt BenchOptions, via Via, n Node, role string) runflags.Flags {
-	f := runflags.For(role)
-	_ = f.Parse(n.Flags) // checked by ReadRig
+	f, _ := n.FlagsAs(role) // checked by ReadRig
 	f.Cluster.Certs, f.Cluster.Name = via.Paths(n).Certs, n.Name
 	if opt.NetDelay > 0 {
 		f.Cluster.NetDelay = opt.NetDelay
@@ -338,8 +337,7 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	m := opt.Rig.Main
 	via := opt.mainVia()
 	if mode == ModeLocal {
-		f := runflags.For(runflags.RoleLocal)
-		_ = f.Parse(m.Flags) // checked by ReadRig
+		f, _ := m.FlagsAs(runflags.RoleLocal) // checked by ReadRig (as the main node's)
 		f.Model = via.Paths(m).Model
 		return f
 	}

@@ -27,6 +27,17 @@ type Node struct {
 	Flags []string
 }
 
+// FlagsAs is the node's own flags (the rig's) parsed as those of `odmoe
+// run -role role`, every other flag at its default; an error names the
+// node.
+func (n Node) FlagsAs(role string) (runflags.Flags, error) {
+	f := runflags.For(role)
+	if err := f.Parse(n.Flags); err != nil {
+		return f, fmt.Errorf("node %s's flags %q: %w", n.Name, strings.Join(n.Flags, " "), err)
+	}
+	return f, nil
+}
+
 // Host is the node's address without the port.
 func (n Node) Host() string {
 	if h, _, err := net.SplitHostPort(n.Addr); err == nil {
@@ -147,9 +158,8 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			}
 			addrs[n.Addr] = line
 		}
-		nf := runflags.For(string(n.Role)) // wire's role names are run -role's
-		if err := nf.Parse(n.Flags); err != nil {
-			return nil, errf("node %s's flags %q: %v", n.Name, strings.Join(n.Flags, " "), err)
+		if _, err := n.FlagsAs(string(n.Role)); err != nil { // wire's role names are run -role's
+			return nil, errf("%v", err)
 		}
 		for _, fl := range n.Flags {
 			if !strings.HasPrefix(fl, "-") {

@@ -4,6 +4,7 @@
 package simrig
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/svgplot"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/sim"
@@ -359,7 +361,8 @@ func shadowAhead(rig *testbed.Rig) (int, error) {
 	if rig.Shadow == nil {
 		return shadow.DefaultAhead, nil
 	}
-	return NodeIntFlag(*rig.Shadow, "-ahead", shadow.DefaultAhead)
+	f, err := rig.Shadow.FlagsAs(runflags.RoleShadow)
+	return f.Ahead, err
 }
 
 // setup reads what a simulation of a rig runs on: the profile, the rig
@@ -382,35 +385,13 @@ func setup(profilePath, rigPath, modelDir string) (sim.Profile, *testbed.Rig, sc
 }
 
 // rigLayout is the rig's workers in groups of its main node's -group (by
-// default the model's top-k, as the main node does).
+// default the model's top-k).
 func rigLayout(rig *testbed.Rig, cfg model.Config) (sched.Layout, error) {
-	group, err := NodeIntFlag(rig.Main, "-group", cfg.TopK)
+	f, err := rig.Main.FlagsAs(runflags.RoleMain)
 	if err != nil {
 		return sched.Layout{}, err
 	}
-	return sched.NewLayout(len(rig.Workers), group)
-}
-
-// NodeIntFlag is the value of a rig node's integer flag, or def when the
-// node does not set it (the last setting counts, as for the node itself).
-func NodeIntFlag(n testbed.Node, name string, def int) (int, error) {
-	v, set := "", false
-	for i, f := range n.Flags {
-		switch {
-		case f == name && i+1 < len(n.Flags):
-			v, set = n.Flags[i+1], true
-		case strings.HasPrefix(f, name+"="):
-			v, set = strings.TrimPrefix(f, name+"="), true
-		}
-	}
-	if !set {
-		return def, nil
-	}
-	x, err := strconv.Atoi(v)
-	if err != nil {
-		return 0, fmt.Errorf("sim: rig node %s: %s %q is not an integer", n.Name, name, v)
-	}
-	return x, nil
+	return sched.NewLayout(len(rig.Workers), cmp.Or(f.Group, cfg.TopK))
 }
 
 // ReadProfile reads a sim.Profile from a JSON file.
