@@ -35,13 +35,10 @@ type shadowLink struct {
 	seqs      map[uint64]*shadowSeq
 	pred      map[layerKey]predicted // predictions not taken yet
 	actual    map[layerKey]routing   // routing awaiting its prediction, for scoring
-	// members are each member sequence's rows scored so far: experts
-	// routed, and predicted (SequenceFigures)
-	members   map[uint64]*[2]int64
-	recall    *align.Recall // over decode passes
-	late      []float64     // late-departure ms per decode iteration (index: iteration-2)
-	done      int64         // the last iteration the shadow finished
-	forwardMs float64       // the shadow's decode forward passes, summed
+	recall    *align.Recall          // over decode passes
+	late      []float64              // late-departure ms per decode iteration (index: iteration-2)
+	done      int64                  // the last iteration the shadow finished
+	forwardMs float64                // the shadow's decode forward passes, summed
 	forwards  int
 	peakRSS   int64
 	received  chan struct{}
