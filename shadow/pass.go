@@ -36,6 +36,11 @@ type passFollow struct {
 	// last are the members of pass it, which the next pass run ahead
 	// feeds again
 	last []uint64
+	// a revision's scratch (revise): the rows it keeps, the tokens its
+	// members are fed, and each layer's union of the kept rows
+	kept       []bool
+	lastTokens []int
+	keptUnion  [][]int
 	// ahead are the passes run ahead of their alignments, oldest first
 	// (passes aligned+1 .. it); spare are records no longer ahead, whose
 	// buffers the next pass run ahead reuses (no allocation a layer)

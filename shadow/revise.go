@@ -32,7 +32,8 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 		n.rewindPasses(ctx, b, bf, bf.ahead[1].it, seqs)
 	}
 	p := bf.ahead[0]
-	kept := n.keptRows(p, members)
+	kept := n.keptRows(bf.kept[:0], p, members)
+	bf.kept = kept
 	if !slices.Contains(kept, true) {
 		n.rewindPasses(ctx, b, bf, p.it, seqs)
 		bf.it = p.it
@@ -50,8 +51,9 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 	defer bf.retire(p) // its hints are read until the pass has run
 	bf.it, bf.aligned = p.it, p.it
 	bf.reset()
-	var all []uint64    // every member, kept or run
-	var allTokens []int // and the token each is fed
+	// every member, kept or run (the next pass's to run ahead), and the
+	// token each is fed
+	all, allTokens := bf.last[:0], bf.lastTokens[:0]
 	for _, a := range members {
 		if i := slices.Index(p.seqs, a.Seq); i >= 0 && kept[i] {
 			if err := n.apply(seqs[a.Seq], a); err != nil {
@@ -68,29 +70,35 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 		all, allTokens = append(all, a.Seq), append(allTokens, bf.tokens[len(bf.tokens)-1])
 	}
 	bf.seal()
+	bf.last, bf.lastTokens = all, allTokens
 	fed := int(align.PassToken(all, allTokens))
 	late := time.Since(start)
 	n.trace.Span(trace.Align, p.it, 0, -1, start, start.Add(late))
 	t0 := time.Now()
 	var hook func(model.Step, int, []float32, []model.Route)
 	if !bf.prompt { // a prefill pass loads every expert: predictions are moot
-		keptUnion := make([][]int, len(p.layers))
+		keptUnion := bf.keptUnion[:0]
 		for l, lh := range p.layers {
+			if l == len(keptUnion) {
+				keptUnion = append(keptUnion, nil)
+			}
+			keptUnion[l] = keptUnion[l][:0]
 			if len(lh.rows) == 0 { // a layer without experts
 				continue
 			}
-			keptUnion[l] = union(nil, lh.rows, kept, nil)
+			keptUnion[l] = union(keptUnion[l], lh.rows, kept, nil)
 			if len(bf.rows) == 0 { // nothing to run: the kept rows' union is the pass's
 				n.hint(ctx, b, p.it, fed, l, keptUnion[l], &p.layers[l])
 			} else {
 				n.tellKept(ctx, b, p.it, fed, l, keptUnion[l], &p.layers[l])
 			}
 		}
+		bf.keptUnion = keptUnion
 		hook = func(_ model.Step, l int, _ []float32, routes []model.Route) {
 			now := time.Now()
 			n.trace.Span(trace.Shadow, p.it, l, -1, n.mark, now)
 			n.mark = now
-			if l < len(keptUnion) && keptUnion[l] != nil {
+			if l < len(keptUnion) && len(keptUnion[l]) > 0 {
 				n.experts = union(n.experts[:0], keptUnion[l], nil, rowExperts(n.on[:0], routes))
 				n.hint(ctx, b, p.it, fed, l, n.experts, &p.layers[l])
 			} else {
@@ -103,7 +111,6 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 			return err
 		}
 	}
-	bf.last = append(bf.last[:0], all...)
 	return n.done(ctx, b, p.it, t0, late, 0)
 }
 
@@ -111,9 +118,11 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 // pass (members' alignments) fed as p did: the same member, neither
 // restarted nor fed a prompt chunk, fed the same token (or one the
 // alignment leaves to the shadow). It counts them as agreed, and the
-// rows of members fed another token as rewound (n.rewoundSeqs).
-func (n *Node) keptRows(p aheadPass, members []*wire.Alignment) []bool {
-	kept := make([]bool, len(p.seqs))
+// rows of members fed another token as rewound (n.rewoundSeqs). The
+// verdicts go in dst's storage.
+func (n *Node) keptRows(dst []bool, p aheadPass, members []*wire.Alignment) []bool {
+	kept := slices.Grow(dst[:0], len(p.seqs))[:len(p.seqs)]
+	clear(kept)
 	for _, a := range members {
 		i := slices.Index(p.seqs, a.Seq)
 		if i < 0 || starts(a) || len(a.Chunk) > 0 {
