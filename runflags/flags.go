@@ -8,6 +8,7 @@ package runflags
 import (
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -153,18 +154,14 @@ func For(role string) Flags {
 // Parse sets the flags args name (`-flag value` or `-flag=value`, as the
 // command line takes them) on f: a rig's extra flags for a node, say.
 func (f *Flags) Parse(args []string) error {
-	var d Flags
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(discard{})
-	d.Register(fs)
-	d = *f // the flags point into d: they hold f's values now
+	d, fs := bound(*f)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("runflags: %q is not a flag", fs.Arg(0))
 	}
-	*f = d
+	*f = *d
 	return nil
 }
 
@@ -172,10 +169,7 @@ func (f *Flags) Parse(args []string) error {
 // every other flag whose value differs from its default, in name order,
 // as -name=value.
 func (f Flags) Args() []string {
-	var d Flags
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	d.Register(fs)
-	d = f // the flags point into d: they hold f's values now
+	_, fs := bound(f)
 	args := []string{"run", "-role=" + f.Role}
 	fs.VisitAll(func(fl *flag.Flag) {
 		if v := fl.Value.String(); v != fl.DefValue && fl.Name != "role" {
@@ -185,7 +179,13 @@ func (f Flags) Args() []string {
 	return args
 }
 
-// discard swallows a flag set's own messages: Parse returns them.
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
+// bound is a copy of f and a flag set over it (each flag's default its
+// own, its value f's), whose messages go nowhere: the caller returns them.
+func bound(f Flags) (*Flags, *flag.FlagSet) {
+	d := new(Flags)
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	d.Register(fs)
+	*d = f // the flags point into d: they hold f's values now
+	return d, fs
+}
