@@ -102,7 +102,7 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.Store == "" {
 		return usagef("-store is required for -role worker")
 	}
-	cfg := worker.Config{Listen: f.Listen, Store: f.Store, HostPreload: f.HostPreload, Log: log}
+	cfg := worker.Config{Listen: f.Listen, Store: f.Store, Device: f.Device, HostPreload: f.HostPreload, Log: log}
 	var err error
 	if cfg.DeviceMemBytes, err = parseBytes(f.DeviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
 		return usagef("-device-mem %q: want a positive size such as 1GiB", f.DeviceMem)

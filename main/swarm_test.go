@@ -165,9 +165,21 @@ func dialSwarm(t *testing.T, f inproc.Files, workers int, opt mainnode.Options, 
 // memory each.
 func dialSwarmWithBudget(t *testing.T, f inproc.Files, workers int, budget int64, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
 	t.Helper()
+	return dialSwarmOn(t, f, workers, budget, nil, opt, sh)
+}
+
+// dialSwarmOn is dialSwarmWithBudget with worker i on devices[i]
+// (worker.OpenDevice; the CPU where absent).
+func dialSwarmOn(t *testing.T, f inproc.Files, workers int, budget int64, devices []string, opt mainnode.Options, sh *shadowSpec) *mainnode.Swarm {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	addrs := startWorkers(t, ctx, f, workers, budget, opt.Prefetch == mainnode.Resident)
+	addrs, stop, err := inproc.StartWorkers(ctx, f, inproc.WorkerOptions{Count: workers, BudgetBytes: budget, Resident: opt.Prefetch == mainnode.Resident,
+		Devices: devices, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
 	cfg, err := model.LoadConfig(f.Model)
 	if err != nil {
 		t.Fatal(err)

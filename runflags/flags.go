@@ -53,6 +53,7 @@ type Flags struct {
 	Ahead int
 	// worker
 	Listen, Store, DeviceMem, LoadBW string
+	Device                           string
 	Resident, HostCache              string
 	HostCompressed                   string
 	HostPreload                      bool
@@ -116,6 +117,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
 	fs.StringVar(&f.Store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")
 	fs.StringVar(&f.DeviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
+	fs.StringVar(&f.Device, "device", "cpu", "worker: what experts run on: cpu (host memory and this CPU's kernels), or cuda:N (GPU N, in a binary built with -tags cuda: -device-mem is then GPU memory); every device gives the same bits")
 	fs.StringVar(&f.Resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")
 	fs.StringVar(&f.HostCache, "host-cache", "0", "worker: keep up to this many bytes of decompressed experts in host memory (the node's CPU RAM of OD-MoE's rig): a load is then a host-to-device transfer paced by -load-bw, with no store read or decompression; 0 = off")
 	fs.StringVar(&f.HostCompressed, "host-compressed", "0", "worker: keep up to this many bytes of the store's compressed chunks in host memory (ZipMoE's compressed tier: ~0.66 of an expert's BF16 bytes): a load not in -host-cache then decompresses from RAM instead of reading the store; 0 = off")

@@ -106,6 +106,9 @@ type Hello struct {
 	// LoadBytesSec is a worker's expert load bandwidth (its -load-bw),
 	// 0 if unpaced: the main node's placement weighs workers by it.
 	LoadBytesSec float64
+	// Device is what a worker computes on ("cpu", "cuda:0 NVIDIA ..."),
+	// for logs and the main node's view of its swarm.
+	Device string
 }
 
 // Prediction tells a worker group which experts the shadow node expects

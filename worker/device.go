@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/odmoe/odmoe/model"
@@ -28,10 +30,38 @@ type Device interface {
 	// Run computes an uploaded expert on n rows of x into out, its working
 	// memory taken from the budget too.
 	Run(ex model.Expert, x []float32, n int, out []float32) error
+	// ComputeBytes is the working memory Run takes from the budget for n
+	// rows of an expert of hidden and inter sizes.
+	ComputeBytes(n, hidden, inter int) int64
 	// Memory reports the budget, the bytes in use and their peak.
 	Memory() (budget, inUse, peak int64)
+	// String names the device as the worker reports it (Hello, logs):
+	// "cpu", or "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)".
+	String() string
 	// Close frees the device memory, once nothing runs on it any more.
 	Close() error
+}
+
+// OpenDevice opens the device spec names with budget bytes of memory,
+// loads paced by link (a zero rate: unpaced): "cpu" (or "") is host
+// memory and the kernels package; "cuda:N" is GPU N, in a build with the
+// cuda tag.
+func OpenDevice(spec string, budget int64, link *Link) (Device, error) {
+	if spec == "" || spec == "cpu" {
+		arena, err := NewArena(budget)
+		if err != nil {
+			return nil, err
+		}
+		return NewCPU(arena, link), nil
+	}
+	if ord, ok := strings.CutPrefix(spec, "cuda:"); ok {
+		n, err := strconv.Atoi(ord)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("worker: device %q: want cuda:N, N the GPU's ordinal (0, 1, ...)", spec)
+		}
+		return openCUDA(n, budget, link)
+	}
+	return nil, fmt.Errorf("worker: device %q: want cpu or cuda:N", spec)
 }
 
 // CPU is the device of a worker without a GPU: an Arena of host memory
@@ -63,7 +93,7 @@ func (d *CPU) Upload(ctx context.Context, _ Block, ex model.Expert, n int64) (mo
 // Run implements Device.
 func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
 	inter := ex.Gate.Rows
-	b, err := d.arena.Alloc(int64(2 * n * inter * 4))
+	b, err := d.arena.Alloc(d.ComputeBytes(n, ex.Gate.Cols, inter))
 	if err != nil {
 		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
 	}
@@ -72,6 +102,12 @@ func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
 	ex.Forward(out, x, n, model.NewExpertScratch(f[:n*inter], f[n*inter:]))
 	return nil
 }
+
+// ComputeBytes implements Device: the gate and up products of n rows.
+func (d *CPU) ComputeBytes(n, _, inter int) int64 { return int64(2 * n * inter * 4) }
+
+// String implements Device.
+func (d *CPU) String() string { return "cpu" }
 
 // Memory implements Device.
 func (d *CPU) Memory() (budget, inUse, peak int64) {

@@ -67,7 +67,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		return nil, err
 	}
 	budget, _, _ := d.Device.Memory()
-	if need, err := smallestBudget(st); err != nil {
+	if need, err := smallestBudget(st, d.Device); err != nil {
 		return nil, err
 	} else if budget < need {
 		return nil, fmt.Errorf("worker: -device-mem %s cannot hold the store's largest expert and its compute buffers (%s): give at least %s",
@@ -94,6 +94,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	n := &Node{eng: eng, wire: *d.Wire, log: d.Log}
 	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
 	n.wire.Hello.DeviceMemBytes, n.wire.Hello.LoadBytesSec = budget, o.LoadBytesSec
+	n.wire.Hello.Device = d.Device.String()
 	// a main node or shadow of another model is refused here too (they
 	// refuse this worker from their side as well)
 	n.wire.Hello.Model = st.Identity().String()

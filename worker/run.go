@@ -18,6 +18,7 @@ type Config struct {
 	Listen         string // UDP address
 	Store          string // compressed expert store directory
 	DeviceMemBytes int64  // the device memory budget
+	Device         string // "cpu" (or ""), or "cuda:N" in a build with the cuda tag: OpenDevice
 	LoadBytesSec   float64
 	HostCacheBytes int64 // decompressed experts kept in host memory; 0: none
 	HostPreload    bool  // fill the host cache at start
@@ -43,11 +44,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeStore()
-	arena, err := NewArena(cfg.DeviceMemBytes)
+	dev, err := OpenDevice(cfg.Device, cfg.DeviceMemBytes, NewLink(cfg.LoadBytesSec))
 	if err != nil {
 		return err
 	}
-	dev := NewCPU(arena, NewLink(cfg.LoadBytesSec))
 	defer dev.Close()
 	var host *HostCache
 	if cfg.HostCacheBytes > 0 {
@@ -67,7 +67,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer ln.Close()
-	log.Info().Str("listen", ln.Addr().String()).Str("store", cfg.Store).Str("device_mem", progress.Bytes(cfg.DeviceMemBytes)).
+	log.Info().Str("listen", ln.Addr().String()).Str("store", cfg.Store).Str("device", dev.String()).Str("device_mem", progress.Bytes(cfg.DeviceMemBytes)).
 		Str("load_bw", progress.Bytes(int64(cfg.LoadBytesSec))+"/s").Str("host_cache", progress.Bytes(cfg.HostCacheBytes)).
 		Str("host_compressed", progress.Bytes(cfg.HostCompressedBytes)).Msg("worker ready")
 	return n.Serve(ctx, ln)
@@ -99,8 +99,9 @@ func openStore(dir string, compressedBytes int64) (st *store.Store, chunks *stor
 }
 
 // smallestBudget is the least device memory that can run every expert of
-// st: the largest expert, aligned, and the compute buffers of one token.
-func smallestBudget(st *store.Store) (int64, error) {
+// st on dev: the largest expert, aligned, and the compute buffers of one
+// token.
+func smallestBudget(st *store.Store, dev Device) (int64, error) {
 	var need int64
 	for _, l := range st.Layers() {
 		for e := range st.Experts() {
@@ -108,11 +109,11 @@ func smallestBudget(st *store.Store) (int64, error) {
 			if err != nil {
 				return 0, err
 			}
-			_, inter, err := st.ExpertShape(l, e)
+			hidden, inter, err := st.ExpertShape(l, e)
 			if err != nil {
 				return 0, err
 			}
-			need = max(need, align(int64(n))+align(int64(2*inter*4)))
+			need = max(need, align(int64(n))+align(dev.ComputeBytes(1, hidden, inter)))
 		}
 	}
 	return need, nil

@@ -104,7 +104,10 @@ type WorkerOptions struct {
 	// Resident has each worker hold for good the experts it owns in a
 	// resident swarm (sched.Layout.Owner), loaded before it listens.
 	Resident bool
-	Log      zerolog.Logger
+	// Devices[i] is worker i's device (worker.OpenDevice: "cuda:0", say);
+	// "cpu" where empty or absent.
+	Devices []string
+	Log     zerolog.Logger
 }
 
 // StartWorkers runs o.Count workers (w1..wN of f.Certs) on loopback and
@@ -148,12 +151,15 @@ func StartWorkerOn(ctx context.Context, storeDir, certDir string, i int, addr st
 	if err != nil {
 		return "", nil, err
 	}
-	arena, err := worker.NewArena(o.BudgetBytes)
+	spec := ""
+	if i < len(o.Devices) {
+		spec = o.Devices[i]
+	}
+	dev, err := worker.OpenDevice(spec, o.BudgetBytes, worker.NewLink(o.LoadBytesSec))
 	if err != nil {
 		st.Close()
 		return "", nil, err
 	}
-	dev := worker.NewCPU(arena, worker.NewLink(o.LoadBytesSec))
 	closeDeps := func() {
 		dev.Close()
 		st.Close()
