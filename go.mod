@@ -3,6 +3,7 @@ module github.com/odmoe/odmoe
 go 1.26.0
 
 require (
+	github.com/ebitengine/purego v0.11.3
 	github.com/klauspost/compress v1.20.3
 	github.com/nikolalohinski/gonja/v2 v2.9.1
 	github.com/prometheus/client_golang v1.25.0

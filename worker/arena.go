@@ -45,8 +45,17 @@ func NewArena(budget int64) (*Arena, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Arena{mem: mem, unmap: unmap, free: []span{{0, budget}}, blocks: map[int64]int64{}}, nil
+	return newArenaOver(mem, unmap), nil
 }
+
+// newArenaOver is an arena over mem, which release gives back on Close:
+// the CUDA device's page-locked mirror of its device memory, say.
+func newArenaOver(mem []byte, release func() error) *Arena {
+	return &Arena{mem: mem, unmap: release, free: []span{{0, int64(len(mem))}}, blocks: map[int64]int64{}}
+}
+
+// Offset is where b starts in the arena.
+func (b Block) Offset() int64 { return b.off }
 
 // Close gives the arena's memory back. No block may be used after: the
 // worker closes it once its engine has stopped.

@@ -1,0 +1,170 @@
+// Expert kernels of odmoe's CUDA workers: the arithmetic of kernels/doc.go,
+// exactly, so that a GPU worker's results equal the CPU's bit for bit.
+//
+//  - every product and sum is rounded on its own (__fmul_rn, __fadd_rn,
+//    __dmul_rn, __dadd_rn, __fdiv_rn): never contracted to a fused
+//    multiply-add; the file is also compiled with -fmad=false;
+//  - subnormals are honoured (-ftz=false);
+//  - a row's dot product keeps 16 float32 lane accumulators: lane l adds
+//    elements l, l+16, l+32, ... in increasing order, and the lanes fold
+//    high half onto low half (8, 4, 2, 1). Here the 16 lanes are 16
+//    threads of a half-warp, and the fold is four shuffles.
+//
+// Rebuild expert.ptx with `go generate -tags cuda ./kernels/cuda` (needs nvcc).
+
+#include <cuda_fp16.h>
+
+// Weight formats, as kernels.DType numbers them are not: the Go side maps
+// kernels.F32/F16/BF16 to these.
+#define WF32 0
+#define WF16 1
+#define WBF16 2
+
+// Tokens per pass of a row: each lane keeps this many accumulators.
+#define TILE 8
+
+template <int DT>
+__device__ __forceinline__ float widen(const void *w, long long i) {
+    if (DT == WF32) return ((const float *)w)[i];
+    if (DT == WF16) return __half2float(((const __half *)w)[i]); // exact
+    return __uint_as_float(((unsigned int)((const unsigned short *)w)[i]) << 16);
+}
+
+// fold16 is the definition's pairwise fold across the 16 lanes of a
+// half-warp; lane 0 of the half ends with the row's result.
+__device__ __forceinline__ float fold16(float acc, unsigned mask) {
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 8, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 4, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 2, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 1, 16));
+    return acc;
+}
+
+// odmoe_exp is kernels.Exp: float64 arithmetic rounded once to float32.
+__device__ __forceinline__ float odmoe_exp(float x) {
+    if (x != x) return x;
+    if (x > 88.8f) return __int_as_float(0x7f800000);
+    if (x < -104.0f) return 0.0f;
+    const double log2e = __longlong_as_double(0x3FF71547652B82FEll);
+    const double ln2hi = __longlong_as_double(0x3FE62E42FEE00000ll);
+    const double ln2lo = __longlong_as_double(0x3DEA39EF35793C76ll);
+    double d = (double)x;
+    double k = rint(__dmul_rn(d, log2e));
+    double r = __dsub_rn(__dsub_rn(d, __dmul_rn(k, ln2hi)), __dmul_rn(k, ln2lo));
+    double p = 1.0 / 362880;
+    p = __dadd_rn(1.0 / 40320, __dmul_rn(p, r));
+    p = __dadd_rn(1.0 / 5040, __dmul_rn(p, r));
+    p = __dadd_rn(1.0 / 720, __dmul_rn(p, r));
+    p = __dadd_rn(1.0 / 120, __dmul_rn(p, r));
+    p = __dadd_rn(1.0 / 24, __dmul_rn(p, r));
+    p = __dadd_rn(1.0 / 6, __dmul_rn(p, r));
+    p = __dadd_rn(1.0 / 2, __dmul_rn(p, r));
+    p = __dadd_rn(1.0, __dmul_rn(p, r));
+    p = __dadd_rn(1.0, __dmul_rn(p, r));
+    double scale = __longlong_as_double((long long)((int)k + 1023) << 52);
+    return __double2float_rn(__dmul_rn(p, scale));
+}
+
+// swiglu is kernels.SwiGLU of one element: SiLU(g) * u, SiLU(g) being
+// g / (1 + Exp(-g)).
+__device__ __forceinline__ float swiglu(float g, float u) {
+    float silu = __fdiv_rn(g, __fadd_rn(1.0f, odmoe_exp(-g)));
+    return __fmul_rn(silu, u);
+}
+
+// gate_up computes act[t][r] = SwiGLU(gate row r . x[t], up row r . x[t])
+// for every token t < n: an expert's gate and up products and its
+// activation, in one pass over both matrices. A half-warp takes a row.
+template <int DT>
+__device__ void gate_up(float *act, const void *gate, const void *up,
+                        const float *x, int rows, int cols, int n) {
+    int tid = blockIdx.x * blockDim.x + threadIdx.x;
+    int row = tid >> 4, lane = threadIdx.x & 15;
+    if (row >= rows) return; // whole half-warps leave together
+    unsigned mask = 0xffffu << (threadIdx.x & 16);
+    const long long base = (long long)row * cols;
+    for (int t0 = 0; t0 < n; t0 += TILE) {
+        float ag[TILE], au[TILE];
+        const float *xt[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; t++) {
+            ag[t] = 0.0f;
+            au[t] = 0.0f;
+            xt[t] = x + (long long)min(t0 + t, n - 1) * cols; // past n: read, discarded
+        }
+        for (int i = lane; i < cols; i += 16) {
+            float wg = widen<DT>(gate, base + i), wu = widen<DT>(up, base + i);
+#pragma unroll
+            for (int t = 0; t < TILE; t++) {
+                float xv = xt[t][i];
+                ag[t] = __fadd_rn(ag[t], __fmul_rn(wg, xv));
+                au[t] = __fadd_rn(au[t], __fmul_rn(wu, xv));
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TILE; t++) {
+            float g = fold16(ag[t], mask), u = fold16(au[t], mask);
+            if (lane == 0 && t0 + t < n) act[(long long)(t0 + t) * rows + row] = swiglu(g, u);
+        }
+    }
+}
+
+// mat_mul computes out[t][r] = w row r . x[t] for every token t < n:
+// kernels.MatMul.
+template <int DT>
+__device__ void mat_mul(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    int tid = blockIdx.x * blockDim.x + threadIdx.x;
+    int row = tid >> 4, lane = threadIdx.x & 15;
+    if (row >= rows) return;
+    unsigned mask = 0xffffu << (threadIdx.x & 16);
+    const long long base = (long long)row * cols;
+    for (int t0 = 0; t0 < n; t0 += TILE) {
+        float acc[TILE];
+        const float *xt[TILE];
+#pragma unroll
+        for (int t = 0; t < TILE; t++) {
+            acc[t] = 0.0f;
+            xt[t] = x + (long long)min(t0 + t, n - 1) * cols;
+        }
+        for (int i = lane; i < cols; i += 16) {
+            float wv = widen<DT>(w, base + i);
+#pragma unroll
+            for (int t = 0; t < TILE; t++) acc[t] = __fadd_rn(acc[t], __fmul_rn(wv, xt[t][i]));
+        }
+#pragma unroll
+        for (int t = 0; t < TILE; t++) {
+            float s = fold16(acc[t], mask);
+            if (lane == 0 && t0 + t < n) out[(long long)(t0 + t) * rows + row] = s;
+        }
+    }
+}
+
+extern "C" {
+
+__global__ void odmoe_gate_up_f32(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF32>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_gate_up_f16(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF16>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_gate_up_bf16(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WBF16>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f32(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF32>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f16(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF16>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_bf16(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WBF16>(out, w, x, rows, cols, n);
+}
+
+// odmoe_swiglu is kernels.SwiGLU over n elements: the tests hold Exp and
+// SiLU to the CPU's bits on inputs no product would reach.
+__global__ void odmoe_swiglu(float *out, const float *gate, const float *up, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = swiglu(gate[i], up[i]);
+}
+
+} // extern "C"
