@@ -32,11 +32,26 @@ type Device struct {
 	fn  kernelFuncs
 }
 
-// kernelFuncs are expert.cu's entry points, by weight format
-// (kernels.F32, F16, BF16 index them).
+// kernelFuncs are expert.cu's entry points, by weight format (kernels.F32,
+// F16, BF16 index them) and tokens a pass (tiles).
 type kernelFuncs struct {
-	gateUp, matMul [3]uintptr
+	gateUp, matMul [3][len(tiles)]uintptr
 	swiglu         uintptr
+}
+
+// tiles are the tokens a pass of expert.cu's products computes per weight
+// loaded: one kernel each.
+var tiles = [...]int{1, 4, 8}
+
+// tileFor is the index in tiles of the kernel for n tokens: the smallest
+// tile that holds them all, or the largest.
+func tileFor(n int) int {
+	for i, t := range tiles {
+		if n <= t {
+			return i
+		}
+	}
+	return len(tiles) - 1
 }
 
 // Open opens GPU ordinal: it retains the device's primary context and
@@ -122,11 +137,13 @@ func (d *Device) loadKernels() error {
 	}
 	var err error
 	for i, dt := range []string{"f32", "f16", "bf16"} {
-		if d.fn.gateUp[i], err = get("odmoe_gate_up_" + dt); err != nil {
-			return err
-		}
-		if d.fn.matMul[i], err = get("odmoe_mat_mul_" + dt); err != nil {
-			return err
+		for j, t := range tiles {
+			if d.fn.gateUp[i][j], err = get(fmt.Sprintf("odmoe_gate_up_%s_t%d", dt, t)); err != nil {
+				return err
+			}
+			if d.fn.matMul[i][j], err = get(fmt.Sprintf("odmoe_mat_mul_%s_t%d", dt, t)); err != nil {
+				return err
+			}
 		}
 	}
 	d.fn.swiglu, err = get("odmoe_swiglu")

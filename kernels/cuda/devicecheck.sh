@@ -34,3 +34,5 @@ echo "tests rc ${PIPESTATUS[0]}"
 
 echo "== benchmarks"
 timeout 240 go test -tags cuda -run '^$' -bench . -benchtime 0.5s -count ${BENCH_COUNT:-1} ./kernels/cuda 2>&1 | tee "$out/bench.txt" | grep -E 'Benchmark|ok|FAIL'
+echo "== a swarm of processes, one worker on the GPU"
+bash kernels/cuda/swarmcheck.sh

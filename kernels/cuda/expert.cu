@@ -20,9 +20,6 @@
 #define WF16 1
 #define WBF16 2
 
-// Tokens per pass of a row: each lane keeps this many accumulators.
-#define TILE 8
-
 template <int DT>
 __device__ __forceinline__ float widen(const void *w, long long i) {
     if (DT == WF32) return ((const float *)w)[i];
@@ -72,10 +69,18 @@ __device__ __forceinline__ float swiglu(float g, float u) {
     return __fmul_rn(silu, u);
 }
 
+// A half-warp takes a row: lane l (its 16 threads) adds elements l, l+16,
+// l+32, ... of the row in increasing order, the definition's lane l. Each
+// lane loads U of its elements ahead (their adds stay in order), so that a
+// lane has U loads in flight rather than one: small experts' grids are
+// too few threads to hide memory latency otherwise. T tokens share each
+// weight a lane loads (T accumulators a lane); rows past n are clamped to
+// row n-1, computed and discarded.
+
 // gate_up computes act[t][r] = SwiGLU(gate row r . x[t], up row r . x[t])
 // for every token t < n: an expert's gate and up products and its
-// activation, in one pass over both matrices. A half-warp takes a row.
-template <int DT>
+// activation, in one pass over both matrices.
+template <int DT, int T, int U>
 __device__ void gate_up(float *act, const void *gate, const void *up,
                         const float *x, int rows, int cols, int n) {
     int tid = blockIdx.x * blockDim.x + threadIdx.x;
@@ -83,26 +88,44 @@ __device__ void gate_up(float *act, const void *gate, const void *up,
     if (row >= rows) return; // whole half-warps leave together
     unsigned mask = 0xffffu << (threadIdx.x & 16);
     const long long base = (long long)row * cols;
-    for (int t0 = 0; t0 < n; t0 += TILE) {
-        float ag[TILE], au[TILE];
-        const float *xt[TILE];
+    for (int t0 = 0; t0 < n; t0 += T) {
+        float ag[T], au[T];
+        const float *xt[T];
 #pragma unroll
-        for (int t = 0; t < TILE; t++) {
+        for (int t = 0; t < T; t++) {
             ag[t] = 0.0f;
             au[t] = 0.0f;
-            xt[t] = x + (long long)min(t0 + t, n - 1) * cols; // past n: read, discarded
+            xt[t] = x + (long long)min(t0 + t, n - 1) * cols;
         }
-        for (int i = lane; i < cols; i += 16) {
+        int i = lane;
+        for (; i + 16 * (U - 1) < cols; i += 16 * U) {
+            float wg[U], wu[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                wg[u] = widen<DT>(gate, base + i + 16 * u);
+                wu[u] = widen<DT>(up, base + i + 16 * u);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    float xv = xt[t][i + 16 * u];
+                    ag[t] = __fadd_rn(ag[t], __fmul_rn(wg[u], xv));
+                    au[t] = __fadd_rn(au[t], __fmul_rn(wu[u], xv));
+                }
+            }
+        }
+        for (; i < cols; i += 16) {
             float wg = widen<DT>(gate, base + i), wu = widen<DT>(up, base + i);
 #pragma unroll
-            for (int t = 0; t < TILE; t++) {
+            for (int t = 0; t < T; t++) {
                 float xv = xt[t][i];
                 ag[t] = __fadd_rn(ag[t], __fmul_rn(wg, xv));
                 au[t] = __fadd_rn(au[t], __fmul_rn(wu, xv));
             }
         }
 #pragma unroll
-        for (int t = 0; t < TILE; t++) {
+        for (int t = 0; t < T; t++) {
             float g = fold16(ag[t], mask), u = fold16(au[t], mask);
             if (lane == 0 && t0 + t < n) act[(long long)(t0 + t) * rows + row] = swiglu(g, u);
         }
@@ -111,28 +134,39 @@ __device__ void gate_up(float *act, const void *gate, const void *up,
 
 // mat_mul computes out[t][r] = w row r . x[t] for every token t < n:
 // kernels.MatMul.
-template <int DT>
+template <int DT, int T, int U>
 __device__ void mat_mul(float *out, const void *w, const float *x, int rows, int cols, int n) {
     int tid = blockIdx.x * blockDim.x + threadIdx.x;
     int row = tid >> 4, lane = threadIdx.x & 15;
     if (row >= rows) return;
     unsigned mask = 0xffffu << (threadIdx.x & 16);
     const long long base = (long long)row * cols;
-    for (int t0 = 0; t0 < n; t0 += TILE) {
-        float acc[TILE];
-        const float *xt[TILE];
+    for (int t0 = 0; t0 < n; t0 += T) {
+        float acc[T];
+        const float *xt[T];
 #pragma unroll
-        for (int t = 0; t < TILE; t++) {
+        for (int t = 0; t < T; t++) {
             acc[t] = 0.0f;
             xt[t] = x + (long long)min(t0 + t, n - 1) * cols;
         }
-        for (int i = lane; i < cols; i += 16) {
+        int i = lane;
+        for (; i + 16 * (U - 1) < cols; i += 16 * U) {
+            float wv[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) wv[u] = widen<DT>(w, base + i + 16 * u);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+#pragma unroll
+                for (int t = 0; t < T; t++) acc[t] = __fadd_rn(acc[t], __fmul_rn(wv[u], xt[t][i + 16 * u]));
+            }
+        }
+        for (; i < cols; i += 16) {
             float wv = widen<DT>(w, base + i);
 #pragma unroll
-            for (int t = 0; t < TILE; t++) acc[t] = __fadd_rn(acc[t], __fmul_rn(wv, xt[t][i]));
+            for (int t = 0; t < T; t++) acc[t] = __fadd_rn(acc[t], __fmul_rn(wv, xt[t][i]));
         }
 #pragma unroll
-        for (int t = 0; t < TILE; t++) {
+        for (int t = 0; t < T; t++) {
             float s = fold16(acc[t], mask);
             if (lane == 0 && t0 + t < n) out[(long long)(t0 + t) * rows + row] = s;
         }
@@ -141,23 +175,62 @@ __device__ void mat_mul(float *out, const void *w, const float *x, int rows, int
 
 extern "C" {
 
-__global__ void odmoe_gate_up_f32(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
-    gate_up<WF32>(act, gate, up, x, rows, cols, n);
+// Entry points: odmoe_gate_up_<format>_t<T> and odmoe_mat_mul_<format>_t<T>,
+// T tokens a pass: 1 (decode), 4 and 8 (batches; the Go side picks the
+// smallest T >= n, or 8).
+__global__ void odmoe_gate_up_f32_t1(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF32, 1, 8>(act, gate, up, x, rows, cols, n);
 }
-__global__ void odmoe_gate_up_f16(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
-    gate_up<WF16>(act, gate, up, x, rows, cols, n);
+__global__ void odmoe_gate_up_f32_t4(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF32, 4, 4>(act, gate, up, x, rows, cols, n);
 }
-__global__ void odmoe_gate_up_bf16(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
-    gate_up<WBF16>(act, gate, up, x, rows, cols, n);
+__global__ void odmoe_gate_up_f32_t8(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF32, 8, 4>(act, gate, up, x, rows, cols, n);
 }
-__global__ void odmoe_mat_mul_f32(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF32>(out, w, x, rows, cols, n);
+__global__ void odmoe_gate_up_f16_t1(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF16, 1, 8>(act, gate, up, x, rows, cols, n);
 }
-__global__ void odmoe_mat_mul_f16(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF16>(out, w, x, rows, cols, n);
+__global__ void odmoe_gate_up_f16_t4(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF16, 4, 4>(act, gate, up, x, rows, cols, n);
 }
-__global__ void odmoe_mat_mul_bf16(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WBF16>(out, w, x, rows, cols, n);
+__global__ void odmoe_gate_up_f16_t8(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WF16, 8, 4>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_gate_up_bf16_t1(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WBF16, 1, 8>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_gate_up_bf16_t4(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WBF16, 4, 4>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_gate_up_bf16_t8(float *act, const void *gate, const void *up, const float *x, int rows, int cols, int n) {
+    gate_up<WBF16, 8, 4>(act, gate, up, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f32_t1(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF32, 1, 8>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f32_t4(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF32, 4, 4>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f32_t8(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF32, 8, 4>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f16_t1(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF16, 1, 8>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f16_t4(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF16, 4, 4>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_f16_t8(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WF16, 8, 4>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_bf16_t1(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WBF16, 1, 8>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_bf16_t4(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WBF16, 4, 4>(out, w, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_bf16_t8(float *out, const void *w, const float *x, int rows, int cols, int n) {
+    mat_mul<WBF16, 8, 4>(out, w, x, rows, cols, n);
 }
 
 // odmoe_swiglu is kernels.SwiGLU over n elements: the tests hold Exp and

@@ -54,11 +54,11 @@ func (s *Stream) Forward(ex Expert, x, act, out Ptr, n int) error {
 		return fmt.Errorf("cuda: Forward on %d rows", n)
 	}
 	g, dn := ex.Gate, ex.Down
-	if err := s.launch("odmoe_gate_up", s.d.fn.gateUp[g.DType], blocksFor(g.Rows), threadsPerBlock,
+	if err := s.launch("odmoe_gate_up", s.d.fn.gateUp[g.DType][tileFor(n)], blocksFor(g.Rows), threadsPerBlock,
 		uint64(act), uint64(g.Ptr), uint64(ex.Up.Ptr), uint64(x), uint64(g.Rows), uint64(g.Cols), uint64(n)); err != nil {
 		return err
 	}
-	return s.launch("odmoe_mat_mul", s.d.fn.matMul[dn.DType], blocksFor(dn.Rows), threadsPerBlock,
+	return s.launch("odmoe_mat_mul", s.d.fn.matMul[dn.DType][tileFor(n)], blocksFor(dn.Rows), threadsPerBlock,
 		uint64(out), uint64(dn.Ptr), uint64(act), uint64(dn.Rows), uint64(dn.Cols), uint64(n))
 }
 
@@ -67,7 +67,7 @@ func (s *Stream) MatMul(w Matrix, x, out Ptr, n int) error {
 	if w.DType != kernels.F32 && w.DType != kernels.F16 && w.DType != kernels.BF16 {
 		return fmt.Errorf("cuda: no kernel for %v weights (want F32, F16 or BF16)", w.DType)
 	}
-	return s.launch("odmoe_mat_mul", s.d.fn.matMul[w.DType], blocksFor(w.Rows), threadsPerBlock,
+	return s.launch("odmoe_mat_mul", s.d.fn.matMul[w.DType][tileFor(n)], blocksFor(w.Rows), threadsPerBlock,
 		uint64(out), uint64(w.Ptr), uint64(x), uint64(w.Rows), uint64(w.Cols), uint64(n))
 }
 

@@ -134,10 +134,12 @@ func TestForwardIsTheCPUExpertBitForBit(t *testing.T) {
 	}
 	defer s.Close()
 	rng := rand.New(rand.NewPCG(7, 41))
-	shapes := []struct{ hidden, inter int }{{16, 16}, {1, 1}, {17, 5}, {5, 17}, {64, 48}, {100, 37}, {257, 130}, {512, 1408}, {2048, 768}}
+	// rows shorter than a lane's unrolled step (16 x 8 elements), one
+	// element either side of it, and real experts' shapes
+	shapes := []struct{ hidden, inter int }{{16, 16}, {1, 1}, {17, 5}, {5, 17}, {64, 48}, {100, 37}, {128, 127}, {129, 200}, {257, 130}, {512, 1408}, {2048, 768}}
 	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
 		for _, sh := range shapes {
-			for _, n := range []int{1, 2, 7, 8, 9, 17} {
+			for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 17} {
 				for _, wild := range []bool{false, true} {
 					name := fmt.Sprintf("%v/%dx%d/n%d/wild=%v", dt, sh.hidden, sh.inter, n, wild)
 					ex := model.Expert{Gate: randomMatrix(rng, dt, sh.inter, sh.hidden, wild), Up: randomMatrix(rng, dt, sh.inter, sh.hidden, wild),
