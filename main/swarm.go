@@ -156,6 +156,10 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 			return nil, err
 		}
 	}
+	for i, p := range peers {
+		h := p.Hello()
+		opt.Log.Info().Int("worker", i).Str("name", h.Name).Str("device", h.Device).Int64("device_mem", h.DeviceMemBytes).Msg("mainnode: worker")
+	}
 	var pc *placer
 	if opt.Residency && !opt.UniformPlacement {
 		hellos := make([]wire.Hello, len(peers))
