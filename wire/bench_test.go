@@ -413,13 +413,13 @@ func BenchmarkTensorEncoding(b *testing.B) {
 		var frame []byte
 		for range b.N {
 			var err error
-			if frame, err = enc.encode(act, DefaultMaxFrameBytes); err != nil {
+			if frame, err = enc.encode(act, defaultMaxFrameBytes); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.ReportMetric(float64(len(frame)), "encoded-bytes")
 	})
-	frame, err := enc.encode(act, DefaultMaxFrameBytes)
+	frame, err := enc.encode(act, defaultMaxFrameBytes)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func BenchmarkTensorEncoding(b *testing.B) {
 			md := newMessageDecoder()
 			b.SetBytes(bulkPayload)
 			for range b.N {
-				if _, err := md.decode(TypeActivation, body, owned); err != nil {
+				if _, err := md.decode(typeActivation, body, owned); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -556,9 +556,9 @@ func quicStreamPair(b *testing.B, serve func(*quic.Stream)) *quic.Stream {
 func BenchmarkReadFrame(b *testing.B) {
 	for _, size := range []int{64 << 10, 4 << 20, 64<<20 - 2} {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
-			in := frame(uint32(size+2), ProtocolVersion, TypeAlignment, make([]byte, size))
+			in := frame(uint32(size+2), ProtocolVersion, typeAlignment, make([]byte, size))
 			r := bytes.NewReader(in)
-			fr := &frameReader{r: r, maxBytes: DefaultMaxFrameBytes}
+			fr := &frameReader{r: r, maxBytes: defaultMaxFrameBytes}
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {

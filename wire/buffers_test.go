@@ -15,7 +15,7 @@ import (
 // claimHeader is a bulk stream's class byte and a frame header claiming
 // size bytes of an Alignment.
 func claimHeader(size uint32) []byte {
-	h := []byte{classBulk, 0, 0, 0, 0, ProtocolVersion, byte(TypeAlignment)}
+	h := []byte{classBulk, 0, 0, 0, 0, ProtocolVersion, byte(typeAlignment)}
 	binary.BigEndian.PutUint32(h[1:], size+2)
 	return h
 }
@@ -29,7 +29,7 @@ func TestFrameBodyGrowsOnlyAsItsBytesArrive(t *testing.T) {
 		in := append(claimHeader(64<<20 - 2)[1:], bytes.Repeat([]byte{7}, sent)...)
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		fr := &frameReader{r: bytes.NewReader(in), maxBytes: DefaultMaxFrameBytes}
+		fr := &frameReader{r: bytes.NewReader(in), maxBytes: defaultMaxFrameBytes}
 		_, _, _, err := fr.next()
 		runtime.ReadMemStats(&after)
 		if !errors.Is(err, ErrMalformed) {
@@ -43,7 +43,7 @@ func TestFrameBodyGrowsOnlyAsItsBytesArrive(t *testing.T) {
 	for _, size := range []int{1, readPiece, readPiece + 1, 3 << 20, 9<<20 + 7} {
 		body := pattern[:size]
 		in := append(claimHeader(uint32(size))[1:], body...)
-		fr := &frameReader{r: iotest.HalfReader(bytes.NewReader(in)), maxBytes: DefaultMaxFrameBytes}
+		fr := &frameReader{r: iotest.HalfReader(bytes.NewReader(in)), maxBytes: defaultMaxFrameBytes}
 		_, got, owned, err := fr.next()
 		if err != nil || !owned || !bytes.Equal(got, body) {
 			t.Fatalf("a frame of %d bytes: err %v, owned %v, %d bytes, equal %v", size, err, owned, len(got), bytes.Equal(got, body))
@@ -115,9 +115,9 @@ func TestBufferRoomIsGivenBack(t *testing.T) {
 		input []byte
 		want  error
 	}{
-		{"not msgpack", append([]byte{classBulk}, rawFrame(TypeAlignment, []byte{0xc1, 0xc1})...), ErrMalformed},
+		{"not msgpack", append([]byte{classBulk}, rawFrame(typeAlignment, []byte{0xc1, 0xc1})...), ErrMalformed},
 		{"cut short", append(claimHeader(512<<10), make([]byte, 100)...), ErrMalformed},
-		{"a Hello", append([]byte{classBulk}, rawFrame(TypeHello, []byte{0x90})...), ErrProtocol},
+		{"a Hello", append([]byte{classBulk}, rawFrame(typeHello, []byte{0x90})...), ErrProtocol},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client, server := connect(t, l, testConfig(t, "buf", "shadow"))

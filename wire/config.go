@@ -13,12 +13,12 @@ import (
 
 // Defaults for the zero fields of a Config.
 const (
-	DefaultKeepAlivePeriod  = 1 * time.Second
-	DefaultIdleTimeout      = 5 * time.Second
-	DefaultHandshakeTimeout = 5 * time.Second
-	DefaultDialAttempts     = 8
-	DefaultDialBackoff      = 100 * time.Millisecond
-	DefaultMaxDialBackoff   = 2 * time.Second
+	defaultKeepAlivePeriod  = 1 * time.Second
+	defaultIdleTimeout      = 5 * time.Second
+	defaultHandshakeTimeout = 5 * time.Second
+	defaultDialAttempts     = 8
+	defaultDialBackoff      = 100 * time.Millisecond
+	defaultMaxDialBackoff   = 2 * time.Second
 )
 
 // Defaults of the roles that dial (the main node, the shadow), set by
@@ -167,13 +167,13 @@ func (c *Config) settled() (*Config, error) {
 	if s.Hello.Arch == "" {
 		s.Hello.Arch = runtime.GOARCH
 	}
-	setDefault(&s.MaxFrameBytes, DefaultMaxFrameBytes)
-	setDefault(&s.KeepAlivePeriod, DefaultKeepAlivePeriod)
-	setDefault(&s.IdleTimeout, DefaultIdleTimeout)
-	setDefault(&s.HandshakeTimeout, DefaultHandshakeTimeout)
-	setDefault(&s.DialAttempts, DefaultDialAttempts)
-	setDefault(&s.DialBackoff, DefaultDialBackoff)
-	setDefault(&s.MaxDialBackoff, DefaultMaxDialBackoff)
+	setDefault(&s.MaxFrameBytes, defaultMaxFrameBytes)
+	setDefault(&s.KeepAlivePeriod, defaultKeepAlivePeriod)
+	setDefault(&s.IdleTimeout, defaultIdleTimeout)
+	setDefault(&s.HandshakeTimeout, defaultHandshakeTimeout)
+	setDefault(&s.DialAttempts, defaultDialAttempts)
+	setDefault(&s.DialBackoff, defaultDialBackoff)
+	setDefault(&s.MaxDialBackoff, defaultMaxDialBackoff)
 	if s.MaxFrameBytes < 1<<10 || s.MaxFrameBytes > 1<<31 {
 		return nil, fmt.Errorf("wire: MaxFrameBytes %d out of range [1 KiB, 2 GiB]", s.MaxFrameBytes)
 	}

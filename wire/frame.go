@@ -16,9 +16,9 @@ import (
 // Both ends of a connection must speak the same one.
 const ProtocolVersion = 13 // 8: an Alignment in a pass carries prompt chunks (Chunk, PromptLeft); 9: ShadowDone.Reused; 10: SequenceEnd.Last; 11: Alignment.Final; 12: Prediction.Workers, Withdraw.Layer/Experts, ShadowDone.RewoundSeqs; 13: Hello.Device
 
-// DefaultMaxFrameBytes bounds a frame unless Config.MaxFrameBytes says
+// defaultMaxFrameBytes bounds a frame unless Config.MaxFrameBytes says
 // otherwise: the largest message is an expert chunk or a prefill batch.
-const DefaultMaxFrameBytes = 64 << 20
+const defaultMaxFrameBytes = 64 << 20
 
 // A frame is
 //

@@ -20,7 +20,7 @@ func frames(t testing.TB, msgs ...Message) []byte {
 	var out []byte
 	fe := newFrameEncoder(keepFrameBuf)
 	for _, m := range msgs {
-		f, err := fe.encode(m, DefaultMaxFrameBytes)
+		f, err := fe.encode(m, defaultMaxFrameBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func readAll(b []byte, maxBytes int, reuse bool) ([]Message, error) {
 func TestFramesRoundTripEveryMessageType(t *testing.T) {
 	msgs := append(sampleMessages(4096), &Hello{Name: "w1", Role: RoleWorker, Version: "dev", Arch: "arm64", DeviceMemBytes: 1 << 30, Features: []string{"bf16"}})
 	for _, reuse := range []bool{true, false} {
-		got, err := readAll(frames(t, msgs...), DefaultMaxFrameBytes, reuse)
+		got, err := readAll(frames(t, msgs...), defaultMaxFrameBytes, reuse)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +71,7 @@ func TestFramesRoundTripEveryMessageType(t *testing.T) {
 
 func TestTensorBitsSurviveTheWire(t *testing.T) {
 	want := ramp(1000)
-	got, err := readAll(frames(t, &Activation{Tokens: 1, Hidden: Float32Tensor(want, 1, 1000)}), DefaultMaxFrameBytes, false)
+	got, err := readAll(frames(t, &Activation{Tokens: 1, Hidden: Float32Tensor(want, 1, 1000)}), defaultMaxFrameBytes, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,28 +119,28 @@ func badFrames(t testing.TB) []struct {
 		input []byte
 		code  ErrorCode
 	}{
-		{"oversized frame", frame(1<<30, ProtocolVersion, TypePrediction, nil), CodeFrameTooLarge},
-		{"length shorter than header", frame(1, ProtocolVersion, TypePrediction, nil), CodeMalformed},
-		{"an older protocol version", frame(uint32(len(pred)+2), ProtocolVersion-1, TypePrediction, pred), CodeBadVersion},
-		{"a newer protocol version", frame(uint32(len(pred)+2), ProtocolVersion+1, TypePrediction, pred), CodeBadVersion},
+		{"oversized frame", frame(1<<30, ProtocolVersion, typePrediction, nil), CodeFrameTooLarge},
+		{"length shorter than header", frame(1, ProtocolVersion, typePrediction, nil), CodeMalformed},
+		{"an older protocol version", frame(uint32(len(pred)+2), ProtocolVersion-1, typePrediction, pred), CodeBadVersion},
+		{"a newer protocol version", frame(uint32(len(pred)+2), ProtocolVersion+1, typePrediction, pred), CodeBadVersion},
 		{"unknown type", rawFrame(200, pred), CodeUnknownType},
 		{"type zero", rawFrame(0, pred), CodeUnknownType},
-		{"truncated header", rawFrame(TypePrediction, pred)[:3], CodeMalformed},
-		{"truncated body", rawFrame(TypePrediction, pred)[:8], CodeMalformed},
-		{"not msgpack", rawFrame(TypePrediction, []byte{0xc1, 0xc1}), CodeMalformed},
-		{"wrong shape of struct", rawFrame(TypePrediction, mustMsgpack(t, []int{1, 2})), CodeMalformed},
-		{"a string where a number goes", rawFrame(TypePrediction, mustMsgpack(t, []any{"x", 1, []int{1}})), CodeMalformed},
-		{"trailing bytes", rawFrame(TypePrediction, append(pred, 0x01)), CodeMalformed},
-		{"binary claims 4 GiB", rawFrame(TypeActivation, []byte{0x99, 1, 1, 1, 1, 0x90, 0x93, 1, 0x91, 1, 0xc6, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
-		{"array claims 2^32 items", rawFrame(TypePrediction, []byte{0x93, 1, 1, 0xdd, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
-		{"tensor bytes do not match shape", rawFrame(TypeActivation, badTensor), CodeBadTensor},
-		{"negative layer", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
-		{"placement owners for other shape", rawFrame(TypePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 2, Layers: []int32{0}, Owners: []int32{0}})), CodeMalformed},
-		{"withdraw from a negative iteration", rawFrame(TypeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: -2})), CodeMalformed},
-		{"prediction with workers for some experts", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Experts: []int32{1, 2}, Workers: []int32{0}})), CodeMalformed},
-		{"withdraw at a negative layer", rawFrame(TypeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
-		{"prediction with a negative token", rawFrame(TypePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Token: -5})), CodeMalformed},
-		{"placement names an unknown worker", rawFrame(TypePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
+		{"truncated header", rawFrame(typePrediction, pred)[:3], CodeMalformed},
+		{"truncated body", rawFrame(typePrediction, pred)[:8], CodeMalformed},
+		{"not msgpack", rawFrame(typePrediction, []byte{0xc1, 0xc1}), CodeMalformed},
+		{"wrong shape of struct", rawFrame(typePrediction, mustMsgpack(t, []int{1, 2})), CodeMalformed},
+		{"a string where a number goes", rawFrame(typePrediction, mustMsgpack(t, []any{"x", 1, []int{1}})), CodeMalformed},
+		{"trailing bytes", rawFrame(typePrediction, append(pred, 0x01)), CodeMalformed},
+		{"binary claims 4 GiB", rawFrame(typeActivation, []byte{0x99, 1, 1, 1, 1, 0x90, 0x93, 1, 0x91, 1, 0xc6, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
+		{"array claims 2^32 items", rawFrame(typePrediction, []byte{0x93, 1, 1, 0xdd, 0xff, 0xff, 0xff, 0xff}), CodeMalformed},
+		{"tensor bytes do not match shape", rawFrame(typeActivation, badTensor), CodeBadTensor},
+		{"negative layer", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
+		{"placement owners for other shape", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 2, Layers: []int32{0}, Owners: []int32{0}})), CodeMalformed},
+		{"withdraw from a negative iteration", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: -2})), CodeMalformed},
+		{"prediction with workers for some experts", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Experts: []int32{1, 2}, Workers: []int32{0}})), CodeMalformed},
+		{"withdraw at a negative layer", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
+		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Token: -5})), CodeMalformed},
+		{"placement names an unknown worker", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
 	}
 }
 
@@ -247,7 +247,7 @@ func f32bits(f float32) uint32 { return math.Float32bits(f) }
 // ours, so an operator knows which side to upgrade.
 func TestOlderPeerIsRefusedNamingBothVersions(t *testing.T) {
 	pred := mustMsgpack(t, &Prediction{Iteration: 1, Layer: 2, Experts: []int32{3}})
-	_, err := readAll(frame(uint32(len(pred)+2), ProtocolVersion-1, TypePrediction, pred), 1<<20, true)
+	_, err := readAll(frame(uint32(len(pred)+2), ProtocolVersion-1, typePrediction, pred), 1<<20, true)
 	if !errors.Is(err, ErrBadVersion) {
 		t.Fatalf("got %v, want ErrBadVersion", err)
 	}
@@ -268,7 +268,7 @@ func TestHelloWithImpossibleCapacitiesIsMalformed(t *testing.T) {
 		{Name: "w1", Role: RoleWorker, LoadBytesSec: math.Inf(1)},
 		{Name: "w1", Role: RoleWorker, DeviceMemBytes: -1},
 	} {
-		_, err := readAll(rawFrame(TypeHello, mustMsgpack(t, &h)), DefaultMaxFrameBytes, false)
+		_, err := readAll(rawFrame(typeHello, mustMsgpack(t, &h)), defaultMaxFrameBytes, false)
 		var ce *ConnError
 		if !errors.As(err, &ce) || ce.Code != CodeMalformed {
 			t.Errorf("hello %+v: %v, want a malformed message", h, err)

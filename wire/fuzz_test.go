@@ -51,7 +51,7 @@ func FuzzMessageBody(f *testing.F) {
 		f.Add(byte(m.Type()), false, fr[frameHeaderLen:])
 		f.Add(byte(m.Type()), true, fr[frameHeaderLen:])
 	}
-	f.Add(byte(TypeActivation), true, []byte{0x99, 1, 1, 1, 1, 0x90, 0x93, 1, 0x91, 1, 0xc6, 0xff, 0xff, 0xff, 0xff})
+	f.Add(byte(typeActivation), true, []byte{0x99, 1, 1, 1, 1, 0x90, 0x93, 1, 0x91, 1, 0xc6, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, typ byte, owned bool, body []byte) {
 		md := newMessageDecoder()
 		m, err := md.decode(Type(typ), body, owned)

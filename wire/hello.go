@@ -107,7 +107,7 @@ func (p *Peer) recvHello(ctx context.Context, wantName string) error {
 		return err
 	}
 	fr.maxBytes = p.cfg.MaxFrameBytes
-	if typ != TypeHello {
+	if typ != typeHello {
 		return connErrorf(CodeProtocol, nil, "first message is %v, want Hello", typ)
 	}
 	md := newMessageDecoder()

@@ -15,20 +15,20 @@ type Type uint8
 
 // The message types of protocol version 2.
 const (
-	TypeHello        Type = 1
-	TypePrediction   Type = 2
-	TypeActivation   Type = 3
-	TypeExpertResult Type = 4
-	TypeAlignment    Type = 5
-	TypeHeartbeat    Type = 8
-	TypeError        Type = 9
-	TypeTrace        Type = 10
-	TypeSequenceEnd  Type = 11
-	TypeStatsRequest Type = 12
-	TypeWorkerStats  Type = 13
-	TypeShadowDone   Type = 14
-	TypePlacement    Type = 15
-	TypeWithdraw     Type = 16
+	typeHello        Type = 1
+	typePrediction   Type = 2
+	typeActivation   Type = 3
+	typeExpertResult Type = 4
+	typeAlignment    Type = 5
+	typeHeartbeat    Type = 8
+	typeError        Type = 9
+	typeTrace        Type = 10
+	typeSequenceEnd  Type = 11
+	typeStatsRequest Type = 12
+	typeWorkerStats  Type = 13
+	typeShadowDone   Type = 14
+	typePlacement    Type = 15
+	typeWithdraw     Type = 16
 )
 
 func (t Type) String() string {
@@ -51,33 +51,33 @@ type Message interface {
 // newMessage returns a zero message of type t, nil for an unknown type.
 func newMessage(t Type) Message {
 	switch t {
-	case TypeHello:
+	case typeHello:
 		return new(Hello)
-	case TypePrediction:
+	case typePrediction:
 		return new(Prediction)
-	case TypeActivation:
+	case typeActivation:
 		return new(Activation)
-	case TypeExpertResult:
+	case typeExpertResult:
 		return new(ExpertResult)
-	case TypeAlignment:
+	case typeAlignment:
 		return new(Alignment)
-	case TypeHeartbeat:
+	case typeHeartbeat:
 		return new(Heartbeat)
-	case TypeError:
+	case typeError:
 		return new(Error)
-	case TypeTrace:
+	case typeTrace:
 		return new(Trace)
-	case TypeSequenceEnd:
+	case typeSequenceEnd:
 		return new(SequenceEnd)
-	case TypeStatsRequest:
+	case typeStatsRequest:
 		return new(StatsRequest)
-	case TypeWorkerStats:
+	case typeWorkerStats:
 		return new(WorkerStats)
-	case TypeShadowDone:
+	case typeShadowDone:
 		return new(ShadowDone)
-	case TypePlacement:
+	case typePlacement:
 		return new(Placement)
-	case TypeWithdraw:
+	case typeWithdraw:
 		return new(Withdraw)
 	}
 	return nil
@@ -397,20 +397,20 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("remote error %d at iteration %d layer %d expert %d: %s", e.Code, e.Iteration, e.Layer, e.Expert, e.Msg)
 }
 
-func (*Hello) Type() Type        { return TypeHello }
-func (*Prediction) Type() Type   { return TypePrediction }
-func (*Activation) Type() Type   { return TypeActivation }
-func (*ExpertResult) Type() Type { return TypeExpertResult }
-func (*Alignment) Type() Type    { return TypeAlignment }
-func (*Heartbeat) Type() Type    { return TypeHeartbeat }
-func (*Error) Type() Type        { return TypeError }
-func (*Trace) Type() Type        { return TypeTrace }
-func (*SequenceEnd) Type() Type  { return TypeSequenceEnd }
-func (*StatsRequest) Type() Type { return TypeStatsRequest }
-func (*WorkerStats) Type() Type  { return TypeWorkerStats }
-func (*ShadowDone) Type() Type   { return TypeShadowDone }
-func (*Placement) Type() Type    { return TypePlacement }
-func (*Withdraw) Type() Type     { return TypeWithdraw }
+func (*Hello) Type() Type        { return typeHello }
+func (*Prediction) Type() Type   { return typePrediction }
+func (*Activation) Type() Type   { return typeActivation }
+func (*ExpertResult) Type() Type { return typeExpertResult }
+func (*Alignment) Type() Type    { return typeAlignment }
+func (*Heartbeat) Type() Type    { return typeHeartbeat }
+func (*Error) Type() Type        { return typeError }
+func (*Trace) Type() Type        { return typeTrace }
+func (*SequenceEnd) Type() Type  { return typeSequenceEnd }
+func (*StatsRequest) Type() Type { return typeStatsRequest }
+func (*WorkerStats) Type() Type  { return typeWorkerStats }
+func (*ShadowDone) Type() Type   { return typeShadowDone }
+func (*Placement) Type() Type    { return typePlacement }
+func (*Withdraw) Type() Type     { return typeWithdraw }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 

@@ -127,13 +127,13 @@ func TestUrgentMessageOvertakesBulkTransfer(t *testing.T) {
 		t.Fatal("the chunk's stream never arrived")
 	}
 	send(t, client, &Prediction{Layer: 1})
-	if m := recv(t, server); m.Type() != TypePrediction {
+	if m := recv(t, server); m.Type() != typePrediction {
 		t.Errorf("first message is %v: the prediction waited behind the 24 MiB chunk", m.Type())
 	}
 	if err := <-bulkDone; err != nil {
 		t.Fatal(err)
 	}
-	if m := recv(t, server); m.Type() != TypeAlignment {
+	if m := recv(t, server); m.Type() != typeAlignment {
 		t.Errorf("second message is %v, want the chunk", m.Type())
 	}
 }
@@ -369,7 +369,7 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Write(append([]byte{classBulk}, rawFrame(TypePrediction, []byte{0x93, 1, 1})...)) // body cut short
+		s.Write(append([]byte{classBulk}, rawFrame(typePrediction, []byte{0x93, 1, 1})...)) // body cut short
 		s.Close()
 		if _, err := bad.Recv(context.Background()); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("got %v, want ErrMalformed", err)

@@ -111,7 +111,7 @@ func (p *Peer) readBulk(s *quic.ReceiveStream) {
 // whether the stream may go on.
 func (p *Peer) deliver(to chan inbound, md *messageDecoder, typ Type, body []byte, owned bool) bool {
 	n := int64(len(body))
-	if typ == TypeHello {
+	if typ == typeHello {
 		p.bufs.unreserve(n)
 		p.fail(connErrorf(CodeProtocol, nil, "a second Hello"))
 		return false

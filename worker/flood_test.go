@@ -158,7 +158,7 @@ func dialHostile(ctx context.Context, t *testing.T, addr, certDir, name string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ctrl.Write(append([]byte{'C'}, frameHeader(wire.TypeHello, len(hello))...)); err != nil {
+	if _, err := ctrl.Write(append([]byte{'C'}, frameHeader((&wire.Hello{}).Type(), len(hello))...)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ctrl.Write(hello); err != nil {
@@ -185,7 +185,7 @@ func openClaim(ctx context.Context, t *testing.T, c *quic.Conn, size int) *quic.
 	if err != nil {
 		t.Fatalf("opening a stream: %v", err)
 	}
-	b := append([]byte{'B'}, frameHeader(wire.TypeAlignment, size)...)
+	b := append([]byte{'B'}, frameHeader((&wire.Alignment{}).Type(), size)...)
 	if _, err := s.Write(append(b, make([]byte, 1<<10)...)); err != nil {
 		t.Fatal(err)
 	}
