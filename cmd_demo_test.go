@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,25 +160,4 @@ func childPIDs(t *testing.T, pid int) []int {
 		}
 	}
 	return children
-}
-
-// TestDemoHTTPAddrGivesWayOnlyByDefault: a taken default port gives way
-// to a free one; a taken port the user chose is an error naming it.
-func TestDemoHTTPAddrGivesWayOnlyByDefault(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	taken := l.Addr().String()
-	if _, err := demoHTTPAddr(taken, true); err == nil || !strings.Contains(err.Error(), "-http "+taken) {
-		t.Errorf("a taken -http %s: %v, want an error naming it", taken, err)
-	}
-	got, err := demoHTTPAddr(taken, false)
-	if err != nil || got == taken || !strings.HasPrefix(got, "127.0.0.1:") {
-		t.Errorf("a taken default %s gave %q, %v; want another free port", taken, got, err)
-	}
-	if got, err := demoHTTPAddr("127.0.0.1:0", true); err != nil || strings.HasSuffix(got, ":0") {
-		t.Errorf("-http 127.0.0.1:0 gave %q, %v; want the port resolved", got, err)
-	}
 }
