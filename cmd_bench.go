@@ -1,19 +1,17 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/odmoe/odmoe/harness/kernelbench"
 	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"
 )
 
@@ -73,7 +71,7 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	if err := kernels.SetPath(*path); err != nil {
 		return usagef("-kernels: %v", err)
 	}
-	threads, err := parseInts(*threadList)
+	threads, err := runflags.ParseInts(*threadList)
 	if err != nil {
 		return usagef("-threads: %v", err)
 	}
@@ -85,40 +83,28 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 		}
 		dtypes = append(dtypes, dt)
 	}
-	tokens, err := parseInts(*tokenList)
+	tokens, err := runflags.ParseInts(*tokenList)
 	if err != nil {
 		return usagef("-prefill-tokens: %v", err)
 	}
 	if *rounds < 1 || *setMiB < 1 || *dramMiB < 1 || *decodeTokens < 0 {
 		return usagef("-rounds, -set-mib and -dram-mib must be >= 1, -decode-tokens >= 0")
 	}
+	if *cache == "" {
+		if *cache, err = synth.CacheDir(); err != nil {
+			return err
+		}
+	}
 	rep, err := kernelbench.Run(ctx, kernelbench.Options{SetMiB: *setMiB, DRAMMiB: *dramMiB, Rounds: *rounds, Threads: threads, DTypes: dtypes,
-		PrefillTokens: tokens, DecodeTokens: *decodeTokens, ModelDir: filepath.Join(cmp.Or(*cache, defaultModelCache()), "models", "small-seed1")}, log)
+		PrefillTokens: tokens, DecodeTokens: *decodeTokens, ModelDir: filepath.Join(*cache, "models", "small-seed1")}, log)
 	if err != nil {
 		return err
 	}
 	kernelbench.PrintReport(stdout, rep)
 	if *jsonOut != "" {
-		out, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(*jsonOut, append(out, '\n'), 0o644); err != nil {
+		if err := rep.WriteJSON(*jsonOut); err != nil {
 			return err
 		}
 	}
 	return rep.Check()
-}
-
-// defaultModelCache is where model/bench_test.go keeps generated models:
-// $ODMOE_CACHE, else the user cache dir's odmoe.
-func defaultModelCache() string {
-	if c := os.Getenv("ODMOE_CACHE"); c != "" {
-		return c
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "odmoe")
-	}
-	return filepath.Join(d, "odmoe")
 }

@@ -40,7 +40,7 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	if err != nil {
 		return err
 	}
-	if f.Clients, err = parseInts(*clients); err != nil {
+	if f.Clients, err = runflags.ParseInts(*clients); err != nil {
 		return usagef("-clients: %v", err)
 	}
 	switch p, err := mainnode.ParsePrefetch(f.Swarm.Prefetch); {
@@ -49,7 +49,7 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	case p == mainnode.Resident:
 		return usagef("-prefetch resident is not a loading policy bench serve runs")
 	}
-	if _, err := parseQuant(f.Swarm.Quant); err != nil {
+	if _, err := runflags.ParseQuant(f.Swarm.Quant); err != nil {
 		return usagef("-quant: %v", err)
 	}
 	switch {

@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"math"
-	"os"
-	"runtime/pprof"
 	"strings"
 
 	"github.com/odmoe/odmoe/kernels"
@@ -34,7 +31,7 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return err
 	}
 	if f.CPUProfile != "" {
-		stop, err := startCPUProfile(f.CPUProfile)
+		stop, err := f.StartCPUProfile()
 		if err != nil {
 			return err
 		}
@@ -59,29 +56,13 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	return usagef("-role %q unknown: local, main, worker or shadow", f.Role)
 }
 
-// startCPUProfile profiles the process's CPU into path until stop.
-func startCPUProfile(path string) (stop func(), err error) {
-	out, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("-cpuprofile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(out); err != nil {
-		out.Close()
-		return nil, fmt.Errorf("-cpuprofile: %w", err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		out.Close()
-	}, nil
-}
-
 // checkGenerate validates the flags local and main share.
 func (f *runFlags) checkGenerate() error {
 	if f.Model == "" {
 		return usagef("-model is required")
 	}
 	var err error
-	if f.prefixCacheBytes, err = parseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
+	if f.prefixCacheBytes, err = runflags.ParseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
 		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
 	switch {

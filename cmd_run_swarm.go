@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"strings"
 	"time"
@@ -52,7 +53,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}
 	if f.Trace != "" {
-		if cfg.TraceFrom, cfg.TraceTo, err = parseIters(f.TraceIters); err != nil {
+		if cfg.TraceFrom, cfg.TraceTo, err = runflags.ParseIters(f.TraceIters); err != nil {
 			return usagef("-trace-iters: %v", err)
 		}
 	}
@@ -83,11 +84,11 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.Workers == "" {
 		return usagef("-workers is required for -role shadow (the same list, in the same order, as the main node's)")
 	}
-	dt, err := parseQuant(f.Quant)
+	dt, err := runflags.ParseQuant(f.Quant)
 	if err != nil {
 		return usagef("-quant: %v", err)
 	}
-	if f.prefixCacheBytes, err = parseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
+	if f.prefixCacheBytes, err = runflags.ParseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
 		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
 	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: strings.Split(f.Workers, ","), Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
@@ -104,21 +105,21 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	}
 	cfg := worker.Config{Listen: f.Listen, Store: f.Store, Device: f.Device, HostPreload: f.HostPreload, Log: log}
 	var err error
-	if cfg.DeviceMemBytes, err = parseBytes(f.DeviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
+	if cfg.DeviceMemBytes, err = runflags.ParseBytes(f.DeviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
 		return usagef("-device-mem %q: want a positive size such as 1GiB", f.DeviceMem)
 	}
-	bw, err := parseBytes(f.LoadBW)
+	bw, err := runflags.ParseBytes(f.LoadBW)
 	if err != nil || bw < 0 {
 		return usagef("-load-bw %q: want bytes per second such as 4GB, or 0", f.LoadBW)
 	}
 	cfg.LoadBytesSec = float64(bw)
-	if cfg.HostCacheBytes, err = parseBytes(f.HostCache); err != nil || cfg.HostCacheBytes < 0 {
+	if cfg.HostCacheBytes, err = runflags.ParseBytes(f.HostCache); err != nil || cfg.HostCacheBytes < 0 {
 		return usagef("-host-cache %q: want a size such as 2GiB, or 0", f.HostCache)
 	}
 	if f.HostPreload && cfg.HostCacheBytes == 0 {
 		return usagef("-host-preload needs -host-cache SIZE")
 	}
-	if cfg.HostCompressedBytes, err = parseBytes(f.HostCompressed); err != nil || cfg.HostCompressedBytes < 0 {
+	if cfg.HostCompressedBytes, err = runflags.ParseBytes(f.HostCompressed); err != nil || cfg.HostCompressedBytes < 0 {
 		return usagef("-host-compressed %q: want a size such as 1GiB, or 0", f.HostCompressed)
 	}
 	if f.Resident != "" {

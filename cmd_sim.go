@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"math"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/odmoe/odmoe/harness/simrig"
@@ -90,19 +88,6 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	return os.WriteFile(*out, j, 0o644)
 }
 
-// parseFloats reads comma-separated numbers, each in [lo, hi].
-func parseFloats(s string, lo, hi float64) ([]float64, error) {
-	var out []float64
-	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-		if err != nil || v < lo || v > hi {
-			return nil, fmt.Errorf("%q is not a number in %v..%v", f, lo, hi)
-		}
-		out = append(out, v)
-	}
-	return out, nil
-}
-
 // runSimValidate predicts every resident, reactive and shadow run of a
 // bench rig directory with a profile and prints the table of measured
 // against predicted decode tokens/s and TTFT, with the errors.
@@ -163,13 +148,13 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	values, err := parseFloats(*valuesFlag, math.Inf(-1), math.Inf(1))
+	values, err := runflags.ParseFloats(*valuesFlag, math.Inf(-1), math.Inf(1))
 	if err != nil {
 		return usagef("-values: %v", err)
 	}
 	var recalls []float64
 	if *recallsFlag != "" {
-		if recalls, err = parseFloats(*recallsFlag, 0, 1); err != nil {
+		if recalls, err = runflags.ParseFloats(*recallsFlag, 0, 1); err != nil {
 			return usagef("-recalls: %v", err)
 		}
 		if len(recalls) != len(values) {

@@ -128,45 +128,10 @@ func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	rig, via := opt.Rig, opt.Via
 	if *push {
-		s, ok := via.(testbed.SSH)
-		if !ok {
+		if _, ok := opt.Via.(testbed.SSH); !ok {
 			return usagef("-push is for -via ssh")
 		}
-		if err := s.Push(rig, opt.Files, stdout); err != nil {
-			return err
-		}
 	}
-	procs, err := testbed.StartServers(opt, m, *logDir)
-	defer testbed.StopAll(procs, 10*time.Second)
-	if err != nil {
-		return err
-	}
-	mainArgs := testbed.MainFlags(opt, m).Args()
-	line := opt.Files.Bin + " " + strings.Join(quoteArgs(mainArgs), " ") + " -prompt 'Hello'"
-	where := "on this host (" + rig.Main.Host() + ")"
-	if nv, ok := via.(*testbed.Netns); ok {
-		ns, err := nv.Namespace(rig.Main)
-		if err != nil {
-			return err
-		}
-		line, where = "ip netns exec "+ns+" "+line, "in its namespace"
-	}
-	fmt.Fprintf(stdout, "rig up: %d node processes (%s), logs in %s. Run the main node %s with:\n  %s\nCtrl-C stops them.\n",
-		len(procs), m, *logDir, where, line)
-	<-ctx.Done()
-	fmt.Fprintln(stdout, "stopping the rig's nodes")
-	return nil
-}
-
-func quoteArgs(a []string) []string {
-	out := make([]string, len(a))
-	for i, s := range a {
-		if strings.ContainsAny(s, " '\"$") {
-			s = "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-		}
-		out[i] = s
-	}
-	return out
+	return testbed.Up(ctx, opt, m, *push, *logDir, stdout)
 }

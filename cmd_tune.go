@@ -45,7 +45,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 	if *dir == "" {
 		return usagef("-model is required")
 	}
-	dt, err := parseQuant(*quant)
+	dt, err := runflags.ParseQuant(*quant)
 	if err != nil {
 		return usagef("-quant: %v", err)
 	}
@@ -57,7 +57,7 @@ func runTuneAlign(ctx context.Context, args []string, _ io.Reader, stdout, stder
 		}
 		periods = append(periods, v)
 	}
-	bw, err := parseBytes(*loadBW)
+	bw, err := runflags.ParseBytes(*loadBW)
 	if err != nil || bw < 0 {
 		return usagef("-load-bw %q: want bytes per second", *loadBW)
 	}

@@ -3,9 +3,14 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"math"
 	"slices"
+	"strings"
+	"text/tabwriter"
 
+	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
 )
 
@@ -167,4 +172,44 @@ func (s *Store) Verify(ctx context.Context, progress func(done, total int64)) er
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// WriteText prints the report as `odmoe inspect` shows it: the store in
+// dir (the model it was checked against, modelDir, if any), its format,
+// files and a table of each tensor kind's compression next to its
+// entropy bound.
+func (r Report) WriteText(w io.Writer, dir, modelDir string) {
+	var dts []string
+	for _, d := range r.DTypes {
+		dts = append(dts, d.String())
+	}
+	fmt.Fprintf(w, "store    %s\n", dir)
+	fmt.Fprintf(w, "format   version %d, %d shards per tensor, %d-element huff0 blocks\n", Version, r.Shards, r.BlockElems)
+	model := r.Identity.String()
+	if modelDir != "" {
+		model += " (matches " + modelDir + ")"
+	}
+	fmt.Fprintf(w, "model    %s\n", model)
+	fmt.Fprintf(w, "experts  %d layers x %d experts, %s\n", len(r.Layers), r.Experts, strings.Join(dts, ", "))
+	if n := len(r.Layers); r.Layers[n-1] != n-1 {
+		fmt.Fprintf(w, "layers   %v have experts; the others are dense\n", r.Layers)
+	}
+	fmt.Fprintf(w, "files    %s index, %s chunks (%d chunks)\n\n", progress.Bytes(r.IndexBytes), progress.Bytes(r.ChunkFileBytes), r.Chunks)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "tensor\ttensors\toriginal\tstored\tratio\tentropy bound\tover bound\texponent bits\tentropy bits\t")
+	for _, k := range append(r.Kinds[:], r.Total) {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%+.2f%%\t%.3f\t%.3f\t\n", k.Name, k.Tensors,
+			progress.Bytes(k.OriginalBytes), progress.Bytes(k.StoredBytes()), k.Ratio(), k.BoundRatio(), 100*k.Overhead(),
+			bitsPer(k.ExponentBytes, k.Elements), k.EntropyBits)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nratio and entropy bound are fractions of the original size; exponent bits is what the")
+	fmt.Fprintln(w, "coder spends per element on the exponent stream (tables and block headers included).")
+}
+
+func bitsPer(bytes, elems int64) float64 {
+	if elems == 0 {
+		return 0
+	}
+	return float64(bytes) * 8 / float64(elems)
 }

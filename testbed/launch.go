@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -285,3 +286,40 @@ func StopAll(procs []*Proc, grace time.Duration) {
 
 // errExited is returned when a server node ends while it should serve.
 var errExited = errors.New("exited early")
+
+// Up starts the rig's servers (workers, and the shadow in shadow mode) as
+// mode says, each node's log in logDir, first pushing the binary and the
+// files to every host when push (ssh only); it prints the command line
+// that runs the main node there, and keeps the servers up until ctx ends
+// (`odmoe launch`).
+func Up(ctx context.Context, opt BenchOptions, mode Mode, push bool, logDir string, stdout io.Writer) error {
+	rig, via := opt.Rig, opt.Via
+	if push {
+		s, ok := via.(SSH)
+		if !ok {
+			return fmt.Errorf("testbed: pushing the files is for ssh rigs")
+		}
+		if err := s.Push(rig, opt.Files, stdout); err != nil {
+			return err
+		}
+	}
+	procs, err := StartServers(opt, mode, logDir)
+	defer StopAll(procs, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	line := shellJoin(append([]string{opt.Files.Bin}, MainFlags(opt, mode).Args()...)) + " -prompt 'Hello'"
+	where := "on this host (" + rig.Main.Host() + ")"
+	if nv, ok := via.(*Netns); ok {
+		ns, err := nv.Namespace(rig.Main)
+		if err != nil {
+			return err
+		}
+		line, where = "ip netns exec "+ns+" "+line, "in its namespace"
+	}
+	fmt.Fprintf(stdout, "rig up: %d node processes (%s), logs in %s. Run the main node %s with:\n  %s\nCtrl-C stops them.\n",
+		len(procs), mode, logDir, where, line)
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "stopping the rig's nodes")
+	return nil
+}

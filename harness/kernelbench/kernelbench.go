@@ -7,6 +7,7 @@ package kernelbench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -646,4 +647,14 @@ func PrintReport(w io.Writer, r *Report) {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// WriteJSON writes the report as indented JSON to path (bench kernels
+// -json).
+func (rep *Report) WriteJSON(path string) error {
+	out, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(out, '\n'), 0o644)
 }
