@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -111,8 +112,10 @@ type frameReader struct {
 		reserve(n int64) error
 		unreserve(n int64)
 	}
-	hdr [frameHeaderLen]byte
-	buf []byte
+	// headers, if set, counts every header that passes the checks.
+	headers *atomic.Uint64
+	hdr     [frameHeaderLen]byte
+	buf     []byte
 }
 
 // readPiece is the most of a frame body allocated before its bytes
@@ -145,6 +148,9 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 		return 0, nil, false, connErrorf(CodeBadVersion, nil, "peer speaks protocol version %d, this build speaks %d", version, ProtocolVersion)
 	case newMessage(typ) == nil:
 		return 0, nil, false, connErrorf(CodeUnknownType, nil, "unknown message type %d", uint8(typ))
+	}
+	if fr.headers != nil {
+		fr.headers.Add(1)
 	}
 	size := int(n) - 2
 	if fr.buffers != nil {

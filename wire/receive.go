@@ -79,6 +79,7 @@ func (p *Peer) acceptBulk() {
 }
 
 func (p *Peer) readBulk(s *quic.ReceiveStream) {
+	defer p.cfg.Stats.BulkStreamsEnded.Add(1)
 	var class [1]byte
 	if _, err := io.ReadFull(s, class[:]); err != nil {
 		p.readFailed(err)
@@ -91,7 +92,7 @@ func (p *Peer) readBulk(s *quic.ReceiveStream) {
 	if p.cfg.bulkArrived != nil {
 		p.cfg.bulkArrived()
 	}
-	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes, buffers: p.bufs} // a fresh buffer per frame: messages keep it
+	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes, buffers: p.bufs, headers: &p.cfg.Stats.FrameHeaders} // a fresh buffer per frame: messages keep it
 	md := newMessageDecoder()
 	for {
 		typ, body, owned, err := fr.next()

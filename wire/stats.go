@@ -12,6 +12,12 @@ type Stats struct {
 	Refused                    atomic.Uint64 // peers refused: certificate, role, name or Hello
 	PeersLost                  atomic.Uint64 // peers that went silent past the idle timeout
 	BufferWaits                atomic.Uint64 // received frames that waited for buffer room (MaxConnBufferedBytes, MaxBufferedBytes)
+	// FrameHeaders counts the frame headers read on bulk streams and
+	// accepted (before their bodies, which may wait for room or never
+	// come); BulkStreamsEnded the bulk streams whose reading ended, done,
+	// cancelled by the peer or refused. Together they say what a receiver
+	// has done with what a peer sent, for those who must wait for it.
+	FrameHeaders, BulkStreamsEnded atomic.Uint64
 	errors                     [numCodes]atomic.Uint64
 }
 

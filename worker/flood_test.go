@@ -49,7 +49,8 @@ func TestWorkerSurvivesAFrameFloodAndKeepsServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := inproc.StartWorker(ctx, f, 0, "127.0.0.1:0", inproc.WorkerOptions{Count: 1, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
+	stats := new(wire.Stats) // what the worker has done with the claims: the test waits on it
+	addr, stop, err := inproc.StartWorker(ctx, f, 0, "127.0.0.1:0", inproc.WorkerOptions{Count: 1, BudgetBytes: 64 << 20, Stats: stats, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,17 +75,23 @@ func TestWorkerSurvivesAFrameFloodAndKeepsServing(t *testing.T) {
 				openClaim(ctx, t, c, claim).CancelWrite(1)
 			}
 		}
-		time.Sleep(20 * time.Millisecond) // let the worker read the headers
-		if g := m.growth(); g > bound {   // fail before the old reader takes the machine
+		// every claim sent so far read and dropped by the worker
+		waitFor(t, fmt.Sprintf("the worker to end the %d cancelled claims' streams", 2*(sent+wave)), func() bool {
+			return stats.BulkStreamsEnded.Load() >= uint64(2*(sent+wave))
+		})
+		if g := m.growth(); g > bound { // fail before the old reader takes the machine
 			t.Fatalf("after %d claims of 64 MiB: the worker's memory grew by %d MiB, bound %d MiB", 2*(sent+wave), g>>20, bound>>20)
 		}
 	}
+	headers := stats.FrameHeaders.Load() // the cancelled claims' streams have all ended
 	for _, c := range hostile {
 		for range stalled {
 			openClaim(ctx, t, c, claim)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, fmt.Sprintf("the worker to read the %d stalled claims' headers", 2*stalled), func() bool {
+		return stats.FrameHeaders.Load() >= headers+2*stalled
+	})
 	g := m.growth()
 	t.Logf("%d claims of 64 MiB, %d left stalled: the worker's memory grew by %d MiB (%s), bound %d MiB",
 		2*(perConn+stalled), 2*stalled, g>>20, m.what, bound>>20)
@@ -255,4 +262,15 @@ func sameBits(a, b []float32) bool {
 		}
 	}
 	return true
+}
+
+// waitFor polls cond until it holds, failing the test after a minute
+// with what it waited for.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+	}
 }

@@ -107,7 +107,9 @@ type WorkerOptions struct {
 	// Devices[i] is worker i's device (worker.OpenDevice: "cuda:0", say);
 	// "cpu" where empty or absent.
 	Devices []string
-	Log     zerolog.Logger
+	// Stats, if set, counts the workers' wire traffic (wire.Config.Stats).
+	Stats *wire.Stats
+	Log   zerolog.Logger
 }
 
 // StartWorkers runs o.Count workers (w1..wN of f.Certs) on loopback and
@@ -169,7 +171,7 @@ func StartWorkerOn(ctx context.Context, storeDir, certDir string, i int, addr st
 	if o.Resident {
 		opt.ResidentIndex, opt.ResidentOf = i, o.Count
 	}
-	n, err := worker.New(ctx, worker.Deps{Store: st, Device: dev, Wire: &wire.Config{Certs: certs, Log: zerolog.Nop()}, Log: o.Log}, opt)
+	n, err := worker.New(ctx, worker.Deps{Store: st, Device: dev, Wire: &wire.Config{Certs: certs, Stats: o.Stats, Log: zerolog.Nop()}, Log: o.Log}, opt)
 	if err != nil {
 		cancel()
 		closeDeps()
