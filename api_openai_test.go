@@ -39,6 +39,11 @@ func openaiClient(t *testing.T) string {
 	return node
 }
 
+// apiTestKey is the API key the test's main node requires (-api-key) and
+// every client of the test sends: the official client as OPENAI_API_KEY,
+// Go's as a bearer token.
+const apiTestKey = "sk-odmoe-test"
+
 // apiSwarm is a swarm of processes serving the API: 4 workers, an int8
 // shadow and a main node with -http and -prefetch shadow.
 type apiSwarm struct {
@@ -59,7 +64,7 @@ func startAPISwarm(t *testing.T) *apiSwarm {
 	r.startShadow()
 	r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
 		"-certs", certs, "-name", "main", "-prefetch", "shadow", "-shadow", r.shadow,
-		"-http", "127.0.0.1:0", "-log-json", "-log-level", "info")
+		"-http", "127.0.0.1:0", "-api-key", apiTestKey, "-log-json", "-log-level", "info")
 	s := &apiSwarm{chaosRig: r, served: filepath.Base(r.model)}
 	// the port the kernel chose is in the main node's log; /healthz says
 	// when every worker and the shadow are connected
@@ -130,6 +135,7 @@ func (s *apiSwarm) complete(ctx context.Context, prompt string, maxTokens int) (
 		return apiResult{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+apiTestKey)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return apiResult{}, err
@@ -159,7 +165,12 @@ func (s *apiSwarm) complete(ctx context.Context, prompt string, maxTokens int) (
 // `name{label="v",...}` as the exposition format spells it); 0 when absent.
 func (s *apiSwarm) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(strings.TrimSuffix(s.base, "/v1") + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(s.base, "/v1")+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+apiTestKey)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,6 +254,7 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 		const prompt, n = "Hello world", 24
 		want, promptTokens, generated := localReference(t, s.model, prompt, n)
 		cmd := exec.Command(node, openaiClientJS, s.base, s.served, prompt, strconv.Itoa(n))
+		cmd.Env = append(os.Environ(), "OPENAI_API_KEY="+apiTestKey)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		so, err := cmd.Output()
@@ -355,6 +367,18 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 		}
 	})
 
+	t.Run("AClientWithoutTheKeyIsRefused", func(t *testing.T) {
+		resp, err := http.Post(s.base+"/completions", "application/json", strings.NewReader(`{"prompt": "Hello", "max_tokens": 2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), `"invalid_api_key"`) {
+			t.Fatalf("a completion without the key: %s %s, want 401 invalid_api_key", resp.Status, b)
+		}
+	})
+
 	t.Run("ClientHangingUpMidStreamLeavesTheServerServing", func(t *testing.T) {
 		const long = 4000 // far more than the hang-up lets run
 		before := s.metric(t, "odmoe_generated_tokens_total")
@@ -362,6 +386,7 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 		body, _ := json.Marshal(map[string]any{"model": s.served, "prompt": prompts[0], "max_tokens": long, "temperature": 0, "ignore_eos": true, "stream": true})
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/completions", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+apiTestKey)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -3,13 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/odmoe/odmoe/runflags"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
 	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/odmoe/odmoe/worker"
@@ -22,6 +21,10 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	}
 	if f.Workers == "" {
 		return usagef("-workers is required for -role main")
+	}
+	workers, err := f.WorkerList()
+	if err != nil {
+		return usagef("%v", err)
 	}
 	policy, err := mainnode.ParsePrefetch(f.Prefetch)
 	if err != nil {
@@ -37,9 +40,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	residency, err := parseResidency(f.Residency)
+	residency, err := runflags.ParseResidency(f.Residency)
 	if err != nil {
-		return err
+		return usagef("%v", err)
 	}
 	if residency && policy == mainnode.Resident {
 		return usagef("-residency on with -prefetch resident: the resident swarm keeps every expert already")
@@ -47,7 +50,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if f.Placement != "activation" && f.Placement != "uniform" {
 		return usagef("-placement %q: activation or uniform", f.Placement)
 	}
-	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: f.serving(), Workers: strings.Split(f.Workers, ","), Group: f.Group,
+	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: f.serving(), Workers: workers, Group: f.Group,
 		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
@@ -66,23 +69,16 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	return mainnode.Run(ctx, cfg, stdout)
 }
 
-// parseResidency reads -residency.
-func parseResidency(s string) (bool, error) {
-	switch s {
-	case "off":
-		return false, nil
-	case "on":
-		return true, nil
-	}
-	return false, usagef("-residency %q: off or on", s)
-}
-
 func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.Model == "" {
 		return usagef("-model is required for -role shadow")
 	}
 	if f.Workers == "" {
 		return usagef("-workers is required for -role shadow (the same list, in the same order, as the main node's)")
+	}
+	workers, err := f.WorkerList()
+	if err != nil {
+		return usagef("%v", err)
 	}
 	dt, err := runflags.ParseQuant(f.Quant)
 	if err != nil {
@@ -91,7 +87,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.prefixCacheBytes, err = runflags.ParseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
 		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
-	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: strings.Split(f.Workers, ","), Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
+	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: workers, Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
 		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err

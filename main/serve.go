@@ -31,6 +31,9 @@ type Serving struct {
 	// (Batcher.ChunkPrompts); 0: passes.DefaultChunk; negative: every
 	// prompt in one pass.
 	PrefillChunk int
+	// APIKey, if set, is required on every route but /healthz
+	// (serve.Config.APIKey).
+	APIKey string
 	// Ready, if set, gets the bound address once the API listens.
 	Ready func(net.Addr)
 }
@@ -109,7 +112,7 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	}
 	srv, err := serve.New(serve.Config{
 		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
-		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, Log: log,
+		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, Log: log,
 	})
 	if err != nil {
 		return err

@@ -37,6 +37,7 @@ type Flags struct {
 	Seed                       uint64
 	IgnoreEOS                  bool
 	HTTP, ServedName           string
+	APIKey                     string
 	MaxBatch, MaxQueue         int
 	PrefixCache                string
 	PrefillChunk               int
@@ -98,6 +99,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.IntVar(&f.MaxQueue, "max-queue", 64, "local, main: with -http, requests waiting for a place beyond -max-batch; more are refused with 503")
 	fs.StringVar(&f.PrefixCache, "prefix-cache", "512MiB", "local, main: with -http, memory for finished requests' KV rows, which a request whose prompt starts with the same tokens (a system prompt, a chat's next turn) reuses instead of computing them again (least recently used dropped first); shadow: the same for its copies of the sequences; 0 = off")
 	fs.IntVar(&f.PrefillChunk, "prefill-chunk", passes.DefaultChunk, "local, main: with -http, the most prompt tokens one forward pass feeds, over all the prompts joining: a long prompt is fed in chunks beside the running requests' decode steps, so none of them waits for all of it; 0 = each prompt in one pass")
+	fs.StringVar(&f.APIKey, "api-key", "", "local, main: with -http, require `KEY` as \"Authorization: Bearer KEY\" on every route but /healthz (default $ODMOE_API_KEY; a flag shows in the process list, the variable does not)")
 	fs.StringVar(&f.Workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
 	fs.IntVar(&f.Group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&f.Prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")

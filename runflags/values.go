@@ -1,8 +1,10 @@
 package runflags
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -105,6 +107,47 @@ func (f *Flags) StartCPUProfile() (stop func(), err error) {
 		out.Close()
 	}, nil
 }
+
+// ParseResidency reads -residency: off or on.
+func ParseResidency(s string) (bool, error) {
+	switch s {
+	case "off":
+		return false, nil
+	case "on":
+		return true, nil
+	}
+	return false, fmt.Errorf("-residency %q: off or on", s)
+}
+
+// WorkerList is -workers as a list, each address once: a worker listed
+// twice (the same host and port, however spelled) would be planned as two
+// and is refused, as is an empty entry.
+func (f *Flags) WorkerList() ([]string, error) {
+	list := strings.Split(f.Workers, ",")
+	seen := map[string]int{}
+	for i, a := range list {
+		a = strings.TrimSpace(a)
+		key := strings.ToLower(a)
+		if host, port, err := net.SplitHostPort(key); err == nil {
+			if ip := net.ParseIP(host); ip != nil {
+				host = ip.String()
+			}
+			key = net.JoinHostPort(host, port)
+		}
+		switch j, dup := seen[key]; {
+		case a == "":
+			return nil, fmt.Errorf("-workers %q: address %d is empty", f.Workers, i+1)
+		case dup:
+			return nil, fmt.Errorf("-workers: %s is listed twice (addresses %d and %d): each worker once", a, j+1, i+1)
+		}
+		seen[key], list[i] = i, a
+	}
+	return list, nil
+}
+
+// Key is the API key: -api-key, else $ODMOE_API_KEY (which, unlike a
+// flag, does not show in the process list).
+func (f *Flags) Key() string { return cmp.Or(f.APIKey, os.Getenv("ODMOE_API_KEY")) }
 
 // Logger builds the one logger a command passes down, writing to w as
 // l says: zerolog's console format (colours on a terminal) or JSON lines,

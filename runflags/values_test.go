@@ -87,3 +87,42 @@ func TestStartCPUProfileWritesAProfile(t *testing.T) {
 		t.Fatalf("an unwritable -cpuprofile: %v", err)
 	}
 }
+
+func TestWorkerListRefusesAWorkerListedTwice(t *testing.T) {
+	f := For(RoleMain)
+	f.Workers = "10.0.0.1:7400, 10.0.0.2:7400,host-a:7400"
+	if got, err := f.WorkerList(); err != nil || len(got) != 3 || got[1] != "10.0.0.2:7400" {
+		t.Fatalf("WorkerList() = %q, %v", got, err)
+	}
+	for list, want := range map[string]string{
+		"10.0.0.1:7400,10.0.0.1:7400":  "10.0.0.1:7400 is listed twice (addresses 1 and 2)",
+		"a:1,b:2,A:1":                  "A:1 is listed twice (addresses 1 and 3)",
+		"[::1]:7400,[0:0::1]:7400":     "listed twice",
+		"10.0.0.1:7400,,10.0.0.2:7400": "address 2 is empty",
+	} {
+		f.Workers = list
+		if _, err := f.WorkerList(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("-workers %s: %v, want an error saying %q", list, err, want)
+		}
+	}
+	for s, want := range map[string]bool{"on": true, "off": false} {
+		if got, err := ParseResidency(s); err != nil || got != want {
+			t.Errorf("ParseResidency(%s) = %v, %v", s, got, err)
+		}
+	}
+	if _, err := ParseResidency("yes"); err == nil {
+		t.Error("ParseResidency(yes) succeeded")
+	}
+}
+
+func TestKeyFallsBackToTheEnvironment(t *testing.T) {
+	t.Setenv("ODMOE_API_KEY", "from-env")
+	f := For(RoleMain)
+	if f.Key() != "from-env" {
+		t.Errorf("Key() = %q without -api-key, want the environment's", f.Key())
+	}
+	f.APIKey = "from-flag"
+	if f.Key() != "from-flag" {
+		t.Errorf("Key() = %q with -api-key, want the flag's", f.Key())
+	}
+}

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,7 +59,10 @@ type Config struct {
 	// Registry, if set, receives the server's metrics (GET /metrics serves
 	// it); nil: a new registry.
 	Registry *prometheus.Registry
-	Log      zerolog.Logger
+	// APIKey, if set, is required as "Authorization: Bearer KEY" on every
+	// route but GET /healthz (401 otherwise, in OpenAI's error shape).
+	APIKey string
+	Log    zerolog.Logger
 }
 
 // Server is the HTTP API. Make one with New; Handler serves it.
@@ -67,6 +71,7 @@ type Server struct {
 	admit   *admission
 	metrics *metrics
 	mux     *http.ServeMux
+	handler http.Handler // mux, behind the API key's check when there is one
 	created int64
 }
 
@@ -99,11 +104,36 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
 	s.mux = mux
+	s.handler = mux
+	if cfg.APIKey != "" {
+		s.handler = s.requireKey(mux)
+	}
 	return s, nil
 }
 
 // Handler is the API's http.Handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// requireKey lets through requests that carry the API key as a bearer
+// token, and /healthz (load balancers probe it without one); the others
+// get 401 in OpenAI's shape, as OpenAI's API answers a missing or wrong
+// key.
+func (s *Server) requireKey(next http.Handler) http.Handler {
+	want := []byte("Bearer " + s.cfg.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		msg := "missing API key: send it as Authorization: Bearer KEY (odmoe run -api-key)"
+		if r.Header.Get("Authorization") != "" {
+			msg = "incorrect API key"
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="odmoe"`)
+		s.metrics.requests.WithLabelValues(endpointOf(r.URL.Path), "401").Inc()
+		writeJSON(w, http.StatusUnauthorized, (&apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).body())
+	})
+}
 
 // Serve answers on addr until ctx is cancelled, then shuts down: new
 // connections are refused, running requests are cancelled (their
@@ -114,12 +144,16 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	if ready != nil {
 		ready(ln.Addr())
 	}
 	s.cfg.Log.Info().Str("addr", ln.Addr().String()).Str("model", s.cfg.Model).Int("max_batch", s.cfg.MaxBatch).
-		Int("context", s.cfg.Context).Bool("chat_template", s.cfg.Chat != nil).Msg("serving the OpenAI-compatible API")
+		Int("context", s.cfg.Context).Bool("chat_template", s.cfg.Chat != nil).Bool("api_key", s.cfg.APIKey != "").Msg("serving the OpenAI-compatible API")
+	if s.cfg.APIKey == "" && !loopback(ln.Addr()) {
+		s.cfg.Log.Warn().Str("addr", ln.Addr().String()).
+			Msg("serving the API beyond this machine without an API key: anyone who reaches this address can use it (-api-key KEY or $ODMOE_API_KEY)")
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -196,4 +230,23 @@ func (s *Server) fail(w http.ResponseWriter, endpoint string, err error) {
 		s.cfg.Log.Warn().Str("endpoint", endpoint).Int("status", e.Status).Str("error", e.Message).Msg("request failed")
 	}
 	writeJSON(w, e.Status, e.body())
+}
+
+// loopback reports whether a is a loopback address (an unspecified one,
+// 0.0.0.0 or ::, listens on every interface: not loopback).
+func loopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+// endpointOf is the requests metric's endpoint label of a path: one of a
+// few, whatever path a client sends.
+func endpointOf(path string) string {
+	switch path {
+	case "/v1/chat/completions":
+		return "chat"
+	case "/v1/completions":
+		return "completion"
+	}
+	return "other"
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -569,4 +570,89 @@ func TestUsageReportsCachedPromptTokens(t *testing.T) {
 	}
 	waitFor(t, hs.URL, "odmoe_prompt_cached_tokens_total 3")
 	waitFor(t, hs.URL, "odmoe_prefix_cache_hits_total 1")
+}
+
+// TestAPIKeyIsRequiredOnEveryRouteButHealthz: with Config.APIKey, a
+// request without the bearer token or with another gets 401 in OpenAI's
+// error shape (code invalid_api_key) on the API and /metrics; the right
+// key is served; /healthz answers load balancers without one.
+func TestAPIKeyIsRequiredOnEveryRouteButHealthz(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, func(c *Config) { c.APIKey = "sk-test-key" })
+	do := func(method, path, key, body string) (int, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	completion := `{"prompt": "hi", "max_tokens": 2}`
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/completions", completion}, {"POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}`},
+		{"GET", "/v1/models", ""}, {"GET", "/metrics", ""},
+	} {
+		for _, key := range []string{"", "sk-wrong", "sk-test-key-but-longer"} {
+			status, body := do(c.method, c.path, key, c.body)
+			var e struct {
+				Error struct{ Message, Type, Code string }
+			}
+			if status != http.StatusUnauthorized || json.Unmarshal(body, &e) != nil || e.Error.Code != "invalid_api_key" || e.Error.Message == "" {
+				t.Errorf("%s %s with key %q: %d %s, want 401 with an invalid_api_key error", c.method, c.path, key, status, body)
+			}
+		}
+		if status, body := do(c.method, c.path, "sk-test-key", c.body); status != http.StatusOK {
+			t.Errorf("%s %s with the key: %d %s", c.method, c.path, status, body)
+		}
+	}
+	if status, body := do("GET", "/healthz", "", ""); status != http.StatusOK {
+		t.Errorf("/healthz without a key: %d %s", status, body)
+	}
+}
+
+func TestLoopbackTellsWhereTheAPIIsReachable(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:8080": true, "[::1]:80": true, "0.0.0.0:8080": false, "[::]:8080": false, "192.168.1.7:8080": false} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := loopback(a); got != want {
+			t.Errorf("loopback(%s) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+// TestServeWarnsWhenTheAPIIsOpenBeyondThisMachine: listening on every
+// interface without a key logs a warning naming the address; with a key,
+// or on loopback, no warning.
+func TestServeWarnsWhenTheAPIIsOpenBeyondThisMachine(t *testing.T) {
+	f := newFixture(t)
+	for _, c := range []struct {
+		addr, key string
+		warn      bool
+	}{{"0.0.0.0:0", "", true}, {"0.0.0.0:0", "k", false}, {"127.0.0.1:0", "", false}} {
+		var logs strings.Builder
+		s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Context: f.m.Config.MaxPositions, Generator: f.gen, APIKey: c.key, Log: zerolog.New(&logs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var bound string
+		if err := s.Serve(ctx, c.addr, func(a net.Addr) { bound = a.String(); cancel() }); err != nil {
+			t.Fatal(err)
+		}
+		warned := strings.Contains(logs.String(), "without an API key") && strings.Contains(logs.String(), bound)
+		if warned != c.warn {
+			t.Errorf("-http %s, key %q: warned %v, want %v; logs:\n%s", c.addr, c.key, warned, c.warn, logs.String())
+		}
+	}
 }

@@ -26,7 +26,9 @@ if (!baseURL || !model || prompt === undefined || !maxTokensArg) {
   process.exit(2);
 }
 const maxTokens = Number(maxTokensArg);
-const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120_000 });
+// the key: OPENAI_API_KEY, as the client reads it anywhere ('none' for a
+// server without one)
+const client = new OpenAI({ baseURL, apiKey: process.env.OPENAI_API_KEY ?? 'none', maxRetries: 0, timeout: 120_000 });
 
 // refused turns the server's refusal (an HTTP error status) into a
 // result; anything else is the client's or the connection's failure.
