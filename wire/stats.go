@@ -18,7 +18,7 @@ type Stats struct {
 	// cancelled by the peer or refused. Together they say what a receiver
 	// has done with what a peer sent, for those who must wait for it.
 	FrameHeaders, BulkStreamsEnded atomic.Uint64
-	errors                     [numCodes]atomic.Uint64
+	errors                         [numCodes]atomic.Uint64
 }
 
 // Errors returns how many connections this side closed because the peer
