@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/harness/procswarm"
 )
 
@@ -248,6 +250,22 @@ func TestNodesOfAnotherModelOrLayoutAreRefused(t *testing.T) {
 	se, code := r.runMain("-prefetch", "reactive")
 	if code == 0 || !strings.Contains(se, "main (main) serves model") || !strings.Contains(se, "w1 (worker) model") {
 		t.Fatalf("main node with a worker of another model: exit %d, stderr:\n%s", code, se)
+	}
+	// a store of the rig's own model with one expert's weights changed (a
+	// fine-tune of the experts alone): another model too, both named
+	r.signal("w1", syscall.SIGKILL)
+	tuned, err := inproc.OtherExperts(context.Background(), filepath.Join(r.dir, "tuned"), inproc.Files{Model: r.model}, 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tunedID, err := tuned.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.startWorkerOn(0, tuned.Store)
+	se, code = r.runMain("-prefetch", "reactive")
+	if code == 0 || !strings.Contains(se, "main (main) serves model") || !strings.Contains(se, "w1 (worker) model "+tunedID[:12]) {
+		t.Fatalf("main node with a worker of other expert weights: exit %d, stderr:\n%s", code, se)
 	}
 	r.signal("w1", syscall.SIGKILL)
 	r.startWorker(0)

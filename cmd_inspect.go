@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -39,6 +40,11 @@ func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		}
 	}
 	st, err := store.Open(*dir, opt)
+	if errors.Is(err, store.ErrModelMismatch) {
+		if diff, cerr := store.Compare(*modelDir, *dir); cerr == nil && diff != "" {
+			return fmt.Errorf("%w: %s", err, diff)
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/odmoe/odmoe/harness/inproc"
 )
 
 // TestStoreConvertInspectVerifyAndCorruption drives the store commands as
@@ -39,6 +42,17 @@ func TestStoreConvertInspectVerifyAndCorruption(t *testing.T) {
 	}
 	if _, se, code := run(t, "", "inspect", "-store", st, "-model", other); code != 1 || !strings.Contains(se, "another model") {
 		t.Errorf("inspect against another model: exit %d: %s", code, se)
+	}
+	// a store of the same config and routers with one expert's weights
+	// changed (a fine-tune of the experts) is another model, and inspect
+	// names the expert
+	tuned, err := inproc.OtherExperts(context.Background(), filepath.Join(dir, "tuned"), inproc.Files{Model: modelDir}, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, se, code := run(t, "", "inspect", "-store", tuned.Store, "-model", modelDir); code != 1 || !strings.Contains(se, "another model") ||
+		!strings.Contains(se, "layer 1 expert 2 is the first expert whose weights differ") {
+		t.Errorf("inspect of a store of other expert weights: exit %d: %s", code, se)
 	}
 
 	// The last bytes of the chunk file are the sign-mantissa chunk of the

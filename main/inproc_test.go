@@ -22,12 +22,28 @@ import (
 // (TestNodesOfAnotherModelOrLayoutAreRefused runs the processes), naming
 // both nodes and both models, even when the main node itself does not
 // check: the in-process worker is built as the process is.
+//
+// A store converted from a checkpoint that differs only in one expert's
+// weights (same config and routers: what answered wrong with rc 0 before
+// the identity covered the experts) is another model too.
 func TestAnInProcessWorkerOfAnotherModelIsRefused(t *testing.T) {
 	f := newSwarmFixture(t, 1)
-	other, err := inproc.Generate(context.Background(), t.TempDir(), "tiny", 12, 1)
+	seed12, err := inproc.Generate(context.Background(), t.TempDir(), "tiny", 12, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	otherExperts, err := inproc.OtherExperts(context.Background(), t.TempDir(), f, 1, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, other := range map[string]inproc.Files{"another seed": seed12, "other weights of one expert": otherExperts} {
+		t.Run(name, func(t *testing.T) { refusedAsAnotherModel(t, f, other) })
+	}
+}
+
+// refusedAsAnotherModel checks that a worker on other's store refuses,
+// and is refused by, a main node of f's model.
+func refusedAsAnotherModel(t *testing.T, f, other inproc.Files) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addr, stop, err := inproc.StartWorkerOn(ctx, other.Store, f.Certs, 0, "127.0.0.1:0", inproc.WorkerOptions{Count: 1, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
@@ -35,6 +51,10 @@ func TestAnInProcessWorkerOfAnotherModelIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
+	otherID, err := other.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +70,7 @@ func TestAnInProcessWorkerOfAnotherModelIsRefused(t *testing.T) {
 		cfg := &wire.Config{Certs: certs, Log: zerolog.Nop(), DialAttempts: 1, CheckHello: check}
 		cfg.Hello.Model = id.String()
 		_, err := mainnode.Dial(ctx, []string{addr}, cfg, mainnode.Options{Layout: layout, Hidden: m.Config.HiddenSize})
-		for _, w := range []string{"w1 refuses main", "main (main) serves model " + id.String()[:12], "w1 (worker) model"} {
+		for _, w := range []string{"w1 refuses main", "main (main) serves model " + id.String()[:12], "w1 (worker) model " + otherID[:12]} {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Fatalf("main node checking %v: err = %v, want it to say %q", check != nil, err, w)
 			}

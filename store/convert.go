@@ -51,7 +51,11 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 		return err
 	}
 	defer set.Close()
-	id, err := identityOf(modelDir, m, set.Info)
+	digests, err := checkpointDigests(modelDir, m, set)
+	if err != nil {
+		return err
+	}
+	id, err := identityWith(modelDir, m, set.Info, expertsDigest(digests))
 	if err != nil {
 		return err
 	}
@@ -63,7 +67,12 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 				source{l, e, W1, ex.Gate}, source{l, e, W2, ex.Down}, source{l, e, W3, ex.Up})
 		}
 	}
-	return writeStore(ctx, outDir, b, opt)
+	if err := writeStore(ctx, outDir, b, opt); err != nil {
+		return err
+	}
+	// the digests say which expert differs when a checkpoint does not
+	// match (Compare); the identity, in the index, already covers them
+	return writeDigests(outDir, b.layers, b.experts, digests)
 }
 
 // build is what a store is written from: tensors in index order.

@@ -16,9 +16,11 @@ import (
 
 // Identity names the model a store was built from: a SHA-256 over the
 // bytes of config.json, the sorted names, dtypes and shapes of every
-// expert tensor, and the router weights of every layer with experts. The routers make
-// two checkpoints of one architecture (a base model and its fine-tune)
-// different models; they are small, and a main node holds them. A main
+// expert tensor, the router weights of every layer with experts, and a
+// digest of every expert's weights (ExpertDigest, in layer and expert
+// order). The routers and the experts make two checkpoints of one
+// architecture (a base model and its fine-tune, even one that changed
+// only the experts) different models. A main
 // node computes the identity from its checkpoint and a worker passes it to
 // Open, which then refuses a store built from another model.
 type Identity [32]byte
@@ -34,7 +36,8 @@ func (id Identity) Short() string { return id.String()[:12] }
 
 // ModelIdentity computes the Identity of the Hugging Face checkpoint in
 // dir. It reads config.json, the safetensors headers and the router
-// weights; no expert weights.
+// weights, and the expert weights' digests, cached beside the checkpoint
+// (checkpointDigests): the first time, it reads every expert byte once.
 func ModelIdentity(dir string) (Identity, error) {
 	m, err := model.Load(dir, model.LoadOptions{SkipExperts: true})
 	if err != nil {
@@ -53,11 +56,22 @@ func IdentityOf(dir string, m *model.Model) (Identity, error) {
 		return Identity{}, err
 	}
 	defer set.Close()
-	return identityOf(dir, m, set.Info)
+	return identityOf(dir, m, set)
 }
 
-// identityOf hashes config.json and the expert tensors info describes.
-func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info, bool)) (Identity, error) {
+// identityOf hashes config.json, the expert tensors set holds (their
+// shapes and their weights' digests) and the routers.
+func identityOf(dir string, m *model.Model, set *safetensors.Set) (Identity, error) {
+	digests, err := checkpointDigests(dir, m, set)
+	if err != nil {
+		return Identity{}, err
+	}
+	return identityWith(dir, m, set.Info, expertsDigest(digests))
+}
+
+// identityWith is the identity of the checkpoint in dir whose experts'
+// digests fold into experts.
+func identityWith(dir string, m *model.Model, info func(string) (safetensors.Info, bool), experts [32]byte) (Identity, error) {
 	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return Identity{}, fmt.Errorf("store: %w", err)
@@ -81,7 +95,7 @@ func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info,
 	}
 	sort.Strings(lines)
 	h := sha256.New()
-	fmt.Fprintf(h, "odmoe store identity v1\nconfig.json %d\n", len(cfg))
+	fmt.Fprintf(h, "odmoe store identity v2\nconfig.json %d\n", len(cfg))
 	h.Write(cfg)
 	fmt.Fprintf(h, "\nexpert tensors %d\n", len(lines))
 	for _, l := range lines {
@@ -92,6 +106,7 @@ func identityOf(dir string, m *model.Model, info func(string) (safetensors.Info,
 		fmt.Fprintf(h, "router %d %v %dx%d\n", l, r.DType, r.Rows, r.Cols)
 		h.Write(r.Data)
 	}
+	fmt.Fprintf(h, "experts %x\n", experts)
 	var id Identity
 	h.Sum(id[:0])
 	return id, nil

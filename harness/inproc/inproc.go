@@ -9,6 +9,7 @@ package inproc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/safetensors"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
@@ -51,6 +53,70 @@ func Generate(ctx context.Context, dir, preset string, seed uint64, workers int)
 		return f, err
 	}
 	return f, EnsureCerts(f.Certs, workers)
+}
+
+// OtherExperts makes, under dir, a copy of f's model that differs from it
+// only in the weights of layer's expert (its gate's first weight, whose
+// bits are flipped), and that copy's store: what a worker holds when its
+// store was converted from a fine-tune of the same config and routers.
+// The certificates stay f's.
+func OtherExperts(ctx context.Context, dir string, f Files, layer, expert int) (Files, error) {
+	o := Files{Model: filepath.Join(dir, "model"), Store: filepath.Join(dir, "store"), Certs: f.Certs}
+	if err := os.MkdirAll(o.Model, 0o755); err != nil {
+		return o, err
+	}
+	files, err := os.ReadDir(f.Model)
+	if err != nil {
+		return o, err
+	}
+	for _, e := range files {
+		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(f.Model, e.Name()))
+		if err != nil {
+			return o, err
+		}
+		if err := os.WriteFile(filepath.Join(o.Model, e.Name()), b, 0o644); err != nil {
+			return o, err
+		}
+	}
+	m, err := model.Load(o.Model, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		return o, err
+	}
+	gate, _, _ := m.ExpertTensorNames(layer, expert)
+	m.Close()
+	if err := flipFirstByte(o.Model, gate); err != nil {
+		return o, err
+	}
+	return o, store.Convert(ctx, o.Model, o.Store, store.ConvertOptions{})
+}
+
+// flipFirstByte inverts the first byte of tensor name's data in the
+// checkpoint in dir (8 bytes of header length, the JSON header, then the
+// data section the tensors' offsets count from).
+func flipFirstByte(dir, name string) error {
+	set, err := safetensors.Open(dir)
+	if err != nil {
+		return err
+	}
+	info, ok := set.Info(name)
+	set.Close()
+	if !ok {
+		return fmt.Errorf("inproc: no tensor %q in %s", name, dir)
+	}
+	paths, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	if err != nil || len(paths) != 1 {
+		return fmt.Errorf("inproc: %s: want one safetensors file, have %d", dir, len(paths))
+	}
+	b, err := os.ReadFile(paths[0])
+	if err != nil {
+		return err
+	}
+	at := 8 + int64(binary.LittleEndian.Uint64(b[:8])) + info.Begin
+	b[at] ^= 0xff
+	return os.WriteFile(paths[0], b, 0o644)
 }
 
 // Cached is Generate for a model generated once into the user's cache
