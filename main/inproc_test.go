@@ -2,9 +2,11 @@ package mainnode_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/kernels"
@@ -164,5 +166,75 @@ func TestAnInProcessShadowSaysWhatAProcessSays(t *testing.T) {
 	defer sp.Close()
 	if h := sp.Hello(); !slices.Equal(h.Layout, []string{"w2", "w1"}) || h.Group != 2 || h.Model != id {
 		t.Fatalf("the shadow's Hello says workers %v in groups of %d, model %.12s; want [w2 w1], 2, %.12s", h.Layout, h.Group, h.Model, id)
+	}
+}
+
+// TestAWorkerRestartedOnOtherExpertWeightsIsRefusedOnRedial: a worker
+// lost mid-run that comes back on the same address serving a store of
+// other expert weights is refused each time the main node dials it again
+// (its Hello names another model), never rejoins, and the run goes on
+// without it with local mode's tokens and logits.
+func TestAWorkerRestartedOnOtherExpertWeightsIsRefusedOnRedial(t *testing.T) {
+	f := newSwarmFixture(t, 2)
+	local, mainModel := loadModels(t, f)
+	prompt := testPrompt(24, 37, 5, local.Config.VocabSize)
+	const steps, swapAt = 8, 2
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	tuned, err := inproc.OtherExperts(context.Background(), t.TempDir(), f, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := inproc.WorkerOptions{Count: 2, BudgetBytes: 64 << 20, Log: zerolog.Nop()}
+	rw := startRestartable(t, ctx, f, o)
+	cfg, _ := model.LoadConfig(f.Model)
+	certs, _ := wire.LoadCerts(f.Certs, "main")
+	id, err := f.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout, _ := sched.NewLayout(2, 2)
+	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop(), HandshakeTimeout: time.Second, CheckHello: wire.SameModel(true)}
+	mcfg.Hello.Model = id
+	sw, err := mainnode.Dial(ctx, rw.addrs, mcfg, mainnode.Options{Layout: layout, Prefetch: mainnode.Reactive, MiniBatch: 4, Hidden: cfg.HiddenSize,
+		Log: zerolog.Nop(), Layers: cfg.ExpertLayers(), Experts: cfg.NumExperts, TopK: cfg.TopK, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	tunedStats := new(wire.Stats) // the impostor refuses the main node's Hello first: it counts
+	var got generation
+	ids, _, err := alone(ctx, sw, mainModel, prompt, model.GenerateOptions{MaxTokens: steps,
+		OnToken: func(step, _ int, logits []float32) error {
+			got.logits = append(got.logits, append([]float32(nil), logits...))
+			switch step {
+			case swapAt:
+				rw.stop(1)
+				to := o
+				to.Stats = tunedStats
+				_, stop, err := inproc.StartWorkerOn(ctx, tuned.Store, f.Certs, 1, rw.addrs[1], to)
+				if err != nil {
+					return err
+				}
+				t.Cleanup(stop)
+			case swapAt + 2: // the loss was seen on the pass between: the main node redials it every 2 s at most
+				for deadline := time.Now().Add(15 * time.Second); tunedStats.Refused.Load() == 0; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						return fmt.Errorf("the main node did not dial the worker of other expert weights again within 15 s")
+					}
+				}
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.tokens = ids
+	if d := diffGenerations(got, want); d != "" {
+		t.Fatalf("the swarm differs from local mode: %s", d)
+	}
+	if fs := sw.Stats().Faults; fs.WorkersLost != 1 || fs.Rejoins != 0 || sw.RejoinReady() {
+		t.Fatalf("faults %+v, rejoin ready %v: want the worker lost and never taken back", fs, sw.RejoinReady())
 	}
 }
