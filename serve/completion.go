@@ -54,7 +54,7 @@ type shape struct {
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	s.answer(w, r, "chat", func() (*job, error) {
 		var req chatRequest
-		if err := decodeBody(r, &req); err != nil {
+		if err := s.decodeBody(w, r, &req); err != nil {
 			return nil, err
 		}
 		return s.chatJob(&req)
@@ -64,7 +64,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	s.answer(w, r, "completions", func() (*job, error) {
 		var req completionRequest
-		if err := decodeBody(r, &req); err != nil {
+		if err := s.decodeBody(w, r, &req); err != nil {
 			return nil, err
 		}
 		return s.completionJob(&req)
@@ -407,7 +407,10 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	}
 	// the template writes the special tokens itself (apply_chat_template
 	// tokenizes with add_special_tokens=False)
-	prompt := s.cfg.Tokenizer.Encode(text, false)
+	prompt, err := s.encode(text, false, "messages")
+	if err != nil {
+		return nil, err
+	}
 	maxTokens := req.MaxCompletionTokens
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
@@ -445,7 +448,10 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
 		return nil, badRequest("prompt", "prompt is required")
 	case json.Unmarshal(req.Prompt, &text) == nil:
-		prompt = s.cfg.Tokenizer.Encode(text, true)
+		var err error
+		if prompt, err = s.encode(text, true, "prompt"); err != nil {
+			return nil, err
+		}
 	case json.Unmarshal(req.Prompt, &ids) == nil:
 		for _, id := range ids {
 			if id < 0 || id >= s.cfg.Tokenizer.VocabSize() {

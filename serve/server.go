@@ -62,7 +62,11 @@ type Config struct {
 	// APIKey, if set, is required as "Authorization: Bearer KEY" on every
 	// route but GET /healthz (401 otherwise, in OpenAI's error shape).
 	APIKey string
-	Log    zerolog.Logger
+	// BodyTimeout is how long a request's body may take to arrive (default
+	// 30 s): a client trickling it in is answered 408 and its connection
+	// closed.
+	BodyTimeout time.Duration
+	Log         zerolog.Logger
 }
 
 // Server is the HTTP API. Make one with New; Handler serves it.
@@ -73,6 +77,26 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler // mux, behind the API key's check when there is one
 	created int64
+	// maxPromptBytes: a prompt text longer than this has more tokens than
+	// the context for certain, and is refused before it is tokenized;
+	// maxBody bounds a request's body (a request past the context is all
+	// a longer one could carry)
+	maxPromptBytes int
+	maxBody        int64
+}
+
+// bounds sets the prompt and body limits from the context and the
+// tokenizer's longest token: no prompt of n bytes has fewer than n/L
+// tokens, L the most bytes one token decodes to; a factor of 4 leaves
+// room for normalizers that shrink text, and a body may carry 8 bytes of
+// JSON per prompt byte (escapes, the messages' fields) plus 1 MiB.
+func (s *Server) bounds() {
+	longest := 1
+	for id := range s.cfg.Tokenizer.VocabSize() {
+		longest = max(longest, len(s.cfg.Tokenizer.Decode([]int{id}, false)))
+	}
+	s.maxPromptBytes = 4 * longest * s.cfg.Context
+	s.maxBody = min(maxBody, 8*int64(longest)*int64(s.cfg.Context)+1<<20)
 }
 
 // New checks cfg and returns its server.
@@ -95,7 +119,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = 30 * time.Second
+	}
 	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix()}
+	s.bounds()
 	s.metrics = newMetrics(cfg.Registry, s.admit)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
@@ -188,15 +216,29 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, h)
 }
 
-// decodeBody reads a JSON request body of at most 16 MiB into v.
-func decodeBody(r *http.Request, v any) *apiError {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 16<<20))
+// maxBody is the most a request body may hold whatever the context.
+const maxBody = 16 << 20
+
+// decodeBody reads a JSON request body of at most s.maxBody bytes, which
+// must arrive within Config.BodyTimeout, into v.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) // an httptest recorder has none: then unbounded
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
 	if err != nil {
+		// the rest of the body is not read: the connection closes after
+		// the answer instead of waiting for it
+		w.Header().Set("Connection", "close")
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Message: "request body over 16 MiB"}
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Message: fmt.Sprintf("request body over %d bytes: more than a prompt of this model's %d-token context could need", s.maxBody, s.cfg.Context)}
+		}
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			return &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Message: fmt.Sprintf("the request body did not arrive within %v", s.cfg.BodyTimeout)}
 		}
 		return badRequest("", "reading the request body: %v", err)
 	}
+	rc.SetReadDeadline(time.Time{}) // the answer may stream for long; the server still sees the client hang up
 	if err := json.Unmarshal(body, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
@@ -206,6 +248,16 @@ func decodeBody(r *http.Request, v any) *apiError {
 		return badRequest("", "invalid JSON in the request body: %v", err)
 	}
 	return nil
+}
+
+// encode tokenizes a prompt, refusing one too long for the context
+// before it is tokenized (param names it in the error).
+func (s *Server) encode(text string, addSpecial bool, param string) ([]int, error) {
+	if len(text) > s.maxPromptBytes {
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "context_length_exceeded",
+			Message: fmt.Sprintf("this model's maximum context length is %d tokens, and a prompt of %d bytes has more", s.cfg.Context, len(text))}
+	}
+	return s.cfg.Tokenizer.Encode(text, addSpecial), nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -656,3 +656,89 @@ func TestServeWarnsWhenTheAPIIsOpenBeyondThisMachine(t *testing.T) {
 		}
 	}
 }
+
+// TestAPromptPastTheContextIsRefusedBeforeItIsTokenized: a prompt whose
+// bytes alone prove it longer than the context is refused without being
+// tokenized (context_length_exceeded, in either endpoint), and a body
+// larger than any prompt of the context could need is refused as it is
+// read (413), so neither holds more memory than a request can use.
+func TestAPromptPastTheContextIsRefusedBeforeItIsTokenized(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Context: f.m.Config.MaxPositions, Generator: f.gen, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("a", s.maxPromptBytes+1)
+	body, _ := json.Marshal(map[string]any{"prompt": long, "max_tokens": 1})
+	if int64(len(body)) >= s.maxBody {
+		t.Fatalf("the fixture's prompt bound %d and body bound %d leave no room for the test", s.maxPromptBytes, s.maxBody)
+	}
+	resp, b := post(t, hs.URL+"/v1/completions", string(body))
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "context_length_exceeded") || !strings.Contains(string(b), "bytes has more") {
+		t.Errorf("a %d-byte prompt: %d %s", len(long), resp.StatusCode, b)
+	}
+	chat, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "user", "content": long}}, "max_tokens": 1})
+	resp, b = post(t, hs.URL+"/v1/chat/completions", string(chat))
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "context_length_exceeded") {
+		t.Errorf("a %d-byte chat message: %d %s", len(long), resp.StatusCode, b)
+	}
+	huge, _ := json.Marshal(map[string]any{"prompt": strings.Repeat("b", int(s.maxBody)), "max_tokens": 1})
+	resp, b = post(t, hs.URL+"/v1/completions", string(huge))
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "context") {
+		t.Errorf("a %d-byte body (bound %d): %d %s", len(huge), s.maxBody, resp.StatusCode, b)
+	}
+	// a prompt under the bound is still tokenized and answered
+	if resp, b := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 2}`); resp.StatusCode != http.StatusOK {
+		t.Errorf("a short prompt: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestABodyTricklingInIsCutOff: a client that sends its headers and then
+// its body a byte at a time is answered 408 once BodyTimeout passes, and
+// its connection closed.
+func TestABodyTricklingInIsCutOff(t *testing.T) {
+	f := newFixture(t)
+	s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Context: f.m.Config.MaxPositions, Generator: f.gen, BodyTimeout: 300 * time.Millisecond, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrc := make(chan string, 1)
+	go s.Serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a.String() })
+	c, err := net.Dial("tcp", <-addrc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+	done := make(chan struct{})
+	go func() { // trickle: a byte every 50 ms until the server hangs up
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+				if _, err := c.Write([]byte(" ")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a trickling body: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(b), "did not arrive within") {
+		t.Fatalf("a trickling body: %d %s", resp.StatusCode, b)
+	}
+	if !resp.Close {
+		t.Errorf("the connection of a trickling body stays open")
+	}
+	cancel()
+	<-done
+}
