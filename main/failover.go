@@ -22,12 +22,16 @@ import (
 type FaultStats struct {
 	WorkersLost int64 // worker connections that ended during the run
 	Rejoins     int64 // workers that came back
-	Resent      int64 // requests re-sent to another worker after their worker was lost
+	Resent      int64 // requests re-sent to another worker after their worker was lost or could not load them
 	ShadowLost  int64 // times the shadow's connection ended
 	// ReactiveIterations are decode iterations run without the shadow
 	// (lost, or not reached yet), with reactive loading.
 	ReactiveIterations int64
 	ShadowReattached   int64 // times a lost shadow came back and was re-aligned
+	// LoadFailures are requests a worker could not serve because an
+	// expert failed its checksum in its store (or its store could not be
+	// read): each was re-sent to another live worker.
+	LoadFailures int64
 }
 
 // watch runs l's receive loop on p; when the connection ends (not by
@@ -126,18 +130,89 @@ func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, r
 	if s.planner.Live() == 0 {
 		return fmt.Errorf("mainnode: layer %d: no live worker left (the last lost: %s): %w", q.in.Layer, s.workers[w].name, cause)
 	}
+	n := len(q.reqs)
+	for i := range n {
+		if r := &q.reqs[i]; r.Worker == w && r.pending > 0 {
+			if err := s.resend(ctx, q, i, s.planner.Substitute(w), x, rows, cause); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// loadFailed handles a worker's answer that it could not load an expert
+// of request i from its store (a chunk failing its checksum, a truncated
+// or unreadable file): the worker stays in the layout, the request's
+// unanswered experts go to another live worker that has not failed them
+// (every worker holds the whole store), and the worker is reported
+// degraded. With no such worker left the layer fails.
+func (s *Swarm) loadFailed(ctx context.Context, q *sequence, i int, x []float32, rows bool, cause *wire.Error) error {
+	r := &q.reqs[i]
+	w := r.Worker
+	s.degrade(w, fmt.Sprintf("layer %d expert %d: %s", cause.Layer, cause.Expert, cause.Msg))
+	tried := append(append([]int(nil), r.failed...), w)
+	to := -1
+	for j := 1; j < s.planner.layout.Workers && to < 0; j++ {
+		if c := (w + j) % s.planner.layout.Workers; s.planner.IsLive(c) && !slices.Contains(tried, c) {
+			to = c
+		}
+	}
+	if to < 0 {
+		return fmt.Errorf("mainnode: layer %d: no live worker could load expert %d (the last, %s: %s): %w",
+			q.in.Layer, cause.Expert, s.workers[w].name, cause.Msg, cause)
+	}
+	if err := s.resend(ctx, q, i, to, x, rows, cause); err != nil {
+		return err
+	}
+	q.reqs[len(q.reqs)-1].failed = tried
+	s.mu.Lock()
+	s.stats.Faults.LoadFailures++
+	s.mu.Unlock()
+	return nil
+}
+
+// degrade records why worker w is degraded (for /healthz), logging the
+// first time for each reason.
+func (s *Swarm) degrade(w int, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.degraded == nil {
+		s.degraded = map[int][]string{}
+	}
+	if slices.Contains(s.degraded[w], why) {
+		return
+	}
+	s.degraded[w] = append(s.degraded[w], why)
+	s.opt.Log.Warn().Str("worker", s.workers[w].name).Str("reason", why).Msg("mainnode: worker degraded: its requests for this expert go to another worker")
+}
+
+// Degraded names the workers that failed to load an expert from their
+// store, each with what failed, for /healthz.
+func (s *Swarm) Degraded() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for w, why := range s.degraded {
+		for _, y := range why {
+			out = append(out, s.workers[w].name+": "+y)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// resend sends request i's unanswered experts to worker to as a new
+// request, the old one no longer awaited.
+func (s *Swarm) resend(ctx context.Context, q *sequence, i, to int, x []float32, rows bool, cause error) error {
 	var act wire.Activation
 	var buf []float32
 	var bufp *[]float32
 	if rows {
 		bufp = &buf
 	}
-	n := len(q.reqs)
-	for i := range n {
+	{
 		r := &q.reqs[i]
-		if r.Worker != w || r.pending == 0 {
-			continue
-		}
 		rest := make([]int32, 0, r.pending)
 		var rows, counts []int32 // the unanswered experts' own rows, if they have them
 		off := 0
@@ -155,10 +230,10 @@ func (s *Swarm) failover(ctx context.Context, q *sequence, w int, x []float32, r
 			off += c
 		}
 		r.pending = 0 // replaced
-		nr := request{Request: Request{Worker: s.planner.Substitute(w), Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Cache: r.Cache, Rows: rows, RowCounts: counts},
+		nr := request{Request: Request{Worker: to, Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Cache: r.Cache, Rows: rows, RowCounts: counts},
 			id: s.nextID.Add(1), pending: len(rest)}
 		if q.expected+nr.pending+1 > cap(q.replies) {
-			return fmt.Errorf("mainnode: layer %d: too many workers lost at once (last: %s): %w", q.in.Layer, s.workers[w].name, cause)
+			return fmt.Errorf("mainnode: layer %d: too many requests re-sent at once (last from %s): %w", q.in.Layer, s.workers[r.Worker].name, cause)
 		}
 		q.expected += nr.pending + 1
 		q.reqs = append(q.reqs, nr)

@@ -3,6 +3,8 @@ package mainnode_test
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -308,4 +310,100 @@ func freeUDPAddr(t *testing.T) string {
 	}
 	defer c.Close()
 	return c.LocalAddr().String()
+}
+
+// TestAWorkerWithADamagedStoreCostsOnlyItsLoads: one of two workers
+// serves from a store whose chunk file is damaged under it, as a failing
+// disk would: a flipped byte every 384 KiB (about one expert in three
+// fails its checksum), or the file cut to 60% (every expert past the cut
+// is truncated). Each expert it cannot load is quarantined there and its
+// request goes to the other worker, so two generations (the second
+// meeting the quarantined experts at once) give local mode's tokens and
+// logits bit for bit, the failures are counted, the damaged worker still
+// runs the experts it can, and the swarm reports it degraded, naming it,
+// while ready.
+func TestAWorkerWithADamagedStoreCostsOnlyItsLoads(t *testing.T) {
+	f := newSwarmFixture(t, 2)
+	local, mainModel := loadModels(t, f)
+	prompt := testPrompt(40, 37, 5, local.Config.VocabSize)
+	const steps = 6
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	for _, c := range []struct {
+		name, says string
+		damage     func(b []byte) []byte
+	}{
+		{"flipped bytes", "checksum", func(b []byte) []byte {
+			for i := 1000; i < len(b); i += 384 << 10 {
+				b[i] ^= 0x10
+			}
+			return b
+		}},
+		{"truncated", "", func(b []byte) []byte { return b[:len(b)*6/10] }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			damaged := filepath.Join(t.TempDir(), "store")
+			if err := os.MkdirAll(damaged, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			entries, err := os.ReadDir(f.Store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				b, err := os.ReadFile(filepath.Join(f.Store, e.Name()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(damaged, e.Name()), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o := inproc.WorkerOptions{Count: 2, BudgetBytes: 64 << 20, Log: zerolog.Nop()}
+			good, stop0, err := inproc.StartWorker(ctx, f, 0, "127.0.0.1:0", o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop0()
+			bad, stop1, err := inproc.StartWorkerOn(ctx, damaged, f.Certs, 1, "127.0.0.1:0", o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop1()
+			// the disk fails under the running worker
+			chunks := filepath.Join(damaged, "chunks.bin")
+			b, err := os.ReadFile(chunks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(chunks, c.damage(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg, _ := model.LoadConfig(f.Model)
+			certs, _ := wire.LoadCerts(f.Certs, "main")
+			layout, _ := sched.NewLayout(2, 2)
+			sw, err := mainnode.Dial(ctx, []string{good, bad}, &wire.Config{Certs: certs, Log: zerolog.Nop()}, mainnode.Options{Layout: layout,
+				Prefetch: mainnode.Reactive, MiniBatch: 4, Hidden: cfg.HiddenSize, Log: zerolog.Nop(), Layers: cfg.ExpertLayers(), Experts: cfg.NumExperts, TopK: cfg.TopK, Seed: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sw.Close()
+			for run := range 2 {
+				if d := diffGenerations(generate(t, mainModel, sw, prompt, steps), want); d != "" {
+					t.Fatalf("run %d with a damaged worker differs from local: %s", run+1, d)
+				}
+			}
+			fs, h := sw.Stats().Faults, sw.Health()
+			ws := sw.WorkerStats(ctx, 5*time.Second)
+			if ws[1] == nil || ws[1].Hits+ws[1].Misses == 0 {
+				t.Fatalf("the damaged worker ran nothing: %+v", ws[1])
+			}
+			t.Logf("%d requests re-sent after %d load failures; %d experts degraded, the first %q; the workers ran %d and %d requests",
+				fs.Resent, fs.LoadFailures, len(h.Degraded), h.Degraded[0], ws[0].Hits+ws[0].Misses, ws[1].Hits+ws[1].Misses)
+			if fs.LoadFailures == 0 || fs.WorkersLost != 0 || !h.Ready || !strings.HasPrefix(h.Degraded[0], "w2: layer ") || !strings.Contains(h.Degraded[0], c.says) {
+				t.Fatalf("faults %+v, health %+v: want load failures counted, no worker lost, w2 degraded (%q) while ready", fs, h, c.says)
+			}
+		})
+	}
 }

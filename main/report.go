@@ -111,6 +111,7 @@ type FaultsJSON struct {
 	ShadowLost         int64 `json:"shadow_lost"`
 	ShadowReattached   int64 `json:"shadow_reattached"`
 	ReactiveIterations int64 `json:"reactive_iterations"`
+	LoadFailures       int64 `json:"load_failures"`
 }
 
 // LayerStatsJSON is one layer's sums, in milliseconds.
@@ -164,7 +165,7 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	rs.Iterations = layersJSON(sw.Iterations)
 	f := sw.Faults
 	rs.Faults = &FaultsJSON{WorkersLost: f.WorkersLost, Rejoins: f.Rejoins, Resent: f.Resent, ShadowLost: f.ShadowLost,
-		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations}
+		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations, LoadFailures: f.LoadFailures}
 	for i := range rs.Iterations {
 		rs.Iterations[i].Layer = i + 1
 	}

@@ -72,7 +72,9 @@ func NewLocalBatcher(m *model.Model) *Batcher {
 
 // Health reports which of the swarm's nodes are down: a lost worker (its
 // experts run elsewhere meanwhile) or a lost shadow (loads are reactive
-// meanwhile). The swarm is ready when none is.
+// meanwhile). The swarm is ready when none is. A worker that failed to
+// load an expert from its store is degraded (named with what failed):
+// still serving, its failed loads answered by other workers.
 func (s *Swarm) Health() serve.Health {
 	h := serve.Health{Ready: true}
 	for _, l := range s.workers {
@@ -87,6 +89,7 @@ func (s *Swarm) Health() serve.Health {
 		h.Down = append(h.Down, "shadow")
 	}
 	h.Ready = len(h.Down) == 0
+	h.Degraded = s.Degraded()
 	return h
 }
 

@@ -102,6 +102,7 @@ type Swarm struct {
 	figures  map[uint64]*model.ExpertFigures
 	lastIter int64 // the highest iteration any sequence has run
 	stats    Stats
+	degraded map[int][]string // worker -> the loads it failed (Degraded)
 }
 
 // sequence is one sequence's state in the Swarm: the plan of its current
@@ -304,6 +305,7 @@ type request struct {
 	id      uint64
 	pending int    // results not yet received; 0 also once re-sent elsewhere
 	got     uint64 // bit j: Experts[j] has answered
+	failed  []int  // workers that could not load its experts from their store before it
 }
 
 // RunExperts implements model.ExpertRunner over the workers.
@@ -463,6 +465,12 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 		r := &q.reqs[i]
 		if rp.err != nil {
 			var lost *lostError
+			if we := (*wire.Error)(nil); errors.As(rp.err, &we) && we.Code == wire.ReqLoadFailed {
+				if err := s.loadFailed(ctx, q, i, x, rows, we); err != nil {
+					return err
+				}
+				continue
+			}
 			if !errors.As(rp.err, &lost) {
 				return fmt.Errorf("mainnode: layer %d on worker %d (%s): %w", layer, r.Worker, s.workers[r.Worker].name, rp.err)
 			}

@@ -41,6 +41,9 @@ type ChatTemplate interface {
 type Health struct {
 	Ready bool     `json:"ready"`
 	Down  []string `json:"down,omitempty"`
+	// Degraded names nodes that serve with a fault (a worker whose store
+	// failed a load, and what failed): ready, but worth a look.
+	Degraded []string `json:"degraded,omitempty"`
 }
 
 // Config is what a Server serves.

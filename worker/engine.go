@@ -44,6 +44,10 @@ type Stats struct {
 	// under way counts its whole expert).
 	Withdrawn      atomic.Int64
 	WithdrawnBytes atomic.Int64
+	// Quarantined are experts whose bytes in the store failed their
+	// checksum (or could not be read whole): refused at once from then
+	// on, so that the main node sends them to another worker.
+	Quarantined atomic.Int64
 }
 
 // Engine loads, computes and evicts experts within a device-memory budget.
@@ -74,6 +78,7 @@ type Engine struct {
 
 	mu    sync.Mutex
 	slots map[slotKey]*slot
+	bad   map[slotKey]error // quarantined: their store bytes are damaged
 	order uint64
 	clock uint64 // requests run: the residency policy's clock
 	// at is, per sequence, the latest iteration and layer a request has
@@ -201,6 +206,10 @@ func (e *Engine) Prefetch(ctx context.Context, step model.Step, layer int, exper
 	for _, ex := range experts {
 		e.mu.Lock()
 		k := slotKey{layer, ex}
+		if e.bad[k] != nil {
+			e.mu.Unlock()
+			continue // quarantined: nothing to load
+		}
 		if s, ok := e.slots[k]; ok {
 			if !s.hinted {
 				s.hinted, s.hintedAt = true, time.Now()
@@ -236,6 +245,13 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 	err := e.loadInto(ctx, k, s)
 	e.mu.Lock()
 	s.err, s.loadDur, s.loaded = err, time.Since(t0), true
+	quarantine := damaged(err) && e.bad[k] == nil
+	if quarantine {
+		if e.bad == nil {
+			e.bad = map[slotKey]error{}
+		}
+		e.bad[k] = err
+	}
 	current := e.slots[k] == s
 	if err != nil && current {
 		delete(e.slots, k)
@@ -251,7 +267,11 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 		if errors.Is(err, ErrOverBudget) {
 			e.Stats.Refused.Add(1)
 		}
-		if !errors.Is(err, context.Canceled) {
+		if quarantine {
+			e.Stats.Quarantined.Add(1)
+			e.log.Error().Int("layer", k.layer).Int("expert", k.expert).Err(err).
+				Msg("expert quarantined: its bytes in the store are damaged; requests for it are refused, the main node sends them to another worker")
+		} else if !errors.Is(err, context.Canceled) {
 			e.log.Warn().Int("layer", k.layer).Int("expert", k.expert).Err(err).Msg("expert load failed")
 		}
 		return
@@ -463,6 +483,10 @@ func (e *Engine) Run(ctx context.Context, step model.Step, layer, expert int, x 
 	e.mu.Lock()
 	if a := e.at[seq]; step.Iter > a.it || step.Iter == a.it && layer > a.layer {
 		e.at[seq] = position{step.Iter, layer}
+	}
+	if err := e.bad[k]; err != nil {
+		e.mu.Unlock()
+		return res, err
 	}
 	e.mu.Unlock()
 	for {
@@ -704,4 +728,11 @@ func (e *Engine) PinOwned(ctx context.Context, layers []int, experts, idx, n int
 		}
 	}
 	return nil
+}
+
+// damaged reports whether err says an expert's bytes in the store are
+// damaged (a chunk failing its checksum, corrupt or cut short), as
+// opposed to a passing fault (memory, a cancelled request).
+func damaged(err error) bool {
+	return errors.Is(err, store.ErrChecksum) || errors.Is(err, store.ErrCorrupt) || errors.Is(err, store.ErrTruncated)
 }

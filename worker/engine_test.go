@@ -245,3 +245,48 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 		t.Errorf("%d loads, want 4 (each expert once, shared ones too)", got)
 	}
 }
+
+// TestAnExpertThatFailsItsChecksumIsQuarantined: an expert whose bytes in
+// the store are damaged fails its first load (the store's checksum), is
+// quarantined, and is refused at once afterwards (no second read, no load
+// from a prediction), while the other experts run as before.
+func TestAnExpertThatFailsItsChecksumIsQuarantined(t *testing.T) {
+	f := tinyFixture(t)
+	dir := t.TempDir()
+	for _, name := range []string{"index.bin", "chunks.bin"} {
+		b, err := os.ReadFile(filepath.Join(f.dir, "store", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "chunks.bin" {
+			b[1000] ^= 0x10 // in layer 0 expert 0's first chunk
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(st, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	x, out := randomInput(1, h, 1), make([]float32, h)
+	for i := range 2 {
+		if _, err := e.Run(ctx, model.Step{Seq: 1, Iter: int64(i)}, 0, 0, x, 1, out, Evict); !errors.Is(err, store.ErrChecksum) {
+			t.Fatalf("run %d of the damaged expert: %v, want a checksum error", i+1, err)
+		}
+	}
+	e.Prefetch(ctx, model.Step{Seq: 1, Iter: 2}, 0, []int{0})
+	e.wg.Wait()
+	if q, l := e.Stats.Quarantined.Load(), e.Stats.Loads.Load(); q != 1 || l != 0 {
+		t.Fatalf("quarantined %d, loads %d: want 1 quarantined and nothing loaded", q, l)
+	}
+	if _, err := e.Run(ctx, model.Step{Seq: 1, Iter: 3}, 0, 1, x, 1, out, Evict); err != nil || !sameBits(out, localExpert(f.model, 0, 1, x, 1)) {
+		t.Fatalf("another expert of the damaged store: %v", err)
+	}
+}
