@@ -102,7 +102,11 @@ func TestSwarmSurvivesALostWorker(t *testing.T) {
 	prompt := testPrompt(40, 37, 5, local.Config.VocabSize)
 	const steps, restartAt = 14, 3
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
-	for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext} {
+	policies := []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext}
+	if testing.Short() {
+		policies = policies[:1] // -short: one policy (6 s a policy: paced loads and a redial)
+	}
+	for _, policy := range policies {
 		t.Run(string(policy), func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
