@@ -151,6 +151,9 @@ func (s *Swarm) loadFailed(ctx context.Context, q *sequence, i int, x []float32,
 	r := &q.reqs[i]
 	w := r.Worker
 	s.degrade(w, fmt.Sprintf("layer %d expert %d: %s", cause.Layer, cause.Expert, cause.Msg))
+	if cause.Expert >= 0 {
+		s.planner.Spoil(w, cause.Layer, cause.Expert) // later plans run it elsewhere
+	}
 	tried := append(append([]int(nil), r.failed...), w)
 	to := -1
 	for j := 1; j < s.planner.layout.Workers && to < 0; j++ {

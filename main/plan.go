@@ -155,6 +155,32 @@ type Planner struct {
 	// placement, when set, is who owns each expert (-residency on): every
 	// expert runs on its owner, which keeps it resident
 	placement atomic.Pointer[sched.Placement]
+	// spoiled are the experts a worker's store could not give (Spoil):
+	// planned on another worker from then on
+	spoiled atomic.Pointer[map[spoil]bool]
+}
+
+// spoil is an expert of a layer that worker cannot load.
+type spoil struct{ worker, layer, expert int }
+
+// Spoil records that worker w's store cannot give layer's expert (its
+// bytes failed their checksum there): later plans run it elsewhere.
+func (pl *Planner) Spoil(w, layer, expert int) {
+	for {
+		old := pl.spoiled.Load()
+		m := map[spoil]bool{{w, layer, expert}: true}
+		if old != nil {
+			if (*old)[spoil{w, layer, expert}] {
+				return
+			}
+			for k := range *old {
+				m[k] = true
+			}
+		}
+		if pl.spoiled.CompareAndSwap(old, &m) {
+			return
+		}
+	}
 }
 
 // NewPlanner returns a planner; miniBatch is the prefill tokens per
@@ -231,6 +257,7 @@ func (pl *Planner) Plan(p *Plan, in *Input) {
 		ownHints(p, owners)
 	}
 	pl.avoidDown(p, in.Layer)
+	pl.avoidSpoiled(p, in.Layer)
 	if p.hintAssigned {
 		p.workers(func(w int, experts []int32) {
 			p.Hints = append(p.Hints, Hint{Worker: w, Step: in.Step, Layer: in.Layer, Experts: experts})
@@ -286,6 +313,34 @@ func (pl *Planner) avoidDown(p *Plan, layer int) {
 	}
 	for i := range p.Hints {
 		p.Hints[i].Worker = pl.Substitute(p.Hints[i].Worker)
+	}
+}
+
+// avoidSpoiled moves each expert a worker cannot load off it: to the next
+// live worker of its group that can, else the next live one at all (it
+// stays where it is when none can: the request fails there, naming why).
+func (pl *Planner) avoidSpoiled(p *Plan, layer int) {
+	m := pl.spoiled.Load()
+	if m == nil {
+		return
+	}
+	bad := func(w, e int) bool { return pl.down[w].Load() || (*m)[spoil{w, layer, e}] }
+	for i, w := range p.Assign {
+		e := int(p.Experts[i])
+		if !(*m)[spoil{w, layer, e}] {
+			continue
+		}
+		g, G := w/pl.layout.Group, pl.layout.Group
+		for j := 1; j < G+pl.layout.Workers; j++ {
+			c := (w + j - G) % pl.layout.Workers // after the group's others, every worker
+			if j < G {
+				c = g*G + (w%G+j)%G
+			}
+			if !bad(c, e) {
+				p.Assign[i] = c
+				break
+			}
+		}
 	}
 }
 

@@ -89,7 +89,8 @@ func TestPlannerScenarios(t *testing.T) {
 		layer     int
 		tokens    [][]int // each token's experts
 		predicted []int
-		on        []int // where the shadow hinted each predicted expert (nil: by index)
+		on        []int   // where the shadow hinted each predicted expert (nil: by index)
+		spoiled   []spoil // experts a worker's store failed
 		want      string
 	}{
 		{name: "reactive decode: the layer's group, no hints", policy: Reactive, layer: 1, tokens: [][]int{{2, 5}},
@@ -123,10 +124,22 @@ func TestPlannerScenarios(t *testing.T) {
 			want: "e2@w0 e5@w0 | send w0 [2 5] rows [0] end"},
 		{name: "a worker out in prefill: its expert goes to the other of its group", policy: Reactive, down: []int{1}, layer: 0, tokens: [][]int{{1, 2}, {1, 2}},
 			want: "e1@w0 e2@w2 | hint w0 it5 L0 [1] | hint w2 it5 L0 [2] | send w0 [1] rows [0 1] end | send w2 [2] rows [0 1] end"},
+		{name: "an expert a worker's store failed: that expert goes to the other of its group, the rest stays", policy: Reactive, layer: 1, tokens: [][]int{{2, 5}},
+			spoiled: []spoil{{3, 1, 5}, {3, 0, 2}},
+			want:    "e2@w2 e5@w2 | send w2 [2 5] rows [0] end"},
+		{name: "failed on both of its group: the next worker that can", policy: Reactive, layer: 1, tokens: [][]int{{2, 5}},
+			spoiled: []spoil{{3, 1, 5}, {2, 1, 5}},
+			want:    "e2@w2 e5@w0 | send w2 [2] rows [0] end | send w0 [5] rows [0] end"},
+		{name: "failed where the other of its group is out: the next live worker", policy: Reactive, down: []int{2}, layer: 1, tokens: [][]int{{2, 5}},
+			spoiled: []spoil{{3, 1, 5}},
+			want:    "e2@w3 e5@w0 | send w3 [2] rows [0] end | send w0 [5] rows [0] end"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			pl := testPlanner(t, c.policy, c.down...)
+			for _, sp := range c.spoiled {
+				pl.Spoil(sp.worker, sp.layer, sp.expert)
+			}
 			var p Plan
 			in := &Input{Step: step, Layer: c.layer, Tokens: len(c.tokens), Routes: routes(c.tokens...), Predicted: c.predicted, PredictedOn: c.on}
 			pl.Plan(&p, in)
