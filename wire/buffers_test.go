@@ -156,11 +156,13 @@ func TestBufferRoomIsGivenBack(t *testing.T) {
 	})
 }
 
-// TestListenerRoomBoundsEveryConnectionTogether: peers that stall inside
-// claimed frames hold at most their connection's room each; once they
-// hold the listener's, another peer's frame waits, and it arrives when a
-// staller's connection ends.
-func TestListenerRoomBoundsEveryConnectionTogether(t *testing.T) {
+// TestListenerRoomIsPerIdentity: peers that stall inside claimed frames
+// hold at most their connection's room each and their identity's
+// together; another identity's frames never wait on them (a shadow, or
+// anyone holding its certificate, stalling cannot make the main node
+// wait), while another connection of the stallers' identity waits, and
+// its frame arrives when a staller's connection ends.
+func TestListenerRoomIsPerIdentity(t *testing.T) {
 	scfg := testConfig(t, "buf", "w1")
 	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes = 1<<20, 1<<20, 2<<20
 	l := listen(t, scfg)
@@ -180,20 +182,29 @@ func TestListenerRoomBoundsEveryConnectionTogether(t *testing.T) {
 	}
 	a := stall(3) // the second and third claims wait on a's own room
 	waitFor(t, "the first staller's claims", func() bool { return l.Stats().BufferWaits.Load() == 2 })
-	if roomFree(l.buffers, 3<<19) {
-		t.Fatal("the staller holds none of the listener's room")
-	}
-	send(t, healthy, bulk(1, make([]byte, 600<<10))) // room for it beside one staller
-	if m := recv(t, healthyServer); m.(*Alignment).Seq != 1 {
-		t.Fatalf("got %v", m)
+	l.mu.Lock()
+	shadows := l.pools["shadow/shadow"]
+	l.mu.Unlock()
+	if shadows == nil || roomFree(shadows, 3<<19) {
+		t.Fatal("the staller holds none of its identity's room")
 	}
 	stall(1)
-	waitFor(t, "the listener's room taken", func() bool { return !roomFree(l.buffers, 1<<19) })
+	waitFor(t, "the shadow identity's room taken", func() bool { return !roomFree(shadows, 1<<19) })
 	waits := l.Stats().BufferWaits.Load()
-	send(t, healthy, bulk(2, make([]byte, 600<<10)))
-	waitFor(t, "the healthy peer's frame waiting", func() bool { return l.Stats().BufferWaits.Load() > waits })
+	for seq := uint64(1); seq <= 3; seq++ { // more than the shadows left: the main node's own room
+		send(t, healthy, bulk(seq, make([]byte, 600<<10)))
+		if m := recv(t, healthyServer); m.(*Alignment).Seq != seq {
+			t.Fatalf("got %v", m)
+		}
+	}
+	if w := l.Stats().BufferWaits.Load(); w != waits {
+		t.Fatalf("the main node's frames waited %d times on the shadows' stalls", w-waits)
+	}
+	late, lateServer := connect(t, l, testConfig(t, "buf", "shadow"))
+	send(t, late, bulk(4, make([]byte, 600<<10)))
+	waitFor(t, "another shadow connection's frame waiting", func() bool { return l.Stats().BufferWaits.Load() > waits })
 	a.Close()
-	if m := recv(t, healthyServer); m.(*Alignment).Seq != 2 {
+	if m := recv(t, lateServer); m.(*Alignment).Seq != 4 {
 		t.Fatalf("got %v", m)
 	}
 }
@@ -253,7 +264,16 @@ func roomFree(s interface {
 
 func waitRoomFree(t *testing.T, l *Listener) {
 	t.Helper()
-	waitFor(t, "the listener's room given back", func() bool { return roomFree(l.buffers, l.cfg.MaxBufferedBytes) })
+	waitFor(t, "the listener's room given back", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, s := range l.pools {
+			if !roomFree(s, l.cfg.MaxBufferedBytes) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // waitFor polls cond until it holds, failing the test after 5 s.

@@ -95,10 +95,12 @@ type Config struct {
 	// never be read.
 	MaxConnBufferedBytes int64
 	// MaxBufferedBytes bounds the same over every connection a Listener
-	// accepts (for a worker or a shadow: the whole process's; a dialed
-	// connection has only its own bound). Default 4 x
-	// MaxConnBufferedBytes, so that one peer stalling its frames leaves
-	// room for three others; at least MaxConnBufferedBytes.
+	// accepts from one peer identity (a certificate: the main node's, the
+	// shadow's), so that what one identity holds never makes another's
+	// frames wait; a dialed connection has only its own bound. Default 4
+	// x MaxConnBufferedBytes, so that one connection stalling its frames
+	// leaves room for three others of its identity; at least
+	// MaxConnBufferedBytes.
 	MaxBufferedBytes int64
 	// KeepAlivePeriod is how often an idle connection sends a QUIC PING.
 	KeepAlivePeriod time.Duration

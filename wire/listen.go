@@ -18,9 +18,9 @@ type Listener struct {
 	tr    *quic.Transport
 	ln    *quic.Listener
 	ready chan *Peer
-	// buffers is the room every accepted connection's received frames
-	// share (Config.MaxBufferedBytes)
-	buffers *semaphore.Weighted
+	// pools are the room accepted connections' received frames share,
+	// one of Config.MaxBufferedBytes per peer identity (poolFor)
+	pools map[string]*semaphore.Weighted
 
 	closing   chan struct{}
 	cancel    context.CancelFunc // ends handshakes in progress
@@ -65,7 +65,7 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 	l := &Listener{
 		cfg: c, udp: udp, pc: pc, tr: tr, ln: ln,
 		ready:   make(chan *Peer, 16),
-		buffers: semaphore.NewWeighted(c.MaxBufferedBytes),
+		pools:   map[string]*semaphore.Weighted{},
 		closing: make(chan struct{}),
 		cancel:  cancel,
 		pending: map[*quic.Conn]struct{}{},
@@ -107,7 +107,7 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 		return
 	}
 	var p *Peer
-	p = newPeer(conn, l.cfg, l.buffers, func() { l.forget(p) })
+	p = newPeer(conn, l.cfg, l.poolFor(conn), func() { l.forget(p) })
 	err := p.start(ctx, false, "")
 	if err == nil && !l.established(p) {
 		p.Close()
@@ -124,6 +124,27 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 	case <-l.closing:
 		p.Close()
 	}
+}
+
+// poolFor is the buffer room conn's frames share with the other
+// connections of the same peer identity (its certificate's role and name;
+// one pool for every peer of an insecure listener): a peer that holds
+// frames open takes its own identity's room, never another's, so a shadow
+// (or anyone holding its certificate) stalling cannot make the main node
+// wait. Identities are the cluster's certificates, so the pools are few.
+func (l *Listener) poolFor(conn *quic.Conn) *semaphore.Weighted {
+	key := ""
+	if id, err := peerIdentity(conn.ConnectionState().TLS); err == nil {
+		key = string(id.Role) + "/" + id.Name
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.pools[key]
+	if s == nil {
+		s = semaphore.NewWeighted(l.cfg.MaxBufferedBytes)
+		l.pools[key] = s
+	}
+	return s
 }
 
 type roleStringer Role
