@@ -285,3 +285,33 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestAStalledFrameBodyIsDroppedAfterItsTimeout: a bulk frame whose body
+// stops arriving holds its room only until FrameBodyTimeout: then its
+// stream is dropped, its room given back and counted, and the connection
+// goes on.
+func TestAStalledFrameBodyIsDroppedAfterItsTimeout(t *testing.T) {
+	scfg := testConfig(t, "buf", "w1")
+	scfg.FrameBodyTimeout = 200 * time.Millisecond
+	l := listen(t, scfg)
+	client, server := connect(t, l, testConfig(t, "buf", "main"))
+	s, err := client.conn.OpenUniStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Write(append(claimHeader(512<<10), make([]byte, 100)...)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the claim to be reserved", func() bool { return !roomFree(server.bufs.conn, l.cfg.MaxConnBufferedBytes) })
+	waitFor(t, "the stalled body to time out", func() bool { return l.Stats().FramesStalled.Load() == 1 })
+	waitFor(t, "the connection's room given back", func() bool { return roomFree(server.bufs.conn, l.cfg.MaxConnBufferedBytes) })
+	waitRoomFree(t, l)
+	send(t, client, &Heartbeat{Seq: 7}) // the connection goes on
+	if m := recv(t, server); m.(*Heartbeat).Seq != 7 {
+		t.Fatalf("got %v", m)
+	}
+	send(t, client, bulk(8, make([]byte, 300<<10))) // and so do its bulk frames
+	if m := recv(t, server); m.(*Alignment).Seq != 8 {
+		t.Fatalf("got %v", m)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -114,8 +115,13 @@ type frameReader struct {
 	}
 	// headers, if set, counts every header that passes the checks.
 	headers *atomic.Uint64
-	hdr     [frameHeaderLen]byte
-	buf     []byte
+	// bodyDeadline, if set, is called with the time a body must have
+	// arrived by once its room is reserved, and with the zero time once it
+	// has (a bulk stream's read deadline: Config.FrameBodyTimeout).
+	bodyDeadline func(time.Time)
+	bodyTimeout  time.Duration
+	hdr          [frameHeaderLen]byte
+	buf          []byte
 }
 
 // readPiece is the most of a frame body allocated before its bytes
@@ -157,6 +163,10 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 		if err := fr.buffers.reserve(int64(size)); err != nil {
 			return 0, nil, false, fmt.Errorf("waiting for room for a %v frame of %d bytes: %w", typ, size, err)
 		}
+	}
+	if fr.bodyDeadline != nil {
+		fr.bodyDeadline(time.Now().Add(fr.bodyTimeout))
+		defer fr.bodyDeadline(time.Time{})
 	}
 	if fr.reuse && size <= keepFrameBuf {
 		if cap(fr.buf) < size {

@@ -37,6 +37,10 @@ const urgentMaxBytes = 256 << 10
 // because its context ended; the receiver drops the partial message.
 const streamCancelled quic.StreamErrorCode = 1
 
+// streamStalled is the code a receiver drops a stream with whose frame
+// body did not arrive within Config.FrameBodyTimeout.
+const streamStalled quic.StreamErrorCode = 2
+
 // classOf says on which kind of stream m travels: control for small,
 // latency-critical messages (hello, prediction, activation, result,
 // heartbeat, error, ...), bulk for large ones.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"time"
 
 	"github.com/quic-go/quic-go"
 )
@@ -92,10 +94,19 @@ func (p *Peer) readBulk(s *quic.ReceiveStream) {
 	if p.cfg.bulkArrived != nil {
 		p.cfg.bulkArrived()
 	}
-	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes, buffers: p.bufs, headers: &p.cfg.Stats.FrameHeaders} // a fresh buffer per frame: messages keep it
+	fr := &frameReader{r: s, maxBytes: p.cfg.MaxFrameBytes, buffers: p.bufs, headers: &p.cfg.Stats.FrameHeaders, // a fresh buffer per frame: messages keep it
+		bodyDeadline: func(t time.Time) { s.SetReadDeadline(t) }, bodyTimeout: p.cfg.FrameBodyTimeout}
 	md := newMessageDecoder()
 	for {
 		typ, body, owned, err := fr.next()
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			// a body that stalls: its room is back (next gave it), the
+			// stream is dropped, the connection goes on
+			p.cfg.Stats.FramesStalled.Add(1)
+			s.CancelRead(streamStalled)
+			p.log.Warn().Dur("timeout", p.cfg.FrameBodyTimeout).Msg("wire: a frame's body stalled: its stream is dropped and its buffer room given back")
+			return
+		}
 		if err != nil {
 			if err != io.EOF {
 				p.readFailed(err)

@@ -18,7 +18,10 @@ type Stats struct {
 	// cancelled by the peer or refused. Together they say what a receiver
 	// has done with what a peer sent, for those who must wait for it.
 	FrameHeaders, BulkStreamsEnded atomic.Uint64
-	errors                         [numCodes]atomic.Uint64
+	// FramesStalled are frames whose body did not arrive within
+	// Config.FrameBodyTimeout: their streams were dropped.
+	FramesStalled atomic.Uint64
+	errors        [numCodes]atomic.Uint64
 }
 
 // Errors returns how many connections this side closed because the peer
