@@ -315,3 +315,43 @@ func TestAStalledFrameBodyIsDroppedAfterItsTimeout(t *testing.T) {
 		t.Fatalf("got %v", m)
 	}
 }
+
+// TestListenerCapsConnectionsPerIdentityAndInAll: past MaxConnsPerIdentity
+// connections of one certificate, or MaxConns in all, a new connection is
+// closed at once, saying why, and counted as refused; another identity
+// still connects under the first cap, and a closed connection makes room.
+func TestListenerCapsConnectionsPerIdentityAndInAll(t *testing.T) {
+	scfg := testConfig(t, "buf", "w1")
+	scfg.MaxConns, scfg.MaxConnsPerIdentity = 3, 2
+	l := listen(t, scfg)
+	dial := func(name string) (*Peer, error) {
+		cfg := testConfig(t, "buf", name)
+		cfg.DialAttempts = 1
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p, err := Dial(ctx, l.Addr().String(), cfg)
+		if err == nil {
+			t.Cleanup(func() { p.Close() })
+		}
+		return p, err
+	}
+	first, _ := connect(t, l, testConfig(t, "buf", "main"))
+	connect(t, l, testConfig(t, "buf", "main"))
+	if _, err := dial("main"); err == nil || !strings.Contains(err.Error(), "too many connections") {
+		t.Fatalf("a third main connection: %v, want it refused as too many", err)
+	}
+	connect(t, l, testConfig(t, "buf", "shadow")) // another identity: under its own cap, the third in all
+	if _, err := dial("shadow"); err == nil || !strings.Contains(err.Error(), "too many connections") {
+		t.Fatalf("a fourth connection in all: %v, want it refused as too many", err)
+	}
+	if got := l.Stats().Refused.Load(); got != 2 {
+		t.Fatalf("%d connections counted as refused, want 2", got)
+	}
+	first.Close()
+	waitFor(t, "the closed connection's place", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.perID["main/main"] == 1
+	})
+	connect(t, l, testConfig(t, "buf", "main"))
+}

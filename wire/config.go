@@ -103,6 +103,14 @@ type Config struct {
 	// leaves room for three others of its identity; at least
 	// MaxConnBufferedBytes.
 	MaxBufferedBytes int64
+	// MaxConns bounds the connections a Listener holds at once (in the
+	// Hello exchange or established; default 64), MaxConnsPerIdentity
+	// those of one peer identity (default 8: a main node or shadow needs
+	// one, and a few while a lost one's connection times out). A
+	// connection past either is closed at once, counted as refused and
+	// logged: a peer holding a valid certificate cannot pile up
+	// connections (and the memory each costs).
+	MaxConns, MaxConnsPerIdentity int
 	// FrameBodyTimeout is how long a bulk frame's body may take to arrive
 	// once its room is reserved (default 30 s: 64 MiB at 20 Mbit/s): a
 	// body that stalls longer has its stream dropped and its room given
@@ -186,6 +194,8 @@ func (c *Config) settled() (*Config, error) {
 		return nil, fmt.Errorf("wire: MaxFrameBytes %d out of range [1 KiB, 2 GiB]", s.MaxFrameBytes)
 	}
 	setDefault(&s.FrameBodyTimeout, defaultFrameBodyTimeout)
+	setDefault(&s.MaxConns, 64)
+	setDefault(&s.MaxConnsPerIdentity, 8)
 	setDefault(&s.MaxConnBufferedBytes, 2*int64(s.MaxFrameBytes))
 	setDefault(&s.MaxBufferedBytes, 4*min(s.MaxConnBufferedBytes, maxBufferedBytes))
 	switch {

@@ -24,7 +24,8 @@ const (
 	CodeBadTensor     ErrorCode = 0x14 // a tensor whose bytes do not match its dtype and shape
 	CodeIdentity      ErrorCode = 0x15 // a peer whose name or role is not the expected one
 	CodeProtocol      ErrorCode = 0x16 // streams or messages out of the protocol's order
-	numCodes                    = 0x17
+	codeTooMany       ErrorCode = 0x17 // past the listener's connection caps (Config.MaxConns, MaxConnsPerIdentity)
+	numCodes                    = 0x18
 )
 
 var codeNames = map[ErrorCode]string{
@@ -37,6 +38,7 @@ var codeNames = map[ErrorCode]string{
 	CodeBadTensor:     "inconsistent tensor",
 	CodeIdentity:      "wrong peer identity",
 	CodeProtocol:      "protocol violation",
+	codeTooMany:       "too many connections",
 }
 
 func (c ErrorCode) String() string {

@@ -31,6 +31,10 @@ type Listener struct {
 	closed  bool
 	pending map[*quic.Conn]struct{} // in the Hello exchange
 	peers   map[*Peer]struct{}      // established, until they end
+	// idOf is every tracked connection's peer identity (identityKey),
+	// perID how many each identity holds (MaxConnsPerIdentity)
+	idOf  map[*quic.Conn]string
+	perID map[string]int
 }
 
 // Listen listens for peers on addr (host:port; port 0 picks one). Peers
@@ -69,6 +73,8 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 		closing: make(chan struct{}),
 		cancel:  cancel,
 		pending: map[*quic.Conn]struct{}{},
+		idOf:    map[*quic.Conn]string{},
+		perID:   map[string]int{},
 		peers:   map[*Peer]struct{}{},
 	}
 	c.warnInsecure("listen")
@@ -102,8 +108,15 @@ func (l *Listener) acceptLoop(ctx context.Context) {
 // handshake runs the Hello exchange with a new connection and queues the
 // peer for Accept.
 func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
-	if !l.track(conn) {
-		conn.CloseWithError(quic.ApplicationErrorCode(CodeClosed), "listener closing")
+	if refused := l.track(conn); refused != "" {
+		code := codeTooMany
+		if refused == "listener closing" {
+			code = CodeClosed
+		} else {
+			l.cfg.Stats.Refused.Add(1)
+			l.cfg.Log.Warn().Str("node", l.cfg.Name).Stringer("remote", conn.RemoteAddr()).Str("why", refused).Msg("wire: refused a connection")
+		}
+		conn.CloseWithError(quic.ApplicationErrorCode(code), refused)
 		return
 	}
 	var p *Peer
@@ -133,10 +146,7 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 // (or anyone holding its certificate) stalling cannot make the main node
 // wait. Identities are the cluster's certificates, so the pools are few.
 func (l *Listener) poolFor(conn *quic.Conn) *semaphore.Weighted {
-	key := ""
-	if id, err := peerIdentity(conn.ConnectionState().TLS); err == nil {
-		key = string(id.Role) + "/" + id.Name
-	}
+	key := identityKey(conn)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.pools[key]
@@ -151,15 +161,34 @@ type roleStringer Role
 
 func (r roleStringer) String() string { return string(r) }
 
-// track registers a connection in the Hello exchange; false if closing.
-func (l *Listener) track(conn *quic.Conn) bool {
+// track registers a connection in the Hello exchange, or says why not:
+// the listener is closing, or holds MaxConns connections, or
+// MaxConnsPerIdentity of conn's peer identity.
+func (l *Listener) track(conn *quic.Conn) (refused string) {
+	id := identityKey(conn)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return false
+	switch {
+	case l.closed:
+		return "listener closing"
+	case len(l.idOf) >= l.cfg.MaxConns:
+		return fmt.Sprintf("this node holds %d connections already (MaxConns)", len(l.idOf))
+	case l.perID[id] >= l.cfg.MaxConnsPerIdentity:
+		return fmt.Sprintf("%q holds %d connections to this node already (MaxConnsPerIdentity)", id, l.perID[id])
 	}
 	l.pending[conn] = struct{}{}
-	return true
+	l.idOf[conn] = id
+	l.perID[id]++
+	return ""
+}
+
+// identityKey names conn's peer by its certificate (role and name), ""
+// where it has none (an insecure listener).
+func identityKey(conn *quic.Conn) string {
+	if id, err := peerIdentity(conn.ConnectionState().TLS); err == nil {
+		return string(id.Role) + "/" + id.Name
+	}
+	return ""
 }
 
 // established moves a peer from pending to peers; false if closing.
@@ -180,6 +209,12 @@ func (l *Listener) forget(p *Peer) {
 	defer l.mu.Unlock()
 	delete(l.pending, p.conn)
 	delete(l.peers, p)
+	if id, ok := l.idOf[p.conn]; ok {
+		delete(l.idOf, p.conn)
+		if l.perID[id]--; l.perID[id] == 0 {
+			delete(l.perID, id)
+		}
+	}
 }
 
 // Accept returns the next peer that connected and passed the checks;
