@@ -9,23 +9,28 @@ import (
 
 // peerBuffers is the room a connection's received frames may take: its
 // own (Config.MaxConnBufferedBytes) and, for a connection a Listener
-// accepted, a share of the listener's (Config.MaxBufferedBytes). A frame
-// reserves its length before its body is read and gives it back when
-// Recv hands its message out (or it is dropped); what the connection
-// still holds when it ends goes back to the listener.
+// accepted, a share of its identity's pool (Config.MaxBufferedBytes)
+// beyond the first ConnGuaranteedBytes, which are the connection's alone:
+// however its identity's other connections hold the pool, its small
+// frames (every decode activation, a prefill mini-batch) never wait. A
+// frame reserves its length before its body is read and gives it back
+// when Recv hands its message out (or it is dropped); what the connection
+// still holds of the pool when it ends goes back to it.
 type peerBuffers struct {
-	ctx   context.Context // the connection's: waiting for room ends with it
-	conn  *semaphore.Weighted
-	all   *semaphore.Weighted // nil for a dialed connection
-	stats *Stats
+	ctx        context.Context // the connection's: waiting for room ends with it
+	conn       *semaphore.Weighted
+	all        *semaphore.Weighted // nil for a dialed connection
+	stats      *Stats
+	guaranteed int64 // the room of its own before the pool (ConnGuaranteedBytes)
 
 	mu    sync.Mutex
 	held  int64 // of all, not yet given back
+	own   int64 // of guaranteed, in use
 	ended bool
 }
 
 func newPeerBuffers(ctx context.Context, cfg *Config, all *semaphore.Weighted) *peerBuffers {
-	return &peerBuffers{ctx: ctx, conn: semaphore.NewWeighted(cfg.MaxConnBufferedBytes), all: all, stats: cfg.Stats}
+	return &peerBuffers{ctx: ctx, conn: semaphore.NewWeighted(cfg.MaxConnBufferedBytes), all: all, stats: cfg.Stats, guaranteed: cfg.ConnGuaranteedBytes}
 }
 
 // reserve waits for room for n bytes, first on the connection, then on
@@ -40,9 +45,20 @@ func (b *peerBuffers) reserve(n int64) error {
 	if b.all == nil {
 		return nil
 	}
-	if !b.all.TryAcquire(n) {
+	b.mu.Lock()
+	own := min(n, b.guaranteed-b.own) // the connection's own room first
+	b.own += own
+	b.mu.Unlock()
+	pool := n - own
+	if pool == 0 {
+		return nil
+	}
+	if !b.all.TryAcquire(pool) {
 		b.stats.BufferWaits.Add(1)
-		if err := b.all.Acquire(b.ctx, n); err != nil {
+		if err := b.all.Acquire(b.ctx, pool); err != nil {
+			b.mu.Lock()
+			b.own -= own
+			b.mu.Unlock()
 			b.conn.Release(n)
 			return err
 		}
@@ -50,9 +66,9 @@ func (b *peerBuffers) reserve(n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ended { // the connection ended meanwhile: nothing will give it back
-		b.all.Release(n)
+		b.all.Release(pool)
 	} else {
-		b.held += n
+		b.held += pool
 	}
 	return nil
 }
@@ -65,9 +81,13 @@ func (b *peerBuffers) unreserve(n int64) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.ended {
-		b.held -= n
-		b.all.Release(n)
+	// the pool first: which frame took which room does not matter, only
+	// that the connection never holds more of its own than guaranteed
+	pool := min(n, b.held)
+	b.own -= n - pool
+	if !b.ended && pool > 0 {
+		b.held -= pool
+		b.all.Release(pool)
 	}
 }
 

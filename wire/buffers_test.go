@@ -165,6 +165,7 @@ func TestBufferRoomIsGivenBack(t *testing.T) {
 func TestListenerRoomIsPerIdentity(t *testing.T) {
 	scfg := testConfig(t, "buf", "w1")
 	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes = 1<<20, 1<<20, 2<<20
+	scfg.ConnGuaranteedBytes = 1 << 10 // the pools, not the guarantees (TestAConnectionsOwnRoomIsNeverTaken)
 	l := listen(t, scfg)
 	healthy, healthyServer := connect(t, l, testConfig(t, "buf", "main"))
 	stall := func(streams int) *Peer {
@@ -354,4 +355,46 @@ func TestListenerCapsConnectionsPerIdentityAndInAll(t *testing.T) {
 		return l.perID["main/main"] == 1
 	})
 	connect(t, l, testConfig(t, "buf", "main"))
+}
+
+// TestAConnectionsOwnRoomIsNeverTaken: connections of one identity that
+// stall inside claimed frames fill the identity's pool, yet another
+// connection of the same identity (the real main node beside someone
+// holding its certificate) still gets frames up to ConnGuaranteedBytes
+// through without waiting, and the pool is whole again once they leave.
+func TestAConnectionsOwnRoomIsNeverTaken(t *testing.T) {
+	scfg := testConfig(t, "buf", "w1")
+	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes, scfg.ConnGuaranteedBytes = 1<<20, 1<<20, 2<<20, 512<<10
+	l := listen(t, scfg)
+	honest, honestServer := connect(t, l, testConfig(t, "buf", "main"))
+	var stallers []*Peer
+	for range 4 { // each: 512 KiB of its own, the rest of its 1 MiB claim from the pool
+		p, _ := connect(t, l, testConfig(t, "buf", "main"))
+		s, err := p.conn.OpenUniStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Write(append(claimHeader(1<<20-2), make([]byte, 100)...)); err != nil {
+			t.Fatal(err)
+		}
+		stallers = append(stallers, p)
+	}
+	l.mu.Lock()
+	mains := l.pools["main/main"]
+	l.mu.Unlock()
+	waitFor(t, "the stallers to take the main identity's pool", func() bool { return !roomFree(mains, 1<<10) })
+	waits := l.Stats().BufferWaits.Load()
+	for seq := uint64(1); seq <= 4; seq++ {
+		send(t, honest, bulk(seq, make([]byte, 300<<10)))
+		if m := recv(t, honestServer); m.(*Alignment).Seq != seq {
+			t.Fatalf("got %v", m)
+		}
+	}
+	if w := l.Stats().BufferWaits.Load(); w != waits {
+		t.Fatalf("the honest connection's frames waited %d times on the pool", w-waits)
+	}
+	for _, p := range stallers {
+		p.Close()
+	}
+	waitRoomFree(t, l)
 }

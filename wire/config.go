@@ -116,6 +116,12 @@ type Config struct {
 	// body that stalls longer has its stream dropped and its room given
 	// back, logged with the peer's name; the connection goes on.
 	FrameBodyTimeout time.Duration
+	// ConnGuaranteedBytes is the room of its own every accepted connection
+	// has before it draws on its identity's pool (default 16 MiB: every
+	// decode activation and prefill mini-batch of a Mixtral-sized model),
+	// so that connections holding the pool cannot make it wait; at most
+	// MaxConnBufferedBytes.
+	ConnGuaranteedBytes int64
 	// KeepAlivePeriod is how often an idle connection sends a QUIC PING.
 	KeepAlivePeriod time.Duration
 	// IdleTimeout is how long a connection survives without hearing from
@@ -197,6 +203,7 @@ func (c *Config) settled() (*Config, error) {
 	setDefault(&s.MaxConns, 64)
 	setDefault(&s.MaxConnsPerIdentity, 8)
 	setDefault(&s.MaxConnBufferedBytes, 2*int64(s.MaxFrameBytes))
+	setDefault(&s.ConnGuaranteedBytes, min(16<<20, s.MaxConnBufferedBytes))
 	setDefault(&s.MaxBufferedBytes, 4*min(s.MaxConnBufferedBytes, maxBufferedBytes))
 	switch {
 	case s.MaxConnBufferedBytes > maxBufferedBytes || s.MaxBufferedBytes > maxBufferedBytes:
