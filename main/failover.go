@@ -154,14 +154,13 @@ func (s *Swarm) loadFailed(ctx context.Context, q *sequence, i int, x []float32,
 	if cause.Expert >= 0 {
 		s.planner.Spoil(w, cause.Layer, cause.Expert) // later plans run it elsewhere
 	}
+	// never back to a worker that failed this request (two damaged stores
+	// failing different experts of it would pass it to and fro)
 	tried := append(append([]int(nil), r.failed...), w)
-	to := -1
-	for j := 1; j < s.planner.layout.Workers && to < 0; j++ {
-		if c := (w + j) % s.planner.layout.Workers; s.planner.IsLive(c) && !slices.Contains(tried, c) {
-			to = c
-		}
-	}
-	if to < 0 {
+	to, ok := s.planner.nearest(w, func(c int) bool {
+		return s.planner.IsLive(c) && !slices.Contains(tried, c) && !s.planner.isSpoiled(c, cause.Layer, cause.Expert)
+	})
+	if !ok {
 		return fmt.Errorf("mainnode: layer %d: no live worker could load expert %d (the last, %s: %s): %w",
 			q.in.Layer, cause.Expert, s.workers[w].name, cause.Msg, cause)
 	}
@@ -214,40 +213,38 @@ func (s *Swarm) resend(ctx context.Context, q *sequence, i, to int, x []float32,
 	if rows {
 		bufp = &buf
 	}
-	{
-		r := &q.reqs[i]
-		rest := make([]int32, 0, r.pending)
-		var rows, counts []int32 // the unanswered experts' own rows, if they have them
-		off := 0
-		for j, e := range r.Experts {
-			c := 0
-			if len(r.RowCounts) > 0 {
-				c = int(r.RowCounts[j])
+	r := &q.reqs[i]
+	rest := make([]int32, 0, r.pending)
+	var own, counts []int32 // the unanswered experts' own rows, if they have them
+	off := 0
+	for j, e := range r.Experts {
+		c := 0
+		if len(r.RowCounts) > 0 {
+			c = int(r.RowCounts[j])
+		}
+		if r.got&(1<<j) == 0 {
+			rest = append(rest, e)
+			if c > 0 {
+				own, counts = append(own, r.Rows[off:off+c]...), append(counts, int32(c))
 			}
-			if r.got&(1<<j) == 0 {
-				rest = append(rest, e)
-				if c > 0 {
-					rows, counts = append(rows, r.Rows[off:off+c]...), append(counts, int32(c))
-				}
-			}
-			off += c
 		}
-		r.pending = 0 // replaced
-		nr := request{Request: Request{Worker: to, Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Cache: r.Cache, Rows: rows, RowCounts: counts},
-			id: s.nextID.Add(1), pending: len(rest)}
-		if q.expected+nr.pending+1 > cap(q.replies) {
-			return fmt.Errorf("mainnode: layer %d: too many requests re-sent at once (last from %s): %w", q.in.Layer, s.workers[r.Worker].name, cause)
-		}
-		q.expected += nr.pending + 1
-		q.reqs = append(q.reqs, nr)
-		s.workers[nr.Worker].expect(nr.id, nr.pending, q.replies)
-		if err := s.sendRequest(ctx, q, &act, &q.reqs[len(q.reqs)-1], x, bufp); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.stats.Faults.Resent++
-		s.mu.Unlock()
+		off += c
 	}
+	r.pending = 0 // replaced
+	nr := request{Request: Request{Worker: to, Experts: rest, Tokens: r.Tokens, Keep: r.Keep, Cache: r.Cache, Rows: own, RowCounts: counts},
+		id: s.nextID.Add(1), pending: len(rest)}
+	if q.expected+nr.pending+1 > cap(q.replies) {
+		return fmt.Errorf("mainnode: layer %d: too many requests re-sent at once (last from %s): %w", q.in.Layer, s.workers[r.Worker].name, cause)
+	}
+	q.expected += nr.pending + 1
+	q.reqs = append(q.reqs, nr) // r is stale from here
+	s.workers[nr.Worker].expect(nr.id, nr.pending, q.replies)
+	if err := s.sendRequest(ctx, q, &act, &q.reqs[len(q.reqs)-1], x, bufp); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.stats.Faults.Resent++
+	s.mu.Unlock()
 	return nil
 }
 

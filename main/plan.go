@@ -320,28 +320,41 @@ func (pl *Planner) avoidDown(p *Plan, layer int) {
 // live worker of its group that can, else the next live one at all (it
 // stays where it is when none can: the request fails there, naming why).
 func (pl *Planner) avoidSpoiled(p *Plan, layer int) {
-	m := pl.spoiled.Load()
-	if m == nil {
+	if pl.spoiled.Load() == nil {
 		return
 	}
-	bad := func(w, e int) bool { return pl.down[w].Load() || (*m)[spoil{w, layer, e}] }
 	for i, w := range p.Assign {
 		e := int(p.Experts[i])
-		if !(*m)[spoil{w, layer, e}] {
+		if !pl.isSpoiled(w, layer, e) {
 			continue
 		}
-		g, G := w/pl.layout.Group, pl.layout.Group
-		for j := 1; j < G+pl.layout.Workers; j++ {
-			c := (w + j - G) % pl.layout.Workers // after the group's others, every worker
-			if j < G {
-				c = g*G + (w%G+j)%G
-			}
-			if !bad(c, e) {
-				p.Assign[i] = c
-				break
-			}
+		if c, ok := pl.nearest(w, func(c int) bool { return pl.IsLive(c) && !pl.isSpoiled(c, layer, e) }); ok {
+			p.Assign[i] = c
 		}
 	}
+}
+
+// isSpoiled reports whether worker w's store failed layer's expert.
+func (pl *Planner) isSpoiled(w, layer, expert int) bool {
+	m := pl.spoiled.Load()
+	return m != nil && (*m)[spoil{w, layer, expert}]
+}
+
+// nearest is the first worker after w that ok accepts, the others of w's
+// group first, then every worker in order; w and false when none is.
+func (pl *Planner) nearest(w int, ok func(c int) bool) (int, bool) {
+	g, G := w/pl.layout.Group, pl.layout.Group
+	for j := 1; j < G; j++ {
+		if c := g*G + (w%G+j)%G; ok(c) {
+			return c, true
+		}
+	}
+	for j := 1; j < pl.layout.Workers; j++ {
+		if c := (w + j) % pl.layout.Workers; ok(c) {
+			return c, true
+		}
+	}
+	return w, false
 }
 
 // Substitute is the worker that runs what the layout gives w: w itself
@@ -351,18 +364,8 @@ func (pl *Planner) Substitute(w int) int {
 	if !pl.down[w].Load() {
 		return w
 	}
-	g, G := w/pl.layout.Group, pl.layout.Group
-	for j := 1; j < G; j++ {
-		if c := g*G + (w%G+j)%G; !pl.down[c].Load() {
-			return c
-		}
-	}
-	for j := 1; j < pl.layout.Workers; j++ {
-		if c := (w + j) % pl.layout.Workers; !pl.down[c].Load() {
-			return c
-		}
-	}
-	return w
+	c, _ := pl.nearest(w, pl.IsLive)
+	return c
 }
 
 // decodeRequests sends each worker one activation with all its experts on

@@ -295,13 +295,14 @@ func loopback(a net.Addr) bool {
 }
 
 // endpointOf is the requests metric's endpoint label of a path: one of a
-// few, whatever path a client sends.
+// few (the handlers' own: chat, completions; other), whatever path a
+// client sends.
 func endpointOf(path string) string {
 	switch path {
 	case "/v1/chat/completions":
 		return "chat"
 	case "/v1/completions":
-		return "completion"
+		return "completions"
 	}
 	return "other"
 }

@@ -108,7 +108,8 @@ func (l *Listener) acceptLoop(ctx context.Context) {
 // handshake runs the Hello exchange with a new connection and queues the
 // peer for Accept.
 func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
-	if refused := l.track(conn); refused != "" {
+	id := identityKey(conn)
+	if refused := l.track(conn, id); refused != "" {
 		code := codeTooMany
 		if refused == "listener closing" {
 			code = CodeClosed
@@ -120,7 +121,7 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 		return
 	}
 	var p *Peer
-	p = newPeer(conn, l.cfg, l.poolFor(conn), func() { l.forget(p) })
+	p = newPeer(conn, l.cfg, l.poolFor(id), func() { l.forget(p) })
 	err := p.start(ctx, false, "")
 	if err == nil && !l.established(p) {
 		p.Close()
@@ -139,14 +140,13 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 	}
 }
 
-// poolFor is the buffer room conn's frames share with the other
-// connections of the same peer identity (its certificate's role and name;
-// one pool for every peer of an insecure listener): a peer that holds
-// frames open takes its own identity's room, never another's, so a shadow
-// (or anyone holding its certificate) stalling cannot make the main node
-// wait. Identities are the cluster's certificates, so the pools are few.
-func (l *Listener) poolFor(conn *quic.Conn) *semaphore.Weighted {
-	key := identityKey(conn)
+// poolFor is the buffer room the connections of one peer identity share
+// (key: identityKey, the certificate's role and name; one pool for every
+// peer of an insecure listener): a peer that holds frames open takes its
+// own identity's room, never another's, so a shadow (or anyone holding
+// its certificate) stalling cannot make the main node wait. Identities
+// are the cluster's certificates, so the pools are few.
+func (l *Listener) poolFor(key string) *semaphore.Weighted {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.pools[key]
@@ -163,9 +163,8 @@ func (r roleStringer) String() string { return string(r) }
 
 // track registers a connection in the Hello exchange, or says why not:
 // the listener is closing, or holds MaxConns connections, or
-// MaxConnsPerIdentity of conn's peer identity.
-func (l *Listener) track(conn *quic.Conn) (refused string) {
-	id := identityKey(conn)
+// MaxConnsPerIdentity of id's (identityKey).
+func (l *Listener) track(conn *quic.Conn, id string) (refused string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {

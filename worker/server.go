@@ -321,7 +321,7 @@ func requestCode(err error) uint32 {
 		return wire.ReqOverBudget
 	case errors.Is(err, store.ErrNotFound):
 		return wire.ReqBadRequest
-	case errors.Is(err, store.ErrChecksum), errors.Is(err, store.ErrCorrupt), errors.Is(err, store.ErrTruncated):
+	case damaged(err): // quarantined: the main node sends it to another worker
 		return wire.ReqLoadFailed
 	}
 	return wire.ReqInternal
