@@ -221,7 +221,11 @@ func Compare(modelDir, dir string) (string, error) {
 		return "", err
 	}
 	defer set.Close()
-	id, err := identityOf(modelDir, m, set)
+	want, err := checkpointDigests(modelDir, m, set)
+	if err != nil {
+		return "", err
+	}
+	id, err := identityWith(modelDir, m, set.Info, expertsDigest(want))
 	if err != nil {
 		return "", err
 	}
@@ -233,10 +237,6 @@ func Compare(modelDir, dir string) (string, error) {
 	st.Close()
 	if storeID == id {
 		return "", nil
-	}
-	want, err := checkpointDigests(modelDir, m, set)
-	if err != nil {
-		return "", err
 	}
 	b, err := os.ReadFile(filepath.Join(dir, digestsFile))
 	if err != nil {
