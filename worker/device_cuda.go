@@ -209,9 +209,6 @@ func (d *CUDA) Memory() (budget, inUse, peak int64) {
 // String implements Device.
 func (d *CUDA) String() string { return d.gpu.String() }
 
-// GPU is the device underneath, for tests and benchmarks.
-func (d *CUDA) GPU() *cuda.Device { return d.gpu }
-
 // Close implements Device: the streams, the device memory and the
 // mirror go back, then the GPU.
 func (d *CUDA) Close() error {

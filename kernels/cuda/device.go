@@ -24,7 +24,6 @@ type Device struct {
 	Name    string // as the driver names it, e.g. "NVIDIA H100 80GB HBM3"
 	// Major, Minor are the compute capability; SMs its multiprocessors.
 	Major, Minor, SMs int
-	TotalMem          int64
 
 	dev int32
 	ctx uintptr
@@ -76,11 +75,6 @@ func Open(ordinal int) (*Device, error) {
 		return nil, err
 	}
 	d.Name = cString(&name[0])
-	var total uint64
-	if err := check("cuDeviceTotalMem", driver.cuDeviceTotalMem(unsafe.Pointer(&total), d.dev)); err != nil {
-		return nil, err
-	}
-	d.TotalMem = int64(total)
 	for _, a := range []struct {
 		v    *int
 		attr int32
@@ -278,7 +272,10 @@ func (s *Stream) launch(name string, f uintptr, blocks, threads int, args ...uin
 		a.ptrs[i] = unsafe.Pointer(&a.vals[i])
 	}
 	defer s.d.bind()()
-	return check("cuLaunchKernel "+name, driver.cuLaunchKernel(f, uint32(blocks), 1, 1, uint32(threads), 1, 1, 0, s.s, unsafe.Pointer(&a.ptrs[0]), nil))
+	if r := driver.cuLaunchKernel(f, uint32(blocks), 1, 1, uint32(threads), 1, 1, 0, s.s, unsafe.Pointer(&a.ptrs[0]), nil); r != 0 {
+		return check("cuLaunchKernel "+name, r) // the name is built only for the error
+	}
+	return nil
 }
 
 // Event marks a point in a stream's work, for timing it.

@@ -18,16 +18,13 @@ type result uint32
 // plain names to since CUDA 4).
 var driver struct {
 	cuInit                    func(flags uint32) result
-	cuDriverGetVersion        func(v unsafe.Pointer) result
 	cuDeviceGetCount          func(n unsafe.Pointer) result
 	cuDeviceGet               func(dev unsafe.Pointer, ordinal int32) result
 	cuDeviceGetName           func(name unsafe.Pointer, n int32, dev int32) result
-	cuDeviceTotalMem          func(bytes unsafe.Pointer, dev int32) result
 	cuDeviceGetAttribute      func(v unsafe.Pointer, attr int32, dev int32) result
 	cuDevicePrimaryCtxRetain  func(ctx unsafe.Pointer, dev int32) result
 	cuDevicePrimaryCtxRelease func(dev int32) result
 	cuCtxSetCurrent           func(ctx uintptr) result
-	cuCtxSynchronize          func() result
 	cuMemGetInfo              func(free, total unsafe.Pointer) result
 	cuMemAlloc                func(ptr unsafe.Pointer, bytes uint64) result
 	cuMemFree                 func(ptr uint64) result
@@ -57,16 +54,13 @@ var symbols = []struct {
 	name string
 }{
 	{&driver.cuInit, "cuInit"},
-	{&driver.cuDriverGetVersion, "cuDriverGetVersion"},
 	{&driver.cuDeviceGetCount, "cuDeviceGetCount"},
 	{&driver.cuDeviceGet, "cuDeviceGet"},
 	{&driver.cuDeviceGetName, "cuDeviceGetName"},
-	{&driver.cuDeviceTotalMem, "cuDeviceTotalMem_v2"},
 	{&driver.cuDeviceGetAttribute, "cuDeviceGetAttribute"},
 	{&driver.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"},
 	{&driver.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"},
 	{&driver.cuCtxSetCurrent, "cuCtxSetCurrent"},
-	{&driver.cuCtxSynchronize, "cuCtxSynchronize"},
 	{&driver.cuMemGetInfo, "cuMemGetInfo_v2"},
 	{&driver.cuMemAlloc, "cuMemAlloc_v2"},
 	{&driver.cuMemFree, "cuMemFree_v2"},
@@ -158,8 +152,6 @@ const (
 	attrMultiprocessorCount    = 16   // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 	attrComputeCapabilityMajor = 75   // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 	attrComputeCapabilityMinor = 76   // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
-	jitInfoLogBuffer           = 3    // CU_JIT_INFO_LOG_BUFFER
-	jitInfoLogBufferSize       = 4    // CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES
 	jitErrorLogBuffer          = 5    // CU_JIT_ERROR_LOG_BUFFER
 	jitErrorLogBufferSize      = 6    // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
 )
