@@ -77,7 +77,6 @@ type Server struct {
 	cfg     Config
 	admit   *admission
 	metrics *metrics
-	mux     *http.ServeMux
 	handler http.Handler // mux, behind the API key's check when there is one
 	created int64
 	// maxPromptBytes: a prompt text longer than this has more tokens than
@@ -134,7 +133,6 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
-	s.mux = mux
 	s.handler = mux
 	if cfg.APIKey != "" {
 		s.handler = s.requireKey(mux)
@@ -161,8 +159,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			msg = "incorrect API key"
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="odmoe"`)
-		s.metrics.requests.WithLabelValues(endpointOf(r.URL.Path), "401").Inc()
-		writeJSON(w, http.StatusUnauthorized, (&apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).body())
+		s.fail(w, endpointOf(r.URL.Path), &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg})
 	})
 }
 

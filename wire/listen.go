@@ -109,15 +109,12 @@ func (l *Listener) acceptLoop(ctx context.Context) {
 // peer for Accept.
 func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 	id := identityKey(conn)
-	if refused := l.track(conn, id); refused != "" {
-		code := codeTooMany
-		if refused == "listener closing" {
-			code = CodeClosed
-		} else {
+	if code, why := l.track(conn, id); why != "" {
+		if code != CodeClosed {
 			l.cfg.Stats.Refused.Add(1)
-			l.cfg.Log.Warn().Str("node", l.cfg.Name).Stringer("remote", conn.RemoteAddr()).Str("why", refused).Msg("wire: refused a connection")
+			l.cfg.Log.Warn().Str("node", l.cfg.Name).Stringer("remote", conn.RemoteAddr()).Str("why", why).Msg("wire: refused a connection")
 		}
-		conn.CloseWithError(quic.ApplicationErrorCode(code), refused)
+		conn.CloseWithError(quic.ApplicationErrorCode(code), why)
 		return
 	}
 	var p *Peer
@@ -161,24 +158,25 @@ type roleStringer Role
 
 func (r roleStringer) String() string { return string(r) }
 
-// track registers a connection in the Hello exchange, or says why not:
+// track registers a connection in the Hello exchange, or says why not
+// (and with which close code):
 // the listener is closing, or holds MaxConns connections, or
 // MaxConnsPerIdentity of id's (identityKey).
-func (l *Listener) track(conn *quic.Conn, id string) (refused string) {
+func (l *Listener) track(conn *quic.Conn, id string) (code ErrorCode, why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.closed:
-		return "listener closing"
+		return CodeClosed, "listener closing"
 	case len(l.idOf) >= l.cfg.MaxConns:
-		return fmt.Sprintf("this node holds %d connections already (MaxConns)", len(l.idOf))
+		return codeTooMany, fmt.Sprintf("this node holds %d connections already (MaxConns)", len(l.idOf))
 	case l.perID[id] >= l.cfg.MaxConnsPerIdentity:
-		return fmt.Sprintf("%q holds %d connections to this node already (MaxConnsPerIdentity)", id, l.perID[id])
+		return codeTooMany, fmt.Sprintf("%q holds %d connections to this node already (MaxConnsPerIdentity)", id, l.perID[id])
 	}
 	l.pending[conn] = struct{}{}
 	l.idOf[conn] = id
 	l.perID[id]++
-	return ""
+	return CodeClosed, ""
 }
 
 // identityKey names conn's peer by its certificate (role and name), ""
