@@ -2,25 +2,21 @@ package worker_test
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/rogue"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/quic-go/quic-go"
 	"github.com/rs/zerolog"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // TestWorkerSurvivesAFrameFloodAndKeepsServing is issue 13's flood: an
@@ -62,17 +58,20 @@ func TestWorkerSurvivesAFrameFloodAndKeepsServing(t *testing.T) {
 	defer local.Close()
 
 	m := startMemWatch()
-	var hostile []*quic.Conn
+	var hostile []*rogue.Conn
 	for _, name := range []string{"main", "shadow"} {
-		c := dialHostile(ctx, t, addr, f.Certs, name)
-		defer c.CloseWithError(0, "")
+		c, err := rogue.Dial(ctx, addr, f.Certs, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
 		hostile = append(hostile, c)
 	}
 	for sent := 0; sent < perConn; sent += wave {
 		for _, c := range hostile {
 			for range wave {
 				// reset once written, so that the stream's credit comes back
-				openClaim(ctx, t, c, claim).CancelWrite(1)
+				openClaim(ctx, t, c, claim, 1<<10).CancelWrite(1)
 			}
 		}
 		// every claim sent so far read and dropped by the worker
@@ -86,7 +85,7 @@ func TestWorkerSurvivesAFrameFloodAndKeepsServing(t *testing.T) {
 	headers := stats.FrameHeaders.Load() // the cancelled claims' streams have all ended
 	for _, c := range hostile {
 		for range stalled {
-			openClaim(ctx, t, c, claim)
+			openClaim(ctx, t, c, claim, 1<<10)
 		}
 	}
 	waitFor(t, fmt.Sprintf("the worker to read the %d stalled claims' headers", 2*stalled), func() bool {
@@ -139,70 +138,6 @@ func TestWorkerSurvivesAFrameFloodAndKeepsServing(t *testing.T) {
 		}
 		rcancel()
 	}
-}
-
-// dialHostile connects to a worker with node name's certificate and
-// speaks the wire protocol's bytes itself (not through package wire, so
-// that it may send what wire never would): its Hello, then, once the
-// worker has answered with its own, whatever the test likes.
-func dialHostile(ctx context.Context, t *testing.T, addr, certDir, name string) *quic.Conn {
-	t.Helper()
-	cert, err := tls.LoadX509KeyPair(filepath.Join(certDir, name+".pem"), filepath.Join(certDir, name+"-key.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	role, _ := wire.InferRole(name)
-	conf := &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{"odmoe"}, Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true}
-	c, err := quic.DialAddr(ctx, addr, conf, &quic.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hello, err := msgpack.Marshal(&wire.Hello{Name: name, Role: role})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctrl, err := c.OpenUniStreamSync(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctrl.Write(append([]byte{'C'}, frameHeader((&wire.Hello{}).Type(), len(hello))...)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctrl.Write(hello); err != nil {
-		t.Fatal(err)
-	}
-	in, err := c.AcceptUniStream(ctx) // the worker's control stream: it accepted us
-	if err != nil {
-		t.Fatal(err)
-	}
-	var first [7]byte // class and frame header
-	if _, err := io.ReadFull(in, first[:]); err != nil {
-		t.Fatalf("%s: no Hello from the worker: %v", name, err)
-	}
-	return c
-}
-
-// openClaim opens a bulk stream whose frame header claims size bytes of
-// an Alignment and sends 1 KiB of them.
-func openClaim(ctx context.Context, t *testing.T, c *quic.Conn, size int) *quic.SendStream {
-	t.Helper()
-	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	s, err := c.OpenUniStreamSync(octx)
-	if err != nil {
-		t.Fatalf("opening a stream: %v", err)
-	}
-	b := append([]byte{'B'}, frameHeader((&wire.Alignment{}).Type(), size)...)
-	if _, err := s.Write(append(b, make([]byte, 1<<10)...)); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// frameHeader is the header of a frame of typ with a body of size bytes
-// (package wire: length, protocol version, type).
-func frameHeader(typ wire.Type, size int) []byte {
-	return append(binary.BigEndian.AppendUint32(nil, uint32(size+2)), wire.ProtocolVersion, byte(typ))
 }
 
 // memWatch measures how much the process's memory grew since it started:
@@ -273,4 +208,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("waited a minute for %s", what)
 		}
 	}
+}
+
+// openClaim opens a bulk stream on c whose frame header claims size
+// bytes and sends send of them.
+func openClaim(ctx context.Context, t *testing.T, c *rogue.Conn, size, send int) *quic.SendStream {
+	t.Helper()
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := c.Claim(octx, size, send)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -19,9 +19,15 @@ func PeakRSS() int64 { return status("VmHWM:") }
 // VmRSS of /proc/self/status.
 func RSS() int64 { return status("VmRSS:") }
 
+// RSSOf is process pid's resident set size now in bytes (0 if unknown).
+func RSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmRSS:") }
+
 // status reads a field of /proc/self/status given in kB, in bytes.
-func status(field string) int64 {
-	b, err := os.ReadFile("/proc/self/status")
+func status(field string) int64 { return statusOf("self", field) }
+
+// statusOf reads a field of /proc/PID/status given in kB, in bytes.
+func statusOf(pid, field string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
 	}

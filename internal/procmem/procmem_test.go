@@ -38,6 +38,9 @@ func TestRSSCountsTouchedMemoryAndStaysUnderThePeak(t *testing.T) {
 	if now < before+32<<20 {
 		t.Fatalf("RSS %d after touching 64 MiB, was %d", now, before)
 	}
+	if of := RSSOf(os.Getpid()); of < before+32<<20 || of > PeakRSS() {
+		t.Fatalf("RSSOf(this process) %d after touching 64 MiB: want over %d and at most the peak since", of, before+32<<20)
+	}
 	if now > peak {
 		t.Fatalf("RSS %d above the peak %d", now, peak)
 	}
