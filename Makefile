@@ -32,6 +32,8 @@ test: tokref openai
 	ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -race -count=1 -timeout 15m $(PKGS)
 	@# tests too heavy for the race detector (a Mixtral-shaped expert on a 1 GiB worker)
 	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
+	@# tests that read RSS, which the race detector's own memory swamps
+	$(GO) test -count=1 -run 'MemoryOfFrames' ./wire/
 
 # The quick loop: no race detector, the long end-to-end runs skipped.
 test-short:

@@ -2,20 +2,23 @@ package wire
 
 import (
 	"context"
+	"runtime/debug"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
 
 // peerBuffers is the room a connection's received frames may take: its
 // own (Config.MaxConnBufferedBytes) and, for a connection a Listener
-// accepted, a share of its identity's pool (Config.MaxBufferedBytes)
+// accepted, a share of the listener's pool (Config.MaxBufferedBytes)
 // beyond the first ConnGuaranteedBytes, which are the connection's alone:
-// however its identity's other connections hold the pool, its small
-// frames (every decode activation, a prefill mini-batch) never wait. A
-// frame reserves its length before its body is read and gives it back
-// when Recv hands its message out (or it is dropped); what the connection
-// still holds of the pool when it ends goes back to it.
+// however other connections hold the pool, its small frames (every
+// decode activation, a prefill mini-batch) never wait. A frame reserves
+// its length before its body is read and gives it back when Recv hands
+// its message out (or it is dropped); what the connection still holds of
+// the pool when it ends goes back to it, and the memory of bodies cut
+// short goes back to the OS (memoryBack).
 type peerBuffers struct {
 	ctx        context.Context // the connection's: waiting for room ends with it
 	conn       *semaphore.Weighted
@@ -104,4 +107,43 @@ func (b *peerBuffers) end() {
 		b.all.Release(b.held)
 		b.held = 0
 	}
+}
+
+// dropAfterBytes is how big a frame body cut short must be for
+// memoryBack to run.
+const dropAfterBytes = 4 << 20
+
+// memoryBack gives the OS back the memory of frame bodies cut short (a
+// connection that ended inside them, a stalled body): Go's collector
+// frees them at its next cycle, which a node idle after an attack may
+// not run for two minutes, and only then does its scavenger return the
+// pages, so what a peer made this node buffer would stay resident long
+// after it left.
+var memoryBack = releaser{delay: time.Second}
+
+// releaser runs debug.FreeOSMemory delay after it is asked to, once for
+// every request made meanwhile (the goroutines holding the dropped frames
+// end first).
+type releaser struct {
+	delay   time.Duration
+	mu      sync.Mutex
+	pending bool
+}
+
+func (r *releaser) soon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pending {
+		return
+	}
+	r.pending = true
+	time.AfterFunc(r.delay, func() {
+		r.mu.Lock()
+		r.pending = false
+		r.mu.Unlock()
+		// twice: what sync.Pools hold (quic-go's packet buffers, pooled
+		// first pieces of bodies) is freed at the second collection only
+		debug.FreeOSMemory()
+		debug.FreeOSMemory()
+	})
 }

@@ -6,10 +6,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/odmoe/odmoe/internal/procmem"
 )
 
 // claimHeader is a bulk stream's class byte and a frame header claiming
@@ -156,16 +159,17 @@ func TestBufferRoomIsGivenBack(t *testing.T) {
 	})
 }
 
-// TestListenerRoomIsPerIdentity: peers that stall inside claimed frames
-// hold at most their connection's room each and their identity's
-// together; another identity's frames never wait on them (a shadow, or
-// anyone holding its certificate, stalling cannot make the main node
-// wait), while another connection of the stallers' identity waits, and
-// its frame arrives when a staller's connection ends.
-func TestListenerRoomIsPerIdentity(t *testing.T) {
+// TestStallersCannotMakeAnotherConnectionWait: connections that stall
+// inside claimed frames (a shadow, or anyone holding its certificate)
+// hold at most their connection's room each and the listener's pool
+// together; another identity's frames within its own room never wait on
+// them (a shadow stalling cannot make the main node wait), while a frame
+// that needs the pool waits, and arrives when a staller's connection
+// ends.
+func TestStallersCannotMakeAnotherConnectionWait(t *testing.T) {
 	scfg := testConfig(t, "buf", "w1")
-	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes = 1<<20, 1<<20, 2<<20
-	scfg.ConnGuaranteedBytes = 1 << 10 // the pools, not the guarantees (TestAConnectionsOwnRoomIsNeverTaken)
+	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes = 1<<20, 1<<20, 1<<20
+	scfg.ConnGuaranteedBytes, scfg.MaxConnsPerIdentity = 700<<10, 8
 	l := listen(t, scfg)
 	healthy, healthyServer := connect(t, l, testConfig(t, "buf", "main"))
 	stall := func(streams int) *Peer {
@@ -183,16 +187,15 @@ func TestListenerRoomIsPerIdentity(t *testing.T) {
 	}
 	a := stall(3) // the second and third claims wait on a's own room
 	waitFor(t, "the first staller's claims", func() bool { return l.Stats().BufferWaits.Load() == 2 })
-	l.mu.Lock()
-	shadows := l.pools["shadow/shadow"]
-	l.mu.Unlock()
-	if shadows == nil || roomFree(shadows, 3<<19) {
-		t.Fatal("the staller holds none of its identity's room")
+	if roomFree(l.pool, l.cfg.MaxBufferedBytes) {
+		t.Fatal("the staller holds none of the listener's room")
 	}
 	stall(1)
-	waitFor(t, "the shadow identity's room taken", func() bool { return !roomFree(shadows, 1<<19) })
+	stall(1)
+	d := stall(1) // each takes 324 KiB of the pool: the fourth waits
+	waitFor(t, "the listener's room taken", func() bool { return l.Stats().BufferWaits.Load() == 3 })
 	waits := l.Stats().BufferWaits.Load()
-	for seq := uint64(1); seq <= 3; seq++ { // more than the shadows left: the main node's own room
+	for seq := uint64(1); seq <= 3; seq++ { // within the main node's own room
 		send(t, healthy, bulk(seq, make([]byte, 600<<10)))
 		if m := recv(t, healthyServer); m.(*Alignment).Seq != seq {
 			t.Fatalf("got %v", m)
@@ -201,9 +204,10 @@ func TestListenerRoomIsPerIdentity(t *testing.T) {
 	if w := l.Stats().BufferWaits.Load(); w != waits {
 		t.Fatalf("the main node's frames waited %d times on the shadows' stalls", w-waits)
 	}
-	late, lateServer := connect(t, l, testConfig(t, "buf", "shadow"))
-	send(t, late, bulk(4, make([]byte, 600<<10)))
-	waitFor(t, "another shadow connection's frame waiting", func() bool { return l.Stats().BufferWaits.Load() > waits })
+	late, lateServer := connect(t, l, testConfig(t, "buf", "main"))
+	send(t, late, bulk(4, make([]byte, 900<<10))) // past its own room: the pool's
+	waitFor(t, "a frame past its connection's own room waiting", func() bool { return l.Stats().BufferWaits.Load() > waits })
+	d.Close() // ahead of it in the queue
 	a.Close()
 	if m := recv(t, lateServer); m.(*Alignment).Seq != 4 {
 		t.Fatalf("got %v", m)
@@ -233,9 +237,9 @@ func TestBufferRoomDefaults(t *testing.T) {
 		conn, all         int64
 		wantConn, wantAll int64
 	}{
-		{0, 0, 0, 128 << 20, 512 << 20},
-		{1 << 20, 0, 0, 2 << 20, 8 << 20},
-		{1 << 20, 10 << 20, 0, 10 << 20, 40 << 20},
+		{0, 0, 0, 128 << 20, 64 << 20},
+		{1 << 20, 0, 0, 2 << 20, 1 << 20},
+		{1 << 20, 10 << 20, 0, 10 << 20, 1 << 20},
 		{1 << 20, 0, 3 << 20, 2 << 20, 3 << 20},
 		{1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20},
 	}
@@ -265,16 +269,7 @@ func roomFree(s interface {
 
 func waitRoomFree(t *testing.T, l *Listener) {
 	t.Helper()
-	waitFor(t, "the listener's room given back", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		for _, s := range l.pools {
-			if !roomFree(s, l.cfg.MaxBufferedBytes) {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, "the listener's room given back", func() bool { return roomFree(l.pool, l.cfg.MaxBufferedBytes) })
 }
 
 // waitFor polls cond until it holds, failing the test after 5 s.
@@ -358,13 +353,14 @@ func TestListenerCapsConnectionsPerIdentityAndInAll(t *testing.T) {
 }
 
 // TestAConnectionsOwnRoomIsNeverTaken: connections of one identity that
-// stall inside claimed frames fill the identity's pool, yet another
+// stall inside claimed frames fill the listener's pool, yet another
 // connection of the same identity (the real main node beside someone
 // holding its certificate) still gets frames up to ConnGuaranteedBytes
 // through without waiting, and the pool is whole again once they leave.
 func TestAConnectionsOwnRoomIsNeverTaken(t *testing.T) {
 	scfg := testConfig(t, "buf", "w1")
 	scfg.MaxFrameBytes, scfg.MaxConnBufferedBytes, scfg.MaxBufferedBytes, scfg.ConnGuaranteedBytes = 1<<20, 1<<20, 2<<20, 512<<10
+	scfg.MaxConnsPerIdentity = 8
 	l := listen(t, scfg)
 	honest, honestServer := connect(t, l, testConfig(t, "buf", "main"))
 	var stallers []*Peer
@@ -379,10 +375,7 @@ func TestAConnectionsOwnRoomIsNeverTaken(t *testing.T) {
 		}
 		stallers = append(stallers, p)
 	}
-	l.mu.Lock()
-	mains := l.pools["main/main"]
-	l.mu.Unlock()
-	waitFor(t, "the stallers to take the main identity's pool", func() bool { return !roomFree(mains, 1<<10) })
+	waitFor(t, "the stallers to take the listener's pool", func() bool { return !roomFree(l.pool, 1<<10) })
 	waits := l.Stats().BufferWaits.Load()
 	for seq := uint64(1); seq <= 4; seq++ {
 		send(t, honest, bulk(seq, make([]byte, 300<<10)))
@@ -397,4 +390,55 @@ func TestAConnectionsOwnRoomIsNeverTaken(t *testing.T) {
 		p.Close()
 	}
 	waitRoomFree(t, l)
+}
+
+// TestMemoryOfFramesLeftUnreadGoesBackToTheOS: peers that send bodies
+// but their last byte make a listener hold them (room reserved, bytes
+// allocated); once they leave, that memory goes back to the OS within a
+// few seconds, although nothing else runs to start a collection.
+func TestMemoryOfFramesLeftUnreadGoesBackToTheOS(t *testing.T) {
+	const body = 8 << 20
+	l := listen(t, testConfig(t, "buf", "w1"))
+	runtime.GC()
+	debug.FreeOSMemory()
+	before := procmem.RSS()
+	if before == 0 || raceDetector {
+		t.Skip("no RSS on this platform, or one the race detector's memory swamps")
+	}
+	var peers []*Peer
+	for _, name := range []string{"main", "shadow"} {
+		for range 3 { // room: 4 MiB of each connection's own, the rest of the listener's pool
+			p, _ := connect(t, l, testConfig(t, "buf", name))
+			s, err := p.conn.OpenUniStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { // from one small buffer: what this side holds is not measured
+				s.Write(claimHeader(body))
+				piece := make([]byte, 1<<20)
+				for left := body - 1; left > 0; left -= len(piece) {
+					if _, err := s.Write(piece[:min(left, len(piece))]); err != nil {
+						return
+					}
+				}
+			}()
+			peers = append(peers, p)
+		}
+	}
+	waitFor(t, "the bodies to arrive", func() bool { return procmem.RSS() > before+48<<20 })
+	held := procmem.RSS()
+	for _, p := range peers {
+		p.Close()
+	}
+	var now int64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if now = procmem.RSS(); now < before+16<<20 {
+			break
+		}
+	}
+	t.Logf("RSS before %d MiB, holding the bodies %d MiB, after they left %d MiB", before>>20, held>>20, now>>20)
+
+	if now >= before+16<<20 {
+		t.Fatalf("RSS %d MiB 10 s after the peers left, %d MiB before they came", now>>20, before>>20)
+	}
 }

@@ -95,17 +95,18 @@ type Config struct {
 	// MaxFrameBytes; at least MaxFrameBytes, or a largest frame could
 	// never be read.
 	MaxConnBufferedBytes int64
-	// MaxBufferedBytes bounds the same over every connection a Listener
-	// accepts from one peer identity (a certificate: the main node's, the
-	// shadow's), so that what one identity holds never makes another's
-	// frames wait; a dialed connection has only its own bound. Default 4
-	// x MaxConnBufferedBytes, so that one connection stalling its frames
-	// leaves room for three others of its identity; at least
-	// MaxConnBufferedBytes.
+	// MaxBufferedBytes bounds the room every connection a Listener
+	// accepted draws on together beyond its own ConnGuaranteedBytes (a
+	// dialed connection has only its own bound), so that what all peers
+	// can make a node buffer is bounded, however many certificates they
+	// hold: at most MaxBufferedBytes plus ConnGuaranteedBytes for each
+	// connection. Default MaxFrameBytes (a largest frame beyond its
+	// connection's own room); with ConnGuaranteedBytes, at least
+	// MaxFrameBytes.
 	MaxBufferedBytes int64
 	// MaxConns bounds the connections a Listener holds at once (in the
 	// Hello exchange or established; default 64), MaxConnsPerIdentity
-	// those of one peer identity (default 8: a main node or shadow needs
+	// those of one peer identity (default 4: a main node or shadow needs
 	// one, and a few while a lost one's connection times out). A
 	// connection past either is closed at once, counted as refused and
 	// logged: a peer holding a valid certificate cannot pile up
@@ -117,9 +118,10 @@ type Config struct {
 	// back, logged with the peer's name; the connection goes on.
 	FrameBodyTimeout time.Duration
 	// ConnGuaranteedBytes is the room of its own every accepted connection
-	// has before it draws on its identity's pool (default 16 MiB: every
-	// decode activation and prefill mini-batch of a Mixtral-sized model),
-	// so that connections holding the pool cannot make it wait; at most
+	// has before it draws on the listener's (default 4 MiB: every decode
+	// activation of a batch of 256 and every prefill mini-batch of up to
+	// 256 tokens of a Mixtral-sized model), so that connections holding
+	// the listener's room cannot make it wait; at most
 	// MaxConnBufferedBytes.
 	ConnGuaranteedBytes int64
 	// KeepAlivePeriod is how often an idle connection sends a QUIC PING.
@@ -201,17 +203,20 @@ func (c *Config) settled() (*Config, error) {
 	}
 	setDefault(&s.FrameBodyTimeout, defaultFrameBodyTimeout)
 	setDefault(&s.MaxConns, 64)
-	setDefault(&s.MaxConnsPerIdentity, 8)
+	setDefault(&s.MaxConnsPerIdentity, 4)
 	setDefault(&s.MaxConnBufferedBytes, 2*int64(s.MaxFrameBytes))
-	setDefault(&s.ConnGuaranteedBytes, min(16<<20, s.MaxConnBufferedBytes))
-	setDefault(&s.MaxBufferedBytes, 4*min(s.MaxConnBufferedBytes, maxBufferedBytes))
+	setDefault(&s.ConnGuaranteedBytes, min(4<<20, s.MaxConnBufferedBytes))
+	setDefault(&s.MaxBufferedBytes, int64(s.MaxFrameBytes))
 	switch {
 	case s.MaxConnBufferedBytes > maxBufferedBytes || s.MaxBufferedBytes > maxBufferedBytes:
 		return nil, fmt.Errorf("wire: MaxConnBufferedBytes %d or MaxBufferedBytes %d above %d", s.MaxConnBufferedBytes, s.MaxBufferedBytes, int64(maxBufferedBytes))
 	case s.MaxConnBufferedBytes < int64(s.MaxFrameBytes):
 		return nil, fmt.Errorf("wire: MaxConnBufferedBytes %d is below MaxFrameBytes %d: a largest frame could never be read", s.MaxConnBufferedBytes, s.MaxFrameBytes)
-	case s.MaxBufferedBytes < s.MaxConnBufferedBytes:
-		return nil, fmt.Errorf("wire: MaxBufferedBytes %d is below MaxConnBufferedBytes %d", s.MaxBufferedBytes, s.MaxConnBufferedBytes)
+	case s.ConnGuaranteedBytes > s.MaxConnBufferedBytes:
+		return nil, fmt.Errorf("wire: ConnGuaranteedBytes %d is above MaxConnBufferedBytes %d", s.ConnGuaranteedBytes, s.MaxConnBufferedBytes)
+	case s.MaxBufferedBytes+s.ConnGuaranteedBytes < int64(s.MaxFrameBytes):
+		return nil, fmt.Errorf("wire: MaxBufferedBytes %d and ConnGuaranteedBytes %d are below MaxFrameBytes %d together: a largest frame could never be read",
+			s.MaxBufferedBytes, s.ConnGuaranteedBytes, s.MaxFrameBytes)
 	}
 	if s.Stats == nil {
 		s.Stats = new(Stats)

@@ -182,6 +182,9 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 		if fr.buffers != nil {
 			fr.buffers.unreserve(int64(size))
 		}
+		if size >= dropAfterBytes { // a body cut short or stalled: its bytes are garbage now
+			memoryBack.soon()
+		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			return 0, nil, false, connErrorf(CodeMalformed, err, "stream ends inside a %v frame", typ)
 		}

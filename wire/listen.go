@@ -18,9 +18,9 @@ type Listener struct {
 	tr    *quic.Transport
 	ln    *quic.Listener
 	ready chan *Peer
-	// pools are the room accepted connections' received frames share,
-	// one of Config.MaxBufferedBytes per peer identity (poolFor)
-	pools map[string]*semaphore.Weighted
+	// pool is the room accepted connections' received frames share
+	// beyond their own (Config.MaxBufferedBytes)
+	pool *semaphore.Weighted
 
 	closing   chan struct{}
 	cancel    context.CancelFunc // ends handshakes in progress
@@ -69,7 +69,7 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 	l := &Listener{
 		cfg: c, udp: udp, pc: pc, tr: tr, ln: ln,
 		ready:   make(chan *Peer, 16),
-		pools:   map[string]*semaphore.Weighted{},
+		pool:    semaphore.NewWeighted(c.MaxBufferedBytes),
 		closing: make(chan struct{}),
 		cancel:  cancel,
 		pending: map[*quic.Conn]struct{}{},
@@ -118,7 +118,7 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 		return
 	}
 	var p *Peer
-	p = newPeer(conn, l.cfg, l.poolFor(id), func() { l.forget(p) })
+	p = newPeer(conn, l.cfg, l.pool, func() { l.forget(p) })
 	err := p.start(ctx, false, "")
 	if err == nil && !l.established(p) {
 		p.Close()
@@ -135,23 +135,6 @@ func (l *Listener) handshake(ctx context.Context, conn *quic.Conn) {
 	case <-l.closing:
 		p.Close()
 	}
-}
-
-// poolFor is the buffer room the connections of one peer identity share
-// (key: identityKey, the certificate's role and name; one pool for every
-// peer of an insecure listener): a peer that holds frames open takes its
-// own identity's room, never another's, so a shadow (or anyone holding
-// its certificate) stalling cannot make the main node wait. Identities
-// are the cluster's certificates, so the pools are few.
-func (l *Listener) poolFor(key string) *semaphore.Weighted {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := l.pools[key]
-	if s == nil {
-		s = semaphore.NewWeighted(l.cfg.MaxBufferedBytes)
-		l.pools[key] = s
-	}
-	return s
 }
 
 type roleStringer Role
