@@ -65,9 +65,10 @@ type Config struct {
 	// APIKey, if set, is required as "Authorization: Bearer KEY" on every
 	// route but GET /healthz (401 otherwise, in OpenAI's error shape).
 	APIKey string
-	// BodyTimeout is how long a request's body may take to arrive (default
-	// 30 s): a client trickling it in is answered 408 and its connection
-	// closed.
+	// BodyTimeout is how long a request's body may take to arrive,
+	// counted from when its headers were read (default 20 s): a client
+	// trickling it in is answered 408 and its connection closed, whatever
+	// the route (one that never reads the body too).
 	BodyTimeout time.Duration
 	Log         zerolog.Logger
 }
@@ -122,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	if cfg.BodyTimeout <= 0 {
-		cfg.BodyTimeout = 30 * time.Second
+		cfg.BodyTimeout = 20 * time.Second
 	}
 	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix()}
 	s.bounds()
@@ -137,7 +138,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.APIKey != "" {
 		s.handler = s.requireKey(mux)
 	}
+	s.handler = s.bodyDeadline(s.handler)
 	return s, nil
+}
+
+// bodyDeadline bounds how long every request's body may take to arrive
+// (Config.BodyTimeout), before any route runs: net/http reads what a
+// handler left of a small body before it answers, with no deadline of
+// its own, so a 404 or 401 to a client trickling its body would
+// otherwise hold the connection for as long as the client likes.
+func (s *Server) bodyDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) // an httptest recorder has none: then unbounded
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Handler is the API's http.Handler.
@@ -159,6 +173,8 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			msg = "incorrect API key"
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="odmoe"`)
+		w.Header().Set("Connection", "close") // answered now, its body left unread
+
 		s.fail(w, endpointOf(r.URL.Path), &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg})
 	})
 }
@@ -172,7 +188,11 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	// an idle keep-alive connection is closed after two minutes, as
+	// nginx's and Go's reverse proxies do: idle clients cannot pile up
+	// descriptors
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	if ready != nil {
 		ready(ln.Addr())
 	}
@@ -223,8 +243,8 @@ const maxBody = 16 << 20
 // must arrive within Config.BodyTimeout, into v.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) // an httptest recorder has none: then unbounded
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody)) // within bodyDeadline's
+
 	if err != nil {
 		// the rest of the body is not read: the connection closes after
 		// the answer instead of waiting for it

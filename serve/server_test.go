@@ -695,30 +695,61 @@ func TestAPromptPastTheContextIsRefusedBeforeItIsTokenized(t *testing.T) {
 }
 
 // TestABodyTricklingInIsCutOff: a client that sends its headers and then
-// its body a byte at a time is answered 408 once BodyTimeout passes, and
-// its connection closed.
+// its body a byte at a time is answered once BodyTimeout passes at the
+// latest, whatever the route, and its connection closed: 408 where the
+// body is read, the route's own answer (a 404, a 401 without the API
+// key) where it is not; net/http would otherwise read the rest of a small
+// body, with no deadline, before it answers.
 func TestABodyTricklingInIsCutOff(t *testing.T) {
 	f := newFixture(t)
-	s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Context: f.m.Config.MaxPositions, Generator: f.gen, BodyTimeout: 300 * time.Millisecond, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		path, key string
+		want      int
+		body      string
+	}{
+		{"/v1/completions", "", http.StatusRequestTimeout, "did not arrive within"},
+		{"/v1/chat/completions", "", http.StatusRequestTimeout, "did not arrive within"},
+		{"/v1/nope", "", http.StatusNotFound, ""},
+		{"/v1/completions", "secret", http.StatusUnauthorized, "missing API key"},
+	} {
+		s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Context: f.m.Config.MaxPositions, Generator: f.gen, BodyTimeout: 300 * time.Millisecond,
+			APIKey: c.key, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, b := trickle(t, s, c.path)
+		if resp.StatusCode != c.want || !strings.Contains(b, c.body) {
+			t.Errorf("a trickling body to %s (key %q): %d %s, want %d", c.path, c.key, resp.StatusCode, b, c.want)
+		}
+		if !resp.Close {
+			t.Errorf("a trickling body to %s (key %q): the connection stays open", c.path, c.key)
+		}
 	}
+}
+
+// trickle serves s and sends it a POST to path whose 1,000-byte body
+// comes a byte every 50 ms, until the server answers (within 10 s).
+func trickle(t *testing.T, s *Server, path string) (*http.Response, string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addrc := make(chan string, 1)
-	go s.Serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a.String() })
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a.String() }) }()
+	defer func() { cancel(); <-served }()
 	c, err := net.Dial("tcp", <-addrc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", path)
 	done := make(chan struct{})
+	stop := make(chan struct{})
 	go func() { // trickle: a byte every 50 ms until the server hangs up
 		defer close(done)
 		for {
 			select {
-			case <-ctx.Done():
+			case <-stop:
 				return
 			case <-time.After(50 * time.Millisecond):
 				if _, err := c.Write([]byte(" ")); err != nil {
@@ -727,18 +758,12 @@ func TestABodyTricklingInIsCutOff(t *testing.T) {
 			}
 		}
 	}()
+	defer func() { close(stop); <-done }()
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		t.Fatalf("no answer to a trickling body: %v", err)
+		t.Fatalf("no answer to a body trickling to %s: %v", path, err)
 	}
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(b), "did not arrive within") {
-		t.Fatalf("a trickling body: %d %s", resp.StatusCode, b)
-	}
-	if !resp.Close {
-		t.Errorf("the connection of a trickling body stays open")
-	}
-	cancel()
-	<-done
+	return resp, string(b)
 }
