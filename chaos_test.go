@@ -21,7 +21,7 @@ import (
 // chaosRig is a swarm of real processes on loopback: workers, a shadow
 // and a main node, each with its log in dir.
 type chaosRig struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	model   string
 	store   string
@@ -30,7 +30,7 @@ type chaosRig struct {
 	procs   map[string]*exec.Cmd
 }
 
-func newChaosRig(t *testing.T, workers int) *chaosRig {
+func newChaosRig(t testing.TB, workers int) *chaosRig {
 	t.Helper()
 	r := &chaosRig{t: t, dir: t.TempDir(), model: tinyModel(t), procs: map[string]*exec.Cmd{}}
 	nodes := "main,shadow"
@@ -59,7 +59,7 @@ func newChaosRig(t *testing.T, workers int) *chaosRig {
 }
 
 // freeLoopbackUDP is procswarm.FreeUDPAddr (the demo's) for a test.
-func freeLoopbackUDP(t *testing.T) string {
+func freeLoopbackUDP(t testing.TB) string {
 	t.Helper()
 	addr, err := procswarm.FreeUDPAddr()
 	if err != nil {

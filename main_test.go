@@ -15,7 +15,7 @@ import (
 
 // odmoeBin builds the binary once per test run: the end-to-end tests drive
 // the real executable, as a user would.
-func odmoeBin(t *testing.T) string {
+func odmoeBin(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "odmoe-bin-")
@@ -42,7 +42,7 @@ type buildError struct {
 
 func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
 
-func run(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
+func run(t testing.TB, stdin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	cmd := exec.Command(odmoeBin(t), args...)
 	cmd.Stdin = strings.NewReader(stdin)

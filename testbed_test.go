@@ -17,7 +17,7 @@ import (
 )
 
 // tinyModel generates the tiny preset with the CLI, as a user would.
-func tinyModel(t *testing.T) string {
+func tinyModel(t testing.TB) string {
 	t.Helper()
 	model := filepath.Join(t.TempDir(), "tiny")
 	if _, se, code := run(t, "", "gen-tiny", "-out", model, "-log-level", "warn"); code != 0 {
