@@ -190,15 +190,18 @@ func (s *Swarm) degrade(w int, why string) {
 }
 
 // Degraded names the workers that failed to load an expert from their
-// store, each with what failed, for /healthz.
+// store, one line each: how many experts failed there, and the first
+// failure, for /healthz.
 func (s *Swarm) Degraded() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
 	for w, why := range s.degraded {
-		for _, y := range why {
-			out = append(out, s.workers[w].name+": "+y)
+		line := s.workers[w].name + ": " + why[0]
+		if len(why) > 1 {
+			line = fmt.Sprintf("%s: %d experts failed to load from its store, the first %s", s.workers[w].name, len(why), why[0])
 		}
+		out = append(out, line)
 	}
 	slices.Sort(out)
 	return out

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -318,14 +319,16 @@ func freeUDPAddr(t *testing.T) string {
 
 // TestAWorkerWithADamagedStoreCostsOnlyItsLoads: one of two workers
 // serves from a store whose chunk file is damaged under it, as a failing
-// disk would: a flipped byte every 384 KiB (about one expert in three
-// fails its checksum), or the file cut to 60% (every expert past the cut
-// is truncated). Each expert it cannot load is quarantined there and its
-// request goes to the other worker, so two generations (the second
-// meeting the quarantined experts at once) give local mode's tokens and
-// logits bit for bit, the failures are counted, the damaged worker still
-// runs the experts it can, and the swarm reports it degraded, naming it,
-// while ready.
+// disk would. With a flipped byte every 384 KiB (about one expert in three
+// fails its checksum), each expert it cannot load is quarantined there and
+// its request goes to the other worker; the damaged worker still runs the
+// experts it can, and the swarm reports it degraded, naming it, while
+// ready. With the file cut to 60% the whole store fails its check: the
+// worker goes out of service, the main node loses it and plans without
+// it, reports it degraded (lost, saying why) while ready, and takes it
+// back once a good copy of the file is put back. Every generation (the
+// second meeting the quarantined experts at once) gives local mode's
+// tokens and logits bit for bit.
 func TestAWorkerWithADamagedStoreCostsOnlyItsLoads(t *testing.T) {
 	f := newSwarmFixture(t, 2)
 	local, mainModel := loadModels(t, f)
@@ -333,16 +336,17 @@ func TestAWorkerWithADamagedStoreCostsOnlyItsLoads(t *testing.T) {
 	const steps = 6
 	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
 	for _, c := range []struct {
-		name, says string
-		damage     func(b []byte) []byte
+		name, says   string
+		damage       func(b []byte) []byte
+		outOfService bool
 	}{
-		{"flipped bytes", "checksum", func(b []byte) []byte {
+		{"flipped bytes", "w2: ", func(b []byte) []byte {
 			for i := 1000; i < len(b); i += 384 << 10 {
 				b[i] ^= 0x10
 			}
 			return b
-		}},
-		{"truncated", "", func(b []byte) []byte { return b[:len(b)*6/10] }},
+		}, false},
+		{"truncated", "w2: lost: ", func(b []byte) []byte { return b[:len(b)*6/10] }, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			damaged := filepath.Join(t.TempDir(), "store")
@@ -381,7 +385,7 @@ func TestAWorkerWithADamagedStoreCostsOnlyItsLoads(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(chunks, c.damage(b), 0o644); err != nil {
+			if err := os.WriteFile(chunks, c.damage(slices.Clone(b)), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			cfg, _ := model.LoadConfig(f.Model)
@@ -399,14 +403,46 @@ func TestAWorkerWithADamagedStoreCostsOnlyItsLoads(t *testing.T) {
 				}
 			}
 			fs, h := sw.Stats().Faults, sw.Health()
+			if len(h.Degraded) == 0 || !h.Ready || !strings.HasPrefix(h.Degraded[0], c.says) {
+				t.Fatalf("faults %+v, health %+v: want w2 degraded (%q...) while ready", fs, h, c.says)
+			}
+			if c.outOfService {
+				t.Logf("w2 out of service: %d lost, %d requests re-sent; degraded %q", fs.WorkersLost, fs.Resent, h.Degraded[0])
+				if fs.WorkersLost != 1 || !strings.Contains(h.Degraded[0], "store reads again") || !strings.Contains(h.Degraded[0], "truncated") {
+					t.Fatalf("faults %+v, health %+v: want w2 lost once, saying its store is truncated", fs, h)
+				}
+				// a good copy renamed over the chunk file: w2 serves again
+				good := filepath.Join(damaged, "chunks.good")
+				if err := os.WriteFile(good, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(good, chunks); err != nil {
+					t.Fatal(err)
+				}
+				for deadline := time.Now().Add(30 * time.Second); sw.Stats().Faults.Rejoins == 0; {
+					if time.Now().After(deadline) {
+						t.Fatalf("w2 did not rejoin within 30 s of its store's repair: %+v", sw.Health())
+					}
+					if d := diffGenerations(generate(t, mainModel, sw, prompt, steps), want); d != "" { // a pass takes back what answers
+						t.Fatalf("a run while w2 is repaired differs from local: %s", d)
+					}
+				}
+				if d := diffGenerations(generate(t, mainModel, sw, prompt, steps), want); d != "" {
+					t.Fatalf("the run after w2 rejoined differs from local: %s", d)
+				}
+				if h := sw.Health(); len(h.Down) != 0 || !h.Ready {
+					t.Fatalf("health after w2 rejoined: %+v", h)
+				}
+				return
+			}
 			ws := sw.WorkerStats(ctx, 5*time.Second)
 			if ws[1] == nil || ws[1].Hits+ws[1].Misses == 0 {
 				t.Fatalf("the damaged worker ran nothing: %+v", ws[1])
 			}
-			t.Logf("%d requests re-sent after %d load failures; %d experts degraded, the first %q; the workers ran %d and %d requests",
-				fs.Resent, fs.LoadFailures, len(h.Degraded), h.Degraded[0], ws[0].Hits+ws[0].Misses, ws[1].Hits+ws[1].Misses)
-			if fs.LoadFailures == 0 || fs.WorkersLost != 0 || !h.Ready || !strings.HasPrefix(h.Degraded[0], "w2: layer ") || !strings.Contains(h.Degraded[0], c.says) {
-				t.Fatalf("faults %+v, health %+v: want load failures counted, no worker lost, w2 degraded (%q) while ready", fs, h, c.says)
+			t.Logf("%d requests re-sent after %d load failures; degraded %q; the workers ran %d and %d requests",
+				fs.Resent, fs.LoadFailures, h.Degraded, ws[0].Hits+ws[0].Misses, ws[1].Hits+ws[1].Misses)
+			if fs.LoadFailures == 0 || fs.WorkersLost != 0 || !strings.Contains(h.Degraded[0], "checksum") {
+				t.Fatalf("faults %+v, health %+v: want load failures counted, no worker lost, w2 degraded by a checksum", fs, h)
 			}
 		})
 	}

@@ -71,25 +71,29 @@ func NewLocalBatcher(m *model.Model) *Batcher {
 }
 
 // Health reports which of the swarm's nodes are down: a lost worker (its
-// experts run elsewhere meanwhile) or a lost shadow (loads are reactive
-// meanwhile). The swarm is ready when none is. A worker that failed to
-// load an expert from its store is degraded (named with what failed):
-// still serving, its failed loads answered by other workers.
+// experts run elsewhere meanwhile; degraded too, with why it was lost) or
+// a lost shadow (loads are reactive meanwhile). The swarm is ready while
+// a worker answers: its answers are the same bits whichever nodes are
+// down, so a load balancer should keep sending it requests. A worker that
+// failed to load an expert from its store is degraded (named with what
+// failed): still serving, its failed loads answered by other workers.
 func (s *Swarm) Health() serve.Health {
-	h := serve.Health{Ready: true}
+	var h serve.Health
+	var lost []string
 	for _, l := range s.workers {
 		l.mu.Lock()
-		down := l.err != nil
+		err := l.err
 		l.mu.Unlock()
-		if down {
+		if err != nil {
+			lost = append(lost, l.name+": lost: "+err.Error())
 			h.Down = append(h.Down, l.name)
 		}
 	}
 	if s.shadow != nil && !s.shadow.isUp() {
 		h.Down = append(h.Down, "shadow")
 	}
-	h.Ready = len(h.Down) == 0
-	h.Degraded = s.Degraded()
+	h.Ready = s.planner.Live() > 0
+	h.Degraded = append(lost, s.Degraded()...)
 	return h
 }
 

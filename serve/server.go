@@ -36,13 +36,15 @@ type ChatTemplate interface {
 	Render(vars map[string]any) (string, error)
 }
 
-// Health is what GET /healthz reports: Ready when every role a generation
-// needs is connected, and the ones that are not.
+// Health is what GET /healthz reports: Ready (200, else 503) while the
+// node can answer requests, the nodes that are down, and those that serve
+// with a fault.
 type Health struct {
 	Ready bool     `json:"ready"`
 	Down  []string `json:"down,omitempty"`
-	// Degraded names nodes that serve with a fault (a worker whose store
-	// failed a load, and what failed): ready, but worth a look.
+	// Degraded names nodes that serve with a fault, each with what it is
+	// (a worker whose store failed a load, a lost worker and why): ready,
+	// but worth a look.
 	Degraded []string `json:"degraded,omitempty"`
 }
 

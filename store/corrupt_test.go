@@ -141,6 +141,54 @@ func TestStoreDetectsTruncatedChunkFile(t *testing.T) {
 	}
 }
 
+// TestCheckSeesTheChunkFileAtItsPath: Check passes on a whole store,
+// fails naming the store and the cut when the chunk file is cut short
+// under the open store (or removed), and passes again once a good copy is
+// renamed over the path, the store then reading every expert from the
+// new file.
+func TestCheckSeesTheChunkFileAtItsPath(t *testing.T) {
+	dir, _ := smallStore.write(t, ConvertOptions{Shards: 2})
+	chunkPath := filepath.Join(dir, ChunkFile)
+	orig, _ := os.ReadFile(chunkPath)
+	st, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Check(); err != nil {
+		t.Fatalf("a whole store: %v", err)
+	}
+	last := chunkSites(t, dir)
+	lastSite := last[len(last)-1]
+	if err := os.Truncate(chunkPath, lastSite.ref.Offset+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Check(); !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("chunk file cut short: Check gave %v", err)
+	}
+	if err := os.Remove(chunkPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Check(); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("chunk file removed: Check gave %v", err)
+	}
+	fixed := filepath.Join(t.TempDir(), "chunks")
+	if err := os.WriteFile(fixed, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(fixed, chunkPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Check(); err != nil {
+		t.Fatalf("a good copy renamed over it: %v", err)
+	}
+	for _, c := range last {
+		if err := readExpert(st, c.layer, c.expert); err != nil {
+			t.Fatalf("after the good copy came back: %v", err)
+		}
+	}
+}
+
 // TestOpenRefusesWrongVersionOtherModelAndDamagedIndex.
 func TestOpenRefusesWrongVersionOtherModelAndDamagedIndex(t *testing.T) {
 	dir, b := smallStore.write(t, ConvertOptions{})

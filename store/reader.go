@@ -48,7 +48,8 @@ type Store struct {
 	ix        *index
 	raw       []byte // the index file, for peers
 	src       ChunkSource
-	file      *os.File // closed by Close when Open opened it
+	dir       string      // Open's: Check opens its chunk file again
+	file      *fileSource // the chunk file when Open opened it, else nil
 	verify    bool
 	chunks    *ChunkCache   // nil: none
 	slots     chan *decoder // a decoder (nil until first used) per goroutine allowed to decode
@@ -70,7 +71,9 @@ func Open(dir string, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	s, err := newStore(raw, fileSource{f}, opt)
+	fs := &fileSource{}
+	fs.f.Store(f)
+	s, err := newStore(raw, fs, opt)
 	if err == nil {
 		err = s.checkChunkFile(f)
 	}
@@ -81,8 +84,36 @@ func Open(dir string, opt Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("store: %s: %w", dir, err)
 	}
-	s.file = f
+	s.dir, s.file = dir, fs
 	return s, nil
+}
+
+// Check tells whether the store can still be read as a whole: its chunk
+// file, opened again by its path (so that a file replaced since is the
+// one checked), has the header and the size the index names. A chunk
+// file cut short, overwritten or gone under a running reader fails it;
+// one put back (a good copy renamed over it) passes, and chunks are read
+// from it from then on. Single chunks are checked as they are read, not
+// here. A store made with New has no file of its own to check: nil.
+func (s *Store) Check() error {
+	if s.file == nil {
+		return nil
+	}
+	f, err := os.Open(filepath.Join(s.dir, ChunkFile))
+	if err == nil {
+		err = s.checkChunkFile(f)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		if te := (*TensorError)(nil); errors.As(err, &te) {
+			return fmt.Errorf("%w (store %s)", err, s.dir)
+		}
+		return fmt.Errorf("store: %s: %w", s.dir, err)
+	}
+	s.file.swap(f)
+	return nil
 }
 
 // New opens a store from its index bytes (Store.IndexBytes of a peer) and
@@ -164,7 +195,7 @@ func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		if s.file != nil {
-			err = s.file.Close()
+			err = s.file.close()
 		}
 	})
 	return err
@@ -393,11 +424,42 @@ func (s *Store) readChunk(ctx context.Context, ref ChunkRef, dst []byte, want ui
 	return nil
 }
 
-// fileSource reads chunks from the local chunk file with pread.
-type fileSource struct{ f *os.File }
+// fileSource reads chunks from the local chunk file with pread. Check may
+// swap in the file found at its path; the files it replaced stay open
+// (reads in flight may use them) until close.
+type fileSource struct {
+	f   atomic.Pointer[os.File]
+	mu  sync.Mutex
+	old []*os.File
+}
 
-func (fs fileSource) ReadChunk(_ context.Context, ref ChunkRef, dst []byte) error {
-	n, err := fs.f.ReadAt(dst[:ref.Size], ref.Offset)
+// swap reads from f from now on, unless it is the file read already
+// (then f is closed).
+func (fs *fileSource) swap(f *os.File) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	cur := fs.f.Load()
+	a, errA := cur.Stat()
+	b, errB := f.Stat()
+	if errA == nil && errB == nil && os.SameFile(a, b) {
+		f.Close()
+		return
+	}
+	fs.old = append(fs.old, cur)
+	fs.f.Store(f)
+}
+
+func (fs *fileSource) close() error {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, f := range fs.old {
+		f.Close()
+	}
+	return fs.f.Load().Close()
+}
+
+func (fs *fileSource) ReadChunk(_ context.Context, ref ChunkRef, dst []byte) error {
+	n, err := fs.f.Load().ReadAt(dst[:ref.Size], ref.Offset)
 	if n == ref.Size {
 		return nil
 	}

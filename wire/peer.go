@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -253,9 +254,13 @@ func writeCtx(ctx context.Context, s *quic.SendStream, b []byte) (int, error) {
 
 // Close closes the connection cleanly (the peer sees ErrClosed) and
 // waits for the peer's goroutines. Messages not yet delivered are lost.
-func (p *Peer) Close() error {
-	p.setErr(&ConnError{Code: CodeClosed, Reason: "closed by this side"})
-	p.conn.CloseWithError(quic.ApplicationErrorCode(CodeClosed), "")
+func (p *Peer) Close() error { return p.CloseFor("") }
+
+// CloseFor closes the connection as Close does, telling the peer why: its
+// Err is ErrClosed, with why as the reason its message gives.
+func (p *Peer) CloseFor(why string) error {
+	p.setErr(&ConnError{Code: CodeClosed, Reason: cmp.Or(why, "closed by this side")})
+	p.conn.CloseWithError(quic.ApplicationErrorCode(CodeClosed), why)
 	p.wg.Wait()
 	return nil
 }

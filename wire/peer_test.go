@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -464,6 +465,18 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := Listen(context.Background(), "127.0.0.1:0", tc.cfg); err == nil {
 			t.Errorf("%s: Listen accepted the config", tc.name)
 		}
+	}
+}
+
+// TestCloseForTellsThePeerWhy: a connection closed with a reason ends
+// the other side's Recv with ErrClosed whose message carries the reason.
+func TestCloseForTellsThePeerWhy(t *testing.T) {
+	l := listen(t, testConfig(t, "a", "w1"))
+	client, server := connect(t, l, testConfig(t, "a", "main"))
+	server.CloseFor("w1's store is unreadable")
+	_, err := client.Recv(context.Background())
+	if !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "w1's store is unreadable") {
+		t.Fatalf("the other side sees %v", err)
 	}
 }
 

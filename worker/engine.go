@@ -73,6 +73,10 @@ type Engine struct {
 	// OnLoad, if set before the first load, is told of every load that
 	// succeeded: which expert and when it ran (for traces).
 	OnLoad func(layer, expert int, start, end time.Time)
+	// OnLoadFailed, if set before the first load, is told of every load
+	// that failed, after its slot is cleared and before its waiters wake
+	// (the Node checks its whole store then).
+	OnLoadFailed func(err error)
 
 	wg sync.WaitGroup // background loads
 
@@ -266,6 +270,9 @@ func (e *Engine) load(ctx context.Context, k slotKey, s *slot) {
 	if err != nil {
 		if errors.Is(err, ErrOverBudget) {
 			e.Stats.Refused.Add(1)
+		}
+		if e.OnLoadFailed != nil {
+			e.OnLoadFailed(err)
 		}
 		if quarantine {
 			e.Stats.Quarantined.Add(1)

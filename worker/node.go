@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/store"
@@ -48,9 +49,10 @@ type Options struct {
 // its device budget and its load bandwidth, and refusing a main node or
 // shadow of another model.
 type Node struct {
-	eng  *Engine
-	wire wire.Config
-	log  zerolog.Logger
+	eng    *Engine
+	wire   wire.Config
+	health *storeHealth
+	log    zerolog.Logger
 }
 
 // New checks that d's device can run every expert of d's store, builds
@@ -91,14 +93,21 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		eng.Close()
 		return nil, err
 	}
-	n := &Node{eng: eng, wire: *d.Wire, log: d.Log}
+	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log}
+	eng.OnLoadFailed = n.health.loadFailed
 	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
 	n.wire.Hello.DeviceMemBytes, n.wire.Hello.LoadBytesSec = budget, o.LoadBytesSec
 	n.wire.Hello.Device = d.Device.String()
 	// a main node or shadow of another model is refused here too (they
 	// refuse this worker from their side as well)
 	n.wire.Hello.Model = st.Identity().String()
-	n.wire.CheckHello = wire.SameModel(false)
+	sameModel := wire.SameModel(false)
+	n.wire.CheckHello = func(self, peer *wire.Hello) error {
+		if err := n.health.refusal(); err != nil { // a store gone unreadable
+			return err
+		}
+		return sameModel(self, peer)
+	}
 	return n, nil
 }
 
@@ -108,9 +117,17 @@ func (n *Node) Listen(ctx context.Context, addr string) (*wire.Listener, error) 
 	return wire.Listen(ctx, addr, &n.wire)
 }
 
-// Serve serves the main node and the shadow on ln until ctx ends.
+// Serve serves the main node and the shadow on ln until ctx ends, out of
+// service while its store cannot be read (storeHealth).
 func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
-	return NewServer(n.eng, n.log).Serve(ctx, ln)
+	ctx, cancel := context.WithCancel(ctx)
+	var checks sync.WaitGroup
+	checks.Go(func() { n.health.run(ctx) })
+	defer checks.Wait()
+	defer cancel()
+	s := NewServer(n.eng, n.log)
+	s.health = n.health
+	return s.Serve(ctx, ln)
 }
 
 // Engine is the worker's engine.

@@ -24,6 +24,7 @@ import (
 // the main node sees).
 type Server struct {
 	engine *Engine
+	health *storeHealth // nil: never out of service (a bare Server)
 	log    zerolog.Logger
 
 	mu    sync.Mutex
@@ -156,8 +157,14 @@ func (s *Server) Serve(ctx context.Context, ln *wire.Listener) error {
 func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 	id := p.Identity()
 	log := s.log.With().Str("peer", id.Name).Str("role", string(id.Role)).Logger()
-	log.Info().Msg("peer connected")
 	defer p.Close()
+	if s.health != nil {
+		if !s.health.serving(p) { // out of service: refused, told why
+			return
+		}
+		defer s.health.done(p)
+	}
+	log.Info().Msg("peer connected")
 	acts := make(chan *wire.Activation, 64)
 	computed := make(chan struct{})
 	go func() {
