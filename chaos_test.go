@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -320,4 +323,120 @@ func TestWorkerRefusesABudgetTooSmallForItsExperts(t *testing.T) {
 	if code == 0 || !strings.Contains(se, "-device-mem 100.0 KiB cannot hold the store's largest expert") || !strings.Contains(se, "give at least") {
 		t.Fatalf("exit %d, stderr %q", code, se)
 	}
+}
+
+// TestChaosOneBadDiskCostsOneNode is issue 35's disk rows with real
+// processes: four workers, w2 on a copy of the store whose chunk file
+// fails under it. With a flipped byte every 384 KiB, a main node's run
+// ends rc 0 with local mode's logits, its failed loads re-sent, and a
+// serving main node's /healthz names w2 degraded while ready. With the
+// file then cut to 60%, w2 goes out of service at its next failed load:
+// another run ends rc 0 with local mode's logits, w2 lost, and /healthz
+// says why, still ready.
+func TestChaosOneBadDiskCostsOneNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	r := newChaosRig(t, 4)
+	w2store := filepath.Join(r.dir, "w2.store")
+	if err := os.CopyFS(w2store, os.DirFS(r.store)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range r.workers {
+		if i == 1 {
+			r.startWorkerOn(i, w2store)
+		} else {
+			r.startWorker(i)
+		}
+	}
+	certs := filepath.Join(r.dir, "certs")
+	r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
+		"-certs", certs, "-name", "main", "-prefetch", "reactive", "-http", "127.0.0.1:0", "-log-json", "-log-level", "info")
+	var base string
+	for deadline := time.Now().Add(60 * time.Second); base == ""; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the serving main node did not say where it listens within 60 s\n%s", r.logs())
+		}
+		base = servingAddr(filepath.Join(r.dir, "main.log"))
+	}
+	health := func() (int, serveHealth) {
+		t.Helper()
+		// a request first: the serving main node meets the damage too
+		resp, err := http.Post("http://"+base+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "Once upon a time", "max_tokens": 48}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("a completion beside a bad disk: %d %s\n%s", resp.StatusCode, b, r.logs())
+		}
+		resp, err = http.Get("http://" + base + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var h serveHealth
+		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, h
+	}
+	const n = "64"
+	local := filepath.Join(r.dir, "local")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	chunks := filepath.Join(w2store, "chunks.bin")
+	b, err := os.ReadFile(chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name     string
+		damage   func([]byte) []byte
+		fault    string // the -stats fault it counts
+		degraded string // what /healthz says of w2
+	}{
+		{"flipped", func(b []byte) []byte {
+			for i := 1000; i < len(b); i += 384 << 10 {
+				b[i] ^= 0x10
+			}
+			return b
+		}, "load_failures", "checksum mismatch"},
+		{"truncated", func(b []byte) []byte { return b[:len(b)*6/10] }, "workers_lost", "store truncated"},
+	} {
+		if err := os.WriteFile(chunks, c.damage(slices.Clone(b)), 0o644); err != nil { // in place: under the running worker
+			t.Fatal(err)
+		}
+		dump, stats := filepath.Join(r.dir, c.name), filepath.Join(r.dir, c.name+".json")
+		if se, code := r.runMain("-prefetch", "reactive", "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats); code != 0 {
+			t.Fatalf("%s: the main node's run: exit %d\n%s\n%s", c.name, code, se, r.logs())
+		}
+		for _, f := range []string{"logits.npy", "tokens.json"} {
+			want, _ := os.ReadFile(filepath.Join(local, f))
+			got, err := os.ReadFile(filepath.Join(dump, f))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("%s: %s differs from local mode's (%v)", c.name, f, err)
+			}
+		}
+		var st struct{ Faults map[string]int64 }
+		sb, _ := os.ReadFile(stats)
+		if err := json.Unmarshal(sb, &st); err != nil || st.Faults[c.fault] == 0 {
+			t.Fatalf("%s: the run's faults %v (%v): want %s counted", c.name, st.Faults, err, c.fault)
+		}
+		code, h := health()
+		t.Logf("%s: faults %v; /healthz %d %+v", c.name, st.Faults, code, h)
+		named := slices.ContainsFunc(h.Degraded, func(s string) bool { return strings.HasPrefix(s, "w2: ") && strings.Contains(s, c.degraded) })
+		if code != http.StatusOK || !h.Ready || !named {
+			t.Fatalf("%s: /healthz %d %+v: want ready, w2 degraded by %q\n%s", c.name, code, h, c.degraded, r.logs())
+		}
+	}
+}
+
+// serveHealth is /healthz's body.
+type serveHealth struct {
+	Ready    bool
+	Down     []string
+	Degraded []string
 }
