@@ -70,3 +70,27 @@ func BenchmarkDecodeStream(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFarTooLongPrompt is issue 35's hostile prompt: 15.6 MB of text
+// against a 40,960-token context (Qwen3's), encoded whole (Encode, what
+// the API did) and with EncodeAtMost (what it does now).
+func BenchmarkFarTooLongPrompt(b *testing.B) {
+	text := strings.Repeat(BuiltinCorpus, 15_600_000/len(BuiltinCorpus)+1)[:15_600_000]
+	const context = 40960
+	for name, tok := range benchTokenizers(b) {
+		b.Run(name+"/Encode", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				tok.Encode(text, false)
+			}
+		})
+		b.Run(name+"/EncodeAtMost", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := tok.EncodeAtMost(text, false, context); ok {
+					b.Fatal("15.6 MB within the context")
+				}
+			}
+		})
+	}
+}

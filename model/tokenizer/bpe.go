@@ -18,6 +18,10 @@ type bpe struct {
 	ignoreMerges bool
 	prefix       string // continuing_subword_prefix
 	suffix       string // end_of_word_suffix
+	// maxCover is the most bytes of a word one token covers (its
+	// longest vocabulary string: a prefix or suffix only adds to it); 0:
+	// no bound (fused unknown characters)
+	maxCover int
 
 	mu    sync.Mutex
 	cache map[string][]int
@@ -37,6 +41,15 @@ const (
 )
 
 func pairKey(a, b int) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
+
+// atLeast is a lower bound on the ids of word, found without merging it:
+// every token covers at most maxCover of its bytes.
+func (m *bpe) atLeast(word string) int {
+	if m.maxCover == 0 {
+		return 0
+	}
+	return (len(word) + m.maxCover - 1) / m.maxCover
+}
 
 // tokenize appends the ids of word to ids.
 func (m *bpe) tokenize(word string, ids []int) []int {

@@ -119,6 +119,7 @@ func parseBPE(raw json.RawMessage) (*bpe, error) {
 		if id < 0 || id >= 1<<31 {
 			return nil, fmt.Errorf("model.vocab[%q] = %d: ids must be in [0, 2^31)", tok, id)
 		}
+		m.maxCover = max(m.maxCover, len(tok))
 	}
 	if c.UnkToken != nil {
 		id, ok := c.Vocab[*c.UnkToken]
@@ -126,6 +127,9 @@ func parseBPE(raw json.RawMessage) (*bpe, error) {
 			return nil, fmt.Errorf("model.unk_token %q is not in model.vocab", *c.UnkToken)
 		}
 		m.unkID = id
+		if m.fuseUnk && !m.byteFallback {
+			m.maxCover = 0 // one <unk> covers a run of unknown characters of any length
+		}
 	}
 	for b := range m.byteIDs {
 		m.byteIDs[b] = -1

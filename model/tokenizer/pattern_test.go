@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -142,5 +144,78 @@ func TestUnknownSplitRegexIsRefused(t *testing.T) {
 	_, err := parsePreTokenizer([]byte(`{"type":"Split","pattern":{"Regex":"\\d+"},"behavior":"Isolated","invert":false}`), "pre_tokenizer")
 	if err == nil || !strings.Contains(err.Error(), `pre_tokenizer.pattern.Regex "\\d+" is not supported`) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestSplitStreamsWhatTheWholeSplitGives: the Split pre-tokenizer emits,
+// span by span, exactly the pieces of tokenizers' algorithm, which first
+// collects every span and then merges (its loops are kept here as the
+// reference), for every behavior, inverted or not, on random texts.
+func TestSplitStreamsWhatTheWholeSplitGives(t *testing.T) {
+	reference := func(sp *split, s string) []string {
+		var spans, keep []span
+		sp.eachSpan(s, func(m span) { spans = append(spans, m) })
+		switch sp.behavior {
+		case splitIsolated:
+			keep = spans
+		case splitRemoved:
+			for _, m := range spans {
+				if !m.match {
+					keep = append(keep, m)
+				}
+			}
+		case splitContiguous:
+			for i, m := range spans {
+				if i > 0 && m.match == spans[i-1].match {
+					keep[len(keep)-1].end = m.end
+				} else {
+					keep = append(keep, m)
+				}
+			}
+		case splitMergedWithPrevious:
+			for i, m := range spans {
+				if m.match && (i == 0 || !spans[i-1].match) && len(keep) > 0 {
+					keep[len(keep)-1].end = m.end
+				} else {
+					keep = append(keep, m)
+				}
+			}
+		case splitMergedWithNext:
+			for i := len(spans) - 1; i >= 0; i-- {
+				m := spans[i]
+				if m.match && (i == len(spans)-1 || !spans[i+1].match) && len(keep) > 0 {
+					keep[len(keep)-1].start = m.start
+				} else {
+					keep = append(keep, m)
+				}
+			}
+			slices.Reverse(keep)
+		}
+		var out []string
+		for _, m := range keep {
+			if m.end > m.start {
+				out = append(out, s[m.start:m.end])
+			}
+		}
+		return out
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	for b := range splitContiguous + 1 {
+		for _, invert := range []bool{false, true} {
+			for _, literal := range []string{"a", "ab"} {
+				sp := &split{literal: literal, behavior: b, invert: invert}
+				for range 300 {
+					text := make([]byte, rng.IntN(12))
+					for i := range text {
+						text[i] = "ab"[rng.IntN(2)]
+					}
+					var got []string
+					sp.preTokenize(piece{text: string(text)}, func(p piece) { got = append(got, p.text) })
+					if want := reference(sp, string(text)); !slices.Equal(got, want) {
+						t.Fatalf("behavior %d, invert %v, literal %q, text %q: %q, want %q", b, invert, literal, text, got, want)
+					}
+				}
+			}
+		}
 	}
 }

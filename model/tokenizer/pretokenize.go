@@ -139,14 +139,12 @@ type span struct {
 	match      bool
 }
 
-func (sp *split) matches(s string) []span {
-	var out []span
-	add := func(start, end int, match bool) {
-		out = append(out, span{start, end, match != sp.invert})
-	}
+// eachSpan calls add for the consecutive spans covering s, in order,
+// each a match of the pattern or the text between two.
+func (sp *split) eachSpan(s string, add func(span)) {
 	if sp.regex != nil {
-		sp.regex.findMatches(s, add)
-		return out
+		sp.regex.findMatches(s, func(start, end int, match bool) { add(span{start, end, match != sp.invert}) })
+		return
 	}
 	gap := 0
 	if sp.literal != "" {
@@ -156,65 +154,74 @@ func (sp *split) matches(s string) []span {
 				break
 			}
 			if i+k > gap {
-				add(gap, i+k, false)
+				add(span{gap, i + k, sp.invert})
 			}
-			add(i+k, i+k+len(sp.literal), true)
+			add(span{i + k, i + k + len(sp.literal), !sp.invert})
 			i = i + k + len(sp.literal)
 			gap = i
 		}
 	}
 	if gap < len(s) {
-		add(gap, len(s), false)
+		add(span{gap, len(s), sp.invert})
 	}
-	return out
 }
 
+// preTokenize emits the pieces as the spans are found, holding at most
+// one back (to merge the next into it, or it into the next), so that a
+// long text is never split whole before its first word is emitted.
 func (sp *split) preTokenize(p piece, emit func(piece)) {
 	s := p.text
-	spans := sp.matches(s)
-	var keep []span
-	switch sp.behavior {
-	case splitIsolated:
-		keep = spans
-	case splitRemoved:
-		for _, m := range spans {
-			if !m.match {
-				keep = append(keep, m)
-			}
-		}
-	case splitContiguous:
-		for i, m := range spans {
-			if i > 0 && m.match == spans[i-1].match {
-				keep[len(keep)-1].end = m.end
-			} else {
-				keep = append(keep, m)
-			}
-		}
-	case splitMergedWithPrevious:
-		for i, m := range spans {
-			if m.match && (i == 0 || !spans[i-1].match) && len(keep) > 0 {
-				keep[len(keep)-1].end = m.end
-			} else {
-				keep = append(keep, m)
-			}
-		}
-	case splitMergedWithNext:
-		for i := len(spans) - 1; i >= 0; i-- {
-			m := spans[i]
-			if m.match && (i == len(spans)-1 || !spans[i+1].match) && len(keep) > 0 {
-				keep[len(keep)-1].start = m.start
-			} else {
-				keep = append(keep, m)
-			}
-		}
-		for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
-			keep[i], keep[j] = keep[j], keep[i]
-		}
-	}
-	for _, m := range keep {
+	out := func(m span) {
 		if m.end > m.start {
 			emit(piece{s[m.start:m.end], p.first && m.start == 0})
 		}
+	}
+	var held span
+	holding, prevMatch, first := false, false, true
+	sp.eachSpan(s, func(m span) {
+		switch sp.behavior {
+		case splitIsolated:
+			out(m)
+		case splitRemoved:
+			if !m.match {
+				out(m)
+			}
+		case splitContiguous: // runs of matches, and of the rest, each one piece
+			if holding && m.match == held.match {
+				held.end = m.end
+			} else {
+				if holding {
+					out(held)
+				}
+				held, holding = m, true
+			}
+		case splitMergedWithPrevious: // a match joins the piece before it
+			if m.match && (first || !prevMatch) && holding {
+				held.end = m.end
+			} else {
+				if holding {
+					out(held)
+				}
+				held, holding = m, true
+			}
+		case splitMergedWithNext: // a match joins the piece after it
+			switch {
+			case holding && !m.match:
+				out(span{held.start, m.end, false})
+				holding = false
+			case holding:
+				out(held)
+				held = m
+			case m.match:
+				held, holding = m, true
+			default:
+				out(m)
+			}
+		}
+		prevMatch, first = m.match, false
+	})
+	if holding {
+		out(held)
 	}
 }
 

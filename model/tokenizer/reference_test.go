@@ -110,7 +110,7 @@ func compareWithReference(t *testing.T, name string, tok *Tokenizer, inputs []st
 	for i, s := range inputs {
 		r := res[i]
 		var words []int
-		got := tok.encode(s, false, &words)
+		got, _ := tok.encode(s, false, &words, 0)
 		gotSpecial := tok.Encode(s, true)
 		var diffs []string
 		if !equalInts(got, r.IDs) {

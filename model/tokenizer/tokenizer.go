@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"errors"
 	"strings"
 	"unicode/utf8"
 )
@@ -36,17 +37,43 @@ type Tokenizer struct {
 // written in the text ("<s>", "<|im_end|>") are encoded as themselves.
 // Invalid UTF-8 is first replaced by U+FFFD.
 func (t *Tokenizer) Encode(text string, addSpecial bool) []int {
-	return t.encode(text, addSpecial, nil)
+	ids, _ := t.encode(text, addSpecial, nil, 0)
+	return ids
 }
+
+// EncodeAtMost is Encode for text that may hold more than limit tokens
+// (a prompt against a context): it stops encoding once the ids would pass
+// limit and then reports false, so that a text far too long costs about
+// limit tokens' work and memory, not its whole length's (the rest of the
+// text is not looked at, and a word too long to fit is known by its
+// length: no token covers more bytes than the vocabulary's longest).
+// With true, the ids are Encode's.
+func (t *Tokenizer) EncodeAtMost(text string, addSpecial bool, limit int) ([]int, bool) {
+	ids, stopped := t.encode(text, addSpecial, nil, max(limit, 0)+1)
+	return ids, !stopped && len(ids) <= limit
+}
+
+// errStop unwinds encode's segmenting once its ids are past its stop.
+var errStop = errors.New("tokenizer: past the limit")
 
 // encode is Encode; if words is not nil, it also records for each id the
 // index of the pre-tokenized word it came from (tokenizers' word ids;
-// template tokens get -1).
-func (t *Tokenizer) encode(text string, addSpecial bool, words *[]int) []int {
+// template tokens get -1). With stop > 0 it encodes nothing more once it
+// has, or a word would take it to, stop ids, and reports that it stopped.
+func (t *Tokenizer) encode(text string, addSpecial bool, words *[]int, stop int) ([]int, bool) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	ids := make([]int, 0, len(text)/3+len(t.prefixIDs)+len(t.suffixIDs)+1)
+	n := len(text)/3 + len(t.prefixIDs) + len(t.suffixIDs) + 1
+	if stop > 0 {
+		n = min(n, stop+len(t.prefixIDs)+len(t.suffixIDs)+1)
+	}
+	ids := make([]int, 0, n)
+	stopped := false
+	full := func() bool {
+		stopped = stopped || stop > 0 && len(ids) >= stop
+		return stopped
+	}
 	word := 0
 	endWord := func(index int) {
 		if words == nil {
@@ -63,18 +90,37 @@ func (t *Tokenizer) encode(text string, addSpecial bool, words *[]int) []int {
 		ids = append(ids, t.prefixIDs...)
 		endWord(-1)
 	}
-	t.segment(text, func(id int) {
-		ids = append(ids, id)
-		endWord(word)
-	}, func(w string) {
-		ids = t.model.tokenize(w, ids)
-		endWord(word)
-	})
+	// once stopped, a panic unwinds the segmenting: the rest of the text
+	// is not even scanned
+	func() {
+		defer func() {
+			if r := recover(); r != nil && r != errStop {
+				panic(r)
+			}
+		}()
+		t.segment(text, func(id int) {
+			if full() {
+				panic(errStop)
+			}
+			ids = append(ids, id)
+			endWord(word)
+		}, func(w string) {
+			if full() {
+				panic(errStop)
+			}
+			if stop > 0 && len(ids)+t.model.atLeast(w) >= stop { // too long, by its length alone
+				stopped = true
+				panic(errStop)
+			}
+			ids = t.model.tokenize(w, ids)
+			endWord(word)
+		})
+	}()
 	if addSpecial {
 		ids = append(ids, t.suffixIDs...)
 		endWord(-1)
 	}
-	return ids
+	return ids, full()
 }
 
 // segment runs the steps of encoding before the model: it calls added

@@ -238,6 +238,47 @@ func TestEncodeAddsBOSFromTemplate(t *testing.T) {
 	}
 }
 
+// TestEncodeAtMostIsEncodeUpToItsLimit: for every limit around a text's
+// true token count (with and without the template's special tokens, on a
+// SentencePiece and a byte-level tokenizer), EncodeAtMost gives Encode's
+// ids when they fit and reports false when they do not, having encoded
+// about limit tokens only.
+func TestEncodeAtMostIsEncodeUpToItsLimit(t *testing.T) {
+	for name, tok := range map[string]*Tokenizer{"sentencepiece": trained(t), "byte-level": byteLevelTok(t)} {
+		for _, s := range append(referenceStrings, BuiltinCorpus[:2000]) {
+			for _, special := range []bool{false, true} {
+				want := tok.Encode(s, special)
+				for limit := max(0, len(want)-3); limit <= len(want)+2; limit++ {
+					got, ok := tok.EncodeAtMost(s, special, limit)
+					switch {
+					case ok != (len(want) <= limit):
+						t.Fatalf("%s: %d tokens against a limit of %d: ok %v", name, len(want), limit, ok)
+					case ok && !slices.Equal(got, want):
+						t.Fatalf("%s: EncodeAtMost(%q, %v, %d) = %v, Encode %v", name, s, special, limit, got, want)
+					case !ok && len(got) > limit+64:
+						t.Fatalf("%s: %d ids encoded against a limit of %d", name, len(got), limit)
+					}
+				}
+			}
+		}
+	}
+	// one word far too long for the limit is refused by its length,
+	// before it is merged (the trained tokenizer has no pre-tokenizer)
+	long := strings.Repeat("abcdefghij", 100_000)
+	if ids, ok := trained(t).EncodeAtMost(long, false, 1000); ok || len(ids) != 0 {
+		t.Fatalf("a 1 MB word against 1,000 tokens: ok %v, %d ids", ok, len(ids))
+	}
+	// but a run of unknown characters, fused into one <unk>, may cover
+	// any length: no bound from its bytes
+	fused := tinySentencePiece(t, []string{"▁", "a"}, nil, func(s string) string {
+		return strings.Replace(s, `"byte_fallback": true`, `"byte_fallback": false`, 1)
+	})
+	text := "a" + strings.Repeat("€", 1000) + "a"
+	if got, ok := fused.EncodeAtMost(text, false, 4); !ok || !slices.Equal(got, fused.Encode(text, false)) {
+		t.Fatalf("1,000 unknown characters fused into one token: EncodeAtMost = %v, %v; Encode %v", got, ok, fused.Encode(text, false))
+	}
+}
+
 // streamAll feeds ids to a new stream decoder and flushes it.
 func streamAll(tok *Tokenizer, ids []int) string {
 	d := tok.NewStreamDecoder()
