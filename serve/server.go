@@ -245,8 +245,7 @@ const maxBody = 16 << 20
 // must arrive within Config.BodyTimeout, into v.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	rc := http.NewResponseController(w)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody)) // within bodyDeadline's
-
+	body, err := readBody(http.MaxBytesReader(w, r.Body, s.maxBody), r.ContentLength, s.maxBody) // within bodyDeadline's
 	if err != nil {
 		// the rest of the body is not read: the connection closes after
 		// the answer instead of waiting for it
@@ -272,6 +271,21 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiE
 	return nil
 }
 
+// readBody reads all of r into one buffer of the length the request
+// announced (its Content-Length, when within limit; net/http's body ends
+// there), not one grown by doubling: a body near the limit then holds its
+// length, not up to twice it.
+func readBody(r io.Reader, announced, limit int64) ([]byte, error) {
+	if announced <= 0 || announced > limit {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, announced)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // encode tokenizes a prompt, refusing one too long for the context
 // before it is tokenized (param names it in the error).
 func (s *Server) encode(text string, addSpecial bool, param string) ([]int, error) {
@@ -279,7 +293,12 @@ func (s *Server) encode(text string, addSpecial bool, param string) ([]int, erro
 		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "context_length_exceeded",
 			Message: fmt.Sprintf("this model's maximum context length is %d tokens, and a prompt of %d bytes has more", s.cfg.Context, len(text))}
 	}
-	return s.cfg.Tokenizer.Encode(text, addSpecial), nil
+	ids, ok := s.cfg.Tokenizer.EncodeAtMost(text, addSpecial, s.cfg.Context)
+	if !ok { // found as its tokens pass the context, not after all of them
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "context_length_exceeded",
+			Message: fmt.Sprintf("this model's maximum context length is %d tokens, and the prompt has more", s.cfg.Context)}
+	}
+	return ids, nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

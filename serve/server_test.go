@@ -310,7 +310,7 @@ func TestBadRequestsGetOpenAIErrorsAndServingGoesOn(t *testing.T) {
 		{"/v1/completions", `{"prompt": "hi", "max_tokens": -1}`, 400, "max_tokens"},
 		{"/v1/completions", `{"prompt": "hi", "max_tokens": "many"}`, 400, "max_tokens"},
 		{"/v1/completions", `{"model": "gpt-4", "prompt": "hi"}`, 404, "model"},
-		{"/v1/completions", `{"prompt": "` + long + `"}`, 400, "messages"},
+		{"/v1/completions", `{"prompt": "` + long + `"}`, 400, "prompt"},
 		{"/v1/completions", `{"prompt": "hi", "max_tokens": 1000}`, 400, "max_tokens"},
 		{"/v1/completions", `{"prompt": "hi", "n": 2}`, 400, "n"},
 		{"/v1/completions", `{"prompt": "hi", "temperature": 3}`, 400, "temperature"},
