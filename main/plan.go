@@ -319,19 +319,44 @@ func (pl *Planner) avoidDown(p *Plan, layer int) {
 // avoidSpoiled moves each expert a worker cannot load off it: to the next
 // live worker of its group that can, else the next live one at all (it
 // stays where it is when none can: the request fails there, naming why).
+// Its hints move with it (a hint may be for a later layer: that layer's
+// plan moves the expert to the same worker), so the worker that runs it
+// has loaded it ahead.
 func (pl *Planner) avoidSpoiled(p *Plan, layer int) {
 	if pl.spoiled.Load() == nil {
 		return
 	}
 	for i, w := range p.Assign {
-		e := int(p.Experts[i])
-		if !pl.isSpoiled(w, layer, e) {
-			continue
-		}
-		if c, ok := pl.nearest(w, func(c int) bool { return pl.IsLive(c) && !pl.isSpoiled(c, layer, e) }); ok {
+		if c, ok := pl.unspoiled(w, layer, int(p.Experts[i])); ok {
 			p.Assign[i] = c
 		}
 	}
+	n := len(p.Hints)
+	for i := range n {
+		h := p.Hints[i]
+		if !slices.ContainsFunc(h.Experts, func(e int32) bool { return pl.isSpoiled(h.Worker, h.Layer, int(e)) }) {
+			continue
+		}
+		start := len(p.ids) // the experts it keeps (h.Experts may be the policy's: not edited)
+		for _, e := range h.Experts {
+			if c, ok := pl.unspoiled(h.Worker, h.Layer, int(e)); ok {
+				p.Hints = append(p.Hints, Hint{Worker: c, Step: h.Step, Layer: h.Layer, Experts: []int32{e}})
+			} else {
+				p.ids = append(p.ids, e)
+			}
+		}
+		p.Hints[i].Experts = p.ids[start:len(p.ids):len(p.ids)]
+	}
+	p.Hints = slices.DeleteFunc(p.Hints, func(h Hint) bool { return len(h.Experts) == 0 })
+}
+
+// unspoiled is where expert e of layer goes instead of worker w, whose
+// store failed it: false when w can load it (or no live worker can).
+func (pl *Planner) unspoiled(w, layer, e int) (int, bool) {
+	if !pl.isSpoiled(w, layer, e) {
+		return w, false
+	}
+	return pl.nearest(w, func(c int) bool { return pl.IsLive(c) && !pl.isSpoiled(c, layer, e) })
 }
 
 // isSpoiled reports whether worker w's store failed layer's expert.

@@ -406,3 +406,33 @@ func TestPredictedOnKeepsEachExpertWithItsWorker(t *testing.T) {
 		t.Errorf("without workers: %v on %v, want [2 5] on nil", es, on)
 	}
 }
+
+// TestASpoiledExpertsHintsMoveWithIt: a hint naming an expert the hinted
+// worker's store failed (for this layer or a later one, as the random
+// policy hints) goes where the plan moves that expert off the worker (the
+// group's other live worker that can load it), the rest of the hint
+// staying; the policy's own slice is not edited.
+func TestASpoiledExpertsHintsMoveWithIt(t *testing.T) {
+	pl := testPlanner(t, Reactive)
+	pl.Spoil(3, 2, 5) // layer 2 expert 5 on w3: its group's other is w2
+	pl.Spoil(1, 2, 6) // layer 2 expert 6 on w1: w0
+	policy := []int32{4, 5}
+	p := Plan{Hints: []Hint{
+		{Worker: 3, Layer: 2, Experts: policy},
+		{Worker: 2, Layer: 2, Experts: []int32{1}},
+		{Worker: 1, Layer: 2, Experts: []int32{6}},
+		{Worker: 3, Layer: 1, Experts: []int32{5}}, // another layer: w3 can load it
+	}}
+	pl.avoidSpoiled(&p, 1)
+	var got []string
+	for _, h := range p.Hints {
+		got = append(got, fmt.Sprintf("w%d L%d %v", h.Worker, h.Layer, h.Experts))
+	}
+	want := []string{"w3 L2 [4]", "w2 L2 [1]", "w3 L1 [5]", "w2 L2 [5]", "w0 L2 [6]"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("hints %q, want %q", got, want)
+	}
+	if !slices.Equal(policy, []int32{4, 5}) {
+		t.Fatalf("the policy's hint was edited: %v", policy)
+	}
+}
