@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/procmem"
-	"github.com/odmoe/odmoe/internal/rogue"
+	"github.com/odmoe/odmoe/harness/rogue"
 )
 
 // BenchmarkPeerAttacks is issue 35's peer rows with real processes on
