@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/harness/rogue"
+	"github.com/odmoe/odmoe/internal/procmem"
 )
 
 // BenchmarkPeerAttacks is issue 35's peer rows with real processes on

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/harness/inproc"
-	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/harness/rogue"
+	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/quic-go/quic-go"
