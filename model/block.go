@@ -71,8 +71,9 @@ type Attention struct {
 	QBias, KBias, VBias []float32
 }
 
-// MoE is a sparse feed-forward block: pre-norm, a softmax router choosing
-// each token's top-k experts (renormalised when NormTopK), the experts,
+// MoE is a sparse feed-forward block: pre-norm, a router choosing each
+// token's top-k experts (softmax, or Grouped's; renormalised when
+// NormTopK), the experts,
 // and their outputs mixed in expert-id order. The experts run wherever
 // the session's ExpertRunner puts them; Experts is nil on a main node.
 type MoE struct {
@@ -86,6 +87,9 @@ type MoE struct {
 	// (on the main node), never on a worker.
 	Shared     *Expert
 	SharedGate kernels.Matrix // [1, hidden]
+	// Grouped, when set (DeepSeek-V3), routes with sigmoid scores, a
+	// choice bias and group-limited top-k instead of the softmax router.
+	Grouped *GroupRouting
 }
 
 // forward runs the block on s's n rows at layer l (the KV cache layer
@@ -226,13 +230,20 @@ func (b *MoE) forward(ctx context.Context, s *Session, step Step, l, n int) erro
 	}
 	s.routerLogits = grow(s.routerLogits, n*E)
 	kernels.MatMul(s.routerLogits, b.Router, s.hn, n)
-	s.probs = grow(s.probs, E)
 	if cap(s.routes) < n*k {
 		s.routes = make([]Route, n*k)
 	}
 	s.routes = s.routes[:n*k]
-	for t := range n {
-		route(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, b.NormTopK)
+	if g := b.Grouped; g != nil {
+		s.probs = grow(s.probs, g.scratch(E))
+		for t := range n {
+			routeGrouped(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, g, b.NormTopK)
+		}
+	} else {
+		s.probs = grow(s.probs, E)
+		for t := range n {
+			route(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, b.NormTopK)
+		}
 	}
 	if s.OnRoute != nil {
 		s.OnRoute(step, l, s.routerLogits, s.routes)

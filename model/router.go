@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/odmoe/odmoe/kernels"
 )
@@ -74,4 +75,89 @@ func CheckRoutes(rs []Route, numExperts int) error {
 		}
 	}
 	return nil
+}
+
+// GroupRouting is DeepSeek-V3's router (transformers'
+// DeepseekV3TopkRouter), where a MoE block has one: sigmoid scores, a
+// per-expert bias added for choosing only, the experts in Groups groups
+// of which the GroupsKept with the highest sums of their two best biased
+// scores are kept, top-k over the kept groups, weights the unbiased
+// scores of the chosen (renormalised when NormTopK) times Scale.
+type GroupRouting struct {
+	Bias               []float32 // [experts]: e_score_correction_bias
+	Groups, GroupsKept int       // n_group, topk_group
+	Scale              float32   // routed_scaling_factor
+}
+
+// scratch is how many floats routeGrouped needs for experts.
+func (g *GroupRouting) scratch(experts int) int { return 2*experts + g.Groups }
+
+// routeGrouped turns one token's router logits into its top-k routes as
+// transformers' DeepseekV3TopkRouter does, in float32: scores =
+// sigmoid(logits); choice = scores + Bias; a group's score is the sum of
+// its two best choices; the GroupsKept best groups are kept and every
+// other expert's choice set to 0 (not minus infinity: with negative
+// biases a dropped expert can still be chosen, as in transformers); the k
+// best choices (ties to the lower index) are the routes, weighted by
+// their scores, divided by their sum plus 1e-20 when normTopK, times
+// Scale. scratch holds g.scratch(len(logits)) floats. The routes come
+// back sorted by expert id, as route's.
+func routeGrouped(dst []Route, logits, scratch []float32, g *GroupRouting, normTopK bool) {
+	E := len(logits)
+	scores, choice, groups := scratch[:E], scratch[E:2*E], scratch[2*E:2*E+g.Groups]
+	for e, x := range logits {
+		scores[e] = 1 / (1 + kernels.Exp(-x))
+		choice[e] = scores[e] + g.Bias[e]
+	}
+	per := E / g.Groups
+	for i := range groups {
+		top1, top2 := -1, -1
+		for e := i * per; e < (i+1)*per; e++ {
+			switch {
+			case top1 < 0 || choice[e] > choice[top1]:
+				top1, top2 = e, top1
+			case top2 < 0 || choice[e] > choice[top2]:
+				top2 = e
+			}
+		}
+		groups[i] = choice[top1]
+		if top2 >= 0 {
+			groups[i] += choice[top2]
+		}
+	}
+	// keep the GroupsKept best groups: mark the others by zeroing their
+	// experts' choices, as masked_fill(~mask, 0.0) does
+	for range g.Groups - g.GroupsKept {
+		worst := 0
+		for i, s := range groups {
+			if s < groups[worst] || s == groups[worst] && i > worst {
+				worst = i
+			}
+		}
+		clear(choice[worst*per : (worst+1)*per])
+		groups[worst] = float32(math.Inf(1)) // dropped: never the worst again
+	}
+	for i := range dst {
+		best := -1
+		for e, c := range choice {
+			if !taken(dst[:i], e) && (best < 0 || c > choice[best]) {
+				best = e
+			}
+		}
+		dst[i] = Route{Expert: best, Weight: scores[best]}
+	}
+	if normTopK {
+		var sum float32
+		for _, r := range dst {
+			sum += r.Weight
+		}
+		sum += 1e-20
+		for i := range dst {
+			dst[i].Weight /= sum
+		}
+	}
+	for i := range dst {
+		dst[i].Weight *= g.Scale
+	}
+	sortRoutes(dst)
 }
