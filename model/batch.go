@@ -36,8 +36,9 @@ type Batch struct {
 
 // NewBatch returns a batch of m's sessions whose experts run on experts.
 func NewBatch(m *Model, experts ExpertRunner) *Batch {
-	return &Batch{m: m, seq: nextSeq(), experts: experts,
-		ffn: &Session{m: m, experts: experts, lastRow: -1, invFreq: kernels.RoPEFreqs(m.Config.HeadDim, m.Config.RopeTheta)}}
+	b := &Batch{m: m, seq: nextSeq(), experts: experts, ffn: &Session{m: m, experts: experts, lastRow: -1}}
+	b.ffn.invFreq, b.ffn.ropeMul = m.Config.ropeTables(m.Config.HeadDim)
+	return b
 }
 
 // Seq is the batch's sequence id (its steps' Seq).

@@ -176,6 +176,12 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 	for t := range n {
 		cache, pos := rows.at(t)
 		kernels.RoPETable(s.cos, s.sin, pos, s.invFreq)
+		if s.ropeMul != 1 { // YaRN: cos and sin scaled, as transformers' attention_scaling
+			for i := range s.cos {
+				s.cos[i] *= s.ropeMul
+				s.sin[i] *= s.ropeMul
+			}
+		}
 		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)
 		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
 		if err := cache.Put(l, pos, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {

@@ -27,11 +27,13 @@ type Config struct {
 	MaxPositions     int     // max_position_embeddings
 	RMSNormEps       float64 // rms_norm_eps
 	RopeTheta        float64 // rope_theta
-	TieEmbeddings    bool    // tie_word_embeddings
-	SlidingWindow    int     // sliding_window, 0 = none
-	BOS              int     // bos_token_id, -1 = none
-	EOS              []int   // eos_token_id (int or list)
-	TorchDType       string  // torch_dtype, informational
+	// RopeScaling is rope_scaling ("linear" or "yarn"); nil for none.
+	RopeScaling   *RopeScaling
+	TieEmbeddings bool   // tie_word_embeddings
+	SlidingWindow int    // sliding_window, 0 = none
+	BOS           int    // bos_token_id, -1 = none
+	EOS           []int  // eos_token_id (int or list)
+	TorchDType    string // torch_dtype, informational
 	// NormTopK renormalises each token's top-k routing weights to sum to
 	// one: norm_topk_prob where the family has it, else the family's rule
 	// (Mixtral always).
@@ -92,6 +94,7 @@ type rawConfig struct {
 	MaxPositions     *int            `json:"max_position_embeddings"`
 	RMSNormEps       *float64        `json:"rms_norm_eps"`
 	RopeTheta        *float64        `json:"rope_theta"`
+	RopeScaling      json.RawMessage `json:"rope_scaling"`
 	TieEmbeddings    *bool           `json:"tie_word_embeddings"`
 	SlidingWindow    *int            `json:"sliding_window"`
 	BOS              *int            `json:"bos_token_id"`
@@ -174,6 +177,11 @@ func ParseConfig(b []byte) (Config, error) {
 			c.DenseIntermediateSize = or(r.IntermediateSize, d.DenseIntermediateSize)
 		}
 	}
+	rs, err := parseRopeScaling(r.RopeScaling)
+	if err != nil {
+		return Config{}, err
+	}
+	c.RopeScaling = rs
 	c.HeadDim = or(r.HeadDim, 0)
 	if c.HeadDim == 0 && c.NumHeads > 0 {
 		c.HeadDim = c.HiddenSize / c.NumHeads

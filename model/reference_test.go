@@ -18,6 +18,9 @@ type refModel struct {
 	cfg Config
 	set *safetensors.Set
 	t   *testing.T
+	// rot, if set, rotates one head to its position (a rope_scaling read
+	// by the test from config.json itself); nil: plain RoPE of rope_theta
+	rot func(x []float64, pos int) []float64
 }
 
 func (r refModel) tensor(name string) [][]float64 {
@@ -111,6 +114,10 @@ func (r refModel) forward(tokens []int) [][]float64 {
 	for t, id := range tokens {
 		xs[t] = append([]float64(nil), emb[id]...)
 	}
+	rot := r.rot
+	if rot == nil {
+		rot = func(x []float64, pos int) []float64 { return rope(x, pos, c.RopeTheta) }
+	}
 	for l := range c.NumLayers {
 		p := "model.layers." + strconv.Itoa(l) + "."
 		wq, wk, wv, wo := r.tensor(p+"self_attn.q_proj.weight"), r.tensor(p+"self_attn.k_proj.weight"), r.tensor(p+"self_attn.v_proj.weight"), r.tensor(p+"self_attn.o_proj.weight")
@@ -120,10 +127,10 @@ func (r refModel) forward(tokens []int) [][]float64 {
 			h := rmsnorm(xs[t], ln1, eps)
 			qs[t], ks[t], vs[t] = linear(wq, h), linear(wk, h), linear(wv, h)
 			for hh := range c.NumHeads {
-				copy(qs[t][hh*hd:], rope(qs[t][hh*hd:(hh+1)*hd], t, c.RopeTheta))
+				copy(qs[t][hh*hd:], rot(qs[t][hh*hd:(hh+1)*hd], t))
 			}
 			for hh := range c.NumKVHeads {
-				copy(ks[t][hh*hd:], rope(ks[t][hh*hd:(hh+1)*hd], t, c.RopeTheta))
+				copy(ks[t][hh*hd:], rot(ks[t][hh*hd:(hh+1)*hd], t))
 			}
 		}
 		next := make([][]float64, len(xs))

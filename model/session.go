@@ -25,6 +25,7 @@ type Session struct {
 	experts ExpertRunner
 	cache   *kvcache.Cache
 	invFreq []float32
+	ropeMul float32 // cos and sin are multiplied by it (YaRN's attention factor), unless 1
 
 	// working buffers, n = tokens in the current batch
 	x, hn, q, k, v, att, proj []float32 // n * width
@@ -50,15 +51,16 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 // newSession starts a sequence on m that goes on after the rows in cache.
 func newSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) *Session {
 	c := m.Config
-	return &Session{
+	s := &Session{
 		m:       m,
 		seq:     nextSeq(),
 		experts: experts,
 		cache:   cache,
-		invFreq: kernels.RoPEFreqs(c.HeadDim, c.RopeTheta),
 		logits:  make([]float32, c.VocabSize),
 		lastRow: -1,
 	}
+	s.invFreq, s.ropeMul = c.ropeTables(c.HeadDim)
+	return s
 }
 
 // Seq is the session's sequence id, unique within this process.
