@@ -9,7 +9,8 @@ import (
 
 // KVRows are the key and value rows of positions [From, From+Rows) of
 // every layer, in fp16 (IEEE half, round to nearest even): the payload of
-// a KV alignment. fp16 halves the bytes of float32 and only feeds the
+// a KV alignment. A latent cache's rows (kvcache.NewLatent) are keys and
+// values at once: Values is nil. fp16 halves the bytes of float32 and only feeds the
 // shadow's predictions, never the output; the rows of new positions only
 // keep it small (at Mixtral's shapes 32 layers x 2 x 1024 values x 2 B =
 // 128 KiB per token).
@@ -24,10 +25,15 @@ func PackKV(c *kvcache.Cache, from, to int) (KVRows, error) {
 		return KVRows{}, fmt.Errorf("align: KV rows [%d, %d) outside the cache's %d positions", from, to, c.Len())
 	}
 	w := c.Width()
-	kv := KVRows{From: from, Rows: to - from, Width: w, Keys: make([][]uint16, c.Layers()), Values: make([][]uint16, c.Layers())}
+	kv := KVRows{From: from, Rows: to - from, Width: w, Keys: make([][]uint16, c.Layers())}
+	if !c.Latent() {
+		kv.Values = make([][]uint16, c.Layers())
+	}
 	for l := range c.Layers() {
 		kv.Keys[l] = toF16(c.Keys(l, to)[from*w:])
-		kv.Values[l] = toF16(c.Values(l, to)[from*w:])
+		if kv.Values != nil {
+			kv.Values[l] = toF16(c.Values(l, to)[from*w:])
+		}
 	}
 	return kv, nil
 }
@@ -44,22 +50,28 @@ func toF16(src []float32) []uint16 {
 // float32) and commits them: the shadow's KV alignment. Positions past
 // the shadow's own length extend it.
 func (kv KVRows) Apply(c *kvcache.Cache) error {
-	if kv.Width != c.Width() || len(kv.Keys) != c.Layers() || len(kv.Values) != c.Layers() {
-		return fmt.Errorf("align: KV rows of width %d for %d layers, the cache has width %d and %d layers", kv.Width, len(kv.Keys), c.Width(), c.Layers())
+	if kv.Width != c.Width() || len(kv.Keys) != c.Layers() || (kv.Values == nil) != c.Latent() || kv.Values != nil && len(kv.Values) != c.Layers() {
+		return fmt.Errorf("align: KV rows of width %d for %d layers (latent: %v), the cache has width %d and %d layers (latent: %v)",
+			kv.Width, len(kv.Keys), kv.Values == nil, c.Width(), c.Layers(), c.Latent())
 	}
 	if kv.From > c.Len() {
 		return fmt.Errorf("align: KV rows start at %d, past the cache's %d positions (a gap)", kv.From, c.Len())
 	}
 	c.Reserve(kv.From + kv.Rows)
 	k, v := make([]float32, kv.Width), make([]float32, kv.Width)
+	if kv.Values == nil {
+		v = nil // a latent cache's values are its keys
+	}
 	for l := range kv.Keys {
-		if len(kv.Keys[l]) != kv.Rows*kv.Width || len(kv.Values[l]) != kv.Rows*kv.Width {
-			return fmt.Errorf("align: layer %d has %d/%d values, want %d", l, len(kv.Keys[l]), len(kv.Values[l]), kv.Rows*kv.Width)
+		if len(kv.Keys[l]) != kv.Rows*kv.Width || kv.Values != nil && len(kv.Values[l]) != kv.Rows*kv.Width {
+			return fmt.Errorf("align: layer %d has %d keys and the values of %d rows, want %d each", l, len(kv.Keys[l]), kv.Rows, kv.Rows*kv.Width)
 		}
 		for r := range kv.Rows {
 			for i := range k {
 				k[i] = kernels.F16ToF32(kv.Keys[l][r*kv.Width+i])
-				v[i] = kernels.F16ToF32(kv.Values[l][r*kv.Width+i])
+				if v != nil {
+					v[i] = kernels.F16ToF32(kv.Values[l][r*kv.Width+i])
+				}
 			}
 			if err := c.Put(l, kv.From+r, k, v); err != nil {
 				return err

@@ -73,3 +73,40 @@ func TestKVAlignmentRefusesMismatches(t *testing.T) {
 		t.Error("rows leaving a gap accepted")
 	}
 }
+
+// TestKVAlignmentOfALatentCache: a latent cache's rows travel once (no
+// value rows) and land in the shadow's latent cache as keys and values;
+// a latent payload is refused by a key-and-value cache and the other way
+// round.
+func TestKVAlignmentOfALatentCache(t *testing.T) {
+	mainCache, shadow := kvcache.NewLatent(3, 10, 8), kvcache.NewLatent(3, 10, 8)
+	fill(mainCache, 6, 1)
+	fill(shadow, 2, -3)
+	kv, err := PackKV(mainCache, 2, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv.Values != nil || len(kv.Keys[1]) != 4*10 {
+		t.Fatalf("a latent payload of %d key values and values %v", len(kv.Keys[1]), kv.Values)
+	}
+	if err := kv.Apply(shadow); err != nil {
+		t.Fatal(err)
+	}
+	for l := range 3 {
+		want, got := mainCache.Keys(l, 6), shadow.Values(l, 6)
+		for i := 2 * 10; i < 6*10; i++ {
+			if math.Abs(float64(got[i]-want[i])) > 1e-2 {
+				t.Fatalf("layer %d value %d: %v, the main node's %v", l, i, got[i], want[i])
+			}
+		}
+	}
+	if err := kv.Apply(kvcache.New(3, 1, 10, 8)); err == nil {
+		t.Fatal("a latent payload applied to a key-and-value cache")
+	}
+	full := kvcache.New(3, 1, 10, 8)
+	fill(full, 3, 1)
+	other, _ := PackKV(full, 0, 3)
+	if err := other.Apply(kvcache.NewLatent(3, 10, 8)); err == nil {
+		t.Fatal("a key-and-value payload applied to a latent cache")
+	}
+}

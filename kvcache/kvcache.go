@@ -8,10 +8,11 @@ package kvcache
 import "fmt"
 
 // Cache stores, for every layer, one key row and one value row (kvHeads *
-// headDim floats each) per position in [0, Len()).
+// headDim floats each) per position in [0, Len()); or, a latent cache
+// (NewLatent), one row per position that is both.
 type Cache struct {
 	width int         // floats per row: kvHeads * headDim
-	k, v  [][]float32 // per layer, capacity*width floats
+	k, v  [][]float32 // per layer, capacity*width floats; v nil for a latent cache
 	n     int         // committed positions
 	cap   int
 }
@@ -23,6 +24,20 @@ func New(layers, kvHeads, headDim, capacity int) *Cache {
 	c.Reserve(capacity)
 	return c
 }
+
+// NewLatent returns an empty cache of one row of width floats per layer
+// and position that serves as both key and value (Values returns the key
+// rows, Put ignores its value row): Multi-head Latent Attention's
+// compressed latent and rotary key, from which every head's keys and
+// values are computed.
+func NewLatent(layers, width, capacity int) *Cache {
+	c := &Cache{width: width, k: make([][]float32, layers)}
+	c.Reserve(capacity)
+	return c
+}
+
+// Latent reports whether the cache is a latent one (NewLatent).
+func (c *Cache) Latent() bool { return c.v == nil }
 
 // Width is the number of floats in one key or value row.
 func (c *Cache) Width() int { return c.width }
@@ -41,25 +56,31 @@ func (c *Cache) Reserve(positions int) {
 	newCap := max(positions, 2*c.cap, 16)
 	for l := range c.k {
 		k := make([]float32, newCap*c.width)
-		v := make([]float32, newCap*c.width)
 		copy(k, c.k[l][:c.n*c.width])
-		copy(v, c.v[l][:c.n*c.width])
-		c.k[l], c.v[l] = k, v
+		c.k[l] = k
+		if c.v != nil {
+			v := make([]float32, newCap*c.width)
+			copy(v, c.v[l][:c.n*c.width])
+			c.v[l] = v
+		}
 	}
 	c.cap = newCap
 }
 
 // Put writes the key and value rows of layer at pos; pos may run ahead of
 // Len (positions of a batch being computed) but not past the reserved room.
+// A latent cache writes k only (v may be nil).
 func (c *Cache) Put(layer, pos int, k, v []float32) error {
-	if len(k) != c.width || len(v) != c.width {
+	if len(k) != c.width || c.v != nil && len(v) != c.width {
 		return fmt.Errorf("kvcache: rows of %d and %d floats, want %d", len(k), len(v), c.width)
 	}
 	if layer < 0 || layer >= len(c.k) || pos < 0 || pos >= c.cap {
 		return fmt.Errorf("kvcache: layer %d position %d outside %d layers x %d reserved positions", layer, pos, len(c.k), c.cap)
 	}
 	copy(c.k[layer][pos*c.width:], k)
-	copy(c.v[layer][pos*c.width:], v)
+	if c.v != nil {
+		copy(c.v[layer][pos*c.width:], v)
+	}
 	return nil
 }
 
@@ -67,8 +88,13 @@ func (c *Cache) Put(layer, pos int, k, v []float32) error {
 // (row p at [p*Width, (p+1)*Width)). It aliases the cache.
 func (c *Cache) Keys(layer, upto int) []float32 { return c.k[layer][:upto*c.width] }
 
-// Values is Keys for the value rows.
-func (c *Cache) Values(layer, upto int) []float32 { return c.v[layer][:upto*c.width] }
+// Values is Keys for the value rows (a latent cache's are its keys).
+func (c *Cache) Values(layer, upto int) []float32 {
+	if c.v == nil {
+		return c.Keys(layer, upto)
+	}
+	return c.v[layer][:upto*c.width]
+}
 
 // Commit marks positions [0, n) as valid.
 func (c *Cache) Commit(n int) error {
@@ -93,16 +119,27 @@ func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
 	if n < 0 || n > c.n {
 		return nil, fmt.Errorf("kvcache: a prefix of %d positions of %d", n, c.n)
 	}
-	p := &Cache{width: c.width, k: make([][]float32, len(c.k)), v: make([][]float32, len(c.v))}
+	p := &Cache{width: c.width, k: make([][]float32, len(c.k))}
+	if c.v != nil {
+		p.v = make([][]float32, len(c.v))
+	}
 	p.Reserve(max(n, capacity))
 	for l := range c.k {
 		copy(p.k[l], c.k[l][:n*c.width])
-		copy(p.v[l], c.v[l][:n*c.width])
+		if c.v != nil {
+			copy(p.v[l], c.v[l][:n*c.width])
+		}
 	}
 	p.n = n
 	return p, nil
 }
 
 // Bytes is the memory the cache holds: every reserved row of every
-// layer, keys and values.
-func (c *Cache) Bytes() int64 { return 2 * 4 * int64(len(c.k)) * int64(c.cap) * int64(c.width) }
+// layer, keys and values (a latent cache's rows once).
+func (c *Cache) Bytes() int64 {
+	rows := int64(2)
+	if c.v == nil {
+		rows = 1
+	}
+	return rows * 4 * int64(len(c.k)) * int64(c.cap) * int64(c.width)
+}

@@ -102,3 +102,53 @@ func TestPrefixCopiesTheFirstRowsApart(t *testing.T) {
 		t.Fatal("a prefix of 6 rows of 5: no error")
 	}
 }
+
+// TestALatentCacheKeepsOneRowAsKeyAndValue: a latent cache stores one row
+// per position (Put ignores the value row), hands it out as keys and as
+// values across growth and into a prefix, and holds half the bytes of a
+// key-and-value cache of the same width.
+func TestALatentCacheKeepsOneRowAsKeyAndValue(t *testing.T) {
+	const layers, width = 3, 6
+	c := NewLatent(layers, width, 2)
+	if !c.Latent() || New(layers, 2, 3, 2).Latent() {
+		t.Fatal("Latent() does not tell the kinds apart")
+	}
+	row := func(l, p int) []float32 {
+		r := make([]float32, width)
+		for i := range r {
+			r[i] = float32(100*l + 10*p + i)
+		}
+		return r
+	}
+	for p := range 20 { // past the first reserve
+		c.Reserve(p + 1)
+		for l := range layers {
+			if err := c.Put(l, p, row(l, p), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Commit(p + 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for l := range layers {
+		k, v := c.Keys(l, 20), c.Values(l, 20)
+		for p := range 20 {
+			if !slices.Equal(k[p*width:(p+1)*width], row(l, p)) || !slices.Equal(v[p*width:(p+1)*width], row(l, p)) {
+				t.Fatalf("layer %d position %d: key %v value %v, want %v", l, p, k[p*width:(p+1)*width], v[p*width:(p+1)*width], row(l, p))
+			}
+		}
+	}
+	p, err := c.Prefix(7, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Latent() || !slices.Equal(p.Values(2, 7), c.Keys(2, 7)) {
+		t.Fatal("the prefix of a latent cache is not the same latent rows")
+	}
+	kv := New(layers, 1, width, 0)
+	kv.Reserve(c.cap)
+	if 2*c.Bytes() != kv.Bytes() {
+		t.Fatalf("a latent cache holds %d bytes, a key-and-value one %d", c.Bytes(), kv.Bytes())
+	}
+}

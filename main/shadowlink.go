@@ -566,7 +566,9 @@ func packInto(a *wire.Alignment, cache *kvcache.Cache, from int) error {
 	a.FromPos = kv.From
 	for l := range kv.Keys {
 		a.Keys = append(a.Keys, f16Tensor(kv.Keys[l], kv.Rows, kv.Width))
-		a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
+		if kv.Values != nil { // none for a latent cache
+			a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
+		}
 	}
 	return nil
 }

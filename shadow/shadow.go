@@ -529,17 +529,28 @@ func int32s(ids []int) []int32 {
 
 // kvRows turns an alignment's tensors back into align.KVRows.
 func kvRows(a *wire.Alignment) (align.KVRows, error) {
-	if len(a.Keys) != len(a.Values) || len(a.Keys) == 0 {
+	latent := len(a.Values) == 0 // a latent cache's rows are keys and values at once
+	if !latent && len(a.Keys) != len(a.Values) || len(a.Keys) == 0 {
 		return align.KVRows{}, errors.New("keys and values per layer do not match")
 	}
-	kv := align.KVRows{From: a.FromPos, Keys: make([][]uint16, len(a.Keys)), Values: make([][]uint16, len(a.Keys))}
+	kv := align.KVRows{From: a.FromPos, Keys: make([][]uint16, len(a.Keys))}
+	if !latent {
+		kv.Values = make([][]uint16, len(a.Keys))
+	}
 	for l := range a.Keys {
-		k, v := a.Keys[l], a.Values[l]
-		if k.DType != wire.F16 || v.DType != k.DType || len(k.Shape) != 2 || !slices.Equal(k.Shape, v.Shape) {
-			return align.KVRows{}, fmt.Errorf("layer %d: want two F16 [rows, width] tensors", l)
+		k := a.Keys[l]
+		if k.DType != wire.F16 || len(k.Shape) != 2 {
+			return align.KVRows{}, fmt.Errorf("layer %d: want F16 [rows, width] tensors", l)
 		}
 		kv.Rows, kv.Width = k.Shape[0], k.Shape[1]
-		kv.Keys[l], kv.Values[l] = u16s(k.Data), u16s(v.Data)
+		kv.Keys[l] = u16s(k.Data)
+		if !latent {
+			v := a.Values[l]
+			if v.DType != k.DType || !slices.Equal(k.Shape, v.Shape) {
+				return align.KVRows{}, fmt.Errorf("layer %d: want two F16 [rows, width] tensors", l)
+			}
+			kv.Values[l] = u16s(v.Data)
+		}
 	}
 	return kv, nil
 }

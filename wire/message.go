@@ -220,7 +220,7 @@ type Alignment struct {
 	Token     int32
 	FromPos   int
 	Keys      []Tensor // one per layer, or none for a token-only alignment
-	Values    []Tensor // as Keys
+	Values    []Tensor // as Keys; none for a latent cache (its rows are keys and values at once)
 	// Prompt, when set, starts sequence Seq with the tokens it holds
 	// before this pass (a prefix the main node reused, or, to a shadow
 	// that attaches mid-sequence, every token so far), which the shadow
@@ -506,13 +506,15 @@ func (m *Alignment) validate() error {
 	case m.PromptLeft < 0 || m.PromptLeft > 0 && len(m.Chunk) == 0:
 		return malformed("alignment in batch %d: %d prompt tokens left after a chunk of %d", m.Batch, m.PromptLeft, len(m.Chunk))
 	}
-	if len(m.Keys) != len(m.Values) {
+	if len(m.Values) != 0 && len(m.Keys) != len(m.Values) {
 		return malformed("alignment has %d key and %d value tensors", len(m.Keys), len(m.Values))
 	}
 	for i := range m.Keys {
 		if err := m.Keys[i].Validate(); err != nil {
 			return err
 		}
+	}
+	for i := range m.Values {
 		if err := m.Values[i].Validate(); err != nil {
 			return err
 		}
