@@ -14,6 +14,9 @@ type architecture struct {
 	denseLayers bool
 	// Embed, FinalNorm and LMHead name the model's outer tensors.
 	embed, finalNorm, lmHead string
+	// config, if set, reads the family's own config.json fields into c
+	// (after the common ones, before the checks).
+	config func(r *rawConfig, c *Config) error
 	// layer binds layer l's blocks, all but the experts.
 	layer func(b *binder, c Config, l int) Layer
 	// expertNames names the gate, up and down matrices of expert e of

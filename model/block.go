@@ -69,6 +69,9 @@ type Attention struct {
 	// QBias, KBias and VBias, when set (Qwen2-MoE), are added to the
 	// projections.
 	QBias, KBias, VBias []float32
+	// MLA, when set (DeepSeek-V3), makes this Multi-head Latent
+	// Attention: K and V are unused, Q is q_proj or unset (MLA's QA, QB).
+	MLA *MLAWeights
 }
 
 // MoE is a sparse feed-forward block: pre-norm, a router choosing each
@@ -81,8 +84,9 @@ type MoE struct {
 	Router   kernels.Matrix // [experts, hidden]
 	Experts  []Expert
 	NormTopK bool
-	// Shared, when set (Qwen2-MoE), is an expert every token runs, scaled
-	// by sigmoid(SharedGate x) and added to the routed experts' mix. Every
+	// Shared, when set (Qwen2-MoE, DeepSeek-V3), is an expert every token
+	// runs, scaled by sigmoid(SharedGate x) (unscaled without SharedGate)
+	// and added to the routed experts' mix. Every
 	// token needs it, so it is held and run with the non-expert weights
 	// (on the main node), never on a worker.
 	Shared     *Expert
@@ -97,6 +101,9 @@ type MoE struct {
 // The projections go over their weights once for all rows; only
 // attention is per row, over its own cache.
 func (a *Attention) forward(s *Session, l, n int, rows kvRows) error {
+	if a.MLA != nil {
+		return a.forwardMLA(s, l, n, rows)
+	}
 	a.project(s, n)
 	if err := a.attend(s, l, n, rows); err != nil {
 		return err
@@ -175,13 +182,7 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 	span, positions := 0, 0 // the longest row's positions, all rows'
 	for t := range n {
 		cache, pos := rows.at(t)
-		kernels.RoPETable(s.cos, s.sin, pos, s.invFreq)
-		if s.ropeMul != 1 { // YaRN: cos and sin scaled, as transformers' attention_scaling
-			for i := range s.cos {
-				s.cos[i] *= s.ropeMul
-				s.sin[i] *= s.ropeMul
-			}
-		}
+		s.ropeAt(pos)
 		kernels.RoPE(s.q[t*qw:(t+1)*qw], c.NumHeads, hd, s.cos, s.sin)
 		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
 		if err := cache.Put(l, pos, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {
@@ -214,6 +215,19 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 		}
 	})
 	return nil
+}
+
+// ropeAt fills s.cos and s.sin for position pos: the rotary table, times
+// YaRN's attention factor where there is one (transformers'
+// attention_scaling).
+func (s *Session) ropeAt(pos int) {
+	kernels.RoPETable(s.cos, s.sin, pos, s.invFreq)
+	if s.ropeMul != 1 {
+		for i := range s.cos {
+			s.cos[i] *= s.ropeMul
+			s.sin[i] *= s.ropeMul
+		}
+	}
 }
 
 // output adds the attention's output projection of s's n rows to x.
@@ -268,12 +282,17 @@ func (b *MoE) forward(ctx context.Context, s *Session, step Step, l, n int) erro
 		}
 	}
 	if b.Shared != nil {
-		s.shared, s.sharedGate = grow(s.shared, n*h), grow(s.sharedGate, n)
+		s.shared = grow(s.shared, n*h)
 		b.Shared.Forward(s.shared, s.hn[:n*h], n, &s.ffnScratch)
-		kernels.MatMul(s.sharedGate, b.SharedGate, s.hn, n)
-		for t := range n {
-			g := 1 / (1 + kernels.Exp(-s.sharedGate[t])) // sigmoid
-			kernels.Axpy(s.proj[t*h:(t+1)*h], g, s.shared[t*h:(t+1)*h])
+		if b.SharedGate.Rows == 0 { // DeepSeek-V3's: added as it is
+			kernels.Add(s.proj[:n*h], s.shared[:n*h])
+		} else {
+			s.sharedGate = grow(s.sharedGate, n)
+			kernels.MatMul(s.sharedGate, b.SharedGate, s.hn, n)
+			for t := range n {
+				g := 1 / (1 + kernels.Exp(-s.sharedGate[t])) // sigmoid
+				kernels.Axpy(s.proj[t*h:(t+1)*h], g, s.shared[t*h:(t+1)*h])
+			}
 		}
 	}
 	kernels.Add(s.x[:n*h], s.proj[:n*h])

@@ -51,6 +51,33 @@ type Config struct {
 	// DenseIntermediateSize is that MLP's width (intermediate_size).
 	DenseLayers           []int
 	DenseIntermediateSize int
+	// MLA is Multi-head Latent Attention's shape (DeepSeek-V3); nil for
+	// grouped-query attention.
+	MLA *MLAConfig
+	// RouterGroups, RouterGroupsKept and RoutedScale are DeepSeek-V3's
+	// router (n_group, topk_group, routed_scaling_factor: GroupRouting);
+	// RouterGroups 0 for the softmax router.
+	RouterGroups, RouterGroupsKept int
+	RoutedScale                    float64
+}
+
+// MLAConfig is Multi-head Latent Attention's shape: queries through a
+// low-rank projection (QLoRARank; 0: q_proj), keys and values through
+// one of KVLoRARank shared by all heads plus a rotary key of RopeDim, each
+// head's query and key NopeDim+RopeDim wide and its value VDim.
+type MLAConfig struct {
+	QLoRARank, KVLoRARank  int // q_lora_rank, kv_lora_rank
+	NopeDim, RopeDim, VDim int // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+}
+
+// KVWidth is the floats a KV cache row holds per layer and position: the
+// keys (and as many values) of every KV head, or MLA's latent and rotary
+// key, which serve as both.
+func (c Config) KVWidth() int {
+	if c.MLA != nil {
+		return c.MLA.KVLoRARank + c.MLA.RopeDim
+	}
+	return c.NumKVHeads * c.HeadDim
 }
 
 // Sparse reports whether layer l has a sparse (MoE) block.
@@ -95,11 +122,28 @@ type rawConfig struct {
 	RMSNormEps       *float64        `json:"rms_norm_eps"`
 	RopeTheta        *float64        `json:"rope_theta"`
 	RopeScaling      json.RawMessage `json:"rope_scaling"`
-	TieEmbeddings    *bool           `json:"tie_word_embeddings"`
-	SlidingWindow    *int            `json:"sliding_window"`
-	BOS              *int            `json:"bos_token_id"`
-	EOS              json.RawMessage `json:"eos_token_id"`
-	TorchDType       string          `json:"torch_dtype"`
+	Quantization     *struct {
+		Method string `json:"quant_method"`
+	} `json:"quantization_config"`
+	TieEmbeddings *bool           `json:"tie_word_embeddings"`
+	SlidingWindow *int            `json:"sliding_window"`
+	BOS           *int            `json:"bos_token_id"`
+	EOS           json.RawMessage `json:"eos_token_id"`
+	TorchDType    string          `json:"torch_dtype"`
+	// DeepSeek-V3's
+	QLoRARank      *int     `json:"q_lora_rank"`
+	KVLoRARank     *int     `json:"kv_lora_rank"`
+	QKNopeHeadDim  *int     `json:"qk_nope_head_dim"`
+	QKRopeHeadDim  *int     `json:"qk_rope_head_dim"`
+	VHeadDim       *int     `json:"v_head_dim"`
+	NRoutedExperts *int     `json:"n_routed_experts"`
+	NSharedExperts *int     `json:"n_shared_experts"`
+	FirstKDense    *int     `json:"first_k_dense_replace"`
+	NGroup         *int     `json:"n_group"`
+	TopKGroup      *int     `json:"topk_group"`
+	RoutedScaling  *float64 `json:"routed_scaling_factor"`
+	ScoringFunc    *string  `json:"scoring_func"`
+	TopKMethod     *string  `json:"topk_method"`
 }
 
 // LoadConfig reads dir/config.json.
@@ -177,12 +221,23 @@ func ParseConfig(b []byte) (Config, error) {
 			c.DenseIntermediateSize = or(r.IntermediateSize, d.DenseIntermediateSize)
 		}
 	}
+	if q := r.Quantization; q != nil {
+		// a quantized checkpoint's weights are not what its dtypes say
+		// until each method's format is read as such (issue 36: fp8 and
+		// mxfp4 next)
+		return Config{}, fmt.Errorf(`field "quantization_config" says %q: odmoe reads unquantized checkpoints (BF16, F16, F32) so far`, q.Method)
+	}
 	rs, err := parseRopeScaling(r.RopeScaling)
 	if err != nil {
 		return Config{}, err
 	}
 	c.RopeScaling = rs
 	c.HeadDim = or(r.HeadDim, 0)
+	if arch.config != nil {
+		if err := arch.config(&r, &c); err != nil {
+			return Config{}, err
+		}
+	}
 	if c.HeadDim == 0 && c.NumHeads > 0 {
 		c.HeadDim = c.HiddenSize / c.NumHeads
 	}

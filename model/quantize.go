@@ -44,6 +44,13 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		add(&da.K, sa.K, dt)
 		add(&da.V, sa.V, dt)
 		add(&da.O, sa.O, dt)
+		if sm := sa.MLA; sm != nil { // every projection of its own, the transposed keys too
+			dm := *sm
+			da.MLA = &dm
+			for _, p := range []struct{ dst, src *kernels.Matrix }{{&dm.QA, &sm.QA}, {&dm.QB, &sm.QB}, {&dm.KVA, &sm.KVA}, {&dm.KVB, &sm.KVB}, {&dm.ukT, &sm.ukT}} {
+				add(p.dst, *p.src, dt)
+			}
+		}
 		if sd := src.Dense; sd != nil { // held with the non-expert weights
 			dd := *sd
 			dst.Dense = &dd

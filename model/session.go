@@ -45,6 +45,9 @@ type Session struct {
 // capacity is a hint for the longest sequence (the cache grows past it).
 func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 	c := m.Config
+	if c.MLA != nil {
+		return newSession(m, experts, kvcache.NewLatent(c.NumLayers, c.KVWidth(), capacity))
+	}
 	return newSession(m, experts, kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, capacity))
 }
 
@@ -161,8 +164,9 @@ func (s *Session) Logits() []float32 {
 // on.
 func ResumeSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) (*Session, error) {
 	c := m.Config
-	if cache.Layers() != c.NumLayers || cache.Width() != c.NumKVHeads*c.HeadDim {
-		return nil, fmt.Errorf("model: a KV cache of %d layers of width %d for a model of %d layers of width %d", cache.Layers(), cache.Width(), c.NumLayers, c.NumKVHeads*c.HeadDim)
+	if cache.Layers() != c.NumLayers || cache.Width() != c.KVWidth() || cache.Latent() != (c.MLA != nil) {
+		return nil, fmt.Errorf("model: a KV cache of %d layers of width %d (latent: %v) for a model of %d layers of width %d (latent: %v)",
+			cache.Layers(), cache.Width(), cache.Latent(), c.NumLayers, c.KVWidth(), c.MLA != nil)
 	}
 	return newSession(m, experts, cache), nil
 }

@@ -16,6 +16,7 @@ package synth
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -50,18 +51,27 @@ type Preset struct {
 	// MLP of DenseIntermediate instead of experts.
 	MLPOnlyLayers     []int
 	DenseIntermediate int
-	Hidden            int
-	Intermediate      int  // an expert's
-	HeadDim           int  // 0: Hidden / Heads
-	NormTopK          bool // Qwen's norm_topk_prob
-	Layers            int
-	Heads, KVHeads    int
-	Experts, TopK     int
-	Vocab             int // 0: the tokenizer's size
-	TokenizerVocab    int // merges target for the built-in tokenizer
-	MaxPositions      int
-	RopeTheta         float64
-	TieWordEmbedding  bool
+	// DeepSeek-V3's Multi-head Latent Attention (QLoRA 0: q_proj) and
+	// router (RouterGroups of which RouterGroupsKept kept, RoutedScale);
+	// its dense first layers are MLPOnlyLayers, its shared experts
+	// SharedIntermediate wide in all (a multiple of Intermediate).
+	QLoRA, KVLoRA, NopeDim, RopeDim, VDim int
+	RouterGroups, RouterGroupsKept        int
+	RoutedScale                           float64
+	// YaRN, if set, is config.json's rope_scaling.
+	YaRN             map[string]any
+	Hidden           int
+	Intermediate     int  // an expert's
+	HeadDim          int  // 0: Hidden / Heads
+	NormTopK         bool // Qwen's norm_topk_prob
+	Layers           int
+	Heads, KVHeads   int
+	Experts, TopK    int
+	Vocab            int // 0: the tokenizer's size
+	TokenizerVocab   int // merges target for the built-in tokenizer
+	MaxPositions     int
+	RopeTheta        float64
+	TieWordEmbedding bool
 }
 
 // Presets are the shapes gen-tiny knows.
@@ -111,6 +121,17 @@ var Presets = map[string]Preset{
 	// MB. Its first layer is dense (mlp_only_layers).
 	"qwen2-moe-tiny": {Name: "qwen2-moe-tiny", Family: "qwen2-moe", Hidden: 128, Intermediate: 64, SharedIntermediate: 128,
 		MLPOnlyLayers: []int{0}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4, TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e6},
+	// deepseek-v3-tiny: DeepSeek-V3's layer structure (Multi-head Latent
+	// Attention with q_lora_rank, a dense first layer, 16 routed experts
+	// in 8 groups of which 3 are kept, top-4, a shared expert, the
+	// sigmoid router's correction bias in F32, YaRN with mscale as its
+	// config.json has it) at a few MB, laid out as deepseek-ai/DeepSeek-V3's
+	// BF16 checkpoint (its tensor names, dtypes and config fields).
+	"deepseek-v3-tiny": {Name: "deepseek-v3-tiny", Family: "deepseek-v3", Hidden: 128, Intermediate: 64, SharedIntermediate: 64,
+		MLPOnlyLayers: []int{0}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, NormTopK: true,
+		QLoRA: 48, KVLoRA: 32, NopeDim: 32, RopeDim: 16, VDim: 32, RouterGroups: 8, RouterGroupsKept: 3, RoutedScale: 2.5,
+		YaRN:           map[string]any{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 128, "type": "yarn"},
+		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
 }
 
 // denseIntermediate is the width of a dense layer's MLP (Qwen's
@@ -292,7 +313,8 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 // built-in copies of the real ones): Mixtral-8x7B-Instruct's, Qwen3's,
 // Qwen1.5's for Qwen2-MoE, OLMoE-Instruct's Tulu template.
 var chatTemplates = map[string]string{"": "mixtral-instruct", "mixtral": "mixtral-instruct",
-	"qwen3-moe": "qwen3", "qwen2-moe": "qwen1.5", "olmoe": "tulu"}
+	"qwen3-moe": "qwen3", "qwen2-moe": "qwen1.5", "olmoe": "tulu",
+	"deepseek-v3": "mixtral-instruct"} // DeepSeek-V3's own template is not built in yet
 
 // addChatTemplate adds the family's chat_template to the
 // tokenizer_config.json the tokenizer wrote (which owns no templates).
@@ -387,6 +409,39 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 			"rms_norm_eps":         1e-5,
 			"router_aux_loss_coef": 0.01,
 		}
+	case "deepseek-v3":
+		var qlora any // null: q_proj
+		if p.QLoRA > 0 {
+			qlora = p.QLoRA
+		}
+		own = map[string]any{
+			"architectures":            []string{"DeepseekV3ForCausalLM"},
+			"model_type":               "deepseek_v3",
+			"attention_bias":           false,
+			"aux_loss_alpha":           0.001,
+			"ep_size":                  1,
+			"first_k_dense_replace":    len(p.MLPOnlyLayers),
+			"intermediate_size":        p.denseIntermediate(),
+			"kv_lora_rank":             p.KVLoRA,
+			"moe_intermediate_size":    p.Intermediate,
+			"moe_layer_freq":           1,
+			"n_group":                  p.RouterGroups,
+			"n_routed_experts":         p.Experts,
+			"n_shared_experts":         p.SharedIntermediate / p.Intermediate,
+			"norm_topk_prob":           p.NormTopK,
+			"num_nextn_predict_layers": 0,
+			"q_lora_rank":              qlora,
+			"qk_nope_head_dim":         p.NopeDim,
+			"qk_rope_head_dim":         p.RopeDim,
+			"rms_norm_eps":             1e-6,
+			"rope_scaling":             p.YaRN,
+			"routed_scaling_factor":    p.RoutedScale,
+			"scoring_func":             "sigmoid",
+			"seq_aux":                  true,
+			"topk_group":               p.RouterGroupsKept,
+			"topk_method":              "noaux_tc",
+			"v_head_dim":               p.VDim,
+		}
 	default:
 		own = map[string]any{
 			"architectures":        []string{"MixtralForCausalLM"},
@@ -439,6 +494,9 @@ func tensors(p Preset) []tensor {
 		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{n}}, std: weightStd}
 	}
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
+	if p.Family == "deepseek-v3" {
+		return append(ts, deepseekV3Tensors(p, mat, normOf)...)
+	}
 	for l := range p.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
 		ts = append(ts,
@@ -507,6 +565,65 @@ func tensors(p Preset) []tensor {
 	return ts
 }
 
+// deepseekV3Tensors are DeepSeek-V3's layers, final norm and head, as
+// its checkpoint names them.
+func deepseekV3Tensors(p Preset, mat func(string, int, int, float64) tensor, normOf func(string, int) tensor) []tensor {
+	h, H := p.Hidden, p.Heads
+	routerStd := routerLogitStd / math.Sqrt(float64(h))
+	var ts []tensor
+	for l := range p.Layers {
+		pre := fmt.Sprintf("model.layers.%d.", l)
+		ts = append(ts, normOf(pre+"input_layernorm.weight", h))
+		if p.QLoRA > 0 {
+			ts = append(ts,
+				mat(pre+"self_attn.q_a_proj.weight", p.QLoRA, h, weightStd),
+				normOf(pre+"self_attn.q_a_layernorm.weight", p.QLoRA),
+				// q_b_proj reads a unit-RMS vector of QLoRA elements
+				mat(pre+"self_attn.q_b_proj.weight", H*(p.NopeDim+p.RopeDim), p.QLoRA, 1/math.Sqrt(float64(p.QLoRA))),
+			)
+		} else {
+			ts = append(ts, mat(pre+"self_attn.q_proj.weight", H*(p.NopeDim+p.RopeDim), h, weightStd))
+		}
+		ts = append(ts,
+			mat(pre+"self_attn.kv_a_proj_with_mqa.weight", p.KVLoRA+p.RopeDim, h, weightStd),
+			normOf(pre+"self_attn.kv_a_layernorm.weight", p.KVLoRA),
+			mat(pre+"self_attn.kv_b_proj.weight", H*(p.NopeDim+p.VDim), p.KVLoRA, 1/math.Sqrt(float64(p.KVLoRA))),
+			mat(pre+"self_attn.o_proj.weight", h, H*p.VDim, weightStd),
+			normOf(pre+"post_attention_layernorm.weight", h),
+		)
+		if slices.Contains(p.MLPOnlyLayers, l) {
+			di := p.denseIntermediate()
+			ts = append(ts,
+				mat(pre+"mlp.gate_proj.weight", di, h, weightStd),
+				mat(pre+"mlp.up_proj.weight", di, h, weightStd),
+				mat(pre+"mlp.down_proj.weight", h, di, weightStd),
+			)
+			continue
+		}
+		bias := tensor{spec: safetensors.Spec{Name: pre + "mlp.gate.e_score_correction_bias", DType: "F32", Shape: []int{p.Experts}}, std: 0.1}
+		ts = append(ts, mat(pre+"mlp.gate.weight", p.Experts, h, routerStd), bias)
+		for e := range p.Experts {
+			ex := fmt.Sprintf("%smlp.experts.%d.", pre, e)
+			ts = append(ts,
+				mat(ex+"gate_proj.weight", p.Intermediate, h, weightStd),
+				mat(ex+"up_proj.weight", p.Intermediate, h, weightStd),
+				mat(ex+"down_proj.weight", h, p.Intermediate, weightStd),
+			)
+		}
+		si := p.SharedIntermediate
+		ts = append(ts,
+			mat(pre+"mlp.shared_experts.gate_proj.weight", si, h, weightStd),
+			mat(pre+"mlp.shared_experts.up_proj.weight", si, h, weightStd),
+			mat(pre+"mlp.shared_experts.down_proj.weight", h, si, weightStd),
+		)
+	}
+	ts = append(ts, normOf("model.norm.weight", h))
+	if !p.TieWordEmbedding {
+		ts = append(ts, mat("lm_head.weight", p.Vocab, h, weightStd))
+	}
+	return ts
+}
+
 // chunkElems is the unit of parallel, deterministic drawing: chunk i of a
 // tensor always comes from the same generator stream, however many
 // goroutines draw.
@@ -518,7 +635,7 @@ func writeWeights(path string, p Preset, opt Options) error {
 	var total int64
 	for i, t := range ts {
 		specs[i] = t.spec
-		total += int64(elements(t.spec.Shape)) * 2
+		total += int64(elements(t.spec.Shape) * elemBytes(t.spec.DType))
 	}
 	var done int64
 	meta := map[string]string{"format": "pt", "odmoe_synth_preset": p.Name, "odmoe_synth_seed": fmt.Sprint(opt.Seed)}
@@ -532,6 +649,14 @@ func writeWeights(path string, p Preset, opt Options) error {
 	})
 }
 
+// elemBytes is the bytes of one element of the dtypes synth writes.
+func elemBytes(dtype string) int {
+	if dtype == "F32" {
+		return 4
+	}
+	return 2
+}
+
 func elements(shape []int) int {
 	n := 1
 	for _, d := range shape {
@@ -540,12 +665,13 @@ func elements(shape []int) int {
 	return n
 }
 
-// fill draws tensor t as BF16 into buf, chunks in parallel.
+// fill draws tensor t as BF16 (or F32) into buf, chunks in parallel.
 func fill(buf []byte, t tensor, seed uint64) {
 	hsh := fnv.New64a()
 	hsh.Write([]byte(t.spec.Name))
 	stream := hsh.Sum64()
-	n := len(buf) / 2
+	size := elemBytes(t.spec.DType)
+	n := len(buf) / size
 	chunks := (n + chunkElems - 1) / chunkElems
 	var wg sync.WaitGroup
 	next := make(chan int, chunks)
@@ -559,7 +685,12 @@ func fill(buf []byte, t tensor, seed uint64) {
 				rng := rand.New(rand.NewPCG(seed^stream, uint64(c)))
 				lo, hi := c*chunkElems, min((c+1)*chunkElems, n)
 				for i := lo; i < hi; i++ {
-					v := kernels.F32ToBF16(float32(t.mean + t.std*rng.NormFloat64()))
+					x := float32(t.mean + t.std*rng.NormFloat64())
+					if size == 4 {
+						binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+						continue
+					}
+					v := kernels.F32ToBF16(x)
 					buf[2*i], buf[2*i+1] = byte(v), byte(v>>8)
 				}
 			}
