@@ -131,19 +131,19 @@ type rawConfig struct {
 	EOS           json.RawMessage `json:"eos_token_id"`
 	TorchDType    string          `json:"torch_dtype"`
 	// DeepSeek-V3's
-	QLoRARank      *int     `json:"q_lora_rank"`
-	KVLoRARank     *int     `json:"kv_lora_rank"`
-	QKNopeHeadDim  *int     `json:"qk_nope_head_dim"`
-	QKRopeHeadDim  *int     `json:"qk_rope_head_dim"`
-	VHeadDim       *int     `json:"v_head_dim"`
-	NRoutedExperts *int     `json:"n_routed_experts"`
-	NSharedExperts *int     `json:"n_shared_experts"`
-	FirstKDense    *int     `json:"first_k_dense_replace"`
-	NGroup         *int     `json:"n_group"`
-	TopKGroup      *int     `json:"topk_group"`
-	RoutedScaling  *float64 `json:"routed_scaling_factor"`
-	ScoringFunc    *string  `json:"scoring_func"`
-	TopKMethod     *string  `json:"topk_method"`
+	QLoRARank      json.RawMessage `json:"q_lora_rank"` // null (no q_lora) differs from absent (the default)
+	KVLoRARank     *int            `json:"kv_lora_rank"`
+	QKNopeHeadDim  *int            `json:"qk_nope_head_dim"`
+	QKRopeHeadDim  *int            `json:"qk_rope_head_dim"`
+	VHeadDim       *int            `json:"v_head_dim"`
+	NRoutedExperts *int            `json:"n_routed_experts"`
+	NSharedExperts *int            `json:"n_shared_experts"`
+	FirstKDense    *int            `json:"first_k_dense_replace"`
+	NGroup         *int            `json:"n_group"`
+	TopKGroup      *int            `json:"topk_group"`
+	RoutedScaling  *float64        `json:"routed_scaling_factor"`
+	ScoringFunc    *string         `json:"scoring_func"`
+	TopKMethod     *string         `json:"topk_method"`
 }
 
 // LoadConfig reads dir/config.json.

@@ -1,6 +1,9 @@
 package model
 
-import "fmt"
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // DeepSeek-V3 (DeepseekV3ForCausalLM, also DeepSeek-R1 and Kimi K2):
 // Multi-head Latent Attention (MLA: queries through q_a_proj,
@@ -55,7 +58,15 @@ func init() {
 // a sigmoid and chooses by the bias-corrected scores (noaux_tc): another
 // scoring_func or topk_method is refused by name.
 func deepseekV3Config(r *rawConfig, c *Config) error {
-	m := &MLAConfig{QLoRARank: or(r.QLoRARank, 1536), KVLoRARank: or(r.KVLoRARank, 512),
+	qlora := 1536 // absent: transformers' default; null: q_proj
+	if len(r.QLoRARank) > 0 {
+		var v *int
+		if err := json.Unmarshal(r.QLoRARank, &v); err != nil {
+			return fmt.Errorf(`field "q_lora_rank" is %s; want an integer or null`, r.QLoRARank)
+		}
+		qlora = or(v, 0)
+	}
+	m := &MLAConfig{QLoRARank: qlora, KVLoRARank: or(r.KVLoRARank, 512),
 		NopeDim: or(r.QKNopeHeadDim, 128), RopeDim: or(r.QKRopeHeadDim, 64), VDim: or(r.VHeadDim, 128)}
 	c.MLA = m
 	c.HeadDim = m.RopeDim // transformers' head_dim: what RoPE rotates

@@ -12,6 +12,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model/safetensors"
+	"github.com/odmoe/odmoe/model/synth"
 )
 
 // deepseekRef is config.json as the DeepSeek-V3 reference reads it, with
@@ -168,7 +169,8 @@ func (r refModel) forwardDeepseekV3(tokens []int, c deepseekRef, cfgJSON []byte)
 // YaRN with mscale, a dense first layer, grouped sigmoid routing with the
 // correction bias in F32, a shared expert) gives logits within 1e-4
 // relative L2 of the float64 reference at every position, and its greedy
-// tokens.
+// tokens; and so does the same checkpoint with q_proj instead of
+// q_lora_rank.
 func TestDeepseekV3MatchesFloat64Reference(t *testing.T) {
 	m, dir := loadPreset(t, "deepseek-v3-tiny")
 	c := m.Config
@@ -178,6 +180,19 @@ func TestDeepseekV3MatchesFloat64Reference(t *testing.T) {
 	}
 	cfgJSON, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
+		t.Fatal(err)
+	}
+	checkDeepseek(t, m, dir, cfgJSON)
+	// the same shapes without q_lora_rank: q_proj (DeepSeek-V2-Lite's way)
+	p := synth.Presets["deepseek-v3-tiny"]
+	p.Name, p.QLoRA = "deepseek-v3-tiny-q-proj", 0
+	synth.Presets[p.Name] = p
+	defer delete(synth.Presets, p.Name)
+	m, dir = loadPreset(t, p.Name)
+	if m.Config.MLA.QLoRARank != 0 || m.Layers[0].Attention.Q.Rows == 0 {
+		t.Fatalf("the q_proj variant binds %+v", m.Config.MLA)
+	}
+	if cfgJSON, err = os.ReadFile(filepath.Join(dir, "config.json")); err != nil {
 		t.Fatal(err)
 	}
 	checkDeepseek(t, m, dir, cfgJSON)
