@@ -132,6 +132,7 @@ func (b *binder) mla(c Config, p string) Attention {
 	}
 	if b.err == nil {
 		w.ukT, b.err = absorbedKeys(w.KVB, H, m.NopeDim, m.VDim)
+		*b.bytes += int64(len(w.ukT.Data)) // held beside the checkpoint's
 	}
 	a.MLA = w
 	return a
