@@ -29,10 +29,13 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		src    kernels.Matrix
 		dt     kernels.DType
 		expert bool
+		// derived: src is heap memory the model made at load (MLA's
+		// transposed keys), not the checkpoint's mapping: never released
+		derived bool
 	}
 	var jobs []job
 	add := func(dst *kernels.Matrix, src kernels.Matrix, dt kernels.DType) {
-		jobs = append(jobs, job{dst, src, dt, false})
+		jobs = append(jobs, job{dst: dst, src: src, dt: dt})
 	}
 	routerDT := kernels.F16
 	add(&q.LMHead, m.LMHead, dt)
@@ -47,9 +50,10 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		if sm := sa.MLA; sm != nil { // every projection of its own, the transposed keys too
 			dm := *sm
 			da.MLA = &dm
-			for _, p := range []struct{ dst, src *kernels.Matrix }{{&dm.QA, &sm.QA}, {&dm.QB, &sm.QB}, {&dm.KVA, &sm.KVA}, {&dm.KVB, &sm.KVB}, {&dm.ukT, &sm.ukT}} {
+			for _, p := range []struct{ dst, src *kernels.Matrix }{{&dm.QA, &sm.QA}, {&dm.QB, &sm.QB}, {&dm.KVA, &sm.KVA}, {&dm.KVB, &sm.KVB}} {
 				add(p.dst, *p.src, dt)
 			}
+			jobs = append(jobs, job{dst: &dm.ukT, src: sm.ukT, dt: dt, derived: true})
 		}
 		if sd := src.Dense; sd != nil { // held with the non-expert weights
 			dd := *sd
@@ -75,7 +79,8 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 			dmoe.Experts = make([]Expert, len(smoe.Experts))
 			for e := range smoe.Experts {
 				ex, sx := &dmoe.Experts[e], smoe.Experts[e]
-				jobs = append(jobs, job{&ex.Gate, sx.Gate, dt, true}, job{&ex.Up, sx.Up, dt, true}, job{&ex.Down, sx.Down, dt, true})
+				jobs = append(jobs, job{dst: &ex.Gate, src: sx.Gate, dt: dt, expert: true}, job{dst: &ex.Up, src: sx.Up, dt: dt, expert: true},
+					job{dst: &ex.Down, src: sx.Down, dt: dt, expert: true})
 			}
 		}
 	}
@@ -93,7 +98,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		wg.Go(func() {
 			for j := range next {
 				qm, err := kernels.Quantize(j.dt, j.src)
-				if m.set != nil {
+				if m.set != nil && !j.derived {
 					// done with these source bytes: quantizing a whole model
 					// then holds about its copy, not the checkpoint too
 					release(j.src.Data)

@@ -280,6 +280,23 @@ func TestAQuantizedDeepseekV3OwnsItsMLAWeights(t *testing.T) {
 	if agree < 20 {
 		t.Fatalf("the Q8 copy agrees on %d of 24 greedy tokens", agree)
 	}
+	// quantizing leaves the source model as it was (its transposed keys,
+	// made at load, are not the checkpoint's to drop)
+	before, err := NewSession(full, NewResidentExperts(full), 0).Forward(context.Background(), []int{5, 9, 11})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = append([]float32(nil), before...)
+	if _, err := full.Quantized(kernels.Q8, nil); err != nil {
+		t.Fatal(err)
+	}
+	after, err := NewSession(full, NewResidentExperts(full), 0).Forward(context.Background(), []int{5, 9, 11})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := firstDiff(after, before); d >= 0 {
+		t.Fatalf("quantizing changed the source model: logit %d %v, before %v", d, after[d], before[d])
+	}
 }
 
 // TestDeepseekV3ConfigRefusesWhatItDoesNotCompute: a scoring_func or
@@ -301,6 +318,8 @@ func TestDeepseekV3ConfigRefusesWhatItDoesNotCompute(t *testing.T) {
 		{`"topk_method": "noaux_tc"`, `"topk_method": "greedy"`, `"topk_method" is "greedy"`},
 		{`"topk_group": 3`, `"topk_group": 1`, `"num_experts_per_tok" (4) exceeds the experts of the 1 groups kept`},
 		{`"n_group": 8`, `"n_group": 5`, `"n_group" (5) does not divide`},
+		{`"attention_bias": false`, `"attention_bias": true`, `"attention_bias" is true`},
+		{`"v_head_dim": 32`, `"v_head_dim": 32, "rope_interleave": false`, `"rope_interleave" is false`},
 		{`"v_head_dim": 32`, `"v_head_dim": 32, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}`, `"quantization_config" says "fp8"`},
 	} {
 		b := strings.Replace(string(orig), c.from, c.to, 1)
