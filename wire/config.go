@@ -100,9 +100,9 @@ type Config struct {
 	// dialed connection has only its own bound), so that what all peers
 	// can make a node buffer is bounded, however many certificates they
 	// hold: at most MaxBufferedBytes plus ConnGuaranteedBytes for each
-	// connection. Default MaxFrameBytes (a largest frame beyond its
-	// connection's own room); with ConnGuaranteedBytes, at least
-	// MaxFrameBytes.
+	// connection. Default MaxFrameBytes, the least it may be: a largest
+	// frame may find its connection's own room taken by others of its
+	// frames.
 	MaxBufferedBytes int64
 	// MaxConns bounds the connections a Listener holds at once (in the
 	// Hello exchange or established; default 64), MaxConnsPerIdentity
@@ -214,9 +214,10 @@ func (c *Config) settled() (*Config, error) {
 		return nil, fmt.Errorf("wire: MaxConnBufferedBytes %d is below MaxFrameBytes %d: a largest frame could never be read", s.MaxConnBufferedBytes, s.MaxFrameBytes)
 	case s.ConnGuaranteedBytes > s.MaxConnBufferedBytes:
 		return nil, fmt.Errorf("wire: ConnGuaranteedBytes %d is above MaxConnBufferedBytes %d", s.ConnGuaranteedBytes, s.MaxConnBufferedBytes)
-	case s.MaxBufferedBytes+s.ConnGuaranteedBytes < int64(s.MaxFrameBytes):
-		return nil, fmt.Errorf("wire: MaxBufferedBytes %d and ConnGuaranteedBytes %d are below MaxFrameBytes %d together: a largest frame could never be read",
-			s.MaxBufferedBytes, s.ConnGuaranteedBytes, s.MaxFrameBytes)
+	case s.MaxBufferedBytes < int64(s.MaxFrameBytes):
+		// a frame takes what is left of its connection's own room, maybe
+		// nothing, and the rest from the pool: a largest one must fit it
+		return nil, fmt.Errorf("wire: MaxBufferedBytes %d is below MaxFrameBytes %d: a largest frame could wait for the pool for ever", s.MaxBufferedBytes, s.MaxFrameBytes)
 	}
 	if s.Stats == nil {
 		s.Stats = new(Stats)

@@ -457,7 +457,7 @@ func TestConfigErrors(t *testing.T) {
 		{"unknown peer role", &Config{Certs: certs, PeerRoles: []Role{"boss"}}},
 		{"tiny frames", &Config{Certs: certs, MaxFrameBytes: 10}},
 		{"connection's buffer room below a frame", &Config{Certs: certs, MaxFrameBytes: 1 << 20, MaxConnBufferedBytes: 1<<20 - 1}},
-		{"listener's buffer room and a connection's own below a largest frame", &Config{Certs: certs, ConnGuaranteedBytes: 1 << 20, MaxBufferedBytes: 32 << 20}},
+		{"listener's buffer room below a largest frame", &Config{Certs: certs, ConnGuaranteedBytes: 16 << 20, MaxBufferedBytes: 60 << 20}},
 		{"a connection's own room above its bound", &Config{Certs: certs, MaxFrameBytes: 1 << 20, ConnGuaranteedBytes: 4 << 20}},
 		{"buffer room past 1 TiB", &Config{Certs: certs, MaxConnBufferedBytes: 1 << 50}},
 	}
