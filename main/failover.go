@@ -113,9 +113,11 @@ func (s *Swarm) rejoin() {
 			continue
 		}
 		s.watch(l, p)
+		s.planner.Unspoil(l.index) // a new connection: its store may have been put back
 		s.planner.SetLive(l.index, true)
 		s.mu.Lock()
 		s.stats.Faults.Rejoins++
+		delete(s.degraded, l.index)
 		s.mu.Unlock()
 		s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Msg("mainnode: worker rejoined the layout")
 	}

@@ -183,6 +183,30 @@ func (pl *Planner) Spoil(w, layer, expert int) {
 	}
 }
 
+// Unspoil forgets what worker w's store failed (it rejoined: its store
+// may have been put back; what still fails is spoiled again).
+func (pl *Planner) Unspoil(w int) {
+	for {
+		old := pl.spoiled.Load()
+		if old == nil {
+			return
+		}
+		m := map[spoil]bool{}
+		for k := range *old {
+			if k.worker != w {
+				m[k] = true
+			}
+		}
+		next := &m
+		if len(m) == 0 {
+			next = nil
+		}
+		if pl.spoiled.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
 // NewPlanner returns a planner; miniBatch is the prefill tokens per
 // activation.
 func NewPlanner(layout sched.Layout, policy Policy, miniBatch int) (*Planner, error) {

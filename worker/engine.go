@@ -737,6 +737,15 @@ func (e *Engine) PinOwned(ctx context.Context, layers []int, experts, idx, n int
 	return nil
 }
 
+// forgetQuarantine forgets every quarantined expert: the store was put
+// back (storeHealth), so each is read again, and quarantined again if its
+// bytes still fail.
+func (e *Engine) forgetQuarantine() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.bad = nil
+}
+
 // damaged reports whether err says an expert's bytes in the store are
 // damaged (a chunk failing its checksum, corrupt or cut short), as
 // opposed to a passing fault (memory, a cancelled request).

@@ -21,7 +21,11 @@ import (
 // keep dialing it), and checks again every recheck until the store reads
 // again (a good copy put back), when it accepts them again.
 type storeHealth struct {
-	check   func() error // the store's Check
+	check func() error // the store's Check
+	// back, if set, is called when the store reads again (the engine
+	// forgets the experts it quarantined: they are read again, and
+	// quarantined again if their bytes still fail)
+	back    func()
 	log     zerolog.Logger
 	recheck time.Duration
 	ill     chan struct{} // a signal to run: the store failed its check
@@ -112,10 +116,16 @@ func (h *storeHealth) run(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			if err := h.check(); err == nil {
-				h.mu.Lock()
+			h.mu.Lock() // checked and cleared together: a failure meanwhile is not lost
+			ok := h.check() == nil
+			if ok {
+				if h.back != nil {
+					h.back() // before any peer is accepted again
+				}
 				h.reason = nil
-				h.mu.Unlock()
+			}
+			h.mu.Unlock()
+			if ok {
 				h.log.Info().Msg("store reads again: this worker accepts the main node and the shadow again")
 				break
 			}

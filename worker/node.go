@@ -95,6 +95,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	}
 	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log}
 	eng.OnLoadFailed = n.health.loadFailed
+	n.health.back = eng.forgetQuarantine
 	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
 	n.wire.Hello.DeviceMemBytes, n.wire.Hello.LoadBytesSec = budget, o.LoadBytesSec
 	n.wire.Hello.Device = d.Device.String()
