@@ -144,6 +144,8 @@ type rawConfig struct {
 	RoutedScaling  *float64        `json:"routed_scaling_factor"`
 	ScoringFunc    *string         `json:"scoring_func"`
 	TopKMethod     *string         `json:"topk_method"`
+	RopeInterleave *bool           `json:"rope_interleave"`
+	AttentionBias  *bool           `json:"attention_bias"`
 }
 
 // LoadConfig reads dir/config.json.

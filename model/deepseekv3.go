@@ -56,7 +56,12 @@ func init() {
 // the routed and shared experts, the dense first layers and the router,
 // with transformers' defaults. transformers' router always scores with
 // a sigmoid and chooses by the bias-corrected scores (noaux_tc): another
-// scoring_func or topk_method is refused by name.
+// scoring_func or topk_method is refused by name, as are the
+// non-interleaved RoPE and attention biases, which no published
+// checkpoint of the family uses. YaRN's factor is the config's
+// rope_scaling.factor, as transformers 5 reads it (4.5x derives it from
+// max_position_embeddings / original_max_position_embeddings; the
+// published configs agree).
 func deepseekV3Config(r *rawConfig, c *Config) error {
 	qlora := 1536 // absent: transformers' default; null: q_proj
 	if len(r.QLoRARank) > 0 {
@@ -85,6 +90,12 @@ func deepseekV3Config(r *rawConfig, c *Config) error {
 	}
 	if s := or(r.TopKMethod, "noaux_tc"); s != "noaux_tc" {
 		return fmt.Errorf(`field "topk_method" is %q; DeepseekV3ForCausalLM's router chooses with "noaux_tc"`, s)
+	}
+	if !or(r.RopeInterleave, true) {
+		return fmt.Errorf(`field "rope_interleave" is false; odmoe computes DeepSeek-V3's interleaved rotary embedding only`)
+	}
+	if or(r.AttentionBias, false) {
+		return fmt.Errorf(`field "attention_bias" is true; DeepSeek-V3's attention projections have no biases here`)
 	}
 	for _, f := range []struct {
 		name string
