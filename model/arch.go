@@ -12,6 +12,10 @@ type architecture struct {
 	// mlp_only_layers (Config.DenseLayers); others ignore them, as
 	// transformers does.
 	denseLayers bool
+	// windowFlag: the family's sliding_window applies only where
+	// use_sliding_window says so (the Qwen families: transformers gives
+	// layers a window only then, from max_window_layers on).
+	windowFlag bool
 	// Embed, FinalNorm and LMHead name the model's outer tensors.
 	embed, finalNorm, lmHead string
 	// config, if set, reads the family's own config.json fields into c

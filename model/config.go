@@ -125,11 +125,13 @@ type rawConfig struct {
 	Quantization     *struct {
 		Method string `json:"quant_method"`
 	} `json:"quantization_config"`
-	TieEmbeddings *bool           `json:"tie_word_embeddings"`
-	SlidingWindow *int            `json:"sliding_window"`
-	BOS           *int            `json:"bos_token_id"`
-	EOS           json.RawMessage `json:"eos_token_id"`
-	TorchDType    string          `json:"torch_dtype"`
+	TieEmbeddings    *bool           `json:"tie_word_embeddings"`
+	SlidingWindow    *int            `json:"sliding_window"`
+	UseSlidingWindow *bool           `json:"use_sliding_window"`
+	MaxWindowLayers  *int            `json:"max_window_layers"`
+	BOS              *int            `json:"bos_token_id"`
+	EOS              json.RawMessage `json:"eos_token_id"`
+	TorchDType       string          `json:"torch_dtype"`
 	// DeepSeek-V3's
 	QLoRARank      json.RawMessage `json:"q_lora_rank"` // null (no q_lora) differs from absent (the default)
 	KVLoRARank     *int            `json:"kv_lora_rank"`
@@ -235,6 +237,17 @@ func ParseConfig(b []byte) (Config, error) {
 	}
 	c.RopeScaling = rs
 	c.HeadDim = or(r.HeadDim, 0)
+	if arch.windowFlag {
+		// transformers: layer l has the window when use_sliding_window and
+		// l >= max_window_layers (28 if absent)
+		from := or(r.MaxWindowLayers, 28)
+		switch {
+		case !or(r.UseSlidingWindow, false) || from >= c.NumLayers:
+			c.SlidingWindow = 0 // sliding_window is only the size it would have
+		case c.SlidingWindow > 0 && from > 0:
+			return Config{}, fmt.Errorf(`fields "use_sliding_window" and "max_window_layers" (%d) give only layers %d and later a window; odmoe windows all layers or none`, from, from)
+		}
+	}
 	if arch.config != nil {
 		if err := arch.config(&r, &c); err != nil {
 			return Config{}, err

@@ -14,6 +14,7 @@ package model
 func init() {
 	register("Qwen2MoeForCausalLM", &architecture{
 		denseLayers: true,
+		windowFlag:  true,
 		defaults: Config{
 			HiddenSize: 2048, IntermediateSize: 1408, NumLayers: 24,
 			NumHeads: 16, NumKVHeads: 16, NumExperts: 60, TopK: 4,

@@ -12,6 +12,7 @@ package model
 func init() {
 	register("Qwen3MoeForCausalLM", &architecture{
 		denseLayers: true,
+		windowFlag:  true,
 		defaults: Config{
 			HiddenSize: 2048, IntermediateSize: 768, NumLayers: 24,
 			NumHeads: 32, NumKVHeads: 4, NumExperts: 128, TopK: 8,

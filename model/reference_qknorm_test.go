@@ -359,7 +359,28 @@ func TestQwen3MoEConfig(t *testing.T) {
 			t.Errorf("%s: err = %v, want it to say %q", bad.fields, err, bad.says)
 		}
 	}
+	// sliding_window is only the size a window would have: transformers
+	// gives layer l one when use_sliding_window and l >= max_window_layers
+	for _, tc := range []struct {
+		fields string
+		window int
+	}{
+		{`,"sliding_window":32`, 0},
+		{`,"sliding_window":32,"use_sliding_window":false,"max_window_layers":0`, 0},
+		{`,"sliding_window":32,"use_sliding_window":true,"max_window_layers":0`, 32},
+		{`,"sliding_window":32,"use_sliding_window":true`, 0}, // max_window_layers 28 >= 4 layers
+	} {
+		if c, err := ParseConfig([]byte(fmt.Sprintf(four, tc.fields))); err != nil || c.SlidingWindow != tc.window {
+			t.Errorf("%s: window %d (%v), want %d", tc.fields, c.SlidingWindow, err, tc.window)
+		}
+	}
+	if _, err := ParseConfig([]byte(fmt.Sprintf(four, `,"sliding_window":32,"use_sliding_window":true,"max_window_layers":2`))); err == nil || !strings.Contains(err.Error(), "max_window_layers") {
+		t.Errorf("a window for layers 2 and 3 only: %v, want it refused naming max_window_layers", err)
+	}
 	mixtral := strings.Replace(strings.Replace(four, "Qwen3MoeForCausalLM", "MixtralForCausalLM", 1), `"num_experts"`, `"num_local_experts"`, 1)
+	if c, err := ParseConfig([]byte(fmt.Sprintf(mixtral, `,"sliding_window":32`))); err != nil || c.SlidingWindow != 32 {
+		t.Errorf("Mixtral's sliding_window: %d (%v), want 32: transformers applies it as it is", c.SlidingWindow, err)
+	}
 	if c, err := ParseConfig([]byte(fmt.Sprintf(mixtral, `,"mlp_only_layers":[1]`))); err != nil || len(c.DenseLayers) != 0 || c.IntermediateSize != 256 {
 		t.Errorf("Mixtral with mlp_only_layers: %v, dense %v, expert width %d; want the field ignored and intermediate_size 256", err, c.DenseLayers, c.IntermediateSize)
 	}
