@@ -1,5 +1,7 @@
 package kernels
 
+import "math"
+
 // Attend computes one query head's attention over cached positions: with
 // k_j = keys[off+j*stride : off+j*stride+len(q)] and v_j the same slice
 // of values, for j < len(scores),
@@ -13,6 +15,13 @@ package kernels
 // one over the values instead of a call a position. len(out) must be
 // len(q); the last position's row must lie within keys and values.
 func Attend(out, scores, q, keys, values []float32, stride, off int, scale float32) {
+	AttendSink(out, scores, q, keys, values, stride, off, scale, float32(math.Inf(-1)))
+}
+
+// AttendSink is Attend with a learned attention sink (gpt-oss): the
+// scores' softmax is SoftmaxSink(scores, sink), the sink taking its share
+// of the weight and contributing no value. With sink = -Inf it is Attend.
+func AttendSink(out, scores, q, keys, values []float32, stride, off int, scale, sink float32) {
 	n, hd := len(scores), len(q)
 	if len(out) != hd {
 		panic("kernels.Attend: out and q lengths differ")
@@ -29,7 +38,7 @@ func Attend(out, scores, q, keys, values []float32, stride, off int, scale float
 	for j, s := range scores {
 		scores[j] = float32(s * scale)
 	}
-	Softmax(scores)
+	SoftmaxSink(scores, sink)
 	clear(out)
 	p.axpyRows(out, scores, values[off:], stride)
 }

@@ -110,3 +110,68 @@ func BenchmarkAttend(b *testing.B) {
 		}
 	})
 }
+
+func TestAttendSinkTakesItsShareOnEveryPath(t *testing.T) { forEachPath(t, testAttendSink) }
+
+// testAttendSink: AttendSink's weights are the float64 softmax of the
+// scores and the sink with the sink's share dropped (within float32
+// rounding), and its output their mix of the values; with a sink of -Inf
+// it gives Attend's bits; a sink far above the scores takes nearly all
+// the weight.
+func testAttendSink(t *testing.T) {
+	rng := rand.New(rand.NewPCG(83, 84))
+	for _, c := range []struct {
+		hd, n int
+		sink  float32
+	}{{64, 1, 0.5}, {64, 37, -1}, {48, 200, 2}, {20, 9, 0}, {64, 64, 30}} {
+		keys, values, q := randVec(rng, c.n*c.hd), randVec(rng, c.n*c.hd), randVec(rng, c.hd)
+		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		got, scores := make([]float32, c.hd), make([]float32, c.n)
+		AttendSink(got, scores, q, keys, values, c.hd, 0, scale, c.sink)
+		// float64: softmax over [scores, sink], the sink's share dropped
+		raw := make([]float64, c.n)
+		m := float64(c.sink)
+		for j := range raw {
+			for i := range c.hd {
+				raw[j] += float64(q[i]) * float64(keys[j*c.hd+i])
+			}
+			raw[j] *= float64(scale)
+			m = math.Max(m, raw[j])
+		}
+		sum := math.Exp(float64(c.sink) - m)
+		for _, r := range raw {
+			sum += math.Exp(r - m)
+		}
+		var mass float64
+		for j, r := range raw {
+			p := math.Exp(r-m) / sum
+			mass += p
+			if math.Abs(float64(scores[j])-p) > 1e-6*math.Max(p, 1e-6) {
+				t.Fatalf("hd %d, %d positions, sink %v: weight %d = %v, float64 %v", c.hd, c.n, c.sink, j, scores[j], p)
+			}
+		}
+		for i := range got {
+			var want, bound float64
+			for j := range raw {
+				v := float64(scores[j]) * float64(values[j*c.hd+i])
+				want += v
+				bound += math.Abs(v)
+			}
+			if math.Abs(float64(got[i])-want) > float64(c.n+2)*0x1p-24*bound+1e-30 {
+				t.Fatalf("hd %d, %d positions: out[%d] = %v, float64 %v", c.hd, c.n, i, got[i], want)
+			}
+		}
+		if c.sink >= 30 && mass > 1e-6 {
+			t.Fatalf("a sink of %v left the positions %v of the weight", c.sink, mass)
+		}
+		plain, psc := make([]float32, c.hd), make([]float32, c.n)
+		Attend(plain, psc, q, keys, values, c.hd, 0, scale)
+		noSink, nsc := make([]float32, c.hd), make([]float32, c.n)
+		AttendSink(noSink, nsc, q, keys, values, c.hd, 0, scale, float32(math.Inf(-1)))
+		for i := range plain {
+			if !sameBits(plain[i], noSink[i]) {
+				t.Fatalf("a sink of -Inf: out[%d] = %v, Attend's %v", i, noSink[i], plain[i])
+			}
+		}
+	}
+}

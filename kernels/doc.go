@@ -157,6 +157,16 @@
 //	s = Sum(e)                  (16 lanes and fold, as Dot)
 //	x_i = e_i / s               (a float32 division, not a multiply by 1/s)
 //
+// SoftmaxSink is Softmax over x and one more logit, the sink, which takes
+// its share and is dropped (gpt-oss's learned attention sinks):
+//
+//	m = the maximum of x and sink
+//	e_i = Exp(x_i - m), e_sink = Exp(sink - m)
+//	s = Sum(e) + e_sink         (Sum as above, then one float32 add)
+//	x_i = e_i / s
+//
+// With sink = -Inf it is Softmax, bit for bit.
+//
 // # RoPE
 //
 // RoPE's rotation is portable float32 arithmetic with HF's rotate_half

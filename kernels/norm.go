@@ -38,7 +38,13 @@ func scaleMulGo(out, x, weight []float32, r float32) {
 //
 // An empty x is left alone; an x that is all -Inf becomes all NaN, as in
 // PyTorch.
-func Softmax(x []float32) {
+func Softmax(x []float32) { SoftmaxSink(x, float32(math.Inf(-1))) }
+
+// SoftmaxSink is Softmax over x and the logit sink, whose share is
+// dropped: x_i = exp(x_i) / (sum_j exp(x_j) + exp(sink)), as the package
+// doc defines it (gpt-oss's attention sinks). With sink = -Inf it is
+// Softmax.
+func SoftmaxSink(x []float32, sink float32) {
 	if len(x) == 0 {
 		return
 	}
@@ -48,10 +54,17 @@ func Softmax(x []float32) {
 			m = v
 		}
 	}
+	sinks := !math.IsInf(float64(sink), -1)
+	if sinks && sink > m {
+		m = sink
+	}
 	for i, v := range x {
 		x[i] = Exp(v - m)
 	}
 	s := Sum(x)
+	if sinks {
+		s += Exp(sink - m)
+	}
 	for i, v := range x {
 		x[i] = v / s
 	}
