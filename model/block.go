@@ -94,6 +94,11 @@ type MoE struct {
 	// Grouped, when set (DeepSeek-V3), routes with sigmoid scores, a
 	// choice bias and group-limited top-k instead of the softmax router.
 	Grouped *GroupRouting
+	// RouterBias, when set (gpt-oss), is added to the router's logits;
+	// SoftmaxOfTopK (gpt-oss) weights the k largest logits by their own
+	// softmax instead of the softmax over every expert.
+	RouterBias    []float32
+	SoftmaxOfTopK bool
 }
 
 // forward runs the block on s's n rows at layer l (the KV cache layer
@@ -254,7 +259,17 @@ func (b *MoE) forward(ctx context.Context, s *Session, step Step, l, n int) erro
 		s.routes = make([]Route, n*k)
 	}
 	s.routes = s.routes[:n*k]
-	if g := b.Grouped; g != nil {
+	if b.RouterBias != nil {
+		for t := range n {
+			kernels.Add(s.routerLogits[t*E:(t+1)*E], b.RouterBias)
+		}
+	}
+	if b.SoftmaxOfTopK {
+		s.probs = grow(s.probs, k)
+		for t := range n {
+			routeTopKSoftmax(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs)
+		}
+	} else if g := b.Grouped; g != nil {
 		s.probs = grow(s.probs, g.scratch(E))
 		for t := range n {
 			routeGrouped(s.routes[t*k:(t+1)*k], s.routerLogits[t*E:(t+1)*E], s.probs, g, b.NormTopK)

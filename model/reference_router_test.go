@@ -172,3 +172,119 @@ func TestAMoEBlockWithGroupRoutingRoutesWithIt(t *testing.T) {
 		t.Fatalf("%d routings checked, %d unlike the softmax router's", checked, unlikeSoftmax)
 	}
 }
+
+// gptOssRouter64 is transformers' GptOssTopKRouter in float64: logits =
+// linear(x, W, b) (given here with the bias added), the top-k logits and
+// their softmax. It returns the experts ascending and their weights.
+func gptOssRouter64(logits []float64, k int) ([]int, []float64) {
+	idx := make([]int, len(logits))
+	for e := range idx {
+		idx[e] = e
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return logits[idx[a]] > logits[idx[b]] })
+	top := slices.Clone(idx[:k])
+	vals := make([]float64, k)
+	for i, e := range top {
+		vals[i] = logits[e]
+	}
+	p := softmax64(vals)
+	w := map[int]float64{}
+	for i, e := range top {
+		w[e] = p[i]
+	}
+	slices.Sort(top)
+	ws := make([]float64, k)
+	for i, e := range top {
+		ws[i] = w[e]
+	}
+	return top, ws
+}
+
+// TestTopKSoftmaxRouterMatchesTransformers: routeTopKSoftmax chooses the
+// experts transformers' GptOssTopKRouter chooses, weighted by the softmax
+// of the chosen logits alone (within float32 rounding), for 32 experts
+// top-4 over 400 tokens; and the weights differ from the softmax over
+// every expert, which a block without SoftmaxOfTopK would use.
+func TestTopKSoftmaxRouterMatchesTransformers(t *testing.T) {
+	const E, k = 32, 4
+	rng := rand.New(rand.NewPCG(36, 5))
+	var unlikeFull int
+	for tok := range 400 {
+		logits, l64 := make([]float32, E), make([]float64, E)
+		for e := range logits {
+			logits[e] = float32(rng.NormFloat64() * 2)
+			l64[e] = float64(logits[e])
+		}
+		got := make([]Route, k)
+		routeTopKSoftmax(got, logits, make([]float32, k))
+		want, weights := gptOssRouter64(l64, k)
+		for i, r := range got {
+			if r.Expert != want[i] || math.Abs(float64(r.Weight)-weights[i]) > 1e-6*weights[i]+1e-9 {
+				t.Fatalf("token %d: routes %v, transformers' %v %v", tok, got, want, weights)
+			}
+		}
+		full := make([]Route, k)
+		route(full, logits, make([]float32, E), false)
+		if full[0].Weight != got[0].Weight {
+			unlikeFull++
+		}
+	}
+	if unlikeFull == 0 {
+		t.Fatal("the softmax over the chosen logits never differed from the softmax over all")
+	}
+}
+
+// TestAMoEBlockWithARouterBiasAndTopKSoftmaxRoutesWithThem: a MoE block
+// with RouterBias and SoftmaxOfTopK set adds the bias to every token's
+// logits (the session's logits are the biased ones) and routes them with
+// routeTopKSoftmax.
+func TestAMoEBlockWithARouterBiasAndTopKSoftmaxRoutesWithThem(t *testing.T) {
+	m := loadTiny(t)
+	E, k := m.Config.NumExperts, m.Config.TopK
+	plain := loadTiny(t)
+	rng := rand.New(rand.NewPCG(36, 6))
+	for l := range m.Layers {
+		if moe := m.Layers[l].MoE; moe != nil {
+			moe.RouterBias = make([]float32, E)
+			for e := range moe.RouterBias {
+				moe.RouterBias[e] = float32(rng.NormFloat64())
+			}
+			moe.SoftmaxOfTopK = true
+		}
+	}
+	var unbiased [][]float32
+	ps := NewSession(plain, NewResidentExperts(plain), 0)
+	ps.OnRoute = func(_ Step, layer int, logits []float32, _ []Route) {
+		if layer == 0 {
+			unbiased = append(unbiased, slices.Clone(logits[:E]))
+		}
+	}
+	if _, err := ps.Forward(context.Background(), testTokens[:1]); err != nil {
+		t.Fatal(err)
+	}
+	s := NewSession(m, NewResidentExperts(m), 0)
+	checked := 0
+	s.OnRoute = func(_ Step, layer int, logits []float32, routes []Route) {
+		if layer == 0 && checked == 0 {
+			for e := range E {
+				if logits[e] != unbiased[0][e]+m.Layers[0].MoE.RouterBias[e] {
+					t.Fatalf("expert %d: logit %v, unbiased %v + bias %v", e, logits[e], unbiased[0][e], m.Layers[0].MoE.RouterBias[e])
+				}
+			}
+		}
+		for t0 := 0; t0 < len(logits)/E; t0++ {
+			want := make([]Route, k)
+			routeTopKSoftmax(want, logits[t0*E:(t0+1)*E], make([]float32, k))
+			if !slices.Equal(routes[t0*k:(t0+1)*k], want) {
+				t.Fatalf("layer %d token %d: routes %v, routeTopKSoftmax %v", layer, t0, routes[t0*k:(t0+1)*k], want)
+			}
+			checked++
+		}
+	}
+	if _, err := s.Forward(context.Background(), testTokens[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if checked == 0 {
+		t.Fatal("no routing checked")
+	}
+}

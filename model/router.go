@@ -161,3 +161,27 @@ func routeGrouped(dst []Route, logits, scratch []float32, g *GroupRouting, normT
 	}
 	sortRoutes(dst)
 }
+
+// routeTopKSoftmax turns one token's router logits (the router's bias
+// already added) into its top-k routes as transformers' GptOssTopKRouter
+// does: the k largest logits (ties to the lower index), weighted by the
+// softmax of those k alone, in float32 (kernels.Softmax over them in
+// descending order, as topk returns them). scratch holds k floats. The
+// routes come back sorted by expert id, as route's.
+func routeTopKSoftmax(dst []Route, logits, scratch []float32) {
+	for i := range dst {
+		best := -1
+		for e, x := range logits {
+			if !taken(dst[:i], e) && (best < 0 || x > logits[best]) {
+				best = e
+			}
+		}
+		dst[i].Expert = best
+		scratch[i] = logits[best]
+	}
+	kernels.Softmax(scratch[:len(dst)])
+	for i := range dst {
+		dst[i].Weight = scratch[i]
+	}
+	sortRoutes(dst)
+}
