@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"context"
 	"math"
 
@@ -72,6 +73,12 @@ type Attention struct {
 	// MLA, when set (DeepSeek-V3), makes this Multi-head Latent
 	// Attention: K and V are unused, Q is q_proj or unset (MLA's QA, QB).
 	MLA *MLAWeights
+	// Sinks, when set (gpt-oss), are each head's learned attention sink
+	// (kernels.AttendSink); Window, when positive, is this layer's
+	// sliding window (gpt-oss alternates windowed and full layers),
+	// instead of the config's.
+	Sinks  []float32 // [heads]
+	Window int
 }
 
 // MoE is a sparse feed-forward block: pre-norm, a router choosing each
@@ -203,6 +210,7 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 	heads := n * c.NumHeads
 	chunks := kernels.ParallelChunks(heads, 2*c.NumHeads*positions*hd)
 	s.scores = grow(s.scores, chunks*span)
+	window := cmp.Or(a.Window, c.SlidingWindow)
 	kernels.ParallelFor(chunks, heads, func(ch, i0, i1 int) {
 		scores := s.scores[ch*span : (ch+1)*span]
 		for i := i0; i < i1; i++ {
@@ -210,13 +218,17 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 			cache, pos := rows.at(t)
 			keys, values := cache.Keys(l, pos+1), cache.Values(l, pos+1)
 			lo := 0
-			if c.SlidingWindow > 0 && pos-c.SlidingWindow+1 > 0 {
-				lo = pos - c.SlidingWindow + 1
+			if window > 0 && pos-window+1 > 0 {
+				lo = pos - window + 1
 			}
 			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
 			out := s.att[t*qw+head*hd : t*qw+(head+1)*hd]
 			// positions lo..pos of the head's KV head, kvw floats apart
-			kernels.Attend(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale)
+			if a.Sinks != nil {
+				kernels.AttendSink(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale, a.Sinks[head])
+			} else {
+				kernels.Attend(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale)
+			}
 		}
 	})
 	return nil
