@@ -9,7 +9,8 @@ import (
 // TestAttentionSinksAndLayerWindowsAreUsed: per-head sinks of -Inf give
 // the bits of no sinks, finite ones other logits; a window set on every
 // layer gives the bits of the same window in the config, and a window on
-// one layer only differs from both none and all.
+// one layer only differs from both none and all; an output bias of zeros
+// gives the bits of none, another bias other logits.
 func TestAttentionSinksAndLayerWindowsAreUsed(t *testing.T) {
 	tokens := testTokens // 12 positions
 	run := func(edit func(m *Model)) []float32 {
@@ -54,5 +55,20 @@ func TestAttentionSinksAndLayerWindowsAreUsed(t *testing.T) {
 	one := run(layerWindows(4, 1))
 	if firstDiff(one, plain) < 0 || firstDiff(one, configWindow) < 0 {
 		t.Fatal("a window on one layer is the same as none or as all")
+	}
+	oBias := func(v float32) func(m *Model) {
+		return func(m *Model) {
+			b := make([]float32, m.Config.HiddenSize)
+			for i := range b {
+				b[i] = v
+			}
+			m.Layers[2].Attention.OBias = b
+		}
+	}
+	if d := firstDiff(run(oBias(0)), plain); d >= 0 {
+		t.Fatalf("an output bias of zeros changed logit %d", d)
+	}
+	if firstDiff(run(oBias(0.1)), plain) < 0 {
+		t.Fatal("an output bias of 0.1 left every logit as it was")
 	}
 }

@@ -67,9 +67,9 @@ type Attention struct {
 	Norm         []float32      // [hidden]
 	Q, K, V, O   kernels.Matrix // projections
 	QNorm, KNorm []float32      // [head_dim], or [heads*head_dim] and [kv_heads*head_dim], or nil
-	// QBias, KBias and VBias, when set (Qwen2-MoE), are added to the
-	// projections.
-	QBias, KBias, VBias []float32
+	// QBias, KBias and VBias, when set (Qwen2-MoE, gpt-oss), are added to
+	// the projections, OBias (gpt-oss) to the output projection's.
+	QBias, KBias, VBias, OBias []float32
 	// MLA, when set (DeepSeek-V3), makes this Multi-head Latent
 	// Attention: K and V are unused, Q is q_proj or unset (MLA's QA, QB).
 	MLA *MLAWeights
@@ -252,6 +252,11 @@ func (a *Attention) output(s *Session, n int) {
 	h := s.m.Config.HiddenSize
 	s.proj = grow(s.proj, n*h)
 	kernels.MatMul(s.proj, a.O, s.att, n)
+	if a.OBias != nil {
+		for t := range n {
+			kernels.Add(s.proj[t*h:(t+1)*h], a.OBias)
+		}
+	}
 	kernels.Add(s.x[:n*h], s.proj[:n*h])
 }
 
