@@ -21,30 +21,41 @@ type Route struct {
 func route(dst []Route, logits, probs []float32, normTopK bool) {
 	copy(probs, logits)
 	kernels.Softmax(probs)
-	k := len(dst)
+	topK(dst, probs)
+	for i := range dst {
+		dst[i].Weight = probs[dst[i].Expert]
+	}
+	if normTopK {
+		renormalise(dst, 0)
+	}
+	sortRoutes(dst)
+}
+
+// topK puts in dst's experts the len(dst) largest of by, largest first
+// (ties to the lower index), as torch.topk orders them.
+func topK(dst []Route, by []float32) {
 	for i := range dst {
 		best := -1
-		for e, p := range probs {
-			if taken(dst[:i], e) {
-				continue
-			}
-			if best < 0 || p > probs[best] {
+		for e, v := range by {
+			if !taken(dst[:i], e) && (best < 0 || v > by[best]) {
 				best = e
 			}
 		}
-		dst[i] = Route{Expert: best, Weight: probs[best]}
+		dst[i].Expert = best
 	}
-	if normTopK {
-		// sum in descending-probability order, as torch sums topk's output
-		var sum float32
-		for _, r := range dst[:k] {
-			sum += r.Weight
-		}
-		for i := range dst {
-			dst[i].Weight /= sum
-		}
+}
+
+// renormalise divides the routes' weights by their sum plus eps, summed
+// in the routes' order (topK's: descending, as torch sums topk's output).
+func renormalise(dst []Route, eps float32) {
+	var sum float32
+	for _, r := range dst {
+		sum += r.Weight
 	}
-	sortRoutes(dst)
+	sum += eps
+	for i := range dst {
+		dst[i].Weight /= sum
+	}
 }
 
 func taken(rs []Route, e int) bool {
@@ -137,24 +148,12 @@ func routeGrouped(dst []Route, logits, scratch []float32, g *GroupRouting, normT
 		clear(choice[worst*per : (worst+1)*per])
 		groups[worst] = float32(math.Inf(1)) // dropped: never the worst again
 	}
+	topK(dst, choice)
 	for i := range dst {
-		best := -1
-		for e, c := range choice {
-			if !taken(dst[:i], e) && (best < 0 || c > choice[best]) {
-				best = e
-			}
-		}
-		dst[i] = Route{Expert: best, Weight: scores[best]}
+		dst[i].Weight = scores[dst[i].Expert]
 	}
 	if normTopK {
-		var sum float32
-		for _, r := range dst {
-			sum += r.Weight
-		}
-		sum += 1e-20
-		for i := range dst {
-			dst[i].Weight /= sum
-		}
+		renormalise(dst, 1e-20)
 	}
 	for i := range dst {
 		dst[i].Weight *= g.Scale
@@ -169,15 +168,9 @@ func routeGrouped(dst []Route, logits, scratch []float32, g *GroupRouting, normT
 // descending order, as topk returns them). scratch holds k floats. The
 // routes come back sorted by expert id, as route's.
 func routeTopKSoftmax(dst []Route, logits, scratch []float32) {
+	topK(dst, logits)
 	for i := range dst {
-		best := -1
-		for e, x := range logits {
-			if !taken(dst[:i], e) && (best < 0 || x > logits[best]) {
-				best = e
-			}
-		}
-		dst[i].Expert = best
-		scratch[i] = logits[best]
+		scratch[i] = logits[dst[i].Expert]
 	}
 	kernels.Softmax(scratch[:len(dst)])
 	for i := range dst {
