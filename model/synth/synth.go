@@ -477,14 +477,38 @@ type tensor struct {
 	mean, std float64
 }
 
+// mat is a BF16 matrix of rows x cols drawn with std.
+func mat(name string, rows, cols int, std float64) tensor {
+	return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{rows, cols}}, std: std}
+}
+
+// normOf is a BF16 norm weight of n, near 1.
+func normOf(name string, n int) tensor {
+	return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{n}}, mean: 1, std: weightStd}
+}
+
+// swiglu is a SwiGLU MLP's gate_proj, up_proj and down_proj (prefix
+// ends in "."), inter wide on a hidden of h: a dense layer's, a shared
+// expert's, a routed expert's in the Qwen and DeepSeek naming.
+func swiglu(prefix string, inter, h int) []tensor {
+	return []tensor{
+		mat(prefix+"gate_proj.weight", inter, h, weightStd),
+		mat(prefix+"up_proj.weight", inter, h, weightStd),
+		mat(prefix+"down_proj.weight", h, inter, weightStd),
+	}
+}
+
+// finalNormAndHead are model.norm and, unless tied, lm_head.
+func finalNormAndHead(p Preset) []tensor {
+	ts := []tensor{normOf("model.norm.weight", p.Hidden)}
+	if !p.TieWordEmbedding {
+		ts = append(ts, mat("lm_head.weight", p.Vocab, p.Hidden, weightStd))
+	}
+	return ts
+}
+
 func tensors(p Preset) []tensor {
 	h, hd := p.Hidden, p.headDim()
-	mat := func(name string, rows, cols int, std float64) tensor {
-		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{rows, cols}}, std: std}
-	}
-	normOf := func(name string, n int) tensor {
-		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: []int{n}}, mean: 1, std: weightStd}
-	}
 	norm := func(name string) tensor { return normOf(name, h) }
 	// Qwen3-MoE and OLMoE name their blocks alike and norm queries and
 	// keys: over a head (Qwen3) or over the whole projection (OLMoE)
@@ -495,7 +519,7 @@ func tensors(p Preset) []tensor {
 	}
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
 	if p.Family == "deepseek-v3" {
-		return append(ts, deepseekV3Tensors(p, mat, normOf)...)
+		return append(append(ts, deepseekV3Layers(p)...), finalNormAndHead(p)...)
 	}
 	for l := range p.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
@@ -520,31 +544,16 @@ func tensors(p Preset) []tensor {
 			)
 		}
 		if slices.Contains(p.MLPOnlyLayers, l) {
-			di := p.denseIntermediate()
-			ts = append(ts,
-				mat(pre+"mlp.gate_proj.weight", di, h, weightStd),
-				mat(pre+"mlp.up_proj.weight", di, h, weightStd),
-				mat(pre+"mlp.down_proj.weight", h, di, weightStd),
-			)
+			ts = append(ts, swiglu(pre+"mlp.", p.denseIntermediate(), h)...)
 			continue
 		}
 		if si := p.SharedIntermediate; si > 0 {
-			ts = append(ts,
-				mat(pre+"mlp.shared_expert.gate_proj.weight", si, h, weightStd),
-				mat(pre+"mlp.shared_expert.up_proj.weight", si, h, weightStd),
-				mat(pre+"mlp.shared_expert.down_proj.weight", h, si, weightStd),
-				mat(pre+"mlp.shared_expert_gate.weight", 1, h, routerStd),
-			)
+			ts = append(append(ts, swiglu(pre+"mlp.shared_expert.", si, h)...), mat(pre+"mlp.shared_expert_gate.weight", 1, h, routerStd))
 		}
 		if mlpNames {
 			ts = append(ts, mat(pre+"mlp.gate.weight", p.Experts, h, routerStd))
 			for e := range p.Experts {
-				ex := fmt.Sprintf("%smlp.experts.%d.", pre, e)
-				ts = append(ts,
-					mat(ex+"gate_proj.weight", p.Intermediate, h, weightStd),
-					mat(ex+"up_proj.weight", p.Intermediate, h, weightStd),
-					mat(ex+"down_proj.weight", h, p.Intermediate, weightStd),
-				)
+				ts = append(ts, swiglu(fmt.Sprintf("%smlp.experts.%d.", pre, e), p.Intermediate, h)...)
 			}
 			continue
 		}
@@ -558,16 +567,12 @@ func tensors(p Preset) []tensor {
 			)
 		}
 	}
-	ts = append(ts, norm("model.norm.weight"))
-	if !p.TieWordEmbedding {
-		ts = append(ts, mat("lm_head.weight", p.Vocab, h, weightStd))
-	}
-	return ts
+	return append(ts, finalNormAndHead(p)...)
 }
 
-// deepseekV3Tensors are DeepSeek-V3's layers, final norm and head, as
-// its checkpoint names them.
-func deepseekV3Tensors(p Preset, mat func(string, int, int, float64) tensor, normOf func(string, int) tensor) []tensor {
+// deepseekV3Layers are DeepSeek-V3's layers, as its checkpoint names
+// them.
+func deepseekV3Layers(p Preset) []tensor {
 	h, H := p.Hidden, p.Heads
 	routerStd := routerLogitStd / math.Sqrt(float64(h))
 	var ts []tensor
@@ -592,34 +597,15 @@ func deepseekV3Tensors(p Preset, mat func(string, int, int, float64) tensor, nor
 			normOf(pre+"post_attention_layernorm.weight", h),
 		)
 		if slices.Contains(p.MLPOnlyLayers, l) {
-			di := p.denseIntermediate()
-			ts = append(ts,
-				mat(pre+"mlp.gate_proj.weight", di, h, weightStd),
-				mat(pre+"mlp.up_proj.weight", di, h, weightStd),
-				mat(pre+"mlp.down_proj.weight", h, di, weightStd),
-			)
+			ts = append(ts, swiglu(pre+"mlp.", p.denseIntermediate(), h)...)
 			continue
 		}
 		bias := tensor{spec: safetensors.Spec{Name: pre + "mlp.gate.e_score_correction_bias", DType: "F32", Shape: []int{p.Experts}}, std: 0.1}
 		ts = append(ts, mat(pre+"mlp.gate.weight", p.Experts, h, routerStd), bias)
 		for e := range p.Experts {
-			ex := fmt.Sprintf("%smlp.experts.%d.", pre, e)
-			ts = append(ts,
-				mat(ex+"gate_proj.weight", p.Intermediate, h, weightStd),
-				mat(ex+"up_proj.weight", p.Intermediate, h, weightStd),
-				mat(ex+"down_proj.weight", h, p.Intermediate, weightStd),
-			)
+			ts = append(ts, swiglu(fmt.Sprintf("%smlp.experts.%d.", pre, e), p.Intermediate, h)...)
 		}
-		si := p.SharedIntermediate
-		ts = append(ts,
-			mat(pre+"mlp.shared_experts.gate_proj.weight", si, h, weightStd),
-			mat(pre+"mlp.shared_experts.up_proj.weight", si, h, weightStd),
-			mat(pre+"mlp.shared_experts.down_proj.weight", h, si, weightStd),
-		)
-	}
-	ts = append(ts, normOf("model.norm.weight", h))
-	if !p.TieWordEmbedding {
-		ts = append(ts, mat("lm_head.weight", p.Vocab, h, weightStd))
+		ts = append(ts, swiglu(pre+"mlp.shared_experts.", p.SharedIntermediate, h)...)
 	}
 	return ts
 }
