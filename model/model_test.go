@@ -69,19 +69,7 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer set.Close()
-	want := refModel{cfg: m.Config, set: set, t: t}.forward(testTokens)
-	s := NewSession(m, NewResidentExperts(m), len(testTokens))
-	for i, id := range testTokens {
-		got, err := s.Forward(context.Background(), []int{id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e := relL2(got, want[i]); e > 1e-4 {
-			t.Errorf("position %d: relative L2 error %.3g > 1e-4", i, e)
-		} else if i == len(testTokens)-1 {
-			t.Logf("last position: relative L2 error %.3g", e)
-		}
-	}
+	decodeAgainst(t, "mixtral", m, testTokens, refModel{cfg: m.Config, set: set, t: t}.forward(testTokens))
 }
 
 // TestKVCacheDecodingEqualsFullRecompute: decoding token by token with the

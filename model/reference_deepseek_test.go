@@ -218,27 +218,7 @@ func checkDeepseek(t *testing.T, m *Model, dir string, cfgJSON []byte) {
 	for i := range tokens {
 		tokens[i] = (i*53 + 7) % m.Config.VocabSize
 	}
-	// the reference reads YaRN as transformers does: the older "type"
-	// key means rope_type
-	refJSON := []byte(strings.Replace(string(cfgJSON), `"type": "yarn"`, `"rope_type": "yarn"`, 1))
-	want := refModel{cfg: m.Config, set: set, t: t}.forwardDeepseekV3(tokens, c, refJSON)
-	s := NewSession(m, NewResidentExperts(m), len(tokens))
-	var worst float64
-	for i, id := range tokens {
-		got, err := s.Forward(context.Background(), []int{id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := relL2(got, want[i])
-		worst = max(worst, e)
-		if e > 1e-4 {
-			t.Fatalf("position %d: relative L2 error %.3g > 1e-4", i, e)
-		}
-		if Argmax(got) != argmax64(want[i]) {
-			t.Fatalf("position %d: greedy token %d, reference %d", i, Argmax(got), argmax64(want[i]))
-		}
-	}
-	t.Logf("worst relative L2 error %.3g over %d positions", worst, len(tokens))
+	decodeAgainst(t, m.Config.Architecture, m, tokens, refModel{cfg: m.Config, set: set, t: t}.forwardDeepseekV3(tokens, c, cfgJSON))
 }
 
 // TestAQuantizedDeepseekV3OwnsItsMLAWeights: the shadow's quantized copy

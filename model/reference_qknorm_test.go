@@ -1,7 +1,6 @@
 package model
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -283,19 +282,7 @@ func checkAgainstReference(t *testing.T, m *Model, dir string, f qkFamily) {
 		}
 		f.normTopK = normTopK
 		want := refModel{cfg: m.Config, set: set, t: t}.forwardQKNorm(testTokens, f)
-		s := NewSession(m, NewResidentExperts(m), len(testTokens))
-		for i, id := range testTokens {
-			got, err := s.Forward(context.Background(), []int{id})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if e := relL2(got, want[i]); e > 1e-4 {
-				t.Errorf("norm_topk_prob %v, position %d: relative L2 error %.3g > 1e-4", normTopK, i, e)
-			}
-			if Argmax(got) != argmax64(want[i]) {
-				t.Errorf("norm_topk_prob %v, position %d: greedy token %d, reference %d", normTopK, i, Argmax(got), argmax64(want[i]))
-			}
-		}
+		decodeAgainst(t, fmt.Sprintf("norm_topk_prob %v", normTopK), m, testTokens, want)
 	}
 }
 

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"math"
 	"sort"
 	"strconv"
@@ -195,6 +196,33 @@ func (r refModel) forward(tokens []int) [][]float64 {
 		out[t] = linear(lm, rmsnorm(xs[t], norm, eps))
 	}
 	return out
+}
+
+// decodeAgainst feeds tokens to a new session of m one at a time and
+// checks every position's logits against want: within 1e-4 relative L2,
+// and the same greedy token. what names the case in a failure. It
+// returns the worst error and the last position's logits.
+func decodeAgainst(t *testing.T, what string, m *Model, tokens []int, want [][]float64) (float64, []float32) {
+	t.Helper()
+	s := NewSession(m, NewResidentExperts(m), len(tokens))
+	var worst float64
+	var got []float32
+	for i, id := range tokens {
+		var err error
+		if got, err = s.Forward(context.Background(), []int{id}); err != nil {
+			t.Fatal(err)
+		}
+		e := relL2(got, want[i])
+		worst = max(worst, e)
+		if e > 1e-4 {
+			t.Fatalf("%s, position %d: relative L2 error %.3g > 1e-4", what, i, e)
+		}
+		if Argmax(got) != argmax64(want[i]) {
+			t.Fatalf("%s, position %d: greedy token %d, reference %d", what, i, Argmax(got), argmax64(want[i]))
+		}
+	}
+	t.Logf("%s: worst relative L2 error %.3g over %d positions", what, worst, len(tokens))
+	return worst, got
 }
 
 // relL2 is ||a-b|| / ||b||.
