@@ -125,6 +125,25 @@ func (r *chaosRig) signal(name string, sig syscall.Signal) {
 	}
 }
 
+// sameDump fails tb unless the run that dumped into dir got (-dump) wrote
+// the same logits.npy and tokens.json as the one that dumped into want.
+func sameDump(tb testing.TB, got, want string) {
+	tb.Helper()
+	for _, f := range []string{"logits.npy", "tokens.json"} {
+		w, err := os.ReadFile(filepath.Join(want, f))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		g, err := os.ReadFile(filepath.Join(got, f))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if !bytes.Equal(g, w) {
+			tb.Fatalf("%s differs: %s against %s", f, got, want)
+		}
+	}
+}
+
 // logs is every node's log, for a failure message.
 func (r *chaosRig) logs() string {
 	var b strings.Builder
@@ -201,19 +220,7 @@ func TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes(t *testing.T) {
 	if mainErr != nil {
 		t.Fatalf("main node: %v\n%s", mainErr, r.logs())
 	}
-	for _, f := range []string{"logits.npy", "tokens.json"} {
-		want, err := os.ReadFile(filepath.Join(localDump, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(filepath.Join(swarmDump, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s of the swarm under faults differs from local mode's", f)
-		}
-	}
+	sameDump(t, swarmDump, localDump)
 	var st struct {
 		Generated int `json:"generated_tokens"`
 		Faults    map[string]int64
@@ -413,13 +420,7 @@ func TestChaosOneBadDiskCostsOneNode(t *testing.T) {
 		if se, code := r.runMain("-prefetch", "reactive", "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats); code != 0 {
 			t.Fatalf("%s: the main node's run: exit %d\n%s\n%s", c.name, code, se, r.logs())
 		}
-		for _, f := range []string{"logits.npy", "tokens.json"} {
-			want, _ := os.ReadFile(filepath.Join(local, f))
-			got, err := os.ReadFile(filepath.Join(dump, f))
-			if err != nil || !bytes.Equal(got, want) {
-				t.Fatalf("%s: %s differs from local mode's (%v)", c.name, f, err)
-			}
-		}
+		sameDump(t, dump, local)
 		var st struct{ Faults map[string]int64 }
 		sb, _ := os.ReadFile(stats)
 		if err := json.Unmarshal(sb, &st); err != nil || st.Faults[c.fault] == 0 {

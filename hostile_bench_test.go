@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -58,22 +56,6 @@ func BenchmarkPeerAttacks(b *testing.B) {
 	slices.Sort(base)
 	undisturbed := base[len(base)/2]
 	b.Logf("undisturbed 32-token run: median %v of %v", undisturbed, base)
-	same := func(dump string) {
-		b.Helper()
-		for _, f := range []string{"logits.npy", "tokens.json"} {
-			want, err := os.ReadFile(filepath.Join(r.dir, "undisturbed0", f))
-			if err != nil {
-				b.Fatal(err)
-			}
-			got, err := os.ReadFile(filepath.Join(r.dir, dump, f))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if !bytes.Equal(got, want) {
-				b.Fatalf("%s: %s differs from the undisturbed run's", dump, f)
-			}
-		}
-	}
 	certs := filepath.Join(r.dir, "certs")
 	identities := []string{"main2", "shadow"}
 	for _, a := range []struct {
@@ -123,7 +105,7 @@ func BenchmarkPeerAttacks(b *testing.B) {
 			for i := range b.N {
 				dump := fmt.Sprintf("%s-%d", a.name, i)
 				runs = append(runs, legit(dump))
-				same(dump)
+				sameDump(b, filepath.Join(r.dir, dump), filepath.Join(r.dir, "undisturbed0"))
 				peak = maxRSS(peak, r.workersRSS())
 			}
 			for _, c := range conns {
@@ -237,19 +219,7 @@ func BenchmarkFrozenWorker(b *testing.B) {
 			time.Sleep(time.Second)
 			r.signal("w3", syscall.SIGSTOP)
 		})
-		for _, f := range []string{"logits.npy", "tokens.json"} {
-			want, err := os.ReadFile(filepath.Join(r.dir, "undisturbed0", f))
-			if err != nil {
-				b.Fatal(err)
-			}
-			got, err := os.ReadFile(filepath.Join(r.dir, dump, f))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if !bytes.Equal(got, want) {
-				b.Fatalf("%s: %s differs from the undisturbed run's", dump, f)
-			}
-		}
+		sameDump(b, filepath.Join(r.dir, dump), filepath.Join(r.dir, "undisturbed0"))
 		worst = max(worst, d)
 		r.signal("w3", syscall.SIGCONT) // it rejoins before the next run
 		time.Sleep(3 * time.Second)
