@@ -3,6 +3,8 @@ package model
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -48,7 +50,21 @@ func TestAttentionSinksAndLayerWindowsAreUsed(t *testing.T) {
 		}
 	}
 	all := []int{0, 1, 2, 3}
-	configWindow := run(func(m *Model) { m.Config.SlidingWindow = 4 })
+	// the config's sliding_window (Mixtral reads it), through Load
+	orig, err := os.ReadFile(filepath.Join(tinyModel(t), "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	windowed, err := Load(withConfigField(t, tinyModel(t), orig, "sliding_window", "4"), LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer windowed.Close()
+	configWindow, err := NewSession(windowed, NewResidentExperts(windowed), 0).Forward(context.Background(), tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	configWindow = append([]float32(nil), configWindow...)
 	if d := firstDiff(run(layerWindows(4, all...)), configWindow); d >= 0 {
 		t.Fatalf("a window of 4 on every layer differs from the config's at logit %d", d)
 	}

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"cmp"
 	"context"
 	"math"
 
@@ -75,8 +74,9 @@ type Attention struct {
 	MLA *MLAWeights
 	// Sinks, when set (gpt-oss), are each head's learned attention sink
 	// (kernels.AttendSink); Window, when positive, is this layer's
-	// sliding window (gpt-oss alternates windowed and full layers),
-	// instead of the config's.
+	// sliding window: the config's sliding_window, set at bind, unless the
+	// family gives layers their own (gpt-oss alternates windowed and full
+	// layers).
 	Sinks  []float32 // [heads]
 	Window int
 }
@@ -210,7 +210,6 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 	heads := n * c.NumHeads
 	chunks := kernels.ParallelChunks(heads, 2*c.NumHeads*positions*hd)
 	s.scores = grow(s.scores, chunks*span)
-	window := cmp.Or(a.Window, c.SlidingWindow)
 	kernels.ParallelFor(chunks, heads, func(ch, i0, i1 int) {
 		scores := s.scores[ch*span : (ch+1)*span]
 		for i := i0; i < i1; i++ {
@@ -218,8 +217,8 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 			cache, pos := rows.at(t)
 			keys, values := cache.Keys(l, pos+1), cache.Values(l, pos+1)
 			lo := 0
-			if window > 0 && pos-window+1 > 0 {
-				lo = pos - window + 1
+			if a.Window > 0 && pos-a.Window+1 > 0 {
+				lo = pos - a.Window + 1
 			}
 			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
 			out := s.att[t*qw+head*hd : t*qw+(head+1)*hd]

@@ -152,6 +152,12 @@ func TestRopeScalingMatchesFloat64Reference(t *testing.T) {
 // withConfig is a copy of the model in base (its weights linked) whose
 // config.json is orig with rope_scaling set to scaling.
 func withConfig(t *testing.T, base string, orig []byte, scaling string) string {
+	return withConfigField(t, base, orig, "rope_scaling", scaling)
+}
+
+// withConfigField is a copy of the model in base (its weights linked)
+// whose config.json is orig with field set to the JSON value.
+func withConfigField(t *testing.T, base string, orig []byte, field, value string) string {
 	t.Helper()
 	dir := t.TempDir()
 	entries, err := os.ReadDir(base)
@@ -169,7 +175,7 @@ func withConfig(t *testing.T, base string, orig []byte, scaling string) string {
 	if err := json.Unmarshal(orig, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	cfg["rope_scaling"] = json.RawMessage(scaling)
+	cfg[field] = json.RawMessage(value)
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		t.Fatal(err)

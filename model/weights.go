@@ -107,6 +107,9 @@ func (m *Model) bind(opt LoadOptions) error {
 	m.Layers = make([]Layer, c.NumLayers)
 	for l := range m.Layers {
 		m.Layers[l] = arch.layer(b, c, l)
+		if w := &m.Layers[l].Attention.Window; *w == 0 {
+			*w = c.SlidingWindow // a family with windows of its own sets each layer's
+		}
 	}
 	if opt.SkipExperts || b.err != nil {
 		return b.err
