@@ -235,9 +235,9 @@ func TestTopKSoftmaxRouterMatchesTransformers(t *testing.T) {
 }
 
 // TestAMoEBlockWithARouterBiasAndTopKSoftmaxRoutesWithThem: a MoE block
-// with RouterBias and SoftmaxOfTopK set adds the bias to every token's
-// logits (the session's logits are the biased ones) and routes them with
-// routeTopKSoftmax.
+// with RouterBias and SoftmaxOfTopK set (and norm_topk_prob off) adds the
+// bias to every token's logits (the session's logits are the biased
+// ones) and routes them with routeTopKSoftmax, whose weights sum to one.
 func TestAMoEBlockWithARouterBiasAndTopKSoftmaxRoutesWithThem(t *testing.T) {
 	m := loadTiny(t)
 	E, k := m.Config.NumExperts, m.Config.TopK
@@ -250,6 +250,10 @@ func TestAMoEBlockWithARouterBiasAndTopKSoftmaxRoutesWithThem(t *testing.T) {
 				moe.RouterBias[e] = float32(rng.NormFloat64())
 			}
 			moe.SoftmaxOfTopK = true
+			// off: the softmax router's weights would then not sum to one,
+			// unlike the top-k's own softmax (with it on they are the same
+			// numbers, computed otherwise)
+			moe.NormTopK = false
 		}
 	}
 	var unbiased [][]float32
@@ -277,6 +281,13 @@ func TestAMoEBlockWithARouterBiasAndTopKSoftmaxRoutesWithThem(t *testing.T) {
 			routeTopKSoftmax(want, logits[t0*E:(t0+1)*E], make([]float32, k))
 			if !slices.Equal(routes[t0*k:(t0+1)*k], want) {
 				t.Fatalf("layer %d token %d: routes %v, routeTopKSoftmax %v", layer, t0, routes[t0*k:(t0+1)*k], want)
+			}
+			var sum float32
+			for _, r := range routes[t0*k : (t0+1)*k] {
+				sum += r.Weight
+			}
+			if math.Abs(float64(sum)-1) > 1e-5 {
+				t.Fatalf("layer %d token %d: weights sum to %v, not one", layer, t0, sum)
 			}
 			checked++
 		}
