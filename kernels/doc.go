@@ -119,6 +119,10 @@
 //	Add:    dst[i] = dst[i] + x[i]
 //	SiLU:   x / (1 + Exp(-x))                  (float32 add, then float32 divide)
 //	SwiGLU: out[i] = float32(SiLU(gate[i]) * up[i])
+//	AddBias: dst[t*c+j] = dst[t*c+j] + b[j]    (b widened exactly)
+//	ClampedSwiGLU (gpt-oss; g = gateUp[2i], u = gateUp[2i+1]):
+//	        g' = min(g, limit), u' = max(min(u, limit), -limit)
+//	        out[i] = float32(u'+1) * float32(g' / float32(1 + Exp(-float32(alpha*g'))))
 //
 // # Exp
 //
@@ -183,8 +187,8 @@
 //
 // The expert path runs on workers of any architecture and its results are
 // summed on the main node, so these must be bit-identical everywhere:
-// MatVec, MatMul, Dot, Sum, Exp, SiLU, SwiGLU, Axpy, Add, and the
-// conversions. Quantize and the Q8 and NF4 products are portable too,
+// MatVec, MatMul, Dot, Sum, Exp, SiLU, SwiGLU, ClampedSwiGLU, Axpy, Add,
+// AddBias, and the conversions. Quantize and the Q8 and NF4 products are portable too,
 // although only the shadow node, whose results change speed and never
 // output, uses them. RMSNorm and Softmax run on the main node only but are
 // defined portably anyway. The RoPE tables run on the main node only and

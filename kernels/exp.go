@@ -75,3 +75,24 @@ func SwiGLU(out, gate, up []float32) {
 		out[i] = SiLU(g) * up[i]
 	}
 }
+
+// ClampedSwiGLU is gpt-oss's expert activation on interleaved pairs: for
+// i < len(out), with g = gateUp[2i] and u = gateUp[2i+1] (the rows of
+// gate_up_proj alternate gate and up),
+//
+//	g' = min(g, limit), u' = max(min(u, limit), -limit)
+//	out[i] = float32(u'+1) * float32(g' / float32(1 + Exp(-float32(alpha*g'))))
+//
+// (a NaN stays NaN through the clamps, as torch's clamp keeps it). out may
+// alias the start of gateUp: element i is written after pair i is read,
+// in ascending order. It panics unless len(gateUp) == 2*len(out).
+func ClampedSwiGLU(out, gateUp []float32, limit, alpha float32) {
+	if len(gateUp) != 2*len(out) {
+		panic("kernels.ClampedSwiGLU: length mismatch")
+	}
+	for i := range out {
+		g, u := min(gateUp[2*i], limit), max(min(gateUp[2*i+1], limit), -limit)
+		glu := g / (1 + Exp(-(alpha * g)))
+		out[i] = (u + 1) * glu
+	}
+}

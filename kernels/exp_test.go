@@ -135,3 +135,53 @@ func TestSwiGLUIsSiLUTimesUp(t *testing.T) {
 		}
 	}
 }
+
+// TestClampedSwiGLUFollowsGptOss checks gpt-oss's activation against its
+// HF formula in float64 (gate clamped above, up on both sides,
+// glu = gate * sigmoid(alpha*gate), (up + 1) * glu), with inputs well past
+// the limit so that both clamps act, and in place over its input.
+func TestClampedSwiGLUFollowsGptOss(t *testing.T) {
+	rng := rand.New(rand.NewPCG(37, 38))
+	const limit, alpha = 7, 1.702
+	for _, n := range []int{0, 1, 17, 1000} {
+		gu := make([]float32, 2*n)
+		for i := range gu {
+			gu[i] = float32(rng.Float64()*30 - 15)
+		}
+		out := make([]float32, n)
+		ClampedSwiGLU(out, gu, limit, alpha)
+		clamped := 0
+		for i := range out {
+			g, u := float64(gu[2*i]), float64(gu[2*i+1])
+			if g > limit || math.Abs(u) > limit {
+				clamped++
+			}
+			g, u = math.Min(g, limit), math.Max(math.Min(u, limit), -limit)
+			// alpha as float32 (torch multiplies a float32 tensor by the
+			// Python float so); rounding alpha*g to float32 costs up to
+			// |alpha*g| * 2^-24 of relative error in the exponential
+			a := float64(float32(alpha)) * g
+			ref := (u + 1) * g / (1 + math.Exp(-a))
+			if math.Abs(float64(out[i])-ref) > math.Ldexp(math.Abs(ref), -20)*(1+math.Abs(a))+1e-36 {
+				t.Fatalf("n=%d i=%d: ClampedSwiGLU(%v, %v) = %v, float64 %v", n, i, gu[2*i], gu[2*i+1], out[i], ref)
+			}
+		}
+		if n >= 17 && clamped == 0 {
+			t.Fatalf("n=%d: no input reached the clamps", n)
+		}
+		inPlace := append([]float32(nil), gu...)
+		ClampedSwiGLU(inPlace[:n], inPlace, limit, alpha)
+		for i := range out {
+			if !sameBits(inPlace[i], out[i]) {
+				t.Fatalf("n=%d: in place differs at %d: %v, want %v", n, i, inPlace[i], out[i])
+			}
+		}
+	}
+	nan := float32(math.NaN())
+	for _, gu := range [][]float32{{nan, 1}, {1, nan}} {
+		out := make([]float32, 1)
+		if ClampedSwiGLU(out, gu, limit, alpha); !isNaN32(out[0]) {
+			t.Errorf("ClampedSwiGLU(%v) = %v, want NaN (the clamps keep it)", gu, out[0])
+		}
+	}
+}

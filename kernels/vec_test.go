@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -47,5 +48,36 @@ func testAxpyRoundsProductBeforeAdding(t *testing.T) {
 	Axpy(dst, a, []float32{a})
 	if dst[0] != 0 {
 		t.Fatalf("Axpy = %g, want exactly 0 (fused?)", dst[0])
+	}
+}
+
+// TestAddBiasAddsTheWidenedRowToEveryRow checks every float dtype against
+// the exact widening, row by row.
+func TestAddBiasAddsTheWidenedRowToEveryRow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	const n, c = 3, 37
+	for _, dt := range []DType{F32, F16, BF16} {
+		want := randVec(rng, c)
+		b := Matrix{DType: dt, Rows: 1, Cols: c, Data: make([]byte, c*dt.Size())}
+		for j, v := range want {
+			switch dt {
+			case F32:
+				binary.LittleEndian.PutUint32(b.Data[4*j:], math.Float32bits(v))
+			case F16:
+				binary.LittleEndian.PutUint16(b.Data[2*j:], F32ToF16(v))
+				want[j] = F16ToF32(F32ToF16(v))
+			case BF16:
+				binary.LittleEndian.PutUint16(b.Data[2*j:], F32ToBF16(v))
+				want[j] = BF16ToF32(F32ToBF16(v))
+			}
+		}
+		dst := randVec(rng, n*c)
+		orig := append([]float32(nil), dst...)
+		AddBias(dst, n, b)
+		for i := range dst {
+			if w := orig[i] + want[i%c]; !sameBits(dst[i], w) {
+				t.Fatalf("%v: element %d = %v, want %v", dt, i, dst[i], w)
+			}
+		}
 	}
 }

@@ -26,6 +26,11 @@ type architecture struct {
 	// expertNames names the gate, up and down matrices of expert e of
 	// layer l (w1, w3, w2 in Mixtral's naming).
 	expertNames func(l, e int) (gate, up, down string)
+	// A family whose checkpoint stacks each layer's experts in a few
+	// tensors (gpt-oss) names them with stackedExperts (their first
+	// dimension is the expert) and binds them with experts instead.
+	stackedExperts func(l int) []string
+	experts        func(b *binder, c Config, l int) []Expert
 }
 
 var architectures = map[string]*architecture{}

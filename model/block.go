@@ -74,9 +74,8 @@ type Attention struct {
 	MLA *MLAWeights
 	// Sinks, when set (gpt-oss), are each head's learned attention sink
 	// (kernels.AttendSink); Window, when positive, is this layer's
-	// sliding window: the config's sliding_window, set at bind, unless the
-	// family gives layers their own (gpt-oss alternates windowed and full
-	// layers).
+	// sliding window (Config.WindowOf, set at bind: the config's
+	// sliding_window, or gpt-oss's alternating windowed and full layers).
 	Sinks  []float32 // [heads]
 	Window int
 }

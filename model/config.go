@@ -29,8 +29,15 @@ type Config struct {
 	RopeTheta        float64 // rope_theta
 	// RopeScaling is rope_scaling ("linear" or "yarn"); nil for none.
 	RopeScaling   *RopeScaling
-	TieEmbeddings bool   // tie_word_embeddings
-	SlidingWindow int    // sliding_window, 0 = none
+	TieEmbeddings bool // tie_word_embeddings
+	SlidingWindow int  // sliding_window, 0 = none
+	// LayerWindows, when set (gpt-oss's layer_types), is each layer's
+	// window instead (0: full attention).
+	LayerWindows []int
+	// SwiGLULimit is gpt-oss's swiglu_limit, its experts' clamp;
+	// AttentionBias its attention_bias (biases on q, k, v and o).
+	SwiGLULimit   float64
+	AttentionBias bool
 	BOS           int    // bos_token_id, -1 = none
 	EOS           []int  // eos_token_id (int or list)
 	TorchDType    string // torch_dtype, informational
@@ -78,6 +85,15 @@ func (c Config) KVWidth() int {
 		return c.MLA.KVLoRARank + c.MLA.RopeDim
 	}
 	return c.NumKVHeads * c.HeadDim
+}
+
+// WindowOf is layer l's attention window: how many positions, its own
+// included, each query reads; 0 for all of them.
+func (c Config) WindowOf(l int) int {
+	if c.LayerWindows != nil {
+		return c.LayerWindows[l]
+	}
+	return c.SlidingWindow
 }
 
 // Sparse reports whether layer l has a sparse (MoE) block.
@@ -148,6 +164,9 @@ type rawConfig struct {
 	TopKMethod     *string         `json:"topk_method"`
 	RopeInterleave *bool           `json:"rope_interleave"`
 	AttentionBias  *bool           `json:"attention_bias"`
+	// gpt-oss's
+	LayerTypes  []string `json:"layer_types"`
+	SwiGLULimit *float64 `json:"swiglu_limit"`
 }
 
 // LoadConfig reads dir/config.json.

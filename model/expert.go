@@ -22,27 +22,40 @@ type ExpertRunner interface {
 
 // ExpertScratch is reusable working memory for Expert.Forward.
 type ExpertScratch struct {
-	gate, up []float32
-	gateUp   [2]kernels.Product
+	buf    []float32
+	gateUp [2]kernels.Product
 }
 
-// NewExpertScratch wraps caller-owned buffers (a worker takes them from
-// its device budget); Forward uses them while they are large enough.
-func NewExpertScratch(gate, up []float32) *ExpertScratch {
-	return &ExpertScratch{gate: gate, up: up}
-}
+// NewExpertScratch wraps a caller-owned buffer (a worker takes it from
+// its device budget); Forward uses it while it holds ScratchFloats.
+func NewExpertScratch(buf []float32) *ExpertScratch { return &ExpertScratch{buf: buf} }
 
-// Forward computes Down(SiLU(Gate x) * Up x) for n input vectors x
-// (n*hidden floats) into out (n*hidden floats). Every node that runs an
-// expert runs exactly this, so results are bit-identical wherever it runs.
+// ScratchFloats is the working memory Forward needs for n tokens: both
+// halves of the gate and up products.
+func (e Expert) ScratchFloats(n int) int { return 2 * n * e.Intermediate() }
+
+// Forward computes the expert for n input vectors x (n*hidden floats)
+// into out (n*hidden floats): Down(SiLU(Gate x) * Up x), or for a fused
+// expert Down(ClampedSwiGLU(GateUp x + GateUpBias)) + DownBias. Every
+// node that runs an expert runs exactly this, so results are
+// bit-identical wherever it runs.
 func (e Expert) Forward(out, x []float32, n int, s *ExpertScratch) {
-	inter := e.Gate.Rows
-	s.gate = grow(s.gate, n*inter)
-	s.up = grow(s.up, n*inter)
-	s.gateUp = [2]kernels.Product{{Out: s.gate[:n*inter], W: e.Gate}, {Out: s.up[:n*inter], W: e.Up}}
+	inter := e.Intermediate()
+	s.buf = grow(s.buf, e.ScratchFloats(n))
+	if e.Fused() {
+		gu := s.buf[:2*n*inter]
+		kernels.MatMul(gu, e.GateUp, x, n)
+		kernels.AddBias(gu, n, e.GateUpBias)
+		kernels.ClampedSwiGLU(gu[:n*inter], gu, e.Limit, e.Alpha)
+		kernels.MatMul(out, e.Down, gu[:n*inter], n)
+		kernels.AddBias(out, n, e.DownBias)
+		return
+	}
+	gate, up := s.buf[:n*inter], s.buf[n*inter:2*n*inter]
+	s.gateUp = [2]kernels.Product{{Out: gate, W: e.Gate}, {Out: up, W: e.Up}}
 	kernels.MatMulEach(x, n, s.gateUp[:])
-	kernels.SwiGLU(s.gate, s.gate, s.up)
-	kernels.MatMul(out, e.Down, s.gate, n)
+	kernels.SwiGLU(gate, gate, up)
+	kernels.MatMul(out, e.Down, gate, n)
 }
 
 // ResidentExperts runs experts whose weights are all in this process: local

@@ -34,6 +34,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		derived bool
 	}
 	var jobs []job
+	var biasBytes int64 // fused experts' biases, copied as they are
 	add := func(dst *kernels.Matrix, src kernels.Matrix, dt kernels.DType) {
 		jobs = append(jobs, job{dst: dst, src: src, dt: dt})
 	}
@@ -79,6 +80,16 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 			dmoe.Experts = make([]Expert, len(smoe.Experts))
 			for e := range smoe.Experts {
 				ex, sx := &dmoe.Experts[e], smoe.Experts[e]
+				if sx.Fused() {
+					// the transposed GateUp and Down are the model's own
+					// memory; the biases (a row each) are copied as they are
+					*ex = sx
+					ex.GateUpBias, ex.DownBias = cloneMatrix(sx.GateUpBias), cloneMatrix(sx.DownBias)
+					biasBytes += int64(len(ex.GateUpBias.Data) + len(ex.DownBias.Data))
+					jobs = append(jobs, job{dst: &ex.GateUp, src: sx.GateUp, dt: dt, expert: true, derived: true},
+						job{dst: &ex.Down, src: sx.Down, dt: dt, expert: true, derived: true})
+					continue
+				}
 				jobs = append(jobs, job{dst: &ex.Gate, src: sx.Gate, dt: dt, expert: true}, job{dst: &ex.Up, src: sx.Up, dt: dt, expert: true},
 					job{dst: &ex.Down, src: sx.Down, dt: dt, expert: true})
 			}
@@ -126,7 +137,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	}
 	// what the copy holds: the shared embedding and norms as before, the
 	// quantized matrices at their new size
-	q.expertBytes = 0
+	q.expertBytes = biasBytes
 	for _, j := range jobs {
 		if j.expert {
 			q.expertBytes += int64(len(j.dst.Data))
@@ -144,4 +155,10 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	q.Embed.Data = slices.Clone(m.Embed.Data)
 	q.set = nil
 	return &q, nil
+}
+
+// cloneMatrix copies m's bytes, for a copy that must own its memory.
+func cloneMatrix(m kernels.Matrix) kernels.Matrix {
+	m.Data = append([]byte(nil), m.Data...)
+	return m
 }

@@ -23,11 +23,35 @@ type Model struct {
 	nonExpertBytes, expertBytes int64
 }
 
-// Expert is one SwiGLU feed-forward network: Down(silu(Gate x) * Up x).
+// Expert is one feed-forward network: a SwiGLU, Down(silu(Gate x) *
+// Up x), or, with GateUp set (Fused), gpt-oss's: Down(ClampedSwiGLU(GateUp
+// x + GateUpBias)) + DownBias.
 type Expert struct {
 	Gate kernels.Matrix // [intermediate, hidden] (Mixtral w1)
 	Up   kernels.Matrix // [intermediate, hidden] (Mixtral w3)
 	Down kernels.Matrix // [hidden, intermediate] (Mixtral w2)
+	// GateUp replaces Gate and Up in gpt-oss's experts: [2*intermediate,
+	// hidden], row 2j gate row j and row 2j+1 up row j (gate_up_proj as
+	// its checkpoint interleaves them, one row per output). GateUpBias
+	// ([1, 2*intermediate], interleaved alike) and DownBias ([1, hidden])
+	// are added to the products; Limit and Alpha are the activation's
+	// (kernels.ClampedSwiGLU).
+	GateUp, GateUpBias, DownBias kernels.Matrix
+	Limit, Alpha                 float32
+}
+
+// Fused reports whether e is gpt-oss's kind of expert (GateUp set).
+func (e Expert) Fused() bool { return e.GateUp.Rows > 0 }
+
+// Hidden is the width e reads and writes.
+func (e Expert) Hidden() int { return e.Down.Rows }
+
+// Intermediate is e's inner width: Gate's rows, half of GateUp's.
+func (e Expert) Intermediate() int {
+	if e.Fused() {
+		return e.GateUp.Rows / 2
+	}
+	return e.Gate.Rows
 }
 
 // LoadOptions says which weights to bind.
@@ -107,9 +131,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	m.Layers = make([]Layer, c.NumLayers)
 	for l := range m.Layers {
 		m.Layers[l] = arch.layer(b, c, l)
-		if w := &m.Layers[l].Attention.Window; *w == 0 {
-			*w = c.SlidingWindow // a family with windows of its own sets each layer's
-		}
+		m.Layers[l].Attention.Window = c.WindowOf(l)
 	}
 	if opt.SkipExperts || b.err != nil {
 		return b.err
@@ -117,6 +139,10 @@ func (m *Model) bind(opt LoadOptions) error {
 	eb := &binder{set: m.set, bytes: &m.expertBytes}
 	for _, l := range c.ExpertLayers() {
 		moe := m.Layers[l].MoE
+		if arch.experts != nil {
+			moe.Experts = arch.experts(eb, c, l)
+			continue
+		}
 		moe.Experts = make([]Expert, c.NumExperts)
 		for e := range moe.Experts {
 			gate, up, down := arch.expertNames(l, e)
@@ -150,10 +176,17 @@ func (m *Model) DecodeBytesPerToken() int64 {
 	return b
 }
 
-// ExpertTensorNames returns the checkpoint names of one expert's gate, up
-// and down matrices, for readers of the raw checkpoint (the store).
-func (m *Model) ExpertTensorNames(layer, expert int) (gate, up, down string) {
-	return m.arch.expertNames(layer, expert)
+// ExpertTensors names the checkpoint tensors that hold one expert's
+// weights, for readers of the raw checkpoint (the store): its gate, up
+// and down matrices, or, stacked, the tensors that hold all of the
+// layer's experts along their first dimension (gpt-oss: the expert's
+// part of each is the e-th of NumExperts equal slices of its bytes).
+func (m *Model) ExpertTensors(layer, expert int) (names []string, stacked bool) {
+	if f := m.arch.stackedExperts; f != nil {
+		return f(layer), true
+	}
+	gate, up, down := m.arch.expertNames(layer, expert)
+	return []string{gate, up, down}, false
 }
 
 // Close releases the memory-mapped checkpoint; the Model's matrices must

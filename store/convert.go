@@ -63,6 +63,9 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 	for _, l := range b.layers {
 		for e := range b.experts {
 			ex := m.Layers[l].MoE.Experts[e]
+			if ex.Fused() {
+				return fmt.Errorf("store: %s: %s's fused experts (gate_up_proj with biases) are not stored yet", modelDir, m.Config.Architecture)
+			}
 			b.tensors = append(b.tensors,
 				source{l, e, W1, ex.Gate}, source{l, e, W2, ex.Down}, source{l, e, W3, ex.Up})
 		}

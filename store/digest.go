@@ -18,7 +18,9 @@ import (
 )
 
 // ExpertDigest is the SHA-256 of one expert's weights as the checkpoint
-// holds them: its gate, up and down tensors' bytes, in that order.
+// holds them: its gate, up and down tensors' bytes, in that order (or
+// its parts of the tensors that stack a layer's experts, in the family's
+// order: model.Model.ExpertTensors).
 type ExpertDigest [32]byte
 
 // digestsFile is where a store keeps its experts' digests (one line per
@@ -68,14 +70,14 @@ func hashExperts(m *model.Model, set *safetensors.Set) ([]ExpertDigest, error) {
 		wg.Go(func() {
 			for j := range jobs {
 				h := sha256.New()
-				gate, up, down := m.ExpertTensorNames(j.layer, j.expert)
-				for _, name := range []string{gate, up, down} {
+				names, stacked := m.ExpertTensors(j.layer, j.expert)
+				for _, name := range names {
 					t, err := set.Tensor(name)
 					if err != nil {
 						errs[j.i] = fmt.Errorf("store: digest of layer %d expert %d: %w", j.layer, j.expert, err)
 						break
 					}
-					h.Write(t.Data)
+					h.Write(expertPart(t.Data, stacked, j.expert, m.Config.NumExperts))
 				}
 				h.Sum(out[j.i][:0])
 			}
@@ -91,6 +93,15 @@ func hashExperts(m *model.Model, set *safetensors.Set) ([]ExpertDigest, error) {
 	close(jobs)
 	wg.Wait()
 	return out, errors.Join(errs...)
+}
+
+// expertPart is expert e's bytes of a tensor's data: all of them, or,
+// where the tensor stacks a layer's n experts, the e-th of n slices.
+func expertPart(data []byte, stacked bool, e, n int) []byte {
+	if !stacked {
+		return data
+	}
+	return data[len(data)/n*e : len(data)/n*(e+1)]
 }
 
 // expertsDigest folds the experts' digests into the one the identity

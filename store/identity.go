@@ -79,8 +79,8 @@ func identityWith(dir string, m *model.Model, info func(string) (safetensors.Inf
 	var lines []string
 	for _, l := range m.Config.ExpertLayers() {
 		for e := range m.Config.NumExperts {
-			gate, up, down := m.ExpertTensorNames(l, e)
-			for _, name := range []string{gate, up, down} {
+			names, _ := m.ExpertTensors(l, e)
+			for _, name := range names {
 				in, ok := info(name)
 				if !ok {
 					return Identity{}, fmt.Errorf("store: %s: expert tensor %q: %w", dir, name, safetensors.ErrNotFound)

@@ -92,14 +92,13 @@ func (d *CPU) Upload(ctx context.Context, _ Block, ex model.Expert, n int64) (mo
 
 // Run implements Device.
 func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
-	inter := ex.Gate.Rows
-	b, err := d.arena.Alloc(d.ComputeBytes(n, ex.Gate.Cols, inter))
+	b, err := d.arena.Alloc(d.ComputeBytes(n, ex.Hidden(), ex.Intermediate()))
 	if err != nil {
 		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
 	}
 	defer d.arena.Free(b)
-	f := unsafe.Slice((*float32)(unsafe.Pointer(&b.Bytes[0])), 2*n*inter)
-	ex.Forward(out, x, n, model.NewExpertScratch(f[:n*inter], f[n*inter:]))
+	f := unsafe.Slice((*float32)(unsafe.Pointer(&b.Bytes[0])), ex.ScratchFloats(n))
+	ex.Forward(out, x, n, model.NewExpertScratch(f))
 	return nil
 }
 

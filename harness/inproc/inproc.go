@@ -85,18 +85,22 @@ func OtherExperts(ctx context.Context, dir string, f Files, layer, expert int) (
 	if err != nil {
 		return o, err
 	}
-	gate, _, _ := m.ExpertTensorNames(layer, expert)
+	names, stacked := m.ExpertTensors(layer, expert)
+	part, parts := 0, 1 // the expert's slice of the tensor
+	if stacked {
+		part, parts = expert, m.Config.NumExperts
+	}
 	m.Close()
-	if err := flipFirstByte(o.Model, gate); err != nil {
+	if err := flipFirstByte(o.Model, names[0], part, parts); err != nil {
 		return o, err
 	}
 	return o, store.Convert(ctx, o.Model, o.Store, store.ConvertOptions{})
 }
 
-// flipFirstByte inverts the first byte of tensor name's data in the
-// checkpoint in dir (8 bytes of header length, the JSON header, then the
-// data section the tensors' offsets count from).
-func flipFirstByte(dir, name string) error {
+// flipFirstByte inverts the first byte of slice part of parts of tensor
+// name's data in the checkpoint in dir (8 bytes of header length, the
+// JSON header, then the data section the tensors' offsets count from).
+func flipFirstByte(dir, name string, part, parts int) error {
 	set, err := safetensors.Open(dir)
 	if err != nil {
 		return err
@@ -114,7 +118,7 @@ func flipFirstByte(dir, name string) error {
 	if err != nil {
 		return err
 	}
-	at := 8 + int64(binary.LittleEndian.Uint64(b[:8])) + info.Begin
+	at := 8 + int64(binary.LittleEndian.Uint64(b[:8])) + info.Begin + (info.End-info.Begin)/int64(parts)*int64(part)
 	b[at] ^= 0xff
 	return os.WriteFile(paths[0], b, 0o644)
 }

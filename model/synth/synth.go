@@ -43,7 +43,8 @@ type Preset struct {
 	Name string
 	// Family is the Hugging Face architecture: "" or "mixtral"
 	// (MixtralForCausalLM), "qwen3-moe" (Qwen3MoeForCausalLM), "olmoe"
-	// (OlmoeForCausalLM), "qwen2-moe" (Qwen2MoeForCausalLM).
+	// (OlmoeForCausalLM), "qwen2-moe" (Qwen2MoeForCausalLM), "deepseek-v3"
+	// (DeepseekV3ForCausalLM), "gpt-oss" (GptOssForCausalLM).
 	Family             string
 	ClipQKV            float64 // OLMoE's clip_qkv; 0: none
 	SharedIntermediate int     // Qwen2-MoE's shared expert
@@ -59,7 +60,11 @@ type Preset struct {
 	RouterGroups, RouterGroupsKept        int
 	RoutedScale                           float64
 	// YaRN, if set, is config.json's rope_scaling.
-	YaRN             map[string]any
+	YaRN map[string]any
+	// gpt-oss's sliding_window (its even layers have it, its odd ones
+	// attend to everything) and swiglu_limit.
+	SlidingWindow    int
+	SwiGLULimit      float64
 	Hidden           int
 	Intermediate     int  // an expert's
 	HeadDim          int  // 0: Hidden / Heads
@@ -132,6 +137,18 @@ var Presets = map[string]Preset{
 		QLoRA: 48, KVLoRA: 32, NopeDim: 32, RopeDim: 16, VDim: 32, RouterGroups: 8, RouterGroupsKept: 3, RoutedScale: 2.5,
 		YaRN:           map[string]any{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 128, "type": "yarn"},
 		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
+	// gpt-oss-tiny: gpt-oss's layer structure (attention sinks, biases on
+	// q, k, v and o, a sliding window of 8 on even layers and full
+	// attention on odd ones, YaRN as its config.json has it, the router's
+	// bias and top-k softmax, experts stacked per layer with fused,
+	// interleaved gate/up and biases, the clamped SwiGLU at its published
+	// limit of 7, which the gate/up products, drawn wide, cross) at a few
+	// MB, laid out as gpt-oss-20b's BF16 checkpoint (transformers' tensor
+	// names and shapes, config.json's fields).
+	"gpt-oss-tiny": {Name: "gpt-oss-tiny", Family: "gpt-oss", Hidden: 128, Intermediate: 64, HeadDim: 32, SlidingWindow: 8, SwiGLULimit: 7,
+		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4,
+		YaRN:           map[string]any{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 128, "rope_type": "yarn", "truncate": false},
+		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 150000},
 }
 
 // denseIntermediate is the width of a dense layer's MLP (Qwen's
@@ -314,7 +331,7 @@ func writeTokenizer(dir string, p Preset, adopt string) (*tokenizer.Tokenizer, e
 // Qwen1.5's for Qwen2-MoE, OLMoE-Instruct's Tulu template.
 var chatTemplates = map[string]string{"": "mixtral-instruct", "mixtral": "mixtral-instruct",
 	"qwen3-moe": "qwen3", "qwen2-moe": "qwen1.5", "olmoe": "tulu",
-	"deepseek-v3": "mixtral-instruct"} // DeepSeek-V3's own template is not built in yet
+	"deepseek-v3": "mixtral-instruct", "gpt-oss": "mixtral-instruct"} // DeepSeek-V3's and gpt-oss's own templates are not built in yet
 
 // addChatTemplate adds the family's chat_template to the
 // tokenizer_config.json the tokenizer wrote (which owns no templates).
@@ -442,6 +459,30 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 			"topk_method":              "noaux_tc",
 			"v_head_dim":               p.VDim,
 		}
+	case "gpt-oss":
+		types := make([]string, p.Layers)
+		for l := range types {
+			types[l] = map[bool]string{true: "sliding_attention", false: "full_attention"}[l%2 == 0]
+		}
+		own = map[string]any{
+			"architectures":          []string{"GptOssForCausalLM"},
+			"model_type":             "gpt_oss",
+			"attention_bias":         true,
+			"experts_per_token":      p.TopK,
+			"head_dim":               p.headDim(),
+			"initial_context_length": p.YaRN["original_max_position_embeddings"],
+			"intermediate_size":      p.Intermediate,
+			"layer_types":            types,
+			"num_local_experts":      p.Experts,
+			"output_router_logits":   false,
+			"pad_token_id":           firstOr(tok.EOS(), 2),
+			"rms_norm_eps":           1e-5,
+			"rope_scaling":           p.YaRN,
+			"router_aux_loss_coef":   0.9,
+			"sliding_window":         p.SlidingWindow,
+			"swiglu_limit":           p.SwiGLULimit,
+			"transformers_version":   "4.55.0.dev0",
+		}
 	default:
 		own = map[string]any{
 			"architectures":        []string{"MixtralForCausalLM"},
@@ -520,6 +561,9 @@ func tensors(p Preset) []tensor {
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
 	if p.Family == "deepseek-v3" {
 		return append(append(ts, deepseekV3Layers(p)...), finalNormAndHead(p)...)
+	}
+	if p.Family == "gpt-oss" {
+		return append(append(ts, gptOssLayers(p)...), finalNormAndHead(p)...)
 	}
 	for l := range p.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
@@ -606,6 +650,39 @@ func deepseekV3Layers(p Preset) []tensor {
 			ts = append(ts, swiglu(fmt.Sprintf("%smlp.experts.%d.", pre, e), p.Intermediate, h)...)
 		}
 		ts = append(ts, swiglu(pre+"mlp.shared_experts.", p.SharedIntermediate, h)...)
+	}
+	return ts
+}
+
+// gptOssLayers are gpt-oss's layers, as transformers names them: its
+// experts stacked per layer, gate_up_proj [experts, hidden,
+// 2*intermediate] (gate and up columns interleaved) and down_proj
+// [experts, intermediate, hidden], each with a bias row per expert. The
+// gate/up products are drawn with a spread of 3 on a unit-RMS input, so
+// that some cross the clamp of 7 as real ones do; the sinks are of the
+// order of the attention scores.
+func gptOssLayers(p Preset) []tensor {
+	h, hd, E, in := p.Hidden, p.headDim(), p.Experts, p.Intermediate
+	routerStd := routerLogitStd / math.Sqrt(float64(h))
+	vec := func(name string, std float64, shape ...int) tensor {
+		return tensor{spec: safetensors.Spec{Name: name, DType: "BF16", Shape: shape}, std: std}
+	}
+	var ts []tensor
+	for l := range p.Layers {
+		pre := fmt.Sprintf("model.layers.%d.", l)
+		at, ex := pre+"self_attn.", pre+"mlp.experts."
+		ts = append(ts,
+			normOf(pre+"input_layernorm.weight", h),
+			mat(at+"q_proj.weight", p.Heads*hd, h, weightStd), vec(at+"q_proj.bias", weightStd, p.Heads*hd),
+			mat(at+"k_proj.weight", p.KVHeads*hd, h, weightStd), vec(at+"k_proj.bias", weightStd, p.KVHeads*hd),
+			mat(at+"v_proj.weight", p.KVHeads*hd, h, weightStd), vec(at+"v_proj.bias", weightStd, p.KVHeads*hd),
+			mat(at+"o_proj.weight", h, p.Heads*hd, weightStd), vec(at+"o_proj.bias", weightStd, h),
+			vec(at+"sinks", 1, p.Heads),
+			normOf(pre+"post_attention_layernorm.weight", h),
+			mat(pre+"mlp.router.weight", E, h, routerStd), vec(pre+"mlp.router.bias", routerLogitStd, E),
+			vec(ex+"gate_up_proj", 3/math.Sqrt(float64(h)), E, h, 2*in), vec(ex+"gate_up_proj_bias", 0.5, E, 2*in),
+			vec(ex+"down_proj", weightStd, E, in, h), vec(ex+"down_proj_bias", weightStd, E, h),
+		)
 	}
 	return ts
 }
