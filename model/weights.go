@@ -46,6 +46,37 @@ func (e Expert) Fused() bool { return e.GateUp.Rows > 0 }
 // Hidden is the width e reads and writes.
 func (e Expert) Hidden() int { return e.Down.Rows }
 
+// Check reports whether e's matrices fit together as Forward computes
+// them, on vectors of hidden floats: a node checks an expert it read
+// before it runs it.
+func (e Expert) Check(hidden int) error {
+	h, in := e.Hidden(), e.Intermediate()
+	var ok bool
+	if e.Fused() {
+		ok = e.GateUp.Rows == 2*in && e.GateUp.Cols == h && e.Down.Cols == in &&
+			e.GateUpBias.Rows == 1 && e.GateUpBias.Cols == 2*in && e.DownBias.Rows == 1 && e.DownBias.Cols == h &&
+			e.GateUpBias.DType.Size() > 0 && e.DownBias.DType.Size() > 0 && e.Limit > 0 && e.Alpha > 0
+	} else {
+		ok = e.Gate.Cols == h && e.Up.Rows == in && e.Up.Cols == h && e.Down.Cols == in
+	}
+	switch {
+	case !ok || in <= 0:
+		return fmt.Errorf("an expert's matrices do not fit together: %s", e.shapes())
+	case h != hidden:
+		return fmt.Errorf("an expert of hidden size %d, the model's is %d", h, hidden)
+	}
+	return nil
+}
+
+// shapes lists e's matrices' shapes, for errors.
+func (e Expert) shapes() string {
+	if e.Fused() {
+		return fmt.Sprintf("gate_up %dx%d, down %dx%d, biases %dx%d and %dx%d, limit %v, alpha %v", e.GateUp.Rows, e.GateUp.Cols,
+			e.Down.Rows, e.Down.Cols, e.GateUpBias.Rows, e.GateUpBias.Cols, e.DownBias.Rows, e.DownBias.Cols, e.Limit, e.Alpha)
+	}
+	return fmt.Sprintf("gate %dx%d, up %dx%d, down %dx%d", e.Gate.Rows, e.Gate.Cols, e.Up.Rows, e.Up.Cols, e.Down.Rows, e.Down.Cols)
+}
+
 // Intermediate is e's inner width: Gate's rows, half of GateUp's.
 func (e Expert) Intermediate() int {
 	if e.Fused() {

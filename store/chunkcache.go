@@ -73,7 +73,7 @@ func (c *ChunkCache) get(ref ChunkRef, dst []byte) bool {
 // its caller keeps it another way (a decompressed copy): the compressed
 // tier's memory goes to experts only it holds.
 func (c *ChunkCache) DropExpert(st *Store, layer, expert int) {
-	for _, k := range kinds {
+	for _, k := range st.ix.form.kinds() {
 		t, err := st.ix.find(layer, expert, k)
 		if err != nil {
 			return

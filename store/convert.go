@@ -59,12 +59,15 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 	if err != nil {
 		return err
 	}
-	b := build{identity: id, layers: m.Config.ExpertLayers(), experts: m.Config.NumExperts}
+	b := build{identity: id, layers: m.Config.ExpertLayers(), experts: m.Config.NumExperts, form: FormSwiGLU}
 	for _, l := range b.layers {
 		for e := range b.experts {
 			ex := m.Layers[l].MoE.Experts[e]
 			if ex.Fused() {
-				return fmt.Errorf("store: %s: %s's fused experts (gate_up_proj with biases) are not stored yet", modelDir, m.Config.Architecture)
+				b.form, b.limit, b.alpha = FormClampedSwiGLU, ex.Limit, ex.Alpha
+				b.tensors = append(b.tensors, source{l, e, W13, ex.GateUp}, source{l, e, W2, ex.Down},
+					source{l, e, B13, ex.GateUpBias}, source{l, e, B2, ex.DownBias})
+				continue
 			}
 			b.tensors = append(b.tensors,
 				source{l, e, W1, ex.Gate}, source{l, e, W2, ex.Down}, source{l, e, W3, ex.Up})
@@ -80,10 +83,12 @@ func Convert(ctx context.Context, modelDir, outDir string, opt ConvertOptions) e
 
 // build is what a store is written from: tensors in index order.
 type build struct {
-	identity Identity
-	layers   []int // the model layers that have experts, ascending
-	experts  int
-	tensors  []source
+	identity     Identity
+	layers       []int // the model layers that have experts, ascending
+	experts      int
+	form         Form // 0: FormSwiGLU
+	limit, alpha float32
+	tensors      []source
 }
 
 type source struct {
@@ -106,8 +111,11 @@ func writeStore(ctx context.Context, outDir string, b build, opt ConvertOptions)
 	if k > maxShards {
 		return fmt.Errorf("store: %d shards per tensor, at most %d", k, maxShards)
 	}
+	if b.form == 0 {
+		b.form = FormSwiGLU
+	}
 	ix := &index{identity: b.identity, experts: b.experts, shards: k, blockElems: blockElems,
-		tensors: make([]tensorEntry, len(b.tensors))}
+		form: b.form, limit: b.limit, alpha: b.alpha, tensors: make([]tensorEntry, len(b.tensors))}
 	ix.setLayers(b.layers)
 	var total int64
 	for i, s := range b.tensors {
@@ -115,7 +123,7 @@ func writeStore(ctx context.Context, outDir string, b build, opt ConvertOptions)
 			return err
 		}
 		ix.tensors[i] = tensorEntry{layer: s.layer, expert: s.expert, kind: s.kind, dtype: s.m.DType, rows: s.m.Rows, cols: s.m.Cols,
-			shards: make([]shardEntry, shardCount(s.m.Rows*s.m.Cols, k))}
+			shards: make([]shardEntry, shardCount(s.kind, s.m.Rows*s.m.Cols, k))}
 		total += int64(len(s.m.Data))
 	}
 
@@ -150,8 +158,9 @@ func writeStore(ctx context.Context, outDir string, b build, opt ConvertOptions)
 }
 
 func checkSource(s source, i int, b build) error {
-	want := kinds[i%3]
-	if slot := i / 3 / b.experts; slot >= len(b.layers) || s.layer != b.layers[slot] || s.expert != i/3%b.experts || s.kind != want {
+	ks := b.form.kinds()
+	want, per := ks[i%len(ks)], len(ks)
+	if slot := i / per / b.experts; slot >= len(b.layers) || s.layer != b.layers[slot] || s.expert != i/per%b.experts || s.kind != want {
 		return fmt.Errorf("store: tensor %d is layer %d expert %d %v, out of order", i, s.layer, s.expert, s.kind)
 	}
 	if err := s.m.Validate(); err != nil {
@@ -262,7 +271,7 @@ func writeChunks(ctx context.Context, path string, b build, ix *index, p int, to
 		}
 	}()
 	w := bufio.NewWriterSize(f, 1<<20)
-	w.Write(chunkHeader(ix.identity, Version))
+	w.Write(chunkHeader(ix.identity, ix.writeVersion()))
 	off := int64(chunkHeaderLen)
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/safetensors"
 	"github.com/odmoe/odmoe/model/synth"
 )
 
@@ -176,4 +178,112 @@ func TestConvertWritesAtomicallyAndRefusesToOverwrite(t *testing.T) {
 	if err := Convert(ctx, modelDir, notStore, ConvertOptions{Force: true}); !errors.Is(err, ErrExist) || !strings.Contains(err.Error(), "holds no store") {
 		t.Fatalf("Force over a directory that is not a store: %v", err)
 	}
+}
+
+// TestAGptOssStoreHoldsItsFusedExpertsAsTheyAre: gpt-oss-tiny's experts
+// (the transposed, interleaved gate_up, down and both biases) convert into
+// a version 3 store of the clamped-SwiGLU form that reads back byte for
+// byte with the checkpoint's limit and alpha, verifies, and gives each
+// bias one shard; the expert digests cover each expert's part of the
+// stacked tensors (another seed's experts are another model); and an
+// index whose form or activation is damaged is refused as corrupt.
+func TestAGptOssStoreHoldsItsFusedExpertsAsTheyAre(t *testing.T) {
+	dirs := []string{filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")}
+	for i, d := range dirs {
+		if err := synth.Generate(d, synth.Options{Preset: "gpt-oss-tiny", Seed: uint64(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(t.TempDir(), "store")
+	if err := Convert(context.Background(), dirs[0], out, ConvertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dirs[0], model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	id, err := ModelIdentity(dirs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(out, Options{Identity: id, VerifyDecoded: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Form() != FormClampedSwiGLU || st.ix.version != 3 {
+		t.Fatalf("store form %v version %d, want clamped-swiglu in version 3", st.Form(), st.ix.version)
+	}
+	if h, in, err := st.ExpertShape(1, 3); err != nil || h != m.Config.HiddenSize || in != m.Config.IntermediateSize {
+		t.Fatalf("ExpertShape: %d, %d, %v", h, in, err)
+	}
+	for _, l := range st.Layers() {
+		for e := range st.Experts() {
+			n, _ := st.ExpertBytes(l, e)
+			got, err := st.ReadExpert(context.Background(), l, e, make([]byte, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := m.Layers[l].MoE.Experts[e]
+			if got.Limit != want.Limit || got.Alpha != want.Alpha || !got.Fused() || got.Check(m.Config.HiddenSize) != nil {
+				t.Fatalf("layer %d expert %d: limit %v alpha %v fused %v, want %v %v", l, e, got.Limit, got.Alpha, got.Fused(), want.Limit, want.Alpha)
+			}
+			for i, pair := range [][2]kernels.Matrix{{got.GateUp, want.GateUp}, {got.Down, want.Down}, {got.GateUpBias, want.GateUpBias}, {got.DownBias, want.DownBias}} {
+				g, w := pair[0], pair[1]
+				if g.Rows != w.Rows || g.Cols != w.Cols || g.DType != w.DType || !bytes.Equal(g.Data, w.Data) {
+					t.Fatalf("layer %d expert %d tensor %d differs from the checkpoint's", l, e, i)
+				}
+			}
+		}
+	}
+	if err := st.Verify(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []Kind{B13, B2} {
+		if tr, _ := st.ix.find(0, 0, k); len(tr.shards) != 1 {
+			t.Errorf("%v has %d shards, want 1", k, len(tr.shards))
+		}
+	}
+	r := st.Report()
+	if r.Total.OriginalBytes != m.ExpertBytes() || len(r.Kinds) != 4 || r.Kinds[0].Name != "w13" || r.Total.Ratio() > 0.7 {
+		t.Errorf("report: original %d of %d, kinds %+v, ratio %.4f", r.Total.OriginalBytes, m.ExpertBytes(), r.Kinds, r.Total.Ratio())
+	}
+	if otherID, err := ModelIdentity(dirs[1]); err != nil || otherID == id {
+		t.Fatalf("another seed's identity: %v, same %v", err, otherID == id)
+	}
+	d, err := checkpointDigests(dirs[0], m, mustSet(t, dirs[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d[0] == d[1] {
+		t.Error("two experts of a layer have the same digest: the stacked tensors are hashed whole")
+	}
+
+	raw, err := os.ReadFile(filepath.Join(out, IndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		at   int
+		b    byte
+		says string
+	}{{indexHeaderLen, 9, "unknown expert form"}, {indexHeaderLen + 1, 1, "unknown expert form"}, {indexHeaderLen + 7, 0x80, "limit"}} {
+		b := append([]byte(nil), raw...)
+		b[bad.at] = bad.b
+		binary.LittleEndian.PutUint32(b[len(b)-4:], crc(b[:len(b)-4]))
+		if _, err := parseIndex(b); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("byte %d set to %#x: %v, want ErrCorrupt saying %s", bad.at, bad.b, err, bad.says)
+		}
+	}
+}
+
+func mustSet(t *testing.T, dir string) *safetensors.Set {
+	t.Helper()
+	set, err := safetensors.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	return set
 }

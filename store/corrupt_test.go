@@ -265,7 +265,8 @@ func TestOpenRefusesWrongVersionOtherModelAndDamagedIndex(t *testing.T) {
 // FuzzParseIndex: no index bytes make the parser panic, and whatever it
 // accepts is internally consistent enough to find every tensor.
 func FuzzParseIndex(f *testing.F) {
-	for _, ts := range []testStore{smallStore, {layers: 1, experts: 1, dtype: kernels.F32, rows: fixed(3), cols: fixed(5), seed: 2}} {
+	for _, ts := range []testStore{smallStore, {layers: 1, experts: 1, dtype: kernels.F32, rows: fixed(3), cols: fixed(5), seed: 2},
+		{layers: 2, experts: 2, dtype: kernels.BF16, rows: fixed(4), cols: fixed(6), seed: 3, form: FormClampedSwiGLU}} {
 		b := ts.build()
 		dir := filepath.Join(f.TempDir(), fmt.Sprint(ts.seed))
 		if err := writeStore(context.Background(), dir, b, ConvertOptions{Shards: 3}); err != nil {
@@ -285,7 +286,7 @@ func FuzzParseIndex(f *testing.F) {
 		}
 		for l := range ix.layers {
 			for e := range ix.experts {
-				for _, k := range kinds {
+				for _, k := range ix.form.kinds() {
 					if _, err := ix.find(l, e, k); err != nil {
 						t.Fatal(err)
 					}

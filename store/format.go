@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 
 	"github.com/klauspost/compress/huff0"
 
@@ -17,15 +18,18 @@ const (
 	IndexFile = "index.bin"
 	ChunkFile = "chunks.bin"
 
-	// Version is the store format version this build writes. It reads
-	// it and version 1 (whose expert layers are 0..L-1: a version 1
-	// index is a version 2 index of a model with no dense layers).
-	Version = 2
+	// Version is the newest store format version this build writes and
+	// reads: a store of gpt-oss's experts (FormClampedSwiGLU). A store of
+	// SwiGLU experts is written as version 2, which older builds read
+	// too. Version 1 (whose expert layers are 0..L-1: a version 1 index
+	// is a version 2 index of a model with no dense layers) is read.
+	Version = 3
 
 	indexMagic = "ODMOEIDX"
 	chunkMagic = "ODMOECHK"
 
-	indexHeaderLen = 76
+	indexHeaderLen = 76 // versions 1 and 2; version 3 adds formBlockLen
+	formBlockLen   = 12
 	chunkHeaderLen = 48
 	tensorFixedLen = 22
 	histEntryLen   = 9
@@ -49,26 +53,76 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// Kind is one of an expert's three tensors, in Mixtral's names.
+// Kind is one of an expert's tensors: Mixtral's three names, and
+// gpt-oss's fused matrix and biases.
 type Kind uint8
 
-// The three expert tensors: out = w2(silu(w1 x) * w3 x).
+// The expert tensors: out = w2(silu(w1 x) * w3 x), or gpt-oss's
+// out = w2(ClampedSwiGLU(w13 x + b13)) + b2.
 const (
-	W1 Kind = 1 // gate, [intermediate, hidden]
-	W2 Kind = 2 // down, [hidden, intermediate]
-	W3 Kind = 3 // up,   [intermediate, hidden]
+	W1  Kind = 1 // gate, [intermediate, hidden]
+	W2  Kind = 2 // down, [hidden, intermediate]
+	W3  Kind = 3 // up,   [intermediate, hidden]
+	W13 Kind = 4 // gate and up, rows interleaved: [2*intermediate, hidden]
+	B13 Kind = 5 // w13's bias, [1, 2*intermediate]
+	B2  Kind = 6 // w2's bias, [1, hidden]
 )
 
-// kinds lists the tensor kinds in index order.
-var kinds = [3]Kind{W1, W2, W3}
-
-// String is the Mixtral name: w1, w2 or w3.
+// String is the tensor's name: w1, w2, w3, w13, b13 or b2.
 func (k Kind) String() string {
 	switch k {
 	case W1, W2, W3:
 		return fmt.Sprintf("w%d", uint8(k))
+	case W13:
+		return "w13"
+	case B13:
+		return "b13"
+	case B2:
+		return "b2"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// Form is the kind of expert a store holds: which tensors each has.
+type Form uint8
+
+const (
+	// FormSwiGLU: w1, w2, w3 (Mixtral, Qwen, OLMoE, DeepSeek-V3).
+	FormSwiGLU Form = 1
+	// FormClampedSwiGLU: w13, w2, b13, b2 and the activation's limit
+	// and alpha (gpt-oss).
+	FormClampedSwiGLU Form = 2
+)
+
+// kinds lists the form's tensors in index order; nil for an unknown form.
+func (f Form) kinds() []Kind {
+	switch f {
+	case FormSwiGLU:
+		return []Kind{W1, W2, W3}
+	case FormClampedSwiGLU:
+		return []Kind{W13, W2, B13, B2}
+	}
+	return nil
+}
+
+// readOrder is the order of an expert's tensors in ReadExpert's buffer:
+// gate, up, down (as version 2 had it), or the index order.
+func (f Form) readOrder() []Kind {
+	if f == FormSwiGLU {
+		return []Kind{W1, W3, W2}
+	}
+	return f.kinds()
+}
+
+// String names the form as FORMAT.md does.
+func (f Form) String() string {
+	switch f {
+	case FormSwiGLU:
+		return "swiglu"
+	case FormClampedSwiGLU:
+		return "clamped-swiglu"
+	}
+	return fmt.Sprintf("Form(%d)", uint8(f))
 }
 
 // dtype codes as stored in the index (independent of kernels' numbering).
@@ -115,7 +169,7 @@ type ChunkRef struct {
 // index is the parsed index file.
 type index struct {
 	identity Identity
-	version  uint32 // the format version read (written: Version)
+	version  uint32 // the format version read (written: writeVersion)
 	// layers lists the model layers that have experts, ascending (every
 	// layer but the dense ones); slot maps a layer to its position there,
 	// -1 for a dense layer.
@@ -125,11 +179,16 @@ type index struct {
 	shards     int // K as requested at conversion
 	blockElems int
 	chunkBytes int64 // exact size of the chunk file
-	tensors    []tensorEntry
+	// form is the experts' kind; limit and alpha are
+	// FormClampedSwiGLU's activation's
+	form         Form
+	limit, alpha float32
+	tensors      []tensorEntry
 }
 
 // tensorEntry describes one tensor; its position in index.tensors is
-// (slot[layer]*experts + expert)*3 + kind-1.
+// (slot[layer]*experts + expert)*T + the kind's place in form.kinds(),
+// T tensors per expert.
 type tensorEntry struct {
 	layer, expert int
 	kind          Kind
@@ -153,15 +212,33 @@ func shardRange(n, shards, i int) (lo, hi int) {
 	return int(int64(i) * int64(n) / int64(shards)), int(int64(i+1) * int64(n) / int64(shards))
 }
 
-// shardCount is the number of shards a tensor of n elements gets.
-func shardCount(n, k int) int { return min(n, k) }
+// shardCount is the number of shards a tensor of n elements gets: K, or
+// one per element below that, and one for a bias (a row of a few
+// thousand elements, decoded in microseconds: more shards would cost
+// more in chunk headers and tables than they save).
+func shardCount(kind Kind, n, k int) int {
+	if kind == B13 || kind == B2 {
+		return min(n, 1)
+	}
+	return min(n, k)
+}
 
 func (ix *index) find(layer, expert int, kind Kind) (*tensorEntry, error) {
-	if layer < 0 || layer >= len(ix.slot) || ix.slot[layer] < 0 || expert < 0 || expert >= ix.experts || kind < W1 || kind > W3 {
-		return nil, fmt.Errorf("store: layer %d expert %d %v: %w (store has experts 0..%d of layers %s)",
-			layer, expert, kind, ErrNotFound, ix.experts-1, layerList(ix.layers))
+	ks := ix.form.kinds()
+	k := slices.Index(ks, kind)
+	if layer < 0 || layer >= len(ix.slot) || ix.slot[layer] < 0 || expert < 0 || expert >= ix.experts || k < 0 {
+		return nil, fmt.Errorf("store: layer %d expert %d %v: %w (store has experts 0..%d of layers %s, each %v)",
+			layer, expert, kind, ErrNotFound, ix.experts-1, layerList(ix.layers), ks)
 	}
-	return &ix.tensors[(ix.slot[layer]*ix.experts+expert)*3+int(kind)-1], nil
+	return &ix.tensors[(ix.slot[layer]*ix.experts+expert)*len(ks)+k], nil
+}
+
+// version is the format version an index of this form is written in.
+func (ix *index) writeVersion() uint32 {
+	if ix.form == FormSwiGLU {
+		return 2
+	}
+	return Version
 }
 
 // setLayers records the expert layers and their slots.
@@ -192,7 +269,7 @@ func (ix *index) marshal() ([]byte, error) {
 	le := binary.LittleEndian
 	b := make([]byte, 0, indexHeaderLen+len(ix.tensors)*(tensorFixedLen+ix.shards*shardRecordLen+32*histEntryLen)+4)
 	b = append(b, indexMagic...)
-	b = le.AppendUint32(b, Version)
+	b = le.AppendUint32(b, ix.writeVersion())
 	b = le.AppendUint32(b, 0) // flags
 	b = append(b, ix.identity[:]...)
 	b = le.AppendUint32(b, uint32(len(ix.layers)))
@@ -201,6 +278,11 @@ func (ix *index) marshal() ([]byte, error) {
 	b = le.AppendUint32(b, uint32(ix.blockElems))
 	b = le.AppendUint64(b, uint64(ix.chunkBytes))
 	b = le.AppendUint32(b, uint32(len(ix.tensors)))
+	if ix.writeVersion() >= 3 {
+		b = append(b, byte(ix.form), 0, 0, 0)
+		b = le.AppendUint32(b, math.Float32bits(ix.limit))
+		b = le.AppendUint32(b, math.Float32bits(ix.alpha))
+	}
 	for i := range ix.tensors {
 		t := &ix.tensors[i]
 		code, err := dtypeCode(t.dtype)
@@ -249,8 +331,8 @@ func parseIndex(b []byte) (*index, error) {
 		return nil, fmt.Errorf("not an odmoe store index: %w", ErrCorrupt)
 	}
 	version := le.Uint32(b[8:])
-	if version != 1 && version != Version {
-		return nil, fmt.Errorf("format version %d, this build reads versions 1 and %d: %w", version, Version, ErrVersion)
+	if version < 1 || version > Version {
+		return nil, fmt.Errorf("format version %d, this build reads versions 1 to %d: %w", version, Version, ErrVersion)
 	}
 	body := b[:len(b)-4]
 	if got, want := crc(body), le.Uint32(b[len(b)-4:]); got != want {
@@ -265,11 +347,24 @@ func parseIndex(b []byte) (*index, error) {
 	ix.blockElems = int(r.u32())
 	ix.chunkBytes = int64(r.u64())
 	count := int(r.u32())
+	ix.form = FormSwiGLU
+	if version >= 3 {
+		form := r.next(4)
+		ix.form = Form(form[0])
+		ix.limit, ix.alpha = math.Float32frombits(r.u32()), math.Float32frombits(r.u32())
+		switch {
+		case ix.form.kinds() == nil || form[1]|form[2]|form[3] != 0:
+			return nil, fmt.Errorf("index: unknown expert form %d (%x): %w", form[0], form, ErrCorrupt)
+		case ix.form == FormClampedSwiGLU && !(ix.limit > 0 && ix.alpha > 0 && !math.IsInf(float64(ix.alpha), 0)):
+			return nil, fmt.Errorf("index: clamped SwiGLU with limit %v and alpha %v: %w", ix.limit, ix.alpha, ErrCorrupt)
+		}
+	}
+	per := len(ix.form.kinds())
 	switch {
 	case layers < 1 || layers > maxLayers || ix.experts < 1 || ix.experts > 1<<16:
 		return nil, fmt.Errorf("index: %d layers x %d experts: %w", layers, ix.experts, ErrCorrupt)
-	case count != layers*ix.experts*3:
-		return nil, fmt.Errorf("index: %d tensors for %d layers x %d experts: %w", count, layers, ix.experts, ErrCorrupt)
+	case count != layers*ix.experts*per:
+		return nil, fmt.Errorf("index: %d tensors for %d layers x %d experts of %d: %w", count, layers, ix.experts, per, ErrCorrupt)
 	case count > len(body)/tensorFixedLen:
 		return nil, fmt.Errorf("index: %d tensors do not fit in %d bytes: %w", count, len(body), ErrCorrupt)
 	case ix.shards < 1 || ix.shards > maxShards:
@@ -326,9 +421,10 @@ func (r *reader) u64() uint64 { return binary.LittleEndian.Uint64(r.next(8)) }
 // above the one before); ids collects them.
 func (r *reader) tensor(ix *index, i int, version uint32, ids *[]int) error {
 	t := &ix.tensors[i]
-	wantKind := Kind(i%3 + 1)
-	wantExpert := i / 3 % ix.experts
-	slot := i / 3 / ix.experts
+	ks := ix.form.kinds()
+	wantKind := ks[i%len(ks)]
+	wantExpert := i / len(ks) % ix.experts
+	slot := i / len(ks) / ix.experts
 	t.layer, t.expert = int(r.u32()), int(r.u32())
 	if slot == len(*ids) {
 		next := slot // version 1

@@ -83,12 +83,19 @@ type testStore struct {
 	rows, cols      func(l, e int, k Kind) int
 	profile         func(l, e int, k Kind) profile
 	seed            uint64
+	form            Form // 0: FormSwiGLU
 }
 
 // build draws the tensors.
 func (ts testStore) build() build {
 	rng := rand.New(rand.NewPCG(ts.seed, 7))
-	b := build{layers: ts.layerIDs, experts: ts.experts}
+	b := build{layers: ts.layerIDs, experts: ts.experts, form: ts.form}
+	if b.form == 0 {
+		b.form = FormSwiGLU
+	}
+	if b.form == FormClampedSwiGLU {
+		b.limit, b.alpha = 7, 1.702
+	}
 	if b.layers == nil {
 		for l := range ts.layers {
 			b.layers = append(b.layers, l)
@@ -98,7 +105,7 @@ func (ts testStore) build() build {
 	b.identity[31] = 0xa5
 	for _, l := range b.layers {
 		for e := range ts.experts {
-			for _, k := range kinds {
+			for _, k := range b.form.kinds() {
 				r, c := ts.rows(l, e, k), ts.cols(l, e, k)
 				p := weights
 				if ts.profile != nil {

@@ -215,9 +215,19 @@ func (s *Store) Experts() int { return s.ix.experts }
 // caller must not modify it.
 func (s *Store) IndexBytes() []byte { return s.raw }
 
+// Form is the kind of expert the store holds.
+func (s *Store) Form() Form { return s.ix.form }
+
 // ExpertShape returns the hidden and intermediate sizes of expert (layer,
-// expert), read off its w1 (gate) tensor.
+// expert), read off its w1 (gate) tensor, or half of its w13's rows.
 func (s *Store) ExpertShape(layer, expert int) (hidden, intermediate int, err error) {
+	if s.ix.form == FormClampedSwiGLU {
+		t, err := s.ix.find(layer, expert, W13)
+		if err != nil {
+			return 0, 0, err
+		}
+		return t.cols, t.rows / 2, nil
+	}
 	t, err := s.ix.find(layer, expert, W1)
 	if err != nil {
 		return 0, 0, err
@@ -226,10 +236,10 @@ func (s *Store) ExpertShape(layer, expert int) (hidden, intermediate int, err er
 }
 
 // ExpertBytes is the size of the buffer ReadExpert needs for (layer,
-// expert): the original bytes of w1, w3 and w2.
+// expert): the original bytes of its tensors.
 func (s *Store) ExpertBytes(layer, expert int) (int, error) {
 	n := 0
-	for _, k := range kinds {
+	for _, k := range s.ix.form.kinds() {
 		t, err := s.ix.find(layer, expert, k)
 		if err != nil {
 			return 0, err
@@ -240,25 +250,28 @@ func (s *Store) ExpertBytes(layer, expert int) (int, error) {
 }
 
 // ReadExpert decompresses expert (layer, expert) into dst, which must be
-// ExpertBytes long, laid out as w1 (gate), w3 (up), w2 (down), and returns
-// the three matrices aliasing dst. Its shards decode in parallel on the
-// store's bounded pool. On error dst holds no valid weights.
+// ExpertBytes long, laid out as w1 (gate), w3 (up), w2 (down), or for
+// FormClampedSwiGLU w13, w2, b13, b2, and returns the expert, its
+// matrices aliasing dst. Its shards decode in parallel on the store's
+// bounded pool. On error dst holds no valid weights.
 func (s *Store) ReadExpert(ctx context.Context, layer, expert int, dst []byte) (model.Expert, error) {
-	var ts [3]*tensorEntry
-	need := 0
-	for i, k := range [3]Kind{W1, W3, W2} {
+	order := s.ix.form.readOrder()
+	ts := make([]*tensorEntry, len(order))
+	need, shards := 0, 0
+	for i, k := range order {
 		t, err := s.ix.find(layer, expert, k)
 		if err != nil {
 			return model.Expert{}, err
 		}
 		ts[i] = t
 		need += t.bytes()
+		shards += len(t.shards)
 	}
 	if len(dst) != need {
 		return model.Expert{}, fmt.Errorf("store: layer %d expert %d: buffer of %d bytes, need %d", layer, expert, len(dst), need)
 	}
-	var ms [3]kernels.Matrix
-	tasks := make([]task, 0, len(ts[0].shards)+len(ts[1].shards)+len(ts[2].shards))
+	ms := make([]kernels.Matrix, len(order))
+	tasks := make([]task, 0, shards)
 	off := 0
 	for i, t := range ts {
 		out := dst[off : off+t.bytes()]
@@ -268,6 +281,9 @@ func (s *Store) ReadExpert(ctx context.Context, layer, expert int, dst []byte) (
 	}
 	if err := s.run(ctx, tasks, s.verify, false); err != nil {
 		return model.Expert{}, err
+	}
+	if s.ix.form == FormClampedSwiGLU {
+		return model.Expert{GateUp: ms[0], Down: ms[1], GateUpBias: ms[2], DownBias: ms[3], Limit: s.ix.limit, Alpha: s.ix.alpha}, nil
 	}
 	return model.Expert{Gate: ms[0], Up: ms[1], Down: ms[2]}, nil
 }

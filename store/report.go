@@ -18,18 +18,20 @@ import (
 // the Shannon entropy bound of the exponent stream.
 type Report struct {
 	Identity                    Identity
-	Layers                      []int // the layers with experts
+	Version                     uint32 // the format version it was written in
+	Layers                      []int  // the layers with experts
 	Experts, Shards, BlockElems int
 	IndexBytes, ChunkFileBytes  int64
 	Chunks                      int
 	DTypes                      []kernels.DType // the dtypes of the expert tensors
-	Kinds                       [3]KindReport   // w1, w2, w3
+	Form                        Form
+	Kinds                       []KindReport // one per tensor of the form, in index order (w1, w2, w3)
 	Total                       KindReport
 }
 
 // KindReport is the sizes of one tensor kind (or all of them).
 type KindReport struct {
-	Name              string // "w1", "w2", "w3" or "total"
+	Name              string // "w1", "w2", "w3" (or the form's others) or "total"
 	Tensors           int
 	Elements          int64
 	OriginalBytes     int64
@@ -68,18 +70,20 @@ func frac(a, b float64) float64 {
 // Report computes the store's summary from its index.
 func (s *Store) Report() Report {
 	ix := s.ix
-	r := Report{Identity: ix.identity, Layers: ix.layers, Experts: ix.experts, Shards: ix.shards,
-		BlockElems: ix.blockElems, IndexBytes: int64(len(s.raw)), ChunkFileBytes: ix.chunkBytes}
-	var hists [4][256]uint64
+	ks := ix.form.kinds()
+	r := Report{Identity: ix.identity, Version: ix.version, Layers: ix.layers, Experts: ix.experts, Shards: ix.shards,
+		BlockElems: ix.blockElems, IndexBytes: int64(len(s.raw)), ChunkFileBytes: ix.chunkBytes,
+		Form: ix.form, Kinds: make([]KindReport, len(ks))}
+	hists := make([][256]uint64, len(ks)+1) // each kind's, then the total's
 	for i := range ix.tensors {
 		t := &ix.tensors[i]
 		r.Chunks += 2 * len(t.shards)
 		if !slices.Contains(r.DTypes, t.dtype) {
 			r.DTypes = append(r.DTypes, t.dtype)
 		}
-		for _, k := range []int{int(t.kind) - 1, 3} {
+		for _, k := range []int{slices.Index(ks, t.kind), len(ks)} {
 			kr := &r.Total
-			if k < 3 {
+			if k < len(ks) {
 				kr = &r.Kinds[k]
 			}
 			kr.Tensors++
@@ -94,11 +98,11 @@ func (s *Store) Report() Report {
 			}
 		}
 	}
-	for k := range 4 {
+	for k := range hists {
 		kr := &r.Total
-		if k < 3 {
+		if k < len(ks) {
 			kr = &r.Kinds[k]
-			kr.Name = kinds[k].String()
+			kr.Name = ks[k].String()
 		} else {
 			kr.Name = "total"
 		}
@@ -147,7 +151,7 @@ func (s *Store) Verify(ctx context.Context, progress func(done, total int64)) er
 		for e := range s.ix.experts {
 			var tasks []task
 			off := 0
-			for _, k := range kinds {
+			for _, k := range s.ix.form.kinds() {
 				t, _ := s.ix.find(l, e, k)
 				tasks = appendTasks(tasks, t, buf[off:off+t.bytes()])
 				off += t.bytes()
@@ -184,20 +188,20 @@ func (r Report) WriteText(w io.Writer, dir, modelDir string) {
 		dts = append(dts, d.String())
 	}
 	fmt.Fprintf(w, "store    %s\n", dir)
-	fmt.Fprintf(w, "format   version %d, %d shards per tensor, %d-element huff0 blocks\n", Version, r.Shards, r.BlockElems)
+	fmt.Fprintf(w, "format   version %d, %d shards per tensor, %d-element huff0 blocks\n", r.Version, r.Shards, r.BlockElems)
 	model := r.Identity.String()
 	if modelDir != "" {
 		model += " (matches " + modelDir + ")"
 	}
 	fmt.Fprintf(w, "model    %s\n", model)
-	fmt.Fprintf(w, "experts  %d layers x %d experts, %s\n", len(r.Layers), r.Experts, strings.Join(dts, ", "))
+	fmt.Fprintf(w, "experts  %d layers x %d experts, %s, %v\n", len(r.Layers), r.Experts, strings.Join(dts, ", "), r.Form)
 	if n := len(r.Layers); r.Layers[n-1] != n-1 {
 		fmt.Fprintf(w, "layers   %v have experts; the others are dense\n", r.Layers)
 	}
 	fmt.Fprintf(w, "files    %s index, %s chunks (%d chunks)\n\n", progress.Bytes(r.IndexBytes), progress.Bytes(r.ChunkFileBytes), r.Chunks)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "tensor\ttensors\toriginal\tstored\tratio\tentropy bound\tover bound\texponent bits\tentropy bits\t")
-	for _, k := range append(r.Kinds[:], r.Total) {
+	for _, k := range append(r.Kinds, r.Total) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.4f\t%.4f\t%+.2f%%\t%.3f\t%.3f\t\n", k.Name, k.Tensors,
 			progress.Bytes(k.OriginalBytes), progress.Bytes(k.StoredBytes()), k.Ratio(), k.BoundRatio(), 100*k.Overhead(),
 			bitsPer(k.ExponentBytes, k.Elements), k.EntropyBits)

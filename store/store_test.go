@@ -68,7 +68,7 @@ func checkStore(t *testing.T, name string, st *Store, b build) {
 			base := (slot*b.experts + e) * 3
 			for i, m := range []kernels.Matrix{ex.Gate, ex.Down, ex.Up} {
 				if !bytes.Equal(m.Data, b.tensors[base+i].m.Data) {
-					t.Fatalf("%s: ReadExpert(%d, %d) %v differs", name, l, e, kinds[i])
+					t.Fatalf("%s: ReadExpert(%d, %d) %v differs", name, l, e, FormSwiGLU.kinds()[i])
 				}
 			}
 		}

@@ -88,6 +88,9 @@ func (d *CUDA) Staging(b Block) []byte { return b.Bytes }
 // is the mirror's copy, whose place in the mirror is its place on the
 // device.
 func (d *CUDA) Upload(ctx context.Context, b Block, ex model.Expert, n int64) (model.Expert, error) {
+	if ex.Fused() {
+		return model.Expert{}, fmt.Errorf("worker: the CUDA device computes SwiGLU experts only; gpt-oss's (fused, with biases) run on -device cpu")
+	}
 	at, err := d.place(b, ex, n)
 	if err != nil {
 		return model.Expert{}, err

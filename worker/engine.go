@@ -335,8 +335,10 @@ func (e *Engine) loadInto(ctx context.Context, k slotKey, s *slot) error {
 	if err == nil {
 		ex, err = e.dev.Upload(ctx, b, ex, int64(n))
 	}
-	if err == nil && (ex.Gate.Cols != e.hidden || ex.Down.Rows != e.hidden) {
-		err = fmt.Errorf("worker: layer %d expert %d has hidden size %d, the model %d", k.layer, k.expert, ex.Gate.Cols, e.hidden)
+	if err == nil {
+		if cerr := ex.Check(e.hidden); cerr != nil {
+			err = fmt.Errorf("worker: layer %d expert %d: %w", k.layer, k.expert, cerr)
+		}
 	}
 	if err != nil {
 		if host != nil {

@@ -49,6 +49,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer dev.Close()
+	if st.Form() != store.FormSwiGLU && dev.String() != "cpu" {
+		return fmt.Errorf("worker: the store's experts are %v (gpt-oss's), which the %s device does not compute; run this worker with -device cpu", st.Form(), dev)
+	}
 	var host *HostCache
 	if cfg.HostCacheBytes > 0 {
 		if host, err = NewHostCache(cfg.HostCacheBytes); err != nil {
