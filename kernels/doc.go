@@ -33,7 +33,8 @@
 //
 //  1. Widen each weight exactly to float32: F32 as is; BF16 by bits<<16;
 //     F16 by the exact IEEE conversion (F16ToF32); Q8 and NF4 by their
-//     dequantization (below), one float32 multiply.
+//     dequantization (below), one float32 multiply; MXFP4 to its exact
+//     value (below).
 //  2. Keep 16 float32 lane accumulators acc[0..15], all starting at +0.
 //  3. For i = 0, 1, ..., n-1 in increasing order:
 //     acc[i%16] = acc[i%16] + float32(w[i]*x[i])
@@ -68,6 +69,24 @@
 //
 // Sum(x) is the same definition with the product float32(w[i]*x[i])
 // replaced by x[i].
+//
+// # Native low-precision weights: MXFP4
+//
+// MXFP4 (OCP Microscaling Formats v1.0; gpt-oss's experts) is read as
+// checkpoints ship it: a matrix's Data holds each row's n/2 bytes of
+// E2M1 codes, weight 2j in the low nibble of byte j and weight 2j+1 in
+// its high nibble, and its Scales each row's n/32 E8M0 scale bytes (n a
+// multiple of 32). Weight i of a row is
+//
+//	float32(e2m1[q[i]] * 2^(s[i/32] - 127))
+//	e2m1 = 0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2, -3, -4, -6
+//
+// which is exact (at most two significant bits, and float32 holds every
+// power of two down to 2^-149) except past float32's range: scale byte
+// 255 makes ±0.5 ±2^127 and larger codes ±Inf, as torch.ldexp gives
+// them in transformers' dequantization. The exact weights then enter the
+// Dot definition above, so an MXFP4 MatVec or MatMul is, bit for bit, the
+// same product on the float32 matrix of its values, on every path.
 //
 // # Quantized weights: Q8 and NF4
 //

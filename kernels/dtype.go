@@ -18,6 +18,10 @@ const (
 	BF16              // bfloat16: the top half of a binary32
 	Q8                // int8 weights, one float32 scale per 32 along a row
 	NF4               // 4-bit NormalFloat codes, one float32 absmax per 64 along a row
+	// MXFP4 is the OCP Microscaling FP4 format as gpt-oss ships its
+	// experts: E2M1 codes, two a byte (the lower nibble first), in Data,
+	// and one E8M0 scale byte per 32 along a row in Matrix.Scales.
+	MXFP4
 )
 
 // Size returns the bytes per element of a float dtype, 0 for an unknown
@@ -36,20 +40,33 @@ func (d DType) Size() int {
 // RowBytes returns the bytes of one stored row of cols elements (cols >= 0),
 // for every dtype: cols*Size() for the float ones; for Q8 ceil(cols/32)
 // float32 scales then cols int8 codes, for NF4 ceil(cols/64) float32
-// absmax values then ceil(cols/2) bytes of 4-bit codes. It is 0 for an
-// unknown DType.
+// absmax values then ceil(cols/2) bytes of 4-bit codes; for MXFP4 the
+// cols/2 bytes of codes in Data (its scales are apart: ScaleBytes). It is
+// 0 for an unknown DType.
 func (d DType) RowBytes(cols int) int {
 	switch d {
 	case Q8:
 		return 4*ceilDiv(cols, q8Group) + cols
 	case NF4:
 		return 4*ceilDiv(cols, nf4Block) + ceilDiv(cols, 2)
+	case MXFP4:
+		return ceilDiv(cols, 2)
 	}
 	return cols * d.Size()
 }
 
+// ScaleBytes returns the bytes of one row's scales that a dtype keeps in
+// Matrix.Scales rather than in its rows: cols/32 for MXFP4, 0 for the
+// others.
+func (d DType) ScaleBytes(cols int) int {
+	if d == MXFP4 {
+		return ceilDiv(cols, mxfp4Block)
+	}
+	return 0
+}
+
 // known reports whether d is one of the dtypes above.
-func (d DType) known() bool { return d <= NF4 }
+func (d DType) known() bool { return d <= MXFP4 }
 
 // String returns the safetensors spelling ("F32", "F16", "BF16"), or "Q8"
 // or "NF4".
@@ -65,6 +82,8 @@ func (d DType) String() string {
 		return "Q8"
 	case NF4:
 		return "NF4"
+	case MXFP4:
+		return "MXFP4"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -86,15 +105,22 @@ func ParseDType(s string) (DType, error) {
 // Matrix is a row-major weight matrix in its stored dtype: Data holds
 // Rows rows of DType.RowBytes(Cols) little-endian bytes each (for the float
 // dtypes, Rows*Cols elements), typically a memory-mapped safetensors
-// tensor that kernels reads in place and never writes.
+// tensor that kernels reads in place and never writes. Scales holds Rows
+// rows of DType.ScaleBytes(Cols) bytes for a dtype whose checkpoint keeps
+// its scales in a tensor of their own (MXFP4), and is empty for the others.
 type Matrix struct {
 	DType      DType
 	Rows, Cols int
 	Data       []byte
+	Scales     []byte
 }
 
+// Bytes is the size of the matrix's stored form: Data and Scales.
+func (m Matrix) Bytes() int { return len(m.Data) + len(m.Scales) }
+
 // Validate reports whether Data holds exactly Rows rows of
-// DType.RowBytes(Cols) bytes.
+// DType.RowBytes(Cols) bytes and Scales Rows rows of DType.ScaleBytes(Cols),
+// and an MXFP4 row whole blocks of 32.
 func (m Matrix) Validate() error {
 	switch {
 	case !m.DType.known():
@@ -103,9 +129,14 @@ func (m Matrix) Validate() error {
 		return fmt.Errorf("kernels: matrix shape %dx%d is negative", m.Rows, m.Cols)
 	case m.Cols > math.MaxInt/4 || m.Cols > 0 && m.Rows > math.MaxInt/m.DType.RowBytes(m.Cols):
 		return fmt.Errorf("kernels: matrix shape %dx%d %v overflows int", m.Rows, m.Cols, m.DType)
+	case m.DType == MXFP4 && m.Cols%mxfp4Block != 0:
+		return fmt.Errorf("kernels: MXFP4 matrix of %d columns; its rows are blocks of %d", m.Cols, mxfp4Block)
 	}
 	if want := m.Rows * m.DType.RowBytes(m.Cols); len(m.Data) != want {
 		return fmt.Errorf("kernels: %dx%d %v matrix needs %d bytes, has %d", m.Rows, m.Cols, m.DType, want, len(m.Data))
+	}
+	if want := m.Rows * m.DType.ScaleBytes(m.Cols); len(m.Scales) != want {
+		return fmt.Errorf("kernels: %dx%d %v matrix needs %d bytes of scales, has %d", m.Rows, m.Cols, m.DType, want, len(m.Scales))
 	}
 	return nil
 }

@@ -314,6 +314,9 @@ func matVecRows(p *rowKernels, out []float32, w Matrix, x []float32, r0, r1 int)
 		p.matVecQ8(out, b, x)
 	case NF4:
 		p.matVecNF4(out, b, x)
+	case MXFP4:
+		sb := MXFP4.ScaleBytes(w.Cols)
+		p.matVecMXFP4(out, b, w.Scales[r0*sb:r1*sb], x)
 	}
 }
 

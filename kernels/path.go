@@ -45,9 +45,11 @@ type rowKernels struct {
 	matVecF16  func(out []float32, w []uint16, x []float32)
 	matVecQ8   func(out []float32, w []byte, x []float32)
 	matVecNF4  func(out []float32, w []byte, x []float32)
+	// MXFP4: len(out) rows of codes and of scales (Matrix.Scales)
+	matVecMXFP4 func(out []float32, codes, scales []byte, x []float32)
 }
 
-var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go}
+var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go, matVecMXFP4Go}
 
 // goPath is the pure-Go reference: the definition itself.
 var goPath = &path{

@@ -82,9 +82,9 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 		return Matrix{}, fmt.Errorf("kernels.Quantize: %w", err)
 	}
 	switch m.DType {
-	case F32, F16, BF16:
+	case F32, F16, BF16, MXFP4:
 	default:
-		return Matrix{}, fmt.Errorf("kernels.Quantize: source %v: want F32, F16 or BF16", m.DType)
+		return Matrix{}, fmt.Errorf("kernels.Quantize: source %v: want F32, F16, BF16 or MXFP4", m.DType)
 	}
 	switch dt {
 	case F16, Q8, NF4:
@@ -116,7 +116,11 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 	work := func(_, r0, r1 int) {
 		w := make([]float32, cols)
 		for r := r0; r < r1; r++ {
-			ToFloat32(w, m.Data[r*srcBytes:(r+1)*srcBytes], m.DType)
+			if m.DType == MXFP4 {
+				RowToFloat32(w, m, r)
+			} else {
+				ToFloat32(w, m.Data[r*srcBytes:(r+1)*srcBytes], m.DType)
+			}
 			row := out.Data[r*rowBytes : (r+1)*rowBytes]
 			var c int
 			switch dt {
@@ -262,6 +266,9 @@ func RowToFloat32(dst []float32, m Matrix, r int) {
 		dequantQ8Row(dst, row)
 	case NF4:
 		dequantNF4Row(dst, row)
+	case MXFP4:
+		sb := MXFP4.ScaleBytes(m.Cols)
+		dequantMXFP4Row(dst, row, m.Scales[r*sb:(r+1)*sb])
 	default:
 		ToFloat32(dst, row, m.DType)
 	}

@@ -26,6 +26,7 @@ func newSIMDPath(name string, k isa) *path {
 	p.matVecF16 = func(out []float32, w []uint16, x []float32) { rowsSIMD(k, F16, out, w, x, F16ToF32) }
 	p.matVecQ8 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, Q8, out, w, x) }
 	p.matVecNF4 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, NF4, out, w, x) }
+	p.matVecMXFP4 = func(out []float32, codes, scales []byte, x []float32) { rowsMXFP4SIMD(k, out, codes, scales, x) }
 	p.dotF32 = func(a, b []float32) float32 { return dotF32SIMD(k, a, b) }
 	p.sum = func(x []float32) float32 { return sumSIMD(k, x) }
 	p.matMulRows = func(out []float32, w Matrix, x []float32, n, r0, r1 int) {
@@ -202,6 +203,12 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		case BF16, F16:
 			wf = scratch[:nr*cols]
 			widenAsm(k, w.DType, &wf[0], &u16View(src)[0], nr*cols)
+		case MXFP4:
+			wf = scratch[:nr*cols]
+			sb := MXFP4.ScaleBytes(cols)
+			for r := range nr {
+				dequantMXFP4Row(wf[r*cols:(r+1)*cols], src[r*rowBytes:], w.Scales[(b0+r)*sb:(b0+r+1)*sb])
+			}
 		default:
 			wf = scratch[:nr*cols]
 			dequantRows(k, w.DType, wf, src, nr, cols)
@@ -256,5 +263,37 @@ func matMulDirect(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n,
 			}
 			t += v
 		}
+	}
+}
+
+// mxfp4TileRows is how many MXFP4 rows rowsMXFP4SIMD dequantizes at a
+// time: a tile that stays in L1 while the float32 row kernel reads it.
+const mxfp4TileRows = 4
+
+// rowsMXFP4SIMD is the MXFP4 row kernel of the assembly paths: a few rows
+// at a time dequantized exactly (dequantMXFP4Row) into float32 scratch,
+// then the float32 row kernel, whose arithmetic on exact weights is the
+// definition's.
+func rowsMXFP4SIMD(k isa, out []float32, codes, scales []byte, x []float32) {
+	rows, cols := len(out), len(x)
+	if rows == 0 || cols == 0 {
+		for r := range out {
+			out[r] = 0
+		}
+		return
+	}
+	sp := mmScratch.Get().(*[]float32)
+	defer mmScratch.Put(sp)
+	if need := mxfp4TileRows * cols; cap(*sp) < need {
+		*sp = make([]float32, need)
+	}
+	buf := (*sp)[:mxfp4TileRows*cols]
+	cb, sb := cols/2, cols/mxfp4Block
+	for r0 := 0; r0 < rows; r0 += mxfp4TileRows {
+		nr := min(mxfp4TileRows, rows-r0)
+		for r := range nr {
+			dequantMXFP4Row(buf[r*cols:(r+1)*cols], codes[(r0+r)*cb:], scales[(r0+r)*sb:(r0+r+1)*sb])
+		}
+		rowsAsm(k, F32, &out[r0], unsafe.Pointer(&buf[0]), &x[0], nr, cols, cols*4, false)
 	}
 }

@@ -29,8 +29,11 @@ type architecture struct {
 	// A family whose checkpoint stacks each layer's experts in a few
 	// tensors (gpt-oss) names them with stackedExperts (their first
 	// dimension is the expert) and binds them with experts instead.
-	stackedExperts func(l int) []string
+	stackedExperts func(c Config, l int) []string
 	experts        func(b *binder, c Config, l int) []Expert
+	// quantMethods are the quantization_config.quant_method values the
+	// family reads as such; any other is refused.
+	quantMethods []string
 }
 
 var architectures = map[string]*architecture{}

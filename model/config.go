@@ -34,6 +34,9 @@ type Config struct {
 	// LayerWindows, when set (gpt-oss's layer_types), is each layer's
 	// window instead (0: full attention).
 	LayerWindows []int
+	// Quantization is quantization_config.quant_method, one the family
+	// reads ("mxfp4": gpt-oss's experts as published); "" for none.
+	Quantization string
 	// SwiGLULimit is gpt-oss's swiglu_limit, its experts' clamp;
 	// AttentionBias its attention_bias (biases on q, k, v and o).
 	SwiGLULimit   float64
@@ -245,10 +248,12 @@ func ParseConfig(b []byte) (Config, error) {
 		}
 	}
 	if q := r.Quantization; q != nil {
-		// a quantized checkpoint's weights are not what its dtypes say
-		// until each method's format is read as such (issue 36: fp8 and
-		// mxfp4 next)
-		return Config{}, fmt.Errorf(`field "quantization_config" says %q: odmoe reads unquantized checkpoints (BF16, F16, F32) so far`, q.Method)
+		// a quantized checkpoint's weights are not what its dtypes say:
+		// only the formats a family reads as such are taken
+		if !slices.Contains(arch.quantMethods, q.Method) {
+			return Config{}, fmt.Errorf(`field "quantization_config" says %q: odmoe reads unquantized checkpoints (BF16, F16, F32) and gpt-oss's "mxfp4" experts (DeepSeek-V3's "fp8" next)`, q.Method)
+		}
+		c.Quantization = q.Method
 	}
 	rs, err := parseRopeScaling(r.RopeScaling)
 	if err != nil {

@@ -45,11 +45,16 @@ func init() {
 			moe.SoftmaxOfTopK = true
 			return Layer{Attention: a, MoE: moe}
 		},
-		stackedExperts: func(l int) []string {
+		stackedExperts: func(c Config, l int) []string {
 			p := per("model.layers.%d.mlp.experts.", l)
+			if c.Quantization == "mxfp4" {
+				return []string{p + "gate_up_proj_blocks", p + "gate_up_proj_scales", p + "gate_up_proj_bias",
+					p + "down_proj_blocks", p + "down_proj_scales", p + "down_proj_bias"}
+			}
 			return []string{p + "gate_up_proj", p + "gate_up_proj_bias", p + "down_proj", p + "down_proj_bias"}
 		},
-		experts: gptOssExperts,
+		experts:      gptOssExperts,
+		quantMethods: []string{"mxfp4"},
 	})
 }
 
@@ -105,25 +110,67 @@ func gptOssConfig(r *rawConfig, c *Config) error {
 // gate_up_proj and down_proj transposed to one row per output (so that
 // GateUp's rows alternate gate and up, as its columns do), its biases as
 // they are.
+//
+// As published (quantization_config "mxfp4"), the matrices are
+// gate_up_proj_blocks [experts, 2*intermediate, hidden/32, 16] and
+// gate_up_proj_scales [experts, 2*intermediate, hidden/32] (one row per
+// output already), down_proj alike: each expert's GateUp and Down are
+// MXFP4 matrices over its slices of them, read in place.
 func gptOssExperts(b *binder, c Config, l int) []Expert {
 	p := per("model.layers.%d.mlp.experts.", l)
 	E, h, in := c.NumExperts, c.HiddenSize, c.IntermediateSize
-	gu := b.tensor(p+"gate_up_proj", E, h, 2*in)
 	gub := b.tensor(p+"gate_up_proj_bias", E, 2*in)
-	dn := b.tensor(p+"down_proj", E, in, h)
 	dnb := b.tensor(p+"down_proj_bias", E, h)
+	var gateUp, down func(e int) kernels.Matrix
+	if c.Quantization == "mxfp4" {
+		gateUp = b.mxfp4(p+"gate_up_proj", E, 2*in, h)
+		down = b.mxfp4(p+"down_proj", E, h, in)
+	} else {
+		gu, dn := b.tensor(p+"gate_up_proj", E, h, 2*in), b.tensor(p+"down_proj", E, in, h)
+		gateUp = func(e int) kernels.Matrix { return transposedSlice(gu, e) }
+		down = func(e int) kernels.Matrix { return transposedSlice(dn, e) }
+	}
 	if b.err != nil {
 		return nil
 	}
 	xs := make([]Expert, E)
 	for e := range xs {
 		xs[e] = Expert{
-			GateUp: transposedSlice(gu, e), GateUpBias: rowOf(gub, e),
-			Down: transposedSlice(dn, e), DownBias: rowOf(dnb, e),
+			GateUp: gateUp(e), GateUpBias: rowOf(gub, e),
+			Down: down(e), DownBias: rowOf(dnb, e),
 			Limit: float32(c.SwiGLULimit), Alpha: gptOssAlpha,
 		}
 	}
 	return xs
+}
+
+// mxfp4 binds the stacked MXFP4 matrices name_blocks [n, rows, cols/32,
+// 16] and name_scales [n, rows, cols/32] (U8 both), returning slice e of
+// them as a rows x cols MXFP4 matrix aliasing the checkpoint.
+func (b *binder) mxfp4(name string, n, rows, cols int) func(e int) kernels.Matrix {
+	if b.err != nil {
+		return nil
+	}
+	if cols%32 != 0 {
+		b.err = fmt.Errorf("%s: MXFP4 rows of %d weights; they come in blocks of 32", name, cols)
+		return nil
+	}
+	blocks, err := b.set.Raw(name+"_blocks", "U8", n, rows, cols/32, 16)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	scales, err := b.set.Raw(name+"_scales", "U8", n, rows, cols/32)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	*b.bytes += int64(len(blocks) + len(scales))
+	cb, sb := rows*cols/2, rows*cols/32
+	return func(e int) kernels.Matrix {
+		return kernels.Matrix{DType: kernels.MXFP4, Rows: rows, Cols: cols,
+			Data: blocks[e*cb : (e+1)*cb : (e+1)*cb], Scales: scales[e*sb : (e+1)*sb : (e+1)*sb]}
+	}
 }
 
 // tensor binds a tensor of exactly shape, of a float dtype, counting its

@@ -81,13 +81,15 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 			for e := range smoe.Experts {
 				ex, sx := &dmoe.Experts[e], smoe.Experts[e]
 				if sx.Fused() {
-					// the transposed GateUp and Down are the model's own
-					// memory; the biases (a row each) are copied as they are
+					// BF16 GateUp and Down are transposed copies, the
+					// model's own memory (MXFP4 ones alias the checkpoint);
+					// the biases (a row each) are copied as they are
 					*ex = sx
 					ex.GateUpBias, ex.DownBias = cloneMatrix(sx.GateUpBias), cloneMatrix(sx.DownBias)
 					biasBytes += int64(len(ex.GateUpBias.Data) + len(ex.DownBias.Data))
-					jobs = append(jobs, job{dst: &ex.GateUp, src: sx.GateUp, dt: dt, expert: true, derived: true},
-						job{dst: &ex.Down, src: sx.Down, dt: dt, expert: true, derived: true})
+					own := sx.GateUp.DType != kernels.MXFP4
+					jobs = append(jobs, job{dst: &ex.GateUp, src: sx.GateUp, dt: dt, expert: true, derived: own},
+						job{dst: &ex.Down, src: sx.Down, dt: dt, expert: true, derived: own})
 					continue
 				}
 				jobs = append(jobs, job{dst: &ex.Gate, src: sx.Gate, dt: dt, expert: true}, job{dst: &ex.Up, src: sx.Up, dt: dt, expert: true},
@@ -97,7 +99,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	}
 	var total, done int64
 	for _, j := range jobs {
-		total += int64(len(j.src.Data))
+		total += int64(j.src.Bytes())
 	}
 	// Quantize parallelises inside a matrix; a few matrices at once keep
 	// the cores busy on the small ones too.
@@ -113,13 +115,14 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 					// done with these source bytes: quantizing a whole model
 					// then holds about its copy, not the checkpoint too
 					release(j.src.Data)
+					release(j.src.Scales)
 				}
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
 				}
 				*j.dst = qm
-				done += int64(len(j.src.Data))
+				done += int64(j.src.Bytes())
 				if progress != nil {
 					progress(done, total)
 				}
@@ -142,7 +145,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		if j.expert {
 			q.expertBytes += int64(len(j.dst.Data))
 		} else {
-			q.nonExpertBytes += int64(len(j.dst.Data)) - int64(len(j.src.Data))
+			q.nonExpertBytes += int64(len(j.dst.Data)) - int64(j.src.Bytes())
 		}
 	}
 	if m.Config.TieEmbeddings {

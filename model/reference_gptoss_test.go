@@ -29,6 +29,67 @@ type gptOssRef struct {
 	Window       int      `json:"sliding_window"`
 	LayerTypes   []string `json:"layer_types"`
 	Limit        float64  `json:"swiglu_limit"`
+	MXFP4        *struct {
+		Method string `json:"quant_method"`
+	} `json:"quantization_config"`
+}
+
+// gptOssExpert returns expert e's gate_up_proj and down_proj weights as
+// transformers indexes them, w(in, out): from the BF16 tensors [experts,
+// in, out], or, as published, dequantized from the MXFP4 blocks and
+// scales [experts, out, in/32, 16] and [experts, out, in/32] by the OCP
+// MX specification (refE2M1 of each nibble, low nibble first, times
+// 2^(scale-127)), as transformers' convert_moe_packed_tensors does.
+func (r refModel) gptOssExpert(ex string, e int, mxfp4 bool) (gateUp, down func(in, out int) float64) {
+	if !mxfp4 {
+		gu, dn := r.slab(ex+"gate_up_proj", e), r.slab(ex+"down_proj", e)
+		return func(i, j int) float64 { return gu[i][j] }, func(i, j int) float64 { return dn[i][j] }
+	}
+	dequant := func(name string) [][]float64 {
+		b, ok := r.set.Info(name + "_blocks")
+		if !ok || len(b.Shape) != 4 {
+			r.t.Fatalf("%s_blocks: %v", name, b.Shape)
+		}
+		rows, nb := b.Shape[1], b.Shape[2]
+		codes, err := r.set.Raw(name+"_blocks", "U8", b.Shape...)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		scales, err := r.set.Raw(name+"_scales", "U8", b.Shape[:3]...)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		out := make([][]float64, rows)
+		for o := range out {
+			out[o] = make([]float64, nb*32)
+			for blk := range nb {
+				s := int(scales[(e*rows+o)*nb+blk])
+				for j := range 16 {
+					c := codes[((e*rows+o)*nb+blk)*16+j]
+					out[o][blk*32+2*j] = math.Ldexp(refE2M1(c&15), s-127)
+					out[o][blk*32+2*j+1] = math.Ldexp(refE2M1(c>>4), s-127)
+				}
+			}
+		}
+		return out
+	}
+	gu, dn := dequant(ex+"gate_up_proj"), dequant(ex+"down_proj")
+	return func(i, j int) float64 { return gu[j][i] }, func(i, j int) float64 { return dn[j][i] }
+}
+
+// refE2M1 decodes an E2M1 code from its bits as the OCP MX specification
+// defines it: sign, two exponent bits of bias 1, one mantissa bit, an
+// exponent of 0 subnormal.
+func refE2M1(q byte) float64 {
+	sign := 1.0
+	if q&8 != 0 {
+		sign = -1
+	}
+	e, m := int(q>>1&3), float64(q&1)
+	if e == 0 {
+		return sign * m * 0.5
+	}
+	return sign * (1 + m/2) * math.Ldexp(1, e-1)
 }
 
 // slab reads slice e of a 3-D tensor [n, rows, cols] as rows x cols.
@@ -120,23 +181,22 @@ func (r refModel) forwardGptOss(tokens []int, c gptOssRef, cfgJSON []byte) [][]f
 			h := rmsnorm(x, r.vec(p+"post_attention_layernorm.weight"), c.Eps)
 			experts, weights := gptOssRouter64(add(linear(r.tensor(p+"mlp.router.weight"), h), r.vec(p+"mlp.router.bias")), c.TopK)
 			for j, e := range experts {
-				gu := r.slab(ex+"gate_up_proj", e) // [hidden, 2*intermediate]
+				gu, dn := r.gptOssExpert(ex, e, c.MXFP4 != nil)
 				bias := r.tensor(ex + "gate_up_proj_bias")[e]
 				act := make([]float64, c.Intermediate)
 				for k := range act {
 					g, u := bias[2*k], bias[2*k+1]
 					for i := range h {
-						g += h[i] * gu[i][2*k]
-						u += h[i] * gu[i][2*k+1]
+						g += h[i] * gu(i, 2*k)
+						u += h[i] * gu(i, 2*k+1)
 					}
 					g, u = math.Min(g, c.Limit), math.Max(math.Min(u, c.Limit), -c.Limit)
 					act[k] = (u + 1) * g / (1 + math.Exp(-1.702*g))
 				}
-				dn := r.slab(ex+"down_proj", e) // [intermediate, hidden]
 				out := append([]float64(nil), r.tensor(ex + "down_proj_bias")[e]...)
 				for k, a := range act {
 					for i := range out {
-						out[i] += a * dn[k][i]
+						out[i] += a * dn(k, i)
 					}
 				}
 				for i := range x {
@@ -159,13 +219,20 @@ func (r refModel) forwardGptOss(tokens []int, c gptOssRef, cfgJSON []byte) [][]f
 // as gpt-oss-20b's BF16 checkpoint: sinks, q/k/v/o biases, alternating
 // sliding and full layers, YaRN without truncation, the router's bias
 // and top-k softmax, stacked fused experts with biases, the clamped
-// SwiGLU) gives logits within 1e-4 relative L2 of the float64 reference
+// SwiGLU), and gpt-oss-tiny-mxfp4 (its experts in MXFP4 as published),
+// give logits within 1e-4 relative L2 of the float64 reference
 // at every position of a 24-token sequence (three times the window), and
 // its greedy tokens. And each of those details matters: the model with
 // it removed (sinks, window, attention or expert biases, the clamp, the
 // router's bias or its top-k softmax) is more than 1e-4 away somewhere.
 func TestGptOssMatchesFloat64Reference(t *testing.T) {
-	m, dir := loadPreset(t, "gpt-oss-tiny")
+	for _, preset := range []string{"gpt-oss-tiny", "gpt-oss-tiny-mxfp4"} {
+		t.Run(preset, func(t *testing.T) { checkGptOss(t, preset) })
+	}
+}
+
+func checkGptOss(t *testing.T, preset string) {
+	m, dir := loadPreset(t, preset)
 	cfgJSON, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +254,10 @@ func TestGptOssMatchesFloat64Reference(t *testing.T) {
 		tokens[i] = (i*53 + 7) % m.Config.VocabSize
 	}
 	want := refModel{cfg: m.Config, set: set, t: t}.forwardGptOss(tokens, c, cfgJSON)
-	decodeAgainst(t, "gpt-oss-tiny", m, tokens, want)
+	decodeAgainst(t, preset, m, tokens, want)
+	if mx := c.MXFP4 != nil; mx != (m.Layers[0].MoE.Experts[0].GateUp.DType == kernels.MXFP4) || mx != (preset == "gpt-oss-tiny-mxfp4") {
+		t.Fatalf("%s binds its experts as %v", preset, m.Layers[0].MoE.Experts[0].GateUp.DType)
+	}
 
 	for _, l := range m.Config.ExpertLayers() {
 		for _, e := range m.Layers[l].MoE.Experts {

@@ -214,7 +214,7 @@ func (m *Model) DecodeBytesPerToken() int64 {
 // part of each is the e-th of NumExperts equal slices of its bytes).
 func (m *Model) ExpertTensors(layer, expert int) (names []string, stacked bool) {
 	if f := m.arch.stackedExperts; f != nil {
-		return f(layer), true
+		return f(m.Config, layer), true
 	}
 	gate, up, down := m.arch.expertNames(layer, expert)
 	return []string{gate, up, down}, false

@@ -45,7 +45,7 @@ type encoder struct {
 // returned: a coder bug fails the conversion instead of shipping wrong
 // weights.
 func (enc *encoder) encodeShard(dt kernels.DType, raw []byte, blockElems int, hist *[256]uint64) (expChunk, sm []byte, err error) {
-	n := len(raw) / dt.Size()
+	n := len(raw) / elemSize(dt)
 	enc.exp = grow(enc.exp, n)
 	exp := enc.exp[:n]
 	sm = make([]byte, n*smWidth(dt))
@@ -99,7 +99,7 @@ type decoder struct {
 	chunk []byte // the exponent chunk being decoded
 }
 
-// decodeShard decodes one shard of n elements into out (n*dt.Size()
+// decodeShard decodes one shard of n elements into out (n*elemSize(dt)
 // bytes), whose tail out[n:] already holds the sign-mantissa chunk.
 func (d *decoder) decodeShard(dt kernels.DType, expChunk, out []byte, n, blockElems int) error {
 	sm := out[n:]
@@ -148,7 +148,7 @@ func (d *decoder) decodeShard(dt kernels.DType, expChunk, out []byte, n, blockEl
 		default:
 			return fmt.Errorf("block at element %d: unknown mode %d: %w", lo, mode, ErrCorrupt)
 		}
-		merge(dt, out[lo*dt.Size():(lo+bn)*dt.Size()], exp, sm[lo*w:(lo+bn)*w])
+		merge(dt, out[lo*elemSize(dt):(lo+bn)*elemSize(dt)], exp, sm[lo*w:(lo+bn)*w])
 	}
 	if len(p) != 0 {
 		return fmt.Errorf("%d stray bytes after the last block: %w", len(p), ErrCorrupt)

@@ -122,9 +122,10 @@ func writeStore(ctx context.Context, outDir string, b build, opt ConvertOptions)
 		if err := checkSource(s, i, b); err != nil {
 			return err
 		}
-		ix.tensors[i] = tensorEntry{layer: s.layer, expert: s.expert, kind: s.kind, dtype: s.m.DType, rows: s.m.Rows, cols: s.m.Cols,
-			shards: make([]shardEntry, shardCount(s.kind, s.m.Rows*s.m.Cols, k))}
-		total += int64(len(s.m.Data))
+		t := &ix.tensors[i]
+		*t = tensorEntry{layer: s.layer, expert: s.expert, kind: s.kind, dtype: s.m.DType, rows: s.m.Rows, cols: s.m.Cols}
+		t.shards = make([]shardEntry, shardCount(t, k))
+		total += int64(s.m.Bytes())
 	}
 
 	existing, err := checkOut(outDir, opt.Force)
@@ -254,6 +255,7 @@ type shardResult struct {
 	exp, sm []byte
 	hist    [256]uint64
 	rawCRC  uint32
+	raw     int // the shard's original bytes
 	err     error
 }
 
@@ -288,10 +290,13 @@ func writeChunks(ctx context.Context, path string, b build, ix *index, p int, to
 		defer close(pending)
 		for i, s := range b.tensors {
 			t := &ix.tensors[i]
-			es := t.dtype.Size()
+			es, data := elemSize(t.dtype), s.m.Data
+			if len(s.m.Scales) > 0 { // the stream is the codes, then the scales
+				data = append(append(make([]byte, 0, s.m.Bytes()), s.m.Data...), s.m.Scales...)
+			}
 			for sh := range t.shards {
-				lo, hi := shardRange(t.elems(), len(t.shards), sh)
-				raw := s.m.Data[lo*es : hi*es]
+				lo, hi := t.shardRange(sh)
+				raw := data[lo*es : hi*es]
 				var enc *encoder
 				select {
 				case enc = <-encoders:
@@ -306,7 +311,7 @@ func writeChunks(ctx context.Context, path string, b build, ix *index, p int, to
 					return
 				}
 				wg.Go(func() {
-					r := shardResult{rawCRC: crc(raw)}
+					r := shardResult{rawCRC: crc(raw), raw: len(raw)}
 					r.exp, r.sm, r.err = enc.encodeShard(t.dtype, raw, ix.blockElems, &r.hist)
 					if r.err != nil {
 						r.err = &TensorError{Layer: t.layer, Expert: t.expert, Kind: t.kind, Shard: sh, Err: r.err}
@@ -351,7 +356,7 @@ func writeChunks(ctx context.Context, path string, b build, ix *index, p int, to
 			if _, err := w.Write(r.sm); err != nil {
 				return 0, fmt.Errorf("store: %w", err)
 			}
-			done += int64(len(r.sm) + len(r.sm)/smWidth(t.dtype))
+			done += int64(r.raw)
 			if progress != nil {
 				progress(done, total)
 			}

@@ -72,12 +72,13 @@ func hashExperts(m *model.Model, set *safetensors.Set) ([]ExpertDigest, error) {
 				h := sha256.New()
 				names, stacked := m.ExpertTensors(j.layer, j.expert)
 				for _, name := range names {
-					t, err := set.Tensor(name)
-					if err != nil {
-						errs[j.i] = fmt.Errorf("store: digest of layer %d expert %d: %w", j.layer, j.expert, err)
+					info, ok := set.Info(name)
+					data, err := set.Raw(name, info.DType, info.Shape...) // any dtype: MXFP4's parts are U8
+					if !ok || err != nil {
+						errs[j.i] = fmt.Errorf("store: digest of layer %d expert %d: tensor %q: %v", j.layer, j.expert, name, err)
 						break
 					}
-					h.Write(expertPart(t.Data, stacked, j.expert, m.Config.NumExperts))
+					h.Write(expertPart(data, stacked, j.expert, m.Config.NumExperts))
 				}
 				h.Sum(out[j.i][:0])
 			}

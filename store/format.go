@@ -127,9 +127,10 @@ func (f Form) String() string {
 
 // dtype codes as stored in the index (independent of kernels' numbering).
 const (
-	codeBF16 = 1
-	codeF16  = 2
-	codeF32  = 3
+	codeBF16  = 1
+	codeF16   = 2
+	codeF32   = 3
+	codeMXFP4 = 4 // version 3
 )
 
 func dtypeCode(d kernels.DType) (uint8, error) {
@@ -140,6 +141,8 @@ func dtypeCode(d kernels.DType) (uint8, error) {
 		return codeF16, nil
 	case kernels.F32:
 		return codeF32, nil
+	case kernels.MXFP4:
+		return codeMXFP4, nil
 	}
 	return 0, fmt.Errorf("store: unsupported dtype %v", d)
 }
@@ -152,13 +155,25 @@ func dtypeOf(code uint8) (kernels.DType, bool) {
 		return kernels.F16, true
 	case codeF32:
 		return kernels.F32, true
+	case codeMXFP4:
+		return kernels.MXFP4, true
 	}
 	return 0, false
 }
 
 // smWidth is the sign+mantissa bytes stored raw per element; the other
 // byte of each element is the entropy-coded "exponent" byte.
-func smWidth(d kernels.DType) int { return d.Size() - 1 }
+func smWidth(d kernels.DType) int { return elemSize(d) - 1 }
+
+// elemSize is the bytes of one element of a tensor's stream: a float
+// dtype's size, or 1 for MXFP4, whose stream is its bytes (codes, then
+// scales), each coded whole.
+func elemSize(d kernels.DType) int {
+	if d == kernels.MXFP4 {
+		return 1
+	}
+	return d.Size()
+}
 
 // ChunkRef locates one chunk in the chunk file.
 type ChunkRef struct {
@@ -203,24 +218,63 @@ type shardEntry struct {
 	expCRC, smCRC, rawCRC uint32
 }
 
-func (t *tensorEntry) elems() int { return t.rows * t.cols }
+// elems is the elements of the tensor's stream: rows*cols, or an MXFP4
+// matrix's bytes (its codes, then its scales).
+func (t *tensorEntry) elems() int {
+	if t.dtype == kernels.MXFP4 {
+		return t.rows * (kernels.MXFP4.RowBytes(t.cols) + kernels.MXFP4.ScaleBytes(t.cols))
+	}
+	return t.rows * t.cols
+}
 
-func (t *tensorEntry) bytes() int { return t.elems() * t.dtype.Size() }
+func (t *tensorEntry) bytes() int { return t.elems() * elemSize(t.dtype) }
+
+// matrix is the tensor over its decoded bytes b (bytes() long): an MXFP4
+// matrix's codes first, then its scales.
+func (t *tensorEntry) matrix(b []byte) kernels.Matrix {
+	m := kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: b}
+	if n := t.rows * t.dtype.RowBytes(t.cols); t.dtype == kernels.MXFP4 {
+		m.Data, m.Scales = b[:n:n], b[n:]
+	}
+	return m
+}
 
 // shardRange returns shard i's element range [lo, hi).
 func shardRange(n, shards, i int) (lo, hi int) {
 	return int(int64(i) * int64(n) / int64(shards)), int(int64(i+1) * int64(n) / int64(shards))
 }
 
-// shardCount is the number of shards a tensor of n elements gets: K, or
-// one per element below that, and one for a bias (a row of a few
-// thousand elements, decoded in microseconds: more shards would cost
-// more in chunk headers and tables than they save).
-func shardCount(kind Kind, n, k int) int {
-	if kind == B13 || kind == B2 {
+// shardCount is the number of shards tensor t gets: K, or one per
+// element below that; one for a bias (a row of a few thousand elements,
+// decoded in microseconds: more shards would cost more in chunk headers
+// and tables than they save); and for MXFP4, its codes' shards and one
+// more for its scales (shardRange).
+func shardCount(t *tensorEntry, k int) int {
+	n := t.elems()
+	switch {
+	case t.kind == B13 || t.kind == B2:
 		return min(n, 1)
+	case t.dtype == kernels.MXFP4 && n > 0:
+		return min(t.rows*kernels.MXFP4.RowBytes(t.cols), k) + 1
 	}
 	return min(n, k)
+}
+
+// shardRange is the element range [lo, hi) of t's shard i: an even split
+// of its elements, except that an MXFP4 tensor of two shards or more
+// keeps its scales (E8M0 bytes, far fewer distinct values than the codes)
+// in its last shard, coded apart from the codes, which the others split
+// evenly.
+func (t *tensorEntry) shardRange(i int) (lo, hi int) {
+	s := len(t.shards)
+	if t.dtype == kernels.MXFP4 && s >= 2 {
+		codes := t.rows * kernels.MXFP4.RowBytes(t.cols)
+		if i == s-1 {
+			return codes, t.elems()
+		}
+		return shardRange(codes, s-1, i)
+	}
+	return shardRange(t.elems(), s, i)
 }
 
 func (ix *index) find(layer, expert int, kind Kind) (*tensorEntry, error) {
@@ -455,8 +509,10 @@ func (r *reader) tensor(ix *index, i int, version uint32, ids *[]int) error {
 	switch {
 	case t.layer != wantLayer || t.expert != wantExpert || t.kind != wantKind:
 		return fmt.Errorf("%s: out of order, want layer %d expert %d %v: %w", name, wantLayer, wantExpert, wantKind, ErrCorrupt)
-	case !ok:
+	case !ok || (t.dtype == kernels.MXFP4 && version < 3):
 		return fmt.Errorf("%s: unknown dtype code %d: %w", name, code, ErrCorrupt)
+	case t.dtype == kernels.MXFP4 && t.cols%32 != 0:
+		return fmt.Errorf("%s: MXFP4 rows of %d weights, not whole blocks of 32: %w", name, t.cols, ErrCorrupt)
 	case nShards > t.elems() || (t.elems() > 0 && nShards == 0):
 		return fmt.Errorf("%s: %d shards for %d elements: %w", name, nShards, t.elems(), ErrCorrupt)
 	}
@@ -492,7 +548,7 @@ func (r *reader) tensor(ix *index, i int, version uint32, ids *[]int) error {
 		if r.err != nil {
 			return r.err
 		}
-		lo, hi := shardRange(t.elems(), nShards, s)
+		lo, hi := t.shardRange(s)
 		blocks := (hi - lo + ix.blockElems - 1) / ix.blockElems
 		switch {
 		case sh.sm.Size != (hi-lo)*smWidth(t.dtype):

@@ -276,7 +276,7 @@ func (s *Store) ReadExpert(ctx context.Context, layer, expert int, dst []byte) (
 	for i, t := range ts {
 		out := dst[off : off+t.bytes()]
 		off += t.bytes()
-		ms[i] = kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: out}
+		ms[i] = t.matrix(out)
 		tasks = appendTasks(tasks, t, out)
 	}
 	if err := s.run(ctx, tasks, s.verify, false); err != nil {
@@ -300,7 +300,7 @@ func (s *Store) ReadTensor(ctx context.Context, layer, expert int, kind Kind, ds
 	if err := s.run(ctx, appendTasks(nil, t, dst), s.verify, false); err != nil {
 		return kernels.Matrix{}, err
 	}
-	return kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: dst}, nil
+	return t.matrix(dst), nil
 }
 
 // task is one shard to decode into out (the shard's part of the tensor).
@@ -311,9 +311,9 @@ type task struct {
 }
 
 func appendTasks(tasks []task, t *tensorEntry, out []byte) []task {
-	es := t.dtype.Size()
+	es := elemSize(t.dtype)
 	for i := range t.shards {
-		lo, hi := shardRange(t.elems(), len(t.shards), i)
+		lo, hi := t.shardRange(i)
 		tasks = append(tasks, task{t: t, shard: i, out: out[lo*es : hi*es]})
 	}
 	return tasks
@@ -396,7 +396,7 @@ func (s *Store) decodeTask(ctx context.Context, d *decoder, tk *task, verify boo
 	if err := ctx.Err(); err != nil {
 		return fail("", err)
 	}
-	n := len(tk.out) / t.dtype.Size()
+	n := len(tk.out) / elemSize(t.dtype)
 	sm := tk.out[n:]
 	if err := s.readChunk(ctx, sh.sm, sm, sh.smCRC); err != nil {
 		return fail("sign-mantissa", err)

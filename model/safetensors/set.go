@@ -134,6 +134,23 @@ func (s *Set) TensorShape(name string, shape ...int) (Tensor, error) {
 	return t, nil
 }
 
+// Raw returns the bytes of name, a tensor of any dtype, after checking
+// that its dtype (as the file spells it) and shape are exactly these: the
+// parts of a format kernels reads as a whole (MXFP4's U8 blocks and
+// scales).
+func (s *Set) Raw(name, dtype string, shape ...int) ([]byte, error) {
+	f, ok := s.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("safetensors: %q: %w", name, ErrNotFound)
+	}
+	info, _ := f.Info(name)
+	if info.DType != dtype || !slices.Equal(info.Shape, shape) {
+		return nil, fmt.Errorf("safetensors: %q is %s%v, want %s%v", name, info.DType, info.Shape, dtype, shape)
+	}
+	lo, hi := f.dataOff+info.Begin, f.dataOff+info.End
+	return f.data[lo:hi:hi], nil
+}
+
 // Bytes returns the total data bytes of the named tensors.
 func (s *Set) Bytes(names ...string) int64 {
 	var n int64

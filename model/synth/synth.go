@@ -63,8 +63,12 @@ type Preset struct {
 	YaRN map[string]any
 	// gpt-oss's sliding_window (its even layers have it, its odd ones
 	// attend to everything) and swiglu_limit.
-	SlidingWindow    int
-	SwiGLULimit      float64
+	SlidingWindow int
+	SwiGLULimit   float64
+	// MXFP4: the experts as gpt-oss publishes them, MXFP4 blocks and
+	// scales (quantization_config "mxfp4"), drawn as the BF16 ones and
+	// quantized as the OCP MX specification does.
+	MXFP4            bool
 	Hidden           int
 	Intermediate     int  // an expert's
 	HeadDim          int  // 0: Hidden / Heads
@@ -146,6 +150,13 @@ var Presets = map[string]Preset{
 	// MB, laid out as gpt-oss-20b's BF16 checkpoint (transformers' tensor
 	// names and shapes, config.json's fields).
 	"gpt-oss-tiny": {Name: "gpt-oss-tiny", Family: "gpt-oss", Hidden: 128, Intermediate: 64, HeadDim: 32, SlidingWindow: 8, SwiGLULimit: 7,
+		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4,
+		YaRN:           map[string]any{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 128, "rope_type": "yarn", "truncate": false},
+		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 150000},
+	// gpt-oss-tiny-mxfp4: gpt-oss-tiny with its experts in MXFP4, laid out
+	// as openai/gpt-oss-20b is published (*_blocks and *_scales in U8,
+	// biases in BF16, quantization_config "mxfp4").
+	"gpt-oss-tiny-mxfp4": {Name: "gpt-oss-tiny-mxfp4", Family: "gpt-oss", MXFP4: true, Hidden: 128, Intermediate: 64, HeadDim: 32, SlidingWindow: 8, SwiGLULimit: 7,
 		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4,
 		YaRN:           map[string]any{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 128, "rope_type": "yarn", "truncate": false},
 		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 150000},
@@ -483,6 +494,10 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 			"swiglu_limit":           p.SwiGLULimit,
 			"transformers_version":   "4.55.0.dev0",
 		}
+		if p.MXFP4 {
+			own["quantization_config"] = map[string]any{"quant_method": "mxfp4",
+				"modules_to_not_convert": []string{"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}
+		}
 	default:
 		own = map[string]any{
 			"architectures":        []string{"MixtralForCausalLM"},
@@ -512,10 +527,12 @@ func writeJSON(path string, v any) error {
 	return nil
 }
 
-// tensor is one weight to draw: values ~ mean + std*N(0,1).
+// tensor is one weight to draw: values ~ mean + std*N(0,1), or, with
+// mxfp4 set, the blocks or scales of that MXFP4 tensor (fillMXFP4).
 type tensor struct {
 	spec      safetensors.Spec
 	mean, std float64
+	mxfp4     string
 }
 
 // mat is a BF16 matrix of rows x cols drawn with std.
@@ -680,11 +697,92 @@ func gptOssLayers(p Preset) []tensor {
 			vec(at+"sinks", 1, p.Heads),
 			normOf(pre+"post_attention_layernorm.weight", h),
 			mat(pre+"mlp.router.weight", E, h, routerStd), vec(pre+"mlp.router.bias", routerLogitStd, E),
-			vec(ex+"gate_up_proj", 3/math.Sqrt(float64(h)), E, h, 2*in), vec(ex+"gate_up_proj_bias", 0.5, E, 2*in),
-			vec(ex+"down_proj", weightStd, E, in, h), vec(ex+"down_proj_bias", weightStd, E, h),
+			vec(ex+"gate_up_proj_bias", 0.5, E, 2*in), vec(ex+"down_proj_bias", weightStd, E, h),
 		)
+		if p.MXFP4 { // one row per output, as published
+			ts = append(ts, mxfp4Tensors(ex+"gate_up_proj", 3/math.Sqrt(float64(h)), E, 2*in, h)...)
+			ts = append(ts, mxfp4Tensors(ex+"down_proj", weightStd, E, h, in)...)
+			continue
+		}
+		ts = append(ts, vec(ex+"gate_up_proj", 3/math.Sqrt(float64(h)), E, h, 2*in), vec(ex+"down_proj", weightStd, E, in, h))
 	}
 	return ts
+}
+
+// mxfp4Tensors are name_blocks [n, rows, cols/32, 16] and name_scales
+// [n, rows, cols/32], U8: weights drawn with std and quantized to MXFP4
+// (fillMXFP4), both from the same draws.
+func mxfp4Tensors(name string, std float64, n, rows, cols int) []tensor {
+	return []tensor{
+		{spec: safetensors.Spec{Name: name + "_blocks", DType: "U8", Shape: []int{n, rows, cols / 32, 16}}, std: std, mxfp4: name},
+		{spec: safetensors.Spec{Name: name + "_scales", DType: "U8", Shape: []int{n, rows, cols / 32}}, std: std, mxfp4: name},
+	}
+}
+
+// mxfp4BlocksPerChunk is fillMXFP4's unit of parallel, deterministic
+// drawing.
+const mxfp4BlocksPerChunk = 4096
+
+// fillMXFP4 draws the blocks of 32 weights of the MXFP4 tensor t.mxfp4
+// (N(0, t.std), one stream per chunk of blocks, as fill's) and writes
+// either their codes (a _blocks tensor: 16 bytes a block) or their scales
+// (a _scales tensor: 1 byte a block), quantized as the OCP MX v1.0
+// specification does: the scale is 2^(floor(log2(amax)) - 2) (2: E2M1's
+// largest exponent) and each weight the E2M1 value nearest its quotient,
+// clamped to ±6.
+func fillMXFP4(buf []byte, t tensor, seed uint64) {
+	hsh := fnv.New64a()
+	hsh.Write([]byte(t.mxfp4))
+	stream := hsh.Sum64()
+	scales := len(t.spec.Shape) == 3
+	per := 16
+	if scales {
+		per = 1
+	}
+	nb := len(buf) / per
+	chunks := (nb + mxfp4BlocksPerChunk - 1) / mxfp4BlocksPerChunk
+	var wg sync.WaitGroup
+	for c := range chunks {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed^stream, uint64(c)))
+			var w [32]float64
+			for b := c * mxfp4BlocksPerChunk; b < min((c+1)*mxfp4BlocksPerChunk, nb); b++ {
+				amax := 0.0
+				for i := range w {
+					w[i] = t.std * rng.NormFloat64()
+					amax = math.Max(amax, math.Abs(w[i]))
+				}
+				e := -127
+				if amax > 0 {
+					e = max(-127, min(127, int(math.Floor(math.Log2(amax)))-2))
+				}
+				if scales {
+					buf[b] = byte(e + 127)
+					continue
+				}
+				for i := 0; i < 32; i += 2 {
+					buf[16*b+i/2] = e2m1Nearest(math.Ldexp(w[i], -e)) | e2m1Nearest(math.Ldexp(w[i+1], -e))<<4
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// e2m1Nearest is the E2M1 code nearest v (ties to the smaller magnitude),
+// clamped to ±6.
+func e2m1Nearest(v float64) byte {
+	mags := [8]float64{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+	best := 0
+	for q, m := range mags {
+		if math.Abs(math.Abs(v)-m) < math.Abs(math.Abs(v)-mags[best]) {
+			best = q
+		}
+	}
+	if v < 0 && best > 0 {
+		return byte(best) | 8
+	}
+	return byte(best)
 }
 
 // chunkElems is the unit of parallel, deterministic drawing: chunk i of a
@@ -703,7 +801,11 @@ func writeWeights(path string, p Preset, opt Options) error {
 	var done int64
 	meta := map[string]string{"format": "pt", "odmoe_synth_preset": p.Name, "odmoe_synth_seed": fmt.Sprint(opt.Seed)}
 	return safetensors.Write(path, specs, meta, func(i int, buf []byte) error {
-		fill(buf, ts[i], opt.Seed)
+		if ts[i].mxfp4 != "" {
+			fillMXFP4(buf, ts[i], opt.Seed)
+		} else {
+			fill(buf, ts[i], opt.Seed)
+		}
 		done += int64(len(buf))
 		if opt.Progress != nil {
 			opt.Progress(done, total)
@@ -714,8 +816,11 @@ func writeWeights(path string, p Preset, opt Options) error {
 
 // elemBytes is the bytes of one element of the dtypes synth writes.
 func elemBytes(dtype string) int {
-	if dtype == "F32" {
+	switch dtype {
+	case "F32":
 		return 4
+	case "U8":
+		return 1
 	}
 	return 2
 }
