@@ -207,7 +207,7 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 			wf = scratch[:nr*cols]
 			sb := MXFP4.ScaleBytes(cols)
 			for r := range nr {
-				dequantMXFP4Row(wf[r*cols:(r+1)*cols], src[r*rowBytes:], w.Scales[(b0+r)*sb:(b0+r+1)*sb])
+				dequantMXFP4Asm(k, wf[r*cols:(r+1)*cols], src[r*rowBytes:(r+1)*rowBytes], w.Scales[(b0+r)*sb:(b0+r+1)*sb])
 			}
 		default:
 			wf = scratch[:nr*cols]
@@ -271,7 +271,7 @@ func matMulDirect(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n,
 const mxfp4TileRows = 4
 
 // rowsMXFP4SIMD is the MXFP4 row kernel of the assembly paths: a few rows
-// at a time dequantized exactly (dequantMXFP4Row) into float32 scratch,
+// at a time dequantized exactly (dequantMXFP4Asm) into float32 scratch,
 // then the float32 row kernel, whose arithmetic on exact weights is the
 // definition's.
 func rowsMXFP4SIMD(k isa, out []float32, codes, scales []byte, x []float32) {
@@ -292,7 +292,7 @@ func rowsMXFP4SIMD(k isa, out []float32, codes, scales []byte, x []float32) {
 	for r0 := 0; r0 < rows; r0 += mxfp4TileRows {
 		nr := min(mxfp4TileRows, rows-r0)
 		for r := range nr {
-			dequantMXFP4Row(buf[r*cols:(r+1)*cols], codes[(r0+r)*cb:], scales[(r0+r)*sb:(r0+r+1)*sb])
+			dequantMXFP4Asm(k, buf[r*cols:(r+1)*cols], codes[(r0+r)*cb:(r0+r+1)*cb], scales[(r0+r)*sb:(r0+r+1)*sb])
 		}
 		rowsAsm(k, F32, &out[r0], unsafe.Pointer(&buf[0]), &x[0], nr, cols, cols*4, false)
 	}

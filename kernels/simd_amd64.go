@@ -215,3 +215,16 @@ func addAVX2(dst, x *float32, n int)
 
 //go:noescape
 func scaleMulAVX2(out, x, weight *float32, r float32, n int)
+
+// dequantMXFP4Asm writes the len(dst) weights of one MXFP4 row (its
+// codes and scales) into dst (asmgen's x86mxfp4.go: both amd64 paths
+// run the AVX2 kernel). Code 8 comes out +0 where dequantMXFP4Row gives
+// -0, which no Dot can tell apart (kernels/doc.go).
+func dequantMXFP4Asm(_ isa, dst []float32, codes, scales []byte) {
+	if nb := len(dst) / mxfp4Block; nb > 0 {
+		dequantMXFP4AVX2(&dst[0], &codes[:16*nb][0], &scales[:nb][0], nb)
+	}
+}
+
+//go:noescape
+func dequantMXFP4AVX2(dst *float32, codes *byte, scales *byte, blocks int)

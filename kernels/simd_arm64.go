@@ -96,3 +96,9 @@ func addNEON(dst, x *float32, n int)
 
 //go:noescape
 func scaleMulNEON(out, x, weight *float32, r float32, n int)
+
+// dequantMXFP4Asm writes the len(dst) weights of one MXFP4 row into dst:
+// in Go on arm64 (no NEON kernel yet).
+func dequantMXFP4Asm(_ isa, dst []float32, codes, scales []byte) {
+	dequantMXFP4Row(dst, codes, scales)
+}

@@ -306,11 +306,31 @@ func Shape(dir string) (sim.Shape, model.Config, error) {
 	if err != nil {
 		return sim.Shape{}, cfg, err
 	}
+	// the shadow's KV rows travel as fp16 (align.PackKV): keys and
+	// values, or MLA's one latent row that is both
+	kvRows := int64(2)
+	if cfg.MLA != nil {
+		kvRows = 1
+	}
 	return sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
-		// bf16 gate, up and down; the hidden state travels as float32,
-		// the shadow's KV rows as fp16 (align.PackKV)
-		ExpertBytes: 3 * 2 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize), HiddenBytes: 4 * int64(cfg.HiddenSize),
-		KVBytes: int64(cfg.NumLayers) * 2 * int64(cfg.NumKVHeads*cfg.HeadDim) * 2}, cfg, nil
+		ExpertBytes: ExpertBytes(cfg), HiddenBytes: 4 * int64(cfg.HiddenSize), // the hidden state travels as float32
+		KVBytes: int64(cfg.NumLayers) * kvRows * int64(cfg.KVWidth()) * 2}, cfg, nil
+}
+
+// ExpertBytes is one expert's weights as a worker holds them: gate, up
+// and down (3 x hidden x intermediate weights) in BF16, or in MXFP4 (17
+// bytes per 32 weights) for a checkpoint published so (gpt-oss), with
+// gpt-oss's two bias rows in BF16.
+func ExpertBytes(cfg model.Config) int64 {
+	w := 3 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize)
+	b := 2 * w
+	if cfg.Quantization == "mxfp4" {
+		b = w * 17 / 32
+	}
+	if cfg.SwiGLULimit > 0 { // gpt-oss: biases on gate/up and down
+		b += 2 * (2*int64(cfg.IntermediateSize) + int64(cfg.HiddenSize))
+	}
+	return b
 }
 
 // measured is what calibration reads of one bench run.

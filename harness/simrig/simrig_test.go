@@ -1,10 +1,14 @@
 package simrig
 
 import (
+	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/testbed"
 )
 
@@ -29,5 +33,45 @@ func TestARigsOwnFlagsSetTheSimulatedLayoutAndLead(t *testing.T) {
 	rig.Main.Flags = []string{"-group", "two"}
 	if _, err := rigLayout(rig, model.Config{TopK: 4}); err == nil || !strings.Contains(err.Error(), "main") {
 		t.Fatalf("-group two: %v; want an error naming the node", err)
+	}
+}
+
+// TestTheSimulatedShapeIsTheModels: one expert's bytes are what the
+// store gives a worker (BF16 SwiGLU experts; gpt-oss's with their biases,
+// in BF16 and in MXFP4 as published), and a position's KV rows are MLA's
+// one latent row for DeepSeek-V3.
+func TestTheSimulatedShapeIsTheModels(t *testing.T) {
+	for _, preset := range []string{"tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny"} {
+		dir := filepath.Join(t.TempDir(), preset)
+		if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 1}); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(t.TempDir(), "store")
+		if err := store.Convert(context.Background(), dir, out, store.ConvertOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := store.Open(out, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := st.ExpertBytes(st.Layers()[0], 0)
+		st.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, cfg, err := Shape(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ExpertBytes != int64(want) {
+			t.Errorf("%s: an expert of %d bytes, the store's %d", preset, s.ExpertBytes, want)
+		}
+		kv := int64(cfg.NumLayers) * 2 * int64(cfg.NumKVHeads*cfg.HeadDim) * 2
+		if m := cfg.MLA; m != nil {
+			kv = int64(cfg.NumLayers) * int64(m.KVLoRARank+m.RopeDim) * 2
+		}
+		if s.KVBytes != kv {
+			t.Errorf("%s: a position's KV rows of %d bytes, want %d", preset, s.KVBytes, kv)
+		}
 	}
 }

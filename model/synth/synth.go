@@ -153,6 +153,14 @@ var Presets = map[string]Preset{
 		Layers: 3, Heads: 4, KVHeads: 2, Experts: 16, TopK: 4,
 		YaRN:           map[string]any{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 128, "rope_type": "yarn", "truncate": false},
 		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 150000},
+	// gpt-oss-small: gpt-oss-120b's real layer (hidden 2880, 64 query and
+	// 8 KV heads of 64, a window of 128, 128 experts of 2880, top-4) with
+	// its experts in MXFP4 as published, one layer and a 32000-token
+	// vocabulary (the real 201088 would be 2.3 GB alone): ~2.1 GB.
+	"gpt-oss-small": {Name: "gpt-oss-small", Family: "gpt-oss", MXFP4: true, Hidden: 2880, Intermediate: 2880, HeadDim: 64, SlidingWindow: 128, SwiGLULimit: 7,
+		Layers: 1, Heads: 64, KVHeads: 8, Experts: 128, TopK: 4, Vocab: 32000,
+		YaRN:           map[string]any{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+		TokenizerVocab: 4096, MaxPositions: 131072, RopeTheta: 150000},
 	// gpt-oss-tiny-mxfp4: gpt-oss-tiny with its experts in MXFP4, laid out
 	// as openai/gpt-oss-20b is published (*_blocks and *_scales in U8,
 	// biases in BF16, quantization_config "mxfp4").

@@ -3,6 +3,7 @@ package synth
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -218,5 +219,43 @@ func TestEveryTinyPresetLoads(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGptOssSmallHasGptOss120bsLayer: gpt-oss-small's experts are
+// gpt-oss-120b's as published: 128 of them, each gate_up (2*2880 x 2880)
+// and down (2880 x 2880) in MXFP4 (17 bytes per 32 weights) and its two
+// bias rows in BF16, stacked per layer; ~2.1 GB in all (one layer of
+// 1.7 GB of experts, a 32000-token vocabulary).
+func TestGptOssSmallHasGptOss120bsLayer(t *testing.T) {
+	const h, in, E = 2880, 2880, 128
+	want := map[string][]int{
+		"model.layers.0.mlp.experts.gate_up_proj_blocks": {E, 2 * in, h / 32, 16},
+		"model.layers.0.mlp.experts.gate_up_proj_scales": {E, 2 * in, h / 32},
+		"model.layers.0.mlp.experts.gate_up_proj_bias":   {E, 2 * in},
+		"model.layers.0.mlp.experts.down_proj_blocks":    {E, h, in / 32, 16},
+		"model.layers.0.mlp.experts.down_proj_scales":    {E, h, in / 32},
+		"model.layers.0.mlp.experts.down_proj_bias":      {E, h},
+	}
+	var experts, total int64
+	for _, ts := range tensors(Presets["gpt-oss-small"]) {
+		n := int64(elements(ts.spec.Shape) * elemBytes(ts.spec.DType))
+		total += n
+		if shape, ok := want[ts.spec.Name]; ok {
+			if fmt.Sprint(shape) != fmt.Sprint(ts.spec.Shape) {
+				t.Errorf("%s: shape %v, want %v", ts.spec.Name, ts.spec.Shape, shape)
+			}
+			experts += n
+			delete(want, ts.spec.Name)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("missing %v", want)
+	}
+	if per := experts / E; per != 3*h*in*17/32+(2*in+h)*2 {
+		t.Errorf("an expert is %d bytes, want %d", per, 3*h*in*17/32+(2*in+h)*2)
+	}
+	if total > 2200<<20 {
+		t.Errorf("%d MiB of weights, over the ~2.1 GB it is sized for", total>>20)
 	}
 }

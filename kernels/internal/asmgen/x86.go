@@ -48,6 +48,8 @@ func (k x86) all(a *asm) {
 	k.axpy(a)
 	if k.parts == 2 {
 		axpyRowsAVX2(a) // the AVX-512 path calls it too
+		dequantMXFP4(a) // so does this
+		mxfp4Data(a)
 	}
 	k.add(a)
 	k.scaleMul(a)
