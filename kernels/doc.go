@@ -34,7 +34,7 @@
 //  1. Widen each weight exactly to float32: F32 as is; BF16 by bits<<16;
 //     F16 by the exact IEEE conversion (F16ToF32); Q8 and NF4 by their
 //     dequantization (below), one float32 multiply; MXFP4 to its exact
-//     value (below).
+//     value and F8E4M3 to its code's times its block's scale (below).
 //  2. Keep 16 float32 lane accumulators acc[0..15], all starting at +0.
 //  3. For i = 0, 1, ..., n-1 in increasing order:
 //     acc[i%16] = acc[i%16] + float32(w[i]*x[i])
@@ -87,6 +87,18 @@
 // them in transformers' dequantization. The exact weights then enter the
 // Dot definition above, so an MXFP4 MatVec or MatMul is, bit for bit, the
 // same product on the float32 matrix of its values, on every path.
+//
+// F8E4M3 (OFP8 E4M3FN with 128x128 block scales; DeepSeek-V3's weights)
+// is read as checkpoints ship it too: Data holds one code a byte, row by
+// row, and Scales the float32 weight_scale_inv of every block of 128 rows
+// and 128 columns (ceil(rows/128) rows of ceil(cols/128)). Weight (r, c)
+// is
+//
+//	float32(e4m3[q] * scale[r/128][c/128])    one float32 multiply, rounded
+//
+// with e4m3[q] the code's exact value (sign, 4 exponent bits of bias 7, 3
+// mantissa bits, exponent 0 subnormal, S.1111.111 NaN, no infinity); the
+// weights then enter the Dot definition.
 //
 // # Quantized weights: Q8 and NF4
 //

@@ -22,6 +22,10 @@ const (
 	// experts: E2M1 codes, two a byte (the lower nibble first), in Data,
 	// and one E8M0 scale byte per 32 along a row in Matrix.Scales.
 	MXFP4
+	// F8E4M3 is FP8 (E4M3FN) with one float32 scale per 128x128 block, as
+	// DeepSeek-V3 ships its weights: codes in Data, one a byte, and the
+	// block scales (weight_scale_inv) in Matrix.Scales.
+	F8E4M3
 )
 
 // Size returns the bytes per element of a float dtype, 0 for an unknown
@@ -51,13 +55,15 @@ func (d DType) RowBytes(cols int) int {
 		return 4*ceilDiv(cols, nf4Block) + ceilDiv(cols, 2)
 	case MXFP4:
 		return ceilDiv(cols, 2)
+	case F8E4M3:
+		return cols
 	}
 	return cols * d.Size()
 }
 
 // ScaleBytes returns the bytes of one row's scales that a dtype keeps in
 // Matrix.Scales rather than in its rows: cols/32 for MXFP4, 0 for the
-// others.
+// others (F8E4M3's scales are per block of rows: ScalesBytes).
 func (d DType) ScaleBytes(cols int) int {
 	if d == MXFP4 {
 		return ceilDiv(cols, mxfp4Block)
@@ -65,8 +71,18 @@ func (d DType) ScaleBytes(cols int) int {
 	return 0
 }
 
+// ScalesBytes returns the size of Matrix.Scales for a rows x cols matrix
+// of d: rows*ScaleBytes(cols) for MXFP4, a float32 per 128x128 block for
+// F8E4M3, 0 for the others.
+func ScalesBytes(d DType, rows, cols int) int {
+	if d == F8E4M3 {
+		return 4 * ceilDiv(rows, f8Block) * ceilDiv(cols, f8Block)
+	}
+	return rows * d.ScaleBytes(cols)
+}
+
 // known reports whether d is one of the dtypes above.
-func (d DType) known() bool { return d <= MXFP4 }
+func (d DType) known() bool { return d <= F8E4M3 }
 
 // String returns the safetensors spelling ("F32", "F16", "BF16"), or "Q8"
 // or "NF4".
@@ -84,6 +100,8 @@ func (d DType) String() string {
 		return "NF4"
 	case MXFP4:
 		return "MXFP4"
+	case F8E4M3:
+		return "F8E4M3"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -135,7 +153,7 @@ func (m Matrix) Validate() error {
 	if want := m.Rows * m.DType.RowBytes(m.Cols); len(m.Data) != want {
 		return fmt.Errorf("kernels: %dx%d %v matrix needs %d bytes, has %d", m.Rows, m.Cols, m.DType, want, len(m.Data))
 	}
-	if want := m.Rows * m.DType.ScaleBytes(m.Cols); len(m.Scales) != want {
+	if want := ScalesBytes(m.DType, m.Rows, m.Cols); len(m.Scales) != want {
 		return fmt.Errorf("kernels: %dx%d %v matrix needs %d bytes of scales, has %d", m.Rows, m.Cols, m.DType, want, len(m.Scales))
 	}
 	return nil

@@ -317,6 +317,8 @@ func matVecRows(p *rowKernels, out []float32, w Matrix, x []float32, r0, r1 int)
 	case MXFP4:
 		sb := MXFP4.ScaleBytes(w.Cols)
 		p.matVecMXFP4(out, b, w.Scales[r0*sb:r1*sb], x)
+	case F8E4M3:
+		p.matVecF8(out, b, w.Scales, x, r0)
 	}
 }
 

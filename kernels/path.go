@@ -47,9 +47,12 @@ type rowKernels struct {
 	matVecNF4  func(out []float32, w []byte, x []float32)
 	// MXFP4: len(out) rows of codes and of scales (Matrix.Scales)
 	matVecMXFP4 func(out []float32, codes, scales []byte, x []float32)
+	// F8E4M3: len(out) rows of codes from row r0 on, and the matrix's
+	// whole Matrix.Scales
+	matVecF8 func(out []float32, codes, scales []byte, x []float32, r0 int)
 }
 
-var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go, matVecMXFP4Go}
+var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go, matVecMXFP4Go, matVecF8Go}
 
 // goPath is the pure-Go reference: the definition itself.
 var goPath = &path{

@@ -27,6 +27,9 @@ func newSIMDPath(name string, k isa) *path {
 	p.matVecQ8 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, Q8, out, w, x) }
 	p.matVecNF4 = func(out []float32, w []byte, x []float32) { rowsQuantSIMD(k, NF4, out, w, x) }
 	p.matVecMXFP4 = func(out []float32, codes, scales []byte, x []float32) { rowsMXFP4SIMD(k, out, codes, scales, x) }
+	p.matVecF8 = func(out []float32, codes, scales []byte, x []float32, r0 int) {
+		rowsF8SIMD(k, out, codes, scales, x, r0)
+	}
 	p.dotF32 = func(a, b []float32) float32 { return dotF32SIMD(k, a, b) }
 	p.sum = func(x []float32) float32 { return sumSIMD(k, x) }
 	p.matMulRows = func(out []float32, w Matrix, x []float32, n, r0, r1 int) {
@@ -203,6 +206,11 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		case BF16, F16:
 			wf = scratch[:nr*cols]
 			widenAsm(k, w.DType, &wf[0], &u16View(src)[0], nr*cols)
+		case F8E4M3:
+			wf = scratch[:nr*cols]
+			for r := range nr {
+				dequantF8Row(wf[r*cols:(r+1)*cols], src[r*rowBytes:(r+1)*rowBytes], w.Scales, b0+r)
+			}
 		case MXFP4:
 			wf = scratch[:nr*cols]
 			sb := MXFP4.ScaleBytes(cols)
@@ -295,5 +303,34 @@ func rowsMXFP4SIMD(k isa, out []float32, codes, scales []byte, x []float32) {
 			dequantMXFP4Asm(k, buf[r*cols:(r+1)*cols], codes[(r0+r)*cb:(r0+r+1)*cb], scales[(r0+r)*sb:(r0+r+1)*sb])
 		}
 		rowsAsm(k, F32, &out[r0], unsafe.Pointer(&buf[0]), &x[0], nr, cols, cols*4, false)
+	}
+}
+
+// rowsF8SIMD is the F8E4M3 row kernel of the assembly paths, as
+// rowsMXFP4SIMD: a few rows at a time dequantized (dequantF8Row) into
+// float32 scratch, then the float32 row kernel, tail included.
+func rowsF8SIMD(k isa, out []float32, codes, scales []byte, x []float32, r0 int) {
+	rows, cols := len(out), len(x)
+	if rows == 0 {
+		return
+	}
+	if cols == 0 {
+		for r := range out {
+			out[r] = 0
+		}
+		return
+	}
+	sp := mmScratch.Get().(*[]float32)
+	defer mmScratch.Put(sp)
+	if need := mxfp4TileRows * cols; cap(*sp) < need {
+		*sp = make([]float32, need)
+	}
+	buf := (*sp)[:mxfp4TileRows*cols]
+	for i0 := 0; i0 < rows; i0 += mxfp4TileRows {
+		nr := min(mxfp4TileRows, rows-i0)
+		for r := range nr {
+			dequantF8Row(buf[r*cols:(r+1)*cols], codes[(i0+r)*cols:(i0+r+1)*cols], scales, r0+i0+r)
+		}
+		rowsSIMD(k, F32, out[i0:i0+nr], buf[:nr*cols], x, widenF32)
 	}
 }

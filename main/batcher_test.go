@@ -47,7 +47,7 @@ func batchedGenerations(t *testing.T, b *mainnode.Batcher, prompts [][]int, n in
 // for a swarm of 4 workers, with the whole model and the main node's part
 // of it.
 func eachFamily(t *testing.T, seed uint64, test func(t *testing.T, preset string, f inproc.Files, local, mainModel *model.Model)) {
-	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4"} {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
 		t.Run(preset, func(t *testing.T) {
 			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, seed, 4)
 			if err != nil {

@@ -19,7 +19,7 @@ import (
 // of a layer). The shadow's recall (eq. 3) is logged for each family and
 // quantization and must be well above chance (top-k / experts).
 func TestEveryFamilyOnTheSwarmIsBitIdenticalToLocal(t *testing.T) {
-	for _, preset := range []string{"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4"} {
+	for _, preset := range []string{"qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
 		t.Run(preset, func(t *testing.T) {
 			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 21, 4)
 			if err != nil {

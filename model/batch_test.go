@@ -11,7 +11,7 @@ import (
 
 // eachFamily runs test on each family's tiny preset, generated with seed.
 func eachFamily(t *testing.T, seed uint64, test func(t *testing.T, m *Model)) {
-	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4"} {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
 		t.Run(preset, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), preset)
 			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: seed}); err != nil {

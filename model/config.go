@@ -142,7 +142,9 @@ type rawConfig struct {
 	RopeTheta        *float64        `json:"rope_theta"`
 	RopeScaling      json.RawMessage `json:"rope_scaling"`
 	Quantization     *struct {
-		Method string `json:"quant_method"`
+		Method    string `json:"quant_method"`
+		Fmt       string `json:"fmt"`               // fp8: "e4m3"
+		BlockSize []int  `json:"weight_block_size"` // fp8: [128, 128]
 	} `json:"quantization_config"`
 	TieEmbeddings    *bool           `json:"tie_word_embeddings"`
 	SlidingWindow    *int            `json:"sliding_window"`
@@ -251,7 +253,7 @@ func ParseConfig(b []byte) (Config, error) {
 		// a quantized checkpoint's weights are not what its dtypes say:
 		// only the formats a family reads as such are taken
 		if !slices.Contains(arch.quantMethods, q.Method) {
-			return Config{}, fmt.Errorf(`field "quantization_config" says %q: odmoe reads unquantized checkpoints (BF16, F16, F32) and gpt-oss's "mxfp4" experts (DeepSeek-V3's "fp8" next)`, q.Method)
+			return Config{}, fmt.Errorf(`field "quantization_config" says %q: odmoe reads unquantized checkpoints (BF16, F16, F32), gpt-oss's "mxfp4" experts and DeepSeek-V3's "fp8" weights`, q.Method)
 		}
 		c.Quantization = q.Method
 	}

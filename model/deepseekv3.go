@@ -3,6 +3,8 @@ package model
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/odmoe/odmoe/kernels"
 )
 
 // DeepSeek-V3 (DeepseekV3ForCausalLM, also DeepSeek-R1 and Kimi K2):
@@ -48,7 +50,8 @@ func init() {
 			}
 			return L
 		},
-		expertNames: mlpExpertNames,
+		expertNames:  mlpExpertNames,
+		quantMethods: []string{"fp8"},
 	})
 }
 
@@ -84,6 +87,15 @@ func deepseekV3Config(r *rawConfig, c *Config) error {
 	dense := or(r.FirstKDense, 3)
 	for l := range min(dense, c.NumLayers) {
 		c.DenseLayers = append(c.DenseLayers, l)
+	}
+	if q := r.Quantization; q != nil && q.Method == "fp8" {
+		// DeepSeek's FP8 checkpoints: E4M3 weights, one weight_scale_inv
+		// per 128x128 block; activations stay float32 here (the dynamic
+		// activation scheme is a kernel's lossy choice, not the model's
+		// weights)
+		if q.Fmt != "e4m3" || len(q.BlockSize) != 2 || q.BlockSize[0] != 128 || q.BlockSize[1] != 128 {
+			return fmt.Errorf(`field "quantization_config" is fp8 with fmt %q and weight_block_size %v; odmoe reads "e4m3" in blocks of [128, 128]`, q.Fmt, q.BlockSize)
+		}
 	}
 	if s := or(r.ScoringFunc, "sigmoid"); s != "sigmoid" {
 		return fmt.Errorf(`field "scoring_func" is %q; DeepseekV3ForCausalLM's router scores with "sigmoid"`, s)
@@ -144,6 +156,14 @@ func (b *binder) mla(c Config, p string) Attention {
 	if b.err == nil {
 		w.ukT, b.err = absorbedKeys(w.KVB, H, m.NopeDim, m.VDim)
 		*b.bytes += int64(len(w.ukT.Data)) // held beside the checkpoint's
+	}
+	if b.err == nil && w.KVB.DType == kernels.F8E4M3 {
+		w.uv = headValueRows(w.KVB, m, H)
+		for _, u := range w.uv {
+			if u.DType == kernels.F32 {
+				*b.bytes += int64(len(u.Data))
+			}
+		}
 	}
 	a.MLA = w
 	return a

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -20,6 +21,53 @@ type MLAWeights struct {
 	// query into the latent space: attention then runs over the cached
 	// latents themselves, never over per-head keys and values.
 	ukT kernels.Matrix
+	// uv, when set, are each head's value rows of KVB, made at bind for
+	// an F8E4M3 KVB (block scales do not follow a head's rows unless
+	// they start a block: those heads' rows are dequantized to F32);
+	// nil: row blocks of KVB.
+	uv []kernels.Matrix
+}
+
+// dequantizedRows is rows [from, from+n) of m as a new F32 matrix, each
+// weight as kernels.RowToFloat32 gives it.
+func dequantizedRows(m kernels.Matrix, from, n int) kernels.Matrix {
+	out := kernels.Matrix{DType: kernels.F32, Rows: n, Cols: m.Cols, Data: make([]byte, 0, 4*n*m.Cols)}
+	row := make([]float32, m.Cols)
+	for r := range n {
+		kernels.RowToFloat32(row, m, from+r)
+		for _, v := range row {
+			out.Data = binary.LittleEndian.AppendUint32(out.Data, math.Float32bits(v))
+		}
+	}
+	return out
+}
+
+// valueRows is head's value rows of KVB ([v, rank]).
+func (w *MLAWeights) valueRows(m *MLAConfig, head int) kernels.Matrix {
+	if w.uv != nil {
+		return w.uv[head]
+	}
+	return rowBlock(w.KVB, head*(m.NopeDim+m.VDim)+m.NopeDim, m.VDim)
+}
+
+// headValueRows makes uv for an F8E4M3 KVB: a head whose value rows
+// start a 128-row block keeps them in F8 with their scales; another's
+// are dequantized to F32 (each weight exactly as the F8 product reads
+// it, so results do not change).
+func headValueRows(kvb kernels.Matrix, m *MLAConfig, heads int) []kernels.Matrix {
+	uv := make([]kernels.Matrix, heads)
+	cb := 4 * ((kvb.Cols + 127) / 128) // scale bytes of a 128-row block
+	for h := range uv {
+		from := h*(m.NopeDim+m.VDim) + m.NopeDim
+		if from%128 == 0 && (m.VDim%128 == 0 || from+m.VDim == kvb.Rows) {
+			b := rowBlock(kvb, from, m.VDim)
+			b.Scales = kvb.Scales[from/128*cb : (from+m.VDim+127)/128*cb]
+			uv[h] = b
+			continue
+		}
+		uv[h] = dequantizedRows(kvb, from, m.VDim)
+	}
+	return uv
 }
 
 // mlaNormEps is the epsilon of q_a_layernorm and kv_a_layernorm:
@@ -32,6 +80,11 @@ const mlaNormEps = 1e-6
 // [heads*rank, nope] matrix of the same dtype: element moves only, so it
 // is exact.
 func absorbedKeys(kvb kernels.Matrix, heads, nope, v int) (kernels.Matrix, error) {
+	if kvb.DType == kernels.F8E4M3 {
+		// block scales do not survive the transpose: dequantize (exactly
+		// as the F8 product reads each weight) and transpose F32
+		kvb = dequantizedRows(kvb, 0, kvb.Rows)
+	}
 	size := kvb.DType.RowBytes(1)
 	if kvb.DType.RowBytes(kvb.Cols) != size*kvb.Cols {
 		return kernels.Matrix{}, fmt.Errorf("model: kv_b_proj of dtype %v: MLA needs a dtype of whole elements", kvb.DType)
@@ -157,7 +210,7 @@ func (a *Attention) forwardMLA(s *Session, l, n int, rows kvRows) error {
 		for t := range n {
 			copy(lat[t*rank:(t+1)*rank], s.v[(t*H+head)*width:])
 		}
-		kernels.MatMul(out, rowBlock(w.KVB, head*(m.NopeDim+vd)+m.NopeDim, vd), lat, n)
+		kernels.MatMul(out, w.valueRows(m, head), lat, n)
 		for t := range n {
 			copy(s.hn[(t*H+head)*vd:(t*H+head+1)*vd], out[t*vd:(t+1)*vd])
 		}

@@ -50,6 +50,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		add(&da.O, sa.O, dt)
 		if sm := sa.MLA; sm != nil { // every projection of its own, the transposed keys too
 			dm := *sm
+			dm.uv = nil // row blocks of the quantized KVB
 			da.MLA = &dm
 			for _, p := range []struct{ dst, src *kernels.Matrix }{{&dm.QA, &sm.QA}, {&dm.QB, &sm.QB}, {&dm.KVA, &sm.KVA}, {&dm.KVB, &sm.KVB}} {
 				add(p.dst, *p.src, dt)

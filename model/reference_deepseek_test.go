@@ -198,6 +198,44 @@ func TestDeepseekV3MatchesFloat64Reference(t *testing.T) {
 	checkDeepseek(t, m, dir, cfgJSON)
 }
 
+// TestADeepseekV3FP8CheckpointMatchesFloat64Reference: deepseek-v3-tiny-fp8
+// (every projection F8_E4M3 with its 128x128 weight_scale_inv, as
+// DeepSeek publishes V3 and R1) is bound as F8 matrices and gives logits
+// within 1e-4 of the float64 reference on the dequantized weights; and
+// so does the same with heads of 32 + 32, whose value rows of kv_b_proj
+// do not start a scale block (dequantized to F32 at bind).
+func TestADeepseekV3FP8CheckpointMatchesFloat64Reference(t *testing.T) {
+	for _, nope := range []int{128, 32} {
+		p := synth.Presets["deepseek-v3-tiny-fp8"]
+		if nope != p.NopeDim {
+			p.Name, p.NopeDim, p.VDim = "deepseek-v3-tiny-fp8-narrow", nope, nope
+			synth.Presets[p.Name] = p
+			defer delete(synth.Presets, p.Name)
+		}
+		m, dir := loadPreset(t, p.Name)
+		w := m.Layers[1].Attention.MLA
+		if w.KVB.DType != kernels.F8E4M3 || w.QA.DType != kernels.F8E4M3 || m.Layers[0].Dense.MLP.Gate.DType != kernels.F8E4M3 ||
+			m.Layers[1].MoE.Experts[0].Gate.DType != kernels.F8E4M3 || m.Layers[1].MoE.Shared.Down.DType != kernels.F8E4M3 ||
+			m.Layers[1].MoE.Router.DType != kernels.BF16 || m.LMHead.DType != kernels.BF16 {
+			t.Fatalf("%s binds KVB %v, q_a %v, dense %v, expert %v, shared %v, router %v, head %v", p.Name, w.KVB.DType, w.QA.DType,
+				m.Layers[0].Dense.MLP.Gate.DType, m.Layers[1].MoE.Experts[0].Gate.DType, m.Layers[1].MoE.Shared.Down.DType, m.Layers[1].MoE.Router.DType, m.LMHead.DType)
+		}
+		if want := kernels.F8E4M3; nope == 32 {
+			want = kernels.F32
+			if w.uv[1].DType != want {
+				t.Fatalf("%s: head 1's value rows are %v, want %v", p.Name, w.uv[1].DType, want)
+			}
+		} else if w.uv[1].DType != want {
+			t.Fatalf("%s: head 1's value rows are %v, want %v", p.Name, w.uv[1].DType, want)
+		}
+		cfgJSON, err := os.ReadFile(filepath.Join(dir, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkDeepseek(t, m, dir, cfgJSON)
+	}
+}
+
 // checkDeepseek runs a 24-token sequence through m token by token against
 // the reference.
 func checkDeepseek(t *testing.T, m *Model, dir string, cfgJSON []byte) {
@@ -281,8 +319,9 @@ func TestAQuantizedDeepseekV3OwnsItsMLAWeights(t *testing.T) {
 
 // TestDeepseekV3ConfigRefusesWhatItDoesNotCompute: a scoring_func or
 // topk_method transformers' DeepseekV3ForCausalLM does not use, a group
-// layout that cannot hold the top-k, and a quantized checkpoint (FP8, as
-// DeepSeek publishes it, or any quantization_config) are refused, each
+// layout that cannot hold the top-k, an FP8 quantization_config of
+// another format or block size than DeepSeek publishes, and any other
+// quantization method are refused, each
 // naming the field.
 func TestDeepseekV3ConfigRefusesWhatItDoesNotCompute(t *testing.T) {
 	_, dir := loadPreset(t, "deepseek-v3-tiny")
@@ -300,7 +339,9 @@ func TestDeepseekV3ConfigRefusesWhatItDoesNotCompute(t *testing.T) {
 		{`"n_group": 8`, `"n_group": 5`, `"n_group" (5) does not divide`},
 		{`"attention_bias": false`, `"attention_bias": true`, `"attention_bias" is true`},
 		{`"v_head_dim": 32`, `"v_head_dim": 32, "rope_interleave": false`, `"rope_interleave" is false`},
-		{`"v_head_dim": 32`, `"v_head_dim": 32, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}`, `"quantization_config" says "fp8"`},
+		{`"v_head_dim": 32`, `"v_head_dim": 32, "quantization_config": {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}`, `fmt "e5m2"`},
+		{`"v_head_dim": 32`, `"v_head_dim": 32, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 64]}`, `weight_block_size [64 64]`},
+		{`"v_head_dim": 32`, `"v_head_dim": 32, "quantization_config": {"quant_method": "awq"}`, `"quantization_config" says "awq"`},
 	} {
 		b := strings.Replace(string(orig), c.from, c.to, 1)
 		if b == string(orig) {

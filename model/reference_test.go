@@ -25,6 +25,9 @@ type refModel struct {
 }
 
 func (r refModel) tensor(name string) [][]float64 {
+	if info, ok := r.set.Info(name); ok && info.DType == "F8_E4M3" {
+		return r.f8(name, info.Shape)
+	}
 	t, err := r.set.Tensor(name)
 	if err != nil {
 		r.t.Fatal(err)
@@ -52,6 +55,40 @@ func (r refModel) tensor(name string) [][]float64 {
 }
 
 func (r refModel) vec(name string) []float64 { return r.tensor(name)[0] }
+
+// f8 reads an F8_E4M3 weight as DeepSeek-V3's weight_dequant computes
+// it, in float64: each code's E4M3 value (decoded from its bits) times
+// its 128x128 block's weight_scale_inv.
+func (r refModel) f8(name string, shape []int) [][]float64 {
+	rows, cols := shape[0], shape[1]
+	codes, err := r.set.Raw(name, "F8_E4M3", rows, cols)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	cb := (cols + 127) / 128
+	scales, err := r.set.Raw(name+"_scale_inv", "F32", (rows+127)/128, cb)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := make([][]float64, rows)
+	for i := range out {
+		out[i] = make([]float64, cols)
+		for j := range out[i] {
+			b := codes[i*cols+j]
+			e, m := int(b>>3&15), float64(b&7)
+			v := math.Ldexp(m/8, -6)
+			if e > 0 {
+				v = math.Ldexp(1+m/8, e-7)
+			}
+			if b&0x80 != 0 {
+				v = -v
+			}
+			k := 4 * (i/128*cb + j/128)
+			out[i][j] = v * float64(math.Float32frombits(uint32(scales[k])|uint32(scales[k+1])<<8|uint32(scales[k+2])<<16|uint32(scales[k+3])<<24))
+		}
+	}
+	return out
+}
 
 func linear(w [][]float64, x []float64) []float64 {
 	y := make([]float64, len(w))

@@ -117,11 +117,15 @@ type binder struct {
 	set   *safetensors.Set
 	err   error
 	bytes *int64
+	fp8   bool // the config's quantization_config is fp8
 }
 
 func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
 	if b.err != nil {
 		return kernels.Matrix{}
+	}
+	if info, ok := b.set.Info(name); ok && info.DType == "F8_E4M3" {
+		return b.f8(name, rows, cols)
 	}
 	t, err := b.set.TensorShape(name, rows, cols)
 	if err != nil {
@@ -131,6 +135,28 @@ func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
 	m, _ := t.Matrix()
 	*b.bytes += int64(len(t.Data))
 	return m
+}
+
+// f8 binds an F8_E4M3 weight and its weight_scale_inv (one float32 per
+// 128x128 block) as an F8E4M3 matrix aliasing the checkpoint.
+func (b *binder) f8(name string, rows, cols int) kernels.Matrix {
+	if !b.fp8 {
+		b.err = fmt.Errorf(`tensor %q is F8_E4M3, and config.json has no "quantization_config" saying fp8`, name)
+		return kernels.Matrix{}
+	}
+	codes, err := b.set.Raw(name, "F8_E4M3", rows, cols)
+	if err != nil {
+		b.err = err
+		return kernels.Matrix{}
+	}
+	scaleName := name + "_scale_inv" // model.x.weight -> model.x.weight_scale_inv
+	scales, err := b.set.Raw(scaleName, "F32", (rows+127)/128, (cols+127)/128)
+	if err != nil {
+		b.err = err
+		return kernels.Matrix{}
+	}
+	*b.bytes += int64(len(codes) + len(scales))
+	return kernels.Matrix{DType: kernels.F8E4M3, Rows: rows, Cols: cols, Data: codes, Scales: scales}
 }
 
 func (b *binder) vector(name string, n int) []float32 {
@@ -151,7 +177,8 @@ func (b *binder) vector(name string, n int) []float32 {
 func (m *Model) bind(opt LoadOptions) error {
 	c, arch := m.Config, m.arch
 	h := c.HiddenSize
-	b := &binder{set: m.set, bytes: &m.nonExpertBytes}
+	fp8 := c.Quantization == "fp8"
+	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8}
 	m.Embed = b.matrix(arch.embed, c.VocabSize, h)
 	m.FinalNorm = b.vector(arch.finalNorm, h)
 	if c.TieEmbeddings {
@@ -167,7 +194,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	if opt.SkipExperts || b.err != nil {
 		return b.err
 	}
-	eb := &binder{set: m.set, bytes: &m.expertBytes}
+	eb := &binder{set: m.set, bytes: &m.expertBytes, fp8: fp8}
 	for _, l := range c.ExpertLayers() {
 		moe := m.Layers[l].MoE
 		if arch.experts != nil {

@@ -306,3 +306,55 @@ func mustSet(t *testing.T, dir string) *safetensors.Set {
 	t.Cleanup(func() { set.Close() })
 	return set
 }
+
+// TestAnFP8StoreHoldsItsExpertsAsTheyAre: deepseek-v3-tiny-fp8's experts
+// (F8_E4M3 codes and float32 block scales, as DeepSeek publishes them)
+// convert into a version 3 store that reads back byte for byte, scales
+// included, verifies, and keeps each matrix's scales in a shard of its
+// own.
+func TestAnFP8StoreHoldsItsExpertsAsTheyAre(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ds")
+	if err := synth.Generate(dir, synth.Options{Preset: "deepseek-v3-tiny-fp8", Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "store")
+	if err := Convert(context.Background(), dir, out, ConvertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(dir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	st, err := Open(out, Options{VerifyDecoded: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.ix.version != 3 || st.Form() != FormSwiGLU {
+		t.Fatalf("version %d form %v, want 3 and SwiGLU", st.ix.version, st.Form())
+	}
+	for _, l := range st.Layers() {
+		for e := range st.Experts() {
+			n, _ := st.ExpertBytes(l, e)
+			got, err := st.ReadExpert(context.Background(), l, e, make([]byte, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := m.Layers[l].MoE.Experts[e]
+			for i, pair := range [][2]kernels.Matrix{{got.Gate, want.Gate}, {got.Up, want.Up}, {got.Down, want.Down}} {
+				g, w := pair[0], pair[1]
+				if g.DType != kernels.F8E4M3 || g.DType != w.DType || g.Rows != w.Rows || g.Cols != w.Cols || !bytes.Equal(g.Data, w.Data) || !bytes.Equal(g.Scales, w.Scales) {
+					t.Fatalf("layer %d expert %d matrix %d: %v differs from the checkpoint's %v", l, e, i, g.DType, w.DType)
+				}
+			}
+		}
+	}
+	if err := st.Verify(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	w1, _ := st.ix.find(st.Layers()[0], 0, W1)
+	if lo, hi := w1.shardRange(len(w1.shards) - 1); lo != w1.rows*w1.cols || hi != lo+kernels.ScalesBytes(kernels.F8E4M3, w1.rows, w1.cols) {
+		t.Errorf("w1's last shard is [%d, %d); want its scales after %d code bytes", lo, hi, w1.rows*w1.cols)
+	}
+}

@@ -19,9 +19,9 @@ const (
 	ChunkFile = "chunks.bin"
 
 	// Version is the newest store format version this build writes and
-	// reads: a store of gpt-oss's experts (FormClampedSwiGLU). A store of
-	// SwiGLU experts is written as version 2, which older builds read
-	// too. Version 1 (whose expert layers are 0..L-1: a version 1 index
+	// reads: a store of gpt-oss's experts (FormClampedSwiGLU) or of
+	// experts in MXFP4 or F8E4M3. A store of SwiGLU experts in float
+	// dtypes is written as version 2, which older builds read too. Version 1 (whose expert layers are 0..L-1: a version 1 index
 	// is a version 2 index of a model with no dense layers) is read.
 	Version = 3
 
@@ -131,6 +131,7 @@ const (
 	codeF16   = 2
 	codeF32   = 3
 	codeMXFP4 = 4 // version 3
+	codeF8    = 5 // version 3
 )
 
 func dtypeCode(d kernels.DType) (uint8, error) {
@@ -143,6 +144,8 @@ func dtypeCode(d kernels.DType) (uint8, error) {
 		return codeF32, nil
 	case kernels.MXFP4:
 		return codeMXFP4, nil
+	case kernels.F8E4M3:
+		return codeF8, nil
 	}
 	return 0, fmt.Errorf("store: unsupported dtype %v", d)
 }
@@ -157,6 +160,8 @@ func dtypeOf(code uint8) (kernels.DType, bool) {
 		return kernels.F32, true
 	case codeMXFP4:
 		return kernels.MXFP4, true
+	case codeF8:
+		return kernels.F8E4M3, true
 	}
 	return 0, false
 }
@@ -166,14 +171,18 @@ func dtypeOf(code uint8) (kernels.DType, bool) {
 func smWidth(d kernels.DType) int { return elemSize(d) - 1 }
 
 // elemSize is the bytes of one element of a tensor's stream: a float
-// dtype's size, or 1 for MXFP4, whose stream is its bytes (codes, then
-// scales), each coded whole.
+// dtype's size, or 1 for MXFP4 and F8E4M3, whose stream is their bytes
+// (codes, then scales), each coded whole.
 func elemSize(d kernels.DType) int {
-	if d == kernels.MXFP4 {
+	if scaled(d) {
 		return 1
 	}
 	return d.Size()
 }
+
+// scaled reports whether d keeps scales apart from its codes
+// (Matrix.Scales): MXFP4, F8E4M3.
+func scaled(d kernels.DType) bool { return d == kernels.MXFP4 || d == kernels.F8E4M3 }
 
 // ChunkRef locates one chunk in the chunk file.
 type ChunkRef struct {
@@ -219,13 +228,16 @@ type shardEntry struct {
 }
 
 // elems is the elements of the tensor's stream: rows*cols, or an MXFP4
-// matrix's bytes (its codes, then its scales).
+// or F8E4M3 matrix's bytes (its codes, then its scales).
 func (t *tensorEntry) elems() int {
-	if t.dtype == kernels.MXFP4 {
-		return t.rows * (kernels.MXFP4.RowBytes(t.cols) + kernels.MXFP4.ScaleBytes(t.cols))
+	if scaled(t.dtype) {
+		return t.codeBytes() + kernels.ScalesBytes(t.dtype, t.rows, t.cols)
 	}
 	return t.rows * t.cols
 }
+
+// codeBytes is the size of a scaled dtype's codes, before its scales.
+func (t *tensorEntry) codeBytes() int { return t.rows * t.dtype.RowBytes(t.cols) }
 
 func (t *tensorEntry) bytes() int { return t.elems() * elemSize(t.dtype) }
 
@@ -233,7 +245,7 @@ func (t *tensorEntry) bytes() int { return t.elems() * elemSize(t.dtype) }
 // matrix's codes first, then its scales.
 func (t *tensorEntry) matrix(b []byte) kernels.Matrix {
 	m := kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: b}
-	if n := t.rows * t.dtype.RowBytes(t.cols); t.dtype == kernels.MXFP4 {
+	if n := t.codeBytes(); scaled(t.dtype) {
 		m.Data, m.Scales = b[:n:n], b[n:]
 	}
 	return m
@@ -247,28 +259,28 @@ func shardRange(n, shards, i int) (lo, hi int) {
 // shardCount is the number of shards tensor t gets: K, or one per
 // element below that; one for a bias (a row of a few thousand elements,
 // decoded in microseconds: more shards would cost more in chunk headers
-// and tables than they save); and for MXFP4, its codes' shards and one
+// and tables than they save); and for MXFP4 and F8E4M3, its codes' shards and one
 // more for its scales (shardRange).
 func shardCount(t *tensorEntry, k int) int {
 	n := t.elems()
 	switch {
 	case t.kind == B13 || t.kind == B2:
 		return min(n, 1)
-	case t.dtype == kernels.MXFP4 && n > 0:
-		return min(t.rows*kernels.MXFP4.RowBytes(t.cols), k) + 1
+	case scaled(t.dtype) && n > 0:
+		return min(t.codeBytes(), k) + 1
 	}
 	return min(n, k)
 }
 
 // shardRange is the element range [lo, hi) of t's shard i: an even split
-// of its elements, except that an MXFP4 tensor of two shards or more
-// keeps its scales (E8M0 bytes, far fewer distinct values than the codes)
-// in its last shard, coded apart from the codes, which the others split
+// of its elements, except that an MXFP4 or F8E4M3 tensor of two shards
+// or more keeps its scales (far fewer distinct values than the codes) in
+// its last shard, coded apart from the codes, which the others split
 // evenly.
 func (t *tensorEntry) shardRange(i int) (lo, hi int) {
 	s := len(t.shards)
-	if t.dtype == kernels.MXFP4 && s >= 2 {
-		codes := t.rows * kernels.MXFP4.RowBytes(t.cols)
+	if scaled(t.dtype) && s >= 2 {
+		codes := t.codeBytes()
 		if i == s-1 {
 			return codes, t.elems()
 		}
@@ -287,12 +299,19 @@ func (ix *index) find(layer, expert int, kind Kind) (*tensorEntry, error) {
 	return &ix.tensors[(ix.slot[layer]*ix.experts+expert)*len(ks)+k], nil
 }
 
-// version is the format version an index of this form is written in.
+// writeVersion is the format version the index is written in: 2 for
+// SwiGLU experts in the float dtypes (which builds before version 3 read
+// too), else 3 (gpt-oss's form, or MXFP4 or F8E4M3 tensors).
 func (ix *index) writeVersion() uint32 {
-	if ix.form == FormSwiGLU {
-		return 2
+	if ix.form != FormSwiGLU {
+		return Version
 	}
-	return Version
+	for i := range ix.tensors {
+		if scaled(ix.tensors[i].dtype) {
+			return Version
+		}
+	}
+	return 2
 }
 
 // setLayers records the expert layers and their slots.
@@ -509,7 +528,7 @@ func (r *reader) tensor(ix *index, i int, version uint32, ids *[]int) error {
 	switch {
 	case t.layer != wantLayer || t.expert != wantExpert || t.kind != wantKind:
 		return fmt.Errorf("%s: out of order, want layer %d expert %d %v: %w", name, wantLayer, wantExpert, wantKind, ErrCorrupt)
-	case !ok || (t.dtype == kernels.MXFP4 && version < 3):
+	case !ok || (scaled(t.dtype) && version < 3):
 		return fmt.Errorf("%s: unknown dtype code %d: %w", name, code, ErrCorrupt)
 	case t.dtype == kernels.MXFP4 && t.cols%32 != 0:
 		return fmt.Errorf("%s: MXFP4 rows of %d weights, not whole blocks of 32: %w", name, t.cols, ErrCorrupt)

@@ -35,7 +35,7 @@ func split(dt kernels.DType, exp, sm, raw []byte) {
 			exp[i] = byte(r >> 24)
 			sm[3*i], sm[3*i+1], sm[3*i+2] = byte(r), byte(r>>8), byte(r>>16)
 		}
-	case kernels.MXFP4: // every byte coded whole
+	case kernels.MXFP4, kernels.F8E4M3: // every byte coded whole
 		copy(exp, raw)
 	}
 }
@@ -56,7 +56,7 @@ func merge(dt kernels.DType, dst, exp, sm []byte) {
 		mergeF16Go(dst, exp, sm)
 	case kernels.F32:
 		mergeF32Go(dst, exp, sm)
-	case kernels.MXFP4:
+	case kernels.MXFP4, kernels.F8E4M3:
 		copy(dst, exp)
 	}
 }

@@ -49,8 +49,15 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer dev.Close()
-	if st.Form() != store.FormSwiGLU && dev.String() != "cpu" {
-		return fmt.Errorf("worker: the store's experts are %v (gpt-oss's), which the %s device does not compute; run this worker with -device cpu", st.Form(), dev)
+	if dev.String() != "cpu" {
+		if st.Form() != store.FormSwiGLU {
+			return fmt.Errorf("worker: the store's experts are %v (gpt-oss's), which the %s device does not compute; run this worker with -device cpu", st.Form(), dev)
+		}
+		for _, d := range st.Report().DTypes {
+			if d.Size() == 0 {
+				return fmt.Errorf("worker: the store's experts are %v, which the %s device does not compute (F32, F16, BF16); run this worker with -device cpu", d, dev)
+			}
+		}
 	}
 	var host *HostCache
 	if cfg.HostCacheBytes > 0 {

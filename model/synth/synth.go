@@ -68,7 +68,12 @@ type Preset struct {
 	// MXFP4: the experts as gpt-oss publishes them, MXFP4 blocks and
 	// scales (quantization_config "mxfp4"), drawn as the BF16 ones and
 	// quantized as the OCP MX specification does.
-	MXFP4            bool
+	MXFP4 bool
+	// FP8: DeepSeek-V3's projections as DeepSeek publishes them, F8_E4M3
+	// with a float32 weight_scale_inv per 128x128 block
+	// (quantization_config "fp8"), drawn as the BF16 ones and quantized
+	// as DeepSeek's FP8 cast does (scale = amax/448 per block).
+	FP8              bool
 	Hidden           int
 	Intermediate     int  // an expert's
 	HeadDim          int  // 0: Hidden / Heads
@@ -139,6 +144,18 @@ var Presets = map[string]Preset{
 	"deepseek-v3-tiny": {Name: "deepseek-v3-tiny", Family: "deepseek-v3", Hidden: 128, Intermediate: 64, SharedIntermediate: 64,
 		MLPOnlyLayers: []int{0}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, NormTopK: true,
 		QLoRA: 48, KVLoRA: 32, NopeDim: 32, RopeDim: 16, VDim: 32, RouterGroups: 8, RouterGroupsKept: 3, RoutedScale: 2.5,
+		YaRN:           map[string]any{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 128, "type": "yarn"},
+		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
+	// deepseek-v3-tiny-fp8: deepseek-v3-tiny with its projections in FP8,
+	// laid out as deepseek-ai/DeepSeek-V3 is published (every attention
+	// and MLP projection F8_E4M3 with its weight_scale_inv; the
+	// embedding, head, norms, router and correction bias as they were).
+	// Its heads are DeepSeek-V3's width (128 no-RoPE and 128 value
+	// dimensions), so that each head's value rows of kv_b_proj start a
+	// 128-row scale block, as in the real model.
+	"deepseek-v3-tiny-fp8": {Name: "deepseek-v3-tiny-fp8", Family: "deepseek-v3", FP8: true, Hidden: 128, Intermediate: 64, SharedIntermediate: 64,
+		MLPOnlyLayers: []int{0}, DenseIntermediate: 256, Layers: 3, Heads: 4, KVHeads: 4, Experts: 16, TopK: 4, NormTopK: true,
+		QLoRA: 48, KVLoRA: 32, NopeDim: 128, RopeDim: 16, VDim: 128, RouterGroups: 8, RouterGroupsKept: 3, RoutedScale: 2.5,
 		YaRN:           map[string]any{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 128, "type": "yarn"},
 		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
 	// gpt-oss-tiny: gpt-oss's layer structure (attention sinks, biases on
@@ -478,6 +495,9 @@ func hfConfig(p Preset, tok *tokenizer.Tokenizer) map[string]any {
 			"topk_method":              "noaux_tc",
 			"v_head_dim":               p.VDim,
 		}
+		if p.FP8 {
+			own["quantization_config"] = map[string]any{"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": []int{128, 128}}
+		}
 	case "gpt-oss":
 		types := make([]string, p.Layers)
 		for l := range types {
@@ -541,6 +561,10 @@ type tensor struct {
 	spec      safetensors.Spec
 	mean, std float64
 	mxfp4     string
+	// fp8Of, when set, is the projection this FP8 tensor (its codes or its
+	// scales) holds, of shape fp8 (fillFP8)
+	fp8Of string
+	fp8   [2]int
 }
 
 // mat is a BF16 matrix of rows x cols drawn with std.
@@ -585,7 +609,11 @@ func tensors(p Preset) []tensor {
 	}
 	ts := []tensor{mat("model.embed_tokens.weight", p.Vocab, h, weightStd)}
 	if p.Family == "deepseek-v3" {
-		return append(append(ts, deepseekV3Layers(p)...), finalNormAndHead(p)...)
+		layers := deepseekV3Layers(p)
+		if p.FP8 {
+			layers = toFP8(layers)
+		}
+		return append(append(ts, layers...), finalNormAndHead(p)...)
 	}
 	if p.Family == "gpt-oss" {
 		return append(append(ts, gptOssLayers(p)...), finalNormAndHead(p)...)
@@ -640,7 +668,7 @@ func tensors(p Preset) []tensor {
 }
 
 // deepseekV3Layers are DeepSeek-V3's layers, as its checkpoint names
-// them.
+// them (with FP8, every projection in F8_E4M3 with its scales).
 func deepseekV3Layers(p Preset) []tensor {
 	h, H := p.Hidden, p.Heads
 	routerStd := routerLogitStd / math.Sqrt(float64(h))
@@ -793,6 +821,97 @@ func e2m1Nearest(v float64) byte {
 	return byte(best)
 }
 
+// toFP8 replaces every projection (a 2-D BF16 tensor named *_proj.weight
+// or *_proj_with_mqa.weight) of ts by its F8_E4M3 codes and float32
+// weight_scale_inv, as DeepSeek-V3's FP8 checkpoint holds them.
+func toFP8(ts []tensor) []tensor {
+	var out []tensor
+	for _, t := range ts {
+		n := t.spec.Name
+		if len(t.spec.Shape) != 2 || !(strings.HasSuffix(n, "_proj.weight") || strings.HasSuffix(n, "_proj_with_mqa.weight")) {
+			out = append(out, t)
+			continue
+		}
+		r, c := t.spec.Shape[0], t.spec.Shape[1]
+		codes, scales := t, t
+		codes.spec = safetensors.Spec{Name: n, DType: "F8_E4M3", Shape: []int{r, c}}
+		scales.spec = safetensors.Spec{Name: n + "_scale_inv", DType: "F32", Shape: []int{(r + 127) / 128, (c + 127) / 128}}
+		codes.fp8, scales.fp8 = [2]int{r, c}, [2]int{r, c}
+		codes.fp8Of, scales.fp8Of = n, n
+		out = append(out, codes, scales)
+	}
+	return out
+}
+
+// fillFP8 draws the weights of t.fp8Of (a t.fp8[0] x t.fp8[1] matrix:
+// t.std * N(0, 1) in fill's chunked streams) and writes either their
+// E4M3 codes (the weight itself) or their scales (its _scale_inv): per
+// 128x128 block, scale = amax / 448 as a float32 and each code the E4M3
+// value nearest w / scale.
+func fillFP8(buf []byte, t tensor, seed uint64) {
+	rows, cols := t.fp8[0], t.fp8[1]
+	src := tensor{spec: safetensors.Spec{Name: t.fp8Of, DType: "F32", Shape: []int{rows, cols}}, std: t.std, mean: t.mean}
+	raw := make([]byte, 4*rows*cols)
+	fill(raw, src, seed)
+	w := func(r, c int) float64 {
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*(r*cols+c):])))
+	}
+	rb, cb := (rows+127)/128, (cols+127)/128
+	for br := range rb {
+		for bc := range cb {
+			amax := 0.0
+			for r := br * 128; r < min(rows, (br+1)*128); r++ {
+				for c := bc * 128; c < min(cols, (bc+1)*128); c++ {
+					amax = math.Max(amax, math.Abs(w(r, c)))
+				}
+			}
+			sc := float32(amax / 448)
+			if sc == 0 {
+				sc = 1
+			}
+			if t.spec.DType == "F32" {
+				binary.LittleEndian.PutUint32(buf[4*(br*cb+bc):], math.Float32bits(sc))
+				continue
+			}
+			for r := br * 128; r < min(rows, (br+1)*128); r++ {
+				for c := bc * 128; c < min(cols, (bc+1)*128); c++ {
+					buf[r*cols+c] = e4m3Nearest(w(r, c) / float64(sc))
+				}
+			}
+		}
+	}
+}
+
+// e4m3Values are the non-negative finite E4M3FN values by code (0..126).
+var e4m3Values = func() (v [127]float64) {
+	for b := range v {
+		e, m := b>>3, float64(b&7)
+		if e == 0 {
+			v[b] = math.Ldexp(m/8, -6)
+		} else {
+			v[b] = math.Ldexp(1+m/8, e-7)
+		}
+	}
+	return v
+}()
+
+// e4m3Nearest is the E4M3FN code nearest v (ties to the smaller
+// magnitude), clamped to ±448.
+func e4m3Nearest(v float64) byte {
+	a := math.Abs(v)
+	q := sort.SearchFloat64s(e4m3Values[:], a) // first value >= a
+	switch {
+	case q == len(e4m3Values):
+		q--
+	case q > 0 && a-e4m3Values[q-1] <= e4m3Values[q]-a:
+		q--
+	}
+	if v < 0 {
+		return byte(q) | 0x80
+	}
+	return byte(q)
+}
+
 // chunkElems is the unit of parallel, deterministic drawing: chunk i of a
 // tensor always comes from the same generator stream, however many
 // goroutines draw.
@@ -811,6 +930,8 @@ func writeWeights(path string, p Preset, opt Options) error {
 	return safetensors.Write(path, specs, meta, func(i int, buf []byte) error {
 		if ts[i].mxfp4 != "" {
 			fillMXFP4(buf, ts[i], opt.Seed)
+		} else if ts[i].fp8Of != "" {
+			fillFP8(buf, ts[i], opt.Seed)
 		} else {
 			fill(buf, ts[i], opt.Seed)
 		}
@@ -827,7 +948,7 @@ func elemBytes(dtype string) int {
 	switch dtype {
 	case "F32":
 		return 4
-	case "U8":
+	case "U8", "F8_E4M3":
 		return 1
 	}
 	return 2
