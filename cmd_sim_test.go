@@ -159,3 +159,36 @@ func TestSimSweepTablesAndDraws(t *testing.T) {
 		t.Fatalf("the chart has %d lines, want 2", n)
 	}
 }
+
+// TestTheNativeFormatModelsPredict: the shipped configs of gpt-oss-120b
+// (MXFP4) and DeepSeek-V3 (FP8) load as the sim's models, and their
+// profiles predict: gpt-oss's shadow-driven swarm of 16 Jetsons between
+// the reactive and the resident ones, DeepSeek's reactive swarm below its
+// resident one.
+func TestTheNativeFormatModelsPredict(t *testing.T) {
+	for _, c := range []struct {
+		profile, model string
+		modes          []string
+	}{
+		{"testbed/profiles/jetson-orin-nano-8gb-1gbit-gpt-oss-120b.json", "testdata/sim/gpt-oss-120b", []string{"reactive", "shadow", "resident"}},
+		{"testbed/profiles/rtx4060ti-16gb-10gbit-deepseek-v3.json", "testdata/sim/deepseek-v3", []string{"reactive", "resident"}},
+	} {
+		var last float64
+		for _, mode := range c.modes {
+			so, se, code := run(t, "", "sim", "-profile", c.profile, "-model", c.model, "-mode", mode, "-case", "16x64", "-recall", "0.99", "-json")
+			if code != 0 {
+				t.Fatalf("%s, %s: exit %d: %s", c.model, mode, code, se)
+			}
+			var out struct {
+				DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+			}
+			if err := json.Unmarshal([]byte(so), &out); err != nil {
+				t.Fatal(err)
+			}
+			if !(out.DecodeTokensPerS > last) {
+				t.Errorf("%s %s: %.2f tok/s, want above the mode before (%.2f)", c.model, mode, out.DecodeTokensPerS, last)
+			}
+			last = out.DecodeTokensPerS
+		}
+	}
+}

@@ -2224,6 +2224,61 @@ DATA mxfp4scale<>+1016(SB)/4, $0x7e800000
 DATA mxfp4scale<>+1020(SB)/4, $0x7f000000
 GLOBL mxfp4scale<>(SB), RODATA|NOPTR, $1024
 
+// func dequantF8AVX2(dst *float32, codes *byte, scales *float32, n16 int)
+TEXT ·dequantF8AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ scales+16(FP), DX
+	MOVQ n16+24(FP), CX
+	TESTQ CX, CX
+	JEQ done
+	VPBROADCASTW f8mag<>(SB), Y15
+	VPBROADCASTW f8sign<>(SB), Y14
+	VPBROADCASTW f8code<>(SB), Y13
+	VPBROADCASTW f8nan<>(SB), Y12
+	VBROADCASTSS f8pow<>(SB), Y11
+	XORQ AX, AX
+loop:
+	MOVQ AX, BX
+	SHRQ $7, BX
+	VBROADCASTSS (DX)(BX*4), Y10
+	VMULPS Y11, Y10, Y10
+	VPMOVZXBW (SI)(AX*1), Y0
+	VPSLLW $7, Y0, Y1
+	VPAND Y15, Y1, Y1
+	VPSLLW $8, Y0, Y2
+	VPAND Y14, Y2, Y2
+	VPOR Y2, Y1, Y1
+	VPAND Y13, Y0, Y0
+	VPCMPEQW Y13, Y0, Y0
+	VPAND Y12, Y0, Y0
+	VPOR Y0, Y1, Y1
+	VCVTPH2PS X1, Y2
+	VEXTRACTI128 $1, Y1, X1
+	VCVTPH2PS X1, Y3
+	VMULPS Y10, Y2, Y2
+	VMULPS Y10, Y3, Y3
+	VMOVUPS Y2, (DI)(AX*4)
+	VMOVUPS Y3, 32(DI)(AX*4)
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT loop
+done:
+	VZEROUPPER
+	RET
+
+// F8E4M3: word masks and 256.
+DATA f8mag<>+0(SB)/2, $0x3f80
+GLOBL f8mag<>(SB), RODATA|NOPTR, $2
+DATA f8sign<>+0(SB)/2, $0x8000
+GLOBL f8sign<>(SB), RODATA|NOPTR, $2
+DATA f8code<>+0(SB)/2, $0x007f
+GLOBL f8code<>(SB), RODATA|NOPTR, $2
+DATA f8nan<>+0(SB)/2, $0x7e00
+GLOBL f8nan<>(SB), RODATA|NOPTR, $2
+DATA f8pow<>+0(SB)/4, $0x43800000
+GLOBL f8pow<>(SB), RODATA|NOPTR, $4
+
 // func addAVX2(dst, x *float32, n int)
 TEXT ·addAVX2(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI

@@ -92,38 +92,40 @@ func BenchmarkMatMulQuant(b *testing.B) {
 	}
 }
 
-// BenchmarkMatVecNative streams gpt-oss's gate_up shape (2*2880 x 2880,
-// one row per output) in MXFP4, as gpt-oss ships its experts, against
-// BF16, on 1 and 2 goroutines, rotating through >= 512 MiB of stored
-// matrices. "GB/s" counts the stored bytes (an MXFP4 matrix's codes and
-// scales); "eff-GB/s" the BF16 bytes of the same weights, i.e. how fast
-// the weights are consumed next to BF16.
+// BenchmarkMatVecNative streams the native formats at their models'
+// shapes against BF16 at the same shapes: MXFP4 at gpt-oss's gate_up
+// (5760 x 2880, one row per output), F8E4M3 at DeepSeek-V3's expert
+// gate (2048 x 7168), on 1 and 2 goroutines, rotating through >= 512 MiB
+// of stored matrices. "GB/s" counts the stored bytes (codes and scales);
+// "eff-GB/s" the BF16 bytes of the same weights, i.e. how fast the
+// weights are consumed next to BF16.
 func BenchmarkMatVecNative(b *testing.B) {
-	const rows, cols = 5760, 2880
 	defer SetThreads(SetThreads(0))
-	for _, dt := range []DType{MXFP4, BF16} {
-		b.Run(dt.String(), func(b *testing.B) {
+	for _, c := range []struct {
+		dt         DType
+		rows, cols int
+		model      string
+	}{{MXFP4, 5760, 2880, "gpt-oss"}, {BF16, 5760, 2880, "gpt-oss"}, {F8E4M3, 2048, 7168, "deepseek"}, {BF16, 2048, 7168, "deepseek"}} {
+		b.Run(c.model+"/"+c.dt.String(), func(b *testing.B) {
 			var ms []Matrix
 			next := 0
 			for _, th := range []int{1, 2} {
 				b.Run(fmt.Sprintf("threads=%d", th), func(b *testing.B) {
-					if ms == nil {
-						rng := rand.New(rand.NewPCG(77, 78))
-						for range (benchSetBytes + rows*cols/2 - 1) / (rows * cols / 2) {
-							if dt == MXFP4 {
-								ms = append(ms, randMXFP4(rng, rows, cols, false))
-							} else {
-								m, _ := randMatrix(rng, BF16, rows, cols)
-								ms = append(ms, m)
-							}
-							if len(ms)*ms[0].Bytes() >= benchSetBytes {
-								break
-							}
+					rng := rand.New(rand.NewPCG(77, 78))
+					for len(ms) == 0 || len(ms)*ms[0].Bytes() < benchSetBytes {
+						switch c.dt {
+						case MXFP4:
+							ms = append(ms, randMXFP4(rng, c.rows, c.cols, false))
+						case F8E4M3:
+							ms = append(ms, randF8(rng, c.rows, c.cols))
+						default:
+							m, _ := randMatrix(rng, BF16, c.rows, c.cols)
+							ms = append(ms, m)
 						}
 					}
 					SetThreads(th)
-					x := randVec(rand.New(rand.NewPCG(1, 1)), cols)
-					out := make([]float32, rows)
+					x := randVec(rand.New(rand.NewPCG(1, 1)), c.cols)
+					out := make([]float32, c.rows)
 					stored := int64(ms[0].Bytes())
 					b.SetBytes(stored)
 					b.ResetTimer()
@@ -133,7 +135,7 @@ func BenchmarkMatVecNative(b *testing.B) {
 					}
 					secs := b.Elapsed().Seconds()
 					b.ReportMetric(float64(stored)*float64(b.N)/secs/1e9, "GB/s")
-					b.ReportMetric(float64(rows*cols*2)*float64(b.N)/secs/1e9, "eff-GB/s")
+					b.ReportMetric(float64(c.rows*c.cols*2)*float64(b.N)/secs/1e9, "eff-GB/s")
 				})
 			}
 		})

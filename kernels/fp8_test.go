@@ -73,10 +73,9 @@ func TestF8ProductsAreTheFloat32ProductsOfItsWeights(t *testing.T) {
 		rng := rand.New(rand.NewPCG(301, 302))
 		for _, s := range []struct{ rows, cols int }{{1, 16}, {3, 17}, {130, 256}, {67, 300}, {257, 1024}} {
 			m := randF8(rng, s.rows, s.cols)
-			f := Matrix{DType: F32, Rows: s.rows, Cols: s.cols, Data: make([]byte, 4*s.rows*s.cols)}
+			f := widened(m)
 			wide := f32View(f.Data)
 			for r := range s.rows {
-				RowToFloat32(wide[r*s.cols:(r+1)*s.cols], m, r)
 				for c := range s.cols {
 					sc := math.Float32frombits(binary.LittleEndian.Uint32(m.Scales[4*((r/128)*((s.cols+127)/128)+c/128):]))
 					if w := float32(refE4M3(m.Data[r*s.cols+c]) * float64(sc)); wide[r*s.cols+c] != w {
@@ -110,28 +109,37 @@ func TestF8ProductsAreTheFloat32ProductsOfItsWeights(t *testing.T) {
 
 // TestQuantizingF8QuantizesItsValues and the validation of its scales.
 func TestQuantizingF8QuantizesItsValues(t *testing.T) {
-	rng := rand.New(rand.NewPCG(303, 304))
-	m := randF8(rng, 130, 160)
-	f := Matrix{DType: F32, Rows: 130, Cols: 160, Data: make([]byte, 4*130*160)}
-	for r := range 130 {
-		RowToFloat32(f32View(f.Data)[r*160:(r+1)*160], m, r)
-	}
-	for _, dt := range []DType{F16, Q8, NF4} {
-		a, err := Quantize(dt, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := Quantize(dt, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(a.Data) != string(b.Data) {
-			t.Errorf("%v: quantizing F8E4M3 differs from quantizing its values", dt)
-		}
-	}
+	m := randF8(rand.New(rand.NewPCG(303, 304)), 130, 160)
+	quantizesLikeItsValues(t, m)
 	bad := m
 	bad.Scales = m.Scales[:12] // 2x2 blocks need 16 bytes
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "needs 16 bytes of scales, has 12") {
 		t.Errorf("short scales: %v", err)
+	}
+}
+
+// TestF8AssemblyDequantizesEveryCode: the assembly paths' dequantization
+// gives every code (subnormal, normal, ±0, NaN) under several scales the
+// definition's weight (a scale so large that 256 times it overflows
+// included), and a row's tail past the last 16 too.
+func TestF8AssemblyDequantizesEveryCode(t *testing.T) {
+	const cols = 256 + 5 // every code, then a tail
+	m := Matrix{DType: F8E4M3, Rows: 1, Cols: cols, Data: make([]byte, cols), Scales: make([]byte, 4*3)}
+	for c := range m.Data {
+		m.Data[c] = byte(c)
+	}
+	for _, scales := range [][3]float32{{1, 1e-3, 0x1p-120}, {0x1p125, 1, 1}} {
+		for i, s := range scales {
+			binary.LittleEndian.PutUint32(m.Scales[4*i:], math.Float32bits(s))
+		}
+		want := make([]float32, cols)
+		dequantF8Row(want, m.Data, m.Scales, 0)
+		for _, name := range simdPathNames() {
+			got := make([]float32, cols)
+			withPath(t, name, func() { dequantF8Asm(0, got, m.Data, m.Scales, 0) })
+			if i, ok := sameSlices(got, want); !ok {
+				t.Fatalf("%s, scales %v: code %#02x (scale %d) = %v, want %v", name, scales, m.Data[i], i/128, got[i], want[i])
+			}
+		}
 	}
 }

@@ -98,11 +98,7 @@ func TestMXFP4ProductsAreTheFloat32ProductsOfItsWeights(t *testing.T) {
 		rng := rand.New(rand.NewPCG(201, 202))
 		for _, s := range []struct{ rows, cols int }{{1, 32}, {5, 64}, {67, 2880}, {9, 4096}, {3, 0}} {
 			m := randMXFP4(rng, s.rows, s.cols, s.rows%2 == 1)
-			f := Matrix{DType: F32, Rows: s.rows, Cols: s.cols, Data: make([]byte, 4*s.rows*s.cols)}
-			wide := f32View(f.Data)
-			for r := range s.rows {
-				RowToFloat32(wide[r*s.cols:(r+1)*s.cols], m, r)
-			}
+			f := widened(m)
 			for _, n := range []int{1, 2, 3, 5, 9} {
 				x := randVec(rng, n*s.cols)
 				var want []float32
@@ -143,12 +139,26 @@ func TestMXFP4ProductsAreTheFloat32ProductsOfItsWeights(t *testing.T) {
 // TestQuantizingMXFP4QuantizesItsValues: the shadow's copy of MXFP4
 // weights is the copy of their dequantized values.
 func TestQuantizingMXFP4QuantizesItsValues(t *testing.T) {
-	rng := rand.New(rand.NewPCG(203, 204))
-	m := randMXFP4(rng, 7, 96, false)
-	f := Matrix{DType: F32, Rows: 7, Cols: 96, Data: make([]byte, 4*7*96)}
-	for r := range 7 {
-		RowToFloat32(f32View(f.Data)[r*96:(r+1)*96], m, r)
+	quantizesLikeItsValues(t, randMXFP4(rand.New(rand.NewPCG(203, 204)), 7, 96, false))
+}
+
+// widened is m's weights as an F32 matrix (RowToFloat32 row by row).
+func widened(m Matrix) Matrix {
+	f := Matrix{DType: F32, Rows: m.Rows, Cols: m.Cols, Data: make([]byte, 4*m.Rows*m.Cols)}
+	row := make([]float32, m.Cols)
+	for r := range m.Rows {
+		RowToFloat32(row, m, r)
+		copy(f.Data[4*r*m.Cols:], encode(F32, row))
 	}
+	return f
+}
+
+// quantizesLikeItsValues checks that quantizing m (to F16, Q8, NF4: the
+// shadow's copies) gives the bytes that quantizing its widened values
+// gives.
+func quantizesLikeItsValues(t *testing.T, m Matrix) {
+	t.Helper()
+	f := widened(m)
 	for _, dt := range []DType{F16, Q8, NF4} {
 		a, err := Quantize(dt, m)
 		if err != nil {
@@ -159,7 +169,7 @@ func TestQuantizingMXFP4QuantizesItsValues(t *testing.T) {
 			t.Fatal(err)
 		}
 		if string(a.Data) != string(b.Data) {
-			t.Errorf("%v: quantizing MXFP4 differs from quantizing its values", dt)
+			t.Errorf("%v: quantizing %v differs from quantizing its values", dt, m.DType)
 		}
 	}
 }

@@ -209,7 +209,7 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		case F8E4M3:
 			wf = scratch[:nr*cols]
 			for r := range nr {
-				dequantF8Row(wf[r*cols:(r+1)*cols], src[r*rowBytes:(r+1)*rowBytes], w.Scales, b0+r)
+				dequantF8Asm(k, wf[r*cols:(r+1)*cols], src[r*rowBytes:(r+1)*rowBytes], w.Scales, b0+r)
 			}
 		case MXFP4:
 			wf = scratch[:nr*cols]
@@ -274,42 +274,34 @@ func matMulDirect(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n,
 	}
 }
 
-// mxfp4TileRows is how many MXFP4 rows rowsMXFP4SIMD dequantizes at a
-// time: a tile that stays in L1 while the float32 row kernel reads it.
-const mxfp4TileRows = 4
+// dequantTileRows is how many rows of a format dequantized row by row
+// rowsDequantSIMD dequantizes at a time: a tile that stays in L1 while
+// the float32 row kernel reads it.
+const dequantTileRows = 4
 
-// rowsMXFP4SIMD is the MXFP4 row kernel of the assembly paths: a few rows
-// at a time dequantized exactly (dequantMXFP4Asm) into float32 scratch,
-// then the float32 row kernel, whose arithmetic on exact weights is the
-// definition's.
+// rowsMXFP4SIMD is the MXFP4 row kernel of the assembly paths.
 func rowsMXFP4SIMD(k isa, out []float32, codes, scales []byte, x []float32) {
-	rows, cols := len(out), len(x)
-	if rows == 0 || cols == 0 {
-		for r := range out {
-			out[r] = 0
-		}
-		return
-	}
-	sp := mmScratch.Get().(*[]float32)
-	defer mmScratch.Put(sp)
-	if need := mxfp4TileRows * cols; cap(*sp) < need {
-		*sp = make([]float32, need)
-	}
-	buf := (*sp)[:mxfp4TileRows*cols]
-	cb, sb := cols/2, cols/mxfp4Block
-	for r0 := 0; r0 < rows; r0 += mxfp4TileRows {
-		nr := min(mxfp4TileRows, rows-r0)
-		for r := range nr {
-			dequantMXFP4Asm(k, buf[r*cols:(r+1)*cols], codes[(r0+r)*cb:(r0+r+1)*cb], scales[(r0+r)*sb:(r0+r+1)*sb])
-		}
-		rowsAsm(k, F32, &out[r0], unsafe.Pointer(&buf[0]), &x[0], nr, cols, cols*4, false)
-	}
+	cb, sb := len(x)/2, len(x)/mxfp4Block
+	rowsDequantSIMD(k, out, x, func(dst []float32, i int) {
+		dequantMXFP4Asm(k, dst, codes[i*cb:(i+1)*cb], scales[i*sb:(i+1)*sb])
+	})
 }
 
-// rowsF8SIMD is the F8E4M3 row kernel of the assembly paths, as
-// rowsMXFP4SIMD: a few rows at a time dequantized (dequantF8Row) into
-// float32 scratch, then the float32 row kernel, tail included.
+// rowsF8SIMD is the F8E4M3 row kernel of the assembly paths: out's rows
+// are the matrix's from r0 on.
 func rowsF8SIMD(k isa, out []float32, codes, scales []byte, x []float32, r0 int) {
+	cols := len(x)
+	rowsDequantSIMD(k, out, x, func(dst []float32, i int) {
+		dequantF8Asm(k, dst, codes[i*cols:(i+1)*cols], scales, r0+i)
+	})
+}
+
+// rowsDequantSIMD computes out[i] = Dot(row i, x) for a format read row
+// by row through dequant(dst, i), which writes row i's weights exactly
+// (as the format's definition gives them, up to the sign of a zero): a
+// few rows at a time into float32 scratch, then the float32 row kernel,
+// whose arithmetic on those weights is the definition's.
+func rowsDequantSIMD(k isa, out, x []float32, dequant func(dst []float32, i int)) {
 	rows, cols := len(out), len(x)
 	if rows == 0 {
 		return
@@ -322,14 +314,14 @@ func rowsF8SIMD(k isa, out []float32, codes, scales []byte, x []float32, r0 int)
 	}
 	sp := mmScratch.Get().(*[]float32)
 	defer mmScratch.Put(sp)
-	if need := mxfp4TileRows * cols; cap(*sp) < need {
+	if need := dequantTileRows * cols; cap(*sp) < need {
 		*sp = make([]float32, need)
 	}
-	buf := (*sp)[:mxfp4TileRows*cols]
-	for i0 := 0; i0 < rows; i0 += mxfp4TileRows {
-		nr := min(mxfp4TileRows, rows-i0)
+	buf := (*sp)[:dequantTileRows*cols]
+	for i0 := 0; i0 < rows; i0 += dequantTileRows {
+		nr := min(dequantTileRows, rows-i0)
 		for r := range nr {
-			dequantF8Row(buf[r*cols:(r+1)*cols], codes[(i0+r)*cols:(i0+r+1)*cols], scales, r0+i0+r)
+			dequant(buf[r*cols:(r+1)*cols], i0+r)
 		}
 		rowsSIMD(k, F32, out[i0:i0+nr], buf[:nr*cols], x, widenF32)
 	}

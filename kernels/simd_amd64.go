@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"math"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -21,7 +22,7 @@ var simdPaths = amd64Paths()
 
 func amd64Paths() []*path {
 	var ps []*path
-	if cpu.X86.HasAVX512F {
+	if cpu.X86.HasAVX512F && cpu.X86.HasAVX2 && cpu.X86.HasF16C { // it calls some AVX2 kernels too
 		ps = append(ps, newSIMDPath("avx512", isaAVX512))
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasF16C {
@@ -228,3 +229,26 @@ func dequantMXFP4Asm(_ isa, dst []float32, codes, scales []byte) {
 
 //go:noescape
 func dequantMXFP4AVX2(dst *float32, codes *byte, scales *byte, blocks int)
+
+// dequantF8Asm writes the len(dst) weights of row r of an F8E4M3 matrix
+// (codes: the row's bytes; scales: the whole Matrix.Scales) into dst,
+// sixteen at a time in AVX2 and F16C (asmgen's x86mxfp4.go: both amd64
+// paths), the last len(dst)%16 in Go.
+func dequantF8Asm(_ isa, dst []float32, codes, scales []byte, r int) {
+	sc := f8Scales(scales, r/f8Block, len(dst))
+	n16 := len(dst) &^ 15
+	for _, s := range sc {
+		if !(math.Abs(float64(s)) < 0x1p119) {
+			n16 = 0 // 256 x s would overflow, or s is NaN: all in Go
+		}
+	}
+	if n16 > 0 {
+		dequantF8AVX2(&dst[0], &codes[:n16][0], &sc[0], n16)
+	}
+	for c := n16; c < len(dst); c++ {
+		dst[c] = e4m3[codes[c]] * sc[c/f8Block]
+	}
+}
+
+//go:noescape
+func dequantF8AVX2(dst *float32, codes *byte, scales *float32, n16 int)

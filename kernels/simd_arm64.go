@@ -102,3 +102,9 @@ func scaleMulNEON(out, x, weight *float32, r float32, n int)
 func dequantMXFP4Asm(_ isa, dst []float32, codes, scales []byte) {
 	dequantMXFP4Row(dst, codes, scales)
 }
+
+// dequantF8Asm writes the len(dst) weights of row r of an F8E4M3 matrix
+// into dst: in Go on arm64 (no NEON kernel yet).
+func dequantF8Asm(_ isa, dst []float32, codes, scales []byte, r int) {
+	dequantF8Row(dst, codes, scales, r)
+}

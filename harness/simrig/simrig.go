@@ -318,14 +318,19 @@ func Shape(dir string) (sim.Shape, model.Config, error) {
 }
 
 // ExpertBytes is one expert's weights as a worker holds them: gate, up
-// and down (3 x hidden x intermediate weights) in BF16, or in MXFP4 (17
-// bytes per 32 weights) for a checkpoint published so (gpt-oss), with
-// gpt-oss's two bias rows in BF16.
+// and down (3 x hidden x intermediate weights) in BF16, or as a
+// checkpoint published so holds them: MXFP4 (17 bytes per 32 weights:
+// gpt-oss) or FP8 (a byte each and a float32 per 128x128 block:
+// DeepSeek-V3), with gpt-oss's two bias rows in BF16.
 func ExpertBytes(cfg model.Config) int64 {
-	w := 3 * int64(cfg.HiddenSize) * int64(cfg.IntermediateSize)
+	h, in := int64(cfg.HiddenSize), int64(cfg.IntermediateSize)
+	w := 3 * h * in
 	b := 2 * w
-	if cfg.Quantization == "mxfp4" {
+	switch cfg.Quantization {
+	case "mxfp4":
 		b = w * 17 / 32
+	case "fp8":
+		b = w + 3*4*((h+127)/128)*((in+127)/128)
 	}
 	if cfg.SwiGLULimit > 0 { // gpt-oss: biases on gate/up and down
 		b += 2 * (2*int64(cfg.IntermediateSize) + int64(cfg.HiddenSize))

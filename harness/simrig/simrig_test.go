@@ -38,10 +38,10 @@ func TestARigsOwnFlagsSetTheSimulatedLayoutAndLead(t *testing.T) {
 
 // TestTheSimulatedShapeIsTheModels: one expert's bytes are what the
 // store gives a worker (BF16 SwiGLU experts; gpt-oss's with their biases,
-// in BF16 and in MXFP4 as published), and a position's KV rows are MLA's
+// in BF16 and in MXFP4 as published; DeepSeek-V3's in FP8), and a position's KV rows are MLA's
 // one latent row for DeepSeek-V3.
 func TestTheSimulatedShapeIsTheModels(t *testing.T) {
-	for _, preset := range []string{"tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny"} {
+	for _, preset := range []string{"tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8"} {
 		dir := filepath.Join(t.TempDir(), preset)
 		if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 1}); err != nil {
 			t.Fatal(err)

@@ -146,6 +146,17 @@ var Presets = map[string]Preset{
 		QLoRA: 48, KVLoRA: 32, NopeDim: 32, RopeDim: 16, VDim: 32, RouterGroups: 8, RouterGroupsKept: 3, RoutedScale: 2.5,
 		YaRN:           map[string]any{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 128, "type": "yarn"},
 		TokenizerVocab: 1024, MaxPositions: 4096, RopeTheta: 1e4},
+	// deepseek-v3-small: DeepSeek-V3's real layer in FP8 as published
+	// (hidden 7168, 128 heads with q_lora_rank 1536 and kv_lora_rank 512,
+	// 128 + 64 query/key and 128 value dimensions, 256 experts of 2048 in
+	// 8 groups of which 4 are kept, top-8, a shared expert), one sparse
+	// layer and a 32000-token vocabulary: ~12.4 GB (the experts alone are
+	// 11.3 GB), for benchmarks on a machine with the disk for it.
+	"deepseek-v3-small": {Name: "deepseek-v3-small", Family: "deepseek-v3", FP8: true, Hidden: 7168, Intermediate: 2048, SharedIntermediate: 2048,
+		Layers: 1, Heads: 128, KVHeads: 128, Experts: 256, TopK: 8, NormTopK: true, Vocab: 32000,
+		QLoRA: 1536, KVLoRA: 512, NopeDim: 128, RopeDim: 64, VDim: 128, RouterGroups: 8, RouterGroupsKept: 4, RoutedScale: 2.5,
+		YaRN:           map[string]any{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+		TokenizerVocab: 4096, MaxPositions: 163840, RopeTheta: 1e4},
 	// deepseek-v3-tiny-fp8: deepseek-v3-tiny with its projections in FP8,
 	// laid out as deepseek-ai/DeepSeek-V3 is published (every attention
 	// and MLP projection F8_E4M3 with its weight_scale_inv; the

@@ -259,3 +259,45 @@ func TestGptOssSmallHasGptOss120bsLayer(t *testing.T) {
 		t.Errorf("%d MiB of weights, over the ~2.1 GB it is sized for", total>>20)
 	}
 }
+
+// TestDeepseekV3SmallHasDeepseekV3sLayer: deepseek-v3-small's experts and
+// attention are DeepSeek-V3's as published: 256 experts each gate, up
+// (2048 x 7168) and down (7168 x 2048) in F8_E4M3 with a float32 scale per
+// 128x128 block, MLA's projections at their real shapes, in FP8 too.
+func TestDeepseekV3SmallHasDeepseekV3sLayer(t *testing.T) {
+	want := map[string][]int{
+		"model.layers.0.mlp.experts.255.gate_proj.weight":           {2048, 7168},
+		"model.layers.0.mlp.experts.255.gate_proj.weight_scale_inv": {16, 56},
+		"model.layers.0.mlp.experts.0.down_proj.weight":             {7168, 2048},
+		"model.layers.0.mlp.experts.0.down_proj.weight_scale_inv":   {56, 16},
+		"model.layers.0.self_attn.q_a_proj.weight":                  {1536, 7168},
+		"model.layers.0.self_attn.q_b_proj.weight":                  {128 * 192, 1536},
+		"model.layers.0.self_attn.kv_a_proj_with_mqa.weight":        {512 + 64, 7168},
+		"model.layers.0.self_attn.kv_b_proj.weight":                 {128 * 256, 512},
+		"model.layers.0.self_attn.o_proj.weight":                    {7168, 128 * 128},
+		"model.layers.0.mlp.gate.weight":                            {256, 7168},
+	}
+	var total int64
+	experts := 0
+	for _, ts := range tensors(Presets["deepseek-v3-small"]) {
+		total += int64(elements(ts.spec.Shape) * elemBytes(ts.spec.DType))
+		if strings.HasSuffix(ts.spec.Name, ".gate_proj.weight") && strings.Contains(ts.spec.Name, ".experts.") {
+			experts++
+			if ts.spec.DType != "F8_E4M3" {
+				t.Errorf("%s is %s", ts.spec.Name, ts.spec.DType)
+			}
+		}
+		if shape, ok := want[ts.spec.Name]; ok {
+			if fmt.Sprint(shape) != fmt.Sprint(ts.spec.Shape) {
+				t.Errorf("%s: shape %v, want %v", ts.spec.Name, ts.spec.Shape, shape)
+			}
+			delete(want, ts.spec.Name)
+		}
+	}
+	if len(want) > 0 || experts != 256 {
+		t.Errorf("missing %v; %d experts", want, experts)
+	}
+	if total > 12600<<20 {
+		t.Errorf("%d MiB of weights, over the ~12.4 GB it is sized for", total>>20)
+	}
+}

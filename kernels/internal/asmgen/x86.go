@@ -48,8 +48,10 @@ func (k x86) all(a *asm) {
 	k.axpy(a)
 	if k.parts == 2 {
 		axpyRowsAVX2(a) // the AVX-512 path calls it too
-		dequantMXFP4(a) // so does this
+		dequantMXFP4(a) // so do these
 		mxfp4Data(a)
+		dequantF8(a)
+		f8Data(a)
 	}
 	k.add(a)
 	k.scaleMul(a)

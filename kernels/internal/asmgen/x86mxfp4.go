@@ -83,3 +83,79 @@ func dequantMXFP4(a *asm) {
 	a.i("VZEROUPPER")
 	a.i("RET")
 }
+
+// The F8E4M3 dequantization of kernels/fp8.go in AVX2 and F16C (the
+// AVX-512 path calls it too), 16 weights at a time: each code byte b
+// widened to a word (VPMOVZXBW) and rebuilt as the binary16 whose bits
+// are b's sign at bit 15 and b's exponent and mantissa at bits 13..7:
+// that half is the E4M3 value times 2^-8 (normal codes: exponent e of
+// bias 15 instead of 7; subnormal codes: a half subnormal m * 2^-17),
+// code 0x7f set to a half NaN (exponent 31); converted exactly to float32
+// (VCVTPH2PS) and multiplied by 256 times the block's scale (VMULPS: 256
+// x scale is exact, so the one rounding is the definition's
+// float32(e4m3 * scale)).
+
+// f8Data emits the kernel's constants as words: the magnitude mask
+// 0x3f80, the sign bit 0x8000, the code mask 0x7f and the NaN bits
+// 0x7e00; and 256 as a float32.
+func f8Data(a *asm) {
+	a.comment("F8E4M3: word masks and 256.")
+	for _, c := range []struct {
+		name string
+		v    uint16
+	}{{"f8mag", 0x3f80}, {"f8sign", 0x8000}, {"f8code", 0x7f}, {"f8nan", 0x7e00}} {
+		fmt.Fprintf(&a.b, "DATA %s<>+0(SB)/2, $0x%04x\n", c.name, c.v)
+		fmt.Fprintf(&a.b, "GLOBL %s<>(SB), RODATA|NOPTR, $2\n", c.name)
+	}
+	fmt.Fprintf(&a.b, "DATA f8pow<>+0(SB)/4, $0x%08x\n", math.Float32bits(256))
+	a.b.WriteString("GLOBL f8pow<>(SB), RODATA|NOPTR, $4\n")
+}
+
+// dequantF8 emits dequantF8AVX2(dst *float32, codes *byte, scales
+// *float32, n16 int): the first n16 weights (a multiple of 16) of one
+// row, weight i scaled by scales[i/128].
+func dequantF8(a *asm) {
+	name := "dequantF8AVX2"
+	a.comment("func %s(dst *float32, codes *byte, scales *float32, n16 int)", name)
+	a.text(name, 32)
+	a.i("MOVQ dst+0(FP), DI")
+	a.i("MOVQ codes+8(FP), SI")
+	a.i("MOVQ scales+16(FP), DX")
+	a.i("MOVQ n16+24(FP), CX")
+	a.i("TESTQ CX, CX")
+	a.i("JEQ done")
+	a.i("VPBROADCASTW f8mag<>(SB), Y15")
+	a.i("VPBROADCASTW f8sign<>(SB), Y14")
+	a.i("VPBROADCASTW f8code<>(SB), Y13")
+	a.i("VPBROADCASTW f8nan<>(SB), Y12")
+	a.i("VBROADCASTSS f8pow<>(SB), Y11")
+	a.i("XORQ AX, AX")
+	a.label("loop")
+	a.i("MOVQ AX, BX")
+	a.i("SHRQ $7, BX")
+	a.i("VBROADCASTSS (DX)(BX*4), Y10")
+	a.i("VMULPS Y11, Y10, Y10") // 256 x the block's scale: exact
+	a.i("VPMOVZXBW (SI)(AX*1), Y0")
+	a.i("VPSLLW $7, Y0, Y1")
+	a.i("VPAND Y15, Y1, Y1") // exponent and mantissa at 13..7
+	a.i("VPSLLW $8, Y0, Y2")
+	a.i("VPAND Y14, Y2, Y2") // the sign
+	a.i("VPOR Y2, Y1, Y1")
+	a.i("VPAND Y13, Y0, Y0")
+	a.i("VPCMPEQW Y13, Y0, Y0") // code 0x7f or 0xff: NaN
+	a.i("VPAND Y12, Y0, Y0")
+	a.i("VPOR Y0, Y1, Y1")
+	a.i("VCVTPH2PS X1, Y2")
+	a.i("VEXTRACTI128 $1, Y1, X1")
+	a.i("VCVTPH2PS X1, Y3")
+	a.i("VMULPS Y10, Y2, Y2")
+	a.i("VMULPS Y10, Y3, Y3")
+	a.i("VMOVUPS Y2, (DI)(AX*4)")
+	a.i("VMOVUPS Y3, 32(DI)(AX*4)")
+	a.i("ADDQ $16, AX")
+	a.i("CMPQ AX, CX")
+	a.i("JLT loop")
+	a.label("done")
+	a.i("VZEROUPPER")
+	a.i("RET")
+}
