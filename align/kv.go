@@ -30,18 +30,27 @@ func PackKV(c *kvcache.Cache, from, to int) (KVRows, error) {
 		kv.Values = make([][]uint16, c.Layers())
 	}
 	for l := range c.Layers() {
-		kv.Keys[l] = toF16(c.Keys(l, to)[from*w:])
+		// a windowed layer's rows below its base are gone and no query
+		// reads them: they go as zeros, which the other side drops too
+		b := c.Base(l)
+		lo := min(max(from, b), to) // the first row held
+		var keys, values []float32
+		if lo < to {
+			keys, values = c.Keys(l, to)[(lo-b)*w:], c.Values(l, to)[(lo-b)*w:]
+		}
+		kv.Keys[l] = toF16(keys, (lo-from)*w)
 		if kv.Values != nil {
-			kv.Values[l] = toF16(c.Values(l, to)[from*w:])
+			kv.Values[l] = toF16(values, (lo-from)*w)
 		}
 	}
 	return kv, nil
 }
 
-func toF16(src []float32) []uint16 {
-	out := make([]uint16, len(src))
+// toF16 is src as fp16, after zeros zero values.
+func toF16(src []float32, zeros int) []uint16 {
+	out := make([]uint16, zeros+len(src))
 	for i, v := range src {
-		out[i] = kernels.F32ToF16(v)
+		out[zeros+i] = kernels.F32ToF16(v)
 	}
 	return out
 }

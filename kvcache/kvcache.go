@@ -2,7 +2,9 @@
 // the positions of one sequence, per layer, in float32. The main node's
 // cache is authoritative; the shadow keeps its own copy and overwrites
 // rows of it at KV alignment, which is why rows are addressable by
-// position rather than only appendable.
+// position rather than only appendable. A layer with a sliding window
+// (SetWindows: gpt-oss's sliding layers) keeps only the positions its
+// window can still read.
 package kvcache
 
 import "fmt"
@@ -12,10 +14,51 @@ import "fmt"
 // (NewLatent), one row per position that is both.
 type Cache struct {
 	width int         // floats per row: kvHeads * headDim
-	k, v  [][]float32 // per layer, capacity*width floats; v nil for a latent cache
+	k, v  [][]float32 // per layer, rows from base[layer] on; v nil for a latent cache
 	n     int         // committed positions
-	cap   int
+	cap   int         // positions Put may address
+	// window, when set, is each layer's sliding window (0: every
+	// position); base is the first position a layer holds (0 but for
+	// windowed layers, which drop the rows no window reaches any more)
+	window, base []int
 }
+
+// WindowSlack is how many positions before the ones a window reads a
+// windowed layer still holds after a Commit: Truncate may go back that
+// far (the shadow steps back one).
+const WindowSlack = 16
+
+// SetWindows gives the layers their sliding windows (window[l] > 0: the
+// query at position p reads positions p-window[l]+1..p only): from then
+// on such a layer holds about 2*window + WindowSlack rows, whatever the
+// length. The cache must be empty.
+func (c *Cache) SetWindows(window []int) error {
+	if len(window) != len(c.k) || c.n != 0 {
+		return fmt.Errorf("kvcache: windows for %d layers of %d, %d positions held", len(window), len(c.k), c.n)
+	}
+	c.window, c.base = append([]int(nil), window...), make([]int, len(c.k))
+	for l, w := range c.window {
+		if w > 0 { // its rows grow in Put, up to what a pass needs
+			c.k[l] = nil
+			if c.v != nil {
+				c.v[l] = nil
+			}
+		}
+	}
+	return nil
+}
+
+// Base is the first position layer holds: 0, or for a windowed layer the
+// oldest one it has not dropped. Keys and Values start there.
+func (c *Cache) Base(layer int) int {
+	if c.base == nil {
+		return 0
+	}
+	return c.base[layer]
+}
+
+// windowed reports whether layer has a sliding window.
+func (c *Cache) windowed(layer int) bool { return c.window != nil && c.window[layer] > 0 }
 
 // New returns an empty cache for layers layers of kvHeads heads of headDim,
 // with room for capacity positions (it grows on demand).
@@ -55,6 +98,9 @@ func (c *Cache) Reserve(positions int) {
 	}
 	newCap := max(positions, 2*c.cap, 16)
 	for l := range c.k {
+		if c.windowed(l) {
+			continue // its rows grow in Put, up to what a pass needs
+		}
 		k := make([]float32, newCap*c.width)
 		copy(k, c.k[l][:c.n*c.width])
 		c.k[l] = k
@@ -77,6 +123,19 @@ func (c *Cache) Put(layer, pos int, k, v []float32) error {
 	if layer < 0 || layer >= len(c.k) || pos < 0 || pos >= c.cap {
 		return fmt.Errorf("kvcache: layer %d position %d outside %d layers x %d reserved positions", layer, pos, len(c.k), c.cap)
 	}
+	if c.windowed(layer) {
+		r := pos - c.base[layer]
+		if r < 0 {
+			return nil // a row no window reads any more (a KV alignment's older rows)
+		}
+		c.k[layer] = rowsFor(c.k[layer], r+1, c.width)
+		copy(c.k[layer][r*c.width:], k)
+		if c.v != nil {
+			c.v[layer] = rowsFor(c.v[layer], r+1, c.width)
+			copy(c.v[layer][r*c.width:], v)
+		}
+		return nil
+	}
 	copy(c.k[layer][pos*c.width:], k)
 	if c.v != nil {
 		copy(c.v[layer][pos*c.width:], v)
@@ -84,50 +143,116 @@ func (c *Cache) Put(layer, pos int, k, v []float32) error {
 	return nil
 }
 
-// Keys returns the key rows of layer for positions [0, upto) as one slice
-// (row p at [p*Width, (p+1)*Width)). It aliases the cache.
-func (c *Cache) Keys(layer, upto int) []float32 { return c.k[layer][:upto*c.width] }
+// rowsFor returns rows (a windowed layer's) long enough for n rows of
+// width, keeping what it holds.
+func rowsFor(rows []float32, n, width int) []float32 {
+	if need := n * width; len(rows) < need {
+		if cap(rows) < need {
+			grown := make([]float32, need, max(need, 2*cap(rows)))
+			copy(grown, rows)
+			return grown
+		}
+		return rows[:need]
+	}
+	return rows
+}
+
+// Keys returns the key rows of layer for positions [Base(layer), upto)
+// as one slice (row p at [(p-Base)*Width, (p-Base+1)*Width)). It aliases
+// the cache.
+func (c *Cache) Keys(layer, upto int) []float32 { return c.k[layer][:(upto-c.Base(layer))*c.width] }
 
 // Values is Keys for the value rows (a latent cache's are its keys).
 func (c *Cache) Values(layer, upto int) []float32 {
 	if c.v == nil {
 		return c.Keys(layer, upto)
 	}
-	return c.v[layer][:upto*c.width]
+	return c.v[layer][:(upto-c.Base(layer))*c.width]
 }
 
-// Commit marks positions [0, n) as valid.
+// Commit marks positions [0, n) as valid. A windowed layer then drops the
+// rows no query from position n-WindowSlack on can read, once it holds
+// twice its window's (moving the rows it keeps down: a row a position,
+// amortized).
 func (c *Cache) Commit(n int) error {
 	if n < 0 || n > c.cap {
 		return fmt.Errorf("kvcache: commit %d positions with %d reserved", n, c.cap)
 	}
 	c.n = n
+	for l := range c.window {
+		w := c.window[l]
+		if w == 0 || n-c.base[l] < 2*w+WindowSlack {
+			continue
+		}
+		keep := n - w - WindowSlack // the first row a query at n-WindowSlack reads
+		drop, held := keep-c.base[l], min(n-c.base[l], len(c.k[l])/c.width)
+		copy(c.k[l], c.k[l][drop*c.width:held*c.width])
+		c.k[l] = c.k[l][:(held-drop)*c.width]
+		if c.v != nil {
+			copy(c.v[l], c.v[l][drop*c.width:held*c.width])
+			c.v[l] = c.v[l][:(held-drop)*c.width]
+		}
+		c.base[l] = keep
+	}
 	return nil
 }
 
-// Truncate forgets positions from n on (n <= Len).
+// Truncate forgets positions from n on (n <= Len). A windowed layer can
+// go on from n only if it still holds what a query at n reads: n back by
+// WindowSlack at most from the last Commit (Holds says).
 func (c *Cache) Truncate(n int) {
 	if n < c.n {
 		c.n = max(n, 0)
 	}
 }
 
-// Prefix returns a new cache holding a copy of positions [0, n) of c,
-// with room for capacity positions (it grows on demand): the start of
-// another sequence that begins with the same tokens.
+// Holds reports whether every layer holds what a query at position n
+// reads (always, but for a windowed layer that dropped those rows).
+func (c *Cache) Holds(n int) bool {
+	for l, w := range c.window {
+		if w > 0 && max(n-w+1, 0) < c.base[l] {
+			return false
+		}
+	}
+	return true
+}
+
+// Prefix returns a new cache holding a copy of positions [0, n) of c
+// (a windowed layer's rows from those a query at n reads), with room for
+// capacity positions (it grows on demand): the start of another sequence
+// that begins with the same tokens. It is an error if c no longer holds
+// them (Holds).
 func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
 	if n < 0 || n > c.n {
 		return nil, fmt.Errorf("kvcache: a prefix of %d positions of %d", n, c.n)
+	}
+	if !c.Holds(n) {
+		return nil, fmt.Errorf("kvcache: a prefix of %d positions: a windowed layer no longer holds them", n)
 	}
 	p := &Cache{width: c.width, k: make([][]float32, len(c.k))}
 	if c.v != nil {
 		p.v = make([][]float32, len(c.v))
 	}
+	if c.window != nil {
+		p.window, p.base = append([]int(nil), c.window...), make([]int, len(c.k))
+	}
 	p.Reserve(max(n, capacity))
 	for l := range c.k {
-		copy(p.k[l], c.k[l][:n*c.width])
+		from := 0
+		if c.windowed(l) {
+			from = max(n-c.window[l]-WindowSlack, c.base[l], 0)
+			p.base[l] = from
+		}
+		rows := c.k[l][(from-c.Base(l))*c.width : (n-c.Base(l))*c.width]
+		p.k[l] = append(p.k[l][:0], rows...)
 		if c.v != nil {
-			copy(p.v[l], c.v[l][:n*c.width])
+			p.v[l] = append(p.v[l][:0], c.v[l][(from-c.Base(l))*c.width:(n-c.Base(l))*c.width]...)
+		}
+		if !c.windowed(l) { // full layers keep their reserved room
+			p.k[l] = p.k[l][:cap(p.k[l])]
+			if p.v != nil {
+				p.v[l] = p.v[l][:cap(p.v[l])]
+			}
 		}
 	}
 	p.n = n
@@ -137,9 +262,12 @@ func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
 // Bytes is the memory the cache holds: every reserved row of every
 // layer, keys and values (a latent cache's rows once).
 func (c *Cache) Bytes() int64 {
-	rows := int64(2)
-	if c.v == nil {
-		rows = 1
+	var floats int64
+	for l := range c.k {
+		floats += int64(cap(c.k[l]))
+		if c.v != nil {
+			floats += int64(cap(c.v[l]))
+		}
 	}
-	return rows * 4 * int64(len(c.k)) * int64(c.cap) * int64(c.width)
+	return 4 * floats
 }

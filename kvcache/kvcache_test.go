@@ -152,3 +152,79 @@ func TestALatentCacheKeepsOneRowAsKeyAndValue(t *testing.T) {
 		t.Fatalf("a latent cache holds %d bytes, a key-and-value one %d", c.Bytes(), kv.Bytes())
 	}
 }
+
+// TestAWindowedLayerHoldsWhatItsWindowReads: a layer with a window of 8
+// beside a full one, fed 300 positions in passes of 1 to 37 rows, holds
+// every row a query at the next position reads (the same rows the full
+// layer holds), keeps about 2*8+WindowSlack rows however long the
+// sequence, steps back within WindowSlack (the shadow's Truncate), drops
+// a Put below its base, and serves a prefix only while it holds it.
+func TestAWindowedLayerHoldsWhatItsWindowReads(t *testing.T) {
+	const w = 8
+	c := New(2, 1, 2, 0)
+	if err := c.SetWindows([]int{w, 0}); err != nil {
+		t.Fatal(err)
+	}
+	row := func(p int, kind float32) []float32 { return []float32{kind, float32(p)} }
+	check := func(n int) {
+		t.Helper()
+		lo := max(n-w+1, 0) // what a query at n reads, below n
+		base := c.Base(0)
+		if lo < base || !c.Holds(n) {
+			t.Fatalf("at %d: the windowed layer starts at %d, a query reads from %d", n, base, lo)
+		}
+		k, v := c.Keys(0, n), c.Values(0, n)
+		full := c.Keys(1, n)
+		for p := lo; p < n; p++ {
+			if !slices.Equal(k[(p-base)*2:(p-base)*2+2], row(p, 1)) || !slices.Equal(v[(p-base)*2:(p-base)*2+2], row(p, 2)) ||
+				!slices.Equal(full[p*2:p*2+2], row(p, 1)) {
+				t.Fatalf("at %d: position %d's rows are %v %v", n, p, k[(p-base)*2:(p-base)*2+2], v[(p-base)*2:(p-base)*2+2])
+			}
+		}
+	}
+	n := 0
+	for pass := 1; n < 300; pass = pass%37 + 1 {
+		c.Reserve(n + pass)
+		for p := n; p < n+pass; p++ {
+			for l := range 2 {
+				if err := c.Put(l, p, row(p, 1), row(p, 2)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		n += pass
+		if err := c.Commit(n); err != nil {
+			t.Fatal(err)
+		}
+		check(n)
+		if held := len(c.k[0]) / 2; held > 2*w+WindowSlack+37 {
+			t.Fatalf("at %d: the windowed layer holds %d rows", n, held)
+		}
+	}
+	if c.Base(0) == 0 {
+		t.Fatal("the windowed layer never dropped a row")
+	}
+	c.Truncate(n - WindowSlack) // back as far as the slack allows
+	check(c.Len())
+	if err := c.Put(0, c.Base(0)-1, row(0, 9), row(0, 9)); err != nil { // below the base: dropped
+		t.Fatal(err)
+	}
+	check(c.Len())
+	if c.Holds(c.Base(0)) || !c.Holds(c.Len()) {
+		t.Errorf("Holds: at the base %v (want false), at the end %v", c.Holds(c.Base(0)), c.Holds(c.Len()))
+	}
+	p, err := c.Prefix(c.Len(), c.Len()+10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, ck := p.Keys(0, p.Len()), c.Keys(0, c.Len())
+	if p.Base(0) < c.Base(0) || !slices.Equal(pk, ck[(p.Base(0)-c.Base(0))*2:]) || !slices.Equal(p.Keys(1, p.Len()), c.Keys(1, c.Len())) {
+		t.Error("the prefix's rows differ from the cache's")
+	}
+	if _, err := c.Prefix(c.Base(0), 0); err == nil {
+		t.Error("a prefix whose rows a windowed layer dropped was served")
+	}
+	if full := New(2, 1, 2, 300); c.Bytes() >= full.Bytes() {
+		t.Errorf("the windowed cache holds %d bytes, a full one of 300 positions %d", c.Bytes(), full.Bytes())
+	}
+}

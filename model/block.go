@@ -219,13 +219,16 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 			if a.Window > 0 && pos-a.Window+1 > 0 {
 				lo = pos - a.Window + 1
 			}
+			// a windowed layer's cache starts at its base: it holds lo on
+			// (the pass started within its slack: kvcache.Cache.Holds)
+			keys, values = keys[(lo-cache.Base(l))*kvw:], values[(lo-cache.Base(l))*kvw:]
 			q := s.q[t*qw+head*hd : t*qw+(head+1)*hd]
 			out := s.att[t*qw+head*hd : t*qw+(head+1)*hd]
 			// positions lo..pos of the head's KV head, kvw floats apart
 			if a.Sinks != nil {
-				kernels.AttendSink(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale, a.Sinks[head])
+				kernels.AttendSink(out, scores[:pos+1-lo], q, keys, values, kvw, (head/group)*hd, scale, a.Sinks[head])
 			} else {
-				kernels.Attend(out, scores[:pos+1-lo], q, keys[lo*kvw:], values[lo*kvw:], kvw, (head/group)*hd, scale)
+				kernels.Attend(out, scores[:pos+1-lo], q, keys, values, kvw, (head/group)*hd, scale)
 			}
 		}
 	})

@@ -1,7 +1,9 @@
 package model
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"math"
 	"os"
@@ -233,6 +235,41 @@ func TestADeepseekV3FP8CheckpointMatchesFloat64Reference(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkDeepseek(t, m, dir, cfgJSON)
+	}
+	// and the scales matter: the experts' read as 1 are far from it
+	m, dir := loadPreset(t, "deepseek-v3-tiny-fp8")
+	set, err := safetensors.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	cfgJSON, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c deepseekRef
+	if err := json.Unmarshal(cfgJSON, &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(c.RawRope, &c.RopeScaling); err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]int, 24)
+	for i := range tokens {
+		tokens[i] = (i*53 + 7) % m.Config.VocabSize
+	}
+	want := refModel{cfg: m.Config, set: set, t: t}.forwardDeepseekV3(tokens, c, cfgJSON)
+	one := binary.LittleEndian.AppendUint32(nil, math.Float32bits(1))
+	for _, l := range m.Config.ExpertLayers() {
+		for e := range m.Layers[l].MoE.Experts {
+			x := &m.Layers[l].MoE.Experts[e]
+			for _, w := range []*kernels.Matrix{&x.Gate, &x.Up, &x.Down} {
+				w.Scales = bytes.Repeat(one, len(w.Scales)/4)
+			}
+		}
+	}
+	if worst := worstAgainst(t, m, tokens, want); worst <= 1e-4 {
+		t.Errorf("with the experts' scales read as 1 the model is still within %.3g of the reference", worst)
 	}
 }
 

@@ -249,12 +249,30 @@ func checkGptOss(t *testing.T, preset string) {
 		t.Fatal(err)
 	}
 	defer set.Close()
-	tokens := make([]int, 3*c.Window)
+	// ten windows: the sliding layers' caches drop rows (kvcache
+	// WindowSlack) several times on the way
+	tokens := make([]int, 10*c.Window)
 	for i := range tokens {
 		tokens[i] = (i*53 + 7) % m.Config.VocabSize
 	}
 	want := refModel{cfg: m.Config, set: set, t: t}.forwardGptOss(tokens, c, cfgJSON)
-	decodeAgainst(t, preset, m, tokens, want)
+	_, last := decodeAgainst(t, preset, m, tokens, want)
+	// the same tokens prefilled in one pass, but the last: its rows are
+	// all there for the pass, and the sliding layers drop them after
+	s := NewSession(m, NewResidentExperts(m), 0)
+	if _, err := s.Forward(context.Background(), tokens[:len(tokens)-1]); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Forward(context.Background(), tokens[len(tokens)-1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := firstDiff(got, last); d >= 0 {
+		t.Fatalf("prefilled in one pass, logit %d is %v; token by token %v", d, got[d], last[d])
+	}
+	if cache := s.Cache(); cache.Base(0) == 0 || cache.Base(1) != 0 {
+		t.Fatalf("after %d positions the sliding layer 0 starts at %d, the full layer 1 at %d", len(tokens), cache.Base(0), cache.Base(1))
+	}
 	if mx := c.MXFP4 != nil; mx != (m.Layers[0].MoE.Experts[0].GateUp.DType == kernels.MXFP4) || mx != (preset == "gpt-oss-tiny-mxfp4") {
 		t.Fatalf("%s binds its experts as %v", preset, m.Layers[0].MoE.Experts[0].GateUp.DType)
 	}

@@ -48,7 +48,18 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 	if c.MLA != nil {
 		return newSession(m, experts, kvcache.NewLatent(c.NumLayers, c.KVWidth(), capacity))
 	}
-	return newSession(m, experts, kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, capacity))
+	cache := kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, 0)
+	if c.LayerWindows != nil || c.SlidingWindow > 0 { // a windowed layer holds only what its window reads
+		windows := make([]int, c.NumLayers)
+		for l := range windows {
+			windows[l] = m.Layers[l].Attention.Window
+		}
+		if err := cache.SetWindows(windows); err != nil {
+			panic(err) // an empty cache of the model's layers: cannot be
+		}
+	}
+	cache.Reserve(capacity)
+	return newSession(m, experts, cache)
 }
 
 // newSession starts a sequence on m that goes on after the rows in cache.
