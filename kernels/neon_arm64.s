@@ -1384,3 +1384,374 @@ loop:
 	BNE loop
 done:
 	RET
+
+// func dequantMXFP4NEON(dst *float32, codes *byte, scales *byte, blocks int)
+TEXT ·dequantMXFP4NEON(SB), NOSPLIT, $0-32
+	MOVD dst+0(FP), R0
+	MOVD codes+8(FP), R1
+	MOVD scales+16(FP), R2
+	MOVD blocks+24(FP), R3
+	CBZ R3, done
+	MOVD $mxfp4scale<>(SB), R8
+	VMOVQ $0x0c08060403020100, $0xf4f8fafcfdfeff00, V30
+	VMOVQ $0x0f0f0f0f0f0f0f0f, $0x0f0f0f0f0f0f0f0f, V29
+loop:
+	MOVBU.P 1(R2), R9
+	MOVWU (R8)(R9<<2), R10
+	FMOVS R10, F28
+	VLD1.P 16(R1), [V0.B16]
+	VUSHR $4, V0.B16, V2.B16
+	VAND V29.B16, V0.B16, V1.B16
+	VZIP1 V2.B16, V1.B16, V3.B16
+	VZIP2 V2.B16, V1.B16, V4.B16
+	VTBL V3.B16, [V30.B16], V3.B16
+	VTBL V4.B16, [V30.B16], V4.B16
+	WORD $0x0f08a470 // SXTL V16.8H, V3.8B
+	WORD $0x4f08a471 // SXTL2 V17.8H, V3.16B
+	WORD $0x0f08a492 // SXTL V18.8H, V4.8B
+	WORD $0x4f08a493 // SXTL2 V19.8H, V4.16B
+	WORD $0x0f10a614 // SXTL V20.4S, V16.4H
+	WORD $0x4f10a615 // SXTL2 V21.4S, V16.8H
+	WORD $0x0f10a636 // SXTL V22.4S, V17.4H
+	WORD $0x4f10a637 // SXTL2 V23.4S, V17.8H
+	WORD $0x0f10a658 // SXTL V24.4S, V18.4H
+	WORD $0x4f10a659 // SXTL2 V25.4S, V18.8H
+	WORD $0x0f10a67a // SXTL V26.4S, V19.4H
+	WORD $0x4f10a67b // SXTL2 V27.4S, V19.8H
+	WORD $0x4e21da94 // SCVTF V20.4S, V20.4S
+	WORD $0x4f9c9294 // FMUL V20.4S, V20.4S, V28.S[0]
+	WORD $0x4e21dab5 // SCVTF V21.4S, V21.4S
+	WORD $0x4f9c92b5 // FMUL V21.4S, V21.4S, V28.S[0]
+	WORD $0x4e21dad6 // SCVTF V22.4S, V22.4S
+	WORD $0x4f9c92d6 // FMUL V22.4S, V22.4S, V28.S[0]
+	WORD $0x4e21daf7 // SCVTF V23.4S, V23.4S
+	WORD $0x4f9c92f7 // FMUL V23.4S, V23.4S, V28.S[0]
+	WORD $0x4e21db18 // SCVTF V24.4S, V24.4S
+	WORD $0x4f9c9318 // FMUL V24.4S, V24.4S, V28.S[0]
+	WORD $0x4e21db39 // SCVTF V25.4S, V25.4S
+	WORD $0x4f9c9339 // FMUL V25.4S, V25.4S, V28.S[0]
+	WORD $0x4e21db5a // SCVTF V26.4S, V26.4S
+	WORD $0x4f9c935a // FMUL V26.4S, V26.4S, V28.S[0]
+	WORD $0x4e21db7b // SCVTF V27.4S, V27.4S
+	WORD $0x4f9c937b // FMUL V27.4S, V27.4S, V28.S[0]
+	VST1.P [V20.S4, V21.S4, V22.S4, V23.S4], 64(R0)
+	VST1.P [V24.S4, V25.S4, V26.S4, V27.S4], 64(R0)
+	SUBS $1, R3, R3
+	BNE loop
+done:
+	RET
+
+// func dequantF8NEON(dst *float32, codes *byte, scales *float32, n16 int)
+TEXT ·dequantF8NEON(SB), NOSPLIT, $0-32
+	MOVD dst+0(FP), R0
+	MOVD codes+8(FP), R1
+	MOVD scales+16(FP), R2
+	MOVD n16+24(FP), R3
+	CBZ R3, done
+	VMOVQ $0x3f803f803f803f80, $0x3f803f803f803f80, V29
+	VMOVQ $0x8000800080008000, $0x8000800080008000, V30
+	VMOVQ $0x007f007f007f007f, $0x007f007f007f007f, V31
+	VMOVQ $0x7e007e007e007e00, $0x7e007e007e007e00, V26
+	MOVW $0x43800000, R6
+	FMOVS R6, F25
+	MOVD $0, R4
+loop:
+	LSR $7, R4, R5
+	MOVWU (R2)(R5<<2), R6
+	FMOVS R6, F28
+	FMULS F25, F28, F28
+	VLD1.P 16(R1), [V0.B16]
+	WORD $0x2f08a401 // UXTL V1.8H, V0.8B
+	WORD $0x6f08a402 // UXTL2 V2.8H, V0.16B
+	VSHL $7, V1.H8, V3.H8
+	VAND V29.B16, V3.B16, V3.B16
+	VSHL $8, V1.H8, V4.H8
+	VAND V30.B16, V4.B16, V4.B16
+	VORR V4.B16, V3.B16, V3.B16
+	VAND V31.B16, V1.B16, V5.B16
+	VCMEQ V31.H8, V5.H8, V5.H8
+	VAND V26.B16, V5.B16, V5.B16
+	VORR V5.B16, V3.B16, V3.B16
+	WORD $0x0e217866 // FCVTL V6.4S, V3.4H
+	WORD $0x4e217867 // FCVTL2 V7.4S, V3.8H
+	WORD $0x4f9c90c6 // FMUL V6.4S, V6.4S, V28.S[0]
+	WORD $0x4f9c90e7 // FMUL V7.4S, V7.4S, V28.S[0]
+	VST1.P [V6.S4, V7.S4], 32(R0)
+	VSHL $7, V2.H8, V3.H8
+	VAND V29.B16, V3.B16, V3.B16
+	VSHL $8, V2.H8, V4.H8
+	VAND V30.B16, V4.B16, V4.B16
+	VORR V4.B16, V3.B16, V3.B16
+	VAND V31.B16, V2.B16, V5.B16
+	VCMEQ V31.H8, V5.H8, V5.H8
+	VAND V26.B16, V5.B16, V5.B16
+	VORR V5.B16, V3.B16, V3.B16
+	WORD $0x0e217866 // FCVTL V6.4S, V3.4H
+	WORD $0x4e217867 // FCVTL2 V7.4S, V3.8H
+	WORD $0x4f9c90c6 // FMUL V6.4S, V6.4S, V28.S[0]
+	WORD $0x4f9c90e7 // FMUL V7.4S, V7.4S, V28.S[0]
+	VST1.P [V6.S4, V7.S4], 32(R0)
+	ADD $16, R4
+	CMP R3, R4
+	BLT loop
+done:
+	RET
+
+// MXFP4: 2^(s-128) for every scale byte s.
+DATA mxfp4scale<>+0(SB)/4, $0x00200000
+DATA mxfp4scale<>+4(SB)/4, $0x00400000
+DATA mxfp4scale<>+8(SB)/4, $0x00800000
+DATA mxfp4scale<>+12(SB)/4, $0x01000000
+DATA mxfp4scale<>+16(SB)/4, $0x01800000
+DATA mxfp4scale<>+20(SB)/4, $0x02000000
+DATA mxfp4scale<>+24(SB)/4, $0x02800000
+DATA mxfp4scale<>+28(SB)/4, $0x03000000
+DATA mxfp4scale<>+32(SB)/4, $0x03800000
+DATA mxfp4scale<>+36(SB)/4, $0x04000000
+DATA mxfp4scale<>+40(SB)/4, $0x04800000
+DATA mxfp4scale<>+44(SB)/4, $0x05000000
+DATA mxfp4scale<>+48(SB)/4, $0x05800000
+DATA mxfp4scale<>+52(SB)/4, $0x06000000
+DATA mxfp4scale<>+56(SB)/4, $0x06800000
+DATA mxfp4scale<>+60(SB)/4, $0x07000000
+DATA mxfp4scale<>+64(SB)/4, $0x07800000
+DATA mxfp4scale<>+68(SB)/4, $0x08000000
+DATA mxfp4scale<>+72(SB)/4, $0x08800000
+DATA mxfp4scale<>+76(SB)/4, $0x09000000
+DATA mxfp4scale<>+80(SB)/4, $0x09800000
+DATA mxfp4scale<>+84(SB)/4, $0x0a000000
+DATA mxfp4scale<>+88(SB)/4, $0x0a800000
+DATA mxfp4scale<>+92(SB)/4, $0x0b000000
+DATA mxfp4scale<>+96(SB)/4, $0x0b800000
+DATA mxfp4scale<>+100(SB)/4, $0x0c000000
+DATA mxfp4scale<>+104(SB)/4, $0x0c800000
+DATA mxfp4scale<>+108(SB)/4, $0x0d000000
+DATA mxfp4scale<>+112(SB)/4, $0x0d800000
+DATA mxfp4scale<>+116(SB)/4, $0x0e000000
+DATA mxfp4scale<>+120(SB)/4, $0x0e800000
+DATA mxfp4scale<>+124(SB)/4, $0x0f000000
+DATA mxfp4scale<>+128(SB)/4, $0x0f800000
+DATA mxfp4scale<>+132(SB)/4, $0x10000000
+DATA mxfp4scale<>+136(SB)/4, $0x10800000
+DATA mxfp4scale<>+140(SB)/4, $0x11000000
+DATA mxfp4scale<>+144(SB)/4, $0x11800000
+DATA mxfp4scale<>+148(SB)/4, $0x12000000
+DATA mxfp4scale<>+152(SB)/4, $0x12800000
+DATA mxfp4scale<>+156(SB)/4, $0x13000000
+DATA mxfp4scale<>+160(SB)/4, $0x13800000
+DATA mxfp4scale<>+164(SB)/4, $0x14000000
+DATA mxfp4scale<>+168(SB)/4, $0x14800000
+DATA mxfp4scale<>+172(SB)/4, $0x15000000
+DATA mxfp4scale<>+176(SB)/4, $0x15800000
+DATA mxfp4scale<>+180(SB)/4, $0x16000000
+DATA mxfp4scale<>+184(SB)/4, $0x16800000
+DATA mxfp4scale<>+188(SB)/4, $0x17000000
+DATA mxfp4scale<>+192(SB)/4, $0x17800000
+DATA mxfp4scale<>+196(SB)/4, $0x18000000
+DATA mxfp4scale<>+200(SB)/4, $0x18800000
+DATA mxfp4scale<>+204(SB)/4, $0x19000000
+DATA mxfp4scale<>+208(SB)/4, $0x19800000
+DATA mxfp4scale<>+212(SB)/4, $0x1a000000
+DATA mxfp4scale<>+216(SB)/4, $0x1a800000
+DATA mxfp4scale<>+220(SB)/4, $0x1b000000
+DATA mxfp4scale<>+224(SB)/4, $0x1b800000
+DATA mxfp4scale<>+228(SB)/4, $0x1c000000
+DATA mxfp4scale<>+232(SB)/4, $0x1c800000
+DATA mxfp4scale<>+236(SB)/4, $0x1d000000
+DATA mxfp4scale<>+240(SB)/4, $0x1d800000
+DATA mxfp4scale<>+244(SB)/4, $0x1e000000
+DATA mxfp4scale<>+248(SB)/4, $0x1e800000
+DATA mxfp4scale<>+252(SB)/4, $0x1f000000
+DATA mxfp4scale<>+256(SB)/4, $0x1f800000
+DATA mxfp4scale<>+260(SB)/4, $0x20000000
+DATA mxfp4scale<>+264(SB)/4, $0x20800000
+DATA mxfp4scale<>+268(SB)/4, $0x21000000
+DATA mxfp4scale<>+272(SB)/4, $0x21800000
+DATA mxfp4scale<>+276(SB)/4, $0x22000000
+DATA mxfp4scale<>+280(SB)/4, $0x22800000
+DATA mxfp4scale<>+284(SB)/4, $0x23000000
+DATA mxfp4scale<>+288(SB)/4, $0x23800000
+DATA mxfp4scale<>+292(SB)/4, $0x24000000
+DATA mxfp4scale<>+296(SB)/4, $0x24800000
+DATA mxfp4scale<>+300(SB)/4, $0x25000000
+DATA mxfp4scale<>+304(SB)/4, $0x25800000
+DATA mxfp4scale<>+308(SB)/4, $0x26000000
+DATA mxfp4scale<>+312(SB)/4, $0x26800000
+DATA mxfp4scale<>+316(SB)/4, $0x27000000
+DATA mxfp4scale<>+320(SB)/4, $0x27800000
+DATA mxfp4scale<>+324(SB)/4, $0x28000000
+DATA mxfp4scale<>+328(SB)/4, $0x28800000
+DATA mxfp4scale<>+332(SB)/4, $0x29000000
+DATA mxfp4scale<>+336(SB)/4, $0x29800000
+DATA mxfp4scale<>+340(SB)/4, $0x2a000000
+DATA mxfp4scale<>+344(SB)/4, $0x2a800000
+DATA mxfp4scale<>+348(SB)/4, $0x2b000000
+DATA mxfp4scale<>+352(SB)/4, $0x2b800000
+DATA mxfp4scale<>+356(SB)/4, $0x2c000000
+DATA mxfp4scale<>+360(SB)/4, $0x2c800000
+DATA mxfp4scale<>+364(SB)/4, $0x2d000000
+DATA mxfp4scale<>+368(SB)/4, $0x2d800000
+DATA mxfp4scale<>+372(SB)/4, $0x2e000000
+DATA mxfp4scale<>+376(SB)/4, $0x2e800000
+DATA mxfp4scale<>+380(SB)/4, $0x2f000000
+DATA mxfp4scale<>+384(SB)/4, $0x2f800000
+DATA mxfp4scale<>+388(SB)/4, $0x30000000
+DATA mxfp4scale<>+392(SB)/4, $0x30800000
+DATA mxfp4scale<>+396(SB)/4, $0x31000000
+DATA mxfp4scale<>+400(SB)/4, $0x31800000
+DATA mxfp4scale<>+404(SB)/4, $0x32000000
+DATA mxfp4scale<>+408(SB)/4, $0x32800000
+DATA mxfp4scale<>+412(SB)/4, $0x33000000
+DATA mxfp4scale<>+416(SB)/4, $0x33800000
+DATA mxfp4scale<>+420(SB)/4, $0x34000000
+DATA mxfp4scale<>+424(SB)/4, $0x34800000
+DATA mxfp4scale<>+428(SB)/4, $0x35000000
+DATA mxfp4scale<>+432(SB)/4, $0x35800000
+DATA mxfp4scale<>+436(SB)/4, $0x36000000
+DATA mxfp4scale<>+440(SB)/4, $0x36800000
+DATA mxfp4scale<>+444(SB)/4, $0x37000000
+DATA mxfp4scale<>+448(SB)/4, $0x37800000
+DATA mxfp4scale<>+452(SB)/4, $0x38000000
+DATA mxfp4scale<>+456(SB)/4, $0x38800000
+DATA mxfp4scale<>+460(SB)/4, $0x39000000
+DATA mxfp4scale<>+464(SB)/4, $0x39800000
+DATA mxfp4scale<>+468(SB)/4, $0x3a000000
+DATA mxfp4scale<>+472(SB)/4, $0x3a800000
+DATA mxfp4scale<>+476(SB)/4, $0x3b000000
+DATA mxfp4scale<>+480(SB)/4, $0x3b800000
+DATA mxfp4scale<>+484(SB)/4, $0x3c000000
+DATA mxfp4scale<>+488(SB)/4, $0x3c800000
+DATA mxfp4scale<>+492(SB)/4, $0x3d000000
+DATA mxfp4scale<>+496(SB)/4, $0x3d800000
+DATA mxfp4scale<>+500(SB)/4, $0x3e000000
+DATA mxfp4scale<>+504(SB)/4, $0x3e800000
+DATA mxfp4scale<>+508(SB)/4, $0x3f000000
+DATA mxfp4scale<>+512(SB)/4, $0x3f800000
+DATA mxfp4scale<>+516(SB)/4, $0x40000000
+DATA mxfp4scale<>+520(SB)/4, $0x40800000
+DATA mxfp4scale<>+524(SB)/4, $0x41000000
+DATA mxfp4scale<>+528(SB)/4, $0x41800000
+DATA mxfp4scale<>+532(SB)/4, $0x42000000
+DATA mxfp4scale<>+536(SB)/4, $0x42800000
+DATA mxfp4scale<>+540(SB)/4, $0x43000000
+DATA mxfp4scale<>+544(SB)/4, $0x43800000
+DATA mxfp4scale<>+548(SB)/4, $0x44000000
+DATA mxfp4scale<>+552(SB)/4, $0x44800000
+DATA mxfp4scale<>+556(SB)/4, $0x45000000
+DATA mxfp4scale<>+560(SB)/4, $0x45800000
+DATA mxfp4scale<>+564(SB)/4, $0x46000000
+DATA mxfp4scale<>+568(SB)/4, $0x46800000
+DATA mxfp4scale<>+572(SB)/4, $0x47000000
+DATA mxfp4scale<>+576(SB)/4, $0x47800000
+DATA mxfp4scale<>+580(SB)/4, $0x48000000
+DATA mxfp4scale<>+584(SB)/4, $0x48800000
+DATA mxfp4scale<>+588(SB)/4, $0x49000000
+DATA mxfp4scale<>+592(SB)/4, $0x49800000
+DATA mxfp4scale<>+596(SB)/4, $0x4a000000
+DATA mxfp4scale<>+600(SB)/4, $0x4a800000
+DATA mxfp4scale<>+604(SB)/4, $0x4b000000
+DATA mxfp4scale<>+608(SB)/4, $0x4b800000
+DATA mxfp4scale<>+612(SB)/4, $0x4c000000
+DATA mxfp4scale<>+616(SB)/4, $0x4c800000
+DATA mxfp4scale<>+620(SB)/4, $0x4d000000
+DATA mxfp4scale<>+624(SB)/4, $0x4d800000
+DATA mxfp4scale<>+628(SB)/4, $0x4e000000
+DATA mxfp4scale<>+632(SB)/4, $0x4e800000
+DATA mxfp4scale<>+636(SB)/4, $0x4f000000
+DATA mxfp4scale<>+640(SB)/4, $0x4f800000
+DATA mxfp4scale<>+644(SB)/4, $0x50000000
+DATA mxfp4scale<>+648(SB)/4, $0x50800000
+DATA mxfp4scale<>+652(SB)/4, $0x51000000
+DATA mxfp4scale<>+656(SB)/4, $0x51800000
+DATA mxfp4scale<>+660(SB)/4, $0x52000000
+DATA mxfp4scale<>+664(SB)/4, $0x52800000
+DATA mxfp4scale<>+668(SB)/4, $0x53000000
+DATA mxfp4scale<>+672(SB)/4, $0x53800000
+DATA mxfp4scale<>+676(SB)/4, $0x54000000
+DATA mxfp4scale<>+680(SB)/4, $0x54800000
+DATA mxfp4scale<>+684(SB)/4, $0x55000000
+DATA mxfp4scale<>+688(SB)/4, $0x55800000
+DATA mxfp4scale<>+692(SB)/4, $0x56000000
+DATA mxfp4scale<>+696(SB)/4, $0x56800000
+DATA mxfp4scale<>+700(SB)/4, $0x57000000
+DATA mxfp4scale<>+704(SB)/4, $0x57800000
+DATA mxfp4scale<>+708(SB)/4, $0x58000000
+DATA mxfp4scale<>+712(SB)/4, $0x58800000
+DATA mxfp4scale<>+716(SB)/4, $0x59000000
+DATA mxfp4scale<>+720(SB)/4, $0x59800000
+DATA mxfp4scale<>+724(SB)/4, $0x5a000000
+DATA mxfp4scale<>+728(SB)/4, $0x5a800000
+DATA mxfp4scale<>+732(SB)/4, $0x5b000000
+DATA mxfp4scale<>+736(SB)/4, $0x5b800000
+DATA mxfp4scale<>+740(SB)/4, $0x5c000000
+DATA mxfp4scale<>+744(SB)/4, $0x5c800000
+DATA mxfp4scale<>+748(SB)/4, $0x5d000000
+DATA mxfp4scale<>+752(SB)/4, $0x5d800000
+DATA mxfp4scale<>+756(SB)/4, $0x5e000000
+DATA mxfp4scale<>+760(SB)/4, $0x5e800000
+DATA mxfp4scale<>+764(SB)/4, $0x5f000000
+DATA mxfp4scale<>+768(SB)/4, $0x5f800000
+DATA mxfp4scale<>+772(SB)/4, $0x60000000
+DATA mxfp4scale<>+776(SB)/4, $0x60800000
+DATA mxfp4scale<>+780(SB)/4, $0x61000000
+DATA mxfp4scale<>+784(SB)/4, $0x61800000
+DATA mxfp4scale<>+788(SB)/4, $0x62000000
+DATA mxfp4scale<>+792(SB)/4, $0x62800000
+DATA mxfp4scale<>+796(SB)/4, $0x63000000
+DATA mxfp4scale<>+800(SB)/4, $0x63800000
+DATA mxfp4scale<>+804(SB)/4, $0x64000000
+DATA mxfp4scale<>+808(SB)/4, $0x64800000
+DATA mxfp4scale<>+812(SB)/4, $0x65000000
+DATA mxfp4scale<>+816(SB)/4, $0x65800000
+DATA mxfp4scale<>+820(SB)/4, $0x66000000
+DATA mxfp4scale<>+824(SB)/4, $0x66800000
+DATA mxfp4scale<>+828(SB)/4, $0x67000000
+DATA mxfp4scale<>+832(SB)/4, $0x67800000
+DATA mxfp4scale<>+836(SB)/4, $0x68000000
+DATA mxfp4scale<>+840(SB)/4, $0x68800000
+DATA mxfp4scale<>+844(SB)/4, $0x69000000
+DATA mxfp4scale<>+848(SB)/4, $0x69800000
+DATA mxfp4scale<>+852(SB)/4, $0x6a000000
+DATA mxfp4scale<>+856(SB)/4, $0x6a800000
+DATA mxfp4scale<>+860(SB)/4, $0x6b000000
+DATA mxfp4scale<>+864(SB)/4, $0x6b800000
+DATA mxfp4scale<>+868(SB)/4, $0x6c000000
+DATA mxfp4scale<>+872(SB)/4, $0x6c800000
+DATA mxfp4scale<>+876(SB)/4, $0x6d000000
+DATA mxfp4scale<>+880(SB)/4, $0x6d800000
+DATA mxfp4scale<>+884(SB)/4, $0x6e000000
+DATA mxfp4scale<>+888(SB)/4, $0x6e800000
+DATA mxfp4scale<>+892(SB)/4, $0x6f000000
+DATA mxfp4scale<>+896(SB)/4, $0x6f800000
+DATA mxfp4scale<>+900(SB)/4, $0x70000000
+DATA mxfp4scale<>+904(SB)/4, $0x70800000
+DATA mxfp4scale<>+908(SB)/4, $0x71000000
+DATA mxfp4scale<>+912(SB)/4, $0x71800000
+DATA mxfp4scale<>+916(SB)/4, $0x72000000
+DATA mxfp4scale<>+920(SB)/4, $0x72800000
+DATA mxfp4scale<>+924(SB)/4, $0x73000000
+DATA mxfp4scale<>+928(SB)/4, $0x73800000
+DATA mxfp4scale<>+932(SB)/4, $0x74000000
+DATA mxfp4scale<>+936(SB)/4, $0x74800000
+DATA mxfp4scale<>+940(SB)/4, $0x75000000
+DATA mxfp4scale<>+944(SB)/4, $0x75800000
+DATA mxfp4scale<>+948(SB)/4, $0x76000000
+DATA mxfp4scale<>+952(SB)/4, $0x76800000
+DATA mxfp4scale<>+956(SB)/4, $0x77000000
+DATA mxfp4scale<>+960(SB)/4, $0x77800000
+DATA mxfp4scale<>+964(SB)/4, $0x78000000
+DATA mxfp4scale<>+968(SB)/4, $0x78800000
+DATA mxfp4scale<>+972(SB)/4, $0x79000000
+DATA mxfp4scale<>+976(SB)/4, $0x79800000
+DATA mxfp4scale<>+980(SB)/4, $0x7a000000
+DATA mxfp4scale<>+984(SB)/4, $0x7a800000
+DATA mxfp4scale<>+988(SB)/4, $0x7b000000
+DATA mxfp4scale<>+992(SB)/4, $0x7b800000
+DATA mxfp4scale<>+996(SB)/4, $0x7c000000
+DATA mxfp4scale<>+1000(SB)/4, $0x7c800000
+DATA mxfp4scale<>+1004(SB)/4, $0x7d000000
+DATA mxfp4scale<>+1008(SB)/4, $0x7d800000
+DATA mxfp4scale<>+1012(SB)/4, $0x7e000000
+DATA mxfp4scale<>+1016(SB)/4, $0x7e800000
+DATA mxfp4scale<>+1020(SB)/4, $0x7f000000
+GLOBL mxfp4scale<>(SB), RODATA|NOPTR, $1024

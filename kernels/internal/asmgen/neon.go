@@ -97,6 +97,9 @@ func neonAll(a *asm) {
 	neonAxpy(a)
 	neonAdd(a)
 	neonScaleMul(a)
+	neonDequantMXFP4(a)
+	neonDequantF8(a)
+	neonScaledData(a)
 }
 
 // neonRows: see x86.rows (four rows i, i+q, i+2q, i+3q per group, then
