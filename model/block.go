@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"fmt"
 	"math"
 
 	"github.com/odmoe/odmoe/kernels"
@@ -198,6 +199,10 @@ func (a *Attention) attend(s *Session, l, n int, rows kvRows) error {
 		kernels.RoPE(s.k[t*kvw:(t+1)*kvw], c.NumKVHeads, hd, s.cos, s.sin)
 		if err := cache.Put(l, pos, s.k[t*kvw:(t+1)*kvw], s.v[t*kvw:(t+1)*kvw]); err != nil {
 			return err
+		}
+		if lo := max(pos-a.Window+1, 0); a.Window > 0 && lo < cache.Base(l) {
+			return fmt.Errorf("model: layer %d's KV cache no longer holds position %d, which position %d reads (a sequence stepped back more than %d positions)",
+				l, lo, pos, kvcache.WindowSlack)
 		}
 		span, positions = max(span, pos+1), positions+pos+1
 	}

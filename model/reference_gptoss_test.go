@@ -369,3 +369,25 @@ func TestGptOssConfigReadsWhatTransformersReads(t *testing.T) {
 		}
 	}
 }
+
+// TestASequenceSteppedBackPastItsWindowsRowsIsRefused: a session whose
+// sliding layers dropped rows, truncated further back than
+// kvcache.WindowSlack, refuses its next pass with an error naming the
+// layer and positions, rather than reading rows it no longer holds.
+func TestASequenceSteppedBackPastItsWindowsRowsIsRefused(t *testing.T) {
+	m, _ := loadPreset(t, "gpt-oss-tiny")
+	s := NewSession(m, NewResidentExperts(m), 0)
+	tokens := make([]int, 100)
+	for i := range tokens {
+		tokens[i] = (i*53 + 7) % m.Config.VocabSize
+	}
+	if _, err := s.Forward(context.Background(), tokens); err != nil {
+		t.Fatal(err)
+	}
+	back := s.Cache().Base(0) - 1 // before the first row layer 0 holds
+	s.Cache().Truncate(back)
+	_, err := s.Forward(context.Background(), tokens[:1])
+	if err == nil || !strings.Contains(err.Error(), "no longer holds position") {
+		t.Fatalf("stepping back to %d: %v, want an error saying the cache no longer holds a position", back, err)
+	}
+}
