@@ -261,12 +261,18 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 		if err != nil {
 			t.Fatalf("client.mjs: %v\n%s\n%s", err, stderr.String(), s.logs())
 		}
+		type modelResult struct {
+			ID, Object string
+			Error      *struct{ Status int }
+		}
 		var got struct {
-			Models     []struct{ ID, Object string } `json:"models"`
-			ChatStream apiResult                     `json:"chat_stream"`
-			Chat       apiResult                     `json:"chat"`
-			Completion apiResult                     `json:"completion"`
-			CompStrm   apiResult                     `json:"completion_stream"`
+			Models       []struct{ ID, Object string } `json:"models"`
+			Model        modelResult                   `json:"model"`
+			MissingModel modelResult                   `json:"missing_model"`
+			ChatStream   apiResult                     `json:"chat_stream"`
+			Chat         apiResult                     `json:"chat"`
+			Completion   apiResult                     `json:"completion"`
+			CompStrm     apiResult                     `json:"completion_stream"`
 		}
 		if err := json.Unmarshal(so, &got); err != nil {
 			t.Fatalf("client.mjs printed %s: %v", so, err)
@@ -275,6 +281,12 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 
 		if len(got.Models) != 1 || got.Models[0].ID != s.served || got.Models[0].Object != "model" {
 			t.Errorf("models.list() = %+v, want one model %q", got.Models, s.served)
+		}
+		if m := got.Model; m.Error != nil || m.ID != s.served || m.Object != "model" {
+			t.Errorf("models.retrieve(%q) = %+v", s.served, m)
+		}
+		if m := got.MissingModel; m.Error == nil || m.Error.Status != 404 {
+			t.Errorf("models.retrieve of a model not served = %+v, want a 404", m)
 		}
 
 		// completions: local mode's text and token counts, streamed or not

@@ -13,11 +13,15 @@ import (
 
 // runVersion prints what this binary is: its module version and commit
 // (from the Go build info), the Go toolchain, the platform, the wire
-// protocol it speaks and the kernel path it picks on this machine.
+// protocol it speaks and the kernel path it picks on this machine (as
+// run picks it: ODMOE_KERNELS naming a path this CPU lacks is refused).
 func runVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("version", stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if err := kernels.SetPath(""); err != nil { // ODMOE_KERNELS as run reads it: a path this CPU lacks is refused alike
+		return usagef("%v", err)
 	}
 	version, commit, modified := "(devel)", "unknown", ""
 	if bi, ok := debug.ReadBuildInfo(); ok {

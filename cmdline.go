@@ -21,20 +21,39 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+// newFlagSet returns a flag set that reports errors instead of exiting
+// and prints nothing itself: parseFlags turns -h into a helpRequest, whose
+// flags dispatch prints on stdout, and a bad flag into one line.
+func newFlagSet(name string, _ io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("odmoe "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return fs
 }
 
-// parseFlags parses args and refuses stray positional arguments.
+// helpRequest is -h (or -help) on a command: its flags go to stdout and
+// the command exits 0. It is flag.ErrHelp to errors.Is.
+type helpRequest struct{ fs *flag.FlagSet }
+
+func (h helpRequest) Error() string        { return flag.ErrHelp.Error() }
+func (h helpRequest) Is(target error) bool { return target == flag.ErrHelp }
+
+// print writes the command's flags to w.
+func (h helpRequest) print(w io.Writer) {
+	fmt.Fprintf(w, "Usage of %s:\n", h.fs.Name())
+	h.fs.SetOutput(w)
+	h.fs.PrintDefaults()
+	h.fs.SetOutput(io.Discard)
+}
+
+// parseFlags parses args and refuses stray positional arguments; a bad
+// flag is one line saying how to list the flags.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return helpRequest{fs}
 		}
-		return usageError{err.Error()}
+		return usagef("%v (%s -h lists its flags)", err, fs.Name())
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected arguments: %s", strings.Join(fs.Args(), " "))

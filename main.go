@@ -59,25 +59,32 @@ func main() {
 
 // dispatch runs the subcommand named by args[0] and returns the exit code.
 func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 2 && args[0] == "help" { // odmoe help run: run's flags
-		if _, ok := commands[args[1]]; ok {
-			return dispatch(ctx, []string{args[1], "-h"}, stdin, stdout, stderr)
-		}
-	}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
-		usage(stderr)
-		if len(args) == 0 {
+	if len(args) >= 2 && args[0] == "help" { // odmoe help run: run's flags
+		if _, ok := commands[args[1]]; !ok {
+			fmt.Fprintf(stderr, "odmoe help: unknown command %q (odmoe help lists them)\n", args[1])
 			return 2
 		}
+		return dispatch(ctx, append([]string{args[1]}, append(args[2:], "-h")...), stdin, stdout, stderr)
+	}
+	if len(args) == 0 { // a mistake: usage where errors go
+		usage(stderr)
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout) // asked for: on stdout, to page or grep
 		return 0
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "odmoe: unknown command %q\n\n", args[0])
-		usage(stderr)
+		fmt.Fprintf(stderr, "odmoe: unknown command %q (odmoe help lists them)\n", args[0])
 		return 2
 	}
 	if err := cmd.run(ctx, args[1:], stdin, stdout, stderr); err != nil {
+		var help helpRequest
+		if errors.As(err, &help) {
+			help.print(stdout)
+			return 0
+		}
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -182,14 +182,40 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-role", "local", "-model", "x", "-temperature", "-1"}, 2, "-temperature must be >= 0"},
 		{[]string{"run", "-role", "local", "-model", "x", "-top-p", "2"}, 2, "-top-p must be in (0, 1]"},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-prompt", ""}, 2, "-prompt is empty"},
-		{[]string{"help", "run"}, 0, "-prefetch"},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-peer-timeout", "1ms"}, 2, "-peer-timeout 1ms: at least 100ms"},
+		{[]string{"help", "nosuch"}, 2, `unknown command "nosuch"`},
+		{[]string{"run", "-model", "x", "-log-level", "bogus"}, 2, `-log-level "bogus" unknown: want debug, info, warn or error`},
+		{[]string{"run", "-bogus"}, 2, "flag provided but not defined: -bogus (odmoe run -h lists its flags)"},
 	}
 	for _, tc := range cases {
 		_, se, code := run(t, "", tc.args...)
 		if code != tc.code || !strings.Contains(se, tc.want) {
 			t.Errorf("odmoe %v: exit %d, stderr %q; want exit %d and %q", tc.args, code, se, tc.code, tc.want)
 		}
+		if tc.code == 2 && strings.Count(se, "\n") > 2 {
+			t.Errorf("odmoe %v: %d lines on stderr, want the error alone:\n%s", tc.args, strings.Count(se, "\n"), se)
+		}
+	}
+}
+
+// TestHelpGoesToStdout: help asked for (odmoe help, -h, help COMMAND,
+// COMMAND -h, a subcommand's -h) is printed on stdout, to page or grep,
+// and exits 0; odmoe alone prints the usage on stderr and exits 2.
+func TestHelpGoesToStdout(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help"}, "Commands:"}, {[]string{"-h"}, "Commands:"}, {[]string{"help", "run"}, "-prefetch"},
+		{[]string{"run", "-h"}, "-prefetch"}, {[]string{"sim", "sweep", "-h"}, "-vary"}, {[]string{"help", "convert"}, "-shards"},
+	} {
+		so, se, code := run(t, "", c.args...)
+		if code != 0 || !strings.Contains(so, c.want) || se != "" {
+			t.Errorf("odmoe %v: exit %d, stdout %d bytes (want %q in it), stderr %q", c.args, code, len(so), c.want, se)
+		}
+	}
+	if so, se, code := run(t, ""); code != 2 || so != "" || !strings.Contains(se, "Commands:") {
+		t.Errorf("odmoe alone: exit %d, stdout %q, stderr %d bytes", code, so, len(se))
 	}
 }
 
@@ -269,5 +295,13 @@ func TestVersionSaysWhatTheBinaryIs(t *testing.T) {
 	so, se, code := run(t, "", "version")
 	if code != 0 || !strings.Contains(so, "odmoe ") || !strings.Contains(so, runtime.Version()) || !strings.Contains(so, "wire protocol ") || !strings.Contains(so, "kernels ") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, so, se)
+	}
+	// a kernel path this CPU lacks is refused as run refuses it, not
+	// reported as the one it would fall back to
+	cmd := exec.Command(odmoeBin(t), "version")
+	cmd.Env = append(os.Environ(), "ODMOE_KERNELS=bogus")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), `path "bogus" is not available`) || !strings.Contains(string(out), "available: ") {
+		t.Errorf("ODMOE_KERNELS=bogus odmoe version: %v, %s", err, out)
 	}
 }

@@ -154,8 +154,8 @@ func (f *Flags) Key() string { return cmp.Or(f.APIKey, os.Getenv("ODMOE_API_KEY"
 // at l.Level.
 func (l Log) Logger(w io.Writer) (zerolog.Logger, error) {
 	lvl, err := zerolog.ParseLevel(l.Level)
-	if err != nil {
-		return zerolog.Nop(), fmt.Errorf("-log-level %q: %v", l.Level, err)
+	if err != nil || l.Level == "" {
+		return zerolog.Nop(), fmt.Errorf("-log-level %q unknown: want debug, info, warn or error", l.Level)
 	}
 	if !l.JSON {
 		noColor := true

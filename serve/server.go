@@ -136,6 +136,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	s.handleRest(mux)
 	s.handler = mux
 	if cfg.APIKey != "" {
 		s.handler = s.requireKey(mux)

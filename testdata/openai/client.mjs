@@ -7,15 +7,18 @@
 //
 // BASE_URL is the API's root (http://127.0.0.1:8080/v1). With greedy
 // decoding (temperature 0) it runs, one after the other:
-//   - models.list()
+//   - models.list(), models.retrieve(MODEL) and models.retrieve of a
+//     model it does not serve
 //   - a streaming chat completion of one user message PROMPT, with
 //     stream_options.include_usage: the deltas joined, their count, the
 //     role, the finish reason and the usage chunk
 //   - the same chat completion, not streamed
 //   - a completion of PROMPT, not streamed, and streamed
 // and prints one JSON object on stdout:
-//   {"models": [...], "chat_stream": R, "chat": R, "completion": R, "completion_stream": R}
-// where R is {"text", "finish_reason", "usage", ...} or, when the server
+//   {"models": [...], "model": M, "missing_model": M, "chat_stream": R, "chat": R,
+//    "completion": R, "completion_stream": R}
+// where M is {"id", "object"} or the refusal below, and
+// R is {"text", "finish_reason", "usage", ...} or, when the server
 // refused the call, {"error": {"status", "message"}}: the test says what
 // it expected. Any other failure exits 1.
 import OpenAI from 'openai';
@@ -51,6 +54,14 @@ out.models = [];
 for await (const m of models) {
   out.models.push({ id: m.id, object: m.object, owned_by: m.owned_by });
 }
+out.model = await refused(async () => {
+  const m = await client.models.retrieve(model);
+  return { id: m.id, object: m.object };
+});
+out.missing_model = await refused(async () => {
+  const m = await client.models.retrieve('no-such-model');
+  return { id: m.id, object: m.object };
+});
 
 out.chat_stream = await refused(async () => {
   const stream = await client.chat.completions.create({

@@ -1,0 +1,144 @@
+package serve
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// get is GET url's status, headers and body.
+func get(t *testing.T, method, url string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// openAIError decodes an OpenAI error body, failing unless it is one in
+// JSON.
+func openAIError(t *testing.T, resp *http.Response, b []byte) (message, code string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message, Type string
+			Code          *string
+		}
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" || json.Unmarshal(b, &e) != nil || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("%d %s (%s): not an OpenAI error in JSON", resp.StatusCode, b, ct)
+	}
+	if e.Error.Code != nil {
+		code = *e.Error.Code
+	}
+	return e.Error.Message, code
+}
+
+// TestUnknownRoutesAndMethodsGetOpenAIErrors: an unknown path is a 404
+// and a known one asked with another method a 405 naming the method it
+// answers (with Allow), both as OpenAI's JSON errors, where net/http
+// would answer in text/plain.
+func TestUnknownRoutesAndMethodsGetOpenAIErrors(t *testing.T) {
+	hs := newFixture(t).server(t, nil)
+	resp, b := get(t, "GET", hs.URL+"/v1/nosuch")
+	if msg, code := openAIError(t, resp, b); resp.StatusCode != 404 || code != "unknown_url" || !strings.Contains(msg, "/v1/nosuch") {
+		t.Errorf("GET /v1/nosuch: %d %s", resp.StatusCode, b)
+	}
+	for _, c := range []struct{ method, path, allow string }{
+		{"GET", "/v1/chat/completions", "POST"}, {"PUT", "/v1/completions", "POST"}, {"POST", "/v1/models", "GET"},
+		{"DELETE", "/v1/models/tiny", "GET"}, {"GET", "/tokenize", "POST"}, {"POST", "/healthz", "GET"},
+	} {
+		resp, b := get(t, c.method, hs.URL+c.path)
+		msg, _ := openAIError(t, resp, b)
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow || !strings.Contains(msg, c.allow) {
+			t.Errorf("%s %s: %d, Allow %q: %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), b)
+		}
+	}
+}
+
+// TestAModelByIDIsItsCardOrA404: /v1/models/{id} gives the served
+// model's card (an id with a slash too, as Hugging Face names models),
+// and OpenAI's model_not_found for another id.
+func TestAModelByIDIsItsCardOrA404(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, func(c *Config) { c.Model = "odmoe/tiny" })
+	resp, b := get(t, "GET", hs.URL+"/v1/models/odmoe/tiny")
+	var card modelCard
+	if resp.StatusCode != 200 || json.Unmarshal(b, &card) != nil || card.ID != "odmoe/tiny" || card.Object != "model" || card.MaxModelLen != f.m.Config.MaxPositions {
+		t.Fatalf("the served model: %d %s", resp.StatusCode, b)
+	}
+	resp, b = get(t, "GET", hs.URL+"/v1/models/gpt-4o")
+	if msg, code := openAIError(t, resp, b); resp.StatusCode != 404 || code != "model_not_found" || !strings.Contains(msg, "gpt-4o") {
+		t.Errorf("another model: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestTokenizeAndDetokenizeAsLlamaServer: /tokenize gives the ids the
+// tokenizer gives (with the BOS when add_special), or with pieces whose
+// texts make the content again; /detokenize turns them back; a missing
+// field or an id outside the vocabulary is a 400 naming it.
+func TestTokenizeAndDetokenizeAsLlamaServer(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	const text = "hello world, said the tiny model"
+	var got struct{ Tokens []int }
+	resp, b := post(t, hs.URL+"/tokenize", `{"content": "`+text+`"}`)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &got) != nil || !slices.Equal(got.Tokens, f.tok.Encode(text, false)) || len(got.Tokens) == 0 {
+		t.Fatalf("tokenize: %d %s, want %v", resp.StatusCode, b, f.tok.Encode(text, false))
+	}
+	var special struct{ Tokens []int }
+	resp, b = post(t, hs.URL+"/tokenize", `{"content": "`+text+`", "add_special": true}`)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &special) != nil || !slices.Equal(special.Tokens, f.tok.Encode(text, true)) || len(special.Tokens) != len(got.Tokens)+1 {
+		t.Fatalf("tokenize add_special: %d %s", resp.StatusCode, b)
+	}
+	var pieces struct {
+		Tokens []struct {
+			ID    int
+			Piece string
+		}
+	}
+	resp, b = post(t, hs.URL+"/tokenize", `{"content": "`+text+`", "with_pieces": true}`)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &pieces) != nil || len(pieces.Tokens) != len(got.Tokens) {
+		t.Fatalf("tokenize with_pieces: %d %s", resp.StatusCode, b)
+	}
+	var joined strings.Builder
+	for i, p := range pieces.Tokens {
+		if p.ID != got.Tokens[i] {
+			t.Fatalf("piece %d has id %d, want %d", i, p.ID, got.Tokens[i])
+		}
+		joined.WriteString(p.Piece)
+	}
+	if joined.String() != f.tok.Decode(got.Tokens, false) {
+		t.Errorf("the pieces make %q, the ids %q", joined.String(), f.tok.Decode(got.Tokens, false))
+	}
+	ids, _ := json.Marshal(got.Tokens)
+	var back struct{ Content string }
+	resp, b = post(t, hs.URL+"/detokenize", `{"tokens": `+string(ids)+`}`)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &back) != nil || back.Content != f.tok.Decode(got.Tokens, false) || !strings.Contains(back.Content, "tiny model") {
+		t.Fatalf("detokenize: %d %s", resp.StatusCode, b)
+	}
+	for _, c := range []struct{ path, body, says string }{
+		{"/tokenize", `{}`, `"content" is required`},
+		{"/detokenize", `{}`, `"tokens" is required`},
+		{"/detokenize", `{"tokens": [1, 99999999]}`, "token 1 is 99999999, outside the vocabulary"},
+		{"/tokenize", `{"content": 5}`, "content"},
+	} {
+		resp, b := post(t, hs.URL+c.path, c.body)
+		if msg, _ := openAIError(t, resp, b); resp.StatusCode != 400 || !strings.Contains(msg, c.says) {
+			t.Errorf("%s %s: %d %s, want a 400 saying %s", c.path, c.body, resp.StatusCode, b, c.says)
+		}
+	}
+}
