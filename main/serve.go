@@ -34,6 +34,8 @@ type Serving struct {
 	// APIKey, if set, is required on every route but /healthz
 	// (serve.Config.APIKey).
 	APIKey string
+	// CORSOrigin is serve.Config.CORSOrigin.
+	CORSOrigin string
 	// Ready, if set, gets the bound address once the API listens.
 	Ready func(net.Addr)
 }
@@ -119,7 +121,7 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	}
 	srv, err := serve.New(serve.Config{
 		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
-		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, Log: log,
+		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, Log: log,
 	})
 	if err != nil {
 		return err

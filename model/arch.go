@@ -7,7 +7,10 @@ import "fmt"
 // are made of blocks. A new MoE family is a new file that registers one
 // of these.
 type architecture struct {
-	defaults Config
+	// modelType is config.json's model_type for the family (transformers'
+	// config class's); another one is refused.
+	modelType string
+	defaults  Config
 	// denseLayers: the family honours decoder_sparse_step and
 	// mlp_only_layers (Config.DenseLayers); others ignore them, as
 	// transformers does.

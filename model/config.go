@@ -202,6 +202,9 @@ func ParseConfig(b []byte) (Config, error) {
 	if !ok {
 		return Config{}, fmt.Errorf(`field "architectures" is %q; supported: %s`, r.Architectures[0], strings.Join(SupportedArchitectures(), ", "))
 	}
+	if r.ModelType != "" && r.ModelType != arch.modelType {
+		return Config{}, fmt.Errorf(`field "model_type" is %q, and "architectures" says %s, whose model_type is %q`, r.ModelType, r.Architectures[0], arch.modelType)
+	}
 	d := arch.defaults
 	c := Config{
 		Architecture:           r.Architectures[0],

@@ -22,6 +22,7 @@ import (
 // Defaults are transformers' DeepseekV3Config's.
 func init() {
 	register("DeepseekV3ForCausalLM", &architecture{
+		modelType: "deepseek_v3",
 		defaults: Config{
 			HiddenSize: 7168, IntermediateSize: 2048, NumLayers: 61,
 			NumHeads: 128, NumKVHeads: 128, NumExperts: 256, TopK: 8,

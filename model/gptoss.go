@@ -19,6 +19,7 @@ import (
 // are transformers' GptOssConfig's.
 func init() {
 	register("GptOssForCausalLM", &architecture{
+		modelType: "gpt_oss",
 		defaults: Config{
 			HiddenSize: 2880, IntermediateSize: 2880, NumLayers: 36,
 			NumHeads: 64, NumKVHeads: 8, HeadDim: 64, NumExperts: 128, TopK: 4,

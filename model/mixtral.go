@@ -6,6 +6,7 @@ package model
 // transformers' MixtralConfig.
 func init() {
 	register("MixtralForCausalLM", &architecture{
+		modelType: "mixtral",
 		defaults: Config{
 			HiddenSize: 4096, IntermediateSize: 14336, NumLayers: 32,
 			NumHeads: 32, NumKVHeads: 8, NumExperts: 8, TopK: 2,

@@ -287,3 +287,27 @@ func TestForwardHiddenThenLogitsEqualsForward(t *testing.T) {
 		}
 	}
 }
+
+// TestAModelTypeThatDisagreesWithTheArchitectureIsRefused: every family
+// takes its own model_type (or none), and refuses another by name.
+func TestAModelTypeThatDisagreesWithTheArchitectureIsRefused(t *testing.T) {
+	for _, arch := range SupportedArchitectures() {
+		own := architectures[arch].modelType
+		for _, c := range []struct {
+			modelType string
+			ok        bool
+		}{{"", true}, {own, true}, {"llama", false}} {
+			cfg := `{"architectures": ["` + arch + `"]`
+			if c.modelType != "" {
+				cfg += `, "model_type": "` + c.modelType + `"`
+			}
+			_, err := ParseConfig([]byte(cfg + `}`))
+			switch {
+			case c.ok && err != nil:
+				t.Errorf("%s with model_type %q: %v", arch, c.modelType, err)
+			case !c.ok && (err == nil || !strings.Contains(err.Error(), `"model_type" is "llama"`) || !strings.Contains(err.Error(), own)):
+				t.Errorf("%s with model_type llama: %v, want an error naming both", arch, err)
+			}
+		}
+	}
+}

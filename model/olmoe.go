@@ -10,6 +10,7 @@ package model
 // transformers' OlmoeConfig's.
 func init() {
 	register("OlmoeForCausalLM", &architecture{
+		modelType: "olmoe",
 		defaults: Config{
 			HiddenSize: 2048, IntermediateSize: 1024, NumLayers: 16,
 			NumHeads: 16, NumKVHeads: 16, NumExperts: 64, TopK: 8,

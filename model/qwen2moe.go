@@ -13,6 +13,7 @@ package model
 // Qwen2MoeConfig's.
 func init() {
 	register("Qwen2MoeForCausalLM", &architecture{
+		modelType:   "qwen2_moe",
 		denseLayers: true,
 		windowFlag:  true,
 		defaults: Config{

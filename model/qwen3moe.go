@@ -11,6 +11,7 @@ package model
 // intermediate_size, run with the non-expert weights.
 func init() {
 	register("Qwen3MoeForCausalLM", &architecture{
+		modelType:   "qwen3_moe",
 		denseLayers: true,
 		windowFlag:  true,
 		defaults: Config{

@@ -415,7 +415,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
 	}
-	return s.job(&req.samplingFields, prompt, maxTokens, -1)
+	return s.job(&req.samplingFields, prompt, "messages", maxTokens, -1)
 }
 
 func joinTextParts(parts []any, i int) (string, error) {
@@ -470,22 +470,23 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 		}
 		return nil, badRequest("prompt", "prompt must be a string or an array of token ids")
 	}
-	return s.job(&req.samplingFields, prompt, req.MaxTokens, 16)
+	return s.job(&req.samplingFields, prompt, "prompt", req.MaxTokens, 16)
 }
 
-// job checks the fields both endpoints share. defaultMax < 0 means the
-// rest of the context.
-func (s *Server) job(f *samplingFields, prompt []int, maxTokens *int, defaultMax int) (*job, error) {
+// job checks the fields both endpoints share; param names the prompt's
+// field in errors ("messages" or "prompt"). defaultMax < 0 means the rest
+// of the context.
+func (s *Server) job(f *samplingFields, prompt []int, param string, maxTokens *int, defaultMax int) (*job, error) {
 	if f.Model != "" && f.Model != s.cfg.Model {
 		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
 			Message: fmt.Sprintf("the model %q does not exist: this server serves %q", f.Model, s.cfg.Model)}
 	}
 	if len(prompt) == 0 {
-		return nil, badRequest("prompt", "the prompt encodes to no tokens")
+		return nil, badRequest(param, "the prompt encodes to no tokens")
 	}
 	ctxLen := s.cfg.Context
 	if len(prompt) > ctxLen {
-		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "messages", Code: "context_length_exceeded",
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "context_length_exceeded",
 			Message: fmt.Sprintf("this model's maximum context length is %d tokens, but the prompt has %d", ctxLen, len(prompt))}
 	}
 	// n generated tokens take len(prompt)+n-1 positions (the last is

@@ -142,3 +142,50 @@ func TestTokenizeAndDetokenizeAsLlamaServer(t *testing.T) {
 		}
 	}
 }
+
+// TestCORSLetsOnlyTheConfiguredOrigins: with -cors-origin, a page of a
+// listed origin gets Access-Control-Allow-Origin on its answers and its
+// preflight answered (204, the methods and headers, before the API key is
+// asked for); another origin gets neither; without -cors-origin (the
+// default) no page does.
+func TestCORSLetsOnlyTheConfiguredOrigins(t *testing.T) {
+	f := newFixture(t)
+	send := func(url, method, origin string, preflight bool) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Origin", origin)
+		if preflight {
+			req.Header.Set("Access-Control-Request-Method", "POST")
+			req.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	hs := f.server(t, func(c *Config) { c.CORSOrigin = "http://localhost:3000, https://chat.example"; c.APIKey = "k" })
+	pre := send(hs.URL+"/v1/chat/completions", "OPTIONS", "https://chat.example", true)
+	if pre.StatusCode != 204 || pre.Header.Get("Access-Control-Allow-Origin") != "https://chat.example" ||
+		!strings.Contains(pre.Header.Get("Access-Control-Allow-Methods"), "POST") || !strings.Contains(pre.Header.Get("Access-Control-Allow-Headers"), "Authorization") {
+		t.Errorf("a listed origin's preflight: %d %v", pre.StatusCode, pre.Header)
+	}
+	if r := send(hs.URL+"/v1/models", "GET", "http://localhost:3000", false); r.Header.Get("Access-Control-Allow-Origin") != "http://localhost:3000" || r.StatusCode != 401 {
+		t.Errorf("a listed origin's request without the key: %d, Allow-Origin %q (want 401 the browser can read)", r.StatusCode, r.Header.Get("Access-Control-Allow-Origin"))
+	}
+	if r := send(hs.URL+"/v1/models", "OPTIONS", "https://evil.example", true); r.Header.Get("Access-Control-Allow-Origin") != "" || r.Header.Get("Access-Control-Allow-Methods") != "" {
+		t.Errorf("another origin's preflight was allowed: %v", r.Header)
+	}
+	plain := f.server(t, nil)
+	if r := send(plain.URL+"/v1/models", "GET", "http://localhost:3000", false); r.Header.Get("Access-Control-Allow-Origin") != "" || r.StatusCode != 200 {
+		t.Errorf("without -cors-origin: %d, Allow-Origin %q", r.StatusCode, r.Header.Get("Access-Control-Allow-Origin"))
+	}
+	any := f.server(t, func(c *Config) { c.CORSOrigin = "*" })
+	if r := send(any.URL+"/v1/models", "GET", "http://anywhere.example", false); r.Header.Get("Access-Control-Allow-Origin") != "http://anywhere.example" {
+		t.Errorf("-cors-origin *: Allow-Origin %q", r.Header.Get("Access-Control-Allow-Origin"))
+	}
+}

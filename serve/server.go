@@ -67,6 +67,9 @@ type Config struct {
 	// APIKey, if set, is required as "Authorization: Bearer KEY" on every
 	// route but GET /healthz (401 otherwise, in OpenAI's error shape).
 	APIKey string
+	// CORSOrigin lists, comma-separated, the browser origins whose pages
+	// may call the API ("*": any; "": none, the default).
+	CORSOrigin string
 	// BodyTimeout is how long a request's body may take to arrive,
 	// counted from when its headers were read (default 20 s): a client
 	// trickling it in is answered 408 and its connection closed, whatever
@@ -141,7 +144,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.APIKey != "" {
 		s.handler = s.requireKey(mux)
 	}
-	s.handler = s.bodyDeadline(s.handler)
+	s.handler = s.bodyDeadline(s.cors(s.handler))
 	return s, nil
 }
 

@@ -301,6 +301,7 @@ func TestBadRequestsGetOpenAIErrorsAndServingGoesOn(t *testing.T) {
 	f := newFixture(t)
 	hs := f.server(t, func(c *Config) { c.Context = 64 })
 	long := strings.Repeat("word ", 200)
+	longIDs := strings.Repeat("5, ", 99) + "5" // 100 ids: past the context of 64 after tokenizing
 	for _, c := range []struct {
 		path, body string
 		status     int
@@ -315,6 +316,8 @@ func TestBadRequestsGetOpenAIErrorsAndServingGoesOn(t *testing.T) {
 		{"/v1/completions", `{"prompt": "hi", "n": 2}`, 400, "n"},
 		{"/v1/completions", `{"prompt": "hi", "temperature": 3}`, 400, "temperature"},
 		{"/v1/completions", `{"prompt": [1, 99999999]}`, 400, "prompt"},
+		{"/v1/completions", `{"prompt": [` + longIDs + `]}`, 400, "prompt"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "` + long + `"}]}`, 400, "messages"},
 		{"/v1/completions", `{}`, 400, "prompt"},
 		{"/v1/chat/completions", `{"messages": []}`, 400, "messages"},
 		{"/v1/chat/completions", `{"messages": [{"content": "no role"}]}`, 400, "messages[0].role"},
