@@ -17,11 +17,12 @@ import (
 )
 
 // TestDemoServesTheAPIUntilInterrupted: `odmoe demo` without -prompt
-// serves the API from its swarm, prints curl lines that work as pasted,
-// and on SIGINT stops every process it started and exits 0.
+// serves the API from its swarm, prints where its nodes log and curl
+// lines that work as pasted, and on SIGINT stops every process it started
+// and exits 0, the nodes' logs kept in -logs DIR.
 func TestDemoServesTheAPIUntilInterrupted(t *testing.T) {
-	cache := t.TempDir()
-	cmd := exec.Command(odmoeBin(t), "demo", "-workers", "2", "-cache", cache, "-http", "127.0.0.1:0", "-log-level", "warn")
+	cache, logs := t.TempDir(), filepath.Join(t.TempDir(), "logs")
+	cmd := exec.Command(odmoeBin(t), "demo", "-workers", "2", "-cache", cache, "-http", "127.0.0.1:0", "-log-level", "warn", "-logs", logs)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -131,6 +132,14 @@ func TestDemoServesTheAPIUntilInterrupted(t *testing.T) {
 	for _, pid := range children {
 		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 			t.Errorf("process %d of the demo outlived it (kill -0: %v)", pid, err)
+		}
+	}
+	if !strings.Contains(strings.Join(printed, "\n"), filepath.Join(logs, "NAME.log")+" (kept)") {
+		t.Errorf("the demo did not say where its nodes log:\n%s", strings.Join(printed, "\n"))
+	}
+	for _, name := range []string{"main", "w1", "w2"} { // at -log-level warn a worker's may be empty
+		if _, err := os.Stat(filepath.Join(logs, name+".log")); err != nil {
+			t.Errorf("%s's log after the demo stopped: %v", name, err)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/harness/inproc"
@@ -300,4 +301,39 @@ func parseSamples(t *testing.T, text string) map[string]float64 {
 		out[line[:i]] = v
 	}
 	return out
+}
+
+// TestMainComputeCountsNoIdleTime: the main node's per-layer compute
+// (odmoe_layer_main_seconds_total, Stats' Main) counts from each pass's
+// start: two requests 400 ms apart through the pass loop add up to far
+// less than the idle time between them, which used to land in the next
+// pass's first layer.
+func TestMainComputeCountsNoIdleTime(t *testing.T) {
+	f, err := inproc.Generate(context.Background(), t.TempDir(), "tiny", 5, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, mainModel := loadModels(t, f)
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Reactive}, nil)
+	b := sw.Batcher(mainModel)
+	defer b.Close()
+	prompt := testPrompt(6, 31, 3, mainModel.Config.VocabSize)
+	const idle = 400 * time.Millisecond
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(idle)
+		}
+		if _, _, err := b.Generate(context.Background(), prompt, model.GenerateOptions{MaxTokens: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var main time.Duration
+	st := sw.Stats()
+	for _, l := range append(append([]mainnode.LayerStats{}, st.Decode...), st.Prefill...) {
+		main += l.Main
+	}
+	if main <= 0 || main >= idle/2 {
+		t.Fatalf("main-node compute over two short requests %v apart: %v", idle, main)
+	}
+	t.Logf("main-node compute over two requests %v apart: %v", idle, main)
 }

@@ -574,6 +574,10 @@ func (s *Swarm) Close() error {
 func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow) error {
 	prompt := slices.ContainsFunc(rows, func(r PassRow) bool { return r.Prompt })
 	q := s.sequence(step)
+	// the main node's compute before the pass's first experts counts from
+	// here: not from the last pass's experts, which would count the head,
+	// and the idle time between requests, as layer compute
+	defer func() { q.mark = time.Now() }()
 	q.prompt, q.rowSeqs = prompt, q.rowSeqs[:0]
 	s.mu.Lock()
 	for _, r := range rows {

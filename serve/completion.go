@@ -38,8 +38,12 @@ type outcome struct {
 	finish    string // stop, length
 }
 
-// errStopString ends a generation at a stop string.
-var errStopString = errors.New("serve: stop string")
+// errStopString ends a generation at a stop string; errCutShort one the
+// server's drain cuts short.
+var (
+	errStopString = errors.New("serve: stop string")
+	errCutShort   = errors.New("serve: cut short by the server's shutdown")
+)
 
 // shape is how one endpoint's answers look: the whole response, and
 // the chunks of a stream (first, if set, goes before the first piece).
@@ -113,6 +117,13 @@ func (s *Server) completionShape(created int64) shape {
 // endpoint's shape, whole or streamed.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, parse func() (*job, error), shapeOf func(created int64) shape) {
 	arrived := time.Now()
+	if s.draining.Load() {
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Retry-After", "1")
+		s.fail(w, endpoint, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
+			Message: "the server is shutting down: send the request to another node"})
+		return
+	}
 	j, err := parse()
 	if err != nil {
 		s.fail(w, endpoint, err)
@@ -324,6 +335,9 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 			if stopped {
 				return errStopString
 			}
+			if s.cutShort.Load() {
+				return errCutShort
+			}
 			return nil
 		},
 	})
@@ -337,6 +351,9 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 	}
 	if e := st.Experts; e.Steps > 0 {
 		s.metrics.requestMisses.Observe(float64(e.Misses) / float64(e.Steps))
+	}
+	if errors.Is(err, errCutShort) { // ends as max_tokens would end it
+		err, out.finish = nil, "length"
 	}
 	switch {
 	case errors.Is(err, errStopString):

@@ -1,12 +1,18 @@
 package serve
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // get is GET url's status, headers and body.
@@ -187,5 +193,62 @@ func TestCORSLetsOnlyTheConfiguredOrigins(t *testing.T) {
 	any := f.server(t, func(c *Config) { c.CORSOrigin = "*" })
 	if r := send(any.URL+"/v1/models", "GET", "http://anywhere.example", false); r.Header.Get("Access-Control-Allow-Origin") != "http://anywhere.example" {
 		t.Errorf("-cors-origin *: Allow-Origin %q", r.Header.Get("Access-Control-Allow-Origin"))
+	}
+}
+
+// TestShutdownDrainsRunningStreams: when Serve's context ends (SIGINT or
+// SIGTERM in odmoe run), a stream already running goes on until the
+// drain's time is up, then ends as a stream should (its final chunk with
+// finish_reason "length", then [DONE]) long before its 4000 tokens; new
+// requests are refused meanwhile; Serve returns once it has ended.
+func TestShutdownDrainsRunningStreams(t *testing.T) {
+	f := newFixture(t)
+	s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Chat: plainChat{}, Context: f.m.Config.MaxPositions, Generator: f.gen,
+		Log: zerolog.Nop(), DrainTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	addrc, served := make(chan string, 1), make(chan error, 1)
+	go func() { served <- s.Serve(ctx, "127.0.0.1:0", func(a net.Addr) { addrc <- a.String() }) }()
+	url := "http://" + <-addrc
+	resp, err := http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt": "hi", "max_tokens": 4000, "ignore_eos": true, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil { // the first event: it runs
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	stop()
+	time.Sleep(50 * time.Millisecond)
+	if resp2, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "hi", "max_tokens": 2}`)); err == nil {
+		resp2.Body.Close()
+		if resp2.StatusCode != 503 {
+			t.Errorf("a request while draining: %d, want refused (503 or no connection)", resp2.StatusCode)
+		}
+	}
+	data, done := events(t, r)
+	if !done {
+		t.Fatalf("the stream ended without [DONE] (%d events)", len(data))
+	}
+	last := data[len(data)-1]["choices"].([]any)[0].(map[string]any)
+	if last["finish_reason"] != "length" || len(data) >= 4000 {
+		t.Fatalf("the stream's last chunk %v after %d events, want finish_reason length well before 4000", last, len(data))
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after the drain")
+	}
+	if took := time.Since(stopped); took < 250*time.Millisecond {
+		t.Errorf("the stream was cut %v after the shutdown began, before the drain's 300 ms", took)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/model"
@@ -67,6 +68,10 @@ type Config struct {
 	// APIKey, if set, is required as "Authorization: Bearer KEY" on every
 	// route but GET /healthz (401 otherwise, in OpenAI's error shape).
 	APIKey string
+	// DrainTimeout is how long running requests may go on once Serve's
+	// context ends (SIGINT, SIGTERM) before they are cut short (default
+	// 10 s); new requests are refused meanwhile.
+	DrainTimeout time.Duration
 	// CORSOrigin lists, comma-separated, the browser origins whose pages
 	// may call the API ("*": any; "": none, the default).
 	CORSOrigin string
@@ -91,6 +96,10 @@ type Server struct {
 	// a longer one could carry)
 	maxPromptBytes int
 	maxBody        int64
+	// draining: Serve's context ended, new requests are refused (503);
+	// cutShort: the drain's time is up, running generations end at their
+	// next token with finish_reason "length"
+	draining, cutShort atomic.Bool
 }
 
 // bounds sets the prompt and body limits from the context and the
@@ -129,6 +138,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = 20 * time.Second
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
 	}
 	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix()}
 	s.bounds()
@@ -185,10 +197,13 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 	})
 }
 
-// Serve answers on addr until ctx is cancelled, then shuts down: new
-// connections are refused, running requests are cancelled (their
-// sequences end) and waited for. ready, if set, gets the bound address
-// once the listener is up.
+// Serve answers on addr until ctx is cancelled, then drains: new
+// connections and requests are refused, running requests go on for up to
+// Config.DrainTimeout, then the ones still generating are cut short at
+// their next token (a stream ends with its final chunk, finish_reason
+// "length", and [DONE]; a whole answer comes with what it has) and
+// waited for. ready, if set, gets the bound address once the listener is
+// up.
 func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -197,8 +212,11 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 	// an idle keep-alive connection is closed after two minutes, as
 	// nginx's and Go's reverse proxies do: idle clients cannot pile up
 	// descriptors
+	// requests do not inherit ctx: its end starts the drain, not their end
+	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBase()
 	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
+		BaseContext: func(net.Listener) context.Context { return base }}
 	if ready != nil {
 		ready(ln.Addr())
 	}
@@ -215,9 +233,16 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	s.draining.Store(true)
+	s.cfg.Log.Info().Dur("drain_timeout", s.cfg.DrainTimeout).Msg("draining: new requests are refused, running ones finish or are cut short")
+	cut := time.AfterFunc(s.cfg.DrainTimeout, func() { s.cutShort.Store(true) })
+	defer cut.Stop()
+	// the running requests' time, and a last 10 s for those cut short to
+	// write their ends
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout+10*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
+		cancelBase()
 		hs.Close()
 	}
 	<-errc

@@ -150,6 +150,11 @@ func serve(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model
 	}
 	api := c.Base() + "/v1"
 	fmt.Fprintf(stdout, "The swarm serves the OpenAI-compatible API on %s (model %q; its weights are random, so its text is gibberish by design).\n", api, model)
+	logs := "removed when the swarm stops; -logs DIR keeps them"
+	if sw.KeepsLogs() {
+		logs = "kept"
+	}
+	fmt.Fprintf(stdout, "Each node logs to %s (%s).\n", filepath.Join(sw.LogDir(), "NAME.log"), logs)
 	fmt.Fprintf(stdout, "Ctrl-C stops every node. Try, in another terminal, a streaming chat completion:\n\n")
 	fmt.Fprintf(stdout, "  curl -N %s/chat/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32, \"stream\": true}'\n\n", api, model)
 	fmt.Fprintf(stdout, "and a completion:\n\n")

@@ -45,6 +45,9 @@ type Options struct {
 	// ProfileDir, when set, has every node write its CPU profile there
 	// (-cpuprofile DIR/NAME.pprof) as it ends.
 	ProfileDir string
+	// LogDir, when set, is where the nodes' logs go (NAME.log), kept
+	// after Close; "": a temporary directory Close removes.
+	LogDir string
 }
 
 // Register adds the flags that choose a Swarm's nodes (demo, bench
@@ -60,6 +63,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.HostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
 	fs.BoolVar(&o.HostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
 	fs.StringVar(&o.Residency, "residency", "off", "the main node's -residency: off (cacheless workers) or on (experts stay resident on their owners while -device-mem allows)")
+	fs.StringVar(&o.LogDir, "logs", "", "write every node's log to `DIR`/NAME.log and keep them (default: a temporary directory, removed when the swarm stops)")
 	fs.StringVar(&o.ProfileDir, "profile", "", "every node (main, shadow, workers) writes its CPU profile to `DIR`/NAME.pprof as it ends (go tool pprof)")
 }
 
@@ -76,6 +80,7 @@ type Swarm struct {
 	// long while the workers fill their host caches
 	dialTimeout time.Duration
 	logDir      string
+	keepLogs    bool   // logDir is the caller's (Options.LogDir): Close keeps it
 	residency   string // the main node's -residency; "" as off
 	profileDir  string // where nodes write their CPU profiles; "" none
 	stop        context.CancelFunc
@@ -91,12 +96,17 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 	if err != nil {
 		return nil, err
 	}
-	logDir, err := os.MkdirTemp("", "odmoe-swarm-")
+	logDir, keepLogs := o.LogDir, o.LogDir != ""
+	if keepLogs {
+		err = os.MkdirAll(logDir, 0o755)
+	} else {
+		logDir, err = os.MkdirTemp("", "odmoe-swarm-")
+	}
 	if err != nil {
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &Swarm{files: f, group: o.Group, logDir: logDir, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir}
+	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir}
 	if s.profileDir != "" {
 		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
 			return nil, fmt.Errorf("-profile: %w", err)
@@ -284,14 +294,23 @@ func (s *Swarm) Workers() []string { return s.workers }
 // Shadow is the shadow's address, "" without one.
 func (s *Swarm) Shadow() string { return s.shadow }
 
-// Close stops the nodes (SIGTERM), waits for them and removes their logs.
+// Close stops the nodes (SIGTERM), waits for them and removes their logs
+// (unless they went to Options.LogDir).
 func (s *Swarm) Close() {
 	s.stop()
 	for _, p := range s.procs {
 		p.Wait()
 	}
-	os.RemoveAll(s.logDir)
+	if !s.keepLogs {
+		os.RemoveAll(s.logDir)
+	}
 }
+
+// LogDir is where the nodes' logs are (NAME.log).
+func (s *Swarm) LogDir() string { return s.logDir }
+
+// KeepsLogs reports whether Close keeps the logs (Options.LogDir).
+func (s *Swarm) KeepsLogs() bool { return s.keepLogs }
 
 // FreeUDPAddr asks the kernel for a free loopback UDP port, one this
 // process has not handed out before: a port is free again once this lets
