@@ -163,9 +163,10 @@ func (l Log) Logger(w io.Writer) (zerolog.Logger, error) {
 			noColor = !term.IsTerminal(int(f.Fd()))
 		}
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: noColor}
-		// durations with their unit for people ("load=123.4ms"); JSON
-		// lines keep zerolog's milliseconds as numbers
-		zerolog.DurationFieldFormat = zerolog.DurationFormatString
 	}
+	// durations with their unit, for people and for JSON lines alike
+	// ("load=123.4ms", "load":"123.4ms"): a bare number leaves the reader
+	// to guess milliseconds
+	zerolog.DurationFieldFormat = zerolog.DurationFormatString
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/kernels"
 )
@@ -56,9 +57,9 @@ func TestLoggerWritesJSONOrConsoleAndRefusesAnUnknownLevel(t *testing.T) {
 		t.Fatal(err)
 	}
 	log.Debug().Msg("hidden")
-	log.Info().Str("k", "v").Msg("shown")
-	if out := b.String(); strings.Contains(out, "hidden") || !strings.Contains(out, `"k":"v"`) || !strings.HasPrefix(out, "{") {
-		t.Errorf("JSON logger wrote %q", out)
+	log.Info().Str("k", "v").Dur("took", 1500*time.Microsecond).Msg("shown")
+	if out := b.String(); strings.Contains(out, "hidden") || !strings.Contains(out, `"k":"v"`) || !strings.HasPrefix(out, "{") || !strings.Contains(out, `"took":"1.5ms"`) {
+		t.Errorf("JSON logger wrote %q (a duration wants its unit)", out)
 	}
 	b.Reset()
 	log, _ = Log{Level: "debug"}.Logger(&b)
