@@ -14,6 +14,7 @@ OPENAI  ?= testdata/openai/node_modules
 .PHONY: build build-cuda test-cuda test test-short test-arm64 bench bench-rig testbed-ci lint tokref openai cross demo clean
 
 build:
+	@test -x $(BIN) || echo "building $(BIN) (the first build compiles every dependency: a few minutes on two cores)"
 	CGO_ENABLED=0 $(GO) build -o $(BIN) .
 
 # A binary whose workers can run experts on an NVIDIA GPU (-device cuda:0);
