@@ -6,43 +6,35 @@ import (
 	"strings"
 )
 
-// The routes beside the completions: one model by id (OpenAI's
-// /v1/models/{model}), llama-server's /tokenize and /detokenize, and
-// OpenAI-shaped JSON errors for an unknown path (404) or a known path
-// asked with another method (405, with Allow), where net/http answers in
-// text/plain.
+// The routes: one table of what the API serves, each path's other
+// methods answered 405 (with Allow) and an unknown path 404, both as
+// OpenAI's JSON errors where net/http answers in text/plain; and the
+// handlers beside the completions: one model by id (OpenAI's
+// /v1/models/{model}), llama-server's /tokenize and /detokenize.
 
-// routes are the API's paths and the methods each answers, for 405s.
-var routes = map[string]string{
-	"/v1/chat/completions": "POST",
-	"/v1/completions":      "POST",
-	"/v1/models":           "GET",
-	"/healthz":             "GET",
-	"/metrics":             "GET",
-	"/tokenize":            "POST",
-	"/detokenize":          "POST",
+// route is one served path and the method it answers.
+type route struct {
+	method, path string
+	h            http.Handler
 }
 
-// handleRest registers the extra routes and the JSON 404 and 405s on mux.
-func (s *Server) handleRest(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/models/{id...}", s.model)
-	mux.HandleFunc("POST /tokenize", s.tokenize)
-	mux.HandleFunc("POST /detokenize", s.detokenize)
-	for path, method := range routes {
-		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) { // any other method
-			w.Header().Set("Allow", method)
+// register serves routes on mux, the JSON 405 for each path's other
+// methods and the JSON 404 for any other path.
+func (s *Server) register(mux *http.ServeMux, routes []route) {
+	paths := make([]string, len(routes))
+	for i, rt := range routes {
+		paths[i] = rt.path
+		mux.Handle(rt.method+" "+rt.path, rt.h)
+		mux.HandleFunc(rt.path, func(w http.ResponseWriter, r *http.Request) { // any other method
+			w.Header().Set("Allow", rt.method)
 			s.fail(w, endpointOf(r.URL.Path), &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
-				Message: r.Method + " " + path + " is not served; it answers " + method})
+				Message: r.Method + " " + r.URL.Path + " is not served; it answers " + rt.method})
 		})
 	}
-	mux.HandleFunc("/v1/models/{id...}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", "GET")
-		s.fail(w, "other", &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
-			Message: r.Method + " /v1/models/{model} is not served; it answers GET"})
-	})
+	served := strings.Join(paths, ", ")
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "other", &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
-			Message: "no route " + r.Method + " " + r.URL.Path + "; odmoe serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /healthz and /metrics"})
+			Message: "no route " + r.Method + " " + r.URL.Path + "; odmoe serves " + served})
 	})
 }
 

@@ -146,12 +146,16 @@ func New(cfg Config) (*Server, error) {
 	s.bounds()
 	s.metrics = newMetrics(cfg.Registry, s.admit)
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
-	mux.HandleFunc("POST /v1/completions", s.completions)
-	mux.HandleFunc("GET /v1/models", s.models)
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
-	s.handleRest(mux)
+	s.register(mux, []route{
+		{"POST", "/v1/chat/completions", http.HandlerFunc(s.chatCompletions)},
+		{"POST", "/v1/completions", http.HandlerFunc(s.completions)},
+		{"GET", "/v1/models", http.HandlerFunc(s.models)},
+		{"GET", "/v1/models/{id...}", http.HandlerFunc(s.model)},
+		{"POST", "/tokenize", http.HandlerFunc(s.tokenize)},
+		{"POST", "/detokenize", http.HandlerFunc(s.detokenize)},
+		{"GET", "/healthz", http.HandlerFunc(s.healthz)},
+		{"GET", "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})},
+	})
 	s.handler = mux
 	if cfg.APIKey != "" {
 		s.handler = s.requireKey(mux)
