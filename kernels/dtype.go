@@ -71,6 +71,10 @@ func (d DType) ScaleBytes(cols int) int {
 	return 0
 }
 
+// HasScales reports whether d keeps scales apart from its codes, in
+// Matrix.Scales: MXFP4 and F8E4M3.
+func (d DType) HasScales() bool { return d == MXFP4 || d == F8E4M3 }
+
 // ScalesBytes returns the size of Matrix.Scales for a rows x cols matrix
 // of d: rows*ScaleBytes(cols) for MXFP4, a float32 per 128x128 block for
 // F8E4M3, 0 for the others.

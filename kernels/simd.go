@@ -3,6 +3,7 @@
 package kernels
 
 import (
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -324,5 +325,35 @@ func rowsDequantSIMD(k isa, out, x []float32, dequant func(dst []float32, i int)
 			dequant(buf[r*cols:(r+1)*cols], i0+r)
 		}
 		rowsSIMD(k, F32, out[i0:i0+nr], buf[:nr*cols], x, widenF32)
+	}
+}
+
+// dequantMXFP4Asm writes the len(dst) weights of one MXFP4 row (its
+// codes and scales) into dst with the architecture's kernel
+// (mxfp4Blocks). Code 8 comes out +0 where dequantMXFP4Row gives -0,
+// which no Dot can tell apart (kernels/doc.go).
+func dequantMXFP4Asm(_ isa, dst []float32, codes, scales []byte) {
+	if nb := len(dst) / mxfp4Block; nb > 0 {
+		mxfp4Blocks(&dst[0], &codes[:16*nb][0], &scales[:nb][0], nb)
+	}
+}
+
+// dequantF8Asm writes the len(dst) weights of row r of an F8E4M3 matrix
+// (codes: the row's bytes; scales: the whole Matrix.Scales) into dst,
+// sixteen at a time with the architecture's kernel (f8Blocks), the last
+// len(dst)%16 in Go.
+func dequantF8Asm(_ isa, dst []float32, codes, scales []byte, r int) {
+	sc := f8Scales(scales, r/f8Block, len(dst))
+	n16 := len(dst) &^ 15
+	for _, s := range sc {
+		if !(math.Abs(float64(s)) < 0x1p119) {
+			n16 = 0 // 256 x s would overflow, or s is NaN: all in Go
+		}
+	}
+	if n16 > 0 {
+		f8Blocks(&dst[0], &codes[:n16][0], &sc[0], n16)
+	}
+	for c := n16; c < len(dst); c++ {
+		dst[c] = e4m3[codes[c]] * sc[c/f8Block]
 	}
 }

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"math"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -217,38 +216,18 @@ func addAVX2(dst, x *float32, n int)
 //go:noescape
 func scaleMulAVX2(out, x, weight *float32, r float32, n int)
 
-// dequantMXFP4Asm writes the len(dst) weights of one MXFP4 row (its
-// codes and scales) into dst (asmgen's x86mxfp4.go: both amd64 paths
-// run the AVX2 kernel). Code 8 comes out +0 where dequantMXFP4Row gives
-// -0, which no Dot can tell apart (kernels/doc.go).
-func dequantMXFP4Asm(_ isa, dst []float32, codes, scales []byte) {
-	if nb := len(dst) / mxfp4Block; nb > 0 {
-		dequantMXFP4AVX2(&dst[0], &codes[:16*nb][0], &scales[:nb][0], nb)
-	}
+// mxfp4Blocks and f8Blocks are the amd64 dequantization kernels of
+// dequantMXFP4Asm and dequantF8Asm: AVX2 (F16C for FP8) for both paths.
+func mxfp4Blocks(dst *float32, codes, scales *byte, blocks int) {
+	dequantMXFP4AVX2(dst, codes, scales, blocks)
+}
+
+func f8Blocks(dst *float32, codes *byte, scales *float32, n16 int) {
+	dequantF8AVX2(dst, codes, scales, n16)
 }
 
 //go:noescape
 func dequantMXFP4AVX2(dst *float32, codes *byte, scales *byte, blocks int)
-
-// dequantF8Asm writes the len(dst) weights of row r of an F8E4M3 matrix
-// (codes: the row's bytes; scales: the whole Matrix.Scales) into dst,
-// sixteen at a time in AVX2 and F16C (asmgen's x86mxfp4.go: both amd64
-// paths), the last len(dst)%16 in Go.
-func dequantF8Asm(_ isa, dst []float32, codes, scales []byte, r int) {
-	sc := f8Scales(scales, r/f8Block, len(dst))
-	n16 := len(dst) &^ 15
-	for _, s := range sc {
-		if !(math.Abs(float64(s)) < 0x1p119) {
-			n16 = 0 // 256 x s would overflow, or s is NaN: all in Go
-		}
-	}
-	if n16 > 0 {
-		dequantF8AVX2(&dst[0], &codes[:n16][0], &sc[0], n16)
-	}
-	for c := n16; c < len(dst); c++ {
-		dst[c] = e4m3[codes[c]] * sc[c/f8Block]
-	}
-}
 
 //go:noescape
 func dequantF8AVX2(dst *float32, codes *byte, scales *float32, n16 int)

@@ -174,15 +174,11 @@ func smWidth(d kernels.DType) int { return elemSize(d) - 1 }
 // dtype's size, or 1 for MXFP4 and F8E4M3, whose stream is their bytes
 // (codes, then scales), each coded whole.
 func elemSize(d kernels.DType) int {
-	if scaled(d) {
+	if d.HasScales() {
 		return 1
 	}
 	return d.Size()
 }
-
-// scaled reports whether d keeps scales apart from its codes
-// (Matrix.Scales): MXFP4, F8E4M3.
-func scaled(d kernels.DType) bool { return d == kernels.MXFP4 || d == kernels.F8E4M3 }
 
 // ChunkRef locates one chunk in the chunk file.
 type ChunkRef struct {
@@ -230,7 +226,7 @@ type shardEntry struct {
 // elems is the elements of the tensor's stream: rows*cols, or an MXFP4
 // or F8E4M3 matrix's bytes (its codes, then its scales).
 func (t *tensorEntry) elems() int {
-	if scaled(t.dtype) {
+	if t.dtype.HasScales() {
 		return t.codeBytes() + kernels.ScalesBytes(t.dtype, t.rows, t.cols)
 	}
 	return t.rows * t.cols
@@ -245,7 +241,7 @@ func (t *tensorEntry) bytes() int { return t.elems() * elemSize(t.dtype) }
 // matrix's codes first, then its scales.
 func (t *tensorEntry) matrix(b []byte) kernels.Matrix {
 	m := kernels.Matrix{DType: t.dtype, Rows: t.rows, Cols: t.cols, Data: b}
-	if n := t.codeBytes(); scaled(t.dtype) {
+	if n := t.codeBytes(); t.dtype.HasScales() {
 		m.Data, m.Scales = b[:n:n], b[n:]
 	}
 	return m
@@ -266,7 +262,7 @@ func shardCount(t *tensorEntry, k int) int {
 	switch {
 	case t.kind == B13 || t.kind == B2:
 		return min(n, 1)
-	case scaled(t.dtype) && n > 0:
+	case t.dtype.HasScales() && n > 0:
 		return min(t.codeBytes(), k) + 1
 	}
 	return min(n, k)
@@ -279,7 +275,7 @@ func shardCount(t *tensorEntry, k int) int {
 // evenly.
 func (t *tensorEntry) shardRange(i int) (lo, hi int) {
 	s := len(t.shards)
-	if scaled(t.dtype) && s >= 2 {
+	if t.dtype.HasScales() && s >= 2 {
 		codes := t.codeBytes()
 		if i == s-1 {
 			return codes, t.elems()
@@ -307,7 +303,7 @@ func (ix *index) writeVersion() uint32 {
 		return Version
 	}
 	for i := range ix.tensors {
-		if scaled(ix.tensors[i].dtype) {
+		if ix.tensors[i].dtype.HasScales() {
 			return Version
 		}
 	}
@@ -528,7 +524,7 @@ func (r *reader) tensor(ix *index, i int, version uint32, ids *[]int) error {
 	switch {
 	case t.layer != wantLayer || t.expert != wantExpert || t.kind != wantKind:
 		return fmt.Errorf("%s: out of order, want layer %d expert %d %v: %w", name, wantLayer, wantExpert, wantKind, ErrCorrupt)
-	case !ok || (scaled(t.dtype) && version < 3):
+	case !ok || (t.dtype.HasScales() && version < 3):
 		return fmt.Errorf("%s: unknown dtype code %d: %w", name, code, ErrCorrupt)
 	case t.dtype == kernels.MXFP4 && t.cols%32 != 0:
 		return fmt.Errorf("%s: MXFP4 rows of %d weights, not whole blocks of 32: %w", name, t.cols, ErrCorrupt)

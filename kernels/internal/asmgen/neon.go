@@ -99,7 +99,8 @@ func neonAll(a *asm) {
 	neonScaleMul(a)
 	neonDequantMXFP4(a)
 	neonDequantF8(a)
-	neonScaledData(a)
+	a.comment("MXFP4: 2^(s-128) for every scale byte s.")
+	mxfp4ScaleTable(a)
 }
 
 // neonRows: see x86.rows (four rows i, i+q, i+2q, i+3q per group, then

@@ -1,9 +1,6 @@
 package main
 
-import (
-	"fmt"
-	"math"
-)
+import "math"
 
 // The NEON dequantizations of MXFP4 and F8E4M3 (x86mxfp4.go has the
 // arithmetic): the same values, so every path reads the same weights.
@@ -23,16 +20,6 @@ func uxtl(a *asm, d, n int, hi bool) {
 func vmovqHalves(a *asm, d int, h uint16) {
 	w := uint32(h) | uint32(h)<<16
 	vmovq(a, d, [4]uint32{w, w, w, w})
-}
-
-// neonScaledData emits the 256 scales 2^(s-128) of MXFP4 as
-// mxfp4scale<>, for this file.
-func neonScaledData(a *asm) {
-	a.comment("MXFP4: 2^(s-128) for every scale byte s.")
-	for s := range 256 {
-		fmt.Fprintf(&a.b, "DATA mxfp4scale<>+%d(SB)/4, $0x%08x\n", 4*s, math.Float32bits(float32(math.Ldexp(1, s-128))))
-	}
-	a.b.WriteString("GLOBL mxfp4scale<>(SB), RODATA|NOPTR, $1024\n")
 }
 
 // neonDequantMXFP4 emits dequantMXFP4NEON(dst *float32, codes *byte,

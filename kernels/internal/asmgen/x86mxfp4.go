@@ -31,6 +31,12 @@ func mxfp4Data(a *asm) {
 		fmt.Fprintf(&a.b, "DATA mxfp4mask<>+%d(SB)/8, $0x0f0f0f0f0f0f0f0f\n", 8*i)
 	}
 	a.b.WriteString("GLOBL mxfp4mask<>(SB), RODATA|NOPTR, $16\n")
+	mxfp4ScaleTable(a)
+}
+
+// mxfp4ScaleTable emits 2^(s-128) for every scale byte s as the
+// file-local mxfp4scale<> (each .s file its own).
+func mxfp4ScaleTable(a *asm) {
 	for s := range 256 {
 		fmt.Fprintf(&a.b, "DATA mxfp4scale<>+%d(SB)/4, $0x%08x\n", 4*s, math.Float32bits(float32(math.Ldexp(1, s-128))))
 	}
