@@ -238,21 +238,19 @@ func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
 	}
 	p.Reserve(max(n, capacity))
 	for l := range c.k {
-		from := 0
-		if c.windowed(l) {
-			from = max(n-c.window[l]-WindowSlack, c.base[l], 0)
-			p.base[l] = from
-		}
-		rows := c.k[l][(from-c.Base(l))*c.width : (n-c.Base(l))*c.width]
-		p.k[l] = append(p.k[l][:0], rows...)
-		if c.v != nil {
-			p.v[l] = append(p.v[l][:0], c.v[l][(from-c.Base(l))*c.width:(n-c.Base(l))*c.width]...)
-		}
-		if !c.windowed(l) { // full layers keep their reserved room
-			p.k[l] = p.k[l][:cap(p.k[l])]
-			if p.v != nil {
-				p.v[l] = p.v[l][:cap(p.v[l])]
+		if !c.windowed(l) { // into the reserved room
+			copy(p.k[l], c.k[l][:n*c.width])
+			if c.v != nil {
+				copy(p.v[l], c.v[l][:n*c.width])
 			}
+			continue
+		}
+		from := max(n-c.window[l]-WindowSlack, c.base[l], 0)
+		lo, hi := (from-c.base[l])*c.width, (n-c.base[l])*c.width
+		p.base[l] = from
+		p.k[l] = append([]float32(nil), c.k[l][lo:hi]...)
+		if c.v != nil {
+			p.v[l] = append([]float32(nil), c.v[l][lo:hi]...)
 		}
 	}
 	p.n = n

@@ -84,22 +84,7 @@ func TestConvertTinyModelReadsBackEveryExpert(t *testing.T) {
 	if !slices.Equal(st.Layers(), m.Config.ExpertLayers()) || st.Experts() != m.Config.NumExperts {
 		t.Fatalf("store has layers %v x %d experts, model %v x %d", st.Layers(), st.Experts(), m.Config.ExpertLayers(), m.Config.NumExperts)
 	}
-	for _, l := range st.Layers() {
-		for e := range st.Experts() {
-			n, _ := st.ExpertBytes(l, e)
-			got, err := st.ReadExpert(context.Background(), l, e, make([]byte, n))
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := m.Layers[l].MoE.Experts[e]
-			for i, pair := range [][2]kernels.Matrix{{got.Gate, want.Gate}, {got.Up, want.Up}, {got.Down, want.Down}} {
-				g, w := pair[0], pair[1]
-				if g.Rows != w.Rows || g.Cols != w.Cols || g.DType != w.DType || !bytes.Equal(g.Data, w.Data) {
-					t.Fatalf("layer %d expert %d matrix %d differs from the checkpoint", l, e, i)
-				}
-			}
-		}
-	}
+	readsBackEveryExpert(t, st, m, nil)
 	if err := st.Verify(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -224,25 +209,11 @@ func checkGptOssStore(t *testing.T, preset string) {
 	if h, in, err := st.ExpertShape(1, 3); err != nil || h != m.Config.HiddenSize || in != m.Config.IntermediateSize {
 		t.Fatalf("ExpertShape: %d, %d, %v", h, in, err)
 	}
-	for _, l := range st.Layers() {
-		for e := range st.Experts() {
-			n, _ := st.ExpertBytes(l, e)
-			got, err := st.ReadExpert(context.Background(), l, e, make([]byte, n))
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := m.Layers[l].MoE.Experts[e]
-			if got.Limit != want.Limit || got.Alpha != want.Alpha || !got.Fused() || got.Check(m.Config.HiddenSize) != nil {
-				t.Fatalf("layer %d expert %d: limit %v alpha %v fused %v, want %v %v", l, e, got.Limit, got.Alpha, got.Fused(), want.Limit, want.Alpha)
-			}
-			for i, pair := range [][2]kernels.Matrix{{got.GateUp, want.GateUp}, {got.Down, want.Down}, {got.GateUpBias, want.GateUpBias}, {got.DownBias, want.DownBias}} {
-				g, w := pair[0], pair[1]
-				if g.Rows != w.Rows || g.Cols != w.Cols || g.DType != w.DType || !bytes.Equal(g.Data, w.Data) || !bytes.Equal(g.Scales, w.Scales) {
-					t.Fatalf("layer %d expert %d tensor %d differs from the checkpoint's", l, e, i)
-				}
-			}
+	readsBackEveryExpert(t, st, m, func(l, e int, got model.Expert) {
+		if !got.Fused() || got.Check(m.Config.HiddenSize) != nil {
+			t.Fatalf("layer %d expert %d: fused %v, %v", l, e, got.Fused(), got.Check(m.Config.HiddenSize))
 		}
-	}
+	})
 	if err := st.Verify(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -334,6 +305,26 @@ func TestAnFP8StoreHoldsItsExpertsAsTheyAre(t *testing.T) {
 	if st.ix.version != 3 || st.Form() != FormSwiGLU {
 		t.Fatalf("version %d form %v, want 3 and SwiGLU", st.ix.version, st.Form())
 	}
+	readsBackEveryExpert(t, st, m, func(l, e int, got model.Expert) {
+		if got.Gate.DType != kernels.F8E4M3 || got.Up.DType != kernels.F8E4M3 || got.Down.DType != kernels.F8E4M3 {
+			t.Fatalf("layer %d expert %d is %v, %v, %v", l, e, got.Gate.DType, got.Up.DType, got.Down.DType)
+		}
+	})
+	if err := st.Verify(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	w1, _ := st.ix.find(st.Layers()[0], 0, W1)
+	if lo, hi := w1.shardRange(len(w1.shards) - 1); lo != w1.rows*w1.cols || hi != lo+kernels.ScalesBytes(kernels.F8E4M3, w1.rows, w1.cols) {
+		t.Errorf("w1's last shard is [%d, %d); want its scales after %d code bytes", lo, hi, w1.rows*w1.cols)
+	}
+}
+
+// readsBackEveryExpert reads every expert of st and fails unless each of
+// its tensors (SwiGLU's or gpt-oss's, codes and scales) is the
+// checkpoint's m holds byte for byte, its activation's limit and alpha
+// included; each, if set, checks more of what was read.
+func readsBackEveryExpert(t *testing.T, st *Store, m *model.Model, each func(l, e int, got model.Expert)) {
+	t.Helper()
 	for _, l := range st.Layers() {
 		for e := range st.Experts() {
 			n, _ := st.ExpertBytes(l, e)
@@ -342,19 +333,19 @@ func TestAnFP8StoreHoldsItsExpertsAsTheyAre(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := m.Layers[l].MoE.Experts[e]
-			for i, pair := range [][2]kernels.Matrix{{got.Gate, want.Gate}, {got.Up, want.Up}, {got.Down, want.Down}} {
+			if got.Limit != want.Limit || got.Alpha != want.Alpha {
+				t.Fatalf("layer %d expert %d: limit %v alpha %v, want %v %v", l, e, got.Limit, got.Alpha, want.Limit, want.Alpha)
+			}
+			for i, pair := range [][2]kernels.Matrix{{got.Gate, want.Gate}, {got.Up, want.Up}, {got.Down, want.Down},
+				{got.GateUp, want.GateUp}, {got.GateUpBias, want.GateUpBias}, {got.DownBias, want.DownBias}} {
 				g, w := pair[0], pair[1]
-				if g.DType != kernels.F8E4M3 || g.DType != w.DType || g.Rows != w.Rows || g.Cols != w.Cols || !bytes.Equal(g.Data, w.Data) || !bytes.Equal(g.Scales, w.Scales) {
-					t.Fatalf("layer %d expert %d matrix %d: %v differs from the checkpoint's %v", l, e, i, g.DType, w.DType)
+				if g.Rows != w.Rows || g.Cols != w.Cols || g.DType != w.DType || !bytes.Equal(g.Data, w.Data) || !bytes.Equal(g.Scales, w.Scales) {
+					t.Fatalf("layer %d expert %d tensor %d (%v %dx%d) differs from the checkpoint's (%v %dx%d)", l, e, i, g.DType, g.Rows, g.Cols, w.DType, w.Rows, w.Cols)
 				}
 			}
+			if each != nil {
+				each(l, e, got)
+			}
 		}
-	}
-	if err := st.Verify(context.Background(), nil); err != nil {
-		t.Fatal(err)
-	}
-	w1, _ := st.ix.find(st.Layers()[0], 0, W1)
-	if lo, hi := w1.shardRange(len(w1.shards) - 1); lo != w1.rows*w1.cols || hi != lo+kernels.ScalesBytes(kernels.F8E4M3, w1.rows, w1.cols) {
-		t.Errorf("w1's last shard is [%d, %d); want its scales after %d code bytes", lo, hi, w1.rows*w1.cols)
 	}
 }
