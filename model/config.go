@@ -35,7 +35,8 @@ type Config struct {
 	// window instead (0: full attention).
 	LayerWindows []int
 	// Quantization is quantization_config.quant_method, one the family
-	// reads ("mxfp4": gpt-oss's experts as published); "" for none.
+	// reads ("mxfp4": gpt-oss's experts as published; "fp8": DeepSeek-V3's
+	// weights); "" for none.
 	Quantization string
 	// SwiGLULimit is gpt-oss's swiglu_limit, its experts' clamp;
 	// AttentionBias its attention_bias (biases on q, k, v and o).

@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/kvcache"
@@ -49,11 +50,12 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 		return newSession(m, experts, kvcache.NewLatent(c.NumLayers, c.KVWidth(), capacity))
 	}
 	cache := kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, 0)
-	if c.LayerWindows != nil || c.SlidingWindow > 0 { // a windowed layer holds only what its window reads
-		windows := make([]int, c.NumLayers)
-		for l := range windows {
-			windows[l] = m.Layers[l].Attention.Window
-		}
+	// a windowed layer's cache holds only what its window reads
+	windows := make([]int, c.NumLayers)
+	for l := range windows {
+		windows[l] = m.Layers[l].Attention.Window
+	}
+	if slices.ContainsFunc(windows, func(w int) bool { return w > 0 }) {
 		if err := cache.SetWindows(windows); err != nil {
 			panic(err) // an empty cache of the model's layers: cannot be
 		}
