@@ -34,8 +34,8 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	switch {
 	case policy == mainnode.Shadow && f.Shadow == "":
 		return usagef("-prefetch shadow needs -shadow ADDR")
-	case policy != mainnode.Shadow && f.Shadow != "":
-		return usagef("-shadow is only used with -prefetch shadow")
+	case policy != mainnode.Shadow && policy != mainnode.Resident && f.Shadow != "":
+		return usagef("-shadow is only used with -prefetch shadow or resident")
 	}
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)

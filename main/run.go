@@ -33,7 +33,7 @@ type Config struct {
 	// UniformPlacement keeps residency's owners fixed (Options.UniformPlacement)
 	UniformPlacement bool
 	MiniBatch        int    // prefill tokens per activation; 0: DefaultMiniBatch
-	Shadow           string // the shadow node's address (Prefetch Shadow)
+	Shadow           string // the shadow node's address (Prefetch Shadow, or Resident to run it beside the resident swarm)
 	Align            align.Policy
 	// TraceFile, if set, receives the swarm's timeline of iterations
 	// TraceFrom..TraceTo.
@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 				}
 				return fmt.Errorf("dialing the shadow: %w", err) // refused, not unreachable
 			}
-			log.Warn().Str("shadow", cfg.Shadow).Err(err).Msg("main node: the shadow does not answer; starting with reactive loading, it attaches when it does")
+			log.Warn().Str("shadow", cfg.Shadow).Err(err).Msg("main node: the shadow does not answer; starting without its predictions, it attaches when it does")
 		}
 	}
 	sw, err := NewSwarm(peers, opt)

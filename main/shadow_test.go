@@ -134,3 +134,27 @@ func TestTwoSequencesWithTheShadow(t *testing.T) {
 		t.Fatalf("shadow recall %.3f over two sequences (ok=%v), want >= 0.9 for an fp16 shadow aligned every step", st.Recall, ok)
 	}
 }
+
+// TestResidentSwarmWithTheShadow: the resident swarm may run the shadow
+// beside it (bench rig's resident-shadow, the baseline that pays the
+// shadow's CPU): aligned every iteration, the shadow predicts as in shadow
+// mode, its hints land on the experts' owners, which pinned them at start,
+// so nothing but the pins is ever loaded, and the output is still local
+// mode's bit for bit.
+func TestResidentSwarmWithTheShadow(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	prompt := testPrompt(12, 53, 7, local.Config.VocabSize)
+	const steps = 10
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Resident, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.F16})
+	got := generate(t, mainModel, sw, prompt, steps)
+	if d := diffGenerations(got, want); d != "" {
+		t.Fatalf("resident swarm with a shadow differs from local: %s", d)
+	}
+	checkSwarmStats(t, sw, mainnode.Resident, steps, len(mainModel.Config.ExpertLayers()))
+	st, ok := sw.ShadowStats(10e9)
+	if !ok || len(st.RecallByToken) != steps-1 || st.Recall < 0.9 {
+		t.Fatalf("shadow stats: ok=%v, %d recall tokens (want %d), recall %.3f (want >= 0.9 for an fp16 shadow aligned every step)", ok, len(st.RecallByToken), steps-1, st.Recall)
+	}
+}

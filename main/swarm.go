@@ -33,8 +33,9 @@ type Options struct {
 	Hidden    int // the model's hidden size
 	Log       zerolog.Logger
 
-	// Shadow is the connection to the shadow node (-prefetch shadow); nil
-	// with RedialShadow set starts reactive until the shadow answers.
+	// Shadow is the connection to the shadow node (-prefetch shadow, or
+	// resident to run it beside a resident swarm); nil with RedialShadow
+	// set starts without predictions until the shadow answers.
 	Shadow *wire.Peer
 	// RedialShadow, if set, connects to the shadow again after its
 	// connection was lost; the Swarm calls it in the background until the
@@ -197,12 +198,16 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		}
 	}
 	_, predicted := policy.(shadowPolicy)
+	// a resident swarm may run the shadow too, aligned and hinting as in
+	// shadow mode, its hints landing on experts pinned already: the
+	// baseline that pays the shadow's CPU as shadow mode does
+	shadowed := predicted || opt.Prefetch == Resident && (opt.Shadow != nil || opt.RedialShadow != nil)
 	switch {
 	case predicted && opt.Shadow == nil && opt.RedialShadow == nil:
 		return nil, fmt.Errorf("mainnode: -prefetch shadow needs a shadow node")
-	case !predicted && opt.Shadow != nil:
-		return nil, fmt.Errorf("mainnode: a shadow node is only used with -prefetch shadow, not %s", policy.Name())
-	case predicted:
+	case !shadowed && opt.Shadow != nil:
+		return nil, fmt.Errorf("mainnode: a shadow node is only used with -prefetch shadow or resident, not %s", policy.Name())
+	case shadowed:
 		if opt.Shadow != nil && opt.Shadow.Identity().Role != wire.RoleShadow {
 			return nil, fmt.Errorf("mainnode: %s is a %s, not a shadow", opt.Shadow.Identity().Name, opt.Shadow.Identity().Role)
 		}
@@ -232,10 +237,18 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 }
 
 // sendPlacement tells the shadow on p who owns each expert, when experts
-// stay resident, so that it hints them to their owners. A failed send
-// only costs misses (the shadow hints its default workers): logged.
+// stay resident (-residency on, or the resident swarm's owners), so that
+// it hints them to their owners. A failed send only costs misses (the
+// shadow hints its default workers): logged.
 func (s *Swarm) sendPlacement(p *wire.Peer) {
 	owners := s.planner.Placement()
+	if owners == nil && s.opt.Prefetch == Resident {
+		var err error
+		if owners, err = sched.NewPlacement(s.opt.Layout.Workers, s.opt.Layers, s.opt.Experts); err != nil {
+			s.opt.Log.Warn().Err(err).Msg("mainnode: the resident swarm's owners cannot be told to the shadow: its hints go to workers that load them")
+			return
+		}
+	}
 	if owners == nil {
 		return
 	}

@@ -108,7 +108,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Residency, "residency", "off", "main: off (OD-MoE's cacheless workers: every expert evicted once computed) or on (every expert runs on the worker that owns it, which keeps it resident while its -device-mem allows, evicting the coldest; the shadow hints owners)")
 	fs.StringVar(&f.Placement, "placement", "activation", "main, with -residency on: activation (experts spread over the workers by what each can hold, load and compute, then moved as their popularity shows: Prism) or uniform (expert e of layer l on worker (e + l) mod W, for good)")
 	fs.IntVar(&f.MiniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
-	fs.StringVar(&f.Shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow); shadow: its worker list is -workers")
+	fs.StringVar(&f.Shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow; with -prefetch resident it runs beside the resident swarm, its hints landing on pinned experts: the baseline that pays the shadow's CPU); shadow: its worker list is -workers")
 	fs.IntVar(&f.AlignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
 	fs.IntVar(&f.AlignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
 	fs.BoolVar(&f.AlignAdaptive, "align-adaptive", false, "main: choose the alignment periods online from the shadow's measured recall and rewinds, starting at every iteration, -align-token and -align-kv being the longest allowed (align.Controller)")

@@ -25,8 +25,14 @@ type Mode string
 const (
 	ModeLocal    Mode = "local"    // one process, the whole model: the reference the others must match bit for bit
 	ModeResident Mode = "resident" // every worker holds its experts for good: fully cached, no loading
-	ModeReactive Mode = "reactive" // load each expert when its activation arrives
-	ModeShadow   Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
+	// ModeResidentShadow is the resident swarm with the shadow running,
+	// aligned every iteration and hinting as in shadow mode (its hints land
+	// on experts pinned already): the baseline that pays the shadow's CPU
+	// and alignment traffic as shadow mode does, so shadow / resident-shadow
+	// measures what the predictions and loads cost, and nothing else.
+	ModeResidentShadow Mode = "resident-shadow"
+	ModeReactive       Mode = "reactive" // load each expert when its activation arrives
+	ModeShadow         Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
 	// ModeShadowLate is shadow mode with the shadow's -ahead 0: it waits
 	// for every alignment before departing (OD-MoE's late departure).
 	ModeShadowLate Mode = "shadow-late"
@@ -43,8 +49,12 @@ const (
 
 // usesShadow reports whether mode runs a shadow node.
 func (m Mode) usesShadow() bool {
-	return m == ModeShadow || m == ModeShadowLate || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault
+	return m == ModeShadow || m == ModeShadowLate || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault || m == ModeResidentShadow
 }
+
+// resident reports whether mode's workers pin the experts they own at
+// start (worker -resident).
+func (m Mode) resident() bool { return m == ModeResident || m == ModeResidentShadow }
 
 // residency reports whether mode runs -residency on.
 func (m Mode) residency() bool { return m == ModeResidency || m == ModeResidencyUniform }
@@ -61,7 +71,7 @@ func ParseModes(s string) ([]Mode, error) {
 		m := Mode(strings.TrimSpace(f))
 		switch m {
 		case ModeLocal, "":
-		case ModeResident, ModeReactive, ModeShadow, ModeShadowLate, ModeResidency, ModeResidencyUniform, ModeFault:
+		case ModeResident, ModeResidentShadow, ModeReactive, ModeShadow, ModeShadowLate, ModeResidency, ModeResidencyUniform, ModeFault:
 			if m == ModeFault && !slices.Contains(out, ModeShadow) {
 				out = append(out, ModeShadow) // the fault run is timed, and compared, against it
 			}
@@ -69,7 +79,7 @@ func ParseModes(s string) ([]Mode, error) {
 				out = append(out, m)
 			}
 		default:
-			return nil, fmt.Errorf("mode %q unknown: resident, reactive, shadow, shadow-late, residency, residency-uniform, fault (local always runs)", m)
+			return nil, fmt.Errorf("mode %q unknown: resident, resident-shadow, reactive, shadow, shadow-late, residency, residency-uniform, fault (local always runs)", m)
 		}
 	}
 	return out, nil
@@ -306,7 +316,7 @@ func workerArgs(opt BenchOptions, mode Mode, i int) []string {
 	w := opt.Rig.Workers[i]
 	f := nodeFlags(opt, opt.Via, w, runflags.RoleWorker)
 	f.Listen, f.Store = w.Addr, opt.Via.Paths(w).Store
-	if mode == ModeResident {
+	if mode.resident() {
 		f.Resident = fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers))
 	}
 	if mode.residency() && opt.ResidencyDeviceMem != "" {
@@ -342,7 +352,10 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 		return f
 	}
 	prefetch := mode
-	if mode.usesShadow() {
+	switch {
+	case mode.resident():
+		prefetch = ModeResident
+	case mode.usesShadow():
 		prefetch = ModeShadow
 	}
 	f := nodeFlags(opt, via, m, runflags.RoleMain)
@@ -353,7 +366,7 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	if mode == ModeResidencyUniform {
 		f.Placement = "uniform"
 	}
-	if prefetch == ModeShadow {
+	if mode.usesShadow() {
 		f.Shadow, f.AlignToken, f.AlignKV = opt.Rig.Shadow.Addr, 1, 1
 	}
 	return f

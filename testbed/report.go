@@ -203,7 +203,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		fmt.Fprintf(w, "## %d prompt tokens, %d output tokens\n\n", runs[0].Prompt, runs[0].Output)
 		fmt.Fprintln(w, "| mode | TTFT ms | decode tok/s | output tok/s | recall | loads | misses | stall | lead p50 ms | peak MiB main / shadow / worker dev / worker RSS | CPU busy | bit-identical |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
-		var resident, shadow, late, residency, uniform float64
+		var resident, residentShadow, shadow, late, residency, uniform float64
 		var faulted *Run
 		for _, r := range runs {
 			f := r.figures()
@@ -238,6 +238,8 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 			switch r.Mode {
 			case ModeResident:
 				resident = f.DecodeTokensPerS
+			case ModeResidentShadow:
+				residentShadow = f.DecodeTokensPerS
 			case ModeShadow:
 				shadow = f.DecodeTokensPerS
 			case ModeShadowLate:
@@ -250,12 +252,9 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 				faulted = &r
 			}
 		}
-		if resident > 0 && shadow > 0 {
-			fmt.Fprintf(w, "\nShadow-driven decode reaches **%.1f%%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75%% on its rig).\n", 100*shadow/resident)
-		}
-		if resident > 0 && late > 0 {
-			fmt.Fprintf(w, "\nWith late departure (the shadow's -ahead 0) it reaches **%.1f%%**.\n", 100*late/resident)
-		}
+		writeShadowShares(w, "Shadow-driven decode", " (OD-MoE: ~75% of resident on its rig)", shadow, resident, residentShadow)
+		writeShadowShares(w, "With late departure (the shadow's -ahead 0) it", "", late, resident, residentShadow)
+		writeShadowShares(w, "Shadow-driven decode with -residency on", "", residency, resident, residentShadow)
 		for _, r := range runs {
 			if a := r.figures().Ahead; a != nil && a.Iterations > 0 {
 				fmt.Fprintf(w, "\n%s: the shadow ran %d decode passes ahead of its alignment; token agreement %.2f%% (%d rows met, %d rewound); %d loads withdrawn on the workers (%s MiB).\n",
@@ -263,9 +262,6 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 			}
 		}
 		writeCPUSplit(w, runs)
-		if resident > 0 && residency > 0 {
-			fmt.Fprintf(w, "\nShadow-driven decode with -residency on reaches **%.1f%%** of the resident swarm's tokens/s.\n", 100*residency/resident)
-		}
 		for _, r := range runs {
 			if f := r.figures(); f.Residency != nil {
 				rs := f.Residency
@@ -292,6 +288,24 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		}
 	}
 	fmt.Fprintln(w, "Peak memory: main/local and shadow are process RSS; a worker's is its device-memory arena (experts + compute buffers) and RSS, the largest over workers. CPU busy is this machine's, over the run: on an emulated rig, every node's.")
+}
+
+// writeShadowShares says what share of the resident swarm's decode
+// tokens/s a shadow-driven mode reached (what == its tokens/s, 0 if not
+// run): of the resident swarm without a shadow (what predictions and
+// the shadow's CPU cost together) and of the resident swarm with the
+// shadow running (resident-shadow: what the predictions alone cost).
+func writeShadowShares(w io.Writer, what, note string, tokS, resident, residentShadow float64) {
+	var parts []string
+	if tokS > 0 && resident > 0 {
+		parts = append(parts, fmt.Sprintf("**%.1f%%** of the resident (fully cached) swarm's tokens/s%s", 100*tokS/resident, note))
+	}
+	if tokS > 0 && residentShadow > 0 {
+		parts = append(parts, fmt.Sprintf("**%.1f%%** of resident-shadow's (the resident swarm paying the shadow's CPU too)", 100*tokS/residentShadow))
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "\n%s reaches %s.\n", what, strings.Join(parts, " and "))
+	}
 }
 
 // writeCPUSplit says, for the runs whose nodes all ran on this machine,

@@ -407,6 +407,7 @@ func TestParseModesRunsLocalFirst(t *testing.T) {
 		{"shadow,local,resident", []Mode{ModeLocal, ModeShadow, ModeResident}}, // local moves first, the rest keep their order
 		{" resident , shadow ", []Mode{ModeLocal, ModeResident, ModeShadow}},
 		{"residency,residency-uniform", []Mode{ModeLocal, ModeResidency, ModeResidencyUniform}},
+		{"resident-shadow,shadow", []Mode{ModeLocal, ModeResidentShadow, ModeShadow}},
 	} {
 		got, err := ParseModes(tc.in)
 		if err != nil || !slices.Equal(got, tc.want) {
@@ -508,6 +509,76 @@ func TestResidencyModesStartTheSwarmWithResidency(t *testing.T) {
 		}
 		if w.DeviceMem != want {
 			t.Errorf("%s worker w5: -device-mem %s, want %s (%q)", tc.mode, w.DeviceMem, want, flags(workerArgs(opt, tc.mode, 4)))
+		}
+	}
+}
+
+// TestResidentShadowModeRunsTheShadowBesidePinnedWorkers: resident-shadow
+// pins every worker's experts as resident mode does, runs a shadow, and
+// starts the main node resident (no loads) yet aligned with the shadow
+// every iteration, as shadow mode aligns; resident mode stays shadowless.
+func TestResidentShadowModeRunsTheShadowBesidePinnedWorkers(t *testing.T) {
+	rig, err := ReadRig("rigs/loopback.rig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := BenchOptions{Rig: rig, Via: Local{Files: Paths{Model: "m", Store: "s", Certs: "c"}}}
+	for _, tc := range []struct {
+		mode   Mode
+		shadow bool
+	}{{ModeResident, false}, {ModeResidentShadow, true}} {
+		main := MainFlags(opt, tc.mode)
+		if main.Prefetch != "resident" {
+			t.Errorf("%s main node: -prefetch %s, want resident", tc.mode, main.Prefetch)
+		}
+		if got := main.Shadow != ""; got != tc.shadow || tc.shadow && (main.Shadow != rig.Shadow.Addr || main.AlignToken != 1 || main.AlignKV != 1) {
+			t.Errorf("%s main node: -shadow %q, -align-token %d, -align-kv %d; want a shadow %v aligned every iteration", tc.mode, main.Shadow, main.AlignToken, main.AlignKV, tc.shadow)
+		}
+		if tc.mode.usesShadow() != tc.shadow {
+			t.Errorf("%s: usesShadow %v", tc.mode, tc.mode.usesShadow())
+		}
+		for i := range rig.Workers {
+			w := runflags.For(runflags.RoleWorker)
+			if err := w.Parse(workerArgs(opt, tc.mode, i)[1:]); err != nil {
+				t.Fatal(err)
+			}
+			if want := fmt.Sprintf("%d/%d", i, len(rig.Workers)); w.Resident != want {
+				t.Errorf("%s worker %d: -resident %q, want %s", tc.mode, i, w.Resident, want)
+			}
+		}
+	}
+}
+
+// TestReportGivesBothShadowBaselines: with resident and resident-shadow
+// both run, the shadow line gives its share of each; with one of them,
+// only that one.
+func TestReportGivesBothShadowBaselines(t *testing.T) {
+	run := func(m Mode, decode int) Run {
+		return Run{Mode: m, Case: "p16-o8", Prompt: 16, Output: 8, Identical: true, Stats: json.RawMessage(fmt.Sprintf(`{"decode_tokens_per_s": %d}`, decode))}
+	}
+	for _, tc := range []struct {
+		runs       []Run
+		want, lack []string
+	}{
+		{[]Run{run(ModeResident, 10), run(ModeResidentShadow, 8), run(ModeShadow, 6)},
+			[]string{"Shadow-driven decode reaches **60.0%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75% of resident on its rig) and **75.0%** of resident-shadow's"}, nil},
+		{[]Run{run(ModeResidentShadow, 8), run(ModeShadow, 6), run(ModeResidency, 4)},
+			[]string{"Shadow-driven decode reaches **75.0%** of resident-shadow's", "Shadow-driven decode with -residency on reaches **50.0%** of resident-shadow's"},
+			[]string{"fully cached"}},
+		{[]Run{run(ModeResident, 10), run(ModeShadow, 6)}, []string{"reaches **60.0%** of the resident (fully cached) swarm's tokens/s (OD-MoE: ~75% of resident on its rig)."}, []string{"resident-shadow's"}},
+	} {
+		var buf bytes.Buffer
+		WriteMarkdown(&buf, testReport(tc.runs), nil)
+		text := splitMarkdown(buf.String())[0].text
+		for _, w := range tc.want {
+			if !strings.Contains(text, w) {
+				t.Errorf("report:\n%s\nwant %q", text, w)
+			}
+		}
+		for _, l := range tc.lack {
+			if strings.Contains(text, l) {
+				t.Errorf("report:\n%s\nhas %q", text, l)
+			}
 		}
 	}
 }
