@@ -135,6 +135,52 @@ func TestBenchRigOnLoopbackProcesses(t *testing.T) {
 	}
 }
 
+// TestBenchRigRepeatsInRoundsWithTheResidentShadow: -repeat runs every
+// mode once per round (a drifting machine weighs on all alike), each
+// kept run carrying every round's rate; resident-shadow runs the shadow
+// beside the pinned workers: predictions scored, nothing loaded.
+func TestBenchRigRepeatsInRoundsWithTheResidentShadow(t *testing.T) {
+	dir, model := t.TempDir(), tinyModel(t)
+	rigFile := loopbackRig(t, dir, 2, "-device-mem 64MiB")
+	out := filepath.Join(dir, "out")
+	rep := benchRig(t, rigFile, model, out, "-cases", "6x4", "-modes", "resident-shadow,shadow", "-repeat", "2")
+	modes := []testbed.Mode{testbed.ModeLocal, testbed.ModeResidentShadow, testbed.ModeShadow}
+	if len(rep.Runs) != len(modes) {
+		t.Fatalf("%d runs kept, want one per mode: %+v", len(rep.Runs), rep.Runs)
+	}
+	for i, r := range rep.Runs {
+		var st struct {
+			Loads  int      `json:"expert_loads"`
+			Recall *float64 `json:"recall"`
+		}
+		if err := json.Unmarshal(r.Stats, &st); err != nil {
+			t.Fatal(err)
+		}
+		if r.Mode != modes[i] || !r.Identical || len(r.DecodeRuns) != 2 || len(r.Repeats) != 2 {
+			t.Errorf("run %d: mode %s, identical %v, %d rates, %d repeats; want %s, identical, 2 of each", i, r.Mode, r.Identical, len(r.DecodeRuns), len(r.Repeats), modes[i])
+		}
+		if r.Mode == testbed.ModeResidentShadow && (st.Loads != 0 || st.Recall == nil) {
+			t.Errorf("resident-shadow: %d loads, recall %v; want none loaded and the predictions scored", st.Loads, st.Recall)
+		}
+	}
+	// the runs, in the order they ended: round 1 of every mode, then round 2
+	var last time.Time
+	for _, dir := range []string{"local-p6-o4", "resident-shadow-p6-o4", "shadow-p6-o4", "local-p6-o4-r2", "resident-shadow-p6-o4-r2", "shadow-p6-o4-r2"} {
+		fi, err := os.Stat(filepath.Join(out, "runs", dir, "stats.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fi.ModTime().After(last) {
+			t.Errorf("%s ended at %v, not after the run before it (%v): not in rounds", dir, fi.ModTime(), last)
+		}
+		last = fi.ModTime()
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil || !strings.Contains(string(md), "of resident-shadow's") {
+		t.Errorf("report.md gives no shadow / resident-shadow ratio (%v):\n%s", err, md)
+	}
+}
+
 // TestLaunchStartsARigAndStopsItOnInterrupt: odmoe launch (-via local)
 // starts the workers and the shadow, prints a main-node command line
 // that works as printed, and stops every node on SIGINT.

@@ -136,9 +136,11 @@ type BenchOptions struct {
 	Out   string
 	Cases []Case
 	Modes []Mode
-	// Repeat runs every case this many times on each mode (0: once), the
-	// cases in turn, so that a case's runs are minutes apart; the report
-	// keeps the run of median decode tokens/s and the others' rates.
+	// Repeat runs every case this many times on each mode (0: once), in
+	// rounds: each round runs every mode once, its nodes started afresh,
+	// so that a case's runs are minutes apart and a machine whose speed
+	// drifts weighs on every mode alike; the report keeps the run of
+	// median decode tokens/s and the others' rates.
 	Repeat int
 	// TraceIters are the decode iterations the timeline shows ("3:5").
 	TraceIters string
@@ -216,7 +218,6 @@ func Bench(opt BenchOptions) (*Report, error) {
 	for _, n := range opt.Rig.Nodes() {
 		rep.Nodes = append(rep.Nodes, fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr))
 	}
-	var failed []string
 	for _, mode := range opt.Modes {
 		if mode.usesShadow() && opt.Rig.Shadow == nil {
 			return nil, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
@@ -224,16 +225,33 @@ func Bench(opt BenchOptions) (*Report, error) {
 		if mode == ModeFault && len(opt.Rig.Workers) < 2 {
 			return nil, fmt.Errorf("testbed: mode fault needs two workers or more in %s", opt.Rig.Path)
 		}
-		runs, err := benchMode(opt, mode, rep.Runs)
-		rep.Runs = append(rep.Runs, runs...)
-		if err != nil {
-			writeReport(opt, rep)
-			return rep, err
-		}
-		for _, r := range runs {
-			if !r.Identical {
-				failed = append(failed, fmt.Sprintf("%s %s: %s", r.Mode, r.Case, r.Diff))
+	}
+	// rounds: every mode once per round, so that a machine whose speed
+	// drifts over minutes weighs on every mode alike
+	repeats := make([][][]Run, len(opt.Modes)) // by mode, by case
+	var done []Run
+	for round := range max(1, opt.Repeat) {
+		for m, mode := range opt.Modes {
+			runs, err := benchMode(opt, mode, round, done)
+			done = append(done, runs...)
+			if repeats[m] == nil {
+				repeats[m] = make([][]Run, len(opt.Cases))
 			}
+			for i, r := range runs {
+				repeats[m][i] = append(repeats[m][i], r)
+			}
+			if err != nil {
+				rep.Runs = keptOfModes(repeats)
+				writeReport(opt, rep)
+				return rep, err
+			}
+		}
+	}
+	rep.Runs = keptOfModes(repeats)
+	var failed []string
+	for _, r := range rep.Runs {
+		if !r.Identical {
+			failed = append(failed, fmt.Sprintf("%s %s: %s", r.Mode, r.Case, r.Diff))
 		}
 	}
 	if err := writeReport(opt, rep); err != nil {
@@ -372,10 +390,20 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	return f
 }
 
-// benchMode starts the servers a mode needs, runs every case on it, and
-// stops them. done are the runs so far (fault mode times its kill from
-// the shadow run of the same case).
-func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
+// keptOfModes is keptRuns of each mode's repeats, in mode order.
+func keptOfModes(repeats [][][]Run) []Run {
+	var out []Run
+	for _, byCase := range repeats {
+		out = append(out, keptRuns(byCase)...)
+	}
+	return out
+}
+
+// benchMode starts the servers a mode needs, runs every case on it once
+// (round rep of BenchOptions.Repeat), and stops them; it returns the
+// runs in case order, as far as it got. done are the runs so far (fault
+// mode times its kill from a shadow run of the same case).
+func benchMode(opt BenchOptions, mode Mode, rep int, done []Run) ([]Run, error) {
 	logDir := filepath.Join(opt.Out, "logs", string(mode))
 	var servers []*Proc
 	defer func() { StopAll(servers, 10*time.Second) }()
@@ -386,38 +414,36 @@ func benchMode(opt BenchOptions, mode Mode, done []Run) ([]Run, error) {
 		}
 		opt.Log.Info().Str("mode", string(mode)).Int("servers", len(servers)).Str("logs", logDir).Msg("rig nodes started")
 	}
-	repeats := make([][]Run, len(opt.Cases)) // by case
-	for rep := range max(1, opt.Repeat) {
-		for i, c := range opt.Cases {
-			for _, p := range servers {
-				if p.Exited() {
-					return keptRuns(repeats), fmt.Errorf("testbed: %s %s %w; its log: %s", mode, p.Node.Name, errExited, filepath.Join(logDir, p.Node.Name+".log"))
-				}
+	var runs []Run
+	for i, c := range opt.Cases {
+		for _, p := range servers {
+			if p.Exited() {
+				return runs, fmt.Errorf("testbed: %s %s %w; its log: %s", mode, p.Node.Name, errExited, filepath.Join(logDir, p.Node.Name+".log"))
 			}
-			var f *fault
-			if mode == ModeFault {
-				f = planFault(opt, servers, done, c)
-			}
-			r, err := benchCase(opt, mode, i, rep, c, f, servers)
-			if f != nil {
-				<-f.ran // benchCase has stopped the kill, or it has run
-				r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
-				// the killed worker comes back for the next case
-				if servers[f.victim].Exited() {
-					p, serr := startLogged(opt, logDir, opt.Rig.Workers[f.victim], workerArgs(opt, mode, f.victim))
-					if serr != nil {
-						return keptRuns(repeats), serr
-					}
-					servers[f.victim] = p
-				}
-			}
-			if err != nil {
-				return keptRuns(repeats), err
-			}
-			repeats[i] = append(repeats[i], r)
 		}
+		var f *fault
+		if mode == ModeFault {
+			f = planFault(opt, servers, done, c)
+		}
+		r, err := benchCase(opt, mode, i, rep, c, f, servers)
+		if f != nil {
+			<-f.ran // benchCase has stopped the kill, or it has run
+			r.FaultNode, r.FaultAtS = f.node, f.at.Seconds()
+			// the killed worker comes back for the next case
+			if servers[f.victim].Exited() {
+				p, serr := startLogged(opt, logDir, opt.Rig.Workers[f.victim], workerArgs(opt, mode, f.victim))
+				if serr != nil {
+					return runs, serr
+				}
+				servers[f.victim] = p
+			}
+		}
+		if err != nil {
+			return runs, err
+		}
+		runs = append(runs, r)
 	}
-	return keptRuns(repeats), nil
+	return runs, nil
 }
 
 // keptRuns is the run of each case that the report keeps: of its repeats,
