@@ -61,3 +61,33 @@ func TestUnpacedLinkAndCancel(t *testing.T) {
 		}
 	})
 }
+
+// TestLinkDoesNotSleepBelowTheTimerGrain: a transfer whose wait is under
+// half the timer's grain ends at once instead of sleeping the grain out,
+// while the link stays booked: twenty 100 us transfers on a 1 ms grain
+// still take their 2 ms together, ending ahead by less than half a grain.
+func TestLinkDoesNotSleepBelowTheTimerGrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLink(1e9) // 100 us per 100 kB
+		l.grain = time.Millisecond
+		t0 := time.Now()
+		if err := l.Transfer(context.Background(), 1e5); err != nil || time.Since(t0) != 0 {
+			t.Fatalf("a 100 us transfer slept %v (%v), want none", time.Since(t0), err)
+		}
+		for range 19 {
+			if err := l.Transfer(context.Background(), 1e5); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := time.Since(t0); d < 1500*time.Microsecond || d > 2*time.Millisecond {
+			t.Fatalf("twenty 100 us transfers took %v, want 2 ms less at most half a grain", d)
+		}
+		// a wait of a grain or more is slept whole
+		time.Sleep(time.Second)
+		t0 = time.Now()
+		l.Transfer(context.Background(), 3e6)
+		if d := time.Since(t0); d != 3*time.Millisecond {
+			t.Fatalf("a 3 ms transfer took %v", d)
+		}
+	})
+}
