@@ -150,11 +150,25 @@ func TestBenchRigRepeatsInRoundsWithTheResidentShadow(t *testing.T) {
 	}
 	for i, r := range rep.Runs {
 		var st struct {
-			Loads  int      `json:"expert_loads"`
-			Recall *float64 `json:"recall"`
+			Loads     int                `json:"expert_loads"`
+			Recall    *float64           `json:"recall"`
+			DecodeCPU map[string]float64 `json:"decode_cpu_s"`
 		}
 		if err := json.Unmarshal(r.Stats, &st); err != nil {
 			t.Fatal(err)
+		}
+		// each role's CPU over decode alone: some, and within the run's
+		// (read from /proc in 10 ms ticks, a tick a process short at most)
+		for role, whole := range r.CPUSeconds {
+			if r.Mode == testbed.ModeLocal {
+				role = "local" // the bench's split calls the one process main
+			}
+			if d := st.DecodeCPU[role]; d <= 0 || d > whole+0.02 {
+				t.Errorf("%s: %s's CPU over decode %v s, over the whole run %v s", r.Mode, role, d, whole)
+			}
+		}
+		if r.Mode != testbed.ModeLocal && len(st.DecodeCPU) != 3 {
+			t.Errorf("%s: decode CPU by role %v, want main, workers and shadow", r.Mode, st.DecodeCPU)
 		}
 		if r.Mode != modes[i] || !r.Identical || len(r.DecodeRuns) != 2 || len(r.Repeats) != 2 {
 			t.Errorf("run %d: mode %s, identical %v, %d rates, %d repeats; want %s, identical, 2 of each", i, r.Mode, r.Identical, len(r.DecodeRuns), len(r.Repeats), modes[i])

@@ -63,6 +63,11 @@ type RunStats struct {
 	// per tier: device_resident (decompressed, left resident),
 	// host_decompressed (-host-cache), host_compressed (-host-compressed).
 	TierBytes map[string]int64 `json:"tier_bytes,omitempty"`
+	// DecodeCPU is the CPU time each role used over decode, in seconds:
+	// from the first token to the last, without start-up, prefill and
+	// the figures' collection (main or local; workers, all together;
+	// shadow). A role whose processes did not say is absent.
+	DecodeCPU map[string]float64 `json:"decode_cpu_s,omitempty"`
 }
 
 // LeadJSON is a distribution of prediction leads, in milliseconds.
@@ -205,6 +210,35 @@ func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
 
 // addShadow records the shadow's recall, late departures and running
 // ahead (after addWorkers: the workers' withdrawn loads count in it).
+// addDecodeCPU records what each role's CPU cost over decode: the main
+// node's own, the workers' since their figures at decode's start (those
+// recorded last, by addWorkers, are at its end), and the shadow's.
+func (rs *RunStats) addDecodeCPU(main time.Duration, workersAtStart []*wire.WorkerStats, shadow time.Duration) {
+	cpu := map[string]float64{}
+	if main > 0 {
+		cpu["main"] = main.Seconds()
+	}
+	var workers time.Duration
+	heard := len(workersAtStart) > 0 && len(workersAtStart) == len(rs.Workers)
+	for i := range workersAtStart {
+		a, b := workersAtStart[i], rs.Workers[min(i, len(rs.Workers)-1)]
+		if a == nil || b == nil || a.CPU <= 0 || b.CPU < a.CPU {
+			heard = false
+			break
+		}
+		workers += b.CPU - a.CPU
+	}
+	if heard {
+		cpu["workers"] = workers.Seconds()
+	}
+	if shadow > 0 {
+		cpu["shadow"] = shadow.Seconds()
+	}
+	if len(cpu) > 0 {
+		rs.DecodeCPU = cpu
+	}
+}
+
 func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.Recall = &sh.Recall
 	if sh.PeakRSS > 0 {

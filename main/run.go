@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kernels"
@@ -156,15 +157,20 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		reg.MustRegister(sw.Collector(ExpertBytes(m.Config))) // the swarm's figures beside the API's
 		return serveAPI(ctx, cfg.Model, m, b, sw.Health, reg, cfg.Serve, log)
 	}
-	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw.Batcher(m), stdout)
+	cpu := decodeCPU{sw: sw}
+	st, err := generateText(ctx, cfg.Model, cfg.Text, m, sw.Batcher(m), stdout, func() { cpu.start(ctx) })
 	if err != nil {
 		return err
 	}
+	main, workersAtStart := cpu.end()
 	rs := runStats(st, sw.Stats())
 	rs.addWorkers(sw.WorkerStats(ctx, 5*time.Second))
+	var shadowCPU time.Duration
 	if sh, ok := sw.ShadowStats(10 * time.Second); ok {
 		rs.addShadow(sh)
+		shadowCPU = sh.DecodeCPU
 	}
+	rs.addDecodeCPU(main, workersAtStart, shadowCPU)
 	if cfg.TraceFile != "" {
 		tf, err := sw.CollectTrace(ctx, 10*time.Second, m.Config.NumLayers)
 		if err != nil {
@@ -200,9 +206,43 @@ func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, stdout i
 		sv.configure(b)
 		return serveAPI(ctx, modelDir, m, b, nil, prometheus.NewRegistry(), sv, log)
 	}
-	st, err := generateText(ctx, modelDir, t, m, NewLocalBatcher(m), stdout)
+	var cpu0 time.Duration
+	st, err := generateText(ctx, modelDir, t, m, NewLocalBatcher(m), stdout, func() { cpu0 = procmem.CPUTime() })
 	if err != nil {
 		return err
 	}
-	return writeStats(t.Stats, runStats(st, nil))
+	rs := runStats(st, nil)
+	if cpu0 > 0 {
+		rs.DecodeCPU = map[string]float64{"local": (procmem.CPUTime() - cpu0).Seconds()}
+	}
+	return writeStats(t.Stats, rs)
+}
+
+// decodeCPU measures the CPU text mode's decode costs the main node and
+// the workers: their figures when decode starts (the workers' asked off
+// the decode path) and when it has ended.
+type decodeCPU struct {
+	sw      *Swarm
+	main0   time.Duration
+	workers chan []*wire.WorkerStats
+}
+
+// start records the main node's CPU and asks the workers for theirs.
+func (c *decodeCPU) start(ctx context.Context) {
+	c.main0 = procmem.CPUTime()
+	c.workers = make(chan []*wire.WorkerStats, 1)
+	go func() { c.workers <- c.sw.WorkerStats(ctx, 5*time.Second) }()
+}
+
+// end returns the main node's CPU since start and the workers' figures
+// at start (nil if decode never started).
+func (c *decodeCPU) end() (time.Duration, []*wire.WorkerStats) {
+	if c.workers == nil {
+		return 0, nil
+	}
+	main := procmem.CPUTime() - c.main0
+	if c.main0 <= 0 {
+		main = 0
+	}
+	return main, <-c.workers
 }

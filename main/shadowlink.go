@@ -37,6 +37,7 @@ type shadowLink struct {
 	actual    map[layerKey]routing   // routing awaiting its prediction, for scoring
 	recall    *align.Recall          // over decode passes
 	late      []float64              // late-departure ms per decode iteration (index: iteration-2)
+	cpu       []time.Duration        // the shadow process's CPU time when it finished each iteration (index: iteration-1; 0: not heard)
 	done      int64                  // the last iteration the shadow finished
 	forwardMs float64                // the shadow's decode forward passes, summed
 	forwards  int
@@ -206,6 +207,14 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			}
 			sl.mu.Unlock()
 		case *wire.ShadowDone:
+			if it := int(m.Iteration); it >= 1 && it <= maxIterationStats {
+				sl.mu.Lock()
+				for len(sl.cpu) < it {
+					sl.cpu = append(sl.cpu, 0)
+				}
+				sl.cpu[it-1] = m.CPU
+				sl.mu.Unlock()
+			}
 			if it := int(m.Iteration); it >= 2 {
 				sl.mu.Lock()
 				if it <= maxIterationStats { // a server's batch runs on
@@ -632,6 +641,10 @@ type ShadowStats struct {
 	// Align is the alignment the run used: the fixed policy, or the
 	// periods an adaptive one ran the most decode steps under.
 	Align align.Policy
+	// DecodeCPU is the CPU time the shadow process used from the end of
+	// the prompt's pass to the end of the last decode iteration's (text
+	// mode's one sequence; 0 where it did not say).
+	DecodeCPU time.Duration
 }
 
 // stats waits (up to timeout) for the shadow to finish iteration last
@@ -668,6 +681,10 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.chosenLocked()}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
+	}
+	// the decode's passes: from the prompt's end to the last iteration's
+	if l := int(last); l >= 2 && l <= len(sl.cpu) && sl.cpu[0] > 0 && sl.cpu[l-1] >= sl.cpu[0] {
+		st.DecodeCPU = sl.cpu[l-1] - sl.cpu[0]
 	}
 	return st
 }

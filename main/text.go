@@ -34,8 +34,10 @@ type Text struct {
 // mode is a batch of one in the same pass loop the API serves from; its
 // prompt goes in whole (one pass: nothing runs beside it to wait), so
 // iteration 1 is the prompt and i+1 feeds token i, as OD-MoE numbers
-// them. It closes b: the run's figures are read after.
-func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, b *Batcher, stdout io.Writer) (model.GenerateStats, error) {
+// them. It closes b: the run's figures are read after. decodes, if set,
+// is called when the prompt's pass has given the first token and decode
+// begins.
+func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, b *Batcher, stdout io.Writer, decodes func()) (model.GenerateStats, error) {
 	defer b.Close()
 	b.ChunkPrompts(0)
 	tok, err := tokenizer.LoadDir(modelDir)
@@ -87,6 +89,9 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 		Sampler:   model.NewSampler(t.Temperature, t.TopP, t.Seed),
 		StopAtEOS: !t.IgnoreEOS,
 		OnToken: func(step, id int, lg []float32) error {
+			if step == 0 && decodes != nil {
+				decodes()
+			}
 			if logits != nil {
 				if err := logits.Append(lg); err != nil {
 					return err

@@ -444,7 +444,7 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: n.takeRewound(), Unhinted: n.unhinted, Reused: n.reused}})
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: n.takeRewound(), Unhinted: n.unhinted, Reused: n.reused, CPU: procmem.CPUTime()}})
 }
 
 // takeRewound hands over the members the pass being reported rewound.

@@ -29,8 +29,20 @@ type Measured struct {
 	// writes them: what the main node's layer costs as the context grows
 	Iterations []LayerStats
 	// CPUSeconds by role ("main", "shadow", "workers"), when every node
-	// ran on the measuring machine
+	// ran on the measuring machine: over the whole run (start-up, prefill
+	// and the figures' collection too), or, with DecodeCPU, over its
+	// decode steps alone
 	CPUSeconds map[string]float64
+	DecodeCPU  bool
+}
+
+// cpuTokens is what m's CPUSeconds are spread over to give a decode
+// token's: its decode steps, or, for a whole run's, its output tokens.
+func (m Measured) cpuTokens() float64 {
+	if m.DecodeCPU {
+		return float64(max(m.Output-1, 1))
+	}
+	return float64(m.Output)
 }
 
 // Calibrate fits a profile to a resident and a shadow-driven run of the
@@ -107,19 +119,20 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 		return p, fmt.Errorf("sim: the shadow run has no CPU time of its shadow node: its time a layer cannot be calibrated")
 	}
 	layers := float64(s.Layers)
-	p.ShadowCPUTokenMs = max(0, 1000*sh/float64(shadow.Output)-layers*slope*shPos)
+	p.ShadowCPUTokenMs = max(0, 1000*sh/shadow.cpuTokens()-layers*slope*shPos)
 	p.ShadowLayerMs = p.ShadowCPUTokenMs / layers
 	if cores > 0 {
 		rc, sc := resident.CPUSeconds, shadow.CPUSeconds
 		if rc == nil || sc == nil {
 			return p, fmt.Errorf("sim: shared cores but the runs have no CPU time by role")
 		}
-		tokens := float64(resident.Output)
+		tokens := resident.cpuTokens()
 		p.MainCPUTokenMs = max(0, 1000*rc["main"]/tokens-layers*slope*resPos)
-		experts := float64(resident.Output * moe(s) * s.TopK)
+		experts := tokens * float64(moe(s)*s.TopK)
 		p.WorkerCPUExpertMs = 1000 * rc["workers"] / experts
 		// what the shadow run's workers spent beyond computing: loads
-		extra := 1000*sc["workers"] - p.WorkerCPUExpertMs*float64(shadow.Output*moe(s)*s.TopK)
+		// (those of its decode when the CPU is the decode's)
+		extra := 1000*sc["workers"] - p.WorkerCPUExpertMs*shadow.cpuTokens()*float64(moe(s)*s.TopK)
 		p.WorkerCPULoadMs = max(0, extra/float64(loads))
 		// the shadow run was CPU-bound (it is on two shared cores): the
 		// share of the cores it kept busy at its measured rate

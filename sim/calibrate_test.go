@@ -70,6 +70,18 @@ func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
 	if _, err := Calibrate("t", s, 2, 1e8, resident, Measured{Output: out, Decode: layers(3, 1, 2, 0.5, 4, 5)}); err == nil {
 		t.Error("a shadow run without the shadow's CPU time calibrated")
 	}
+	// the same CPU measured over decode alone is spread over its steps
+	// (out-1), not the run's output tokens
+	resident.DecodeCPU, shadow.DecodeCPU = true, true
+	d, err := Calibrate("t", s, 2, 1e8, resident, shadow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFigures(t, []figure{
+		{"main_cpu_token_ms (decode CPU)", d.MainCPUTokenMs, 110.0 / (out - 1)},
+		{"shadow_cpu_token_ms (decode CPU)", d.ShadowCPUTokenMs, 88.0 / (out - 1)},
+		{"worker_cpu_expert_ms (decode CPU)", d.WorkerCPUExpertMs, 176.0 / ((out - 1) * 4 * 2)},
+	})
 }
 
 // TestSharedCoresBoundDecode: with cores shared, decode goes no faster

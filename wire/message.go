@@ -307,6 +307,9 @@ type WorkerStats struct {
 	// used them, WithdrawnBytes their size.
 	WithdrawnLoads int64 `json:"withdrawn_loads"`
 	WithdrawnBytes int64 `json:"withdrawn_bytes"`
+	// CPU is the CPU time the worker process has used so far (0 where
+	// the platform does not say).
+	CPU time.Duration `json:"cpu_ns"`
 }
 
 // Placement tells the shadow which worker owns each expert when experts
@@ -354,6 +357,10 @@ type ShadowDone struct {
 	// rows the shadow copied from a finished sequence that started with
 	// them (its prefix cache) instead of running them.
 	Reused int64
+	// CPU is the CPU time the shadow process has used so far: the main
+	// node's decode figures take the shadow's CPU over a run's decode
+	// from it.
+	CPU time.Duration
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main
@@ -530,7 +537,7 @@ func (m *WorkerStats) validate() error {
 	return nonNegative("worker counter", m.Loads, m.Hits, m.Misses, m.WastedLoads, m.Refused, m.LatePredictions,
 		int64(m.LoadTime), int64(m.ComputeTime), int64(m.StallTime), m.DeviceBudget, m.DevicePeak, m.DeviceInUse, m.RSSPeak,
 		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes, m.ResidentHits, m.ResidentEvicted, m.ResidentExperts, m.ResidentBytes,
-		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes, m.WithdrawnLoads, m.WithdrawnBytes)
+		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes, m.WithdrawnLoads, m.WithdrawnBytes, int64(m.CPU))
 }
 
 func (m *Placement) validate() error {
@@ -546,7 +553,7 @@ func (m *Placement) validate() error {
 }
 
 func (m *ShadowDone) validate() error {
-	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted)
+	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted, int64(m.CPU))
 }
 func (m *Error) validate() error { return nil }
 

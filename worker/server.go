@@ -306,7 +306,7 @@ func (s *Server) Stats() *wire.WorkerStats {
 		Loads: st.Loads.Load(), Hits: st.Hits.Load(), Misses: st.Misses.Load(), WastedLoads: st.Wasted.Load(),
 		Refused: st.Refused.Load(), LatePredictions: s.late.Load(),
 		LoadTime: time.Duration(st.LoadNanos.Load()), ComputeTime: time.Duration(st.ComputeNanos.Load()), StallTime: time.Duration(st.StallNanos.Load()),
-		DeviceBudget: budget, DevicePeak: peak, DeviceInUse: inUse, RSSPeak: procmem.PeakRSS(),
+		DeviceBudget: budget, DevicePeak: peak, DeviceInUse: inUse, RSSPeak: procmem.PeakRSS(), CPU: procmem.CPUTime(),
 	}
 	ws.WithdrawnLoads, ws.WithdrawnBytes = st.Withdrawn.Load(), st.WithdrawnBytes.Load()
 	n, b := s.engine.Cached()

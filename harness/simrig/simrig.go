@@ -341,16 +341,23 @@ func ExpertBytes(cfg model.Config) int64 {
 // measured is what calibration reads of one bench run.
 func measured(r testbed.Run) (sim.Measured, error) {
 	var st struct {
-		DecodeTokensPerS float64          `json:"decode_tokens_per_s"`
-		Decode           []sim.LayerStats `json:"decode_layers"`
-		Prefill          []sim.LayerStats `json:"prefill_layers"`
-		Iterations       []sim.LayerStats `json:"iterations"`
+		DecodeTokensPerS float64            `json:"decode_tokens_per_s"`
+		Decode           []sim.LayerStats   `json:"decode_layers"`
+		Prefill          []sim.LayerStats   `json:"prefill_layers"`
+		Iterations       []sim.LayerStats   `json:"iterations"`
+		DecodeCPU        map[string]float64 `json:"decode_cpu_s"`
 	}
 	if err := json.Unmarshal(r.Stats, &st); err != nil {
 		return sim.Measured{}, fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
 	}
-	return sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill,
-		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}, nil
+	m := sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill,
+		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}
+	// the decode's own CPU, where the nodes said it, for every role the
+	// run's CPU split has
+	if len(r.CPUSeconds) > 0 && len(st.DecodeCPU) == len(r.CPUSeconds) {
+		m.CPUSeconds, m.DecodeCPU = st.DecodeCPU, true
+	}
+	return m, nil
 }
 
 // parseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"
