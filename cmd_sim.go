@@ -60,6 +60,7 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	caseFlag := fs.String("case", "16x256", "the PROMPTxOUTPUT case to calibrate from")
 	out := fs.String("out", "", "write the profile to `FILE` (default: standard output)")
 	cores := fs.Int("cores", -1, "CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0")
+	rigPath := fs.String("rig", "", "the bench's rig `FILE` (its workers' layout, the shadow's lead); default: the path its report.json names")
 	var lf runflags.Log
 	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -72,7 +73,7 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	if err != nil {
 		return err
 	}
-	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores})
+	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores, Rig: *rigPath})
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,11 @@ package sim
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
+
+	"github.com/odmoe/odmoe/sched"
 )
 
 // LayerStats is one layer's figures of a run's -stats (decode_layers,
@@ -34,6 +37,9 @@ type Measured struct {
 	// decode steps alone
 	CPUSeconds map[string]float64
 	DecodeCPU  bool
+	// Recall is the run's shadow recall (eq. 3; 1 without a shadow);
+	// TTFTms its time to the first token.
+	Recall, TTFTms float64
 }
 
 // cpuTokens is what m's CPUSeconds are spread over to give a decode
@@ -104,15 +110,19 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	p.LoadingHopMs = max(0, loadingNet/float64(len(sd))/2-wire)
 	p.dropSameLoadingHop()
 	p.LoadBytesPerS = float64(s.ExpertBytes) / (loadMs / float64(loads) / 1000)
-	if rp := withCalls(resident.Prefill); len(rp) > 0 && resident.Prompt > 0 {
+	if rp := withCalls(resident.Prefill); len(rp) > 0 && resident.Prompt > 1 {
 		var m, w float64
 		for _, l := range rp {
 			m += l.MainMs
 			w += l.WorkerMs
 		}
-		p.MainPrefillTokenMs = m / float64(len(rp)) / float64(resident.Prompt)
-		// the slowest worker of a layer ran about its share of the tokens
-		p.ExpertPrefillTokenMs = w / float64(len(rp)) / (float64(resident.Prompt*s.TopK) / float64(s.Experts))
+		m, w = m/float64(len(rp)), w/float64(len(rp))
+		// the first token costs what a decode token does; the layer's
+		// slowest expert ran its busiest expert's tokens
+		p.MainPrefillTokenMs = max(0, (m-p.MainLayerMs)/float64(resident.Prompt-1))
+		if busiest := expectedBusiest(s, resident.Prompt); busiest > 1 {
+			p.ExpertPrefillTokenMs = max(0, (w-p.ExpertMs)/(busiest-1))
+		}
 	}
 	sh := shadow.CPUSeconds["shadow"]
 	if sh <= 0 || shadow.Output < 2 {
@@ -240,3 +250,143 @@ func moe(s Shape) int {
 	}
 	return len(s.ExpertLayers)
 }
+
+// expectedBusiest is the mean count of tokens the busiest expert of a
+// layer gets of a prompt of n tokens, each routed to TopK distinct experts
+// drawn evenly (as Run draws a prompt's).
+func expectedBusiest(s Shape, n int) float64 {
+	rng := rand.New(rand.NewPCG(0xb05, uint64(n)))
+	count := make([]int, s.Experts)
+	const draws = 256
+	var sum float64
+	for range draws {
+		clear(count)
+		for range n {
+			for _, e := range rng.Perm(s.Experts)[:s.TopK] {
+				count[e]++
+			}
+		}
+		sum += float64(slices.Max(count))
+	}
+	return sum / draws
+}
+
+// FitPrefillMessage returns p with PrefillMessageMs set so that a
+// resident run o (o.Mode is taken to be Resident) on layout takes ttftMs
+// to its first token, as a measured run did. It stays 0 where the
+// timeline without it already takes that long.
+func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
+	o.Mode = Resident
+	ttft := func(ms float64) (float64, error) {
+		q := p
+		q.PrefillMessageMs = ms
+		res, err := Expect(q, layout, s, o, ExpectRuns)
+		return res.TTFTms, err
+	}
+	at, err := ttft(0)
+	if err != nil || at >= ttftMs {
+		p.PrefillMessageMs = 0
+		return p, err
+	}
+	lo, hi := 0.0, ttftMs // no message takes longer than the whole prompt
+	for range 40 {
+		mid := (lo + hi) / 2
+		t, err := ttft(mid)
+		if err != nil {
+			return p, err
+		}
+		if t < ttftMs {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	p.PrefillMessageMs = (lo + hi) / 2
+	return p, nil
+}
+
+// FitShadowPrefill returns p with ShadowPromptMs and
+// ShadowPrefillTokenMs set so that a shadow-driven run o (o.Mode is taken
+// to be Shadow) on layout takes ttftMs to its first token, as a measured
+// run did, their ratio that of the fixed and per-token parts of local
+// (local mode's times to first token: a prompt's tokens each, and the
+// time; one is taken to be all per token); 0 where the nodes have cores
+// of their own, or where the timeline alone already takes that long.
+func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
+	o.Mode = Shadow
+	p.ShadowPromptMs, p.ShadowPrefillTokenMs = 0, 0
+	res, err := Expect(p, layout, s, o, ExpectRuns)
+	if err != nil || p.Cores == 0 || res.TTFTms >= ttftMs || o.Prompt < 1 {
+		return p, err
+	}
+	fixed, perToken := lineFit(local)
+	if perToken <= 0 || fixed < 0 { // no shape to go by: all a token's
+		fixed, perToken = 0, 1
+	}
+	// TTFT grows by scale * (fixed + Prompt * perToken) over the shared cores
+	scale := (ttftMs - res.TTFTms) * p.sharedCores() / (fixed + float64(o.Prompt)*perToken)
+	p.ShadowPromptMs, p.ShadowPrefillTokenMs = scale*fixed, scale*perToken
+	return p, nil
+}
+
+// lineFit is the least-squares line y = a + b x through pts; a = 0 and
+// b = y/x for one x (or none of two different x).
+func lineFit(pts [][2]float64) (a, b float64) {
+	var mx, my float64
+	for _, q := range pts {
+		mx, my = mx+q[0], my+q[1]
+	}
+	if len(pts) == 0 || mx == 0 {
+		return 0, 0
+	}
+	mx, my = mx/float64(len(pts)), my/float64(len(pts))
+	var num, den float64
+	for _, q := range pts {
+		num += (q[0] - mx) * (q[1] - my)
+		den += (q[0] - mx) * (q[0] - mx)
+	}
+	if den == 0 {
+		return 0, my / mx
+	}
+	b = num / den
+	return my - b*mx, b
+}
+
+// FitRouteRepeat returns p with RouteRepeat set so that a shadow-driven
+// run o (o.Mode is taken to be Shadow) on layout loads loadsPerStep
+// experts a decode step, as a measured run did: the model's routing
+// locality, which the loads a token show (a layer that routes the next
+// token to an expert a worker holds for it loads nothing). It stays 0
+// where even drawing every token's experts anew loads no more than that.
+func FitRouteRepeat(p Profile, layout sched.Layout, s Shape, o Options, loadsPerStep float64) (Profile, error) {
+	o.Mode = Shadow
+	loads := func(repeat float64) (float64, error) {
+		q := p
+		q.RouteRepeat = repeat
+		res, err := Expect(q, layout, s, o, ExpectRuns)
+		return float64(res.Loads) / float64(o.Output-1), err
+	}
+	at0, err := loads(0)
+	if err != nil || at0 <= loadsPerStep {
+		p.RouteRepeat = 0
+		return p, err
+	}
+	lo, hi := 0.0, maxRouteRepeat
+	for range 24 {
+		mid := (lo + hi) / 2
+		l, err := loads(mid)
+		if err != nil {
+			return p, err
+		}
+		if l > loadsPerStep {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	p.RouteRepeat = (lo + hi) / 2
+	return p, nil
+}
+
+// maxRouteRepeat is the locality FitRouteRepeat tries at most.
+const maxRouteRepeat = 0.98

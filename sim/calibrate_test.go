@@ -50,18 +50,23 @@ func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
 	}
 	checkFigures(t, []figure{
 		{"main_layer_ms", p.MainLayerMs, 1},
-		{"main_token_ms", p.MainTokenMs, 2},                                  // layer 0's excess
-		{"expert_ms", p.ExpertMs, 2},                                         // the slowest request's compute a call
-		{"hop_ms", p.HopMs, 0.25 - 0.01},                                     // half the round trip less the bytes' time (1000 B at 100 MB/s)
-		{"load_bytes_per_s", p.LoadBytesPerS, float64(s.ExpertBytes) / 4e-3}, // 4 ms a load
-		{"main_prefill_token_ms", p.MainPrefillTokenMs, 0.1},
-		{"expert_prefill_token_ms", p.ExpertPrefillTokenMs, 8 / (16.0 * 2 / 8)},
+		{"main_token_ms", p.MainTokenMs, 2},                                                         // layer 0's excess
+		{"expert_ms", p.ExpertMs, 2},                                                                // the slowest request's compute a call
+		{"hop_ms", p.HopMs, 0.25 - 0.01},                                                            // half the round trip less the bytes' time (1000 B at 100 MB/s)
+		{"load_bytes_per_s", p.LoadBytesPerS, float64(s.ExpertBytes) / 4e-3},                        // 4 ms a load
+		{"main_prefill_token_ms", p.MainPrefillTokenMs, (1.6 - 1) / 15},                             // the first token costs a decode layer's
+		{"expert_prefill_token_ms", p.ExpertPrefillTokenMs, (8 - 2) / (expectedBusiest(s, 16) - 1)}, // the busiest expert's tokens after the first
 		{"shadow_cpu_token_ms", p.ShadowCPUTokenMs, 8},
 		{"shadow_layer_ms", p.ShadowLayerMs, 2},
 		{"main_cpu_token_ms", p.MainCPUTokenMs, 10},
 		{"worker_cpu_expert_ms", p.WorkerCPUExpertMs, 176.0 / (out * 4 * 2)},
 		{"worker_cpu_load_ms", p.WorkerCPULoadMs, 20.0 / 20}, // 20 ms more over 20 loads
 	})
+	// 16 tokens over 8 experts, 2 each: the busiest gets more than the
+	// mean 4, rarely more than 8
+	if b := expectedBusiest(s, 16); b <= 4.5 || b >= 8 {
+		t.Errorf("the busiest of 8 experts gets %v of 16 tokens' 32 routes on average", b)
+	}
 	// the shadow run at 20 tok/s kept this share of 2 cores busy
 	cpu := 10 + 8*(176.0/(out*4*2)) + 20.0/10*1 + 8
 	if !near(p.CPUEfficiency, 20*cpu/2000) {
@@ -185,5 +190,68 @@ func TestMeanProfileAveragesEveryFigure(t *testing.T) {
 	b.LoadingHopMs = 2.6
 	if m := MeanProfile([]Profile{a, b}); !near(m.LoadingHopMs, 1.6) {
 		t.Errorf("loading hops 0 (hop 0.6) and 2.6: mean %v, want 1.6", m.LoadingHopMs)
+	}
+}
+
+// TestRouteRepeatSavesTheLoadsOfKeptExperts: a layer that routes the
+// next token to experts it routed the token before (RouteRepeat) loads
+// fewer experts in shadow mode, where a worker hinted an expert it holds
+// keeps it, and no fewer in reactive mode, where every activation loads.
+func TestRouteRepeatSavesTheLoadsOfKeptExperts(t *testing.T) {
+	p, l, s := testRig(t)
+	o := Options{Prompt: 16, Output: 64, Recall: 1, Ahead: 1}
+	loads := func(mode Mode, repeat float64) int {
+		q := p
+		q.RouteRepeat = repeat
+		o.Mode = mode
+		r, err := Expect(q, l, s, o, ExpectRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Loads
+	}
+	even, kept := loads(Shadow, 0), loads(Shadow, 0.8)
+	if !(kept < even*2/3) {
+		t.Errorf("shadow mode loads %d experts with RouteRepeat 0.8, %d without: want far fewer", kept, even)
+	}
+	if a, b := loads(Reactive, 0), loads(Reactive, 0.8); a != b || a != 63*8*2 {
+		t.Errorf("reactive mode loads %d and %d experts: want every activation's, %d", a, b, 63*8*2)
+	}
+}
+
+// TestFitsRecoverWhatTheyFit: runs simulated with a known routing
+// locality, prompt message cost and shadow prompt cost are fitted back
+// to them from the figures they give.
+func TestFitsRecoverWhatTheyFit(t *testing.T) {
+	p, l, s := testRig(t)
+	p.Cores, p.WorkerCPULoadMs = 2, 0.5
+	want := p
+	want.RouteRepeat, want.PrefillMessageMs, want.ShadowPromptMs, want.ShadowPrefillTokenMs = 0.6, 0.4, 30, 2
+	o := Options{Prompt: 16, Output: 64, Recall: 1, Ahead: 1}
+	measure := func(mode Mode) Result {
+		o.Mode = mode
+		r, err := Expect(want, l, s, o, ExpectRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	resident, shadow := measure(Resident), measure(Shadow)
+	got, err := FitPrefillMessage(p, l, s, o, resident.TTFTms)
+	if err != nil || math.Abs(got.PrefillMessageMs-0.4) > 0.01 {
+		t.Errorf("prefill_message_ms fitted %v (%v), want 0.4", got.PrefillMessageMs, err)
+	}
+	if got, err = FitRouteRepeat(got, l, s, o, float64(shadow.Loads)/float64(o.Output-1)); err != nil || math.Abs(got.RouteRepeat-0.6) > 0.05 {
+		t.Errorf("route_repeat fitted %v (%v), want 0.6", got.RouteRepeat, err)
+	}
+	// the local runs' prompts: 30 ms fixed, 2 a token
+	local := [][2]float64{{16, 30 + 16*2}, {128, 30 + 128*2}}
+	if got, err = FitShadowPrefill(got, l, s, o, shadow.TTFTms, local); err != nil || math.Abs(got.ShadowPromptMs-30) > 1.5 || math.Abs(got.ShadowPrefillTokenMs-2) > 0.1 {
+		t.Errorf("shadow_prompt_ms, shadow_prefill_token_ms fitted %v, %v (%v), want 30, 2", got.ShadowPromptMs, got.ShadowPrefillTokenMs, err)
+	}
+	// with cores of their own, the shadow's prompt costs the TTFT nothing
+	got.Cores = 0
+	if own, _ := FitShadowPrefill(got, l, s, o, shadow.TTFTms, local); own.ShadowPromptMs != 0 || own.ShadowPrefillTokenMs != 0 {
+		t.Errorf("no shared cores, yet the shadow's prompt fitted at %v + %v a token", own.ShadowPromptMs, own.ShadowPrefillTokenMs)
 	}
 }

@@ -55,10 +55,27 @@ type Profile struct {
 	// and a message waits for its node to be scheduled. A rig whose nodes
 	// have their own cores leaves it 0: HopMs.
 	LoadingHopMs float64 `json:"loading_hop_ms,omitempty"`
-	// Prefill: the main node's part of a layer per prompt token, and one
-	// expert on one token of a batch on a worker.
+	// Prefill: what each prompt token after the first adds to the main
+	// node's part of a layer, and to an expert's batch on a worker (the
+	// first costs what a decode token does, MainLayerMs and ExpertMs:
+	// reading the weights, which the batch's other tokens share).
 	MainPrefillTokenMs   float64 `json:"main_prefill_token_ms"`
 	ExpertPrefillTokenMs float64 `json:"expert_prefill_token_ms"`
+	// PrefillMessageMs is what each of a prompt layer's activation
+	// messages holds the main node's link beyond its bytes: sending it,
+	// one after another (on the emulated rig, whose nodes share cores,
+	// the layer's seven or eight messages wait for the main node's turn
+	// on them). Calibrate fits it to the calibration run's time to first
+	// token.
+	PrefillMessageMs float64 `json:"prefill_message_ms,omitempty"`
+	// ShadowPromptMs and ShadowPrefillTokenMs are the CPU the shadow's
+	// pass over a prompt costs, fixed and a token: where the nodes share
+	// cores (Cores) it takes its share of them from the prompt's own
+	// pass. Calibrate takes their shape from the local runs' time to
+	// first token (the whole model's pass over each prompt, one process)
+	// and their size from the calibration's shadow-driven run's.
+	ShadowPromptMs       float64 `json:"shadow_prompt_ms,omitempty"`
+	ShadowPrefillTokenMs float64 `json:"shadow_prefill_token_ms,omitempty"`
 	// Cores, when not 0, is how many CPU cores all the nodes share (the
 	// emulated rig: ten nodes on one machine). Decode then goes no faster
 	// than Cores over the CPU a token costs: the main node's, the
@@ -66,6 +83,13 @@ type Profile struct {
 	// (the main node's and the shadow's at position 0: their attention
 	// adds Layers * *PositionMs a position, on their CPU).
 	Cores int `json:"cores,omitempty"`
+	// RouteRepeat is the chance that a layer routes the next token to
+	// each expert it routed the token before to: the model's routing
+	// locality on the prompts it was measured on, not the rig's (0:
+	// every token's experts drawn anew). Where the shadow hints an expert
+	// the layer kept to the worker that holds it, it is not loaded again.
+	// Calibrate fits it to a shadow run's decode loads a token.
+	RouteRepeat float64 `json:"route_repeat,omitempty"`
 	// CPUEfficiency is the share of the shared cores the nodes keep busy
 	// when they bound decode (0: 1), as calibrated from a CPU-bound run.
 	CPUEfficiency     float64 `json:"cpu_efficiency,omitempty"`
@@ -81,10 +105,13 @@ func (p Profile) Validate() error {
 		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
 		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
 		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs,
-		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs} {
+		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "prefill_message_ms": p.PrefillMessageMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
+	}
+	if p.RouteRepeat < 0 || p.RouteRepeat >= 1 {
+		return fmt.Errorf("sim: profile %q: route_repeat is %v, must be in 0..1 (excluding 1)", p.Name, p.RouteRepeat)
 	}
 	if p.CPUEfficiency < 0 || p.CPUEfficiency > 1 {
 		return fmt.Errorf("sim: profile %q: cpu_efficiency is %v, must be in 0..1 (0: 1)", p.Name, p.CPUEfficiency)
@@ -199,6 +226,9 @@ type run struct {
 	load      float64    // one expert's load (ms)
 	res       Result
 	stall     float64
+	// kept is, per layer, the experts the last decode iteration's
+	// predictions loaded and where: a worker hinted one again keeps it
+	kept []map[int]prediction
 }
 
 // prediction is a load the shadow asked of a worker for an expert.
@@ -218,16 +248,27 @@ func (r *run) prefill() float64 {
 	P := r.o.Prompt
 	count := make([]int, r.s.Experts)
 	for l := range r.s.Layers {
-		need := now + float64(P)*r.p.MainPrefillTokenMs
+		need := now + r.p.MainLayerMs + float64(P-1)*r.p.MainPrefillTokenMs
 		now = need
 		if !r.s.hasExperts(l) {
 			continue
 		}
 		clear(count)
 		for range P {
-			for _, e := range r.route() {
+			for _, e := range r.route(nil) {
 				count[e]++
 			}
+		}
+		// the layer's loads (but in a resident swarm) run at once, one a
+		// worker; on shared cores they share them: none ends before
+		// their CPU over the cores
+		loaded := need
+		if r.o.Mode != Resident && r.p.Cores > 0 {
+			used := 0
+			for _, c := range count {
+				used += min(c, 1)
+			}
+			loaded += float64(used) * r.p.WorkerCPULoadMs / r.p.sharedCores()
 		}
 		for e, c := range count {
 			if c == 0 {
@@ -235,22 +276,38 @@ func (r *run) prefill() float64 {
 			}
 			w := r.layout.PrefillWorker(e)
 			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / r.p.LinkBytesPerS
-			at := r.up.reserve(need, bytes) + bytes + r.latency
+			send := r.p.PrefillMessageMs + bytes
+			at := r.up.reserve(need, send) + send + r.latency
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
-				ready = max(at, r.loadAt(w, need))
+				ready = max(at, r.loadAt(w, need), loaded)
 			}
-			done := r.cpu[w].reserve(ready, float64(c)*r.p.ExpertPrefillTokenMs) + float64(c)*r.p.ExpertPrefillTokenMs
+			compute := r.p.ExpertMs + float64(c-1)*r.p.ExpertPrefillTokenMs
+			done := r.cpu[w].reserve(ready, compute) + compute
 			back := r.down.reserve(done+r.latency, bytes) + bytes
 			now = max(now, back)
 		}
 	}
+	if r.o.Mode == Shadow && r.p.Cores > 0 { // the shadow's pass over the prompt takes its share of the cores
+		now += (r.p.ShadowPromptMs + float64(P)*r.p.ShadowPrefillTokenMs) / r.p.sharedCores()
+	}
 	return now + r.p.MainTokenMs
+}
+
+// sharedCores is the cores the nodes keep busy together: Cores times
+// CPUEfficiency (0: 1).
+func (p Profile) sharedCores() float64 {
+	eff := p.CPUEfficiency
+	if eff <= 0 {
+		eff = 1
+	}
+	return eff * float64(p.Cores)
 }
 
 // decode runs the decode steps from start (the first token's time).
 func (r *run) decode(start float64) Result {
 	steps := r.o.Output - 1
+	var routes [][]int
 	var aligned []float64 // when each iteration's alignment reached the shadow
 	shadowEnd := start    // the shadow's last iteration's end
 	now := start
@@ -265,10 +322,19 @@ func (r *run) decode(start float64) Result {
 			align = r.up.reserve(now, kv) + kv
 		}
 		aligned = append(aligned, align+r.latency)
-		// the routing of this iteration: k distinct experts per layer
-		routes := make([][]int, r.s.Layers)
+		// the routing of this iteration: k distinct experts per layer,
+		// each of the iteration before's kept with RouteRepeat's chance
+		var prev [][]int
+		if it > 0 {
+			prev = routes
+		}
+		routes = make([][]int, r.s.Layers)
 		for l := range routes {
-			routes[l] = r.route()
+			var was []int
+			if prev != nil {
+				was = prev[l]
+			}
+			routes[l] = r.route(was)
 		}
 		var predicted []map[int]prediction // per layer: expert -> its load
 		if r.o.Mode == Shadow {
@@ -303,14 +369,10 @@ func (r *run) decode(start float64) Result {
 	r.res.DecodeTokensPerS = float64(steps) / ((now - start) / 1000)
 	r.res.StallFraction = r.stall / (now - start)
 	if r.p.Cores > 0 {
-		eff := r.p.CPUEfficiency
-		if eff <= 0 {
-			eff = 1
-		}
 		// the mean decode position: the CPU a token costs grows with it
 		pos := float64(r.o.Prompt) + float64(steps-1)/2
 		cpu := r.p.tokenCPUMs(r.s, float64(r.res.Loads)/float64(steps), r.o.Mode == Shadow, pos)
-		if bound := eff * float64(r.p.Cores) * 1000 / cpu; cpu > 0 && bound < r.res.DecodeTokensPerS {
+		if bound := r.p.sharedCores() * 1000 / cpu; cpu > 0 && bound < r.res.DecodeTokensPerS {
 			r.res.DecodeTokensPerS, r.res.CPUBound = bound, true
 		}
 	}
@@ -329,9 +391,24 @@ func (p Profile) tokenCPUMs(s Shape, loadsPerToken float64, shadow bool, pos flo
 	return cpu
 }
 
-// route is a layer's k distinct experts, in id order.
-func (r *run) route() []int {
-	e := r.rng.Perm(r.s.Experts)[:r.s.TopK]
+// route is a layer's k distinct experts, in id order: each of was (the
+// layer's experts the token before; nil: none) kept with RouteRepeat's
+// chance, the rest drawn from the experts not yet chosen.
+func (r *run) route(was []int) []int {
+	e := make([]int, 0, r.s.TopK)
+	for _, x := range was {
+		if r.p.RouteRepeat > 0 && r.rng.Float64() < r.p.RouteRepeat {
+			e = append(e, x)
+		}
+	}
+	for _, x := range r.rng.Perm(r.s.Experts) {
+		if len(e) == r.s.TopK {
+			break
+		}
+		if !slices.Contains(e, x) {
+			e = append(e, x)
+		}
+	}
 	slices.Sort(e)
 	return e
 }
@@ -366,11 +443,26 @@ func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]pre
 		slices.Sort(guess)
 		for i, e := range guess {
 			w := r.layout.DecodeWorker(l, i)
+			if k, ok := r.keptOn(l, e); ok && k.worker == w { // still held there: no load
+				out[l][e] = prediction{worker: w, arrive: arrive, loaded: k.loaded}
+				continue
+			}
 			r.res.Loads++
 			out[l][e] = prediction{worker: w, arrive: arrive, loaded: r.loadAt(w, arrive)}
 		}
 	}
+	r.kept = out
 	return out
+}
+
+// keptOn is where the last iteration's predictions loaded expert e of
+// layer l, if they did.
+func (r *run) keptOn(l, e int) (prediction, bool) {
+	if l >= len(r.kept) {
+		return prediction{}, false
+	}
+	k, ok := r.kept[l][e]
+	return k, ok
 }
 
 // layer runs one decode layer's experts whose activations leave the main
@@ -389,6 +481,9 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 		case Reactive:
 			r.res.MissesWrong++ // nothing is predicted
 			ready = r.demand(w, at)
+			if r.p.Cores > 0 { // the layer's loads run at once, sharing the cores
+				ready = max(ready, at+float64(len(experts))*r.p.WorkerCPULoadMs/r.p.sharedCores())
+			}
 		case Shadow:
 			switch pr, ok := predicted[e]; {
 			case !ok:
@@ -447,3 +542,37 @@ func (tl *timeline) reserve(t, dur float64) float64 {
 	}
 	return start
 }
+
+// Expect is Run's expectation: the mean of runs runs of o (seeds o.Seed,
+// o.Seed+1, ...), since a run draws its routing and its predictions'
+// misses: a prompt of 16 tokens' busiest expert, which sets its layer's
+// time, varies by a sixth from draw to draw. Loads and misses are the
+// runs' means rounded; CPUBound is the first run's.
+func Expect(p Profile, layout sched.Layout, s Shape, o Options, runs int) (Result, error) {
+	var mean Result
+	var loads, late, wrong int
+	for i := range max(runs, 1) {
+		q := o
+		q.Seed = o.Seed + uint64(i)
+		r, err := Run(p, layout, s, q)
+		if err != nil {
+			return r, err
+		}
+		if i == 0 {
+			mean.CPUBound = r.CPUBound
+		}
+		mean.TTFTms += r.TTFTms
+		mean.DecodeTokensPerS += r.DecodeTokensPerS
+		mean.StallFraction += r.StallFraction
+		loads, late, wrong = loads+r.Loads, late+r.MissesLate, wrong+r.MissesWrong
+	}
+	n := float64(max(runs, 1))
+	mean.TTFTms /= n
+	mean.DecodeTokensPerS /= n
+	mean.StallFraction /= n
+	mean.Loads, mean.MissesLate, mean.MissesWrong = int(float64(loads)/n+0.5), int(float64(late)/n+0.5), int(float64(wrong)/n+0.5)
+	return mean, nil
+}
+
+// ExpectRuns is how many runs Expect averages where odmoe sim predicts.
+const ExpectRuns = 8

@@ -43,7 +43,7 @@ func Predict(o PredictOptions, stdout io.Writer) error {
 		return err
 	}
 	c := o.Case
-	res, err := sim.Run(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed})
+	res, err := sim.Expect(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed}, sim.ExpectRuns)
 	if err != nil {
 		return err
 	}
@@ -70,6 +70,10 @@ type CalibrateOptions struct {
 	Bench string       // a bench rig output directory (its report.json) with resident and shadow runs
 	Case  testbed.Case // the case to calibrate from
 	Cores int          // CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0
+	// Rig is the bench's rig file (its workers' layout, the shadow's
+	// lead), for fitting the routing's locality; "": the report's own
+	// path, else its worker nodes in groups of the model's top-k
+	Rig string
 }
 
 // Calibrate fits a profile to a bench rig directory's resident and shadow
@@ -132,7 +136,121 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	}
 	p := sim.MeanProfile(ps)
 	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the mean of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
-	return p, nil
+	// the routing's locality, from the shadow runs' decode loads a step
+	layout, ahead, err := benchLayout(rep, o.Rig)
+	if err != nil {
+		return p, fmt.Errorf("sim calibrate: %w", err)
+	}
+	// the prompt's messages' cost, from the resident runs' TTFT
+	var ttfts []float64
+	for _, m := range runs[testbed.ModeResident][:n] {
+		ttfts = append(ttfts, m.TTFTms)
+	}
+	slices.Sort(ttfts)
+	ttft := ttfts[(n-1)/2] // the median, as validate compares
+	if p, err = sim.FitPrefillMessage(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output}, ttft); err != nil {
+		return p, fmt.Errorf("sim calibrate: fitting the prompt's messages: %w", err)
+	}
+	ttfts = ttfts[:0]
+	for _, m := range runs[testbed.ModeShadow][:n] {
+		ttfts = append(ttfts, m.TTFTms)
+	}
+	slices.Sort(ttfts)
+	var loads, recall float64
+	for _, m := range runs[testbed.ModeShadow][:n] {
+		for _, l := range m.Decode {
+			loads += float64(l.Loads) / float64(max(m.Output-1, 1))
+		}
+		recall += m.Recall
+	}
+	shadowRun := sim.Options{Prompt: c.Prompt, Output: c.Output, Recall: recall / float64(n), Ahead: ahead, AlignKV: 1}
+	p, err = sim.FitRouteRepeat(p, layout, shape, shadowRun, loads/float64(n))
+	if err != nil {
+		return p, fmt.Errorf("sim calibrate: fitting the routing's locality: %w", err)
+	}
+	// the shadow's pass over the prompt, from the shadow runs' TTFT
+	if p, err = sim.FitShadowPrefill(p, layout, shape, shadowRun, ttfts[(n-1)/2], localTTFTs(rep)); err != nil {
+		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
+	}
+	return p, p.Validate()
+}
+
+// localTTFTs are the local runs' prompt lengths and median times to
+// first token: the whole model's pass over each prompt in one process.
+func localTTFTs(rep *testbed.Report) [][2]float64 {
+	var out [][2]float64
+	for _, r := range rep.Runs {
+		if r.Mode != testbed.ModeLocal {
+			continue
+		}
+		var st struct {
+			TTFTms float64 `json:"ttft_ms"`
+		}
+		if json.Unmarshal(r.Stats, &st) == nil && st.TTFTms > 0 {
+			out = append(out, [2]float64{float64(r.Prompt), medianTTFT(r, st.TTFTms)})
+		}
+	}
+	return out
+}
+
+// medianTTFT is the median time to first token of r's repeats (the
+// lower of the middle two), or ttft, r's own, when it has none: the run
+// a report keeps is its median decode's, and its own TTFT is one draw.
+func medianTTFT(r testbed.Run, ttft float64) float64 {
+	var ts []float64
+	for _, rr := range r.Repeats {
+		var st struct {
+			TTFTms float64 `json:"ttft_ms"`
+		}
+		if json.Unmarshal(rr.Stats, &st) == nil && st.TTFTms > 0 {
+			ts = append(ts, st.TTFTms)
+		}
+	}
+	if len(ts) == 0 {
+		return ttft
+	}
+	slices.Sort(ts)
+	return ts[(len(ts)-1)/2]
+}
+
+// benchLayout is the worker layout and the shadow's lead of a bench's
+// rig: from rigFile, or the report's rig path, or else its worker nodes
+// in groups of its model's top-k and the shadow's default lead.
+func benchLayout(rep *testbed.Report, rigFile string) (sched.Layout, int, error) {
+	for _, path := range []string{rigFile, rep.Rig} {
+		if path == "" {
+			continue
+		}
+		rig, err := testbed.ReadRig(path)
+		if err != nil {
+			if path == rigFile {
+				return sched.Layout{}, 0, err
+			}
+			continue // the report's path, read elsewhere than it ran
+		}
+		_, cfg, err := Shape(rep.Model)
+		if err != nil {
+			return sched.Layout{}, 0, err
+		}
+		layout, err := rigLayout(rig, cfg)
+		if err != nil {
+			return layout, 0, err
+		}
+		ahead, err := shadowAhead(rig)
+		return layout, ahead, err
+	}
+	_, cfg, err := Shape(rep.Model)
+	if err != nil {
+		return sched.Layout{}, 0, err
+	}
+	workers := 0
+	for _, n := range rep.Nodes {
+		if f := strings.Fields(n); len(f) > 1 && f[1] == "worker" {
+			workers++
+		}
+	}
+	layout, err := sched.NewLayout(workers, cfg.TopK)
+	return layout, shadow.DefaultAhead, err
 }
 
 // ValidateOptions say what Validate checks, against what.
@@ -181,8 +299,9 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 		if st.Recall != nil {
 			recall = *st.Recall
 		}
+		st.TTFTms = medianTTFT(r, st.TTFTms)
 		// bench rig aligns the shadow every iteration (testbed.MainFlags)
-		res, err := sim.Run(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed})
+		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed}, sim.ExpectRuns)
 		if err != nil {
 			return err
 		}
@@ -346,12 +465,17 @@ func measured(r testbed.Run) (sim.Measured, error) {
 		Prefill          []sim.LayerStats   `json:"prefill_layers"`
 		Iterations       []sim.LayerStats   `json:"iterations"`
 		DecodeCPU        map[string]float64 `json:"decode_cpu_s"`
+		Recall           *float64           `json:"recall"`
+		TTFTms           float64            `json:"ttft_ms"`
 	}
 	if err := json.Unmarshal(r.Stats, &st); err != nil {
 		return sim.Measured{}, fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
 	}
 	m := sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill,
-		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations}
+		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations, Recall: 1, TTFTms: st.TTFTms}
+	if st.Recall != nil {
+		m.Recall = *st.Recall
+	}
 	// the decode's own CPU, where the nodes said it, for every role the
 	// run's CPU split has
 	if len(r.CPUSeconds) > 0 && len(st.DecodeCPU) == len(r.CPUSeconds) {
