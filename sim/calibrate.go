@@ -276,6 +276,7 @@ func expectedBusiest(s Shape, n int) float64 {
 // to its first token, as a measured run did. It stays 0 where the
 // timeline without it already takes that long.
 func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
+	o.Output = 2 // the first token is all it times
 	o.Mode = Resident
 	ttft := func(ms float64) (float64, error) {
 		q := p
@@ -305,6 +306,44 @@ func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftM
 	return p, nil
 }
 
+// FitPrefillLoads returns p with PrefillLoadCPUMs set so that a reactive
+// run o (o.Mode is taken to be Reactive) on layout takes ttftMs to its
+// first token, as a measured run did; unchanged where the nodes have
+// cores of their own.
+func FitPrefillLoads(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
+	o.Output = 2 // the first token is all it times
+	if p.Cores == 0 {
+		return p, nil
+	}
+	o.Mode = Reactive
+	ttft := func(ms float64) (float64, error) {
+		q := p
+		q.PrefillLoadCPUMs = ms
+		res, err := Expect(q, layout, s, o, ExpectRuns)
+		return res.TTFTms, err
+	}
+	// a load's CPU somewhere between nothing and the whole prompt's time
+	lo, hi := 1e-6, ttftMs
+	if t, err := ttft(lo); err != nil || t >= ttftMs {
+		p.PrefillLoadCPUMs = lo
+		return p, err
+	}
+	for range 40 {
+		mid := (lo + hi) / 2
+		t, err := ttft(mid)
+		if err != nil {
+			return p, err
+		}
+		if t < ttftMs {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	p.PrefillLoadCPUMs = (lo + hi) / 2
+	return p, nil
+}
+
 // FitShadowPrefill returns p with ShadowPromptMs and
 // ShadowPrefillTokenMs set so that a shadow-driven run o (o.Mode is taken
 // to be Shadow) on layout takes ttftMs to its first token, as a measured
@@ -313,6 +352,7 @@ func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftM
 // time; one is taken to be all per token); 0 where the nodes have cores
 // of their own, or where the timeline alone already takes that long.
 func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
+	o.Output = 2 // the first token is all it times
 	o.Mode = Shadow
 	p.ShadowPromptMs, p.ShadowPrefillTokenMs = 0, 0
 	res, err := Expect(p, layout, s, o, ExpectRuns)

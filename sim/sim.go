@@ -42,10 +42,17 @@ type Profile struct {
 	ShadowLayerMs float64 `json:"shadow_layer_ms"`
 	ShadowTokenMs float64 `json:"shadow_token_ms"`
 	// ExpertMs is one expert on one token on a worker; LoadMs and
-	// LoadBytesPerS make an expert load (LoadMs + bytes / LoadBytesPerS).
+	// LoadBytesPerS make an expert load (LoadMs + bytes / LoadBytesPerS),
+	// or LoadMs and a worker's own link (Options.LoadRates): LoadMs is
+	// then what a load costs beyond crossing the link (reading the
+	// store, decompressing).
 	ExpertMs      float64 `json:"expert_ms"`
 	LoadMs        float64 `json:"load_ms"`
 	LoadBytesPerS float64 `json:"load_bytes_per_s"`
+	// WorkerLinks says LoadMs is a load's cost beyond its worker's own
+	// link (WithLinks): the rig's links (Options.LoadRates) are to be
+	// given with it.
+	WorkerLinks bool `json:"worker_links,omitempty"`
 	// HopMs is one message's latency; LinkBytesPerS its links' rate.
 	HopMs         float64 `json:"hop_ms"`
 	LinkBytesPerS float64 `json:"link_bytes_per_s"`
@@ -76,6 +83,12 @@ type Profile struct {
 	// and their size from the calibration's shadow-driven run's.
 	ShadowPromptMs       float64 `json:"shadow_prompt_ms,omitempty"`
 	ShadowPrefillTokenMs float64 `json:"shadow_prefill_token_ms,omitempty"`
+	// PrefillLoadCPUMs, when not 0, is the CPU a prompt's load costs
+	// instead of WorkerCPULoadMs (a decode load's): where the nodes share
+	// cores, the prompt's loads, all at once, take it from the others.
+	// Calibrate fits it to a reactive run's time to first token, where
+	// the bench made one.
+	PrefillLoadCPUMs float64 `json:"prefill_load_cpu_ms,omitempty"`
 	// Cores, when not 0, is how many CPU cores all the nodes share (the
 	// emulated rig: ten nodes on one machine). Decode then goes no faster
 	// than Cores over the CPU a token costs: the main node's, the
@@ -105,7 +118,7 @@ func (p Profile) Validate() error {
 		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
 		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
 		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs,
-		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "prefill_message_ms": p.PrefillMessageMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs} {
+		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "prefill_message_ms": p.PrefillMessageMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs, "prefill_load_cpu_ms": p.PrefillLoadCPUMs} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
@@ -167,6 +180,10 @@ type Options struct {
 	// measured (odmoe tune-align).
 	AlignKV int
 	Seed    uint64
+	// LoadRates, when set, are the workers' own links (bytes a second,
+	// one a worker; 0: unpaced): a heterogeneous rig's -load-bw. A load
+	// on worker w then takes Profile.LoadMs + bytes / LoadRates[w].
+	LoadRates []float64
 }
 
 // Result is what the run would measure.
@@ -206,9 +223,21 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	if o.Mode != Resident && p.LoadingHopMs > 0 {
 		hop = p.LoadingHopMs
 	}
+	if o.LoadRates != nil && len(o.LoadRates) != layout.Workers {
+		return Result{}, fmt.Errorf("sim: %d workers' load rates for %d workers", len(o.LoadRates), layout.Workers)
+	}
 	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
 		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
-		latency: hop, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS, load: p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS}
+		latency: hop, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS, load: make([]float64, layout.Workers)}
+	for w := range r.load {
+		r.load[w] = p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS
+		if o.LoadRates != nil {
+			r.load[w] = p.LoadMs
+			if rate := o.LoadRates[w]; rate > 0 {
+				r.load[w] += 1000 * float64(s.ExpertBytes) / rate
+			}
+		}
+	}
 	r.res.TTFTms = r.prefill()
 	return r.decode(r.res.TTFTms), nil
 }
@@ -223,7 +252,7 @@ type run struct {
 	up, down  timeline   // the main node's link, each way
 	latency   float64    // a message's latency in this mode (ms)
 	wire      float64    // a hidden state's time on a link (ms)
-	load      float64    // one expert's load (ms)
+	load      []float64  // one expert's load on each worker (ms)
 	res       Result
 	stall     float64
 	// kept is, per layer, the experts the last decode iteration's
@@ -260,15 +289,16 @@ func (r *run) prefill() float64 {
 			}
 		}
 		// the layer's loads (but in a resident swarm) run at once, one a
-		// worker; on shared cores they share them: none ends before
-		// their CPU over the cores
-		loaded := need
+		// worker; on shared cores their CPU is the other nodes' lost time
+		var loadsCPU float64
 		if r.o.Mode != Resident && r.p.Cores > 0 {
-			used := 0
-			for _, c := range count {
-				used += min(c, 1)
+			perLoad := r.p.WorkerCPULoadMs
+			if r.p.PrefillLoadCPUMs > 0 {
+				perLoad = r.p.PrefillLoadCPUMs
 			}
-			loaded += float64(used) * r.p.WorkerCPULoadMs / r.p.sharedCores()
+			for _, c := range count {
+				loadsCPU += float64(min(c, 1)) * perLoad / r.p.sharedCores()
+			}
 		}
 		for e, c := range count {
 			if c == 0 {
@@ -280,13 +310,14 @@ func (r *run) prefill() float64 {
 			at := r.up.reserve(need, send) + send + r.latency
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
-				ready = max(at, r.loadAt(w, need), loaded)
+				ready = max(at, r.loadAt(w, need))
 			}
 			compute := r.p.ExpertMs + float64(c-1)*r.p.ExpertPrefillTokenMs
 			done := r.cpu[w].reserve(ready, compute) + compute
 			back := r.down.reserve(done+r.latency, bytes) + bytes
 			now = max(now, back)
 		}
+		now += loadsCPU
 	}
 	if r.o.Mode == Shadow && r.p.Cores > 0 { // the shadow's pass over the prompt takes its share of the cores
 		now += (r.p.ShadowPromptMs + float64(P)*r.p.ShadowPrefillTokenMs) / r.p.sharedCores()
@@ -513,7 +544,7 @@ func (r *run) demand(w int, at float64) float64 {
 }
 
 // loadAt books a load on w's link from at and returns when it ends.
-func (r *run) loadAt(w int, at float64) float64 { return r.link[w].reserve(at, r.load) + r.load }
+func (r *run) loadAt(w int, at float64) float64 { return r.link[w].reserve(at, r.load[w]) + r.load[w] }
 
 // timeline is one resource's busy intervals, in start order: a task is
 // put in the first gap at or after its ready time that fits it.
@@ -541,6 +572,34 @@ func (tl *timeline) reserve(t, dur float64) float64 {
 		tl.busy = tl.busy[len(tl.busy)-128:]
 	}
 	return start
+}
+
+// WithLinks returns p with its load time split for a rig whose workers'
+// links move rates bytes a second (-load-bw; 0: unpaced), one a worker:
+// LoadMs is then what a load costs beyond its link, the calibrated mean
+// load (LoadMs + bytes / LoadBytesPerS, loads spread evenly over the
+// workers) less the mean link time; LoadBytesPerS, for a rig of one
+// link, their mean rate.
+func (p Profile) WithLinks(s Shape, rates []float64) Profile {
+	if len(rates) == 0 {
+		return p
+	}
+	mean := p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS
+	var link, sum float64
+	paced := 0
+	for _, r := range rates {
+		if r > 0 {
+			link += 1000 * float64(s.ExpertBytes) / r
+			sum += r
+			paced++
+		}
+	}
+	link /= float64(len(rates))
+	p.LoadMs, p.WorkerLinks = max(0, mean-link), true
+	if paced > 0 {
+		p.LoadBytesPerS = sum / float64(paced)
+	}
+	return p
 }
 
 // Expect is Run's expectation: the mean of runs runs of o (seeds o.Seed,

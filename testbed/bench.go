@@ -390,6 +390,44 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	return f
 }
 
+// listeningMark is what a worker or shadow logs once it listens, ready.
+const listeningMark = "wire: listening"
+
+// logSizes are the sizes of the rig's nodes' logs in logDir now (a node
+// started again appends to its log).
+func logSizes(opt BenchOptions, logDir string) map[string]int64 {
+	sizes := map[string]int64{}
+	for _, n := range opt.Rig.Nodes() {
+		if fi, err := os.Stat(filepath.Join(logDir, n.Name+".log")); err == nil {
+			sizes[n.Name] = fi.Size()
+		}
+	}
+	return sizes
+}
+
+// waitListening waits until every server has logged, past the size its
+// log had before it started (from), that it listens; it fails if one
+// exits first or the timeout passes.
+func waitListening(servers []*Proc, logDir string, from map[string]int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, p := range servers {
+		path := filepath.Join(logDir, p.Node.Name+".log")
+		for {
+			if b, err := os.ReadFile(path); err == nil && int64(len(b)) > from[p.Node.Name] && bytes.Contains(b[from[p.Node.Name]:], []byte(listeningMark)) {
+				break
+			}
+			if p.Exited() {
+				return fmt.Errorf("testbed: %s %w before it listened; its log: %s", p.Node.Name, errExited, path)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("testbed: %s did not listen within %v; its log: %s", p.Node.Name, timeout, path)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
 // keptOfModes is keptRuns of each mode's repeats, in mode order.
 func keptOfModes(repeats [][][]Run) []Run {
 	var out []Run
@@ -409,10 +447,16 @@ func benchMode(opt BenchOptions, mode Mode, rep int, done []Run) ([]Run, error) 
 	defer func() { StopAll(servers, 10*time.Second) }()
 	if mode != ModeLocal {
 		var err error
+		from := logSizes(opt, logDir)
 		if servers, err = StartServers(opt, mode, logDir); err != nil {
 			return nil, err
 		}
 		opt.Log.Info().Str("mode", string(mode)).Int("servers", len(servers)).Str("logs", logDir).Msg("rig nodes started")
+		// a node pins experts, fills its host cache or quantizes before
+		// it listens: that CPU is no run's
+		if err := waitListening(servers, logDir, from, rigDialTimeout); err != nil {
+			return nil, err
+		}
 	}
 	var runs []Run
 	for i, c := range opt.Cases {

@@ -38,12 +38,16 @@ type PredictOptions struct {
 // Predict predicts one case on a rig whose parts cost what a profile
 // says, each node on its own CPU and link, and prints it.
 func Predict(o PredictOptions, stdout io.Writer) error {
-	p, _, layout, shape, err := setup(o.Profile, o.Rig, o.Model)
+	p, rig, layout, shape, err := setup(o.Profile, o.Rig, o.Model)
+	if err != nil {
+		return err
+	}
+	rates, err := rigLoadRates(rig)
 	if err != nil {
 		return err
 	}
 	c := o.Case
-	res, err := sim.Expect(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed}, sim.ExpectRuns)
+	res, err := sim.Expect(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed, LoadRates: linkRates(p, rates)}, sim.ExpectRuns)
 	if err != nil {
 		return err
 	}
@@ -88,7 +92,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	// each mode's runs of the case: every repeat when the bench repeated it
 	runs := map[testbed.Mode][]sim.Measured{}
 	for _, r := range rep.Runs {
-		if r.Case != want || (r.Mode != testbed.ModeResident && r.Mode != testbed.ModeShadow) {
+		if r.Case != want || (r.Mode != testbed.ModeResident && r.Mode != testbed.ModeShadow && r.Mode != testbed.ModeReactive) {
 			continue
 		}
 		repeats := r.Repeats
@@ -137,10 +141,15 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	p := sim.MeanProfile(ps)
 	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the mean of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
 	// the routing's locality, from the shadow runs' decode loads a step
-	layout, ahead, err := benchLayout(rep, o.Rig)
+	br, err := benchLayout(rep, o.Rig)
 	if err != nil {
 		return p, fmt.Errorf("sim calibrate: %w", err)
 	}
+	layout, ahead := br.layout, br.ahead
+	if slices.ContainsFunc(br.rates, func(r float64) bool { return r > 0 }) {
+		p = p.WithLinks(shape, br.rates) // a load: its link, and the rest
+	}
+	rates := linkRates(p, br.rates)
 	// the prompt's messages' cost, from the resident runs' TTFT
 	var ttfts []float64
 	for _, m := range runs[testbed.ModeResident][:n] {
@@ -148,8 +157,15 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	}
 	slices.Sort(ttfts)
 	ttft := ttfts[(n-1)/2] // the median, as validate compares
-	if p, err = sim.FitPrefillMessage(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output}, ttft); err != nil {
+	if p, err = sim.FitPrefillMessage(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}, ttft); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the prompt's messages: %w", err)
+	}
+	// the prompt's loads' CPU, from the reactive runs' TTFT, where the
+	// bench made them
+	if reactive := medianOf(runs[testbed.ModeReactive], func(m sim.Measured) float64 { return m.TTFTms }); reactive > 0 {
+		if p, err = sim.FitPrefillLoads(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}, reactive); err != nil {
+			return p, fmt.Errorf("sim calibrate: fitting the prompt's loads: %w", err)
+		}
 	}
 	ttfts = ttfts[:0]
 	for _, m := range runs[testbed.ModeShadow][:n] {
@@ -163,7 +179,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		}
 		recall += m.Recall
 	}
-	shadowRun := sim.Options{Prompt: c.Prompt, Output: c.Output, Recall: recall / float64(n), Ahead: ahead, AlignKV: 1}
+	shadowRun := sim.Options{Prompt: c.Prompt, Output: c.Output, Recall: recall / float64(n), Ahead: ahead, AlignKV: 1, LoadRates: rates}
 	p, err = sim.FitRouteRepeat(p, layout, shape, shadowRun, loads/float64(n))
 	if err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the routing's locality: %w", err)
@@ -173,6 +189,20 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
 	}
 	return p, p.Validate()
+}
+
+// medianOf is the median of f over ms (the lower of the middle two), 0
+// for none.
+func medianOf(ms []sim.Measured, f func(sim.Measured) float64) float64 {
+	if len(ms) == 0 {
+		return 0
+	}
+	vs := make([]float64, len(ms))
+	for i, m := range ms {
+		vs[i] = f(m)
+	}
+	slices.Sort(vs)
+	return vs[(len(vs)-1)/2]
 }
 
 // localTTFTs are the local runs' prompt lengths and median times to
@@ -213,10 +243,15 @@ func medianTTFT(r testbed.Run, ttft float64) float64 {
 	return ts[(len(ts)-1)/2]
 }
 
-// benchLayout is the worker layout and the shadow's lead of a bench's
-// rig: from rigFile, or the report's rig path, or else its worker nodes
-// in groups of its model's top-k and the shadow's default lead.
-func benchLayout(rep *testbed.Report, rigFile string) (sched.Layout, int, error) {
+// benchLayout is what calibration needs of a bench's rig (benchRig):
+// from rigFile, or the report's rig path, or else its worker nodes in
+// groups of its model's top-k, the shadow's default lead, and the links
+// unknown.
+func benchLayout(rep *testbed.Report, rigFile string) (benchRig, error) {
+	_, cfg, err := Shape(rep.Model)
+	if err != nil {
+		return benchRig{}, err
+	}
 	for _, path := range []string{rigFile, rep.Rig} {
 		if path == "" {
 			continue
@@ -224,24 +259,19 @@ func benchLayout(rep *testbed.Report, rigFile string) (sched.Layout, int, error)
 		rig, err := testbed.ReadRig(path)
 		if err != nil {
 			if path == rigFile {
-				return sched.Layout{}, 0, err
+				return benchRig{}, err
 			}
 			continue // the report's path, read elsewhere than it ran
 		}
-		_, cfg, err := Shape(rep.Model)
-		if err != nil {
-			return sched.Layout{}, 0, err
+		var b benchRig
+		if b.layout, err = rigLayout(rig, cfg); err != nil {
+			return b, err
 		}
-		layout, err := rigLayout(rig, cfg)
-		if err != nil {
-			return layout, 0, err
+		if b.ahead, err = shadowAhead(rig); err != nil {
+			return b, err
 		}
-		ahead, err := shadowAhead(rig)
-		return layout, ahead, err
-	}
-	_, cfg, err := Shape(rep.Model)
-	if err != nil {
-		return sched.Layout{}, 0, err
+		b.rates, err = rigLoadRates(rig)
+		return b, err
 	}
 	workers := 0
 	for _, n := range rep.Nodes {
@@ -250,7 +280,15 @@ func benchLayout(rep *testbed.Report, rigFile string) (sched.Layout, int, error)
 		}
 	}
 	layout, err := sched.NewLayout(workers, cfg.TopK)
-	return layout, shadow.DefaultAhead, err
+	return benchRig{layout: layout, ahead: shadow.DefaultAhead}, err
+}
+
+// benchRig is what calibration needs of a bench's rig: its workers'
+// layout, the shadow's lead, and the workers' links (nil: not known).
+type benchRig struct {
+	layout sched.Layout
+	ahead  int
+	rates  []float64
 }
 
 // ValidateOptions say what Validate checks, against what.
@@ -272,6 +310,10 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 		return err
 	}
 	ahead, err := shadowAhead(rig)
+	if err != nil {
+		return err
+	}
+	rates, err := rigLoadRates(rig)
 	if err != nil {
 		return err
 	}
@@ -301,7 +343,7 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 		}
 		st.TTFTms = medianTTFT(r, st.TTFTms)
 		// bench rig aligns the shadow every iteration (testbed.MainFlags)
-		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed}, sim.ExpectRuns)
+		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed, LoadRates: linkRates(p, rates)}, sim.ExpectRuns)
 		if err != nil {
 			return err
 		}
@@ -548,6 +590,33 @@ func rigLayout(rig *testbed.Rig, cfg model.Config) (sched.Layout, error) {
 		return sched.Layout{}, err
 	}
 	return sched.NewLayout(len(rig.Workers), cmp.Or(f.Group, cfg.TopK))
+}
+
+// linkRates are the rig's links (rates) where p takes them
+// (Profile.WorkerLinks), else nil: p's own LoadBytesPerS.
+func linkRates(p sim.Profile, rates []float64) []float64 {
+	if p.WorkerLinks {
+		return rates
+	}
+	return nil
+}
+
+// rigLoadRates are the rig's workers' -load-bw (bytes a second; 0:
+// unpaced), one a worker in the rig's order.
+func rigLoadRates(rig *testbed.Rig) ([]float64, error) {
+	var rates []float64
+	for _, w := range rig.Workers {
+		f, err := w.FlagsAs(runflags.RoleWorker)
+		if err != nil {
+			return nil, err
+		}
+		bw, err := runflags.ParseBytes(f.LoadBW)
+		if err != nil {
+			return nil, fmt.Errorf("rig %s, worker %s: -load-bw %q: %w", rig.Path, w.Name, f.LoadBW, err)
+		}
+		rates = append(rates, float64(bw))
+	}
+	return rates, nil
 }
 
 // ReadProfile reads a sim.Profile from a JSON file.
