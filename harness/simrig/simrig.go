@@ -146,6 +146,19 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: %w", err)
 	}
 	layout, ahead := br.layout, br.ahead
+	// a load's time from the reactive runs where the bench made them: a
+	// load on demand waits for no other, where the shadow's, many at
+	// once, queue on their links and share the cores
+	var demandMs float64
+	var demands int
+	for _, m := range runs[testbed.ModeReactive] {
+		for _, l := range m.Decode {
+			demandMs, demands = demandMs+l.LoadMs, demands+l.Loads
+		}
+	}
+	if demands > 0 {
+		p.LoadMs, p.LoadBytesPerS = 0, float64(shape.ExpertBytes)/(demandMs/float64(demands)/1000)
+	}
 	if slices.ContainsFunc(br.rates, func(r float64) bool { return r > 0 }) {
 		p = p.WithLinks(shape, br.rates) // a load: its link, and the rest
 	}
