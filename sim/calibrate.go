@@ -17,6 +17,7 @@ type LayerStats struct {
 	MainMs    float64 `json:"main_ms"`
 	WorkerMs  float64 `json:"worker_ms"`  // the slowest request's compute
 	NetworkMs float64 `json:"network_ms"` // round trips, the slowest request's
+	StallMs   float64 `json:"stall_ms"`   // the wait for the slowest request's load
 	LoadMs    float64 `json:"load_ms"`
 	Loads     int     `json:"loads"`
 }
@@ -87,7 +88,19 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	p.MainPositionMs, p.ShadowPositionMs = slope, slope
 	resPos, shPos := meanDecodePosition(resident), meanDecodePosition(shadow)
 	p.MainLayerMs = max(0, main-slope*resPos)
+	// the rest of a token: what its decode time holds beyond its layers'
+	// main time (the mean of layers 1.. for each) and experts: layer 0's
+	// excess (the embedding, or all of what ran since the last pass, as
+	// older figures counted it) and the output head and sampling between
+	// passes; without the rate, layer 0's excess alone
 	p.MainTokenMs = max(0, rd[0].MainMs/float64(rd[0].Calls)-main)
+	if resident.DecodeTokensPerS > 0 && len(rd) == moe(s) {
+		layersMs := float64(len(rd)) * main
+		for _, l := range rd {
+			layersMs += (l.WorkerMs + l.NetworkMs) / float64(l.Calls)
+		}
+		p.MainTokenMs = max(0, 1000/resident.DecodeTokensPerS-layersMs)
+	}
 	p.ExpertMs = worker
 	wire := 1000 * float64(s.HiddenBytes) / linkBytesPerS
 	p.HopMs = max(0, network/2-wire)
@@ -154,13 +167,15 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	return p, p.Validate()
 }
 
-// MeanProfile is the profile whose every figure is the mean of ps' (the
-// calibrations on each run of a repeated case: a shared machine's speed
-// drifts between runs); its name, sources and cores are ps[0]'s. The
-// figures whose 0 stands for another value are averaged as that value:
-// a LoadingHopMs of 0 as HopMs (and dropped again as Calibrate drops
-// it), a CPUEfficiency of 0 as 1.
-func MeanProfile(ps []Profile) Profile {
+// MedianProfile is the profile whose every figure is the median of ps'
+// (the mean of the middle two for an even count): the calibrations on
+// each run of a repeated case, as a shared machine's speed drifts between
+// runs (and a run a fifth faster than the other two would pull a mean
+// off what the median run measured); its name, sources and cores are
+// ps[0]'s. The figures whose 0 stands for another value count as that
+// value: a LoadingHopMs of 0 as HopMs (and dropped again as Calibrate
+// drops it), a CPUEfficiency of 0 as 1.
+func MedianProfile(ps []Profile) Profile {
 	if len(ps) == 0 {
 		return Profile{}
 	}
@@ -175,15 +190,17 @@ func MeanProfile(ps []Profile) Profile {
 	}
 	out := ps[0]
 	v := reflect.ValueOf(&out).Elem()
+	vs := make([]float64, len(ps))
 	for f := range v.NumField() {
 		if v.Field(f).Kind() != reflect.Float64 {
 			continue
 		}
-		var sum float64
-		for _, p := range ps {
-			sum += reflect.ValueOf(p).Field(f).Float()
+		for i, p := range ps {
+			vs[i] = reflect.ValueOf(p).Field(f).Float()
 		}
-		v.Field(f).SetFloat(sum / float64(len(ps)))
+		slices.Sort(vs)
+		n := len(vs)
+		v.Field(f).SetFloat((vs[(n-1)/2] + vs[n/2]) / 2)
 	}
 	out.dropSameLoadingHop()
 	return out

@@ -170,25 +170,30 @@ func TestCalibrateTakesTheContextsGrowthOut(t *testing.T) {
 	})
 }
 
-// TestMeanProfileAveragesEveryFigure: each float figure is the mean of
-// the profiles'; name, sources and cores are the first's; a 0 that
-// stands for another figure counts as that figure.
-func TestMeanProfileAveragesEveryFigure(t *testing.T) {
+// TestMedianProfileTakesEveryFiguresMedian: each float figure is the
+// median of the profiles' (of two, their mean; of three, the middle
+// one); name, sources and cores are the first's; a 0 that stands for
+// another figure counts as that figure.
+func TestMedianProfileTakesEveryFiguresMedian(t *testing.T) {
 	a := Profile{Name: "a", Sources: []string{"s"}, Cores: 2, MainLayerMs: 1, HopMs: 0.5, LoadBytesPerS: 1e9, LinkBytesPerS: 1e8, CPUEfficiency: 0.5, MainPositionMs: 0.002}
 	b := Profile{Name: "b", Cores: 2, MainLayerMs: 3, HopMs: 1.5, LoadBytesPerS: 3e9, LinkBytesPerS: 1e8, CPUEfficiency: 1, LoadingHopMs: 2}
-	m := MeanProfile([]Profile{a, b})
+	m := MedianProfile([]Profile{a, b})
 	want := Profile{Name: "a", Sources: []string{"s"}, Cores: 2, MainLayerMs: 2, HopMs: 1, LoadBytesPerS: 2e9, LinkBytesPerS: 1e8, CPUEfficiency: 0.75, MainPositionMs: 0.001, LoadingHopMs: 1.25} // a's loading hop: its hop, 0.5
 	if !reflect.DeepEqual(m, want) {
-		t.Fatalf("MeanProfile = %+v\nwant %+v", m, want)
+		t.Fatalf("MedianProfile = %+v\nwant %+v", m, want)
+	}
+	c := Profile{Name: "c", Cores: 2, MainLayerMs: 10, HopMs: 1, LoadBytesPerS: 1e9, LinkBytesPerS: 1e8}
+	if m := MedianProfile([]Profile{a, b, c}); m.MainLayerMs != 3 || m.HopMs != 1 || m.LoadBytesPerS != 1e9 {
+		t.Errorf("of three: main_layer_ms %v (want 3), hop_ms %v (1), load_bytes_per_s %v (1e9)", m.MainLayerMs, m.HopMs, m.LoadBytesPerS)
 	}
 	// a's loading hop of 0 is its hop, 0.6: the mean 0.75 is within 10%
 	// of the mean hop 0.7 (left 0); b's efficiency of 0 is 1
 	a.HopMs, b.HopMs, b.LoadingHopMs, b.CPUEfficiency = 0.6, 0.8, 0.9, 0
-	if m := MeanProfile([]Profile{a, b}); m.LoadingHopMs != 0 || !near(m.CPUEfficiency, 0.75) {
+	if m := MedianProfile([]Profile{a, b}); m.LoadingHopMs != 0 || !near(m.CPUEfficiency, 0.75) {
 		t.Errorf("loading hops 0 (hop 0.6) and 0.9 (hop 0.8): %v; efficiencies 0.5 and 0 (1): %v; want 0 and 0.75", m.LoadingHopMs, m.CPUEfficiency)
 	}
 	b.LoadingHopMs = 2.6
-	if m := MeanProfile([]Profile{a, b}); !near(m.LoadingHopMs, 1.6) {
+	if m := MedianProfile([]Profile{a, b}); !near(m.LoadingHopMs, 1.6) {
 		t.Errorf("loading hops 0 (hop 0.6) and 2.6: mean %v, want 1.6", m.LoadingHopMs)
 	}
 }

@@ -129,7 +129,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		}
 	}
 	name := fmt.Sprintf("calibrated from %s (%s, case %s, %s)", o.Bench, rep.Machine.CPU, o.Case.String(), rep.Date)
-	// a profile for each repeat (its resident and shadow runs), averaged
+	// a profile for each repeat (its resident and shadow runs), their median
 	var ps []sim.Profile
 	for i := range n {
 		p, err := sim.Calibrate(name, shape, shared, rate, runs[testbed.ModeResident][i], runs[testbed.ModeShadow][i])
@@ -138,8 +138,8 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		}
 		ps = append(ps, p)
 	}
-	p := sim.MeanProfile(ps)
-	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the mean of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
+	p := sim.MedianProfile(ps)
+	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the median of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
 	// the routing's locality, from the shadow runs' decode loads a step
 	br, err := benchLayout(rep, o.Rig)
 	if err != nil {
@@ -148,16 +148,18 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	layout, ahead := br.layout, br.ahead
 	// a load's time from the reactive runs where the bench made them: a
 	// load on demand waits for no other, where the shadow's, many at
-	// once, queue on their links and share the cores
-	var demandMs float64
-	var demands int
+	// once, queue on their links and share the cores; the wait a layer
+	// has for its slowest (its stall), since a layer's loads run at once
+	// and the slower of two is what the layer waits for
+	var stallMs float64
+	var calls int
 	for _, m := range runs[testbed.ModeReactive] {
 		for _, l := range m.Decode {
-			demandMs, demands = demandMs+l.LoadMs, demands+l.Loads
+			stallMs, calls = stallMs+l.StallMs, calls+l.Calls
 		}
 	}
-	if demands > 0 {
-		p.LoadMs, p.LoadBytesPerS = 0, float64(shape.ExpertBytes)/(demandMs/float64(demands)/1000)
+	if calls > 0 && stallMs > 0 {
+		p.LoadMs, p.LoadBytesPerS = 0, float64(shape.ExpertBytes)/(stallMs/float64(calls)/1000)
 	}
 	if slices.ContainsFunc(br.rates, func(r float64) bool { return r > 0 }) {
 		p = p.WithLinks(shape, br.rates) // a load: its link, and the rest

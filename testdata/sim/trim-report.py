@@ -14,9 +14,9 @@ def run(x, deep):
     y['stats'] = stats(x['stats'], deep and x['mode'] == 'resident')
     if 'repeats' in x:
         # every repeat's TTFT (validate compares the median); the
-        # calibration case's resident and shadow runs whole
+        # calibration case's resident, reactive and shadow runs whole
         y['repeats'] = [run(z, True) if deep else {'stats': {'ttft_ms': z['stats']['ttft_ms']}} for z in x['repeats']]
     return y
-r['runs'] = [run(x, x['case'] == cal and x['mode'] in ('resident', 'shadow')) for x in r['runs']]
+r['runs'] = [run(x, x['case'] == cal and x['mode'] in ('resident', 'shadow', 'reactive')) for x in r['runs']]
 r['model'] = model
 json.dump(r, open(dst, 'w'), indent=1)
