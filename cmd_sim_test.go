@@ -80,7 +80,7 @@ func TestSimCalibratesFromRecordedRigRuns(t *testing.T) {
 		rows, ratios    int
 		ttftBar         float64 // TTFT's bar off the calibration case
 		ratioBar        float64 // shadow/resident's
-		attention       bool // the context's growth measurable: Mixtral-sized attention, not the tiny preset's
+		attention       bool    // the context's growth measurable: Mixtral-sized attention, not the tiny preset's
 	}{
 		{"testdata/sim/paper-rig-r9", "testbed/rigs/paper.rig", "16x256", 12, 4, 0.15, 0.15, true},
 		{"testdata/sim/loopback-tiny", "testbed/rigs/loopback.rig", "16x64", 6, 2, 0.15, 0.15, false},
