@@ -293,34 +293,11 @@ func expectedBusiest(s Shape, n int) float64 {
 // to its first token, as a measured run did. It stays 0 where the
 // timeline without it already takes that long.
 func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
-	o.Output = 2 // the first token is all it times
 	o.Mode = Resident
-	ttft := func(ms float64) (float64, error) {
-		q := p
-		q.PrefillMessageMs = ms
-		res, err := Expect(q, layout, s, o, ExpectRuns)
-		return res.TTFTms, err
-	}
-	at, err := ttft(0)
-	if err != nil || at >= ttftMs {
-		p.PrefillMessageMs = 0
-		return p, err
-	}
-	lo, hi := 0.0, ttftMs // no message takes longer than the whole prompt
-	for range 40 {
-		mid := (lo + hi) / 2
-		t, err := ttft(mid)
-		if err != nil {
-			return p, err
-		}
-		if t < ttftMs {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	p.PrefillMessageMs = (lo + hi) / 2
-	return p, nil
+	// no message takes longer than the whole prompt
+	v, err := bisectTTFT(p, layout, s, o, ttftMs, 0, ttftMs, func(q *Profile, v float64) { q.PrefillMessageMs = v })
+	p.PrefillMessageMs = v
+	return p, err
 }
 
 // FitPrefillLoads returns p with PrefillLoadCPUMs set so that a reactive
@@ -328,28 +305,35 @@ func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftM
 // first token, as a measured run did; unchanged where the nodes have
 // cores of their own.
 func FitPrefillLoads(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
-	o.Output = 2 // the first token is all it times
 	if p.Cores == 0 {
 		return p, nil
 	}
 	o.Mode = Reactive
-	ttft := func(ms float64) (float64, error) {
+	// a load's CPU somewhere between nothing and the whole prompt's time
+	v, err := bisectTTFT(p, layout, s, o, ttftMs, 1e-6, ttftMs, func(q *Profile, v float64) { q.PrefillLoadCPUMs = v })
+	p.PrefillLoadCPUMs = v
+	return p, err
+}
+
+// bisectTTFT returns the value between lo and hi of the figure set sets
+// at which a run o takes ttftMs to its first token (the time rising with
+// the figure), or lo where it takes that long already.
+func bisectTTFT(p Profile, layout sched.Layout, s Shape, o Options, ttftMs, lo, hi float64, set func(*Profile, float64)) (float64, error) {
+	o.Output = 2 // the first token is all it times
+	ttft := func(v float64) (float64, error) {
 		q := p
-		q.PrefillLoadCPUMs = ms
+		set(&q, v)
 		res, err := Expect(q, layout, s, o, ExpectRuns)
 		return res.TTFTms, err
 	}
-	// a load's CPU somewhere between nothing and the whole prompt's time
-	lo, hi := 1e-6, ttftMs
 	if t, err := ttft(lo); err != nil || t >= ttftMs {
-		p.PrefillLoadCPUMs = lo
-		return p, err
+		return lo, err
 	}
 	for range 40 {
 		mid := (lo + hi) / 2
 		t, err := ttft(mid)
 		if err != nil {
-			return p, err
+			return lo, err
 		}
 		if t < ttftMs {
 			lo = mid
@@ -357,8 +341,7 @@ func FitPrefillLoads(p Profile, layout sched.Layout, s Shape, o Options, ttftMs 
 			hi = mid
 		}
 	}
-	p.PrefillLoadCPUMs = (lo + hi) / 2
-	return p, nil
+	return (lo + hi) / 2, nil
 }
 
 // FitShadowPrefill returns p with ShadowPromptMs and
