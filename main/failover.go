@@ -334,7 +334,7 @@ func (s *Swarm) watchShadow(p *wire.Peer) {
 		s.stats.Faults.ShadowLost++
 		s.mu.Unlock()
 		s.opt.Log.Warn().Str("shadow", p.Identity().Name).Err(err).
-			Msg("mainnode: shadow lost; loading reactively until it answers again")
+			Msg("mainnode: shadow lost; " + s.withoutShadow() + " until it answers again")
 		s.startRedialShadow()
 	})
 }
@@ -399,4 +399,13 @@ func (s *Swarm) attachShadow() {
 	s.stats.Faults.ShadowReattached++
 	s.mu.Unlock()
 	s.opt.Log.Info().Str("shadow", p.Identity().Name).Msg("mainnode: shadow attached; each sequence is sent whole before it predicts")
+}
+
+// withoutShadow says what the swarm does while its shadow is away: a
+// resident swarm runs on as it is, any other loads on demand.
+func (s *Swarm) withoutShadow() string {
+	if s.opt.Prefetch == Resident {
+		return "running without its predictions (every expert is resident)"
+	}
+	return "loading reactively"
 }

@@ -208,8 +208,6 @@ func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
 	}
 }
 
-// addShadow records the shadow's recall, late departures and running
-// ahead (after addWorkers: the workers' withdrawn loads count in it).
 // addDecodeCPU records what each role's CPU cost over decode: the main
 // node's own, the workers' since their figures at decode's start (those
 // recorded last, by addWorkers, are at its end), and the shadow's.
@@ -221,7 +219,10 @@ func (rs *RunStats) addDecodeCPU(main time.Duration, workersAtStart []*wire.Work
 	var workers time.Duration
 	heard := len(workersAtStart) > 0 && len(workersAtStart) == len(rs.Workers)
 	for i := range workersAtStart {
-		a, b := workersAtStart[i], rs.Workers[min(i, len(rs.Workers)-1)]
+		if !heard {
+			break
+		}
+		a, b := workersAtStart[i], rs.Workers[i]
 		if a == nil || b == nil || a.CPU <= 0 || b.CPU < a.CPU {
 			heard = false
 			break
@@ -239,6 +240,8 @@ func (rs *RunStats) addDecodeCPU(main time.Duration, workersAtStart []*wire.Work
 	}
 }
 
+// addShadow records the shadow's recall, late departures and running
+// ahead (after addWorkers: the workers' withdrawn loads count in it).
 func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.Recall = &sh.Recall
 	if sh.PeakRSS > 0 {

@@ -138,9 +138,9 @@ func TestTwoSequencesWithTheShadow(t *testing.T) {
 // TestResidentSwarmWithTheShadow: the resident swarm may run the shadow
 // beside it (bench rig's resident-shadow, the baseline that pays the
 // shadow's CPU): aligned every iteration, the shadow predicts as in shadow
-// mode, its hints land on the experts' owners, which pinned them at start,
-// so nothing but the pins is ever loaded, and the output is still local
-// mode's bit for bit.
+// mode, its hints go to the experts' owners, which pinned them at start
+// (and a resident worker loads on no prediction), so nothing but the pins
+// is ever loaded, and the output is still local mode's bit for bit.
 func TestResidentSwarmWithTheShadow(t *testing.T) {
 	f := newSwarmFixture(t, 4)
 	local, mainModel := loadModels(t, f)

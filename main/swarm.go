@@ -230,7 +230,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		s.sendPlacement(opt.Shadow)
 		s.watchShadow(opt.Shadow)
 	case s.shadow != nil:
-		s.opt.Log.Warn().Msg("mainnode: the shadow is not reachable: loading reactively until it answers")
+		s.opt.Log.Warn().Msg("mainnode: the shadow is not reachable: " + s.withoutShadow() + " until it answers")
 		s.startRedialShadow()
 	}
 	return s, nil

@@ -404,7 +404,8 @@ func FitRouteRepeat(p Profile, layout sched.Layout, s Shape, o Options, loadsPer
 		q := p
 		q.RouteRepeat = repeat
 		res, err := Expect(q, layout, s, o, ExpectRuns)
-		return float64(res.Loads) / float64(o.Output-1), err
+		// a run's figures count the loads a request used
+		return float64(res.Loads-res.WastedLoads) / float64(o.Output-1), err
 	}
 	at0, err := loads(0)
 	if err != nil || at0 <= loadsPerStep {

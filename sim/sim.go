@@ -195,8 +195,12 @@ type Result struct {
 	DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
 	StallFraction    float64 `json:"stall_fraction"` // decode time spent waiting for loads
 	Loads            int     `json:"expert_loads"`
-	MissesLate       int     `json:"misses_late"`  // predicted, but the prediction came after the activation
-	MissesWrong      int     `json:"misses_wrong"` // not predicted (every load of a reactive swarm)
+	// WastedLoads are the loads of predictions no activation used (a
+	// shadow's wrong guesses), counted in Loads too: a run's figures
+	// count a layer's loads only where a request used them.
+	WastedLoads int `json:"wasted_loads,omitempty"`
+	MissesLate  int `json:"misses_late"`  // predicted, but the prediction came after the activation
+	MissesWrong int `json:"misses_wrong"` // not predicted (every load of a reactive swarm)
 	// CPUBound: the shared cores, not the timeline, set the decode rate
 	// (Profile.Cores).
 	CPUBound bool `json:"cpu_bound,omitempty"`
@@ -482,6 +486,9 @@ func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]pre
 				continue
 			}
 			r.res.Loads++
+			if !slices.Contains(experts, e) {
+				r.res.WastedLoads++
+			}
 			out[l][e] = prediction{worker: w, arrive: arrive, loaded: r.loadAt(w, arrive)}
 		}
 	}
@@ -582,25 +589,23 @@ func (tl *timeline) reserve(t, dur float64) float64 {
 // LoadMs is then what a load costs beyond its link, the calibrated mean
 // load (LoadMs + bytes / LoadBytesPerS, loads spread evenly over the
 // workers) less the mean link time; LoadBytesPerS, for a rig of one
-// link, their mean rate.
+// link (a sweep), the rate whose load takes that mean link time.
 func (p Profile) WithLinks(s Shape, rates []float64) Profile {
 	if len(rates) == 0 {
 		return p
 	}
 	mean := p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS
-	var link, sum float64
-	paced := 0
+	var link float64
 	for _, r := range rates {
 		if r > 0 {
 			link += 1000 * float64(s.ExpertBytes) / r
-			sum += r
-			paced++
 		}
 	}
 	link /= float64(len(rates))
 	p.LoadMs, p.WorkerLinks = max(0, mean-link), true
-	if paced > 0 {
-		p.LoadBytesPerS = sum / float64(paced)
+	if link > 0 {
+		// a rig of one link: the rate whose load takes the mean link time
+		p.LoadBytesPerS = 1000 * float64(s.ExpertBytes) / link
 	}
 	return p
 }
@@ -612,7 +617,7 @@ func (p Profile) WithLinks(s Shape, rates []float64) Profile {
 // runs' means rounded; CPUBound is the first run's.
 func Expect(p Profile, layout sched.Layout, s Shape, o Options, runs int) (Result, error) {
 	var mean Result
-	var loads, late, wrong int
+	var loads, wasted, late, wrong int
 	for i := range max(runs, 1) {
 		q := o
 		q.Seed = o.Seed + uint64(i)
@@ -626,13 +631,14 @@ func Expect(p Profile, layout sched.Layout, s Shape, o Options, runs int) (Resul
 		mean.TTFTms += r.TTFTms
 		mean.DecodeTokensPerS += r.DecodeTokensPerS
 		mean.StallFraction += r.StallFraction
-		loads, late, wrong = loads+r.Loads, late+r.MissesLate, wrong+r.MissesWrong
+		loads, wasted, late, wrong = loads+r.Loads, wasted+r.WastedLoads, late+r.MissesLate, wrong+r.MissesWrong
 	}
 	n := float64(max(runs, 1))
 	mean.TTFTms /= n
 	mean.DecodeTokensPerS /= n
 	mean.StallFraction /= n
-	mean.Loads, mean.MissesLate, mean.MissesWrong = int(float64(loads)/n+0.5), int(float64(late)/n+0.5), int(float64(wrong)/n+0.5)
+	mean.Loads, mean.WastedLoads = int(float64(loads)/n+0.5), int(float64(wasted)/n+0.5)
+	mean.MissesLate, mean.MissesWrong = int(float64(late)/n+0.5), int(float64(wrong)/n+0.5)
 	return mean, nil
 }
 

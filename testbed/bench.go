@@ -270,6 +270,9 @@ func Bench(opt BenchOptions) (*Report, error) {
 func nodeFlags(opt BenchOptions, via Via, n Node, role string) runflags.Flags {
 	f, _ := n.FlagsAs(role) // checked by ReadRig
 	f.Cluster.Certs, f.Cluster.Name = via.Paths(n).Certs, n.Name
+	if role != runflags.RoleMain && (f.Log.Level == "warn" || f.Log.Level == "error") {
+		f.Log.Level = "info" // the bench waits for a server's "listening" line (waitListening)
+	}
 	if opt.NetDelay > 0 {
 		f.Cluster.NetDelay = opt.NetDelay
 	}

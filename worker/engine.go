@@ -70,6 +70,11 @@ type Engine struct {
 	// (set before the first load); nil: every load fills Host.
 	tiers *hostTiers
 
+	// PinnedOnly, set before the first prediction, makes a prediction of
+	// an expert the engine does not hold a no-op instead of a load: a
+	// resident worker's (-resident), whose pinned experts are all it is
+	// ever asked to run, beside a shadow hinting as in shadow mode.
+	PinnedOnly bool
 	// OnLoad, if set before the first load, is told of every load that
 	// succeeded: which expert and when it ran (for traces).
 	OnLoad func(layer, expert int, start, end time.Time)
@@ -221,6 +226,10 @@ func (e *Engine) Prefetch(ctx context.Context, step model.Step, layer int, exper
 			s.hold(step.Seq, step.Iter)
 			e.mu.Unlock()
 			continue
+		}
+		if e.PinnedOnly {
+			e.mu.Unlock()
+			continue // a resident worker's: nobody will ask it for an expert it does not hold
 		}
 		s := e.newSlotLocked(k, true)
 		s.hold(step.Seq, step.Iter)

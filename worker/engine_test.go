@@ -143,6 +143,35 @@ func TestRunEqualsLocalExpertBitForBit(t *testing.T) {
 	}
 }
 
+// TestAResidentWorkerLoadsOnNoPrediction: with PinnedOnly (a resident
+// worker beside a shadow), a prediction of an expert it pinned holds it
+// and one of an expert it does not hold loads nothing; a request is
+// still served from the pinned expert without a load.
+func TestAResidentWorkerLoadsOnNoPrediction(t *testing.T) {
+	f := tinyFixture(t)
+	h := f.model.Config.HiddenSize
+	arena, _ := NewArena(64 << 20)
+	e := NewEngine(f.store, h, NewCPU(arena, NewLink(0)), zerolog.Nop())
+	defer e.Close()
+	ctx := context.Background()
+	if err := e.Pin(ctx, 1, []int{2}); err != nil {
+		t.Fatal(err)
+	}
+	e.PinnedOnly = true
+	loads := e.Stats.Loads.Load()
+	e.Prefetch(ctx, model.Step{Seq: 1, Iter: 2}, 1, []int{2, 3, 4})
+	e.wg.Wait()
+	if got := e.Stats.Loads.Load(); got != loads || e.Resident() != 1 {
+		t.Fatalf("predictions of experts 2 (pinned), 3 and 4: %d loads, %d resident; want none and 1", got-loads, e.Resident())
+	}
+	x := randomInput(1, h, 3)
+	out := make([]float32, h)
+	res, err := e.Run(ctx, model.Step{Seq: 1, Iter: 2}, 1, 2, x, 1, out, Evict)
+	if err != nil || res.Miss || res.Loaded || !sameBits(out, localExpert(f.model, 1, 2, x, 1)) {
+		t.Fatalf("the pinned expert: %v, miss %v, loaded %v", err, res.Miss, res.Loaded)
+	}
+}
+
 // TestBudgetIsNeverExceeded: with room for one expert, a second hinted
 // expert is refused (counted), the request for it still succeeds as a
 // miss once the first is done, and the peak stays within the budget.

@@ -88,6 +88,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	}
 	if err == nil && o.ResidentOf > 0 {
 		err = pinResident(ctx, eng, st, o.ResidentIndex, o.ResidentOf, o.Quiet, d.Log)
+		eng.PinnedOnly = true
 	}
 	if err != nil {
 		eng.Close()
