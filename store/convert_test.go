@@ -223,10 +223,11 @@ func checkGptOssStore(t *testing.T, preset string) {
 		}
 	}
 	if w13, _ := st.ix.find(0, 0, W13); w13.dtype == kernels.MXFP4 {
-		// the codes in K shards, the scales in one more of their own
+		// the codes in their shards, the scales in one more of their own
 		codes := w13.rows * w13.cols / 2
-		if lo, hi := w13.shardRange(len(w13.shards) - 1); len(w13.shards) != DefaultShards+1 || lo != codes || hi != codes+w13.rows*w13.cols/32 {
-			t.Errorf("MXFP4 w13 of %d shards, the last [%d, %d); want %d, the scales [%d, %d)", len(w13.shards), lo, hi, DefaultShards+1, codes, codes+w13.rows*w13.cols/32)
+		want := min(DefaultShards, max(1, codes/minShardElems)) + 1
+		if lo, hi := w13.shardRange(len(w13.shards) - 1); len(w13.shards) != want || lo != codes || hi != codes+w13.rows*w13.cols/32 {
+			t.Errorf("MXFP4 w13 of %d shards, the last [%d, %d); want %d, the scales [%d, %d)", len(w13.shards), lo, hi, want, codes, codes+w13.rows*w13.cols/32)
 		}
 	} else if preset == "gpt-oss-tiny-mxfp4" {
 		t.Fatalf("%s's store holds %v experts", preset, w13.dtype)
@@ -346,6 +347,29 @@ func readsBackEveryExpert(t *testing.T, st *Store, m *model.Model, each func(l, 
 			if each != nil {
 				each(l, e, got)
 			}
+		}
+	}
+}
+
+// TestShardsHoldAtLeastTheirMinimum: a tensor is cut into K shards only
+// where each holds minShardElems; a smaller one gets fewer, at least one;
+// a scaled format's codes follow the same rule, its scales one more.
+func TestShardsHoldAtLeastTheirMinimum(t *testing.T) {
+	for _, c := range []struct {
+		rows, cols, k int
+		dtype         kernels.DType
+		want          int
+	}{
+		{256, 128, 8, kernels.BF16, 1},     // a tiny expert's tensor: 32K elements
+		{512, 512, 8, kernels.BF16, 4},     // 256K: four of 64K
+		{3584, 1024, 8, kernels.BF16, 8},   // the small preset's: K
+		{3584, 1024, 16, kernels.BF16, 16}, // K of 229K each
+		{256, 64, 8, kernels.MXFP4, 2},     // 8K code bytes in one, the scales in another
+		{2880, 5760, 8, kernels.MXFP4, 9},  // gpt-oss-120b's w13: K and the scales
+	} {
+		te := &tensorEntry{kind: W1, dtype: c.dtype, rows: c.rows, cols: c.cols}
+		if got := shardCount(te, c.k); got != c.want {
+			t.Errorf("%v %dx%d, K %d: %d shards, want %d", c.dtype, c.rows, c.cols, c.k, got, c.want)
 		}
 	}
 }

@@ -252,21 +252,30 @@ func shardRange(n, shards, i int) (lo, hi int) {
 	return int(int64(i) * int64(n) / int64(shards)), int(int64(i+1) * int64(n) / int64(shards))
 }
 
-// shardCount is the number of shards tensor t gets: K, or one per
-// element below that; one for a bias (a row of a few thousand elements,
-// decoded in microseconds: more shards would cost more in chunk headers
-// and tables than they save); and for MXFP4 and F8E4M3, its codes' shards and one
-// more for its scales (shardRange).
+// shardCount is the number of shards tensor t gets: K, or fewer where
+// a shard would hold less than minShardElems (a tiny expert's 32K-element
+// tensor in 8 shards cost 24 chunk reads, checksums and huff0 tables a
+// load, 0.35 ms of CPU against its 0.03 ms of compute); one for a bias (a
+// row of a few thousand elements, decoded in microseconds: more shards
+// would cost more in chunk headers and tables than they save); and for
+// MXFP4 and F8E4M3, its codes' shards and one more for its scales
+// (shardRange). Readers take the count each tensor's index entry gives.
 func shardCount(t *tensorEntry, k int) int {
 	n := t.elems()
 	switch {
 	case t.kind == B13 || t.kind == B2:
 		return min(n, 1)
 	case t.dtype.HasScales() && n > 0:
-		return min(t.codeBytes(), k) + 1
+		codes := t.codeBytes()
+		return min(codes, k, max(1, codes/minShardElems)) + 1
 	}
-	return min(n, k)
+	return min(n, k, max(1, n/minShardElems))
 }
+
+// minShardElems is the fewest elements a shard is cut to hold (but a
+// tensor's only one): below it, a shard's chunk read, checksum and huff0
+// table cost more than decoding it in parallel saves.
+const minShardElems = 64 << 10
 
 // shardRange is the element range [lo, hi) of t's shard i: an even split
 // of its elements, except that an MXFP4 or F8E4M3 tensor of two shards
