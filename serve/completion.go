@@ -61,6 +61,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		if err := s.decodeBody(w, r, &req); err != nil {
 			return nil, err
 		}
+		if err := checkUnhonoured(req.unhonoured()...); err != nil {
+			return nil, err
+		}
 		return s.chatJob(&req)
 	}, s.chatShape)
 }
@@ -69,6 +72,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	s.answer(w, r, "completions", func() (*job, error) {
 		var req completionRequest
 		if err := s.decodeBody(w, r, &req); err != nil {
+			return nil, err
+		}
+		if err := checkUnhonoured(req.samplingFields.unhonoured()...); err != nil {
 			return nil, err
 		}
 		return s.completionJob(&req)

@@ -1,15 +1,22 @@
 package serve
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 )
 
 // The request and response bodies of OpenAI's chat completions and
 // (legacy) completions APIs, as far as odmoe serves them. Unknown request
-// fields are ignored, as OpenAI-compatible servers do; known ones odmoe
-// cannot honour (n > 1, logprobs, echo, ...) are refused by name.
+// fields are ignored, as OpenAI-compatible servers do; every field
+// OpenAI's reference defines is honoured, or is one that cannot change
+// the answer (user, metadata, store, service_tier, prompt_cache_key,
+// safety_identifier, parallel_tool_calls), or is accepted at its neutral
+// value alone and otherwise refused by name (unhonoured: n > 1, logprobs,
+// echo, penalties, response formats, ...), so that no client is answered
+// as if it had not asked.
 
 // samplingFields are the fields both endpoints share.
 type samplingFields struct {
@@ -27,7 +34,11 @@ type samplingFields struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	Logprobs    json.RawMessage `json:"logprobs"`
-	TopLogprobs *int            `json:"top_logprobs"`
+	TopLogprobs json.RawMessage `json:"top_logprobs"`
+	// not acted on (yet): accepted at their neutral values only
+	FrequencyPenalty json.RawMessage `json:"frequency_penalty"`
+	PresencePenalty  json.RawMessage `json:"presence_penalty"`
+	LogitBias        json.RawMessage `json:"logit_bias"`
 	// IgnoreEOS keeps generating past an end-of-sequence token (vLLM's
 	// and llama-server's extension; benchmarks use it).
 	IgnoreEOS bool `json:"ignore_eos"`
@@ -43,6 +54,17 @@ type chatRequest struct {
 	// ChatTemplateKwargs are extra template variables (vLLM's extension),
 	// e.g. {"enable_thinking": false} for Qwen3.
 	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
+	// not acted on (yet): accepted at their neutral values only
+	ToolChoice       json.RawMessage `json:"tool_choice"`
+	ResponseFormat   json.RawMessage `json:"response_format"`
+	Functions        json.RawMessage `json:"functions"`
+	FunctionCall     json.RawMessage `json:"function_call"`
+	Audio            json.RawMessage `json:"audio"`
+	Modalities       json.RawMessage `json:"modalities"`
+	Prediction       json.RawMessage `json:"prediction"`
+	ReasoningEffort  json.RawMessage `json:"reasoning_effort"`
+	Verbosity        json.RawMessage `json:"verbosity"`
+	WebSearchOptions json.RawMessage `json:"web_search_options"`
 }
 
 type completionRequest struct {
@@ -154,4 +176,65 @@ func (e *apiError) body() any {
 
 func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// unhonoured is one request field odmoe does not act on: the JSON values
+// (compact) at which acting on it changes nothing, and why it is refused
+// otherwise.
+type unhonoured struct {
+	name    string
+	value   json.RawMessage
+	neutral []string
+	why     string
+}
+
+// check refuses u by name unless it is absent, null or neutral.
+func (u unhonoured) check() error {
+	if len(u.value) == 0 || string(u.value) == "null" {
+		return nil
+	}
+	var compact bytes.Buffer
+	if json.Compact(&compact, u.value) == nil && slices.Contains(u.neutral, compact.String()) {
+		return nil
+	}
+	return badRequest(u.name, "%s %s is not supported: %s", u.name, u.value, u.why)
+}
+
+// checkUnhonoured refuses the first of us set to other than its neutral
+// value.
+func checkUnhonoured(us ...unhonoured) error {
+	for _, u := range us {
+		if err := u.check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// samplingUnhonoured are the fields both endpoints share that odmoe does
+// not act on.
+func (f *samplingFields) unhonoured() []unhonoured {
+	const sampling = "odmoe samples from the model's logits as they are (temperature, top_p, top_k, seed)"
+	return []unhonoured{
+		{"top_logprobs", f.TopLogprobs, []string{"0"}, "logprobs are not returned"},
+		{"frequency_penalty", f.FrequencyPenalty, []string{"0", "0.0"}, sampling},
+		{"presence_penalty", f.PresencePenalty, []string{"0", "0.0"}, sampling},
+		{"logit_bias", f.LogitBias, []string{"{}"}, sampling},
+	}
+}
+
+// unhonoured are the chat fields odmoe does not act on.
+func (r *chatRequest) unhonoured() []unhonoured {
+	return append(r.samplingFields.unhonoured(),
+		unhonoured{"tool_choice", r.ToolChoice, []string{`"none"`, `"auto"`}, "the tools reach the chat template and the model answers as it will; a call cannot be forced"},
+		unhonoured{"response_format", r.ResponseFormat, []string{`{"type":"text"}`}, "output is not constrained to JSON"},
+		unhonoured{"functions", r.Functions, []string{"[]"}, "give tools instead"},
+		unhonoured{"function_call", r.FunctionCall, []string{`"none"`, `"auto"`}, "a call cannot be forced"},
+		unhonoured{"audio", r.Audio, nil, "the models here read and write text"},
+		unhonoured{"modalities", r.Modalities, []string{`["text"]`}, "the models here read and write text"},
+		unhonoured{"prediction", r.Prediction, nil, "predicted outputs are not used"},
+		unhonoured{"reasoning_effort", r.ReasoningEffort, nil, "no model here takes a reasoning effort (Qwen3's thinking: chat_template_kwargs enable_thinking)"},
+		unhonoured{"verbosity", r.Verbosity, nil, "no model here takes a verbosity"},
+		unhonoured{"web_search_options", r.WebSearchOptions, nil, "the server does not search the web"},
+	)
 }

@@ -770,3 +770,114 @@ func trickle(t *testing.T, s *Server, path string) (*http.Response, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
 }
+
+// TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName walks the request
+// fields of OpenAI's API reference for chat completions and completions
+// (this list is the reference's, not the server's): a field the server
+// acts on, or one that cannot change an answer (who asked, what to store,
+// a cache key), is answered; any other, set to a value that would change
+// the answer, is refused with a 400 naming it, and accepted at its
+// neutral value. None is ignored silently.
+func TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	type field struct {
+		name, value string // value: one that asks for something
+		refused     bool   // else answered
+		neutral     string // refused fields: a value that asks for nothing, answered
+	}
+	chat := []field{
+		{name: "model", value: `"tiny"`},
+		{name: "max_tokens", value: `2`},
+		{name: "max_completion_tokens", value: `2`},
+		{name: "temperature", value: `0.7`},
+		{name: "top_p", value: `0.9`},
+		{name: "seed", value: `7`},
+		{name: "stop", value: `["\n"]`},
+		{name: "stream", value: `true`},
+		{name: "tools", value: `[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]`},
+		{name: "parallel_tool_calls", value: `false`},
+		{name: "user", value: `"u-1"`},
+		{name: "metadata", value: `{"k": "v"}`},
+		{name: "store", value: `true`},
+		{name: "service_tier", value: `"default"`},
+		{name: "prompt_cache_key", value: `"k"`},
+		{name: "safety_identifier", value: `"s"`},
+		{name: "n", value: `2`, refused: true, neutral: `1`},
+		{name: "logprobs", value: `true`, refused: true, neutral: `false`},
+		{name: "top_logprobs", value: `3`, refused: true, neutral: `0`},
+		{name: "frequency_penalty", value: `0.5`, refused: true, neutral: `0`},
+		{name: "presence_penalty", value: `-0.5`, refused: true, neutral: `0`},
+		{name: "logit_bias", value: `{"5": 100}`, refused: true, neutral: `{}`},
+		{name: "response_format", value: `{"type": "json_object"}`, refused: true, neutral: `{"type": "text"}`},
+		{name: "tool_choice", value: `"required"`, refused: true, neutral: `"auto"`},
+		{name: "functions", value: `[{"name": "f", "parameters": {}}]`, refused: true, neutral: `[]`},
+		{name: "function_call", value: `{"name": "f"}`, refused: true, neutral: `"none"`},
+		{name: "audio", value: `{"voice": "alloy", "format": "wav"}`, refused: true, neutral: `null`},
+		{name: "modalities", value: `["text", "audio"]`, refused: true, neutral: `["text"]`},
+		{name: "prediction", value: `{"type": "content", "content": "x"}`, refused: true, neutral: `null`},
+		{name: "reasoning_effort", value: `"low"`, refused: true, neutral: `null`},
+		{name: "verbosity", value: `"low"`, refused: true, neutral: `null`},
+		{name: "web_search_options", value: `{}`, refused: true, neutral: `null`},
+		{name: "stream_options", value: `{"include_usage": true}`, refused: true, neutral: `null`}, // without stream: true
+	}
+	completion := []field{
+		{name: "model", value: `"tiny"`},
+		{name: "max_tokens", value: `2`},
+		{name: "temperature", value: `0.7`},
+		{name: "top_p", value: `0.9`},
+		{name: "seed", value: `7`},
+		{name: "stop", value: `"\n"`},
+		{name: "stream", value: `true`},
+		{name: "user", value: `"u-1"`},
+		{name: "n", value: `2`, refused: true, neutral: `1`},
+		{name: "best_of", value: `2`, refused: true, neutral: `1`},
+		{name: "echo", value: `true`, refused: true, neutral: `false`},
+		{name: "suffix", value: `"end"`, refused: true, neutral: `""`},
+		{name: "logprobs", value: `2`, refused: true, neutral: `null`},
+		{name: "frequency_penalty", value: `0.5`, refused: true, neutral: `0`},
+		{name: "presence_penalty", value: `0.5`, refused: true, neutral: `0.0`},
+		{name: "logit_bias", value: `{"5": -100}`, refused: true, neutral: `{}`},
+		{name: "stream_options", value: `{"include_usage": true}`, refused: true, neutral: `null`},
+	}
+	for _, ep := range []struct {
+		path, base string
+		fields     []field
+	}{
+		{"/v1/chat/completions", `"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2`, chat},
+		{"/v1/completions", `"prompt": "hi", "max_tokens": 2`, completion},
+	} {
+		ask := func(name, value string) (int, string) {
+			body := "{" + ep.base + fmt.Sprintf(", %q: %s}", name, value)
+			if name == "max_tokens" { // the base's, replaced
+				body = strings.Replace(body, `"max_tokens": 2, `, "", 1)
+			}
+			resp, b := post(t, hs.URL+ep.path, body)
+			var e struct {
+				Error struct {
+					Param *string `json:"param"`
+				} `json:"error"`
+			}
+			json.Unmarshal(b, &e)
+			param := ""
+			if e.Error.Param != nil {
+				param = *e.Error.Param
+			}
+			return resp.StatusCode, param
+		}
+		for _, fl := range ep.fields {
+			status, param := ask(fl.name, fl.value)
+			switch {
+			case fl.refused && (status != 400 || param != fl.name):
+				t.Errorf("%s %s: %s: status %d, param %q; want 400 naming it", ep.path, fl.name, fl.value, status, param)
+			case !fl.refused && status != 200:
+				t.Errorf("%s %s: %s: status %d; want it answered", ep.path, fl.name, fl.value, status)
+			}
+			if fl.refused {
+				if status, _ := ask(fl.name, fl.neutral); status != 200 {
+					t.Errorf("%s %s: %s (asking for nothing): status %d; want it answered", ep.path, fl.name, fl.neutral, status)
+				}
+			}
+		}
+	}
+}
