@@ -21,8 +21,10 @@ type path struct {
 	dotF32 func(a, b []float32) float32
 	sum    func(x []float32) float32
 
-	// matMulRows computes rows [r0, r1) of w for all n vectors of x.
-	matMulRows func(out []float32, w Matrix, x []float32, n, r0, r1 int)
+	// matMulRows computes rows [r0, r1) of w for all n vectors of x;
+	// matMulRoute says how, for a matrix of dt with cols columns.
+	matMulRows  func(out []float32, w Matrix, x []float32, n, r0, r1 int)
+	matMulRoute func(dt DType, cols, n int) string
 
 	// dotRows: out[j] = Dot(x, row j of w), rows stride floats apart;
 	// axpyRows: dst += a[j] * (row j of x), j in order (Attend).
@@ -61,11 +63,14 @@ var goPath = &path{
 	dotF32:     dotF32Go,
 	sum:        sumGo,
 	matMulRows: matMulRowsGo,
-	dotRows:    dotRowsGo,
-	axpyRows:   axpyRowsGo,
-	axpy:       axpyGo,
-	add:        addGo,
-	scaleMul:   scaleMulGo,
+	matMulRoute: func(DType, int, int) string {
+		return "go: each vector's Dot with each row"
+	},
+	dotRows:  dotRowsGo,
+	axpyRows: axpyRowsGo,
+	axpy:     axpyGo,
+	add:      addGo,
+	scaleMul: scaleMulGo,
 }
 
 var active atomic.Pointer[path]
@@ -95,6 +100,13 @@ func cur() *path { return active.Load() }
 // Path returns the name of the implementation the kernels run on: "go"
 // (the pure-Go reference), "avx2", "avx512" or "neon".
 func Path() string { return cur().name }
+
+// MatMulRoute says how MatMul on the active path applies a matrix of dt
+// with cols columns to n vectors: its path, and which of its ways (the
+// row kernel once per vector, the weights widened in registers for a few
+// vectors at once, or a tile of them widened to float32 first), so that
+// figures from two machines cannot be confused.
+func MatMulRoute(dt DType, cols, n int) string { return cur().matMulRoute(dt, cols, n) }
 
 // Paths lists the implementations this CPU can run, fastest first; "go" is
 // always last.

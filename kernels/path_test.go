@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -326,4 +327,47 @@ func ExamplePaths() {
 	p := Paths()
 	fmt.Println(p[len(p)-1])
 	// Output: go
+}
+
+// TestMatMulRouteSaysWhichWayMatMulTakes: every path names itself and the
+// way its MatMul takes (matMulSIMD's switch): one vector, or columns not
+// a multiple of 16, go through the row kernel; BF16 on AVX2 widens in
+// registers for a few vectors; AVX-512 widens a float32 tile; and the
+// features listed agree with the paths this CPU runs.
+func TestMatMulRouteSaysWhichWayMatMulTakes(t *testing.T) {
+	defer SetPath("")
+	for _, name := range Paths() {
+		if err := SetPath(name); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			dt      DType
+			cols, n int
+			want    string
+		}{
+			{BF16, 1024, 1, "row kernel once per vector"},
+			{BF16, 1000, 8, "row kernel once per vector"},
+			{BF16, 1024, 8, map[string]string{"avx2": "in registers", "avx512": "float32 tile", "neon": "float32 tile"}[name]},
+			{F32, 1024, 64, "float32 tile"},
+		} {
+			got := MatMulRoute(c.dt, c.cols, c.n)
+			if name == "go" {
+				c.want = "go: "
+			}
+			if !strings.HasPrefix(got, name+": ") || !strings.Contains(got, c.want) {
+				t.Errorf("path %s, %v %d columns, %d vectors: route %q, want %q", name, c.dt, c.cols, c.n, got, c.want)
+			}
+		}
+	}
+	feats := Features()
+	for path, need := range map[string][]string{"avx512": {"avx512f", "avx2", "f16c"}, "avx2": {"avx2", "f16c"}, "neon": {"asimd"}} {
+		if !slices.Contains(Paths(), path) {
+			continue
+		}
+		for _, f := range need {
+			if !slices.Contains(feats, f) {
+				t.Errorf("path %s runs here, yet the features %v lack %s", path, feats, f)
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"unsafe"
@@ -36,6 +37,7 @@ func newSIMDPath(name string, k isa) *path {
 	p.matMulRows = func(out []float32, w Matrix, x []float32, n, r0, r1 int) {
 		matMulSIMD(k, &p.rowKernels, out, w, x, n, r0, r1)
 	}
+	p.matMulRoute = func(dt DType, cols, n int) string { return name + ": " + matMulWay(k, dt, cols, n) }
 	p.dotRows = func(out, x, w []float32, stride int) { dotRowsSIMD(k, out, x, w, stride) }
 	p.axpyRows = func(dst, a, x []float32, stride int) { axpyRowsSIMD(k, dst, a, x, stride) }
 	p.axpy = func(dst []float32, a float32, x []float32) { axpySIMD(k, dst, a, x) }
@@ -174,6 +176,19 @@ var mmScratch = sync.Pool{New: func() any { return new([]float32) }}
 // vectors at a time with one accumulator set per (row, vector) in
 // registers. Every output element is still the Dot definition, so the
 // result equals MatVec per vector bit for bit.
+// matMulWay says which of matMulSIMD's ways a product of dt with cols
+// columns and n vectors takes (its switch, in words).
+func matMulWay(k isa, dt DType, cols, n int) string {
+	mr, mt := mmShape(k)
+	switch {
+	case cols == 0 || cols%16 != 0 || n < mt:
+		return "the row kernel once per vector"
+	case n <= mmDirectVectors && mmDirect(k, dt):
+		return fmt.Sprintf("%v widened in registers, %d-%d vectors at once", dt, 2, 4)
+	}
+	return fmt.Sprintf("%v widened to a float32 tile, %dx%d register tiles", dt, mr, mt)
+}
+
 func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
 	mr, mt := mmShape(k)

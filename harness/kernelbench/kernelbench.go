@@ -49,13 +49,14 @@ type Report struct {
 }
 
 type Machine struct {
-	CPU        string `json:"cpu"`
-	CPUs       int    `json:"cpus"`
-	GOMAXPROCS int    `json:"gomaxprocs"`
-	GOARCH     string `json:"goarch"`
-	Go         string `json:"go"`
-	LoadBefore string `json:"loadavg_before"` // /proc/loadavg: 1, 5, 15 min
-	LoadAfter  string `json:"loadavg_after"`
+	CPU        string   `json:"cpu"`
+	Features   []string `json:"features"` // the CPU's SIMD features (kernels.Features)
+	CPUs       int      `json:"cpus"`
+	GOMAXPROCS int      `json:"gomaxprocs"`
+	GOARCH     string   `json:"goarch"`
+	Go         string   `json:"go"`
+	LoadBefore string   `json:"loadavg_before"` // /proc/loadavg: 1, 5, 15 min
+	LoadAfter  string   `json:"loadavg_after"`
 }
 
 // rate summarises the runs of one measurement. A run is clean when this
@@ -117,6 +118,7 @@ type shapeResult struct {
 
 type matMulResult struct {
 	Path    string `json:"path"`
+	Route   string `json:"route"` // kernels.MatMulRoute: which of the path's ways the product took
 	DType   string `json:"dtype"`
 	Shape   string `json:"shape"`
 	Tokens  int    `json:"tokens"`
@@ -355,7 +357,7 @@ func fraction(gbps, dram float64) float64 {
 
 func machineInfo() Machine {
 	m := Machine{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GOARCH: runtime.GOARCH,
-		Go: runtime.Version(), LoadBefore: testbed.LoadAvg()}
+		Go: runtime.Version(), LoadBefore: testbed.LoadAvg(), Features: kernels.Features()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for line := range strings.Lines(string(b)) {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -455,7 +457,7 @@ func benchMatMul(ms []kernels.Matrix, rows, cols, n, threads, runs int, path str
 	kernels.SetThreads(threads)
 	x := benchVec(n * cols)
 	out := make([]float32, n*rows)
-	res := matMulResult{Path: path, DType: ms[0].DType.String(), Shape: fmt.Sprintf("%dx%d", rows, cols),
+	res := matMulResult{Path: path, Route: kernels.MatMulRoute(ms[0].DType, cols, n), DType: ms[0].DType.String(), Shape: fmt.Sprintf("%dx%d", rows, cols),
 		Tokens: n, Threads: threads}
 	for k := range runs {
 		m := ms[k%len(ms)]
@@ -611,6 +613,7 @@ func hashLogits(h io.Writer, logits []float32) {
 
 func PrintReport(w io.Writer, r *Report) {
 	fmt.Fprintf(w, "odmoe bench kernels  %s  %s (%d CPUs, GOMAXPROCS %d, %s)\n", r.Date, r.Machine.CPU, r.Machine.CPUs, r.Machine.GOMAXPROCS, r.Machine.Go)
+	fmt.Fprintf(w, "CPU features: %s\n", strings.Join(r.Machine.Features, " "))
 	fmt.Fprintf(w, "paths: %s; measured: %s; load average before %s, after %s\n", strings.Join(r.Paths, ", "), r.Path, r.Machine.LoadBefore, r.Machine.LoadAfter)
 	fmt.Fprintf(w, "best clean run (min..max of clean runs; clean = this process had the CPUs for >= 75%% of the run), %d interleaved rounds\n\n", r.Rounds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -627,9 +630,9 @@ func PrintReport(w io.Writer, r *Report) {
 		}
 		fmt.Fprintf(tw, "  %s both shapes\t%d\t%.1f\t%.2f\n", m.DType, m.Threads, m.GBps, m.RooflineFraction)
 	}
-	fmt.Fprintln(tw, "MatMul (prefill)\ttokens\tthreads\tGFLOP/s")
+	fmt.Fprintln(tw, "MatMul (prefill)\ttokens\tthreads\tGFLOP/s\troute")
 	for _, m := range r.MatMul {
-		fmt.Fprintf(tw, "  %s %s [%s]\t%d\t%d\t%v\n", m.DType, m.Shape, m.Path, m.Tokens, m.Threads, m.GFLOPs)
+		fmt.Fprintf(tw, "  %s %s [%s]\t%d\t%d\t%v\t%s\n", m.DType, m.Shape, m.Path, m.Tokens, m.Threads, m.GFLOPs, m.Route)
 	}
 	tw.Flush()
 	if d := r.Decode; d != nil {

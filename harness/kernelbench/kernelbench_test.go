@@ -1,6 +1,9 @@
 package kernelbench
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestDecodeScalingCeiling: the ceiling of N threads over one is the
 // fastest BF16 or DRAM stream measured at N over the GB/s one thread's
@@ -30,5 +33,22 @@ func TestDecodeScalingCeiling(t *testing.T) {
 	d.scaling(streams)
 	if d.Scaling != nil {
 		t.Errorf("without a 1-thread figure there is no scaling, got %v", d.Scaling)
+	}
+}
+
+// TestReportSaysTheFeaturesAndEachProductsRoute: the printed report names
+// the CPU's features and, for each MatMul, the way its path took, so that
+// a table from an AVX2 machine and one from an AVX-512 machine cannot be
+// taken for each other.
+func TestReportSaysTheFeaturesAndEachProductsRoute(t *testing.T) {
+	route := "avx512: BF16 widened to a float32 tile, 4x4 register tiles"
+	r := &Report{Machine: Machine{CPU: "Test CPU", Features: []string{"avx2", "f16c", "avx512f", "avx512_bf16"}}, Path: "avx512", Paths: []string{"avx512", "avx2", "go"},
+		MatMul: []matMulResult{{Path: "avx512", Route: route, DType: "BF16", Shape: "1024x1024", Tokens: 128, Threads: 2}}}
+	var b strings.Builder
+	PrintReport(&b, r)
+	for _, want := range []string{"CPU features: avx2 f16c avx512f avx512_bf16", route} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
 	}
 }
