@@ -15,7 +15,7 @@ func runConvert(ctx context.Context, args []string, _ io.Reader, _, stderr io.Wr
 	fs := newFlagSet("convert", stderr)
 	modelDir := fs.String("model", "", "Hugging Face model directory to convert: config.json, *.safetensors (required)")
 	out := fs.String("out", "", "store directory to create (required; must not exist, or be empty)")
-	shards := fs.Int("shards", store.DefaultShards, "shards per tensor (K): the unit of parallel decompression")
+	shards := fs.Int("shards", store.DefaultShards, "shards per tensor (K) at most, each of 64K elements at least: the unit of parallel decompression")
 	parallel := fs.Int("parallel", 0, "encoding goroutines; 0 = all cores")
 	force := fs.Bool("force", false, "replace an existing store at -out")
 	var lf runflags.Log

@@ -188,7 +188,7 @@ func (r Report) WriteText(w io.Writer, dir, modelDir string) {
 		dts = append(dts, d.String())
 	}
 	fmt.Fprintf(w, "store    %s\n", dir)
-	fmt.Fprintf(w, "format   version %d, %d shards per tensor, %d-element huff0 blocks\n", r.Version, r.Shards, r.BlockElems)
+	fmt.Fprintf(w, "format   version %d, %d shards per tensor at most (of 64K elements at least), %d-element huff0 blocks\n", r.Version, r.Shards, r.BlockElems)
 	model := r.Identity.String()
 	if modelDir != "" {
 		model += " (matches " + modelDir + ")"
