@@ -106,8 +106,9 @@ func testMatMulEqualsMatVecPerVector(t *testing.T) {
 			m, _ := randMatrix(rng, dt, s.rows, s.cols)
 			// BF16 on AVX2: up to mmDirectVectors (16) direct, 4 at a
 			// time, then the 1 left over through the row kernels or the
-			// 2 or 3 at once (5, 6, 7); 17 a widened tile
-			for _, n := range []int{1, 2, 3, 5, 6, 7, 17} {
+			// 2 or 3 at once (5, 6, 7); 17 a widened tile; on AVX-512
+			// up to 4 direct (2, 3, 4), then a tile
+			for _, n := range []int{1, 2, 3, 4, 5, 6, 7, 17} {
 				x := wideRangeVec(rng, n*s.cols)
 				want := make([]float32, n*s.rows)
 				SetThreads(1)

@@ -331,8 +331,9 @@ func ExamplePaths() {
 
 // TestMatMulRouteSaysWhichWayMatMulTakes: every path names itself and the
 // way its MatMul takes (matMulSIMD's switch): one vector, or columns not
-// a multiple of 16, go through the row kernel; BF16 on AVX2 widens in
-// registers for a few vectors; AVX-512 widens a float32 tile; and the
+// a multiple of 16, go through the row kernel; BF16 widens in registers
+// for up to 16 vectors on AVX2 and 4 on AVX-512, a float32 tile beyond
+// (and on NEON); and the
 // features listed agree with the paths this CPU runs.
 func TestMatMulRouteSaysWhichWayMatMulTakes(t *testing.T) {
 	defer SetPath("")
@@ -347,6 +348,7 @@ func TestMatMulRouteSaysWhichWayMatMulTakes(t *testing.T) {
 		}{
 			{BF16, 1024, 1, "row kernel once per vector"},
 			{BF16, 1000, 8, "row kernel once per vector"},
+			{BF16, 1024, 4, map[string]string{"avx2": "in registers", "avx512": "in registers", "neon": "float32 tile"}[name]},
 			{BF16, 1024, 8, map[string]string{"avx2": "in registers", "avx512": "float32 tile", "neon": "float32 tile"}[name]},
 			{F32, 1024, 64, "float32 tile"},
 		} {

@@ -170,12 +170,6 @@ const mmTileBytes = 256 << 10
 // mmScratch holds the widened weight tiles of BF16, F16, Q8 and NF4 MatMuls.
 var mmScratch = sync.Pool{New: func() any { return new([]float32) }}
 
-// matMulSIMD computes rows [r0, r1) of w for all n vectors of x. Rows are
-// taken a tile at a time: a BF16, F16, Q8 or NF4 tile is widened or
-// dequantized (exactly) into float32 scratch once, and the micro-kernel applies it to mmShape's
-// vectors at a time with one accumulator set per (row, vector) in
-// registers. Every output element is still the Dot definition, so the
-// result equals MatVec per vector bit for bit.
 // matMulWay says which of matMulSIMD's ways a product of dt with cols
 // columns and n vectors takes (its switch, in words).
 func matMulWay(k isa, dt DType, cols, n int) string {
@@ -183,12 +177,18 @@ func matMulWay(k isa, dt DType, cols, n int) string {
 	switch {
 	case cols == 0 || cols%16 != 0 || n < mt:
 		return "the row kernel once per vector"
-	case n <= mmDirectVectors && mmDirect(k, dt):
+	case n <= mmDirectMax(k) && mmDirect(k, dt):
 		return fmt.Sprintf("%v widened in registers, %d-%d vectors at once", dt, 2, 4)
 	}
 	return fmt.Sprintf("%v widened to a float32 tile, %dx%d register tiles", dt, mr, mt)
 }
 
+// matMulSIMD computes rows [r0, r1) of w for all n vectors of x. Rows are
+// taken a tile at a time: a BF16, F16, Q8 or NF4 tile is widened or
+// dequantized (exactly) into float32 scratch once, and the micro-kernel applies it to mmShape's
+// vectors at a time with one accumulator set per (row, vector) in
+// registers. Every output element is still the Dot definition, so the
+// result equals MatVec per vector bit for bit.
 func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
 	mr, mt := mmShape(k)
@@ -196,7 +196,7 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		matMulRowsByVector(p, out, w, x, n, r0, r1)
 		return
 	}
-	if n <= mmDirectVectors && mmDirect(k, w.DType) {
+	if n <= mmDirectMax(k) && mmDirect(k, w.DType) {
 		matMulDirect(k, p, out, w, x, n, r0, r1)
 		return
 	}
@@ -253,11 +253,13 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 	}
 }
 
-// mmDirectVectors is the most vectors a MatMul applies with mmDirectAsm
-// (decode batches); more (prefill) widen or dequantize a tile once and
-// reuse it. go test -bench MatMul, BF16, 2 threads: direct 1.2-2.5x
-// faster at 2-4 vectors, even at 32, 10-15% slower at 128 on two shapes
-// of three; Q8 direct 1.2-1.5x faster at 8 and 16.
+// mmDirectVectors is the most vectors an AVX2 MatMul applies with
+// mmDirectAsm (decode batches); more (prefill) widen or dequantize a tile
+// once and reuse it. go test -bench MatMul, BF16, 2 threads: direct
+// 1.2-2.5x faster at 2-4 vectors, even at 32, 10-15% slower at 128 on two
+// shapes of three; Q8 direct 1.2-1.5x faster at 8 and 16. AVX-512's tile
+// (4 rows x 4 vectors of 16 lanes) is the better from 5 vectors
+// (mmDirectMax).
 const mmDirectVectors = 16
 
 // matMulDirect is matMulSIMD for weights that k's micro-kernels read as

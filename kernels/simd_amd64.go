@@ -65,14 +65,35 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 }
 
 // mmDirect reports whether k has MatMul micro-kernels that read dt's
-// weights as they are (mmDirectAsm): BF16 and Q8 on AVX2. AVX-512 widens
-// or dequantizes a tile first.
-func mmDirect(k isa, dt DType) bool { return k == isaAVX2 && (dt == BF16 || dt == Q8) }
+// weights as they are (mmDirectAsm): BF16 on both, Q8 on AVX2. Others
+// widen or dequantize a tile first.
+func mmDirect(k isa, dt DType) bool { return dt == BF16 || k == isaAVX2 && dt == Q8 }
+
+// mmDirectMax is the most vectors a MatMul on k applies directly
+// (mmDirect): AVX2's 16 (mmDirectVectors); AVX-512's 4, where go test
+// -bench MatMul (14336x4096 BF16, streamed from DRAM) gave the direct
+// kernel 1.1-1.35x the widened tile at 4 vectors on one thread and
+// 1.2-1.45x on two, the same at 8, and 0.45-0.9x at 16, where the 4x4
+// register tile reuses each widened weight four times. (Below AVX-512's
+// tile of 4 vectors MatMul runs the row kernel per vector: direct was
+// 0.7-0.8x of it at 2 vectors.)
+func mmDirectMax(k isa) int {
+	if k == isaAVX512 {
+		return 4
+	}
+	return mmDirectVectors
+}
 
 // mmDirectAsm applies rows of dt's weights (any count, wStride bytes
 // apart, n16 elements long: a multiple of 16) to t vectors, 2 to 4.
-func mmDirectAsm(_ isa, dt DType, t int, out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, n16 int) {
+func mmDirectAsm(k isa, dt DType, t int, out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, n16 int) {
 	switch {
+	case k == isaAVX512 && dt == BF16 && t == 2:
+		mmBF16x2AVX512(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
+	case k == isaAVX512 && dt == BF16 && t == 3:
+		mmBF16x3AVX512(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
+	case k == isaAVX512 && dt == BF16 && t == 4:
+		mmBF16x4AVX512(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
 	case dt == BF16 && t == 2:
 		mmBF16x2AVX2(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
 	case dt == BF16 && t == 3:
@@ -194,6 +215,15 @@ func mmBF16x3AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *
 
 //go:noescape
 func mmBF16x4AVX2(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
+
+//go:noescape
+func mmBF16x2AVX512(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
+
+//go:noescape
+func mmBF16x3AVX512(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
+
+//go:noescape
+func mmBF16x4AVX512(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)
 
 //go:noescape
 func widenBF16AVX2(dst *float32, src *uint16, n int)

@@ -19,6 +19,8 @@ func mmShape(isa) (rows, vectors int) { return 2, 2 }
 // mmDirect: NEON's MatMul widens or dequantizes a tile first.
 func mmDirect(isa, DType) bool { return false }
 
+func mmDirectMax(isa) int { return 0 }
+
 func mmDirectAsm(isa, DType, int, *float32, int, unsafe.Pointer, int, int, *float32, int, int) {
 	panic("kernels: no direct MatMul micro-kernel on arm64")
 }

@@ -34,10 +34,10 @@ func (k x86) all(a *asm) {
 		nf4Shift256Data(a)
 	}
 	k.mm(a)
+	for _, t := range []int{2, 3, 4} {
+		k.mmBF16(a, t)
+	}
 	if k.parts == 2 {
-		for _, t := range []int{2, 3, 4} {
-			k.mmBF16(a, t)
-		}
 		for _, t := range []int{2, 3, 4} {
 			k.mmQ8(a, t)
 		}
@@ -376,32 +376,33 @@ func mmArgs(a *asm) {
 	}
 }
 
-// mmBF16 emits mmBF16x<T>AVX2(out *float32, outStride int, w *uint16,
+// mmBF16 emits mmBF16x<T><ISA>(out *float32, outStride int, w *uint16,
 // wStride, rows int, x *float32, xStride, n16 int), T 2 to 4: for each
 // row (any count) and the T vectors at x, x+xStride, ...,
 // out[t*outStride + r] = Dot(row r, vector t), BF16 weights widened in
-// registers once for all T vectors. acc[t] part p is Y(2t+p), w part p
-// Y8+p, x part p Y10+p, temporaries Y12-Y15; each accumulator follows the
-// definition, as mm's, so the bits are those of mm on the widened rows. A
-// MatMul so reads its weights once from memory and never stores a widened
-// copy.
+// registers once for all T vectors. acc[t] part p is register
+// parts*t+p, w part p 8+p, x part p 10+p, temporaries 12-15 (Y on AVX2,
+// Z on AVX-512, whose one register holds all 16 lanes); each accumulator
+// follows the definition, as mm's, so the bits are those of mm on the
+// widened rows. A MatMul so reads its weights once from memory and never
+// stores a widened copy.
 func (k x86) mmBF16(a *asm, T int) {
 	name := fmt.Sprintf("mmBF16x%d%s", T, k.name)
 	a.comment("func %s(out *float32, outStride int, w *uint16, wStride, rows int, x *float32, xStride, n16 int)", name)
 	a.comment("1 row x %d vectors per register tile, BF16 weights widened in registers.", T)
 	k.mmOneRow(a, name, T, 64, nil, func(xp []string) {
 		a.i("PREFETCHNTA %d(R12)(AX*2)", mmPrefetchElems*bf16.size())
-		for p := range 2 {
-			k.loadW(a, bf16, "R12", p, fmt.Sprintf("Y%d", 8+p))
+		for p := range k.parts {
+			k.loadW(a, bf16, "R12", p, k.r(8+p))
 		}
 		n := 0
 		for t := range T {
-			for p := range 2 {
-				a.i("VMOVUPS %d(%s)(AX*4), Y%d", 32*p, xp[t], 10+p)
+			for p := range k.parts {
+				a.i("VMOVUPS %d(%s)(AX*4), %s", 4*k.width*p, xp[t], k.r(10+p))
 				tmp := 12 + n%4
 				n++
-				a.i("VMULPS Y%d, Y%d, Y%d", 10+p, 8+p, tmp)
-				a.i("VADDPS Y%d, Y%d, Y%d", tmp, 2*t+p, 2*t+p)
+				a.i("VMULPS %s, %s, %s", k.r(10+p), k.r(8+p), k.r(tmp))
+				a.i("VADDPS %s, %s, %s", k.r(tmp), k.r(k.parts*t+p), k.r(k.parts*t+p))
 			}
 		}
 	})
@@ -409,10 +410,11 @@ func (k x86) mmBF16(a *asm, T int) {
 
 // mmOneRow emits the skeleton of a 1-row x T-vector MatMul micro-kernel
 // (mmBF16, mmQ8) taking mmArgs (argBytes of them): the vectors' pointers
-// in R8-R11, for each row its T accumulator pairs Y(2t), Y(2t+1) zeroed,
-// rowSetup (if any), then block(xp) for each 16 elements at AX, then each
-// pair folded to out[t*outStride + r] (3*outStride in R13). block must
-// leave AX, BX, CX, DX, SI, DI, R8-R13 as it found them.
+// in R8-R11, for each row its T accumulators zeroed (registers parts*t to
+// parts*t+parts-1: Y(2t), Y(2t+1) on AVX2, Z(t) on AVX-512), rowSetup (if
+// any), then block(xp) for each 16 elements at AX, then each folded to
+// out[t*outStride + r] (3*outStride in R13). block must leave AX, BX, CX,
+// DX, SI, DI, R8-R13 as it found them.
 func (k x86) mmOneRow(a *asm, name string, T, argBytes int, rowSetup func(), block func(xp []string)) {
 	a.text(name, argBytes)
 	mmArgs(a)
@@ -427,7 +429,7 @@ func (k x86) mmOneRow(a *asm, name string, T, argBytes int, rowSetup func(), blo
 	a.label("row" + sfx)
 	a.i("TESTQ CX, CX")
 	a.i("JEQ done" + sfx)
-	for n := range 2 * T {
+	for n := range k.parts * T {
 		a.i("%s %s, %s, %s", k.zero, k.r(n), k.r(n), k.r(n))
 	}
 	if rowSetup != nil {
@@ -444,8 +446,12 @@ func (k x86) mmOneRow(a *asm, name string, T, argBytes int, rowSetup func(), blo
 	a.label("fold" + sfx)
 	outAddr := []string{"(DI)", "(DI)(BX*1)", "(DI)(BX*2)", "(DI)(R13*1)"}
 	for t := range T {
-		k.fold(a, []int{2 * t, 2*t + 1}, 15)
-		a.i("VMOVSS X%d, %s", 2*t, outAddr[t])
+		acc := []int{k.parts * t}
+		if k.parts == 2 {
+			acc = append(acc, 2*t+1)
+		}
+		k.fold(a, acc, 15)
+		a.i("VMOVSS X%d, %s", k.parts*t, outAddr[t])
 	}
 	a.i("ADDQ $4, DI")
 	a.i("ADDQ DX, R12")
