@@ -151,6 +151,7 @@ func (sl *shadowLink) attach(p *wire.Peer) {
 	sl.peer.Store(p)
 	sl.name, sl.up = p.Identity().Name, true
 	sl.reusedSeen = 0
+	sl.cpu = nil // another process's CPU time, maybe: a decode's spans only one
 	for _, q := range sl.seqs {
 		q.synced = false
 	}
