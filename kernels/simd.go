@@ -170,16 +170,37 @@ const mmTileBytes = 256 << 10
 // mmScratch holds the widened weight tiles of BF16, F16, Q8 and NF4 MatMuls.
 var mmScratch = sync.Pool{New: func() any { return new([]float32) }}
 
-// matMulWay says which of matMulSIMD's ways a product of dt with cols
-// columns and n vectors takes (its switch, in words).
-func matMulWay(k isa, dt DType, cols, n int) string {
-	mr, mt := mmShape(k)
+// mmWay is one of matMulSIMD's ways to apply a matrix to a batch.
+type mmWay int
+
+const (
+	mmByVector    mmWay = iota // the row kernel once per vector
+	mmInRegisters              // mmDirectAsm: the weights widened in registers, 2-4 vectors at once
+	mmTile                     // a tile widened to float32 scratch, mmShape's register tiles
+)
+
+// mmWayOf is the way matMulSIMD on k applies a matrix of dt with cols
+// columns to n vectors.
+func mmWayOf(k isa, dt DType, cols, n int) mmWay {
+	_, mt := mmShape(k)
 	switch {
 	case cols == 0 || cols%16 != 0 || n < mt:
-		return "the row kernel once per vector"
+		return mmByVector
 	case n <= mmDirectMax(k) && mmDirect(k, dt):
-		return fmt.Sprintf("%v widened in registers, %d-%d vectors at once", dt, 2, 4)
+		return mmInRegisters
 	}
+	return mmTile
+}
+
+// matMulWay says mmWayOf's way in words.
+func matMulWay(k isa, dt DType, cols, n int) string {
+	switch mmWayOf(k, dt, cols, n) {
+	case mmByVector:
+		return "the row kernel once per vector"
+	case mmInRegisters:
+		return fmt.Sprintf("%v widened in registers, 2-4 vectors at once", dt)
+	}
+	mr, mt := mmShape(k)
 	return fmt.Sprintf("%v widened to a float32 tile, %dx%d register tiles", dt, mr, mt)
 }
 
@@ -192,11 +213,11 @@ func matMulWay(k isa, dt DType, cols, n int) string {
 func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r0, r1 int) {
 	rows, cols := w.Rows, w.Cols
 	mr, mt := mmShape(k)
-	if cols == 0 || cols%16 != 0 || n < mt {
+	switch mmWayOf(k, w.DType, cols, n) {
+	case mmByVector:
 		matMulRowsByVector(p, out, w, x, n, r0, r1)
 		return
-	}
-	if n <= mmDirectMax(k) && mmDirect(k, w.DType) {
+	case mmInRegisters:
 		matMulDirect(k, p, out, w, x, n, r0, r1)
 		return
 	}

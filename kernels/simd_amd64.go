@@ -71,12 +71,12 @@ func mmDirect(k isa, dt DType) bool { return dt == BF16 || k == isaAVX2 && dt ==
 
 // mmDirectMax is the most vectors a MatMul on k applies directly
 // (mmDirect): AVX2's 16 (mmDirectVectors); AVX-512's 4, where go test
-// -bench MatMul (14336x4096 BF16, streamed from DRAM) gave the direct
-// kernel 1.1-1.35x the widened tile at 4 vectors on one thread and
-// 1.2-1.45x on two, the same at 8, and 0.45-0.9x at 16, where the 4x4
-// register tile reuses each widened weight four times. (Below AVX-512's
-// tile of 4 vectors MatMul runs the row kernel per vector: direct was
-// 0.7-0.8x of it at 2 vectors.)
+// -bench MatMul (14336x4096 BF16, streamed from DRAM, three interleaved
+// rounds) gave the direct kernel 1.15-1.35x the widened tile at 4 vectors
+// on one thread and 1.3-1.45x on two, the same at 8, and 0.45-0.9x at 16,
+// where the 4x4 register tile reuses each widened weight four times.
+// (Below AVX-512's tile of 4 vectors MatMul runs the row kernel per
+// vector: direct was 0.7-0.8x of it at 2 vectors on one thread.)
 func mmDirectMax(k isa) int {
 	if k == isaAVX512 {
 		return 4
