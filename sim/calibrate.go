@@ -320,22 +320,27 @@ func FitPrefillLoads(p Profile, layout sched.Layout, s Shape, o Options, ttftMs 
 // the figure), or lo where it takes that long already.
 func bisectTTFT(p Profile, layout sched.Layout, s Shape, o Options, ttftMs, lo, hi float64, set func(*Profile, float64)) (float64, error) {
 	o.Output = 2 // the first token is all it times
-	ttft := func(v float64) (float64, error) {
+	return bisect(lo, hi, ttftMs, func(v float64) (float64, error) {
 		q := p
 		set(&q, v)
 		res, err := Expect(q, layout, s, o, ExpectRuns)
 		return res.TTFTms, err
-	}
-	if t, err := ttft(lo); err != nil || t >= ttftMs {
+	})
+}
+
+// bisect returns the x in [lo, hi] at which f, rising with x, meets
+// target (to 40 halvings), or lo where f(lo) is at target already.
+func bisect(lo, hi, target float64, f func(x float64) (float64, error)) (float64, error) {
+	if y, err := f(lo); err != nil || y >= target {
 		return lo, err
 	}
 	for range 40 {
 		mid := (lo + hi) / 2
-		t, err := ttft(mid)
+		y, err := f(mid)
 		if err != nil {
 			return lo, err
 		}
-		if t < ttftMs {
+		if y < target {
 			lo = mid
 		} else {
 			hi = mid
@@ -400,33 +405,16 @@ func lineFit(pts [][2]float64) (a, b float64) {
 // where even drawing every token's experts anew loads no more than that.
 func FitRouteRepeat(p Profile, layout sched.Layout, s Shape, o Options, loadsPerStep float64) (Profile, error) {
 	o.Mode = Shadow
-	loads := func(repeat float64) (float64, error) {
+	// the loads saved a step rise with the locality (bisect's way)
+	saved, err := bisect(0, maxRouteRepeat, -loadsPerStep, func(repeat float64) (float64, error) {
 		q := p
 		q.RouteRepeat = repeat
 		res, err := Expect(q, layout, s, o, ExpectRuns)
 		// a run's figures count the loads a request used
-		return float64(res.Loads-res.WastedLoads) / float64(o.Output-1), err
-	}
-	at0, err := loads(0)
-	if err != nil || at0 <= loadsPerStep {
-		p.RouteRepeat = 0
-		return p, err
-	}
-	lo, hi := 0.0, maxRouteRepeat
-	for range 24 {
-		mid := (lo + hi) / 2
-		l, err := loads(mid)
-		if err != nil {
-			return p, err
-		}
-		if l > loadsPerStep {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	p.RouteRepeat = (lo + hi) / 2
-	return p, nil
+		return -float64(res.Loads-res.WastedLoads) / float64(o.Output-1), err
+	})
+	p.RouteRepeat = saved
+	return p, err
 }
 
 // maxRouteRepeat is the locality FitRouteRepeat tries at most.

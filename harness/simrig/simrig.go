@@ -166,27 +166,18 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	}
 	rates := linkRates(p, br.rates)
 	// the prompt's messages' cost, from the resident runs' TTFT
-	var ttfts []float64
-	for _, m := range runs[testbed.ModeResident][:n] {
-		ttfts = append(ttfts, m.TTFTms)
-	}
-	slices.Sort(ttfts)
-	ttft := ttfts[(n-1)/2] // the median, as validate compares
+	ttftOf := func(m sim.Measured) float64 { return m.TTFTms }
+	ttft := medianOf(runs[testbed.ModeResident][:n], ttftOf) // the median, as validate compares
 	if p, err = sim.FitPrefillMessage(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}, ttft); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the prompt's messages: %w", err)
 	}
 	// the prompt's loads' CPU, from the reactive runs' TTFT, where the
 	// bench made them
-	if reactive := medianOf(runs[testbed.ModeReactive], func(m sim.Measured) float64 { return m.TTFTms }); reactive > 0 {
+	if reactive := medianOf(runs[testbed.ModeReactive], ttftOf); reactive > 0 {
 		if p, err = sim.FitPrefillLoads(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}, reactive); err != nil {
 			return p, fmt.Errorf("sim calibrate: fitting the prompt's loads: %w", err)
 		}
 	}
-	ttfts = ttfts[:0]
-	for _, m := range runs[testbed.ModeShadow][:n] {
-		ttfts = append(ttfts, m.TTFTms)
-	}
-	slices.Sort(ttfts)
 	var loads, recall float64
 	for _, m := range runs[testbed.ModeShadow][:n] {
 		for _, l := range m.Decode {
@@ -200,21 +191,27 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: fitting the routing's locality: %w", err)
 	}
 	// the shadow's pass over the prompt, from the shadow runs' TTFT
-	if p, err = sim.FitShadowPrefill(p, layout, shape, shadowRun, ttfts[(n-1)/2], localTTFTs(rep)); err != nil {
+	if p, err = sim.FitShadowPrefill(p, layout, shape, shadowRun, medianOf(runs[testbed.ModeShadow][:n], ttftOf), localTTFTs(rep)); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
 	}
 	return p, p.Validate()
 }
 
-// medianOf is the median of f over ms (the lower of the middle two), 0
-// for none.
+// medianOf is the median of f over ms (lowerMedian), 0 for none.
 func medianOf(ms []sim.Measured, f func(sim.Measured) float64) float64 {
-	if len(ms) == 0 {
-		return 0
-	}
 	vs := make([]float64, len(ms))
 	for i, m := range ms {
 		vs[i] = f(m)
+	}
+	return lowerMedian(vs)
+}
+
+// lowerMedian is the median of vs, the lower of the middle two for an
+// even count (a value measured, not a mean of two); 0 for none. It
+// sorts vs.
+func lowerMedian(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
 	}
 	slices.Sort(vs)
 	return vs[(len(vs)-1)/2]
@@ -254,8 +251,7 @@ func medianTTFT(r testbed.Run, ttft float64) float64 {
 	if len(ts) == 0 {
 		return ttft
 	}
-	slices.Sort(ts)
-	return ts[(len(ts)-1)/2]
+	return lowerMedian(ts)
 }
 
 // benchLayout is what calibration needs of a bench's rig (benchRig):
