@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -14,25 +13,6 @@ import (
 
 	"github.com/rs/zerolog"
 )
-
-// get is GET url's status, headers and body.
-func get(t *testing.T, method, url string) (*http.Response, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, b
-}
 
 // openAIError decodes an OpenAI error body, failing unless it is one in
 // JSON.
@@ -59,7 +39,7 @@ func openAIError(t *testing.T, resp *http.Response, b []byte) (message, code str
 // would answer in text/plain.
 func TestUnknownRoutesAndMethodsGetOpenAIErrors(t *testing.T) {
 	hs := newFixture(t).server(t, nil)
-	resp, b := get(t, "GET", hs.URL+"/v1/nosuch")
+	resp, b := send(t, "GET", hs.URL+"/v1/nosuch", "")
 	if msg, code := openAIError(t, resp, b); resp.StatusCode != 404 || code != "unknown_url" || !strings.Contains(msg, "/v1/nosuch") {
 		t.Errorf("GET /v1/nosuch: %d %s", resp.StatusCode, b)
 	}
@@ -67,7 +47,7 @@ func TestUnknownRoutesAndMethodsGetOpenAIErrors(t *testing.T) {
 		{"GET", "/v1/chat/completions", "POST"}, {"PUT", "/v1/completions", "POST"}, {"POST", "/v1/models", "GET"},
 		{"DELETE", "/v1/models/tiny", "GET"}, {"GET", "/tokenize", "POST"}, {"POST", "/healthz", "GET"},
 	} {
-		resp, b := get(t, c.method, hs.URL+c.path)
+		resp, b := send(t, c.method, hs.URL+c.path, "")
 		msg, _ := openAIError(t, resp, b)
 		if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow || !strings.Contains(msg, c.allow) {
 			t.Errorf("%s %s: %d, Allow %q: %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), b)
@@ -81,12 +61,12 @@ func TestUnknownRoutesAndMethodsGetOpenAIErrors(t *testing.T) {
 func TestAModelByIDIsItsCardOrA404(t *testing.T) {
 	f := newFixture(t)
 	hs := f.server(t, func(c *Config) { c.Model = "odmoe/tiny" })
-	resp, b := get(t, "GET", hs.URL+"/v1/models/odmoe/tiny")
+	resp, b := send(t, "GET", hs.URL+"/v1/models/odmoe/tiny", "")
 	var card modelCard
 	if resp.StatusCode != 200 || json.Unmarshal(b, &card) != nil || card.ID != "odmoe/tiny" || card.Object != "model" || card.MaxModelLen != f.m.Config.MaxPositions {
 		t.Fatalf("the served model: %d %s", resp.StatusCode, b)
 	}
-	resp, b = get(t, "GET", hs.URL+"/v1/models/gpt-4o")
+	resp, b = send(t, "GET", hs.URL+"/v1/models/gpt-4o", "")
 	if msg, code := openAIError(t, resp, b); resp.StatusCode != 404 || code != "model_not_found" || !strings.Contains(msg, "gpt-4o") {
 		t.Errorf("another model: %d %s", resp.StatusCode, b)
 	}
