@@ -111,7 +111,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	if n == 0 {
 		return sim.Profile{}, fmt.Errorf("sim calibrate: %s has no resident and shadow runs of case %s", o.Bench, o.Case.String())
 	}
-	shape, _, err := Shape(rep.Model)
+	shape, cfg, err := Shape(rep.Model)
 	if err != nil {
 		return sim.Profile{}, fmt.Errorf("sim calibrate: the bench's model: %w", err)
 	}
@@ -141,7 +141,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	p := sim.MedianProfile(ps)
 	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the median of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
 	// the routing's locality, from the shadow runs' decode loads a step
-	br, err := benchLayout(rep, o.Rig)
+	br, err := benchLayout(rep, o.Rig, cfg)
 	if err != nil {
 		return p, fmt.Errorf("sim calibrate: %w", err)
 	}
@@ -256,13 +256,9 @@ func medianTTFT(r testbed.Run, ttft float64) float64 {
 
 // benchLayout is what calibration needs of a bench's rig (benchRig):
 // from rigFile, or the report's rig path, or else its worker nodes in
-// groups of its model's top-k, the shadow's default lead, and the links
+// groups of the model's (cfg) top-k, the shadow's default lead, and the links
 // unknown.
-func benchLayout(rep *testbed.Report, rigFile string) (benchRig, error) {
-	_, cfg, err := Shape(rep.Model)
-	if err != nil {
-		return benchRig{}, err
-	}
+func benchLayout(rep *testbed.Report, rigFile string, cfg model.Config) (benchRig, error) {
 	for _, path := range []string{rigFile, rep.Rig} {
 		if path == "" {
 			continue
