@@ -18,6 +18,7 @@
 package skew
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -121,7 +122,7 @@ func Apply(ctx context.Context, dir string, opt Options) (*Report, error) {
 	if opt.Skew == 0 {
 		return nil, nil
 	}
-	opt.Prompts, opt.Tokens = cmpOr(opt.Prompts, 256), cmpOr(opt.Tokens, 32)
+	opt.Prompts, opt.Tokens = cmp.Or(max(opt.Prompts, 0), 256), cmp.Or(max(opt.Tokens, 0), 32)
 	m, err := model.Load(dir, model.LoadOptions{})
 	if err != nil {
 		return nil, err
@@ -197,13 +198,6 @@ func Apply(ctx context.Context, dir string, opt Options) (*Report, error) {
 		return rep, err
 	}
 	return rep, os.WriteFile(filepath.Join(dir, ReportFile), append(b, '\n'), 0o644)
-}
-
-func cmpOr(v, def int) int {
-	if v > 0 {
-		return v
-	}
-	return def
 }
 
 // calibration are opt's prompts of random token ids below vocab.
