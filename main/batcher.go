@@ -201,7 +201,11 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 // take samples the member's next token from logits and hands it on; it
 // reports whether the member is done (and then has said why).
 func (m *member) take(logits []float32) bool {
-	id := m.sampler.Sample(logits)
+	id, err := m.sampler.Sample(logits)
+	if err != nil {
+		m.err = err
+		return true
+	}
 	m.out = append(m.out, id)
 	m.st.GeneratedTokens = len(m.out)
 	if m.opt.OnToken != nil {

@@ -116,7 +116,10 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 				return out, st, err
 			}
 		}
-		id := sampler.Sample(logits)
+		id, err := sampler.Sample(logits)
+		if err != nil {
+			return out, st, err
+		}
 		out = append(out, id)
 		st.GeneratedTokens = len(out)
 		if opt.OnToken != nil {

@@ -1,7 +1,10 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -25,13 +28,13 @@ func TestArgmaxTakesLowestIndexOnTiesAndSkipsNaN(t *testing.T) {
 
 func TestSamplerFollowsTemperatureAndTopP(t *testing.T) {
 	logits := []float32{2, 1, 0, -1}
-	if got := NewSampler(0, 1, 1).Sample(logits); got != 0 {
+	if got := draw(t, NewSampler(0, 1, 1), logits); got != 0 {
 		t.Fatalf("greedy picked %d", got)
 	}
 	// top-p 0.5 keeps only the most probable token (p0 = 0.64 at T=1)
 	s := NewSampler(1, 0.5, 9)
 	for range 200 {
-		if got := s.Sample(logits); got != 0 {
+		if got := draw(t, s, logits); got != 0 {
 			t.Fatalf("top-p 0.5 sampled %d", got)
 		}
 	}
@@ -40,7 +43,7 @@ func TestSamplerFollowsTemperatureAndTopP(t *testing.T) {
 	counts := make([]int, 4)
 	const n = 20000
 	for range n {
-		counts[s.Sample(logits)]++
+		counts[draw(t, s, logits)]++
 	}
 	var z float64
 	for _, l := range logits {
@@ -56,7 +59,7 @@ func TestSamplerFollowsTemperatureAndTopP(t *testing.T) {
 	// same seed, same draws
 	a, b := NewSampler(0.8, 0.9, 5), NewSampler(0.8, 0.9, 5)
 	for range 50 {
-		if a.Sample(logits) != b.Sample(logits) {
+		if draw(t, a, logits) != draw(t, b, logits) {
 			t.Fatal("same seed gave different samples")
 		}
 	}
@@ -71,7 +74,7 @@ func TestSamplerTopKComesBeforeTopP(t *testing.T) {
 	counts := make([]int, 4)
 	const n = 20000
 	for range n {
-		counts[s.Sample(logits)]++
+		counts[draw(t, s, logits)]++
 	}
 	p0 := math.E / (math.E + 1) // softmax over the top two at T=1
 	if counts[2]+counts[3] != 0 {
@@ -84,7 +87,7 @@ func TestSamplerTopKComesBeforeTopP(t *testing.T) {
 	// (over all four tokens p0 = 0.64 would have kept token 1 too)
 	s = NewSampler(1, 0.7, 4).WithTopK(2)
 	for range 500 {
-		if got := s.Sample(logits); got != 0 {
+		if got := draw(t, s, logits); got != 0 {
 			t.Fatalf("top-k 2 then top-p 0.7 sampled %d", got)
 		}
 	}
@@ -107,5 +110,149 @@ func TestRouteRenormalisesAndSortsByExpert(t *testing.T) {
 	}
 	if err := CheckRoutes([]Route{{Expert: 5}}, 5); err == nil {
 		t.Fatal("expert 5 of 5 accepted")
+	}
+}
+
+func draw(t *testing.T, s *Sampler, logits []float32) int {
+	t.Helper()
+	id, err := s.Sample(logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// TestSamplerPenalisesAsOpenAIDefines: mu[j] - c[j]*frequency -
+// (c[j] > 0)*presence, c counting the tokens chosen so far; hand-worked
+// greedy sequences.
+func TestSamplerPenalisesAsOpenAIDefines(t *testing.T) {
+	logits := []float32{2, 1.9, 0}
+	cases := []struct {
+		presence, frequency float64
+		want                []int
+	}{
+		// c0=1: 1.5 < 1.9; c1=1: 1.4 < 1.5; c0=2: 1.0 < 1.4; c1=2: 0.9 < 1.0
+		{0, 0.5, []int{0, 1, 0, 1, 0}},
+		// 1.7 < 1.9, then both once penalised: 1.7 > 1.6 for good
+		{0.3, 0, []int{0, 1, 0, 0, 0}},
+		// a negative penalty repeats
+		{0, -1, []int{0, 0, 0, 0, 0}},
+	}
+	for _, tc := range cases {
+		s := NewSampler(0, 1, 1).WithPenalties(tc.presence, tc.frequency)
+		var got []int
+		for range tc.want {
+			got = append(got, draw(t, s, logits))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("presence %v frequency %v: chose %v, want %v", tc.presence, tc.frequency, got, tc.want)
+		}
+	}
+}
+
+func TestSamplerBiasesLogits(t *testing.T) {
+	logits := []float32{2, 1, 0, -1}
+	if got := draw(t, NewSampler(0, 1, 1).WithBias(map[int]float64{3: 3.5}), logits); got != 3 {
+		t.Fatalf("greedy with +3.5 on token 3 chose %d", got)
+	}
+	s := NewSampler(1, 1, 7).WithBias(map[int]float64{0: -100})
+	for range 2000 {
+		if draw(t, s, logits) == 0 {
+			t.Fatal("a token biased by -100 was drawn")
+		}
+	}
+}
+
+// TestSamplerLogprobsAreLogSoftmaxOfTheProcessedLogits checks against
+// float64 log-softmax written out here, with a bias in the way.
+func TestSamplerLogprobsAreLogSoftmaxOfTheProcessedLogits(t *testing.T) {
+	logits := []float32{2, 1, 0.5, -1}
+	s := NewSampler(0, 1, 1).WithBias(map[int]float64{2: 1}).WithLogprobs(2)
+	id := draw(t, s, logits)
+	z := []float64{2, 1, 1.5, -1}
+	var sum float64
+	for _, v := range z {
+		sum += math.Exp(v)
+	}
+	lp := func(i int) float64 { return z[i] - math.Log(sum) }
+	c := s.Last()
+	if id != 0 || c.ID != 0 || math.Abs(c.Logprob-lp(0)) > 1e-12 {
+		t.Fatalf("chose %d with %+v, want 0 at %v", id, c, lp(0))
+	}
+	if len(c.Top) != 2 || c.Top[0].ID != 0 || c.Top[1].ID != 2 || math.Abs(c.Top[1].Logprob-lp(2)) > 1e-12 {
+		t.Fatalf("top %+v, want tokens 0 and 2 (%v)", c.Top, lp(2))
+	}
+}
+
+// TestSamplerDrawsTheSameWhenProcessingChangesNothing: asking for
+// logprobs, or penalties of 0, leaves the seeded draws as they were.
+func TestSamplerDrawsTheSameWhenProcessingChangesNothing(t *testing.T) {
+	logits := []float32{0.3, 1, 0.2, -0.5, 0.9}
+	plain := NewSampler(0.9, 0.95, 11).WithTopK(4)
+	logged := NewSampler(0.9, 0.95, 11).WithTopK(4).WithLogprobs(3).WithBias(map[int]float64{})
+	for i := range 300 {
+		if a, b := draw(t, plain, logits), draw(t, logged, logits); a != b {
+			t.Fatalf("draw %d: %d plain, %d with logprobs", i, a, b)
+		}
+	}
+}
+
+// allowList allows the ids of its current step, then moves to the next.
+type allowList struct {
+	steps    [][]int
+	accepted []int
+}
+
+func (a *allowList) Allowed() ([]uint64, error) {
+	if len(a.accepted) >= len(a.steps) {
+		return nil, errors.New("no step left")
+	}
+	set := make([]uint64, 1)
+	for _, id := range a.steps[len(a.accepted)] {
+		set[id/64] |= 1 << (id % 64)
+	}
+	return set, nil
+}
+
+func (a *allowList) Accept(id int) error {
+	if !slices.Contains(a.steps[len(a.accepted)], id) {
+		return fmt.Errorf("%d not allowed", id)
+	}
+	a.accepted = append(a.accepted, id)
+	return nil
+}
+
+func TestSamplerKeepsToItsConstraint(t *testing.T) {
+	logits := []float32{2, 1, 0, -1}
+	c := &allowList{steps: [][]int{{1, 3}, {2}}}
+	s := NewSampler(0, 1, 1).WithConstraint(c).WithLogprobs(4)
+	if a, b := draw(t, s, logits), draw(t, s, logits); a != 1 || b != 2 {
+		t.Fatalf("greedy under the constraint chose %d, %d; want 1, 2", a, b)
+	}
+	// the second step allowed token 2 alone: probability 1, no other
+	// token among the alternatives
+	if c := s.Last(); c.Logprob != 0 || len(c.Top) != 1 || c.Top[0].ID != 2 {
+		t.Fatalf("logprobs under a one-token constraint: %+v", c)
+	}
+	if !slices.Equal(c.accepted, []int{1, 2}) {
+		t.Fatalf("the constraint accepted %v", c.accepted)
+	}
+	if _, err := s.Sample(logits); err == nil {
+		t.Fatal("a constraint's error did not stop the sampler")
+	}
+	// sampling at T=1 draws only what is allowed
+	c = &allowList{steps: slices.Repeat([][]int{{0, 3}}, 500)}
+	s = NewSampler(1, 0.5, 3).WithConstraint(c)
+	seen := map[int]int{}
+	for range 500 {
+		seen[draw(t, s, logits)]++
+	}
+	if seen[1]+seen[2] != 0 || seen[0] == 0 {
+		t.Fatalf("drew %v under a constraint allowing 0 and 3", seen)
+	}
+	// a constraint that allows nothing is an error
+	c = &allowList{steps: [][]int{{}}}
+	if _, err := NewSampler(0, 1, 1).WithConstraint(c).Sample(logits); err == nil {
+		t.Fatal("an empty allowed set gave a token")
 	}
 }

@@ -207,3 +207,47 @@ func hasByteFallback(d decoder) bool {
 	}
 	return false
 }
+
+// TokenBytes returns the bytes id adds to a text it does not begin (the
+// decoder's strip of a text's first space does not apply), or nil for a
+// special token or an id outside the vocabulary: what a constraint on the
+// output's bytes needs, and what OpenAI's logprobs call a token's bytes.
+// A byte-fallback token ("<0xE2>") is its one byte, which alone may be
+// incomplete UTF-8.
+func (t *Tokenizer) TokenBytes(id int) []byte {
+	tok, ok := t.decodable(id, true)
+	if !ok {
+		return nil
+	}
+	if t.decoder == nil {
+		return []byte(" " + tok) // tokens are joined with spaces
+	}
+	return tokenBytes(t.decoder, tok)
+}
+
+func tokenBytes(d decoder, tok string) []byte {
+	switch d := d.(type) {
+	case decSequence:
+		for _, step := range d {
+			if _, ok := step.(decStrip); ok {
+				continue
+			}
+			switch step.(type) {
+			case decByteFallback, decByteLevel:
+				return tokenBytes(step, tok)
+			}
+			tok = step.decodeChain([]string{tok})[0]
+		}
+		return []byte(tok)
+	case decByteFallback:
+		if b, ok := byteTokenValue(tok); ok {
+			return []byte{b}
+		}
+	case decByteLevel:
+		return appendByteLevelToken(nil, tok)
+	case decStrip:
+	default:
+		tok = d.decodeChain([]string{tok})[0]
+	}
+	return []byte(tok)
+}

