@@ -443,3 +443,119 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 		}
 	})
 }
+
+// TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs runs the
+// official client's own helpers (its stream accumulator, its parse of
+// structured output) against a node serving qwen3-moe-tiny, whose chat
+// template writes Hermes tool calls: forced calls come back as tool_calls
+// of the tools with arguments that read as their parameters, whole and
+// streamed; a tool's result goes back through the template; a strict
+// json_schema answer parses; logprobs come one a token.
+func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
+	node := openaiClient(t)
+	r := &chaosRig{t: t, dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
+	r.model = filepath.Join(r.dir, "qwen3-moe-tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-preset", "qwen3-moe-tiny", "-out", r.model, "-log-level", "warn"); code != 0 {
+		t.Fatalf("gen-tiny: %s", se)
+	}
+	t.Cleanup(func() {
+		for _, c := range r.procs {
+			c.Process.Kill()
+			c.Wait()
+		}
+	})
+	r.start("main", "run", "-model", r.model, "-http", "127.0.0.1:0", "-log-json", "-log-level", "info")
+	base := ""
+	for deadline := time.Now().Add(60 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if addr := servingAddr(filepath.Join(r.dir, "main.log")); addr != "" {
+			base = "http://" + addr + "/v1"
+		}
+	}
+	if base == "" {
+		t.Fatalf("the node did not serve within 60 s\n%s", r.logs())
+	}
+	cmd := exec.Command(node, "testdata/openai/features.mjs", base, filepath.Base(r.model))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	so, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("features.mjs: %v\n%s\n%s", err, stderr.String(), r.logs())
+	}
+	t.Logf("features.mjs: %s", so)
+	type call struct {
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	var got struct {
+		Tools struct {
+			ToolCalls    []call  `json:"tool_calls"`
+			Content      *string `json:"content"`
+			FinishReason string  `json:"finish_reason"`
+		} `json:"tools"`
+		Streamed struct {
+			ToolCalls    []call `json:"tool_calls"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"streamed"`
+		Roundtrip struct {
+			FinishReason string `json:"finish_reason"`
+		} `json:"roundtrip"`
+		Parsed struct {
+			Parsed *struct {
+				OK    *bool  `json:"ok"`
+				Color string `json:"color"`
+			} `json:"parsed"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"parsed"`
+		Logprobs struct {
+			Content []struct {
+				Token       string  `json:"token"`
+				Logprob     float64 `json:"logprob"`
+				TopLogprobs []struct {
+					Logprob float64 `json:"logprob"`
+				} `json:"top_logprobs"`
+			} `json:"content"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"logprobs"`
+	}
+	if err := json.Unmarshal(so, &got); err != nil {
+		t.Fatal(err)
+	}
+	checkCalls := func(what string, calls []call, finish string, names ...string) {
+		if finish != "tool_calls" || len(calls) == 0 {
+			t.Fatalf("%s: finish %q with %d calls", what, finish, len(calls))
+		}
+		for _, c := range calls {
+			var args map[string]any
+			if !slices.Contains(names, c.Function.Name) || c.Type != "function" || c.ID == "" || json.Unmarshal([]byte(c.Function.Arguments), &args) != nil {
+				t.Fatalf("%s: call %+v", what, c)
+			}
+			if c.Function.Name == "get_weather" && args["city"] != "Paris" && args["city"] != "Rome" {
+				t.Fatalf("%s: get_weather arguments %s", what, c.Function.Arguments)
+			}
+		}
+	}
+	checkCalls("tool_choice required", got.Tools.ToolCalls, got.Tools.FinishReason, "get_weather", "search")
+	if got.Tools.Content != nil {
+		t.Errorf("content %q beside forced calls", *got.Tools.Content)
+	}
+	checkCalls("streamed, get_weather named", got.Streamed.ToolCalls, got.Streamed.FinishReason, "get_weather")
+	if got.Roundtrip.FinishReason == "" {
+		t.Error("no answer to a conversation with a tool's result")
+	}
+	if p := got.Parsed.Parsed; p == nil || p.OK == nil || (p.Color != "red" && p.Color != "green") || got.Parsed.FinishReason != "stop" {
+		t.Errorf("parsed structured output %+v (finish %q)", p, got.Parsed.FinishReason)
+	}
+	lp := got.Logprobs
+	if len(lp.Content) != lp.CompletionTokens || lp.CompletionTokens == 0 {
+		t.Fatalf("%d logprobs for %d tokens", len(lp.Content), lp.CompletionTokens)
+	}
+	for _, e := range lp.Content {
+		if e.Logprob > 0 || len(e.TopLogprobs) != 2 || e.TopLogprobs[0].Logprob != e.Logprob || e.TopLogprobs[1].Logprob > e.Logprob {
+			t.Errorf("greedy token %+v: not the first of its alternatives", e)
+		}
+	}
+}

@@ -28,14 +28,31 @@ type job struct {
 	stream    bool
 	usage     bool // stream_options.include_usage
 	arrived   time.Time
+	// logprobs: return each token's log-probability and topLogprobs
+	// alternatives
+	logprobs    bool
+	topLogprobs int
+	tools       *toolSyntax // read tool calls out of the answer in this syntax
 }
 
 // outcome is what a generation gave.
 type outcome struct {
 	text      string // all of it (non-streamed requests)
+	calls     []toolCall
 	generated int
 	cached    int    // prompt tokens reused from the prefix cache
-	finish    string // stop, length
+	finish    string // stop, length, tool_calls
+	// choices are the tokens' logprobs: all of them (non-streamed
+	// requests), or those no piece carried (streams)
+	choices []model.Choice
+}
+
+// piece is what a stream sends at once: text, the tool calls that
+// closed, and the logprobs of the tokens since the last piece.
+type piece struct {
+	text     string
+	calls    []toolCall
+	logprobs []model.Choice
 }
 
 // errStopString ends a generation at a stop string; errCutShort one the
@@ -50,7 +67,7 @@ var (
 type shape struct {
 	whole func(out outcome, u *usage) any
 	first any
-	piece func(text string) any
+	piece func(p piece) any
 	final func(out outcome) any
 	usage func(u *usage) any
 }
@@ -74,54 +91,80 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		if err := s.decodeBody(w, r, &req); err != nil {
 			return nil, err
 		}
-		if err := checkUnhonoured(req.samplingFields.unhonoured()...); err != nil {
-			return nil, err
-		}
 		return s.completionJob(&req)
 	}, s.completionShape)
 }
 
 // chatShape is chat.completion and chat.completion.chunk.
-func (s *Server) chatShape(created int64) shape {
-	id := "chatcmpl-" + randomID()
-	chunk := func(delta *chatDelta, finish *string, u *usage) any {
+func (s *Server) chatShape(j *job) shape {
+	id, created := "chatcmpl-"+randomID(), j.arrived.Unix()
+	logprobs := func(choices []model.Choice) any {
+		if !j.logprobs {
+			return nil
+		}
+		return s.chatLogprobsOf(choices)
+	}
+	chunk := func(delta *chatDelta, finish *string, lps []model.Choice, u *usage) any {
 		choices := []chatChoice{}
 		if delta != nil {
-			choices = []chatChoice{{Delta: delta, FinishReason: finish}}
+			choices = []chatChoice{{Delta: delta, FinishReason: finish, Logprobs: logprobs(lps)}}
 		}
 		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model, Choices: choices, Usage: u}
 	}
 	return shape{
 		whole: func(out outcome, u *usage) any {
+			msg := &chatMessage{Role: "assistant", Content: &out.text}
+			if len(out.calls) > 0 {
+				for i := range out.calls {
+					out.calls[i].Index = nil
+				}
+				msg.ToolCalls = out.calls
+				if out.text == "" {
+					msg.Content = nil
+				}
+			}
 			return chatResponse{ID: id, Object: "chat.completion", Created: created, Model: s.cfg.Model,
-				Choices: []chatChoice{{Message: &chatMessage{Role: "assistant", Content: out.text}, FinishReason: &out.finish}}, Usage: u}
+				Choices: []chatChoice{{Message: msg, FinishReason: &out.finish, Logprobs: logprobs(out.choices)}}, Usage: u}
 		},
-		first: chunk(&chatDelta{Role: "assistant"}, nil, nil),
-		piece: func(text string) any { return chunk(&chatDelta{Content: text}, nil, nil) },
-		final: func(out outcome) any { return chunk(&chatDelta{}, &out.finish, nil) },
-		usage: func(u *usage) any { return chunk(nil, nil, u) },
+		first: chunk(&chatDelta{Role: "assistant"}, nil, nil, nil),
+		piece: func(p piece) any { return chunk(&chatDelta{Content: p.text, ToolCalls: p.calls}, nil, p.logprobs, nil) },
+		final: func(out outcome) any { return chunk(&chatDelta{}, &out.finish, out.choices, nil) },
+		usage: func(u *usage) any { return chunk(nil, nil, nil, u) },
 	}
 }
 
 // completionShape is text_completion, whole and as chunks.
-func (s *Server) completionShape(created int64) shape {
-	id := "cmpl-" + randomID()
+func (s *Server) completionShape(j *job) shape {
+	id, created := "cmpl-"+randomID(), j.arrived.Unix()
+	offset := 0 // where the next token's text starts, in bytes
+	logprobs := func(choices []model.Choice) any {
+		if !j.logprobs {
+			return nil
+		}
+		lp, end := s.completionLogprobsOf(choices, offset)
+		offset = end
+		return lp
+	}
 	resp := func(choices []completionChoice, u *usage) any {
 		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, Choices: choices, Usage: u}
 	}
 	return shape{
 		whole: func(out outcome, u *usage) any {
-			return resp([]completionChoice{{Text: out.text, FinishReason: &out.finish}}, u)
+			return resp([]completionChoice{{Text: out.text, FinishReason: &out.finish, Logprobs: logprobs(out.choices)}}, u)
 		},
-		piece: func(text string) any { return resp([]completionChoice{{Text: text}}, nil) },
-		final: func(out outcome) any { return resp([]completionChoice{{FinishReason: &out.finish}}, nil) },
+		piece: func(p piece) any {
+			return resp([]completionChoice{{Text: p.text, Logprobs: logprobs(p.logprobs)}}, nil)
+		},
+		final: func(out outcome) any {
+			return resp([]completionChoice{{FinishReason: &out.finish, Logprobs: logprobs(out.choices)}}, nil)
+		},
 		usage: func(u *usage) any { return resp([]completionChoice{}, u) },
 	}
 }
 
 // answer parses a request into a job with parse and answers it in the
 // endpoint's shape, whole or streamed.
-func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, parse func() (*job, error), shapeOf func(created int64) shape) {
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, parse func() (*job, error), shapeOf func(j *job) shape) {
 	arrived := time.Now()
 	if s.draining.Load() {
 		w.Header().Set("Connection", "close")
@@ -136,7 +179,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 		return
 	}
 	j.endpoint, j.arrived = endpoint, arrived
-	sh := shapeOf(arrived.Unix())
+	sh := shapeOf(j)
 	if j.stream {
 		s.streamEvents(w, r, j, sh)
 		return
@@ -185,14 +228,14 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, sh
 	// up no other request's next token
 	w8 := newEventWriter(send)
 	emitted := false
-	out, err := s.generate(ctx, j, func(text string) error {
+	out, err := s.generate(ctx, j, func(p piece) error {
 		if !emitted && sh.first != nil {
 			if err := w8.put(sh.first); err != nil {
 				return err
 			}
 		}
 		emitted = true
-		return w8.put(sh.piece(text))
+		return w8.put(sh.piece(p))
 	})
 	if werr := w8.close(); err == nil {
 		err = werr
@@ -297,9 +340,9 @@ func (e *eventWriter) close() error {
 }
 
 // generate runs j when the batch has room, handing each piece of text
-// that is final (stop strings cut, incomplete characters held back) to
-// emit, or collecting it in the outcome when emit is nil.
-func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) (outcome, error) {
+// that is final (stop strings cut, incomplete characters held back, tool
+// calls read) to emit, or collecting it in the outcome when emit is nil.
+func (s *Server) generate(ctx context.Context, j *job, emit func(piece) error) (outcome, error) {
 	release, err := s.admit.acquire(ctx)
 	if err != nil {
 		return outcome{}, err
@@ -307,15 +350,29 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 	defer release()
 	var out outcome
 	var text []byte
-	put := func(piece string) error {
-		if piece == "" {
+	var pending []model.Choice // logprobs no piece has carried yet
+	send := func(p piece) error {
+		if p.text == "" && len(p.calls) == 0 {
 			return nil
 		}
 		if emit == nil {
-			text = append(text, piece...)
+			text = append(text, p.text...)
+			out.calls = append(out.calls, p.calls...)
 			return nil
 		}
-		return emit(piece)
+		p.logprobs, pending = pending, nil
+		return emit(p)
+	}
+	var tools *toolFilter
+	if j.tools != nil {
+		tools = &toolFilter{syntax: j.tools}
+	}
+	put := func(text string) error {
+		p := piece{text: text}
+		if tools != nil {
+			p.text, p.calls = tools.Push(text)
+		}
+		return send(p)
 	}
 	dec := s.cfg.Tokenizer.NewStreamDecoder()
 	stop := newStopFilter(j.stops)
@@ -334,6 +391,9 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 			}
 			last = now
 			s.metrics.generatedTokens.Inc()
+			if j.logprobs {
+				pending = append(pending, j.sampler.Last())
+			}
 			piece, stopped := stop.Push(dec.Next(id))
 			if err := put(piece); err != nil {
 				return err
@@ -379,6 +439,15 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(string) error) 
 			out.finish = "stop"
 		}
 	}
+	if tools != nil {
+		if err := send(piece{text: tools.Flush()}); err != nil {
+			return out, err
+		}
+		if tools.calls > 0 && out.finish == "stop" {
+			out.finish = "tool_calls"
+		}
+	}
+	out.choices = pending
 	out.text = string(text)
 	return out, nil
 }
@@ -418,7 +487,18 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	}
 	vars["messages"] = msgs
 	vars["add_generation_prompt"] = true
-	if len(req.Tools) > 0 && string(req.Tools) != "null" {
+	tools, err := s.toolChoice(req)
+	if err != nil {
+		return nil, err
+	}
+	format, err := responseFormat(req.ResponseFormat)
+	if err != nil {
+		return nil, err
+	}
+	if format != nil && tools.force != nil {
+		return nil, badRequest("tool_choice", "tool_choice %s cannot go with a response_format: both would constrain the answer", req.ToolChoice)
+	}
+	if tools.render {
 		vars["tools"] = req.Tools
 	}
 	if v, ok := req.ChatTemplateKwargs["add_generation_prompt"]; ok {
@@ -438,7 +518,19 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
 	}
-	return s.job(&req.samplingFields, prompt, "messages", maxTokens, -1)
+	j, err := s.job(&req.samplingFields, prompt, "messages", maxTokens, -1)
+	if err != nil {
+		return nil, err
+	}
+	j.tools = tools.parse
+	for _, g := range []*answerGrammar{format, tools.force} {
+		if g != nil {
+			if err := s.constrain(j, g); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return j, nil
 }
 
 func joinTextParts(parts []any, i int) (string, error) {
@@ -532,9 +624,6 @@ func (s *Server) job(f *samplingFields, prompt []int, param string, maxTokens *i
 	if f.N != nil && *f.N != 1 {
 		return nil, badRequest("n", "n must be 1 (one choice per request)")
 	}
-	if len(f.Logprobs) > 0 && string(f.Logprobs) != "null" && string(f.Logprobs) != "false" {
-		return nil, badRequest("logprobs", "logprobs are not supported")
-	}
 	if f.StreamOptions != nil {
 		if !f.Stream {
 			return nil, badRequest("stream_options", "stream_options is only allowed with stream: true")
@@ -564,6 +653,9 @@ func (s *Server) job(f *samplingFields, prompt []int, param string, maxTokens *i
 		seed = uint64(*f.Seed)
 	}
 	j.sampler = model.NewSampler(temperature, topP, seed).WithTopK(topK)
+	if err := s.samplingExtras(f, param == "messages", j); err != nil {
+		return nil, err
+	}
 	stops, err := stopStrings(f.Stop)
 	if err != nil {
 		return nil, err

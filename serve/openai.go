@@ -13,10 +13,9 @@ import (
 // fields are ignored, as OpenAI-compatible servers do; every field
 // OpenAI's reference defines is honoured, or is one that cannot change
 // the answer (user, metadata, store, service_tier, prompt_cache_key,
-// safety_identifier, parallel_tool_calls), or is accepted at its neutral
-// value alone and otherwise refused by name (unhonoured: n > 1, logprobs,
-// echo, penalties, response formats, ...), so that no client is answered
-// as if it had not asked.
+// safety_identifier), or is accepted at its neutral value alone and
+// otherwise refused by name (unhonoured: n > 1, echo, audio, ...), so
+// that no client is answered as if it had not asked.
 
 // samplingFields are the fields both endpoints share.
 type samplingFields struct {
@@ -33,12 +32,13 @@ type samplingFields struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Logprobs    json.RawMessage `json:"logprobs"`
-	TopLogprobs json.RawMessage `json:"top_logprobs"`
-	// not acted on (yet): accepted at their neutral values only
-	FrequencyPenalty json.RawMessage `json:"frequency_penalty"`
-	PresencePenalty  json.RawMessage `json:"presence_penalty"`
-	LogitBias        json.RawMessage `json:"logit_bias"`
+	// Logprobs is a boolean in chat (with TopLogprobs the alternatives),
+	// the number of alternatives in completions
+	Logprobs         json.RawMessage    `json:"logprobs"`
+	TopLogprobs      *int               `json:"top_logprobs"`
+	FrequencyPenalty *float64           `json:"frequency_penalty"`
+	PresencePenalty  *float64           `json:"presence_penalty"`
+	LogitBias        map[string]float64 `json:"logit_bias"`
 	// IgnoreEOS keeps generating past an end-of-sequence token (vLLM's
 	// and llama-server's extension; benchmarks use it).
 	IgnoreEOS bool `json:"ignore_eos"`
@@ -54,9 +54,10 @@ type chatRequest struct {
 	// ChatTemplateKwargs are extra template variables (vLLM's extension),
 	// e.g. {"enable_thinking": false} for Qwen3.
 	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
-	// not acted on (yet): accepted at their neutral values only
-	ToolChoice       json.RawMessage `json:"tool_choice"`
-	ResponseFormat   json.RawMessage `json:"response_format"`
+	ToolChoice         json.RawMessage            `json:"tool_choice"`
+	ParallelToolCalls  *bool                      `json:"parallel_tool_calls"`
+	ResponseFormat     json.RawMessage            `json:"response_format"`
+	// not acted on: accepted at their neutral values only
 	Functions        json.RawMessage `json:"functions"`
 	FunctionCall     json.RawMessage `json:"function_call"`
 	Audio            json.RawMessage `json:"audio"`
@@ -89,8 +90,21 @@ type promptTokensDetails struct {
 }
 
 type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string     `json:"role"`
+	Content   *string    `json:"content"` // null when the answer is tool calls alone
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+}
+
+// toolCall is a call the model made, as OpenAI gives it: in a message,
+// and (with Index) as a streamed delta, whole in one chunk.
+type toolCall struct {
+	Index    *int   `json:"index,omitempty"`
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"` // JSON text
+	} `json:"function"`
 }
 
 type chatChoice struct {
@@ -102,8 +116,31 @@ type chatChoice struct {
 }
 
 type chatDelta struct {
-	Role    string `json:"role,omitempty"`
-	Content string `json:"content,omitempty"`
+	Role      string     `json:"role,omitempty"`
+	Content   string     `json:"content,omitempty"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+}
+
+// chatLogprobs is a chat choice's logprobs: one entry a token.
+type chatLogprobs struct {
+	Content []tokenLogprob `json:"content"`
+	Refusal []tokenLogprob `json:"refusal"`
+}
+
+type tokenLogprob struct {
+	Token       string         `json:"token"`
+	Logprob     float64        `json:"logprob"`
+	Bytes       []int          `json:"bytes"`
+	TopLogprobs []tokenLogprob `json:"top_logprobs,omitempty"`
+}
+
+// completionLogprobs is a completion choice's logprobs, in the legacy
+// shape: parallel lists, one entry a token.
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
 }
 
 type chatResponse struct {
@@ -211,30 +248,16 @@ func checkUnhonoured(us ...unhonoured) error {
 	return nil
 }
 
-// samplingUnhonoured are the fields both endpoints share that odmoe does
-// not act on.
-func (f *samplingFields) unhonoured() []unhonoured {
-	const sampling = "odmoe samples from the model's logits as they are (temperature, top_p, top_k, seed)"
-	return []unhonoured{
-		{"top_logprobs", f.TopLogprobs, []string{"0"}, "logprobs are not returned"},
-		{"frequency_penalty", f.FrequencyPenalty, []string{"0", "0.0"}, sampling},
-		{"presence_penalty", f.PresencePenalty, []string{"0", "0.0"}, sampling},
-		{"logit_bias", f.LogitBias, []string{"{}"}, sampling},
-	}
-}
-
 // unhonoured are the chat fields odmoe does not act on.
 func (r *chatRequest) unhonoured() []unhonoured {
-	return append(r.samplingFields.unhonoured(),
-		unhonoured{"tool_choice", r.ToolChoice, []string{`"none"`, `"auto"`}, "the tools reach the chat template and the model answers as it will; a call cannot be forced"},
-		unhonoured{"response_format", r.ResponseFormat, []string{`{"type":"text"}`}, "output is not constrained to JSON"},
-		unhonoured{"functions", r.Functions, []string{"[]"}, "give tools instead"},
-		unhonoured{"function_call", r.FunctionCall, []string{`"none"`, `"auto"`}, "a call cannot be forced"},
-		unhonoured{"audio", r.Audio, nil, "the models here read and write text"},
-		unhonoured{"modalities", r.Modalities, []string{`["text"]`}, "the models here read and write text"},
-		unhonoured{"prediction", r.Prediction, nil, "predicted outputs are not used"},
-		unhonoured{"reasoning_effort", r.ReasoningEffort, nil, "no model here takes a reasoning effort (Qwen3's thinking: chat_template_kwargs enable_thinking)"},
-		unhonoured{"verbosity", r.Verbosity, nil, "no model here takes a verbosity"},
-		unhonoured{"web_search_options", r.WebSearchOptions, nil, "the server does not search the web"},
-	)
+	return []unhonoured{
+		{"functions", r.Functions, []string{"[]"}, "give tools instead (the deprecated functions are not read)"},
+		{"function_call", r.FunctionCall, []string{`"none"`, `"auto"`}, "give tool_choice instead"},
+		{"audio", r.Audio, nil, "the models here read and write text"},
+		{"modalities", r.Modalities, []string{`["text"]`}, "the models here read and write text"},
+		{"prediction", r.Prediction, nil, "predicted outputs are not used"},
+		{"reasoning_effort", r.ReasoningEffort, nil, "no model here takes a reasoning effort (Qwen3's thinking: chat_template_kwargs enable_thinking)"},
+		{"verbosity", r.Verbosity, nil, "no model here takes a verbosity"},
+		{"web_search_options", r.WebSearchOptions, nil, "the server does not search the web"},
+	}
 }

@@ -100,6 +100,10 @@ type Server struct {
 	// cutShort: the drain's time is up, running generations end at their
 	// next token with finish_reason "length"
 	draining, cutShort atomic.Bool
+	// grammars constrain structured output and forced tool calls; tools
+	// is the chat template's tool-call syntax (nil: none odmoe reads)
+	grammars constraints
+	tools    *toolSyntax
 }
 
 // bounds sets the prompt and body limits from the context and the
@@ -142,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
-	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix()}
+	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat)}
 	s.bounds()
 	s.metrics = newMetrics(cfg.Registry, s.admit)
 	mux := http.NewServeMux()

@@ -56,7 +56,7 @@ func (g gatedGenerator) Generate(ctx context.Context, prompt []int, opt model.Ge
 }
 
 // plainChat is a chat template for tests: "role: content" lines and
-// "assistant:" to generate.
+// "assistant:" to generate; an assistant's tool calls in Hermes' syntax.
 type plainChat struct{}
 
 func (plainChat) Render(vars map[string]any) (string, error) {
@@ -70,6 +70,11 @@ func (plainChat) Render(vars map[string]any) (string, error) {
 			return "", fmt.Errorf("message %v", m)
 		}
 		fmt.Fprintf(&b, "%s: %s\n", mm["role"], mm["content"])
+		calls, _ := mm["tool_calls"].([]any)
+		for _, c := range calls {
+			fn := c.(map[string]any)["function"].(map[string]any)
+			fmt.Fprintf(&b, "<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n</tool_call>", fn["name"], fn["arguments"])
+		}
 	}
 	if vars["add_generation_prompt"] == true {
 		b.WriteString("assistant:")
@@ -222,8 +227,8 @@ func TestStreamedChatEqualsTheWholeAnswer(t *testing.T) {
 		t.Fatalf("response %s", body)
 	}
 	prompt := f.tok.Encode("system: Be brief.\nuser: Name a colour.\nassistant:", false)
-	if want := f.reference(t, prompt, 10); whole.Choices[0].Message.Content != want {
-		t.Fatalf("content %q, want local mode's %q", whole.Choices[0].Message.Content, want)
+	if want := f.reference(t, prompt, 10); *whole.Choices[0].Message.Content != want {
+		t.Fatalf("content %q, want local mode's %q", *whole.Choices[0].Message.Content, want)
 	}
 
 	resp, err := http.Post(hs.URL+"/v1/chat/completions", "application/json", strings.NewReader(fmt.Sprintf(req, `,"stream":true,"stream_options":{"include_usage":true}`)))
@@ -258,8 +263,8 @@ func TestStreamedChatEqualsTheWholeAnswer(t *testing.T) {
 	}
 	last := evs[len(evs)-1]
 	u, _ := last["usage"].(map[string]any)
-	if text.String() != whole.Choices[0].Message.Content || finish != *whole.Choices[0].FinishReason {
-		t.Fatalf("streamed %q (%v), whole %q (%v)", text.String(), finish, whole.Choices[0].Message.Content, *whole.Choices[0].FinishReason)
+	if text.String() != *whole.Choices[0].Message.Content || finish != *whole.Choices[0].FinishReason {
+		t.Fatalf("streamed %q (%v), whole %q (%v)", text.String(), finish, *whole.Choices[0].Message.Content, *whole.Choices[0].FinishReason)
 	}
 	if u == nil || int(u["prompt_tokens"].(float64)) != whole.Usage.PromptTokens || int(u["completion_tokens"].(float64)) != whole.Usage.CompletionTokens {
 		t.Fatalf("usage chunk %v, whole %+v", last, whole.Usage)
@@ -517,11 +522,17 @@ func TestModelsAndHealth(t *testing.T) {
 	resp.Body.Close()
 }
 
-// recordingChat renders like plainChat and keeps the variables it got.
-type recordingChat struct{ got chan map[string]any }
+// recordingChat renders like plainChat and keeps the variables of its
+// latest rendering.
+type recordingChat struct {
+	mu   sync.Mutex
+	last map[string]any
+}
 
-func (r recordingChat) Render(vars map[string]any) (string, error) {
-	r.got <- vars
+func (r *recordingChat) Render(vars map[string]any) (string, error) {
+	r.mu.Lock()
+	r.last = vars
+	r.mu.Unlock()
 	return plainChat{}.Render(vars)
 }
 
@@ -530,7 +541,7 @@ func (r recordingChat) Render(vars map[string]any) (string, error) {
 // template's tojson prints what Hugging Face's would.
 func TestChatTemplateGetsTheClientsJSON(t *testing.T) {
 	f := newFixture(t)
-	rec := recordingChat{got: make(chan map[string]any, 1)}
+	rec := &recordingChat{}
 	hs := f.server(t, func(c *Config) { c.Chat = rec })
 	const tools = `[{"type":"function","function":{"name":"f","parameters":{"z":1.0,"a":2}}}]`
 	const msg = `{"role":"user","content":"hi","zeta":3.0}`
@@ -538,7 +549,9 @@ func TestChatTemplateGetsTheClientsJSON(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	vars := <-rec.got
+	rec.mu.Lock()
+	vars := rec.last
+	rec.mu.Unlock()
 	if got, ok := vars["tools"].(json.RawMessage); !ok || string(got) != tools {
 		t.Fatalf("tools reached the template as %T %v", vars["tools"], vars["tools"])
 	}
@@ -817,13 +830,13 @@ func TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName(t *testing.T) {
 		{name: "prompt_cache_key", value: `"k"`},
 		{name: "safety_identifier", value: `"s"`},
 		{name: "n", value: `2`, refused: true, neutral: `1`},
-		{name: "logprobs", value: `true`, refused: true, neutral: `false`},
-		{name: "top_logprobs", value: `3`, refused: true, neutral: `0`},
-		{name: "frequency_penalty", value: `0.5`, refused: true, neutral: `0`},
-		{name: "presence_penalty", value: `-0.5`, refused: true, neutral: `0`},
-		{name: "logit_bias", value: `{"5": 100}`, refused: true, neutral: `{}`},
-		{name: "response_format", value: `{"type": "json_object"}`, refused: true, neutral: `{"type": "text"}`},
-		{name: "tool_choice", value: `"required"`, refused: true, neutral: `"auto"`},
+		{name: "logprobs", value: `true`},
+		{name: "frequency_penalty", value: `0.5`},
+		{name: "presence_penalty", value: `-0.5`},
+		{name: "logit_bias", value: `{"5": 100}`},
+		{name: "response_format", value: `{"type": "json_object"}`},
+		{name: "top_logprobs", value: `3`, refused: true, neutral: `0`},              // without logprobs: true
+		{name: "tool_choice", value: `"required"`, refused: true, neutral: `"auto"`}, // without tools
 		{name: "functions", value: `[{"name": "f", "parameters": {}}]`, refused: true, neutral: `[]`},
 		{name: "function_call", value: `{"name": "f"}`, refused: true, neutral: `"none"`},
 		{name: "audio", value: `{"voice": "alloy", "format": "wav"}`, refused: true, neutral: `null`},
@@ -847,10 +860,10 @@ func TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName(t *testing.T) {
 		{name: "best_of", value: `2`, refused: true, neutral: `1`},
 		{name: "echo", value: `true`, refused: true, neutral: `false`},
 		{name: "suffix", value: `"end"`, refused: true, neutral: `""`},
-		{name: "logprobs", value: `2`, refused: true, neutral: `null`},
-		{name: "frequency_penalty", value: `0.5`, refused: true, neutral: `0`},
-		{name: "presence_penalty", value: `0.5`, refused: true, neutral: `0.0`},
-		{name: "logit_bias", value: `{"5": -100}`, refused: true, neutral: `{}`},
+		{name: "logprobs", value: `2`},
+		{name: "frequency_penalty", value: `0.5`},
+		{name: "presence_penalty", value: `0.5`},
+		{name: "logit_bias", value: `{"5": -100}`},
 		{name: "stream_options", value: `{"include_usage": true}`, refused: true, neutral: `null`},
 	}
 	for _, ep := range []struct {

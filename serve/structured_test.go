@@ -1,0 +1,411 @@
+package serve
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/odmoe/odmoe/model"
+)
+
+// referenceLogits are the logits local mode samples each token of a
+// greedy generation from, and the tokens.
+func (f *fixture) referenceLogits(t *testing.T, prompt []int, n int, sampler *model.Sampler) ([]int, [][]float32) {
+	t.Helper()
+	sess := model.NewSession(f.m, model.NewResidentExperts(f.m), len(prompt)+n)
+	var logits [][]float32
+	ids, _, err := model.Generate(context.Background(), sess, prompt, model.GenerateOptions{MaxTokens: n, StopAtEOS: true, Sampler: sampler,
+		OnToken: func(_, _ int, l []float32) error {
+			logits = append(logits, slices.Clone(l))
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids, logits
+}
+
+// logSoftmax is the float64 reference.
+func logSoftmax(l []float32) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range l {
+		mx = max(mx, float64(v))
+	}
+	var sum float64
+	for _, v := range l {
+		sum += math.Exp(float64(v) - mx)
+	}
+	out := make([]float64, len(l))
+	for i, v := range l {
+		out[i] = float64(v) - mx - math.Log(sum)
+	}
+	return out
+}
+
+// TestLogprobsAreTheModelsLogSoftmax: completions' logprobs (legacy
+// shape) and chat's, whole and streamed, give each generated token's
+// log-softmax of local mode's logits, and the most likely alternatives.
+func TestLogprobsAreTheModelsLogSoftmax(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	const n = 8
+	prompt := f.tok.Encode("The swarm", true)
+	ids, logits := f.referenceLogits(t, prompt, n, nil)
+	resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": "The swarm", "max_tokens": 8, "temperature": 0, "logprobs": 3}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	var c struct {
+		Choices []struct {
+			Logprobs completionLogprobs `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(body, &c); err != nil {
+		t.Fatal(err)
+	}
+	lp := c.Choices[0].Logprobs
+	if len(lp.Tokens) != len(ids) || len(lp.TopLogprobs) != len(ids) {
+		t.Fatalf("%d tokens' logprobs for %d tokens: %s", len(lp.Tokens), len(ids), body)
+	}
+	for i, id := range ids {
+		want := logSoftmax(logits[i])
+		if math.Abs(lp.TokenLogprobs[i]-want[id]) > 1e-9 {
+			t.Errorf("token %d: logprob %v, reference %v", i, lp.TokenLogprobs[i], want[id])
+		}
+		order := make([]int, len(want))
+		for k := range order {
+			order[k] = k
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return -cmpFloat(want[a], want[b]) })
+		for _, alt := range order[:3] {
+			tok := (&Server{cfg: Config{Tokenizer: f.tok}}).tokenLogprob(alt, 0).Token
+			if got, ok := lp.TopLogprobs[i][tok]; !ok || math.Abs(got-want[alt]) > 1e-9 {
+				t.Errorf("token %d: alternative %q: %v (present %v), reference %v", i, tok, got, ok, want[alt])
+			}
+		}
+	}
+	// chat: whole and streamed give the same entries, one a token
+	req := `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 2`
+	resp, body = post(t, hs.URL+"/v1/chat/completions", req+`}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	var whole struct {
+		Choices []struct {
+			Logprobs chatLogprobs `json:"logprobs"`
+		} `json:"choices"`
+		Usage usage `json:"usage"`
+	}
+	json.Unmarshal(body, &whole)
+	entries := whole.Choices[0].Logprobs.Content
+	if len(entries) != whole.Usage.CompletionTokens || len(entries[0].TopLogprobs) != 2 || entries[0].TopLogprobs[0].Logprob < entries[0].TopLogprobs[1].Logprob {
+		t.Fatalf("chat logprobs %+v for %d tokens", entries, whole.Usage.CompletionTokens)
+	}
+	if resp, body = post(t, hs.URL+"/v1/chat/completions", req+`, "stream": true}`); resp.StatusCode != 200 {
+		t.Fatalf("streamed: %d %s", resp.StatusCode, body)
+	}
+	var streamed []tokenLogprob
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Logprobs *chatLogprobs `json:"logprobs"`
+			} `json:"choices"`
+		}
+		json.Unmarshal([]byte(data), &chunk)
+		if len(chunk.Choices) > 0 && chunk.Choices[0].Logprobs != nil {
+			streamed = append(streamed, chunk.Choices[0].Logprobs.Content...)
+		}
+	}
+	if !equalJSON(t, streamed, entries) {
+		t.Fatalf("streamed logprobs %+v, whole %+v", streamed, entries)
+	}
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func equalJSON(t *testing.T, a, b any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}
+
+// TestPenaltiesAndBiasReachTheSampler: the served tokens are local
+// mode's with the same penalties, and a token biased by +100 is all a
+// greedy answer says.
+func TestPenaltiesAndBiasReachTheSampler(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	prompt := f.tok.Encode("The swarm", true)
+	ids, _ := f.referenceLogits(t, prompt, 12, model.NewSampler(0, 1, 0).WithPenalties(0.4, 1.5))
+	plain, _ := f.referenceLogits(t, prompt, 12, nil)
+	if slices.Equal(ids, plain) {
+		t.Fatal("the penalties change nothing on this prompt: pick another")
+	}
+	resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": [`+joinInts(prompt)+`], "max_tokens": 12, "temperature": 0, "presence_penalty": 0.4, "frequency_penalty": 1.5}`)
+	var c struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	json.Unmarshal(body, &c)
+	if resp.StatusCode != 200 || c.Choices[0].Text != f.tok.Decode(ids, true) {
+		t.Fatalf("%d: served %q, local mode with the penalties %q", resp.StatusCode, c.Choices[0].Text, f.tok.Decode(ids, true))
+	}
+	biased := f.tok.Encode("swarm", false)[0]
+	resp, body = post(t, hs.URL+"/v1/completions", `{"prompt": "The", "max_tokens": 5, "temperature": 0, "ignore_eos": true, "logit_bias": {"`+itoa(biased)+`": 100}}`)
+	json.Unmarshal(body, &c)
+	if want := strings.Repeat(string(f.tok.TokenBytes(biased)), 5); resp.StatusCode != 200 || c.Choices[0].Text != strings.TrimPrefix(want, " ") && c.Choices[0].Text != want {
+		t.Fatalf("%d: biased answer %q, want %q", resp.StatusCode, c.Choices[0].Text, want)
+	}
+	for body, param := range map[string]string{
+		`{"prompt": "x", "frequency_penalty": 2.5}`:                                              "frequency_penalty",
+		`{"prompt": "x", "logit_bias": {"-1": 1}}`:                                               "logit_bias",
+		`{"prompt": "x", "logit_bias": {"3": 101}}`:                                              "logit_bias",
+		`{"prompt": "x", "logprobs": 6}`:                                                         "logprobs",
+		`{"messages": [{"role": "user", "content": "x"}], "logprobs": 2}`:                        "logprobs",
+		`{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21, "logprobs": true}`: "top_logprobs",
+	} {
+		path := "/v1/completions"
+		if strings.Contains(body, "messages") {
+			path = "/v1/chat/completions"
+		}
+		resp, b := post(t, hs.URL+path, body)
+		if resp.StatusCode != 400 || !strings.Contains(string(b), `"param":"`+param+`"`) {
+			t.Errorf("%s: %d %s; want 400 naming %s", body, resp.StatusCode, b, param)
+		}
+	}
+}
+
+func joinInts(ids []int) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = itoa(id)
+	}
+	return strings.Join(s, ",")
+}
+
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
+
+func validator(t *testing.T, schema string) *jsonschema.Schema {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("s.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	v, err := c.Compile("s.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func validates(t *testing.T, v *jsonschema.Schema, text string) error {
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		return err
+	}
+	return v.Validate(doc)
+}
+
+// TestStructuredOutputFollowsTheSchema: a random tiny model, sampled at
+// temperature 1 under many seeds, answers what the schema accepts and
+// stops there (checked by an independent JSON Schema validator).
+func TestStructuredOutputFollowsTheSchema(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	const schema = `{"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
+		"color": {"enum": ["red", "green", "dark blue"]}, "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
+		"required": ["ok", "n", "color"], "additionalProperties": false}`
+	v := validator(t, schema)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 6 {
+		seed := rng.IntN(1 << 30)
+		req := `{"messages": [{"role": "user", "content": "a JSON please"}], "max_tokens": 500, "seed": ` + itoa(seed) +
+			`, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": ` + schema + `}}}`
+		resp, body := post(t, hs.URL+"/v1/chat/completions", req)
+		var c chatResponse
+		json.Unmarshal(body, &c)
+		if resp.StatusCode != 200 || *c.Choices[0].FinishReason != "stop" {
+			t.Fatalf("seed %d: %d %s", seed, resp.StatusCode, body)
+		}
+		if err := validates(t, v, *c.Choices[0].Message.Content); err != nil {
+			t.Fatalf("seed %d: the answer %q does not follow the schema: %v", seed, *c.Choices[0].Message.Content, err)
+		}
+	}
+	resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "response_format": {"type": "json_object"}}`)
+	var c chatResponse
+	json.Unmarshal(body, &c)
+	if resp.StatusCode != 200 || !strings.HasPrefix(*c.Choices[0].Message.Content, "{") {
+		t.Fatalf("json_object: %d %s", resp.StatusCode, body)
+	}
+	for req, want := range map[string]string{
+		`{"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a+"}}}`: `keyword \"pattern\" is not supported`,
+		`{"type": "json_schema"}`: "needs json_schema.schema",
+		`{"type": "yaml"}`:        `\"yaml\" is not one of`,
+	} {
+		resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "response_format": `+req+`}`)
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"param":"response_format"`) || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %d %s; want 400 naming response_format and saying %s", req, resp.StatusCode, body, want)
+		}
+	}
+}
+
+const weatherTool = `{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+	"properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}}}`
+const searchTool = `{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {"q": {"enum": ["a", "b"]}}, "required": ["q"], "additionalProperties": false}}}`
+
+// TestForcedToolCallsAreCallsOfTheTools: tool_choice required and a
+// named function make even a random model answer with calls in the
+// template's syntax, read back as tool_calls whose arguments follow the
+// tool's parameters, whole and streamed alike.
+func TestForcedToolCallsAreCallsOfTheTools(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	weatherArgs := validator(t, `{"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}`)
+	for _, tc := range []struct {
+		choice string
+		names  []string // the functions it may call
+	}{
+		{`"required"`, []string{"get_weather", "search"}},
+		{`{"type": "function", "function": {"name": "get_weather"}}`, []string{"get_weather"}},
+	} {
+		for seed := range 4 {
+			req := `{"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 400, "seed": ` + itoa(seed) +
+				`, "tools": [` + weatherTool + `, ` + searchTool + `], "tool_choice": ` + tc.choice
+			resp, body := post(t, hs.URL+"/v1/chat/completions", req+`}`)
+			var c chatResponse
+			json.Unmarshal(body, &c)
+			if resp.StatusCode != 200 || *c.Choices[0].FinishReason != "tool_calls" || c.Choices[0].Message.Content != nil || len(c.Choices[0].Message.ToolCalls) == 0 {
+				t.Fatalf("%s seed %d: %d %s", tc.choice, seed, resp.StatusCode, body)
+			}
+			calls := c.Choices[0].Message.ToolCalls
+			for _, call := range calls {
+				if !slices.Contains(tc.names, call.Function.Name) || call.Index != nil || !strings.HasPrefix(call.ID, "call_") || call.Type != "function" {
+					t.Fatalf("%s seed %d: call %+v", tc.choice, seed, call)
+				}
+				if call.Function.Name == "get_weather" {
+					if err := validates(t, weatherArgs, call.Function.Arguments); err != nil {
+						t.Fatalf("arguments %s: %v", call.Function.Arguments, err)
+					}
+				}
+			}
+			// streamed: the same calls, each whole in one delta
+			_, body = post(t, hs.URL+"/v1/chat/completions", req+`, "stream": true}`)
+			var streamed []toolCall
+			var finish string
+			sc := bufio.NewScanner(bytes.NewReader(body))
+			for sc.Scan() {
+				data, ok := strings.CutPrefix(sc.Text(), "data: ")
+				if !ok || data == "[DONE]" {
+					continue
+				}
+				var chunk chatResponse
+				json.Unmarshal([]byte(data), &chunk)
+				if len(chunk.Choices) > 0 {
+					if d := chunk.Choices[0].Delta; d.Content != "" {
+						t.Fatalf("content %q streamed beside forced calls", d.Content)
+					}
+					streamed = append(streamed, chunk.Choices[0].Delta.ToolCalls...)
+					if fr := chunk.Choices[0].FinishReason; fr != nil {
+						finish = *fr
+					}
+				}
+			}
+			if len(streamed) != len(calls) || finish != "tool_calls" {
+				t.Fatalf("streamed %d calls (%s), whole %d", len(streamed), finish, len(calls))
+			}
+			for i := range calls {
+				if *streamed[i].Index != i || streamed[i].Function != calls[i].Function {
+					t.Fatalf("streamed call %d %+v, whole %+v", i, streamed[i], calls[i])
+				}
+			}
+		}
+	}
+	for req, param := range map[string]string{
+		`"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [` + weatherTool + `]`: "tool_choice",
+		`"tool_choice": "sometimes", "tools": [` + weatherTool + `]`:                                        "tool_choice",
+		`"tool_choice": "required"`: "tool_choice",
+		`"tool_choice": "required", "tools": [` + weatherTool + `], "response_format": {"type": "json_object"}`:                              "tool_choice",
+		`"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}], "tool_choice": "required"`: "tools[0].function.parameters",
+		`"tools": [{"type": "code_interpreter"}]`: "tools[0]",
+	} {
+		resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], `+req+`}`)
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"param":"`+param+`"`) {
+			t.Errorf("%s: %d %s; want 400 naming %s", req, resp.StatusCode, body, param)
+		}
+	}
+}
+
+// TestToolFilterReadsCallsHoweverTheTextIsCut: every way of cutting an
+// answer into pieces gives the same content and calls as the whole.
+func TestToolFilterReadsCallsHoweverTheTextIsCut(t *testing.T) {
+	const answer = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>\n" +
+		"<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a\"}}\n</tool_call>\n"
+	type result struct {
+		content string
+		calls   []string
+	}
+	run := func(pieces []string) result {
+		f := &toolFilter{syntax: hermes}
+		var r result
+		for _, p := range pieces {
+			c, calls := f.Push(p)
+			r.content += c
+			for _, call := range calls {
+				r.calls = append(r.calls, itoa(*call.Index)+" "+call.Function.Name+" "+call.Function.Arguments)
+			}
+		}
+		r.content += f.Flush()
+		return r
+	}
+	want := result{"Let me look.", []string{`0 get_weather {"city":"Paris","days":3}`, `1 search {"q":"a"}`}}
+	if got := run([]string{answer}); got.content != want.content || !slices.Equal(got.calls, want.calls) {
+		t.Fatalf("whole: %+v, want %+v", got, want)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 500 {
+		var pieces []string
+		for rest := answer; rest != ""; {
+			n := min(len(rest), 1+rng.IntN(12))
+			pieces, rest = append(pieces, rest[:n]), rest[n:]
+		}
+		if got := run(pieces); got.content != want.content || !slices.Equal(got.calls, want.calls) {
+			t.Fatalf("cut %q: %+v, want %+v", pieces, got, want)
+		}
+	}
+	// a call that does not read is content; one cut short too
+	for text, content := range map[string]string{
+		"<tool_call>\nnot json\n</tool_call>":      "<tool_call>\nnot json\n</tool_call>",
+		"ok <tool_call>\n{\"name\": \"f\", \"argu": "ok<tool_call>\n{\"name\": \"f\", \"argu",
+		"a < b <tool": "a < b <tool",
+	} {
+		if got := run([]string{text}); got.content != content || len(got.calls) != 0 {
+			t.Errorf("%q: content %q calls %v, want content %q", text, got.content, got.calls, content)
+		}
+	}
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env node
+// The official OpenAI client (the `openai` npm package) on what odmoe
+// serves beyond plain text, for the Go test
+// TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs
+// (api_openai_test.go). The server must serve a model whose chat
+// template writes Hermes tool calls (qwen3-moe-tiny).
+//
+// Usage: node features.mjs BASE_URL MODEL
+//
+// It runs, and prints as one JSON object on stdout:
+//   - tools:    a chat completion with two tools and tool_choice
+//               "required": the message's tool_calls and finish reason
+//   - streamed: client.chat.completions.stream with a named tool choice,
+//               the client's own accumulation of the deltas
+//               (finalChatCompletion)
+//   - roundtrip: the conversation sent back with the call and a tool
+//               result: the finish reason of the answer
+//   - parsed:   client.chat.completions.parse with a strict json_schema:
+//               the client's parsed object
+//   - logprobs: a chat completion with logprobs and top_logprobs 2
+// Any failure exits 1.
+import OpenAI from 'openai';
+
+const [baseURL, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120_000 });
+const tools = [
+  { type: 'function', function: { name: 'get_weather', description: 'weather in a city',
+    parameters: { type: 'object', properties: { city: { enum: ['Paris', 'Rome'] }, days: { type: 'integer' } },
+      required: ['city'], additionalProperties: false } } },
+  { type: 'function', function: { name: 'search',
+    parameters: { type: 'object', properties: { q: { enum: ['a', 'b'] } }, required: ['q'], additionalProperties: false } } },
+];
+const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const out = {};
+
+const forced = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 300, seed: 1 });
+out.tools = { tool_calls: forced.choices[0].message.tool_calls, content: forced.choices[0].message.content,
+  finish_reason: forced.choices[0].finish_reason };
+
+const stream = client.chat.completions.stream({ model, messages, tools, max_tokens: 300, seed: 2,
+  tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+const final = await stream.finalChatCompletion();
+out.streamed = { tool_calls: final.choices[0].message.tool_calls, finish_reason: final.choices[0].finish_reason };
+
+const call = forced.choices[0].message.tool_calls[0];
+const back = await client.chat.completions.create({ model, max_tokens: 4, tools, messages: [...messages,
+  { role: 'assistant', content: null, tool_calls: [call] },
+  { role: 'tool', tool_call_id: call.id, content: '{"temp": 21}' }] });
+out.roundtrip = { finish_reason: back.choices[0].finish_reason };
+
+const parsed = await client.chat.completions.parse({ model, messages, max_tokens: 300, seed: 3,
+  response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema: {
+    type: 'object', properties: { ok: { type: 'boolean' }, color: { enum: ['red', 'green'] } },
+    required: ['ok', 'color'], additionalProperties: false } } } });
+out.parsed = { parsed: parsed.choices[0].message.parsed, finish_reason: parsed.choices[0].finish_reason };
+
+const lp = await client.chat.completions.create({ model, messages, max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
+out.logprobs = { content: lp.choices[0].logprobs.content, completion_tokens: lp.usage.completion_tokens };
+
+process.stdout.write(JSON.stringify(out) + '\n');
