@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -256,3 +257,44 @@ func TestSamplerKeepsToItsConstraint(t *testing.T) {
 		t.Fatal("an empty allowed set gave a token")
 	}
 }
+
+// BenchmarkSampler times one choice over Qwen3's vocabulary (151,936
+// logits, normal with a standard deviation of 3, about a language
+// model's spread): greedy, with each processing step, and drawn at
+// temperature 0.8 with top_p 0.95, to set beside a decode step.
+func BenchmarkSampler(b *testing.B) {
+	const vocab = 151936
+	logits := make([]float32, vocab)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range logits {
+		logits[i] = float32(3 * rng.NormFloat64())
+	}
+	all := make([]uint64, (vocab+63)/64)
+	for i := range all {
+		all[i] = ^uint64(0)
+	}
+	for _, bc := range []struct {
+		name string
+		s    func() *Sampler
+	}{
+		{"greedy", func() *Sampler { return NewSampler(0, 1, 1) }},
+		{"greedy+penalties", func() *Sampler { return NewSampler(0, 1, 1).WithPenalties(0.5, 0.5) }},
+		{"greedy+logprobs5", func() *Sampler { return NewSampler(0, 1, 1).WithLogprobs(5) }},
+		{"greedy+constraint", func() *Sampler { return NewSampler(0, 1, 1).WithConstraint(allowAll(all)) }},
+		{"T0.8", func() *Sampler { return NewSampler(0.8, 0.95, 1) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := bc.s()
+			for range b.N {
+				if _, err := s.Sample(logits); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+type allowAll []uint64
+
+func (a allowAll) Allowed() ([]uint64, error) { return a, nil }
+func (a allowAll) Accept(int) error           { return nil }
