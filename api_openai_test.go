@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/noderef"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // The official OpenAI client (the `openai` npm package, pinned in
@@ -54,7 +57,13 @@ type apiSwarm struct {
 
 func startAPISwarm(t *testing.T) *apiSwarm {
 	t.Helper()
-	r := newChaosRig(t, 4)
+	return startAPISwarmOf(t, tinyModel(t))
+}
+
+// startAPISwarmOf is such a swarm of the model directory model.
+func startAPISwarmOf(t *testing.T, model string) *apiSwarm {
+	t.Helper()
+	r := newChaosRigOf(t, 4, model)
 	certs := filepath.Join(r.dir, "certs")
 	for i, addr := range r.workers {
 		name := fmt.Sprintf("w%d", i+1)
@@ -446,40 +455,27 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 
 // TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs runs the
 // official client's own helpers (its stream accumulator, its parse of
-// structured output) against a node serving qwen3-moe-tiny, whose chat
-// template writes Hermes tool calls: forced calls come back as tool_calls
-// of the tools with arguments that read as their parameters, whole and
-// streamed; a tool's result goes back through the template; a strict
-// json_schema answer parses; logprobs come one a token.
+// structured output) against a swarm with a shadow serving
+// qwen3-moe-tiny, whose chat template writes Hermes tool calls: forced
+// calls come back as tool_calls of the tools with arguments that read as
+// their parameters, whole and streamed; a tool's result goes back
+// through the template; 20 json_schema answers (random weights, sampled)
+// parse, and an independent validator takes each for its schema;
+// logprobs come one a token.
 func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 	node := openaiClient(t)
-	r := &chaosRig{t: t, dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
-	r.model = filepath.Join(r.dir, "qwen3-moe-tiny")
-	if _, se, code := run(t, "", "gen-tiny", "-preset", "qwen3-moe-tiny", "-out", r.model, "-log-level", "warn"); code != 0 {
+	model := filepath.Join(t.TempDir(), "qwen3-moe-tiny")
+	if _, se, code := run(t, "", "gen-tiny", "-preset", "qwen3-moe-tiny", "-out", model, "-log-level", "warn"); code != 0 {
 		t.Fatalf("gen-tiny: %s", se)
 	}
-	t.Cleanup(func() {
-		for _, c := range r.procs {
-			c.Process.Kill()
-			c.Wait()
-		}
-	})
-	r.start("main", "run", "-model", r.model, "-http", "127.0.0.1:0", "-log-json", "-log-level", "info")
-	base := ""
-	for deadline := time.Now().Add(60 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if addr := servingAddr(filepath.Join(r.dir, "main.log")); addr != "" {
-			base = "http://" + addr + "/v1"
-		}
-	}
-	if base == "" {
-		t.Fatalf("the node did not serve within 60 s\n%s", r.logs())
-	}
-	cmd := exec.Command(node, "testdata/openai/features.mjs", base, filepath.Base(r.model))
+	s := startAPISwarmOf(t, model)
+	cmd := exec.Command(node, "testdata/openai/features.mjs", s.base, s.served, "testdata/openai/schemas.json")
+	cmd.Env = append(os.Environ(), "OPENAI_API_KEY="+apiTestKey)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	so, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("features.mjs: %v\n%s\n%s", err, stderr.String(), r.logs())
+		t.Fatalf("features.mjs: %v\n%s\n%s", err, stderr.String(), s.logs())
 	}
 	t.Logf("features.mjs: %s", so)
 	type call struct {
@@ -503,12 +499,12 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 		Roundtrip struct {
 			FinishReason string `json:"finish_reason"`
 		} `json:"roundtrip"`
-		Parsed struct {
-			Parsed *struct {
-				OK    *bool  `json:"ok"`
-				Color string `json:"color"`
-			} `json:"parsed"`
-			FinishReason string `json:"finish_reason"`
+		Parsed []struct {
+			Name         string          `json:"name"`
+			Error        string          `json:"error"`
+			Parsed       json.RawMessage `json:"parsed"`
+			Content      string          `json:"content"`
+			FinishReason string          `json:"finish_reason"`
 		} `json:"parsed"`
 		Logprobs struct {
 			Content []struct {
@@ -546,8 +542,28 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 	if got.Roundtrip.FinishReason == "" {
 		t.Error("no answer to a conversation with a tool's result")
 	}
-	if p := got.Parsed.Parsed; p == nil || p.OK == nil || (p.Color != "red" && p.Color != "green") || got.Parsed.FinishReason != "stop" {
-		t.Errorf("parsed structured output %+v (finish %q)", p, got.Parsed.FinishReason)
+	var schemas []struct {
+		Name   string          `json:"name"`
+		Schema json.RawMessage `json:"schema"`
+	}
+	if b, err := os.ReadFile("testdata/openai/schemas.json"); err != nil || json.Unmarshal(b, &schemas) != nil {
+		t.Fatalf("schemas.json: %v", err)
+	}
+	if len(got.Parsed) != len(schemas) || len(schemas) != 20 {
+		t.Fatalf("%d structured answers for %d schemas", len(got.Parsed), len(schemas))
+	}
+	for i, p := range got.Parsed {
+		v := schemaValidator(t, schemas[i].Schema)
+		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(p.Content))
+		if err == nil {
+			err = v.Validate(doc)
+		}
+		var parsed, content any
+		json.Unmarshal(p.Parsed, &parsed)
+		json.Unmarshal([]byte(p.Content), &content)
+		if err != nil || p.Error != "" || p.FinishReason != "stop" || !reflect.DeepEqual(parsed, content) {
+			t.Errorf("%s: answer %q (finish %q, parsed %s, the client: %s): %v", p.Name, p.Content, p.FinishReason, p.Parsed, p.Error, err)
+		}
 	}
 	lp := got.Logprobs
 	if len(lp.Content) != lp.CompletionTokens || lp.CompletionTokens == 0 {
@@ -558,4 +574,23 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 			t.Errorf("greedy token %+v: not the first of its alternatives", e)
 		}
 	}
+}
+
+// schemaValidator compiles schema with santhosh-tekuri/jsonschema, a
+// validator independent of odmoe's grammar.
+func schemaValidator(t *testing.T, schema json.RawMessage) *jsonschema.Schema {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	v, err := c.Compile("schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -35,7 +35,13 @@ type chaosRig struct {
 
 func newChaosRig(t testing.TB, workers int) *chaosRig {
 	t.Helper()
-	r := &chaosRig{t: t, dir: t.TempDir(), model: tinyModel(t), procs: map[string]*exec.Cmd{}}
+	return newChaosRigOf(t, workers, tinyModel(t))
+}
+
+// newChaosRigOf is a rig of the model directory model.
+func newChaosRigOf(t testing.TB, workers int, model string) *chaosRig {
+	t.Helper()
+	r := &chaosRig{t: t, dir: t.TempDir(), model: model, procs: map[string]*exec.Cmd{}}
 	nodes := "main,shadow"
 	for i := range workers {
 		nodes += fmt.Sprintf(",w%d", i+1)

@@ -5,7 +5,7 @@
 // (api_openai_test.go). The server must serve a model whose chat
 // template writes Hermes tool calls (qwen3-moe-tiny).
 //
-// Usage: node features.mjs BASE_URL MODEL
+// Usage: node features.mjs BASE_URL MODEL SCHEMAS_JSON
 //
 // It runs, and prints as one JSON object on stdout:
 //   - tools:    a chat completion with two tools and tool_choice
@@ -15,14 +15,17 @@
 //               (finalChatCompletion)
 //   - roundtrip: the conversation sent back with the call and a tool
 //               result: the finish reason of the answer
-//   - parsed:   client.chat.completions.parse with a strict json_schema:
-//               the client's parsed object
+//   - parsed:   client.chat.completions.parse with each strict
+//               json_schema of SCHEMAS_JSON ([{prompt, name, schema}]),
+//               each its own prompt: the client's parsed object, the
+//               answer's text and finish reason
 //   - logprobs: a chat completion with logprobs and top_logprobs 2
 // Any failure exits 1.
+import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120_000 });
+const [baseURL, model, schemasFile] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: process.env.OPENAI_API_KEY ?? 'none', maxRetries: 0, timeout: 120_000 });
 const tools = [
   { type: 'function', function: { name: 'get_weather', description: 'weather in a city',
     parameters: { type: 'object', properties: { city: { enum: ['Paris', 'Rome'] }, days: { type: 'integer' } },
@@ -48,11 +51,19 @@ const back = await client.chat.completions.create({ model, max_tokens: 4, tools,
   { role: 'tool', tool_call_id: call.id, content: '{"temp": 21}' }] });
 out.roundtrip = { finish_reason: back.choices[0].finish_reason };
 
-const parsed = await client.chat.completions.parse({ model, messages, max_tokens: 300, seed: 3,
-  response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema: {
-    type: 'object', properties: { ok: { type: 'boolean' }, color: { enum: ['red', 'green'] } },
-    required: ['ok', 'color'], additionalProperties: false } } } });
-out.parsed = { parsed: parsed.choices[0].message.parsed, finish_reason: parsed.choices[0].finish_reason };
+out.parsed = [];
+for (const [i, s] of JSON.parse(readFileSync(schemasFile, 'utf8')).entries()) {
+  const req = { model, max_tokens: 600, seed: i, messages: [{ role: 'user', content: s.prompt }],
+    response_format: { type: 'json_schema', json_schema: { name: s.name, strict: true, schema: s.schema } } };
+  try {
+    const c = (await client.chat.completions.parse(req)).choices[0];
+    out.parsed.push({ name: s.name, parsed: c.message.parsed, content: c.message.content, finish_reason: c.finish_reason });
+  } catch (err) {
+    // the test says what was wrong, with the answer the client refused
+    const c = (await client.chat.completions.create(req)).choices[0];
+    out.parsed.push({ name: s.name, error: String(err), content: c.message.content, finish_reason: c.finish_reason });
+  }
+}
 
 const lp = await client.chat.completions.create({ model, messages, max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
 out.logprobs = { content: lp.choices[0].logprobs.content, completion_tokens: lp.usage.completion_tokens };
