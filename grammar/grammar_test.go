@@ -3,6 +3,7 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -177,7 +178,8 @@ func TestEveryTextTheGrammarWritesIsValidForTheSchema(t *testing.T) {
 			"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}, "required": ["v"]}},
 			"$ref": "#/$defs/node"}`,
 		"union":  `{"anyOf": [{"type": "string"}, {"type": "object", "properties": {"n": {"type": "number"}}, "required": ["n"]}, {"type": "array", "items": {"type": "boolean"}}]}`,
-		"extras": `{"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"], "additionalProperties": {"type": "string"}}`,
+		"extras": `{"type": "object", "additionalProperties": {"type": "string"}}`,
+		"enum":   `{"type": "array", "items": {"enum": [` + manyValues(200) + `]}, "maxItems": 3}`,
 		"object": `{"type": "object"}`,
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -234,6 +236,32 @@ func TestSchemasItCannotKeepAreRefusedByName(t *testing.T) {
 		_, err := FromSchema(json.RawMessage(schema))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want it to say %s", schema, err, want)
+		}
+	}
+}
+
+// manyValues is n distinct string values, as a JSON list's insides.
+func manyValues(n int) string {
+	vs := make([]string, n)
+	for i := range vs {
+		vs[i] = fmt.Sprintf(`"v%d"`, i)
+	}
+	return strings.Join(vs, ", ")
+}
+
+// TestKeywordsWithoutATypeStillConstrain: required alone means an object
+// and minItems/maxItems alone an array, not any value.
+func TestKeywordsWithoutATypeStillConstrain(t *testing.T) {
+	for schema, texts := range map[string]map[string]bool{
+		`{"maxItems": 1}`: {`[1]`: true, `[1,2]`: false, `{}`: false},
+		`{"required": ["a"], "properties": {"a": {"type": "integer"}}}`: {`{"a":1}`: true, `{}`: false, `[]`: false},
+		`{"type": "integer", "enum": [1, 2]}`:                           {`1`: true, `3`: false},
+	} {
+		g := mustSchema(t, schema)
+		for text, want := range texts {
+			if _, complete := feed(t, g, text); complete != want {
+				t.Errorf("%s: %s complete %v, want %v", schema, text, complete, want)
+			}
 		}
 	}
 }

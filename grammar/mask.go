@@ -47,7 +47,7 @@ func NewVocabulary(size int, tokenBytes func(id int) []byte, eos []int) *Vocabul
 	for id := range size {
 		v.at[id] = -1
 		b := tokenBytes(id)
-		if len(b) == 0 {
+		if len(b) == 0 || slices.Contains(eos, id) { // an end is never text
 			continue
 		}
 		all[int32(id)] = b
@@ -100,37 +100,42 @@ func newTokenList(ids []int32, all map[int32][]byte) tokenList {
 	return l
 }
 
-// masks caches the allowed set of each state a grammar reaches, shared
-// by the constraints of one grammar and vocabulary.
-type masks struct {
+// MaskCache keeps the allowed set of each state grammars reach, for the
+// constraints of any grammars over one vocabulary (a state's key names
+// its grammar's nodes), up to a number of masks: a mask is a bit a token
+// (19 KB for Qwen3's vocabulary). Full, it starts again empty.
+type MaskCache struct {
 	mu    sync.Mutex
+	limit int
 	byKey map[string][]uint64
 }
 
-const maxCachedMasks = 4096
+// NewMaskCache returns a cache of up to limit masks.
+func NewMaskCache(limit int) *MaskCache {
+	return &MaskCache{limit: max(limit, 1), byKey: map[string][]uint64{}}
+}
 
 // Constraint keeps one generation inside a grammar (model.Constraint).
 type Constraint struct {
 	g      *Grammar
 	v      *Vocabulary
-	cache  *masks
+	cache  *MaskCache
 	states []*frame
 	levels [][]*frame // scratch: the states after each byte of a token
 	key    []byte
 	text   []byte // what it has accepted, for errors
 }
 
-// Constraints makes the constraints of one grammar over one vocabulary;
-// they share their masks.
+// Constraints makes the constraints of one grammar over one vocabulary.
 type Constraints struct {
 	g     *Grammar
 	v     *Vocabulary
-	cache *masks
+	cache *MaskCache
 }
 
-// For returns a maker of g's constraints over v.
-func For(g *Grammar, v *Vocabulary) *Constraints {
-	return &Constraints{g: g, v: v, cache: &masks{byKey: map[string][]uint64{}}}
+// For returns a maker of g's constraints over v, keeping masks in cache.
+func For(g *Grammar, v *Vocabulary, cache *MaskCache) *Constraints {
+	return &Constraints{g: g, v: v, cache: cache}
 }
 
 // New returns a constraint at the start of the grammar.
@@ -162,7 +167,7 @@ func (c *Constraint) Allowed() ([]uint64, error) {
 			return nil, err
 		}
 		c.cache.mu.Lock()
-		if len(c.cache.byKey) >= maxCachedMasks {
+		if len(c.cache.byKey) >= c.cache.limit {
 			clear(c.cache.byKey)
 		}
 		c.cache.byKey[string(key)] = mask
@@ -221,10 +226,11 @@ func stepAll(states []*frame, c byte, out []*frame) ([]*frame, error) {
 			return out, err
 		}
 	}
+	out = dedupe(out)
 	if len(out) > maxStacks {
 		return out, fmt.Errorf("grammar: more than %d ways to read the output at once (an ambiguous schema)", maxStacks)
 	}
-	return dedupe(out), nil
+	return out, nil
 }
 
 // dedupe drops repeated stacks (the same frames), keeping the first.
@@ -305,15 +311,25 @@ func (c *Constraint) walkList(l *tokenList, mask []uint64) error {
 }
 
 // stateKey identifies c's states for the mask cache: every frame of
-// every stack, by node and position.
+// every stack, by node and position. A container's count of members
+// goes in only as far as it changes what may come (the comma, minItems,
+// maxItems), so that an array's every item does not make a state of
+// its own.
 func (c *Constraint) stateKey() []byte {
 	k := c.key[:0]
 	for _, f := range c.states {
 		for ; f != nil; f = f.up {
+			count := f.k
+			switch n := f.n; {
+			case n.kind == kObject:
+				count = min(count, 1)
+			case n.kind == kArray && n.maxItems < 0:
+				count = min(count, int32(max(n.minItems, 1)))
+			}
 			k = binary.LittleEndian.AppendUint64(k, uint64(uintptr(unsafe.Pointer(f.n))))
 			k = append(k, f.st)
 			k = binary.LittleEndian.AppendUint32(k, uint32(f.i))
-			k = binary.LittleEndian.AppendUint32(k, uint32(f.k))
+			k = binary.LittleEndian.AppendUint32(k, uint32(count))
 		}
 		k = append(k, 0xff)
 	}

@@ -55,6 +55,18 @@ func (c *compiler) compile(raw json.RawMessage, path string) (*Node, error) {
 			return nil, fmt.Errorf("%s: the schema keyword %q is not supported (supported: %s)", path, k, strings.Join(keywords, ", "))
 		}
 	}
+	// a keyword that stands for the whole schema takes no sibling that
+	// would narrow it: each would be left unchecked
+	for _, whole := range []string{"$ref", "const", "enum", "anyOf", "oneOf"} {
+		if _, ok := fields[whole]; !ok {
+			continue
+		}
+		for _, k := range keys {
+			if k != whole && slices.Contains(keywords, k) && !(k == "type" && (whole == "const" || whole == "enum")) {
+				return nil, fmt.Errorf("%s: %q beside %q is not supported: put it inside (each alternative of) %s", path, k, whole, whole)
+			}
+		}
+	}
 	if ref, ok := fields["$ref"]; ok {
 		return c.ref(ref, path)
 	}
@@ -63,6 +75,9 @@ func (c *compiler) compile(raw json.RawMessage, path string) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s/const: %v", path, err)
 		}
+		if err := matchesType(fields, v); err != nil {
+			return nil, fmt.Errorf("%s/const: %s %v", path, lit, err)
+		}
 		return Literal(lit), nil
 	}
 	if v, ok := fields["enum"]; ok {
@@ -70,11 +85,17 @@ func (c *compiler) compile(raw json.RawMessage, path string) (*Node, error) {
 		if err := json.Unmarshal(v, &values); err != nil || len(values) == 0 {
 			return nil, fmt.Errorf("%s/enum: must be a non-empty array", path)
 		}
+		if len(values) > maxEnum {
+			return nil, fmt.Errorf("%s/enum: %d values, more than the %d supported", path, len(values), maxEnum)
+		}
 		var alts []*Node
 		for _, v := range values {
 			lit, err := canonical(v)
 			if err != nil {
 				return nil, fmt.Errorf("%s/enum: %v", path, err)
+			}
+			if err := matchesType(fields, v); err != nil {
+				return nil, fmt.Errorf("%s/enum: %s %v", path, lit, err)
 			}
 			alts = append(alts, Literal(lit))
 		}
@@ -112,17 +133,64 @@ func (c *compiler) compile(raw json.RawMessage, path string) (*Node, error) {
 	return OneOf(alts...), nil
 }
 
+// maxEnum bounds an enum: each value is a way to read the output until
+// it differs from the others.
+const maxEnum = 256
+
+// matchesType checks a const or enum value against the schema's type,
+// if it has one.
+func matchesType(fields map[string]json.RawMessage, v json.RawMessage) error {
+	if _, ok := fields["type"]; !ok {
+		return nil
+	}
+	types, err := typesOf(fields, "")
+	if err != nil {
+		return err
+	}
+	var x any
+	dec := json.NewDecoder(bytes.NewReader(v))
+	dec.UseNumber()
+	if err := dec.Decode(&x); err != nil {
+		return err
+	}
+	var is string
+	switch x := x.(type) {
+	case nil:
+		is = "null"
+	case bool:
+		is = "boolean"
+	case string:
+		is = "string"
+	case []any:
+		is = "array"
+	case map[string]any:
+		is = "object"
+	case json.Number:
+		is = "number"
+		if _, err := x.Int64(); err == nil {
+			is = "integer"
+		}
+	}
+	if slices.Contains(types, is) || is == "integer" && slices.Contains(types, "number") {
+		return nil
+	}
+	return fmt.Errorf("is not of the type %v", types)
+}
+
 // typesOf reads "type", or infers it from the keywords present.
 func typesOf(fields map[string]json.RawMessage, path string) ([]string, error) {
 	v, ok := fields["type"]
 	if !ok {
-		_, props := fields["properties"]
-		_, extra := fields["additionalProperties"]
-		_, items := fields["items"]
+		has := func(ks ...string) bool {
+			return slices.ContainsFunc(ks, func(k string) bool { _, ok := fields[k]; return ok })
+		}
 		switch {
-		case props || extra:
+		case has("properties", "additionalProperties", "required"):
+			if has("items", "minItems", "maxItems") {
+				return nil, fmt.Errorf("%s: object and array keywords without a type", path)
+			}
 			return []string{"object"}, nil
-		case items:
+		case has("items", "minItems", "maxItems"):
 			return []string{"array"}, nil
 		}
 		return []string{"any"}, nil
@@ -188,6 +256,11 @@ func (c *compiler) object(fields map[string]json.RawMessage, path string) (*Node
 		}
 	}
 	if v, ok := fields["additionalProperties"]; ok && string(bytes.TrimSpace(v)) != "false" {
+		if len(n.props) > 0 {
+			// an extra key could repeat a declared one with a value of
+			// its own, which the client would read instead
+			return nil, fmt.Errorf("%s/additionalProperties: other properties beside the declared ones are not supported (declare them, or set it false)", path)
+		}
 		extra, err := c.compile(v, path+"/additionalProperties")
 		if err != nil {
 			return nil, err

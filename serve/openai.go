@@ -128,10 +128,15 @@ type chatLogprobs struct {
 }
 
 type tokenLogprob struct {
-	Token       string         `json:"token"`
-	Logprob     float64        `json:"logprob"`
-	Bytes       []int          `json:"bytes"`
-	TopLogprobs []tokenLogprob `json:"top_logprobs,omitempty"`
+	topLogprob
+	TopLogprobs []topLogprob `json:"top_logprobs"`
+}
+
+// topLogprob is one alternative of a token's.
+type topLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
 }
 
 // completionLogprobs is a completion choice's logprobs, in the legacy

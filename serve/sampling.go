@@ -85,8 +85,7 @@ func (s *Server) samplingExtras(f *samplingFields, chat bool, j *job) error {
 func (s *Server) chatLogprobsOf(choices []model.Choice) *chatLogprobs {
 	lp := &chatLogprobs{Content: make([]tokenLogprob, 0, len(choices))}
 	for _, c := range choices {
-		e := s.tokenLogprob(c.ID, c.Logprob)
-		e.TopLogprobs = []tokenLogprob{}
+		e := tokenLogprob{topLogprob: s.tokenLogprob(c.ID, c.Logprob), TopLogprobs: []topLogprob{}}
 		for _, t := range c.Top {
 			e.TopLogprobs = append(e.TopLogprobs, s.tokenLogprob(t.ID, t.Logprob))
 		}
@@ -126,8 +125,11 @@ func hasKey(m map[string]float64, k string) bool {
 // vocabulary string; bytes that are not whole UTF-8 characters written
 // "bytes:\\xe2\\x80", as OpenAI writes them), its bytes (none for a
 // special token), and a log-probability JSON can carry.
-func (s *Server) tokenLogprob(id int, logprob float64) tokenLogprob {
-	e := tokenLogprob{Logprob: max(logprob, -9999)}
+func (s *Server) tokenLogprob(id int, logprob float64) topLogprob {
+	e := topLogprob{Logprob: logprob}
+	if !(logprob > -9999) { // -Inf, and NaN from a NaN logit
+		e.Logprob = -9999
+	}
 	b := s.cfg.Tokenizer.TokenBytes(id)
 	if b == nil {
 		e.Token = s.cfg.Tokenizer.TokenString(id)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/odmoe/odmoe/grammar"
@@ -12,20 +11,27 @@ import (
 
 // constraints builds the grammar constraints of structured output and
 // forced tool calls over the server's vocabulary, indexed once, and keeps
-// the compiled grammars of recent schemas with their masks.
+// the compiled grammars of recent schemas, and masks of their states.
 type constraints struct {
 	once  sync.Once
 	vocab *grammar.Vocabulary
+	masks *grammar.MaskCache
 	mu    sync.Mutex
 	byKey map[string]*grammar.Constraints
 }
 
-const maxGrammars = 64
+// maxGrammars compiled grammars are kept, and maxMasks masks (a bit a
+// token: 19 MB for Qwen3's vocabulary).
+const (
+	maxGrammars = 64
+	maxMasks    = 1024
+)
 
 func (s *Server) vocabulary() *grammar.Vocabulary {
 	s.grammars.once.Do(func() {
 		tok := s.cfg.Tokenizer
 		s.grammars.vocab = grammar.NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
+		s.grammars.masks = grammar.NewMaskCache(maxMasks)
 	})
 	return s.grammars.vocab
 }
@@ -49,7 +55,7 @@ func (s *Server) constrain(j *job, a *answerGrammar) error {
 		if err != nil {
 			return badRequest(a.param, "%s: %v", a.param, err)
 		}
-		cs = grammar.For(grammar.New(n), s.vocabulary())
+		cs = grammar.For(grammar.New(n), s.vocabulary(), s.grammars.masks)
 		g.mu.Lock()
 		if g.byKey == nil || len(g.byKey) >= maxGrammars {
 			g.byKey = map[string]*grammar.Constraints{}
@@ -134,16 +140,25 @@ type toolSyntax struct {
 var hermes = &toolSyntax{open: "<tool_call>", close: "</tool_call>"}
 
 // detectToolSyntax renders a conversation with a tool call through t
-// and reads which syntax it wrote.
+// and reads the call back in the syntax it may have written: with the call's arguments as OpenAI
+// sends them (a JSON string; Qwen3's template writes it as is) and as an
+// object (Qwen2.5's writes it through tojson).
 func detectToolSyntax(t ChatTemplate) *toolSyntax {
 	if t == nil {
 		return nil
 	}
-	call := json.RawMessage(`{"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "probe_fn", "arguments": "{\"x\": 1}"}}]}`)
-	text, err := t.Render(map[string]any{"messages": []any{json.RawMessage(`{"role": "user", "content": "hi"}`), call},
-		"add_generation_prompt": false, "tools": json.RawMessage(`[{"type": "function", "function": {"name": "probe_fn", "parameters": {"type": "object"}}}]`)})
-	if err == nil && strings.Contains(text, hermes.open+"\n{\"name\": \"probe_fn\", \"arguments\": {\"x\": 1}}\n"+hermes.close) {
-		return hermes
+	for _, args := range []string{`"{\"x\": 1}"`, `{"x": 1}`} {
+		call := json.RawMessage(`{"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "probe_fn", "arguments": ` + args + `}}]}`)
+		text, err := t.Render(map[string]any{"messages": []any{json.RawMessage(`{"role": "user", "content": "hi"}`), call},
+			"add_generation_prompt": false, "tools": json.RawMessage(`[{"type": "function", "function": {"name": "probe_fn", "parameters": {"type": "object"}}}]`)})
+		if err != nil {
+			continue
+		}
+		f := &toolFilter{syntax: hermes}
+		_, calls := f.Push(text)
+		if len(calls) == 1 && calls[0].Function.Name == "probe_fn" && calls[0].Function.Arguments == `{"x":1}` {
+			return hermes
+		}
 	}
 	return nil
 }

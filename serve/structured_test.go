@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -407,5 +408,50 @@ func TestToolFilterReadsCallsHoweverTheTextIsCut(t *testing.T) {
 		if got := run([]string{text}); got.content != content || len(got.calls) != 0 {
 			t.Errorf("%q: content %q calls %v, want content %q", text, got.content, got.calls, content)
 		}
+	}
+}
+
+// tojsonChat writes an assistant's calls as Qwen2.5's template does:
+// arguments through tojson, whatever their type.
+type tojsonChat struct{}
+
+func (tojsonChat) Render(vars map[string]any) (string, error) {
+	var b strings.Builder
+	for _, m := range vars["messages"].([]any) {
+		var mm map[string]any
+		json.Unmarshal(m.(json.RawMessage), &mm)
+		calls, _ := mm["tool_calls"].([]any)
+		for _, c := range calls {
+			fn := c.(map[string]any)["function"].(map[string]any)
+			args, _ := json.Marshal(fn["arguments"])
+			fmt.Fprintf(&b, "<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n</tool_call>", fn["name"], args)
+		}
+	}
+	return b.String(), nil
+}
+
+func TestToolSyntaxIsFoundWhicheverWayATemplateWritesArguments(t *testing.T) {
+	for name, tmpl := range map[string]ChatTemplate{"as given (Qwen3)": plainChat{}, "tojson (Qwen2.5)": tojsonChat{}} {
+		if detectToolSyntax(tmpl) != hermes {
+			t.Errorf("%s: no tool syntax found", name)
+		}
+	}
+	if detectToolSyntax(recordingNothing{}) != nil {
+		t.Error("a template that writes no calls was given a syntax")
+	}
+}
+
+type recordingNothing struct{}
+
+func (recordingNothing) Render(map[string]any) (string, error) { return "user: hi\n", nil }
+
+// TestChatLogprobsAlwaysListTheirAlternatives: top_logprobs is an empty
+// list, not absent, when none are asked for (OpenAI's schema requires it).
+func TestChatLogprobsAlwaysListTheirAlternatives(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": true}`)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"top_logprobs":[]`) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }
