@@ -96,7 +96,7 @@ func (f *runFlags) serving() mainnode.Serving {
 	if chunk == 0 {
 		chunk = -1 // each prompt whole: Serving's 0 means the default
 	}
-	return mainnode.Serving{Addr: f.HTTP, ModelName: f.ServedName, MaxBatch: f.MaxBatch, MaxQueue: q, PrefixCacheBytes: f.prefixCacheBytes, PrefillChunk: chunk, APIKey: f.Key(), CORSOrigin: f.CORSOrigin}
+	return mainnode.Serving{Addr: f.HTTP, ModelName: f.ServedName, MaxBatch: f.MaxBatch, MaxQueue: q, PrefixCacheBytes: f.prefixCacheBytes, PrefillChunk: chunk, APIKey: f.Key(), CORSOrigin: f.CORSOrigin, NoConsole: f.NoConsole}
 }
 
 // text is the prompt and generation settings local and main share.

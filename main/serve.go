@@ -36,6 +36,8 @@ type Serving struct {
 	APIKey string
 	// CORSOrigin is serve.Config.CORSOrigin.
 	CORSOrigin string
+	// NoConsole is serve.Config.NoConsole.
+	NoConsole bool
 	// Ready, if set, gets the bound address once the API listens.
 	Ready func(net.Addr)
 }
@@ -121,7 +123,7 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	}
 	srv, err := serve.New(serve.Config{
 		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
-		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, Log: log,
+		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, NoConsole: sv.NoConsole, Log: log,
 	})
 	if err != nil {
 		return err

@@ -39,6 +39,7 @@ type Flags struct {
 	HTTP, ServedName           string
 	APIKey                     string
 	CORSOrigin                 string
+	NoConsole                  bool
 	MaxBatch, MaxQueue         int
 	PrefixCache                string
 	PrefillChunk               int
@@ -101,6 +102,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.PrefixCache, "prefix-cache", "512MiB", "local, main: with -http, memory for finished requests' KV rows, which a request whose prompt starts with the same tokens (a system prompt, a chat's next turn) reuses instead of computing them again (least recently used dropped first); shadow: the same for its copies of the sequences; 0 = off")
 	fs.IntVar(&f.PrefillChunk, "prefill-chunk", passes.DefaultChunk, "local, main: with -http, the most prompt tokens one forward pass feeds, over all the prompts joining: a long prompt is fed in chunks beside the running requests' decode steps, so none of them waits for all of it; 0 = each prompt in one pass")
 	fs.StringVar(&f.CORSOrigin, "cors-origin", "", "local, main: with -http, let browser pages of these `ORIGINS` (comma-separated, e.g. http://localhost:3000; * for any) call the API (default: none)")
+	fs.BoolVar(&f.NoConsole, "no-console", false, "local, main: with -http, do not serve the swarm's console page at / (chat and a tile per node, in a browser)")
 	fs.StringVar(&f.APIKey, "api-key", "", "local, main: with -http, require `KEY` as \"Authorization: Bearer KEY\" on every route but /healthz (default $ODMOE_API_KEY; a flag shows in the process list, the variable does not)")
 	fs.StringVar(&f.Workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
 	fs.IntVar(&f.Group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")

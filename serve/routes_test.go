@@ -232,3 +232,34 @@ func TestShutdownDrainsRunningStreams(t *testing.T) {
 		t.Errorf("the stream was cut %v after the shutdown began, before the drain's 300 ms", took)
 	}
 }
+
+// TestConsoleIsAtTheRootBehindTheKey: the page at / holds no data and is
+// served without the key; its feed needs it; -no-console leaves both out.
+func TestConsoleIsAtTheRootBehindTheKey(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, func(c *Config) { c.APIKey = "k" })
+	resp, body := send(t, "GET", hs.URL+"/", "")
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "<title>odmoe</title>") {
+		t.Fatalf("GET /: %d %.100s", resp.StatusCode, body)
+	}
+	if resp, _ := send(t, "GET", hs.URL+"/console/events", ""); resp.StatusCode != 401 {
+		t.Fatalf("the feed without the key: %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("GET", hs.URL+"/console/events", nil)
+	req.Header.Set("Authorization", "Bearer k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	resp.Body.Close()
+	if resp.StatusCode != 200 || line != "event: snapshot\n" {
+		t.Fatalf("the feed with the key: %d %q", resp.StatusCode, line)
+	}
+	off := f.server(t, func(c *Config) { c.NoConsole = true })
+	for _, path := range []string{"/", "/console/events"} {
+		if resp, _ := send(t, "GET", off.URL+path, ""); resp.StatusCode != 404 {
+			t.Errorf("-no-console: GET %s %d", path, resp.StatusCode)
+		}
+	}
+}

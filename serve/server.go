@@ -18,6 +18,8 @@ import (
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/odmoe/odmoe/console"
 	"github.com/rs/zerolog"
 )
 
@@ -80,7 +82,10 @@ type Config struct {
 	// trickling it in is answered 408 and its connection closed, whatever
 	// the route (one that never reads the body too).
 	BodyTimeout time.Duration
-	Log         zerolog.Logger
+	// NoConsole leaves out the console (a page at / with a chat and a
+	// tile per node, and its feed at /console/events).
+	NoConsole bool
+	Log       zerolog.Logger
 }
 
 // Server is the HTTP API. Make one with New; Handler serves it.
@@ -150,7 +155,7 @@ func New(cfg Config) (*Server, error) {
 	s.bounds()
 	s.metrics = newMetrics(cfg.Registry, s.admit)
 	mux := http.NewServeMux()
-	s.register(mux, []route{
+	routes := []route{
 		{"POST", "/v1/chat/completions", http.HandlerFunc(s.chatCompletions)},
 		{"POST", "/v1/completions", http.HandlerFunc(s.completions)},
 		{"GET", "/v1/models", http.HandlerFunc(s.models)},
@@ -159,7 +164,18 @@ func New(cfg Config) (*Server, error) {
 		{"POST", "/detokenize", http.HandlerFunc(s.detokenize)},
 		{"GET", "/healthz", http.HandlerFunc(s.healthz)},
 		{"GET", "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})},
-	})
+	}
+	if !cfg.NoConsole {
+		c := console.New(console.Config{Model: cfg.Model, Gatherer: cfg.Registry, Health: func() (down, degraded []string) {
+			if cfg.Health == nil {
+				return nil, nil
+			}
+			h := cfg.Health()
+			return h.Down, h.Degraded
+		}})
+		routes = append(routes, route{"GET", "/{$}", http.HandlerFunc(c.Page)}, route{"GET", "/console/events", http.HandlerFunc(c.Events)})
+	}
+	s.register(mux, routes)
 	s.handler = mux
 	if cfg.APIKey != "" {
 		s.handler = s.requireKey(mux)
@@ -190,7 +206,9 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) requireKey(next http.Handler) http.Handler {
 	want := []byte("Bearer " + s.cfg.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
+		// the console's page holds no data: what it shows comes through
+		// the routes behind the key
+		if r.URL.Path == "/healthz" || r.URL.Path == "/" && !s.cfg.NoConsole || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
 			next.ServeHTTP(w, r)
 			return
 		}

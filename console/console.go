@@ -1,0 +1,275 @@
+// Package console is the swarm's page in a browser: a chat panel that
+// calls the node's own OpenAI-compatible API, and a panel with a tile
+// per node (its role, whether it is live, lost, rejoined or degraded,
+// what it loaded and missed) and the shadow's recall, fed by a stream of
+// snapshots of the metrics the node already keeps. Plain HTML, CSS and a
+// little JavaScript, embedded: no build step, nothing fetched from
+// elsewhere, so it works on a LAN without internet.
+package console
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+//go:embed page
+var page embed.FS
+
+// Config is what a console shows.
+type Config struct {
+	Model string
+	// Gatherer holds the node's metrics (the main node's registry).
+	Gatherer prometheus.Gatherer
+	// Health names the nodes that are down and those that serve with a
+	// fault; nil: none ever are (local mode).
+	Health func() (down, degraded []string)
+	// Period is how often the feed sends a snapshot (default 500 ms).
+	Period time.Duration
+}
+
+// Console serves the page and its feed.
+type Console struct {
+	cfg Config
+	mu  sync.Mutex
+	// lost remembers the workers a snapshot saw lost: back, they show
+	// as rejoined
+	lost map[string]bool
+}
+
+// New returns the console of cfg.
+func New(cfg Config) *Console {
+	if cfg.Period <= 0 {
+		cfg.Period = 500 * time.Millisecond
+	}
+	return &Console{cfg: cfg, lost: map[string]bool{}}
+}
+
+// Page answers GET /: the page itself, which holds no data (what it
+// shows comes from the feed and the API, behind the API key if there is
+// one).
+func (c *Console) Page(w http.ResponseWriter, r *http.Request) {
+	b, err := page.ReadFile("page/index.html")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Write(b)
+}
+
+// Node is one node's tile.
+type Node struct {
+	Name  string `json:"name"`
+	Role  string `json:"role"`  // main, shadow, worker
+	State string `json:"state"` // live, lost, rejoined, degraded
+	Fault string `json:"fault,omitempty"`
+	// a worker's counters for this node's requests, since it started
+	Results   float64 `json:"results,omitempty"`
+	Loads     float64 `json:"loads,omitempty"`
+	Misses    float64 `json:"misses,omitempty"`
+	LoadBytes float64 `json:"load_bytes,omitempty"`
+	ComputeS  float64 `json:"compute_s,omitempty"`
+	LoadS     float64 `json:"load_s,omitempty"`
+	StallS    float64 `json:"stall_s,omitempty"`
+}
+
+// Snapshot is what the feed sends, a few times a second: counters since
+// the node started (the page takes rates from consecutive snapshots).
+type Snapshot struct {
+	Time      int64   `json:"time_ms"`
+	Model     string  `json:"model"`
+	Nodes     []Node  `json:"nodes"`
+	Generated float64 `json:"generated_tokens"`
+	Running   float64 `json:"requests_running"`
+	Waiting   float64 `json:"requests_waiting"`
+	// misses by cause (late, wrong, unscored), decode phase
+	Misses map[string]float64 `json:"misses"`
+	Loads  float64            `json:"loads"`
+	// the shadow: experts activated that it had predicted, of those
+	// scored (OD-MoE eq. 3), and its connection's losses
+	Predicted  float64 `json:"shadow_predicted"`
+	Routed     float64 `json:"shadow_routed"`
+	ShadowLost float64 `json:"shadow_lost"`
+}
+
+// Snapshot reads the metrics now.
+func (c *Console) Snapshot() (Snapshot, error) {
+	s := Snapshot{Time: time.Now().UnixMilli(), Model: c.cfg.Model, Misses: map[string]float64{}}
+	families, err := c.cfg.Gatherer.Gather()
+	if err != nil {
+		return s, err
+	}
+	var down, degraded []string
+	if c.cfg.Health != nil {
+		down, degraded = c.cfg.Health()
+	}
+	workers := map[string]*Node{}
+	worker := func(name string) *Node {
+		if workers[name] == nil {
+			workers[name] = &Node{Name: name, Role: "worker", State: "live"}
+		}
+		return workers[name]
+	}
+	shadow := false
+	shadowUp := false
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			v := value(m)
+			switch name := f.GetName(); name {
+			case "odmoe_worker_up", "odmoe_worker_results_total", "odmoe_worker_loads_total", "odmoe_worker_misses_total",
+				"odmoe_worker_load_bytes_total", "odmoe_worker_compute_seconds_total", "odmoe_worker_load_seconds_total",
+				"odmoe_worker_stall_seconds_total":
+				n := worker(label(m, "worker"))
+				switch name {
+				case "odmoe_worker_up":
+					if v == 0 {
+						n.State = "lost"
+					}
+				case "odmoe_worker_results_total":
+					n.Results = v
+				case "odmoe_worker_loads_total":
+					n.Loads = v
+				case "odmoe_worker_misses_total":
+					n.Misses = v
+				case "odmoe_worker_load_bytes_total":
+					n.LoadBytes = v
+				case "odmoe_worker_compute_seconds_total":
+					n.ComputeS = v
+				case "odmoe_worker_load_seconds_total":
+					n.LoadS = v
+				case "odmoe_worker_stall_seconds_total":
+					n.StallS = v
+				}
+			case "odmoe_shadow_up":
+				shadow, shadowUp = true, v == 1
+			case "odmoe_shadow_predicted_experts_total":
+				s.Predicted = v
+			case "odmoe_shadow_routed_experts_total":
+				s.Routed = v
+			case "odmoe_shadow_lost_total":
+				s.ShadowLost = v
+			case "odmoe_generated_tokens_total":
+				s.Generated = v
+			case "odmoe_batch_size":
+				s.Running = v
+			case "odmoe_requests_waiting":
+				s.Waiting = v
+			case "odmoe_expert_misses_total":
+				if label(m, "phase") == "decode" {
+					s.Misses[label(m, "cause")] += v
+				}
+			case "odmoe_expert_loads_total":
+				s.Loads += v
+			}
+		}
+	}
+	s.Nodes = append(s.Nodes, Node{Name: "main", Role: "main", State: "live"})
+	if shadow {
+		n := Node{Name: "shadow", Role: "shadow", State: "live"}
+		if !shadowUp {
+			n.State = "lost"
+		}
+		s.Nodes = append(s.Nodes, n)
+	}
+	names := make([]string, 0, len(workers))
+	for name := range workers {
+		names = append(names, name)
+	}
+	slices.SortFunc(names, byNumber)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, name := range names {
+		n := workers[name]
+		if slices.Contains(down, name) {
+			n.State = "lost"
+		}
+		switch {
+		case n.State == "lost":
+			c.lost[name] = true
+		case c.lost[name]:
+			n.State = "rejoined"
+		}
+		for _, d := range degraded {
+			if d == name || strings.HasPrefix(d, name+" ") || strings.HasPrefix(d, name+":") {
+				n.State, n.Fault = "degraded", d
+			}
+		}
+		s.Nodes = append(s.Nodes, *n)
+	}
+	return s, nil
+}
+
+// byNumber orders w2 before w10.
+func byNumber(a, b string) int {
+	if len(a) != len(b) {
+		return len(a) - len(b)
+	}
+	return strings.Compare(a, b)
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	}
+	return 0
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// Events answers GET /console/events: a snapshot as a server-sent event
+// every period until the client goes.
+func (c *Console) Events(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	rc := http.NewResponseController(w)
+	tick := time.NewTicker(c.cfg.Period)
+	defer tick.Stop()
+	for {
+		if err := c.send(w, rc); err != nil {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (c *Console) send(w http.ResponseWriter, rc *http.ResponseController) error {
+	s, err := c.Snapshot()
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(w, "event: snapshot\ndata: %s\n\n", b); err != nil {
+		return err
+	}
+	return rc.Flush()
+}
+

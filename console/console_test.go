@@ -1,0 +1,134 @@
+package console
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// swarmMetrics registers the worker and shadow families the main node
+// exports, by the same names and labels.
+type swarmMetrics struct {
+	reg    *prometheus.Registry
+	up     *prometheus.GaugeVec
+	loads  *prometheus.CounterVec
+	shadow prometheus.Gauge
+	tokens prometheus.Counter
+}
+
+func newSwarmMetrics() *swarmMetrics {
+	m := &swarmMetrics{reg: prometheus.NewRegistry(),
+		up:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "odmoe_worker_up"}, []string{"worker"}),
+		loads:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "odmoe_worker_loads_total"}, []string{"worker"}),
+		shadow: prometheus.NewGauge(prometheus.GaugeOpts{Name: "odmoe_shadow_up"}),
+		tokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "odmoe_generated_tokens_total"}),
+	}
+	m.reg.MustRegister(m.up, m.loads, m.shadow, m.tokens)
+	return m
+}
+
+func states(t *testing.T, c *Console) map[string]string {
+	t.Helper()
+	s, err := c.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, n := range s.Nodes {
+		out[n.Name] = n.Role + " " + n.State
+	}
+	return out
+}
+
+// TestTilesFollowTheWorkersConnections: a worker whose connection is
+// down is lost, back it is rejoined (for good: that it came back is
+// worth showing), one a health check names with a fault is degraded;
+// the main node and the shadow have tiles of their own.
+func TestTilesFollowTheWorkersConnections(t *testing.T) {
+	m := newSwarmMetrics()
+	var degraded []string
+	c := New(Config{Model: "tiny", Gatherer: m.reg, Health: func() ([]string, []string) { return nil, degraded }})
+	for _, w := range []string{"w1", "w2", "w10"} {
+		m.up.WithLabelValues(w).Set(1)
+	}
+	m.shadow.Set(1)
+	m.loads.WithLabelValues("w2").Add(7)
+	steps := []struct {
+		do   func()
+		want map[string]string
+	}{
+		{func() {}, map[string]string{"main": "main live", "shadow": "shadow live", "w1": "worker live", "w2": "worker live", "w10": "worker live"}},
+		{func() { m.up.WithLabelValues("w2").Set(0); m.shadow.Set(0) }, map[string]string{"w2": "worker lost", "shadow": "shadow lost"}},
+		{func() { m.up.WithLabelValues("w2").Set(1) }, map[string]string{"w2": "worker rejoined", "w1": "worker live"}},
+		{func() { degraded = []string{"w1: store failed a load"} }, map[string]string{"w1": "worker degraded", "w2": "worker rejoined"}},
+	}
+	for i, st := range steps {
+		st.do()
+		got := states(t, c)
+		for name, want := range st.want {
+			if got[name] != want {
+				t.Fatalf("step %d: %s is %q, want %q (all: %v)", i, name, got[name], want, got)
+			}
+		}
+	}
+	s, _ := c.Snapshot()
+	var order []string
+	for _, n := range s.Nodes {
+		order = append(order, n.Name)
+		if n.Name == "w2" && n.Loads != 7 {
+			t.Fatalf("w2's loads %v, want 7", n.Loads)
+		}
+	}
+	if strings.Join(order, ",") != "main,shadow,w1,w2,w10" {
+		t.Fatalf("tiles in the order %v", order)
+	}
+}
+
+// TestFeedSendsSnapshotsAsServerSentEvents reads two events off the feed
+// and sees the counter move between them.
+func TestFeedSendsSnapshotsAsServerSentEvents(t *testing.T) {
+	m := newSwarmMetrics()
+	c := New(Config{Model: "tiny", Gatherer: m.reg, Period: 20 * time.Millisecond})
+	hs := httptest.NewServer(http.HandlerFunc(c.Events))
+	defer hs.Close()
+	resp, err := http.Get(hs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var got []Snapshot
+	for sc.Scan() && len(got) < 2 {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var s Snapshot
+		if err := json.Unmarshal([]byte(data), &s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+		m.tokens.Add(5)
+	}
+	if len(got) != 2 || got[1].Generated-got[0].Generated != 5 || got[0].Model != "tiny" || got[1].Time <= got[0].Time-1 {
+		t.Fatalf("snapshots %+v", got)
+	}
+}
+
+func TestPageIsServedWhole(t *testing.T) {
+	rec := httptest.NewRecorder()
+	New(Config{}).Page(rec, httptest.NewRequest("GET", "/", nil))
+	body := rec.Body.String()
+	if rec.Code != 200 || !strings.HasPrefix(body, "<!doctype html>") || !strings.Contains(body, "/console/events") || strings.Contains(body, "http://") || strings.Contains(body, "https://") {
+		t.Fatalf("%d %.200s", rec.Code, body)
+	}
+}
