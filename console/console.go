@@ -17,8 +17,8 @@ import (
 	"sync"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 //go:embed page
@@ -272,4 +272,3 @@ func (c *Console) send(w http.ResponseWriter, rc *http.ResponseController) error
 	}
 	return rc.Flush()
 }
-

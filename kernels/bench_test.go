@@ -74,7 +74,7 @@ func BenchmarkMatVec(b *testing.B) {
 func BenchmarkMatMul(b *testing.B) {
 	ms := benchMatrices(BF16, 14336, 4096)
 	next := 0
-	for _, n := range []int{2, 3, 4, 8, 16} {
+	for _, n := range []int{2, 3, 4, 8, 16, 128} {
 		b.Run(fmt.Sprintf("BF16/n=%d", n), func(b *testing.B) {
 			x := randVec(rand.New(rand.NewPCG(1, 1)), n*4096)
 			out := make([]float32, n*14336)
