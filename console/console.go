@@ -200,6 +200,9 @@ func (c *Console) Snapshot() (Snapshot, error) {
 			n.State = "rejoined"
 		}
 		for _, d := range degraded {
+			if n.State == "lost" {
+				break // /healthz lists a lost worker among the degraded too
+			}
 			if d == name || strings.HasPrefix(d, name+" ") || strings.HasPrefix(d, name+":") {
 				n.State, n.Fault = "degraded", d
 			}

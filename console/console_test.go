@@ -64,8 +64,8 @@ func TestTilesFollowTheWorkersConnections(t *testing.T) {
 		want map[string]string
 	}{
 		{func() {}, map[string]string{"main": "main live", "shadow": "shadow live", "w1": "worker live", "w2": "worker live", "w10": "worker live"}},
-		{func() { m.up.WithLabelValues("w2").Set(0); m.shadow.Set(0) }, map[string]string{"w2": "worker lost", "shadow": "shadow lost"}},
-		{func() { m.up.WithLabelValues("w2").Set(1) }, map[string]string{"w2": "worker rejoined", "w1": "worker live"}},
+		{func() { m.up.WithLabelValues("w2").Set(0); m.shadow.Set(0); degraded = []string{"w2: lost: silent"} }, map[string]string{"w2": "worker lost", "shadow": "shadow lost"}},
+		{func() { m.up.WithLabelValues("w2").Set(1); degraded = nil }, map[string]string{"w2": "worker rejoined", "w1": "worker live"}},
 		{func() { degraded = []string{"w1: store failed a load"} }, map[string]string{"w1": "worker degraded", "w2": "worker rejoined"}},
 	}
 	for i, st := range steps {

@@ -155,6 +155,7 @@ func serve(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model
 		logs = "kept"
 	}
 	fmt.Fprintf(stdout, "Each node logs to %s (%s).\n", filepath.Join(sw.LogDir(), "NAME.log"), logs)
+	fmt.Fprintf(stdout, "Open the swarm's console (chat, and a tile per node) in a browser: %s/\n", c.Base())
 	fmt.Fprintf(stdout, "Ctrl-C stops every node. Try, in another terminal, a streaming chat completion:\n\n")
 	fmt.Fprintf(stdout, "  curl -N %s/chat/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32, \"stream\": true}'\n\n", api, model)
 	fmt.Fprintf(stdout, "and a completion:\n\n")
