@@ -254,6 +254,16 @@
 // set per output element in registers. The assembly covers MatVec, MatMul, Dot, Sum, Axpy, Add and
 // RMSNorm's scaling; the rest is Go on every path.
 //
+// No path uses VDPBF16PS (AVX512_BF16), though llama.cpp's prefill does:
+// it multiplies BF16 by BF16, so a float32 activation would have to be
+// cut into three BF16 parts to stay exact, three instructions for 32
+// products, and it sums two products a lane in its own order. Measured
+// on a Zen 4 (kernels/internal/isaprobe, docs/BENCHMARKS.md): 114-116
+// products/ns with BF16 activations, so 38.7 when exact, against 50-54
+// for the multiply-and-add defined here (58 fused): an exact definition
+// built on it would be slower than this one, and none can be faster than
+// 1.07x it. The widened tile already runs at 0.83-0.90 of that peak.
+//
 // # Testing a new path
 //
 // The tests hold every path to these definitions: specDot in the tests is
