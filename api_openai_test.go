@@ -55,13 +55,13 @@ type apiSwarm struct {
 	served string // the model's name in the API
 }
 
-func startAPISwarm(t *testing.T) *apiSwarm {
+func startAPISwarm(t testing.TB) *apiSwarm {
 	t.Helper()
 	return startAPISwarmOf(t, tinyModel(t))
 }
 
 // startAPISwarmOf is such a swarm of the model directory model.
-func startAPISwarmOf(t *testing.T, model string) *apiSwarm {
+func startAPISwarmOf(t testing.TB, model string) *apiSwarm {
 	t.Helper()
 	r := newChaosRigOf(t, 4, model)
 	certs := filepath.Join(r.dir, "certs")

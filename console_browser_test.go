@@ -17,7 +17,7 @@ import (
 
 // chromium returns the path of Debian's chromium, or skips the test
 // (fails it when CI=true: .ci/run installs it).
-func chromium(t *testing.T) string {
+func chromium(t testing.TB) string {
 	t.Helper()
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
