@@ -100,11 +100,21 @@ type Snapshot struct {
 	Predicted  float64 `json:"shadow_predicted"`
 	Routed     float64 `json:"shadow_routed"`
 	ShadowLost float64 `json:"shadow_lost"`
+	// decode passes it ran ahead of its alignment, and the alignment
+	// periods now (iterations between token and KV alignments)
+	Ahead      float64 `json:"shadow_ahead"`
+	AlignToken float64 `json:"align_token_period"`
+	AlignKV    float64 `json:"align_kv_period"`
+	// where decode's layer time went, seconds since start: the main
+	// node's compute before each layer's experts, the experts from
+	// sending to the last result, and of that the network and the wait
+	// for loads (the layer timeline's parts, summed)
+	Layers map[string]float64 `json:"layer_seconds"`
 }
 
 // Snapshot reads the metrics now.
 func (c *Console) Snapshot() (Snapshot, error) {
-	s := Snapshot{Time: time.Now().UnixMilli(), Model: c.cfg.Model, Misses: map[string]float64{}}
+	s := Snapshot{Time: time.Now().UnixMilli(), Model: c.cfg.Model, Misses: map[string]float64{}, Layers: map[string]float64{}}
 	families, err := c.cfg.Gatherer.Gather()
 	if err != nil {
 		return s, err
@@ -158,6 +168,12 @@ func (c *Console) Snapshot() (Snapshot, error) {
 				s.Routed = v
 			case "odmoe_shadow_lost_total":
 				s.ShadowLost = v
+			case "odmoe_shadow_ahead_passes_total":
+				s.Ahead = v
+			case "odmoe_shadow_align_token_period":
+				s.AlignToken = v
+			case "odmoe_shadow_align_kv_period":
+				s.AlignKV = v
 			case "odmoe_generated_tokens_total":
 				s.Generated = v
 			case "odmoe_batch_size":
@@ -170,6 +186,11 @@ func (c *Console) Snapshot() (Snapshot, error) {
 				}
 			case "odmoe_expert_loads_total":
 				s.Loads += v
+			case "odmoe_layer_main_seconds_total", "odmoe_layer_experts_seconds_total", "odmoe_layer_network_seconds_total", "odmoe_layer_stall_seconds_total":
+				if label(m, "phase") == "decode" {
+					part := strings.TrimSuffix(strings.TrimPrefix(name, "odmoe_layer_"), "_seconds_total")
+					s.Layers[part] = v
+				}
 			}
 		}
 	}

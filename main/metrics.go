@@ -96,6 +96,9 @@ var (
 	descShadowReattached = newDesc("odmoe_shadow_reattached_total", "Times a lost shadow came back and was re-aligned.")
 	descShadowReused     = newDesc("odmoe_shadow_cached_tokens_total", "Prompt tokens whose KV rows the shadow copied from its prefix cache instead of running them.")
 	descReactive         = newDesc("odmoe_reactive_iterations_total", "Decode iterations run without the shadow, loading reactively.")
+	descShadowAhead      = newDesc("odmoe_shadow_ahead_passes_total", "Decode passes the shadow ran ahead of its alignment on the tokens it sampled itself (speculative departure).")
+	descShadowAlignToken = newDesc("odmoe_shadow_align_token_period", "Iterations between the shadow's token alignments now (T; with -align-adaptive the choice the running sequences used most).")
+	descShadowAlignKV    = newDesc("odmoe_shadow_align_kv_period", "Iterations between the shadow's KV alignments now (K).")
 )
 
 // Collector returns the swarm's Prometheus metrics, for GET /metrics
@@ -148,6 +151,9 @@ var (
 //	odmoe_shadow_reattached_total        times a lost shadow came back
 //	odmoe_shadow_cached_tokens_total     prompt tokens the shadow reused from its prefix cache
 //	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
+//	odmoe_shadow_ahead_passes_total      decode passes the shadow ran ahead of its alignment (speculative departure)
+//	odmoe_shadow_align_token_period      the alignment periods now, T and K (with -align-adaptive the
+//	odmoe_shadow_align_kv_period         choice the running sequences used most)
 func (s *Swarm) Collector(expertBytes int64) prometheus.Collector {
 	return &swarmCollector{s: s, expertBytes: expertBytes}
 }
@@ -164,7 +170,8 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	if c.s.shadow != nil {
-		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descShadowReused, descReactive} {
+		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descShadowReused, descReactive,
+			descShadowAhead, descShadowAlignToken, descShadowAlignKV} {
 			ch <- d
 		}
 	}
@@ -218,7 +225,7 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descResent, float64(faults.Resent))
 	if sl := s.shadow; sl != nil {
 		sl.mu.Lock()
-		up, rc, reused := sl.up, sl.counts, sl.reused
+		up, rc, reused, ahead, policy := sl.up, sl.counts, sl.reused, sl.ahead, sl.chosenLocked()
 		sl.mu.Unlock()
 		gauge(descShadowUp, boolFloat(up))
 		counter(descShadowPredicted, float64(rc.predicted))
@@ -227,6 +234,9 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descShadowReattached, float64(faults.ShadowReattached))
 		counter(descShadowReused, float64(reused))
 		counter(descReactive, float64(faults.ReactiveIterations))
+		counter(descShadowAhead, float64(ahead))
+		gauge(descShadowAlignToken, float64(policy.TokenPeriod))
+		gauge(descShadowAlignKV, float64(policy.KVPeriod))
 	}
 }
 

@@ -242,6 +242,9 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 		{"odmoe_shadow_up", 1}, {"odmoe_workers_lost_total", 0}, {"odmoe_workers_rejoined_total", 0},
 		{"odmoe_requests_resent_total", 0}, {"odmoe_shadow_lost_total", 0}, {"odmoe_shadow_reattached_total", 0},
 		{"odmoe_reactive_iterations_total", float64(stats.Faults.ReactiveIterations)},
+		{"odmoe_shadow_ahead_passes_total", float64(served.Ahead)},
+		{"odmoe_shadow_align_token_period", float64(served.Align.TokenPeriod)},
+		{"odmoe_shadow_align_kv_period", float64(served.Align.KVPeriod)},
 	} {
 		if got, ok := m[c.metric]; !ok || got != c.want {
 			t.Errorf("%s = %v (present %v), want %v", c.metric, got, ok, c.want)
