@@ -81,6 +81,11 @@ type Node struct {
 	ComputeS  float64 `json:"compute_s,omitempty"`
 	LoadS     float64 `json:"load_s,omitempty"`
 	StallS    float64 `json:"stall_s,omitempty"`
+	// as the worker last answered: device memory held and its budget,
+	// experts resident
+	DeviceBytes float64 `json:"device_bytes,omitempty"`
+	BudgetBytes float64 `json:"budget_bytes,omitempty"`
+	Resident    float64 `json:"resident_experts,omitempty"`
 }
 
 // Snapshot is what the feed sends, a few times a second: counters since
@@ -138,7 +143,8 @@ func (c *Console) Snapshot() (Snapshot, error) {
 			switch name := f.GetName(); name {
 			case "odmoe_worker_up", "odmoe_worker_results_total", "odmoe_worker_loads_total", "odmoe_worker_misses_total",
 				"odmoe_worker_load_bytes_total", "odmoe_worker_compute_seconds_total", "odmoe_worker_load_seconds_total",
-				"odmoe_worker_stall_seconds_total":
+				"odmoe_worker_stall_seconds_total", "odmoe_worker_device_bytes", "odmoe_worker_device_budget_bytes",
+				"odmoe_worker_resident_experts":
 				n := worker(label(m, "worker"))
 				switch name {
 				case "odmoe_worker_up":
@@ -159,6 +165,12 @@ func (c *Console) Snapshot() (Snapshot, error) {
 					n.LoadS = v
 				case "odmoe_worker_stall_seconds_total":
 					n.StallS = v
+				case "odmoe_worker_device_bytes":
+					n.DeviceBytes = v
+				case "odmoe_worker_device_budget_bytes":
+					n.BudgetBytes = v
+				case "odmoe_worker_resident_experts":
+					n.Resident = v
 				}
 			case "odmoe_shadow_up":
 				shadow, shadowUp = true, v == 1

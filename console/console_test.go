@@ -19,6 +19,7 @@ type swarmMetrics struct {
 	reg    *prometheus.Registry
 	up     *prometheus.GaugeVec
 	loads  *prometheus.CounterVec
+	budget *prometheus.GaugeVec
 	shadow prometheus.Gauge
 	tokens prometheus.Counter
 }
@@ -27,10 +28,11 @@ func newSwarmMetrics() *swarmMetrics {
 	m := &swarmMetrics{reg: prometheus.NewRegistry(),
 		up:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "odmoe_worker_up"}, []string{"worker"}),
 		loads:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "odmoe_worker_loads_total"}, []string{"worker"}),
+		budget: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "odmoe_worker_device_budget_bytes"}, []string{"worker"}),
 		shadow: prometheus.NewGauge(prometheus.GaugeOpts{Name: "odmoe_shadow_up"}),
 		tokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "odmoe_generated_tokens_total"}),
 	}
-	m.reg.MustRegister(m.up, m.loads, m.shadow, m.tokens)
+	m.reg.MustRegister(m.up, m.loads, m.budget, m.shadow, m.tokens)
 	return m
 }
 
@@ -60,6 +62,7 @@ func TestTilesFollowTheWorkersConnections(t *testing.T) {
 	}
 	m.shadow.Set(1)
 	m.loads.WithLabelValues("w2").Add(7)
+	m.budget.WithLabelValues("w2").Set(64 << 20)
 	steps := []struct {
 		do   func()
 		want map[string]string
@@ -82,8 +85,8 @@ func TestTilesFollowTheWorkersConnections(t *testing.T) {
 	var order []string
 	for _, n := range s.Nodes {
 		order = append(order, n.Name)
-		if n.Name == "w2" && n.Loads != 7 {
-			t.Fatalf("w2's loads %v, want 7", n.Loads)
+		if n.Name == "w2" && (n.Loads != 7 || n.BudgetBytes != 64<<20) {
+			t.Fatalf("w2's loads %v and budget %v, want 7 and 64 MiB", n.Loads, n.BudgetBytes)
 		}
 	}
 	if strings.Join(order, ",") != "main,shadow,w1,w2,w10" {

@@ -140,6 +140,8 @@ func (l *link) deliver(r reply) {
 // down or does not answer within timeout gets nil. A worker that rejoined
 // counts from its restart.
 func (s *Swarm) WorkerStats(ctx context.Context, timeout time.Duration) []*wire.WorkerStats {
+	s.asking.Lock()
+	defer s.asking.Unlock()
 	out := make([]*wire.WorkerStats, len(s.workers))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -161,4 +163,39 @@ func (s *Swarm) WorkerStats(ctx context.Context, timeout time.Duration) []*wire.
 		}
 	}
 	return out
+}
+
+// PollWorkers asks the workers for their counters every period until
+// ctx ends, keeping the latest answers for the metrics (device memory in
+// use and resident experts are the workers' own: nothing else reports
+// them while the swarm serves).
+func (s *Swarm) PollWorkers(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		s.PollWorkersOnce(ctx, every/2)
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.life.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// PollWorkersOnce is one round of PollWorkers: a worker that does not
+// answer within timeout keeps its earlier answer.
+func (s *Swarm) PollWorkersOnce(ctx context.Context, timeout time.Duration) {
+	got := s.WorkerStats(ctx, timeout)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.polled == nil {
+		s.polled = make([]*wire.WorkerStats, len(got))
+	}
+	for i, st := range got {
+		if st != nil {
+			s.polled[i] = st
+		}
+	}
 }

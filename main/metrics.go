@@ -76,14 +76,17 @@ var (
 	descLayerNetwork = newDesc("odmoe_layer_network_seconds_total", "Layer expert time less the slowest request's time on its worker.", "phase")
 	descLayerStall   = newDesc("odmoe_layer_stall_seconds_total", "The slowest request's wait for its expert to load, per layer.", "phase")
 
-	descWorkerUp      = newDesc("odmoe_worker_up", "Whether the connection to the worker is live (1) or lost (0).", "worker")
-	descWorkerResults = newDesc("odmoe_worker_results_total", "Expert results received from the worker.", "worker")
-	descWorkerLoads   = newDesc("odmoe_worker_loads_total", "Experts the worker loaded for this node's requests.", "worker")
-	descWorkerBytes   = newDesc("odmoe_worker_load_bytes_total", "Bytes of the experts the worker loaded for this node's requests.", "worker")
-	descWorkerMisses  = newDesc("odmoe_worker_misses_total", "Experts the worker loaded on demand for this node's requests.", "worker")
-	descWorkerLoad    = newDesc("odmoe_worker_load_seconds_total", "Time the worker spent loading experts for this node's requests.", "worker")
-	descWorkerCompute = newDesc("odmoe_worker_compute_seconds_total", "Time the worker spent computing experts for this node's requests.", "worker")
-	descWorkerStall   = newDesc("odmoe_worker_stall_seconds_total", "Time this node's requests waited on the worker for their expert to load.", "worker")
+	descWorkerUp       = newDesc("odmoe_worker_up", "Whether the connection to the worker is live (1) or lost (0).", "worker")
+	descWorkerResults  = newDesc("odmoe_worker_results_total", "Expert results received from the worker.", "worker")
+	descWorkerLoads    = newDesc("odmoe_worker_loads_total", "Experts the worker loaded for this node's requests.", "worker")
+	descWorkerBytes    = newDesc("odmoe_worker_load_bytes_total", "Bytes of the experts the worker loaded for this node's requests.", "worker")
+	descWorkerMisses   = newDesc("odmoe_worker_misses_total", "Experts the worker loaded on demand for this node's requests.", "worker")
+	descWorkerLoad     = newDesc("odmoe_worker_load_seconds_total", "Time the worker spent loading experts for this node's requests.", "worker")
+	descWorkerCompute  = newDesc("odmoe_worker_compute_seconds_total", "Time the worker spent computing experts for this node's requests.", "worker")
+	descWorkerStall    = newDesc("odmoe_worker_stall_seconds_total", "Time this node's requests waited on the worker for their expert to load.", "worker")
+	descWorkerDevice   = newDesc("odmoe_worker_device_bytes", "Device memory the worker holds now, as it last answered (asked every second while serving).", "worker")
+	descWorkerBudget   = newDesc("odmoe_worker_device_budget_bytes", "The worker's device memory budget (its -device-mem).", "worker")
+	descWorkerResident = newDesc("odmoe_worker_resident_experts", "Experts the worker keeps resident now, as it last answered.", "worker")
 
 	descWorkersLost     = newDesc("odmoe_workers_lost_total", "Worker connections that ended.")
 	descWorkersRejoined = newDesc("odmoe_workers_rejoined_total", "Lost workers that came back into the layout.")
@@ -133,6 +136,9 @@ var (
 //	odmoe_worker_load_seconds_total{worker}    loading them
 //	odmoe_worker_compute_seconds_total{worker} computing experts
 //	odmoe_worker_stall_seconds_total{worker}   requests waiting for their expert to load
+//	odmoe_worker_device_bytes{worker}          device memory it holds now    } as it last answered
+//	odmoe_worker_device_budget_bytes{worker}   its device memory budget      } PollWorkers (every
+//	odmoe_worker_resident_experts{worker}      experts it keeps resident now } second while serving)
 //
 // Faults (FaultStats):
 //
@@ -166,7 +172,8 @@ type swarmCollector struct {
 func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerResults, descLayerMain, descLayerExperts,
 		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
-		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent} {
+		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent,
+		descWorkerDevice, descWorkerBudget, descWorkerResident} {
 		ch <- d
 	}
 	if c.s.shadow != nil {
@@ -205,7 +212,16 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descLayerNetwork, t.Network.Seconds(), ph)
 		counter(descLayerStall, t.Stall.Seconds(), ph)
 	}
-	for _, l := range s.workers {
+	s.mu.Lock()
+	polled := slices.Clone(s.polled)
+	s.mu.Unlock()
+	for i, l := range s.workers {
+		if i < len(polled) && polled[i] != nil {
+			p := polled[i]
+			gauge(descWorkerDevice, float64(p.DeviceInUse), l.name)
+			gauge(descWorkerBudget, float64(p.DeviceBudget), l.name)
+			gauge(descWorkerResident, float64(p.ResidentExperts), l.name)
+		}
 		l.mu.Lock()
 		up := l.err == nil
 		l.mu.Unlock()

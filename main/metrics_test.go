@@ -159,6 +159,8 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	if !ok {
 		t.Fatal("no shadow stats")
 	}
+	sw.PollWorkersOnce(context.Background(), 5*time.Second)
+	polled := sw.WorkerStats(context.Background(), 5*time.Second)
 	text := scrape(t, hs.URL)
 	m = parseSamples(t, text)
 
@@ -227,6 +229,10 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 		misses += m["odmoe_worker_misses_total"+w]
 		bytesLoaded += m["odmoe_worker_load_bytes_total"+w]
 		compute += m["odmoe_worker_compute_seconds_total"+w]
+		if p := polled[i]; p == nil || m["odmoe_worker_device_budget_bytes"+w] != float64(p.DeviceBudget) || p.DeviceBudget == 0 ||
+			m["odmoe_worker_resident_experts"+w] != float64(p.ResidentExperts) {
+			t.Errorf("worker %d: budget %v and resident %v in the metrics, it answers %+v", i, m["odmoe_worker_device_budget_bytes"+w], m["odmoe_worker_resident_experts"+w], p)
+		}
 	}
 	if loads != float64(pre.Loads+dec.Loads) || results != float64(pre.Results+dec.Results) || misses != float64(pre.Misses+dec.Misses) {
 		t.Errorf("workers' results: %v loads, %v results, %v misses; the layers' Stats: %d, %d, %d",

@@ -155,6 +155,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		cfg.Serve.configure(b)
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(sw.Collector(ExpertBytes(m.Config))) // the swarm's figures beside the API's
+		poll, stopPolling := context.WithCancel(ctx)
+		defer stopPolling()
+		go sw.PollWorkers(poll, time.Second) // the workers' memory and resident experts, for the metrics
 		return serveAPI(ctx, cfg.Model, m, b, sw.Health, reg, cfg.Serve, log)
 	}
 	cpu := decodeCPU{sw: sw}

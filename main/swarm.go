@@ -104,6 +104,11 @@ type Swarm struct {
 	lastIter int64 // the highest iteration any sequence has run
 	stats    Stats
 	degraded map[int][]string // worker -> the loads it failed (Degraded)
+	// asking: one WorkerStats at a time (the workers' answers carry no
+	// tag); polled: each worker's latest answer to PollWorkers, nil
+	// before one
+	asking sync.Mutex
+	polled []*wire.WorkerStats
 }
 
 // sequence is one sequence's state in the Swarm: the plan of its current
