@@ -95,6 +95,8 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	if err != nil || strings.TrimSpace(answer) == "" || strings.HasSuffix(answer, "]") {
 		t.Fatalf("the answer %q (%v)", answer, err)
 	}
+	run("each worker's address", chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('.tile .role')].filter((e) => /^worker 127\.0\.0\.1:\d+$/.test(e.textContent)).length == 4`,
+		chromedp.WithPollingTimeout(10*time.Second)))
 	run("each worker's memory", chromedp.Poll[chromedp.Void](`document.querySelectorAll('.tile .memory').length == 4 && [...document.querySelectorAll('.tile .memory')].every((e) => e.textContent.endsWith('of 64 MiB'))`,
 		chromedp.WithPollingTimeout(10*time.Second)))
 	run("the counters move", chromedp.Poll[chromedp.Void](fmt.Sprintf("%s > %d", loadsJS, before), chromedp.WithPollingTimeout(10*time.Second)))

@@ -70,6 +70,7 @@ func (c *Console) Page(w http.ResponseWriter, r *http.Request) {
 // Node is one node's tile.
 type Node struct {
 	Name  string `json:"name"`
+	Addr  string `json:"addr,omitempty"`
 	Role  string `json:"role"`  // main, shadow, worker
 	State string `json:"state"` // live, lost, rejoined, degraded
 	Fault string `json:"fault,omitempty"`
@@ -77,6 +78,8 @@ type Node struct {
 	Results   float64 `json:"results,omitempty"`
 	Loads     float64 `json:"loads,omitempty"`
 	Misses    float64 `json:"misses,omitempty"`
+	Late      float64 `json:"misses_late,omitempty"`  // of the misses in layers the shadow predicted: too late
+	Wrong     float64 `json:"misses_wrong,omitempty"` // and not predicted
 	LoadBytes float64 `json:"load_bytes,omitempty"`
 	ComputeS  float64 `json:"compute_s,omitempty"`
 	LoadS     float64 `json:"load_s,omitempty"`
@@ -144,7 +147,7 @@ func (c *Console) Snapshot() (Snapshot, error) {
 			case "odmoe_worker_up", "odmoe_worker_results_total", "odmoe_worker_loads_total", "odmoe_worker_misses_total",
 				"odmoe_worker_load_bytes_total", "odmoe_worker_compute_seconds_total", "odmoe_worker_load_seconds_total",
 				"odmoe_worker_stall_seconds_total", "odmoe_worker_device_bytes", "odmoe_worker_device_budget_bytes",
-				"odmoe_worker_resident_experts":
+				"odmoe_worker_resident_experts", "odmoe_worker_info", "odmoe_worker_predicted_misses_total":
 				n := worker(label(m, "worker"))
 				switch name {
 				case "odmoe_worker_up":
@@ -171,6 +174,14 @@ func (c *Console) Snapshot() (Snapshot, error) {
 					n.BudgetBytes = v
 				case "odmoe_worker_resident_experts":
 					n.Resident = v
+				case "odmoe_worker_info":
+					n.Addr = label(m, "addr")
+				case "odmoe_worker_predicted_misses_total":
+					if label(m, "cause") == "late" {
+						n.Late = v
+					} else {
+						n.Wrong = v
+					}
 				}
 			case "odmoe_shadow_up":
 				shadow, shadowUp = true, v == 1

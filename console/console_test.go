@@ -20,6 +20,7 @@ type swarmMetrics struct {
 	up     *prometheus.GaugeVec
 	loads  *prometheus.CounterVec
 	budget *prometheus.GaugeVec
+	causes *prometheus.CounterVec
 	shadow prometheus.Gauge
 	tokens prometheus.Counter
 }
@@ -29,10 +30,11 @@ func newSwarmMetrics() *swarmMetrics {
 		up:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "odmoe_worker_up"}, []string{"worker"}),
 		loads:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "odmoe_worker_loads_total"}, []string{"worker"}),
 		budget: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "odmoe_worker_device_budget_bytes"}, []string{"worker"}),
+		causes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "odmoe_worker_predicted_misses_total"}, []string{"worker", "cause"}),
 		shadow: prometheus.NewGauge(prometheus.GaugeOpts{Name: "odmoe_shadow_up"}),
 		tokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "odmoe_generated_tokens_total"}),
 	}
-	m.reg.MustRegister(m.up, m.loads, m.budget, m.shadow, m.tokens)
+	m.reg.MustRegister(m.up, m.loads, m.budget, m.causes, m.shadow, m.tokens)
 	return m
 }
 
@@ -63,6 +65,8 @@ func TestTilesFollowTheWorkersConnections(t *testing.T) {
 	m.shadow.Set(1)
 	m.loads.WithLabelValues("w2").Add(7)
 	m.budget.WithLabelValues("w2").Set(64 << 20)
+	m.causes.WithLabelValues("w2", "late").Add(3)
+	m.causes.WithLabelValues("w2", "wrong").Add(2)
 	steps := []struct {
 		do   func()
 		want map[string]string
@@ -85,8 +89,8 @@ func TestTilesFollowTheWorkersConnections(t *testing.T) {
 	var order []string
 	for _, n := range s.Nodes {
 		order = append(order, n.Name)
-		if n.Name == "w2" && (n.Loads != 7 || n.BudgetBytes != 64<<20) {
-			t.Fatalf("w2's loads %v and budget %v, want 7 and 64 MiB", n.Loads, n.BudgetBytes)
+		if n.Name == "w2" && (n.Loads != 7 || n.BudgetBytes != 64<<20 || n.Late != 3 || n.Wrong != 2) {
+			t.Fatalf("w2's loads %v, budget %v, late %v, wrong %v; want 7, 64 MiB, 3, 2", n.Loads, n.BudgetBytes, n.Late, n.Wrong)
 		}
 	}
 	if strings.Join(order, ",") != "main,shadow,w1,w2,w10" {

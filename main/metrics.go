@@ -27,6 +27,7 @@ func ExpertBytes(c model.Config) int64 {
 type workerCounts struct {
 	results, loads, misses     atomic.Int64
 	loadNs, computeNs, stallNs atomic.Int64
+	late, wrong                atomic.Int64 // misses in layers with a prediction, by cause (the swarm scores them)
 }
 
 func (c *workerCounts) add(r *wire.ExpertResult) {
@@ -76,17 +77,19 @@ var (
 	descLayerNetwork = newDesc("odmoe_layer_network_seconds_total", "Layer expert time less the slowest request's time on its worker.", "phase")
 	descLayerStall   = newDesc("odmoe_layer_stall_seconds_total", "The slowest request's wait for its expert to load, per layer.", "phase")
 
-	descWorkerUp       = newDesc("odmoe_worker_up", "Whether the connection to the worker is live (1) or lost (0).", "worker")
-	descWorkerResults  = newDesc("odmoe_worker_results_total", "Expert results received from the worker.", "worker")
-	descWorkerLoads    = newDesc("odmoe_worker_loads_total", "Experts the worker loaded for this node's requests.", "worker")
-	descWorkerBytes    = newDesc("odmoe_worker_load_bytes_total", "Bytes of the experts the worker loaded for this node's requests.", "worker")
-	descWorkerMisses   = newDesc("odmoe_worker_misses_total", "Experts the worker loaded on demand for this node's requests.", "worker")
-	descWorkerLoad     = newDesc("odmoe_worker_load_seconds_total", "Time the worker spent loading experts for this node's requests.", "worker")
-	descWorkerCompute  = newDesc("odmoe_worker_compute_seconds_total", "Time the worker spent computing experts for this node's requests.", "worker")
-	descWorkerStall    = newDesc("odmoe_worker_stall_seconds_total", "Time this node's requests waited on the worker for their expert to load.", "worker")
-	descWorkerDevice   = newDesc("odmoe_worker_device_bytes", "Device memory the worker holds now, as it last answered (asked every second while serving).", "worker")
-	descWorkerBudget   = newDesc("odmoe_worker_device_budget_bytes", "The worker's device memory budget (its -device-mem).", "worker")
-	descWorkerResident = newDesc("odmoe_worker_resident_experts", "Experts the worker keeps resident now, as it last answered.", "worker")
+	descWorkerUp        = newDesc("odmoe_worker_up", "Whether the connection to the worker is live (1) or lost (0).", "worker")
+	descWorkerResults   = newDesc("odmoe_worker_results_total", "Expert results received from the worker.", "worker")
+	descWorkerLoads     = newDesc("odmoe_worker_loads_total", "Experts the worker loaded for this node's requests.", "worker")
+	descWorkerBytes     = newDesc("odmoe_worker_load_bytes_total", "Bytes of the experts the worker loaded for this node's requests.", "worker")
+	descWorkerMisses    = newDesc("odmoe_worker_misses_total", "Experts the worker loaded on demand for this node's requests.", "worker")
+	descWorkerLoad      = newDesc("odmoe_worker_load_seconds_total", "Time the worker spent loading experts for this node's requests.", "worker")
+	descWorkerCompute   = newDesc("odmoe_worker_compute_seconds_total", "Time the worker spent computing experts for this node's requests.", "worker")
+	descWorkerStall     = newDesc("odmoe_worker_stall_seconds_total", "Time this node's requests waited on the worker for their expert to load.", "worker")
+	descWorkerDevice    = newDesc("odmoe_worker_device_bytes", "Device memory the worker holds now, as it last answered (asked every second while serving).", "worker")
+	descWorkerBudget    = newDesc("odmoe_worker_device_budget_bytes", "The worker's device memory budget (its -device-mem).", "worker")
+	descWorkerMissCause = newDesc("odmoe_worker_predicted_misses_total", "Misses on the worker in layers that had a shadow prediction: late (predicted, not loaded in time) or wrong (not predicted).", "worker", "cause")
+	descWorkerInfo      = newDesc("odmoe_worker_info", "1 for each worker, labelled with the address of its current connection.", "worker", "addr")
+	descWorkerResident  = newDesc("odmoe_worker_resident_experts", "Experts the worker keeps resident now, as it last answered.", "worker")
 
 	descWorkersLost     = newDesc("odmoe_workers_lost_total", "Worker connections that ended.")
 	descWorkersRejoined = newDesc("odmoe_workers_rejoined_total", "Lost workers that came back into the layout.")
@@ -129,6 +132,9 @@ var (
 // Per worker (worker="w1", ...), from every result it sent:
 //
 //	odmoe_worker_up{worker}                    1 while its connection is live, 0 while it is lost
+//	odmoe_worker_info{worker,addr}             1, the address of its current connection as a label
+//	odmoe_worker_predicted_misses_total{worker,cause} its misses in layers with a shadow prediction:
+//	                                           late or wrong (odmoe_expert_misses_total's split, per worker)
 //	odmoe_worker_results_total{worker}         expert results received
 //	odmoe_worker_loads_total{worker}           experts it loaded for them (as odmoe_expert_loads_total)
 //	odmoe_worker_load_bytes_total{worker}      the bytes of those loads (loads x expertBytes)
@@ -173,7 +179,7 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerResults, descLayerMain, descLayerExperts,
 		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
 		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent,
-		descWorkerDevice, descWorkerBudget, descWorkerResident} {
+		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerInfo, descWorkerMissCause} {
 		ch <- d
 	}
 	if c.s.shadow != nil {
@@ -226,12 +232,17 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		up := l.err == nil
 		l.mu.Unlock()
 		gauge(descWorkerUp, boolFloat(up), l.name)
+		if p := l.conn(); p != nil {
+			gauge(descWorkerInfo, 1, l.name, p.RemoteAddr().String())
+		}
 		n := &l.counts
 		counter(descWorkerResults, float64(n.results.Load()), l.name)
 		loads := n.loads.Load()
 		counter(descWorkerLoads, float64(loads), l.name)
 		counter(descWorkerBytes, float64(loads*c.expertBytes), l.name)
 		counter(descWorkerMisses, float64(n.misses.Load()), l.name)
+		counter(descWorkerMissCause, float64(n.late.Load()), l.name, "late")
+		counter(descWorkerMissCause, float64(n.wrong.Load()), l.name, "wrong")
 		counter(descWorkerLoad, seconds(n.loadNs.Load()), l.name)
 		counter(descWorkerCompute, seconds(n.computeNs.Load()), l.name)
 		counter(descWorkerStall, seconds(n.stallNs.Load()), l.name)

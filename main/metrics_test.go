@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,7 +214,7 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 		}
 	}
 	// per worker, from the results: they add up to the layers' figures
-	var loads, results, misses, bytesLoaded, compute float64
+	var loads, results, misses, bytesLoaded, compute, late, wrong float64
 	own := sw.WorkerStats(context.Background(), 5e9)
 	for i := range 4 {
 		w := fmt.Sprintf(`{worker="w%d"}`, i+1)
@@ -229,6 +230,11 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 		misses += m["odmoe_worker_misses_total"+w]
 		bytesLoaded += m["odmoe_worker_load_bytes_total"+w]
 		compute += m["odmoe_worker_compute_seconds_total"+w]
+		late += m[fmt.Sprintf(`odmoe_worker_predicted_misses_total{cause="late",worker="w%d"}`, i+1)]
+		wrong += m[fmt.Sprintf(`odmoe_worker_predicted_misses_total{cause="wrong",worker="w%d"}`, i+1)]
+		if !regexp.MustCompile(fmt.Sprintf(`odmoe_worker_info\{addr="127\.0\.0\.1:\d+",worker="w%d"\} 1`, i+1)).MatchString(text) {
+			t.Errorf("no odmoe_worker_info with w%d's loopback address", i+1)
+		}
 		if p := polled[i]; p == nil || m["odmoe_worker_device_budget_bytes"+w] != float64(p.DeviceBudget) || p.DeviceBudget == 0 ||
 			m["odmoe_worker_resident_experts"+w] != float64(p.ResidentExperts) {
 			t.Errorf("worker %d: budget %v and resident %v in the metrics, it answers %+v", i, m["odmoe_worker_device_budget_bytes"+w], m["odmoe_worker_resident_experts"+w], p)
@@ -237,6 +243,9 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	if loads != float64(pre.Loads+dec.Loads) || results != float64(pre.Results+dec.Results) || misses != float64(pre.Misses+dec.Misses) {
 		t.Errorf("workers' results: %v loads, %v results, %v misses; the layers' Stats: %d, %d, %d",
 			loads, results, misses, pre.Loads+dec.Loads, pre.Results+dec.Results, pre.Misses+dec.Misses)
+	}
+	if late != float64(pre.MissesLate+dec.MissesLate) || wrong != float64(pre.MissesWrong+dec.MissesWrong) || late+wrong == 0 {
+		t.Errorf("workers' late and wrong misses %v and %v; the layers' %d and %d", late, wrong, pre.MissesLate+dec.MissesLate, pre.MissesWrong+dec.MissesWrong)
 	}
 	if bytesLoaded != loads*float64(expertBytes) || compute <= 0 {
 		t.Errorf("%v bytes loaded for %v loads of %d-byte experts; %v s of compute", bytesLoaded, loads, expertBytes, compute)

@@ -527,8 +527,10 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 			switch {
 			case wrong:
 				ls.missesWrong++
+				s.workers[r.Worker].counts.wrong.Add(1)
 			case predicted:
 				ls.missesLate++
+				s.workers[r.Worker].counts.late.Add(1)
 			}
 			if !prefill {
 				s.missed(q, predicted, wrong)
