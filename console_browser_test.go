@@ -110,6 +110,7 @@ func driveConsole(t *testing.T, c consoleRun) {
 		t.Fatalf("the answer %q (%v)", answer, err)
 	}
 	run("the counters move", chromedp.Poll[chromedp.Void](fmt.Sprintf("%s > %d", loadsJS, before), chromedp.WithPollingTimeout(10*time.Second)))
+	run("the passes' timeline", chromedp.Poll[chromedp.Void](`document.querySelectorAll('#passes rect').length > 0`, chromedp.WithPollingTimeout(10*time.Second)))
 	shot("console")
 
 	c.kill()

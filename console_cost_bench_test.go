@@ -13,42 +13,66 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
-// BenchmarkConsoleCostToDecode measures what a browser showing the
-// console costs a swarm's decode: a swarm of processes (4 workers, an
-// int8 shadow, the main node serving the API), and in each round one
-// measurement with headless Chromium showing the console (its feed two
-// snapshots a second) and one without, in alternating order; each
-// measurement is two streaming requests of 256 greedy tokens one after
-// the other, decode tokens/s taken from the first token to the last.
+// BenchmarkConsoleCostToDecode measures what the console costs a swarm's
+// decode: a swarm of processes (4 workers, an int8 shadow, the main node
+// serving the API), and in each round one measurement with nothing
+// attached, one with headless Chromium showing the console (its feed two
+// snapshots a second), and one with a plain client reading the feed, in
+// rotating order; each measurement is two streaming requests of 256
+// greedy tokens one after the other, decode tokens/s taken from the
+// first token to the last.
 // Run it as: go test -run '^$' -bench ConsoleCost -benchtime 1x .
 func BenchmarkConsoleCostToDecode(b *testing.B) {
 	browser := chromium(b)
 	s := startAPISwarm(b)
 	root := strings.TrimSuffix(s.base, "/v1")
 	const rounds, tokens = 3, 256
-	var with, without []float64
+	// none, a browser showing the console, and a plain client reading the
+	// console's feed (the node's whole part of a page open elsewhere,
+	// without the browser's rendering on the swarm's cores)
+	modes := []string{"none", "browser", "feed"}
+	got := map[string][]float64{}
 	for r := range rounds * b.N {
-		for _, attached := range []bool{r%2 == 0, r%2 != 0} {
+		for i := range modes {
+			mode := modes[(i+r)%len(modes)]
 			stop := func() {}
-			if attached {
+			switch mode {
+			case "browser":
 				stop = openConsole(b, browser, root)
+			case "feed":
+				stop = readFeed(b, root)
 			}
 			for range 2 {
-				tps := streamDecode(b, s.base, tokens)
-				if attached {
-					with = append(with, tps)
-				} else {
-					without = append(without, tps)
-				}
+				got[mode] = append(got[mode], streamDecode(b, s.base, tokens))
 			}
 			stop()
 		}
 	}
-	mw, mo := median(with), median(without)
-	b.ReportMetric(mw, "tok/s-with-console")
-	b.ReportMetric(mo, "tok/s-without")
-	b.ReportMetric(mw/mo, "ratio")
-	b.Logf("with the console %v, without %v (decode tok/s)", with, without)
+	none := median(got["none"])
+	b.ReportMetric(none, "tok/s-without")
+	b.ReportMetric(median(got["browser"])/none, "browser/none")
+	b.ReportMetric(median(got["feed"])/none, "feed/none")
+	b.Logf("decode tok/s: %v", got)
+}
+
+// readFeed reads the console's feed as the page does until stopped.
+func readFeed(b *testing.B, root string) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", root+"/console/events", nil)
+	req.Header.Set("Authorization", "Bearer "+apiTestKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		b.Fatalf("the feed: %v %v", err, resp)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+		}
+	}()
+	return func() { cancel(); resp.Body.Close(); <-done }
 }
 
 // openConsole opens the console in headless Chromium, gives it the key,

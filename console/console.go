@@ -34,6 +34,10 @@ type Config struct {
 	Health func() (down, degraded []string)
 	// Period is how often the feed sends a snapshot (default 500 ms).
 	Period time.Duration
+	// Timeline, if set, gives the last decode passes' layer timelines
+	// (main node's compute, experts, network, waiting for loads, per
+	// layer), sent as they are.
+	Timeline func() any
 }
 
 // Console serves the page and its feed.
@@ -118,6 +122,8 @@ type Snapshot struct {
 	// sending to the last result, and of that the network and the wait
 	// for loads (the layer timeline's parts, summed)
 	Layers map[string]float64 `json:"layer_seconds"`
+	// Passes are the last decode passes' layer timelines (Config.Timeline)
+	Passes any `json:"passes,omitempty"`
 }
 
 // Snapshot reads the metrics now.
@@ -216,6 +222,9 @@ func (c *Console) Snapshot() (Snapshot, error) {
 				}
 			}
 		}
+	}
+	if c.cfg.Timeline != nil {
+		s.Passes = c.cfg.Timeline()
 	}
 	s.Nodes = append(s.Nodes, Node{Name: "main", Role: "main", State: "live"})
 	if shadow {

@@ -132,6 +132,18 @@ func TestFeedSendsSnapshotsAsServerSentEvents(t *testing.T) {
 	}
 }
 
+func TestSnapshotCarriesTheTimeline(t *testing.T) {
+	want := []int{3, 1}
+	s, err := New(Config{Gatherer: newSwarmMetrics().reg, Timeline: func() any { return want }}).Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(s)
+	if !strings.Contains(string(b), `"passes":[3,1]`) {
+		t.Fatalf("snapshot %s", b)
+	}
+}
+
 func TestPageIsServedWhole(t *testing.T) {
 	rec := httptest.NewRecorder()
 	New(Config{}).Page(rec, httptest.NewRequest("GET", "/", nil))

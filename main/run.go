@@ -158,6 +158,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		poll, stopPolling := context.WithCancel(ctx)
 		defer stopPolling()
 		go sw.PollWorkers(poll, time.Second) // the workers' memory and resident experts, for the metrics
+		cfg.Serve.Timeline = func() any { return sw.RecentPasses() }
 		return serveAPI(ctx, cfg.Model, m, b, sw.Health, reg, cfg.Serve, log)
 	}
 	cpu := decodeCPU{sw: sw}

@@ -38,6 +38,8 @@ type Serving struct {
 	CORSOrigin string
 	// NoConsole is serve.Config.NoConsole.
 	NoConsole bool
+	// Timeline, set by the swarm, is serve.Config.Timeline.
+	Timeline func() any
 	// Ready, if set, gets the bound address once the API listens.
 	Ready func(net.Addr)
 }
@@ -123,7 +125,7 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	}
 	srv, err := serve.New(serve.Config{
 		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
-		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, NoConsole: sv.NoConsole, Log: log,
+		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, NoConsole: sv.NoConsole, Timeline: sv.Timeline, Log: log,
 	})
 	if err != nil {
 		return err

@@ -39,6 +39,44 @@ type Stats struct {
 	// a load hides when its lead covers it.
 	Leads  []time.Duration
 	beyond LayerStats // where iterations past maxIterationStats go, unkept
+	// recent are the last decode passes' layer timelines, oldest first
+	recent []PassTimeline
+}
+
+// PassTimeline is one decode pass's layers in order: each one's main-node
+// compute before its experts, then its experts' wall time, of which the
+// network and the wait for loads (the layer timeline bench rig draws,
+// from the main node's side), in milliseconds.
+type PassTimeline struct {
+	Iter   int64        `json:"iter"`
+	Layers []LayerTimes `json:"layers"`
+}
+
+// LayerTimes is one layer of a PassTimeline.
+type LayerTimes struct {
+	MainMs    float64 `json:"main_ms"`
+	ExpertsMs float64 `json:"experts_ms"`
+	NetworkMs float64 `json:"network_ms"`
+	StallMs   float64 `json:"stall_ms"`
+}
+
+// recentPasses is how many decode passes' timelines are kept.
+const recentPasses = 16
+
+// recentLayer is layer l of decode pass it in the recent timelines,
+// starting a new pass when it is not the latest.
+func (s *Stats) recentLayer(it int64, l int) *LayerTimes {
+	if n := len(s.recent); n == 0 || s.recent[n-1].Iter != it {
+		if n == recentPasses {
+			s.recent = append(s.recent[:0], s.recent[1:]...)
+		}
+		s.recent = append(s.recent, PassTimeline{Iter: it})
+	}
+	p := &s.recent[len(s.recent)-1]
+	for len(p.Layers) <= l {
+		p.Layers = append(p.Layers, LayerTimes{})
+	}
+	return &p.Layers[l]
 }
 
 // layerSample is one RunExperts call's figures.
@@ -92,6 +130,9 @@ func (s *Stats) iteration(it int64) *LayerStats {
 func (s *Stats) main(prefill bool, it int64, l int, d time.Duration) {
 	s.layer(prefill, l).Main += d
 	s.iteration(it).Main += d
+	if !prefill {
+		s.recentLayer(it, l).MainMs += ms(d)
+	}
 }
 
 func (s *Stats) experts(prefill bool, it int64, l int, ls layerSample) {
@@ -99,6 +140,12 @@ func (s *Stats) experts(prefill bool, it int64, l int, ls layerSample) {
 		Load: ls.load, Loads: ls.loads, Misses: ls.misses, MissesLate: ls.missesLate, MissesWrong: ls.missesWrong, Results: ls.results}
 	s.layer(prefill, l).add(one)
 	s.iteration(it).add(one)
+	if !prefill {
+		t := s.recentLayer(it, l)
+		t.ExpertsMs += ms(ls.wall)
+		t.NetworkMs += ms(ls.network)
+		t.StallMs += ms(ls.stall)
+	}
 }
 
 // add sums b into a.

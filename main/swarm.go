@@ -303,6 +303,18 @@ func (s *Swarm) Stats() *Stats {
 	return st
 }
 
+// RecentPasses returns the last decode passes' layer timelines, oldest
+// first (Stats keeps 16): what the console draws.
+func (s *Swarm) RecentPasses() []PassTimeline {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PassTimeline, len(s.stats.recent))
+	for i, p := range s.stats.recent {
+		out[i] = PassTimeline{Iter: p.Iter, Layers: slices.Clone(p.Layers)}
+	}
+	return out
+}
+
 // sequence returns the state of sequence seq, made on its first layer.
 func (s *Swarm) sequence(step model.Step) *sequence {
 	s.mu.Lock()

@@ -85,7 +85,10 @@ type Config struct {
 	// NoConsole leaves out the console (a page at / with a chat and a
 	// tile per node, and its feed at /console/events).
 	NoConsole bool
-	Log       zerolog.Logger
+	// Timeline, if set, gives the console the last decode passes' layer
+	// timelines (JSON-able; the swarm's).
+	Timeline func() any
+	Log      zerolog.Logger
 }
 
 // Server is the HTTP API. Make one with New; Handler serves it.
@@ -166,7 +169,7 @@ func New(cfg Config) (*Server, error) {
 		{"GET", "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})},
 	}
 	if !cfg.NoConsole {
-		c := console.New(console.Config{Model: cfg.Model, Gatherer: cfg.Registry, Health: func() (down, degraded []string) {
+		c := console.New(console.Config{Model: cfg.Model, Gatherer: cfg.Registry, Timeline: cfg.Timeline, Health: func() (down, degraded []string) {
 			if cfg.Health == nil {
 				return nil, nil
 			}
