@@ -366,7 +366,7 @@ func TestForcedToolCallsAreCallsOfTheTools(t *testing.T) {
 // answer into pieces gives the same content and calls as the whole.
 func TestToolFilterReadsCallsHoweverTheTextIsCut(t *testing.T) {
 	const answer = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>\n" +
-		"<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a\"}}\n</tool_call>\n"
+		"<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a </tool_call> b\"}}\n</tool_call>\n"
 	type result struct {
 		content string
 		calls   []string
@@ -384,7 +384,8 @@ func TestToolFilterReadsCallsHoweverTheTextIsCut(t *testing.T) {
 		r.content += f.Flush()
 		return r
 	}
-	want := result{"Let me look.", []string{`0 get_weather {"city":"Paris","days":3}`, `1 search {"q":"a"}`}}
+	// the second call's argument holds the closing tag: passed over
+	want := result{"Let me look.", []string{`0 get_weather {"city":"Paris","days":3}`, `1 search {"q":"a </tool_call> b"}`}}
 	if got := run([]string{answer}); got.content != want.content || !slices.Equal(got.calls, want.calls) {
 		t.Fatalf("whole: %+v, want %+v", got, want)
 	}

@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 )
 
@@ -26,7 +27,21 @@ func (f *toolFilter) Push(piece string) (content string, calls []toolCall) {
 	var out strings.Builder
 	for {
 		if f.inCall {
-			end := strings.Index(text, f.syntax.close)
+			// the call ends at the first closing tag after a body that is
+			// not JSON cut short: one inside the arguments' strings (a
+			// value holding "</tool_call>") is passed over
+			end, from := -1, 0
+			for {
+				i := strings.Index(text[from:], f.syntax.close)
+				if i < 0 {
+					break
+				}
+				if !cutShort(text[:from+i]) {
+					end = from + i
+					break
+				}
+				from += i + len(f.syntax.close)
+			}
 			if end < 0 {
 				f.held = text
 				return out.String(), calls
@@ -73,6 +88,16 @@ func (f *toolFilter) Flush() string {
 		return ""
 	}
 	return held
+}
+
+// cutShort reports whether body is JSON that ends too soon: what comes
+// next may still complete it.
+func cutShort(body string) bool {
+	body = strings.TrimSpace(body)
+	var v json.RawMessage
+	var se *json.SyntaxError
+	err := json.Unmarshal([]byte(body), &v)
+	return errors.As(err, &se) && se.Offset >= int64(len(body)) && strings.HasPrefix(body, "{")
 }
 
 // parse reads a call's body, numbering it.
