@@ -20,8 +20,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/noderef"
-
-	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/odmoe/odmoe/internal/schematest"
 )
 
 // The official OpenAI client (the `openai` npm package, pinned in
@@ -553,11 +552,7 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 		t.Fatalf("%d structured answers for %d schemas", len(got.Parsed), len(schemas))
 	}
 	for i, p := range got.Parsed {
-		v := schemaValidator(t, schemas[i].Schema)
-		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(p.Content))
-		if err == nil {
-			err = v.Validate(doc)
-		}
+		err := schematest.Validate(schematest.Compile(t, schemas[i].Schema), p.Content)
 		var parsed, content any
 		json.Unmarshal(p.Parsed, &parsed)
 		json.Unmarshal([]byte(p.Content), &content)
@@ -574,23 +569,4 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 			t.Errorf("greedy token %+v: not the first of its alternatives", e)
 		}
 	}
-}
-
-// schemaValidator compiles schema with santhosh-tekuri/jsonschema, a
-// validator independent of odmoe's grammar.
-func schemaValidator(t *testing.T, schema json.RawMessage) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("schema.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	v, err := c.Compile("schema.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }

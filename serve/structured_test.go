@@ -12,8 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-
+	"github.com/odmoe/odmoe/internal/schematest"
 	"github.com/odmoe/odmoe/model"
 )
 
@@ -208,31 +207,6 @@ func joinInts(ids []int) string {
 
 func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
-func validator(t *testing.T, schema string) *jsonschema.Schema {
-	t.Helper()
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("s.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	v, err := c.Compile("s.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func validates(t *testing.T, v *jsonschema.Schema, text string) error {
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
-	if err != nil {
-		return err
-	}
-	return v.Validate(doc)
-}
-
 // TestStructuredOutputFollowsTheSchema: a random tiny model, sampled at
 // temperature 1 under many seeds, answers what the schema accepts and
 // stops there (checked by an independent JSON Schema validator).
@@ -242,7 +216,7 @@ func TestStructuredOutputFollowsTheSchema(t *testing.T) {
 	const schema = `{"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
 		"color": {"enum": ["red", "green", "dark blue"]}, "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
 		"required": ["ok", "n", "color"], "additionalProperties": false}`
-	v := validator(t, schema)
+	v := schematest.Compile(t, []byte(schema))
 	rng := rand.New(rand.NewPCG(5, 6))
 	for range 6 {
 		seed := rng.IntN(1 << 30)
@@ -254,7 +228,7 @@ func TestStructuredOutputFollowsTheSchema(t *testing.T) {
 		if resp.StatusCode != 200 || *c.Choices[0].FinishReason != "stop" {
 			t.Fatalf("seed %d: %d %s", seed, resp.StatusCode, body)
 		}
-		if err := validates(t, v, *c.Choices[0].Message.Content); err != nil {
+		if err := schematest.Validate(v, *c.Choices[0].Message.Content); err != nil {
 			t.Fatalf("seed %d: the answer %q does not follow the schema: %v", seed, *c.Choices[0].Message.Content, err)
 		}
 	}
@@ -287,7 +261,7 @@ const searchTool = `{"type": "function", "function": {"name": "search", "paramet
 func TestForcedToolCallsAreCallsOfTheTools(t *testing.T) {
 	f := newFixture(t)
 	hs := f.server(t, nil)
-	weatherArgs := validator(t, `{"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}`)
+	weatherArgs := schematest.Compile(t, []byte(`{"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}`))
 	for _, tc := range []struct {
 		choice string
 		names  []string // the functions it may call
@@ -310,7 +284,7 @@ func TestForcedToolCallsAreCallsOfTheTools(t *testing.T) {
 					t.Fatalf("%s seed %d: call %+v", tc.choice, seed, call)
 				}
 				if call.Function.Name == "get_weather" {
-					if err := validates(t, weatherArgs, call.Function.Arguments); err != nil {
+					if err := schematest.Validate(weatherArgs, call.Function.Arguments); err != nil {
 						t.Fatalf("arguments %s: %v", call.Function.Arguments, err)
 					}
 				}
