@@ -45,7 +45,7 @@ type Console struct {
 	cfg Config
 	mu  sync.Mutex
 	// lost remembers the workers a snapshot saw lost: back, they show
-	// as rejoined
+	// as rejoined (as do those whose rejoins the metrics counted)
 	lost map[string]bool
 }
 
@@ -93,6 +93,7 @@ type Node struct {
 	DeviceBytes float64 `json:"device_bytes,omitempty"`
 	BudgetBytes float64 `json:"budget_bytes,omitempty"`
 	Resident    float64 `json:"resident_experts,omitempty"`
+	Rejoins     float64 `json:"rejoins,omitempty"` // times it came back after it was lost
 }
 
 // Snapshot is what the feed sends, a few times a second: counters since
@@ -153,7 +154,7 @@ func (c *Console) Snapshot() (Snapshot, error) {
 			case "odmoe_worker_up", "odmoe_worker_results_total", "odmoe_worker_loads_total", "odmoe_worker_misses_total",
 				"odmoe_worker_load_bytes_total", "odmoe_worker_compute_seconds_total", "odmoe_worker_load_seconds_total",
 				"odmoe_worker_stall_seconds_total", "odmoe_worker_device_bytes", "odmoe_worker_device_budget_bytes",
-				"odmoe_worker_resident_experts", "odmoe_worker_info", "odmoe_worker_predicted_misses_total":
+				"odmoe_worker_resident_experts", "odmoe_worker_info", "odmoe_worker_predicted_misses_total", "odmoe_worker_rejoins_total":
 				n := worker(label(m, "worker"))
 				switch name {
 				case "odmoe_worker_up":
@@ -182,6 +183,8 @@ func (c *Console) Snapshot() (Snapshot, error) {
 					n.Resident = v
 				case "odmoe_worker_info":
 					n.Addr = label(m, "addr")
+				case "odmoe_worker_rejoins_total":
+					n.Rejoins = v
 				case "odmoe_worker_predicted_misses_total":
 					if label(m, "cause") == "late" {
 						n.Late = v
@@ -249,7 +252,7 @@ func (c *Console) Snapshot() (Snapshot, error) {
 		switch {
 		case n.State == "lost":
 			c.lost[name] = true
-		case c.lost[name]:
+		case c.lost[name] || n.Rejoins > 0: // seen lost, or lost while no page watched
 			n.State = "rejoined"
 		}
 		for _, d := range degraded {
@@ -300,6 +303,9 @@ func (c *Console) Events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	rc := http.NewResponseController(w)
+	// the feed has no body to wait for: a server's read deadline for
+	// one must not end it
+	rc.SetReadDeadline(time.Time{})
 	tick := time.NewTicker(c.cfg.Period)
 	defer tick.Stop()
 	for {

@@ -85,6 +85,13 @@ func TestTilesFollowTheWorkersConnections(t *testing.T) {
 			}
 		}
 	}
+	// a worker lost and back while no snapshot looked: its rejoins say so
+	rejoins := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "odmoe_worker_rejoins_total"}, []string{"worker"})
+	m.reg.MustRegister(rejoins)
+	rejoins.WithLabelValues("w10").Inc()
+	if got := states(t, c)["w10"]; got != "worker rejoined" {
+		t.Fatalf("w10 with a rejoin counted: %q", got)
+	}
 	s, _ := c.Snapshot()
 	var order []string
 	for _, n := range s.Nodes {

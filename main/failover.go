@@ -115,6 +115,7 @@ func (s *Swarm) rejoin() {
 		s.watch(l, p)
 		s.planner.Unspoil(l.index) // a new connection: its store may have been put back
 		s.planner.SetLive(l.index, true)
+		l.counts.rejoins.Add(1)
 		s.mu.Lock()
 		s.stats.Faults.Rejoins++
 		delete(s.degraded, l.index)

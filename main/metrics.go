@@ -28,6 +28,7 @@ type workerCounts struct {
 	results, loads, misses     atomic.Int64
 	loadNs, computeNs, stallNs atomic.Int64
 	late, wrong                atomic.Int64 // misses in layers with a prediction, by cause (the swarm scores them)
+	rejoins                    atomic.Int64 // times it came back into the layout after it was lost
 }
 
 func (c *workerCounts) add(r *wire.ExpertResult) {
@@ -88,6 +89,7 @@ var (
 	descWorkerDevice    = newDesc("odmoe_worker_device_bytes", "Device memory the worker holds now, as it last answered (asked every second while serving).", "worker")
 	descWorkerBudget    = newDesc("odmoe_worker_device_budget_bytes", "The worker's device memory budget (its -device-mem).", "worker")
 	descWorkerMissCause = newDesc("odmoe_worker_predicted_misses_total", "Misses on the worker in layers that had a shadow prediction: late (predicted, not loaded in time) or wrong (not predicted).", "worker", "cause")
+	descWorkerRejoins   = newDesc("odmoe_worker_rejoins_total", "Times the worker came back into the layout after it was lost.", "worker")
 	descWorkerInfo      = newDesc("odmoe_worker_info", "1 for each worker, labelled with the address of its current connection.", "worker", "addr")
 	descWorkerResident  = newDesc("odmoe_worker_resident_experts", "Experts the worker keeps resident now, as it last answered.", "worker")
 
@@ -103,8 +105,8 @@ var (
 	descShadowReused     = newDesc("odmoe_shadow_cached_tokens_total", "Prompt tokens whose KV rows the shadow copied from its prefix cache instead of running them.")
 	descReactive         = newDesc("odmoe_reactive_iterations_total", "Decode iterations run without the shadow, loading reactively.")
 	descShadowAhead      = newDesc("odmoe_shadow_ahead_passes_total", "Decode passes the shadow ran ahead of its alignment on the tokens it sampled itself (speculative departure).")
-	descShadowAlignToken = newDesc("odmoe_shadow_align_token_period", "Iterations between the shadow's token alignments now (T; with -align-adaptive the choice the running sequences used most).")
-	descShadowAlignKV    = newDesc("odmoe_shadow_align_kv_period", "Iterations between the shadow's KV alignments now (K).")
+	descShadowAlignToken = newDesc("odmoe_shadow_align_token_period", "Iterations between the shadow's token alignments (T): the policy it has run the most decode steps under (with -align-adaptive its choices change).")
+	descShadowAlignKV    = newDesc("odmoe_shadow_align_kv_period", "Iterations between the shadow's KV alignments (K), of the same policy.")
 )
 
 // Collector returns the swarm's Prometheus metrics, for GET /metrics
@@ -133,6 +135,7 @@ var (
 //
 //	odmoe_worker_up{worker}                    1 while its connection is live, 0 while it is lost
 //	odmoe_worker_info{worker,addr}             1, the address of its current connection as a label
+//	odmoe_worker_rejoins_total{worker}         times it came back into the layout after it was lost
 //	odmoe_worker_predicted_misses_total{worker,cause} its misses in layers with a shadow prediction:
 //	                                           late or wrong (odmoe_expert_misses_total's split, per worker)
 //	odmoe_worker_results_total{worker}         expert results received
@@ -164,8 +167,8 @@ var (
 //	odmoe_shadow_cached_tokens_total     prompt tokens the shadow reused from its prefix cache
 //	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
 //	odmoe_shadow_ahead_passes_total      decode passes the shadow ran ahead of its alignment (speculative departure)
-//	odmoe_shadow_align_token_period      the alignment periods now, T and K (with -align-adaptive the
-//	odmoe_shadow_align_kv_period         choice the running sequences used most)
+//	odmoe_shadow_align_token_period      the alignment periods T and K of the policy the shadow has
+//	odmoe_shadow_align_kv_period         run the most decode steps under
 func (s *Swarm) Collector(expertBytes int64) prometheus.Collector {
 	return &swarmCollector{s: s, expertBytes: expertBytes}
 }
@@ -179,7 +182,7 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerResults, descLayerMain, descLayerExperts,
 		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
 		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent,
-		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerInfo, descWorkerMissCause} {
+		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerInfo, descWorkerMissCause, descWorkerRejoins} {
 		ch <- d
 	}
 	if c.s.shadow != nil {
@@ -241,6 +244,7 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descWorkerLoads, float64(loads), l.name)
 		counter(descWorkerBytes, float64(loads*c.expertBytes), l.name)
 		counter(descWorkerMisses, float64(n.misses.Load()), l.name)
+		counter(descWorkerRejoins, float64(n.rejoins.Load()), l.name)
 		counter(descWorkerMissCause, float64(n.late.Load()), l.name, "late")
 		counter(descWorkerMissCause, float64(n.wrong.Load()), l.name, "wrong")
 		counter(descWorkerLoad, seconds(n.loadNs.Load()), l.name)

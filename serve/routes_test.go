@@ -263,3 +263,48 @@ func TestConsoleIsAtTheRootBehindTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleFeedOutlivesTheBodyTimeoutAndEndsWithTheDrain: the feed
+// has no body, so the read deadline for one does not cut it; and a
+// feed left open does not hold a shutdown's drain.
+func TestConsoleFeedOutlivesTheBodyTimeoutAndEndsWithTheDrain(t *testing.T) {
+	f := newFixture(t)
+	s, err := New(Config{Model: "tiny", Tokenizer: f.tok, Chat: plainChat{}, Context: f.m.Config.MaxPositions, Generator: f.gen,
+		Log: zerolog.Nop(), BodyTimeout: 300 * time.Millisecond, DrainTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	addr := make(chan net.Addr, 1)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, "127.0.0.1:0", func(a net.Addr) { addr <- a }) }()
+	resp, err := http.Get("http://" + (<-addr).String() + "/console/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := 0
+	sc := bufio.NewScanner(resp.Body)
+	deadline := time.Now().Add(1200 * time.Millisecond) // four body timeouts
+	for time.Now().Before(deadline) && sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "event: snapshot") {
+			events++
+		}
+	}
+	if events < 2 || sc.Err() != nil {
+		t.Fatalf("%d snapshots in 1.2 s, then %v", events, sc.Err())
+	}
+	t0 := time.Now()
+	stop()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d > 3*time.Second {
+			t.Fatalf("the drain took %v with a feed open", d)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("an open feed held the drain past 8 s")
+	}
+}

@@ -112,6 +112,8 @@ type Server struct {
 	// is the chat template's tool-call syntax (nil: none odmoe reads)
 	grammars constraints
 	tools    *toolSyntax
+	// drained is closed when the drain starts
+	drained chan struct{}
 }
 
 // bounds sets the prompt and body limits from the context and the
@@ -154,7 +156,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
-	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat)}
+	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat), drained: make(chan struct{})}
 	s.bounds()
 	s.metrics = newMetrics(cfg.Registry, s.admit)
 	mux := http.NewServeMux()
@@ -176,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 			h := cfg.Health()
 			return h.Down, h.Degraded
 		}})
-		routes = append(routes, route{"GET", "/{$}", http.HandlerFunc(c.Page)}, route{"GET", "/console/events", http.HandlerFunc(c.Events)})
+		routes = append(routes, route{"GET", "/{$}", http.HandlerFunc(c.Page)}, route{"GET", "/console/events", s.untilDrained(c.Events)})
 	}
 	s.register(mux, routes)
 	s.handler = mux
@@ -196,6 +198,23 @@ func (s *Server) bodyDeadline(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout)) // an httptest recorder has none: then unbounded
 		next.ServeHTTP(w, r)
+	})
+}
+
+// untilDrained serves h with a request context that also ends when the
+// server starts draining: for streams that would otherwise never end.
+func (s *Server) untilDrained(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		go func() {
+			select {
+			case <-s.drained:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		h(w, r.WithContext(ctx))
 	})
 }
 
@@ -263,6 +282,7 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 	case <-ctx.Done():
 	}
 	s.draining.Store(true)
+	close(s.drained) // the console's feeds end: they would hold the drain open
 	s.cfg.Log.Info().Dur("drain_timeout", s.cfg.DrainTimeout).Msg("draining: new requests are refused, running ones finish or are cut short")
 	cut := time.AfterFunc(s.cfg.DrainTimeout, func() { s.cutShort.Store(true) })
 	defer cut.Stop()
