@@ -39,8 +39,11 @@ type Stats struct {
 	// a load hides when its lead covers it.
 	Leads  []time.Duration
 	beyond LayerStats // where iterations past maxIterationStats go, unkept
-	// recent are the last decode passes' layer timelines, oldest first
+	// recent is a ring of the last decode passes' layer timelines,
+	// recent[last] the latest: a full ring reuses its oldest slot, layers
+	// and all, so that the decode loop allocates nothing for it
 	recent []PassTimeline
+	last   int
 }
 
 // PassTimeline is one decode pass's layers in order: each one's main-node
@@ -66,17 +69,30 @@ const recentPasses = 16
 // recentLayer is layer l of decode pass it in the recent timelines,
 // starting a new pass when it is not the latest.
 func (s *Stats) recentLayer(it int64, l int) *LayerTimes {
-	if n := len(s.recent); n == 0 || s.recent[n-1].Iter != it {
-		if n == recentPasses {
-			s.recent = append(s.recent[:0], s.recent[1:]...)
+	if len(s.recent) == 0 || s.recent[s.last].Iter != it {
+		if len(s.recent) < recentPasses {
+			s.recent = append(s.recent, PassTimeline{})
+			s.last = len(s.recent) - 1
+		} else {
+			s.last = (s.last + 1) % recentPasses
 		}
-		s.recent = append(s.recent, PassTimeline{Iter: it})
+		s.recent[s.last] = PassTimeline{Iter: it, Layers: s.recent[s.last].Layers[:0]}
 	}
-	p := &s.recent[len(s.recent)-1]
+	p := &s.recent[s.last]
 	for len(p.Layers) <= l {
 		p.Layers = append(p.Layers, LayerTimes{})
 	}
 	return &p.Layers[l]
+}
+
+// recentPasses copies the ring out, oldest first.
+func (s *Stats) recentPasses() []PassTimeline {
+	out := make([]PassTimeline, 0, len(s.recent))
+	for i := range s.recent {
+		p := s.recent[(s.last+1+i)%len(s.recent)]
+		out = append(out, PassTimeline{Iter: p.Iter, Layers: slices.Clone(p.Layers)})
+	}
+	return out
 }
 
 // layerSample is one RunExperts call's figures.

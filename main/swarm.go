@@ -308,11 +308,7 @@ func (s *Swarm) Stats() *Stats {
 func (s *Swarm) RecentPasses() []PassTimeline {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]PassTimeline, len(s.stats.recent))
-	for i, p := range s.stats.recent {
-		out[i] = PassTimeline{Iter: p.Iter, Layers: slices.Clone(p.Layers)}
-	}
-	return out
+	return s.stats.recentPasses()
 }
 
 // sequence returns the state of sequence seq, made on its first layer.
