@@ -165,7 +165,7 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	}
 	var id int
 	if s.temperature <= 0 {
-		id = argmaxWide(z)
+		id = argmax(z)
 	} else {
 		id = s.draw(z)
 	}
@@ -205,7 +205,7 @@ func (s *Sampler) draw(z []float64) int {
 		s.probs, s.idx = make([]float64, len(z)), make([]int, len(z))
 	}
 	probs := s.probs[:len(z)]
-	mx := z[argmaxWide(z)]
+	mx := z[argmax(z)]
 	var sum float64
 	for i, l := range z {
 		probs[i] = math.Exp((l - mx) / s.temperature)
@@ -309,7 +309,7 @@ func (h *byProbability) down(i int) {
 // logprobs returns id's log-probability under softmax(z) and the top
 // most likely tokens' (ruled-out tokens never among them).
 func logprobs(z []float64, id, top int) Choice {
-	mx := z[argmaxWide(z)]
+	mx := z[argmax(z)]
 	var sum float64
 	for _, l := range z {
 		sum += math.Exp(l - mx)
@@ -339,17 +339,9 @@ func logprobs(z []float64, id, top int) Choice {
 
 // Argmax returns the index of the largest value, the lowest on ties; NaNs
 // never win.
-func Argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] || (v[best] != v[best] && x == x) {
-			best = i
-		}
-	}
-	return best
-}
+func Argmax(v []float32) int { return argmax(v) }
 
-func argmaxWide(v []float64) int {
+func argmax[F float32 | float64](v []F) int {
 	best := 0
 	for i, x := range v {
 		if x > v[best] || (v[best] != v[best] && x == x) {
