@@ -164,6 +164,12 @@ func send(t *testing.T, method, url, body string) (*http.Response, []byte) {
 // to and without [DONE] (done says whether it came).
 func events(t *testing.T, r io.Reader) (data []map[string]any, done bool) {
 	t.Helper()
+	return eventsOf[map[string]any](t, r)
+}
+
+// eventsOf is events with each event's data decoded into a T.
+func eventsOf[T any](t *testing.T, r io.Reader) (data []T, done bool) {
+	t.Helper()
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := sc.Text()
@@ -177,7 +183,7 @@ func events(t *testing.T, r io.Reader) (data []map[string]any, done bool) {
 		if payload == "[DONE]" {
 			return data, true
 		}
-		var v map[string]any
+		var v T
 		if err := json.Unmarshal([]byte(payload), &v); err != nil {
 			t.Fatalf("event %q: %v", payload, err)
 		}

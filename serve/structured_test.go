@@ -1,8 +1,8 @@
 package serve
 
 import (
-	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -84,7 +84,7 @@ func TestLogprobsAreTheModelsLogSoftmax(t *testing.T) {
 		for k := range order {
 			order[k] = k
 		}
-		slices.SortStableFunc(order, func(a, b int) int { return -cmpFloat(want[a], want[b]) })
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(want[b], want[a]) })
 		for _, alt := range order[:3] {
 			tok := (&Server{cfg: Config{Tokenizer: f.tok}}).tokenLogprob(alt, 0).Token
 			if got, ok := lp.TopLogprobs[i][tok]; !ok || math.Abs(got-want[alt]) > 1e-9 {
@@ -113,38 +113,22 @@ func TestLogprobsAreTheModelsLogSoftmax(t *testing.T) {
 		t.Fatalf("streamed: %d %s", resp.StatusCode, body)
 	}
 	var streamed []tokenLogprob
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []struct {
-				Logprobs *chatLogprobs `json:"logprobs"`
-			} `json:"choices"`
-		}
-		json.Unmarshal([]byte(data), &chunk)
+	chunks, _ := eventsOf[struct {
+		Choices []struct {
+			Logprobs *chatLogprobs `json:"logprobs"`
+		} `json:"choices"`
+	}](t, bytes.NewReader(body))
+	for _, chunk := range chunks {
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Logprobs != nil {
 			streamed = append(streamed, chunk.Choices[0].Logprobs.Content...)
 		}
 	}
-	if !equalJSON(t, streamed, entries) {
+	if !equalJSON(streamed, entries) {
 		t.Fatalf("streamed logprobs %+v, whole %+v", streamed, entries)
 	}
 }
 
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func equalJSON(t *testing.T, a, b any) bool {
+func equalJSON(a, b any) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
@@ -293,14 +277,8 @@ func TestForcedToolCallsAreCallsOfTheTools(t *testing.T) {
 			_, body = post(t, hs.URL+"/v1/chat/completions", req+`, "stream": true}`)
 			var streamed []toolCall
 			var finish string
-			sc := bufio.NewScanner(bytes.NewReader(body))
-			for sc.Scan() {
-				data, ok := strings.CutPrefix(sc.Text(), "data: ")
-				if !ok || data == "[DONE]" {
-					continue
-				}
-				var chunk chatResponse
-				json.Unmarshal([]byte(data), &chunk)
+			chunks, _ := eventsOf[chatResponse](t, bytes.NewReader(body))
+			for _, chunk := range chunks {
 				if len(chunk.Choices) > 0 {
 					if d := chunk.Choices[0].Delta; d.Content != "" {
 						t.Fatalf("content %q streamed beside forced calls", d.Content)
