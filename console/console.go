@@ -150,48 +150,11 @@ func (c *Console) Snapshot() (Snapshot, error) {
 	for _, f := range families {
 		for _, m := range f.GetMetric() {
 			v := value(m)
+			if set, ok := workerMetrics[f.GetName()]; ok {
+				set(worker(label(m, "worker")), m, v)
+				continue
+			}
 			switch name := f.GetName(); name {
-			case "odmoe_worker_up", "odmoe_worker_results_total", "odmoe_worker_loads_total", "odmoe_worker_misses_total",
-				"odmoe_worker_load_bytes_total", "odmoe_worker_compute_seconds_total", "odmoe_worker_load_seconds_total",
-				"odmoe_worker_stall_seconds_total", "odmoe_worker_device_bytes", "odmoe_worker_device_budget_bytes",
-				"odmoe_worker_resident_experts", "odmoe_worker_info", "odmoe_worker_predicted_misses_total", "odmoe_worker_rejoins_total":
-				n := worker(label(m, "worker"))
-				switch name {
-				case "odmoe_worker_up":
-					if v == 0 {
-						n.State = "lost"
-					}
-				case "odmoe_worker_results_total":
-					n.Results = v
-				case "odmoe_worker_loads_total":
-					n.Loads = v
-				case "odmoe_worker_misses_total":
-					n.Misses = v
-				case "odmoe_worker_load_bytes_total":
-					n.LoadBytes = v
-				case "odmoe_worker_compute_seconds_total":
-					n.ComputeS = v
-				case "odmoe_worker_load_seconds_total":
-					n.LoadS = v
-				case "odmoe_worker_stall_seconds_total":
-					n.StallS = v
-				case "odmoe_worker_device_bytes":
-					n.DeviceBytes = v
-				case "odmoe_worker_device_budget_bytes":
-					n.BudgetBytes = v
-				case "odmoe_worker_resident_experts":
-					n.Resident = v
-				case "odmoe_worker_info":
-					n.Addr = label(m, "addr")
-				case "odmoe_worker_rejoins_total":
-					n.Rejoins = v
-				case "odmoe_worker_predicted_misses_total":
-					if label(m, "cause") == "late" {
-						n.Late = v
-					} else {
-						n.Wrong = v
-					}
-				}
 			case "odmoe_shadow_up":
 				shadow, shadowUp = true, v == 1
 			case "odmoe_shadow_predicted_experts_total":
@@ -266,6 +229,35 @@ func (c *Console) Snapshot() (Snapshot, error) {
 		s.Nodes = append(s.Nodes, *n)
 	}
 	return s, nil
+}
+
+// workerMetrics are the main node's per-worker families (label worker),
+// each with where its value goes on the worker's tile.
+var workerMetrics = map[string]func(n *Node, m *dto.Metric, v float64){
+	"odmoe_worker_up": func(n *Node, _ *dto.Metric, v float64) {
+		if v == 0 {
+			n.State = "lost"
+		}
+	},
+	"odmoe_worker_info":                  func(n *Node, m *dto.Metric, _ float64) { n.Addr = label(m, "addr") },
+	"odmoe_worker_results_total":         func(n *Node, _ *dto.Metric, v float64) { n.Results = v },
+	"odmoe_worker_loads_total":           func(n *Node, _ *dto.Metric, v float64) { n.Loads = v },
+	"odmoe_worker_misses_total":          func(n *Node, _ *dto.Metric, v float64) { n.Misses = v },
+	"odmoe_worker_load_bytes_total":      func(n *Node, _ *dto.Metric, v float64) { n.LoadBytes = v },
+	"odmoe_worker_compute_seconds_total": func(n *Node, _ *dto.Metric, v float64) { n.ComputeS = v },
+	"odmoe_worker_load_seconds_total":    func(n *Node, _ *dto.Metric, v float64) { n.LoadS = v },
+	"odmoe_worker_stall_seconds_total":   func(n *Node, _ *dto.Metric, v float64) { n.StallS = v },
+	"odmoe_worker_device_bytes":          func(n *Node, _ *dto.Metric, v float64) { n.DeviceBytes = v },
+	"odmoe_worker_device_budget_bytes":   func(n *Node, _ *dto.Metric, v float64) { n.BudgetBytes = v },
+	"odmoe_worker_resident_experts":      func(n *Node, _ *dto.Metric, v float64) { n.Resident = v },
+	"odmoe_worker_rejoins_total":         func(n *Node, _ *dto.Metric, v float64) { n.Rejoins = v },
+	"odmoe_worker_predicted_misses_total": func(n *Node, m *dto.Metric, v float64) {
+		if label(m, "cause") == "late" {
+			n.Late = v
+		} else {
+			n.Wrong = v
+		}
+	},
 }
 
 // byNumber orders w2 before w10.
