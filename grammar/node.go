@@ -31,6 +31,7 @@ type Node struct {
 
 // property is one declared property of an object.
 type property struct {
+	name     string
 	key      *Node // the JSON-encoded name and its colon: "name":
 	value    *Node
 	required bool

@@ -246,12 +246,11 @@ func (c *compiler) object(fields map[string]json.RawMessage, path string) (*Node
 			if err != nil {
 				return nil, err
 			}
-			key, _ := canonical(mustMarshal(name))
-			n.props = append(n.props, property{key: Literal(key + ":"), value: value, required: slices.Contains(required, name)})
+			n.props = append(n.props, property{name: name, key: Literal(jsonString(name) + ":"), value: value, required: slices.Contains(required, name)})
 		}
 	}
 	for _, r := range required {
-		if !slices.ContainsFunc(n.props, func(p property) bool { return p.key.lit == mustCanonical(r)+":" }) {
+		if !slices.ContainsFunc(n.props, func(p property) bool { return p.name == r }) {
 			return nil, fmt.Errorf("%s/required: %q is required but not among the properties", path, r)
 		}
 	}
@@ -385,12 +384,12 @@ func canonical(v json.RawMessage) (string, error) {
 	return strings.TrimSuffix(out.String(), "\n"), nil
 }
 
-func mustMarshal(s string) json.RawMessage {
-	b, _ := json.Marshal(s)
-	return b
-}
-
-func mustCanonical(s string) string {
-	c, _ := canonical(mustMarshal(s))
-	return c
+// jsonString is s as a JSON string, escaped as a model would write it
+// (no HTML escapes).
+func jsonString(s string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s) // a string always encodes
+	return strings.TrimSuffix(b.String(), "\n")
 }
