@@ -112,8 +112,13 @@ type Server struct {
 	// is the chat template's tool-call syntax (nil: none odmoe reads)
 	grammars constraints
 	tools    *toolSyntax
-	// drained is closed when the drain starts
-	drained chan struct{}
+	// drain ends when the drain starts
+	drain    context.Context
+	endDrain context.CancelFunc
+	// open are the paths served without the API key: /healthz (load
+	// balancers probe it without one) and the console's page, which holds
+	// no data (what it shows comes through the routes behind the key)
+	open map[string]bool
 }
 
 // bounds sets the prompt and body limits from the context and the
@@ -156,7 +161,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
-	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat), drained: make(chan struct{})}
+	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat)}
+	s.drain, s.endDrain = context.WithCancel(context.Background())
+	s.open = map[string]bool{"/healthz": true}
 	s.bounds()
 	s.metrics = newMetrics(cfg.Registry, s.admit)
 	mux := http.NewServeMux()
@@ -179,6 +186,7 @@ func New(cfg Config) (*Server, error) {
 			return h.Down, h.Degraded
 		}})
 		routes = append(routes, route{"GET", "/{$}", http.HandlerFunc(c.Page)}, route{"GET", "/console/events", s.untilDrained(c.Events)})
+		s.open["/"] = true
 	}
 	s.register(mux, routes)
 	s.handler = mux
@@ -207,13 +215,7 @@ func (s *Server) untilDrained(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithCancel(r.Context())
 		defer cancel()
-		go func() {
-			select {
-			case <-s.drained:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		defer context.AfterFunc(s.drain, cancel)()
 		h(w, r.WithContext(ctx))
 	})
 }
@@ -222,15 +224,13 @@ func (s *Server) untilDrained(h http.HandlerFunc) http.Handler {
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // requireKey lets through requests that carry the API key as a bearer
-// token, and /healthz (load balancers probe it without one); the others
+// token, and those to the open paths (Server.open); the others
 // get 401 in OpenAI's shape, as OpenAI's API answers a missing or wrong
 // key.
 func (s *Server) requireKey(next http.Handler) http.Handler {
 	want := []byte("Bearer " + s.cfg.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// the console's page holds no data: what it shows comes through
-		// the routes behind the key
-		if r.URL.Path == "/healthz" || r.URL.Path == "/" && !s.cfg.NoConsole || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
+		if s.open[r.URL.Path] || subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -282,7 +282,7 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 	case <-ctx.Done():
 	}
 	s.draining.Store(true)
-	close(s.drained) // the console's feeds end: they would hold the drain open
+	s.endDrain() // the console's feeds end: they would hold the drain open
 	s.cfg.Log.Info().Dur("drain_timeout", s.cfg.DrainTimeout).Msg("draining: new requests are refused, running ones finish or are cut short")
 	cut := time.AfterFunc(s.cfg.DrainTimeout, func() { s.cutShort.Store(true) })
 	defer cut.Stop()
