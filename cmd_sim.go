@@ -61,6 +61,7 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	out := fs.String("out", "", "write the profile to `FILE` (default: standard output)")
 	cores := fs.Int("cores", -1, "CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0")
 	rigPath := fs.String("rig", "", "the bench's rig `FILE` (its workers' layout, the shadow's lead); default: the path its report.json names")
+	longerFlag := fs.String("longer", "auto", "the PROMPTxOUTPUT case whose resident runs, at a longer prompt than -case's, tell a prompt's messages' bytes from their fixed cost; auto: the report's longest prompt; none: no such fit")
 	var lf runflags.Log
 	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -73,7 +74,20 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	if err != nil {
 		return err
 	}
-	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores, Rig: *rigPath})
+	var longer testbed.Case
+	switch *longerFlag {
+	case "auto":
+	case "none":
+		longer.Prompt = -1
+	default:
+		if longer, err = oneCase(*longerFlag); err != nil {
+			return err
+		}
+		if longer.Prompt <= c.Prompt {
+			return usagef("-longer %s: its prompt must be longer than -case %s's", longer.String(), c.String())
+		}
+	}
+	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores, Rig: *rigPath, Longer: longer})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -293,11 +294,52 @@ func expectedBusiest(s Shape, n int) float64 {
 // to its first token, as a measured run did. It stays 0 where the
 // timeline without it already takes that long.
 func FitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
+	return fitPrefillMessage(p, layout, s, o, ttftMs, 0)
+}
+
+// fitPrefillMessage is FitPrefillMessage with lo the least
+// PrefillMessageMs it may fit.
+func fitPrefillMessage(p Profile, layout sched.Layout, s Shape, o Options, ttftMs, lo float64) (Profile, error) {
 	o.Mode = Resident
 	// no message takes longer than the whole prompt
-	v, err := bisectTTFT(p, layout, s, o, ttftMs, 0, ttftMs, func(q *Profile, v float64) { q.PrefillMessageMs = v })
+	v, err := bisectTTFT(p, layout, s, o, ttftMs, lo, ttftMs, func(q *Profile, v float64) { q.PrefillMessageMs = v })
 	p.PrefillMessageMs = v
 	return p, err
+}
+
+// FitPrefillMessages returns p with PrefillMessageMs and
+// PrefillBytesPerS set so that resident runs o and longer (a longer
+// prompt; their modes are taken to be Resident) on layout take ttftMs
+// and longerMs to their first tokens, as measured runs did: a message's
+// fixed cost and its bytes' rate, which one prompt length cannot tell
+// apart. Each is fitted in turn with the other held, until neither
+// moves.
+func FitPrefillMessages(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, longer Options, longerMs float64) (Profile, error) {
+	longer.Mode = Resident
+	if longer.Prompt <= o.Prompt {
+		return p, fmt.Errorf("sim: fitting a prompt's messages needs a longer prompt than %d tokens, not %d", o.Prompt, longer.Prompt)
+	}
+	// ms a byte: from nearly free to a rate at which one layer's bytes
+	// alone take the whole time
+	hi := longerMs / float64(longer.Prompt*s.TopK) / float64(s.HiddenBytes)
+	perByte := 1000 / p.LinkBytesPerS
+	for range 8 {
+		p.PrefillBytesPerS = 1000 / perByte
+		q, err := fitPrefillMessage(p, layout, s, o, ttftMs, -ttftMs)
+		if err != nil {
+			return p, err
+		}
+		was := perByte
+		if perByte, err = bisectTTFT(q, layout, s, longer, longerMs, hi*1e-6, hi, func(q *Profile, v float64) { q.PrefillBytesPerS = 1000 / v }); err != nil {
+			return p, err
+		}
+		p = q
+		if math.Abs(perByte/was-1) < 1e-3 {
+			break
+		}
+	}
+	p.PrefillBytesPerS = 1000 / perByte
+	return fitPrefillMessage(p, layout, s, o, ttftMs, -ttftMs)
 }
 
 // FitPrefillLoads returns p with PrefillLoadCPUMs set so that a reactive
@@ -372,6 +414,57 @@ func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs
 	scale := (ttftMs - res.TTFTms) * p.sharedCores() / (fixed + float64(o.Prompt)*perToken)
 	p.ShadowPromptMs, p.ShadowPrefillTokenMs = scale*fixed, scale*perToken
 	return p, nil
+}
+
+// SplitPrefill returns p with a prompt layer's costs split anew into
+// what its first token costs and what each further one adds, keeping
+// their sum at a prompt of prompt tokens (the calibration's). One prompt
+// length cannot split them, and Calibrate takes the first token to cost
+// a decode token's, which a prompt's kernels do not: a tiny expert's
+// batch costs 0.3 ms fixed against 0.03 ms a decode token, so its 128th
+// token was predicted far dearer than it is. wholeTokenMs is what one
+// more prompt token adds to the whole model's pass in one process (local
+// mode's times to first token against the prompt's length, the same
+// machine): a layer's share of it is split between its main part and its
+// experts by the weights each multiplies a token by (Shape.MainWeights,
+// ExpertWeights). Unchanged where wholeTokenMs is not positive or the
+// weights are not known.
+func (p Profile) SplitPrefill(s Shape, prompt int, wholeTokenMs float64) Profile {
+	if wholeTokenMs <= 0 || s.MainWeights <= 0 || s.ExpertWeights <= 0 || prompt < 2 {
+		return p
+	}
+	busiest := expectedBusiest(s, prompt)
+	mainAt := p.mainPrefillFirstMs() + float64(prompt-1)*p.MainPrefillTokenMs
+	expertAt := p.expertPrefillFirstMs() + (busiest-1)*p.ExpertPrefillTokenMs
+	perLayer := wholeTokenMs / float64(s.Layers)
+	weights := float64(s.MainWeights) + float64(s.TopK)*float64(s.ExpertWeights)
+	p.MainPrefillLayerMs, p.MainPrefillTokenMs = splitAt(mainAt, float64(prompt), perLayer*float64(s.MainWeights)/weights)
+	p.ExpertPrefillMs, p.ExpertPrefillTokenMs = splitAt(expertAt, busiest, perLayer*float64(s.ExpertWeights)/weights)
+	return p
+}
+
+// splitAt splits at, the time of n tokens, into the first token's and
+// each further one's, perToken each where the first keeps a positive
+// share (else every token alike, at / n).
+func splitAt(at, n, perToken float64) (first, each float64) {
+	if n <= 1 {
+		return at, perToken
+	}
+	if first = at - (n-1)*perToken; first > 0 {
+		return first, perToken
+	}
+	return at / n, at / n
+}
+
+// PrefillSlope is what one more prompt token adds to a pass over the
+// prompt: the slope of the least-squares line through pts (prompt
+// tokens, time), 0 without two different lengths.
+func PrefillSlope(pts [][2]float64) float64 {
+	_, b := lineFit(pts)
+	if !slices.ContainsFunc(pts, func(q [2]float64) bool { return q[0] != pts[0][0] }) {
+		return 0
+	}
+	return max(0, b)
 }
 
 // lineFit is the least-squares line y = a + b x through pts; a = 0 and

@@ -260,3 +260,77 @@ func TestFitsRecoverWhatTheyFit(t *testing.T) {
 		t.Errorf("no shared cores, yet the shadow's prompt fitted at %v + %v a token", own.ShadowPromptMs, own.ShadowPrefillTokenMs)
 	}
 }
+
+// TestTwoPromptLengthsTellAMessagesBytesFromItsFixedCost: resident runs
+// simulated with a known message cost (negative: a line through a cost
+// that grows faster than its bytes) and a known rate for a prompt's
+// bytes, at 16 and 128 prompt tokens, are fitted back to both; one
+// length alone cannot tell them apart, so a fit at 16 tokens alone,
+// keeping the link's rate, misses the 128-token prompt by far.
+func TestTwoPromptLengthsTellAMessagesBytesFromItsFixedCost(t *testing.T) {
+	p, l, s := testRig(t)
+	want := p
+	want.PrefillMessageMs, want.PrefillBytesPerS = -0.05, p.LinkBytesPerS/5
+	short, long := Options{Prompt: 16, Output: 64}, Options{Prompt: 128, Output: 64}
+	ttft := func(q Profile, o Options) float64 {
+		o.Mode = Resident
+		r, err := Expect(q, l, s, o, ExpectRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.TTFTms
+	}
+	at, longer := ttft(want, short), ttft(want, long)
+	got, err := FitPrefillMessages(p, l, s, short, at, long, longer)
+	if err != nil || math.Abs(got.PrefillMessageMs-want.PrefillMessageMs) > 0.01 || math.Abs(got.PrefillBytesPerS/want.PrefillBytesPerS-1) > 0.02 {
+		t.Errorf("fitted prefill_message_ms %v, prefill_bytes_per_s %v (%v): want %v, %v", got.PrefillMessageMs, got.PrefillBytesPerS, err, want.PrefillMessageMs, want.PrefillBytesPerS)
+	}
+	one, err := FitPrefillMessage(p, l, s, short, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if miss := ttft(one, long)/longer - 1; math.Abs(miss) < 0.15 {
+		t.Errorf("fitted at 16 tokens alone, 128 tokens predicted within %.0f%%: the test tells nothing", 100*miss)
+	}
+	if _, err := FitPrefillMessages(p, l, s, long, longer, short, at); err == nil {
+		t.Error("the longer prompt shorter than the calibration's: no error")
+	}
+}
+
+// TestSplitPrefillKeepsTheCalibratedPromptAndTakesLocalsSlope: split by
+// local mode's slope, a prompt layer costs what it did at the
+// calibration's prompt, each further token adds the slope's share by
+// weights (the main part's and an expert's), and a slope too steep for
+// the measured time leaves every token alike.
+func TestSplitPrefillKeepsTheCalibratedPromptAndTakesLocalsSlope(t *testing.T) {
+	p, _, s := testRig(t)
+	s.MainWeights, s.ExpertWeights = 1000, 2000 // a token: 1000 + 2 x 2000 weights a layer
+	p.MainLayerMs, p.MainPrefillTokenMs, p.ExpertMs, p.ExpertPrefillTokenMs = 0.1, 0.2, 0.1, 0.3
+	const prompt = 16
+	busiest := expectedBusiest(s, prompt)
+	mainAt, expertAt := 0.1+15*0.2, 0.1+(busiest-1)*0.3
+	whole := 0.05 * float64(s.Layers) // a prompt token adds 0.05 ms a layer
+	q := p.SplitPrefill(s, prompt, whole)
+	if math.Abs(q.MainPrefillTokenMs-0.01) > 1e-9 || math.Abs(q.ExpertPrefillTokenMs-0.02) > 1e-9 {
+		t.Errorf("a token adds %v to the main part, %v to an expert: want 0.01, 0.02", q.MainPrefillTokenMs, q.ExpertPrefillTokenMs)
+	}
+	if got := q.mainPrefillFirstMs() + 15*q.MainPrefillTokenMs; math.Abs(got-mainAt) > 1e-9 {
+		t.Errorf("the main part at %d tokens: %v, want %v as calibrated", prompt, got, mainAt)
+	}
+	if got := q.expertPrefillFirstMs() + (busiest-1)*q.ExpertPrefillTokenMs; math.Abs(got-expertAt) > 1e-9 {
+		t.Errorf("the busiest expert at %d tokens: %v, want %v as calibrated", prompt, got, expertAt)
+	}
+	steep := p.SplitPrefill(s, prompt, 100*float64(s.Layers))
+	if math.Abs(steep.MainPrefillTokenMs-mainAt/prompt) > 1e-9 || math.Abs(steep.MainPrefillLayerMs-mainAt/prompt) > 1e-9 {
+		t.Errorf("a slope steeper than the measured time: main %v first, %v a token; want %v each", steep.MainPrefillLayerMs, steep.MainPrefillTokenMs, mainAt/prompt)
+	}
+	if same := p.SplitPrefill(Shape{Layers: s.Layers, Experts: s.Experts, TopK: s.TopK}, prompt, whole); !reflect.DeepEqual(same, p) {
+		t.Error("split without the weights known: the profile changed")
+	}
+	if got := PrefillSlope([][2]float64{{16, 3}, {128, 3 + 112*0.11}}); math.Abs(got-0.11) > 1e-9 {
+		t.Errorf("PrefillSlope: %v, want 0.11", got)
+	}
+	if got := PrefillSlope([][2]float64{{16, 3}, {16, 4}}); got != 0 {
+		t.Errorf("PrefillSlope of one length: %v, want 0", got)
+	}
+}

@@ -13,6 +13,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -71,13 +72,34 @@ type Profile struct {
 	// reading the weights, which the batch's other tokens share).
 	MainPrefillTokenMs   float64 `json:"main_prefill_token_ms"`
 	ExpertPrefillTokenMs float64 `json:"expert_prefill_token_ms"`
+	// MainPrefillLayerMs and ExpertPrefillMs, when not 0, are what a
+	// prompt's first token costs instead (0: a decode token's,
+	// MainLayerMs and ExpertMs): a prompt's batch runs other kernels than
+	// a decode token (tiles that widen the weights once for every row,
+	// scratch for every row), whose fixed cost is its own. SplitPrefill
+	// sets them.
+	MainPrefillLayerMs float64 `json:"main_prefill_layer_ms,omitempty"`
+	ExpertPrefillMs    float64 `json:"expert_prefill_ms,omitempty"`
 	// PrefillMessageMs is what each of a prompt layer's activation
-	// messages holds the main node's link beyond its bytes: sending it,
+	// messages, and each result, holds the main node's link (its way)
+	// beyond its bytes: sending it,
 	// one after another (on the emulated rig, whose nodes share cores,
 	// the layer's seven or eight messages wait for the main node's turn
 	// on them). Calibrate fits it to the calibration run's time to first
-	// token.
+	// token. Fitted with PrefillBytesPerS it may be negative: a line
+	// through a message's cost at two sizes, which grows faster than its
+	// bytes (QUIC's window opening over a larger message), meets 0 above
+	// no bytes; a message never costs less than nothing.
 	PrefillMessageMs float64 `json:"prefill_message_ms,omitempty"`
+	// PrefillBytesPerS, when not 0, is the rate a prompt's activations
+	// and results move at over the main node's link, each way, instead of
+	// LinkBytesPerS: a prompt layer's messages are as large as their
+	// tokens, and on the emulated rigs they moved at a fifth of the link's
+	// rate (QUIC's sender growing its window from a decode step's small
+	// messages, every node's packets through two shared cores).
+	// Calibrate fits it, with PrefillMessageMs, to resident runs' times
+	// to first token at two prompt lengths (FitPrefillMessages).
+	PrefillBytesPerS float64 `json:"prefill_bytes_per_s,omitempty"`
 	// ShadowPromptMs and ShadowPrefillTokenMs are the CPU the shadow's
 	// pass over a prompt costs, fixed and a token: where the nodes share
 	// cores (Cores) it takes its share of them from the prompt's own
@@ -121,7 +143,8 @@ func (p Profile) Validate() error {
 		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
 		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
 		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs,
-		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "prefill_message_ms": p.PrefillMessageMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs, "prefill_load_cpu_ms": p.PrefillLoadCPUMs} {
+		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs, "prefill_load_cpu_ms": p.PrefillLoadCPUMs,
+		"main_prefill_layer_ms": p.MainPrefillLayerMs, "expert_prefill_ms": p.ExpertPrefillMs, "prefill_bytes_per_s": p.PrefillBytesPerS} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
@@ -150,6 +173,11 @@ type Shape struct {
 	ExpertBytes  int64 // one expert's weights, as loaded
 	HiddenBytes  int64 // one token's hidden state on the wire
 	KVBytes      int64 // one position's keys and values, every layer, as the main node sends them to the shadow
+	// MainWeights and ExpertWeights are how many weights a token's pass
+	// multiplies by in one layer's main part (attention's projections,
+	// the router) and in one expert: what a prompt token's compute
+	// splits by (SplitPrefill); 0: not known.
+	MainWeights, ExpertWeights int64
 }
 
 func (s Shape) hasExperts(l int) bool {
@@ -277,14 +305,16 @@ type prediction struct {
 // node's part for every token, then each used expert on the worker that
 // holds its index (sched.Layout.PrefillWorker) for the tokens routed to
 // it, their activations over the main node's link each way; loads (but
-// in a resident swarm) when the layer's activations are ready. It
-// returns the time to the first token.
+// in a resident swarm) from the moment the layer's router has run, as
+// the main node hints every worker its experts at once (on shared cores
+// a load's CPU is the layer's lost time, and only its link is waited
+// for). It returns the time to the first token.
 func (r *run) prefill() float64 {
 	now := 0.0
 	P := r.o.Prompt
 	count := make([]int, r.s.Experts)
 	for l := range r.s.Layers {
-		need := now + r.p.MainLayerMs + float64(P-1)*r.p.MainPrefillTokenMs
+		need := now + r.p.mainPrefillFirstMs() + float64(P-1)*r.p.MainPrefillTokenMs
 		now = need
 		if !r.s.hasExperts(l) {
 			continue
@@ -312,16 +342,22 @@ func (r *run) prefill() float64 {
 				continue
 			}
 			w := r.layout.PrefillWorker(e)
-			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / r.p.LinkBytesPerS
-			send := r.p.PrefillMessageMs + bytes
+			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS)
+			send := max(0, r.p.PrefillMessageMs+bytes)
 			at := r.up.reserve(need, send) + send + r.latency
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
-				ready = max(at, r.loadAt(w, need))
+				// every worker is hinted its experts at once; on shared
+				// cores a load's CPU is loadsCPU, and its link alone waits
+				d := r.load[w]
+				if r.p.Cores > 0 && r.p.WorkerLinks {
+					d -= r.p.LoadMs
+				}
+				ready = max(at, r.link[w].reserve(need+r.latency, d)+d)
 			}
-			compute := r.p.ExpertMs + float64(c-1)*r.p.ExpertPrefillTokenMs
+			compute := r.p.expertPrefillFirstMs() + float64(c-1)*r.p.ExpertPrefillTokenMs
 			done := r.cpu[w].reserve(ready, compute) + compute
-			back := r.down.reserve(done+r.latency, bytes) + bytes
+			back := r.down.reserve(done+r.latency, send) + send
 			now = max(now, back)
 		}
 		now += loadsCPU
@@ -331,6 +367,14 @@ func (r *run) prefill() float64 {
 	}
 	return now + r.p.MainTokenMs
 }
+
+// mainPrefillFirstMs is what a prompt's first token costs the main
+// node's part of a layer: MainPrefillLayerMs, or a decode token's.
+func (p Profile) mainPrefillFirstMs() float64 { return cmp.Or(p.MainPrefillLayerMs, p.MainLayerMs) }
+
+// expertPrefillFirstMs is what an expert's prompt batch of one token
+// costs: ExpertPrefillMs, or a decode token's.
+func (p Profile) expertPrefillFirstMs() float64 { return cmp.Or(p.ExpertPrefillMs, p.ExpertMs) }
 
 // sharedCores is the cores the nodes keep busy together: Cores times
 // CPUEfficiency (0: 1).

@@ -78,6 +78,11 @@ type CalibrateOptions struct {
 	// lead), for fitting the routing's locality; "": the report's own
 	// path, else its worker nodes in groups of the model's top-k
 	Rig string
+	// Longer is the case whose resident runs, at a longer prompt, fit a
+	// prompt's messages' bytes apart from their fixed cost; zero: the
+	// report's longest prompt above Case's (the same output length
+	// first); a prompt of -1: none.
+	Longer testbed.Case
 }
 
 // Calibrate fits a profile to a bench rig directory's resident and shadow
@@ -139,6 +144,9 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		ps = append(ps, p)
 	}
 	p := sim.MedianProfile(ps)
+	// a prompt layer's fixed cost apart from its tokens', by how local
+	// mode's pass grows with the prompt
+	p = p.SplitPrefill(shape, c.Prompt, sim.PrefillSlope(localTTFTs(rep)))
 	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the median of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
 	// the routing's locality, from the shadow runs' decode loads a step
 	br, err := benchLayout(rep, o.Rig, cfg)
@@ -168,7 +176,22 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	// the prompt's messages' cost, from the resident runs' TTFT
 	ttftOf := func(m sim.Measured) float64 { return m.TTFTms }
 	ttft := medianOf(runs[testbed.ModeResident][:n], ttftOf) // the median, as validate compares
-	if p, err = sim.FitPrefillMessage(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}, ttft); err != nil {
+	at := sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}
+	if longer, ok := longerResident(rep, c, o.Longer); ok {
+		var st struct {
+			TTFTms float64 `json:"ttft_ms"`
+		}
+		if err := json.Unmarshal(longer.Stats, &st); err != nil {
+			return p, fmt.Errorf("sim calibrate: %s %s: stats: %w", longer.Mode, longer.Case, err)
+		}
+		p, err = sim.FitPrefillMessages(p, layout, shape, at, ttft, sim.Options{Prompt: longer.Prompt, Output: longer.Output, LoadRates: rates}, medianTTFT(longer, st.TTFTms))
+		p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s", longer.Case))
+	} else if o.Longer.Prompt > 0 {
+		return p, fmt.Errorf("sim calibrate: %s has no resident runs of case %s", o.Bench, o.Longer.String())
+	} else {
+		p, err = sim.FitPrefillMessage(p, layout, shape, at, ttft)
+	}
+	if err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the prompt's messages: %w", err)
 	}
 	// the prompt's loads' CPU, from the reactive runs' TTFT, where the
@@ -195,6 +218,29 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
 	}
 	return p, p.Validate()
+}
+
+// longerResident is the resident run of rep that Calibrate fits a
+// prompt's messages' rate to (CalibrateOptions.Longer): want's, or the
+// longest prompt above c's, the same output length first.
+func longerResident(rep *testbed.Report, c, want testbed.Case) (testbed.Run, bool) {
+	var best testbed.Run
+	found := false
+	for _, r := range rep.Runs {
+		if r.Mode != testbed.ModeResident || r.Prompt <= c.Prompt || want.Prompt < 0 {
+			continue
+		}
+		if want.Prompt > 0 {
+			if r.Prompt == want.Prompt && r.Output == want.Output {
+				return r, true
+			}
+			continue
+		}
+		if !found || r.Prompt > best.Prompt || r.Prompt == best.Prompt && r.Output == c.Output {
+			best, found = r, true
+		}
+	}
+	return best, found
 }
 
 // medianOf is the median of f over ms (lowerMedian), 0 for none.
@@ -480,9 +526,13 @@ func Shape(dir string) (sim.Shape, model.Config, error) {
 	if cfg.MLA != nil {
 		kvRows = 1
 	}
+	h, q := int64(cfg.HiddenSize), int64(cfg.NumHeads*cfg.HeadDim)
 	return sim.Shape{Layers: cfg.NumLayers, Experts: cfg.NumExperts, TopK: cfg.TopK, ExpertLayers: cfg.ExpertLayers(),
-		ExpertBytes: ExpertBytes(cfg), HiddenBytes: 4 * int64(cfg.HiddenSize), // the hidden state travels as float32
-		KVBytes: int64(cfg.NumLayers) * kvRows * int64(cfg.KVWidth()) * 2}, cfg, nil
+		ExpertBytes: ExpertBytes(cfg), HiddenBytes: 4 * h, // the hidden state travels as float32
+		KVBytes: int64(cfg.NumLayers) * kvRows * int64(cfg.KVWidth()) * 2,
+		// q and o, k and v, the router (MLA's low-rank projections taken as
+		// these: a split's estimate); gate, up and down
+		MainWeights: 2*h*q + 2*h*int64(cfg.KVWidth()) + h*int64(cfg.NumExperts), ExpertWeights: 3 * h * int64(cfg.IntermediateSize)}, cfg, nil
 }
 
 // ExpertBytes is one expert's weights as a worker holds them: gate, up
