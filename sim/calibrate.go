@@ -396,12 +396,14 @@ func bisect(lo, hi, target float64, f func(x float64) (float64, error)) (float64
 // to be Shadow) on layout takes ttftMs to its first token, as a measured
 // run did, their ratio that of the fixed and per-token parts of local
 // (local mode's times to first token: a prompt's tokens each, and the
-// time; one is taken to be all per token); 0 where the nodes have cores
-// of their own, or where the timeline alone already takes that long.
+// time; one is taken to be all per token), and ShadowPromptShare the
+// least share that makes it so: the shadow's pass ending with the
+// prompt's; all 0 where the nodes have cores of their own, or where the
+// timeline alone already takes that long.
 func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
 	o.Output = 2 // the first token is all it times
 	o.Mode = Shadow
-	p.ShadowPromptMs, p.ShadowPrefillTokenMs = 0, 0
+	p.ShadowPromptMs, p.ShadowPrefillTokenMs, p.ShadowPromptShare = 0, 0, 0
 	res, err := Expect(p, layout, s, o, ExpectRuns)
 	if err != nil || p.Cores == 0 || res.TTFTms >= ttftMs || o.Prompt < 1 {
 		return p, err
@@ -413,6 +415,11 @@ func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs
 	// TTFT grows by scale * (fixed + Prompt * perToken) over the shared cores
 	scale := (ttftMs - res.TTFTms) * p.sharedCores() / (fixed + float64(o.Prompt)*perToken)
 	p.ShadowPromptMs, p.ShadowPrefillTokenMs = scale*fixed, scale*perToken
+	// the prompt's pass alone took T = res.TTFTms - MainTokenMs and the
+	// shadow's added x: T/(1 - share) = T + x
+	if alone, x := res.TTFTms-p.MainTokenMs, ttftMs-res.TTFTms; alone > 0 {
+		p.ShadowPromptShare = x / (alone + x)
+	}
 	return p, nil
 }
 

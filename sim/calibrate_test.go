@@ -334,3 +334,39 @@ func TestSplitPrefillKeepsTheCalibratedPromptAndTakesLocalsSlope(t *testing.T) {
 		t.Errorf("PrefillSlope of one length: %v, want 0", got)
 	}
 }
+
+// TestTheShadowsPromptShareHoldsAtALongerPrompt: a shadow whose pass
+// over the prompt outlasts the prompt's own (a large CPU, a 30% share of
+// the cores) stretches the prompt's pass by 1/(1 - 0.3) at any length;
+// fitted at 16 tokens, the least share and CPU that explain it predict
+// the 128-token prompt, where adding the shadow's CPU whole, as the fit
+// without the share did, overshoots it by far.
+func TestTheShadowsPromptShareHoldsAtALongerPrompt(t *testing.T) {
+	p, l, s := testRig(t)
+	p.Cores, p.WorkerCPULoadMs = 2, 0.5
+	want := p
+	want.ShadowPromptMs, want.ShadowPrefillTokenMs, want.ShadowPromptShare = 3000, 200, 0.3
+	ttft := func(q Profile, prompt int) float64 {
+		r, err := Expect(q, l, s, Options{Mode: Shadow, Prompt: prompt, Output: 2, Recall: 1, Ahead: 1}, ExpectRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.TTFTms
+	}
+	local := [][2]float64{{16, 3000 + 16*200}, {128, 3000 + 128*200}}
+	got, err := FitShadowPrefill(p, l, s, Options{Prompt: 16, Output: 64, Recall: 1, Ahead: 1}, ttft(want, 16), local)
+	if err != nil || math.Abs(got.ShadowPromptShare-0.3) > 0.01 {
+		t.Fatalf("shadow_prompt_share fitted %v (%v), want 0.3", got.ShadowPromptShare, err)
+	}
+	if at := ttft(got, 16) / ttft(want, 16); math.Abs(at-1) > 0.01 {
+		t.Errorf("at the calibration's 16 tokens the fit predicts %.3f of the run", at)
+	}
+	if longer := ttft(got, 128) / ttft(want, 128); math.Abs(longer-1) > 0.02 {
+		t.Errorf("at 128 tokens the fit predicts %.3f of the run", longer)
+	}
+	whole := got
+	whole.ShadowPromptShare = 0
+	if over := ttft(whole, 128) / ttft(want, 128); over < 1.2 {
+		t.Errorf("the shadow's CPU added whole predicts %.3f of the 128-token run: the test tells nothing", over)
+	}
+}
