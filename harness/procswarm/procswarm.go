@@ -10,11 +10,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -312,19 +314,26 @@ func (s *Swarm) LogDir() string { return s.logDir }
 // KeepsLogs reports whether Close keeps the logs (Options.LogDir).
 func (s *Swarm) KeepsLogs() bool { return s.keepLogs }
 
-// FreeUDPAddr asks the kernel for a free loopback UDP port, one this
-// process has not handed out before: a port is free again once this lets
-// go of it, so two nodes that have not bound theirs yet could otherwise be
-// given the same one (seen: a shadow given a worker's port, failing to
-// listen).
+// FreeUDPAddr returns a free loopback UDP port, one this process has
+// not handed out before: a port is free again once this lets go of it,
+// so two nodes that have not bound theirs yet could otherwise be given
+// the same one (seen: a shadow given a worker's port, failing to listen).
+// It picks below the kernel's ephemeral range where it can: a port the
+// kernel handed this process for a moment it hands anyone who binds port
+// 0 next, and the tests' QUIC clients do that all the time (seen: a
+// shadow failing to listen in CI, go test running every package at once).
 func FreeUDPAddr() (string, error) {
 	for range 64 {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		addr, err := freeLoopback(func(a string) (io.Closer, net.Addr, error) {
+			c, err := net.ListenPacket("udp", a)
+			if err != nil {
+				return nil, nil, err
+			}
+			return c, c.LocalAddr(), nil
+		})
 		if err != nil {
 			return "", err
 		}
-		addr := c.LocalAddr().String()
-		c.Close()
 		handedOut.Lock()
 		fresh := !handedOut.addrs[addr]
 		handedOut.addrs[addr] = true
@@ -336,18 +345,64 @@ func FreeUDPAddr() (string, error) {
 	return "", fmt.Errorf("no loopback UDP port this process has not handed out already, in 64 tries")
 }
 
+// freeLoopback binds listen to a loopback port below the kernel's
+// ephemeral range (belowEphemeral; the kernel's pick where that is not
+// known), lets go of it and returns its address.
+func freeLoopback(listen func(addr string) (io.Closer, net.Addr, error)) (string, error) {
+	lo, hi := belowEphemeral()
+	for range 64 {
+		port := 0
+		if hi > lo {
+			port = lo + rand.IntN(hi-lo)
+		}
+		c, addr, err := listen(net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			if port != 0 {
+				continue // taken: another
+			}
+			return "", err
+		}
+		c.Close()
+		return addr.String(), nil
+	}
+	return "", fmt.Errorf("no free loopback port in [%d, %d) in 64 tries", lo, hi)
+}
+
+// belowEphemeral is the range of ports [lo, hi) FreeUDPAddr picks from:
+// up to 8192 ports below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range), none of them privileged;
+// lo == hi where the range is not known (the kernel picks, from it).
+var belowEphemeral = sync.OnceValues(func() (lo, hi int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0
+	}
+	first, err := strconv.Atoi(f[0])
+	if err != nil || first < 1024+1024 {
+		return 0, 0
+	}
+	return max(1024, first-8192), first
+})
+
 // handedOut are the addresses FreeUDPAddr has returned.
 var handedOut = struct {
 	sync.Mutex
 	addrs map[string]bool
 }{addrs: map[string]bool{}}
 
-// FreeTCPAddr asks the kernel for a free loopback TCP port.
+// FreeTCPAddr returns a free loopback TCP port, picked below the
+// kernel's ephemeral range as FreeUDPAddr picks (a test's HTTP clients
+// take ports from that range all the time).
 func FreeTCPAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return freeLoopback(func(a string) (io.Closer, net.Addr, error) {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			return nil, nil, err
+		}
+		return l, l.Addr(), nil
+	})
 }
