@@ -2,12 +2,14 @@ package simrig
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/sim"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/testbed"
 )
@@ -73,5 +75,20 @@ func TestTheSimulatedShapeIsTheModels(t *testing.T) {
 		if s.KVBytes != kv {
 			t.Errorf("%s: a position's KV rows of %d bytes, want %d", preset, s.KVBytes, kv)
 		}
+	}
+}
+
+// TestMedianStallIsTheMedianRuns: a load's time comes from the median
+// run's stall a layer call, not from every run's pooled: one round that
+// stalled half as long does not move it.
+func TestMedianStallIsTheMedianRuns(t *testing.T) {
+	run := func(stall float64) sim.Measured {
+		return sim.Measured{Decode: []sim.LayerStats{{Calls: 10, StallMs: 10 * stall}, {Calls: 30, StallMs: 30 * stall}}}
+	}
+	if got := medianStall([]sim.Measured{run(0.8), run(0.4), run(0.85)}); math.Abs(got-0.8) > 1e-12 {
+		t.Errorf("median stall %v, want the median run's 0.8 (pooled: 0.68)", got)
+	}
+	if got := medianStall(nil); got != 0 {
+		t.Errorf("no runs: %v", got)
 	}
 }
