@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"math"
-	"os"
-	"slices"
 	"strings"
 
 	"github.com/odmoe/odmoe/harness/simrig"
@@ -74,33 +71,15 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	if err != nil {
 		return err
 	}
-	var longer testbed.Case
-	switch *longerFlag {
-	case "auto":
-	case "none":
-		longer.Prompt = -1
-	default:
-		if longer, err = oneCase(*longerFlag); err != nil {
-			return err
-		}
-		if longer.Prompt <= c.Prompt {
-			return usagef("-longer %s: its prompt must be longer than -case %s's", longer.String(), c.String())
-		}
+	longer, err := simrig.ParseLonger(*longerFlag, c)
+	if err != nil {
+		return usagef("-longer: %v", err)
 	}
 	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores, Rig: *rigPath, Longer: longer})
 	if err != nil {
 		return err
 	}
-	j, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return err
-	}
-	j = append(j, '\n')
-	if *out == "" {
-		_, err = stdout.Write(j)
-		return err
-	}
-	return os.WriteFile(*out, j, 0o644)
+	return simrig.WriteProfile(p, *out, stdout)
 }
 
 // runSimValidate predicts every resident, reactive and shadow run of a
@@ -172,17 +151,8 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 		if recalls, err = runflags.ParseFloats(*recallsFlag, 0, 1); err != nil {
 			return usagef("-recalls: %v", err)
 		}
-		if len(recalls) != len(values) {
-			return usagef("-recalls has %d values for -values' %d", len(recalls), len(values))
-		}
-	}
-	if !slices.Contains(simrig.Varies, *vary) {
-		return usagef("-vary %q: want workers, link, recall, ahead or align", *vary)
 	}
 	modes := strings.Split(*modesFlag, ",")
-	for i := range modes {
-		modes[i] = strings.TrimSpace(modes[i])
-	}
 	return simrig.Sweep(simrig.SweepOptions{Profile: *profilePath, Model: *dir, Vary: *vary, Values: values, Recalls: recalls, Modes: modes, Case: c,
 		Workers: *workers, Group: *group, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV, Seed: *seed, SVG: *svgOut}, stdout)
 }

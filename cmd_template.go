@@ -2,10 +2,7 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 
@@ -46,51 +43,20 @@ func runTemplate(_ context.Context, args []string, stdin io.Reader, stdout, stde
 	}
 	w := bufio.NewWriter(stdout)
 	defer w.Flush()
-	if !*jsonl {
-		data, err := io.ReadAll(stdin)
-		if err != nil {
-			return err
+	if *jsonl {
+		if err := tmpl.RenderJSONLines(stdin, w); err != nil {
+			return fmt.Errorf("stdin %w", err)
 		}
-		text, err := renderJSON(tmpl, data)
-		if err != nil {
-			return fmt.Errorf("stdin: %w", err)
-		}
-		_, err = io.WriteString(w, text)
+		return nil
+	}
+	data, err := io.ReadAll(stdin)
+	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	sc := bufio.NewScanner(stdin)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for line := 1; sc.Scan(); line++ {
-		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-			continue
-		}
-		text, err := renderJSON(tmpl, sc.Bytes())
-		if err != nil {
-			return fmt.Errorf("stdin line %d: %w", line, err)
-		}
-		if err := enc.Encode(text); err != nil {
-			return err
-		}
-	}
-	return sc.Err()
-}
-
-// renderJSON renders the conversation of one JSON object, its keys the
-// template's variables in the order written.
-func renderJSON(tmpl *chat.Template, data []byte) (string, error) {
-	v, err := chat.DecodeJSON(data)
+	text, err := tmpl.RenderJSON(data)
 	if err != nil {
-		return "", err
+		return fmt.Errorf("stdin: %w", err)
 	}
-	obj, ok := v.(chat.Object)
-	if !ok {
-		return "", errors.New(`want a JSON object {"messages": [...], ...}`)
-	}
-	vars := make(map[string]any, len(obj))
-	for _, m := range obj {
-		vars[m.Key] = m.Value
-	}
-	return tmpl.Render(vars)
+	_, err = io.WriteString(w, text)
+	return err
 }

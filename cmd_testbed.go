@@ -7,7 +7,6 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"
@@ -37,22 +36,12 @@ func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (testbed.Bench
 	if f.model == "" {
 		return testbed.BenchOptions{}, usagef("-model is required")
 	}
-	switch f.via {
-	case "netns", "local":
-	case "ssh":
-		if !filepath.IsAbs(f.remoteDir) {
-			return testbed.BenchOptions{}, usagef("-remote-dir %q must be absolute (login shells may start elsewhere)", f.remoteDir)
-		}
-	default:
-		return testbed.BenchOptions{}, usagef("-via %q unknown: netns, local or ssh", f.via)
+	if err := testbed.CheckVia(f.via, f.remoteDir); err != nil {
+		return testbed.BenchOptions{}, usagef("%v", err)
 	}
-	delay := time.Duration(-1) // auto
-	if f.netDelay != "auto" {
-		d, err := time.ParseDuration(f.netDelay)
-		if err != nil && f.netDelay != "0" {
-			return testbed.BenchOptions{}, usagef("-net-delay %q: want auto or a duration such as 1ms", f.netDelay)
-		}
-		delay = d
+	delay, err := testbed.ParseNetDelay(f.netDelay)
+	if err != nil {
+		return testbed.BenchOptions{}, usagef("%v", err)
 	}
 	return testbed.Setup(ctx, testbed.SetupOptions{Rig: f.rig, Model: f.model, Store: f.store, Certs: f.certs, Via: f.via, RemoteDir: f.remoteDir, NetDelay: delay}, log)
 }

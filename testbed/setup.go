@@ -29,6 +29,35 @@ type SetupOptions struct {
 	NetDelay time.Duration
 }
 
+// CheckVia refuses a way of starting nodes other than netns, local or
+// ssh, and an ssh remote directory that is not absolute (login shells
+// may start elsewhere).
+func CheckVia(via, remoteDir string) error {
+	switch via {
+	case "netns", "local":
+		return nil
+	case "ssh":
+		if !filepath.IsAbs(remoteDir) {
+			return fmt.Errorf("-remote-dir %q must be absolute (login shells may start elsewhere)", remoteDir)
+		}
+		return nil
+	}
+	return fmt.Errorf("-via %q unknown: netns, local or ssh", via)
+}
+
+// ParseNetDelay reads SetupOptions.NetDelay: auto (-1: the emulated
+// rig's), 0, or a duration such as 1ms.
+func ParseNetDelay(s string) (time.Duration, error) {
+	if s == "auto" {
+		return -1, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil && s != "0" {
+		return 0, fmt.Errorf("-net-delay %q: want auto or a duration such as 1ms", s)
+	}
+	return d, nil
+}
+
 // Setup reads the rig, makes the store and certificates if missing, and
 // returns the options that say how to start the rig's nodes (Rig, Via,
 // Files, NetDelay, Log).

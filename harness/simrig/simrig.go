@@ -213,6 +213,41 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	return p, p.Validate()
 }
 
+// ParseLonger reads CalibrateOptions.Longer from s: auto (the report's
+// longest prompt), none, or one PROMPTxOUTPUT case whose prompt is longer
+// than the calibration case c's.
+func ParseLonger(s string, c testbed.Case) (testbed.Case, error) {
+	switch s {
+	case "auto":
+		return testbed.Case{}, nil
+	case "none":
+		return testbed.Case{Prompt: -1}, nil
+	}
+	cases, err := testbed.ParseCases(s)
+	if err != nil || len(cases) != 1 {
+		return testbed.Case{}, fmt.Errorf("%q: want auto, none or one PROMPTxOUTPUT case, e.g. 128x64", s)
+	}
+	if cases[0].Prompt <= c.Prompt {
+		return testbed.Case{}, fmt.Errorf("%s: its prompt must be longer than the calibration case %s's", cases[0].String(), c.String())
+	}
+	return cases[0], nil
+}
+
+// WriteProfile writes p as indented JSON to the file path, or to stdout
+// where path is "".
+func WriteProfile(p sim.Profile, path string, stdout io.Writer) error {
+	j, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	j = append(j, '\n')
+	if path == "" {
+		_, err = stdout.Write(j)
+		return err
+	}
+	return os.WriteFile(path, j, 0o644)
+}
+
 // longerResident is the resident run of rep that Calibrate fits a
 // prompt's messages' rate to (CalibrateOptions.Longer): want's, or the
 // longest prompt above c's, the same output length first.
@@ -458,6 +493,9 @@ func Sweep(o SweepOptions, stdout io.Writer) error {
 	}
 	c := o.Case
 	values, recalls := o.Values, o.Recalls
+	if recalls != nil && len(recalls) != len(values) {
+		return fmt.Errorf("sim sweep: %d recalls for %d values", len(recalls), len(values))
+	}
 	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "iterations ahead", "align": "KV alignment period (iterations)"}[o.Vary], o.Vary == "workers" || o.Vary == "link" || o.Vary == "align"
 	if xlabel == "" {
 		return fmt.Errorf("sim sweep: -vary %q: want %s", o.Vary, strings.Join(Varies, ", "))
@@ -466,7 +504,10 @@ func Sweep(o SweepOptions, stdout io.Writer) error {
 	if g == 0 {
 		g = cfg.TopK
 	}
-	modes := o.Modes
+	modes := make([]string, len(o.Modes))
+	for i, m := range o.Modes {
+		modes[i] = strings.TrimSpace(m)
+	}
 	chart := svgplot.Chart{Title: fmt.Sprintf("decode tokens/s by %s, %s, %s", xlabel, o.Case.String(), strings.TrimSuffix(filepath.Base(o.Profile), ".json")), XLabel: xlabel, YLabel: "decode tokens/s", X: values, LogX: logX}
 	fmt.Fprintf(stdout, "| %s | %s |\n|---|%s\n", xlabel, strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
 	rows := make([][]float64, len(values))
