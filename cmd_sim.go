@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/odmoe/odmoe/harness/simrig"
@@ -151,6 +152,12 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 		if recalls, err = runflags.ParseFloats(*recallsFlag, 0, 1); err != nil {
 			return usagef("-recalls: %v", err)
 		}
+		if len(recalls) != len(values) {
+			return usagef("-recalls has %d values for -values' %d", len(recalls), len(values))
+		}
+	}
+	if !slices.Contains(simrig.Varies, *vary) {
+		return usagef("-vary %q: want %s", *vary, strings.Join(simrig.Varies, ", "))
 	}
 	modes := strings.Split(*modesFlag, ",")
 	return simrig.Sweep(simrig.SweepOptions{Profile: *profilePath, Model: *dir, Vary: *vary, Values: values, Recalls: recalls, Modes: modes, Case: c,
