@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 	"testing"
 
 	"github.com/odmoe/odmoe/wire"
@@ -279,5 +280,26 @@ func TestReadRigMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "none.rig")
 	if _, err := ReadRig(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("ReadRig(%s) error = %v, want a not-exist error", path, err)
+	}
+}
+
+// TestViaAndNetDelayFlags: the ways of starting nodes and the delay the
+// nodes add are read, and a bad one is refused naming the flag.
+func TestViaAndNetDelayFlags(t *testing.T) {
+	for _, c := range []struct {
+		via, dir string
+		ok       bool
+	}{{"netns", "", true}, {"local", "", true}, {"ssh", "/opt/odmoe", true}, {"ssh", "odmoe", false}, {"lan", "", false}} {
+		if err := CheckVia(c.via, c.dir); (err == nil) != c.ok || err != nil && !strings.Contains(err.Error(), "-") {
+			t.Errorf("CheckVia(%q, %q) = %v, want ok %v", c.via, c.dir, err, c.ok)
+		}
+	}
+	for s, want := range map[string]time.Duration{"auto": -1, "0": 0, "1ms": time.Millisecond, "250us": 250 * time.Microsecond} {
+		if d, err := ParseNetDelay(s); err != nil || d != want {
+			t.Errorf("ParseNetDelay(%q) = %v, %v; want %v", s, d, err, want)
+		}
+	}
+	if _, err := ParseNetDelay("soon"); err == nil || !strings.Contains(err.Error(), "-net-delay") {
+		t.Errorf("ParseNetDelay(soon): %v, want an error naming -net-delay", err)
 	}
 }

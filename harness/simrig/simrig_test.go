@@ -92,3 +92,19 @@ func TestMedianStallIsTheMedianRuns(t *testing.T) {
 		t.Errorf("no runs: %v", got)
 	}
 }
+
+// TestParseLonger: -longer reads auto, none or a case whose prompt is
+// longer than the calibration's, and refuses anything else.
+func TestParseLonger(t *testing.T) {
+	cal := testbed.Case{Prompt: 16, Output: 64}
+	for s, want := range map[string]testbed.Case{"auto": {}, "none": {Prompt: -1}, "128x64": {Prompt: 128, Output: 64}} {
+		if got, err := ParseLonger(s, cal); err != nil || got != want {
+			t.Errorf("ParseLonger(%q) = %+v, %v; want %+v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"16x64", "8x64", "128x64,256x64", "long"} {
+		if _, err := ParseLonger(s, cal); err == nil {
+			t.Errorf("ParseLonger(%q): no error", s)
+		}
+	}
+}
