@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/wire"
 )
