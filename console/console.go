@@ -147,6 +147,13 @@ func (c *Console) Snapshot() (Snapshot, error) {
 	}
 	shadow := false
 	shadowUp := false
+	// the swarm's figures that are one value each, by metric name
+	scalars := map[string]*float64{
+		"odmoe_shadow_predicted_experts_total": &s.Predicted, "odmoe_shadow_routed_experts_total": &s.Routed,
+		"odmoe_shadow_lost_total": &s.ShadowLost, "odmoe_shadow_ahead_passes_total": &s.Ahead,
+		"odmoe_shadow_align_token_period": &s.AlignToken, "odmoe_shadow_align_kv_period": &s.AlignKV,
+		"odmoe_generated_tokens_total": &s.Generated, "odmoe_batch_size": &s.Running, "odmoe_requests_waiting": &s.Waiting,
+	}
 	for _, f := range families {
 		for _, m := range f.GetMetric() {
 			v := value(m)
@@ -154,27 +161,13 @@ func (c *Console) Snapshot() (Snapshot, error) {
 				set(worker(label(m, "worker")), m, v)
 				continue
 			}
+			if field, ok := scalars[f.GetName()]; ok {
+				*field = v
+				continue
+			}
 			switch name := f.GetName(); name {
 			case "odmoe_shadow_up":
 				shadow, shadowUp = true, v == 1
-			case "odmoe_shadow_predicted_experts_total":
-				s.Predicted = v
-			case "odmoe_shadow_routed_experts_total":
-				s.Routed = v
-			case "odmoe_shadow_lost_total":
-				s.ShadowLost = v
-			case "odmoe_shadow_ahead_passes_total":
-				s.Ahead = v
-			case "odmoe_shadow_align_token_period":
-				s.AlignToken = v
-			case "odmoe_shadow_align_kv_period":
-				s.AlignKV = v
-			case "odmoe_generated_tokens_total":
-				s.Generated = v
-			case "odmoe_batch_size":
-				s.Running = v
-			case "odmoe_requests_waiting":
-				s.Waiting = v
 			case "odmoe_expert_misses_total":
 				if label(m, "phase") == "decode" {
 					s.Misses[label(m, "cause")] += v

@@ -181,3 +181,27 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 }
+
+// TestSnapshotReadsTheSwarmsFigures: each of the swarm's one-value
+// figures comes from its own metric, none from another's.
+func TestSnapshotReadsTheSwarmsFigures(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	names := []string{"odmoe_shadow_predicted_experts_total", "odmoe_shadow_routed_experts_total", "odmoe_shadow_lost_total",
+		"odmoe_shadow_ahead_passes_total", "odmoe_shadow_align_token_period", "odmoe_shadow_align_kv_period",
+		"odmoe_generated_tokens_total", "odmoe_batch_size", "odmoe_requests_waiting"}
+	for i, name := range names {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name})
+		g.Set(float64(i + 1))
+		reg.MustRegister(g)
+	}
+	s, err := New(Config{Gatherer: reg}).Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []float64{s.Predicted, s.Routed, s.ShadowLost, s.Ahead, s.AlignToken, s.AlignKV, s.Generated, s.Running, s.Waiting}
+	for i, v := range got {
+		if v != float64(i+1) {
+			t.Errorf("%s: snapshot has %v, want %d", names[i], v, i+1)
+		}
+	}
+}
