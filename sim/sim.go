@@ -364,12 +364,13 @@ func (r *run) prefill() float64 {
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
 				// every worker is hinted its experts at once; on shared
-				// cores a load's CPU is loadsCPU, and its link alone waits
+				// cores a load's own cost is loadsCPU, and its link alone
+				// is waited for
 				d := r.load[w]
-				if r.p.Cores > 0 && r.p.WorkerLinks {
+				if r.p.Cores > 0 {
 					d -= r.p.LoadMs
 				}
-				ready = max(at, r.link[w].reserve(need+r.latency, d)+d)
+				ready = max(at, r.book(w, need+r.latency, d))
 			}
 			compute := r.p.expertPrefillFirstMs() + float64(c-1)*r.p.ExpertPrefillTokenMs
 			done := r.cpu[w].reserve(ready, compute) + compute
@@ -618,7 +619,10 @@ func (r *run) demand(w int, at float64) float64 {
 }
 
 // loadAt books a load on w's link from at and returns when it ends.
-func (r *run) loadAt(w int, at float64) float64 { return r.link[w].reserve(at, r.load[w]) + r.load[w] }
+func (r *run) loadAt(w int, at float64) float64 { return r.book(w, at, r.load[w]) }
+
+// book books d on w's link from at and returns when it ends.
+func (r *run) book(w int, at, d float64) float64 { return r.link[w].reserve(at, d) + d }
 
 // timeline is one resource's busy intervals, in start order: a task is
 // put in the first gap at or after its ready time that fits it.
