@@ -467,10 +467,10 @@ func splitAt(at, n, perToken float64) (first, each float64) {
 // prompt: the slope of the least-squares line through pts (prompt
 // tokens, time), 0 without two different lengths.
 func PrefillSlope(pts [][2]float64) float64 {
-	_, b := lineFit(pts)
 	if !slices.ContainsFunc(pts, func(q [2]float64) bool { return q[0] != pts[0][0] }) {
-		return 0
+		return 0 // none, or one length: lineFit's y/x is no slope
 	}
+	_, b := lineFit(pts)
 	return max(0, b)
 }
 

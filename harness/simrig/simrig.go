@@ -146,7 +146,8 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	p := sim.MedianProfile(ps)
 	// a prompt layer's fixed cost apart from its tokens', by how local
 	// mode's pass grows with the prompt
-	p = p.SplitPrefill(shape, c.Prompt, sim.PrefillSlope(localTTFTs(rep)))
+	local := localTTFTs(rep)
+	p = p.SplitPrefill(shape, c.Prompt, sim.PrefillSlope(local))
 	p.Sources = []string{fmt.Sprintf("odmoe sim calibrate -bench %s -case %s: the median of %d calibrations, one a run of the case", o.Bench, o.Case.String(), n)}
 	// the routing's locality, from the shadow runs' decode loads a step
 	br, err := benchLayout(rep, o.Rig, cfg)
@@ -171,13 +172,11 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	ttft := medianOf(runs[testbed.ModeResident][:n], ttftOf) // the median, as validate compares
 	at := sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}
 	if longer, ok := longerResident(rep, c, o.Longer); ok {
-		var st struct {
-			TTFTms float64 `json:"ttft_ms"`
+		longerMs := medianTTFT(longer)
+		if longerMs <= 0 {
+			return p, fmt.Errorf("sim calibrate: %s %s: no time to first token in its stats", longer.Mode, longer.Case)
 		}
-		if err := json.Unmarshal(longer.Stats, &st); err != nil {
-			return p, fmt.Errorf("sim calibrate: %s %s: stats: %w", longer.Mode, longer.Case, err)
-		}
-		p, err = sim.FitPrefillMessages(p, layout, shape, at, ttft, sim.Options{Prompt: longer.Prompt, Output: longer.Output, LoadRates: rates}, medianTTFT(longer, st.TTFTms))
+		p, err = sim.FitPrefillMessages(p, layout, shape, at, ttft, sim.Options{Prompt: longer.Prompt, Output: longer.Output, LoadRates: rates}, longerMs)
 		p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s", longer.Case))
 	} else if o.Longer.Prompt > 0 {
 		return p, fmt.Errorf("sim calibrate: %s has no resident runs of case %s", o.Bench, o.Longer.String())
@@ -207,7 +206,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: fitting the routing's locality: %w", err)
 	}
 	// the shadow's pass over the prompt, from the shadow runs' TTFT
-	if p, err = sim.FitShadowPrefill(p, layout, shape, shadowRun, medianOf(runs[testbed.ModeShadow][:n], ttftOf), localTTFTs(rep)); err != nil {
+	if p, err = sim.FitShadowPrefill(p, layout, shape, shadowRun, medianOf(runs[testbed.ModeShadow][:n], ttftOf), local); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
 	}
 	return p, p.Validate()
@@ -254,8 +253,11 @@ func WriteProfile(p sim.Profile, path string, stdout io.Writer) error {
 func longerResident(rep *testbed.Report, c, want testbed.Case) (testbed.Run, bool) {
 	var best testbed.Run
 	found := false
+	if want.Prompt < 0 {
+		return best, false
+	}
 	for _, r := range rep.Runs {
-		if r.Mode != testbed.ModeResident || r.Prompt <= c.Prompt || want.Prompt < 0 {
+		if r.Mode != testbed.ModeResident || r.Prompt <= c.Prompt {
 			continue
 		}
 		if want.Prompt > 0 {
@@ -312,36 +314,39 @@ func lowerMedian(vs []float64) float64 {
 func localTTFTs(rep *testbed.Report) [][2]float64 {
 	var out [][2]float64
 	for _, r := range rep.Runs {
-		if r.Mode != testbed.ModeLocal {
-			continue
-		}
-		var st struct {
-			TTFTms float64 `json:"ttft_ms"`
-		}
-		if json.Unmarshal(r.Stats, &st) == nil && st.TTFTms > 0 {
-			out = append(out, [2]float64{float64(r.Prompt), medianTTFT(r, st.TTFTms)})
+		if ttft := medianTTFT(r); r.Mode == testbed.ModeLocal && ttft > 0 {
+			out = append(out, [2]float64{float64(r.Prompt), ttft})
 		}
 	}
 	return out
 }
 
 // medianTTFT is the median time to first token of r's repeats (the
-// lower of the middle two), or ttft, r's own, when it has none: the run
-// a report keeps is its median decode's, and its own TTFT is one draw.
-func medianTTFT(r testbed.Run, ttft float64) float64 {
+// lower of the middle two), or r's own when it has none: the run a
+// report keeps is its median decode's, and its own TTFT is one draw; 0
+// where the stats hold none.
+func medianTTFT(r testbed.Run) float64 {
 	var ts []float64
 	for _, rr := range r.Repeats {
-		var st struct {
-			TTFTms float64 `json:"ttft_ms"`
-		}
-		if json.Unmarshal(rr.Stats, &st) == nil && st.TTFTms > 0 {
-			ts = append(ts, st.TTFTms)
+		if t := runTTFT(rr); t > 0 {
+			ts = append(ts, t)
 		}
 	}
 	if len(ts) == 0 {
-		return ttft
+		return runTTFT(r)
 	}
 	return lowerMedian(ts)
+}
+
+// runTTFT is a run's time to first token as its stats say (0: none).
+func runTTFT(r testbed.Run) float64 {
+	var st struct {
+		TTFTms float64 `json:"ttft_ms"`
+	}
+	if json.Unmarshal(r.Stats, &st) != nil {
+		return 0
+	}
+	return st.TTFTms
 }
 
 // benchLayout is what calibration needs of a bench's rig (benchRig):
@@ -438,7 +443,7 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 		if st.Recall != nil {
 			recall = *st.Recall
 		}
-		st.TTFTms = medianTTFT(r, st.TTFTms)
+		st.TTFTms = medianTTFT(r)
 		// bench rig aligns the shadow every iteration (testbed.MainFlags)
 		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed, LoadRates: linkRates(p, rates)}, sim.ExpectRuns)
 		if err != nil {
