@@ -288,10 +288,11 @@ func TestReadRigMissingFile(t *testing.T) {
 func TestViaAndNetDelayFlags(t *testing.T) {
 	for _, c := range []struct {
 		via, dir string
-		ok       bool
-	}{{"netns", "", true}, {"local", "", true}, {"ssh", "/opt/odmoe", true}, {"ssh", "odmoe", false}, {"lan", "", false}} {
-		if err := CheckVia(c.via, c.dir); (err == nil) != c.ok || err != nil && !strings.Contains(err.Error(), "-") {
-			t.Errorf("CheckVia(%q, %q) = %v, want ok %v", c.via, c.dir, err, c.ok)
+		flag     string // the flag a refusal names; "": none
+	}{{"netns", "", ""}, {"local", "", ""}, {"ssh", "/opt/odmoe", ""}, {"ssh", "odmoe", "-remote-dir"}, {"lan", "", "-via"}} {
+		err := CheckVia(c.via, c.dir)
+		if (err == nil) != (c.flag == "") || err != nil && !strings.HasPrefix(err.Error(), c.flag+" ") {
+			t.Errorf("CheckVia(%q, %q) = %v, want a refusal naming %q", c.via, c.dir, err, c.flag)
 		}
 	}
 	for s, want := range map[string]time.Duration{"auto": -1, "0": 0, "1ms": time.Millisecond, "250us": 250 * time.Microsecond} {
