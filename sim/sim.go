@@ -94,9 +94,10 @@ type Profile struct {
 	// PrefillBytesPerS, when not 0, is the rate a prompt's activations
 	// and results move at over the main node's link, each way, instead of
 	// LinkBytesPerS: a prompt layer's messages are as large as their
-	// tokens, and on the emulated rigs they moved at a fifth of the link's
-	// rate (QUIC's sender growing its window from a decode step's small
-	// messages, every node's packets through two shared cores).
+	// tokens, and on the emulated rigs they moved far below the link's
+	// rate: 9.7 MB/s on paper.rig's 1 Gbit/s, 45-59 MB/s on loopback
+	// (not measured why: QUIC's window opening over a larger message and
+	// every node's packets through two shared cores are the likely parts).
 	// Calibrate fits it, with PrefillMessageMs, to resident runs' times
 	// to first token at two prompt lengths (FitPrefillMessages).
 	PrefillBytesPerS float64 `json:"prefill_bytes_per_s,omitempty"`
