@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,7 +20,8 @@ import (
 func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "report")
 	so, se, code := run(t, "", "bench", "serve", "-preset", "tiny", "-cache", t.TempDir(), "-workers", "4",
-		"-clients", "1,2", "-requests", "1", "-max-tokens", "8", "-text-rounds", "1", "-out", out, "-log-level", "warn")
+		"-clients", "1,2", "-requests", "1", "-max-tokens", "8", "-text-rounds", "1", "-out", out, "-log-level", "warn",
+		"-node-cpus", "0")
 	if code != 0 {
 		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
 	}
@@ -34,6 +36,10 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	if len(rep.Rows) != 2 || rep.Workers != 4 || rep.Prefetch != "shadow" || rep.ExpertBytes <= 0 || rep.Machine.CPUs < 1 ||
 		!strings.HasPrefix(rep.Command, "odmoe bench serve -preset tiny") {
 		t.Fatalf("report: %s", b)
+	}
+	// -node-cpus 0: every node on CPU 0 alone, as the kernel says
+	if runtime.GOOS == "linux" && (!slices.Equal(rep.NodeCPUs, []string{"0"}) || rep.ClientCPUs == "") {
+		t.Errorf("the nodes ran on %q and the clients on %q, want the nodes on CPU 0", rep.NodeCPUs, rep.ClientCPUs)
 	}
 	for i, r := range rep.Rows {
 		clients, c := i+1, r.CPUPerToken
@@ -88,7 +94,7 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| clients | requests |", "| 1 | 1 | 8 |", "| 2 | 2 | 16 |", "load average before", "command: `odmoe bench serve", "## The API against text mode on the same swarm", "| 1 | "} {
+	for _, want := range []string{"| clients | requests |", "| 1 | 1 | 8 |", "| 2 | 2 | 16 |", "load average before", "- CPUs: the nodes on 0, the clients", "command: `odmoe bench serve", "## The API against text mode on the same swarm", "| 1 | "} {
 		if !strings.Contains(so, want) || !strings.Contains(string(md), want) {
 			t.Errorf("stdout or report.md lacks %q:\n%s", want, so)
 		}

@@ -216,7 +216,11 @@ func Bench(opt BenchOptions) (*Report, error) {
 		rep.Link = ReadRigState()
 	}
 	for _, n := range opt.Rig.Nodes() {
-		rep.Nodes = append(rep.Nodes, fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr))
+		node := fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr)
+		if n.CPUs != "" {
+			node += " cpus=" + n.CPUs
+		}
+		rep.Nodes = append(rep.Nodes, node)
 	}
 	for _, mode := range opt.Modes {
 		if mode.usesShadow() && opt.Rig.Shadow == nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -116,6 +117,26 @@ func TestLocalPassesArgumentsAsTheyAre(t *testing.T) {
 	}
 	if got, want := log.String(), "<two words><><it's><$HOME>"; got != want {
 		t.Errorf("output = %q, want %q", got, want)
+	}
+}
+
+// A node with cpus= runs on those CPUs alone, and the process Start
+// returns is the node itself (taskset exec'd it): its PID is the one
+// that Stop signals and CPUTime reads.
+func TestLocalStartPinsANodeToItsCPUs(t *testing.T) {
+	log := &logBuffer{}
+	p, err := shell.Start(Node{Name: "n", CPUs: "0"}, []string{"-c", `echo "pid $$"; grep Cpus_allowed_list /proc/self/status`}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("pid %d\n", p.cmd.Process.Pid); !strings.Contains(log.String(), want) {
+		t.Errorf("output %q, want %q: the process started is not the node", log.String(), want)
+	}
+	if f := strings.Fields(log.String()); len(f) < 4 || f[len(f)-1] != "0" {
+		t.Errorf("output %q, want the node on CPU 0 alone", log.String())
 	}
 }
 

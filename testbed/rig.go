@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -23,6 +24,10 @@ type Node struct {
 	// SSH is where the launcher logs in for this node on a real LAN
 	// (ssh=USER@HOST); default: Addr's host.
 	SSH string
+	// CPUs, when set (cpus=LIST, taskset's syntax: 0-2,8), are the only
+	// CPUs the node's process runs on: on one machine with cores to
+	// spare, each node gets cores of its own, as on a real rig.
+	CPUs string
 	// Flags are passed to `odmoe run -role ROLE` as they are.
 	Flags []string
 }
@@ -97,7 +102,7 @@ func ReadRig(path string) (*Rig, error) {
 
 // ParseRig reads a rig description: one node per line,
 //
-//	NAME ROLE ADDRESS [ssh=USER@HOST] [FLAG ...]
+//	NAME ROLE ADDRESS [ssh=USER@HOST] [cpus=LIST] [FLAG ...]
 //
 // with # comments and blank lines ignored. ROLE is main, shadow or worker;
 // ADDRESS is HOST:PORT (HOST for the main node, which only dials). There
@@ -121,7 +126,7 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			return fmt.Errorf("%s:%d: %s", name, line, fmt.Sprintf(format, a...))
 		}
 		if len(f) < 3 {
-			return nil, errf("want NAME ROLE ADDRESS [ssh=USER@HOST] [FLAGS], got %q", strings.TrimSpace(text))
+			return nil, errf("want NAME ROLE ADDRESS [ssh=USER@HOST] [cpus=LIST] [FLAGS], got %q", strings.TrimSpace(text))
 		}
 		n := Node{Name: f[0], Addr: f[2]}
 		role, err := wire.ParseRole(f[1])
@@ -133,15 +138,24 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			return nil, errf("node name %q: a name is 1-63 letters, digits or inner hyphens", n.Name)
 		}
 		rest := f[3:]
-		if len(rest) > 0 && strings.HasPrefix(rest[0], "ssh=") {
-			n.SSH = strings.TrimPrefix(rest[0], "ssh=")
-			rest = rest[1:]
-			if n.SSH == "" {
-				return nil, errf("node %s: empty ssh=", n.Name)
+		for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+			key, val, _ := strings.Cut(rest[0], "=")
+			switch {
+			case key == "ssh" && n.SSH == "":
+				if n.SSH = val; val == "" {
+					return nil, errf("node %s: empty ssh=", n.Name)
+				}
+			case key == "cpus" && n.CPUs == "":
+				if err := cpuset.Check(val); err != nil {
+					return nil, errf("node %s: cpus=: %v", n.Name, err)
+				}
+				n.CPUs = val
+			case key == "ssh" || key == "cpus":
+				return nil, errf("node %s: %s= given twice", n.Name, key)
+			default:
+				return nil, errf("flag %q does not start with - (before the flags: ssh=USER@HOST, cpus=LIST)", rest[0])
 			}
-		}
-		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-			return nil, errf("flag %q does not start with -", rest[0])
+			rest = rest[1:]
 		}
 		n.Flags = rest
 		if prev, ok := names[n.Name]; ok {

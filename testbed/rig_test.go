@@ -151,6 +151,9 @@ func TestParseRigRejectsBadDescriptions(t *testing.T) {
 		{"bad node name", head + "w_1 worker 10.0.0.2:7400\n", 3, []string{"w_1"}},
 		{"flag without dash", head + "w1 worker 10.0.0.2:7400 device-mem 1GiB\n", 3, []string{`"device-mem"`, "does not start with -"}},
 		{"flag without dash after ssh=", head + "w1 worker 10.0.0.2:7400 ssh=u@h quant\n", 3, []string{`"quant"`, "does not start with -"}},
+		{"bad cpus", head + "w1 worker 10.0.0.2:7400 cpus=3-1\n", 3, []string{"node w1", "cpus=", "backwards"}},
+		{"cpus twice", head + "w1 worker 10.0.0.2:7400 cpus=1 cpus=2\n", 3, []string{"node w1", "cpus= given twice"}},
+		{"flag without dash after cpus=", head + "w1 worker 10.0.0.2:7400 cpus=1 quant\n", 3, []string{`"quant"`, "does not start with -"}},
 		{"too few fields", head + "w1 worker\n", 3, []string{"want NAME ROLE ADDRESS", "w1 worker"}},
 		{"one field", head + "w1   # a comment\n", 3, []string{"want NAME ROLE ADDRESS"}},
 	} {
@@ -302,5 +305,26 @@ func TestViaAndNetDelayFlags(t *testing.T) {
 	}
 	if _, err := ParseNetDelay("soon"); err == nil || !strings.Contains(err.Error(), "-net-delay") {
 		t.Errorf("ParseNetDelay(soon): %v, want an error naming -net-delay", err)
+	}
+}
+
+// cpus= pins a node (taskset's list), with or beside ssh=, in either
+// order, before the flags; it is no flag of the node's.
+func TestParseRigReadsANodesCPUs(t *testing.T) {
+	r, err := ParseRig(strings.NewReader(`m main 127.0.0.1 cpus=0-2
+w1 worker 127.0.0.1:7401 cpus=3 ssh=u@h -device-mem 1GiB
+w2 worker 127.0.0.1:7402 ssh=u@h cpus=4,6-7
+w3 worker 127.0.0.1:7403
+`), "cpus.rig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, want := range map[*Node]string{&r.Main: "0-2", &r.Workers[0]: "3", &r.Workers[1]: "4,6-7", &r.Workers[2]: ""} {
+		if n.CPUs != want {
+			t.Errorf("%s CPUs = %q, want %q", n.Name, n.CPUs, want)
+		}
+	}
+	if w1 := r.Workers[0]; w1.SSH != "u@h" || !slices.Equal(w1.Flags, []string{"-device-mem", "1GiB"}) {
+		t.Errorf("w1 = %+v, want ssh u@h and its flag alone", w1)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/harness/inproc"
+	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"
@@ -50,6 +51,10 @@ type Options struct {
 	// LogDir, when set, is where the nodes' logs go (NAME.log), kept
 	// after Close; "": a temporary directory Close removes.
 	LogDir string
+	// CPUs, when set (taskset's list: 0-13), are the CPUs every node
+	// process runs on, the main node's too: a benchmark run under
+	// taskset on other CPUs keeps its clients off the swarm's cores.
+	CPUs string
 }
 
 // Register adds the flags that choose a Swarm's nodes (demo, bench
@@ -66,6 +71,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.HostPreload, "host-preload", false, "workers fill -host-cache at start (-host-preload)")
 	fs.StringVar(&o.Residency, "residency", "off", "the main node's -residency: off (cacheless workers) or on (experts stay resident on their owners while -device-mem allows)")
 	fs.StringVar(&o.LogDir, "logs", "", "write every node's log to `DIR`/NAME.log and keep them (default: a temporary directory, removed when the swarm stops)")
+	fs.StringVar(&o.CPUs, "node-cpus", "", "run every node process on these `CPUs` alone (taskset -c LIST, e.g. 0-13); run the command itself under taskset on others to keep its clients apart from the swarm")
 	fs.StringVar(&o.ProfileDir, "profile", "", "every node (main, shadow, workers) writes its CPU profile to `DIR`/NAME.pprof as it ends (go tool pprof)")
 }
 
@@ -85,6 +91,7 @@ type Swarm struct {
 	keepLogs    bool   // logDir is the caller's (Options.LogDir): Close keeps it
 	residency   string // the main node's -residency; "" as off
 	profileDir  string // where nodes write their CPU profiles; "" none
+	cpus        string // the CPUs every node runs on (taskset -c); "" any
 	stop        context.CancelFunc
 	procs       []*exec.Cmd // the workers, then the shadow
 	shadowCmd   *exec.Cmd   // the shadow's, among procs; nil without one
@@ -98,6 +105,11 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 	if err != nil {
 		return nil, err
 	}
+	if o.CPUs != "" {
+		if err := cpuset.Check(o.CPUs); err != nil {
+			return nil, fmt.Errorf("-node-cpus: %w", err)
+		}
+	}
 	logDir, keepLogs := o.LogDir, o.LogDir != ""
 	if keepLogs {
 		err = os.MkdirAll(logDir, 0o755)
@@ -108,7 +120,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir}
+	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir, cpus: o.CPUs}
 	if s.profileDir != "" {
 		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
 			return nil, fmt.Errorf("-profile: %w", err)
@@ -159,7 +171,7 @@ func (s *Swarm) start(ctx context.Context, self, name string, args ...string) er
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, self, s.profiled(name, args)...)
+	cmd := cpuset.CommandContext(ctx, s.cpus, self, s.profiled(name, args)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second
@@ -196,7 +208,7 @@ func (s *Swarm) RunNode(ctx context.Context, name string, args ...string) (*Node
 	}
 	defer lf.Close() // the child has its own descriptor
 	nctx, cancel := context.WithCancel(ctx)
-	cmd := exec.CommandContext(nctx, self, s.profiled(name, args)...)
+	cmd := cpuset.CommandContext(nctx, s.cpus, self, s.profiled(name, args)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -275,6 +287,24 @@ func (s *Swarm) CPU() RoleCPU {
 		}
 	}
 	return c
+}
+
+// NodeCPUs are the CPU lists the kernel lets the swarm's running node
+// processes (the caller's main node among them) run on, each once, in
+// order: what Options.CPUs made of them ("" where none could be read).
+func (s *Swarm) NodeCPUs() []string {
+	cmds := slices.Clone(s.procs)
+	if s.mainNode != nil {
+		cmds = append(cmds, s.mainNode.cmd)
+	}
+	var lists []string
+	for _, c := range cmds {
+		if l, err := cpuset.OfProcess(c.Process.Pid); err == nil && !slices.Contains(lists, l) {
+			lists = append(lists, l)
+		}
+	}
+	slices.Sort(lists)
+	return lists
 }
 
 // logFile is where a node started here (or the caller's main node) logs.

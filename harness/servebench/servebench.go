@@ -27,6 +27,7 @@ import (
 
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/harness/procswarm"
+	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/internal/progress"
 	mainnode "github.com/odmoe/odmoe/main"
 	"github.com/odmoe/odmoe/model"
@@ -61,6 +62,11 @@ type Report struct {
 	// ExpertBytes is one expert's size (3 matrices of hidden x
 	// intermediate, BF16); BytesFrom says where the bytes loaded per
 	// token come from (the metric read from the main node's /metrics).
+	// NodeCPUs are the CPU lists the swarm's node processes ran on and
+	// ClientCPUs this process's (its streaming clients), as the kernel
+	// had them once the swarm answered (-node-cpus, taskset).
+	NodeCPUs    []string `json:"node_cpus,omitempty"`
+	ClientCPUs  string   `json:"client_cpus,omitempty"`
 	ExpertBytes int64    `json:"expert_bytes"`
 	BytesFrom   string   `json:"bytes_from"`
 	Rows        []Result `json:"rows"`
@@ -258,6 +264,8 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	if err := startAPI(); err != nil {
 		return err
 	}
+	rep.NodeCPUs = sw.NodeCPUs()
+	rep.ClientCPUs, _ = cpuset.OfProcess(0)
 	counters, err := newWorkerCounters(files.Certs, sw.Workers())
 	if err != nil {
 		return err
@@ -856,6 +864,9 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 		swarm += ", -residency on"
 	}
 	fmt.Fprintf(w, "- model: %s\n- swarm: %s, every node a process on loopback QUIC with mutual TLS; main node -max-batch %d\n", model, swarm, rep.MaxBatch)
+	if len(rep.NodeCPUs) > 0 {
+		fmt.Fprintf(w, "- CPUs: the nodes on %s, the clients (this process) on %s\n", strings.Join(rep.NodeCPUs, " and "), rep.ClientCPUs)
+	}
 	fmt.Fprintf(w, "- load: N streaming clients at once, each sending %d requests one after another: %d random prompt token ids, %d tokens generated (greedy, ignore_eos) via /v1/completions\n",
 		rep.Requests, rep.PromptTokens, rep.MaxTokens)
 	fmt.Fprintf(w, "- command: `%s`\n\n", rep.Command)
