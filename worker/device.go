@@ -31,8 +31,9 @@ type Device interface {
 	// memory taken from the budget too.
 	Run(ex model.Expert, x []float32, n int, out []float32) error
 	// ComputeBytes is the working memory Run takes from the budget for n
-	// rows of an expert of hidden and inter sizes.
-	ComputeBytes(n, hidden, inter int) int64
+	// rows of an expert of hidden and inter sizes, fused or not
+	// (model.Expert.Fused: gpt-oss's).
+	ComputeBytes(n, hidden, inter int, fused bool) int64
 	// Memory reports the budget, the bytes in use and their peak.
 	Memory() (budget, inUse, peak int64)
 	// String names the device as the worker reports it (Hello, logs):
@@ -92,7 +93,7 @@ func (d *CPU) Upload(ctx context.Context, _ Block, ex model.Expert, n int64) (mo
 
 // Run implements Device.
 func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
-	b, err := d.arena.Alloc(d.ComputeBytes(n, ex.Hidden(), ex.Intermediate()))
+	b, err := d.arena.Alloc(d.ComputeBytes(n, ex.Hidden(), ex.Intermediate(), ex.Fused()))
 	if err != nil {
 		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
 	}
@@ -102,8 +103,9 @@ func (d *CPU) Run(ex model.Expert, x []float32, n int, out []float32) error {
 	return nil
 }
 
-// ComputeBytes implements Device: the gate and up products of n rows.
-func (d *CPU) ComputeBytes(n, _, inter int) int64 { return int64(2 * n * inter * 4) }
+// ComputeBytes implements Device: the gate and up products of n rows
+// (a fused expert's too, in the same room).
+func (d *CPU) ComputeBytes(n, _, inter int, _ bool) int64 { return int64(2 * n * inter * 4) }
 
 // String implements Device.
 func (d *CPU) String() string { return "cpu" }

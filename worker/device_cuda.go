@@ -88,9 +88,6 @@ func (d *CUDA) Staging(b Block) []byte { return b.Bytes }
 // is the mirror's copy, whose place in the mirror is its place on the
 // device.
 func (d *CUDA) Upload(ctx context.Context, b Block, ex model.Expert, n int64) (model.Expert, error) {
-	if ex.Fused() {
-		return model.Expert{}, fmt.Errorf("worker: the CUDA device computes SwiGLU experts only; gpt-oss's (fused, with biases) run on -device cpu")
-	}
 	at, err := d.place(b, ex, n)
 	if err != nil {
 		return model.Expert{}, err
@@ -108,82 +105,119 @@ func (d *CUDA) Upload(ctx context.Context, b Block, ex model.Expert, n int64) (m
 }
 
 // place returns ex as it lies in b's mirror, copying it there if it lies
-// elsewhere (the host cache): its three matrices must lie within n bytes.
+// elsewhere (the host cache): the bytes it is made of (its matrices,
+// MXFP4's scales, gpt-oss's biases) must lie within n bytes.
 func (d *CUDA) place(b Block, ex model.Expert, n int64) (model.Expert, error) {
-	ms := []*kernels.Matrix{&ex.Gate, &ex.Up, &ex.Down}
+	parts := expertParts(&ex)
 	lo, hi := uintptr(0), uintptr(0)
-	for i, m := range ms {
-		if len(m.Data) == 0 {
-			return model.Expert{}, fmt.Errorf("worker: uploading an expert with an empty matrix")
+	for i, p := range parts {
+		q := uintptr(unsafe.Pointer(&(*p)[0]))
+		if i == 0 || q < lo {
+			lo = q
 		}
-		p := uintptr(unsafe.Pointer(&m.Data[0]))
-		if i == 0 || p < lo {
-			lo = p
-		}
-		hi = max(hi, p+uintptr(len(m.Data)))
+		hi = max(hi, q+uintptr(len(*p)))
 	}
-	if int64(hi-lo) > n || int64(len(b.Bytes)) < n {
-		return model.Expert{}, fmt.Errorf("worker: expert spans %d bytes, its block %d of %d", hi-lo, len(b.Bytes), n)
+	if len(parts) == 0 || int64(hi-lo) > n || int64(len(b.Bytes)) < n {
+		return model.Expert{}, fmt.Errorf("worker: expert of %d parts spans %d bytes, its block %d of %d", len(parts), hi-lo, len(b.Bytes), n)
 	}
 	start := uintptr(unsafe.Pointer(&b.Bytes[0]))
 	inPlace := lo >= start && hi <= start+uintptr(n)
-	for _, m := range ms {
-		off := uintptr(unsafe.Pointer(&m.Data[0])) - lo
+	for _, p := range parts {
+		off := uintptr(unsafe.Pointer(&(*p)[0])) - lo
 		if inPlace {
 			off += lo - start
 		} else {
-			copy(b.Bytes[off:], m.Data)
+			copy(b.Bytes[off:], *p)
 		}
-		m.Data = b.Bytes[off : off+uintptr(len(m.Data)) : off+uintptr(len(m.Data))]
+		*p = b.Bytes[off : off+uintptr(len(*p)) : off+uintptr(len(*p))]
 	}
 	return ex, nil
 }
 
-// onDevice is m's device copy: where its bytes lie in the mirror.
-func (d *CUDA) onDevice(m kernels.Matrix) (cuda.Matrix, error) {
-	mirror := d.arena.mem
-	start, p := uintptr(unsafe.Pointer(&mirror[0])), uintptr(unsafe.Pointer(&m.Data[0]))
-	if p < start || p+uintptr(len(m.Data)) > start+uintptr(len(mirror)) {
-		return cuda.Matrix{}, errors.New("worker: running an expert that was not uploaded to this GPU")
+// expertParts are the byte slices an expert is made of, to upload:
+// Gate, Up and Down's weights, or gpt-oss's GateUp and Down (with
+// MXFP4's scales) and its two biases. An empty one is left out only
+// where a format has none (scales).
+func expertParts(ex *model.Expert) []*[]byte {
+	ms := []*kernels.Matrix{&ex.Gate, &ex.Up, &ex.Down}
+	if ex.Fused() {
+		ms = []*kernels.Matrix{&ex.GateUp, &ex.Down, &ex.GateUpBias, &ex.DownBias}
 	}
-	return cuda.Matrix{Ptr: d.base + cuda.Ptr(p-start), DType: m.DType, Rows: m.Rows, Cols: m.Cols}, nil
+	var parts []*[]byte
+	for _, m := range ms {
+		parts = append(parts, &m.Data)
+		if m.DType.HasScales() {
+			parts = append(parts, &m.Scales)
+		}
+	}
+	for _, p := range parts {
+		if len(*p) == 0 {
+			return nil // place refuses it
+		}
+	}
+	return parts
+}
+
+// onDevice is where b's bytes lie on the device: their place in the
+// mirror.
+func (d *CUDA) onDevice(b []byte) (cuda.Ptr, error) {
+	mirror := d.arena.mem
+	start := uintptr(unsafe.Pointer(&mirror[0]))
+	if len(b) == 0 {
+		return 0, errors.New("worker: running an expert with an empty matrix")
+	}
+	p := uintptr(unsafe.Pointer(&b[0]))
+	if p < start || p+uintptr(len(b)) > start+uintptr(len(mirror)) {
+		return 0, errors.New("worker: running an expert that was not uploaded to this GPU")
+	}
+	return d.base + cuda.Ptr(p-start), nil
+}
+
+// matrixOnDevice is m's device copy, its scales' too.
+func (d *CUDA) matrixOnDevice(m kernels.Matrix) (cuda.Matrix, error) {
+	dm := cuda.Matrix{DType: m.DType, Rows: m.Rows, Cols: m.Cols}
+	var err error
+	if dm.Ptr, err = d.onDevice(m.Data); err == nil && m.DType.HasScales() {
+		dm.Scales, err = d.onDevice(m.Scales)
+	}
+	return dm, err
 }
 
 // ComputeBytes implements Device: the n rows in, their activations and
-// the n rows out, each aligned.
-func (d *CUDA) ComputeBytes(n, hidden, inter int) int64 {
-	return 2*align(int64(n*hidden*4)) + align(int64(n*inter*4))
+// the n rows out, each aligned; a fused expert's gate and up products
+// too (the activation cannot overwrite them in place on a GPU).
+func (d *CUDA) ComputeBytes(n, hidden, inter int, fused bool) int64 {
+	b := 2*align(int64(n*hidden*4)) + align(int64(n*inter*4))
+	if fused {
+		b += align(int64(2 * n * inter * 4))
+	}
+	return b
 }
 
 // Run implements Device.
 func (d *CUDA) Run(ex model.Expert, x []float32, n int, out []float32) error {
-	var g cuda.Expert
-	var err error
-	for _, m := range []struct {
-		dst *cuda.Matrix
-		src kernels.Matrix
-	}{{&g.Gate, ex.Gate}, {&g.Up, ex.Up}, {&g.Down, ex.Down}} {
-		if *m.dst, err = d.onDevice(m.src); err != nil {
-			return err
-		}
-	}
-	hidden, inter := ex.Gate.Cols, ex.Gate.Rows
+	hidden, inter := ex.Hidden(), ex.Intermediate()
 	if len(x) != n*hidden || len(out) != n*hidden {
 		return fmt.Errorf("worker: expert run on %d rows: %d inputs, %d outputs for hidden size %d", n, len(x), len(out), hidden)
 	}
-	b, err := d.arena.Alloc(d.ComputeBytes(n, hidden, inter))
+	queue, err := d.forward(ex, n)
+	if err != nil {
+		return err
+	}
+	b, err := d.arena.Alloc(d.ComputeBytes(n, hidden, inter, ex.Fused()))
 	if err != nil {
 		return fmt.Errorf("worker: compute buffers for %d tokens: %w", n, err)
 	}
 	defer d.arena.Free(b)
 	rows := int64(n * hidden * 4) // bytes of x, and of out
-	ob := align(rows)             // x at 0, out at ob, the activations after
+	ob := align(rows)             // x at 0, out at ob, the activations after, a fused expert's products after them
 	at := d.base + cuda.Ptr(b.Offset())
 	copy(b.Bytes, floatBytes(x))
 	s := <-d.compute
 	defer func() { d.compute <- s }()
 	if err = s.CopyToDevice(at, b.Bytes[:rows]); err == nil {
-		if err = s.Forward(g, at, at+cuda.Ptr(2*ob), at+cuda.Ptr(ob), n); err == nil {
+		act := at + cuda.Ptr(2*ob)
+		if err = queue(s, at, act, act+cuda.Ptr(align(int64(n*inter*4))), at+cuda.Ptr(ob)); err == nil {
 			err = s.CopyToHost(b.Bytes[ob:ob+rows], at+cuda.Ptr(ob))
 		}
 	}
@@ -195,6 +229,36 @@ func (d *CUDA) Run(ex model.Expert, x []float32, n int, out []float32) error {
 	}
 	copy(floatBytes(out), b.Bytes[ob:ob+rows])
 	return nil
+}
+
+// forward returns what queues ex's kernels on n rows: x in, act (and a
+// fused expert's products gu) working memory, out.
+func (d *CUDA) forward(ex model.Expert, n int) (func(s *cuda.Stream, x, act, gu, out cuda.Ptr) error, error) {
+	if ex.Fused() {
+		var f cuda.FusedExpert
+		f.Limit, f.Alpha = ex.Limit, ex.Alpha
+		for _, m := range []struct {
+			dst *cuda.Matrix
+			src kernels.Matrix
+		}{{&f.GateUp, ex.GateUp}, {&f.Down, ex.Down}, {&f.GateUpBias, ex.GateUpBias}, {&f.DownBias, ex.DownBias}} {
+			var err error
+			if *m.dst, err = d.matrixOnDevice(m.src); err != nil {
+				return nil, err
+			}
+		}
+		return func(s *cuda.Stream, x, act, gu, out cuda.Ptr) error { return s.ForwardFused(f, x, gu, act, out, n) }, nil
+	}
+	var g cuda.Expert
+	for _, m := range []struct {
+		dst *cuda.Matrix
+		src kernels.Matrix
+	}{{&g.Gate, ex.Gate}, {&g.Up, ex.Up}, {&g.Down, ex.Down}} {
+		var err error
+		if *m.dst, err = d.matrixOnDevice(m.src); err != nil {
+			return nil, err
+		}
+	}
+	return func(s *cuda.Stream, x, act, _, out cuda.Ptr) error { return s.Forward(g, x, act, out, n) }, nil
 }
 
 func floatBytes(f []float32) []byte {

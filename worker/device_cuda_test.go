@@ -5,10 +5,13 @@ package worker
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 
 	"github.com/odmoe/odmoe/kernels/cuda"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/store"
 	"github.com/rs/zerolog"
 )
 
@@ -29,7 +32,40 @@ func openTestCUDA(t *testing.T, budget int64) *CUDA {
 // block's staging memory), for one token and for batches: each output is
 // local mode's bits.
 func TestCUDAEngineEqualsLocalExperts(t *testing.T) {
-	f := tinyFixture(t)
+	checkCUDAEngine(t, tinyFixture(t))
+}
+
+// TestCUDAEngineEqualsLocalGptOssExperts is the same on gpt-oss's kind of
+// expert (gate and up interleaved, biases, the clamped activation) with
+// its weights in MXFP4 as published: what the store holds is what the
+// GPU computes from, scales and biases uploaded with the codes.
+func TestCUDAEngineEqualsLocalGptOssExperts(t *testing.T) {
+	dir := t.TempDir()
+	md, sd := filepath.Join(dir, "gpt-oss"), filepath.Join(dir, "store")
+	if err := synth.Generate(md, synth.Options{Preset: "gpt-oss-tiny-mxfp4", Seed: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Convert(context.Background(), md, sd, store.ConvertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Load(md, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(sd, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Form() != store.FormClampedSwiGLU {
+		t.Fatalf("store form %v, want gpt-oss's", st.Form())
+	}
+	checkCUDAEngine(t, fixture{model: m, store: st, dir: dir})
+}
+
+// checkCUDAEngine runs every expert of f's store on the GPU as
+// TestCUDAEngineEqualsLocalExperts says.
+func checkCUDAEngine(t *testing.T, f fixture) {
 	h := f.model.Config.HiddenSize
 	dev := openTestCUDA(t, 64<<20)
 	e := NewEngine(f.store, h, dev, zerolog.Nop())

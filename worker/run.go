@@ -123,7 +123,7 @@ func smallestBudget(st *store.Store, dev Device) (int64, error) {
 			if err != nil {
 				return 0, err
 			}
-			need = max(need, align(int64(n))+align(dev.ComputeBytes(1, hidden, inter)))
+			need = max(need, align(int64(n))+align(dev.ComputeBytes(1, hidden, inter, st.Form() == store.FormClampedSwiGLU)))
 		}
 	}
 	return need, nil

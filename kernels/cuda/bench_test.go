@@ -46,8 +46,8 @@ func newBenchExpert(b *testing.B, d *Device, s *Stream, hidden, inter, n int) *b
 		e.bytes += int64(len(data))
 		return p
 	}
-	e.dev = Expert{Gate: Matrix{up(e.host.Gate.Data), kernels.BF16, inter, hidden}, Up: Matrix{up(e.host.Up.Data), kernels.BF16, inter, hidden},
-		Down: Matrix{up(e.host.Down.Data), kernels.BF16, hidden, inter}}
+	e.dev = Expert{Gate: Matrix{up(e.host.Gate.Data), kernels.BF16, inter, hidden, 0}, Up: Matrix{up(e.host.Up.Data), kernels.BF16, inter, hidden, 0},
+		Down: Matrix{up(e.host.Down.Data), kernels.BF16, hidden, inter, 0}}
 	e.x = up(bytesOf(randomVectors(rng, n*hidden, false)))
 	e.act, e.o = up(make([]byte, 4*n*inter)), up(make([]byte, 4*n*hidden))
 	if err := s.Sync(); err != nil {

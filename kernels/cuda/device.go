@@ -35,7 +35,10 @@ type Device struct {
 // F16, BF16 index them) and tokens a pass (tiles).
 type kernelFuncs struct {
 	gateUp, matMul [3][len(tiles)]uintptr
+	matMulMXFP4    [len(tiles)]uintptr
+	addBias        [3]uintptr
 	swiglu         uintptr
+	clampedSwiGLU  uintptr
 }
 
 // tiles are the tokens a pass of expert.cu's products computes per weight
@@ -131,6 +134,9 @@ func (d *Device) loadKernels() error {
 	}
 	var err error
 	for i, dt := range []string{"f32", "f16", "bf16"} {
+		if d.fn.addBias[i], err = get("odmoe_add_bias_" + dt); err != nil {
+			return err
+		}
 		for j, t := range tiles {
 			if d.fn.gateUp[i][j], err = get(fmt.Sprintf("odmoe_gate_up_%s_t%d", dt, t)); err != nil {
 				return err
@@ -139,6 +145,14 @@ func (d *Device) loadKernels() error {
 				return err
 			}
 		}
+	}
+	for j, t := range tiles {
+		if d.fn.matMulMXFP4[j], err = get(fmt.Sprintf("odmoe_mat_mul_mxfp4_t%d", t)); err != nil {
+			return err
+		}
+	}
+	if d.fn.clampedSwiGLU, err = get("odmoe_clamped_swiglu"); err != nil {
+		return err
 	}
 	d.fn.swiglu, err = get("odmoe_swiglu")
 	return err

@@ -19,11 +19,34 @@
 #define WF32 0
 #define WF16 1
 #define WBF16 2
+#define WMXFP4 3
 
+// mxfp4_value is an MXFP4 weight: E2M1 code q (sign, two exponent bits,
+// one mantissa bit) times 2^(s-127), worked out in float64 (exact there)
+// and rounded once to float32 (exact too, but past float32's range: scale
+// byte 255 with |q| > 0.5 is +-Inf), as kernels' mxfp4Values table holds
+// it; code 8 is -0.
+__device__ __forceinline__ float mxfp4_value(unsigned q, unsigned s) {
+    unsigned m = q & 7u, e = m >> 1;
+    double v = e == 0 ? 0.5 * (double)(m & 1u) : (double)(2u + (m & 1u)) * (double)(1u << (e - 1)) * 0.5;
+    if (q & 8u) v = -v;
+    double scale = __longlong_as_double((long long)(s - 127 + 1023) << 52); // 2^(s-127): a normal float64
+    return __double2float_rn(__dmul_rn(v, scale));
+}
+
+// widen is weight i of w (i counts from w's first row) as float32,
+// exactly: kernels/doc.go's step 1. sc are an MXFP4 matrix's scales, a
+// byte for each 32 weights (its rows are whole blocks of 32, so weight i
+// is code byte i/2's nibble and scale byte i/32 whatever its row); the
+// other formats have none.
 template <int DT>
-__device__ __forceinline__ float widen(const void *w, long long i) {
+__device__ __forceinline__ float widen(const void *w, const unsigned char *sc, long long i) {
     if (DT == WF32) return ((const float *)w)[i];
     if (DT == WF16) return __half2float(((const __half *)w)[i]); // exact
+    if (DT == WMXFP4) {
+        unsigned b = ((const unsigned char *)w)[i >> 1];
+        return mxfp4_value((i & 1) ? b >> 4 : b & 15u, sc[i >> 5]);
+    }
     return __uint_as_float(((unsigned int)((const unsigned short *)w)[i]) << 16);
 }
 
@@ -102,8 +125,8 @@ __device__ void gate_up(float *act, const void *gate, const void *up,
             float wg[U], wu[U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                wg[u] = widen<DT>(gate, base + i + 16 * u);
-                wu[u] = widen<DT>(up, base + i + 16 * u);
+                wg[u] = widen<DT>(gate, nullptr, base + i + 16 * u);
+                wu[u] = widen<DT>(up, nullptr, base + i + 16 * u);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -116,7 +139,7 @@ __device__ void gate_up(float *act, const void *gate, const void *up,
             }
         }
         for (; i < cols; i += 16) {
-            float wg = widen<DT>(gate, base + i), wu = widen<DT>(up, base + i);
+            float wg = widen<DT>(gate, nullptr, base + i), wu = widen<DT>(up, nullptr, base + i);
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 float xv = xt[t][i];
@@ -135,7 +158,7 @@ __device__ void gate_up(float *act, const void *gate, const void *up,
 // mat_mul computes out[t][r] = w row r . x[t] for every token t < n:
 // kernels.MatMul.
 template <int DT, int T, int U>
-__device__ void mat_mul(float *out, const void *w, const float *x, int rows, int cols, int n) {
+__device__ void mat_mul(float *out, const void *w, const unsigned char *sc, const float *x, int rows, int cols, int n) {
     int tid = blockIdx.x * blockDim.x + threadIdx.x;
     int row = tid >> 4, lane = threadIdx.x & 15;
     if (row >= rows) return;
@@ -153,7 +176,7 @@ __device__ void mat_mul(float *out, const void *w, const float *x, int rows, int
         for (; i + 16 * (U - 1) < cols; i += 16 * U) {
             float wv[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) wv[u] = widen<DT>(w, base + i + 16 * u);
+            for (int u = 0; u < U; u++) wv[u] = widen<DT>(w, sc, base + i + 16 * u);
 #pragma unroll
             for (int u = 0; u < U; u++) {
 #pragma unroll
@@ -161,7 +184,7 @@ __device__ void mat_mul(float *out, const void *w, const float *x, int rows, int
             }
         }
         for (; i < cols; i += 16) {
-            float wv = widen<DT>(w, base + i);
+            float wv = widen<DT>(w, sc, base + i);
 #pragma unroll
             for (int t = 0; t < T; t++) acc[t] = __fadd_rn(acc[t], __fmul_rn(wv, xt[t][i]));
         }
@@ -171,6 +194,28 @@ __device__ void mat_mul(float *out, const void *w, const float *x, int rows, int
             if (lane == 0 && t0 + t < n) out[(long long)(t0 + t) * rows + row] = s;
         }
     }
+}
+
+// add_bias is kernels.AddBias: every row of n rows of c floats in dst
+// gets the bias row b added, element by element (one rounded add).
+template <int DT>
+__device__ void add_bias(float *dst, const void *b, int c, int n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)c * n) dst[i] = __fadd_rn(dst[i], widen<DT>(b, nullptr, i % c));
+}
+// go_min and go_max are Go's min and max of two float32s: NaN if either
+// is, and -0 below +0.
+__device__ __forceinline__ float go_min(float a, float b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a == b) return signbit(a) ? a : b;
+    return a < b ? a : b;
+}
+__device__ __forceinline__ float go_max(float a, float b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    if (a == b) return signbit(a) ? b : a;
+    return a > b ? a : b;
 }
 
 extern "C" {
@@ -206,31 +251,60 @@ __global__ void odmoe_gate_up_bf16_t8(float *act, const void *gate, const void *
     gate_up<WBF16, 8, 4>(act, gate, up, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_f32_t1(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF32, 1, 8>(out, w, x, rows, cols, n);
+    mat_mul<WF32, 1, 8>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_f32_t4(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF32, 4, 4>(out, w, x, rows, cols, n);
+    mat_mul<WF32, 4, 4>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_f32_t8(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF32, 8, 4>(out, w, x, rows, cols, n);
+    mat_mul<WF32, 8, 4>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_f16_t1(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF16, 1, 8>(out, w, x, rows, cols, n);
+    mat_mul<WF16, 1, 8>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_f16_t4(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF16, 4, 4>(out, w, x, rows, cols, n);
+    mat_mul<WF16, 4, 4>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_f16_t8(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WF16, 8, 4>(out, w, x, rows, cols, n);
+    mat_mul<WF16, 8, 4>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_bf16_t1(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WBF16, 1, 8>(out, w, x, rows, cols, n);
+    mat_mul<WBF16, 1, 8>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_bf16_t4(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WBF16, 4, 4>(out, w, x, rows, cols, n);
+    mat_mul<WBF16, 4, 4>(out, w, nullptr, x, rows, cols, n);
 }
 __global__ void odmoe_mat_mul_bf16_t8(float *out, const void *w, const float *x, int rows, int cols, int n) {
-    mat_mul<WBF16, 8, 4>(out, w, x, rows, cols, n);
+    mat_mul<WBF16, 8, 4>(out, w, nullptr, x, rows, cols, n);
+}
+
+// MXFP4 products (gpt-oss's experts as published): the scales are an
+// argument of their own.
+__global__ void odmoe_mat_mul_mxfp4_t1(float *out, const void *w, const unsigned char *sc, const float *x, int rows, int cols, int n) {
+    mat_mul<WMXFP4, 1, 8>(out, w, sc, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_mxfp4_t4(float *out, const void *w, const unsigned char *sc, const float *x, int rows, int cols, int n) {
+    mat_mul<WMXFP4, 4, 4>(out, w, sc, x, rows, cols, n);
+}
+__global__ void odmoe_mat_mul_mxfp4_t8(float *out, const void *w, const unsigned char *sc, const float *x, int rows, int cols, int n) {
+    mat_mul<WMXFP4, 8, 4>(out, w, sc, x, rows, cols, n);
+}
+
+__global__ void odmoe_add_bias_f32(float *dst, const void *b, int c, int n) { add_bias<WF32>(dst, b, c, n); }
+__global__ void odmoe_add_bias_f16(float *dst, const void *b, int c, int n) { add_bias<WF16>(dst, b, c, n); }
+__global__ void odmoe_add_bias_bf16(float *dst, const void *b, int c, int n) { add_bias<WBF16>(dst, b, c, n); }
+
+// odmoe_clamped_swiglu is kernels.ClampedSwiGLU (gpt-oss's activation)
+// over n outputs: gate gu[2i] and up gu[2i+1] clamped to limit (up from
+// below too), out[i] = (up + 1) * gate / (1 + Exp(-(alpha * gate))).
+// out must not overlap gu.
+__global__ void odmoe_clamped_swiglu(float *out, const float *gu, int n, float limit, float alpha) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = go_min(gu[2 * i], limit);
+    float u = go_max(go_min(gu[2 * i + 1], limit), -limit);
+    float glu = __fdiv_rn(g, __fadd_rn(1.0f, odmoe_exp(-__fmul_rn(alpha, g))));
+    out[i] = __fmul_rn(__fadd_rn(u, 1.0f), glu);
 }
 
 // odmoe_swiglu is kernels.SwiGLU over n elements: the tests hold Exp and
