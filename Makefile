@@ -23,9 +23,10 @@ build-cuda:
 	CGO_ENABLED=0 $(GO) build -tags cuda -o $(BIN)-cuda .
 
 # The GPU's tests, on a machine with one (kernels/cuda/devicecheck.sh runs
-# them with the PTX rebuilt and the GPU benchmarks after).
+# them with the PTX rebuilt and the GPU benchmarks after; TESTFLAGS=-v
+# shows what each measured).
 test-cuda:
-	CGO_ENABLED=0 $(GO) test -tags cuda -count=1 -p 1 -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./main
+	CGO_ENABLED=0 $(GO) test -tags cuda -count=1 -p 1 $(TESTFLAGS) -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./main
 
 # The full test suite, as CI runs it: npm reference tokenizers and the
 # OpenAI client first, then every package with the race detector.
