@@ -20,7 +20,8 @@
 # and CPUS=0-1 squeezes every pin onto the given cores, PRESETS picks
 # the models of step 2 (a dry run here: GPU=cpu CPUS=0-1 ROUNDS=1
 # SMALL=tiny PRESETS="qwen3-moe-tiny gpt-oss-tiny-mxfp4"). DEADLINE is
-# the seconds the whole run may take (each step gets what is left).
+# the seconds the whole run may take (each step gets what is left);
+# STEPS picks steps (tests gpu paper serve).
 set -uo pipefail
 out=${OUT:-gpumachine-out}
 mkdir -p "$out"
@@ -34,6 +35,8 @@ rounds=${ROUNDS:-3}
 gpurounds=${GPUROUNDS:-2}
 small=${SMALL:-small}
 presets=${PRESETS:-qwen3-moe-small gpt-oss-small}
+steps=${STEPS:-tests gpu paper serve} # which of the steps to run
+has() { [[ " $steps " == *" $1 "* ]]; }
 bin=$PWD/bin/odmoe-cuda
 models=/tmp/gpumachine-models
 log() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$out/summary.txt"; }
@@ -86,6 +89,7 @@ CGO_ENABLED=0 go build -tags cuda -o "$bin" . || {
 log "== models (in the background, beside the tests)"
 mkdir -p "$models"
 (
+  has paper || small=
   for p in $small $presets; do
     [ -d "$models/$p.store" ] || { "$bin" gen-tiny -preset "$p" -seed 1 -out "$models/$p" -log-level warn && "$bin" convert -model "$models/$p" -out "$models/$p.store" -log-level warn; }
     echo "model $p: $?"
@@ -93,7 +97,7 @@ mkdir -p "$models"
 ) >"$res/models.log" 2>&1 &
 gen=$!
 
-if [ "$gpu" != cpu ]; then
+if [ "$gpu" != cpu ] && has tests; then
   log "== make test-cuda"
   if command -v make >/dev/null; then
     tc=(make test-cuda TESTFLAGS=-v)
@@ -121,6 +125,7 @@ if [ "$gpu" != cpu ]; then
   sample >"$res/gpumem.txt" 2>/dev/null &
   sampler=$!
 fi
+has gpu || presets=
 for p in $presets; do
   log "== the GPU swarm on $p: resident, reactive, shadow"
   within 170 taskset -c "$benchcpus" "$bin" bench rig -via local -rig "$(rig testbed/rigs/gpu-cores.rig)" -model "$models/$p" -store "$models/$p.store" \
@@ -137,6 +142,7 @@ if [ -s "$res/gpumem.txt" ]; then
   echo | tee -a "$out/summary.txt"
 fi
 
+has paper && {
 log "== paper.rig, every node on cores of its own ($small)"
 within 220 taskset -c "$benchcpus" "$bin" bench rig -via local -rig "$(rig testbed/rigs/paper-cores.rig)" -model "$models/$small" -store "$models/$small.store" \
   -cases 16x64,128x64 -modes resident,resident-shadow,reactive,shadow -repeat "$rounds" -out "$res/paper-cores" -log-level warn >"$res/paper-cores.log" 2>&1
@@ -144,7 +150,9 @@ log "bench rig paper-cores rc $?"
 [ -f "$res/paper-cores/report.md" ] && sed -n '/^|/p' "$res/paper-cores/report.md" | head -14 | tee -a "$out/summary.txt"
 tail -3 "$res/paper-cores.log" | tee -a "$out/summary.txt"
 pack
+}
 
+has serve && {
 log "== bench serve, the swarm on cores apart from its clients"
 nodecpus=0-13
 [ -n "${CPUS:-}" ] && nodecpus=$CPUS
@@ -153,4 +161,5 @@ log "bench serve rc $?"
 [ -f "$res/serve/report.md" ] && grep -E '^\||CPUs' "$res/serve/report.md" | head -20 | tee -a "$out/summary.txt"
 tail -3 "$res/serve.log" | tee -a "$out/summary.txt"
 pack
+}
 log "done; $(ls -la "$out" | wc -l) entries in $out"

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
@@ -50,12 +51,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer dev.Close()
 	if dev.String() != "cpu" {
-		if st.Form() != store.FormSwiGLU {
-			return fmt.Errorf("worker: the store's experts are %v (gpt-oss's), which the %s device does not compute; run this worker with -device cpu", st.Form(), dev)
-		}
 		for _, d := range st.Report().DTypes {
-			if d.Size() == 0 {
-				return fmt.Errorf("worker: the store's experts are %v, which the %s device does not compute (F32, F16, BF16); run this worker with -device cpu", d, dev)
+			if d != kernels.F32 && d != kernels.F16 && d != kernels.BF16 && d != kernels.MXFP4 {
+				return fmt.Errorf("worker: the store's experts are %v, which the %s device does not compute (F32, F16, BF16, MXFP4); run this worker with -device cpu", d, dev)
 			}
 		}
 	}
