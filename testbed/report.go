@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/cpuset"
 	"io"
 	"os"
 	"runtime"
@@ -14,10 +15,22 @@ import (
 
 // Machine describes where the benchmark ran.
 type Machine struct {
-	CPUs   int    `json:"cpus"`
+	CPUs   int    `json:"cpus"` // the machine's, whatever this process may run on
 	CPU    string `json:"cpu"`
 	Kernel string `json:"kernel"`
 	MemGiB int    `json:"mem_gib"`
+	// BenchCPUs are the CPUs the benchmark's own process ran on when it
+	// was pinned to fewer than the machine's (taskset), "" otherwise.
+	BenchCPUs string `json:"bench_cpus,omitempty"`
+}
+
+// String is the machine as a report's header line says it.
+func (m Machine) String() string {
+	s := fmt.Sprintf("%d CPUs (%s), %d GiB, kernel %s", m.CPUs, m.CPU, m.MemGiB, m.Kernel)
+	if m.BenchCPUs != "" {
+		s += "; the benchmark on CPUs " + m.BenchCPUs
+	}
+	return s
 }
 
 // LoadAvg is /proc/loadavg's 1, 5 and 15 minute load averages ("unknown"
@@ -33,13 +46,22 @@ func LoadAvg() string {
 
 // ReadMachine describes this machine from /proc.
 func ReadMachine() Machine {
-	m := Machine{CPUs: runtime.NumCPU()}
+	m := Machine{CPUs: runtime.NumCPU()} // the CPUs this process may run on, unless /proc says more
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		processors := 0
 		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			k, v, ok := strings.Cut(line, ":")
+			switch k = strings.TrimSpace(k); {
+			case !ok:
+			case k == "processor":
+				processors++
+			case k == "model name" && m.CPU == "":
 				m.CPU = strings.TrimSpace(v)
-				break
 			}
+		}
+		if processors > m.CPUs { // this process is pinned to some of them
+			m.CPUs = processors
+			m.BenchCPUs, _ = cpuset.OfProcess(0)
 		}
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
@@ -183,7 +205,7 @@ func mib(b int64) string {
 // swarm's.
 func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 	fmt.Fprintf(w, "# odmoe rig benchmark\n\n")
-	fmt.Fprintf(w, "- date: %s\n- machine: %d CPUs (%s), %d GiB, kernel %s\n", rep.Date, rep.Machine.CPUs, rep.Machine.CPU, rep.Machine.MemGiB, rep.Machine.Kernel)
+	fmt.Fprintf(w, "- date: %s\n- machine: %s\n", rep.Date, rep.Machine)
 	fmt.Fprintf(w, "- rig: %s via %s, %d nodes: %s\n", rep.Rig, rep.Via, len(rep.Nodes), strings.Join(rep.Nodes, "; "))
 	if len(rep.Link) > 0 {
 		fmt.Fprintf(w, "- links: rate %s, delay %s (applied by %s), loss %s%%\n", rep.Link["rate"], rep.Link["delay"], rep.Link["delay_by"], rep.Link["loss"])

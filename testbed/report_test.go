@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/runflags"
 )
 
@@ -57,10 +58,39 @@ func TestBusySince(t *testing.T) {
 	}
 }
 
+// A benchmark pinned to some of the machine's CPUs (taskset) still
+// reports the machine's count, and says where it ran: this test's binary
+// run again on CPU 0 alone.
+func TestReadMachineUnderTasksetReportsTheMachine(t *testing.T) {
+	if os.Getenv("ODMOE_TEST_READ_MACHINE") == "1" {
+		json.NewEncoder(os.Stdout).Encode(ReadMachine())
+		os.Exit(0)
+	}
+	if runtime.GOOS != "linux" || runtime.NumCPU() < 2 {
+		t.Skip("needs Linux and two CPUs or more")
+	}
+	cmd := cpuset.CommandContext(t.Context(), "0", os.Args[0], "-test.run", "^TestReadMachineUnderTasksetReportsTheMachine$")
+	cmd.Env = append(os.Environ(), "ODMOE_TEST_READ_MACHINE=1")
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m Machine
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	if m.CPUs != runtime.NumCPU() || m.BenchCPUs != "0" {
+		t.Errorf("pinned to CPU 0: %+v, want %d CPUs and the benchmark on 0", m, runtime.NumCPU())
+	}
+	if !strings.Contains(m.String(), "the benchmark on CPUs 0") {
+		t.Errorf("String() = %q", m.String())
+	}
+}
+
 func TestReadMachineAndCPU(t *testing.T) {
 	m := ReadMachine()
-	if m.CPUs <= 0 || m.CPUs != runtime.NumCPU() {
-		t.Errorf("CPUs = %d, want runtime.NumCPU() = %d", m.CPUs, runtime.NumCPU())
+	if m.CPUs <= 0 || m.CPUs != runtime.NumCPU() || m.BenchCPUs != "" {
+		t.Errorf("CPUs = %d (the benchmark on %q), want runtime.NumCPU() = %d, unpinned", m.CPUs, m.BenchCPUs, runtime.NumCPU())
 	}
 	if runtime.GOOS != "linux" {
 		return // the rest comes from /proc

@@ -850,8 +850,7 @@ func (c *Client) complete(ctx context.Context, prompt []int, maxTokens int) stre
 // client count.
 func WriteMarkdown(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "# odmoe serving benchmark\n\n")
-	fmt.Fprintf(w, "- date: %s\n- machine: %d CPUs (%s), %d GiB, kernel %s; load average before %s, after %s\n",
-		rep.Date, rep.Machine.CPUs, rep.Machine.CPU, rep.Machine.MemGiB, rep.Machine.Kernel, rep.LoadBefore, rep.LoadAfter)
+	fmt.Fprintf(w, "- date: %s\n- machine: %s; load average before %s, after %s\n", rep.Date, rep.Machine, rep.LoadBefore, rep.LoadAfter)
 	model := rep.Model
 	if rep.Preset != "" {
 		model = fmt.Sprintf("%s preset (%s)", rep.Preset, rep.Model)
