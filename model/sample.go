@@ -4,15 +4,23 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"sort"
 )
 
 // Sampler picks the next token from logits: greedy (argmax, lowest id on
 // ties) at temperature 0, otherwise softmax(logits/T) restricted to the
 // smallest set of tokens whose probability reaches topP (nucleus
-// sampling), drawn from a seeded generator so runs repeat. A top-k cut
-// (WithTopK) comes before the nucleus cut, as in Hugging Face's warpers.
+// sampling). A top-k cut (WithTopK) comes before the nucleus cut, as in
+// Hugging Face's warpers.
+//
+// The draw is Gumbel-max with counter-based noise: the k-th token of a
+// sequence is the kept token maximising logit/T + G, where G is Gumbel
+// noise worked out from the seed, k and the token's id alone (drawKey).
+// So the draw for position k never depends on what was drawn before it
+// (a node that joins mid-sequence, or guesses ahead, draws the same),
+// runs repeat for a seed, and two nodes whose logits differ a little
+// (the shadow's quantized copy and the main node) choose the same token
+// with the same seed as often as their distributions allow (Guess).
 //
 // Before any of that the logits may be processed, in this order, as
 // OpenAI defines its request fields: penalties (WithPenalties), biases
@@ -26,7 +34,8 @@ import (
 type Sampler struct {
 	temperature, topP float64
 	topK              int
-	rng               *rand.Rand
+	seed              uint64
+	chosen            int   // tokens chosen so far: the next one's k
 	idx               []int // the heap of draw's order
 	sorted            []int
 	probs             []float64
@@ -38,6 +47,39 @@ type Sampler struct {
 	topLogprobs         int // alternatives kept; -1: no logprobs
 	z                   []float64
 	last                Choice
+	guessCounts         map[int]int // Guess's scratch
+}
+
+// Sampling is what a Sampler chooses by, but its constraint: what another
+// node needs to choose as it does (the shadow guessing a sampled
+// request's next token).
+type Sampling struct {
+	Temperature, TopP   float64
+	TopK                int
+	Seed                uint64
+	Presence, Frequency float64
+	Bias                map[int]float64
+	// Constrained says a constraint (a grammar) limits the choices too,
+	// which Sampling does not carry.
+	Constrained bool
+}
+
+// Plain reports whether p chooses by the logits alone: greedy, nothing
+// processed (what a node that knows nothing of the request guesses).
+func (p Sampling) Plain() bool {
+	return p.Temperature <= 0 && p.Presence == 0 && p.Frequency == 0 && len(p.Bias) == 0 && !p.Constrained
+}
+
+// Sampling returns what s chooses by.
+func (s *Sampler) Sampling() Sampling {
+	return Sampling{Temperature: s.temperature, TopP: s.topP, TopK: s.topK, Seed: s.seed, Presence: s.presence, Frequency: s.frequency,
+		Bias: s.bias, Constrained: s.constraint != nil}
+}
+
+// NewSamplerOf returns a sampler that chooses by p (without a
+// constraint, which p does not carry).
+func NewSamplerOf(p Sampling) *Sampler {
+	return NewSampler(p.Temperature, p.TopP, p.Seed).WithTopK(p.TopK).WithPenalties(p.Presence, p.Frequency).WithBias(p.Bias)
 }
 
 // A Constraint limits which tokens may come next: a grammar the output
@@ -67,7 +109,7 @@ type Choice struct {
 // NewSampler returns a sampler; temperature 0 means greedy, topP outside
 // (0, 1) means no nucleus cut.
 func NewSampler(temperature, topP float64, seed uint64) *Sampler {
-	return &Sampler{temperature: temperature, topP: topP, rng: rand.New(rand.NewPCG(seed, 0x6f646d6f65)), topLogprobs: -1}
+	return &Sampler{temperature: temperature, topP: topP, seed: seed, topLogprobs: -1}
 }
 
 // WithTopK restricts sampling to the k most likely tokens (k <= 0: no
@@ -124,6 +166,8 @@ var errNoToken = errors.New("model: the constraint allows no token of the vocabu
 // Sample returns the chosen token id. It fails only when a constraint
 // does.
 func (s *Sampler) Sample(logits []float32) (int, error) {
+	k := uint64(s.chosen)
+	s.chosen++
 	if !s.processes() {
 		if s.temperature <= 0 {
 			id := Argmax(logits)
@@ -131,21 +175,13 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 			return id, nil
 		}
 		z := s.widen(logits)
-		id := s.draw(z)
+		id := s.draw(z, k)
 		s.last = Choice{TokenLogprob: TokenLogprob{ID: id}}
 		return id, nil
 	}
 	z := s.widen(logits)
-	for id, n := range s.counts {
-		if id < len(z) {
-			z[id] -= float64(n)*s.frequency + s.presence
-		}
-	}
-	for id, b := range s.bias {
-		if id >= 0 && id < len(z) {
-			z[id] += b
-		}
-	}
+	s.penalise(z, s.counts)
+	s.addBias(z)
 	if s.constraint != nil {
 		allowed, err := s.constraint.Allowed()
 		if err != nil {
@@ -167,7 +203,7 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	if s.temperature <= 0 {
 		id = argmax(z)
 	} else {
-		id = s.draw(z)
+		id = s.draw(z, k)
 	}
 	s.last = Choice{TokenLogprob: TokenLogprob{ID: id}}
 	if s.topLogprobs >= 0 {
@@ -184,6 +220,49 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	return id, nil
 }
 
+// Guess returns the token s chooses from logits as its sequence's k-th
+// (from 0) after generated, the k tokens chosen before it (their counts
+// are the penalties'), without a constraint and without moving s: what
+// Sample would return there when s's sampling were the request's and
+// generated its choices so far. The shadow guesses a sampled request's
+// next token with it, from its own logits.
+func (s *Sampler) Guess(logits []float32, k int, generated []int) int {
+	z := s.widen(logits)
+	if s.counts != nil {
+		if s.guessCounts == nil {
+			s.guessCounts = map[int]int{}
+		}
+		clear(s.guessCounts)
+		for _, id := range generated {
+			s.guessCounts[id]++
+		}
+		s.penalise(z, s.guessCounts)
+	}
+	s.addBias(z)
+	if s.temperature <= 0 {
+		return argmax(z)
+	}
+	return s.draw(z, uint64(max(k, 0)))
+}
+
+// penalise subtracts the penalties of the tokens counts has chosen.
+func (s *Sampler) penalise(z []float64, counts map[int]int) {
+	for id, n := range counts {
+		if id >= 0 && id < len(z) {
+			z[id] -= float64(n)*s.frequency + s.presence
+		}
+	}
+}
+
+// addBias adds s's logit biases.
+func (s *Sampler) addBias(z []float64) {
+	for id, b := range s.bias {
+		if id >= 0 && id < len(z) {
+			z[id] += b
+		}
+	}
+}
+
 // widen copies logits into s's float64 scratch.
 func (s *Sampler) widen(logits []float32) []float64 {
 	if cap(s.z) < len(logits) {
@@ -196,11 +275,14 @@ func (s *Sampler) widen(logits []float32) []float64 {
 	return z
 }
 
-// draw samples from softmax(z/T) after the top-k and nucleus cuts. The
-// tokens are taken most likely first (ties: lowest id first) from a
-// heap, only as far as the cuts and the draw need: a full sort of a
+// draw samples the k-th token of the sequence from softmax(z/T) after
+// the top-k and nucleus cuts, by Gumbel-max: of the kept tokens, the one
+// whose weight w = exp((z - max)/T) over an exponential variate E (from
+// drawKey) is largest, that is the largest z/T - log E, which is z/T plus
+// Gumbel noise. The cuts take tokens most likely first (ties: lowest id
+// first) from a heap, only as far as they need: a full sort of a
 // 151,936-token vocabulary took 82 ms a token.
-func (s *Sampler) draw(z []float64) int {
+func (s *Sampler) draw(z []float64, k uint64) int {
 	if cap(s.probs) < len(z) {
 		s.probs, s.idx = make([]float64, len(z)), make([]int, len(z))
 	}
@@ -211,47 +293,69 @@ func (s *Sampler) draw(z []float64) int {
 		probs[i] = math.Exp((l - mx) / s.temperature)
 		sum += probs[i]
 	}
-	h := byProbability{probs: probs, heap: s.idx[:len(z)], sorted: s.sorted[:0]}
-	h.init()
-	defer func() { s.sorted = h.sorted }()
-	keep := len(z)
-	cut := false
-	if s.topK > 0 && s.topK < keep {
-		keep, sum, cut = s.topK, 0, true
-		for i := range keep {
-			sum += probs[h.at(i)]
-		}
-	}
-	if s.topP > 0 && s.topP < 1 {
-		var acc float64
-		for i := range keep {
-			acc += probs[h.at(i)] / sum
-			if acc >= s.topP {
-				keep, cut = i+1, true
-				break
+	key := drawKey(s.seed, k)
+	best, bestID := math.Inf(1), -1
+	race := func(id int) { // the smallest E/w wins; ties: the lowest id
+		if w := probs[id]; w > 0 {
+			if r := expVariate(key, id) / w; r < best || r == best && id < bestID {
+				best, bestID = r, id
 			}
 		}
 	}
-	kept := sum // no cut: every token, summed in id order
-	if cut {
-		kept = 0
+	cutK := s.topK > 0 && s.topK < len(z)
+	cutP := s.topP > 0 && s.topP < 1
+	if !cutK && !cutP {
+		for id := range probs {
+			race(id)
+		}
+	} else {
+		h := byProbability{probs: probs, heap: s.idx[:len(z)], sorted: s.sorted[:0]}
+		h.init()
+		keep := len(z)
+		if cutK {
+			keep, sum = s.topK, 0
+			for i := range keep {
+				sum += probs[h.at(i)]
+			}
+		}
+		if cutP {
+			var acc float64
+			for i := range keep {
+				acc += probs[h.at(i)] / sum
+				if acc >= s.topP {
+					keep = i + 1
+					break
+				}
+			}
+		}
 		for i := range keep {
-			kept += probs[h.at(i)]
+			race(h.at(i))
 		}
+		s.sorted = h.sorted
 	}
-	r := s.rng.Float64() * kept
-	last := h.at(0)
-	for i := range keep {
-		id := h.at(i)
-		if probs[id] == 0 {
-			break // ruled out, and so is every token after it
-		}
-		last = id
-		if r -= probs[id]; r < 0 {
-			return id
-		}
+	if bestID < 0 { // every weight zero or NaN: the most likely
+		return argmax(z)
 	}
-	return last
+	return bestID
+}
+
+// drawKey is the noise key of a sequence's k-th draw under seed.
+func drawKey(seed, k uint64) uint64 { return mix64(seed ^ mix64(k+0x9e3779b97f4a7c15)) }
+
+// expVariate is token id's exponential variate, -log U, under key: U
+// uniform in (0, 1) from the key and the id alone.
+func expVariate(key uint64, id int) float64 {
+	u := mix64(key ^ (uint64(id)+1)*0xd1b54a32d192ed03)
+	return -math.Log((float64(u>>11) + 0.5) / (1 << 53))
+}
+
+// mix64 is SplitMix64's finaliser: every input bit moves every output bit.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // byProbability hands out token ids most probable first, ties lowest id

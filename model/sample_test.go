@@ -282,6 +282,7 @@ func BenchmarkSampler(b *testing.B) {
 		{"greedy+logprobs5", func() *Sampler { return NewSampler(0, 1, 1).WithLogprobs(5) }},
 		{"greedy+constraint", func() *Sampler { return NewSampler(0, 1, 1).WithConstraint(allowAll(all)) }},
 		{"T0.8", func() *Sampler { return NewSampler(0.8, 0.95, 1) }},
+		{"T1", func() *Sampler { return NewSampler(1, 1, 1) }}, // OpenAI's defaults: no cut
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s := bc.s()
@@ -298,3 +299,106 @@ type allowAll []uint64
 
 func (a allowAll) Allowed() ([]uint64, error) { return a, nil }
 func (a allowAll) Accept(int) error           { return nil }
+
+// TestGuessIsWhatSampleChooses: a sampler made from another's Sampling
+// guesses, from the same logits, each token the other chooses, at any
+// position on its own (counter-based noise: no state carried from one
+// draw to the next), with penalties counted from the tokens it is told
+// were chosen before.
+func TestGuessIsWhatSampleChooses(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	for _, tc := range []struct {
+		name string
+		s    *Sampler
+	}{
+		{"greedy+penalties", NewSampler(0, 1, 3).WithPenalties(0.4, 0.7)},
+		{"T1", NewSampler(1, 1, 4)},
+		{"T0.7 top_p 0.9", NewSampler(0.7, 0.9, 5)},
+		{"T1.3 top_k 20 penalties bias", NewSampler(1.3, 1, 6).WithTopK(20).WithPenalties(0.5, 1).WithBias(map[int]float64{3: 2, 7: -100})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			guesser := NewSamplerOf(tc.s.Sampling())
+			var chosen []int
+			steps := make([][]float32, 60)
+			for k := range steps {
+				steps[k] = make([]float32, 50)
+				for i := range steps[k] {
+					steps[k][i] = float32(2 * rng.NormFloat64())
+				}
+				id, err := tc.s.Sample(steps[k])
+				if err != nil {
+					t.Fatal(err)
+				}
+				chosen = append(chosen, id)
+			}
+			// out of order: each guess from its position alone
+			for _, k := range rng.Perm(len(steps)) {
+				if got := guesser.Guess(steps[k], k, chosen[:k]); got != chosen[k] {
+					t.Fatalf("position %d: guessed %d, Sample chose %d", k, got, chosen[k])
+				}
+			}
+		})
+	}
+}
+
+// TestCoupledDrawsAgreeWhereLogitsDifferALittle: two nodes whose logits
+// differ by a quantized copy's error (here noise of 0.05 on logits of
+// spread 2) draw the same token with the same seed and position nearly
+// always, where independent draws of the same distribution agree only as
+// often as the distribution repeats itself. Gumbel-max's coupling
+// promises P(differ) <= 2 TV / (1 + TV), TV the distributions' total
+// variation distance; the test holds it to that, measured.
+func TestCoupledDrawsAgreeWhereLogitsDifferALittle(t *testing.T) {
+	rng := rand.New(rand.NewPCG(10, 11))
+	const vocab, n = 200, 3000
+	main, shadow, other := NewSampler(1, 1, 77), NewSampler(1, 1, 77), NewSampler(1, 1, 78)
+	same, indep := 0, 0
+	var bound float64
+	for k := range n {
+		a, b := make([]float32, vocab), make([]float32, vocab)
+		for i := range a {
+			a[i] = float32(2 * rng.NormFloat64())
+			b[i] = a[i] + float32(0.05*rng.NormFloat64())
+		}
+		x, _ := main.Sample(a)
+		if shadow.Guess(b, k, nil) == x {
+			same++
+		}
+		if y, _ := other.Sample(a); y == x {
+			indep++
+		}
+		tv := totalVariation(a, b)
+		bound += 2 * tv / (1 + tv)
+	}
+	differ := float64(n-same) / n
+	t.Logf("coupled: %d of %d the same (differ %.4f, bound %.4f); independent: %d", same, n, differ, bound/n, indep)
+	if limit := bound/n + 4*math.Sqrt(bound/n/n); differ > limit {
+		t.Errorf("coupled draws differ %.4f of the time, more than Gumbel-max's %.4f", differ, limit)
+	}
+	if same <= 3*indep {
+		t.Errorf("coupled draws agree %d times, independent ones %d: no coupling", same, indep)
+	}
+}
+
+func totalVariation(a, b []float32) float64 {
+	pa, pb := softmaxOf(a), softmaxOf(b)
+	var tv float64
+	for i := range pa {
+		tv += math.Abs(pa[i] - pb[i])
+	}
+	return tv / 2
+}
+
+func softmaxOf(v []float32) []float64 {
+	p := make([]float64, len(v))
+	mx := float64(v[Argmax(v)])
+	var sum float64
+	for i, x := range v {
+		p[i] = math.Exp(float64(x) - mx)
+		sum += p[i]
+	}
+	for i := range p {
+		p[i] /= sum
+	}
+	return p
+}
