@@ -99,6 +99,11 @@ type PassRow struct {
 	// its token limit, or the model's context, is reached.
 	Final bool
 	Cache *kvcache.Cache // the member's KV rows before the pass
+	// Sampling is how the member chooses its tokens, nil when greedily
+	// and from the logits alone (model.Sampling.Plain); PromptLen is its
+	// prompt's length (its k-th choice is the token at PromptLen+k).
+	Sampling  *model.Sampling
+	PromptLen int
 }
 
 // NewBatcher starts a pass loop over m's sequences whose experts run on
@@ -142,7 +147,9 @@ type member struct {
 	fed     int // prompt tokens in sess's cache
 	opt     model.GenerateOptions
 	sampler *model.Sampler
-	out     []int
+	// sampling is sampler's, for the shadow; nil when plain (greedy)
+	sampling *model.Sampling
+	out      []int
 	st      model.GenerateStats
 	err     error
 	eos     func(id int) bool
@@ -187,6 +194,9 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 	}
 	m := &member{ctx: ctx, sess: sess, prompt: prompt, fed: st.CachedTokens, opt: opt, sampler: sampler, st: st,
 		eos: b.m.Config.IsEOS, joined: joined, done: make(chan struct{})}
+	if p := sampler.Sampling(); !p.Plain() {
+		m.sampling = &p
+	}
 	select {
 	case b.joins <- m:
 	case <-ctx.Done():
@@ -304,7 +314,7 @@ func (b *Batcher) loop() {
 		toks = slices.Grow(toks[:0], len(plan))
 		for _, r := range plan {
 			m := members[r.Seq]
-			row := PassRow{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache()}
+			row := PassRow{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache(), Sampling: m.sampling, PromptLen: len(m.prompt)}
 			if r.Prompt {
 				row.Tokens, row.PromptLeft = m.prompt[m.fed:m.fed+r.Tokens], len(m.prompt)-m.fed-r.Tokens
 				if row.Step.Iter == 1 && m.fed > 0 {

@@ -93,6 +93,23 @@ type shadowSeq struct {
 	iter      int64
 	token     int32
 	tokenSent bool
+	// sampling is how the sequence chooses its tokens, for the shadow's
+	// guesses (nil: greedily)
+	sampling *wire.Sampling
+}
+
+// wireSampling is p on the wire, nil for none; promptLen is the request's
+// prompt length.
+func wireSampling(p *model.Sampling, promptLen int) *wire.Sampling {
+	if p == nil {
+		return nil
+	}
+	w := &wire.Sampling{Temperature: p.Temperature, TopP: p.TopP, TopK: p.TopK, Seed: p.Seed, Presence: p.Presence, Frequency: p.Frequency,
+		PromptLen: promptLen, Constrained: p.Constrained}
+	for _, id := range slices.Sorted(maps.Keys(p.Bias)) { // the same bytes every time
+		w.BiasIDs, w.Biases = append(w.BiasIDs, int32(id)), append(w.Biases, p.Bias[id])
+	}
+	return w
 }
 
 // maxAttachKVBytes bounds the KV rows an attaching shadow is sent with
@@ -481,6 +498,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		for _, t := range row.Reused {
 			q.hist = append(q.hist, int32(t))
 		}
+		q.sampling = wireSampling(row.Sampling, row.PromptLen)
 	}
 	before := len(q.hist)
 	for _, t := range tokens {
@@ -489,7 +507,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	if !row.Prompt {
 		q.decodes++
 	}
-	up, synced, lastKV := sl.up, q.synced, q.lastKV
+	up, synced, lastKV, sampling := sl.up, q.synced, q.lastKV, q.sampling
 	decodeStep := q.decodes // the generated tokens fed so far
 	var tokenDue, kvDue bool
 	if up && synced && !row.Prompt && decodeStep > 0 {
@@ -505,7 +523,10 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	}
 	p := sl.peer.Load()
 	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchIteration: bp.iter, BatchSize: bp.size}
-	kvStep := int64(-1) // unchanged
+	kvStep := int64(-1)   // unchanged
+	if first || !synced { // the shadow starts the sequence
+		a.Sampling = sampling
+	}
 	switch {
 	case first: // its first chunk, after the prefix it reused
 		a.Prompt = history

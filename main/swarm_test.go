@@ -79,8 +79,15 @@ func testPrompt(n, mul, add, vocab int) []int {
 // the reference.
 func generate(t *testing.T, m *model.Model, runner model.ExpertRunner, prompt []int, n int) generation {
 	t.Helper()
+	return generateWith(t, m, runner, prompt, n, nil)
+}
+
+// generateWith is generate choosing with sampler (nil: greedy).
+func generateWith(t *testing.T, m *model.Model, runner model.ExpertRunner, prompt []int, n int, sampler *model.Sampler) generation {
+	t.Helper()
 	var g generation
 	opt := model.GenerateOptions{
+		Sampler:   sampler,
 		MaxTokens: n,
 		OnToken: func(step, id int, logits []float32) error {
 			g.logits = append(g.logits, append([]float32(nil), logits...))

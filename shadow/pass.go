@@ -380,6 +380,7 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 	f := seqs[a.Seq]
 	if starts(a) {
 		f = &follow{seq: a.Seq, fed: ints(a.Prompt)}
+		f.sampler, f.promptLen = samplerOf(a.Sampling)
 		capacity := len(a.Prompt) + len(a.Chunk) + a.PromptLeft + 256
 		cache, reused := n.reuse(f.fed, capacity, seqs)
 		n.reused += int64(reused)

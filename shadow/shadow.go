@@ -150,16 +150,44 @@ type follow struct {
 	// fed are the tokens whose rows sess holds, in order (for the prefix
 	// cache when the sequence ends)
 	fed []int
+	// sampler chooses as the main node's request does (its Sampling),
+	// nil for greedy; the request's k-th token sits at promptLen+k
+	sampler   *model.Sampler
+	promptLen int
 }
 
-// ownToken is the token f's last forward pass sampled (greedy), running
-// the output head once per pass.
+// ownToken is the token f's last forward pass chose, running the output
+// head once per pass: greedily, or as the main node's sampler would from
+// the same logits (model.Sampler.Guess: the same seeded draw for the
+// same position, the penalties counted over the tokens fed since the
+// prompt), so that a sampled request's guess is right as often as a
+// greedy one's.
 func (f *follow) ownToken() int {
 	if f.headDue {
-		f.next = model.Argmax(f.sess.Logits())
+		if k := len(f.fed) - f.promptLen; f.sampler != nil && k >= 0 {
+			f.next = f.sampler.Guess(f.sess.Logits(), k, f.fed[f.promptLen:])
+		} else {
+			f.next = model.Argmax(f.sess.Logits())
+		}
 		f.headDue = false
 	}
 	return f.next
+}
+
+// samplerOf is the sampler that guesses as w says the main node chooses,
+// nil for none (greedy), and the request's prompt length.
+func samplerOf(w *wire.Sampling) (*model.Sampler, int) {
+	if w == nil {
+		return nil, 0
+	}
+	p := model.Sampling{Temperature: w.Temperature, TopP: w.TopP, TopK: w.TopK, Seed: w.Seed, Presence: w.Presence, Frequency: w.Frequency}
+	if len(w.BiasIDs) > 0 {
+		p.Bias = make(map[int]float64, len(w.BiasIDs))
+		for i, id := range w.BiasIDs {
+			p.Bias[int(id)] = w.Biases[i]
+		}
+	}
+	return model.NewSamplerOf(p), w.PromptLen
 }
 
 // outgoing is a message for the sender to send, with what the trace

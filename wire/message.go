@@ -243,7 +243,34 @@ type Alignment struct {
 	// its token limit (or the context's end) and leaves the batch after
 	// it, so the shadow runs no pass ahead with it.
 	Final bool
+	// Sampling, on an alignment that starts the sequence (Prompt set, or
+	// iteration 1), says how the main node chooses its tokens when not
+	// greedily: the shadow guesses them the same way. nil: greedy.
+	Sampling *Sampling
 }
+
+// Sampling is how the main node chooses a sequence's tokens (model.Sampling
+// on the wire): temperature, the top-p and top-k cuts, the seed of its
+// counter-based draw, OpenAI's presence and frequency penalties and
+// logit biases (BiasIDs[i] gets Biases[i]); PromptLen is the request's
+// prompt length, so that the token at position PromptLen+k is its k-th
+// choice; Constrained says a grammar limits the choices too.
+type Sampling struct {
+	_msgpack            struct{} `msgpack:",as_array"`
+	Temperature, TopP   float64
+	TopK                int
+	Seed                uint64
+	Presence, Frequency float64
+	BiasIDs             []int32
+	Biases              []float64
+	PromptLen           int
+	Constrained         bool
+}
+
+// maxBiases bounds Sampling's logit biases: a vocabulary's worth (OpenAI
+// takes 300 a request; a vocabulary of a few hundred thousand tokens at
+// most is what any could name).
+const maxBiases = 1 << 20
 
 // SequenceEnd tells a worker or the shadow that the main node is done with
 // sequence Seq: what it keeps for that sequence (hints, iteration marks,
@@ -515,6 +542,14 @@ func (m *Alignment) validate() error {
 	}
 	if len(m.Values) != 0 && len(m.Keys) != len(m.Values) {
 		return malformed("alignment has %d key and %d value tensors", len(m.Keys), len(m.Values))
+	}
+	if s := m.Sampling; s != nil {
+		switch {
+		case len(s.BiasIDs) != len(s.Biases) || len(s.BiasIDs) > maxBiases:
+			return malformed("sampling of sequence %d: %d bias ids for %d biases (at most %d)", m.Seq, len(s.BiasIDs), len(s.Biases), maxBiases)
+		case s.PromptLen < 0 || s.TopK < 0 || !(s.Temperature >= 0) || !(s.TopP >= 0):
+			return malformed("sampling of sequence %d: prompt of %d, top_k %d, temperature %v, top_p %v", m.Seq, s.PromptLen, s.TopK, s.Temperature, s.TopP)
+		}
 	}
 	for i := range m.Keys {
 		if err := m.Keys[i].Validate(); err != nil {
