@@ -150,13 +150,13 @@ type member struct {
 	// sampling is sampler's, for the shadow; nil when plain (greedy)
 	sampling *model.Sampling
 	out      []int
-	st      model.GenerateStats
-	err     error
-	eos     func(id int) bool
-	joined  time.Time // when it asked to join
-	first   time.Time // when its first token came; zero before
-	left    bool      // the loop has finished it
-	done    chan struct{}
+	st       model.GenerateStats
+	err      error
+	eos      func(id int) bool
+	joined   time.Time // when it asked to join
+	first    time.Time // when its first token came; zero before
+	left     bool      // the loop has finished it
+	done     chan struct{}
 }
 
 // Generate feeds prompt and decodes until the request is done, in the
