@@ -104,6 +104,7 @@ var (
 	descShadowReattached = newDesc("odmoe_shadow_reattached_total", "Times a lost shadow came back and was re-aligned.")
 	descShadowReused     = newDesc("odmoe_shadow_cached_tokens_total", "Prompt tokens whose KV rows the shadow copied from its prefix cache instead of running them.")
 	descReactive         = newDesc("odmoe_reactive_iterations_total", "Decode iterations run without the shadow, loading reactively.")
+	descShadowGuesses    = newDesc("odmoe_shadow_guesses_total", "The shadow's guesses of a member's next token on the passes it ran ahead, by outcome: met (the main node fed that token: the pass's predictions stand) or rewound (it fed another; the shadow ran the row again). Sampled requests are guessed with the request's own seeded draw.", "outcome")
 	descShadowAhead      = newDesc("odmoe_shadow_ahead_passes_total", "Decode passes the shadow ran ahead of its alignment on the tokens it sampled itself (speculative departure).")
 	descShadowAlignToken = newDesc("odmoe_shadow_align_token_period", "Iterations between the shadow's token alignments (T): the policy it has run the most decode steps under (with -align-adaptive its choices change).")
 	descShadowAlignKV    = newDesc("odmoe_shadow_align_kv_period", "Iterations between the shadow's KV alignments (K), of the same policy.")
@@ -167,6 +168,7 @@ var (
 //	odmoe_shadow_cached_tokens_total     prompt tokens the shadow reused from its prefix cache
 //	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
 //	odmoe_shadow_ahead_passes_total      decode passes the shadow ran ahead of its alignment (speculative departure)
+//	odmoe_shadow_guesses_total{outcome}  its guesses of members' tokens on those passes: met or rewound
 //	odmoe_shadow_align_token_period      the alignment periods T and K of the policy the shadow has
 //	odmoe_shadow_align_kv_period         run the most decode steps under
 func (s *Swarm) Collector(expertBytes int64) prometheus.Collector {
@@ -187,7 +189,7 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.s.shadow != nil {
 		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descShadowReused, descReactive,
-			descShadowAhead, descShadowAlignToken, descShadowAlignKV} {
+			descShadowAhead, descShadowGuesses, descShadowAlignToken, descShadowAlignKV} {
 			ch <- d
 		}
 	}
@@ -256,7 +258,7 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descResent, float64(faults.Resent))
 	if sl := s.shadow; sl != nil {
 		sl.mu.Lock()
-		up, rc, reused, ahead, policy := sl.up, sl.counts, sl.reused, sl.ahead, sl.chosenLocked()
+		up, rc, reused, ahead, guesses, policy := sl.up, sl.counts, sl.reused, sl.ahead, sl.guesses, sl.chosenLocked()
 		sl.mu.Unlock()
 		gauge(descShadowUp, boolFloat(up))
 		counter(descShadowPredicted, float64(rc.predicted))
@@ -266,6 +268,8 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descShadowReused, float64(reused))
 		counter(descReactive, float64(faults.ReactiveIterations))
 		counter(descShadowAhead, float64(ahead))
+		counter(descShadowGuesses, float64(guesses.met), "met")
+		counter(descShadowGuesses, float64(guesses.rewound), "rewound")
 		gauge(descShadowAlignToken, float64(policy.TokenPeriod))
 		gauge(descShadowAlignKV, float64(policy.KVPeriod))
 	}

@@ -285,6 +285,13 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	if got := m["odmoe_shadow_ahead_passes_total"]; got < float64(served.Ahead) || got > float64(served.Ahead)+1 {
 		t.Errorf("odmoe_shadow_ahead_passes_total = %v, ShadowStats said %d", got, served.Ahead)
 	}
+	// the guesses: every row the shadow ran ahead that an alignment met
+	// or rewound, as ShadowStats counted them (one more pass may have
+	// come between)
+	met, rewound := m[`odmoe_shadow_guesses_total{outcome="met"}`], m[`odmoe_shadow_guesses_total{outcome="rewound"}`]
+	if met < float64(served.Agreed) || rewound < float64(served.Rewound) || met+rewound > float64(served.Agreed+served.Rewound)+4 || met+rewound == 0 {
+		t.Errorf("odmoe_shadow_guesses_total met %v, rewound %v; ShadowStats said %d and %d", met, rewound, served.Agreed, served.Rewound)
+	}
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = strings.NewReader(text)
 	out, err := cmd.CombinedOutput()

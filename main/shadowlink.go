@@ -57,7 +57,14 @@ type shadowLink struct {
 	// reused sums the shadow's ShadowDone.Reused over its connections
 	// (reusedSeen: the current connection's latest)
 	reused, reusedSeen int64
+	// guesses sums agreed and rewound over the shadow's connections, as
+	// reused does (guessesSeen: the current connection's latest)
+	guesses, guessesSeen guessCounts
 }
+
+// guessCounts are the shadow's guesses of members' next tokens on the
+// passes it ran ahead: met (the main node fed that token) or rewound.
+type guessCounts struct{ met, rewound int64 }
 
 // predicted is one layer's prediction: its experts (sorted) and the token
 // the shadow fed that iteration (-1: not said).
@@ -167,7 +174,7 @@ func (sl *shadowLink) attach(p *wire.Peer) {
 	defer sl.mu.Unlock()
 	sl.peer.Store(p)
 	sl.name, sl.up = p.Identity().Name, true
-	sl.reusedSeen = 0
+	sl.reusedSeen, sl.guessesSeen = 0, guessCounts{}
 	sl.cpu = nil // another process's CPU time, maybe: a decode's spans only one
 	for _, q := range sl.seqs {
 		q.synced = false
@@ -253,6 +260,9 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 					}
 				}
 				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
+				sl.guesses.met += max(m.Agreed-sl.guessesSeen.met, 0)
+				sl.guesses.rewound += max(m.Rewound-sl.guessesSeen.rewound, 0)
+				sl.guessesSeen = guessCounts{max(sl.guessesSeen.met, m.Agreed), max(sl.guessesSeen.rewound, m.Rewound)}
 				sl.reused += max(m.Reused-sl.reusedSeen, 0)
 				sl.reusedSeen = max(sl.reusedSeen, m.Reused)
 				sl.done = max(sl.done, int64(it))
