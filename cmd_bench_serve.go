@@ -31,6 +31,9 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	fs.DurationVar(&f.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the swarm to answer /healthz (the shadow quantizes its copy first)")
 	fs.StringVar(&f.Out, "out", "", "`DIR` to write report.json and report.md into")
 	fs.IntVar(&f.TextRounds, "text-rounds", 0, "after the rows, `N` rounds on the same swarm (its workers and shadow): the API's main node stopped, text mode's (odmoe run -role main -prompt, -prompt-tokens and -max-tokens, ignoring EOS) run, the API's started again and measured at 1 client: its decode tokens/s (1000 / the node's mean inter-token time) against text mode's")
+	kinds := fs.String("kinds", "greedy", "comma-separated kinds of request, each measured at every -clients count on the same swarm, in turn: greedy, tX (temperature X, e.g. t0.7), penalties (t0.7 with presence and frequency penalties of 0.5), json (t0.7, a chat completion following a JSON schema)")
+	fs.IntVar(&f.Rounds, "rounds", 1, "measure every kind at every -clients count `N` times, in rounds (a drift of the machine's speed weighs on each kind alike); a table of medians by kind follows")
+	fs.Uint64Var(&f.Seed, "seed", 1, "the requests' seeds start here (each request its own)")
 	var lf runflags.Log
 	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -42,6 +45,9 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	}
 	if f.Clients, err = runflags.ParseInts(*clients); err != nil {
 		return usagef("-clients: %v", err)
+	}
+	if f.Kinds, err = servebench.ParseKinds(*kinds); err != nil {
+		return usagef("-kinds: %v", err)
 	}
 	switch p, err := mainnode.ParsePrefetch(f.Swarm.Prefetch); {
 	case err != nil:
@@ -55,8 +61,8 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	switch {
 	case f.Swarm.Workers < 1 || f.Requests < 1 || f.MaxTokens < 1 || f.PromptTokens < 1:
 		return usagef("-workers, -requests, -max-tokens and -prompt-tokens must be >= 1")
-	case f.MaxBatch < 0 || f.TextRounds < 0:
-		return usagef("-max-batch and -text-rounds must be >= 0")
+	case f.MaxBatch < 0 || f.TextRounds < 0 || f.Rounds < 1:
+		return usagef("-max-batch and -text-rounds must be >= 0, -rounds >= 1")
 	case f.StoreDir != "" && f.Model == "":
 		return usagef("-store needs -model (a preset's store is kept in the cache)")
 	}
@@ -65,7 +71,10 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	}
 	rep := &servebench.Report{Date: time.Now().UTC().Format(time.RFC3339), Command: "odmoe bench serve " + strings.Join(args, " "),
 		Machine: testbed.ReadMachine(), LoadBefore: testbed.LoadAvg(), Workers: f.Swarm.Workers, Prefetch: f.Swarm.Prefetch, Residency: f.Swarm.Residency, MaxBatch: f.MaxBatch,
-		Requests: f.Requests, PromptTokens: f.PromptTokens, MaxTokens: f.MaxTokens}
+		Requests: f.Requests, PromptTokens: f.PromptTokens, MaxTokens: f.MaxTokens, Rounds: f.Rounds, Seed: f.Seed}
+	for _, k := range f.Kinds {
+		rep.Kinds = append(rep.Kinds, k.Name)
+	}
 	if f.Swarm.Prefetch == string(mainnode.Shadow) {
 		rep.Quant = f.Swarm.Quant
 	}

@@ -103,3 +103,43 @@ func TestBenchServeMeasuresStreamingClients(t *testing.T) {
 
 // ordered: no latencies, or positive ones with p99 >= p50.
 func ordered(q servebench.Quantiles) bool { return q.N == 0 || (q.P50 > 0 && q.P99 >= q.P50) }
+
+// bench serve -kinds -rounds measures every kind of request at every
+// client count, in rounds, on one swarm: the rows in that order, the
+// shadow's guesses of each row (sampled requests too), and a table of
+// medians by kind beside greedy's.
+func TestBenchServeMeasuresKindsOfRequestInRounds(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "report")
+	so, se, code := run(t, "", "bench", "serve", "-preset", "tiny", "-cache", t.TempDir(), "-workers", "4",
+		"-clients", "1", "-requests", "1", "-max-tokens", "12", "-kinds", "greedy,t0.7,json", "-rounds", "2", "-out", out, "-log-level", "warn")
+	if code != 0 {
+		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
+	}
+	var rep servebench.Report
+	b, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rep.Kinds, []string{"greedy", "t0.7", "json"}) || rep.Rounds != 2 || len(rep.Rows) != 6 {
+		t.Fatalf("kinds %q, %d rounds, %d rows: %s", rep.Kinds, rep.Rounds, len(rep.Rows), b)
+	}
+	for i, r := range rep.Rows {
+		kind, round := rep.Kinds[i%3], 1+i/3
+		switch {
+		case r.Kind != kind || r.Round != round || r.Failed != 0 || r.Tokens < 1:
+			t.Errorf("row %d: %s round %d, %d tokens, %d failed; want %s round %d", i, r.Kind, r.Round, r.Tokens, r.Failed, kind, round)
+		case kind != "json" && r.Tokens != 12:
+			t.Errorf("row %d (%s): %d tokens, want 12 (EOS ignored)", i, kind, r.Tokens)
+		case r.Guesses.Met+r.Guesses.Rewound == 0 || r.TokenAgreement < 0 || r.TokenAgreement > 1:
+			t.Errorf("row %d (%s): the shadow's guesses %+v, agreement %v", i, kind, r.Guesses, r.TokenAgreement)
+		}
+	}
+	for _, want := range []string{"## By kind of request (medians over 2 rounds", "| 1 | greedy |", "| 1 | t0.7 |", "| 1 | json |", "| t0.7, 2 | 1 |"} {
+		if !strings.Contains(so, want) {
+			t.Errorf("the report lacks %q:\n%s", want, so)
+		}
+	}
+}

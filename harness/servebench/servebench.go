@@ -62,6 +62,11 @@ type Report struct {
 	// ExpertBytes is one expert's size (3 matrices of hidden x
 	// intermediate, BF16); BytesFrom says where the bytes loaded per
 	// token come from (the metric read from the main node's /metrics).
+	// Kinds are the kinds of request measured (Options.Kinds' names),
+	// Rounds how many times each, Seed their seeds' base.
+	Kinds  []string `json:"kinds,omitempty"`
+	Rounds int      `json:"rounds,omitempty"`
+	Seed   uint64   `json:"seed,omitempty"`
 	// NodeCPUs are the CPU lists the swarm's node processes ran on and
 	// ClientCPUs this process's (its streaming clients), as the kernel
 	// had them once the swarm answered (-node-cpus, taskset).
@@ -97,9 +102,19 @@ type TextRound struct {
 
 // Result is one client count's figures.
 type Result struct {
-	Clients  int `json:"clients"`
-	Requests int `json:"requests"`
-	Failed   int `json:"failed"`
+	Clients  int    `json:"clients"`
+	Kind     string `json:"kind"`  // the requests' (Kind.Name)
+	Round    int    `json:"round"` // from 1
+	Requests int    `json:"requests"`
+	Failed   int    `json:"failed"`
+	// Guesses are the shadow's guesses of the rows' next tokens on the
+	// passes it ran ahead, met and rewound (odmoe_shadow_guesses_total),
+	// TokenAgreement met over both (-1: none)
+	Guesses struct {
+		Met     float64 `json:"met"`
+		Rewound float64 `json:"rewound"`
+	} `json:"shadow_guesses"`
+	TokenAgreement float64 `json:"token_agreement"`
 	// Tokens are the completion tokens the responses counted
 	// (usage.completion_tokens); ServerTokens what the node's
 	// odmoe_generated_tokens_total grew by meanwhile.
@@ -197,6 +212,12 @@ type Options struct {
 	ReadyTimeout                      time.Duration
 	Out                               string
 	TextRounds                        int
+	// Kinds are the kinds of request each client count is measured with,
+	// in turn (none: greedy alone), in Rounds rounds (0: one); Seed
+	// seeds the requests (each its own, seedOf).
+	Kinds  []Kind
+	Rounds int
+	Seed   uint64
 }
 
 // Run starts the swarm and its API, then measures every client
@@ -280,7 +301,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	bytesMetric := ""
 	// measure measures n clients on the API as it runs now, client k's
 	// r-th request sending prompt(k, r)
-	measure := func(n int, prompt func(k, r int) []int) (Result, error) {
+	measure := func(n int, kind Kind, round int, prompt func(k, r int) []int) (Result, error) {
 		before, err := c.metrics(ctx)
 		if err != nil {
 			return Result{}, err
@@ -290,7 +311,11 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 			return Result{}, err
 		}
 		cpu0 := sw.CPU()
-		row, results := c.measure(ctx, n, f, prompt)
+		row, results := c.measure(ctx, n, f, func(k, r int) (string, []byte) {
+			ids := prompt(k, r)
+			return kind.request(ids, tok.Decode(ids, true), f.MaxTokens, seedOf(f.Seed, round, k, r))
+		})
+		row.Kind, row.Round = kind.Name, round
 		cpu1 := sw.CPU()
 		perTok := func(a, b time.Duration) float64 {
 			return float64(b-a) / float64(time.Millisecond) / float64(max(1, row.Tokens))
@@ -316,6 +341,11 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 			l.MainMs = 1000 * d(`odmoe_layer_main_seconds_total{phase="decode"}`) / l.Passes
 			l.ExpertsMs = 1000 * d(`odmoe_layer_experts_seconds_total{phase="decode"}`) / l.Passes
 		}
+		row.Guesses.Met, row.Guesses.Rewound = d(`odmoe_shadow_guesses_total{outcome="met"}`), d(`odmoe_shadow_guesses_total{outcome="rewound"}`)
+		row.TokenAgreement = -1
+		if g := row.Guesses.Met + row.Guesses.Rewound; g > 0 {
+			row.TokenAgreement = row.Guesses.Met / g
+		}
 		row.ShadowRecall = -1
 		if routed := d("odmoe_shadow_routed_experts_total"); routed > 0 {
 			row.ShadowRecall = d("odmoe_shadow_predicted_experts_total") / routed
@@ -340,19 +370,27 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 				log.Error().Int("clients", n).Err(r.err).Msg("request failed")
 			}
 		}
-		log.Info().Int("clients", n).Int("tokens", row.Tokens).Float64("tok_per_s", row.TokensPerS).
+		log.Info().Int("clients", n).Str("kind", kind.Name).Int("round", round).Int("tokens", row.Tokens).Float64("tok_per_s", row.TokensPerS).
 			Float64("ttft_p50_ms", row.TTFT.P50).Float64("itl_p50_ms", row.InterToken.P50).Str("loadavg", row.LoadAvg).Msg("measured")
 		return row, nil
 	}
-	for _, n := range f.Clients {
-		if err := ctx.Err(); err != nil {
-			return err
+	kinds := f.Kinds
+	if len(kinds) == 0 {
+		kinds = []Kind{{Name: "greedy"}}
+	}
+	for round := 1; round <= max(1, f.Rounds); round++ {
+		for _, n := range f.Clients {
+			for _, kind := range kinds { // in turn: a drift of the machine's speed weighs on each alike
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				row, err := measure(n, kind, round, func(k, r int) []int { return promptIDs(vocab, f.PromptTokens, n, k, r) })
+				if err != nil {
+					return err
+				}
+				rep.Rows = append(rep.Rows, row)
+			}
 		}
-		row, err := measure(n, func(k, r int) []int { return promptIDs(vocab, f.PromptTokens, n, k, r) })
-		if err != nil {
-			return err
-		}
-		rep.Rows = append(rep.Rows, row)
 	}
 	// the API's requests in a text round send text mode's prompt (its
 	// -prompt at its default, made -prompt-tokens long)
@@ -362,7 +400,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 		if r := c.complete(ctx, promptIDs(vocab, f.PromptTokens, 0, 0, 0), 2); r.err != nil {
 			return Result{}, fmt.Errorf("warm-up request: %w", r.err)
 		}
-		return measure(1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
+		return measure(1, Kind{Name: "greedy"}, 1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
 	}
 	// runText runs text mode with the API's main node stopped, then
 	// starts it again
@@ -572,11 +610,11 @@ func parsePromText(r io.Reader) (map[string]float64, error) {
 				add(name+"_sum", m.GetLabel(), h.GetSampleSum(), "phase")
 				add(name+"_count", m.GetLabel(), float64(h.GetSampleCount()), "phase")
 			case m.Counter != nil:
-				add(name, m.GetLabel(), m.GetCounter().GetValue(), "phase")
+				add(name, m.GetLabel(), m.GetCounter().GetValue(), "phase", "outcome")
 			case m.Gauge != nil:
 				add(name, m.GetLabel(), m.GetGauge().GetValue(), "phase")
 			case m.Untyped != nil: // a bucket written without its TYPE line keeps its le
-				byLabels := []string{"phase"}
+				byLabels := []string{"phase", "outcome"}
 				if strings.HasSuffix(name, "_bucket") {
 					byLabels = append(byLabels, "le")
 				}
@@ -723,7 +761,7 @@ type streamResult struct {
 
 // measure runs n clients at once, each sending f.Requests streamed
 // requests one after another.
-func (c *Client) measure(ctx context.Context, n int, f *Options, prompt func(k, r int) []int) (Result, []streamResult) {
+func (c *Client) measure(ctx context.Context, n int, f *Options, request func(k, r int) (path string, body []byte)) (Result, []streamResult) {
 	results := make([]streamResult, n*f.Requests)
 	cpu0 := testbed.ReadCPU()
 	t0 := time.Now()
@@ -731,7 +769,8 @@ func (c *Client) measure(ctx context.Context, n int, f *Options, prompt func(k, 
 	for k := range n {
 		wg.Go(func() {
 			for r := range f.Requests {
-				results[k*f.Requests+r] = c.complete(ctx, prompt(k, r), f.MaxTokens)
+				path, body := request(k, r)
+				results[k*f.Requests+r] = c.stream(ctx, path, body)
 			}
 		})
 	}
@@ -763,7 +802,10 @@ func (c *Client) measure(ctx context.Context, n int, f *Options, prompt func(k, 
 // reads.
 type streamChunk struct {
 	Choices []struct {
-		Text string `json:"text"`
+		Text  string `json:"text"` // a completion's
+		Delta struct {
+			Content string `json:"content"` // a chat completion's
+		} `json:"delta"`
 	} `json:"choices"`
 	Usage *struct {
 		CompletionTokens int `json:"completion_tokens"`
@@ -776,12 +818,15 @@ type streamChunk struct {
 // complete sends one streamed, greedy completion of prompt (token ids)
 // for exactly maxTokens tokens and times its chunks.
 func (c *Client) complete(ctx context.Context, prompt []int, maxTokens int) streamResult {
-	body, _ := json.Marshal(map[string]any{
-		"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
-		"stream": true, "stream_options": map[string]bool{"include_usage": true},
-	})
+	path, body := Kind{Name: "greedy"}.request(prompt, "", maxTokens, 0)
+	return c.stream(ctx, path, body)
+}
+
+// stream sends one streamed request (body, to path) and times its
+// content chunks.
+func (c *Client) stream(ctx context.Context, path string, body []byte) streamResult {
 	var res streamResult
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		res.err = err
 		return res
@@ -829,7 +874,7 @@ func (c *Client) complete(ctx context.Context, prompt []int, maxTokens int) stre
 		case ch.Usage != nil:
 			res.tokens, usage = ch.Usage.CompletionTokens, true
 		}
-		if len(ch.Choices) == 0 || ch.Choices[0].Text == "" {
+		if len(ch.Choices) == 0 || ch.Choices[0].Text == "" && ch.Choices[0].Delta.Content == "" {
 			continue
 		}
 		res.chunks++
@@ -866,15 +911,19 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 	if len(rep.NodeCPUs) > 0 {
 		fmt.Fprintf(w, "- CPUs: the nodes on %s, the clients (this process) on %s\n", strings.Join(rep.NodeCPUs, " and "), rep.ClientCPUs)
 	}
-	fmt.Fprintf(w, "- load: N streaming clients at once, each sending %d requests one after another: %d random prompt token ids, %d tokens generated (greedy, ignore_eos) via /v1/completions\n",
-		rep.Requests, rep.PromptTokens, rep.MaxTokens)
+	how := "greedy, ignore_eos) via /v1/completions"
+	if len(rep.Kinds) > 0 && !slices.Equal(rep.Kinds, []string{"greedy"}) {
+		how = fmt.Sprintf("ignore_eos but json's) as each row's kind of request says (%s, seeds from %d)", strings.Join(rep.Kinds, ", "), rep.Seed)
+	}
+	fmt.Fprintf(w, "- load: N streaming clients at once, each sending %d requests one after another: %d random prompt token ids, %d tokens generated (%s\n",
+		rep.Requests, rep.PromptTokens, rep.MaxTokens, how)
 	fmt.Fprintf(w, "- command: `%s`\n\n", rep.Command)
 	first := 1
 	if len(rep.Rows) > 0 {
 		first = rep.Rows[0].Clients
 	}
-	fmt.Fprintf(w, "| clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | expert loads missed | shadow recall | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers, clients | load 1 min |\n", first)
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "| kind, round | clients | requests | tokens | tok/s | vs %d client(s) | TTFT p50 / p99 ms | inter-chunk p50 / p99 ms | chunks / token | node TTFT p50 / p99 ms | node inter-token p50 / p99 ms | expert bytes / token | expert loads missed | shadow recall | experts a decode layer | decode layer: main, experts ms | CPU busy | CPU ms / token: main, shadow, workers, clients | load 1 min |\n", first)
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rep.Rows {
 		perTok := "–"
 		if r.BytesPerToken >= 0 {
@@ -894,12 +943,13 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 		if r.ShadowRecall >= 0 {
 			recall = fmt.Sprintf("%.1f%%", 100*r.ShadowRecall)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f, %.1f | %s |\n",
-			r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
+		fmt.Fprintf(w, "| %s, %d | %d | %s | %d | %.2f | %.2fx | %s | %s | %.2f | %s | %s | %s | %s | %s | %.2f | %.2f, %.2f | %.0f%% | %.1f, %.1f, %.1f, %.1f | %s |\n",
+			r.Kind, r.Round, r.Clients, req, r.Tokens, r.TokensPerS, r.Speedup, r.TTFT, r.InterToken, float64(r.Chunks)/float64(max(1, r.Tokens)),
 			r.ServerTTFT, r.ServerInterToken, perTok, missed, recall, l.Experts, l.MainMs, l.ExpertsMs, 100*r.CPUBusy, c.Main, c.Shadow, c.Workers, c.Client, load)
 	}
 	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Shadow recall: the experts the decode passes activated that the shadow had predicted, over all they activated (OD-MoE eq. 3, from odmoe_shadow_predicted_experts_total and odmoe_shadow_routed_experts_total). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow, all workers and this benchmark's own clients used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
+	writeKinds(w, rep)
 	if len(rep.TextRounds) == 0 {
 		return
 	}

@@ -1,8 +1,10 @@
 package servebench
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,12 +39,17 @@ odmoe_generated_tokens_total 1.5e+02
 odmoe_batch_size 0
 odmoe_layer_passes_total{phase="decode"} 40
 odmoe_layer_passes_total{phase="prefill"} 8
+odmoe_shadow_guesses_total{outcome="met"} 30
+odmoe_shadow_guesses_total{outcome="rewound"} 2
 `
 	got, err := parsePromText(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got["odmoe_requests_total"] != 5 || got["odmoe_generated_tokens_total"] != 150 || len(got) != 6 ||
+	if got[`odmoe_shadow_guesses_total{outcome="met"}`] != 30 || got[`odmoe_shadow_guesses_total{outcome="rewound"}`] != 2 || got["odmoe_shadow_guesses_total"] != 32 {
+		t.Errorf("the guesses by outcome: %v", got)
+	}
+	if got["odmoe_requests_total"] != 5 || got["odmoe_generated_tokens_total"] != 150 || len(got) != 9 ||
 		got["odmoe_layer_passes_total"] != 48 || got[`odmoe_layer_passes_total{phase="decode"}`] != 40 || got[`odmoe_layer_passes_total{phase="prefill"}`] != 8 {
 		t.Fatalf("got %v", got)
 	}
@@ -85,5 +92,53 @@ func TestHistogramQuantilesInterpolateWithinBuckets(t *testing.T) {
 		if q := histogramQuantiles(after, after, "odmoe_x_seconds"); q.N != 0 {
 			t.Fatalf("typed %v: no observations gave %+v", typed, q)
 		}
+	}
+}
+
+func TestParseKindsNamesWhatIsWrong(t *testing.T) {
+	ks, err := ParseKinds("greedy, t0.7,t1,penalties,json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Kind{{Name: "greedy"}, {Name: "t0.7", Temperature: 0.7}, {Name: "t1", Temperature: 1},
+		{Name: "penalties", Temperature: 0.7, Presence: 0.5, Frequency: 0.5}, {Name: "json", Temperature: 0.7, JSONSchema: true}}
+	if !slices.Equal(ks, want) {
+		t.Errorf("ParseKinds = %+v, want %+v", ks, want)
+	}
+	for in, says := range map[string]string{"t3": "[0, 2]", "tx": `"tx"`, "beam": "unknown", "greedy,greedy": "twice", "": `""`} {
+		if _, err := ParseKinds(in); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("ParseKinds(%q) = %v, want an error saying %s", in, err, says)
+		}
+	}
+}
+
+// A request of each kind says what it is: the json kind a chat
+// completion following the schema, the others a completion of the token
+// ids, EOS ignored; every one seeded, penalties where asked for.
+func TestKindsRequestWhatTheySay(t *testing.T) {
+	ks, _ := ParseKinds("greedy,t0.7,penalties,json")
+	for _, k := range ks {
+		path, body := k.request([]int{5, 6}, "five six", 9, 42)
+		var req map[string]any
+		if err := json.Unmarshal(body, &req); err != nil {
+			t.Fatal(err)
+		}
+		if req["temperature"] != k.Temperature || req["seed"] != float64(42) || req["stream"] != true {
+			t.Errorf("%s: %s", k.Name, body)
+		}
+		if _, ok := req["presence_penalty"]; ok != (k.Name == "penalties") {
+			t.Errorf("%s: penalties %v in %s", k.Name, ok, body)
+		}
+		if k.JSONSchema {
+			rf, _ := req["response_format"].(map[string]any)
+			if path != "/v1/chat/completions" || rf["type"] != "json_schema" || req["max_completion_tokens"] != float64(9) || !strings.Contains(string(body), "five six") {
+				t.Errorf("json: %s %s", path, body)
+			}
+		} else if path != "/v1/completions" || req["ignore_eos"] != true || req["max_tokens"] != float64(9) {
+			t.Errorf("%s: %s %s", k.Name, path, body)
+		}
+	}
+	if seedOf(1, 1, 0, 0) == seedOf(1, 2, 0, 0) || seedOf(1, 1, 1, 0) == seedOf(1, 1, 0, 1) {
+		t.Error("two requests of a run share a seed")
 	}
 }
