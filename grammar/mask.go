@@ -186,6 +186,10 @@ func (c *Constraint) Allowed() ([]uint64, error) {
 // errNoWay: a token the grammar cannot take.
 var errNoWay = errors.New("grammar: the output cannot go on this way")
 
+// Spec is the grammar c keeps to (Grammar.Spec): what a model.Sampling
+// carries to another node.
+func (c *Constraint) Spec() ([]byte, error) { return c.g.Spec() }
+
 // Accept moves past token id.
 func (c *Constraint) Accept(id int) error {
 	if slices.Contains(c.v.eos, id) {
@@ -316,7 +320,7 @@ func (c *Constraint) walkList(l *tokenList, mask []uint64) error {
 // maxItems), so that an array's every item does not make a state of
 // its own.
 func (c *Constraint) stateKey() []byte {
-	k := c.key[:0]
+	k := binary.LittleEndian.AppendUint64(c.key[:0], c.g.id)
 	for _, f := range c.states {
 		for ; f != nil; f = f.up {
 			count := f.k

@@ -1,6 +1,10 @@
 package grammar
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
 
 type kind uint8
 
@@ -95,10 +99,21 @@ func AnyObject() *Node { return &Node{kind: kObject, extra: anyValue()} }
 // one Grammar serves any number of generations at once.
 type Grammar struct {
 	root *Node
+	// id tells its states from another grammar's in a shared MaskCache,
+	// whose keys name nodes by address: a grammar let go, and another's
+	// nodes made at the same addresses, must not find its masks
+	id uint64
+	// its Spec, written once
+	specOnce sync.Once
+	spec     []byte
+	specErr  error
 }
 
+// grammars numbers the grammars made (Grammar.id).
+var grammars atomic.Uint64
+
 // New returns the grammar whose outputs are root's texts.
-func New(root *Node) *Grammar { return &Grammar{root: root} }
+func New(root *Node) *Grammar { return &Grammar{root: root, id: grammars.Add(1)} }
 
 var endNode = &Node{kind: kEnd}
 

@@ -1,0 +1,145 @@
+package grammar
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// A grammar's spec is its nodes written out, so that another node (the
+// shadow, guessing a constrained request's tokens) runs the same
+// grammar without the request that made it: JSON of every node reachable
+// from the root, numbered in the order they are first met, each naming
+// the others by number (a recursive schema's cycles included).
+type spec struct {
+	Version int        `json:"v"`
+	Nodes   []specNode `json:"nodes"` // node 0 is the root
+}
+
+type specNode struct {
+	Kind     kind       `json:"k"`
+	Lit      string     `json:"l,omitempty"`
+	Props    []specProp `json:"p,omitempty"`
+	Extra    int        `json:"x"` // -1: none
+	Items    int        `json:"i"` // -1: none
+	MinItems int        `json:"min,omitempty"`
+	MaxItems int        `json:"max,omitempty"`
+	Alts     []int      `json:"a,omitempty"`
+}
+
+type specProp struct {
+	Name     string `json:"n"`
+	Key      int    `json:"key"`
+	Value    int    `json:"val"`
+	Required bool   `json:"req,omitempty"`
+}
+
+const specVersion = 1
+
+// maxSpecNodes bounds a spec's nodes: far more than any schema the
+// server compiles (whose own limits come first).
+const maxSpecNodes = 1 << 20
+
+// Spec writes g out (see spec). The bytes are the same for the same
+// grammar.
+func (g *Grammar) Spec() ([]byte, error) {
+	g.specOnce.Do(func() {
+		index := map[*Node]int{}
+		var nodes []*Node
+		var number func(n *Node) int
+		number = func(n *Node) int {
+			if n == nil {
+				return -1
+			}
+			if i, ok := index[n]; ok {
+				return i
+			}
+			index[n] = len(nodes)
+			nodes = append(nodes, n)
+			return index[n]
+		}
+		number(g.root)
+		var s spec
+		s.Version = specVersion
+		for i := 0; i < len(nodes); i++ { // nodes grows as they are met
+			n := nodes[i]
+			sn := specNode{Kind: n.kind, Lit: n.lit, MinItems: n.minItems, MaxItems: n.maxItems}
+			for _, p := range n.props {
+				sn.Props = append(sn.Props, specProp{Name: p.name, Key: number(p.key), Value: number(p.value), Required: p.required})
+			}
+			sn.Extra, sn.Items = number(n.extra), number(n.items)
+			for _, a := range n.alts {
+				sn.Alts = append(sn.Alts, number(a))
+			}
+			s.Nodes = append(s.Nodes, sn)
+		}
+		g.spec, g.specErr = json.Marshal(s)
+	})
+	return g.spec, g.specErr
+}
+
+// FromSpec reads a grammar Spec wrote. What is malformed (an unknown
+// kind, a node numbered out of range, a part a kind needs missing) is
+// refused, named.
+func FromSpec(b []byte) (*Grammar, error) {
+	var s spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("grammar: spec: %w", err)
+	}
+	switch {
+	case s.Version != specVersion:
+		return nil, fmt.Errorf("grammar: spec version %d, want %d", s.Version, specVersion)
+	case len(s.Nodes) == 0 || len(s.Nodes) > maxSpecNodes:
+		return nil, fmt.Errorf("grammar: spec of %d nodes (1 to %d)", len(s.Nodes), maxSpecNodes)
+	}
+	nodes := make([]*Node, len(s.Nodes))
+	for i := range nodes {
+		nodes[i] = &Node{}
+	}
+	ref := func(i, at int, what string, optional bool) (*Node, error) {
+		switch {
+		case i == -1 && optional:
+			return nil, nil
+		case i < 0 || i >= len(nodes):
+			return nil, fmt.Errorf("grammar: spec node %d's %s is node %d, of %d", at, what, i, len(nodes))
+		}
+		return nodes[i], nil
+	}
+	for i, sn := range s.Nodes {
+		n := nodes[i]
+		if sn.Kind > kEnd {
+			return nil, fmt.Errorf("grammar: spec node %d of unknown kind %d", i, sn.Kind)
+		}
+		if sn.MinItems < 0 || sn.MaxItems < -1 || sn.MaxItems >= 0 && sn.MaxItems < sn.MinItems {
+			return nil, fmt.Errorf("grammar: spec node %d: %d to %d items", i, sn.MinItems, sn.MaxItems)
+		}
+		n.kind, n.lit, n.minItems, n.maxItems = sn.Kind, sn.Lit, sn.MinItems, sn.MaxItems
+		var err error
+		if n.extra, err = ref(sn.Extra, i, "extra", true); err != nil {
+			return nil, err
+		}
+		if n.items, err = ref(sn.Items, i, "items", sn.Kind != kArray); err != nil {
+			return nil, err
+		}
+		for _, p := range sn.Props {
+			prop := property{name: p.Name, required: p.Required}
+			if prop.key, err = ref(p.Key, i, "property key", false); err != nil {
+				return nil, err
+			}
+			if prop.value, err = ref(p.Value, i, "property value", false); err != nil {
+				return nil, err
+			}
+			n.props = append(n.props, prop)
+		}
+		for _, a := range sn.Alts {
+			alt, err := ref(a, i, "part", false)
+			if err != nil {
+				return nil, err
+			}
+			n.alts = append(n.alts, alt)
+		}
+		if (sn.Kind == kOneOf || sn.Kind == kSeq) && len(n.alts) == 0 {
+			return nil, fmt.Errorf("grammar: spec node %d: a %s of no parts", i, map[kind]string{kOneOf: "choice", kSeq: "sequence"}[sn.Kind])
+		}
+	}
+	return New(nodes[0]), nil
+}

@@ -1,0 +1,92 @@
+package grammar
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A grammar read back from its Spec is the same grammar: along random
+// generations the two give the same masks, token after token, to the
+// end, recursive schemas ($ref, any JSON value) and literal text around
+// JSON (a tool call's template) included; its Spec is the same bytes.
+func TestSpecReadsBackTheSameGrammar(t *testing.T) {
+	_, v := trainedVocabulary(t)
+	eos := v.eos[0]
+	rng := rand.New(rand.NewPCG(5, 6))
+	tree := `{"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}, "required": ["v"]}}, "$ref": "#/$defs/node"}`
+	roots := map[string]*Node{"person": mustSchema(t, personSchema).root, "any object": AnyObject(), "tree": mustSchema(t, tree).root,
+		"tool call": Seq(Literal("<tool_call>\n"), OneOrMore(mustSchema(t, personSchema).root, ", "), Literal("\n</tool_call>"))}
+	for name, root := range roots {
+		g := New(root)
+		b, err := g.Spec()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := FromSpec(b)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if again, _ := back.Spec(); !bytes.Equal(again, b) {
+			t.Fatalf("%s: the spec read back writes %d other bytes", name, len(again))
+		}
+		cache := NewMaskCache(4096) // one cache: the two grammars' states must not share masks
+		a, err := For(g, v, cache).New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := For(back, v, cache).New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for step := 0; step < 400; step++ {
+			ma, err1 := a.Allowed()
+			mc, err2 := c.Allowed()
+			if err1 != nil || err2 != nil || !slices.Equal(ma, mc) {
+				t.Fatalf("%s step %d: masks differ (%v, %v)", name, step, err1, err2)
+			}
+			var ids []int
+			for id := range v.size {
+				if allowed(ma, id) {
+					ids = append(ids, id)
+				}
+			}
+			if len(ids) == 0 {
+				t.Fatalf("%s step %d: no token allowed", name, step)
+			}
+			id := ids[rng.IntN(len(ids))]
+			if slices.Contains(ids, eos) && rng.IntN(3) == 0 {
+				id = eos
+			}
+			if err := a.Accept(id); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Accept(id); err != nil {
+				t.Fatalf("%s step %d: the spec's grammar refused token %d: %v", name, step, id, err)
+			}
+			if id == eos {
+				break
+			}
+		}
+	}
+}
+
+func TestFromSpecNamesWhatIsMalformed(t *testing.T) {
+	for spec, says := range map[string]string{
+		`{"v":2,"nodes":[{"k":0,"x":-1,"i":-1}]}`:                                 "version 2",
+		`{"v":1,"nodes":[]}`:                                                      "0 nodes",
+		`{"v":1,"nodes":[{"k":77,"x":-1,"i":-1}]}`:                                "unknown kind 77",
+		`{"v":1,"nodes":[{"k":6,"x":-1,"i":-1,"a":[3]}]}`:                         "node 0's part is node 3, of 1",
+		`{"v":1,"nodes":[{"k":6,"x":-1,"i":-1}]}`:                                 "a choice of no parts",
+		`{"v":1,"nodes":[{"k":5,"x":-1,"i":-1}]}`:                                 "node 0's items is node -1",
+		`{"v":1,"nodes":[{"k":5,"x":-1,"i":0,"min":3,"max":1}]}`:                  "3 to 1 items",
+		`{"v":1,"nodes":[{"k":4,"x":-1,"i":-1,"p":[{"n":"a","key":0,"val":9}]}]}`: "property value is node 9",
+		`[1,2]`: "spec",
+	} {
+		if _, err := FromSpec([]byte(spec)); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("FromSpec(%s) = %v, want an error saying %q", spec, err, says)
+		}
+	}
+}
