@@ -112,7 +112,7 @@ func wireSampling(p *model.Sampling, promptLen int) *wire.Sampling {
 		return nil
 	}
 	w := &wire.Sampling{Temperature: p.Temperature, TopP: p.TopP, TopK: p.TopK, Seed: p.Seed, Presence: p.Presence, Frequency: p.Frequency,
-		PromptLen: promptLen, Constrained: p.Constrained}
+		PromptLen: promptLen, Constrained: p.Constrained, Grammar: p.Grammar}
 	for _, id := range slices.Sorted(maps.Keys(p.Bias)) { // the same bytes every time
 		w.BiasIDs, w.Biases = append(w.BiasIDs, int32(id)), append(w.Biases, p.Bias[id])
 	}

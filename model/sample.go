@@ -59,10 +59,15 @@ type Sampling struct {
 	Seed                uint64
 	Presence, Frequency float64
 	Bias                map[int]float64
-	// Constrained says a constraint (a grammar) limits the choices too,
-	// which Sampling does not carry.
+	// Constrained says a constraint (a grammar) limits the choices too;
+	// Grammar is it written out, when it can say what it is (a
+	// grammar.Constraint's Spec), for another node to rebuild.
 	Constrained bool
+	Grammar     []byte
 }
+
+// specified is a constraint that can write itself out (a grammar's spec).
+type specified interface{ Spec() ([]byte, error) }
 
 // Plain reports whether p chooses by the logits alone: greedy, nothing
 // processed (what a node that knows nothing of the request guesses).
@@ -72,12 +77,16 @@ func (p Sampling) Plain() bool {
 
 // Sampling returns what s chooses by.
 func (s *Sampler) Sampling() Sampling {
-	return Sampling{Temperature: s.temperature, TopP: s.topP, TopK: s.topK, Seed: s.seed, Presence: s.presence, Frequency: s.frequency,
+	p := Sampling{Temperature: s.temperature, TopP: s.topP, TopK: s.topK, Seed: s.seed, Presence: s.presence, Frequency: s.frequency,
 		Bias: s.bias, Constrained: s.constraint != nil}
+	if sp, ok := s.constraint.(specified); ok {
+		p.Grammar, _ = sp.Spec() // none when it cannot say: guessed unconstrained
+	}
+	return p
 }
 
-// NewSamplerOf returns a sampler that chooses by p (without a
-// constraint, which p does not carry).
+// NewSamplerOf returns a sampler that chooses by p (without its
+// constraint: Guess takes the allowed tokens).
 func NewSamplerOf(p Sampling) *Sampler {
 	return NewSampler(p.Temperature, p.TopP, p.Seed).WithTopK(p.TopK).WithPenalties(p.Presence, p.Frequency).WithBias(p.Bias)
 }
@@ -187,15 +196,7 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		any := false
-		for id := range z {
-			if w := id >> 6; w >= len(allowed) || allowed[w]&(1<<(id&63)) == 0 {
-				z[id] = math.Inf(-1)
-			} else {
-				any = true
-			}
-		}
-		if !any {
+		if !mask(z, allowed) {
 			return 0, errNoToken
 		}
 	}
@@ -222,11 +223,12 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 
 // Guess returns the token s chooses from logits as its sequence's k-th
 // (from 0) after generated, the k tokens chosen before it (their counts
-// are the penalties'), without a constraint and without moving s: what
-// Sample would return there when s's sampling were the request's and
-// generated its choices so far. The shadow guesses a sampled request's
-// next token with it, from its own logits.
-func (s *Sampler) Guess(logits []float32, k int, generated []int) int {
+// are the penalties'), among the tokens allowed (a bitset, as
+// Constraint.Allowed gives it; nil: any), without moving s: what Sample
+// would return there when s's sampling were the request's and generated
+// its choices so far. The shadow guesses a sampled request's next token
+// with it, from its own logits.
+func (s *Sampler) Guess(logits []float32, k int, generated []int, allowed []uint64) int {
 	z := s.widen(logits)
 	if s.counts != nil {
 		if s.guessCounts == nil {
@@ -239,10 +241,27 @@ func (s *Sampler) Guess(logits []float32, k int, generated []int) int {
 		s.penalise(z, s.guessCounts)
 	}
 	s.addBias(z)
+	if allowed != nil && !mask(z, allowed) {
+		return argmax(s.widen(logits)) // nothing allowed: the constraint is not the request's
+	}
 	if s.temperature <= 0 {
 		return argmax(z)
 	}
 	return s.draw(z, uint64(max(k, 0)))
+}
+
+// mask rules out of z the tokens allowed does not have; it reports
+// whether any is left.
+func mask(z []float64, allowed []uint64) bool {
+	any := false
+	for id := range z {
+		if w := id >> 6; w >= len(allowed) || allowed[w]&(1<<(id&63)) == 0 {
+			z[id] = math.Inf(-1)
+		} else {
+			any = true
+		}
+	}
+	return any
 }
 
 // penalise subtracts the penalties of the tokens counts has chosen.

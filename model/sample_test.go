@@ -333,7 +333,7 @@ func TestGuessIsWhatSampleChooses(t *testing.T) {
 			}
 			// out of order: each guess from its position alone
 			for _, k := range rng.Perm(len(steps)) {
-				if got := guesser.Guess(steps[k], k, chosen[:k]); got != chosen[k] {
+				if got := guesser.Guess(steps[k], k, chosen[:k], nil); got != chosen[k] {
 					t.Fatalf("position %d: guessed %d, Sample chose %d", k, got, chosen[k])
 				}
 			}
@@ -361,7 +361,7 @@ func TestCoupledDrawsAgreeWhereLogitsDifferALittle(t *testing.T) {
 			b[i] = a[i] + float32(0.05*rng.NormFloat64())
 		}
 		x, _ := main.Sample(a)
-		if shadow.Guess(b, k, nil) == x {
+		if shadow.Guess(b, k, nil, nil) == x {
 			same++
 		}
 		if y, _ := other.Sample(a); y == x {

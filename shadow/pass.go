@@ -381,6 +381,9 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 	if starts(a) {
 		f = &follow{seq: a.Seq, fed: ints(a.Prompt)}
 		f.sampler, f.promptLen = samplerOf(a.Sampling)
+		if a.Sampling != nil {
+			f.grammar = n.grammarOf(a.Sampling.Grammar)
+		}
 		capacity := len(a.Prompt) + len(a.Chunk) + a.PromptLeft + 256
 		cache, reused := n.reuse(f.fed, capacity, seqs)
 		n.reused += int64(reused)

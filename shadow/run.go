@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/odmoe/odmoe/grammar"
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
@@ -71,7 +74,8 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
 		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
 	node, err := New(ctx, Deps{Model: qm, Identity: id.String(), Workers: cfg.Workers, Wire: cfg.Wire, Log: log},
-		Options{Group: cfg.Group, Ahead: cfg.Ahead, PrefixBytes: cfg.PrefixBytes, PeerTimeout: cfg.PeerTimeout, DialTimeout: cfg.DialTimeout})
+		Options{Group: cfg.Group, Ahead: cfg.Ahead, PrefixBytes: cfg.PrefixBytes, PeerTimeout: cfg.PeerTimeout, DialTimeout: cfg.DialTimeout,
+			Vocabulary: VocabularyOf(cfg.Model)})
 	if err != nil {
 		return err
 	}
@@ -112,6 +116,22 @@ type Options struct {
 	// DialTimeout bounds the wait for the workers to answer at start; 0:
 	// wire.DefaultStartDialTimeout.
 	DialTimeout time.Duration
+	// Vocabulary, when set, gives the model's vocabulary (on first use):
+	// the shadow keeps its guesses of a constrained request's tokens
+	// inside the request's grammar. nil: it guesses them without.
+	Vocabulary func() (*grammar.Vocabulary, error)
+}
+
+// VocabularyOf gives the vocabulary of the model in dir, read on first
+// use (Options.Vocabulary).
+func VocabularyOf(dir string) func() (*grammar.Vocabulary, error) {
+	return sync.OnceValues(func() (*grammar.Vocabulary, error) {
+		tok, err := tokenizer.LoadDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		return grammar.NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS()), nil
+	})
 }
 
 // New builds a shadow the one way both a process (`odmoe run -role
@@ -158,7 +178,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		closeAll()
 		return nil, err
 	}
-	node.Ahead, node.Prefixes = o.Ahead, kvcache.NewPrefixes(o.PrefixBytes)
+	node.Ahead, node.Prefixes, node.vocabulary = o.Ahead, kvcache.NewPrefixes(o.PrefixBytes), o.Vocabulary
 	node.mainWire = *d.Wire
 	node.mainWire.PeerRoles = []wire.Role{wire.RoleMain}
 	node.mainWire.Hello.Model, node.mainWire.CheckHello = d.Identity, wire.SameModel(true)

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/grammar"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kvcache"
@@ -78,6 +79,12 @@ type Node struct {
 	// copies them instead of running those tokens again. Set it before
 	// ServeMain.
 	Prefixes *kvcache.Prefixes
+	// vocabulary, when set, is the model's, for the grammars of
+	// constrained requests (grammarOf), made on first use; grammars and
+	// masks are theirs
+	vocabulary func() (*grammar.Vocabulary, error)
+	grammars   map[string]*grammar.Constraints
+	masks      *grammar.MaskCache
 	// agreed and rewound count the members' rows of passes run ahead
 	// whose alignment met them: on the same token, or not (a rewind of
 	// that row); rewoundSeqs are the members whose rows the pass being
@@ -154,6 +161,12 @@ type follow struct {
 	// nil for greedy; the request's k-th token sits at promptLen+k
 	sampler   *model.Sampler
 	promptLen int
+	// grammar, when the request has one, keeps the guesses inside it:
+	// c has accepted the generated tokens accepted (made anew when a
+	// rewind takes some of them back)
+	grammar  *grammar.Constraints
+	c        *grammar.Constraint
+	accepted []int
 }
 
 // ownToken is the token f's last forward pass chose, running the output
@@ -165,7 +178,8 @@ type follow struct {
 func (f *follow) ownToken() int {
 	if f.headDue {
 		if k := len(f.fed) - f.promptLen; f.sampler != nil && k >= 0 {
-			f.next = f.sampler.Guess(f.sess.Logits(), k, f.fed[f.promptLen:])
+			generated := f.fed[f.promptLen:]
+			f.next = f.sampler.Guess(f.sess.Logits(), k, generated, f.allowed(generated))
 		} else {
 			f.next = model.Argmax(f.sess.Logits())
 		}
@@ -173,6 +187,82 @@ func (f *follow) ownToken() int {
 	}
 	return f.next
 }
+
+// allowed is what f's grammar lets come after generated (nil: any, or
+// no grammar). A grammar that refuses a token the main node fed is not
+// the request's: f guesses without it from then on.
+func (f *follow) allowed(generated []int) []uint64 {
+	if f.grammar == nil {
+		return nil
+	}
+	if n := commonPrefix(f.accepted, generated); n < len(f.accepted) || f.c == nil {
+		c, err := f.grammar.New()
+		if err != nil {
+			f.grammar = nil
+			return nil
+		}
+		f.c, f.accepted = c, f.accepted[:0]
+	}
+	for _, id := range generated[len(f.accepted):] {
+		if err := f.c.Accept(id); err != nil {
+			f.grammar = nil
+			return nil
+		}
+		f.accepted = append(f.accepted, id)
+	}
+	mask, err := f.c.Allowed()
+	if err != nil {
+		f.grammar = nil
+		return nil
+	}
+	return mask
+}
+
+func commonPrefix(a, b []int) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// grammarOf is the maker of constraints of the grammar spec says, over
+// the model's vocabulary: one kept per grammar (the latest maxGrammars),
+// their masks in one cache. nil where the shadow has no vocabulary or the
+// spec does not read (logged): the sequence is guessed without it.
+func (n *Node) grammarOf(spec []byte) *grammar.Constraints {
+	if len(spec) == 0 || n.vocabulary == nil {
+		return nil
+	}
+	if cs, ok := n.grammars[string(spec)]; ok {
+		return cs
+	}
+	v, err := n.vocabulary()
+	if err == nil && n.masks == nil {
+		n.masks = grammar.NewMaskCache(maxMasks)
+	}
+	var g *grammar.Grammar
+	if err == nil {
+		g, err = grammar.FromSpec(spec)
+	}
+	if err != nil {
+		n.log.Warn().Err(err).Msg("shadow: a request's grammar: its tokens are guessed without it")
+		return nil
+	}
+	if n.grammars == nil || len(n.grammars) >= maxGrammars {
+		n.grammars = map[string]*grammar.Constraints{}
+	}
+	cs := grammar.For(g, v, n.masks)
+	n.grammars[string(spec)] = cs
+	return cs
+}
+
+// maxGrammars grammars are kept, and maxMasks masks (as the server keeps
+// them).
+const (
+	maxGrammars = 64
+	maxMasks    = 1024
+)
 
 // samplerOf is the sampler that guesses as w says the main node chooses,
 // nil for none (greedy), and the request's prompt length.

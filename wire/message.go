@@ -265,6 +265,9 @@ type Sampling struct {
 	Biases              []float64
 	PromptLen           int
 	Constrained         bool
+	// Grammar is the constraint's grammar (grammar.Grammar.Spec), when
+	// it is one: the shadow keeps its guesses inside it.
+	Grammar []byte
 }
 
 // maxBiases bounds Sampling's logit biases: a vocabulary's worth (OpenAI

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/grammar"
 	"os"
 	"path/filepath"
 	"strings"
@@ -276,7 +277,11 @@ type ShadowOptions struct {
 	Layout   sched.Layout // as the main node runs it
 	Ahead    int          // shadow.Node.Ahead
 	Listen   string       // the address it listens on for the main node
-	Log      zerolog.Logger
+	// Dir, when set, is the model's directory: the shadow reads its
+	// vocabulary there for constrained requests' grammars
+	// (shadow.VocabularyOf), as a shadow process does.
+	Dir string
+	Log zerolog.Logger
 }
 
 // StartShadow runs a shadow built as a shadow process builds itself
@@ -290,7 +295,7 @@ func StartShadow(ctx context.Context, o ShadowOptions) (addr string, stop func()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	node, err := shadow.New(ctx, shadow.Deps{Model: o.Model, Identity: o.Identity, Workers: o.Workers, Wire: &wire.Config{Certs: certs, Log: zerolog.Nop()}, Log: o.Log},
-		shadow.Options{Group: o.Layout.Group, Ahead: o.Ahead, PrefixBytes: kvcache.DefaultPrefixBytes})
+		shadow.Options{Group: o.Layout.Group, Ahead: o.Ahead, PrefixBytes: kvcache.DefaultPrefixBytes, Vocabulary: vocabularyOf(o.Dir)})
 	if err != nil {
 		cancel()
 		return "", nil, err
@@ -308,4 +313,12 @@ func StartShadow(ctx context.Context, o ShadowOptions) (addr string, stop func()
 		node.Serve(ctx, ln)
 	}()
 	return ln.Addr().String(), func() { cancel(); <-done; node.Close() }, nil
+}
+
+// vocabularyOf is shadow.VocabularyOf(dir), nil without a directory.
+func vocabularyOf(dir string) func() (*grammar.Vocabulary, error) {
+	if dir == "" {
+		return nil
+	}
+	return shadow.VocabularyOf(dir)
 }
