@@ -3,6 +3,7 @@ package mainnode_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
@@ -85,4 +86,81 @@ func TestGptOssSlidingLayersDropRowsOnTheSwarmToo(t *testing.T) {
 	if st, ok := sw.ShadowStats(10e9); !ok || st.Recall < 0.9 {
 		t.Fatalf("the shadow's recall %.4f (ok %v): its windowed cache lost what it reads", st.Recall, ok)
 	}
+}
+
+// TestEverySeededSampledRequestIsTheSameEverywhere: in every family, two
+// requests sampled with their own seeds (temperature, top_p, penalties,
+// a bias) give the same tokens and logits in local mode alone, in local
+// mode batched together, and on a swarm loading reactively, by
+// oracle-next and driven by an int8 shadow, alone and batched: the draw
+// for a position depends on the seed, the position and the logits, which
+// are bit-identical everywhere.
+func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
+		t.Run(preset, func(t *testing.T) {
+			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 23, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local, mainModel := loadModels(t, f)
+			prompts := [][]int{testPrompt(9, 31, 3, local.Config.VocabSize), testPrompt(14, 17, 5, local.Config.VocabSize)}
+			samplers := func() []*model.Sampler {
+				return []*model.Sampler{model.NewSampler(0.9, 0.95, 501).WithPenalties(0.2, 0.1), model.NewSampler(1.2, 1, 502).WithBias(map[int]float64{1: 3})}
+			}
+			const steps = 10
+			var want [2]generation
+			for i, s := range samplers() {
+				want[i] = generateWith(t, local, model.NewResidentExperts(local), prompts[i], steps, s)
+			}
+			check := func(what string, got [2]generation) {
+				t.Helper()
+				for i := range got {
+					if d := diffGenerations(got[i], want[i]); d != "" {
+						t.Fatalf("%s: request %d differs from local mode alone: %s", what, i, d)
+					}
+				}
+			}
+			lb := mainnode.NewBatcher(local, model.NewResidentExperts(local), mainnode.BatcherHooks{})
+			check("local mode batched", batched(t, lb, prompts, steps, samplers()))
+			lb.Close()
+			for _, c := range []struct {
+				policy mainnode.Prefetch
+				shadow *shadowSpec
+			}{{mainnode.Reactive, nil}, {mainnode.OracleNext, nil}, {mainnode.Shadow, &shadowSpec{quant: kernels.Q8}}} {
+				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: c.policy, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, c.shadow)
+				var alone [2]generation
+				for i, s := range samplers() {
+					alone[i] = generateWith(t, mainModel, sw, prompts[i], steps, s)
+				}
+				check(fmt.Sprintf("%s alone", c.policy), alone)
+				b := sw.Batcher(mainModel)
+				check(fmt.Sprintf("%s batched", c.policy), batched(t, b, prompts, steps, samplers()))
+				b.Close()
+			}
+		})
+	}
+}
+
+// batched runs prompts at once through b, each with its sampler.
+func batched(t *testing.T, b *mainnode.Batcher, prompts [][]int, steps int, samplers []*model.Sampler) [2]generation {
+	t.Helper()
+	var got [2]generation
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Go(func() {
+			got[i].tokens, _, errs[i] = b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: steps, Sampler: samplers[i],
+				OnToken: func(step, id int, logits []float32) error {
+					got[i].logits = append(got[i].logits, append([]float32(nil), logits...))
+					return nil
+				}})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	return got
 }
