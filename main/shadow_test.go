@@ -234,3 +234,43 @@ func TestShadowKeepsAConstrainedRequestsGuessesInItsGrammar(t *testing.T) {
 		t.Fatalf("the shadow met the constrained tokens on %.3f of %d rows run ahead (ok=%v), want >= 0.9", met, st.Agreed+st.Rewound, ok)
 	}
 }
+
+// TestAOneTokenPromptChunkIsPrefill: a prompt of 9 tokens in chunks of 4
+// ends with a pass whose only row is one prompt token. It is prefill, as
+// the pass says, not decode: its layers count as prefill's, the shadow
+// (which predicts no prompt pass) is not asked for a prediction of it,
+// and every decode pass's layers are scored against the shadow's.
+func TestAOneTokenPromptChunkIsPrefill(t *testing.T) {
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	prompt := testPrompt(9, 41, 3, local.Config.VocabSize)
+	const steps = 6
+	want := generate(t, local, model.NewResidentExperts(local), prompt, steps)
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, &shadowSpec{quant: kernels.F16})
+	b := sw.Batcher(mainModel)
+	b.ChunkPrompts(4)
+	var got generation
+	ids, _, err := b.Generate(context.Background(), prompt, model.GenerateOptions{MaxTokens: steps, OnToken: func(_, _ int, logits []float32) error {
+		got.logits = append(got.logits, append([]float32(nil), logits...))
+		return nil
+	}})
+	b.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.tokens = ids
+	if d := diffGenerations(got, want); d != "" {
+		t.Fatalf("differs from local mode: %s", d)
+	}
+	layers := int64(len(mainModel.Config.ExpertLayers()))
+	st := sw.Stats()
+	if pre, dec := mainnode.Total(st.Prefill).Calls, mainnode.Total(st.Decode).Calls; pre != 3*layers || dec != (steps-1)*layers {
+		t.Fatalf("%d prefill and %d decode layer passes, want %d (three chunks: 4, 4, 1) and %d", pre, dec, 3*layers, (steps-1)*layers)
+	}
+	if sh, ok := sw.ShadowStats(10e9); !ok || sh.Recall < 0.9 {
+		t.Fatalf("shadow: ok=%v, recall %.3f", ok, sh.Recall)
+	}
+	if dec := mainnode.Total(st.Decode); dec.MissesLate+dec.MissesWrong != dec.Misses {
+		t.Fatalf("decode misses %d are not late %d + wrong %d: a pass was scored that the shadow never predicted", dec.Misses, dec.MissesLate, dec.MissesWrong)
+	}
+}

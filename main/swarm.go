@@ -341,10 +341,15 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	q := s.sequence(step)
 	q.step = step
 	// several rows: a prompt's, or a pass's (a batch's rows); both go out
-	// as rows per expert. A pass that feeds prompt chunks is prefill, one
-	// of decode steps only is decode.
+	// as rows per expert. A pass says what it carries: one that feeds
+	// prompt chunks is prefill (one prompt token alone too: the last
+	// chunk of 129 at 128), one of decode steps only is decode. Outside a
+	// batch, several rows are a prompt.
 	rows := n > 1
-	prefill := rows && (!q.batch || q.prompt)
+	prefill := q.prompt
+	if !q.batch {
+		prefill = rows
+	}
 	if layer == 0 {
 		s.rejoin() // an iteration boundary of this sequence
 	}
