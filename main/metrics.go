@@ -1,6 +1,7 @@
 package mainnode
 
 import (
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -104,7 +105,7 @@ var (
 	descShadowReattached = newDesc("odmoe_shadow_reattached_total", "Times a lost shadow came back and was re-aligned.")
 	descShadowReused     = newDesc("odmoe_shadow_cached_tokens_total", "Prompt tokens whose KV rows the shadow copied from its prefix cache instead of running them.")
 	descReactive         = newDesc("odmoe_reactive_iterations_total", "Decode iterations run without the shadow, loading reactively.")
-	descShadowGuesses    = newDesc("odmoe_shadow_guesses_total", "The shadow's guesses of a member's next token on the passes it ran ahead, by outcome: met (the main node fed that token: the pass's predictions stand) or rewound (it fed another; the shadow ran the row again). Sampled requests are guessed with the request's own seeded draw.", "outcome")
+	descShadowGuesses    = newDesc("odmoe_shadow_guesses_total", "The shadow's guesses of a member's next token on the passes it ran ahead, by the kind of request (greedy; sampled: a temperature, penalties or biases, guessed with the request's own seeded draw; constrained: a grammar, guessed inside it) and outcome: met (the main node fed that token: the pass's predictions stand) or rewound (it fed another; the shadow ran the row again).", "kind", "outcome")
 	descShadowAhead      = newDesc("odmoe_shadow_ahead_passes_total", "Decode passes the shadow ran ahead of its alignment on the tokens it sampled itself (speculative departure).")
 	descShadowAlignToken = newDesc("odmoe_shadow_align_token_period", "Iterations between the shadow's token alignments (T): the policy it has run the most decode steps under (with -align-adaptive its choices change).")
 	descShadowAlignKV    = newDesc("odmoe_shadow_align_kv_period", "Iterations between the shadow's KV alignments (K), of the same policy.")
@@ -168,7 +169,8 @@ var (
 //	odmoe_shadow_cached_tokens_total     prompt tokens the shadow reused from its prefix cache
 //	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
 //	odmoe_shadow_ahead_passes_total      decode passes the shadow ran ahead of its alignment (speculative departure)
-//	odmoe_shadow_guesses_total{outcome}  its guesses of members' tokens on those passes: met or rewound
+//	odmoe_shadow_guesses_total{kind,outcome} its guesses of members' tokens on those passes, by kind of
+//	                                     request (greedy, sampled, constrained): met or rewound
 //	odmoe_shadow_align_token_period      the alignment periods T and K of the policy the shadow has
 //	odmoe_shadow_align_kv_period         run the most decode steps under
 func (s *Swarm) Collector(expertBytes int64) prometheus.Collector {
@@ -258,7 +260,7 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descResent, float64(faults.Resent))
 	if sl := s.shadow; sl != nil {
 		sl.mu.Lock()
-		up, rc, reused, ahead, guesses, policy := sl.up, sl.counts, sl.reused, sl.ahead, sl.guesses, sl.chosenLocked()
+		up, rc, reused, ahead, guesses, policy := sl.up, sl.counts, sl.reused, sl.ahead, maps.Clone(sl.guesses), sl.chosenLocked()
 		sl.mu.Unlock()
 		gauge(descShadowUp, boolFloat(up))
 		counter(descShadowPredicted, float64(rc.predicted))
@@ -268,8 +270,10 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descShadowReused, float64(reused))
 		counter(descReactive, float64(faults.ReactiveIterations))
 		counter(descShadowAhead, float64(ahead))
-		counter(descShadowGuesses, float64(guesses.met), "met")
-		counter(descShadowGuesses, float64(guesses.rewound), "rewound")
+		for _, k := range []string{KindGreedy, KindSampled, KindConstrained} {
+			counter(descShadowGuesses, float64(guesses[k].Met), k, "met")
+			counter(descShadowGuesses, float64(guesses[k].Rewound), k, "rewound")
+		}
 		gauge(descShadowAlignToken, float64(policy.TokenPeriod))
 		gauge(descShadowAlignKV, float64(policy.KVPeriod))
 	}

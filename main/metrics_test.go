@@ -288,7 +288,14 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	// the guesses: every row the shadow ran ahead that an alignment met
 	// or rewound, as ShadowStats counted them (one more pass may have
 	// come between)
-	met, rewound := m[`odmoe_shadow_guesses_total{outcome="met"}`], m[`odmoe_shadow_guesses_total{outcome="rewound"}`]
+	var met, rewound float64
+	for _, k := range []string{"greedy", "sampled", "constrained"} {
+		met += m[`odmoe_shadow_guesses_total{kind="`+k+`",outcome="met"}`]
+		rewound += m[`odmoe_shadow_guesses_total{kind="`+k+`",outcome="rewound"}`]
+	}
+	if g := m[`odmoe_shadow_guesses_total{kind="greedy",outcome="met"}`]; g != met {
+		t.Errorf("greedy requests' guesses met %v of %v: the run's requests are greedy", g, met)
+	}
 	if met < float64(served.Agreed) || rewound < float64(served.Rewound) || met+rewound > float64(served.Agreed+served.Rewound)+4 || met+rewound == 0 {
 		t.Errorf("odmoe_shadow_guesses_total met %v, rewound %v; ShadowStats said %d and %d", met, rewound, served.Agreed, served.Rewound)
 	}

@@ -85,11 +85,15 @@ type AheadJSON struct {
 	Agreed     int64 `json:"agreed"`     // members' rows run ahead that their alignment met
 	Rewound    int64 `json:"rewound"`    // members' rows run ahead on another token: rewound
 	// TokenAgreement is Agreed over Agreed+Rewound (0 when none).
-	TokenAgreement       float64 `json:"token_agreement"`
-	WithdrawnPredictions int64   `json:"withdrawn_predictions"` // layers' predictions taken back from the main node
-	OffPath              int64   `json:"off_path_predictions"`  // dropped by the main node before their withdrawal came
-	WithdrawnLoads       int64   `json:"withdrawn_loads"`       // worker loads dropped unused
-	WithdrawnBytes       int64   `json:"withdrawn_bytes"`
+	TokenAgreement float64 `json:"token_agreement"`
+	// ByKind are the rows met and rewound by the kind of request
+	// (greedy, sampled, constrained): a sampled or constrained request's
+	// guesses are drawn as the main node draws.
+	ByKind               map[string]GuessCounts `json:"by_kind,omitempty"`
+	WithdrawnPredictions int64                  `json:"withdrawn_predictions"` // layers' predictions taken back from the main node
+	OffPath              int64                  `json:"off_path_predictions"`  // dropped by the main node before their withdrawal came
+	WithdrawnLoads       int64                  `json:"withdrawn_loads"`       // worker loads dropped unused
+	WithdrawnBytes       int64                  `json:"withdrawn_bytes"`
 	// Unhinted is the layers the shadow predicted after the main node had
 	// started a later iteration (it had fallen behind): no loads hinted.
 	Unhinted int64 `json:"unhinted_layers"`
@@ -250,7 +254,7 @@ func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.RecallByToken = sh.RecallByToken
 	rs.LateDepartureMs = sh.LateDepartureMs
 	rs.Align = sh.Align.String()
-	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath, Unhinted: sh.Unhinted}
+	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath, Unhinted: sh.Unhinted, ByKind: sh.Guesses}
 	if n := sh.Agreed + sh.Rewound; n > 0 {
 		a.TokenAgreement = float64(sh.Agreed) / float64(n)
 	}

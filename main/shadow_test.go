@@ -191,6 +191,9 @@ func TestShadowGuessesASampledRequestAsTheMainNodeSamples(t *testing.T) {
 	if !ok || st.Agreed+st.Rewound < steps/2 || met < 0.8 {
 		t.Fatalf("the shadow met the sampled tokens on %.3f of %d rows run ahead (ok=%v), want >= 0.8", met, st.Agreed+st.Rewound, ok)
 	}
+	if g := st.Guesses[mainnode.KindSampled]; g.Met != st.Agreed || g.Rewound != st.Rewound {
+		t.Errorf("the guesses by kind %v: all %d met and %d rewound are the sampled request's", st.Guesses, st.Agreed, st.Rewound)
+	}
 }
 
 // TestShadowKeepsAConstrainedRequestsGuessesInItsGrammar: a sampled
@@ -232,6 +235,9 @@ func TestShadowKeepsAConstrainedRequestsGuessesInItsGrammar(t *testing.T) {
 	t.Logf("answer %q; the shadow's guesses: %d met, %d rewound (%.3f)", tok.Decode(got.tokens, true), st.Agreed, st.Rewound, met)
 	if !ok || st.Agreed+st.Rewound < steps/2 || met < 0.9 {
 		t.Fatalf("the shadow met the constrained tokens on %.3f of %d rows run ahead (ok=%v), want >= 0.9", met, st.Agreed+st.Rewound, ok)
+	}
+	if g := st.Guesses[mainnode.KindConstrained]; g.Met != st.Agreed || g.Rewound != st.Rewound {
+		t.Errorf("the guesses by kind %v: all %d met and %d rewound are the constrained request's", st.Guesses, st.Agreed, st.Rewound)
 	}
 }
 

@@ -57,14 +57,52 @@ type shadowLink struct {
 	// reused sums the shadow's ShadowDone.Reused over its connections
 	// (reusedSeen: the current connection's latest)
 	reused, reusedSeen int64
-	// guesses sums agreed and rewound over the shadow's connections, as
-	// reused does (guessesSeen: the current connection's latest)
-	guesses, guessesSeen guessCounts
+	// guesses are the shadow's guesses of members' tokens, met and
+	// rewound, by the kind of request (GuessKind), over its connections;
+	// ended keeps the kind of sequences just ended, whose last guesses
+	// may be told after their end
+	guesses map[string]GuessCounts
+	ended   map[uint64]string
 }
 
-// guessCounts are the shadow's guesses of members' next tokens on the
+// GuessCounts are the shadow's guesses of members' next tokens on the
 // passes it ran ahead: met (the main node fed that token) or rewound.
-type guessCounts struct{ met, rewound int64 }
+type GuessCounts struct {
+	Met     int64 `json:"met"`
+	Rewound int64 `json:"rewound"`
+}
+
+// The kinds of request the shadow's guesses are counted by: chosen
+// greedily from the logits alone, sampled (a temperature, penalties or
+// biases: the request's own draw), and constrained by a grammar.
+const (
+	KindGreedy      = "greedy"
+	KindSampled     = "sampled"
+	KindConstrained = "constrained"
+)
+
+// guessKind is the kind of request s says (nil: greedy).
+func guessKind(s *wire.Sampling) string {
+	switch {
+	case s == nil:
+		return KindGreedy
+	case s.Constrained:
+		return KindConstrained
+	}
+	return KindSampled
+}
+
+// kindOf is sequence seq's kind of request, live or just ended (greedy
+// when unknown). Call with mu held.
+func (sl *shadowLink) kindOf(seq uint64) string {
+	if q := sl.seqs[seq]; q != nil {
+		return guessKind(q.sampling)
+	}
+	if k, ok := sl.ended[seq]; ok {
+		return k
+	}
+	return KindGreedy
+}
 
 // predicted is one layer's prediction: its experts (sorted) and the token
 // the shadow fed that iteration (-1: not said).
@@ -104,6 +142,10 @@ type shadowSeq struct {
 	// guesses (nil: greedily)
 	sampling *wire.Sampling
 }
+
+// maxEndedKinds ended sequences' kinds are kept (shadowLink.ended): far
+// more than a pass's guesses can be told late for.
+const maxEndedKinds = 4096
 
 // wireSampling is p on the wire, nil for none; promptLen is the request's
 // prompt length.
@@ -174,7 +216,7 @@ func (sl *shadowLink) attach(p *wire.Peer) {
 	defer sl.mu.Unlock()
 	sl.peer.Store(p)
 	sl.name, sl.up = p.Identity().Name, true
-	sl.reusedSeen, sl.guessesSeen = 0, guessCounts{}
+	sl.reusedSeen = 0
 	sl.cpu = nil // another process's CPU time, maybe: a decode's spans only one
 	for _, q := range sl.seqs {
 		q.synced = false
@@ -240,6 +282,28 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				sl.cpu[it-1] = m.CPU
 				sl.mu.Unlock()
 			}
+			// the rows it met and rewound, each its member's (a new
+			// batch's first pass tells those of the passes before it too)
+			sl.mu.Lock()
+			if sl.guesses == nil {
+				sl.guesses = map[string]GuessCounts{}
+			}
+			for _, seq := range m.AgreedSeqs {
+				k := sl.kindOf(seq)
+				c := sl.guesses[k]
+				c.Met++
+				sl.guesses[k] = c
+			}
+			for _, seq := range m.RewoundSeqs { // a member's guessed token: its own alignment's
+				if q := sl.seqs[seq]; q != nil && q.ctl != nil {
+					q.ctl.Rewound(1)
+				}
+				k := sl.kindOf(seq)
+				c := sl.guesses[k]
+				c.Rewound++
+				sl.guesses[k] = c
+			}
+			sl.mu.Unlock()
 			if it := int(m.Iteration); it >= 2 {
 				sl.mu.Lock()
 				if it <= maxIterationStats { // a server's batch runs on
@@ -254,15 +318,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				if m.Ahead > 0 {
 					sl.ahead++
 				}
-				for _, seq := range m.RewoundSeqs { // a member's guessed token: its own alignment's
-					if q := sl.seqs[seq]; q != nil && q.ctl != nil {
-						q.ctl.Rewound(1)
-					}
-				}
 				sl.agreed, sl.rewound, sl.unhinted = m.Agreed, m.Rewound, m.Unhinted
-				sl.guesses.met += max(m.Agreed-sl.guessesSeen.met, 0)
-				sl.guesses.rewound += max(m.Rewound-sl.guessesSeen.rewound, 0)
-				sl.guessesSeen = guessCounts{max(sl.guessesSeen.met, m.Agreed), max(sl.guessesSeen.rewound, m.Rewound)}
 				sl.reused += max(m.Reused-sl.reusedSeen, 0)
 				sl.reusedSeen = max(sl.reusedSeen, m.Reused)
 				sl.done = max(sl.done, int64(it))
@@ -629,6 +685,12 @@ func (sl *shadowLink) end(seq uint64) (last int64) {
 			}
 		}
 	}
+	if q := sl.seqs[seq]; q != nil {
+		if sl.ended == nil || len(sl.ended) >= maxEndedKinds {
+			sl.ended = map[uint64]string{}
+		}
+		sl.ended[seq] = guessKind(q.sampling)
+	}
 	delete(sl.seqs, seq)
 	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == seq })
 	return last
@@ -664,6 +726,10 @@ type ShadowStats struct {
 	// dropped as made on a token it did not feed before their withdrawal
 	// came.
 	Ahead, Agreed, Rewound, Withdrawn, OffPath int64
+	// Guesses are the agreed and rewound rows by the kind of request
+	// (KindGreedy, KindSampled, KindConstrained), over the shadow's
+	// connections.
+	Guesses map[string]GuessCounts
 	// Unhinted is the layers the shadow predicted after this node had
 	// started a later iteration (it had fallen behind): no loads hinted.
 	Unhinted int64
@@ -710,7 +776,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	// a shadow running ahead may have run an iteration past the last
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
-		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.chosenLocked()}
+		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.chosenLocked(), Guesses: maps.Clone(sl.guesses)}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}

@@ -220,6 +220,7 @@ func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*
 		if err := n.apply(seqs[a.Seq], a); err != nil {
 			return err
 		}
+		n.agreedSeqs = append(n.agreedSeqs, a.Seq)
 	}
 	n.agreed += int64(len(members))
 	bf.aligned = bf.ahead[0].it

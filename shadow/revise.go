@@ -135,6 +135,7 @@ func (n *Node) keptRows(dst []bool, p aheadPass, members []*wire.Alignment) []bo
 		}
 		kept[i] = true
 		n.agreed++
+		n.agreedSeqs = append(n.agreedSeqs, a.Seq)
 	}
 	return kept
 }

@@ -91,6 +91,7 @@ type Node struct {
 	// run rewound, for its ShadowDone
 	agreed, rewound int64
 	rewoundSeqs     []uint64
+	agreedSeqs      []uint64 // as rewoundSeqs, the members whose rows it met
 	// started is the latest iteration the main node has started of each
 	// sequence, as its alignments arrive (before they are handled): a
 	// shadow behind it hints no loads for iterations the main node has
@@ -371,7 +372,7 @@ const sendQueue = 256
 // the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 	n.owners = nil // a placement is one main node's: the next may run without residency, or number its own from 0
-	n.agreed, n.rewound, n.rewoundSeqs = 0, 0, n.rewoundSeqs[:0]
+	n.agreed, n.rewound, n.rewoundSeqs, n.agreedSeqs = 0, 0, n.rewoundSeqs[:0], n.agreedSeqs[:0]
 	g, ctx := errgroup.WithContext(ctx)
 	out := make(chan outgoing, sendQueue)
 	g.Go(func() error { return n.send(ctx, out) })
@@ -562,17 +563,17 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Iteration: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: n.takeRewound(), Unhinted: n.unhinted, Reused: n.reused, CPU: procmem.CPUTime()}})
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: take(&n.rewoundSeqs), AgreedSeqs: take(&n.agreedSeqs), Unhinted: n.unhinted, Reused: n.reused, CPU: procmem.CPUTime()}})
 }
 
-// takeRewound hands over the members the pass being reported rewound.
-func (n *Node) takeRewound() []uint64 {
-	if len(n.rewoundSeqs) == 0 {
+// take hands over the sequences in *seqs (nil for none) and empties it.
+func take(seqs *[]uint64) []uint64 {
+	if len(*seqs) == 0 {
 		return nil
 	}
-	seqs := slices.Clone(n.rewoundSeqs)
-	n.rewoundSeqs = n.rewoundSeqs[:0]
-	return seqs
+	out := slices.Clone(*seqs)
+	*seqs = (*seqs)[:0]
+	return out
 }
 
 // apply aligns f with a, its iteration's alignment: the iteration, what

@@ -379,6 +379,10 @@ type ShadowDone struct {
 	// token guessed wrong): each member's alignment period answers for
 	// its own guesses.
 	RewoundSeqs []uint64
+	// AgreedSeqs are the members whose rows this pass met (their token
+	// guessed right), one entry a row: with RewoundSeqs, the main node
+	// counts the guesses by the kind of request each member is.
+	AgreedSeqs []uint64
 	// Unhinted counts, since the main node connected, the layers the
 	// shadow predicted after the main node had started a later iteration
 	// (it had fallen behind): it told the main node but hinted no loads.
