@@ -315,10 +315,18 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 	key := drawKey(s.seed, k)
 	best, bestID := math.Inf(1), -1
 	race := func(id int) { // the smallest E/w wins; ties: the lowest id
-		if w := probs[id]; w > 0 {
-			if r := expVariate(key, id) / w; r < best || r == best && id < bestID {
-				best, bestID = r, id
-			}
+		w := probs[id]
+		if !(w > 0) {
+			return
+		}
+		u := uniform(key, id)
+		// E = -log U >= 1 - U: a token whose bound already loses needs no
+		// logarithm (most of a large vocabulary, whose weights are small)
+		if 1-u > best*w {
+			return
+		}
+		if r := -math.Log(u) / w; r < best || r == best && id < bestID {
+			best, bestID = r, id
 		}
 	}
 	cutK := s.topK > 0 && s.topK < len(z)
@@ -361,11 +369,11 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 // drawKey is the noise key of a sequence's k-th draw under seed.
 func drawKey(seed, k uint64) uint64 { return mix64(seed ^ mix64(k+0x9e3779b97f4a7c15)) }
 
-// expVariate is token id's exponential variate, -log U, under key: U
-// uniform in (0, 1) from the key and the id alone.
-func expVariate(key uint64, id int) float64 {
+// uniform is token id's uniform variate in (0, 1) under key, from the
+// key and the id alone; its exponential variate is -log U.
+func uniform(key uint64, id int) float64 {
 	u := mix64(key ^ (uint64(id)+1)*0xd1b54a32d192ed03)
-	return -math.Log((float64(u>>11) + 0.5) / (1 << 53))
+	return (float64(u>>11) + 0.5) / (1 << 53)
 }
 
 // mix64 is SplitMix64's finaliser: every input bit moves every output bit.
