@@ -80,6 +80,8 @@ func (f *runFlags) checkGenerate() error {
 		return usagef("-max-batch must be >= 1, got %d", f.MaxBatch)
 	case f.MaxQueue < 0:
 		return usagef("-max-queue must be >= 0, got %d", f.MaxQueue)
+	case f.MaxStops < 1:
+		return usagef("-max-stops must be >= 1, got %d", f.MaxStops)
 	case f.PrefillChunk < 0:
 		return usagef("-prefill-chunk must be >= 0 (0 = each prompt in one pass), got %d", f.PrefillChunk)
 	}
@@ -96,7 +98,7 @@ func (f *runFlags) serving() mainnode.Serving {
 	if chunk == 0 {
 		chunk = -1 // each prompt whole: Serving's 0 means the default
 	}
-	return mainnode.Serving{Addr: f.HTTP, ModelName: f.ServedName, MaxBatch: f.MaxBatch, MaxQueue: q, PrefixCacheBytes: f.prefixCacheBytes, PrefillChunk: chunk, APIKey: f.Key(), CORSOrigin: f.CORSOrigin, NoConsole: f.NoConsole}
+	return mainnode.Serving{Addr: f.HTTP, ModelName: f.ServedName, MaxBatch: f.MaxBatch, MaxQueue: q, MaxStops: f.MaxStops, PrefixCacheBytes: f.prefixCacheBytes, PrefillChunk: chunk, APIKey: f.Key(), CORSOrigin: f.CORSOrigin, NoConsole: f.NoConsole}
 }
 
 // text is the prompt and generation settings local and main share.

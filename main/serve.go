@@ -22,6 +22,8 @@ type Serving struct {
 	// MaxBatch sequences generate at once; MaxQueue more requests wait
 	// (0: serve's defaults).
 	MaxBatch, MaxQueue int
+	// MaxStops is the most stop strings a request may give (0: 4).
+	MaxStops int
 	// PrefixCacheBytes is the memory for finished requests' KV rows,
 	// which later prompts starting with the same tokens reuse
 	// (Batcher.KeepPrefixes); 0: none.
@@ -125,7 +127,7 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	}
 	srv, err := serve.New(serve.Config{
 		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
-		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, NoConsole: sv.NoConsole, Timeline: sv.Timeline, Log: log,
+		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, MaxStops: sv.MaxStops, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, NoConsole: sv.NoConsole, Timeline: sv.Timeline, Log: log,
 	})
 	if err != nil {
 		return err

@@ -41,6 +41,7 @@ type Flags struct {
 	CORSOrigin                 string
 	NoConsole                  bool
 	MaxBatch, MaxQueue         int
+	MaxStops                   int
 	PrefixCache                string
 	PrefillChunk               int
 	// main
@@ -98,6 +99,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.HTTP, "http", "", "local, main: serve the OpenAI-compatible API on TCP `ADDR` (e.g. 127.0.0.1:8080) until interrupted, instead of answering -prompt")
 	fs.StringVar(&f.ServedName, "served-model-name", "", "local, main: the model's name in the API; default: the -model directory's base name")
 	fs.IntVar(&f.MaxBatch, "max-batch", 8, "local, main: with -http, requests generating at once")
+	fs.IntVar(&f.MaxStops, "max-stops", 4, "local, main: with -http, the most stop strings a request may give (OpenAI's 4; each at most 1 KiB)")
 	fs.IntVar(&f.MaxQueue, "max-queue", 64, "local, main: with -http, requests waiting for a place beyond -max-batch; more are refused with 503")
 	fs.StringVar(&f.PrefixCache, "prefix-cache", "512MiB", "local, main: with -http, memory for finished requests' KV rows, which a request whose prompt starts with the same tokens (a system prompt, a chat's next turn) reuses instead of computing them again (least recently used dropped first); shadow: the same for its copies of the sequences; 0 = off")
 	fs.IntVar(&f.PrefillChunk, "prefill-chunk", passes.DefaultChunk, "local, main: with -http, the most prompt tokens one forward pass feeds, over all the prompts joining: a long prompt is fed in chunks beside the running requests' decode steps, so none of them waits for all of it; 0 = each prompt in one pass")

@@ -656,7 +656,7 @@ func (s *Server) job(f *samplingFields, prompt []int, param string, maxTokens *i
 	if err := s.samplingExtras(f, param == "messages", j); err != nil {
 		return nil, err
 	}
-	stops, err := stopStrings(f.Stop)
+	stops, err := stopStrings(f.Stop, s.cfg.MaxStops)
 	if err != nil {
 		return nil, err
 	}
@@ -664,19 +664,30 @@ func (s *Server) job(f *samplingFields, prompt []int, param string, maxTokens *i
 	return j, nil
 }
 
-// stopStrings reads "stop": null, a string, or up to 4 strings (OpenAI's
-// limit; more are accepted).
-func stopStrings(raw json.RawMessage) ([]string, error) {
+// maxStopBytes bounds one stop string: a stop is a marker (a turn's end,
+// a delimiter), and the automaton a request builds grows with its bytes.
+const maxStopBytes = 1024
+
+// stopStrings reads "stop": null, a string, or up to limit strings
+// (Config.MaxStops: OpenAI's 4 by default), each of at most maxStopBytes.
+func stopStrings(raw json.RawMessage, limit int) ([]string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
+	var many []string
 	var one string
 	if json.Unmarshal(raw, &one) == nil {
-		return []string{one}, nil
-	}
-	var many []string
-	if err := json.Unmarshal(raw, &many); err != nil {
+		many = []string{one}
+	} else if err := json.Unmarshal(raw, &many); err != nil {
 		return nil, badRequest("stop", "stop must be a string or an array of strings")
+	}
+	if len(many) > limit {
+		return nil, badRequest("stop", "stop: %d stop strings, at most %d (the server's -max-stops)", len(many), limit)
+	}
+	for i, x := range many {
+		if len(x) > maxStopBytes {
+			return nil, badRequest("stop", "stop: stop string %d is %d bytes, at most %d", i, len(x), maxStopBytes)
+		}
 	}
 	return many, nil
 }

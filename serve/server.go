@@ -60,6 +60,9 @@ type Config struct {
 	Generator Generator
 	// Health reports the node's roles; nil: always ready (local mode).
 	Health func() Health
+	// MaxStops is how many stop strings a request may give (default 4,
+	// OpenAI's).
+	MaxStops int
 	// MaxBatch is how many sequences generate at once (default 8);
 	// MaxQueue how many more requests may wait for a place (0: 64;
 	// negative: none). A request beyond both is refused with 503.
@@ -145,6 +148,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 8
+	}
+	if cfg.MaxStops <= 0 {
+		cfg.MaxStops = 4
 	}
 	switch {
 	case cfg.MaxQueue < 0:
