@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"strconv"
@@ -328,6 +329,13 @@ const maxBody = 16 << 20
 // decodeBody reads a JSON request body of at most s.maxBody bytes, which
 // must arrive within Config.BodyTimeout, into v.
 func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	// JSON only: a browser page may send a form or plain text anywhere
+	// without asking first (no CORS preflight), never JSON
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		w.Header().Set("Connection", "close") // the body is not read
+		return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
+			Message: fmt.Sprintf("the request body must be JSON (Content-Type: application/json), not %q", r.Header.Get("Content-Type"))}
+	}
 	rc := http.NewResponseController(w)
 	body, err := readBody(http.MaxBytesReader(w, r.Body, s.maxBody), r.ContentLength, s.maxBody) // within bodyDeadline's
 	if err != nil {

@@ -377,6 +377,7 @@ func TestClientHangingUpEndsItsSequence(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", hs.URL+"/v1/completions",
 		strings.NewReader(`{"prompt": "hi", "max_tokens": 4000, "ignore_eos": true, "stream": true}`))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -622,6 +623,9 @@ func TestAPIKeyIsRequiredOnEveryRouteButHealthz(t *testing.T) {
 		}
 		if key != "" {
 			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -910,6 +914,31 @@ func TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName(t *testing.T) {
 					t.Errorf("%s %s: %s (asking for nothing): status %d; want it answered", ep.path, fl.name, fl.neutral, status)
 				}
 			}
+		}
+	}
+}
+
+// A POST body must be JSON: a form or plain text (what a browser page
+// may send anywhere without a CORS preflight) is refused with 415 naming
+// the type, before its body is read; JSON with a charset is taken.
+func TestPostBodiesMustBeJSON(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	body := `{"prompt": "hi", "max_tokens": 2}`
+	for ct, want := range map[string]int{"text/plain": 415, "application/x-www-form-urlencoded": 415, "": 415, "multipart/form-data; boundary=x": 415,
+		"application/json": 200, "application/json; charset=utf-8": 200, "Application/JSON": 200} {
+		req, _ := http.NewRequest(http.MethodPost, hs.URL+"/v1/completions", strings.NewReader(body))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == 415 && !strings.Contains(string(b), "application/json") {
+			t.Errorf("Content-Type %q: %d %s, want %d", ct, resp.StatusCode, b, want)
 		}
 	}
 }
