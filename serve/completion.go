@@ -11,6 +11,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -534,17 +535,24 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 }
 
 func joinTextParts(parts []any, i int) (string, error) {
-	var text string
+	if len(parts) > maxContentParts {
+		return "", badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: %d parts, at most %d", i, len(parts), maxContentParts)
+	}
+	var text strings.Builder // in one pass: += copied the text so far at every part
 	for k, p := range parts {
 		pm, ok := p.(map[string]any)
 		if !ok || pm["type"] != "text" {
 			return "", badRequest(fmt.Sprintf("messages[%d].content[%d]", i, k), "messages[%d].content[%d]: only text parts are supported", i, k)
 		}
 		t, _ := pm["text"].(string)
-		text += t
+		text.WriteString(t)
 	}
-	return text, nil
+	return text.String(), nil
 }
+
+// maxContentParts bounds a message's content parts: text parts are
+// joined, and a message has no use for thousands of them.
+const maxContentParts = 1024
 
 // completionJob checks a completion request and tokenizes its prompt.
 func (s *Server) completionJob(req *completionRequest) (*job, error) {
@@ -575,13 +583,25 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 		}
 		prompt = ids
 	default:
+		// one prompt in an array (OpenAI's batch form with one entry): a
+		// string or token ids, one level down and no further
 		var list []json.RawMessage
 		if json.Unmarshal(req.Prompt, &list) == nil && len(list) != 1 {
 			return nil, badRequest("prompt", "one prompt per request (got %d)", len(list))
 		}
 		if len(list) == 1 {
-			req.Prompt = list[0]
-			return s.completionJob(req)
+			if err := json.Unmarshal(list[0], &text); err == nil {
+				var err error
+				if prompt, err = s.encode(text, true, "prompt"); err != nil {
+					return nil, err
+				}
+				break
+			}
+			if json.Unmarshal(list[0], &ids) == nil {
+				req.Prompt = list[0]
+				return s.completionJob(req)
+			}
+			return nil, badRequest("prompt", "prompt: an array holds one string or one array of token ids, nothing deeper")
 		}
 		return nil, badRequest("prompt", "prompt must be a string or an array of token ids")
 	}
