@@ -313,9 +313,13 @@ func TestAStalledFrameBodyIsDroppedAfterItsTimeout(t *testing.T) {
 }
 
 // TestListenerCapsConnectionsPerIdentityAndInAll: past MaxConnsPerIdentity
-// connections of one certificate, or MaxConns in all, a new connection is
-// closed at once, saying why, and counted as refused; another identity
-// still connects under the first cap, and a closed connection makes room.
+// connections of one certificate, a new connection replaces that
+// identity's most silent one (closed, saying why: a node restarted after
+// a crash comes back at once, its dead connections making room), so the
+// identity never holds more than the cap; past MaxConns in all a new
+// connection is closed at once, saying why, and counted as refused;
+// another identity still connects under the first cap, and a closed
+// connection makes room.
 func TestListenerCapsConnectionsPerIdentityAndInAll(t *testing.T) {
 	scfg := testConfig(t, "buf", "w1")
 	scfg.MaxConns, scfg.MaxConnsPerIdentity = 3, 2
@@ -332,18 +336,39 @@ func TestListenerCapsConnectionsPerIdentityAndInAll(t *testing.T) {
 		return p, err
 	}
 	first, _ := connect(t, l, testConfig(t, "buf", "main"))
-	connect(t, l, testConfig(t, "buf", "main"))
-	if _, err := dial("main"); err == nil || !strings.Contains(err.Error(), "too many connections") {
-		t.Fatalf("a third main connection: %v, want it refused as too many", err)
+	second, secondServer := connect(t, l, testConfig(t, "buf", "main"))
+	send(t, second, &Heartbeat{Seq: 1}) // heard from since the first was
+	recv(t, secondServer)
+	third, err := dial("main")
+	if err != nil {
+		t.Fatalf("a third main connection: %v, want it to replace the most silent", err)
+	}
+	select {
+	case <-first.Done():
+		if err := first.Err(); err == nil || !strings.Contains(err.Error(), "replaced by a newer connection") {
+			t.Fatalf("the first, most silent, connection ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the most silent main connection was not closed")
+	}
+	waitFor(t, "the identity back at its cap", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.perID["main/main"] == 2 && len(l.peers) == 2
+	})
+	select {
+	case <-second.Done():
+		t.Fatalf("the connection heard from lately was closed: %v", second.Err())
+	default:
 	}
 	connect(t, l, testConfig(t, "buf", "shadow")) // another identity: under its own cap, the third in all
 	if _, err := dial("shadow"); err == nil || !strings.Contains(err.Error(), "too many connections") {
 		t.Fatalf("a fourth connection in all: %v, want it refused as too many", err)
 	}
-	if got := l.Stats().Refused.Load(); got != 2 {
-		t.Fatalf("%d connections counted as refused, want 2", got)
+	if got := l.Stats().Refused.Load(); got != 1 {
+		t.Fatalf("%d connections counted as refused, want 1", got)
 	}
-	first.Close()
+	third.Close()
 	waitFor(t, "the closed connection's place", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/quic-go/quic-go"
 	"golang.org/x/sync/semaphore"
@@ -154,12 +155,37 @@ func (l *Listener) track(conn *quic.Conn, id string) (code ErrorCode, why string
 	case len(l.idOf) >= l.cfg.MaxConns:
 		return codeTooMany, fmt.Sprintf("this node holds %d connections already (MaxConns)", len(l.idOf))
 	case l.perID[id] >= l.cfg.MaxConnsPerIdentity:
-		return codeTooMany, fmt.Sprintf("%q holds %d connections to this node already (MaxConnsPerIdentity)", id, l.perID[id])
+		// the identity's most silent connection makes room: a node
+		// restarted after a crash comes back at once, where its dead
+		// connections held their places until the idle timeout; a
+		// certificate's holder still holds no more than the cap
+		stale := l.mostSilent(id)
+		if stale == nil { // all still in their Hello exchange
+			return codeTooMany, fmt.Sprintf("%q holds %d connections to this node already (MaxConnsPerIdentity)", id, l.perID[id])
+		}
+		delete(l.peers, stale) // forget, when it runs, leaves perID as it finds it
+		delete(l.idOf, stale.conn)
+		l.perID[id]--
+		l.cfg.Log.Warn().Str("node", l.cfg.Name).Str("peer", id).Stringer("remote", stale.conn.RemoteAddr()).
+			Dur("silent", time.Since(time.Unix(0, stale.heard.Load()))).Msg("wire: a new connection of this identity replaces its most silent one (MaxConnsPerIdentity)")
+		go stale.conn.CloseWithError(quic.ApplicationErrorCode(codeTooMany), "replaced by a newer connection of the same identity (MaxConnsPerIdentity)")
 	}
 	l.pending[conn] = struct{}{}
 	l.idOf[conn] = id
 	l.perID[id]++
 	return CodeClosed, ""
+}
+
+// mostSilent is id's established connection that has been silent the
+// longest, nil if it has none. Call with mu held.
+func (l *Listener) mostSilent(id string) *Peer {
+	var stale *Peer
+	for p := range l.peers {
+		if l.idOf[p.conn] == id && (stale == nil || p.heard.Load() < stale.heard.Load()) {
+			stale = p
+		}
+	}
+	return stale
 }
 
 // identityKey names conn's peer by its certificate (role and name), ""

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -88,12 +89,16 @@ type Peer struct {
 	errMu     sync.Mutex
 	err       error
 	closeOnce sync.Once
+	// heard is when a frame last came from the peer (Unix nanoseconds;
+	// from the connection's start): which of an identity's connections
+	// has been silent longest (Listener.track)
+	heard atomic.Int64
 }
 
 // newPeer wraps an established QUIC connection; start runs the Hello
 // exchange.
 func newPeer(conn *quic.Conn, cfg *Config, all *semaphore.Weighted, release func()) *Peer {
-	return &Peer{
+	p := &Peer{
 		bufs:    newPeerBuffers(conn.Context(), cfg, all),
 		conn:    conn,
 		cfg:     cfg,
@@ -104,6 +109,8 @@ func newPeer(conn *quic.Conn, cfg *Config, all *semaphore.Weighted, release func
 		bulkIn:  make(chan inbound, 16),
 		done:    make(chan struct{}),
 	}
+	p.heard.Store(time.Now().UnixNano())
+	return p
 }
 
 // Identity is the remote node's name and role.
@@ -326,6 +333,7 @@ func (p *Peer) countSent(n int) {
 }
 
 func (p *Peer) countReceived(bodyLen int) {
+	p.heard.Store(time.Now().UnixNano())
 	p.cfg.Stats.FramesReceived.Add(1)
 	p.cfg.Stats.BytesReceived.Add(uint64(bodyLen + frameHeaderLen))
 }
