@@ -447,3 +447,44 @@ type serveHealth struct {
 	Down     []string
 	Degraded []string
 }
+
+// TestAMainNodeKilledAndRestartedIsServedAtOnce: a main node SIGKILLed
+// five times in a row once connected, and started again each time, is
+// served at once: each worker, at the certificate's cap of 4 connections,
+// lets a new one replace the most silent (a dead one), where it refused
+// it until the dead connections timed out (5 s). The workers' logs say
+// it happened; the last main node answers.
+func TestAMainNodeKilledAndRestartedIsServedAtOnce(t *testing.T) {
+	r := newChaosRig(t, 2)
+	r.startWorker(0)
+	r.startWorker(1)
+	logOf := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(r.dir, name+".log"))
+		return string(b)
+	}
+	for i := range 5 {
+		before := len(logOf("main"))
+		api, err := procswarm.FreeTCPAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
+			"-certs", filepath.Join(r.dir, "certs"), "-name", "main", "-http", api, "-log-level", "info") // serving: alive until killed
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(logOf("main")[before:], "all workers connected") {
+			if r.procs["main"].ProcessState != nil || time.Now().After(deadline) {
+				t.Fatalf("main node %d did not connect:\n%s", i+1, r.logs())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		r.signal("main", syscall.SIGKILL)
+	}
+	if se, code := r.runMain(); code != 0 {
+		t.Fatalf("the main node after five crashes: exit %d:\n%s\n%s", code, se, r.logs())
+	}
+	for _, w := range []string{"w1", "w2"} {
+		if !strings.Contains(logOf(w), "replaces its most silent one") {
+			t.Errorf("%s never replaced a dead connection of the main node's:\n%s", w, logOf(w))
+		}
+	}
+}
