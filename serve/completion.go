@@ -206,6 +206,7 @@ func (j *job) usageOf(out outcome) *usage {
 // as an error event.
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, sh shape) {
 	rc := http.NewResponseController(w)
+	defer rc.SetWriteDeadline(time.Time{}) // a kept-alive connection's next answer has its own
 	started := false
 	send := func(v any) error {
 		if !started {
@@ -218,6 +219,9 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, j *job, sh
 		if err != nil {
 			return err
 		}
+		// a client that does not read holds the write, and its
+		// connection, this long at most
+		rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout))
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
 			return err
 		}
@@ -316,6 +320,10 @@ func (e *eventWriter) put(v any) error {
 	if e.err != nil {
 		return e.err
 	}
+	if len(e.queue) >= maxQueuedEvents { // the client reads slower than the tokens come: its request ends
+		e.err = errSlowReader
+		return e.err
+	}
 	e.queue = append(e.queue, v)
 	select {
 	case e.wake <- struct{}{}:
@@ -323,6 +331,14 @@ func (e *eventWriter) put(v any) error {
 	}
 	return nil
 }
+
+// maxQueuedEvents bound the events a stream holds for its client: a
+// client that reads slower than its tokens come (or not at all) ends its
+// own request, its memory freed, instead of the node holding every event
+// it has not read.
+const maxQueuedEvents = 1024
+
+var errSlowReader = fmt.Errorf("serve: the client did not read its stream: %d events waited", maxQueuedEvents)
 
 // close ends the queue once it has drained and returns the writer's
 // error, if any.

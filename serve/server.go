@@ -86,6 +86,9 @@ type Config struct {
 	// trickling it in is answered 408 and its connection closed, whatever
 	// the route (one that never reads the body too).
 	BodyTimeout time.Duration
+	// StreamWriteTimeout bounds one event's write to a streaming client
+	// (default 10 s): a client that does not read has its request ended.
+	StreamWriteTimeout time.Duration
 	// NoConsole leaves out the console (a page at / with a chat and a
 	// tile per node, and its feed at /console/events).
 	NoConsole bool
@@ -152,6 +155,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxStops <= 0 {
 		cfg.MaxStops = 4
+	}
+	if cfg.StreamWriteTimeout <= 0 {
+		cfg.StreamWriteTimeout = 10 * time.Second
 	}
 	switch {
 	case cfg.MaxQueue < 0:

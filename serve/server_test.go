@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -970,5 +971,47 @@ func TestPromptsAndContentPartsAreBoundedBeforeAnyWork(t *testing.T) {
 	}
 	if resp, b := post(t, hs.URL+"/v1/chat/completions", parts(28500)); resp.StatusCode != 400 || !strings.Contains(string(b), "28500 parts, at most 1024") {
 		t.Errorf("28,500 content parts: %d %s, want a 400 naming the limit", resp.StatusCode, b)
+	}
+}
+
+// TestAClientThatDoesNotReadEndsItsOwnRequest: a streaming client that
+// never reads (its socket's receive buffer small, so the server's writes
+// block soon) has its generation ended with an error well before its
+// 4,000 tokens, by the write deadline or the bound on queued events,
+// instead of the node holding every event; the server goes on serving.
+func TestAClientThatDoesNotReadEndsItsOwnRequest(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, func(c *Config) { c.StreamWriteTimeout = 300 * time.Millisecond })
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	body := `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000, "ignore_eos": true, "stream": true, "logprobs": true, "top_logprobs": 20}`
+	req, _ := http.NewRequest(http.MethodPost, hs.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		f.gen.mu.Lock()
+		ended := append([]error(nil), f.gen.ended...)
+		f.gen.mu.Unlock()
+		if len(ended) == 1 {
+			if ended[0] == nil {
+				t.Fatal("the generation ran its 4,000 tokens for a client that read nothing")
+			}
+			t.Logf("ended: %v", ended[0])
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the generation went on for a client that read nothing")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, b := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 3}`); resp.StatusCode != 200 {
+		t.Fatalf("after the slow reader: %d %s", resp.StatusCode, b)
 	}
 }
