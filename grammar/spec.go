@@ -45,8 +45,7 @@ func (g *Grammar) Spec() ([]byte, error) {
 	g.specOnce.Do(func() {
 		index := map[*Node]int{}
 		var nodes []*Node
-		var number func(n *Node) int
-		number = func(n *Node) int {
+		number := func(n *Node) int {
 			if n == nil {
 				return -1
 			}
