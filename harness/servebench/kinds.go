@@ -27,8 +27,10 @@ type Kind struct {
 
 // ParseKinds reads a comma-separated list of request kinds: greedy
 // (temperature 0), tX (temperature X, e.g. t0.7, t1: top_p 1, as OpenAI's
-// default), penalties (t0.7 with presence and frequency penalties of 0.5)
-// and json (t0.7, a chat completion following a JSON schema).
+// default), penalties (t0.7 with presence and frequency penalties of 0.5),
+// greedy-penalties (greedy with those penalties: a greedy request that
+// does not repeat itself) and json (t0.7, a chat completion following a
+// JSON schema).
 func ParseKinds(s string) ([]Kind, error) {
 	var out []Kind
 	for _, name := range strings.Split(s, ",") {
@@ -39,6 +41,8 @@ func ParseKinds(s string) ([]Kind, error) {
 			k = Kind{Name: name}
 		case name == "penalties":
 			k = Kind{Name: name, Temperature: 0.7, Presence: 0.5, Frequency: 0.5}
+		case name == "greedy-penalties": // greedy, but not repeating itself
+			k = Kind{Name: name, Presence: 0.5, Frequency: 0.5}
 		case name == "json":
 			k = Kind{Name: name, Temperature: 0.7, JSONSchema: true}
 		case strings.HasPrefix(name, "t"):
@@ -48,7 +52,7 @@ func ParseKinds(s string) ([]Kind, error) {
 			}
 			k = Kind{Name: name, Temperature: t}
 		default:
-			return nil, fmt.Errorf("request kind %q unknown: greedy, tX (a temperature, e.g. t0.7), penalties, json", name)
+			return nil, fmt.Errorf("request kind %q unknown: greedy, tX (a temperature, e.g. t0.7), penalties, greedy-penalties, json", name)
 		}
 		if slices.ContainsFunc(out, func(o Kind) bool { return o.Name == k.Name }) {
 			return nil, fmt.Errorf("request kind %q given twice", name)

@@ -96,12 +96,13 @@ func TestHistogramQuantilesInterpolateWithinBuckets(t *testing.T) {
 }
 
 func TestParseKindsNamesWhatIsWrong(t *testing.T) {
-	ks, err := ParseKinds("greedy, t0.7,t1,penalties,json")
+	ks, err := ParseKinds("greedy, t0.7,t1,penalties,json,greedy-penalties")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Kind{{Name: "greedy"}, {Name: "t0.7", Temperature: 0.7}, {Name: "t1", Temperature: 1},
-		{Name: "penalties", Temperature: 0.7, Presence: 0.5, Frequency: 0.5}, {Name: "json", Temperature: 0.7, JSONSchema: true}}
+		{Name: "penalties", Temperature: 0.7, Presence: 0.5, Frequency: 0.5}, {Name: "json", Temperature: 0.7, JSONSchema: true},
+		{Name: "greedy-penalties", Presence: 0.5, Frequency: 0.5}}
 	if !slices.Equal(ks, want) {
 		t.Errorf("ParseKinds = %+v, want %+v", ks, want)
 	}
