@@ -27,8 +27,8 @@ import (
 // (WithBias), and a constraint (WithConstraint) that rules tokens out.
 // WithLogprobs keeps the chosen token's log-probability and the most
 // likely alternatives, from the processed logits at temperature 1. A
-// sampler that processes nothing draws exactly as it always has: the
-// same seed gives the same tokens.
+// sampler that processes nothing draws exactly as one whose processing
+// leaves the logits as they are: the same seed gives the same tokens.
 //
 // A Sampler is one sequence's: it counts the tokens it has chosen.
 type Sampler struct {
@@ -188,23 +188,17 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 		s.last = Choice{TokenLogprob: TokenLogprob{ID: id}}
 		return id, nil
 	}
-	z := s.widen(logits)
-	s.penalise(z, s.counts)
-	s.addBias(z)
+	var allowed []uint64
 	if s.constraint != nil {
-		allowed, err := s.constraint.Allowed()
-		if err != nil {
+		var err error
+		if allowed, err = s.constraint.Allowed(); err != nil {
 			return 0, err
 		}
-		if !mask(z, allowed) {
-			return 0, errNoToken
-		}
 	}
-	var id int
-	if s.temperature <= 0 {
-		id = argmax(z)
-	} else {
-		id = s.draw(z, k)
+	z := s.widen(logits)
+	id, ok := s.choose(z, s.counts, allowed, k)
+	if !ok {
+		return 0, errNoToken
 	}
 	s.last = Choice{TokenLogprob: TokenLogprob{ID: id}}
 	if s.topLogprobs >= 0 {
@@ -221,15 +215,15 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	return id, nil
 }
 
-// Guess returns the token s chooses from logits as its sequence's k-th
-// (from 0) after generated, the k tokens chosen before it (their counts
-// are the penalties'), among the tokens allowed (a bitset, as
+// Guess returns the token s chooses from logits after generated, the
+// tokens chosen before it (their number is the draw's position, their
+// counts the penalties'), among the tokens allowed (a bitset, as
 // Constraint.Allowed gives it; nil: any), without moving s: what Sample
 // would return there when s's sampling were the request's and generated
 // its choices so far. The shadow guesses a sampled request's next token
 // with it, from its own logits.
-func (s *Sampler) Guess(logits []float32, k int, generated []int, allowed []uint64) int {
-	z := s.widen(logits)
+func (s *Sampler) Guess(logits []float32, generated []int, allowed []uint64) int {
+	var counts map[int]int
 	if s.counts != nil {
 		if s.guessCounts == nil {
 			s.guessCounts = map[int]int{}
@@ -238,16 +232,28 @@ func (s *Sampler) Guess(logits []float32, k int, generated []int, allowed []uint
 		for _, id := range generated {
 			s.guessCounts[id]++
 		}
-		s.penalise(z, s.guessCounts)
+		counts = s.guessCounts
 	}
+	if id, ok := s.choose(s.widen(logits), counts, allowed, uint64(len(generated))); ok {
+		return id
+	}
+	return argmax(s.widen(logits)) // nothing allowed: the constraint is not the request's
+}
+
+// choose picks the k-th token of the sequence from z, the widened
+// logits, processed in place: the penalties of the tokens counts has,
+// the biases, and only the tokens allowed (nil: any); false when allowed
+// rules out every token.
+func (s *Sampler) choose(z []float64, counts map[int]int, allowed []uint64, k uint64) (int, bool) {
+	s.penalise(z, counts)
 	s.addBias(z)
 	if allowed != nil && !mask(z, allowed) {
-		return argmax(s.widen(logits)) // nothing allowed: the constraint is not the request's
+		return 0, false
 	}
 	if s.temperature <= 0 {
-		return argmax(z)
+		return argmax(z), true
 	}
-	return s.draw(z, uint64(max(k, 0)))
+	return s.draw(z, k), true
 }
 
 // mask rules out of z the tokens allowed does not have; it reports
@@ -307,10 +313,8 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 	}
 	probs := s.probs[:len(z)]
 	mx := z[argmax(z)]
-	var sum float64
 	for i, l := range z {
 		probs[i] = math.Exp((l - mx) / s.temperature)
-		sum += probs[i]
 	}
 	key := drawKey(s.seed, k)
 	best, bestID := math.Inf(1), -1
@@ -338,11 +342,15 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 	} else {
 		h := byProbability{probs: probs, heap: s.idx[:len(z)], sorted: s.sorted[:0]}
 		h.init()
-		keep := len(z)
+		keep, sum := len(z), 0.0
 		if cutK {
-			keep, sum = s.topK, 0
+			keep = s.topK
 			for i := range keep {
 				sum += probs[h.at(i)]
+			}
+		} else {
+			for _, p := range probs { // in id order, as before the cut
+				sum += p
 			}
 		}
 		if cutP {

@@ -178,9 +178,9 @@ type follow struct {
 // greedy one's.
 func (f *follow) ownToken() int {
 	if f.headDue {
-		if k := len(f.fed) - f.promptLen; f.sampler != nil && k >= 0 {
+		if f.sampler != nil && len(f.fed) >= f.promptLen {
 			generated := f.fed[f.promptLen:]
-			f.next = f.sampler.Guess(f.sess.Logits(), k, generated, f.allowed(generated))
+			f.next = f.sampler.Guess(f.sess.Logits(), generated, f.allowed(generated))
 		} else {
 			f.next = model.Argmax(f.sess.Logits())
 		}
