@@ -580,48 +580,41 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 	case req.BestOf != nil && *req.BestOf != 1:
 		return nil, badRequest("best_of", "best_of must be 1")
 	}
-	var prompt []int
+	if len(req.Prompt) == 0 || string(req.Prompt) == "null" {
+		return nil, badRequest("prompt", "prompt is required")
+	}
+	prompt, err := s.completionPrompt(req.Prompt, false)
+	if err != nil {
+		return nil, err
+	}
+	return s.job(&req.samplingFields, prompt, "prompt", req.MaxTokens, 16)
+}
+
+// completionPrompt tokenizes a completion's prompt: a string, token ids,
+// or (not inArray) one of those in an array, OpenAI's batch form with one
+// entry, and nothing deeper.
+func (s *Server) completionPrompt(raw json.RawMessage, inArray bool) ([]int, error) {
 	var text string
 	var ids []int
+	var list []json.RawMessage
 	switch {
-	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
-		return nil, badRequest("prompt", "prompt is required")
-	case json.Unmarshal(req.Prompt, &text) == nil:
-		var err error
-		if prompt, err = s.encode(text, true, "prompt"); err != nil {
-			return nil, err
-		}
-	case json.Unmarshal(req.Prompt, &ids) == nil:
+	case json.Unmarshal(raw, &text) == nil:
+		return s.encode(text, true, "prompt")
+	case json.Unmarshal(raw, &ids) == nil:
 		for _, id := range ids {
 			if id < 0 || id >= s.cfg.Tokenizer.VocabSize() {
 				return nil, badRequest("prompt", "prompt token id %d is outside the vocabulary of %d", id, s.cfg.Tokenizer.VocabSize())
 			}
 		}
-		prompt = ids
-	default:
-		// one prompt in an array (OpenAI's batch form with one entry): a
-		// string or token ids, one level down and no further
-		var list []json.RawMessage
-		if json.Unmarshal(req.Prompt, &list) == nil && len(list) != 1 {
-			return nil, badRequest("prompt", "one prompt per request (got %d)", len(list))
-		}
-		if len(list) == 1 {
-			if err := json.Unmarshal(list[0], &text); err == nil {
-				var err error
-				if prompt, err = s.encode(text, true, "prompt"); err != nil {
-					return nil, err
-				}
-				break
-			}
-			if json.Unmarshal(list[0], &ids) == nil {
-				req.Prompt = list[0]
-				return s.completionJob(req)
-			}
-			return nil, badRequest("prompt", "prompt: an array holds one string or one array of token ids, nothing deeper")
-		}
-		return nil, badRequest("prompt", "prompt must be a string or an array of token ids")
+		return ids, nil
+	case inArray:
+		return nil, badRequest("prompt", "prompt: an array holds one string or one array of token ids, nothing deeper")
+	case json.Unmarshal(raw, &list) == nil && len(list) != 1:
+		return nil, badRequest("prompt", "one prompt per request (got %d)", len(list))
+	case len(list) == 1:
+		return s.completionPrompt(list[0], true)
 	}
-	return s.job(&req.samplingFields, prompt, "prompt", req.MaxTokens, 16)
+	return nil, badRequest("prompt", "prompt must be a string or an array of token ids")
 }
 
 // job checks the fields both endpoints share; param names the prompt's

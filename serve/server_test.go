@@ -946,9 +946,9 @@ func TestPostBodiesMustBeJSON(t *testing.T) {
 
 // A prompt is a string or token ids, or one of those in an array (OpenAI's
 // batch form with one entry), nothing deeper: a prompt nested 9,990 deep
-// is refused by name before any work (each level was parsed again, 3.9 s
-// of CPU for 20 KB); a message's content parts are bounded (1,024) and
-// joined in one pass (28,500 were 1.3 s).
+// is refused by name before any work (each level was parsed again:
+// issue 54 measured 3.9 s of CPU for 20 KB); a message's content parts
+// are bounded (1,024) and joined in one pass (28,500 took 1.3 s there).
 func TestPromptsAndContentPartsAreBoundedBeforeAnyWork(t *testing.T) {
 	f := newFixture(t)
 	hs := f.server(t, nil)

@@ -21,7 +21,7 @@ type stopAutomaton struct {
 }
 
 type stopNode struct {
-	edges []stopEdge // sorted by byte
+	edges []stopEdge // in the order the stop strings made them
 	fail  int32
 	depth int32 // the length of the prefix the node stands for
 	match int32 // the length of the longest stop string ending here (via the failure links); 0: none
