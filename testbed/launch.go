@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/internal/procmem"
 )
 
@@ -136,7 +135,7 @@ type Local struct{ Files Paths }
 func (Local) Name() string       { return "local" }
 func (l Local) Paths(Node) Paths { return l.Files }
 func (l Local) Start(n Node, args []string, log io.Writer) (*Proc, error) {
-	argv := cpuset.Argv(n.CPUs, append([]string{l.Files.Bin}, args...))
+	argv := n.Argv(l.Files.Bin, args)
 	p, err := startProc(n, exec.Command(argv[0], argv[1:]...), log, signalStop, signalKill)
 	if p != nil {
 		p.here = true
@@ -189,7 +188,7 @@ func (v *Netns) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 	// ip netns exec enters the namespace and execs the binary (taskset
 	// too, when the node has CPUs of its own): the process we signal is
 	// the node itself.
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, cpuset.Argv(n.CPUs, append([]string{v.Files.Bin}, args...))...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, n.Argv(v.Files.Bin, args)...)...)
 	p, err := startProc(n, cmd, log, signalStop, signalKill)
 	if p != nil {
 		p.here = true
@@ -227,7 +226,7 @@ func (s SSH) remote(n Node, line string) *exec.Cmd {
 
 func (s SSH) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 	pid := path.Join(s.Dir, n.Name+".pid")
-	line := fmt.Sprintf("echo $$ > %s && exec %s", shellQuote(pid), shellJoin(cpuset.Argv(n.CPUs, append([]string{s.Paths(n).Bin}, args...))))
+	line := fmt.Sprintf("echo $$ > %s && exec %s", shellQuote(pid), shellJoin(n.Argv(s.Paths(n).Bin, args)))
 	return startProc(n, s.remote(n, line), log, func(p *Proc) error {
 		return s.remote(n, fmt.Sprintf("kill $(cat %s)", shellQuote(pid))).Run()
 	}, func(p *Proc) error {
@@ -311,7 +310,7 @@ func Up(ctx context.Context, opt BenchOptions, mode Mode, push bool, logDir stri
 	if err != nil {
 		return err
 	}
-	line := shellJoin(cpuset.Argv(rig.Main.CPUs, append([]string{opt.Files.Bin}, MainFlags(opt, mode).Args()...))) + " -prompt 'Hello'"
+	line := shellJoin(rig.Main.Argv(opt.Files.Bin, MainFlags(opt, mode).Args())) + " -prompt 'Hello'"
 	where := "on this host (" + rig.Main.Host() + ")"
 	if nv, ok := via.(*Netns); ok {
 		ns, err := nv.Namespace(rig.Main)

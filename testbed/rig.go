@@ -43,6 +43,12 @@ func (n Node) FlagsAs(role string) (runflags.Flags, error) {
 	return f, nil
 }
 
+// Argv is the command line that runs bin with args as node n: pinned to
+// its CPUs (taskset) when it has some.
+func (n Node) Argv(bin string, args []string) []string {
+	return cpuset.Argv(n.CPUs, append([]string{bin}, args...))
+}
+
 // Host is the node's address without the port.
 func (n Node) Host() string {
 	if h, _, err := net.SplitHostPort(n.Addr); err == nil {

@@ -25,6 +25,10 @@ type Kind struct {
 	JSONSchema bool
 }
 
+// greedy is the kind every request was before kinds: temperature 0, a
+// completion of token ids.
+var greedy = Kind{Name: "greedy"}
+
 // ParseKinds reads a comma-separated list of request kinds: greedy
 // (temperature 0), tX (temperature X, e.g. t0.7, t1: top_p 1, as OpenAI's
 // default), penalties (t0.7 with presence and frequency penalties of 0.5),
@@ -37,8 +41,8 @@ func ParseKinds(s string) ([]Kind, error) {
 		name = strings.TrimSpace(name)
 		var k Kind
 		switch {
-		case name == "greedy":
-			k = Kind{Name: name}
+		case name == greedy.Name:
+			k = greedy
 		case name == "penalties":
 			k = Kind{Name: name, Temperature: 0.7, Presence: 0.5, Frequency: 0.5}
 		case name == "greedy-penalties": // greedy, but not repeating itself
@@ -67,9 +71,9 @@ func ParseKinds(s string) ([]Kind, error) {
 var benchSchema = json.RawMessage(`{"type":"object","properties":{"name":{"type":"string"},"count":{"type":"integer"},"score":{"type":"number"},"tags":{"type":"array","items":{"type":"string"}},"done":{"type":"boolean"}},"required":["name","count","score","tags","done"],"additionalProperties":false}`)
 
 // request is the path and body of a streamed request of kind k: prompt
-// (token ids; text is the same decoded, for a chat message) for
+// (token ids; decode writes them as text, for a chat message) for
 // maxTokens tokens, drawn with seed.
-func (k Kind) request(prompt []int, text string, maxTokens int, seed uint64) (string, []byte) {
+func (k Kind) request(prompt []int, decode func([]int) string, maxTokens int, seed uint64) (string, []byte) {
 	body := map[string]any{"temperature": k.Temperature, "seed": seed, "stream": true, "stream_options": map[string]bool{"include_usage": true}}
 	if k.Presence != 0 || k.Frequency != 0 {
 		body["presence_penalty"], body["frequency_penalty"] = k.Presence, k.Frequency
@@ -77,7 +81,7 @@ func (k Kind) request(prompt []int, text string, maxTokens int, seed uint64) (st
 	path := "/v1/completions"
 	if k.JSONSchema { // the answer ends where the schema's object does
 		path = "/v1/chat/completions"
-		body["messages"] = []map[string]string{{"role": "user", "content": "Describe this as JSON: " + text}}
+		body["messages"] = []map[string]string{{"role": "user", "content": "Describe this as JSON: " + decode(prompt)}}
 		body["max_completion_tokens"] = maxTokens
 		body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "item", "strict": true, "schema": benchSchema}}
 	} else {

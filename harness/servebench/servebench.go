@@ -248,6 +248,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	// the API takes the tokenizer's ids (a synthetic model's vocabulary
 	// may be smaller than its embeddings)
 	vocab := min(cfg.VocabSize, tok.VocabSize())
+	decode := func(ids []int) string { return tok.Decode(ids, true) }
 
 	sw, err := procswarm.Start(ctx, files, f.Swarm)
 	if err != nil {
@@ -313,7 +314,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 		cpu0 := sw.CPU()
 		row, results := c.measure(ctx, n, f, func(k, r int) (string, []byte) {
 			ids := prompt(k, r)
-			return kind.request(ids, tok.Decode(ids, true), f.MaxTokens, seedOf(f.Seed, round, k, r))
+			return kind.request(ids, decode, f.MaxTokens, seedOf(f.Seed, round, k, r))
 		})
 		row.Kind, row.Round = kind.Name, round
 		cpu1 := sw.CPU()
@@ -376,7 +377,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	}
 	kinds := f.Kinds
 	if len(kinds) == 0 {
-		kinds = []Kind{{Name: "greedy"}}
+		kinds = []Kind{greedy}
 	}
 	for round := 1; round <= max(1, f.Rounds); round++ {
 		for _, n := range f.Clients {
@@ -400,7 +401,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 		if r := c.complete(ctx, promptIDs(vocab, f.PromptTokens, 0, 0, 0), 2); r.err != nil {
 			return Result{}, fmt.Errorf("warm-up request: %w", r.err)
 		}
-		return measure(1, Kind{Name: "greedy"}, 1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
+		return measure(1, greedy, 1, func(int, int) []int { return textIDs }) // text mode's prompt: the same routing to load
 	}
 	// runText runs text mode with the API's main node stopped, then
 	// starts it again
@@ -818,7 +819,7 @@ type streamChunk struct {
 // complete sends one streamed, greedy completion of prompt (token ids)
 // for exactly maxTokens tokens and times its chunks.
 func (c *Client) complete(ctx context.Context, prompt []int, maxTokens int) streamResult {
-	path, body := Kind{Name: "greedy"}.request(prompt, "", maxTokens, 0)
+	path, body := greedy.request(prompt, nil, maxTokens, 0)
 	return c.stream(ctx, path, body)
 }
 

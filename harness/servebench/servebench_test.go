@@ -119,7 +119,7 @@ func TestParseKindsNamesWhatIsWrong(t *testing.T) {
 func TestKindsRequestWhatTheySay(t *testing.T) {
 	ks, _ := ParseKinds("greedy,t0.7,penalties,json")
 	for _, k := range ks {
-		path, body := k.request([]int{5, 6}, "five six", 9, 42)
+		path, body := k.request([]int{5, 6}, func([]int) string { return "five six" }, 9, 42)
 		var req map[string]any
 		if err := json.Unmarshal(body, &req); err != nil {
 			t.Fatal(err)
