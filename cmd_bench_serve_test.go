@@ -18,21 +18,7 @@ import (
 // token counted by the clients and by the node, latencies measured and
 // ordered, tokens/s from them.
 func TestBenchServeMeasuresStreamingClients(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "report")
-	so, se, code := run(t, "", "bench", "serve", "-preset", "tiny", "-cache", t.TempDir(), "-workers", "4",
-		"-clients", "1,2", "-requests", "1", "-max-tokens", "8", "-text-rounds", "1", "-out", out, "-log-level", "warn",
-		"-node-cpus", "0")
-	if code != 0 {
-		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
-	}
-	var rep servebench.Report
-	b, err := os.ReadFile(filepath.Join(out, "report.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	out, so, rep, b := benchServe(t, "-clients", "1,2", "-requests", "1", "-max-tokens", "8", "-text-rounds", "1", "-node-cpus", "0")
 	if len(rep.Rows) != 2 || rep.Workers != 4 || rep.Prefetch != "shadow" || rep.ExpertBytes <= 0 || rep.Machine.CPUs < 1 ||
 		!strings.HasPrefix(rep.Command, "odmoe bench serve -preset tiny") {
 		t.Fatalf("report: %s", b)
@@ -109,20 +95,7 @@ func ordered(q servebench.Quantiles) bool { return q.N == 0 || (q.P50 > 0 && q.P
 // shadow's guesses of each row (sampled requests too), and a table of
 // medians by kind beside greedy's.
 func TestBenchServeMeasuresKindsOfRequestInRounds(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "report")
-	so, se, code := run(t, "", "bench", "serve", "-preset", "tiny", "-cache", t.TempDir(), "-workers", "4",
-		"-clients", "1", "-requests", "1", "-max-tokens", "12", "-kinds", "greedy,t0.7,json", "-rounds", "2", "-out", out, "-log-level", "warn")
-	if code != 0 {
-		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
-	}
-	var rep servebench.Report
-	b, err := os.ReadFile(filepath.Join(out, "report.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	_, so, rep, b := benchServe(t, "-clients", "1", "-requests", "1", "-max-tokens", "12", "-kinds", "greedy,t0.7,json", "-rounds", "2")
 	if !slices.Equal(rep.Kinds, []string{"greedy", "t0.7", "json"}) || rep.Rounds != 2 || len(rep.Rows) != 6 {
 		t.Fatalf("kinds %q, %d rounds, %d rows: %s", rep.Kinds, rep.Rounds, len(rep.Rows), b)
 	}
@@ -142,4 +115,25 @@ func TestBenchServeMeasuresKindsOfRequestInRounds(t *testing.T) {
 			t.Errorf("the report lacks %q:\n%s", want, so)
 		}
 	}
+}
+
+// benchServe runs `odmoe bench serve` on the tiny preset with 4 workers
+// and args, and returns its -out directory, its stdout, and its
+// report.json read and as written.
+func benchServe(t *testing.T, args ...string) (out, stdout string, rep servebench.Report, raw []byte) {
+	t.Helper()
+	out = filepath.Join(t.TempDir(), "report")
+	args = append([]string{"bench", "serve", "-preset", "tiny", "-cache", t.TempDir(), "-workers", "4", "-out", out, "-log-level", "warn"}, args...)
+	so, se, code := run(t, "", args...)
+	if code != 0 {
+		t.Fatalf("bench serve exit %d:\n%s\n%s", code, so, se)
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return out, so, rep, raw
 }

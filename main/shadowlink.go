@@ -58,7 +58,7 @@ type shadowLink struct {
 	// (reusedSeen: the current connection's latest)
 	reused, reusedSeen int64
 	// guesses are the shadow's guesses of members' tokens, met and
-	// rewound, by the kind of request (GuessKind), over its connections;
+	// rewound, by the kind of request (guessKind), over its connections;
 	// ended keeps the kind of sequences just ended, whose last guesses
 	// may be told after their end
 	guesses map[string]GuessCounts
@@ -90,6 +90,22 @@ func guessKind(s *wire.Sampling) string {
 		return KindConstrained
 	}
 	return KindSampled
+}
+
+// countGuess counts a guess of sequence seq's token, met or rewound,
+// under its kind of request. Call with mu held.
+func (sl *shadowLink) countGuess(seq uint64, met bool) {
+	if sl.guesses == nil {
+		sl.guesses = map[string]GuessCounts{}
+	}
+	k := sl.kindOf(seq)
+	c := sl.guesses[k]
+	if met {
+		c.Met++
+	} else {
+		c.Rewound++
+	}
+	sl.guesses[k] = c
 }
 
 // kindOf is sequence seq's kind of request, live or just ended (greedy
@@ -285,23 +301,14 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			// the rows it met and rewound, each its member's (a new
 			// batch's first pass tells those of the passes before it too)
 			sl.mu.Lock()
-			if sl.guesses == nil {
-				sl.guesses = map[string]GuessCounts{}
-			}
 			for _, seq := range m.AgreedSeqs {
-				k := sl.kindOf(seq)
-				c := sl.guesses[k]
-				c.Met++
-				sl.guesses[k] = c
+				sl.countGuess(seq, true)
 			}
 			for _, seq := range m.RewoundSeqs { // a member's guessed token: its own alignment's
 				if q := sl.seqs[seq]; q != nil && q.ctl != nil {
 					q.ctl.Rewound(1)
 				}
-				k := sl.kindOf(seq)
-				c := sl.guesses[k]
-				c.Rewound++
-				sl.guesses[k] = c
+				sl.countGuess(seq, false)
 			}
 			sl.mu.Unlock()
 			if it := int(m.Iteration); it >= 2 {

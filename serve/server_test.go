@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,22 @@ func (g *localGenerator) Generate(ctx context.Context, prompt []int, opt model.G
 	g.ended = append(g.ended, err)
 	g.mu.Unlock()
 	return ids, st, err
+}
+
+// waitEnded waits up to timeout for the first generation to return:
+// whether one has, and how it ended.
+func (g *localGenerator) waitEnded(timeout time.Duration) (bool, error) {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(10 * time.Millisecond) {
+		g.mu.Lock()
+		ended := slices.Clone(g.ended)
+		g.mu.Unlock()
+		if len(ended) > 0 {
+			return true, ended[0]
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
+	}
 }
 
 // gatedGenerator holds every generation until open is closed.
@@ -389,23 +406,14 @@ func TestClientHangingUpEndsItsSequence(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		f.gen.mu.Lock()
-		ended := append([]error(nil), f.gen.ended...)
-		f.gen.mu.Unlock()
-		if len(ended) == 1 {
-			// the hang-up shows as the request's cancelled context or as a
-			// failed write to the stream, whichever comes first
-			if ended[0] == nil {
-				t.Fatal("the generation ran to its end after its client hung up")
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the generation went on after its client hung up")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// the hang-up shows as the request's cancelled context or as a failed
+	// write to the stream, whichever comes first
+	ok, ended := f.gen.waitEnded(10 * time.Second)
+	switch {
+	case !ok:
+		t.Fatal("the generation went on after its client hung up")
+	case ended == nil:
+		t.Fatal("the generation ran to its end after its client hung up")
 	}
 	if resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 2}`); resp.StatusCode != 200 {
 		t.Fatalf("after the hang-up: %d %s", resp.StatusCode, body)
@@ -994,23 +1002,14 @@ func TestAClientThatDoesNotReadEndsItsOwnRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close() // never read
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		f.gen.mu.Lock()
-		ended := append([]error(nil), f.gen.ended...)
-		f.gen.mu.Unlock()
-		if len(ended) == 1 {
-			if ended[0] == nil {
-				t.Fatal("the generation ran its 4,000 tokens for a client that read nothing")
-			}
-			t.Logf("ended: %v", ended[0])
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the generation went on for a client that read nothing")
-		}
-		time.Sleep(20 * time.Millisecond)
+	ok, ended := f.gen.waitEnded(60 * time.Second)
+	switch {
+	case !ok:
+		t.Fatal("the generation went on for a client that read nothing")
+	case ended == nil:
+		t.Fatal("the generation ran its 4,000 tokens for a client that read nothing")
 	}
+	t.Logf("ended: %v", ended)
 	if resp, b := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 3}`); resp.StatusCode != 200 {
 		t.Fatalf("after the slow reader: %d %s", resp.StatusCode, b)
 	}
