@@ -1,5 +1,7 @@
 package align
 
+import "github.com/odmoe/odmoe/internal/splitmix"
+
 // PassToken names the tokens a forward pass fed, for a prediction's
 // Token: the token itself when the pass has one row, otherwise a hash of
 // every row's (sequence, token) that does not depend on the rows' order
@@ -13,16 +15,7 @@ func PassToken(seqs []uint64, tokens []int) int32 {
 	}
 	var sum uint64
 	for i, s := range seqs {
-		sum += mix(s ^ mix(uint64(tokens[i])+0x9e3779b97f4a7c15))
+		sum += splitmix.Mix(s ^ splitmix.Mix(uint64(tokens[i])+0x9e3779b97f4a7c15))
 	}
 	return int32(sum & 0x7fffffff)
-}
-
-// mix is splitmix64's finalizer: every input bit moves every output bit.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
 }

@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/splitmix"
 	"math"
 	"sort"
 )
@@ -375,22 +376,13 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 }
 
 // drawKey is the noise key of a sequence's k-th draw under seed.
-func drawKey(seed, k uint64) uint64 { return mix64(seed ^ mix64(k+0x9e3779b97f4a7c15)) }
+func drawKey(seed, k uint64) uint64 { return splitmix.Mix(seed ^ splitmix.Mix(k+0x9e3779b97f4a7c15)) }
 
 // uniform is token id's uniform variate in (0, 1) under key, from the
 // key and the id alone; its exponential variate is -log U.
 func uniform(key uint64, id int) float64 {
-	u := mix64(key ^ (uint64(id)+1)*0xd1b54a32d192ed03)
+	u := splitmix.Mix(key ^ (uint64(id)+1)*0xd1b54a32d192ed03)
 	return (float64(u>>11) + 0.5) / (1 << 53)
-}
-
-// mix64 is SplitMix64's finaliser: every input bit moves every output bit.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
 }
 
 // byProbability hands out token ids most probable first, ties lowest id
