@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
@@ -120,9 +121,18 @@ func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
 					}
 				}
 			}
-			lb := mainnode.NewBatcher(local, model.NewResidentExperts(local), mainnode.BatcherHooks{})
+			var widest atomic.Int64 // the most rows a local pass carried: batched, they shared passes
+			lb := mainnode.NewBatcher(local, model.NewResidentExperts(local), mainnode.BatcherHooks{BeforePass: func(_ context.Context, _ model.Step, rows []mainnode.PassRow) error {
+				if n := int64(len(rows)); n > widest.Load() {
+					widest.Store(n)
+				}
+				return nil
+			}})
 			check("local mode batched", batched(t, lb, prompts, steps, samplers()))
 			lb.Close()
+			if widest.Load() < 2 {
+				t.Fatalf("the two requests never shared a pass in local mode (at most %d rows a pass)", widest.Load())
+			}
 			for _, c := range []struct {
 				policy mainnode.Prefetch
 				shadow *shadowSpec

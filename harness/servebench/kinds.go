@@ -118,7 +118,7 @@ func writeKinds(w io.Writer, rep *Report) {
 		return // one row each: the table above says it all
 	}
 	slices.SortStableFunc(keys, func(a, b key) int { return cmp.Compare(a.clients, b.clients) })
-	median := func(rows []Result, f func(Result) float64) float64 {
+	median := func(rows []Result, f func(Result) float64) float64 { // of the rows that have f (not NaN)
 		v := make([]float64, 0, len(rows))
 		for _, r := range rows {
 			if x := f(r); !math.IsNaN(x) {
@@ -128,8 +128,7 @@ func writeKinds(w io.Writer, rep *Report) {
 		if len(v) == 0 {
 			return math.NaN()
 		}
-		slices.Sort(v)
-		return v[(len(v)-1)/2]
+		return quantilesOf(v).P50
 	}
 	missed := func(r Result) float64 { return float64(r.Workers.Misses) / float64(max(1, r.Workers.Loads)) }
 	perToken := func(r Result) float64 { return float64(r.Workers.Loads) / float64(max(1, r.Tokens)) }
@@ -161,5 +160,5 @@ func writeKinds(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "| %d | %s | %.1f%% | %s | %.2f | %s | %s | %.1f | %s |\n", k.clients, k.kind, 100*m, vsM, p, vsP, agree, median(rows, tokps), strings.Join(each, ", "))
 	}
-	fmt.Fprintln(w, "\nKinds: greedy (temperature 0), tX (temperature X, top_p 1), penalties (t0.7, presence and frequency penalties 0.5), json (t0.7, a chat completion whose answer follows a JSON schema: it ends where the object does). Every request seeded, its own seed. Loads missed: the workers' misses over their loads; loads / token: the workers' loads over the generated tokens; the shadow's guesses met: the rows it ran ahead whose token the main node then fed (odmoe_shadow_guesses_total).")
+	fmt.Fprintln(w, "\nKinds: greedy (temperature 0), tX (temperature X, top_p 1), penalties (t0.7, presence and frequency penalties 0.5), greedy-penalties (greedy with those penalties), json (t0.7, a chat completion whose answer follows a JSON schema: it ends where the object does). Every request seeded, its own seed. Loads missed: the workers' misses over their loads; loads / token: the workers' loads over the generated tokens; the shadow's guesses met: the rows it ran ahead whose token the main node then fed (odmoe_shadow_guesses_total).")
 }
