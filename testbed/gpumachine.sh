@@ -138,7 +138,9 @@ done
 [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
 if [ -s "$res/gpumem.txt" ]; then
   log "GPU memory per worker, MiB at most (nvidia-smi):"
-  awk '$4 != "" { k = $5; if ($3 > m[k]) m[k] = $3 } $2 == "total" && $3 > t { t = $3 } END { for (k in m) print k, m[k]; print "whole GPU at most", t }' "$res/gpumem.txt" | sort -V | tr '\n' ';' | tee -a "$out/summary.txt"
+  # by node name where /proc shows the PID nvidia-smi gives, else by PID
+  # (a VM's driver may name PIDs this machine cannot see)
+  awk '$2 != "total" { k = ($5 != "" ? $5 : "pid " $2); if ($3 > m[k]) m[k] = $3 } $2 == "total" && $3 > t { t = $3 } END { for (k in m) print k, m[k]; print "whole GPU at most", t }' "$res/gpumem.txt" | sort -V | tr '\n' ';' | tee -a "$out/summary.txt"
   echo | tee -a "$out/summary.txt"
 fi
 
