@@ -13,6 +13,12 @@
 // masks are kept per state, so that the tokens inside one long string
 // cost one walk.
 //
+// What a grammar may cost is bounded before it runs: FromSchema parses
+// a schema once and compiles each definition once, within Limits counted
+// as it goes (a refusal names the limit and the schema's path), and New
+// refuses a grammar whose steps could not be bounded (check). As it
+// runs, a state keeps at most maxStacks ways to read the output.
+//
 // Whitespace: up to 24 bytes of spaces, tabs and newlines after '{',
 // '[', ',' and ':' and after every value inside a container, none
 // before the first value or after the last, so that a model can neither

@@ -36,7 +36,16 @@ func mustSchema(t testing.TB, schema string) *Grammar {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(n)
+	return mustNew(t, n)
+}
+
+func mustNew(t testing.TB, root *Node) *Grammar {
+	t.Helper()
+	g, err := New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 const personSchema = `{"type": "object", "properties": {
@@ -88,7 +97,7 @@ func TestGrammarTakesWhatTheSchemaSaysAndNothingElse(t *testing.T) {
 }
 
 func TestAnyObjectTakesJSONObjectsAsEncodersWriteThem(t *testing.T) {
-	g := New(AnyObject())
+	g := mustNew(t, AnyObject())
 	docs := []any{
 		map[string]any{},
 		map[string]any{"a": []any{1.5, "x", nil, true, false, map[string]any{"b": []any{}}}},

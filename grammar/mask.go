@@ -102,17 +102,110 @@ func newTokenList(ids []int32, all map[int32][]byte) tokenList {
 
 // MaskCache keeps the allowed set of each state grammars reach, for the
 // constraints of any grammars over one vocabulary (a state's key names
-// its grammar's nodes), up to a number of masks: a mask is a bit a token
-// (19 KB for Qwen3's vocabulary). Full, it starts again empty.
+// its grammar's nodes), up to a number of bytes: a mask is a bit a token
+// (19 KB for Qwen3's vocabulary), a key some bytes a frame of the state's
+// stacks. Full, it starts again empty; a mask that would take more than
+// a quarter of it is not kept.
 type MaskCache struct {
-	mu    sync.Mutex
-	limit int
-	byKey map[string][]uint64
+	mu          sync.Mutex
+	limit, used int
+	byKey       map[string][]uint64
 }
 
-// NewMaskCache returns a cache of up to limit masks.
+// NewMaskCache returns a cache of up to limit bytes.
 func NewMaskCache(limit int) *MaskCache {
-	return &MaskCache{limit: max(limit, 1), byKey: map[string][]uint64{}}
+	return &MaskCache{limit: limit, byKey: map[string][]uint64{}}
+}
+
+func (m *MaskCache) get(key []byte) ([]uint64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mask, ok := m.byKey[string(key)]
+	return mask, ok
+}
+
+func (m *MaskCache) put(key []byte, mask []uint64) {
+	cost := entryCost + len(key) + 8*len(mask)
+	if cost > m.limit/4 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.byKey[string(key)]; ok {
+		return
+	}
+	if m.used+cost > m.limit {
+		clear(m.byKey)
+		m.used = 0
+	}
+	m.byKey[string(key)] = mask
+	m.used += cost
+}
+
+// GrammarCacheBytes and MaskCacheBytes are what a node keeps of compiled
+// grammars and of their states' masks (a bit a token: 19 KB each for
+// Qwen3's vocabulary).
+const (
+	GrammarCacheBytes = 64 << 20
+	MaskCacheBytes    = 32 << 20
+)
+
+// entryCost is what a map entry costs beyond its key and value's bytes.
+const entryCost = 64
+
+// Grammars keeps compiled grammars' constraint makers by a key (their
+// source), up to a number of bytes (the key's, and the grammar's twice:
+// its nodes and its Spec once written), letting the oldest go first.
+type Grammars struct {
+	mu          sync.Mutex
+	limit, used int
+	byKey       map[string]*Constraints
+	order       []string // oldest first
+}
+
+// NewGrammars returns a cache of up to limit bytes.
+func NewGrammars(limit int) *Grammars {
+	return &Grammars{limit: limit, byKey: map[string]*Constraints{}}
+}
+
+// Get returns what was kept under key.
+func (k *Grammars) Get(key string) (*Constraints, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	cs, ok := k.byKey[key]
+	return cs, ok
+}
+
+// Put keeps cs under key, unless it alone would take more than half the
+// cache.
+func (k *Grammars) Put(key string, cs *Constraints) {
+	cost := grammarCost(key, cs)
+	if cost > k.limit/2 {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.byKey[key]; ok {
+		return
+	}
+	for k.used+cost > k.limit && len(k.order) > 0 {
+		old := k.order[0]
+		k.order = k.order[1:]
+		k.used -= grammarCost(old, k.byKey[old])
+		delete(k.byKey, old)
+	}
+	k.byKey[key] = cs
+	k.order = append(k.order, key)
+	k.used += cost
+}
+
+func grammarCost(key string, cs *Constraints) int { return entryCost + len(key) + 2*cs.g.size }
+
+// Bytes is what the kept grammars take, by the cache's count.
+func (k *Grammars) Bytes() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.used
 }
 
 // Constraint keeps one generation inside a grammar (model.Constraint).
@@ -158,20 +251,13 @@ func (c *Constraint) Complete() bool {
 // it is complete.
 func (c *Constraint) Allowed() ([]uint64, error) {
 	key := c.stateKey()
-	c.cache.mu.Lock()
-	mask, ok := c.cache.byKey[string(key)]
-	c.cache.mu.Unlock()
+	mask, ok := c.cache.get(key)
 	if !ok {
 		var err error
 		if mask, err = c.walk(); err != nil {
 			return nil, err
 		}
-		c.cache.mu.Lock()
-		if len(c.cache.byKey) >= c.cache.limit {
-			clear(c.cache.byKey)
-		}
-		c.cache.byKey[string(key)] = mask
-		c.cache.mu.Unlock()
+		c.cache.put(key, mask)
 	}
 	if !c.Complete() {
 		return mask, nil
@@ -196,7 +282,7 @@ func (c *Constraint) Accept(id int) error {
 		if !c.Complete() {
 			return fmt.Errorf("grammar: end of sequence before the output is complete (after %q)", c.text)
 		}
-		c.states = []*frame{{n: endNode}}
+		c.states = []*frame{push(endNode, nil)}
 		return nil
 	}
 	var tokenBytes []byte
@@ -222,7 +308,11 @@ func (c *Constraint) Accept(id int) error {
 	return nil
 }
 
-// stepAll appends to out the stacks states become on byte c.
+// stepAll appends to out the stacks states become on byte c. Past
+// maxStacks ways to read the output at once (an ambiguous schema), the
+// later ones are let go: what the output may still become is then a
+// part of what the grammar allows, never more, and a step costs at most
+// maxStacks stacks' expansions.
 func stepAll(states []*frame, c byte, out []*frame) ([]*frame, error) {
 	var err error
 	for _, f := range states {
@@ -232,7 +322,8 @@ func stepAll(states []*frame, c byte, out []*frame) ([]*frame, error) {
 	}
 	out = dedupe(out)
 	if len(out) > maxStacks {
-		return out, fmt.Errorf("grammar: more than %d ways to read the output at once (an ambiguous schema)", maxStacks)
+		clear(out[maxStacks:])
+		out = out[:maxStacks]
 	}
 	return out, nil
 }
@@ -243,10 +334,23 @@ func dedupe(fs []*frame) []*frame {
 		return fs
 	}
 	out := fs[:1]
-	for _, f := range fs[1:] {
-		if !slices.ContainsFunc(out, func(g *frame) bool { return sameStack(f, g) }) {
-			out = append(out, f)
+	if len(fs) <= 16 {
+		for _, f := range fs[1:] {
+			if !slices.ContainsFunc(out, func(g *frame) bool { return sameStack(f, g) }) {
+				out = append(out, f)
+			}
 		}
+		return out
+	}
+	byHash := make(map[uint64][]*frame, len(fs))
+	byHash[stackHash(fs[0])] = fs[:1:1]
+	for _, f := range fs[1:] {
+		h := stackHash(f)
+		if slices.ContainsFunc(byHash[h], func(g *frame) bool { return sameStack(f, g) }) {
+			continue
+		}
+		byHash[h] = append(byHash[h], f)
+		out = append(out, f)
 	}
 	return out
 }

@@ -32,7 +32,7 @@ func TestMaskIsEveryTokenTheGrammarCanTake(t *testing.T) {
 	eos := v.eos[0]
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, schema := range []string{personSchema, `{"type": "object"}`} {
-		cs := For(mustSchema(t, schema), v, NewMaskCache(4096))
+		cs := For(mustSchema(t, schema), v, NewMaskCache(64<<20))
 		for range 20 {
 			c, err := cs.New()
 			if err != nil {
@@ -98,7 +98,7 @@ func takes(states []*frame, b []byte) bool {
 
 func TestAcceptRefusesWhatTheMaskRefuses(t *testing.T) {
 	tok, v := trainedVocabulary(t)
-	c, err := For(New(AnyObject()), v, NewMaskCache(16)).New()
+	c, err := For(mustNew(t, AnyObject()), v, NewMaskCache(1<<20)).New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func BenchmarkMask(b *testing.B) {
 	g := mustSchema(b, personSchema)
 	b.ResetTimer()
 	for range b.N {
-		cs := For(g, v, NewMaskCache(4096)) // a fresh cache: every state walked once
+		cs := For(g, v, NewMaskCache(64<<20)) // a fresh cache: every state walked once
 		c, err := cs.New()
 		if err != nil {
 			b.Fatal(err)

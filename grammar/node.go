@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 type kind uint8
@@ -48,7 +49,7 @@ const (
 	maxIntDigits   = 16
 	maxFracDigits  = 16
 	maxExpDigits   = 3
-	maxStacks      = 512 // ways to read the output at once
+	maxStacks      = 512 // ways to read the output at once (more are let go)
 	maxExpandDepth = 200 // epsilon moves in a row (a left-recursive schema)
 )
 
@@ -81,7 +82,7 @@ func numberNode(integer bool) *Node {
 	return &Node{kind: kNumber}
 }
 
-// anyValue is any JSON value.
+// anyValue is any JSON value, anyValueNodes nodes.
 func anyValue() *Node {
 	v := &Node{kind: kOneOf}
 	v.alts = []*Node{
@@ -91,6 +92,8 @@ func anyValue() *Node {
 	}
 	return v
 }
+
+const anyValueNodes = 8
 
 // AnyObject is any JSON object (response_format json_object).
 func AnyObject() *Node { return &Node{kind: kObject, extra: anyValue()} }
@@ -103,6 +106,8 @@ type Grammar struct {
 	// whose keys name nodes by address: a grammar let go, and another's
 	// nodes made at the same addresses, must not find its masks
 	id uint64
+	// size is the bytes its nodes take
+	size int
 	// its Spec, written once
 	specOnce sync.Once
 	spec     []byte
@@ -112,8 +117,15 @@ type Grammar struct {
 // grammars numbers the grammars made (Grammar.id).
 var grammars atomic.Uint64
 
-// New returns the grammar whose outputs are root's texts.
-func New(root *Node) *Grammar { return &Grammar{root: root, id: grammars.Add(1)} }
+// New returns the grammar whose outputs are root's texts, or refuses one
+// whose steps could not be bounded (see check).
+func New(root *Node) (*Grammar, error) {
+	_, size, err := check(root)
+	if err != nil {
+		return nil, fmt.Errorf("grammar: %w", err)
+	}
+	return &Grammar{root: root, id: grammars.Add(1), size: size}, nil
+}
 
 var endNode = &Node{kind: kEnd}
 
@@ -124,33 +136,58 @@ type frame struct {
 	st   uint8 // state within n
 	i, k int32 // counters: offset, digits, next property, items so far
 	up   *frame
+	// hash is the whole stack's, from this frame down (as sameStack
+	// compares stacks), worked out when first asked (stackHash); 0: not
+	// yet. A frame belongs to one constraint's states, used by one
+	// goroutine at a time.
+	hash uint64
+}
+
+func newFrame(n *Node, st uint8, i, k int32, up *frame) *frame {
+	return &frame{n: n, st: st, i: i, k: k, up: up}
+}
+
+// stackHash is f's stack's hash, memoised in its frames.
+func stackHash(f *frame) uint64 {
+	if f == nil {
+		return 14695981039346656037
+	}
+	if f.hash == 0 {
+		h := stackHash(f.up)
+		for _, x := range [...]uint64{uint64(uintptr(unsafe.Pointer(f.n))), uint64(f.st), uint64(uint32(f.i)), uint64(uint32(f.k))} {
+			h = (h ^ x) * 1099511628211
+		}
+		f.hash = h | 1
+	}
+	return f.hash
 }
 
 // start returns the stacks before any byte.
 func (g *Grammar) start() ([]*frame, error) {
 	var out []*frame
-	return expand(push(g.root, &frame{n: endNode}), out, 0)
+	return expand(push(g.root, push(endNode, nil)), out, 0)
 }
 
-func push(n *Node, up *frame) *frame { return &frame{n: n, up: up} }
+func push(n *Node, up *frame) *frame { return newFrame(n, 0, 0, 0, up) }
 
 func with(f *frame, st uint8, i, k int32) *frame {
-	return &frame{n: f.n, st: st, i: i, k: k, up: f.up}
+	return newFrame(f.n, st, i, k, f.up)
 }
 
 // space is optional whitespace over up.
-func space(up *frame) *frame { return &frame{n: spaceNode, up: up} }
+func space(up *frame) *frame { return push(spaceNode, up) }
 
 var spaceNode = &Node{kind: kSpace}
 
 // expand appends to out the stacks f stands for whose top frames each
 // consume a byte (or are the end): it takes the moves that consume
-// nothing.
+// nothing. depth counts the moves into a node's parts (check bounds
+// them); moves back up a stack are bounded by the stack.
 func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
 	if depth > maxExpandDepth {
 		return out, fmt.Errorf("grammar: more than %d moves without a byte (a schema that refers to itself before any text)", maxExpandDepth)
 	}
-	depth++
+	down := depth + 1
 	n := f.n
 	switch n.kind {
 	case kEnd:
@@ -176,7 +213,7 @@ func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
 	case kOneOf:
 		var err error
 		for _, a := range n.alts {
-			if out, err = expand(push(a, f.up), out, depth); err != nil {
+			if out, err = expand(push(a, f.up), out, down); err != nil {
 				return out, err
 			}
 		}
@@ -185,14 +222,14 @@ func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
 		if int(f.i) == len(n.alts) {
 			return expand(f.up, out, depth)
 		}
-		return expand(push(n.alts[f.i], with(f, 0, f.i+1, 0)), out, depth)
+		return expand(push(n.alts[f.i], with(f, 0, f.i+1, 0)), out, down)
 	case kObject:
 		if f.st == 1 {
-			return expandObject(f, out, depth)
+			return expandObject(f, out, down)
 		}
 	case kArray:
 		if f.st == 1 {
-			return expandArray(f, out, depth)
+			return expandArray(f, out, down)
 		}
 	}
 	return append(out, f), nil
@@ -210,14 +247,14 @@ func expandObject(f *frame, out []*frame, depth int) ([]*frame, error) {
 		if f.k == 0 {
 			return over
 		}
-		return &frame{n: commaNode, up: space(over)}
+		return push(commaNode, space(over))
 	}
 	optionalRest := true
 	for q := int(f.i); q < len(n.props); q++ {
 		p := n.props[q]
 		after := space(with(f, 1, int32(q)+1, f.k+1))
 		value := push(p.value, after)
-		key := &frame{n: p.key, up: space(value)}
+		key := push(p.key, space(value))
 		if out, err = expand(sep(key), out, depth); err != nil {
 			return out, err
 		}
@@ -232,12 +269,12 @@ func expandObject(f *frame, out []*frame, depth int) ([]*frame, error) {
 	if n.extra != nil {
 		after := space(with(f, 1, int32(len(n.props)), f.k+1))
 		value := push(n.extra, after)
-		key := push(keyString, &frame{n: colonNode, up: space(value)})
+		key := push(keyString, push(colonNode, space(value)))
 		if out, err = expand(sep(key), out, depth); err != nil {
 			return out, err
 		}
 	}
-	return expand(&frame{n: closeObject, up: f.up}, out, depth)
+	return expand(push(closeObject, f.up), out, depth)
 }
 
 // expandArray: after '[' or an item, the array may close (enough items)
@@ -248,14 +285,14 @@ func expandArray(f *frame, out []*frame, depth int) ([]*frame, error) {
 	if n.maxItems < 0 || int(f.k) < n.maxItems {
 		item := push(n.items, space(with(f, 1, 0, f.k+1)))
 		if f.k > 0 {
-			item = &frame{n: commaNode, up: space(item)}
+			item = push(commaNode, space(item))
 		}
 		if out, err = expand(item, out, depth); err != nil {
 			return out, err
 		}
 	}
 	if int(f.k) >= n.minItems {
-		return expand(&frame{n: closeArray, up: f.up}, out, depth)
+		return expand(push(closeArray, f.up), out, depth)
 	}
 	return out, nil
 }

@@ -5,29 +5,93 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
 // FromSchema compiles a JSON Schema into the node of the JSON texts it
-// accepts. It knows type (one or a list), properties, required,
-// additionalProperties, items, minItems, maxItems, enum, const, anyOf,
-// oneOf (read as anyOf: the alternatives of a schema meant for output
-// rarely overlap), and $ref to "#", "#/$defs/..." or "#/definitions/...";
-// annotations (title, description, default, examples, ...) are ignored;
-// any other keyword is refused by name rather than left unchecked.
+// accepts, within DefaultLimits. It knows type (one or a list),
+// properties, required, additionalProperties, items, minItems, maxItems,
+// enum, const, anyOf, oneOf (read as anyOf: the alternatives of a schema
+// meant for output rarely overlap), and $ref to "#", "#/$defs/..." or
+// "#/definitions/..."; annotations (title, description, default,
+// examples, ...) are ignored; any other keyword is refused by name rather
+// than left unchecked.
 //
 // Properties come in the order the schema declares them; an optional one
 // may be left out, a required one may not. An object takes properties
 // beyond those declared only where additionalProperties says so (true or
 // a schema): a schema written for output means the properties it lists.
 func FromSchema(schema json.RawMessage) (*Node, error) {
-	c := &compiler{root: schema, refs: map[string]*Node{}}
-	return c.compile(schema, "#")
+	return NewCompiler(DefaultLimits).Schema(schema)
+}
+
+// Limits bound what schemas may cost: a schema past one is refused, the
+// limit named, as the compiler meets it, before the grammar runs.
+type Limits struct {
+	Depth        int // objects and arrays nested in one another, in the schema's text (a definition's from its start)
+	Properties   int // properties declared, in all
+	Alternatives int // anyOf and oneOf branches, enum values and listed types, in all
+	Text         int // bytes of property names and of enum and const values, in all
+	Nodes        int // the grammar's nodes, in all
+}
+
+// DefaultLimits are OpenAI's for a strict schema (10 levels of nesting,
+// 5,000 properties, 1,000 enum values, 15,000 characters of names and
+// values), and a grammar of at most 50,000 nodes (each property is
+// three).
+var DefaultLimits = Limits{Depth: 10, Properties: 5000, Alternatives: 1000, Text: 15000, Nodes: 50000}
+
+// Compiler compiles schemas within one set of Limits, counted across
+// every schema it compiles (a request's tools share them).
+type Compiler struct {
+	limits Limits
+	used   Limits
+}
+
+// NewCompiler returns a compiler within limits.
+func NewCompiler(limits Limits) *Compiler { return &Compiler{limits: limits} }
+
+// Schema compiles one JSON Schema (see FromSchema).
+func (cc *Compiler) Schema(schema json.RawMessage) (*Node, error) {
+	v, err := parseValue(schema)
+	if err != nil {
+		return nil, fmt.Errorf("#: not JSON: %v", err)
+	}
+	c := &compiler{Compiler: cc, root: v, refs: map[string]*Node{}, paths: map[*Node]string{}}
+	n, err := c.compile(v, "#", 0)
+	if err != nil {
+		return nil, err
+	}
+	if bad, _, err := check(n); err != nil {
+		if path, ok := c.paths[bad]; ok {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
+		return nil, err
+	}
+	return n, nil
 }
 
 type compiler struct {
-	root json.RawMessage
+	*Compiler
+	root *value
 	refs map[string]*Node
+	// paths names the choices and references made, for check's refusals
+	paths map[*Node]string
+}
+
+// count adds n to what one limit has used, refusing past it.
+func (c *compiler) count(used *int, n int, limit int, what, path string) error {
+	*used += n
+	if *used > limit {
+		return fmt.Errorf("%s: more than %d %s (a limit of the server's)", path, limit, what)
+	}
+	return nil
+}
+
+// node counts a node made.
+func (c *compiler) node(n *Node, path string) (*Node, error) {
+	return n, c.count(&c.used.Nodes, 1, c.limits.Nodes, "grammar nodes", path)
 }
 
 // annotations change nothing a document may be.
@@ -38,17 +102,21 @@ var annotations = []string{"title", "description", "default", "examples", "$sche
 var keywords = []string{"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
 	"enum", "const", "anyOf", "oneOf", "$ref"}
 
-func (c *compiler) compile(raw json.RawMessage, path string) (*Node, error) {
-	raw = bytes.TrimSpace(raw)
-	switch string(raw) {
-	case "true", "{}":
-		return anyValue(), nil
-	case "false":
-		return nil, fmt.Errorf("%s: the schema false accepts nothing", path)
+// compile compiles the schema v at path, depth objects and arrays deep.
+func (c *compiler) compile(v *value, path string, depth int) (*Node, error) {
+	switch v.kind {
+	case vBool:
+		if v.text == "false" {
+			return nil, fmt.Errorf("%s: the schema false accepts nothing", path)
+		}
+		return c.anyValue(path)
+	case vObject:
+	default:
+		return nil, fmt.Errorf("%s: a schema must be an object or a boolean, not %s", path, v.typeName())
 	}
-	keys, fields, err := members(raw)
-	if err != nil {
-		return nil, fmt.Errorf("%s: a schema must be an object or a boolean: %v", path, err)
+	keys, fields := v.keys, v.fields
+	if len(keys) == 0 {
+		return c.anyValue(path)
 	}
 	for _, k := range keys {
 		if !slices.Contains(keywords, k) && !slices.Contains(annotations, k) {
@@ -71,75 +139,96 @@ func (c *compiler) compile(raw json.RawMessage, path string) (*Node, error) {
 		return c.ref(ref, path)
 	}
 	if v, ok := fields["const"]; ok {
-		lit, err := canonical(v)
-		if err != nil {
-			return nil, fmt.Errorf("%s/const: %v", path, err)
+		lit := v.canonical()
+		if err := c.count(&c.used.Text, len(lit), c.limits.Text, "bytes of property names, enum and const values", path+"/const"); err != nil {
+			return nil, err
 		}
 		if err := matchesType(fields, v); err != nil {
 			return nil, fmt.Errorf("%s/const: %s %v", path, lit, err)
 		}
-		return Literal(lit), nil
+		return c.node(Literal(lit), path)
 	}
 	if v, ok := fields["enum"]; ok {
-		var values []json.RawMessage
-		if err := json.Unmarshal(v, &values); err != nil || len(values) == 0 {
+		if v.kind != vArray || len(v.items) == 0 {
 			return nil, fmt.Errorf("%s/enum: must be a non-empty array", path)
 		}
-		if len(values) > maxEnum {
-			return nil, fmt.Errorf("%s/enum: %d values, more than the %d supported", path, len(values), maxEnum)
+		if err := c.count(&c.used.Alternatives, len(v.items), c.limits.Alternatives, "alternatives (anyOf and oneOf branches, enum values, types listed)", path+"/enum"); err != nil {
+			return nil, err
 		}
 		var alts []*Node
-		for _, v := range values {
-			lit, err := canonical(v)
-			if err != nil {
-				return nil, fmt.Errorf("%s/enum: %v", path, err)
+		for _, v := range v.items {
+			lit := v.canonical()
+			if err := c.count(&c.used.Text, len(lit), c.limits.Text, "bytes of property names, enum and const values", path+"/enum"); err != nil {
+				return nil, err
 			}
 			if err := matchesType(fields, v); err != nil {
 				return nil, fmt.Errorf("%s/enum: %s %v", path, lit, err)
 			}
-			alts = append(alts, Literal(lit))
+			n, err := c.node(Literal(lit), path)
+			if err != nil {
+				return nil, err
+			}
+			alts = append(alts, n)
 		}
-		return OneOf(alts...), nil
+		return c.choice(alts, path+"/enum")
 	}
 	for _, k := range []string{"anyOf", "oneOf"} {
 		if v, ok := fields[k]; ok {
-			var list []json.RawMessage
-			if err := json.Unmarshal(v, &list); err != nil || len(list) == 0 {
+			if v.kind != vArray || len(v.items) == 0 {
 				return nil, fmt.Errorf("%s/%s: must be a non-empty array of schemas", path, k)
 			}
+			if err := c.count(&c.used.Alternatives, len(v.items), c.limits.Alternatives, "alternatives (anyOf and oneOf branches, enum values, types listed)", path+"/"+k); err != nil {
+				return nil, err
+			}
 			var alts []*Node
-			for i, s := range list {
-				n, err := c.compile(s, fmt.Sprintf("%s/%s/%d", path, k, i))
+			for i, s := range v.items {
+				n, err := c.compile(s, fmt.Sprintf("%s/%s/%d", path, k, i), depth)
 				if err != nil {
 					return nil, err
 				}
 				alts = append(alts, n)
 			}
-			return OneOf(alts...), nil
+			return c.choice(alts, path+"/"+k)
 		}
 	}
 	types, err := typesOf(fields, path)
 	if err != nil {
 		return nil, err
 	}
+	if len(types) > 1 {
+		if err := c.count(&c.used.Alternatives, len(types), c.limits.Alternatives, "alternatives (anyOf and oneOf branches, enum values, types listed)", path+"/type"); err != nil {
+			return nil, err
+		}
+	}
 	var alts []*Node
 	for _, t := range types {
-		n, err := c.typed(t, fields, path)
+		n, err := c.typed(t, fields, path, depth)
 		if err != nil {
 			return nil, err
 		}
 		alts = append(alts, n)
 	}
-	return OneOf(alts...), nil
+	return c.choice(alts, path+"/type")
 }
 
-// maxEnum bounds an enum: each value is a way to read the output until
-// it differs from the others.
-const maxEnum = 256
+// choice is one of alts, named by path for check's refusals.
+func (c *compiler) choice(alts []*Node, path string) (*Node, error) {
+	if len(alts) == 1 {
+		return alts[0], nil
+	}
+	n, err := c.node(OneOf(alts...), path)
+	c.paths[n] = path
+	return n, err
+}
+
+// anyValue is any JSON value: its nodes counted.
+func (c *compiler) anyValue(path string) (*Node, error) {
+	return anyValue(), c.count(&c.used.Nodes, anyValueNodes, c.limits.Nodes, "grammar nodes", path)
+}
 
 // matchesType checks a const or enum value against the schema's type,
 // if it has one.
-func matchesType(fields map[string]json.RawMessage, v json.RawMessage) error {
+func matchesType(fields map[string]*value, v *value) error {
 	if _, ok := fields["type"]; !ok {
 		return nil
 	}
@@ -147,30 +236,7 @@ func matchesType(fields map[string]json.RawMessage, v json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	var x any
-	dec := json.NewDecoder(bytes.NewReader(v))
-	dec.UseNumber()
-	if err := dec.Decode(&x); err != nil {
-		return err
-	}
-	var is string
-	switch x := x.(type) {
-	case nil:
-		is = "null"
-	case bool:
-		is = "boolean"
-	case string:
-		is = "string"
-	case []any:
-		is = "array"
-	case map[string]any:
-		is = "object"
-	case json.Number:
-		is = "number"
-		if _, err := x.Int64(); err == nil {
-			is = "integer"
-		}
-	}
+	is := v.typeName()
 	if slices.Contains(types, is) || is == "integer" && slices.Contains(types, "number") {
 		return nil
 	}
@@ -178,7 +244,7 @@ func matchesType(fields map[string]json.RawMessage, v json.RawMessage) error {
 }
 
 // typesOf reads "type", or infers it from the keywords present.
-func typesOf(fields map[string]json.RawMessage, path string) ([]string, error) {
+func typesOf(fields map[string]*value, path string) ([]string, error) {
 	v, ok := fields["type"]
 	if !ok {
 		has := func(ks ...string) bool {
@@ -195,58 +261,86 @@ func typesOf(fields map[string]json.RawMessage, path string) ([]string, error) {
 		}
 		return []string{"any"}, nil
 	}
-	var one string
-	if json.Unmarshal(v, &one) == nil {
-		return []string{one}, nil
+	if v.kind == vString {
+		return []string{v.text}, nil
 	}
 	var many []string
-	if err := json.Unmarshal(v, &many); err != nil || len(many) == 0 {
+	for _, t := range v.items {
+		if t.kind != vString {
+			break
+		}
+		many = append(many, t.text)
+	}
+	if v.kind != vArray || len(many) == 0 || len(many) != len(v.items) {
 		return nil, fmt.Errorf("%s/type: must be a type name or a non-empty list of them", path)
 	}
 	return many, nil
 }
 
-func (c *compiler) typed(t string, fields map[string]json.RawMessage, path string) (*Node, error) {
+func (c *compiler) typed(t string, fields map[string]*value, path string, depth int) (*Node, error) {
 	switch t {
 	case "any":
-		return anyValue(), nil
+		return c.anyValue(path)
 	case "string":
-		return stringNode(), nil
+		return c.node(stringNode(), path)
 	case "number":
-		return numberNode(false), nil
+		return c.node(numberNode(false), path)
 	case "integer":
-		return numberNode(true), nil
+		return c.node(numberNode(true), path)
 	case "boolean":
-		return OneOf(Literal("true"), Literal("false")), nil
+		return c.node(OneOf(Literal("true"), Literal("false")), path)
 	case "null":
-		return Literal("null"), nil
-	case "object":
-		return c.object(fields, path)
-	case "array":
-		return c.array(fields, path)
+		return c.node(Literal("null"), path)
+	case "object", "array":
+		if depth+1 > c.limits.Depth {
+			return nil, fmt.Errorf("%s: objects and arrays nested more than %d deep (a limit of the server's)", path, c.limits.Depth)
+		}
+		if t == "object" {
+			return c.object(fields, path, depth+1)
+		}
+		return c.array(fields, path, depth+1)
 	}
 	return nil, fmt.Errorf("%s/type: unknown type %q", path, t)
 }
 
-func (c *compiler) object(fields map[string]json.RawMessage, path string) (*Node, error) {
-	n := &Node{kind: kObject}
+func (c *compiler) object(fields map[string]*value, path string, depth int) (*Node, error) {
+	n, err := c.node(&Node{kind: kObject}, path)
+	if err != nil {
+		return nil, err
+	}
+	c.paths[n] = path
 	var required []string
 	if v, ok := fields["required"]; ok {
-		if err := json.Unmarshal(v, &required); err != nil {
+		for _, r := range v.items {
+			if r.kind == vString {
+				required = append(required, r.text)
+			}
+		}
+		if v.kind != vArray || len(required) != len(v.items) {
 			return nil, fmt.Errorf("%s/required: must be an array of names", path)
 		}
 	}
 	if v, ok := fields["properties"]; ok {
-		names, props, err := members(v)
-		if err != nil {
-			return nil, fmt.Errorf("%s/properties: %v", path, err)
+		if v.kind != vObject {
+			return nil, fmt.Errorf("%s/properties: not a JSON object", path)
 		}
-		for _, name := range names {
-			value, err := c.compile(props[name], path+"/properties/"+name)
+		if err := c.count(&c.used.Properties, len(v.keys), c.limits.Properties, "properties", path+"/properties"); err != nil {
+			return nil, err
+		}
+		for _, name := range v.keys {
+			at := path + "/properties/" + name
+			if err := c.count(&c.used.Text, len(name), c.limits.Text, "bytes of property names, enum and const values", at); err != nil {
+				return nil, err
+			}
+			value, err := c.compile(v.fields[name], at, depth)
 			if err != nil {
 				return nil, err
 			}
-			n.props = append(n.props, property{name: name, key: Literal(jsonString(name) + ":"), value: value, required: slices.Contains(required, name)})
+			key, err := c.node(Literal(jsonString(name)+":"), at)
+			if err != nil {
+				return nil, err
+			}
+			n.props = append(n.props, property{name: name, key: key, value: value, required: slices.Contains(required, name)})
 		}
 	}
 	for _, r := range required {
@@ -254,42 +348,46 @@ func (c *compiler) object(fields map[string]json.RawMessage, path string) (*Node
 			return nil, fmt.Errorf("%s/required: %q is required but not among the properties", path, r)
 		}
 	}
-	if v, ok := fields["additionalProperties"]; ok && string(bytes.TrimSpace(v)) != "false" {
+	if v, ok := fields["additionalProperties"]; ok && !(v.kind == vBool && v.text == "false") {
 		if len(n.props) > 0 {
 			// an extra key could repeat a declared one with a value of
 			// its own, which the client would read instead
 			return nil, fmt.Errorf("%s/additionalProperties: other properties beside the declared ones are not supported (declare them, or set it false)", path)
 		}
-		extra, err := c.compile(v, path+"/additionalProperties")
-		if err != nil {
+		if n.extra, err = c.compile(v, path+"/additionalProperties", depth); err != nil {
 			return nil, err
 		}
-		n.extra = extra
 	} else if !ok && len(n.props) == 0 {
-		n.extra = anyValue() // {"type": "object"} alone: any object
+		if n.extra, err = c.anyValue(path); err != nil { // {"type": "object"} alone: any object
+			return nil, err
+		}
 	}
 	return n, nil
 }
 
-func (c *compiler) array(fields map[string]json.RawMessage, path string) (*Node, error) {
-	n := &Node{kind: kArray, maxItems: -1}
+func (c *compiler) array(fields map[string]*value, path string, depth int) (*Node, error) {
+	n, err := c.node(&Node{kind: kArray, maxItems: -1}, path)
+	if err != nil {
+		return nil, err
+	}
+	c.paths[n] = path
 	if v, ok := fields["items"]; ok {
-		items, err := c.compile(v, path+"/items")
-		if err != nil {
+		if n.items, err = c.compile(v, path+"/items", depth); err != nil {
 			return nil, err
 		}
-		n.items = items
-	} else {
-		n.items = anyValue()
+	} else if n.items, err = c.anyValue(path); err != nil {
+		return nil, err
 	}
 	for _, b := range []struct {
 		name string
 		to   *int
 	}{{"minItems", &n.minItems}, {"maxItems", &n.maxItems}} {
 		if v, ok := fields[b.name]; ok {
-			if err := json.Unmarshal(v, b.to); err != nil || *b.to < 0 {
+			count, err := strconv.Atoi(v.text)
+			if v.kind != vNumber || err != nil || count < 0 {
 				return nil, fmt.Errorf("%s/%s: must be a non-negative integer", path, b.name)
 			}
+			*b.to = count
 		}
 	}
 	if n.maxItems >= 0 && n.maxItems < n.minItems {
@@ -299,12 +397,13 @@ func (c *compiler) array(fields map[string]json.RawMessage, path string) (*Node,
 }
 
 // ref resolves a local reference, once: a recursive schema becomes a
-// cycle in the graph.
-func (c *compiler) ref(raw json.RawMessage, path string) (*Node, error) {
-	var ref string
-	if err := json.Unmarshal(raw, &ref); err != nil {
+// cycle in the graph, and a definition referred to from many places is
+// compiled once.
+func (c *compiler) ref(raw *value, path string) (*Node, error) {
+	if raw.kind != vString {
 		return nil, fmt.Errorf("%s/$ref: must be a string", path)
 	}
+	ref := raw.text
 	if n, ok := c.refs[ref]; ok {
 		return n, nil
 	}
@@ -318,70 +417,24 @@ func (c *compiler) ref(raw json.RawMessage, path string) (*Node, error) {
 			continue
 		}
 		part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
-		_, fields, err := members(target)
-		if err != nil || fields[part] == nil {
+		if target.kind != vObject || target.fields[part] == nil {
 			return nil, fmt.Errorf("%s/$ref: %q does not resolve", path, ref)
 		}
-		target = fields[part]
+		target = target.fields[part]
 	}
 	// a placeholder first, filled once compiled, so that references to
 	// ref inside it close the cycle
-	n := &Node{kind: kSeq}
-	c.refs[ref] = n
-	inner, err := c.compile(target, ref)
+	n, err := c.node(&Node{kind: kSeq}, path)
+	if err != nil {
+		return nil, err
+	}
+	c.refs[ref], c.paths[n] = n, ref
+	inner, err := c.compile(target, ref, 0) // a definition's nesting counts from its own start
 	if err != nil {
 		return nil, err
 	}
 	n.alts = []*Node{inner}
 	return n, nil
-}
-
-// members reads a JSON object's keys in order, and its values.
-func members(raw json.RawMessage) ([]string, map[string]json.RawMessage, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, nil, fmt.Errorf("not a JSON object")
-	}
-	var keys []string
-	fields := map[string]json.RawMessage{}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, nil, err
-		}
-		k := t.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, nil, err
-		}
-		if _, dup := fields[k]; !dup {
-			keys = append(keys, k)
-		}
-		fields[k] = v
-	}
-	return keys, fields, nil
-}
-
-// canonical is v as compact JSON, strings escaped as a model would write
-// them (no HTML escapes), numbers as written.
-func canonical(v json.RawMessage) (string, error) {
-	var b bytes.Buffer
-	if err := json.Compact(&b, v); err != nil {
-		return "", err
-	}
-	var x any
-	dec := json.NewDecoder(&b)
-	dec.UseNumber()
-	if err := dec.Decode(&x); err != nil {
-		return "", err
-	}
-	var out bytes.Buffer
-	enc := json.NewEncoder(&out)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(x); err != nil {
-		return "", err
-	}
-	return strings.TrimSuffix(out.String(), "\n"), nil
 }
 
 // jsonString is s as a JSON string, escaped as a model would write it

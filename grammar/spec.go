@@ -140,5 +140,5 @@ func FromSpec(b []byte) (*Grammar, error) {
 			return nil, fmt.Errorf("grammar: spec node %d: a %s of no parts", i, map[kind]string{kOneOf: "choice", kSeq: "sequence"}[sn.Kind])
 		}
 	}
-	return New(nodes[0]), nil
+	return New(nodes[0])
 }

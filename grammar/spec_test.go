@@ -20,7 +20,7 @@ func TestSpecReadsBackTheSameGrammar(t *testing.T) {
 	roots := map[string]*Node{"person": mustSchema(t, personSchema).root, "any object": AnyObject(), "tree": mustSchema(t, tree).root,
 		"tool call": Seq(Literal("<tool_call>\n"), OneOrMore(mustSchema(t, personSchema).root, ", "), Literal("\n</tool_call>"))}
 	for name, root := range roots {
-		g := New(root)
+		g := mustNew(t, root)
 		b, err := g.Spec()
 		if err != nil {
 			t.Fatal(err)
@@ -32,7 +32,7 @@ func TestSpecReadsBackTheSameGrammar(t *testing.T) {
 		if again, _ := back.Spec(); !bytes.Equal(again, b) {
 			t.Fatalf("%s: the spec read back writes %d other bytes", name, len(again))
 		}
-		cache := NewMaskCache(4096) // one cache: the two grammars' states must not share masks
+		cache := NewMaskCache(64 << 20) // one cache: the two grammars' states must not share masks
 		a, err := For(g, v, cache).New()
 		if err != nil {
 			t.Fatal(err)

@@ -223,7 +223,11 @@ func TestShadowKeepsAConstrainedRequestsGuessesInItsGrammar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := grammar.For(grammar.New(node), grammar.NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS()), grammar.NewMaskCache(1024))
+	g, err := grammar.New(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := grammar.For(g, grammar.NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS()), grammar.NewMaskCache(grammar.MaskCacheBytes))
 	sampler := func() *model.Sampler {
 		c, err := cs.New()
 		if err != nil {

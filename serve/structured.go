@@ -16,22 +16,15 @@ type constraints struct {
 	once  sync.Once
 	vocab *grammar.Vocabulary
 	masks *grammar.MaskCache
-	mu    sync.Mutex
-	byKey map[string]*grammar.Constraints
+	kept  *grammar.Grammars
 }
-
-// maxGrammars compiled grammars are kept, and maxMasks masks (a bit a
-// token: 19 MB for Qwen3's vocabulary).
-const (
-	maxGrammars = 64
-	maxMasks    = 1024
-)
 
 func (s *Server) vocabulary() *grammar.Vocabulary {
 	s.grammars.once.Do(func() {
 		tok := s.cfg.Tokenizer
 		s.grammars.vocab = grammar.NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
-		s.grammars.masks = grammar.NewMaskCache(maxMasks)
+		s.grammars.masks = grammar.NewMaskCache(grammar.MaskCacheBytes)
+		s.grammars.kept = grammar.NewGrammars(grammar.GrammarCacheBytes)
 	})
 	return s.grammars.vocab
 }
@@ -46,22 +39,19 @@ type answerGrammar struct {
 
 // constrain puts j's sampler under a's grammar.
 func (s *Server) constrain(j *job, a *answerGrammar) error {
-	g := &s.grammars
-	g.mu.Lock()
-	cs, ok := g.byKey[a.key]
-	g.mu.Unlock()
+	v := s.vocabulary()
+	cs, ok := s.grammars.kept.Get(a.key)
 	if !ok {
 		n, err := a.root()
 		if err != nil {
 			return badRequest(a.param, "%s: %v", a.param, err)
 		}
-		cs = grammar.For(grammar.New(n), s.vocabulary(), s.grammars.masks)
-		g.mu.Lock()
-		if g.byKey == nil || len(g.byKey) >= maxGrammars {
-			g.byKey = map[string]*grammar.Constraints{}
+		g, err := grammar.New(n)
+		if err != nil {
+			return badRequest(a.param, "%s: %v", a.param, err)
 		}
-		g.byKey[a.key] = cs
-		g.mu.Unlock()
+		cs = grammar.For(g, v, s.grammars.masks)
+		s.grammars.kept.Put(a.key, cs)
 	}
 	c, err := cs.New()
 	if err != nil {
@@ -225,11 +215,12 @@ func (s *Server) toolChoice(req *chatRequest) (plan toolPlan, err error) {
 		return plan, nil
 	}
 	var calls []*grammar.Node
+	compiler := grammar.NewCompiler(grammar.DefaultLimits) // the tools share the limits
 	for i, t := range tools {
 		if choice == "named" && t.Function.Name != named {
 			continue
 		}
-		n, err := s.toolCallGrammar(t)
+		n, err := s.toolCallGrammar(compiler, t)
 		if err != nil {
 			return plan, badRequest(fmt.Sprintf("tools[%d].function.parameters", i), "tools[%d].function.parameters: %v", i, err)
 		}
@@ -252,11 +243,11 @@ func (s *Server) toolChoice(req *chatRequest) (plan toolPlan, err error) {
 
 // toolCallGrammar is one call of t in the template's syntax, its
 // arguments what t's parameters schema accepts.
-func (s *Server) toolCallGrammar(t tool) (*grammar.Node, error) {
+func (s *Server) toolCallGrammar(compiler *grammar.Compiler, t tool) (*grammar.Node, error) {
 	args := grammar.AnyObject()
 	if p := bytes.TrimSpace(t.Function.Parameters); len(p) > 0 && string(p) != "null" {
 		var err error
-		if args, err = grammar.FromSchema(p); err != nil {
+		if args, err = compiler.Schema(p); err != nil {
 			return nil, err
 		}
 	}

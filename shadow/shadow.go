@@ -83,7 +83,7 @@ type Node struct {
 	// constrained requests (grammarOf), made on first use; grammars and
 	// masks are theirs
 	vocabulary func() (*grammar.Vocabulary, error)
-	grammars   map[string]*grammar.Constraints
+	grammars   *grammar.Grammars
 	masks      *grammar.MaskCache
 	// agreed and rewound count the members' rows of passes run ahead
 	// whose alignment met them: on the same token, or not (a rewind of
@@ -235,12 +235,15 @@ func (n *Node) grammarOf(spec []byte) *grammar.Constraints {
 	if len(spec) == 0 || n.vocabulary == nil {
 		return nil
 	}
-	if cs, ok := n.grammars[string(spec)]; ok {
+	if n.grammars == nil {
+		n.grammars = grammar.NewGrammars(grammar.GrammarCacheBytes)
+	}
+	if cs, ok := n.grammars.Get(string(spec)); ok {
 		return cs
 	}
 	v, err := n.vocabulary()
 	if err == nil && n.masks == nil {
-		n.masks = grammar.NewMaskCache(maxMasks)
+		n.masks = grammar.NewMaskCache(grammar.MaskCacheBytes)
 	}
 	var g *grammar.Grammar
 	if err == nil {
@@ -250,20 +253,10 @@ func (n *Node) grammarOf(spec []byte) *grammar.Constraints {
 		n.log.Warn().Err(err).Msg("shadow: a request's grammar: its tokens are guessed without it")
 		return nil
 	}
-	if n.grammars == nil || len(n.grammars) >= maxGrammars {
-		n.grammars = map[string]*grammar.Constraints{}
-	}
 	cs := grammar.For(g, v, n.masks)
-	n.grammars[string(spec)] = cs
+	n.grammars.Put(string(spec), cs)
 	return cs
 }
-
-// maxGrammars grammars are kept, and maxMasks masks (as the server keeps
-// them).
-const (
-	maxGrammars = 64
-	maxMasks    = 1024
-)
 
 // samplerOf is the sampler that guesses as w says the main node chooses,
 // nil for none (greedy), and the request's prompt length.
