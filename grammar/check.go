@@ -20,8 +20,8 @@ type start struct {
 // that refers to itself before any text), one with a node that can begin
 // in more than maxStacks ways (choices of choices: 26 definitions of two
 // references each to the next begin in 2^26), more than maxMoves
-// moves without a byte, an object that can go on in more than maxStacks
-// ways after '{', or more than maxGrammarNodes nodes. With every node
+// moves without a byte, an array that can go on in more than maxStacks
+// ways after '[', or more than maxGrammarNodes nodes. With every node
 // within these, each byte's step is bounded by the stacks it starts
 // from, which stepAll bounds. It returns the node a refusal is about,
 // or the bytes the grammar's nodes take.
@@ -42,7 +42,7 @@ func check(root *Node) (bad *Node, size int, err error) {
 		if ways, err := afterOpen(n, c); err != nil {
 			return c.bad, 0, err
 		} else if ways > maxStacks {
-			return n, 0, fmt.Errorf("%d ways to go on after its opening bracket (optional properties before the first required one), more than the %d the grammar follows at once", ways, maxStacks)
+			return n, 0, fmt.Errorf("%d ways to go on after its opening bracket, more than the %d the grammar follows at once", ways, maxStacks)
 		}
 		for _, next := range children(n) {
 			if next != nil && !seen[next] {
@@ -91,6 +91,8 @@ func (c *checker) start(n *Node) (start, error) {
 	}
 	var s start
 	switch n.kind {
+	case kLits:
+		s = start{ways: 1, nullable: n.lits[0] == ""}
 	case kLiteral:
 		s = start{ways: 1, nullable: n.lit == ""}
 		if s.nullable {
@@ -133,32 +135,19 @@ func (c *checker) start(n *Node) (start, error) {
 	return s, nil
 }
 
-// afterOpen is the ways an object can go on after '{' (or after a
-// property: no more) and an array after '['.
+// afterOpen is the ways an array can go on after '[' (an object's
+// declared keys are one way, its extra keys another, its close a third).
 func afterOpen(n *Node, c *checker) (int, error) {
-	switch n.kind {
-	case kObject:
-		ways := 1 // '}'
-		for _, p := range n.props {
-			ways++
-			if p.required {
-				return ways - 1, nil // no '}' before it
-			}
-		}
-		if n.extra != nil {
-			ways++
-		}
-		return ways, nil
-	case kArray:
-		s, err := c.start(n.items)
-		return s.ways + 1, err
+	if n.kind != kArray {
+		return 0, nil
 	}
-	return 0, nil
+	s, err := c.start(n.items)
+	return s.ways + 1, err
 }
 
 // children are the nodes n refers to.
 func children(n *Node) []*Node {
-	out := append([]*Node{n.extra, n.items}, n.alts...)
+	out := append([]*Node{n.extra, n.items}, n.alts...) // a kLits has none
 	for _, p := range n.props {
 		out = append(out, p.key, p.value)
 	}

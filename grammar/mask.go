@@ -429,7 +429,7 @@ func (c *Constraint) stateKey() []byte {
 		for ; f != nil; f = f.up {
 			count := f.k
 			switch n := f.n; {
-			case n.kind == kObject:
+			case n.kind == kObject && f.st != objKey:
 				count = min(count, 1)
 			case n.kind == kArray && n.maxItems < 0:
 				count = min(count, int32(max(n.minItems, 1)))

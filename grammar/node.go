@@ -2,6 +2,8 @@ package grammar
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -20,12 +22,14 @@ const (
 	kSeq                 // alts one after another
 	kSpace               // optional whitespace
 	kEnd                 // the grammar is complete
+	kLits                // any one of lits, exactly (an enum): one frame however many
 )
 
 // Node is one part of a grammar.
 type Node struct {
 	kind  kind
 	lit   string
+	lits  []string // kLits: sorted, each once
 	props []property
 	extra *Node // object: the schema of properties beyond props; nil: none
 	items *Node
@@ -49,12 +53,23 @@ const (
 	maxIntDigits   = 16
 	maxFracDigits  = 16
 	maxExpDigits   = 3
-	maxStacks      = 512 // ways to read the output at once (more are let go)
+	maxStacks      = 64  // ways to read the output at once (more are let go)
 	maxExpandDepth = 200 // epsilon moves in a row (a left-recursive schema)
 )
 
 // Literal is text written exactly.
 func Literal(text string) *Node { return &Node{kind: kLiteral, lit: text} }
+
+// Literals is any one of texts, exactly: where OneOf of Literals keeps a
+// way to read the output for each text that fits what is written so far,
+// Literals keeps one, however many texts fit.
+func Literals(texts ...string) *Node {
+	lits := slices.Compact(slices.Sorted(slices.Values(texts)))
+	if len(lits) == 1 {
+		return Literal(lits[0])
+	}
+	return &Node{kind: kLits, lits: lits}
+}
 
 // Seq is its parts one after another.
 func Seq(parts ...*Node) *Node { return &Node{kind: kSeq, alts: parts} }
@@ -196,6 +211,16 @@ func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
 		if int(f.i) == len(n.lit) {
 			return expand(f.up, out, depth)
 		}
+	case kLits:
+		// f.k is the first text (in order) that begins with what is
+		// written, f.i bytes of it; where it is whole, it may end here,
+		// and the texts it begins may go on
+		if lit := n.lits[f.k]; int(f.i) == len(lit) {
+			if int(f.k)+1 < len(n.lits) && strings.HasPrefix(n.lits[f.k+1], lit) {
+				out = append(out, f)
+			}
+			return expand(f.up, out, depth)
+		}
 	case kSpace:
 		if f.i < maxSpace {
 			out = append(out, f)
@@ -237,8 +262,8 @@ func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
 
 // expandObject: after '{' or a property's value, the object may close
 // (when no required property is left), go on with any declared property
-// up to the next required one, or with an extra property once no
-// required one is left.
+// up to the next required one (one frame for them all: objKey), or with
+// an extra property once no required one is left.
 func expandObject(f *frame, out []*frame, depth int) ([]*frame, error) {
 	n := f.n
 	var err error
@@ -249,18 +274,10 @@ func expandObject(f *frame, out []*frame, depth int) ([]*frame, error) {
 		}
 		return push(commaNode, space(over))
 	}
-	optionalRest := true
-	for q := int(f.i); q < len(n.props); q++ {
-		p := n.props[q]
-		after := space(with(f, 1, int32(q)+1, f.k+1))
-		value := push(p.value, after)
-		key := push(p.key, space(value))
-		if out, err = expand(sep(key), out, depth); err != nil {
+	optionalRest := !slices.ContainsFunc(n.props[f.i:], func(p property) bool { return p.required })
+	if int(f.i) < len(n.props) {
+		if out, err = expand(sep(newFrame(n, objKey, 0, f.i, f)), out, depth); err != nil {
 			return out, err
-		}
-		if p.required {
-			optionalRest = false
-			break
 		}
 	}
 	if !optionalRest {
@@ -275,6 +292,33 @@ func expandObject(f *frame, out []*frame, depth int) ([]*frame, error) {
 		}
 	}
 	return expand(push(closeObject, f.up), out, depth)
+}
+
+// objKey is an object's state while a declared property's key is
+// written: f.i bytes of it, f.k the first property (in order, from the
+// object's next one to its next required one) whose key begins with
+// them; the object's own frame is f.up.
+const objKey = 2
+
+// stepKey takes byte c of a declared key: the first property of those
+// left whose key goes on with c, and once its key is whole, its value.
+func stepKey(f *frame, c byte, out []*frame) ([]*frame, error) {
+	n, obj, at := f.n, f.up, int(f.i)
+	written := n.props[f.k].key.lit[:at]
+	for q := int(f.k); q < len(n.props); q++ {
+		p := n.props[q]
+		if key := p.key.lit; len(key) > at && key[at] == c && strings.HasPrefix(key, written) {
+			if at+1 < len(key) {
+				return append(out, with(f, objKey, int32(at+1), int32(q))), nil
+			}
+			after := space(with(obj, 1, int32(q)+1, obj.k+1))
+			return expand(space(push(p.value, after)), out, 0)
+		}
+		if p.required {
+			break
+		}
+	}
+	return out, nil
 }
 
 // expandArray: after '[' or an item, the array may close (enough items)
@@ -341,6 +385,14 @@ func step(f *frame, c byte, out []*frame) ([]*frame, error) {
 		if n.lit[f.i] == c {
 			return expand(with(f, 0, f.i+1, 0), out, 0)
 		}
+	case kLits:
+		at := int(f.i)
+		written := n.lits[f.k][:at]
+		for q := int(f.k); q < len(n.lits) && strings.HasPrefix(n.lits[q], written); q++ {
+			if len(n.lits[q]) > at && n.lits[q][at] == c {
+				return expand(with(f, 0, int32(at+1), int32(q)), out, 0)
+			}
+		}
 	case kSpace:
 		if c == ' ' || c == '\n' || c == '\t' {
 			return expand(with(f, 0, f.i+1, 0), out, 0)
@@ -350,7 +402,10 @@ func step(f *frame, c byte, out []*frame) ([]*frame, error) {
 	case kNumber, kInteger:
 		return stepNumber(f, c, out)
 	case kObject:
-		if c == '{' { // st 0
+		if f.st == objKey {
+			return stepKey(f, c, out)
+		}
+		if c == '{' && f.st == 0 {
 			return expand(space(with(f, 1, 0, 0)), out, 0)
 		}
 	case kArray:

@@ -155,7 +155,7 @@ func (c *compiler) compile(v *value, path string, depth int) (*Node, error) {
 		if err := c.count(&c.used.Alternatives, len(v.items), c.limits.Alternatives, "alternatives (anyOf and oneOf branches, enum values, types listed)", path+"/enum"); err != nil {
 			return nil, err
 		}
-		var alts []*Node
+		var lits []string
 		for _, v := range v.items {
 			lit := v.canonical()
 			if err := c.count(&c.used.Text, len(lit), c.limits.Text, "bytes of property names, enum and const values", path+"/enum"); err != nil {
@@ -164,13 +164,9 @@ func (c *compiler) compile(v *value, path string, depth int) (*Node, error) {
 			if err := matchesType(fields, v); err != nil {
 				return nil, fmt.Errorf("%s/enum: %s %v", path, lit, err)
 			}
-			n, err := c.node(Literal(lit), path)
-			if err != nil {
-				return nil, err
-			}
-			alts = append(alts, n)
+			lits = append(lits, lit)
 		}
-		return c.choice(alts, path+"/enum")
+		return c.node(Literals(lits...), path)
 	}
 	for _, k := range []string{"anyOf", "oneOf"} {
 		if v, ok := fields[k]; ok {

@@ -3,6 +3,7 @@ package grammar
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // A grammar's spec is its nodes written out, so that another node (the
@@ -18,6 +19,7 @@ type spec struct {
 type specNode struct {
 	Kind     kind       `json:"k"`
 	Lit      string     `json:"l,omitempty"`
+	Lits     []string   `json:"ls,omitempty"`
 	Props    []specProp `json:"p,omitempty"`
 	Extra    int        `json:"x"` // -1: none
 	Items    int        `json:"i"` // -1: none
@@ -33,7 +35,7 @@ type specProp struct {
 	Required bool   `json:"req,omitempty"`
 }
 
-const specVersion = 1
+const specVersion = 2 // 2: kLits
 
 // maxSpecNodes bounds a spec's nodes: far more than any schema the
 // server compiles (whose own limits come first).
@@ -61,7 +63,7 @@ func (g *Grammar) Spec() ([]byte, error) {
 		s.Version = specVersion
 		for i := 0; i < len(nodes); i++ { // nodes grows as they are met
 			n := nodes[i]
-			sn := specNode{Kind: n.kind, Lit: n.lit, MinItems: n.minItems, MaxItems: n.maxItems}
+			sn := specNode{Kind: n.kind, Lit: n.lit, Lits: n.lits, MinItems: n.minItems, MaxItems: n.maxItems}
 			for _, p := range n.props {
 				sn.Props = append(sn.Props, specProp{Name: p.name, Key: number(p.key), Value: number(p.value), Required: p.required})
 			}
@@ -105,13 +107,16 @@ func FromSpec(b []byte) (*Grammar, error) {
 	}
 	for i, sn := range s.Nodes {
 		n := nodes[i]
-		if sn.Kind > kEnd {
+		if sn.Kind > kLits {
 			return nil, fmt.Errorf("grammar: spec node %d of unknown kind %d", i, sn.Kind)
 		}
 		if sn.MinItems < 0 || sn.MaxItems < -1 || sn.MaxItems >= 0 && sn.MaxItems < sn.MinItems {
 			return nil, fmt.Errorf("grammar: spec node %d: %d to %d items", i, sn.MinItems, sn.MaxItems)
 		}
-		n.kind, n.lit, n.minItems, n.maxItems = sn.Kind, sn.Lit, sn.MinItems, sn.MaxItems
+		n.kind, n.lit, n.lits, n.minItems, n.maxItems = sn.Kind, sn.Lit, sn.Lits, sn.MinItems, sn.MaxItems
+		if sn.Kind == kLits && (len(sn.Lits) < 2 || !slices.IsSorted(sn.Lits) || len(slices.Compact(slices.Clone(sn.Lits))) != len(sn.Lits)) {
+			return nil, fmt.Errorf("grammar: spec node %d: texts not two or more, sorted, each once", i)
+		}
 		var err error
 		if n.extra, err = ref(sn.Extra, i, "extra", true); err != nil {
 			return nil, err
