@@ -21,7 +21,35 @@ type Cache struct {
 	// position); base is the first position a layer holds (0 but for
 	// windowed layers, which drop the rows no window reaches any more)
 	window, base []int
+	// first and end bound the layers it holds (a stage's: SetLayers);
+	// the others hold no rows
+	first, end int
 }
+
+// SetLayers makes the cache hold layers [first, end) only, those of one
+// stage of a staged model: the others hold no rows, and Put to one is an
+// error. The cache must be empty.
+func (c *Cache) SetLayers(first, end int) error {
+	if first < 0 || end <= first || end > len(c.k) || c.n != 0 {
+		return fmt.Errorf("kvcache: layers %d to %d of %d, %d positions held", first, end-1, len(c.k), c.n)
+	}
+	c.first, c.end = first, end
+	for l := range c.k {
+		if !c.holds(l) {
+			c.k[l] = nil
+			if c.v != nil {
+				c.v[l] = nil
+			}
+		}
+	}
+	return nil
+}
+
+// holds reports whether the cache holds layer's rows.
+func (c *Cache) holds(layer int) bool { return layer >= c.first && layer < c.end }
+
+// HeldLayers are the layers whose rows the cache holds: [first, end).
+func (c *Cache) HeldLayers() (first, end int) { return c.first, c.end }
 
 // WindowSlack is how many positions before the ones a window reads a
 // windowed layer still holds after a Commit: Truncate may go back that
@@ -63,7 +91,7 @@ func (c *Cache) windowed(layer int) bool { return c.window != nil && c.window[la
 // New returns an empty cache for layers layers of kvHeads heads of headDim,
 // with room for capacity positions (it grows on demand).
 func New(layers, kvHeads, headDim, capacity int) *Cache {
-	c := &Cache{width: kvHeads * headDim, k: make([][]float32, layers), v: make([][]float32, layers)}
+	c := &Cache{width: kvHeads * headDim, k: make([][]float32, layers), v: make([][]float32, layers), end: layers}
 	c.Reserve(capacity)
 	return c
 }
@@ -74,7 +102,7 @@ func New(layers, kvHeads, headDim, capacity int) *Cache {
 // compressed latent and rotary key, from which every head's keys and
 // values are computed.
 func NewLatent(layers, width, capacity int) *Cache {
-	c := &Cache{width: width, k: make([][]float32, layers)}
+	c := &Cache{width: width, k: make([][]float32, layers), end: layers}
 	c.Reserve(capacity)
 	return c
 }
@@ -98,8 +126,8 @@ func (c *Cache) Reserve(positions int) {
 	}
 	newCap := max(positions, 2*c.cap, 16)
 	for l := range c.k {
-		if c.windowed(l) {
-			continue // its rows grow in Put, up to what a pass needs
+		if c.windowed(l) || !c.holds(l) {
+			continue // its rows grow in Put, up to what a pass needs; or none
 		}
 		k := make([]float32, newCap*c.width)
 		copy(k, c.k[l][:c.n*c.width])
@@ -122,6 +150,9 @@ func (c *Cache) Put(layer, pos int, k, v []float32) error {
 	}
 	if layer < 0 || layer >= len(c.k) || pos < 0 || pos >= c.cap {
 		return fmt.Errorf("kvcache: layer %d position %d outside %d layers x %d reserved positions", layer, pos, len(c.k), c.cap)
+	}
+	if !c.holds(layer) {
+		return fmt.Errorf("kvcache: layer %d is not among the layers held (%d to %d)", layer, c.first, c.end-1)
 	}
 	if c.windowed(layer) {
 		r := pos - c.base[layer]
@@ -181,7 +212,7 @@ func (c *Cache) Commit(n int) error {
 	c.n = n
 	for l := range c.window {
 		w := c.window[l]
-		if w == 0 || n-c.base[l] < 2*w+WindowSlack {
+		if w == 0 || !c.holds(l) || n-c.base[l] < 2*w+WindowSlack {
 			continue
 		}
 		keep := n - w - WindowSlack // the first row a query at n-WindowSlack reads
@@ -210,7 +241,7 @@ func (c *Cache) Truncate(n int) {
 // reads (always, but for a windowed layer that dropped those rows).
 func (c *Cache) Holds(n int) bool {
 	for l, w := range c.window {
-		if w > 0 && max(n-w+1, 0) < c.base[l] {
+		if w > 0 && c.holds(l) && max(n-w+1, 0) < c.base[l] {
 			return false
 		}
 	}
@@ -229,7 +260,7 @@ func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
 	if !c.Holds(n) {
 		return nil, fmt.Errorf("kvcache: a prefix of %d positions: a windowed layer no longer holds them", n)
 	}
-	p := &Cache{width: c.width, k: make([][]float32, len(c.k))}
+	p := &Cache{width: c.width, k: make([][]float32, len(c.k)), first: c.first, end: c.end}
 	if c.v != nil {
 		p.v = make([][]float32, len(c.v))
 	}
@@ -238,6 +269,9 @@ func (c *Cache) Prefix(n, capacity int) (*Cache, error) {
 	}
 	p.Reserve(max(n, capacity))
 	for l := range c.k {
+		if !c.holds(l) {
+			continue
+		}
 		if !c.windowed(l) { // into the reserved room
 			copy(p.k[l], c.k[l][:n*c.width])
 			if c.v != nil {

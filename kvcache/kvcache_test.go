@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -226,5 +227,43 @@ func TestAWindowedLayerHoldsWhatItsWindowReads(t *testing.T) {
 	}
 	if full := New(2, 1, 2, 300); c.Bytes() >= full.Bytes() {
 		t.Errorf("the windowed cache holds %d bytes, a full one of 300 positions %d", c.Bytes(), full.Bytes())
+	}
+}
+
+// TestAStagesCacheHoldsItsLayersOnly: a cache set to layers 1 to 2 of 4
+// reserves rows for those only, refuses a row of another layer by name,
+// and its prefixes hold the same layers.
+func TestAStagesCacheHoldsItsLayersOnly(t *testing.T) {
+	whole, stage := New(4, 2, 4, 0), New(4, 2, 4, 0)
+	if err := stage.SetLayers(1, 3); err != nil {
+		t.Fatal(err)
+	}
+	whole.Reserve(32)
+	stage.Reserve(32)
+	if 2*stage.Bytes() != whole.Bytes() {
+		t.Fatalf("two layers of four hold %d bytes, the whole cache %d", stage.Bytes(), whole.Bytes())
+	}
+	row := make([]float32, 8)
+	for l := range 4 {
+		err := stage.Put(l, 0, row, row)
+		if held := l == 1 || l == 2; (err == nil) != held {
+			t.Fatalf("layer %d: Put gave %v", l, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "not among the layers held (1 to 2)") {
+			t.Fatalf("layer %d: %v", l, err)
+		}
+	}
+	if err := stage.Commit(1); err != nil {
+		t.Fatal(err)
+	}
+	p, err := stage.Prefix(1, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, end := p.HeldLayers(); first != 1 || end != 3 || p.Put(0, 0, row, row) == nil {
+		t.Fatalf("the prefix holds layers %d to %d", first, end-1)
+	}
+	if err := stage.SetLayers(0, 4); err == nil {
+		t.Fatal("layers set on a cache that holds rows")
 	}
 }

@@ -58,29 +58,49 @@ func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, 
 // row. Each session counts the pass as one of its own. If it fails before
 // its last layer, no session has the rows in its cache.
 func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) error {
+	_, err := b.ForwardLayers(ctx, sessions, feeds, AllLayers(b.m.Config.NumLayers), nil)
+	return err
+}
+
+// ForwardLayers runs layers r of one pass (one stage of a staged model):
+// the rows of feeds[i] for sessions[i], embedded from their tokens where
+// r begins at the first layer, else in, the rows' hidden state after
+// layer r.First-1 as the stage before returned it. It returns the rows'
+// hidden state after layer r.End-1, [rows, hidden], valid until the next
+// pass; where r ends at the last layer, sessions' Logits are then those
+// after their last rows. Every session must hold r's layers. The stages
+// of one pass, run in turn on each one's returned rows, compute exactly
+// what Forward computes: the rows between them are the same floats.
+func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds [][]int, r LayerRange, in []float32) ([]float32, error) {
 	c := b.m.Config
 	h := c.HiddenSize
 	if len(sessions) == 0 || len(feeds) != len(sessions) {
-		return fmt.Errorf("model: a batch of %d sessions and %d feeds", len(sessions), len(feeds))
+		return nil, fmt.Errorf("model: a batch of %d sessions and %d feeds", len(sessions), len(feeds))
+	}
+	if err := r.Within(c.NumLayers); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	b.starts, b.rowSeqs, b.rowPos = b.starts[:0], b.rowSeqs[:0], b.rowPos[:0]
 	for i, s := range sessions {
 		if s.m != b.m {
-			return fmt.Errorf("model: batch row %d is a session of another model", i)
+			return nil, fmt.Errorf("model: batch row %d is a session of another model", i)
+		}
+		if !s.layers.Covers(r) {
+			return nil, fmt.Errorf("model: batch member %d holds layers %s, not %s", i, s.layers, r)
 		}
 		if len(feeds[i]) == 0 {
-			return fmt.Errorf("model: batch member %d feeds no tokens", i)
+			return nil, fmt.Errorf("model: batch member %d feeds no tokens", i)
 		}
 		if slices.Index(sessions[:i], s) >= 0 {
-			return fmt.Errorf("model: batch member %d is also an earlier member", i)
+			return nil, fmt.Errorf("model: batch member %d is also an earlier member", i)
 		}
 		start := s.cache.Len()
 		if end := start + len(feeds[i]); end > c.MaxPositions {
-			return fmt.Errorf("model: batch member %d: position %d exceeds max_position_embeddings %d", i, end-1, c.MaxPositions)
+			return nil, fmt.Errorf("model: batch member %d: position %d exceeds max_position_embeddings %d", i, end-1, c.MaxPositions)
 		}
 		for _, id := range feeds[i] {
 			if id < 0 || id >= c.VocabSize {
-				return fmt.Errorf("model: batch member %d: token id %d outside the vocabulary of %d", i, id, c.VocabSize)
+				return nil, fmt.Errorf("model: batch member %d: token id %d outside the vocabulary of %d", i, id, c.VocabSize)
 			}
 		}
 		b.starts = append(b.starts, start)
@@ -89,14 +109,22 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int)
 		}
 	}
 	n := len(b.rowSeqs)
+	if r.First > 0 && len(in) != n*h {
+		return nil, fmt.Errorf("model: layers %s of %d rows given %d floats of hidden state, want %d", r, n, len(in), n*h)
+	}
 	b.iter++
 	step := Step{Seq: b.seq, Iter: b.iter}
 	f := b.ffn
 	f.x = grow(f.x, n*h)
+	if r.First > 0 {
+		copy(f.x[:n*h], in)
+	}
 	t := 0
 	for i, s := range sessions {
 		for _, id := range feeds[i] {
-			b.m.embed(f.x[t*h:(t+1)*h], id)
+			if r.First == 0 {
+				b.m.embed(f.x[t*h:(t+1)*h], id)
+			}
 			t++
 		}
 		s.iter++
@@ -104,31 +132,35 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int)
 		s.lastRow, s.headDone = -1, false
 	}
 	rows := kvRows{seqs: b.rowSeqs, starts: b.rowPos}
-	for l := range b.m.Layers {
+	for l := r.First; l < r.End; l++ {
 		if err := ctx.Err(); err != nil {
-			return err
+			return nil, err
 		}
 		L := &b.m.Layers[l]
 		if err := L.Attention.forward(f, l, n, rows); err != nil {
-			return fmt.Errorf("model: layer %d: %w", l, err)
+			return nil, fmt.Errorf("model: layer %d: %w", l, err)
 		}
 		if err := L.ffn().forward(ctx, f, step, l, n); err != nil {
-			return fmt.Errorf("model: layer %d: %w", l, err)
+			return nil, fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
-	last := -1
-	for i, s := range sessions {
-		last += len(feeds[i])
-		s.x = grow(s.x, h)
-		copy(s.x[:h], f.x[last*h:(last+1)*h])
+	if r.End == c.NumLayers {
+		last := -1
+		for i, s := range sessions {
+			last += len(feeds[i])
+			s.x = grow(s.x, h)
+			copy(s.x[:h], f.x[last*h:(last+1)*h])
+		}
 	}
 	for i, s := range sessions {
 		if err := s.cache.Commit(b.starts[i] + len(feeds[i])); err != nil {
-			return err
+			return nil, err
 		}
-		s.lastRow = 0
+		if r.End == c.NumLayers {
+			s.lastRow = 0
+		}
 	}
-	return nil
+	return f.x[:n*h], nil
 }
 
 // Logits computes the output head of every session's last hidden state

@@ -11,6 +11,11 @@ import (
 
 // eachFamily runs test on each family's tiny preset, generated with seed.
 func eachFamily(t *testing.T, seed uint64, test func(t *testing.T, m *Model)) {
+	eachFamilyIn(t, seed, func(t *testing.T, _ string, m *Model) { test(t, m) })
+}
+
+// eachFamilyIn is eachFamily, test also given the checkpoint's directory.
+func eachFamilyIn(t *testing.T, seed uint64, test func(t *testing.T, dir string, m *Model)) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
 		t.Run(preset, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), preset)
@@ -22,7 +27,7 @@ func eachFamily(t *testing.T, seed uint64, test func(t *testing.T, m *Model)) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			test(t, m)
+			test(t, dir, m)
 		})
 	}
 }

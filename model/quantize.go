@@ -39,10 +39,15 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		jobs = append(jobs, job{dst: dst, src: src, dt: dt})
 	}
 	routerDT := kernels.F16
-	add(&q.LMHead, m.LMHead, dt)
+	if m.held.End == m.Config.NumLayers {
+		add(&q.LMHead, m.LMHead, dt)
+	}
 	for l := range m.Layers {
 		src, dst := &m.Layers[l], &q.Layers[l]
 		*dst = *src
+		if !m.held.Contains(l) { // another stage's
+			continue
+		}
 		sa, da := &src.Attention, &dst.Attention
 		add(&da.Q, sa.Q, dt)
 		add(&da.K, sa.K, dt)
@@ -149,7 +154,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 			q.nonExpertBytes += int64(len(j.dst.Data)) - int64(j.src.Bytes())
 		}
 	}
-	if m.Config.TieEmbeddings {
+	if m.Config.TieEmbeddings && m.held.End == m.Config.NumLayers {
 		q.nonExpertBytes += int64(len(m.LMHead.Data)) // LMHead no longer shares Embed's bytes
 	}
 	// the embedding is the one matrix kept as stored: copied, so that the

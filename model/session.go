@@ -25,6 +25,7 @@ type Session struct {
 	iter    int64 // forward passes run
 	experts ExpertRunner
 	cache   *kvcache.Cache
+	layers  LayerRange // the layers it runs (a stage's), and its cache holds
 	invFreq []float32
 	ropeMul float32 // cos and sin are multiplied by it (YaRN's attention factor), unless 1
 
@@ -45,11 +46,36 @@ type Session struct {
 // NewSession starts an empty sequence on m whose experts run on experts.
 // capacity is a hint for the longest sequence (the cache grows past it).
 func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
+	s, err := NewStageSession(m, experts, capacity, AllLayers(m.Config.NumLayers))
+	if err != nil {
+		panic(err) // the whole model's layers: cannot be
+	}
+	return s
+}
+
+// NewStageSession starts an empty sequence on m of which this process
+// runs layers r (one stage of a staged model: Batch.ForwardLayers); its
+// cache holds those layers' rows only.
+func NewStageSession(m *Model, experts ExpertRunner, capacity int, r LayerRange) (*Session, error) {
 	c := m.Config
+	if err := r.Within(c.NumLayers); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if !m.held.Covers(r) {
+		return nil, fmt.Errorf("model: a session of layers %s on a model that holds %s", r, m.held)
+	}
 	if c.MLA != nil {
-		return newSession(m, experts, kvcache.NewLatent(c.NumLayers, c.KVWidth(), capacity))
+		cache := kvcache.NewLatent(c.NumLayers, c.KVWidth(), 0)
+		if err := cache.SetLayers(r.First, r.End); err != nil {
+			return nil, err
+		}
+		cache.Reserve(capacity)
+		return newSession(m, experts, cache), nil
 	}
 	cache := kvcache.New(c.NumLayers, c.NumKVHeads, c.HeadDim, 0)
+	if err := cache.SetLayers(r.First, r.End); err != nil {
+		return nil, err
+	}
 	// a windowed layer's cache holds only what its window reads
 	windows := make([]int, c.NumLayers)
 	for l := range windows {
@@ -57,21 +83,23 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 	}
 	if slices.ContainsFunc(windows, func(w int) bool { return w > 0 }) {
 		if err := cache.SetWindows(windows); err != nil {
-			panic(err) // an empty cache of the model's layers: cannot be
+			return nil, err
 		}
 	}
 	cache.Reserve(capacity)
-	return newSession(m, experts, cache)
+	return newSession(m, experts, cache), nil
 }
 
 // newSession starts a sequence on m that goes on after the rows in cache.
 func newSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) *Session {
 	c := m.Config
+	first, end := cache.HeldLayers()
 	s := &Session{
 		m:       m,
 		seq:     nextSeq(),
 		experts: experts,
 		cache:   cache,
+		layers:  LayerRange{first, end},
 		logits:  make([]float32, c.VocabSize),
 		lastRow: -1,
 	}
@@ -91,6 +119,9 @@ func (s *Session) Len() int { return s.cache.Len() }
 // Cache exposes the KV cache (for alignment and tests).
 func (s *Session) Cache() *kvcache.Cache { return s.cache }
 
+// Layers are the layers the session runs and its cache holds.
+func (s *Session) Layers() LayerRange { return s.layers }
+
 // Forward appends tokens at positions Len().. and returns the logits after
 // the last one. The slice is reused by the next call.
 func (s *Session) Forward(ctx context.Context, tokens []int) ([]float32, error) {
@@ -108,6 +139,9 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	n, h := len(tokens), c.HiddenSize
 	if n == 0 {
 		return fmt.Errorf("model: Forward with no tokens")
+	}
+	if s.layers != AllLayers(c.NumLayers) {
+		return fmt.Errorf("model: Forward of a session of layers %s (a stage's: Batch.ForwardLayers)", s.layers)
 	}
 	start := s.cache.Len()
 	if start+n > c.MaxPositions {

@@ -19,6 +19,10 @@ type Model struct {
 
 	arch *architecture
 	set  *safetensors.Set
+	// held are the layers bound (LoadOptions.Layers): a stage's; the
+	// embedding is bound where they begin at the first layer, the final
+	// norm and the output head where they end at the last
+	held LayerRange
 	// bytes held by the bound matrices, split by role
 	nonExpertBytes, expertBytes int64
 }
@@ -90,6 +94,12 @@ type LoadOptions struct {
 	// SkipExperts leaves Layer.Experts nil: the main node's view, whose
 	// experts live on workers.
 	SkipExperts bool
+	// Layers, when set, binds only those layers (one stage's of a
+	// staged model), the embedding only where they begin at the first
+	// layer (or it is also the head), the final norm and the output head
+	// only where they end at the last: the rest of the checkpoint is
+	// never read.
+	Layers *LayerRange
 }
 
 // Load binds the checkpoint in dir (config.json plus safetensors, single or
@@ -104,7 +114,14 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	m := &Model{Config: cfg, arch: architectures[cfg.Architecture], set: set}
+	m := &Model{Config: cfg, arch: architectures[cfg.Architecture], set: set, held: AllLayers(cfg.NumLayers)}
+	if opt.Layers != nil {
+		if err := opt.Layers.Within(cfg.NumLayers); err != nil {
+			set.Close()
+			return nil, fmt.Errorf("model: %s: %w", dir, err)
+		}
+		m.held = *opt.Layers
+	}
 	if err := m.bind(opt); err != nil {
 		set.Close()
 		return nil, fmt.Errorf("model: %s: %w", dir, err)
@@ -179,23 +196,33 @@ func (m *Model) bind(opt LoadOptions) error {
 	h := c.HiddenSize
 	fp8 := c.Quantization == "fp8"
 	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8}
-	m.Embed = b.matrix(arch.embed, c.VocabSize, h)
-	m.FinalNorm = b.vector(arch.finalNorm, h)
-	if c.TieEmbeddings {
-		m.LMHead = m.Embed
-	} else {
-		m.LMHead = b.matrix(arch.lmHead, c.VocabSize, h)
+	first, last := m.held.First == 0, m.held.End == c.NumLayers
+	if first || last && c.TieEmbeddings {
+		m.Embed = b.matrix(arch.embed, c.VocabSize, h)
+	}
+	if last {
+		m.FinalNorm = b.vector(arch.finalNorm, h)
+		if c.TieEmbeddings {
+			m.LMHead = m.Embed
+		} else {
+			m.LMHead = b.matrix(arch.lmHead, c.VocabSize, h)
+		}
 	}
 	m.Layers = make([]Layer, c.NumLayers)
 	for l := range m.Layers {
-		m.Layers[l] = arch.layer(b, c, l)
-		m.Layers[l].Attention.Window = c.WindowOf(l)
+		if m.held.Contains(l) {
+			m.Layers[l] = arch.layer(b, c, l)
+		}
+		m.Layers[l].Attention.Window = c.WindowOf(l) // every layer's: a stage's cache is shaped by them all
 	}
 	if opt.SkipExperts || b.err != nil {
 		return b.err
 	}
 	eb := &binder{set: m.set, bytes: &m.expertBytes, fp8: fp8}
 	for _, l := range c.ExpertLayers() {
+		if !m.held.Contains(l) {
+			continue
+		}
 		moe := m.Layers[l].MoE
 		if arch.experts != nil {
 			moe.Experts = arch.experts(eb, c, l)
@@ -213,6 +240,9 @@ func (m *Model) bind(opt LoadOptions) error {
 	}
 	return eb.err
 }
+
+// HeldLayers are the layers bound (all but for LoadOptions.Layers).
+func (m *Model) HeldLayers() LayerRange { return m.held }
 
 // NonExpertBytes is the size of every weight except the experts: what a
 // main node holds.

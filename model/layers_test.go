@@ -1,0 +1,160 @@
+package model
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/odmoe/odmoe/kernels"
+)
+
+// TestStagesComputeWhatTheWholePassComputes: every family's tiny preset
+// split after each layer into two stages, each loaded with only its
+// layers (LoadOptions.Layers) and its sessions' caches holding only
+// theirs, runs the passes of TestChunkedPrompts' shape (prompt chunks
+// beside decode steps, one member joining late) with the first stage's
+// returned rows handed to the second: its logits and every layer's KV
+// rows equal the whole model's, bit for bit.
+func TestStagesComputeWhatTheWholePassComputes(t *testing.T) {
+	eachFamilyIn(t, 21, func(t *testing.T, dir string, whole *Model) {
+		L := whole.Config.NumLayers
+		for split := 1; split < L; split++ {
+			ranges := []LayerRange{{0, split}, {split, L}}
+			var stages []*Model
+			for _, r := range ranges {
+				m, err := Load(dir, LoadOptions{Layers: &r})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				if r.First > 0 && len(m.Embed.Data) > 0 && !m.Config.TieEmbeddings || r.End < L && len(m.LMHead.Data) > 0 {
+					t.Fatalf("layers %s bound the embedding or the head", r)
+				}
+				stages = append(stages, m)
+			}
+			checkStages(t, whole, stages, ranges)
+		}
+	})
+}
+
+func checkStages(t *testing.T, whole *Model, stages []*Model, ranges []LayerRange) {
+	t.Helper()
+	ctx := context.Background()
+	prompts := [][]int{{1, 17, 300, 42, 8, 9, 10}, {5, 77, 6}, {9, 250, 100, 64, 3}}
+	const chunk = 3
+	wb := NewBatch(whole, NewResidentExperts(whole))
+	sb := make([]*Batch, len(stages))
+	for i, m := range stages {
+		sb[i] = NewBatch(m, NewResidentExperts(m))
+	}
+	ws := make([]*Session, len(prompts))
+	ss := make([][]*Session, len(prompts)) // [sequence][stage]
+	for i := range prompts {
+		ws[i] = NewSession(whole, nil, 8)
+		for k, m := range stages {
+			s, err := NewStageSession(m, nil, 8, ranges[k])
+			if err != nil {
+				t.Fatal(err)
+			}
+			ss[i] = append(ss[i], s)
+		}
+	}
+	fed := make([]int, len(prompts))
+	for pass := range 8 {
+		var members []int
+		var feeds [][]int
+		for i, p := range prompts {
+			if i == 2 && pass < 2 {
+				continue
+			}
+			var feed []int
+			if fed[i] < len(p) {
+				feed = p[fed[i]:min(fed[i]+chunk, len(p))]
+			} else {
+				feed = []int{Argmax(ws[i].Logits())}
+			}
+			fed[i] += len(feed)
+			members, feeds = append(members, i), append(feeds, feed)
+		}
+		of := func(stage int) []*Session {
+			var out []*Session
+			for _, i := range members {
+				if stage < 0 {
+					out = append(out, ws[i])
+				} else {
+					out = append(out, ss[i][stage])
+				}
+			}
+			return out
+		}
+		if err := wb.Forward(ctx, of(-1), feeds); err != nil {
+			t.Fatal(err)
+		}
+		var rows []float32
+		for k := range stages {
+			out, err := sb[k].ForwardLayers(ctx, of(k), feeds, ranges[k], rows)
+			if err != nil {
+				t.Fatalf("pass %d stage %s: %v", pass, ranges[k], err)
+			}
+			rows = slices.Clone(out)
+		}
+		for _, i := range members {
+			last := ss[i][len(stages)-1]
+			if d := firstDiff(last.Logits(), ws[i].Logits()); d >= 0 {
+				t.Fatalf("layers split %v, pass %d, sequence %d: logit %d is %v staged, %v whole", ranges, pass, i, d, last.Logits()[d], ws[i].Logits()[d])
+			}
+			for k, r := range ranges {
+				for l := r.First; l < r.End; l++ {
+					c, wc := ss[i][k].Cache(), ws[i].Cache()
+					if c.Len() != wc.Len() || c.Base(l) != wc.Base(l) || firstDiff(c.Keys(l, c.Len()), wc.Keys(l, wc.Len())) >= 0 ||
+						firstDiff(c.Values(l, c.Len()), wc.Values(l, wc.Len())) >= 0 {
+						t.Fatalf("layers split %v, pass %d, sequence %d: layer %d's KV rows differ", ranges, pass, i, l)
+					}
+				}
+			}
+		}
+	}
+	// what a stage's session must refuse: layers it does not hold
+	if _, err := sb[0].ForwardLayers(ctx, []*Session{ss[0][0]}, [][]int{{1}}, ranges[1], make([]float32, whole.Config.HiddenSize)); err == nil {
+		t.Fatalf("a session of layers %s ran layers %s", ranges[0], ranges[1])
+	}
+	if _, err := NewStageSession(stages[0], nil, 8, ranges[1]); err == nil {
+		t.Fatalf("a model of layers %s made a session of layers %s", ranges[0], ranges[1])
+	}
+}
+
+// TestAStageQuantizesAsTheWholeModelDoes: a stage's quantized copy (a
+// shadow stage's) holds its layers' weights as the whole model's copy
+// holds them, byte for byte, and only those.
+func TestAStageQuantizesAsTheWholeModelDoes(t *testing.T) {
+	eachFamilyIn(t, 22, func(t *testing.T, dir string, whole *Model) {
+		qw, err := whole.Quantized(kernels.Q8, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		L := whole.Config.NumLayers
+		for _, r := range []LayerRange{{0, 1}, {1, L}} {
+			m, err := Load(dir, LoadOptions{Layers: &r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, err := m.Quantized(kernels.Q8, nil)
+			m.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q.NonExpertBytes() >= qw.NonExpertBytes() {
+				t.Errorf("layers %s: %d non-expert bytes, the whole model's %d", r, q.NonExpertBytes(), qw.NonExpertBytes())
+			}
+			for l := range L {
+				a, b := q.Layers[l].Attention.O.Data, qw.Layers[l].Attention.O.Data
+				if r.Contains(l) != (len(a) > 0) || r.Contains(l) && !slices.Equal(a, b) {
+					t.Errorf("layers %s: layer %d's attention output matrix: %d bytes, the whole model's %d (equal: %v)", r, l, len(a), len(b), slices.Equal(a, b))
+				}
+			}
+			if head := len(q.LMHead.Data) > 0; head != (r.End == L) || head && !slices.Equal(q.LMHead.Data, qw.LMHead.Data) {
+				t.Errorf("layers %s: a head of %d bytes", r, len(q.LMHead.Data))
+			}
+		}
+	})
+}
