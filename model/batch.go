@@ -31,6 +31,7 @@ type Batch struct {
 	rowSeqs []*Session
 	rowPos  []int
 	starts  []int
+	spans   []RowSpan
 	experts ExpertRunner
 }
 
@@ -57,9 +58,36 @@ func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, 
 // i, in one pass; then sessions[i].Logits() are the logits after its last
 // row. Each session counts the pass as one of its own. If it fails before
 // its last layer, no session has the rows in its cache.
+//
+// A model that holds only its first layers (a staged model's first
+// stage) runs them, then has its LayerRunner run the rest.
 func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) error {
-	_, err := b.ForwardLayers(ctx, sessions, feeds, AllLayers(b.m.Config.NumLayers), nil)
-	return err
+	m := b.m
+	out, err := b.ForwardLayers(ctx, sessions, feeds, m.held, nil)
+	if err != nil || m.held.End == m.Config.NumLayers {
+		return err
+	}
+	if m.remote == nil {
+		return fmt.Errorf("model: layers %s run nowhere (no LayerRunner)", m.rest())
+	}
+	b.spans = b.spans[:0]
+	for i, s := range sessions {
+		b.spans = append(b.spans, RowSpan{Seq: s.seq, Start: b.starts[i], Count: len(feeds[i])})
+	}
+	var hook func(int, []Route)
+	if on := b.ffn.OnRoute; on != nil {
+		step := Step{Seq: b.seq, Iter: b.iter}
+		hook = func(l int, routes []Route) { on(step, l, nil, routes) }
+	}
+	rows, err := m.remote.RunLayers(ctx, m.rest(), b.spans, out, hook)
+	if err != nil {
+		return fmt.Errorf("model: layers %s: %w", m.rest(), err)
+	}
+	if len(rows) != len(out) {
+		return fmt.Errorf("model: layers %s returned %d floats for %d", m.rest(), len(rows), len(out))
+	}
+	b.setLast(sessions, feeds, rows)
+	return nil
 }
 
 // ForwardLayers runs layers r of one pass (one stage of a staged model):
@@ -144,23 +172,28 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 			return nil, fmt.Errorf("model: layer %d: %w", l, err)
 		}
 	}
-	if r.End == c.NumLayers {
-		last := -1
-		for i, s := range sessions {
-			last += len(feeds[i])
-			s.x = grow(s.x, h)
-			copy(s.x[:h], f.x[last*h:(last+1)*h])
-		}
-	}
 	for i, s := range sessions {
 		if err := s.cache.Commit(b.starts[i] + len(feeds[i])); err != nil {
 			return nil, err
 		}
-		if r.End == c.NumLayers {
-			s.lastRow = 0
-		}
+	}
+	if r.End == c.NumLayers {
+		b.setLast(sessions, feeds, f.x[:n*h])
 	}
 	return f.x[:n*h], nil
+}
+
+// setLast keeps each session's last row of rows, the pass's hidden state
+// after the last layer, for its Logits.
+func (b *Batch) setLast(sessions []*Session, feeds [][]int, rows []float32) {
+	h := b.m.Config.HiddenSize
+	last := -1
+	for i, s := range sessions {
+		last += len(feeds[i])
+		s.x = grow(s.x, h)
+		copy(s.x[:h], rows[last*h:(last+1)*h])
+		s.lastRow = 0
+	}
 }
 
 // Logits computes the output head of every session's last hidden state

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -43,3 +44,39 @@ func (r LayerRange) Covers(o LayerRange) bool { return r.First <= o.First && o.E
 
 // String is r as -layers takes it: "A-B", inclusive.
 func (r LayerRange) String() string { return fmt.Sprintf("%d-%d", r.First, r.End-1) }
+
+// LayerRunner runs the layers a staged model's process does not hold:
+// those of the stages after its own, on other nodes (SetLayerRunner), as
+// an ExpertRunner runs its experts.
+type LayerRunner interface {
+	// RunLayers runs layers r of one pass over the rows of spans, whose
+	// hidden state after layer r.First-1 is hidden ([rows, hidden], the
+	// spans' rows in order), and returns their hidden state after r's
+	// last layer. A span is positions Start..Start+Count-1 of the
+	// sequence Seq (a session's Seq): its positions from Start on are
+	// forgotten first (a rewind), and those before held. onRoute, if
+	// set, sees each layer's routes of the pass's rows as it is routed.
+	RunLayers(ctx context.Context, r LayerRange, spans []RowSpan, hidden []float32, onRoute func(layer int, routes []Route)) ([]float32, error)
+}
+
+// RowSpan is one sequence's rows of a pass (LayerRunner).
+type RowSpan struct {
+	Seq          uint64
+	Start, Count int
+}
+
+// SetLayerRunner makes the layers after those m holds run on r: a
+// Forward of m's sessions (Batch.Forward, Session.ForwardHidden) runs
+// its own layers, then r's, and ends at the output head, which m must
+// hold (LoadOptions.Head).
+func (m *Model) SetLayerRunner(r LayerRunner) error {
+	if m.held.End < m.Config.NumLayers && len(m.LMHead.Data) == 0 {
+		return fmt.Errorf("model: layers %s run elsewhere after, and no output head bound (LoadOptions.Head)", m.held)
+	}
+	m.remote = r
+	return nil
+}
+
+// rest is the layers after those m holds, which its LayerRunner runs
+// (empty where m holds the last layer).
+func (m *Model) rest() LayerRange { return LayerRange{m.held.End, m.Config.NumLayers} }

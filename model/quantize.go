@@ -39,7 +39,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		jobs = append(jobs, job{dst: dst, src: src, dt: dt})
 	}
 	routerDT := kernels.F16
-	if m.held.End == m.Config.NumLayers {
+	if len(m.LMHead.Data) > 0 {
 		add(&q.LMHead, m.LMHead, dt)
 	}
 	for l := range m.Layers {
@@ -154,7 +154,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 			q.nonExpertBytes += int64(len(j.dst.Data)) - int64(j.src.Bytes())
 		}
 	}
-	if m.Config.TieEmbeddings && m.held.End == m.Config.NumLayers {
+	if m.Config.TieEmbeddings && len(m.LMHead.Data) > 0 {
 		q.nonExpertBytes += int64(len(m.LMHead.Data)) // LMHead no longer shares Embed's bytes
 	}
 	// the embedding is the one matrix kept as stored: copied, so that the

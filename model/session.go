@@ -45,8 +45,10 @@ type Session struct {
 
 // NewSession starts an empty sequence on m whose experts run on experts.
 // capacity is a hint for the longest sequence (the cache grows past it).
+//
+// Of a model that holds only some layers, the session holds those.
 func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
-	s, err := NewStageSession(m, experts, capacity, AllLayers(m.Config.NumLayers))
+	s, err := NewStageSession(m, experts, capacity, m.held)
 	if err != nil {
 		panic(err) // the whole model's layers: cannot be
 	}
@@ -135,13 +137,16 @@ func (s *Session) Forward(ctx context.Context, tokens []int) ([]float32, error) 
 // the sequence and keeps the last hidden state, for Logits. (The shadow
 // node skips the head when the main node will send it the token anyway.)
 func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
-	c := s.m.Config
+	c, m := s.m.Config, s.m
 	n, h := len(tokens), c.HiddenSize
 	if n == 0 {
 		return fmt.Errorf("model: Forward with no tokens")
 	}
-	if s.layers != AllLayers(c.NumLayers) {
+	if s.layers != m.held || m.held.First > 0 {
 		return fmt.Errorf("model: Forward of a session of layers %s (a stage's: Batch.ForwardLayers)", s.layers)
+	}
+	if m.held.End < c.NumLayers && m.remote == nil {
+		return fmt.Errorf("model: layers %s run nowhere (no LayerRunner)", m.rest())
 	}
 	start := s.cache.Len()
 	if start+n > c.MaxPositions {
@@ -161,7 +166,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 		s.m.embed(s.x[t*h:(t+1)*h], id)
 	}
 	rows := kvRows{cache: s.cache, start: start}
-	for l := range s.m.Layers {
+	for l := m.held.First; l < m.held.End; l++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -175,6 +180,20 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	}
 	if err := s.cache.Commit(start + n); err != nil {
 		return err
+	}
+	if m.held.End < c.NumLayers {
+		var hook func(int, []Route)
+		if on := s.OnRoute; on != nil {
+			hook = func(l int, routes []Route) { on(step, l, nil, routes) }
+		}
+		out, err := m.remote.RunLayers(ctx, m.rest(), []RowSpan{{Seq: s.seq, Start: start, Count: n}}, s.x[:n*h], hook)
+		if err != nil {
+			return fmt.Errorf("model: layers %s: %w", m.rest(), err)
+		}
+		if len(out) != n*h {
+			return fmt.Errorf("model: layers %s returned %d floats for %d", m.rest(), len(out), n*h)
+		}
+		copy(s.x[:n*h], out)
 	}
 	s.lastRow = n - 1
 	return nil

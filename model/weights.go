@@ -23,6 +23,8 @@ type Model struct {
 	// embedding is bound where they begin at the first layer, the final
 	// norm and the output head where they end at the last
 	held LayerRange
+	// remote runs the layers after held (SetLayerRunner)
+	remote LayerRunner
 	// bytes held by the bound matrices, split by role
 	nonExpertBytes, expertBytes int64
 }
@@ -100,6 +102,10 @@ type LoadOptions struct {
 	// only where they end at the last: the rest of the checkpoint is
 	// never read.
 	Layers *LayerRange
+	// Head binds the final norm and the output head even where Layers
+	// end before the last layer: a process that runs the first layers
+	// and has the rest run on other nodes (SetLayerRunner) samples.
+	Head bool
 }
 
 // Load binds the checkpoint in dir (config.json plus safetensors, single or
@@ -196,7 +202,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	h := c.HiddenSize
 	fp8 := c.Quantization == "fp8"
 	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8}
-	first, last := m.held.First == 0, m.held.End == c.NumLayers
+	first, last := m.held.First == 0, m.held.End == c.NumLayers || opt.Head
 	if first || last && c.TieEmbeddings {
 		m.Embed = b.matrix(arch.embed, c.VocabSize, h)
 	}
