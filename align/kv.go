@@ -16,20 +16,37 @@ import (
 // 128 KiB per token).
 type KVRows struct {
 	From, Rows, Width int
-	Keys, Values      [][]uint16 // per layer, Rows*Width values
+	// First is the layer of Keys[0] and Values[0]: 0 but for a stage's
+	// share (Layers)
+	First        int
+	Keys, Values [][]uint16 // per layer, Rows*Width values
 }
 
-// PackKV copies positions [from, to) of every layer of c as fp16.
+// Layers is kv's rows of layers [first, end) only (a stage's share),
+// sharing their memory.
+func (kv KVRows) Layers(first, end int) KVRows {
+	s := kv
+	s.First = first
+	s.Keys = kv.Keys[first-kv.First : end-kv.First]
+	if kv.Values != nil {
+		s.Values = kv.Values[first-kv.First : end-kv.First]
+	}
+	return s
+}
+
+// PackKV copies positions [from, to) of every layer of c as fp16 (of a
+// stage's cache, every layer it holds).
 func PackKV(c *kvcache.Cache, from, to int) (KVRows, error) {
 	if from < 0 || to < from || to > c.Len() {
 		return KVRows{}, fmt.Errorf("align: KV rows [%d, %d) outside the cache's %d positions", from, to, c.Len())
 	}
 	w := c.Width()
-	kv := KVRows{From: from, Rows: to - from, Width: w, Keys: make([][]uint16, c.Layers())}
+	first, end := c.HeldLayers() // a stage's cache: its layers'
+	kv := KVRows{From: from, Rows: to - from, Width: w, First: first, Keys: make([][]uint16, end-first)}
 	if !c.Latent() {
-		kv.Values = make([][]uint16, c.Layers())
+		kv.Values = make([][]uint16, end-first)
 	}
-	for l := range c.Layers() {
+	for l := first; l < end; l++ {
 		// a windowed layer's rows below its base are gone and no query
 		// reads them: they go as zeros, which the other side drops too
 		b := c.Base(l)
@@ -38,9 +55,9 @@ func PackKV(c *kvcache.Cache, from, to int) (KVRows, error) {
 		if lo < to {
 			keys, values = c.Keys(l, to)[(lo-b)*w:], c.Values(l, to)[(lo-b)*w:]
 		}
-		kv.Keys[l] = toF16(keys, (lo-from)*w)
+		kv.Keys[l-first] = toF16(keys, (lo-from)*w)
 		if kv.Values != nil {
-			kv.Values[l] = toF16(values, (lo-from)*w)
+			kv.Values[l-first] = toF16(values, (lo-from)*w)
 		}
 	}
 	return kv, nil
@@ -57,11 +74,15 @@ func toF16(src []float32, zeros int) []uint16 {
 
 // Apply overwrites c's rows at kv's positions with kv's (widened back to
 // float32) and commits them: the shadow's KV alignment. Positions past
-// the shadow's own length extend it.
+// the shadow's own length extend it. Of a cache that holds some layers
+// only (a stage's), those layers' rows are written and the others'
+// skipped.
 func (kv KVRows) Apply(c *kvcache.Cache) error {
-	if kv.Width != c.Width() || len(kv.Keys) != c.Layers() || (kv.Values == nil) != c.Latent() || kv.Values != nil && len(kv.Values) != c.Layers() {
-		return fmt.Errorf("align: KV rows of width %d for %d layers (latent: %v), the cache has width %d and %d layers (latent: %v)",
-			kv.Width, len(kv.Keys), kv.Values == nil, c.Width(), c.Layers(), c.Latent())
+	last := kv.First + len(kv.Keys)
+	heldFirst, heldEnd := c.HeldLayers()
+	if kv.Width != c.Width() || kv.First > heldFirst || last < heldEnd || last > c.Layers() || (kv.Values == nil) != c.Latent() || kv.Values != nil && len(kv.Values) != len(kv.Keys) {
+		return fmt.Errorf("align: KV rows of width %d for layers %d to %d (latent: %v), the cache has width %d and holds layers %d to %d of %d (latent: %v)",
+			kv.Width, kv.First, last-1, kv.Values == nil, c.Width(), heldFirst, heldEnd-1, c.Layers(), c.Latent())
 	}
 	if kv.From > c.Len() {
 		return fmt.Errorf("align: KV rows start at %d, past the cache's %d positions (a gap)", kv.From, c.Len())
@@ -71,15 +92,19 @@ func (kv KVRows) Apply(c *kvcache.Cache) error {
 	if kv.Values == nil {
 		v = nil // a latent cache's values are its keys
 	}
-	for l := range kv.Keys {
-		if len(kv.Keys[l]) != kv.Rows*kv.Width || kv.Values != nil && len(kv.Values[l]) != kv.Rows*kv.Width {
-			return fmt.Errorf("align: layer %d has %d keys and the values of %d rows, want %d each", l, len(kv.Keys[l]), kv.Rows, kv.Rows*kv.Width)
+	for i := range kv.Keys {
+		l := kv.First + i
+		if len(kv.Keys[i]) != kv.Rows*kv.Width || kv.Values != nil && len(kv.Values[i]) != kv.Rows*kv.Width {
+			return fmt.Errorf("align: layer %d has %d keys and the values of %d rows, want %d each", l, len(kv.Keys[i]), kv.Rows, kv.Rows*kv.Width)
+		}
+		if l < heldFirst || l >= heldEnd {
+			continue
 		}
 		for r := range kv.Rows {
-			for i := range k {
-				k[i] = kernels.F16ToF32(kv.Keys[l][r*kv.Width+i])
+			for j := range k {
+				k[j] = kernels.F16ToF32(kv.Keys[i][r*kv.Width+j])
 				if v != nil {
-					v[i] = kernels.F16ToF32(kv.Values[l][r*kv.Width+i])
+					v[j] = kernels.F16ToF32(kv.Values[i][r*kv.Width+j])
 				}
 			}
 			if err := c.Put(l, kv.From+r, k, v); err != nil {

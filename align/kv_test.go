@@ -110,3 +110,44 @@ func TestKVAlignmentOfALatentCache(t *testing.T) {
 		t.Fatal("a key-and-value payload applied to a latent cache")
 	}
 }
+
+// TestKVRowsReachAStagesLayers: the main node's rows of three layers,
+// through their wire form, land in a stage holding layer 1 only (its
+// share) as in the whole cache; a stage's cache packs its own layers;
+// rows that miss one of a cache's layers are refused.
+func TestKVRowsReachAStagesLayers(t *testing.T) {
+	mainCache, whole, stage := kvcache.New(3, 2, 8, 8), kvcache.New(3, 2, 8, 8), kvcache.New(3, 2, 8, 0)
+	if err := stage.SetLayers(1, 2); err != nil {
+		t.Fatal(err)
+	}
+	fill(mainCache, 5, 1)
+	kv, err := PackKV(mainCache, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, values := kv.Layers(1, 3).Tensors()
+	back, err := FromTensors(0, 1, keys, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Apply(whole); err != nil {
+		t.Fatal(err)
+	}
+	if err := back.Apply(stage); err != nil {
+		t.Fatal(err)
+	}
+	for p := range 5 {
+		for i, x := range stage.Keys(1, 5) {
+			if x != whole.Keys(1, 5)[i] || stage.Values(1, 5)[i] != whole.Values(1, 5)[i] {
+				t.Fatalf("position %d: the stage's layer 1 differs from the whole cache's", p)
+			}
+		}
+	}
+	own, err := PackKV(stage, 2, 5)
+	if err != nil || own.First != 1 || len(own.Keys) != 1 {
+		t.Fatalf("a stage's rows: first layer %d, %d layers, %v", own.First, len(own.Keys), err)
+	}
+	if err := kv.Layers(2, 3).Apply(stage); err == nil {
+		t.Fatal("rows of layer 2 applied to a stage of layer 1")
+	}
+}

@@ -2,7 +2,6 @@ package mainnode
 
 import (
 	"context"
-	"encoding/binary"
 	"maps"
 	"slices"
 	"sync"
@@ -668,12 +667,7 @@ func packInto(a *wire.Alignment, cache *kvcache.Cache, from int) error {
 		return err
 	}
 	a.FromPos = kv.From
-	for l := range kv.Keys {
-		a.Keys = append(a.Keys, f16Tensor(kv.Keys[l], kv.Rows, kv.Width))
-		if kv.Values != nil { // none for a latent cache
-			a.Values = append(a.Values, f16Tensor(kv.Values[l], kv.Rows, kv.Width))
-		}
-	}
+	a.Keys, a.Values = kv.Tensors() // no values for a latent cache
 	return nil
 }
 
@@ -701,14 +695,6 @@ func (sl *shadowLink) end(seq uint64) (last int64) {
 	delete(sl.seqs, seq)
 	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == seq })
 	return last
-}
-
-func f16Tensor(v []uint16, rows, width int) wire.Tensor {
-	b := make([]byte, 2*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint16(b[2*i:], x)
-	}
-	return wire.Tensor{DType: wire.F16, Shape: []int{rows, width}, Data: b}
 }
 
 // ShadowStats are the shadow's figures for the run summary.

@@ -577,7 +577,7 @@ func (n *Node) apply(f *follow, a *wire.Alignment) error {
 	if len(a.Keys) == 0 {
 		return nil
 	}
-	kv, err := kvRows(a)
+	kv, err := align.FromTensors(a.FromPos, 0, a.Keys, a.Values)
 	if err == nil {
 		err = kv.Apply(f.sess.Cache())
 	}
@@ -635,42 +635,6 @@ func int32s(ids []int) []int32 {
 	out := make([]int32, len(ids))
 	for i, e := range ids {
 		out[i] = int32(e)
-	}
-	return out
-}
-
-// kvRows turns an alignment's tensors back into align.KVRows.
-func kvRows(a *wire.Alignment) (align.KVRows, error) {
-	latent := len(a.Values) == 0 // a latent cache's rows are keys and values at once
-	if !latent && len(a.Keys) != len(a.Values) || len(a.Keys) == 0 {
-		return align.KVRows{}, errors.New("keys and values per layer do not match")
-	}
-	kv := align.KVRows{From: a.FromPos, Keys: make([][]uint16, len(a.Keys))}
-	if !latent {
-		kv.Values = make([][]uint16, len(a.Keys))
-	}
-	for l := range a.Keys {
-		k := a.Keys[l]
-		if k.DType != wire.F16 || len(k.Shape) != 2 {
-			return align.KVRows{}, fmt.Errorf("layer %d: want F16 [rows, width] tensors", l)
-		}
-		kv.Rows, kv.Width = k.Shape[0], k.Shape[1]
-		kv.Keys[l] = u16s(k.Data)
-		if !latent {
-			v := a.Values[l]
-			if v.DType != k.DType || !slices.Equal(k.Shape, v.Shape) {
-				return align.KVRows{}, fmt.Errorf("layer %d: want two F16 [rows, width] tensors", l)
-			}
-			kv.Values[l] = u16s(v.Data)
-		}
-	}
-	return kv, nil
-}
-
-func u16s(b []byte) []uint16 {
-	out := make([]uint16, len(b)/2)
-	for i := range out {
-		out[i] = uint16(b[2*i]) | uint16(b[2*i+1])<<8
 	}
 	return out
 }

@@ -141,6 +141,9 @@ func badFrames(t testing.TB) []struct {
 		{"withdraw at a negative layer", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
 		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Token: -5})), CodeMalformed},
 		{"placement names an unknown worker", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
+		{"stage run of no layers", rawFrame(typeStageRun, mustMsgpack(t, &StageRun{First: 3, End: 3, Seqs: []uint64{1}, Starts: []int32{0}, Counts: []int32{1}})), CodeMalformed},
+		{"stage run with a start a sequence short", rawFrame(typeStageRun, mustMsgpack(t, &StageRun{First: 1, End: 3, Seqs: []uint64{1, 2}, Starts: []int32{0}, Counts: []int32{1, 1}})), CodeMalformed},
+		{"stage routes without their weights", rawFrame(typeStageRoutes, mustMsgpack(t, &StageRoutes{Layer: 1, Experts: []int32{1, 2}, Weights: []float32{1}})), CodeMalformed},
 	}
 }
 
@@ -228,6 +231,8 @@ func TestSendClassOfMessages(t *testing.T) {
 		{&WorkerStats{}, classControl},
 		{&ShadowDone{}, classControl},
 		{&Withdraw{}, classControl},
+		{&StageRun{Hidden: big}, classControl}, // ordered with a sequence's KV rows and end, whatever its size
+		{&StageRows{Hidden: big}, classControl},
 		{&Alignment{}, classBulk},
 		{&Placement{}, classBulk},
 		{&Heartbeat{}, classControl},

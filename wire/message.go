@@ -29,6 +29,11 @@ const (
 	typeShadowDone   Type = 14
 	typePlacement    Type = 15
 	typeWithdraw     Type = 16
+	typeStageRun     Type = 17
+	typeStageRoutes  Type = 18
+	typeStageRows    Type = 19
+	typeStageKV      Type = 20
+	typeStageEnd     Type = 21
 )
 
 func (t Type) String() string {
@@ -41,7 +46,8 @@ func (t Type) String() string {
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
-// *ShadowDone, *Placement or *Withdraw. Peer.Recv returns them; a type switch tells them
+// *ShadowDone, *Placement, *Withdraw or a stage's (*StageRun, *StageRoutes,
+// *StageRows, *StageKV, *StageEnd). Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
 	Type() Type
@@ -79,6 +85,16 @@ func newMessage(t Type) Message {
 		return new(Placement)
 	case typeWithdraw:
 		return new(Withdraw)
+	case typeStageRun:
+		return new(StageRun)
+	case typeStageRoutes:
+		return new(StageRoutes)
+	case typeStageRows:
+		return new(StageRows)
+	case typeStageKV:
+		return new(StageKV)
+	case typeStageEnd:
+		return new(StageEnd)
 	}
 	return nil
 }
@@ -109,6 +125,11 @@ type Hello struct {
 	// Device is what a worker computes on ("cpu", "cuda:0 NVIDIA ..."),
 	// for logs and the main node's view of its swarm.
 	Device string
+	// Layers, from a stage (package stage), are the layers it holds,
+	// first and end ([first, end)); Quant the weights' type it holds
+	// them in ("" full precision).
+	Layers []int
+	Quant  string
 }
 
 // Prediction tells a worker group which experts the shadow node expects

@@ -1,0 +1,111 @@
+package wire
+
+// The messages between a staged node's first stage and the stages that
+// hold its later layers (package stage): a stage runs its layers of a
+// pass on the rows it is handed and hands back the rows after them.
+// They travel in order on the control stream, whatever their size, so
+// that a stage sees a sequence's KV rows, runs and end in the order its
+// first stage made them.
+
+// StageRun asks a stage to run layers First..End-1 of one pass over the
+// rows of its spans (sequence Seqs[i]'s positions Starts[i] to
+// Starts[i]+Counts[i]-1, its rows from Starts[i] on forgotten first),
+// whose hidden state after layer First-1 is Hidden ([rows, hidden] F32).
+// The stage answers with a StageRoutes per layer as it is routed (when
+// Routes is set) and then StageRows, or an Error with ID.
+type StageRun struct {
+	_msgpack   struct{} `msgpack:",as_array"`
+	ID         uint64
+	First, End int
+	Seqs       []uint64
+	Starts     []int32
+	Counts     []int32
+	Hidden     Tensor
+	Routes     bool
+}
+
+// StageRoutes is one layer's routing of a StageRun's rows: row r's k
+// routes are Experts[r*k:(r+1)*k] with Weights alike.
+type StageRoutes struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       uint64
+	Layer    int
+	Experts  []int32
+	Weights  []float32
+}
+
+// StageRows is a stage's answer to a StageRun: its rows' hidden state
+// after its last layer ([rows, hidden] F32).
+type StageRows struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       uint64
+	Hidden   Tensor
+}
+
+// StageKV overwrites sequence Seq's key and value rows from position
+// FromPos in layers First.. (one tensor a layer, as Alignment carries
+// them; Values empty for a latent cache): what a KV alignment writes in
+// the first stage, the stage writes in its layers.
+type StageKV struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
+	FromPos  int
+	First    int
+	Keys     []Tensor
+	Values   []Tensor
+}
+
+// StageEnd says sequence Seq is over: the stage lets its rows go.
+type StageEnd struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
+}
+
+func (*StageRun) Type() Type    { return typeStageRun }
+func (*StageRoutes) Type() Type { return typeStageRoutes }
+func (*StageRows) Type() Type   { return typeStageRows }
+func (*StageKV) Type() Type     { return typeStageKV }
+func (*StageEnd) Type() Type    { return typeStageEnd }
+
+func (m *StageRun) validate() error {
+	switch {
+	case m.First < 0 || m.End <= m.First:
+		return malformed("stage run %d of layers %d to %d", m.ID, m.First, m.End-1)
+	case len(m.Seqs) == 0 || len(m.Starts) != len(m.Seqs) || len(m.Counts) != len(m.Seqs):
+		return malformed("stage run %d: %d sequences, %d starts, %d counts", m.ID, len(m.Seqs), len(m.Starts), len(m.Counts))
+	}
+	for i := range m.Seqs {
+		if m.Starts[i] < 0 || m.Counts[i] < 1 {
+			return malformed("stage run %d: sequence %d's rows %d to %d", m.ID, m.Seqs[i], m.Starts[i], m.Starts[i]+m.Counts[i]-1)
+		}
+	}
+	return m.Hidden.Validate()
+}
+
+func (m *StageRoutes) validate() error {
+	if m.Layer < 0 || len(m.Experts) != len(m.Weights) {
+		return malformed("stage routes of layer %d: %d experts, %d weights", m.Layer, len(m.Experts), len(m.Weights))
+	}
+	return nil
+}
+
+func (m *StageRows) validate() error { return m.Hidden.Validate() }
+
+func (m *StageKV) validate() error {
+	if m.FromPos < 0 || m.First < 0 || len(m.Values) != 0 && len(m.Values) != len(m.Keys) {
+		return malformed("stage KV rows of sequence %d from %d, layer %d on: %d key and %d value tensors", m.Seq, m.FromPos, m.First, len(m.Keys), len(m.Values))
+	}
+	for i := range m.Keys {
+		if err := m.Keys[i].Validate(); err != nil {
+			return err
+		}
+	}
+	for i := range m.Values {
+		if err := m.Values[i].Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *StageEnd) validate() error { return nil }
