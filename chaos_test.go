@@ -150,10 +150,16 @@ func sameDump(tb testing.TB, got, want string) {
 	}
 }
 
+// logOf is node name's log.
+func (r *chaosRig) logOf(name string) string {
+	b, _ := os.ReadFile(filepath.Join(r.dir, name+".log"))
+	return string(b)
+}
+
 // logs is every node's log, for a failure message.
 func (r *chaosRig) logs() string {
 	var b strings.Builder
-	for _, name := range []string{"main", "shadow", "w1", "w2", "w3", "w4"} {
+	for _, name := range []string{"main", "shadow", "shadow2", "w1", "w2", "w3", "w4"} {
 		if out, err := os.ReadFile(filepath.Join(r.dir, name+".log")); err == nil {
 			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 			fmt.Fprintf(&b, "--- %s (last lines)\n%s\n", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))

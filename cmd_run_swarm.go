@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
@@ -73,12 +74,22 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.Model == "" {
 		return usagef("-model is required for -role shadow")
 	}
-	if f.Workers == "" {
+	// a stage after the first (-layers not from 0) serves its first
+	// stage, and dials no workers
+	laterStage := f.Layers != "" && !strings.HasPrefix(strings.TrimSpace(f.Layers), "0-")
+	if f.Workers == "" && !laterStage {
 		return usagef("-workers is required for -role shadow (the same list, in the same order, as the main node's)")
 	}
-	workers, err := f.WorkerList()
-	if err != nil {
-		return usagef("%v", err)
+	var workers []string
+	var err error
+	if f.Workers != "" {
+		if workers, err = f.WorkerList(); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	var stages []string
+	if f.Stages != "" {
+		stages = strings.Split(f.Stages, ",")
 	}
 	dt, err := runflags.ParseQuant(f.Quant)
 	if err != nil {
@@ -88,7 +99,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
 	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: workers, Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
-		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
+		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Log: log}
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err
 	}

@@ -169,27 +169,27 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 			if err := n.done(ctx, b, k.it, time.Now(), 0, 0); err != nil {
 				return err
 			}
-			n.settle(st)
+			n.settle(ctx, st)
 			continue
 		}
 		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
 			if n.meets(bf.ahead[0], members) {
 				start := time.Now()
-				if err := n.meet(bf, members, seqs); err != nil {
+				if err := n.meet(ctx, bf, members, seqs); err != nil {
 					return err
 				}
 				n.trace.Span(trace.Align, k.it, 0, -1, start, time.Now())
 			} else if err := n.revise(ctx, b, bf, members, seqs); err != nil {
 				return err
 			}
-			n.settle(st)
+			n.settle(ctx, st)
 			continue
 		}
 		bf.it = k.it
 		if err := n.pass(ctx, b, bf, members, seqs); err != nil {
 			return err
 		}
-		n.settle(st)
+		n.settle(ctx, st)
 	}
 }
 
@@ -215,9 +215,9 @@ func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 
 // meet applies the alignments of bf's oldest pass run ahead, which it
 // met: their KV rows; nothing runs again.
-func (n *Node) meet(bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
+func (n *Node) meet(ctx context.Context, bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	for _, a := range members {
-		if err := n.apply(seqs[a.Seq], a); err != nil {
+		if err := n.apply(ctx, seqs[a.Seq], a); err != nil {
 			return err
 		}
 		n.agreedSeqs = append(n.agreedSeqs, a.Seq)
@@ -413,7 +413,7 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 	} else if f == nil || f.sess == nil {
 		return nil, 0, fmt.Errorf("sequence %d iteration %d before its start", a.Seq, a.Iteration)
 	}
-	if err := n.apply(f, a); err != nil {
+	if err := n.apply(ctx, f, a); err != nil {
 		return nil, 0, err
 	}
 	if len(a.Chunk) > 0 || a.Token >= 0 {

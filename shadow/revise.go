@@ -56,7 +56,7 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 	all, allTokens := bf.last[:0], bf.lastTokens[:0]
 	for _, a := range members {
 		if i := slices.Index(p.seqs, a.Seq); i >= 0 && kept[i] {
-			if err := n.apply(seqs[a.Seq], a); err != nil {
+			if err := n.apply(ctx, seqs[a.Seq], a); err != nil {
 				return err
 			}
 			all, allTokens = append(all, a.Seq), append(allTokens, p.tokens[i])

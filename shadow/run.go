@@ -14,6 +14,7 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/stage"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
@@ -39,40 +40,69 @@ type Config struct {
 	// DialTimeout bounds the wait for the workers to answer at start; 0:
 	// wire.DefaultStartDialTimeout.
 	DialTimeout time.Duration
-	Wire        *wire.Config // this node's identity and transport settings
-	Log         zerolog.Logger
+	// Layers ("A-B", the first and last, 0-based) are the layers this
+	// node holds of a staged shadow, "" all of them. A node whose layers
+	// begin at the first is the first stage: it follows the main node and
+	// has its Stages run the rest. Any other is a stage: it serves the
+	// first stage its layers (package stage), and needs no workers.
+	Layers string
+	// Stages are the addresses of the stages that hold the layers after
+	// a first stage's, in order.
+	Stages []string
+	Wire   *wire.Config // this node's identity and transport settings
+	Log    zerolog.Logger
 }
 
 // Run quantizes the model, builds the shadow on it (New: connected to
-// the workers) and follows one main node after another until ctx ends.
+// the workers) and follows one main node after another until ctx ends;
+// or, for a stage of a staged shadow (Config.Layers), serves its first
+// stage its layers.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
-	full, err := model.Load(cfg.Model, model.LoadOptions{})
+	mcfg, err := model.LoadConfig(cfg.Model)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if full != nil {
-			full.Close()
+	held := model.AllLayers(mcfg.NumLayers)
+	if cfg.Layers != "" {
+		if held, err = model.ParseLayerRange(cfg.Layers, mcfg.NumLayers); err != nil {
+			return err
 		}
-	}()
-	id, err := store.IdentityOf(cfg.Model, full) // from the checkpoint, before it is let go
+	}
+	staged := held != model.AllLayers(mcfg.NumLayers)
+	switch {
+	case held.First == 0 && staged && len(cfg.Stages) == 0:
+		return fmt.Errorf("shadow: layers %s: the first stage needs -stages, the addresses of the stages holding layers %d to %d", held, held.End, mcfg.NumLayers-1)
+	case !staged && len(cfg.Stages) > 0:
+		return fmt.Errorf("shadow: -stages without -layers: say which layers this first stage holds")
+	case held.First > 0 && len(cfg.Stages) > 0:
+		return fmt.Errorf("shadow: layers %s: a stage after the first has no -stages (the first stage dials each)", held)
+	}
+	id, err := identityOf(cfg.Model)
 	if err != nil {
 		return err
 	}
-	t0 := time.Now()
-	bar := progress.New("quantize "+cfg.Quant.String(), full.NonExpertBytes()+full.ExpertBytes())
-	qm, err := full.Quantized(cfg.Quant, func(done, total int64) { bar.Set(done) })
-	bar.Finish()
+	qm, err := quantized(cfg.Model, cfg.Quant, held, log)
 	if err != nil {
 		return err
 	}
-	// the quantized copy owns its memory: unmapping the full-precision
-	// checkpoint gives its pages back, so the shadow holds only its copy
-	full.Close()
-	full = nil
-	log.Info().Str("quant", cfg.Quant.String()).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
-		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
+	if held.First > 0 {
+		return serveStage(ctx, cfg, qm, id.String())
+	}
+	var stages *stage.Client
+	if staged {
+		if stages, err = dialStages(ctx, cfg, id.String(), held.End, mcfg.NumLayers); err != nil {
+			return err
+		}
+		defer stages.Close()
+		if err := qm.SetLayerRunner(stages); err != nil {
+			return err
+		}
+		if cfg.PrefixBytes > 0 {
+			log.Info().Msg("shadow: no prefix cache on a staged shadow (yet): every sequence's history runs through the stages")
+			cfg.PrefixBytes = 0
+		}
+	}
 	node, err := New(ctx, Deps{Model: qm, Identity: id.String(), Workers: cfg.Workers, Wire: cfg.Wire, Log: log},
 		Options{Group: cfg.Group, Ahead: cfg.Ahead, PrefixBytes: cfg.PrefixBytes, PeerTimeout: cfg.PeerTimeout, DialTimeout: cfg.DialTimeout,
 			Vocabulary: VocabularyOf(cfg.Model)})
@@ -80,13 +110,110 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer node.Close()
+	if stages != nil {
+		node.Stages = stages
+	}
 	ln, err := node.Listen(ctx, cfg.Listen)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(cfg.Workers)).Msg("shadow ready")
+	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(cfg.Workers)).Stringer("layers", held).Msg("shadow ready")
 	return node.Serve(ctx, ln)
+}
+
+// identityOf is the identity of the checkpoint in dir (store.IdentityOf),
+// read from its non-expert weights' mapping, let go once read.
+func identityOf(dir string) (store.Identity, error) {
+	m, err := model.Load(dir, model.LoadOptions{SkipExperts: true})
+	if err != nil {
+		return store.Identity{}, err
+	}
+	defer m.Close()
+	return store.IdentityOf(dir, m)
+}
+
+// quantized loads layers held of the checkpoint in dir (with the head,
+// where they begin at the first: a first stage samples) and quantizes
+// them to dt; the copy owns its memory, the checkpoint let go.
+func quantized(dir string, dt kernels.DType, held model.LayerRange, log zerolog.Logger) (*model.Model, error) {
+	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0})
+	if err != nil {
+		return nil, err
+	}
+	// the quantized copy owns its memory: unmapping the full-precision
+	// checkpoint gives its pages back, so the shadow holds only its copy
+	defer full.Close()
+	t0 := time.Now()
+	bar := progress.New("quantize "+dt.String(), full.NonExpertBytes()+full.ExpertBytes())
+	qm, err := full.Quantized(dt, func(done, total int64) { bar.Set(done) })
+	bar.Finish()
+	if err != nil {
+		return nil, err
+	}
+	log.Info().Str("quant", dt.String()).Stringer("layers", held).Str("holds", progress.Bytes(qm.NonExpertBytes()+qm.ExpertBytes())).
+		Dur("quantize", time.Since(t0)).Msg("shadow model ready")
+	return qm, nil
+}
+
+// serveStage serves the layers qm holds to one first stage after
+// another, as they connect.
+func serveStage(ctx context.Context, cfg Config, qm *model.Model, id string) error {
+	wcfg := *cfg.Wire
+	wcfg.PeerRoles = []wire.Role{wire.RoleShadow}
+	wcfg.Hello.Model, wcfg.CheckHello = id, wire.SameModel(true)
+	held := qm.HeldLayers()
+	wcfg.Hello.Layers, wcfg.Hello.Quant = []int{held.First, held.End}, cfg.Quant.String()
+	ln, err := wire.Listen(ctx, cfg.Listen, &wcfg)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	cfg.Log.Info().Str("listen", ln.Addr().String()).Stringer("layers", held).Msg("shadow stage ready")
+	layers := stage.NewLayers(qm)
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		cfg.Log.Info().Str("first stage", p.Identity().Name).Msg("shadow stage: serving")
+		err = stage.Serve(ctx, p, layers)
+		p.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		cfg.Log.Info().Err(err).Msg("shadow stage: the first stage is gone; waiting for the next")
+	}
+}
+
+// dialStages dials the stages of a first stage whose own layers end
+// before first, waiting for them while they quantize.
+func dialStages(ctx context.Context, cfg Config, id string, first, layers int) (*stage.Client, error) {
+	wcfg := *cfg.Wire
+	wcfg.PeerRoles = []wire.Role{wire.RoleShadow}
+	wcfg.Hello.Model, wcfg.CheckHello = id, wire.SameModel(true)
+	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
+	var peers []*wire.Peer
+	for _, a := range cfg.Stages {
+		p, err := wire.Dial(ctx, a, &wcfg)
+		if err != nil {
+			for _, p := range peers {
+				p.Close()
+			}
+			return nil, fmt.Errorf("dialing shadow stage %s: %w", a, err)
+		}
+		peers = append(peers, p)
+	}
+	c, err := stage.NewClient(ctx, peers, first, layers, cfg.Quant.String())
+	if err != nil {
+		for _, p := range peers {
+			p.Close()
+		}
+	}
+	return c, err
 }
 
 // Deps are what a shadow runs on, already made.

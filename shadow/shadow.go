@@ -42,6 +42,15 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// Stages are the shadow stages that hold a staged shadow's later layers
+// (stage.Client): they hear of each sequence's KV alignments and end
+// (its rows they run as its model's LayerRunner).
+type Stages interface {
+	ApplyKV(ctx context.Context, seq uint64, kv align.KVRows) error
+	End(ctx context.Context, seq uint64) error
+	Reset(ctx context.Context) error
+}
+
 // Node runs the shadow model for one main node at a time, following
 // every sequence that main node runs.
 type Node struct {
@@ -74,6 +83,11 @@ type Node struct {
 	// a sequence may run on its own tokens (0: wait for every alignment).
 	// Set it before ServeMain.
 	Ahead int
+	// Stages, if set, hold the layers after the model's own (a staged
+	// shadow: the model runs them on Stages, its LayerRunner): each
+	// sequence's KV alignments and end reach them too. Set it before
+	// ServeMain.
+	Stages Stages
 	// Prefixes, if set, keeps finished sequences' KV rows: a sequence
 	// that starts with a prefix the main node reused (a chat's next turn)
 	// copies them instead of running those tokens again. Set it before
@@ -376,6 +390,13 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 		err = serr // the sender failed first, and cancelled the receive
 	}
 	n.log.Info().Str("main", p.Identity().Name).Err(err).Msg("shadow: stopped following the main node")
+	if n.Stages != nil { // the next main node's sequences start afresh on them too
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if rerr := n.Stages.Reset(rctx); rerr != nil {
+			n.log.Warn().Err(rerr).Msg("shadow: the stages did not hear of the main node's end")
+		}
+		cancel()
+	}
 	return err
 }
 
@@ -497,9 +518,14 @@ func (st *mainState) behind(seq uint64, last int64) bool {
 // end lets sequence or batch seq go: a sequence's rows go to the prefix
 // cache; alignments that still come for it are dropped (a batch's) or
 // count without a row (a member's).
-func (n *Node) end(st *mainState, seq uint64) {
+func (n *Node) end(ctx context.Context, st *mainState, seq uint64) {
 	if f := st.seqs[seq]; f != nil && f.sess != nil {
 		n.Prefixes.Put(f.fed[:min(len(f.fed), f.sess.Len())], f.sess.Cache())
+		if n.Stages != nil {
+			if err := n.Stages.End(ctx, f.sess.Seq()); err != nil {
+				n.log.Warn().Err(err).Uint64("seq", seq).Msg("shadow: a stage did not hear of a sequence's end")
+			}
+		}
 	}
 	delete(st.seqs, seq)
 	delete(st.batches, seq)
@@ -510,10 +536,10 @@ func (n *Node) end(st *mainState, seq uint64) {
 
 // settle ends every sequence and batch in st.ending that has now run its
 // last iteration.
-func (n *Node) settle(st *mainState) {
+func (n *Node) settle(ctx context.Context, st *mainState) {
 	for seq, last := range st.ending {
 		if !st.behind(seq, last) {
-			n.end(st, seq)
+			n.end(ctx, st, seq)
 		}
 	}
 }
@@ -530,7 +556,7 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 			st.ending[m.Seq] = m.Last // its last alignments are still on their way
 			return nil
 		}
-		n.end(st, m.Seq)
+		n.end(ctx, st, m.Seq)
 	case *wire.Alignment:
 		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
 		if slices.Contains(st.ended, m.Batch) {
@@ -572,14 +598,17 @@ func take(seqs *[]uint64) []uint64 {
 // apply aligns f with a, its iteration's alignment: the iteration, what
 // is left of its prompt, whether it is its last, and its KV rows if a
 // has any.
-func (n *Node) apply(f *follow, a *wire.Alignment) error {
+func (n *Node) apply(ctx context.Context, f *follow, a *wire.Alignment) error {
 	f.aligned, f.promptLeft, f.final = a.Iteration, a.PromptLeft, a.Final
 	if len(a.Keys) == 0 {
 		return nil
 	}
 	kv, err := align.FromTensors(a.FromPos, 0, a.Keys, a.Values)
 	if err == nil {
-		err = kv.Apply(f.sess.Cache())
+		err = kv.Apply(f.sess.Cache()) // of a staged shadow, its own layers'
+	}
+	if err == nil && n.Stages != nil {
+		err = n.Stages.ApplyKV(ctx, f.sess.Seq(), kv)
 	}
 	if err != nil {
 		return fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)

@@ -178,6 +178,19 @@ func (c *Client) End(ctx context.Context, seq uint64) error {
 	return nil
 }
 
+// Reset tells every stage that every sequence is over (the first stage
+// starts over: another main node).
+func (c *Client) Reset(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.stages {
+		if err := st.p.Send(ctx, &wire.StageEnd{All: true}); err != nil {
+			return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
+		}
+	}
+	return nil
+}
+
 // Close closes the stages' connections.
 func (c *Client) Close() error {
 	for _, st := range c.stages {

@@ -51,6 +51,9 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				}
 			}
 		case *wire.StageEnd:
+			if m.All {
+				clear(l.seqs)
+			}
 			l.End(m.Seq)
 		case *wire.Heartbeat, *wire.Trace:
 		default:

@@ -1,4 +1,4 @@
-package stage
+package stage_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
+	"github.com/odmoe/odmoe/stage"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -19,8 +20,8 @@ import (
 // whole model beside it to compare with.
 type stagedRig struct {
 	whole, first *model.Model
-	client       *Client
-	stages       []*Layers
+	client       *stage.Client
+	stages       []*stage.Layers
 }
 
 // newStagedRig splits preset's model after layer split and after every
@@ -55,7 +56,7 @@ func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
 	r.first = load(model.LoadOptions{Layers: &model.LayerRange{First: 0, End: split}, Head: true})
 	var peers []*wire.Peer
 	for l := split; l < L; l++ {
-		layers := NewLayers(load(model.LoadOptions{Layers: &model.LayerRange{First: l, End: l + 1}}))
+		layers := stage.NewLayers(load(model.LoadOptions{Layers: &model.LayerRange{First: l, End: l + 1}}))
 		r.stages = append(r.stages, layers)
 		cfg := &wire.Config{Certs: shadowCerts, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop()}
 		cfg.Hello.Layers, cfg.Hello.Quant = []int{l, l + 1}, ""
@@ -67,7 +68,7 @@ func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
 		go func() {
 			p, err := ln.Accept(ctx)
 			if err == nil {
-				Serve(ctx, p, layers)
+				stage.Serve(ctx, p, layers)
 			}
 		}()
 		p, err := wire.Dial(ctx, ln.Addr().String(), &wire.Config{Certs: shadowCerts, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop()})
@@ -76,7 +77,7 @@ func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
 		}
 		peers = append(peers, p)
 	}
-	if r.client, err = NewClient(ctx, peers, split, L, ""); err != nil {
+	if r.client, err = stage.NewClient(ctx, peers, split, L, ""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.client.Close() })

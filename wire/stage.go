@@ -55,10 +55,12 @@ type StageKV struct {
 	Values   []Tensor
 }
 
-// StageEnd says sequence Seq is over: the stage lets its rows go.
+// StageEnd says sequence Seq is over (with All, every sequence: the
+// first stage starts over): the stage lets its rows go.
 type StageEnd struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Seq      uint64
+	All      bool
 }
 
 func (*StageRun) Type() Type    { return typeStageRun }
