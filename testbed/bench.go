@@ -307,9 +307,18 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		if opt.Rig.Shadow == nil {
 			return servers, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
 		}
+		// a staged shadow's stages first: its first stage dials them
+		for _, st := range opt.Rig.ShadowStages {
+			f := nodeFlags(opt, opt.Via, st, runflags.RoleShadow)
+			f.Listen, f.Model = st.Addr, opt.Via.Paths(st).Model
+			if err := start(st, f.Args()); err != nil {
+				return servers, err
+			}
+		}
 		s := *opt.Rig.Shadow
 		f := nodeFlags(opt, opt.Via, s, runflags.RoleShadow)
 		f.Listen, f.Model, f.Workers, f.DialTimeout = s.Addr, opt.Via.Paths(s).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
+		f.Stages = opt.Rig.StageAddrs()
 		if mode == ModeShadowLate {
 			f.Ahead = 0 // whatever the rig says
 		}
@@ -684,6 +693,9 @@ func benchCase(opt BenchOptions, mode Mode, i, rep int, c Case, f *fault, server
 		return r, err
 	}
 	r.Stats = bytes.TrimSpace(r.Stats)
+	if r.Stats, err = withPeaks(r.Stats, m.Name, servers); err != nil {
+		return r, err
+	}
 	if mode == ModeLocal {
 		r.Identical = true
 	} else {
@@ -697,6 +709,38 @@ func benchCase(opt BenchOptions, mode Mode, i, rep int, c Case, f *fault, server
 	opt.Log.Info().Str("mode", string(mode)).Str("case", c.String()).Float64("decode_tok_s", st.DecodeTokensPerS).
 		Float64("cpu_busy", r.CPUBusy).Bool("identical", r.Identical).Msg("run done")
 	return r, nil
+}
+
+// withPeaks adds to a run's stats, in peak_memory_bytes, each node's
+// peak RSS under its name in the rig: the main node's own figure (main,
+// or local) under its name, and each server's VmHWM so far (a server
+// runs every case of a mode: its peak over them), where it runs on this
+// machine.
+func withPeaks(stats []byte, mainName string, servers []*Proc) ([]byte, error) {
+	var st map[string]json.RawMessage
+	if err := json.Unmarshal(stats, &st); err != nil {
+		return stats, fmt.Errorf("testbed: the run's stats: %w", err)
+	}
+	peaks := map[string]int64{}
+	if raw, ok := st["peak_memory_bytes"]; ok {
+		if err := json.Unmarshal(raw, &peaks); err != nil {
+			return stats, fmt.Errorf("testbed: the run's peak_memory_bytes: %w", err)
+		}
+	}
+	if b := max(peaks["main"], peaks["local"]); b > 0 {
+		peaks[mainName] = b
+	}
+	for _, s := range servers {
+		if b, ok := s.PeakRSS(); ok {
+			peaks[s.Node.Name] = b
+		}
+	}
+	raw, err := json.Marshal(peaks)
+	if err != nil {
+		return stats, err
+	}
+	st["peak_memory_bytes"] = raw
+	return json.Marshal(st)
 }
 
 // serversCPU is the CPU seconds the servers have used so far, by role

@@ -79,6 +79,17 @@ func (p *Proc) CPUTime() (time.Duration, bool) {
 	return procmem.CPUTimeOf(p.cmd.Process.Pid)
 }
 
+// PeakRSS is the node's peak resident set size so far in bytes, if it
+// runs on this machine and still runs (false over ssh, once it has
+// ended, or if it cannot be read).
+func (p *Proc) PeakRSS() (int64, bool) {
+	if !p.here || p.Exited() {
+		return 0, false
+	}
+	b := procmem.PeakRSSOf(p.cmd.Process.Pid)
+	return b, b > 0
+}
+
 // Wait waits for the process to end by itself.
 func (p *Proc) Wait() error {
 	<-p.done

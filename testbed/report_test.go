@@ -658,3 +658,22 @@ func TestRepeatsKeepTheirOwnFiles(t *testing.T) {
 		seen[want] = true
 	}
 }
+
+// TestWithPeaksNamesTheMainNode: a run's stats get the main node's peak
+// under its name in the rig beside its role's, the rest kept.
+func TestWithPeaksNamesTheMainNode(t *testing.T) {
+	out, err := withPeaks([]byte(`{"decode_tokens_per_s": 2.5, "peak_memory_bytes": {"main": 5, "shadow": 7}}`), "m1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Decode float64          `json:"decode_tokens_per_s"`
+		Peaks  map[string]int64 `json:"peak_memory_bytes"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Decode != 2.5 || st.Peaks["m1"] != 5 || st.Peaks["main"] != 5 || st.Peaks["shadow"] != 7 {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if _, err := withPeaks([]byte(`[1]`), "m1", nil); err == nil {
+		t.Fatal("stats that are not an object taken")
+	}
+}

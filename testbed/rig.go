@@ -2,10 +2,13 @@ package testbed
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/odmoe/odmoe/internal/cpuset"
@@ -57,6 +60,50 @@ func (n Node) Host() string {
 	return n.Addr
 }
 
+// addShadow adds shadow node n: the shadow, a staged shadow's first
+// stage (-layers 0-B), or one of its stages (-layers A-B).
+func (r *Rig) addShadow(n Node) error {
+	staged := n.layers() != ""
+	if r.Shadow != nil && (!staged || r.Shadow.layers() == "") {
+		return fmt.Errorf("a second shadow node (%s): the shadows of a staged shadow each give -layers A-B", n.Name)
+	}
+	for _, s := range r.ShadowStages {
+		if !staged || s.layers() == "" {
+			return fmt.Errorf("a second shadow node (%s): the shadows of a staged shadow each give -layers A-B", n.Name)
+		}
+	}
+	switch {
+	case staged && firstLayer(n) < 0:
+		return fmt.Errorf("node %s: -layers %q: want A-B", n.Name, n.layers())
+	case staged && firstLayer(n) > 0:
+		r.ShadowStages = append(r.ShadowStages, n)
+	case r.Shadow != nil:
+		return fmt.Errorf("a second first stage (%s): only one shadow holds layer 0", n.Name)
+	default:
+		r.Shadow = &n
+	}
+	return nil
+}
+
+// layers is n's -layers flag ("" if none).
+func (n Node) layers() string {
+	f, err := n.FlagsAs(string(n.Role))
+	if err != nil {
+		return ""
+	}
+	return f.Layers
+}
+
+// firstLayer is the first layer of n's -layers (-1 if it does not read).
+func firstLayer(n Node) int {
+	a, _, _ := strings.Cut(n.layers(), "-")
+	l, err := strconv.Atoi(a)
+	if err != nil {
+		return -1
+	}
+	return l
+}
+
 // SSHTarget is where to ssh for this node.
 func (n Node) SSHTarget() string {
 	if n.SSH != "" {
@@ -69,17 +116,31 @@ func (n Node) SSHTarget() string {
 type Rig struct {
 	Path    string
 	Main    Node
-	Shadow  *Node // nil: no shadow (shadow-driven mode cannot run)
-	Workers []Node
+	Shadow  *Node // nil: no shadow (shadow-driven mode cannot run); of a staged shadow, its first stage
+	// ShadowStages are a staged shadow's later stages, in the order of
+	// their layers (each shadow line with -layers not from 0)
+	ShadowStages []Node
+	Workers      []Node
 }
 
-// Nodes lists every node: main, shadow (if any), workers in order.
+// Nodes lists every node: main, shadow (if any) and its stages, workers
+// in order.
 func (r *Rig) Nodes() []Node {
 	out := []Node{r.Main}
 	if r.Shadow != nil {
 		out = append(out, *r.Shadow)
 	}
+	out = append(out, r.ShadowStages...)
 	return append(out, r.Workers...)
+}
+
+// StageAddrs is a staged shadow's -stages list, in order.
+func (r *Rig) StageAddrs() string {
+	a := make([]string, len(r.ShadowStages))
+	for i, s := range r.ShadowStages {
+		a[i] = s.Addr
+	}
+	return strings.Join(a, ",")
 }
 
 // WorkerAddrs is the -workers list, in order.
@@ -114,6 +175,9 @@ func ReadRig(path string) (*Rig, error) {
 // ADDRESS is HOST:PORT (HOST for the main node, which only dials). There
 // must be exactly one main node, at most one shadow and at least one
 // worker; names (certificate names) and listening addresses are unique.
+// A staged shadow is several shadow lines, each with -layers A-B: the one
+// from layer 0 is the first stage (the launcher gives it -stages), the
+// others its stages.
 // name names the input in errors.
 func ParseRig(in io.Reader, name string) (*Rig, error) {
 	r := &Rig{}
@@ -187,7 +251,7 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			}
 			switch strings.SplitN(strings.TrimLeft(fl, "-"), "=", 2)[0] {
 			case "role", "listen", "certs", "name", "workers", "shadow", "model", "store", "prefetch", "resident", "dump", "stats",
-				"trace", "trace-iters", "prompt", "prompt-tokens", "n", "ignore-eos", "net-delay", "align-token", "align-kv":
+				"trace", "trace-iters", "prompt", "prompt-tokens", "n", "ignore-eos", "net-delay", "align-token", "align-kv", "stages":
 				return nil, errf("flag %s is set by the launcher, not the rig description", fl)
 			}
 		}
@@ -198,10 +262,9 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			}
 			r.Main, haveMain = n, true
 		case wire.RoleShadow:
-			if r.Shadow != nil {
-				return nil, errf("a second shadow node (%s)", n.Name)
+			if err := r.addShadow(n); err != nil {
+				return nil, errf("%v", err)
 			}
-			r.Shadow = &n
 		default:
 			r.Workers = append(r.Workers, n)
 		}
@@ -209,6 +272,10 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	if len(r.ShadowStages) > 0 && r.Shadow == nil {
+		return nil, fmt.Errorf("%s: shadow stages and no first stage (a shadow with -layers 0-B)", name)
+	}
+	slices.SortFunc(r.ShadowStages, func(a, b Node) int { return cmp.Compare(firstLayer(a), firstLayer(b)) })
 	switch {
 	case !haveMain:
 		return nil, fmt.Errorf("%s: no main node", name)

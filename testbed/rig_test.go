@@ -139,6 +139,10 @@ func TestParseRigRejectsBadDescriptions(t *testing.T) {
 		{"two mains", head + "w1 worker 10.0.0.2:7400\nm2 main 10.0.0.3\n", 4, []string{"second main", "m2"}},
 		{"two shadows", head + "s1 shadow 10.0.0.2:7400\ns2 shadow 10.0.0.3:7400\n", 4, []string{"second shadow", "s2"}},
 		{"no workers", head + "s1 shadow 10.0.0.2:7400\n", 0, []string{"no workers"}},
+		{"a staged shadow beside a whole one", head + "s1 shadow 10.0.0.2:7400\ns2 shadow 10.0.0.3:7400 -layers 2-3\n", 4, []string{"second shadow", "s2", "-layers A-B"}},
+		{"two first stages", head + "s1 shadow 10.0.0.2:7400 -layers 0-1\ns2 shadow 10.0.0.3:7400 -layers 0-3\n", 4, []string{"second first stage", "s2"}},
+		{"stages without a first", head + "s2 shadow 10.0.0.3:7400 -layers 2-3\nw1 worker 10.0.0.4:7400\n", 0, []string{"no first stage"}},
+		{"stages set by hand", head + "s1 shadow 10.0.0.2:7400 -layers 0-1 -stages 10.0.0.3:7400\n", 3, []string{"-stages", "set by the launcher"}},
 		{"duplicate name", head + "w1 worker 10.0.0.2:7400\n\nw1 worker 10.0.0.3:7400\n", 5, []string{"w1", "already on line 3"}},
 		{"duplicate name of main", head + "m worker 10.0.0.2:7400\n", 3, []string{"node m", "already on line 2"}},
 		{"duplicate worker address", head + "w1 worker 10.0.0.2:7400\nw2 worker 10.0.0.2:7400\n", 4, []string{"10.0.0.2:7400", "already taken on line 3"}},
@@ -326,5 +330,29 @@ w3 worker 127.0.0.1:7403
 	}
 	if w1 := r.Workers[0]; w1.SSH != "u@h" || !slices.Equal(w1.Flags, []string{"-device-mem", "1GiB"}) {
 		t.Errorf("w1 = %+v, want ssh u@h and its flag alone", w1)
+	}
+}
+
+// TestParseRigReadsAStagedShadow: three shadow lines with -layers, in any
+// order, make the first stage (from layer 0) and its stages in the order
+// of their layers, whose addresses are its -stages.
+func TestParseRigReadsAStagedShadow(t *testing.T) {
+	r, err := ParseRig(strings.NewReader(`m main 10.0.0.1
+s3 shadow 10.0.0.4:7400 -layers 6-7
+s1 shadow 10.0.0.2:7400 -layers 0-3 -quant nf4
+s2 shadow 10.0.0.3:7400 -layers 4-5
+w1 worker 10.0.0.5:7400
+`), "staged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Shadow == nil || r.Shadow.Name != "s1" || len(r.ShadowStages) != 2 || r.ShadowStages[0].Name != "s2" || r.ShadowStages[1].Name != "s3" {
+		t.Fatalf("first stage %v, stages %v", r.Shadow, r.ShadowStages)
+	}
+	if got := r.StageAddrs(); got != "10.0.0.3:7400,10.0.0.4:7400" {
+		t.Fatalf("-stages %q", got)
+	}
+	if names := len(r.Nodes()); names != 5 {
+		t.Fatalf("%d nodes", names)
 	}
 }

@@ -19,6 +19,10 @@ func PeakRSS() int64 { return status("VmHWM:") }
 // VmRSS of /proc/self/status.
 func RSS() int64 { return status("VmRSS:") }
 
+// PeakRSSOf is process pid's peak resident set size in bytes (0 if
+// unknown): its VmHWM.
+func PeakRSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmHWM:") }
+
 // RSSOf is process pid's resident set size now in bytes (0 if unknown).
 func RSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmRSS:") }
 

@@ -10,6 +10,9 @@ func PeakRSS() int64 { return 0 }
 // RSS is unknown on this platform: 0.
 func RSS() int64 { return 0 }
 
+// PeakRSSOf is unknown on this platform: 0.
+func PeakRSSOf(pid int) int64 { return 0 }
+
 // RSSOf is unknown on this platform: 0.
 func RSSOf(pid int) int64 { return 0 }
 
