@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestAStagedShadowIsTheWholeShadow runs a swarm (real processes, QUIC
@@ -68,5 +70,85 @@ func TestAStagedShadowIsTheWholeShadow(t *testing.T) {
 		if !strings.Contains(r.logOf("shadow2"), s) {
 			t.Fatalf("the stage's log does not say %q:\n%s", s, r.logs())
 		}
+	}
+}
+
+// TestAShadowStageKilledAndRestartedMidRun: the staged shadow's second
+// stage is SIGKILLed while the main node decodes and started again: the
+// first stage fails the pass it could not run, the main node loses the
+// shadow (reactive loading meanwhile) and attaches it again once the
+// stage answers; the run ends rc 0 with local mode's tokens and logits,
+// and its stats count the shadow lost and re-attached.
+func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a run of several seconds with real processes")
+	}
+	r := newChaosRig(t, 2)
+	if _, se, code := run(t, "", "certs", "-out", filepath.Join(r.dir, "certs"), "-nodes", "shadow2=shadow", "-log-level", "warn"); code != 0 {
+		t.Fatalf("certs: %s", se)
+	}
+	for i := range r.workers {
+		r.startWorker(i)
+	}
+	const tokens = 400
+	n := strconv.Itoa(tokens)
+	local, swarm, stats := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm"), filepath.Join(r.dir, "stats.json")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	certs := filepath.Join(r.dir, "certs")
+	stageAddr := freeLoopbackUDP(t)
+	startStage := func() {
+		r.start("shadow2", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-layers", "2-3", "-listen", stageAddr,
+			"-certs", certs, "-name", "shadow2", "-log-level", "info")
+	}
+	startStage()
+	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-layers", "0-1", "-stages", stageAddr, "-listen", r.shadow,
+		"-workers", strings.Join(r.workers, ","), "-group", "2", "-certs", certs, "-name", "shadow", "-log-level", "info")
+	mainCmd := r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
+		"-prefetch", "shadow", "-shadow", r.shadow, "-certs", certs, "-name", "main",
+		"-n", n, "-ignore-eos", "-dump", swarm, "-stats", stats, "-log-level", "info")
+	exited := make(chan error, 1)
+	go func() { exited <- mainCmd.Wait() }()
+	// the kill comes once the main node decodes on the shadow's hints
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(r.logOf("shadow2"), "shadow stage: serving") || !strings.Contains(r.logOf("main"), "shadow") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the staged shadow never served\n%s", r.logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	select {
+	case err := <-exited:
+		t.Fatalf("the main node ended (%v) before the stage was killed: the run is too short\n%s", err, r.logs())
+	default:
+	}
+	r.signal("shadow2", syscall.SIGKILL)
+	time.Sleep(time.Second)
+	startStage()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("main node: %v\n%s", err, r.logs())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the main node did not finish within 3 minutes\n%s", r.logs())
+	}
+	sameDump(t, swarm, local)
+	var st struct {
+		Generated int `json:"generated_tokens"`
+		Faults    map[string]int64
+	}
+	b, err := os.ReadFile(stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("faults: %v", st.Faults)
+	if st.Generated != tokens || st.Faults["shadow_lost"] < 1 || st.Faults["shadow_reattached"] < 1 {
+		t.Fatalf("stats: %d generated, faults %v: want the shadow lost and re-attached\n%s", st.Generated, st.Faults, r.logs())
 	}
 }

@@ -196,6 +196,9 @@ func dialStages(ctx context.Context, cfg Config, id string, first, layers int) (
 	wcfg.PeerRoles = []wire.Role{wire.RoleShadow}
 	wcfg.Hello.Model, wcfg.CheckHello = id, wire.SameModel(true)
 	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
+	rcfg := wcfg
+	rcfg.DialAttempts, rcfg.DialTimeout = 1, 0 // a main node's next attach tries again
+	redial := func(ctx context.Context, i int) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Stages[i], &rcfg) }
 	var peers []*wire.Peer
 	for _, a := range cfg.Stages {
 		p, err := wire.Dial(ctx, a, &wcfg)
@@ -207,7 +210,7 @@ func dialStages(ctx context.Context, cfg Config, id string, first, layers int) (
 		}
 		peers = append(peers, p)
 	}
-	c, err := stage.NewClient(ctx, peers, first, layers, cfg.Quant.String())
+	c, err := stage.NewClient(ctx, peers, first, layers, cfg.Quant.String(), redial)
 	if err != nil {
 		for _, p := range peers {
 			p.Close()

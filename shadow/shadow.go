@@ -378,6 +378,12 @@ const sendQueue = 256
 // to the workers and the main node, so the forward pass never waits on
 // the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
+	if n.Stages != nil { // every stage there, holding none of another main node's sequences
+		if err := n.Stages.Reset(ctx); err != nil {
+			n.log.Warn().Err(err).Str("main", p.Identity().Name).Msg("shadow: a stage is not there: the main node runs without the shadow until it is")
+			return err
+		}
+	}
 	n.owners = nil // a placement is one main node's: the next may run without residency, or number its own from 0
 	n.agreed, n.rewound, n.rewoundSeqs, n.agreedSeqs = 0, 0, n.rewoundSeqs[:0], n.agreedSeqs[:0]
 	g, ctx := errgroup.WithContext(ctx)
@@ -390,13 +396,6 @@ func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
 		err = serr // the sender failed first, and cancelled the receive
 	}
 	n.log.Info().Str("main", p.Identity().Name).Err(err).Msg("shadow: stopped following the main node")
-	if n.Stages != nil { // the next main node's sequences start afresh on them too
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if rerr := n.Stages.Reset(rctx); rerr != nil {
-			n.log.Warn().Err(rerr).Msg("shadow: the stages did not hear of the main node's end")
-		}
-		cancel()
-	}
 	return err
 }
 

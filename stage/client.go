@@ -19,6 +19,9 @@ type Client struct {
 	stages []*remote
 	id     uint64
 	routes []model.Route
+	quant  string
+	// redial connects to stage i again (nil: a lost stage stays lost)
+	redial func(ctx context.Context, i int) (*wire.Peer, error)
 }
 
 // remote is one stage: its peer, its layers and what it sends.
@@ -40,20 +43,15 @@ func LayersOf(h wire.Hello) (model.LayerRange, error) {
 // NewClient runs layers on the stages at the other end of peers, which
 // must hold, in this order, consecutive layers from first to the
 // model's last (of layers layers) in quant, as their Hellos say; it
-// reads from them until ctx ends or they do.
-func NewClient(ctx context.Context, peers []*wire.Peer, first, layers int, quant string) (*Client, error) {
-	c := &Client{}
+// reads from them until ctx ends or they do. redial, if set, connects to
+// stage i again when Reset finds it lost.
+func NewClient(ctx context.Context, peers []*wire.Peer, first, layers int, quant string, redial func(ctx context.Context, i int) (*wire.Peer, error)) (*Client, error) {
+	c := &Client{quant: quant, redial: redial}
 	next := first
 	for _, p := range peers {
-		r, err := LayersOf(p.Hello())
+		r, err := c.check(p, next)
 		if err != nil {
 			return nil, err
-		}
-		switch q := p.Hello().Quant; {
-		case r.First != next:
-			return nil, fmt.Errorf("stage: %s holds layers %s; the next stage must begin at layer %d", p.Identity(), r, next)
-		case q != quant:
-			return nil, fmt.Errorf("stage: %s holds its layers in %q, this node in %q", p.Identity(), q, quant)
 		}
 		next = r.End
 		st := &remote{p: p, layers: r, in: make(chan wire.Message, 64)}
@@ -64,6 +62,32 @@ func NewClient(ctx context.Context, peers []*wire.Peer, first, layers int, quant
 		return nil, fmt.Errorf("stage: the stages end at layer %d, the model has %d", next-1, layers)
 	}
 	return c, nil
+}
+
+// check reads the layers p's Hello says it holds, which must begin at
+// first, in the client's quant.
+func (c *Client) check(p *wire.Peer, first int) (model.LayerRange, error) {
+	r, err := LayersOf(p.Hello())
+	if err != nil {
+		return r, err
+	}
+	switch q := p.Hello().Quant; {
+	case r.First != first:
+		return r, fmt.Errorf("stage: %s holds layers %s; the next stage must begin at layer %d", p.Identity(), r, first)
+	case q != c.quant:
+		return r, fmt.Errorf("stage: %s holds its layers in %q, this node in %q", p.Identity(), q, c.quant)
+	}
+	return r, nil
+}
+
+// lost reports whether st's connection has ended.
+func (st *remote) lost() bool {
+	select {
+	case <-st.p.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 func (st *remote) read(ctx context.Context) {
@@ -179,11 +203,34 @@ func (c *Client) End(ctx context.Context, seq uint64) error {
 }
 
 // Reset tells every stage that every sequence is over (the first stage
-// starts over: another main node).
+// starts over: another main node), first connecting again to any stage
+// lost (a stage restarted holds no sequence anyway). A stage it cannot
+// reach is an error: the first stage cannot follow a main node without
+// every layer.
 func (c *Client) Reset(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, st := range c.stages {
+	for i, st := range c.stages {
+		if st.lost() {
+			if c.redial == nil {
+				return fmt.Errorf("stage: %s (layers %s) is lost", st.p.Identity(), st.layers)
+			}
+			p, err := c.redial(ctx, i)
+			if err != nil {
+				return fmt.Errorf("stage: layers %s: %w", st.layers, err)
+			}
+			r, err := c.check(p, st.layers.First)
+			if err == nil && r != st.layers {
+				err = fmt.Errorf("stage: %s holds layers %s, the stage it replaces %s", p.Identity(), r, st.layers)
+			}
+			if err != nil {
+				p.Close()
+				return err
+			}
+			st = &remote{p: p, layers: r, in: make(chan wire.Message, 64)} // the lost one's reader keeps its own
+			c.stages[i] = st
+			go st.read(context.WithoutCancel(ctx))
+		}
 		if err := st.p.Send(ctx, &wire.StageEnd{All: true}); err != nil {
 			return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
 		}

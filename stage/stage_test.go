@@ -77,7 +77,7 @@ func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
 		}
 		peers = append(peers, p)
 	}
-	if r.client, err = stage.NewClient(ctx, peers, split, L, ""); err != nil {
+	if r.client, err = stage.NewClient(ctx, peers, split, L, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.client.Close() })
