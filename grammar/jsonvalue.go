@@ -40,8 +40,6 @@ func (v *value) field(k string) *value {
 	return nil
 }
 
-
-
 type valueKind uint8
 
 const (

@@ -114,9 +114,9 @@ func (n Node) SSHTarget() string {
 
 // Rig is a parsed rig description.
 type Rig struct {
-	Path    string
-	Main    Node
-	Shadow  *Node // nil: no shadow (shadow-driven mode cannot run); of a staged shadow, its first stage
+	Path   string
+	Main   Node
+	Shadow *Node // nil: no shadow (shadow-driven mode cannot run); of a staged shadow, its first stage
 	// ShadowStages are a staged shadow's later stages, in the order of
 	// their layers (each shadow line with -layers not from 0)
 	ShadowStages []Node
