@@ -33,14 +33,15 @@ func ParseRole(s string) (Role, error) {
 }
 
 // InferRole guesses a node's role from its name: "main" is the main node,
-// "shadow" the shadow node, and "w1", "w2", ..., "worker-a", ... are workers.
+// "shadow" (and "shadow2", "shadow3", ...: a staged shadow's stages) a
+// shadow node, and "w1", "w2", ..., "worker-a", ... are workers.
 // Any other name needs an explicit role (NAME=ROLE in ParseNodes).
 func InferRole(name string) (Role, bool) {
 	switch {
 	case name == "main":
 		return RoleMain, true
-	case name == "shadow":
-		return RoleShadow, true
+	case name == "shadow", strings.HasPrefix(name, "shadow") && strings.Trim(name[len("shadow"):], "0123456789") == "":
+		return RoleShadow, true // shadow2, shadow3, ...: a staged shadow's stages
 	case strings.HasPrefix(name, "worker"):
 		return RoleWorker, true
 	case len(name) > 1 && name[0] == 'w' && strings.Trim(name[1:], "0123456789") == "":

@@ -150,6 +150,13 @@ func EnsureCerts(dir string, workers int) error {
 	for i := range workers {
 		names = append(names, fmt.Sprintf("w%d", i+1))
 	}
+	return EnsureNodes(dir, names...)
+}
+
+// EnsureNodes makes the certificates of the nodes names (their roles
+// inferred from the names: wire.InferRole) in dir where they are
+// missing, under the cluster's authority there (made if missing).
+func EnsureNodes(dir string, names ...string) error {
 	var missing []string
 	for _, n := range names {
 		if _, err := os.Stat(filepath.Join(dir, n+".pem")); errors.Is(err, os.ErrNotExist) {

@@ -25,6 +25,7 @@ import (
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"
 )
@@ -37,6 +38,10 @@ type Options struct {
 	Prefetch string
 	Quant    string // the shadow's weight format
 	Ahead    int    // the shadow's -ahead
+	// ShadowStages, above 1, splits the shadow into that many stages of
+	// consecutive layers (as even as they divide): the first follows the
+	// main node, the others (shadow2, ...) hold the later layers.
+	ShadowStages int
 	// DeviceMem and LoadBW are the workers' -device-mem and -load-bw.
 	DeviceMem, LoadBW string
 	// HostCache and HostPreload are the workers' -host-cache and
@@ -65,6 +70,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
 	fs.StringVar(&o.Quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
 	fs.IntVar(&o.Ahead, "ahead", shadow.DefaultAhead, "the shadow's -ahead: iterations it may run past its alignment on its own tokens (0 = OD-MoE's late departure)")
+	fs.IntVar(&o.ShadowStages, "shadow-stages", 1, "split the shadow into `N` stages of consecutive layers, each a process holding its share of the quantized copy (-layers, -stages)")
 	fs.StringVar(&o.DeviceMem, "device-mem", "1GiB", "each worker's device memory budget")
 	fs.StringVar(&o.LoadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
 	fs.StringVar(&o.HostCache, "host-cache", "", "each worker's -host-cache (decompressed experts kept in host RAM, e.g. 2GiB, as paper.rig's nodes); empty = none")
@@ -94,7 +100,8 @@ type Swarm struct {
 	cpus        string // the CPUs every node runs on (taskset -c); "" any
 	stop        context.CancelFunc
 	procs       []*exec.Cmd // the workers, then the shadow
-	shadowCmd   *exec.Cmd   // the shadow's, among procs; nil without one
+	shadowCmd   *exec.Cmd   // the shadow's (its first stage's), among procs; nil without one
+	stageCmds   []*exec.Cmd // a staged shadow's later stages, among procs
 	mainNode    *Node       // the caller's main node, once runNode started it
 }
 
@@ -157,12 +164,53 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		sh := runflags.For(runflags.RoleShadow)
 		sh.Model, sh.Quant, sh.Listen, sh.Workers, sh.Group, sh.DialTimeout, sh.Ahead = f.Model, o.Quant, addr, strings.Join(s.workers, ","), o.Group, s.dialTimeout, o.Ahead
 		sh.Cluster.Certs, sh.Cluster.Name, sh.Log.Level = f.Certs, "shadow", "warn"
+		if o.ShadowStages > 1 {
+			if sh.Layers, sh.Stages, err = s.startStages(wctx, self, f, o); err != nil {
+				return nil, err
+			}
+		}
 		if err := s.start(wctx, self, "shadow", sh.Args()...); err != nil {
 			return nil, err
 		}
 		s.shadow, s.shadowCmd = addr, s.procs[len(s.procs)-1]
 	}
 	return s, nil
+}
+
+// startStages starts a staged shadow's later stages, shadow2..shadowN
+// (o.ShadowStages in all, their layers as even as the model's divide),
+// and returns the first stage's -layers and -stages.
+func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o Options) (layers, stages string, err error) {
+	cfg, err := model.LoadConfig(f.Model)
+	if err != nil {
+		return "", "", err
+	}
+	n, L := o.ShadowStages, cfg.NumLayers
+	if n > L {
+		return "", "", fmt.Errorf("-shadow-stages %d: the model has %d layers", n, L)
+	}
+	end := func(i int) int { return (i + 1) * L / n } // stage i holds [end(i-1), end(i))
+	var addrs []string
+	for i := 1; i < n; i++ {
+		name := fmt.Sprintf("shadow%d", i+1)
+		if err := inproc.EnsureNodes(f.Certs, name); err != nil {
+			return "", "", err
+		}
+		addr, err := FreeUDPAddr()
+		if err != nil {
+			return "", "", err
+		}
+		st := runflags.For(runflags.RoleShadow)
+		st.Model, st.Quant, st.Listen = f.Model, o.Quant, addr
+		st.Layers = model.LayerRange{First: end(i - 1), End: end(i)}.String()
+		st.Cluster.Certs, st.Cluster.Name, st.Log.Level = f.Certs, name, "warn"
+		if err := s.start(ctx, self, name, st.Args()...); err != nil {
+			return "", "", err
+		}
+		s.stageCmds = append(s.stageCmds, s.procs[len(s.procs)-1])
+		addrs = append(addrs, addr)
+	}
+	return model.LayerRange{First: 0, End: end(0)}.String(), strings.Join(addrs, ","), nil
 }
 
 // start runs this binary with args as node name, logging to its file.
@@ -280,7 +328,7 @@ func (s *Swarm) CPU() RoleCPU {
 	}
 	for _, p := range s.procs {
 		t, _ := procmem.CPUTimeOf(p.Process.Pid)
-		if p == s.shadowCmd {
+		if p == s.shadowCmd || slices.Contains(s.stageCmds, p) {
 			c.Shadow += t
 		} else {
 			c.Workers += t
