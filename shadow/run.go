@@ -174,7 +174,9 @@ func serveStage(ctx context.Context, cfg Config, qm *model.Model, id string) err
 	return serveEach(ctx, ln, func(ctx context.Context, p *wire.Peer) error {
 		cfg.Log.Info().Str("first stage", p.Identity().Name).Msg("shadow stage: serving")
 		return stage.Serve(ctx, p, layers)
-	}, func(err error) { cfg.Log.Info().Err(err).Msg("shadow stage: the first stage is gone; waiting for the next") })
+	}, func(err error) {
+		cfg.Log.Info().Err(err).Msg("shadow stage: the first stage is gone; waiting for the next")
+	})
 }
 
 // serveEach serves one peer after another as they connect on ln, until
