@@ -60,7 +60,9 @@ func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, 
 // its last layer, no session has the rows in its cache.
 //
 // A model that holds only its first layers (a staged model's first
-// stage) runs them, then has its LayerRunner run the rest.
+// stage) runs them, then has its LayerRunner run the rest; a failure
+// there leaves the pass's rows in its own layers' caches (the caller
+// starts over: the shadow drops every sequence with its main node).
 func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) error {
 	m := b.m
 	out, err := b.ForwardLayers(ctx, sessions, feeds, m.held, nil)
