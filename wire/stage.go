@@ -1,3 +1,4 @@
+//lint:file-ignore U1000 the _msgpack fields carry msgpack's as_array struct tag
 package wire
 
 // The messages between a staged node's first stage and the stages that
