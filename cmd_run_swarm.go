@@ -98,8 +98,14 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.prefixCacheBytes, err = runflags.ParseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
 		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
+	var mem int64
+	if f.Mem != "" {
+		if mem, err = runflags.ParseBytes(f.Mem); err != nil || mem <= 0 {
+			return usagef("-mem: want a size such as 16GiB, got %q", f.Mem)
+		}
+	}
 	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: workers, Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
-		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Log: log}
+		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Mem: mem, Log: log}
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err
 	}

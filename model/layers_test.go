@@ -158,3 +158,48 @@ func TestAStageQuantizesAsTheWholeModelDoes(t *testing.T) {
 		}
 	})
 }
+
+// TestFootprintIsWhatANodeHolds: every family's whole int8 footprint is
+// within 5% of what its quantized copy holds, stages' footprints add up
+// to the whole's (the embedding in the first, the head in the last, the
+// KV cache split by layers), and an unquantized one counts the
+// checkpoint's bytes as bound.
+func TestFootprintIsWhatANodeHolds(t *testing.T) {
+	eachFamilyIn(t, 23, func(t *testing.T, dir string, m *Model) {
+		L := m.Config.NumLayers
+		opt := FootprintOptions{Quantized: true, Quant: kernels.Q8, Experts: true}
+		whole, err := m.FootprintOf(AllLayers(L), opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := m.Quantized(kernels.Q8, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held := q.NonExpertBytes() + q.ExpertBytes(); held < whole.Weights()*95/100 || held > whole.Weights()*105/100 {
+			t.Errorf("int8 weights: footprint %d, the quantized copy holds %d", whole.Weights(), held)
+		}
+		a, err := m.FootprintOf(LayerRange{0, 1}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := m.FootprintOf(LayerRange{1, L}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Layers+b.Layers != whole.Layers || a.Experts+b.Experts != whole.Experts || a.KV+b.KV != whole.KV ||
+			a.Embedding != whole.Embedding || a.Head != 0 || b.Head != whole.Head || whole.KV <= 0 {
+			t.Errorf("stages %+v and %+v do not add up to %+v", a, b, whole)
+		}
+		if !m.Config.TieEmbeddings && b.Embedding != 0 {
+			t.Errorf("the last stage counts the embedding: %+v", b)
+		}
+		bf, err := m.FootprintOf(AllLayers(L), FootprintOptions{Experts: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bound := m.NonExpertBytes() + m.ExpertBytes(); bf.Experts != m.ExpertBytes() || bf.Weights() < bound*9/10 {
+			t.Errorf("as stored: footprint %+v, the model binds %d (%d of experts)", bf, bound, m.ExpertBytes())
+		}
+	})
+}

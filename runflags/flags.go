@@ -56,6 +56,7 @@ type Flags struct {
 	Quant          string
 	Ahead          int
 	Layers, Stages string
+	Mem            string
 	// worker
 	Listen, Store, DeviceMem, LoadBW string
 	Device                           string
@@ -124,6 +125,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
 	fs.IntVar(&f.Ahead, "ahead", shadow.DefaultAhead, "shadow: run up to `N` iterations past the main node's latest alignment on the shadow's own sampled tokens, so predictions come an iteration early; an alignment with another token rewinds it (its predictions withdrawn); 0 = wait for every alignment (OD-MoE's late departure)")
 	fs.StringVar(&f.Layers, "layers", "", "shadow: the layers `A-B` (0-based, inclusive) this node holds of a staged shadow, whose nodes each hold a share of the quantized copy: the first stage (0-B) follows the main node and dials -stages; a later stage serves the first its layers, and needs no -workers (default: every layer)")
+	fs.StringVar(&f.Mem, "mem", "", "shadow: the node's memory budget (bytes; KiB, MiB, GiB suffixes): it refuses to start, saying what does not fit and how many stages (-layers) would, when its quantized weights and the KV cache of one full-context sequence pass it (default: none)")
 	fs.StringVar(&f.Stages, "stages", "", "shadow: with -layers 0-B, the `ADDRS` (HOST:PORT,...) of the shadow stages holding the layers after B, in order")
 	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
 	fs.StringVar(&f.Store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")

@@ -49,8 +49,12 @@ type Config struct {
 	// Stages are the addresses of the stages that hold the layers after
 	// a first stage's, in order.
 	Stages []string
-	Wire   *wire.Config // this node's identity and transport settings
-	Log    zerolog.Logger
+	// Mem, when set, is the node's memory budget in bytes: it refuses to
+	// start when what it will hold (its weights, quantized, and the KV
+	// cache of one full-context sequence) passes it.
+	Mem  int64
+	Wire *wire.Config // this node's identity and transport settings
+	Log  zerolog.Logger
 }
 
 // Run quantizes the model, builds the shadow on it (New: connected to
@@ -78,7 +82,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case held.First > 0 && len(cfg.Stages) > 0:
 		return fmt.Errorf("shadow: layers %s: a stage after the first has no -stages (the first stage dials each)", held)
 	}
-	id, err := identityOf(cfg.Model)
+	id, err := checkFootprint(cfg, held)
 	if err != nil {
 		return err
 	}
@@ -122,15 +126,59 @@ func Run(ctx context.Context, cfg Config) error {
 	return node.Serve(ctx, ln)
 }
 
-// identityOf is the identity of the checkpoint in dir (store.IdentityOf),
-// read from its non-expert weights' mapping, let go once read.
-func identityOf(dir string) (store.Identity, error) {
-	m, err := model.Load(dir, model.LoadOptions{SkipExperts: true})
+// checkFootprint reads the checkpoint's mapping (nothing is paged in
+// but what the identity hashes), says what this node will hold of it
+// (layers held, quantized as cfg says) and refuses, naming the
+// shortfall and how many stages would fit, where that passes cfg.Mem;
+// it returns the checkpoint's identity (store.IdentityOf).
+func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
+	m, err := model.Load(cfg.Model, model.LoadOptions{})
 	if err != nil {
 		return store.Identity{}, err
 	}
 	defer m.Close()
-	return store.IdentityOf(dir, m)
+	opt := model.FootprintOptions{Quantized: true, Quant: cfg.Quant, Experts: true, Head: held.First == 0}
+	f, err := m.FootprintOf(held, opt)
+	if err != nil {
+		return store.Identity{}, err
+	}
+	cfg.Log.Info().Stringer("layers", held).Str("quant", cfg.Quant.String()).Str("holds", f.String()).Msg("shadow: what this node will hold")
+	if cfg.Mem > 0 && f.Total() > cfg.Mem {
+		return store.Identity{}, fmt.Errorf("shadow: layers %s need %s, -mem allows %s: %s short%s", held, f, progress.Bytes(cfg.Mem),
+			progress.Bytes(f.Total()-cfg.Mem), stagesThatFit(m, held, opt, cfg.Mem))
+	}
+	return store.IdentityOf(cfg.Model, m)
+}
+
+// stagesThatFit says how many stages of consecutive layers (split as
+// evenly as held's divide, the first with the head) would each fit mem,
+// or that none would.
+func stagesThatFit(m *model.Model, held model.LayerRange, opt model.FootprintOptions, mem int64) string {
+	n := held.End - held.First
+	for k := 2; k <= n; k++ {
+		most := int64(0)
+		for i := range k {
+			r := model.LayerRange{First: held.First + i*n/k, End: held.First + (i+1)*n/k}
+			o := opt
+			o.Head = opt.Head && i == 0
+			f, err := m.FootprintOf(r, o)
+			if err != nil {
+				return ""
+			}
+			most = max(most, f.Total())
+		}
+		if most <= mem {
+			size := fmt.Sprintf("%d-%d layers", n/k, (n+k-1)/k)
+			switch {
+			case n == k:
+				size = "1 layer"
+			case n%k == 0:
+				size = fmt.Sprintf("%d layers", n/k)
+			}
+			return fmt.Sprintf("; as %d stages of %s each (-layers), the largest would need %s", k, size, progress.Bytes(most))
+		}
+	}
+	return "; not even a stage of one layer would fit"
 }
 
 // quantized loads layers held of the checkpoint in dir (with the head,
