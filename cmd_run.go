@@ -57,6 +57,18 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 }
 
 // checkGenerate validates the flags local and main share.
+// memBytes reads -mem (0: none).
+func (f *runFlags) memBytes() (int64, error) {
+	if f.Mem == "" {
+		return 0, nil
+	}
+	mem, err := runflags.ParseBytes(f.Mem)
+	if err != nil || mem <= 0 {
+		return 0, usagef("-mem: want a size such as 16GiB, got %q", f.Mem)
+	}
+	return mem, nil
+}
+
 func (f *runFlags) checkGenerate() error {
 	if f.Model == "" {
 		return usagef("-model is required")
@@ -111,5 +123,9 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 	if err := f.checkGenerate(); err != nil {
 		return err
 	}
-	return mainnode.RunLocal(ctx, f.Model, f.text(), f.serving(), stdout, log)
+	mem, err := f.memBytes()
+	if err != nil {
+		return err
+	}
+	return mainnode.RunLocal(ctx, f.Model, f.text(), f.serving(), mem, stdout, log)
 }

@@ -56,6 +56,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}
+	if cfg.Mem, err = f.memBytes(); err != nil {
+		return err
+	}
 	if f.Trace != "" {
 		if cfg.TraceFrom, cfg.TraceTo, err = runflags.ParseIters(f.TraceIters); err != nil {
 			return usagef("-trace-iters: %v", err)
@@ -98,11 +101,9 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.prefixCacheBytes, err = runflags.ParseBytes(f.PrefixCache); err != nil || f.prefixCacheBytes < 0 {
 		return usagef("-prefix-cache: want a size such as 512MiB or 0, got %q", f.PrefixCache)
 	}
-	var mem int64
-	if f.Mem != "" {
-		if mem, err = runflags.ParseBytes(f.Mem); err != nil || mem <= 0 {
-			return usagef("-mem: want a size such as 16GiB, got %q", f.Mem)
-		}
+	mem, err := f.memBytes()
+	if err != nil {
+		return err
 	}
 	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: workers, Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
 		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Mem: mem, Log: log}

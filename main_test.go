@@ -186,6 +186,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"help", "nosuch"}, 2, `unknown command "nosuch"`},
 		{[]string{"run", "-model", "x", "-log-level", "bogus"}, 2, `-log-level "bogus" unknown: want debug, info, warn or error`},
 		{[]string{"run", "-bogus"}, 2, "flag provided but not defined: -bogus (odmoe run -h lists its flags)"},
+		{[]string{"run", "-role", "local", "-model", "x", "-mem", "plenty"}, 2, `-mem: want a size such as 16GiB, got "plenty"`},
+		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-mem", "0"}, 2, `-mem: want a size such as 16GiB, got "0"`},
 	}
 	for _, tc := range cases {
 		_, se, code := run(t, "", tc.args...)

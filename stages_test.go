@@ -152,3 +152,22 @@ func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
 		t.Fatalf("stats: %d generated, faults %v: want the shadow lost and re-attached\n%s", st.Generated, st.Faults, r.logs())
 	}
 }
+
+// TestANodeBeyondItsMemRefusesToStart: local mode and a main node whose
+// share of the model passes -mem exit 1 at once with one line naming the
+// shortfall; within it they run.
+func TestANodeBeyondItsMemRefusesToStart(t *testing.T) {
+	m := tinyModel(t)
+	for _, args := range [][]string{
+		{"run", "-role", "local", "-model", m, "-prompt", "hi", "-n", "2", "-mem", "1MiB"},
+		{"run", "-role", "main", "-model", m, "-workers", "127.0.0.1:1", "-prompt", "hi", "-n", "2", "-mem", "1MiB", "-insecure"},
+	} {
+		_, se, code := run(t, "", args...)
+		if code != 1 || !strings.Contains(se, "-mem allows 1.0 MiB") || !strings.Contains(se, "short") {
+			t.Errorf("%v: exit %d, stderr %q", args[2], code, se)
+		}
+	}
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", m, "-prompt", "hi", "-n", "2", "-mem", "1GiB", "-log-level", "warn"); code != 0 {
+		t.Errorf("local mode within 1 GiB: exit %d, %s", code, se)
+	}
+}

@@ -47,7 +47,10 @@ type Config struct {
 	// answer at start (0: wire.DefaultStartDialTimeout).
 	DialTimeout time.Duration
 	Wire        *wire.Config // this node's identity and transport settings
-	Log         zerolog.Logger
+	// Mem, when set, is the node's memory budget in bytes: it refuses to
+	// start when what it will hold passes it (holds).
+	Mem int64
+	Log zerolog.Logger
 }
 
 // Run loads the non-expert weights, connects to the workers (and the
@@ -60,6 +63,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return err
 	}
 	defer m.Close()
+	if err := holds(m, "main", cfg.Serve, cfg.Mem, log); err != nil {
+		return err
+	}
 	group := cfg.Group
 	if group == 0 {
 		group = sched.DefaultGroup(len(cfg.Workers), m.Config.TopK)
@@ -192,13 +198,16 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 // RunLocal answers t with the whole model in this process (`odmoe run
 // -role local`): the reference the swarm must match bit for bit. With
 // sv.Addr set it serves the API instead.
-func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, stdout io.Writer, log zerolog.Logger) error {
+func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, mem int64, stdout io.Writer, log zerolog.Logger) error {
 	t0 := time.Now()
 	m, err := model.Load(modelDir, model.LoadOptions{})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	if err := holds(m, "local", sv, mem, log); err != nil {
+		return err
+	}
 	c := m.Config
 	log.Info().Str("model", modelDir).Str("arch", c.Architecture).Int("layers", c.NumLayers).
 		Int("experts", c.NumExperts).Int("top_k", c.TopK).
@@ -249,4 +258,25 @@ func (c *decodeCPU) end() (time.Duration, []*wire.WorkerStats) {
 		main = 0
 	}
 	return main, <-c.workers
+}
+
+// holds says what this node will hold of m (its weights as bound, its
+// experts where it has them, the KV cache of one full-context sequence
+// and, serving, the prefix cache's budget) and refuses, naming the
+// shortfall, where that passes mem (0: no budget).
+func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logger) error {
+	f, err := m.FootprintOf(m.HeldLayers(), model.FootprintOptions{Experts: m.ExpertBytes() > 0, Head: true})
+	if err != nil {
+		return err
+	}
+	var prefix int64
+	if sv.Addr != "" {
+		prefix = sv.PrefixCacheBytes
+	}
+	log.Info().Str("holds", f.String()).Str("prefix_cache", progress.Bytes(prefix)).Msg(role + ": what this node will hold")
+	if need := f.Total() + prefix; mem > 0 && need > mem {
+		return fmt.Errorf("%s: needs %s (weights %s, KV cache of one full-context sequence %s, prefix cache %s: -prefix-cache), -mem allows %s: %s short",
+			role, progress.Bytes(need), progress.Bytes(f.Weights()), progress.Bytes(f.KV), progress.Bytes(prefix), progress.Bytes(mem), progress.Bytes(need-mem))
+	}
+	return nil
 }
