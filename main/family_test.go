@@ -157,6 +157,7 @@ func batched(t *testing.T, b *mainnode.Batcher, prompts [][]int, steps int, samp
 	var got [2]generation
 	var errs [2]error
 	var wg sync.WaitGroup
+	joined := b.StartTogether(len(prompts)) // both in the first pass, whatever the machine's load
 	for i, p := range prompts {
 		wg.Go(func() {
 			got[i].tokens, _, errs[i] = b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: steps, Sampler: samplers[i],
@@ -165,6 +166,7 @@ func batched(t *testing.T, b *mainnode.Batcher, prompts [][]int, steps int, samp
 					return nil
 				}})
 		})
+		<-joined
 	}
 	wg.Wait()
 	for i, err := range errs {
