@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/align"
@@ -181,5 +182,108 @@ func TestStagesOverTheWireComputeTheWholeModel(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAStageLostIsDialedAgainOnReset: a stage whose connection is gone
+// fails the run under way (naming it), and the next Reset dials it again
+// (restarted on its address, holding nothing); the runs after compute the
+// whole model's logits again.
+func TestAStageLostIsDialedAgainOnReset(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := synth.Generate(dir, synth.Options{Preset: "tiny", Seed: 32}); err != nil {
+		t.Fatal(err)
+	}
+	certs := filepath.Join(t.TempDir(), "certs")
+	if err := inproc.EnsureCerts(certs, 0); err != nil {
+		t.Fatal(err)
+	}
+	shadowCerts, err := wire.LoadCerts(certs, "shadow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(opt model.LoadOptions) *model.Model {
+		m, err := model.Load(dir, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	whole := load(model.LoadOptions{})
+	L := whole.Config.NumLayers
+	first := load(model.LoadOptions{Layers: &model.LayerRange{First: 0, End: 2}, Head: true})
+	rest := load(model.LoadOptions{Layers: &model.LayerRange{First: 2, End: L}})
+	serveOn := func(addr string) (string, func()) {
+		cfg := &wire.Config{Certs: shadowCerts, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop()}
+		cfg.Hello.Layers = []int{2, L}
+		sctx, stop := context.WithCancel(ctx)
+		ln, err := wire.Listen(sctx, addr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		layers := stage.NewLayers(rest)
+		go func() {
+			for {
+				p, err := ln.Accept(sctx)
+				if err != nil {
+					return
+				}
+				stage.Serve(sctx, p, layers)
+				p.Close()
+			}
+		}()
+		return ln.Addr().String(), func() { stop(); ln.Close() }
+	}
+	addr, stop := serveOn("127.0.0.1:0")
+	dcfg := &wire.Config{Certs: shadowCerts, PeerRoles: []wire.Role{wire.RoleShadow}, Log: zerolog.Nop()}
+	p, err := wire.Dial(ctx, addr, dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redials := 0
+	client, err := stage.NewClient(ctx, []*wire.Peer{p}, 2, L, "", func(ctx context.Context, i int) (*wire.Peer, error) {
+		redials++
+		return wire.Dial(ctx, addr, dcfg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if err := first.SetLayerRunner(client); err != nil {
+		t.Fatal(err)
+	}
+	decode := func() error {
+		ws := model.NewSession(whole, model.NewResidentExperts(whole), 8)
+		fs := model.NewSession(first, model.NewResidentExperts(first), 8)
+		want, err := ws.Forward(ctx, []int{3, 1, 4, 1, 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := fs.Forward(ctx, []int{3, 1, 4, 1, 5})
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(got, want) {
+			t.Fatal("the staged logits differ from the whole model's")
+		}
+		return nil
+	}
+	if err := decode(); err != nil {
+		t.Fatal(err)
+	}
+	stop() // the stage goes away: its end of the connection closes it
+	if err := decode(); err == nil || !strings.Contains(err.Error(), "layers 2-3") {
+		t.Fatalf("a run on a lost stage: %v", err)
+	}
+	_, stop = serveOn(addr) // back on its address, holding nothing
+	defer stop()
+	if err := client.Reset(ctx); err != nil || redials != 1 {
+		t.Fatalf("Reset: %v (%d redials)", err, redials)
+	}
+	if err := decode(); err != nil {
+		t.Fatalf("after the stage came back: %v", err)
 	}
 }
