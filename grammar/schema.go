@@ -313,10 +313,12 @@ func (c *compiler) object(fields map[string]*value, path string, depth int) (*No
 	}
 	c.paths[n] = path
 	var required []string
+	isRequired := map[string]bool{}
 	if v, ok := fields["required"]; ok {
 		for _, r := range v.items {
 			if r.kind == vString {
 				required = append(required, r.text)
+				isRequired[r.text] = true
 			}
 		}
 		if v.kind != vArray || len(required) != len(v.items) {
@@ -343,11 +345,15 @@ func (c *compiler) object(fields map[string]*value, path string, depth int) (*No
 			if err != nil {
 				return nil, err
 			}
-			n.props = append(n.props, property{name: name, key: key, value: value, required: slices.Contains(required, name)})
+			n.props = append(n.props, property{name: name, key: key, value: value, required: isRequired[name]})
 		}
 	}
+	declared := map[string]bool{}
+	for _, p := range n.props {
+		declared[p.name] = true
+	}
 	for _, r := range required {
-		if !slices.ContainsFunc(n.props, func(p property) bool { return p.name == r }) {
+		if !declared[r] {
 			return nil, fmt.Errorf("%s/required: %q is required but not among the properties", path, r)
 		}
 	}

@@ -40,6 +40,7 @@ type FootprintOptions struct {
 	Quant     kernels.DType
 	Experts   bool // the routed experts too (a shadow's; a main node's are on workers)
 	Head      bool // the output head, even where r ends before the last layer
+	SkipHead  bool // no output head, even where r ends at the last layer (a later stage's)
 }
 
 // FootprintOf is what a node holding layers r of m keeps, as opt says
@@ -71,10 +72,11 @@ func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, erro
 	}
 	var f Footprint
 	q := opt.Quant
-	if r.First == 0 || (opt.Head || r.End == c.NumLayers) && c.TieEmbeddings {
+	head := (opt.Head || r.End == c.NumLayers) && !opt.SkipHead
+	if r.First == 0 || head && c.TieEmbeddings {
 		f.Embedding = int64(len(m.Embed.Data))
 	}
-	if opt.Head || r.End == c.NumLayers {
+	if head {
 		f.Head = bytes(m.LMHead, q) + vec(m.FinalNorm)
 	}
 	router := kernels.F16 // the shadow's routers (Quantized)

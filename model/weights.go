@@ -106,6 +106,9 @@ type LoadOptions struct {
 	// end before the last layer: a process that runs the first layers
 	// and has the rest run on other nodes (SetLayerRunner) samples.
 	Head bool
+	// SkipHead binds no output head even where Layers end at the last
+	// layer: a later stage, whose first stage samples.
+	SkipHead bool
 }
 
 // Load binds the checkpoint in dir (config.json plus safetensors, single or
@@ -202,7 +205,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	h := c.HiddenSize
 	fp8 := c.Quantization == "fp8"
 	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8}
-	first, last := m.held.First == 0, m.held.End == c.NumLayers || opt.Head
+	first, last := m.held.First == 0, (m.held.End == c.NumLayers || opt.Head) && !opt.SkipHead
 	if first || last && c.TieEmbeddings {
 		m.Embed = b.matrix(arch.embed, c.VocabSize, h)
 	}

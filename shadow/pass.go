@@ -397,6 +397,11 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 		} else {
 			f.sess = model.NewSession(n.m, model.NewResidentExperts(n.m), capacity)
 		}
+		if old := seqs[a.Seq]; old != nil && old.sess != nil && n.Stages != nil { // started again: its old rows go
+			if err := n.Stages.End(ctx, old.sess.Seq()); err != nil {
+				return nil, 0, err
+			}
+		}
 		seqs[a.Seq] = f
 		if len(f.fed) > reused {
 			if err := f.sess.ForwardHidden(ctx, f.fed[reused:]); err != nil {

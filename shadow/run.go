@@ -137,7 +137,7 @@ func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
 		return store.Identity{}, err
 	}
 	defer m.Close()
-	opt := model.FootprintOptions{Quantized: true, Quant: cfg.Quant, Experts: true, Head: held.First == 0}
+	opt := model.FootprintOptions{Quantized: true, Quant: cfg.Quant, Experts: true, Head: held.First == 0, SkipHead: held.First > 0}
 	f, err := m.FootprintOf(held, opt)
 	if err != nil {
 		return store.Identity{}, err
@@ -160,7 +160,7 @@ func stagesThatFit(m *model.Model, held model.LayerRange, opt model.FootprintOpt
 		for i := range k {
 			r := model.LayerRange{First: held.First + i*n/k, End: held.First + (i+1)*n/k}
 			o := opt
-			o.Head = opt.Head && i == 0
+			o.Head, o.SkipHead = opt.Head && i == 0, i > 0
 			f, err := m.FootprintOf(r, o)
 			if err != nil {
 				return ""
@@ -185,7 +185,7 @@ func stagesThatFit(m *model.Model, held model.LayerRange, opt model.FootprintOpt
 // where they begin at the first: a first stage samples) and quantizes
 // them to dt; the copy owns its memory, the checkpoint let go.
 func quantized(dir string, dt kernels.DType, held model.LayerRange, log zerolog.Logger) (*model.Model, error) {
-	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0})
+	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0}) // the first stage samples
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,9 @@ type Client struct {
 	id     uint64
 	routes []model.Route
 	quant  string
+	// refused is a stage's refusal of a sequence's KV rows (an Error of
+	// no run), which ApplyKV hands on
+	refused error
 	// redial connects to stage i again (nil: a lost stage stays lost)
 	redial func(ctx context.Context, i int) (*wire.Peer, error)
 }
@@ -98,7 +101,11 @@ func (st *remote) read(ctx context.Context) {
 			st.err = err
 			return
 		}
-		st.in <- m
+		select {
+		case st.in <- m:
+		case <-st.p.Done(): // closed (Close, or a redial replaced it): nobody reads on
+			return
+		}
 	}
 }
 
@@ -109,26 +116,92 @@ func (c *Client) Layers() model.LayerRange {
 
 // RunLayers runs layers r, which must be the stages' together (see
 // model.LayerRunner): each stage runs its layers on the rows the one
-// before handed back.
+// before handed back. Rows go at most maxRunBytes of hidden state a
+// message (a long history in several, each a stage's pass: onRoute then
+// sees each layer's routes once they have all come).
 func (c *Client) RunLayers(ctx context.Context, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r != c.Layers() {
 		return nil, fmt.Errorf("stage: layers %s asked of stages of layers %s", r, c.Layers())
 	}
-	run := &wire.StageRun{Routes: onRoute != nil}
 	rows := 0
 	for _, sp := range spans {
-		run.Seqs, run.Starts, run.Counts = append(run.Seqs, sp.Seq), append(run.Starts, int32(sp.Start)), append(run.Counts, int32(sp.Count))
 		rows += sp.Count
 	}
 	if rows == 0 || len(hidden)%rows != 0 {
 		return nil, fmt.Errorf("stage: %d floats of hidden state for %d rows", len(hidden), rows)
 	}
+	h := len(hidden) / rows
+	most := max(1, maxRunBytes/(4*h)) // rows a message
+	if rows <= most {
+		return c.run(ctx, spans, hidden, h, onRoute)
+	}
+	// in several runs, each layer's routes are gathered and seen once,
+	// all the pass's rows together, once the last run is done
+	var byLayer map[int][]model.Route
+	var gather func(int, []model.Route)
+	if onRoute != nil {
+		byLayer = map[int][]model.Route{}
+		gather = func(l int, rs []model.Route) { byLayer[l] = append(byLayer[l], rs...) }
+	}
+	out := make([]float32, 0, len(hidden))
+	for _, part := range chunks(spans, most) {
+		n := 0
+		for _, sp := range part {
+			n += sp.Count
+		}
+		o, err := c.run(ctx, part, hidden[len(out):len(out)+n*h], h, gather)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o...)
+	}
+	for l := r.First; l < r.End && onRoute != nil; l++ {
+		if rs, ok := byLayer[l]; ok {
+			onRoute(l, rs)
+		}
+	}
+	return out, nil
+}
+
+// maxRunBytes bounds the hidden state one StageRun carries, well within
+// a frame (wire's MaxFrameBytes, 64 MiB by default).
+var maxRunBytes = 16 << 20 // a var: tests cut runs smaller
+
+// chunks cuts spans into runs of at most most rows, a span cut where it
+// must (its later part begins where the earlier ends, so the stage goes
+// on from it).
+func chunks(spans []model.RowSpan, most int) [][]model.RowSpan {
+	var out [][]model.RowSpan
+	var cur []model.RowSpan
+	n := 0
+	for _, sp := range spans {
+		for sp.Count > 0 {
+			take := min(sp.Count, most-n)
+			cur = append(cur, model.RowSpan{Seq: sp.Seq, Start: sp.Start, Count: take})
+			sp.Start, sp.Count, n = sp.Start+take, sp.Count-take, n+take
+			if n == most {
+				out, cur, n = append(out, cur), nil, 0
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// run runs spans' rows (hidden, h floats a row) through every stage.
+func (c *Client) run(ctx context.Context, spans []model.RowSpan, hidden []float32, h int, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
+	run := &wire.StageRun{Routes: onRoute != nil}
+	for _, sp := range spans {
+		run.Seqs, run.Starts, run.Counts = append(run.Seqs, sp.Seq), append(run.Starts, int32(sp.Start)), append(run.Counts, int32(sp.Count))
+	}
 	for _, st := range c.stages {
 		c.id++
 		run.ID, run.First, run.End = c.id, st.layers.First, st.layers.End
-		run.Hidden = wire.Float32Tensor(hidden, rows, len(hidden)/rows)
+		run.Hidden = wire.Float32Tensor(hidden, len(hidden)/h, h)
 		if err := st.p.Send(ctx, run); err != nil {
 			return nil, fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
 		}
@@ -142,6 +215,9 @@ func (c *Client) RunLayers(ctx context.Context, r model.LayerRange, spans []mode
 }
 
 // await reads st's answer to run id: its layers' routes, then its rows.
+// What answers an earlier run (one whose caller stopped waiting: its
+// context ended) is let go; a refusal of a sequence's KV rows (an Error
+// of no run) is kept for ApplyKV.
 func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(int, []model.Route)) ([]float32, error) {
 	for {
 		var m wire.Message
@@ -156,6 +232,9 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 		}
 		switch m := m.(type) {
 		case *wire.StageRoutes:
+			if m.ID < id {
+				continue
+			}
 			if m.ID != id || onRoute == nil {
 				return nil, fmt.Errorf("routes of run %d, awaiting run %d", m.ID, id)
 			}
@@ -165,21 +244,39 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 			}
 			onRoute(m.Layer, c.routes)
 		case *wire.StageRows:
+			if m.ID < id {
+				continue
+			}
 			if m.ID != id {
 				return nil, fmt.Errorf("the rows of run %d, awaiting run %d", m.ID, id)
 			}
 			return m.Hidden.Float32s()
 		case *wire.Error:
-			return nil, m
+			switch {
+			case m.ID == 0:
+				c.refused = m
+			case m.ID == id:
+				return nil, m
+			}
 		}
 	}
 }
 
 // ApplyKV sends each stage its layers' share of a KV alignment of
 // sequence seq, which it writes before anything sent after.
+//
+// A stage's refusal of earlier KV rows (it then dropped that sequence)
+// comes back here: the caller starts over.
 func (c *Client) ApplyKV(ctx context.Context, seq uint64, kv align.KVRows) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.refused; err != nil {
+		c.refused = nil
+		return fmt.Errorf("stage: a stage refused KV rows: %w", err)
+	}
+	if last := c.stages[len(c.stages)-1].layers.End; kv.First > c.stages[0].layers.First || kv.First+len(kv.Keys) < last {
+		return fmt.Errorf("stage: KV rows of layers %d to %d for stages of layers %s", kv.First, kv.First+len(kv.Keys)-1, c.Layers())
+	}
 	for _, st := range c.stages {
 		m := &wire.StageKV{Seq: seq, FromPos: kv.From, First: st.layers.First}
 		m.Keys, m.Values = kv.Layers(st.layers.First, st.layers.End).Tensors()

@@ -92,12 +92,15 @@ func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
 // with its first layer here and each later layer on a stage of its own
 // (real QUIC, loopback) decodes three sequences in one batch (prompt
 // chunks beside decode steps, a history run alone, a rewind of two rows
-// and a KV alignment on the way): the logits and each layer's routes
-// equal the whole model's, bit for bit.
+// and a KV alignment on the way), its rows cut into runs of two: the
+// logits and each layer's routes equal the whole model's, bit for bit.
 func TestStagesOverTheWireComputeTheWholeModel(t *testing.T) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "deepseek-v3-tiny-fp8", "gpt-oss-tiny-mxfp4"} {
 		t.Run(preset, func(t *testing.T) {
 			r := newStagedRig(t, preset, 1)
+			// runs of at most two rows: a prompt's chunk and the history
+			// go in several, each a stage's pass
+			defer stage.SetMaxRunBytes(2 * 4 * r.whole.Config.HiddenSize)()
 			ctx := context.Background()
 			wholeB, firstB := model.NewBatch(r.whole, model.NewResidentExperts(r.whole)), model.NewBatch(r.first, model.NewResidentExperts(r.first))
 			type routed struct {
