@@ -311,8 +311,8 @@ func (r *request) gotExpert(e int) bool {
 // Shadow fallback. The shadow only ever changes speed: while it is lost
 // the main node loads reactively (its planner places experts as it would
 // with no prediction), dials it again in the background, and when it
-// answers attaches it at a sequence's next forward pass, sending it the
-// whole sequence first (shadowLink.start).
+// answers attaches it at a batch's next pass, sending each member's
+// whole sequence first (shadowLink.startIn, its history and KV rows).
 
 // shadowConn is the shadow's connection while it is up, else nil.
 func (s *Swarm) shadowConn() *wire.Peer {

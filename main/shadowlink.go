@@ -712,12 +712,13 @@ type ShadowStats struct {
 	// PeakRSS is the shadow process's peak resident memory.
 	PeakRSS int64
 	// Ahead are the decode passes the shadow ran ahead of the main node's
-	// alignment, on its own tokens. Agreed and Rewound are the alignments
-	// whose token met such a pass: the same token, or another (the shadow
-	// rewound, withdrawing Withdrawn predictions it had sent this node,
-	// and ran the iteration again). OffPath are predictions this node
-	// dropped as made on a token it did not feed before their withdrawal
-	// came.
+	// alignment, on its own tokens. Agreed and Rewound are the members'
+	// rows of such passes that the main node's pass met: on the same
+	// token, or not (the shadow took that row back and ran the member's
+	// row again alone, revising each layer's prediction and withdrawing
+	// Withdrawn predictions it had sent this node). OffPath are
+	// predictions this node dropped as made on a token it did not feed
+	// before their withdrawal came.
 	Ahead, Agreed, Rewound, Withdrawn, OffPath int64
 	// Guesses are the agreed and rewound rows by the kind of request
 	// (KindGreedy, KindSampled, KindConstrained), over the shadow's

@@ -6,15 +6,22 @@
 // alignments carry the token to feed and KV rows to overwrite (OD-MoE
 // section 3.2).
 //
-// It departs speculatively: once an iteration is done it runs the next on
-// the token it sampled itself, up to Ahead iterations past the main
-// node's latest alignment, so its predictions come an iteration early
-// instead of a few layers. An alignment whose token differs from the one
-// the shadow ran on rewinds it to that iteration: it withdraws the
-// predictions made since (wire.Withdraw), truncates its KV cache there and
-// runs the iteration again on the main node's token. KV rows overwrite the
-// shadow's own in place. With Ahead 0 it waits for every alignment before
-// departing (OD-MoE's "late departure").
+// It departs speculatively: once a pass is done it runs the batch's next
+// pass on the tokens it guessed itself (each member's as the main node
+// draws it), up to Ahead passes past the main node's latest alignment,
+// so its predictions come a pass early instead of a few layers. When the
+// main node's pass differs, only the rows that differ cost anything
+// (revise): a member guessed wrong, or gone, has its row taken back (its
+// KV row truncated), a member fed another token or new to the pass runs
+// its row alone, and each layer's prediction is revised (experts still
+// wanted stay on their workers, the rest are withdrawn: wire.Withdraw);
+// passes run further ahead than the one met are rewound whole. KV rows
+// overwrite the shadow's own in place. With Ahead 0 it waits for every
+// alignment before departing (OD-MoE's "late departure").
+//
+// A staged shadow is a first stage of this node (its first layers and
+// the head) whose model runs the later layers on its Stages (package
+// stage): the decisions above stay here.
 //
 // It does not own the alignment policy (align; the main node applies it),
 // the placement rule (sched) or the transport (wire).
