@@ -69,26 +69,14 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int)
 	if err != nil || m.held.End == m.Config.NumLayers {
 		return err
 	}
-	if m.remote == nil {
-		return fmt.Errorf("model: layers %s run nowhere (no LayerRunner)", m.rest())
-	}
 	b.spans = b.spans[:0]
 	for i, s := range sessions {
 		b.spans = append(b.spans, RowSpan{Seq: s.seq, Start: b.starts[i], Count: len(feeds[i])})
 	}
-	var hook func(int, []Route)
-	if on := b.ffn.OnRoute; on != nil {
-		step := Step{Seq: b.seq, Iter: b.iter}
-		hook = func(l int, routes []Route) { on(step, l, nil, routes) }
+	if err := m.runRest(ctx, Step{Seq: b.seq, Iter: b.iter}, b.spans, out, b.ffn.OnRoute); err != nil {
+		return err
 	}
-	rows, err := m.remote.RunLayers(ctx, m.rest(), b.spans, out, hook)
-	if err != nil {
-		return fmt.Errorf("model: layers %s: %w", m.rest(), err)
-	}
-	if len(rows) != len(out) {
-		return fmt.Errorf("model: layers %s returned %d floats for %d", m.rest(), len(rows), len(out))
-	}
-	b.setLast(sessions, feeds, rows)
+	b.setLast(sessions, feeds, out)
 	return nil
 }
 

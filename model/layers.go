@@ -77,6 +77,41 @@ func (m *Model) SetLayerRunner(r LayerRunner) error {
 	return nil
 }
 
+// runRest has m's LayerRunner run the layers after those m holds over
+// spans' rows, whose hidden state after m's last layer is rows, and
+// writes theirs after the model's last layer back into rows. on, if
+// set, is the pass's routing hook (step's), each layer's routes as they
+// come (no router logits: they stay on the stage).
+func (m *Model) runRest(ctx context.Context, step Step, spans []RowSpan, rows []float32, on func(Step, int, []float32, []Route)) error {
+	if m.remote == nil {
+		return fmt.Errorf("model: layers %s run nowhere (no LayerRunner)", m.rest())
+	}
+	var hook func(int, []Route)
+	if on != nil {
+		hook = func(l int, routes []Route) { on(step, l, nil, routes) }
+	}
+	out, err := m.remote.RunLayers(ctx, m.rest(), spans, rows, hook)
+	if err != nil {
+		return fmt.Errorf("model: layers %s: %w", m.rest(), err)
+	}
+	if len(out) != len(rows) {
+		return fmt.Errorf("model: layers %s returned %d floats for %d", m.rest(), len(out), len(rows))
+	}
+	copy(rows, out)
+	return nil
+}
+
+// Split cuts r into k stages of consecutive layers, as even as r's layers
+// divide (the later stages the larger).
+func (r LayerRange) Split(k int) []LayerRange {
+	n := r.End - r.First
+	out := make([]LayerRange, k)
+	for i := range out {
+		out[i] = LayerRange{First: r.First + i*n/k, End: r.First + (i+1)*n/k}
+	}
+	return out
+}
+
 // rest is the layers after those m holds, which its LayerRunner runs
 // (empty where m holds the last layer).
 func (m *Model) rest() LayerRange { return LayerRange{m.held.End, m.Config.NumLayers} }

@@ -203,3 +203,12 @@ func TestFootprintIsWhatANodeHolds(t *testing.T) {
 		}
 	})
 }
+
+// TestSplitCoversTheRangeInOrder: a range cut into k stages covers it,
+// each stage beginning where the one before ended, sizes within one.
+func TestSplitCoversTheRangeInOrder(t *testing.T) {
+	got := LayerRange{2, 10}.Split(3)
+	if want := []LayerRange{{2, 4}, {4, 7}, {7, 10}}; !slices.Equal(got, want) {
+		t.Fatalf("Split(3) of 2-9: %v, want %v", got, want)
+	}
+}

@@ -145,9 +145,6 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	if s.layers != m.held || m.held.First > 0 {
 		return fmt.Errorf("model: Forward of a session of layers %s (a stage's: Batch.ForwardLayers)", s.layers)
 	}
-	if m.held.End < c.NumLayers && m.remote == nil {
-		return fmt.Errorf("model: layers %s run nowhere (no LayerRunner)", m.rest())
-	}
 	start := s.cache.Len()
 	if start+n > c.MaxPositions {
 		return fmt.Errorf("model: position %d exceeds max_position_embeddings %d", start+n-1, c.MaxPositions)
@@ -182,18 +179,9 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 		return err
 	}
 	if m.held.End < c.NumLayers {
-		var hook func(int, []Route)
-		if on := s.OnRoute; on != nil {
-			hook = func(l int, routes []Route) { on(step, l, nil, routes) }
+		if err := m.runRest(ctx, step, []RowSpan{{Seq: s.seq, Start: start, Count: n}}, s.x[:n*h], s.OnRoute); err != nil {
+			return err
 		}
-		out, err := m.remote.RunLayers(ctx, m.rest(), []RowSpan{{Seq: s.seq, Start: start, Count: n}}, s.x[:n*h], hook)
-		if err != nil {
-			return fmt.Errorf("model: layers %s: %w", m.rest(), err)
-		}
-		if len(out) != n*h {
-			return fmt.Errorf("model: layers %s returned %d floats for %d", m.rest(), len(out), n*h)
-		}
-		copy(s.x[:n*h], out)
 	}
 	s.lastRow = n - 1
 	return nil

@@ -157,8 +157,7 @@ func stagesThatFit(m *model.Model, held model.LayerRange, opt model.FootprintOpt
 	n := held.End - held.First
 	for k := 2; k <= n; k++ {
 		most := int64(0)
-		for i := range k {
-			r := model.LayerRange{First: held.First + i*n/k, End: held.First + (i+1)*n/k}
+		for i, r := range held.Split(k) {
 			o := opt
 			o.Head, o.SkipHead = opt.Head && i == 0, i > 0
 			f, err := m.FootprintOf(r, o)

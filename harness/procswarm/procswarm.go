@@ -185,13 +185,12 @@ func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o 
 	if err != nil {
 		return "", "", err
 	}
-	n, L := o.ShadowStages, cfg.NumLayers
-	if n > L {
-		return "", "", fmt.Errorf("-shadow-stages %d: the model has %d layers", n, L)
+	if o.ShadowStages > cfg.NumLayers {
+		return "", "", fmt.Errorf("-shadow-stages %d: the model has %d layers", o.ShadowStages, cfg.NumLayers)
 	}
-	end := func(i int) int { return (i + 1) * L / n } // stage i holds [end(i-1), end(i))
+	split := model.AllLayers(cfg.NumLayers).Split(o.ShadowStages)
 	var addrs []string
-	for i := 1; i < n; i++ {
+	for i := 1; i < len(split); i++ {
 		name := fmt.Sprintf("shadow%d", i+1)
 		if err := inproc.EnsureNodes(f.Certs, name); err != nil {
 			return "", "", err
@@ -202,7 +201,7 @@ func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o 
 		}
 		st := runflags.For(runflags.RoleShadow)
 		st.Model, st.Quant, st.Listen = f.Model, o.Quant, addr
-		st.Layers = model.LayerRange{First: end(i - 1), End: end(i)}.String()
+		st.Layers = split[i].String()
 		st.Cluster.Certs, st.Cluster.Name, st.Log.Level = f.Certs, name, "warn"
 		if err := s.start(ctx, self, name, st.Args()...); err != nil {
 			return "", "", err
@@ -210,7 +209,7 @@ func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o 
 		s.stageCmds = append(s.stageCmds, s.procs[len(s.procs)-1])
 		addrs = append(addrs, addr)
 	}
-	return model.LayerRange{First: 0, End: end(0)}.String(), strings.Join(addrs, ","), nil
+	return split[0].String(), strings.Join(addrs, ","), nil
 }
 
 // start runs this binary with args as node name, logging to its file.
