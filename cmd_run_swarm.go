@@ -9,6 +9,7 @@ import (
 
 	"github.com/odmoe/odmoe/align"
 	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
@@ -79,7 +80,14 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	}
 	// a stage after the first (-layers not from 0) serves its first
 	// stage, and dials no workers
-	laterStage := f.Layers != "" && !strings.HasPrefix(strings.TrimSpace(f.Layers), "0-")
+	var laterStage bool
+	if f.Layers != "" {
+		r, err := model.ReadLayerRange(f.Layers)
+		if err != nil {
+			return usagef("-layers: %v", err)
+		}
+		laterStage = r.First > 0
+	}
 	if f.Workers == "" && !laterStage {
 		return usagef("-workers is required for -role shadow (the same list, in the same order, as the main node's)")
 	}

@@ -186,6 +186,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"help", "nosuch"}, 2, `unknown command "nosuch"`},
 		{[]string{"run", "-model", "x", "-log-level", "bogus"}, 2, `-log-level "bogus" unknown: want debug, info, warn or error`},
 		{[]string{"run", "-bogus"}, 2, "flag provided but not defined: -bogus (odmoe run -h lists its flags)"},
+		{[]string{"run", "-role", "shadow", "-model", "x", "-layers", "4"}, 2, `-layers: layers "4": want A-B`},
 		{[]string{"run", "-role", "local", "-model", "x", "-mem", "plenty"}, 2, `-mem: want a size such as 16GiB, got "plenty"`},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-mem", "0"}, 2, `-mem: want a size such as 16GiB, got "0"`},
 	}

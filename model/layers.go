@@ -18,14 +18,24 @@ func AllLayers(layers int) LayerRange { return LayerRange{0, layers} }
 // ParseLayerRange reads "A-B" (0-based, inclusive, as -layers takes it)
 // for a model of layers layers.
 func ParseLayerRange(s string, layers int) (LayerRange, error) {
+	r, err := ReadLayerRange(s)
+	if err != nil {
+		return r, err
+	}
+	return r, r.Within(layers)
+}
+
+// ReadLayerRange reads "A-B" as ParseLayerRange does, without a model to
+// hold it against (where only its first layer matters: a later stage's
+// flags, a rig's order of stages).
+func ReadLayerRange(s string) (LayerRange, error) {
 	a, b, ok := strings.Cut(s, "-")
-	first, err1 := strconv.Atoi(a)
-	last, err2 := strconv.Atoi(b)
-	if !ok || err1 != nil || err2 != nil {
+	first, err1 := strconv.Atoi(strings.TrimSpace(a))
+	last, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil || first < 0 || last < first {
 		return LayerRange{}, fmt.Errorf("layers %q: want A-B, the first and last layer (0-based)", s)
 	}
-	r := LayerRange{first, last + 1}
-	return r, r.Within(layers)
+	return LayerRange{first, last + 1}, nil
 }
 
 // Within checks r is a non-empty range of a model's layers layers.

@@ -8,10 +8,10 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/odmoe/odmoe/internal/cpuset"
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -96,12 +96,11 @@ func (n Node) layers() string {
 
 // firstLayer is the first layer of n's -layers (-1 if it does not read).
 func firstLayer(n Node) int {
-	a, _, _ := strings.Cut(n.layers(), "-")
-	l, err := strconv.Atoi(a)
+	r, err := model.ReadLayerRange(n.layers())
 	if err != nil {
 		return -1
 	}
-	return l
+	return r.First
 }
 
 // SSHTarget is where to ssh for this node.
