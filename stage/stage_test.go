@@ -25,14 +25,14 @@ type stagedRig struct {
 	stages       []*stage.Layers
 }
 
-// newStagedRig splits preset's model after layer split and after every
-// later layer (a stage a layer), each stage served in this process.
-func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
+// checkpoint generates preset's model with seed and the cluster's
+// certificates, and returns a loader of the model's layers (each closed
+// with the test) and the shadow's certificates, which both ends of a
+// stage's connection use.
+func checkpoint(t *testing.T, preset string, seed uint64) (func(model.LoadOptions) *model.Model, *wire.Certs) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	dir := filepath.Join(t.TempDir(), preset)
-	if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 31}); err != nil {
+	if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: seed}); err != nil {
 		t.Fatal(err)
 	}
 	certs := filepath.Join(t.TempDir(), "certs")
@@ -43,15 +43,25 @@ func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &stagedRig{}
-	load := func(opt model.LoadOptions) *model.Model {
+	return func(opt model.LoadOptions) *model.Model {
 		m, err := model.Load(dir, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Close() })
 		return m
-	}
+	}, shadowCerts
+}
+
+// newStagedRig splits preset's model after layer split and after every
+// later layer (a stage a layer), each stage served in this process.
+func newStagedRig(t *testing.T, preset string, split int) *stagedRig {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	load, shadowCerts := checkpoint(t, preset, 31)
+	r := &stagedRig{}
+	var err error
 	r.whole = load(model.LoadOptions{})
 	L := r.whole.Config.NumLayers
 	r.first = load(model.LoadOptions{Layers: &model.LayerRange{First: 0, End: split}, Head: true})
@@ -195,26 +205,7 @@ func TestStagesOverTheWireComputeTheWholeModel(t *testing.T) {
 func TestAStageLostIsDialedAgainOnReset(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := synth.Generate(dir, synth.Options{Preset: "tiny", Seed: 32}); err != nil {
-		t.Fatal(err)
-	}
-	certs := filepath.Join(t.TempDir(), "certs")
-	if err := inproc.EnsureCerts(certs, 0); err != nil {
-		t.Fatal(err)
-	}
-	shadowCerts, err := wire.LoadCerts(certs, "shadow")
-	if err != nil {
-		t.Fatal(err)
-	}
-	load := func(opt model.LoadOptions) *model.Model {
-		m, err := model.Load(dir, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
+	load, shadowCerts := checkpoint(t, "tiny", 32)
 	whole := load(model.LoadOptions{})
 	L := whole.Config.NumLayers
 	first := load(model.LoadOptions{Layers: &model.LayerRange{First: 0, End: 2}, Head: true})
