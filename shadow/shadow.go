@@ -249,9 +249,11 @@ func commonPrefix(a, b []int) int {
 }
 
 // grammarOf is the maker of constraints of the grammar spec says, over
-// the model's vocabulary: one kept per grammar (the latest maxGrammars),
-// their masks in one cache. nil where the shadow has no vocabulary or the
-// spec does not read (logged): the sequence is guessed without it.
+// the model's vocabulary: one kept per grammar (up to
+// grammar.GrammarCacheBytes, the oldest let go first), their masks in
+// one cache (grammar.MaskCacheBytes). nil where the shadow has no
+// vocabulary or the spec does not read (logged): the sequence is guessed
+// without it.
 func (n *Node) grammarOf(spec []byte) *grammar.Constraints {
 	if len(spec) == 0 || n.vocabulary == nil {
 		return nil
