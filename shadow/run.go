@@ -203,6 +203,19 @@ func quantized(dir string, dt kernels.DType, held model.LayerRange, log zerolog.
 	return qm, nil
 }
 
+// dialing is how the shadow dials peers of role, its model id said and
+// theirs checked: at start waiting for them as they come up (up to
+// dialTimeout, 0 the default), and, redialing, once a call.
+func dialing(base wire.Config, role wire.Role, id string, dialTimeout time.Duration) (start, redial wire.Config) {
+	start = base
+	start.PeerRoles = []wire.Role{role}
+	start.Hello.Model, start.CheckHello = id, wire.SameModel(true)
+	start.DialAttempts, start.MaxDialBackoff, start.DialTimeout = 1<<20, time.Second, cmp.Or(dialTimeout, wire.DefaultStartDialTimeout)
+	redial = start
+	redial.DialAttempts, redial.DialTimeout = 1, 0
+	return start, redial
+}
+
 // serveStage serves the layers qm holds to one first stage after
 // another, as they connect.
 func serveStage(ctx context.Context, cfg Config, qm *model.Model, id string) error {
@@ -249,12 +262,7 @@ func serveEach(ctx context.Context, ln *wire.Listener, serve func(context.Contex
 // dialStages dials the stages of a first stage whose own layers end
 // before first, waiting for them while they quantize.
 func dialStages(ctx context.Context, cfg Config, id string, first, layers int) (*stage.Client, error) {
-	wcfg := *cfg.Wire
-	wcfg.PeerRoles = []wire.Role{wire.RoleShadow}
-	wcfg.Hello.Model, wcfg.CheckHello = id, wire.SameModel(true)
-	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
-	rcfg := wcfg
-	rcfg.DialAttempts, rcfg.DialTimeout = 1, 0 // a main node's next attach tries again
+	wcfg, rcfg := dialing(*cfg.Wire, wire.RoleShadow, id, cfg.DialTimeout) // a redial: a main node's next attach tries again
 	redial := func(ctx context.Context, i int) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Stages[i], &rcfg) }
 	var peers []*wire.Peer
 	for _, a := range cfg.Stages {
@@ -335,12 +343,8 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	wcfg := *d.Wire
-	wcfg.PeerRoles = []wire.Role{wire.RoleWorker}
-	wcfg.Hello.Model = d.Identity
-	wcfg.CheckHello = wire.SameModel(true)
 	// workers may still be pinning or preloading experts
-	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(o.DialTimeout, wire.DefaultStartDialTimeout)
+	wcfg, rcfg := dialing(*d.Wire, wire.RoleWorker, d.Identity, o.DialTimeout) // a redial: the node retries, and logs each attempt
 	wcfg.IdleTimeout = cmp.Or(o.PeerTimeout, wire.DefaultPeerTimeout)
 	wcfg.KeepAlivePeriod = wcfg.IdleTimeout / 4
 	var peers []*wire.Peer
@@ -357,8 +361,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		}
 		peers = append(peers, p)
 	}
-	rcfg := wcfg
-	rcfg.DialAttempts, rcfg.DialTimeout = 1, 0 // the node retries, and logs each attempt
+	rcfg.IdleTimeout, rcfg.KeepAlivePeriod = wcfg.IdleTimeout, wcfg.KeepAlivePeriod
 	redial := func(ctx context.Context, w int) (*wire.Peer, error) { return wire.Dial(ctx, d.Workers[w], &rcfg) }
 	node, err := newNode(d.Model, peers, layout, redial, d.Log)
 	if err != nil {

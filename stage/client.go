@@ -83,6 +83,14 @@ func (c *Client) check(p *wire.Peer, first int) (model.LayerRange, error) {
 	return r, nil
 }
 
+// send sends m to st, an error naming it.
+func (st *remote) send(ctx context.Context, m wire.Message) error {
+	if err := st.p.Send(ctx, m); err != nil {
+		return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
+	}
+	return nil
+}
+
 // lost reports whether st's connection has ended.
 func (st *remote) lost() bool {
 	select {
@@ -202,8 +210,8 @@ func (c *Client) run(ctx context.Context, spans []model.RowSpan, hidden []float3
 		c.id++
 		run.ID, run.First, run.End = c.id, st.layers.First, st.layers.End
 		run.Hidden = wire.Float32Tensor(hidden, len(hidden)/h, h)
-		if err := st.p.Send(ctx, run); err != nil {
-			return nil, fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
+		if err := st.send(ctx, run); err != nil {
+			return nil, err
 		}
 		out, err := c.await(ctx, st, run.ID, onRoute)
 		if err != nil {
@@ -280,8 +288,8 @@ func (c *Client) ApplyKV(ctx context.Context, seq uint64, kv align.KVRows) error
 	for _, st := range c.stages {
 		m := &wire.StageKV{Seq: seq, FromPos: kv.From, First: st.layers.First}
 		m.Keys, m.Values = kv.Layers(st.layers.First, st.layers.End).Tensors()
-		if err := st.p.Send(ctx, m); err != nil {
-			return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
+		if err := st.send(ctx, m); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -292,8 +300,8 @@ func (c *Client) End(ctx context.Context, seq uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, st := range c.stages {
-		if err := st.p.Send(ctx, &wire.StageEnd{Seq: seq}); err != nil {
-			return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
+		if err := st.send(ctx, &wire.StageEnd{Seq: seq}); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -328,8 +336,8 @@ func (c *Client) Reset(ctx context.Context) error {
 			c.stages[i] = st
 			go st.read(context.WithoutCancel(ctx))
 		}
-		if err := st.p.Send(ctx, &wire.StageEnd{All: true}); err != nil {
-			return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
+		if err := st.send(ctx, &wire.StageEnd{All: true}); err != nil {
+			return err
 		}
 	}
 	return nil
