@@ -39,6 +39,7 @@ type Sampler struct {
 	chosen            int   // tokens chosen so far: the next one's k
 	idx               []int // the heap of draw's order
 	sorted            []int
+	ids               []int // likeliest's
 	probs             []float64
 
 	presence, frequency float64
@@ -309,6 +310,11 @@ func (s *Sampler) widen(logits []float32) []float64 {
 // first) from a heap, only as far as they need: a full sort of a
 // 151,936-token vocabulary took 82 ms a token.
 func (s *Sampler) draw(z []float64, k uint64) int {
+	cutK := s.topK > 0 && s.topK < len(z)
+	cutP := s.topP > 0 && s.topP < 1
+	if !cutK && !cutP {
+		return s.raceAll(z, drawKey(s.seed, k))
+	}
 	if cap(s.probs) < len(z) {
 		s.probs, s.idx = make([]float64, len(z)), make([]int, len(z))
 	}
@@ -334,45 +340,159 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 			best, bestID = r, id
 		}
 	}
-	cutK := s.topK > 0 && s.topK < len(z)
-	cutP := s.topP > 0 && s.topP < 1
-	if !cutK && !cutP {
-		for id := range probs {
-			race(id)
+	sum := 0.0
+	if !cutK {
+		for _, p := range probs { // in id order, as before the cut
+			sum += p
 		}
-	} else {
-		h := byProbability{probs: probs, heap: s.idx[:len(z)], sorted: s.sorted[:0]}
-		h.init()
-		keep, sum := len(z), 0.0
-		if cutK {
-			keep = s.topK
-			for i := range keep {
-				sum += probs[h.at(i)]
-			}
-		} else {
-			for _, p := range probs { // in id order, as before the cut
-				sum += p
-			}
-		}
-		if cutP {
-			var acc float64
-			for i := range keep {
-				acc += probs[h.at(i)] / sum
-				if acc >= s.topP {
-					keep = i + 1
-					break
-				}
-			}
-		}
-		for i := range keep {
-			race(h.at(i))
-		}
-		s.sorted = h.sorted
+	}
+	kept, ok := s.cut(probs, s.likeliest(probs, sum, cutK, cutP), sum)
+	if !ok { // the cut reached past the likeliest: take it over every token
+		kept, _ = s.cut(probs, nil, sum)
+	}
+	for _, id := range kept {
+		race(id)
 	}
 	if bestID < 0 { // every weight zero or NaN: the most likely
 		return argmax(z)
 	}
 	return bestID
+}
+
+// raceAll is draw without a cut: every token races. It works out a
+// token's weight (a logarithm and an exponential, most of the draw's
+// time) only where it could win: the most likely token races first, and
+// a token whose weight's bound 2^(int(t log2 e)+2) >= exp(t) already
+// loses to it (1 - U > best * bound, with E = -log U >= 1 - U) is passed
+// over, as draw's own test would pass it over. So it chooses what racing
+// every token in id order chooses, in about a tenth of the time.
+func (s *Sampler) raceAll(z []float64, key uint64) int {
+	top := argmax(z)
+	mx := z[top]
+	best, bestID := math.Inf(1), -1
+	race := func(id int, u float64) {
+		w := math.Exp((z[id] - mx) / s.temperature)
+		if !(w > 0) || 1-u > best*w {
+			return
+		}
+		if r := -math.Log(u) / w; r < best || r == best && id < bestID {
+			best, bestID = r, id
+		}
+	}
+	if mx == mx {
+		race(top, uniform(key, top))
+	}
+	// x = (z - mx) log2(e) / T <= 0, within far less than 1 of its true
+	// value; its integer part rounds up, so 2^(int(x)+2) bounds exp(t)
+	perBit := math.Log2E / s.temperature
+	for id, l := range z {
+		x := (l - mx) * perBit
+		if !(x >= -1100) { // NaN, or exp(t) is 0: never wins
+			continue
+		}
+		u := uniform(key, id)
+		if 1-u > best*pow2(int(x)+2) {
+			continue
+		}
+		race(id, u)
+	}
+	if bestID < 0 { // every weight zero or NaN: the most likely
+		return argmax(z)
+	}
+	return bestID
+}
+
+// pow2 returns 2^e for e <= 1023, or the smallest normal float64 for e
+// below -1022, which is no less.
+func pow2(e int) float64 {
+	return math.Float64frombits(uint64(max(e, -1022)+1023) << 52)
+}
+
+// cut returns the tokens the top-k and nucleus cuts keep, most likely
+// first, taken from a heap of ids (nil: every token) in order of probs
+// (ties: the lowest id first); sum is every token's weight when there is
+// no top-k cut. ids must be the likeliest tokens, every one as likely as
+// any left out: when the cut would reach past them, ok is false.
+func (s *Sampler) cut(probs []float64, ids []int, sum float64) (kept []int, ok bool) {
+	heap := s.idx[:0]
+	if ids == nil {
+		for i := range probs {
+			heap = append(heap, i)
+		}
+	} else {
+		heap = append(heap, ids...)
+	}
+	h := byProbability{probs: probs, heap: heap, sorted: s.sorted[:0]}
+	defer func() { s.sorted = h.sorted }()
+	h.init()
+	n, keep := len(heap), len(probs)
+	if s.topK > 0 && s.topK < len(probs) {
+		keep, sum = s.topK, 0
+		if keep > n {
+			return nil, false
+		}
+		for i := range keep {
+			sum += probs[h.at(i)]
+		}
+	}
+	if s.topP > 0 && s.topP < 1 {
+		var acc float64
+		cut := false
+		for i := range min(keep, n) {
+			acc += probs[h.at(i)] / sum
+			if acc >= s.topP {
+				keep, cut = i+1, true
+				break
+			}
+		}
+		if !cut && keep > n {
+			return nil, false
+		}
+	}
+	for i := range keep {
+		h.at(i)
+	}
+	return h.sorted[:keep], true
+}
+
+// likeliest returns the tokens whose weight is at least a power of two
+// chosen so that they hold the top-k tokens, or (no top-k) about a
+// little more than the nucleus's share of sum: the only tokens cut need
+// order, most of a large vocabulary left out of its heap. It is nil
+// (every token) when a weight is NaN, whose place in the order no
+// threshold can say.
+func (s *Sampler) likeliest(probs []float64, sum float64, cutK, cutP bool) []int {
+	const buckets = 64 // weights 2^0 .. 2^-62, and all below
+	var count [buckets]int
+	var mass [buckets]float64
+	for _, p := range probs {
+		if p != p {
+			return nil
+		}
+		b := min(1023-int(math.Float64bits(p)>>52&0x7ff), buckets-1) // -floor(log2 p); 0 and subnormals last
+		count[max(b, 0)]++
+		mass[max(b, 0)] += p
+	}
+	n, m, last := 0, 0.0, buckets-1
+	for b := range buckets {
+		n, m = n+count[b], m+mass[b]
+		if cutK && n >= s.topK || !cutK && cutP && m >= sum*(s.topP+(1-s.topP)/2) {
+			last = min(b+1, buckets-1) // one more power: the cut's share is summed in another order
+			break
+		}
+	}
+	if last == buckets-1 {
+		return nil
+	}
+	threshold := math.Ldexp(1, -last)
+	ids := s.ids[:0]
+	for id, p := range probs {
+		if p >= threshold {
+			ids = append(ids, id)
+		}
+	}
+	s.ids = ids
+	return ids
 }
 
 // drawKey is the noise key of a sequence's k-th draw under seed.
@@ -398,9 +518,6 @@ func (h *byProbability) before(a, b int) bool {
 }
 
 func (h *byProbability) init() {
-	for i := range h.heap {
-		h.heap[i] = i
-	}
 	for i := len(h.heap)/2 - 1; i >= 0; i-- {
 		h.down(i)
 	}
@@ -473,10 +590,13 @@ func logprobs(z []float64, id, top int) Choice {
 func Argmax(v []float32) int { return argmax(v) }
 
 func argmax[F float32 | float64](v []F) int {
-	best := 0
+	if len(v) == 0 {
+		return 0
+	}
+	best, top := 0, v[0] // top in a register, not read back from v
 	for i, x := range v {
-		if x > v[best] || (v[best] != v[best] && x == x) {
-			best = i
+		if x > top || (top != top && x == x) {
+			best, top = i, x
 		}
 	}
 	return best

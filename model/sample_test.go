@@ -404,3 +404,185 @@ func softmaxOf(v []float32) []float64 {
 	}
 	return p
 }
+
+// TestRaceAllIsTheRaceOfEveryToken: the uncut draw, which works out a
+// weight only where its bound could win, chooses what the definition
+// chooses, every token's E/w worked out in id order, the smallest
+// winning (ties: the lowest id): over vocabularies small and large,
+// spreads narrow and wide, temperatures low and high, with ties, tokens
+// ruled out (-Inf) and NaNs.
+func TestRaceAllIsTheRaceOfEveryToken(t *testing.T) {
+	definition := func(z []float64, temperature float64, key uint64) int {
+		mx := z[argmax(z)]
+		best, bestID := math.Inf(1), -1
+		for id, l := range z {
+			w := math.Exp((l - mx) / temperature)
+			if !(w > 0) {
+				continue
+			}
+			if r := -math.Log(uniform(key, id)) / w; r < best || r == best && id < bestID {
+				best, bestID = r, id
+			}
+		}
+		if bestID < 0 {
+			return argmax(z)
+		}
+		return bestID
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	draws, differ := 0, 0
+	for _, vocab := range []int{1, 2, 7, 50, 1000, 151936} {
+		rounds := max(2, 200000/vocab)
+		for round := range rounds {
+			spread := []float64{0.01, 1, 3, 10, 100}[round%5]
+			temperature := []float64{0.05, 0.3, 0.7, 1, 1.5, 4}[round%6]
+			z := make([]float64, vocab)
+			for i := range z {
+				z[i] = spread * rng.NormFloat64()
+			}
+			switch round % 7 {
+			case 1: // ties at the top and below it
+				for i := range z {
+					z[i] = math.Round(z[i])
+				}
+			case 2: // most ruled out
+				for i := range z {
+					if i%5 != 0 {
+						z[i] = math.Inf(-1)
+					}
+				}
+			case 3: // a NaN or two
+				z[rng.IntN(vocab)] = math.NaN()
+			case 4: // every one ruled out
+				for i := range z {
+					z[i] = math.Inf(-1)
+				}
+			}
+			s := NewSampler(temperature, 1, rng.Uint64())
+			for k := range uint64(3) {
+				key := drawKey(s.seed, k)
+				got, want := s.raceAll(slices.Clone(z), key), definition(z, temperature, key)
+				draws++
+				if got != want {
+					differ++
+					if differ <= 5 {
+						t.Errorf("vocab %d, spread %g, T %g, draw %d: raceAll chose %d, the definition %d", vocab, spread, temperature, k, got, want)
+					}
+				}
+			}
+		}
+	}
+	if differ > 0 {
+		t.Fatalf("%d of %d draws differ", differ, draws)
+	}
+	t.Logf("%d draws, every one the definition's", draws)
+}
+
+// TestCutDrawIsTheDefinition: the draw with a top-k or nucleus cut,
+// which orders only the likeliest tokens, chooses what the definition
+// chooses: every token sorted by weight (ties: the lowest id first), the
+// top k kept, then the smallest prefix whose share (summed in that order)
+// reaches top_p, every kept token's E/w worked out, the smallest winning.
+func TestCutDrawIsTheDefinition(t *testing.T) {
+	definition := func(z []float64, temperature, topP float64, topK int, key uint64) int {
+		probs := make([]float64, len(z))
+		mx := z[argmax(z)]
+		for i, l := range z {
+			probs[i] = math.Exp((l - mx) / temperature)
+		}
+		order := make([]int, len(z))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int {
+			switch {
+			case probs[a] > probs[b]:
+				return -1
+			case probs[a] < probs[b]:
+				return 1
+			}
+			return 0
+		})
+		keep, sum := len(z), 0.0
+		if topK > 0 && topK < len(z) {
+			keep = topK
+			for _, id := range order[:keep] {
+				sum += probs[id]
+			}
+		} else {
+			for _, p := range probs {
+				sum += p
+			}
+		}
+		if topP > 0 && topP < 1 {
+			acc := 0.0
+			for i, id := range order[:keep] {
+				acc += probs[id] / sum
+				if acc >= topP {
+					keep = i + 1
+					break
+				}
+			}
+		}
+		best, bestID := math.Inf(1), -1
+		for _, id := range order[:keep] {
+			if w := probs[id]; w > 0 {
+				if r := -math.Log(uniform(key, id)) / w; r < best || r == best && id < bestID {
+					best, bestID = r, id
+				}
+			}
+		}
+		if bestID < 0 {
+			return argmax(z)
+		}
+		return bestID
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	draws, differ := 0, 0
+	for _, vocab := range []int{2, 7, 50, 1000, 32000, 151936} {
+		rounds := max(4, 300000/vocab)
+		for round := range rounds {
+			spread := []float64{0.01, 1, 3, 10, 30}[round%5]
+			temperature := []float64{0.3, 0.7, 1, 1.5}[round%4]
+			topP := []float64{1, 0.5, 0.9, 0.95, 0.999999}[round%5]
+			topK := []int{0, 1, 5, 40, 0, 2000}[round%6]
+			if topP == 1 && topK == 0 {
+				topK = 20
+			}
+			z := make([]float64, vocab)
+			for i := range z {
+				z[i] = spread * rng.NormFloat64()
+			}
+			switch round % 7 {
+			case 1: // ties
+				for i := range z {
+					z[i] = math.Round(z[i])
+				}
+			case 2: // most ruled out
+				for i := range z {
+					if i%5 != 0 {
+						z[i] = math.Inf(-1)
+					}
+				}
+			case 4: // all tied
+				clear(z)
+			}
+			s := NewSampler(temperature, topP, rng.Uint64()).WithTopK(topK)
+			for k := range uint64(2) {
+				key := drawKey(s.seed, k)
+				got, want := s.draw(slices.Clone(z), k), definition(z, temperature, topP, topK, key)
+				draws++
+				if got != want {
+					differ++
+					if differ <= 5 {
+						t.Errorf("vocab %d, spread %g, T %g, top_p %g, top_k %d, draw %d: draw chose %d, the definition %d", vocab, spread, temperature, topP, topK, k, got, want)
+					}
+				}
+			}
+		}
+	}
+	if differ > 0 {
+		t.Fatalf("%d of %d draws differ", differ, draws)
+	}
+	t.Logf("%d draws, every one the definition's", draws)
+}
