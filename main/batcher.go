@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/kvcache"
@@ -157,6 +159,9 @@ type member struct {
 	first    time.Time // when its first token came; zero before
 	left     bool      // the loop has finished it
 	done     chan struct{}
+	// the token draw sampled from the latest pass's logits, or why not
+	next    int
+	drawErr error
 }
 
 // Generate feeds prompt and decodes until the request is done, in the
@@ -208,10 +213,15 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 	return m.out, m.st, m.err
 }
 
-// take samples the member's next token from logits and hands it on; it
-// reports whether the member is done (and then has said why).
-func (m *member) take(logits []float32) bool {
-	id, err := m.sampler.Sample(logits)
+// draw samples the member's next token from its logits, for take.
+func (m *member) draw() {
+	m.next, m.drawErr = m.sampler.Sample(m.sess.Logits())
+}
+
+// take hands on the token draw sampled; it reports whether the member
+// is done (and then has said why).
+func (m *member) take() bool {
+	id, err, logits := m.next, m.drawErr, m.sess.Logits()
 	if err != nil {
 		m.err = err
 		return true
@@ -231,6 +241,30 @@ func (m *member) take(logits []float32) bool {
 	return len(m.out) >= m.opt.MaxTokens
 }
 
+// drawAll samples each member's next token, the members side by side
+// on the machine's cores: a draw over a large vocabulary (151,936 logits)
+// costs a decode step of a small model, and each member's sampler is its
+// own, so the order changes nothing.
+func drawAll(ms []*member) {
+	workers := min(len(ms), runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for _, m := range ms {
+			m.draw()
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(len(ms)); i = next.Add(1) - 1 {
+				ms[i].draw()
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // loop runs passes while there are members, admitting the ones that
 // joined before each pass.
 func (b *Batcher) loop() {
@@ -244,6 +278,7 @@ func (b *Batcher) loop() {
 		feeds    [][]int
 		heads    []*model.Session
 		toks     []int // the decode rows' tokens, one each
+		drawing  []*member
 	)
 	finish := func(m *member, err error) {
 		if m.err == nil {
@@ -348,6 +383,13 @@ func (b *Batcher) loop() {
 			members = slices.DeleteFunc(members, gone)
 			continue
 		}
+		drawing = drawing[:0]
+		for _, r := range plan {
+			if m := members[r.Seq]; (!r.Prompt || r.Last) && m.opt.MaxTokens > 0 {
+				drawing = append(drawing, m)
+			}
+		}
+		drawAll(drawing)
 		now := time.Now()
 		for _, r := range plan {
 			m := members[r.Seq]
@@ -362,7 +404,7 @@ func (b *Batcher) loop() {
 					continue
 				}
 			}
-			if m.take(m.sess.Logits()) {
+			if m.take() {
 				finish(m, nil)
 			}
 		}
