@@ -34,6 +34,9 @@ type job struct {
 	logprobs    bool
 	topLogprobs int
 	tools       *toolSyntax // read tool calls out of the answer in this syntax
+	// toolsForced: the answer is calls alone (tool_choice required or a
+	// named function), so text that could begin one is a call's
+	toolsForced bool
 }
 
 // outcome is what a generation gave.
@@ -382,7 +385,7 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(piece) error) (
 	}
 	var tools *toolFilter
 	if j.tools != nil {
-		tools = &toolFilter{syntax: j.tools}
+		tools = &toolFilter{syntax: j.tools, forced: j.toolsForced}
 	}
 	put := func(text string) error {
 		p := piece{text: text}
@@ -457,7 +460,8 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(piece) error) (
 		}
 	}
 	if tools != nil {
-		if err := send(piece{text: tools.Flush()}); err != nil {
+		text, calls := tools.Flush()
+		if err := send(piece{text: text, calls: calls}); err != nil {
 			return out, err
 		}
 		if tools.calls > 0 && out.finish == "stop" {
@@ -539,7 +543,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	j.tools = tools.parse
+	j.tools, j.toolsForced = tools.parse, tools.force != nil
 	for _, g := range []*answerGrammar{format, tools.force} {
 		if g != nil {
 			if err := s.constrain(j, g); err != nil {

@@ -333,7 +333,11 @@ func TestToolFilterReadsCallsHoweverTheTextIsCut(t *testing.T) {
 				r.calls = append(r.calls, itoa(*call.Index)+" "+call.Function.Name+" "+call.Function.Arguments)
 			}
 		}
-		r.content += f.Flush()
+		content, calls := f.Flush()
+		r.content += content
+		for _, call := range calls {
+			r.calls = append(r.calls, itoa(*call.Index)+" "+call.Function.Name+" "+call.Function.Arguments)
+		}
 		return r
 	}
 	// the second call's argument holds the closing tag: passed over
@@ -352,14 +356,22 @@ func TestToolFilterReadsCallsHoweverTheTextIsCut(t *testing.T) {
 			t.Fatalf("cut %q: %+v, want %+v", pieces, got, want)
 		}
 	}
-	// a call that does not read is content; one cut short too
-	for text, content := range map[string]string{
-		"<tool_call>\nnot json\n</tool_call>":      "<tool_call>\nnot json\n</tool_call>",
-		"ok <tool_call>\n{\"name\": \"f\", \"argu": "ok<tool_call>\n{\"name\": \"f\", \"argu",
-		"a < b <tool": "a < b <tool",
+	// a call that does not read is content, cut short or not; one whose
+	// JSON reads so far is a call when its name is whole, with the
+	// arguments as far as they came, and nothing when it is not
+	for text, want := range map[string]result{
+		"<tool_call>\nnot json\n</tool_call>":                               {"<tool_call>\nnot json\n</tool_call>", nil},
+		"<tool_call>\nnot json":                                             {"<tool_call>\nnot json", nil},
+		"a < b <tool":                                                       {"a < b <tool", nil},
+		"ok <tool_call>\n{\"name\": \"f\", \"argu":                          {"ok", []string{"0 f "}},
+		"<tool_call>\n{\"name\": \"set_unit\", \"arguments\": {  \"uni":     {"", []string{`0 set_unit {  "uni`}},
+		"<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool": {"", []string{`0 f {"a":1}`}},
+		"<tool_call>\n{\"name\": \"set_u":                                   {"", nil},
+		"ok <tool_call>\n":                                                  {"ok", nil},
+		"<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\":": {"", []string{"0 f {}", "1 g "}},
 	} {
-		if got := run([]string{text}); got.content != content || len(got.calls) != 0 {
-			t.Errorf("%q: content %q calls %v, want content %q", text, got.content, got.calls, content)
+		if got := run([]string{text}); got.content != want.content || !slices.Equal(got.calls, want.calls) {
+			t.Errorf("%q: content %q calls %q, want content %q calls %q", text, got.content, got.calls, want.content, want.calls)
 		}
 	}
 }
@@ -445,5 +457,77 @@ func TestHostileSchemasAreRefusedBeforeAnyWork(t *testing.T) {
 	resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "max_tokens": 8, `+format(optional)+`}`)
 	if resp.StatusCode != 200 {
 		t.Errorf("1,000 optional properties: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestForcedCallCutByMaxTokensIsACall: a forced call that max_tokens
+// ends inside comes back as a call (its name, the arguments as far as
+// they came, finish_reason "length"), whole and streamed alike, and the
+// template's tags never reach the content; each token limit's arguments
+// begin with the shorter limit's (one seed, one draw per position).
+func TestForcedCallCutByMaxTokensIsACall(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	const unitTool = `{"type": "function", "function": {"name": "set_unit", "parameters": {"type": "object",
+		"properties": {"unit": {"type": "string"}}, "required": ["unit"], "additionalProperties": false}}}`
+	prev, named, partial := "", 0, 0
+	for limit := 1; limit <= 48; limit++ {
+		req := `{"messages": [{"role": "user", "content": "unit?"}], "seed": 3, "max_tokens": ` + itoa(limit) +
+			`, "tools": [` + unitTool + `], "tool_choice": "required"`
+		resp, body := post(t, hs.URL+"/v1/chat/completions", req+`}`)
+		var c chatResponse
+		json.Unmarshal(body, &c)
+		if resp.StatusCode != 200 || strings.Contains(string(body), "tool_call>") || strings.Contains(string(body), `\u003ctool_call`) {
+			t.Fatalf("max_tokens %d: %d %s", limit, resp.StatusCode, body)
+		}
+		ch := c.Choices[0]
+		if ch.Message.Content != nil && *ch.Message.Content != "" {
+			t.Fatalf("max_tokens %d: content %q beside a forced call", limit, *ch.Message.Content)
+		}
+		calls := ch.Message.ToolCalls
+		if *ch.FinishReason == "tool_calls" {
+			break // the call closed within the limit
+		}
+		if *ch.FinishReason != "length" || len(calls) > 1 {
+			t.Fatalf("max_tokens %d: finish %s, %d calls: %s", limit, *ch.FinishReason, len(calls), body)
+		}
+		args := ""
+		if len(calls) == 1 {
+			if calls[0].Function.Name != "set_unit" || !strings.HasPrefix(calls[0].ID, "call_") {
+				t.Fatalf("max_tokens %d: call %+v", limit, calls[0])
+			}
+			named++
+			args = calls[0].Function.Arguments
+			if args != "" {
+				partial++
+			}
+		}
+		if !strings.HasPrefix(args, prev) {
+			t.Fatalf("max_tokens %d: arguments %q do not begin with the shorter limit's %q", limit, args, prev)
+		}
+		prev = args
+		// streamed: the same call, in one delta, and no content
+		_, body = post(t, hs.URL+"/v1/chat/completions", req+`, "stream": true}`)
+		chunks, _ := eventsOf[chatResponse](t, bytes.NewReader(body))
+		var streamed []toolCall
+		finish := ""
+		for _, chunk := range chunks {
+			if len(chunk.Choices) == 0 {
+				continue
+			}
+			if d := chunk.Choices[0].Delta; d.Content != "" {
+				t.Fatalf("max_tokens %d: content %q streamed beside a forced call", limit, d.Content)
+			}
+			streamed = append(streamed, chunk.Choices[0].Delta.ToolCalls...)
+			if fr := chunk.Choices[0].FinishReason; fr != nil {
+				finish = *fr
+			}
+		}
+		if finish != "length" || len(streamed) != len(calls) || len(calls) == 1 && streamed[0].Function != calls[0].Function {
+			t.Fatalf("max_tokens %d: streamed %+v (%s), whole %+v", limit, streamed, finish, calls)
+		}
+	}
+	if named == 0 || partial == 0 {
+		t.Fatalf("no limit cut the call after its name (%d) or inside its arguments (%d)", named, partial)
 	}
 }

@@ -15,6 +15,9 @@ import (
 // {"name": ..., "arguments": {...}} stays content, tags and all.
 type toolFilter struct {
 	syntax *toolSyntax
+	// forced: the answer is calls alone, so what is held at the end
+	// that could begin one (its opening tag cut short) is not content
+	forced bool
 	held   string
 	inCall bool
 	calls  int
@@ -75,19 +78,73 @@ func (f *toolFilter) Push(piece string) (content string, calls []toolCall) {
 	}
 }
 
-// Flush returns what is held at the end: an unclosed call is content,
-// whitespace after the last call is not.
-func (f *toolFilter) Flush() string {
+// Flush returns what is held at the end. A call cut short (the answer
+// ended at its token limit inside it) whose JSON reads so far is a call
+// when its name is whole, with the arguments as far as they came (as
+// OpenAI gives a call cut by max_tokens), and nothing when it is not: a
+// call's tags never reach the content. One whose text is not JSON is
+// content, as a whole call's is. Whitespace after the last call is not
+// content, nor, when the calls are forced, an opening tag cut short.
+func (f *toolFilter) Flush() (content string, calls []toolCall) {
 	held := f.held
 	f.held = ""
 	if f.inCall {
 		f.inCall = false
-		return f.syntax.open + held
+		whole := held
+		for n := len(f.syntax.close) - 1; n > 0; n-- { // the closing tag begun
+			if strings.HasSuffix(whole, f.syntax.close[:n]) {
+				whole = whole[:len(whole)-n]
+				break
+			}
+		}
+		if call, ok := f.parse(whole); ok { // all but its closing tag
+			return "", []toolCall{call}
+		}
+		body := strings.TrimSpace(held)
+		if body != "" && !cutShort(body) {
+			return f.syntax.open + held, nil
+		}
+		if name, args, ok := unfinishedCall(body); ok {
+			return "", []toolCall{f.number(name, args)}
+		}
+		return "", nil
 	}
-	if f.calls > 0 && strings.TrimSpace(held) == "" {
-		return ""
+	if f.calls > 0 && strings.TrimSpace(held) == "" || f.forced && strings.HasPrefix(f.syntax.open, strings.TrimSpace(held)) {
+		return "", nil
 	}
-	return held
+	return held, nil
+}
+
+// unfinishedCall reads the name and the arguments so far (their text as
+// generated) out of body, a call's JSON cut short; ok is false when the
+// name is not whole yet.
+func unfinishedCall(body string) (name, args string, ok bool) {
+	dec := json.NewDecoder(strings.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", "", false
+	}
+	for {
+		key, err := dec.Token()
+		if err != nil {
+			return name, "", ok
+		}
+		switch key {
+		case "name":
+			t, err := dec.Token()
+			if err != nil {
+				return "", "", false
+			}
+			name, ok = t.(string)
+		case "arguments":
+			rest := strings.TrimLeft(body[dec.InputOffset():], " \t\n\r")
+			return name, strings.TrimLeft(strings.TrimPrefix(rest, ":"), " \t\n\r"), ok
+		default:
+			var skip json.RawMessage
+			if dec.Decode(&skip) != nil {
+				return name, "", ok
+			}
+		}
+	}
 }
 
 // cutShort reports whether body is JSON that ends too soon: what comes
@@ -110,9 +167,14 @@ func (f *toolFilter) parse(body string) (toolCall, bool) {
 	if json.Unmarshal([]byte(strings.TrimSpace(body)), &c) != nil || c.Name == "" || json.Compact(&args, c.Arguments) != nil || !bytes.HasPrefix(args.Bytes(), []byte("{")) {
 		return toolCall{}, false
 	}
+	return f.number(c.Name, args.String()), true
+}
+
+// number makes the filter's next call.
+func (f *toolFilter) number(name, args string) toolCall {
 	index := f.calls
 	f.calls++
 	call := toolCall{Index: &index, ID: "call_" + randomID(), Type: "function"}
-	call.Function.Name, call.Function.Arguments = c.Name, args.String()
-	return call, true
+	call.Function.Name, call.Function.Arguments = name, args
+	return call
 }
