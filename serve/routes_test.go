@@ -129,10 +129,14 @@ func TestTokenizeAndDetokenizeAsLlamaServer(t *testing.T) {
 	}
 }
 
+// stainless are the headers the openai package (6.x, 7.x) sends from a
+// browser besides Authorization and Content-Type, as its preflight asks.
+const stainless = "x-stainless-arch, x-stainless-lang, x-stainless-os, x-stainless-package-version, x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout"
+
 // TestCORSLetsOnlyTheConfiguredOrigins: with -cors-origin, a page of a
 // listed origin gets Access-Control-Allow-Origin on its answers and its
-// preflight answered (204, the methods and headers, before the API key is
-// asked for); another origin gets neither; without -cors-origin (the
+// preflight answered (204, the methods and the headers it asked for that
+// are header names, before the API key is asked for); another origin gets neither; without -cors-origin (the
 // default) no page does.
 func TestCORSLetsOnlyTheConfiguredOrigins(t *testing.T) {
 	f := newFixture(t)
@@ -145,7 +149,7 @@ func TestCORSLetsOnlyTheConfiguredOrigins(t *testing.T) {
 		req.Header.Set("Origin", origin)
 		if preflight {
 			req.Header.Set("Access-Control-Request-Method", "POST")
-			req.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+			req.Header.Set("Access-Control-Request-Headers", "authorization, content-type, "+stainless+", bad header, x:y")
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -159,6 +163,15 @@ func TestCORSLetsOnlyTheConfiguredOrigins(t *testing.T) {
 	if pre.StatusCode != 204 || pre.Header.Get("Access-Control-Allow-Origin") != "https://chat.example" ||
 		!strings.Contains(pre.Header.Get("Access-Control-Allow-Methods"), "POST") || !strings.Contains(pre.Header.Get("Access-Control-Allow-Headers"), "Authorization") {
 		t.Errorf("a listed origin's preflight: %d %v", pre.StatusCode, pre.Header)
+	}
+	allowed := strings.Split(pre.Header.Get("Access-Control-Allow-Headers"), ", ")
+	for _, h := range strings.Split(stainless, ", ") {
+		if !slices.Contains(allowed, h) {
+			t.Errorf("the openai package's %s is not allowed: %q", h, allowed)
+		}
+	}
+	if slices.Contains(allowed, "bad header") || slices.Contains(allowed, "x:y") || len(allowed) != 2+8 {
+		t.Errorf("allowed headers %q: want Authorization, Content-Type and the eight asked for that are header names", allowed)
 	}
 	if r := send(hs.URL+"/v1/models", "GET", "http://localhost:3000", false); r.Header.Get("Access-Control-Allow-Origin") != "http://localhost:3000" || r.StatusCode != 401 {
 		t.Errorf("a listed origin's request without the key: %d, Allow-Origin %q (want 401 the browser can read)", r.StatusCode, r.Header.Get("Access-Control-Allow-Origin"))
