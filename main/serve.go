@@ -2,8 +2,11 @@ package mainnode
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 
 	"github.com/odmoe/odmoe/model"
@@ -125,8 +128,13 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	default:
 		return err
 	}
+	config, err := os.ReadFile(filepath.Join(modelDir, "config.json"))
+	if err != nil {
+		return err
+	}
+	identity := sha256.Sum256(config)
 	srv, err := serve.New(serve.Config{
-		Model: name, Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
+		Model: name, ModelIdentity: hex.EncodeToString(identity[:]), Tokenizer: tok, Chat: tmpl, Context: m.Config.MaxPositions, Generator: gen, Health: health,
 		MaxBatch: sv.MaxBatch, MaxQueue: sv.MaxQueue, MaxStops: sv.MaxStops, Registry: reg, APIKey: sv.APIKey, CORSOrigin: sv.CORSOrigin, NoConsole: sv.NoConsole, Timeline: sv.Timeline, Log: log,
 	})
 	if err != nil {

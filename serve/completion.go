@@ -113,7 +113,7 @@ func (s *Server) chatShape(j *job) shape {
 		if delta != nil {
 			choices = []chatChoice{{Delta: delta, FinishReason: finish, Logprobs: logprobs(lps)}}
 		}
-		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model, Choices: choices, Usage: u}
+		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model, SystemFingerprint: s.fingerprint, Choices: choices, Usage: u}
 	}
 	return shape{
 		whole: func(out outcome, u *usage) any {
@@ -127,7 +127,7 @@ func (s *Server) chatShape(j *job) shape {
 					msg.Content = nil
 				}
 			}
-			return chatResponse{ID: id, Object: "chat.completion", Created: created, Model: s.cfg.Model,
+			return chatResponse{ID: id, Object: "chat.completion", Created: created, Model: s.cfg.Model, SystemFingerprint: s.fingerprint,
 				Choices: []chatChoice{{Message: msg, FinishReason: &out.finish, Logprobs: logprobs(out.choices)}}, Usage: u}
 		},
 		first: chunk(&chatDelta{Role: "assistant"}, nil, nil, nil),
@@ -150,7 +150,7 @@ func (s *Server) completionShape(j *job) shape {
 		return lp
 	}
 	resp := func(choices []completionChoice, u *usage) any {
-		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, Choices: choices, Usage: u}
+		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: s.cfg.Model, SystemFingerprint: s.fingerprint, Choices: choices, Usage: u}
 	}
 	return shape{
 		whole: func(out outcome, u *usage) any {
@@ -482,13 +482,18 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		return nil, badRequest("messages", "messages: at least one message is required")
 	}
 	msgs := make([]any, len(req.Messages))
+	called := map[string]bool{} // the ids of the calls the assistant made so far
 	for i, raw := range req.Messages {
 		var m map[string]any
 		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
 			return nil, badRequest(fmt.Sprintf("messages[%d]", i), "messages[%d]: not a JSON object", i)
 		}
-		if _, ok := m["role"].(string); !ok {
+		role, ok := m["role"].(string)
+		if !ok {
 			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d]: a role (string) is required", i)
+		}
+		if err := answersACall(m, role, i, called); err != nil {
+			return nil, err
 		}
 		msgs[i] = raw // as the client wrote it
 		// the OpenAI content-part form: text parts are joined, as
@@ -552,6 +557,38 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		}
 	}
 	return j, nil
+}
+
+// answersACall notes the ids of an assistant message's tool calls in
+// called, and refuses a tool message whose tool_call_id names none of
+// them (as OpenAI does): its answer would go to no call.
+func answersACall(m map[string]any, role string, i int, called map[string]bool) error {
+	switch role {
+	case "assistant":
+		calls, _ := m["tool_calls"].([]any)
+		for _, c := range calls {
+			if cm, ok := c.(map[string]any); ok {
+				if id, ok := cm["id"].(string); ok {
+					called[id] = true
+				}
+			}
+		}
+	case "tool":
+		id, present := m["tool_call_id"]
+		if !present || id == nil {
+			return nil
+		}
+		if s, ok := id.(string); !ok || !called[s] {
+			return badRequest(fmt.Sprintf("messages[%d].tool_call_id", i), "messages[%d]: tool_call_id %v is not the id of a call in an earlier assistant message's tool_calls", i, jsonText(id))
+		}
+	}
+	return nil
+}
+
+// jsonText writes v as JSON, for an error message.
+func jsonText(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
 
 func joinTextParts(parts []any, i int) (string, error) {
@@ -628,6 +665,9 @@ func (s *Server) job(f *samplingFields, prompt []int, param string, maxTokens *i
 	if f.Model != "" && f.Model != s.cfg.Model {
 		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
 			Message: fmt.Sprintf("the model %q does not exist: this server serves %q", f.Model, s.cfg.Model)}
+	}
+	if err := checkUnhonoured(f.samplersUnhonoured()...); err != nil {
+		return nil, err
 	}
 	if len(prompt) == 0 {
 		return nil, badRequest(param, "the prompt encodes to no tokens")

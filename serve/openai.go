@@ -42,6 +42,33 @@ type samplingFields struct {
 	// IgnoreEOS keeps generating past an end-of-sequence token (vLLM's
 	// and llama-server's extension; benchmarks use it).
 	IgnoreEOS bool `json:"ignore_eos"`
+	// llama-server's samplers odmoe does not have: refused by name
+	// unless at their neutral values
+	Mirostat   json.RawMessage `json:"mirostat"`
+	TypicalP   json.RawMessage `json:"typical_p"`
+	TFSZ       json.RawMessage `json:"tfs_z"`
+	DRYMult    json.RawMessage `json:"dry_multiplier"`
+	XTCProb    json.RawMessage `json:"xtc_probability"`
+	Dynatemp   json.RawMessage `json:"dynatemp_range"`
+	NProbs     json.RawMessage `json:"n_probs"`
+	Grammar    json.RawMessage `json:"grammar"`
+	JSONSchema json.RawMessage `json:"json_schema"`
+}
+
+// samplersUnhonoured are the llama-server sampling fields odmoe does not
+// act on.
+func (f *samplingFields) samplersUnhonoured() []unhonoured {
+	return []unhonoured{
+		{"mirostat", f.Mirostat, []string{"0"}, "mirostat sampling is not implemented (temperature, top_p, top_k, min_p and the penalties are)"},
+		{"typical_p", f.TypicalP, []string{"1", "1.0"}, "locally typical sampling is not implemented"},
+		{"tfs_z", f.TFSZ, []string{"1", "1.0"}, "tail-free sampling is not implemented"},
+		{"dry_multiplier", f.DRYMult, []string{"0", "0.0"}, "DRY sampling is not implemented (frequency_penalty and presence_penalty are)"},
+		{"xtc_probability", f.XTCProb, []string{"0", "0.0"}, "XTC sampling is not implemented"},
+		{"dynatemp_range", f.Dynatemp, []string{"0", "0.0"}, "dynamic temperature is not implemented"},
+		{"n_probs", f.NProbs, []string{"0"}, "give logprobs and top_logprobs instead"},
+		{"grammar", f.Grammar, []string{`""`}, "GBNF grammars are not read: give response_format with a json_schema"},
+		{"json_schema", f.JSONSchema, []string{"{}"}, "give response_format {\"type\": \"json_schema\", ...} instead"},
+	}
 }
 
 // chatRequest keeps messages, tools and template variables as the client
@@ -149,12 +176,13 @@ type completionLogprobs struct {
 }
 
 type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	SystemFingerprint string       `json:"system_fingerprint"`
+	Choices           []chatChoice `json:"choices"`
+	Usage             *usage       `json:"usage,omitempty"`
 }
 
 type completionChoice struct {
@@ -165,12 +193,13 @@ type completionChoice struct {
 }
 
 type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usage             `json:"usage,omitempty"`
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	SystemFingerprint string             `json:"system_fingerprint"`
+	Choices           []completionChoice `json:"choices"`
+	Usage             *usage             `json:"usage,omitempty"`
 }
 
 type modelList struct {

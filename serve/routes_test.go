@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"maps"
 	"net"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -319,5 +321,38 @@ func TestConsoleFeedOutlivesTheBodyTimeoutAndEndsWithTheDrain(t *testing.T) {
 		}
 	case <-time.After(8 * time.Second):
 		t.Fatal("an open feed held the drain past 8 s")
+	}
+}
+
+// TestAnswersCarryTheSystemFingerprint: every answer, whole or streamed,
+// chat or completion, carries one system_fingerprint, which changes with
+// the model's identity.
+func TestAnswersCarryTheSystemFingerprint(t *testing.T) {
+	f := newFixture(t)
+	prints := func(hs string) map[string]bool {
+		seen := map[string]bool{}
+		for _, req := range []struct{ path, body string }{
+			{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}`},
+			{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true}`},
+			{"/v1/completions", `{"prompt": "hi", "max_tokens": 2}`},
+			{"/v1/completions", `{"prompt": "hi", "max_tokens": 2, "stream": true}`},
+		} {
+			resp, body := post(t, hs+req.path, req.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s %s: %d %s", req.path, req.body, resp.StatusCode, body)
+			}
+			for _, m := range regexp.MustCompile(`"system_fingerprint":"([^"]*)"`).FindAllStringSubmatch(string(body), -1) {
+				seen[m[1]] = true
+			}
+			if !strings.Contains(string(body), `"system_fingerprint":"fp_`) {
+				t.Errorf("%s %s: no system_fingerprint: %s", req.path, req.body, body)
+			}
+		}
+		return seen
+	}
+	one := prints(f.server(t, func(c *Config) { c.ModelIdentity = "a" }).URL)
+	other := prints(f.server(t, func(c *Config) { c.ModelIdentity = "b" }).URL)
+	if len(one) != 1 || len(other) != 1 || maps.Equal(one, other) {
+		t.Errorf("fingerprints %v and %v: want one each, differing with the model", one, other)
 	}
 }

@@ -2,7 +2,9 @@ package serve
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -58,6 +61,10 @@ type Config struct {
 	Tokenizer *tokenizer.Tokenizer
 	Chat      ChatTemplate // nil: the model has none, and chat completions are refused
 	Context   int          // the model's context (max_position_embeddings), in tokens
+	// ModelIdentity says which weights and configuration answer (e.g. a
+	// digest of config.json); with the build it makes each answer's
+	// system_fingerprint.
+	ModelIdentity string
 	Generator Generator
 	// Health reports the node's roles; nil: always ready (local mode).
 	Health func() Health
@@ -119,6 +126,9 @@ type Server struct {
 	// is the chat template's tool-call syntax (nil: none odmoe reads)
 	grammars constraints
 	tools    *toolSyntax
+	// fingerprint is every answer's system_fingerprint: the build and
+	// the model
+	fingerprint string
 	// drain ends when the drain starts
 	drain    context.Context
 	endDrain context.CancelFunc
@@ -174,7 +184,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second
 	}
-	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat)}
+	s := &Server{cfg: cfg, admit: newAdmission(cfg.MaxBatch, cfg.MaxQueue), created: time.Now().Unix(), tools: detectToolSyntax(cfg.Chat),
+		fingerprint: fingerprint(buildID(), cfg.Model, cfg.ModelIdentity, cfg.Context)}
 	s.drain, s.endDrain = context.WithCancel(context.Background())
 	s.open = map[string]bool{"/healthz": true}
 	s.bounds()
@@ -441,4 +452,32 @@ func endpointOf(path string) string {
 		return "completions"
 	}
 	return "other"
+}
+
+// fingerprint is OpenAI's system_fingerprint for a build serving a
+// model: it changes when either does, so a client that compares it
+// between answers (a seeded request's reproducibility hangs on it) sees
+// the change.
+func fingerprint(build, model, identity string, context int) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\n%s\n%s\n%d", build, model, identity, context)))
+	return "fp_" + hex.EncodeToString(sum[:6])
+}
+
+// buildID is the binary's commit (and whether its tree was modified),
+// or its module version when the build has no VCS stamp.
+func buildID() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	id, modified := bi.Main.Version, ""
+	for _, st := range bi.Settings {
+		switch {
+		case st.Key == "vcs.revision":
+			id = st.Value
+		case st.Key == "vcs.modified" && st.Value == "true":
+			modified = "+modified"
+		}
+	}
+	return id + modified
 }

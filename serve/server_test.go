@@ -885,6 +885,19 @@ func TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName(t *testing.T) {
 		{name: "logit_bias", value: `{"5": -100}`},
 		{name: "stream_options", value: `{"include_usage": true}`, refused: true, neutral: `null`},
 	}
+	// llama-server's samplers odmoe does not have, on both endpoints
+	llama := []field{
+		{name: "mirostat", value: `2`, refused: true, neutral: `0`},
+		{name: "typical_p", value: `0.9`, refused: true, neutral: `1`},
+		{name: "tfs_z", value: `0.9`, refused: true, neutral: `1.0`},
+		{name: "dry_multiplier", value: `0.8`, refused: true, neutral: `0`},
+		{name: "xtc_probability", value: `0.5`, refused: true, neutral: `0`},
+		{name: "dynatemp_range", value: `0.5`, refused: true, neutral: `0`},
+		{name: "n_probs", value: `5`, refused: true, neutral: `0`},
+		{name: "grammar", value: `"root ::= \"a\""`, refused: true, neutral: `""`},
+		{name: "json_schema", value: `{"type": "object"}`, refused: true, neutral: `{}`},
+	}
+	chat, completion = append(chat, llama...), append(completion, llama...)
 	for _, ep := range []struct {
 		path, base string
 		fields     []field

@@ -531,3 +531,29 @@ func TestForcedCallCutByMaxTokensIsACall(t *testing.T) {
 		t.Fatalf("no limit cut the call after its name (%d) or inside its arguments (%d)", named, partial)
 	}
 }
+
+// TestToolMessagesAnswerACall: a tool message's tool_call_id names a call
+// of an earlier assistant message, or the request is a 400 naming it.
+func TestToolMessagesAnswerACall(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	called := `{"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}`
+	for _, tc := range []struct {
+		msgs string
+		ok   bool
+	}{
+		{`{"role": "user", "content": "w?"}, ` + called + `, {"role": "tool", "tool_call_id": "call_1", "content": "21"}`, true},
+		{`{"role": "user", "content": "w?"}, ` + called + `, {"role": "tool", "content": "21"}`, true},
+		{`{"role": "user", "content": "w?"}, ` + called + `, {"role": "tool", "tool_call_id": "call_2", "content": "21"}`, false},
+		{`{"role": "user", "content": "w?"}, {"role": "tool", "tool_call_id": "call_1", "content": "21"}, ` + called, false},
+		{`{"role": "user", "content": "w?"}, ` + called + `, {"role": "tool", "tool_call_id": 1, "content": "21"}`, false},
+	} {
+		resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [`+tc.msgs+`], "max_tokens": 2, "tools": [`+weatherTool+`]}`)
+		switch {
+		case tc.ok && resp.StatusCode != 200:
+			t.Errorf("%s: %d %s", tc.msgs, resp.StatusCode, body)
+		case !tc.ok && (resp.StatusCode != 400 || !strings.Contains(string(body), `tool_call_id"`) || !strings.Contains(string(body), "is not the id of a call")):
+			t.Errorf("%s: %d %s; want 400 naming the tool_call_id", tc.msgs, resp.StatusCode, body)
+		}
+	}
+}
