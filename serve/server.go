@@ -65,7 +65,7 @@ type Config struct {
 	// digest of config.json); with the build it makes each answer's
 	// system_fingerprint.
 	ModelIdentity string
-	Generator Generator
+	Generator     Generator
 	// Health reports the node's roles; nil: always ready (local mode).
 	Health func() Health
 	// MaxStops is how many stop strings a request may give (default 4,
