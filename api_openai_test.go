@@ -461,6 +461,41 @@ func TestOpenAIAPIOnASwarmOfProcesses(t *testing.T) {
 // through the template; 20 json_schema answers (random weights, sampled)
 // parse, and an independent validator takes each for its schema;
 // logprobs come one a token.
+// parsedAnswer is features.mjs's answer to one strict json_schema:
+// the client's parse of it, or why the client refused it.
+type parsedAnswer struct {
+	Name         string          `json:"name"`
+	Error        string          `json:"error"`
+	Parsed       json.RawMessage `json:"parsed"`
+	Content      string          `json:"content"`
+	FinishReason string          `json:"finish_reason"`
+}
+
+// checkParsed holds the answers to the 20 schemas of file against them
+// with the independent validator, and against the client's parse.
+func checkParsed(t *testing.T, file string, answers []parsedAnswer) {
+	t.Helper()
+	var schemas []struct {
+		Name   string          `json:"name"`
+		Schema json.RawMessage `json:"schema"`
+	}
+	if b, err := os.ReadFile(file); err != nil || json.Unmarshal(b, &schemas) != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	if len(answers) != len(schemas) || len(schemas) != 20 {
+		t.Fatalf("%s: %d structured answers for %d schemas", file, len(answers), len(schemas))
+	}
+	for i, p := range answers {
+		err := schematest.Validate(schematest.Compile(t, schemas[i].Schema), p.Content)
+		var parsed, content any
+		json.Unmarshal(p.Parsed, &parsed)
+		json.Unmarshal([]byte(p.Content), &content)
+		if err != nil || p.Error != "" || p.FinishReason != "stop" || !reflect.DeepEqual(parsed, content) {
+			t.Errorf("%s: answer %q (finish %q, parsed %s, the client: %s): %v", p.Name, p.Content, p.FinishReason, p.Parsed, p.Error, err)
+		}
+	}
+}
+
 func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 	node := openaiClient(t)
 	model := filepath.Join(t.TempDir(), "qwen3-moe-tiny")
@@ -468,7 +503,7 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 		t.Fatalf("gen-tiny: %s", se)
 	}
 	s := startAPISwarmOf(t, model)
-	cmd := exec.Command(node, "testdata/openai/features.mjs", s.base, s.served, "testdata/openai/schemas.json")
+	cmd := exec.Command(node, "testdata/openai/features.mjs", s.base, s.served, "testdata/openai/schemas.json", "testdata/openai/keyword-schemas.json")
 	cmd.Env = append(os.Environ(), "OPENAI_API_KEY="+apiTestKey)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -498,13 +533,14 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 		Roundtrip struct {
 			FinishReason string `json:"finish_reason"`
 		} `json:"roundtrip"`
-		Parsed []struct {
-			Name         string          `json:"name"`
-			Error        string          `json:"error"`
-			Parsed       json.RawMessage `json:"parsed"`
-			Content      string          `json:"content"`
-			FinishReason string          `json:"finish_reason"`
-		} `json:"parsed"`
+		Parsed   []parsedAnswer `json:"parsed"`
+		Keywords struct {
+			Parsed  []parsedAnswer `json:"parsed"`
+			Bounded struct {
+				ToolCalls    []call `json:"tool_calls"`
+				FinishReason string `json:"finish_reason"`
+			} `json:"bounded"`
+		} `json:"keywords"`
 		Logprobs struct {
 			Content []struct {
 				Token       string  `json:"token"`
@@ -541,23 +577,15 @@ func TestOfficialClientGetsToolCallsStructuredOutputAndLogprobs(t *testing.T) {
 	if got.Roundtrip.FinishReason == "" {
 		t.Error("no answer to a conversation with a tool's result")
 	}
-	var schemas []struct {
-		Name   string          `json:"name"`
-		Schema json.RawMessage `json:"schema"`
-	}
-	if b, err := os.ReadFile("testdata/openai/schemas.json"); err != nil || json.Unmarshal(b, &schemas) != nil {
-		t.Fatalf("schemas.json: %v", err)
-	}
-	if len(got.Parsed) != len(schemas) || len(schemas) != 20 {
-		t.Fatalf("%d structured answers for %d schemas", len(got.Parsed), len(schemas))
-	}
-	for i, p := range got.Parsed {
-		err := schematest.Validate(schematest.Compile(t, schemas[i].Schema), p.Content)
-		var parsed, content any
-		json.Unmarshal(p.Parsed, &parsed)
-		json.Unmarshal([]byte(p.Content), &content)
-		if err != nil || p.Error != "" || p.FinishReason != "stop" || !reflect.DeepEqual(parsed, content) {
-			t.Errorf("%s: answer %q (finish %q, parsed %s, the client: %s): %v", p.Name, p.Content, p.FinishReason, p.Parsed, p.Error, err)
+	checkParsed(t, "testdata/openai/schemas.json", got.Parsed)
+	// string lengths, patterns, formats and number bounds, checked by the
+	// independent validator with formats asserted
+	checkParsed(t, "testdata/openai/keyword-schemas.json", got.Keywords.Parsed)
+	checkCalls("a forced call with maxLength parameters", got.Keywords.Bounded.ToolCalls, got.Keywords.Bounded.FinishReason, "set_unit")
+	bounded := schematest.Compile(t, []byte(`{"type": "object", "properties": {"unit": {"type": "string", "maxLength": 4}, "note": {"type": "string", "maxLength": 12}}, "required": ["unit", "note"], "additionalProperties": false}`))
+	for _, c := range got.Keywords.Bounded.ToolCalls {
+		if err := schematest.Validate(bounded, c.Function.Arguments); err != nil {
+			t.Errorf("set_unit's arguments %s: %v", c.Function.Arguments, err)
 		}
 	}
 	lp := got.Logprobs

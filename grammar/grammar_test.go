@@ -3,7 +3,9 @@ package grammar
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -216,15 +218,24 @@ func TestEveryTextTheGrammarWritesIsValidForTheSchema(t *testing.T) {
 
 func TestSchemasItCannotKeepAreRefusedByName(t *testing.T) {
 	for schema, want := range map[string]string{
-		`{"type": "string", "pattern": "^a"}`:                     `"pattern"`,
-		`{"type": "string", "format": "date"}`:                    `"format"`,
-		`{"type": "object", "properties": {"a": {"minimum": 1}}}`: `#/properties/a: the schema keyword "minimum"`,
-		`{"type": "object", "required": ["b"]}`:                   `"b" is required but not among the properties`,
-		`{"$ref": "https://example.com/s.json"}`:                  "only references inside the schema",
-		`{"$ref": "#/$defs/missing"}`:                             "does not resolve",
-		`{"type": "strin"}`:                                       `unknown type "strin"`,
-		`false`:                                                   "accepts nothing",
-		`[1]`:                                                     "must be an object or a boolean",
+		`{"type": "string", "pattern": "^(?=a)"}`:                           `lookaround and named groups are not supported`,
+		`{"type": "string", "pattern": "(a)\\1"}`:                           `the escape \1 is not supported`,
+		`{"type": "string", "pattern": "a{1,100}"}`:                         `past 64`,
+		`{"type": "string", "pattern": "\""}`:                               `written escaped in a JSON string`,
+		`{"type": "string", "format": "color"}`:                             `#/format: "color" is not supported (supported: date, date-time, email, hostname, ipv4, time, uri, uuid)`,
+		`{"type": "string", "pattern": "a", "format": "date"}`:              `pattern beside format`,
+		`{"type": "string", "minLength": 3, "maxLength": 2}`:                `maxLength 2 is below minLength 3`,
+		`{"type": "number", "minimum": 2, "maximum": 1}`:                    `no number is within its bounds`,
+		`{"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}`: `no number is within its bounds`,
+		`{"type": "number", "multipleOf": 0.5}`:                             `only a positive integer multipleOf of an integer`,
+		`{"type": "object", "properties": {"a": {"minimum": "x"}}}`:         `#/properties/a/minimum: must be a number`,
+		`{"minimum": 1, "maxLength": 3}`:                                    `string and number keywords without a type`,
+		`{"type": "object", "required": ["b"]}`:                             `"b" is required but not among the properties`,
+		`{"$ref": "https://example.com/s.json"}`:                            "only references inside the schema",
+		`{"$ref": "#/$defs/missing"}`:                                       "does not resolve",
+		`{"type": "strin"}`:                                                 `unknown type "strin"`,
+		`false`:                                                             "accepts nothing",
+		`[1]`:                                                               "must be an object or a boolean",
 	} {
 		_, err := FromSchema(json.RawMessage(schema))
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -254,6 +265,184 @@ func TestKeywordsWithoutATypeStillConstrain(t *testing.T) {
 		for text, want := range texts {
 			if _, complete := feed(t, g, text); complete != want {
 				t.Errorf("%s: %s complete %v, want %v", schema, text, complete, want)
+			}
+		}
+	}
+}
+
+// keywordSchemas use each string and number keyword the grammar keeps:
+// lengths, patterns, formats, bounds and multipleOf.
+var keywordSchemas = map[string]string{
+	"length 3-5":        `{"type": "string", "minLength": 3, "maxLength": 5}`,
+	"length 0":          `{"type": "string", "maxLength": 0}`,
+	"length 4+":         `{"type": "string", "minLength": 4}`,
+	"pattern anchored":  `{"type": "string", "pattern": "^[a-z]{2,4}-\\d+$"}`,
+	"pattern loose":     `{"type": "string", "pattern": "ab|cd", "maxLength": 9}`,
+	"pattern dotted":    `{"type": "string", "pattern": "^(?:\\w+\\.)*\\w+$", "maxLength": 12}`,
+	"pattern negated":   `{"type": "string", "pattern": "^[^aeiou]{3}$"}`,
+	"pattern any two":   `{"type": "string", "pattern": "^.{2}$"}`,
+	"date":              `{"type": "string", "format": "date"}`,
+	"time":              `{"type": "string", "format": "time"}`,
+	"date-time":         `{"type": "string", "format": "date-time"}`,
+	"uuid":              `{"type": "string", "format": "uuid"}`,
+	"email":             `{"type": "string", "format": "email", "maxLength": 40}`,
+	"ipv4":              `{"type": "string", "format": "ipv4"}`,
+	"hostname":          `{"type": "string", "format": "hostname", "maxLength": 30}`,
+	"uri":               `{"type": "string", "format": "uri", "maxLength": 30}`,
+	"integer -5..12":    `{"type": "integer", "minimum": -5, "maximum": 12}`,
+	"integer (100,110)": `{"type": "integer", "exclusiveMinimum": 100, "exclusiveMaximum": 110}`,
+	"integer 7k":        `{"type": "integer", "minimum": 0, "maximum": 100, "multipleOf": 7}`,
+	"integer <= -3":     `{"minimum": -20, "maximum": -3, "type": "integer"}`,
+	"number 0..1":       `{"type": "number", "minimum": 0, "maximum": 1}`,
+	"number (-0.5,.25)": `{"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0.25}`,
+	"number >= 1.5":     `{"type": "number", "minimum": 1.5}`,
+	"a tool's object": `{"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 8},
+		"age": {"type": "integer", "minimum": 0, "maximum": 150}, "email": {"type": "string", "format": "email", "maxLength": 24},
+		"when": {"type": "string", "format": "date-time"}}, "required": ["name", "age", "email"], "additionalProperties": false}`,
+}
+
+// distinctTexts are the schemas of keywordSchemas with fewer than five
+// texts: their number (JSON's escapes left out).
+var distinctTexts = map[string]int{"length 0": 1}
+
+func init() {
+	for name := range keywordSchemas {
+		if _, ok := distinctTexts[name]; !ok {
+			distinctTexts[name] = 5
+		}
+	}
+}
+
+// units are what generateUnits writes at a step: ASCII bytes, and
+// characters of two, three and four UTF-8 bytes.
+var units = func() []string {
+	var us []string
+	for c := byte(0x20); c < 0x7f; c++ {
+		us = append(us, string(c))
+	}
+	return append(us, "é", "☃", "😀")
+}()
+
+// generateUnits is generate over whole characters: each step one of
+// units the grammar takes whole.
+func generateUnits(t *testing.T, rng *rand.Rand, g *Grammar) string {
+	states, err := g.start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text []byte
+	for len(text) < 400 {
+		if (&Constraint{states: states}).Complete() && rng.IntN(4) == 0 {
+			return string(text)
+		}
+		type option struct {
+			u      string
+			states []*frame
+		}
+		var opts []option
+		weight := 0
+		for _, u := range units {
+			next := states
+			for i := 0; i < len(u) && len(next) > 0; i++ {
+				if next, err = stepAll(next, u[i], nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(next) > 0 {
+				opts = append(opts, option{u, next})
+				weight += weightOf(u[0], len(text))
+			}
+		}
+		if len(opts) == 0 {
+			if (&Constraint{states: states}).Complete() {
+				return string(text)
+			}
+			t.Fatalf("a dead end after %q", text)
+		}
+		r := rng.IntN(weight)
+		for _, o := range opts {
+			if r -= weightOf(o.u[0], len(text)); r < 0 {
+				text, states = append(text, o.u...), o.states
+				break
+			}
+		}
+	}
+	return ""
+}
+
+// TestEveryTextTheKeywordsAllowIsValid walks the grammars of
+// keywordSchemas at random, whole characters at a time (non-ASCII ones
+// too), and checks each complete text with the independent validator,
+// formats asserted; and it checks that the walks reach the edges (each
+// bound's value, the longest and shortest strings) rather than staying
+// safe in the middle.
+func TestEveryTextTheKeywordsAllowIsValid(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for name, schema := range keywordSchemas {
+		validator := schematest.Compile(t, []byte(schema))
+		g := mustSchema(t, schema)
+		seen := map[string]bool{}
+		for range 300 {
+			text := generateUnits(t, rng, g)
+			if text == "" {
+				continue
+			}
+			seen[text] = true
+			if !json.Valid([]byte(text)) {
+				t.Fatalf("%s: the grammar wrote invalid JSON %s", name, text)
+			}
+			if err := schematest.Validate(validator, text); err != nil {
+				t.Fatalf("%s: the grammar wrote %s, which the schema refuses: %v", name, text, err)
+			}
+		}
+		if want := min(5, distinctTexts[name]); len(seen) < want {
+			t.Fatalf("%s: only %d distinct texts of 300 walks: %q", name, len(seen), slices.Collect(maps.Keys(seen)))
+		}
+	}
+}
+
+// TestKeywordsTakeWhatTheSchemaAllowsAndNoMore feeds texts on each side
+// of each keyword's line: the grammar takes the valid ones whole and
+// never completes an invalid one.
+func TestKeywordsTakeWhatTheSchemaAllowsAndNoMore(t *testing.T) {
+	for name, tc := range map[string]struct {
+		schema     string
+		valid, not []string
+	}{
+		"length": {`{"type": "string", "minLength": 2, "maxLength": 3}`,
+			[]string{`"ab"`, `"abc"`, `"é☃"`, `"\n\u00e9x"`, `"a😀"`}, []string{`"a"`, `"abcd"`, `"é☃😀a"`, `"\ud83d\ude00"`}},
+		"pattern": {`{"type": "string", "pattern": "^[a-c]+-\\d{2}$"}`,
+			[]string{`"a-12"`, `"cab-00"`}, []string{`"a-1"`, `"d-12"`, `"a-123"`, `"-12"`, `"a\u002d12"`}},
+		"loose pattern": {`{"type": "string", "pattern": "x+y"}`,
+			[]string{`"xy"`, `"é xxy ☃"`}, []string{`"x"`, `"yx"`}},
+		"date": {`{"type": "string", "format": "date"}`,
+			[]string{`"2024-02-29"`, `"2000-02-29"`, `"2023-12-31"`, `"1999-04-30"`}, []string{`"2023-02-29"`, `"1900-02-29"`, `"2023-04-31"`, `"2023-13-01"`, `"2023-1-01"`}},
+		"date-time": {`{"type": "string", "format": "date-time"}`,
+			[]string{`"2024-05-06T07:08:09Z"`, `"2024-05-06T23:59:59.123+05:30"`}, []string{`"2024-05-06 07:08:09Z"`, `"2024-05-06T24:00:00Z"`, `"2024-05-06T07:08:09"`}},
+		"uuid": {`{"type": "string", "format": "uuid"}`,
+			[]string{`"123e4567-e89b-12d3-a456-426614174000"`}, []string{`"123e4567e89b12d3a456426614174000"`, `"123e4567-e89b-12d3-a456-42661417400g"`}},
+		"email": {`{"type": "string", "format": "email"}`,
+			[]string{`"a.b+c@example.co.uk"`}, []string{`"a@b"`, `"@example.com"`, `"a..b@example.com"`, `"a@-x.com"`}},
+		"integer": {`{"type": "integer", "minimum": -5, "exclusiveMaximum": 12}`,
+			[]string{`-5`, `0`, `11`, `-0`}, []string{`-6`, `12`, `100`, `1.5`, `1e1`}},
+		"multiple": {`{"type": "integer", "minimum": 10, "multipleOf": 7}`,
+			[]string{`14`, `700`}, []string{`7`, `15`, `-14`}},
+		"number": {`{"type": "number", "exclusiveMinimum": 0, "maximum": 1.5}`,
+			[]string{`0.001`, `1.5`, `1`, `0.25`}, []string{`0`, `0.0`, `1.51`, `-0.5`, `2`, `1e0`}},
+	} {
+		g := mustSchema(t, tc.schema)
+		validator := schematest.Compile(t, []byte(tc.schema))
+		for _, text := range tc.valid {
+			if err := schematest.Validate(validator, text); err != nil {
+				t.Fatalf("%s: the test's valid %s is not: %v", name, text, err)
+			}
+			if taken, complete := feed(t, g, text); !taken || !complete {
+				t.Errorf("%s: %s taken %v complete %v, want both", name, text, taken, complete)
+			}
+		}
+		for _, text := range tc.not {
+			if _, complete := feed(t, g, text); complete {
+				t.Errorf("%s: %s complete, which the schema refuses", name, text)
 			}
 		}
 	}

@@ -360,7 +360,7 @@ func sameStack(a, b *frame) bool {
 		if a == b {
 			return true
 		}
-		if a.n != b.n || a.st != b.st || a.i != b.i || a.k != b.k {
+		if a.n != b.n || a.st != b.st || a.i != b.i || a.k != b.k || a.text != b.text {
 			return false
 		}
 		a, b = a.up, b.up
@@ -375,7 +375,7 @@ func (c *Constraint) walk() ([]uint64, error) {
 	v := c.v
 	mask := make([]uint64, (v.size+63)/64)
 	list := &v.all
-	if !slices.ContainsFunc(c.states, func(f *frame) bool { return f.n.kind != kString || f.st != strBody }) {
+	if !slices.ContainsFunc(c.states, func(f *frame) bool { return !f.n.plainString() || f.st != strBody }) {
 		copy(mask, v.plain)
 		list = &v.inString
 	}

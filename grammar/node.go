@@ -33,9 +33,16 @@ type Node struct {
 	props []property
 	extra *Node // object: the schema of properties beyond props; nil: none
 	items *Node
-	// minItems and maxItems bound an array (maxItems < 0: no bound)
+	// minItems and maxItems bound an array's items, or a string's
+	// characters (maxItems < 0: no bound)
 	minItems, maxItems int
 	alts               []*Node
+	// pattern, if set, is what a string's characters must match (a
+	// pattern or a format, as a DFA over its bytes: such a string has no
+	// escapes)
+	pattern *pattern
+	// bounds, if set, bound a number's value
+	bounds *bounds
 }
 
 // property is one declared property of an object.
@@ -89,7 +96,14 @@ func OneOrMore(n *Node, sep string) *Node {
 	return more
 }
 
-func stringNode() *Node { return &Node{kind: kString} }
+func stringNode() *Node { return &Node{kind: kString, maxItems: -1} }
+
+// counts reports whether a string node counts its characters: it has
+// a length bound.
+func (n *Node) counts() bool { return n.minItems > 0 || n.maxItems >= 0 }
+
+// plainString reports whether n is a string that takes any characters.
+func (n *Node) plainString() bool { return n.kind == kString && !n.counts() && n.pattern == nil }
 func numberNode(integer bool) *Node {
 	if integer {
 		return &Node{kind: kInteger}
@@ -150,6 +164,9 @@ type frame struct {
 	n    *Node
 	st   uint8 // state within n
 	i, k int32 // counters: offset, digits, next property, items so far
+	// text is a bounded number's bytes so far (its value decides what
+	// may follow)
+	text string
 	up   *frame
 	// hash is the whole stack's, from this frame down (as sameStack
 	// compares stacks), worked out when first asked (stackHash); 0: not
@@ -171,6 +188,9 @@ func stackHash(f *frame) uint64 {
 		h := stackHash(f.up)
 		for _, x := range [...]uint64{uint64(uintptr(unsafe.Pointer(f.n))), uint64(f.st), uint64(uint32(f.i)), uint64(uint32(f.k))} {
 			h = (h ^ x) * 1099511628211
+		}
+		for i := 0; i < len(f.text); i++ {
+			h = (h ^ uint64(f.text[i])) * 1099511628211
 		}
 		f.hash = h | 1
 	}
@@ -231,7 +251,7 @@ func expand(f *frame, out []*frame, depth int) ([]*frame, error) {
 			return expand(f.up, out, depth)
 		}
 	case kNumber, kInteger:
-		if numCanEnd[f.st] {
+		if numCanEnd[f.st] && n.bounds.admits(f.text, n.kind == kInteger) {
 			out = append(out, f)
 			return expand(f.up, out, depth)
 		}
@@ -359,6 +379,15 @@ const (
 	strHex3
 	strHex4
 	strDone
+	// strHexLow: after \uD of a counted string, whose second digit must
+	// be 0-7: a surrogate (one character written as two escapes) would
+	// make the count the validator's and the grammar's differ
+	strHexLow
+	// strTail: inside a counted string's multi-byte character, f.k the
+	// index of its UTF-8 form (utf8Forms) and the byte's place in it
+	// (form*4 + place): a counted string is well-formed UTF-8, each
+	// character one (a stray byte would read as U+FFFD, one more)
+	strTail
 )
 
 // number states: JSON's number grammar, with where it may end
@@ -416,36 +445,93 @@ func step(f *frame, c byte, out []*frame) ([]*frame, error) {
 	return out, nil
 }
 
+// stepString takes byte c of a string. A plain string's body is one
+// state; one with a length bound counts its characters in f.i (up to
+// the larger bound: past the least, every count is the same), a byte
+// that is not a UTF-8 continuation beginning one; one with a pattern
+// keeps its DFA's state in f.k and takes no escapes.
 func stepString(f *frame, c byte, out []*frame) ([]*frame, error) {
+	n := f.n
 	switch f.st {
 	case strOpen:
 		if c == '"' {
-			return append(out, with(f, strBody, 0, 0)), nil
+			return append(out, with(f, strBody, 0, n.pattern.start())), nil
 		}
 	case strBody:
-		switch {
-		case c == '"':
+		if c == '"' {
+			if int(f.i) < n.minItems || !n.pattern.accepts(f.k) {
+				return out, nil
+			}
 			return expand(f.up, out, 0)
+		}
+		if c < 0x20 || c == '\\' && n.pattern != nil {
+			return out, nil
+		}
+		count := f.i
+		if n.counts() && (c < 0x80 || c >= 0xC0) { // a character begins
+			if n.maxItems >= 0 && int(count) >= n.maxItems {
+				return out, nil
+			}
+			count = min(count+1, int32(max(n.minItems, n.maxItems)))
+		}
+		if n.pattern == nil && n.counts() && c >= 0x80 {
+			// the first byte of a multi-byte character: its form's
+			// next bytes follow (the count is taken here)
+			for form, ranges := range utf8Forms {
+				if ranges[0][0] <= c && c <= ranges[0][1] {
+					return append(out, with(f, strTail, count, int32(form*4+1))), nil
+				}
+			}
+			return out, nil
+		}
+		state := f.k
+		if p := n.pattern; p != nil {
+			// on only where the string can still end within its lengths
+			room := p.limit
+			if n.maxItems >= 0 {
+				room = n.maxItems - int(count)
+			}
+			if state = p.next(state, c); state < 0 || !p.canEnd(state, n.minItems-int(count), room) {
+				return out, nil
+			}
+		}
+		switch {
 		case c == '\\':
-			return append(out, with(f, strEscape, 0, 0)), nil
-		case c >= 0x20:
+			return append(out, with(f, strEscape, count, state)), nil
+		case count == f.i && state == f.k:
 			return append(out, f), nil // the same state: shared, no copy
 		}
+		return append(out, with(f, strBody, count, state)), nil
+	case strTail:
+		form, place := utf8Forms[f.k/4], int(f.k%4)
+		if c < form[place][0] || c > form[place][1] {
+			return out, nil
+		}
+		if place+1 == len(form) {
+			return append(out, with(f, strBody, f.i, 0)), nil
+		}
+		return append(out, with(f, strTail, f.i, f.k+1)), nil
 	case strEscape:
 		switch c {
 		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			return append(out, with(f, strBody, 0, 0)), nil
+			return append(out, with(f, strBody, f.i, f.k)), nil
 		case 'u':
-			return append(out, with(f, strHex1, 0, 0)), nil
+			return append(out, with(f, strHex1, f.i, f.k)), nil
 		}
-	case strHex1, strHex2, strHex3, strHex4:
-		if isHex(c) {
-			next := f.st + 1
-			if next == strDone {
-				next = strBody
-			}
-			return append(out, with(f, next, 0, 0)), nil
+	case strHex1, strHex2, strHex3, strHex4, strHexLow:
+		if !isHex(c) || f.st == strHexLow && c > '7' {
+			return out, nil
 		}
+		next := f.st + 1
+		switch {
+		case f.st == strHex1 && n.counts() && (c == 'd' || c == 'D'):
+			next = strHexLow
+		case f.st == strHexLow:
+			next = strHex3
+		case next == strDone:
+			next = strBody
+		}
+		return append(out, with(f, next, f.i, f.k)), nil
 	}
 	return out, nil
 }
@@ -456,9 +542,21 @@ func isHex(c byte) bool {
 
 func stepNumber(f *frame, c byte, out []*frame) ([]*frame, error) {
 	digit := '0' <= c && c <= '9'
-	real := f.n.kind == kNumber
+	n := f.n
+	real := n.kind == kNumber
 	to := func(st uint8, digits int32) ([]*frame, error) {
-		return expand(with(f, st, digits, 0), out, 0)
+		if n.bounds == nil {
+			return expand(with(f, st, digits, 0), out, 0)
+		}
+		// a bounded number: no exponent, and only bytes after which a
+		// number within the bounds can still be written
+		text := f.text + string(c)
+		if st >= numExp || !n.bounds.reachable(text, st, !real) {
+			return out, nil
+		}
+		next := newFrame(n, st, digits, 0, f.up)
+		next.text = text
+		return expand(next, out, 0)
 	}
 	switch f.st {
 	case numStart, numMinus:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,10 +14,15 @@ import (
 // accepts, within DefaultLimits. It knows type (one or a list),
 // properties, required, additionalProperties, items, minItems, maxItems,
 // enum, const, anyOf, oneOf (read as anyOf: the alternatives of a schema
-// meant for output rarely overlap), and $ref to "#", "#/$defs/..." or
-// "#/definitions/..."; annotations (title, description, default,
-// examples, ...) are ignored; any other keyword is refused by name rather
-// than left unchecked.
+// meant for output rarely overlap), $ref to "#", "#/$defs/..." or
+// "#/definitions/..."; for strings minLength and maxLength (characters,
+// as JSON Schema counts them), pattern (a regular expression of the
+// subset pattern.go names) or format (date, time, date-time, uuid,
+// email, ipv4, hostname, uri: see formats); for numbers minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum (a bounded number is written
+// without an exponent) and, for integers, multipleOf. Annotations
+// (title, description, default, examples, ...) are ignored; any other
+// keyword is refused by name rather than left unchecked.
 //
 // Properties come in the order the schema declares them; an optional one
 // may be left out, a required one may not. An object takes properties
@@ -104,7 +110,15 @@ var annotations = []string{"title", "description", "default", "examples", "$sche
 
 // keywords this compiler acts on.
 var keywords = []string{"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-	"enum", "const", "anyOf", "oneOf", "$ref"}
+	"enum", "const", "anyOf", "oneOf", "$ref", "minLength", "maxLength", "pattern", "format",
+	"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+
+// stringKeywords and numberKeywords say, without a type, a string or a
+// number.
+var (
+	stringKeywords = []string{"minLength", "maxLength", "pattern", "format"}
+	numberKeywords = []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+)
 
 // compile compiles the schema v at path, depth objects and arrays deep.
 func (c *compiler) compile(v *value, path string, depth int) (*Node, error) {
@@ -261,6 +275,12 @@ func typesOf(fields map[string]*value, path string) ([]string, error) {
 			return []string{"object"}, nil
 		case has("items", "minItems", "maxItems"):
 			return []string{"array"}, nil
+		case has(stringKeywords...) && has(numberKeywords...):
+			return nil, fmt.Errorf("%s: string and number keywords without a type", path)
+		case has(stringKeywords...):
+			return []string{"string"}, nil
+		case has(numberKeywords...):
+			return []string{"number"}, nil
 		}
 		return []string{"any"}, nil
 	}
@@ -285,11 +305,21 @@ func (c *compiler) typed(t string, fields map[string]*value, path string, depth 
 	case "any":
 		return c.anyValue(path)
 	case "string":
-		return c.node(stringNode(), path)
-	case "number":
-		return c.node(numberNode(false), path)
-	case "integer":
-		return c.node(numberNode(true), path)
+		n, err := stringOf(fields, path)
+		if err != nil {
+			return nil, err
+		}
+		return c.node(n, path)
+	case "number", "integer":
+		n := numberNode(t == "integer")
+		var err error
+		if n.bounds, err = numberBounds(fields, t == "integer", path); err != nil {
+			return nil, err
+		}
+		if _, ok := fields["multipleOf"]; ok && t == "number" {
+			return nil, fmt.Errorf("%s/multipleOf: only a positive integer multipleOf of an integer is supported", path)
+		}
+		return c.node(n, path)
 	case "boolean":
 		return c.node(OneOf(Literal("true"), Literal("false")), path)
 	case "null":
@@ -404,6 +434,61 @@ func (c *compiler) array(fields map[string]*value, path string, depth int) (*Nod
 	}
 	return n, nil
 }
+
+// stringOf is a string node with the schema's minLength, maxLength,
+// and pattern or format.
+func stringOf(fields map[string]*value, path string) (*Node, error) {
+	n := stringNode()
+	for _, b := range []struct {
+		name string
+		to   *int
+	}{{"minLength", &n.minItems}, {"maxLength", &n.maxItems}} {
+		if v, ok := fields[b.name]; ok {
+			count, err := strconv.Atoi(v.text)
+			if v.kind != vNumber || err != nil || count < 0 || count > maxStringLength {
+				return nil, fmt.Errorf("%s/%s: must be an integer from 0 to %d", path, b.name, maxStringLength)
+			}
+			*b.to = count
+		}
+	}
+	if n.maxItems >= 0 && n.maxItems < n.minItems {
+		return nil, fmt.Errorf("%s: maxLength %d is below minLength %d", path, n.maxItems, n.minItems)
+	}
+	p, hasPattern := fields["pattern"]
+	f, hasFormat := fields["format"]
+	switch {
+	case hasPattern && hasFormat:
+		return nil, fmt.Errorf("%s: pattern beside format is not supported (one of them)", path)
+	case hasPattern:
+		if p.kind != vString {
+			return nil, fmt.Errorf("%s/pattern: must be a string", path)
+		}
+		var err error
+		if n.pattern, err = compilePattern(p.text); err != nil {
+			return nil, fmt.Errorf("%s/pattern: %v", path, err)
+		}
+	case hasFormat:
+		src, ok := formats[f.text]
+		if f.kind != vString || !ok {
+			return nil, fmt.Errorf("%s/format: %s is not supported (supported: %s)", path, f.canonical(), strings.Join(formatNames(), ", "))
+		}
+		var err error
+		if n.pattern, err = compilePattern(src); err != nil {
+			return nil, fmt.Errorf("%s/format: %v", path, err) // the server's own: a bug
+		}
+	}
+	if n.pattern != nil && !n.pattern.lengthen(n.minItems, n.maxItems) {
+		return nil, fmt.Errorf("%s: no string of %d to %d characters matches its pattern or format", path, n.minItems, n.maxItems)
+	}
+	return n, nil
+}
+
+// maxStringLength bounds minLength and maxLength: each character counted
+// is a state of the grammar (and a bit of each pattern state's lengths).
+const maxStringLength = 4096
+
+// formatNames are the formats a schema may name, sorted.
+func formatNames() []string { return slices.Sorted(maps.Keys(formats)) }
 
 // ref resolves a local reference, once: a recursive schema becomes a
 // cycle in the graph, and a definition referred to from many places is

@@ -3,6 +3,7 @@ package grammar
 import (
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"slices"
 )
 
@@ -26,6 +27,15 @@ type specNode struct {
 	MinItems int        `json:"min,omitempty"`
 	MaxItems int        `json:"max,omitempty"`
 	Alts     []int      `json:"a,omitempty"`
+	// a string's pattern (its regular expression, compiled again) and
+	// a number's bounds (exact decimals or fractions)
+	Pattern  string `json:"re,omitempty"`
+	Lo       string `json:"lo,omitempty"`
+	Hi       string `json:"hi,omitempty"`
+	LoExcl   bool   `json:"lox,omitempty"`
+	HiExcl   bool   `json:"hix,omitempty"`
+	Multiple string `json:"mul,omitempty"`
+	Bounded  bool   `json:"b,omitempty"`
 }
 
 type specProp struct {
@@ -35,7 +45,7 @@ type specProp struct {
 	Required bool   `json:"req,omitempty"`
 }
 
-const specVersion = 2 // 2: kLits
+const specVersion = 3 // 2: kLits; 3: string lengths and patterns, number bounds
 
 // maxSpecNodes bounds a spec's nodes: far more than any schema the
 // server compiles (whose own limits come first).
@@ -64,6 +74,21 @@ func (g *Grammar) Spec() ([]byte, error) {
 		for i := 0; i < len(nodes); i++ { // nodes grows as they are met
 			n := nodes[i]
 			sn := specNode{Kind: n.kind, Lit: n.lit, Lits: n.lits, MinItems: n.minItems, MaxItems: n.maxItems}
+			if n.pattern != nil {
+				sn.Pattern = n.pattern.source
+			}
+			if b := n.bounds; b != nil {
+				sn.Bounded, sn.LoExcl, sn.HiExcl = true, b.loExcl, b.hiExcl
+				if b.lo != nil {
+					sn.Lo = b.lo.RatString()
+				}
+				if b.hi != nil {
+					sn.Hi = b.hi.RatString()
+				}
+				if b.multiple != nil {
+					sn.Multiple = b.multiple.String()
+				}
+			}
 			for _, p := range n.props {
 				sn.Props = append(sn.Props, specProp{Name: p.name, Key: number(p.key), Value: number(p.value), Required: p.required})
 			}
@@ -118,6 +143,22 @@ func FromSpec(b []byte) (*Grammar, error) {
 			return nil, fmt.Errorf("grammar: spec node %d: texts not two or more, sorted, each once", i)
 		}
 		var err error
+		if sn.Pattern != "" {
+			if sn.Kind != kString {
+				return nil, fmt.Errorf("grammar: spec node %d: a pattern on a node not a string", i)
+			}
+			if n.pattern, err = compilePattern(sn.Pattern); err != nil {
+				return nil, fmt.Errorf("grammar: spec node %d: %v", i, err)
+			}
+			if !n.pattern.lengthen(sn.MinItems, sn.MaxItems) {
+				return nil, fmt.Errorf("grammar: spec node %d: no string of %d to %d characters matches its pattern", i, sn.MinItems, sn.MaxItems)
+			}
+		}
+		if sn.Bounded {
+			if n.bounds, err = specBounds(sn); err != nil {
+				return nil, fmt.Errorf("grammar: spec node %d: %v", i, err)
+			}
+		}
 		if n.extra, err = ref(sn.Extra, i, "extra", true); err != nil {
 			return nil, err
 		}
@@ -146,4 +187,33 @@ func FromSpec(b []byte) (*Grammar, error) {
 		}
 	}
 	return New(nodes[0])
+}
+
+// specBounds reads a number node's bounds.
+func specBounds(sn specNode) (*bounds, error) {
+	if sn.Kind != kNumber && sn.Kind != kInteger {
+		return nil, fmt.Errorf("bounds on a node not a number")
+	}
+	b := &bounds{loExcl: sn.LoExcl, hiExcl: sn.HiExcl}
+	for _, e := range []struct {
+		text string
+		to   **big.Rat
+	}{{sn.Lo, &b.lo}, {sn.Hi, &b.hi}} {
+		if e.text == "" {
+			continue
+		}
+		r, ok := new(big.Rat).SetString(e.text)
+		if !ok {
+			return nil, fmt.Errorf("a bound %q is not a number", e.text)
+		}
+		*e.to = r
+	}
+	if sn.Multiple != "" {
+		m, ok := new(big.Int).SetString(sn.Multiple, 10)
+		if !ok || m.Sign() <= 0 || sn.Kind != kInteger {
+			return nil, fmt.Errorf("multipleOf %q: not a positive integer of an integer", sn.Multiple)
+		}
+		b.multiple = m
+	}
+	return b, nil
 }

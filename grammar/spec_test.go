@@ -75,15 +75,19 @@ func TestSpecReadsBackTheSameGrammar(t *testing.T) {
 
 func TestFromSpecNamesWhatIsMalformed(t *testing.T) {
 	for spec, says := range map[string]string{
-		`{"v":3,"nodes":[{"k":0,"x":-1,"i":-1}]}`:                                 "version 3",
-		`{"v":2,"nodes":[]}`:                                                      "0 nodes",
-		`{"v":2,"nodes":[{"k":77,"x":-1,"i":-1}]}`:                                "unknown kind 77",
-		`{"v":2,"nodes":[{"k":6,"x":-1,"i":-1,"a":[3]}]}`:                         "node 0's part is node 3, of 1",
-		`{"v":2,"nodes":[{"k":6,"x":-1,"i":-1}]}`:                                 "a choice of no parts",
-		`{"v":2,"nodes":[{"k":5,"x":-1,"i":-1}]}`:                                 "node 0's items is node -1",
-		`{"v":2,"nodes":[{"k":5,"x":-1,"i":0,"min":3,"max":1}]}`:                  "3 to 1 items",
-		`{"v":2,"nodes":[{"k":4,"x":-1,"i":-1,"p":[{"n":"a","key":0,"val":9}]}]}`: "property value is node 9",
-		`{"v":2,"nodes":[{"k":10,"x":-1,"i":-1,"ls":["b","a"]}]}`:                 "texts not two or more, sorted, each once",
+		`{"v":2,"nodes":[{"k":0,"x":-1,"i":-1}]}`:                                 "version 2",
+		`{"v":3,"nodes":[]}`:                                                      "0 nodes",
+		`{"v":3,"nodes":[{"k":77,"x":-1,"i":-1}]}`:                                "unknown kind 77",
+		`{"v":3,"nodes":[{"k":6,"x":-1,"i":-1,"a":[3]}]}`:                         "node 0's part is node 3, of 1",
+		`{"v":3,"nodes":[{"k":6,"x":-1,"i":-1}]}`:                                 "a choice of no parts",
+		`{"v":3,"nodes":[{"k":5,"x":-1,"i":-1}]}`:                                 "node 0's items is node -1",
+		`{"v":3,"nodes":[{"k":5,"x":-1,"i":0,"min":3,"max":1}]}`:                  "3 to 1 items",
+		`{"v":3,"nodes":[{"k":4,"x":-1,"i":-1,"p":[{"n":"a","key":0,"val":9}]}]}`: "property value is node 9",
+		`{"v":3,"nodes":[{"k":10,"x":-1,"i":-1,"ls":["b","a"]}]}`:                 "texts not two or more, sorted, each once",
+		`{"v":3,"nodes":[{"k":1,"x":-1,"i":-1,"re":"a(b"}]}`:                      "without ')'",
+		`{"v":3,"nodes":[{"k":0,"x":-1,"i":-1,"re":"a"}]}`:                        "a pattern on a node not a string",
+		`{"v":3,"nodes":[{"k":3,"x":-1,"i":-1,"b":true,"lo":"x"}]}`:               `a bound "x" is not a number`,
+		`{"v":3,"nodes":[{"k":2,"x":-1,"i":-1,"b":true,"mul":"3"}]}`:              "not a positive integer of an integer",
 		`[1,2]`: "spec",
 	} {
 		if _, err := FromSpec([]byte(spec)); err == nil || !strings.Contains(err.Error(), says) {

@@ -223,7 +223,7 @@ func TestStructuredOutputFollowsTheSchema(t *testing.T) {
 		t.Fatalf("json_object: %d %s", resp.StatusCode, body)
 	}
 	for req, want := range map[string]string{
-		`{"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a+"}}}`: `keyword \"pattern\" is not supported`,
+		`{"type": "json_schema", "json_schema": {"schema": {"type": "string", "not": {}}}}`: `keyword \"not\" is not supported`,
 		`{"type": "json_schema"}`: "needs json_schema.schema",
 		`{"type": "yaml"}`:        `\"yaml\" is not one of`,
 	} {

@@ -11,6 +11,7 @@ import (
 )
 
 // Compile returns schema's validator, failing t if it does not compile.
+// It asserts formats (date, email, ...), as odmoe's grammars keep them.
 func Compile(t testing.TB, schema []byte) *jsonschema.Schema {
 	t.Helper()
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
@@ -18,6 +19,7 @@ func Compile(t testing.TB, schema []byte) *jsonschema.Schema {
 		t.Fatal(err)
 	}
 	c := jsonschema.NewCompiler()
+	c.AssertFormat() // "format" checked, not an annotation alone
 	if err := c.AddResource("schema.json", doc); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@
 // (api_openai_test.go). The server must serve a model whose chat
 // template writes Hermes tool calls (qwen3-moe-tiny).
 //
-// Usage: node features.mjs BASE_URL MODEL SCHEMAS_JSON
+// Usage: node features.mjs BASE_URL MODEL SCHEMAS_JSON [KEYWORD_SCHEMAS_JSON]
 //
 // It runs, and prints as one JSON object on stdout:
 //   - tools:    a chat completion with two tools and tool_choice
@@ -20,11 +20,14 @@
 //               each its own prompt: the client's parsed object, the
 //               answer's text and finish reason
 //   - logprobs: a chat completion with logprobs and top_logprobs 2
+//   - keywords: parsed's, for KEYWORD_SCHEMAS_JSON (string lengths,
+//               patterns, formats, number bounds), and a forced call of
+//               a tool whose parameters carry maxLength (bounded)
 // Any failure exits 1.
 import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 
-const [baseURL, model, schemasFile] = process.argv.slice(2);
+const [baseURL, model, schemasFile, keywordsFile] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: process.env.OPENAI_API_KEY ?? 'none', maxRetries: 0, timeout: 120_000 });
 const tools = [
   { type: 'function', function: { name: 'get_weather', description: 'weather in a city',
@@ -52,19 +55,33 @@ const back = await client.chat.completions.create({ model, max_tokens: 4, tools,
   { role: 'tool', tool_call_id: call.id, content: '{"temp": 21}' }] });
 out.roundtrip = { finish_reason: back.choices[0].finish_reason };
 
-out.parsed = [];
-for (const [i, s] of JSON.parse(readFileSync(schemasFile, 'utf8')).entries()) {
-  // a random model closes a string only when it happens to draw a quote: room for long ones
-  const req = { model, max_tokens: 2000, seed: i, messages: [{ role: 'user', content: s.prompt }],
-    response_format: { type: 'json_schema', json_schema: { name: s.name, strict: true, schema: s.schema } } };
-  try {
-    const c = (await client.chat.completions.parse(req)).choices[0];
-    out.parsed.push({ name: s.name, parsed: c.message.parsed, content: c.message.content, finish_reason: c.finish_reason });
-  } catch (err) {
-    // the test says what was wrong, with the answer the client refused
-    const c = (await client.chat.completions.create(req)).choices[0];
-    out.parsed.push({ name: s.name, error: String(err), content: c.message.content, finish_reason: c.finish_reason });
+async function parseEach(file) {
+  const answers = [];
+  for (const [i, s] of JSON.parse(readFileSync(file, 'utf8')).entries()) {
+    // a random model closes a string only when it happens to draw a quote: room for long ones
+    const req = { model, max_tokens: 2000, seed: i, messages: [{ role: 'user', content: s.prompt }],
+      response_format: { type: 'json_schema', json_schema: { name: s.name, strict: true, schema: s.schema } } };
+    try {
+      const c = (await client.chat.completions.parse(req)).choices[0];
+      answers.push({ name: s.name, parsed: c.message.parsed, content: c.message.content, finish_reason: c.finish_reason });
+    } catch (err) {
+      // the test says what was wrong, with the answer the client refused
+      const c = (await client.chat.completions.create(req)).choices[0];
+      answers.push({ name: s.name, error: String(err), content: c.message.content, finish_reason: c.finish_reason });
+    }
   }
+  return answers;
+}
+out.parsed = await parseEach(schemasFile);
+
+if (keywordsFile) {
+  const bounded = { type: 'function', function: { name: 'set_unit',
+    parameters: { type: 'object', properties: { unit: { type: 'string', maxLength: 4 }, note: { type: 'string', maxLength: 12 } },
+      required: ['unit', 'note'], additionalProperties: false } } };
+  const call = await client.chat.completions.create({ model, messages, tools: [bounded], tool_choice: 'required',
+    parallel_tool_calls: false, max_tokens: 300, seed: 3 });
+  out.keywords = { parsed: await parseEach(keywordsFile),
+    bounded: { tool_calls: call.choices[0].message.tool_calls, finish_reason: call.choices[0].finish_reason } };
 }
 
 const lp = await client.chat.completions.create({ model, messages, max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
