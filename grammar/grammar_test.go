@@ -230,6 +230,8 @@ func TestSchemasItCannotKeepAreRefusedByName(t *testing.T) {
 		`{"type": "number", "multipleOf": 0.5}`:                             `only a positive integer multipleOf of an integer`,
 		`{"type": "object", "properties": {"a": {"minimum": "x"}}}`:         `#/properties/a/minimum: must be a number`,
 		`{"minimum": 1, "maxLength": 3}`:                                    `string and number keywords without a type`,
+		`{"type": "string", "pattern": "^(?:[a-z]{0,64}){1,64}$"}`:          `more than 4096 automaton states`,
+		`{"type": "string", "pattern": "^(a|b)*a(a|b){12}$"}`:               `more than 512 automaton states`,
 		`{"type": "object", "required": ["b"]}`:                             `"b" is required but not among the properties`,
 		`{"$ref": "https://example.com/s.json"}`:                            "only references inside the schema",
 		`{"$ref": "#/$defs/missing"}`:                                       "does not resolve",

@@ -283,3 +283,25 @@ func benchMaskAlong(b *testing.B, schema, text string) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(ids)), "us/token")
 }
+
+// TestPatternsCostGrammarNodes: each distinct pattern's automaton counts
+// against Limits.Nodes (a format's is built once per process, a pattern
+// once per compiler), so that many costly patterns are refused by the
+// limit, not compiled one after another.
+func TestPatternsCostGrammarNodes(t *testing.T) {
+	props := make([]string, 100)
+	for i := range props {
+		props[i] = fmt.Sprintf(`"p%d": {"type": "string", "pattern": "^[a-z]{1,60}-%d$"}`, i, i)
+	}
+	_, err := FromSchema([]byte(`{"type": "object", "properties": {` + strings.Join(props, ", ") + `}}`))
+	if err == nil || !strings.Contains(err.Error(), "grammar nodes") {
+		t.Fatalf("100 distinct patterns of 60 repeats: %v, want the grammar nodes' limit", err)
+	}
+	same := make([]string, 200)
+	for i := range same {
+		same[i] = fmt.Sprintf(`"p%d": {"type": "string", "format": "email"}`, i)
+	}
+	if _, err := FromSchema([]byte(`{"type": "object", "properties": {` + strings.Join(same, ", ") + `}}`)); err != nil {
+		t.Fatalf("200 email properties (one automaton): %v", err)
+	}
+}

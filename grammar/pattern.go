@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -25,9 +26,7 @@ import (
 // control characters) is left out of classes and '.', and refused as a
 // literal.
 type pattern struct {
-	source string
-	trans  [][256]int32 // -1: no way on
-	accept []bool
+	*dfa
 	// lens[s] has bit r set when a string in state s can end after r
 	// more characters, r up to limit (lengthen sets it): so that no
 	// byte leads where the string cannot end within its lengths
@@ -108,6 +107,22 @@ func (p *pattern) canEnd(s int32, from, to int) bool {
 	return false
 }
 
+// dfa is a pattern's automaton, shared by the strings that have the
+// pattern (a format's by every schema that names it).
+type dfa struct {
+	source string
+	trans  [][256]int32 // -1: no way on
+	accept []bool
+	nfa    int // the states of the NFA it was made from
+}
+
+// cost is what building d took, in grammar nodes (Limits.Nodes): its
+// NFA's states and its own (each a 1 KiB row, some nodes' worth).
+func (d *dfa) cost() int { return d.nfa + 8*len(d.trans) }
+
+// formatDFAs are the formats' automata, each built once.
+var formatDFAs sync.Map // source -> *dfa
+
 // Limits on a pattern's automaton: a pattern past them is refused.
 const (
 	maxRepeat       = 64   // a counted quantifier's bound
@@ -127,6 +142,28 @@ func (p *pattern) next(s int32, c byte) int32 { return p.trans[s][c] }
 
 // compilePattern compiles an ECMA-262 pattern of the subset above.
 func compilePattern(src string) (*pattern, error) {
+	d, err := compileDFA(src)
+	if err != nil {
+		return nil, err
+	}
+	return &pattern{dfa: d}, nil
+}
+
+// formatDFA is a format's automaton, built on first use.
+func formatDFA(src string) (*dfa, error) {
+	if d, ok := formatDFAs.Load(src); ok {
+		return d.(*dfa), nil
+	}
+	d, err := compileDFA(src)
+	if err != nil {
+		return nil, err
+	}
+	formatDFAs.Store(src, d)
+	return d, nil
+}
+
+// compileDFA builds the automaton of an ECMA-262 pattern of the subset.
+func compileDFA(src string) (*dfa, error) {
 	if len(src) > maxPatternBytes {
 		return nil, fmt.Errorf("a pattern of %d bytes, more than %d", len(src), maxPatternBytes)
 	}
@@ -300,7 +337,7 @@ func (b *nfaBuilder) copyFrag(f frag, from, to int) frag {
 }
 
 // dfa builds the DFA of f by subsets.
-func (b *nfaBuilder) dfa(f frag, src string) (*pattern, error) {
+func (b *nfaBuilder) dfa(f frag, src string) (*dfa, error) {
 	seen := make([]int, len(b.states)) // closure's marks: the pass that saw each state
 	pass := 0
 	closure := func(set []int) []int {
@@ -314,21 +351,25 @@ func (b *nfaBuilder) dfa(f frag, src string) (*pattern, error) {
 				continue
 			}
 			seen[s] = pass
-			out = append(out, s)
+			// only the states that take a byte, and the end, tell one
+			// set from another: the rest only lead to them
+			if b.states[s].to >= 0 || s == f.end {
+				out = append(out, s)
+			}
 			stack = append(stack, b.states[s].eps...)
 		}
 		slices.Sort(out)
 		return out
 	}
+	var buf []byte
 	key := func(set []int) string {
-		var sb strings.Builder
+		buf = buf[:0]
 		for _, s := range set {
-			sb.WriteString(strconv.Itoa(s))
-			sb.WriteByte(',')
+			buf = append(buf, byte(s), byte(s>>8), byte(s>>16))
 		}
-		return sb.String()
+		return string(buf)
 	}
-	p := &pattern{source: src}
+	p := &dfa{source: src, nfa: len(b.states)}
 	index := map[string]int32{}
 	var sets [][]int
 	add := func(set []int) int32 {
@@ -344,13 +385,16 @@ func (b *nfaBuilder) dfa(f frag, src string) (*pattern, error) {
 		return i
 	}
 	add(closure([]int{f.start}))
+	var to [256][]int
 	for i := 0; i < len(sets); i++ {
 		if len(sets) > maxPatternDFA {
 			return nil, fmt.Errorf("the pattern %q needs more than %d automaton states (a limit of the server's)", src, maxPatternDFA)
 		}
 		// the states each byte moves to; bytes moving to the same ones
 		// (a class's) share one closure
-		var to [256][]int
+		for c := range to {
+			to[c] = to[c][:0]
+		}
 		for _, s := range sets[i] {
 			if st := b.states[s]; st.to >= 0 {
 				for c := int(st.lo); c <= int(st.hi); c++ {
@@ -367,7 +411,7 @@ func (b *nfaBuilder) dfa(f frag, src string) (*pattern, error) {
 			k := key(to[c])
 			next, ok := byTargets[k]
 			if !ok {
-				next = add(closure(to[c]))
+				next = add(closure(slices.Clone(to[c])))
 				byTargets[k] = next
 			}
 			p.trans[i][c] = next
@@ -483,6 +527,9 @@ func (p *patternParser) quantified(atom frag, from int) (frag, error) {
 	}
 	if need == 0 {
 		return b.empty(), nil
+	}
+	if len(b.states)+(need-1)*(to-from) > maxPatternNFA {
+		return frag{}, p.errorf("more than %d automaton states (a limit of the server's)", maxPatternNFA)
 	}
 	pieces := []frag{atom}
 	for len(pieces) < need {

@@ -54,6 +54,7 @@ var DefaultLimits = Limits{Depth: 10, Properties: 5000, Alternatives: 1000, Text
 type Compiler struct {
 	limits Limits
 	used   Limits
+	dfas   map[string]*dfa // the patterns' automata built, by source
 }
 
 // NewCompiler returns a compiler within limits.
@@ -305,7 +306,7 @@ func (c *compiler) typed(t string, fields map[string]*value, path string, depth 
 	case "any":
 		return c.anyValue(path)
 	case "string":
-		n, err := stringOf(fields, path)
+		n, err := c.stringOf(fields, path)
 		if err != nil {
 			return nil, err
 		}
@@ -436,8 +437,10 @@ func (c *compiler) array(fields map[string]*value, path string, depth int) (*Nod
 }
 
 // stringOf is a string node with the schema's minLength, maxLength,
-// and pattern or format.
-func stringOf(fields map[string]*value, path string) (*Node, error) {
+// and pattern or format. A pattern's automaton is built once per
+// compiler (a format's once per process) and costs grammar nodes: its
+// NFA's states and its own.
+func (c *compiler) stringOf(fields map[string]*value, path string) (*Node, error) {
 	n := stringNode()
 	for _, b := range []struct {
 		name string
@@ -463,24 +466,56 @@ func stringOf(fields map[string]*value, path string) (*Node, error) {
 		if p.kind != vString {
 			return nil, fmt.Errorf("%s/pattern: must be a string", path)
 		}
-		var err error
-		if n.pattern, err = compilePattern(p.text); err != nil {
-			return nil, fmt.Errorf("%s/pattern: %v", path, err)
+		d, err := c.patternDFA(p.text, path+"/pattern", compileDFA)
+		if err != nil {
+			return nil, err
 		}
+		n.pattern = &pattern{dfa: d}
 	case hasFormat:
 		src, ok := formats[f.text]
 		if f.kind != vString || !ok {
 			return nil, fmt.Errorf("%s/format: %s is not supported (supported: %s)", path, f.canonical(), strings.Join(formatNames(), ", "))
 		}
-		var err error
-		if n.pattern, err = compilePattern(src); err != nil {
-			return nil, fmt.Errorf("%s/format: %v", path, err) // the server's own: a bug
+		d, err := c.patternDFA(src, path+"/format", formatDFA)
+		if err != nil {
+			return nil, err
+		}
+		n.pattern = &pattern{dfa: d}
+	}
+	if n.pattern != nil {
+		if !n.pattern.lengthen(n.minItems, n.maxItems) {
+			return nil, fmt.Errorf("%s: no string of %d to %d characters matches its pattern or format", path, n.minItems, n.maxItems)
+		}
+		// its lengths' table: a bit a state and a length
+		if err := c.count(&c.used.Nodes, len(n.pattern.trans)*(n.pattern.limit/64+1)/16, c.limits.Nodes, "grammar nodes", path); err != nil {
+			return nil, err
 		}
 	}
-	if n.pattern != nil && !n.pattern.lengthen(n.minItems, n.maxItems) {
-		return nil, fmt.Errorf("%s: no string of %d to %d characters matches its pattern or format", path, n.minItems, n.maxItems)
-	}
 	return n, nil
+}
+
+// patternDFA is src's automaton, built by build once per compiler, its
+// cost counted then.
+func (c *compiler) patternDFA(src, path string, build func(string) (*dfa, error)) (*dfa, error) {
+	if d, ok := c.dfas[src]; ok {
+		return d, nil
+	}
+	// what building it may cost, at most, before it is built
+	if c.used.Nodes+len(src) > c.limits.Nodes {
+		return nil, fmt.Errorf("%s: more than %d grammar nodes (a limit of the server's)", path, c.limits.Nodes)
+	}
+	d, err := build(src)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	if err := c.count(&c.used.Nodes, d.cost(), c.limits.Nodes, "grammar nodes", path); err != nil {
+		return nil, err
+	}
+	if c.dfas == nil {
+		c.dfas = map[string]*dfa{}
+	}
+	c.dfas[src] = d
+	return d, nil
 }
 
 // maxStringLength bounds minLength and maxLength: each character counted

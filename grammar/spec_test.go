@@ -18,7 +18,10 @@ func TestSpecReadsBackTheSameGrammar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	tree := `{"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}}, "required": ["v"]}}, "$ref": "#/$defs/node"}`
 	roots := map[string]*Node{"person": mustSchema(t, personSchema).root, "any object": AnyObject(), "tree": mustSchema(t, tree).root,
-		"tool call": Seq(Literal("<tool_call>\n"), OneOrMore(mustSchema(t, personSchema).root, ", "), Literal("\n</tool_call>"))}
+		"tool call": Seq(Literal("<tool_call>\n"), OneOrMore(mustSchema(t, personSchema).root, ", "), Literal("\n</tool_call>")),
+		"keywords":  mustSchema(t, keywordSchemas["a tool's object"]).root,
+		"bounds":    mustSchema(t, `{"type": "array", "items": {"anyOf": [{"type": "integer", "exclusiveMinimum": -3, "maximum": 40, "multipleOf": 3}, {"type": "number", "minimum": 0.5, "exclusiveMaximum": 2}]}, "maxItems": 4}`).root,
+		"pattern":   mustSchema(t, `{"type": "array", "items": {"type": "string", "pattern": "^[a-c]{1,3}(-\\d)?$", "minLength": 2}, "maxItems": 5}`).root}
 	for name, root := range roots {
 		g := mustNew(t, root)
 		b, err := g.Spec()
