@@ -14,6 +14,7 @@ import (
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
+	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
@@ -176,6 +177,24 @@ func TestShadowGuessesASampledRequestAsTheMainNodeSamples(t *testing.T) {
 	}
 	local, mainModel := loadModels(t, f)
 	checkShadowGuesses(t, f, local, mainModel, testPrompt(12, 71, 5, local.Config.VocabSize), 40, sampler, mainnode.KindSampled, 0.8)
+}
+
+// TestShadowGuessesMinPAndRepeatPenalty: llama-server's min_p and
+// repeat_penalty travel to the shadow with the rest of a request's
+// sampling (the penalty's window reaching back into the prompt): the
+// swarm gives local mode's tokens, and the shadow meets them as it meets
+// other sampled requests' (all 36 here; not told them, it met 29 of 37).
+func TestShadowGuessesMinPAndRepeatPenalty(t *testing.T) {
+	if model.MaxRepeatN != wire.MaxRepeatN {
+		t.Fatalf("model.MaxRepeatN %d, wire.MaxRepeatN %d: a window the wire refuses", model.MaxRepeatN, wire.MaxRepeatN)
+	}
+	f := newSwarmFixture(t, 4)
+	local, mainModel := loadModels(t, f)
+	prompt := testPrompt(12, 19, 5, local.Config.VocabSize)
+	sampler := func() *model.Sampler {
+		return model.NewSampler(1.5, 1, 77).WithMinP(0.6).WithRepeatPenalty(4, 64, prompt)
+	}
+	checkShadowGuesses(t, f, local, mainModel, prompt, 40, sampler, mainnode.KindSampled, 0.9)
 }
 
 // checkShadowGuesses runs prompt for steps tokens, each request choosing

@@ -169,7 +169,10 @@ func wireSampling(p *model.Sampling, promptLen int) *wire.Sampling {
 		return nil
 	}
 	w := &wire.Sampling{Temperature: p.Temperature, TopP: p.TopP, TopK: p.TopK, Seed: p.Seed, Presence: p.Presence, Frequency: p.Frequency,
-		PromptLen: promptLen, Constrained: p.Constrained, Grammar: p.Grammar}
+		PromptLen: promptLen, Constrained: p.Constrained, Grammar: p.Grammar, MinP: p.MinP, Repeat: p.Repeat, RepeatN: p.RepeatN}
+	for _, id := range p.RepeatTail {
+		w.RepeatTail = append(w.RepeatTail, int32(id))
+	}
 	for _, id := range slices.Sorted(maps.Keys(p.Bias)) { // the same bytes every time
 		w.BiasIDs, w.Biases = append(w.BiasIDs, int32(id)), append(w.Biases, p.Bias[id])
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/odmoe/odmoe/internal/splitmix"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -24,8 +25,10 @@ import (
 // with the same seed as often as their distributions allow (Guess).
 //
 // Before any of that the logits may be processed, in this order, as
-// OpenAI defines its request fields: penalties (WithPenalties), biases
-// (WithBias), and a constraint (WithConstraint) that rules tokens out.
+// OpenAI defines its request fields: llama.cpp's repeat penalty
+// (WithRepeatPenalty), penalties (WithPenalties), biases (WithBias), and
+// a constraint (WithConstraint) that rules tokens out. A min-p cut
+// (WithMinP) comes with the top-k and nucleus cuts.
 // WithLogprobs keeps the chosen token's log-probability and the most
 // likely alternatives, from the processed logits at temperature 1. A
 // sampler that processes nothing draws exactly as one whose processing
@@ -45,6 +48,17 @@ type Sampler struct {
 	presence, frequency float64
 	bias                map[int]float64
 	counts              map[int]int // tokens chosen so far (penalties)
+	// minP keeps only the tokens at least minP times as likely as the
+	// likeliest (0: all)
+	minP float64
+	// repeat divides a positive logit, and multiplies a negative one,
+	// of each token among the last repeatN of the prompt's tail and the
+	// tokens chosen (llama.cpp's repeat_penalty; 0 or 1: none)
+	repeat      float64
+	repeatN     int
+	repeatTail  []int // the prompt's last repeatN tokens
+	chosenIDs   []int // the tokens chosen so far, while repeat is set
+	guessWindow []int // Guess's scratch
 	constraint          Constraint
 	topLogprobs         int // alternatives kept; -1: no logprobs
 	z                   []float64
@@ -61,6 +75,11 @@ type Sampling struct {
 	Seed                uint64
 	Presence, Frequency float64
 	Bias                map[int]float64
+	MinP                float64
+	// Repeat, RepeatN and RepeatTail are WithRepeatPenalty's
+	Repeat     float64
+	RepeatN    int
+	RepeatTail []int
 	// Constrained says a constraint (a grammar) limits the choices too;
 	// Grammar is it written out, when it can say what it is (a
 	// grammar.Constraint's Spec), for another node to rebuild.
@@ -74,13 +93,19 @@ type specified interface{ Spec() ([]byte, error) }
 // Plain reports whether p chooses by the logits alone: greedy, nothing
 // processed (what a node that knows nothing of the request guesses).
 func (p Sampling) Plain() bool {
-	return p.Temperature <= 0 && p.Presence == 0 && p.Frequency == 0 && len(p.Bias) == 0 && !p.Constrained
+	return p.Temperature <= 0 && p.Presence == 0 && p.Frequency == 0 && len(p.Bias) == 0 && !p.Constrained && !repeats(p.Repeat)
 }
+
+// repeats reports whether a repeat penalty changes anything.
+func repeats(penalty float64) bool { return penalty > 0 && penalty != 1 }
 
 // Sampling returns what s chooses by.
 func (s *Sampler) Sampling() Sampling {
 	p := Sampling{Temperature: s.temperature, TopP: s.topP, TopK: s.topK, Seed: s.seed, Presence: s.presence, Frequency: s.frequency,
-		Bias: s.bias, Constrained: s.constraint != nil}
+		Bias: s.bias, Constrained: s.constraint != nil, MinP: s.minP}
+	if repeats(s.repeat) {
+		p.Repeat, p.RepeatN, p.RepeatTail = s.repeat, s.repeatN, s.repeatTail
+	}
 	if sp, ok := s.constraint.(specified); ok {
 		p.Grammar, _ = sp.Spec() // none when it cannot say: guessed unconstrained
 	}
@@ -90,7 +115,8 @@ func (s *Sampler) Sampling() Sampling {
 // NewSamplerOf returns a sampler that chooses by p (without its
 // constraint: Guess takes the allowed tokens).
 func NewSamplerOf(p Sampling) *Sampler {
-	return NewSampler(p.Temperature, p.TopP, p.Seed).WithTopK(p.TopK).WithPenalties(p.Presence, p.Frequency).WithBias(p.Bias)
+	return NewSampler(p.Temperature, p.TopP, p.Seed).WithTopK(p.TopK).WithPenalties(p.Presence, p.Frequency).WithBias(p.Bias).
+		WithMinP(p.MinP).WithRepeatPenalty(p.Repeat, p.RepeatN, p.RepeatTail)
 }
 
 // A Constraint limits which tokens may come next: a grammar the output
@@ -142,6 +168,61 @@ func (s *Sampler) WithPenalties(presence, frequency float64) *Sampler {
 	return s
 }
 
+// WithMinP keeps only the tokens at least p times as likely as the
+// likeliest, at the sampling temperature (min_p, as Hugging Face and
+// vLLM apply it: after the temperature; 0: no cut) and returns s.
+func (s *Sampler) WithMinP(p float64) *Sampler {
+	s.minP = p
+	return s
+}
+
+// MaxRepeatN bounds a repeat penalty's window: a Sampling carries the
+// prompt's last tokens as far back (the wire's Sampling too).
+const MaxRepeatN = 4096
+
+// WithRepeatPenalty penalises the tokens among the last n of the
+// sequence, prompt (the last n of prompt are kept) and chosen tokens
+// alike, as llama.cpp's repeat_penalty does: a positive logit divided
+// by penalty, a negative one multiplied (each such token once, however
+// often it appears). penalty 0 or 1 or n 0: none. It returns s.
+func (s *Sampler) WithRepeatPenalty(penalty float64, n int, prompt []int) *Sampler {
+	if !repeats(penalty) || n <= 0 {
+		s.repeat, s.repeatN, s.repeatTail = 0, 0, nil
+		return s
+	}
+	s.repeat, s.repeatN = penalty, n
+	s.repeatTail = slices.Clone(prompt[max(len(prompt)-n, 0):])
+	return s
+}
+
+// window appends to w the last repeatN tokens of the prompt's tail and
+// chosen, those chosen so far.
+func (s *Sampler) window(w, chosen []int) []int {
+	from := max(len(s.repeatTail)+len(chosen)-s.repeatN, 0)
+	if from < len(s.repeatTail) {
+		w = append(w, s.repeatTail[from:]...)
+		from = 0
+	} else {
+		from -= len(s.repeatTail)
+	}
+	return append(w, chosen[from:]...)
+}
+
+// penaliseRepeats applies the repeat penalty to z for the tokens of
+// window, each once.
+func (s *Sampler) penaliseRepeats(z []float64, window []int) {
+	for i, id := range window {
+		if id < 0 || id >= len(z) || slices.Contains(window[:i], id) {
+			continue
+		}
+		if z[id] > 0 {
+			z[id] /= s.repeat
+		} else {
+			z[id] *= s.repeat
+		}
+	}
+}
+
 // WithBias adds bias[id] to id's logit (OpenAI's logit_bias).
 func (s *Sampler) WithBias(bias map[int]float64) *Sampler {
 	s.bias = bias
@@ -168,7 +249,7 @@ func (s *Sampler) Last() Choice { return s.last }
 // processes reports whether s changes the logits or reads their
 // distribution before drawing.
 func (s *Sampler) processes() bool {
-	return s.counts != nil || len(s.bias) > 0 || s.constraint != nil || s.topLogprobs >= 0
+	return s.counts != nil || len(s.bias) > 0 || s.constraint != nil || s.topLogprobs >= 0 || s.repeat != 0
 }
 
 // errNoToken: a constraint allowed no token.
@@ -198,9 +279,17 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 		}
 	}
 	z := s.widen(logits)
-	id, ok := s.choose(z, s.counts, allowed, k)
+	var window []int
+	if s.repeat != 0 {
+		s.guessWindow = s.window(s.guessWindow[:0], s.chosenIDs)
+		window = s.guessWindow
+	}
+	id, ok := s.choose(z, s.counts, window, allowed, k)
 	if !ok {
 		return 0, errNoToken
+	}
+	if s.repeat != 0 {
+		s.chosenIDs = append(s.chosenIDs, id)
 	}
 	s.last = Choice{TokenLogprob: TokenLogprob{ID: id}}
 	if s.topLogprobs >= 0 {
@@ -236,17 +325,23 @@ func (s *Sampler) Guess(logits []float32, generated []int, allowed []uint64) int
 		}
 		counts = s.guessCounts
 	}
-	if id, ok := s.choose(s.widen(logits), counts, allowed, uint64(len(generated))); ok {
+	var window []int
+	if s.repeat != 0 {
+		s.guessWindow = s.window(s.guessWindow[:0], generated)
+		window = s.guessWindow
+	}
+	if id, ok := s.choose(s.widen(logits), counts, window, allowed, uint64(len(generated))); ok {
 		return id
 	}
 	return argmax(s.widen(logits)) // nothing allowed: the constraint is not the request's
 }
 
 // choose picks the k-th token of the sequence from z, the widened
-// logits, processed in place: the penalties of the tokens counts has,
-// the biases, and only the tokens allowed (nil: any); false when allowed
-// rules out every token.
-func (s *Sampler) choose(z []float64, counts map[int]int, allowed []uint64, k uint64) (int, bool) {
+// logits, processed in place: the repeat penalty of the tokens of window,
+// the penalties of the tokens counts has, the biases, and only the
+// tokens allowed (nil: any); false when allowed rules out every token.
+func (s *Sampler) choose(z []float64, counts map[int]int, window []int, allowed []uint64, k uint64) (int, bool) {
+	s.penaliseRepeats(z, window)
 	s.penalise(z, counts)
 	s.addBias(z)
 	if allowed != nil && !mask(z, allowed) {
@@ -327,7 +422,7 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 	best, bestID := math.Inf(1), -1
 	race := func(id int) { // the smallest E/w wins; ties: the lowest id
 		w := probs[id]
-		if !(w > 0) {
+		if !(w > 0) || w < s.minP {
 			return
 		}
 		u := uniform(key, id)
@@ -372,7 +467,7 @@ func (s *Sampler) raceAll(z []float64, key uint64) int {
 	best, bestID := math.Inf(1), -1
 	race := func(id int, u float64) {
 		w := math.Exp((z[id] - mx) / s.temperature)
-		if !(w > 0) || 1-u > best*w {
+		if !(w > 0) || w < s.minP || 1-u > best*w {
 			return
 		}
 		if r := -math.Log(u) / w; r < best || r == best && id < bestID {

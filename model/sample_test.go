@@ -315,6 +315,9 @@ func TestGuessIsWhatSampleChooses(t *testing.T) {
 		{"T1", NewSampler(1, 1, 4)},
 		{"T0.7 top_p 0.9", NewSampler(0.7, 0.9, 5)},
 		{"T1.3 top_k 20 penalties bias", NewSampler(1.3, 1, 6).WithTopK(20).WithPenalties(0.5, 1).WithBias(map[int]float64{3: 2, 7: -100})},
+		{"T0.8 min_p 0.1", NewSampler(0.8, 1, 7).WithMinP(0.1)},
+		{"greedy repeat 1.5 over 8", NewSampler(0, 1, 8).WithRepeatPenalty(1.5, 8, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})},
+		{"T1 top_p 0.95 min_p 0.05 repeat 1.3 over 64", NewSampler(1, 0.95, 9).WithMinP(0.05).WithRepeatPenalty(1.3, 64, []int{4, 4, 9})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			guesser := NewSamplerOf(tc.s.Sampling())
@@ -585,4 +588,104 @@ func TestCutDrawIsTheDefinition(t *testing.T) {
 		t.Fatalf("%d of %d draws differ", differ, draws)
 	}
 	t.Logf("%d draws, every one the definition's", draws)
+}
+
+// TestMinPKeepsOnlyTheLikelyTokens: with min_p the draw is the race of
+// the tokens at least min_p times as likely as the likeliest at the
+// temperature (exp((z - max)/T) >= min_p), as Hugging Face's
+// MinPLogitsWarper keeps them, and no other: over many seeds, no token
+// below the line is ever chosen, and every one chosen is the
+// definition's.
+func TestMinPKeepsOnlyTheLikelyTokens(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, minP := range []float64{0.01, 0.1, 0.5, 1} {
+		for _, temperature := range []float64{0.5, 1, 2} {
+			logits := make([]float32, 300)
+			for i := range logits {
+				logits[i] = float32(2 * rng.NormFloat64())
+			}
+			z := make([]float64, len(logits))
+			for i, l := range logits {
+				z[i] = float64(l)
+			}
+			mx := z[argmax(z)]
+			for seed := range uint64(200) {
+				s := NewSampler(temperature, 1, seed).WithMinP(minP)
+				got, _ := s.Sample(logits)
+				key := drawKey(seed, 0)
+				best, want := math.Inf(1), -1
+				for id := range z {
+					w := math.Exp((z[id] - mx) / temperature)
+					if w < minP {
+						continue
+					}
+					if r := -math.Log(uniform(key, id)) / w; r < best {
+						best, want = r, id
+					}
+				}
+				if got != want {
+					t.Fatalf("min_p %g T %g seed %d: chose %d, the definition %d", minP, temperature, seed, got, want)
+				}
+				if w := math.Exp((z[got] - mx) / temperature); w < minP {
+					t.Fatalf("min_p %g T %g: chose %d at %g of the likeliest", minP, temperature, got, w)
+				}
+			}
+		}
+	}
+}
+
+// TestRepeatPenaltyIsLlamaCpps: each token among the last n of the
+// prompt and the chosen tokens has a positive logit divided by the
+// penalty, a negative one multiplied, once however often it appears;
+// tokens before the window are untouched.
+func TestRepeatPenaltyIsLlamaCpps(t *testing.T) {
+	// token 0 leads (2.0), 1 next (1.5), 2 and 3 negative
+	logits := []float32{2, 1.5, -1, -1.2, 0.5}
+	for _, tc := range []struct {
+		name   string
+		n      int
+		prompt []int
+		want   int
+	}{
+		{"0 in the window: 2/2 = 1 < 1.5", 4, []int{3, 0, 0}, 1},
+		{"0 before the window", 2, []int{0, 4, 4}, 0},
+		{"0 and 1 in it: 1 > 0.75", 8, []int{1, 0}, 0},
+	} {
+		s := NewSampler(0, 1, 0).WithRepeatPenalty(2, tc.n, tc.prompt)
+		if got, _ := s.Sample(logits); got != tc.want {
+			t.Errorf("%s: chose %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	// the chosen tokens join the window (n 2): each step's choice is the
+	// definition's over the two tokens before it
+	s := NewSampler(0, 1, 0).WithRepeatPenalty(2, 2, nil)
+	var chosen []int
+	for range 6 {
+		id, _ := s.Sample(logits)
+		chosen = append(chosen, id)
+	}
+	z := func(window []int) int {
+		best, bestID := math.Inf(-1), -1
+		for id, l := range logits {
+			v := float64(l)
+			if slices.Contains(window, id) {
+				if v > 0 {
+					v /= 2
+				} else {
+					v *= 2
+				}
+			}
+			if v > best {
+				best, bestID = v, id
+			}
+		}
+		return bestID
+	}
+	var want []int
+	for i := range 6 {
+		want = append(want, z(chosen[max(i-2, 0):i]))
+	}
+	if !slices.Equal(chosen, want) {
+		t.Fatalf("chose %v, the definition %v", chosen, want)
+	}
 }

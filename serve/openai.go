@@ -42,6 +42,12 @@ type samplingFields struct {
 	// IgnoreEOS keeps generating past an end-of-sequence token (vLLM's
 	// and llama-server's extension; benchmarks use it).
 	IgnoreEOS bool `json:"ignore_eos"`
+	// MinP (min_p) keeps the tokens at least that share of the
+	// likeliest's probability; RepeatPenalty and RepeatLastN are
+	// llama-server's repeat_penalty over the last repeat_last_n tokens
+	MinP          *float64 `json:"min_p"`
+	RepeatPenalty *float64 `json:"repeat_penalty"`
+	RepeatLastN   *int     `json:"repeat_last_n"`
 	// llama-server's samplers odmoe does not have: refused by name
 	// unless at their neutral values
 	Mirostat   json.RawMessage `json:"mirostat"`
@@ -59,7 +65,7 @@ type samplingFields struct {
 // act on.
 func (f *samplingFields) samplersUnhonoured() []unhonoured {
 	return []unhonoured{
-		{"mirostat", f.Mirostat, []string{"0"}, "mirostat sampling is not implemented (temperature, top_p, top_k, min_p and the penalties are)"},
+		{"mirostat", f.Mirostat, []string{"0"}, "mirostat sampling is not implemented (temperature, top_p, top_k, min_p, repeat_penalty and the penalties are)"},
 		{"typical_p", f.TypicalP, []string{"1", "1.0"}, "locally typical sampling is not implemented"},
 		{"tfs_z", f.TFSZ, []string{"1", "1.0"}, "tail-free sampling is not implemented"},
 		{"dry_multiplier", f.DRYMult, []string{"0", "0.0"}, "DRY sampling is not implemented (frequency_penalty and presence_penalty are)"},

@@ -78,6 +78,34 @@ func (s *Server) samplingExtras(f *samplingFields, chat bool, j *job) error {
 	if j.logprobs {
 		j.sampler.WithLogprobs(j.topLogprobs)
 	}
+	return s.llamaSamplers(f, j)
+}
+
+// llamaSamplers reads llama-server's min_p, repeat_penalty and
+// repeat_last_n (64 by default, as there; -1: the context, up to
+// model.MaxRepeatN; 0: none).
+func (s *Server) llamaSamplers(f *samplingFields, j *job) error {
+	if f.MinP != nil {
+		if p := *f.MinP; !(p >= 0 && p <= 1) {
+			return badRequest("min_p", "min_p must be between 0 and 1, got %v", p)
+		}
+		j.sampler.WithMinP(*f.MinP)
+	}
+	n := 64
+	if f.RepeatLastN != nil {
+		switch n = *f.RepeatLastN; {
+		case n == -1:
+			n = min(s.cfg.Context, model.MaxRepeatN)
+		case n < 0 || n > model.MaxRepeatN:
+			return badRequest("repeat_last_n", "repeat_last_n must be -1 (the context), 0 (none) or up to %d, got %d", model.MaxRepeatN, n)
+		}
+	}
+	if f.RepeatPenalty != nil {
+		if p := *f.RepeatPenalty; !(p > 0 && p <= 10) {
+			return badRequest("repeat_penalty", "repeat_penalty must be above 0 and at most 10 (1: none), got %v", p)
+		}
+		j.sampler.WithRepeatPenalty(*f.RepeatPenalty, n, j.prompt)
+	}
 	return nil
 }
 

@@ -885,8 +885,11 @@ func TestEveryOpenAIRequestFieldIsHonouredOrRefusedByName(t *testing.T) {
 		{name: "logit_bias", value: `{"5": -100}`},
 		{name: "stream_options", value: `{"include_usage": true}`, refused: true, neutral: `null`},
 	}
-	// llama-server's samplers odmoe does not have, on both endpoints
+	// llama-server's samplers, on both endpoints: honoured, or refused
 	llama := []field{
+		{name: "min_p", value: `0.1`},
+		{name: "repeat_penalty", value: `1.1`},
+		{name: "repeat_last_n", value: `32`},
 		{name: "mirostat", value: `2`, refused: true, neutral: `0`},
 		{name: "typical_p", value: `0.9`, refused: true, neutral: `1`},
 		{name: "tfs_z", value: `0.9`, refused: true, neutral: `1.0`},
@@ -1025,5 +1028,42 @@ func TestAClientThatDoesNotReadEndsItsOwnRequest(t *testing.T) {
 	t.Logf("ended: %v", ended)
 	if resp, b := post(t, hs.URL+"/v1/completions", `{"prompt": "hi", "max_tokens": 3}`); resp.StatusCode != 200 {
 		t.Fatalf("after the slow reader: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestLlamaSamplersAreHonoured: min_p 1 at any temperature keeps the
+// likeliest token alone (the greedy answer); a repeat penalty changes a
+// greedy answer that repeats itself, and repeat_last_n 0 turns it off;
+// values out of range are 400s naming the field.
+func TestLlamaSamplersAreHonoured(t *testing.T) {
+	f := newFixture(t)
+	hs := f.server(t, nil)
+	answer := func(extra string) string {
+		t.Helper()
+		resp, body := post(t, hs.URL+"/v1/completions", `{"prompt": "hi there", "max_tokens": 24, "ignore_eos": true, `+extra+`}`)
+		var c completionResponse
+		if resp.StatusCode != 200 || json.Unmarshal(body, &c) != nil {
+			t.Fatalf("%s: %d %s", extra, resp.StatusCode, body)
+		}
+		return c.Choices[0].Text
+	}
+	greedy := answer(`"temperature": 0`)
+	if got := answer(`"temperature": 2, "seed": 5, "min_p": 1`); got != greedy {
+		t.Errorf("min_p 1 at temperature 2: %q, want the greedy %q", got, greedy)
+	}
+	if got := answer(`"temperature": 2, "seed": 5`); got == greedy {
+		t.Errorf("temperature 2 without min_p gave the greedy answer: the test shows nothing")
+	}
+	if got := answer(`"temperature": 0, "repeat_penalty": 5`); got == greedy {
+		t.Errorf("repeat_penalty 5 left the greedy answer %q as it was", greedy)
+	}
+	if got := answer(`"temperature": 0, "repeat_penalty": 5, "repeat_last_n": 0`); got != greedy {
+		t.Errorf("repeat_last_n 0: %q, want the greedy %q", got, greedy)
+	}
+	for _, bad := range []struct{ field, value string }{{"min_p", "1.5"}, {"repeat_penalty", "0"}, {"repeat_penalty", "11"}, {"repeat_last_n", "-2"}, {"repeat_last_n", "5000"}} {
+		resp, body := post(t, hs.URL+"/v1/completions", fmt.Sprintf(`{"prompt": "hi", "max_tokens": 2, %q: %s}`, bad.field, bad.value))
+		if resp.StatusCode != 400 || !strings.Contains(string(body), `"param":"`+bad.field+`"`) {
+			t.Errorf("%s %s: %d %s, want 400 naming it", bad.field, bad.value, resp.StatusCode, body)
+		}
 	}
 }

@@ -287,7 +287,11 @@ func samplerOf(w *wire.Sampling) (*model.Sampler, int) {
 	if w == nil {
 		return nil, 0
 	}
-	p := model.Sampling{Temperature: w.Temperature, TopP: w.TopP, TopK: w.TopK, Seed: w.Seed, Presence: w.Presence, Frequency: w.Frequency}
+	p := model.Sampling{Temperature: w.Temperature, TopP: w.TopP, TopK: w.TopK, Seed: w.Seed, Presence: w.Presence, Frequency: w.Frequency,
+		MinP: w.MinP, Repeat: w.Repeat, RepeatN: w.RepeatN}
+	for _, id := range w.RepeatTail {
+		p.RepeatTail = append(p.RepeatTail, int(id))
+	}
 	if len(w.BiasIDs) > 0 {
 		p.Bias = make(map[int]float64, len(w.BiasIDs))
 		for i, id := range w.BiasIDs {

@@ -289,7 +289,17 @@ type Sampling struct {
 	// Grammar is the constraint's grammar (grammar.Grammar.Spec), when
 	// it is one: the shadow keeps its guesses inside it.
 	Grammar []byte
+	// MinP is the min-p cut; Repeat, RepeatN and RepeatTail the repeat
+	// penalty, over the last RepeatN tokens (RepeatTail: the prompt's)
+	MinP       float64
+	Repeat     float64
+	RepeatN    int
+	RepeatTail []int32
 }
+
+// MaxRepeatN bounds a repeat penalty's window (and so the prompt tail a
+// Sampling carries): model.MaxRepeatN (main's tests hold them equal).
+const MaxRepeatN = 4096
 
 // maxBiases bounds Sampling's logit biases: a vocabulary's worth (OpenAI
 // takes 300 a request; a vocabulary of a few hundred thousand tokens at
@@ -577,6 +587,8 @@ func (m *Alignment) validate() error {
 			return malformed("sampling of sequence %d: %d bias ids for %d biases (at most %d)", m.Seq, len(s.BiasIDs), len(s.Biases), maxBiases)
 		case s.PromptLen < 0 || s.TopK < 0 || !(s.Temperature >= 0) || !(s.TopP >= 0):
 			return malformed("sampling of sequence %d: prompt of %d, top_k %d, temperature %v, top_p %v", m.Seq, s.PromptLen, s.TopK, s.Temperature, s.TopP)
+		case !(s.MinP >= 0 && s.MinP <= 1) || !(s.Repeat >= 0) || s.RepeatN < 0 || s.RepeatN > MaxRepeatN || len(s.RepeatTail) > s.RepeatN:
+			return malformed("sampling of sequence %d: min_p %v, repeat penalty %v over %d tokens (a prompt tail of %d)", m.Seq, s.MinP, s.Repeat, s.RepeatN, len(s.RepeatTail))
 		}
 	}
 	return validTensors(m.Keys, m.Values)
