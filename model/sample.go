@@ -59,11 +59,11 @@ type Sampler struct {
 	repeatTail  []int // the prompt's last repeatN tokens
 	chosenIDs   []int // the tokens chosen so far, while repeat is set
 	guessWindow []int // Guess's scratch
-	constraint          Constraint
-	topLogprobs         int // alternatives kept; -1: no logprobs
-	z                   []float64
-	last                Choice
-	guessCounts         map[int]int // Guess's scratch
+	constraint  Constraint
+	topLogprobs int // alternatives kept; -1: no logprobs
+	z           []float64
+	last        Choice
+	guessCounts map[int]int // Guess's scratch
 }
 
 // Sampling is what a Sampler chooses by, but its constraint: what another
