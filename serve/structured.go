@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"sync"
 
 	"github.com/odmoe/odmoe/grammar"
@@ -87,6 +88,9 @@ func responseFormat(raw json.RawMessage) (*answerGrammar, error) {
 		if rf.JSONSchema == nil || len(rf.JSONSchema.Schema) == 0 {
 			return nil, badRequest("response_format", "response_format json_schema needs json_schema.schema")
 		}
+		if !schemaName.MatchString(rf.JSONSchema.Name) {
+			return nil, badRequest("response_format", "response_format json_schema needs json_schema.name: a-z, A-Z, 0-9, _ and -, up to 64 (as OpenAI requires), got %q", rf.JSONSchema.Name)
+		}
 		key, err := compactKey("schema", rf.JSONSchema.Schema)
 		if err != nil {
 			return nil, badRequest("response_format", "response_format json_schema.schema: %v", err)
@@ -101,6 +105,9 @@ func responseFormat(raw json.RawMessage) (*answerGrammar, error) {
 	}
 	return nil, badRequest("response_format", "response_format type %q is not one of text, json_object, json_schema", rf.Type)
 }
+
+// schemaName is what OpenAI takes as a json_schema's name.
+var schemaName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 
 func compactKey(kind string, raw json.RawMessage) (string, error) {
 	var b bytes.Buffer

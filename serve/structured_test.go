@@ -223,9 +223,11 @@ func TestStructuredOutputFollowsTheSchema(t *testing.T) {
 		t.Fatalf("json_object: %d %s", resp.StatusCode, body)
 	}
 	for req, want := range map[string]string{
-		`{"type": "json_schema", "json_schema": {"schema": {"type": "string", "not": {}}}}`: `keyword \"not\" is not supported`,
+		`{"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "not": {}}}}`: `keyword \"not\" is not supported`,
 		`{"type": "json_schema"}`: "needs json_schema.schema",
-		`{"type": "yaml"}`:        `\"yaml\" is not one of`,
+		`{"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}`:                "needs json_schema.name",
+		`{"type": "json_schema", "json_schema": {"name": "a b", "schema": {"type": "string"}}}`: "needs json_schema.name",
+		`{"type": "yaml"}`: `\"yaml\" is not one of`,
 	} {
 		resp, body := post(t, hs.URL+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "response_format": `+req+`}`)
 		if resp.StatusCode != 400 || !strings.Contains(string(body), `"param":"response_format"`) || !strings.Contains(string(body), want) {
