@@ -23,6 +23,90 @@ type Vocabulary struct {
 	plain    []uint64
 	at       []int32 // id -> its position in all.order, -1 if absent
 	eos      []int
+	// upTo[k] are the plain tokens a counted string's body takes when
+	// k more characters fit: well-formed UTF-8 from a character's start
+	// (the last character may be cut short), of at most k characters;
+	// the last also the tokens of more (any room)
+	upTo     [][]uint64
+	upToOnce sync.Once
+	chars    []int16 // a plain token's characters; -1: not well-formed
+}
+
+// maxTokenChars bounds upTo: a token of more characters is taken only
+// where there is room for as many as the longest.
+const maxTokenChars = 64
+
+// countedPlain returns the plain tokens a counted string's body takes
+// with room for room more characters (room < 0: any number).
+func (v *Vocabulary) countedPlain(room int) []uint64 {
+	v.upToOnce.Do(v.countChars)
+	if room < 0 || room >= len(v.upTo) {
+		room = len(v.upTo) - 1
+	}
+	return v.upTo[room]
+}
+
+// countChars works out chars and upTo.
+func (v *Vocabulary) countChars() {
+	v.chars = make([]int16, v.size)
+	longest := 0
+	for id := range v.size {
+		v.chars[id] = -1
+		if v.plain[id>>6]&(1<<(id&63)) == 0 {
+			continue
+		}
+		if n := utf8Chars(v.tokenBytesAt(id)); n >= 0 {
+			v.chars[id] = int16(min(n, maxTokenChars+1))
+			longest = max(longest, min(n, maxTokenChars+1))
+		}
+	}
+	v.upTo = make([][]uint64, longest+1)
+	for k := range v.upTo {
+		v.upTo[k] = make([]uint64, (v.size+63)/64)
+		for id, n := range v.chars {
+			if n >= 0 && (int(n) <= k || k == longest) {
+				v.upTo[k][id>>6] |= 1 << (id & 63)
+			}
+		}
+	}
+}
+
+// tokenBytesAt is token id's bytes.
+func (v *Vocabulary) tokenBytesAt(id int) []byte {
+	if at := v.at[id]; at >= 0 {
+		return v.all.bytes[at]
+	}
+	return nil
+}
+
+// utf8Chars is the characters b begins (its bytes not continuation
+// bytes) when b is well-formed UTF-8 from a character's start (its last
+// character may be cut short), as a counted string's body takes bytes;
+// -1 otherwise.
+func utf8Chars(b []byte) int {
+	n := 0
+	for i := 0; i < len(b); {
+		c := b[i]
+		if c < 0x80 {
+			n, i = n+1, i+1
+			continue
+		}
+		form := slices.IndexFunc(utf8Forms, func(f [][2]byte) bool { return f[0][0] <= c && c <= f[0][1] })
+		if form < 0 {
+			return -1
+		}
+		n++
+		for k, r := range utf8Forms[form] {
+			if i+k == len(b) {
+				return n // cut short: the rest comes in the next token
+			}
+			if b[i+k] < r[0] || b[i+k] > r[1] {
+				return -1
+			}
+		}
+		i += len(utf8Forms[form])
+	}
+	return n
 }
 
 // tokenList is tokens sorted by their bytes.
@@ -375,8 +459,26 @@ func (c *Constraint) walk() ([]uint64, error) {
 	v := c.v
 	mask := make([]uint64, (v.size+63)/64)
 	list := &v.all
-	if !slices.ContainsFunc(c.states, func(f *frame) bool { return !f.n.plainString() || f.st != strBody }) {
-		copy(mask, v.plain)
+	inBody := func(f *frame) bool {
+		return f.n.kind == kString && f.st == strBody && f.n.pattern == nil
+	}
+	if !slices.ContainsFunc(c.states, func(f *frame) bool { return !inBody(f) }) {
+		// every way is inside a string's body: the plain tokens it takes
+		// are known without a walk (all of them, or, counted, those whose
+		// characters fit), the rest are walked
+		for _, f := range c.states {
+			plain := v.plain
+			if f.n.counts() {
+				room := -1
+				if f.n.maxItems >= 0 {
+					room = f.n.maxItems - int(f.i)
+				}
+				plain = v.countedPlain(room)
+			}
+			for w := range mask {
+				mask[w] |= plain[w]
+			}
+		}
 		list = &v.inString
 	}
 	return mask, c.walkList(list, mask)
@@ -419,7 +521,7 @@ func (c *Constraint) walkList(l *tokenList, mask []uint64) error {
 }
 
 // stateKey identifies c's states for the mask cache: every frame of
-// every stack, by node and position. A container's count of members
+// every stack, by node and position (and a bounded number's digits). A container's count of members
 // goes in only as far as it changes what may come (the comma, minItems,
 // maxItems), so that an array's every item does not make a state of
 // its own.
@@ -438,6 +540,10 @@ func (c *Constraint) stateKey() []byte {
 			k = append(k, f.st)
 			k = binary.LittleEndian.AppendUint32(k, uint32(f.i))
 			k = binary.LittleEndian.AppendUint32(k, uint32(count))
+			if f.text != "" { // a bounded number's digits so far
+				k = binary.LittleEndian.AppendUint32(k, uint32(len(f.text)))
+				k = append(k, f.text...)
+			}
 		}
 		k = append(k, 0xff)
 	}

