@@ -126,29 +126,47 @@ func TestAnyObjectTakesJSONObjectsAsEncodersWriteThem(t *testing.T) {
 // can take (closing bytes favoured so that texts end), and returns a
 // complete text, or "" if none came within 600 bytes.
 func generate(t *testing.T, rng *rand.Rand, g *Grammar) string {
+	return generateOf(t, rng, g, asciiUnits, 600)
+}
+
+// asciiUnits are the bytes generate writes: tab to '~'.
+var asciiUnits = func() []string {
+	var us []string
+	for c := byte(0x09); c < 0x7f; c++ {
+		us = append(us, string(c))
+	}
+	return us
+}()
+
+// generateOf walks g at random, each step one of units that g takes
+// whole (closing bytes favoured), and returns a complete text, or "" if
+// none came within limit bytes.
+func generateOf(t *testing.T, rng *rand.Rand, g *Grammar, units []string, limit int) string {
 	states, err := g.start()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var text []byte
-	for len(text) < 600 {
+	for len(text) < limit {
 		if (&Constraint{states: states}).Complete() && rng.IntN(4) == 0 {
 			return string(text)
 		}
 		type option struct {
-			c      byte
+			u      string
 			states []*frame
 		}
 		var opts []option
 		weight := 0
-		for c := byte(0x09); c < 0x7f; c++ {
-			next, err := stepAll(states, c, nil)
-			if err != nil {
-				t.Fatal(err)
+		for _, u := range units {
+			next := states
+			for i := 0; i < len(u) && len(next) > 0; i++ {
+				if next, err = stepAll(next, u[i], nil); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if len(next) > 0 {
-				opts = append(opts, option{c, next})
-				weight += weightOf(c, len(text))
+				opts = append(opts, option{u, next})
+				weight += weightOf(u[0], len(text))
 			}
 		}
 		if len(opts) == 0 {
@@ -159,8 +177,8 @@ func generate(t *testing.T, rng *rand.Rand, g *Grammar) string {
 		}
 		r := rng.IntN(weight)
 		for _, o := range opts {
-			if r -= weightOf(o.c, len(text)); r < 0 {
-				text, states = append(text, o.c), o.states
+			if r -= weightOf(o.u[0], len(text)); r < 0 {
+				text, states = append(text, o.u...), o.states
 				break
 			}
 		}
@@ -315,8 +333,8 @@ func init() {
 	}
 }
 
-// units are what generateUnits writes at a step: ASCII bytes, and
-// characters of two, three and four UTF-8 bytes.
+// units are what the keyword walks write at a step: printable ASCII
+// bytes, and characters of two, three and four UTF-8 bytes.
 var units = func() []string {
 	var us []string
 	for c := byte(0x20); c < 0x7f; c++ {
@@ -324,53 +342,6 @@ var units = func() []string {
 	}
 	return append(us, "é", "☃", "😀")
 }()
-
-// generateUnits is generate over whole characters: each step one of
-// units the grammar takes whole.
-func generateUnits(t *testing.T, rng *rand.Rand, g *Grammar) string {
-	states, err := g.start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var text []byte
-	for len(text) < 400 {
-		if (&Constraint{states: states}).Complete() && rng.IntN(4) == 0 {
-			return string(text)
-		}
-		type option struct {
-			u      string
-			states []*frame
-		}
-		var opts []option
-		weight := 0
-		for _, u := range units {
-			next := states
-			for i := 0; i < len(u) && len(next) > 0; i++ {
-				if next, err = stepAll(next, u[i], nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if len(next) > 0 {
-				opts = append(opts, option{u, next})
-				weight += weightOf(u[0], len(text))
-			}
-		}
-		if len(opts) == 0 {
-			if (&Constraint{states: states}).Complete() {
-				return string(text)
-			}
-			t.Fatalf("a dead end after %q", text)
-		}
-		r := rng.IntN(weight)
-		for _, o := range opts {
-			if r -= weightOf(o.u[0], len(text)); r < 0 {
-				text, states = append(text, o.u...), o.states
-				break
-			}
-		}
-	}
-	return ""
-}
 
 // TestEveryTextTheKeywordsAllowIsValid walks the grammars of
 // keywordSchemas at random, whole characters at a time (non-ASCII ones
@@ -385,7 +356,7 @@ func TestEveryTextTheKeywordsAllowIsValid(t *testing.T) {
 		g := mustSchema(t, schema)
 		seen := map[string]bool{}
 		for range 300 {
-			text := generateUnits(t, rng, g)
+			text := generateOf(t, rng, g, units, 400)
 			if text == "" {
 				continue
 			}

@@ -408,6 +408,61 @@ func softmaxOf(v []float32) []float64 {
 	return p
 }
 
+// raceDefinition is the Gumbel-max race as defined: of ids, in order,
+// each token of weight w(id) > 0 races with E = -log U (U from key and
+// its id), the smallest E/w winning (ties: the lowest id); when none
+// races, the most likely of z.
+func raceDefinition(z []float64, ids []int, w func(id int) float64, key uint64) int {
+	best, bestID := math.Inf(1), -1
+	for _, id := range ids {
+		if wt := w(id); wt > 0 {
+			if r := -math.Log(uniform(key, id)) / wt; r < best || r == best && id < bestID {
+				best, bestID = r, id
+			}
+		}
+	}
+	if bestID < 0 {
+		return argmax(z)
+	}
+	return bestID
+}
+
+// The shapes of drawLogits beyond plain noise.
+const (
+	shapeNoise    = iota
+	shapeTies     // rounded: ties at the top and below it
+	shapeRuledOut // four in five -Inf
+	shapeNaN      // a NaN
+	shapeNone     // every one -Inf
+	shapeFlat     // every one 0
+)
+
+// drawLogits are vocab logits of spread in shape, for the draws' tests.
+func drawLogits(rng *rand.Rand, vocab int, spread float64, shape int) []float64 {
+	z := make([]float64, vocab)
+	for i := range z {
+		z[i] = spread * rng.NormFloat64()
+	}
+	for i := range z {
+		switch shape {
+		case shapeTies:
+			z[i] = math.Round(z[i])
+		case shapeRuledOut:
+			if i%5 != 0 {
+				z[i] = math.Inf(-1)
+			}
+		case shapeNone:
+			z[i] = math.Inf(-1)
+		case shapeFlat:
+			z[i] = 0
+		}
+	}
+	if shape == shapeNaN {
+		z[rng.IntN(vocab)] = math.NaN()
+	}
+	return z
+}
+
 // TestRaceAllIsTheRaceOfEveryToken: the uncut draw, which works out a
 // weight only where its bound could win, chooses what the definition
 // chooses, every token's E/w worked out in id order, the smallest
@@ -417,20 +472,11 @@ func softmaxOf(v []float32) []float64 {
 func TestRaceAllIsTheRaceOfEveryToken(t *testing.T) {
 	definition := func(z []float64, temperature float64, key uint64) int {
 		mx := z[argmax(z)]
-		best, bestID := math.Inf(1), -1
-		for id, l := range z {
-			w := math.Exp((l - mx) / temperature)
-			if !(w > 0) {
-				continue
-			}
-			if r := -math.Log(uniform(key, id)) / w; r < best || r == best && id < bestID {
-				best, bestID = r, id
-			}
+		ids := make([]int, len(z))
+		for i := range ids {
+			ids[i] = i
 		}
-		if bestID < 0 {
-			return argmax(z)
-		}
-		return bestID
+		return raceDefinition(z, ids, func(id int) float64 { return math.Exp((z[id] - mx) / temperature) }, key)
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	draws, differ := 0, 0
@@ -439,28 +485,7 @@ func TestRaceAllIsTheRaceOfEveryToken(t *testing.T) {
 		for round := range rounds {
 			spread := []float64{0.01, 1, 3, 10, 100}[round%5]
 			temperature := []float64{0.05, 0.3, 0.7, 1, 1.5, 4}[round%6]
-			z := make([]float64, vocab)
-			for i := range z {
-				z[i] = spread * rng.NormFloat64()
-			}
-			switch round % 7 {
-			case 1: // ties at the top and below it
-				for i := range z {
-					z[i] = math.Round(z[i])
-				}
-			case 2: // most ruled out
-				for i := range z {
-					if i%5 != 0 {
-						z[i] = math.Inf(-1)
-					}
-				}
-			case 3: // a NaN or two
-				z[rng.IntN(vocab)] = math.NaN()
-			case 4: // every one ruled out
-				for i := range z {
-					z[i] = math.Inf(-1)
-				}
-			}
+			z := drawLogits(rng, vocab, spread, []int{shapeNoise, shapeTies, shapeRuledOut, shapeNaN, shapeNone, shapeNoise, shapeNoise}[round%7])
 			s := NewSampler(temperature, 1, rng.Uint64())
 			for k := range uint64(3) {
 				key := drawKey(s.seed, k)
@@ -527,18 +552,7 @@ func TestCutDrawIsTheDefinition(t *testing.T) {
 				}
 			}
 		}
-		best, bestID := math.Inf(1), -1
-		for _, id := range order[:keep] {
-			if w := probs[id]; w > 0 {
-				if r := -math.Log(uniform(key, id)) / w; r < best || r == best && id < bestID {
-					best, bestID = r, id
-				}
-			}
-		}
-		if bestID < 0 {
-			return argmax(z)
-		}
-		return bestID
+		return raceDefinition(z, order[:keep], func(id int) float64 { return probs[id] }, key)
 	}
 	rng := rand.New(rand.NewPCG(13, 14))
 	draws, differ := 0, 0
@@ -552,24 +566,7 @@ func TestCutDrawIsTheDefinition(t *testing.T) {
 			if topP == 1 && topK == 0 {
 				topK = 20
 			}
-			z := make([]float64, vocab)
-			for i := range z {
-				z[i] = spread * rng.NormFloat64()
-			}
-			switch round % 7 {
-			case 1: // ties
-				for i := range z {
-					z[i] = math.Round(z[i])
-				}
-			case 2: // most ruled out
-				for i := range z {
-					if i%5 != 0 {
-						z[i] = math.Inf(-1)
-					}
-				}
-			case 4: // all tied
-				clear(z)
-			}
+			z := drawLogits(rng, vocab, spread, []int{shapeNoise, shapeTies, shapeRuledOut, shapeNoise, shapeFlat, shapeNoise, shapeNoise}[round%7])
 			s := NewSampler(temperature, topP, rng.Uint64()).WithTopK(topK)
 			for k := range uint64(2) {
 				key := drawKey(s.seed, k)
@@ -609,20 +606,19 @@ func TestMinPKeepsOnlyTheLikelyTokens(t *testing.T) {
 				z[i] = float64(l)
 			}
 			mx := z[argmax(z)]
+			ids := make([]int, len(z))
+			for i := range ids {
+				ids[i] = i
+			}
 			for seed := range uint64(200) {
 				s := NewSampler(temperature, 1, seed).WithMinP(minP)
 				got, _ := s.Sample(logits)
-				key := drawKey(seed, 0)
-				best, want := math.Inf(1), -1
-				for id := range z {
-					w := math.Exp((z[id] - mx) / temperature)
-					if w < minP {
-						continue
+				want := raceDefinition(z, ids, func(id int) float64 {
+					if w := math.Exp((z[id] - mx) / temperature); w >= minP {
+						return w
 					}
-					if r := -math.Log(uniform(key, id)) / w; r < best {
-						best, want = r, id
-					}
-				}
+					return 0
+				}, drawKey(seed, 0))
 				if got != want {
 					t.Fatalf("min_p %g T %g seed %d: chose %d, the definition %d", minP, temperature, seed, got, want)
 				}
