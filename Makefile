@@ -13,9 +13,13 @@ OPENAI  ?= testdata/openai/node_modules
 
 .PHONY: build build-cuda test-cuda test test-short test-arm64 bench bench-rig testbed-ci lint tokref openai cross demo clean
 
+# the tree's commit, for odmoe version when Go stamps none (-buildvcs=false)
+COMMIT  ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
+LDFLAGS ?= $(if $(COMMIT),-X main.buildCommit=$(COMMIT))
+
 build:
 	@test -x $(BIN) || echo "building $(BIN) (the first build compiles every dependency: a few minutes on two cores)"
-	CGO_ENABLED=0 $(GO) build -o $(BIN) .
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) .
 
 # A binary whose workers can run experts on an NVIDIA GPU (-device cuda:0);
 # it needs the NVIDIA driver only where a worker asks for a GPU.

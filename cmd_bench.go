@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,15 +26,13 @@ var benchTargets = map[string]command{
 
 func runBench(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
-		fmt.Fprintln(stderr, "Usage: odmoe bench TARGET [flags]   (odmoe bench TARGET -h for its flags)\n\nTargets:")
-		for _, name := range slices.Sorted(func(yield func(string) bool) {
-			for n := range benchTargets {
-				if !yield(n) {
-					return
-				}
-			}
-		}) {
-			fmt.Fprintf(stderr, "  %-9s %s\n", name, benchTargets[name].summary)
+		w := stdout // asked for: on stdout; a mistake (no target): with the error, on stderr
+		if len(args) == 0 {
+			w = stderr
+		}
+		fmt.Fprintln(w, "Usage: odmoe bench TARGET [flags]   (odmoe bench TARGET -h for its flags)\n\nTargets:")
+		for _, name := range slices.Sorted(maps.Keys(benchTargets)) {
+			fmt.Fprintf(w, "  %-9s %s\n", name, benchTargets[name].summary)
 		}
 		if len(args) == 0 {
 			return usagef("bench needs a target")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"math"
 	"strings"
@@ -24,6 +25,14 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	fs := newFlagSet("run", stderr)
 	f.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
+		var help helpRequest
+		if errors.As(err, &help) {
+			role := "" // every role's flags, unless -role came before -h
+			if flagGiven(fs, "role") {
+				role = f.Role
+			}
+			return helpRequest{fs: fs, write: runHelp(fs, role)}
+		}
 		return err
 	}
 	log, err := newLogger(f.Log, stderr)

@@ -11,6 +11,11 @@ import (
 	"github.com/odmoe/odmoe/wire"
 )
 
+// buildCommit is the tree's commit when the build has no VCS stamp
+// (GOFLAGS=-buildvcs=false, or a build outside git): make build sets it
+// with -ldflags -X, from git describe.
+var buildCommit = "unknown (built without a VCS stamp: make build records the commit)"
+
 // runVersion prints what this binary is: its module version and commit
 // (from the Go build info), the Go toolchain, the platform, the wire
 // protocol it speaks and the kernel path it picks on this machine (as
@@ -23,7 +28,7 @@ func runVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	if err := kernels.SetPath(""); err != nil { // ODMOE_KERNELS as run reads it: a path this CPU lacks is refused alike
 		return usagef("%v", err)
 	}
-	version, commit, modified := "(devel)", "unknown", ""
+	version, commit, modified := "(devel)", buildCommit, ""
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if bi.Main.Version != "" {
 			version = bi.Main.Version

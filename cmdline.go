@@ -32,14 +32,22 @@ func newFlagSet(name string, _ io.Writer) *flag.FlagSet {
 }
 
 // helpRequest is -h (or -help) on a command: its flags go to stdout and
-// the command exits 0. It is flag.ErrHelp to errors.Is.
-type helpRequest struct{ fs *flag.FlagSet }
+// the command exits 0. It is flag.ErrHelp to errors.Is. A command may
+// write its own (write set).
+type helpRequest struct {
+	fs    *flag.FlagSet
+	write func(w io.Writer)
+}
 
 func (h helpRequest) Error() string        { return flag.ErrHelp.Error() }
 func (h helpRequest) Is(target error) bool { return target == flag.ErrHelp }
 
 // print writes the command's flags to w.
 func (h helpRequest) print(w io.Writer) {
+	if h.write != nil {
+		h.write(w)
+		return
+	}
 	fmt.Fprintf(w, "Usage of %s:\n", h.fs.Name())
 	h.fs.SetOutput(w)
 	h.fs.PrintDefaults()
@@ -51,7 +59,7 @@ func (h helpRequest) print(w io.Writer) {
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return helpRequest{fs}
+			return helpRequest{fs: fs}
 		}
 		return usagef("%v (%s -h lists its flags)", err, fs.Name())
 	}
@@ -76,4 +84,46 @@ func newLogger(l runflags.Log, w io.Writer) (zerolog.Logger, error) {
 		return log, usagef("%v", err)
 	}
 	return log, nil
+}
+
+// helpWidth is where help text wraps.
+const helpWidth = 99
+
+// writeFlag writes one flag's help: its name and value, then its usage
+// wrapped under it at helpWidth.
+func writeFlag(w io.Writer, f *flag.Flag, text string) {
+	name, usage := flag.UnquoteUsage(f)
+	text = strings.ReplaceAll(text, "`", "") // the value's name, shown beside the flag
+	line := "  -" + f.Name
+	if name != "" {
+		line += " " + name
+	}
+	fmt.Fprintln(w, line)
+	if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && !strings.Contains(usage, "(default") {
+		text += " (default " + f.DefValue + ")"
+	}
+	for _, l := range wrap(text, helpWidth-6) {
+		fmt.Fprintln(w, "      "+l)
+	}
+}
+
+// wrap breaks text into lines of at most width bytes at spaces (a word
+// longer than width has a line of its own).
+func wrap(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) > width:
+			lines, line = append(lines, line), word
+		default:
+			line += " " + word
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }

@@ -74,6 +74,9 @@ func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		usage(stdout) // asked for: on stdout, to page or grep
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "odmoe: unknown command %q (odmoe help lists them)\n", args[0])

@@ -201,6 +201,30 @@ func TestCommandLineErrors(t *testing.T) {
 	}
 }
 
+// TestRunHelpIsGroupedByRole: run -h starts with a usage line and
+// examples, lists each role's flags under its heading (one role's alone
+// after -role), and no line is 100 characters or more.
+func TestRunHelpIsGroupedByRole(t *testing.T) {
+	all, _, code := run(t, "", "run", "-h")
+	if code != 0 || !strings.HasPrefix(all, "Usage: odmoe run -role") || !strings.Contains(all, "Examples:") {
+		t.Fatalf("run -h: exit %d:\n%s", code, all)
+	}
+	for _, heading := range []string{"\nLocal (", "\nMain node (", "\nWorker (", "\nShadow (", "\nEvery role:"} {
+		if !strings.Contains(all, heading) {
+			t.Errorf("run -h has no %q heading", strings.TrimSpace(heading))
+		}
+	}
+	for _, line := range strings.Split(all, "\n") {
+		if len(line) >= 100 {
+			t.Errorf("a line of %d characters: %q", len(line), line)
+		}
+	}
+	worker, _, _ := run(t, "", "run", "-role", "worker", "-h")
+	if !strings.Contains(worker, "-device-mem") || strings.Contains(worker, "\n  -prefetch") || strings.Contains(worker, "\nMain node (") {
+		t.Errorf("run -role worker -h lists more than the worker's flags:\n%s", worker)
+	}
+}
+
 // TestHelpGoesToStdout: help asked for (odmoe help, -h, help COMMAND,
 // COMMAND -h, a subcommand's -h) is printed on stdout, to page or grep,
 // and exits 0; odmoe alone prints the usage on stderr and exits 2.
@@ -211,6 +235,7 @@ func TestHelpGoesToStdout(t *testing.T) {
 	}{
 		{[]string{"help"}, "Commands:"}, {[]string{"-h"}, "Commands:"}, {[]string{"help", "run"}, "-prefetch"},
 		{[]string{"run", "-h"}, "-prefetch"}, {[]string{"sim", "sweep", "-h"}, "-vary"}, {[]string{"help", "convert"}, "-shards"},
+		{[]string{"bench", "-h"}, "Targets:"}, {[]string{"--version"}, "wire protocol"}, {[]string{"-version"}, "wire protocol"},
 	} {
 		so, se, code := run(t, "", c.args...)
 		if code != 0 || !strings.Contains(so, c.want) || se != "" {
