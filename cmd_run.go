@@ -136,5 +136,9 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 	if err != nil {
 		return err
 	}
-	return mainnode.RunLocal(ctx, f.Model, f.text(), f.serving(), mem, stdout, log)
+	sv := f.serving()
+	if err := sv.Listen(); err != nil {
+		return err
+	}
+	return mainnode.RunLocal(ctx, f.Model, f.text(), sv, mem, stdout, log)
 }

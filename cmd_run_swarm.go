@@ -52,7 +52,11 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if f.Placement != "activation" && f.Placement != "uniform" {
 		return usagef("-placement %q: activation or uniform", f.Placement)
 	}
-	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: f.serving(), Workers: workers, Group: f.Group,
+	sv := f.serving()
+	if err := sv.Listen(); err != nil {
+		return err
+	}
+	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
 		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -331,5 +332,40 @@ func TestVersionSaysWhatTheBinaryIs(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), `path "bogus" is not available`) || !strings.Contains(string(out), "available: ") {
 		t.Errorf("ODMOE_KERNELS=bogus odmoe version: %v, %s", err, out)
+	}
+}
+
+// TestMistakesSayWhatToDo: a store given as a model, a model given as a
+// store and an API address in use each end the command at once with one
+// line naming the mistake and the fix (the address before the model
+// loads).
+func TestMistakesSayWhatToDo(t *testing.T) {
+	model := tinyModel(t)
+	store := filepath.Join(t.TempDir(), "tiny.store")
+	if _, se, code := run(t, "", "convert", "-model", model, "-out", store, "-log-level", "warn"); code != 0 {
+		t.Fatalf("convert: %s", se)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"run", "-role", "worker", "-insecure", "-name", "w1", "-listen", "127.0.0.1:0", "-store", model}, []string{"is a model directory", "odmoe convert -model " + model}},
+		{[]string{"run", "-role", "local", "-model", store, "-prompt", "hi", "-n", "1"}, []string{"is an expert store", "give -model the Hugging Face directory"}},
+		{[]string{"run", "-role", "local", "-model", "/nonexistent/model"}, []string{"a model directory holds a Hugging Face config.json"}},
+		{[]string{"run", "-role", "local", "-model", model, "-http", busy.Addr().String()}, []string{"cannot serve there", "choose another ADDR, or port 0"}},
+	} {
+		_, se, code := run(t, "", append(c.args, "-log-level", "error")...)
+		lines := strings.Split(strings.TrimSpace(se), "\n")
+		last := lines[len(lines)-1]
+		for _, w := range c.want {
+			if code == 0 || !strings.Contains(last, w) {
+				t.Errorf("odmoe %v: exit %d, last line %q, want it to say %q\n%s", c.args, code, last, w, se)
+			}
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,7 +21,9 @@ import (
 // Serving is how a node serves the OpenAI-compatible API instead of
 // answering one prompt (`odmoe run -http ADDR`).
 type Serving struct {
-	Addr      string // TCP address to listen on; "" = answer Text once and exit
+	Addr string // TCP address to listen on; "" = answer Text once and exit
+	// Listener, if set, is Addr already open (Listen), served in its place
+	Listener  net.Listener
 	ModelName string // the model's name in the API; "" = the model directory's base name
 	// MaxBatch sequences generate at once; MaxQueue more requests wait
 	// (0: serve's defaults).
@@ -140,5 +143,23 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	if err != nil {
 		return err
 	}
+	if sv.Listener != nil {
+		return srv.ServeOn(ctx, sv.Listener, sv.Ready)
+	}
 	return srv.Serve(ctx, sv.Addr, sv.Ready)
+}
+
+// Listen opens sv.Addr for the API before anything loads, so that an
+// address in use is said at once with what to do; the listener is then
+// sv.Listener. It does nothing without an address.
+func (sv *Serving) Listen() error {
+	if sv.Addr == "" || sv.Listener != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", sv.Addr)
+	if err != nil {
+		return fmt.Errorf("-http %s: cannot serve there (%w): choose another ADDR, or port 0 for any free one", sv.Addr, err)
+	}
+	sv.Listener = ln
+	return nil
 }

@@ -2,7 +2,9 @@ package model
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,7 +182,10 @@ func LoadConfig(dir string) (Config, error) {
 	path := filepath.Join(dir, "config.json")
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return Config{}, fmt.Errorf("model: %w", err)
+		if _, serr := os.Stat(filepath.Join(dir, "index.bin")); errors.Is(err, fs.ErrNotExist) && serr == nil {
+			return Config{}, fmt.Errorf("model: %s is an expert store (index.bin), not a model directory: give -model the Hugging Face directory (config.json, *.safetensors) the store was converted from; the store is the workers' -store", dir)
+		}
+		return Config{}, fmt.Errorf("model: %w (a model directory holds a Hugging Face config.json and *.safetensors)", err)
 	}
 	c, err := ParseConfig(b)
 	if err != nil {

@@ -23,7 +23,7 @@ type route struct {
 func (s *Server) register(mux *http.ServeMux, routes []route) {
 	paths := make([]string, len(routes))
 	for i, rt := range routes {
-		paths[i] = rt.path
+		paths[i] = rt.method + " " + asWritten(rt.path)
 		mux.Handle(rt.method+" "+rt.path, rt.h)
 		mux.HandleFunc(rt.path, func(w http.ResponseWriter, r *http.Request) { // any other method
 			w.Header().Set("Allow", rt.method)
@@ -135,4 +135,10 @@ func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"content": s.cfg.Tokenizer.Decode(*req.Tokens, false)})
+}
+
+// asWritten is a mux pattern as a person writes the path: "/{$}" is
+// "/", "/v1/models/{id...}" is "/v1/models/{id}".
+func asWritten(pattern string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(pattern, "{$}", ""), "...}", "}")
 }

@@ -42,8 +42,9 @@ func openAIError(t *testing.T, resp *http.Response, b []byte) (message, code str
 func TestUnknownRoutesAndMethodsGetOpenAIErrors(t *testing.T) {
 	hs := newFixture(t).server(t, nil)
 	resp, b := send(t, "GET", hs.URL+"/v1/nosuch", "")
-	if msg, code := openAIError(t, resp, b); resp.StatusCode != 404 || code != "unknown_url" || !strings.Contains(msg, "/v1/nosuch") {
-		t.Errorf("GET /v1/nosuch: %d %s", resp.StatusCode, b)
+	if msg, code := openAIError(t, resp, b); resp.StatusCode != 404 || code != "unknown_url" || !strings.Contains(msg, "/v1/nosuch") ||
+		!strings.Contains(msg, "POST /v1/chat/completions") || !strings.Contains(msg, "GET /v1/models/{id},") || strings.Contains(msg, "{$}") {
+		t.Errorf("GET /v1/nosuch: %d %s (want the routes listed as a person writes them)", resp.StatusCode, b)
 	}
 	for _, c := range []struct{ method, path, allow string }{
 		{"GET", "/v1/chat/completions", "POST"}, {"PUT", "/v1/completions", "POST"}, {"POST", "/v1/models", "GET"},

@@ -281,6 +281,12 @@ func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) e
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	return s.ServeOn(ctx, ln, ready)
+}
+
+// ServeOn is Serve on a listener already open (a node opens its address
+// before it loads the model, so that an address in use is said at once).
+func (s *Server) ServeOn(ctx context.Context, ln net.Listener, ready func(net.Addr)) error {
 	// an idle keep-alive connection is closed after two minutes, as
 	// nginx's and Go's reverse proxies do: idle clients cannot pile up
 	// descriptors

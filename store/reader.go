@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -65,15 +66,18 @@ type Store struct {
 func Open(dir string, opt Options) (*Store, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, IndexFile))
 	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
+		if _, cerr := os.Stat(filepath.Join(dir, "config.json")); errors.Is(err, fs.ErrNotExist) && cerr == nil {
+			return nil, fmt.Errorf("store: %s is a model directory (config.json), not an expert store: make one with odmoe convert -model %s -out STORE, and give STORE", dir, dir)
+		}
+		return nil, fmt.Errorf("store: %w (a store is made by odmoe convert)", err)
 	}
 	f, err := os.Open(filepath.Join(dir, ChunkFile))
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	fs := &fileSource{}
-	fs.f.Store(f)
-	s, err := newStore(raw, fs, opt)
+	src := &fileSource{}
+	src.f.Store(f)
+	s, err := newStore(raw, src, opt)
 	if err == nil {
 		err = s.checkChunkFile(f)
 	}
@@ -84,7 +88,7 @@ func Open(dir string, opt Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("store: %s: %w", dir, err)
 	}
-	s.dir, s.file = dir, fs
+	s.dir, s.file = dir, src
 	return s, nil
 }
 

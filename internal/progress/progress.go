@@ -1,7 +1,7 @@
 // Package progress draws a one-line progress bar for long work (model
 // generation, conversion, loading): bytes done, rate and ETA. On a terminal
-// it redraws in place at most every 100 ms; otherwise (logs, CI) it prints a
-// plain line at every 10% so logs stay readable.
+// it redraws in place at most every 100 ms; otherwise (logs, CI) there is
+// no bar: a plain line every 30 s of long work, and one when it is done.
 package progress
 
 import (
@@ -25,7 +25,6 @@ type Bar struct {
 	done     int64
 	start    time.Time
 	lastDraw time.Time
-	lastTen  int64
 	drawnAt  int64 // done when last drawn
 	now      func() time.Time
 }
@@ -75,24 +74,44 @@ func (b *Bar) draw(final bool) {
 		if !final && now.Sub(b.lastDraw) < 100*time.Millisecond {
 			return
 		}
-	} else {
-		ten := int64(0)
-		if b.total > 0 {
-			ten = b.done * 10 / b.total
-		}
-		if !final && ten <= b.lastTen {
-			return
-		}
-		b.lastTen = ten
+	} else if !final && now.Sub(b.lastPlain()) < plainEvery {
+		return
 	}
 	b.lastDraw = now
 	b.drawnAt = b.done
-	line := b.line(now)
 	if b.tty {
-		fmt.Fprintf(b.w, "\r%s\x1b[K", line)
+		fmt.Fprintf(b.w, "\r%s\x1b[K", b.line(now))
 	} else {
-		fmt.Fprintln(b.w, line)
+		fmt.Fprintln(b.w, b.plain(now, final))
 	}
+}
+
+// plainEvery is how often a bar off a terminal says how far it is.
+const plainEvery = 30 * time.Second
+
+// lastPlain is when the last plain line went out (the start before any).
+func (b *Bar) lastPlain() time.Time {
+	if b.lastDraw.IsZero() {
+		return b.start
+	}
+	return b.lastDraw
+}
+
+// plain is the line off a terminal: how far, or, final, what it did.
+func (b *Bar) plain(now time.Time, final bool) string {
+	el := now.Sub(b.start)
+	rate := int64(0)
+	if el > 0 {
+		rate = int64(float64(b.done) / el.Seconds())
+	}
+	if final {
+		return fmt.Sprintf("%s: %s in %s (%s/s)", b.label, Bytes(b.done), el.Round(time.Millisecond), Bytes(rate))
+	}
+	pct := 100.0
+	if b.total > 0 {
+		pct = 100 * float64(b.done) / float64(b.total)
+	}
+	return fmt.Sprintf("%s: %s of %s (%.0f%%), %s/s", b.label, Bytes(b.done), Bytes(b.total), pct, Bytes(rate))
 }
 
 func (b *Bar) line(now time.Time) string {

@@ -6,22 +6,25 @@ import (
 	"time"
 )
 
-func TestPlainOutputPrintsEveryTenthOnce(t *testing.T) {
-	var sb strings.Builder
-	b := NewWriter(&sb, false, "gen", 1000)
-	clock := b.start
-	b.now = func() time.Time { clock = clock.Add(time.Second); return clock }
-	for range 100 {
-		b.Add(10)
-	}
-	b.Finish()
-	lines := strings.Split(strings.TrimSpace(sb.String()), "\n")
-	// 10 steps (10%..100%); Finish adds nothing when 100% is shown
-	if len(lines) != 10 {
-		t.Fatalf("%d lines:\n%s", len(lines), sb.String())
-	}
-	if !strings.Contains(lines[len(lines)-1], "100.0%") || !strings.Contains(lines[0], "10.0%") {
-		t.Fatalf("unexpected lines:\n%s", sb.String())
+// TestOffATerminalThereIsNoBar: off a terminal, work of under 30 s is
+// one plain line when done; longer work says how far it is every 30 s.
+func TestOffATerminalThereIsNoBar(t *testing.T) {
+	for _, tc := range []struct {
+		step  time.Duration
+		lines int
+	}{{100 * time.Millisecond, 1}, {time.Second, 4}} { // 10 s, 100 s of work
+		var sb strings.Builder
+		b := NewWriter(&sb, false, "gen", 1000)
+		clock := b.start
+		b.now = func() time.Time { clock = clock.Add(tc.step); return clock }
+		for range 100 {
+			b.Add(10)
+		}
+		b.Finish()
+		lines := strings.Split(strings.TrimSpace(sb.String()), "\n")
+		if len(lines) != tc.lines || strings.Contains(sb.String(), "[") || !strings.HasPrefix(lines[len(lines)-1], "gen: 1000 B in ") {
+			t.Fatalf("steps of %v: %d lines, want %d and no bar:\n%s", tc.step, len(lines), tc.lines, sb.String())
+		}
 	}
 }
 
