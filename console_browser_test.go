@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 )
 
 // chromium returns the path of Debian's chromium, or skips the test
@@ -101,13 +102,24 @@ func driveConsole(t *testing.T, c consoleRun) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run("chat", chromedp.SendKeys(chromedp.CSS(`#prompt`), "Hello swarm"), chromedp.Click(chromedp.CSS(`#send`)),
+	// Shift+Enter starts a new line and sends nothing; Enter sends
+	run("Shift+Enter", chromedp.SendKeys(chromedp.CSS(`#prompt`), "Hello"), chromedp.KeyEvent(kb.Enter, chromedp.KeyModifiers(chromedp.ModifierShift)))
+	if sent, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelectorAll('.msg').length > 0 || !document.getElementById('prompt').value.includes('\n')`)); err != nil || sent {
+		shot("failed")
+		t.Fatalf("Shift+Enter sent the message or wrote no new line (%v)", err)
+	}
+	run("chat", chromedp.SendKeys(chromedp.CSS(`#prompt`), "swarm"), chromedp.KeyEvent(kb.Enter),
 		chromedp.WaitVisible(chromedp.CSS(`.msg.assistant`)),
 		chromedp.Poll[chromedp.Void](`document.querySelector('.msg.assistant .content').textContent.length > 0 && !document.getElementById('send').disabled`,
 			chromedp.WithPollingTimeout(time.Minute)))
 	answer, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(`.msg.assistant .content`)))
 	if err != nil || strings.TrimSpace(answer) == "" || strings.HasSuffix(answer, "]") {
 		t.Fatalf("the answer %q (%v)", answer, err)
+	}
+	run("the main node's and the shadow's figures", chromedp.Poll[chromedp.Void](`document.querySelectorAll('.tile[data-node="main"] dd').length >= 4 && document.querySelectorAll('.tile[data-node="shadow"] dd').length >= 4 && document.querySelector('.tile[data-node="main"] dd.tps') !== null`,
+		chromedp.WithPollingTimeout(10*time.Second)))
+	if timing, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(`.msg.assistant .timing`))); err != nil || !strings.Contains(timing, "tokens in") {
+		t.Errorf("the turn's timing %q (%v)", timing, err)
 	}
 	run("the counters move", chromedp.Poll[chromedp.Void](fmt.Sprintf("%s > %d", loadsJS, before), chromedp.WithPollingTimeout(10*time.Second)))
 	run("the passes' timeline", chromedp.Poll[chromedp.Void](`document.querySelectorAll('#passes rect').length > 0`, chromedp.WithPollingTimeout(10*time.Second)))

@@ -11,6 +11,7 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/procmem"
 	"net/http"
 	"slices"
 	"strings"
@@ -125,11 +126,16 @@ type Snapshot struct {
 	Layers map[string]float64 `json:"layer_seconds"`
 	// Passes are the last decode passes' layer timelines (Config.Timeline)
 	Passes any `json:"passes,omitempty"`
+	// the serving node's own process: CPU seconds used since it started
+	// and resident memory
+	CPU float64 `json:"cpu_seconds"`
+	RSS float64 `json:"rss_bytes"`
 }
 
 // Snapshot reads the metrics now.
 func (c *Console) Snapshot() (Snapshot, error) {
-	s := Snapshot{Time: time.Now().UnixMilli(), Model: c.cfg.Model, Misses: map[string]float64{}, Layers: map[string]float64{}}
+	s := Snapshot{Time: time.Now().UnixMilli(), Model: c.cfg.Model, Misses: map[string]float64{}, Layers: map[string]float64{},
+		CPU: procmem.CPUTime().Seconds(), RSS: float64(procmem.RSS())}
 	families, err := c.cfg.Gatherer.Gather()
 	if err != nil {
 		return s, err
