@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
 
@@ -26,6 +27,9 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	fs.IntVar(&o.AlignKV, "align-kv", 1, "align the shadow's KV cache every K iterations (0 = never)")
 	fs.StringVar(&o.Cache, "cache", "", "cache `DIR` for the model, store and certificates (default: $ODMOE_CACHE or the user cache dir/odmoe)")
 	fs.StringVar(&o.Stats, "stats", "", "write the main node's figures as JSON to `FILE`")
+	fs.StringVar(&o.APIKey, "api-key", "", "without -prompt: require `KEY` as \"Authorization: Bearer KEY\" (default $ODMOE_API_KEY)")
+	fs.StringVar(&o.CORSOrigin, "cors-origin", "", "without -prompt: let browser pages of these `ORIGINS` (comma-separated; * for any) call the API")
+	fs.IntVar(&o.Swarm.ListenBase, "listen-base", 0, "serve the API on `PORT` and put the workers and the shadow on the ports after it (loopback UDP PORT+1, +2, ...); 0: -http, and free ports")
 	o.Log.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -38,6 +42,17 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 		return usagef("-workers must be >= 1")
 	}
 	o.HTTPChosen = flagGiven(fs, "http")
+	if base := o.Swarm.ListenBase; base != 0 {
+		if base < 1024 || base > 65535-o.Swarm.Workers-8 {
+			return usagef("-listen-base %d: a port from 1024 with room for the nodes after it", base)
+		}
+		if o.HTTPChosen {
+			return usagef("-listen-base puts the API on its PORT: give it or -http, not both")
+		}
+		if o.Prompt == "" {
+			o.HTTP, o.HTTPChosen = fmt.Sprintf("127.0.0.1:%d", base), true
+		}
+	}
 	if o.Prompt != "" && o.HTTPChosen {
 		return usagef("-prompt answers once and exits, -http serves: give one of them")
 	}

@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,62 +25,8 @@ import (
 // and exits 0, the nodes' logs kept in -logs DIR.
 func TestDemoServesTheAPIUntilInterrupted(t *testing.T) {
 	cache, logs := t.TempDir(), filepath.Join(t.TempDir(), "logs")
-	cmd := exec.Command(odmoeBin(t), "demo", "-workers", "2", "-cache", cache, "-http", "127.0.0.1:0", "-log-level", "warn", "-logs", logs)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderrFile, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stderrFile.Close()
-	cmd.Stderr = stderrFile
-	stderr := func() string { b, _ := os.ReadFile(stderrFile.Name()); return string(b) }
-	// its own process group: the cleanup can kill the demo's children
-	// too, which hold its stdout open after the demo itself is killed
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines, exited := make(chan string, 64), make(chan struct{})
-	var waitErr error
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			default: // nobody reads any more
-			}
-		}
-		close(lines)
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			t.Error("the demo's stdout stayed open 30 s after its process group was killed")
-		}
-	}()
-	var printed, curls []string
-	timeout := time.After(2 * time.Minute)
-	for len(curls) < 2 {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("demo exited without serving:\n%s\n%s", strings.Join(printed, "\n"), stderr())
-			}
-			printed = append(printed, l)
-			if l = strings.TrimSpace(l); strings.HasPrefix(l, "curl ") {
-				curls = append(curls, l)
-			}
-		case <-timeout:
-			t.Fatalf("demo printed no curl lines within 2 minutes:\n%s\n%s", strings.Join(printed, "\n"), stderr())
-		}
-	}
+	d := startServingDemo(t, "-workers", "2", "-cache", cache, "-http", "127.0.0.1:0", "-log-level", "warn", "-logs", logs)
+	cmd, printed, curls, stderr, exited := d.cmd, d.printed, d.curls, d.stderr, d.exited
 	if m := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+/v1) `).FindStringSubmatch(strings.Join(printed, "\n")); m == nil || strings.HasSuffix(m[1], ":0/v1") {
 		t.Errorf("demo did not say where it serves, with the port it got:\n%s", strings.Join(printed, "\n"))
 	}
@@ -123,8 +72,8 @@ func TestDemoServesTheAPIUntilInterrupted(t *testing.T) {
 	}
 	select {
 	case <-exited:
-		if waitErr != nil {
-			t.Fatalf("demo after SIGINT: %v\n%s", waitErr, stderr())
+		if *d.waitErr != nil {
+			t.Fatalf("demo after SIGINT: %v\n%s", *d.waitErr, stderr())
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("demo did not stop within 30 s of SIGINT")
@@ -169,4 +118,169 @@ func childPIDs(t *testing.T, pid int) []int {
 		}
 	}
 	return children
+}
+
+// demoRun is an `odmoe demo` serving, started by startServingDemo.
+type demoRun struct {
+	cmd            *exec.Cmd
+	printed, curls []string
+	stderr         func() string
+	exited         chan struct{}
+	waitErr        *error
+}
+
+// startServingDemo starts `odmoe demo` with args in a process group of
+// its own (killed, children and all, when the test ends) and waits until
+// it has printed its two curl lines.
+func startServingDemo(t *testing.T, args ...string) *demoRun {
+	t.Helper()
+	cmd := exec.Command(odmoeBin(t), append([]string{"demo"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderrFile, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stderrFile.Close() })
+	cmd.Stderr = stderrFile
+	d := &demoRun{cmd: cmd, stderr: func() string { b, _ := os.ReadFile(stderrFile.Name()); return string(b) },
+		exited: make(chan struct{}), waitErr: new(error)}
+	// its own process group: the cleanup can kill the demo's children
+	// too, which hold its stdout open after the demo itself is killed
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default: // nobody reads any more
+			}
+		}
+		close(lines)
+		*d.waitErr = cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-d.exited:
+		case <-time.After(30 * time.Second):
+			t.Error("the demo's stdout stayed open 30 s after its process group was killed")
+		}
+	})
+	timeout := time.After(2 * time.Minute)
+	for len(d.curls) < 2 {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("demo exited without serving:\n%s\n%s", strings.Join(d.printed, "\n"), d.stderr())
+			}
+			d.printed = append(d.printed, l)
+			if l = strings.TrimSpace(l); strings.HasPrefix(l, "curl ") {
+				d.curls = append(d.curls, l)
+			}
+		case <-timeout:
+			t.Fatalf("demo printed no curl lines within 2 minutes:\n%s\n%s", strings.Join(d.printed, "\n"), d.stderr())
+		}
+	}
+	return d
+}
+
+// TestDemoTakesAKeyAnOriginAndItsPorts: `odmoe demo -api-key K
+// -cors-origin O -listen-base P` serves on P with the key required and O's
+// pages allowed, and every node listens on a port from P to P+20; the
+// curl lines it prints send the key.
+func TestDemoTakesAKeyAnOriginAndItsPorts(t *testing.T) {
+	base := 18400
+	for ; base < 30000; base += 100 { // 18400 unless a port there is taken
+		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base)); err == nil {
+			ln.Close()
+			break
+		}
+	}
+	const origin = "http://page.example"
+	d := startServingDemo(t, "-workers", "2", "-cache", t.TempDir(), "-api-key", "sk-demo", "-cors-origin", origin,
+		"-listen-base", strconv.Itoa(base), "-log-level", "warn")
+	root := fmt.Sprintf("http://127.0.0.1:%d", base)
+	if !strings.Contains(strings.Join(d.printed, "\n"), root+"/v1") || !strings.Contains(d.curls[0], "Authorization: Bearer $ODMOE_API_KEY") {
+		t.Errorf("the demo's lines:\n%s", strings.Join(d.printed, "\n"))
+	}
+	get := func(path, key, origin string) *http.Response {
+		req, _ := http.NewRequest("GET", root+path, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if r := get("/v1/models", "", ""); r.StatusCode != 401 {
+		t.Errorf("/v1/models without the key: %d", r.StatusCode)
+	}
+	if r := get("/v1/models", "sk-demo", origin); r.StatusCode != 200 || r.Header.Get("Access-Control-Allow-Origin") != origin {
+		t.Errorf("/v1/models with the key from %s: %d, Allow-Origin %q", origin, r.StatusCode, r.Header.Get("Access-Control-Allow-Origin"))
+	}
+	// every node's -listen, from its command line (the main node's is the API's -http)
+	listens := 0
+	for _, pid := range childPIDs(t, d.cmd.Process.Pid) {
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		for _, arg := range strings.Split(string(raw), "\x00") {
+			for _, flag := range []string{"-listen=", "-http="} {
+				if addr, ok := strings.CutPrefix(arg, flag); ok {
+					listens++
+					_, port, _ := net.SplitHostPort(addr)
+					if p, _ := strconv.Atoi(port); p < base || p > base+20 {
+						t.Errorf("process %d listens on %s: not in %d-%d", pid, addr, base, base+20)
+					}
+				}
+			}
+		}
+	}
+	if runtime.GOOS == "linux" && listens != 4 {
+		t.Errorf("%d nodes' addresses found, want 4 (2 workers, the shadow, the main node's API)", listens)
+	}
+	// the nodes' addresses, as the console shows them
+	resp := get("/console/events", "sk-demo", "")
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var snap struct {
+			Nodes []struct{ Name, Addr string }
+		}
+		if err := json.Unmarshal([]byte(data), &snap); err != nil {
+			t.Fatal(err)
+		}
+		workers := 0
+		for _, n := range snap.Nodes {
+			if n.Addr == "" {
+				continue
+			}
+			workers++
+			_, port, _ := net.SplitHostPort(n.Addr)
+			if p, _ := strconv.Atoi(port); p <= base || p > base+20 {
+				t.Errorf("node %s on %s: not in %d-%d", n.Name, n.Addr, base, base+20)
+			}
+		}
+		if workers != 2 {
+			t.Errorf("%d nodes with addresses in the console, want the 2 workers: %s", workers, data)
+		}
+		return
+	}
+	t.Fatalf("no console snapshot: %v", sc.Err())
 }

@@ -6,6 +6,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,6 +47,9 @@ type Options struct {
 	Cache               string // the model's, store's and certificates' directory; "" = synth.CacheDir()
 	Stats               string // the main node's figures as JSON to this file
 	Log                 runflags.Log
+	// APIKey ("": $ODMOE_API_KEY) and CORSOrigin are the main node's
+	// -api-key and -cors-origin when it serves
+	APIKey, CORSOrigin string
 }
 
 // Run prepares the model, its store and the certificates (cached), starts
@@ -93,8 +97,16 @@ func Run(ctx context.Context, o Options, log zerolog.Logger, stdout, stderr io.W
 	m := sw.MainFlags(o.Swarm.Prefetch, o.AlignToken, o.AlignKV)
 	m.Log = o.Log
 	if o.Prompt == "" {
-		m.HTTP, m.ServedName = o.HTTP, o.Preset
-		return serve(ctx, sw, m.Args(), o.HTTP, o.Preset, stdout, stderr)
+		m.HTTP, m.ServedName, m.CORSOrigin = o.HTTP, o.Preset, o.CORSOrigin
+		key := cmp.Or(o.APIKey, os.Getenv("ODMOE_API_KEY"))
+		if key != "" {
+			// to the main node through its environment: a flag would
+			// show in the process list
+			if err := os.Setenv("ODMOE_API_KEY", key); err != nil {
+				return err
+			}
+		}
+		return serve(ctx, sw, m.Args(), o.HTTP, o.Preset, key != "", stdout, stderr)
 	}
 	m.Prompt, m.N, m.Stats = o.Prompt, o.N, o.Stats
 	self, err := os.Executable()
@@ -134,7 +146,7 @@ func HTTPAddr(addr string, chosen bool) (string, error) {
 // call the API once it is ready, and keeps the swarm up until ctx ends
 // (Ctrl-C, SIGTERM): then the main node stops first, the workers and the
 // shadow after it (the caller's sw.Close).
-func serve(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model string, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model string, keyed bool, stdout, stderr io.Writer) error {
 	mainNode, err := sw.RunNode(ctx, "main", margs...)
 	if err != nil {
 		return err
@@ -156,10 +168,15 @@ func serve(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model
 	}
 	fmt.Fprintf(stdout, "Each node logs to %s (%s).\n", filepath.Join(sw.LogDir(), "NAME.log"), logs)
 	fmt.Fprintf(stdout, "Open the swarm's console (chat, and a tile per node) in a browser: %s/\n", c.Base())
+	auth := ""
+	if keyed {
+		fmt.Fprintf(stdout, "The API asks for its key (-api-key): the console asks for it once; curl sends it from $ODMOE_API_KEY.\n")
+		auth = ` -H "Authorization: Bearer $ODMOE_API_KEY"`
+	}
 	fmt.Fprintf(stdout, "Ctrl-C stops every node. Try, in another terminal, a streaming chat completion:\n\n")
-	fmt.Fprintf(stdout, "  curl -N %s/chat/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32, \"stream\": true}'\n\n", api, model)
+	fmt.Fprintf(stdout, "  curl -N %s/chat/completions%s -H 'Content-Type: application/json' -d '{\"model\": %q, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32, \"stream\": true}'\n\n", api, auth, model)
 	fmt.Fprintf(stdout, "and a completion:\n\n")
-	fmt.Fprintf(stdout, "  curl %s/completions -H 'Content-Type: application/json' -d '{\"model\": %q, \"prompt\": \"The quick brown fox\", \"max_tokens\": 32}'\n\n", api, model)
+	fmt.Fprintf(stdout, "  curl %s/completions%s -H 'Content-Type: application/json' -d '{\"model\": %q, \"prompt\": \"The quick brown fox\", \"max_tokens\": 32}'\n\n", api, auth, model)
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(stdout, "stopping the swarm")

@@ -60,6 +60,24 @@ type Options struct {
 	// process runs on, the main node's too: a benchmark run under
 	// taskset on other CPUs keeps its clients off the swarm's cores.
 	CPUs string
+	// ListenBase, when set, puts the workers on the loopback UDP ports
+	// after it (ListenBase+1, +2, ...), then the shadow and its stages;
+	// 0: free ports anywhere below the kernel's ephemeral range.
+	ListenBase int
+}
+
+// ports hands out the nodes' addresses as o says.
+type ports struct{ next int }
+
+func (p *ports) addr() (string, error) {
+	if p.next == 0 {
+		return FreeUDPAddr()
+	}
+	p.next++
+	if p.next > 65535 {
+		return "", fmt.Errorf("-listen-base: ports past 65535")
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.next)), nil
 }
 
 // Register adds the flags that choose a Swarm's nodes (demo, bench
@@ -87,6 +105,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 // bench serve run on it.
 type Swarm struct {
 	files   inproc.Files
+	ports   ports // the nodes' addresses (Options.ListenBase)
 	group   int
 	workers []string // addresses, in layout order
 	shadow  string   // the shadow's address; "" without one
@@ -141,8 +160,9 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 			s.Close()
 		}
 	}()
+	s.ports = ports{next: o.ListenBase}
 	for i := range o.Workers {
-		addr, err := FreeUDPAddr()
+		addr, err := s.ports.addr()
 		if err != nil {
 			return nil, err
 		}
@@ -157,7 +177,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		s.workers = append(s.workers, addr)
 	}
 	if o.Prefetch == "shadow" {
-		addr, err := FreeUDPAddr()
+		addr, err := s.ports.addr()
 		if err != nil {
 			return nil, err
 		}
@@ -195,7 +215,7 @@ func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o 
 		if err := inproc.EnsureNodes(f.Certs, name); err != nil {
 			return "", "", err
 		}
-		addr, err := FreeUDPAddr()
+		addr, err := s.ports.addr()
 		if err != nil {
 			return "", "", err
 		}
