@@ -7,27 +7,55 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// readmeBlock is one ```sh block of README.md: its command lines (a
-// trailing backslash joins the next line) and what the comment line just
-// before it says about running it in a test.
+// readmeBlock is one ```sh block of README.md or a guide in docs/: its
+// command lines (a trailing backslash joins the next line) and what the
+// comment line just before it says about running it in a test.
 type readmeBlock struct {
-	line     int      // where it starts in README.md
+	file     string
+	line     int      // where it starts in file
 	commands []string // comments stripped
 	skip     string   // why the test does not run it ("" = it runs)
 }
 
-// readmeBlocks parses README.md. A block preceded by the comment
-// `<!-- readme-test: skip: REASON -->` is one the README says needs
-// what a test machine lacks (root, a rig) or what CI runs anyway.
-func readmeBlocks(t *testing.T) []readmeBlock {
+// where is the block's place, file:line.
+func (b readmeBlock) where() string { return fmt.Sprintf("%s:%d", b.file, b.line) }
+
+// guides are the documents whose blocks the test runs after README.md's,
+// in this order: the order their sections had in the README, each
+// building on what the one before made (/tmp/tiny, certs, workers). Any
+// other docs/*.md follows, in name order.
+var guides = []string{"docs/models.md", "docs/serving.md", "docs/shadow.md", "docs/residency.md", "docs/failures.md",
+	"docs/rigs.md", "docs/planning.md", "docs/kernels.md", "docs/store.md", "docs/certificates.md"}
+
+// documents are README.md, guides, then the rest of docs/*.md.
+func documents(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open("README.md")
+	all, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := append([]string{"README.md"}, guides...)
+	for _, f := range all {
+		if !slices.Contains(docs, f) {
+			docs = append(docs, f)
+		}
+	}
+	return docs
+}
+
+// readmeBlocks parses file. A block preceded by the comment
+// `<!-- readme-test: skip: REASON -->` is one the document says needs
+// what a test machine lacks (root, a rig) or what CI runs anyway.
+func readmeBlocks(t *testing.T, file string) []readmeBlock {
+	t.Helper()
+	f, err := os.Open(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +68,7 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 		line := sc.Text()
 		switch {
 		case cur == nil && strings.HasPrefix(line, "```sh"):
-			cur = &readmeBlock{line: n}
+			cur = &readmeBlock{file: file, line: n}
 			if m := skipComment.FindStringSubmatch(prev); m != nil {
 				cur.skip = m[1]
 			}
@@ -86,8 +114,8 @@ func server(cmd string) bool {
 	return strings.Contains(cmd, "-role worker") || strings.Contains(cmd, "-role shadow")
 }
 
-// TestReadmeCommandsRunAsWritten runs every ```sh block of README.md, in
-// order, as a newcomer would on a fresh clone: the binary is the one
+// TestReadmeCommandsRunAsWritten runs every ```sh block of README.md and
+// of docs/ (documents), in order, as a newcomer would on a fresh clone: the binary is the one
 // `go build -o bin/odmoe .` makes, servers (workers, the shadow) run in
 // the background as if in their own terminals, everything else must exit
 // 0. The README's /tmp paths are moved into the test's directory so
@@ -117,9 +145,13 @@ func TestReadmeCommandsRunAsWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	ran := 0
-	for _, b := range readmeBlocks(t) {
+	var blocks []readmeBlock
+	for _, doc := range documents(t) {
+		blocks = append(blocks, readmeBlocks(t, doc)...)
+	}
+	for _, b := range blocks {
 		if b.skip != "" {
-			t.Logf("README.md:%d skipped: %s", b.line, b.skip)
+			t.Logf("%s skipped: %s", b.where(), b.skip)
 			continue
 		}
 		for _, c := range b.commands {
@@ -143,7 +175,7 @@ func TestReadmeCommandsRunAsWritten(t *testing.T) {
 					t.Fatal(err)
 				}
 				servers = append(servers, cmd)
-				t.Logf("README.md:%d started: %s", b.line, c)
+				t.Logf("%s started: %s", b.where(), c)
 				continue
 			}
 			start := time.Now()
@@ -151,12 +183,52 @@ func TestReadmeCommandsRunAsWritten(t *testing.T) {
 			logf.Close()
 			out, _ := os.ReadFile(logf.Name())
 			if err != nil {
-				t.Fatalf("README.md:%d: %s\n%v\n%s", b.line, c, err, out)
+				t.Fatalf("%s: %s\n%v\n%s", b.where(), c, err, out)
 			}
-			t.Logf("README.md:%d ran in %.1fs: %s", b.line, time.Since(start).Seconds(), c)
+			t.Logf("%s ran in %.1fs: %s", b.where(), time.Since(start).Seconds(), c)
 		}
 	}
 	if ran == 0 {
 		t.Fatal("no README command ran")
+	}
+}
+
+// TestReadmeIsAFrontPage: README.md is at most 250 lines; its first
+// headings are what a newcomer looks for (requirements, the two
+// commands, serving, a real rig, the documentation's index); every
+// document it links is there, and every guide in docs/ is in the index
+// and in the test's order (guides).
+func TestReadmeIsAFrontPage(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	if n := strings.Count(text, "\n"); n > 250 {
+		t.Errorf("README.md is %d lines, at most 250", n)
+	}
+	var headings []string
+	for _, line := range strings.Split(text, "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			headings = append(headings, h)
+		}
+	}
+	for _, want := range []string{"Requirements", "Two commands", "Serve it", "Run it on real machines", "Documentation"} {
+		if i := slices.Index(headings, want); i < 0 || i > 6 {
+			t.Errorf("README's heading %q is not among its first seven (%q)", want, headings)
+		}
+	}
+	for _, m := range regexp.MustCompile(`\]\((docs/[^)#]+)\)`).FindAllStringSubmatch(text, -1) {
+		if _, err := os.Stat(m[1]); err != nil {
+			t.Errorf("README links %s: %v", m[1], err)
+		}
+	}
+	for _, g := range guides {
+		if !strings.Contains(text, "]("+g+")") {
+			t.Errorf("the guide %s is not in README's index", g)
+		}
+		if _, err := os.Stat(g); err != nil {
+			t.Errorf("guide %s: %v", g, err)
+		}
 	}
 }
