@@ -14,7 +14,7 @@
 // compile against CUDA 13's cuda.h, whose cuCtxCreate, cuMemAdvise,
 // cuMemPrefetchAsync, cuGraphAddDependencies and cuGraphGetEdges take
 // other arguments than it passes (its exact errors, from the H100
-// machine's CUDA 13.0: README "CUDA workers"); it builds against CUDA
+// machine's CUDA 13.0: docs/kernels.md, "CUDA workers"); it builds against CUDA
 // 11.8 and 12.5. Its init also exits a process that finds no GPU, and it
 // needs cgo and the CUDA headers to build. The twenty-nine driver calls a
 // worker makes, loaded with purego, need none of that.

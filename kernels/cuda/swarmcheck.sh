@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A swarm of processes with one worker on the GPU, as a user runs it
-# (README "Run the swarm by hand" with -device cuda:0 on w1): its logits
+# (docs/serving.md's swarm by hand with -device cuda:0 on w1): its logits
 # must equal local mode's byte for byte. Needs a GPU; in the project root:
 #   source .device-go/env.sh && bash kernels/cuda/swarmcheck.sh
 # (W1_DEVICE=cpu runs the same swarm without a GPU.)
