@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"github.com/odmoe/odmoe/runflags"
 	"io"
 	"strings"
 
@@ -31,6 +33,16 @@ func runDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	fs.StringVar(&o.CORSOrigin, "cors-origin", "", "without -prompt: let browser pages of these `ORIGINS` (comma-separated; * for any) call the API")
 	fs.IntVar(&o.Swarm.ListenBase, "listen-base", 0, "serve the API on `PORT` and put the workers and the shadow on the ports after it (loopback UDP PORT+1, +2, ...); 0: -http, and free ports")
 	o.Log.Register(fs)
+	// run's serving flags, passed on to the main node as given
+	o.Serving = runflags.For(runflags.RoleMain)
+	served := flag.NewFlagSet("run", flag.ContinueOnError)
+	o.Serving.Register(served)
+	for _, name := range demo.ServingFlags {
+		f := served.Lookup(name)
+		usage := strings.TrimPrefix(f.Usage, "local, main: ")
+		usage = strings.TrimPrefix(usage, "with -http, ")
+		fs.Var(f.Value, name, "without -prompt: the main node's -"+name+": "+usage)
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

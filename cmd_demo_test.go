@@ -195,7 +195,8 @@ func startServingDemo(t *testing.T, args ...string) *demoRun {
 // TestDemoTakesAKeyAnOriginAndItsPorts: `odmoe demo -api-key K
 // -cors-origin O -listen-base P` serves on P with the key required and O's
 // pages allowed, and every node listens on a port from P to P+20; the
-// curl lines it prints send the key.
+// curl lines it prints send the key; run's serving flags (here
+// -served-model-name, -max-batch) reach the main node.
 func TestDemoTakesAKeyAnOriginAndItsPorts(t *testing.T) {
 	base := 18400
 	for ; base < 30000; base += 100 { // 18400 unless a port there is taken
@@ -206,7 +207,7 @@ func TestDemoTakesAKeyAnOriginAndItsPorts(t *testing.T) {
 	}
 	const origin = "http://page.example"
 	d := startServingDemo(t, "-workers", "2", "-cache", t.TempDir(), "-api-key", "sk-demo", "-cors-origin", origin,
-		"-listen-base", strconv.Itoa(base), "-log-level", "warn")
+		"-listen-base", strconv.Itoa(base), "-log-level", "warn", "-served-model-name", "swarm", "-max-batch", "3")
 	root := fmt.Sprintf("http://127.0.0.1:%d", base)
 	if !strings.Contains(strings.Join(d.printed, "\n"), root+"/v1") || !strings.Contains(d.curls[0], "Authorization: Bearer $ODMOE_API_KEY") {
 		t.Errorf("the demo's lines:\n%s", strings.Join(d.printed, "\n"))
@@ -228,14 +229,15 @@ func TestDemoTakesAKeyAnOriginAndItsPorts(t *testing.T) {
 	if r := get("/v1/models", "", ""); r.StatusCode != 401 {
 		t.Errorf("/v1/models without the key: %d", r.StatusCode)
 	}
-	if r := get("/v1/models", "sk-demo", origin); r.StatusCode != 200 || r.Header.Get("Access-Control-Allow-Origin") != origin {
-		t.Errorf("/v1/models with the key from %s: %d, Allow-Origin %q", origin, r.StatusCode, r.Header.Get("Access-Control-Allow-Origin"))
+	if r := get("/v1/models/swarm", "sk-demo", origin); r.StatusCode != 200 || r.Header.Get("Access-Control-Allow-Origin") != origin {
+		t.Errorf("/v1/models/swarm (the name passed on) with the key from %s: %d, Allow-Origin %q", origin, r.StatusCode, r.Header.Get("Access-Control-Allow-Origin"))
 	}
 	// every node's -listen, from its command line (the main node's is the API's -http)
-	listens := 0
+	listens, batch := 0, false
 	for _, pid := range childPIDs(t, d.cmd.Process.Pid) {
 		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		for _, arg := range strings.Split(string(raw), "\x00") {
+			batch = batch || arg == "-max-batch=3"
 			for _, flag := range []string{"-listen=", "-http="} {
 				if addr, ok := strings.CutPrefix(arg, flag); ok {
 					listens++
@@ -247,8 +249,8 @@ func TestDemoTakesAKeyAnOriginAndItsPorts(t *testing.T) {
 			}
 		}
 	}
-	if runtime.GOOS == "linux" && listens != 4 {
-		t.Errorf("%d nodes' addresses found, want 4 (2 workers, the shadow, the main node's API)", listens)
+	if runtime.GOOS == "linux" && (listens != 4 || !batch) {
+		t.Errorf("%d nodes' addresses found, want 4 (2 workers, the shadow, the main node's API); -max-batch=3 passed on: %v", listens, batch)
 	}
 	// the nodes' addresses, as the console shows them
 	resp := get("/console/events", "sk-demo", "")

@@ -50,7 +50,13 @@ type Options struct {
 	// APIKey ("": $ODMOE_API_KEY) and CORSOrigin are the main node's
 	// -api-key and -cors-origin when it serves
 	APIKey, CORSOrigin string
+	// Serving holds the main node's ServingFlags when it serves
+	Serving runflags.Flags
 }
+
+// ServingFlags are run's serving flags the demo passes on to its main
+// node.
+var ServingFlags = []string{"served-model-name", "max-batch", "max-queue", "max-stops", "prefix-cache", "prefill-chunk", "no-console"}
 
 // Run prepares the model, its store and the certificates (cached), starts
 // the swarm's processes and runs the main node as o says; stdout gets the
@@ -97,7 +103,11 @@ func Run(ctx context.Context, o Options, log zerolog.Logger, stdout, stderr io.W
 	m := sw.MainFlags(o.Swarm.Prefetch, o.AlignToken, o.AlignKV)
 	m.Log = o.Log
 	if o.Prompt == "" {
-		m.HTTP, m.ServedName, m.CORSOrigin = o.HTTP, o.Preset, o.CORSOrigin
+		m.HTTP, m.ServedName, m.CORSOrigin = o.HTTP, cmp.Or(o.Serving.ServedName, o.Preset), o.CORSOrigin
+		if o.Serving.Role != "" {
+			m.MaxBatch, m.MaxQueue, m.MaxStops, m.PrefixCache, m.PrefillChunk, m.NoConsole =
+				o.Serving.MaxBatch, o.Serving.MaxQueue, o.Serving.MaxStops, o.Serving.PrefixCache, o.Serving.PrefillChunk, o.Serving.NoConsole
+		}
 		key := cmp.Or(o.APIKey, os.Getenv("ODMOE_API_KEY"))
 		if key != "" {
 			// to the main node through its environment: a flag would
@@ -106,7 +116,7 @@ func Run(ctx context.Context, o Options, log zerolog.Logger, stdout, stderr io.W
 				return err
 			}
 		}
-		return serve(ctx, sw, m.Args(), o.HTTP, o.Preset, key != "", stdout, stderr)
+		return serve(ctx, sw, m.Args(), o.HTTP, m.ServedName, key != "", stdout, stderr)
 	}
 	m.Prompt, m.N, m.Stats = o.Prompt, o.N, o.Stats
 	self, err := os.Executable()
