@@ -11,6 +11,7 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/metricnames"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"net/http"
 	"slices"
@@ -155,10 +156,10 @@ func (c *Console) Snapshot() (Snapshot, error) {
 	shadowUp := false
 	// the swarm's figures that are one value each, by metric name
 	scalars := map[string]*float64{
-		"odmoe_shadow_predicted_experts_total": &s.Predicted, "odmoe_shadow_routed_experts_total": &s.Routed,
-		"odmoe_shadow_lost_total": &s.ShadowLost, "odmoe_shadow_ahead_passes_total": &s.Ahead,
-		"odmoe_shadow_align_token_period": &s.AlignToken, "odmoe_shadow_align_kv_period": &s.AlignKV,
-		"odmoe_generated_tokens_total": &s.Generated, "odmoe_batch_size": &s.Running, "odmoe_requests_waiting": &s.Waiting,
+		metricnames.ShadowPredictedExpertsTotal: &s.Predicted, metricnames.ShadowRoutedExpertsTotal: &s.Routed,
+		metricnames.ShadowLostTotal: &s.ShadowLost, metricnames.ShadowAheadPassesTotal: &s.Ahead,
+		metricnames.ShadowAlignTokenPeriod: &s.AlignToken, metricnames.ShadowAlignKvPeriod: &s.AlignKV,
+		metricnames.GeneratedTokensTotal: &s.Generated, metricnames.BatchSize: &s.Running, metricnames.RequestsWaiting: &s.Waiting,
 	}
 	for _, f := range families {
 		for _, m := range f.GetMetric() {
@@ -172,18 +173,17 @@ func (c *Console) Snapshot() (Snapshot, error) {
 				continue
 			}
 			switch name := f.GetName(); name {
-			case "odmoe_shadow_up":
+			case metricnames.ShadowUp:
 				shadow, shadowUp = true, v == 1
-			case "odmoe_expert_misses_total":
+			case metricnames.ExpertMissesTotal:
 				if label(m, "phase") == "decode" {
 					s.Misses[label(m, "cause")] += v
 				}
-			case "odmoe_expert_loads_total":
+			case metricnames.ExpertLoadsTotal:
 				s.Loads += v
-			case "odmoe_layer_main_seconds_total", "odmoe_layer_experts_seconds_total", "odmoe_layer_network_seconds_total", "odmoe_layer_stall_seconds_total":
+			case metricnames.LayerMainSecondsTotal, metricnames.LayerExpertsSecondsTotal, metricnames.LayerNetworkSecondsTotal, metricnames.LayerStallSecondsTotal:
 				if label(m, "phase") == "decode" {
-					part := strings.TrimSuffix(strings.TrimPrefix(name, "odmoe_layer_"), "_seconds_total")
-					s.Layers[part] = v
+					s.Layers[layerParts[name]] = v
 				}
 			}
 		}
@@ -230,27 +230,33 @@ func (c *Console) Snapshot() (Snapshot, error) {
 	return s, nil
 }
 
+// layerParts name the parts of decode's layer time in a snapshot.
+var layerParts = map[string]string{
+	metricnames.LayerMainSecondsTotal: "main", metricnames.LayerExpertsSecondsTotal: "experts",
+	metricnames.LayerNetworkSecondsTotal: "network", metricnames.LayerStallSecondsTotal: "stall",
+}
+
 // workerMetrics are the main node's per-worker families (label worker),
 // each with where its value goes on the worker's tile.
 var workerMetrics = map[string]func(n *Node, m *dto.Metric, v float64){
-	"odmoe_worker_up": func(n *Node, _ *dto.Metric, v float64) {
+	metricnames.WorkerUp: func(n *Node, _ *dto.Metric, v float64) {
 		if v == 0 {
 			n.State = "lost"
 		}
 	},
-	"odmoe_worker_info":                  func(n *Node, m *dto.Metric, _ float64) { n.Addr = label(m, "addr") },
-	"odmoe_worker_results_total":         func(n *Node, _ *dto.Metric, v float64) { n.Results = v },
-	"odmoe_worker_loads_total":           func(n *Node, _ *dto.Metric, v float64) { n.Loads = v },
-	"odmoe_worker_misses_total":          func(n *Node, _ *dto.Metric, v float64) { n.Misses = v },
-	"odmoe_worker_load_bytes_total":      func(n *Node, _ *dto.Metric, v float64) { n.LoadBytes = v },
-	"odmoe_worker_compute_seconds_total": func(n *Node, _ *dto.Metric, v float64) { n.ComputeS = v },
-	"odmoe_worker_load_seconds_total":    func(n *Node, _ *dto.Metric, v float64) { n.LoadS = v },
-	"odmoe_worker_stall_seconds_total":   func(n *Node, _ *dto.Metric, v float64) { n.StallS = v },
-	"odmoe_worker_device_bytes":          func(n *Node, _ *dto.Metric, v float64) { n.DeviceBytes = v },
-	"odmoe_worker_device_budget_bytes":   func(n *Node, _ *dto.Metric, v float64) { n.BudgetBytes = v },
-	"odmoe_worker_resident_experts":      func(n *Node, _ *dto.Metric, v float64) { n.Resident = v },
-	"odmoe_worker_rejoins_total":         func(n *Node, _ *dto.Metric, v float64) { n.Rejoins = v },
-	"odmoe_worker_predicted_misses_total": func(n *Node, m *dto.Metric, v float64) {
+	metricnames.WorkerInfo:                func(n *Node, m *dto.Metric, _ float64) { n.Addr = label(m, "addr") },
+	metricnames.WorkerResultsTotal:        func(n *Node, _ *dto.Metric, v float64) { n.Results = v },
+	metricnames.WorkerLoadsTotal:          func(n *Node, _ *dto.Metric, v float64) { n.Loads = v },
+	metricnames.WorkerMissesTotal:         func(n *Node, _ *dto.Metric, v float64) { n.Misses = v },
+	metricnames.WorkerLoadBytesTotal:      func(n *Node, _ *dto.Metric, v float64) { n.LoadBytes = v },
+	metricnames.WorkerComputeSecondsTotal: func(n *Node, _ *dto.Metric, v float64) { n.ComputeS = v },
+	metricnames.WorkerLoadSecondsTotal:    func(n *Node, _ *dto.Metric, v float64) { n.LoadS = v },
+	metricnames.WorkerStallSecondsTotal:   func(n *Node, _ *dto.Metric, v float64) { n.StallS = v },
+	metricnames.WorkerDeviceBytes:         func(n *Node, _ *dto.Metric, v float64) { n.DeviceBytes = v },
+	metricnames.WorkerDeviceBudgetBytes:   func(n *Node, _ *dto.Metric, v float64) { n.BudgetBytes = v },
+	metricnames.WorkerResidentExperts:     func(n *Node, _ *dto.Metric, v float64) { n.Resident = v },
+	metricnames.WorkerRejoinsTotal:        func(n *Node, _ *dto.Metric, v float64) { n.Rejoins = v },
+	metricnames.WorkerPredictedMissesTotal: func(n *Node, m *dto.Metric, v float64) {
 		if label(m, "cause") == "late" {
 			n.Late = v
 		} else {

@@ -1,6 +1,9 @@
 package serve
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/odmoe/odmoe/internal/metricnames"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the API's own figures; the node adds its swarm's (loads,
 // stalls, recall, workers up) to the same registry.
@@ -21,44 +24,44 @@ func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
 	latency := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "odmoe_requests_total", Help: "API requests answered, by endpoint and HTTP status.",
+			Name: metricnames.RequestsTotal, Help: "API requests answered, by endpoint and HTTP status.",
 		}, []string{"endpoint", "status"}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "odmoe_prompt_tokens_total", Help: "Prompt tokens of the requests that generated.",
+			Name: metricnames.PromptTokensTotal, Help: "Prompt tokens of the requests that generated.",
 		}),
 		prefixHits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "odmoe_prefix_cache_hits_total", Help: "Requests whose prompt started with tokens whose KV rows the prefix cache held: reused, not computed.",
+			Name: metricnames.PrefixCacheHitsTotal, Help: "Requests whose prompt started with tokens whose KV rows the prefix cache held: reused, not computed.",
 		}),
 		cachedTokens: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "odmoe_prompt_cached_tokens_total", Help: "Prompt tokens whose KV rows came from the prefix cache (usage.prompt_tokens_details.cached_tokens).",
+			Name: metricnames.PromptCachedTokensTotal, Help: "Prompt tokens whose KV rows came from the prefix cache (usage.prompt_tokens_details.cached_tokens).",
 		}),
 		generatedTokens: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "odmoe_generated_tokens_total", Help: "Tokens generated.",
+			Name: metricnames.GeneratedTokensTotal, Help: "Tokens generated.",
 		}),
 		timeToFirstToken: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "odmoe_time_to_first_token_seconds", Help: "From a request's arrival (queueing included) to its first generated token.",
+			Name: metricnames.TimeToFirstTokenSeconds, Help: "From a request's arrival (queueing included) to its first generated token.",
 			Buckets: latency,
 		}),
 		interToken: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "odmoe_inter_token_latency_seconds", Help: "Between consecutive generated tokens of a sequence.",
+			Name: metricnames.InterTokenLatencySeconds, Help: "Between consecutive generated tokens of a sequence.",
 			Buckets: latency,
 		}),
 		requestRecall: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "odmoe_request_shadow_recall", Help: "A request's share of its decode rows' routed experts that the shadow had predicted (OD-MoE eq. 3 over its own tokens), on a swarm with a shadow.",
+			Name: metricnames.RequestShadowRecall, Help: "A request's share of its decode rows' routed experts that the shadow had predicted (OD-MoE eq. 3 over its own tokens), on a swarm with a shadow.",
 			Buckets: []float64{.5, .6, .7, .8, .9, .95, .98, .99, 1},
 		}),
 		requestMisses: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "odmoe_request_expert_misses_per_step", Help: "A request's decode rows' experts loaded on demand while the row waited, over its decode steps, on a swarm.",
+			Name: metricnames.RequestExpertMissesPerStep, Help: "A request's decode rows' experts loaded on demand while the row waited, over its decode steps, on a swarm.",
 			Buckets: []float64{0, .01, .02, .05, .1, .2, .5, 1, 2, 5},
 		}),
 	}
 	reg.MustRegister(m.requests, m.promptTokens, m.prefixHits, m.cachedTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
 		m.requestRecall, m.requestMisses,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "odmoe_requests_waiting", Help: "Requests queued for a place in the batch.",
+			Name: metricnames.RequestsWaiting, Help: "Requests queued for a place in the batch.",
 		}, func() float64 { return float64(a.waits.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "odmoe_batch_size", Help: "Sequences generating now.",
+			Name: metricnames.BatchSize, Help: "Sequences generating now.",
 		}, func() float64 { return float64(a.running.Load()) }),
 	)
 	return m

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/metricnames"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -332,9 +333,9 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 			return Result{}, err
 		}
 		row.Workers.Loads, row.Workers.WastedLoads, row.Workers.Misses = wAfter.Loads-wBefore.Loads, wAfter.WastedLoads-wBefore.WastedLoads, wAfter.Misses-wBefore.Misses
-		row.ServerTokens = after["odmoe_generated_tokens_total"] - before["odmoe_generated_tokens_total"]
-		row.ServerTTFT = histogramQuantiles(before, after, "odmoe_time_to_first_token_seconds")
-		row.ServerInterToken = histogramQuantiles(before, after, "odmoe_inter_token_latency_seconds")
+		row.ServerTokens = after[metricnames.GeneratedTokensTotal] - before[metricnames.GeneratedTokensTotal]
+		row.ServerTTFT = histogramQuantiles(before, after, metricnames.TimeToFirstTokenSeconds)
+		row.ServerInterToken = histogramQuantiles(before, after, metricnames.InterTokenLatencySeconds)
 		d := func(name string) float64 { return after[name] - before[name] }
 		if l := &row.DecodeLayer; d(`odmoe_layer_passes_total{phase="decode"}`) > 0 {
 			l.Passes = d(`odmoe_layer_passes_total{phase="decode"}`)
@@ -348,8 +349,8 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 			row.TokenAgreement = row.Guesses.Met / g
 		}
 		row.ShadowRecall = -1
-		if routed := d("odmoe_shadow_routed_experts_total"); routed > 0 {
-			row.ShadowRecall = d("odmoe_shadow_predicted_experts_total") / routed
+		if routed := d(metricnames.ShadowRoutedExpertsTotal); routed > 0 {
+			row.ShadowRecall = d(metricnames.ShadowPredictedExpertsTotal) / routed
 		}
 		var from string
 		row.ExpertBytesLoaded, from = expertBytesLoaded(before, after, rep.ExpertBytes)
@@ -670,8 +671,8 @@ func histogramQuantiles(before, after map[string]float64, name string) Quantiles
 // experts loaded for its requests, else their count (times an expert's
 // size). Without either, the workers' own counters are read instead.
 var (
-	expertBytesCounters = []string{"odmoe_worker_load_bytes_total"}
-	expertLoadCounters  = []string{"odmoe_expert_loads_total"}
+	expertBytesCounters = []string{metricnames.WorkerLoadBytesTotal}
+	expertLoadCounters  = []string{metricnames.ExpertLoadsTotal}
 )
 
 // expertBytesLoaded is what the swarm loaded between two reads of its
