@@ -481,7 +481,7 @@ func TestRaceAllIsTheRaceOfEveryToken(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	draws, differ := 0, 0
 	for _, vocab := range []int{1, 2, 7, 50, 1000, 151936} {
-		rounds := max(2, 200000/vocab)
+		rounds := max(2, 40000/vocab)
 		for round := range rounds {
 			spread := []float64{0.01, 1, 3, 10, 100}[round%5]
 			temperature := []float64{0.05, 0.3, 0.7, 1, 1.5, 4}[round%6]
@@ -557,7 +557,7 @@ func TestCutDrawIsTheDefinition(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	draws, differ := 0, 0
 	for _, vocab := range []int{2, 7, 50, 1000, 32000, 151936} {
-		rounds := max(4, 300000/vocab)
+		rounds := max(4, 60000/vocab)
 		for round := range rounds {
 			spread := []float64{0.01, 1, 3, 10, 30}[round%5]
 			temperature := []float64{0.3, 0.7, 1, 1.5}[round%4]
