@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"github.com/odmoe/odmoe/internal/splitmix"
@@ -42,7 +43,8 @@ type Sampler struct {
 	chosen            int   // tokens chosen so far: the next one's k
 	idx               []int // the heap of draw's order
 	sorted            []int
-	ids               []int // likeliest's
+	ids               []int     // likeliest's, topKCandidates'
+	weights           []float64 // topKCandidates' scratch
 	probs             []float64
 
 	presence, frequency float64
@@ -415,8 +417,15 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 	}
 	probs := s.probs[:len(z)]
 	mx := z[argmax(z)]
-	for i, l := range z {
-		probs[i] = math.Exp((l - mx) / s.temperature)
+	// a top-k cut needs the weights of the likeliest tokens alone: the
+	// rest of probs is not worked out (nor read) unless that fails
+	ids, fast := []int(nil), cutK && s.topKCandidates(z, mx, probs)
+	if fast {
+		ids = s.ids
+	} else {
+		for i, l := range z {
+			probs[i] = math.Exp((l - mx) / s.temperature)
+		}
 	}
 	key := drawKey(s.seed, k)
 	best, bestID := math.Inf(1), -1
@@ -441,8 +450,16 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 			sum += p
 		}
 	}
-	kept, ok := s.cut(probs, s.likeliest(probs, sum, cutK, cutP), sum)
+	if !fast {
+		ids = s.likeliest(probs, sum, cutK, cutP)
+	}
+	kept, ok := s.cut(probs, ids, sum)
 	if !ok { // the cut reached past the likeliest: take it over every token
+		if fast {
+			for i, l := range z {
+				probs[i] = math.Exp((l - mx) / s.temperature)
+			}
+		}
 		kept, _ = s.cut(probs, nil, sum)
 	}
 	for _, id := range kept {
@@ -548,6 +565,58 @@ func (s *Sampler) cut(probs []float64, ids []int, sum float64) (kept []int, ok b
 		h.at(i)
 	}
 	return h.sorted[:keep], true
+}
+
+// topKCandidates finds, for a top-k cut, the tokens that can be among
+// the k likeliest without any weight worked out but theirs: from a
+// histogram of the logits' distance below the largest, in powers of two
+// of weight, the tokens within one power more than the k-th needs (s.ids,
+// their probs set). It reports false, having decided nothing, when a
+// logit is NaN or infinite above, when fewer than k tokens are finite,
+// or when the k-th candidate's weight does not beat every token left out
+// (a tie across the line): the caller then works out every weight.
+func (s *Sampler) topKCandidates(z []float64, mx float64, probs []float64) bool {
+	if math.IsInf(mx, 0) || mx != mx {
+		return false
+	}
+	perBit := math.Log2E / s.temperature
+	var count [64]int
+	for _, l := range z {
+		if l != l {
+			return false
+		}
+		b := 63 // -Inf, and weights below 2^-62
+		if x := (mx - l) * perBit; x < 62 {
+			b = int(x)
+		}
+		count[b]++
+	}
+	last, n := -1, 0
+	for b := range 61 {
+		if n += count[b]; n >= s.topK {
+			last = b + 1 // one power more: the histogram's x is rounded
+			break
+		}
+	}
+	if last < 0 {
+		return false
+	}
+	ids, weights := s.ids[:0], s.weights[:0]
+	for id, l := range z {
+		if (mx-l)*perBit < float64(last+1) {
+			p := math.Exp((l - mx) / s.temperature)
+			probs[id] = p
+			ids, weights = append(ids, id), append(weights, p)
+		}
+	}
+	s.ids, s.weights = ids, weights
+	if len(ids) < s.topK {
+		return false
+	}
+	// every token left out weighs at most 2^-(last+1) (its distance,
+	// rounded, was at least last+1 powers of two): the k-th must weigh more
+	slices.SortFunc(weights, func(a, b float64) int { return cmp.Compare(b, a) })
+	return weights[s.topK-1] > math.Ldexp(1, -(last+1))*(1+1e-9)
 }
 
 // likeliest returns the tokens whose weight is at least a power of two

@@ -282,7 +282,8 @@ func BenchmarkSampler(b *testing.B) {
 		{"greedy+logprobs5", func() *Sampler { return NewSampler(0, 1, 1).WithLogprobs(5) }},
 		{"greedy+constraint", func() *Sampler { return NewSampler(0, 1, 1).WithConstraint(allowAll(all)) }},
 		{"T0.8", func() *Sampler { return NewSampler(0.8, 0.95, 1) }},
-		{"T1", func() *Sampler { return NewSampler(1, 1, 1) }}, // OpenAI's defaults: no cut
+		{"T1", func() *Sampler { return NewSampler(1, 1, 1) }},                                         // OpenAI's defaults: no cut
+		{"T0.8 top_k 40 top_p 0.95", func() *Sampler { return NewSampler(0.8, 0.95, 1).WithTopK(40) }}, // llama-server's
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s := bc.s()
