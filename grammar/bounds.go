@@ -158,6 +158,30 @@ func (b *bounds) reachable(text string, st uint8, integer bool) bool {
 	return false
 }
 
+// onGrid moves b's bounds inward onto the numbers a grammar can write,
+// those of at most maxFracDigits fraction digits, each bound inclusive
+// after: a bound finer than that would leave numbers it allows that no
+// text can be, and a walk that could reach none of them.
+func (b *bounds) onGrid() {
+	grid := pow10(maxFracDigits)
+	if b.lo != nil {
+		n := new(big.Rat).Mul(b.lo, grid)
+		k := ceil(n)
+		if b.loExcl && new(big.Rat).SetInt(k).Cmp(n) == 0 {
+			k.Add(k, big.NewInt(1))
+		}
+		b.lo, b.loExcl = new(big.Rat).Quo(new(big.Rat).SetInt(k), grid), false
+	}
+	if b.hi != nil {
+		n := new(big.Rat).Mul(b.hi, grid)
+		k := new(big.Int).Neg(ceil(new(big.Rat).Neg(n))) // floor
+		if b.hiExcl && new(big.Rat).SetInt(k).Cmp(n) == 0 {
+			k.Sub(k, big.NewInt(1))
+		}
+		b.hi, b.hiExcl = new(big.Rat).Quo(new(big.Rat).SetInt(k), grid), false
+	}
+}
+
 // numberBounds reads a schema's bounds on a number: minimum, maximum,
 // exclusiveMinimum, exclusiveMaximum (numbers, as JSON Schema 2020-12
 // writes them) and, for integers, multipleOf (a positive integer). It is
@@ -208,6 +232,9 @@ func numberBounds(fields map[string]*value, integer bool, path string) (*bounds,
 	}
 	if !any {
 		return nil, nil
+	}
+	if !integer {
+		b.onGrid()
 	}
 	all := b.meet(interval{})
 	if integer && !all.holdsInteger(b.multiple) || !integer && !all.holdsReal() {

@@ -58,8 +58,11 @@ func check(root *Node) (bad *Node, size int, err error) {
 // nodeBytes is what n takes in memory.
 func nodeBytes(n *Node) int {
 	size := int(unsafe.Sizeof(*n)) + len(n.lit) + 8*len(n.alts)
-	if n.pattern != nil {
-		size += len(n.pattern.trans)*int(unsafe.Sizeof(n.pattern.trans[0])) + len(n.pattern.accept)
+	if p := n.pattern; p != nil {
+		size += len(p.trans)*int(unsafe.Sizeof(p.trans[0])) + len(p.accept) // shared by the strings of one pattern
+		for _, l := range p.lens {
+			size += 8 * len(l)
+		}
 	}
 	for _, p := range n.props {
 		size += int(unsafe.Sizeof(p)) + len(p.name)

@@ -26,15 +26,11 @@ type Vocabulary struct {
 	// upTo[k] are the plain tokens a counted string's body takes when
 	// k more characters fit: well-formed UTF-8 from a character's start
 	// (the last character may be cut short), of at most k characters;
-	// the last also the tokens of more (any room)
+	// the last is every such token (room for the longest)
 	upTo     [][]uint64
 	upToOnce sync.Once
-	chars    []int16 // a plain token's characters; -1: not well-formed
+	chars    []int32 // a plain token's characters; -1: not well-formed
 }
-
-// maxTokenChars bounds upTo: a token of more characters is taken only
-// where there is room for as many as the longest.
-const maxTokenChars = 64
 
 // countedPlain returns the plain tokens a counted string's body takes
 // with room for room more characters (room < 0: any number).
@@ -48,7 +44,7 @@ func (v *Vocabulary) countedPlain(room int) []uint64 {
 
 // countChars works out chars and upTo.
 func (v *Vocabulary) countChars() {
-	v.chars = make([]int16, v.size)
+	v.chars = make([]int32, v.size)
 	longest := 0
 	for id := range v.size {
 		v.chars[id] = -1
@@ -56,17 +52,25 @@ func (v *Vocabulary) countChars() {
 			continue
 		}
 		if n := utf8Chars(v.tokenBytesAt(id)); n >= 0 {
-			v.chars[id] = int16(min(n, maxTokenChars+1))
-			longest = max(longest, min(n, maxTokenChars+1))
+			v.chars[id] = int32(n)
+			longest = max(longest, n)
+		}
+	}
+	// a bitset a count, each the one before and its count's tokens
+	byCount := make([][]int, longest+1)
+	for id, n := range v.chars {
+		if n >= 0 {
+			byCount[n] = append(byCount[n], id)
 		}
 	}
 	v.upTo = make([][]uint64, longest+1)
 	for k := range v.upTo {
 		v.upTo[k] = make([]uint64, (v.size+63)/64)
-		for id, n := range v.chars {
-			if n >= 0 && (int(n) <= k || k == longest) {
-				v.upTo[k][id>>6] |= 1 << (id & 63)
-			}
+		if k > 0 {
+			copy(v.upTo[k], v.upTo[k-1])
+		}
+		for _, id := range byCount[k] {
+			v.upTo[k][id>>6] |= 1 << (id & 63)
 		}
 	}
 }

@@ -3,10 +3,12 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/model/tokenizer"
@@ -164,4 +166,40 @@ func benchMask(b *testing.B, schema string) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(ids)), "us/token")
+}
+
+// TestCountedStringsTakeTokensThatFit: in a counted string's body the
+// mask, known without a walk, allows a plain token exactly when its
+// characters fit what is left of maxLength, however long the token (a
+// token of 100 characters where 80 fit is refused, as the automaton
+// refuses it).
+func TestCountedStringsTakeTokensThatFit(t *testing.T) {
+	long := strings.Repeat("a", 100)
+	tokens := [][]byte{[]byte(`"`), []byte("a"), []byte(long), nil}
+	v := NewVocabulary(len(tokens), func(id int) []byte { return tokens[id] }, []int{3})
+	for _, tc := range []struct {
+		maxLength int
+		long      bool
+	}{{80, false}, {99, false}, {100, true}, {150, true}} {
+		g := mustSchema(t, fmt.Sprintf(`{"type": "string", "maxLength": %d}`, tc.maxLength))
+		c, err := For(g, v, NewMaskCache(1<<20)).New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Accept(0); err != nil {
+			t.Fatal(err)
+		}
+		mask, err := c.Allowed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if allowed(mask, 2) != tc.long || !allowed(mask, 1) {
+			t.Errorf("maxLength %d: the 100-character token allowed %v, want %v (one character: %v)", tc.maxLength, allowed(mask, 2), tc.long, allowed(mask, 1))
+		}
+		if allowed(mask, 2) {
+			if err := c.Accept(2); err != nil {
+				t.Errorf("maxLength %d: the mask allowed a token Accept refuses: %v", tc.maxLength, err)
+			}
+		}
+	}
 }

@@ -167,25 +167,14 @@ func compileDFA(src string) (*dfa, error) {
 	if len(src) > maxPatternBytes {
 		return nil, fmt.Errorf("a pattern of %d bytes, more than %d", len(src), maxPatternBytes)
 	}
-	body, anchoredStart := strings.CutPrefix(src, "^")
-	anchoredEnd := strings.HasSuffix(body, "$") && !strings.HasSuffix(body, `\$`)
-	if anchoredEnd {
-		body = strings.TrimSuffix(body, "$")
-	}
 	b := &nfaBuilder{}
-	p := &patternParser{src: body, b: b}
+	p := &patternParser{src: src, b: b, top: true}
 	frag, err := p.alternation()
 	if err != nil {
 		return nil, err
 	}
 	if p.pos < len(p.src) {
 		return nil, p.errorf("unexpected %q", p.src[p.pos:p.pos+1])
-	}
-	if !anchoredStart {
-		frag = b.concat(b.star(b.anyChar()), frag)
-	}
-	if !anchoredEnd {
-		frag = b.concat(frag, b.star(b.anyChar()))
 	}
 	if len(b.states) > maxPatternNFA {
 		return nil, fmt.Errorf("the pattern %q needs more than %d automaton states (a limit of the server's)", src, maxPatternNFA)
@@ -277,7 +266,8 @@ func (s asciiSet) has(c byte) bool { return c < 128 && s[c>>6]&(1<<(c&63)) != 0 
 // holds only escaped.
 func (b *nfaBuilder) charClass(set asciiSet, negated bool) frag {
 	var rs [][2]byte
-	for c := byte(0x20); c < 0x7f; c++ {
+	for i := 0x20; i <= 0x7f; i++ { // DEL too: JSON writes it as it is
+		c := byte(i)
 		if c == '"' || c == '\\' || set.has(c) == negated {
 			continue
 		}
@@ -425,6 +415,11 @@ type patternParser struct {
 	src string
 	pos int
 	b   *nfaBuilder
+	// top: the next sequence is one of the pattern's own alternatives,
+	// which may begin with ^ and end with $ (each alternative anchored
+	// or not on its own, as ECMA-262 reads ^a|b); inside a group they are
+	// refused
+	top bool
 }
 
 func (p *patternParser) errorf(format string, args ...any) error {
@@ -440,7 +435,9 @@ func (p *patternParser) peek() byte {
 
 func (p *patternParser) alternation() (frag, error) {
 	var alts []frag
+	top := p.top
 	for {
+		p.top = top
 		f, err := p.sequence()
 		if err != nil {
 			return frag{}, err
@@ -458,8 +455,21 @@ func (p *patternParser) alternation() (frag, error) {
 }
 
 func (p *patternParser) sequence() (frag, error) {
+	top := p.top
+	p.top = false // what it holds is nested
+	defer func() { p.top = top }()
+	anchoredStart := top && p.peek() == '^'
+	if anchoredStart {
+		p.pos++
+	}
+	anchoredEnd := false
 	f := p.b.empty()
 	for p.pos < len(p.src) && p.peek() != '|' && p.peek() != ')' {
+		if top && p.peek() == '$' && (p.pos+1 == len(p.src) || p.src[p.pos+1] == '|') {
+			anchoredEnd = true
+			p.pos++
+			break
+		}
 		from := len(p.b.states)
 		atom, err := p.atom()
 		if err != nil {
@@ -472,6 +482,12 @@ func (p *patternParser) sequence() (frag, error) {
 		if len(p.b.states) > maxPatternNFA {
 			return frag{}, p.errorf("more than %d automaton states (a limit of the server's)", maxPatternNFA)
 		}
+	}
+	if top && !anchoredStart { // JSON Schema's patterns are not anchored
+		f = p.b.concat(p.b.star(p.b.anyChar()), f)
+	}
+	if top && !anchoredEnd {
+		f = p.b.concat(f, p.b.star(p.b.anyChar()))
 	}
 	return f, nil
 }
@@ -494,6 +510,10 @@ func (p *patternParser) quantified(atom frag, from int) (frag, error) {
 		}
 		body := p.src[p.pos+1 : p.pos+end]
 		lo, hi, comma := strings.Cut(body, ",")
+		digits := func(t string) bool { return t != "" && strings.Trim(t, "0123456789") == "" }
+		if !digits(lo) || comma && hi != "" && !digits(hi) {
+			return frag{}, p.errorf("a quantifier {%s}: want {n}, {n,} or {n,m} of digits (write \\{ for the character)", body)
+		}
 		var err error
 		if least, err = strconv.Atoi(lo); err != nil || least < 0 {
 			return frag{}, p.errorf("a quantifier {%s}: want {n}, {n,} or {n,m}", body)
@@ -559,6 +579,7 @@ func (p *patternParser) atom() (frag, error) {
 		} else if p.peek() == '?' {
 			return frag{}, p.errorf("lookaround and named groups are not supported")
 		}
+		p.top = false
 		f, err := p.alternation()
 		if err != nil {
 			return frag{}, err
@@ -689,6 +710,9 @@ func (p *patternParser) class() (frag, error) {
 			hi := p.src[p.pos]
 			if hi == '\\' && p.pos+1 < len(p.src) {
 				hi = p.src[p.pos+1]
+				if classEscapes[hi|0x20] != (asciiSet{}) {
+					return frag{}, p.errorf(`a class escape \%c cannot end a range`, hi)
+				}
 				p.pos++
 			}
 			if hi >= 0x80 || hi < lo {
@@ -708,22 +732,35 @@ func (p *patternParser) class() (frag, error) {
 // them, February's 29th in leap years), RFC 4122's uuid, email addresses
 // of the common form (a dot-separated local part of letters, digits and
 // _%+-, a domain of dot-separated labels), dotted IPv4 addresses, host
-// names of RFC 1123 labels, and URIs of a scheme and the characters RFC
-// 3986 lets go unescaped (or percent-encoded).
+// names of RFC 1123 labels, and URIs of RFC 3986's common forms (a scheme,
+// an authority of a host name and a port, or a path alone; a query and a
+// fragment), each within what Go's validators (net/url, net/mail) take.
 var formats = map[string]string{
 	"date":      "^" + datePattern + "$",
 	"time":      "^" + timePattern + "$",
 	"date-time": "^" + datePattern + "T" + timePattern + "$",
 	"uuid":      "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
-	"email":     "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\\.[A-Za-z]{2,24}$",
-	"ipv4":      "^" + octet + "(\\." + octet + "){3}$",
-	"hostname":  "^" + label + "(\\." + label + ")*$",
-	"uri":       "^[A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9._~:/?#@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})+$",
+	// a local part of at most 64 characters (30, then up to two dotted
+	// parts of 16)
+	"email":    "^[A-Za-z0-9_%+-]{1,30}(\\.[A-Za-z0-9_%+-]{1,16}){0,2}@" + label + "(\\." + label + ")*\\.[A-Za-z]{2,24}$",
+	"ipv4":     "^" + octet + "(\\." + octet + "){3}$",
+	"hostname": "^" + label + "(\\." + label + ")*$",
+	// a scheme, then an authority (a host name and a port of digits)
+	// and a path, or a path alone; a query and a fragment
+	"uri": "^[A-Za-z][A-Za-z0-9+.-]*:(//" + label + "(\\." + label + ")*(:[0-9]{1,5})?(/" + pchar + "*)*|" + pchar + "+(/" + pchar + "*)*)(\\?(" + pchar + "|[/?])*)?(#(" + pchar + "|[/?])*)?$",
 }
+
+// formatLengths are the longest strings formats allow beside their
+// patterns: an address's 254 characters (RFC 5321's path), a host name's
+// 253 (RFC 1035)
+var formatLengths = map[string]int{"email": 254, "hostname": 253}
 
 const (
 	label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 	octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+	// pchar is a URI path's character: RFC 3986's unreserved and
+	// sub-delims, ':' and '@', or a percent-encoded byte
+	pchar = "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
 	// a year, and a month and a day that it has
 	datePattern = "(\\d{4}-(0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])" +
 		"|\\d{4}-(0[469]|11)-(0[1-9]|[12]\\d|30)" +

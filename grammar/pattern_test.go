@@ -28,8 +28,9 @@ func TestPatternsMatchAsGoRegexpDoes(t *testing.T) {
 		`^[a-z]{2,4}-\d+$`, `ab|cd`, `^(?:\w+\.)*\w+$`, `^[^aeiou]{3}$`, `^.{2}$`, `x+y`, `^a?b*c+$`,
 		`^(ab|a)(c|bc)$`, `[0-9a-f]{4}`, `^\D\W\S$`, `^[\d.-]+$`, `^é+☃?$`, `^(a|b){3,}$`, `^.*$`, `z$`, `^q`,
 		`^[A-Z][a-z]*( [A-Z][a-z]*){0,2}$`, `^\$\d+\.\d{2}$`, `^[-+]?\d*\.?\d+$`, `^\(\d{3}\) \d{3}-\d{4}$`,
+		`^a|b`, `a|b$`, `a|^b`, `^a$|^b$|c`, `[\d-z]`,
 	}
-	alphabet := []string{"a", "b", "c", "d", "e", "q", "x", "y", "z", "A", "Z", "0", "1", "9", "-", ".", "+", "$", "(", ")", " ", "_", "é", "☃", "😀"}
+	alphabet := []string{"a", "b", "c", "d", "e", "q", "x", "y", "z", "A", "Z", "0", "1", "9", "-", ".", "+", "$", "(", ")", " ", "_", "\x7f", "é", "☃", "😀"}
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, src := range patterns {
 		p, err := compilePattern(src)

@@ -462,6 +462,8 @@ func (c *compiler) stringOf(fields map[string]*value, path string) (*Node, error
 	switch {
 	case hasPattern && hasFormat:
 		return nil, fmt.Errorf("%s: pattern beside format is not supported (one of them)", path)
+	case hasPattern && p.kind == vString && p.text == "":
+		// the empty pattern matches every string: a plain one
 	case hasPattern:
 		if p.kind != vString {
 			return nil, fmt.Errorf("%s/pattern: must be a string", path)
@@ -481,6 +483,9 @@ func (c *compiler) stringOf(fields map[string]*value, path string) (*Node, error
 			return nil, err
 		}
 		n.pattern = &pattern{dfa: d}
+		if most, ok := formatLengths[f.text]; ok && (n.maxItems < 0 || n.maxItems > most) {
+			n.maxItems = most
+		}
 	}
 	if n.pattern != nil {
 		if !n.pattern.lengthen(n.minItems, n.maxItems) {
