@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/odmoe/odmoe/internal/par"
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/passes"
@@ -245,25 +244,7 @@ func (m *member) take() bool {
 // on the machine's cores: a draw over a large vocabulary (151,936 logits)
 // costs a decode step of a small model, and each member's sampler is its
 // own, so the order changes nothing.
-func drawAll(ms []*member) {
-	workers := min(len(ms), runtime.GOMAXPROCS(0))
-	if workers <= 1 {
-		for _, m := range ms {
-			m.draw()
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := next.Add(1) - 1; i < int64(len(ms)); i = next.Add(1) - 1 {
-				ms[i].draw()
-			}
-		})
-	}
-	wg.Wait()
-}
+func drawAll(ms []*member) { par.Each(len(ms), func(i int) { ms[i].draw() }) }
 
 // loop runs passes while there are members, admitting the ones that
 // joined before each pass.

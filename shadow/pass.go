@@ -3,6 +3,7 @@ package shadow
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/par"
 	"slices"
 	"time"
 
@@ -299,9 +300,10 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 			return fmt.Errorf("shadow: batch %d pass %d: %w", b, bf.it+1, err)
 		}
 	}
-	for i, f := range bf.rows {
-		bf.tokens[i] = f.ownToken()
-	}
+	// the guesses side by side (each row's sampler and grammar its own):
+	// a sampled guess over a large vocabulary costs what a small model's
+	// pass does
+	par.Each(len(bf.rows), func(i int) { bf.tokens[i] = bf.rows[i].ownToken() })
 	bf.seal()
 	it := bf.it + 1
 	bf.pushAhead(it, n.m.Config.NumLayers)
