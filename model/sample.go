@@ -60,7 +60,7 @@ type Sampler struct {
 	repeatN     int
 	repeatTail  []int // the prompt's last repeatN tokens
 	chosenIDs   []int // the tokens chosen so far, while repeat is set
-	guessWindow []int // Guess's scratch
+	window      []int // the repeat penalty's window, Sample's and Guess's scratch
 	constraint  Constraint
 	topLogprobs int // alternatives kept; -1: no logprobs
 	z           []float64
@@ -197,9 +197,9 @@ func (s *Sampler) WithRepeatPenalty(penalty float64, n int, prompt []int) *Sampl
 	return s
 }
 
-// window appends to w the last repeatN tokens of the prompt's tail and
+// windowOf appends to w the last repeatN tokens of the prompt's tail and
 // chosen, those chosen so far.
-func (s *Sampler) window(w, chosen []int) []int {
+func (s *Sampler) windowOf(w, chosen []int) []int {
 	from := max(len(s.repeatTail)+len(chosen)-s.repeatN, 0)
 	if from < len(s.repeatTail) {
 		w = append(w, s.repeatTail[from:]...)
@@ -283,8 +283,8 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	z := s.widen(logits)
 	var window []int
 	if s.repeat != 0 {
-		s.guessWindow = s.window(s.guessWindow[:0], s.chosenIDs)
-		window = s.guessWindow
+		s.window = s.windowOf(s.window[:0], s.chosenIDs)
+		window = s.window
 	}
 	id, ok := s.choose(z, s.counts, window, allowed, k)
 	if !ok {
@@ -329,8 +329,8 @@ func (s *Sampler) Guess(logits []float32, generated []int, allowed []uint64) int
 	}
 	var window []int
 	if s.repeat != 0 {
-		s.guessWindow = s.window(s.guessWindow[:0], generated)
-		window = s.guessWindow
+		s.window = s.windowOf(s.window[:0], generated)
+		window = s.window
 	}
 	if id, ok := s.choose(s.widen(logits), counts, window, allowed, uint64(len(generated))); ok {
 		return id
@@ -428,22 +428,6 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 		}
 	}
 	key := drawKey(s.seed, k)
-	best, bestID := math.Inf(1), -1
-	race := func(id int) { // the smallest E/w wins; ties: the lowest id
-		w := probs[id]
-		if !(w > 0) || w < s.minP {
-			return
-		}
-		u := uniform(key, id)
-		// E = -log U >= 1 - U: a token whose bound already loses needs no
-		// logarithm (most of a large vocabulary, whose weights are small)
-		if 1-u > best*w {
-			return
-		}
-		if r := -math.Log(u) / w; r < best || r == best && id < bestID {
-			best, bestID = r, id
-		}
-	}
 	sum := 0.0
 	if !cutK {
 		for _, p := range probs { // in id order, as before the cut
@@ -462,13 +446,43 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 		}
 		kept, _ = s.cut(probs, nil, sum)
 	}
+	r := s.newRace()
 	for _, id := range kept {
-		race(id)
+		r.enter(id, probs[id], uniform(key, id))
 	}
-	if bestID < 0 { // every weight zero or NaN: the most likely
+	return r.winner(z)
+}
+
+// race is one draw's Gumbel-max race: of the tokens entered, the one
+// whose E/w is the smallest wins (ties: the lowest id), w its weight and
+// E = -log U its exponential variate; a token below the min-p cut, or of
+// no weight, does not race.
+type race struct {
+	minP, best float64
+	id         int
+}
+
+func (s *Sampler) newRace() race { return race{minP: s.minP, best: math.Inf(1), id: -1} }
+
+// enter races token id of weight w and uniform variate u. E = -log U >=
+// 1 - U: a token whose bound already loses needs no logarithm (most of a
+// large vocabulary, whose weights are small).
+func (r *race) enter(id int, w, u float64) {
+	if !(w > 0) || w < r.minP || 1-u > r.best*w {
+		return
+	}
+	if e := -math.Log(u) / w; e < r.best || e == r.best && id < r.id {
+		r.best, r.id = e, id
+	}
+}
+
+// winner is the token that won, or, when none raced (every weight zero
+// or NaN), the most likely of z.
+func (r *race) winner(z []float64) int {
+	if r.id < 0 {
 		return argmax(z)
 	}
-	return bestID
+	return r.id
 }
 
 // raceAll is draw without a cut: every token races. It works out a
@@ -481,18 +495,10 @@ func (s *Sampler) draw(z []float64, k uint64) int {
 func (s *Sampler) raceAll(z []float64, key uint64) int {
 	top := argmax(z)
 	mx := z[top]
-	best, bestID := math.Inf(1), -1
-	race := func(id int, u float64) {
-		w := math.Exp((z[id] - mx) / s.temperature)
-		if !(w > 0) || w < s.minP || 1-u > best*w {
-			return
-		}
-		if r := -math.Log(u) / w; r < best || r == best && id < bestID {
-			best, bestID = r, id
-		}
-	}
+	r := s.newRace()
+	weight := func(id int) float64 { return math.Exp((z[id] - mx) / s.temperature) }
 	if mx == mx {
-		race(top, uniform(key, top))
+		r.enter(top, weight(top), uniform(key, top))
 	}
 	// x = (z - mx) log2(e) / T <= 0, within far less than 1 of its true
 	// value; its integer part rounds up, so 2^(int(x)+2) bounds exp(t)
@@ -503,15 +509,12 @@ func (s *Sampler) raceAll(z []float64, key uint64) int {
 			continue
 		}
 		u := uniform(key, id)
-		if 1-u > best*pow2(int(x)+2) {
+		if 1-u > r.best*pow2(int(x)+2) {
 			continue
 		}
-		race(id, u)
+		r.enter(id, weight(id), u)
 	}
-	if bestID < 0 { // every weight zero or NaN: the most likely
-		return argmax(z)
-	}
-	return bestID
+	return r.winner(z)
 }
 
 // pow2 returns 2^e for e <= 1023, or the smallest normal float64 for e
