@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -143,10 +142,10 @@ func serveAPI(ctx context.Context, modelDir string, m *model.Model, gen serve.Ge
 	if err != nil {
 		return err
 	}
-	if sv.Listener != nil {
-		return srv.ServeOn(ctx, sv.Listener, sv.Ready)
+	if err := sv.Listen(); err != nil {
+		return err
 	}
-	return srv.Serve(ctx, sv.Addr, sv.Ready)
+	return srv.ServeOn(ctx, sv.Listener, sv.Ready)
 }
 
 // Listen opens sv.Addr for the API before anything loads, so that an
@@ -156,10 +155,7 @@ func (sv *Serving) Listen() error {
 	if sv.Addr == "" || sv.Listener != nil {
 		return nil
 	}
-	ln, err := net.Listen("tcp", sv.Addr)
-	if err != nil {
-		return fmt.Errorf("-http %s: cannot serve there (%w): choose another ADDR, or port 0 for any free one", sv.Addr, err)
-	}
+	ln, err := serve.Listen(sv.Addr)
 	sv.Listener = ln
-	return nil
+	return err
 }

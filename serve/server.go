@@ -277,11 +277,21 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 // waited for. ready, if set, gets the bound address once the listener is
 // up.
 func (s *Server) Serve(ctx context.Context, addr string, ready func(net.Addr)) error {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := Listen(addr)
 	if err != nil {
-		return fmt.Errorf("serve: %w", err)
+		return err
 	}
 	return s.ServeOn(ctx, ln, ready)
+}
+
+// Listen opens the API's TCP address (-http), saying what to do when it
+// cannot.
+func Listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-http %s: cannot serve there (%w): choose another ADDR, or port 0 for any free one", addr, err)
+	}
+	return ln, nil
 }
 
 // ServeOn is Serve on a listener already open (a node opens its address

@@ -10,8 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/serve"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -116,7 +116,7 @@ func Run(ctx context.Context, o Options, log zerolog.Logger, stdout, stderr io.W
 				return err
 			}
 		}
-		return serve(ctx, sw, m.Args(), o.HTTP, m.ServedName, key != "", stdout, stderr)
+		return serveSwarm(ctx, sw, m.Args(), o.HTTP, m.ServedName, key != "", stdout, stderr)
 	}
 	m.Prompt, m.N, m.Stats = o.Prompt, o.N, o.Stats
 	self, err := os.Executable()
@@ -138,13 +138,13 @@ func Run(ctx context.Context, o Options, log zerolog.Logger, stdout, stderr io.W
 // When the port is taken the default gives way to a free port; an address
 // the user chose is an error.
 func HTTPAddr(addr string, chosen bool) (string, error) {
-	l, err := net.Listen("tcp", addr)
+	l, err := serve.Listen(addr)
 	if err == nil {
 		defer l.Close()
 		return l.Addr().String(), nil
 	}
 	if chosen {
-		return "", fmt.Errorf("-http %s: cannot serve there (%w): choose another ADDR, or port 0 for any free one", addr, err)
+		return "", err
 	}
 	if addr, err = procswarm.FreeTCPAddr(); err != nil {
 		return "", err
@@ -152,11 +152,11 @@ func HTTPAddr(addr string, chosen bool) (string, error) {
 	return addr, nil
 }
 
-// serve runs the main node with margs (-http addr) on sw, prints how to
+// serveSwarm runs the main node with margs (-http addr) on sw, prints how to
 // call the API once it is ready, and keeps the swarm up until ctx ends
 // (Ctrl-C, SIGTERM): then the main node stops first, the workers and the
 // shadow after it (the caller's sw.Close).
-func serve(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model string, keyed bool, stdout, stderr io.Writer) error {
+func serveSwarm(ctx context.Context, sw *procswarm.Swarm, margs []string, addr, model string, keyed bool, stdout, stderr io.Writer) error {
 	mainNode, err := sw.RunNode(ctx, "main", margs...)
 	if err != nil {
 		return err
