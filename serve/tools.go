@@ -63,13 +63,7 @@ func (f *toolFilter) Push(piece string) (content string, calls []toolCall) {
 			text, f.inCall = text[start+len(f.syntax.open):], true
 			continue
 		}
-		keep := 0 // the longest tail that could begin the opening tag
-		for n := min(len(f.syntax.open)-1, len(text)); n > 0; n-- {
-			if strings.HasSuffix(text, f.syntax.open[:n]) {
-				keep = n
-				break
-			}
-		}
+		keep := begun(text, f.syntax.open) // what could still begin a call
 		emit := text[:len(text)-keep]
 		trimmed := strings.TrimRight(emit, " \t\n\r")
 		out.WriteString(trimmed)
@@ -90,13 +84,7 @@ func (f *toolFilter) Flush() (content string, calls []toolCall) {
 	f.held = ""
 	if f.inCall {
 		f.inCall = false
-		whole := held
-		for n := len(f.syntax.close) - 1; n > 0; n-- { // the closing tag begun
-			if strings.HasSuffix(whole, f.syntax.close[:n]) {
-				whole = whole[:len(whole)-n]
-				break
-			}
-		}
+		whole := held[:len(held)-begun(held, f.syntax.close)]
 		if call, ok := f.parse(whole); ok { // all but its closing tag
 			return "", []toolCall{call}
 		}
@@ -145,6 +133,17 @@ func unfinishedCall(body string) (name, args string, ok bool) {
 			}
 		}
 	}
+}
+
+// begun is the length of the longest tail of text that begins tag (and
+// is not all of it): a tag cut short at the end of the text so far.
+func begun(text, tag string) int {
+	for n := min(len(tag)-1, len(text)); n > 0; n-- {
+		if strings.HasSuffix(text, tag[:n]) {
+			return n
+		}
+	}
+	return 0
 }
 
 // cutShort reports whether body is JSON that ends too soon: what comes
