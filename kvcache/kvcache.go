@@ -30,7 +30,7 @@ type Cache struct {
 // stage of a staged model: the others hold no rows, and Put to one is an
 // error. The cache must be empty.
 func (c *Cache) SetLayers(first, end int) error {
-	if first < 0 || end <= first || end > len(c.k) || c.n != 0 {
+	if first < 0 || end < first || end > len(c.k) || c.n != 0 {
 		return fmt.Errorf("kvcache: layers %d to %d of %d, %d positions held", first, end-1, len(c.k), c.n)
 	}
 	c.first, c.end = first, end

@@ -48,6 +48,11 @@ func (b *Batch) Seq() uint64 { return b.seq }
 // Next is the step the next Forward will run.
 func (b *Batch) Next() Step { return Step{Seq: b.seq, Iter: b.iter + 1} }
 
+// RunAs makes the next pass run as step, the passes after it going on
+// from there: a stage's batch runs each pass as its first stage's batch
+// ran it, so that its experts run under the same step on the workers.
+func (b *Batch) RunAs(step Step) { b.seq, b.iter = step.Seq, step.Iter-1 }
+
 // SetOnRoute sets the hook that sees every layer's routing of the pass's
 // rows (sessions[0]'s rows first, in the order Forward was given them).
 func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, routes []Route)) {
@@ -82,8 +87,10 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int)
 
 // ForwardLayers runs layers r of one pass (one stage of a staged model):
 // the rows of feeds[i] for sessions[i], embedded from their tokens where
-// r begins at the first layer, else in, the rows' hidden state after
-// layer r.First-1 as the stage before returned it. It returns the rows'
+// in is nil (r must then begin at the first layer), else in, the rows'
+// hidden state after layer r.First-1 as the node before handed it on (a
+// stage whose layers begin at 0 is handed the embedding by a main node
+// that holds none). It returns the rows'
 // hidden state after layer r.End-1, [rows, hidden], valid until the next
 // pass; where r ends at the last layer, sessions' Logits are then those
 // after their last rows. Every session must hold r's layers. The stages
@@ -95,7 +102,7 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 	if len(sessions) == 0 || len(feeds) != len(sessions) {
 		return nil, fmt.Errorf("model: a batch of %d sessions and %d feeds", len(sessions), len(feeds))
 	}
-	if err := r.Within(c.NumLayers); err != nil {
+	if err := r.heldOf(c.NumLayers); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	b.starts, b.rowSeqs, b.rowPos = b.starts[:0], b.rowSeqs[:0], b.rowPos[:0]
@@ -127,20 +134,24 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 		}
 	}
 	n := len(b.rowSeqs)
-	if r.First > 0 && len(in) != n*h {
+	embed := in == nil
+	switch {
+	case embed && r.First > 0:
+		return nil, fmt.Errorf("model: layers %s of %d rows given no hidden state to begin from", r, n)
+	case !embed && len(in) != n*h:
 		return nil, fmt.Errorf("model: layers %s of %d rows given %d floats of hidden state, want %d", r, n, len(in), n*h)
 	}
 	b.iter++
 	step := Step{Seq: b.seq, Iter: b.iter}
 	f := b.ffn
 	f.x = grow(f.x, n*h)
-	if r.First > 0 {
+	if !embed {
 		copy(f.x[:n*h], in)
 	}
 	t := 0
 	for i, s := range sessions {
 		for _, id := range feeds[i] {
-			if r.First == 0 {
+			if embed {
 				b.m.embed(f.x[t*h:(t+1)*h], id)
 			}
 			t++

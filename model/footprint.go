@@ -49,7 +49,7 @@ type FootprintOptions struct {
 // their experts where opt.Experts counts them.
 func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, error) {
 	c := m.Config
-	if err := r.Within(c.NumLayers); err != nil {
+	if err := r.heldOf(c.NumLayers); err != nil {
 		return Footprint{}, fmt.Errorf("model: %w", err)
 	}
 	if !m.held.Covers(r) || opt.Experts && len(c.ExpertLayers()) > 0 && m.expertBytes == 0 {

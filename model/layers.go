@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -15,27 +16,51 @@ type LayerRange struct{ First, End int }
 // AllLayers is the whole of a model of layers layers.
 func AllLayers(layers int) LayerRange { return LayerRange{0, layers} }
 
-// ParseLayerRange reads "A-B" (0-based, inclusive, as -layers takes it)
-// for a model of layers layers.
+// ParseLayerRange reads "A-B" (0-based, inclusive, as -layers takes it),
+// or "A-" (from A to the last layer), for a model of layers layers.
 func ParseLayerRange(s string, layers int) (LayerRange, error) {
 	r, err := ReadLayerRange(s)
 	if err != nil {
 		return r, err
 	}
+	if r.End == toTheLast {
+		r.End = max(layers, r.First+1)
+	}
 	return r, r.Within(layers)
 }
 
-// ReadLayerRange reads "A-B" as ParseLayerRange does, without a model to
-// hold it against (where only its first layer matters: a later stage's
-// flags, a rig's order of stages).
+// toTheLast is the End ReadLayerRange gives "A-": the model's last layer,
+// which ParseLayerRange knows.
+const toTheLast = math.MaxInt
+
+// ReadLayerRange reads "A-B" or "A-" as ParseLayerRange does, without a
+// model to hold it against (where only its first layer matters: a later
+// stage's flags, a rig's order of stages).
 func ReadLayerRange(s string) (LayerRange, error) {
 	a, b, ok := strings.Cut(s, "-")
 	first, err1 := strconv.Atoi(strings.TrimSpace(a))
 	last, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if ok && strings.TrimSpace(b) == "" {
+		last, err2 = toTheLast-1, nil
+	}
 	if !ok || err1 != nil || err2 != nil || first < 0 || last < first {
-		return LayerRange{}, fmt.Errorf("layers %q: want A-B, the first and last layer (0-based)", s)
+		return LayerRange{}, fmt.Errorf("layers %q: want A-B, the first and last layer (0-based), or A- (from A to the last)", s)
 	}
 	return LayerRange{first, last + 1}, nil
+}
+
+// NoLayers is the share of a node that holds none of the layers: a main
+// node of a model staged whole (LoadOptions.Layers with Head), which
+// embeds the tokens, hands every layer to its stages, and samples.
+var NoLayers = LayerRange{}
+
+// heldOf checks r is a share of a model of layers layers one node can
+// hold: a range of its layers (Within), or NoLayers.
+func (r LayerRange) heldOf(layers int) error {
+	if r == NoLayers {
+		return nil
+	}
+	return r.Within(layers)
 }
 
 // Within checks r is a non-empty range of a model's layers layers.
@@ -52,21 +77,28 @@ func (r LayerRange) Contains(l int) bool { return r.First <= l && l < r.End }
 // Covers reports whether r holds every layer of o.
 func (r LayerRange) Covers(o LayerRange) bool { return r.First <= o.First && o.End <= r.End }
 
-// String is r as -layers takes it: "A-B", inclusive.
-func (r LayerRange) String() string { return fmt.Sprintf("%d-%d", r.First, r.End-1) }
+// String is r as -layers takes it: "A-B", inclusive ("none" for
+// NoLayers).
+func (r LayerRange) String() string {
+	if r == NoLayers {
+		return "none"
+	}
+	return fmt.Sprintf("%d-%d", r.First, r.End-1)
+}
 
 // LayerRunner runs the layers a staged model's process does not hold:
 // those of the stages after its own, on other nodes (SetLayerRunner), as
 // an ExpertRunner runs its experts.
 type LayerRunner interface {
-	// RunLayers runs layers r of one pass over the rows of spans, whose
+	// RunLayers runs layers r of pass step (the first stage's batch's, or
+	// its session's) over the rows of spans, whose
 	// hidden state after layer r.First-1 is hidden ([rows, hidden], the
 	// spans' rows in order), and returns their hidden state after r's
 	// last layer. A span is positions Start..Start+Count-1 of the
 	// sequence Seq (a session's Seq): its positions from Start on are
 	// forgotten first (a rewind), and those before held. onRoute, if
 	// set, sees each layer's routes of the pass's rows as it is routed.
-	RunLayers(ctx context.Context, r LayerRange, spans []RowSpan, hidden []float32, onRoute func(layer int, routes []Route)) ([]float32, error)
+	RunLayers(ctx context.Context, step Step, r LayerRange, spans []RowSpan, hidden []float32, onRoute func(layer int, routes []Route)) ([]float32, error)
 }
 
 // RowSpan is one sequence's rows of a pass (LayerRunner).
@@ -100,7 +132,7 @@ func (m *Model) runRest(ctx context.Context, step Step, spans []RowSpan, rows []
 	if on != nil {
 		hook = func(l int, routes []Route) { on(step, l, nil, routes) }
 	}
-	out, err := m.remote.RunLayers(ctx, m.rest(), spans, rows, hook)
+	out, err := m.remote.RunLayers(ctx, step, m.rest(), spans, rows, hook)
 	if err != nil {
 		return fmt.Errorf("model: layers %s: %w", m.rest(), err)
 	}

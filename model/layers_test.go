@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/kernels"
@@ -210,5 +211,23 @@ func TestSplitCoversTheRangeInOrder(t *testing.T) {
 	got := LayerRange{2, 10}.Split(3)
 	if want := []LayerRange{{2, 4}, {4, 7}, {7, 10}}; !slices.Equal(got, want) {
 		t.Fatalf("Split(3) of 2-9: %v, want %v", got, want)
+	}
+}
+
+// TestParseLayerRangeReadsWhatLayersTakes: "A-B" inclusive, "A-" to the
+// model's last layer; a range outside the model, backwards or not a
+// range is an error naming it.
+func TestParseLayerRangeReadsWhatLayersTakes(t *testing.T) {
+	for s, want := range map[string]LayerRange{"0-0": {0, 1}, "1-2": {1, 3}, "2-": {2, 4}, " 3 - ": {3, 4}, "0-": {0, 4}} {
+		if got, err := ParseLayerRange(s, 4); err != nil || got != want {
+			t.Errorf("ParseLayerRange(%q, 4) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"4-", "2-1", "1-4", "-1", "a-b", "3", "", "-"} {
+		if got, err := ParseLayerRange(s, 4); err == nil {
+			t.Errorf("ParseLayerRange(%q, 4) = %v, want an error", s, got)
+		} else if !strings.Contains(err.Error(), "layers") {
+			t.Errorf("ParseLayerRange(%q, 4): %v does not name the layers", s, err)
+		}
 	}
 }

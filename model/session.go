@@ -60,7 +60,7 @@ func NewSession(m *Model, experts ExpertRunner, capacity int) *Session {
 // cache holds those layers' rows only.
 func NewStageSession(m *Model, experts ExpertRunner, capacity int, r LayerRange) (*Session, error) {
 	c := m.Config
-	if err := r.Within(c.NumLayers); err != nil {
+	if err := r.heldOf(c.NumLayers); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	if !m.held.Covers(r) {

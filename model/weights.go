@@ -125,7 +125,11 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 	}
 	m := &Model{Config: cfg, arch: architectures[cfg.Architecture], set: set, held: AllLayers(cfg.NumLayers)}
 	if opt.Layers != nil {
-		if err := opt.Layers.Within(cfg.NumLayers); err != nil {
+		if *opt.Layers == NoLayers && !opt.Head {
+			set.Close()
+			return nil, fmt.Errorf("model: %s: no layers and no output head: nothing to bind", dir)
+		}
+		if err := opt.Layers.heldOf(cfg.NumLayers); err != nil {
 			set.Close()
 			return nil, fmt.Errorf("model: %s: %w", dir, err)
 		}

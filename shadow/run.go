@@ -231,32 +231,12 @@ func serveStage(ctx context.Context, cfg Config, qm *model.Model, id string) err
 	defer ln.Close()
 	cfg.Log.Info().Str("listen", ln.Addr().String()).Stringer("layers", held).Msg("shadow stage ready")
 	layers := stage.NewLayers(qm)
-	return serveEach(ctx, ln, func(ctx context.Context, p *wire.Peer) error {
+	return stage.ServeEach(ctx, ln, func(ctx context.Context, p *wire.Peer) error {
 		cfg.Log.Info().Str("first stage", p.Identity().Name).Msg("shadow stage: serving")
 		return stage.Serve(ctx, p, layers)
 	}, func(err error) {
 		cfg.Log.Info().Err(err).Msg("shadow stage: the first stage is gone; waiting for the next")
 	})
-}
-
-// serveEach serves one peer after another as they connect on ln, until
-// ctx ends: each is closed once serve returns, and gone told why.
-func serveEach(ctx context.Context, ln *wire.Listener, serve func(context.Context, *wire.Peer) error, gone func(error)) error {
-	for {
-		p, err := ln.Accept(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		err = serve(ctx, p)
-		p.Close()
-		if ctx.Err() != nil {
-			return nil
-		}
-		gone(err)
-	}
 }
 
 // dialStages dials the stages of a first stage whose own layers end
@@ -387,5 +367,5 @@ func (n *Node) Listen(ctx context.Context, addr string) (*wire.Listener, error) 
 // Serve follows one main node after another, as they connect on ln,
 // until ctx ends.
 func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
-	return serveEach(ctx, ln, n.ServeMain, func(err error) { n.log.Info().Err(err).Msg("main node gone; waiting for the next") })
+	return stage.ServeEach(ctx, ln, n.ServeMain, func(err error) { n.log.Info().Err(err).Msg("main node gone; waiting for the next") })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/odmoe/odmoe/align"
@@ -25,7 +26,14 @@ type Client struct {
 	refused error
 	// redial connects to stage i again (nil: a lost stage stays lost)
 	redial func(ctx context.Context, i int) (*wire.Peer, error)
+	// prefill is the last pass said to feed prompt chunks (Prefill)
+	prefill model.Step
+	// figures are each stage's latest (StageRows.Figures), by stage
+	fmu     sync.Mutex
+	figures []*wire.StageFigures
 }
+
+var _ model.LayerRunner = (*Client)(nil)
 
 // remote is one stage: its peer, its layers and what it sends.
 type remote struct {
@@ -122,12 +130,20 @@ func (c *Client) Layers() model.LayerRange {
 	return model.LayerRange{First: c.stages[0].layers.First, End: c.stages[len(c.stages)-1].layers.End}
 }
 
-// RunLayers runs layers r, which must be the stages' together (see
-// model.LayerRunner): each stage runs its layers on the rows the one
-// before handed back. Rows go at most maxRunBytes of hidden state a
+// Prefill says pass step feeds prompt chunks (a main node's pass loop
+// knows; the stages plan its experts as prefill): told before it runs.
+func (c *Client) Prefill(step model.Step) {
+	c.mu.Lock()
+	c.prefill = step
+	c.mu.Unlock()
+}
+
+// RunLayers runs layers r of pass step, which must be the stages'
+// together (see model.LayerRunner): each stage runs its layers on the
+// rows the one before handed back. Rows go at most maxRunBytes of hidden state a
 // message (a long history in several, each a stage's pass: onRoute then
 // sees each layer's routes once they have all come).
-func (c *Client) RunLayers(ctx context.Context, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
+func (c *Client) RunLayers(ctx context.Context, step model.Step, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r != c.Layers() {
@@ -143,7 +159,7 @@ func (c *Client) RunLayers(ctx context.Context, r model.LayerRange, spans []mode
 	h := len(hidden) / rows
 	most := max(1, maxRunBytes/(4*h)) // rows a message
 	if rows <= most {
-		return c.run(ctx, spans, hidden, h, onRoute)
+		return c.run(ctx, step, spans, hidden, h, onRoute)
 	}
 	// in several runs, each layer's routes are gathered and seen once,
 	// all the pass's rows together, once the last run is done
@@ -159,7 +175,7 @@ func (c *Client) RunLayers(ctx context.Context, r model.LayerRange, spans []mode
 		for _, sp := range part {
 			n += sp.Count
 		}
-		o, err := c.run(ctx, part, hidden[len(out):len(out)+n*h], h, gather)
+		o, err := c.run(ctx, step, part, hidden[len(out):len(out)+n*h], h, gather)
 		if err != nil {
 			return nil, err
 		}
@@ -200,9 +216,10 @@ func chunks(spans []model.RowSpan, most int) [][]model.RowSpan {
 	return out
 }
 
-// run runs spans' rows (hidden, h floats a row) through every stage.
-func (c *Client) run(ctx context.Context, spans []model.RowSpan, hidden []float32, h int, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
-	run := &wire.StageRun{Routes: onRoute != nil}
+// run runs spans' rows of pass step (hidden, h floats a row) through
+// every stage.
+func (c *Client) run(ctx context.Context, step model.Step, spans []model.RowSpan, hidden []float32, h int, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
+	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Iter, Prefill: c.prefill == step}
 	for _, sp := range spans {
 		run.Seqs, run.Starts, run.Counts = append(run.Seqs, sp.Seq), append(run.Starts, int32(sp.Start)), append(run.Counts, int32(sp.Count))
 	}
@@ -252,6 +269,9 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 			}
 			onRoute(m.Layer, c.routes)
 		case *wire.StageRows:
+			if m.Figures != nil {
+				c.keepFigures(st, m.Figures)
+			}
 			if m.ID < id {
 				continue
 			}
@@ -268,6 +288,35 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 			}
 		}
 	}
+}
+
+// keepFigures keeps f as st's latest figures.
+func (c *Client) keepFigures(st *remote, f *wire.StageFigures) {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	i := slices.Index(c.stages, st)
+	if i < 0 {
+		return
+	}
+	for len(c.figures) <= i {
+		c.figures = append(c.figures, nil)
+	}
+	c.figures[i] = f
+}
+
+// Figures are each stage's latest figures of its layers (a main stage's:
+// what they cost), as its last run's rows brought them; a stage that
+// sent none is left out. Safe to call while a run is under way.
+func (c *Client) Figures() []*wire.StageFigures {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	var out []*wire.StageFigures
+	for _, f := range c.figures {
+		if f != nil {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // ApplyKV sends each stage its layers' share of a KV alignment of

@@ -2,20 +2,51 @@ package stage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/wire"
 )
+
+// Runner runs a stage's experts and hears of its passes and sequences:
+// in process (a shadow stage's, NewLayers), or on a swarm of workers (a
+// main stage's, whose runner keeps per sequence what the workers hold).
+type Runner interface {
+	model.ExpertRunner
+	// BeforePass is told of each pass before its first layer: step is
+	// its first stage's, spans its rows, prefill whether it feeds prompt
+	// chunks (else each span is a decode step).
+	BeforePass(ctx context.Context, step model.Step, spans []model.RowSpan, prefill bool) error
+	// EndSequence is told when sequence seq is over: a member's, or a
+	// batch's (a step's Seq).
+	EndSequence(ctx context.Context, seq uint64) error
+	// Figures are what layers r have cost so far (nil: nothing measured),
+	// handed back with each run's rows.
+	Figures(r model.LayerRange) *wire.StageFigures
+}
+
+// resident runs a model's experts in process, and keeps nothing per
+// pass or sequence beyond the KV rows Layers keeps.
+type resident struct{ model.ExpertRunner }
+
+func (resident) BeforePass(context.Context, model.Step, []model.RowSpan, bool) error { return nil }
+func (resident) EndSequence(context.Context, uint64) error                           { return nil }
+func (resident) Figures(model.LayerRange) *wire.StageFigures                         { return nil }
 
 // Layers runs a model's own layers (those it holds: a stage's) for the
 // sequences of a first stage, keeping each one's KV rows: a
 // model.LayerRunner in process, and what Serve runs for a remote first
-// stage. Not safe for concurrent use.
+// stage. Its passes run as the first stage's (Batch.RunAs), so a main
+// stage's experts run on its workers under the step the first stage's
+// would. Not safe for concurrent use.
 type Layers struct {
 	m        *model.Model
 	batch    *model.Batch
+	runner   Runner
 	seqs     map[uint64]*model.Session
+	batches  map[uint64]bool  // the first stage's batches seen (their steps' Seq)
 	sessions []*model.Session // scratch: a run's
 	feeds    [][]int
 	zeros    []int
@@ -23,7 +54,12 @@ type Layers struct {
 
 // NewLayers runs m's layers, its experts in process.
 func NewLayers(m *model.Model) *Layers {
-	return &Layers{m: m, batch: model.NewBatch(m, model.NewResidentExperts(m)), seqs: map[uint64]*model.Session{}}
+	return NewLayersOn(m, resident{model.NewResidentExperts(m)})
+}
+
+// NewLayersOn runs m's layers, its experts on r.
+func NewLayersOn(m *model.Model, r Runner) *Layers {
+	return &Layers{m: m, batch: model.NewBatch(m, r), runner: r, seqs: map[uint64]*model.Session{}, batches: map[uint64]bool{}}
 }
 
 // Held are the layers it runs.
@@ -32,11 +68,23 @@ func (l *Layers) Held() model.LayerRange { return l.m.HeldLayers() }
 // Sequences is how many sequences it holds rows of.
 func (l *Layers) Sequences() int { return len(l.seqs) }
 
-// RunLayers runs layers r (all of them its own) over spans' rows (see
-// model.LayerRunner): a sequence seen first starts empty; one whose rows
-// go past a span's start forgets them, one whose rows stop short of it
-// is an error (rows the first stage ran and never handed on).
-func (l *Layers) RunLayers(ctx context.Context, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
+// RunLayers runs layers r (all of them its own) of pass step over spans'
+// rows (see model.LayerRunner), as RunPass does; the pass is prefill
+// where a span carries several rows.
+func (l *Layers) RunLayers(ctx context.Context, step model.Step, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
+	prefill := false
+	for _, sp := range spans {
+		prefill = prefill || sp.Count > 1
+	}
+	return l.RunPass(ctx, step, prefill, r, spans, hidden, onRoute)
+}
+
+// RunPass runs layers r (all of them its own) of pass step, which feeds
+// prompt chunks if prefill, over spans' rows: a sequence seen first
+// starts empty; one whose rows go past a span's start forgets them, one
+// whose rows stop short of it is an error (rows the first stage ran and
+// never handed on).
+func (l *Layers) RunPass(ctx context.Context, step model.Step, prefill bool, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
 	if !l.Held().Covers(r) {
 		return nil, fmt.Errorf("stage: layers %s asked of a stage of layers %s", r, l.Held())
 	}
@@ -61,6 +109,11 @@ func (l *Layers) RunLayers(ctx context.Context, r model.LayerRange, spans []mode
 		}
 		l.sessions, l.feeds = append(l.sessions, s), append(l.feeds, l.zeros[:sp.Count])
 	}
+	if err := l.runner.BeforePass(ctx, step, spans, prefill); err != nil {
+		return nil, err
+	}
+	l.batches[step.Seq] = true
+	l.batch.RunAs(step)
 	if onRoute != nil {
 		l.batch.SetOnRoute(func(_ model.Step, layer int, _ []float32, routes []model.Route) { onRoute(layer, routes) })
 		defer l.batch.SetOnRoute(nil)
@@ -93,5 +146,23 @@ func (l *Layers) session(seq uint64, capacity int) (*model.Session, error) {
 	return s, nil
 }
 
-// End lets sequence seq's rows go.
-func (l *Layers) End(seq uint64) { delete(l.seqs, seq) }
+// End lets sequence seq's rows go (a member's, or what a batch's passes
+// left on the runner).
+func (l *Layers) End(ctx context.Context, seq uint64) error {
+	delete(l.seqs, seq)
+	delete(l.batches, seq)
+	return l.runner.EndSequence(ctx, seq)
+}
+
+// EndAll lets every sequence go: the first stage is gone, or starts
+// over.
+func (l *Layers) EndAll(ctx context.Context) error {
+	var errs []error
+	for seq := range l.seqs {
+		errs = append(errs, l.End(ctx, seq))
+	}
+	for seq := range l.batches {
+		errs = append(errs, l.End(ctx, seq))
+	}
+	return errors.Join(errs...)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/model"
@@ -16,7 +17,11 @@ import (
 // (rows it does not fit, a sequence it cannot go back in) is answered
 // with an Error naming it; a message no stage takes closes p.
 func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
-	defer clear(l.seqs)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		l.EndAll(ctx) // a node it cannot reach forgets with the connection
+	}()
 	h := l.m.Config.HiddenSize
 	var routes wire.StageRoutes
 	for {
@@ -36,7 +41,8 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				}
 				continue
 			}
-			if err := p.Send(ctx, &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out, len(out)/h, h)}); err != nil {
+			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out, len(out)/h, h), Figures: l.runner.Figures(l.Held())}
+			if err := p.Send(ctx, rows); err != nil {
 				return err
 			}
 		case *wire.StageKV:
@@ -45,16 +51,18 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				err = l.ApplyKV(m.Seq, kv)
 			}
 			if err != nil { // the sequence's rows are no longer the first stage's
-				l.End(m.Seq)
+				l.End(ctx, m.Seq)
 				if err := p.Send(ctx, &wire.Error{Code: wire.ReqBadRequest, Msg: fmt.Sprintf("stage: KV rows of sequence %d: %v", m.Seq, err), Seq: m.Seq}); err != nil {
 					return err
 				}
 			}
 		case *wire.StageEnd:
+			// a worker the runner cannot reach forgets with the connection
 			if m.All {
-				clear(l.seqs)
+				l.EndAll(ctx)
+			} else {
+				l.End(ctx, m.Seq)
 			}
-			l.End(m.Seq)
 		case *wire.Heartbeat, *wire.Trace:
 		default:
 			p.CloseFor(fmt.Sprintf("a stage takes no %T", msg))
@@ -93,6 +101,26 @@ func run(ctx context.Context, p *wire.Peer, l *Layers, m *wire.StageRun, h int, 
 			}
 		}
 	}
-	out, err := l.RunLayers(ctx, model.LayerRange{First: m.First, End: m.End}, spans, hidden, onRoute)
+	out, err := l.RunPass(ctx, model.Step{Seq: m.Batch, Iter: m.Pass}, m.Prefill, model.LayerRange{First: m.First, End: m.End}, spans, hidden, onRoute)
 	return out, errors.Join(err, sendErr)
+}
+
+// ServeEach serves one peer after another as they connect on ln, until
+// ctx ends: each is closed once serve returns, and gone told why.
+func ServeEach(ctx context.Context, ln *wire.Listener, serve func(context.Context, *wire.Peer) error, gone func(error)) error {
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		err = serve(ctx, p)
+		p.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		gone(err)
+	}
 }

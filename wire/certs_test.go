@@ -146,7 +146,7 @@ func TestCertificateWithoutIdentityIsRefused(t *testing.T) {
 }
 
 func TestInferRole(t *testing.T) {
-	for name, want := range map[string]Role{"main": RoleMain, "shadow": RoleShadow, "w1": RoleWorker, "w42": RoleWorker, "worker": RoleWorker, "worker-7": RoleWorker, "w": "", "wa": "", "gpu": "", "mainx": ""} {
+	for name, want := range map[string]Role{"main": RoleMain, "shadow": RoleShadow, "w1": RoleWorker, "w42": RoleWorker, "worker": RoleWorker, "worker-7": RoleWorker, "stage": RoleMain, "stage2": RoleMain, "shadow3": RoleShadow, "w": "", "wa": "", "gpu": "", "mainx": "", "stagex": ""} {
 		got, ok := InferRole(name)
 		if got != want || ok != (want != "") {
 			t.Errorf("InferRole(%q) = %q, %v; want %q", name, got, ok, want)

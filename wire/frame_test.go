@@ -142,6 +142,7 @@ func badFrames(t testing.TB) []struct {
 		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Token: -5})), CodeMalformed},
 		{"placement names an unknown worker", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
 		{"stage run of no layers", rawFrame(typeStageRun, mustMsgpack(t, &StageRun{First: 3, End: 3, Seqs: []uint64{1}, Starts: []int32{0}, Counts: []int32{1}})), CodeMalformed},
+		{"stage rows with figures of more decode than prefill layers", rawFrame(typeStageRows, mustMsgpack(t, &StageRows{Figures: &StageFigures{Decode: make([]LayerFigures, 2), Prefill: make([]LayerFigures, 1)}})), CodeMalformed},
 		{"stage run with a start a sequence short", rawFrame(typeStageRun, mustMsgpack(t, &StageRun{First: 1, End: 3, Seqs: []uint64{1, 2}, Starts: []int32{0}, Counts: []int32{1, 1}})), CodeMalformed},
 		{"stage routes without their weights", rawFrame(typeStageRoutes, mustMsgpack(t, &StageRoutes{Layer: 1, Experts: []int32{1, 2}, Weights: []float32{1}})), CodeMalformed},
 	}

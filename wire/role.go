@@ -32,14 +32,16 @@ func ParseRole(s string) (Role, error) {
 	return r, nil
 }
 
-// InferRole guesses a node's role from its name: "main" is the main node,
-// "shadow" (and "shadow2", "shadow3", ...: a staged shadow's stages) a
-// shadow node, and "w1", "w2", ..., "worker-a", ... are workers.
+// InferRole guesses a node's role from its name: "main" is the main node
+// ("stage", "stage1", "stage2", ...: its stages, which meet the workers
+// as it does), "shadow" (and "shadow2", "shadow3", ...: a staged
+// shadow's stages) a shadow node, and "w1", "w2", ..., "worker-a", ...
+// are workers.
 // Any other name needs an explicit role (NAME=ROLE in ParseNodes).
 func InferRole(name string) (Role, bool) {
 	switch {
-	case name == "main":
-		return RoleMain, true
+	case name == "main", strings.HasPrefix(name, "stage") && strings.Trim(name[len("stage"):], "0123456789") == "":
+		return RoleMain, true // stage, stage1, stage2, ...: a staged main node's stages
 	case name == "shadow", strings.HasPrefix(name, "shadow") && strings.Trim(name[len("shadow"):], "0123456789") == "":
 		return RoleShadow, true // shadow2, shadow3, ...: a staged shadow's stages
 	case strings.HasPrefix(name, "worker"):

@@ -14,6 +14,11 @@ package wire
 // whose hidden state after layer First-1 is Hidden ([rows, hidden] F32).
 // The stage answers with a StageRoutes per layer as it is routed (when
 // Routes is set) and then StageRows, or an Error with ID.
+//
+// Batch and Pass are the first stage's step (its batch's sequence id and
+// the pass's number), under which a main stage runs the pass's experts
+// on its workers, as the first stage would; Prefill says the pass feeds
+// prompt chunks.
 type StageRun struct {
 	_msgpack   struct{} `msgpack:",as_array"`
 	ID         uint64
@@ -23,6 +28,9 @@ type StageRun struct {
 	Counts     []int32
 	Hidden     Tensor
 	Routes     bool
+	Batch      uint64
+	Pass       int64
+	Prefill    bool
 }
 
 // StageRoutes is one layer's routing of a StageRun's rows: row r's k
@@ -36,11 +44,31 @@ type StageRoutes struct {
 }
 
 // StageRows is a stage's answer to a StageRun: its rows' hidden state
-// after its last layer ([rows, hidden] F32).
+// after its last layer ([rows, hidden] F32), and, from a main stage, what
+// its layers' experts have cost so far.
 type StageRows struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	ID       uint64
 	Hidden   Tensor
+	Figures  *StageFigures
+}
+
+// StageFigures are what a main stage has measured of its layers so far,
+// decode and prefill passes apart, as its main node measures its own:
+// Decode[i] and Prefill[i] are layer First+i's.
+type StageFigures struct {
+	_msgpack        struct{} `msgpack:",as_array"`
+	First           int
+	Decode, Prefill []LayerFigures
+}
+
+// LayerFigures sum what one layer has cost over the passes that ran it
+// (the main node's per-layer figures; durations in nanoseconds).
+type LayerFigures struct {
+	_msgpack                                        struct{} `msgpack:",as_array"`
+	Calls                                           int64
+	Main, Experts, Worker, Network, Stall, Load     int64
+	Loads, Misses, MissesLate, MissesWrong, Results int64
 }
 
 // StageKV overwrites sequence Seq's key and value rows from position
@@ -92,7 +120,12 @@ func (m *StageRoutes) validate() error {
 	return nil
 }
 
-func (m *StageRows) validate() error { return m.Hidden.Validate() }
+func (m *StageRows) validate() error {
+	if f := m.Figures; f != nil && (f.First < 0 || len(f.Prefill) != len(f.Decode)) {
+		return malformed("stage rows %d: figures from layer %d of %d decode and %d prefill layers", m.ID, f.First, len(f.Decode), len(f.Prefill))
+	}
+	return m.Hidden.Validate()
+}
 
 func (m *StageKV) validate() error {
 	if m.FromPos < 0 || m.First < 0 || len(m.Values) != 0 && len(m.Values) != len(m.Keys) {
