@@ -61,8 +61,10 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return runWorker(ctx, &f, log)
 	case runflags.RoleShadow:
 		return runShadow(ctx, &f, log)
+	case runflags.RoleStage:
+		return runStage(ctx, &f, log)
 	}
-	return usagef("-role %q unknown: local, main, worker or shadow", f.Role)
+	return usagef("-role %q unknown: local, main, worker, shadow or stage", f.Role)
 }
 
 // checkGenerate validates the flags local and main share.

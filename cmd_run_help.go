@@ -9,7 +9,7 @@ import (
 )
 
 // runRoles are run's roles, in the order its help lists them.
-var runRoles = []string{"local", "main", "worker", "shadow"}
+var runRoles = []string{"local", "main", "worker", "shadow", "stage"}
 
 // runHelp writes run's help: a usage line, two examples, then the flags
 // of each role (one role's alone when -role names it), each flag's
@@ -17,7 +17,7 @@ var runRoles = []string{"local", "main", "worker", "shadow"}
 // for ("local, main: ..."); one that names none is every role's.
 func runHelp(fs *flag.FlagSet, role string) func(io.Writer) {
 	return func(w io.Writer) {
-		fmt.Fprintln(w, "Usage: odmoe run -role local|main|worker|shadow [flags]")
+		fmt.Fprintln(w, "Usage: odmoe run -role local|main|worker|shadow|stage [flags]")
 		fmt.Fprintln(w, "\nRuns one node of a swarm, or the whole model in one process (-role local).")
 		fmt.Fprintln(w, "\nExamples:")
 		fmt.Fprintln(w, "  odmoe run -role local -model /tmp/tiny -prompt \"Hello\" -n 32")
@@ -79,5 +79,6 @@ func roleTitle(role string) string {
 		"main":   "Main node (-role main: the non-expert weights, the KV cache, the decode loop, the API)",
 		"worker": "Worker (-role worker: loads experts just in time and computes them)",
 		"shadow": "Shadow (-role shadow: a quantized copy that runs ahead and says which experts to load)",
+		"stage":  "Stage (-role stage: a range of the main node's layers, their KV rows, their experts on workers)",
 	}[role]
 }

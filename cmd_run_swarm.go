@@ -52,12 +52,22 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if f.Placement != "activation" && f.Placement != "uniform" {
 		return usagef("-placement %q: activation or uniform", f.Placement)
 	}
+	var stages []string
+	if f.Stages != "" {
+		stages = strings.Split(f.Stages, ",")
+		switch {
+		case f.Shadow != "":
+			return usagef("-stages with -shadow: the shadow does not follow a staged main node yet")
+		case residency:
+			return usagef("-stages with -residency on: each stage would place its layers' experts on its own")
+		}
+	}
 	sv := f.serving()
 	if err := sv.Listen(); err != nil {
 		return err
 	}
 	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
-		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}
@@ -76,6 +86,50 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return usagef("-workers/-group: %d workers do not split into groups of %d", len(cfg.Workers), f.Group)
 	}
 	return mainnode.Run(ctx, cfg, stdout)
+}
+
+func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
+	switch {
+	case f.Model == "":
+		return usagef("-model is required for -role stage")
+	case f.Layers == "":
+		return usagef("-layers A-B is required for -role stage: the layers it holds of the main node's")
+	case f.Workers == "":
+		return usagef("-workers is required for -role stage (the main node's list, in the same order)")
+	}
+	if _, err := model.ReadLayerRange(f.Layers); err != nil {
+		return usagef("-layers: %v", err)
+	}
+	workers, err := f.WorkerList()
+	if err != nil {
+		return usagef("%v", err)
+	}
+	policy, err := mainnode.ParsePrefetch(f.Prefetch)
+	if err != nil {
+		return usagef("-prefetch: %v", err)
+	}
+	if policy == mainnode.Shadow {
+		return usagef("-prefetch shadow: the shadow does not follow a staged main node yet (reactive, oracle-next, random or resident)")
+	}
+	if f.Group < 0 || (f.Group > 0 && len(workers)%f.Group != 0) {
+		return usagef("-workers/-group: %d workers do not split into groups of %d", len(workers), f.Group)
+	}
+	if f.PeerTimeout < 100*time.Millisecond {
+		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
+	}
+	mem, err := f.memBytes()
+	if err != nil {
+		return err
+	}
+	cfg := mainnode.StageConfig{Model: f.Model, Layers: f.Layers, Listen: f.Listen, Workers: workers, Group: f.Group, Prefetch: policy, MiniBatch: f.MiniBatch,
+		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Log: log}
+	if f.Cluster.Name == "" {
+		f.Cluster.Name = "stage"
+	}
+	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleMain, log); err != nil { // a stage meets the workers as its main node does
+		return err
+	}
+	return mainnode.RunStage(ctx, cfg)
 }
 
 func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {

@@ -108,10 +108,10 @@ func stripComment(line string) string {
 }
 
 // server reports whether a README command starts a node that serves until
-// stopped (a worker or a shadow: the README runs each on its own
-// machine, or in its own terminal).
+// stopped (a worker, a shadow or a stage: the README runs each on its
+// own machine, or in its own terminal).
 func server(cmd string) bool {
-	return strings.Contains(cmd, "-role worker") || strings.Contains(cmd, "-role shadow")
+	return strings.Contains(cmd, "-role worker") || strings.Contains(cmd, "-role shadow") || strings.Contains(cmd, "-role stage")
 }
 
 // TestReadmeCommandsRunAsWritten runs every ```sh block of README.md and

@@ -2,13 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/odmoe/odmoe/testbed"
 )
 
 // TestAStagedShadowIsTheWholeShadow runs a swarm (real processes, QUIC
@@ -169,5 +173,62 @@ func TestANodeBeyondItsMemRefusesToStart(t *testing.T) {
 	}
 	if _, se, code := run(t, "", "run", "-role", "local", "-model", m, "-prompt", "hi", "-n", "2", "-mem", "1GiB", "-log-level", "warn"); code != 0 {
 		t.Errorf("local mode within 1 GiB: exit %d, %s", code, se)
+	}
+}
+
+// stagedMainRig writes dir/stages.rig: a main node that holds none of the
+// layers, a stage holding layers 0-1 and one holding the rest (-layers
+// 2-), and four workers, on free loopback ports.
+func stagedMainRig(t *testing.T, dir string) string {
+	t.Helper()
+	var rig strings.Builder
+	fmt.Fprintln(&rig, "main main 127.0.0.1")
+	fmt.Fprintf(&rig, "stage1 stage %s -layers 0-1\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "stage2 stage %s -layers 2-\n", freeLoopbackUDP(t))
+	for i := range 4 {
+		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
+	}
+	path := filepath.Join(dir, "stages.rig")
+	if err := os.WriteFile(path, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestAStagedMainNodeIsLocalModeOnEveryFamily: bench rig (real processes
+// on loopback) on a rig whose main node holds no layer, its layers on two
+// stages that each run their experts on the four workers: every family's
+// output equals local mode's bit for bit (bench rig compares the logits),
+// resident and reactive, and the figures of the stages' layers reach the
+// main node's report (reactive loads experts), with each stage's peak
+// memory under its name.
+func TestAStagedMainNodeIsLocalModeOnEveryFamily(t *testing.T) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "deepseek-v3-tiny-fp8", "gpt-oss-tiny-mxfp4"} {
+		t.Run(preset, func(t *testing.T) {
+			dir := t.TempDir()
+			m := filepath.Join(dir, preset)
+			if _, se, code := run(t, "", "gen-tiny", "-out", m, "-preset", preset, "-log-level", "warn"); code != 0 {
+				t.Fatalf("gen-tiny: %s", se)
+			}
+			rep := benchRig(t, stagedMainRig(t, dir), m, filepath.Join(dir, "out"), "-modes", "resident,reactive", "-cases", "9x5")
+			if len(rep.Runs) != 3 || !slices.Contains(rep.Nodes, "stage2 stage "+strings.Fields(rep.Nodes[2])[2]) {
+				t.Fatalf("%d runs, nodes %q", len(rep.Runs), rep.Nodes)
+			}
+			for _, r := range rep.Runs {
+				var st struct {
+					Loads int              `json:"expert_loads"`
+					Peak  map[string]int64 `json:"peak_memory_bytes"`
+				}
+				if err := json.Unmarshal(r.Stats, &st); err != nil {
+					t.Fatal(err)
+				}
+				if !r.Identical {
+					t.Errorf("%s: differs from local mode: %s", r.Mode, r.Diff)
+				}
+				if r.Mode == testbed.ModeReactive && (st.Loads == 0 || st.Peak["stage1"] <= 0 || st.Peak["stage2"] <= 0) {
+					t.Errorf("reactive: %d loads, peak memory %v: want the stages' loads and memory", st.Loads, st.Peak)
+				}
+			}
+		})
 	}
 }

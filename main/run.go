@@ -1,7 +1,6 @@
 package mainnode
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/stage"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +35,11 @@ type Config struct {
 	UniformPlacement bool
 	MiniBatch        int    // prefill tokens per activation; 0: DefaultMiniBatch
 	Shadow           string // the shadow node's address (Prefetch Shadow, or Resident to run it beside the resident swarm)
-	Align            align.Policy
+	// Stages are the addresses of the stages that hold the layers after
+	// the main node's, in order (-stages); the main node then holds the
+	// layers before the first stage's, perhaps none
+	Stages []string
+	Align  align.Policy
 	// TraceFile, if set, receives the swarm's timeline of iterations
 	// TraceFrom..TraceTo.
 	TraceFile          string
@@ -54,42 +58,40 @@ type Config struct {
 }
 
 // Run loads the non-expert weights, connects to the workers (and the
-// shadow), answers cfg.Text on the swarm and prints what it cost.
+// shadow, and the stages), answers cfg.Text on the swarm and prints what
+// it cost.
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := cfg.Log
 	t0 := time.Now()
-	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true})
+	id, err := store.ModelIdentity(cfg.Model) // what the workers, the shadow and the stages check
+	if err != nil {
+		return err
+	}
+	d := dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout)
+	m, stages, err := loadMain(ctx, cfg, d)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	if stages != nil {
+		defer stages.Close()
+		if cfg.Serve.PrefixCacheBytes > 0 {
+			// a prefix's rows on the stages are not kept with the main node's
+			log.Info().Msg("main node: the prefix cache is off with -stages")
+			cfg.Serve.PrefixCacheBytes = 0
+		}
+	}
 	if err := holds(m, "main", cfg.Serve, cfg.Mem, log); err != nil {
 		return err
 	}
-	group := cfg.Group
-	if group == 0 {
-		group = sched.DefaultGroup(len(cfg.Workers), m.Config.TopK)
-	}
-	layout, err := sched.NewLayout(len(cfg.Workers), group)
+	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align,
+		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages})
 	if err != nil {
 		return err
 	}
-	log.Info().Str("model", cfg.Model).Str("holds", progress.Bytes(m.NonExpertBytes())).Int("workers", len(cfg.Workers)).
-		Int("groups", layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Bool("residency", cfg.Residency).Dur("load", time.Since(t0)).
+	log.Info().Str("model", cfg.Model).Str("holds", progress.Bytes(m.NonExpertBytes())).Stringer("layers", m.HeldLayers()).Int("workers", len(cfg.Workers)).
+		Int("groups", opt.Layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Bool("residency", cfg.Residency).Dur("load", time.Since(t0)).
 		Msg("main node: non-expert weights mapped")
-	opt := Options{
-		Layout: layout, Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Hidden: m.Config.HiddenSize, Log: log, Align: cfg.Align,
-		Layers: m.Config.ExpertLayers(), Experts: m.Config.NumExperts, TopK: m.Config.TopK, Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Intermediate: m.Config.IntermediateSize,
-	}
-	id, err := store.IdentityOf(cfg.Model, m)
-	if err != nil {
-		return err
-	}
-	timeout := cmp.Or(cfg.PeerTimeout, wire.DefaultPeerTimeout)
-	base := *cfg.Wire
-	base.IdleTimeout, base.KeepAlivePeriod = timeout, timeout/4
-	base.Hello.Model = id.String()
-	base.CheckHello = wire.SameModel(true) // a worker of another model would change the output
 	if cfg.TraceFile != "" {
 		name := cfg.Wire.Name
 		if cfg.Wire.Certs != nil {
@@ -97,55 +99,21 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 		opt.Trace = trace.NewRecorder(name)
 	}
-	wcfg := base
-	// workers may still be pinning or preloading experts
-	wcfg.DialAttempts, wcfg.MaxDialBackoff, wcfg.DialTimeout = 1<<20, time.Second, cmp.Or(cfg.DialTimeout, wire.DefaultStartDialTimeout)
-	peers, err := DialWorkers(ctx, cfg.Workers, &wcfg)
+	peers, err := DialWorkers(ctx, cfg.Workers, &d.start)
 	if err != nil {
 		return err
 	}
-	opt.Redial = RedialWorkers(cfg.Workers, &base)
+	opt.Redial = RedialWorkers(cfg.Workers, &d.base)
 	if cfg.Shadow != "" {
-		names := make([]string, len(peers))
-		for i, p := range peers {
-			names[i] = p.Identity().Name
-		}
-		scfg := base
-		scfg.PeerRoles = []wire.Role{wire.RoleShadow}
-		scfg.DialAttempts, scfg.MaxDialBackoff = 1, time.Second
-		scfg.CheckHello = func(self, h *wire.Hello) error {
-			if err := base.CheckHello(self, h); err != nil {
-				return err
+		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, d, peers, opt.Layout, log); err != nil {
+			for _, p := range peers {
+				p.Close()
 			}
-			if !slices.Equal(h.Layout, names) || h.Group != layout.Group {
-				return fmt.Errorf("the shadow hints workers %v in groups of %d, the main node runs %v in groups of %d: give both the same -workers, in the same order, and the same -group",
-					h.Layout, h.Group, names, layout.Group)
-			}
-			return nil
-		}
-		opt.RedialShadow = func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Shadow, &scfg) }
-		// the shadow may still be quantizing: wait a while for it, then
-		// start reactive and attach it when it answers
-		first := scfg
-		first.DialAttempts, first.DialTimeout = 1<<20, wcfg.DialTimeout
-		if opt.Shadow, err = wire.Dial(ctx, cfg.Shadow, &first); err != nil {
-			if ce := (*wire.ConnError)(nil); ctx.Err() != nil || errors.As(err, &ce) {
-				for _, p := range peers {
-					p.Close()
-				}
-				return fmt.Errorf("dialing the shadow: %w", err) // refused, not unreachable
-			}
-			log.Warn().Str("shadow", cfg.Shadow).Err(err).Msg("main node: the shadow does not answer; starting without its predictions, it attaches when it does")
+			return err
 		}
 	}
-	sw, err := NewSwarm(peers, opt)
+	sw, err := newSwarm(peers, opt)
 	if err != nil {
-		for _, p := range peers {
-			p.Close()
-		}
-		if opt.Shadow != nil {
-			opt.Shadow.Close()
-		}
 		return err
 	}
 	defer sw.Close()
@@ -279,4 +247,75 @@ func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logge
 			role, progress.Bytes(need), progress.Bytes(f.Weights()), progress.Bytes(f.KV), progress.Bytes(prefix), progress.Bytes(mem), progress.Bytes(need-mem))
 	}
 	return nil
+}
+
+// dialShadow dials the shadow at addr, which must hint the workers of
+// peers in layout's groups, waiting for it a while (it may still be
+// quantizing): one that does not answer by then attaches when it does
+// (the redial), one that refuses is an error.
+func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire.Peer, layout sched.Layout, log zerolog.Logger) (*wire.Peer, func(context.Context) (*wire.Peer, error), error) {
+	names := make([]string, len(peers))
+	for i, p := range peers {
+		names[i] = p.Identity().Name
+	}
+	scfg := d.base
+	scfg.PeerRoles = []wire.Role{wire.RoleShadow}
+	scfg.DialAttempts, scfg.MaxDialBackoff = 1, time.Second
+	scfg.CheckHello = func(self, h *wire.Hello) error {
+		if err := d.base.CheckHello(self, h); err != nil {
+			return err
+		}
+		if !slices.Equal(h.Layout, names) || h.Group != layout.Group {
+			return fmt.Errorf("the shadow hints workers %v in groups of %d, the main node runs %v in groups of %d: give both the same -workers, in the same order, and the same -group",
+				h.Layout, h.Group, names, layout.Group)
+		}
+		return nil
+	}
+	redial := func(ctx context.Context) (*wire.Peer, error) { return wire.Dial(ctx, addr, &scfg) }
+	first := scfg
+	first.DialAttempts, first.DialTimeout = 1<<20, d.start.DialTimeout
+	p, err := wire.Dial(ctx, addr, &first)
+	if err != nil {
+		if ce := (*wire.ConnError)(nil); ctx.Err() != nil || errors.As(err, &ce) {
+			return nil, nil, fmt.Errorf("dialing the shadow: %w", err) // refused, not unreachable
+		}
+		log.Warn().Str("shadow", addr).Err(err).Msg("main node: the shadow does not answer; starting without its predictions, it attaches when it does")
+	}
+	return p, redial, nil
+}
+
+// loadMain maps the main node's share of cfg.Model: every non-expert
+// weight, or, with cfg.Stages, the embedding, the layers before the first
+// stage's and the output head, and the client that runs the stages'
+// layers (its model's LayerRunner), nil without stages.
+func loadMain(ctx context.Context, cfg Config, d workerDialing) (*model.Model, *stage.Client, error) {
+	if len(cfg.Stages) == 0 {
+		m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true})
+		return m, nil, err
+	}
+	if cfg.Shadow != "" {
+		return nil, nil, fmt.Errorf("mainnode: -stages with a shadow: the shadow does not follow a staged main node yet")
+	}
+	if cfg.Residency {
+		return nil, nil, fmt.Errorf("mainnode: -stages with -residency on: each stage would place its layers' experts on its own")
+	}
+	c, err := model.LoadConfig(cfg.Model)
+	if err != nil {
+		return nil, nil, err
+	}
+	stages, first, err := DialStages(ctx, cfg.Stages, &d.start, c.NumLayers) // waiting for them while they load
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.LayerRange{First: 0, End: first}, Head: true})
+	if err != nil {
+		stages.Close()
+		return nil, nil, err
+	}
+	if err := m.SetLayerRunner(stages); err != nil {
+		m.Close()
+		stages.Close()
+		return nil, nil, err
+	}
+	return m, stages, nil
 }

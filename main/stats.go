@@ -180,6 +180,28 @@ func (a *LayerStats) add(b LayerStats) {
 	a.Results += b.Results
 }
 
+// figures is a on the wire (a main stage's, StageFigures).
+func (a LayerStats) figures() wire.LayerFigures {
+	return wire.LayerFigures{Calls: a.Calls, Main: int64(a.Main), Experts: int64(a.Experts), Worker: int64(a.Worker), Network: int64(a.Network),
+		Stall: int64(a.Stall), Load: int64(a.Load), Loads: a.Loads, Misses: a.Misses, MissesLate: a.MissesLate, MissesWrong: a.MissesWrong, Results: a.Results}
+}
+
+// layerStats is f off the wire.
+func layerStats(f wire.LayerFigures) LayerStats {
+	return LayerStats{Calls: f.Calls, Main: time.Duration(f.Main), Experts: time.Duration(f.Experts), Worker: time.Duration(f.Worker),
+		Network: time.Duration(f.Network), Stall: time.Duration(f.Stall), Load: time.Duration(f.Load), Loads: f.Loads, Misses: f.Misses,
+		MissesLate: f.MissesLate, MissesWrong: f.MissesWrong, Results: f.Results}
+}
+
+// addStage puts a main stage's figures of its layers in s (the main
+// node's hold nothing of them: the stage ran them).
+func (s *Stats) addStage(f *wire.StageFigures) {
+	for i := range f.Decode {
+		*s.layer(false, f.First+i) = layerStats(f.Decode[i])
+		*s.layer(true, f.First+i) = layerStats(f.Prefill[i])
+	}
+}
+
 // Total sums layers.
 func Total(layers []LayerStats) LayerStats {
 	var t LayerStats

@@ -13,6 +13,7 @@ import (
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/stage"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
@@ -66,6 +67,10 @@ type Options struct {
 	// Trace, if set, records this node's part of the swarm's timeline
 	// (StartTrace, CollectTrace).
 	Trace *trace.Recorder
+	// Stages, if set, run the layers after the main node's (its model's
+	// LayerRunner): the Swarm tells them which passes feed prompt chunks
+	// and which sequences end, as it tells its workers.
+	Stages *stage.Client
 	// Redial, if set, connects to worker w of the layout again after its
 	// connection was lost (one attempt, which may retry inside); the
 	// Swarm calls it in the background until the worker answers.
@@ -296,6 +301,11 @@ func (s *Swarm) Stats() *Stats {
 	s.mu.Lock()
 	st := s.stats.clone()
 	s.mu.Unlock()
+	if s.opt.Stages != nil {
+		for _, f := range s.opt.Stages.Figures() {
+			st.addStage(f)
+		}
+	}
 	if s.placer != nil {
 		r := s.placer.snapshot()
 		st.Residency = &r
@@ -339,6 +349,9 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	start := time.Now()
 	h := s.opt.Hidden
 	q := s.sequence(step)
+	if q.step != step {
+		s.rejoin() // a pass boundary of this sequence (a stage's passes begin past layer 0)
+	}
 	q.step = step
 	// several rows: a prompt's, or a pass's (a batch's rows); both go out
 	// as rows per expert. A pass says what it carries: one that feeds
@@ -349,9 +362,6 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	prefill := q.prompt
 	if !q.batch {
 		prefill = rows
-	}
-	if layer == 0 {
-		s.rejoin() // an iteration boundary of this sequence
 	}
 	if !q.mark.IsZero() {
 		s.mu.Lock()
@@ -606,6 +616,9 @@ func (s *Swarm) Close() error {
 // being member i's part.
 func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow) error {
 	prompt := slices.ContainsFunc(rows, func(r PassRow) bool { return r.Prompt })
+	if prompt && s.opt.Stages != nil {
+		s.opt.Stages.Prefill(step)
+	}
 	q := s.sequence(step)
 	// the main node's compute before the pass's first experts counts from
 	// here: not from the last pass's experts, which would count the head,
@@ -706,6 +719,11 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	delete(s.seqs, seq)
 	delete(s.figures, seq)
 	s.mu.Unlock()
+	if s.opt.Stages != nil {
+		if err := s.opt.Stages.End(ctx, seq); err != nil {
+			return fmt.Errorf("mainnode: ending sequence %d on the stages: %w", seq, err)
+		}
+	}
 	end := &wire.SequenceEnd{Seq: seq}
 	for i := range s.workers {
 		if err := s.sendTo(ctx, i, end); err != nil {

@@ -24,6 +24,7 @@ const (
 	RoleMain   = "main"
 	RoleWorker = "worker"
 	RoleShadow = "shadow"
+	RoleStage  = "stage"
 )
 
 // Flags are `odmoe run`'s flags; each role uses its share (their usage
@@ -87,7 +88,7 @@ type Log struct {
 
 // Register registers f's flags on fs, each field set to its default.
 func (f *Flags) Register(fs *flag.FlagSet) {
-	fs.StringVar(&f.Role, "role", "local", "node role: local (the whole model in one process; the reference the swarm must match), main, worker, shadow")
+	fs.StringVar(&f.Role, "role", "local", "node role: local (the whole model in one process; the reference the swarm must match), main, worker, shadow, stage (a range of the main node's layers, -layers, their experts on -workers)")
 	fs.StringVar(&f.Model, "model", "", "local, main: Hugging Face model directory: config.json, *.safetensors, tokenizer.json (required for these roles)")
 	fs.StringVar(&f.Prompt, "prompt", "The capital of France is", "local, main: prompt text")
 	fs.IntVar(&f.N, "n", 64, "local, main: tokens to generate")
@@ -108,26 +109,26 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.CORSOrigin, "cors-origin", "", "local, main: with -http, let browser pages of these `ORIGINS` (comma-separated, e.g. http://localhost:3000; * for any) call the API (default: none)")
 	fs.BoolVar(&f.NoConsole, "no-console", false, "local, main: with -http, do not serve the swarm's console page at / (chat and a tile per node, in a browser)")
 	fs.StringVar(&f.APIKey, "api-key", "", "local, main: with -http, require `KEY` as \"Authorization: Bearer KEY\" on every route but /healthz (default $ODMOE_API_KEY; a flag shows in the process list, the variable does not)")
-	fs.StringVar(&f.Workers, "workers", "", "main: worker addresses HOST:PORT,HOST:PORT,... in order (required for this role)")
-	fs.IntVar(&f.Group, "group", 0, "main, shadow: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
-	fs.StringVar(&f.Prefetch, "prefetch", "oracle-next", "main: loading policy: shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
+	fs.StringVar(&f.Workers, "workers", "", "main, stage: worker addresses HOST:PORT,HOST:PORT,... in order (required for these roles; a stage gives the main node's list)")
+	fs.IntVar(&f.Group, "group", 0, "main, shadow, stage: workers per group G; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
+	fs.StringVar(&f.Prefetch, "prefetch", "oracle-next", "main, stage: loading policy (a stage's as its main node's; not shadow): shadow (the shadow's predictions, needs -shadow), reactive (load when the activation arrives), oracle-next (hint each layer as soon as it is routed), random (random hints one layer ahead), resident (every worker holds the experts it owns: run the workers with -resident I/W; the fully cached reference)")
 	fs.StringVar(&f.Residency, "residency", "off", "main: off (OD-MoE's cacheless workers: every expert evicted once computed) or on (every expert runs on the worker that owns it, which keeps it resident while its -device-mem allows, evicting the coldest; the shadow hints owners)")
 	fs.StringVar(&f.Placement, "placement", "activation", "main, with -residency on: activation (experts spread over the workers by what each can hold, load and compute, then moved as their popularity shows: Prism) or uniform (expert e of layer l on worker (e + l) mod W, for good)")
-	fs.IntVar(&f.MiniBatch, "mini-batch", 0, "main: prefill tokens per activation; 0 = 16")
+	fs.IntVar(&f.MiniBatch, "mini-batch", 0, "main, stage: prefill tokens per activation; 0 = 16")
 	fs.StringVar(&f.Shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow; with -prefetch resident it runs beside the resident swarm, its hints landing on pinned experts: the baseline that pays the shadow's CPU); shadow: its worker list is -workers")
 	fs.IntVar(&f.AlignToken, "align-token", 1, "main: send the shadow the sampled token every T iterations (0 = never)")
 	fs.IntVar(&f.AlignKV, "align-kv", 1, "main: send the shadow the new KV rows every K iterations (0 = never)")
 	fs.BoolVar(&f.AlignAdaptive, "align-adaptive", false, "main: choose the alignment periods online from the shadow's measured recall and rewinds, starting at every iteration, -align-token and -align-kv being the longest allowed (align.Controller)")
-	fs.DurationVar(&f.PeerTimeout, "peer-timeout", wire.DefaultPeerTimeout, "main, shadow: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
-	fs.DurationVar(&f.DialTimeout, "dial-timeout", wire.DefaultStartDialTimeout, "main, shadow: how long to wait at start for the workers (and the shadow) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")
+	fs.DurationVar(&f.PeerTimeout, "peer-timeout", wire.DefaultPeerTimeout, "main, shadow, stage: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
+	fs.DurationVar(&f.DialTimeout, "dial-timeout", wire.DefaultStartDialTimeout, "main, shadow, stage: how long to wait at start for the workers (and the shadow, and the stages) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")
 	fs.StringVar(&f.Trace, "trace", "", "main: record the whole swarm's timeline (every node's compute, loads and messages) and write it as JSON to `FILE` (testbed draws it)")
 	fs.StringVar(&f.TraceIters, "trace-iters", "2:4", "main: the iterations -trace records, `FROM:TO` (iteration 1 is the prompt)")
 	fs.StringVar(&f.Quant, "quant", "int8", "shadow: weight format of the shadow's copy: fp16, int8, nf4")
 	fs.IntVar(&f.Ahead, "ahead", shadow.DefaultAhead, "shadow: run up to `N` passes past the main node's latest alignment on the tokens the shadow guessed (each member's as the main node draws it), so predictions come a pass early; where the main node's pass differs, only the rows that differ run again or are taken back (their predictions revised, those no longer wanted withdrawn); 0 = wait for every alignment (OD-MoE's late departure)")
-	fs.StringVar(&f.Layers, "layers", "", "shadow: the layers `A-B` (0-based, inclusive) this node holds of a staged shadow, whose nodes each hold a share of the quantized copy: the first stage (0-B) follows the main node and dials -stages; a later stage serves the first its layers, and needs no -workers (default: every layer)")
-	fs.StringVar(&f.Mem, "mem", "", "local, main, shadow: the node's memory budget (bytes; KiB, MiB, GiB suffixes): it refuses to start, saying what does not fit, when its weights (a shadow's quantized; a shadow also says how many stages, -layers, would fit), the KV cache of one full-context sequence and, serving, -prefix-cache pass it (default: none)")
-	fs.StringVar(&f.Stages, "stages", "", "shadow: with -layers 0-B, the `ADDRS` (HOST:PORT,...) of the shadow stages holding the layers after B, in order")
-	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow: UDP `ADDR` to listen on")
+	fs.StringVar(&f.Layers, "layers", "", "shadow, stage: the layers `A-B` (0-based, inclusive) this node holds. A shadow's of a staged shadow, whose nodes each hold a share of the quantized copy: the first stage (0-B) follows the main node and dials -stages; a later stage serves the first its layers, and needs no -workers (default: every layer). A stage's of the main node's (required): their attention and KV rows, their experts run on its -workers")
+	fs.StringVar(&f.Mem, "mem", "", "local, main, shadow, stage: the node's memory budget (bytes; KiB, MiB, GiB suffixes): it refuses to start, saying what does not fit, when its weights (a shadow's quantized; a shadow also says how many stages, -layers, would fit), the KV cache of one full-context sequence and, serving, -prefix-cache pass it (default: none)")
+	fs.StringVar(&f.Stages, "stages", "", "main, shadow: the `ADDRS` (HOST:PORT,...) of the stages holding the layers after this node's, in order. A main node's (-role stage) hold its layers from the first stage's on: the main node keeps the embedding, the layers before (perhaps none) and the output head. A shadow's (with -layers 0-B) are the shadow stages holding the layers after B")
+	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow, stage: UDP `ADDR` to listen on")
 	fs.StringVar(&f.Store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")
 	fs.StringVar(&f.DeviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.Device, "device", "cpu", "worker: what experts run on: cpu (host memory and this CPU's kernels), or cuda:N (GPU N, in a binary built with -tags cuda: -device-mem is then GPU memory); every device gives the same bits")

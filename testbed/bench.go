@@ -216,7 +216,7 @@ func Bench(opt BenchOptions) (*Report, error) {
 		rep.Link = ReadRigState()
 	}
 	for _, n := range opt.Rig.Nodes() {
-		node := fmt.Sprintf("%s %s %s", n.Name, n.Role, n.Addr)
+		node := fmt.Sprintf("%s %s %s", n.Name, n.RunRole(), n.Addr)
 		if n.CPUs != "" {
 			node += " cpus=" + n.CPUs
 		}
@@ -228,6 +228,9 @@ func Bench(opt BenchOptions) (*Report, error) {
 		}
 		if mode == ModeFault && len(opt.Rig.Workers) < 2 {
 			return nil, fmt.Errorf("testbed: mode fault needs two workers or more in %s", opt.Rig.Path)
+		}
+		if len(opt.Rig.Stages) > 0 && (mode.usesShadow() || mode.residency()) {
+			return nil, fmt.Errorf("testbed: mode %s with the main node's stages (%s): the shadow does not follow, nor residency place, a staged main node yet", mode, opt.Rig.Path)
 		}
 	}
 	// rounds: every mode once per round, so that a machine whose speed
@@ -303,6 +306,15 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 			return servers, err
 		}
 	}
+	main := MainFlags(opt, mode)
+	for _, st := range opt.Rig.Stages { // the main node's stages, running its layers as it would
+		f := nodeFlags(opt, opt.Via, st, runflags.RoleStage)
+		f.Listen, f.Model, f.Workers, f.DialTimeout = st.Addr, opt.Via.Paths(st).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
+		f.Prefetch, f.Group, f.MiniBatch, f.PeerTimeout = main.Prefetch, main.Group, main.MiniBatch, main.PeerTimeout
+		if err := start(st, f.Args()); err != nil {
+			return servers, err
+		}
+	}
 	if mode.usesShadow() {
 		if opt.Rig.Shadow == nil {
 			return servers, fmt.Errorf("testbed: mode %s needs a shadow node in %s", mode, opt.Rig.Path)
@@ -318,7 +330,7 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		s := *opt.Rig.Shadow
 		f := nodeFlags(opt, opt.Via, s, runflags.RoleShadow)
 		f.Listen, f.Model, f.Workers, f.DialTimeout = s.Addr, opt.Via.Paths(s).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
-		f.Stages = opt.Rig.StageAddrs()
+		f.Stages = opt.Rig.ShadowStageAddrs()
 		if mode == ModeShadowLate {
 			f.Ahead = 0 // whatever the rig says
 		}
@@ -403,6 +415,7 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	if mode.usesShadow() {
 		f.Shadow, f.AlignToken, f.AlignKV = opt.Rig.Shadow.Addr, 1, 1
 	}
+	f.Stages = opt.Rig.StageAddrs()
 	return f
 }
 
@@ -754,7 +767,10 @@ func serversCPU(servers []*Proc) (map[string]float64, bool) {
 			return nil, false
 		}
 		role := "workers"
-		if s.Node.Role == wire.RoleShadow {
+		switch {
+		case s.Node.Stage:
+			role = "stages"
+		case s.Node.Role == wire.RoleShadow:
 			role = "shadow"
 		}
 		by[role] += t.Seconds()

@@ -344,7 +344,7 @@ func writeCPUSplit(w io.Writer, runs []Run) {
 			total += s
 		}
 		var parts []string
-		for _, role := range []string{"main", "shadow", "workers"} {
+		for _, role := range []string{"main", "stages", "shadow", "workers"} {
 			if s, ok := r.CPUSeconds[role]; ok {
 				parts = append(parts, fmt.Sprintf("%s %.1f (%.0f%%)", role, 1000*s/float64(r.Output), 100*s/max(total, 1e-9)))
 			}

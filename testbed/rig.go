@@ -33,6 +33,18 @@ type Node struct {
 	CPUs string
 	// Flags are passed to `odmoe run -role ROLE` as they are.
 	Flags []string
+	// Stage says the node is one of the main node's stages (role stage
+	// in the rig, `odmoe run -role stage`): a range of its layers, met by
+	// the workers as the main node is (Role is main, as its certificate).
+	Stage bool
+}
+
+// RunRole is the node's `odmoe run -role`.
+func (n Node) RunRole() string {
+	if n.Stage {
+		return runflags.RoleStage
+	}
+	return string(n.Role)
 }
 
 // FlagsAs is the node's own flags (the rig's) parsed as those of `odmoe
@@ -87,7 +99,7 @@ func (r *Rig) addShadow(n Node) error {
 
 // layers is n's -layers flag ("" if none).
 func (n Node) layers() string {
-	f, err := n.FlagsAs(string(n.Role))
+	f, err := n.FlagsAs(n.RunRole())
 	if err != nil {
 		return ""
 	}
@@ -119,13 +131,16 @@ type Rig struct {
 	// ShadowStages are a staged shadow's later stages, in the order of
 	// their layers (each shadow line with -layers not from 0)
 	ShadowStages []Node
-	Workers      []Node
+	// Stages are the main node's stages, in the order of their layers:
+	// the main node then holds the layers before the first's
+	Stages  []Node
+	Workers []Node
 }
 
-// Nodes lists every node: main, shadow (if any) and its stages, workers
-// in order.
+// Nodes lists every node: main, its stages, shadow (if any) and its
+// stages, workers in order.
 func (r *Rig) Nodes() []Node {
-	out := []Node{r.Main}
+	out := append([]Node{r.Main}, r.Stages...)
 	if r.Shadow != nil {
 		out = append(out, *r.Shadow)
 	}
@@ -133,10 +148,16 @@ func (r *Rig) Nodes() []Node {
 	return append(out, r.Workers...)
 }
 
-// StageAddrs is a staged shadow's -stages list, in order.
-func (r *Rig) StageAddrs() string {
-	a := make([]string, len(r.ShadowStages))
-	for i, s := range r.ShadowStages {
+// ShadowStageAddrs is a staged shadow's -stages list, in order.
+func (r *Rig) ShadowStageAddrs() string { return addrsOf(r.ShadowStages) }
+
+// StageAddrs is the main node's -stages list, in order.
+func (r *Rig) StageAddrs() string { return addrsOf(r.Stages) }
+
+// addrsOf is nodes' addresses, comma-separated.
+func addrsOf(nodes []Node) string {
+	a := make([]string, len(nodes))
+	for i, s := range nodes {
 		a[i] = s.Addr
 	}
 	return strings.Join(a, ",")
@@ -170,10 +191,12 @@ func ReadRig(path string) (*Rig, error) {
 //
 //	NAME ROLE ADDRESS [ssh=USER@HOST] [cpus=LIST] [FLAG ...]
 //
-// with # comments and blank lines ignored. ROLE is main, shadow or worker;
-// ADDRESS is HOST:PORT (HOST for the main node, which only dials). There
-// must be exactly one main node, at most one shadow and at least one
-// worker; names (certificate names) and listening addresses are unique.
+// with # comments and blank lines ignored. ROLE is main, stage, shadow or
+// worker; ADDRESS is HOST:PORT (HOST for the main node, which only
+// dials). There must be exactly one main node, at most one shadow and at
+// least one worker; names (certificate names) and listening addresses
+// are unique. A stage (-layers A-B) holds a range of the main node's
+// layers (the launcher gives the main node -stages, in their order).
 // A staged shadow is several shadow lines, each with -layers A-B: the one
 // from layer 0 is the first stage (the launcher gives it -stages), the
 // others its stages.
@@ -197,13 +220,16 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 		if len(f) < 3 {
 			return nil, errf("want NAME ROLE ADDRESS [ssh=USER@HOST] [cpus=LIST] [FLAGS], got %q", strings.TrimSpace(text))
 		}
-		n := Node{Name: f[0], Addr: f[2]}
-		role, err := wire.ParseRole(f[1])
-		if err != nil {
-			return nil, errf("node %s: %v", n.Name, err)
+		n := Node{Name: f[0], Addr: f[2], Stage: f[1] == runflags.RoleStage}
+		role := wire.RoleMain // a stage's certificate is a main node's
+		if !n.Stage {
+			var err error
+			if role, err = wire.ParseRole(f[1]); err != nil {
+				return nil, errf("node %s: %v (or stage)", n.Name, err)
+			}
 		}
 		n.Role = role
-		if specs, err := wire.ParseNodes(n.Name + "=" + f[1]); err != nil || len(specs) != 1 || specs[0].Name != n.Name || len(specs[0].Hosts) != 0 {
+		if specs, err := wire.ParseNodes(n.Name + "=" + string(role)); err != nil || len(specs) != 1 || specs[0].Name != n.Name || len(specs[0].Hosts) != 0 {
 			return nil, errf("node name %q: a name is 1-63 letters, digits or inner hyphens", n.Name)
 		}
 		rest := f[3:]
@@ -231,17 +257,17 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 			return nil, errf("node %s is already on line %d", n.Name, prev)
 		}
 		names[n.Name] = line
-		if n.Role != wire.RoleMain {
+		if n.Role != wire.RoleMain || n.Stage {
 			host, port, err := net.SplitHostPort(n.Addr)
 			if err != nil || host == "" || port == "" || port == "0" {
-				return nil, errf("%s %s listens on %q: want HOST:PORT with a fixed port", n.Role, n.Name, n.Addr)
+				return nil, errf("%s %s listens on %q: want HOST:PORT with a fixed port", n.RunRole(), n.Name, n.Addr)
 			}
 			if prev, ok := addrs[n.Addr]; ok {
 				return nil, errf("address %s is already taken on line %d", n.Addr, prev)
 			}
 			addrs[n.Addr] = line
 		}
-		if _, err := n.FlagsAs(string(n.Role)); err != nil { // wire's role names are run -role's
+		if _, err := n.FlagsAs(n.RunRole()); err != nil {
 			return nil, errf("%v", err)
 		}
 		for _, fl := range n.Flags {
@@ -254,13 +280,18 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 				return nil, errf("flag %s is set by the launcher, not the rig description", fl)
 			}
 		}
-		switch n.Role {
-		case wire.RoleMain:
+		switch {
+		case n.Stage:
+			if firstLayer(n) < 0 {
+				return nil, errf("stage %s: -layers %q: want A-B, the layers it holds", n.Name, n.layers())
+			}
+			r.Stages = append(r.Stages, n)
+		case n.Role == wire.RoleMain:
 			if haveMain {
 				return nil, errf("a second main node (%s)", n.Name)
 			}
 			r.Main, haveMain = n, true
-		case wire.RoleShadow:
+		case n.Role == wire.RoleShadow:
 			if err := r.addShadow(n); err != nil {
 				return nil, errf("%v", err)
 			}
@@ -274,7 +305,9 @@ func ParseRig(in io.Reader, name string) (*Rig, error) {
 	if len(r.ShadowStages) > 0 && r.Shadow == nil {
 		return nil, fmt.Errorf("%s: shadow stages and no first stage (a shadow with -layers 0-B)", name)
 	}
-	slices.SortFunc(r.ShadowStages, func(a, b Node) int { return cmp.Compare(firstLayer(a), firstLayer(b)) })
+	byFirstLayer := func(a, b Node) int { return cmp.Compare(firstLayer(a), firstLayer(b)) }
+	slices.SortFunc(r.ShadowStages, byFirstLayer)
+	slices.SortFunc(r.Stages, byFirstLayer)
 	switch {
 	case !haveMain:
 		return nil, fmt.Errorf("%s: no main node", name)

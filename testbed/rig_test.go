@@ -349,10 +349,44 @@ w1 worker 10.0.0.5:7400
 	if r.Shadow == nil || r.Shadow.Name != "s1" || len(r.ShadowStages) != 2 || r.ShadowStages[0].Name != "s2" || r.ShadowStages[1].Name != "s3" {
 		t.Fatalf("first stage %v, stages %v", r.Shadow, r.ShadowStages)
 	}
-	if got := r.StageAddrs(); got != "10.0.0.3:7400,10.0.0.4:7400" {
+	if got := r.ShadowStageAddrs(); got != "10.0.0.3:7400,10.0.0.4:7400" {
 		t.Fatalf("-stages %q", got)
 	}
 	if names := len(r.Nodes()); names != 5 {
 		t.Fatalf("%d nodes", names)
+	}
+}
+
+// TestParseRigReadsAMainNodesStages: stage lines, in any order, are the
+// main node's stages in the order of their layers (-layers A-B or A-),
+// run as `-role stage` under a main node's certificate, their addresses
+// its -stages; a stage that gives no layers is refused by name.
+func TestParseRigReadsAMainNodesStages(t *testing.T) {
+	r, err := ParseRig(strings.NewReader(`m main 10.0.0.1
+late stage 10.0.0.3:7400 -layers 4-
+early stage 10.0.0.2:7400 -layers 0-3
+w1 worker 10.0.0.5:7400
+`), "staged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Stages) != 2 || r.Stages[0].Name != "early" || r.Stages[1].Name != "late" || r.Shadow != nil || len(r.Workers) != 1 {
+		t.Fatalf("stages %v, shadow %v, workers %v", r.Stages, r.Shadow, r.Workers)
+	}
+	if st := r.Stages[0]; st.RunRole() != "stage" || st.Role != wire.RoleMain || !st.Stage {
+		t.Fatalf("a stage runs as %q with a %s certificate", st.RunRole(), st.Role)
+	}
+	if got := r.StageAddrs(); got != "10.0.0.2:7400,10.0.0.3:7400" {
+		t.Fatalf("-stages %q", got)
+	}
+	if got := r.CertNodes(); !strings.Contains(got, "early=main@10.0.0.2") || !strings.Contains(got, "late=main@10.0.0.3") {
+		t.Fatalf("certificates %q", got)
+	}
+	for _, bad := range []string{"s stage 10.0.0.2:7400\n", "s stage 10.0.0.2:7400 -layers 3-1\n", "s stage 10.0.0.2\n"} {
+		if _, err := ParseRig(strings.NewReader("m main 10.0.0.1\nw1 worker 10.0.0.5:7400\n"+bad), "bad"); err == nil || !strings.Contains(err.Error(), "stage s") {
+			t.Errorf("%q: err %v", bad, err)
+		} else {
+			t.Logf("%q: %v", bad, err)
+		}
 	}
 }

@@ -1,0 +1,148 @@
+package mainnode_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/odmoe/odmoe/harness/inproc"
+	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// stagedSwarm is a main node that holds no layer (the embedding and the
+// head alone), its layers on stages that run in this process as a stage
+// process does (RunStage), each meeting the workers over loopback QUIC.
+type stagedSwarm struct {
+	head *model.Model
+	sw   *mainnode.Swarm
+}
+
+// startStagedSwarm starts stages holding layers[i] each ("A-B") under
+// policy, on the workers at addrs, and the main node's Swarm over the
+// same workers, whose model's LayerRunner they are.
+func startStagedSwarm(t *testing.T, f inproc.Files, addrs []string, policy mainnode.Prefetch, layers ...string) *stagedSwarm {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stages []string
+	done := make(chan error, len(layers))
+	t.Cleanup(func() {
+		cancel()
+		for range layers {
+			if err := <-done; err != nil {
+				t.Errorf("a stage ended: %v", err)
+			}
+		}
+	})
+	for i, r := range layers {
+		name := fmt.Sprintf("stage%d", i+1)
+		if err := inproc.EnsureNodes(f.Certs, name); err != nil {
+			t.Fatal(err)
+		}
+		certs, err := wire.LoadCerts(f.Certs, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready := make(chan string, 1)
+		go func() {
+			done <- mainnode.RunStage(ctx, mainnode.StageConfig{Model: f.Model, Layers: r, Listen: "127.0.0.1:0", Workers: addrs, Group: 2, Prefetch: policy,
+				MiniBatch: 4, Wire: &wire.Config{Certs: certs, Log: zerolog.Nop()}, Log: zerolog.Nop(), Ready: func(a string) { ready <- a }})
+		}()
+		select {
+		case a := <-ready:
+			stages = append(stages, a)
+		case err := <-done:
+			t.Fatalf("stage %s: %v", r, err)
+		}
+	}
+	head, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true, Layers: &model.NoLayers, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { head.Close() })
+	id, err := f.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := wire.LoadCerts(f.Certs, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mcfg := &wire.Config{Certs: certs, Log: zerolog.Nop(), CheckHello: wire.SameModel(true)}
+	mcfg.Hello.Model = id
+	client, first, err := mainnode.DialStages(ctx, stages, mcfg, head.Config.NumLayers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	if first != 0 {
+		t.Fatalf("the first stage holds layers from %d", first)
+	}
+	if err := head.SetLayerRunner(client); err != nil {
+		t.Fatal(err)
+	}
+	c := head.Config
+	layout, _ := sched.NewLayout(len(addrs), 2)
+	sw, err := mainnode.Dial(ctx, addrs, mcfg, mainnode.Options{Layout: layout, Prefetch: policy, MiniBatch: 4, Hidden: c.HiddenSize, Intermediate: c.IntermediateSize,
+		Layers: c.ExpertLayers(), Experts: c.NumExperts, TopK: c.TopK, Seed: 1, Stages: client, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sw.Close() })
+	return &stagedSwarm{head: head, sw: sw}
+}
+
+// TestAStagedMainNodeIsLocalModeAloneAndBatched: every family's tiny
+// preset on a main node that holds no layer, its layers on two stages
+// (layers 0-1 and the rest) that each run their experts on the same four
+// workers, reactive, oracle-next and random: two seeded sampled requests
+// (penalties, a logit bias), each alone and the two batched, give local
+// mode's tokens and logits bit for bit, and the stages' layers' figures
+// reach the main node's (experts loaded for them).
+func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "deepseek-v3-tiny-fp8", "gpt-oss-tiny-mxfp4"} {
+		t.Run(preset, func(t *testing.T) {
+			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 24, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local, _ := loadModels(t, f)
+			prompts := [][]int{testPrompt(9, 31, 3, local.Config.VocabSize), testPrompt(14, 17, 5, local.Config.VocabSize)}
+			samplers := func() []*model.Sampler {
+				return []*model.Sampler{model.NewSampler(0.9, 0.95, 601).WithPenalties(0.2, 0.1), model.NewSampler(1.2, 1, 602).WithBias(map[int]float64{1: 3})}
+			}
+			const steps = 8
+			var want [2]generation
+			for i, s := range samplers() {
+				want[i] = generateWith(t, local, model.NewResidentExperts(local), prompts[i], steps, s)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			addrs := startWorkers(t, ctx, f, 4, 64<<20, false)
+			for _, policy := range []mainnode.Prefetch{mainnode.Reactive, mainnode.OracleNext, mainnode.Random} {
+				s := startStagedSwarm(t, f, addrs, policy, "0-1", "2-")
+				var alone [2]generation
+				for i, smp := range samplers() {
+					alone[i] = generateWith(t, s.head, s.sw, prompts[i], steps, smp)
+				}
+				b := s.sw.Batcher(s.head)
+				together := batched(t, b, prompts, steps, samplers())
+				b.Close()
+				for i := range want {
+					if d := diffGenerations(alone[i], want[i]); d != "" {
+						t.Fatalf("%s: request %d alone differs from local mode: %s", policy, i, d)
+					}
+					if d := diffGenerations(together[i], want[i]); d != "" {
+						t.Fatalf("%s: request %d batched differs from local mode: %s", policy, i, d)
+					}
+				}
+				if loads := mainnode.Total(s.sw.Stats().Decode).Loads; loads == 0 {
+					t.Fatalf("%s: the main node's figures count no expert loaded on the stages' layers", policy)
+				}
+			}
+		})
+	}
+}
