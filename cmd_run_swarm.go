@@ -55,10 +55,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	var stages []string
 	if f.Stages != "" {
 		stages = strings.Split(f.Stages, ",")
-		switch {
-		case f.Shadow != "":
-			return usagef("-stages with -shadow: the shadow does not follow a staged main node yet")
-		case residency:
+		if residency {
 			return usagef("-stages with -residency on: each stage would place its layers' experts on its own")
 		}
 	}
@@ -107,9 +104,6 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	policy, err := mainnode.ParsePrefetch(f.Prefetch)
 	if err != nil {
 		return usagef("-prefetch: %v", err)
-	}
-	if policy == mainnode.Shadow {
-		return usagef("-prefetch shadow: the shadow does not follow a staged main node yet (reactive, oracle-next, random or resident)")
 	}
 	if f.Group < 0 || (f.Group > 0 && len(workers)%f.Group != 0) {
 		return usagef("-workers/-group: %d workers do not split into groups of %d", len(workers), f.Group)

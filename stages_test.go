@@ -178,13 +178,16 @@ func TestANodeBeyondItsMemRefusesToStart(t *testing.T) {
 
 // stagedMainRig writes dir/stages.rig: a main node that holds none of the
 // layers, a stage holding layers 0-1 and one holding the rest (-layers
-// 2-), and four workers, on free loopback ports.
+// 2-), a shadow staged the same way (int8), and four workers, on free
+// loopback ports.
 func stagedMainRig(t *testing.T, dir string) string {
 	t.Helper()
 	var rig strings.Builder
 	fmt.Fprintln(&rig, "main main 127.0.0.1")
 	fmt.Fprintf(&rig, "stage1 stage %s -layers 0-1\n", freeLoopbackUDP(t))
 	fmt.Fprintf(&rig, "stage2 stage %s -layers 2-\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "shadow shadow %s -quant int8 -layers 0-1\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "shadow2 shadow %s -quant int8 -layers 2-\n", freeLoopbackUDP(t))
 	for i := range 4 {
 		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
 	}
@@ -197,11 +200,14 @@ func stagedMainRig(t *testing.T, dir string) string {
 
 // TestAStagedMainNodeIsLocalModeOnEveryFamily: bench rig (real processes
 // on loopback) on a rig whose main node holds no layer, its layers on two
-// stages that each run their experts on the four workers: every family's
-// output equals local mode's bit for bit (bench rig compares the logits),
-// resident and reactive, and the figures of the stages' layers reach the
-// main node's report (reactive loads experts), with each stage's peak
-// memory under its name.
+// stages that each run their experts on the four workers, and whose
+// shadow is two shadow stages: every family's output equals local mode's
+// bit for bit (bench rig compares the logits), resident, reactive and
+// shadow-driven; the figures of the stages' layers reach the main node's
+// report (reactive loads experts, each stage's peak memory is under its
+// name), and the shadow's predictions of the stages' layers reach them:
+// its recall is scored over every layer and well above chance, and far
+// fewer of its loads miss than reactive's.
 func TestAStagedMainNodeIsLocalModeOnEveryFamily(t *testing.T) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "deepseek-v3-tiny-fp8", "gpt-oss-tiny-mxfp4"} {
 		t.Run(preset, func(t *testing.T) {
@@ -210,14 +216,17 @@ func TestAStagedMainNodeIsLocalModeOnEveryFamily(t *testing.T) {
 			if _, se, code := run(t, "", "gen-tiny", "-out", m, "-preset", preset, "-log-level", "warn"); code != 0 {
 				t.Fatalf("gen-tiny: %s", se)
 			}
-			rep := benchRig(t, stagedMainRig(t, dir), m, filepath.Join(dir, "out"), "-modes", "resident,reactive", "-cases", "9x5")
-			if len(rep.Runs) != 3 || !slices.Contains(rep.Nodes, "stage2 stage "+strings.Fields(rep.Nodes[2])[2]) {
+			rep := benchRig(t, stagedMainRig(t, dir), m, filepath.Join(dir, "out"), "-modes", "resident,reactive,shadow", "-cases", "9x12")
+			if len(rep.Runs) != 4 || !slices.Contains(rep.Nodes, "stage2 stage "+strings.Fields(rep.Nodes[2])[2]) {
 				t.Fatalf("%d runs, nodes %q", len(rep.Runs), rep.Nodes)
 			}
+			misses := map[testbed.Mode]float64{}
 			for _, r := range rep.Runs {
 				var st struct {
-					Loads int              `json:"expert_loads"`
-					Peak  map[string]int64 `json:"peak_memory_bytes"`
+					Loads  int              `json:"expert_loads"`
+					Misses int              `json:"misses"`
+					Recall *float64         `json:"recall"`
+					Peak   map[string]int64 `json:"peak_memory_bytes"`
 				}
 				if err := json.Unmarshal(r.Stats, &st); err != nil {
 					t.Fatal(err)
@@ -228,7 +237,73 @@ func TestAStagedMainNodeIsLocalModeOnEveryFamily(t *testing.T) {
 				if r.Mode == testbed.ModeReactive && (st.Loads == 0 || st.Peak["stage1"] <= 0 || st.Peak["stage2"] <= 0) {
 					t.Errorf("reactive: %d loads, peak memory %v: want the stages' loads and memory", st.Loads, st.Peak)
 				}
+				if r.Mode == testbed.ModeShadow && (st.Recall == nil || *st.Recall < 0.6) {
+					t.Errorf("shadow: recall %v: want the stages' layers predicted", st.Recall)
+				}
+				if st.Loads > 0 {
+					misses[r.Mode] = float64(st.Misses) / float64(st.Loads)
+				}
+				t.Logf("%s: %d loads, %d misses", r.Mode, st.Loads, st.Misses)
+			}
+			if misses[testbed.ModeShadow] > misses[testbed.ModeReactive]/2 {
+				t.Errorf("misses: shadow %.3f of its loads, reactive %.3f: the stages did not place on the predictions", misses[testbed.ModeShadow], misses[testbed.ModeReactive])
 			}
 		})
+	}
+}
+
+// TestAStagedMainNodeAlignsTheShadowAsAWholeOne runs one nf4 shadow
+// (-ahead 0: every guess waits for its alignment, so no timing enters its
+// predictions) beside a main node that holds every layer, and then beside
+// one whose layers are on two stages (real processes, two workers): the
+// shadow's recall is the same, exactly, so its KV alignments carried the
+// same rows, the stages' layers' from the stages; both runs give local
+// mode's tokens and logits.
+func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
+	r := newChaosRig(t, 2)
+	certs := filepath.Join(r.dir, "certs")
+	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "stage1,stage2", "-log-level", "warn"); code != 0 {
+		t.Fatalf("certs: %s", se)
+	}
+	for i := range r.workers {
+		r.startWorker(i)
+	}
+	const n = "32"
+	local := filepath.Join(r.dir, "local")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "nf4", "-ahead", "0", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","),
+		"-group", "2", "-certs", certs, "-name", "shadow", "-log-level", "info")
+	recallOf := func(name string, extra ...string) float64 {
+		t.Helper()
+		dump, stats := filepath.Join(r.dir, name), filepath.Join(r.dir, name+".json")
+		args := append([]string{"-prefetch", "shadow", "-shadow", r.shadow, "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats, "-dial-timeout", "60s"}, extra...)
+		if se, code := r.runMain(args...); code != 0 {
+			t.Fatalf("%s: the main node: exit %d\n%s\n%s", name, code, se, r.logs())
+		}
+		sameDump(t, dump, local)
+		var st struct{ Recall *float64 }
+		b, err := os.ReadFile(stats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &st); err != nil || st.Recall == nil {
+			t.Fatalf("%s: stats %s: %v", name, b, err)
+		}
+		return *st.Recall
+	}
+	whole := recallOf("whole")
+	var stages []string
+	for i, layers := range []string{"0-1", "2-"} {
+		name, addr := fmt.Sprintf("stage%d", i+1), freeLoopbackUDP(t)
+		r.start(name, "run", "-role", "stage", "-model", r.model, "-layers", layers, "-listen", addr, "-workers", strings.Join(r.workers, ","),
+			"-group", "2", "-prefetch", "shadow", "-certs", certs, "-name", name, "-log-level", "info")
+		stages = append(stages, addr)
+	}
+	staged := recallOf("staged", "-stages", strings.Join(stages, ","))
+	t.Logf("recall: beside one main node %.4f, beside a main node and two stages %.4f", whole, staged)
+	if staged != whole || whole < 0.5 || whole == 1 {
+		t.Fatalf("recall: beside the stages %v, beside one main node %v", staged, whole)
 	}
 }

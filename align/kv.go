@@ -114,3 +114,52 @@ func (kv KVRows) Apply(c *kvcache.Cache) error {
 	}
 	return c.Commit(max(c.Len(), kv.From+kv.Rows))
 }
+
+// Positions is kv's rows of positions [from, to) only, sharing their
+// memory.
+func (kv KVRows) Positions(from, to int) KVRows {
+	s := kv
+	s.From, s.Rows = from, to-from
+	lo, hi := (from-kv.From)*kv.Width, (to-kv.From)*kv.Width
+	s.Keys = make([][]uint16, len(kv.Keys))
+	for l := range kv.Keys {
+		s.Keys[l] = kv.Keys[l][lo:hi]
+	}
+	if kv.Values != nil {
+		s.Values = make([][]uint16, len(kv.Values))
+		for l := range kv.Values {
+			s.Values[l] = kv.Values[l][lo:hi]
+		}
+	}
+	return s
+}
+
+// JoinLayers is the rows of parts, each of consecutive layers after the
+// one before (a node's own and its stages'), as one: the same positions,
+// width and kind of cache each. A part of no layer (a node that holds
+// none) adds nothing.
+func JoinLayers(parts ...KVRows) (KVRows, error) {
+	var out KVRows
+	for i, p := range parts {
+		switch {
+		case len(p.Keys) == 0:
+			continue
+		case len(out.Keys) == 0:
+			out = KVRows{From: p.From, Rows: p.Rows, Width: p.Width, First: p.First}
+			if p.Values != nil {
+				out.Values = [][]uint16{}
+			}
+		case p.From != out.From || p.Rows != out.Rows || p.Width != out.Width || (p.Values == nil) != (out.Values == nil) || p.First != out.First+len(out.Keys):
+			return KVRows{}, fmt.Errorf("align: KV rows %d (positions %d+%d, width %d, layers from %d) do not follow positions %d+%d, width %d, layers %d to %d",
+				i, p.From, p.Rows, p.Width, p.First, out.From, out.Rows, out.Width, out.First, out.First+len(out.Keys)-1)
+		}
+		out.Keys = append(out.Keys, p.Keys...)
+		if p.Values != nil {
+			out.Values = append(out.Values, p.Values...)
+		}
+	}
+	if len(out.Keys) == 0 {
+		return KVRows{}, fmt.Errorf("align: no KV rows to join")
+	}
+	return out, nil
+}

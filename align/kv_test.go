@@ -2,6 +2,7 @@ package align
 
 import (
 	"math"
+	"reflect"
 	"testing"
 
 	"github.com/odmoe/odmoe/kvcache"
@@ -147,5 +148,36 @@ func TestKVRowsReachAStagesLayers(t *testing.T) {
 	}
 	if err := kv.Layers(2, 3).Apply(stage); err == nil {
 		t.Fatal("rows of layer 2 applied to a stage of layer 1")
+	}
+}
+
+// TestKVRowsJoinAcrossStagesAndPositions: a cache's rows cut by layers
+// (a node's own and its stages') and by positions (run after run) join
+// back to the rows packed whole; rows of another width, or of layers that
+// do not follow, do not join.
+func TestKVRowsJoinAcrossStagesAndPositions(t *testing.T) {
+	c := kvcache.New(4, 2, 8, 0)
+	fill(c, 6, 1)
+	whole, err := PackKV(c, 1, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined, err := JoinLayers(KVRows{}, whole.Layers(0, 1), whole.Layers(1, 3), whole.Layers(3, 4))
+	if err != nil || !reflect.DeepEqual(joined, whole) {
+		t.Fatalf("joined by layers: %v, equal %v", err, reflect.DeepEqual(joined, whole))
+	}
+	part := whole.Positions(2, 4)
+	want, err := PackKV(c, 2, 4)
+	if err != nil || !reflect.DeepEqual(part, want) {
+		t.Fatalf("positions 2-3: %v, equal %v", err, reflect.DeepEqual(part, want))
+	}
+	if _, err := JoinLayers(whole.Layers(0, 1), whole.Layers(2, 3)); err == nil {
+		t.Fatal("layers 0 and 2 joined")
+	}
+	if _, err := JoinLayers(whole.Layers(0, 1), part.Layers(1, 2)); err == nil {
+		t.Fatal("rows of other positions joined")
+	}
+	if _, err := JoinLayers(KVRows{}); err == nil {
+		t.Fatal("nothing joined")
 	}
 }

@@ -82,6 +82,9 @@ type BatcherHooks struct {
 	// Figures, if set, is asked for a request's share of the runner's
 	// figures (GenerateStats.Experts) just before its EndSequence.
 	Figures func(seq uint64) model.ExpertFigures
+	// OnRoute, if set, sees every layer's routing of each pass's rows
+	// (model.Batch.SetOnRoute), the layers its stages run too.
+	OnRoute func(step model.Step, layer int, routes []model.Route)
 }
 
 // PassRow is one member's part of a pass.
@@ -112,6 +115,11 @@ type PassRow struct {
 func NewBatcher(m *model.Model, runner model.ExpertRunner, hooks BatcherHooks) *Batcher {
 	b := &Batcher{m: m, batch: model.NewBatch(m, runner), runner: runner, hooks: hooks,
 		budget: passes.Budget{Chunk: passes.DefaultChunk}, joins: make(chan *member), done: make(chan struct{})}
+	if hooks.OnRoute != nil {
+		b.batch.SetOnRoute(func(step model.Step, layer int, _ []float32, routes []model.Route) {
+			hooks.OnRoute(step, layer, routes)
+		})
+	}
 	b.life, b.stop = context.WithCancel(context.Background())
 	go b.loop()
 	return b

@@ -206,6 +206,14 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	phases := [2]LayerStats{Total(s.stats.Prefill), Total(s.stats.Decode)}
 	faults := s.stats.Faults
 	s.mu.Unlock()
+	if s.opt.Stages != nil { // the layers its stages ran, as their last runs told
+		for _, f := range s.opt.Stages.Figures() {
+			for i := range f.Decode {
+				phases[0].add(layerStats(f.Prefill[i]))
+				phases[1].add(layerStats(f.Decode[i]))
+			}
+		}
+	}
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}

@@ -293,9 +293,6 @@ func loadMain(ctx context.Context, cfg Config, d workerDialing) (*model.Model, *
 		m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true})
 		return m, nil, err
 	}
-	if cfg.Shadow != "" {
-		return nil, nil, fmt.Errorf("mainnode: -stages with a shadow: the shadow does not follow a staged main node yet")
-	}
 	if cfg.Residency {
 		return nil, nil, fmt.Errorf("mainnode: -stages with -residency on: each stage would place its layers' experts on its own")
 	}

@@ -70,7 +70,11 @@ const kvHint = 512
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
 func (s *Swarm) Batcher(m *model.Model) *Batcher {
-	b := NewBatcher(m, s, BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence, Figures: s.SequenceFigures})
+	hooks := BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence, Figures: s.SequenceFigures}
+	if s.shadow != nil && s.opt.Stages != nil {
+		hooks.OnRoute = s.stageRouted // the stages' layers' routing, to score the shadow's predictions of them
+	}
+	b := NewBatcher(m, s, hooks)
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/stage"
 	"github.com/odmoe/odmoe/wire"
 )
 
@@ -62,6 +63,10 @@ type shadowLink struct {
 	// may be told after their end
 	guesses map[string]GuessCounts
 	ended   map[uint64]string
+	// stages, when the main node has them, run the layers after its own:
+	// the shadow's predictions of their layers go on to them, and their
+	// KV rows come from them (stage.Client.KVRows)
+	stages *stage.Client
 }
 
 // GuessCounts are the shadow's guesses of members' next tokens on the
@@ -259,6 +264,9 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			}
 		case *wire.Prediction:
 			sl.trace.Message(trace.Recv, trace.MsgPrediction, p.Identity().Name, m.Iteration, m.Layer, -1, 0, at)
+			if sl.stages != nil && sl.stages.Layers().Contains(m.Layer) {
+				sl.stages.Tell(ctx, m.Layer, m) // their placement's; a stage lost fails the pass, not this
+			}
 			es, on := predictedOn(m.Experts, m.Workers)
 			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
 			sl.mu.Lock()
@@ -281,6 +289,9 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 		case *wire.Withdraw:
 			if len(m.Experts) > 0 {
 				break // a worker's: the shadow revises its prediction for this node
+			}
+			if sl.stages != nil {
+				sl.stages.Tell(ctx, -1, m)
 			}
 			sl.mu.Lock()
 			sl.withdrawals++
@@ -594,6 +605,9 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	}
 	sl.mu.Unlock()
 	if !up {
+		if sl.stages != nil { // a shadow that attaches is sent the sequence's tokens
+			sl.stages.ForgetKV(step.Seq, cache.Len()+len(tokens))
+		}
 		return false, nil
 	}
 	p := sl.peer.Load()
@@ -611,8 +625,10 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		if !row.Prompt {
 			a.Token = int32(tokens[0])
 		}
-		if 4*int64(cache.Len())*int64(cache.Width())*int64(cache.Layers()) <= maxAttachKVBytes {
-			if err := packInto(a, cache, 0); err != nil {
+		// (a staged main node's stages keep no rows for this: the shadow
+		// runs the history itself)
+		if sl.stages == nil && 4*int64(cache.Len())*int64(cache.Width())*int64(cache.Layers()) <= maxAttachKVBytes {
+			if err := packInto(a, cache, 0, nil); err != nil {
 				return false, err
 			}
 		}
@@ -624,7 +640,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 			a.Token = int32(tokens[0])
 		}
 		if kvDue && cache.Len() > lastKV {
-			if err := packInto(a, cache, lastKV); err != nil {
+			if err := packInto(a, cache, lastKV, sl.stages); err != nil {
 				return false, err
 			}
 			lastKV, kvStep = cache.Len(), decodeStep
@@ -634,6 +650,9 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		a.Chunk, a.PromptLeft = int32s(tokens), row.PromptLeft
 	}
 	a.Final = row.Final
+	if sl.stages != nil {
+		sl.stages.ForgetKV(step.Seq, lastKV) // rows before it are never sent again
+	}
 	sl.mu.Lock()
 	q.synced, q.lastKV = true, lastKV
 	if kvStep >= 0 {
@@ -663,11 +682,23 @@ func int32s(ids []int) []int32 {
 	return out
 }
 
-// packInto puts the KV rows from position from to the end of cache into a.
-func packInto(a *wire.Alignment, cache *kvcache.Cache, from int) error {
+// packInto puts the KV rows from position from to the end of cache into
+// a: with stages, those of cache's layers (the main node's) and then the
+// stages' as their runs handed them back; where they do not have them
+// all, a carries none (the shadow keeps its own rows).
+func packInto(a *wire.Alignment, cache *kvcache.Cache, from int, stages *stage.Client) error {
 	kv, err := align.PackKV(cache, from, cache.Len())
 	if err != nil {
 		return err
+	}
+	if stages != nil {
+		theirs, ok := stages.KVRows(a.Seq, from, cache.Len())
+		if !ok {
+			return nil
+		}
+		if kv, err = align.JoinLayers(kv, theirs); err != nil {
+			return err
+		}
 	}
 	a.FromPos = kv.From
 	a.Keys, a.Values = kv.Tensors() // no values for a latent cache

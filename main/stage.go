@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/progress"
@@ -42,9 +43,6 @@ type StageConfig struct {
 // another until ctx ends.
 func RunStage(ctx context.Context, cfg StageConfig) error {
 	log := cfg.Log
-	if cfg.Prefetch == Shadow {
-		return fmt.Errorf("stage: -prefetch shadow: the shadow does not follow a staged main node yet (reactive, oracle-next, random or resident)")
-	}
 	mc, err := model.LoadConfig(cfg.Model)
 	if err != nil {
 		return err
@@ -68,7 +66,9 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 		return err
 	}
 	d := dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout)
-	sw, err := d.swarm(ctx, m, cfg.Workers, cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log})
+	// with -prefetch shadow, the shadow's predictions of its layers come
+	// from the main node, as it hears them
+	sw, err := d.swarm(ctx, m, cfg.Workers, cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Forwarded: cfg.Prefetch == Shadow, Log: log})
 	if err != nil {
 		return err
 	}
@@ -138,11 +138,38 @@ func (r stageRunner) Figures(l model.LayerRange) *wire.StageFigures {
 	return f
 }
 
+// Predicted hands a shadow's prediction, or withdrawal, that the main
+// node heard on to the Swarm's placement (-prefetch shadow).
+func (r stageRunner) Predicted(m wire.Message) {
+	if r.sw.forwarded != nil {
+		r.sw.forwarded.heard(m)
+	}
+}
+
 func (r stageRunner) EndSequence(ctx context.Context, seq uint64) error {
 	r.sw.mu.Lock()
 	delete(r.sw.batches, seq)
 	r.sw.mu.Unlock()
 	return r.sw.EndSequence(ctx, seq)
+}
+
+// stageRouted scores the shadow's prediction of a layer the stages ran
+// (its routing as they handed it back) as RunExperts scores the main
+// node's own: decode passes only.
+func (s *Swarm) stageRouted(step model.Step, layer int, routes []model.Route) {
+	if !s.opt.Stages.Layers().Contains(layer) || !s.shadow.isUp() {
+		return // the main node's own (RunExperts scored it), or nothing to score
+	}
+	q := s.sequence(step)
+	if q.prompt || len(routes) == 0 || len(routes)%s.opt.TopK != 0 {
+		return
+	}
+	experts := make([]int, 0, len(routes))
+	for _, r := range routes {
+		experts = append(experts, r.Expert)
+	}
+	slices.Sort(experts)
+	s.shadow.routed(step, layer, nil, slices.Compact(experts), q.members(len(routes)/s.opt.TopK), routes)
 }
 
 // workerDialing is how a node that runs experts (the main node, a main

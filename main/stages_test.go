@@ -10,6 +10,7 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -139,8 +140,14 @@ func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
 						t.Fatalf("%s: request %d batched differs from local mode: %s", policy, i, d)
 					}
 				}
-				if loads := mainnode.Total(s.sw.Stats().Decode).Loads; loads == 0 {
+				loads := mainnode.Total(s.sw.Stats().Decode).Loads
+				if loads == 0 {
 					t.Fatalf("%s: the main node's figures count no expert loaded on the stages' layers", policy)
+				}
+				reg := prometheus.NewRegistry()
+				reg.MustRegister(s.sw.Collector(mainnode.ExpertBytes(local.Config)))
+				if got := gather(t, reg)[`odmoe_expert_loads_total{phase="decode"}`]; got != float64(loads) {
+					t.Fatalf("%s: /metrics counts %v decode loads, the figures %d", policy, got, loads)
 				}
 			}
 		})

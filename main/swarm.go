@@ -67,6 +67,11 @@ type Options struct {
 	// Trace, if set, records this node's part of the swarm's timeline
 	// (StartTrace, CollectTrace).
 	Trace *trace.Recorder
+	// Forwarded says the shadow's predictions come from the main node,
+	// handed on as it hears them (Forwarded): a main stage's Swarm, whose
+	// -prefetch shadow places on them with no shadow connection of its
+	// own.
+	Forwarded bool
 	// Stages, if set, run the layers after the main node's (its model's
 	// LayerRunner): the Swarm tells them which passes feed prompt chunks
 	// and which sequences end, as it tells its workers.
@@ -86,7 +91,10 @@ type Swarm struct {
 	planner *Planner
 	workers []*link
 	shadow  *shadowLink
-	placer  *placer // -residency on: activation statistics and migrations
+	// forwarded are the predictions a main stage's main node hands on
+	// (Options.Forwarded)
+	forwarded *forwarded
+	placer    *placer // -residency on: activation statistics and migrations
 	// rebalancing: one rebalance at a time reads, moves and sets the
 	// placement, so concurrent sequences never both move from one version
 	rebalancing sync.Mutex
@@ -213,6 +221,10 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	// baseline that pays the shadow's CPU as shadow mode does
 	shadowed := predicted || opt.Prefetch == Resident && (opt.Shadow != nil || opt.RedialShadow != nil)
 	switch {
+	case opt.Forwarded && (opt.Shadow != nil || opt.RedialShadow != nil):
+		return nil, fmt.Errorf("mainnode: predictions both forwarded and from a shadow node of its own")
+	case opt.Forwarded:
+		s.forwarded = newForwarded()
 	case predicted && opt.Shadow == nil && opt.RedialShadow == nil:
 		return nil, fmt.Errorf("mainnode: -prefetch shadow needs a shadow node")
 	case !shadowed && opt.Shadow != nil:
@@ -225,6 +237,10 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 			return nil, err
 		}
 		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
+		if opt.Stages != nil {
+			s.shadow.stages = opt.Stages
+			opt.Stages.KeepKV() // the KV rows of their layers, for the shadow's alignments
+		}
 	}
 	if opt.TopK > 64 {
 		return nil, fmt.Errorf("mainnode: top-%d routing: at most 64 experts per token", opt.TopK)
@@ -381,14 +397,18 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	}
 	q.in = Input{Step: step, Layer: layer, Tokens: n, Routes: routes, Batched: q.batch && !prefill}
 	predicted := s.shadow != nil && !prefill && s.shadow.isUp()
-	if predicted {
+	switch {
+	case predicted:
 		q.in.Predicted, q.in.PredictedOn = s.shadow.prediction(step, layer)
+	case s.forwarded != nil && !prefill:
+		predicted = true // as far as the main node hears the shadow
+		q.in.Predicted, q.in.PredictedOn = s.forwarded.take(step, layer)
 	}
 	s.planner.Plan(&q.plan, &q.in)
 	if s.placer != nil && !prefill {
 		s.placer.observe(layer, routes)
 	}
-	if predicted {
+	if predicted && s.shadow != nil { // a main stage's main node scores them
 		s.shadow.routed(step, layer, q.in.Predicted, q.plan.Experts, q.members(n), routes)
 	}
 	if err := s.hint(ctx, q); err != nil {
@@ -719,6 +739,9 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	delete(s.seqs, seq)
 	delete(s.figures, seq)
 	s.mu.Unlock()
+	if s.forwarded != nil {
+		s.forwarded.end(seq)
+	}
 	if s.opt.Stages != nil {
 		if err := s.opt.Stages.End(ctx, seq); err != nil {
 			return fmt.Errorf("mainnode: ending sequence %d on the stages: %w", seq, err)

@@ -16,7 +16,10 @@ import (
 // end of its peers, each in turn: the first stage's model.LayerRunner.
 // Safe for concurrent use (runs go one at a time).
 type Client struct {
-	mu     sync.Mutex
+	mu sync.Mutex
+	// smu guards stages for Tell, which does not wait for a run (mu):
+	// Reset, which replaces a lost stage, holds both
+	smu    sync.RWMutex
 	stages []*remote
 	id     uint64
 	routes []model.Route
@@ -31,7 +34,15 @@ type Client struct {
 	// figures are each stage's latest (StageRows.Figures), by stage
 	fmu     sync.Mutex
 	figures []*wire.StageFigures
+	// keepKV asks every run for the KV rows it writes (KeepKV), which
+	// kv keeps by sequence, by stage, until ForgetKV
+	keepKV bool
+	kv     map[uint64][]kvJournal
 }
+
+// kvJournal is one stage's KV rows of a sequence, as its runs wrote them:
+// runs of consecutive positions, the last ending where the sequence does.
+type kvJournal []align.KVRows
 
 var _ model.LayerRunner = (*Client)(nil)
 
@@ -219,7 +230,7 @@ func chunks(spans []model.RowSpan, most int) [][]model.RowSpan {
 // run runs spans' rows of pass step (hidden, h floats a row) through
 // every stage.
 func (c *Client) run(ctx context.Context, step model.Step, spans []model.RowSpan, hidden []float32, h int, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
-	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Iter, Prefill: c.prefill == step}
+	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Iter, Prefill: c.prefill == step, KV: c.keepKV}
 	for _, sp := range spans {
 		run.Seqs, run.Starts, run.Counts = append(run.Seqs, sp.Seq), append(run.Starts, int32(sp.Start)), append(run.Counts, int32(sp.Count))
 	}
@@ -278,6 +289,9 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 			if m.ID != id {
 				return nil, fmt.Errorf("the rows of run %d, awaiting run %d", m.ID, id)
 			}
+			if err := c.journal(st, m.KV); err != nil {
+				return nil, err
+			}
 			return m.Hidden.Float32s()
 		case *wire.Error:
 			switch {
@@ -287,6 +301,157 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 				return nil, m
 			}
 		}
+	}
+}
+
+// Tell sends m to the stage that holds layer (every stage where layer <
+// 0) without waiting for a run under way: what the first stage hears for
+// the stages' layers (a shadow's predictions and withdrawals, for a main
+// stage's placement). A stage it cannot reach is an error.
+func (c *Client) Tell(ctx context.Context, layer int, m wire.Message) error {
+	c.smu.RLock()
+	var to []*remote
+	for _, st := range c.stages {
+		if layer < 0 || st.layers.Contains(layer) {
+			to = append(to, st)
+		}
+	}
+	c.smu.RUnlock()
+	var errs []error
+	for _, st := range to {
+		errs = append(errs, st.send(ctx, m))
+	}
+	return errors.Join(errs...)
+}
+
+// KeepKV asks every run from now on for the KV rows it writes, kept by
+// sequence for KVRows (a main node whose shadow is KV-aligned: the rows
+// of its stages' layers are theirs).
+func (c *Client) KeepKV() {
+	c.mu.Lock()
+	c.keepKV = true
+	c.mu.Unlock()
+}
+
+// journal keeps the KV rows st's run wrote, a span's each: a sequence's
+// rows from a span's start on (a rewind) give way to the new ones. Call
+// with mu held.
+func (c *Client) journal(st *remote, rows []wire.StageKV) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	i := slices.Index(c.stages, st)
+	if c.kv == nil {
+		c.kv = map[uint64][]kvJournal{}
+	}
+	for _, m := range rows {
+		kv, err := align.FromTensors(m.FromPos, m.First, m.Keys, m.Values)
+		if err != nil {
+			return fmt.Errorf("KV rows of sequence %d: %w", m.Seq, err)
+		}
+		js := c.kv[m.Seq]
+		for len(js) < len(c.stages) {
+			js = append(js, nil)
+		}
+		j := js[i]
+		for len(j) > 0 && j[len(j)-1].From >= kv.From { // a rewind: the rows from kv.From on are gone
+			j = j[:len(j)-1]
+		}
+		if n := len(j); n > 0 && j[n-1].From+j[n-1].Rows > kv.From {
+			j[n-1] = j[n-1].Positions(j[n-1].From, kv.From)
+		}
+		if n := len(j); n > 0 && j[n-1].From+j[n-1].Rows < kv.From {
+			j = j[:0] // a gap: rows nobody handed back
+		}
+		js[i] = append(j, kv)
+		c.kv[m.Seq] = js
+	}
+	return nil
+}
+
+// KVRows are the KV rows of sequence seq at positions [from, to) in the
+// stages' layers, every stage's in order, as their runs wrote them
+// (KeepKV); false when some are not kept.
+func (c *Client) KVRows(seq uint64, from, to int) (align.KVRows, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	js := c.kv[seq]
+	if len(js) != len(c.stages) || from >= to {
+		return align.KVRows{}, false
+	}
+	var parts []align.KVRows
+	for _, j := range js {
+		var runs []align.KVRows
+		for _, kv := range j {
+			lo, hi := max(kv.From, from), min(kv.From+kv.Rows, to)
+			if lo < hi {
+				runs = append(runs, kv.Positions(lo, hi))
+			}
+		}
+		kv, ok := joinPositions(runs, from, to)
+		if !ok {
+			return align.KVRows{}, false
+		}
+		parts = append(parts, kv)
+	}
+	kv, err := align.JoinLayers(parts...)
+	return kv, err == nil
+}
+
+// joinPositions is runs of one stage's rows, consecutive, as the rows of
+// positions [from, to); false if they do not cover them.
+func joinPositions(runs []align.KVRows, from, to int) (align.KVRows, bool) {
+	if len(runs) == 0 || runs[0].From != from {
+		return align.KVRows{}, false
+	}
+	if len(runs) == 1 {
+		return runs[0], runs[0].Rows == to-from
+	}
+	out := runs[0]
+	out.Rows = to - from
+	out.Keys = make([][]uint16, len(runs[0].Keys))
+	if runs[0].Values != nil {
+		out.Values = make([][]uint16, len(runs[0].Values))
+	}
+	next := from
+	for _, r := range runs {
+		if r.From != next {
+			return align.KVRows{}, false
+		}
+		for l := range r.Keys {
+			out.Keys[l] = append(out.Keys[l], r.Keys[l]...)
+			if out.Values != nil {
+				out.Values[l] = append(out.Values[l], r.Values[l]...)
+			}
+		}
+		next += r.Rows
+	}
+	return out, next == to
+}
+
+// ForgetKV lets go of sequence seq's kept KV rows before position before
+// (all of them where before < 0: the sequence is over).
+func (c *Client) ForgetKV(seq uint64, before int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if before < 0 {
+		delete(c.kv, seq)
+		return
+	}
+	for i, j := range c.kv[seq] {
+		k := 0
+		for _, kv := range j {
+			switch {
+			case kv.From+kv.Rows <= before:
+			case kv.From < before:
+				j[k] = kv.Positions(before, kv.From+kv.Rows)
+				k++
+			default:
+				j[k] = kv
+				k++
+			}
+		}
+		c.kv[seq][i] = j[:k]
 	}
 }
 
@@ -348,6 +513,7 @@ func (c *Client) ApplyKV(ctx context.Context, seq uint64, kv align.KVRows) error
 func (c *Client) End(ctx context.Context, seq uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.kv, seq)
 	for _, st := range c.stages {
 		if err := st.send(ctx, &wire.StageEnd{Seq: seq}); err != nil {
 			return err
@@ -364,6 +530,7 @@ func (c *Client) End(ctx context.Context, seq uint64) error {
 func (c *Client) Reset(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	clear(c.kv)
 	for i, st := range c.stages {
 		if st.lost() {
 			if c.redial == nil {
@@ -382,7 +549,9 @@ func (c *Client) Reset(ctx context.Context) error {
 				return err
 			}
 			st = &remote{p: p, layers: r, in: make(chan wire.Message, 64)} // the lost one's reader keeps its own
+			c.smu.Lock()
 			c.stages[i] = st
+			c.smu.Unlock()
 			go st.read(context.WithoutCancel(ctx))
 		}
 		if err := st.send(ctx, &wire.StageEnd{All: true}); err != nil {

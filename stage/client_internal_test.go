@@ -2,9 +2,12 @@ package stage
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"testing"
 
+	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/kvcache"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -49,5 +52,79 @@ func TestAwaitLetsGoOfEarlierAnswers(t *testing.T) {
 	st.in <- &wire.Error{Code: wire.ReqBadRequest, Msg: "rows from 3", ID: 5}
 	if _, err := c.await(context.Background(), st, 5, nil); err == nil {
 		t.Fatal("the run's own Error did not fail it")
+	}
+}
+
+// TestTheKVJournalGivesBackWhatTheStagesWrote: two stages' KV rows of a
+// sequence, handed back run after run (a prompt chunk, decode steps, a
+// rewind of two rows and the steps after it), give back the rows of any
+// span of positions as one cache packed whole holds them (both stages'
+// layers, in order); rows forgotten, or never handed back, are not given.
+func TestTheKVJournalGivesBackWhatTheStagesWrote(t *testing.T) {
+	whole := kvcache.New(4, 2, 4, 0)
+	fill := func(n int, seed float32) { // positions [whole.Len(), n) with values of seed
+		whole.Reserve(n)
+		row := make([]float32, whole.Width())
+		for p := whole.Len(); p < n; p++ {
+			for l := range 4 {
+				for i := range row {
+					row[i] = seed + float32(l) + float32(p)/8 + float32(i)/64
+				}
+				whole.Put(l, p, row, row)
+			}
+		}
+		whole.Commit(n)
+	}
+	c := &Client{stages: []*remote{{layers: model.LayerRange{First: 0, End: 2}}, {layers: model.LayerRange{First: 2, End: 4}}}}
+	hand := func(from, to int) { // each stage hands back its layers' rows [from, to)
+		t.Helper()
+		kv, err := align.PackKV(whole, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range c.stages {
+			part := kv.Layers(st.layers.First, st.layers.End)
+			m := wire.StageKV{Seq: 9, FromPos: from, First: part.First}
+			m.Keys, m.Values = part.Tensors()
+			if err := c.journal(st, []wire.StageKV{m}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check := func(from, to int) {
+		t.Helper()
+		got, ok := c.KVRows(9, from, to)
+		want, err := align.PackKV(whole, from, to)
+		if err != nil || !ok || !reflect.DeepEqual(got, want) {
+			t.Fatalf("rows [%d, %d): ok %v, equal %v (%v)", from, to, ok, reflect.DeepEqual(got, want), err)
+		}
+	}
+	fill(5, 1)
+	hand(0, 5) // a prompt chunk
+	for p := 5; p < 8; p++ {
+		fill(p+1, 1)
+		hand(p, p+1)
+	}
+	check(0, 8)
+	check(3, 6)
+	whole.Truncate(6) // a rewind of two rows: the stages run from 6 again
+	fill(8, 2)
+	hand(6, 7)
+	hand(7, 8)
+	check(4, 8)
+	c.ForgetKV(9, 5)
+	check(5, 8)
+	if _, ok := c.KVRows(9, 4, 8); ok {
+		t.Fatal("rows forgotten were given back")
+	}
+	if _, ok := c.KVRows(9, 5, 9); ok {
+		t.Fatal("rows never handed back were given")
+	}
+	if _, ok := c.KVRows(3, 0, 1); ok {
+		t.Fatal("another sequence's rows were given")
+	}
+	c.ForgetKV(9, -1)
+	if len(c.kv) != 0 {
+		t.Fatal("an ended sequence's rows are kept")
 	}
 }

@@ -25,6 +25,9 @@ type Runner interface {
 	// Figures are what layers r have cost so far (nil: nothing measured),
 	// handed back with each run's rows.
 	Figures(r model.LayerRange) *wire.StageFigures
+	// Predicted hears a shadow's Prediction of one of the stage's
+	// layers, or its Withdraw, as the first stage heard it.
+	Predicted(m wire.Message)
 }
 
 // resident runs a model's experts in process, and keeps nothing per
@@ -34,6 +37,7 @@ type resident struct{ model.ExpertRunner }
 func (resident) BeforePass(context.Context, model.Step, []model.RowSpan, bool) error { return nil }
 func (resident) EndSequence(context.Context, uint64) error                           { return nil }
 func (resident) Figures(model.LayerRange) *wire.StageFigures                         { return nil }
+func (resident) Predicted(wire.Message)                                              {}
 
 // Layers runs a model's own layers (those it holds: a stage's) for the
 // sequences of a first stage, keeping each one's KV rows: a
@@ -50,6 +54,9 @@ type Layers struct {
 	sessions []*model.Session // scratch: a run's
 	feeds    [][]int
 	zeros    []int
+	// kv, when a run asks (RunPass's kv), are the KV rows it wrote, a
+	// span's each
+	kv []align.KVRows
 }
 
 // NewLayers runs m's layers, its experts in process.
@@ -85,6 +92,31 @@ func (l *Layers) RunLayers(ctx context.Context, step model.Step, r model.LayerRa
 // whose rows stop short of it is an error (rows the first stage ran and
 // never handed on).
 func (l *Layers) RunPass(ctx context.Context, step model.Step, prefill bool, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
+	out, err := l.runPass(ctx, step, prefill, r, spans, hidden, onRoute)
+	l.kv = l.kv[:0]
+	return out, err
+}
+
+// RunPassKV is RunPass that also returns the KV rows the pass wrote in
+// its layers, a span's each (in fp16: what a KV alignment of the shadow
+// carries), valid until the next run.
+func (l *Layers) RunPassKV(ctx context.Context, step model.Step, prefill bool, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, []align.KVRows, error) {
+	out, err := l.runPass(ctx, step, prefill, r, spans, hidden, onRoute)
+	if err != nil {
+		return nil, nil, err
+	}
+	l.kv = l.kv[:0]
+	for i, sp := range spans {
+		kv, err := align.PackKV(l.sessions[i].Cache(), sp.Start, sp.Start+sp.Count)
+		if err != nil {
+			return nil, nil, err
+		}
+		l.kv = append(l.kv, kv)
+	}
+	return out, l.kv, nil
+}
+
+func (l *Layers) runPass(ctx context.Context, step model.Step, prefill bool, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
 	if !l.Held().Covers(r) {
 		return nil, fmt.Errorf("stage: layers %s asked of a stage of layers %s", r, l.Held())
 	}

@@ -41,7 +41,12 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				}
 				continue
 			}
-			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out, len(out)/h, h), Figures: l.runner.Figures(l.Held())}
+			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: l.runner.Figures(l.Held())}
+			for i, kv := range out.kv {
+				k := wire.StageKV{Seq: m.Seqs[i], FromPos: kv.From, First: kv.First}
+				k.Keys, k.Values = kv.Tensors()
+				rows.KV = append(rows.KV, k)
+			}
 			if err := p.Send(ctx, rows); err != nil {
 				return err
 			}
@@ -63,6 +68,8 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 			} else {
 				l.End(ctx, m.Seq)
 			}
+		case *wire.Prediction, *wire.Withdraw:
+			l.runner.Predicted(m)
 		case *wire.Heartbeat, *wire.Trace:
 		default:
 			p.CloseFor(fmt.Sprintf("a stage takes no %T", msg))
@@ -71,12 +78,19 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 	}
 }
 
+// ran is what a StageRun gives back: the rows after the stage's layers,
+// and the KV rows it wrote when asked.
+type ran struct {
+	hidden []float32
+	kv     []align.KVRows
+}
+
 // run runs one StageRun on l, sending each layer's routes as it is
 // routed when asked.
-func run(ctx context.Context, p *wire.Peer, l *Layers, m *wire.StageRun, h int, routes *wire.StageRoutes) ([]float32, error) {
+func run(ctx context.Context, p *wire.Peer, l *Layers, m *wire.StageRun, h int, routes *wire.StageRoutes) (ran, error) {
 	hidden, err := m.Hidden.Float32s()
 	if err != nil {
-		return nil, err
+		return ran{}, err
 	}
 	spans := make([]model.RowSpan, len(m.Seqs))
 	rows := 0
@@ -85,7 +99,7 @@ func run(ctx context.Context, p *wire.Peer, l *Layers, m *wire.StageRun, h int, 
 		rows += spans[i].Count
 	}
 	if len(hidden) != rows*h {
-		return nil, fmt.Errorf("stage: run %d: %d rows of hidden state %d, given %d floats", m.ID, rows, h, len(hidden))
+		return ran{}, fmt.Errorf("stage: run %d: %d rows of hidden state %d, given %d floats", m.ID, rows, h, len(hidden))
 	}
 	var onRoute func(int, []model.Route)
 	var sendErr error
@@ -101,7 +115,13 @@ func run(ctx context.Context, p *wire.Peer, l *Layers, m *wire.StageRun, h int, 
 			}
 		}
 	}
-	out, err := l.RunPass(ctx, model.Step{Seq: m.Batch, Iter: m.Pass}, m.Prefill, model.LayerRange{First: m.First, End: m.End}, spans, hidden, onRoute)
+	step, r := model.Step{Seq: m.Batch, Iter: m.Pass}, model.LayerRange{First: m.First, End: m.End}
+	var out ran
+	if m.KV {
+		out.hidden, out.kv, err = l.RunPassKV(ctx, step, m.Prefill, r, spans, hidden, onRoute)
+	} else {
+		out.hidden, err = l.RunPass(ctx, step, m.Prefill, r, spans, hidden, onRoute)
+	}
 	return out, errors.Join(err, sendErr)
 }
 

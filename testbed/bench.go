@@ -229,8 +229,8 @@ func Bench(opt BenchOptions) (*Report, error) {
 		if mode == ModeFault && len(opt.Rig.Workers) < 2 {
 			return nil, fmt.Errorf("testbed: mode fault needs two workers or more in %s", opt.Rig.Path)
 		}
-		if len(opt.Rig.Stages) > 0 && (mode.usesShadow() || mode.residency()) {
-			return nil, fmt.Errorf("testbed: mode %s with the main node's stages (%s): the shadow does not follow, nor residency place, a staged main node yet", mode, opt.Rig.Path)
+		if len(opt.Rig.Stages) > 0 && mode.residency() {
+			return nil, fmt.Errorf("testbed: mode %s with the main node's stages (%s): residency does not place a staged main node's experts yet", mode, opt.Rig.Path)
 		}
 	}
 	// rounds: every mode once per round, so that a machine whose speed

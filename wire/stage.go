@@ -18,7 +18,8 @@ package wire
 // Batch and Pass are the first stage's step (its batch's sequence id and
 // the pass's number), under which a main stage runs the pass's experts
 // on its workers, as the first stage would; Prefill says the pass feeds
-// prompt chunks.
+// prompt chunks. KV asks for the KV rows the run wrote, each span's, in
+// the answer (a main node whose shadow is KV-aligned).
 type StageRun struct {
 	_msgpack   struct{} `msgpack:",as_array"`
 	ID         uint64
@@ -31,6 +32,7 @@ type StageRun struct {
 	Batch      uint64
 	Pass       int64
 	Prefill    bool
+	KV         bool
 }
 
 // StageRoutes is one layer's routing of a StageRun's rows: row r's k
@@ -45,12 +47,14 @@ type StageRoutes struct {
 
 // StageRows is a stage's answer to a StageRun: its rows' hidden state
 // after its last layer ([rows, hidden] F32), and, from a main stage, what
-// its layers' experts have cost so far.
+// its layers' experts have cost so far and (when the run asked) the KV
+// rows the run wrote in its layers, a StageKV a span (fp16).
 type StageRows struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	ID       uint64
 	Hidden   Tensor
 	Figures  *StageFigures
+	KV       []StageKV
 }
 
 // StageFigures are what a main stage has measured of its layers so far,
@@ -123,6 +127,11 @@ func (m *StageRoutes) validate() error {
 func (m *StageRows) validate() error {
 	if f := m.Figures; f != nil && (f.First < 0 || len(f.Prefill) != len(f.Decode)) {
 		return malformed("stage rows %d: figures from layer %d of %d decode and %d prefill layers", m.ID, f.First, len(f.Decode), len(f.Prefill))
+	}
+	for i := range m.KV {
+		if err := m.KV[i].validate(); err != nil {
+			return err
+		}
 	}
 	return m.Hidden.Validate()
 }

@@ -42,6 +42,10 @@ type Options struct {
 	// consecutive layers (as even as they divide): the first follows the
 	// main node, the others (shadow2, ...) hold the later layers.
 	ShadowStages int
+	// Stages, above 0, puts the main node's layers on that many stage
+	// processes (stage1, ...: -role stage, their layers as even as they
+	// divide), the main node holding none (-stages).
+	Stages int
 	// DeviceMem and LoadBW are the workers' -device-mem and -load-bw.
 	DeviceMem, LoadBW string
 	// HostCache and HostPreload are the workers' -host-cache and
@@ -88,6 +92,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
 	fs.StringVar(&o.Quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
 	fs.IntVar(&o.Ahead, "ahead", shadow.DefaultAhead, "the shadow's -ahead: iterations it may run past its alignment on its own tokens (0 = OD-MoE's late departure)")
+	fs.IntVar(&o.Stages, "stages", 0, "put the main node's layers on `N` stage processes (-role stage) of consecutive layers, each running its layers' experts on the workers; the main node keeps the embedding and the head (0 = it holds every layer)")
 	fs.IntVar(&o.ShadowStages, "shadow-stages", 1, "split the shadow into `N` stages of consecutive layers, each a process holding its share of the quantized copy (-layers, -stages)")
 	fs.StringVar(&o.DeviceMem, "device-mem", "1GiB", "each worker's device memory budget")
 	fs.StringVar(&o.LoadBW, "load-bw", "0", "pace each worker's expert loads (bytes/s, e.g. 4GB); 0 = unpaced")
@@ -111,17 +116,19 @@ type Swarm struct {
 	shadow  string   // the shadow's address; "" without one
 	// dialTimeout is the main node's and the shadow's -dial-timeout:
 	// long while the workers fill their host caches
-	dialTimeout time.Duration
-	logDir      string
-	keepLogs    bool   // logDir is the caller's (Options.LogDir): Close keeps it
-	residency   string // the main node's -residency; "" as off
-	profileDir  string // where nodes write their CPU profiles; "" none
-	cpus        string // the CPUs every node runs on (taskset -c); "" any
-	stop        context.CancelFunc
-	procs       []*exec.Cmd // the workers, then the shadow
-	shadowCmd   *exec.Cmd   // the shadow's (its first stage's), among procs; nil without one
-	stageCmds   []*exec.Cmd // a staged shadow's later stages, among procs
-	mainNode    *Node       // the caller's main node, once runNode started it
+	dialTimeout     time.Duration
+	logDir          string
+	keepLogs        bool   // logDir is the caller's (Options.LogDir): Close keeps it
+	residency       string // the main node's -residency; "" as off
+	profileDir      string // where nodes write their CPU profiles; "" none
+	cpus            string // the CPUs every node runs on (taskset -c); "" any
+	stop            context.CancelFunc
+	procs           []*exec.Cmd // the workers, then the shadow
+	shadowCmd       *exec.Cmd   // the shadow's (its first stage's), among procs; nil without one
+	shadowStageCmds []*exec.Cmd // a staged shadow's later stages, among procs
+	stages          string      // the main node's stages' addresses (-stages), "" without
+	stageCmds       []*exec.Cmd // the main node's stages, among procs
+	mainNode        *Node       // the caller's main node, once runNode started it
 }
 
 // Start starts o.Workers workers (w1..wN of f.Certs) and, with
@@ -176,6 +183,11 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		}
 		s.workers = append(s.workers, addr)
 	}
+	if o.Stages > 0 {
+		if err := s.startMainStages(wctx, self, f, o); err != nil {
+			return nil, err
+		}
+	}
 	if o.Prefetch == "shadow" {
 		addr, err := s.ports.addr()
 		if err != nil {
@@ -185,7 +197,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		sh.Model, sh.Quant, sh.Listen, sh.Workers, sh.Group, sh.DialTimeout, sh.Ahead = f.Model, o.Quant, addr, strings.Join(s.workers, ","), o.Group, s.dialTimeout, o.Ahead
 		sh.Cluster.Certs, sh.Cluster.Name, sh.Log.Level = f.Certs, "shadow", "warn"
 		if o.ShadowStages > 1 {
-			if sh.Layers, sh.Stages, err = s.startStages(wctx, self, f, o); err != nil {
+			if sh.Layers, sh.Stages, err = s.startShadowStages(wctx, self, f, o); err != nil {
 				return nil, err
 			}
 		}
@@ -197,10 +209,44 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 	return s, nil
 }
 
-// startStages starts a staged shadow's later stages, shadow2..shadowN
+// startMainStages starts the main node's stages, stage1..stageN
+// (o.Stages, their layers as even as the model's divide), each on the
+// workers under o.Prefetch, and keeps their addresses for MainFlags.
+func (s *Swarm) startMainStages(ctx context.Context, self string, f inproc.Files, o Options) error {
+	cfg, err := model.LoadConfig(f.Model)
+	if err != nil {
+		return err
+	}
+	if o.Stages > cfg.NumLayers {
+		return fmt.Errorf("-stages %d: the model has %d layers", o.Stages, cfg.NumLayers)
+	}
+	var addrs []string
+	for i, r := range model.AllLayers(cfg.NumLayers).Split(o.Stages) {
+		name := fmt.Sprintf("stage%d", i+1)
+		if err := inproc.EnsureNodes(f.Certs, name); err != nil {
+			return err
+		}
+		addr, err := s.ports.addr()
+		if err != nil {
+			return err
+		}
+		st := runflags.For(runflags.RoleStage)
+		st.Model, st.Layers, st.Listen, st.Workers, st.Group, st.Prefetch, st.DialTimeout = f.Model, r.String(), addr, strings.Join(s.workers, ","), o.Group, o.Prefetch, s.dialTimeout
+		st.Cluster.Certs, st.Cluster.Name, st.Log.Level = f.Certs, name, "warn"
+		if err := s.start(ctx, self, name, st.Args()...); err != nil {
+			return err
+		}
+		s.stageCmds = append(s.stageCmds, s.procs[len(s.procs)-1])
+		addrs = append(addrs, addr)
+	}
+	s.stages = strings.Join(addrs, ",")
+	return nil
+}
+
+// startShadowStages starts a staged shadow's later stages, shadow2..shadowN
 // (o.ShadowStages in all, their layers as even as the model's divide),
 // and returns the first stage's -layers and -stages.
-func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o Options) (layers, stages string, err error) {
+func (s *Swarm) startShadowStages(ctx context.Context, self string, f inproc.Files, o Options) (layers, stages string, err error) {
 	cfg, err := model.LoadConfig(f.Model)
 	if err != nil {
 		return "", "", err
@@ -226,7 +272,7 @@ func (s *Swarm) startStages(ctx context.Context, self string, f inproc.Files, o 
 		if err := s.start(ctx, self, name, st.Args()...); err != nil {
 			return "", "", err
 		}
-		s.stageCmds = append(s.stageCmds, s.procs[len(s.procs)-1])
+		s.shadowStageCmds = append(s.shadowStageCmds, s.procs[len(s.procs)-1])
 		addrs = append(addrs, addr)
 	}
 	return split[0].String(), strings.Join(addrs, ","), nil
@@ -319,6 +365,7 @@ func (s *Swarm) MainFlags(prefetch string, alignToken, alignKV int) runflags.Fla
 	if s.shadow != "" {
 		m.Shadow, m.AlignToken, m.AlignKV = s.shadow, alignToken, alignKV
 	}
+	m.Stages = s.stages
 	m.Residency = cmp.Or(s.residency, m.Residency)
 	return m
 }
@@ -347,9 +394,12 @@ func (s *Swarm) CPU() RoleCPU {
 	}
 	for _, p := range s.procs {
 		t, _ := procmem.CPUTimeOf(p.Process.Pid)
-		if p == s.shadowCmd || slices.Contains(s.stageCmds, p) {
+		switch {
+		case p == s.shadowCmd || slices.Contains(s.shadowStageCmds, p):
 			c.Shadow += t
-		} else {
+		case slices.Contains(s.stageCmds, p): // the main node's share
+			c.Main += t
+		default:
 			c.Workers += t
 		}
 	}
