@@ -307,3 +307,83 @@ func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
 		t.Fatalf("recall: beside the stages %v, beside one main node %v", staged, whole)
 	}
 }
+
+// TestAMainStageKilledAndRestartedMidRun: a main node whose layers are on
+// two stages decodes 80 tokens (text mode, real processes, two workers
+// whose loads are paced: about 9 tokens a second);
+// its second stage is SIGKILLed mid-run and started again on its address:
+// the main node waits for it, every sequence runs again from its first
+// token on the stages, and the run ends rc 0 with local mode's tokens and
+// logits, its stats counting the stage lost and the sequence run again.
+func TestAMainStageKilledAndRestartedMidRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a run of several seconds with real processes")
+	}
+	r := newChaosRig(t, 2)
+	certs := filepath.Join(r.dir, "certs")
+	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "stage1,stage2", "-log-level", "warn"); code != 0 {
+		t.Fatalf("certs: %s", se)
+	}
+	for i := range r.workers {
+		r.startWorker(i)
+	}
+	const tokens = 80
+	n := strconv.Itoa(tokens)
+	local, swarm, stats := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm"), filepath.Join(r.dir, "stats.json")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	addrs := []string{freeLoopbackUDP(t), freeLoopbackUDP(t)}
+	startStage := func(i int, layers string) {
+		name := fmt.Sprintf("stage%d", i+1)
+		r.start(name, "run", "-role", "stage", "-model", r.model, "-layers", layers, "-listen", addrs[i], "-workers", strings.Join(r.workers, ","),
+			"-group", "2", "-prefetch", "oracle-next", "-certs", certs, "-name", name, "-log-level", "info")
+	}
+	startStage(0, "0-1")
+	startStage(1, "2-")
+	mainCmd := r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2",
+		"-prefetch", "oracle-next", "-stages", strings.Join(addrs, ","), "-certs", certs, "-name", "main",
+		"-n", n, "-ignore-eos", "-dump", swarm, "-stats", stats, "-log-level", "info")
+	exited := make(chan error, 1)
+	go func() { exited <- mainCmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(r.logOf("stage2"), "stage: serving") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stage never served\n%s", r.logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-exited:
+		t.Fatalf("the main node ended (%v) before the stage was killed: the run is too short\n%s", err, r.logs())
+	default:
+	}
+	r.signal("stage2", syscall.SIGKILL)
+	time.Sleep(time.Second)
+	startStage(1, "2-")
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("main node: %v\n%s\n%s\n%s", err, r.logs(), r.logOf("stage1"), r.logOf("stage2"))
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the main node did not finish within 3 minutes\n%s", r.logs())
+	}
+	sameDump(t, swarm, local)
+	var st struct {
+		Generated int `json:"generated_tokens"`
+		Faults    map[string]int64
+	}
+	b, err := os.ReadFile(stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("faults: %v", st.Faults)
+	if st.Generated != tokens || st.Faults["stages_lost"] < 1 || st.Faults["refills"] < 1 {
+		t.Fatalf("stats: %d generated, faults %v: want a stage lost and the sequence run again\n%s", st.Generated, st.Faults, r.logs())
+	}
+}

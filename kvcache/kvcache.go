@@ -237,6 +237,22 @@ func (c *Cache) Truncate(n int) {
 	}
 }
 
+// Reset forgets every position, a windowed layer's rows too: the
+// sequence is run again from its first token (its rows elsewhere were
+// lost), keeping the room reserved.
+func (c *Cache) Reset() {
+	c.n = 0
+	for l := range c.base {
+		c.base[l] = 0
+		if c.windowed(l) {
+			c.k[l] = c.k[l][:0]
+			if c.v != nil {
+				c.v[l] = c.v[l][:0]
+			}
+		}
+	}
+}
+
 // Holds reports whether every layer holds what a query at position n
 // reads (always, but for a windowed layer that dropped those rows).
 func (c *Cache) Holds(n int) bool {

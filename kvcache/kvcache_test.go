@@ -267,3 +267,50 @@ func TestAStagesCacheHoldsItsLayersOnly(t *testing.T) {
 		t.Fatal("layers set on a cache that holds rows")
 	}
 }
+
+// TestResetRunsASequenceAgainFromItsFirstRow: a windowed cache that has
+// dropped its oldest rows, Reset, holds no position, and the rows written
+// again from position 0 read back as a new cache's do (a sequence run
+// again after its rows elsewhere were lost).
+func TestResetRunsASequenceAgainFromItsFirstRow(t *testing.T) {
+	const w = 4
+	fill := func(c *Cache, n int, kind float32) {
+		c.Reserve(n)
+		for p := c.Len(); p < n; p++ {
+			for l := range 2 {
+				if err := c.Put(l, p, []float32{kind, float32(p)}, []float32{-kind, float32(p)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := c.Commit(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newCache := func() *Cache {
+		c := New(2, 1, 2, 0)
+		if err := c.SetWindows([]int{w, 0}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := newCache()
+	fill(c, 60, 1)
+	if c.Base(0) == 0 {
+		t.Fatal("the windowed layer dropped no row: nothing to test")
+	}
+	c.Reset()
+	if c.Len() != 0 || c.Base(0) != 0 || !c.Holds(0) {
+		t.Fatalf("after Reset: %d positions, base %d", c.Len(), c.Base(0))
+	}
+	fresh := newCache()
+	for _, n := range []int{1, 30} {
+		fill(c, n, 2)
+		fill(fresh, n, 2)
+		for l := range 2 {
+			if c.Base(l) != fresh.Base(l) || !slices.Equal(c.Keys(l, n), fresh.Keys(l, n)) || !slices.Equal(c.Values(l, n), fresh.Values(l, n)) {
+				t.Fatalf("at %d, layer %d: the reset cache's rows differ from a new one's", n, l)
+			}
+		}
+	}
+}

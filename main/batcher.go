@@ -85,6 +85,13 @@ type BatcherHooks struct {
 	// OnRoute, if set, sees every layer's routing of each pass's rows
 	// (model.Batch.SetOnRoute), the layers its stages run too.
 	OnRoute func(step model.Step, layer int, routes []model.Route)
+	// Recover, if set, is asked when a pass fails with err whether the
+	// runner has brought back what it lost and every sequence is to run
+	// again from its first token (a stage restarted holds no rows): then
+	// the pass runs again, each member's tokens so far before its rows,
+	// and gives what it would have given (refills counted, one a
+	// member).
+	Recover func(ctx context.Context, err error, refills int) bool
 }
 
 // PassRow is one member's part of a pass.
@@ -169,6 +176,15 @@ type member struct {
 	// the token draw sampled from the latest pass's logits, or why not
 	next    int
 	drawErr error
+	// refill says the runner lost the sequence's rows (Recover): its
+	// next pass feeds its tokens so far again, from the first
+	refill bool
+}
+
+// history is the member's first n tokens: its prompt as fed, then what
+// it generated.
+func (m *member) history(n int) []int {
+	return append(slices.Clone(m.prompt[:m.fed]), m.out...)[:n]
 }
 
 // Generate feeds prompt and decodes until the request is done, in the
@@ -248,6 +264,22 @@ func (m *member) take() bool {
 	return len(m.out) >= m.opt.MaxTokens
 }
 
+// refeed puts the tokens so far of each member of the pass (plan) whose
+// rows the runner lost (refill) before its feeds, its KV rows forgotten:
+// it runs again from its first token, and its feeds' rows come out as
+// they would have. lens are the sessions' lengths before the pass.
+func (b *Batcher) refeed(plan []passes.Row, members []*member, feeds [][]int, lens []int) {
+	for i, r := range plan {
+		m := members[r.Seq]
+		if !m.refill {
+			continue
+		}
+		feeds[i] = append(m.history(lens[i]), feeds[i]...)
+		m.sess.Cache().Reset()
+		m.refill = false
+	}
+}
+
 // drawAll samples each member's next token, the members side by side
 // on the machine's cores: a draw over a large vocabulary (151,936 logits)
 // costs a decode step of a small model, and each member's sampler is its
@@ -268,6 +300,7 @@ func (b *Batcher) loop() {
 		heads    []*model.Session
 		toks     []int // the decode rows' tokens, one each
 		drawing  []*member
+		lens     []int // each row's session's length before the pass
 	)
 	finish := func(m *member, err error) {
 		if m.err == nil {
@@ -355,15 +388,26 @@ func (b *Batcher) loop() {
 			}
 			rows, sessions, feeds = append(rows, row), append(sessions, m.sess), append(feeds, row.Tokens)
 		}
+		lens = lens[:0]
+		for _, s := range sessions {
+			lens = append(lens, s.Len())
+		}
 		err := error(nil)
 		if b.hooks.BeforePass != nil {
 			err = b.hooks.BeforePass(b.life, b.batch.Next(), rows)
 		}
-		if err == nil {
+		for again := false; err == nil; again = true {
+			b.refeed(plan, members, feeds, lens)
 			err = b.batch.Forward(b.life, sessions, feeds)
-		}
-		if err == nil && len(heads) > 0 {
-			err = b.batch.Logits(heads) // the output head once for every row that samples
+			if err == nil && len(heads) > 0 {
+				err = b.batch.Logits(heads) // the output head once for every row that samples
+			}
+			if err == nil || again || b.hooks.Recover == nil || !b.hooks.Recover(b.life, err, len(members)) {
+				break
+			}
+			for _, m := range members { // their rows are gone: each runs again from its first token
+				m.refill, err = true, nil
+			}
 		}
 		if err != nil {
 			for _, r := range plan {

@@ -32,6 +32,10 @@ type FaultStats struct {
 	// expert failed its checksum in its store (or its store could not be
 	// read): each was re-sent to another live worker.
 	LoadFailures int64
+	// StagesLost are stage connections that ended (-stages): each time,
+	// once the stage answered again, the live sequences ran again from
+	// their first tokens (Refills of them in all).
+	StagesLost, Refills int64
 }
 
 // watch runs l's receive loop on p; when the connection ends (not by

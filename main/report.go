@@ -121,6 +121,8 @@ type FaultsJSON struct {
 	ShadowReattached   int64 `json:"shadow_reattached"`
 	ReactiveIterations int64 `json:"reactive_iterations"`
 	LoadFailures       int64 `json:"load_failures"`
+	StagesLost         int64 `json:"stages_lost"`
+	Refills            int64 `json:"refills"`
 }
 
 // LayerStatsJSON is one layer's sums, in milliseconds.
@@ -174,7 +176,7 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	rs.Iterations = layersJSON(sw.Iterations)
 	f := sw.Faults
 	rs.Faults = &FaultsJSON{WorkersLost: f.WorkersLost, Rejoins: f.Rejoins, Resent: f.Resent, ShadowLost: f.ShadowLost,
-		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations, LoadFailures: f.LoadFailures}
+		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations, LoadFailures: f.LoadFailures, StagesLost: f.StagesLost, Refills: f.Refills}
 	for i := range rs.Iterations {
 		rs.Iterations[i].Layer = i + 1
 	}
@@ -334,8 +336,12 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 			progress.Bytes(t["device_resident"]), progress.Bytes(t["host_decompressed"]), progress.Bytes(t["host_compressed"]))
 	}
 	if f := sw.Faults; f != (FaultStats{}) {
-		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it\n",
+		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it",
 			f.WorkersLost, f.Rejoins, f.Resent, f.ShadowLost, f.ShadowReattached, f.ReactiveIterations)
+		if f.StagesLost > 0 {
+			fmt.Fprintf(w, "; %d stage(s) lost, %d sequence(s) run again from their first token", f.StagesLost, f.Refills)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "peak memory: main %s RSS, worker device %s (RSS %s)",
 		progress.Bytes(rs.PeakMemory["main"]), progress.Bytes(rs.PeakMemory["worker_device"]), progress.Bytes(rs.PeakMemory["worker_rss"]))

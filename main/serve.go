@@ -71,8 +71,11 @@ const kvHint = 512
 // Close it before the swarm.
 func (s *Swarm) Batcher(m *model.Model) *Batcher {
 	hooks := BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence, Figures: s.SequenceFigures}
-	if s.shadow != nil && s.opt.Stages != nil {
-		hooks.OnRoute = s.stageRouted // the stages' layers' routing, to score the shadow's predictions of them
+	if s.opt.Stages != nil {
+		hooks.Recover = s.recoverStages
+		if s.shadow != nil {
+			hooks.OnRoute = s.stageRouted // the stages' layers' routing, to score the shadow's predictions of them
+		}
 	}
 	b := NewBatcher(m, s, hooks)
 	s.mu.Lock()

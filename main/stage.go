@@ -3,6 +3,7 @@ package mainnode
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -170,6 +171,34 @@ func (s *Swarm) stageRouted(step model.Step, layer int, routes []model.Route) {
 	}
 	slices.Sort(experts)
 	s.shadow.routed(step, layer, nil, slices.Compact(experts), q.members(len(routes)/s.opt.TopK), routes)
+}
+
+// StageRecoverTimeout bounds the wait for a lost stage to answer again
+// (restarted from its own files) before the pass it failed fails.
+var StageRecoverTimeout = 2 * time.Minute
+
+// recoverStages is the pass loop's Recover: a pass that failed because a
+// stage was lost waits for the stage to answer again and has every stage
+// forget every sequence, and the loop runs its refills sequences again
+// from their first tokens.
+func (s *Swarm) recoverStages(ctx context.Context, err error, refills int) bool {
+	if !errors.Is(err, stage.ErrLost) {
+		return false
+	}
+	s.opt.Log.Warn().Err(err).Dur("wait", StageRecoverTimeout).Msg("mainnode: a stage is lost; waiting for it to answer again")
+	ctx, cancel := context.WithTimeout(ctx, StageRecoverTimeout)
+	defer cancel()
+	lost, rerr := s.opt.Stages.Recover(ctx)
+	if rerr != nil {
+		s.opt.Log.Error().Err(rerr).Msg("mainnode: the stage did not come back")
+		return false
+	}
+	s.mu.Lock()
+	s.stats.Faults.StagesLost += int64(max(lost, 1))
+	s.stats.Faults.Refills += int64(refills)
+	s.mu.Unlock()
+	s.opt.Log.Info().Int("sequences", refills).Msg("mainnode: the stage is back; its sequences run again from their first tokens")
+	return true
 }
 
 // workerDialing is how a node that runs experts (the main node, a main

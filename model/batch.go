@@ -67,9 +67,21 @@ func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, 
 // A model that holds only its first layers (a staged model's first
 // stage) runs them, then has its LayerRunner run the rest; a failure
 // there leaves the pass's rows in its own layers' caches (the caller
-// starts over: the shadow drops every sequence with its main node).
-func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) error {
+// starts over: the shadow drops every sequence with its main node; a
+// main node runs its sequences again from their first tokens). A pass
+// that fails is not counted: the batch's and each session's next step
+// are what they were.
+func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) (err error) {
 	m := b.m
+	before := b.iter
+	defer func() {
+		if err != nil && b.iter > before {
+			b.iter = before
+			for _, s := range sessions {
+				s.iter--
+			}
+		}
+	}()
 	out, err := b.ForwardLayers(ctx, sessions, feeds, m.held, nil)
 	if err != nil || m.held.End == m.Config.NumLayers {
 		return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/model"
@@ -105,10 +106,17 @@ func (c *Client) check(p *wire.Peer, first int) (model.LayerRange, error) {
 // send sends m to st, an error naming it.
 func (st *remote) send(ctx context.Context, m wire.Message) error {
 	if err := st.p.Send(ctx, m); err != nil {
+		if st.lost() {
+			err = errors.Join(ErrLost, err)
+		}
 		return fmt.Errorf("stage: %s: %w", st.p.Identity(), err)
 	}
 	return nil
 }
+
+// ErrLost is what a run fails with (errors.Is) when a stage's connection
+// has ended: every sequence's rows on it are gone (Recover).
+var ErrLost = errors.New("the stage is gone")
 
 // lost reports whether st's connection has ended.
 func (st *remote) lost() bool {
@@ -264,7 +272,7 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 		case m, ok = <-st.in:
 		}
 		if !ok {
-			return nil, errors.Join(errors.New("the stage is gone"), st.err)
+			return nil, errors.Join(ErrLost, st.err)
 		}
 		switch m := m.(type) {
 		case *wire.StageRoutes:
@@ -520,6 +528,33 @@ func (c *Client) End(ctx context.Context, seq uint64) error {
 		}
 	}
 	return nil
+}
+
+// Recover waits for every lost stage to answer again on its address (a
+// stage restarted from its own files), for as long as ctx allows, and
+// then tells every stage that every sequence is over: the caller runs
+// its sequences again from their first tokens, the stages' rows being
+// gone. It returns how many stages were lost.
+func (c *Client) Recover(ctx context.Context) (int, error) {
+	c.mu.Lock()
+	lost := 0
+	for _, st := range c.stages {
+		if st.lost() {
+			lost++
+		}
+	}
+	c.mu.Unlock()
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		err := c.Reset(ctx)
+		if err == nil || c.redial == nil {
+			return lost, err
+		}
+		select {
+		case <-ctx.Done():
+			return lost, errors.Join(ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
 }
 
 // Reset tells every stage that every sequence is over (the first stage
