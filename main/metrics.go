@@ -33,6 +33,12 @@ type workerCounts struct {
 	rejoins                    atomic.Int64 // times it came back into the layout after it was lost
 }
 
+// figures are c on the wire (a main stage's, StageFigures.Workers).
+func (c *workerCounts) figures() wire.WorkerFigures {
+	return wire.WorkerFigures{Results: c.results.Load(), Loads: c.loads.Load(), Misses: c.misses.Load(), Late: c.late.Load(), Wrong: c.wrong.Load(),
+		LoadNs: c.loadNs.Load(), ComputeNs: c.computeNs.Load(), StallNs: c.stallNs.Load()}
+}
+
 func (c *workerCounts) add(r *wire.ExpertResult) {
 	c.results.Add(1)
 	if r.Loaded {
@@ -206,11 +212,17 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	phases := [2]LayerStats{Total(s.stats.Prefill), Total(s.stats.Decode)}
 	faults := s.stats.Faults
 	s.mu.Unlock()
-	if s.opt.Stages != nil { // the layers its stages ran, as their last runs told
+	staged := make([]wire.WorkerFigures, len(s.workers)) // what each worker did for the stages' requests
+	if s.opt.Stages != nil {                             // the layers its stages ran, as their last runs told
 		for _, f := range s.opt.Stages.Figures() {
 			for i := range f.Decode {
 				phases[0].add(layerStats(f.Prefill[i]))
 				phases[1].add(layerStats(f.Decode[i]))
+			}
+			for w := range min(len(f.Workers), len(staged)) {
+				a, b := &staged[w], f.Workers[w]
+				a.Results, a.Loads, a.Misses, a.Late, a.Wrong = a.Results+b.Results, a.Loads+b.Loads, a.Misses+b.Misses, a.Late+b.Late, a.Wrong+b.Wrong
+				a.LoadNs, a.ComputeNs, a.StallNs = a.LoadNs+b.LoadNs, a.ComputeNs+b.ComputeNs, a.StallNs+b.StallNs
 			}
 		}
 	}
@@ -251,18 +263,18 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		if p := l.conn(); p != nil {
 			gauge(descWorkerInfo, 1, l.name, p.RemoteAddr().String())
 		}
-		n := &l.counts
-		counter(descWorkerResults, float64(n.results.Load()), l.name)
-		loads := n.loads.Load()
+		n, st := l.counts.figures(), staged[i]
+		counter(descWorkerResults, float64(n.Results+st.Results), l.name)
+		loads := n.Loads + st.Loads
 		counter(descWorkerLoads, float64(loads), l.name)
 		counter(descWorkerBytes, float64(loads*c.expertBytes), l.name)
-		counter(descWorkerMisses, float64(n.misses.Load()), l.name)
-		counter(descWorkerRejoins, float64(n.rejoins.Load()), l.name)
-		counter(descWorkerMissCause, float64(n.late.Load()), l.name, "late")
-		counter(descWorkerMissCause, float64(n.wrong.Load()), l.name, "wrong")
-		counter(descWorkerLoad, seconds(n.loadNs.Load()), l.name)
-		counter(descWorkerCompute, seconds(n.computeNs.Load()), l.name)
-		counter(descWorkerStall, seconds(n.stallNs.Load()), l.name)
+		counter(descWorkerMisses, float64(n.Misses+st.Misses), l.name)
+		counter(descWorkerRejoins, float64(l.counts.rejoins.Load()), l.name)
+		counter(descWorkerMissCause, float64(n.Late+st.Late), l.name, "late")
+		counter(descWorkerMissCause, float64(n.Wrong+st.Wrong), l.name, "wrong")
+		counter(descWorkerLoad, seconds(n.LoadNs+st.LoadNs), l.name)
+		counter(descWorkerCompute, seconds(n.ComputeNs+st.ComputeNs), l.name)
+		counter(descWorkerStall, seconds(n.StallNs+st.StallNs), l.name)
 	}
 	counter(descWorkersLost, float64(faults.WorkersLost))
 	counter(descWorkersRejoined, float64(faults.Rejoins))

@@ -136,6 +136,9 @@ func (r stageRunner) Figures(l model.LayerRange) *wire.StageFigures {
 	for i := l.First; i < l.End; i++ {
 		f.Decode, f.Prefill = append(f.Decode, at(r.sw.stats.Decode, i)), append(f.Prefill, at(r.sw.stats.Prefill, i))
 	}
+	for _, w := range r.sw.workers {
+		f.Workers = append(f.Workers, w.counts.figures())
+	}
 	return f
 }
 

@@ -146,8 +146,17 @@ func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
 				}
 				reg := prometheus.NewRegistry()
 				reg.MustRegister(s.sw.Collector(mainnode.ExpertBytes(local.Config)))
-				if got := gather(t, reg)[`odmoe_expert_loads_total{phase="decode"}`]; got != float64(loads) {
+				samples := gather(t, reg)
+				if got := samples[`odmoe_expert_loads_total{phase="decode"}`]; got != float64(loads) {
 					t.Fatalf("%s: /metrics counts %v decode loads, the figures %d", policy, got, loads)
+				}
+				all := loads + mainnode.Total(s.sw.Stats().Prefill).Loads
+				byWorker := 0.0
+				for w := range addrs {
+					byWorker += samples[fmt.Sprintf(`odmoe_worker_loads_total{worker="w%d"}`, w+1)]
+				}
+				if byWorker != float64(all) {
+					t.Fatalf("%s: /metrics counts %v loads by worker, the figures %d", policy, byWorker, all)
 				}
 			}
 		})

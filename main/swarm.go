@@ -239,7 +239,9 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
 		if opt.Stages != nil {
 			s.shadow.stages = opt.Stages
-			opt.Stages.KeepKV() // the KV rows of their layers, for the shadow's alignments
+			if opt.Align.KVPeriod > 0 { // the KV rows of their layers, for the shadow's alignments
+				opt.Stages.KeepKV()
+			}
 		}
 	}
 	if opt.TopK > 64 {

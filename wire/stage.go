@@ -59,11 +59,22 @@ type StageRows struct {
 
 // StageFigures are what a main stage has measured of its layers so far,
 // decode and prefill passes apart, as its main node measures its own:
-// Decode[i] and Prefill[i] are layer First+i's.
+// Decode[i] and Prefill[i] are layer First+i's; Workers[w] what worker w
+// of the layout did for the stage's requests.
 type StageFigures struct {
 	_msgpack        struct{} `msgpack:",as_array"`
 	First           int
 	Decode, Prefill []LayerFigures
+	Workers         []WorkerFigures
+}
+
+// WorkerFigures sum what one worker did for a node's requests (the main
+// node's per-worker metrics; durations in nanoseconds).
+type WorkerFigures struct {
+	_msgpack                   struct{} `msgpack:",as_array"`
+	Results, Loads, Misses     int64
+	Late, Wrong                int64
+	LoadNs, ComputeNs, StallNs int64
 }
 
 // LayerFigures sum what one layer has cost over the passes that ran it
