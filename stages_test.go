@@ -157,14 +157,15 @@ func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
 	}
 }
 
-// TestANodeBeyondItsMemRefusesToStart: local mode and a main node whose
-// share of the model passes -mem exit 1 at once with one line naming the
-// shortfall; within it they run.
+// TestANodeBeyondItsMemRefusesToStart: local mode, a main node and a
+// stage whose share of the model passes -mem exit 1 at once with one line
+// naming the shortfall (before dialing any worker); within it they run.
 func TestANodeBeyondItsMemRefusesToStart(t *testing.T) {
 	m := tinyModel(t)
 	for _, args := range [][]string{
 		{"run", "-role", "local", "-model", m, "-prompt", "hi", "-n", "2", "-mem", "1MiB"},
 		{"run", "-role", "main", "-model", m, "-workers", "127.0.0.1:1", "-prompt", "hi", "-n", "2", "-mem", "1MiB", "-insecure"},
+		{"run", "-role", "stage", "-model", m, "-layers", "1-3", "-workers", "127.0.0.1:1", "-mem", "1MiB", "-insecure"},
 	} {
 		_, se, code := run(t, "", args...)
 		if code != 1 || !strings.Contains(se, "-mem allows 1.0 MiB") || !strings.Contains(se, "short") {
