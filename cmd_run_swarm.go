@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/odmoe/odmoe/shadow"

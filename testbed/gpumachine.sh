@@ -102,7 +102,7 @@ if [ "$gpu" != cpu ] && has tests; then
   if command -v make >/dev/null; then
     tc=(make test-cuda TESTFLAGS=-v)
   else # the Makefile's recipe itself
-    tc=(env CGO_ENABLED=0 go test -tags cuda -count=1 -p 1 -v -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./main)
+    tc=(env CGO_ENABLED=0 go test -tags cuda -count=1 -p 1 -v -run 'Forward|MatMul|SwiGLU|Open|CUDA' ./kernels/cuda ./worker ./mainnode)
   fi
   log "${tc[*]}"
   within 220 "${tc[@]}" 2>&1 | tee "$out/test-cuda.log" | grep -E '^(--- |PASS|FAIL|ok|panic)|_test.go:' | tee -a "$out/summary.txt"

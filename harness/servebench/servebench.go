@@ -30,7 +30,7 @@ import (
 	"github.com/odmoe/odmoe/harness/procswarm"
 	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/internal/progress"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/model/tokenizer"
@@ -667,7 +667,7 @@ func histogramQuantiles(before, after map[string]float64, name string) Quantiles
 }
 
 // The main node's counters the bytes loaded per token come from (its
-// swarm metrics, main/metrics.go), the first it exposes: the bytes of the
+// swarm metrics, mainnode/metrics.go), the first it exposes: the bytes of the
 // experts loaded for its requests, else their count (times an expert's
 // size). Without either, the workers' own counters are read instead.
 var (

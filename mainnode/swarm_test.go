@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/harness/inproc"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
 	"github.com/odmoe/odmoe/sched"

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/harness/inproc"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 )
 

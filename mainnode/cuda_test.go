@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 )
 

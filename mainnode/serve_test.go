@@ -13,7 +13,7 @@ import (
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/kernels"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/tokenizer"
 	"github.com/odmoe/odmoe/serve"

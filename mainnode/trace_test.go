@@ -7,7 +7,7 @@ import (
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/kernels"
-	mainnode "github.com/odmoe/odmoe/main"
+	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 )
 
