@@ -85,13 +85,14 @@ type BatcherHooks struct {
 	// OnRoute, if set, sees every layer's routing of each pass's rows
 	// (model.Batch.SetOnRoute), the layers its stages run too.
 	OnRoute func(step model.Step, layer int, routes []model.Route)
-	// Recover, if set, is asked when a pass fails with err whether the
+	// Recover, if set, is asked when pass step fails with err whether the
 	// runner has brought back what it lost and every sequence is to run
 	// again from its first token (a stage restarted holds no rows): then
-	// the pass runs again, each member's tokens so far before its rows,
-	// and gives what it would have given (refills counted, one a
-	// member).
-	Recover func(ctx context.Context, err error, refills int) bool
+	// the pass runs again under the same step, each member's tokens so
+	// far before its rows, and gives what it would have given (refills
+	// counted, one a member). The runner takes the pass for a prompt's
+	// then (its rows are mostly history).
+	Recover func(ctx context.Context, step model.Step, err error, refills int) bool
 }
 
 // PassRow is one member's part of a pass.
@@ -265,16 +266,17 @@ func (m *member) take() bool {
 }
 
 // refeed puts the tokens so far of each member of the pass (plan) whose
-// rows the runner lost (refill) before its feeds, its KV rows forgotten:
-// it runs again from its first token, and its feeds' rows come out as
-// they would have. lens are the sessions' lengths before the pass.
-func (b *Batcher) refeed(plan []passes.Row, members []*member, feeds [][]int, lens []int) {
+// rows the runner lost (refill) before its tokens (rows[i].Tokens) in
+// feeds, its KV rows forgotten: it runs again from its first token, and
+// its tokens' rows come out as they would have. lens are the sessions'
+// lengths before the pass.
+func (b *Batcher) refeed(plan []passes.Row, members []*member, rows []PassRow, feeds [][]int, lens []int) {
 	for i, r := range plan {
 		m := members[r.Seq]
 		if !m.refill {
 			continue
 		}
-		feeds[i] = append(m.history(lens[i]), feeds[i]...)
+		feeds[i] = append(m.history(lens[i]), rows[i].Tokens...)
 		m.sess.Cache().Reset()
 		m.refill = false
 	}
@@ -397,14 +399,16 @@ func (b *Batcher) loop() {
 			err = b.hooks.BeforePass(b.life, b.batch.Next(), rows)
 		}
 		for again := false; err == nil; again = true {
-			b.refeed(plan, members, feeds, lens)
+			step := b.batch.Next()
+			b.refeed(plan, members, rows, feeds, lens)
 			err = b.batch.Forward(b.life, sessions, feeds)
 			if err == nil && len(heads) > 0 {
 				err = b.batch.Logits(heads) // the output head once for every row that samples
 			}
-			if err == nil || again || b.hooks.Recover == nil || !b.hooks.Recover(b.life, err, len(members)) {
+			if err == nil || again || b.hooks.Recover == nil || !b.hooks.Recover(b.life, step, err, len(members)) {
 				break
 			}
+			b.batch.RunAgain(sessions)
 			for _, m := range members { // their rows are gone: each runs again from its first token
 				m.refill, err = true, nil
 			}

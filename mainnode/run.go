@@ -63,12 +63,7 @@ type Config struct {
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := cfg.Log
 	t0 := time.Now()
-	id, err := store.ModelIdentity(cfg.Model) // what the workers, the shadow and the stages check
-	if err != nil {
-		return err
-	}
-	d := dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout)
-	m, stages, err := loadMain(ctx, cfg, d)
+	m, stages, d, err := loadMain(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -287,12 +282,33 @@ func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire
 // loadMain maps the main node's share of cfg.Model: every non-expert
 // weight, or, with cfg.Stages, the embedding, the layers before the first
 // stage's and the output head, and the client that runs the stages'
-// layers (its model's LayerRunner), nil without stages.
-func loadMain(ctx context.Context, cfg Config, d workerDialing) (*model.Model, *stage.Client, error) {
+// layers (its model's LayerRunner), nil without stages; and how the node
+// dials, its model's identity said (what the workers, the shadow and the
+// stages check).
+func loadMain(ctx context.Context, cfg Config) (*model.Model, *stage.Client, workerDialing, error) {
 	if len(cfg.Stages) == 0 {
 		m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true})
-		return m, nil, err
+		if err != nil {
+			return nil, nil, workerDialing{}, err
+		}
+		id, err := store.IdentityOf(cfg.Model, m)
+		if err != nil {
+			m.Close()
+			return nil, nil, workerDialing{}, err
+		}
+		return m, nil, dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout), nil
 	}
+	id, err := store.ModelIdentity(cfg.Model) // every router's, which this node does not hold
+	if err != nil {
+		return nil, nil, workerDialing{}, err
+	}
+	d := dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout)
+	m, stages, err := loadStaged(ctx, cfg, d)
+	return m, stages, d, err
+}
+
+// loadStaged maps a staged main node's share and dials its stages.
+func loadStaged(ctx context.Context, cfg Config, d workerDialing) (*model.Model, *stage.Client, error) {
 	if cfg.Residency {
 		return nil, nil, fmt.Errorf("mainnode: -stages with -residency on: each stage would place its layers' experts on its own")
 	}

@@ -184,7 +184,7 @@ var StageRecoverTimeout = 2 * time.Minute
 // stage was lost waits for the stage to answer again and has every stage
 // forget every sequence, and the loop runs its refills sequences again
 // from their first tokens.
-func (s *Swarm) recoverStages(ctx context.Context, err error, refills int) bool {
+func (s *Swarm) recoverStages(ctx context.Context, step model.Step, err error, refills int) bool {
 	if !errors.Is(err, stage.ErrLost) {
 		return false
 	}
@@ -200,6 +200,10 @@ func (s *Swarm) recoverStages(ctx context.Context, err error, refills int) bool 
 	s.stats.Faults.StagesLost += int64(max(lost, 1))
 	s.stats.Faults.Refills += int64(refills)
 	s.mu.Unlock()
+	// the pass runs again over every member's history: a prompt's, for
+	// the plan (prefill), the stages and the shadow's scoring (none)
+	s.sequence(step).prompt = true
+	s.opt.Stages.Prefill(step)
 	s.opt.Log.Info().Int("sequences", refills).Msg("mainnode: the stage is back; its sequences run again from their first tokens")
 	return true
 }

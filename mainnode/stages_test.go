@@ -2,6 +2,7 @@ package mainnode_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
+	"github.com/odmoe/odmoe/stage"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -160,5 +162,80 @@ func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// flakyStages runs a model's later layers in process and, at the calls
+// fail names (1-based), first forgets every sequence (a stage
+// restarted) and fails as a lost stage does.
+type flakyStages struct {
+	*stage.Layers
+	calls int
+	fail  map[int]bool
+}
+
+func (f *flakyStages) RunLayers(ctx context.Context, step model.Step, r model.LayerRange, spans []model.RowSpan, hidden []float32, onRoute func(int, []model.Route)) ([]float32, error) {
+	f.calls++
+	if f.fail[f.calls] {
+		f.EndAll(ctx)
+		return nil, fmt.Errorf("stage: s2 (layers %s): %w", r, stage.ErrLost)
+	}
+	return f.Layers.RunLayers(ctx, step, r, spans, hidden, onRoute)
+}
+
+// TestAPassWhoseStageIsLostRunsAgainFromEveryFirstToken: gpt-oss-tiny
+// (windowed layers: their caches reset too), the first layer and the head
+// in the pass loop's model, the rest on stages that are lost three times
+// (their rows gone): twice while one member's prompt is fed a token a
+// pass and the other waits (its second pass, and the pass after the
+// first recovery), once when one member decodes beside the other's
+// prompt tokens. Each time the pass loop's Recover runs the pass again
+// with every member's tokens so far: both seeded sampled requests give
+// local mode's tokens and logits.
+func TestAPassWhoseStageIsLostRunsAgainFromEveryFirstToken(t *testing.T) {
+	f, err := inproc.Generate(context.Background(), t.TempDir(), "gpt-oss-tiny", 25, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, _ := loadModels(t, f)
+	L := local.Config.NumLayers
+	first, err := model.Load(f.Model, model.LoadOptions{Layers: &model.LayerRange{First: 0, End: 1}, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	rest, err := model.Load(f.Model, model.LoadOptions{Layers: &model.LayerRange{First: 1, End: L}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rest.Close()
+	flaky := &flakyStages{Layers: stage.NewLayers(rest), fail: map[int]bool{2: true, 4: true, 9: true}}
+	if err := first.SetLayerRunner(flaky); err != nil {
+		t.Fatal(err)
+	}
+	prompts := [][]int{testPrompt(5, 31, 3, local.Config.VocabSize), testPrompt(3, 17, 5, local.Config.VocabSize)}
+	samplers := func() []*model.Sampler {
+		return []*model.Sampler{model.NewSampler(0.9, 0.95, 701), model.NewSampler(1.1, 1, 702)}
+	}
+	const steps = 8
+	var want [2]generation
+	for i, s := range samplers() {
+		want[i] = generateWith(t, local, model.NewResidentExperts(local), prompts[i], steps, s)
+	}
+	recovered := 0
+	b := mainnode.NewBatcher(first, model.NewResidentExperts(first), mainnode.BatcherHooks{Recover: func(_ context.Context, _ model.Step, err error, _ int) bool {
+		recovered++
+		return errors.Is(err, stage.ErrLost)
+	}})
+	defer b.Close()
+	b.ChunkPrompts(1) // a prompt token a pass: one member's prompt waits while the other's is fed
+	got := batched(t, b, prompts, steps, samplers())
+	for i := range want {
+		if d := diffGenerations(got[i], want[i]); d != "" {
+			t.Fatalf("request %d differs from local mode: %s", i, d)
+		}
+	}
+	if recovered != 3 {
+		t.Fatalf("the pass loop recovered %d times, want 3 (%d runs of the stages)", recovered, flaky.calls)
 	}
 }

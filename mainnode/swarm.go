@@ -744,26 +744,27 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	if s.forwarded != nil {
 		s.forwarded.end(seq)
 	}
+	var errs []error // every node is told, whichever cannot be
 	if s.opt.Stages != nil {
 		if err := s.opt.Stages.End(ctx, seq); err != nil {
-			return fmt.Errorf("mainnode: ending sequence %d on the stages: %w", seq, err)
+			errs = append(errs, fmt.Errorf("mainnode: ending sequence %d on the stages: %w", seq, err))
 		}
 	}
 	end := &wire.SequenceEnd{Seq: seq}
 	for i := range s.workers {
 		if err := s.sendTo(ctx, i, end); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 	}
 	if s.shadow != nil {
 		end = &wire.SequenceEnd{Seq: seq, Last: s.shadow.end(seq)}
 		if p := s.shadow.conn(); p != nil {
 			if err := p.Send(ctx, end); err != nil && ctx.Err() == nil && !connGone(p, err) {
-				return fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err)
+				errs = append(errs, fmt.Errorf("mainnode: ending sequence %d on the shadow: %w", seq, err))
 			}
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // ShadowStats waits (up to timeout) for the shadow to finish the last

@@ -48,6 +48,17 @@ func (b *Batch) Seq() uint64 { return b.seq }
 // Next is the step the next Forward will run.
 func (b *Batch) Next() Step { return Step{Seq: b.seq, Iter: b.iter + 1} }
 
+// RunAgain makes the next pass run as the last one ran, for the batch
+// and each of sessions (the last pass's): it failed past its first layer
+// (its LayerRunner lost what it held) and runs again under the same
+// steps.
+func (b *Batch) RunAgain(sessions []*Session) {
+	b.iter--
+	for _, s := range sessions {
+		s.iter--
+	}
+}
+
 // RunAs makes the next pass run as step, the passes after it going on
 // from there: a stage's batch runs each pass as its first stage's batch
 // ran it, so that its experts run under the same step on the workers.
@@ -68,20 +79,9 @@ func (b *Batch) SetOnRoute(f func(step Step, layer int, routerLogits []float32, 
 // stage) runs them, then has its LayerRunner run the rest; a failure
 // there leaves the pass's rows in its own layers' caches (the caller
 // starts over: the shadow drops every sequence with its main node; a
-// main node runs its sequences again from their first tokens). A pass
-// that fails is not counted: the batch's and each session's next step
-// are what they were.
-func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) (err error) {
+// main node runs its sequences again from their first tokens, RunAgain).
+func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int) error {
 	m := b.m
-	before := b.iter
-	defer func() {
-		if err != nil && b.iter > before {
-			b.iter = before
-			for _, s := range sessions {
-				s.iter--
-			}
-		}
-	}()
 	out, err := b.ForwardLayers(ctx, sessions, feeds, m.held, nil)
 	if err != nil || m.held.End == m.Config.NumLayers {
 		return err

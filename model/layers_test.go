@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -229,5 +230,44 @@ func TestParseLayerRangeReadsWhatLayersTakes(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "layers") {
 			t.Errorf("ParseLayerRange(%q, 4): %v does not name the layers", s, err)
 		}
+	}
+}
+
+// failingRunner is a LayerRunner whose stages are gone.
+type failingRunner struct{ calls int }
+
+func (f *failingRunner) RunLayers(context.Context, Step, LayerRange, []RowSpan, []float32, func(int, []Route)) ([]float32, error) {
+	f.calls++
+	return nil, errors.New("the stage is gone")
+}
+
+// TestAPassWhoseStagesFailCountsUnlessRunAgain: a head-only model (it
+// holds no layer) whose LayerRunner fails: the failed pass is counted,
+// so the next one runs under the next step (a pass that is not run again
+// must not reuse its step: the shadow has run it); RunAgain makes the
+// next pass run as the failed one did, the batch's and the session's
+// steps alike.
+func TestAPassWhoseStagesFailCountsUnlessRunAgain(t *testing.T) {
+	dir := tinyModel(t)
+	m, err := Load(dir, LoadOptions{Layers: &NoLayers, Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	r := &failingRunner{}
+	if err := m.SetLayerRunner(r); err != nil {
+		t.Fatal(err)
+	}
+	b, s := NewBatch(m, nil), NewSession(m, nil, 8)
+	first, sfirst := b.Next(), s.Next()
+	if err := b.Forward(context.Background(), []*Session{s}, [][]int{{3, 1, 4}}); err == nil || r.calls != 1 {
+		t.Fatalf("a pass whose stages are gone: %v (%d runs)", err, r.calls)
+	}
+	if b.Next().Iter != first.Iter+1 || s.Next().Iter != sfirst.Iter+1 {
+		t.Fatalf("after the failed pass: next %v and %v, want the passes after %v and %v", b.Next(), s.Next(), first, sfirst)
+	}
+	b.RunAgain([]*Session{s})
+	if b.Next() != first || s.Next() != sfirst {
+		t.Fatalf("RunAgain: next %v and %v, want %v and %v", b.Next(), s.Next(), first, sfirst)
 	}
 }

@@ -22,6 +22,7 @@ type Client struct {
 	// Reset, which replaces a lost stage, holds both
 	smu    sync.RWMutex
 	stages []*remote
+	layers model.LayerRange // the stages' together (a stage replaced holds the same)
 	id     uint64
 	routes []model.Route
 	quant  string
@@ -32,9 +33,11 @@ type Client struct {
 	redial func(ctx context.Context, i int) (*wire.Peer, error)
 	// prefill is the last pass said to feed prompt chunks (Prefill)
 	prefill model.Step
-	// figures are each stage's latest (StageRows.Figures), by stage
-	fmu     sync.Mutex
-	figures []*wire.StageFigures
+	// figures are each stage's latest (StageRows.Figures), by stage;
+	// retired, what the stages it replaced (Reset) had counted, which
+	// Figures adds, so that the counts never go back
+	fmu              sync.Mutex
+	figures, retired []*wire.StageFigures
 	// keepKV asks every run for the KV rows it writes (KeepKV), which
 	// kv keeps by sequence, by stage, until ForgetKV
 	keepKV bool
@@ -84,6 +87,7 @@ func NewClient(ctx context.Context, peers []*wire.Peer, first, layers int, quant
 	if next != layers {
 		return nil, fmt.Errorf("stage: the stages end at layer %d, the model has %d", next-1, layers)
 	}
+	c.layers = model.LayerRange{First: first, End: layers}
 	return c, nil
 }
 
@@ -145,9 +149,7 @@ func (st *remote) read(ctx context.Context) {
 }
 
 // Layers are the layers the stages hold, together.
-func (c *Client) Layers() model.LayerRange {
-	return model.LayerRange{First: c.stages[0].layers.First, End: c.stages[len(c.stages)-1].layers.End}
-}
+func (c *Client) Layers() model.LayerRange { return c.layers }
 
 // Prefill says pass step feeds prompt chunks (a main node's pass loop
 // knows; the stages plan its experts as prefill): told before it runs.
@@ -238,7 +240,11 @@ func chunks(spans []model.RowSpan, most int) [][]model.RowSpan {
 // run runs spans' rows of pass step (hidden, h floats a row) through
 // every stage.
 func (c *Client) run(ctx context.Context, step model.Step, spans []model.RowSpan, hidden []float32, h int, onRoute func(layer int, routes []model.Route)) ([]float32, error) {
-	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Iter, Prefill: c.prefill == step, KV: c.keepKV}
+	// KV rows are asked of decode passes only: a prompt's rows never go to
+	// the shadow (it computes them itself), and a long history's would
+	// pass a frame
+	prefill := c.prefill == step
+	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Iter, Prefill: prefill, KV: c.keepKV && !prefill}
 	for _, sp := range spans {
 		run.Seqs, run.Starts, run.Counts = append(run.Seqs, sp.Seq), append(run.Starts, int32(sp.Start)), append(run.Counts, int32(sp.Count))
 	}
@@ -477,17 +483,81 @@ func (c *Client) keepFigures(st *remote, f *wire.StageFigures) {
 	c.figures[i] = f
 }
 
-// Figures are each stage's latest figures of its layers (a main stage's:
-// what they cost), as its last run's rows brought them; a stage that
-// sent none is left out. Safe to call while a run is under way.
+// Figures are each stage's figures of its layers (a main stage's: what
+// they cost) as its last run's rows brought them, those of the stages it
+// replaced added; a stage that sent none is left out. Safe to call while
+// a run is under way.
 func (c *Client) Figures() []*wire.StageFigures {
 	c.fmu.Lock()
 	defer c.fmu.Unlock()
 	var out []*wire.StageFigures
-	for _, f := range c.figures {
+	for i := range max(len(c.figures), len(c.retired)) {
+		var f *wire.StageFigures
+		if i < len(c.figures) {
+			f = c.figures[i]
+		}
+		if i < len(c.retired) && c.retired[i] != nil {
+			f = addFigures(c.retired[i], f)
+		}
 		if f != nil {
 			out = append(out, f)
 		}
+	}
+	return out
+}
+
+// retire adds stage i's latest figures to what the stages it replaced
+// counted: a stage restarted counts from nothing.
+func (c *Client) retire(i int) {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	if i >= len(c.figures) || c.figures[i] == nil {
+		return
+	}
+	for len(c.retired) <= i {
+		c.retired = append(c.retired, nil)
+	}
+	c.retired[i], c.figures[i] = addFigures(c.retired[i], c.figures[i]), nil
+}
+
+// addFigures is a and b (either may be nil: the other), summed layer by
+// layer and worker by worker into a new value.
+func addFigures(a, b *wire.StageFigures) *wire.StageFigures {
+	if a == nil || b == nil {
+		if a == nil {
+			return b
+		}
+		return a
+	}
+	out := &wire.StageFigures{First: a.First}
+	layer := func(x, y []wire.LayerFigures) []wire.LayerFigures {
+		s := make([]wire.LayerFigures, max(len(x), len(y)))
+		for i := range s {
+			var p, q wire.LayerFigures
+			if i < len(x) {
+				p = x[i]
+			}
+			if i < len(y) {
+				q = y[i]
+			}
+			s[i] = wire.LayerFigures{Calls: p.Calls + q.Calls, Main: p.Main + q.Main, Experts: p.Experts + q.Experts, Worker: p.Worker + q.Worker,
+				Network: p.Network + q.Network, Stall: p.Stall + q.Stall, Load: p.Load + q.Load, Loads: p.Loads + q.Loads, Misses: p.Misses + q.Misses,
+				MissesLate: p.MissesLate + q.MissesLate, MissesWrong: p.MissesWrong + q.MissesWrong, Results: p.Results + q.Results}
+		}
+		return s
+	}
+	out.Decode, out.Prefill = layer(a.Decode, b.Decode), layer(a.Prefill, b.Prefill)
+	out.Workers = make([]wire.WorkerFigures, max(len(a.Workers), len(b.Workers)))
+	for i := range out.Workers {
+		var p, q wire.WorkerFigures
+		if i < len(a.Workers) {
+			p = a.Workers[i]
+		}
+		if i < len(b.Workers) {
+			q = b.Workers[i]
+		}
+		out.Workers[i] = wire.WorkerFigures{Results: p.Results + q.Results, Loads: p.Loads + q.Loads, Misses: p.Misses + q.Misses, Late: p.Late + q.Late,
+			Wrong: p.Wrong + q.Wrong, LoadNs: p.LoadNs + q.LoadNs, ComputeNs: p.ComputeNs + q.ComputeNs, StallNs: p.StallNs + q.StallNs}
 	}
 	return out
 }
@@ -522,12 +592,11 @@ func (c *Client) End(ctx context.Context, seq uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.kv, seq)
-	for _, st := range c.stages {
-		if err := st.send(ctx, &wire.StageEnd{Seq: seq}); err != nil {
-			return err
-		}
+	var errs []error
+	for _, st := range c.stages { // a stage it cannot reach forgets with the connection; the others still hear
+		errs = append(errs, st.send(ctx, &wire.StageEnd{Seq: seq}))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Recover waits for every lost stage to answer again on its address (a
@@ -583,6 +652,7 @@ func (c *Client) Reset(ctx context.Context) error {
 				p.Close()
 				return err
 			}
+			c.retire(i)
 			st = &remote{p: p, layers: r, in: make(chan wire.Message, 64)} // the lost one's reader keeps its own
 			c.smu.Lock()
 			c.stages[i] = st

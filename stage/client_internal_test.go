@@ -128,3 +128,24 @@ func TestTheKVJournalGivesBackWhatTheStagesWrote(t *testing.T) {
 		t.Fatal("an ended sequence's rows are kept")
 	}
 }
+
+// TestAReplacedStagesFiguresAreKept: a stage restarted counts from
+// nothing; the client adds what the one it replaced had counted, so the
+// figures it reports (the main node's counters) never go back.
+func TestAReplacedStagesFiguresAreKept(t *testing.T) {
+	st := &remote{layers: model.LayerRange{First: 2, End: 4}}
+	c := &Client{stages: []*remote{st}}
+	figs := func(loads, results int64) *wire.StageFigures {
+		return &wire.StageFigures{First: 2, Decode: []wire.LayerFigures{{Loads: loads}, {}}, Prefill: make([]wire.LayerFigures, 2),
+			Workers: []wire.WorkerFigures{{Results: results}}}
+	}
+	c.keepFigures(st, figs(5, 7))
+	c.retire(0) // the stage was lost and replaced
+	if got := c.Figures(); len(got) != 1 || got[0].Decode[0].Loads != 5 || got[0].Workers[0].Results != 7 {
+		t.Fatalf("before the new stage's first rows: %+v", got)
+	}
+	c.keepFigures(st, figs(2, 3))
+	if got := c.Figures(); len(got) != 1 || got[0].Decode[0].Loads != 7 || got[0].Workers[0].Results != 10 || got[0].First != 2 {
+		t.Fatalf("after: %+v, want 7 loads and 10 results", got)
+	}
+}
