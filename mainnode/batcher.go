@@ -366,7 +366,7 @@ func (b *Batcher) loop() {
 		}
 		seqs = seqs[:0]
 		for _, m := range members {
-			seqs = append(seqs, passes.Seq{Prompt: len(m.prompt) - m.fed})
+			seqs = append(seqs, passes.Seq{PromptLeft: len(m.prompt) - m.fed})
 		}
 		plan = passes.Next(plan[:0], seqs, b.budget)
 		rows, sessions, feeds, heads = rows[:0], sessions[:0], feeds[:0], heads[:0]

@@ -611,17 +611,17 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		return false, nil
 	}
 	p := sl.peer.Load()
-	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchIteration: bp.iter, BatchSize: bp.size}
+	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchPass: bp.iter, BatchSize: bp.size}
 	kvStep := int64(-1)   // unchanged
 	if first || !synced { // the shadow starts the sequence
 		a.Sampling = sampling
 	}
 	switch {
 	case first: // its first chunk, after the prefix it reused
-		a.Prompt = history
+		a.History = history
 		lastKV = cache.Len() + len(tokens)
 	case !synced:
-		a.Prompt = history
+		a.History = history
 		if !row.Prompt {
 			a.Token = int32(tokens[0])
 		}

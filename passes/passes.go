@@ -19,9 +19,9 @@ const DefaultChunk = 128
 // Seq is a sequence as the scheduler sees it before a pass, in the order
 // the sequences arrived.
 type Seq struct {
-	// Prompt is how many prompt tokens it has still to feed; 0: it
+	// PromptLeft is how many prompt tokens it has still to feed; 0: it
 	// decodes (feeds its last sampled token).
-	Prompt int
+	PromptLeft int
 }
 
 // Row is what one sequence feeds in a pass.
@@ -54,10 +54,10 @@ func Next(rows []Row, seqs []Seq, b Budget) []Row {
 	prompts := 0
 	for i, s := range seqs {
 		switch {
-		case s.Prompt <= 0:
+		case s.PromptLeft <= 0:
 			rows = append(rows, Row{Seq: i, Tokens: 1})
 		case b.Chunk <= 0:
-			rows = append(rows, Row{Seq: i, Tokens: s.Prompt, Prompt: true, Last: true})
+			rows = append(rows, Row{Seq: i, Tokens: s.PromptLeft, Prompt: true, Last: true})
 		default:
 			rows = append(rows, Row{Seq: i, Prompt: true}) // its share comes below
 			prompts++
@@ -71,11 +71,11 @@ func Next(rows []Row, seqs []Seq, b Budget) []Row {
 	for k := prompts; k > 0 && left > 0; k-- {
 		pick := -1
 		for j := first; j < len(rows); j++ {
-			if r := rows[j]; r.Prompt && r.Tokens == 0 && (pick < 0 || seqs[r.Seq].Prompt < seqs[rows[pick].Seq].Prompt) {
+			if r := rows[j]; r.Prompt && r.Tokens == 0 && (pick < 0 || seqs[r.Seq].PromptLeft < seqs[rows[pick].Seq].PromptLeft) {
 				pick = j
 			}
 		}
-		need := seqs[rows[pick].Seq].Prompt
+		need := seqs[rows[pick].Seq].PromptLeft
 		give := min(need, (left+k-1)/k) // its share, rounded up
 
 		rows[pick].Tokens, rows[pick].Last = give, give == need

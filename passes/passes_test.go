@@ -46,7 +46,7 @@ func simulate(t *testing.T, arrivals []arrival, b Budget) []string {
 		}
 		seqs := make([]Seq, len(live))
 		for i, r := range live {
-			seqs[i] = Seq{Prompt: r.prompt}
+			seqs[i] = Seq{PromptLeft: r.prompt}
 		}
 		rows = Next(rows[:0], seqs, b)
 		if len(rows) == 0 {

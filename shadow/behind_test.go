@@ -43,7 +43,7 @@ func TestShadowBehindTheMainNodeHintsNoLoads(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	n.started.saw(&wire.Alignment{Seq: 9, Iteration: 5, Prompt: []int32{1, 2}})
+	n.started.saw(&wire.Alignment{Seq: 9, Iteration: 5, History: []int32{1, 2}})
 	n.predict(ctx, 9, 5, 3, 0, routes, nil)
 	if w, m := sent(); w == 0 || m != 1 {
 		t.Fatalf("iteration 5 while the main node runs it: %d worker hints, %d predictions to the main node; want hints and 1", w, m)
@@ -53,7 +53,7 @@ func TestShadowBehindTheMainNodeHintsNoLoads(t *testing.T) {
 	if w, m := sent(); w != 0 || m != 1 || n.unhinted != 1 {
 		t.Fatalf("iteration 5 after the main node started 6: %d worker hints, %d predictions, %d unhinted; want 0, 1, 1", w, m, n.unhinted)
 	}
-	n.started.saw(&wire.Alignment{Seq: 9, Iteration: 2, Prompt: []int32{1, 2, 3}}) // restarted
+	n.started.saw(&wire.Alignment{Seq: 9, Iteration: 2, History: []int32{1, 2, 3}}) // restarted
 	if n.started.passed(9, 2) || !n.started.passed(9, 1) {
 		t.Fatal("a restarted sequence kept its old iterations")
 	}

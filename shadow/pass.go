@@ -195,7 +195,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 }
 
 // starts reports whether alignment a (in a pass) starts its sequence.
-func starts(a *wire.Alignment) bool { return a.Iteration == 1 || len(a.Prompt) > 0 }
+func starts(a *wire.Alignment) bool { return a.Iteration == 1 || len(a.History) > 0 }
 
 // meets reports whether pass p, run ahead, fed what the main node's
 // alignments of that pass say: the same sequences (none restarted, none
@@ -382,12 +382,12 @@ func (n *Node) forwardRows(ctx context.Context, b uint64, bf *passFollow, it int
 func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alignment) (*follow, int, error) {
 	f := seqs[a.Seq]
 	if starts(a) {
-		f = &follow{seq: a.Seq, fed: ints(a.Prompt)}
+		f = &follow{seq: a.Seq, fed: ints(a.History)}
 		f.sampler, f.promptLen = samplerOf(a.Sampling)
 		if a.Sampling != nil {
 			f.grammar = n.grammarOf(a.Sampling.Grammar)
 		}
-		capacity := len(a.Prompt) + len(a.Chunk) + a.PromptLeft + 256
+		capacity := len(a.History) + len(a.Chunk) + a.PromptLeft + 256
 		cache, reused := n.reuse(f.fed, capacity, seqs)
 		n.reused += int64(reused)
 		if reused > 0 {
@@ -411,7 +411,7 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 			}
 		}
 		if a.Iteration > 1 {
-			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.Prompt)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
+			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.History)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
 				Msg("shadow: following a sequence from the middle")
 		}
 		if len(a.Chunk) == 0 && a.Token < 0 {

@@ -28,7 +28,7 @@ func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 	seqs := []uint64{1<<50 + 1, 1<<50 + 2}
 	prompts := [][]int{{5, 200, 7, 300, 11, 90}, {1, 17, 33, 49, 65, 81}}
 	member := func(i int, pass int64) *wire.Alignment {
-		return &wire.Alignment{Seq: seqs[i], Iteration: pass, Token: -1, Batch: batch, BatchIteration: pass, BatchSize: len(seqs)}
+		return &wire.Alignment{Seq: seqs[i], Iteration: pass, Token: -1, Batch: batch, BatchPass: pass, BatchSize: len(seqs)}
 	}
 	noPredictions := func(pass int64) {
 		t.Helper()
@@ -168,7 +168,7 @@ func TestShadowReusesAFinishedSequencesRows(t *testing.T) {
 	// the next turn: the history, then two new prompt tokens, then a token
 	history := append(slices.Clone(prompt), first)
 	start := alone(b, 1, -1, 33, 49)
-	start.Prompt = int32s(history)
+	start.History = int32s(history)
 	r.send(t, start)
 	r.send(t, alone(b, 2, 7))
 	got, done := r.readUntilDone(t, batchOf(b), 2)
@@ -196,7 +196,7 @@ func TestShadowRunsAPassWhoseMemberEndedFirst(t *testing.T) {
 	a, b, c := uint64(1<<52+1), uint64(1<<52+2), uint64(1<<52+3)
 	prompt := []int{5, 200, 7, 300, 11, 90}
 	member := func(seq uint64, it, pass int64, size int) *wire.Alignment {
-		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchIteration: pass, BatchSize: size}
+		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchPass: pass, BatchSize: size}
 	}
 	for _, seq := range []uint64{a, b} {
 		m := member(seq, 1, 1, 2)
@@ -336,7 +336,7 @@ func twoMembers(t *testing.T, r *shadowRig, batch uint64) (a, b uint64, prompts 
 	a, b = batch+1, batch+2
 	prompts = map[uint64][]int{a: {5, 200, 7, 300, 11, 90}, b: {1, 17, 33, 49, 65, 81}}
 	member = func(seq uint64, it int64, size int) *wire.Alignment {
-		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchIteration: it, BatchSize: size}
+		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchPass: it, BatchSize: size}
 	}
 	for _, seq := range []uint64{a, b} {
 		m := member(seq, 1, 2)

@@ -135,10 +135,10 @@ func (s *startedIters) saw(a *wire.Alignment) {
 	if s.it == nil {
 		s.it = map[uint64]int64{}
 	}
-	if a.Batch != 0 && a.BatchIteration > 0 { // the batch's pass has started too
-		s.it[a.Batch] = max(s.it[a.Batch], a.BatchIteration)
+	if a.Batch != 0 && a.BatchPass > 0 { // the batch's pass has started too
+		s.it[a.Batch] = max(s.it[a.Batch], a.BatchPass)
 	}
-	if len(a.Prompt) > 0 { // the sequence (re)starts here
+	if len(a.History) > 0 { // the sequence (re)starts here
 		s.it[a.Seq] = a.Iteration
 		return
 	}
@@ -572,12 +572,12 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 	case *wire.Alignment:
 		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
 		if slices.Contains(st.ended, m.Batch) {
-			n.log.Warn().Uint64("batch", m.Batch).Int64("pass", m.BatchIteration).Msg("alignment for a batch that has ended: dropped")
+			n.log.Warn().Uint64("batch", m.Batch).Int64("pass", m.BatchPass).Msg("alignment for a batch that has ended: dropped")
 			return nil
 		}
 		// a member whose end overtook this alignment (they travel on
 		// different streams) still counts: its pass waits for it
-		k := seqIter{m.Batch, m.BatchIteration}
+		k := seqIter{m.Batch, m.BatchPass}
 		st.passes[k] = append(st.passes[k], m)
 		return n.runPasses(ctx, m.Batch, st)
 	default:

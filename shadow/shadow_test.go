@@ -176,7 +176,7 @@ func batchOf(seq uint64) uint64 { return seq | 1<<62 }
 // alone is the alignment of iteration it of seq, run as a batch of one:
 // feeding prompt (a whole prompt in one pass) or token.
 func alone(seq uint64, it int64, token int, prompt ...int) *wire.Alignment {
-	a := &wire.Alignment{Seq: seq, Iteration: it, Token: int32(token), Batch: batchOf(seq), BatchIteration: it, BatchSize: 1}
+	a := &wire.Alignment{Seq: seq, Iteration: it, Token: int32(token), Batch: batchOf(seq), BatchPass: it, BatchSize: 1}
 	if len(prompt) > 0 {
 		a.Token, a.Chunk = -1, int32s(prompt)
 	}
@@ -260,7 +260,7 @@ func TestShadowJoinsASequenceInTheMiddle(t *testing.T) {
 	r := newShadowRig(t)
 	history := []int{1, 17, 33, 49, 65, 81, 4, 300, 12} // prompt 6 tokens, then 3 fed in iterations 2..4
 	joined := alone(9, 5, 77)
-	joined.Prompt = int32s(history)
+	joined.History = int32s(history)
 	r.send(t, joined)
 	got := r.predictions(t, 5, batchOf(9))
 	want := r.reference(t, history[:6], 77, history[6:]...)

@@ -143,8 +143,8 @@ func sampleMessages(hidden int) []Message {
 		&Withdraw{Seq: 3, From: 9, Layer: 2, Experts: []int32{4, 6}},
 		&Activation{Seq: 3, Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
 		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
-		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchIteration: 8, BatchSize: 1},
-		&Alignment{Seq: 4, Iteration: 1, Token: -1, Prompt: []int32{1, 2}, Batch: 2, BatchIteration: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40,
+		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchPass: 8, BatchSize: 1},
+		&Alignment{Seq: 4, Iteration: 1, Token: -1, History: []int32{1, 2}, Batch: 2, BatchPass: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40,
 			Sampling: &Sampling{Temperature: 0.7, TopP: 0.9, TopK: 40, Seed: 1 << 63, Presence: 0.5, Frequency: -1, BiasIDs: []int32{3, 9}, Biases: []float64{-100, 2.5}, PromptLen: 43, Constrained: true}},
 		&SequenceEnd{Seq: 1 << 40, Last: 7},
 		&StageRun{ID: 5, First: 2, End: 4, Seqs: []uint64{3, 1 << 40}, Starts: []int32{0, 17}, Counts: []int32{1, 1}, Hidden: Float32Tensor(ramp(2*hidden), 2, hidden), Routes: true, Batch: 9, Pass: 1 << 33, Prefill: true},
@@ -176,7 +176,7 @@ func sampleMessages(hidden int) []Message {
 // Seq.
 func bulk(id uint64, data []byte) *Alignment {
 	return &Alignment{Seq: id, Keys: []Tensor{{DType: BF16, Shape: []int{1, len(data) / 2}, Data: data}},
-		Values: []Tensor{{DType: BF16, Shape: []int{1, 0}, Data: []byte{}}}, Batch: 1, BatchIteration: 1, BatchSize: 1}
+		Values: []Tensor{{DType: BF16, Shape: []int{1, 0}, Data: []byte{}}}, Batch: 1, BatchPass: 1, BatchSize: 1}
 }
 
 // bulkData is what bulk carries.

@@ -242,20 +242,20 @@ type Alignment struct {
 	FromPos   int
 	Keys      []Tensor // one per layer, or none for a token-only alignment
 	Values    []Tensor // as Keys; none for a latent cache (its rows are keys and values at once)
-	// Prompt, when set, starts sequence Seq with the tokens it holds
+	// History, when set, starts sequence Seq with the tokens it holds
 	// before this pass (a prefix the main node reused, or, to a shadow
 	// that attaches mid-sequence, every token so far), which the shadow
 	// runs first; a pass at Iteration 1 starts the sequence without them.
-	Prompt []int32
-	// Batch, BatchIteration and BatchSize say that this iteration of Seq
-	// runs in pass BatchIteration of the main node's batch Batch, with
+	History []int32
+	// Batch, BatchPass and BatchSize say that this iteration of Seq
+	// runs in pass BatchPass of the main node's batch Batch, with
 	// BatchSize sequences in all (this one included): the shadow runs the
 	// pass when it has all of their alignments, as one batched forward
-	// pass, and predicts each layer for step (Batch, BatchIteration).
+	// pass, and predicts each layer for step (Batch, BatchPass).
 	// Every sequence runs in a batch's passes (text mode: a batch of one).
-	Batch          uint64
-	BatchIteration int64
-	BatchSize      int
+	Batch     uint64
+	BatchPass int64
+	BatchSize int
 	// Chunk are prompt tokens this iteration feeds (instead of Token),
 	// PromptLeft the prompt tokens that later passes feed.
 	Chunk      []int32
@@ -264,7 +264,7 @@ type Alignment struct {
 	// its token limit (or the context's end) and leaves the batch after
 	// it, so the shadow runs no pass ahead with it.
 	Final bool
-	// Sampling, on an alignment that starts the sequence (Prompt set, or
+	// Sampling, on an alignment that starts the sequence (History set, or
 	// iteration 1), says how the main node chooses its tokens when not
 	// greedily: the shadow guesses them the same way. nil: greedy.
 	Sampling *Sampling
@@ -573,8 +573,8 @@ func (m *Alignment) validate() error {
 	switch {
 	case m.Batch == 0:
 		return malformed("alignment of sequence %d iteration %d outside a pass (batch 0)", m.Seq, m.Iteration)
-	case m.BatchIteration < 1 || m.BatchSize < 1:
-		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchIteration, m.BatchSize)
+	case m.BatchPass < 1 || m.BatchSize < 1:
+		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchPass, m.BatchSize)
 	case m.PromptLeft < 0 || m.PromptLeft > 0 && len(m.Chunk) == 0:
 		return malformed("alignment in batch %d: %d prompt tokens left after a chunk of %d", m.Batch, m.PromptLeft, len(m.Chunk))
 	}

@@ -407,14 +407,14 @@ func TestSendRefusesInvalidMessages(t *testing.T) {
 		t.Fatal("Send let a Hello through")
 	}
 	for _, a := range []*Alignment{
-		{Seq: 1, Iteration: 2, Token: 5},                                                                                // outside a pass
-		{Seq: 1, Iteration: 2, Token: 5, Batch: 9, BatchIteration: 0, BatchSize: 1},                                     // pass 0
-		{Seq: 1, Iteration: 2, Token: 5, Batch: 9, BatchIteration: 3, BatchSize: 0},                                     // no members
-		{Seq: 1, Iteration: 1, Token: -1, Batch: 9, BatchIteration: 3, BatchSize: 1, PromptLeft: 4},                     // prompt left, no chunk
-		{Seq: 1, Iteration: 1, Token: -1, Batch: 9, BatchIteration: 3, BatchSize: 1, Chunk: []int32{1}, PromptLeft: -1}, // negative
-		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchIteration: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, BiasIDs: []int32{1}}},
-		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchIteration: 3, BatchSize: 1, Sampling: &Sampling{Temperature: math.NaN()}},
-		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchIteration: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, PromptLen: -2}},
+		{Seq: 1, Iteration: 2, Token: 5},                                                                           // outside a pass
+		{Seq: 1, Iteration: 2, Token: 5, Batch: 9, BatchPass: 0, BatchSize: 1},                                     // pass 0
+		{Seq: 1, Iteration: 2, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 0},                                     // no members
+		{Seq: 1, Iteration: 1, Token: -1, Batch: 9, BatchPass: 3, BatchSize: 1, PromptLeft: 4},                     // prompt left, no chunk
+		{Seq: 1, Iteration: 1, Token: -1, Batch: 9, BatchPass: 3, BatchSize: 1, Chunk: []int32{1}, PromptLeft: -1}, // negative
+		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, BiasIDs: []int32{1}}},
+		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: math.NaN()}},
+		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, PromptLen: -2}},
 	} {
 		if err := client.Send(context.Background(), a); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("alignment %+v: got %v, want ErrMalformed", a, err)
