@@ -310,7 +310,7 @@ func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
 }
 
 // TestAMainStageKilledAndRestartedMidRun: a main node whose layers are on
-// two stages decodes 80 tokens (text mode, real processes, two workers
+// two stages decodes 48 tokens (text mode, real processes, two workers
 // whose loads are paced: about 9 tokens a second);
 // its second stage is SIGKILLed mid-run and started again on its address:
 // the main node waits for it, every sequence runs again from its first
@@ -328,7 +328,7 @@ func TestAMainStageKilledAndRestartedMidRun(t *testing.T) {
 	for i := range r.workers {
 		r.startWorker(i)
 	}
-	const tokens = 80
+	const tokens = 48
 	n := strconv.Itoa(tokens)
 	local, swarm, stats := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm"), filepath.Join(r.dir, "stats.json")
 	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
