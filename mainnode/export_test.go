@@ -40,3 +40,6 @@ func (s *Swarm) PlacerCapacities() []sched.Capacity {
 	defer s.placer.mu.Unlock()
 	return slices.Clone(s.placer.caps)
 }
+
+// CheckStageLayouts is checkStageLayouts, for the external tests.
+var CheckStageLayouts = checkStageLayouts

@@ -98,6 +98,18 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if stages != nil {
+		names := make([]string, len(peers))
+		for i, p := range peers {
+			names[i] = p.Identity().Name
+		}
+		if err := checkStageLayouts(stages, names, opt.Layout.Group); err != nil {
+			for _, p := range peers {
+				p.Close()
+			}
+			return err
+		}
+	}
 	opt.Redial = RedialWorkers(cfg.Workers, &d.base)
 	if cfg.Shadow != "" {
 		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, d, peers, opt.Layout, log); err != nil {

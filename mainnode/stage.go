@@ -77,6 +77,7 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 	lcfg := d.base
 	lcfg.PeerRoles = []wire.Role{wire.RoleMain}
 	lcfg.Hello.Layers = []int{r.First, r.End}
+	lcfg.Hello.Layout, lcfg.Hello.Group = sw.workerNames(), sw.opt.Layout.Group // what its main node checks
 	ln, err := wire.Listen(ctx, cfg.Listen, &lcfg)
 	if err != nil {
 		return err
@@ -93,6 +94,29 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 	}, func(err error) {
 		log.Info().Err(err).Msg("stage: the main node is gone; waiting for the next")
 	})
+}
+
+// workerNames are the Swarm's workers' names, in layout order.
+func (s *Swarm) workerNames() []string {
+	names := make([]string, len(s.workers))
+	for i, l := range s.workers {
+		names[i] = l.name
+	}
+	return names
+}
+
+// checkStageLayouts refuses stages whose workers, or groups, are not the
+// main node's (names, in layout order, in groups of group): each would
+// run its layers' experts elsewhere than the shadow hints, and its
+// figures would count under other workers' names.
+func checkStageLayouts(stages *stage.Client, names []string, group int) error {
+	for _, h := range stages.Hellos() {
+		if !slices.Equal(h.Layout, names) || h.Group != group {
+			return fmt.Errorf("stage %s runs workers %v in groups of %d, the main node %v in groups of %d: give both the same -workers, in the same order, and the same -group",
+				h.Name, h.Layout, h.Group, names, group)
+		}
+	}
+	return nil
 }
 
 // stageRunner runs a main stage's experts on its Swarm, each pass under

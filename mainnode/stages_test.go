@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/harness/inproc"
@@ -20,14 +21,21 @@ import (
 // head alone), its layers on stages that run in this process as a stage
 // process does (RunStage), each meeting the workers over loopback QUIC.
 type stagedSwarm struct {
-	head *model.Model
-	sw   *mainnode.Swarm
+	head   *model.Model
+	sw     *mainnode.Swarm
+	stages *stage.Client
 }
 
 // startStagedSwarm starts stages holding layers[i] each ("A-B") under
 // policy, on the workers at addrs, and the main node's Swarm over the
 // same workers, whose model's LayerRunner they are.
 func startStagedSwarm(t *testing.T, f inproc.Files, addrs []string, policy mainnode.Prefetch, layers ...string) *stagedSwarm {
+	return startStagedSwarmOn(t, f, addrs, addrs, policy, layers...)
+}
+
+// startStagedSwarmOn is startStagedSwarm with the stages given their
+// workers in stageAddrs' order.
+func startStagedSwarmOn(t *testing.T, f inproc.Files, addrs, stageAddrs []string, policy mainnode.Prefetch, layers ...string) *stagedSwarm {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stages []string
@@ -51,7 +59,7 @@ func startStagedSwarm(t *testing.T, f inproc.Files, addrs []string, policy mainn
 		}
 		ready := make(chan string, 1)
 		go func() {
-			done <- mainnode.RunStage(ctx, mainnode.StageConfig{Model: f.Model, Layers: r, Listen: "127.0.0.1:0", Workers: addrs, Group: 2, Prefetch: policy,
+			done <- mainnode.RunStage(ctx, mainnode.StageConfig{Model: f.Model, Layers: r, Listen: "127.0.0.1:0", Workers: stageAddrs, Group: 2, Prefetch: policy,
 				MiniBatch: 4, Wire: &wire.Config{Certs: certs, Log: zerolog.Nop()}, Log: zerolog.Nop(), Ready: func(a string) { ready <- a }})
 		}()
 		select {
@@ -95,7 +103,7 @@ func startStagedSwarm(t *testing.T, f inproc.Files, addrs []string, policy mainn
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sw.Close() })
-	return &stagedSwarm{head: head, sw: sw}
+	return &stagedSwarm{head: head, sw: sw, stages: client}
 }
 
 // TestAStagedMainNodeIsLocalModeAloneAndBatched: every family's tiny
@@ -162,6 +170,9 @@ func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
 				}
 				if byWorker != float64(all) {
 					t.Fatalf("%s: /metrics counts %v loads by worker, the figures %d", policy, byWorker, all)
+				}
+				if err := mainnode.CheckStageLayouts(s.stages, []string{"w1", "w2", "w3", "w4"}, 2); err != nil {
+					t.Fatalf("%s: the stages' layouts: %v", policy, err)
 				}
 			}
 		})
@@ -240,5 +251,24 @@ func TestAPassWhoseStageIsLostRunsAgainFromEveryFirstToken(t *testing.T) {
 	}
 	if recovered != 3 {
 		t.Fatalf("the pass loop recovered %d times, want 3 (%d runs of the stages)", recovered, flaky.calls)
+	}
+}
+
+// TestAStageOfOtherWorkersIsRefused: a stage given the main node's workers
+// in another order says so in its Hello, and the main node's check
+// refuses it, naming both lists (its experts would run elsewhere than the
+// shadow hints, and its figures count under other workers' names).
+func TestAStageOfOtherWorkersIsRefused(t *testing.T) {
+	f, err := inproc.Generate(context.Background(), t.TempDir(), "tiny", 26, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := startWorkers(t, ctx, f, 2, 64<<20, false)
+	s := startStagedSwarmOn(t, f, addrs, []string{addrs[1], addrs[0]}, mainnode.Reactive, "0-")
+	err = mainnode.CheckStageLayouts(s.stages, []string{"w1", "w2"}, 2)
+	if err == nil || !strings.Contains(err.Error(), "[w2 w1]") || !strings.Contains(err.Error(), "[w1 w2]") {
+		t.Fatalf("a stage of the workers in another order: %v", err)
 	}
 }

@@ -148,6 +148,18 @@ func (st *remote) read(ctx context.Context) {
 	}
 }
 
+// Hellos are what the stages said when they were dialed (the latest
+// connection's, for a stage dialed again), in order.
+func (c *Client) Hellos() []wire.Hello {
+	c.smu.RLock()
+	defer c.smu.RUnlock()
+	out := make([]wire.Hello, len(c.stages))
+	for i, st := range c.stages {
+		out[i] = st.p.Hello()
+	}
+	return out
+}
+
 // Layers are the layers the stages hold, together.
 func (c *Client) Layers() model.LayerRange { return c.layers }
 
