@@ -42,20 +42,7 @@ func TestAStagedShadowIsTheWholeShadow(t *testing.T) {
 	shadowRun := func(name string, shadow ...string) float64 {
 		t.Helper()
 		r.start(shadow[0], shadow[1:]...)
-		dump, stats := filepath.Join(r.dir, name), filepath.Join(r.dir, name+".json")
-		if se, code := r.runMain("-prefetch", "shadow", "-shadow", r.shadow, "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats, "-dial-timeout", "60s"); code != 0 {
-			t.Fatalf("%s: the main node: exit %d\n%s\n%s", name, code, se, r.logs())
-		}
-		sameDump(t, dump, local)
-		var st struct{ Recall *float64 }
-		b, err := os.ReadFile(stats)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(b, &st); err != nil || st.Recall == nil {
-			t.Fatalf("%s: stats %s: %v", name, b, err)
-		}
-		return *st.Recall
+		return shadowRecall(t, r, name, local, n)
 	}
 	shadowArgs := func(name string, extra ...string) []string {
 		return append([]string{name, "run", "-role", "shadow", "-model", r.model, "-quant", "nf4", "-ahead", "0", "-group", "2",
@@ -131,19 +118,55 @@ func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
 	r.signal("shadow2", syscall.SIGKILL)
 	time.Sleep(time.Second)
 	startStage()
+	st := finishedAsLocal(t, r, exited, swarm, local, stats)
+	if st.Generated != tokens || st.Faults["shadow_lost"] < 1 || st.Faults["shadow_reattached"] < 1 {
+		t.Fatalf("stats: %d generated, faults %v: want the shadow lost and re-attached\n%s", st.Generated, st.Faults, r.logs())
+	}
+}
+
+// shadowRecall runs the main node on r's shadow (n tokens, its extra
+// flags), which must give local mode's dump (local), and returns the
+// shadow's recall from its -stats.
+func shadowRecall(t *testing.T, r *chaosRig, name, local, n string, extra ...string) float64 {
+	t.Helper()
+	dump, stats := filepath.Join(r.dir, name), filepath.Join(r.dir, name+".json")
+	args := append([]string{"-prefetch", "shadow", "-shadow", r.shadow, "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats, "-dial-timeout", "60s"}, extra...)
+	if se, code := r.runMain(args...); code != 0 {
+		t.Fatalf("%s: the main node: exit %d\n%s\n%s", name, code, se, r.logs())
+	}
+	sameDump(t, dump, local)
+	var st struct{ Recall *float64 }
+	b, err := os.ReadFile(stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Recall == nil {
+		t.Fatalf("%s: stats %s: %v", name, b, err)
+	}
+	return *st.Recall
+}
+
+// faultRun is what a run's -stats say of its faults.
+type faultRun struct {
+	Generated int `json:"generated_tokens"`
+	Faults    map[string]int64
+}
+
+// finishedAsLocal waits (3 minutes at most) for the main node to exit,
+// which must be rc 0 with its dump (swarm) equal to local mode's, and
+// reads its -stats file.
+func finishedAsLocal(t *testing.T, r *chaosRig, exited <-chan error, swarm, local, stats string) faultRun {
+	t.Helper()
 	select {
 	case err := <-exited:
 		if err != nil {
-			t.Fatalf("main node: %v\n%s", err, r.logs())
+			t.Fatalf("main node: %v\n%s\n%s\n%s", err, r.logs(), r.logOf("stage1"), r.logOf("stage2"))
 		}
 	case <-time.After(3 * time.Minute):
 		t.Fatalf("the main node did not finish within 3 minutes\n%s", r.logs())
 	}
 	sameDump(t, swarm, local)
-	var st struct {
-		Generated int `json:"generated_tokens"`
-		Faults    map[string]int64
-	}
+	var st faultRun
 	b, err := os.ReadFile(stats)
 	if err != nil {
 		t.Fatal(err)
@@ -152,9 +175,7 @@ func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("faults: %v", st.Faults)
-	if st.Generated != tokens || st.Faults["shadow_lost"] < 1 || st.Faults["shadow_reattached"] < 1 {
-		t.Fatalf("stats: %d generated, faults %v: want the shadow lost and re-attached\n%s", st.Generated, st.Faults, r.logs())
-	}
+	return st
 }
 
 // TestANodeBeyondItsMemRefusesToStart: local mode, a main node and a
@@ -276,25 +297,7 @@ func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
 	}
 	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "nf4", "-ahead", "0", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","),
 		"-group", "2", "-certs", certs, "-name", "shadow", "-log-level", "info")
-	recallOf := func(name string, extra ...string) float64 {
-		t.Helper()
-		dump, stats := filepath.Join(r.dir, name), filepath.Join(r.dir, name+".json")
-		args := append([]string{"-prefetch", "shadow", "-shadow", r.shadow, "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats, "-dial-timeout", "60s"}, extra...)
-		if se, code := r.runMain(args...); code != 0 {
-			t.Fatalf("%s: the main node: exit %d\n%s\n%s", name, code, se, r.logs())
-		}
-		sameDump(t, dump, local)
-		var st struct{ Recall *float64 }
-		b, err := os.ReadFile(stats)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(b, &st); err != nil || st.Recall == nil {
-			t.Fatalf("%s: stats %s: %v", name, b, err)
-		}
-		return *st.Recall
-	}
-	whole := recallOf("whole")
+	whole := shadowRecall(t, r, "whole", local, n)
 	var stages []string
 	for i, layers := range []string{"0-1", "2-"} {
 		name, addr := fmt.Sprintf("stage%d", i+1), freeLoopbackUDP(t)
@@ -302,7 +305,7 @@ func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
 			"-group", "2", "-prefetch", "shadow", "-certs", certs, "-name", name, "-log-level", "info")
 		stages = append(stages, addr)
 	}
-	staged := recallOf("staged", "-stages", strings.Join(stages, ","))
+	staged := shadowRecall(t, r, "staged", local, n, "-stages", strings.Join(stages, ","))
 	t.Logf("recall: beside one main node %.4f, beside a main node and two stages %.4f", whole, staged)
 	if staged != whole || whole < 0.5 || whole == 1 {
 		t.Fatalf("recall: beside the stages %v, beside one main node %v", staged, whole)
@@ -363,27 +366,7 @@ func TestAMainStageKilledAndRestartedMidRun(t *testing.T) {
 	r.signal("stage2", syscall.SIGKILL)
 	time.Sleep(time.Second)
 	startStage(1, "2-")
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("main node: %v\n%s\n%s\n%s", err, r.logs(), r.logOf("stage1"), r.logOf("stage2"))
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("the main node did not finish within 3 minutes\n%s", r.logs())
-	}
-	sameDump(t, swarm, local)
-	var st struct {
-		Generated int `json:"generated_tokens"`
-		Faults    map[string]int64
-	}
-	b, err := os.ReadFile(stats)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("faults: %v", st.Faults)
+	st := finishedAsLocal(t, r, exited, swarm, local, stats)
 	if st.Generated != tokens || st.Faults["stages_lost"] < 1 || st.Faults["refills"] < 1 {
 		t.Fatalf("stats: %d generated, faults %v: want a stage lost and the sequence run again\n%s", st.Generated, st.Faults, r.logs())
 	}
