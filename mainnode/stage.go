@@ -28,7 +28,7 @@ type StageConfig struct {
 	Workers []string // worker addresses, in the main node's order
 	Group   int      // workers per group; 0: the router's top-k
 	// Prefetch is the main node's policy, which the stage's layers run
-	// under too (not shadow: the shadow follows no staged main node yet)
+	// under too (shadow: on the predictions its main node hands on)
 	Prefetch    Prefetch
 	MiniBatch   int
 	PeerTimeout time.Duration
