@@ -94,7 +94,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 		opt.Trace = trace.NewRecorder(name)
 	}
-	peers, err := DialWorkers(ctx, cfg.Workers, &d.start)
+	peers, err := d.dialWorkers(ctx, cfg.Workers, &opt)
 	if err != nil {
 		return err
 	}
@@ -110,7 +110,6 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 			return err
 		}
 	}
-	opt.Redial = RedialWorkers(cfg.Workers, &d.base)
 	if cfg.Shadow != "" {
 		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, d, peers, opt.Layout, log); err != nil {
 			for _, p := range peers {

@@ -260,12 +260,22 @@ func (d workerDialing) swarm(ctx context.Context, m *model.Model, workers []stri
 	if err != nil {
 		return nil, err
 	}
-	peers, err := DialWorkers(ctx, workers, &d.start)
+	peers, err := d.dialWorkers(ctx, workers, &opt)
 	if err != nil {
 		return nil, err
 	}
-	opt.Redial = RedialWorkers(workers, &d.base)
 	return newSwarm(peers, opt)
+}
+
+// dialWorkers connects to the workers at addrs, in layout order, waiting
+// for them at start, and sets opt's Redial to dial a lost one again.
+func (d workerDialing) dialWorkers(ctx context.Context, addrs []string, opt *Options) ([]*wire.Peer, error) {
+	peers, err := DialWorkers(ctx, addrs, &d.start)
+	if err != nil {
+		return nil, err
+	}
+	opt.Redial = RedialWorkers(addrs, &d.base)
+	return peers, nil
 }
 
 // swarmOptions completes opt for m's experts on workers workers in
