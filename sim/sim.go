@@ -4,9 +4,11 @@
 // layer sent to the workers of its group, each worker's expert loads (one
 // link, one load at a time) and expert compute, the network hops, and the
 // shadow node's iterations and predictions, departing late (on the main
-// node's alignment) or running ahead of it. Each node has its own CPU
-// and link: what a real rig has and the emulated one on two shared cores
-// does not. It is deterministic for a seed.
+// node's alignment) or running ahead of it, and the stages either may be
+// split into by layer range (a hop of the hidden states at each
+// boundary, each stage's layers' traffic on its own link). Each node has
+// its own CPU and link: what a real rig has and the emulated one on two
+// shared cores does not. It is deterministic for a seed.
 //
 // A Profile's costs come from published figures (testbed/profiles) or are
 // fitted to a measured bench rig run (Calibrate).
@@ -232,6 +234,19 @@ type Options struct {
 	// one a worker; 0: unpaced): a heterogeneous rig's -load-bw. A load
 	// on worker w then takes Profile.LoadMs + bytes / LoadRates[w].
 	LoadRates []float64
+	// Stages, when set, are the first layers of the main node's stages
+	// (-role stage -layers), ascending: the main node runs the layers
+	// before the first (none where it is 0), each stage the layers from
+	// its first to the next one's, on a node of the main node's kind
+	// with a link of its own. A pass's rows go from node to node over
+	// the sender's link and back to the main node after the last layer;
+	// each layer's activations and results cross its own node's link.
+	Stages []int
+	// ShadowStages, when set, are the first layers of the shadow's
+	// stages (-role shadow -layers), ascending from 0: each hands the
+	// hidden states on to the next over its link, and the last one's
+	// guess goes back to the first.
+	ShadowStages []int
 }
 
 // Result is what the run would measure.
@@ -278,9 +293,24 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	if o.LoadRates != nil && len(o.LoadRates) != layout.Workers {
 		return Result{}, fmt.Errorf("sim: %d workers' load rates for %d workers", len(o.LoadRates), layout.Workers)
 	}
+	if err := checkStarts("main stages", o.Stages, s.Layers, false); err != nil {
+		return Result{}, err
+	}
+	if err := checkStarts("shadow stages", o.ShadowStages, s.Layers, true); err != nil {
+		return Result{}, err
+	}
+	nodes := 1 + len(o.Stages)
 	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
 		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
+		up: make([]timeline, nodes), down: make([]timeline, nodes), node: make([]int, s.Layers),
 		latency: hop, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS, load: make([]float64, layout.Workers)}
+	for l := range r.node {
+		for _, first := range o.Stages {
+			if l >= first {
+				r.node[l]++
+			}
+		}
+	}
 	for w := range r.load {
 		r.load[w] = p.LoadMs + 1000*float64(s.ExpertBytes)/p.LoadBytesPerS
 		if o.LoadRates != nil {
@@ -301,12 +331,15 @@ type run struct {
 	o         Options
 	rng       *rand.Rand
 	link, cpu []timeline // per worker: its load link and its compute
-	up, down  timeline   // the main node's link, each way
-	latency   float64    // a message's latency in this mode (ms)
-	wire      float64    // a hidden state's time on a link (ms)
-	load      []float64  // one expert's load on each worker (ms)
-	res       Result
-	stall     float64
+	// up and down are each node's link, each way: the main node's (0)
+	// and its stages'
+	up, down []timeline
+	node     []int     // the node that runs each layer: 0 the main node, i stage i
+	latency  float64   // a message's latency in this mode (ms)
+	wire     float64   // a hidden state's time on a link (ms)
+	load     []float64 // one expert's load on each worker (ms)
+	res      Result
+	stall    float64
 	// kept is, per layer, the experts the last decode iteration's
 	// predictions loaded and where: a worker hinted one again keeps it
 	kept []map[int]prediction
@@ -330,7 +363,11 @@ func (r *run) prefill() float64 {
 	now := 0.0
 	P := r.o.Prompt
 	count := make([]int, r.s.Experts)
+	on := 0 // the node the prompt's rows are on
 	for l := range r.s.Layers {
+		if n := r.node[l]; n != on {
+			now, on = r.handOn(on, now, P), n
+		}
 		need := now + r.p.mainPrefillFirstMs() + float64(P-1)*r.p.MainPrefillTokenMs
 		now = need
 		if !r.s.hasExperts(l) {
@@ -361,7 +398,7 @@ func (r *run) prefill() float64 {
 			w := r.layout.PrefillWorker(e)
 			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS)
 			send := max(0, r.p.PrefillMessageMs+bytes)
-			at := r.up.reserve(need, send) + send + r.latency
+			at := r.up[on].reserve(need, send) + send + r.latency
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
 				// every worker is hinted its experts at once; on shared
@@ -375,10 +412,13 @@ func (r *run) prefill() float64 {
 			}
 			compute := r.p.expertPrefillFirstMs() + float64(c-1)*r.p.ExpertPrefillTokenMs
 			done := r.cpu[w].reserve(ready, compute) + compute
-			back := r.down.reserve(done+r.latency, send) + send
+			back := r.down[on].reserve(done+r.latency, send) + send
 			now = max(now, back)
 		}
 		now += loadsCPU
+	}
+	if on != 0 { // the last stage's rows back to the main node's head
+		now = r.handOn(on, now, 1)
 	}
 	if r.o.Mode == Shadow && r.p.Cores > 0 { // the shadow's pass over the prompt takes its share of the cores
 		extra := (r.p.ShadowPromptMs + float64(P)*r.p.ShadowPrefillTokenMs) / r.p.sharedCores()
@@ -421,9 +461,9 @@ func (r *run) decode(start float64) Result {
 		// due at decode iterations K, 2K, ... as align.Policy.KVDue says
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && (it+1)%r.o.AlignKV == 0 {
 			// with the KV rows of the last AlignKV positions, on the
-			// main node's link before this iteration's activations
-			kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
-			align = r.up.reserve(now, kv) + kv
+			// links of the nodes that hold their layers, before this
+			// iteration's activations
+			align = r.alignKV(now)
 		}
 		aligned = append(aligned, align+r.latency)
 		// the routing of this iteration: k distinct experts per layer,
@@ -451,12 +491,19 @@ func (r *run) decode(start float64) Result {
 			}
 			shadowLayer := r.p.ShadowLayerMs + pos*r.p.ShadowPositionMs
 			predicted = r.predict(depart, shadowLayer, routes)
-			shadowEnd = depart + float64(r.s.Layers)*shadowLayer
+			shadowEnd = depart + float64(r.s.Layers)*shadowLayer + r.shadowHops(r.s.Layers)
+			if n := len(r.o.ShadowStages); n > 1 {
+				shadowEnd += r.latency // the guess, a few bytes, back to the first stage
+			}
 			if r.o.Ahead > 0 {
 				shadowEnd += r.p.ShadowTokenMs
 			}
 		}
+		on := 0 // the node the pass's row is on
 		for l := range r.s.Layers {
+			if n := r.node[l]; n != on {
+				now, on = r.handOn(on, now, 1), n
+			}
 			need := now + r.p.MainLayerMs + pos*r.p.MainPositionMs
 			if !r.s.hasExperts(l) {
 				now = need
@@ -467,6 +514,9 @@ func (r *run) decode(start float64) Result {
 				pl = predicted[l]
 			}
 			now = r.layer(l, need, routes[l], pl)
+		}
+		if on != 0 {
+			now = r.handOn(on, now, 1)
 		}
 		now += r.p.MainTokenMs
 	}
@@ -529,7 +579,7 @@ func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]pre
 		if !r.s.hasExperts(l) {
 			continue
 		}
-		arrive := depart + float64(l+1)*shadowLayer + r.latency
+		arrive := depart + float64(l+1)*shadowLayer + r.shadowHops(l+1) + r.latency
 		var guess []int
 		for _, e := range experts {
 			if r.rng.Float64() < r.o.Recall {
@@ -581,8 +631,9 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 		if r.o.Mode == Resident {
 			w = r.layout.Owner(l, e)
 		}
-		// the activation reaches the worker over the main node's link
-		at := r.up.reserve(need, r.wire) + r.wire + r.latency
+		// the activation reaches the worker over its node's link
+		on := r.node[l]
+		at := r.up[on].reserve(need, r.wire) + r.wire + r.latency
 		ready := at
 		switch r.o.Mode {
 		case Reactive:
@@ -605,11 +656,69 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 		}
 		stall = max(stall, ready-at) // its wait for the load, as the main node counts it
 		start := r.cpu[w].reserve(ready, r.p.ExpertMs)
-		back := r.down.reserve(start+r.p.ExpertMs+r.latency, r.wire) + r.wire
+		back := r.down[on].reserve(start+r.p.ExpertMs+r.latency, r.wire) + r.wire
 		end = max(end, back)
 	}
 	r.stall += stall
 	return end
+}
+
+// handOn sends rows rows of hidden states from node from onward (to
+// the next stage, or back to the main node) over from's link, leaving
+// at at, and returns when they arrive; a prompt's rows (rows > 1) at a
+// prompt message's cost and rate.
+func (r *run) handOn(from int, at float64, rows int) float64 {
+	d := r.wire
+	if rows > 1 {
+		d = max(0, r.p.PrefillMessageMs+1000*float64(rows)*float64(r.s.HiddenBytes)/cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS))
+	}
+	return r.up[from].reserve(at, d) + d + r.latency
+}
+
+// alignKV sends the shadow the last AlignKV positions' KV rows from now,
+// each node its own layers' over its link, and returns when the last
+// has left.
+func (r *run) alignKV(now float64) float64 {
+	layers := make([]int, len(r.up))
+	for _, n := range r.node {
+		layers[n]++
+	}
+	end := now
+	for n, k := range layers {
+		if k == 0 {
+			continue
+		}
+		kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) * float64(k) / float64(r.s.Layers) / r.p.LinkBytesPerS
+		end = max(end, r.up[n].reserve(now, kv)+kv)
+	}
+	return end
+}
+
+// shadowHops is what the shadow's pass spends between its stages before
+// layer l: a hidden state's hop at each stage's first layer below l but
+// the first stage's.
+func (r *run) shadowHops(l int) float64 {
+	var hops float64
+	for _, first := range r.o.ShadowStages {
+		if first > 0 && first < l {
+			hops += r.wire + r.latency
+		}
+	}
+	return hops
+}
+
+// checkStarts refuses stages' first layers that are not ascending
+// within the model's layers, or (fromZero) whose first is not layer 0.
+func checkStarts(what string, starts []int, layers int, fromZero bool) error {
+	for i, s := range starts {
+		if s < 0 || s >= layers || i > 0 && s <= starts[i-1] {
+			return fmt.Errorf("sim: %s beginning at layers %v: want ascending layers in 0..%d", what, starts, layers-1)
+		}
+	}
+	if fromZero && len(starts) > 0 && starts[0] != 0 {
+		return fmt.Errorf("sim: %s beginning at layers %v: the first begins at layer 0", what, starts)
+	}
+	return nil
 }
 
 // demand loads an expert on w for a decode activation that arrived at

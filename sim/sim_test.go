@@ -231,3 +231,63 @@ func TestKVAlignmentTakesTheMainNodesLink(t *testing.T) {
 		t.Errorf("a resident swarm (no shadow) took %v ms a step with KV alignment, %v without", b, a)
 	}
 }
+
+// TestStagesAddAHopAtEachBoundary: a resident decode on stages takes, a
+// step, exactly a hidden state's hop more at each boundary the pass
+// crosses (main -> stage 1 -> stage 2 -> main: three, where the main
+// node keeps the first layers; two where it keeps none), and its prompt
+// the prompt's rows' hop at each; the routing drawn is the same, and
+// the layers' activations, each on its own node's link, never queue
+// behind one another's.
+func TestStagesAddAHopAtEachBoundary(t *testing.T) {
+	p, l, s := testRig(t)
+	const out = 33
+	run := func(stages []int) Result {
+		return mustRun(t, p, l, s, Options{Mode: Resident, Prompt: 16, Output: out, Recall: 1, Seed: 4, Stages: stages})
+	}
+	hop := 1000*float64(s.HiddenBytes)/p.LinkBytesPerS + p.HopMs
+	prompt := p.PrefillMessageMs + 1000*16*float64(s.HiddenBytes)/p.LinkBytesPerS + p.HopMs
+	whole := run(nil)
+	for _, c := range []struct {
+		stages []int
+		hops   int
+	}{{[]int{3, 6}, 3}, {[]int{0, 4}, 3}, {[]int{5}, 2}, {[]int{0}, 2}} {
+		staged := run(c.stages)
+		stepMs := (1000/staged.DecodeTokensPerS - 1000/whole.DecodeTokensPerS)
+		if want := float64(c.hops) * hop; math.Abs(stepMs-want) > 1e-9 {
+			t.Errorf("stages from %v: %.6f ms a step more than unstaged, want %d hops of %.6f", c.stages, stepMs, c.hops, hop)
+		}
+		// the prompt's rows go on as many times, and the first token's
+		// one row comes back from the last stage
+		want := float64(c.hops-1)*prompt + hop
+		if got := staged.TTFTms - whole.TTFTms; math.Abs(got-want) > 1e-9 {
+			t.Errorf("stages from %v: TTFT %.6f ms more, want %.6f", c.stages, got, want)
+		}
+	}
+	if _, err := Run(p, l, s, Options{Mode: Resident, Prompt: 16, Output: out, Stages: []int{4, 2}}); err == nil {
+		t.Error("stages from layers 4 then 2 were taken")
+	}
+	if _, err := Run(p, l, s, Options{Mode: Shadow, Prompt: 16, Output: out, ShadowStages: []int{2, 5}}); err == nil {
+		t.Error("shadow stages from layer 2 (none from 0) were taken")
+	}
+}
+
+// TestShadowStagesDelayTheirPredictions: a shadow in stages reaches each
+// later stage's layers a hop later, so departing late (no lead) its
+// predictions, and the loads they start, come later: the main node
+// waits longer for them; running a pass ahead covers the hops as it
+// covers the shadow's layers.
+func TestShadowStagesDelayTheirPredictions(t *testing.T) {
+	p, l, s := testRig(t)
+	p.HopMs, p.ShadowLayerMs = 0.6, 2.5 // hops that show, a shadow barely ahead of the main node's layers
+	run := func(ahead int, stages []int) Result {
+		return mustRun(t, p, l, s, Options{Mode: Shadow, Prompt: 16, Output: 64, Recall: 1, Ahead: ahead, Seed: 6, ShadowStages: stages})
+	}
+	whole, staged := run(0, nil), run(0, []int{0, 2, 4, 6})
+	if !(staged.StallFraction > whole.StallFraction && staged.DecodeTokensPerS < 0.99*whole.DecodeTokensPerS) {
+		t.Fatalf("departing late: whole shadow %.2f tok/s stalling %.3f, in 4 stages %.2f stalling %.3f: want the stages slower, stalling more", whole.DecodeTokensPerS, whole.StallFraction, staged.DecodeTokensPerS, staged.StallFraction)
+	}
+	if a, b := run(1, nil), run(1, []int{0, 2, 4, 6}); b.MissesLate > a.MissesLate || b.DecodeTokensPerS < 0.99*a.DecodeTokensPerS {
+		t.Fatalf("a pass ahead: whole shadow %d late misses at %.2f tok/s, in 4 stages %d at %.2f: want the lead to cover the hops", a.MissesLate, a.DecodeTokensPerS, b.MissesLate, b.DecodeTokensPerS)
+	}
+}

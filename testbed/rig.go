@@ -115,6 +115,22 @@ func firstLayer(n Node) int {
 	return r.First
 }
 
+// StageStarts are the first layers of the main node's stages and of the
+// shadow's (its first stage's 0 among them; nil where the shadow is
+// whole), in order, as odmoe sim takes them.
+func (r *Rig) StageStarts() (stages, shadowStages []int) {
+	for _, n := range r.Stages {
+		stages = append(stages, firstLayer(n))
+	}
+	if r.Shadow != nil && len(r.ShadowStages) > 0 {
+		shadowStages = []int{firstLayer(*r.Shadow)}
+		for _, n := range r.ShadowStages {
+			shadowStages = append(shadowStages, firstLayer(n))
+		}
+	}
+	return stages, shadowStages
+}
+
 // SSHTarget is where to ssh for this node.
 func (n Node) SSHTarget() string {
 	if n.SSH != "" {

@@ -47,7 +47,9 @@ func Predict(o PredictOptions, stdout io.Writer) error {
 		return err
 	}
 	c := o.Case
-	res, err := sim.Expect(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed, LoadRates: linkRates(p, rates)}, sim.ExpectRuns)
+	stages, shadowStages := rig.StageStarts()
+	res, err := sim.Expect(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed, LoadRates: linkRates(p, rates),
+		Stages: stages, ShadowStages: shadowStages}, sim.ExpectRuns)
 	if err != nil {
 		return err
 	}
@@ -419,6 +421,7 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stages, shadowStages := rig.StageStarts()
 	fmt.Fprintf(stdout, "%s against %s\n\n", p.Name, o.Bench)
 	fmt.Fprintln(stdout, "| case | mode | measured tok/s | predicted | error | measured TTFT ms | predicted | error |")
 	fmt.Fprintln(stdout, "|---|---|---:|---:|---:|---:|---:|---:|")
@@ -445,7 +448,8 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 		}
 		st.TTFTms = medianTTFT(r)
 		// bench rig aligns the shadow every iteration (testbed.MainFlags)
-		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed, LoadRates: linkRates(p, rates)}, sim.ExpectRuns)
+		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed, LoadRates: linkRates(p, rates),
+			Stages: stages, ShadowStages: shadowStages}, sim.ExpectRuns)
 		if err != nil {
 			return err
 		}

@@ -2,8 +2,10 @@ package simrig
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -106,5 +108,37 @@ func TestParseLonger(t *testing.T) {
 		if _, err := ParseLonger(s, cal); err == nil {
 			t.Errorf("ParseLonger(%q): no error", s)
 		}
+	}
+}
+
+// TestARigsStagesAreSimulated: a rig's stages and shadow stages reach
+// the simulation as their first layers (testbed/rigs/stages-shadow-
+// stages.rig: the main node's layers from 0 and 4, the shadow's alike),
+// and a resident decode over them pays their hops: slower than the same
+// workers with an unstaged main node (shadow-whole.rig).
+func TestARigsStagesAreSimulated(t *testing.T) {
+	staged, err := testbed.ReadRig("../../testbed/rigs/stages-shadow-stages.rig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, sh := staged.StageStarts(); !slices.Equal(st, []int{0, 4}) || !slices.Equal(sh, []int{0, 4}) {
+		t.Fatalf("stage starts %v, shadow stage starts %v: want [0 4] both", st, sh)
+	}
+	predict := func(rig string) sim.Result {
+		var out strings.Builder
+		err := Predict(PredictOptions{Profile: "../../testbed/profiles/jetson-orin-nano-8gb-1gbit.json", Rig: "../../testbed/rigs/" + rig, Model: "../../testdata/sim/small",
+			Mode: "resident", Case: testbed.Case{Prompt: 16, Output: 33}, Recall: 1, Ahead: 1, Seed: 1, JSON: true}, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r sim.Result
+		if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	whole, split := predict("shadow-whole.rig"), predict("stages-shadow-stages.rig")
+	if !(split.DecodeTokensPerS < whole.DecodeTokensPerS && split.TTFTms > whole.TTFTms) {
+		t.Fatalf("resident on stages %.2f tok/s, TTFT %.1f ms; unstaged %.2f, %.1f: want the stages' hops to cost", split.DecodeTokensPerS, split.TTFTms, whole.DecodeTokensPerS, whole.TTFTms)
 	}
 }
