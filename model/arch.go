@@ -10,7 +10,11 @@ type architecture struct {
 	// modelType is config.json's model_type for the family (transformers'
 	// config class's); another one is refused.
 	modelType string
-	defaults  Config
+	// alsoModelTypes are other model_types a checkpoint of the family
+	// publishes itself under (Kimi K2's "kimi_k2": DeepSeek-V3's code and
+	// tensors, the name its makers gave it so engines can tell it apart).
+	alsoModelTypes []string
+	defaults       Config
 	// denseLayers: the family honours decoder_sparse_step and
 	// mlp_only_layers (Config.DenseLayers); others ignore them, as
 	// transformers does.

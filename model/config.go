@@ -208,7 +208,7 @@ func ParseConfig(b []byte) (Config, error) {
 	if !ok {
 		return Config{}, fmt.Errorf(`field "architectures" is %q; supported: %s`, r.Architectures[0], strings.Join(SupportedArchitectures(), ", "))
 	}
-	if r.ModelType != "" && r.ModelType != arch.modelType {
+	if r.ModelType != "" && r.ModelType != arch.modelType && !slices.Contains(arch.alsoModelTypes, r.ModelType) {
 		return Config{}, fmt.Errorf(`field "model_type" is %q, and "architectures" says %s, whose model_type is %q`, r.ModelType, r.Architectures[0], arch.modelType)
 	}
 	d := arch.defaults

@@ -22,7 +22,8 @@ import (
 // Defaults are transformers' DeepseekV3Config's.
 func init() {
 	register("DeepseekV3ForCausalLM", &architecture{
-		modelType: "deepseek_v3",
+		modelType:      "deepseek_v3",
+		alsoModelTypes: []string{"kimi_k2"},
 		defaults: Config{
 			HiddenSize: 7168, IntermediateSize: 2048, NumLayers: 61,
 			NumHeads: 128, NumKVHeads: 128, NumExperts: 256, TopK: 8,

@@ -289,14 +289,16 @@ func TestForwardHiddenThenLogitsEqualsForward(t *testing.T) {
 }
 
 // TestAModelTypeThatDisagreesWithTheArchitectureIsRefused: every family
-// takes its own model_type (or none), and refuses another by name.
+// takes its own model_type (or none, or Kimi K2's kimi_k2 for
+// DeepSeek-V3's), and refuses another by name.
 func TestAModelTypeThatDisagreesWithTheArchitectureIsRefused(t *testing.T) {
 	for _, arch := range SupportedArchitectures() {
 		own := architectures[arch].modelType
+		kimi := arch == "DeepseekV3ForCausalLM"
 		for _, c := range []struct {
 			modelType string
 			ok        bool
-		}{{"", true}, {own, true}, {"llama", false}} {
+		}{{"", true}, {own, true}, {"llama", false}, {"kimi_k2", kimi}} {
 			cfg := `{"architectures": ["` + arch + `"]`
 			if c.modelType != "" {
 				cfg += `, "model_type": "` + c.modelType + `"`
@@ -305,8 +307,8 @@ func TestAModelTypeThatDisagreesWithTheArchitectureIsRefused(t *testing.T) {
 			switch {
 			case c.ok && err != nil:
 				t.Errorf("%s with model_type %q: %v", arch, c.modelType, err)
-			case !c.ok && (err == nil || !strings.Contains(err.Error(), `"model_type" is "llama"`) || !strings.Contains(err.Error(), own)):
-				t.Errorf("%s with model_type llama: %v, want an error naming both", arch, err)
+			case !c.ok && (err == nil || !strings.Contains(err.Error(), `"model_type" is "`+c.modelType+`"`) || !strings.Contains(err.Error(), own)):
+				t.Errorf("%s with model_type %s: %v, want an error naming both", arch, c.modelType, err)
 			}
 		}
 	}
