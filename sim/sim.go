@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sort"
 
 	"github.com/odmoe/odmoe/sched"
 )
@@ -555,11 +556,11 @@ func (r *run) route(was []int) []int {
 			e = append(e, x)
 		}
 	}
-	for _, x := range r.rng.Perm(r.s.Experts) {
-		if len(e) == r.s.TopK {
-			break
-		}
-		if !slices.Contains(e, x) {
+	// the rest uniformly among the experts not yet chosen: a draw of one
+	// already chosen is drawn again (k is small beside the experts, so
+	// this costs a few draws, where shuffling them all cost one an expert)
+	for len(e) < r.s.TopK {
+		if x := r.rng.IntN(r.s.Experts); !slices.Contains(e, x) {
 			e = append(e, x)
 		}
 	}
@@ -734,6 +735,12 @@ func (r *run) loadAt(w int, at float64) float64 { return r.book(w, at, r.load[w]
 // book books d on w's link from at and returns when it ends.
 func (r *run) book(w int, at, d float64) float64 { return r.link[w].reserve(at, d) + d }
 
+// tieMs is how near two moments on a timeline are one: a gap that
+// fits a task but for a float64's rounding fits it (sums of the same
+// costs in another order, or from another start, differ in their last
+// bits, and a run's timings must not hang on which way they round).
+const tieMs = 1e-9
+
 // timeline is one resource's busy intervals, in start order: a task is
 // put in the first gap at or after its ready time that fits it.
 type timeline struct{ busy [][2]float64 }
@@ -742,13 +749,15 @@ type timeline struct{ busy [][2]float64 }
 // returns its start.
 func (tl *timeline) reserve(t, dur float64) float64 {
 	start := t
-	i := 0
+	// the intervals do not overlap, so their ends are in order too: those
+	// that end by t, of no use to a task from t, are passed at once
+	i := sort.Search(len(tl.busy), func(i int) bool { return tl.busy[i][1] > t+tieMs })
 	for ; i < len(tl.busy); i++ {
 		b := tl.busy[i]
-		if b[1] <= start {
+		if b[1] <= start+tieMs {
 			continue
 		}
-		if b[0] >= start+dur {
+		if b[0] >= start+dur-tieMs {
 			break // fits before this one
 		}
 		start = b[1]
