@@ -46,6 +46,7 @@ var commands = map[string]command{
 	"run":        {"run a role (local: the whole model in one process)", runRun},
 	"tune-align": {"try token/KV alignment periods for the shadow and print the fastest", runTuneAlign},
 	"sim":        {"predict a bench rig case on a rig of given costs, each node on its own CPU (package sim)", runSim},
+	"plan":       {"plan a swarm of one kind of node for a model's config.json: its stages, shadow stages and workers, what each holds, its speed", runPlan},
 	"tokenize":   {"encode text (stdin) into token ids with a tokenizer.json", runTokenize},
 	"template":   {"render conversations (JSON on stdin) with a model's chat template, as transformers does", runTemplate},
 	"version":    {"print the build: version, commit, Go version, kernel path", runVersion},

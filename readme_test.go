@@ -133,6 +133,17 @@ func TestReadmeCommandsRunAsWritten(t *testing.T) {
 	if err := os.Symlink(odmoeBin(t), filepath.Join(dir, "bin", "odmoe")); err != nil {
 		t.Fatal(err)
 	}
+	// the checkout's own files a block may name (a model's config.json, a
+	// device), as in a clone
+	for _, d := range []string{"testdata", "testbed"} {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(abs, filepath.Join(dir, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var servers []*exec.Cmd
 	defer func() {
 		for _, s := range servers {

@@ -155,7 +155,11 @@ func (b *binder) mla(c Config, p string) Attention {
 	} else {
 		a.Q = b.matrix(p+"self_attn.q_proj.weight", H*qk, h)
 	}
-	if b.err == nil {
+	switch {
+	case b.err == nil && b.shapes:
+		w.ukT = absorbedKeysShape(w.KVB, H, m.NopeDim)
+		*b.bytes += int64(w.ukT.Rows) * int64(w.ukT.DType.RowBytes(w.ukT.Cols))
+	case b.err == nil:
 		w.ukT, b.err = absorbedKeys(w.KVB, H, m.NopeDim, m.VDim)
 		*b.bytes += int64(len(w.ukT.Data)) // held beside the checkpoint's
 	}

@@ -59,8 +59,8 @@ func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, erro
 		if x.Rows == 0 {
 			return 0
 		}
-		if !opt.Quantized {
-			return int64(len(x.Data) + len(x.Scales))
+		if !opt.Quantized { // as stored: its codes and scales (its Data and Scales, but for a model of shapes only)
+			return int64(x.Rows)*int64(x.DType.RowBytes(x.Cols)) + int64(kernels.ScalesBytes(x.DType, x.Rows, x.Cols))
 		}
 		return int64(x.Rows) * int64(dt.RowBytes(x.Cols)+dt.ScaleBytes(x.Cols))
 	}

@@ -102,6 +102,16 @@ func absorbedKeys(kvb kernels.Matrix, heads, nope, v int) (kernels.Matrix, error
 	return out, nil
 }
 
+// absorbedKeysShape is absorbedKeys' matrix without its data: its dtype
+// and shape (LoadOptions.Shapes).
+func absorbedKeysShape(kvb kernels.Matrix, heads, nope int) kernels.Matrix {
+	dt := kvb.DType
+	if dt == kernels.F8E4M3 {
+		dt = kernels.F32
+	}
+	return kernels.Matrix{DType: dt, Rows: heads * kvb.Cols, Cols: nope}
+}
+
 // rowBlock is the block of m's rows [from, from+n).
 func rowBlock(m kernels.Matrix, from, n int) kernels.Matrix {
 	rb := m.DType.RowBytes(m.Cols)

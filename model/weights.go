@@ -109,6 +109,11 @@ type LoadOptions struct {
 	// SkipHead binds no output head even where Layers end at the last
 	// layer: a later stage, whose first stage samples.
 	SkipHead bool
+	// Shapes derives nothing from the weights' values (MLA's transposed
+	// key rows get their shape and size, not their data): a model to
+	// count footprints with (package plan, on a checkpoint of shapes
+	// only), never to run.
+	Shapes bool
 }
 
 // Load binds the checkpoint in dir (config.json plus safetensors, single or
@@ -144,10 +149,11 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 
 // binder collects the first error so bind reads as a list of tensors.
 type binder struct {
-	set   *safetensors.Set
-	err   error
-	bytes *int64
-	fp8   bool // the config's quantization_config is fp8
+	set    *safetensors.Set
+	err    error
+	bytes  *int64
+	fp8    bool // the config's quantization_config is fp8
+	shapes bool // LoadOptions.Shapes
 }
 
 func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
@@ -208,7 +214,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	c, arch := m.Config, m.arch
 	h := c.HiddenSize
 	fp8 := c.Quantization == "fp8"
-	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8}
+	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8, shapes: opt.Shapes}
 	first, last := m.held.First == 0, (m.held.End == c.NumLayers || opt.Head) && !opt.SkipHead
 	if first || last && c.TieEmbeddings {
 		m.Embed = b.matrix(arch.embed, c.VocabSize, h)
@@ -231,7 +237,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	if opt.SkipExperts || b.err != nil {
 		return b.err
 	}
-	eb := &binder{set: m.set, bytes: &m.expertBytes, fp8: fp8}
+	eb := &binder{set: m.set, bytes: &m.expertBytes, fp8: fp8, shapes: opt.Shapes}
 	for _, l := range c.ExpertLayers() {
 		if !m.held.Contains(l) {
 			continue

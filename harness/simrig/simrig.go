@@ -131,7 +131,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	}
 	rate := 125e6 // 1 Gbit/s, the rigs' links
 	if r, ok := rep.Link["rate"]; ok {
-		if v, ok := parseBitRate(r); ok {
+		if v, ok := ParseBitRate(r); ok {
 			rate = v / 8
 		}
 	}
@@ -642,9 +642,9 @@ func measured(r testbed.Run) (sim.Measured, error) {
 	return m, nil
 }
 
-// parseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"
+// ParseBitRate reads a tc rate: "1gbit", "100mbit", "500kbit", "64bit"
 // (bits per second).
-func parseBitRate(s string) (float64, bool) {
+func ParseBitRate(s string) (float64, bool) {
 	for _, u := range []struct {
 		suffix string
 		scale  float64

@@ -21,32 +21,9 @@ type Spec struct {
 // large checkpoint never has to sit in memory whole. The file appears
 // atomically (written to a temporary name, then renamed).
 func Write(path string, specs []Spec, metadata map[string]string, fill func(i int, buf []byte) error) error {
-	header := map[string]any{}
-	if len(metadata) > 0 {
-		header["__metadata__"] = metadata
-	}
-	var off int64
-	sizes := make([]int64, len(specs))
-	for i, sp := range specs {
-		es := dtypeSize(sp.DType)
-		if es == 0 {
-			return fmt.Errorf("safetensors: %s: unknown dtype %q", sp.Name, sp.DType)
-		}
-		if _, dup := header[sp.Name]; dup {
-			return fmt.Errorf("safetensors: tensor %q declared twice", sp.Name)
-		}
-		sizes[i] = int64(elements(sp.Shape)) * int64(es)
-		header[sp.Name] = headerEntry{DType: sp.DType, Shape: sp.Shape, DataOffsets: []int64{off, off + sizes[i]}}
-		off += sizes[i]
-	}
-	hjson, err := json.Marshal(header)
+	hjson, sizes, err := header(specs, metadata)
 	if err != nil {
-		return fmt.Errorf("safetensors: %w", err)
-	}
-	// Pad the header with spaces so the data section is 8-byte aligned, as
-	// the reference writer does.
-	for (8+len(hjson))%8 != 0 {
-		hjson = append(hjson, ' ')
+		return err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -88,4 +65,67 @@ func Write(path string, specs []Spec, metadata map[string]string, fill func(i in
 		return fmt.Errorf("safetensors: %w", err)
 	}
 	return nil
+}
+
+// header is the safetensors header of specs (its JSON, padded so the
+// data begin 8-byte aligned, as the reference writer does) and each
+// tensor's byte size.
+func header(specs []Spec, metadata map[string]string) ([]byte, []int64, error) {
+	h := map[string]any{}
+	if len(metadata) > 0 {
+		h["__metadata__"] = metadata
+	}
+	var off int64
+	sizes := make([]int64, len(specs))
+	for i, sp := range specs {
+		es := dtypeSize(sp.DType)
+		if es == 0 {
+			return nil, nil, fmt.Errorf("safetensors: %s: unknown dtype %q", sp.Name, sp.DType)
+		}
+		if _, dup := h[sp.Name]; dup {
+			return nil, nil, fmt.Errorf("safetensors: tensor %q declared twice", sp.Name)
+		}
+		sizes[i] = int64(elements(sp.Shape)) * int64(es)
+		h[sp.Name] = headerEntry{DType: sp.DType, Shape: sp.Shape, DataOffsets: []int64{off, off + sizes[i]}}
+		off += sizes[i]
+	}
+	hjson, err := json.Marshal(h)
+	if err != nil {
+		return nil, nil, fmt.Errorf("safetensors: %w", err)
+	}
+	for (8+len(hjson))%8 != 0 {
+		hjson = append(hjson, ' ')
+	}
+	return hjson, sizes, nil
+}
+
+// WriteShapes writes a safetensors file of specs whose data are never
+// written: the header, then the file extended to its full size, a
+// sparse file whose tensors read as zeros and take no disk. It is a
+// checkpoint's shape (odmoe plan binds a model to it to count what each
+// node would hold) without its weights.
+func WriteShapes(path string, specs []Spec, metadata map[string]string) error {
+	hjson, sizes, err := header(specs, metadata)
+	if err != nil {
+		return err
+	}
+	var data int64
+	for _, n := range sizes {
+		data += n
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	var lenBuf [8]byte
+	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(hjson)))
+	if _, err := f.Write(append(lenBuf[:], hjson...)); err != nil {
+		f.Close()
+		return fmt.Errorf("safetensors: %w", err)
+	}
+	if err := f.Truncate(int64(8+len(hjson)) + data); err != nil {
+		f.Close()
+		return fmt.Errorf("safetensors: a sparse file of %d bytes: %w", int64(8+len(hjson))+data, err)
+	}
+	return f.Close()
 }

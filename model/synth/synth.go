@@ -928,6 +928,18 @@ func e4m3Nearest(v float64) byte {
 // goroutines draw.
 const chunkElems = 1 << 18
 
+// Specs are the tensors a checkpoint of p's shape holds, named, typed
+// and shaped as its family publishes them: what Generate writes (p's
+// Vocab set).
+func Specs(p Preset) []safetensors.Spec {
+	ts := tensors(p)
+	specs := make([]safetensors.Spec, len(ts))
+	for i, t := range ts {
+		specs[i] = t.spec
+	}
+	return specs
+}
+
 func writeWeights(path string, p Preset, opt Options) error {
 	ts := tensors(p)
 	specs := make([]safetensors.Spec, len(ts))
