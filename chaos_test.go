@@ -174,7 +174,7 @@ func (r *chaosRig) logs() string {
 // which worker w2 is SIGKILLed and restarted, w3 SIGSTOPped for 3 s and
 // continued, and the shadow SIGKILLed and restarted. The main node exits
 // 0, its logits are local mode's bit for bit, and its stats count the
-// failovers, rejoins and reactive iterations.
+// failovers, rejoins and reactive passes.
 func TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 900-token run of ~35 s with real processes")
@@ -247,7 +247,7 @@ func TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes(t *testing.T) {
 	f := st.Faults
 	t.Logf("faults: %v", f)
 	if st.Generated != tokens || f["workers_lost"] < 2 || f["rejoins"] < 2 || f["shadow_lost"] < 1 || f["shadow_reattached"] < 1 || f["reactive_iterations"] < 1 {
-		t.Errorf("stats: %d generated, faults %v: want 2+ workers lost and rejoined, the shadow lost and re-attached, reactive iterations\n%s", st.Generated, f, r.logs())
+		t.Errorf("stats: %d generated, faults %v: want 2+ workers lost and rejoined, the shadow lost and re-attached, reactive passes\n%s", st.Generated, f, r.logs())
 	}
 }
 

@@ -53,7 +53,7 @@ func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr
 	out := fs.String("out", "", "`DIR` for report.json, report.md, timeline.svg, per-run dumps and node logs (required)")
 	cases := fs.String("cases", "16x64,16x256,128x64,128x256", "PROMPTxOUTPUT token lengths to run (OD-MoE's by default)")
 	modes := fs.String("modes", "resident,reactive,shadow", "swarm modes to run besides local: resident, resident-shadow (resident with the shadow running, aligned and hinting as in shadow mode: the baseline that pays the shadow's CPU), reactive, shadow, shadow-late (shadow with the shadow's -ahead 0: OD-MoE's late departure), residency (shadow with -residency on: experts stay on their owners while the budget allows), residency-uniform (the same with -placement uniform), fault (shadow with worker w2 killed 40% into each decode: tokens/s with and without the fault, and the recovery time)")
-	traceIters := fs.String("trace-iters", "3:5", "decode iterations the timelines show, FROM:TO")
+	traceIters := fs.String("trace-iters", "3:5", "decode passes the timelines show, FROM:TO")
 	repeat := fs.Int("repeat", 1, "run every case `N` times on each mode, in rounds of every mode in turn (each round starts its nodes afresh), and report the run of median decode tokens/s with the others' rates (a shared machine's speed drifts by 10-20% over minutes)")
 	residencyMem := fs.String("residency-device-mem", "", "residency mode: every worker's -device-mem `SIZE` (e.g. 38MiB: a quarter of a model's expert bytes over 8 workers), where the other modes keep the rig's; empty = the rig's")
 	rf.log.Register(fs)

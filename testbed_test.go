@@ -126,7 +126,7 @@ func TestBenchRigOnLoopbackProcesses(t *testing.T) {
 			nodes = 6
 		}
 		if tf.From != 2 || tf.To != 3 || len(tf.Nodes) != nodes {
-			t.Errorf("%s trace: iterations %d..%d, nodes %v", m, tf.From, tf.To, tf.Nodes)
+			t.Errorf("%s trace: passes %d..%d, nodes %v", m, tf.From, tf.To, tf.Nodes)
 		}
 	}
 	svg, err := os.ReadFile(filepath.Join(out, "timeline.svg"))

@@ -3,7 +3,7 @@ package align
 import "fmt"
 
 // Policy says when the main node re-aligns the shadow. A period of 1
-// aligns every iteration, n every n-th, 0 never.
+// aligns every pass, n every n-th, 0 never.
 type Policy struct {
 	TokenPeriod int // T: send the sampled token
 	KVPeriod    int // K: send the KV rows written since the last KV alignment
@@ -23,11 +23,11 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// TokenDue reports whether iteration it (1-based: the first generated
-// token ends iteration 1) sends its token.
+// TokenDue reports whether pass it (1-based: the first generated
+// token ends pass 1) sends its token.
 func (p Policy) TokenDue(it int64) bool { return due(p.TokenPeriod, it) }
 
-// KVDue reports whether iteration it sends KV rows.
+// KVDue reports whether pass it sends KV rows.
 func (p Policy) KVDue(it int64) bool { return due(p.KVPeriod, it) }
 
 func due(period int, it int64) bool { return period > 0 && it > 0 && it%int64(period) == 0 }

@@ -116,7 +116,7 @@ type Snapshot struct {
 	Routed     float64 `json:"shadow_routed"`
 	ShadowLost float64 `json:"shadow_lost"`
 	// decode passes it ran ahead of its alignment, and the alignment
-	// periods now (iterations between token and KV alignments)
+	// periods now (passes between token and KV alignments)
 	Ahead      float64 `json:"shadow_ahead"`
 	AlignToken float64 `json:"align_token_period"`
 	AlignKV    float64 `json:"align_kv_period"`

@@ -376,7 +376,7 @@ func (b *Batcher) loop() {
 			row := PassRow{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache(), Sampling: m.sampling, PromptLen: len(m.prompt)}
 			if r.Prompt {
 				row.Tokens, row.PromptLeft = m.prompt[m.fed:m.fed+r.Tokens], len(m.prompt)-m.fed-r.Tokens
-				if row.Step.Iter == 1 && m.fed > 0 {
+				if row.Step.Pass == 1 && m.fed > 0 {
 					row.Reused = m.prompt[:m.fed]
 				}
 			} else {

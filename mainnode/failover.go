@@ -24,10 +24,10 @@ type FaultStats struct {
 	Rejoins     int64 // workers that came back
 	Resent      int64 // requests re-sent to another worker after their worker was lost or could not load them
 	ShadowLost  int64 // times the shadow's connection ended
-	// ReactiveIterations are decode iterations run without the shadow
+	// ReactivePasses are decode passes run without the shadow
 	// (lost, or not reached yet), with reactive loading.
-	ReactiveIterations int64
-	ShadowReattached   int64 // times a lost shadow came back and was re-aligned
+	ReactivePasses   int64
+	ShadowReattached int64 // times a lost shadow came back and was re-aligned
 	// LoadFailures are requests a worker could not serve because an
 	// expert failed its checksum in its store (or its store could not be
 	// read): each was re-sent to another live worker.
@@ -95,7 +95,7 @@ func (s *Swarm) redial(l *link) {
 	l.next = p
 	l.mu.Unlock()
 	s.rejoins.Add(1)
-	s.opt.Log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("mainnode: lost worker answers again; it rejoins at the next iteration")
+	s.opt.Log.Info().Str("worker", l.name).Int("attempt", attempt).Msg("mainnode: lost worker answers again; it rejoins at the next pass")
 }
 
 // rejoin puts the workers whose new connection is ready back into the

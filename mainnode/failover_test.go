@@ -294,8 +294,8 @@ func TestSwarmSurvivesALostShadow(t *testing.T) {
 			if c.upAtStart {
 				wantLost = 1
 			}
-			if fs.ShadowLost != wantLost || fs.ShadowReattached != 1 || fs.ReactiveIterations == 0 || fs.ReactiveIterations >= steps-2 {
-				t.Errorf("faults %+v: want the shadow lost %d time(s), attached once, some iterations reactive", fs, wantLost)
+			if fs.ShadowLost != wantLost || fs.ShadowReattached != 1 || fs.ReactivePasses == 0 || fs.ReactivePasses >= steps-2 {
+				t.Errorf("faults %+v: want the shadow lost %d time(s), attached once, some passes reactive", fs, wantLost)
 			}
 			st, ok := sw.ShadowStats(10 * time.Second)
 			t.Logf("faults %+v, recall %.3f by token %.2f", fs, st.Recall, st.RecallByToken)

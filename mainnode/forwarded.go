@@ -32,17 +32,17 @@ func (f *forwarded) heard(m wire.Message) {
 	defer f.mu.Unlock()
 	switch m := m.(type) {
 	case *wire.Prediction:
-		if m.Iteration < f.last[m.Seq] {
+		if m.Pass < f.last[m.Seq] {
 			return // its pass has run
 		}
 		es, on := predictedOn(m.Experts, m.Workers)
-		f.pred[layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}] = predicted{es, on, m.Token}
+		f.pred[layerKey{model.Step{Seq: m.Seq, Pass: m.Pass}, m.Layer}] = predicted{es, on, m.Token}
 	case *wire.Withdraw:
 		if len(m.Experts) > 0 {
 			return
 		}
 		for k := range f.pred {
-			if k.step.Seq == m.Seq && k.step.Iter >= m.From {
+			if k.step.Seq == m.Seq && k.step.Pass >= m.From {
 				delete(f.pred, k)
 			}
 		}
@@ -55,10 +55,10 @@ func (f *forwarded) heard(m wire.Message) {
 func (f *forwarded) take(step model.Step, layer int) (experts, on []int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if step.Iter > f.last[step.Seq] {
-		f.last[step.Seq] = step.Iter
+	if step.Pass > f.last[step.Seq] {
+		f.last[step.Seq] = step.Pass
 		for k := range f.pred {
-			if k.step.Seq == step.Seq && k.step.Iter < step.Iter {
+			if k.step.Seq == step.Seq && k.step.Pass < step.Pass {
 				delete(f.pred, k)
 			}
 		}

@@ -24,7 +24,7 @@ type link struct {
 	mu        sync.Mutex
 	waits     map[uint64]waiter
 	err       error      // why the current connection ended; nil while it is up
-	next      *wire.Peer // a new connection waiting to rejoin at an iteration boundary
+	next      *wire.Peer // a new connection waiting to rejoin at a pass boundary
 	redialing bool       // a goroutine is dialing the worker again
 }
 

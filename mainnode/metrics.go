@@ -111,11 +111,11 @@ var (
 	descShadowLost       = newDesc(metricnames.ShadowLostTotal, "Times the shadow's connection ended.")
 	descShadowReattached = newDesc(metricnames.ShadowReattachedTotal, "Times a lost shadow came back and was re-aligned.")
 	descShadowReused     = newDesc(metricnames.ShadowCachedTokensTotal, "Prompt tokens whose KV rows the shadow copied from its prefix cache instead of running them.")
-	descReactive         = newDesc(metricnames.ReactiveIterationsTotal, "Decode iterations run without the shadow, loading reactively.")
+	descReactive         = newDesc(metricnames.ReactivePassesTotal, "Decode passes run without the shadow, loading reactively.")
 	descShadowGuesses    = newDesc(metricnames.ShadowGuessesTotal, "The shadow's guesses of a member's next token on the passes it ran ahead, by the kind of request (greedy; sampled: a temperature, penalties or biases, guessed with the request's own seeded draw; constrained: a grammar, guessed inside it) and outcome: met (the main node fed that token: the pass's predictions stand) or rewound (it fed another; the shadow ran the row again).", "kind", "outcome")
 	descShadowAhead      = newDesc(metricnames.ShadowAheadPassesTotal, "Decode passes the shadow ran ahead of its alignment on the tokens it sampled itself (speculative departure).")
-	descShadowAlignToken = newDesc(metricnames.ShadowAlignTokenPeriod, "Iterations between the shadow's token alignments (T): the policy it has run the most decode steps under (with -align-adaptive its choices change).")
-	descShadowAlignKV    = newDesc(metricnames.ShadowAlignKvPeriod, "Iterations between the shadow's KV alignments (K), of the same policy.")
+	descShadowAlignToken = newDesc(metricnames.ShadowAlignTokenPeriod, "Passes between the shadow's token alignments (T): the policy it has run the most decode steps under (with -align-adaptive its choices change).")
+	descShadowAlignKV    = newDesc(metricnames.ShadowAlignKvPeriod, "Passes between the shadow's KV alignments (K), of the same policy.")
 )
 
 // Collector returns the swarm's Prometheus metrics, for GET /metrics
@@ -174,7 +174,7 @@ var (
 //	odmoe_shadow_lost_total              times the shadow's connection ended
 //	odmoe_shadow_reattached_total        times a lost shadow came back
 //	odmoe_shadow_cached_tokens_total     prompt tokens the shadow reused from its prefix cache
-//	odmoe_reactive_iterations_total      decode iterations run without the shadow, loading reactively
+//	odmoe_reactive_iterations_total      decode passes run without the shadow, loading reactively
 //	odmoe_shadow_ahead_passes_total      decode passes the shadow ran ahead of its alignment (speculative departure)
 //	odmoe_shadow_guesses_total{kind,outcome} its guesses of members' tokens on those passes, by kind of
 //	                                     request (greedy, sampled, constrained): met or rewound
@@ -206,7 +206,7 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
-	// the sums, not Stats(): its copy of every iteration's figures grows
+	// the sums, not Stats(): its copy of every pass's figures grows
 	// with the node's life
 	s.mu.Lock()
 	phases := [2]LayerStats{Total(s.stats.Prefill), Total(s.stats.Decode)}
@@ -289,7 +289,7 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descShadowLost, float64(faults.ShadowLost))
 		counter(descShadowReattached, float64(faults.ShadowReattached))
 		counter(descShadowReused, float64(reused))
-		counter(descReactive, float64(faults.ReactiveIterations))
+		counter(descReactive, float64(faults.ReactivePasses))
 		counter(descShadowAhead, float64(ahead))
 		for _, k := range []string{KindGreedy, KindSampled, KindConstrained} {
 			counter(descShadowGuesses, float64(guesses[k].Met), k, "met")

@@ -91,7 +91,7 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// an nf4 shadow aligned every 4th iteration: it predicts some experts
+	// an nf4 shadow aligned every 4th pass: it predicts some experts
 	// wrong, so recall is not trivially 1 and misses have every cause
 	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 4, KVPeriod: 4}}, &shadowSpec{quant: kernels.NF4})
 	reg := prometheus.NewRegistry()
@@ -162,8 +162,8 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 		t.Fatalf("%d recent passes", len(rp))
 	}
 	for i, p := range rp {
-		if p.Iter < 2 || len(p.Layers) > cfg.NumLayers { // decode passes: the prompt is iteration 1
-			t.Fatalf("recent pass %d: iteration %d, %d layers of %d", i, p.Iter, len(p.Layers), cfg.NumLayers)
+		if p.Pass < 2 || len(p.Layers) > cfg.NumLayers { // decode passes: the prompt is pass 1
+			t.Fatalf("recent pass %d: pass %d, %d layers of %d", i, p.Pass, len(p.Layers), cfg.NumLayers)
 		}
 		for _, l := range cfg.ExpertLayers() {
 			if lt := p.Layers[l]; lt.MainMs <= 0 || lt.ExpertsMs <= 0 || lt.NetworkMs > lt.ExpertsMs || lt.StallMs > lt.ExpertsMs {
@@ -271,7 +271,7 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	}{
 		{"odmoe_shadow_up", 1}, {"odmoe_workers_lost_total", 0}, {"odmoe_workers_rejoined_total", 0},
 		{"odmoe_requests_resent_total", 0}, {"odmoe_shadow_lost_total", 0}, {"odmoe_shadow_reattached_total", 0},
-		{"odmoe_reactive_iterations_total", float64(stats.Faults.ReactiveIterations)},
+		{"odmoe_reactive_iterations_total", float64(stats.Faults.ReactivePasses)},
 		{"odmoe_shadow_align_token_period", float64(served.Align.TokenPeriod)},
 		{"odmoe_shadow_align_kv_period", float64(served.Align.KVPeriod)},
 	} {

@@ -21,7 +21,7 @@ func render(p *Plan) string {
 	}
 	parts = append(parts, strings.Join(run, " "))
 	for _, h := range p.Hints {
-		parts = append(parts, fmt.Sprintf("hint w%d it%d L%d %v", h.Worker, h.Step.Iter, h.Layer, h.Experts))
+		parts = append(parts, fmt.Sprintf("hint w%d it%d L%d %v", h.Worker, h.Step.Pass, h.Layer, h.Experts))
 	}
 	for _, r := range p.Requests {
 		s := fmt.Sprintf("send w%d %v rows %v", r.Worker, r.Experts, r.Tokens)
@@ -81,7 +81,7 @@ func testPlannerOf(t *testing.T, p Prefetch, layers []int, down ...int) *Planner
 // 4 workers in groups of 2, read as: where each expert runs | the hints
 // sent | the activations sent.
 func TestPlannerScenarios(t *testing.T) {
-	step := model.Step{Seq: 9, Iter: 5}
+	step := model.Step{Seq: 9, Pass: 5}
 	cases := []struct {
 		name      string
 		policy    Prefetch
@@ -157,7 +157,7 @@ func TestPlannerScenarios(t *testing.T) {
 
 // TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws: the random policy
 // hints TopK distinct experts for the next layer to that layer's group
-// (the last layer's hint goes to the first layer of the next iteration;
+// (the last layer's hint goes to the first layer of the next pass;
 // dense layers, which have no experts, are skipped), draws the same
 // experts again when it places that layer, and so keeps the drawn experts
 // that are really routed where they were hinted. The prompt's layers and
@@ -171,18 +171,18 @@ func TestRandomPolicyHintsTheNextLayerAndPlacesOnItsDraws(t *testing.T) {
 func testRandomPolicyHints(t *testing.T, layers []int) {
 	pl := testPlannerOf(t, Random, layers)
 	layout := pl.layout
-	step := model.Step{Seq: 3, Iter: 4}
+	step := model.Step{Seq: 3, Pass: 4}
 	for i, layer := range layers {
 		var p Plan
 		pl.Plan(&p, &Input{Step: step, Layer: layer, Tokens: 1, Routes: routes([]int{0, 1})})
-		wantIt, next := step.Iter+1, layers[0]
+		wantIt, next := step.Pass+1, layers[0]
 		if i+1 < len(layers) {
-			wantIt, next = step.Iter, layers[i+1]
+			wantIt, next = step.Pass, layers[i+1]
 		}
 		var hinted []int
 		for _, h := range p.Hints {
-			if h.Step.Iter != wantIt || h.Layer != next || h.Step.Seq != step.Seq || layout.GroupOf(next) != h.Worker/layout.Group {
-				t.Fatalf("layer %d: hint %+v, want iteration %d layer %d in its group", layer, h, wantIt, next)
+			if h.Step.Pass != wantIt || h.Layer != next || h.Step.Seq != step.Seq || layout.GroupOf(next) != h.Worker/layout.Group {
+				t.Fatalf("layer %d: hint %+v, want pass %d layer %d in its group", layer, h, wantIt, next)
 			}
 			for _, e := range h.Experts {
 				hinted = append(hinted, int(e))
@@ -195,7 +195,7 @@ func testRandomPolicyHints(t *testing.T, layers []int) {
 		// placing the hinted layer on exactly the hinted experts puts each
 		// where its hint went: no miss
 		var q Plan
-		pl.Plan(&q, &Input{Step: model.Step{Seq: step.Seq, Iter: wantIt}, Layer: next, Tokens: 1, Routes: routes(hinted)})
+		pl.Plan(&q, &Input{Step: model.Step{Seq: step.Seq, Pass: wantIt}, Layer: next, Tokens: 1, Routes: routes(hinted)})
 		for i, e := range q.Experts {
 			for _, h := range p.Hints {
 				if slices.Contains(h.Experts, int32(e)) && h.Worker != q.Assign[i] {
@@ -209,7 +209,7 @@ func testRandomPolicyHints(t *testing.T, layers []int) {
 	for seq := uint64(4); seq < 12 && !differs; seq++ {
 		var a, b Plan
 		pl.Plan(&a, &Input{Step: step, Layer: 1, Tokens: 1, Routes: routes([]int{0, 1})})
-		pl.Plan(&b, &Input{Step: model.Step{Seq: seq, Iter: step.Iter}, Layer: 1, Tokens: 1, Routes: routes([]int{0, 1})})
+		pl.Plan(&b, &Input{Step: model.Step{Seq: seq, Pass: step.Pass}, Layer: 1, Tokens: 1, Routes: routes([]int{0, 1})})
 		differs = render(&a) != render(&b)
 		again = a
 	}
@@ -267,7 +267,7 @@ func TestPlanningADecodeLayerAllocatesNothing(t *testing.T) {
 			var p Plan
 			rs := routes([]int{2, 5})
 			pred := []int{2, 6}
-			in := &Input{Step: model.Step{Seq: 1, Iter: 7}, Tokens: 1, Routes: rs, Predicted: pred}
+			in := &Input{Step: model.Step{Seq: 1, Pass: 7}, Tokens: 1, Routes: rs, Predicted: pred}
 			plan := func() {
 				pl.Plan(&p, in)
 				in.Layer = (in.Layer + 1) % 4
@@ -289,7 +289,7 @@ func TestPlanningADecodeLayerAllocatesNothing(t *testing.T) {
 func TestBatchedPassSendsEachWorkerOneRequest(t *testing.T) {
 	pl := testPlanner(t, Reactive)
 	// layer 1 runs on group {w2, w3}; rows: seq A -> e1 e4, B -> e4 e6, C -> e1 e3
-	in := Input{Step: model.Step{Seq: 9, Iter: 3}, Layer: 1, Tokens: 3, Routes: routes([]int{1, 4}, []int{4, 6}, []int{1, 3}), Batched: true}
+	in := Input{Step: model.Step{Seq: 9, Pass: 3}, Layer: 1, Tokens: 3, Routes: routes([]int{1, 4}, []int{4, 6}, []int{1, 3}), Batched: true}
 	if in.Prefill() {
 		t.Fatal("a batched pass counts as prefill")
 	}
@@ -340,16 +340,16 @@ func TestResidencyRunsEveryExpertOnItsOwner(t *testing.T) {
 		want   string
 	}{
 		// layer 1: e2 -> (2+1)%4 = w3, e5 -> w2; reactive would use group {w2,w3} by index
-		{Reactive, Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 1, Tokens: 1, Routes: routes([]int{2, 5})},
+		{Reactive, Input{Step: model.Step{Seq: 1, Pass: 5}, Layer: 1, Tokens: 1, Routes: routes([]int{2, 5})},
 			"e2@w3 e5@w2 | send w3 [2] rows [0] cache end | send w2 [5] rows [0] cache end"},
 		// the shadow predicted e2 and e6 (placed on w2, w3 without residency): owners win
-		{Shadow, Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 0, Tokens: 1, Routes: routes([]int{2, 6}), Predicted: []int{2, 6}},
+		{Shadow, Input{Step: model.Step{Seq: 1, Pass: 5}, Layer: 0, Tokens: 1, Routes: routes([]int{2, 6}), Predicted: []int{2, 6}},
 			"e2@w2 e6@w2 | send w2 [2 6] rows [0] cache end"},
 		// oracle-next hints what runs where
-		{OracleNext, Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 2, Tokens: 1, Routes: routes([]int{1, 7})},
+		{OracleNext, Input{Step: model.Step{Seq: 1, Pass: 5}, Layer: 2, Tokens: 1, Routes: routes([]int{1, 7})},
 			"e1@w3 e7@w1 | hint w3 it5 L2 [1] | hint w1 it5 L2 [7] | send w3 [1] rows [0] cache end | send w1 [7] rows [0] cache end"},
 		// a prompt of two tokens: each expert on its owner, mini-batches keep, all cache
-		{Reactive, Input{Step: model.Step{Seq: 1, Iter: 1}, Layer: 3, Tokens: 2, Routes: routes([]int{0, 5}, []int{5, 6})},
+		{Reactive, Input{Step: model.Step{Seq: 1, Pass: 1}, Layer: 3, Tokens: 2, Routes: routes([]int{0, 5}, []int{5, 6})},
 			"e0@w3 e5@w0 e6@w1 | hint w3 it1 L3 [0] | hint w0 it1 L3 [5] | hint w1 it1 L3 [6] | send w3 [0] rows [0] cache end | send w0 [5] rows [0 1] cache end | send w1 [6] rows [1] cache end"},
 	}
 	for _, tc := range cases {
@@ -369,7 +369,7 @@ func TestResidencyRunsEveryExpertOnItsOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	var p Plan
-	pl.Plan(&p, &Input{Step: model.Step{Seq: 1, Iter: 5}, Layer: 0, Tokens: 1, Routes: routes([]int{2, 5})})
+	pl.Plan(&p, &Input{Step: model.Step{Seq: 1, Pass: 5}, Layer: 0, Tokens: 1, Routes: routes([]int{2, 5})})
 	if len(p.Hints) == 0 {
 		t.Fatal("random policy sent no hints")
 	}

@@ -129,7 +129,7 @@ func (shadowPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 
 // randomPolicy hints the next layer's group with TopK experts drawn at
 // random, and places each layer as if those draws were a prediction. The
-// draws are a function of (seed, sequence, iteration, layer), so the
+// draws are a function of (seed, sequence, pass, layer), so the
 // policy needs no memory of what it hinted.
 type randomPolicy struct{ m PolicyModel }
 
@@ -141,12 +141,12 @@ func (r randomPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 		return
 	}
 	// this layer was hinted by the one before it, unless that was the prompt
-	if in.Layer > r.m.Layers[0] || in.Step.Iter > 2 {
-		p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, r.draw(p, in.Step.Seq, in.Step.Iter, in.Layer), nil)
+	if in.Layer > r.m.Layers[0] || in.Step.Pass > 2 {
+		p.Assign = layout.PlacePredicted(p.Assign, in.Layer, p.Experts, r.draw(p, in.Step.Seq, in.Step.Pass, in.Layer), nil)
 	} else {
 		p.Assign = layout.Assign(p.Assign, in.Layer, p.Experts, false)
 	}
-	it, next := in.Step.Iter, r.m.Layers[0] // the next layer with experts
+	it, next := in.Step.Pass, r.m.Layers[0] // the next layer with experts
 	if i, _ := slices.BinarySearch(r.m.Layers, in.Layer+1); i < len(r.m.Layers) {
 		next = r.m.Layers[i]
 	} else {
@@ -154,11 +154,11 @@ func (r randomPolicy) Place(p *Plan, in *Input, layout sched.Layout) {
 	}
 	drawn := r.draw(p, in.Step.Seq, it, next)
 	step := in.Step
-	step.Iter = it
+	step.Pass = it
 	p.scratch = layout.PredictionHints(next, drawn, p.scratch, func(w int, experts []int) { p.Hint(w, step, next, experts...) })
 }
 
-// draw returns TopK distinct experts for (seq, iteration, layer), sorted,
+// draw returns TopK distinct experts for (seq, pass, layer), sorted,
 // in p's scratch (a partial Fisher-Yates shuffle; no allocation once the
 // scratch has grown).
 func (r randomPolicy) draw(p *Plan, seq uint64, it int64, layer int) []int {

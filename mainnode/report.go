@@ -35,12 +35,12 @@ type RunStats struct {
 	Workers       []*wire.WorkerStats `json:"workers,omitempty"`
 	DecodeLayers  []LayerStatsJSON    `json:"decode_layers,omitempty"`
 	PrefillLayers []LayerStatsJSON    `json:"prefill_layers,omitempty"`
-	// Iterations are summed over each forward pass's layers; "layer"
-	// holds the iteration (1 = the prompt).
-	Iterations []LayerStatsJSON `json:"iterations,omitempty"`
+	// Passes are summed over each forward pass's layers; "layer"
+	// holds the pass (1 = the prompt).
+	Passes []LayerStatsJSON `json:"iterations,omitempty"`
 	// Recall is OD-MoE eq. (3) over the run, RecallByToken eq. (2) per
 	// output token; LateDepartureMs is the shadow's alignment delay per
-	// decode iteration. Absent without a shadow.
+	// decode pass. Absent without a shadow.
 	Recall          *float64  `json:"recall,omitempty"`
 	RecallByToken   []float64 `json:"recall_by_token,omitempty"`
 	LateDepartureMs []float64 `json:"late_departure_ms,omitempty"`
@@ -81,9 +81,9 @@ type LeadJSON struct {
 // AheadJSON is what the shadow's running ahead of its alignments did
 // (ShadowStats), and what its withdrawn predictions cost the workers.
 type AheadJSON struct {
-	Iterations int64 `json:"iterations"` // decode passes run ahead, on the shadow's own tokens
-	Agreed     int64 `json:"agreed"`     // members' rows run ahead that their alignment met
-	Rewound    int64 `json:"rewound"`    // members' rows run ahead on another token: rewound
+	Passes  int64 `json:"iterations"` // decode passes run ahead, on the shadow's own tokens
+	Agreed  int64 `json:"agreed"`     // members' rows run ahead that their alignment met
+	Rewound int64 `json:"rewound"`    // members' rows run ahead on another token: rewound
 	// TokenAgreement is Agreed over Agreed+Rewound (0 when none).
 	TokenAgreement float64 `json:"token_agreement"`
 	// ByKind are the rows met and rewound by the kind of request
@@ -95,7 +95,7 @@ type AheadJSON struct {
 	WithdrawnLoads       int64                  `json:"withdrawn_loads"`       // worker loads dropped unused
 	WithdrawnBytes       int64                  `json:"withdrawn_bytes"`
 	// Unhinted is the layers the shadow predicted after the main node had
-	// started a later iteration (it had fallen behind): no loads hinted.
+	// started a later pass (it had fallen behind): no loads hinted.
 	Unhinted int64 `json:"unhinted_layers"`
 }
 
@@ -114,15 +114,15 @@ type ResidencyJSON struct {
 
 // FaultsJSON are FaultStats for scripts.
 type FaultsJSON struct {
-	WorkersLost        int64 `json:"workers_lost"`
-	Rejoins            int64 `json:"rejoins"`
-	Resent             int64 `json:"resent_requests"`
-	ShadowLost         int64 `json:"shadow_lost"`
-	ShadowReattached   int64 `json:"shadow_reattached"`
-	ReactiveIterations int64 `json:"reactive_iterations"`
-	LoadFailures       int64 `json:"load_failures"`
-	StagesLost         int64 `json:"stages_lost"`
-	Refills            int64 `json:"refills"`
+	WorkersLost      int64 `json:"workers_lost"`
+	Rejoins          int64 `json:"rejoins"`
+	Resent           int64 `json:"resent_requests"`
+	ShadowLost       int64 `json:"shadow_lost"`
+	ShadowReattached int64 `json:"shadow_reattached"`
+	ReactivePasses   int64 `json:"reactive_iterations"`
+	LoadFailures     int64 `json:"load_failures"`
+	StagesLost       int64 `json:"stages_lost"`
+	Refills          int64 `json:"refills"`
 }
 
 // LayerStatsJSON is one layer's sums, in milliseconds.
@@ -173,12 +173,12 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 		rs.StallFraction = dec.Stall.Seconds() / st.Decode.Seconds()
 	}
 	rs.DecodeLayers, rs.PrefillLayers = layersJSON(sw.Decode), layersJSON(sw.Prefill)
-	rs.Iterations = layersJSON(sw.Iterations)
+	rs.Passes = layersJSON(sw.Passes)
 	f := sw.Faults
 	rs.Faults = &FaultsJSON{WorkersLost: f.WorkersLost, Rejoins: f.Rejoins, Resent: f.Resent, ShadowLost: f.ShadowLost,
-		ShadowReattached: f.ShadowReattached, ReactiveIterations: f.ReactiveIterations, LoadFailures: f.LoadFailures, StagesLost: f.StagesLost, Refills: f.Refills}
-	for i := range rs.Iterations {
-		rs.Iterations[i].Layer = i + 1
+		ShadowReattached: f.ShadowReattached, ReactivePasses: f.ReactivePasses, LoadFailures: f.LoadFailures, StagesLost: f.StagesLost, Refills: f.Refills}
+	for i := range rs.Passes {
+		rs.Passes[i].Layer = i + 1
 	}
 	if len(sw.Leads) > 0 {
 		p5, p50, p95 := sw.LeadPercentiles()
@@ -256,7 +256,7 @@ func (rs *RunStats) addShadow(sh ShadowStats) {
 	rs.RecallByToken = sh.RecallByToken
 	rs.LateDepartureMs = sh.LateDepartureMs
 	rs.Align = sh.Align.String()
-	a := &AheadJSON{Iterations: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath, Unhinted: sh.Unhinted, ByKind: sh.Guesses}
+	a := &AheadJSON{Passes: sh.Ahead, Agreed: sh.Agreed, Rewound: sh.Rewound, WithdrawnPredictions: sh.Withdrawn, OffPath: sh.OffPath, Unhinted: sh.Unhinted, ByKind: sh.Guesses}
 	if n := sh.Agreed + sh.Rewound; n > 0 {
 		a.TokenAgreement = float64(sh.Agreed) / float64(n)
 	}
@@ -308,16 +308,16 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 		if n := len(rs.LateDepartureMs); n > 0 {
 			late /= float64(n)
 		}
-		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, aligned %s, late departure %.2f ms per iteration; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
+		fmt.Fprintf(w, "shadow: recall %.2f%% (eq. 3) over %d tokens, aligned %s, late departure %.2f ms per pass; decode misses: %d late (predicted, but the prediction or hint came after the activation), %d wrong (not predicted)\n",
 			100**rs.Recall, len(rs.RecallByToken), rs.Align, late, rs.MissesLate, rs.MissesWrong)
 	}
-	if a := rs.Ahead; a != nil && a.Iterations > 0 {
+	if a := rs.Ahead; a != nil && a.Passes > 0 {
 		fmt.Fprintf(w, "shadow ran ahead: %d decode passes on its own tokens; token agreement %.2f%% (%d members' rows met, %d rewound); %d predictions withdrawn (%d dropped here first), %d loads withdrawn on the workers (%s, %.1f KiB per token)\n",
-			a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnPredictions, a.OffPath, a.WithdrawnLoads, progress.Bytes(a.WithdrawnBytes),
+			a.Passes, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnPredictions, a.OffPath, a.WithdrawnLoads, progress.Bytes(a.WithdrawnBytes),
 			float64(a.WithdrawnBytes)/1024/float64(max(rs.GeneratedTokens, 1)))
 	}
 	if a := rs.Ahead; a != nil && a.Unhinted > 0 {
-		fmt.Fprintf(w, "shadow fell behind: %d layers predicted after this node had finished their iteration; their loads were not hinted\n", a.Unhinted)
+		fmt.Fprintf(w, "shadow fell behind: %d layers predicted after this node had finished their pass; their loads were not hinted\n", a.Unhinted)
 	}
 	if l := rs.LeadMs; l != nil {
 		load := 0.0
@@ -336,8 +336,8 @@ func printSwarmSummary(w io.Writer, rs RunStats, sw *Stats) {
 			progress.Bytes(t["device_resident"]), progress.Bytes(t["host_decompressed"]), progress.Bytes(t["host_compressed"]))
 	}
 	if f := sw.Faults; f != (FaultStats{}) {
-		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode iteration(s) reactive without it",
-			f.WorkersLost, f.Rejoins, f.Resent, f.ShadowLost, f.ShadowReattached, f.ReactiveIterations)
+		fmt.Fprintf(w, "faults: %d worker(s) lost, %d rejoined, %d request(s) re-sent; shadow lost %d time(s), re-attached %d, %d decode pass(s) reactive without it",
+			f.WorkersLost, f.Rejoins, f.Resent, f.ShadowLost, f.ShadowReattached, f.ReactivePasses)
 		if f.StagesLost > 0 {
 			fmt.Fprintf(w, "; %d stage(s) lost, %d sequence(s) run again from their first token", f.StagesLost, f.Refills)
 		}

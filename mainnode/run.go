@@ -40,7 +40,7 @@ type Config struct {
 	// layers before the first stage's, perhaps none
 	Stages []string
 	Align  align.Policy
-	// TraceFile, if set, receives the swarm's timeline of iterations
+	// TraceFile, if set, receives the swarm's timeline of passes
 	// TraceFrom..TraceTo.
 	TraceFile          string
 	TraceFrom, TraceTo int64

@@ -18,10 +18,10 @@ import (
 // BenchmarkShadowDecode measures in one run, on the model of
 // ODMOE_BENCH_PRESET (`make bench`: small), decode after a 16-token prompt
 // for local mode, a reactive 8-worker swarm, and the swarm driven by an
-// fp16, int8 or nf4 shadow aligned every iteration (T1_KV1) or never
+// fp16, int8 or nf4 shadow aligned every pass (T1_KV1) or never
 // (T0_KV0); worker loads paced to benchLoadBW. It reports tokens/s, the
 // stall fraction, recall (eq. 3) and the shadow's forward pass as a
-// fraction of the main node's iteration.
+// fraction of the main node's pass.
 func BenchmarkShadowDecode(b *testing.B) {
 	f := benchSwarmFixture(b)
 	full, err := model.Load(f.Model, model.LoadOptions{})

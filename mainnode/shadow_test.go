@@ -34,7 +34,7 @@ func (spec shadowSpec) ahead() int {
 }
 
 // startShadow runs a shadow node in this process: the model quantized to
-// quant, connected to the workers, running up to ahead iterations ahead,
+// quant, connected to the workers, running up to ahead passes ahead,
 // listening for the main node.
 func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernels.DType, ahead int, workerAddrs []string, layout sched.Layout) string {
 	t.Helper()
@@ -60,7 +60,7 @@ func startShadow(t testing.TB, ctx context.Context, f inproc.Files, quant kernel
 }
 
 // TestSwarmWithShadowIsBitIdenticalToLocal: with the shadow driving the
-// loads — fp16, int8 or nf4, aligned every iteration, every 4th, or never,
+// loads — fp16, int8 or nf4, aligned every pass, every 4th, or never,
 // running ahead or departing late — the output is still local mode's bit
 // for bit: the shadow changes speed, never the output.
 func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
@@ -98,10 +98,10 @@ func TestSwarmWithShadowIsBitIdenticalToLocal(t *testing.T) {
 	}
 }
 
-// TestFP16ShadowAlignedEveryIterationPredictsAbove99 is the paper's
-// headline for SEP: an fp16 shadow aligned every iteration (T1, K1)
+// TestFP16ShadowAlignedEveryPassPredictsAbove99 is the paper's
+// headline for SEP: an fp16 shadow aligned every pass (T1, K1)
 // predicts over 99% of the experts (eq. 3) on the tiny model.
-func TestFP16ShadowAlignedEveryIterationPredictsAbove99(t *testing.T) {
+func TestFP16ShadowAlignedEveryPassPredictsAbove99(t *testing.T) {
 	f := newSwarmFixture(t, 2)
 	mainModel, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
 	if err != nil {
@@ -140,7 +140,7 @@ func TestTwoSequencesWithTheShadow(t *testing.T) {
 
 // TestResidentSwarmWithTheShadow: the resident swarm may run the shadow
 // beside it (bench rig's resident-shadow, the baseline that pays the
-// shadow's CPU): aligned every iteration, the shadow predicts as in shadow
+// shadow's CPU): aligned every pass, the shadow predicts as in shadow
 // mode, its hints go to the experts' owners, which pinned them at start
 // (and a resident worker loads on no prediction), so nothing but the pins
 // is ever loaded, and the output is still local mode's bit for bit.

@@ -17,7 +17,7 @@ import (
 )
 
 // shadowLink is the main node's side of the shadow: it starts and aligns
-// the shadow's iterations and collects its predictions, which it scores
+// the shadow's passes and collects its predictions, which it scores
 // against the real routing (align.Recall) and hands to placement.
 type shadowLink struct {
 	peer atomic.Pointer[wire.Peer] // the current connection; nil before the first
@@ -36,9 +36,9 @@ type shadowLink struct {
 	pred      map[layerKey]predicted // predictions not taken yet
 	actual    map[layerKey]routing   // routing awaiting its prediction, for scoring
 	recall    *align.Recall          // over decode passes
-	late      []float64              // late-departure ms per decode iteration (index: iteration-2)
-	cpu       []time.Duration        // the shadow process's CPU time when it finished each iteration (index: iteration-1; 0: not heard)
-	done      int64                  // the last iteration the shadow finished
+	late      []float64              // late-departure ms per decode pass (index: pass-2)
+	cpu       []time.Duration        // the shadow process's CPU time when it finished each pass (index: pass-1; 0: not heard)
+	done      int64                  // the last pass the shadow finished
 	forwardMs float64                // the shadow's decode forward passes, summed
 	forwards  int
 	peakRSS   int64
@@ -125,7 +125,7 @@ func (sl *shadowLink) kindOf(seq uint64) string {
 }
 
 // predicted is one layer's prediction: its experts (sorted) and the token
-// the shadow fed that iteration (-1: not said).
+// the shadow fed that pass (-1: not said).
 type predicted struct {
 	experts []int
 	on      []int // the worker each expert was hinted to; nil: sched's index rule
@@ -141,7 +141,7 @@ type shadowSeq struct {
 	synced bool    // the current connection has been sent the sequence
 	// decodes are the generated tokens fed so far (decode steps)
 	decodes int64
-	// sent is the last iteration (a batch's: pass) the shadow was sent
+	// sent is the last pass (a batch's: pass) the shadow was sent
 	// all of (SequenceEnd.Last)
 	sent int64
 	// a member's own alignment controller (its decode steps' periods,
@@ -152,7 +152,7 @@ type shadowSeq struct {
 	// a batch's scratch: its pass's members and their last tokens
 	rowSeqs   []uint64
 	rowTokens []int
-	// the latest decode iteration departed, the token it fed, and whether
+	// the latest decode pass departed, the token it fed, and whether
 	// the shadow was sent that token: then a prediction made on another
 	// token is on a path not taken (the shadow rewinds and withdraws it)
 	iter      int64
@@ -263,12 +263,12 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			default:
 			}
 		case *wire.Prediction:
-			sl.trace.Message(trace.Recv, trace.MsgPrediction, p.Identity().Name, m.Iteration, m.Layer, -1, 0, at)
+			sl.trace.Message(trace.Recv, trace.MsgPrediction, p.Identity().Name, m.Pass, m.Layer, -1, 0, at)
 			if sl.stages != nil && sl.stages.Layers().Contains(m.Layer) {
 				sl.stages.Tell(ctx, m.Layer, m) // their placement's; a stage lost fails the pass, not this
 			}
 			es, on := predictedOn(m.Experts, m.Workers)
-			key := layerKey{model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer}
+			key := layerKey{model.Step{Seq: m.Seq, Pass: m.Pass}, m.Layer}
 			sl.mu.Lock()
 			_, live := sl.seqs[m.Seq]
 			scored := false
@@ -279,7 +279,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 					sl.score(key, es, act)
 					scored = true
 				}
-			} else if live && key.step.Iter >= sl.seqs[m.Seq].iter {
+			} else if live && key.step.Pass >= sl.seqs[m.Seq].iter {
 				sl.pred[key] = predicted{es, on, m.Token}
 			} // else: a sequence that has ended, or a pass that has run, ran no such layer
 			sl.mu.Unlock()
@@ -296,14 +296,14 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			sl.mu.Lock()
 			sl.withdrawals++
 			for k := range sl.pred {
-				if k.step.Seq == m.Seq && k.step.Iter >= m.From {
+				if k.step.Seq == m.Seq && k.step.Pass >= m.From {
 					delete(sl.pred, k)
 					sl.withdrawn++
 				}
 			}
 			sl.mu.Unlock()
 		case *wire.ShadowDone:
-			if it := int(m.Iteration); it >= 1 && it <= maxIterationStats {
+			if it := int(m.Pass); it >= 1 && it <= maxPassStats {
 				sl.mu.Lock()
 				for len(sl.cpu) < it {
 					sl.cpu = append(sl.cpu, 0)
@@ -324,9 +324,9 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				sl.countGuess(seq, false)
 			}
 			sl.mu.Unlock()
-			if it := int(m.Iteration); it >= 2 {
+			if it := int(m.Pass); it >= 2 {
 				sl.mu.Lock()
-				if it <= maxIterationStats { // a server's batch runs on
+				if it <= maxPassStats { // a server's batch runs on
 					for len(sl.late) < it-1 {
 						sl.late = append(sl.late, 0)
 					}
@@ -366,14 +366,14 @@ type routing struct {
 	routes  []model.Route
 }
 
-// score records one (iteration, layer) of a pass: the union's share
+// score records one (pass, layer) of a pass: the union's share
 // predicted, and each member's rows' (pass i+1 produces output token i+1
 // of a batch of one in the paper's numbering: pass 1 is the prompt).
 func (sl *shadowLink) score(key layerKey, pred []int, r routing) {
 	sl.counts.add(pred, r.experts)
 	// a pass activates the union of its rows' experts, and the shadow
 	// predicts the union: eq. (3) for a pass of one row
-	sl.recall.Observe(0, int(key.step.Iter-1), key.layer, pred, r.experts)
+	sl.recall.Observe(0, int(key.step.Pass-1), key.layer, pred, r.experts)
 	if n := len(r.members); n > 0 {
 		k := len(r.routes) / n
 		for t, seq := range r.members {
@@ -486,7 +486,7 @@ func (sl *shadowLink) takeLocked(key layerKey) predicted {
 // token other than the one this node sampled and sent it.
 func (sl *shadowLink) offPathLocked(step model.Step, token int32) bool {
 	q := sl.seqs[step.Seq]
-	if token < 0 || q == nil || q.iter != step.Iter || !q.tokenSent || q.token == token {
+	if token < 0 || q == nil || q.iter != step.Pass || !q.tokenSent || q.token == token {
 		return false
 	}
 	sl.offPath++
@@ -514,7 +514,7 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int, me
 }
 
 // batchPass is the pass a member's forward pass runs in: the batch's
-// sequence id and iteration, and how many members it has.
+// sequence id and pass, and how many members it has.
 type batchPass struct {
 	seq  uint64
 	iter int64
@@ -531,7 +531,7 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 		sl.seqs[step.Seq] = &shadowSeq{} // the batch's predictions are for a live sequence
 	}
 	sl.mu.Unlock()
-	bp := batchPass{seq: step.Seq, iter: step.Iter, size: len(rows)}
+	bp := batchPass{seq: step.Seq, iter: step.Pass, size: len(rows)}
 	all := true
 	for _, r := range rows {
 		departed, err := sl.startIn(ctx, r, bp)
@@ -549,14 +549,14 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 	for _, r := range rows {
 		q.rowSeqs, q.rowTokens = append(q.rowSeqs, r.Step.Seq), append(q.rowTokens, r.Tokens[len(r.Tokens)-1])
 		m := sl.seqs[r.Step.Seq]
-		sent = sent && m != nil && m.iter == r.Step.Iter && m.tokenSent
+		sent = sent && m != nil && m.iter == r.Step.Pass && m.tokenSent
 	}
-	q.iter, q.token, q.tokenSent = step.Iter, align.PassToken(q.rowSeqs, q.rowTokens), sent && all
+	q.iter, q.token, q.tokenSent = step.Pass, align.PassToken(q.rowSeqs, q.rowTokens), sent && all
 	// predictions for earlier passes nobody will ask for (revised ones that
 	// came after their layer ran)
-	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == step.Seq && k.step.Iter < step.Iter })
+	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == step.Seq && k.step.Pass < step.Pass })
 	if all {
-		q.sent = step.Iter
+		q.sent = step.Pass
 	}
 	sl.mu.Unlock()
 	return all, nil
@@ -572,7 +572,7 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 // and what to feed.
 func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (bool, error) {
 	step, tokens, cache := row.Step, row.Tokens, row.Cache
-	first := step.Iter == 1
+	first := step.Pass == 1
 	sl.mu.Lock()
 	q := sl.seqs[step.Seq]
 	if q == nil {
@@ -611,7 +611,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		return false, nil
 	}
 	p := sl.peer.Load()
-	a := &wire.Alignment{Seq: step.Seq, Iteration: step.Iter, Token: -1, Batch: bp.seq, BatchPass: bp.iter, BatchSize: bp.size}
+	a := &wire.Alignment{Seq: step.Seq, Pass: step.Pass, Token: -1, Batch: bp.seq, BatchPass: bp.iter, BatchSize: bp.size}
 	kvStep := int64(-1)   // unchanged
 	if first || !synced { // the shadow starts the sequence
 		a.Sampling = sampling
@@ -658,9 +658,9 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 	if kvStep >= 0 {
 		q.kvStep = kvStep
 	}
-	q.iter, q.token, q.tokenSent = step.Iter, int32(tokens[len(tokens)-1]), a.Token >= 0 || row.Prompt
+	q.iter, q.token, q.tokenSent = step.Pass, int32(tokens[len(tokens)-1]), a.Token >= 0 || row.Prompt
 	sl.mu.Unlock()
-	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Iteration, 0, -1, 0, time.Now())
+	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Pass, 0, -1, 0, time.Now())
 	if err := p.Send(ctx, a); err != nil {
 		if ctx.Err() == nil && connGone(p, err) {
 			return false, nil
@@ -668,7 +668,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (b
 		return false, err
 	}
 	sl.mu.Lock()
-	q.sent = step.Iter
+	q.sent = step.Pass
 	sl.mu.Unlock()
 	return true, nil
 }
@@ -707,8 +707,8 @@ func packInto(a *wire.Alignment, cache *kvcache.Cache, from int, stages *stage.C
 
 // end forgets sequence seq: its alignment mark and predictions nobody
 // will ask for. Routing still waiting for its prediction stays, to be
-// scored when the shadow finishes the sequence's last iteration. It
-// returns the last iteration the shadow was sent all of (0: none).
+// scored when the shadow finishes the sequence's last pass. It
+// returns the last pass the shadow was sent all of (0: none).
 func (sl *shadowLink) end(seq uint64) (last int64) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
@@ -740,7 +740,7 @@ type ShadowStats struct {
 	// tokens 1..N.
 	Recall          float64
 	RecallByToken   []float64
-	LateDepartureMs []float64 // per decode iteration
+	LateDepartureMs []float64 // per decode pass
 	// ForwardMs is the shadow's mean decode forward pass (all layers).
 	ForwardMs float64
 	// PeakRSS is the shadow process's peak resident memory.
@@ -759,7 +759,7 @@ type ShadowStats struct {
 	// connections.
 	Guesses map[string]GuessCounts
 	// Unhinted is the layers the shadow predicted after this node had
-	// started a later iteration (it had fallen behind): no loads hinted.
+	// started a later pass (it had fallen behind): no loads hinted.
 	Unhinted int64
 	// Reused are the prompt tokens whose KV rows the shadow copied from
 	// its prefix cache instead of running them.
@@ -768,15 +768,15 @@ type ShadowStats struct {
 	// periods an adaptive one ran the most decode steps under.
 	Align align.Policy
 	// DecodeCPU is the CPU time the shadow process used from the end of
-	// the prompt's pass to the end of the last decode iteration's (text
+	// the prompt's pass to the end of the last decode pass's (text
 	// mode's one sequence; 0 where it did not say).
 	DecodeCPU time.Duration
 }
 
-// stats waits (up to timeout) for the shadow to finish iteration last
+// stats waits (up to timeout) for the shadow to finish pass last
 // and for every layer of it that has run to be scored (a prediction the
 // shadow made running ahead on another token is dropped, and comes again
-// after it rewinds, possibly after that iteration's first finish), and
+// after it rewinds, possibly after that pass's first finish), and
 // returns its figures. A lost shadow is not waited for.
 func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	deadline := time.NewTimer(timeout)
@@ -785,7 +785,7 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 		sl.mu.Lock()
 		unscored := false
 		for k := range sl.actual {
-			unscored = unscored || k.step.Iter == last
+			unscored = unscored || k.step.Pass == last
 		}
 		finished := (sl.done >= last && !unscored) || !sl.up
 		sl.mu.Unlock()
@@ -801,14 +801,14 @@ func (sl *shadowLink) stats(last int64, timeout time.Duration) ShadowStats {
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	// a shadow running ahead may have run an iteration past the last
+	// a shadow running ahead may have run a pass past the last
 	late := sl.late[:min(len(sl.late), int(max(last-1, 0)))]
 	st := ShadowStats{Recall: sl.recall.Overall(), RecallByToken: sl.recall.ByToken(), LateDepartureMs: slices.Clone(late), PeakRSS: sl.peakRSS,
 		Ahead: sl.ahead, Agreed: sl.agreed, Rewound: sl.rewound, Withdrawn: sl.withdrawn, OffPath: sl.offPath, Unhinted: sl.unhinted, Reused: sl.reused, Align: sl.chosenLocked(), Guesses: maps.Clone(sl.guesses)}
 	if sl.forwards > 0 {
 		st.ForwardMs = sl.forwardMs / float64(sl.forwards)
 	}
-	// the decode's passes: from the prompt's end to the last iteration's
+	// the decode's passes: from the prompt's end to the last pass's
 	if l := int(last); l >= 2 && l <= len(sl.cpu) && sl.cpu[0] > 0 && sl.cpu[l-1] >= sl.cpu[0] {
 		st.DecodeCPU = sl.cpu[l-1] - sl.cpu[0]
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/odmoe/odmoe/wire"
 )
 
-// LayerStats sums what one layer cost over the iterations that ran it.
+// LayerStats sums what one layer cost over the passes that ran it.
 type LayerStats struct {
 	Calls   int64
 	Main    time.Duration // t_M: main-node compute before the layer's experts (attention, router)
@@ -27,10 +27,10 @@ type LayerStats struct {
 }
 
 // Stats are the main node's figures, split by decode and prefill, per
-// layer, and summed over the layers of each iteration (forward pass).
+// layer, and summed over the layers of each pass (forward pass).
 type Stats struct {
 	Decode, Prefill []LayerStats
-	Iterations      []LayerStats // index i: iteration i+1 (the prompt is iteration 1), up to maxIterationStats
+	Passes          []LayerStats // index i: pass i+1 (the prompt is pass 1), up to maxPassStats
 	Faults          FaultStats
 	// Residency is what -residency on decided; nil with it off.
 	Residency *ResidencyStats
@@ -38,7 +38,7 @@ type Stats struct {
 	// prediction had its prediction (the first maxLeadSamples of them):
 	// a load hides when its lead covers it.
 	Leads  []time.Duration
-	beyond LayerStats // where iterations past maxIterationStats go, unkept
+	beyond LayerStats // where passes past maxPassStats go, unkept
 	// recent is a ring of the last decode passes' layer timelines,
 	// recent[last] the latest: a full ring reuses its oldest slot, layers
 	// and all, so that the decode loop allocates nothing for it
@@ -51,7 +51,7 @@ type Stats struct {
 // network and the wait for loads (the layer timeline bench rig draws,
 // from the main node's side), in milliseconds.
 type PassTimeline struct {
-	Iter   int64        `json:"iter"`
+	Pass   int64        `json:"iter"`
 	Layers []LayerTimes `json:"layers"`
 }
 
@@ -69,14 +69,14 @@ const recentPasses = 16
 // recentLayer is layer l of decode pass it in the recent timelines,
 // starting a new pass when it is not the latest.
 func (s *Stats) recentLayer(it int64, l int) *LayerTimes {
-	if len(s.recent) == 0 || s.recent[s.last].Iter != it {
+	if len(s.recent) == 0 || s.recent[s.last].Pass != it {
 		if len(s.recent) < recentPasses {
 			s.recent = append(s.recent, PassTimeline{})
 			s.last = len(s.recent) - 1
 		} else {
 			s.last = (s.last + 1) % recentPasses
 		}
-		s.recent[s.last] = PassTimeline{Iter: it, Layers: s.recent[s.last].Layers[:0]}
+		s.recent[s.last] = PassTimeline{Pass: it, Layers: s.recent[s.last].Layers[:0]}
 	}
 	p := &s.recent[s.last]
 	for len(p.Layers) <= l {
@@ -90,7 +90,7 @@ func (s *Stats) recentPasses() []PassTimeline {
 	out := make([]PassTimeline, 0, len(s.recent))
 	for i := range s.recent {
 		p := s.recent[(s.last+1+i)%len(s.recent)]
-		out = append(out, PassTimeline{Iter: p.Iter, Layers: slices.Clone(p.Layers)})
+		out = append(out, PassTimeline{Pass: p.Pass, Layers: slices.Clone(p.Layers)})
 	}
 	return out
 }
@@ -127,25 +127,25 @@ func (s *Stats) layer(prefill bool, l int) *LayerStats {
 	return &(*p)[l]
 }
 
-// maxIterationStats bounds the per-iteration figures: a server's batch
-// runs passes for as long as it lives, and only a run's first iterations
+// maxPassStats bounds the per-pass figures: a server's batch
+// runs passes for as long as it lives, and only a run's first passes
 // are worth a row each (the figures per layer hold everything).
-const maxIterationStats = 4096
+const maxPassStats = 4096
 
-func (s *Stats) iteration(it int64) *LayerStats {
-	if it > maxIterationStats {
+func (s *Stats) pass(it int64) *LayerStats {
+	if it > maxPassStats {
 		s.beyond = LayerStats{}
 		return &s.beyond
 	}
-	for int64(len(s.Iterations)) < it {
-		s.Iterations = append(s.Iterations, LayerStats{})
+	for int64(len(s.Passes)) < it {
+		s.Passes = append(s.Passes, LayerStats{})
 	}
-	return &s.Iterations[it-1]
+	return &s.Passes[it-1]
 }
 
 func (s *Stats) main(prefill bool, it int64, l int, d time.Duration) {
 	s.layer(prefill, l).Main += d
-	s.iteration(it).Main += d
+	s.pass(it).Main += d
 	if !prefill {
 		s.recentLayer(it, l).MainMs += ms(d)
 	}
@@ -155,7 +155,7 @@ func (s *Stats) experts(prefill bool, it int64, l int, ls layerSample) {
 	one := LayerStats{Calls: 1, Experts: ls.wall, Network: ls.network, Worker: ls.worker, Stall: ls.stall,
 		Load: ls.load, Loads: ls.loads, Misses: ls.misses, MissesLate: ls.missesLate, MissesWrong: ls.missesWrong, Results: ls.results}
 	s.layer(prefill, l).add(one)
-	s.iteration(it).add(one)
+	s.pass(it).add(one)
 	if !prefill {
 		t := s.recentLayer(it, l)
 		t.ExpertsMs += ms(ls.wall)
@@ -212,7 +212,7 @@ func Total(layers []LayerStats) LayerStats {
 }
 
 func (s *Stats) clone() *Stats {
-	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Iterations: slices.Clone(s.Iterations), Faults: s.Faults,
+	return &Stats{Decode: slices.Clone(s.Decode), Prefill: slices.Clone(s.Prefill), Passes: slices.Clone(s.Passes), Faults: s.Faults,
 		Leads: slices.Clone(s.Leads)}
 }
 

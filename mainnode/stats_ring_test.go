@@ -25,8 +25,8 @@ func TestRecentPassesKeepTheLast16InOrderWithoutAllocating(t *testing.T) {
 	}
 	for i, p := range got {
 		want := int64(5 + i)
-		if p.Iter != want || len(p.Layers) != 3 || p.Layers[0].MainMs != float64(want) || p.Layers[2].ExpertsMs != 3 {
-			t.Fatalf("pass %d: %+v, want iteration %d", i, p, want)
+		if p.Pass != want || len(p.Layers) != 3 || p.Layers[0].MainMs != float64(want) || p.Layers[2].ExpertsMs != 3 {
+			t.Fatalf("pass %d: %+v, want pass %d", i, p, want)
 		}
 	}
 	it := int64(21)

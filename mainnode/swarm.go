@@ -99,7 +99,7 @@ type Swarm struct {
 	// placement, so concurrent sequences never both move from one version
 	rebalancing sync.Mutex
 	nextID      atomic.Uint64
-	traced      [2]int64     // the iterations StartTrace asked for
+	traced      [2]int64     // the passes StartTrace asked for
 	rejoins     atomic.Int64 // lost workers with a new connection waiting to rejoin
 
 	// the receive loops of the worker and shadow connections and the
@@ -114,7 +114,7 @@ type Swarm struct {
 	// figures are each member sequence's share of the decode misses
 	// (SequenceFigures; the shadow link keeps its share of the recall)
 	figures  map[uint64]*model.ExpertFigures
-	lastIter int64 // the highest iteration any sequence has run
+	lastPass int64 // the highest pass any sequence has run
 	stats    Stats
 	degraded map[int][]string // worker -> the loads it failed (Degraded)
 	// asking: one WorkerStats at a time (the workers' answers carry no
@@ -348,7 +348,7 @@ func (s *Swarm) sequence(step model.Step) *sequence {
 		q = &sequence{batch: s.batches[step.Seq]}
 		s.seqs[step.Seq] = q
 	}
-	s.lastIter = max(s.lastIter, step.Iter)
+	s.lastPass = max(s.lastPass, step.Pass)
 	return q
 }
 
@@ -383,9 +383,9 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 	}
 	if !q.mark.IsZero() {
 		s.mu.Lock()
-		s.stats.main(prefill, step.Iter, layer, start.Sub(q.mark))
+		s.stats.main(prefill, step.Pass, layer, start.Sub(q.mark))
 		s.mu.Unlock()
-		s.opt.Trace.Span(trace.Main, step.Iter, layer, -1, q.mark, start)
+		s.opt.Trace.Span(trace.Main, step.Pass, layer, -1, q.mark, start)
 	}
 	defer func() { q.mark = time.Now() }()
 	if n <= 0 || len(routes)%n != 0 || len(x) != n*h || len(out) != len(routes)*h {
@@ -426,7 +426,7 @@ func (s *Swarm) RunExperts(ctx context.Context, step model.Step, layer int, x []
 func (s *Swarm) hint(ctx context.Context, q *sequence) error {
 	for _, hn := range q.plan.Hints {
 		s.traceWorker(q, trace.Send, trace.MsgPrediction, hn.Worker, hn.Layer, -1, 0, time.Now())
-		q.pred = wire.Prediction{Seq: hn.Step.Seq, Iteration: hn.Step.Iter, Layer: hn.Layer, Experts: hn.Experts, Token: -1}
+		q.pred = wire.Prediction{Seq: hn.Step.Seq, Pass: hn.Step.Pass, Layer: hn.Layer, Experts: hn.Experts, Token: -1}
 		if err := s.sendTo(ctx, hn.Worker, &q.pred); err != nil {
 			return err
 		}
@@ -499,7 +499,7 @@ func (s *Swarm) sendRequest(ctx context.Context, q *sequence, act *wire.Activati
 		}
 		hidden = *buf
 	}
-	act.Seq, act.Iteration, act.Layer, act.Tokens, act.Experts = q.step.Seq, q.step.Iter, q.in.Layer, len(r.Tokens), r.Experts
+	act.Seq, act.Pass, act.Layer, act.Tokens, act.Experts = q.step.Seq, q.step.Pass, q.in.Layer, len(r.Tokens), r.Experts
 	act.ID, act.Keep, act.Cache, act.EndLayer = r.id, r.Keep, r.Cache, r.EndLayer
 	act.Rows, act.RowCounts = r.Rows, r.RowCounts
 	act.Hidden.SetFloat32s(hidden, len(r.Tokens), h)
@@ -590,18 +590,18 @@ func (s *Swarm) collect(ctx context.Context, q *sequence, x []float32, routes []
 	wall := time.Since(start)
 	ls.wall, ls.network = wall, max(wall-crit, 0)
 	s.mu.Lock()
-	s.stats.experts(prefill, q.step.Iter, layer, ls)
+	s.stats.experts(prefill, q.step.Pass, layer, ls)
 	s.stats.addLeads(q.leads)
 	q.leads = q.leads[:0]
 	s.mu.Unlock()
 	return nil
 }
 
-// traceWorker records a message to or from worker w, when this iteration
+// traceWorker records a message to or from worker w, when this pass
 // is traced.
 func (s *Swarm) traceWorker(q *sequence, kind trace.Kind, msg string, w, layer, expert int, id uint64, at time.Time) {
-	if s.opt.Trace.Active(q.step.Iter) {
-		s.opt.Trace.Message(kind, msg, s.workers[w].name, q.step.Iter, layer, expert, id, at)
+	if s.opt.Trace.Active(q.step.Pass) {
+		s.opt.Trace.Message(kind, msg, s.workers[w].name, q.step.Pass, layer, expert, id, at)
 	}
 }
 
@@ -664,7 +664,7 @@ func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow
 	departed, err := s.shadow.startBatch(ctx, step, rows)
 	if !departed && err == nil && !prompt {
 		s.mu.Lock()
-		s.stats.Faults.ReactiveIterations++
+		s.stats.Faults.ReactivePasses++
 		s.mu.Unlock()
 	}
 	return err
@@ -733,7 +733,7 @@ func (s *Swarm) SequenceFigures(seq uint64) model.ExpertFigures {
 }
 
 // EndSequence tells every worker and the shadow that sequence seq is over,
-// so that they free what they keep for it (hints for iterations that never
+// so that they free what they keep for it (hints for passes that never
 // came, the shadow's copy of the sequence). Call it after ShadowStats and
 // CollectTrace, which read what the sequence left.
 func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
@@ -768,14 +768,14 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 }
 
 // ShadowStats waits (up to timeout) for the shadow to finish the last
-// iteration run and returns its recall and late departures; ok is false
+// pass run and returns its recall and late departures; ok is false
 // without a shadow.
 func (s *Swarm) ShadowStats(timeout time.Duration) (st ShadowStats, ok bool) {
 	if s.shadow == nil {
 		return st, false
 	}
 	s.mu.Lock()
-	last := s.lastIter
+	last := s.lastPass
 	s.mu.Unlock()
 	return s.shadow.stats(last, timeout), true
 }

@@ -258,8 +258,8 @@ func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch,
 			t.Errorf("oracle-next: %d misses", dec.Misses)
 		}
 	}
-	if its := sw.Stats().Iterations; len(its) != steps || its[0].Calls != int64(layers) {
-		t.Errorf("%d iterations recorded (want %d), first with %d layer calls", len(its), steps, its[0].Calls)
+	if its := sw.Stats().Passes; len(its) != steps || its[0].Calls != int64(layers) {
+		t.Errorf("%d passes recorded (want %d), first with %d layer calls", len(its), steps, its[0].Calls)
 	}
 	if pre := mainnode.Total(sw.Stats().Prefill); pre.Misses != 0 || pre.Results == 0 {
 		t.Errorf("prefill: %d misses, %d results", pre.Misses, pre.Results)
@@ -268,7 +268,7 @@ func checkSwarmStats(t *testing.T, sw *mainnode.Swarm, policy mainnode.Prefetch,
 }
 
 // waitWorkersEmpty: the budget is never exceeded, and once the sequences
-// have ended every expert is gone, hints for iterations that never came
+// have ended every expert is gone, hints for passes that never came
 // (random, shadow) included; a load still in flight at the end is freed
 // when it lands.
 func waitWorkersEmpty(t *testing.T, sw *mainnode.Swarm) {
@@ -360,8 +360,8 @@ func checkConcurrent(t *testing.T, sw *mainnode.Swarm, m *model.Model, prompts [
 			t.Errorf("sequence %d differs from its local run: %s", i, d)
 		}
 	}
-	if its := sw.Stats().Iterations; len(its) != steps {
-		t.Errorf("%d iterations recorded, want %d (both sequences summed per iteration)", len(its), steps)
+	if its := sw.Stats().Passes; len(its) != steps {
+		t.Errorf("%d passes recorded, want %d (both sequences summed per pass)", len(its), steps)
 	}
 	if loads {
 		waitWorkersEmpty(t, sw)

@@ -33,7 +33,7 @@ type Text struct {
 // to stdout, writes the dump files, and prints the summary line. Text
 // mode is a batch of one in the same pass loop the API serves from; its
 // prompt goes in whole (one pass: nothing runs beside it to wait), so
-// iteration 1 is the prompt and i+1 feeds token i, as OD-MoE numbers
+// pass 1 is the prompt and i+1 feeds token i, as OD-MoE numbers
 // them. It closes b: the run's figures are read after. decodes, if set,
 // is called when the prompt's pass has given the first token and decode
 // begins.

@@ -9,7 +9,7 @@ import (
 	"github.com/odmoe/odmoe/wire"
 )
 
-// StartTrace starts recording iterations from..to on this node (its
+// StartTrace starts recording passes from..to on this node (its
 // Options.Trace), on every worker and on the shadow. Call it before the
 // prompt: a node drops what it recorded before.
 func (s *Swarm) StartTrace(ctx context.Context, from, to int64) error {

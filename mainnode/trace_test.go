@@ -12,7 +12,7 @@ import (
 )
 
 // TestSwarmTraceCoversEveryNodeAndHop: a traced run with the shadow
-// yields, for the traced decode iterations only, the main node's M_l, the
+// yields, for the traced decode passes only, the main node's M_l, the
 // shadow's S_l, the workers' loads and computes, and every activation,
 // result, prediction and alignment as a hop whose two ends were both
 // recorded, on one clock.
@@ -42,7 +42,7 @@ func TestSwarmTraceCoversEveryNodeAndHop(t *testing.T) {
 	}
 	count := map[string]int{} // node/kind
 	for _, e := range tf.Events {
-		if e.Iter < from || e.Iter > to {
+		if e.Pass < from || e.Pass > to {
 			t.Fatalf("event outside the window: %+v", e)
 		}
 		if err := e.Valid(); err != nil {
@@ -58,7 +58,7 @@ func TestSwarmTraceCoversEveryNodeAndHop(t *testing.T) {
 	want := map[string]int{
 		"main/M":       int(iters) * layers,              // every layer's main compute
 		"shadow/S":     int(iters) * (layers + 1),        // up to each router, then the rest
-		"shadow/align": int(iters),                       // one alignment applied per iteration
+		"shadow/align": int(iters),                       // one alignment applied per pass
 		"main/send":    int(iters) * (1 + 2*layers),      // alignment + activations (two workers per layer here)
 		"main/recv":    int(iters) * (2*layers + layers), // results (top-2) + the shadow's predictions
 	}

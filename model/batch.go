@@ -46,7 +46,7 @@ func NewBatch(m *Model, experts ExpertRunner) *Batch {
 func (b *Batch) Seq() uint64 { return b.seq }
 
 // Next is the step the next Forward will run.
-func (b *Batch) Next() Step { return Step{Seq: b.seq, Iter: b.iter + 1} }
+func (b *Batch) Next() Step { return Step{Seq: b.seq, Pass: b.iter + 1} }
 
 // RunAgain makes the next pass run as the last one ran, for the batch
 // and each of sessions (the last pass's): it failed past its first layer
@@ -62,7 +62,7 @@ func (b *Batch) RunAgain(sessions []*Session) {
 // RunAs makes the next pass run as step, the passes after it going on
 // from there: a stage's batch runs each pass as its first stage's batch
 // ran it, so that its experts run under the same step on the workers.
-func (b *Batch) RunAs(step Step) { b.seq, b.iter = step.Seq, step.Iter-1 }
+func (b *Batch) RunAs(step Step) { b.seq, b.iter = step.Seq, step.Pass-1 }
 
 // SetOnRoute sets the hook that sees every layer's routing of the pass's
 // rows (sessions[0]'s rows first, in the order Forward was given them).
@@ -90,7 +90,7 @@ func (b *Batch) Forward(ctx context.Context, sessions []*Session, feeds [][]int)
 	for i, s := range sessions {
 		b.spans = append(b.spans, RowSpan{Seq: s.seq, Start: b.starts[i], Count: len(feeds[i])})
 	}
-	if err := m.runRest(ctx, Step{Seq: b.seq, Iter: b.iter}, b.spans, out, b.ffn.OnRoute); err != nil {
+	if err := m.runRest(ctx, Step{Seq: b.seq, Pass: b.iter}, b.spans, out, b.ffn.OnRoute); err != nil {
 		return err
 	}
 	b.setLast(sessions, feeds, out)
@@ -154,7 +154,7 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 		return nil, fmt.Errorf("model: layers %s of %d rows given %d floats of hidden state, want %d", r, n, len(in), n*h)
 	}
 	b.iter++
-	step := Step{Seq: b.seq, Iter: b.iter}
+	step := Step{Seq: b.seq, Pass: b.iter}
 	f := b.ffn
 	f.x = grow(f.x, n*h)
 	if !embed {

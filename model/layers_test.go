@@ -263,7 +263,7 @@ func TestAPassWhoseStagesFailCountsUnlessRunAgain(t *testing.T) {
 	if err := b.Forward(context.Background(), []*Session{s}, [][]int{{3, 1, 4}}); err == nil || r.calls != 1 {
 		t.Fatalf("a pass whose stages are gone: %v (%d runs)", err, r.calls)
 	}
-	if b.Next().Iter != first.Iter+1 || s.Next().Iter != sfirst.Iter+1 {
+	if b.Next().Pass != first.Pass+1 || s.Next().Pass != sfirst.Pass+1 {
 		t.Fatalf("after the failed pass: next %v and %v, want the passes after %v and %v", b.Next(), s.Next(), first, sfirst)
 	}
 	b.RunAgain([]*Session{s})

@@ -113,7 +113,7 @@ func newSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) *Session {
 func (s *Session) Seq() uint64 { return s.seq }
 
 // Next is the step the next forward pass will run.
-func (s *Session) Next() Step { return Step{Seq: s.seq, Iter: s.iter + 1} }
+func (s *Session) Next() Step { return Step{Seq: s.seq, Pass: s.iter + 1} }
 
 // Len is the number of positions already in the KV cache.
 func (s *Session) Len() int { return s.cache.Len() }
@@ -155,7 +155,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 		}
 	}
 	s.iter++
-	step := Step{Seq: s.seq, Iter: s.iter}
+	step := Step{Seq: s.seq, Pass: s.iter}
 	s.cache.Reserve(start + n)
 	s.x = grow(s.x, n*h)
 	s.lastRow, s.headDone = -1, false

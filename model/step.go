@@ -5,14 +5,14 @@ import (
 	"sync/atomic"
 )
 
-// Step names one forward pass: iteration Iter of sequence Seq. Iterations
+// Step names one forward pass: pass Pass of sequence Seq. Passes
 // are numbered as OD-MoE numbers them: 1 is the prompt (prefill), i+1 the
 // pass that feeds the i-th generated token. The Session that runs a pass
 // is the one place that counts them; everything below it (routing hooks,
 // the expert runner, the wire) is handed the step.
 type Step struct {
 	Seq  uint64
-	Iter int64
+	Pass int64
 }
 
 // lastSeq hands every Session of this process its own sequence id. It

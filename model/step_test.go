@@ -33,8 +33,8 @@ func TestSessionCountsItsStepsAndHandsThemDown(t *testing.T) {
 	var routed []Step
 	a.OnRoute = func(step Step, _ int, _ []float32, _ []Route) { routed = append(routed, step) }
 	ctx := context.Background()
-	if got := a.Next(); got != (Step{Seq: a.Seq(), Iter: 1}) {
-		t.Fatalf("first step %+v, want iteration 1 of sequence %d", got, a.Seq())
+	if got := a.Next(); got != (Step{Seq: a.Seq(), Pass: 1}) {
+		t.Fatalf("first step %+v, want pass 1 of sequence %d", got, a.Seq())
 	}
 	if _, err := a.Forward(ctx, testTokens[:5]); err != nil {
 		t.Fatal(err)
@@ -52,13 +52,13 @@ func TestSessionCountsItsStepsAndHandsThemDown(t *testing.T) {
 		t.Fatalf("%d runner calls and %d routing calls, want %d each", len(runA.steps), len(routed), 3*L)
 	}
 	for i, st := range runA.steps {
-		want := Step{Seq: a.Seq(), Iter: int64(i/L + 1)}
+		want := Step{Seq: a.Seq(), Pass: int64(i/L + 1)}
 		if st != want || routed[i] != want {
 			t.Fatalf("layer call %d: runner saw %+v, hook %+v, want %+v", i, st, routed[i], want)
 		}
 	}
-	if got := a.Next(); got.Iter != 4 {
-		t.Fatalf("after three passes the next step is %+v, want iteration 4", got)
+	if got := a.Next(); got.Pass != 4 {
+		t.Fatalf("after three passes the next step is %+v, want pass 4", got)
 	}
 }
 

@@ -4,7 +4,7 @@ package sched
 // it loaded while its memory allows. The main node sends an expert's rows
 // to its owner, the shadow tells the owner to prefetch it, and the main
 // node (the only node that sees every routing decision) counts activations
-// in a Heat and, at iteration boundaries, asks Rebalance for the moves that
+// in a Heat and, at pass boundaries, asks Rebalance for the moves that
 // pay for themselves (Prism's activation-aware placement and migration,
 // with FluxMoE's budget-bounded residency deciding what stays loaded).
 
@@ -152,7 +152,7 @@ func (p *Placement) Clone() *Placement {
 // Move hands expert of layer from worker From to worker To.
 type Move struct {
 	Layer, Expert, From, To int
-	Gain                    float64 // modelled seconds saved per iteration: of Cost, or of busy time for a move that breaks a tie (see Rebalance)
+	Gain                    float64 // modelled seconds saved per pass: of Cost, or of busy time for a move that breaks a tie (see Rebalance)
 }
 
 // Apply makes each move's To the owner of its expert, in order, and bumps

@@ -338,7 +338,7 @@ func TestHeatMatchesFloat64Reference(t *testing.T) {
 	}
 }
 
-func TestHeatRateIsRowsPerIterationRightAfterTick(t *testing.T) {
+func TestHeatRateIsRowsPerPassRightAfterTick(t *testing.T) {
 	h, _ := NewHeat([]int{0}, 2, 5)
 	if r := h.rate(0); r != 0 {
 		t.Fatalf("rate %v before the first tick, want 0", r)
@@ -350,15 +350,15 @@ func TestHeatRateIsRowsPerIterationRightAfterTick(t *testing.T) {
 		}
 		h.Tick()
 		if got := h.rate(0); math.Abs(got-3) > 1e-12 {
-			t.Fatalf("after %d iterations of 3 rows: rate %v", i+1, got)
+			t.Fatalf("after %d passes of 3 rows: rate %v", i+1, got)
 		}
 	}
 	if got := h.rate(1); math.Abs(got-1) > 0.1 {
-		t.Fatalf("2 rows every other iteration: rate %v, want about 1", got)
+		t.Fatalf("2 rows every other pass: rate %v, want about 1", got)
 	}
 }
 
-// heatOf is a Heat whose rates are rate(layer, expert) rows per iteration.
+// heatOf is a Heat whose rates are rate(layer, expert) rows per pass.
 func heatOf(tb testing.TB, layers []int, experts int, rate func(layer, expert int) float64) *Heat {
 	tb.Helper()
 	h, err := NewHeat(layers, experts, 8)
@@ -397,7 +397,7 @@ func TestCostFollowsTheModel(t *testing.T) {
 		busy    float64 // 0: want (one worker's busy time is Cost)
 	}{
 		{"one worker, everything resident", 1, []Capacity{{CacheBytes: 8 * L, LoadBytesSec: B}}, (4 + 0.5 + 2 + 0.25 + 1 + 3) * C, 0},
-		{"one worker, no cache: a load per use, at most one per iteration", 1, []Capacity{{LoadBytesSec: B}},
+		{"one worker, no cache: a load per use, at most one per pass", 1, []Capacity{{LoadBytesSec: B}},
 			(4+0.5+2+0.25+1+3)*C + (1+0.5+1+0.25+1+1)*0.1, 0},
 		{"one worker, room for the three hottest (4, 3, 2 rows)", 1, []Capacity{{CacheBytes: 3*L + L/2, LoadBytesSec: B}},
 			(4+0.5+2+0.25+1+3)*C + (0.5+0.25+1)*0.1, 0},
@@ -456,7 +456,7 @@ func checkMoves(t *testing.T, p *Placement, h *Heat, caps []Capacity, bytes func
 			t.Fatalf("move %+v: Cost %v -> %v, busy time %v -> %v: neither fell by Gain", m, cost, after, busy, busyAfter)
 		}
 		if load := float64(bytes(m.Layer, m.Expert)) / caps[m.To].LoadBytesSec; caps[m.To].LoadBytesSec > 0 && !(m.Gain*opt.HorizonIters > load) {
-			t.Fatalf("move %+v: saves %v s in %v iterations, loading costs %v s", m, m.Gain*opt.HorizonIters, opt.HorizonIters, load)
+			t.Fatalf("move %+v: saves %v s in %v passes, loading costs %v s", m, m.Gain*opt.HorizonIters, opt.HorizonIters, load)
 		}
 		cost, busy = after, busyAfter
 	}
@@ -547,7 +547,7 @@ func TestRebalanceSpreadsCollidingHotExperts(t *testing.T) {
 }
 
 func TestRebalanceMakesNoMoveThatDoesNotPayBack(t *testing.T) {
-	// Moving a hot expert saves 4e-3 s per iteration.
+	// Moving a hot expert saves 4e-3 s per pass.
 	cases := []struct {
 		name         string
 		horizon      float64
@@ -555,7 +555,7 @@ func TestRebalanceMakesNoMoveThatDoesNotPayBack(t *testing.T) {
 		loadBytesSec float64
 	}{
 		{"no horizon", 0, 1e8, 1e10},
-		{"one iteration to pay back a 10 ms load", 1, 1e8, 1e10},
+		{"one pass to pay back a 10 ms load", 1, 1e8, 1e10},
 		{"huge experts", 100, 1e12, 1e10},
 		{"slow loads", 100, 1e8, 1e6},
 	}
@@ -576,7 +576,7 @@ func TestRebalanceNeedsATickedHeat(t *testing.T) {
 	h.Observe(0, 4, 100)
 	opt := RebalanceOptions{ComputeSeconds: 1e-3, HorizonIters: 1e9}
 	if moves := Rebalance(p, h, sameCaps(4, Capacity{}), bytesEach(1), opt); len(moves) != 0 {
-		t.Fatalf("moves %v before any iteration has ended", moves)
+		t.Fatalf("moves %v before any pass has ended", moves)
 	}
 }
 
@@ -633,7 +633,7 @@ func zipfSwarm(tb testing.TB, workers, experts, nLayers int) (*Placement, *Heat,
 	for l := range ranks {
 		ranks[l] = rng.Perm(experts)
 	}
-	// 16 sequences x top-8: 128 rows per layer per iteration
+	// 16 sequences x top-8: 128 rows per layer per pass
 	var norm float64
 	for i := range experts {
 		norm += 1 / float64(i+1)
@@ -672,13 +672,13 @@ func TestRebalanceLowersZipfCost(t *testing.T) {
 	if !(after < 0.95*before) {
 		t.Fatalf("%d moves took Cost from %v to %v", len(moves), before, after)
 	}
-	t.Logf("%d moves: Cost %.4g -> %.4g s per iteration", len(moves), before, after)
+	t.Logf("%d moves: Cost %.4g -> %.4g s per pass", len(moves), before, after)
 }
 
 // BenchmarkRebalance at 48 layers x 128 experts x 16 workers: "first" from
 // the initial placement under Zipf heat (hundreds of moves), "settled" on
 // the placement those moves leave (a call that finds nothing to do, as
-// most calls at iteration boundaries should).
+// most calls at pass boundaries should).
 func BenchmarkRebalance(b *testing.B) {
 	p, h, caps, bytes := zipfSwarm(b, 16, 128, 48)
 	opt := RebalanceOptions{ComputeSeconds: 2e-5, HorizonIters: 1000}

@@ -16,11 +16,11 @@ type Capacity struct {
 // RebalanceOptions tune Cost and Rebalance.
 type RebalanceOptions struct {
 	ComputeSeconds float64 // seconds to compute one routed row of one expert at ComputeScale 1
-	HorizonIters   float64 // a move must pay back its load (expert bytes / LoadBytesSec of the new owner) within this many iterations (0: no move does)
+	HorizonIters   float64 // a move must pay back its load (expert bytes / LoadBytesSec of the new owner) within this many passes (0: no move does)
 	MaxMoves       int     // at most this many moves per Rebalance (0 or less: no bound)
 }
 
-// Cost is the modelled busy time, in seconds per iteration, of the swarm
+// Cost is the modelled busy time, in seconds per pass, of the swarm
 // under placement p with activations h: the sum over layers of the slowest
 // worker's time on the layer. A layer's experts run in parallel on their
 // owners and the next layer waits for the last of them, so experts of one
@@ -32,14 +32,14 @@ type RebalanceOptions struct {
 //
 //	rate*ComputeSeconds/ComputeScale + miss*min(rate, 1)*bytes/LoadBytesSec
 //
-// where rate is the expert's expected routed rows per iteration (h's
-// decayed count over its decayed number of iterations: exact right after
+// where rate is the expert's expected routed rows per pass (h's
+// decayed count over its decayed number of passes: exact right after
 // Tick for a steady load; 0 before the first Tick), bytes is
 // expertBytes(layer, expert), and miss is 0 if the worker keeps the expert
-// resident, 1 if not. An iteration is one pass of every layer, and a pass
+// resident, 1 if not. A pass is one pass of every layer, and a pass
 // loads a missing expert once however many rows it runs, so a missing
-// expert costs at most one load per iteration, and about rate loads when
-// it is used less than once per iteration.
+// expert costs at most one load per pass, and about rate loads when
+// it is used less than once per pass.
 //
 // Residency (FluxMoE: experts stay loaded while the budget allows): a
 // worker keeps resident the longest run of the experts it owns, across all
@@ -61,7 +61,7 @@ func Cost(p *Placement, h *Heat, caps []Capacity, expertBytes func(layer, expert
 // lexicographic: first Cost; then, among placements of equal Cost (within
 // a billionth of the initial Cost: float noise), the busy time, the sum
 // over layers of every worker's time on the layer (worker-seconds per
-// iteration). The second key matters where several workers tie at a
+// pass). The second key matters where several workers tie at a
 // layer's maximum, as under the uniform heat the initial placement is
 // computed from: no single move lowers the maximum, but moving experts off
 // a tied worker onto one that runs them for less (more cache, faster
@@ -83,7 +83,7 @@ func Cost(p *Placement, h *Heat, caps []Capacity, expertBytes func(layer, expert
 //
 // and it pays back its load within HorizonIters: Gain*HorizonIters >
 // bytes/LoadBytesSec of To (Prism eq. (4), per move; for the second kind
-// both sides are worker-seconds: those the move saves each iteration, and
+// both sides are worker-seconds: those the move saves each pass, and
 // those the new owner spends loading the expert once). Moves rank the
 // first kind before the second, then by Gain, busy time saved, the
 // receiver's time on the layer (least first: alike workers share equal
@@ -183,7 +183,7 @@ type costModel struct {
 	experts, workers int
 	layerNums        []int
 	owner            []int32
-	rate             []float64 // expected rows per iteration
+	rate             []float64 // expected rows per pass
 	bytes            []int64
 	computeSec       []float64 // per worker: seconds per routed row
 	loadSecPerByte   []float64 // per worker: 0 when loads are free
@@ -272,7 +272,7 @@ func (m *costModel) at(w int, x int32) int {
 	return lo
 }
 
-// missCost is what w pays per iteration for not keeping x resident.
+// missCost is what w pays per pass for not keeping x resident.
 func (m *costModel) missCost(x int32, w int) float64 {
 	return min(m.rate[x], 1) * float64(m.bytes[x]) * m.loadSecPerByte[w]
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // The initial placement of a heterogeneous swarm, as the main node asks
-// for it: uniform heat (topK/experts rows per expert per iteration, one
+// for it: uniform heat (topK/experts rows per expert per pass, one
 // Tick), loads paid back over any horizon, no bound on moves. Workers
 // 0..fast-1 load twice as fast as the others; compute is the same.
 const (
@@ -48,7 +48,7 @@ func initialSwarm(tb testing.TB, workers, fast int, layers []int, fastCache, slo
 }
 
 // uniformTime is a worker's seconds on a layer of which it owns n experts,
-// all equally hot (rate rows per iteration) and of size bytes, when no
+// all equally hot (rate rows per pass) and of size bytes, when no
 // other layer competes for its cache: the model of Cost worked by hand.
 func uniformTime(n int, c Capacity, rate, computeSeconds float64, bytes int64) float64 {
 	resident := min(int64(n), c.CacheBytes/bytes)

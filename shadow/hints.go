@@ -80,7 +80,7 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 // its share, where the main node's planner will look for it
 // (sched.Layout.PredictionWorkers, PlacePredicted), or each owner its
 // experts when they stay resident (-residency on); no worker is hinted
-// when the main node has already run the iteration (a shadow fallen
+// when the main node has already run the pass (a shadow fallen
 // behind): the loads would come too late and take the cores and links
 // from loads that are not.
 func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, experts []int, was *layerHints) []int {
@@ -114,7 +114,7 @@ func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, exp
 	} else {
 		byWorker(n.on, experts, wasExperts, wasOn, func(w int, es []int32) {
 			if failed == nil {
-				failed = n.queue(ctx, outgoing{worker: w, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: es, Token: int32(token)}})
+				failed = n.queue(ctx, outgoing{worker: w, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Pass: it, Layer: l, Experts: es, Token: int32(token)}})
 			}
 		})
 		byWorker(wasOn, wasExperts, experts, n.on, func(w int, es []int32) {
@@ -124,7 +124,7 @@ func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, exp
 		})
 	}
 	if failed == nil {
-		_ = n.queue(ctx, outgoing{worker: -1, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts), Workers: int32s(n.on), Token: int32(token)}})
+		_ = n.queue(ctx, outgoing{worker: -1, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Pass: it, Layer: l, Experts: int32s(experts), Workers: int32s(n.on), Token: int32(token)}})
 	}
 	return n.on
 }

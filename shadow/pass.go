@@ -14,7 +14,7 @@ import (
 	"github.com/odmoe/odmoe/wire"
 )
 
-// seqIter is one iteration of one sequence (or pass of a batch).
+// seqIter is one pass of one sequence (or pass of a batch).
 type seqIter struct {
 	seq uint64
 	it  int64
@@ -122,7 +122,7 @@ func (bf *passFollow) retire(p aheadPass) {
 
 // runPasses runs batch b's passes that are ready, in order: a pass is
 // ready when all its members' alignments have come, each is its
-// sequence's next iteration (or starts it), and the batch's previous pass
+// sequence's next pass (or starts it), and the batch's previous pass
 // has run. The first pass the shadow sees of a batch starts it (it may
 // attach mid-batch). A pass run ahead is met or rewound instead of run
 // again. A member that has ended (its SequenceEnd overtook its last
@@ -152,8 +152,8 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 		}
 		for _, a := range members {
 			f := seqs[a.Seq]
-			if !slices.Contains(st.ended, a.Seq) && !starts(a) && (f == nil || f.aligned+1 != a.Iteration) {
-				return nil // the member's previous iteration has not run
+			if !slices.Contains(st.ended, a.Seq) && !starts(a) && (f == nil || f.aligned+1 != a.Pass) {
+				return nil // the member's previous pass has not run
 			}
 		}
 		delete(passes, k)
@@ -195,7 +195,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 }
 
 // starts reports whether alignment a (in a pass) starts its sequence.
-func starts(a *wire.Alignment) bool { return a.Iteration == 1 || len(a.History) > 0 }
+func starts(a *wire.Alignment) bool { return a.Pass == 1 || len(a.History) > 0 }
 
 // meets reports whether pass p, run ahead, fed what the main node's
 // alignments of that pass say: the same sequences (none restarted, none
@@ -407,18 +407,18 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 		seqs[a.Seq] = f
 		if len(f.fed) > reused {
 			if err := f.sess.ForwardHidden(ctx, f.fed[reused:]); err != nil {
-				return nil, 0, fmt.Errorf("sequence %d: the tokens before iteration %d: %w", f.seq, a.Iteration, err)
+				return nil, 0, fmt.Errorf("sequence %d: the tokens before pass %d: %w", f.seq, a.Pass, err)
 			}
 		}
-		if a.Iteration > 1 {
-			n.log.Info().Uint64("seq", f.seq).Int64("iteration", a.Iteration).Int("tokens", len(a.History)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
+		if a.Pass > 1 {
+			n.log.Info().Uint64("seq", f.seq).Int64("pass", a.Pass).Int("tokens", len(a.History)).Int("reused", reused).Bool("kv", len(a.Keys) > 0).
 				Msg("shadow: following a sequence from the middle")
 		}
 		if len(a.Chunk) == 0 && a.Token < 0 {
-			return nil, 0, fmt.Errorf("sequence %d started at iteration %d without a chunk or a token to feed", f.seq, a.Iteration)
+			return nil, 0, fmt.Errorf("sequence %d started at pass %d without a chunk or a token to feed", f.seq, a.Pass)
 		}
 	} else if f == nil || f.sess == nil {
-		return nil, 0, fmt.Errorf("sequence %d iteration %d before its start", a.Seq, a.Iteration)
+		return nil, 0, fmt.Errorf("sequence %d pass %d before its start", a.Seq, a.Pass)
 	}
 	if err := n.apply(ctx, f, a); err != nil {
 		return nil, 0, err

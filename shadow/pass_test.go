@@ -28,7 +28,7 @@ func TestShadowRunsPassesAheadAndRewindsThem(t *testing.T) {
 	seqs := []uint64{1<<50 + 1, 1<<50 + 2}
 	prompts := [][]int{{5, 200, 7, 300, 11, 90}, {1, 17, 33, 49, 65, 81}}
 	member := func(i int, pass int64) *wire.Alignment {
-		return &wire.Alignment{Seq: seqs[i], Iteration: pass, Token: -1, Batch: batch, BatchPass: pass, BatchSize: len(seqs)}
+		return &wire.Alignment{Seq: seqs[i], Pass: pass, Token: -1, Batch: batch, BatchPass: pass, BatchSize: len(seqs)}
 	}
 	noPredictions := func(pass int64) {
 		t.Helper()
@@ -185,7 +185,7 @@ func TestShadowReusesAFinishedSequencesRows(t *testing.T) {
 
 // TestShadowRunsAPassWhoseMemberEndedFirst: a member's SequenceEnd can
 // overtake its last alignment (they travel on different streams). One
-// that names its last iteration keeps the member until that pass has run
+// that names its last pass keeps the member until that pass has run
 // with its row: the pass predicts both members' routing. One that does
 // not still lets the pass count the alignment and run without the row; a
 // pass whose every member has ended is reported done, and the next pass,
@@ -196,7 +196,7 @@ func TestShadowRunsAPassWhoseMemberEndedFirst(t *testing.T) {
 	a, b, c := uint64(1<<52+1), uint64(1<<52+2), uint64(1<<52+3)
 	prompt := []int{5, 200, 7, 300, 11, 90}
 	member := func(seq uint64, it, pass int64, size int) *wire.Alignment {
-		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchPass: pass, BatchSize: size}
+		return &wire.Alignment{Seq: seq, Pass: it, Token: -1, Batch: batch, BatchPass: pass, BatchSize: size}
 	}
 	for _, seq := range []uint64{a, b} {
 		m := member(seq, 1, 1, 2)
@@ -220,7 +220,7 @@ func TestShadowRunsAPassWhoseMemberEndedFirst(t *testing.T) {
 			t.Errorf("pass 2, layer %d: predicted %v, the members route %v and %v", l, got[l].experts, ra[l], rb[l])
 		}
 	}
-	r.send(t, &wire.SequenceEnd{Seq: b}) // no last iteration said
+	r.send(t, &wire.SequenceEnd{Seq: b}) // no last pass said
 	r.sync(t)
 	m := member(b, 3, 3, 1)
 	m.Token = 4
@@ -336,7 +336,7 @@ func twoMembers(t *testing.T, r *shadowRig, batch uint64) (a, b uint64, prompts 
 	a, b = batch+1, batch+2
 	prompts = map[uint64][]int{a: {5, 200, 7, 300, 11, 90}, b: {1, 17, 33, 49, 65, 81}}
 	member = func(seq uint64, it int64, size int) *wire.Alignment {
-		return &wire.Alignment{Seq: seq, Iteration: it, Token: -1, Batch: batch, BatchPass: it, BatchSize: size}
+		return &wire.Alignment{Seq: seq, Pass: it, Token: -1, Batch: batch, BatchPass: it, BatchSize: size}
 	}
 	for _, seq := range []uint64{a, b} {
 		m := member(seq, 1, 2)

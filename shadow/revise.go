@@ -151,7 +151,7 @@ func (n *Node) tellKept(ctx context.Context, seq uint64, it int64, token, l int,
 		j, _ := slices.BinarySearch(was.experts, e)
 		on[i] = int32(was.on[j])
 	}
-	_ = n.queue(ctx, outgoing{worker: -1, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Iteration: it, Layer: l, Experts: int32s(experts), Workers: on, Token: int32(token), Partial: true}})
+	_ = n.queue(ctx, outgoing{worker: -1, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Pass: it, Layer: l, Experts: int32s(experts), Workers: on, Token: int32(token), Partial: true}})
 }
 
 // count is how many of bs are set.

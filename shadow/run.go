@@ -27,7 +27,7 @@ type Config struct {
 	Workers []string      // worker addresses, in the main node's order
 	Group   int           // workers per group; 0: the router's top-k
 	Listen  string        // UDP address the main node dials
-	// Ahead is how many iterations a sequence may run past the main
+	// Ahead is how many passes a sequence may run past the main
 	// node's latest alignment on the shadow's own tokens (Node.Ahead).
 	Ahead int
 	// PrefixBytes is the memory for finished sequences' KV rows, which a
@@ -280,7 +280,7 @@ type Deps struct {
 // Options say how a shadow runs.
 type Options struct {
 	Group int // workers per group; 0: the router's top-k
-	// Ahead is how many iterations a sequence may run past the main
+	// Ahead is how many passes a sequence may run past the main
 	// node's latest alignment on the shadow's own tokens (Node.Ahead).
 	Ahead int
 	// PrefixBytes is the memory for finished sequences' KV rows (Node.Prefixes); 0: none.

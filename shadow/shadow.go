@@ -86,7 +86,7 @@ type Node struct {
 	owners *sched.Placement
 	mark   time.Time // the end of the last traced piece of the forward pass
 
-	// Ahead is how many iterations past the main node's latest alignment
+	// Ahead is how many passes past the main node's latest alignment
 	// a sequence may run on its own tokens (0: wait for every alignment).
 	// Set it before ServeMain.
 	Ahead int
@@ -113,16 +113,16 @@ type Node struct {
 	agreed, rewound int64
 	rewoundSeqs     []uint64
 	agreedSeqs      []uint64 // as rewoundSeqs, the members whose rows it met
-	// started is the latest iteration the main node has started of each
+	// started is the latest pass the main node has started of each
 	// sequence, as its alignments arrive (before they are handled): a
-	// shadow behind it hints no loads for iterations the main node has
+	// shadow behind it hints no loads for passes the main node has
 	// finished (see predict)
 	started  startedIters
 	unhinted int64 // layers predicted after the main node had run them: no hints sent
 	reused   int64 // tokens whose rows came from Prefixes
 }
 
-// startedIters is, per sequence, the latest iteration whose alignment
+// startedIters is, per sequence, the latest pass whose alignment
 // has arrived; safe for concurrent use.
 type startedIters struct {
 	mu sync.Mutex
@@ -139,13 +139,13 @@ func (s *startedIters) saw(a *wire.Alignment) {
 		s.it[a.Batch] = max(s.it[a.Batch], a.BatchPass)
 	}
 	if len(a.History) > 0 { // the sequence (re)starts here
-		s.it[a.Seq] = a.Iteration
+		s.it[a.Seq] = a.Pass
 		return
 	}
-	s.it[a.Seq] = max(s.it[a.Seq], a.Iteration)
+	s.it[a.Seq] = max(s.it[a.Seq], a.Pass)
 }
 
-// passed reports whether the main node has started an iteration of seq
+// passed reports whether the main node has started a pass of seq
 // after it, so has run every layer of it.
 func (s *startedIters) passed(seq uint64, it int64) bool {
 	s.mu.Lock()
@@ -159,8 +159,8 @@ func (s *startedIters) forget(seq uint64) {
 	delete(s.it, seq)
 }
 
-// DefaultAhead is Node.Ahead unless set: one iteration ahead hides a
-// whole iteration's loads, and holds twice an iteration's predictions on
+// DefaultAhead is Node.Ahead unless set: one pass ahead hides a
+// whole pass's loads, and holds twice a pass's predictions on
 // the workers at most.
 const DefaultAhead = 1
 
@@ -169,7 +169,7 @@ const DefaultAhead = 1
 type follow struct {
 	seq     uint64 // the main node's id for it
 	sess    *model.Session
-	aligned int64 // the last iteration whose alignment has been applied
+	aligned int64 // the last pass whose alignment has been applied
 	next    int   // the token the shadow itself sampled last (valid unless headDue)
 	headDue bool  // the last forward pass's head has not run yet (see ownToken)
 	// promptLeft are the prompt tokens a later pass feeds it; final: its
@@ -382,12 +382,12 @@ func (n *Node) watch(w int, l *workerLink) {
 }
 
 // sendQueue is how many messages the forward pass may run ahead of the
-// network: two iterations' predictions of a 32-layer model to a group.
+// network: two passes' predictions of a 32-layer model to a group.
 const sendQueue = 256
 
 // ServeMain follows one main node until its connection ends, and says why
-// it ended. Its alignments start iterations, run on this goroutine in each
-// sequence's iteration order; a sender goroutine carries the predictions
+// it ended. Its alignments start passes, run on this goroutine in each
+// sequence's pass order; a sender goroutine carries the predictions
 // to the workers and the main node, so the forward pass never waits on
 // the network. Both end before ServeMain returns.
 func (n *Node) ServeMain(ctx context.Context, p *wire.Peer) error {
@@ -436,7 +436,7 @@ func (n *Node) send(ctx context.Context, out <-chan outgoing) error {
 	return nil
 }
 
-// receive reads the main node's messages and runs the iterations they
+// receive reads the main node's messages and runs the passes they
 // start, and those sequences may run ahead, until the connection or ctx
 // ends. Messages come first: an alignment may rewind what would run ahead.
 func (n *Node) receive(ctx context.Context, p *wire.Peer) error {
@@ -500,13 +500,13 @@ type mainState struct {
 	passes  map[seqIter][]*wire.Alignment
 	batches map[uint64]*passFollow
 	// ending are the sequences (and batches) whose SequenceEnd came
-	// before the alignment of their last iteration (the value): they end
+	// before the alignment of their last pass (the value): they end
 	// once it has run
 	ending map[uint64]int64
 }
 
-// behind reports whether sequence or batch seq, ended after iteration
-// last, has not run that iteration yet (0: not said); one the shadow
+// behind reports whether sequence or batch seq, ended after pass
+// last, has not run that pass yet (0: not said); one the shadow
 // does not know yet is not waited for (its alignments, should they come,
 // find it ended and run no row of it).
 func (st *mainState) behind(seq uint64, last int64) bool {
@@ -547,7 +547,7 @@ func (n *Node) end(ctx context.Context, st *mainState, seq uint64) {
 }
 
 // settle ends every sequence and batch in st.ending that has now run its
-// last iteration.
+// last pass.
 func (n *Node) settle(ctx context.Context, st *mainState) {
 	for seq, last := range st.ending {
 		if !st.behind(seq, last) {
@@ -570,7 +570,7 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 		}
 		n.end(ctx, st, m.Seq)
 	case *wire.Alignment:
-		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Iteration, 0, -1, 0, time.Now())
+		n.trace.Message(trace.Recv, trace.MsgAlignment, p.Identity().Name, m.Pass, 0, -1, 0, time.Now())
 		if slices.Contains(st.ended, m.Batch) {
 			n.log.Warn().Uint64("batch", m.Batch).Int64("pass", m.BatchPass).Msg("alignment for a batch that has ended: dropped")
 			return nil
@@ -588,12 +588,12 @@ func (n *Node) handle(ctx context.Context, p *wire.Peer, st *mainState, m wire.M
 
 // done traces the forward pass of step (seq, it), which ran from t0 to
 // now, and reports it to the main node: late is what applying its
-// alignment cost before it departed, ahead how many iterations past the
+// alignment cost before it departed, ahead how many passes past the
 // latest alignment it ran.
 func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, late time.Duration, ahead int64) error {
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
-	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Iteration: it,
+	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Pass: it,
 		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: take(&n.rewoundSeqs), AgreedSeqs: take(&n.agreedSeqs), Unhinted: n.unhinted, Reused: n.reused, CPU: procmem.CPUTime()}})
 }
 
@@ -607,11 +607,11 @@ func take(seqs *[]uint64) []uint64 {
 	return out
 }
 
-// apply aligns f with a, its iteration's alignment: the iteration, what
+// apply aligns f with a, its pass's alignment: the pass, what
 // is left of its prompt, whether it is its last, and its KV rows if a
 // has any.
 func (n *Node) apply(ctx context.Context, f *follow, a *wire.Alignment) error {
-	f.aligned, f.promptLeft, f.final = a.Iteration, a.PromptLeft, a.Final
+	f.aligned, f.promptLeft, f.final = a.Pass, a.PromptLeft, a.Final
 	if len(a.Keys) == 0 {
 		return nil
 	}
@@ -623,12 +623,12 @@ func (n *Node) apply(ctx context.Context, f *follow, a *wire.Alignment) error {
 		err = n.Stages.ApplyKV(ctx, f.sess.Seq(), kv)
 	}
 	if err != nil {
-		return fmt.Errorf("shadow: sequence %d iteration %d KV alignment: %w", f.seq, a.Iteration, err)
+		return fmt.Errorf("shadow: sequence %d pass %d KV alignment: %w", f.seq, a.Pass, err)
 	}
 	return nil
 }
 
-// withdraw takes back the predictions for iterations from and later of
+// withdraw takes back the predictions for passes from and later of
 // seq (a batch's passes): from the live workers, which
 // drop their loads unless something else holds them, and the main node.
 func (n *Node) withdraw(ctx context.Context, seq uint64, from int64) {

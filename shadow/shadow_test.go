@@ -36,7 +36,7 @@ func newShadowRig(t *testing.T) *shadowRig {
 }
 
 // newShadowRigAhead is newShadowRig with a shadow that runs up to ahead
-// iterations ahead of its alignments.
+// passes ahead of its alignments.
 func newShadowRigAhead(t *testing.T, ahead int) *shadowRig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -132,9 +132,9 @@ func (r *shadowRig) reference(t *testing.T, prompt []int, token int, feed ...int
 }
 
 // predictions reads the shadow's messages to the main node until it
-// reports iteration it of every sequence of seqs done, and returns their
+// reports pass it of every sequence of seqs done, and returns their
 // predictions by sequence and layer; a prediction of another sequence or
-// iteration fails the test.
+// pass fails the test.
 func (r *shadowRig) predictions(t *testing.T, it int64, seqs ...uint64) map[uint64][][]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -146,22 +146,22 @@ func (r *shadowRig) predictions(t *testing.T, it int64, seqs ...uint64) map[uint
 	for done := 0; done < len(seqs); {
 		m, err := r.main.Recv(ctx)
 		if err != nil {
-			t.Fatalf("waiting for iteration %d of sequences %v: %v", it, seqs, err)
+			t.Fatalf("waiting for pass %d of sequences %v: %v", it, seqs, err)
 		}
 		switch m := m.(type) {
 		case *wire.Prediction:
-			if got[m.Seq] == nil || m.Iteration != it {
-				t.Fatalf("prediction for sequence %d iteration %d, want iteration %d of %v", m.Seq, m.Iteration, it, seqs)
+			if got[m.Seq] == nil || m.Pass != it {
+				t.Fatalf("prediction for sequence %d pass %d, want pass %d of %v", m.Seq, m.Pass, it, seqs)
 			}
 			for _, e := range m.Experts {
 				got[m.Seq][m.Layer] = append(got[m.Seq][m.Layer], int(e))
 			}
 		case *wire.ShadowDone:
-			if m.Iteration == 1 && it > 1 {
+			if m.Pass == 1 && it > 1 {
 				continue // a prompt's pass: no predictions
 			}
-			if got[m.Seq] == nil || m.Iteration != it || m.Forward <= 0 || m.RSSPeak <= 0 {
-				t.Fatalf("shadow reports %+v, want iteration %d of one of %v", m, it, seqs)
+			if got[m.Seq] == nil || m.Pass != it || m.Forward <= 0 || m.RSSPeak <= 0 {
+				t.Fatalf("shadow reports %+v, want pass %d of one of %v", m, it, seqs)
 			}
 			done++
 		}
@@ -173,10 +173,10 @@ func (r *shadowRig) predictions(t *testing.T, it int64, seqs ...uint64) map[uint
 // (a batch of one): its predictions and reports are the batch's.
 func batchOf(seq uint64) uint64 { return seq | 1<<62 }
 
-// alone is the alignment of iteration it of seq, run as a batch of one:
+// alone is the alignment of pass it of seq, run as a batch of one:
 // feeding prompt (a whole prompt in one pass) or token.
 func alone(seq uint64, it int64, token int, prompt ...int) *wire.Alignment {
-	a := &wire.Alignment{Seq: seq, Iteration: it, Token: int32(token), Batch: batchOf(seq), BatchPass: it, BatchSize: 1}
+	a := &wire.Alignment{Seq: seq, Pass: it, Token: int32(token), Batch: batchOf(seq), BatchPass: it, BatchSize: 1}
 	if len(prompt) > 0 {
 		a.Token, a.Chunk = -1, int32s(prompt)
 	}
@@ -217,9 +217,9 @@ func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
 		}
 	}
 	// a ends and b goes on; an alignment of a that comes after a's end
-	// (here: after b's next iteration, by which time the end has surely
+	// (here: after b's next pass, by which time the end has surely
 	// arrived, messages on different streams having no order) must come to
-	// nothing: predictions for a in b's iteration after it fail the test
+	// nothing: predictions for a in b's pass after it fail the test
 	r.send(t, &wire.SequenceEnd{Seq: a})
 	r.send(t, &wire.SequenceEnd{Seq: batchOf(a)})
 	r.send(t, alone(b, 3, 9))
@@ -258,7 +258,7 @@ func TestShadowPredictsWhatItsModelRoutes(t *testing.T) {
 // model routes after that history.
 func TestShadowJoinsASequenceInTheMiddle(t *testing.T) {
 	r := newShadowRig(t)
-	history := []int{1, 17, 33, 49, 65, 81, 4, 300, 12} // prompt 6 tokens, then 3 fed in iterations 2..4
+	history := []int{1, 17, 33, 49, 65, 81, 4, 300, 12} // prompt 6 tokens, then 3 fed in passes 2..4
 	joined := alone(9, 5, 77)
 	joined.History = int32s(history)
 	r.send(t, joined)
@@ -310,12 +310,12 @@ func TestShadowDialsARestartedWorkerAgain(t *testing.T) {
 	}
 }
 
-// TestShadowRunsAheadAndRewinds: a shadow allowed one iteration ahead
-// predicts iteration 2 on the token it samples itself, with no alignment
+// TestShadowRunsAheadAndRewinds: a shadow allowed one pass ahead
+// predicts pass 2 on the token it samples itself, with no alignment
 // for it. An alignment with that token is met (nothing runs again) and
-// the shadow goes on to iteration 3; one with another token rewinds it:
-// it withdraws iteration 3's predictions, from the main node and the
-// workers, and predicts iteration 3 again as its model routes after the
+// the shadow goes on to pass 3; one with another token rewinds it:
+// it withdraws pass 3's predictions, from the main node and the
+// workers, and predicts pass 3 again as its model routes after the
 // main node's token.
 func TestShadowRunsAheadAndRewinds(t *testing.T) {
 	r := newShadowRigAhead(t, 1)
@@ -326,7 +326,7 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 	got, done := r.readUntilDone(t, batchOf(seq), 2)
 	first2 := got
 	if done.Ahead != 1 {
-		t.Fatalf("iteration 2 reported %d ahead, want 1 (no alignment for it was sent)", done.Ahead)
+		t.Fatalf("pass 2 reported %d ahead, want 1 (no alignment for it was sent)", done.Ahead)
 	}
 	want := r.reference(t, prompt, own)
 	for l := range want {
@@ -334,20 +334,20 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 			t.Errorf("ahead, layer %d: predicted %v on token %d, the shadow's model routes %v after its own token %d", l, got[l].experts, got[l].token, want[l], own)
 		}
 	}
-	// the main node samples the same token: met, and iteration 3 runs ahead
+	// the main node samples the same token: met, and pass 3 runs ahead
 	r.send(t, alone(seq, 2, own))
 	own3 := r.greedy(t, append(slices.Clone(prompt), own))
 	first3, done := r.readUntilDone(t, batchOf(seq), 3)
 	if done.Ahead != 1 || done.Agreed != 1 || done.Rewound != 0 {
-		t.Fatalf("iteration 3: %+v, want 1 ahead, 1 agreed, 0 rewound", done)
+		t.Fatalf("pass 3: %+v, want 1 ahead, 1 agreed, 0 rewound", done)
 	}
-	// the main node samples another token for iteration 3: a rewind
+	// the main node samples another token for pass 3: a rewind
 	other := (own3 + 1) % r.qm.Config.VocabSize
 	r.send(t, alone(seq, 3, other))
 	r.awaitWithdraw(t, batchOf(seq), 3)
 	got, done = r.readUntilDone(t, batchOf(seq), 3)
 	if done.Ahead != 0 || done.Rewound != 1 {
-		t.Fatalf("iteration 3 again: %+v, want 0 ahead (it departed on the alignment), 1 rewound", done)
+		t.Fatalf("pass 3 again: %+v, want 0 ahead (it departed on the alignment), 1 rewound", done)
 	}
 	want = r.reference(t, prompt, other, own)
 	for l := range want {
@@ -355,9 +355,9 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 			t.Errorf("after the rewind, layer %d: predicted %v on token %d, the shadow's model routes %v after the main node's token %d", l, got[l].experts, got[l].token, want[l], other)
 		}
 	}
-	// the workers dropped what only iteration 3's first path held: each
+	// the workers dropped what only pass 3's first path held: each
 	// predicted expert is hinted to one worker of its group, and nothing
-	// ran, so what iteration 2 did not predict too
+	// ran, so what pass 2 did not predict too
 	var onlyThird int64
 	for l := range first3 {
 		for _, e := range first3[l].experts {
@@ -367,7 +367,7 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 		}
 	}
 	if onlyThird == 0 {
-		t.Fatal("iteration 3's first path predicted nothing iteration 2 did not: pick another prompt")
+		t.Fatal("pass 3's first path predicted nothing pass 2 did not: pick another prompt")
 	}
 	var withdrawnLoads int64
 	for deadline := time.Now().Add(5 * time.Second); withdrawnLoads != onlyThird && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -384,7 +384,7 @@ func TestShadowRunsAheadAndRewinds(t *testing.T) {
 		}
 	}
 	if withdrawnLoads != onlyThird {
-		t.Fatalf("workers dropped %d withdrawn loads, want %d (what only iteration 3's first path predicted)", withdrawnLoads, onlyThird)
+		t.Fatalf("workers dropped %d withdrawn loads, want %d (what only pass 3's first path predicted)", withdrawnLoads, onlyThird)
 	}
 }
 
@@ -409,18 +409,18 @@ func (r *shadowRig) recv(t *testing.T) wire.Message {
 	return m
 }
 
-// readUntilDone reads the shadow's predictions for iteration it of seq
+// readUntilDone reads the shadow's predictions for pass it of seq
 // until its ShadowDone, which it returns with them by layer (a later
 // prediction of a layer replacing an earlier, as on the main node); a
-// message of another iteration, or a withdrawal, fails the test.
+// message of another pass, or a withdrawal, fails the test.
 func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPrediction, *wire.ShadowDone) {
 	t.Helper()
 	got := make([]layerPrediction, r.qm.Config.NumLayers)
 	for {
 		switch m := r.recv(t).(type) {
 		case *wire.Prediction:
-			if m.Seq != seq || m.Iteration != it {
-				t.Fatalf("prediction for sequence %d iteration %d, want iteration %d of %d", m.Seq, m.Iteration, it, seq)
+			if m.Seq != seq || m.Pass != it {
+				t.Fatalf("prediction for sequence %d pass %d, want pass %d of %d", m.Seq, m.Pass, it, seq)
 			}
 			lp := &got[m.Layer]
 			lp.experts = nil
@@ -429,21 +429,21 @@ func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPr
 			}
 			lp.on, lp.token, lp.all, lp.msgs = m.Workers, m.Token, append(lp.all, lp.experts), append(lp.msgs, m)
 		case *wire.ShadowDone:
-			if m.Iteration == 1 && it > 1 {
+			if m.Pass == 1 && it > 1 {
 				continue // a prompt's pass: no predictions
 			}
-			if m.Seq != seq || m.Iteration != it {
-				t.Fatalf("shadow reports %+v, want iteration %d of %d", m, it, seq)
+			if m.Seq != seq || m.Pass != it {
+				t.Fatalf("shadow reports %+v, want pass %d of %d", m, it, seq)
 			}
 			return got, m
 		case *wire.Withdraw:
-			t.Fatalf("withdraw %+v while reading iteration %d", m, it)
+			t.Fatalf("withdraw %+v while reading pass %d", m, it)
 		}
 	}
 }
 
 // awaitWithdraw reads the shadow's messages until a Withdraw, which must
-// take back seq's iterations from on; a prediction or a report before it
+// take back seq's passes from on; a prediction or a report before it
 // fails the test.
 func (r *shadowRig) awaitWithdraw(t *testing.T, seq uint64, from int64) {
 	t.Helper()

@@ -29,10 +29,10 @@ type Measured struct {
 	DecodeTokensPerS float64
 	Decode           []LayerStats
 	Prefill          []LayerStats
-	// Iterations are the figures of each forward pass, summed over its
-	// layers (Layer holds the iteration; 1 is the prompt), as -stats
+	// Passes are the figures of each forward pass, summed over its
+	// layers (Layer holds the pass; 1 is the prompt), as -stats
 	// writes them: what the main node's layer costs as the context grows
-	Iterations []LayerStats
+	Passes []LayerStats
 	// CPUSeconds by role ("main", "shadow", "workers"), when every node
 	// ran on the measuring machine: over the whole run (start-up, prefill
 	// and the figures' collection too), or, with DecodeCPU, over its
@@ -60,7 +60,7 @@ func (m Measured) cpuTokens() float64 {
 // run's prefill; and, when cores > 0 (the nodes shared that many) and
 // both runs have their CPU by role, what each role's CPU costs a token.
 // The shadow's layer time is its CPU time a token over the layers: its
-// forward pass, on one core. When the resident run has its iterations'
+// forward pass, on one core. When the resident run has its passes'
 // figures, the main node's layer grows with the context: its cost per
 // cached position is fitted to them (positionSlope), the shadow's taken
 // to be the same (the same attention over the same KV cache), and the
@@ -224,12 +224,12 @@ func meanDecodePosition(m Measured) float64 {
 // positionSlope fits what one more cached position adds to the main
 // node's decode layer: the Theil-Sen slope (the median of the pairwise
 // slopes, which the emulated rig's scheduling spikes do not move) of a
-// decode iteration's main time a layer against its position; 0 when the
-// run has too few decode iterations or the slope is not positive.
+// decode pass's main time a layer against its position; 0 when the
+// run has too few decode passes or the slope is not positive.
 func positionSlope(m Measured) float64 {
 	type point struct{ pos, ms float64 }
 	var pts []point
-	for _, it := range m.Iterations {
+	for _, it := range m.Passes {
 		if it.Layer < 2 || it.Calls == 0 { // 1: the prompt
 			continue
 		}

@@ -109,7 +109,7 @@ func TestSharedCoresBoundDecode(t *testing.T) {
 	}
 }
 
-// TestPositionSlopeFitsTheMainLayersGrowth: iterations whose main time a
+// TestPositionSlopeFitsTheMainLayersGrowth: passes whose main time a
 // layer grows by a known amount a position give that slope back, through
 // spikes in a fifth of them; calibration then keeps the position-0 costs.
 func TestPositionSlopeFitsTheMainLayersGrowth(t *testing.T) {
@@ -123,12 +123,12 @@ func TestPositionSlopeFitsTheMainLayersGrowth(t *testing.T) {
 		}
 		iters = append(iters, LayerStats{Layer: it, Calls: layers, MainMs: ms * layers})
 	}
-	m := Measured{Prompt: prompt, Output: out, Iterations: iters}
+	m := Measured{Prompt: prompt, Output: out, Passes: iters}
 	if got := positionSlope(m); math.Abs(got-slope) > 1e-9 {
 		t.Fatalf("slope = %v ms a position, want %v", got, slope)
 	}
-	if got := positionSlope(Measured{Prompt: prompt, Output: out, Iterations: iters[:3]}); got != 0 {
-		t.Errorf("two decode iterations gave a slope %v, want none (0)", got)
+	if got := positionSlope(Measured{Prompt: prompt, Output: out, Passes: iters[:3]}); got != 0 {
+		t.Errorf("two decode passes gave a slope %v, want none (0)", got)
 	}
 	for i := range iters[1:] { // flat: no growth to fit
 		iters[i+1].MainMs = base * layers
@@ -153,7 +153,7 @@ func TestCalibrateTakesTheContextsGrowthOut(t *testing.T) {
 	layer := 1 + slope*mean // the run's mean main time a layer
 	decode := []LayerStats{{Layer: 0, Calls: out - 1, MainMs: (layer + 3) * calls, WorkerMs: calls, NetworkMs: calls},
 		{Layer: 1, Calls: out - 1, MainMs: layer * calls, WorkerMs: calls, NetworkMs: calls, LoadMs: 8, Loads: 2}}
-	resident := Measured{Prompt: prompt, Output: out, Decode: decode, Iterations: iters, CPUSeconds: map[string]float64{"main": 0.42, "workers": 0.1}}
+	resident := Measured{Prompt: prompt, Output: out, Decode: decode, Passes: iters, CPUSeconds: map[string]float64{"main": 0.42, "workers": 0.1}}
 	shadow := Measured{Prompt: prompt, Output: out, DecodeTokensPerS: 10, Decode: decode, CPUSeconds: map[string]float64{"main": 0.42, "workers": 0.2, "shadow": 0.21}}
 	p, err := Calibrate("t", s, 2, 1e8, resident, shadow)
 	if err != nil {

@@ -3,7 +3,7 @@
 // (issue 18): the main node's layers, the k expert activations of each
 // layer sent to the workers of its group, each worker's expert loads (one
 // link, one load at a time) and expert compute, the network hops, and the
-// shadow node's iterations and predictions, departing late (on the main
+// shadow node's passes and predictions, departing late (on the main
 // node's alignment) or running ahead of it, and the stages either may be
 // split into by layer range (a hop of the hidden states at each
 // boundary, each stage's layers' traffic on its own link). Each node has
@@ -219,14 +219,14 @@ type Options struct {
 	Prompt int // prompt tokens (prefill)
 	Output int // tokens generated (decode steps = Output - 1)
 	// Recall is the share of activations the shadow predicts; Ahead how
-	// many iterations past its latest alignment it may run (0: it
+	// many passes past its latest alignment it may run (0: it
 	// departs on each alignment, OD-MoE's late departure).
 	Recall float64
 	Ahead  int
 	// AlignKV is the shadow's KV alignment period (-align-kv): every
-	// AlignKV iterations the main node sends it the new positions' keys
+	// AlignKV passes the main node sends it the new positions' keys
 	// and values, AlignKV * Shape.KVBytes over its link ahead of that
-	// iteration's activations (0: never). The token period, and the
+	// pass's activations (0: never). The token period, and the
 	// KV period's own effect on the shadow's routing, show in Recall,
 	// measured (odmoe tune-align).
 	AlignKV int
@@ -341,7 +341,7 @@ type run struct {
 	load     []float64 // one expert's load on each worker (ms)
 	res      Result
 	stall    float64
-	// kept is, per layer, the experts the last decode iteration's
+	// kept is, per layer, the experts the last decode pass's
 	// predictions loaded and where: a worker hinted one again keeps it
 	kept []map[int]prediction
 }
@@ -453,22 +453,22 @@ func (p Profile) sharedCores() float64 {
 func (r *run) decode(start float64) Result {
 	steps := r.o.Output - 1
 	var routes [][]int
-	var aligned []float64 // when each iteration's alignment reached the shadow
-	shadowEnd := start    // the shadow's last iteration's end
+	var aligned []float64 // when each pass's alignment reached the shadow
+	shadowEnd := start    // the shadow's last pass's end
 	now := start
 	for it := range steps {
 		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
 		align := now                    // the sampled token (a few bytes) leaves at once
-		// due at decode iterations K, 2K, ... as align.Policy.KVDue says
+		// due at decode passes K, 2K, ... as align.Policy.KVDue says
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && (it+1)%r.o.AlignKV == 0 {
 			// with the KV rows of the last AlignKV positions, on the
 			// links of the nodes that hold their layers, before this
-			// iteration's activations
+			// pass's activations
 			align = r.alignKV(now)
 		}
 		aligned = append(aligned, align+r.latency)
-		// the routing of this iteration: k distinct experts per layer,
-		// each of the iteration before's kept with RouteRepeat's chance
+		// the routing of this pass: k distinct experts per layer,
+		// each of the pass before's kept with RouteRepeat's chance
 		var prev [][]int
 		if it > 0 {
 			prev = routes
@@ -483,9 +483,9 @@ func (r *run) decode(start float64) Result {
 		}
 		var predicted []map[int]prediction // per layer: expert -> its load
 		if r.o.Mode == Shadow {
-			// the shadow departs once it has finished the last iteration
+			// the shadow departs once it has finished the last pass
 			// and the alignment that lets it go has come: this
-			// iteration's (late), or the one Ahead before it
+			// pass's (late), or the one Ahead before it
 			depart := shadowEnd
 			if a := it - r.o.Ahead; a >= 0 {
 				depart = max(depart, aligned[a])
@@ -568,7 +568,7 @@ func (r *run) route(was []int) []int {
 	return e
 }
 
-// predict sends the shadow's predictions of an iteration departing at
+// predict sends the shadow's predictions of a pass departing at
 // depart, its layers shadowLayer apart: layer l's leave once its router
 // has run, to the workers of the layer's group, which load them in turn.
 // An activation is predicted with probability Recall; for one that is
@@ -613,7 +613,7 @@ func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]pre
 	return out
 }
 
-// keptOn is where the last iteration's predictions loaded expert e of
+// keptOn is where the last pass's predictions loaded expert e of
 // layer l, if they did.
 func (r *run) keptOn(l, e int) (prediction, bool) {
 	if l >= len(r.kept) {

@@ -87,7 +87,7 @@ func TestLoadsHideWhenThePredictionLeadCoversThem(t *testing.T) {
 	if long.StallFraction < 0.3 {
 		t.Fatalf("30 ms loads against a 2.5-20 ms lead: stall %.4f, want most of decode", long.StallFraction)
 	}
-	// running ahead leads by a whole iteration: the long loads hide better
+	// running ahead leads by a whole pass: the long loads hide better
 	o.Ahead = 1
 	if ahead := mustRun(t, p, l, s, o); ahead.StallFraction >= long.StallFraction {
 		t.Fatalf("running ahead: stall %.3f, late departure %.3f; want less", ahead.StallFraction, long.StallFraction)
@@ -207,9 +207,9 @@ func TestLongerContextsCostTheMainNodesAttention(t *testing.T) {
 
 // TestKVAlignmentTakesTheMainNodesLink: the KV rows sent to the shadow
 // share the main node's link with the activations and delay them: sent
-// every iteration, each costs up to its bytes' time (less what overlaps
+// every pass, each costs up to its bytes' time (less what overlaps
 // the main node's first layer, or what the delay lets loads finish); in
-// bursts every 8th iteration too; never, nothing; without a shadow they
+// bursts every 8th pass too; never, nothing; without a shadow they
 // are not sent.
 func TestKVAlignmentTakesTheMainNodesLink(t *testing.T) {
 	p, l, s := testRig(t)
@@ -222,10 +222,10 @@ func TestKVAlignmentTakesTheMainNodesLink(t *testing.T) {
 	never, every, eighth := stepMs(Shadow, 0), stepMs(Shadow, 1), stepMs(Shadow, 8)
 	kv := 1000 * float64(s.KVBytes) / p.LinkBytesPerS
 	if cost := every - never; cost > kv+1e-9 || cost < kv/4 {
-		t.Errorf("KV rows every iteration cost %.3f ms a step, want at most their %.3f ms on the link and more than a quarter of it", cost, kv)
+		t.Errorf("KV rows every pass cost %.3f ms a step, want at most their %.3f ms on the link and more than a quarter of it", cost, kv)
 	}
 	if !(eighth > never) {
-		t.Errorf("KV rows every 8th iteration: %.3f ms a step, not above never's %.3f", eighth, never)
+		t.Errorf("KV rows every 8th pass: %.3f ms a step, not above never's %.3f", eighth, never)
 	}
 	if a, b := stepMs(Resident, 0), stepMs(Resident, 1); a != b {
 		t.Errorf("a resident swarm (no shadow) took %v ms a step with KV alignment, %v without", b, a)

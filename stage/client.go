@@ -256,7 +256,7 @@ func (c *Client) run(ctx context.Context, step model.Step, spans []model.RowSpan
 	// the shadow (it computes them itself), and a long history's would
 	// pass a frame
 	prefill := c.prefill == step
-	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Iter, Prefill: prefill, KV: c.keepKV && !prefill}
+	run := &wire.StageRun{Routes: onRoute != nil, Batch: step.Seq, Pass: step.Pass, Prefill: prefill, KV: c.keepKV && !prefill}
 	for _, sp := range spans {
 		run.Seqs, run.Starts, run.Counts = append(run.Seqs, sp.Seq), append(run.Starts, int32(sp.Start)), append(run.Counts, int32(sp.Count))
 	}

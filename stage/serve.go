@@ -115,7 +115,7 @@ func run(ctx context.Context, p *wire.Peer, l *Layers, m *wire.StageRun, h int, 
 			}
 		}
 	}
-	step, r := model.Step{Seq: m.Batch, Iter: m.Pass}, model.LayerRange{First: m.First, End: m.End}
+	step, r := model.Step{Seq: m.Batch, Pass: m.Pass}, model.LayerRange{First: m.First, End: m.End}
 	var out ran
 	if m.KV {
 		out.hidden, out.kv, err = l.RunPassKV(ctx, step, m.Prefill, r, spans, hidden, onRoute)

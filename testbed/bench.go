@@ -26,13 +26,13 @@ const (
 	ModeLocal    Mode = "local"    // one process, the whole model: the reference the others must match bit for bit
 	ModeResident Mode = "resident" // every worker holds its experts for good: fully cached, no loading
 	// ModeResidentShadow is the resident swarm with the shadow running,
-	// aligned every iteration and hinting as in shadow mode (its hints land
+	// aligned every pass and hinting as in shadow mode (its hints land
 	// on experts pinned already): the baseline that pays the shadow's CPU
 	// and alignment traffic as shadow mode does, so shadow / resident-shadow
 	// measures what the predictions and loads cost, and nothing else.
 	ModeResidentShadow Mode = "resident-shadow"
 	ModeReactive       Mode = "reactive" // load each expert when its activation arrives
-	ModeShadow         Mode = "shadow"   // load on the shadow's predictions, aligned every iteration (T1/K1)
+	ModeShadow         Mode = "shadow"   // load on the shadow's predictions, aligned every pass (T1/K1)
 	// ModeShadowLate is shadow mode with the shadow's -ahead 0: it waits
 	// for every alignment before departing (OD-MoE's late departure).
 	ModeShadowLate Mode = "shadow-late"
@@ -142,7 +142,7 @@ type BenchOptions struct {
 	// drifts weighs on every mode alike; the report keeps the run of
 	// median decode tokens/s and the others' rates.
 	Repeat int
-	// TraceIters are the decode iterations the timeline shows ("3:5").
+	// TraceIters are the decode passes the timeline shows ("3:5").
 	TraceIters string
 	// NetDelay, when set, is passed to every node as -net-delay (the
 	// emulated rig's delay where the kernel has no netem).
@@ -849,7 +849,7 @@ func writeReport(opt BenchOptions, rep *Report) error {
 		if r.Mode == ModeShadow {
 			name = "timeline.svg"
 		}
-		if err := writeTimeline(filepath.Join(opt.Out, name), tf, fmt.Sprintf("%s swarm, %s: decode iterations %d-%d, measured", r.Mode, r.Case, tf.From, tf.To)); err != nil {
+		if err := writeTimeline(filepath.Join(opt.Out, name), tf, fmt.Sprintf("%s swarm, %s: decode passes %d-%d, measured", r.Mode, r.Case, tf.From, tf.To)); err != nil {
 			return err
 		}
 		timelines = append(timelines, name)

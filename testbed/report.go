@@ -133,7 +133,7 @@ type runFigures struct {
 	Faults           map[string]int64 `json:"faults"`
 	Residency        map[string]int64 `json:"residency"`
 	Ahead            *struct {
-		Iterations     int64   `json:"iterations"`
+		Passes         int64   `json:"iterations"`
 		Agreed         int64   `json:"agreed"`
 		Rewound        int64   `json:"rewound"`
 		TokenAgreement float64 `json:"token_agreement"`
@@ -143,20 +143,20 @@ type runFigures struct {
 	Lead *struct {
 		P50 float64 `json:"p50"`
 	} `json:"prediction_lead_ms"`
-	Iterations []struct {
-		Layer     int     `json:"layer"` // the iteration
+	Passes []struct {
+		Layer     int     `json:"layer"` // the pass
 		MainMs    float64 `json:"main_ms"`
 		ExpertsMs float64 `json:"experts_ms"`
 	} `json:"iterations"`
 }
 
-// recoveryMs is what a fault cost the decode iteration it hit: the
-// slowest decode iteration's wall time (main-node compute plus waiting
+// recoveryMs is what a fault cost the decode pass it hit: the
+// slowest decode pass's wall time (main-node compute plus waiting
 // for experts) less the median's.
 func (f runFigures) recoveryMs() float64 {
 	var ms []float64
-	for _, it := range f.Iterations {
-		if it.Layer >= 2 { // iteration 1 is the prompt
+	for _, it := range f.Passes {
+		if it.Layer >= 2 { // pass 1 is the prompt
 			ms = append(ms, it.MainMs+it.ExpertsMs)
 		}
 	}
@@ -185,7 +185,7 @@ func writeFault(w io.Writer, r Run, shadowTokS float64) {
 	if shadowTokS > 0 {
 		vs = fmt.Sprintf(" against %.2f without it (**%.1f%%**)", shadowTokS, 100*f.DecodeTokensPerS/shadowTokS)
 	}
-	fmt.Fprintf(w, "\nFault: %s killed (SIGKILL) %.1f s after the main node started: decode %.2f tok/s%s; recovery **%.0f ms** (the decode iteration the fault hit, over the median: detecting the silent worker within -peer-timeout, then re-sending its requests); %d worker(s) lost, %d request(s) re-sent, %d rejoined; bit-identical: %v.\n",
+	fmt.Fprintf(w, "\nFault: %s killed (SIGKILL) %.1f s after the main node started: decode %.2f tok/s%s; recovery **%.0f ms** (the decode pass the fault hit, over the median: detecting the silent worker within -peer-timeout, then re-sending its requests); %d worker(s) lost, %d request(s) re-sent, %d rejoined; bit-identical: %v.\n",
 		r.FaultNode, r.FaultAtS, f.DecodeTokensPerS, vs, f.recoveryMs(), f.Faults["workers_lost"], f.Faults["resent_requests"], f.Faults["rejoins"], r.Identical)
 }
 
@@ -278,9 +278,9 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		writeShadowShares(w, "With late departure (the shadow's -ahead 0) it", "", late, resident, residentShadow)
 		writeShadowShares(w, "Shadow-driven decode with -residency on", "", residency, resident, residentShadow)
 		for _, r := range runs {
-			if a := r.figures().Ahead; a != nil && a.Iterations > 0 {
+			if a := r.figures().Ahead; a != nil && a.Passes > 0 {
 				fmt.Fprintf(w, "\n%s: the shadow ran %d decode passes ahead of its alignment; token agreement %.2f%% (%d rows met, %d rewound); %d loads withdrawn on the workers (%s MiB).\n",
-					r.Mode, a.Iterations, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnLoads, mib(a.WithdrawnBytes))
+					r.Mode, a.Passes, 100*a.TokenAgreement, a.Agreed, a.Rewound, a.WithdrawnLoads, mib(a.WithdrawnBytes))
 			}
 		}
 		writeCPUSplit(w, runs)

@@ -546,7 +546,7 @@ func TestResidencyModesStartTheSwarmWithResidency(t *testing.T) {
 // TestResidentShadowModeRunsTheShadowBesidePinnedWorkers: resident-shadow
 // pins every worker's experts as resident mode does, runs a shadow, and
 // starts the main node resident (no loads) yet aligned with the shadow
-// every iteration, as shadow mode aligns; resident mode stays shadowless.
+// every pass, as shadow mode aligns; resident mode stays shadowless.
 func TestResidentShadowModeRunsTheShadowBesidePinnedWorkers(t *testing.T) {
 	rig, err := ReadRig("rigs/loopback.rig")
 	if err != nil {
@@ -562,7 +562,7 @@ func TestResidentShadowModeRunsTheShadowBesidePinnedWorkers(t *testing.T) {
 			t.Errorf("%s main node: -prefetch %s, want resident", tc.mode, main.Prefetch)
 		}
 		if got := main.Shadow != ""; got != tc.shadow || tc.shadow && (main.Shadow != rig.Shadow.Addr || main.AlignToken != 1 || main.AlignKV != 1) {
-			t.Errorf("%s main node: -shadow %q, -align-token %d, -align-kv %d; want a shadow %v aligned every iteration", tc.mode, main.Shadow, main.AlignToken, main.AlignKV, tc.shadow)
+			t.Errorf("%s main node: -shadow %q, -align-token %d, -align-kv %d; want a shadow %v aligned every pass", tc.mode, main.Shadow, main.AlignToken, main.AlignKV, tc.shadow)
 		}
 		if tc.mode.usesShadow() != tc.shadow {
 			t.Errorf("%s: usesShadow %v", tc.mode, tc.mode.usesShadow())

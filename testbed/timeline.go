@@ -21,7 +21,7 @@ import (
 
 // TimelineOptions choose what Timeline draws.
 type TimelineOptions struct {
-	From, To int64  // iterations to draw (inclusive); 0, 0: all in the file
+	From, To int64  // passes to draw (inclusive); 0, 0: all in the file
 	Width    int    // SVG width in px; 0: 1600
 	Title    string // drawn at the top
 }
@@ -75,7 +75,7 @@ func styleOfHop(msg string) (hopStyle, string) {
 	return otherHop, "other"
 }
 
-// Timeline writes an SVG timing diagram of f's iterations opt.From..opt.To:
+// Timeline writes an SVG timing diagram of f's passes opt.From..opt.To:
 // one row per node, every span a node recorded as a bar in its row, and
 // every message between nodes as an arrow from when it left to when it
 // arrived. It is OD-MoE's figure 2 drawn from measured timestamps.
@@ -91,7 +91,7 @@ func Timeline(w io.Writer, f *trace.File, opt TimelineOptions) error {
 		return fmt.Errorf("testbed: timeline width %d px: want at least %d", width, minWidthPx)
 	}
 	if opt.From > opt.To {
-		return fmt.Errorf("testbed: timeline iterations %d..%d: from after to", opt.From, opt.To)
+		return fmt.Errorf("testbed: timeline passes %d..%d: from after to", opt.From, opt.To)
 	}
 	tl, err := layout(f, opt, float64(width))
 	if err != nil {
@@ -119,7 +119,7 @@ type timeline struct {
 	dropped         map[string]int
 }
 
-// iterMark is where an iteration starts: its first M_0.
+// iterMark is where a pass starts: its first M_0.
 type iterMark struct {
 	it    int64
 	start int64
@@ -134,7 +134,7 @@ func layout(f *trace.File, opt TimelineOptions, width float64) (*timeline, error
 	all := opt.From == 0 && opt.To == 0
 	var evs []trace.Event
 	for _, e := range f.Events {
-		if all || (e.Iter >= opt.From && e.Iter <= opt.To) {
+		if all || (e.Pass >= opt.From && e.Pass <= opt.To) {
 			evs = append(evs, e)
 		}
 	}
@@ -142,11 +142,11 @@ func layout(f *trace.File, opt TimelineOptions, width float64) (*timeline, error
 		if all {
 			return nil, errors.New("testbed: timeline: no events in the trace")
 		}
-		return nil, fmt.Errorf("testbed: timeline: no events in iterations %d..%d", opt.From, opt.To)
+		return nil, fmt.Errorf("testbed: timeline: no events in passes %d..%d", opt.From, opt.To)
 	}
 	tl := &timeline{
 		layers: f.Layers, width: width, rowOf: map[string]int{}, dropped: f.Dropped,
-		t0: evs[0].Start, t1: evs[0].Start, firstIt: evs[0].Iter, lastIt: evs[0].Iter,
+		t0: evs[0].Start, t1: evs[0].Start, firstIt: evs[0].Pass, lastIt: evs[0].Pass,
 	}
 	for _, n := range f.Nodes {
 		tl.addRow(n)
@@ -156,7 +156,7 @@ func layout(f *trace.File, opt TimelineOptions, width float64) (*timeline, error
 	for _, e := range evs {
 		tl.t0 = min(tl.t0, e.Start, e.End)
 		tl.t1 = max(tl.t1, e.Start, e.End)
-		tl.firstIt, tl.lastIt = min(tl.firstIt, e.Iter), max(tl.lastIt, e.Iter)
+		tl.firstIt, tl.lastIt = min(tl.firstIt, e.Pass), max(tl.lastIt, e.Pass)
 		if _, ok := tl.rowOf[e.Node]; !ok {
 			extra[e.Node] = true
 		}
@@ -164,8 +164,8 @@ func layout(f *trace.File, opt TimelineOptions, width float64) (*timeline, error
 			tl.spans = append(tl.spans, e)
 		}
 		if e.Kind == trace.Main && e.Layer == 0 {
-			if t, ok := marks[e.Iter]; !ok || e.Start < t {
-				marks[e.Iter] = e.Start
+			if t, ok := marks[e.Pass]; !ok || e.Start < t {
+				marks[e.Pass] = e.Start
 			}
 		}
 	}
@@ -187,7 +187,7 @@ func layout(f *trace.File, opt TimelineOptions, width float64) (*timeline, error
 	slices.SortFunc(tl.hops, func(a, b trace.Hop) int {
 		return cmp.Or(cmp.Compare(a.Sent, b.Sent), cmp.Compare(a.Received, b.Received),
 			cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To), cmp.Compare(a.Msg, b.Msg),
-			cmp.Compare(a.Iter, b.Iter), cmp.Compare(a.Layer, b.Layer), cmp.Compare(a.Expert, b.Expert))
+			cmp.Compare(a.Pass, b.Pass), cmp.Compare(a.Layer, b.Layer), cmp.Compare(a.Expert, b.Expert))
 	})
 	tl.t1 = max(tl.t1, tl.t0+1000) // at least 1 µs wide
 	longest := 0
@@ -213,7 +213,7 @@ func (tl *timeline) drawOrder(a, b trace.Event) int {
 	stall := func(e trace.Event) bool { return e.Kind == trace.Stall }
 	return cmp.Or(cmp.Compare(tl.rowOf[a.Node], tl.rowOf[b.Node]),
 		compareBool(stall(a), stall(b)), cmp.Compare(a.Start, b.Start), cmp.Compare(a.End, b.End),
-		cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Iter, b.Iter), cmp.Compare(a.Layer, b.Layer),
+		cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Pass, b.Pass), cmp.Compare(a.Layer, b.Layer),
 		cmp.Compare(a.Expert, b.Expert))
 }
 
@@ -310,7 +310,7 @@ func (tl *timeline) drawRows(s *svg) {
 }
 
 // drawAxis draws the time grid with its labels (ms since the first event)
-// and a dashed line where each iteration starts.
+// and a dashed line where each pass starts.
 func (tl *timeline) drawAxis(s *svg) {
 	top, bottom := float64(plotTopPx), tl.plotBottom()
 	spanMs := float64(tl.t1-tl.t0) / 1e6
@@ -375,7 +375,7 @@ func fits(label string, w float64) bool { return float64(len(label))*charPx+4 <=
 
 func (tl *timeline) tooltip(e trace.Event) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s (%s) · it %d · layer %d", e.Node, e.Kind, spanStyles[e.Kind].name, e.Iter, e.Layer)
+	fmt.Fprintf(&b, "%s %s (%s) · it %d · layer %d", e.Node, e.Kind, spanStyles[e.Kind].name, e.Pass, e.Layer)
 	if e.Expert >= 0 {
 		fmt.Fprintf(&b, " · expert %d", e.Expert)
 	}
@@ -402,7 +402,7 @@ func (tl *timeline) drawHops(s *svg) {
 		if st.dash != "" {
 			dash = ` stroke-dasharray="` + st.dash + `"`
 		}
-		title := fmt.Sprintf("%s %s→%s · it %d · layer %d", h.Msg, h.From, h.To, h.Iter, h.Layer)
+		title := fmt.Sprintf("%s %s→%s · it %d · layer %d", h.Msg, h.From, h.To, h.Pass, h.Layer)
 		if h.Msg == trace.MsgResult {
 			title += fmt.Sprintf(" · expert %d", h.Expert)
 		}
@@ -414,7 +414,7 @@ func (tl *timeline) drawHops(s *svg) {
 
 func (tl *timeline) caption() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "iterations %d–%d · %.3f ms · %d spans, %d hops · x: ms since the first event",
+	fmt.Fprintf(&b, "passes %d–%d · %.3f ms · %d spans, %d hops · x: ms since the first event",
 		tl.firstIt, tl.lastIt, float64(tl.t1-tl.t0)/1e6, len(tl.spans), len(tl.hops))
 	if len(tl.dropped) > 0 {
 		b.WriteString(" · dropped:")

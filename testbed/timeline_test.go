@@ -19,10 +19,10 @@ import (
 var timelineOut = flag.String("timeline", "", "write the synthetic example timeline to this SVG `path`")
 
 // synthTrace is a swarm of main, shadow and four workers running a
-// two-layer model for iterations 1..4: the shadow runs ahead and sends
+// two-layer model for passes 1..4: the shadow runs ahead and sends
 // predictions, workers load on prediction and compute on activation (w3
 // stalls on a slow load in layer 0, w4 hits a cached expert in layer 1),
-// and the main node aligns the shadow at the end of each iteration.
+// and the main node aligns the shadow at the end of each pass.
 func synthTrace() *trace.File {
 	const (
 		layers   = 2
@@ -32,11 +32,11 @@ func synthTrace() *trace.File {
 	f := &trace.File{From: 1, To: 4, Layers: layers,
 		Nodes: []string{"main", "shadow", "w1", "w2", "w3", "w4"}}
 	span := func(node string, k trace.Kind, it int64, layer, expert int, startUs, endUs int64) {
-		f.Events = append(f.Events, trace.Event{Node: node, Kind: k, Iter: it, Layer: layer, Expert: expert,
+		f.Events = append(f.Events, trace.Event{Node: node, Kind: k, Pass: it, Layer: layer, Expert: expert,
 			Start: base + startUs*1000, End: base + endUs*1000})
 	}
 	hop := func(from, to, msg string, it int64, layer, expert int, id uint64, sentUs, latencyUs int64) {
-		s := trace.Event{Node: from, Kind: trace.Send, Peer: to, Msg: msg, Iter: it, Layer: layer, Expert: expert, ID: id,
+		s := trace.Event{Node: from, Kind: trace.Send, Peer: to, Msg: msg, Pass: it, Layer: layer, Expert: expert, ID: id,
 			Start: base + sentUs*1000, End: base + sentUs*1000}
 		r := s
 		r.Node, r.Kind, r.Peer = to, trace.Recv, from
@@ -192,7 +192,7 @@ func withClass(root *element, prefix string) []*element {
 func inWindow(f *trace.File, from, to int64) []trace.Event {
 	var out []trace.Event
 	for _, e := range f.Events {
-		if e.Iter >= from && e.Iter <= to {
+		if e.Pass >= from && e.Pass <= to {
 			out = append(out, e)
 		}
 	}
@@ -260,18 +260,18 @@ func TestTimelineLabelsEveryRowInNodeOrder(t *testing.T) {
 	}
 }
 
-func TestTimelineLeavesOutOtherIterations(t *testing.T) {
+func TestTimelineLeavesOutOtherPasses(t *testing.T) {
 	f := synthTrace()
-	f.Events = append(f.Events, trace.Event{Node: "w2", Kind: trace.Compute, Iter: 4, Layer: 1, Expert: 99,
+	f.Events = append(f.Events, trace.Event{Node: "w2", Kind: trace.Compute, Pass: 4, Layer: 1, Expert: 99,
 		Start: f.Events[0].Start, End: f.Events[0].Start + 1000})
 	root, _ := render(t, f, TimelineOptions{From: 2, To: 3})
 	root.walk(func(e *element) {
 		if strings.Contains(e.Text, "expert 99") || strings.Contains(e.Text, "it 4") || strings.Contains(e.Text, "it 1") {
-			t.Errorf("<%s> of another iteration drawn: %q", e.XMLName.Local, e.Text)
+			t.Errorf("<%s> of another pass drawn: %q", e.XMLName.Local, e.Text)
 		}
 	})
 	if n := len(withClass(root, "iter")); n != 2 {
-		t.Errorf("%d iteration marks, want 2", n)
+		t.Errorf("%d pass marks, want 2", n)
 	}
 }
 
@@ -320,8 +320,8 @@ func TestTimelineAddsRowsForUnlistedNodes(t *testing.T) {
 	f := synthTrace()
 	at := f.Events[0].Start
 	f.Events = append(f.Events,
-		trace.Event{Node: "w9", Kind: trace.Compute, Iter: 2, Layer: 0, Expert: 7, Start: at, End: at + 5000},
-		trace.Event{Node: "aux<&>", Kind: trace.Main, Iter: 2, Layer: 1, Expert: -1, Start: at, End: at}) // zero length
+		trace.Event{Node: "w9", Kind: trace.Compute, Pass: 2, Layer: 0, Expert: 7, Start: at, End: at + 5000},
+		trace.Event{Node: "aux<&>", Kind: trace.Main, Pass: 2, Layer: 1, Expert: -1, Start: at, End: at}) // zero length
 	root, _ := render(t, f, TimelineOptions{From: 2, To: 2})
 	var names []string
 	for _, l := range withClass(root, "row") {
@@ -344,7 +344,7 @@ func TestTimelineRefuses(t *testing.T) {
 		opt  TimelineOptions
 		want string
 	}{
-		{"an empty window", synthTrace(), TimelineOptions{From: 10, To: 12}, "iterations 10..12"},
+		{"an empty window", synthTrace(), TimelineOptions{From: 10, To: 12}, "passes 10..12"},
 		{"an empty trace", &trace.File{Nodes: []string{"main"}}, TimelineOptions{}, "no events"},
 		{"a window ending before it starts", synthTrace(), TimelineOptions{From: 3, To: 2}, "3..2"},
 		{"no trace", nil, TimelineOptions{}, "no trace"},

@@ -174,7 +174,7 @@ func BenchmarkRoundTrip16KB(b *testing.B) {
 					return
 				}
 				a := m.(*Activation)
-				if server.Send(ctx, &ExpertResult{Iteration: a.Iteration, Layer: a.Layer, Expert: int(a.Experts[0]), Output: a.Hidden}) != nil {
+				if server.Send(ctx, &ExpertResult{Pass: a.Pass, Layer: a.Layer, Expert: int(a.Experts[0]), Output: a.Hidden}) != nil {
 					return
 				}
 			}
@@ -186,7 +186,7 @@ func BenchmarkRoundTrip16KB(b *testing.B) {
 		b.ResetTimer()
 		for i := range b.N {
 			start := time.Now()
-			act.Iteration, act.Layer = int64(i), i%32
+			act.Pass, act.Layer = int64(i), i%32
 			if err := client.Send(ctx, act); err != nil {
 				b.Fatal(err)
 			}
@@ -194,7 +194,7 @@ func BenchmarkRoundTrip16KB(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if r := m.(*ExpertResult); r.Iteration != int64(i) || len(r.Output.Data) != rtPayload {
+			if r := m.(*ExpertResult); r.Pass != int64(i) || len(r.Output.Data) != rtPayload {
 				b.Fatalf("result %d: %+v", i, r)
 			}
 			lat[i] = time.Since(start)

@@ -112,7 +112,7 @@ func badFrames(t testing.TB) []struct {
 	input []byte
 	code  ErrorCode
 } {
-	pred := mustMsgpack(t, &Prediction{Iteration: 1, Layer: 2, Experts: []int32{3}})
+	pred := mustMsgpack(t, &Prediction{Pass: 1, Layer: 2, Experts: []int32{3}})
 	badTensor := mustMsgpack(t, &Activation{Tokens: 1, Hidden: Tensor{DType: F32, Shape: []int{1, 4}, Data: make([]byte, 15)}})
 	return []struct {
 		name  string
@@ -136,10 +136,10 @@ func badFrames(t testing.TB) []struct {
 		{"tensor bytes do not match shape", rawFrame(typeActivation, badTensor), CodeBadTensor},
 		{"negative layer", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Layer: -1})), CodeMalformed},
 		{"placement owners for other shape", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 2, Layers: []int32{0}, Owners: []int32{0}})), CodeMalformed},
-		{"withdraw from a negative iteration", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: -2})), CodeMalformed},
-		{"prediction with workers for some experts", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Experts: []int32{1, 2}, Workers: []int32{0}})), CodeMalformed},
+		{"withdraw from a negative pass", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: -2})), CodeMalformed},
+		{"prediction with workers for some experts", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Pass: 2, Experts: []int32{1, 2}, Workers: []int32{0}})), CodeMalformed},
 		{"withdraw at a negative layer", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
-		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Iteration: 2, Token: -5})), CodeMalformed},
+		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Pass: 2, Token: -5})), CodeMalformed},
 		{"placement names an unknown worker", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
 		{"stage run of no layers", rawFrame(typeStageRun, mustMsgpack(t, &StageRun{First: 3, End: 3, Seqs: []uint64{1}, Starts: []int32{0}, Counts: []int32{1}})), CodeMalformed},
 		{"stage rows with figures of more decode than prefill layers", rawFrame(typeStageRows, mustMsgpack(t, &StageRows{Figures: &StageFigures{Decode: make([]LayerFigures, 2), Prefill: make([]LayerFigures, 1)}})), CodeMalformed},
@@ -252,7 +252,7 @@ func f32bits(f float32) uint32 { return math.Float32bits(f) }
 // (no sequence ids) is refused with an error that names its version and
 // ours, so an operator knows which side to upgrade.
 func TestOlderPeerIsRefusedNamingBothVersions(t *testing.T) {
-	pred := mustMsgpack(t, &Prediction{Iteration: 1, Layer: 2, Experts: []int32{3}})
+	pred := mustMsgpack(t, &Prediction{Pass: 1, Layer: 2, Experts: []int32{3}})
 	_, err := readAll(frame(uint32(len(pred)+2), ProtocolVersion-1, typePrediction, pred), 1<<20, true)
 	if !errors.Is(err, ErrBadVersion) {
 		t.Fatalf("got %v, want ErrBadVersion", err)

@@ -137,14 +137,14 @@ func sampleMessages(hidden int) []Message {
 		return Tensor{DType: BF16, Shape: []int{3, 8}, Data: b}
 	}
 	return []Message{
-		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812},
+		&Prediction{Seq: 3, Pass: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812},
 		&Withdraw{Seq: 3, From: 9},
-		&Prediction{Seq: 3, Iteration: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812, Workers: []int32{2, -1}, Partial: true},
+		&Prediction{Seq: 3, Pass: 7, Layer: 3, Experts: []int32{1, 5}, Token: 812, Workers: []int32{2, -1}, Partial: true},
 		&Withdraw{Seq: 3, From: 9, Layer: 2, Experts: []int32{4, 6}},
-		&Activation{Seq: 3, Iteration: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
-		&ExpertResult{Seq: 3, Iteration: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
-		&Alignment{Seq: 3, Iteration: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchPass: 8, BatchSize: 1},
-		&Alignment{Seq: 4, Iteration: 1, Token: -1, History: []int32{1, 2}, Batch: 2, BatchPass: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40,
+		&Activation{Seq: 3, Pass: 7, Layer: 3, Tokens: 1, Experts: []int32{1, 5}, Hidden: h},
+		&ExpertResult{Seq: 3, Pass: 7, Layer: 3, Expert: 5, Output: h, Loaded: true, Miss: true, LoadTime: 1500 * time.Microsecond, ComputeTime: 300 * time.Microsecond},
+		&Alignment{Seq: 3, Pass: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchPass: 8, BatchSize: 1},
+		&Alignment{Seq: 4, Pass: 1, Token: -1, History: []int32{1, 2}, Batch: 2, BatchPass: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40,
 			Sampling: &Sampling{Temperature: 0.7, TopP: 0.9, TopK: 40, Seed: 1 << 63, Presence: 0.5, Frequency: -1, BiasIDs: []int32{3, 9}, Biases: []float64{-100, 2.5}, PromptLen: 43, Constrained: true}},
 		&SequenceEnd{Seq: 1 << 40, Last: 7},
 		&StageRun{ID: 5, First: 2, End: 4, Seqs: []uint64{3, 1 << 40}, Starts: []int32{0, 17}, Counts: []int32{1, 1}, Hidden: Float32Tensor(ramp(2*hidden), 2, hidden), Routes: true, Batch: 9, Pass: 1 << 33, Prefill: true},
@@ -159,14 +159,14 @@ func sampleMessages(hidden int) []Message {
 		&StatsRequest{},
 		&WorkerStats{Loads: 40, Hits: 42, Misses: 14, WastedLoads: 8, LatePredictions: 5, LoadTime: 12 * time.Millisecond, ComputeTime: 1500 * time.Microsecond,
 			DeviceBudget: 1 << 30, DevicePeak: 794624, RSSPeak: 700 << 20, HostCacheHits: 3, HostCacheBytes: 1 << 20, ResidentHits: 7, ResidentEvicted: 2, ResidentExperts: 4, ResidentBytes: 4 << 20, WithdrawnLoads: 2, WithdrawnBytes: 3 << 20, CPU: 1500 * time.Millisecond},
-		&ShadowDone{Seq: 3, Iteration: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1, Reused: 1024, RewoundSeqs: []uint64{4, 9}, CPU: 2 * time.Second},
+		&ShadowDone{Seq: 3, Pass: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1, Reused: 1024, RewoundSeqs: []uint64{4, 9}, CPU: 2 * time.Second},
 		&Placement{Version: 4, Workers: 3, Experts: 2, Layers: []int32{0, 2}, Owners: []int32{0, 1, 2, 0}},
-		&Error{Code: 4, Msg: "expert 9 unknown", Iteration: 7, Layer: 3, Expert: 9, Seq: 3},
+		&Error{Code: 4, Msg: "expert 9 unknown", Pass: 7, Layer: 3, Expert: 9, Seq: 3},
 		&Trace{From: 2, To: 4},
 		&Trace{Clock: true, UnixNano: 1763850000123456789},
 		&Trace{Collect: true, UnixNano: 1763850000123456789, Dropped: 1, Events: []trace.Event{
-			{Node: "w1", Kind: trace.Compute, Iter: 2, Layer: 3, Expert: 5, Start: 10, End: 20},
-			{Node: "w1", Kind: trace.Send, Msg: trace.MsgResult, Peer: "main", Iter: 2, Layer: 3, Expert: 5, ID: 9, Start: 21, End: 21},
+			{Node: "w1", Kind: trace.Compute, Pass: 2, Layer: 3, Expert: 5, Start: 10, End: 20},
+			{Node: "w1", Kind: trace.Send, Msg: trace.MsgResult, Peer: "main", Pass: 2, Layer: 3, Expert: 5, ID: 9, Start: 21, End: 21},
 		}},
 	}
 }

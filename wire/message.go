@@ -133,15 +133,15 @@ type Hello struct {
 }
 
 // Prediction tells a worker group which experts the shadow node expects
-// layer Layer of iteration Iteration of sequence Seq to use, so that they
+// layer Layer of pass Pass of sequence Seq to use, so that they
 // load them now.
 type Prediction struct {
-	_msgpack  struct{} `msgpack:",as_array"`
-	Seq       uint64   // the sequence (the main node's id for it)
-	Iteration int64
-	Layer     int
-	Experts   []int32
-	// Token is the token the shadow fed that iteration (for a batch's
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64   // the sequence (the main node's id for it)
+	Pass     int64
+	Layer    int
+	Experts  []int32
+	// Token is the token the shadow fed that pass (for a batch's
 	// pass, align.PassToken of its rows' tokens): its own when it ran
 	// ahead of the main node's alignment, so the main node can tell a
 	// prediction on a path it did not take; -1 when not said (the main
@@ -162,11 +162,11 @@ type Prediction struct {
 }
 
 // Withdraw tells a worker group and the main node that the shadow takes
-// back its predictions for iterations From and later of sequence Seq: it
+// back its predictions for passes From and later of sequence Seq: it
 // ran ahead on a token the main node did not sample, and runs them again.
 // A worker drops the loads they started unless something else holds
 // them; predictions sent after it stand. With Experts set it takes back
-// only those experts of layer Layer of iteration From, sent to the worker
+// only those experts of layer Layer of pass From, sent to the worker
 // they were hinted to: a pass run ahead whose other members the main
 // node's pass kept no longer needs them (a member left, or was fed
 // another token).
@@ -183,19 +183,19 @@ type Withdraw struct {
 // experts the router really chose. Routing weights stay on the main node,
 // which mixes the outputs in its fixed order.
 type Activation struct {
-	_msgpack  struct{} `msgpack:",as_array"`
-	Seq       uint64
-	Iteration int64
-	Layer     int
-	Tokens    int
-	Experts   []int32
-	Hidden    Tensor // [Tokens, hidden] F32
-	ID        uint64 // echoed in the ExpertResults (and an Error) it causes
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
+	Pass     int64
+	Layer    int
+	Tokens   int
+	Experts  []int32
+	Hidden   Tensor // [Tokens, hidden] F32
+	ID       uint64 // echoed in the ExpertResults (and an Error) it causes
 	// Keep leaves the experts resident after computing (a prefill
 	// mini-batch with more to come); otherwise they are evicted at once.
 	Keep bool
 	// EndLayer marks the last activation the worker gets for Layer in this
-	// iteration of Seq: it also evicts what it loaded for the layer on a
+	// pass of Seq: it also evicts what it loaded for the layer on a
 	// wrong prediction of that sequence, before answering.
 	EndLayer bool
 	// RowCounts, when set (one per expert), gives each expert its own rows
@@ -215,7 +215,7 @@ type Activation struct {
 type ExpertResult struct {
 	_msgpack    struct{} `msgpack:",as_array"`
 	Seq         uint64
-	Iteration   int64
+	Pass        int64
 	Layer       int
 	Expert      int
 	Output      Tensor // [Tokens, hidden] F32
@@ -231,23 +231,23 @@ type ExpertResult struct {
 }
 
 // Alignment re-aligns the shadow node's copy of sequence Seq with the main
-// node's (DESIGN.md step 4): the token sampled at Iteration and, when it is
+// node's (DESIGN.md step 4): the token sampled at Pass and, when it is
 // a KV alignment, the key and value rows of every layer written since
 // position FromPos.
 type Alignment struct {
-	_msgpack  struct{} `msgpack:",as_array"`
-	Seq       uint64
-	Iteration int64
-	Token     int32
-	FromPos   int
-	Keys      []Tensor // one per layer, or none for a token-only alignment
-	Values    []Tensor // as Keys; none for a latent cache (its rows are keys and values at once)
+	_msgpack struct{} `msgpack:",as_array"`
+	Seq      uint64
+	Pass     int64
+	Token    int32
+	FromPos  int
+	Keys     []Tensor // one per layer, or none for a token-only alignment
+	Values   []Tensor // as Keys; none for a latent cache (its rows are keys and values at once)
 	// History, when set, starts sequence Seq with the tokens it holds
 	// before this pass (a prefix the main node reused, or, to a shadow
 	// that attaches mid-sequence, every token so far), which the shadow
-	// runs first; a pass at Iteration 1 starts the sequence without them.
+	// runs first; a pass at Pass 1 starts the sequence without them.
 	History []int32
-	// Batch, BatchPass and BatchSize say that this iteration of Seq
+	// Batch, BatchPass and BatchSize say that this pass of Seq
 	// runs in pass BatchPass of the main node's batch Batch, with
 	// BatchSize sequences in all (this one included): the shadow runs the
 	// pass when it has all of their alignments, as one batched forward
@@ -256,16 +256,16 @@ type Alignment struct {
 	Batch     uint64
 	BatchPass int64
 	BatchSize int
-	// Chunk are prompt tokens this iteration feeds (instead of Token),
+	// Chunk are prompt tokens this pass feeds (instead of Token),
 	// PromptLeft the prompt tokens that later passes feed.
 	Chunk      []int32
 	PromptLeft int
-	// Final says this is the sequence's last iteration: it has reached
+	// Final says this is the sequence's last pass: it has reached
 	// its token limit (or the context's end) and leaves the batch after
 	// it, so the shadow runs no pass ahead with it.
 	Final bool
 	// Sampling, on an alignment that starts the sequence (History set, or
-	// iteration 1), says how the main node chooses its tokens when not
+	// pass 1), says how the main node chooses its tokens when not
 	// greedily: the shadow guesses them the same way. nil: greedy.
 	Sampling *Sampling
 }
@@ -307,15 +307,15 @@ const MaxRepeatN = 4096
 const maxBiases = 1 << 20
 
 // SequenceEnd tells a worker or the shadow that the main node is done with
-// sequence Seq: what it keeps for that sequence (hints, iteration marks,
+// sequence Seq: what it keeps for that sequence (hints, pass marks,
 // the shadow's copy of it) can go.
 type SequenceEnd struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Seq      uint64
-	// Last, when not 0, is the last iteration (a batch's pass) of Seq the
+	// Last, when not 0, is the last pass (a batch's pass) of Seq the
 	// main node sent the shadow an alignment for: alignments travel on
 	// other streams and may come after this message, so the shadow keeps
-	// the sequence until it has run that iteration.
+	// the sequence until it has run that pass.
 	Last int64
 }
 
@@ -387,17 +387,17 @@ type Placement struct {
 	Owners   []int32 // len(Layers)*Experts, layer-major
 }
 
-// ShadowDone tells the main node that the shadow has finished iteration
-// Iteration of sequence Seq (every prediction of it sent), and what that
+// ShadowDone tells the main node that the shadow has finished pass
+// Pass of sequence Seq (every prediction of it sent), and what that
 // cost it.
 type ShadowDone struct {
 	_msgpack      struct{} `msgpack:",as_array"`
 	Seq           uint64
-	Iteration     int64
+	Pass          int64
 	LateDeparture time.Duration // applying the alignment before departing
 	Forward       time.Duration // the forward pass
 	RSSPeak       int64         // the shadow process's peak resident memory
-	// Ahead is how many iterations past the main node's latest alignment
+	// Ahead is how many passes past the main node's latest alignment
 	// the pass ran, on tokens the shadow sampled itself (0: it departed
 	// on the main node's alignment).
 	Ahead int64
@@ -415,7 +415,7 @@ type ShadowDone struct {
 	// counts the guesses by the kind of request each member is.
 	AgreedSeqs []uint64
 	// Unhinted counts, since the main node connected, the layers the
-	// shadow predicted after the main node had started a later iteration
+	// shadow predicted after the main node had started a later pass
 	// (it had fallen behind): it told the main node but hinted no loads.
 	Unhinted int64
 	// Reused counts, since the main node connected, the tokens whose KV
@@ -429,13 +429,13 @@ type ShadowDone struct {
 }
 
 // Trace drives the swarm's timeline recording (internal/trace). The main
-// node sends a window (From..To) to start recording those iterations
+// node sends a window (From..To) to start recording those passes
 // afresh, Clock to read the receiver's clock (the answer carries only
 // UnixNano), then Collect to ask for what was recorded; the answer is a
 // Trace with Events, Dropped and the sender's clock.
 type Trace struct {
 	_msgpack struct{} `msgpack:",as_array"`
-	From, To int64    // the iterations to record
+	From, To int64    // the passes to record
 	Collect  bool     // send back the events recorded
 	Events   []trace.Event
 	Dropped  int   // events the node did not keep
@@ -455,18 +455,18 @@ const (
 // device budget exceeded) without closing the connection. It is also a
 // Go error.
 type Error struct {
-	_msgpack  struct{} `msgpack:",as_array"`
-	Code      uint32
-	Msg       string
-	Iteration int64
-	Layer     int
-	Expert    int
-	ID        uint64 // the request's (Activation.ID), 0 if none
-	Seq       uint64 // the request's sequence
+	_msgpack struct{} `msgpack:",as_array"`
+	Code     uint32
+	Msg      string
+	Pass     int64
+	Layer    int
+	Expert   int
+	ID       uint64 // the request's (Activation.ID), 0 if none
+	Seq      uint64 // the request's sequence
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("remote error %d at iteration %d layer %d expert %d: %s", e.Code, e.Iteration, e.Layer, e.Expert, e.Msg)
+	return fmt.Sprintf("remote error %d at pass %d layer %d expert %d: %s", e.Code, e.Pass, e.Layer, e.Expert, e.Msg)
 }
 
 func (*Hello) Type() Type        { return typeHello }
@@ -512,15 +512,15 @@ func (m *Prediction) validate() error {
 	if len(m.Workers) > 0 && len(m.Workers) != len(m.Experts) {
 		return malformed("prediction names workers for %d of %d experts", len(m.Workers), len(m.Experts))
 	}
-	return nonNegative("iteration/layer", m.Iteration, int64(m.Layer))
+	return nonNegative("pass/layer", m.Pass, int64(m.Layer))
 }
 
 func (m *Withdraw) validate() error {
-	return nonNegative("withdrawn iteration/layer", m.From, int64(m.Layer))
+	return nonNegative("withdrawn pass/layer", m.From, int64(m.Layer))
 }
 
 func (m *Activation) validate() error {
-	if err := nonNegative("iteration/layer/tokens", m.Iteration, int64(m.Layer), int64(m.Tokens)); err != nil {
+	if err := nonNegative("pass/layer/tokens", m.Pass, int64(m.Layer), int64(m.Tokens)); err != nil {
 		return err
 	}
 	if len(m.RowCounts) > 0 || len(m.Rows) > 0 {
@@ -560,19 +560,19 @@ func (m *Activation) ExpertRows(j int) []int32 {
 }
 
 func (m *ExpertResult) validate() error {
-	if err := nonNegative("iteration/layer/expert", m.Iteration, int64(m.Layer), int64(m.Expert)); err != nil {
+	if err := nonNegative("pass/layer/expert", m.Pass, int64(m.Layer), int64(m.Expert)); err != nil {
 		return err
 	}
 	return m.Output.Validate()
 }
 
 func (m *Alignment) validate() error {
-	if err := nonNegative("iteration/from", m.Iteration, int64(m.FromPos)); err != nil {
+	if err := nonNegative("pass/from", m.Pass, int64(m.FromPos)); err != nil {
 		return err
 	}
 	switch {
 	case m.Batch == 0:
-		return malformed("alignment of sequence %d iteration %d outside a pass (batch 0)", m.Seq, m.Iteration)
+		return malformed("alignment of sequence %d pass %d outside a pass (batch 0)", m.Seq, m.Pass)
 	case m.BatchPass < 1 || m.BatchSize < 1:
 		return malformed("alignment in batch %d: pass %d of %d sequences", m.Batch, m.BatchPass, m.BatchSize)
 	case m.PromptLeft < 0 || m.PromptLeft > 0 && len(m.Chunk) == 0:
@@ -630,7 +630,7 @@ func (m *Placement) validate() error {
 }
 
 func (m *ShadowDone) validate() error {
-	return nonNegative("shadow iteration/durations", m.Iteration, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted, int64(m.CPU))
+	return nonNegative("shadow pass/durations", m.Pass, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted, int64(m.CPU))
 }
 func (m *Error) validate() error { return nil }
 

@@ -57,14 +57,14 @@ func TestManyConcurrentStreams(t *testing.T) {
 	for g := range senders {
 		wg.Go(func() {
 			for i := range each {
-				var m Message = &Prediction{Iteration: int64(g), Layer: i, Experts: []int32{int32(g), int32(i)}}
+				var m Message = &Prediction{Pass: int64(g), Layer: i, Experts: []int32{int32(g), int32(i)}}
 				if i%2 == 1 { // a bulk stream of its own
 					data := make([]byte, 64<<10+2*g)
 					for j := range data {
 						data[j] = byte(g + i + j)
 					}
 					m = bulk(uint64(g), data)
-					m.(*Alignment).Iteration = int64(i)
+					m.(*Alignment).Pass = int64(i)
 				}
 				if err := client.Send(context.Background(), m); err != nil {
 					errs <- err
@@ -77,12 +77,12 @@ func TestManyConcurrentStreams(t *testing.T) {
 	for range senders * each {
 		switch m := recv(t, server).(type) {
 		case *Prediction:
-			seen[[2]int{int(m.Iteration), m.Layer}] = true
-			if m.Experts[0] != int32(m.Iteration) || m.Experts[1] != int32(m.Layer) {
+			seen[[2]int{int(m.Pass), m.Layer}] = true
+			if m.Experts[0] != int32(m.Pass) || m.Experts[1] != int32(m.Layer) {
 				t.Errorf("prediction %+v mixed up", m)
 			}
 		case *Alignment:
-			g, i := int(m.Seq), int(m.Iteration)
+			g, i := int(m.Seq), int(m.Pass)
 			seen[[2]int{g, i}] = true
 			data := bulkData(m)
 			if len(data) != 64<<10+2*g {
@@ -407,14 +407,14 @@ func TestSendRefusesInvalidMessages(t *testing.T) {
 		t.Fatal("Send let a Hello through")
 	}
 	for _, a := range []*Alignment{
-		{Seq: 1, Iteration: 2, Token: 5},                                                                           // outside a pass
-		{Seq: 1, Iteration: 2, Token: 5, Batch: 9, BatchPass: 0, BatchSize: 1},                                     // pass 0
-		{Seq: 1, Iteration: 2, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 0},                                     // no members
-		{Seq: 1, Iteration: 1, Token: -1, Batch: 9, BatchPass: 3, BatchSize: 1, PromptLeft: 4},                     // prompt left, no chunk
-		{Seq: 1, Iteration: 1, Token: -1, Batch: 9, BatchPass: 3, BatchSize: 1, Chunk: []int32{1}, PromptLeft: -1}, // negative
-		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, BiasIDs: []int32{1}}},
-		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: math.NaN()}},
-		{Seq: 1, Iteration: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, PromptLen: -2}},
+		{Seq: 1, Pass: 2, Token: 5},                                                                           // outside a pass
+		{Seq: 1, Pass: 2, Token: 5, Batch: 9, BatchPass: 0, BatchSize: 1},                                     // pass 0
+		{Seq: 1, Pass: 2, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 0},                                     // no members
+		{Seq: 1, Pass: 1, Token: -1, Batch: 9, BatchPass: 3, BatchSize: 1, PromptLeft: 4},                     // prompt left, no chunk
+		{Seq: 1, Pass: 1, Token: -1, Batch: 9, BatchPass: 3, BatchSize: 1, Chunk: []int32{1}, PromptLeft: -1}, // negative
+		{Seq: 1, Pass: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, BiasIDs: []int32{1}}},
+		{Seq: 1, Pass: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: math.NaN()}},
+		{Seq: 1, Pass: 1, Token: 5, Batch: 9, BatchPass: 3, BatchSize: 1, Sampling: &Sampling{Temperature: 1, PromptLen: -2}},
 	} {
 		if err := client.Send(context.Background(), a); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("alignment %+v: got %v, want ErrMalformed", a, err)
@@ -513,5 +513,5 @@ func ExampleDial() {
 		return
 	}
 	defer w1.Close()
-	_ = w1.Send(ctx, &Prediction{Iteration: 0, Layer: 0, Experts: []int32{3, 6}})
+	_ = w1.Send(ctx, &Prediction{Pass: 0, Layer: 0, Experts: []int32{3, 6}})
 }

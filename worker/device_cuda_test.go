@@ -91,7 +91,7 @@ func checkCUDAEngine(t *testing.T, f fixture) {
 			for _, n := range []int{1, 3, 9} {
 				x := randomInput(n, h, uint64(100*l+10*ex+n))
 				out := make([]float32, n*h)
-				step := model.Step{Seq: 1, Iter: int64(runs)}
+				step := model.Step{Seq: 1, Pass: int64(runs)}
 				if n == 3 {
 					e.Prefetch(ctx, step, l, []int{ex})
 				}
@@ -138,9 +138,9 @@ func TestCUDADeviceHoldsItsBudget(t *testing.T) {
 	for _, l := range f.store.Layers() {
 		x := randomInput(4, h, uint64(l))
 		out := make([]float32, 4*h)
-		e.Prefetch(ctx, model.Step{Seq: 2, Iter: int64(l)}, l, []int{0, 1, 2, 3})
+		e.Prefetch(ctx, model.Step{Seq: 2, Pass: int64(l)}, l, []int{0, 1, 2, 3})
 		for ex := range 4 {
-			if _, err := e.Run(ctx, model.Step{Seq: 2, Iter: int64(l)}, l, ex, x, 4, out, Hold); err != nil {
+			if _, err := e.Run(ctx, model.Step{Seq: 2, Pass: int64(l)}, l, ex, x, 4, out, Hold); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -90,9 +90,9 @@ type Engine struct {
 	bad   map[slotKey]error // quarantined: their store bytes are damaged
 	order uint64
 	clock uint64 // requests run: the residency policy's clock
-	// at is, per sequence, the latest iteration and layer a request has
-	// run: a prediction for a later iteration is for the future (a shadow
-	// running ahead), and waits its turn behind the current iteration's;
+	// at is, per sequence, the latest pass and layer a request has
+	// run: a prediction for a later pass is for the future (a shadow
+	// running ahead), and waits its turn behind the current pass's;
 	// one for an earlier layer has passed (a wrong prediction)
 	at map[uint64]position
 }
@@ -105,7 +105,7 @@ type position struct {
 
 type slotKey struct{ layer, expert int }
 
-// holder is a sequence that holds an expert for one of its iterations.
+// holder is a sequence that holds an expert for one of its passes.
 type holder struct {
 	seq uint64
 	it  int64
@@ -135,20 +135,20 @@ type slot struct {
 	users   int    // requests computing with it now
 	used    bool   // some request has used it
 	order   uint64 // order of creation, for eviction of the oldest
-	// holders are the iterations of sequences that hinted it or are
+	// holders are the passes of sequences that hinted it or are
 	// running it, until they let go
 	holders []holder
 	held    [2]holder // holders' first backing array: most experts serve one or two
 }
 
-// hold adds iteration it of seq to the slot's holders (once).
+// hold adds pass it of seq to the slot's holders (once).
 func (s *slot) hold(seq uint64, it int64) {
 	if !slices.Contains(s.holders, holder{seq, it}) {
 		s.holders = append(s.holders, holder{seq, it})
 	}
 }
 
-// release drops seq's holds for iterations from..to from the slot's
+// release drops seq's holds for passes from..to from the slot's
 // holders and reports whether the slot can go: nobody holds it, nobody
 // computes with it, and it is not pinned.
 func (s *slot) release(seq uint64, from, to int64) bool {
@@ -156,9 +156,9 @@ func (s *slot) release(seq uint64, from, to int64) bool {
 	return len(s.holders) == 0 && s.users == 0 && !s.pinned
 }
 
-// firstIteration is the earliest iteration that holds s (MinInt64 if
+// firstPass is the earliest pass that holds s (MinInt64 if
 // none).
-func (s *slot) firstIteration() int64 {
+func (s *slot) firstPass() int64 {
 	if len(s.holders) == 0 {
 		return math.MinInt64
 	}
@@ -169,9 +169,9 @@ func (s *slot) firstIteration() int64 {
 	return first
 }
 
-// future reports whether every holder of s holds it for an iteration
+// future reports whether every holder of s holds it for a pass
 // after the one its sequence runs now (at), and the earliest of them:
-// a prediction from a shadow running ahead, not needed this iteration.
+// a prediction from a shadow running ahead, not needed this pass.
 func (s *slot) future(at map[uint64]position) (bool, int64) {
 	first := int64(math.MaxInt64)
 	for _, h := range s.holders {
@@ -206,11 +206,11 @@ func (e *Engine) Device() Device { return e.dev }
 // Prefetch starts loading the experts of layer that forward pass step
 // will need and that are not resident or loading already (a hint: from
 // the shadow's prediction or the main node), and holds them for that
-// iteration of the sequence until it runs them or lets go of the layer
+// pass of the sequence until it runs them or lets go of the layer
 // (Evict). It returns at once; a load that does not fit the budget is
 // refused, counted and logged, and the request that needs it later loads
-// it as a miss. A load for a later iteration than the sequence runs now
-// never takes the room of one for the current iteration.
+// it as a miss. A load for a later pass than the sequence runs now
+// never takes the room of one for the current pass.
 func (e *Engine) Prefetch(ctx context.Context, step model.Step, layer int, experts []int) {
 	for _, ex := range experts {
 		e.mu.Lock()
@@ -223,7 +223,7 @@ func (e *Engine) Prefetch(ctx context.Context, step model.Step, layer int, exper
 			if !s.hinted {
 				s.hinted, s.hintedAt = true, time.Now()
 			}
-			s.hold(step.Seq, step.Iter)
+			s.hold(step.Seq, step.Pass)
 			e.mu.Unlock()
 			continue
 		}
@@ -232,7 +232,7 @@ func (e *Engine) Prefetch(ctx context.Context, step model.Step, layer int, exper
 			continue // a resident worker's: nobody will ask it for an expert it does not hold
 		}
 		s := e.newSlotLocked(k, true)
-		s.hold(step.Seq, step.Iter)
+		s.hold(step.Seq, step.Pass)
 		e.mu.Unlock()
 		e.wg.Go(func() { e.load(ctx, k, s) })
 	}
@@ -499,8 +499,8 @@ func (e *Engine) Run(ctx context.Context, step model.Step, layer, expert int, x 
 	t0 := time.Now()
 	var s *slot
 	e.mu.Lock()
-	if a := e.at[seq]; step.Iter > a.it || step.Iter == a.it && layer > a.layer {
-		e.at[seq] = position{step.Iter, layer}
+	if a := e.at[seq]; step.Pass > a.it || step.Pass == a.it && layer > a.layer {
+		e.at[seq] = position{step.Pass, layer}
 	}
 	if err := e.bad[k]; err != nil {
 		e.mu.Unlock()
@@ -541,7 +541,7 @@ func (e *Engine) Run(ctx context.Context, step model.Step, layer, expert int, x 
 		}
 		s.users++
 		s.used = true
-		s.hold(seq, step.Iter)
+		s.hold(seq, step.Pass)
 		e.clock++
 		s.heat.use(e.clock)
 		e.mu.Unlock()
@@ -575,7 +575,7 @@ func (e *Engine) Run(ctx context.Context, step model.Step, layer, expert int, x 
 	if after == Cache {
 		s.cached = true
 	}
-	if after != Hold && s.release(seq, math.MinInt64, step.Iter) && !s.cached && e.slots[k] == s {
+	if after != Hold && s.release(seq, math.MinInt64, step.Pass) && !s.cached && e.slots[k] == s {
 		e.dropLocked(k, s)
 	}
 	e.mu.Unlock()
@@ -610,31 +610,31 @@ func (e *Engine) compute(ctx context.Context, layer int, ex model.Expert, x []fl
 
 // Evict lets forward pass step go of every expert of layer (the end of
 // a prefill layer, or predictions for a layer that has run), its
-// sequence's earlier iterations too, and frees those that no other
-// sequence or later iteration holds and nobody computes with; one still
+// sequence's earlier passes too, and frees those that no other
+// sequence or later pass holds and nobody computes with; one still
 // loading is freed as soon as its load ends.
 func (e *Engine) Evict(step model.Step, layer int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, s := range e.slots {
 		if k.layer == layer {
-			e.releaseLocked(step.Seq, math.MinInt64, step.Iter, k, s)
+			e.releaseLocked(step.Seq, math.MinInt64, step.Pass, k, s)
 		}
 	}
 }
 
 // Withdraw lets sequence step.Seq go of every expert it holds for
-// iteration step.Iter or later (the shadow's predictions on a path the
+// pass step.Pass or later (the shadow's predictions on a path the
 // main node did not take) and frees those nobody else holds: a withdrawn
 // load, counted with its bytes unless a request used it.
 func (e *Engine) Withdraw(step model.Step) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, s := range e.slots {
-		if !slices.ContainsFunc(s.holders, func(h holder) bool { return h.seq == step.Seq && h.it >= step.Iter }) {
+		if !slices.ContainsFunc(s.holders, func(h holder) bool { return h.seq == step.Seq && h.it >= step.Pass }) {
 			continue
 		}
-		if e.releaseLocked(step.Seq, step.Iter, math.MaxInt64, k, s) && !s.used {
+		if e.releaseLocked(step.Seq, step.Pass, math.MaxInt64, k, s) && !s.used {
 			e.Stats.Withdrawn.Add(1)
 			if n, err := e.src.ExpertBytes(k.layer, k.expert); err == nil {
 				e.Stats.WithdrawnBytes.Add(int64(n))
@@ -644,7 +644,7 @@ func (e *Engine) Withdraw(step model.Step) {
 }
 
 // WithdrawExperts lets sequence step.Seq go of experts of layer it holds
-// for iteration step.Iter only (predictions that the rest of a pass run
+// for pass step.Pass only (predictions that the rest of a pass run
 // ahead no longer needs) and frees those nobody else holds, counted as
 // Withdraw counts them.
 func (e *Engine) WithdrawExperts(step model.Step, layer int, experts []int) {
@@ -653,10 +653,10 @@ func (e *Engine) WithdrawExperts(step model.Step, layer int, experts []int) {
 	for _, ex := range experts {
 		k := slotKey{layer, ex}
 		s, ok := e.slots[k]
-		if !ok || !slices.Contains(s.holders, holder{step.Seq, step.Iter}) {
+		if !ok || !slices.Contains(s.holders, holder{step.Seq, step.Pass}) {
 			continue
 		}
-		if e.releaseLocked(step.Seq, step.Iter, step.Iter, k, s) && !s.used {
+		if e.releaseLocked(step.Seq, step.Pass, step.Pass, k, s) && !s.used {
 			e.Stats.Withdrawn.Add(1)
 			if n, err := e.src.ExpertBytes(k.layer, k.expert); err == nil {
 				e.Stats.WithdrawnBytes.Add(int64(n))
@@ -666,7 +666,7 @@ func (e *Engine) WithdrawExperts(step model.Step, layer int, experts []int) {
 }
 
 // EndSequence lets sequence seq go of every expert it still holds (hints
-// for iterations that never came) and frees those nobody else holds.
+// for passes that never came) and frees those nobody else holds.
 func (e *Engine) EndSequence(seq uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -676,7 +676,7 @@ func (e *Engine) EndSequence(seq uint64) {
 	delete(e.at, seq)
 }
 
-// releaseLocked drops seq's holds on s for iterations from..to and frees
+// releaseLocked drops seq's holds on s for passes from..to and frees
 // s if it can go; it reports whether it went.
 func (e *Engine) releaseLocked(seq uint64, from, to int64, k slotKey, s *slot) bool {
 	if from == math.MinInt64 { // a prompt's keeping ends with its layer, a withdrawal leaves it

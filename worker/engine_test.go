@@ -159,14 +159,14 @@ func TestAResidentWorkerLoadsOnNoPrediction(t *testing.T) {
 	}
 	e.PinnedOnly = true
 	loads := e.Stats.Loads.Load()
-	e.Prefetch(ctx, model.Step{Seq: 1, Iter: 2}, 1, []int{2, 3, 4})
+	e.Prefetch(ctx, model.Step{Seq: 1, Pass: 2}, 1, []int{2, 3, 4})
 	e.wg.Wait()
 	if got := e.Stats.Loads.Load(); got != loads || e.Resident() != 1 {
 		t.Fatalf("predictions of experts 2 (pinned), 3 and 4: %d loads, %d resident; want none and 1", got-loads, e.Resident())
 	}
 	x := randomInput(1, h, 3)
 	out := make([]float32, h)
-	res, err := e.Run(ctx, model.Step{Seq: 1, Iter: 2}, 1, 2, x, 1, out, Evict)
+	res, err := e.Run(ctx, model.Step{Seq: 1, Pass: 2}, 1, 2, x, 1, out, Evict)
 	if err != nil || res.Miss || res.Loaded || !sameBits(out, localExpert(f.model, 1, 2, x, 1)) {
 		t.Fatalf("the pinned expert: %v, miss %v, loaded %v", err, res.Miss, res.Loaded)
 	}
@@ -262,7 +262,7 @@ func TestSequencesDoNotEvictEachOthersExperts(t *testing.T) {
 	if e.Resident() != 1 {
 		t.Fatalf("a's run freed the expert b still holds (%d resident)", e.Resident())
 	}
-	// hints for iterations that never came go with their sequence
+	// hints for passes that never came go with their sequence
 	e.Prefetch(ctx, model.Step{Seq: a}, 0, []int{0})
 	e.EndSequence(b)
 	e.EndSequence(a)
@@ -306,16 +306,16 @@ func TestAnExpertThatFailsItsChecksumIsQuarantined(t *testing.T) {
 	ctx := context.Background()
 	x, out := randomInput(1, h, 1), make([]float32, h)
 	for i := range 2 {
-		if _, err := e.Run(ctx, model.Step{Seq: 1, Iter: int64(i)}, 0, 0, x, 1, out, Evict); !errors.Is(err, store.ErrChecksum) {
+		if _, err := e.Run(ctx, model.Step{Seq: 1, Pass: int64(i)}, 0, 0, x, 1, out, Evict); !errors.Is(err, store.ErrChecksum) {
 			t.Fatalf("run %d of the damaged expert: %v, want a checksum error", i+1, err)
 		}
 	}
-	e.Prefetch(ctx, model.Step{Seq: 1, Iter: 2}, 0, []int{0})
+	e.Prefetch(ctx, model.Step{Seq: 1, Pass: 2}, 0, []int{0})
 	e.wg.Wait()
 	if q, l := e.Stats.Quarantined.Load(), e.Stats.Loads.Load(); q != 1 || l != 0 {
 		t.Fatalf("quarantined %d, loads %d: want 1 quarantined and nothing loaded", q, l)
 	}
-	if _, err := e.Run(ctx, model.Step{Seq: 1, Iter: 3}, 0, 1, x, 1, out, Evict); err != nil || !sameBits(out, localExpert(f.model, 0, 1, x, 1)) {
+	if _, err := e.Run(ctx, model.Step{Seq: 1, Pass: 3}, 0, 1, x, 1, out, Evict); err != nil || !sameBits(out, localExpert(f.model, 0, 1, x, 1)) {
 		t.Fatalf("another expert of the damaged store: %v", err)
 	}
 }

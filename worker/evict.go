@@ -7,13 +7,13 @@ import "math"
 //
 //  1. the coldest expert left resident that nobody holds;
 //  2. the oldest loaded expert of a layer other than layer that no
-//     sequence holds for a later iteration than it runs (a wrong
+//     sequence holds for a later pass than it runs (a wrong
 //     prediction, or a resident expert); for a prediction itself held
-//     for a later iteration (a shadow running ahead), only one whose
+//     for a later pass (a shadow running ahead), only one whose
 //     layer its holders have gone past;
 //  3. a prediction not used yet that every holder holds for a later
-//     iteration than its sequence runs and than req is for: the latest
-//     first, so the current iteration's loads come first;
+//     pass than its sequence runs and than req is for: the latest
+//     first, so the current pass's loads come first;
 //  4. for a request waiting now (not a prediction), the newest prediction
 //     not used yet, whatever its layer (predictions come in the order
 //     requests follow, so the newest is needed last; if it is needed
@@ -31,7 +31,7 @@ func (e *Engine) makeRoom(layer int, req *slot) bool {
 		e.mu.Lock()
 		reqAhead, reqIt = req.future(e.at)
 		if !reqAhead {
-			reqIt = req.firstIteration()
+			reqIt = req.firstPass()
 		}
 		e.mu.Unlock()
 	}
@@ -62,7 +62,7 @@ func (e *Engine) makeRoom(layer int, req *slot) bool {
 		_, fb := b.future(e.at)
 		return fa > fb || fa == fb && a.order > b.order
 	}) {
-		return true // a prediction for a later iteration
+		return true // a prediction for a later pass
 	}
 	if !demand {
 		return false

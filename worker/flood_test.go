@@ -112,7 +112,7 @@ func TestWorkerSurvivesAFrameFloodAndKeepsServing(t *testing.T) {
 	for i, tokens := range []int{1, bulkTokens} {
 		x := randomHidden(tokens*h, uint64(i))
 		layer, experts := i, []int32{int32(i), int32(i + 3)}
-		act := &wire.Activation{Seq: 1, Iteration: int64(i + 1), Layer: layer, Tokens: tokens, Experts: experts, Hidden: wire.Float32Tensor(x, tokens, h), ID: uint64(i)}
+		act := &wire.Activation{Seq: 1, Pass: int64(i + 1), Layer: layer, Tokens: tokens, Experts: experts, Hidden: wire.Float32Tensor(x, tokens, h), ID: uint64(i)}
 		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 		if err := p.Send(rctx, act); err != nil {
 			t.Fatal(err)

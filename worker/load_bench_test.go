@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkLoad runs one token through a different expert each time, so
-// every iteration is a load (evicted after), from the store (read and
+// every pass is a load (evicted after), from the store (read and
 // decompress), through a host cache that holds every expert (a hit: no
 // read), or through one that holds two (every load a fill and an
 // eviction). MB/s is expert bytes loaded.

@@ -34,7 +34,7 @@ func (a After) String() string {
 // heatHalfLife is how many expert uses on a worker halve an expert's
 // heat: its reuse is predicted from its uses, recent ones weighing more.
 // With a token's experts spread over the swarm a worker runs a few
-// experts per iteration, so this remembers some tens of iterations.
+// experts per pass, so this remembers some tens of passes.
 const heatHalfLife = 64
 
 // heat is an expert's decayed use count, as of the worker's use clock at:

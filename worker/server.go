@@ -28,10 +28,10 @@ type Server struct {
 	log    zerolog.Logger
 
 	mu    sync.Mutex
-	done  map[seqLayer]int64 // the last iteration of a sequence that ended a layer here
+	done  map[seqLayer]int64 // the last pass of a sequence that ended a layer here
 	ended [endedSeqs]uint64  // the sequences ended last (a ring), whose late hints are dropped
 	nEnd  int
-	seen  map[int]int64 // layer -> the last iteration a message named (what a load is for, in traces)
+	seen  map[int]int64 // layer -> the last pass a message named (what a load is for, in traces)
 	late  atomic.Int64  // predictions that arrived after their layer ran
 	trace *trace.Recorder
 }
@@ -60,8 +60,8 @@ func NewServer(engine *Engine, log zerolog.Logger) *Server {
 }
 
 // traceRecv records a message that arrived from peer, and which
-// iteration it named layer for (what a load of that layer is for), when
-// that iteration is traced.
+// pass it named layer for (what a load of that layer is for), when
+// that pass is traced.
 func (s *Server) traceRecv(msg, peer string, it int64, layer int, id uint64, at time.Time) {
 	if !s.trace.Active(it) {
 		return
@@ -73,13 +73,13 @@ func (s *Server) traceRecv(msg, peer string, it int64, layer int, id uint64, at 
 }
 
 // prefetch starts loading a prediction's experts unless its layer has
-// already run here in that iteration of its sequence (then loading would
+// already run here in that pass of its sequence (then loading would
 // only waste memory: it is counted as late). Checked and started under
 // s.mu, so that endLayer's eviction never misses a prefetch.
 func (s *Server) prefetch(ctx context.Context, m *wire.Prediction) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ranLocked(m.Seq, m.Iteration, m.Layer) {
+	if s.ranLocked(m.Seq, m.Pass, m.Layer) {
 		s.late.Add(1)
 		return
 	}
@@ -87,21 +87,21 @@ func (s *Server) prefetch(ctx context.Context, m *wire.Prediction) {
 	for i, e := range m.Experts {
 		experts[i] = int(e)
 	}
-	s.engine.Prefetch(ctx, model.Step{Seq: m.Seq, Iter: m.Iteration}, m.Layer, experts)
+	s.engine.Prefetch(ctx, model.Step{Seq: m.Seq, Pass: m.Pass}, m.Layer, experts)
 }
 
-// endLayer records that layer of iteration it of sequence seq has run here
+// endLayer records that layer of pass it of sequence seq has run here
 // and evicts what was loaded for it on a wrong prediction (wasted,
 // counted).
 func (s *Server) endLayer(seq uint64, it int64, layer int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done[seqLayer{seq, layer}] = it
-	s.engine.Evict(model.Step{Seq: seq, Iter: it}, layer)
+	s.engine.Evict(model.Step{Seq: seq, Pass: it}, layer)
 }
 
-// endSequence forgets sequence seq: its iteration marks, and the experts
-// it still holds (hints for iterations that never came).
+// endSequence forgets sequence seq: its pass marks, and the experts
+// it still holds (hints for passes that never came).
 func (s *Server) endSequence(seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -115,7 +115,7 @@ func (s *Server) endSequence(seq uint64) {
 	s.engine.EndSequence(seq)
 }
 
-// ranLocked reports whether layer of iteration it of sequence seq has
+// ranLocked reports whether layer of pass it of sequence seq has
 // already ended here.
 func (s *Server) ranLocked(seq uint64, it int64, layer int) bool {
 	if last, ok := s.done[seqLayer{seq, layer}]; ok {
@@ -187,10 +187,10 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		at := time.Now()
 		switch m := m.(type) {
 		case *wire.Prediction:
-			s.traceRecv(trace.MsgPrediction, id.Name, m.Iteration, m.Layer, 0, at)
+			s.traceRecv(trace.MsgPrediction, id.Name, m.Pass, m.Layer, 0, at)
 			s.prefetch(ctx, m)
 		case *wire.Activation:
-			s.traceRecv(trace.MsgActivation, id.Name, m.Iteration, m.Layer, m.ID, at)
+			s.traceRecv(trace.MsgActivation, id.Name, m.Pass, m.Layer, m.ID, at)
 			select {
 			case acts <- m:
 			case <-ctx.Done():
@@ -202,9 +202,9 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 				for i, e := range m.Experts {
 					experts[i] = int(e)
 				}
-				s.engine.WithdrawExperts(model.Step{Seq: m.Seq, Iter: m.From}, m.Layer, experts)
+				s.engine.WithdrawExperts(model.Step{Seq: m.Seq, Pass: m.From}, m.Layer, experts)
 			} else {
-				s.engine.Withdraw(model.Step{Seq: m.Seq, Iter: m.From})
+				s.engine.Withdraw(model.Step{Seq: m.Seq, Pass: m.From})
 			}
 		case *wire.SequenceEnd:
 			s.endSequence(m.Seq)
@@ -230,8 +230,8 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 // and sends one result per expert; out and msg are reused.
 func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation, out []float32, msg *wire.ExpertResult, log zerolog.Logger) []float32 {
 	fail := func(expert int, code uint32, err error) {
-		log.Warn().Uint64("seq", a.Seq).Int64("iteration", a.Iteration).Int("layer", a.Layer).Int("expert", expert).Err(err).Msg("request failed")
-		p.Send(ctx, &wire.Error{Code: code, Msg: err.Error(), Iteration: a.Iteration, Layer: a.Layer, Expert: expert, ID: a.ID, Seq: a.Seq})
+		log.Warn().Uint64("seq", a.Seq).Int64("pass", a.Pass).Int("layer", a.Layer).Int("expert", expert).Err(err).Msg("request failed")
+		p.Send(ctx, &wire.Error{Code: code, Msg: err.Error(), Pass: a.Pass, Layer: a.Layer, Expert: expert, ID: a.ID, Seq: a.Seq})
 	}
 	x, err := a.Hidden.Float32s()
 	h := s.engine.hidden
@@ -257,25 +257,25 @@ func (s *Server) activate(ctx context.Context, p *wire.Peer, a *wire.Activation,
 			}
 		}
 		out := buf[:n*h]
-		res, err := s.engine.Run(ctx, model.Step{Seq: a.Seq, Iter: a.Iteration}, a.Layer, int(e), in, n, out, afterOf(a))
+		res, err := s.engine.Run(ctx, model.Step{Seq: a.Seq, Pass: a.Pass}, a.Layer, int(e), in, n, out, afterOf(a))
 		if a.EndLayer && i == len(a.Experts)-1 {
-			s.endLayer(a.Seq, a.Iteration, a.Layer)
+			s.endLayer(a.Seq, a.Pass, a.Layer)
 		}
 		if err != nil {
 			fail(int(e), requestCode(err), err)
 			continue
 		}
 		if res.Miss {
-			log.Debug().Int64("iteration", a.Iteration).Int("layer", a.Layer).Int32("expert", e).Msg("miss: expert loaded on demand")
+			log.Debug().Int64("pass", a.Pass).Int("layer", a.Layer).Int32("expert", e).Msg("miss: expert loaded on demand")
 		}
-		if s.trace.Active(a.Iteration) {
+		if s.trace.Active(a.Pass) {
 			if res.Stall > 0 {
-				s.trace.Span(trace.Stall, a.Iteration, a.Layer, int(e), res.Arrived, res.Arrived.Add(res.Stall))
+				s.trace.Span(trace.Stall, a.Pass, a.Layer, int(e), res.Arrived, res.Arrived.Add(res.Stall))
 			}
-			s.trace.Span(trace.Compute, a.Iteration, a.Layer, int(e), res.Started, res.Started.Add(res.Compute))
-			s.trace.Message(trace.Send, trace.MsgResult, p.Identity().Name, a.Iteration, a.Layer, int(e), a.ID, time.Now())
+			s.trace.Span(trace.Compute, a.Pass, a.Layer, int(e), res.Started, res.Started.Add(res.Compute))
+			s.trace.Message(trace.Send, trace.MsgResult, p.Identity().Name, a.Pass, a.Layer, int(e), a.ID, time.Now())
 		}
-		msg.Seq, msg.Iteration, msg.Layer, msg.Expert, msg.ID = a.Seq, a.Iteration, a.Layer, int(e), a.ID
+		msg.Seq, msg.Pass, msg.Layer, msg.Expert, msg.ID = a.Seq, a.Pass, a.Layer, int(e), a.ID
 		msg.Loaded, msg.Miss, msg.LoadTime, msg.ComputeTime, msg.StallTime, msg.Lead = res.Loaded, res.Miss, res.Load, res.Compute, res.Stall, res.Lead
 		msg.Output.SetFloat32s(out, n, h)
 		err = p.Send(ctx, msg)

@@ -7,7 +7,7 @@ import (
 )
 
 // TestLatePredictionsAreCountedPerSequence: a prediction for a layer that
-// has already run in that iteration of its sequence is late; another
+// has already run in that pass of its sequence is late; another
 // sequence's progress never makes it so, and a sequence that ended is
 // forgotten.
 func TestLatePredictionsAreCountedPerSequence(t *testing.T) {
@@ -26,17 +26,17 @@ func TestLatePredictionsAreCountedPerSequence(t *testing.T) {
 		layer int
 		late  bool
 	}{
-		{a, 2, 0, true},  // layer 0 of iteration 2 has run
-		{a, 3, 0, false}, // the next iteration's is early, good
+		{a, 2, 0, true},  // layer 0 of pass 2 has run
+		{a, 3, 0, false}, // the next pass's is early, good
 		{a, 2, 1, true},
 		{a, 2, 2, false}, // layer 2 has not run yet
-		{b, 2, 0, false}, // b is still at its prompt: a's iteration 2 says nothing about b's
+		{b, 2, 0, false}, // b is still at its prompt: a's pass 2 says nothing about b's
 		{b, 1, 0, true},
 		{b, 1, 1, false},
 	}
 	for _, c := range cases {
 		if got := s.ranLocked(c.seq, c.it, c.layer); got != c.late {
-			t.Errorf("sequence %d iteration %d layer %d: late=%v, want %v", c.seq, c.it, c.layer, got, c.late)
+			t.Errorf("sequence %d pass %d layer %d: late=%v, want %v", c.seq, c.it, c.layer, got, c.late)
 		}
 	}
 	s.endSequence(a)

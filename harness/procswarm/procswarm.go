@@ -91,7 +91,7 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Group, "group", 0, "workers per group; 0 = the router's top-k, or the largest size below it that the workers split into evenly")
 	fs.StringVar(&o.Prefetch, "prefetch", "shadow", "loading policy: shadow (a quantized shadow node predicts), reactive, oracle-next, random")
 	fs.StringVar(&o.Quant, "quant", "int8", "the shadow's weight format: fp16, int8, nf4")
-	fs.IntVar(&o.Ahead, "ahead", shadow.DefaultAhead, "the shadow's -ahead: iterations it may run past its alignment on its own tokens (0 = OD-MoE's late departure)")
+	fs.IntVar(&o.Ahead, "ahead", shadow.DefaultAhead, "the shadow's -ahead: passes it may run past its alignment on its own tokens (0 = OD-MoE's late departure)")
 	fs.IntVar(&o.Stages, "stages", 0, "put the main node's layers on `N` stage processes (-role stage) of consecutive layers, each running its layers' experts on the workers; the main node keeps the embedding and the head (0 = it holds every layer)")
 	fs.IntVar(&o.ShadowStages, "shadow-stages", 1, "split the shadow into `N` stages of consecutive layers, each a process holding its share of the quantized copy (-layers, -stages)")
 	fs.StringVar(&o.DeviceMem, "device-mem", "1GiB", "each worker's device memory budget")

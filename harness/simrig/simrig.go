@@ -447,7 +447,7 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 			recall = *st.Recall
 		}
 		st.TTFTms = medianTTFT(r)
-		// bench rig aligns the shadow every iteration (testbed.MainFlags)
+		// bench rig aligns the shadow every pass (testbed.MainFlags)
 		res, err := sim.Expect(p, layout, shape, sim.Options{Mode: mode, Prompt: r.Prompt, Output: r.Output, Recall: recall, Ahead: ahead, AlignKV: 1, Seed: o.Seed, LoadRates: linkRates(p, rates),
 			Stages: stages, ShadowStages: shadowStages}, sim.ExpectRuns)
 		if err != nil {
@@ -505,7 +505,7 @@ func Sweep(o SweepOptions, stdout io.Writer) error {
 	if recalls != nil && len(recalls) != len(values) {
 		return fmt.Errorf("sim sweep: %d recalls for %d values", len(recalls), len(values))
 	}
-	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "iterations ahead", "align": "KV alignment period (iterations)"}[o.Vary], o.Vary == "workers" || o.Vary == "link" || o.Vary == "align"
+	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "passes ahead", "align": "KV alignment period (passes)"}[o.Vary], o.Vary == "workers" || o.Vary == "link" || o.Vary == "align"
 	if xlabel == "" {
 		return fmt.Errorf("sim sweep: -vary %q: want %s", o.Vary, strings.Join(Varies, ", "))
 	}
@@ -621,7 +621,7 @@ func measured(r testbed.Run) (sim.Measured, error) {
 		DecodeTokensPerS float64            `json:"decode_tokens_per_s"`
 		Decode           []sim.LayerStats   `json:"decode_layers"`
 		Prefill          []sim.LayerStats   `json:"prefill_layers"`
-		Iterations       []sim.LayerStats   `json:"iterations"`
+		Passes           []sim.LayerStats   `json:"iterations"`
 		DecodeCPU        map[string]float64 `json:"decode_cpu_s"`
 		Recall           *float64           `json:"recall"`
 		TTFTms           float64            `json:"ttft_ms"`
@@ -630,7 +630,7 @@ func measured(r testbed.Run) (sim.Measured, error) {
 		return sim.Measured{}, fmt.Errorf("sim calibrate: %s %s: stats: %w", r.Mode, r.Case, err)
 	}
 	m := sim.Measured{Prompt: r.Prompt, Output: r.Output, DecodeTokensPerS: st.DecodeTokensPerS, Decode: st.Decode, Prefill: st.Prefill,
-		CPUSeconds: r.CPUSeconds, Iterations: st.Iterations, Recall: 1, TTFTms: st.TTFTms}
+		CPUSeconds: r.CPUSeconds, Passes: st.Passes, Recall: 1, TTFTms: st.TTFTms}
 	if st.Recall != nil {
 		m.Recall = *st.Recall
 	}

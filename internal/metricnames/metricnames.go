@@ -20,7 +20,7 @@ const (
 	PrefixCacheHitsTotal        = "odmoe_prefix_cache_hits_total"
 	PromptCachedTokensTotal     = "odmoe_prompt_cached_tokens_total"
 	PromptTokensTotal           = "odmoe_prompt_tokens_total"
-	ReactiveIterationsTotal     = "odmoe_reactive_iterations_total"
+	ReactivePassesTotal         = "odmoe_reactive_iterations_total"
 	RequestExpertMissesPerStep  = "odmoe_request_expert_misses_per_step"
 	RequestShadowRecall         = "odmoe_request_shadow_recall"
 	RequestsResentTotal         = "odmoe_requests_resent_total"

@@ -1,7 +1,7 @@
 //lint:file-ignore U1000 the _msgpack field carries msgpack's as_array struct tag
 
 // Package trace records what each node of a swarm did and when, for a
-// window of iterations: main compute (M_l), shadow compute (S_l), expert
+// window of passes: main compute (M_l), shadow compute (S_l), expert
 // loads (EL_l) and expert computes (EC_l) as spans, and every message
 // sent or received as an instant. Joined across nodes (Join) the instants
 // become network hops, so the timeline of OD-MoE's figure 2 can be drawn
@@ -52,7 +52,7 @@ type Event struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Node     string   `json:"node"`
 	Kind     Kind     `json:"kind"`
-	Iter     int64    `json:"it"`
+	Pass     int64    `json:"it"`
 	Layer    int      `json:"layer"`
 	Expert   int      `json:"expert"` // -1: not about one expert
 	Peer     string   `json:"peer,omitempty"`
@@ -84,7 +84,7 @@ func (e *Event) Valid() error {
 // must not grow without limit); later events are counted as dropped.
 const MaxEvents = 1 << 18
 
-// Recorder keeps the events of iterations From..To (inclusive) of one
+// Recorder keeps the events of passes From..To (inclusive) of one
 // node. A nil *Recorder records nothing; all methods are safe for
 // concurrent use.
 type Recorder struct {
@@ -104,8 +104,8 @@ func NewRecorder(node string) *Recorder {
 	return r
 }
 
-// Window starts recording iterations from..to afresh: what was recorded
-// before is dropped (a new sequence restarts the iteration numbers).
+// Window starts recording passes from..to afresh: what was recorded
+// before is dropped (a new sequence restarts the pass numbers).
 func (r *Recorder) Window(from, to int64) {
 	if r == nil {
 		return
@@ -116,7 +116,7 @@ func (r *Recorder) Window(from, to int64) {
 	r.events, r.dropped = nil, 0
 }
 
-// Active reports whether iteration it is in the window. It takes no lock:
+// Active reports whether pass it is in the window. It takes no lock:
 // callers on hot paths (every message, every layer) ask it first.
 func (r *Recorder) Active(it int64) bool {
 	if r == nil {
@@ -137,7 +137,7 @@ func (r *Recorder) Node() string {
 func (r *Recorder) add(e Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.Active(e.Iter) { // the window moved since the caller asked
+	if !r.Active(e.Pass) { // the window moved since the caller asked
 		return
 	}
 	if len(r.events) >= MaxEvents {
@@ -153,17 +153,17 @@ func (r *Recorder) Span(kind Kind, it int64, layer, expert int, start, end time.
 	if !r.Active(it) {
 		return
 	}
-	r.add(Event{Kind: kind, Iter: it, Layer: layer, Expert: expert, Start: start.UnixNano(), End: end.UnixNano()})
+	r.add(Event{Kind: kind, Pass: it, Layer: layer, Expert: expert, Start: start.UnixNano(), End: end.UnixNano()})
 }
 
-// Message records a message of iteration it sent to (Send) or received
+// Message records a message of pass it sent to (Send) or received
 // from (Recv) peer at time at.
 func (r *Recorder) Message(kind Kind, msg, peer string, it int64, layer, expert int, id uint64, at time.Time) {
 	if !r.Active(it) {
 		return
 	}
 	ns := at.UnixNano()
-	r.add(Event{Kind: kind, Msg: msg, Peer: peer, Iter: it, Layer: layer, Expert: expert, ID: id, Start: ns, End: ns})
+	r.add(Event{Kind: kind, Msg: msg, Peer: peer, Pass: it, Layer: layer, Expert: expert, ID: id, Start: ns, End: ns})
 }
 
 // Events returns a copy of what was recorded, and how many events the
@@ -188,7 +188,7 @@ func Shift(events []Event, offset int64) {
 
 // File is a whole swarm's trace as the main node writes it.
 type File struct {
-	// From and To are the iterations traced.
+	// From and To are the passes traced.
 	From int64 `json:"from"`
 	To   int64 `json:"to"`
 	// Layers is the model's layer count.
@@ -253,7 +253,7 @@ func ReadFile(path string) (*File, error) {
 type Hop struct {
 	From, To string
 	Msg      string
-	Iter     int64
+	Pass     int64
 	Layer    int
 	Expert   int   // a result's expert; -1 for other messages
 	Sent     int64 // Unix nanoseconds
@@ -262,7 +262,7 @@ type Hop struct {
 
 // Join pairs each Send with the Recv of the same message on its peer:
 // activations by ID, results by ID and expert, predictions and
-// alignments by iteration and layer (and order, when a sender sends the
+// alignments by pass and layer (and order, when a sender sends the
 // same key twice). Unpaired instants are left out.
 func Join(events []Event) []Hop {
 	type key struct {
@@ -272,7 +272,7 @@ func Join(events []Event) []Hop {
 		id            uint64
 	}
 	keyOf := func(e *Event, from, to string) key {
-		k := key{from: from, to: to, msg: e.Msg, it: e.Iter, layer: e.Layer, expert: -1}
+		k := key{from: from, to: to, msg: e.Msg, it: e.Pass, layer: e.Layer, expert: -1}
 		switch e.Msg {
 		case MsgActivation:
 			k.id = e.ID
@@ -300,12 +300,12 @@ func Join(events []Event) []Hop {
 		ss := sends[k]
 		slices.Sort(rs)
 		for i := range min(len(ss), len(rs)) {
-			hops = append(hops, Hop{From: k.from, To: k.to, Msg: k.msg, Iter: k.it, Layer: k.layer, Expert: k.expert, Sent: ss[i], Received: rs[i]})
+			hops = append(hops, Hop{From: k.from, To: k.to, Msg: k.msg, Pass: k.it, Layer: k.layer, Expert: k.expert, Sent: ss[i], Received: rs[i]})
 		}
 	}
 	slices.SortFunc(hops, func(a, b Hop) int {
 		return cmp.Or(cmp.Compare(a.Sent, b.Sent), cmp.Compare(a.Received, b.Received), cmp.Compare(a.From, b.From),
-			cmp.Compare(a.To, b.To), cmp.Compare(a.Msg, b.Msg), cmp.Compare(a.Iter, b.Iter), cmp.Compare(a.Layer, b.Layer),
+			cmp.Compare(a.To, b.To), cmp.Compare(a.Msg, b.Msg), cmp.Compare(a.Pass, b.Pass), cmp.Compare(a.Layer, b.Layer),
 			cmp.Compare(a.Expert, b.Expert))
 	})
 	return hops

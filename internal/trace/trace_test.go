@@ -24,7 +24,7 @@ func TestRecorderKeepsOnlyItsWindowAndRestarts(t *testing.T) {
 		r.Message(Send, MsgActivation, "w1", it, 0, -1, uint64(it), t0)
 	}
 	ev, dropped := r.Events()
-	if len(ev) != 4 || dropped != 0 || ev[0].Iter != 2 || ev[3].Iter != 3 || ev[0].Node != "main" {
+	if len(ev) != 4 || dropped != 0 || ev[0].Pass != 2 || ev[3].Pass != 3 || ev[0].Node != "main" {
 		t.Fatalf("window 2..3 kept %+v", ev)
 	}
 	if ev[0].End-ev[0].Start != int64(time.Millisecond) || ev[1].Start != ev[1].End {
@@ -38,28 +38,28 @@ func TestRecorderKeepsOnlyItsWindowAndRestarts(t *testing.T) {
 
 func TestJoinPairsEachSendWithItsReceive(t *testing.T) {
 	ev := []Event{
-		{Node: "main", Kind: Send, Msg: MsgActivation, Peer: "w1", Iter: 2, Layer: 1, Expert: -1, ID: 7, Start: 100, End: 100},
-		{Node: "main", Kind: Send, Msg: MsgActivation, Peer: "w2", Iter: 2, Layer: 1, Expert: -1, ID: 8, Start: 101, End: 101},
-		{Node: "w1", Kind: Recv, Msg: MsgActivation, Peer: "main", Iter: 2, Layer: 1, Expert: -1, ID: 7, Start: 150, End: 150},
-		{Node: "w2", Kind: Recv, Msg: MsgActivation, Peer: "main", Iter: 2, Layer: 1, Expert: -1, ID: 8, Start: 140, End: 140},
-		{Node: "w1", Kind: Send, Msg: MsgResult, Peer: "main", Iter: 2, Layer: 1, Expert: 3, ID: 7, Start: 200, End: 200},
-		{Node: "main", Kind: Recv, Msg: MsgResult, Peer: "w1", Iter: 2, Layer: 1, Expert: 3, ID: 7, Start: 260, End: 260},
+		{Node: "main", Kind: Send, Msg: MsgActivation, Peer: "w1", Pass: 2, Layer: 1, Expert: -1, ID: 7, Start: 100, End: 100},
+		{Node: "main", Kind: Send, Msg: MsgActivation, Peer: "w2", Pass: 2, Layer: 1, Expert: -1, ID: 8, Start: 101, End: 101},
+		{Node: "w1", Kind: Recv, Msg: MsgActivation, Peer: "main", Pass: 2, Layer: 1, Expert: -1, ID: 7, Start: 150, End: 150},
+		{Node: "w2", Kind: Recv, Msg: MsgActivation, Peer: "main", Pass: 2, Layer: 1, Expert: -1, ID: 8, Start: 140, End: 140},
+		{Node: "w1", Kind: Send, Msg: MsgResult, Peer: "main", Pass: 2, Layer: 1, Expert: 3, ID: 7, Start: 200, End: 200},
+		{Node: "main", Kind: Recv, Msg: MsgResult, Peer: "w1", Pass: 2, Layer: 1, Expert: 3, ID: 7, Start: 260, End: 260},
 		// a result for another expert of the same request, never received: left out
-		{Node: "w1", Kind: Send, Msg: MsgResult, Peer: "main", Iter: 2, Layer: 1, Expert: 4, ID: 7, Start: 210, End: 210},
+		{Node: "w1", Kind: Send, Msg: MsgResult, Peer: "main", Pass: 2, Layer: 1, Expert: 4, ID: 7, Start: 210, End: 210},
 		// the shadow hints the same layer twice: paired in order
-		{Node: "shadow", Kind: Send, Msg: MsgPrediction, Peer: "w1", Iter: 2, Layer: 2, Expert: -1, Start: 10, End: 10},
-		{Node: "shadow", Kind: Send, Msg: MsgPrediction, Peer: "w1", Iter: 2, Layer: 2, Expert: -1, Start: 20, End: 20},
-		{Node: "w1", Kind: Recv, Msg: MsgPrediction, Peer: "shadow", Iter: 2, Layer: 2, Expert: -1, Start: 35, End: 35},
-		{Node: "w1", Kind: Recv, Msg: MsgPrediction, Peer: "shadow", Iter: 2, Layer: 2, Expert: -1, Start: 30, End: 30},
-		{Node: "w1", Kind: Compute, Iter: 2, Layer: 1, Expert: 3, Start: 160, End: 190},
+		{Node: "shadow", Kind: Send, Msg: MsgPrediction, Peer: "w1", Pass: 2, Layer: 2, Expert: -1, Start: 10, End: 10},
+		{Node: "shadow", Kind: Send, Msg: MsgPrediction, Peer: "w1", Pass: 2, Layer: 2, Expert: -1, Start: 20, End: 20},
+		{Node: "w1", Kind: Recv, Msg: MsgPrediction, Peer: "shadow", Pass: 2, Layer: 2, Expert: -1, Start: 35, End: 35},
+		{Node: "w1", Kind: Recv, Msg: MsgPrediction, Peer: "shadow", Pass: 2, Layer: 2, Expert: -1, Start: 30, End: 30},
+		{Node: "w1", Kind: Compute, Pass: 2, Layer: 1, Expert: 3, Start: 160, End: 190},
 	}
 	hops := Join(ev)
 	want := []Hop{
-		{From: "shadow", To: "w1", Msg: MsgPrediction, Iter: 2, Layer: 2, Expert: -1, Sent: 10, Received: 30},
-		{From: "shadow", To: "w1", Msg: MsgPrediction, Iter: 2, Layer: 2, Expert: -1, Sent: 20, Received: 35},
-		{From: "main", To: "w1", Msg: MsgActivation, Iter: 2, Layer: 1, Expert: -1, Sent: 100, Received: 150},
-		{From: "main", To: "w2", Msg: MsgActivation, Iter: 2, Layer: 1, Expert: -1, Sent: 101, Received: 140},
-		{From: "w1", To: "main", Msg: MsgResult, Iter: 2, Layer: 1, Expert: 3, Sent: 200, Received: 260},
+		{From: "shadow", To: "w1", Msg: MsgPrediction, Pass: 2, Layer: 2, Expert: -1, Sent: 10, Received: 30},
+		{From: "shadow", To: "w1", Msg: MsgPrediction, Pass: 2, Layer: 2, Expert: -1, Sent: 20, Received: 35},
+		{From: "main", To: "w1", Msg: MsgActivation, Pass: 2, Layer: 1, Expert: -1, Sent: 100, Received: 150},
+		{From: "main", To: "w2", Msg: MsgActivation, Pass: 2, Layer: 1, Expert: -1, Sent: 101, Received: 140},
+		{From: "w1", To: "main", Msg: MsgResult, Pass: 2, Layer: 1, Expert: 3, Sent: 200, Received: 260},
 	}
 	if len(hops) != len(want) {
 		t.Fatalf("%d hops, want %d: %+v", len(hops), len(want), hops)
@@ -73,7 +73,7 @@ func TestJoinPairsEachSendWithItsReceive(t *testing.T) {
 
 func TestReadFileRefusesABadEvent(t *testing.T) {
 	dir := t.TempDir()
-	good := &File{From: 2, To: 2, Layers: 1, Nodes: []string{"main"}, Events: []Event{{Node: "main", Kind: Main, Iter: 2, Expert: -1, Start: 1, End: 2}}}
+	good := &File{From: 2, To: 2, Layers: 1, Nodes: []string{"main"}, Events: []Event{{Node: "main", Kind: Main, Pass: 2, Expert: -1, Start: 1, End: 2}}}
 	path := filepath.Join(dir, "t.json")
 	if err := good.WriteFile(path); err != nil {
 		t.Fatal(err)
