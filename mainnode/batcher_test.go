@@ -2,6 +2,7 @@ package mainnode_test
 
 import (
 	"context"
+	"github.com/odmoe/odmoe/passloop"
 	"slices"
 	"sync"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // ignored): they join the first pass together, in order, so their decode
 // passes overlap in the batch. seen, if set, is told of request i's
 // token step as it comes (on the batch's loop).
-func batchedGenerations(t *testing.T, b *mainnode.Batcher, prompts [][]int, n int, seen func(i, step int)) []generation {
+func batchedGenerations(t *testing.T, b *passloop.Batcher, prompts [][]int, n int, seen func(i, step int)) []generation {
 	t.Helper()
 	out := make([]generation, len(prompts))
 	joined := b.StartTogether(len(prompts))
@@ -153,7 +154,7 @@ func TestLocalBatcherIsLocalModeAlone(t *testing.T) {
 // share the first pass, in that order), n tokens each. It returns every request's generation
 // (the long one last) and how many tokens the short requests were given
 // before the long one's first.
-func joinLongPrompt(t *testing.T, b *mainnode.Batcher, short [][]int, long []int, n int) ([]generation, int) {
+func joinLongPrompt(t *testing.T, b *passloop.Batcher, short [][]int, long []int, n int) ([]generation, int) {
 	t.Helper()
 	tokens, before := 0, 0 // the short requests' tokens so far, and at the long one's first
 	out := batchedGenerations(t, b, append(slices.Clone(short), long), n, func(i, step int) {
@@ -184,7 +185,7 @@ func TestChunkedPromptJoinsRunningStreams(t *testing.T) {
 		for _, p := range append(slices.Clone(short), long) {
 			want = append(want, generate(t, local, model.NewResidentExperts(local), p, n))
 		}
-		check := func(what string, b *mainnode.Batcher) {
+		check := func(what string, b *passloop.Batcher) {
 			t.Helper()
 			b.ChunkPrompts(chunk)
 			got, before := joinLongPrompt(t, b, short, long, n)

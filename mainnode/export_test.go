@@ -22,14 +22,6 @@ func (s *Swarm) ShadowReady() bool {
 // passes (tests run few).
 func (s *Swarm) RebalanceEvery(n int) { s.placer.every = int64(n) }
 
-// StartTogether makes b's first pass wait until n requests have joined,
-// so that a test knows which requests share it and in what order they
-// came: the channel gets a value as each joins.
-func (b *Batcher) StartTogether(n int) <-chan struct{} {
-	b.gather, b.gathered = n, make(chan struct{}, n)
-	return b.gathered
-}
-
 // PlacerCapacities is what the placer (-residency on) knows of each
 // worker's memory and load bandwidth, nil without one.
 func (s *Swarm) PlacerCapacities() []sched.Capacity {

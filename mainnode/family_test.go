@@ -3,6 +3,7 @@ package mainnode_test
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/passloop"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,7 +123,7 @@ func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
 				}
 			}
 			var widest atomic.Int64 // the most rows a local pass carried: batched, they shared passes
-			lb := mainnode.NewBatcher(local, model.NewResidentExperts(local), mainnode.BatcherHooks{BeforePass: func(_ context.Context, _ model.Step, rows []mainnode.PassRow) error {
+			lb := passloop.New(local, model.NewResidentExperts(local), passloop.Hooks{BeforePass: func(_ context.Context, _ model.Step, rows []passloop.Row) error {
 				if n := int64(len(rows)); n > widest.Load() {
 					widest.Store(n)
 				}
@@ -152,7 +153,7 @@ func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
 }
 
 // batched runs prompts at once through b, each with its sampler.
-func batched(t *testing.T, b *mainnode.Batcher, prompts [][]int, steps int, samplers []*model.Sampler) [2]generation {
+func batched(t *testing.T, b *passloop.Batcher, prompts [][]int, steps int, samplers []*model.Sampler) [2]generation {
 	t.Helper()
 	var got [2]generation
 	var errs [2]error

@@ -2,6 +2,7 @@ package mainnode_test
 
 import (
 	"context"
+	"github.com/odmoe/odmoe/passloop"
 	"slices"
 	"testing"
 
@@ -38,7 +39,7 @@ func TestPrefixCacheIsBitIdenticalToPrefillingAgain(t *testing.T) {
 		for i, c := range cases {
 			want[i] = generate(t, local, model.NewResidentExperts(local), c.prompt, n)
 		}
-		run := func(name string, b *mainnode.Batcher) {
+		run := func(name string, b *passloop.Batcher) {
 			t.Helper()
 			b.KeepPrefixes(64 << 20)
 			for i, c := range cases {

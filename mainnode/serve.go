@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"github.com/odmoe/odmoe/passloop"
 	"net"
 	"os"
 	"path/filepath"
@@ -52,7 +53,7 @@ type Serving struct {
 }
 
 // configure sets b up as sv says: its prefix cache and prompt chunks.
-func (sv Serving) configure(b *Batcher) {
+func (sv Serving) configure(b *passloop.Batcher) {
 	b.KeepPrefixes(sv.PrefixCacheBytes)
 	switch {
 	case sv.PrefillChunk > 0:
@@ -62,22 +63,18 @@ func (sv Serving) configure(b *Batcher) {
 	}
 }
 
-// kvHint caps the KV rows a new sequence reserves up front: a request
-// that may run to the model's whole context grows its cache as it goes.
-const kvHint = 512
-
 // Batcher batches m's generations on the swarm (continuous batching):
 // each layer's experts load once for every sequence in a decode pass.
 // Close it before the swarm.
-func (s *Swarm) Batcher(m *model.Model) *Batcher {
-	hooks := BatcherHooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence, Figures: s.SequenceFigures}
+func (s *Swarm) Batcher(m *model.Model) *passloop.Batcher {
+	hooks := passloop.Hooks{BeforePass: s.BeforeBatch, EndSequence: s.EndSequence, Figures: s.SequenceFigures}
 	if s.opt.Stages != nil {
 		hooks.Recover = s.recoverStages
 		if s.shadow != nil {
 			hooks.OnRoute = s.stageRouted // the stages' layers' routing, to score the shadow's predictions of them
 		}
 	}
-	b := NewBatcher(m, s, hooks)
+	b := passloop.New(m, s, hooks)
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()
@@ -86,8 +83,8 @@ func (s *Swarm) Batcher(m *model.Model) *Batcher {
 
 // NewLocalBatcher batches generations of the resident model m (local
 // mode).
-func NewLocalBatcher(m *model.Model) *Batcher {
-	return NewBatcher(m, model.NewResidentExperts(m), BatcherHooks{})
+func NewLocalBatcher(m *model.Model) *passloop.Batcher {
+	return passloop.New(m, model.NewResidentExperts(m), passloop.Hooks{})
 }
 
 // Health reports which of the swarm's nodes are down: a lost worker (its

@@ -2,6 +2,7 @@ package mainnode
 
 import (
 	"context"
+	"github.com/odmoe/odmoe/passloop"
 	"maps"
 	"slices"
 	"sync"
@@ -525,7 +526,7 @@ type batchPass struct {
 // alignment per member, rows[i] being member i's part. The shadow runs
 // the pass once it has them all. It reports whether every member
 // departed.
-func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []PassRow) (bool, error) {
+func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []passloop.Row) (bool, error) {
 	sl.mu.Lock()
 	if sl.seqs[step.Seq] == nil {
 		sl.seqs[step.Seq] = &shadowSeq{} // the batch's predictions are for a live sequence
@@ -570,7 +571,7 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []Pa
 // attached since the sequence's last forward pass gets the whole sequence
 // instead: every token so far, the KV rows (when they are not too big)
 // and what to feed.
-func (sl *shadowLink) startIn(ctx context.Context, row PassRow, bp batchPass) (bool, error) {
+func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPass) (bool, error) {
 	step, tokens, cache := row.Step, row.Tokens, row.Cache
 	first := step.Pass == 1
 	sl.mu.Lock()

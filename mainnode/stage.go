@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/passloop"
 	"slices"
 	"time"
 
@@ -134,14 +135,14 @@ func (r stageRunner) BeforePass(ctx context.Context, step model.Step, spans []mo
 	r.sw.mu.Lock()
 	r.sw.batches[step.Seq] = true
 	r.sw.mu.Unlock()
-	rows := make([]PassRow, len(spans))
+	rows := make([]passloop.Row, len(spans))
 	most := 0
 	for _, sp := range spans {
 		most = max(most, sp.Count)
 	}
 	tokens := make([]int, most) // BeforeBatch counts the rows; their tokens stay with the main node
 	for i, sp := range spans {
-		rows[i] = PassRow{Step: model.Step{Seq: sp.Seq}, Tokens: tokens[:sp.Count], Prompt: prefill}
+		rows[i] = passloop.Row{Step: model.Step{Seq: sp.Seq}, Tokens: tokens[:sp.Count], Prompt: prefill}
 	}
 	return r.sw.BeforeBatch(ctx, step, rows)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/passloop"
 	"strings"
 	"testing"
 
@@ -237,7 +238,7 @@ func TestAPassWhoseStageIsLostRunsAgainFromEveryFirstToken(t *testing.T) {
 		want[i] = generateWith(t, local, model.NewResidentExperts(local), prompts[i], steps, s)
 	}
 	recovered := 0
-	b := mainnode.NewBatcher(first, model.NewResidentExperts(first), mainnode.BatcherHooks{Recover: func(_ context.Context, _ model.Step, err error, _ int) bool {
+	b := passloop.New(first, model.NewResidentExperts(first), passloop.Hooks{Recover: func(_ context.Context, _ model.Step, err error, _ int) bool {
 		recovered++
 		return errors.Is(err, stage.ErrLost)
 	}})

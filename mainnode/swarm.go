@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/odmoe/odmoe/passloop"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -632,12 +633,12 @@ func (s *Swarm) Close() error {
 	return errors.Join(errs...)
 }
 
-// BeforeBatch is the pass loop's hook (BatcherHooks.BeforePass): it notes
+// BeforeBatch is the pass loop's hook (passloop.Hooks.BeforePass): it notes
 // whether the pass (step is the batch's) feeds prompt chunks, which run
 // as prefill does, and departs and aligns the shadow for it, rows[i]
 // being member i's part.
-func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []PassRow) error {
-	prompt := slices.ContainsFunc(rows, func(r PassRow) bool { return r.Prompt })
+func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []passloop.Row) error {
+	prompt := slices.ContainsFunc(rows, func(r passloop.Row) bool { return r.Prompt })
 	if prompt && s.opt.Stages != nil {
 		s.opt.Stages.Prefill(step)
 	}
@@ -716,7 +717,7 @@ func (s *Swarm) figuresLocked(seq uint64) *model.ExpertFigures {
 
 // SequenceFigures is member sequence seq's share of the decode figures
 // so far: its misses, and its rows' recall as the shadow link scored it
-// (BatcherHooks.Figures).
+// (passloop.Hooks.Figures).
 func (s *Swarm) SequenceFigures(seq uint64) model.ExpertFigures {
 	var f model.ExpertFigures
 	s.mu.Lock()

@@ -3,6 +3,7 @@ package mainnode_test
 import (
 	"context"
 	"fmt"
+	"github.com/odmoe/odmoe/passloop"
 	"os"
 	"path/filepath"
 	"testing"
@@ -46,11 +47,11 @@ func benchDecode(ctx context.Context, b *testing.B, m *model.Model, runner model
 	// measured over the same short contexts): then a new one starts,
 	// untimed, with the prompt again
 	room := min(benchPositions, m.Config.MaxPositions) - len(prompt) - warm
-	var bt *mainnode.Batcher
+	var bt *passloop.Batcher
 	if sw, ok := runner.(*mainnode.Swarm); ok {
 		bt = sw.Batcher(m)
 	} else {
-		bt = mainnode.NewBatcher(m, runner, mainnode.BatcherHooks{})
+		bt = passloop.New(m, runner, passloop.Hooks{})
 	}
 	defer bt.Close()
 	bt.ChunkPrompts(0)

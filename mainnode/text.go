@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/passloop"
 	"io"
 	"os"
 	"path/filepath"
@@ -37,7 +38,7 @@ type Text struct {
 // them. It closes b: the run's figures are read after. decodes, if set,
 // is called when the prompt's pass has given the first token and decode
 // begins.
-func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, b *Batcher, stdout io.Writer, decodes func()) (model.GenerateStats, error) {
+func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, b *passloop.Batcher, stdout io.Writer, decodes func()) (model.GenerateStats, error) {
 	defer b.Close()
 	b.ChunkPrompts(0)
 	tok, err := tokenizer.LoadDir(modelDir)

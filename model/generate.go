@@ -84,7 +84,7 @@ type GenerateOptions struct {
 // the model's context (max_position_embeddings) is full. It returns the
 // generated ids. It is the reference: one sequence alone, in one
 // process, no pass loop; every node runs the main node's pass loop
-// (mainnode.Batcher), whose every sequence must get these tokens and
+// (passloop.Batcher), whose every sequence must get these tokens and
 // logits bit for bit.
 func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions) ([]int, GenerateStats, error) {
 	st := GenerateStats{PromptTokens: len(prompt), FinishReason: "length"}

@@ -1,4 +1,14 @@
-package mainnode
+// Package passloop is the main node's pass loop and head: one goroutine
+// runs every forward pass of the requests it batches (continuous
+// batching, prompts fed in chunks), samples each request's next token
+// from its own rows' logits with its own draw, and hands each request
+// its tokens, its logits and its share of the figures. Its layers may
+// run in this process or on stages, and its experts wherever its
+// runner sends them (package mainnode's Swarm: the wire's workers).
+//
+// It does not own the transformer (model), which rows a pass carries
+// (passes), or where layers and experts run (the runner it is given).
+package passloop
 
 import (
 	"context"
@@ -13,6 +23,10 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/passes"
 )
+
+// kvHint caps the KV rows a new sequence reserves up front: a request
+// that may run to the model's whole context grows its cache as it goes.
+const kvHint = 512
 
 // Batcher is the main node's pass loop (continuous batching, with
 // prompts fed in chunks): one goroutine, owned by the Batcher and ended by
@@ -31,7 +45,7 @@ type Batcher struct {
 	m       *model.Model
 	batch   *model.Batch
 	runner  model.ExpertRunner
-	hooks   BatcherHooks
+	hooks   Hooks
 	budget  passes.Budget
 	joins   chan *member
 	life    context.Context
@@ -69,13 +83,13 @@ func (b *Batcher) keep(sess *model.Session, prompt, out []int) {
 	b.prefixes.Put(fed[:min(sess.Len(), len(fed))], sess.Cache())
 }
 
-// BatcherHooks let the runner follow the batch's sequences (the swarm:
+// Hooks let the runner follow the batch's sequences (the swarm:
 // the shadow's alignments, what workers and the shadow keep per
 // sequence). Either may be nil.
-type BatcherHooks struct {
+type Hooks struct {
 	// BeforePass comes before each pass (step is the batch's): rows are
 	// its members' parts, in the pass's row order.
-	BeforePass func(ctx context.Context, step model.Step, rows []PassRow) error
+	BeforePass func(ctx context.Context, step model.Step, rows []Row) error
 	// EndSequence is told when a sequence is done with: a request's when
 	// it leaves the batch, the batch's at Close.
 	EndSequence func(ctx context.Context, seq uint64) error
@@ -95,8 +109,8 @@ type BatcherHooks struct {
 	Recover func(ctx context.Context, step model.Step, err error, refills int) bool
 }
 
-// PassRow is one member's part of a pass.
-type PassRow struct {
+// Row is one member's part of a pass.
+type Row struct {
 	Step   model.Step // the member's own forward pass
 	Tokens []int      // what it feeds: its last sampled token, or a chunk of its prompt
 	// Prompt says Tokens are prompt tokens; PromptLeft are those still to
@@ -118,9 +132,9 @@ type PassRow struct {
 	PromptLen int
 }
 
-// NewBatcher starts a pass loop over m's sequences whose experts run on
+// New starts a pass loop over m's sequences whose experts run on
 // runner.
-func NewBatcher(m *model.Model, runner model.ExpertRunner, hooks BatcherHooks) *Batcher {
+func New(m *model.Model, runner model.ExpertRunner, hooks Hooks) *Batcher {
 	b := &Batcher{m: m, batch: model.NewBatch(m, runner), runner: runner, hooks: hooks,
 		budget: passes.Budget{Chunk: passes.DefaultChunk}, joins: make(chan *member), done: make(chan struct{})}
 	if hooks.OnRoute != nil {
@@ -270,7 +284,7 @@ func (m *member) take() bool {
 // feeds, its KV rows forgotten: it runs again from its first token, and
 // its tokens' rows come out as they would have. lens are the sessions'
 // lengths before the pass.
-func (b *Batcher) refeed(plan []passes.Row, members []*member, rows []PassRow, feeds [][]int, lens []int) {
+func (b *Batcher) refeed(plan []passes.Row, members []*member, rows []Row, feeds [][]int, lens []int) {
 	for i, r := range plan {
 		m := members[r.Seq]
 		if !m.refill {
@@ -296,7 +310,7 @@ func (b *Batcher) loop() {
 		members  []*member
 		seqs     []passes.Seq
 		plan     []passes.Row
-		rows     []PassRow
+		rows     []Row
 		sessions []*model.Session
 		feeds    [][]int
 		heads    []*model.Session
@@ -373,7 +387,7 @@ func (b *Batcher) loop() {
 		toks = slices.Grow(toks[:0], len(plan))
 		for _, r := range plan {
 			m := members[r.Seq]
-			row := PassRow{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache(), Sampling: m.sampling, PromptLen: len(m.prompt)}
+			row := Row{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache(), Sampling: m.sampling, PromptLen: len(m.prompt)}
 			if r.Prompt {
 				row.Tokens, row.PromptLeft = m.prompt[m.fed:m.fed+r.Tokens], len(m.prompt)-m.fed-r.Tokens
 				if row.Step.Pass == 1 && m.fed > 0 {
@@ -447,4 +461,13 @@ func (b *Batcher) loop() {
 		}
 		members = slices.DeleteFunc(members, gone)
 	}
+}
+
+// StartTogether makes b's first pass wait until n requests have joined,
+// so that a test knows which requests share it and in what order they
+// came: the channel gets a value as each joins. Call it before the first
+// Generate; it is for tests.
+func (b *Batcher) StartTogether(n int) <-chan struct{} {
+	b.gather, b.gathered = n, make(chan struct{}, n)
+	return b.gathered
 }
