@@ -24,6 +24,7 @@ func runPlan(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 	caseFlag := fs.String("case", "128x64", "PROMPTxOUTPUT tokens the speeds are predicted on")
 	recall := fs.Float64("recall", 0.97, "the shadow's share of activations predicted (measured: odmoe tune-align; nf4 0.968 on the small preset)")
 	ahead := fs.Int("ahead", 1, "the shadow's lead in passes")
+	contextLen := fs.Int("context", 0, "the longest sequence the nodes serve, in `TOKENS`, as each node's -context: its KV cache is sized to it (default: the model's max_position_embeddings)")
 	maxWorkers := fs.Int("max-workers", 128, "the most workers tried (multiples of -group)")
 	group := fs.Int("group", 0, "workers a layer's experts go to; 0 = the router's top-k")
 	within := fs.Float64("within", 0.05, "a swarm of fewer nodes is answered where its decode is within this share of the fastest's")
@@ -62,11 +63,11 @@ func runPlan(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 	if err != nil {
 		return err
 	}
-	if *recall < 0 || *recall > 1 || *within < 0 || *within >= 1 || *maxWorkers < 1 || *ahead < 0 || *group < 0 {
-		return usagef("-recall %v (0..1), -within %v (0..1), -max-workers %d (>= 1), -ahead %d and -group %d (>= 0)", *recall, *within, *maxWorkers, *ahead, *group)
+	if *recall < 0 || *recall > 1 || *within < 0 || *within >= 1 || *maxWorkers < 1 || *ahead < 0 || *group < 0 || *contextLen < 0 {
+		return usagef("-recall %v (0..1), -within %v (0..1), -max-workers %d (>= 1), -ahead %d, -group %d and -context %d (>= 0)", *recall, *within, *maxWorkers, *ahead, *group, *contextLen)
 	}
 	o := plan.Options{Model: *dir, Device: d, Quant: quant, Prompt: c.Prompt, Output: c.Output, Recall: *recall, Ahead: *ahead,
-		MaxWorkers: *maxWorkers, Group: *group, Within: *within, Seed: *seed}
+		MaxWorkers: *maxWorkers, Group: *group, Within: *within, Seed: *seed, Context: *contextLen}
 	a, err := plan.Plan(o)
 	if err != nil {
 		return err

@@ -70,6 +70,9 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 // checkGenerate validates the flags local and main share.
 // memBytes reads -mem (0: none).
 func (f *runFlags) memBytes() (int64, error) {
+	if f.Context < 0 {
+		return 0, usagef("-context %d: want a number of tokens, or 0 for the model's", f.Context)
+	}
 	if f.Mem == "" {
 		return 0, nil
 	}
@@ -142,5 +145,5 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 	if err := sv.Listen(); err != nil {
 		return err
 	}
-	return mainnode.RunLocal(ctx, f.Model, f.text(), sv, mem, stdout, log)
+	return mainnode.RunLocal(ctx, f.Model, f.text(), sv, mem, f.Context, stdout, log)
 }

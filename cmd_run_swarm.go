@@ -64,7 +64,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return err
 	}
 	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
-		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Log: log}
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Context: f.Context, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}
@@ -116,7 +116,7 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		return err
 	}
 	cfg := mainnode.StageConfig{Model: f.Model, Layers: f.Layers, Listen: f.Listen, Workers: workers, Group: f.Group, Prefetch: policy, MiniBatch: f.MiniBatch,
-		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Log: log}
+		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Context: f.Context, Log: log}
 	if f.Cluster.Name == "" {
 		f.Cluster.Name = "stage"
 	}
@@ -166,7 +166,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		return err
 	}
 	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: workers, Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
-		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Mem: mem, Log: log}
+		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Mem: mem, Context: f.Context, Log: log}
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err
 	}

@@ -290,7 +290,7 @@ func TestRunPastTheContextIsRefusedBeforeAnyWork(t *testing.T) {
 	model := tinyModel(t)
 	dump := filepath.Join(t.TempDir(), "dump")
 	so, se, code := run(t, "", "run", "-role", "local", "-model", model, "-prompt-tokens", "4090", "-n", "16", "-dump", dump, "-log-level", "warn")
-	if code == 0 || !strings.Contains(se, "need 4105 positions, more than the model's context of 4096") || !strings.Contains(se, "-n 7 or less") || so != "" {
+	if code == 0 || !strings.Contains(se, "need 4105 positions, more than the context of 4096") || !strings.Contains(se, "-n 7 or less") || so != "" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, so, se)
 	}
 	if entries, _ := os.ReadDir(dump); len(entries) != 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/model"
 	"os"
 	"path/filepath"
 	"slices"
@@ -372,5 +373,41 @@ func TestAMainStageKilledAndRestartedMidRun(t *testing.T) {
 	st := finishedAsLocal(t, r, exited, swarm, local, stats)
 	if st.Generated != tokens || st.Faults["stages_lost"] < 1 || st.Faults["refills"] < 1 {
 		t.Fatalf("stats: %d generated, faults %v: want a stage lost and the sequence run again\n%s", st.Generated, st.Faults, r.logs())
+	}
+}
+
+// TestAShorterContextFitsANodeItsFullContextWouldNot: -context sizes a
+// node's KV cache and so what -mem counts: a budget the tiny model's
+// whole context (4096 positions) passes refuses a local node without it
+// and takes it with -context 512, which then answers; a prompt and
+// answer past that context are refused naming -context, and a context
+// past the model's is refused at start.
+func TestAShorterContextFitsANodeItsFullContextWouldNot(t *testing.T) {
+	m := tinyModel(t)
+	mm, err := model.Load(m, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := mm.FootprintOf(mm.HeldLayers(), model.FootprintOptions{Experts: true, Head: true})
+	mm.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := fmt.Sprint(f.Weights() + f.KV/2) // under the whole context's, over 512 positions'
+	local := func(args ...string) (string, int) {
+		_, se, code := run(t, "", append([]string{"run", "-role", "local", "-model", m, "-prompt", "hi", "-mem", mem, "-log-level", "warn"}, args...)...)
+		return se, code
+	}
+	if se, code := local("-n", "2"); code != 1 || !strings.Contains(se, "short") {
+		t.Fatalf("-mem %s at the whole context: exit %d, %q; want a refusal", mem, code, se)
+	}
+	if se, code := local("-n", "2", "-context", "512"); code != 0 {
+		t.Fatalf("-mem %s with -context 512: exit %d, %s", mem, code, se)
+	}
+	if se, code := local("-n", "600", "-context", "512"); code == 0 || !strings.Contains(se, "context of 512") {
+		t.Fatalf("600 tokens under -context 512: exit %d, %q; want a refusal naming the context", code, se)
+	}
+	if se, code := local("-n", "2", "-context", "5000"); code == 0 || !strings.Contains(se, "-context 5000") {
+		t.Fatalf("-context past the model's: exit %d, %q", code, se)
 	}
 }

@@ -54,7 +54,10 @@ type Config struct {
 	// Mem, when set, is the node's memory budget in bytes: it refuses to
 	// start when what it will hold passes it (holds).
 	Mem int64
-	Log zerolog.Logger
+	// Context, when positive, is the longest sequence served instead of
+	// the model's (-context: model.LoadOptions.Context).
+	Context int
+	Log     zerolog.Logger
 }
 
 // Run loads the non-expert weights, connects to the workers (and the
@@ -172,9 +175,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 // RunLocal answers t with the whole model in this process (`odmoe run
 // -role local`): the reference the swarm must match bit for bit. With
 // sv.Addr set it serves the API instead.
-func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, mem int64, stdout io.Writer, log zerolog.Logger) error {
+func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, mem int64, contextLen int, stdout io.Writer, log zerolog.Logger) error {
 	t0 := time.Now()
-	m, err := model.Load(modelDir, model.LoadOptions{})
+	m, err := model.Load(modelDir, model.LoadOptions{Context: contextLen})
 	if err != nil {
 		return err
 	}
@@ -235,7 +238,7 @@ func (c *decodeCPU) end() (time.Duration, []*wire.WorkerStats) {
 }
 
 // holds says what this node will hold of m (its weights as bound, its
-// experts where it has them, the KV cache of one full-context sequence
+// experts where it has them, the KV cache of one sequence at its context
 // and, serving, the prefix cache's budget) and refuses, naming the
 // shortfall, where that passes mem (0: no budget).
 func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logger) error {
@@ -249,7 +252,7 @@ func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logge
 	}
 	log.Info().Str("holds", f.String()).Str("prefix_cache", progress.Bytes(prefix)).Msg(role + ": what this node will hold")
 	if need := f.Total() + prefix; mem > 0 && need > mem {
-		return fmt.Errorf("%s: needs %s (weights %s, KV cache of one full-context sequence %s, prefix cache %s: -prefix-cache), -mem allows %s: %s short",
+		return fmt.Errorf("%s: needs %s (weights %s, KV cache of one sequence at the node's context (-context) %s, prefix cache %s: -prefix-cache), -mem allows %s: %s short",
 			role, progress.Bytes(need), progress.Bytes(f.Weights()), progress.Bytes(f.KV), progress.Bytes(prefix), progress.Bytes(mem), progress.Bytes(need-mem))
 	}
 	return nil
@@ -298,7 +301,7 @@ func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire
 // stages check).
 func loadMain(ctx context.Context, cfg Config) (*model.Model, *stage.Client, workerDialing, error) {
 	if len(cfg.Stages) == 0 {
-		m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true})
+		m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Context: cfg.Context})
 		if err != nil {
 			return nil, nil, workerDialing{}, err
 		}
@@ -331,7 +334,7 @@ func loadStaged(ctx context.Context, cfg Config, d workerDialing) (*model.Model,
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.LayerRange{First: 0, End: first}, Head: true})
+	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.LayerRange{First: 0, End: first}, Head: true, Context: cfg.Context})
 	if err != nil {
 		stages.Close()
 		return nil, nil, err

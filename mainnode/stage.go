@@ -36,6 +36,7 @@ type StageConfig struct {
 	DialTimeout time.Duration
 	Wire        *wire.Config
 	Mem         int64
+	Context     int // -context: model.LoadOptions.Context
 	Log         zerolog.Logger
 	// Ready, if set, gets the address the stage listens on, once it does
 	Ready func(addr string)
@@ -54,7 +55,7 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 		return fmt.Errorf("stage: -layers: %w", err)
 	}
 	t0 := time.Now()
-	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &r, SkipHead: true})
+	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &r, SkipHead: true, Context: cfg.Context})
 	if err != nil {
 		return err
 	}

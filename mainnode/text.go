@@ -54,7 +54,7 @@ func generateText(ctx context.Context, modelDir string, t Text, m *model.Model, 
 	}
 	// n tokens need len(ids)+n-1 positions: the last one is never fed back
 	if limit, need := m.Config.MaxPositions, len(ids)+max(t.MaxTokens, 1)-1; need > limit {
-		return model.GenerateStats{}, fmt.Errorf("a prompt of %d tokens and -n %d need %d positions, more than the model's context of %d (max_position_embeddings): shorten the prompt or use -n %d or less",
+		return model.GenerateStats{}, fmt.Errorf("a prompt of %d tokens and -n %d need %d positions, more than the context of %d (max_position_embeddings, or -context): shorten the prompt or use -n %d or less",
 			len(ids), t.MaxTokens, need, limit, max(limit-len(ids)+1, 0))
 	}
 	var logits *npy.Writer

@@ -133,7 +133,7 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 		}
 		start := s.cache.Len()
 		if end := start + len(feeds[i]); end > c.MaxPositions {
-			return nil, fmt.Errorf("model: batch member %d: position %d exceeds max_position_embeddings %d", i, end-1, c.MaxPositions)
+			return nil, fmt.Errorf("model: batch member %d: position %d exceeds the context of %d positions (max_position_embeddings, or -context)", i, end-1, c.MaxPositions)
 		}
 		for _, id := range feeds[i] {
 			if id < 0 || id >= c.VocabSize {

@@ -26,7 +26,7 @@ func (f Footprint) Total() int64 { return f.Embedding + f.Head + f.Layers + f.Ex
 func (f Footprint) Weights() int64 { return f.Total() - f.KV }
 
 func (f Footprint) String() string {
-	return fmt.Sprintf("%s: weights %s (embedding %s, layers %s, experts %s, head %s), KV cache of one full-context sequence %s",
+	return fmt.Sprintf("%s: weights %s (embedding %s, layers %s, experts %s, head %s), KV cache of one sequence at the node's context (-context) %s",
 		progress.Bytes(f.Total()), progress.Bytes(f.Weights()), progress.Bytes(f.Embedding), progress.Bytes(f.Layers),
 		progress.Bytes(f.Experts), progress.Bytes(f.Head), progress.Bytes(f.KV))
 }

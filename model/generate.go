@@ -92,7 +92,7 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 		return nil, st, fmt.Errorf("model: empty prompt")
 	}
 	if limit := s.m.Config.MaxPositions; s.Len()+len(prompt) > limit {
-		return nil, st, fmt.Errorf("model: a prompt of %d tokens after %d does not fit the model's context of %d (max_position_embeddings)", len(prompt), s.Len(), limit)
+		return nil, st, fmt.Errorf("model: a prompt of %d tokens after %d does not fit the context of %d (max_position_embeddings, or -context)", len(prompt), s.Len(), limit)
 	}
 	sampler := opt.Sampler
 	if sampler == nil {

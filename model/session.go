@@ -147,7 +147,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	}
 	start := s.cache.Len()
 	if start+n > c.MaxPositions {
-		return fmt.Errorf("model: position %d exceeds max_position_embeddings %d", start+n-1, c.MaxPositions)
+		return fmt.Errorf("model: position %d exceeds the context of %d positions (max_position_embeddings, or -context)", start+n-1, c.MaxPositions)
 	}
 	for _, id := range tokens {
 		if id < 0 || id >= c.VocabSize {

@@ -80,7 +80,7 @@ func TestGenerateStopsCleanlyWhenTheContextIsFull(t *testing.T) {
 		t.Fatalf("%d tokens, stats %+v, %d positions", len(ids), st, s.Len())
 	}
 	_, st, err = Generate(context.Background(), s, prompt, GenerateOptions{MaxTokens: 1})
-	if err == nil || !strings.Contains(err.Error(), "does not fit the model's context of 12") {
+	if err == nil || !strings.Contains(err.Error(), "does not fit the context of 12") {
 		t.Fatalf("err = %v", err)
 	}
 	s = NewSession(m, NewResidentExperts(m), 0)

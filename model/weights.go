@@ -109,6 +109,11 @@ type LoadOptions struct {
 	// SkipHead binds no output head even where Layers end at the last
 	// layer: a later stage, whose first stage samples.
 	SkipHead bool
+	// Context, when positive, is the longest sequence (prompt and answer)
+	// the node serves instead of the model's max_position_embeddings:
+	// its KV cache, and what it says it holds, are sized to it (-context).
+	// It may not pass the model's.
+	Context int
 	// Shapes derives nothing from the weights' values (MLA's transposed
 	// key rows get their shape and size, not their data): a model to
 	// count footprints with (package plan, on a checkpoint of shapes
@@ -123,6 +128,20 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 	cfg, err := LoadConfig(dir)
 	if err != nil {
 		return nil, err
+	}
+	if opt.Context < 0 || opt.Context > cfg.MaxPositions {
+		return nil, fmt.Errorf("model: %s: -context %d: want 1 to the model's context, %d (max_position_embeddings)", dir, opt.Context, cfg.MaxPositions)
+	}
+	if opt.Context > 0 && opt.Context < cfg.MaxPositions {
+		if rs := cfg.RopeScaling; rs != nil && rs.OriginalMaxPosition == 0 {
+			// YaRN reads the context it was trained for from here when
+			// rope_scaling does not say it: a shorter -context must not
+			// change a single rotation
+			pinned := *rs
+			pinned.OriginalMaxPosition = cfg.MaxPositions
+			cfg.RopeScaling = &pinned
+		}
+		cfg.MaxPositions = opt.Context
 	}
 	set, err := safetensors.Open(dir)
 	if err != nil {

@@ -212,7 +212,7 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 		return nil, st, fmt.Errorf("model: empty prompt")
 	}
 	if limit := b.m.Config.MaxPositions; len(prompt) > limit {
-		return nil, st, fmt.Errorf("model: a prompt of %d tokens does not fit the model's context of %d (max_position_embeddings)", len(prompt), limit)
+		return nil, st, fmt.Errorf("model: a prompt of %d tokens does not fit the context of %d (max_position_embeddings, or -context)", len(prompt), limit)
 	}
 	vocab := b.m.Config.VocabSize
 	if i := slices.IndexFunc(prompt, func(id int) bool { return id < 0 || id >= vocab }); i >= 0 {

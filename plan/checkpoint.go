@@ -20,9 +20,9 @@ import (
 // its tensors, as the family publishes them, read as zeros and take no
 // disk or memory), so that Model.FootprintOf counts what a node holding
 // some of its layers would hold from the config alone, by the code each
-// node counts itself with at start. The caller closes the model and
-// removes tmp.
-func Shaped(dir, tmp string) (*model.Model, error) {
+// node counts itself with at start, its KV cache sized to contextLen (0:
+// the model's context). The caller closes the model and removes tmp.
+func Shaped(dir, tmp string, contextLen int) (*model.Model, error) {
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {
 		return nil, err
@@ -41,7 +41,7 @@ func Shaped(dir, tmp string) (*model.Model, error) {
 	if err := safetensors.WriteShapes(filepath.Join(tmp, "model.safetensors"), synth.Specs(p), map[string]string{"format": "pt", "odmoe_plan": "shapes only"}); err != nil {
 		return nil, err
 	}
-	m, err := model.Load(tmp, model.LoadOptions{Shapes: true})
+	m, err := model.Load(tmp, model.LoadOptions{Shapes: true, Context: contextLen})
 	if err != nil {
 		return nil, fmt.Errorf("plan: the shape of %s: %w", dir, err)
 	}

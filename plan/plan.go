@@ -29,6 +29,9 @@ type Options struct {
 	// MaxWorkers bounds the worker counts tried (multiples of Group, the
 	// workers a layer's experts go to; 0: the router's top-k).
 	MaxWorkers, Group int
+	// Context is the longest sequence the nodes serve (-context; 0: the
+	// model's): each node's KV cache is sized to it.
+	Context int
 	// Within is how close to the fastest plan's decode a plan of fewer
 	// nodes must come to be the one answered (0.05: within 5%).
 	Within float64
@@ -68,8 +71,10 @@ type Answer struct {
 	Model  string `json:"model"`
 	Device string `json:"device"`
 	Budget int64  `json:"node_budget_bytes"`
-	Nodes  []Node `json:"nodes"`
-	Chosen Option `json:"chosen"`
+	// Context is the sequence each node's KV cache is sized to.
+	Context int    `json:"context"`
+	Nodes   []Node `json:"nodes"`
+	Chosen  Option `json:"chosen"`
 	// Shadow is the shadow's stages (one whole where it fits a node),
 	// and WithShadow the shadow-driven swarm the planner would answer
 	// were it to have one (Chosen where it is).
@@ -94,14 +99,14 @@ func Plan(o Options) (Answer, error) {
 		return Answer{}, err
 	}
 	defer os.RemoveAll(tmp)
-	m, err := Shaped(o.Model, tmp)
+	m, err := Shaped(o.Model, tmp, o.Context)
 	if err != nil {
 		return Answer{}, err
 	}
 	defer m.Close()
 	c := m.Config
 	budget := o.Device.Budget()
-	a := Answer{Model: o.Model, Device: o.Device.Name, Budget: budget}
+	a := Answer{Model: o.Model, Device: o.Device.Name, Budget: budget, Context: c.MaxPositions}
 
 	mainNode, stages, err := mainStages(m, budget)
 	if err != nil {

@@ -31,7 +31,7 @@ func TestAShapedCheckpointHoldsWhatAGeneratedOneDoes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer real.Close()
-			shaped, err := Shaped(dir, t.TempDir())
+			shaped, err := Shaped(dir, t.TempDir(), 0)
 			if err != nil {
 				t.Fatal(err)
 			}

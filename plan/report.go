@@ -19,7 +19,11 @@ var modeWords = map[sim.Mode]string{
 // WriteText prints a: every node and what it holds, the chosen mode and
 // speeds, and the options weighed (the fastest of each mode).
 func WriteText(w io.Writer, a Answer, o Options) {
-	fmt.Fprintf(w, "%s on %s: each node plans to hold %s\n\n", a.Model, a.Device, progress.Bytes(a.Budget))
+	ctx := fmt.Sprintf("the model's whole context, %d tokens", a.Context)
+	if o.Context > 0 {
+		ctx = fmt.Sprintf("%d tokens: run every node with -context %d", a.Context, a.Context)
+	}
+	fmt.Fprintf(w, "%s on %s: each node plans to hold %s, its KV cache sized to %s\n\n", a.Model, a.Device, progress.Bytes(a.Budget), ctx)
 	fmt.Fprintln(w, "| node | count | layers | holds |")
 	fmt.Fprintln(w, "|---|---:|---|---:|")
 	for _, n := range a.Nodes {

@@ -51,10 +51,13 @@ type Config struct {
 	Stages []string
 	// Mem, when set, is the node's memory budget in bytes: it refuses to
 	// start when what it will hold (its weights, quantized, and the KV
-	// cache of one full-context sequence) passes it.
-	Mem  int64
-	Wire *wire.Config // this node's identity and transport settings
-	Log  zerolog.Logger
+	// cache of one sequence at its context) passes it.
+	Mem int64
+	// Context, when positive, is the longest sequence followed instead
+	// of the model's (-context: model.LoadOptions.Context).
+	Context int
+	Wire    *wire.Config // this node's identity and transport settings
+	Log     zerolog.Logger
 }
 
 // Run quantizes the model, builds the shadow on it (New: connected to
@@ -86,7 +89,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	qm, err := quantized(cfg.Model, cfg.Quant, held, log)
+	qm, err := quantized(cfg.Model, cfg.Quant, held, cfg.Context, log)
 	if err != nil {
 		return err
 	}
@@ -132,7 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 // shortfall and how many stages would fit, where that passes cfg.Mem;
 // it returns the checkpoint's identity (store.IdentityOf).
 func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
-	m, err := model.Load(cfg.Model, model.LoadOptions{})
+	m, err := model.Load(cfg.Model, model.LoadOptions{Context: cfg.Context})
 	if err != nil {
 		return store.Identity{}, err
 	}
@@ -183,8 +186,8 @@ func stagesThatFit(m *model.Model, held model.LayerRange, opt model.FootprintOpt
 // quantized loads layers held of the checkpoint in dir (with the head,
 // where they begin at the first: a first stage samples) and quantizes
 // them to dt; the copy owns its memory, the checkpoint let go.
-func quantized(dir string, dt kernels.DType, held model.LayerRange, log zerolog.Logger) (*model.Model, error) {
-	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0}) // the first stage samples
+func quantized(dir string, dt kernels.DType, held model.LayerRange, contextLen int, log zerolog.Logger) (*model.Model, error) {
+	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0, Context: contextLen}) // the first stage samples
 	if err != nil {
 		return nil, err
 	}
