@@ -223,7 +223,7 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 		sampler = model.NewSampler(0, 0, 0)
 	}
 	joined := time.Now()
-	capacity := len(prompt) + min(opt.MaxTokens, kvHint)
+	capacity := min(len(prompt)+min(opt.MaxTokens, kvHint), b.m.Config.MaxPositions) // never past the context the node holds
 	var sess *model.Session
 	// the prompt's last token runs, for its logits
 	if cache, n := b.prefixes.Take(prompt[:len(prompt)-1], capacity); n > 0 {

@@ -78,9 +78,11 @@ type Answer struct {
 	// Shadow is the shadow's stages (one whole where it fits a node),
 	// and WithShadow the shadow-driven swarm the planner would answer
 	// were it to have one (Chosen where it is).
-	Shadow     []Node   `json:"shadow"`
-	WithShadow Option   `json:"with_shadow"`
-	Options    []Option `json:"options"`
+	Shadow     []Node `json:"shadow"`
+	WithShadow Option `json:"with_shadow"`
+	// NoShadow says why no shadow-driven swarm was weighed ("": one was).
+	NoShadow string   `json:"no_shadow,omitempty"`
+	Options  []Option `json:"options"`
 }
 
 // Plan answers what a swarm of o.Device nodes needs to serve o.Model:
@@ -112,10 +114,9 @@ func Plan(o Options) (Answer, error) {
 	if err != nil {
 		return a, err
 	}
-	shadows, err := shadowStages(m, o.Quant, budget)
-	if err != nil {
-		return a, err
-	}
+	// a shadow whose one layer passes a node: no shadow-driven swarm
+	shadows, noShadow := shadowStages(m, o.Quant, budget)
+	a.NoShadow = errText(noShadow)
 	shape, _, err := simrig.Shape(o.Model)
 	if err != nil {
 		return a, err
@@ -155,6 +156,8 @@ func Plan(o Options) (Answer, error) {
 			switch {
 			case mode == sim.Resident && residentShare(experts, w)*shape.ExpertBytes > budget:
 				continue // the experts do not fit the workers
+			case mode == sim.Shadow && noShadow != nil:
+				continue
 			case mode == sim.Shadow:
 				nodes += len(shadows)
 			}
@@ -198,7 +201,9 @@ func Plan(o Options) (Answer, error) {
 			withShadow = append(withShadow, op)
 		}
 	}
-	a.Shadow, a.WithShadow = shadows, choose(withShadow, o.Within)
+	if len(withShadow) > 0 {
+		a.Shadow, a.WithShadow = shadows, choose(withShadow, o.Within)
+	}
 	a.Nodes = append([]Node{mainNode}, stages...)
 	if a.Chosen.Mode == sim.Shadow {
 		a.Nodes = append(a.Nodes, shadows...)
@@ -209,6 +214,14 @@ func Plan(o Options) (Answer, error) {
 	}
 	a.Nodes = append(a.Nodes, worker)
 	return a, nil
+}
+
+// errText is err's text, "" for none.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // residentShare is the most experts one of w workers owns when experts

@@ -190,9 +190,10 @@ func TestAPlanKeepsEveryNodeWithinItsSizeAndCoversEveryLayer(t *testing.T) {
 	}
 }
 
-// TestANodeTooSmallForOneLayerIsNamed: a node that cannot hold one
-// quantized layer of the shadow's, or the embedding and head, is refused
-// by a plan that says which and how much.
+// TestANodeTooSmallForOneLayerIsNamed: where a node cannot hold one
+// quantized layer of the shadow's, the plan answers without a shadow and
+// says why (which layer, how much); where it cannot hold the embedding
+// and head, there is no plan, and the error says so.
 func TestANodeTooSmallForOneLayerIsNamed(t *testing.T) {
 	d := testDevice()
 	// 2.5 GiB: gpt-oss-120b's embedding and head (2.2 GiB) fit, the
@@ -200,8 +201,14 @@ func TestANodeTooSmallForOneLayerIsNamed(t *testing.T) {
 	// ~1.7 GiB) does not
 	d.MemBytes = d.ReserveBytes + 5<<29
 	o := Options{Model: "../testdata/sim/gpt-oss-120b", Device: d, Quant: kernels.NF4, Prompt: 32, Output: 16, Recall: 0.97, MaxWorkers: 4, Seed: 1}
-	if _, err := Plan(o); err == nil || !strings.Contains(err.Error(), "shadow") || !strings.Contains(err.Error(), "layer 0 alone holds") {
-		t.Fatalf("gpt-oss-120b on 2.5 GiB nodes: %v; want the shadow's layer 0 named", err)
+	a, err := Plan(o)
+	if err != nil || !strings.Contains(a.NoShadow, "shadow") || !strings.Contains(a.NoShadow, "layer 0 alone holds") || a.Chosen.Mode == sim.Shadow || len(a.Shadow) > 0 {
+		t.Fatalf("gpt-oss-120b on 2.5 GiB nodes: %v, no shadow %q, chose %+v: want a plan without a shadow, the shadow's layer 0 named", err, a.NoShadow, a.Chosen)
+	}
+	for _, op := range a.Options {
+		if op.Mode == sim.Shadow {
+			t.Fatalf("a shadow-driven option %+v weighed with no shadow to drive it", op)
+		}
 	}
 	o.Device.MemBytes = d.ReserveBytes + 1<<30
 	if _, err := Plan(o); err == nil || !strings.Contains(err.Error(), "embedding and the output head") {

@@ -45,8 +45,12 @@ func WriteText(w io.Writer, a Answer, o Options) {
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
 	for _, m := range []sim.Mode{sim.Resident, sim.Reactive, sim.Shadow} {
 		best, ok := fastest(a.Options, m)
-		if !ok {
-			fmt.Fprintf(w, "| %s | - | - | the experts do not fit %d workers | |\n", m, o.MaxWorkers)
+		switch {
+		case !ok && m == sim.Shadow:
+			fmt.Fprintf(w, "| %s | - | - | no shadow fits: %s | |\n", m, a.NoShadow)
+			continue
+		case !ok:
+			fmt.Fprintf(w, "| %s | - | - | the experts do not fit the workers tried (-max-workers %d) | |\n", m, o.MaxWorkers)
 			continue
 		}
 		fmt.Fprintf(w, "| %s | %d | %d | %.2f | %.1f |\n", m, best.Workers, best.Nodes, best.DecodeTokensPerS, best.PromptTokensPerS)
@@ -81,6 +85,10 @@ func TableRow(name, node string, a Answer) string {
 		}
 	}
 	c, s := a.Chosen, a.WithShadow
+	if a.NoShadow != "" {
+		return fmt.Sprintf("| %s | %s | %s, %s | %s | %s: %d workers, %d nodes | %.1f | %.0f | no shadow fits a node | - |", name, node, main.LayersText, gb(main.Holds),
+			group(stages), c.Mode, c.Workers, c.Nodes, c.DecodeTokensPerS, c.PromptTokensPerS)
+	}
 	return fmt.Sprintf("| %s | %s | %s, %s | %s | %s: %d workers, %d nodes | %.1f | %.0f | %s; %d workers, %d nodes | %.1f |", name, node, main.LayersText, gb(main.Holds),
 		group(stages), c.Mode, c.Workers, c.Nodes, c.DecodeTokensPerS, c.PromptTokensPerS, group(a.Shadow), s.Workers, s.Nodes, s.DecodeTokensPerS)
 }

@@ -239,14 +239,17 @@ type Options struct {
 	// (-role stage -layers), ascending: the main node runs the layers
 	// before the first (none where it is 0), each stage the layers from
 	// its first to the next one's, on a node of the main node's kind
-	// with a link of its own. A pass's rows go from node to node over
-	// the sender's link and back to the main node after the last layer;
-	// each layer's activations and results cross its own node's link.
+	// with a link of its own. The main node calls each stage in turn
+	// (stage.Client): the pass's rows go out over its link and come back
+	// over the stage's, with the KV rows the stage wrote where the
+	// shadow is aligned with them; each layer's activations and results
+	// cross its own node's link.
 	Stages []int
 	// ShadowStages, when set, are the first layers of the shadow's
-	// stages (-role shadow -layers), ascending from 0: each hands the
-	// hidden states on to the next over its link, and the last one's
-	// guess goes back to the first.
+	// stages (-role shadow -layers), ascending from 0: the first stage
+	// calls each later one in turn, which sends back each layer's routes
+	// as it routes them (the first stage predicts from them) and its
+	// rows when done.
 	ShadowStages []int
 }
 
@@ -367,7 +370,7 @@ func (r *run) prefill() float64 {
 	on := 0 // the node the prompt's rows are on
 	for l := range r.s.Layers {
 		if n := r.node[l]; n != on {
-			now, on = r.handOn(on, now, P), n
+			now, on = r.goTo(on, n, now, P, 0), n
 		}
 		need := now + r.p.mainPrefillFirstMs() + float64(P-1)*r.p.MainPrefillTokenMs
 		now = need
@@ -418,9 +421,7 @@ func (r *run) prefill() float64 {
 		}
 		now += loadsCPU
 	}
-	if on != 0 { // the last stage's rows back to the main node's head
-		now = r.handOn(on, now, 1)
-	}
+	now = r.goTo(on, 0, now, P, 0)           // the last stage's rows back to the main node's head
 	if r.o.Mode == Shadow && r.p.Cores > 0 { // the shadow's pass over the prompt takes its share of the cores
 		extra := (r.p.ShadowPromptMs + float64(P)*r.p.ShadowPrefillTokenMs) / r.p.sharedCores()
 		if share := r.p.ShadowPromptShare; share > 0 {
@@ -462,9 +463,10 @@ func (r *run) decode(start float64) Result {
 		// due at decode passes K, 2K, ... as align.Policy.KVDue says
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && (it+1)%r.o.AlignKV == 0 {
 			// with the KV rows of the last AlignKV positions, on the
-			// links of the nodes that hold their layers, before this
-			// pass's activations
-			align = r.alignKV(now)
+			// main node's link (its stages handed theirs back with
+			// each pass's rows) before this pass's activations
+			kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
+			align = r.up[0].reserve(now, kv) + kv
 		}
 		aligned = append(aligned, align+r.latency)
 		// the routing of this pass: k distinct experts per layer,
@@ -491,19 +493,23 @@ func (r *run) decode(start float64) Result {
 				depart = max(depart, aligned[a])
 			}
 			shadowLayer := r.p.ShadowLayerMs + pos*r.p.ShadowPositionMs
-			predicted = r.predict(depart, shadowLayer, routes)
-			shadowEnd = depart + float64(r.s.Layers)*shadowLayer + r.shadowHops(r.s.Layers)
-			if n := len(r.o.ShadowStages); n > 1 {
-				shadowEnd += r.latency // the guess, a few bytes, back to the first stage
-			}
+			var arrive []float64
+			arrive, shadowEnd = r.shadowPass(depart, shadowLayer)
+			predicted = r.predict(arrive, routes)
 			if r.o.Ahead > 0 {
 				shadowEnd += r.p.ShadowTokenMs
 			}
 		}
+		// a stage's KV rows come back with its rows where the shadow is
+		// aligned with them (each pass's: the journal keeps them)
+		kvBack := 0.0
+		if r.o.Mode == Shadow && r.o.AlignKV > 0 {
+			kvBack = float64(r.s.KVBytes) / float64(r.s.Layers)
+		}
 		on := 0 // the node the pass's row is on
 		for l := range r.s.Layers {
 			if n := r.node[l]; n != on {
-				now, on = r.handOn(on, now, 1), n
+				now, on = r.goTo(on, n, now, 1, kvBack), n
 			}
 			need := now + r.p.MainLayerMs + pos*r.p.MainPositionMs
 			if !r.s.hasExperts(l) {
@@ -516,9 +522,7 @@ func (r *run) decode(start float64) Result {
 			}
 			now = r.layer(l, need, routes[l], pl)
 		}
-		if on != 0 {
-			now = r.handOn(on, now, 1)
-		}
+		now = r.goTo(on, 0, now, 1, kvBack)
 		now += r.p.MainTokenMs
 	}
 	r.res.DecodeTokensPerS = float64(steps) / ((now - start) / 1000)
@@ -573,14 +577,14 @@ func (r *run) route(was []int) []int {
 // has run, to the workers of the layer's group, which load them in turn.
 // An activation is predicted with probability Recall; for one that is
 // not, another expert is (and loaded for nothing).
-func (r *run) predict(depart, shadowLayer float64, routes [][]int) []map[int]prediction {
+func (r *run) predict(arrives []float64, routes [][]int) []map[int]prediction {
 	out := make([]map[int]prediction, len(routes))
 	for l, experts := range routes {
 		out[l] = map[int]prediction{}
 		if !r.s.hasExperts(l) {
 			continue
 		}
-		arrive := depart + float64(l+1)*shadowLayer + r.shadowHops(l+1) + r.latency
+		arrive := arrives[l]
 		var guess []int
 		for _, e := range experts {
 			if r.rng.Float64() < r.o.Recall {
@@ -664,48 +668,82 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 	return end
 }
 
-// handOn sends rows rows of hidden states from node from onward (to
-// the next stage, or back to the main node) over from's link, leaving
-// at at, and returns when they arrive; a prompt's rows (rows > 1) at a
-// prompt message's cost and rate.
-func (r *run) handOn(from int, at float64, rows int) float64 {
-	d := r.wire
+// goTo takes a pass's rows from node from to node to (0: the main
+// node), leaving at at, and returns when they arrive: the main node calls
+// each stage in turn, so rows go back to it from a stage (with kvPerLayer
+// bytes of KV rows for each of the stage's layers) and out to the next
+// from it. A prompt's rows (rows > 1) move at a prompt message's cost and
+// rate.
+func (r *run) goTo(from, to int, at float64, rows int, kvPerLayer float64) float64 {
+	if from == to {
+		return at
+	}
+	if from != 0 {
+		at = r.hop(from, at, rows, kvPerLayer*float64(r.layersOn(from)))
+	}
+	if to != 0 {
+		at = r.hop(0, at, rows, 0)
+	}
+	return at
+}
+
+// hop sends rows rows of hidden states, and extra bytes, over node
+// from's link, leaving at at, and returns when they arrive.
+func (r *run) hop(from int, at float64, rows int, extra float64) float64 {
+	d := r.wire + 1000*extra/r.p.LinkBytesPerS
 	if rows > 1 {
 		d = max(0, r.p.PrefillMessageMs+1000*float64(rows)*float64(r.s.HiddenBytes)/cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS))
 	}
 	return r.up[from].reserve(at, d) + d + r.latency
 }
 
-// alignKV sends the shadow the last AlignKV positions' KV rows from now,
-// each node its own layers' over its link, and returns when the last
-// has left.
-func (r *run) alignKV(now float64) float64 {
-	layers := make([]int, len(r.up))
-	for _, n := range r.node {
-		layers[n]++
-	}
-	end := now
-	for n, k := range layers {
-		if k == 0 {
-			continue
+// layersOn is how many layers node n runs.
+func (r *run) layersOn(n int) int {
+	k := 0
+	for _, m := range r.node {
+		if m == n {
+			k++
 		}
-		kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) * float64(k) / float64(r.s.Layers) / r.p.LinkBytesPerS
-		end = max(end, r.up[n].reserve(now, kv)+kv)
 	}
-	return end
+	return k
 }
 
-// shadowHops is what the shadow's pass spends between its stages before
-// layer l: a hidden state's hop at each stage's first layer below l but
-// the first stage's.
-func (r *run) shadowHops(l int) float64 {
-	var hops float64
-	for _, first := range r.o.ShadowStages {
-		if first > 0 && first < l {
-			hops += r.wire + r.latency
+// shadowPass times the shadow's pass departing at depart, its layers
+// shadowLayer apart: when each layer's predictions reach the workers and
+// when the pass ends. Whole, or a first stage's layers: as it routes
+// them. A later stage's: the first stage sends it the rows (a hop),
+// the stage routes each layer and sends its routes back (a few bytes),
+// and the first stage predicts from them; the rows come back when the
+// stage is done (a hop), before the next stage is called.
+func (r *run) shadowPass(depart, shadowLayer float64) (arrive []float64, end float64) {
+	arrive = make([]float64, r.s.Layers)
+	hop := r.wire + r.latency
+	t := depart
+	for i, first := range append([]int{0}, r.o.ShadowStages...) {
+		if i == 1 && first == 0 {
+			continue // the first stage's start, given
+		}
+		last := r.s.Layers
+		for _, next := range r.o.ShadowStages {
+			if next > first {
+				last = next
+				break
+			}
+		}
+		back := 0.0 // the routes' way back to the first stage
+		if first > 0 {
+			t += hop
+			back = r.latency
+		}
+		for l := first; l < last; l++ {
+			arrive[l] = t + float64(l-first+1)*shadowLayer + back + r.latency
+		}
+		t += float64(last-first) * shadowLayer
+		if first > 0 {
+			t += hop
 		}
 	}
-	return hops
+	return arrive, t
 }
 
 // checkStarts refuses stages' first layers that are not ascending

@@ -233,12 +233,12 @@ func TestKVAlignmentTakesTheMainNodesLink(t *testing.T) {
 }
 
 // TestStagesAddAHopAtEachBoundary: a resident decode on stages takes, a
-// step, exactly a hidden state's hop more at each boundary the pass
-// crosses (main -> stage 1 -> stage 2 -> main: three, where the main
-// node keeps the first layers; two where it keeps none), and its prompt
-// the prompt's rows' hop at each; the routing drawn is the same, and
-// the layers' activations, each on its own node's link, never queue
-// behind one another's.
+// step, exactly two hidden states' hops more for each stage (the main
+// node calls each in turn: out over its link, back over the stage's),
+// whether or not the main node keeps the first layers, and its prompt
+// two prompt-sized hops a stage (a stage hands every row back); the
+// routing drawn is the same, and the layers' activations, each on its
+// own node's link, never queue behind one another's.
 func TestStagesAddAHopAtEachBoundary(t *testing.T) {
 	p, l, s := testRig(t)
 	const out = 33
@@ -251,17 +251,14 @@ func TestStagesAddAHopAtEachBoundary(t *testing.T) {
 	for _, c := range []struct {
 		stages []int
 		hops   int
-	}{{[]int{3, 6}, 3}, {[]int{0, 4}, 3}, {[]int{5}, 2}, {[]int{0}, 2}} {
+	}{{[]int{3, 6}, 4}, {[]int{0, 4}, 4}, {[]int{5}, 2}, {[]int{0}, 2}} {
 		staged := run(c.stages)
 		stepMs := (1000/staged.DecodeTokensPerS - 1000/whole.DecodeTokensPerS)
 		if want := float64(c.hops) * hop; math.Abs(stepMs-want) > 1e-9 {
 			t.Errorf("stages from %v: %.6f ms a step more than unstaged, want %d hops of %.6f", c.stages, stepMs, c.hops, hop)
 		}
-		// the prompt's rows go on as many times, and the first token's
-		// one row comes back from the last stage
-		want := float64(c.hops-1)*prompt + hop
-		if got := staged.TTFTms - whole.TTFTms; math.Abs(got-want) > 1e-9 {
-			t.Errorf("stages from %v: TTFT %.6f ms more, want %.6f", c.stages, got, want)
+		if got, want := staged.TTFTms-whole.TTFTms, float64(c.hops)*prompt; math.Abs(got-want) > 1e-9 {
+			t.Errorf("stages from %v: TTFT %.6f ms more, want %d prompt hops of %.6f", c.stages, got, c.hops, prompt)
 		}
 	}
 	if _, err := Run(p, l, s, Options{Mode: Resident, Prompt: 16, Output: out, Stages: []int{4, 2}}); err == nil {
@@ -272,22 +269,40 @@ func TestStagesAddAHopAtEachBoundary(t *testing.T) {
 	}
 }
 
-// TestShadowStagesDelayTheirPredictions: a shadow in stages reaches each
-// later stage's layers a hop later, so departing late (no lead) its
-// predictions, and the loads they start, come later: the main node
-// waits longer for them; running a pass ahead covers the hops as it
-// covers the shadow's layers.
+// TestShadowStagesDelayTheirPredictions: a shadow in stages predicts a
+// first stage's layers as a whole shadow does, a later stage's a hop (the
+// rows out) and a latency (its routes back) later for each later stage
+// called so far, and ends its pass two hops later for each later stage;
+// running a pass ahead covers that as it covers the shadow's layers.
 func TestShadowStagesDelayTheirPredictions(t *testing.T) {
 	p, l, s := testRig(t)
-	p.HopMs, p.ShadowLayerMs = 0.6, 2.5 // hops that show, a shadow barely ahead of the main node's layers
-	run := func(ahead int, stages []int) Result {
-		return mustRun(t, p, l, s, Options{Mode: Shadow, Prompt: 16, Output: 64, Recall: 1, Ahead: ahead, Seed: 6, ShadowStages: stages})
+	p.HopMs = 0.6 // hops that show
+	timing := func(stages []int) ([]float64, float64) {
+		r := &run{p: p, s: s, o: Options{ShadowStages: stages}, latency: p.HopMs, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS}
+		return r.shadowPass(100, 2)
 	}
-	whole, staged := run(0, nil), run(0, []int{0, 2, 4, 6})
-	if !(staged.StallFraction > whole.StallFraction && staged.DecodeTokensPerS < 0.99*whole.DecodeTokensPerS) {
-		t.Fatalf("departing late: whole shadow %.2f tok/s stalling %.3f, in 4 stages %.2f stalling %.3f: want the stages slower, stalling more", whole.DecodeTokensPerS, whole.StallFraction, staged.DecodeTokensPerS, staged.StallFraction)
+	hop := p.HopMs + 1000*float64(s.HiddenBytes)/p.LinkBytesPerS
+	whole, wholeEnd := timing(nil)
+	staged, stagedEnd := timing([]int{0, 2, 5})
+	for l := range s.Layers {
+		later := 0.0 // stages after the first, called by layer l's
+		switch {
+		case l >= 5:
+			later = 2*hop + hop + p.HopMs // stage 2-4 there and back, then out to 5-7 and its routes back
+		case l >= 2:
+			later = hop + p.HopMs
+		}
+		if math.Abs(staged[l]-whole[l]-later) > 1e-9 {
+			t.Errorf("layer %d's predictions: %.4f ms staged, %.4f whole: want %.4f later", l, staged[l], whole[l], later)
+		}
 	}
-	if a, b := run(1, nil), run(1, []int{0, 2, 4, 6}); b.MissesLate > a.MissesLate || b.DecodeTokensPerS < 0.99*a.DecodeTokensPerS {
-		t.Fatalf("a pass ahead: whole shadow %d late misses at %.2f tok/s, in 4 stages %d at %.2f: want the lead to cover the hops", a.MissesLate, a.DecodeTokensPerS, b.MissesLate, b.DecodeTokensPerS)
+	if math.Abs(stagedEnd-wholeEnd-4*hop) > 1e-9 {
+		t.Errorf("the pass ends at %.4f staged, %.4f whole: want 4 hops later", stagedEnd, wholeEnd)
+	}
+	run := func(stages []int) Result {
+		return mustRun(t, p, l, s, Options{Mode: Shadow, Prompt: 16, Output: 64, Recall: 1, Ahead: 1, Seed: 6, ShadowStages: stages})
+	}
+	if a, b := run(nil), run([]int{0, 2, 5}); b.MissesLate > a.MissesLate || b.DecodeTokensPerS < 0.99*a.DecodeTokensPerS {
+		t.Fatalf("a pass ahead: whole shadow %d late misses at %.2f tok/s, in 3 stages %d at %.2f: want the lead to cover the hops", a.MissesLate, a.DecodeTokensPerS, b.MissesLate, b.DecodeTokensPerS)
 	}
 }
