@@ -106,9 +106,9 @@ func (r *chaosRig) startWorkerOn(i int, store string) {
 func (r *chaosRig) startShadow() { r.startShadowOf(r.workers) }
 
 // startShadowOf starts the shadow with workers as its -workers list.
-func (r *chaosRig) startShadowOf(workers []string) {
-	r.start("shadow", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(workers, ","),
-		"-group", "2", "-certs", filepath.Join(r.dir, "certs"), "-name", "shadow", "-log-level", "info")
+func (r *chaosRig) startShadowOf(workers []string, extra ...string) {
+	r.start("shadow", append([]string{"run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(workers, ","),
+		"-group", "2", "-certs", filepath.Join(r.dir, "certs"), "-name", "shadow", "-log-level", "info"}, extra...)...)
 }
 
 // runMain runs the main node on the rig to the end and returns its
@@ -255,7 +255,8 @@ func TestChaosSwarmSurvivesKilledFrozenAndRestartedNodes(t *testing.T) {
 // built from another model (a valid store, of another seed) is refused by
 // the main node with a message naming the worker and both models, and the
 // run fails instead of producing other logits; a shadow given the workers
-// in another order than the main node is refused saying what differs.
+// in another order than the main node, or a shorter -context, is refused
+// saying what differs.
 func TestNodesOfAnotherModelOrLayoutAreRefused(t *testing.T) {
 	r := newChaosRig(t, 2)
 	other := filepath.Join(r.dir, "other")
@@ -295,6 +296,16 @@ func TestNodesOfAnotherModelOrLayoutAreRefused(t *testing.T) {
 	se, code = r.runMain("-prefetch", "shadow", "-shadow", r.shadow)
 	if code == 0 || !strings.Contains(se, "the shadow hints workers [w2 w1] in groups of 2, the main node runs [w1 w2]") {
 		t.Fatalf("main node with a shadow of another worker order: exit %d, stderr:\n%s", code, se)
+	}
+	// a shadow that follows shorter sequences than the main node serves
+	r.signal("shadow", syscall.SIGKILL)
+	r.startShadowOf(r.workers, "-context", "1024")
+	se, code = r.runMain("-prefetch", "shadow", "-shadow", r.shadow)
+	if code == 0 || !strings.Contains(se, "the shadow follows sequences of at most 1024 positions (-context), the main node serves 4096") {
+		t.Fatalf("main node with a shadow of a shorter -context: exit %d, stderr:\n%s", code, se)
+	}
+	if se, code = r.runMain("-prefetch", "shadow", "-shadow", r.shadow, "-context", "1024"); code != 0 {
+		t.Fatalf("main node of the shadow's -context: exit %d, stderr:\n%s", code, se)
 	}
 }
 

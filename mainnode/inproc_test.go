@@ -127,8 +127,8 @@ func TestInProcessWorkersTellThePlacerTheirCapacity(t *testing.T) {
 // TestAnInProcessShadowSaysWhatAProcessSays: an in-process shadow is
 // built as a shadow process is (shadow.New): it refuses a main node that
 // does not say its model, and its Hello names its workers, in the order
-// it was given them, and its group: what the main node's layout check
-// reads (TestNodesOfAnotherModelOrLayoutAreRefused runs that check on
+// it was given them, its group and its context: what the main node's
+// layout and context checks read (TestNodesOfAnotherModelOrLayoutAreRefused runs that check on
 // processes).
 func TestAnInProcessShadowSaysWhatAProcessSays(t *testing.T) {
 	f := newSwarmFixture(t, 2)
@@ -164,8 +164,8 @@ func TestAnInProcessShadowSaysWhatAProcessSays(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	if h := sp.Hello(); !slices.Equal(h.Layout, []string{"w2", "w1"}) || h.Group != 2 || h.Model != id {
-		t.Fatalf("the shadow's Hello says workers %v in groups of %d, model %.12s; want [w2 w1], 2, %.12s", h.Layout, h.Group, h.Model, id)
+	if h := sp.Hello(); !slices.Equal(h.Layout, []string{"w2", "w1"}) || h.Group != 2 || h.Model != id || h.Context != qm.Config.MaxPositions {
+		t.Fatalf("the shadow's Hello says workers %v in groups of %d, model %.12s, context %d; want [w2 w1], 2, %.12s, %d", h.Layout, h.Group, h.Model, h.Context, id, qm.Config.MaxPositions)
 	}
 }
 

@@ -106,7 +106,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		for i, p := range peers {
 			names[i] = p.Identity().Name
 		}
-		if err := checkStageLayouts(stages, names, opt.Layout.Group); err != nil {
+		if err := checkStageLayouts(stages, names, opt.Layout.Group, m.Config.MaxPositions); err != nil {
 			for _, p := range peers {
 				p.Close()
 			}
@@ -114,7 +114,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 	}
 	if cfg.Shadow != "" {
-		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, d, peers, opt.Layout, log); err != nil {
+		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, d, peers, opt.Layout, m.Config.MaxPositions, log); err != nil {
 			for _, p := range peers {
 				p.Close()
 			}
@@ -262,7 +262,7 @@ func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logge
 // peers in layout's groups, waiting for it a while (it may still be
 // quantizing): one that does not answer by then attaches when it does
 // (the redial), one that refuses is an error.
-func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire.Peer, layout sched.Layout, log zerolog.Logger) (*wire.Peer, func(context.Context) (*wire.Peer, error), error) {
+func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire.Peer, layout sched.Layout, contextLen int, log zerolog.Logger) (*wire.Peer, func(context.Context) (*wire.Peer, error), error) {
 	names := make([]string, len(peers))
 	for i, p := range peers {
 		names[i] = p.Identity().Name
@@ -277,6 +277,9 @@ func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire
 		if !slices.Equal(h.Layout, names) || h.Group != layout.Group {
 			return fmt.Errorf("the shadow hints workers %v in groups of %d, the main node runs %v in groups of %d: give both the same -workers, in the same order, and the same -group",
 				h.Layout, h.Group, names, layout.Group)
+		}
+		if h.Context < contextLen {
+			return fmt.Errorf("the shadow follows sequences of at most %d positions (-context), the main node serves %d: give the shadow at least the main node's -context", h.Context, contextLen)
 		}
 		return nil
 	}

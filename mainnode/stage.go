@@ -78,7 +78,7 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 	defer sw.Close()
 	lcfg := d.base
 	lcfg.PeerRoles = []wire.Role{wire.RoleMain}
-	lcfg.Hello.Layers = []int{r.First, r.End}
+	lcfg.Hello.Layers, lcfg.Hello.Context = []int{r.First, r.End}, m.Config.MaxPositions
 	lcfg.Hello.Layout, lcfg.Hello.Group = sw.workerNames(), sw.opt.Layout.Group // what its main node checks
 	ln, err := wire.Listen(ctx, cfg.Listen, &lcfg)
 	if err != nil {
@@ -111,8 +111,11 @@ func (s *Swarm) workerNames() []string {
 // main node's (names, in layout order, in groups of group): each would
 // run its layers' experts elsewhere than the shadow hints, and its
 // figures would count under other workers' names.
-func checkStageLayouts(stages *stage.Client, names []string, group int) error {
+func checkStageLayouts(stages *stage.Client, names []string, group, contextLen int) error {
 	for _, h := range stages.Hellos() {
+		if h.Context < contextLen {
+			return fmt.Errorf("stage %s serves sequences of at most %d positions (-context), the main node %d: give every stage at least the main node's -context", h.Name, h.Context, contextLen)
+		}
 		if !slices.Equal(h.Layout, names) || h.Group != group {
 			return fmt.Errorf("stage %s runs workers %v in groups of %d, the main node %v in groups of %d: give both the same -workers, in the same order, and the same -group",
 				h.Name, h.Layout, h.Group, names, group)

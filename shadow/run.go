@@ -226,7 +226,7 @@ func serveStage(ctx context.Context, cfg Config, qm *model.Model, id string) err
 	wcfg.PeerRoles = []wire.Role{wire.RoleShadow}
 	wcfg.Hello.Model, wcfg.CheckHello = id, wire.SameModel(true)
 	held := qm.HeldLayers()
-	wcfg.Hello.Layers, wcfg.Hello.Quant = []int{held.First, held.End}, cfg.Quant.String()
+	wcfg.Hello.Layers, wcfg.Hello.Quant, wcfg.Hello.Context = []int{held.First, held.End}, cfg.Quant.String(), qm.Config.MaxPositions
 	ln, err := wire.Listen(ctx, cfg.Listen, &wcfg)
 	if err != nil {
 		return err
@@ -355,7 +355,8 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	node.mainWire = *d.Wire
 	node.mainWire.PeerRoles = []wire.Role{wire.RoleMain}
 	node.mainWire.Hello.Model, node.mainWire.CheckHello = d.Identity, wire.SameModel(true)
-	node.mainWire.Hello.Group = layout.Group // the main node checks that it runs the same layout
+	node.mainWire.Hello.Group = layout.Group                  // the main node checks that it runs the same layout
+	node.mainWire.Hello.Context = d.Model.Config.MaxPositions // and that it follows sequences as long as its own
 	for _, p := range peers {
 		node.mainWire.Hello.Layout = append(node.mainWire.Hello.Layout, p.Identity().Name)
 	}

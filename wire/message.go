@@ -130,6 +130,10 @@ type Hello struct {
 	// them in ("" full precision).
 	Layers []int
 	Quant  string
+	// Context, from a stage or a shadow, is the longest sequence it
+	// serves (its -context, or its model's): the main node refuses one
+	// shorter than its own, whose long requests would fail midway.
+	Context int
 }
 
 // Prediction tells a worker group which experts the shadow node expects
