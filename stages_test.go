@@ -25,7 +25,8 @@ import (
 // predictions) the staged shadow's recall equals one whole shadow's on
 // the same swarm, exactly: the stages hand float32 rows on, so they
 // compute what one node computes. The shadows are nf4, whose recall is
-// below 1 here, so that equal recalls say something.
+// below 1 here, so that equal recalls say something. A later stage of a
+// shorter -context than the first's is refused, naming both.
 func TestAStagedShadowIsTheWholeShadow(t *testing.T) {
 	r := newChaosRig(t, 2)
 	if _, se, code := run(t, "", "certs", "-out", filepath.Join(r.dir, "certs"), "-nodes", "shadow2=shadow", "-log-level", "warn"); code != 0 {
@@ -62,6 +63,22 @@ func TestAStagedShadowIsTheWholeShadow(t *testing.T) {
 		if !strings.Contains(r.logOf("shadow2"), s) {
 			t.Fatalf("the stage's log does not say %q:\n%s", s, r.logs())
 		}
+	}
+	// a later stage that follows shorter sequences than its first stage
+	// is refused when the first dials it, and the first stage exits
+	r.signal("shadow", syscall.SIGKILL)
+	r.signal("shadow2", syscall.SIGKILL)
+	r.start("shadow2", shadowArgs("shadow2", "-layers", "2-3", "-listen", stageAddr, "-context", "1024")[1:]...)
+	first := r.start("shadow", shadowArgs("shadow", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","), "-layers", "0-1", "-stages", stageAddr)[1:]...)
+	exited := make(chan error, 1)
+	go func() { exited <- first.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil || !strings.Contains(r.logOf("shadow"), "follows sequences of at most 1024 positions (-context), its first stage 4096") {
+			t.Fatalf("a first stage dialing a stage of -context 1024: %v, log:\n%s", err, r.logOf("shadow"))
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("a first stage dialing a stage of -context 1024 still runs:\n%s", r.logOf("shadow"))
 	}
 }
 

@@ -98,7 +98,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var stages *stage.Client
 	if staged {
-		if stages, err = dialStages(ctx, cfg, id.String(), held.End, mcfg.NumLayers); err != nil {
+		if stages, err = dialStages(ctx, cfg, id.String(), held.End, mcfg.NumLayers, qm.Config.MaxPositions); err != nil {
 			return err
 		}
 		defer stages.Close()
@@ -243,8 +243,9 @@ func serveStage(ctx context.Context, cfg Config, qm *model.Model, id string) err
 }
 
 // dialStages dials the stages of a first stage whose own layers end
-// before first, waiting for them while they quantize.
-func dialStages(ctx context.Context, cfg Config, id string, first, layers int) (*stage.Client, error) {
+// before first, waiting for them while they quantize; one that follows
+// shorter sequences than contextLen (its -context) is refused.
+func dialStages(ctx context.Context, cfg Config, id string, first, layers, contextLen int) (*stage.Client, error) {
 	wcfg, rcfg := dialing(*cfg.Wire, wire.RoleShadow, id, cfg.DialTimeout) // a redial: a main node's next attach tries again
 	redial := func(ctx context.Context, i int) (*wire.Peer, error) { return wire.Dial(ctx, cfg.Stages[i], &rcfg) }
 	var peers []*wire.Peer
@@ -257,6 +258,12 @@ func dialStages(ctx context.Context, cfg Config, id string, first, layers int) (
 			return nil, fmt.Errorf("dialing shadow stage %s: %w", a, err)
 		}
 		peers = append(peers, p)
+		if h := p.Hello(); h.Context < contextLen {
+			for _, p := range peers {
+				p.Close()
+			}
+			return nil, fmt.Errorf("shadow stage %s follows sequences of at most %d positions (-context), its first stage %d: give every shadow stage at least the first's -context", a, h.Context, contextLen)
+		}
 	}
 	c, err := stage.NewClient(ctx, peers, first, layers, cfg.Quant.String(), redial)
 	if err != nil {
