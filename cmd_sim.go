@@ -48,7 +48,7 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 }
 
 // alignKVUsage is the -align-kv flag's help in odmoe sim and its sweep.
-const alignKVUsage = "shadow: the main node's -align-kv `K`: every K iterations it sends the shadow the new positions' keys and values over its link (0: never); the token period's effect, and K's on the shadow's routing, are the recall's (odmoe tune-align measures it)"
+const alignKVUsage = "shadow: the main node's -align-kv `K`: every K passes it sends the shadow the new positions' keys and values over its link (0: never); the token period's effect, and K's on the shadow's routing, are the recall's (odmoe tune-align measures it)"
 
 // runSimCalibrate fits a profile to a bench rig directory's resident and
 // shadow runs of one case.

@@ -5,8 +5,9 @@
 // link, one load at a time) and expert compute, the network hops, and the
 // shadow node's passes and predictions, departing late (on the main
 // node's alignment) or running ahead of it, and the stages either may be
-// split into by layer range (a hop of the hidden states at each
-// boundary, each stage's layers' traffic on its own link). Each node has
+// split into by layer range (each called in turn by the main node, or by
+// the shadow's first stage, over its link and back; each stage's layers'
+// traffic on its own link). Each node has
 // its own CPU and link: what a real rig has and the emulated one on two
 // shared cores does not. It is deterministic for a seed.
 //
@@ -572,9 +573,9 @@ func (r *run) route(was []int) []int {
 	return e
 }
 
-// predict sends the shadow's predictions of a pass departing at
-// depart, its layers shadowLayer apart: layer l's leave once its router
-// has run, to the workers of the layer's group, which load them in turn.
+// predict sends the shadow's predictions of a pass, layer l's reaching
+// the workers of the layer's group at arrives[l] (shadowPass), which
+// load them in turn.
 // An activation is predicted with probability Recall; for one that is
 // not, another expert is (and loaded for nothing).
 func (r *run) predict(arrives []float64, routes [][]int) []map[int]prediction {
@@ -690,10 +691,11 @@ func (r *run) goTo(from, to int, at float64, rows int, kvPerLayer float64) float
 // hop sends rows rows of hidden states, and extra bytes, over node
 // from's link, leaving at at, and returns when they arrive.
 func (r *run) hop(from int, at float64, rows int, extra float64) float64 {
-	d := r.wire + 1000*extra/r.p.LinkBytesPerS
+	d := r.wire
 	if rows > 1 {
 		d = max(0, r.p.PrefillMessageMs+1000*float64(rows)*float64(r.s.HiddenBytes)/cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS))
 	}
+	d += 1000 * extra / r.p.LinkBytesPerS
 	return r.up[from].reserve(at, d) + d + r.latency
 }
 
@@ -718,17 +720,15 @@ func (r *run) layersOn(n int) int {
 func (r *run) shadowPass(depart, shadowLayer float64) (arrive []float64, end float64) {
 	arrive = make([]float64, r.s.Layers)
 	hop := r.wire + r.latency
+	starts := r.o.ShadowStages // from layer 0 (checkStarts)
+	if len(starts) == 0 {
+		starts = []int{0} // whole
+	}
 	t := depart
-	for i, first := range append([]int{0}, r.o.ShadowStages...) {
-		if i == 1 && first == 0 {
-			continue // the first stage's start, given
-		}
+	for i, first := range starts {
 		last := r.s.Layers
-		for _, next := range r.o.ShadowStages {
-			if next > first {
-				last = next
-				break
-			}
+		if i+1 < len(starts) {
+			last = starts[i+1]
 		}
 		back := 0.0 // the routes' way back to the first stage
 		if first > 0 {
