@@ -42,7 +42,7 @@ test: tokref openai
 	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
 	@# tests that read RSS, which the race detector's own memory swamps
 	$(GO) test -count=1 -run 'MemoryOfFrames' ./wire/
-	@# README's planning table: ~40 s of simulation, minutes under the race detector
+	@# README's planning table: ~35 s of simulation, minutes under the race detector
 	$(GO) test -count=1 -run 'PlanningTable' .
 
 # The quick loop: no race detector, the long end-to-end runs skipped.

@@ -1,6 +1,6 @@
 //go:build !race
 
-// The planning table takes ~40 s of simulation without the race
+// The planning table takes ~35 s of simulation (2 vCPU) without the race
 // detector; make test runs it in its own step (Makefile).
 
 package main

@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"sync"
 
 	"github.com/odmoe/odmoe/harness/simrig"
+	"github.com/odmoe/odmoe/internal/par"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sched"
@@ -164,27 +163,16 @@ func Plan(o Options) (Answer, error) {
 			jobs = append(jobs, job{layout, Option{Mode: mode, Workers: w, Nodes: nodes}})
 		}
 	}
-	// each option's runs on a core of its own: a plan weighs dozens
+	// the options side by side: a plan weighs dozens
 	errs := make([]error, len(jobs))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		wg.Go(func() {
-			for i := range next {
-				so := simOpt
-				so.Mode = jobs[i].opt.Mode
-				res, err := sim.Expect(p, jobs[i].layout, shape, so, sim.ExpectRuns)
-				errs[i] = err
-				jobs[i].opt.DecodeTokensPerS, jobs[i].opt.TTFTms = res.DecodeTokensPerS, res.TTFTms
-				jobs[i].opt.PromptTokensPerS = float64(o.Prompt) / (res.TTFTms / 1000)
-			}
-		})
-	}
-	for i := range jobs {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	par.Each(len(jobs), func(i int) {
+		so := simOpt
+		so.Mode = jobs[i].opt.Mode
+		res, err := sim.Expect(p, jobs[i].layout, shape, so, sim.ExpectRuns)
+		errs[i] = err
+		jobs[i].opt.DecodeTokensPerS, jobs[i].opt.TTFTms = res.DecodeTokensPerS, res.TTFTms
+		jobs[i].opt.PromptTokensPerS = float64(o.Prompt) / (res.TTFTms / 1000)
+	})
 	if err := errors.Join(errs...); err != nil {
 		return a, err
 	}

@@ -1,9 +1,9 @@
 package plan
 
 import (
+	"cmp"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/sim"
@@ -34,7 +34,7 @@ func WriteText(w io.Writer, a Answer, o Options) {
 		case n.Role == "worker":
 			holds += " (a cache of loaded experts: -device-mem)"
 		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s |\n", n.Role, n.Count, cmpText(n.LayersText, "-"), holds)
+		fmt.Fprintf(w, "| %s | %d | %s | %s |\n", n.Role, n.Count, cmp.Or(n.LayersText, "-"), holds)
 	}
 	c := a.Chosen
 	fmt.Fprintf(w, "\n%d nodes, %s\n", c.Nodes, modeWords[c.Mode])
@@ -85,12 +85,12 @@ func TableRow(name, node string, a Answer) string {
 		}
 	}
 	c, s := a.Chosen, a.WithShadow
-	if a.NoShadow != "" {
-		return fmt.Sprintf("| %s | %s | %s, %s | %s | %s: %d workers, %d nodes | %.1f | %.0f | no shadow fits a node | - |", name, node, main.LayersText, gb(main.Holds),
-			group(stages), c.Mode, c.Workers, c.Nodes, c.DecodeTokensPerS, c.PromptTokensPerS)
+	withShadow := "no shadow fits a node | -"
+	if a.NoShadow == "" {
+		withShadow = fmt.Sprintf("%s; %d workers, %d nodes | %.1f", group(a.Shadow), s.Workers, s.Nodes, s.DecodeTokensPerS)
 	}
-	return fmt.Sprintf("| %s | %s | %s, %s | %s | %s: %d workers, %d nodes | %.1f | %.0f | %s; %d workers, %d nodes | %.1f |", name, node, main.LayersText, gb(main.Holds),
-		group(stages), c.Mode, c.Workers, c.Nodes, c.DecodeTokensPerS, c.PromptTokensPerS, group(a.Shadow), s.Workers, s.Nodes, s.DecodeTokensPerS)
+	return fmt.Sprintf("| %s | %s | %s, %s | %s | %s: %d workers, %d nodes | %.1f | %.0f | %s |", name, node, main.LayersText, progress.Bytes(main.Holds),
+		group(stages), c.Mode, c.Workers, c.Nodes, c.DecodeTokensPerS, c.PromptTokensPerS, withShadow)
 }
 
 // TableHeader is TableRow's header.
@@ -107,17 +107,7 @@ func group(ns []Node) string {
 		most = max(most, n.Holds)
 	}
 	if len(ns) == 1 && ns[0].LayersText == "all" {
-		return "1 whole, " + gb(most)
+		return "1 whole, " + progress.Bytes(most)
 	}
-	return fmt.Sprintf("%d, at most %s", len(ns), gb(most))
-}
-
-// gb is bytes as the nodes' own logs say them (GiB, MiB).
-func gb(b int64) string { return progress.Bytes(b) }
-
-func cmpText(s, none string) string {
-	if strings.TrimSpace(s) == "" {
-		return none
-	}
-	return s
+	return fmt.Sprintf("%d, at most %s", len(ns), progress.Bytes(most))
 }
