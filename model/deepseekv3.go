@@ -158,10 +158,11 @@ func (b *binder) mla(c Config, p string) Attention {
 	switch {
 	case b.err == nil && b.shapes:
 		w.ukT = absorbedKeysShape(w.KVB, H, m.NopeDim)
-		*b.bytes += int64(w.ukT.Rows) * int64(w.ukT.DType.RowBytes(w.ukT.Cols))
 	case b.err == nil:
 		w.ukT, b.err = absorbedKeys(w.KVB, H, m.NopeDim, m.VDim)
-		*b.bytes += int64(len(w.ukT.Data)) // held beside the checkpoint's
+	}
+	if b.err == nil { // held beside the checkpoint's
+		*b.bytes += int64(w.ukT.Rows) * int64(w.ukT.DType.RowBytes(w.ukT.Cols))
 	}
 	if b.err == nil && w.KVB.DType == kernels.F8E4M3 {
 		w.uv = headValueRows(w.KVB, m, H)

@@ -80,6 +80,7 @@ const mlaNormEps = 1e-6
 // [heads*rank, nope] matrix of the same dtype: element moves only, so it
 // is exact.
 func absorbedKeys(kvb kernels.Matrix, heads, nope, v int) (kernels.Matrix, error) {
+	out := absorbedKeysShape(kvb, heads, nope)
 	if kvb.DType == kernels.F8E4M3 {
 		// block scales do not survive the transpose: dequantize (exactly
 		// as the F8 product reads each weight) and transpose F32
@@ -90,7 +91,7 @@ func absorbedKeys(kvb kernels.Matrix, heads, nope, v int) (kernels.Matrix, error
 		return kernels.Matrix{}, fmt.Errorf("model: kv_b_proj of dtype %v: MLA needs a dtype of whole elements", kvb.DType)
 	}
 	rank := kvb.Cols
-	out := kernels.Matrix{DType: kvb.DType, Rows: heads * rank, Cols: nope, Data: make([]byte, heads*rank*nope*size)}
+	out.Data = make([]byte, heads*rank*nope*size)
 	for h := range heads {
 		for i := range nope {
 			src := kvb.Data[((h*(nope+v))+i)*rank*size:]
@@ -103,7 +104,8 @@ func absorbedKeys(kvb kernels.Matrix, heads, nope, v int) (kernels.Matrix, error
 }
 
 // absorbedKeysShape is absorbedKeys' matrix without its data: its dtype
-// and shape (LoadOptions.Shapes).
+// (an F8 kv_b_proj's dequantized to F32) and shape, which
+// LoadOptions.Shapes binds alone.
 func absorbedKeysShape(kvb kernels.Matrix, heads, nope int) kernels.Matrix {
 	dt := kvb.DType
 	if dt == kernels.F8E4M3 {
