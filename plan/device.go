@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/sim"
 )
@@ -78,12 +79,19 @@ func ReadDevice(path string) (Device, error) {
 // non-expert weights and the top-k experts it runs; the heads: their
 // matrices; a cached position: its KV row), a prompt token twice its
 // weights in FLOPs over d's rate.
-func profile(d Device, m *model.Model, s sim.Shape, shadowLayerBytes, shadowHeadBytes int64) (sim.Profile, error) {
+func profile(d Device, m *model.Model, s sim.Shape, quant kernels.DType) (sim.Profile, error) {
 	c := m.Config
 	all, err := m.FootprintOf(m.HeldLayers(), model.FootprintOptions{Head: true})
 	if err != nil {
 		return sim.Profile{}, err
 	}
+	q, err := m.FootprintOf(m.HeldLayers(), model.FootprintOptions{Quantized: true, Quant: quant, Experts: true, Head: true})
+	if err != nil {
+		return sim.Profile{}, err
+	}
+	// the shadow's layer, on average: its non-expert weights and the
+	// top-k experts it runs of each MoE layer
+	shadowLayer := (q.Layers + q.Experts*int64(c.TopK)/int64(c.NumExperts)) / int64(c.NumLayers)
 	ms := func(bytes float64) float64 { return 1000 * bytes / d.MemBytesPerS }
 	kvRow := int64(2)
 	if c.MLA != nil {
@@ -94,8 +102,8 @@ func profile(d Device, m *model.Model, s sim.Shape, shadowLayerBytes, shadowHead
 		MainLayerMs:          ms(float64(all.Layers)/float64(c.NumLayers)) + d.LayerMs,
 		MainTokenMs:          ms(float64(all.Head)) + d.LayerMs,
 		MainPositionMs:       ms(float64(kvRow * 4 * int64(c.KVWidth()))),
-		ShadowLayerMs:        ms(float64(shadowLayerBytes)) + d.LayerMs,
-		ShadowTokenMs:        ms(float64(shadowHeadBytes)) + d.LayerMs,
+		ShadowLayerMs:        ms(float64(shadowLayer)) + d.LayerMs,
+		ShadowTokenMs:        ms(float64(q.Head)) + d.LayerMs,
 		ExpertMs:             ms(float64(s.ExpertBytes)),
 		LoadBytesPerS:        d.LoadBytesPerS,
 		HopMs:                d.HopMs,

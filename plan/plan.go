@@ -120,11 +120,7 @@ func Plan(o Options) (Answer, error) {
 	if err != nil {
 		return a, err
 	}
-	q, err := m.FootprintOf(m.HeldLayers(), model.FootprintOptions{Quantized: true, Quant: o.Quant, Experts: true, Head: true})
-	if err != nil {
-		return a, err
-	}
-	p, err := profile(o.Device, m, shape, (q.Layers+q.Experts*int64(c.TopK)/int64(c.NumExperts))/int64(c.NumLayers), q.Head)
+	p, err := profile(o.Device, m, shape, o.Quant)
 	if err != nil {
 		return a, err
 	}
