@@ -33,5 +33,5 @@ func (s *Swarm) PlacerCapacities() []sched.Capacity {
 	return slices.Clone(s.placer.caps)
 }
 
-// CheckStageLayouts is checkStageLayouts, for the external tests.
-var CheckStageLayouts = checkStageLayouts
+// CheckStages is checkStages, for the external tests.
+var CheckStages = checkStages

@@ -106,7 +106,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		for i, p := range peers {
 			names[i] = p.Identity().Name
 		}
-		if err := checkStageLayouts(stages, names, opt.Layout.Group, m.Config.MaxPositions); err != nil {
+		if err := checkStages(stages, names, opt.Layout.Group, m.Config.MaxPositions); err != nil {
 			for _, p := range peers {
 				p.Close()
 			}

@@ -107,11 +107,13 @@ func (s *Swarm) workerNames() []string {
 	return names
 }
 
-// checkStageLayouts refuses stages whose workers, or groups, are not the
-// main node's (names, in layout order, in groups of group): each would
-// run its layers' experts elsewhere than the shadow hints, and its
-// figures would count under other workers' names.
-func checkStageLayouts(stages *stage.Client, names []string, group, contextLen int) error {
+// checkStages refuses stages that serve shorter sequences than the main
+// node (contextLen: their long requests would fail midway), or whose
+// workers, or groups, are not the main node's (names, in layout order,
+// in groups of group): each would run its layers' experts elsewhere than
+// the shadow hints, and its figures would count under other workers'
+// names.
+func checkStages(stages *stage.Client, names []string, group, contextLen int) error {
 	for _, h := range stages.Hellos() {
 		if h.Context < contextLen {
 			return fmt.Errorf("stage %s serves sequences of at most %d positions (-context), the main node %d: give every stage at least the main node's -context", h.Name, h.Context, contextLen)

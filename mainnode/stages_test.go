@@ -172,7 +172,7 @@ func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
 				if byWorker != float64(all) {
 					t.Fatalf("%s: /metrics counts %v loads by worker, the figures %d", policy, byWorker, all)
 				}
-				if err := mainnode.CheckStageLayouts(s.stages, []string{"w1", "w2", "w3", "w4"}, 2, 0); err != nil {
+				if err := mainnode.CheckStages(s.stages, []string{"w1", "w2", "w3", "w4"}, 2, 0); err != nil {
 					t.Fatalf("%s: the stages' layouts: %v", policy, err)
 				}
 			}
@@ -270,16 +270,16 @@ func TestAStageOfOtherWorkersIsRefused(t *testing.T) {
 	defer cancel()
 	addrs := startWorkers(t, ctx, f, 2, 64<<20, false)
 	s := startStagedSwarmOn(t, f, addrs, []string{addrs[1], addrs[0]}, mainnode.Reactive, "0-")
-	err = mainnode.CheckStageLayouts(s.stages, []string{"w1", "w2"}, 2, 4096)
+	err = mainnode.CheckStages(s.stages, []string{"w1", "w2"}, 2, 4096)
 	if err == nil || !strings.Contains(err.Error(), "[w2 w1]") || !strings.Contains(err.Error(), "[w1 w2]") {
 		t.Fatalf("a stage of the workers in another order: %v", err)
 	}
 	// a main node serving longer sequences than the stage holds rows for
-	err = mainnode.CheckStageLayouts(s.stages, []string{"w2", "w1"}, 2, 8192)
+	err = mainnode.CheckStages(s.stages, []string{"w2", "w1"}, 2, 8192)
 	if err == nil || !strings.Contains(err.Error(), "at most 4096 positions") || !strings.Contains(err.Error(), "-context") {
 		t.Fatalf("a stage of a shorter context: %v", err)
 	}
-	if err := mainnode.CheckStageLayouts(s.stages, []string{"w2", "w1"}, 2, 4096); err != nil {
+	if err := mainnode.CheckStages(s.stages, []string{"w2", "w1"}, 2, 4096); err != nil {
 		t.Fatalf("a stage of the main node's workers and context: %v", err)
 	}
 }
