@@ -931,8 +931,10 @@ const chunkElems = 1 << 18
 // Specs are the tensors a checkpoint of p's shape holds, named, typed
 // and shaped as its family publishes them: what Generate writes (p's
 // Vocab set).
-func Specs(p Preset) []safetensors.Spec {
-	ts := tensors(p)
+func Specs(p Preset) []safetensors.Spec { return specsOf(tensors(p)) }
+
+// specsOf is ts's specs.
+func specsOf(ts []tensor) []safetensors.Spec {
 	specs := make([]safetensors.Spec, len(ts))
 	for i, t := range ts {
 		specs[i] = t.spec
@@ -942,10 +944,9 @@ func Specs(p Preset) []safetensors.Spec {
 
 func writeWeights(path string, p Preset, opt Options) error {
 	ts := tensors(p)
-	specs := make([]safetensors.Spec, len(ts))
+	specs := specsOf(ts)
 	var total int64
-	for i, t := range ts {
-		specs[i] = t.spec
+	for _, t := range ts {
 		total += int64(elements(t.spec.Shape) * elemBytes(t.spec.DType))
 	}
 	var done int64
