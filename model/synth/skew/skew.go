@@ -217,14 +217,16 @@ func calibration(opt Options, vocab int) [][]int {
 var errStop = errors.New("skew: recorded")
 
 // recorder runs experts resident and keeps the inputs of layer (the
-// router's), ending the pass there; with layer -1 it runs every layer
-// and counts each expert's routed tokens instead.
+// router's), ending the pass there; with layer -1 it counts each
+// expert's routed tokens instead, ending the pass once layer last has
+// routed (nothing after it changes a route).
 type recorder struct {
 	*model.ResidentExperts
 	layer  int
 	hidden int
 	xs     []float32
 	counts map[int][]float64
+	last   int
 }
 
 func (r *recorder) RunExperts(ctx context.Context, step model.Step, layer int, x []float32, n int, routes []model.Route, out []float32) error {
@@ -235,6 +237,9 @@ func (r *recorder) RunExperts(ctx context.Context, step model.Step, layer int, x
 	if r.counts != nil {
 		for _, rt := range routes {
 			r.counts[layer][rt.Expert]++
+		}
+		if layer == r.last {
+			return errStop
 		}
 	}
 	return r.ResidentExperts.RunExperts(ctx, step, layer, x, n, routes, out)
@@ -253,15 +258,17 @@ func inputs(ctx context.Context, m *model.Model, layer int, prompts [][]int) ([]
 	return r.xs, nil
 }
 
-// routedShares runs the calibration through every layer and returns, per
-// layer with experts, each expert's share of its routed tokens.
+// routedShares runs the calibration up to the last layer with experts
+// (without the output head) and returns, per layer with experts, each
+// expert's share of its routed tokens.
 func routedShares(ctx context.Context, m *model.Model, prompts [][]int) (map[int][]float64, error) {
-	r := &recorder{ResidentExperts: model.NewResidentExperts(m), layer: -1, counts: map[int][]float64{}}
-	for _, l := range m.Config.ExpertLayers() {
+	layers := m.Config.ExpertLayers()
+	r := &recorder{ResidentExperts: model.NewResidentExperts(m), layer: -1, counts: map[int][]float64{}, last: layers[len(layers)-1]}
+	for _, l := range layers {
 		r.counts[l] = make([]float64, m.Config.NumExperts)
 	}
 	for _, p := range prompts {
-		if _, err := model.NewSession(m, r, len(p)).Forward(ctx, p); err != nil {
+		if err := model.NewSession(m, r, len(p)).ForwardHidden(ctx, p); !errors.Is(err, errStop) {
 			return nil, fmt.Errorf("skew: measuring the routing: %w", err)
 		}
 	}
