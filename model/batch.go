@@ -37,7 +37,7 @@ type Batch struct {
 
 // NewBatch returns a batch of m's sessions whose experts run on experts.
 func NewBatch(m *Model, experts ExpertRunner) *Batch {
-	b := &Batch{m: m, seq: nextSeq(), experts: experts, ffn: &Session{m: m, experts: experts, lastRow: -1}}
+	b := &Batch{m: m, seq: nextSeq(), experts: experts, ffn: &Session{m: m, experts: experts}}
 	b.ffn.invFreq, b.ffn.ropeMul = m.Config.ropeTables(m.Config.HeadDim)
 	return b
 }
@@ -170,7 +170,7 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 		}
 		s.iter++
 		s.cache.Reserve(b.starts[i] + len(feeds[i]))
-		s.lastRow, s.headDone = -1, false
+		s.kept, s.headDone = 0, false
 	}
 	rows := kvRows{seqs: b.rowSeqs, starts: b.rowPos}
 	for l := r.First; l < r.End; l++ {
@@ -196,38 +196,52 @@ func (b *Batch) ForwardLayers(ctx context.Context, sessions []*Session, feeds []
 	return f.x[:n*h], nil
 }
 
-// setLast keeps each session's last row of rows, the pass's hidden state
-// after the last layer, for its Logits.
+// setLast keeps each session's last rows of rows (one, or as many as
+// its KeepRows asks of those it fed), the pass's hidden state after the
+// last layer, for its Logits and LogitsOf.
 func (b *Batch) setLast(sessions []*Session, feeds [][]int, rows []float32) {
 	h := b.m.Config.HiddenSize
-	last := -1
+	end := 0
 	for i, s := range sessions {
-		last += len(feeds[i])
-		s.x = grow(s.x, h)
-		copy(s.x[:h], rows[last*h:(last+1)*h])
-		s.lastRow = 0
+		end += len(feeds[i])
+		n := min(max(s.keep, 1), len(feeds[i]))
+		s.x = grow(s.x, n*h)
+		copy(s.x[:n*h], rows[(end-n)*h:end*h])
+		s.kept = n
 	}
 }
 
-// Logits computes the output head of every session's last hidden state
-// (what each session's Logits would compute) in one pass over its
-// weights; each session's Logits then returns its row without computing
-// it again. Every session must have run a pass.
+// Logits computes the output head of every session's kept hidden states
+// (its last row, or as many as its KeepRows asks: what each session's
+// Logits and LogitsOf would compute) in one pass over its weights; each
+// session's Logits and LogitsOf then return their rows without computing
+// them again. Every session must have run a pass.
 func (b *Batch) Logits(sessions []*Session) error {
 	c := b.m.Config
-	n, h, V := len(sessions), c.HiddenSize, c.VocabSize
-	f := b.ffn
-	f.hn = grow(f.hn, n*h)
+	h, V := c.HiddenSize, c.VocabSize
+	n := 0
 	for i, s := range sessions {
-		if s.m != b.m || s.lastRow < 0 {
+		if s.m != b.m || s.kept == 0 {
 			return fmt.Errorf("model: batch row %d has no pass to compute logits for", i)
 		}
-		kernels.RMSNorm(f.hn[i*h:(i+1)*h], s.x[s.lastRow*h:(s.lastRow+1)*h], b.m.FinalNorm, float32(c.RMSNormEps))
+		n += s.kept
+	}
+	f := b.ffn
+	f.hn = grow(f.hn, n*h)
+	r := 0
+	for _, s := range sessions {
+		for j := range s.kept {
+			kernels.RMSNorm(f.hn[r*h:(r+1)*h], s.x[j*h:(j+1)*h], b.m.FinalNorm, float32(c.RMSNormEps))
+			r++
+		}
 	}
 	f.logits = grow(f.logits, n*V)
 	kernels.MatMul(f.logits, b.m.LMHead, f.hn, n)
-	for i, s := range sessions {
-		copy(s.logits, f.logits[i*V:(i+1)*V])
+	r = 0
+	for _, s := range sessions {
+		s.logits = grow(s.logits, s.kept*V)
+		copy(s.logits[:s.kept*V], f.logits[r*V:(r+s.kept)*V])
+		r += s.kept
 		s.headDone = true
 	}
 	return nil

@@ -206,3 +206,91 @@ func TestBatchRefusesMismatchedInput(t *testing.T) {
 		t.Fatal("Logits of a session that no pass ran, beside one that did, was accepted")
 	}
 }
+
+// TestGuessedRowsAreCheckedAsOneAtATime decodes a sequence of every
+// family in passes that each feed its last token and up to three guesses
+// of the tokens after it (some right, one wrong where the pass says),
+// beside another sequence decoding a token a pass: the logits after each
+// fed row (LogitsOf, from Batch.Logits on even passes, else computed
+// alone) are those of decoding one token at a time, bit for bit, up to
+// the first wrong guess, and the rows after it taken back (Truncate)
+// leave the sequence as if they had never been fed.
+func TestGuessedRowsAreCheckedAsOneAtATime(t *testing.T) {
+	eachFamily(t, 13, func(t *testing.T, m *Model) {
+		ctx := context.Background()
+		prompts := [][]int{{9, 250, 100, 64, 3, 8}, {1, 17, 300, 42}}
+		const steps = 40 // past gpt-oss-tiny's window of 8 and the rows it drops (kvcache.Commit)
+		want := aloneLogits(t, m, prompts, steps)
+		tokens := make([][]int, len(prompts))
+		for i := range prompts {
+			for _, lg := range want[i] {
+				tokens[i] = append(tokens[i], Argmax(lg))
+			}
+		}
+		sessions := make([]*Session, len(prompts))
+		out := make([][]int, len(prompts))
+		for i, p := range prompts {
+			sessions[i] = NewSession(m, NewResidentExperts(m), 8)
+			logits, err := sessions[i].Forward(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = append(out[i], Argmax(logits))
+		}
+		b := NewBatch(m, NewResidentExperts(m))
+		guessed, wrong := 0, 0
+		for pass := 0; len(out[0]) < steps; pass++ {
+			k := min(1+pass%3, steps-len(out[0])) // guesses this pass
+			guesses := slices.Clone(tokens[0][len(out[0]) : len(out[0])+k])
+			if w := pass % 4; w < k { // this guess is wrong; pass%4 == 3 (or past k): all right
+				guesses[w] = (guesses[w] + 1) % m.Config.VocabSize
+				wrong++
+			}
+			guessed += k
+			s0 := sessions[0]
+			before := s0.Len()
+			s0.KeepRows(k + 1)
+			members, feeds := []*Session{s0}, [][]int{append([]int{out[0][len(out[0])-1]}, guesses...)}
+			if len(out[1]) < steps {
+				members, feeds = append(members, sessions[1]), append(feeds, out[1][len(out[1])-1:])
+			}
+			if err := b.Forward(ctx, members, feeds); err != nil {
+				t.Fatal(err)
+			}
+			if pass%2 == 0 {
+				if err := b.Logits(members); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s0.Kept() != k+1 || (len(members) > 1 && sessions[1].Kept() != 1) {
+				t.Fatalf("pass %d kept %d and %d rows, want %d and 1", pass, s0.Kept(), sessions[1].Kept(), k+1)
+			}
+			used := 0
+			for j := 0; j <= k; j++ {
+				lg := s0.LogitsOf(j)
+				if d := firstDiff(lg, want[0][len(out[0])]); d >= 0 {
+					t.Fatalf("pass %d row %d (token %d): logit %d is %v checked, %v one at a time", pass, j, len(out[0]), d, lg[d], want[0][len(out[0])][d])
+				}
+				id := Argmax(lg)
+				out[0], used = append(out[0], id), j+1
+				if j == k || id != guesses[j] || len(out[0]) >= steps {
+					break
+				}
+			}
+			s0.Cache().Truncate(before + used)
+			if len(members) > 1 {
+				lg := sessions[1].Logits()
+				if d := firstDiff(lg, want[1][len(out[1])]); d >= 0 {
+					t.Fatalf("pass %d, the other sequence's token %d: logit %d is %v, %v alone", pass, len(out[1]), d, lg[d], want[1][len(out[1])][d])
+				}
+				out[1] = append(out[1], Argmax(lg))
+			}
+		}
+		if !slices.Equal(out[0], tokens[0]) {
+			t.Fatalf("checked guesses decoded %v, one at a time %v", out[0], tokens[0])
+		}
+		if wrong == 0 || wrong == guessed {
+			t.Fatalf("%d of %d guesses wrong: the test checks neither a kept nor a taken-back row", wrong, guessed)
+		}
+	})
+}

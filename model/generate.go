@@ -24,6 +24,11 @@ type GenerateStats struct {
 	// Experts is, for a sequence decoded on a swarm, its rows' share of
 	// the decode figures (zero in one process).
 	Experts ExpertFigures
+	// Drafted and Accepted count, where a pass loop checked guessed
+	// tokens (drafting), the guesses its passes fed after the sequence's
+	// last token and those its own samples agreed with: each accepted
+	// guess is a token that took no pass of its own.
+	Drafted, Accepted int
 }
 
 // ExpertFigures are one sequence's share of a swarm's decode figures,

@@ -38,9 +38,12 @@ type Session struct {
 	shared, sharedGate        []float32     // a shared expert's output and gate, n * hidden and n
 	ffnScratch                ExpertScratch // a shared expert's or a dense MLP's
 	qkv                       [3]kernels.Product
-	logits                    []float32 // vocab
-	lastRow                   int       // the row of x Logits reads; -1: none
-	headDone                  bool      // logits hold the head of lastRow (Batch.Logits)
+	logits                    []float32 // vocab for each kept row
+	// kept are the last pass's rows whose hidden state x holds, first
+	// rows first, for Logits and LogitsOf (0: none); keep is how many a
+	// batch's pass keeps (KeepRows; 0 is 1)
+	kept, keep int
+	headDone   bool // logits hold the head of every kept row (Batch.Logits)
 }
 
 // NewSession starts an empty sequence on m whose experts run on experts.
@@ -103,7 +106,6 @@ func newSession(m *Model, experts ExpertRunner, cache *kvcache.Cache) *Session {
 		cache:   cache,
 		layers:  LayerRange{first, end},
 		logits:  make([]float32, c.VocabSize),
-		lastRow: -1,
 	}
 	s.invFreq, s.ropeMul = c.ropeTables(c.HeadDim)
 	return s
@@ -158,7 +160,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 	step := Step{Seq: s.seq, Pass: s.iter}
 	s.cache.Reserve(start + n)
 	s.x = grow(s.x, n*h)
-	s.lastRow, s.headDone = -1, false
+	s.kept, s.headDone = 0, false
 	for t, id := range tokens {
 		s.m.embed(s.x[t*h:(t+1)*h], id)
 	}
@@ -183,7 +185,7 @@ func (s *Session) ForwardHidden(ctx context.Context, tokens []int) error {
 			return err
 		}
 	}
-	s.lastRow = n - 1
+	s.kept = n
 	return nil
 }
 
@@ -196,20 +198,38 @@ func (m *Model) embed(dst []float32, id int) {
 
 // Logits computes the output head on the last hidden state of the last
 // ForwardHidden (nil if there is none). The slice is reused.
-func (s *Session) Logits() []float32 {
-	if s.lastRow < 0 {
+func (s *Session) Logits() []float32 { return s.LogitsOf(s.kept - 1) }
+
+// KeepRows makes each later pass of a Batch keep the hidden state of its
+// last n rows of this session (1 below 1), for LogitsOf: a pass that
+// checks guessed tokens needs the logits after each of them. A Forward
+// of the session alone keeps all its rows.
+func (s *Session) KeepRows(n int) { s.keep = n }
+
+// Kept is how many of the last pass's rows LogitsOf can be asked for:
+// the last Kept rows it fed.
+func (s *Session) Kept() int { return s.kept }
+
+// LogitsOf computes the output head on the hidden state after the i-th
+// of the last pass's kept rows (0 the first kept, Kept()-1 the last: what
+// Logits computes), nil when there is no such row. Each row's logits are
+// the bits one pass feeding up to that row would give. The slice is
+// reused.
+func (s *Session) LogitsOf(i int) []float32 {
+	if i < 0 || i >= s.kept {
 		return nil
 	}
-	if s.headDone {
-		return s.logits
-	}
 	c := s.m.Config
+	V := c.VocabSize
+	if s.headDone {
+		return s.logits[i*V : (i+1)*V]
+	}
 	h := c.HiddenSize
-	last := s.x[s.lastRow*h : (s.lastRow+1)*h]
+	s.logits = grow(s.logits, (i+1)*V)
 	s.hn = grow(s.hn, h)
-	kernels.RMSNorm(s.hn[:h], last, s.m.FinalNorm, float32(c.RMSNormEps))
-	kernels.MatVec(s.logits, s.m.LMHead, s.hn[:h])
-	return s.logits
+	kernels.RMSNorm(s.hn[:h], s.x[i*h:(i+1)*h], s.m.FinalNorm, float32(c.RMSNormEps))
+	kernels.MatVec(s.logits[i*V:(i+1)*V], s.m.LMHead, s.hn[:h])
+	return s.logits[i*V : (i+1)*V]
 }
 
 // ResumeSession starts a sequence on m that goes on after the rows

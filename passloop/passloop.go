@@ -59,7 +59,21 @@ type Batcher struct {
 	// joins (tests)
 	gather   int
 	gathered chan struct{}
+	// draftUpTo is how many guesses (hooks.Draft's) a decoding member's
+	// pass feeds at most; 0: none
+	draftUpTo int
 }
+
+// MaxDraft is the most guesses one pass checks for a member: a sliding
+// window's layer can take back that many rows (kvcache.WindowSlack).
+const MaxDraft = 8
+
+// DraftUpTo has each pass feed, after each decoding member's last token,
+// up to k tokens Hooks.Draft guesses come next (at most MaxDraft; 0, the
+// default, none), and keep those its own samples agree with: a member
+// gets the tokens and logits it would get one token a pass, in fewer
+// passes where the guesses are right. Call it before the first Generate.
+func (b *Batcher) DraftUpTo(k int) { b.draftUpTo = min(max(k, 0), MaxDraft) }
 
 // KeepPrefixes keeps the KV rows of finished requests, up to budget
 // bytes (least recently used go first), for later requests whose prompts
@@ -99,6 +113,13 @@ type Hooks struct {
 	// OnRoute, if set, sees every layer's routing of each pass's rows
 	// (model.Batch.SetOnRoute), the layers its stages run too.
 	OnRoute func(step model.Step, layer int, routes []model.Route)
+	// Draft, if set (and DraftUpTo above 0), is asked before each pass
+	// for up to max tokens it guesses come after position pos of
+	// sequence seq, whose token there, last, is the one the pass feeds
+	// (the shadow's run-ahead tokens). A guess outside the vocabulary
+	// ends them. Wrong guesses cost rows, never a token: the pass keeps
+	// only those the member's own samples agree with.
+	Draft func(seq uint64, pos, last, max int) []int
 	// Recover, if set, is asked when pass step fails with err whether the
 	// runner has brought back what it lost and every sequence is to run
 	// again from its first token (a stage restarted holds no rows): then
@@ -113,6 +134,9 @@ type Hooks struct {
 type Row struct {
 	Step   model.Step // the member's own forward pass
 	Tokens []int      // what it feeds: its last sampled token, or a chunk of its prompt
+	// Drafted are the last of Tokens that are guesses (Hooks.Draft) of
+	// the tokens after its last sampled one, checked by this pass
+	Drafted int
 	// Prompt says Tokens are prompt tokens; PromptLeft are those still to
 	// feed after this pass.
 	Prompt     bool
@@ -188,9 +212,13 @@ type member struct {
 	first    time.Time // when its first token came; zero before
 	left     bool      // the loop has finished it
 	done     chan struct{}
-	// the token draw sampled from the latest pass's logits, or why not
+	// the token draw sampled from the latest pass's logits (those after
+	// its row at: 0, or the guess kept before it), or why not
 	next    int
 	drawErr error
+	at      int
+	// guesses are what the pass feeds after its last token (Hooks.Draft)
+	guesses []int
 	// refill says the runner lost the sequence's rows (Recover): its
 	// next pass feeds its tokens so far again, from the first
 	refill bool
@@ -251,15 +279,16 @@ func (b *Batcher) Generate(ctx context.Context, prompt []int, opt model.Generate
 	return m.out, m.st, m.err
 }
 
-// draw samples the member's next token from its logits, for take.
+// draw samples the member's next token from its logits after its row
+// at, for take.
 func (m *member) draw() {
-	m.next, m.drawErr = m.sampler.Sample(m.sess.Logits())
+	m.next, m.drawErr = m.sampler.Sample(m.sess.LogitsOf(m.at))
 }
 
 // take hands on the token draw sampled; it reports whether the member
 // is done (and then has said why).
 func (m *member) take() bool {
-	id, err, logits := m.next, m.drawErr, m.sess.Logits()
+	id, err, logits := m.next, m.drawErr, m.sess.LogitsOf(m.at)
 	if err != nil {
 		m.err = err
 		return true
@@ -277,6 +306,44 @@ func (m *member) take() bool {
 		return true
 	}
 	return len(m.out) >= m.opt.MaxTokens
+}
+
+// takeChecked hands on the member's tokens of a pass that fed its
+// guesses: the token its first row's logits gave (drawn), then while
+// that token is the guess the pass fed next, the token sampled from that
+// guess's row, exactly as a pass each would. The rows past the last
+// guess kept are taken back from its cache (before is its length before
+// the pass). It reports whether the member is done.
+func (m *member) takeChecked(before int) bool {
+	done := m.take()
+	for !done && m.at < len(m.guesses) && m.out[len(m.out)-1] == m.guesses[m.at] {
+		m.at++
+		m.draw()
+		done = m.take()
+	}
+	if len(m.guesses) > 0 {
+		m.st.Drafted += len(m.guesses)
+		m.st.Accepted += m.at
+		m.sess.Cache().Truncate(before + m.at + 1)
+	}
+	return done
+}
+
+// guess asks the hooks' drafter for up to k tokens after the member's
+// last sampled one, within its token limit and the context, and keeps
+// them, up to the first outside the vocabulary, for its next pass.
+func (m *member) guess(draft func(seq uint64, pos, last, max int) []int, k, vocab, context int) {
+	m.guesses, m.at = m.guesses[:0], 0
+	k = min(k, m.opt.MaxTokens-len(m.out)-1, context-m.sess.Len()-1)
+	if draft == nil || k <= 0 {
+		return
+	}
+	g := draft(m.sess.Seq(), m.sess.Len(), m.out[len(m.out)-1], k)
+	g = g[:min(len(g), k)]
+	if i := slices.IndexFunc(g, func(id int) bool { return id < 0 || id >= vocab }); i >= 0 {
+		g = g[:i]
+	}
+	m.guesses = append(m.guesses, g...)
 }
 
 // refeed puts the tokens so far of each member of the pass (plan) whose
@@ -384,7 +451,7 @@ func (b *Batcher) loop() {
 		}
 		plan = passes.Next(plan[:0], seqs, b.budget)
 		rows, sessions, feeds, heads = rows[:0], sessions[:0], feeds[:0], heads[:0]
-		toks = slices.Grow(toks[:0], len(plan))
+		toks = slices.Grow(toks[:0], len(plan)*(1+b.draftUpTo)) // rows point into it: it must not move
 		for _, r := range plan {
 			m := members[r.Seq]
 			row := Row{Step: m.sess.Next(), Prompt: r.Prompt, Cache: m.sess.Cache(), Sampling: m.sampling, PromptLen: len(m.prompt)}
@@ -394,13 +461,16 @@ func (b *Batcher) loop() {
 					row.Reused = m.prompt[:m.fed]
 				}
 			} else {
-				toks = append(toks, m.out[len(m.out)-1])
-				row.Tokens = toks[len(toks)-1:]
+				m.guess(b.hooks.Draft, b.draftUpTo, b.m.Config.VocabSize, b.m.Config.MaxPositions)
+				toks = append(append(toks, m.out[len(m.out)-1]), m.guesses...)
+				row.Tokens, row.Drafted = toks[len(toks)-1-len(m.guesses):], len(m.guesses)
 			}
+			m.sess.KeepRows(1 + row.Drafted)
 			if !r.Prompt || r.Last {
 				heads = append(heads, m.sess)
-				// the token this pass samples is its len(m.out)+1-th
-				row.Final = len(m.out)+1 >= m.opt.MaxTokens || m.sess.Len()+len(row.Tokens) >= b.m.Config.MaxPositions
+				// the first token this pass samples is its len(m.out)+1-th;
+				// the guesses are checked only up to the limits
+				row.Final = len(m.out)+1 >= m.opt.MaxTokens || m.sess.Len()+1 >= b.m.Config.MaxPositions
 			}
 			rows, sessions, feeds = append(rows, row), append(sessions, m.sess), append(feeds, row.Tokens)
 		}
@@ -442,7 +512,7 @@ func (b *Batcher) loop() {
 		}
 		drawAll(drawing)
 		now := time.Now()
-		for _, r := range plan {
+		for i, r := range plan {
 			m := members[r.Seq]
 			if r.Prompt {
 				m.fed += r.Tokens
@@ -455,7 +525,7 @@ func (b *Batcher) loop() {
 					continue
 				}
 			}
-			if m.take() {
+			if m.takeChecked(lens[i]) {
 				finish(m, nil)
 			}
 		}
