@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"flag"
+	"fmt"
 	"io"
 	"math"
 	"slices"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/odmoe/odmoe/harness/simrig"
 	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/sim"
 	"github.com/odmoe/odmoe/testbed"
 )
 
@@ -30,6 +33,7 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	recall := fs.Float64("recall", 1, "shadow: the share of activations it predicts (eq. 3; measured: fp16 ~1, int8 ~0.98)")
 	ahead := fs.Int("ahead", 1, "shadow: passes it may run past its latest alignment (0: late departure)")
 	alignKV := fs.Int("align-kv", 1, alignKVUsage)
+	accept, draft := draftFlags(fs, "")
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	var lf runflags.Log
@@ -44,7 +48,16 @@ func runSim(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return err
 	}
-	return simrig.Predict(simrig.PredictOptions{Profile: *profilePath, Rig: *rigPath, Model: *dir, Mode: *mode, Case: c, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV, Seed: *seed, JSON: *asJSON}, stdout)
+	return simrig.Predict(simrig.PredictOptions{Profile: *profilePath, Rig: *rigPath, Model: *dir, Mode: *mode, Case: c, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV,
+		Accept: *accept, Draft: *draft, Seed: *seed, JSON: *asJSON}, stdout)
+}
+
+// draftFlags registers odmoe sim's and its sweep's -accept and -draft,
+// their help ending in also.
+func draftFlags(fs *flag.FlagSet, also string) (accept *float64, draft *int) {
+	accept = fs.Float64("accept", 0, "shadow: the chance its guess of a token is the main node's sample (bench rig's agreed share; greedy ~0.85, sampled at 0.7 lower); 0: not modelled"+also)
+	draft = fs.Int("draft", 0, fmt.Sprintf("shadow, with -accept: the guesses each decode pass checks after its token (0..%d; 0: none)", sim.MaxDraft)+also)
+	return accept, draft
 }
 
 // alignKVUsage is the -align-kv flag's help in odmoe sim and its sweep.
@@ -119,7 +132,7 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	fs := newFlagSet("sim sweep", stderr)
 	profilePath := fs.String("profile", "", "`FILE`: the rig's costs (required)")
 	dir := fs.String("model", "", "Hugging Face model directory (config.json) (required)")
-	vary := fs.String("vary", "workers", "the parameter swept: workers, link (bits/s), recall, ahead, align (the KV alignment period, with -recalls as measured at each)")
+	vary := fs.String("vary", "workers", "the parameter swept: workers, link (bits/s), recall, ahead, align (the KV alignment period, with -recalls as measured at each), draft (the guesses a shadow-driven pass checks, with -accept)")
 	valuesFlag := fs.String("values", "4,8,16,32,64,128", "its values, comma-separated")
 	modesFlag := fs.String("modes", "resident,reactive,shadow", "modes to predict")
 	caseFlag := fs.String("case", "16x64", "PROMPTxOUTPUT tokens")
@@ -128,6 +141,7 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	recall := fs.Float64("recall", 1, "the shadow's recall (when not swept)")
 	ahead := fs.Int("ahead", 1, "the shadow's lead in passes (when not swept)")
 	alignKV := fs.Int("align-kv", 1, alignKVUsage+" (when not swept)")
+	accept, draft := draftFlags(fs, " (when not swept)")
 	recallsFlag := fs.String("recalls", "", "the shadow's recall at each of -values, comma-separated (e.g. tune-align's at each alignment period); empty: -recall at all")
 	seed := fs.Uint64("seed", 1, "routing and prediction seed")
 	svgOut := fs.String("svg", "", "also draw the chart to `FILE`")
@@ -161,5 +175,6 @@ func runSimSweep(_ context.Context, args []string, _ io.Reader, stdout, stderr i
 	}
 	modes := strings.Split(*modesFlag, ",")
 	return simrig.Sweep(simrig.SweepOptions{Profile: *profilePath, Model: *dir, Vary: *vary, Values: values, Recalls: recalls, Modes: modes, Case: c,
-		Workers: *workers, Group: *group, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV, Seed: *seed, SVG: *svgOut}, stdout)
+		Workers: *workers, Group: *group, Recall: *recall, Ahead: *ahead, AlignKV: *alignKV,
+		Accept: *accept, Draft: *draft, Seed: *seed, SVG: *svgOut}, stdout)
 }

@@ -18,6 +18,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -252,7 +253,27 @@ type Options struct {
 	// as it routes them (the first stage predicts from them) and its
 	// rows when done.
 	ShadowStages []int
+	// Accept, when not 0, is the chance the shadow's guess of a token is
+	// the main node's own sample (when its guesses before it were): its
+	// run ahead on a wrong guess is then wasted, and it departs on the
+	// main node's alignment (0: not modelled, its run-ahead taken as
+	// right, as Recall was measured with it).
+	Accept float64
+	// Draft is how many of the shadow's guesses each decode pass checks
+	// after the token it feeds (drafting; 0: none): a shadow-driven
+	// swarm's, with Accept. The shadow runs each row's token in turn and
+	// samples the next guess; a pass checks those it has made by the
+	// time the pass starts. A pass of R rows costs the main node
+	// R-1 prompt tokens' more a layer (MainPrefillTokenMs) and each row's
+	// attention; each expert runs once for the rows routed to it (R-1 of
+	// them at ExpertPrefillTokenMs more), its activation as large as
+	// they are; the head runs once.
+	Draft int
 }
+
+// MaxDraft is the most guesses a simulated pass checks: the main node's
+// (passloop.MaxDraft).
+const MaxDraft = 8
 
 // Result is what the run would measure.
 type Result struct {
@@ -269,6 +290,11 @@ type Result struct {
 	// CPUBound: the shared cores, not the timeline, set the decode rate
 	// (Profile.Cores).
 	CPUBound bool `json:"cpu_bound,omitempty"`
+	// Passes are the decode passes; with Draft, Drafted and Accepted the
+	// guesses they checked and kept.
+	Passes   int `json:"passes"`
+	Drafted  int `json:"drafted,omitempty"`
+	Accepted int `json:"accepted,omitempty"`
 }
 
 // Run simulates the decode of o.Output tokens on a rig of layout's
@@ -290,6 +316,9 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	}
 	if o.Prompt < 1 || o.Output < 2 || o.Recall < 0 || o.Recall > 1 || o.Ahead < 0 || o.AlignKV < 0 {
 		return Result{}, fmt.Errorf("sim: %d prompt tokens (want >= 1), %d output (>= 2), recall %v (0..1), ahead %d (>= 0), KV alignment period %d (>= 0)", o.Prompt, o.Output, o.Recall, o.Ahead, o.AlignKV)
+	}
+	if o.Accept < 0 || o.Accept > 1 || o.Draft < 0 || o.Draft > MaxDraft || o.Draft > 0 && (o.Mode != Shadow || o.Accept == 0) {
+		return Result{}, fmt.Errorf("sim: drafting %d guesses a pass (0..%d, a shadow's, with -accept) with acceptance %v (0..1) in mode %s", o.Draft, MaxDraft, o.Accept, o.Mode)
 	}
 	hop := p.HopMs
 	if o.Mode == Shadow && p.LoadingHopMs > 0 {
@@ -348,6 +377,8 @@ type run struct {
 	// kept is, per layer, the experts the last decode pass's
 	// predictions loaded and where: a worker hinted one again keeps it
 	kept []map[int]prediction
+	// rowsRun are the decode passes' rows, guesses taken back included
+	rowsRun int
 }
 
 // prediction is a load the shadow asked of a worker for an expert.
@@ -451,55 +482,85 @@ func (p Profile) sharedCores() float64 {
 	return eff * float64(p.Cores)
 }
 
-// decode runs the decode steps from start (the first token's time).
+// decode runs the decode steps from start (the first token's time):
+// passes of one row, or with Draft of the row and the guesses the shadow
+// has made, until Output tokens are out.
 func (r *run) decode(start float64) Result {
 	steps := r.o.Output - 1
-	var routes [][]int
+	var prev [][]int      // the last row's routing, per layer
 	var aligned []float64 // when each pass's alignment reached the shadow
 	shadowEnd := start    // the shadow's last pass's end
-	now := start
-	for it := range steps {
-		pos := float64(r.o.Prompt + it) // the cached positions this step attends to
-		align := now                    // the sampled token (a few bytes) leaves at once
+	wrong := false        // the shadow ran the last pass ahead on a wrong guess
+	now, made, rows := start, 0, 0
+	sinceKV := 0 // positions since the last KV alignment
+	for it := 0; made < steps; it++ {
+		pos := float64(r.o.Prompt + made) // the cached positions this pass's first row attends to
+		align := now                      // the sampled token (a few bytes) leaves at once
+		sinceKV += max(1, rows)           // the last pass's rows kept (1 before the first)
 		// due at decode passes K, 2K, ... as align.Policy.KVDue says
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && (it+1)%r.o.AlignKV == 0 {
-			// with the KV rows of the last AlignKV positions, on the
+			// with the KV rows of the positions since the last, on the
 			// main node's link (its stages handed theirs back with
 			// each pass's rows) before this pass's activations
-			kv := 1000 * float64(r.o.AlignKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
+			n := r.o.AlignKV
+			if r.o.Draft > 0 {
+				n = sinceKV
+			}
+			kv := 1000 * float64(n) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
 			align = r.up[0].reserve(now, kv) + kv
+			sinceKV = 0
 		}
 		aligned = append(aligned, align+r.latency)
-		// the routing of this pass: k distinct experts per layer,
-		// each of the pass before's kept with RouteRepeat's chance
-		var prev [][]int
-		if it > 0 {
-			prev = routes
-		}
-		routes = make([][]int, r.s.Layers)
-		for l := range routes {
-			var was []int
-			if prev != nil {
-				was = prev[l]
-			}
-			routes[l] = r.route(was)
-		}
 		var predicted []map[int]prediction // per layer: expert -> its load
+		var routes [][][]int               // per row, per layer
+		rows = 1
 		if r.o.Mode == Shadow {
 			// the shadow departs once it has finished the last pass
 			// and the alignment that lets it go has come: this
-			// pass's (late), or the one Ahead before it
+			// pass's (late), or the one Ahead before it; after a wrong
+			// guess, the last pass's
 			depart := shadowEnd
 			if a := it - r.o.Ahead; a >= 0 {
 				depart = max(depart, aligned[a])
 			}
+			if wrong {
+				depart = max(depart, aligned[it-1])
+			}
 			shadowLayer := r.p.ShadowLayerMs + pos*r.p.ShadowPositionMs
-			var arrive []float64
-			arrive, shadowEnd = r.shadowPass(depart, shadowLayer)
-			predicted = r.predict(arrive, routes)
-			if r.o.Ahead > 0 {
+			// each row in turn, its token sampled after the row before:
+			// the pass checks the guesses made by the time it starts
+			var arrives [][]float64
+			for j := 0; j <= min(r.o.Draft, steps-made-1); j++ {
+				if j > 0 && shadowEnd+r.p.ShadowTokenMs > now {
+					break // the guess for row j is not made yet
+				}
+				if j > 0 {
+					depart = shadowEnd + r.p.ShadowTokenMs
+				}
+				var arrive []float64
+				arrive, shadowEnd = r.shadowPass(depart, shadowLayer+float64(j)*r.p.ShadowPositionMs)
+				arrives, rows = append(arrives, arrive), j+1
+				routes = append(routes, r.routeRows(prev))
+				prev = routes[j]
+			}
+			predicted = r.predict(arrives, routes)
+			if r.o.Ahead > 0 || rows > 1 {
 				shadowEnd += r.p.ShadowTokenMs
 			}
+		} else {
+			routes = append(routes, r.routeRows(prev))
+			prev = routes[0]
+		}
+		// the guesses kept, each with Accept's chance while those before
+		// it were; then whether the shadow's guess of the next pass's
+		// token is the main node's sample
+		kept := 0
+		if r.o.Accept > 0 && r.o.Mode == Shadow {
+			for kept < rows-1 && r.rng.Float64() < r.o.Accept {
+				kept++
+			}
+			wrong = kept < rows-1 || r.rng.Float64() >= r.o.Accept
+			r.res.Drafted, r.res.Accepted = r.res.Drafted+rows-1, r.res.Accepted+kept
 		}
 		// a stage's KV rows come back with its rows where the shadow is
 		// aligned with them (each pass's: the journal keeps them)
@@ -507,12 +568,13 @@ func (r *run) decode(start float64) Result {
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 {
 			kvBack = float64(r.s.KVBytes) / float64(r.s.Layers)
 		}
-		on := 0 // the node the pass's row is on
+		on := 0 // the node the pass's rows are on
+		R := float64(rows)
 		for l := range r.s.Layers {
 			if n := r.node[l]; n != on {
-				now, on = r.goTo(on, n, now, 1, kvBack), n
+				now, on = r.goTo(on, n, now, rows, kvBack*R), n
 			}
-			need := now + r.p.MainLayerMs + pos*r.p.MainPositionMs
+			need := now + r.p.MainLayerMs + R*pos*r.p.MainPositionMs + (R-1)*r.p.MainPrefillTokenMs
 			if !r.s.hasExperts(l) {
 				now = need
 				continue
@@ -521,22 +583,40 @@ func (r *run) decode(start float64) Result {
 			if predicted != nil {
 				pl = predicted[l]
 			}
-			now = r.layer(l, need, routes[l], pl)
+			now = r.layer(l, need, routes, pl)
 		}
-		now = r.goTo(on, 0, now, 1, kvBack)
+		now = r.goTo(on, 0, now, rows, kvBack*R)
 		now += r.p.MainTokenMs
+		made += min(kept+1, steps-made)
+		r.res.Passes++
+		r.rowsRun += rows
 	}
 	r.res.DecodeTokensPerS = float64(steps) / ((now - start) / 1000)
 	r.res.StallFraction = r.stall / (now - start)
 	if r.p.Cores > 0 {
-		// the mean decode position: the CPU a token costs grows with it
+		// the mean decode position: the CPU a token costs grows with it;
+		// each row costs a token's, whether its token is kept or not
 		pos := float64(r.o.Prompt) + float64(steps-1)/2
-		cpu := r.p.tokenCPUMs(r.s, float64(r.res.Loads)/float64(steps), r.o.Mode == Shadow, pos)
+		cpu := r.p.tokenCPUMs(r.s, float64(r.res.Loads)/float64(steps), r.o.Mode == Shadow, pos) * float64(r.rowsRun) / float64(steps)
 		if bound := r.p.sharedCores() * 1000 / cpu; cpu > 0 && bound < r.res.DecodeTokensPerS {
 			r.res.DecodeTokensPerS, r.res.CPUBound = bound, true
 		}
 	}
 	return r.res
+}
+
+// routeRows is a row's routing, per layer: k distinct experts each, each
+// of the row before's (prev; nil: none) kept with RouteRepeat's chance.
+func (r *run) routeRows(prev [][]int) [][]int {
+	routes := make([][]int, r.s.Layers)
+	for l := range routes {
+		var was []int
+		if prev != nil {
+			was = prev[l]
+		}
+		routes[l] = r.route(was)
+	}
+	return routes
 }
 
 // tokenCPUMs is the CPU a decode token at position pos costs all the
@@ -573,48 +653,72 @@ func (r *run) route(was []int) []int {
 	return e
 }
 
-// predict sends the shadow's predictions of a pass, layer l's reaching
-// the workers of the layer's group at arrives[l] (shadowPass), which
-// load them in turn.
+// predict sends the shadow's predictions of a pass, row j's layer l
+// reaching the workers of the layer's group at arrives[j][l] (shadowPass),
+// which load them in turn: each layer's experts over every row, an
+// expert two rows predict hinted when the first does.
 // An activation is predicted with probability Recall; for one that is
 // not, another expert is (and loaded for nothing).
-func (r *run) predict(arrives []float64, routes [][]int) []map[int]prediction {
-	out := make([]map[int]prediction, len(routes))
-	for l, experts := range routes {
+func (r *run) predict(arrives [][]float64, routes [][][]int) []map[int]prediction {
+	out := make([]map[int]prediction, r.s.Layers)
+	for l := range out {
 		out[l] = map[int]prediction{}
 		if !r.s.hasExperts(l) {
 			continue
 		}
-		arrive := arrives[l]
-		var guess []int
-		for _, e := range experts {
-			if r.rng.Float64() < r.o.Recall {
-				guess = append(guess, e)
-				continue
-			}
-			for { // a wrong expert in its place
-				w := r.rng.IntN(r.s.Experts)
-				if !slices.Contains(experts, w) && !slices.Contains(guess, w) {
-					guess = append(guess, w)
-					break
+		var guess, wanted []int
+		first := map[int]float64{} // expert -> when its first prediction arrives
+		for j, rt := range routes {
+			experts := rt[l]
+			wanted = append(wanted, experts...)
+			for _, e := range experts {
+				g := e
+				if r.rng.Float64() >= r.o.Recall {
+					g = -1 // a wrong expert in its place, where one is left
+					for len(guess)+len(experts) < r.s.Experts {
+						if w := r.rng.IntN(r.s.Experts); !slices.Contains(experts, w) && !slices.Contains(guess, w) {
+							g = w
+							break
+						}
+					}
+				}
+				if _, ok := first[g]; !ok && g >= 0 {
+					first[g] = arrives[j][l]
+					guess = append(guess, g)
 				}
 			}
 		}
 		slices.Sort(guess)
 		for i, e := range guess {
 			w := r.layout.DecodeWorker(l, i)
+			arrive := first[e]
 			if k, ok := r.keptOn(l, e); ok && k.worker == w { // still held there: no load
 				out[l][e] = prediction{worker: w, arrive: arrive, loaded: k.loaded}
 				continue
 			}
 			r.res.Loads++
-			if !slices.Contains(experts, e) {
+			if !slices.Contains(wanted, e) {
 				r.res.WastedLoads++
 			}
 			out[l][e] = prediction{worker: w, arrive: arrive, loaded: r.loadAt(w, arrive)}
 		}
 	}
-	r.kept = out
+	// a worker keeps the last expert it was hinted of each layer for
+	// the next pass: a pass of several rows may hint it more than a
+	// worker's memory holds, loaded in turn
+	r.kept = make([]map[int]prediction, len(out))
+	for l, pl := range out {
+		last := map[int]int{} // worker -> the expert it loads last
+		for e, pr := range pl {
+			if k, ok := last[pr.worker]; !ok || pr.loaded > pl[k].loaded || pr.loaded == pl[k].loaded && e > k {
+				last[pr.worker] = e
+			}
+		}
+		r.kept[l] = make(map[int]prediction, len(last))
+		for _, e := range last {
+			r.kept[l][e] = pl[e]
+		}
+	}
 	return out
 }
 
@@ -628,18 +732,36 @@ func (r *run) keptOn(l, e int) (prediction, bool) {
 	return k, ok
 }
 
-// layer runs one decode layer's experts whose activations leave the main
-// node at need, and returns when the last result is back.
-func (r *run) layer(l int, need float64, experts []int, predicted map[int]prediction) float64 {
+// layer runs one decode layer's experts for the pass's rows (routes,
+// per row, per layer), whose activations leave the main node at need,
+// and returns when the last result is back: each expert once, for the
+// rows routed to it, its activation and result as large as they are.
+func (r *run) layer(l int, need float64, routes [][][]int, predicted map[int]prediction) float64 {
+	experts := routes[0][l]
+	var rows map[int]int // expert -> its rows, where the pass has more than one
+	if len(routes) > 1 {
+		rows = map[int]int{}
+		for _, rt := range routes {
+			for _, e := range rt[l] {
+				rows[e]++
+			}
+		}
+		experts = slices.Sorted(maps.Keys(rows))
+	}
 	end, stall := need, 0.0
 	for i, e := range experts {
+		n := 1
+		if rows != nil {
+			n = rows[e]
+		}
 		w := r.layout.DecodeWorker(l, i)
 		if r.o.Mode == Resident {
 			w = r.layout.Owner(l, e)
 		}
 		// the activation reaches the worker over its node's link
 		on := r.node[l]
-		at := r.up[on].reserve(need, r.wire) + r.wire + r.latency
+		wire := float64(n) * r.wire
+		at := r.up[on].reserve(need, wire) + wire + r.latency
 		ready := at
 		switch r.o.Mode {
 		case Reactive:
@@ -661,8 +783,9 @@ func (r *run) layer(l int, need float64, experts []int, predicted map[int]predic
 			}
 		}
 		stall = max(stall, ready-at) // its wait for the load, as the main node counts it
-		start := r.cpu[w].reserve(ready, r.p.ExpertMs)
-		back := r.down[on].reserve(start+r.p.ExpertMs+r.latency, r.wire) + r.wire
+		compute := r.p.ExpertMs + float64(n-1)*r.p.ExpertPrefillTokenMs
+		start := r.cpu[w].reserve(ready, compute)
+		back := r.down[on].reserve(start+compute+r.latency, wire) + wire
 		end = max(end, back)
 	}
 	r.stall += stall
@@ -838,11 +961,11 @@ func (p Profile) WithLinks(s Shape, rates []float64) Profile {
 // Expect is Run's expectation: the mean of runs runs of o (seeds o.Seed,
 // o.Seed+1, ...), since a run draws its routing and its predictions'
 // misses: a prompt of 16 tokens' busiest expert, which sets its layer's
-// time, varies by a sixth from draw to draw. Loads and misses are the
-// runs' means rounded; CPUBound is the first run's.
+// time, varies by a sixth from draw to draw. Loads, misses, passes and
+// guesses are the runs' means rounded; CPUBound is the first run's.
 func Expect(p Profile, layout sched.Layout, s Shape, o Options, runs int) (Result, error) {
 	var mean Result
-	var loads, wasted, late, wrong int
+	var loads, wasted, late, wrong, passes, drafted, accepted int
 	for i := range max(runs, 1) {
 		q := o
 		q.Seed = o.Seed + uint64(i)
@@ -857,6 +980,7 @@ func Expect(p Profile, layout sched.Layout, s Shape, o Options, runs int) (Resul
 		mean.DecodeTokensPerS += r.DecodeTokensPerS
 		mean.StallFraction += r.StallFraction
 		loads, wasted, late, wrong = loads+r.Loads, wasted+r.WastedLoads, late+r.MissesLate, wrong+r.MissesWrong
+		passes, drafted, accepted = passes+r.Passes, drafted+r.Drafted, accepted+r.Accepted
 	}
 	n := float64(max(runs, 1))
 	mean.TTFTms /= n
@@ -864,6 +988,7 @@ func Expect(p Profile, layout sched.Layout, s Shape, o Options, runs int) (Resul
 	mean.StallFraction /= n
 	mean.Loads, mean.WastedLoads = int(float64(loads)/n+0.5), int(float64(wasted)/n+0.5)
 	mean.MissesLate, mean.MissesWrong = int(float64(late)/n+0.5), int(float64(wrong)/n+0.5)
+	mean.Passes, mean.Drafted, mean.Accepted = int(float64(passes)/n+0.5), int(float64(drafted)/n+0.5), int(float64(accepted)/n+0.5)
 	return mean, nil
 }
 

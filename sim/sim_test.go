@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/odmoe/odmoe/sched"
@@ -119,6 +120,16 @@ func TestRunRefusesBadInput(t *testing.T) {
 	}
 	if _, err := Run(p, l, s, Options{Mode: "cached", Prompt: 16, Output: 8}); err == nil {
 		t.Error("an unknown mode accepted")
+	}
+	for _, d := range []Options{
+		{Mode: Shadow, Prompt: 16, Output: 8, Recall: 1, Draft: 2},                       // no acceptance
+		{Mode: Resident, Prompt: 16, Output: 8, Recall: 1, Draft: 2, Accept: 0.8},        // no shadow to guess
+		{Mode: Shadow, Prompt: 16, Output: 8, Recall: 1, Draft: MaxDraft + 1, Accept: 1}, // more than a pass checks
+		{Mode: Shadow, Prompt: 16, Output: 8, Recall: 1, Accept: 1.5},
+	} {
+		if _, err := Run(p, l, s, d); err == nil || !strings.Contains(err.Error(), "drafting") {
+			t.Errorf("drafting %+v: %v, want it refused by name", d, err)
+		}
 	}
 	s.TopK = 9
 	if _, err := Run(p, l, s, o); err == nil {
@@ -304,5 +315,75 @@ func TestShadowStagesDelayTheirPredictions(t *testing.T) {
 	}
 	if a, b := run(nil), run([]int{0, 2, 5}); b.MissesLate > a.MissesLate || b.DecodeTokensPerS < 0.99*a.DecodeTokensPerS {
 		t.Fatalf("a pass ahead: whole shadow %d late misses at %.2f tok/s, in 3 stages %d at %.2f: want the lead to cover the hops", a.MissesLate, a.DecodeTokensPerS, b.MissesLate, b.DecodeTokensPerS)
+	}
+}
+
+// lanRig is testRig on a LAN's round trips (0.5 ms each way) with
+// experts in host memory (cheap loads) and a fast shadow: where a pass's
+// round trips, not its loads, are its time.
+func lanRig(t *testing.T) (Profile, sched.Layout, Shape) {
+	p, l, s := testRig(t)
+	p.HopMs, p.LoadMs, p.LoadBytesPerS = 0.5, 0.02, 20e9
+	p.MainLayerMs, p.MainTokenMs, p.ShadowLayerMs, p.ShadowTokenMs, p.ExpertMs = 0.2, 0.3, 0.05, 0.1, 0.1
+	p.MainPrefillTokenMs, p.ExpertPrefillTokenMs = 0.02, 0.01
+	return p, l, s
+}
+
+// TestDraftingChecksTheGuessesMade: with every guess kept and a shadow
+// that makes them in time, each pass gives Draft+1 tokens; a shadow too
+// slow to have made a guess when the pass starts leaves the pass one
+// row.
+func TestDraftingChecksTheGuessesMade(t *testing.T) {
+	p, l, s := lanRig(t)
+	o := Options{Mode: Shadow, Prompt: 16, Output: 65, Recall: 1, Ahead: 1, Seed: 3, Accept: 1, Draft: 3}
+	r := mustRun(t, p, l, s, o)
+	// the first pass has no guess (the shadow ran the prompt, not ahead
+	// of it); then 63 tokens four a pass
+	if r.Passes != 17 || r.Drafted != 47 || r.Accepted != 47 {
+		t.Fatalf("64 tokens, every guess kept, 3 a pass: %d passes, %d of %d guesses kept; want 17, 47 of 47", r.Passes, r.Accepted, r.Drafted)
+	}
+	slow := p
+	slow.ShadowLayerMs = 10 // a token's pass takes the shadow 80 ms, the main node's ~10
+	r = mustRun(t, slow, l, s, o)
+	if r.Drafted > r.Passes/4 {
+		t.Fatalf("a shadow 8 times slower than the main node: %d guesses over %d passes, want next to none", r.Drafted, r.Passes)
+	}
+}
+
+// TestDraftingPaysWhereRoundTripsDominate: on LAN round trips with host
+// caches, four guesses a pass decode at least 1.5x one row a pass with
+// greedy's acceptance (0.85) and 1.3x with a sampled request's (0.7);
+// where a fine-grained MoE's rows route to experts of their own, loaded
+// from a slow store, the rows' loads cost more than the round trips they
+// save.
+func TestDraftingPaysWhereRoundTripsDominate(t *testing.T) {
+	p, l, s := lanRig(t)
+	rate := func(p Profile, accept float64, draft int) float64 {
+		var sum float64
+		for seed := range uint64(8) {
+			sum += mustRun(t, p, l, s, Options{Mode: Shadow, Prompt: 16, Output: 64, Recall: 0.95, Ahead: 1, Seed: seed, Accept: accept, Draft: draft}).DecodeTokensPerS
+		}
+		return sum / 8
+	}
+	for _, c := range []struct {
+		accept, want float64
+	}{{0.85, 1.5}, {0.7, 1.3}} {
+		got := rate(p, c.accept, 4) / rate(p, c.accept, 0)
+		t.Logf("LAN, host caches, acceptance %v: %.2fx", c.accept, got)
+		if got < c.want {
+			t.Errorf("LAN, host caches, acceptance %v: drafting decodes %.2fx, want %.2fx", c.accept, got, c.want)
+		}
+	}
+	slowStore := p
+	slowStore.LoadMs, slowStore.LoadBytesPerS, slowStore.HopMs = 8, 1e9, 0.05
+	s = Shape{Layers: 8, Experts: 128, TopK: 8, ExpertBytes: 9 << 20, HiddenBytes: 4 << 10} // Qwen3-30B-A3B's routing
+	var err error
+	if l, err = sched.NewLayout(16, 8); err != nil {
+		t.Fatal(err)
+	}
+	got := rate(slowStore, 0.85, 4) / rate(slowStore, 0.85, 0)
+	t.Logf("a fine-grained MoE's loads from a slow store: %.2fx", got)
+	if got >= 1 {
+		t.Errorf("loads from a slow store: drafting decodes %.2fx, want below 1x", got)
 	}
 }

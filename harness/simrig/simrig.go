@@ -31,8 +31,12 @@ type PredictOptions struct {
 	Case                testbed.Case
 	Recall              float64
 	Ahead, AlignKV      int
-	Seed                uint64
-	JSON                bool // one JSON object instead of a line
+	// Accept and Draft: the chance a shadow's guess is kept, and the
+	// guesses a pass checks (sim.Options)
+	Accept float64
+	Draft  int
+	Seed   uint64
+	JSON   bool // one JSON object instead of a line
 }
 
 // Predict predicts one case on a rig whose parts cost what a profile
@@ -49,7 +53,7 @@ func Predict(o PredictOptions, stdout io.Writer) error {
 	c := o.Case
 	stages, shadowStages := rig.StageStarts()
 	res, err := sim.Expect(p, layout, shape, sim.Options{Mode: sim.Mode(o.Mode), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed, LoadRates: linkRates(p, rates),
-		Stages: stages, ShadowStages: shadowStages}, sim.ExpectRuns)
+		Stages: stages, ShadowStages: shadowStages, Accept: o.Accept, Draft: o.Draft}, sim.ExpectRuns)
 	if err != nil {
 		return err
 	}
@@ -66,8 +70,12 @@ func Predict(o PredictOptions, stdout io.Writer) error {
 		fmt.Fprintln(stdout, string(out))
 		return nil
 	}
-	fmt.Fprintf(stdout, "%s, %s, %d workers in groups of %d, %s mode, %s: TTFT %.1f ms, decode %.2f tok/s, stall %.1f%%, %d loads, misses %d late / %d wrong\n",
-		p.Name, o.Model, layout.Workers, layout.Group, o.Mode, o.Case.String(), res.TTFTms, res.DecodeTokensPerS, 100*res.StallFraction, res.Loads, res.MissesLate, res.MissesWrong)
+	drafting := ""
+	if res.Drafted > 0 {
+		drafting = fmt.Sprintf(", %.2f tokens a pass (%d of %d guesses kept)", float64(c.Output-1)/float64(res.Passes), res.Accepted, res.Drafted)
+	}
+	fmt.Fprintf(stdout, "%s, %s, %d workers in groups of %d, %s mode, %s: TTFT %.1f ms, decode %.2f tok/s, stall %.1f%%, %d loads, misses %d late / %d wrong%s\n",
+		p.Name, o.Model, layout.Workers, layout.Group, o.Mode, o.Case.String(), res.TTFTms, res.DecodeTokensPerS, 100*res.StallFraction, res.Loads, res.MissesLate, res.MissesWrong, drafting)
 	return nil
 }
 
@@ -471,7 +479,7 @@ func Validate(o ValidateOptions, stdout io.Writer) error {
 }
 
 // Varies are the parameters Sweep sweeps.
-var Varies = []string{"workers", "link", "recall", "ahead", "align"}
+var Varies = []string{"workers", "link", "recall", "ahead", "align", "draft"}
 
 // SweepOptions say what Sweep sweeps.
 type SweepOptions struct {
@@ -484,8 +492,13 @@ type SweepOptions struct {
 	Workers, Group int // when not swept; Group 0: the router's top-k
 	Recall         float64
 	Ahead, AlignKV int
-	Seed           uint64
-	SVG            string // also draw the chart to this file
+	// Accept and Draft: the chance a shadow's guess is kept, and the
+	// guesses a shadow-driven pass checks (sim.Options; the other modes
+	// have no guesses)
+	Accept float64
+	Draft  int
+	Seed   uint64
+	SVG    string // also draw the chart to this file
 }
 
 // Sweep predicts decode tokens/s over a range of one parameter (workers,
@@ -505,7 +518,7 @@ func Sweep(o SweepOptions, stdout io.Writer) error {
 	if recalls != nil && len(recalls) != len(values) {
 		return fmt.Errorf("sim sweep: %d recalls for %d values", len(recalls), len(values))
 	}
-	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "passes ahead", "align": "KV alignment period (passes)"}[o.Vary], o.Vary == "workers" || o.Vary == "link" || o.Vary == "align"
+	xlabel, logX := map[string]string{"workers": "workers", "link": "link rate (bits/s)", "recall": "recall", "ahead": "passes ahead", "align": "KV alignment period (passes)", "draft": "guesses a pass"}[o.Vary], o.Vary == "workers" || o.Vary == "link" || o.Vary == "align"
 	if xlabel == "" {
 		return fmt.Errorf("sim sweep: -vary %q: want %s", o.Vary, strings.Join(Varies, ", "))
 	}
@@ -523,7 +536,8 @@ func Sweep(o SweepOptions, stdout io.Writer) error {
 	for _, m := range modes {
 		var ys []float64
 		for i, v := range values {
-			pp, w, so := p, o.Workers, sim.Options{Mode: sim.Mode(m), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed}
+			pp, w, so := p, o.Workers, sim.Options{Mode: sim.Mode(m), Prompt: c.Prompt, Output: c.Output, Recall: o.Recall, Ahead: o.Ahead, AlignKV: o.AlignKV, Seed: o.Seed,
+				Accept: o.Accept, Draft: o.Draft}
 			if recalls != nil {
 				so.Recall = recalls[i]
 			}
@@ -538,6 +552,11 @@ func Sweep(o SweepOptions, stdout io.Writer) error {
 				so.Ahead = int(v)
 			case "align":
 				so.AlignKV = int(v)
+			case "draft":
+				so.Draft = int(v)
+			}
+			if so.Mode != sim.Shadow {
+				so.Draft = 0 // the shadow guesses
 			}
 			layout, err := sched.NewLayout(w, g)
 			if err != nil {
