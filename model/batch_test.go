@@ -294,3 +294,38 @@ func TestGuessedRowsAreCheckedAsOneAtATime(t *testing.T) {
 		}
 	})
 }
+
+// TestAPromptsLogitsTakeOneRowOfVocabulary: a session fed a long prompt
+// alone keeps every row's hidden state (LogitsOf), but its Logits take
+// one vocabulary's worth of floats, not one a row (a 4k-token prompt of
+// Qwen3's 151,936 tokens would be 2.5 GB), and LogitsOf of an earlier
+// row is that prompt's prefix's logits.
+func TestAPromptsLogitsTakeOneRowOfVocabulary(t *testing.T) {
+	eachFamily(t, 14, func(t *testing.T, m *Model) {
+		ctx := context.Background()
+		prompt := make([]int, 200)
+		for i := range prompt {
+			prompt[i] = (i*37 + 5) % m.Config.VocabSize
+		}
+		s := NewSession(m, NewResidentExperts(m), len(prompt))
+		logits, err := s.Forward(ctx, prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if V := m.Config.VocabSize; len(logits) != V || cap(s.logits) >= 2*V {
+			t.Fatalf("logits of %d floats, %d held, for a vocabulary of %d", len(logits), cap(s.logits), V)
+		}
+		last := slices.Clone(logits)
+		mid := slices.Clone(s.LogitsOf(99))
+		alone, err := NewSession(m, NewResidentExperts(m), 100).Forward(ctx, prompt[:100])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := firstDiff(mid, alone); d >= 0 {
+			t.Fatalf("LogitsOf(99): logit %d is %v, the 100-token prompt's %v", d, mid[d], alone[d])
+		}
+		if d := firstDiff(s.Logits(), last); d >= 0 {
+			t.Fatalf("Logits after LogitsOf(99): logit %d is %v, was %v", d, s.Logits()[d], last[d])
+		}
+	})
+}

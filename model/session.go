@@ -214,7 +214,8 @@ func (s *Session) Kept() int { return s.kept }
 // of the last pass's kept rows (0 the first kept, Kept()-1 the last: what
 // Logits computes), nil when there is no such row. Each row's logits are
 // the bits one pass feeding up to that row would give. The slice is
-// reused.
+// reused: where Batch.Logits has not computed every kept row's, the next
+// call overwrites it.
 func (s *Session) LogitsOf(i int) []float32 {
 	if i < 0 || i >= s.kept {
 		return nil
@@ -224,12 +225,15 @@ func (s *Session) LogitsOf(i int) []float32 {
 	if s.headDone {
 		return s.logits[i*V : (i+1)*V]
 	}
+	// one row at a time, into the first: a prompt's kept rows are many
 	h := c.HiddenSize
-	s.logits = grow(s.logits, (i+1)*V)
+	if cap(s.logits) < V {
+		s.logits = make([]float32, V)
+	}
 	s.hn = grow(s.hn, h)
 	kernels.RMSNorm(s.hn[:h], s.x[i*h:(i+1)*h], s.m.FinalNorm, float32(c.RMSNormEps))
-	kernels.MatVec(s.logits[i*V:(i+1)*V], s.m.LMHead, s.hn[:h])
-	return s.logits[i*V : (i+1)*V]
+	kernels.MatVec(s.logits[:V], s.m.LMHead, s.hn[:h])
+	return s.logits[:V]
 }
 
 // ResumeSession starts a sequence on m that goes on after the rows

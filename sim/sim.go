@@ -675,7 +675,7 @@ func (r *run) predict(arrives [][]float64, routes [][][]int) []map[int]predictio
 				g := e
 				if r.rng.Float64() >= r.o.Recall {
 					g = -1 // a wrong expert in its place, where one is left
-					for len(guess)+len(experts) < r.s.Experts {
+					for taken(experts, guess) < r.s.Experts {
 						if w := r.rng.IntN(r.s.Experts); !slices.Contains(experts, w) && !slices.Contains(guess, w) {
 							g = w
 							break
@@ -720,6 +720,17 @@ func (r *run) predict(arrives [][]float64, routes [][][]int) []map[int]predictio
 		}
 	}
 	return out
+}
+
+// taken is how many experts a or b name, each once (a's are distinct).
+func taken(a, b []int) int {
+	n := len(a)
+	for i, x := range b {
+		if !slices.Contains(a, x) && !slices.Contains(b[:i], x) {
+			n++
+		}
+	}
+	return n
 }
 
 // keptOn is where the last pass's predictions loaded expert e of

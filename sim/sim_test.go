@@ -387,3 +387,22 @@ func TestDraftingPaysWhereRoundTripsDominate(t *testing.T) {
 		t.Errorf("loads from a slow store: drafting decodes %.2fx, want below 1x", got)
 	}
 }
+
+// TestFewExpertsEndTheirWrongGuesses: where a layer has no expert left
+// that is neither routed nor guessed (5 experts, top-3), a missed
+// prediction guesses nothing in its place instead of drawing for ever;
+// with four rows a pass the rows' experts cover the layer.
+func TestFewExpertsEndTheirWrongGuesses(t *testing.T) {
+	p, _, _ := testRig(t)
+	l, err := sched.NewLayout(3, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Shape{Layers: 4, Experts: 5, TopK: 3, ExpertBytes: 1 << 20, HiddenBytes: 4 << 10}
+	for _, draft := range []int{0, 3} {
+		r := mustRun(t, p, l, s, Options{Mode: Shadow, Prompt: 4, Output: 32, Recall: 0.5, Ahead: 1, Seed: 2, Accept: 0.9, Draft: draft})
+		if r.MissesWrong == 0 {
+			t.Fatalf("draft %d: recall 0.5 missed nothing: %+v", draft, r)
+		}
+	}
+}
