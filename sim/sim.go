@@ -518,13 +518,13 @@ func (r *run) decode(start float64) Result {
 			// the shadow departs once it has finished the last pass
 			// and the alignment that lets it go has come: this
 			// pass's (late), or the one Ahead before it; after a wrong
-			// guess, the last pass's
+			// guess, this pass's (its run ahead was on another token)
 			depart := shadowEnd
 			if a := it - r.o.Ahead; a >= 0 {
 				depart = max(depart, aligned[a])
 			}
 			if wrong {
-				depart = max(depart, aligned[it-1])
+				depart = max(depart, aligned[it])
 			}
 			shadowLayer := r.p.ShadowLayerMs + pos*r.p.ShadowPositionMs
 			// each row in turn, its token sampled after the row before:
