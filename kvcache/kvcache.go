@@ -53,7 +53,8 @@ func (c *Cache) HeldLayers() (first, end int) { return c.first, c.end }
 
 // WindowSlack is how many positions before the ones a window reads a
 // windowed layer still holds after a Commit: Truncate may go back that
-// far (the shadow steps back one).
+// far (the shadow steps back one; a pass that checked guesses takes back
+// those not kept, passloop.MaxDraft at most).
 const WindowSlack = 16
 
 // SetWindows gives the layers their sliding windows (window[l] > 0: the

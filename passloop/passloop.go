@@ -32,7 +32,8 @@ const kvHint = 512
 // prompts fed in chunks): one goroutine, owned by the Batcher and ended by
 // Close, runs every forward pass. A request joins at the next pass
 // boundary; each pass carries every running request's next decode token
-// and chunks of the prompts still being fed, up to the chunk budget
+// (and the guesses after it, DraftUpTo) and chunks of the prompts still
+// being fed, up to the chunk budget
 // (passes.Next), so no running stream waits for a whole long prompt and
 // the experts see one stream of passes. Each layer's experts run once for
 // all the pass's rows that routed to them (model.Batch); every request's
@@ -64,9 +65,13 @@ type Batcher struct {
 	draftUpTo int
 }
 
-// MaxDraft is the most guesses one pass checks for a member: a sliding
-// window's layer can take back that many rows (kvcache.WindowSlack).
+// MaxDraft is the most guesses one pass checks for a member. The rows
+// past the last one kept are taken back, which a sliding window's layer
+// can do only within kvcache.WindowSlack: the blank constant below does
+// not compile where MaxDraft passes it.
 const MaxDraft = 8
+
+const _ = uint(kvcache.WindowSlack - MaxDraft)
 
 // DraftUpTo has each pass feed, after each decoding member's last token,
 // up to k tokens Hooks.Draft guesses come next (at most MaxDraft; 0, the
@@ -116,9 +121,9 @@ type Hooks struct {
 	// Draft, if set (and DraftUpTo above 0), is asked before each pass
 	// for up to max tokens it guesses come after position pos of
 	// sequence seq, whose token there, last, is the one the pass feeds
-	// (the shadow's run-ahead tokens). A guess outside the vocabulary
-	// ends them. Wrong guesses cost rows, never a token: the pass keeps
-	// only those the member's own samples agree with.
+	// (the shadow's guesses, once it sends them). A guess outside the
+	// vocabulary ends them. Wrong guesses cost rows, never a token: the
+	// pass keeps only those the member's own samples agree with.
 	Draft func(seq uint64, pos, last, max int) []int
 	// Recover, if set, is asked when pass step fails with err whether the
 	// runner has brought back what it lost and every sequence is to run
@@ -133,7 +138,7 @@ type Hooks struct {
 // Row is one member's part of a pass.
 type Row struct {
 	Step   model.Step // the member's own forward pass
-	Tokens []int      // what it feeds: its last sampled token, or a chunk of its prompt
+	Tokens []int      // what it feeds: its last sampled token (then its guesses), or a chunk of its prompt
 	// Drafted are the last of Tokens that are guesses (Hooks.Draft) of
 	// the tokens after its last sampled one, checked by this pass
 	Drafted int
