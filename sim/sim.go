@@ -491,29 +491,27 @@ func (r *run) decode(start float64) Result {
 	var aligned []float64 // when each pass's alignment reached the shadow
 	shadowEnd := start    // the shadow's last pass's end
 	wrong := false        // the shadow ran the last pass ahead on a wrong guess
-	now, made, rows := start, 0, 0
-	sinceKV := 0 // positions since the last KV alignment
+	now, made := start, 0
+	// the positions whose KV rows the next KV alignment sends: the
+	// prompt's last, then each pass's kept (its tokens); AlignKV of them
+	// where every pass keeps one
+	sinceKV := 1
 	for it := 0; made < steps; it++ {
 		pos := float64(r.o.Prompt + made) // the cached positions this pass's first row attends to
 		align := now                      // the sampled token (a few bytes) leaves at once
-		sinceKV += max(1, rows)           // the last pass's rows kept (1 before the first)
 		// due at decode passes K, 2K, ... as align.Policy.KVDue says
 		if r.o.Mode == Shadow && r.o.AlignKV > 0 && (it+1)%r.o.AlignKV == 0 {
 			// with the KV rows of the positions since the last, on the
 			// main node's link (its stages handed theirs back with
 			// each pass's rows) before this pass's activations
-			n := r.o.AlignKV
-			if r.o.Draft > 0 {
-				n = sinceKV
-			}
-			kv := 1000 * float64(n) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
+			kv := 1000 * float64(sinceKV) * float64(r.s.KVBytes) / r.p.LinkBytesPerS
 			align = r.up[0].reserve(now, kv) + kv
 			sinceKV = 0
 		}
 		aligned = append(aligned, align+r.latency)
 		var predicted []map[int]prediction // per layer: expert -> its load
 		var routes [][][]int               // per row, per layer
-		rows = 1
+		rows := 1
 		if r.o.Mode == Shadow {
 			// the shadow departs once it has finished the last pass
 			// and the alignment that lets it go has come: this
@@ -588,6 +586,7 @@ func (r *run) decode(start float64) Result {
 		now = r.goTo(on, 0, now, rows, kvBack*R)
 		now += r.p.MainTokenMs
 		made += min(kept+1, steps-made)
+		sinceKV += kept + 1
 		r.res.Passes++
 		r.rowsRun += rows
 	}
