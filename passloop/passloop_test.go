@@ -13,71 +13,124 @@ import (
 	"github.com/odmoe/odmoe/passloop"
 )
 
-// TestRequestsSharingPassesGetWhatEachGetsAlone: three requests that
-// join one pass loop together (one greedy, two drawing with their own
-// seeds, prompts of other lengths) each get the tokens model.Generate
-// gives that request alone, in one process, and every logit they were
-// drawn from, bit for bit.
-func TestRequestsSharingPassesGetWhatEachGetsAlone(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tiny")
-	if err := synth.Generate(dir, synth.Options{Preset: "tiny", Seed: 11}); err != nil {
+// requests are prompts generated n tokens each, with samplers made anew
+// for each run (a sampler keeps its state), the i-th stopped by its
+// client at step stopAt[i] (nil or -1: never).
+type requests struct {
+	prompts  [][]int
+	samplers func() []*model.Sampler
+	n        int
+	stopAt   []int
+}
+
+// gen is what one request got: its tokens, every logit they were drawn
+// from, its figures.
+type gen struct {
+	tokens []int
+	logits [][]float32
+	st     model.GenerateStats
+}
+
+var errStopped = errors.New("stopped by the client")
+
+// options are request i's options, its OnToken recording into g.
+func (rq requests) options(i int, s *model.Sampler, g *gen) model.GenerateOptions {
+	stopAt := -1
+	if rq.stopAt != nil {
+		stopAt = rq.stopAt[i]
+	}
+	return model.GenerateOptions{MaxTokens: rq.n, Sampler: s, OnToken: func(step, _ int, logits []float32) error {
+		g.logits = append(g.logits, slices.Clone(logits))
+		if step == stopAt {
+			return errStopped
+		}
+		return nil
+	}}
+}
+
+// alone runs each request by model.Generate, one session each: the
+// reference.
+func (rq requests) alone(t *testing.T, m *model.Model) []gen {
+	t.Helper()
+	out := make([]gen, len(rq.prompts))
+	s := rq.samplers()
+	for i, p := range rq.prompts {
+		sess := model.NewSession(m, model.NewResidentExperts(m), len(p)+rq.n)
+		toks, st, err := model.Generate(context.Background(), sess, p, rq.options(i, s[i], &out[i]))
+		if err != nil && !errors.Is(err, errStopped) {
+			t.Fatal(err)
+		}
+		out[i].tokens, out[i].st = toks, st
+	}
+	return out
+}
+
+// together runs the requests at once on b, their first pass shared.
+func (rq requests) together(t *testing.T, b *passloop.Batcher) []gen {
+	t.Helper()
+	b.StartTogether(len(rq.prompts))
+	out := make([]gen, len(rq.prompts))
+	s := rq.samplers()
+	var wg sync.WaitGroup
+	for i, p := range rq.prompts {
+		wg.Go(func() {
+			toks, st, err := b.Generate(context.Background(), p, rq.options(i, s[i], &out[i]))
+			if err != nil && !errors.Is(err, errStopped) {
+				t.Error(err)
+			}
+			out[i].tokens, out[i].st = toks, st
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// sameAsAlone fails t unless every request got the tokens, and every
+// logit, it got alone.
+func sameAsAlone(t *testing.T, alone, got []gen) {
+	t.Helper()
+	for i := range alone {
+		if !slices.Equal(alone[i].tokens, got[i].tokens) || len(alone[i].logits) != len(got[i].logits) {
+			t.Fatalf("request %d: alone %v, in the pass loop %v", i, alone[i].tokens, got[i].tokens)
+		}
+		for step := range alone[i].logits {
+			if !slices.Equal(alone[i].logits[step], got[i].logits[step]) {
+				t.Fatalf("request %d step %d: the logits differ", i, step)
+			}
+		}
+	}
+}
+
+// load generates preset with seed and loads it.
+func load(t *testing.T, preset string, seed uint64) *model.Model {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), preset)
+	if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: seed}); err != nil {
 		t.Fatal(err)
 	}
 	m, err := model.Load(dir, model.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
-	prompts := [][]int{{1, 5, 9, 2}, {3, 3, 7, 8, 1, 4, 6, 2, 9}, {12}}
-	samplers := func() []*model.Sampler {
-		return []*model.Sampler{model.NewSampler(0, 0, 0), model.NewSampler(0.8, 0.95, 7), model.NewSampler(1, 1, 8)}
-	}
-	type gen struct {
-		tokens []int
-		logits [][]float32
-	}
-	record := func(g *gen) func(step, id int, logits []float32) error {
-		return func(_, _ int, logits []float32) error {
-			g.logits = append(g.logits, slices.Clone(logits))
-			return nil
-		}
-	}
-	const n = 12
-	alone := make([]gen, len(prompts))
-	for i, p := range prompts {
-		s := model.NewSession(m, model.NewResidentExperts(m), len(p)+n)
-		toks, _, err := model.Generate(context.Background(), s, p, model.GenerateOptions{MaxTokens: n, Sampler: samplers()[i], OnToken: record(&alone[i])})
-		if err != nil {
-			t.Fatal(err)
-		}
-		alone[i].tokens = toks
-	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// TestRequestsSharingPassesGetWhatEachGetsAlone: three requests that
+// join one pass loop together (one greedy, two drawing with their own
+// seeds, prompts of other lengths) each get the tokens model.Generate
+// gives that request alone, in one process, and every logit they were
+// drawn from, bit for bit.
+func TestRequestsSharingPassesGetWhatEachGetsAlone(t *testing.T) {
+	m := load(t, "tiny", 11)
+	rq := requests{prompts: [][]int{{1, 5, 9, 2}, {3, 3, 7, 8, 1, 4, 6, 2, 9}, {12}}, n: 12,
+		samplers: func() []*model.Sampler {
+			return []*model.Sampler{model.NewSampler(0, 0, 0), model.NewSampler(0.8, 0.95, 7), model.NewSampler(1, 1, 8)}
+		}}
+	alone := rq.alone(t, m)
 	b := passloop.New(m, model.NewResidentExperts(m), passloop.Hooks{})
 	defer b.Close()
-	b.StartTogether(len(prompts))
-	together := make([]gen, len(prompts))
-	var wg sync.WaitGroup
-	s := samplers()
-	for i, p := range prompts {
-		wg.Go(func() {
-			toks, _, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n, Sampler: s[i], OnToken: record(&together[i])})
-			if err != nil {
-				t.Error(err)
-			}
-			together[i].tokens = toks
-		})
-	}
-	wg.Wait()
-	for i := range prompts {
-		if !slices.Equal(alone[i].tokens, together[i].tokens) || len(alone[i].logits) != len(together[i].logits) {
-			t.Fatalf("request %d: alone %v, together %v", i, alone[i].tokens, together[i].tokens)
-		}
-		for step := range alone[i].logits {
-			if !slices.Equal(alone[i].logits[step], together[i].logits[step]) {
-				t.Fatalf("request %d step %d: the logits differ", i, step)
-			}
-		}
-	}
+	sameAsAlone(t, alone, rq.together(t, b))
 }
 
 // TestCheckedGuessesGiveWhatOneTokenAPassGives: on every family, four
@@ -94,50 +147,19 @@ func TestCheckedGuessesGiveWhatOneTokenAPassGives(t *testing.T) {
 	}
 }
 
-var errStopped = errors.New("stopped by the client")
-
 func checkGuesses(t *testing.T, preset string) {
-	dir := filepath.Join(t.TempDir(), preset)
-	if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 21}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Load(dir, model.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := load(t, preset, 21)
 	// distinct prompt lengths: the drafter knows a request by its own
 	prompts := [][]int{{1, 5, 9, 2}, {3, 3, 7, 8, 1, 4, 6, 2, 9}, {12}, {4, 4, 2, 19, 7, 1}}
-	const n = 30 // past gpt-oss-tiny's window of 8, whose rows a take-back must still hold
-	samplers := func() []*model.Sampler {
-		return []*model.Sampler{model.NewSampler(0, 0, 0), model.NewSampler(0.8, 0.95, 7),
-			model.NewSampler(1, 1, 8).WithPenalties(0.5, 0.3).WithRepeatPenalty(1.2, 16, prompts[2]),
-			model.NewSampler(0.7, 1, 9).WithLogprobs(3).WithMinP(0.05)}
-	}
-	type gen struct {
-		tokens []int
-		logits [][]float32
-		st     model.GenerateStats
-	}
-	record := func(g *gen, stopAt int) func(step, id int, logits []float32) error {
-		return func(step, _ int, logits []float32) error {
-			g.logits = append(g.logits, slices.Clone(logits))
-			if step == stopAt {
-				return errStopped
-			}
-			return nil
-		}
-	}
-	stopAt := []int{-1, -1, -1, 17}
-	alone := make([]gen, len(prompts))
-	for i, p := range prompts {
-		s := model.NewSession(m, model.NewResidentExperts(m), len(p)+n)
-		toks, _, err := model.Generate(context.Background(), s, p, model.GenerateOptions{MaxTokens: n, Sampler: samplers()[i], OnToken: record(&alone[i], stopAt[i])})
-		if err != nil && !errors.Is(err, errStopped) {
-			t.Fatal(err)
-		}
-		alone[i].tokens = toks
-	}
+	rq := requests{prompts: prompts,
+		n: 30, // past gpt-oss-tiny's window of 8, whose rows a take-back must still hold
+		samplers: func() []*model.Sampler {
+			return []*model.Sampler{model.NewSampler(0, 0, 0), model.NewSampler(0.8, 0.95, 7),
+				model.NewSampler(1, 1, 8).WithPenalties(0.5, 0.3).WithRepeatPenalty(1.2, 16, prompts[2]),
+				model.NewSampler(0.7, 1, 9).WithLogprobs(3).WithMinP(0.05)}
+		},
+		stopAt: []int{-1, -1, -1, 17}}
+	alone := rq.alone(t, m)
 	byLen := map[int]int{} // prompt length -> request
 	for i, p := range prompts {
 		byLen[len(p)] = i
@@ -172,31 +194,11 @@ func checkGuesses(t *testing.T, preset string) {
 	b := passloop.New(m, model.NewResidentExperts(m), hooks)
 	defer b.Close()
 	b.DraftUpTo(3)
-	b.StartTogether(len(prompts))
-	together := make([]gen, len(prompts))
-	var wg sync.WaitGroup
-	s := samplers()
-	for i, p := range prompts {
-		wg.Go(func() {
-			toks, st, err := b.Generate(context.Background(), p, model.GenerateOptions{MaxTokens: n, Sampler: s[i], OnToken: record(&together[i], stopAt[i])})
-			if err != nil && !errors.Is(err, errStopped) {
-				t.Error(err)
-			}
-			together[i].tokens, together[i].st = toks, st
-		})
-	}
-	wg.Wait()
+	together := rq.together(t, b)
+	sameAsAlone(t, alone, together)
 	var drafted, accepted int
-	for i := range prompts {
-		if !slices.Equal(alone[i].tokens, together[i].tokens) || len(alone[i].logits) != len(together[i].logits) {
-			t.Fatalf("request %d: alone %v, with guesses checked %v", i, alone[i].tokens, together[i].tokens)
-		}
-		for step := range alone[i].logits {
-			if !slices.Equal(alone[i].logits[step], together[i].logits[step]) {
-				t.Fatalf("request %d step %d: the logits differ", i, step)
-			}
-		}
-		drafted, accepted = drafted+together[i].st.Drafted, accepted+together[i].st.Accepted
+	for _, g := range together {
+		drafted, accepted = drafted+g.st.Drafted, accepted+g.st.Accepted
 	}
 	if accepted == 0 || accepted == drafted {
 		t.Fatalf("%d of %d guesses kept: the test checks no kept guess, or no taken-back one", accepted, drafted)
