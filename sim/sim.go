@@ -272,7 +272,8 @@ type Options struct {
 }
 
 // MaxDraft is the most guesses a simulated pass checks: the main node's
-// (passloop.MaxDraft).
+// (passloop.MaxDraft; a test holds them equal, the simulator importing
+// no node's code).
 const MaxDraft = 8
 
 // Result is what the run would measure.

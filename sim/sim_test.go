@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/odmoe/odmoe/passloop"
 	"github.com/odmoe/odmoe/sched"
 )
 
@@ -404,5 +405,13 @@ func TestFewExpertsEndTheirWrongGuesses(t *testing.T) {
 		if r.MissesWrong == 0 {
 			t.Fatalf("draft %d: recall 0.5 missed nothing: %+v", draft, r)
 		}
+	}
+}
+
+// TestMaxDraftIsTheMainNodes: the simulator checks no more guesses a pass
+// than the main node's pass loop can.
+func TestMaxDraftIsTheMainNodes(t *testing.T) {
+	if MaxDraft != passloop.MaxDraft {
+		t.Fatalf("sim.MaxDraft %d, passloop.MaxDraft %d", MaxDraft, passloop.MaxDraft)
 	}
 }
