@@ -660,14 +660,16 @@ func (r *run) route(was []int) []int {
 // An activation is predicted with probability Recall; for one that is
 // not, another expert is (and loaded for nothing).
 func (r *run) predict(arrives [][]float64, routes [][][]int) []map[int]prediction {
-	out := make([]map[int]prediction, r.s.Layers)
+	out, kept := make([]map[int]prediction, r.s.Layers), make([]map[int]prediction, r.s.Layers)
+	var guess, wanted []int
+	var first []float64 // when each of guess's first prediction arrives
 	for l := range out {
 		out[l] = map[int]prediction{}
+		kept[l] = out[l]
 		if !r.s.hasExperts(l) {
 			continue
 		}
-		var guess, wanted []int
-		first := map[int]float64{} // expert -> when its first prediction arrives
+		guess, wanted, first = guess[:0], wanted[:0], first[:0]
 		for j, rt := range routes {
 			experts := rt[l]
 			wanted = append(wanted, experts...)
@@ -682,16 +684,14 @@ func (r *run) predict(arrives [][]float64, routes [][][]int) []map[int]predictio
 						}
 					}
 				}
-				if _, ok := first[g]; !ok && g >= 0 {
-					first[g] = arrives[j][l]
-					guess = append(guess, g)
+				if g >= 0 && !slices.Contains(guess, g) {
+					guess, first = append(guess, g), append(first, arrives[j][l])
 				}
 			}
 		}
-		slices.Sort(guess)
-		for i, e := range guess {
+		for i, e := range slices.Sorted(slices.Values(guess)) {
 			w := r.layout.DecodeWorker(l, i)
-			arrive := first[e]
+			arrive := first[slices.Index(guess, e)]
 			if k, ok := r.keptOn(l, e); ok && k.worker == w { // still held there: no load
 				out[l][e] = prediction{worker: w, arrive: arrive, loaded: k.loaded}
 				continue
@@ -702,24 +702,30 @@ func (r *run) predict(arrives [][]float64, routes [][][]int) []map[int]predictio
 			}
 			out[l][e] = prediction{worker: w, arrive: arrive, loaded: r.loadAt(w, arrive)}
 		}
-	}
-	// a worker keeps the last expert it was hinted of each layer for
-	// the next pass: a pass of several rows may hint it more than a
-	// worker's memory holds, loaded in turn
-	r.kept = make([]map[int]prediction, len(out))
-	for l, pl := range out {
-		last := map[int]int{} // worker -> the expert it loads last
-		for e, pr := range pl {
-			if k, ok := last[pr.worker]; !ok || pr.loaded > pl[k].loaded || pr.loaded == pl[k].loaded && e > k {
-				last[pr.worker] = e
-			}
-		}
-		r.kept[l] = make(map[int]prediction, len(last))
-		for _, e := range last {
-			r.kept[l][e] = pl[e]
+		if len(guess) > r.layout.Group {
+			kept[l] = lastOnEach(out[l])
 		}
 	}
+	r.kept = kept // the next pass's: this one's reads the last's
 	return out
+}
+
+// lastOnEach is, of a layer's predictions, the expert each worker loads
+// last: a worker keeps it for the next pass, where a pass of several
+// rows hinted it more of the layer than a worker's memory holds, loaded
+// in turn (with one row, each worker of the group is hinted one).
+func lastOnEach(pl map[int]prediction) map[int]prediction {
+	last := map[int]int{} // worker -> the expert it loads last
+	for e, pr := range pl {
+		if k, ok := last[pr.worker]; !ok || pr.loaded > pl[k].loaded || pr.loaded == pl[k].loaded && e > k {
+			last[pr.worker] = e
+		}
+	}
+	kept := make(map[int]prediction, len(last))
+	for _, e := range last {
+		kept[e] = pl[e]
+	}
+	return kept
 }
 
 // taken is how many experts a or b name, each once (a's are distinct).
