@@ -42,6 +42,13 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
+	drafting, err := mainnode.ParseDraft(f.Draft)
+	if err != nil {
+		return usagef("-draft %v", err)
+	}
+	if drafting.K > 0 && f.Shadow == "" {
+		return usagef("-draft %v checks the shadow's guesses: it needs -shadow ADDR", drafting)
+	}
 	residency, err := runflags.ParseResidency(f.Residency)
 	if err != nil {
 		return usagef("%v", err)
@@ -64,7 +71,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return err
 	}
 	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
-		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Context: f.Context, Log: log}
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Context: f.Context, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}

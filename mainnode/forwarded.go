@@ -36,7 +36,7 @@ func (f *forwarded) heard(m wire.Message) {
 			return // its pass has run
 		}
 		es, on := predictedOn(m.Experts, m.Workers)
-		f.pred[layerKey{model.Step{Seq: m.Seq, Pass: m.Pass}, m.Layer}] = predicted{es, on, m.Token}
+		f.pred[layerKey{model.Step{Seq: m.Seq, Pass: m.Pass}, m.Layer}] = predicted{experts: es, on: on, token: m.Token}
 	case *wire.Withdraw:
 		if len(m.Experts) > 0 {
 			return

@@ -40,6 +40,8 @@ type Config struct {
 	// layers before the first stage's, perhaps none
 	Stages []string
 	Align  align.Policy
+	// Draft is -draft: how many of the shadow's guesses a pass checks.
+	Draft Drafting
 	// TraceFile, if set, receives the swarm's timeline of passes
 	// TraceFrom..TraceTo.
 	TraceFile          string
@@ -82,7 +84,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if err := holds(m, "main", cfg.Serve, cfg.Mem, log); err != nil {
 		return err
 	}
-	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align,
+	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align, Draft: cfg.Draft,
 		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages})
 	if err != nil {
 		return err

@@ -74,11 +74,29 @@ func (s *Swarm) Batcher(m *model.Model) *passloop.Batcher {
 			hooks.OnRoute = s.stageRouted // the stages' layers' routing, to score the shadow's predictions of them
 		}
 	}
-	b := passloop.New(m, s, hooks)
+	var b *passloop.Batcher
+	if s.drafter != nil {
+		hooks.Draft = func(seq uint64, pos, last, most int) []int { return s.draftFor(b.Seq(), seq, pos, last, most) }
+	}
+	b = passloop.New(m, s, hooks)
+	if s.drafter != nil {
+		b.DraftUpTo(s.drafter.mode.K)
+	}
 	s.mu.Lock()
 	s.batches[b.Seq()] = true
 	s.mu.Unlock()
 	return b
+}
+
+// draftFor is the Batcher's Hooks.Draft: the shadow's guesses of the
+// tokens after member seq's last one, last at position pos, as many as
+// the drafting policy has the pass check (at most most), and how many
+// the shadow is to guess for its next pass.
+func (s *Swarm) draftFor(batch, seq uint64, pos, last, most int) []int {
+	use, ask := s.drafter.choose(seq, batch, pos, most, s.shadow.guessRate())
+	g := s.shadow.draftsFor(seq, pos, last, use, ask)
+	s.drafter.given(seq, len(g))
+	return g
 }
 
 // NewLocalBatcher batches generations of the resident model m (local

@@ -35,17 +35,20 @@ type shadowLink struct {
 	redialing bool
 	seqs      map[uint64]*shadowSeq
 	pred      map[layerKey]predicted // predictions not taken yet
-	actual    map[layerKey]routing   // routing awaiting its prediction, for scoring
-	recall    *align.Recall          // over decode passes
-	late      []float64              // late-departure ms per decode pass (index: pass-2)
-	cpu       []time.Duration        // the shadow process's CPU time when it finished each pass (index: pass-1; 0: not heard)
-	done      int64                  // the last pass the shadow finished
-	forwardMs float64                // the shadow's decode forward passes, summed
-	forwards  int
-	peakRSS   int64
-	received  chan struct{}
-	trace     *trace.Recorder
-	traces    chan *wire.Trace
+	// partialTaken are layers placed on a partial prediction: scored when
+	// the whole union comes
+	partialTaken map[layerKey]bool
+	actual       map[layerKey]routing // routing awaiting its prediction, for scoring
+	recall       *align.Recall        // over decode passes
+	late         []float64            // late-departure ms per decode pass (index: pass-2)
+	cpu          []time.Duration      // the shadow process's CPU time when it finished each pass (index: pass-1; 0: not heard)
+	done         int64                // the last pass the shadow finished
+	forwardMs    float64              // the shadow's decode forward passes, summed
+	forwards     int
+	peakRSS      int64
+	received     chan struct{}
+	trace        *trace.Recorder
+	traces       chan *wire.Trace
 	// every decode layer scored, alone or batched: eq. (3) for the metrics
 	counts recallCounts
 	// running ahead: decode passes the shadow ran ahead of its alignment;
@@ -131,6 +134,9 @@ type predicted struct {
 	experts []int
 	on      []int // the worker each expert was hinted to; nil: sched's index rule
 	token   int32
+	// partial: more of the pass's rows are to come (Prediction.Partial):
+	// placed on, but the layer is scored on the whole union
+	partial bool
 }
 
 // shadowSeq is what the link keeps of one sequence: enough to bring a
@@ -162,6 +168,15 @@ type shadowSeq struct {
 	// sampling is how the sequence chooses its tokens, for the shadow's
 	// guesses (nil: greedily)
 	sampling *wire.Sampling
+	// draft is how many tokens the shadow is to guess after the
+	// member's row in the passes it runs ahead (Alignment.Draft), as the
+	// drafting policy last chose; drafted says its last pass fed guesses
+	draft   int
+	drafted bool
+	// drafts are the shadow's latest guesses for the member (wire.Drafts):
+	// its rows from position draftPos on
+	draftPos int
+	drafts   []int
 }
 
 // maxEndedKinds ended sequences' kinds are kept (shadowLink.ended): far
@@ -231,6 +246,7 @@ func (sl *shadowLink) down() {
 	sl.up = false
 	clear(sl.pred)
 	clear(sl.actual)
+	clear(sl.partialTaken)
 }
 
 // attach makes p the connection: every live sequence is sent whole at
@@ -281,7 +297,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 					scored = true
 				}
 			} else if live && key.step.Pass >= sl.seqs[m.Seq].iter {
-				sl.pred[key] = predicted{es, on, m.Token}
+				sl.pred[key] = predicted{experts: es, on: on, token: m.Token, partial: m.Partial}
 			} // else: a sequence that has ended, or a pass that has run, ran no such layer
 			sl.mu.Unlock()
 			if scored {
@@ -300,6 +316,17 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 				if k.step.Seq == m.Seq && k.step.Pass >= m.From {
 					delete(sl.pred, k)
 					sl.withdrawn++
+				}
+			}
+			sl.mu.Unlock()
+		case *wire.Drafts:
+			sl.mu.Lock()
+			for i, seq := range m.Seqs {
+				if q := sl.seqs[seq]; q != nil {
+					q.draftPos, q.drafts = m.Pos[i], q.drafts[:0]
+					for _, t := range m.Tokens[i] {
+						q.drafts = append(q.drafts, int(t))
+					}
 				}
 			}
 			sl.mu.Unlock()
@@ -463,7 +490,14 @@ func predictedOn(experts, workers []int32) (es, on []int) {
 func (sl *shadowLink) prediction(step model.Step, layer int) (experts, on []int) {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	p := sl.takeLocked(layerKey{step, layer})
+	key := layerKey{step, layer}
+	p := sl.takeLocked(key)
+	if p.partial {
+		if sl.partialTaken == nil {
+			sl.partialTaken = map[layerKey]bool{}
+		}
+		sl.partialTaken[key] = true
+	}
 	return p.experts, p.on
 }
 
@@ -502,8 +536,14 @@ func (sl *shadowLink) routed(step model.Step, layer int, pred, experts []int, me
 	key := layerKey{step, layer}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if pred == nil { // it may have arrived since
-		pred = sl.takeLocked(key).experts
+	if sl.partialTaken[key] { // placed on a partial union: scored on the whole, when it comes
+		delete(sl.partialTaken, key)
+		pred = nil
+	}
+	if pred == nil { // it may have arrived since (a partial one is not scored)
+		if p := sl.takeLocked(key); !p.partial {
+			pred = p.experts
+		}
 	}
 	r := routing{experts: experts, members: members, routes: routes}
 	if pred != nil {
@@ -548,7 +588,7 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []pa
 	q := sl.seqs[step.Seq]
 	q.rowSeqs, q.rowTokens = q.rowSeqs[:0], q.rowTokens[:0]
 	for _, r := range rows {
-		q.rowSeqs, q.rowTokens = append(q.rowSeqs, r.Step.Seq), append(q.rowTokens, r.Tokens[len(r.Tokens)-1])
+		q.rowSeqs, q.rowTokens = append(q.rowSeqs, r.Step.Seq), append(q.rowTokens, rowToken(r))
 		m := sl.seqs[r.Step.Seq]
 		sent = sent && m != nil && m.iter == r.Step.Pass && m.tokenSent
 	}
@@ -561,6 +601,15 @@ func (sl *shadowLink) startBatch(ctx context.Context, step model.Step, rows []pa
 	}
 	sl.mu.Unlock()
 	return all, nil
+}
+
+// rowToken is what a member's row says of its pass in align.PassToken:
+// its decode token (the one before any guesses), or its chunk's last.
+func rowToken(r passloop.Row) int {
+	if r.Prompt {
+		return r.Tokens[len(r.Tokens)-1]
+	}
+	return r.Tokens[0]
 }
 
 // startIn sends the alignment of row, a member of pass bp: the token
@@ -587,8 +636,11 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 		}
 		q.sampling = wireSampling(row.Sampling, row.PromptLen)
 	}
+	// guesses an earlier pass fed and did not keep are not the
+	// sequence's: its tokens are those its cache holds rows of
+	q.hist = q.hist[:min(len(q.hist), cache.Len())]
 	before := len(q.hist)
-	for _, t := range tokens {
+	for _, t := range tokens[:len(tokens)-row.Drafted] {
 		q.hist = append(q.hist, int32(t))
 	}
 	if !row.Prompt {
@@ -600,6 +652,12 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 	if up && synced && !row.Prompt && decodeStep > 0 {
 		tokenDue, kvDue = q.ctl.Step(decodeStep, q.kvStep)
 	}
+	// a drafting member's shadow may hold rows its pass turned down, or
+	// have run ahead past a guess turned down: it is told every token
+	drafting := row.Drafted > 0 || q.drafted || q.draft > 0
+	tokenDue = tokenDue || drafting
+	q.drafted = row.Drafted > 0
+	draftK := q.draft
 	var history []int32
 	if up && (!synced || first) {
 		history = slices.Clone(q.hist[:before])
@@ -612,7 +670,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 		return false, nil
 	}
 	p := sl.peer.Load()
-	a := &wire.Alignment{Seq: step.Seq, Pass: step.Pass, Token: -1, Batch: bp.seq, BatchPass: bp.iter, BatchSize: bp.size}
+	a := &wire.Alignment{Seq: step.Seq, Pass: step.Pass, Token: -1, Batch: bp.seq, BatchPass: bp.iter, BatchSize: bp.size, Pos: cache.Len(), Draft: draftK}
 	kvStep := int64(-1)   // unchanged
 	if first || !synced { // the shadow starts the sequence
 		a.Sampling = sampling
@@ -649,6 +707,8 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 	}
 	if row.Prompt {
 		a.Chunk, a.PromptLeft = int32s(tokens), row.PromptLeft
+	} else if a.Token >= 0 && row.Drafted > 0 {
+		a.Guesses = int32s(tokens[1:])
 	}
 	a.Final = row.Final
 	if sl.stages != nil {
@@ -659,7 +719,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 	if kvStep >= 0 {
 		q.kvStep = kvStep
 	}
-	q.iter, q.token, q.tokenSent = step.Pass, int32(tokens[len(tokens)-1]), a.Token >= 0 || row.Prompt
+	q.iter, q.token, q.tokenSent = step.Pass, int32(rowToken(row)), a.Token >= 0 || row.Prompt
 	sl.mu.Unlock()
 	sl.trace.Message(trace.Send, trace.MsgAlignment, p.Identity().Name, a.Pass, 0, -1, 0, time.Now())
 	if err := p.Send(ctx, a); err != nil {
@@ -704,6 +764,39 @@ func packInto(a *wire.Alignment, cache *kvcache.Cache, from int, stages *stage.C
 	a.FromPos = kv.From
 	a.Keys, a.Values = kv.Tensors() // no values for a latent cache
 	return nil
+}
+
+// guessRate is the share of the shadow's guesses of members' tokens
+// that met the main node's, over every kind of request (0.5 before any).
+func (sl *shadowLink) guessRate() float64 {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	var met, all int64
+	for _, c := range sl.guesses {
+		met, all = met+c.Met, all+c.Met+c.Rewound
+	}
+	if all == 0 {
+		return 0.5
+	}
+	return float64(met) / float64(all)
+}
+
+// draftsFor returns up to most of the shadow's guesses of the tokens after
+// position pos of sequence seq, whose token there is last (none unless
+// its latest drafts begin there with that token), and has the shadow
+// guess k tokens a pass for it from its next alignment on.
+func (sl *shadowLink) draftsFor(seq uint64, pos, last, most, k int) []int {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	q := sl.seqs[seq]
+	if q == nil {
+		return nil
+	}
+	q.draft = k
+	if !sl.up || len(q.drafts) == 0 || q.draftPos != pos || q.drafts[0] != last {
+		return nil
+	}
+	return slices.Clone(q.drafts[1:min(len(q.drafts), 1+most)])
 }
 
 // end forgets sequence seq: its alignment mark and predictions nobody

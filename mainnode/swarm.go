@@ -81,6 +81,9 @@ type Options struct {
 	// connection was lost (one attempt, which may retry inside); the
 	// Swarm calls it in the background until the worker answers.
 	Redial func(ctx context.Context, w int) (*wire.Peer, error)
+	// Draft is -draft: how many of the shadow's guesses a pass checks
+	// after each decoding member's token (with a shadow; off: none).
+	Draft Drafting
 }
 
 // Swarm runs experts on remote workers: the model.ExpertRunner of the main
@@ -95,7 +98,10 @@ type Swarm struct {
 	// forwarded are the predictions a main stage's main node hands on
 	// (Options.Forwarded)
 	forwarded *forwarded
-	placer    *placer // -residency on: activation statistics and migrations
+	// drafter chooses and scores the guesses each pass checks
+	// (Options.Draft), nil when off or without a shadow
+	drafter *drafter
+	placer  *placer // -residency on: activation statistics and migrations
 	// rebalancing: one rebalance at a time reads, moves and sets the
 	// placement, so concurrent sequences never both move from one version
 	rebalancing sync.Mutex
@@ -238,6 +244,9 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 			return nil, err
 		}
 		s.shadow = newShadowLink(opt.Shadow, opt.Align, opt.TopK, opt.Layers, opt.Trace)
+		if opt.Draft.K > 0 {
+			s.drafter = newDrafter(opt.Draft)
+		}
 		if opt.Stages != nil {
 			s.shadow.stages = opt.Stages
 			if opt.Align.KVPeriod > 0 { // the KV rows of their layers, for the shadow's alignments
@@ -648,6 +657,14 @@ func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []passloo
 	// and the idle time between requests, as layer compute
 	defer func() { q.mark = time.Now() }()
 	q.prompt, q.rowSeqs = prompt, q.rowSeqs[:0]
+	if s.drafter != nil {
+		members := make([]uint64, len(rows))
+		n := 0
+		for i, r := range rows {
+			members[i], n = r.Step.Seq, n+len(r.Tokens)
+		}
+		s.drafter.passStarted(step.Seq, members, n, prompt, time.Now())
+	}
 	s.mu.Lock()
 	for _, r := range rows {
 		for range r.Tokens {
@@ -744,6 +761,9 @@ func (s *Swarm) EndSequence(ctx context.Context, seq uint64) error {
 	s.mu.Unlock()
 	if s.forwarded != nil {
 		s.forwarded.end(seq)
+	}
+	if s.drafter != nil {
+		s.drafter.end(seq)
 	}
 	var errs []error // every node is told, whichever cannot be
 	if s.opt.Stages != nil {

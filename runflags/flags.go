@@ -50,6 +50,7 @@ type Flags struct {
 	Group, MiniBatch          int
 	AlignToken, AlignKV       int
 	AlignAdaptive             bool
+	Draft                     string
 	Trace, TraceIters         string
 	PeerTimeout, DialTimeout  time.Duration
 	Residency, Placement      string
@@ -119,6 +120,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Shadow, "shadow", "", "main: shadow node `ADDR` (with -prefetch shadow; with -prefetch resident it runs beside the resident swarm, its hints landing on pinned experts: the baseline that pays the shadow's CPU); shadow: its worker list is -workers")
 	fs.IntVar(&f.AlignToken, "align-token", 1, "main: send the shadow the sampled token every T passes (0 = never)")
 	fs.IntVar(&f.AlignKV, "align-kv", 1, "main: send the shadow the new KV rows every K passes (0 = never)")
+	fs.StringVar(&f.Draft, "draft", "off", "main, with a shadow: speculative decoding, bit-identical to one token a pass: each pass checks up to `K` of the tokens the shadow guessed come after each decoding request's last, keeping those its own draws agree with. off; auto (how many, request by request, from the measured share kept and pass times: none where the loads a guessed row adds cost more than the passes it saves); or K, 1 to 8")
 	fs.BoolVar(&f.AlignAdaptive, "align-adaptive", false, "main: choose the alignment periods online from the shadow's measured recall and rewinds, starting at every pass, -align-token and -align-kv being the longest allowed (align.Controller)")
 	fs.DurationVar(&f.PeerTimeout, "peer-timeout", wire.DefaultPeerTimeout, "main, shadow, stage: a worker (or, to the main node, the shadow) silent this long is lost: its work moves to the live workers (without the shadow: reactive loading) and it is dialed again until it answers")
 	fs.DurationVar(&f.DialTimeout, "dial-timeout", wire.DefaultStartDialTimeout, "main, shadow, stage: how long to wait at start for the workers (and the shadow, and the stages) to answer, every few attempts logged; raise it when workers pin or preload experts for longer")

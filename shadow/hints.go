@@ -15,9 +15,21 @@ import (
 // the worker it went to. When the main node's pass keeps some of the rows
 // and not others, the union is revised from it (revise).
 type layerHints struct {
-	rows    []int // k experts a row, in the pass's row order
-	experts []int // their union, sorted
-	on      []int // on[i]: the worker experts[i] was hinted to (-1: none)
+	rows []int // k experts a row, in the order they ran
+	// member and step are each row's member (its index in the pass) and
+	// which of its rows it is (0: its token's; i: its i-th guess's)
+	member, step []int
+	experts      []int // their union, sorted
+	on           []int // on[i]: the worker experts[i] was hinted to (-1: none)
+}
+
+// kept appends to dst, for each of lh's rows, whether it is kept: it is
+// one of the first keep[m] rows of its member m.
+func (lh *layerHints) kept(dst []bool, keep []int) []bool {
+	for r, m := range lh.member {
+		dst = append(dst, lh.step[r] < keep[m])
+	}
+	return dst
 }
 
 // rowExperts appends the experts of routes (k a row) to dst.
@@ -68,7 +80,31 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 	if rec != nil {
 		lh := &rec.layers[l]
 		lh.rows, lh.experts, lh.on = rowExperts(lh.rows[:0], routes), append(lh.experts[:0], n.experts...), append(lh.on[:0], on...)
+		lh.member, lh.step = lh.member[:0], lh.step[:0]
+		for i := range rec.seqs { // one row each
+			lh.member, lh.step = append(lh.member, i), append(lh.step, 0)
+		}
 	}
+}
+
+// predictDrafted is the routing hook of step s of a pass run ahead with
+// guesses (rec; step 0 feeds each member's token, step i its i-th
+// guess), whose rows are those of members (indices into the pass's
+// members): layer l's union grows by the rows' experts, hinted to the
+// workers at once (only the experts not hinted before) and told to the
+// main node, as partial until the pass's last step.
+func (n *Node) predictDrafted(ctx context.Context, seq uint64, it int64, token, l int, routes []model.Route, rec *aheadPass, members []int, s int, partial bool) {
+	now := time.Now()
+	n.trace.Span(trace.Shadow, it, l, -1, n.mark, now)
+	n.mark = now
+	lh := &rec.layers[l]
+	lh.rows = rowExperts(lh.rows, routes)
+	for _, m := range members {
+		lh.member, lh.step = append(lh.member, m), append(lh.step, s)
+	}
+	n.experts = union(n.experts[:0], lh.experts, nil, rowExperts(n.on[:0], routes))
+	on := n.hintAs(ctx, seq, it, token, l, n.experts, lh, partial)
+	lh.experts, lh.on = append(lh.experts[:0], n.experts...), append(lh.on[:0], on...)
 }
 
 // hint hints layer l of step (seq, it), predicted to use experts (distinct,
@@ -84,6 +120,12 @@ func (n *Node) predict(ctx context.Context, seq uint64, it int64, token, l int, 
 // behind): the loads would come too late and take the cores and links
 // from loads that are not.
 func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, experts []int, was *layerHints) []int {
+	return n.hintAs(ctx, seq, it, token, l, experts, was, false)
+}
+
+// hintAs is hint, the prediction to the main node marked partial as
+// said (Prediction.Partial: more of the pass's rows are still to come).
+func (n *Node) hintAs(ctx context.Context, seq uint64, it int64, token, l int, experts []int, was *layerHints, partial bool) []int {
 	var wasExperts, wasOn []int
 	if was != nil {
 		// an expert whose worker has gone down since goes to a live one
@@ -124,7 +166,7 @@ func (n *Node) hint(ctx context.Context, seq uint64, it int64, token, l int, exp
 		})
 	}
 	if failed == nil {
-		_ = n.queue(ctx, outgoing{worker: -1, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Pass: it, Layer: l, Experts: int32s(experts), Workers: int32s(n.on), Token: int32(token)}})
+		_ = n.queue(ctx, outgoing{worker: -1, it: it, layer: l, msg: &wire.Prediction{Seq: seq, Pass: it, Layer: l, Experts: int32s(experts), Workers: int32s(n.on), Token: int32(token), Partial: partial}})
 	}
 	return n.on
 }

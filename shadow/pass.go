@@ -42,6 +42,10 @@ type passFollow struct {
 	kept       []bool
 	lastTokens []int
 	keptUnion  [][]int
+	// and how many rows of each member it keeps, and which of a layer's
+	// rows those are
+	keptRows []int
+	keepRow  []bool
 	// ahead are the passes run ahead of their alignments, oldest first
 	// (passes aligned+1 .. it); spare are records no longer ahead, whose
 	// buffers the next pass run ahead reuses (no allocation a layer)
@@ -66,13 +70,17 @@ func (bf *passFollow) reset() {
 }
 
 // add makes f a member of the next pass: fed chunk (prompt tokens) if it
-// has any, else token.
-func (bf *passFollow) add(f *follow, token int, chunk []int) {
+// has any, else token and then guesses (the main node's pass checks
+// them: drafting).
+func (bf *passFollow) add(f *follow, token int, chunk, guesses []int) {
+	feed := chunk
 	if len(chunk) > 0 {
 		token, bf.prompt = chunk[len(chunk)-1], true
+	} else if len(guesses) > 0 {
+		feed = append([]int{token}, guesses...)
 	}
 	bf.rows, bf.seqs = append(bf.rows, f), append(bf.seqs, f.seq)
-	bf.sessions, bf.tokens, bf.feeds = append(bf.sessions, f.sess), append(bf.tokens, token), append(bf.feeds, chunk)
+	bf.sessions, bf.tokens, bf.feeds = append(bf.sessions, f.sess), append(bf.tokens, token), append(bf.feeds, feed)
 }
 
 // seal points each decode member's feed at its token, once every member
@@ -85,15 +93,21 @@ func (bf *passFollow) seal() {
 	}
 }
 
-// aheadPass is a pass run ahead: which sequences it fed which tokens,
-// and what it hinted for each layer (indexed by layer; a layer without
-// experts has no rows).
+// aheadPass is a pass run ahead: which sequences it fed which tokens
+// (each member's first row's), from which position, the guesses it fed
+// each after that token (drafting), and what it hinted for each layer
+// (indexed by layer; a layer without experts has no rows).
 type aheadPass struct {
-	it     int64
-	seqs   []uint64
-	tokens []int
-	layers []layerHints
+	it      int64
+	seqs    []uint64
+	tokens  []int
+	pos     []int
+	guesses [][]int
+	layers  []layerHints
 }
+
+// rows is how many rows member i fed.
+func (p *aheadPass) rows(i int) int { return 1 + len(p.guesses[i]) }
 
 // pushAhead records pass it, run ahead on bf's rows, reusing a spare
 // record's buffers when there is one.
@@ -103,12 +117,20 @@ func (bf *passFollow) pushAhead(it int64, layers int) {
 		p, bf.spare = bf.spare[k-1], bf.spare[:k-1]
 	}
 	p.it, p.seqs, p.tokens = it, append(p.seqs[:0], bf.seqs...), append(p.tokens[:0], bf.tokens...)
+	p.pos = p.pos[:0]
+	for _, s := range bf.sessions {
+		p.pos = append(p.pos, s.Len())
+	}
+	p.guesses = slices.Grow(p.guesses[:0], len(bf.seqs))[:len(bf.seqs)]
+	for i := range p.guesses {
+		p.guesses[i] = p.guesses[i][:0]
+	}
 	if len(p.layers) != layers {
 		p.layers = make([]layerHints, layers)
 	}
 	for l := range p.layers {
 		lh := &p.layers[l]
-		lh.rows, lh.experts, lh.on = lh.rows[:0], lh.experts[:0], lh.on[:0]
+		lh.rows, lh.member, lh.step, lh.experts, lh.on = lh.rows[:0], lh.member[:0], lh.step[:0], lh.experts[:0], lh.on[:0]
 	}
 	bf.ahead = append(bf.ahead, p)
 }
@@ -206,19 +228,55 @@ func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 		return false
 	}
 	for _, a := range members {
-		i := slices.Index(p.seqs, a.Seq)
-		if i < 0 || starts(a) || len(a.Chunk) > 0 || a.Token >= 0 && int(a.Token) != p.tokens[i] {
+		if i := slices.Index(p.seqs, a.Seq); i < 0 || !fedAs(p, i, a) {
 			return false
 		}
 	}
 	return true
 }
 
+// fedAs reports whether member i of p, a pass run ahead, was fed what its
+// alignment a says: neither restarted nor fed a prompt chunk, the token a
+// carries (or any, if it carries none) at the position a says, then the
+// first of the guesses p fed, as many as the main node's pass checked.
+func fedAs(p aheadPass, i int, a *wire.Alignment) bool {
+	switch {
+	case starts(a) || len(a.Chunk) > 0:
+		return false
+	case a.Token < 0:
+		return true
+	case int(a.Token) != p.tokens[i] || a.Pos > 0 && a.Pos != p.pos[i] || len(a.Guesses) > len(p.guesses[i]):
+		return false
+	}
+	for j, g := range a.Guesses {
+		if int(g) != p.guesses[i][j] {
+			return false
+		}
+	}
+	return true
+}
+
+// trimGuesses takes back the rows of member i of p, a pass run ahead,
+// past those its alignment a has the main node's pass feed (the guesses
+// the main node did not check): f's next token is again the first guess
+// taken back.
+func trimGuesses(f *follow, p aheadPass, i int, a *wire.Alignment) {
+	keep := 1 + len(a.Guesses)
+	if a.Token < 0 || f == nil || f.sess == nil || keep >= p.rows(i) {
+		return
+	}
+	f.takeBack(p.rows(i) - keep)
+	f.next, f.headDue = p.guesses[i][keep-1], false
+}
+
 // meet applies the alignments of bf's oldest pass run ahead, which it
 // met: their KV rows; nothing runs again.
 func (n *Node) meet(ctx context.Context, bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
+	p := bf.ahead[0]
 	for _, a := range members {
-		if err := n.apply(ctx, seqs[a.Seq], a); err != nil {
+		f := seqs[a.Seq]
+		trimGuesses(f, p, slices.Index(p.seqs, a.Seq), a)
+		if err := n.apply(ctx, f, a); err != nil {
 			return err
 		}
 		n.agreedSeqs = append(n.agreedSeqs, a.Seq)
@@ -246,8 +304,7 @@ func (n *Node) rewindPasses(ctx context.Context, b uint64, bf *passFollow, it in
 			if f == nil || f.sess == nil {
 				continue // ended, or restarted since
 			}
-			f.sess.Cache().Truncate(f.sess.Len() - 1)
-			f.fed = f.fed[:len(f.fed)-1]
+			f.takeBack(p.rows(j))
 			f.next, f.headDue = p.tokens[j], false
 		}
 		bf.retire(p)
@@ -268,7 +325,7 @@ func (n *Node) passDueAhead(batches map[uint64]*passFollow, seqs map[uint64]*fol
 		if n.Ahead <= 0 || bf.aligned < 1 || bf.it >= bf.aligned+int64(n.Ahead) || due != nil && bf.it-bf.aligned >= due.it-due.aligned {
 			continue
 		}
-		live, full := 0, false
+		live, full := 0, false // (full: no room for a row; drafting takes what room there is)
 		for _, seq := range bf.last {
 			if f := seqs[seq]; f != nil && f.sess != nil && !f.final {
 				live++
@@ -292,7 +349,7 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 			if f.headDue {
 				bf.heads = append(bf.heads, f.sess)
 			}
-			bf.add(f, -1, nil)
+			bf.add(f, -1, nil, nil)
 		}
 	}
 	if len(bf.heads) > 0 { // the output heads of every row at once
@@ -308,6 +365,9 @@ func (n *Node) runPassAhead(ctx context.Context, b uint64, bf *passFollow, seqs 
 	it := bf.it + 1
 	bf.pushAhead(it, n.m.Config.NumLayers)
 	bf.it = it
+	if n.drafting(bf) {
+		return n.forwardDrafting(ctx, b, bf, it)
+	}
 	return n.forwardPass(ctx, b, bf, it, 0)
 }
 
@@ -324,7 +384,7 @@ func (n *Node) pass(ctx context.Context, b uint64, bf *passFollow, members []*wi
 		if err != nil {
 			return fmt.Errorf("shadow: batch %d pass %d: %w", b, bf.it, err)
 		}
-		bf.add(f, token, ints(a.Chunk))
+		bf.add(f, token, ints(a.Chunk), ints(a.Guesses))
 	}
 	bf.seal()
 	bf.aligned = bf.it
@@ -419,6 +479,10 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 		}
 	} else if f == nil || f.sess == nil {
 		return nil, 0, fmt.Errorf("sequence %d pass %d before its start", a.Seq, a.Pass)
+	}
+	if extra := f.sess.Len() - a.Pos; a.Pos > 0 && extra > 0 { // guesses the main node's last pass turned down
+		f.takeBack(extra)
+		f.headDue = false
 	}
 	if err := n.apply(ctx, f, a); err != nil {
 		return nil, 0, err

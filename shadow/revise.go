@@ -42,10 +42,23 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 	n.log.Debug().Uint64("batch", b).Int64("pass", p.it).Int("kept", count(kept)).Int("rows", len(kept)).Msg("shadow: revising a pass run ahead: some of its rows differ from the main node's")
 	for i, seq := range p.seqs { // the rows not kept are forgotten
 		if f := seqs[seq]; !kept[i] && f != nil && f.sess != nil {
-			f.sess.Cache().Truncate(f.sess.Len() - 1)
-			f.fed = f.fed[:len(f.fed)-1]
+			f.takeBack(p.rows(i))
 			f.next, f.headDue = p.tokens[i], false
 		}
+	}
+	// a kept member's guesses the main node's pass did not check, too
+	bf.keptRows = bf.keptRows[:0]
+	for i, seq := range p.seqs {
+		n := 0
+		if kept[i] {
+			a := members[slices.IndexFunc(members, func(a *wire.Alignment) bool { return a.Seq == seq })]
+			trimGuesses(seqs[seq], p, i, a)
+			n = p.rows(i)
+			if a.Token >= 0 {
+				n = 1 + len(a.Guesses)
+			}
+		}
+		bf.keptRows = append(bf.keptRows, n)
 	}
 	bf.ahead = bf.ahead[1:]
 	defer bf.retire(p) // its hints are read until the pass has run
@@ -66,7 +79,7 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 		if err != nil {
 			return fmt.Errorf("shadow: batch %d pass %d: %w", b, p.it, err)
 		}
-		bf.add(f, token, ints(a.Chunk))
+		bf.add(f, token, ints(a.Chunk), ints(a.Guesses))
 		all, allTokens = append(all, a.Seq), append(allTokens, bf.tokens[len(bf.tokens)-1])
 	}
 	bf.seal()
@@ -86,7 +99,8 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 			if len(lh.rows) == 0 { // a layer without experts
 				continue
 			}
-			keptUnion[l] = union(keptUnion[l], lh.rows, kept, nil)
+			bf.keepRow = lh.kept(bf.keepRow[:0], bf.keptRows)
+			keptUnion[l] = union(keptUnion[l], lh.rows, bf.keepRow, nil)
 			if len(bf.rows) == 0 { // nothing to run: the kept rows' union is the pass's
 				n.hint(ctx, b, p.it, fed, l, keptUnion[l], &p.layers[l])
 			} else {
@@ -128,7 +142,7 @@ func (n *Node) keptRows(dst []bool, p aheadPass, members []*wire.Alignment) []bo
 		if i < 0 || starts(a) || len(a.Chunk) > 0 {
 			continue
 		}
-		if a.Token >= 0 && int(a.Token) != p.tokens[i] {
+		if !fedAs(p, i, a) {
 			n.rewound++
 			n.rewoundSeqs = append(n.rewoundSeqs, a.Seq)
 			continue

@@ -189,6 +189,16 @@ type follow struct {
 	grammar  *grammar.Constraints
 	c        *grammar.Constraint
 	accepted []int
+	// draft is how many tokens to guess after the member's row in a pass
+	// run ahead (the main node's latest Alignment.Draft; 0: none)
+	draft int
+}
+
+// takeBack forgets f's last n rows (and the tokens they fed).
+func (f *follow) takeBack(n int) {
+	n = min(n, f.sess.Len())
+	f.sess.Cache().Truncate(f.sess.Len() - n)
+	f.fed = f.fed[:max(len(f.fed)-n, 0)]
 }
 
 // ownToken is the token f's last forward pass chose, running the output
@@ -611,7 +621,7 @@ func take(seqs *[]uint64) []uint64 {
 // is left of its prompt, whether it is its last, and its KV rows if a
 // has any.
 func (n *Node) apply(ctx context.Context, f *follow, a *wire.Alignment) error {
-	f.aligned, f.promptLeft, f.final = a.Pass, a.PromptLeft, a.Final
+	f.aligned, f.promptLeft, f.final, f.draft = a.Pass, a.PromptLeft, a.Final, a.Draft
 	if len(a.Keys) == 0 {
 		return nil
 	}

@@ -139,6 +139,10 @@ func badFrames(t testing.TB) []struct {
 		{"withdraw from a negative pass", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: -2})), CodeMalformed},
 		{"prediction with workers for some experts", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Pass: 2, Experts: []int32{1, 2}, Workers: []int32{0}})), CodeMalformed},
 		{"withdraw at a negative layer", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
+		{"alignment with too many guesses", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: 3, Batch: 1, BatchPass: 2, BatchSize: 1, Guesses: make([]int32, MaxGuesses+1)})), CodeMalformed},
+		{"alignment with guesses after a chunk", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: -1, Batch: 1, BatchPass: 2, BatchSize: 1, Chunk: []int32{5}, Guesses: []int32{4}})), CodeMalformed},
+		{"drafts with a member of no rows", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1}, Pos: []int{3}, Tokens: [][]int32{{}}})), CodeMalformed},
+		{"drafts with rows for fewer members", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1, 2}, Pos: []int{3, 4}, Tokens: [][]int32{{5}}})), CodeMalformed},
 		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Pass: 2, Token: -5})), CodeMalformed},
 		{"placement names an unknown worker", rawFrame(typePlacement, mustMsgpack(t, &Placement{Workers: 2, Experts: 1, Layers: []int32{0}, Owners: []int32{2}})), CodeMalformed},
 		{"stage run of no layers", rawFrame(typeStageRun, mustMsgpack(t, &StageRun{First: 3, End: 3, Seqs: []uint64{1}, Starts: []int32{0}, Counts: []int32{1}})), CodeMalformed},
@@ -232,6 +236,7 @@ func TestSendClassOfMessages(t *testing.T) {
 		{&WorkerStats{}, classControl},
 		{&ShadowDone{}, classControl},
 		{&Withdraw{}, classControl},
+		{&Drafts{}, classControl},
 		{&StageRun{Hidden: big}, classControl}, // ordered with a sequence's KV rows and end, whatever its size
 		{&StageRows{Hidden: big}, classControl},
 		{&Alignment{}, classBulk},

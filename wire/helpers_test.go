@@ -146,6 +146,8 @@ func sampleMessages(hidden int) []Message {
 		&Alignment{Seq: 3, Pass: 8, Token: 31999, FromPos: 40, Keys: []Tensor{kv(1), kv(2)}, Values: []Tensor{kv(3), kv(4)}, Batch: 2, BatchPass: 8, BatchSize: 1},
 		&Alignment{Seq: 4, Pass: 1, Token: -1, History: []int32{1, 2}, Batch: 2, BatchPass: 9, BatchSize: 2, Chunk: []int32{5, 6, 7}, PromptLeft: 40,
 			Sampling: &Sampling{Temperature: 0.7, TopP: 0.9, TopK: 40, Seed: 1 << 63, Presence: 0.5, Frequency: -1, BiasIDs: []int32{3, 9}, Biases: []float64{-100, 2.5}, PromptLen: 43, Constrained: true}},
+		&Alignment{Seq: 5, Pass: 12, Token: 17, Batch: 2, BatchPass: 10, BatchSize: 2, Pos: 90, Guesses: []int32{4, 8, 15}, Draft: 3},
+		&Drafts{Batch: 2, Pass: 11, Seqs: []uint64{5, 6}, Pos: []int{94, 30}, Tokens: [][]int32{{16, 23, 42}, {7}}},
 		&SequenceEnd{Seq: 1 << 40, Last: 7},
 		&StageRun{ID: 5, First: 2, End: 4, Seqs: []uint64{3, 1 << 40}, Starts: []int32{0, 17}, Counts: []int32{1, 1}, Hidden: Float32Tensor(ramp(2*hidden), 2, hidden), Routes: true, Batch: 9, Pass: 1 << 33, Prefill: true},
 		&StageRoutes{ID: 5, Layer: 3, Experts: []int32{1, 5, 0, 7}, Weights: []float32{0.75, 0.25, 0.5, 0.5}},

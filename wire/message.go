@@ -34,6 +34,7 @@ const (
 	typeStageRows    Type = 19
 	typeStageKV      Type = 20
 	typeStageEnd     Type = 21
+	typeDrafts       Type = 22
 )
 
 func (t Type) String() string {
@@ -46,7 +47,7 @@ func (t Type) String() string {
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
-// *ShadowDone, *Placement, *Withdraw or a stage's (*StageRun, *StageRoutes,
+// *ShadowDone, *Placement, *Withdraw, *Drafts or a stage's (*StageRun, *StageRoutes,
 // *StageRows, *StageKV, *StageEnd). Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
@@ -95,6 +96,8 @@ func newMessage(t Type) Message {
 		return new(StageKV)
 	case typeStageEnd:
 		return new(StageEnd)
+	case typeDrafts:
+		return new(Drafts)
 	}
 	return nil
 }
@@ -272,6 +275,37 @@ type Alignment struct {
 	// pass 1), says how the main node chooses its tokens when not
 	// greedily: the shadow guesses them the same way. nil: greedy.
 	Sampling *Sampling
+	// Pos is the position of the sequence's first row in this pass (its
+	// decode token's, or its chunk's first; 0 at its start, or not
+	// said): rows the shadow holds from it on are ones the main node did
+	// not keep (guesses it turned down), which the shadow takes back.
+	Pos int
+	// Guesses are the tokens a decode pass feeds after Token (drafting:
+	// the shadow's guesses, which the pass checks), at most MaxGuesses.
+	Guesses []int32
+	// Draft is how many tokens the shadow is to guess after the
+	// sequence's first row in the passes it runs ahead from now on (0:
+	// none), at most MaxGuesses.
+	Draft int
+}
+
+// MaxGuesses bounds an alignment's Guesses and Draft and a Drafts
+// member's guesses: passloop.MaxDraft (its tests hold them equal).
+const MaxGuesses = 8
+
+// Drafts are the shadow's guesses for pass Pass of batch Batch, which it
+// ran ahead, sent as soon as it has made them: member Seqs[i]'s rows
+// begin at position Pos[i] with token Tokens[i][0], and the rest of
+// Tokens[i] (at most MaxGuesses) are the tokens it guessed come next,
+// each drawn as the main node draws (model.Sampler.Guess). The main node
+// checks them in its pass where it starts there with that token.
+type Drafts struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Batch    uint64
+	Pass     int64
+	Seqs     []uint64
+	Pos      []int
+	Tokens   [][]int32
 }
 
 // Sampling is how the main node chooses a sequence's tokens (model.Sampling
@@ -487,6 +521,7 @@ func (*WorkerStats) Type() Type  { return typeWorkerStats }
 func (*ShadowDone) Type() Type   { return typeShadowDone }
 func (*Placement) Type() Type    { return typePlacement }
 func (*Withdraw) Type() Type     { return typeWithdraw }
+func (*Drafts) Type() Type       { return typeDrafts }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -585,6 +620,12 @@ func (m *Alignment) validate() error {
 	if len(m.Values) != 0 && len(m.Keys) != len(m.Values) {
 		return malformed("alignment has %d key and %d value tensors", len(m.Keys), len(m.Values))
 	}
+	switch {
+	case m.Pos < 0 || m.Draft < 0 || m.Draft > MaxGuesses || len(m.Guesses) > MaxGuesses:
+		return malformed("alignment of sequence %d at position %d: %d guesses, %d to draft (at most %d)", m.Seq, m.Pos, len(m.Guesses), m.Draft, MaxGuesses)
+	case len(m.Guesses) > 0 && (m.Token < 0 || len(m.Chunk) > 0):
+		return malformed("alignment of sequence %d: guesses after token %d and a chunk of %d", m.Seq, m.Token, len(m.Chunk))
+	}
 	if s := m.Sampling; s != nil {
 		switch {
 		case len(s.BiasIDs) != len(s.Biases) || len(s.BiasIDs) > maxBiases:
@@ -631,6 +672,18 @@ func (m *Placement) validate() error {
 		}
 	}
 	return nil
+}
+
+func (m *Drafts) validate() error {
+	if len(m.Pos) != len(m.Seqs) || len(m.Tokens) != len(m.Seqs) {
+		return malformed("drafts of pass %d: %d members, %d positions, %d rows", m.Pass, len(m.Seqs), len(m.Pos), len(m.Tokens))
+	}
+	for i, rows := range m.Tokens {
+		if len(rows) < 1 || len(rows) > 1+MaxGuesses || m.Pos[i] < 0 {
+			return malformed("drafts of pass %d: member %d at position %d with %d rows (1 to %d)", m.Pass, m.Seqs[i], m.Pos[i], len(rows), 1+MaxGuesses)
+		}
+	}
+	return nonNegative("drafts pass", m.Pass)
 }
 
 func (m *ShadowDone) validate() error {

@@ -1,0 +1,226 @@
+package mainnode
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/odmoe/odmoe/draft"
+	"github.com/odmoe/odmoe/passloop"
+)
+
+// Drafting is the main node's -draft: how many of the shadow's guessed
+// tokens a pass checks after each decoding member's last one. Off (the
+// zero value) checks none; a fixed count checks that many where the
+// shadow has made them; Auto has package draft choose, member by member
+// and pass by pass, from the measured acceptance and pass times.
+type Drafting struct {
+	Auto bool
+	K    int // the guesses a pass checks (Auto: at most)
+}
+
+// ParseDraft reads -draft: off, auto, or a count from 1 to
+// passloop.MaxDraft.
+func ParseDraft(s string) (Drafting, error) {
+	switch s {
+	case "", "off", "0":
+		return Drafting{}, nil
+	case "auto":
+		return Drafting{Auto: true, K: passloop.MaxDraft}, nil
+	}
+	k, err := strconv.Atoi(s)
+	if err != nil || k < 1 || k > passloop.MaxDraft {
+		return Drafting{}, fmt.Errorf("%q: off, auto, or the guesses a pass checks, 1 to %d", s, passloop.MaxDraft)
+	}
+	return Drafting{K: k}, nil
+}
+
+func (d Drafting) String() string {
+	switch {
+	case d.Auto:
+		return "auto"
+	case d.K == 0:
+		return "off"
+	}
+	return strconv.Itoa(d.K)
+}
+
+// exploreEvery is how often (in a member's decode passes) auto tries one
+// guess where the policy says none: the costs it measures must not go
+// stale where drafting is off, nor a cost measured once keep it off.
+const exploreEvery = 16
+
+// drafter is the main node's drafting state: each member's record of
+// guesses checked, and each batch's pass times by rows, from which Auto
+// chooses.
+type drafter struct {
+	mode Drafting
+	mu   sync.Mutex
+	seqs map[uint64]*draftSeq
+	// passes times each batch's decode passes (by batch sequence)
+	passes map[uint64]*passTimes
+	// totals over every member: guesses checked and kept
+	acc draft.Acceptance
+}
+
+// draftSeq is one member's drafting: its record of guesses checked, where
+// its last pass's rows began and how many guesses it checked, and its
+// decode passes so far.
+type draftSeq struct {
+	acc        draft.Acceptance
+	pos, given int
+	passes     int
+}
+
+func newDrafter(mode Drafting) *drafter {
+	return &drafter{mode: mode, seqs: map[uint64]*draftSeq{}, passes: map[uint64]*passTimes{}}
+}
+
+// choose is how many guesses the pass about to run checks for member
+// seq, whose last token sits at position pos, with at most most; and how
+// many the shadow is to guess for its next pass. It first scores the
+// member's previous pass: its rows began at d.pos, and the guesses it
+// kept moved it on past them.
+func (d *drafter) choose(seq uint64, batch uint64, pos, most int, prior float64) (use, ask int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q := d.seqs[seq]
+	if q == nil {
+		q = &draftSeq{}
+		d.seqs[seq] = q
+	}
+	if q.given > 0 {
+		if kept := pos - q.pos - 1; kept >= 0 && kept <= q.given {
+			q.acc.Kept += kept
+			d.acc.Kept += kept
+			if kept < q.given {
+				q.acc.Missed++
+				d.acc.Missed++
+			}
+		}
+	}
+	q.pos, q.given = pos, 0
+	q.passes++
+	most = min(most, d.mode.K)
+	if !d.mode.Auto {
+		return most, most
+	}
+	pt := d.passes[batch]
+	if pt == nil || pt.w == 0 {
+		return min(most, 1), min(most, 1) // nothing measured yet: one guess
+	}
+	if d.acc.Kept+d.acc.Missed > 0 {
+		prior = d.acc.Rate(prior)
+	}
+	k := draft.Choose(q.acc.Rate(prior), pt.costs(), most)
+	use, ask = k, k
+	if k == 0 && most > 0 {
+		if q.passes%exploreEvery == 0 {
+			use = 1
+		}
+		if (q.passes+1)%exploreEvery == 0 {
+			ask = 1
+		}
+	}
+	return use, ask
+}
+
+// given records that member seq's pass checks n guesses.
+func (d *drafter) given(seq uint64, n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q := d.seqs[seq]; q != nil {
+		q.given = n
+	}
+}
+
+// end forgets member seq.
+func (d *drafter) end(seq uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.seqs, seq)
+	delete(d.passes, seq)
+}
+
+// passStarted times batch b's passes: the time from one decode pass's
+// start to the next's is the pass's (its head and draws included) when
+// the same members ran both and neither fed a prompt chunk; rows is how
+// many rows the pass starting now feeds.
+func (d *drafter) passStarted(b uint64, members []uint64, rows int, prompt bool, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pt := d.passes[b]
+	if pt == nil {
+		pt = &passTimes{}
+		d.passes[b] = pt
+	}
+	pt.started(members, rows, prompt, now)
+}
+
+// passTimes fits a batch's decode pass times as a + b*rows, weighing
+// recent passes the most: a is what every pass pays (each layer's round
+// trip to its workers, the main node's weight reads, the head), b what
+// each row adds (its compute, here and on the workers, and the loads its
+// own experts add).
+type passTimes struct {
+	// the last pass: when it started, its members and rows, whether it
+	// fed a prompt chunk
+	at      time.Time
+	members []uint64
+	rows    int
+	prompt  bool
+	// decayed sums of the samples (rows r, seconds t)
+	w, r, t, rr, rt float64
+	// rowsNow is the rows of the latest pass timed
+	rowsNow int
+}
+
+// decay is how much an earlier pass weighs against the next: ~20
+// passes' memory.
+const decay = 0.95
+
+func (pt *passTimes) started(members []uint64, rows int, prompt bool, now time.Time) {
+	if !pt.at.IsZero() && !pt.prompt && !prompt && sameMembers(pt.members, members) {
+		r, t := float64(pt.rows), now.Sub(pt.at).Seconds()
+		pt.w, pt.r, pt.t, pt.rr, pt.rt = decay*pt.w+1, decay*pt.r+r, decay*pt.t+t, decay*pt.rr+r*r, decay*pt.rt+r*t
+		pt.rowsNow = pt.rows
+	}
+	pt.at, pt.members, pt.rows, pt.prompt = now, append(pt.members[:0], members...), rows, prompt
+}
+
+// fit is the line's a and b in seconds; b is 0 until passes of
+// different rows have been timed (guessing looks free until measured).
+func (pt *passTimes) fit() (a, b float64) {
+	if pt.w == 0 {
+		return 0, 0
+	}
+	mr, mt := pt.r/pt.w, pt.t/pt.w
+	if v := pt.rr/pt.w - mr*mr; v > 1e-6 {
+		b = max((pt.rt/pt.w-mr*mt)/v, 0)
+	}
+	return max(mt-b*mr, 0), b
+}
+
+// costs are the fit as package draft's costs of a member's pass: one
+// "layer" whose round trip is a pass of the members' rows without this
+// member's guesses, and b a row.
+func (pt *passTimes) costs() draft.Costs {
+	a, b := pt.fit()
+	rows := max(len(pt.members), 1)
+	return draft.Costs{Layers: 1, RoundTrip: seconds(a + b*float64(rows)), Row: seconds(b)}
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func sameMembers(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
