@@ -31,6 +31,7 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	fs.DurationVar(&f.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the swarm to answer /healthz (the shadow quantizes its copy first)")
 	fs.StringVar(&f.Out, "out", "", "`DIR` to write report.json and report.md into")
 	fs.IntVar(&f.TextRounds, "text-rounds", 0, "after the rows, `N` rounds on the same swarm (its workers and shadow): the API's main node stopped, text mode's (odmoe run -role main -prompt, -prompt-tokens and -max-tokens, ignoring EOS) run, the API's started again and measured at 1 client: its decode tokens/s (1000 / the node's mean inter-token time) against text mode's")
+	drafts := fs.String("drafts", "", "comma-separated main node -draft settings (off, auto, K), each measured at every -clients count and kind in turn, every round, on the same workers and shadow (the main node started again with each); empty = -draft's alone")
 	kinds := fs.String("kinds", "greedy", "comma-separated kinds of request, each measured at every -clients count on the same swarm, in turn: greedy, tX (temperature X, e.g. t0.7), penalties (t0.7 with presence and frequency penalties of 0.5), greedy-penalties (greedy with those penalties), json (t0.7, a chat completion following a JSON schema)")
 	fs.IntVar(&f.Rounds, "rounds", 1, "measure every kind at every -clients count `N` times, in rounds (a drift of the machine's speed weighs on each kind alike); a table of medians by kind follows")
 	fs.Uint64Var(&f.Seed, "seed", 1, "the requests' seeds start here (each request its own)")
@@ -45,6 +46,17 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	}
 	if f.Clients, err = runflags.ParseInts(*clients); err != nil {
 		return usagef("-clients: %v", err)
+	}
+	if *drafts != "" {
+		for _, d := range strings.Split(*drafts, ",") {
+			if _, err := mainnode.ParseDraft(d); err != nil {
+				return usagef("-drafts: %v", err)
+			}
+			f.Drafts = append(f.Drafts, d)
+		}
+		if f.Swarm.Prefetch != "shadow" {
+			return usagef("-drafts checks the shadow's guesses: it needs -prefetch shadow")
+		}
 	}
 	if f.Kinds, err = servebench.ParseKinds(*kinds); err != nil {
 		return usagef("-kinds: %v", err)

@@ -432,6 +432,9 @@ func (s *Server) generate(ctx context.Context, j *job, emit func(piece) error) (
 		s.metrics.prefixHits.Inc()
 		s.metrics.cachedTokens.Add(float64(st.CachedTokens))
 	}
+	s.metrics.draftGuesses.Add(float64(st.Drafted))
+	s.metrics.draftAccepted.Add(float64(st.Accepted))
+	s.metrics.decodePasses.Add(float64(max(st.GeneratedTokens-1-st.Accepted, 0)))
 	if e := st.Experts; e.Routed > 0 {
 		s.metrics.requestRecall.Observe(e.Recall())
 	}

@@ -18,6 +18,9 @@ type metrics struct {
 	// a request's own share of a swarm's figures (GenerateStats.Experts)
 	requestRecall prometheus.Histogram
 	requestMisses prometheus.Histogram
+	// drafting: the guesses requests' passes checked and kept, and their
+	// decode passes (each gave a token and the guesses it kept)
+	draftGuesses, draftAccepted, decodePasses prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
@@ -54,8 +57,17 @@ func newMetrics(reg prometheus.Registerer, a *admission) *metrics {
 			Name: metricnames.RequestExpertMissesPerStep, Help: "A request's decode rows' experts loaded on demand while the row waited, over its decode steps, on a swarm.",
 			Buckets: []float64{0, .01, .02, .05, .1, .2, .5, 1, 2, 5},
 		}),
+		draftGuesses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricnames.DraftGuessesTotal, Help: "Guessed tokens (the shadow's, -draft) that requests' decode passes checked after their last token.",
+		}),
+		draftAccepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricnames.DraftAcceptedTotal, Help: "Guessed tokens kept: each is a token generated without a pass of its own.",
+		}),
+		decodePasses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricnames.DecodePassesTotal, Help: "Requests' decode passes (after the prompt's): tokens per pass = (decode passes + guesses kept) / decode passes.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.promptTokens, m.prefixHits, m.cachedTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
+	reg.MustRegister(m.requests, m.draftGuesses, m.draftAccepted, m.decodePasses, m.promptTokens, m.prefixHits, m.cachedTokens, m.generatedTokens, m.timeToFirstToken, m.interToken,
 		m.requestRecall, m.requestMisses,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: metricnames.RequestsWaiting, Help: "Requests queued for a place in the batch.",

@@ -18,6 +18,8 @@ type delayConn struct {
 	queue chan delayed
 	done  chan struct{}
 	once  sync.Once
+	// flushed closes once the datagrams queued before Close are sent
+	flushed chan struct{}
 }
 
 type delayed struct {
@@ -32,26 +34,47 @@ type delayed struct {
 const delayQueue = 8192
 
 func newDelayConn(conn net.PacketConn, delay time.Duration) *delayConn {
-	d := &delayConn{conn: conn, delay: delay, queue: make(chan delayed, delayQueue), done: make(chan struct{})}
+	d := &delayConn{conn: conn, delay: delay, queue: make(chan delayed, delayQueue), done: make(chan struct{}), flushed: make(chan struct{})}
 	go d.send()
 	return d
 }
 
+// send sends each datagram when due. Once closed, it still sends those
+// already queued, as a link delivers what is on it: a node's last words
+// (QUIC's CONNECTION_CLOSE) reach its peers, which would otherwise wait
+// for their idle timeout.
 func (d *delayConn) send() {
+	defer close(d.flushed)
 	for {
 		select {
 		case p := <-d.queue:
-			if w := time.Until(p.due); w > 0 {
-				time.Sleep(w)
-			}
-			d.conn.WriteTo(p.b, p.addr) // UDP: a failed send is a lost datagram
+			d.deliver(p)
 		case <-d.done:
-			return
+			for {
+				select {
+				case p := <-d.queue:
+					d.deliver(p)
+				default:
+					return
+				}
+			}
 		}
 	}
 }
 
+func (d *delayConn) deliver(p delayed) {
+	if w := time.Until(p.due); w > 0 {
+		time.Sleep(w)
+	}
+	d.conn.WriteTo(p.b, p.addr) // UDP: a failed send is a lost datagram
+}
+
 func (d *delayConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	select {
+	case <-d.done:
+		return 0, net.ErrClosed
+	default:
+	}
 	p := delayed{b: append([]byte(nil), b...), addr: addr, due: time.Now().Add(d.delay)}
 	select {
 	case d.queue <- p:
@@ -69,6 +92,7 @@ func (d *delayConn) SetWriteDeadline(t time.Time) error       { return d.conn.Se
 
 func (d *delayConn) Close() error {
 	d.once.Do(func() { close(d.done) })
+	<-d.flushed // a delay's wait at most
 	return d.conn.Close()
 }
 

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"net"
 	"reflect"
 	"testing"
 	"time"
@@ -50,5 +51,45 @@ func TestSendDelayBelowTheTimerGrainIsLeftOut(t *testing.T) {
 	l2 := listen(t, cfg)
 	if _, ok := l2.pc.(*delayConn); !ok {
 		t.Fatalf("a delay of twice the timer grain (%v) was not applied", TimerGrain())
+	}
+}
+
+// TestADelayLineDeliversWhatWasOnItWhenClosed: datagrams sent just
+// before a node closes its socket still arrive, a delay later, as a
+// link delivers what is on it: the node's goodbye (QUIC's
+// CONNECTION_CLOSE) reaches its peers instead of leaving them to wait
+// for their idle timeout.
+func TestADelayLineDeliversWhatWasOnItWhenClosed(t *testing.T) {
+	recvConn, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer recvConn.Close()
+	sendConn, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDelayConn(sendConn, 3*time.Millisecond)
+	for i := range 3 {
+		if _, err := d.WriteTo([]byte{byte(i)}, recvConn.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteTo([]byte{9}, recvConn.LocalAddr()); err == nil {
+		t.Fatal("a closed delay line took a datagram")
+	}
+	recvConn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	for i := range 3 {
+		n, _, err := recvConn.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("datagram %d of 3 sent before the close: %v", i, err)
+		}
+		if n != 1 || buf[0] != byte(i) {
+			t.Fatalf("datagram %d arrived as %v", i, buf[:n])
+		}
 	}
 }

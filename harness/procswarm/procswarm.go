@@ -64,6 +64,11 @@ type Options struct {
 	// process runs on, the main node's too: a benchmark run under
 	// taskset on other CPUs keeps its clients off the swarm's cores.
 	CPUs string
+	// NetDelay is every node's -net-delay (the main node's too): a LAN's
+	// latency on loopback. 0: none.
+	NetDelay time.Duration
+	// Draft is the main node's -draft ("": its default, off).
+	Draft string
 	// ListenBase, when set, puts the workers on the loopback UDP ports
 	// after it (ListenBase+1, +2, ...), then the shadow and its stages;
 	// 0: free ports anywhere below the kernel's ephemeral range.
@@ -101,6 +106,8 @@ func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Residency, "residency", "off", "the main node's -residency: off (cacheless workers) or on (experts stay resident on their owners while -device-mem allows)")
 	fs.StringVar(&o.LogDir, "logs", "", "write every node's log to `DIR`/NAME.log and keep them (default: a temporary directory, removed when the swarm stops)")
 	fs.StringVar(&o.CPUs, "node-cpus", "", "run every node process on these `CPUs` alone (taskset -c LIST, e.g. 0-13); run the command itself under taskset on others to keep its clients apart from the swarm")
+	fs.DurationVar(&o.NetDelay, "net-delay", 0, "every node's -net-delay `D`, the main node's too: a LAN's one-way latency on loopback (at least half this machine's timer grain, ~1.1 ms, or it is not applied); 0 = none")
+	fs.StringVar(&o.Draft, "draft", "", "the main node's -draft: off, auto or K (default off)")
 	fs.StringVar(&o.ProfileDir, "profile", "", "every node (main, shadow, workers) writes its CPU profile to `DIR`/NAME.pprof as it ends (go tool pprof)")
 }
 
@@ -129,6 +136,9 @@ type Swarm struct {
 	stages          string      // the main node's stages' addresses (-stages), "" without
 	stageCmds       []*exec.Cmd // the main node's stages, among procs
 	mainNode        *Node       // the caller's main node, once runNode started it
+	// netDelay and draft are the main node's -net-delay and -draft
+	netDelay time.Duration
+	draft    string
 }
 
 // Start starts o.Workers workers (w1..wN of f.Certs) and, with
@@ -153,7 +163,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir, cpus: o.CPUs}
+	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir, cpus: o.CPUs, netDelay: o.NetDelay, draft: o.Draft}
 	if s.profileDir != "" {
 		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
 			return nil, fmt.Errorf("-profile: %w", err)
@@ -177,6 +187,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		w := runflags.For(runflags.RoleWorker)
 		w.Listen, w.Store, w.DeviceMem, w.LoadBW, w.HostPreload = addr, f.Store, o.DeviceMem, o.LoadBW, o.HostPreload
 		w.HostCache = cmp.Or(o.HostCache, w.HostCache)
+		w.Cluster.NetDelay = o.NetDelay
 		w.Cluster.Certs, w.Cluster.Name, w.Log.Level = f.Certs, name, "warn"
 		if err := s.start(wctx, self, name, w.Args()...); err != nil {
 			return nil, err
@@ -195,6 +206,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		}
 		sh := runflags.For(runflags.RoleShadow)
 		sh.Model, sh.Quant, sh.Listen, sh.Workers, sh.Group, sh.DialTimeout, sh.Ahead = f.Model, o.Quant, addr, strings.Join(s.workers, ","), o.Group, s.dialTimeout, o.Ahead
+		sh.Cluster.NetDelay = o.NetDelay
 		sh.Cluster.Certs, sh.Cluster.Name, sh.Log.Level = f.Certs, "shadow", "warn"
 		if o.ShadowStages > 1 {
 			if sh.Layers, sh.Stages, err = s.startShadowStages(wctx, self, f, o); err != nil {
@@ -232,6 +244,7 @@ func (s *Swarm) startMainStages(ctx context.Context, self string, f inproc.Files
 		}
 		st := runflags.For(runflags.RoleStage)
 		st.Model, st.Layers, st.Listen, st.Workers, st.Group, st.Prefetch, st.DialTimeout = f.Model, r.String(), addr, strings.Join(s.workers, ","), o.Group, o.Prefetch, s.dialTimeout
+		st.Cluster.NetDelay = o.NetDelay
 		st.Cluster.Certs, st.Cluster.Name, st.Log.Level = f.Certs, name, "warn"
 		if err := s.start(ctx, self, name, st.Args()...); err != nil {
 			return err
@@ -268,6 +281,7 @@ func (s *Swarm) startShadowStages(ctx context.Context, self string, f inproc.Fil
 		st := runflags.For(runflags.RoleShadow)
 		st.Model, st.Quant, st.Listen = f.Model, o.Quant, addr
 		st.Layers = split[i].String()
+		st.Cluster.NetDelay = o.NetDelay
 		st.Cluster.Certs, st.Cluster.Name, st.Log.Level = f.Certs, name, "warn"
 		if err := s.start(ctx, self, name, st.Args()...); err != nil {
 			return "", "", err
@@ -361,9 +375,10 @@ func (n *Node) Stop() error {
 func (s *Swarm) MainFlags(prefetch string, alignToken, alignKV int) runflags.Flags {
 	m := runflags.For(runflags.RoleMain)
 	m.Model, m.Workers, m.Prefetch, m.Group, m.DialTimeout = s.files.Model, strings.Join(s.workers, ","), prefetch, s.group, s.dialTimeout
-	m.Cluster.Certs, m.Cluster.Name = s.files.Certs, "main"
+	m.Cluster.Certs, m.Cluster.Name, m.Cluster.NetDelay = s.files.Certs, "main", s.netDelay
 	if s.shadow != "" {
 		m.Shadow, m.AlignToken, m.AlignKV = s.shadow, alignToken, alignKV
+		m.Draft = cmp.Or(s.draft, m.Draft)
 	}
 	m.Stages = s.stages
 	m.Residency = cmp.Or(s.residency, m.Residency)

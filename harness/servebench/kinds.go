@@ -104,11 +104,12 @@ func writeKinds(w io.Writer, rep *Report) {
 	type key struct {
 		clients int
 		kind    string
+		draft   string
 	}
 	by := map[key][]Result{}
 	var keys []key
 	for _, r := range rep.Rows {
-		k := key{r.Clients, r.Kind}
+		k := key{r.Clients, r.Kind, r.Draft}
 		if by[k] == nil {
 			keys = append(keys, k)
 		}
@@ -146,7 +147,7 @@ func writeKinds(w io.Writer, rep *Report) {
 		rows := by[k]
 		m, p := median(rows, missed), median(rows, perToken)
 		vsM, vsP := "–", "–"
-		if g := by[key{k.clients, "greedy"}]; g != nil && k.kind != "greedy" {
+		if g := by[key{k.clients, "greedy", k.draft}]; g != nil && k.kind != "greedy" {
 			vsM = fmt.Sprintf("%.2fx", m/median(g, missed))
 			vsP = fmt.Sprintf("%.2fx", p/median(g, perToken))
 		}
@@ -158,7 +159,11 @@ func writeKinds(w io.Writer, rep *Report) {
 		if a := median(rows, agreement); !math.IsNaN(a) {
 			agree = fmt.Sprintf("%.1f%%", 100*a)
 		}
-		fmt.Fprintf(w, "| %d | %s | %.1f%% | %s | %.2f | %s | %s | %.1f | %s |\n", k.clients, k.kind, 100*m, vsM, p, vsP, agree, median(rows, tokps), strings.Join(each, ", "))
+		kind := k.kind
+		if k.draft != "" {
+			kind += ", -draft " + k.draft
+		}
+		fmt.Fprintf(w, "| %d | %s | %.1f%% | %s | %.2f | %s | %s | %.1f | %s |\n", k.clients, kind, 100*m, vsM, p, vsP, agree, median(rows, tokps), strings.Join(each, ", "))
 	}
 	fmt.Fprintln(w, "\nKinds: greedy (temperature 0), tX (temperature X, top_p 1), penalties (t0.7, presence and frequency penalties 0.5), greedy-penalties (greedy with those penalties), json (t0.7, a chat completion whose answer follows a JSON schema: it ends where the object does). Every request seeded, its own seed. Loads missed: the workers' misses over their loads; loads / token: the workers' loads over the generated tokens; the shadow's guesses met: the rows it ran ahead whose token the main node then fed (odmoe_shadow_guesses_total).")
 }

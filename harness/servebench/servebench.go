@@ -103,11 +103,25 @@ type TextRound struct {
 
 // Result is one client count's figures.
 type Result struct {
-	Clients  int    `json:"clients"`
-	Kind     string `json:"kind"`  // the requests' (Kind.Name)
-	Round    int    `json:"round"` // from 1
-	Requests int    `json:"requests"`
-	Failed   int    `json:"failed"`
+	Clients int    `json:"clients"`
+	Kind    string `json:"kind"` // the requests' (Kind.Name)
+	// Draft is the main node's -draft for the row ("": the default, off)
+	Draft string `json:"draft,omitempty"`
+	// Drafting are the node's drafting figures meanwhile: guesses checked
+	// and kept, decode passes, and the tokens a decode pass gave
+	// ((passes + kept) / passes; 0: no decode pass)
+	Drafting struct {
+		Guesses       float64 `json:"guesses"`
+		Accepted      float64 `json:"accepted"`
+		DecodePasses  float64 `json:"decode_passes"`
+		TokensPerPass float64 `json:"tokens_per_pass"`
+	} `json:"drafting"`
+	// DecodeTokensPerS is 1000 over the node's mean inter-token time
+	// (ServerInterToken.Mean): the decode rate, prompts left out
+	DecodeTokensPerS float64 `json:"decode_tokens_per_s"`
+	Round            int     `json:"round"` // from 1
+	Requests         int     `json:"requests"`
+	Failed           int     `json:"failed"`
 	// Guesses are the shadow's guesses of the rows' next tokens on the
 	// passes it ran ahead, met and rewound (odmoe_shadow_guesses_total),
 	// TokenAgreement met over both (-1: none)
@@ -219,6 +233,9 @@ type Options struct {
 	Kinds  []Kind
 	Rounds int
 	Seed   uint64
+	// Drafts are the main node's -draft settings measured in turn each
+	// round (none: the swarm's own, Swarm.Draft)
+	Drafts []string
 }
 
 // Run starts the swarm and its API, then measures every client
@@ -344,6 +361,14 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 			l.ExpertsMs = 1000 * d(`odmoe_layer_experts_seconds_total{phase="decode"}`) / l.Passes
 		}
 		row.Guesses.Met, row.Guesses.Rewound = d(`odmoe_shadow_guesses_total{outcome="met"}`), d(`odmoe_shadow_guesses_total{outcome="rewound"}`)
+		dr := &row.Drafting
+		dr.Guesses, dr.Accepted, dr.DecodePasses = d(metricnames.DraftGuessesTotal), d(metricnames.DraftAcceptedTotal), d(metricnames.DecodePassesTotal)
+		if dr.DecodePasses > 0 {
+			dr.TokensPerPass = (dr.DecodePasses + dr.Accepted) / dr.DecodePasses
+		}
+		if row.ServerInterToken.Mean > 0 {
+			row.DecodeTokensPerS = 1000 / row.ServerInterToken.Mean
+		}
 		row.TokenAgreement = -1
 		if g := row.Guesses.Met + row.Guesses.Rewound; g > 0 {
 			row.TokenAgreement = row.Guesses.Met / g
@@ -380,17 +405,38 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	if len(kinds) == 0 {
 		kinds = []Kind{greedy}
 	}
+	drafts := f.Drafts
+	if len(drafts) == 0 {
+		drafts = []string{m.Draft}
+	}
 	for round := 1; round <= max(1, f.Rounds); round++ {
-		for _, n := range f.Clients {
-			for _, kind := range kinds { // in turn: a drift of the machine's speed weighs on each alike
-				if err := ctx.Err(); err != nil {
+		for _, draft := range drafts { // in turn, on the same workers and shadow: the main node started again with each
+			if draft != m.Draft {
+				if err := mainNode.Stop(); err != nil {
+					log.Warn().Err(err).Msg("the main node did not exit cleanly")
+				}
+				mainNode, m.Draft = nil, draft
+				if err := startAPI(); err != nil {
 					return err
 				}
-				row, err := measure(n, kind, round, func(k, r int) []int { return promptIDs(vocab, f.PromptTokens, n, k, r) })
-				if err != nil {
-					return err
+				if r := c.complete(ctx, promptIDs(vocab, f.PromptTokens, 0, 0, 0), 2); r.err != nil {
+					return fmt.Errorf("warm-up request with -draft %s: %w", draft, r.err)
 				}
-				rep.Rows = append(rep.Rows, row)
+			}
+			for _, n := range f.Clients {
+				for _, kind := range kinds { // in turn: a drift of the machine's speed weighs on each alike
+					if err := ctx.Err(); err != nil {
+						return err
+					}
+					row, err := measure(n, kind, round, func(k, r int) []int { return promptIDs(vocab, f.PromptTokens, n, k, r) })
+					if err != nil {
+						return err
+					}
+					if len(f.Drafts) > 0 {
+						row.Draft = draft
+					}
+					rep.Rows = append(rep.Rows, row)
+				}
 			}
 		}
 	}
@@ -952,6 +998,7 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\nTokens: the responses' usage.completion_tokens; tok/s: all clients' tokens over the row's wall time. TTFT: from sending a request to its first content chunk (its prompt's prefill included, and any wait for a place in the batch); inter-chunk: between consecutive content chunks of one request. A chunk carries the text of one token or more, or none (a token whose text is empty or not a whole character yet waits for the next): with fewer chunks than tokens, the node's own figures per generated token (from its /metrics histograms, interpolated within their buckets as histogram_quantile does) say more. Expert bytes per generated token: the swarm's expert loads during the row (prompts' prefill included) over its tokens, from %s; one expert is %s (3 BF16 matrices of hidden x intermediate). Expert loads missed: the workers' requests whose expert was neither loaded nor loading when it arrived (loaded on demand, the layer waiting), over every expert load they made (prefill included). Shadow recall: the experts the decode passes activated that the shadow had predicted, over all they activated (OD-MoE eq. 3, from odmoe_shadow_predicted_experts_total and odmoe_shadow_routed_experts_total). Experts a decode layer: the experts a decode pass's rows activated in one layer (their union), from odmoe_layer_expert_results_total over odmoe_layer_passes_total{phase=\"decode\"}; decode layer main and experts ms: the main node's compute before a layer's experts and the time from sending its activations to its last result, a decode layer pass. CPU ms per token: the CPU time (user and system) the main node, the shadow, all workers and this benchmark's own clients used during the row, over its tokens.\n",
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
 	writeKinds(w, rep)
+	writeDrafts(w, rep)
 	if len(rep.TextRounds) == 0 {
 		return
 	}

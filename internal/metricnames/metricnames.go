@@ -7,6 +7,9 @@ package metricnames
 // The metrics, by their Prometheus names.
 const (
 	BatchSize                   = "odmoe_batch_size"
+	DecodePassesTotal           = "odmoe_decode_passes_total"
+	DraftAcceptedTotal          = "odmoe_draft_accepted_total"
+	DraftGuessesTotal           = "odmoe_draft_guesses_total"
 	ExpertLoadsTotal            = "odmoe_expert_loads_total"
 	ExpertMissesTotal           = "odmoe_expert_misses_total"
 	GeneratedTokensTotal        = "odmoe_generated_tokens_total"
