@@ -68,6 +68,19 @@ type RunStats struct {
 	// the figures' collection (main or local; workers, all together;
 	// shadow). A role whose processes did not say is absent.
 	DecodeCPU map[string]float64 `json:"decode_cpu_s,omitempty"`
+	// Drafting is what checking the shadow's guesses did (-draft):
+	// absent when no pass checked one.
+	Drafting *DraftingJSON `json:"drafting,omitempty"`
+}
+
+// DraftingJSON are a run's drafting figures: the guesses its decode
+// passes checked and kept, its decode passes, and the tokens a decode
+// pass gave ((passes + kept) / passes).
+type DraftingJSON struct {
+	Guesses       int     `json:"guesses"`
+	Accepted      int     `json:"accepted"`
+	DecodePasses  int     `json:"decode_passes"`
+	TokensPerPass float64 `json:"tokens_per_pass"`
 }
 
 // LeadJSON is a distribution of prediction leads, in milliseconds.
@@ -159,6 +172,13 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	}
 	if total := st.Prefill + st.Decode; total > 0 {
 		rs.OutputTokensPerS = float64(st.GeneratedTokens) / total.Seconds()
+	}
+	if st.Drafted > 0 {
+		d := &DraftingJSON{Guesses: st.Drafted, Accepted: st.Accepted, DecodePasses: max(st.GeneratedTokens-1-st.Accepted, 0)}
+		if d.DecodePasses > 0 {
+			d.TokensPerPass = float64(d.DecodePasses+d.Accepted) / float64(d.DecodePasses)
+		}
+		rs.Drafting = d
 	}
 	if sw == nil {
 		rs.PeakMemory["local"] = procmem.PeakRSS()

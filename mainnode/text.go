@@ -160,5 +160,10 @@ func decodeRate(st model.GenerateStats) string {
 	if st.GeneratedTokens < 2 {
 		return "none (decode starts with the 2nd generated token)"
 	}
-	return fmt.Sprintf("%.2f tok/s", st.DecodeTokensPerSec())
+	rate := fmt.Sprintf("%.2f tok/s", st.DecodeTokensPerSec())
+	if st.Drafted > 0 { // the passes checked the shadow's guesses
+		passes := max(st.GeneratedTokens-1-st.Accepted, 1)
+		rate += fmt.Sprintf(" (%d of %d guesses kept, %.2f tokens a pass)", st.Accepted, st.Drafted, float64(passes+st.Accepted)/float64(passes))
+	}
+	return rate
 }

@@ -42,6 +42,9 @@ const (
 	// ModeResidencyUniform is residency with -placement uniform: owners
 	// fixed at (expert + layer) mod workers, whatever the workers are.
 	ModeResidencyUniform Mode = "residency-uniform"
+	// ModeDraft is shadow mode with -draft auto: each pass checks the
+	// shadow's guesses of the next tokens where the policy says it pays.
+	ModeDraft Mode = "draft"
 	// ModeFault is shadow mode with a worker killed (SIGKILL) 40% into
 	// each run's decode and restarted after it: what a lost node costs.
 	ModeFault Mode = "fault"
@@ -49,7 +52,7 @@ const (
 
 // usesShadow reports whether mode runs a shadow node.
 func (m Mode) usesShadow() bool {
-	return m == ModeShadow || m == ModeShadowLate || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault || m == ModeResidentShadow
+	return m == ModeShadow || m == ModeShadowLate || m == ModeResidency || m == ModeResidencyUniform || m == ModeFault || m == ModeResidentShadow || m == ModeDraft
 }
 
 // resident reports whether mode's workers pin the experts they own at
@@ -71,7 +74,7 @@ func ParseModes(s string) ([]Mode, error) {
 		m := Mode(strings.TrimSpace(f))
 		switch m {
 		case ModeLocal, "":
-		case ModeResident, ModeResidentShadow, ModeReactive, ModeShadow, ModeShadowLate, ModeResidency, ModeResidencyUniform, ModeFault:
+		case ModeResident, ModeResidentShadow, ModeReactive, ModeShadow, ModeShadowLate, ModeResidency, ModeResidencyUniform, ModeFault, ModeDraft:
 			if m == ModeFault && !slices.Contains(out, ModeShadow) {
 				out = append(out, ModeShadow) // the fault run is timed, and compared, against it
 			}
@@ -79,7 +82,7 @@ func ParseModes(s string) ([]Mode, error) {
 				out = append(out, m)
 			}
 		default:
-			return nil, fmt.Errorf("mode %q unknown: resident, resident-shadow, reactive, shadow, shadow-late, residency, residency-uniform, fault (local always runs)", m)
+			return nil, fmt.Errorf("mode %q unknown: resident, resident-shadow, reactive, shadow, shadow-late, residency, residency-uniform, draft, fault (local always runs)", m)
 		}
 	}
 	return out, nil
@@ -414,6 +417,9 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	}
 	if mode.usesShadow() {
 		f.Shadow, f.AlignToken, f.AlignKV = opt.Rig.Shadow.Addr, 1, 1
+	}
+	if mode == ModeDraft {
+		f.Draft = "auto"
 	}
 	f.Stages = opt.Rig.StageAddrs()
 	return f

@@ -143,6 +143,11 @@ type runFigures struct {
 	Lead *struct {
 		P50 float64 `json:"p50"`
 	} `json:"prediction_lead_ms"`
+	Drafting *struct {
+		Guesses       int     `json:"guesses"`
+		Accepted      int     `json:"accepted"`
+		TokensPerPass float64 `json:"tokens_per_pass"`
+	} `json:"drafting"`
 	Passes []struct {
 		Layer     int     `json:"layer"` // the pass
 		MainMs    float64 `json:"main_ms"`
@@ -277,6 +282,12 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		writeShadowShares(w, "Shadow-driven decode", " (OD-MoE: ~75% of resident on its rig)", shadow, resident, residentShadow)
 		writeShadowShares(w, "With late departure (the shadow's -ahead 0) it", "", late, resident, residentShadow)
 		writeShadowShares(w, "Shadow-driven decode with -residency on", "", residency, resident, residentShadow)
+		for _, r := range runs {
+			if d := r.figures().Drafting; d != nil && d.Guesses > 0 {
+				fmt.Fprintf(w, "\n%s: the decode passes checked %d of the shadow's guesses and kept %d (%.0f%%): %.2f tokens a pass.\n",
+					r.Mode, d.Guesses, d.Accepted, 100*float64(d.Accepted)/float64(d.Guesses), d.TokensPerPass)
+			}
+		}
 		for _, r := range runs {
 			if a := r.figures().Ahead; a != nil && a.Passes > 0 {
 				fmt.Fprintf(w, "\n%s: the shadow ran %d decode passes ahead of its alignment; token agreement %.2f%% (%d rows met, %d rewound); %d loads withdrawn on the workers (%s MiB).\n",
