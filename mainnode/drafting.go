@@ -65,12 +65,15 @@ type drafter struct {
 }
 
 // draftSeq is one member's drafting: its record of guesses checked, where
-// its last pass's rows began and how many guesses it checked, and its
-// decode passes so far.
+// its last pass's rows began, how many guesses it wanted and checked,
+// its decode passes so far, and how many guesses the shadow was asked
+// for: by the pass before the last (for the last: drafted) and by the
+// last (asked, for the next).
 type draftSeq struct {
-	acc        draft.Acceptance
-	pos, given int
-	passes     int
+	acc                draft.Acceptance
+	pos, wanted, given int
+	passes             int
+	drafted, asked     int
 }
 
 func newDrafter(mode Drafting) *drafter {
@@ -90,7 +93,8 @@ func (d *drafter) choose(seq uint64, batch uint64, pos, most int, prior float64)
 		q = &draftSeq{}
 		d.seqs[seq] = q
 	}
-	if q.given > 0 {
+	switch {
+	case q.given > 0:
 		if kept := pos - q.pos - 1; kept >= 0 && kept <= q.given {
 			q.acc.Kept += kept
 			d.acc.Kept += kept
@@ -99,10 +103,25 @@ func (d *drafter) choose(seq uint64, batch uint64, pos, most int, prior float64)
 				d.acc.Missed++
 			}
 		}
+	case q.wanted > 0 && q.drafted > 0:
+		// the shadow drafted for the pass, which wanted guesses and
+		// checked none: they came too late, or the shadow had run ahead
+		// on a guess turned down the pass before. A guess that does not
+		// come saves nothing, as one turned down does.
+		q.acc.Missed++
+		d.acc.Missed++
 	}
 	q.pos, q.given = pos, 0
 	q.passes++
+	q.drafted = q.asked // what the shadow drafted for this pass
 	most = min(most, d.mode.K)
+	use, ask = d.decide(q, batch, most, prior)
+	q.wanted, q.asked = use, ask
+	return use, ask
+}
+
+// decide is choose's answer for member q once its last pass is scored.
+func (d *drafter) decide(q *draftSeq, batch uint64, most int, prior float64) (use, ask int) {
 	if !d.mode.Auto {
 		return most, most
 	}
@@ -145,15 +164,25 @@ func (d *drafter) end(seq uint64) {
 
 // passStarted times batch b's passes: the time from one decode pass's
 // start to the next's is the pass's (its head and draws included) when
-// the same members ran both and neither fed a prompt chunk; rows is how
-// many rows the pass starting now feeds.
-func (d *drafter) passStarted(b uint64, members []uint64, rows int, prompt bool, now time.Time) {
+// the same members ran both and neither fed a prompt chunk. The pass
+// starting now feeds members[i] fed[i] rows; what it costs grows with the rows the shadow ran for each member too
+// (it drafted them, hinted their experts to the workers), so a member
+// counts for the more of its rows fed and the rows the shadow ran.
+func (d *drafter) passStarted(b uint64, members []uint64, fed []int, prompt bool, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	pt := d.passes[b]
 	if pt == nil {
 		pt = &passTimes{}
 		d.passes[b] = pt
+	}
+	rows := 0
+	for i, seq := range members {
+		n := fed[i]
+		if q := d.seqs[seq]; q != nil && !prompt {
+			n = max(n, 1+q.drafted)
+		}
+		rows += n
 	}
 	pt.started(members, rows, prompt, now)
 }
