@@ -37,16 +37,19 @@ func TestDraftingIsBitIdenticalToLocal(t *testing.T) {
 			want = append(want, generateWith(t, local, model.NewResidentExperts(local), p, steps, samplers[kind](i)))
 		}
 		for _, c := range []struct {
-			d     string
-			quant kernels.DType
-		}{{"3", kernels.F16}, {"8", kernels.NF4}, {"auto", kernels.NF4}} {
+			d      string
+			quant  kernels.DType
+			period int // the alignment's (token and KV)
+			ahead  int // the shadow's passes ahead (0: its default)
+		}{{"3", kernels.F16, 1, 0}, {"8", kernels.NF4, 1, 0}, {"auto", kernels.NF4, 1, 0}, {"auto", kernels.NF4, 4, 0}, {"4", kernels.F16, 1, 2}} {
 			d := c.d
 			drafting, err := mainnode.ParseDraft(d)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Run(fmt.Sprintf("%s/draft-%s/%v", kind, d, c.quant), func(t *testing.T) {
-				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}, Draft: drafting}, &shadowSpec{quant: c.quant})
+			t.Run(fmt.Sprintf("%s/draft-%s/%v/align%d/ahead%d", kind, d, c.quant, c.period, c.ahead), func(t *testing.T) {
+				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: c.period, KVPeriod: c.period}, Draft: drafting},
+					&shadowSpec{quant: c.quant, passesAhead: c.ahead})
 				var kept, drafted int
 				// alone, then both at once
 				for i, p := range prompts {

@@ -23,12 +23,17 @@ type shadowSpec struct {
 	// late: the shadow waits for every alignment (OD-MoE's late
 	// departure) instead of running ahead (shadow.DefaultAhead)
 	late bool
+	// passesAhead, when above 0, is the shadow's Ahead instead
+	passesAhead int
 }
 
 // ahead is the shadow's Ahead for spec.
 func (spec shadowSpec) ahead() int {
-	if spec.late {
+	switch {
+	case spec.late:
 		return 0
+	case spec.passesAhead > 0:
+		return spec.passesAhead
 	}
 	return shadow.DefaultAhead
 }

@@ -171,13 +171,23 @@ type shadowSeq struct {
 	// draft is how many tokens the shadow is to guess after the
 	// member's row in the passes it runs ahead (Alignment.Draft), as the
 	// drafting policy last chose; drafted says its last pass fed guesses
-	draft   int
-	drafted bool
-	// drafts are the shadow's latest guesses for the member (wire.Drafts):
-	// its rows from position draftPos on
-	draftPos int
-	drafts   []int
+	draft, sentDraft int
+	drafted          bool
+	// drafts are the shadow's latest guesses for the member (wire.Drafts),
+	// one a pass it ran ahead: its rows from a position on
+	drafts []memberDrafts
 }
+
+// memberDrafts are a member's rows from position pos on, as the shadow
+// guessed them in a pass it ran ahead: the token there, then its guesses.
+type memberDrafts struct {
+	pos    int
+	tokens []int
+}
+
+// maxDrafts is how many passes' drafts a member keeps: the shadow runs
+// -ahead passes ahead, each with its own (1 by default).
+const maxDrafts = 4
 
 // maxEndedKinds ended sequences' kinds are kept (shadowLink.ended): far
 // more than a pass's guesses can be told late for.
@@ -323,10 +333,7 @@ func (sl *shadowLink) receive(ctx context.Context, p *wire.Peer) error {
 			sl.mu.Lock()
 			for i, seq := range m.Seqs {
 				if q := sl.seqs[seq]; q != nil {
-					q.draftPos, q.drafts = m.Pos[i], q.drafts[:0]
-					for _, t := range m.Tokens[i] {
-						q.drafts = append(q.drafts, int(t))
-					}
+					q.putDrafts(m.Pos[i], m.Tokens[i])
 				}
 			}
 			sl.mu.Unlock()
@@ -640,7 +647,7 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 	// sequence's: its tokens are those its cache holds rows of
 	q.hist = q.hist[:min(len(q.hist), cache.Len())]
 	before := len(q.hist)
-	for _, t := range tokens[:len(tokens)-row.Drafted] {
+	for _, t := range tokens { // guesses too: the next pass keeps those the cache kept
 		q.hist = append(q.hist, int32(t))
 	}
 	if !row.Prompt {
@@ -654,10 +661,13 @@ func (sl *shadowLink) startIn(ctx context.Context, row passloop.Row, bp batchPas
 	}
 	// a drafting member's shadow may hold rows its pass turned down, or
 	// have run ahead past a guess turned down: it is told every token
-	drafting := row.Drafted > 0 || q.drafted || q.draft > 0
+	// (the shadow ran this pass ahead with the Draft the last alignment
+	// said, sentDraft)
+	drafting := row.Drafted > 0 || q.drafted || q.draft > 0 || q.sentDraft > 0
 	tokenDue = tokenDue || drafting
 	q.drafted = row.Drafted > 0
 	draftK := q.draft
+	q.sentDraft = draftK
 	var history []int32
 	if up && (!synced || first) {
 		history = slices.Clone(q.hist[:before])
@@ -793,10 +803,34 @@ func (sl *shadowLink) draftsFor(seq uint64, pos, last, most, k int) []int {
 		return nil
 	}
 	q.draft = k
-	if !sl.up || len(q.drafts) == 0 || q.draftPos != pos || q.drafts[0] != last {
+	if !sl.up {
 		return nil
 	}
-	return slices.Clone(q.drafts[1:min(len(q.drafts), 1+most)])
+	for _, d := range q.drafts {
+		if d.pos == pos && d.tokens[0] == last {
+			return slices.Clone(d.tokens[1:min(len(d.tokens), 1+most)])
+		}
+	}
+	return nil
+}
+
+// putDrafts keeps the shadow's rows for the member from position pos on
+// (replacing those it had from there: each step of a pass run ahead sends
+// them with one more guess), and forgets the oldest past maxDrafts.
+func (q *shadowSeq) putDrafts(pos int, tokens []int32) {
+	i := slices.IndexFunc(q.drafts, func(d memberDrafts) bool { return d.pos == pos })
+	if i < 0 {
+		if len(q.drafts) >= maxDrafts {
+			q.drafts = slices.Delete(q.drafts, 0, 1)
+		}
+		q.drafts = append(q.drafts, memberDrafts{pos: pos})
+		i = len(q.drafts) - 1
+	}
+	d := &q.drafts[i]
+	d.tokens = d.tokens[:0]
+	for _, t := range tokens {
+		d.tokens = append(d.tokens, int(t))
+	}
 }
 
 // end forgets sequence seq: its alignment mark and predictions nobody
@@ -822,6 +856,7 @@ func (sl *shadowLink) end(seq uint64) (last int64) {
 	}
 	delete(sl.seqs, seq)
 	maps.DeleteFunc(sl.pred, func(k layerKey, _ predicted) bool { return k.step.Seq == seq })
+	maps.DeleteFunc(sl.partialTaken, func(k layerKey, _ bool) bool { return k.step.Seq == seq })
 	return last
 }
 

@@ -198,7 +198,7 @@ func (n *Node) runPasses(ctx context.Context, b uint64, st *mainState) error {
 		if len(bf.ahead) > 0 && bf.ahead[0].it == k.it {
 			if n.meets(bf.ahead[0], members) {
 				start := time.Now()
-				if err := n.meet(ctx, bf, members, seqs); err != nil {
+				if err := n.meet(ctx, b, bf, members, seqs); err != nil {
 					return err
 				}
 				n.trace.Span(trace.Align, k.it, 0, -1, start, time.Now())
@@ -241,11 +241,11 @@ func (n *Node) meets(p aheadPass, members []*wire.Alignment) bool {
 // first of the guesses p fed, as many as the main node's pass checked.
 func fedAs(p aheadPass, i int, a *wire.Alignment) bool {
 	switch {
-	case starts(a) || len(a.Chunk) > 0:
+	case starts(a) || len(a.Chunk) > 0 || a.Pos > 0 && a.Pos != p.pos[i]:
 		return false
 	case a.Token < 0:
 		return true
-	case int(a.Token) != p.tokens[i] || a.Pos > 0 && a.Pos != p.pos[i] || len(a.Guesses) > len(p.guesses[i]):
+	case int(a.Token) != p.tokens[i] || len(a.Guesses) > len(p.guesses[i]):
 		return false
 	}
 	for j, g := range a.Guesses {
@@ -261,8 +261,8 @@ func fedAs(p aheadPass, i int, a *wire.Alignment) bool {
 // the main node did not check): f's next token is again the first guess
 // taken back.
 func trimGuesses(f *follow, p aheadPass, i int, a *wire.Alignment) {
-	keep := 1 + len(a.Guesses)
-	if a.Token < 0 || f == nil || f.sess == nil || keep >= p.rows(i) {
+	keep := 1 + len(a.Guesses) // (none where a carries no token)
+	if f == nil || f.sess == nil || keep >= p.rows(i) {
 		return
 	}
 	f.takeBack(p.rows(i) - keep)
@@ -271,8 +271,13 @@ func trimGuesses(f *follow, p aheadPass, i int, a *wire.Alignment) {
 
 // meet applies the alignments of bf's oldest pass run ahead, which it
 // met: their KV rows; nothing runs again.
-func (n *Node) meet(ctx context.Context, bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
+func (n *Node) meet(ctx context.Context, b uint64, bf *passFollow, members []*wire.Alignment, seqs map[uint64]*follow) error {
 	p := bf.ahead[0]
+	if len(bf.ahead) > 1 && slices.ContainsFunc(members, func(a *wire.Alignment) bool { return 1+len(a.Guesses) < p.rows(slices.Index(p.seqs, a.Seq)) }) {
+		// the rows to take back are under those of the passes run after
+		// it, which ran on them: those go first
+		n.rewindPasses(ctx, b, bf, bf.ahead[1].it, seqs)
+	}
 	for _, a := range members {
 		f := seqs[a.Seq]
 		trimGuesses(f, p, slices.Index(p.seqs, a.Seq), a)
@@ -481,6 +486,11 @@ func (n *Node) member(ctx context.Context, seqs map[uint64]*follow, a *wire.Alig
 		return nil, 0, fmt.Errorf("sequence %d pass %d before its start", a.Seq, a.Pass)
 	}
 	if extra := f.sess.Len() - a.Pos; a.Pos > 0 && extra > 0 { // guesses the main node's last pass turned down
+		// its own token at Pos (a carries none: the shadow's stands) is
+		// the one it fed there
+		if a.Pos < len(f.fed) {
+			f.next = f.fed[a.Pos]
+		}
 		f.takeBack(extra)
 		f.headDue = false
 	}

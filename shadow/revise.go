@@ -53,10 +53,7 @@ func (n *Node) revise(ctx context.Context, b uint64, bf *passFollow, members []*
 		if kept[i] {
 			a := members[slices.IndexFunc(members, func(a *wire.Alignment) bool { return a.Seq == seq })]
 			trimGuesses(seqs[seq], p, i, a)
-			n = p.rows(i)
-			if a.Token >= 0 {
-				n = 1 + len(a.Guesses)
-			}
+			n = 1 + len(a.Guesses)
 		}
 		bf.keptRows = append(bf.keptRows, n)
 	}
