@@ -62,6 +62,12 @@ type drafter struct {
 	passes map[uint64]*passTimes
 	// totals over every member: guesses checked and kept
 	acc draft.Acceptance
+	// reach is how many guesses the shadow has had ready in time for a
+	// pass lately (the most, halved each time asked-for guesses did not
+	// come): auto asks for at most twice it (one at first), as a
+	// shadow asked for more than it can draft in a pass's time falls
+	// behind and its predictions with it
+	reach int
 }
 
 // draftSeq is one member's drafting: its record of guesses checked, where
@@ -95,6 +101,7 @@ func (d *drafter) choose(seq uint64, batch uint64, pos, most int, prior float64)
 	}
 	switch {
 	case q.given > 0:
+		d.reach = max(d.reach, q.given)
 		if kept := pos - q.pos - 1; kept >= 0 && kept <= q.given {
 			q.acc.Kept += kept
 			d.acc.Kept += kept
@@ -110,6 +117,7 @@ func (d *drafter) choose(seq uint64, batch uint64, pos, most int, prior float64)
 		// come saves nothing, as one turned down does.
 		q.acc.Missed++
 		d.acc.Missed++
+		d.reach /= 2
 	}
 	q.pos, q.given = pos, 0
 	q.passes++
@@ -125,6 +133,7 @@ func (d *drafter) decide(q *draftSeq, batch uint64, most int, prior float64) (us
 	if !d.mode.Auto {
 		return most, most
 	}
+	most = min(most, max(1, 2*d.reach))
 	pt := d.passes[batch]
 	if pt == nil || pt.w == 0 {
 		return min(most, 1), min(most, 1) // nothing measured yet: one guess

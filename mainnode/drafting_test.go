@@ -3,6 +3,7 @@ package mainnode
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -122,6 +123,23 @@ func TestAutoDraftsWhereRowsAreCheapAndNotWhereTheyCostMoreThanTheySave(t *testi
 	used = run(d, 64, 10*time.Millisecond, 200*time.Microsecond, func(int) int { return 0 })
 	if tail := used[32:]; sum(tail) > len(tail)/16+1 {
 		t.Fatalf("no guess kept: %v guesses a pass after the first 32, want one every 16 passes at most", tail)
+	}
+	// the shadow's guesses never come in time (a shadow slower than a
+	// pass): never more than one asked for, and off once it shows
+	d = newDrafter(Drafting{Auto: true, K: 8})
+	var asks []int
+	pos, at := 100, time.Unix(0, 0)
+	for range 64 {
+		_, ask := d.choose(seq, batch, pos, 8, 0.9)
+		d.given(seq, 0)
+		d.passStarted(batch, []uint64{seq}, []int{1}, false, at)
+		at = at.Add(60 * time.Millisecond)
+		pos++
+		asks = append(asks, ask)
+	}
+	t.Logf("guesses never in time, asked for: %v", asks)
+	if slices.Max(asks) > 1 || sum(asks[16:]) > len(asks[16:])/16+1 {
+		t.Fatalf("guesses never in time: asked for %v, want one at most, and one every 16 passes after the first 16", asks)
 	}
 	// a fixed -draft K asks for K every pass, whatever was kept
 	d = newDrafter(Drafting{K: 3})
