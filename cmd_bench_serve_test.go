@@ -117,6 +117,32 @@ func TestBenchServeMeasuresKindsOfRequestInRounds(t *testing.T) {
 	}
 }
 
+// TestBenchServeComparesDraftSettings: -drafts off,4 measures each
+// setting on the same swarm, the main node started again with it: off's
+// rows check no guess, 4's check the shadow's and keep some (more than
+// one token a decode pass), and the report sets them side by side.
+func TestBenchServeComparesDraftSettings(t *testing.T) {
+	_, so, rep, b := benchServe(t, "-clients", "1", "-requests", "1", "-max-tokens", "24", "-drafts", "off,4")
+	if len(rep.Rows) != 2 {
+		t.Fatalf("%d rows, want 2: %s", len(rep.Rows), b)
+	}
+	off, four := rep.Rows[0], rep.Rows[1]
+	if off.Draft != "off" || four.Draft != "4" || off.Tokens != 24 || four.Tokens != 24 {
+		t.Fatalf("rows %q with %d tokens and %q with %d, want off and 4 with 24 each", off.Draft, off.Tokens, four.Draft, four.Tokens)
+	}
+	if off.Drafting.Guesses != 0 || off.Drafting.TokensPerPass != 1 {
+		t.Errorf("-draft off checked guesses: %+v", off.Drafting)
+	}
+	if d := four.Drafting; d.Guesses == 0 || d.Accepted == 0 || d.TokensPerPass <= 1 || d.DecodePasses+d.Accepted != 23 {
+		t.Errorf("-draft 4: %+v, want guesses checked and kept, and decode passes + kept = the 23 tokens after the first", d)
+	}
+	for _, want := range []string{"## By -draft (medians over 1 rounds", "| 1 | greedy | off |", "| 1 | greedy | 4 |"} {
+		if !strings.Contains(so, want) {
+			t.Errorf("the report lacks %q:\n%s", want, so)
+		}
+	}
+}
+
 // benchServe runs `odmoe bench serve` on the tiny preset with 4 workers
 // and args, and returns its -out directory, its stdout, and its
 // report.json read and as written.
