@@ -96,7 +96,8 @@ func TestGptOssSlidingLayersDropRowsOnTheSwarmToo(t *testing.T) {
 // mode batched together, and on a swarm loading reactively, by
 // oracle-next and driven by an int8 shadow, alone and batched: the draw
 // for a position depends on the seed, the position and the logits, which
-// are bit-identical everywhere.
+// are bit-identical everywhere. With the shadow drafting (-draft 4) too,
+// and then greedy requests as well, alone and batched.
 func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
 	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "deepseek-v3-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
 		t.Run(preset, func(t *testing.T) {
@@ -137,16 +138,48 @@ func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
 			for _, c := range []struct {
 				policy mainnode.Prefetch
 				shadow *shadowSpec
-			}{{mainnode.Reactive, nil}, {mainnode.OracleNext, nil}, {mainnode.Shadow, &shadowSpec{quant: kernels.Q8}}} {
-				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: c.policy, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}}, c.shadow)
+				draft  mainnode.Drafting
+			}{{mainnode.Reactive, nil, mainnode.Drafting{}}, {mainnode.OracleNext, nil, mainnode.Drafting{}}, {mainnode.Shadow, &shadowSpec{quant: kernels.Q8}, mainnode.Drafting{}},
+				{mainnode.Shadow, &shadowSpec{quant: kernels.Q8}, mainnode.Drafting{K: 4}}} {
+				name := fmt.Sprintf("%s, -draft %v", c.policy, c.draft)
+				sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: c.policy, Align: align.Policy{TokenPeriod: 1, KVPeriod: 1}, Draft: c.draft}, c.shadow)
 				var alone [2]generation
+				drafted := 0
 				for i, s := range samplers() {
-					alone[i] = generateWith(t, mainModel, sw, prompts[i], steps, s)
+					var st model.GenerateStats
+					alone[i], st = generateDrafted(t, sw, mainModel, prompts[i], steps, s)
+					drafted += st.Drafted
 				}
-				check(fmt.Sprintf("%s alone", c.policy), alone)
+				check(name+" alone", alone)
 				b := sw.Batcher(mainModel)
-				check(fmt.Sprintf("%s batched", c.policy), batched(t, b, prompts, steps, samplers()))
+				check(name+" batched", batched(t, b, prompts, steps, samplers()))
 				b.Close()
+				if c.draft.K == 0 {
+					continue
+				}
+				// drafting: greedy requests too, alone and batched
+				if drafted == 0 {
+					t.Fatalf("%s: no pass checked a guess", name)
+				}
+				for i, p := range prompts {
+					want := generate(t, local, model.NewResidentExperts(local), p, steps)
+					got, _ := generateDrafted(t, sw, mainModel, p, steps, nil)
+					if d := diffGenerations(got, want); d != "" {
+						t.Fatalf("%s: greedy request %d alone differs from local mode: %s", name, i, d)
+					}
+				}
+				var wantGreedy [2]generation
+				for i, p := range prompts {
+					wantGreedy[i] = generate(t, local, model.NewResidentExperts(local), p, steps)
+				}
+				b = sw.Batcher(mainModel)
+				got := batched(t, b, prompts, steps, []*model.Sampler{nil, nil})
+				b.Close()
+				for i := range got {
+					if d := diffGenerations(got[i], wantGreedy[i]); d != "" {
+						t.Fatalf("%s: greedy request %d batched differs from local mode: %s", name, i, d)
+					}
+				}
 			}
 		})
 	}
