@@ -41,6 +41,7 @@ var commands = map[string]command{
 	"convert":    {"compress a model's experts losslessly into a store directory", runConvert},
 	"demo":       {"start a whole swarm on this machine on a generated model and serve the API (-prompt: answer once)", runDemo},
 	"gen-tiny":   {"write a deterministic random model in Hugging Face layout", runGenTiny},
+	"fetch":      {"fill a store directory with this node's share of the expert store other nodes hold (checked, resumable)", runFetch},
 	"launch":     {"start a rig's workers and shadow (emulated, local or over ssh) until interrupted (testbed/launch)", runLaunch},
 	"inspect":    {"report a store's sizes against the entropy bound; -verify checks every chunk", runInspect},
 	"run":        {"run a role (local: the whole model in one process)", runRun},

@@ -2,6 +2,7 @@ package mainnode
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -219,7 +220,7 @@ type passTimes struct {
 const decay = 0.95
 
 func (pt *passTimes) started(members []uint64, rows int, prompt bool, now time.Time) {
-	if !pt.at.IsZero() && !pt.prompt && !prompt && sameMembers(pt.members, members) {
+	if !pt.at.IsZero() && !pt.prompt && !prompt && slices.Equal(pt.members, members) {
 		r, t := float64(pt.rows), now.Sub(pt.at).Seconds()
 		pt.w, pt.r, pt.t, pt.rr, pt.rt = decay*pt.w+1, decay*pt.r+r, decay*pt.t+t, decay*pt.rr+r*r, decay*pt.rt+r*t
 		pt.rowsNow = pt.rows
@@ -250,15 +251,3 @@ func (pt *passTimes) costs() draft.Costs {
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-
-func sameMembers(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}

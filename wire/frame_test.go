@@ -141,6 +141,8 @@ func badFrames(t testing.TB) []struct {
 		{"withdraw at a negative layer", rawFrame(typeWithdraw, mustMsgpack(t, &Withdraw{Seq: 1, From: 2, Layer: -1, Experts: []int32{3}})), CodeMalformed},
 		{"alignment with too many guesses", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: 3, Batch: 1, BatchPass: 2, BatchSize: 1, Guesses: make([]int32, MaxGuesses+1)})), CodeMalformed},
 		{"alignment with guesses after a chunk", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: -1, Batch: 1, BatchPass: 2, BatchSize: 1, Chunk: []int32{5}, Guesses: []int32{4}})), CodeMalformed},
+		{"fetch of a negative offset", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Offset: -1, Size: 4})), CodeMalformed},
+		{"fetch past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Size: MaxFetchBytes + 1})), CodeMalformed},
 		{"drafts with a member of no rows", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1}, Pos: []int{3}, Tokens: [][]int32{{}}})), CodeMalformed},
 		{"drafts with rows for fewer members", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1, 2}, Pos: []int{3, 4}, Tokens: [][]int32{{5}}})), CodeMalformed},
 		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Pass: 2, Token: -5})), CodeMalformed},
@@ -237,6 +239,8 @@ func TestSendClassOfMessages(t *testing.T) {
 		{&ShadowDone{}, classControl},
 		{&Withdraw{}, classControl},
 		{&Drafts{}, classControl},
+		{&FetchRequest{}, classControl},
+		{&FetchData{}, classBulk},
 		{&StageRun{Hidden: big}, classControl}, // ordered with a sequence's KV rows and end, whatever its size
 		{&StageRows{Hidden: big}, classControl},
 		{&Alignment{}, classBulk},

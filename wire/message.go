@@ -35,6 +35,8 @@ const (
 	typeStageKV      Type = 20
 	typeStageEnd     Type = 21
 	typeDrafts       Type = 22
+	typeFetchRequest Type = 23
+	typeFetchData    Type = 24
 )
 
 func (t Type) String() string {
@@ -47,7 +49,8 @@ func (t Type) String() string {
 // Message is one of the protocol's messages: *Hello, *Prediction,
 // *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
-// *ShadowDone, *Placement, *Withdraw, *Drafts or a stage's (*StageRun, *StageRoutes,
+// *ShadowDone, *Placement, *Withdraw, *Drafts, a fetch's (*FetchRequest,
+// *FetchData) or a stage's (*StageRun, *StageRoutes,
 // *StageRows, *StageKV, *StageEnd). Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
@@ -98,6 +101,10 @@ func newMessage(t Type) Message {
 		return new(StageEnd)
 	case typeDrafts:
 		return new(Drafts)
+	case typeFetchRequest:
+		return new(FetchRequest)
+	case typeFetchData:
+		return new(FetchData)
 	}
 	return nil
 }
@@ -288,6 +295,30 @@ type Alignment struct {
 	// none), at most MaxGuesses.
 	Draft int
 }
+
+// FetchRequest asks a node that holds the expert store for a piece of
+// it (package fetch): its index file (Index), or the Size bytes of its
+// chunk file at Offset. The answer is a FetchData with the same ID.
+type FetchRequest struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       uint64
+	Index    bool
+	Offset   int64
+	Size     int
+}
+
+// FetchData answers FetchRequest ID: the bytes asked for, or why not
+// (Err set, Data empty).
+type FetchData struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	ID       uint64
+	Data     []byte
+	Err      string
+}
+
+// MaxFetchBytes bounds a FetchRequest's Size: a chunk (a shard of an
+// expert's tensor, ~7 MB at Mixtral's largest) fits with room to spare.
+const MaxFetchBytes = 32 << 20
 
 // MaxGuesses bounds an alignment's Guesses and Draft and a Drafts
 // member's guesses: passloop.MaxDraft (its tests hold them equal).
@@ -522,6 +553,8 @@ func (*ShadowDone) Type() Type   { return typeShadowDone }
 func (*Placement) Type() Type    { return typePlacement }
 func (*Withdraw) Type() Type     { return typeWithdraw }
 func (*Drafts) Type() Type       { return typeDrafts }
+func (*FetchRequest) Type() Type { return typeFetchRequest }
+func (*FetchData) Type() Type    { return typeFetchData }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -685,6 +718,15 @@ func (m *Drafts) validate() error {
 	}
 	return nonNegative("drafts pass", m.Pass)
 }
+
+func (m *FetchRequest) validate() error {
+	if m.Offset < 0 || m.Size < 0 || m.Size > MaxFetchBytes {
+		return malformed("fetch of %d bytes at %d (at most %d)", m.Size, m.Offset, MaxFetchBytes)
+	}
+	return nil
+}
+
+func (m *FetchData) validate() error { return nil }
 
 func (m *ShadowDone) validate() error {
 	return nonNegative("shadow pass/durations", m.Pass, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted, int64(m.CPU))

@@ -50,6 +50,8 @@ func classOf(m Message) byte {
 	switch m := m.(type) {
 	case *Alignment, *Placement: // large, and ordered by their own numbers
 		return classBulk
+	case *FetchData: // large, and below serving traffic
+		return classBulk
 	case *Trace:
 		if len(m.Events) > 0 {
 			return classBulk

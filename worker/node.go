@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
@@ -53,6 +54,9 @@ type Node struct {
 	wire   wire.Config
 	health *storeHealth
 	log    zerolog.Logger
+	// store is what the worker serves a node fetching its share from
+	// (fetch.Serve)
+	store fetch.Holder
 }
 
 // New checks that d's device can run every expert of d's store, builds
@@ -94,10 +98,11 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		eng.Close()
 		return nil, err
 	}
-	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log}
+	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: st}
 	eng.OnLoadFailed = n.health.loadFailed
 	n.health.back = eng.forgetQuarantine
-	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
+	// (a worker peer fetches its share of the store: fetch.Serve)
+	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow, wire.RoleWorker}
 	n.wire.Hello.DeviceMemBytes, n.wire.Hello.LoadBytesSec = budget, o.LoadBytesSec
 	n.wire.Hello.Device = d.Device.String()
 	// a main node or shadow of another model is refused here too (they
@@ -128,7 +133,7 @@ func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
 	defer checks.Wait()
 	defer cancel()
 	s := NewServer(n.eng, n.log)
-	s.health = n.health
+	s.health, s.store = n.health, n.store
 	return s.Serve(ctx, ln)
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/trace"
 	"github.com/odmoe/odmoe/model"
@@ -25,7 +26,9 @@ import (
 type Server struct {
 	engine *Engine
 	health *storeHealth // nil: never out of service (a bare Server)
-	log    zerolog.Logger
+	// store, if set, is served to worker peers fetching their share of it
+	store fetch.Holder
+	log   zerolog.Logger
 
 	mu    sync.Mutex
 	done  map[seqLayer]int64 // the last pass of a sequence that ended a layer here
@@ -158,6 +161,17 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 	id := p.Identity()
 	log := s.log.With().Str("peer", id.Name).Str("role", string(id.Role)).Logger()
 	defer p.Close()
+	if id.Role == wire.RoleWorker { // a worker fetching its share: the store, and nothing else
+		if s.store == nil {
+			return
+		}
+		log.Info().Msg("serving a share of the store")
+		err := fetch.Serve(ctx, p, s.store)
+		if ctx.Err() == nil {
+			log.Info().Err(err).Msg("fetching peer gone")
+		}
+		return
+	}
 	if s.health != nil {
 		if !s.health.serving(p) { // out of service: refused, told why
 			return

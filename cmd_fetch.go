@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/odmoe/odmoe/fetch"
+	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// runFetch fills a store directory with this node's share of the store
+// that other nodes hold (package fetch): as a worker of the cluster, it
+// dials them and asks each piece of the first that answers.
+func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("fetch", stderr)
+	from := fs.String("from", "", "comma-separated `ADDRS` (HOST:PORT) of nodes holding the store (workers), asked in order for each piece (required)")
+	dir := fs.String("store", "", "store `DIR` to fill with this node's share: made if missing; the chunks it holds already are checked and kept (required)")
+	layers := fs.String("layers", "", "the layers whose experts are the share: comma-separated ranges `A-B` (0-based, inclusive; A- to the last), e.g. 1-1,5-5 for a worker of group 1 of 4 on an 8-layer model (default: every layer)")
+	parallel := fs.Int("parallel", 4, "chunks fetched at once")
+	var cf runflags.Cluster
+	cf.Register(fs)
+	var lf runflags.Log
+	lf.Register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(lf, stderr)
+	if err != nil {
+		return err
+	}
+	switch {
+	case *from == "":
+		return usagef("-from is required: the nodes that hold the store")
+	case *dir == "":
+		return usagef("-store is required: the directory to fill")
+	case *parallel < 1:
+		return usagef("-parallel must be at least 1, got %d", *parallel)
+	}
+	opt := fetch.Options{Parallel: *parallel, Log: log}
+	if *layers != "" {
+		var ranges []model.LayerRange
+		for _, part := range strings.Split(*layers, ",") {
+			r, err := model.ReadLayerRange(part)
+			if err != nil {
+				return usagef("-layers: %v", err)
+			}
+			ranges = append(ranges, r)
+		}
+		opt.Layers = func(l int) bool {
+			return slices.ContainsFunc(ranges, func(r model.LayerRange) bool { return r.Contains(l) })
+		}
+	}
+	cfg, err := clusterConfig(cf, wire.RoleWorker, log)
+	if err != nil {
+		return err
+	}
+	cfg.PeerRoles = []wire.Role{wire.RoleWorker}
+	var sources []fetch.Source
+	for _, addr := range strings.Split(*from, ",") {
+		p, err := wire.Dial(ctx, strings.TrimSpace(addr), cfg)
+		if err != nil {
+			log.Warn().Str("addr", addr).Err(err).Msg("fetch: a source did not answer; fetching from the others")
+			continue
+		}
+		src := fetch.NewPeerSource(p)
+		defer src.Close()
+		sources = append(sources, src)
+	}
+	if len(sources) == 0 {
+		return fmt.Errorf("fetch: none of %s answered", *from)
+	}
+	update, finish := progress.Reporter("fetch")
+	var mu sync.Mutex
+	opt.Progress = func(done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		update(done, total)
+	}
+	t0 := time.Now()
+	res, err := fetch.Share(ctx, *dir, sources, opt)
+	finish()
+	if err != nil {
+		return err
+	}
+	took := time.Since(t0)
+	fmt.Fprintf(stdout, "share of %s in %d chunks: %s kept (already there, checked), %s fetched in %v (%s/s)\n", progress.Bytes(res.Share), res.Chunks,
+		progress.Bytes(res.Kept), progress.Bytes(res.Fetched), took.Round(time.Millisecond), progress.Bytes(int64(float64(res.Fetched)/max(took.Seconds(), 1e-9))))
+	if res.Bad > 0 {
+		fmt.Fprintf(stdout, "%d chunks came wrong (fetched again from the next source) from %s\n", res.Bad, strings.Join(res.BadSources, ", "))
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/odmoe/odmoe/harness/inproc"
+	"github.com/odmoe/odmoe/store"
+)
+
+// TestFetchFillsAShareFromAWorker: `odmoe fetch` as worker w2 fills an
+// empty directory with layers 0 and 2's experts from worker w1 (its store,
+// over QUIC with mutual TLS): the share opens with the model's identity
+// and reads as w1's; run again, it keeps every byte and fetches none.
+func TestFetchFillsAShareFromAWorker(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f, err := inproc.Generate(ctx, t.TempDir(), "tiny", 9, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, stop, err := inproc.StartWorker(ctx, f, 0, "127.0.0.1:0", inproc.WorkerOptions{BudgetBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	dir := filepath.Join(t.TempDir(), "share")
+	args := []string{"fetch", "-from", addr, "-store", dir, "-layers", "0-0,2-2", "-certs", f.Certs, "-name", "w2", "-log-level", "warn"}
+	so, se, code := run(t, "", args...)
+	if code != 0 || !strings.Contains(so, "0 B kept") {
+		t.Fatalf("fetch exit %d:\n%s\n%s", code, so, se)
+	}
+	held, err := store.Open(f.Store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	share, err := store.Open(dir, store.Options{Identity: held.Identity()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer share.Close()
+	for _, l := range []int{0, 2} {
+		for e := range held.Experts() {
+			n, _ := held.ExpertBytes(l, e)
+			want, got := make([]byte, n), make([]byte, n)
+			if _, err := held.ReadExpert(ctx, l, e, want); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := share.ReadExpert(ctx, l, e, got); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("layer %d expert %d of the share: %v, or other bytes than w1's", l, e, err)
+			}
+		}
+	}
+	n, _ := held.ExpertBytes(1, 0)
+	if _, err := share.ReadExpert(ctx, 1, 0, make([]byte, n)); !errors.Is(err, store.ErrChecksum) {
+		t.Fatalf("layer 1, outside the share: %v, want a checksum error (never fetched)", err)
+	}
+	so, se, code = run(t, "", args...)
+	if code != 0 || !strings.Contains(so, "0 B fetched") {
+		t.Fatalf("fetch again: exit %d, want every byte kept and none fetched:\n%s\n%s", code, so, se)
+	}
+	t.Log(strings.TrimSpace(so))
+}

@@ -1,0 +1,267 @@
+// Package fetch brings a node its share of a model's compressed expert
+// store from nodes that hold it (issue 56): the index, then the chunks
+// of the experts of the layers it serves, each checked against the
+// index's CRC-32C before it is written, into a directory in the store's
+// own format (store.Open reads it as any store). The chunk file is laid
+// out as the source's, with holes where the share has no chunk, so the
+// directory checks itself: a node started again keeps every chunk whose
+// bytes pass their check and fetches only the others (an interrupted
+// fetch resumes where it stopped; a damaged or other model's cache is
+// repaired). A source that serves a bad chunk is named, and the chunk
+// comes from the next.
+//
+// It does not know where sources are (the caller hands them over: a
+// peer's connection, PeerSource; a directory, DirSource), which layers a
+// node serves (the caller says), or the transport (wire).
+package fetch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/odmoe/odmoe/store"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// Source is a node that holds the store: its index file and its chunks.
+// It must be safe for concurrent use.
+type Source interface {
+	// Name names the source in logs and errors.
+	Name() string
+	// Index is the store's index file.
+	Index(ctx context.Context) ([]byte, error)
+	// ReadChunk fills dst (len(dst) == ref.Size) with the chunk at ref.
+	ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error
+}
+
+// Options say what to fetch and how.
+type Options struct {
+	// Layers, if set, selects the layers whose experts are the share (a
+	// worker's groups' layers); nil: every layer.
+	Layers func(layer int) bool
+	// Parallel is how many chunks are fetched at once (default 4): a
+	// source's round trip is hidden behind the others'.
+	Parallel int
+	// Progress, if set, is told the share's bytes done (kept or fetched)
+	// and its total, as chunks complete; it may be called concurrently.
+	Progress func(done, total int64)
+	Log      zerolog.Logger
+}
+
+// Result is what a fetch did, in chunk bytes.
+type Result struct {
+	// Share is the bytes of the share's chunks; Kept those already on
+	// disk that passed their check; Fetched those fetched, a bad chunk
+	// (rejected) included, so Fetched can pass Share - Kept.
+	Share, Kept, Fetched int64
+	// Chunks is how many chunks the share has, Bad how many a source
+	// served wrong, and BadSources who served them (each once).
+	Chunks, Bad int
+	BadSources  []string
+}
+
+// ErrNoSource is returned when no source could give a piece.
+var ErrNoSource = errors.New("fetch: no source gave it")
+
+// Share fetches into dir the share opt.Layers selects of the store the
+// sources hold, trying them in order for each piece, and returns what it
+// kept and fetched. dir is made if missing; a dir holding another store
+// (another index) is started afresh.
+func Share(ctx context.Context, dir string, sources []Source, opt Options) (Result, error) {
+	if len(sources) == 0 {
+		return Result{}, fmt.Errorf("fetch: no source")
+	}
+	if opt.Parallel <= 0 {
+		opt.Parallel = 4
+	}
+	index, err := fetchIndex(ctx, sources)
+	if err != nil {
+		return Result{}, err
+	}
+	st, err := store.New(index, noChunks{}, store.Options{})
+	if err != nil {
+		return Result{}, fmt.Errorf("fetch: the index %s served: %w", sources[0].Name(), err)
+	}
+	defer st.Close()
+	f, err := prepare(dir, index, st, opt.Log)
+	if err != nil {
+		return Result{}, err
+	}
+	defer f.Close()
+
+	var chunks []store.Chunk
+	for _, l := range st.Layers() {
+		if opt.Layers != nil && !opt.Layers(l) {
+			continue
+		}
+		for e := range st.Experts() {
+			cs, err := st.ExpertChunks(l, e)
+			if err != nil {
+				return Result{}, err
+			}
+			chunks = append(chunks, cs...)
+		}
+	}
+	var res Result
+	res.Chunks = len(chunks)
+	for _, c := range chunks {
+		res.Share += int64(c.Ref.Size)
+	}
+	var kept, fetched, done atomic.Int64
+	var bad atomic.Int64
+	var mu sync.Mutex // res.BadSources
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opt.Parallel)
+	for _, c := range chunks {
+		g.Go(func() error {
+			buf := make([]byte, c.Ref.Size)
+			if _, err := f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
+				kept.Add(int64(c.Ref.Size))
+			} else {
+				if err := fetchChunk(gctx, sources, c, buf, &fetched, func(src string, err error) {
+					bad.Add(1)
+					opt.Log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
+					mu.Lock()
+					if !slices.Contains(res.BadSources, src) {
+						res.BadSources = append(res.BadSources, src)
+					}
+					mu.Unlock()
+				}); err != nil {
+					return err
+				}
+				if _, err := f.WriteAt(buf, c.Ref.Offset); err != nil {
+					return fmt.Errorf("fetch: writing %s: %w", f.Name(), err)
+				}
+			}
+			if opt.Progress != nil {
+				opt.Progress(done.Add(int64(c.Ref.Size)), res.Share)
+			}
+			return nil
+		})
+	}
+	err = g.Wait()
+	res.Kept, res.Fetched, res.Bad = kept.Load(), fetched.Load(), int(bad.Load())
+	if err != nil {
+		return res, err
+	}
+	if err := f.Sync(); err != nil {
+		return res, fmt.Errorf("fetch: %w", err)
+	}
+	return res, nil
+}
+
+// fetchChunk fills buf with chunk c from the first source whose bytes
+// pass its check, counting what each sent in fetched and telling bad of
+// each source whose bytes did not.
+func fetchChunk(ctx context.Context, sources []Source, c store.Chunk, buf []byte, fetched *atomic.Int64, bad func(src string, err error)) error {
+	var errs []error
+	for _, src := range sources {
+		err := src.ReadChunk(ctx, c.Ref, buf)
+		if err == nil {
+			fetched.Add(int64(c.Ref.Size))
+			if err = c.Check(buf); err == nil {
+				return nil
+			}
+			bad(src.Name(), err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", src.Name(), err))
+	}
+	return fmt.Errorf("%w: the chunk at %d (%d bytes): %w", ErrNoSource, c.Ref.Offset, c.Ref.Size, errors.Join(errs...))
+}
+
+// fetchIndex is the index file from the first source that gives one.
+func fetchIndex(ctx context.Context, sources []Source) ([]byte, error) {
+	var errs []error
+	for _, src := range sources {
+		b, err := src.Index(ctx)
+		if err == nil {
+			return b, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", src.Name(), err))
+	}
+	return nil, fmt.Errorf("%w: the index: %w", ErrNoSource, errors.Join(errs...))
+}
+
+// prepare makes dir hold index (written anew, and the chunk file started
+// afresh, when what it holds is another store's) and returns its chunk
+// file open for reading and writing, at the store's full size with its
+// header: the chunks already there stay where they are.
+func prepare(dir string, index []byte, st *store.Store, log zerolog.Logger) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	indexPath, chunkPath := filepath.Join(dir, store.IndexFile), filepath.Join(dir, store.ChunkFile)
+	if old, err := os.ReadFile(indexPath); err != nil || !bytes.Equal(old, index) {
+		if err == nil {
+			log.Info().Str("dir", dir).Msg("fetch: the directory holds another store's share: starting it afresh")
+		}
+		if err := os.Remove(chunkPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+		if err := writeFileAtomic(indexPath, index); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.OpenFile(chunkPath, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() != st.ChunkFileSize() {
+		err = f.Truncate(st.ChunkFileSize()) // holes where no chunk is yet
+	}
+	if err == nil {
+		hdr := st.ChunkFileHeader()
+		have := make([]byte, len(hdr))
+		if _, rerr := f.ReadAt(have, 0); rerr != nil || !bytes.Equal(have, hdr) {
+			_, err = f.WriteAt(hdr, 0)
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("fetch: %s: %w", chunkPath, err)
+	}
+	return f, nil
+}
+
+// writeFileAtomic writes b to path through a temporary file renamed
+// over it, synced.
+func writeFileAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("fetch: %w", err)
+	}
+	return nil
+}
+
+// noChunks is the source of a store parsed only for its index.
+type noChunks struct{}
+
+func (noChunks) ReadChunk(context.Context, store.ChunkRef, []byte) error {
+	return errors.New("fetch: the index alone")
+}

@@ -1,0 +1,177 @@
+package fetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+)
+
+// PeerSource fetches from a node that holds the store over a connection
+// of its own (a peer dialed to fetch): each piece is a FetchRequest, its
+// answer the FetchData with the same ID. Close it when done.
+type PeerSource struct {
+	p       *wire.Peer
+	next    atomic.Uint64
+	mu      sync.Mutex
+	waiting map[uint64]chan *wire.FetchData
+	err     error // why the connection ended; set once
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// NewPeerSource fetches over p, which it owns from now on.
+func NewPeerSource(p *wire.Peer) *PeerSource {
+	ctx, stop := context.WithCancel(context.Background())
+	s := &PeerSource{p: p, waiting: map[uint64]chan *wire.FetchData{}, stop: stop, done: make(chan struct{})}
+	go s.receive(ctx)
+	return s
+}
+
+// Name is the peer's.
+func (s *PeerSource) Name() string { return s.p.Identity().Name }
+
+// Close ends the connection; requests waiting fail.
+func (s *PeerSource) Close() {
+	s.stop()
+	s.p.Close()
+	<-s.done
+}
+
+// receive hands each FetchData to the request waiting for it until the
+// connection ends, then fails those still waiting.
+func (s *PeerSource) receive(ctx context.Context) {
+	defer close(s.done)
+	for {
+		m, err := s.p.Recv(ctx)
+		if err != nil {
+			s.mu.Lock()
+			s.err = err
+			for id, ch := range s.waiting {
+				close(ch)
+				delete(s.waiting, id)
+			}
+			s.mu.Unlock()
+			return
+		}
+		d, ok := m.(*wire.FetchData)
+		if !ok {
+			continue // a node that holds the store says nothing else to a fetcher
+		}
+		s.mu.Lock()
+		ch := s.waiting[d.ID]
+		delete(s.waiting, d.ID)
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- d
+		}
+	}
+}
+
+// ask sends r and waits for its answer.
+func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest) ([]byte, error) {
+	r.ID = s.next.Add(1)
+	ch := make(chan *wire.FetchData, 1)
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("connection gone: %w", s.err)
+	}
+	s.waiting[r.ID] = ch
+	s.mu.Unlock()
+	forget := func() {
+		s.mu.Lock()
+		delete(s.waiting, r.ID)
+		s.mu.Unlock()
+	}
+	if err := s.p.Send(ctx, r); err != nil {
+		forget()
+		return nil, err
+	}
+	select {
+	case d, ok := <-ch:
+		if !ok {
+			s.mu.Lock()
+			err := s.err
+			s.mu.Unlock()
+			return nil, fmt.Errorf("connection gone: %w", err)
+		}
+		if d.Err != "" {
+			return nil, errors.New(d.Err)
+		}
+		return d.Data, nil
+	case <-ctx.Done():
+		forget()
+		return nil, ctx.Err()
+	}
+}
+
+// Index asks the peer for its store's index file.
+func (s *PeerSource) Index(ctx context.Context) ([]byte, error) {
+	return s.ask(ctx, &wire.FetchRequest{Index: true})
+}
+
+// ReadChunk asks the peer for the chunk at ref.
+func (s *PeerSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	b, err := s.ask(ctx, &wire.FetchRequest{Offset: ref.Offset, Size: ref.Size})
+	if err != nil {
+		return err
+	}
+	if len(b) != len(dst) {
+		return fmt.Errorf("%d bytes for a chunk of %d at %d", len(b), len(dst), ref.Offset)
+	}
+	copy(dst, b)
+	return nil
+}
+
+// Holder is a store a node serves from: its index file and chunks.
+// *store.Store is one.
+type Holder interface {
+	IndexBytes() []byte
+	ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error
+}
+
+// serveParallel bounds the requests a connection has answered at once.
+const serveParallel = 4
+
+// Serve answers p's FetchRequests from h until the connection or ctx
+// ends, a few at a time; anything else p sends is ignored (logged by
+// the caller's peer). A request for bytes outside the store is answered
+// with the reason.
+func Serve(ctx context.Context, p *wire.Peer, h Holder) error {
+	sem := make(chan struct{}, serveParallel)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		m, err := p.Recv(ctx)
+		if err != nil {
+			return err
+		}
+		r, ok := m.(*wire.FetchRequest)
+		if !ok {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			d := &wire.FetchData{ID: r.ID}
+			if r.Index {
+				d.Data = h.IndexBytes()
+			} else {
+				d.Data = make([]byte, r.Size)
+				if err := h.ReadChunk(ctx, store.ChunkRef{Offset: r.Offset, Size: r.Size}, d.Data); err != nil {
+					d.Data, d.Err = nil, err.Error()
+				}
+			}
+			p.Send(ctx, d) // a failed send ends the connection: Recv says so
+		})
+	}
+}

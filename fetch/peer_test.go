@@ -1,0 +1,81 @@
+package fetch_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/odmoe/odmoe/fetch"
+	"github.com/odmoe/odmoe/harness/inproc"
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// TestAShareComesOverTheWire: a node (w2) fetches its share from another
+// that holds the store (w1) over a real QUIC connection with mutual TLS:
+// the share opens with the model's identity and every chunk of it passes
+// its check; a request outside the store is answered with why.
+func TestAShareComesOverTheWire(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f, err := inproc.Generate(ctx, t.TempDir(), "qwen3-moe-tiny", 5, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := store.Open(f.Store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	certs := func(name string) *wire.Config {
+		c, err := wire.LoadCerts(f.Certs, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &wire.Config{Certs: c, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()}
+	}
+	ln, err := wire.Listen(ctx, "127.0.0.1:0", certs("w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		p, err := ln.Accept(ctx)
+		if err == nil {
+			fetch.Serve(ctx, p, held)
+			p.Close()
+		}
+	}()
+	p, err := wire.Dial(ctx, ln.Addr().String(), certs("w2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := fetch.NewPeerSource(p)
+	defer src.Close()
+	if src.Name() != "w1" {
+		t.Fatalf("source named %q, want w1", src.Name())
+	}
+	layer := held.Layers()[len(held.Layers())-1]
+	dir := filepath.Join(t.TempDir(), "share")
+	res, err := fetch.Share(ctx, dir, []fetch.Source{src}, fetch.Options{Layers: func(l int) bool { return l == layer }, Log: zerolog.Nop()})
+	if err != nil || res.Fetched != res.Share || res.Bad != 0 {
+		t.Fatalf("fetch over the wire: %+v, %v", res, err)
+	}
+	share, err := store.Open(dir, store.Options{Identity: held.Identity()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer share.Close()
+	for e := range held.Experts() {
+		n, _ := held.ExpertBytes(layer, e)
+		if _, err := share.ReadExpert(ctx, layer, e, make([]byte, n)); err != nil {
+			t.Fatalf("the fetched share's layer %d expert %d: %v", layer, e, err)
+		}
+	}
+	err = src.ReadChunk(ctx, store.ChunkRef{Offset: held.ChunkFileSize(), Size: 8}, make([]byte, 8))
+	if err == nil || !strings.Contains(err.Error(), "outside") {
+		t.Fatalf("a chunk past the store's end: %v, want the holder's reason", err)
+	}
+}
