@@ -13,6 +13,7 @@ import (
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/wire"
 )
 
@@ -24,6 +25,9 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	from := fs.String("from", "", "comma-separated `ADDRS` (HOST:PORT) of nodes holding the store (workers), asked in order for each piece (required)")
 	dir := fs.String("store", "", "store `DIR` to fill with this node's share: made if missing; the chunks it holds already are checked and kept (required)")
 	layers := fs.String("layers", "", "the layers whose experts are the share: comma-separated ranges `A-B` (0-based, inclusive; A- to the last), e.g. 1-1,5-5 for a worker of group 1 of 4 on an 8-layer model (default: every layer)")
+	worker := fs.Int("worker", -1, "this node's place `I` (0-based) in the main node's -workers list: the share is the experts the layout has it run (its group's decode layers whole, its prefill experts at every layer); with -workers and -group")
+	workers := fs.Int("workers", 0, "with -worker: how many workers the swarm has")
+	group := fs.Int("group", 0, "with -worker: workers per group (the main node's -group, or its default: the router's top-k where the workers split into such groups)")
 	parallel := fs.Int("parallel", 4, "chunks fetched at once")
 	var cf runflags.Cluster
 	cf.Register(fs)
@@ -57,6 +61,18 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		opt.Layers = func(l int) bool {
 			return slices.ContainsFunc(ranges, func(r model.LayerRange) bool { return r.Contains(l) })
 		}
+	}
+	if *worker >= 0 {
+		l, err := sched.NewLayout(*workers, *group)
+		if err != nil {
+			return usagef("-worker needs -workers and -group: %v", err)
+		}
+		if *worker >= l.Workers {
+			return usagef("-worker %d of %d workers (0-based)", *worker, l.Workers)
+		}
+		opt.Experts = func(layer, expert int) bool { return l.Holds(*worker, layer, expert) }
+	} else if *workers != 0 || *group != 0 {
+		return usagef("-workers and -group say the layout of -worker's share: give -worker too")
 	}
 	cfg, err := clusterConfig(cf, wire.RoleWorker, log)
 	if err != nil {

@@ -65,4 +65,33 @@ func TestFetchFillsAShareFromAWorker(t *testing.T) {
 		t.Fatalf("fetch again: exit %d, want every byte kept and none fetched:\n%s\n%s", code, so, se)
 	}
 	t.Log(strings.TrimSpace(so))
+
+	// a worker's share by its place in the layout: worker 1 of 2 in
+	// groups of 1 runs layers 1 and 3 whole, and the odd experts of
+	// layers 0 and 2 in prefill
+	dir = filepath.Join(t.TempDir(), "w1")
+	so, se, code = run(t, "", "fetch", "-from", addr, "-store", dir, "-worker", "1", "-workers", "2", "-group", "1", "-certs", f.Certs, "-name", "w2", "-log-level", "warn")
+	if code != 0 {
+		t.Fatalf("fetch -worker 1: exit %d:\n%s\n%s", code, so, se)
+	}
+	share2, err := store.Open(dir, store.Options{Identity: held.Identity()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer share2.Close()
+	for _, l := range held.Layers() {
+		for e := range held.Experts() {
+			n, _ := held.ExpertBytes(l, e)
+			_, err := share2.ReadExpert(ctx, l, e, make([]byte, n))
+			if in := l%2 == 1 || e%2 == 1; in != (err == nil) {
+				t.Fatalf("worker 1's share, layer %d expert %d: read %v, want it there %v", l, e, err, in)
+			}
+		}
+	}
+	for _, bad := range [][]string{{"-worker", "2", "-workers", "2", "-group", "1"}, {"-worker", "0", "-workers", "3", "-group", "2"}, {"-workers", "2", "-group", "1"}} {
+		_, se, code := run(t, "", append([]string{"fetch", "-from", addr, "-store", t.TempDir(), "-certs", f.Certs, "-name", "w2"}, bad...)...)
+		if code != 2 || !strings.Contains(se, "-worker") {
+			t.Errorf("fetch %v: exit %d, want a usage error naming -worker:\n%s", bad, code, se)
+		}
+	}
 }

@@ -44,9 +44,11 @@ type Source interface {
 
 // Options say what to fetch and how.
 type Options struct {
-	// Layers, if set, selects the layers whose experts are the share (a
-	// worker's groups' layers); nil: every layer.
-	Layers func(layer int) bool
+	// Layers, if set, selects the layers whose experts are the share;
+	// nil: every layer. Experts, if set, selects among those layers'
+	// experts (a worker's share: sched.Layout.Holds); nil: all of them.
+	Layers  func(layer int) bool
+	Experts func(layer, expert int) bool
 	// Parallel is how many chunks are fetched at once (default 4): a
 	// source's round trip is hidden behind the others'.
 	Parallel int
@@ -103,6 +105,9 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			continue
 		}
 		for e := range st.Experts() {
+			if opt.Experts != nil && !opt.Experts(l, e) {
+				continue
+			}
 			cs, err := st.ExpertChunks(l, e)
 			if err != nil {
 				return Result{}, err

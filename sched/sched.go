@@ -69,6 +69,16 @@ func (l Layout) DecodeWorker(layer, i int) int {
 // PrefillWorker is the worker that runs expert in prefill, at every layer.
 func (l Layout) PrefillWorker(expert int) int { return expert % l.Workers }
 
+// Holds reports whether worker runs expert of layer in a swarm of
+// cacheless workers (its share of the store, issue 56): every expert of
+// the layers its group runs in decode (DecodeWorker hands a layer's
+// experts to any of the group's workers) and, at every layer, the experts
+// it runs in prefill (PrefillWorker). A swarm that loses a worker moves
+// its work to live ones, which then run experts outside their shares.
+func (l Layout) Holds(worker, layer, expert int) bool {
+	return l.GroupOf(layer) == worker/l.Group || l.PrefillWorker(expert) == worker
+}
+
 // Owner is the worker that holds expert of layer in a resident swarm.
 func (l Layout) Owner(layer, expert int) int { return (expert + layer) % l.Workers }
 

@@ -229,3 +229,40 @@ func TestPredictionWorkersKeepWhatStays(t *testing.T) {
 		}
 	}
 }
+
+// TestAWorkersShareHoldsEveryExpertItRuns: a worker's share (Holds) has
+// every expert the layout hands it, in decode (whatever a pass's other
+// experts are) and in prefill, and little else: on 8 workers in groups
+// of 2 over 8 layers of 64 experts, a quarter of the store and 1/8 of
+// the rest.
+func TestAWorkersShareHoldsEveryExpertItRuns(t *testing.T) {
+	l, err := NewLayout(8, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const layers, experts = 8, 64
+	for layer := range layers {
+		for e := range experts {
+			if w := l.PrefillWorker(e); !l.Holds(w, layer, e) {
+				t.Fatalf("prefill runs layer %d expert %d on worker %d, outside its share", layer, e, w)
+			}
+			for i := range experts { // e as the i-th distinct expert of a decode pass
+				if w := l.DecodeWorker(layer, i); !l.Holds(w, layer, e) {
+					t.Fatalf("decode may run layer %d expert %d on worker %d, outside its share", layer, e, w)
+				}
+			}
+		}
+	}
+	held := 0
+	for layer := range layers {
+		for e := range experts {
+			if l.Holds(3, layer, e) {
+				held++
+			}
+		}
+	}
+	// its group's 2 layers whole, and 1/8 of the other 6 layers' experts
+	if want := 2*experts + 6*experts/8; held != want {
+		t.Fatalf("worker 3 holds %d experts of %d, want %d", held, layers*experts, want)
+	}
+}
