@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -94,4 +95,60 @@ func TestFetchFillsAShareFromAWorker(t *testing.T) {
 			t.Errorf("fetch %v: exit %d, want a usage error naming -worker:\n%s", bad, code, se)
 		}
 	}
+}
+
+// TestAWorkerRunsOnItsShareAndFetchesTheRest: real processes on
+// loopback: worker w4 starts with a share of the store (odmoe fetch
+// -worker 3) and -fetch-from w1, w3 with an empty directory and
+// -fetch-from w1; the main node's run is local mode's bit for bit, and
+// w3's directory now holds the chunks it ran (fetched as first needed).
+func TestAWorkerRunsOnItsShareAndFetchesTheRest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	r := newChaosRig(t, 4)
+	r.startWorker(0)
+	r.startWorker(1)
+	empty, share := filepath.Join(r.dir, "w3.store"), filepath.Join(r.dir, "w4.store")
+	if so, se, code := run(t, "", "fetch", "-from", r.workers[0], "-store", share, "-worker", "3", "-workers", "4", "-group", "2",
+		"-certs", filepath.Join(r.dir, "certs"), "-name", "w4", "-log-level", "warn"); code != 0 {
+		t.Fatalf("fetch w4's share: exit %d\n%s\n%s\n%s", code, so, se, r.logs())
+	}
+	for i, dir := range map[int]string{2: empty, 3: share} {
+		name := fmt.Sprintf("w%d", i+1)
+		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", dir, "-fetch-from", r.workers[0], "-certs", filepath.Join(r.dir, "certs"), "-name", name,
+			"-device-mem", "64MiB", "-log-level", "info")
+	}
+	const n = "24"
+	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	if se, code := r.runMain("-prefetch", "reactive", "-n", n, "-ignore-eos", "-dump", swarm); code != 0 {
+		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
+	}
+	sameDump(t, swarm, local)
+	held, err := store.Open(r.store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	filled, err := store.Open(empty, store.Options{Identity: held.Identity()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filled.Close()
+	read := 0 // experts w3 ran, now in its directory
+	for _, l := range held.Layers() {
+		for e := range held.Experts() {
+			nb, _ := held.ExpertBytes(l, e)
+			if _, err := filled.ReadExpert(context.Background(), l, e, make([]byte, nb)); err == nil {
+				read++
+			}
+		}
+	}
+	if read == 0 {
+		t.Fatalf("w3's directory holds no expert after the run\n%s", r.logOf("w3"))
+	}
+	t.Logf("w3 kept %d of %d experts it fetched while running", read, len(held.Layers())*held.Experts())
 }

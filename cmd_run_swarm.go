@@ -185,6 +185,11 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		return usagef("-store is required for -role worker")
 	}
 	cfg := worker.Config{Listen: f.Listen, Store: f.Store, Device: f.Device, HostPreload: f.HostPreload, Log: log}
+	if f.FetchFrom != "" {
+		for _, a := range strings.Split(f.FetchFrom, ",") {
+			cfg.FetchFrom = append(cfg.FetchFrom, strings.TrimSpace(a))
+		}
+	}
 	var err error
 	if cfg.DeviceMemBytes, err = runflags.ParseBytes(f.DeviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
 		return usagef("-device-mem %q: want a positive size such as 1GiB", f.DeviceMem)

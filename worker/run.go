@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/sched"
@@ -30,8 +31,13 @@ type Config struct {
 	// ResidentIndex of ResidentOf in a resident swarm: it pins the experts
 	// it owns at start and holds them for good.
 	ResidentIndex, ResidentOf int
-	Wire                      *wire.Config // this node's identity and transport settings
-	Log                       zerolog.Logger
+	// FetchFrom, if set, are nodes holding the store (workers): a chunk
+	// the Store directory lacks (a share made by odmoe fetch, or an empty
+	// directory) comes from them when first needed, checked, and is kept
+	// there (fetch.Backfill).
+	FetchFrom []string
+	Wire      *wire.Config // this node's identity and transport settings
+	Log       zerolog.Logger
 }
 
 // Run opens the store, the device and the host caches as configured,
@@ -40,7 +46,7 @@ type Config struct {
 // shadow until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
-	st, chunks, closeStore, err := openStore(cfg.Store, cfg.HostCompressedBytes)
+	st, chunks, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -81,18 +87,43 @@ func Run(ctx context.Context, cfg Config) error {
 	return n.Serve(ctx, ln)
 }
 
-// openStore opens the store in dir with, when compressedBytes > 0, a
+// openStore opens cfg's store with, when cfg.HostCompressedBytes > 0, a
 // compressed tier of that many bytes in an arena off the Go heap
-// (-host-compressed); close closes both.
-func openStore(dir string, compressedBytes int64) (st *store.Store, chunks *store.ChunkCache, close func(), err error) {
+// (-host-compressed), and, with cfg.FetchFrom, what the directory lacks
+// fetched from those nodes as it is first read; close closes them all.
+func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.Store, chunks *store.ChunkCache, close func(), err error) {
 	var mem *ArenaChunks
-	if compressedBytes > 0 {
-		if mem, err = NewArenaChunks(compressedBytes); err != nil {
+	if cfg.HostCompressedBytes > 0 {
+		if mem, err = NewArenaChunks(cfg.HostCompressedBytes); err != nil {
 			return nil, nil, nil, err
 		}
-		chunks = store.NewChunkCache(compressedBytes, mem)
+		chunks = store.NewChunkCache(cfg.HostCompressedBytes, mem)
 	}
-	if st, err = store.Open(dir, store.Options{Chunks: chunks}); err != nil {
+	closeMore := func() {}
+	if len(cfg.FetchFrom) > 0 {
+		dial := *cfg.Wire
+		dial.PeerRoles = []wire.Role{wire.RoleWorker}
+		var sources []fetch.Source
+		var dialed []*fetch.Dialed
+		for _, addr := range cfg.FetchFrom {
+			d := fetch.Dial(addr, &dial)
+			sources, dialed = append(sources, d), append(dialed, d)
+		}
+		var b *fetch.Backfill
+		st, b, err = fetch.OpenBackfill(ctx, cfg.Store, sources, store.Options{Chunks: chunks}, log)
+		if err == nil {
+			closeMore = func() {
+				log.Info().Str("fetched", progress.Bytes(b.Fetched())).Msg("worker: chunks fetched from -fetch-from while running")
+				b.Close()
+				for _, d := range dialed {
+					d.Close()
+				}
+			}
+		}
+	} else {
+		st, err = store.Open(cfg.Store, store.Options{Chunks: chunks})
+	}
+	if err != nil {
 		if mem != nil {
 			mem.Close()
 		}
@@ -100,6 +131,7 @@ func openStore(dir string, compressedBytes int64) (st *store.Store, chunks *stor
 	}
 	return st, chunks, func() {
 		st.Close()
+		closeMore()
 		if mem != nil {
 			mem.Close() // last: nothing reads the chunks any more
 		}

@@ -1,0 +1,166 @@
+package fetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
+)
+
+// Backfill is the chunk source of a node running on a share of the
+// store (store.ChunkSource): a chunk read from its directory whose bytes
+// fail their check (outside the share, never fetched, or damaged) comes
+// from the sources instead, checked, and is written into the directory
+// for next time. A worker whose work moves outside its share (a lost
+// peer's experts) runs it from here, and a worker started on an empty
+// directory fills it with what it runs, as it runs it.
+type Backfill struct {
+	f       *os.File
+	crcs    map[int64]uint32 // each chunk's CRC, by its offset
+	sources []Source
+	log     zerolog.Logger
+	fetched atomic.Int64
+}
+
+// OpenBackfill opens the store in dir through a Backfill from sources:
+// dir holds a share (odmoe fetch), or nothing (then the index comes from
+// the sources first). opt are the store's options.
+func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.Options, log zerolog.Logger) (*store.Store, *Backfill, error) {
+	index, err := os.ReadFile(filepath.Join(dir, store.IndexFile))
+	if errors.Is(err, os.ErrNotExist) {
+		index, err = fetchIndex(ctx, sources)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch: %w", err)
+	}
+	parsed, err := store.New(index, noChunks{}, store.Options{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch: %s: %w", dir, err)
+	}
+	defer parsed.Close()
+	f, err := prepare(dir, index, parsed, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := &Backfill{f: f, crcs: map[int64]uint32{}, sources: sources, log: log}
+	for _, l := range parsed.Layers() {
+		for e := range parsed.Experts() {
+			cs, err := parsed.ExpertChunks(l, e)
+			if err != nil {
+				f.Close()
+				return nil, nil, err
+			}
+			for _, c := range cs {
+				b.crcs[c.Ref.Offset] = c.CRC
+			}
+		}
+	}
+	st, err := store.New(index, b, opt)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("fetch: %s: %w", dir, err)
+	}
+	return st, b, nil
+}
+
+// ReadChunk reads the chunk at ref from the directory, or, where its
+// bytes fail their check, from the sources (then keeps it there).
+func (b *Backfill) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	crc, known := b.crcs[ref.Offset]
+	c := store.Chunk{Ref: ref, CRC: crc}
+	_, err := b.f.ReadAt(dst, ref.Offset)
+	if !known || err == nil && c.Check(dst) == nil {
+		return err // (not a chunk of the index: the store says so)
+	}
+	if err := fetchChunk(ctx, b.sources, c, dst, &b.fetched, func(src string, err error) {
+		b.log.Warn().Str("source", src).Int64("offset", ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
+	}); err != nil {
+		return err
+	}
+	if _, err := b.f.WriteAt(dst, ref.Offset); err != nil {
+		b.log.Warn().Err(err).Str("file", b.f.Name()).Msg("fetch: a chunk fetched could not be kept; it is fetched again next time")
+	}
+	return nil
+}
+
+// Fetched is the chunk bytes fetched so far.
+func (b *Backfill) Fetched() int64 { return b.fetched.Load() }
+
+// Close closes the directory's chunk file (after the store).
+func (b *Backfill) Close() error { return b.f.Close() }
+
+// Dialed is a source dialed when first asked, and again after its
+// connection ends: a node that holds the store, which may start after
+// the node asking it.
+type Dialed struct {
+	addr string
+	cfg  *wire.Config
+	mu   sync.Mutex
+	src  *PeerSource
+}
+
+// Dial is a source at addr, dialed with cfg (this node's identity) when
+// first asked.
+func Dial(addr string, cfg *wire.Config) *Dialed { return &Dialed{addr: addr, cfg: cfg} }
+
+func (d *Dialed) Name() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.src != nil {
+		return d.src.Name()
+	}
+	return d.addr
+}
+
+// peer is the connection, dialed now if there is none.
+func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.src != nil {
+		select {
+		case <-d.src.done: // gone: dial again
+			d.src = nil
+		default:
+			return d.src, nil
+		}
+	}
+	p, err := wire.Dial(ctx, d.addr, d.cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.src = NewPeerSource(p)
+	return d.src, nil
+}
+
+func (d *Dialed) Index(ctx context.Context) ([]byte, error) {
+	s, err := d.peer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.Index(ctx)
+}
+
+func (d *Dialed) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	s, err := d.peer(ctx)
+	if err != nil {
+		return err
+	}
+	return s.ReadChunk(ctx, ref, dst)
+}
+
+// Close ends the connection, if any.
+func (d *Dialed) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.src != nil {
+		d.src.Close()
+		d.src = nil
+	}
+}

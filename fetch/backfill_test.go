@@ -1,0 +1,72 @@
+package fetch_test
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/odmoe/odmoe/fetch"
+	"github.com/odmoe/odmoe/store"
+	"github.com/rs/zerolog"
+)
+
+// TestABackfilledStoreFillsItselfAsItReads: a store opened on an empty
+// directory through a Backfill reads every expert as the source's, each
+// fetched the first time only (the bytes fetched are those experts'
+// chunks); opened again with no source that answers, it reads those
+// experts from its directory, and any other fails.
+func TestABackfilledStoreFillsItselfAsItReads(t *testing.T) {
+	ctx := context.Background()
+	src := source(t)
+	whole, err := store.Open(src, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	dir := filepath.Join(t.TempDir(), "lazy")
+	st, b, err := fetch.OpenBackfill(ctx, dir, []fetch.Source{fetch.DirSource{Dir: src}}, store.Options{Identity: whole.Identity()}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := whole.Layers()[0]
+	read := func(st *store.Store, e int) ([]byte, error) {
+		n, _ := whole.ExpertBytes(layer, e)
+		dst := make([]byte, n)
+		_, err := st.ReadExpert(ctx, layer, e, dst)
+		return dst, err
+	}
+	var want int64
+	for e := range 3 {
+		cs, _ := whole.ExpertChunks(layer, e)
+		for _, c := range cs {
+			want += int64(c.Ref.Size)
+		}
+		for range 2 { // the second read finds it there
+			got, err := read(st, e)
+			w, _ := read(whole, e)
+			if err != nil || !bytes.Equal(got, w) {
+				t.Fatalf("expert %d through the backfill: %v, or other bytes than the source's", e, err)
+			}
+		}
+	}
+	if b.Fetched() != want {
+		t.Fatalf("fetched %d bytes, want the three experts' %d, once", b.Fetched(), want)
+	}
+	st.Close()
+	b.Close()
+	st, b, err = fetch.OpenBackfill(ctx, dir, []fetch.Source{fetch.DirSource{Dir: filepath.Join(t.TempDir(), "gone")}}, store.Options{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	defer st.Close()
+	for e := range 3 {
+		if _, err := read(st, e); err != nil {
+			t.Fatalf("expert %d, kept from before, with no source: %v", e, err)
+		}
+	}
+	if _, err := read(st, 3); err == nil {
+		t.Fatal("an expert never fetched read with no source answering")
+	}
+}
