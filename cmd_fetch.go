@@ -29,6 +29,7 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	workers := fs.Int("workers", 0, "with -worker: how many workers the swarm has")
 	group := fs.Int("group", 0, "with -worker: workers per group (the main node's -group, or its default: the router's top-k where the workers split into such groups)")
 	parallel := fs.Int("parallel", 4, "chunks fetched at once")
+	rate := fs.String("fetch-rate", "0", "cap the bytes fetched a second (e.g. 50MB: a running swarm's links keep room for its requests); 0 = no cap")
 	var cf runflags.Cluster
 	cf.Register(fs)
 	var lf runflags.Log
@@ -49,6 +50,11 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usagef("-parallel must be at least 1, got %d", *parallel)
 	}
 	opt := fetch.Options{Parallel: *parallel, Log: log}
+	if r, err := runflags.ParseBytes(*rate); err != nil || r < 0 {
+		return usagef("-fetch-rate %q: want bytes a second such as 50MB, or 0", *rate)
+	} else {
+		opt.Rate = float64(r)
+	}
 	if *layers != "" {
 		var ranges []model.LayerRange
 		for _, part := range strings.Split(*layers, ",") {

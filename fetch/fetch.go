@@ -25,6 +25,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/odmoe/odmoe/store"
 	"github.com/rs/zerolog"
@@ -52,6 +53,9 @@ type Options struct {
 	// Parallel is how many chunks are fetched at once (default 4): a
 	// source's round trip is hidden behind the others'.
 	Parallel int
+	// Rate caps the bytes fetched a second (0: no cap), so that a
+	// running swarm's traffic keeps the links it needs.
+	Rate float64
 	// Progress, if set, is told the share's bytes done (kept or fetched)
 	// and its total, as chunks complete; it may be called concurrently.
 	Progress func(done, total int64)
@@ -120,6 +124,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	for _, c := range chunks {
 		res.Share += int64(c.Ref.Size)
 	}
+	pace := newPacer(opt.Rate)
 	var kept, fetched, done atomic.Int64
 	var bad atomic.Int64
 	var mu sync.Mutex // res.BadSources
@@ -131,6 +136,9 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			if _, err := f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
 				kept.Add(int64(c.Ref.Size))
 			} else {
+				if err := pace.wait(gctx, c.Ref.Size); err != nil {
+					return err
+				}
 				if err := fetchChunk(gctx, sources, c, buf, &fetched, func(src string, err error) {
 					bad.Add(1)
 					opt.Log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
@@ -269,4 +277,40 @@ type noChunks struct{}
 
 func (noChunks) ReadChunk(context.Context, store.ChunkRef, []byte) error {
 	return errors.New("fetch: the index alone")
+}
+
+// pacer spaces fetches so that their bytes keep to a rate: each waits
+// until the bytes before it have had their time.
+type pacer struct {
+	rate float64 // bytes a second; 0: no pacing
+	mu   sync.Mutex
+	next time.Time // when the link is free for the next bytes
+}
+
+func newPacer(rate float64) *pacer { return &pacer{rate: rate} }
+
+// wait returns once n more bytes keep within the rate (at once without
+// one), or when ctx ends.
+func (p *pacer) wait(ctx context.Context, n int) error {
+	if p.rate <= 0 {
+		return nil
+	}
+	p.mu.Lock()
+	now := time.Now()
+	at := p.next
+	if at.Before(now) {
+		at = now
+	}
+	p.next = at.Add(time.Duration(float64(n) / p.rate * float64(time.Second)))
+	p.mu.Unlock()
+	if d := time.Until(at); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }

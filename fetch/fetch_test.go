@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/harness/inproc"
@@ -206,5 +207,27 @@ func flipByte(t *testing.T, path string, at int64) {
 	b[0] ^= 0x10
 	if _, err := f.WriteAt(b, at); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAFetchKeepsToItsRate: with a rate of a quarter of the share a
+// second, a fetch takes at least the time its bytes after the first
+// chunk need at that rate (a lower bound only: how much longer is the
+// machine's).
+func TestAFetchKeepsToItsRate(t *testing.T) {
+	src := source(t)
+	first, err := fetch.Share(context.Background(), filepath.Join(t.TempDir(), "a"), []fetch.Source{fetch.DirSource{Dir: src}}, fetch.Options{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := float64(first.Share) * 4 // bytes a second: the share in 250 ms
+	t0 := time.Now()
+	res, err := fetch.Share(context.Background(), filepath.Join(t.TempDir(), "b"), []fetch.Source{fetch.DirSource{Dir: src}}, fetch.Options{Rate: rate, Log: zerolog.Nop()})
+	took := time.Since(t0)
+	if err != nil || res.Fetched != first.Share {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if took < 200*time.Millisecond {
+		t.Fatalf("%d bytes at %.0f B/s took %v, under the 250 ms the rate allows (less the first chunks')", res.Fetched, rate, took)
 	}
 }

@@ -128,20 +128,22 @@ func (s *PeerSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []by
 	return nil
 }
 
-// Holder is a store a node serves from: its index file and chunks.
-// *store.Store is one.
+// Holder is a store a node serves from: its index file and chunks, and
+// the check a chunk's bytes must pass. *store.Store is one.
 type Holder interface {
 	IndexBytes() []byte
 	ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error
+	CheckChunk(ref store.ChunkRef, data []byte) error
 }
 
 // serveParallel bounds the requests a connection has answered at once.
 const serveParallel = 4
 
 // Serve answers p's FetchRequests from h until the connection or ctx
-// ends, a few at a time; anything else p sends is ignored (logged by
-// the caller's peer). A request for bytes outside the store is answered
-// with the reason.
+// ends, a few at a time; anything else p sends is ignored. A request for
+// bytes outside the store, or for a chunk h does not hold (its bytes
+// fail their check), is answered with the reason, and the fetching node
+// asks its next source.
 func Serve(ctx context.Context, p *wire.Peer, h Holder) error {
 	sem := make(chan struct{}, serveParallel)
 	var wg sync.WaitGroup
@@ -166,8 +168,17 @@ func Serve(ctx context.Context, p *wire.Peer, h Holder) error {
 			if r.Index {
 				d.Data = h.IndexBytes()
 			} else {
+				ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}
 				d.Data = make([]byte, r.Size)
-				if err := h.ReadChunk(ctx, store.ChunkRef{Offset: r.Offset, Size: r.Size}, d.Data); err != nil {
+				err := h.ReadChunk(ctx, ref, d.Data)
+				if err == nil {
+					// a share holds some chunks only: one it lacks (a
+					// hole), or has damaged, is not passed on
+					if cerr := h.CheckChunk(ref, d.Data); cerr != nil {
+						err = fmt.Errorf("the chunk at %d is not held here: %w", r.Offset, cerr)
+					}
+				}
+				if err != nil {
 					d.Data, d.Err = nil, err.Error()
 				}
 			}

@@ -20,7 +20,7 @@ import (
 func TestAShareComesOverTheWire(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f, err := inproc.Generate(ctx, t.TempDir(), "qwen3-moe-tiny", 5, 2)
+	f, err := inproc.Generate(ctx, t.TempDir(), "qwen3-moe-tiny", 5, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,13 +41,19 @@ func TestAShareComesOverTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		p, err := ln.Accept(ctx)
-		if err == nil {
-			fetch.Serve(ctx, p, held)
-			p.Close()
+	serve := func(ln *wire.Listener, h fetch.Holder) {
+		for {
+			p, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			go func() {
+				fetch.Serve(ctx, p, h)
+				p.Close()
+			}()
 		}
-	}()
+	}
+	go serve(ln, held)
 	p, err := wire.Dial(ctx, ln.Addr().String(), certs("w2"))
 	if err != nil {
 		t.Fatal(err)
@@ -77,5 +83,29 @@ func TestAShareComesOverTheWire(t *testing.T) {
 	err = src.ReadChunk(ctx, store.ChunkRef{Offset: held.ChunkFileSize(), Size: 8}, make([]byte, 8))
 	if err == nil || !strings.Contains(err.Error(), "outside") {
 		t.Fatalf("a chunk past the store's end: %v, want the holder's reason", err)
+	}
+
+	// w2 now serves its share (one layer) to w3, which fetches the whole
+	// store from w2 first, then w1: what w2 lacks it says so and w1
+	// gives, nobody named for a bad chunk
+	ln2, err := wire.Listen(ctx, "127.0.0.1:0", certs("w2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	go serve(ln2, share)
+	dial := func(addr string) *fetch.PeerSource {
+		p, err := wire.Dial(ctx, addr, certs("w3"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fetch.NewPeerSource(p)
+	}
+	fromShare, fromWhole := dial(ln2.Addr().String()), dial(ln.Addr().String())
+	defer fromShare.Close()
+	defer fromWhole.Close()
+	all, err := fetch.Share(ctx, filepath.Join(t.TempDir(), "w3"), []fetch.Source{fromShare, fromWhole}, fetch.Options{Log: zerolog.Nop()})
+	if err != nil || all.Bad != 0 || all.Fetched != all.Share || all.Share != held.ChunkFileSize()-int64(len(held.ChunkFileHeader())) {
+		t.Fatalf("the whole store from w2's share, then w1: %+v, %v", all, err)
 	}
 }

@@ -57,6 +57,10 @@ type Store struct {
 	nslots    int
 	maxExp    int // the largest exponent chunk: each decoder's buffer
 	closeOnce sync.Once
+	// crcs are each chunk's CRC by its offset, made on first use
+	// (CheckChunk)
+	crcsOnce sync.Once
+	crcs     map[int64]uint32
 }
 
 // Open opens the store in dir and checks it: the index checksum, the

@@ -59,3 +59,22 @@ func (s *Store) ReadChunk(ctx context.Context, ref ChunkRef, dst []byte) error {
 	}
 	return s.src.ReadChunk(ctx, ref, dst)
 }
+
+// CheckChunk checks data, read at ref, against the CRC the index gives
+// the chunk there: a node serving a share of the store answers only
+// with chunks it holds (a hole in its chunk file fails).
+func (s *Store) CheckChunk(ref ChunkRef, data []byte) error {
+	s.crcsOnce.Do(func() {
+		s.crcs = map[int64]uint32{}
+		for i := range s.ix.tensors {
+			for _, e := range s.ix.tensors[i].shards {
+				s.crcs[e.exp.Offset], s.crcs[e.sm.Offset] = e.expCRC, e.smCRC
+			}
+		}
+	})
+	crc, ok := s.crcs[ref.Offset]
+	if !ok {
+		return fmt.Errorf("no chunk of the index starts at %d: %w", ref.Offset, ErrCorrupt)
+	}
+	return Chunk{Ref: ref, CRC: crc}.Check(data)
+}
