@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -124,10 +126,22 @@ func TestAWorkerRunsOnItsShareAndFetchesTheRest(t *testing.T) {
 	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
 		t.Fatalf("local run: %s", se)
 	}
-	if se, code := r.runMain("-prefetch", "reactive", "-n", n, "-ignore-eos", "-dump", swarm); code != 0 {
+	statsFile := filepath.Join(r.dir, "stats.json")
+	if se, code := r.runMain("-prefetch", "reactive", "-n", n, "-ignore-eos", "-dump", swarm, "-stats", statsFile); code != 0 {
 		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
 	}
 	sameDump(t, swarm, local)
+	var stats struct {
+		Workers []struct {
+			StoreFetched, StoreServed int64
+		} `json:"workers"`
+	}
+	if b, err := os.ReadFile(statsFile); err != nil || json.Unmarshal(b, &stats) != nil || len(stats.Workers) != 4 {
+		t.Fatalf("the run's -stats: %v, %d workers", err, len(stats.Workers))
+	}
+	if w := stats.Workers; w[0].StoreServed == 0 || w[2].StoreFetched == 0 || w[1].StoreFetched != 0 || w[1].StoreServed != 0 {
+		t.Fatalf("the workers' store bytes fetched and served: %+v; want w1 serving, w3 fetching, w2 neither", w)
+	}
 	held, err := store.Open(r.store, store.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -144,7 +144,9 @@ const serveParallel = 4
 // bytes outside the store, or for a chunk h does not hold (its bytes
 // fail their check), is answered with the reason, and the fetching node
 // asks its next source.
-func Serve(ctx context.Context, p *wire.Peer, h Holder) error {
+//
+// served, if set, counts the chunk bytes sent.
+func Serve(ctx context.Context, p *wire.Peer, h Holder, served *atomic.Int64) error {
 	sem := make(chan struct{}, serveParallel)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -182,7 +184,9 @@ func Serve(ctx context.Context, p *wire.Peer, h Holder) error {
 					d.Data, d.Err = nil, err.Error()
 				}
 			}
-			p.Send(ctx, d) // a failed send ends the connection: Recv says so
+			if p.Send(ctx, d) == nil && served != nil && !r.Index { // a failed send ends the connection: Recv says so
+				served.Add(int64(len(d.Data)))
+			}
 		})
 	}
 }

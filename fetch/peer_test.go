@@ -48,7 +48,7 @@ func TestAShareComesOverTheWire(t *testing.T) {
 				return
 			}
 			go func() {
-				fetch.Serve(ctx, p, h)
+				fetch.Serve(ctx, p, h, nil)
 				p.Close()
 			}()
 		}

@@ -100,6 +100,8 @@ var (
 	descWorkerRejoins   = newDesc(metricnames.WorkerRejoinsTotal, "Times the worker came back into the layout after it was lost.", "worker")
 	descWorkerInfo      = newDesc(metricnames.WorkerInfo, "1 for each worker, labelled with the address of its current connection.", "worker", "addr")
 	descWorkerResident  = newDesc(metricnames.WorkerResidentExperts, "Experts the worker keeps resident now, as it last answered.", "worker")
+	descWorkerFetched   = newDesc(metricnames.WorkerStoreFetchedBytes, "Bytes of the expert store the worker fetched from other nodes since it started (its -fetch-from: chunks its -store lacked), as it last answered.", "worker")
+	descWorkerServed    = newDesc(metricnames.WorkerStoreServedBytes, "Bytes of its expert store the worker served to nodes fetching their share (odmoe fetch, -fetch-from) since it started, as it last answered.", "worker")
 
 	descWorkersLost     = newDesc(metricnames.WorkersLostTotal, "Worker connections that ended.")
 	descWorkersRejoined = newDesc(metricnames.WorkersRejoinedTotal, "Lost workers that came back into the layout.")
@@ -193,7 +195,7 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerResults, descLayerMain, descLayerExperts,
 		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
 		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent,
-		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerInfo, descWorkerMissCause, descWorkerRejoins} {
+		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerFetched, descWorkerServed, descWorkerInfo, descWorkerMissCause, descWorkerRejoins} {
 		ch <- d
 	}
 	if c.s.shadow != nil {
@@ -255,6 +257,8 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descWorkerDevice, float64(p.DeviceInUse), l.name)
 			gauge(descWorkerBudget, float64(p.DeviceBudget), l.name)
 			gauge(descWorkerResident, float64(p.ResidentExperts), l.name)
+			counter(descWorkerFetched, float64(p.StoreFetched), l.name)
+			counter(descWorkerServed, float64(p.StoreServed), l.name)
 		}
 		l.mu.Lock()
 		up := l.err == nil

@@ -251,7 +251,9 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 			t.Errorf("no odmoe_worker_info with w%d's loopback address", i+1)
 		}
 		if p := polled[i]; p == nil || m["odmoe_worker_device_budget_bytes"+w] != float64(p.DeviceBudget) || p.DeviceBudget == 0 ||
-			m["odmoe_worker_resident_experts"+w] != float64(p.ResidentExperts) {
+			m["odmoe_worker_resident_experts"+w] != float64(p.ResidentExperts) ||
+			!strings.Contains(text, "odmoe_worker_store_fetched_bytes_total"+w) || m["odmoe_worker_store_fetched_bytes_total"+w] != float64(p.StoreFetched) ||
+			!strings.Contains(text, "odmoe_worker_store_served_bytes_total"+w) || m["odmoe_worker_store_served_bytes_total"+w] != float64(p.StoreServed) {
 			t.Errorf("worker %d: budget %v and resident %v in the metrics, it answers %+v", i, m["odmoe_worker_device_budget_bytes"+w], m["odmoe_worker_resident_experts"+w], p)
 		}
 	}

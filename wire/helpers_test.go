@@ -164,7 +164,7 @@ func sampleMessages(hidden int) []Message {
 		&Heartbeat{Seq: 99, UnixNano: 1763850000123456789},
 		&StatsRequest{},
 		&WorkerStats{Loads: 40, Hits: 42, Misses: 14, WastedLoads: 8, LatePredictions: 5, LoadTime: 12 * time.Millisecond, ComputeTime: 1500 * time.Microsecond,
-			DeviceBudget: 1 << 30, DevicePeak: 794624, RSSPeak: 700 << 20, HostCacheHits: 3, HostCacheBytes: 1 << 20, ResidentHits: 7, ResidentEvicted: 2, ResidentExperts: 4, ResidentBytes: 4 << 20, WithdrawnLoads: 2, WithdrawnBytes: 3 << 20, CPU: 1500 * time.Millisecond},
+			DeviceBudget: 1 << 30, DevicePeak: 794624, RSSPeak: 700 << 20, HostCacheHits: 3, HostCacheBytes: 1 << 20, ResidentHits: 7, ResidentEvicted: 2, ResidentExperts: 4, ResidentBytes: 4 << 20, WithdrawnLoads: 2, WithdrawnBytes: 3 << 20, CPU: 1500 * time.Millisecond, StoreFetched: 5 << 20, StoreServed: 7 << 20},
 		&ShadowDone{Seq: 3, Pass: 8, LateDeparture: 50 * time.Microsecond, Forward: 30 * time.Millisecond, RSSPeak: 2 << 30, Ahead: 1, Reused: 1024, RewoundSeqs: []uint64{4, 9}, CPU: 2 * time.Second},
 		&Placement{Version: 4, Workers: 3, Experts: 2, Layers: []int32{0, 2}, Owners: []int32{0, 1, 2, 0}},
 		&Error{Code: 4, Msg: "expert 9 unknown", Pass: 7, Layer: 3, Expert: 9, Seq: 3},

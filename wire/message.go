@@ -440,6 +440,10 @@ type WorkerStats struct {
 	// CPU is the CPU time the worker process has used so far (0 where
 	// the platform does not say).
 	CPU time.Duration `json:"cpu_ns"`
+	// StoreFetched is the bytes of its store the worker fetched from
+	// other nodes (-fetch-from) and StoreServed those it served to nodes
+	// fetching their share (package fetch), since it started.
+	StoreFetched, StoreServed int64
 }
 
 // Placement tells the shadow which worker owns each expert when experts
@@ -692,7 +696,7 @@ func (m *WorkerStats) validate() error {
 	return nonNegative("worker counter", m.Loads, m.Hits, m.Misses, m.WastedLoads, m.Refused, m.LatePredictions,
 		int64(m.LoadTime), int64(m.ComputeTime), int64(m.StallTime), m.DeviceBudget, m.DevicePeak, m.DeviceInUse, m.RSSPeak,
 		m.HostCacheHits, m.HostCacheMisses, m.HostCacheBytes, m.ResidentHits, m.ResidentEvicted, m.ResidentExperts, m.ResidentBytes,
-		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes, m.WithdrawnLoads, m.WithdrawnBytes, int64(m.CPU))
+		m.HostCompressedHits, m.HostCompressedMisses, m.HostCompressedBytes, m.WithdrawnLoads, m.WithdrawnBytes, int64(m.CPU), m.StoreFetched, m.StoreServed)
 }
 
 func (m *Placement) validate() error {

@@ -259,7 +259,7 @@ func TestHostCacheFillsAllocateNoExpertBuffers(t *testing.T) {
 func compressedTierEngine(t *testing.T) (*Engine, *store.Store, *ArenaChunks, fixture) {
 	t.Helper()
 	f := tinyFixture(t)
-	st, chunks, closeStore, err := openStore(context.Background(), Config{Store: filepath.Join(f.dir, "store"), HostCompressedBytes: 64 << 20}, zerolog.Nop())
+	st, chunks, _, closeStore, err := openStore(context.Background(), Config{Store: filepath.Join(f.dir, "store"), HostCompressedBytes: 64 << 20}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,9 @@ type Deps struct {
 	// settings; New adds what a worker tells its peers.
 	Wire *wire.Config
 	Log  zerolog.Logger
+	// Fetched, if set, says the bytes of the store fetched from other
+	// nodes so far (fetch.Backfill.Fetched), for the worker's counters.
+	Fetched func() int64
 }
 
 // Options say how a worker uses its deps.
@@ -55,8 +58,9 @@ type Node struct {
 	health *storeHealth
 	log    zerolog.Logger
 	// store is what the worker serves a node fetching its share from
-	// (fetch.Serve)
-	store fetch.Holder
+	// (fetch.Serve); fetched says what it fetched itself (Deps.Fetched)
+	store   fetch.Holder
+	fetched func() int64
 }
 
 // New checks that d's device can run every expert of d's store, builds
@@ -98,7 +102,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		eng.Close()
 		return nil, err
 	}
-	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: st}
+	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: st, fetched: d.Fetched}
 	eng.OnLoadFailed = n.health.loadFailed
 	n.health.back = eng.forgetQuarantine
 	// (a worker peer fetches its share of the store: fetch.Serve)
@@ -133,7 +137,7 @@ func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
 	defer checks.Wait()
 	defer cancel()
 	s := NewServer(n.eng, n.log)
-	s.health, s.store = n.health, n.store
+	s.health, s.store, s.fetched = n.health, n.store, n.fetched
 	return s.Serve(ctx, ln)
 }
 

@@ -46,7 +46,7 @@ type Config struct {
 // shadow until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
-	st, chunks, closeStore, err := openStore(ctx, cfg, log)
+	st, chunks, fetched, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -70,7 +70,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer host.Close()
 	}
-	n, err := New(ctx, Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log},
+	n, err := New(ctx, Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log, Fetched: fetched},
 		Options{LoadBytesSec: cfg.LoadBytesSec, HostPreload: cfg.HostPreload, ResidentIndex: cfg.ResidentIndex, ResidentOf: cfg.ResidentOf})
 	if err != nil {
 		return fmt.Errorf("%w (store %s)", err, cfg.Store)
@@ -91,11 +91,11 @@ func Run(ctx context.Context, cfg Config) error {
 // compressed tier of that many bytes in an arena off the Go heap
 // (-host-compressed), and, with cfg.FetchFrom, what the directory lacks
 // fetched from those nodes as it is first read; close closes them all.
-func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.Store, chunks *store.ChunkCache, close func(), err error) {
+func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.Store, chunks *store.ChunkCache, fetched func() int64, close func(), err error) {
 	var mem *ArenaChunks
 	if cfg.HostCompressedBytes > 0 {
 		if mem, err = NewArenaChunks(cfg.HostCompressedBytes); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		chunks = store.NewChunkCache(cfg.HostCompressedBytes, mem)
 	}
@@ -112,6 +112,7 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 		var b *fetch.Backfill
 		st, b, err = fetch.OpenBackfill(ctx, cfg.Store, sources, store.Options{Chunks: chunks}, log)
 		if err == nil {
+			fetched = b.Fetched
 			closeMore = func() {
 				log.Info().Str("fetched", progress.Bytes(b.Fetched())).Msg("worker: chunks fetched from -fetch-from while running")
 				b.Close()
@@ -127,9 +128,9 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 		if mem != nil {
 			mem.Close()
 		}
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	return st, chunks, func() {
+	return st, chunks, fetched, func() {
 		st.Close()
 		closeMore()
 		if mem != nil {

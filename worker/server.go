@@ -27,8 +27,12 @@ type Server struct {
 	engine *Engine
 	health *storeHealth // nil: never out of service (a bare Server)
 	// store, if set, is served to worker peers fetching their share of it
-	store fetch.Holder
-	log   zerolog.Logger
+	// (served counts the bytes); fetched, if set, says the bytes of the
+	// store fetched from other nodes (-fetch-from)
+	store   fetch.Holder
+	served  atomic.Int64
+	fetched func() int64
+	log     zerolog.Logger
 
 	mu    sync.Mutex
 	done  map[seqLayer]int64 // the last pass of a sequence that ended a layer here
@@ -166,7 +170,7 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			return
 		}
 		log.Info().Msg("serving a share of the store")
-		err := fetch.Serve(ctx, p, s.store)
+		err := fetch.Serve(ctx, p, s.store, &s.served)
 		if ctx.Err() == nil {
 			log.Info().Err(err).Msg("fetching peer gone")
 		}
@@ -323,6 +327,10 @@ func (s *Server) Stats() *wire.WorkerStats {
 		DeviceBudget: budget, DevicePeak: peak, DeviceInUse: inUse, RSSPeak: procmem.PeakRSS(), CPU: procmem.CPUTime(),
 	}
 	ws.WithdrawnLoads, ws.WithdrawnBytes = st.Withdrawn.Load(), st.WithdrawnBytes.Load()
+	ws.StoreServed = s.served.Load()
+	if s.fetched != nil {
+		ws.StoreFetched = s.fetched()
+	}
 	n, b := s.engine.Cached()
 	ws.ResidentHits, ws.ResidentEvicted, ws.ResidentExperts, ws.ResidentBytes = st.Resident.Load(), st.Evicted.Load(), int64(n), b
 	if c := s.engine.Chunks; c != nil {

@@ -51,6 +51,8 @@ const (
 	WorkerPredictedMissesTotal  = "odmoe_worker_predicted_misses_total"
 	WorkerRejoinsTotal          = "odmoe_worker_rejoins_total"
 	WorkerResidentExperts       = "odmoe_worker_resident_experts"
+	WorkerStoreFetchedBytes     = "odmoe_worker_store_fetched_bytes_total"
+	WorkerStoreServedBytes      = "odmoe_worker_store_served_bytes_total"
 	WorkerResultsTotal          = "odmoe_worker_results_total"
 	WorkerStallSecondsTotal     = "odmoe_worker_stall_seconds_total"
 	WorkerUp                    = "odmoe_worker_up"
