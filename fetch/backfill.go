@@ -23,7 +23,7 @@ import (
 // directory fills it with what it runs, as it runs it.
 type Backfill struct {
 	f       *os.File
-	crcs    map[int64]uint32 // each chunk's CRC, by its offset
+	crcs    map[store.ChunkRef]uint32 // each chunk's CRC (by place and size: an empty chunk starts where the next does)
 	sources []Source
 	log     zerolog.Logger
 	fetched atomic.Int64
@@ -49,7 +49,7 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 	if err != nil {
 		return nil, nil, err
 	}
-	b := &Backfill{f: f, crcs: map[int64]uint32{}, sources: sources, log: log}
+	b := &Backfill{f: f, crcs: map[store.ChunkRef]uint32{}, sources: sources, log: log}
 	for _, l := range parsed.Layers() {
 		for e := range parsed.Experts() {
 			cs, err := parsed.ExpertChunks(l, e)
@@ -58,7 +58,7 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 				return nil, nil, err
 			}
 			for _, c := range cs {
-				b.crcs[c.Ref.Offset] = c.CRC
+				b.crcs[c.Ref] = c.CRC
 			}
 		}
 	}
@@ -73,7 +73,7 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 // ReadChunk reads the chunk at ref from the directory, or, where its
 // bytes fail their check, from the sources (then keeps it there).
 func (b *Backfill) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
-	crc, known := b.crcs[ref.Offset]
+	crc, known := b.crcs[ref]
 	c := store.Chunk{Ref: ref, CRC: crc}
 	_, err := b.f.ReadAt(dst, ref.Offset)
 	if !known || err == nil && c.Check(dst) == nil {

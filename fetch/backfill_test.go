@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/fetch"
+	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/store"
 	"github.com/rs/zerolog"
 )
@@ -17,8 +18,19 @@ import (
 // chunks); opened again with no source that answers, it reads those
 // experts from its directory, and any other fails.
 func TestABackfilledStoreFillsItselfAsItReads(t *testing.T) {
+	for _, preset := range []string{"qwen3-moe-tiny", "gpt-oss-tiny-mxfp4"} { // MXFP4: empty chunks
+		t.Run(preset, func(t *testing.T) {
+			f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 5, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			backfills(t, f.Store)
+		})
+	}
+}
+
+func backfills(t *testing.T, src string) {
 	ctx := context.Background()
-	src := source(t)
 	whole, err := store.Open(src, store.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -16,11 +16,18 @@ import (
 // TestAShareComesOverTheWire: a node (w2) fetches its share from another
 // that holds the store (w1) over a real QUIC connection with mutual TLS:
 // the share opens with the model's identity and every chunk of it passes
-// its check; a request outside the store is answered with why.
+// its check; a request outside the store is answered with why. Stores of
+// MXFP4 and FP8 experts too, whose empty chunks start where the next do.
 func TestAShareComesOverTheWire(t *testing.T) {
+	for _, preset := range []string{"qwen3-moe-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
+		t.Run(preset, func(t *testing.T) { shareOverTheWire(t, preset) })
+	}
+}
+
+func shareOverTheWire(t *testing.T, preset string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f, err := inproc.Generate(ctx, t.TempDir(), "qwen3-moe-tiny", 5, 3)
+	f, err := inproc.Generate(ctx, t.TempDir(), preset, 5, 3)
 	if err != nil {
 		t.Fatal(err)
 	}

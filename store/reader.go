@@ -60,7 +60,7 @@ type Store struct {
 	// crcs are each chunk's CRC by its offset, made on first use
 	// (CheckChunk)
 	crcsOnce sync.Once
-	crcs     map[int64]uint32
+	crcs     map[ChunkRef]uint32
 }
 
 // Open opens the store in dir and checks it: the index checksum, the

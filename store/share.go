@@ -65,16 +65,16 @@ func (s *Store) ReadChunk(ctx context.Context, ref ChunkRef, dst []byte) error {
 // with chunks it holds (a hole in its chunk file fails).
 func (s *Store) CheckChunk(ref ChunkRef, data []byte) error {
 	s.crcsOnce.Do(func() {
-		s.crcs = map[int64]uint32{}
+		s.crcs = map[ChunkRef]uint32{} // by place and size: an empty chunk starts where the next does
 		for i := range s.ix.tensors {
 			for _, e := range s.ix.tensors[i].shards {
-				s.crcs[e.exp.Offset], s.crcs[e.sm.Offset] = e.expCRC, e.smCRC
+				s.crcs[e.exp], s.crcs[e.sm] = e.expCRC, e.smCRC
 			}
 		}
 	})
-	crc, ok := s.crcs[ref.Offset]
+	crc, ok := s.crcs[ref]
 	if !ok {
-		return fmt.Errorf("no chunk of the index starts at %d: %w", ref.Offset, ErrCorrupt)
+		return fmt.Errorf("no chunk of the index is %d bytes at %d: %w", ref.Size, ref.Offset, ErrCorrupt)
 	}
 	return Chunk{Ref: ref, CRC: crc}.Check(data)
 }
