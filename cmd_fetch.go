@@ -22,7 +22,7 @@ import (
 // dials them and asks each piece of the first that answers.
 func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("fetch", stderr)
-	from := fs.String("from", "", "comma-separated `ADDRS` (HOST:PORT) of nodes holding the store (workers), asked in order for each piece (required)")
+	from := fs.String("from", "", "comma-separated `ADDRS` (HOST:PORT) of nodes holding the store, or part of it (workers): the chunks are asked of them in turn, a chunk one does not hold of the next (required)")
 	dir := fs.String("store", "", "store `DIR` to fill with this node's share: made if missing; the chunks it holds already are checked and kept (required)")
 	layers := fs.String("layers", "", "the layers whose experts are the share: comma-separated ranges `A-B` (0-based, inclusive; A- to the last), e.g. 1-1,5-5 for a worker of group 1 of 4 on an 8-layer model (default: every layer)")
 	worker := fs.Int("worker", -1, "this node's place `I` (0-based) in the main node's -workers list: the share is the experts the layout has it run (its group's decode layers whole, its prefill experts at every layer); with -workers and -group")
@@ -49,7 +49,7 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	case *parallel < 1:
 		return usagef("-parallel must be at least 1, got %d", *parallel)
 	}
-	opt := fetch.Options{Parallel: *parallel, Log: log}
+	opt := fetch.Options{Parallel: *parallel, Spread: true, Log: log}
 	if r, err := runflags.ParseBytes(*rate); err != nil || r < 0 {
 		return usagef("-fetch-rate %q: want bytes a second such as 50MB, or 0", *rate)
 	} else {

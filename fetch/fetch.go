@@ -56,6 +56,10 @@ type Options struct {
 	// Rate caps the bytes fetched a second (0: no cap), so that a
 	// running swarm's traffic keeps the links it needs.
 	Rate float64
+	// Spread asks the sources in turn, chunk by chunk (the next one where
+	// a source fails), so that every source serves a share of the load;
+	// otherwise each chunk is asked of the sources in their order.
+	Spread bool
 	// Progress, if set, is told the share's bytes done (kept or fetched)
 	// and its total, as chunks complete; it may be called concurrently.
 	Progress func(done, total int64)
@@ -130,7 +134,12 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	var mu sync.Mutex // res.BadSources
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Parallel)
-	for _, c := range chunks {
+	for i, c := range chunks {
+		order := sources
+		if opt.Spread {
+			k := i % len(sources)
+			order = append(slices.Clone(sources[k:]), sources[:k]...)
+		}
 		g.Go(func() error {
 			buf := make([]byte, c.Ref.Size)
 			if _, err := f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
@@ -139,7 +148,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 				if err := pace.wait(gctx, c.Ref.Size); err != nil {
 					return err
 				}
-				if err := fetchChunk(gctx, sources, c, buf, &fetched, func(src string, err error) {
+				if err := fetchChunk(gctx, order, c, buf, &fetched, func(src string, err error) {
 					bad.Add(1)
 					opt.Log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
 					mu.Lock()

@@ -231,3 +231,38 @@ func TestAFetchKeepsToItsRate(t *testing.T) {
 		t.Fatalf("%d bytes at %.0f B/s took %v, under the 250 ms the rate allows (less the first chunks')", res.Fetched, rate, took)
 	}
 }
+
+// counting is a source that counts the chunks it serves.
+type counting struct {
+	fetch.DirSource
+	name   string
+	served atomic.Int64
+}
+
+func (c *counting) Name() string { return c.name }
+
+func (c *counting) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	c.served.Add(1)
+	return c.DirSource.ReadChunk(ctx, ref, dst)
+}
+
+// TestSpreadAsksEverySourceInTurn: with Spread, two sources holding the
+// store each serve half the chunks (one more at most); without it, the
+// first serves them all.
+func TestSpreadAsksEverySourceInTurn(t *testing.T) {
+	src := source(t)
+	for _, spread := range []bool{true, false} {
+		a, b := &counting{DirSource: fetch.DirSource{Dir: src}, name: "a"}, &counting{DirSource: fetch.DirSource{Dir: src}, name: "b"}
+		res, err := fetch.Share(context.Background(), filepath.Join(t.TempDir(), "s"), []fetch.Source{a, b}, fetch.Options{Spread: spread, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		na, nb := a.served.Load(), b.served.Load()
+		if na+nb != int64(res.Chunks) {
+			t.Fatalf("spread %v: %d + %d chunks served, the share has %d", spread, na, nb, res.Chunks)
+		}
+		if spread && (na-nb > 1 || nb-na > 1) || !spread && nb != 0 {
+			t.Fatalf("spread %v: a served %d chunks, b %d", spread, na, nb)
+		}
+	}
+}
