@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
@@ -23,6 +24,7 @@ import (
 // directory fills it with what it runs, as it runs it.
 type Backfill struct {
 	f       *os.File
+	index   []byte
 	crcs    map[store.ChunkRef]uint32 // each chunk's CRC (by place and size: an empty chunk starts where the next does)
 	sources []Source
 	log     zerolog.Logger
@@ -49,7 +51,7 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 	if err != nil {
 		return nil, nil, err
 	}
-	b := &Backfill{f: f, crcs: map[store.ChunkRef]uint32{}, sources: sources, log: log}
+	b := &Backfill{f: f, index: index, crcs: map[store.ChunkRef]uint32{}, sources: sources, log: log}
 	for _, l := range parsed.Layers() {
 		for e := range parsed.Experts() {
 			cs, err := parsed.ExpertChunks(l, e)
@@ -90,6 +92,33 @@ func (b *Backfill) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte
 	return nil
 }
 
+// Local is what the node serves others from: the chunks its directory
+// holds, never fetched on their behalf (two nodes fetching from each
+// other would ask each other for a chunk neither holds, for ever).
+func (b *Backfill) Local() Holder { return local{b} }
+
+type local struct{ b *Backfill }
+
+func (l local) IndexBytes() []byte { return l.b.index }
+
+func (l local) ReadChunk(_ context.Context, ref store.ChunkRef, dst []byte) error {
+	_, err := l.b.f.ReadAt(dst[:ref.Size], ref.Offset)
+	return err
+}
+
+func (l local) CheckChunk(ref store.ChunkRef, data []byte) error {
+	crc, ok := l.b.crcs[ref]
+	if !ok {
+		return fmt.Errorf("no chunk of the index is %d bytes at %d: %w", ref.Size, ref.Offset, store.ErrCorrupt)
+	}
+	return store.Chunk{Ref: ref, CRC: crc}.Check(data)
+}
+
+func (l local) IsChunk(ref store.ChunkRef) bool {
+	_, ok := l.b.crcs[ref]
+	return ok
+}
+
 // Fetched is the chunk bytes fetched so far.
 func (b *Backfill) Fetched() int64 { return b.fetched.Load() }
 
@@ -104,7 +133,15 @@ type Dialed struct {
 	cfg  *wire.Config
 	mu   sync.Mutex
 	src  *PeerSource
+	// a failed dial is not tried again before retryAt: a source that
+	// is down costs one dial a while, not one a chunk
+	retryAt time.Time
+	failed  error
+	closed  bool
 }
+
+// redialAfter is how long a source whose dial failed is passed over.
+const redialAfter = 5 * time.Second
 
 // Dial is a source at addr, dialed with cfg (this node's identity) when
 // first asked.
@@ -123,16 +160,24 @@ func (d *Dialed) Name() string {
 func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.src != nil {
+	switch {
+	case d.closed:
+		return nil, fmt.Errorf("source %s closed", d.addr)
+	case d.src != nil:
 		select {
 		case <-d.src.done: // gone: dial again
+			d.src.Close()
 			d.src = nil
 		default:
 			return d.src, nil
 		}
 	}
+	if time.Now().Before(d.retryAt) {
+		return nil, fmt.Errorf("%s did not answer lately: %w", d.addr, d.failed)
+	}
 	p, err := wire.Dial(ctx, d.addr, d.cfg)
 	if err != nil {
+		d.retryAt, d.failed = time.Now().Add(redialAfter), err
 		return nil, err
 	}
 	d.src = NewPeerSource(p)
@@ -159,6 +204,7 @@ func (d *Dialed) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) 
 func (d *Dialed) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.closed = true
 	if d.src != nil {
 		d.src.Close()
 		d.src = nil

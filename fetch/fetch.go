@@ -141,6 +141,9 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			order = append(slices.Clone(sources[k:]), sources[:k]...)
 		}
 		g.Go(func() error {
+			if err := gctx.Err(); err != nil { // failed, or ended: the rest is not looked at
+				return err
+			}
 			buf := make([]byte, c.Ref.Size)
 			if _, err := f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
 				kept.Add(int64(c.Ref.Size))

@@ -128,12 +128,15 @@ func (s *PeerSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []by
 	return nil
 }
 
-// Holder is a store a node serves from: its index file and chunks, and
-// the check a chunk's bytes must pass. *store.Store is one.
+// Holder is a store a node serves from: its index file and chunks, the
+// check a chunk's bytes must pass, and whether a place and size is one
+// of its chunks. *store.Store is one (that of a node whose store reads
+// through a Backfill is not: Backfill.Local is).
 type Holder interface {
 	IndexBytes() []byte
 	ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error
 	CheckChunk(ref store.ChunkRef, data []byte) error
+	IsChunk(ref store.ChunkRef) bool
 }
 
 // serveParallel bounds the requests a connection has answered at once.
@@ -150,6 +153,8 @@ func Serve(ctx context.Context, p *wire.Peer, h Holder, served *atomic.Int64) er
 	sem := make(chan struct{}, serveParallel)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx) // the answers in flight end with the connection
+	defer cancel()
 	for {
 		m, err := p.Recv(ctx)
 		if err != nil {
@@ -171,8 +176,13 @@ func Serve(ctx context.Context, p *wire.Peer, h Holder, served *atomic.Int64) er
 				d.Data = h.IndexBytes()
 			} else {
 				ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}
-				d.Data = make([]byte, r.Size)
-				err := h.ReadChunk(ctx, ref, d.Data)
+				var err error
+				if h.IsChunk(ref) { // (nothing is allocated for what is not a chunk)
+					d.Data = make([]byte, r.Size)
+					err = h.ReadChunk(ctx, ref, d.Data)
+				} else {
+					err = fmt.Errorf("no chunk of the store is %d bytes at %d", r.Size, r.Offset)
+				}
 				if err == nil {
 					// a share holds some chunks only: one it lacks (a
 					// hole), or has damaged, is not passed on

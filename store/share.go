@@ -60,19 +60,32 @@ func (s *Store) ReadChunk(ctx context.Context, ref ChunkRef, dst []byte) error {
 	return s.src.ReadChunk(ctx, ref, dst)
 }
 
-// CheckChunk checks data, read at ref, against the CRC the index gives
-// the chunk there: a node serving a share of the store answers only
-// with chunks it holds (a hole in its chunk file fails).
-func (s *Store) CheckChunk(ref ChunkRef, data []byte) error {
+// IsChunk reports whether ref is one of the store's chunks (its place
+// and size).
+func (s *Store) IsChunk(ref ChunkRef) bool {
+	_, ok := s.chunkCRCs()[ref]
+	return ok
+}
+
+// chunkCRCs are each chunk's CRC by place and size (an empty chunk
+// starts where the next does), made on first use.
+func (s *Store) chunkCRCs() map[ChunkRef]uint32 {
 	s.crcsOnce.Do(func() {
-		s.crcs = map[ChunkRef]uint32{} // by place and size: an empty chunk starts where the next does
+		s.crcs = map[ChunkRef]uint32{}
 		for i := range s.ix.tensors {
 			for _, e := range s.ix.tensors[i].shards {
 				s.crcs[e.exp], s.crcs[e.sm] = e.expCRC, e.smCRC
 			}
 		}
 	})
-	crc, ok := s.crcs[ref]
+	return s.crcs
+}
+
+// CheckChunk checks data, read at ref, against the CRC the index gives
+// the chunk there: a node serving a share of the store answers only
+// with chunks it holds (a hole in its chunk file fails).
+func (s *Store) CheckChunk(ref ChunkRef, data []byte) error {
+	crc, ok := s.chunkCRCs()[ref]
 	if !ok {
 		return fmt.Errorf("no chunk of the index is %d bytes at %d: %w", ref.Size, ref.Offset, ErrCorrupt)
 	}

@@ -27,8 +27,12 @@ type Deps struct {
 	Wire *wire.Config
 	Log  zerolog.Logger
 	// Fetched, if set, says the bytes of the store fetched from other
-	// nodes so far (fetch.Backfill.Fetched), for the worker's counters.
+	// nodes so far (fetch.Backfill.Fetched), for the worker's counters;
+	// Serves, if set, is what the worker serves nodes fetching their
+	// share (fetch.Backfill.Local: what it holds, never fetched for
+	// them); nil: its Store.
 	Fetched func() int64
+	Serves  fetch.Holder
 }
 
 // Options say how a worker uses its deps.
@@ -102,7 +106,10 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		eng.Close()
 		return nil, err
 	}
-	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: st, fetched: d.Fetched}
+	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: d.Serves, fetched: d.Fetched}
+	if n.store == nil {
+		n.store = st
+	}
 	eng.OnLoadFailed = n.health.loadFailed
 	n.health.back = eng.forgetQuarantine
 	// (a worker peer fetches its share of the store: fetch.Serve)

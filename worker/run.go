@@ -46,7 +46,7 @@ type Config struct {
 // shadow until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Log
-	st, chunks, fetched, closeStore, err := openStore(ctx, cfg, log)
+	st, chunks, backfill, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -70,7 +70,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer host.Close()
 	}
-	n, err := New(ctx, Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log, Fetched: fetched},
+	deps := Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log}
+	if backfill != nil {
+		deps.Fetched, deps.Serves = backfill.Fetched, backfill.Local()
+	}
+	n, err := New(ctx, deps,
 		Options{LoadBytesSec: cfg.LoadBytesSec, HostPreload: cfg.HostPreload, ResidentIndex: cfg.ResidentIndex, ResidentOf: cfg.ResidentOf})
 	if err != nil {
 		return fmt.Errorf("%w (store %s)", err, cfg.Store)
@@ -91,7 +95,7 @@ func Run(ctx context.Context, cfg Config) error {
 // compressed tier of that many bytes in an arena off the Go heap
 // (-host-compressed), and, with cfg.FetchFrom, what the directory lacks
 // fetched from those nodes as it is first read; close closes them all.
-func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.Store, chunks *store.ChunkCache, fetched func() int64, close func(), err error) {
+func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.Store, chunks *store.ChunkCache, b *fetch.Backfill, close func(), err error) {
 	var mem *ArenaChunks
 	if cfg.HostCompressedBytes > 0 {
 		if mem, err = NewArenaChunks(cfg.HostCompressedBytes); err != nil {
@@ -109,10 +113,12 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 			d := fetch.Dial(addr, &dial)
 			sources, dialed = append(sources, d), append(dialed, d)
 		}
-		var b *fetch.Backfill
 		st, b, err = fetch.OpenBackfill(ctx, cfg.Store, sources, store.Options{Chunks: chunks}, log)
-		if err == nil {
-			fetched = b.Fetched
+		if err != nil {
+			for _, d := range dialed {
+				d.Close()
+			}
+		} else {
 			closeMore = func() {
 				log.Info().Str("fetched", progress.Bytes(b.Fetched())).Msg("worker: chunks fetched from -fetch-from while running")
 				b.Close()
@@ -130,7 +136,7 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 		}
 		return nil, nil, nil, nil, err
 	}
-	return st, chunks, fetched, func() {
+	return st, chunks, b, func() {
 		st.Close()
 		closeMore()
 		if mem != nil {
