@@ -84,7 +84,7 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if err != nil {
 		return err
 	}
-	cfg.PeerRoles = []wire.Role{wire.RoleWorker}
+	cfg.PeerRoles = []wire.Role{wire.RoleWorker, wire.RoleMain} // workers holding the store, or the main node serving it
 	var sources []fetch.Source
 	for _, addr := range strings.Split(*from, ",") {
 		p, err := wire.Dial(ctx, strings.TrimSpace(addr), cfg)

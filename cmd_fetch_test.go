@@ -166,3 +166,47 @@ func TestAWorkerRunsOnItsShareAndFetchesTheRest(t *testing.T) {
 	}
 	t.Logf("w3 kept %d of %d experts it fetched while running", read, len(held.Layers())*held.Experts())
 }
+
+// TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore: real processes
+// on loopback: four workers started on empty directories with
+// -fetch-from the main node's -store-listen address, before the main
+// node is up; the main node serves its store, the workers take the
+// index from it, then what each runs as it runs it: the run is local
+// mode's bit for bit, every worker fetched, and no worker served.
+func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	r := newChaosRig(t, 4)
+	storeAddr := freeLoopbackUDP(t)
+	for i := range r.workers {
+		name := fmt.Sprintf("w%d", i+1)
+		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
+			"-certs", filepath.Join(r.dir, "certs"), "-name", name, "-device-mem", "64MiB", "-log-level", "info")
+	}
+	const n = "16"
+	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	statsFile := filepath.Join(r.dir, "stats.json")
+	se, code := r.runMain("-prefetch", "oracle-next", "-n", n, "-ignore-eos", "-dump", swarm, "-stats", statsFile, "-store", r.store, "-store-listen", storeAddr, "-log-level", "info")
+	if code != 0 {
+		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
+	}
+	sameDump(t, swarm, local)
+	var stats struct {
+		Workers []struct{ StoreFetched, StoreServed int64 } `json:"workers"`
+	}
+	if b, err := os.ReadFile(statsFile); err != nil || json.Unmarshal(b, &stats) != nil || len(stats.Workers) != 4 {
+		t.Fatalf("the run's -stats: %v, %d workers", err, len(stats.Workers))
+	}
+	for i, w := range stats.Workers {
+		if w.StoreFetched == 0 || w.StoreServed != 0 {
+			t.Errorf("worker %d fetched %d bytes and served %d: want fetched from the main node, none served", i+1, w.StoreFetched, w.StoreServed)
+		}
+	}
+	if !strings.Contains(se, "serving the expert store") {
+		t.Errorf("the main node's log does not say it served its store:\n%s", se)
+	}
+}

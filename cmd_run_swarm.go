@@ -42,6 +42,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
+	if (f.StoreListen == "") != (f.Store == "") {
+		return usagef("-store and -store-listen go together on the main node: the store it serves and where")
+	}
 	drafting, err := mainnode.ParseDraft(f.Draft)
 	if err != nil {
 		return usagef("-draft %v", err)
@@ -71,7 +74,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return err
 	}
 	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
-		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Context: f.Context, Log: log}
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, Store: f.Store, StoreListen: f.StoreListen, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Context: f.Context, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}

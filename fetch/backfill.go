@@ -36,8 +36,20 @@ type Backfill struct {
 // the sources first). opt are the store's options.
 func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.Options, log zerolog.Logger) (*store.Store, *Backfill, error) {
 	index, err := os.ReadFile(filepath.Join(dir, store.IndexFile))
-	if errors.Is(err, os.ErrNotExist) {
-		index, err = fetchIndex(ctx, sources)
+	deadline := time.Now().Add(IndexWait)
+	for attempt := 1; errors.Is(err, os.ErrNotExist) || err != nil && attempt > 1 && time.Now().Before(deadline); attempt++ {
+		// nothing here yet: the index from a source, which may start
+		// after this node (its dial waits a while; then it is asked again)
+		if index, err = fetchIndex(ctx, sources); err == nil || ctx.Err() != nil {
+			break
+		}
+		if attempt&(attempt-1) == 0 {
+			log.Info().Err(err).Int("attempt", attempt).Msg("fetch: no source gave the store's index yet; asking again")
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetch: %w", err)
@@ -92,6 +104,11 @@ func (b *Backfill) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte
 	return nil
 }
 
+// IndexWait is how long a node started on an empty directory asks its
+// sources for the store's index before it gives up: they may start
+// after it.
+const IndexWait = 5 * time.Minute
+
 // Local is what the node serves others from: the chunks its directory
 // holds, never fetched on their behalf (two nodes fetching from each
 // other would ask each other for a chunk neither holds, for ever).
@@ -141,7 +158,7 @@ type Dialed struct {
 }
 
 // redialAfter is how long a source whose dial failed is passed over.
-const redialAfter = 5 * time.Second
+const redialAfter = 2 * time.Second
 
 // Dial is a source at addr, dialed with cfg (this node's identity) when
 // first asked.

@@ -59,7 +59,11 @@ type Config struct {
 	// Context, when positive, is the longest sequence served instead of
 	// the model's (-context: model.LoadOptions.Context).
 	Context int
-	Log     zerolog.Logger
+	// Store, with StoreListen, is the model's expert store, which the
+	// node serves on StoreListen to nodes fetching their share of it
+	// (package fetch): where a swarm's weights start.
+	Store, StoreListen string
+	Log                zerolog.Logger
 }
 
 // Run loads the non-expert weights, connects to the workers (and the
@@ -83,6 +87,13 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	if err := holds(m, "main", cfg.Serve, cfg.Mem, log); err != nil {
 		return err
+	}
+	if cfg.StoreListen != "" { // before the workers are dialed: they may be waiting for their store
+		stop, err := serveStore(ctx, cfg.Store, cfg.StoreListen, d, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align, Draft: cfg.Draft,
 		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages})

@@ -245,6 +245,7 @@ func (s *Swarm) recoverStages(ctx context.Context, step model.Step, err error, r
 type workerDialing struct {
 	base  wire.Config // a redial's, and what the node's other connections start from
 	start wire.Config // the first dial's: workers may still be pinning or preloading experts
+	id    store.Identity
 }
 
 // dialing is the workerDialing of a node of the model of identity id,
@@ -257,7 +258,7 @@ func dialing(id store.Identity, w *wire.Config, peerTimeout, dialTimeout time.Du
 	base.CheckHello = wire.SameModel(true) // a worker of another model would change the output
 	start := base
 	start.DialAttempts, start.MaxDialBackoff, start.DialTimeout = 1<<20, time.Second, cmp.Or(dialTimeout, wire.DefaultStartDialTimeout)
-	return workerDialing{base: base, start: start}
+	return workerDialing{base: base, start: start, id: id}
 }
 
 // swarm dials workers and returns the Swarm over them for m's experts,

@@ -66,6 +66,7 @@ type Flags struct {
 	Resident, HostCache              string
 	HostCompressed                   string
 	FetchFrom                        string
+	StoreListen                      string
 	HostPreload                      bool
 	// all
 	Threads    int
@@ -134,7 +135,8 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.IntVar(&f.Context, "context", 0, "local, main, shadow, stage: the longest sequence, prompt and answer, this node serves, in `TOKENS`: its KV cache, and what -mem counts, are sized to it, and longer requests are refused; a shadow and every stage need at least the main node's, which it checks when they connect (default: the model's max_position_embeddings)")
 	fs.StringVar(&f.Stages, "stages", "", "main, shadow: the `ADDRS` (HOST:PORT,...) of the stages holding the layers after this node's, in order. A main node's (-role stage) hold its layers from the first stage's on: the main node keeps the embedding, the layers before (perhaps none) and the output head. A shadow's (with -layers 0-B) are the shadow stages holding the layers after B")
 	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow, stage: UDP `ADDR` to listen on")
-	fs.StringVar(&f.Store, "store", "", "worker: compressed expert store `DIR` (odmoe convert) (required for this role)")
+	fs.StringVar(&f.Store, "store", "", "worker: compressed expert store `DIR` (odmoe convert; or a share of it, or an empty directory, with -fetch-from) (required for this role); main, with -store-listen: the model's store, served to nodes fetching their share")
+	fs.StringVar(&f.StoreListen, "store-listen", "", "main: serve -store on this UDP `ADDR` to workers fetching their share of it (their -fetch-from, odmoe fetch -from): a swarm's weights start at the main node (default: not served)")
 	fs.StringVar(&f.DeviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.Device, "device", "cpu", "worker: what experts run on: cpu (host memory and this CPU's kernels), or cuda:N (GPU N, in a binary built with -tags cuda: -device-mem is then GPU memory); every device gives the same bits")
 	fs.StringVar(&f.Resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")

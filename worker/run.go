@@ -106,7 +106,7 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 	closeMore := func() {}
 	if len(cfg.FetchFrom) > 0 {
 		dial := *cfg.Wire
-		dial.PeerRoles = []wire.Role{wire.RoleWorker}
+		dial.PeerRoles = []wire.Role{wire.RoleWorker, wire.RoleMain} // a source is a worker holding the store, or the main node serving it
 		var sources []fetch.Source
 		var dialed []*fetch.Dialed
 		for _, addr := range cfg.FetchFrom {
