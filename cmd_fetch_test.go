@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/odmoe/odmoe/harness/inproc"
+	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
 )
 
@@ -208,5 +209,36 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 	}
 	if !strings.Contains(se, "serving the expert store") {
 		t.Errorf("the main node's log does not say it served its store:\n%s", se)
+	}
+	// each worker, told its place, filled its whole share in the
+	// background while the run went on
+	held, err := store.Open(r.store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	layout, _ := sched.NewLayout(4, 2)
+	for i := range r.workers {
+		name := fmt.Sprintf("w%d", i+1)
+		st, err := store.Open(filepath.Join(r.dir, name+".store"), store.Options{Identity: held.Identity()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		missing := 0
+		for _, l := range held.Layers() {
+			for e := range held.Experts() {
+				if !layout.Holds(i, l, e) {
+					continue
+				}
+				nb, _ := held.ExpertBytes(l, e)
+				if _, err := st.ReadExpert(context.Background(), l, e, make([]byte, nb)); err != nil {
+					missing++
+				}
+			}
+		}
+		st.Close()
+		if log := r.logOf(name); missing > 0 || !strings.Contains(log, "its share of the store filled") {
+			t.Errorf("%s lacks %d experts of its share after the run, or did not fill it\n%s", name, missing, log)
+		}
 	}
 }

@@ -193,6 +193,11 @@ func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 			cfg.FetchFrom = append(cfg.FetchFrom, strings.TrimSpace(a))
 		}
 	}
+	if r, err := runflags.ParseBytes(f.FetchRate); err != nil || r < 0 {
+		return usagef("-fetch-rate %q: want bytes a second such as 50MB, or 0", f.FetchRate)
+	} else {
+		cfg.FetchRate = float64(r)
+	}
 	var err error
 	if cfg.DeviceMemBytes, err = runflags.ParseBytes(f.DeviceMem); err != nil || cfg.DeviceMemBytes <= 0 {
 		return usagef("-device-mem %q: want a positive size such as 1GiB", f.DeviceMem)

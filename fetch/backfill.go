@@ -136,6 +136,14 @@ func (l local) IsChunk(ref store.ChunkRef) bool {
 	return ok
 }
 
+// Dir is the directory the store is in; Sources what it fetches from.
+func (b *Backfill) Dir() string       { return filepath.Dir(b.f.Name()) }
+func (b *Backfill) Sources() []Source { return b.sources }
+
+// Count counts n bytes fetched into the directory by other means (a
+// Share filling it in the background) with the rest.
+func (b *Backfill) Count(n int64) { b.fetched.Add(n) }
+
 // Fetched is the chunk bytes fetched so far.
 func (b *Backfill) Fetched() int64 { return b.fetched.Load() }
 

@@ -117,6 +117,7 @@ func (s *Swarm) rejoin() {
 			continue
 		}
 		s.watch(l, p)
+		s.tellPlace(l.index, p)
 		s.planner.Unspoil(l.index) // a new connection: its store may have been put back
 		s.planner.SetLive(l.index, true)
 		l.counts.rejoins.Add(1)

@@ -262,6 +262,7 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		l := newLink(p, i)
 		s.workers = append(s.workers, l)
 		s.watch(l, p)
+		s.tellPlace(l.index, p)
 	}
 	switch {
 	case opt.Shadow != nil:
@@ -272,6 +273,20 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 		s.startRedialShadow()
 	}
 	return s, nil
+}
+
+// tellPlace tells worker w, on p, its place in the layout: a worker
+// filling its store as it runs fills the rest of its share from it
+// (cacheless workers only: with residency the experts move). A failed
+// send costs only that: logged.
+func (s *Swarm) tellPlace(w int, p *wire.Peer) {
+	if s.opt.Residency || s.opt.Prefetch == Resident {
+		return
+	}
+	l := s.opt.Layout
+	if err := p.Send(s.life, &wire.Place{Worker: w, Workers: l.Workers, Group: l.Group}); err != nil {
+		s.opt.Log.Debug().Int("worker", w).Err(err).Msg("mainnode: a worker was not told its place")
+	}
 }
 
 // sendPlacement tells the shadow on p who owns each expert, when experts

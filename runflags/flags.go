@@ -66,6 +66,7 @@ type Flags struct {
 	Resident, HostCache              string
 	HostCompressed                   string
 	FetchFrom                        string
+	FetchRate                        string
 	StoreListen                      string
 	HostPreload                      bool
 	// all
@@ -142,6 +143,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Resident, "resident", "", "worker: `I/W`: hold for good the experts worker I (from 0) of W owns in a resident swarm (main: -prefetch resident), loaded at start: the fully cached reference")
 	fs.StringVar(&f.HostCache, "host-cache", "0", "worker: keep up to this many bytes of decompressed experts in host memory (the node's CPU RAM of OD-MoE's rig): a load is then a host-to-device transfer paced by -load-bw, with no store read or decompression; 0 = off")
 	fs.StringVar(&f.FetchFrom, "fetch-from", "", "worker: nodes holding the store (workers' `ADDRS`, comma-separated): a chunk -store lacks (its share from odmoe fetch, or an empty directory) comes from them when first needed, checked against the store's index, and is kept in -store (default: -store holds every expert)")
+	fs.StringVar(&f.FetchRate, "fetch-rate", "0", "worker, with -fetch-from: cap the bytes a second the worker fetches in the background to fill its share of the store once the main node has told it its place (e.g. 50MB: the swarm's requests keep the links they need); 0 = no cap")
 	fs.StringVar(&f.HostCompressed, "host-compressed", "0", "worker: keep up to this many bytes of the store's compressed chunks in host memory (ZipMoE's compressed tier: ~0.66 of an expert's BF16 bytes): a load not in -host-cache then decompresses from RAM instead of reading the store; 0 = off")
 	fs.BoolVar(&f.HostPreload, "host-preload", false, "worker: fill -host-cache with the store's experts at start (layer by layer, as far as it holds), as a node holding the model in RAM would")
 	fs.StringVar(&f.LoadBW, "load-bw", "0", "worker: pace expert loads to this host-to-device rate in bytes/s (e.g. 4GB for PCIe 3.0 x4); 0 = unpaced")

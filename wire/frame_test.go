@@ -142,6 +142,7 @@ func badFrames(t testing.TB) []struct {
 		{"alignment with too many guesses", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: 3, Batch: 1, BatchPass: 2, BatchSize: 1, Guesses: make([]int32, MaxGuesses+1)})), CodeMalformed},
 		{"alignment with guesses after a chunk", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: -1, Batch: 1, BatchPass: 2, BatchSize: 1, Chunk: []int32{5}, Guesses: []int32{4}})), CodeMalformed},
 		{"fetch of a negative offset", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Offset: -1, Size: 4})), CodeMalformed},
+		{"place outside the layout", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 8, Workers: 8, Group: 2})), CodeMalformed},
 		{"fetch past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Size: MaxFetchBytes + 1})), CodeMalformed},
 		{"drafts with a member of no rows", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1}, Pos: []int{3}, Tokens: [][]int32{{}}})), CodeMalformed},
 		{"drafts with rows for fewer members", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1, 2}, Pos: []int{3, 4}, Tokens: [][]int32{{5}}})), CodeMalformed},

@@ -37,6 +37,7 @@ const (
 	typeDrafts       Type = 22
 	typeFetchRequest Type = 23
 	typeFetchData    Type = 24
+	typePlace        Type = 25
 )
 
 func (t Type) String() string {
@@ -50,7 +51,7 @@ func (t Type) String() string {
 // *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
 // *ShadowDone, *Placement, *Withdraw, *Drafts, a fetch's (*FetchRequest,
-// *FetchData) or a stage's (*StageRun, *StageRoutes,
+// *FetchData, *Place) or a stage's (*StageRun, *StageRoutes,
 // *StageRows, *StageKV, *StageEnd). Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
@@ -105,6 +106,8 @@ func newMessage(t Type) Message {
 		return new(FetchRequest)
 	case typeFetchData:
 		return new(FetchData)
+	case typePlace:
+		return new(Place)
 	}
 	return nil
 }
@@ -314,6 +317,17 @@ type FetchData struct {
 	ID       uint64
 	Data     []byte
 	Err      string
+}
+
+// Place tells a worker its place in the main node's layout: worker
+// Worker of Workers, in groups of Group. Without residency its share of
+// the store is sched.Layout.Holds's, which a worker filling its store
+// as it runs (-fetch-from) then fills in the background.
+type Place struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	Worker   int
+	Workers  int
+	Group    int
 }
 
 // MaxFetchBytes bounds a FetchRequest's Size: a chunk (a shard of an
@@ -559,6 +573,7 @@ func (*Withdraw) Type() Type     { return typeWithdraw }
 func (*Drafts) Type() Type       { return typeDrafts }
 func (*FetchRequest) Type() Type { return typeFetchRequest }
 func (*FetchData) Type() Type    { return typeFetchData }
+func (*Place) Type() Type        { return typePlace }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -731,6 +746,13 @@ func (m *FetchRequest) validate() error {
 }
 
 func (m *FetchData) validate() error { return nil }
+
+func (m *Place) validate() error {
+	if m.Worker < 0 || m.Worker >= m.Workers || m.Group < 1 || m.Workers%m.Group != 0 {
+		return malformed("place: worker %d of %d in groups of %d", m.Worker, m.Workers, m.Group)
+	}
+	return nil
+}
 
 func (m *ShadowDone) validate() error {
 	return nonNegative("shadow pass/durations", m.Pass, int64(m.LateDeparture), int64(m.Forward), m.RSSPeak, m.Ahead, m.Agreed, m.Rewound, m.Unhinted, int64(m.CPU))

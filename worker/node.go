@@ -33,6 +33,9 @@ type Deps struct {
 	// them); nil: its Store.
 	Fetched func() int64
 	Serves  fetch.Holder
+	// Place, if set, is told the worker's place in the main node's layout
+	// (wire.Place) each time the main node connects.
+	Place func(worker, workers, group int)
 }
 
 // Options say how a worker uses its deps.
@@ -65,6 +68,7 @@ type Node struct {
 	// (fetch.Serve); fetched says what it fetched itself (Deps.Fetched)
 	store   fetch.Holder
 	fetched func() int64
+	place   func(worker, workers, group int)
 }
 
 // New checks that d's device can run every expert of d's store, builds
@@ -106,7 +110,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		eng.Close()
 		return nil, err
 	}
-	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: d.Serves, fetched: d.Fetched}
+	n := &Node{eng: eng, wire: *d.Wire, health: newStoreHealth(st.Check, d.Log), log: d.Log, store: d.Serves, fetched: d.Fetched, place: d.Place}
 	if n.store == nil {
 		n.store = st
 	}
@@ -144,7 +148,7 @@ func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
 	defer checks.Wait()
 	defer cancel()
 	s := NewServer(n.eng, n.log)
-	s.health, s.store, s.fetched = n.health, n.store, n.fetched
+	s.health, s.store, s.fetched, s.place = n.health, n.store, n.fetched, n.place
 	return s.Serve(ctx, ln)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/odmoe/odmoe/fetch"
@@ -31,11 +32,14 @@ type Config struct {
 	// ResidentIndex of ResidentOf in a resident swarm: it pins the experts
 	// it owns at start and holds them for good.
 	ResidentIndex, ResidentOf int
-	// FetchFrom, if set, are nodes holding the store (workers): a chunk
-	// the Store directory lacks (a share made by odmoe fetch, or an empty
-	// directory) comes from them when first needed, checked, and is kept
-	// there (fetch.Backfill).
+	// FetchFrom, if set, are nodes holding the store (workers, or the
+	// main node serving it): a chunk the Store directory lacks (a share
+	// made by odmoe fetch, or an empty directory) comes from them when
+	// first needed, checked, and is kept there (fetch.Backfill); and once
+	// the main node has told the worker its place, the rest of its share
+	// comes in the background, at FetchRate bytes a second (0: no cap).
 	FetchFrom []string
+	FetchRate float64
 	Wire      *wire.Config // this node's identity and transport settings
 	Log       zerolog.Logger
 }
@@ -73,6 +77,10 @@ func Run(ctx context.Context, cfg Config) error {
 	deps := Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log}
 	if backfill != nil {
 		deps.Fetched, deps.Serves = backfill.Fetched, backfill.Local()
+		var once sync.Once // the share of the first place told: a layout does not change under a running swarm
+		deps.Place = func(w, workers, group int) {
+			once.Do(func() { go fillShare(ctx, backfill, w, workers, group, cfg.FetchRate, log) })
+		}
 	}
 	n, err := New(ctx, deps,
 		Options{LoadBytesSec: cfg.LoadBytesSec, HostPreload: cfg.HostPreload, ResidentIndex: cfg.ResidentIndex, ResidentOf: cfg.ResidentOf})
@@ -143,6 +151,29 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 			mem.Close() // last: nothing reads the chunks any more
 		}
 	}, nil
+}
+
+// fillShare fetches into b's directory, in the background, the rest of
+// the share of worker w of workers in groups of group (what the layout
+// has it run: sched.Layout.Holds), spreading the load over b's sources
+// at rate bytes a second, and says what it did.
+func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, rate float64, log zerolog.Logger) {
+	l, err := sched.NewLayout(workers, group)
+	if err != nil {
+		log.Warn().Err(err).Msg("worker: a place outside any layout: its share is not filled")
+		return
+	}
+	t0 := time.Now()
+	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Msg("worker: filling its share of the store in the background")
+	res, err := fetch.Share(ctx, b.Dir(), b.Sources(), fetch.Options{Experts: func(layer, expert int) bool { return l.Holds(w, layer, expert) },
+		Rate: rate, Spread: true, Parallel: 2, Log: log})
+	b.Count(res.Fetched)
+	ev := log.Info()
+	if err != nil {
+		ev = log.Warn().Err(err)
+	}
+	ev.Str("share", progress.Bytes(res.Share)).Str("kept", progress.Bytes(res.Kept)).Str("fetched", progress.Bytes(res.Fetched)).Dur("took", time.Since(t0).Round(time.Millisecond)).
+		Msg("worker: its share of the store filled")
 }
 
 // smallestBudget is the least device memory that can run every expert of

@@ -32,7 +32,10 @@ type Server struct {
 	store   fetch.Holder
 	served  atomic.Int64
 	fetched func() int64
-	log     zerolog.Logger
+	// place, if set, is told the worker's place in the main node's
+	// layout (a worker filling its share in the background)
+	place func(worker, workers, group int)
+	log   zerolog.Logger
 
 	mu    sync.Mutex
 	done  map[seqLayer]int64 // the last pass of a sequence that ended a layer here
@@ -226,6 +229,10 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			}
 		case *wire.SequenceEnd:
 			s.endSequence(m.Seq)
+		case *wire.Place:
+			if s.place != nil {
+				s.place(m.Worker, m.Workers, m.Group)
+			}
 		case *wire.Heartbeat:
 			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano()}); err != nil {
 				log.Info().Err(err).Msg("answering a heartbeat failed")
