@@ -207,8 +207,8 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 			t.Errorf("worker %d fetched %d bytes and served %d: want fetched from the main node, none served", i+1, w.StoreFetched, w.StoreServed)
 		}
 	}
-	if !strings.Contains(se, "serving the expert store") {
-		t.Errorf("the main node's log does not say it served its store:\n%s", se)
+	if !strings.Contains(se, "serving the expert store") || strings.Count(se, "a worker's expert store, fetched and served") != 4 {
+		t.Errorf("the main node's log does not say it served its store, and a line for each worker's fetches:\n%s", se)
 	}
 	// each worker, told its place, filled its whole share in the
 	// background while the run went on

@@ -165,6 +165,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	main, workersAtStart := cpu.end()
 	rs := runStats(st, sw.Stats())
 	rs.addWorkers(sw.WorkerStats(ctx, 5*time.Second))
+	sw.logStoreTraffic(rs.Workers)
 	var shadowCPU time.Duration
 	if sh, ok := sw.ShadowStats(10 * time.Second); ok {
 		rs.addShadow(sh)

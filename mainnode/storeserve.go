@@ -61,3 +61,16 @@ func serveStore(ctx context.Context, dir, addr string, d workerDialing, log zero
 		log.Info().Str("served", progress.Bytes(served.Load())).Msg("main node: stopped serving the expert store")
 	}, nil
 }
+
+// logStoreTraffic says, a line per worker, what each fetched of its
+// store and served of it to others, where it did either (ws as
+// WorkerStats answered, in layout order).
+func (s *Swarm) logStoreTraffic(ws []*wire.WorkerStats) {
+	for i, w := range ws {
+		if w == nil || i >= len(s.workers) || w.StoreFetched == 0 && w.StoreServed == 0 {
+			continue
+		}
+		s.opt.Log.Info().Str("worker", s.workers[i].name).Str("fetched", progress.Bytes(w.StoreFetched)).Str("served", progress.Bytes(w.StoreServed)).
+			Msg("main node: a worker's expert store, fetched and served")
+	}
+}
