@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 )
 
 // Backfill is the chunk source of a node running on a share of the
@@ -26,9 +28,25 @@ type Backfill struct {
 	f       *os.File
 	index   []byte
 	crcs    map[store.ChunkRef]uint32 // each chunk's CRC (by place and size: an empty chunk starts where the next does)
+	experts []expertChunks            // every expert's chunks, for Fill
 	sources []Source
 	log     zerolog.Logger
 	fetched atomic.Int64
+	// inflight are the chunks being fetched: one fetch a chunk, however
+	// many ask for it at once (a read and Fill)
+	mu       sync.Mutex
+	inflight map[store.ChunkRef]*flight
+}
+
+type expertChunks struct {
+	layer, expert int
+	chunks        []store.Chunk
+}
+
+// flight is one fetch of a chunk, which others asking for it wait for.
+type flight struct {
+	done chan struct{}
+	err  error
 }
 
 // OpenBackfill opens the store in dir through a Backfill from sources:
@@ -63,7 +81,7 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 	if err != nil {
 		return nil, nil, err
 	}
-	b := &Backfill{f: f, index: index, crcs: map[store.ChunkRef]uint32{}, sources: sources, log: log}
+	b := &Backfill{f: f, index: index, crcs: map[store.ChunkRef]uint32{}, sources: sources, log: log, inflight: map[store.ChunkRef]*flight{}}
 	for _, l := range parsed.Layers() {
 		for e := range parsed.Experts() {
 			cs, err := parsed.ExpertChunks(l, e)
@@ -74,6 +92,7 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 			for _, c := range cs {
 				b.crcs[c.Ref] = c.CRC
 			}
+			b.experts = append(b.experts, expertChunks{l, e, cs})
 		}
 	}
 	st, err := store.New(index, b, opt)
@@ -93,15 +112,111 @@ func (b *Backfill) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte
 	if !known || err == nil && c.Check(dst) == nil {
 		return err // (not a chunk of the index: the store says so)
 	}
-	if err := fetchChunk(ctx, b.sources, c, dst, &b.fetched, func(src string, err error) {
-		b.log.Warn().Str("source", src).Int64("offset", ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
-	}); err != nil {
-		return err
+	_, err = b.fetch(ctx, c, dst, b.sources)
+	return err
+}
+
+// fetch brings chunk c into dst from sources (in that order) and keeps
+// it in the directory, once however many ask for it at the same time:
+// the others wait for that fetch, then read the chunk from the directory.
+// It reports whether this call fetched it.
+func (b *Backfill) fetch(ctx context.Context, c store.Chunk, dst []byte, sources []Source) (bool, error) {
+	b.mu.Lock()
+	if f, ok := b.inflight[c.Ref]; ok {
+		b.mu.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		if f.err != nil {
+			return false, f.err
+		}
+		_, err := b.f.ReadAt(dst, c.Ref.Offset)
+		if err == nil {
+			err = c.Check(dst)
+		}
+		return false, err
 	}
-	if _, err := b.f.WriteAt(dst, ref.Offset); err != nil {
-		b.log.Warn().Err(err).Str("file", b.f.Name()).Msg("fetch: a chunk fetched could not be kept; it is fetched again next time")
+	f := &flight{done: make(chan struct{})}
+	b.inflight[c.Ref] = f
+	b.mu.Unlock()
+	// a fetch that ended since this caller looked has written it
+	_, err := b.f.ReadAt(dst, c.Ref.Offset)
+	if err == nil && c.Check(dst) == nil {
+		b.mu.Lock()
+		delete(b.inflight, c.Ref)
+		b.mu.Unlock()
+		close(f.done)
+		return false, nil
 	}
-	return nil
+	err = fetchChunk(ctx, sources, c, dst, &b.fetched, func(src string, err error) {
+		b.log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
+	})
+	if err == nil {
+		if _, werr := b.f.WriteAt(dst, c.Ref.Offset); werr != nil {
+			b.log.Warn().Err(werr).Str("file", b.f.Name()).Msg("fetch: a chunk fetched could not be kept; it is fetched again next time")
+		}
+	}
+	f.err = err
+	b.mu.Lock()
+	delete(b.inflight, c.Ref)
+	b.mu.Unlock()
+	close(f.done)
+	return err == nil, err
+}
+
+// Fill brings the directory every chunk it lacks of the experts selected
+// (a worker's share: sched.Layout.Holds), opt.Parallel at a time at
+// opt.Rate, the sources asked in turn with opt.Spread, each chunk fetched
+// once even while the node's own reads ask for it too; it says what it
+// kept and fetched (Fetched: the fill's own fetches).
+func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) bool, opt Options) (Result, error) {
+	if opt.Parallel <= 0 {
+		opt.Parallel = 4
+	}
+	var chunks []store.Chunk
+	for _, ec := range b.experts {
+		if experts == nil || experts(ec.layer, ec.expert) {
+			chunks = append(chunks, ec.chunks...)
+		}
+	}
+	res := Result{Chunks: len(chunks)}
+	for _, c := range chunks {
+		res.Share += int64(c.Ref.Size)
+	}
+	pace := newPacer(opt.Rate)
+	var kept, fetched atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opt.Parallel)
+	for i, c := range chunks {
+		order := b.sources
+		if opt.Spread {
+			k := i % len(order)
+			order = append(slices.Clone(order[k:]), order[:k]...)
+		}
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			buf := make([]byte, c.Ref.Size)
+			if _, err := b.f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
+				kept.Add(int64(c.Ref.Size))
+				return nil
+			}
+			if err := pace.wait(gctx, c.Ref.Size); err != nil {
+				return err
+			}
+			here, err := b.fetch(gctx, c, buf, order)
+			if here { // (not a wait on a read's fetch)
+				fetched.Add(int64(c.Ref.Size))
+			}
+			return err
+		})
+	}
+	err := g.Wait()
+	res.Kept, res.Fetched = kept.Load(), fetched.Load()
+	return res, err
 }
 
 // IndexWait is how long a node started on an empty directory asks its
@@ -139,10 +254,6 @@ func (l local) IsChunk(ref store.ChunkRef) bool {
 // Dir is the directory the store is in; Sources what it fetches from.
 func (b *Backfill) Dir() string       { return filepath.Dir(b.f.Name()) }
 func (b *Backfill) Sources() []Source { return b.sources }
-
-// Count counts n bytes fetched into the directory by other means (a
-// Share filling it in the background) with the rest.
-func (b *Backfill) Count(n int64) { b.fetched.Add(n) }
 
 // Fetched is the chunk bytes fetched so far.
 func (b *Backfill) Fetched() int64 { return b.fetched.Load() }

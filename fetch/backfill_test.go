@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/odmoe/odmoe/fetch"
@@ -80,5 +81,52 @@ func backfills(t *testing.T, src string) {
 	}
 	if _, err := read(st, 3); err == nil {
 		t.Fatal("an expert never fetched read with no source answering")
+	}
+}
+
+// TestAFillAndReadsFetchEachChunkOnce: a Backfill on an empty directory
+// filling a share (every expert of the first layer) while reads of
+// those experts run beside it fetches each chunk once: the bytes fetched
+// are the share's, and a second fill keeps them all.
+func TestAFillAndReadsFetchEachChunkOnce(t *testing.T) {
+	ctx := context.Background()
+	src := source(t)
+	whole, err := store.Open(src, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	layer := whole.Layers()[0]
+	mine := func(l, _ int) bool { return l == layer }
+	st, b, err := fetch.OpenBackfill(ctx, filepath.Join(t.TempDir(), "fill"), []fetch.Source{fetch.DirSource{Dir: src}}, store.Options{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	defer st.Close()
+	var share int64
+	for e := range whole.Experts() {
+		cs, _ := whole.ExpertChunks(layer, e)
+		for _, c := range cs {
+			share += int64(c.Ref.Size)
+		}
+	}
+	var wg sync.WaitGroup
+	for e := range whole.Experts() {
+		wg.Go(func() {
+			n, _ := whole.ExpertBytes(layer, e)
+			if _, err := st.ReadExpert(ctx, layer, e, make([]byte, n)); err != nil {
+				t.Errorf("expert %d read beside the fill: %v", e, err)
+			}
+		})
+	}
+	res, err := b.Fill(ctx, mine, fetch.Options{Parallel: 8, Spread: true})
+	wg.Wait()
+	if err != nil || res.Share != share || b.Fetched() != share || res.Fetched > share {
+		t.Fatalf("fill %+v, %v; fetched %d in all: want the share's %d bytes fetched once", res, err, b.Fetched(), share)
+	}
+	again, err := b.Fill(ctx, mine, fetch.Options{})
+	if err != nil || again.Kept != share || again.Fetched != 0 {
+		t.Fatalf("a second fill %+v, %v: want all kept", again, err)
 	}
 }

@@ -165,9 +165,7 @@ func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, ra
 	}
 	t0 := time.Now()
 	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Msg("worker: filling its share of the store in the background")
-	res, err := fetch.Share(ctx, b.Dir(), b.Sources(), fetch.Options{Experts: func(layer, expert int) bool { return l.Holds(w, layer, expert) },
-		Rate: rate, Spread: true, Parallel: 2, Log: log})
-	b.Count(res.Fetched)
+	res, err := b.Fill(ctx, func(layer, expert int) bool { return l.Holds(w, layer, expert) }, fetch.Options{Rate: rate, Spread: true, Parallel: 2})
 	ev := log.Info()
 	if err != nil {
 		ev = log.Warn().Err(err)
