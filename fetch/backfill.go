@@ -186,7 +186,12 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 		res.Share += int64(c.Ref.Size)
 	}
 	pace := newPacer(opt.Rate)
-	var kept, fetched atomic.Int64
+	var kept, fetched, done atomic.Int64
+	progress := func(n int) {
+		if opt.Progress != nil {
+			opt.Progress(done.Add(int64(n)), res.Share)
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Parallel)
 	for i, c := range chunks {
@@ -202,6 +207,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 			buf := make([]byte, c.Ref.Size)
 			if _, err := b.f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
 				kept.Add(int64(c.Ref.Size))
+				progress(c.Ref.Size)
 				return nil
 			}
 			if err := pace.wait(gctx, c.Ref.Size); err != nil {
@@ -210,6 +216,9 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 			here, err := b.fetch(gctx, c, buf, order)
 			if here { // (not a wait on a read's fetch)
 				fetched.Add(int64(c.Ref.Size))
+			}
+			if err == nil {
+				progress(c.Ref.Size)
 			}
 			return err
 		})

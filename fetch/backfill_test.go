@@ -5,6 +5,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/odmoe/odmoe/fetch"
@@ -120,10 +121,17 @@ func TestAFillAndReadsFetchEachChunkOnce(t *testing.T) {
 			}
 		})
 	}
-	res, err := b.Fill(ctx, mine, fetch.Options{Parallel: 8, Spread: true})
+	var most atomic.Int64 // the progress's
+	res, err := b.Fill(ctx, mine, fetch.Options{Parallel: 8, Spread: true, Progress: func(done, total int64) {
+		if total != share {
+			t.Errorf("progress of %d bytes, the share is %d", total, share)
+		}
+		for v := most.Load(); done > v && !most.CompareAndSwap(v, done); v = most.Load() {
+		}
+	}})
 	wg.Wait()
-	if err != nil || res.Share != share || b.Fetched() != share || res.Fetched > share {
-		t.Fatalf("fill %+v, %v; fetched %d in all: want the share's %d bytes fetched once", res, err, b.Fetched(), share)
+	if err != nil || res.Share != share || b.Fetched() != share || res.Fetched > share || most.Load() != share {
+		t.Fatalf("fill %+v, %v; fetched %d in all, progress to %d: want the share's %d bytes fetched once, and done", res, err, b.Fetched(), most.Load(), share)
 	}
 	again, err := b.Fill(ctx, mine, fetch.Options{})
 	if err != nil || again.Kept != share || again.Fetched != 0 {

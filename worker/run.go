@@ -165,13 +165,38 @@ func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, ra
 	}
 	t0 := time.Now()
 	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Msg("worker: filling its share of the store in the background")
-	res, err := b.Fill(ctx, func(layer, expert int) bool { return l.Holds(w, layer, expert) }, fetch.Options{Rate: rate, Spread: true, Parallel: 2})
+	res, err := b.Fill(ctx, func(layer, expert int) bool { return l.Holds(w, layer, expert) }, fetch.Options{Rate: rate, Spread: true, Parallel: 2,
+		Progress: fillProgress(t0, fillLogEvery, log)})
 	ev := log.Info()
 	if err != nil {
 		ev = log.Warn().Err(err)
 	}
 	ev.Str("share", progress.Bytes(res.Share)).Str("kept", progress.Bytes(res.Kept)).Str("fetched", progress.Bytes(res.Fetched)).Dur("took", time.Since(t0).Round(time.Millisecond)).
 		Msg("worker: its share of the store filled")
+}
+
+// fillLogEvery is how often a worker filling its share says how far it is.
+const fillLogEvery = 5 * time.Second
+
+// fillProgress is a fetch.Options.Progress that logs, at most every
+// every (safe for concurrent calls), the share's bytes done of its total,
+// the rate since start and the time left at it.
+func fillProgress(start time.Time, every time.Duration, log zerolog.Logger) func(done, total int64) {
+	var mu sync.Mutex
+	last := start
+	return func(done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		if now.Sub(last) < every || done >= total {
+			return // (the end has a line of its own)
+		}
+		last = now
+		rate := float64(done) / max(now.Sub(start).Seconds(), 1e-9)
+		left := time.Duration(float64(total-done) / max(rate, 1) * float64(time.Second))
+		log.Info().Str("done", progress.Bytes(done)).Str("share", progress.Bytes(total)).Str("rate", progress.Bytes(int64(rate))+"/s").
+			Dur("left", left.Round(time.Second)).Msg("worker: filling its share of the store")
+	}
 }
 
 // smallestBudget is the least device memory that can run every expert of
