@@ -2,7 +2,6 @@ package mainnode
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -178,7 +177,7 @@ func (d *drafter) end(seq uint64) {
 // starting now feeds members[i] fed[i] rows; what it costs grows with the rows the shadow ran for each member too
 // (it drafted them, hinted their experts to the workers), so a member
 // counts for the more of its rows fed and the rows the shadow ran.
-func (d *drafter) passStarted(b uint64, members []uint64, fed []int, prompt bool, now time.Time) {
+func (d *drafter) passStarted(b uint64, members []passloop.Row, prompt bool, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	pt := d.passes[b]
@@ -187,9 +186,9 @@ func (d *drafter) passStarted(b uint64, members []uint64, fed []int, prompt bool
 		d.passes[b] = pt
 	}
 	rows := 0
-	for i, seq := range members {
-		n := fed[i]
-		if q := d.seqs[seq]; q != nil && !prompt {
+	for _, r := range members {
+		n := len(r.Tokens)
+		if q := d.seqs[r.Step.Seq]; q != nil && !prompt {
 			n = max(n, 1+q.drafted)
 		}
 		rows += n
@@ -219,13 +218,21 @@ type passTimes struct {
 // passes' memory.
 const decay = 0.95
 
-func (pt *passTimes) started(members []uint64, rows int, prompt bool, now time.Time) {
-	if !pt.at.IsZero() && !pt.prompt && !prompt && slices.Equal(pt.members, members) {
+func (pt *passTimes) started(members []passloop.Row, rows int, prompt bool, now time.Time) {
+	same := len(pt.members) == len(members)
+	for i := 0; same && i < len(members); i++ {
+		same = pt.members[i] == members[i].Step.Seq
+	}
+	if !pt.at.IsZero() && !pt.prompt && !prompt && same {
 		r, t := float64(pt.rows), now.Sub(pt.at).Seconds()
 		pt.w, pt.r, pt.t, pt.rr, pt.rt = decay*pt.w+1, decay*pt.r+r, decay*pt.t+t, decay*pt.rr+r*r, decay*pt.rt+r*t
 		pt.rowsNow = pt.rows
 	}
-	pt.at, pt.members, pt.rows, pt.prompt = now, append(pt.members[:0], members...), rows, prompt
+	pt.members = pt.members[:0]
+	for _, r := range members {
+		pt.members = append(pt.members, r.Step.Seq)
+	}
+	pt.at, pt.rows, pt.prompt = now, rows, prompt
 }
 
 // fit is the line's a and b in seconds; b is 0 until passes of

@@ -6,6 +6,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/odmoe/odmoe/model"
+	"github.com/odmoe/odmoe/passloop"
 )
 
 // TestParseDraftNamesWhatIsWrong: off, auto and 1..8 read; anything else
@@ -29,27 +32,27 @@ func TestParseDraftNamesWhatIsWrong(t *testing.T) {
 func TestPassTimesFitALine(t *testing.T) {
 	var pt passTimes
 	at := time.Unix(0, 0)
-	m := []uint64{7}
+	m := func(rows int) []passloop.Row { return rowsOf(7, rows) }
 	for i := range 40 {
 		rows := 1 + i%5
-		pt.started(m, rows, false, at)
+		pt.started(m(rows), rows, false, at)
 		at = at.Add(4*time.Millisecond + time.Duration(rows)*500*time.Microsecond)
 	}
-	pt.started(m, 1, false, at)
+	pt.started(m(1), 1, false, at)
 	a, b := pt.fit()
 	if math.Abs(a-0.004) > 1e-6 || math.Abs(b-0.0005) > 1e-6 {
 		t.Fatalf("fit a %.6f s, b %.6f s; want 0.004, 0.0005", a, b)
 	}
 	w := pt.w
-	pt.started([]uint64{7, 9}, 2, false, at.Add(time.Second)) // a member joined: not this line's pass
-	pt.started([]uint64{7, 9}, 40, true, at.Add(2*time.Second))
-	pt.started([]uint64{7, 9}, 2, false, at.Add(3*time.Second)) // after a prompt's pass
+	pt.started(append(m(1), rowsOf(9, 1)...), 2, false, at.Add(time.Second)) // a member joined: not this line's pass
+	pt.started(append(m(1), rowsOf(9, 39)...), 40, true, at.Add(2*time.Second))
+	pt.started(append(m(1), rowsOf(9, 1)...), 2, false, at.Add(3*time.Second)) // after a prompt's pass
 	if pt.w != w {
 		t.Fatalf("passes with members changed or a prompt were timed: weight %v -> %v", w, pt.w)
 	}
 	var one passTimes
 	for i := range 5 {
-		one.started(m, 1, false, time.Unix(0, int64(i)*int64(time.Millisecond)))
+		one.started(m(1), 1, false, time.Unix(0, int64(i)*int64(time.Millisecond)))
 	}
 	if a, b := one.fit(); b != 0 || math.Abs(a-0.001) > 1e-9 {
 		t.Fatalf("passes of one row: a %v, b %v; want 0.001, 0", a, b)
@@ -74,7 +77,7 @@ func TestAutoDraftsWhereRowsAreCheapAndNotWhereTheyCostMoreThanTheySave(t *testi
 			d.given(seq, g)
 			used = append(used, g)
 			rows := 1 + max(g, asked)
-			d.passStarted(batch, []uint64{seq}, []int{1 + g}, false, at)
+			d.passStarted(batch, rowsOf(seq, 1+g), false, at)
 			at = at.Add(base + time.Duration(rows)*row)
 			pos += 1 + kept(g)
 			asked = ask
@@ -132,7 +135,7 @@ func TestAutoDraftsWhereRowsAreCheapAndNotWhereTheyCostMoreThanTheySave(t *testi
 	for range 64 {
 		_, ask := d.choose(seq, batch, pos, 8, 0.9)
 		d.given(seq, 0)
-		d.passStarted(batch, []uint64{seq}, []int{1}, false, at)
+		d.passStarted(batch, rowsOf(seq, 1), false, at)
 		at = at.Add(60 * time.Millisecond)
 		pos++
 		asks = append(asks, ask)
@@ -171,4 +174,9 @@ func TestDrafterScoresGuessesFromWhereTheNextPassBegins(t *testing.T) {
 	if d.seqs[1] != nil {
 		t.Fatal("an ended member is kept")
 	}
+}
+
+// rowsOf is member seq's part of a pass: rows rows.
+func rowsOf(seq uint64, rows int) []passloop.Row {
+	return []passloop.Row{{Step: model.Step{Seq: seq}, Tokens: make([]int, rows)}}
 }

@@ -673,11 +673,7 @@ func (s *Swarm) BeforeBatch(ctx context.Context, step model.Step, rows []passloo
 	defer func() { q.mark = time.Now() }()
 	q.prompt, q.rowSeqs = prompt, q.rowSeqs[:0]
 	if s.drafter != nil {
-		members, fed := make([]uint64, len(rows)), make([]int, len(rows))
-		for i, r := range rows {
-			members[i], fed[i] = r.Step.Seq, len(r.Tokens)
-		}
-		s.drafter.passStarted(step.Seq, members, fed, prompt, time.Now())
+		s.drafter.passStarted(step.Seq, rows, prompt, time.Now())
 	}
 	s.mu.Lock()
 	for _, r := range rows {

@@ -121,7 +121,7 @@ type Hooks struct {
 	// Draft, if set (and DraftUpTo above 0), is asked before each pass
 	// for up to max tokens it guesses come after position pos of
 	// sequence seq, whose token there, last, is the one the pass feeds
-	// (the shadow's guesses, once it sends them). A guess outside the
+	// (on the swarm: the shadow's guesses, mainnode's -draft). A guess outside the
 	// vocabulary ends them. Wrong guesses cost rows, never a token: the
 	// pass keeps only those the member's own samples agree with.
 	Draft func(seq uint64, pos, last, max int) []int
