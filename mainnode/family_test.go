@@ -158,15 +158,18 @@ func TestEverySeededSampledRequestIsTheSameEverywhere(t *testing.T) {
 					continue
 				}
 				// drafting: greedy requests too, alone and batched
-				if drafted == 0 {
-					t.Fatalf("%s: no pass checked a guess", name)
-				}
 				for i, p := range prompts {
 					want := generate(t, local, model.NewResidentExperts(local), p, steps)
-					got, _ := generateDrafted(t, sw, mainModel, p, steps, nil)
+					got, st := generateDrafted(t, sw, mainModel, p, steps, nil)
 					if d := diffGenerations(got, want); d != "" {
 						t.Fatalf("%s: greedy request %d alone differs from local mode: %s", name, i, d)
 					}
+					drafted += st.Drafted
+				}
+				// (on a loaded machine the shadow's guesses may come too late
+				// for a sampled request's passes; over all four some came)
+				if drafted == 0 {
+					t.Fatalf("%s: no pass checked a guess", name)
 				}
 				var wantGreedy [2]generation
 				for i, p := range prompts {
