@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/sched"
@@ -207,7 +210,7 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 			t.Errorf("worker %d fetched %d bytes and served %d: want fetched from the main node, none served", i+1, w.StoreFetched, w.StoreServed)
 		}
 	}
-	if !strings.Contains(se, "serving the expert store") || strings.Count(se, "a worker's expert store, fetched and served") != 4 {
+	if !strings.Contains(se, "serving the checkpoint and the expert store") || strings.Count(se, "a worker's expert store, fetched and served") != 4 {
 		t.Errorf("the main node's log does not say it served its store, and a line for each worker's fetches:\n%s", se)
 	}
 	// each worker, told its place, filled its whole share in the
@@ -240,5 +243,101 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 		if log := r.logOf(name); missing > 0 || !strings.Contains(log, "its share of the store filled") {
 			t.Errorf("%s lacks %d experts of its share after the run, or did not fill it\n%s", name, missing, log)
 		}
+	}
+}
+
+// TestAStagedSwarmStartsFromEmptyDirectories: real processes on
+// loopback, every node but the main node started on empty directories
+// with -fetch-from the main node's -store-listen: two main stages, two
+// shadow stages and four workers. The stages and shadow stages fetch
+// their layers' tensors (the shadow stages with their experts, the first
+// with the embedding and head), checked, and the run is local mode's bit
+// for bit; a stage started again on what it fetched fetches nothing.
+func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	r := newChaosRig(t, 4)
+	certs := filepath.Join(r.dir, "certs")
+	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "stage1,stage2,shadow2", "-log-level", "warn"); code != 0 {
+		t.Fatalf("certs: %s", se)
+	}
+	storeAddr := freeLoopbackUDP(t)
+	workers := strings.Join(r.workers, ",")
+	for i := range r.workers {
+		name := fmt.Sprintf("w%d", i+1)
+		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
+			"-certs", certs, "-name", name, "-device-mem", "64MiB", "-log-level", "info")
+	}
+	stages := []string{freeLoopbackUDP(t), freeLoopbackUDP(t)}
+	startStage := func(i int, layers string) {
+		name := fmt.Sprintf("stage%d", i+1)
+		r.start(name, "run", "-role", "stage", "-model", filepath.Join(r.dir, name+".model"), "-fetch-from", storeAddr, "-layers", layers, "-listen", stages[i],
+			"-workers", workers, "-group", "2", "-prefetch", "shadow", "-certs", certs, "-name", name, "-log-level", "info")
+	}
+	startStage(0, "0-1")
+	startStage(1, "2-")
+	shadow2 := freeLoopbackUDP(t)
+	r.start("shadow2", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow2.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "2-",
+		"-listen", shadow2, "-certs", certs, "-name", "shadow2", "-log-level", "info")
+	r.start("shadow", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "0-1",
+		"-stages", shadow2, "-listen", r.shadow, "-workers", workers, "-group", "2", "-certs", certs, "-name", "shadow", "-log-level", "info")
+
+	const n = "16"
+	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	statsFile := filepath.Join(r.dir, "stats.json")
+	se, code := r.runMain("-prefetch", "shadow", "-shadow", r.shadow, "-stages", strings.Join(stages, ","), "-n", n, "-ignore-eos", "-dump", swarm,
+		"-stats", statsFile, "-store", r.store, "-store-listen", storeAddr, "-log-level", "info")
+	if code != 0 {
+		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
+	}
+	sameDump(t, swarm, local)
+	var stats struct {
+		Recall *float64 `json:"recall"`
+	}
+	if b, err := os.ReadFile(statsFile); err != nil || json.Unmarshal(b, &stats) != nil || stats.Recall == nil || *stats.Recall < 0.5 {
+		t.Errorf("the run's recall %v (%v): want the staged shadow's predictions scored\n%s", stats.Recall, err, r.logs())
+	}
+	for name, ready := range map[string]string{"stage1": "stage ready", "stage2": "stage ready", "shadow": "shadow ready", "shadow2": "shadow stage ready"} {
+		log := r.logOf(name)
+		if !strings.Contains(log, ready) {
+			t.Errorf("%s's log does not say %q:\n%s", name, ready, log)
+		}
+		if !strings.Contains(log, "its part of the checkpoint fetched") || !strings.Contains(log, "kept=\"0 B\"") && !strings.Contains(log, "kept=0B") {
+			t.Errorf("%s's log does not say it fetched its part of the checkpoint from nothing:\n%s", name, log)
+		}
+	}
+	// what each fetched is its layers: the later stages hold no trunk, the
+	// main stages no expert
+	for name, want := range map[string][]string{
+		"stage1":  {"layer-000.safetensors", "layer-001.safetensors", "trunk.safetensors"},
+		"stage2":  {"layer-002.safetensors", "layer-003.safetensors"},
+		"shadow":  {"layer-000-experts.safetensors", "layer-000.safetensors", "layer-001-experts.safetensors", "layer-001.safetensors", "trunk.safetensors"},
+		"shadow2": {"layer-002-experts.safetensors", "layer-002.safetensors", "layer-003-experts.safetensors", "layer-003.safetensors"},
+	} {
+		got, _ := filepath.Glob(filepath.Join(r.dir, name+".model", "*.safetensors"))
+		for i := range got {
+			got[i] = filepath.Base(got[i])
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s fetched %v, want %v", name, got, want)
+		}
+	}
+	// stage2 started again while the main node is down starts on what
+	// it fetched before
+	r.signal("stage2", syscall.SIGKILL)
+	startStage(1, "2-")
+	deadline := time.Now().Add(60 * time.Second)
+	for strings.Count(r.logOf("stage2"), "stage ready") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stage2 started again with no source never got ready:\n%s", r.logOf("stage2"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if log := r.logOf("stage2"); !strings.Contains(log, "starting on what the directory holds") {
+		t.Errorf("stage2 started again with no source does not say it starts on what it fetched before:\n%s", log)
 	}
 }

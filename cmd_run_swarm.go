@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
@@ -42,8 +43,8 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if err := pol.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	if (f.StoreListen == "") != (f.Store == "") {
-		return usagef("-store and -store-listen go together on the main node: the store it serves and where")
+	if f.Store != "" && f.StoreListen == "" {
+		return usagef("-store on the main node is the store it serves: give -store-listen ADDR too")
 	}
 	drafting, err := mainnode.ParseDraft(f.Draft)
 	if err != nil {
@@ -133,6 +134,14 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleMain, log); err != nil { // a stage meets the workers as its main node does
 		return err
 	}
+	if f.FetchFrom != "" {
+		if err := fetchCheckpoint(ctx, f, cfg.Wire, "stage", func(c model.Config) (fetch.Need, error) {
+			r, err := model.ParseLayerRange(f.Layers, c.NumLayers)
+			return fetch.Need{Layers: r, Trunk: r.First == 0}, err // a stage from layer 0 binds the embedding
+		}, log); err != nil {
+			return err
+		}
+	}
 	return mainnode.RunStage(ctx, cfg)
 }
 
@@ -179,6 +188,18 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Mem: mem, Context: f.Context, Log: log}
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err
+	}
+	if f.FetchFrom != "" {
+		if err := fetchCheckpoint(ctx, f, cfg.Wire, "shadow", func(c model.Config) (fetch.Need, error) {
+			held := model.AllLayers(c.NumLayers)
+			var err error
+			if f.Layers != "" {
+				held, err = model.ParseLayerRange(f.Layers, c.NumLayers)
+			}
+			return fetch.Need{Layers: held, Experts: true, Trunk: held.First == 0}, err // it quantizes its layers' experts too; the first stage samples
+		}, log); err != nil {
+			return err
+		}
 	}
 	return shadow.Run(ctx, cfg)
 }

@@ -345,6 +345,30 @@ func (d *Dialed) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) 
 	return s.ReadChunk(ctx, ref, dst)
 }
 
+func (d *Dialed) Manifest(ctx context.Context) ([]byte, error) {
+	s, err := d.peer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.Manifest(ctx)
+}
+
+func (d *Dialed) ReadFile(ctx context.Context, name string) ([]byte, error) {
+	s, err := d.peer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.ReadFile(ctx, name)
+}
+
+func (d *Dialed) ReadTensor(ctx context.Context, name string, off int64, dst []byte) error {
+	s, err := d.peer(ctx)
+	if err != nil {
+		return err
+	}
+	return s.ReadTensor(ctx, name, off, dst)
+}
+
 // Close ends the connection, if any.
 func (d *Dialed) Close() {
 	d.mu.Lock()

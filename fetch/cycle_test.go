@@ -71,7 +71,7 @@ func TestTwoNodesFetchingFromEachOtherServeOnlyWhatTheyHold(t *testing.T) {
 			if err != nil {
 				return
 			}
-			go func() { fetch.Serve(ctx, p, h, nil); p.Close() }()
+			go func() { fetch.Serve(ctx, p, fetch.Served{Store: h}, nil); p.Close() }()
 		}
 	}
 	go serve(lnA, bA.Local())

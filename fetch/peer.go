@@ -128,6 +128,37 @@ func (s *PeerSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []by
 	return nil
 }
 
+// Manifest asks the peer for its model's manifest.
+func (s *PeerSource) Manifest(ctx context.Context) ([]byte, error) {
+	return s.ask(ctx, &wire.FetchRequest{Model: true, Index: true})
+}
+
+// ReadFile asks the peer for its checkpoint's small file name.
+func (s *PeerSource) ReadFile(ctx context.Context, name string) ([]byte, error) {
+	return s.ask(ctx, &wire.FetchRequest{Model: true, File: name})
+}
+
+// ReadTensor asks the peer for len(dst) bytes of tensor name at off.
+func (s *PeerSource) ReadTensor(ctx context.Context, name string, off int64, dst []byte) error {
+	b, err := s.ask(ctx, &wire.FetchRequest{Model: true, Tensor: name, Offset: off, Size: len(dst)})
+	if err != nil {
+		return err
+	}
+	if len(b) != len(dst) {
+		return fmt.Errorf("%d bytes for %d of tensor %q at %d", len(b), len(dst), name, off)
+	}
+	copy(dst, b)
+	return nil
+}
+
+// Served is what a node serves fetching nodes: its expert store (or its
+// share of it) and the model's checkpoint (the main node's). Either may
+// be nil: what a node does not serve is answered with why not.
+type Served struct {
+	Store Holder
+	Model *Checkpoint
+}
+
 // Holder is a store a node serves from: its index file and chunks, the
 // check a chunk's bytes must pass, and whether a place and size is one
 // of its chunks. *store.Store is one (that of a node whose store reads
@@ -142,14 +173,14 @@ type Holder interface {
 // serveParallel bounds the requests a connection has answered at once.
 const serveParallel = 4
 
-// Serve answers p's FetchRequests from h until the connection or ctx
-// ends, a few at a time; anything else p sends is ignored. A request for
-// bytes outside the store, or for a chunk h does not hold (its bytes
-// fail their check), is answered with the reason, and the fetching node
-// asks its next source.
+// Serve answers p's FetchRequests from what h holds until the
+// connection or ctx ends, a few at a time; anything else p sends is
+// ignored. A request for bytes outside the store or the checkpoint, or
+// for a chunk the store does not hold (its bytes fail their check), is
+// answered with the reason, and the fetching node asks its next source.
 //
-// served, if set, counts the chunk bytes sent.
-func Serve(ctx context.Context, p *wire.Peer, h Holder, served *atomic.Int64) error {
+// served, if set, counts the chunk and tensor bytes sent.
+func Serve(ctx context.Context, p *wire.Peer, h Served, served *atomic.Int64) error {
 	sem := make(chan struct{}, serveParallel)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -172,31 +203,55 @@ func Serve(ctx context.Context, p *wire.Peer, h Holder, served *atomic.Int64) er
 		wg.Go(func() {
 			defer func() { <-sem }()
 			d := &wire.FetchData{ID: r.ID}
-			if r.Index {
-				d.Data = h.IndexBytes()
-			} else {
-				ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}
-				var err error
-				if h.IsChunk(ref) { // (nothing is allocated for what is not a chunk)
-					d.Data = make([]byte, r.Size)
-					err = h.ReadChunk(ctx, ref, d.Data)
-				} else {
-					err = fmt.Errorf("no chunk of the store is %d bytes at %d", r.Size, r.Offset)
-				}
-				if err == nil {
-					// a share holds some chunks only: one it lacks (a
-					// hole), or has damaged, is not passed on
-					if cerr := h.CheckChunk(ref, d.Data); cerr != nil {
-						err = fmt.Errorf("the chunk at %d is not held here: %w", r.Offset, cerr)
-					}
-				}
-				if err != nil {
-					d.Data, d.Err = nil, err.Error()
-				}
+			var err error
+			switch {
+			case r.Model:
+				d.Data, err = h.model(r)
+			case h.Store == nil:
+				err = errors.New("no expert store here")
+			case r.Index:
+				d.Data = h.Store.IndexBytes()
+			default:
+				d.Data, err = h.chunk(ctx, r)
 			}
-			if p.Send(ctx, d) == nil && served != nil && !r.Index { // a failed send ends the connection: Recv says so
+			if err != nil {
+				d.Data, d.Err = nil, err.Error()
+			}
+			if p.Send(ctx, d) == nil && served != nil && !r.Index && r.File == "" { // a failed send ends the connection: Recv says so
 				served.Add(int64(len(d.Data)))
 			}
 		})
+	}
+}
+
+// chunk is the store's chunk r asks for.
+func (h Served) chunk(ctx context.Context, r *wire.FetchRequest) ([]byte, error) {
+	ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}
+	if !h.Store.IsChunk(ref) { // (nothing is allocated for what is not a chunk)
+		return nil, fmt.Errorf("no chunk of the store is %d bytes at %d", r.Size, r.Offset)
+	}
+	b := make([]byte, r.Size)
+	if err := h.Store.ReadChunk(ctx, ref, b); err != nil {
+		return nil, err
+	}
+	// a share holds some chunks only: one it lacks (a hole), or has
+	// damaged, is not passed on
+	if err := h.Store.CheckChunk(ref, b); err != nil {
+		return nil, fmt.Errorf("the chunk at %d is not held here: %w", r.Offset, err)
+	}
+	return b, nil
+}
+
+// model is the piece of the checkpoint r asks for.
+func (h Served) model(r *wire.FetchRequest) ([]byte, error) {
+	switch {
+	case h.Model == nil:
+		return nil, errors.New("no model checkpoint here")
+	case r.Index:
+		return h.Model.Manifest()
+	case r.File != "":
+		return h.Model.File(r.File)
+	default:
+		return h.Model.Tensor(r.Tensor, r.Offset, r.Size)
 	}
 }

@@ -55,7 +55,7 @@ func shareOverTheWire(t *testing.T, preset string) {
 				return
 			}
 			go func() {
-				fetch.Serve(ctx, p, h, nil)
+				fetch.Serve(ctx, p, fetch.Served{Store: h}, nil)
 				p.Close()
 			}()
 		}

@@ -59,9 +59,9 @@ type Config struct {
 	// Context, when positive, is the longest sequence served instead of
 	// the model's (-context: model.LoadOptions.Context).
 	Context int
-	// Store, with StoreListen, is the model's expert store, which the
-	// node serves on StoreListen to nodes fetching their share of it
-	// (package fetch): where a swarm's weights start.
+	// StoreListen, if set, is where the node serves the model's
+	// checkpoint and its expert store Store (if set) to nodes fetching
+	// their share of them (package fetch): where a swarm's weights start.
 	Store, StoreListen string
 	Log                zerolog.Logger
 }
@@ -72,6 +72,13 @@ type Config struct {
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := cfg.Log
 	t0 := time.Now()
+	if cfg.StoreListen != "" { // first: the workers, stages and shadow dialed next may be waiting for their weights
+		stop, err := serveStore(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	m, stages, d, err := loadMain(ctx, cfg)
 	if err != nil {
 		return err
@@ -87,13 +94,6 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	if err := holds(m, "main", cfg.Serve, cfg.Mem, log); err != nil {
 		return err
-	}
-	if cfg.StoreListen != "" { // before the workers are dialed: they may be waiting for their store
-		stop, err := serveStore(ctx, cfg.Store, cfg.StoreListen, d, log)
-		if err != nil {
-			return err
-		}
-		defer stop()
 	}
 	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align, Draft: cfg.Draft,
 		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages})

@@ -8,32 +8,59 @@ import (
 
 	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 )
 
-// serveStore serves the expert store in dir (checked to be of the node's
-// model) on addr to worker nodes fetching their share of it, each piece
+// serveStore serves the model's checkpoint (cfg.Model) and its expert
+// store (cfg.Store, if set; checked to be of the model) on
+// cfg.StoreListen to the nodes fetching their share of them, each piece
 // checked on their side (fetch.Serve), until the returned stop is
-// called: the main node is where a swarm's weights start, and a worker
-// started on an empty -store with -fetch-from this address fills it.
-func serveStore(ctx context.Context, dir, addr string, d workerDialing, log zerolog.Logger) (stop func(), err error) {
-	st, err := store.Open(dir, store.Options{Identity: d.id})
+// called: the main node is where a swarm's weights start. A worker
+// started on an empty -store with -fetch-from this address fills it; a
+// stage or shadow started on an empty -model fetches its layers' tensors.
+func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(), err error) {
+	id, err := store.ModelIdentity(cfg.Model)
 	if err != nil {
-		return nil, fmt.Errorf("mainnode: -store: %w", err)
+		return nil, err
 	}
-	cfg := d.base
-	cfg.PeerRoles = []wire.Role{wire.RoleWorker}
-	cfg.CheckHello = wire.SameModel(false) // a node with no store yet names no model; one of another model is refused
+	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.NoLayers, Head: true}) // the names of its expert tensors
+	if err != nil {
+		return nil, err
+	}
+	ckpt, err := fetch.OpenCheckpoint(cfg.Model, id, m)
+	m.Close()
+	if err != nil {
+		return nil, err
+	}
+	served := fetch.Served{Model: ckpt}
+	var st *store.Store
+	if cfg.Store != "" {
+		if st, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
+			ckpt.Close()
+			return nil, fmt.Errorf("mainnode: -store: %w", err)
+		}
+		served.Store = st
+	}
+	closeAll := func() {
+		ckpt.Close()
+		if st != nil {
+			st.Close()
+		}
+	}
+	wcfg := dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout).base
+	wcfg.PeerRoles = []wire.Role{wire.RoleWorker, wire.RoleMain, wire.RoleShadow} // workers, stages, shadows
+	wcfg.CheckHello = wire.SameModel(false)                                       // a node with no store yet names no model; one of another model is refused
 	ctx, cancel := context.WithCancel(ctx)
-	ln, err := wire.Listen(ctx, addr, &cfg)
+	ln, err := wire.Listen(ctx, cfg.StoreListen, &wcfg)
 	if err != nil {
 		cancel()
-		st.Close()
+		closeAll()
 		return nil, fmt.Errorf("mainnode: -store-listen: %w", err)
 	}
-	var served atomic.Int64
+	var bytes atomic.Int64
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -44,21 +71,21 @@ func serveStore(ctx context.Context, dir, addr string, d workerDialing, log zero
 			wg.Go(func() {
 				defer p.Close()
 				log.Info().Str("peer", p.Identity().Name).Msg("main node: a node fetches from its store")
-				before := served.Load()
-				err := fetch.Serve(ctx, p, st, &served)
+				before := bytes.Load()
+				err := fetch.Serve(ctx, p, served, &bytes)
 				if ctx.Err() == nil {
-					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(served.Load()-before)).Err(err).Msg("main node: a fetching node is done")
+					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(bytes.Load()-before)).Err(err).Msg("main node: a fetching node is done")
 				}
 			})
 		}
 	})
-	log.Info().Str("store", dir).Str("listen", ln.Addr().String()).Msg("main node: serving the expert store to fetching nodes")
+	log.Info().Str("model", cfg.Model).Str("store", cfg.Store).Str("listen", ln.Addr().String()).Msg("main node: serving the checkpoint and the expert store to fetching nodes")
 	return func() {
 		cancel()
 		ln.Close()
 		wg.Wait()
-		st.Close()
-		log.Info().Str("served", progress.Bytes(served.Load())).Msg("main node: stopped serving the expert store")
+		closeAll()
+		log.Info().Str("served", progress.Bytes(bytes.Load())).Msg("main node: stopped serving the checkpoint and the expert store")
 	}, nil
 }
 

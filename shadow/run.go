@@ -135,7 +135,9 @@ func Run(ctx context.Context, cfg Config) error {
 // shortfall and how many stages would fit, where that passes cfg.Mem;
 // it returns the checkpoint's identity (store.IdentityOf).
 func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
-	m, err := model.Load(cfg.Model, model.LoadOptions{Context: cfg.Context})
+	// held's layers alone: a stage's directory may hold no other (fetched
+	// with -fetch-from)
+	m, err := model.Load(cfg.Model, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0, Context: cfg.Context})
 	if err != nil {
 		return store.Identity{}, err
 	}
@@ -149,6 +151,9 @@ func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
 	if cfg.Mem > 0 && f.Total() > cfg.Mem {
 		return store.Identity{}, fmt.Errorf("shadow: layers %s need %s, -mem allows %s: %s short%s", held, f, progress.Bytes(cfg.Mem),
 			progress.Bytes(f.Total()-cfg.Mem), stagesThatFit(m, held, opt, cfg.Mem))
+	}
+	if held != model.AllLayers(m.Config.NumLayers) {
+		return store.ModelIdentity(cfg.Model) // every router's, which this node does not hold
 	}
 	return store.IdentityOf(cfg.Model, m)
 }

@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,6 +41,9 @@ func (id Identity) Short() string { return id.String()[:12] }
 // weights, and the expert weights' digests, cached beside the checkpoint
 // (checkpointDigests): the first time, it reads every expert byte once.
 func ModelIdentity(dir string) (Identity, error) {
+	if id, ok, err := fetchedIdentity(dir); ok || err != nil {
+		return id, err
+	}
 	m, err := model.Load(dir, model.LoadOptions{SkipExperts: true})
 	if err != nil {
 		return Identity{}, err
@@ -51,12 +56,52 @@ func ModelIdentity(dir string) (Identity, error) {
 // in dir as m already (experts or not): it reads only the safetensors
 // headers again.
 func IdentityOf(dir string, m *model.Model) (Identity, error) {
+	if id, ok, err := fetchedIdentity(dir); ok || err != nil {
+		return id, err
+	}
 	set, err := safetensors.Open(dir)
 	if err != nil {
 		return Identity{}, err
 	}
 	defer set.Close()
 	return identityOf(dir, m, set)
+}
+
+// FetchedIdentityFile is where a checkpoint directory a node fetched
+// part of (package fetch: a stage's layers, a shadow's) keeps the
+// model's identity, as the node it fetched from gave it with the
+// manifest every fetched byte was checked against: a part of a
+// checkpoint cannot hash the routers and experts it lacks.
+const FetchedIdentityFile = "odmoe-identity"
+
+// fetchedIdentity is the identity dir's FetchedIdentityFile holds, if it
+// has one.
+func fetchedIdentity(dir string) (Identity, bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, FetchedIdentityFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return Identity{}, false, nil
+	}
+	var id Identity
+	if err == nil {
+		id, err = ParseIdentity(string(bytes.TrimSpace(b)))
+	}
+	if err != nil {
+		return Identity{}, false, fmt.Errorf("store: %s: %w", filepath.Join(dir, FetchedIdentityFile), err)
+	}
+	return id, true, nil
+}
+
+// ParseIdentity parses an identity's hex digits.
+func ParseIdentity(s string) (Identity, error) {
+	var id Identity
+	n, err := hex.Decode(id[:], []byte(s))
+	if err == nil && n != len(id) {
+		err = fmt.Errorf("%d bytes, want %d", n, len(id))
+	}
+	if err != nil {
+		return Identity{}, fmt.Errorf("store: identity %q: %w", s, err)
+	}
+	return id, nil
 }
 
 // identityOf hashes config.json, the expert tensors set holds (their

@@ -16,7 +16,7 @@ import (
 
 // ProtocolVersion is the version of the message set this build speaks.
 // Both ends of a connection must speak the same one.
-const ProtocolVersion = 21 // 8: an Alignment in a pass carries prompt chunks (Chunk, PromptLeft); 9: ShadowDone.Reused; 10: SequenceEnd.Last; 11: Alignment.Final; 12: Prediction.Workers, Withdraw.Layer/Experts, ShadowDone.RewoundSeqs; 13: Hello.Device; 14: WorkerStats.CPU, ShadowDone.CPU; 15: Alignment.Sampling, ShadowDone.AgreedSeqs; 16: the stage messages (StageRun, StageRoutes, StageRows, StageKV, StageEnd), Hello.Layers/Quant; 17: Sampling.MinP/Repeat/RepeatN/RepeatTail; 18: StageRun.Batch/Pass/Prefill (a main stage runs its experts under its first stage's step); 19: Hello.Context; 20: Alignment.Pos/Guesses/Draft, Drafts; 21: FetchRequest, FetchData, WorkerStats.StoreFetched/StoreServed, Place
+const ProtocolVersion = 22 // 8: an Alignment in a pass carries prompt chunks (Chunk, PromptLeft); 9: ShadowDone.Reused; 10: SequenceEnd.Last; 11: Alignment.Final; 12: Prediction.Workers, Withdraw.Layer/Experts, ShadowDone.RewoundSeqs; 13: Hello.Device; 14: WorkerStats.CPU, ShadowDone.CPU; 15: Alignment.Sampling, ShadowDone.AgreedSeqs; 16: the stage messages (StageRun, StageRoutes, StageRows, StageKV, StageEnd), Hello.Layers/Quant; 17: Sampling.MinP/Repeat/RepeatN/RepeatTail; 18: StageRun.Batch/Pass/Prefill (a main stage runs its experts under its first stage's step); 19: Hello.Context; 20: Alignment.Pos/Guesses/Draft, Drafts; 21: FetchRequest, FetchData, WorkerStats.StoreFetched/StoreServed, Place; 22: FetchRequest.Model/File/Tensor
 
 // defaultMaxFrameBytes bounds a frame unless Config.MaxFrameBytes says
 // otherwise: the largest message is an expert chunk or a prefill batch.

@@ -144,6 +144,8 @@ func badFrames(t testing.TB) []struct {
 		{"fetch of a negative offset", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Offset: -1, Size: 4})), CodeMalformed},
 		{"place outside the layout", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 8, Workers: 8, Group: 2})), CodeMalformed},
 		{"fetch past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Size: MaxFetchBytes + 1})), CodeMalformed},
+		{"fetch of a tensor from the store", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Tensor: "lm_head.weight", Size: 4})), CodeMalformed},
+		{"fetch of a name past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Model: true, File: strings.Repeat("x", maxFetchName+1)})), CodeMalformed},
 		{"drafts with a member of no rows", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1}, Pos: []int{3}, Tokens: [][]int32{{}}})), CodeMalformed},
 		{"drafts with rows for fewer members", rawFrame(typeDrafts, mustMsgpack(t, &Drafts{Batch: 1, Pass: 2, Seqs: []uint64{1, 2}, Pos: []int{3, 4}, Tokens: [][]int32{{5}}})), CodeMalformed},
 		{"prediction with a negative token", rawFrame(typePrediction, mustMsgpack(t, &Prediction{Seq: 1, Pass: 2, Token: -5})), CodeMalformed},

@@ -150,6 +150,8 @@ func sampleMessages(hidden int) []Message {
 		&Drafts{Batch: 2, Pass: 11, Seqs: []uint64{5, 6}, Pos: []int{94, 30}, Tokens: [][]int32{{16, 23, 42}, {7}}},
 		&FetchRequest{ID: 9, Offset: 1 << 33, Size: 4096},
 		&FetchRequest{ID: 10, Index: true},
+		&FetchRequest{ID: 11, Model: true, Tensor: "model.layers.3.self_attn.q_proj.weight", Offset: 16 << 20, Size: 1 << 20},
+		&FetchRequest{ID: 12, Model: true, File: "tokenizer.json"},
 		&FetchData{ID: 9, Data: []byte{1, 2, 3}},
 		&FetchData{ID: 10, Err: "no store here"},
 		&Place{Worker: 3, Workers: 8, Group: 2},

@@ -301,13 +301,20 @@ type Alignment struct {
 
 // FetchRequest asks a node that holds the expert store for a piece of
 // it (package fetch): its index file (Index), or the Size bytes of its
-// chunk file at Offset. The answer is a FetchData with the same ID.
+// chunk file at Offset. With Model it asks for a piece of the model's
+// checkpoint instead: its manifest (Index), the file named File (a
+// config or tokenizer file the manifest lists), or the Size bytes at
+// Offset of the tensor named Tensor. The answer is a FetchData with the
+// same ID.
 type FetchRequest struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	ID       uint64
 	Index    bool
 	Offset   int64
 	Size     int
+	Model    bool
+	File     string
+	Tensor   string
 }
 
 // FetchData answers FetchRequest ID: the bytes asked for, or why not
@@ -333,6 +340,10 @@ type Place struct {
 // MaxFetchBytes bounds a FetchRequest's Size: a chunk (a shard of an
 // expert's tensor, ~7 MB at Mixtral's largest) fits with room to spare.
 const MaxFetchBytes = 32 << 20
+
+// maxFetchName bounds a FetchRequest's File and Tensor names (the
+// longest tensor names of the families we run are under 100 bytes).
+const maxFetchName = 512
 
 // MaxGuesses bounds an alignment's Guesses and Draft and a Drafts
 // member's guesses: passloop.MaxDraft (its tests hold them equal).
@@ -741,6 +752,12 @@ func (m *Drafts) validate() error {
 func (m *FetchRequest) validate() error {
 	if m.Offset < 0 || m.Size < 0 || m.Size > MaxFetchBytes {
 		return malformed("fetch of %d bytes at %d (at most %d)", m.Size, m.Offset, MaxFetchBytes)
+	}
+	if len(m.File) > maxFetchName || len(m.Tensor) > maxFetchName {
+		return malformed("fetch of a name of %d bytes (at most %d)", max(len(m.File), len(m.Tensor)), maxFetchName)
+	}
+	if !m.Model && (m.File != "" || m.Tensor != "") {
+		return malformed("fetch of file %q or tensor %q from the expert store: only the model has them", m.File, m.Tensor)
 	}
 	return nil
 }

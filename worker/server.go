@@ -173,7 +173,7 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			return
 		}
 		log.Info().Msg("serving a share of the store")
-		err := fetch.Serve(ctx, p, s.store, &s.served)
+		err := fetch.Serve(ctx, p, fetch.Served{Store: s.store}, &s.served)
 		if ctx.Err() == nil {
 			log.Info().Err(err).Msg("fetching peer gone")
 		}

@@ -99,33 +99,48 @@ func header(specs []Spec, metadata map[string]string) ([]byte, []int64, error) {
 	return hjson, sizes, nil
 }
 
+// Layout is where Write would put specs: the file's first bytes (the
+// header's length and the header), each tensor's offset in the file,
+// and the file's size. A writer that fills tensors out of order (a node
+// fetching a checkpoint piece by piece) writes the prefix, then each
+// tensor's bytes at its offset.
+func Layout(specs []Spec, metadata map[string]string) (prefix []byte, offsets []int64, size int64, err error) {
+	hjson, sizes, err := header(specs, metadata)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	prefix = binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(hjson)), uint64(len(hjson)))
+	prefix = append(prefix, hjson...)
+	size = int64(len(prefix))
+	offsets = make([]int64, len(specs))
+	for i, n := range sizes {
+		offsets[i] = size
+		size += n
+	}
+	return prefix, offsets, size, nil
+}
+
 // WriteShapes writes a safetensors file of specs whose data are never
 // written: the header, then the file extended to its full size, a
 // sparse file whose tensors read as zeros and take no disk. It is a
 // checkpoint's shape (odmoe plan binds a model to it to count what each
 // node would hold) without its weights.
 func WriteShapes(path string, specs []Spec, metadata map[string]string) error {
-	hjson, sizes, err := header(specs, metadata)
+	prefix, _, size, err := Layout(specs, metadata)
 	if err != nil {
 		return err
-	}
-	var data int64
-	for _, n := range sizes {
-		data += n
 	}
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("safetensors: %w", err)
 	}
-	var lenBuf [8]byte
-	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(hjson)))
-	if _, err := f.Write(append(lenBuf[:], hjson...)); err != nil {
+	if _, err := f.Write(prefix); err != nil {
 		f.Close()
 		return fmt.Errorf("safetensors: %w", err)
 	}
-	if err := f.Truncate(int64(8+len(hjson)) + data); err != nil {
+	if err := f.Truncate(size); err != nil {
 		f.Close()
-		return fmt.Errorf("safetensors: a sparse file of %d bytes: %w", int64(8+len(hjson))+data, err)
+		return fmt.Errorf("safetensors: a sparse file of %d bytes: %w", size, err)
 	}
 	return f.Close()
 }
