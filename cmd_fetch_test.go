@@ -248,7 +248,8 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 
 // TestAStagedSwarmStartsFromEmptyDirectories: real processes on
 // loopback, every node but the main node started on empty directories
-// with -fetch-from the main node's -store-listen: two main stages, two
+// with -fetch-from the main node's -store-listen (the main node makes
+// the store it serves, its -store empty too): two main stages, two
 // shadow stages and four workers. The stages and shadow stages fetch
 // their layers' tensors (the shadow stages with their experts, the first
 // with the embedding and head), checked, and the run is local mode's bit
@@ -290,11 +291,14 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	}
 	statsFile := filepath.Join(r.dir, "stats.json")
 	se, code := r.runMain("-prefetch", "shadow", "-shadow", r.shadow, "-stages", strings.Join(stages, ","), "-n", n, "-ignore-eos", "-dump", swarm,
-		"-stats", statsFile, "-store", r.store, "-store-listen", storeAddr, "-log-level", "info")
+		"-stats", statsFile, "-store", filepath.Join(r.dir, "main.store"), "-store-listen", storeAddr, "-log-level", "info")
 	if code != 0 {
 		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
 	}
 	sameDump(t, swarm, local)
+	if !strings.Contains(se, "no store in -store yet: compressing") {
+		t.Errorf("the main node started on an empty -store does not say it made the store:\n%s", se)
+	}
 	var stats struct {
 		Recall *float64 `json:"recall"`
 	}

@@ -16,8 +16,9 @@ import (
 // rigFlags are what launch and bench rig share: the rig, the files, and
 // how nodes are started.
 type rigFlags struct {
-	rig, model, store, certs, via, remoteDir, netDelay string
-	log                                                runflags.Log
+	rig, model, store, certs, via, remoteDir, netDelay, nodeFiles string
+	fetch                                                         bool
+	log                                                           runflags.Log
 }
 
 func (f *rigFlags) register(fs *flag.FlagSet) {
@@ -27,6 +28,8 @@ func (f *rigFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.certs, "certs", "", "cluster certificates `DIR`; default MODEL.certs-RIGNAME, made for the rig's nodes if missing")
 	fs.StringVar(&f.via, "via", "netns", "how nodes start: netns (the emulated rig of testbed/rig up), local (processes on this machine, loopback addresses), ssh (a real LAN)")
 	fs.StringVar(&f.remoteDir, "remote-dir", "/opt/odmoe", "ssh: the `DIR` on every host holding odmoe, model, store, certs (odmoe launch -push puts them there)")
+	fs.BoolVar(&f.fetch, "fetch", false, "start every node but the main node on directories of its own, empty at first, which it fills from the main node (their -fetch-from; the main node serves its model and store on -store-listen, its rig address's port or 7600), each piece checked; a second start fetches nothing")
+	fs.StringVar(&f.nodeFiles, "node-files", "", "with -fetch on this machine (local, netns): the `DIR` holding each node's directories (NAME/model, NAME/store); default MODEL.nodes-RIGNAME")
 	fs.StringVar(&f.netDelay, "net-delay", "auto", "one-way delay every node adds to what it sends: auto = the emulated rig's delay when the kernel has no netem (testbed/rig state), else a duration or 0")
 }
 
@@ -43,7 +46,11 @@ func (f *rigFlags) setup(ctx context.Context, log zerolog.Logger) (testbed.Bench
 	if err != nil {
 		return testbed.BenchOptions{}, usagef("%v", err)
 	}
-	return testbed.Setup(ctx, testbed.SetupOptions{Rig: f.rig, Model: f.model, Store: f.store, Certs: f.certs, Via: f.via, RemoteDir: f.remoteDir, NetDelay: delay}, log)
+	if f.nodeFiles != "" && !f.fetch {
+		return testbed.BenchOptions{}, usagef("-node-files is where -fetch puts the nodes' directories: give -fetch too")
+	}
+	return testbed.Setup(ctx, testbed.SetupOptions{Rig: f.rig, Model: f.model, Store: f.store, Certs: f.certs, Via: f.via, RemoteDir: f.remoteDir, NetDelay: delay,
+		Fetch: f.fetch, NodeFiles: f.nodeFiles}, log)
 }
 
 func runBenchRig(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
@@ -99,7 +106,7 @@ func runLaunch(ctx context.Context, args []string, _ io.Reader, stdout, stderr i
 	var rf rigFlags
 	rf.register(fs)
 	mode := fs.String("mode", "shadow", "what to start: shadow (workers and the shadow), reactive (workers), resident (workers holding their experts)")
-	push := fs.Bool("push", false, "ssh: first copy the binary, model, store and certificates to every host's -remote-dir")
+	push := fs.Bool("push", false, "ssh: first copy the binary, model, store and certificates to every host's -remote-dir (with -fetch: the binary and certificates alone)")
 	logDir := fs.String("logs", "rig-logs", "`DIR` for each node's log")
 	rf.log.Register(fs)
 	if err := parseFlags(fs, args); err != nil {

@@ -285,3 +285,69 @@ func TestBenchFaultModeKillsAWorkerMidRun(t *testing.T) {
 		t.Errorf("report.md does not report the fault:\n%s", md)
 	}
 }
+
+// TestLaunchWithFetchStartsEveryNodeFromNothing: odmoe launch -fetch
+// (-via local) starts a stage, the shadow and two workers on empty
+// directories of their own; the printed main-node command serves the
+// model and store on the rig's main address, the nodes fill their
+// directories from it (the stage its layers, the shadow every layer
+// with experts, each worker its share of the store), and the run is
+// local mode's bit for bit.
+func TestLaunchWithFetchStartsEveryNodeFromNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	dir, model := t.TempDir(), tinyModel(t)
+	var rig strings.Builder
+	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackUDP(t))
+	for i := range 2 {
+		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
+	}
+	rigFile := filepath.Join(dir, "fetch.rig")
+	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs, nodes := filepath.Join(dir, "logs"), filepath.Join(dir, "nodes")
+	cmd := exec.Command(odmoeBin(t), "launch", "-via", "local", "-fetch", "-node-files", nodes, "-rig", rigFile, "-model", model, "-mode", "shadow", "-logs", logs, "-log-level", "warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	}()
+	sc := bufio.NewScanner(stdout)
+	var line string
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, odmoeBin(t)+" run -role=main") {
+			line = l
+			break
+		}
+	}
+	go io.Copy(io.Discard, stdout)
+	if line == "" || !strings.Contains(line, "-store-listen=") || !strings.Contains(line, "-store=") {
+		t.Fatalf("launch printed no main-node command line serving the weights: %q", line)
+	}
+	local, swarm := filepath.Join(dir, "local"), filepath.Join(dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", model, "-prompt", "Hello", "-n", "8", "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 { // the printed line's prompt
+		t.Fatalf("local run: %s", se)
+	}
+	out, err := exec.Command("sh", "-c", line+" -n 8 -ignore-eos -dump "+swarm).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "shadow: recall") {
+		t.Fatalf("the printed main command (%s): %v\n%s", line, err, out)
+	}
+	sameDump(t, swarm, local)
+	for name, file := range map[string]string{"stage1": "model/layer-002.safetensors", "shadow": "model/layer-000-experts.safetensors", "w1": "store/index.bin", "w2": "store/index.bin"} {
+		if _, err := os.Stat(filepath.Join(nodes, name, file)); err != nil {
+			b, _ := os.ReadFile(filepath.Join(logs, name+".log"))
+			t.Errorf("%s did not fetch %s: %v\n%s", name, file, err, b)
+		}
+	}
+}

@@ -2,7 +2,10 @@ package mainnode
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -38,6 +41,18 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	served := fetch.Served{Model: ckpt}
 	var st *store.Store
 	if cfg.Store != "" {
+		if _, err := os.Stat(filepath.Join(cfg.Store, store.IndexFile)); errors.Is(err, os.ErrNotExist) {
+			// a node started where the model is makes the store it serves
+			// (once): the workers' compressed experts
+			log.Info().Str("store", cfg.Store).Msg("main node: no store in -store yet: compressing the model's experts (once)")
+			update, finish := progress.Reporter("store")
+			err := store.Convert(ctx, cfg.Model, cfg.Store, store.ConvertOptions{Progress: update})
+			finish()
+			if err != nil {
+				ckpt.Close()
+				return nil, fmt.Errorf("mainnode: -store: %w", err)
+			}
+		}
 		if st, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
 			ckpt.Close()
 			return nil, fmt.Errorf("mainnode: -store: %w", err)

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,6 +156,13 @@ type BenchOptions struct {
 	// workers), while the other modes keep the rig's: the resident
 	// reference needs room for every expert it owns.
 	ResidencyDeviceMem string
+	// Fetch starts every node but the main node on directories of its
+	// own, which it fills from the main node (-fetch-from; the main node
+	// serves its checkpoint and store on FetchAddr): NodeFiles holds
+	// them on this machine (local and netns: NodeFiles/NAME/model and
+	// /store), the remote directory on a real LAN.
+	Fetch     bool
+	NodeFiles string
 	// Command is how the benchmark was started, for the report.
 	Command string
 	Log     zerolog.Logger
@@ -280,6 +288,9 @@ func Bench(opt BenchOptions) (*Report, error) {
 func nodeFlags(opt BenchOptions, via Via, n Node, role string) runflags.Flags {
 	f, _ := n.FlagsAs(role) // checked by ReadRig
 	f.Cluster.Certs, f.Cluster.Name = via.Paths(n).Certs, n.Name
+	if opt.Fetch && role != runflags.RoleMain && role != runflags.RoleLocal {
+		f.FetchFrom = opt.FetchAddr()
+	}
 	if role != runflags.RoleMain && (f.Log.Level == "warn" || f.Log.Level == "error") {
 		f.Log.Level = "info" // the bench waits for a server's "listening" line (waitListening)
 	}
@@ -312,7 +323,7 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 	main := MainFlags(opt, mode)
 	for _, st := range opt.Rig.Stages { // the main node's stages, running its layers as it would
 		f := nodeFlags(opt, opt.Via, st, runflags.RoleStage)
-		f.Listen, f.Model, f.Workers, f.DialTimeout = st.Addr, opt.Via.Paths(st).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
+		f.Listen, f.Model, f.Workers, f.DialTimeout = st.Addr, opt.NodePaths(st).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
 		f.Prefetch, f.Group, f.MiniBatch, f.PeerTimeout = main.Prefetch, main.Group, main.MiniBatch, main.PeerTimeout
 		if err := start(st, f.Args()); err != nil {
 			return servers, err
@@ -325,14 +336,14 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		// a staged shadow's stages first: its first stage dials them
 		for _, st := range opt.Rig.ShadowStages {
 			f := nodeFlags(opt, opt.Via, st, runflags.RoleShadow)
-			f.Listen, f.Model = st.Addr, opt.Via.Paths(st).Model
+			f.Listen, f.Model = st.Addr, opt.NodePaths(st).Model
 			if err := start(st, f.Args()); err != nil {
 				return servers, err
 			}
 		}
 		s := *opt.Rig.Shadow
 		f := nodeFlags(opt, opt.Via, s, runflags.RoleShadow)
-		f.Listen, f.Model, f.Workers, f.DialTimeout = s.Addr, opt.Via.Paths(s).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
+		f.Listen, f.Model, f.Workers, f.DialTimeout = s.Addr, opt.NodePaths(s).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
 		f.Stages = opt.Rig.ShadowStageAddrs()
 		if mode == ModeShadowLate {
 			f.Ahead = 0 // whatever the rig says
@@ -364,7 +375,7 @@ func startLogged(opt BenchOptions, logDir string, n Node, args []string) (*Proc,
 func workerArgs(opt BenchOptions, mode Mode, i int) []string {
 	w := opt.Rig.Workers[i]
 	f := nodeFlags(opt, opt.Via, w, runflags.RoleWorker)
-	f.Listen, f.Store = w.Addr, opt.Via.Paths(w).Store
+	f.Listen, f.Store = w.Addr, opt.NodePaths(w).Store
 	if mode.resident() {
 		f.Resident = fmt.Sprintf("%d/%d", i, len(opt.Rig.Workers))
 	}
@@ -422,7 +433,37 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 		f.Draft = "auto"
 	}
 	f.Stages = opt.Rig.StageAddrs()
+	if opt.Fetch {
+		f.Store, f.StoreListen = via.Paths(m).Store, opt.FetchAddr()
+	}
 	return f
+}
+
+// DefaultFetchPort is the port the main node serves the swarm's weights
+// on (-store-listen) where the rig's main line gives none.
+const DefaultFetchPort = "7600"
+
+// FetchAddr is where the main node serves its checkpoint and store to
+// the nodes fetching theirs (Fetch): its address's port, or
+// DefaultFetchPort.
+func (opt BenchOptions) FetchAddr() string {
+	host, port, err := net.SplitHostPort(opt.Rig.Main.Addr)
+	if err != nil {
+		host, port = opt.Rig.Main.Addr, DefaultFetchPort
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// NodePaths are node n's files: the Via's, or, where nodes fetch their
+// weights (Fetch) on this machine, a model and a store directory of its
+// own under NodeFiles, for every node but the main node (which holds
+// the model and the store it serves).
+func (opt BenchOptions) NodePaths(n Node) Paths {
+	p := opt.Via.Paths(n)
+	if opt.Fetch && opt.NodeFiles != "" && n.Name != opt.Rig.Main.Name {
+		p.Model, p.Store = filepath.Join(opt.NodeFiles, n.Name, "model"), filepath.Join(opt.NodeFiles, n.Name, "store")
+	}
+	return p
 }
 
 // listeningMark is what a worker or shadow logs once it listens, ready.

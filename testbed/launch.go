@@ -247,8 +247,10 @@ func (s SSH) Start(n Node, args []string, log io.Writer) (*Proc, error) {
 
 // Push copies the binary, model, store and certificates from files to
 // every node's host, with ssh and scp, replacing what an earlier push
-// left there.
-func (s SSH) Push(r *Rig, files Paths, out io.Writer) error {
+// left there; with fetch, the binary and certificates alone: the nodes
+// fetch their weights from the main node, into the model and store
+// directories kept there (what an earlier start fetched stays).
+func (s SSH) Push(r *Rig, files Paths, fetch bool, out io.Writer) error {
 	scp := []string{"scp", "-q", "-r", "-o", "BatchMode=yes"}
 	done := map[string]bool{}
 	for _, n := range r.Nodes() {
@@ -257,13 +259,22 @@ func (s SSH) Push(r *Rig, files Paths, out io.Writer) error {
 			continue
 		}
 		done[host] = true
-		fmt.Fprintf(out, "push %s: binary, certificates, model, store -> %s:%s\n", host, host, s.Dir)
 		dst := s.Paths(n)
-		clean := fmt.Sprintf("rm -rf %s && mkdir -p %s", shellJoin([]string{dst.Bin, dst.Certs, dst.Model, dst.Store}), shellQuote(s.Dir))
+		copies := [][2]string{{files.Bin, dst.Bin}, {files.Certs, dst.Certs}, {files.Model, dst.Model}, {files.Store, dst.Store}}
+		what := "binary, certificates, model, store"
+		if fetch {
+			copies, what = copies[:2], "binary, certificates (the nodes fetch their weights)"
+		}
+		fmt.Fprintf(out, "push %s: %s -> %s:%s\n", host, what, host, s.Dir)
+		var stale []string
+		for _, c := range copies {
+			stale = append(stale, c[1])
+		}
+		clean := fmt.Sprintf("rm -rf %s && mkdir -p %s", shellJoin(stale), shellQuote(s.Dir))
 		if b, err := s.remote(n, clean).CombinedOutput(); err != nil {
 			return fmt.Errorf("testbed: %s: mkdir %s: %w: %s", host, s.Dir, err, b)
 		}
-		for _, c := range [][2]string{{files.Bin, dst.Bin}, {files.Certs, dst.Certs}, {files.Model, dst.Model}, {files.Store, dst.Store}} {
+		for _, c := range copies {
 			if b, err := exec.Command(scp[0], append(scp[1:], c[0], host+":"+c[1])...).CombinedOutput(); err != nil {
 				return fmt.Errorf("testbed: copying %s to %s:%s: %w: %s", c[0], host, c[1], err, b)
 			}
@@ -312,7 +323,7 @@ func Up(ctx context.Context, opt BenchOptions, mode Mode, push bool, logDir stri
 		if !ok {
 			return fmt.Errorf("testbed: pushing the files is for ssh rigs")
 		}
-		if err := s.Push(rig, opt.Files, stdout); err != nil {
+		if err := s.Push(rig, opt.Files, opt.Fetch, stdout); err != nil {
 			return err
 		}
 	}

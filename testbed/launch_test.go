@@ -416,7 +416,7 @@ w1 worker 10.0.0.3:7400 ssh=u@box
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := s.Push(r, files, &out); err != nil {
+	if err := s.Push(r, files, false, &out); err != nil {
 		t.Fatalf("Push: %v\n%s", err, out.String())
 	}
 
@@ -465,6 +465,36 @@ w1 worker 10.0.0.3:7400 ssh=u@box
 			t.Errorf("Push output %q does not mention host %s", out.String(), h)
 		}
 	}
+
+	// with fetch, the binary and certificates alone: what the nodes
+	// fetched into the model and store directories stays
+	fetched := filepath.Join(remote.Store, "fetched.bin")
+	if err := os.WriteFile(fetched, []byte("a chunk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(files.Bin, []byte("a new binary"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(scpArgs)
+	os.Remove(sshArgs)
+	out.Reset()
+	if err := s.Push(r, files, true, &out); err != nil {
+		t.Fatalf("Push with fetch: %v\n%s", err, out.String())
+	}
+	if b, err := os.ReadFile(fetched); err != nil || string(b) != "a chunk" {
+		t.Errorf("a push with fetch removed what the node fetched: %q, %v", b, err)
+	}
+	if b, err := os.ReadFile(remote.Bin); err != nil || string(b) != "a new binary" {
+		t.Errorf("a push with fetch left the binary %q (%v)", b, err)
+	}
+	if calls := readCalls(t, scpArgs); len(calls) != 2*len(hosts) {
+		t.Errorf("a push with fetch called scp %d times, want %d (binary, certificates): %q", len(calls), 2*len(hosts), calls)
+	}
+	for _, c := range readCalls(t, sshArgs) {
+		if strings.Contains(c[1], "/model") || strings.Contains(c[1], "/store") {
+			t.Errorf("a push with fetch cleans %q", c[1])
+		}
+	}
 }
 
 func TestSSHPushReportsAFailedCopy(t *testing.T) {
@@ -477,7 +507,7 @@ func TestSSHPushReportsAFailedCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := SSH{Dir: filepath.Join(bin, "remote"), Cmd: []string{sshBin}}
-	err = s.Push(r, Paths{Bin: "/local/odmoe", Model: "/local/model", Store: "/local/store", Certs: "/local/certs"}, &bytes.Buffer{})
+	err = s.Push(r, Paths{Bin: "/local/odmoe", Model: "/local/model", Store: "/local/store", Certs: "/local/certs"}, false, &bytes.Buffer{})
 	if err == nil {
 		t.Fatal("Push succeeded with a failing scp")
 	}

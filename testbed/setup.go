@@ -27,6 +27,11 @@ type SetupOptions struct {
 	// NetDelay is what every node adds to what it sends; negative: the
 	// emulated rig's delay when its kernel has no netem (ReadRigState).
 	NetDelay time.Duration
+	// Fetch starts the nodes on directories of their own, which they
+	// fill from the main node (BenchOptions.Fetch); on this machine
+	// (local, netns) in NodeFiles, default MODEL.nodes-RIGNAME.
+	Fetch     bool
+	NodeFiles string
 }
 
 // CheckVia refuses a way of starting nodes other than netns, local or
@@ -81,6 +86,14 @@ func Setup(ctx context.Context, so SetupOptions, log zerolog.Logger) (BenchOptio
 	}
 	if files.Certs == "" {
 		files.Certs = model + ".certs-" + strings.TrimSuffix(filepath.Base(so.Rig), filepath.Ext(so.Rig))
+	}
+	if o.Fetch = so.Fetch; o.Fetch && so.Via != "ssh" {
+		if o.NodeFiles = so.NodeFiles; o.NodeFiles == "" {
+			o.NodeFiles = model + ".nodes-" + strings.TrimSuffix(filepath.Base(so.Rig), filepath.Ext(so.Rig))
+		}
+		if o.NodeFiles, err = filepath.Abs(o.NodeFiles); err != nil {
+			return o, err
+		}
 	}
 	if err := EnsureStore(ctx, files.Model, files.Store, log); err != nil {
 		return o, err
