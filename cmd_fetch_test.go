@@ -314,12 +314,12 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 			t.Errorf("%s's log does not say it fetched its part of the checkpoint from nothing:\n%s", name, log)
 		}
 	}
-	// what each fetched is its layers: the later stages hold no trunk, the
-	// main stages no expert
+	// what each fetched is its layers: the first stages the embedding, the
+	// shadow's the head too, the main stages no expert
 	for name, want := range map[string][]string{
-		"stage1":  {"layer-000.safetensors", "layer-001.safetensors", "trunk.safetensors"},
+		"stage1":  {"embedding.safetensors", "layer-000.safetensors", "layer-001.safetensors"},
 		"stage2":  {"layer-002.safetensors", "layer-003.safetensors"},
-		"shadow":  {"layer-000-experts.safetensors", "layer-000.safetensors", "layer-001-experts.safetensors", "layer-001.safetensors", "trunk.safetensors"},
+		"shadow":  {"embedding.safetensors", "head.safetensors", "layer-000-experts.safetensors", "layer-000.safetensors", "layer-001-experts.safetensors", "layer-001.safetensors"},
 		"shadow2": {"layer-002-experts.safetensors", "layer-002.safetensors", "layer-003-experts.safetensors", "layer-003.safetensors"},
 	} {
 		got, _ := filepath.Glob(filepath.Join(r.dir, name+".model", "*.safetensors"))
@@ -341,7 +341,7 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if log := r.logOf("stage2"); !strings.Contains(log, "starting on what the directory holds") {
-		t.Errorf("stage2 started again with no source does not say it starts on what it fetched before:\n%s", log)
+	if log := r.logOf("stage2"); !strings.Contains(log, "checking what the directory holds against the one it kept") || !strings.Contains(log, "offline=true") {
+		t.Errorf("stage2 started again with no source does not say it checked what it fetched before:\n%s", log)
 	}
 }

@@ -46,14 +46,11 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	if err != nil {
 		return err
 	}
-	if res.Offline {
-		return nil // (fetch said why)
-	}
 	ev := log.Info()
 	if res.Bad > 0 {
 		ev = log.Warn().Int("bad pieces", res.Bad).Strs("bad sources", res.BadSources)
 	}
 	ev.Str("dir", f.Model).Str("share", progress.Bytes(res.Share)).Str("kept", progress.Bytes(res.Kept)).Str("fetched", progress.Bytes(res.Fetched)).
-		Dur("took", time.Since(t0).Round(time.Millisecond)).Msg(role + ": its part of the checkpoint fetched")
+		Bool("offline", res.Offline).Dur("took", time.Since(t0).Round(time.Millisecond)).Msg(role + ": its part of the checkpoint fetched")
 	return nil
 }

@@ -46,6 +46,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if f.Store != "" && f.StoreListen == "" {
 		return usagef("-store on the main node is the store it serves: give -store-listen ADDR too")
 	}
+	if f.StoreListen != "" && f.DialTimeout == wire.DefaultStartDialTimeout {
+		f.DialTimeout = fetchingDialTimeout // its stages and shadow may be fetching their weights from it first
+	}
 	drafting, err := mainnode.ParseDraft(f.Draft)
 	if err != nil {
 		return usagef("-draft %v", err)
@@ -137,7 +140,7 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.FetchFrom != "" {
 		if err := fetchCheckpoint(ctx, f, cfg.Wire, "stage", func(c model.Config) (fetch.Need, error) {
 			r, err := model.ParseLayerRange(f.Layers, c.NumLayers)
-			return fetch.Need{Layers: r, Trunk: r.First == 0}, err // a stage from layer 0 binds the embedding
+			return fetch.Need{Layers: r, Embedding: r.First == 0}, err // a stage from layer 0 binds the embedding
 		}, log); err != nil {
 			return err
 		}
@@ -184,6 +187,9 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if f.FetchFrom != "" && f.DialTimeout == wire.DefaultStartDialTimeout {
+		f.DialTimeout = fetchingDialTimeout // its later stages may be fetching their weights first
+	}
 	cfg := shadow.Config{Model: f.Model, Quant: dt, Workers: workers, Group: f.Group, Listen: f.Listen, Ahead: f.Ahead,
 		PrefixBytes: f.prefixCacheBytes, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Layers: f.Layers, Stages: stages, Mem: mem, Context: f.Context, Log: log}
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
@@ -196,13 +202,20 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 			if f.Layers != "" {
 				held, err = model.ParseLayerRange(f.Layers, c.NumLayers)
 			}
-			return fetch.Need{Layers: held, Experts: true, Trunk: held.First == 0}, err // it quantizes its layers' experts too; the first stage samples
+			first := held.First == 0                                                           // the first stage samples
+			return fetch.Need{Layers: held, Experts: true, Embedding: first, Head: first}, err // it quantizes its layers' experts too
 		}, log); err != nil {
 			return err
 		}
 	}
 	return shadow.Run(ctx, cfg)
 }
+
+// fetchingDialTimeout is how long a node dials at start (-dial-timeout
+// left at its default) where the nodes it dials may be fetching their
+// weights first: the main node serving them (-store-listen), a shadow
+// fetching its own (-fetch-from).
+const fetchingDialTimeout = 10 * time.Minute
 
 func runWorker(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if f.Store == "" {

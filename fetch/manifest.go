@@ -13,7 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/safetensors"
 	"github.com/odmoe/odmoe/store"
@@ -35,9 +38,12 @@ var pieceBytes int64 = 16 << 20
 // fetches it from its first source (the main node), over the cluster's
 // mutual TLS, and every byte from any source is checked against it.
 type Manifest struct {
-	Identity string           `json:"identity"`
-	Files    []ManifestFile   `json:"files"`
-	Tensors  []ManifestTensor `json:"tensors"`
+	Identity string `json:"identity"`
+	// PieceBytes is the size of the tensors' pieces (the last of a
+	// tensor's may be shorter).
+	PieceBytes int64            `json:"piece_bytes"`
+	Files      []ManifestFile   `json:"files"`
+	Tensors    []ManifestTensor `json:"tensors"`
 }
 
 // ManifestFile is one of the checkpoint's small files.
@@ -48,17 +54,19 @@ type ManifestFile struct {
 }
 
 // ManifestTensor is one of the checkpoint's tensors: Layer is the layer
-// it belongs to (-1: none, the embedding, final norm and output head),
-// Expert whether it is (part of) a routed expert's weights, Pieces the
-// SHA-256 of each pieceBytes piece of its bytes, in order.
+// it belongs to (-1: none: the token embedding, Embedding, or the final
+// norm and output head), Expert whether it is (part of) a routed
+// expert's weights, Pieces the SHA-256 of each PieceBytes piece of its
+// bytes, in order.
 type ManifestTensor struct {
-	Name   string   `json:"name"`
-	DType  string   `json:"dtype"`
-	Shape  []int    `json:"shape"`
-	Size   int64    `json:"size"`
-	Layer  int      `json:"layer"`
-	Expert bool     `json:"expert,omitempty"`
-	Pieces []string `json:"pieces"`
+	Name      string   `json:"name"`
+	DType     string   `json:"dtype"`
+	Shape     []int    `json:"shape"`
+	Size      int64    `json:"size"`
+	Layer     int      `json:"layer"`
+	Expert    bool     `json:"expert,omitempty"`
+	Embedding bool     `json:"embedding,omitempty"`
+	Pieces    []string `json:"pieces"`
 }
 
 // maxManifestFile bounds the small files a manifest lists: each is sent
@@ -66,25 +74,35 @@ type ManifestTensor struct {
 const maxManifestFile = wire.MaxFetchBytes
 
 // Checkpoint serves a model's checkpoint directory to fetching nodes
-// (Serve): its manifest, made when first asked (every tensor's bytes are
-// hashed once, on every core), its small files, and pieces of its
-// tensors.
+// (Serve): its manifest, made in the background from the start (every
+// tensor's bytes hashed once, on every core; cached beside the
+// checkpoint, or in the user cache directory, keyed by its files' names,
+// sizes and times), its small files, and pieces of its tensors.
 type Checkpoint struct {
-	dir      string
-	set      *safetensors.Set
-	files    map[string]bool
-	manifest func() ([]byte, error)
+	dir   string
+	set   *safetensors.Set
+	files map[string]bool
+	built chan struct{} // closed once manifest (or err) is set
+	stop  atomic.Bool   // Close: the hashing ends
+	// hashed and total are the bytes hashed so far and to hash
+	hashed, total atomic.Int64
+	manifest      []byte
+	err           error
 }
+
+// ManifestBuilding begins the answer of a node still hashing its
+// checkpoint for the manifest: a fetching node keeps asking.
+const ManifestBuilding = "the manifest is being made"
 
 // OpenCheckpoint serves the checkpoint in dir, whose identity is id and
 // whose expert tensors m names (m may hold any of its layers: only its
-// config is read). Close it when done.
+// config is read), and starts making its manifest. Close it when done.
 func OpenCheckpoint(dir string, id store.Identity, m *model.Model) (*Checkpoint, error) {
 	set, err := safetensors.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
-	c := &Checkpoint{dir: dir, set: set, files: map[string]bool{}}
+	c := &Checkpoint{dir: dir, set: set, files: map[string]bool{}, built: make(chan struct{})}
 	files, err := smallFiles(dir)
 	if err != nil {
 		set.Close()
@@ -102,14 +120,112 @@ func OpenCheckpoint(dir string, id store.Identity, m *model.Model) (*Checkpoint,
 			}
 		}
 	}
-	c.manifest = sync.OnceValues(func() ([]byte, error) {
-		man, err := buildManifest(dir, id, set, files, experts)
-		if err != nil {
-			return nil, err
+	embedding := m.EmbeddingTensor()
+	go func() {
+		defer close(c.built)
+		key, err := c.cacheKey(id)
+		if err == nil {
+			if b, ok := readManifestCache(dir, key); ok {
+				c.manifest = b
+				return
+			}
 		}
-		return json.Marshal(man)
-	})
+		man, err := c.build(id, files, experts, embedding)
+		if err == nil {
+			c.manifest, err = json.Marshal(man)
+		}
+		if c.err = err; err == nil && key != "" {
+			writeManifestCache(dir, key, c.manifest)
+		}
+	}()
 	return c, nil
+}
+
+// manifestWait is how long a request for the manifest waits for it
+// before it is answered with ManifestBuilding.
+const manifestWait = 2 * time.Second
+
+// Close ends the hashing, if it still runs, and unmaps the checkpoint.
+func (c *Checkpoint) Close() error {
+	c.stop.Store(true)
+	<-c.built
+	return c.set.Close()
+}
+
+// Manifest is the manifest's JSON, once made.
+func (c *Checkpoint) Manifest() ([]byte, error) {
+	select {
+	case <-c.built:
+		return c.manifest, c.err
+	case <-time.After(manifestWait):
+		return nil, fmt.Errorf("%s: %s of %s hashed", ManifestBuilding, progress.Bytes(c.hashed.Load()), progress.Bytes(c.total.Load()))
+	}
+}
+
+// cacheKey names the checkpoint's state and the manifest's form: its
+// identity, the piece size, and its files' names, sizes and times.
+func (c *Checkpoint) cacheKey(id store.Identity) (string, error) {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "odmoe manifest v1 %s %d\n", id, pieceBytes)
+	for _, e := range ents {
+		if n := e.Name(); strings.HasSuffix(n, ".safetensors") || c.files[n] {
+			fi, err := e.Info()
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&b, "%s %d %d\n", n, fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return b.String(), nil
+}
+
+// manifestCachePaths are where dir's manifest may be cached: beside the
+// checkpoint, then in the user cache directory.
+func manifestCachePaths(dir string) []string {
+	paths := []string{filepath.Join(dir, ".odmoe-manifest-cache.json")}
+	abs, err := filepath.Abs(dir)
+	if c, cerr := os.UserCacheDir(); err == nil && cerr == nil {
+		sum := sha256.Sum256([]byte(abs))
+		paths = append(paths, filepath.Join(c, "odmoe", "manifests", hex.EncodeToString(sum[:8])+".json"))
+	}
+	return paths
+}
+
+type manifestCache struct {
+	Key      string          `json:"key"`
+	Manifest json.RawMessage `json:"manifest"`
+}
+
+func readManifestCache(dir, key string) ([]byte, bool) {
+	for _, p := range manifestCachePaths(dir) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var mc manifestCache
+		if json.Unmarshal(b, &mc) == nil && mc.Key == key && json.Valid(mc.Manifest) {
+			return mc.Manifest, true
+		}
+	}
+	return nil, false
+}
+
+// writeManifestCache keeps the manifest where it can (a checkpoint's
+// directory may be read-only); a cache not written is made again.
+func writeManifestCache(dir, key string, manifest []byte) {
+	b, err := json.Marshal(manifestCache{Key: key, Manifest: manifest})
+	if err != nil {
+		return
+	}
+	for _, p := range manifestCachePaths(dir) {
+		if os.MkdirAll(filepath.Dir(p), 0o755) == nil && writeFileAtomic(p, b) == nil {
+			return
+		}
+	}
 }
 
 // Source is c as a source on this node (a checkpoint directory it can
@@ -131,12 +247,6 @@ func (s checkpointSource) ReadTensor(_ context.Context, name string, off int64, 
 	return err
 }
 
-// Close unmaps the checkpoint.
-func (c *Checkpoint) Close() error { return c.set.Close() }
-
-// Manifest is the manifest's JSON.
-func (c *Checkpoint) Manifest() ([]byte, error) { return c.manifest() }
-
 // File is the small file name, one the manifest lists.
 func (c *Checkpoint) File(name string) ([]byte, error) {
 	if !c.files[name] {
@@ -155,7 +265,7 @@ func (c *Checkpoint) Tensor(name string, off int64, size int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if off < 0 || size < 0 || off+int64(size) > int64(len(b)) {
+	if off < 0 || size < 0 || off > int64(len(b)) || int64(size) > int64(len(b))-off { // (off+size may pass MaxInt64)
 		return nil, fmt.Errorf("tensor %q holds %d bytes, not %d at %d", name, len(b), size, off)
 	}
 	return slices.Clone(b[off : off+int64(size)]), nil
@@ -189,13 +299,14 @@ func smallFiles(dir string) ([]string, error) {
 // and none of what Model writes itself.
 func smallFileName(n string) bool {
 	return n != "" && filepath.Base(n) == n && !strings.HasPrefix(n, ".") && !strings.HasSuffix(n, ".safetensors") &&
-		n != safetensors.IndexFile && n != store.FetchedIdentityFile && !strings.HasSuffix(n, partialSuffix) && !strings.Contains(n, ".tmp-")
+		n != safetensors.IndexFile && n != store.FetchedIdentityFile && n != FetchedManifestFile && !strings.HasSuffix(n, partialSuffix) && !strings.Contains(n, ".tmp-")
 }
 
-// buildManifest hashes the files and every tensor's pieces, on every
-// core.
-func buildManifest(dir string, id store.Identity, set *safetensors.Set, files []string, experts map[string]bool) (*Manifest, error) {
-	man := &Manifest{Identity: id.String()}
+// build hashes the files and every tensor's pieces, on every core,
+// counting the bytes in c.hashed, until done or c.stop.
+func (c *Checkpoint) build(id store.Identity, files []string, experts map[string]bool, embedding string) (*Manifest, error) {
+	dir, set := c.dir, c.set
+	man := &Manifest{Identity: id.String(), PieceBytes: pieceBytes}
 	for _, n := range files {
 		b, err := os.ReadFile(filepath.Join(dir, n))
 		if err != nil {
@@ -212,7 +323,9 @@ func buildManifest(dir string, id store.Identity, set *safetensors.Set, files []
 		info, _ := set.Info(n)
 		size := info.End - info.Begin
 		pieces := int((size + pieceBytes - 1) / pieceBytes)
-		man.Tensors[i] = ManifestTensor{Name: n, DType: info.DType, Shape: info.Shape, Size: size, Layer: LayerOf(n), Expert: experts[n], Pieces: make([]string, pieces)}
+		man.Tensors[i] = ManifestTensor{Name: n, DType: info.DType, Shape: info.Shape, Size: size, Layer: LayerOf(n), Expert: experts[n], Embedding: n == embedding,
+			Pieces: make([]string, pieces)}
+		c.total.Add(size)
 		for p := range pieces {
 			jobs = append(jobs, job{i, p})
 		}
@@ -223,6 +336,9 @@ func buildManifest(dir string, id store.Identity, set *safetensors.Set, files []
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
 			for j := range next {
+				if c.stop.Load() {
+					continue
+				}
 				t := &man.Tensors[j.t]
 				info, _ := set.Info(t.Name)
 				b, err := set.Raw(t.Name, info.DType, info.Shape...)
@@ -234,8 +350,10 @@ func buildManifest(dir string, id store.Identity, set *safetensors.Set, files []
 					continue
 				}
 				lo := int64(j.p) * pieceBytes
-				sum := sha256.Sum256(b[lo:min(lo+pieceBytes, int64(len(b)))])
+				hi := min(lo+pieceBytes, int64(len(b)))
+				sum := sha256.Sum256(b[lo:hi])
 				t.Pieces[j.p] = hex.EncodeToString(sum[:])
+				c.hashed.Add(hi - lo)
 			}
 		})
 	}
@@ -248,6 +366,9 @@ func buildManifest(dir string, id store.Identity, set *safetensors.Set, files []
 	case err := <-errs:
 		return nil, fmt.Errorf("fetch: hashing %s: %w", dir, err)
 	default:
+	}
+	if c.stop.Load() {
+		return nil, fmt.Errorf("fetch: %s: closed while its manifest was made", dir)
 	}
 	return man, nil
 }

@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/safetensors"
 	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 )
@@ -38,37 +41,57 @@ type ModelSource interface {
 
 // Need is the part of a checkpoint a node binds: the non-expert tensors
 // of Layers, their experts' too with Experts (a shadow, which quantizes
-// them), and the tensors outside the layers with Trunk (the embedding,
-// final norm and output head: a node that begins at the first layer or
-// samples).
+// them), the token embedding with Embedding (a node that begins at the
+// first layer, or whose output head is tied to it) and the final norm
+// and output head with Head (a node that samples).
 type Need struct {
-	Layers  model.LayerRange
-	Experts bool
-	Trunk   bool
+	Layers    model.LayerRange
+	Experts   bool
+	Embedding bool
+	Head      bool
 }
 
 // needs reports whether n binds t.
 func (n Need) needs(t ManifestTensor) bool {
-	if t.Layer < 0 {
-		return n.Trunk
+	switch {
+	case t.Layer >= 0:
+		return n.Layers.Contains(t.Layer) && (n.Experts || !t.Expert)
+	case t.Embedding:
+		return n.Embedding
 	}
-	return n.Layers.Contains(t.Layer) && (n.Experts || !t.Expert)
+	return n.Head
+}
+
+// String says what n binds, as the directory's record of it does.
+func (n Need) String() string {
+	return fmt.Sprintf("layers %s experts %v embedding %v head %v", n.Layers, n.Experts, n.Embedding, n.Head)
 }
 
 // shardOf is the file of a fetched checkpoint that holds t: one for the
-// tensors outside the layers, one for each layer's non-expert tensors
+// token embedding, one for the other tensors outside the layers (the
+// final norm and output head), one for each layer's non-expert tensors
 // and one for its experts', so that what a file holds does not depend
 // on which node fetched it (a node given other layers later adds files).
 func shardOf(t ManifestTensor) string {
 	switch {
+	case t.Layer < 0 && t.Embedding:
+		return "embedding.safetensors"
 	case t.Layer < 0:
-		return "trunk.safetensors"
+		return "head.safetensors"
 	case t.Expert:
 		return fmt.Sprintf("layer-%03d-experts.safetensors", t.Layer)
 	default:
 		return fmt.Sprintf("layer-%03d.safetensors", t.Layer)
 	}
 }
+
+// FetchedManifestFile is where a directory a fetch completed keeps the
+// manifest it was checked against (and FetchedIdentityFile the model's
+// identity): both are removed before the fetch changes anything, and
+// written once it is complete, so a directory that has them is whole. A
+// node that finds no source starts on such a directory after checking
+// it against this manifest.
+const FetchedManifestFile = "odmoe-manifest.json"
 
 // partialSuffix marks a fetched checkpoint file whose pieces are not
 // all in yet: it becomes its shard once every piece passes.
@@ -84,15 +107,17 @@ type ModelResult struct {
 	// Bad how many a source served wrong, and BadSources who did.
 	Pieces, Bad int
 	BadSources  []string
-	// Offline says no source answered and the directory, which a fetch
-	// completed before, was left as it was (nothing checked).
+	// Offline says no source gave a manifest, and the directory, which
+	// a fetch completed before, was checked against the manifest kept
+	// there (FetchedManifestFile) instead: nothing was fetched.
 	Offline bool
 }
 
-// OfflineWait is how long a node whose directory a fetch completed
-// before asks its sources for the manifest before it starts on what the
-// directory holds.
-const OfflineWait = 10 * time.Second
+// offlineWait is how long a node whose directory a fetch completed
+// before asks its sources for the manifest before it checks what the
+// directory holds against the manifest kept there. (A variable: tests
+// shorten it.)
+var offlineWait = 10 * time.Second
 
 // Model fetches into dir the part of a model's checkpoint need says, as
 // a checkpoint directory model.Load reads (config.json and the other
@@ -113,35 +138,50 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 	if opt.Parallel <= 0 {
 		opt.Parallel = 4
 	}
-	// a directory a fetch completed before is used as it is when no
-	// source answers soon: a node restarted while the main node is down
-	// starts on what it fetched and checked then
-	before, ferr := os.ReadFile(filepath.Join(dir, store.FetchedIdentityFile))
+	// a directory a fetch completed before is checked against the
+	// manifest it kept when no source answers soon: a node restarted
+	// while the main node is down starts on it
+	kept, kerr := os.ReadFile(filepath.Join(dir, FetchedManifestFile))
 	wait := IndexWait
-	if ferr == nil {
-		wait = OfflineWait
+	if kerr == nil {
+		wait = offlineWait
 	}
-	man, err := fetchManifest(ctx, sources, wait, opt.Log)
+	raw, from, err := fetchManifest(ctx, sources, wait, opt.Log)
 	if err != nil {
-		if ferr == nil && ctx.Err() == nil {
-			opt.Log.Warn().Err(err).Str("dir", dir).Str("identity", string(bytes.TrimSpace(before))).
-				Msg("fetch: no source gave the model's manifest; starting on what the directory holds, fetched and checked before")
-			res.Offline = true
-			return res, nil
+		if kerr != nil || ctx.Err() != nil {
+			return res, err
 		}
-		return res, err
+		opt.Log.Warn().Err(err).Str("dir", dir).Msg("fetch: no source gave the model's manifest; checking what the directory holds against the one it kept")
+		raw, from, sources, res.Offline = kept, dir, nil, true
 	}
-	if _, err := store.ParseIdentity(man.Identity); err != nil {
-		return res, fmt.Errorf("fetch: the manifest %s served: %w", sources[0].Name(), err)
+	man := new(Manifest)
+	if err := json.Unmarshal(raw, man); err != nil {
+		return res, fmt.Errorf("fetch: the manifest %s gave: %w", from, err)
+	}
+	if err := man.check(); err != nil {
+		return res, fmt.Errorf("fetch: the manifest %s gave: %w", from, err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return res, fmt.Errorf("fetch: %w", err)
 	}
-	for _, f := range man.Files {
-		if !smallFileName(f.Name) {
-			return res, fmt.Errorf("fetch: the manifest %s served: file %q: not a plain name a checkpoint's small file may have", sources[0].Name(), f.Name)
+	var n Need // what the node binds, once config.json is in
+	// before anything changes, the directory stops saying it is whole;
+	// checked offline, nothing changes
+	dirty := sync.OnceValue(func() error {
+		if res.Offline {
+			return fmt.Errorf("%w: no source answered, and %s does not hold the node's part whole (%s)", ErrNoSource, dir, n)
 		}
-		res.Share += f.Size
+		for _, f := range []string{FetchedManifestFile, store.FetchedIdentityFile} {
+			if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("fetch: %w", err)
+			}
+		}
+		return nil
+	})
+	if !bytes.Equal(raw, kept) {
+		if err := dirty(); err != nil { // another manifest's record
+			return res, err
+		}
 	}
 	var mu sync.Mutex // res's lists
 	badSource := func(src string, what string, err error) {
@@ -153,7 +193,7 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 			res.BadSources = append(res.BadSources, src)
 		}
 	}
-	var kept, fetched, done atomic.Int64
+	var keptBytes, fetched, done atomic.Int64
 	var total int64 // the share's, once the shards are planned: progress is told nothing before
 	progress := func(n int64) {
 		d := done.Add(n)
@@ -161,10 +201,15 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 			opt.Progress(d, total)
 		}
 	}
+	end := func(err error) (ModelResult, error) {
+		res.Kept, res.Fetched = keptBytes.Load(), fetched.Load()
+		return res, err
+	}
 	for _, f := range man.Files {
+		res.Share += f.Size
 		path := filepath.Join(dir, f.Name)
 		if b, err := os.ReadFile(path); err == nil && checkDigest(b, f.Digest) == nil {
-			kept.Add(f.Size)
+			keptBytes.Add(f.Size)
 			progress(f.Size)
 			continue
 		}
@@ -176,11 +221,14 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 			}
 			return b, err
 		}, badSource)
-		if err != nil {
-			return finish(res, &kept, &fetched), err
+		if err == nil {
+			err = dirty()
 		}
-		if err := writeFileAtomic(path, b); err != nil {
-			return finish(res, &kept, &fetched), err
+		if err == nil {
+			err = writeFileAtomic(path, b)
+		}
+		if err != nil {
+			return end(err)
 		}
 		progress(f.Size)
 	}
@@ -188,20 +236,19 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 	// config.json is in: what the node binds of the model it describes
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {
-		return finish(res, &kept, &fetched), fmt.Errorf("fetch: %w", err)
+		return end(fmt.Errorf("fetch: %w", err))
 	}
-	n, err := need(cfg)
-	if err != nil {
-		return finish(res, &kept, &fetched), err
+	if n, err = need(cfg); err != nil {
+		return end(err)
 	}
-	shards, err := planShards(dir, man, n)
+	shards, err := planShards(dir, man, n, dirty)
 	defer func() {
 		for _, s := range shards {
 			s.close()
 		}
 	}()
 	if err != nil {
-		return finish(res, &kept, &fetched), fmt.Errorf("fetch: the manifest %s served: %w", sources[0].Name(), err)
+		return end(fmt.Errorf("fetch: the manifest %s gave: %w", from, err))
 	}
 	var pieces []piece
 	for _, s := range shards {
@@ -223,7 +270,7 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 			}
 			buf := make([]byte, p.size)
 			if _, err := p.file.ReadAt(buf, p.at); err == nil && checkDigest(buf, p.digest) == nil {
-				kept.Add(p.size)
+				keptBytes.Add(p.size)
 				progress(p.size)
 				return nil
 			}
@@ -239,6 +286,9 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 				}
 				return buf, err
 			}, badSource)
+			if err == nil {
+				err = dirty()
+			}
 			if err != nil {
 				return err
 			}
@@ -250,22 +300,21 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return finish(res, &kept, &fetched), err
+		return end(err)
 	}
 	for _, s := range shards {
 		if err := s.complete(); err != nil {
-			return finish(res, &kept, &fetched), err
+			return end(err)
 		}
 	}
 	if err := writeIndex(dir, shards); err != nil {
-		return finish(res, &kept, &fetched), err
+		return end(err)
 	}
-	return finish(res, &kept, &fetched), writeFileAtomic(filepath.Join(dir, store.FetchedIdentityFile), []byte(man.Identity+"\n"))
-}
-
-func finish(res ModelResult, kept, fetched *atomic.Int64) ModelResult {
-	res.Kept, res.Fetched = kept.Load(), fetched.Load()
-	return res
+	// whole: the record last
+	if err := writeFileAtomic(filepath.Join(dir, store.FetchedIdentityFile), []byte(man.Identity+"\n")); err != nil {
+		return end(err)
+	}
+	return end(writeFileAtomic(filepath.Join(dir, FetchedManifestFile), raw))
 }
 
 // firstGood is read's bytes from the first source whose bytes pass (read
@@ -273,9 +322,12 @@ func finish(res ModelResult, kept, fetched *atomic.Int64) ModelResult {
 // telling bad of each whose bytes did not.
 func firstGood(ctx context.Context, sources []ModelSource, spread bool, k int, what string, read func(ModelSource) ([]byte, error), bad func(src, what string, err error)) ([]byte, error) {
 	order := sources
-	if spread {
+	if spread && len(sources) > 0 {
 		k %= len(sources)
 		order = append(slices.Clone(sources[k:]), sources[:k]...)
+	}
+	if len(sources) == 0 {
+		return nil, fmt.Errorf("%w: %s: no source answered, and the directory does not hold it whole", ErrNoSource, what)
 	}
 	var errs []error
 	for _, src := range order {
@@ -304,10 +356,10 @@ func checkDigest(b []byte, want string) error {
 	return nil
 }
 
-// fetchManifest is the manifest from the first source that gives one
-// that parses, asked for again each second for up to wait while none
-// does (they may start after this node).
-func fetchManifest(ctx context.Context, sources []ModelSource, wait time.Duration, log zerolog.Logger) (*Manifest, error) {
+// fetchManifest is the manifest's JSON from the first source that gives
+// one, and its name, asked for again each second for up to wait while
+// none does (they may start after this node).
+func fetchManifest(ctx context.Context, sources []ModelSource, wait time.Duration, log zerolog.Logger) ([]byte, string, error) {
 	deadline := time.Now().Add(wait)
 	for attempt := 1; ; attempt++ {
 		var errs []error
@@ -320,16 +372,16 @@ func fetchManifest(ctx context.Context, sources []ModelSource, wait time.Duratio
 			b, err := src.Manifest(actx)
 			cancel()
 			if err == nil {
-				man := new(Manifest)
-				if err = json.Unmarshal(b, man); err == nil {
-					return man, nil
-				}
+				return b, src.Name(), nil
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", src.Name(), err))
 		}
 		err := fmt.Errorf("%w: the model's manifest: %w", ErrNoSource, errors.Join(errs...))
+		if strings.Contains(err.Error(), ManifestBuilding) {
+			deadline = time.Now().Add(max(wait, IndexWait)) // a source is hashing its checkpoint: however long that takes
+		}
 		if ctx.Err() != nil || time.Now().After(deadline) {
-			return nil, err
+			return nil, "", err
 		}
 		if attempt&(attempt-1) == 0 {
 			log.Info().Err(err).Int("attempt", attempt).Msg("fetch: no source gave the model's manifest yet; asking again")
@@ -339,6 +391,40 @@ func fetchManifest(ctx context.Context, sources []ModelSource, wait time.Duratio
 		case <-ctx.Done():
 		}
 	}
+}
+
+// check refuses a manifest this node cannot follow safely: no identity,
+// pieces of no size or past a request's bound, a file name that is not
+// a plain one, a tensor of negative or overflowing shape or whose
+// pieces do not cover its bytes.
+func (man *Manifest) check() error {
+	if _, err := store.ParseIdentity(man.Identity); err != nil {
+		return err
+	}
+	if man.PieceBytes <= 0 || man.PieceBytes > wire.MaxFetchBytes {
+		return fmt.Errorf("pieces of %d bytes (1 to %d)", man.PieceBytes, wire.MaxFetchBytes)
+	}
+	for _, f := range man.Files {
+		if !smallFileName(f.Name) || f.Size < 0 || f.Size > maxManifestFile {
+			return fmt.Errorf("file %q of %d bytes: not a checkpoint's small file", f.Name, f.Size)
+		}
+	}
+	for _, t := range man.Tensors {
+		n := int64(1)
+		for _, d := range t.Shape {
+			if d < 0 || d > 0 && n > math.MaxInt64/8/int64(d) {
+				return fmt.Errorf("tensor %q: shape %v", t.Name, t.Shape)
+			}
+			n *= int64(d)
+		}
+		if t.Size < 0 || t.Size > 8*n {
+			return fmt.Errorf("tensor %q: %d bytes for shape %v", t.Name, t.Size, t.Shape)
+		}
+		if want := (t.Size + man.PieceBytes - 1) / man.PieceBytes; int64(len(t.Pieces)) != want {
+			return fmt.Errorf("tensor %q: %d pieces for %d bytes", t.Name, len(t.Pieces), t.Size)
+		}
+	}
+	return nil
 }
 
 // piece is one pieceBytes piece of a tensor: where it is in the tensor
@@ -390,7 +476,7 @@ func (s *shard) complete() error {
 // checked, not trusted), its partial file if that does, else a new
 // partial file, sparse, with the header. It checks the manifest as it
 // goes: names, sizes and piece counts must agree.
-func planShards(dir string, man *Manifest, need Need) ([]*shard, error) {
+func planShards(dir string, man *Manifest, need Need, dirty func() error) ([]*shard, error) {
 	by := map[string]*shard{}
 	tensors := map[string]ManifestTensor{}
 	for _, t := range man.Tensors {
@@ -399,9 +485,6 @@ func planShards(dir string, man *Manifest, need Need) ([]*shard, error) {
 		}
 		if _, dup := tensors[t.Name]; dup {
 			return nil, fmt.Errorf("tensor %q listed twice", t.Name)
-		}
-		if want := (t.Size + pieceBytes - 1) / pieceBytes; int64(len(t.Pieces)) != want {
-			return nil, fmt.Errorf("tensor %q: %d pieces for %d bytes", t.Name, len(t.Pieces), t.Size)
 		}
 		tensors[t.Name] = t
 		name := shardOf(t)
@@ -423,7 +506,7 @@ func planShards(dir string, man *Manifest, need Need) ([]*shard, error) {
 		if err != nil {
 			return shards, err
 		}
-		if err := s.open(prefix, size); err != nil {
+		if err := s.open(prefix, size, dirty); err != nil {
 			return shards, err
 		}
 		for i, sp := range s.specs {
@@ -436,16 +519,17 @@ func planShards(dir string, man *Manifest, need Need) ([]*shard, error) {
 				return shards, fmt.Errorf("tensor %q: %s%v is %d bytes, not %d", t.Name, t.DType, t.Shape, end-offsets[i], t.Size)
 			}
 			for k, d := range t.Pieces {
-				off := int64(k) * pieceBytes
-				s.pieces = append(s.pieces, piece{tensor: t.Name, off: off, at: offsets[i] + off, size: min(pieceBytes, t.Size-off), digest: d, file: s.file})
+				off := int64(k) * man.PieceBytes
+				s.pieces = append(s.pieces, piece{tensor: t.Name, off: off, at: offsets[i] + off, size: min(man.PieceBytes, t.Size-off), digest: d, file: s.file})
 			}
 		}
 	}
 	return shards, nil
 }
 
-// open opens the shard's file as planShards says.
-func (s *shard) open(prefix []byte, size int64) error {
+// open opens the shard's file as planShards says, telling dirty first
+// where it changes the directory.
+func (s *shard) open(prefix []byte, size int64, dirty func() error) error {
 	for _, path := range []string{s.final, s.final + partialSuffix} {
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
@@ -456,10 +540,16 @@ func (s *shard) open(prefix []byte, size int64) error {
 		if err == nil && fi.Size() == size {
 			if _, err := f.ReadAt(have, 0); err == nil && bytes.Equal(have, prefix) {
 				s.file, s.path = f, path
+				if path == s.final {
+					os.Remove(s.final + partialSuffix) // an older try's
+				}
 				return nil
 			}
 		}
 		f.Close()
+	}
+	if err := dirty(); err != nil {
+		return err
 	}
 	path := s.final + partialSuffix
 	f, err := os.Create(path)
@@ -474,7 +564,7 @@ func (s *shard) open(prefix []byte, size int64) error {
 	if err != nil {
 		return fmt.Errorf("fetch: %w", err)
 	}
-	os.Remove(s.final) // another model's or another layout's: replaced once complete
+	os.Remove(s.final) // another model's or another layout's
 	s.file, s.path = f, path
 	return nil
 }

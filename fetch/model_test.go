@@ -3,13 +3,16 @@ package fetch_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/harness/inproc"
@@ -131,7 +134,7 @@ func TestAShadowFetchesTheWholeModelAndRunsIt(t *testing.T) {
 	f, c, _ := checkpoint(t, "qwen3-moe-tiny")
 	dir := filepath.Join(t.TempDir(), "shadow")
 	need := func(cfg model.Config) (fetch.Need, error) {
-		return fetch.Need{Layers: model.AllLayers(cfg.NumLayers), Experts: true, Trunk: true}, nil
+		return fetch.Need{Layers: model.AllLayers(cfg.NumLayers), Experts: true, Embedding: true, Head: true}, nil
 	}
 	if _, err := fetch.Model(context.Background(), dir, []fetch.ModelSource{c.Source()}, need, fetch.Options{Log: zerolog.Nop()}); err != nil {
 		t.Fatal(err)
@@ -203,7 +206,7 @@ func TestAModelFetchResumesRepairsAndNamesABadSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	need := fixed(fetch.Need{Layers: model.AllLayers(cfg.NumLayers), Trunk: true})
+	need := fixed(fetch.Need{Layers: model.AllLayers(cfg.NumLayers), Embedding: true, Head: true})
 	dir := filepath.Join(t.TempDir(), "node")
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -296,5 +299,168 @@ func TestAModelComesOverTheWire(t *testing.T) {
 	}
 	if _, err := src.Index(ctx); err == nil || !strings.Contains(err.Error(), "no expert store here") {
 		t.Fatalf("the store's index from a node serving the model alone: %v", err)
+	}
+}
+
+// down is a source that never answers.
+type down struct{}
+
+func (down) Name() string { return "down" }
+func (down) Manifest(context.Context) ([]byte, error) {
+	return nil, errors.New("connection refused")
+}
+func (down) ReadFile(context.Context, string) ([]byte, error) {
+	return nil, errors.New("connection refused")
+}
+func (down) ReadTensor(context.Context, string, int64, []byte) error {
+	return errors.New("connection refused")
+}
+
+// TestACompleteDirectoryIsCheckedOfflineWhenNoSourceAnswers: with no
+// source, a directory a fetch completed is checked against the manifest
+// it kept and used (nothing fetched); a damaged piece, or a need past
+// what it holds, is refused by name; an interrupted fetch leaves no
+// record that the directory is whole.
+func TestACompleteDirectoryIsCheckedOfflineWhenNoSourceAnswers(t *testing.T) {
+	defer fetch.SetOfflineWait(100 * time.Millisecond)()
+	_, c, id := checkpoint(t, "qwen3-moe-tiny")
+	dir := filepath.Join(t.TempDir(), "stage")
+	r := model.LayerRange{First: 1, End: 2}
+	need := fixed(fetch.Need{Layers: r})
+	full, err := fetch.Model(context.Background(), dir, []fetch.ModelSource{c.Source()}, need, fetch.Options{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := fetch.Model(context.Background(), dir, []fetch.ModelSource{down{}}, need, fetch.Options{Log: zerolog.Nop()})
+	if err != nil || !res.Offline || res.Fetched != 0 || res.Kept != full.Share {
+		t.Fatalf("offline: %+v, %v: want the whole share kept, checked", res, err)
+	}
+	if got, err := store.ModelIdentity(dir); err != nil || got != id {
+		t.Fatalf("identity after an offline check %v (%v), want %v", got, err, id)
+	}
+	if _, err := fetch.Model(context.Background(), dir, []fetch.ModelSource{down{}}, fixed(fetch.Need{Layers: model.LayerRange{First: 0, End: 2}}), fetch.Options{Log: zerolog.Nop()}); err == nil ||
+		!strings.Contains(err.Error(), "does not hold the node's part whole (layers 0-1") {
+		t.Fatalf("offline with a layer the directory lacks: %v; want it said", err)
+	}
+	shard := filepath.Join(dir, "layer-001.safetensors")
+	b, err := os.ReadFile(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1
+	if err := os.WriteFile(shard, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fetch.Model(context.Background(), dir, []fetch.ModelSource{down{}}, need, fetch.Options{Log: zerolog.Nop()}); !errors.Is(err, fetch.ErrNoSource) {
+		t.Fatalf("offline with a damaged piece: %v; want ErrNoSource", err)
+	}
+
+	// another model's manifest: the record goes before anything changes,
+	// and an interrupted fetch leaves none
+	_, other, _ := checkpoint(t, "tiny")
+	ctx, cancel := context.WithCancel(context.Background())
+	cut := &flakyModel{ModelSource: other.Source(), name: "cut", stopAfter: 1, cancel: cancel}
+	if _, err := fetch.Model(ctx, dir, []fetch.ModelSource{cut}, need, fetch.Options{Parallel: 1, Log: zerolog.Nop()}); err == nil {
+		t.Fatal("the interrupted fetch of another model succeeded")
+	}
+	for _, rec := range []string{fetch.FetchedManifestFile, store.FetchedIdentityFile} {
+		if _, err := os.Stat(filepath.Join(dir, rec)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s survives an interrupted fetch of another model: %v", rec, err)
+		}
+	}
+}
+
+// liar serves a fixed manifest.
+type liar struct {
+	down
+	manifest string
+}
+
+func (l liar) Manifest(context.Context) ([]byte, error) { return []byte(l.manifest), nil }
+
+// TestABadManifestOrRequestIsRefusedByName: a manifest of a negative or
+// overflowing shape, of pieces past a request's bound or of a file name
+// with a path is refused naming what is wrong; a request for bytes past
+// a tensor's end, even one whose end overflows, is answered with why.
+func TestABadManifestOrRequestIsRefusedByName(t *testing.T) {
+	_, c, id := checkpoint(t, "tiny")
+	for _, bad := range []struct{ manifest, want string }{
+		{`{"identity":"` + id.String() + `","piece_bytes":1024,"tensors":[{"name":"x","dtype":"F32","shape":[-1,4],"size":16,"layer":-1,"pieces":["00"]}]}`, `tensor "x": shape [-1 4]`},
+		{`{"identity":"` + id.String() + `","piece_bytes":1024,"tensors":[{"name":"x","dtype":"F32","shape":[4611686018427387904,4],"size":0,"layer":-1,"pieces":[]}]}`, `tensor "x": shape`},
+		{`{"identity":"` + id.String() + `","piece_bytes":1073741824}`, "pieces of 1073741824 bytes"},
+		{`{"identity":"` + id.String() + `","piece_bytes":1024,"files":[{"name":"../etc/passwd","size":3,"sha256":"00"}]}`, `file "../etc/passwd"`},
+		{`{"identity":"nope","piece_bytes":1024}`, "identity"},
+	} {
+		_, err := fetch.Model(context.Background(), t.TempDir(), []fetch.ModelSource{liar{manifest: bad.manifest}}, fixed(fetch.Need{}), fetch.Options{Log: zerolog.Nop()})
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("manifest %s: %v; want an error naming %q", bad.manifest, err, bad.want)
+		}
+	}
+	for _, off := range []int64{1 << 40, math.MaxInt64 - 10} {
+		if _, err := c.Tensor("model.norm.weight", off, 100); err == nil || !strings.Contains(err.Error(), "holds") {
+			t.Errorf("100 bytes at %d: %v; want why not", off, err)
+		}
+	}
+}
+
+// TestTheManifestIsCachedBesideTheCheckpoint: the manifest a Checkpoint
+// made is kept beside the checkpoint and served again from there by the
+// next Checkpoint of it (a cache edited in place shows it is read), until
+// a safetensors file changes.
+func TestTheManifestIsCachedBesideTheCheckpoint(t *testing.T) {
+	f, c, id := checkpoint(t, "tiny")
+	want, err := c.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	cachePath := filepath.Join(f.Model, ".odmoe-manifest-cache.json")
+	b, err := os.ReadFile(cachePath)
+	if err != nil {
+		t.Fatalf("no cache beside the checkpoint: %v", err)
+	}
+	var mc struct {
+		Key      string          `json:"key"`
+		Manifest json.RawMessage `json:"manifest"`
+	}
+	if err := json.Unmarshal(b, &mc); err != nil || !bytes.Equal(mc.Manifest, want) {
+		t.Fatalf("the cache holds another manifest (%v)", err)
+	}
+	edited := append([]byte(`{"edited":true,`), want[1:]...)
+	mc.Manifest = edited
+	b, _ = json.Marshal(mc)
+	if err := os.WriteFile(cachePath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := func() []byte {
+		m, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		c, err := fetch.OpenCheckpoint(f.Model, id, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		got, err := c.Manifest()
+		for err != nil && strings.Contains(err.Error(), fetch.ManifestBuilding) {
+			got, err = c.Manifest()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := open(); !bytes.Equal(got, edited) {
+		t.Fatal("a second Checkpoint did not serve the cached manifest")
+	}
+	files, _ := filepath.Glob(filepath.Join(f.Model, "*.safetensors"))
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(files[0], later, later); err != nil {
+		t.Fatal(err)
+	}
+	if got := open(); !bytes.Equal(got, want) {
+		t.Fatal("a Checkpoint of a changed checkpoint served the old cache")
 	}
 }

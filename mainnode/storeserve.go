@@ -33,7 +33,7 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	if err != nil {
 		return nil, err
 	}
-	ckpt, err := fetch.OpenCheckpoint(cfg.Model, id, m)
+	ckpt, err := fetch.OpenCheckpoint(cfg.Model, id, m) // its manifest made in the background from now
 	m.Close()
 	if err != nil {
 		return nil, err

@@ -315,6 +315,11 @@ func (m *Model) ExpertTensors(layer, expert int) (names []string, stacked bool) 
 	return []string{gate, up, down}, false
 }
 
+// EmbeddingTensor is the name of the checkpoint's token embedding (which
+// a node binds where it begins at the first layer, or where the output
+// head is tied to it).
+func (m *Model) EmbeddingTensor() string { return m.arch.embed }
+
 // Close releases the memory-mapped checkpoint; the Model's matrices must
 // not be used after.
 func (m *Model) Close() error {
