@@ -51,6 +51,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 		ev = log.Warn().Int("bad pieces", res.Bad).Strs("bad sources", res.BadSources)
 	}
 	ev.Str("dir", f.Model).Str("share", progress.Bytes(res.Share)).Str("kept", progress.Bytes(res.Kept)).Str("fetched", progress.Bytes(res.Fetched)).
-		Bool("offline", res.Offline).Dur("took", time.Since(t0).Round(time.Millisecond)).Msg(role + ": its part of the checkpoint fetched")
+		Bool("offline", res.Offline).Dur("took", time.Since(t0).Round(time.Millisecond)).Int64("share_bytes", res.Share).Int64("fetched_bytes", res.Fetched).
+		Msg(role + ": its part of the checkpoint fetched")
 	return nil
 }

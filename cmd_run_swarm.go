@@ -202,8 +202,9 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 			if f.Layers != "" {
 				held, err = model.ParseLayerRange(f.Layers, c.NumLayers)
 			}
-			first := held.First == 0                                                           // the first stage samples
-			return fetch.Need{Layers: held, Experts: true, Embedding: first, Head: first}, err // it quantizes its layers' experts too
+			// it quantizes its layers' experts too; the first stage samples
+			first := held.First == 0
+			return fetch.Need{Layers: held, Experts: true, Embedding: first, Head: first}, err
 		}, log); err != nil {
 			return err
 		}

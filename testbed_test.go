@@ -351,3 +351,51 @@ func TestLaunchWithFetchStartsEveryNodeFromNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchRigFromEmptyDirectories: bench rig -fetch (-via local) starts
+// a stage, the shadow and two workers on empty directories of their own,
+// twice, with a main node serving the weights: the first start fetches
+// each node's share once (a worker's share of the store, the stage's
+// layers, the shadow's whole model), the second nothing; the report says
+// so, and the run after is local mode's bit for bit.
+func TestBenchRigFromEmptyDirectories(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes, started three times")
+	}
+	dir, model := t.TempDir(), tinyModel(t)
+	var rig strings.Builder
+	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackUDP(t))
+	for i := range 2 {
+		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
+	}
+	rigFile := filepath.Join(dir, "fetch.rig")
+	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	rep := benchRig(t, rigFile, model, out, "-fetch", "-node-files", filepath.Join(dir, "nodes"), "-modes", "shadow", "-cases", "6x4")
+	if len(rep.Fill) != 2 || len(rep.Runs) != 2 || !rep.Runs[1].Identical {
+		t.Fatalf("fill %+v, runs %+v", rep.Fill, rep.Runs)
+	}
+	for i, fs := range rep.Fill {
+		if len(fs.Nodes) != 4 || fs.ReadyS <= 0 {
+			t.Fatalf("start %d: %+v: want the four nodes' shares", i+1, fs)
+		}
+		for _, n := range fs.Nodes {
+			switch {
+			case n.ShareBytes <= 0:
+				t.Errorf("start %d: %s's share is %d bytes", i+1, n.Name, n.ShareBytes)
+			case i == 0 && (n.FetchedBytes < n.ShareBytes || float64(n.FetchedBytes) > 1.05*float64(n.ShareBytes)):
+				t.Errorf("start 1: %s fetched %d bytes of a share of %d: want its share once", n.Name, n.FetchedBytes, n.ShareBytes)
+			case i == 1 && n.FetchedBytes != 0:
+				t.Errorf("start 2: %s fetched %d bytes: want nothing", n.Name, n.FetchedBytes)
+			}
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil || !strings.Contains(string(md), "## Start 2 from the nodes' own directories") {
+		t.Errorf("report.md does not give the starts (%v):\n%s", err, md)
+	}
+}

@@ -207,7 +207,12 @@ type Report struct {
 	Via     string            `json:"via"`
 	Link    map[string]string `json:"link,omitempty"` // the emulated rig's state: rate, delay, delay_by, loss
 	Model   string            `json:"model"`
-	Runs    []Run             `json:"runs"`
+	// Fill is what the nodes fetched when they started on their own
+	// directories (BenchOptions.Fetch): the first start, from whatever
+	// the directories held (nothing, the first time), and a second
+	// start from what the first fetched.
+	Fill []FillStart `json:"fill,omitempty"`
+	Runs []Run       `json:"runs"`
 }
 
 // Bench runs every mode on every case against the rig and writes
@@ -242,6 +247,16 @@ func Bench(opt BenchOptions) (*Report, error) {
 		}
 		if len(opt.Rig.Stages) > 0 && mode.residency() {
 			return nil, fmt.Errorf("testbed: mode %s with the main node's stages (%s): residency does not place a staged main node's experts yet", mode, opt.Rig.Path)
+		}
+	}
+	if opt.Fetch {
+		for start := 1; start <= 2; start++ {
+			fs, err := fillRig(opt, start)
+			rep.Fill = append(rep.Fill, fs)
+			if err != nil {
+				writeReport(opt, rep)
+				return rep, err
+			}
 		}
 	}
 	// rounds: every mode once per round, so that a machine whose speed

@@ -194,6 +194,36 @@ func writeFault(w io.Writer, r Run, shadowTokS float64) {
 		r.FaultNode, r.FaultAtS, f.DecodeTokensPerS, vs, f.recoveryMs(), f.Faults["workers_lost"], f.Faults["resent_requests"], f.Faults["rejoins"], r.Identical)
 }
 
+// writeFill says, for each start of the nodes on their own directories
+// (bench rig -fetch), what each node's share was and what it fetched,
+// and how long the rig took to have every share against the largest
+// share's time at the link rate.
+func writeFill(w io.Writer, rep *Report) {
+	for i, fs := range rep.Fill {
+		var largest int64
+		for _, n := range fs.Nodes {
+			largest = max(largest, n.ShareBytes)
+		}
+		fmt.Fprintf(w, "## Start %d from the nodes' own directories (-fetch)\n\n", i+1)
+		fmt.Fprintln(w, "| node | role | share MiB | fetched MiB | fetched / share | had its share at s |")
+		fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
+		for _, n := range fs.Nodes {
+			ratio := "–"
+			if n.ShareBytes > 0 {
+				ratio = fmt.Sprintf("%.3f", float64(n.FetchedBytes)/float64(n.ShareBytes))
+			}
+			fmt.Fprintf(w, "| %s | %s | %.1f | %.1f | %s | %.1f |\n", n.Name, n.Role, float64(n.ShareBytes)/(1<<20), float64(n.FetchedBytes)/(1<<20), ratio, n.ReadyS)
+		}
+		fmt.Fprintf(w, "\nEvery node had its share %.1f s after they started", fs.ReadyS)
+		if bits := linkBits(rep.Link); bits > 0 && largest > 0 {
+			at := float64(largest) * 8 / bits
+			fmt.Fprintf(w, "; the largest share (%.1f MiB) takes %.1f s at the link rate (%s): **%.2fx** that", float64(largest)/(1<<20), at, rep.Link["rate"], fs.ReadyS/at)
+		}
+		fmt.Fprintln(w, ".")
+		fmt.Fprintln(w)
+	}
+}
+
 // BusyWarning is the CPU-busy fraction above which a run on the emulated
 // rig measures the shared CPU more than the swarm (FIELD-NOTES.md).
 const BusyWarning = 0.70
@@ -216,6 +246,7 @@ func WriteMarkdown(w io.Writer, rep *Report, timelines []string) {
 		fmt.Fprintf(w, "- links: rate %s, delay %s (applied by %s), loss %s%%\n", rep.Link["rate"], rep.Link["delay"], rep.Link["delay_by"], rep.Link["loss"])
 	}
 	fmt.Fprintf(w, "- model: %s\n- command: `%s`\n\n", rep.Model, rep.Command)
+	writeFill(w, rep)
 	var cases []string
 	byCase := map[string][]Run{}
 	for _, r := range rep.Runs {
