@@ -86,10 +86,11 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 			wg.Go(func() {
 				defer p.Close()
 				log.Info().Str("peer", p.Identity().Name).Msg("main node: a node fetches from its store")
-				before := bytes.Load()
-				err := fetch.Serve(ctx, p, served, &bytes)
+				var sent atomic.Int64 // this node's (others fetch at the same time)
+				err := fetch.Serve(ctx, p, served, &sent)
+				bytes.Add(sent.Load())
 				if ctx.Err() == nil {
-					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(bytes.Load()-before)).Err(err).Msg("main node: a fetching node is done")
+					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(sent.Load())).Err(err).Msg("main node: a fetching node is done")
 				}
 			})
 		}
