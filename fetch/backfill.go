@@ -175,10 +175,16 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 	if opt.Parallel <= 0 {
 		opt.Parallel = 4
 	}
-	var chunks []store.Chunk
+	type chunkOf struct {
+		store.Chunk
+		layer, expert int
+	}
+	var chunks []chunkOf
 	for _, ec := range b.experts {
 		if experts == nil || experts(ec.layer, ec.expert) {
-			chunks = append(chunks, ec.chunks...)
+			for _, c := range ec.chunks {
+				chunks = append(chunks, chunkOf{c, ec.layer, ec.expert})
+			}
 		}
 	}
 	res := Result{Chunks: len(chunks)}
@@ -194,11 +200,21 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Parallel)
-	for i, c := range chunks {
+	n := len(chunks)
+	start := 0
+	if n > 0 {
+		start = int(opt.Start*float64(n)) % n
+	}
+	for j := range n {
+		i := (start + j) % n // where the fill begins, wrapping
+		c := chunks[i]
 		order := b.sources
 		if opt.Spread {
 			k := i % len(order)
 			order = append(slices.Clone(order[k:]), order[:k]...)
+		}
+		if opt.SourcesFor != nil {
+			order = append(opt.SourcesFor(i, n, c.layer, c.expert), order...)
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
@@ -213,7 +229,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 			if err := pace.wait(gctx, c.Ref.Size); err != nil {
 				return err
 			}
-			here, err := b.fetch(gctx, c, buf, order)
+			here, err := b.fetch(gctx, c.Chunk, buf, order)
 			if here { // (not a wait on a read's fetch)
 				fetched.Add(int64(c.Ref.Size))
 			}

@@ -138,3 +138,73 @@ func TestAFillAndReadsFetchEachChunkOnce(t *testing.T) {
 		t.Fatalf("a second fill %+v, %v: want all kept", again, err)
 	}
 }
+
+// countingSource is a source that counts the chunk bytes it served.
+type countingSource struct {
+	fetch.Source
+	served atomic.Int64
+}
+
+func (c *countingSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	err := c.Source.ReadChunk(ctx, ref, dst)
+	if err == nil {
+		c.served.Add(int64(ref.Size))
+	}
+	return err
+}
+
+// holding serves a node's store from what it holds (Backfill.Local), as
+// fetch.Serve does: a chunk it lacks is refused.
+type holding struct{ h fetch.Holder }
+
+func (holding) Name() string { return "peer" }
+func (s holding) Index(context.Context) ([]byte, error) {
+	return s.h.IndexBytes(), nil
+}
+func (s holding) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	if err := s.h.ReadChunk(ctx, ref, dst); err != nil {
+		return err
+	}
+	return s.h.CheckChunk(ref, dst)
+}
+
+// TestTwoNodesFillingTheSameShareFetchEachOthersHalves: node A fills a
+// share from its first chunk, node B, filling the same share, from its
+// middle (Options.Start), asking A first for A's half (SourcesFor): the
+// main source serves B only B's half; B then holds it all.
+func TestTwoNodesFillingTheSameShareFetchEachOthersHalves(t *testing.T) {
+	ctx := context.Background()
+	src := source(t)
+	whole, err := store.Open(src, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	open := func(name string, main fetch.Source) (*store.Store, *fetch.Backfill) {
+		st, b, err := fetch.OpenBackfill(ctx, filepath.Join(t.TempDir(), name), []fetch.Source{main}, store.Options{Identity: whole.Identity()}, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close(); b.Close() })
+		return st, b
+	}
+	mainA, mainB := &countingSource{Source: fetch.DirSource{Dir: src}}, &countingSource{Source: fetch.DirSource{Dir: src}}
+	_, a := open("a", mainA)
+	_, b := open("b", mainB)
+	ra, err := a.Fill(ctx, nil, fetch.Options{Log: zerolog.Nop()})
+	if err != nil || ra.Fetched != ra.Share || mainA.served.Load() != ra.Share {
+		t.Fatalf("A: %+v, %v; main served %d", ra, err, mainA.served.Load())
+	}
+	rb, err := b.Fill(ctx, nil, fetch.Options{Start: 0.5, Log: zerolog.Nop(), SourcesFor: func(i, n, layer, expert int) []fetch.Source {
+		if i < n/2 { // A's part: A fetched it first
+			return []fetch.Source{holding{a.Local()}}
+		}
+		return nil
+	}})
+	if err != nil || rb.Fetched != rb.Share {
+		t.Fatalf("B: %+v, %v", rb, err)
+	}
+	if got := float64(mainB.served.Load()) / float64(rb.Share); got < 0.3 || got > 0.7 {
+		t.Fatalf("main served B %d of its share %d: want its own half alone", mainB.served.Load(), rb.Share)
+	}
+}

@@ -63,7 +63,15 @@ type Options struct {
 	// Progress, if set, is told the share's bytes done (kept or fetched)
 	// and its total, as chunks complete; it may be called concurrently.
 	Progress func(done, total int64)
-	Log      zerolog.Logger
+	// Backfill.Fill only: Start is where in the share's chunks the fill
+	// begins (a fraction; it wraps around), and SourcesFor, if set, the
+	// sources chunk i of the share's n (of expert of layer) is asked
+	// of first, before the backfill's own: nodes filling the same
+	// experts start apart, each fetching from the others what they
+	// fetched first.
+	Start      float64
+	SourcesFor func(i, n, layer, expert int) []Source
+	Log        zerolog.Logger
 }
 
 // Result is what a fetch did, in chunk bytes.

@@ -21,6 +21,9 @@ func Dial(ctx context.Context, addrs []string, cfg *wire.Config, opt Options) (*
 	if opt.Redial == nil {
 		opt.Redial = RedialWorkers(addrs, cfg)
 	}
+	if opt.WorkerAddrs == nil {
+		opt.WorkerAddrs = addrs
+	}
 	s, err := NewSwarm(peers, opt)
 	if err != nil {
 		for _, p := range peers {

@@ -282,7 +282,7 @@ func (d workerDialing) dialWorkers(ctx context.Context, addrs []string, opt *Opt
 	if err != nil {
 		return nil, err
 	}
-	opt.Redial = RedialWorkers(addrs, &d.base)
+	opt.Redial, opt.WorkerAddrs = RedialWorkers(addrs, &d.base), addrs
 	return peers, nil
 }
 

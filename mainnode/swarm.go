@@ -81,6 +81,10 @@ type Options struct {
 	// connection was lost (one attempt, which may retry inside); the
 	// Swarm calls it in the background until the worker answers.
 	Redial func(ctx context.Context, w int) (*wire.Peer, error)
+	// WorkerAddrs, if set, are the workers' addresses in layout order:
+	// each worker told its place is told them (wire.Place.Peers), so that
+	// it fetches from the others what they hold.
+	WorkerAddrs []string
 	// Draft is -draft: how many of the shadow's guesses a pass checks
 	// after each decoding member's token (with a shadow; off: none).
 	Draft Drafting
@@ -284,7 +288,11 @@ func (s *Swarm) tellPlace(w int, p *wire.Peer) {
 		return
 	}
 	l := s.opt.Layout
-	if err := p.Send(s.life, &wire.Place{Worker: w, Workers: l.Workers, Group: l.Group}); err != nil {
+	place := &wire.Place{Worker: w, Workers: l.Workers, Group: l.Group}
+	if len(s.opt.WorkerAddrs) == l.Workers {
+		place.Peers = s.opt.WorkerAddrs
+	}
+	if err := p.Send(s.life, place); err != nil {
 		s.opt.Log.Debug().Int("worker", w).Err(err).Msg("mainnode: a worker was not told its place")
 	}
 }

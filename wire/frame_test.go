@@ -143,6 +143,7 @@ func badFrames(t testing.TB) []struct {
 		{"alignment with guesses after a chunk", rawFrame(typeAlignment, mustMsgpack(t, &Alignment{Seq: 1, Pass: 2, Token: -1, Batch: 1, BatchPass: 2, BatchSize: 1, Chunk: []int32{5}, Guesses: []int32{4}})), CodeMalformed},
 		{"fetch of a negative offset", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Offset: -1, Size: 4})), CodeMalformed},
 		{"place outside the layout", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 8, Workers: 8, Group: 2})), CodeMalformed},
+		{"place with too few peers", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 1, Workers: 2, Group: 2, Peers: []string{"a:1"}})), CodeMalformed},
 		{"fetch past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Size: MaxFetchBytes + 1})), CodeMalformed},
 		{"fetch of a tensor from the store", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Tensor: "lm_head.weight", Size: 4})), CodeMalformed},
 		{"fetch of a name past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Model: true, File: strings.Repeat("x", maxFetchName+1)})), CodeMalformed},

@@ -329,12 +329,15 @@ type FetchData struct {
 // Place tells a worker its place in the main node's layout: worker
 // Worker of Workers, in groups of Group. Without residency its share of
 // the store is sched.Layout.Holds's, which a worker filling its store
-// as it runs (-fetch-from) then fills in the background.
+// as it runs (-fetch-from) then fills in the background, asking the
+// other workers (Peers: every worker's address in layout order, as the
+// main node dials them; or none) for what they hold too.
 type Place struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Worker   int
 	Workers  int
 	Group    int
+	Peers    []string
 }
 
 // MaxFetchBytes bounds a FetchRequest's Size: a chunk (a shard of an
@@ -767,6 +770,14 @@ func (m *FetchData) validate() error { return nil }
 func (m *Place) validate() error {
 	if m.Worker < 0 || m.Worker >= m.Workers || m.Group < 1 || m.Workers%m.Group != 0 {
 		return malformed("place: worker %d of %d in groups of %d", m.Worker, m.Workers, m.Group)
+	}
+	if len(m.Peers) != 0 && len(m.Peers) != m.Workers {
+		return malformed("place: %d peers' addresses for %d workers", len(m.Peers), m.Workers)
+	}
+	for _, a := range m.Peers {
+		if len(a) > maxFetchName {
+			return malformed("place: a peer's address of %d bytes", len(a))
+		}
 	}
 	return nil
 }

@@ -34,8 +34,9 @@ type Deps struct {
 	Fetched func() int64
 	Serves  fetch.Holder
 	// Place, if set, is told the worker's place in the main node's layout
-	// (wire.Place) each time the main node connects.
-	Place func(worker, workers, group int)
+	// (wire.Place: with every worker's address, or none) each time the
+	// main node connects.
+	Place func(worker, workers, group int, peers []string)
 }
 
 // Options say how a worker uses its deps.
@@ -68,7 +69,7 @@ type Node struct {
 	// (fetch.Serve); fetched says what it fetched itself (Deps.Fetched)
 	store   fetch.Holder
 	fetched func() int64
-	place   func(worker, workers, group int)
+	place   func(worker, workers, group int, peers []string)
 }
 
 // New checks that d's device can run every expert of d's store, builds

@@ -78,8 +78,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if backfill != nil {
 		deps.Fetched, deps.Serves = backfill.Fetched, backfill.Local()
 		var once sync.Once // the share of the first place told: a layout does not change under a running swarm
-		deps.Place = func(w, workers, group int) {
-			once.Do(func() { go fillShare(ctx, backfill, w, workers, group, cfg.FetchRate, log) })
+		deps.Place = func(w, workers, group int, peers []string) {
+			once.Do(func() { go fillShare(ctx, backfill, w, workers, group, peers, cfg, log) })
 		}
 	}
 	n, err := New(ctx, deps,
@@ -155,18 +155,44 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 
 // fillShare fetches into b's directory, in the background, the rest of
 // the share of worker w of workers in groups of group (what the layout
-// has it run: sched.Layout.Holds), spreading the load over b's sources
-// at rate bytes a second, and says what it did.
-func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, rate float64, log zerolog.Logger) {
+// has it run: sched.Layout.Holds), at cfg.FetchRate bytes a second, and
+// says what it did. The members of its group hold the same decode
+// layers: each starts at its own part of the share and fetches the
+// others' parts from them first (peers: every worker's address, or
+// none), so the nodes behind -fetch-from send each chunk about once a
+// group.
+func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, peers []string, cfg Config, log zerolog.Logger) {
 	l, err := sched.NewLayout(workers, group)
 	if err != nil {
 		log.Warn().Err(err).Msg("worker: a place outside any layout: its share is not filled")
 		return
 	}
+	opt := fetch.Options{Rate: cfg.FetchRate, Spread: true, Parallel: 2, Log: log}
+	if len(peers) == workers && group > 1 {
+		dial := *cfg.Wire
+		dial.PeerRoles = []wire.Role{wire.RoleWorker}
+		pos, first := w%group, w-w%group
+		members := make([]fetch.Source, group)
+		for q := range group {
+			if q != pos {
+				d := fetch.Dial(peers[first+q], &dial)
+				defer d.Close()
+				members[q] = d
+			}
+		}
+		opt.Start = float64(pos) / float64(group)
+		opt.SourcesFor = func(i, n, layer, expert int) []fetch.Source {
+			q := min(i*group/n, group-1) // the member that fetches chunk i first
+			if q == pos || !l.Holds(first+q, layer, expert) {
+				return nil
+			}
+			return members[q : q+1]
+		}
+	}
 	t0 := time.Now()
-	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Msg("worker: filling its share of the store in the background")
-	res, err := b.Fill(ctx, func(layer, expert int) bool { return l.Holds(w, layer, expert) }, fetch.Options{Rate: rate, Spread: true, Parallel: 2,
-		Progress: fillProgress(t0, fillLogEvery, log)})
+	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Bool("from group", opt.SourcesFor != nil).Msg("worker: filling its share of the store in the background")
+	opt.Progress = fillProgress(t0, fillLogEvery, log)
+	res, err := b.Fill(ctx, func(layer, expert int) bool { return l.Holds(w, layer, expert) }, opt)
 	ev := log.Info()
 	if err != nil {
 		ev = log.Warn().Err(err)

@@ -34,7 +34,7 @@ type Server struct {
 	fetched func() int64
 	// place, if set, is told the worker's place in the main node's
 	// layout (a worker filling its share in the background)
-	place func(worker, workers, group int)
+	place func(worker, workers, group int, peers []string)
 	log   zerolog.Logger
 
 	mu    sync.Mutex
@@ -231,7 +231,7 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 			s.endSequence(m.Seq)
 		case *wire.Place:
 			if s.place != nil {
-				s.place(m.Worker, m.Workers, m.Group)
+				s.place(m.Worker, m.Workers, m.Group, m.Peers)
 			}
 		case *wire.Heartbeat:
 			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano()}); err != nil {
