@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -350,5 +351,59 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	}
 	if log := r.logOf("stage2"); !strings.Contains(log, "checking what the directory holds against the one it kept") || !strings.Contains(log, "offline=true") {
 		t.Errorf("stage2 started again with no source does not say it checked what it fetched before:\n%s", log)
+	}
+}
+
+// TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn: real processes on
+// loopback; w4 is SIGKILLed mid-run and started again on an empty
+// directory with -fetch-from the main node and a -fetch-rate: the main
+// node keeps it out of the layout while it fills its share (paced, from
+// the main node and its group's other member) and takes it back once it
+// says its share is in; the run is local mode's bit for bit.
+func TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a run of several seconds with real processes")
+	}
+	r := newChaosRig(t, 4)
+	for i := range r.workers {
+		r.startWorker(i)
+	}
+	storeAddr := freeLoopbackUDP(t)
+	const tokens = 64
+	n := strconv.Itoa(tokens)
+	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	mainCmd := r.start("main", "run", "-role", "main", "-model", r.model, "-workers", strings.Join(r.workers, ","), "-group", "2", "-prefetch", "reactive",
+		"-store", r.store, "-store-listen", storeAddr, "-certs", filepath.Join(r.dir, "certs"), "-name", "main",
+		"-n", n, "-ignore-eos", "-dump", swarm, "-log-level", "info")
+	exited := make(chan error, 1)
+	go func() { exited <- mainCmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(r.logOf("main"), "all workers connected") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the main node never connected\n%s", r.logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	r.signal("w4", syscall.SIGKILL)
+	r.start("w4", "run", "-role", "worker", "-listen", r.workers[3], "-store", filepath.Join(r.dir, "w4.empty"), "-fetch-from", storeAddr, "-fetch-rate", "1MB",
+		"-certs", filepath.Join(r.dir, "certs"), "-name", "w4", "-device-mem", "64MiB", "-load-bw", "8MB", "-log-level", "info")
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("main node: %v\n%s", err, r.logs())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the run did not end\n%s", r.logs())
+	}
+	sameDump(t, swarm, local)
+	mainLog, w4 := r.logOf("main"), r.logOf("w4")
+	kept := strings.Index(mainLog, "it rejoins the layout once its share of the store is in")
+	back := strings.LastIndex(mainLog, "mainnode: worker rejoined the layout")
+	if kept < 0 || back < kept || !strings.Contains(w4, "its share of the store filled") {
+		t.Fatalf("want the main node to keep w4 out until its share was in, then take it back; main:\n%s\nw4:\n%s", mainLog, w4)
 	}
 }

@@ -116,16 +116,34 @@ func (s *Swarm) rejoin() {
 		if p == nil {
 			continue
 		}
-		s.watch(l, p)
-		s.tellPlace(l.index, p)
-		s.planner.Unspoil(l.index) // a new connection: its store may have been put back
-		s.planner.SetLive(l.index, true)
 		l.counts.rejoins.Add(1)
 		s.mu.Lock()
 		s.stats.Faults.Rejoins++
-		delete(s.degraded, l.index)
 		s.mu.Unlock()
-		s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Msg("mainnode: worker rejoined the layout")
+		// told its place, it answers once its share is in (a worker
+		// started again on an empty store fills it first, at its
+		// -fetch-rate): until then the live workers keep its experts, so
+		// that no running sequence waits on what it would fetch
+		in := func() {
+			s.planner.Unspoil(l.index) // a new connection: its store may have been put back
+			s.planner.SetLive(l.index, true)
+			s.mu.Lock()
+			delete(s.degraded, l.index)
+			s.mu.Unlock()
+			s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Msg("mainnode: worker rejoined the layout")
+		}
+		l.mu.Lock()
+		l.shareIn = in
+		l.mu.Unlock()
+		s.watch(l, p)
+		if s.tellPlace(l.index, p) {
+			s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Msg("mainnode: worker answers again; it rejoins the layout once its share of the store is in")
+			continue
+		}
+		l.mu.Lock()
+		l.shareIn = nil
+		l.mu.Unlock()
+		in()
 	}
 }
 

@@ -26,6 +26,9 @@ type link struct {
 	err       error      // why the current connection ended; nil while it is up
 	next      *wire.Peer // a new connection waiting to rejoin at a pass boundary
 	redialing bool       // a goroutine is dialing the worker again
+	// shareIn, if set, is called (once) when the worker says its share
+	// is in (wire.ShareIn): a rejoined worker then takes its experts again
+	shareIn func()
 }
 
 func newLink(p *wire.Peer, index int) *link {
@@ -107,6 +110,14 @@ func (l *link) receive(ctx context.Context, p *wire.Peer) error {
 			select {
 			case l.traces <- m:
 			default:
+			}
+		case *wire.ShareIn:
+			l.mu.Lock()
+			f := l.shareIn
+			l.shareIn = nil
+			l.mu.Unlock()
+			if f != nil {
+				f()
 			}
 		}
 	}

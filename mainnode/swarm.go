@@ -281,11 +281,12 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 
 // tellPlace tells worker w, on p, its place in the layout: a worker
 // filling its store as it runs fills the rest of its share from it
-// (cacheless workers only: with residency the experts move). A failed
-// send costs only that: logged.
-func (s *Swarm) tellPlace(w int, p *wire.Peer) {
+// (cacheless workers only: with residency the experts move), and answers
+// once its share is in (wire.ShareIn). It reports whether it told it; a
+// failed send costs only that: logged.
+func (s *Swarm) tellPlace(w int, p *wire.Peer) bool {
 	if s.opt.Residency || s.opt.Prefetch == Resident {
-		return
+		return false
 	}
 	l := s.opt.Layout
 	place := &wire.Place{Worker: w, Workers: l.Workers, Group: l.Group}
@@ -294,7 +295,9 @@ func (s *Swarm) tellPlace(w int, p *wire.Peer) {
 	}
 	if err := p.Send(s.life, place); err != nil {
 		s.opt.Log.Debug().Int("worker", w).Err(err).Msg("mainnode: a worker was not told its place")
+		return false
 	}
+	return true
 }
 
 // sendPlacement tells the shadow on p who owns each expert, when experts

@@ -38,6 +38,7 @@ const (
 	typeFetchRequest Type = 23
 	typeFetchData    Type = 24
 	typePlace        Type = 25
+	typeShareIn      Type = 26
 )
 
 func (t Type) String() string {
@@ -51,7 +52,7 @@ func (t Type) String() string {
 // *Activation, *ExpertResult, *Alignment,
 // *Heartbeat, *Error, *Trace, *SequenceEnd, *StatsRequest, *WorkerStats,
 // *ShadowDone, *Placement, *Withdraw, *Drafts, a fetch's (*FetchRequest,
-// *FetchData, *Place) or a stage's (*StageRun, *StageRoutes,
+// *FetchData, *Place, *ShareIn) or a stage's (*StageRun, *StageRoutes,
 // *StageRows, *StageKV, *StageEnd). Peer.Recv returns them; a type switch tells them
 // apart.
 type Message interface {
@@ -106,6 +107,8 @@ func newMessage(t Type) Message {
 		return new(FetchRequest)
 	case typeFetchData:
 		return new(FetchData)
+	case typeShareIn:
+		return new(ShareIn)
 	case typePlace:
 		return new(Place)
 	}
@@ -338,6 +341,18 @@ type Place struct {
 	Workers  int
 	Group    int
 	Peers    []string
+}
+
+// ShareIn answers a Place once the worker holds its share of the store
+// (at once where it holds the whole store; a worker filling its share,
+// once the fill has ended): a main node keeps a worker that rejoins out
+// of the layout until then, so that the running sequences never wait on
+// the experts it would fetch.
+type ShareIn struct {
+	_msgpack struct{} `msgpack:",as_array"`
+	// Fetched is the bytes of its share the worker fetched to fill it
+	// (0: it held them).
+	Fetched int64
 }
 
 // MaxFetchBytes bounds a FetchRequest's Size: a chunk (a shard of an
@@ -588,6 +603,7 @@ func (*Drafts) Type() Type       { return typeDrafts }
 func (*FetchRequest) Type() Type { return typeFetchRequest }
 func (*FetchData) Type() Type    { return typeFetchData }
 func (*Place) Type() Type        { return typePlace }
+func (*ShareIn) Type() Type      { return typeShareIn }
 
 func malformed(format string, a ...any) error { return connErrorf(CodeMalformed, nil, format, a...) }
 
@@ -766,6 +782,8 @@ func (m *FetchRequest) validate() error {
 }
 
 func (m *FetchData) validate() error { return nil }
+
+func (m *ShareIn) validate() error { return nonNegative("share fetched", m.Fetched) }
 
 func (m *Place) validate() error {
 	if m.Worker < 0 || m.Worker >= m.Workers || m.Group < 1 || m.Workers%m.Group != 0 {

@@ -35,8 +35,10 @@ type Deps struct {
 	Serves  fetch.Holder
 	// Place, if set, is told the worker's place in the main node's layout
 	// (wire.Place: with every worker's address, or none) each time the
-	// main node connects.
-	Place func(worker, workers, group int, peers []string)
+	// main node connects, and returns a channel closed once the worker
+	// holds its share (nil: it does now), which the worker then tells the
+	// main node (wire.ShareIn). Without Place a worker holds its share.
+	Place func(worker, workers, group int, peers []string) <-chan struct{}
 }
 
 // Options say how a worker uses its deps.
@@ -69,7 +71,7 @@ type Node struct {
 	// (fetch.Serve); fetched says what it fetched itself (Deps.Fetched)
 	store   fetch.Holder
 	fetched func() int64
-	place   func(worker, workers, group int, peers []string)
+	place   func(worker, workers, group int, peers []string) <-chan struct{}
 }
 
 // New checks that d's device can run every expert of d's store, builds

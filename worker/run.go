@@ -78,8 +78,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if backfill != nil {
 		deps.Fetched, deps.Serves = backfill.Fetched, backfill.Local()
 		var once sync.Once // the share of the first place told: a layout does not change under a running swarm
-		deps.Place = func(w, workers, group int, peers []string) {
-			once.Do(func() { go fillShare(ctx, backfill, w, workers, group, peers, cfg, log) })
+		in := make(chan struct{})
+		deps.Place = func(w, workers, group int, peers []string) <-chan struct{} {
+			once.Do(func() {
+				go func() {
+					defer close(in) // (a fill that failed too: what is missing comes as it is read)
+					fillShare(ctx, backfill, w, workers, group, peers, cfg, log)
+				}()
+			})
+			return in
 		}
 	}
 	n, err := New(ctx, deps,

@@ -34,7 +34,7 @@ type Server struct {
 	fetched func() int64
 	// place, if set, is told the worker's place in the main node's
 	// layout (a worker filling its share in the background)
-	place func(worker, workers, group int, peers []string)
+	place func(worker, workers, group int, peers []string) <-chan struct{}
 	log   zerolog.Logger
 
 	mu    sync.Mutex
@@ -230,9 +230,26 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		case *wire.SequenceEnd:
 			s.endSequence(m.Seq)
 		case *wire.Place:
+			var in <-chan struct{}
 			if s.place != nil {
-				s.place(m.Worker, m.Workers, m.Group, m.Peers)
+				in = s.place(m.Worker, m.Workers, m.Group, m.Peers)
 			}
+			go func() { // its share in: the main node takes it into the layout
+				if in != nil {
+					select {
+					case <-in:
+					case <-ctx.Done():
+						return
+					}
+				}
+				var fetched int64
+				if s.fetched != nil {
+					fetched = s.fetched()
+				}
+				if err := p.Send(ctx, &wire.ShareIn{Fetched: fetched}); err != nil {
+					log.Info().Err(err).Msg("telling the main node the share is in failed")
+				}
+			}()
 		case *wire.Heartbeat:
 			if err := p.Send(ctx, &wire.Heartbeat{Seq: m.Seq, UnixNano: time.Now().UnixNano()}); err != nil {
 				log.Info().Err(err).Msg("answering a heartbeat failed")
