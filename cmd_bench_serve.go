@@ -35,6 +35,7 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 	kinds := fs.String("kinds", "greedy", "comma-separated kinds of request, each measured at every -clients count on the same swarm, in turn: greedy, tX (temperature X, e.g. t0.7), penalties (t0.7 with presence and frequency penalties of 0.5), greedy-penalties (greedy with those penalties), json (t0.7, a chat completion following a JSON schema)")
 	fs.IntVar(&f.Rounds, "rounds", 1, "measure every kind at every -clients count `N` times, in rounds (a drift of the machine's speed weighs on each kind alike); a table of medians by kind follows")
 	fs.Uint64Var(&f.Seed, "seed", 1, "the requests' seeds start here (each request its own)")
+	fs.StringVar(&f.JoinRate, "join-rate", "", "after the rows, -rounds rounds of a worker joining the serving swarm: the last worker killed and the streams measured at the first -clients count, then it started again on an empty directory filling its share from the main node (-store-listen) at this -fetch-rate (e.g. 20MB) and the streams measured again; empty = none")
 	var lf runflags.Log
 	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -77,6 +78,14 @@ func runBenchServe(ctx context.Context, args []string, _ io.Reader, stdout, stde
 		return usagef("-max-batch and -text-rounds must be >= 0, -rounds >= 1")
 	case f.StoreDir != "" && f.Model == "":
 		return usagef("-store needs -model (a preset's store is kept in the cache)")
+	}
+	if f.JoinRate != "" {
+		if r, err := runflags.ParseBytes(f.JoinRate); err != nil || r <= 0 {
+			return usagef("-join-rate %q: want bytes a second such as 20MB", f.JoinRate)
+		}
+		if f.Swarm.Workers < 2 || f.Swarm.Residency == "on" {
+			return usagef("-join-rate: a worker joins a swarm of 2 workers or more, without -residency")
+		}
 	}
 	if f.MaxBatch == 0 {
 		f.MaxBatch = slices.Max(f.Clients)

@@ -163,3 +163,28 @@ func benchServe(t *testing.T, args ...string) (out, stdout string, rep servebenc
 	}
 	return out, so, rep, raw
 }
+
+// TestBenchServeMeasuresAWorkerJoining: -join-rate kills the last worker
+// and starts it again on an empty directory filling its share from the
+// main node at that rate, each round: the report gives the streams'
+// decode with it away and while it fills, and every request completes.
+func TestBenchServeMeasuresAWorkerJoining(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	_, so, rep, b := benchServe(t, "-prefetch", "reactive", "-clients", "1", "-requests", "1", "-max-tokens", "24", "-join-rate", "200KB", "-rounds", "2")
+	if len(rep.Joins) != 2 || rep.JoinRate != "200KB" {
+		t.Fatalf("joins %+v at %q, want 2 rounds at 200KB: %s", rep.Joins, rep.JoinRate, b)
+	}
+	for _, j := range rep.Joins {
+		if j.Away <= 0 || j.Filling <= 0 || j.Ratio <= 0 {
+			t.Errorf("round %d: %+v: want both windows measured", j.Round, j)
+		}
+	}
+	if !strings.Contains(so, "## A worker joining the serving swarm, filling its share at 200KB") || !strings.Contains(so, "Median filling / away") {
+		t.Errorf("the report lacks the joins' table:\n%s", so)
+	}
+	if _, se, code := run(t, "", "bench", "serve", "-preset", "tiny", "-workers", "1", "-join-rate", "1MB"); code != 2 || !strings.Contains(se, "-join-rate: a worker joins a swarm of 2 workers or more") {
+		t.Errorf("-join-rate with one worker: exit %d, %s", code, se)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -359,7 +360,9 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 // directory with -fetch-from the main node and a -fetch-rate: the main
 // node keeps it out of the layout while it fills its share (paced, from
 // the main node and its group's other member) and takes it back once it
-// says its share is in; the run is local mode's bit for bit.
+// says its share is in; killed again a second into its fill and started
+// again, it keeps what it fetched and fetches the rest alone (its log's
+// bytes); the run is local mode's bit for bit.
 func TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a run of several seconds with real processes")
@@ -389,8 +392,22 @@ func TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	r.signal("w4", syscall.SIGKILL)
-	r.start("w4", "run", "-role", "worker", "-listen", r.workers[3], "-store", filepath.Join(r.dir, "w4.empty"), "-fetch-from", storeAddr, "-fetch-rate", "1MB",
-		"-certs", filepath.Join(r.dir, "certs"), "-name", "w4", "-device-mem", "64MiB", "-load-bw", "8MB", "-log-level", "info")
+	startEmpty := func() {
+		r.start("w4", "run", "-role", "worker", "-listen", r.workers[3], "-store", filepath.Join(r.dir, "w4.empty"), "-fetch-from", storeAddr, "-fetch-rate", "1MB",
+			"-certs", filepath.Join(r.dir, "certs"), "-name", "w4", "-device-mem", "64MiB", "-load-bw", "8MB", "-log-level", "info")
+	}
+	startEmpty()
+	// killed again a second into its fill, and started again on what it
+	// fetched: it fetches the rest only
+	for !strings.Contains(r.logOf("w4"), "filling its share of the store in the background") {
+		if time.Now().After(deadline.Add(time.Minute)) {
+			t.Fatalf("w4 never started filling its share\n%s", r.logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	r.signal("w4", syscall.SIGKILL)
+	startEmpty()
 	select {
 	case err := <-exited:
 		if err != nil {
@@ -405,5 +422,14 @@ func TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn(t *testing.T) {
 	back := strings.LastIndex(mainLog, "mainnode: worker rejoined the layout")
 	if kept < 0 || back < kept || !strings.Contains(w4, "its share of the store filled") {
 		t.Fatalf("want the main node to keep w4 out until its share was in, then take it back; main:\n%s\nw4:\n%s", mainLog, w4)
+	}
+	fill := w4[strings.LastIndex(w4, "its share of the store filled"):]
+	fill, _, _ = strings.Cut(fill, "\n")
+	b := map[string]int64{}
+	for _, m := range regexp.MustCompile(`(share|kept|fetched)_bytes=(\d+)`).FindAllStringSubmatch(fill, -1) {
+		b[m[1]], _ = strconv.ParseInt(m[2], 10, 64)
+	}
+	if b["share"] == 0 || b["kept"] == 0 || b["kept"]+b["fetched"] < b["share"] || b["fetched"] >= b["share"] {
+		t.Fatalf("w4 started again halfway through its fill: %v; want what it had kept and the rest alone fetched (%s)", b, fill)
 	}
 }

@@ -205,7 +205,7 @@ func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, pe
 		ev = log.Warn().Err(err)
 	}
 	ev.Str("share", progress.Bytes(res.Share)).Str("kept", progress.Bytes(res.Kept)).Str("fetched", progress.Bytes(res.Fetched)).Dur("took", time.Since(t0).Round(time.Millisecond)).
-		Int64("share_bytes", res.Share).Int64("fetched_bytes", b.Fetched()). // (all the worker fetched: as it ran, then the rest)
+		Int64("share_bytes", res.Share).Int64("kept_bytes", res.Kept).Int64("fetched_bytes", b.Fetched()). // (all this process fetched: as it ran, then the rest)
 		Msg("worker: its share of the store filled")
 }
 

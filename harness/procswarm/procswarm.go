@@ -139,6 +139,8 @@ type Swarm struct {
 	// netDelay and draft are the main node's -net-delay and -draft
 	netDelay time.Duration
 	draft    string
+	opt      Options // as started: RestartWorker starts a worker as Start did
+	wctx     context.Context
 }
 
 // Start starts o.Workers workers (w1..wN of f.Certs) and, with
@@ -163,7 +165,8 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 		return nil, err
 	}
 	wctx, stop := context.WithCancel(ctx)
-	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir, cpus: o.CPUs, netDelay: o.NetDelay, draft: o.Draft}
+	s := &Swarm{files: f, group: o.Group, logDir: logDir, keepLogs: keepLogs, stop: stop, dialTimeout: 30 * time.Second, residency: o.Residency, profileDir: o.ProfileDir, cpus: o.CPUs, netDelay: o.NetDelay, draft: o.Draft,
+		opt: o, wctx: wctx}
 	if s.profileDir != "" {
 		if err := os.MkdirAll(s.profileDir, 0o755); err != nil {
 			return nil, fmt.Errorf("-profile: %w", err)
@@ -184,11 +187,7 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 			return nil, err
 		}
 		name := fmt.Sprintf("w%d", i+1)
-		w := runflags.For(runflags.RoleWorker)
-		w.Listen, w.Store, w.DeviceMem, w.LoadBW, w.HostPreload = addr, f.Store, o.DeviceMem, o.LoadBW, o.HostPreload
-		w.HostCache = cmp.Or(o.HostCache, w.HostCache)
-		w.Cluster.NetDelay = o.NetDelay
-		w.Cluster.Certs, w.Cluster.Name, w.Log.Level = f.Certs, name, "warn"
+		w := s.workerFlags(name, addr)
 		if err := s.start(wctx, self, name, w.Args()...); err != nil {
 			return nil, err
 		}
@@ -220,6 +219,57 @@ func Start(ctx context.Context, f inproc.Files, o Options) (_ *Swarm, err error)
 	}
 	return s, nil
 }
+
+// workerFlags are worker name's flags on addr, as Start starts it.
+func (s *Swarm) workerFlags(name, addr string) runflags.Flags {
+	o := s.opt
+	w := runflags.For(runflags.RoleWorker)
+	w.Listen, w.Store, w.DeviceMem, w.LoadBW, w.HostPreload = addr, s.files.Store, o.DeviceMem, o.LoadBW, o.HostPreload
+	w.HostCache = cmp.Or(o.HostCache, w.HostCache)
+	w.Cluster.NetDelay = o.NetDelay
+	w.Cluster.Certs, w.Cluster.Name, w.Log.Level = s.files.Certs, name, "warn"
+	return w
+}
+
+// KillWorker ends worker i (0-based, layout order) at once (SIGKILL),
+// as a crash would, and waits for it.
+func (s *Swarm) KillWorker(i int) error {
+	if i < 0 || i >= len(s.workers) {
+		return fmt.Errorf("procswarm: no worker %d", i)
+	}
+	p := s.procs[i]
+	if err := p.Process.Kill(); err != nil {
+		return err
+	}
+	p.Wait()
+	return nil
+}
+
+// RestartWorker starts worker i again at its address, logging to
+// logName.log, with its flags as Start gave them and then as edit
+// changes them (its store, -fetch-from, ...).
+func (s *Swarm) RestartWorker(i int, logName string, edit func(*runflags.Flags)) error {
+	if i < 0 || i >= len(s.workers) {
+		return fmt.Errorf("procswarm: no worker %d", i)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("w%d", i+1)
+	w := s.workerFlags(name, s.workers[i])
+	edit(&w)
+	if err := s.start(s.wctx, self, logName, w.Args()...); err != nil {
+		return err
+	}
+	n := len(s.procs) - 1
+	s.procs[i], s.procs[n] = s.procs[n], s.procs[i] // the worker's place; the old process, ended, last
+	return nil
+}
+
+// NextAddr is a loopback UDP address for another listener of the
+// swarm's (Options.ListenBase's next, or a free one).
+func (s *Swarm) NextAddr() (string, error) { return s.ports.addr() }
 
 // startMainStages starts the main node's stages, stage1..stageN
 // (o.Stages, their layers as even as the model's divide), each on the

@@ -79,6 +79,30 @@ type Report struct {
 	// TextRounds are -text-rounds' rounds: the API at 1 client against
 	// text mode on the same swarm.
 	TextRounds []TextRound `json:"text_rounds,omitempty"`
+	// Joins are -join-rate's rounds: the running streams' decode while
+	// the last worker is away, and while it fills its share again from
+	// an empty directory at JoinRate.
+	JoinRate string      `json:"join_rate,omitempty"`
+	Joins    []JoinRound `json:"joins,omitempty"`
+}
+
+// JoinRound is one round of a worker joining a serving swarm: the
+// streams' decode tokens/s (from the main node's mean inter-token time)
+// with the last worker killed (Away), then started again on an empty
+// directory, filling its share from the main node and its group at the
+// join rate (Filling), and whether the fill was still going when the
+// streams ended (else part of the window ran with it back).
+type JoinRound struct {
+	Round       int     `json:"round"`
+	Away        float64 `json:"away_decode_tokens_per_s"`
+	Filling     float64 `json:"filling_decode_tokens_per_s"`
+	Ratio       float64 `json:"filling_over_away"`
+	FillRunning bool    `json:"fill_running_at_end"`
+	// AwayCPU and FillingCPU are the main node's and the workers' CPU ms
+	// per generated token in each window (the filling worker's among
+	// them): what the fill costs the machine.
+	AwayCPU    [2]float64 `json:"away_cpu_ms_per_token"`
+	FillingCPU [2]float64 `json:"filling_cpu_ms_per_token"`
 }
 
 // TextRound is one round of the API against text mode on the same swarm,
@@ -236,6 +260,11 @@ type Options struct {
 	// Drafts are the main node's -draft settings measured in turn each
 	// round (none: the swarm's own, Swarm.Draft)
 	Drafts []string
+	// JoinRate, if set, has the main node serve its model and store
+	// (-store-listen) and, after the rows, Rounds rounds of the last
+	// worker killed and started again on an empty directory filling at
+	// this -fetch-rate (Report.Joins), at Clients[0] clients.
+	JoinRate string
 }
 
 // Run starts the swarm and its API, then measures every client
@@ -279,6 +308,12 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	}
 	m := sw.MainFlags(f.Swarm.Prefetch, 1, 1)
 	m.HTTP, m.MaxBatch, m.Log.Level = addr, f.MaxBatch, "warn"
+	if f.JoinRate != "" {
+		if m.StoreListen, err = sw.NextAddr(); err != nil {
+			return err
+		}
+		m.Store, m.Log.Level = files.Store, "info" // (its log says when the worker rejoins)
+	}
 	base := "http://" + addr
 	c := &Client{base: base, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: f.MaxBatch}}}
 	var mainNode *procswarm.Node
@@ -318,6 +353,7 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 		return fmt.Errorf("warm-up request: %w", r.err)
 	}
 	bytesMetric := ""
+	readWorkers := true // the workers' counters (not while one is away)
 	// measure measures n clients on the API as it runs now, client k's
 	// r-th request sending prompt(k, r)
 	measure := func(n int, kind Kind, round int, prompt func(k, r int) []int) (Result, error) {
@@ -325,9 +361,11 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 		if err != nil {
 			return Result{}, err
 		}
-		wBefore, err := counters.read(ctx)
-		if err != nil {
-			return Result{}, err
+		var wBefore, wAfter wire.WorkerStats
+		if readWorkers {
+			if wBefore, err = counters.read(ctx); err != nil {
+				return Result{}, err
+			}
 		}
 		cpu0 := sw.CPU()
 		row, results := c.measure(ctx, n, f, func(k, r int) (string, []byte) {
@@ -345,9 +383,10 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 		if err != nil {
 			return Result{}, err
 		}
-		wAfter, err := counters.read(ctx)
-		if err != nil {
-			return Result{}, err
+		if readWorkers {
+			if wAfter, err = counters.read(ctx); err != nil {
+				return Result{}, err
+			}
 		}
 		row.Workers.Loads, row.Workers.WastedLoads, row.Workers.Misses = wAfter.Loads-wBefore.Loads, wAfter.WastedLoads-wBefore.WastedLoads, wAfter.Misses-wBefore.Misses
 		row.ServerTokens = after[metricnames.GeneratedTokensTotal] - before[metricnames.GeneratedTokensTotal]
@@ -440,6 +479,26 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 			}
 		}
 	}
+	if f.JoinRate != "" {
+		rep.JoinRate = f.JoinRate
+		last := len(sw.Workers()) - 1
+		readWorkers = false // one is away or filling
+		for round := 1; round <= max(1, f.Rounds); round++ {
+			jr, err := joinRound(ctx, sw, last, m.StoreListen, f.JoinRate, tmp, round, func(phase string) (Result, error) {
+				n := f.Clients[0]
+				if r := c.complete(ctx, promptIDs(vocab, f.PromptTokens, 0, 0, 0), 2); r.err != nil { // (the main node finds it lost, or sees it back)
+					return Result{}, fmt.Errorf("%s: warm-up request: %w", phase, r.err)
+				}
+				return measure(n, greedy, round, func(k, r int) []int { return promptIDs(vocab, f.PromptTokens, n, k, r) })
+			})
+			if err != nil {
+				sw.PrintLogs(os.Stderr)
+				return err
+			}
+			log.Info().Int("round", round).Float64("away", jr.Away).Float64("filling", jr.Filling).Float64("ratio", jr.Ratio).Bool("fill_running", jr.FillRunning).Msg("a worker joining the serving swarm")
+			rep.Joins = append(rep.Joins, jr)
+		}
+	}
 	// the API's requests in a text round send text mode's prompt (its
 	// -prompt at its default, made -prompt-tokens long)
 	textIDs := mainnode.CycleTokens(tok.Encode(runflags.For(runflags.RoleMain).Prompt, true), f.PromptTokens, tok.BOS())
@@ -497,6 +556,62 @@ func Run(ctx context.Context, f *Options, rep *Report, log zerolog.Logger) error
 	}
 	mainNode = nil
 	return nil
+}
+
+// joinRound kills worker w of sw, measures the streams (measure) with it
+// away, starts it again on an empty directory under tmp with
+// -fetch-from storeAddr at rate, and measures them again while it fills
+// its share (kept out of the layout until its share is in).
+func joinRound(ctx context.Context, sw *procswarm.Swarm, w int, storeAddr, rate, tmp string, round int, measure func(phase string) (Result, error)) (JoinRound, error) {
+	jr := JoinRound{Round: round}
+	if err := sw.KillWorker(w); err != nil {
+		return jr, err
+	}
+	away, err := measure("away")
+	if err != nil {
+		return jr, err
+	}
+	dir := filepath.Join(tmp, fmt.Sprintf("join-%d", round))
+	logName := fmt.Sprintf("w%d-join-%d", w+1, round)
+	if err := sw.RestartWorker(w, logName, func(f *runflags.Flags) {
+		f.Store, f.FetchFrom, f.FetchRate, f.Log.Level = dir, storeAddr, rate, "info"
+	}); err != nil {
+		return jr, err
+	}
+	// the worker listens once it has the store's index; the main node
+	// redials it and, at its next pass, tells it its place and keeps it
+	// out while it fills
+	logPath := filepath.Join(sw.LogDir(), logName+".log")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if b, _ := os.ReadFile(logPath); bytes.Contains(b, []byte("worker ready")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return jr, fmt.Errorf("join round %d: the worker did not listen within a minute; its log: %s", round, logPath)
+		}
+		select {
+		case <-ctx.Done():
+			return jr, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	filling, err := measure("filling")
+	if err != nil {
+		return jr, err
+	}
+	b, _ := os.ReadFile(logPath)
+	jr.FillRunning = bytes.Contains(b, []byte("worker: filling its share of the store in the background")) && !bytes.Contains(b, []byte("worker: its share of the store filled"))
+	jr.Away, jr.Filling = away.DecodeTokensPerS, filling.DecodeTokensPerS
+	jr.AwayCPU = [2]float64{away.CPUPerToken.Main, away.CPUPerToken.Workers}
+	jr.FillingCPU = [2]float64{filling.CPUPerToken.Main, filling.CPUPerToken.Workers}
+	if jr.Away > 0 {
+		jr.Ratio = jr.Filling / jr.Away
+	}
+	if away.Failed > 0 || filling.Failed > 0 {
+		return jr, fmt.Errorf("join round %d: %d and %d requests failed", round, away.Failed, filling.Failed)
+	}
+	return jr, nil
 }
 
 // textMode runs text mode on sw (its workers and shadow; the API's main
@@ -999,6 +1114,7 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 		rep.BytesFrom, progress.Bytes(rep.ExpertBytes))
 	writeKinds(w, rep)
 	writeDrafts(w, rep)
+	writeJoins(w, rep)
 	if len(rep.TextRounds) == 0 {
 		return
 	}
@@ -1012,6 +1128,25 @@ func WriteMarkdown(w io.Writer, rep *Report) {
 	}
 	fmt.Fprintf(w, "\nOver the %d rounds: API %.1f, text mode %.1f decode tok/s on average, %.3f. Each round runs text mode (`odmoe run -role main`, a prompt of %d tokens, %d generated, EOS ignored) on the same workers and shadow, the API's main node stopped meanwhile, and measures the API at 1 client, odd rounds text mode first, even rounds the API (%d requests of %d tokens, each with text mode's prompt): the API's decode tokens/s is 1000 over its node's mean inter-token time (odmoe_inter_token_latency_seconds' sum over its count), text mode's its -stats decode_tokens_per_s.\n",
 		len(rep.TextRounds), api/float64(len(rep.TextRounds)), text/float64(len(rep.TextRounds)), api/text, rep.PromptTokens, rep.MaxTokens, rep.Requests, rep.MaxTokens)
+}
+
+// writeJoins gives -join-rate's rounds: the streams' decode with the
+// last worker away against while it fills its share again.
+func writeJoins(w io.Writer, rep *Report) {
+	if len(rep.Joins) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n## A worker joining the serving swarm, filling its share at %s\n\n", rep.JoinRate)
+	fmt.Fprintln(w, "| round | decode tok/s, worker away | decode tok/s, worker filling | filling / away | fill still running at the end | CPU ms/token main, workers: away | filling |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---|---|---|")
+	var ratios []float64
+	for _, j := range rep.Joins {
+		fmt.Fprintf(w, "| %d | %.2f | %.2f | %.3f | %v | %.1f, %.1f | %.1f, %.1f |\n", j.Round, j.Away, j.Filling, j.Ratio, j.FillRunning, j.AwayCPU[0], j.AwayCPU[1], j.FillingCPU[0], j.FillingCPU[1])
+		ratios = append(ratios, j.Ratio)
+	}
+	slices.Sort(ratios)
+	fmt.Fprintf(w, "\nMedian filling / away: **%.3f** over %d rounds. Each round kills the last worker (SIGKILL), measures the streams (%d requests a client of %d tokens; decode tok/s is 1000 over the main node's mean inter-token time), starts the worker again on an empty directory with -fetch-from the main node's -store-listen and -fetch-rate %s (the main node keeps it out of the layout until its share is in), and measures them again while it fills.\n",
+		ratios[(len(ratios)-1)/2], len(ratios), rep.Requests, rep.MaxTokens, rep.JoinRate)
 }
 
 // String formats q as "p50 / p99" milliseconds ("–" when empty).
