@@ -16,9 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/harness/inproc"
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/store"
+	"github.com/odmoe/odmoe/wire"
+	"github.com/rs/zerolog"
 )
 
 // TestFetchFillsAShareFromAWorker: `odmoe fetch` as worker w2 fills an
@@ -431,5 +434,80 @@ func TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn(t *testing.T) {
 	}
 	if b["share"] == 0 || b["kept"] == 0 || b["kept"]+b["fetched"] < b["share"] || b["fetched"] >= b["share"] {
 		t.Fatalf("w4 started again halfway through its fill: %v; want what it had kept and the rest alone fetched (%s)", b, fill)
+	}
+}
+
+// liar serves a store's chunks with a bit flipped, saying they pass.
+type liar struct{ *store.Store }
+
+func (l liar) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	if err := l.Store.ReadChunk(ctx, ref, dst); err != nil {
+		return err
+	}
+	if len(dst) > 0 {
+		dst[len(dst)/2] ^= 0x20
+	}
+	return nil
+}
+
+func (liar) CheckChunk(store.ChunkRef, []byte) error { return nil }
+
+// TestAWorkerCatchesAPeerServingAFlippedChunk: a node with a cluster
+// certificate (w9, in this test's process over real QUIC) serves every
+// chunk with a bit flipped; a worker started empty with -fetch-from it
+// first and the main node after catches each against the store's index,
+// names w9 in its log and takes the chunk from the main node; the run is
+// local mode's bit for bit.
+func TestAWorkerCatchesAPeerServingAFlippedChunk(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	r := newChaosRig(t, 2)
+	certs := filepath.Join(r.dir, "certs")
+	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "w9", "-log-level", "warn"); code != 0 {
+		t.Fatalf("certs: %s", se)
+	}
+	held, err := store.Open(r.store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	wc, err := wire.LoadCerts(certs, "w9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ln, err := wire.Listen(ctx, freeLoopbackUDP(t), &wire.Config{Certs: wc, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			p, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			go func() { fetch.Serve(ctx, p, fetch.Served{Store: liar{held}}, nil); p.Close() }()
+		}
+	}()
+	storeAddr := freeLoopbackUDP(t)
+	r.start("w1", "run", "-role", "worker", "-listen", r.workers[0], "-store", filepath.Join(r.dir, "w1.empty"), "-fetch-from", ln.Addr().String()+","+storeAddr,
+		"-certs", certs, "-name", "w1", "-device-mem", "64MiB", "-log-level", "info")
+	r.startWorker(1)
+	const n = "8"
+	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	se, code := r.runMain("-prefetch", "reactive", "-n", n, "-ignore-eos", "-dump", swarm, "-store", r.store, "-store-listen", storeAddr)
+	if code != 0 {
+		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
+	}
+	sameDump(t, swarm, local)
+	w1 := r.logOf("w1")
+	if !strings.Contains(w1, "a source served a bad chunk") || !strings.Contains(w1, "source=w9") {
+		t.Fatalf("w1's log does not name w9 for a bad chunk:\n%s", w1)
 	}
 }
