@@ -163,6 +163,11 @@ type BenchOptions struct {
 	// /store), the remote directory on a real LAN.
 	Fetch     bool
 	NodeFiles string
+	// filled: the nodes' directories were filled (fillRig) before the
+	// modes, which then start the stages and the shadow on them as they
+	// are (a worker keeps -fetch-from: a lost worker's experts come from
+	// there)
+	filled bool
 	// Command is how the benchmark was started, for the report.
 	Command string
 	Log     zerolog.Logger
@@ -258,6 +263,7 @@ func Bench(opt BenchOptions) (*Report, error) {
 				return rep, err
 			}
 		}
+		opt.filled = true
 	}
 	// rounds: every mode once per round, so that a machine whose speed
 	// drifts over minutes weighs on every mode alike
@@ -303,7 +309,7 @@ func Bench(opt BenchOptions) (*Report, error) {
 func nodeFlags(opt BenchOptions, via Via, n Node, role string) runflags.Flags {
 	f, _ := n.FlagsAs(role) // checked by ReadRig
 	f.Cluster.Certs, f.Cluster.Name = via.Paths(n).Certs, n.Name
-	if opt.Fetch && role != runflags.RoleMain && role != runflags.RoleLocal {
+	if opt.Fetch && role != runflags.RoleMain && role != runflags.RoleLocal && (!opt.filled || role == runflags.RoleWorker) {
 		f.FetchFrom = opt.FetchAddr()
 	}
 	if role != runflags.RoleMain && (f.Log.Level == "warn" || f.Log.Level == "error") {
