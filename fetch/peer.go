@@ -179,8 +179,9 @@ const serveParallel = 4
 // for a chunk the store does not hold (its bytes fail their check), is
 // answered with the reason, and the fetching node asks its next source.
 //
-// served, if set, counts the chunk and tensor bytes sent.
-func Serve(ctx context.Context, p *wire.Peer, h Served, served *atomic.Int64) error {
+// served, if set, count the chunk and tensor bytes sent (each of them
+// all of them: the connection's own and a node's total, say).
+func Serve(ctx context.Context, p *wire.Peer, h Served, served ...*atomic.Int64) error {
 	sem := make(chan struct{}, serveParallel)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -217,8 +218,12 @@ func Serve(ctx context.Context, p *wire.Peer, h Served, served *atomic.Int64) er
 			if err != nil {
 				d.Data, d.Err = nil, err.Error()
 			}
-			if p.Send(ctx, d) == nil && served != nil && !r.Index && r.File == "" { // a failed send ends the connection: Recv says so
-				served.Add(int64(len(d.Data)))
+			if p.Send(ctx, d) == nil && !r.Index && r.File == "" { // a failed send ends the connection: Recv says so
+				for _, c := range served {
+					if c != nil {
+						c.Add(int64(len(d.Data)))
+					}
+				}
 			}
 		})
 	}

@@ -103,6 +103,7 @@ var (
 	descWorkerFetched   = newDesc(metricnames.WorkerStoreFetchedBytes, "Bytes of the expert store the worker fetched from other nodes since it started (its -fetch-from: chunks its -store lacked), as it last answered.", "worker")
 	descWorkerServed    = newDesc(metricnames.WorkerStoreServedBytes, "Bytes of its expert store the worker served to nodes fetching their share (odmoe fetch, -fetch-from) since it started, as it last answered.", "worker")
 
+	descStoreServed     = newDesc(metricnames.StoreServedBytesTotal, "Bytes of the model's checkpoint and expert store this node served to nodes fetching their share (-store-listen).")
 	descWorkersLost     = newDesc(metricnames.WorkersLostTotal, "Worker connections that ended.")
 	descWorkersRejoined = newDesc(metricnames.WorkersRejoinedTotal, "Lost workers that came back into the layout.")
 	descResent          = newDesc(metricnames.RequestsResentTotal, "Expert requests re-sent to another worker after theirs was lost.")
@@ -198,6 +199,9 @@ func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerFetched, descWorkerServed, descWorkerInfo, descWorkerMissCause, descWorkerRejoins} {
 		ch <- d
 	}
+	if c.s.opt.StoreServed != nil {
+		ch <- descStoreServed
+	}
 	if c.s.shadow != nil {
 		for _, d := range []*prometheus.Desc{descShadowUp, descShadowPredicted, descShadowRouted, descShadowLost, descShadowReattached, descShadowReused, descReactive,
 			descShadowAhead, descShadowGuesses, descShadowAlignToken, descShadowAlignKV} {
@@ -247,6 +251,9 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descLayerExperts, t.Experts.Seconds(), ph)
 		counter(descLayerNetwork, t.Network.Seconds(), ph)
 		counter(descLayerStall, t.Stall.Seconds(), ph)
+	}
+	if s.opt.StoreServed != nil {
+		counter(descStoreServed, float64(s.opt.StoreServed.Load()))
 	}
 	s.mu.Lock()
 	polled := slices.Clone(s.polled)

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,9 +94,14 @@ func TestSwarmMetricsAgreeWithItsFiguresAndPassPromtool(t *testing.T) {
 	}
 	// an nf4 shadow aligned every 4th pass: it predicts some experts
 	// wrong, so recall is not trivially 1 and misses have every cause
-	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 4, KVPeriod: 4}}, &shadowSpec{quant: kernels.NF4})
+	var storeServed atomic.Int64 // what a main node serving its store (-store-listen) sent
+	storeServed.Store(123456789)
+	sw := dialSwarm(t, f, 4, mainnode.Options{Prefetch: mainnode.Shadow, Align: align.Policy{TokenPeriod: 4, KVPeriod: 4}, StoreServed: &storeServed}, &shadowSpec{quant: kernels.NF4})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(sw.Collector(int64(expertBytes)))
+	if got := gather(t, reg)["odmoe_store_served_bytes_total"]; got != 123456789 {
+		t.Errorf("odmoe_store_served_bytes_total = %v, the node's count 123456789", got)
+	}
 
 	// one sequence alone: every decode layer is scored, so the counters
 	// are eq. (3)'s sums, which align.Recall divides

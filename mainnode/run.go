@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
@@ -72,12 +73,14 @@ type Config struct {
 func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := cfg.Log
 	t0 := time.Now()
+	var storeServed *atomic.Int64
 	if cfg.StoreListen != "" { // first: the workers, stages and shadow dialed next may be waiting for their weights
-		stop, err := serveStore(ctx, cfg, log)
+		stop, served, err := serveStore(ctx, cfg, log)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		storeServed = served
 	}
 	m, stages, d, err := loadMain(ctx, cfg)
 	if err != nil {
@@ -96,7 +99,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return err
 	}
 	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align, Draft: cfg.Draft,
-		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages})
+		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages, StoreServed: storeServed})
 	if err != nil {
 		return err
 	}

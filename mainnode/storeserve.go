@@ -24,21 +24,23 @@ import (
 // called: the main node is where a swarm's weights start. A worker
 // started on an empty -store with -fetch-from this address fills it; a
 // stage or shadow started on an empty -model fetches its layers' tensors.
-func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(), err error) {
+//
+// served counts the bytes sent so far (odmoe_store_served_bytes_total).
+func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(), served *atomic.Int64, err error) {
 	id, err := store.ModelIdentity(cfg.Model)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.NoLayers, Head: true}) // the names of its expert tensors
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ckpt, err := fetch.OpenCheckpoint(cfg.Model, id, m) // its manifest made in the background from now
 	m.Close()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	served := fetch.Served{Model: ckpt}
+	holds := fetch.Served{Model: ckpt}
 	var st *store.Store
 	if cfg.Store != "" {
 		if _, err := os.Stat(filepath.Join(cfg.Store, store.IndexFile)); errors.Is(err, os.ErrNotExist) {
@@ -50,14 +52,14 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 			finish()
 			if err != nil {
 				ckpt.Close()
-				return nil, fmt.Errorf("mainnode: -store: %w", err)
+				return nil, nil, fmt.Errorf("mainnode: -store: %w", err)
 			}
 		}
 		if st, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
 			ckpt.Close()
-			return nil, fmt.Errorf("mainnode: -store: %w", err)
+			return nil, nil, fmt.Errorf("mainnode: -store: %w", err)
 		}
-		served.Store = st
+		holds.Store = st
 	}
 	closeAll := func() {
 		ckpt.Close()
@@ -73,9 +75,9 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	if err != nil {
 		cancel()
 		closeAll()
-		return nil, fmt.Errorf("mainnode: -store-listen: %w", err)
+		return nil, nil, fmt.Errorf("mainnode: -store-listen: %w", err)
 	}
-	var bytes atomic.Int64
+	bytes := new(atomic.Int64)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -87,8 +89,7 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 				defer p.Close()
 				log.Info().Str("peer", p.Identity().Name).Msg("main node: a node fetches from its store")
 				var sent atomic.Int64 // this node's (others fetch at the same time)
-				err := fetch.Serve(ctx, p, served, &sent)
-				bytes.Add(sent.Load())
+				err := fetch.Serve(ctx, p, holds, &sent, bytes)
 				if ctx.Err() == nil {
 					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(sent.Load())).Err(err).Msg("main node: a fetching node is done")
 				}
@@ -102,7 +103,7 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 		wg.Wait()
 		closeAll()
 		log.Info().Str("served", progress.Bytes(bytes.Load())).Msg("main node: stopped serving the checkpoint and the expert store")
-	}, nil
+	}, bytes, nil
 }
 
 // logStoreTraffic says, a line per worker, what each fetched of its

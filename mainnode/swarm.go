@@ -81,6 +81,10 @@ type Options struct {
 	// connection was lost (one attempt, which may retry inside); the
 	// Swarm calls it in the background until the worker answers.
 	Redial func(ctx context.Context, w int) (*wire.Peer, error)
+	// StoreServed, if set, counts the bytes of the checkpoint and store
+	// this node served to nodes fetching theirs (-store-listen), for
+	// /metrics.
+	StoreServed *atomic.Int64
 	// WorkerAddrs, if set, are the workers' addresses in layout order:
 	// each worker told its place is told them (wire.Place.Peers), so that
 	// it fetches from the others what they hold.

@@ -39,6 +39,7 @@ const (
 	ShadowReattachedTotal       = "odmoe_shadow_reattached_total"
 	ShadowRoutedExpertsTotal    = "odmoe_shadow_routed_experts_total"
 	ShadowUp                    = "odmoe_shadow_up"
+	StoreServedBytesTotal       = "odmoe_store_served_bytes_total"
 	TimeToFirstTokenSeconds     = "odmoe_time_to_first_token_seconds"
 	WorkerComputeSecondsTotal   = "odmoe_worker_compute_seconds_total"
 	WorkerDeviceBudgetBytes     = "odmoe_worker_device_budget_bytes"
