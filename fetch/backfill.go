@@ -214,7 +214,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 			order = append(slices.Clone(order[k:]), order[:k]...)
 		}
 		if opt.SourcesFor != nil {
-			order = append(opt.SourcesFor(i, n, c.layer, c.expert), order...)
+			order = slices.Concat(opt.SourcesFor(i, n, c.layer, c.expert), order) // (a new slice: neither is written)
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
@@ -383,6 +383,21 @@ func (d *Dialed) ReadTensor(ctx context.Context, name string, off int64, dst []b
 		return err
 	}
 	return s.ReadTensor(ctx, name, off, dst)
+}
+
+// Timed is src with each chunk it is asked for bounded by d: a source
+// that stalls (a peer that hangs) costs d, then the next is asked.
+func Timed(src Source, d time.Duration) Source { return timed{src, d} }
+
+type timed struct {
+	Source
+	d time.Duration
+}
+
+func (t timed) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, t.d)
+	defer cancel()
+	return t.Source.ReadChunk(ctx, ref, dst)
 }
 
 // Close ends the connection, if any.

@@ -208,3 +208,37 @@ func TestTwoNodesFillingTheSameShareFetchEachOthersHalves(t *testing.T) {
 		t.Fatalf("main served B %d of its share %d: want its own half alone", mainB.served.Load(), rb.Share)
 	}
 }
+
+// TestFillLeavesTheSourcesForSliceAlone: SourcesFor may hand out parts
+// of one array of sources (a worker's group members); Fill puts its own
+// sources after them in a slice of its own, never into that array.
+func TestFillLeavesTheSourcesForSliceAlone(t *testing.T) {
+	ctx := context.Background()
+	src := source(t)
+	whole, err := store.Open(src, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	main := &countingSource{Source: fetch.DirSource{Dir: src}}
+	st, b, err := fetch.OpenBackfill(ctx, filepath.Join(t.TempDir(), "w"), []fetch.Source{main}, store.Options{Identity: whole.Identity()}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	defer b.Close()
+	a, c := &countingSource{Source: fetch.DirSource{Dir: src}}, &countingSource{Source: fetch.DirSource{Dir: src}}
+	members := []fetch.Source{a, c, a} // what each part is asked of first
+	if _, err := b.Fill(ctx, nil, fetch.Options{Parallel: 4, Log: zerolog.Nop(), SourcesFor: func(i, n, layer, expert int) []fetch.Source {
+		q := i * 2 / n
+		return members[q : q+1] // spare capacity: an append would write into members
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if members[1] != c || members[2] != a {
+		t.Fatalf("Fill wrote its sources into SourcesFor's array: %v", members)
+	}
+	if a.served.Load() == 0 || c.served.Load() == 0 || main.served.Load() != 0 {
+		t.Fatalf("served: first half's %d, second half's %d, main %d: want each half from its member alone", a.served.Load(), c.served.Load(), main.served.Load())
+	}
+}

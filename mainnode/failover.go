@@ -116,34 +116,40 @@ func (s *Swarm) rejoin() {
 		if p == nil {
 			continue
 		}
-		l.counts.rejoins.Add(1)
-		s.mu.Lock()
-		s.stats.Faults.Rejoins++
-		s.mu.Unlock()
 		// told its place, it answers once its share is in (a worker
 		// started again on an empty store fills it first, at its
 		// -fetch-rate): until then the live workers keep its experts, so
-		// that no running sequence waits on what it would fetch
+		// that no running sequence waits on what it would fetch. Where no
+		// worker is live it is taken in at once: the pass needs one.
 		in := func() {
 			s.planner.Unspoil(l.index) // a new connection: its store may have been put back
 			s.planner.SetLive(l.index, true)
+			l.counts.rejoins.Add(1)
 			s.mu.Lock()
+			s.stats.Faults.Rejoins++
 			delete(s.degraded, l.index)
 			s.mu.Unlock()
 			s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Msg("mainnode: worker rejoined the layout")
 		}
-		l.mu.Lock()
-		l.shareIn = in
-		l.mu.Unlock()
+		wait := s.placed() && s.planner.Live() > 0
+		if wait {
+			l.mu.Lock()
+			l.shareIn = in
+			l.mu.Unlock()
+		}
 		s.watch(l, p)
-		if s.tellPlace(l.index, p) {
-			s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Msg("mainnode: worker answers again; it rejoins the layout once its share of the store is in")
+		if !s.placed() {
+			in()
 			continue
 		}
-		l.mu.Lock()
-		l.shareIn = nil
-		l.mu.Unlock()
-		in()
+		if err := s.tellPlace(l.index, p); err != nil {
+			continue // the connection ends: it is lost again, and dialed again
+		}
+		if !wait {
+			in()
+			continue
+		}
+		s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Msg("mainnode: worker answers again; it rejoins the layout once its share of the store is in")
 	}
 }
 

@@ -283,25 +283,28 @@ func NewSwarm(peers []*wire.Peer, opt Options) (*Swarm, error) {
 	return s, nil
 }
 
-// tellPlace tells worker w, on p, its place in the layout: a worker
-// filling its store as it runs fills the rest of its share from it
-// (cacheless workers only: with residency the experts move), and answers
-// once its share is in (wire.ShareIn). It reports whether it told it; a
-// failed send costs only that: logged.
-func (s *Swarm) tellPlace(w int, p *wire.Peer) bool {
-	if s.opt.Residency || s.opt.Prefetch == Resident {
-		return false
+// placed reports whether the swarm tells workers their place
+// (tellPlace): cacheless workers only; with residency the experts move.
+func (s *Swarm) placed() bool { return !s.opt.Residency && s.opt.Prefetch != Resident }
+
+// tellPlace tells worker w, on p, its place in the layout (where placed):
+// a worker filling its store as it runs fills the rest of its share from
+// it, and answers once its share is in (wire.ShareIn). A failed send is
+// logged and returned: the connection is ending.
+func (s *Swarm) tellPlace(w int, p *wire.Peer) error {
+	if !s.placed() {
+		return nil
 	}
 	l := s.opt.Layout
 	place := &wire.Place{Worker: w, Workers: l.Workers, Group: l.Group}
 	if len(s.opt.WorkerAddrs) == l.Workers {
 		place.Peers = s.opt.WorkerAddrs
 	}
-	if err := p.Send(s.life, place); err != nil {
+	err := p.Send(s.life, place)
+	if err != nil {
 		s.opt.Log.Debug().Int("worker", w).Err(err).Msg("mainnode: a worker was not told its place")
-		return false
 	}
-	return true
+	return err
 }
 
 // sendPlacement tells the shadow on p who owns each expert, when experts

@@ -178,22 +178,26 @@ func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, pe
 	if len(peers) == workers && group > 1 {
 		dial := *cfg.Wire
 		dial.PeerRoles = []wire.Role{wire.RoleWorker}
+		// a member that does not answer soon is passed over (redialled
+		// a while later), and one that stalls costs a chunk's timeout:
+		// the main node has every chunk
+		dial.DialAttempts, dial.DialTimeout = 1, peerDialTimeout
 		pos, first := w%group, w-w%group
 		members := make([]fetch.Source, group)
 		for q := range group {
 			if q != pos {
 				d := fetch.Dial(peers[first+q], &dial)
 				defer d.Close()
-				members[q] = d
+				members[q] = fetch.Timed(d, peerChunkTimeout)
 			}
 		}
 		opt.Start = float64(pos) / float64(group)
 		opt.SourcesFor = func(i, n, layer, expert int) []fetch.Source {
-			q := min(i*group/n, group-1) // the member that fetches chunk i first
+			q := i * group / n // the member that fetches chunk i first
 			if q == pos || !l.Holds(first+q, layer, expert) {
 				return nil
 			}
-			return members[q : q+1]
+			return members[q : q+1 : q+1]
 		}
 	}
 	t0 := time.Now()
@@ -208,6 +212,13 @@ func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, pe
 		Int64("share_bytes", res.Share).Int64("kept_bytes", res.Kept).Int64("fetched_bytes", b.Fetched()). // (all this process fetched: as it ran, then the rest)
 		Msg("worker: its share of the store filled")
 }
+
+// peerDialTimeout and peerChunkTimeout bound what a group's member that
+// does not answer, or stalls, costs a worker filling its share.
+const (
+	peerDialTimeout  = 5 * time.Second
+	peerChunkTimeout = 30 * time.Second
+)
 
 // fillLogEvery is how often a worker filling its share says how far it is.
 const fillLogEvery = 5 * time.Second

@@ -238,6 +238,8 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 				if in != nil {
 					select {
 					case <-in:
+					case <-p.Done(): // (this connection's answer is owed no more)
+						return
 					case <-ctx.Done():
 						return
 					}
