@@ -286,6 +286,25 @@ func TestBenchFaultModeKillsAWorkerMidRun(t *testing.T) {
 	}
 }
 
+// fetchRig writes, in dir, a loopback rig whose main node serves the
+// weights on a port of its own (-fetch): a stage of the tiny model's
+// last layers, an int8 shadow and two workers.
+func fetchRig(t *testing.T, dir string) string {
+	t.Helper()
+	var rig strings.Builder
+	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackUDP(t))
+	for i := range 2 {
+		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
+	}
+	path := filepath.Join(dir, "fetch.rig")
+	if err := os.WriteFile(path, []byte(rig.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // TestLaunchWithFetchStartsEveryNodeFromNothing: odmoe launch -fetch
 // (-via local) starts a stage, the shadow and two workers on empty
 // directories of their own; the printed main-node command serves the
@@ -298,17 +317,7 @@ func TestLaunchWithFetchStartsEveryNodeFromNothing(t *testing.T) {
 		t.Skip("a swarm of processes")
 	}
 	dir, model := t.TempDir(), tinyModel(t)
-	var rig strings.Builder
-	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackUDP(t))
-	for i := range 2 {
-		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
-	}
-	rigFile := filepath.Join(dir, "fetch.rig")
-	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rigFile := fetchRig(t, dir)
 	logs, nodes := filepath.Join(dir, "logs"), filepath.Join(dir, "nodes")
 	cmd := exec.Command(odmoeBin(t), "launch", "-via", "local", "-fetch", "-node-files", nodes, "-rig", rigFile, "-model", model, "-mode", "shadow", "-logs", logs, "-log-level", "warn")
 	stdout, err := cmd.StdoutPipe()
@@ -363,17 +372,7 @@ func TestBenchRigFromEmptyDirectories(t *testing.T) {
 		t.Skip("a swarm of processes, started three times")
 	}
 	dir, model := t.TempDir(), tinyModel(t)
-	var rig strings.Builder
-	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackUDP(t))
-	for i := range 2 {
-		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
-	}
-	rigFile := filepath.Join(dir, "fetch.rig")
-	if err := os.WriteFile(rigFile, []byte(rig.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rigFile := fetchRig(t, dir)
 	out := filepath.Join(dir, "out")
 	rep := benchRig(t, rigFile, model, out, "-fetch", "-node-files", filepath.Join(dir, "nodes"), "-modes", "shadow", "-cases", "6x4")
 	if len(rep.Fill) != 2 || len(rep.Runs) != 2 || !rep.Runs[1].Identical {
