@@ -10,6 +10,15 @@ import (
 // rejoin at the next forward pass.
 func (s *Swarm) RejoinReady() bool { return s.rejoins.Load() > 0 }
 
+// Filling makes worker w one that is back but filling its share (its
+// ShareIn still owed), as rejoin leaves it.
+func (s *Swarm) Filling(w int) {
+	l := s.workers[w]
+	l.mu.Lock()
+	l.shareIn = func() {}
+	l.mu.Unlock()
+}
+
 // ShadowReady reports whether a shadow connection waits to attach at the
 // next forward pass.
 func (s *Swarm) ShadowReady() bool {

@@ -198,6 +198,40 @@ func TestSwarmWithNoLiveWorkerFailsSayingSo(t *testing.T) {
 	}
 }
 
+// TestALoneWorkerBackIsTakenInAtOnce: with no other worker live, a worker
+// that comes back is taken into the layout at once (its share-in answer
+// is not waited for: the pass needs it), and the next generation runs;
+// one that is back but still filling its share shows in /healthz.
+func TestALoneWorkerBackIsTakenInAtOnce(t *testing.T) {
+	f := newSwarmFixture(t, 1)
+	_, mainModel := loadModels(t, f)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rw := startRestartable(t, ctx, f, inproc.WorkerOptions{Count: 1, BudgetBytes: 64 << 20, Log: zerolog.Nop()})
+	sw := rw.dial(t, mainnode.Reactive)
+	rw.stop(0)
+	if _, _, err := alone(ctx, sw, mainModel, []int{1, 2, 3}, model.GenerateOptions{MaxTokens: 2}); err == nil {
+		t.Fatal("a generation with its one worker stopped succeeded")
+	}
+	if err := rw.restart(0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !sw.RejoinReady() {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker was not dialed again within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, _, err := alone(ctx, sw, mainModel, []int{1, 2, 3}, model.GenerateOptions{MaxTokens: 4}); err != nil {
+		t.Fatalf("the generation after the lone worker came back: %v", err)
+	}
+	sw.Filling(0)
+	if h := sw.Health(); len(h.Degraded) != 1 || !strings.Contains(h.Degraded[0], "w1: back, filling its share of the store") || len(h.Down) != 0 {
+		t.Fatalf("health of a worker back but filling: %+v", h)
+	}
+}
+
 // TestSwarmSurvivesALostShadow: the shadow stopped mid-generation only
 // costs speed: the main node loads reactively, dials it again, and once
 // it restarts on the same address attaches it, sending each sequence

@@ -117,11 +117,14 @@ func (s *Swarm) Health() serve.Health {
 	var lost []string
 	for _, l := range s.workers {
 		l.mu.Lock()
-		err := l.err
+		err, filling := l.err, l.shareIn != nil
 		l.mu.Unlock()
-		if err != nil {
+		switch {
+		case err != nil:
 			lost = append(lost, l.name+": lost: "+err.Error())
 			h.Down = append(h.Down, l.name)
+		case filling:
+			lost = append(lost, l.name+": back, filling its share of the store: it takes experts again once its share is in")
 		}
 	}
 	if s.shadow != nil && !s.shadow.isUp() {
