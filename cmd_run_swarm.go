@@ -46,8 +46,13 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if f.Store != "" && f.StoreListen == "" {
 		return usagef("-store on the main node is the store it serves: give -store-listen ADDR too")
 	}
+	var shadowDial time.Duration
 	if f.StoreListen != "" && f.DialTimeout == wire.DefaultStartDialTimeout {
-		f.DialTimeout = fetchingDialTimeout // its stages and shadow may be fetching their weights from it first
+		// its workers and stages may be fetching their weights from it
+		// first; the shadow (fetching its whole copy, then quantizing
+		// it) is not waited for as long: the swarm serves without its
+		// predictions until it attaches
+		f.DialTimeout, shadowDial = fetchingDialTimeout, wire.DefaultStartDialTimeout
 	}
 	drafting, err := mainnode.ParseDraft(f.Draft)
 	if err != nil {
@@ -78,7 +83,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return err
 	}
 	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
-		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, Store: f.Store, StoreListen: f.StoreListen, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Context: f.Context, Log: log}
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, Store: f.Store, StoreListen: f.StoreListen, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, ShadowDialTimeout: shadowDial, Context: f.Context, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}

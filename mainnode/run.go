@@ -60,6 +60,10 @@ type Config struct {
 	// Context, when positive, is the longest sequence served instead of
 	// the model's (-context: model.LoadOptions.Context).
 	Context int
+	// ShadowDialTimeout, if set, is how long the node waits at start for
+	// the shadow instead of DialTimeout: it starts without its
+	// predictions after that, and the shadow attaches when it answers.
+	ShadowDialTimeout time.Duration
 	// StoreListen, if set, is where the node serves the model's
 	// checkpoint and its expert store Store (if set) to nodes fetching
 	// their share of them (package fetch): where a swarm's weights start.
@@ -74,13 +78,14 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := cfg.Log
 	t0 := time.Now()
 	var storeServed *atomic.Int64
+	fetching := func(wire.Role) bool { return false }
 	if cfg.StoreListen != "" { // first: the workers, stages and shadow dialed next may be waiting for their weights
-		stop, served, err := serveStore(ctx, cfg, log)
+		stop, served, f, err := serveStore(ctx, cfg, log)
 		if err != nil {
 			return err
 		}
 		defer stop()
-		storeServed = served
+		storeServed, fetching = served, f
 	}
 	m, stages, d, err := loadMain(ctx, cfg)
 	if err != nil {
@@ -130,7 +135,17 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 	}
 	if cfg.Shadow != "" {
-		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, d, peers, opt.Layout, m.Config.MaxPositions, log); err != nil {
+		sd := d
+		if cfg.ShadowDialTimeout > 0 {
+			sd.start.DialTimeout = cfg.ShadowDialTimeout
+		}
+		if fetching(wire.RoleShadow) && cfg.ShadowDialTimeout > 0 {
+			// still fetching its copy (then it quantizes it): the swarm
+			// serves without its predictions until it attaches
+			log.Info().Msg("main node: the shadow is fetching its weights from this node; serving without its predictions until it attaches")
+			sd.start.DialTimeout = shadowFetchingDial
+		}
+		if opt.Shadow, opt.RedialShadow, err = dialShadow(ctx, cfg.Shadow, sd, peers, opt.Layout, m.Config.MaxPositions, log); err != nil {
 			for _, p := range peers {
 				p.Close()
 			}
@@ -274,6 +289,11 @@ func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logge
 	}
 	return nil
 }
+
+// shadowFetchingDial is how long a main node waits at start for a
+// shadow that is fetching its weights from it (ShadowDialTimeout set):
+// one try, then it serves without the shadow, which attaches later.
+const shadowFetchingDial = 2 * time.Second
 
 // dialShadow dials the shadow at addr, which must hint the workers of
 // peers in layout's groups, waiting for it a while (it may still be

@@ -25,20 +25,21 @@ import (
 // started on an empty -store with -fetch-from this address fills it; a
 // stage or shadow started on an empty -model fetches its layers' tensors.
 //
-// served counts the bytes sent so far (odmoe_store_served_bytes_total).
-func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(), served *atomic.Int64, err error) {
+// served counts the bytes sent so far (odmoe_store_served_bytes_total);
+// fetching reports whether a node of a role fetches from it now.
+func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(), served *atomic.Int64, fetching func(wire.Role) bool, err error) {
 	id, err := store.ModelIdentity(cfg.Model)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.NoLayers, Head: true}) // the names of its expert tensors
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	ckpt, err := fetch.OpenCheckpoint(cfg.Model, id, m) // its manifest made in the background from now
 	m.Close()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	holds := fetch.Served{Model: ckpt}
 	var st *store.Store
@@ -52,12 +53,12 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 			finish()
 			if err != nil {
 				ckpt.Close()
-				return nil, nil, fmt.Errorf("mainnode: -store: %w", err)
+				return nil, nil, nil, fmt.Errorf("mainnode: -store: %w", err)
 			}
 		}
 		if st, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
 			ckpt.Close()
-			return nil, nil, fmt.Errorf("mainnode: -store: %w", err)
+			return nil, nil, nil, fmt.Errorf("mainnode: -store: %w", err)
 		}
 		holds.Store = st
 	}
@@ -75,9 +76,11 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	if err != nil {
 		cancel()
 		closeAll()
-		return nil, nil, fmt.Errorf("mainnode: -store-listen: %w", err)
+		return nil, nil, nil, fmt.Errorf("mainnode: -store-listen: %w", err)
 	}
 	bytes := new(atomic.Int64)
+	var mu sync.Mutex
+	active := map[wire.Role]int{} // the nodes fetching now, by role
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -87,6 +90,15 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 			}
 			wg.Go(func() {
 				defer p.Close()
+				role := p.Identity().Role
+				mu.Lock()
+				active[role]++
+				mu.Unlock()
+				defer func() {
+					mu.Lock()
+					active[role]--
+					mu.Unlock()
+				}()
 				log.Info().Str("peer", p.Identity().Name).Msg("main node: a node fetches from its store")
 				var sent atomic.Int64 // this node's (others fetch at the same time)
 				err := fetch.Serve(ctx, p, holds, &sent, bytes)
@@ -98,12 +110,16 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	})
 	log.Info().Str("model", cfg.Model).Str("store", cfg.Store).Str("listen", ln.Addr().String()).Msg("main node: serving the checkpoint and the expert store to fetching nodes")
 	return func() {
-		cancel()
-		ln.Close()
-		wg.Wait()
-		closeAll()
-		log.Info().Str("served", progress.Bytes(bytes.Load())).Msg("main node: stopped serving the checkpoint and the expert store")
-	}, bytes, nil
+			cancel()
+			ln.Close()
+			wg.Wait()
+			closeAll()
+			log.Info().Str("served", progress.Bytes(bytes.Load())).Msg("main node: stopped serving the checkpoint and the expert store")
+		}, bytes, func(r wire.Role) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return active[r] > 0
+		}, nil
 }
 
 // logStoreTraffic says, a line per worker, what each fetched of its

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/wire"
 )
 
 // FillStart is one start of the rig's nodes on their own directories
@@ -20,8 +21,13 @@ type FillStart struct {
 	// ReadyS is the seconds from the nodes' start until the last had its
 	// share (a worker its share of the store filled, a stage or shadow
 	// its part of the checkpoint).
-	ReadyS float64    `json:"ready_s"`
-	Nodes  []FillNode `json:"nodes"`
+	ReadyS float64 `json:"ready_s"`
+	// ServingS is the seconds until the main node served (its API up:
+	// every worker and stage answered; the shadow, fetching and
+	// quantizing its copy, attaches when it is up), 0 if it did not
+	// before every share was in.
+	ServingS float64    `json:"serving_s"`
+	Nodes    []FillNode `json:"nodes"`
 }
 
 // FillNode is one node's share and what it fetched (a worker: expert
@@ -43,6 +49,9 @@ func fillMark(n Node) string {
 	}
 	return "its part of the checkpoint fetched"
 }
+
+// servingMark is what a main node serving the API logs once it does.
+const servingMark = "serving the OpenAI-compatible API"
 
 var logInt = regexp.MustCompile(`\b(share_bytes|fetched_bytes)=(\d+)`)
 
@@ -67,6 +76,9 @@ func fillRig(opt BenchOptions, start int) (FillStart, error) {
 	}
 	mf := MainFlags(opt, mode)
 	mf.HTTP = "127.0.0.1:0" // serving until stopped, answering nothing
+	// as a main node started by hand: it waits long for the workers and
+	// stages fetching from it, not for the shadow
+	mf.DialTimeout = wire.DefaultStartDialTimeout
 	log, err := os.OpenFile(filepath.Join(logDir, opt.Rig.Main.Name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return FillStart{}, err
@@ -112,6 +124,11 @@ func fillRig(opt BenchOptions, start int) (FillStart, error) {
 		}
 		if mp.Exited() {
 			return fs, fmt.Errorf("testbed: the main node %w while the nodes filled; its log: %s", errExited, filepath.Join(logDir, opt.Rig.Main.Name+".log"))
+		}
+		if fs.ServingS == 0 {
+			if b, _ := os.ReadFile(filepath.Join(logDir, opt.Rig.Main.Name+".log")); bytes.Contains(b, []byte(servingMark)) {
+				fs.ServingS = time.Since(t0).Seconds()
+			}
 		}
 		if time.Now().After(deadline) {
 			return fs, fmt.Errorf("testbed: the nodes did not all have their shares within %v; logs in %s", rigDialTimeout, logDir)

@@ -214,6 +214,9 @@ func writeFill(w io.Writer, rep *Report) {
 			}
 			fmt.Fprintf(w, "| %s | %s | %.1f | %.1f | %s | %.1f |\n", n.Name, n.Role, float64(n.ShareBytes)/(1<<20), float64(n.FetchedBytes)/(1<<20), ratio, n.ReadyS)
 		}
+		if fs.ServingS > 0 {
+			fmt.Fprintf(w, "\nThe main node served (every worker and stage up; the shadow attaching when it is) %.1f s after the nodes started.", fs.ServingS)
+		}
 		fmt.Fprintf(w, "\nEvery node had its share %.1f s after they started", fs.ReadyS)
 		if bits := linkBits(rep.Link); bits > 0 && largest > 0 {
 			at := float64(largest) * 8 / bits
