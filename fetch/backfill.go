@@ -210,8 +210,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 		c := chunks[i]
 		order := b.sources
 		if opt.Spread {
-			k := i % len(order)
-			order = append(slices.Clone(order[k:]), order[:k]...)
+			order = rotated(order, i)
 		}
 		if opt.SourcesFor != nil {
 			order = slices.Concat(opt.SourcesFor(i, n, c.layer, c.expert), order) // (a new slice: neither is written)

@@ -8,7 +8,9 @@
 // bytes pass their check and fetches only the others (an interrupted
 // fetch resumes where it stopped; a damaged or other model's cache is
 // repaired). A source that serves a bad chunk is named, and the chunk
-// comes from the next.
+// comes from the next. A stage's or shadow's part of the model's
+// checkpoint comes the same way (Model): a manifest of SHA-256 digests,
+// then the tensors the node binds, piece by piece.
 //
 // It does not know where sources are (the caller hands them over: a
 // peer's connection, PeerSource; a directory, DirSource), which layers a
@@ -145,8 +147,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	for i, c := range chunks {
 		order := sources
 		if opt.Spread {
-			k := i % len(sources)
-			order = append(slices.Clone(sources[k:]), sources[:k]...)
+			order = rotated(sources, i)
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil { // failed, or ended: the rest is not looked at
@@ -195,14 +196,37 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 // pass its check, counting what each sent in fetched and telling bad of
 // each source whose bytes did not.
 func fetchChunk(ctx context.Context, sources []Source, c store.Chunk, buf []byte, fetched *atomic.Int64, bad func(src string, err error)) error {
+	what := fmt.Sprintf("the chunk at %d (%d bytes)", c.Ref.Offset, c.Ref.Size)
+	return firstGood(ctx, sources, what, func(src Source) error {
+		if err := src.ReadChunk(ctx, c.Ref, buf); err != nil {
+			return err
+		}
+		fetched.Add(int64(c.Ref.Size))
+		if err := c.Check(buf); err != nil {
+			return fmt.Errorf("%w: %w", errBadPiece, err)
+		}
+		return nil
+	}, bad)
+}
+
+// errBadPiece marks bytes a source sent that failed their check (the
+// store's CRC, the manifest's SHA-256): the source is named for them.
+var errBadPiece = errors.New("bad bytes")
+
+// firstGood asks the sources in order until one's read succeeds: read
+// fetches a piece (what, in errors) from a source and checks it, a failed
+// check wrapped in errBadPiece, for which bad is told the source's name.
+func firstGood[S interface{ Name() string }](ctx context.Context, sources []S, what string, read func(S) error, bad func(src string, err error)) error {
+	if len(sources) == 0 {
+		return fmt.Errorf("%w: %s: no source to ask", ErrNoSource, what)
+	}
 	var errs []error
 	for _, src := range sources {
-		err := src.ReadChunk(ctx, c.Ref, buf)
+		err := read(src)
 		if err == nil {
-			fetched.Add(int64(c.Ref.Size))
-			if err = c.Check(buf); err == nil {
-				return nil
-			}
+			return nil
+		}
+		if errors.Is(err, errBadPiece) {
 			bad(src.Name(), err)
 		}
 		if ctx.Err() != nil {
@@ -210,7 +234,17 @@ func fetchChunk(ctx context.Context, sources []Source, c store.Chunk, buf []byte
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", src.Name(), err))
 	}
-	return fmt.Errorf("%w: the chunk at %d (%d bytes): %w", ErrNoSource, c.Ref.Offset, c.Ref.Size, errors.Join(errs...))
+	return fmt.Errorf("%w: %s: %w", ErrNoSource, what, errors.Join(errs...))
+}
+
+// rotated is s begun at its k-th element (k modulo its length): pieces
+// asked of the sources in turn, so that each serves a share.
+func rotated[S any](s []S, k int) []S {
+	if len(s) < 2 {
+		return s
+	}
+	k %= len(s)
+	return append(slices.Clone(s[k:]), s[:k]...)
 }
 
 // fetchIndex is the index file from the first source that gives one.

@@ -184,13 +184,15 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 		}
 	}
 	var mu sync.Mutex // res's lists
-	badSource := func(src string, what string, err error) {
-		opt.Log.Warn().Str("source", src).Str("piece", what).Err(err).Msg("fetch: a source served a bad piece; asking the next")
-		mu.Lock()
-		defer mu.Unlock()
-		res.Bad++
-		if !slices.Contains(res.BadSources, src) {
-			res.BadSources = append(res.BadSources, src)
+	badSource := func(what string) func(src string, err error) {
+		return func(src string, err error) {
+			opt.Log.Warn().Str("source", src).Str("piece", what).Err(err).Msg("fetch: a source served a bad piece; asking the next")
+			mu.Lock()
+			defer mu.Unlock()
+			res.Bad++
+			if !slices.Contains(res.BadSources, src) {
+				res.BadSources = append(res.BadSources, src)
+			}
 		}
 	}
 	var keptBytes, fetched, done atomic.Int64
@@ -213,14 +215,16 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 			progress(f.Size)
 			continue
 		}
-		b, err := firstGood(ctx, sources, false, 0, f.Name, func(src ModelSource) ([]byte, error) {
-			b, err := src.ReadFile(ctx, f.Name)
+		var b []byte
+		err := firstGood(ctx, sources, f.Name, func(src ModelSource) error {
+			var err error
+			b, err = src.ReadFile(ctx, f.Name)
 			fetched.Add(int64(len(b)))
 			if err == nil {
 				err = checkDigest(b, f.Digest)
 			}
-			return b, err
-		}, badSource)
+			return err
+		}, badSource(f.Name))
 		if err == nil {
 			err = dirty()
 		}
@@ -278,21 +282,25 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 				return err
 			}
 			what := fmt.Sprintf("%s at %d", p.tensor, p.off)
-			b, err := firstGood(gctx, sources, opt.Spread, i, what, func(src ModelSource) ([]byte, error) {
+			order := sources
+			if opt.Spread {
+				order = rotated(sources, i)
+			}
+			err := firstGood(gctx, order, what, func(src ModelSource) error {
 				err := src.ReadTensor(gctx, p.tensor, p.off, buf)
 				if err == nil {
 					fetched.Add(p.size)
 					err = checkDigest(buf, p.digest)
 				}
-				return buf, err
-			}, badSource)
+				return err
+			}, badSource(what))
 			if err == nil {
 				err = dirty()
 			}
 			if err != nil {
 				return err
 			}
-			if _, err := p.file.WriteAt(b, p.at); err != nil {
+			if _, err := p.file.WriteAt(buf, p.at); err != nil {
 				return fmt.Errorf("fetch: writing %s: %w", p.file.Name(), err)
 			}
 			progress(p.size)
@@ -317,41 +325,11 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 	return end(writeFileAtomic(filepath.Join(dir, FetchedManifestFile), raw))
 }
 
-// firstGood is read's bytes from the first source whose bytes pass (read
-// checks them), the sources asked in turn from the k-th with spread,
-// telling bad of each whose bytes did not.
-func firstGood(ctx context.Context, sources []ModelSource, spread bool, k int, what string, read func(ModelSource) ([]byte, error), bad func(src, what string, err error)) ([]byte, error) {
-	order := sources
-	if spread && len(sources) > 0 {
-		k %= len(sources)
-		order = append(slices.Clone(sources[k:]), sources[:k]...)
-	}
-	if len(sources) == 0 {
-		return nil, fmt.Errorf("%w: %s: no source answered, and the directory does not hold it whole", ErrNoSource, what)
-	}
-	var errs []error
-	for _, src := range order {
-		b, err := read(src)
-		if err == nil {
-			return b, nil
-		}
-		if errors.Is(err, errBadDigest) {
-			bad(src.Name(), what, err)
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", src.Name(), err))
-	}
-	return nil, fmt.Errorf("%w: %s: %w", ErrNoSource, what, errors.Join(errs...))
-}
-
-var errBadDigest = errors.New("SHA-256 differs from the manifest's")
-
+// checkDigest checks b against the manifest's SHA-256 want.
 func checkDigest(b []byte, want string) error {
 	sum := sha256.Sum256(b)
 	if hex.EncodeToString(sum[:]) != want {
-		return fmt.Errorf("%w (%d bytes)", errBadDigest, len(b))
+		return fmt.Errorf("%w: %d bytes whose SHA-256 differs from the manifest's", errBadPiece, len(b))
 	}
 	return nil
 }

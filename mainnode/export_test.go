@@ -15,7 +15,7 @@ func (s *Swarm) RejoinReady() bool { return s.rejoins.Load() > 0 }
 func (s *Swarm) Filling(w int) {
 	l := s.workers[w]
 	l.mu.Lock()
-	l.shareIn = func() {}
+	l.shareIn = func(int64) {}
 	l.mu.Unlock()
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/wire"
 )
 
@@ -121,7 +122,7 @@ func (s *Swarm) rejoin() {
 		// -fetch-rate): until then the live workers keep its experts, so
 		// that no running sequence waits on what it would fetch. Where no
 		// worker is live it is taken in at once: the pass needs one.
-		in := func() {
+		in := func(fetched int64) {
 			s.planner.Unspoil(l.index) // a new connection: its store may have been put back
 			s.planner.SetLive(l.index, true)
 			l.counts.rejoins.Add(1)
@@ -129,7 +130,8 @@ func (s *Swarm) rejoin() {
 			s.stats.Faults.Rejoins++
 			delete(s.degraded, l.index)
 			s.mu.Unlock()
-			s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Msg("mainnode: worker rejoined the layout")
+			s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Int("live", s.planner.Live()).Str("fetched", progress.Bytes(fetched)).
+				Msg("mainnode: worker rejoined the layout")
 		}
 		wait := s.placed() && s.planner.Live() > 0
 		if wait {
@@ -139,14 +141,14 @@ func (s *Swarm) rejoin() {
 		}
 		s.watch(l, p)
 		if !s.placed() {
-			in()
+			in(0)
 			continue
 		}
 		if err := s.tellPlace(l.index, p); err != nil {
 			continue // the connection ends: it is lost again, and dialed again
 		}
 		if !wait {
-			in()
+			in(0)
 			continue
 		}
 		s.opt.Log.Info().Str("worker", l.name).Int("index", l.index).Msg("mainnode: worker answers again; it rejoins the layout once its share of the store is in")

@@ -28,7 +28,7 @@ type link struct {
 	redialing bool       // a goroutine is dialing the worker again
 	// shareIn, if set, is called (once) when the worker says its share
 	// is in (wire.ShareIn): a rejoined worker then takes its experts again
-	shareIn func()
+	shareIn func(fetched int64)
 }
 
 func newLink(p *wire.Peer, index int) *link {
@@ -117,7 +117,7 @@ func (l *link) receive(ctx context.Context, p *wire.Peer) error {
 			l.shareIn = nil
 			l.mu.Unlock()
 			if f != nil {
-				f()
+				f(m.Fetched)
 			}
 		}
 	}

@@ -350,8 +350,9 @@ type Place struct {
 // the experts it would fetch.
 type ShareIn struct {
 	_msgpack struct{} `msgpack:",as_array"`
-	// Fetched is the bytes of its share the worker fetched to fill it
-	// (0: it held them).
+	// Fetched is the bytes of the store the worker has fetched (as it
+	// ran, then to fill its share; 0: it held them), which the main node
+	// logs as it takes the worker back.
 	Fetched int64
 }
 

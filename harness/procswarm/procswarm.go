@@ -130,7 +130,7 @@ type Swarm struct {
 	profileDir      string // where nodes write their CPU profiles; "" none
 	cpus            string // the CPUs every node runs on (taskset -c); "" any
 	stop            context.CancelFunc
-	procs           []*exec.Cmd // the workers, then the shadow
+	procs           []*exec.Cmd // worker i at i (RestartWorker keeps it there), then the shadow and stages, then ended workers
 	shadowCmd       *exec.Cmd   // the shadow's (its first stage's), among procs; nil without one
 	shadowStageCmds []*exec.Cmd // a staged shadow's later stages, among procs
 	stages          string      // the main node's stages' addresses (-stages), "" without
