@@ -38,6 +38,14 @@ func startStagedSwarm(t *testing.T, f inproc.Files, addrs []string, policy mainn
 // workers in stageAddrs' order.
 func startStagedSwarmOn(t *testing.T, f inproc.Files, addrs, stageAddrs []string, policy mainnode.Prefetch, layers ...string) *stagedSwarm {
 	t.Helper()
+	return dialStagedSwarm(t, f, addrs, startStages(t, f, stageAddrs, policy, layers...), policy)
+}
+
+// startStages starts stages holding layers[i] each ("A-B") under policy,
+// on the workers at stageAddrs, in this process as a stage process does
+// (RunStage), and returns their addresses.
+func startStages(t *testing.T, f inproc.Files, stageAddrs []string, policy mainnode.Prefetch, layers ...string) []string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stages []string
 	done := make(chan error, len(layers))
@@ -70,6 +78,15 @@ func startStagedSwarmOn(t *testing.T, f inproc.Files, addrs, stageAddrs []string
 			t.Fatalf("stage %s: %v", r, err)
 		}
 	}
+	return stages
+}
+
+// dialStagedSwarm is a main node that holds no layer, its layers on the
+// stages at stages, its Swarm on the workers at addrs.
+func dialStagedSwarm(t *testing.T, f inproc.Files, addrs, stages []string, policy mainnode.Prefetch) *stagedSwarm {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	head, err := model.Load(f.Model, model.LoadOptions{SkipExperts: true, Layers: &model.NoLayers, Head: true})
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +194,43 @@ func TestAStagedMainNodeIsLocalModeAloneAndBatched(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAMainNodeConnectingLaterIsToldItsOwnPassesFigures: stages outlive
+// a main node (bench rig runs a main node a request against the same
+// stages); a second main node's figures of the stages' layers count its
+// own passes alone, as the first's did, not the stages' since they
+// started.
+func TestAMainNodeConnectingLaterIsToldItsOwnPassesFigures(t *testing.T) {
+	f, err := inproc.Generate(context.Background(), t.TempDir(), "tiny", 24, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := startWorkers(t, ctx, f, 4, 64<<20, false)
+	stages := startStages(t, f, addrs, mainnode.Reactive, "0-1", "2-")
+	const steps = 6
+	prompt := testPrompt(9, 31, 3, 100)
+	var calls [2][]int64 // each main node's calls of each layer, decode and prompt
+	for i := range calls {
+		s := dialStagedSwarm(t, f, addrs, stages, mainnode.Reactive)
+		generateWith(t, s.head, s.sw, prompt, steps, model.NewSampler(0, 1, 7))
+		st := s.sw.Stats()
+		for _, l := range append(st.Decode, st.Prefill...) {
+			calls[i] = append(calls[i], l.Calls)
+		}
+		s.sw.Close()
+		s.stages.Close()
+	}
+	if len(calls[0]) == 0 || fmt.Sprint(calls[0]) != fmt.Sprint(calls[1]) {
+		t.Fatalf("the same request's calls by layer (decode, then prompt): %v on the first main node, %v on the second", calls[0], calls[1])
+	}
+	for _, c := range calls[0][:len(calls[0])/2] {
+		if c != steps-1 {
+			t.Fatalf("decode calls by layer %v, want %d each (a pass a token after the first)", calls[0], steps-1)
+		}
 	}
 }
 

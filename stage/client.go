@@ -541,6 +541,23 @@ func addFigures(a, b *wire.StageFigures) *wire.StageFigures {
 		}
 		return a
 	}
+	return combineFigures(a, b, 1)
+}
+
+// sinceFigures is what a stage's figures now counted beyond base, its
+// figures at an earlier moment (nil: nothing then, now whole): a stage
+// counts from its start, and a main node that connects later is told what
+// its own passes cost.
+func sinceFigures(now, base *wire.StageFigures) *wire.StageFigures {
+	if now == nil || base == nil {
+		return now
+	}
+	return combineFigures(now, base, -1)
+}
+
+// combineFigures is a plus sign times b, layer by layer and worker by
+// worker, into a new value (a's First).
+func combineFigures(a, b *wire.StageFigures, sign int64) *wire.StageFigures {
 	out := &wire.StageFigures{First: a.First}
 	layer := func(x, y []wire.LayerFigures) []wire.LayerFigures {
 		s := make([]wire.LayerFigures, max(len(x), len(y)))
@@ -552,9 +569,9 @@ func addFigures(a, b *wire.StageFigures) *wire.StageFigures {
 			if i < len(y) {
 				q = y[i]
 			}
-			s[i] = wire.LayerFigures{Calls: p.Calls + q.Calls, Main: p.Main + q.Main, Experts: p.Experts + q.Experts, Worker: p.Worker + q.Worker,
-				Network: p.Network + q.Network, Stall: p.Stall + q.Stall, Load: p.Load + q.Load, Loads: p.Loads + q.Loads, Misses: p.Misses + q.Misses,
-				MissesLate: p.MissesLate + q.MissesLate, MissesWrong: p.MissesWrong + q.MissesWrong, Results: p.Results + q.Results}
+			s[i] = wire.LayerFigures{Calls: p.Calls + sign*q.Calls, Main: p.Main + sign*q.Main, Experts: p.Experts + sign*q.Experts, Worker: p.Worker + sign*q.Worker,
+				Network: p.Network + sign*q.Network, Stall: p.Stall + sign*q.Stall, Load: p.Load + sign*q.Load, Loads: p.Loads + sign*q.Loads, Misses: p.Misses + sign*q.Misses,
+				MissesLate: p.MissesLate + sign*q.MissesLate, MissesWrong: p.MissesWrong + sign*q.MissesWrong, Results: p.Results + sign*q.Results}
 		}
 		return s
 	}
@@ -568,8 +585,8 @@ func addFigures(a, b *wire.StageFigures) *wire.StageFigures {
 		if i < len(b.Workers) {
 			q = b.Workers[i]
 		}
-		out.Workers[i] = wire.WorkerFigures{Results: p.Results + q.Results, Loads: p.Loads + q.Loads, Misses: p.Misses + q.Misses, Late: p.Late + q.Late,
-			Wrong: p.Wrong + q.Wrong, LoadNs: p.LoadNs + q.LoadNs, ComputeNs: p.ComputeNs + q.ComputeNs, StallNs: p.StallNs + q.StallNs}
+		out.Workers[i] = wire.WorkerFigures{Results: p.Results + sign*q.Results, Loads: p.Loads + sign*q.Loads, Misses: p.Misses + sign*q.Misses, Late: p.Late + sign*q.Late,
+			Wrong: p.Wrong + sign*q.Wrong, LoadNs: p.LoadNs + sign*q.LoadNs, ComputeNs: p.ComputeNs + sign*q.ComputeNs, StallNs: p.StallNs + sign*q.StallNs}
 	}
 	return out
 }

@@ -24,6 +24,10 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 	}()
 	h := l.m.Config.HiddenSize
 	var routes wire.StageRoutes
+	// the figures are this connection's: a stage counts from its start,
+	// and a main node that connects later (bench rig runs one a request
+	// against the same stages) is told what its own passes cost
+	base := l.runner.Figures(l.Held())
 	for {
 		msg, err := p.Recv(ctx)
 		if err != nil {
@@ -41,7 +45,7 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				}
 				continue
 			}
-			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: l.runner.Figures(l.Held())}
+			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: sinceFigures(l.runner.Figures(l.Held()), base)}
 			for i, kv := range out.kv {
 				k := wire.StageKV{Seq: m.Seqs[i], FromPos: kv.From, First: kv.First}
 				k.Keys, k.Values = kv.Tensors()
