@@ -49,6 +49,8 @@ test: tokref openai
 		$$($(GO) list $(PKGS) | grep -vxF $(addprefix -e ,$(RACELESS)))
 	pkgs="$$($(GO) list $(PKGS) | grep -xF $(addprefix -e ,$(RACELESS)))"; \
 		test -z "$$pkgs" || ODMOE_TOKREF_DIR=$(CURDIR)/$(TOKREF) $(GO) test -count=1 -timeout 10m $$pkgs
+	@# every family's swarm matrices (mainnode/family_norace_test.go: the same code raced on tiny)
+	$(GO) test -count=1 -timeout 10m -run '^TestEvery(FamilyOnTheSwarm|SeededSampled)' ./mainnode/
 	@# tests too heavy for the race detector (a Mixtral-shaped expert on a 1 GiB worker)
 	$(GO) test -count=1 -timeout 10m -run 'Mixtral' ./worker/
 	@# tests that read RSS, which the race detector's own memory swamps
