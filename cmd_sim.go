@@ -72,7 +72,7 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	out := fs.String("out", "", "write the profile to `FILE` (default: standard output)")
 	cores := fs.Int("cores", -1, "CPU cores all the nodes shared; -1: the bench machine's when it ran them all (local, netns), else 0")
 	rigPath := fs.String("rig", "", "the bench's rig `FILE` (its workers' layout, the shadow's lead); default: the path its report.json names")
-	longerFlag := fs.String("longer", "auto", "the PROMPTxOUTPUT case whose resident runs, at a longer prompt than -case's, tell a prompt's messages' bytes from their fixed cost; auto: the report's longest prompt; none: no such fit")
+	otherFlag := fs.String("other", "auto", "the PROMPTxOUTPUT case whose resident runs, at another prompt length than -case's, tell a prompt layer's and its messages' fixed costs from what each token adds; auto: the report's longest prompt but -case's, else its shortest; none: no such fit")
 	var lf runflags.Log
 	lf.Register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -85,11 +85,11 @@ func runSimCalibrate(_ context.Context, args []string, _ io.Reader, stdout, stde
 	if err != nil {
 		return err
 	}
-	longer, err := simrig.ParseLonger(*longerFlag, c)
+	other, err := simrig.ParseOther(*otherFlag, c)
 	if err != nil {
-		return usagef("-longer: %v", err)
+		return usagef("-other: %v", err)
 	}
-	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores, Rig: *rigPath, Longer: longer})
+	p, err := simrig.Calibrate(simrig.CalibrateOptions{Bench: *benchDir, Case: c, Cores: *cores, Rig: *rigPath, Other: other})
 	if err != nil {
 		return err
 	}

@@ -101,7 +101,9 @@ func TestSimCalibratesFromRecordedRigRuns(t *testing.T) {
 			if b, err := os.ReadFile(profile); err != nil || json.Unmarshal(b, &p) != nil {
 				t.Fatalf("the profile: %v", err)
 			}
-			longer := slices.ContainsFunc(p.Sources, func(s string) bool { return strings.Contains(s, "messages' rate from the resident runs of p128-") })
+			longer := slices.ContainsFunc(p.Sources, func(s string) bool {
+				return strings.Contains(s, "messages' rate from the resident runs of") && strings.Contains(s, " and p128-")
+			})
 			if c.attention && p.MainPositionMs <= 0 || !strings.Contains(p.Sources[0], "median of") || !p.WorkerLinks || !longer || p.PrefillBytesPerS <= 0 {
 				t.Errorf("profile: main_position_ms %v, sources %q, worker_links %v, prefill_bytes_per_s %v: want the context's growth fitted, the runs averaged, the rig's links, the longer prompt's messages", p.MainPositionMs, p.Sources, p.WorkerLinks, p.PrefillBytesPerS)
 			}

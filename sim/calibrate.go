@@ -519,3 +519,48 @@ func FitRouteRepeat(p Profile, layout sched.Layout, s Shape, o Options, loadsPer
 
 // maxRouteRepeat is the locality FitRouteRepeat tries at most.
 const maxRouteRepeat = 0.98
+
+// PrefillLines returns p with a prompt layer's costs read from two
+// resident runs at different prompt lengths (their prefill figures): the
+// main node's part of a layer and a layer's slowest expert, each a line
+// through its two measurements against the prompt's tokens (the busiest
+// expert's, for the expert): what a first token costs and what each
+// further one adds, as the swarm ran them (on shared cores, each worker's
+// expert beside the others', slower than local mode's). ok is false, and
+// p unchanged, where either run has no prefill figures, the lengths are
+// the same, or a line would give a first token a negative cost.
+func (p Profile) PrefillLines(s Shape, a, b Measured) (q Profile, ok bool) {
+	if a.Prompt > b.Prompt {
+		a, b = b, a
+	}
+	perLayer := func(m Measured) (main, worker float64, ok bool) {
+		ls := withCalls(m.Prefill)
+		if len(ls) == 0 {
+			return 0, 0, false
+		}
+		for _, l := range ls {
+			main += l.MainMs / float64(l.Calls)
+			worker += l.WorkerMs / float64(l.Calls)
+		}
+		return main / float64(len(ls)), worker / float64(len(ls)), true
+	}
+	ma, wa, okA := perLayer(a)
+	mb, wb, okB := perLayer(b)
+	if !okA || !okB || a.Prompt < 1 || b.Prompt <= a.Prompt {
+		return p, false
+	}
+	mainToken := (mb - ma) / float64(b.Prompt-a.Prompt)
+	mainFirst := ma - float64(a.Prompt-1)*mainToken
+	ba, bb := expectedBusiest(s, a.Prompt), expectedBusiest(s, b.Prompt)
+	if bb <= ba {
+		return p, false
+	}
+	expertToken := (wb - wa) / (bb - ba)
+	expertFirst := wa - (ba-1)*expertToken
+	if mainToken < 0 || mainFirst < 0 || expertToken < 0 || expertFirst < 0 {
+		return p, false
+	}
+	p.MainPrefillLayerMs, p.MainPrefillTokenMs = mainFirst, mainToken
+	p.ExpertPrefillMs, p.ExpertPrefillTokenMs = expertFirst, expertToken
+	return p, true
+}

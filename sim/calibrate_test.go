@@ -370,3 +370,39 @@ func TestTheShadowsPromptShareHoldsAtALongerPrompt(t *testing.T) {
 		t.Errorf("the shadow's CPU added whole predicts %.3f of the 128-token run: the test tells nothing", over)
 	}
 }
+
+// TestPrefillLinesReadEachPartsLineFromTwoLengths: resident runs whose
+// prompt layers' main part and slowest expert grow by known lines (the
+// expert's with its busiest expert's tokens) give those lines back,
+// either run first; a line that would give a first token a negative
+// cost, or two runs of one length, leave the profile as it was.
+func TestPrefillLinesReadEachPartsLineFromTwoLengths(t *testing.T) {
+	p, _, s := testRig(t)
+	const mainFirst, mainToken, expertFirst, expertToken = 1.5, 0.12, 7.5, 0.9
+	run := func(prompt int, mainAdd float64) Measured {
+		m := Measured{Prompt: prompt}
+		busiest := expectedBusiest(s, prompt)
+		for l := range s.Layers {
+			// two calls a layer, as a prompt in two chunks sums them
+			m.Prefill = append(m.Prefill, LayerStats{Layer: l, Calls: 2, MainMs: 2 * (mainFirst + float64(prompt-1)*mainToken + mainAdd),
+				WorkerMs: 2 * (expertFirst + (busiest-1)*expertToken)})
+		}
+		return m
+	}
+	short, long := run(16, 0), run(128, 0)
+	for _, pair := range [][2]Measured{{short, long}, {long, short}} {
+		got, ok := p.PrefillLines(s, pair[0], pair[1])
+		if !ok || math.Abs(got.MainPrefillLayerMs-mainFirst) > 1e-9 || math.Abs(got.MainPrefillTokenMs-mainToken) > 1e-9 ||
+			math.Abs(got.ExpertPrefillMs-expertFirst) > 1e-9 || math.Abs(got.ExpertPrefillTokenMs-expertToken) > 1e-9 {
+			t.Errorf("lines %v: main %v + %v a token, expert %v + %v: want %v + %v, %v + %v", ok, got.MainPrefillLayerMs, got.MainPrefillTokenMs,
+				got.ExpertPrefillMs, got.ExpertPrefillTokenMs, mainFirst, mainToken, expertFirst, expertToken)
+		}
+	}
+	// the short prompt's main part dearer than the long one's line allows
+	if got, ok := p.PrefillLines(s, run(16, 20), long); ok || !reflect.DeepEqual(got, p) {
+		t.Errorf("a negative per-token cost taken: %v, %+v", ok, got)
+	}
+	if got, ok := p.PrefillLines(s, short, short); ok || !reflect.DeepEqual(got, p) {
+		t.Errorf("one length taken for two: %v, %+v", ok, got)
+	}
+}

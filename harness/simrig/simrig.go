@@ -88,11 +88,13 @@ type CalibrateOptions struct {
 	// lead), for fitting the routing's locality; "": the report's own
 	// path, else its worker nodes in groups of the model's top-k
 	Rig string
-	// Longer is the case whose resident runs, at a longer prompt, fit a
-	// prompt's messages' bytes apart from their fixed cost; zero: the
-	// report's longest prompt above Case's (the same output length
-	// first); a prompt of -1: none.
-	Longer testbed.Case
+	// Other is the case whose resident runs, at another prompt length
+	// than Case's, give a prompt layer's costs and its messages' with
+	// Case's: what a first token costs apart from each further one, and a
+	// message's fixed cost apart from its bytes', which one length cannot
+	// tell apart; zero: the report's longest prompt but Case's (the same
+	// output length first), else its shortest; a prompt of -1: none.
+	Other testbed.Case
 }
 
 // Calibrate fits a profile to a bench rig directory's resident and shadow
@@ -181,15 +183,34 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	ttftOf := func(m sim.Measured) float64 { return m.TTFTms }
 	ttft := medianOf(runs[testbed.ModeResident][:n], ttftOf) // the median, as validate compares
 	at := sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}
-	if longer, ok := longerResident(rep, c, o.Longer); ok {
-		longerMs := medianTTFT(longer)
-		if longerMs <= 0 {
-			return p, fmt.Errorf("sim calibrate: %s %s: no time to first token in its stats", longer.Mode, longer.Case)
+	if other, ok := otherResident(rep, c, o.Other); ok {
+		var om []sim.Measured
+		for _, rr := range repeatsOf(other) {
+			m, err := measured(rr)
+			if err != nil {
+				return p, err
+			}
+			om = append(om, m)
 		}
-		p, err = sim.FitPrefillMessages(p, layout, shape, at, ttft, sim.Options{Prompt: longer.Prompt, Output: longer.Output, LoadRates: rates}, longerMs)
-		p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s", longer.Case))
-	} else if o.Longer.Prompt > 0 {
-		return p, fmt.Errorf("sim calibrate: %s has no resident runs of case %s", o.Bench, o.Longer.String())
+		otherMs := medianOf(om, ttftOf)
+		if otherMs <= 0 {
+			return p, fmt.Errorf("sim calibrate: %s %s: no time to first token in its stats", other.Mode, other.Case)
+		}
+		// a prompt layer's parts, each a line through the two lengths'
+		// figures (the runs of the median time to first token)
+		if q, ok := p.PrefillLines(shape, medianRun(runs[testbed.ModeResident][:n], ttftOf), medianRun(om, ttftOf)); ok {
+			p = q
+			p.Sources = append(p.Sources, fmt.Sprintf("a prompt layer's main part and slowest expert, a first token's and each further one's, from the resident runs of %s and %s", c.String(), other.Case))
+		}
+		short, long := at, sim.Options{Prompt: other.Prompt, Output: other.Output, LoadRates: rates}
+		shortMs, longMs := ttft, otherMs
+		if other.Prompt < c.Prompt {
+			short, long, shortMs, longMs = long, short, longMs, shortMs
+		}
+		p, err = sim.FitPrefillMessages(p, layout, shape, short, shortMs, long, longMs)
+		p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s and %s", c.String(), other.Case))
+	} else if o.Other.Prompt > 0 {
+		return p, fmt.Errorf("sim calibrate: %s has no resident runs of case %s", o.Bench, o.Other.String())
 	} else {
 		p, err = sim.FitPrefillMessage(p, layout, shape, at, ttft)
 	}
@@ -222,10 +243,10 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	return p, p.Validate()
 }
 
-// ParseLonger reads CalibrateOptions.Longer from s: auto (the report's
-// longest prompt), none, or one PROMPTxOUTPUT case whose prompt is longer
-// than the calibration case c's.
-func ParseLonger(s string, c testbed.Case) (testbed.Case, error) {
+// ParseOther reads CalibrateOptions.Other from s: auto (the report's
+// longest prompt but the calibration case c's, else its shortest), none,
+// or one PROMPTxOUTPUT case whose prompt length is not c's.
+func ParseOther(s string, c testbed.Case) (testbed.Case, error) {
 	switch s {
 	case "auto":
 		return testbed.Case{}, nil
@@ -236,8 +257,8 @@ func ParseLonger(s string, c testbed.Case) (testbed.Case, error) {
 	if err != nil || len(cases) != 1 {
 		return testbed.Case{}, fmt.Errorf("%q: want auto, none or one PROMPTxOUTPUT case, e.g. 128x64", s)
 	}
-	if cases[0].Prompt <= c.Prompt {
-		return testbed.Case{}, fmt.Errorf("%s: its prompt must be longer than the calibration case %s's", cases[0].String(), c.String())
+	if cases[0].Prompt == c.Prompt {
+		return testbed.Case{}, fmt.Errorf("%s: its prompt must be another length than the calibration case %s's", cases[0].String(), c.String())
 	}
 	return cases[0], nil
 }
@@ -257,17 +278,35 @@ func WriteProfile(p sim.Profile, path string, stdout io.Writer) error {
 	return os.WriteFile(path, j, 0o644)
 }
 
-// longerResident is the resident run of rep that Calibrate fits a
-// prompt's messages' rate to (CalibrateOptions.Longer): want's, or the
-// longest prompt above c's, the same output length first.
-func longerResident(rep *testbed.Report, c, want testbed.Case) (testbed.Run, bool) {
+// otherResident is the resident run of rep whose prompt length
+// Calibrate fits a prompt's costs at beside c's (CalibrateOptions.Other):
+// want's, or the longest prompt above c's, else the shortest below it,
+// the same output length first.
+func otherResident(rep *testbed.Report, c, want testbed.Case) (testbed.Run, bool) {
 	var best testbed.Run
 	found := false
 	if want.Prompt < 0 {
 		return best, false
 	}
+	// how much better r is than the best so far: a longer prompt above
+	// c's, else a shorter one below it; at a length, c's output length
+	better := func(r testbed.Run) bool {
+		if !found {
+			return true
+		}
+		if r.Prompt == best.Prompt {
+			return r.Output == c.Output && best.Output != c.Output
+		}
+		if (r.Prompt > c.Prompt) != (best.Prompt > c.Prompt) {
+			return r.Prompt > c.Prompt
+		}
+		if r.Prompt > c.Prompt {
+			return r.Prompt > best.Prompt
+		}
+		return r.Prompt < best.Prompt
+	}
 	for _, r := range rep.Runs {
-		if r.Mode != testbed.ModeResident || r.Prompt <= c.Prompt {
+		if r.Mode != testbed.ModeResident || r.Prompt == c.Prompt {
 			continue
 		}
 		if want.Prompt > 0 {
@@ -276,11 +315,30 @@ func longerResident(rep *testbed.Report, c, want testbed.Case) (testbed.Run, boo
 			}
 			continue
 		}
-		if !found || r.Prompt > best.Prompt || r.Prompt == best.Prompt && r.Output == c.Output {
+		if better(r) {
 			best, found = r, true
 		}
 	}
 	return best, found
+}
+
+// repeatsOf are r's repeats, or r alone where the bench ran it once.
+func repeatsOf(r testbed.Run) []testbed.Run {
+	if len(r.Repeats) == 0 {
+		return []testbed.Run{r}
+	}
+	return r.Repeats
+}
+
+// medianRun is the run of ms whose f is the median (lowerMedian's), the
+// zero Measured for none.
+func medianRun(ms []sim.Measured, f func(sim.Measured) float64) sim.Measured {
+	if len(ms) == 0 {
+		return sim.Measured{}
+	}
+	sorted := slices.Clone(ms)
+	slices.SortStableFunc(sorted, func(a, b sim.Measured) int { return cmp.Compare(f(a), f(b)) })
+	return sorted[(len(sorted)-1)/2]
 }
 
 // medianStall is the median over runs of a decode layer call's stall

@@ -95,18 +95,45 @@ func TestMedianStallIsTheMedianRuns(t *testing.T) {
 	}
 }
 
-// TestParseLonger: -longer reads auto, none or a case whose prompt is
-// longer than the calibration's, and refuses anything else.
-func TestParseLonger(t *testing.T) {
+// TestParseOther: -other reads auto, none or a case whose prompt is
+// another length than the calibration's, and refuses anything else.
+func TestParseOther(t *testing.T) {
 	cal := testbed.Case{Prompt: 16, Output: 64}
-	for s, want := range map[string]testbed.Case{"auto": {}, "none": {Prompt: -1}, "128x64": {Prompt: 128, Output: 64}} {
-		if got, err := ParseLonger(s, cal); err != nil || got != want {
-			t.Errorf("ParseLonger(%q) = %+v, %v; want %+v", s, got, err, want)
+	for s, want := range map[string]testbed.Case{"auto": {}, "none": {Prompt: -1}, "128x64": {Prompt: 128, Output: 64}, "8x64": {Prompt: 8, Output: 64}} {
+		if got, err := ParseOther(s, cal); err != nil || got != want {
+			t.Errorf("ParseOther(%q) = %+v, %v; want %+v", s, got, err, want)
 		}
 	}
-	for _, s := range []string{"16x64", "8x64", "128x64,256x64", "long"} {
-		if _, err := ParseLonger(s, cal); err == nil {
-			t.Errorf("ParseLonger(%q): no error", s)
+	for _, s := range []string{"16x64", "16x256", "128x64,256x64", "long"} {
+		if _, err := ParseOther(s, cal); err == nil {
+			t.Errorf("ParseOther(%q): no error", s)
+		}
+	}
+}
+
+// TestOtherResidentPrefersALongerPromptThenAShorter: calibration's other
+// length is the longest prompt above the case's (its output length
+// first), else the shortest below it, or the one asked for.
+func TestOtherResidentPrefersALongerPromptThenAShorter(t *testing.T) {
+	run := func(mode testbed.Mode, prompt, output int) testbed.Run {
+		return testbed.Run{Mode: mode, Prompt: prompt, Output: output}
+	}
+	rep := &testbed.Report{Runs: []testbed.Run{run(testbed.ModeResident, 16, 64), run(testbed.ModeResident, 64, 64), run(testbed.ModeResident, 32, 64),
+		run(testbed.ModeShadow, 512, 64), run(testbed.ModeResident, 128, 256), run(testbed.ModeResident, 128, 64), run(testbed.ModeResident, 8, 64)}}
+	for _, c := range []struct {
+		cal, want, got testbed.Case
+		ok             bool
+	}{
+		{cal: testbed.Case{Prompt: 16, Output: 64}, want: testbed.Case{Prompt: 128, Output: 64}, ok: true},
+		{cal: testbed.Case{Prompt: 16, Output: 256}, want: testbed.Case{Prompt: 128, Output: 256}, ok: true},
+		{cal: testbed.Case{Prompt: 128, Output: 64}, want: testbed.Case{Prompt: 8, Output: 64}, ok: true},
+		{cal: testbed.Case{Prompt: 128, Output: 64}, got: testbed.Case{Prompt: 32, Output: 64}, want: testbed.Case{Prompt: 32, Output: 64}, ok: true},
+		{cal: testbed.Case{Prompt: 128, Output: 64}, got: testbed.Case{Prompt: 48, Output: 64}},
+		{cal: testbed.Case{Prompt: 128, Output: 64}, got: testbed.Case{Prompt: -1}},
+	} {
+		r, ok := otherResident(rep, c.cal, c.got)
+		if ok != c.ok || ok && (r.Prompt != c.want.Prompt || r.Output != c.want.Output) {
+			t.Errorf("calibrating %s, asked %+v: %dx%d, %v; want %s, %v", c.cal.String(), c.got, r.Prompt, r.Output, ok, c.want.String(), c.ok)
 		}
 	}
 }
