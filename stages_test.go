@@ -146,6 +146,12 @@ func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
 // flags), which must give local mode's dump (local), and returns the
 // shadow's recall from its -stats.
 func shadowRecall(t *testing.T, r *chaosRig, name, local, n string, extra ...string) float64 {
+	recall, _ := shadowRun(t, r, name, local, n, extra...)
+	return recall
+}
+
+// shadowRun is shadowRecall with the run's decode CPU by role.
+func shadowRun(t *testing.T, r *chaosRig, name, local, n string, extra ...string) (float64, map[string]float64) {
 	t.Helper()
 	dump, stats := filepath.Join(r.dir, name), filepath.Join(r.dir, name+".json")
 	args := append([]string{"-prefetch", "shadow", "-shadow", r.shadow, "-n", n, "-ignore-eos", "-dump", dump, "-stats", stats, "-dial-timeout", "60s"}, extra...)
@@ -153,7 +159,10 @@ func shadowRecall(t *testing.T, r *chaosRig, name, local, n string, extra ...str
 		t.Fatalf("%s: the main node: exit %d\n%s\n%s", name, code, se, r.logs())
 	}
 	sameDump(t, dump, local)
-	var st struct{ Recall *float64 }
+	var st struct {
+		Recall    *float64
+		DecodeCPU map[string]float64 `json:"decode_cpu_s"`
+	}
 	b, err := os.ReadFile(stats)
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +170,7 @@ func shadowRecall(t *testing.T, r *chaosRig, name, local, n string, extra ...str
 	if err := json.Unmarshal(b, &st); err != nil || st.Recall == nil {
 		t.Fatalf("%s: stats %s: %v", name, b, err)
 	}
-	return *st.Recall
+	return *st.Recall, st.DecodeCPU
 }
 
 // faultRun is what a run's -stats say of its faults.
@@ -326,10 +335,15 @@ func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
 			"-group", "2", "-prefetch", "shadow", "-certs", certs, "-name", name, "-log-level", "info")
 		stages = append(stages, addr)
 	}
-	staged := shadowRecall(t, r, "staged", local, n, "-stages", strings.Join(stages, ","))
+	staged, cpu := shadowRun(t, r, "staged", local, n, "-stages", strings.Join(stages, ","))
 	t.Logf("recall: beside one main node %.4f, beside a main node and two stages %.4f", whole, staged)
 	if staged != whole || whole < 0.5 || whole == 1 {
 		t.Fatalf("recall: beside the stages %v, beside one main node %v", staged, whole)
+	}
+	// the stages' CPU over decode, as their rows said it, beside the
+	// main node's own
+	if cpu["stages"] <= 0 || cpu["main"] <= 0 || cpu["workers"] <= 0 || cpu["shadow"] <= 0 {
+		t.Fatalf("decode CPU by role %v: want the main node's, the stages', the workers' and the shadow's", cpu)
 	}
 }
 

@@ -235,12 +235,16 @@ func (rs *RunStats) addWorkers(ws []*wire.WorkerStats) {
 }
 
 // addDecodeCPU records what each role's CPU cost over decode: the main
-// node's own, the workers' since their figures at decode's start (those
-// recorded last, by addWorkers, are at its end), and the shadow's.
-func (rs *RunStats) addDecodeCPU(main time.Duration, workersAtStart []*wire.WorkerStats, shadow time.Duration) {
+// node's own, its stages', the workers' since their figures at decode's
+// start (those recorded last, by addWorkers, are at its end), and the
+// shadow's (its stages' too).
+func (rs *RunStats) addDecodeCPU(main, stages time.Duration, workersAtStart []*wire.WorkerStats, shadow time.Duration) {
 	cpu := map[string]float64{}
 	if main > 0 {
 		cpu["main"] = main.Seconds()
+	}
+	if stages > 0 {
+		cpu["stages"] = stages.Seconds()
 	}
 	var workers time.Duration
 	heard := len(workersAtStart) > 0 && len(workersAtStart) == len(rs.Workers)

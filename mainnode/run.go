@@ -180,7 +180,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	main, workersAtStart := cpu.end()
+	main, stagesCPU, workersAtStart := cpu.end()
 	rs := runStats(st, sw.Stats())
 	rs.addWorkers(sw.WorkerStats(ctx, 5*time.Second))
 	sw.logStoreTraffic(rs.Workers)
@@ -189,7 +189,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		rs.addShadow(sh)
 		shadowCPU = sh.DecodeCPU
 	}
-	rs.addDecodeCPU(main, workersAtStart, shadowCPU)
+	rs.addDecodeCPU(main, stagesCPU, workersAtStart, shadowCPU)
 	if cfg.TraceFile != "" {
 		tf, err := sw.CollectTrace(ctx, 10*time.Second, m.Config.NumLayers)
 		if err != nil {
@@ -244,29 +244,37 @@ func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, mem int6
 // the workers: their figures when decode starts (the workers' asked off
 // the decode path) and when it has ended.
 type decodeCPU struct {
-	sw      *Swarm
-	main0   time.Duration
-	workers chan []*wire.WorkerStats
+	sw             *Swarm
+	main0, stages0 time.Duration
+	workers        chan []*wire.WorkerStats
 }
 
-// start records the main node's CPU and asks the workers for theirs.
+// start records the main node's CPU and its stages' (as their last rows
+// said) and asks the workers for theirs.
 func (c *decodeCPU) start(ctx context.Context) {
 	c.main0 = procmem.CPUTime()
+	if st := c.sw.opt.Stages; st != nil {
+		c.stages0 = st.CPU()
+	}
 	c.workers = make(chan []*wire.WorkerStats, 1)
 	go func() { c.workers <- c.sw.WorkerStats(ctx, 5*time.Second) }()
 }
 
-// end returns the main node's CPU since start and the workers' figures
-// at start (nil if decode never started).
-func (c *decodeCPU) end() (time.Duration, []*wire.WorkerStats) {
+// end returns the main node's CPU since start, its stages' (0 where it
+// has none, or they did not say) and the workers' figures at start (nil
+// if decode never started).
+func (c *decodeCPU) end() (main, stages time.Duration, workersAtStart []*wire.WorkerStats) {
 	if c.workers == nil {
-		return 0, nil
+		return 0, 0, nil
 	}
-	main := procmem.CPUTime() - c.main0
+	main = procmem.CPUTime() - c.main0
 	if c.main0 <= 0 {
 		main = 0
 	}
-	return main, <-c.workers
+	if st := c.sw.opt.Stages; st != nil && c.stages0 > 0 {
+		stages = max(0, st.CPU()-c.stages0)
+	}
+	return main, stages, <-c.workers
 }
 
 // holds says what this node will hold of m (its weights as bound, its

@@ -56,6 +56,9 @@ type Stages interface {
 	ApplyKV(ctx context.Context, seq uint64, kv align.KVRows) error
 	End(ctx context.Context, seq uint64) error
 	Reset(ctx context.Context) error
+	// CPU is the CPU time the stages' processes have used (their rows
+	// say it): the shadow's CPU is its own and theirs
+	CPU() time.Duration
 }
 
 // Node runs the shadow model for one main node at a time, following
@@ -604,7 +607,17 @@ func (n *Node) done(ctx context.Context, seq uint64, it int64, t0 time.Time, lat
 	forward := time.Since(t0)
 	n.trace.Span(trace.Shadow, it, n.m.Config.NumLayers, -1, n.mark, t0.Add(forward))
 	return n.queue(ctx, outgoing{worker: -1, it: -1, msg: &wire.ShadowDone{Seq: seq, Pass: it,
-		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: take(&n.rewoundSeqs), AgreedSeqs: take(&n.agreedSeqs), Unhinted: n.unhinted, Reused: n.reused, CPU: procmem.CPUTime()}})
+		LateDeparture: late, Forward: forward, RSSPeak: procmem.PeakRSS(), Ahead: ahead, Agreed: n.agreed, Rewound: n.rewound, RewoundSeqs: take(&n.rewoundSeqs), AgreedSeqs: take(&n.agreedSeqs), Unhinted: n.unhinted, Reused: n.reused, CPU: n.cpu()}})
+}
+
+// cpu is the CPU time the shadow has used: its process's, and its
+// stages' where it is a staged shadow's first stage.
+func (n *Node) cpu() time.Duration {
+	t := procmem.CPUTime()
+	if n.Stages != nil {
+		t += n.Stages.CPU()
+	}
+	return t
 }
 
 // take hands over the sequences in *seqs (nil for none) and empties it.

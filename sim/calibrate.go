@@ -33,7 +33,7 @@ type Measured struct {
 	// layers (Layer holds the pass; 1 is the prompt), as -stats
 	// writes them: what the main node's layer costs as the context grows
 	Passes []LayerStats
-	// CPUSeconds by role ("main", "shadow", "workers"), when every node
+	// CPUSeconds by role ("main", "stages", "shadow", "workers"), when every node
 	// ran on the measuring machine: over the whole run (start-up, prefill
 	// and the figures' collection too), or, with DecodeCPU, over its
 	// decode steps alone
@@ -151,7 +151,9 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 			return p, fmt.Errorf("sim: shared cores but the runs have no CPU time by role")
 		}
 		tokens := resident.cpuTokens()
-		p.MainCPUTokenMs = max(0, 1000*rc["main"]/tokens-layers*slope*resPos)
+		// a main node's stages are its layers, elsewhere (their CPU the
+		// main node's)
+		p.MainCPUTokenMs = max(0, 1000*(rc["main"]+rc["stages"])/tokens-layers*slope*resPos)
 		experts := tokens * float64(moe(s)*s.TopK)
 		p.WorkerCPUExpertMs = 1000 * rc["workers"] / experts
 		// what the shadow run's workers spent beyond computing: loads

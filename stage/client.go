@@ -38,6 +38,9 @@ type Client struct {
 	// Figures adds, so that the counts never go back
 	fmu              sync.Mutex
 	figures, retired []*wire.StageFigures
+	// cpu is each stage's process CPU time as its last rows said, by
+	// stage; retiredCPU, what the stages it replaced had used
+	cpu, retiredCPU []time.Duration
 	// keepKV asks every run for the KV rows it writes (KeepKV), which
 	// kv keeps by sequence, by stage, until ForgetKV
 	keepKV bool
@@ -306,9 +309,7 @@ func (c *Client) await(ctx context.Context, st *remote, id uint64, onRoute func(
 			}
 			onRoute(m.Layer, c.routes)
 		case *wire.StageRows:
-			if m.Figures != nil {
-				c.keepFigures(st, m.Figures)
-			}
+			c.keepFigures(st, m.Figures, m.CPU)
 			if m.ID < id {
 				continue
 			}
@@ -481,8 +482,9 @@ func (c *Client) ForgetKV(seq uint64, before int) {
 	}
 }
 
-// keepFigures keeps f as st's latest figures.
-func (c *Client) keepFigures(st *remote, f *wire.StageFigures) {
+// keepFigures keeps f (where not nil) as st's latest figures, and cpu
+// (where not 0) as its latest CPU time.
+func (c *Client) keepFigures(st *remote, f *wire.StageFigures, cpu time.Duration) {
 	c.fmu.Lock()
 	defer c.fmu.Unlock()
 	i := slices.Index(c.stages, st)
@@ -492,7 +494,32 @@ func (c *Client) keepFigures(st *remote, f *wire.StageFigures) {
 	for len(c.figures) <= i {
 		c.figures = append(c.figures, nil)
 	}
-	c.figures[i] = f
+	for len(c.cpu) <= i {
+		c.cpu = append(c.cpu, 0)
+	}
+	if f != nil {
+		c.figures[i] = f
+	}
+	if cpu > 0 {
+		c.cpu[i] = cpu
+	}
+}
+
+// CPU is the CPU time the stages' processes have used, as their last
+// rows said, the stages they replaced counted too (a stage restarted
+// counts from nothing): what a pass costs the stages is its change over
+// the pass. Safe to call while the stages run.
+func (c *Client) CPU() time.Duration {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	var t time.Duration
+	for _, d := range c.cpu {
+		t += d
+	}
+	for _, d := range c.retiredCPU {
+		t += d
+	}
+	return t
 }
 
 // Figures are each stage's figures of its layers (a main stage's: what
@@ -523,6 +550,12 @@ func (c *Client) Figures() []*wire.StageFigures {
 func (c *Client) retire(i int) {
 	c.fmu.Lock()
 	defer c.fmu.Unlock()
+	if i < len(c.cpu) {
+		for len(c.retiredCPU) <= i {
+			c.retiredCPU = append(c.retiredCPU, 0)
+		}
+		c.retiredCPU[i], c.cpu[i] = c.retiredCPU[i]+c.cpu[i], 0
+	}
 	if i >= len(c.figures) || c.figures[i] == nil {
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/align"
 	"github.com/odmoe/odmoe/kvcache"
@@ -131,7 +132,8 @@ func TestTheKVJournalGivesBackWhatTheStagesWrote(t *testing.T) {
 
 // TestAReplacedStagesFiguresAreKept: a stage restarted counts from
 // nothing; the client adds what the one it replaced had counted, so the
-// figures it reports (the main node's counters) never go back.
+// figures and the CPU time it reports (the main node's counters) never
+// go back. Rows without figures (a shadow stage's) still count their CPU.
 func TestAReplacedStagesFiguresAreKept(t *testing.T) {
 	st := &remote{layers: model.LayerRange{First: 2, End: 4}}
 	c := &Client{stages: []*remote{st}}
@@ -139,13 +141,20 @@ func TestAReplacedStagesFiguresAreKept(t *testing.T) {
 		return &wire.StageFigures{First: 2, Decode: []wire.LayerFigures{{Loads: loads}, {}}, Prefill: make([]wire.LayerFigures, 2),
 			Workers: []wire.WorkerFigures{{Results: results}}}
 	}
-	c.keepFigures(st, figs(5, 7))
+	c.keepFigures(st, figs(5, 7), 3*time.Second)
 	c.retire(0) // the stage was lost and replaced
 	if got := c.Figures(); len(got) != 1 || got[0].Decode[0].Loads != 5 || got[0].Workers[0].Results != 7 {
 		t.Fatalf("before the new stage's first rows: %+v", got)
 	}
-	c.keepFigures(st, figs(2, 3))
+	if got := c.CPU(); got != 3*time.Second {
+		t.Fatalf("CPU before the new stage's first rows: %v, want 3s", got)
+	}
+	c.keepFigures(st, figs(2, 3), 2*time.Second)
 	if got := c.Figures(); len(got) != 1 || got[0].Decode[0].Loads != 7 || got[0].Workers[0].Results != 10 || got[0].First != 2 {
 		t.Fatalf("after: %+v, want 7 loads and 10 results", got)
+	}
+	c.keepFigures(st, nil, 4*time.Second)
+	if got := c.CPU(); got != 7*time.Second || c.Figures()[0].Decode[0].Loads != 7 {
+		t.Fatalf("after rows without figures: CPU %v, want 7s; figures %+v kept", got, c.Figures())
 	}
 }

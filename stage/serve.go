@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/align"
+	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -24,10 +25,11 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 	}()
 	h := l.m.Config.HiddenSize
 	var routes wire.StageRoutes
-	// the figures are this connection's: a stage counts from its start,
-	// and a main node that connects later (bench rig runs one a request
-	// against the same stages) is told what its own passes cost
-	base := l.runner.Figures(l.Held())
+	// the figures and the CPU time are this connection's: a stage counts
+	// from its start, and a main node that connects later (bench rig runs
+	// one a request against the same stages) is told what its own passes
+	// cost
+	base, cpu0 := l.runner.Figures(l.Held()), procmem.CPUTime()
 	for {
 		msg, err := p.Recv(ctx)
 		if err != nil {
@@ -45,7 +47,7 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				}
 				continue
 			}
-			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: sinceFigures(l.runner.Figures(l.Held()), base)}
+			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: sinceFigures(l.runner.Figures(l.Held()), base), CPU: procmem.CPUTime() - cpu0}
 			for i, kv := range out.kv {
 				k := wire.StageKV{Seq: m.Seqs[i], FromPos: kv.From, First: kv.First}
 				k.Keys, k.Values = kv.Tensors()

@@ -1,6 +1,8 @@
 //lint:file-ignore U1000 the _msgpack fields carry msgpack's as_array struct tag
 package wire
 
+import "time"
+
 // The messages between a staged node's first stage and the stages that
 // hold its later layers (package stage): a stage runs its layers of a
 // pass on the rows it is handed and hands back the rows after them.
@@ -55,6 +57,10 @@ type StageRows struct {
 	Hidden   Tensor
 	Figures  *StageFigures
 	KV       []StageKV
+	// CPU is the CPU time the stage's process has used since the
+	// connection began, when it sent the rows (0: not measured): its
+	// first stage counts what its stages cost a decode.
+	CPU time.Duration
 }
 
 // StageFigures are what a main stage has measured of its layers so far,
@@ -136,6 +142,9 @@ func (m *StageRoutes) validate() error {
 }
 
 func (m *StageRows) validate() error {
+	if m.CPU < 0 {
+		return malformed("stage rows %d: CPU time %v", m.ID, m.CPU)
+	}
 	if f := m.Figures; f != nil && (f.First < 0 || len(f.Prefill) != len(f.Decode)) {
 		return malformed("stage rows %d: figures from layer %d of %d decode and %d prefill layers", m.ID, f.First, len(f.Decode), len(f.Prefill))
 	}
