@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"reflect"
 	"slices"
 
@@ -134,7 +133,7 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 		// the first token costs what a decode token does; the layer's
 		// slowest expert ran its busiest expert's tokens
 		p.MainPrefillTokenMs = max(0, (m-p.MainLayerMs)/float64(resident.Prompt-1))
-		if busiest := expectedBusiest(s, resident.Prompt); busiest > 1 {
+		if busiest := expectedBusiest(s, resident.Prompt, 0); busiest > 1 { // drawn evenly: SplitPrefill and PrefillLines read a skew's
 			p.ExpertPrefillTokenMs = max(0, (w-p.ExpertMs)/(busiest-1))
 		}
 	}
@@ -273,22 +272,11 @@ func moe(s Shape) int {
 
 // expectedBusiest is the mean count of tokens the busiest expert of a
 // layer gets of a prompt of n tokens, each routed to TopK distinct experts
-// drawn evenly (as Run draws a prompt's).
-func expectedBusiest(s Shape, n int) float64 {
-	rng := rand.New(rand.NewPCG(0xb05, uint64(n)))
-	count := make([]int, s.Experts)
-	const draws = 256
-	var sum float64
-	for range draws {
-		clear(count)
-		for range n {
-			for _, e := range rng.Perm(s.Experts)[:s.TopK] {
-				count[e]++
-			}
-		}
-		sum += float64(slices.Max(count))
-	}
-	return sum / draws
+// drawn as a profile of PromptSkew by draws them (0: evenly, as Run draws
+// a prompt's).
+func expectedBusiest(s Shape, n int, by float64) float64 {
+	busiest, _ := promptCounts(s, n, by)
+	return busiest
 }
 
 // FitPrefillMessage returns p with PrefillMessageMs set so that a
@@ -325,6 +313,21 @@ func FitPrefillMessages(p Profile, layout sched.Layout, s Shape, o Options, ttft
 	// alone take the whole time
 	hi := longerMs / float64(longer.Prompt*s.TopK) / float64(s.HiddenBytes)
 	perByte := 1000 / p.LinkBytesPerS
+	// where the shorter prompt takes as long as it did with its messages
+	// free (the compute alone, as measured at two lengths, on a noisy
+	// machine), its messages cost nothing fixed and the longer one's
+	// bytes take what is left of its time: a fixed cost fitted below
+	// nothing there would be no message's cost but the noise's
+	free := p
+	free.PrefillMessageMs, free.PrefillBytesPerS = 0, 1e6/(hi*1e-6)
+	if base, err := Expect(free, layout, s, Options{Mode: Resident, Prompt: o.Prompt, Output: 2, LoadRates: o.LoadRates}, ExpectRuns); err != nil {
+		return p, err
+	} else if base.TTFTms >= ttftMs {
+		p.PrefillMessageMs = 0
+		perByte, err = bisectTTFT(p, layout, s, longer, longerMs, hi*1e-6, hi, func(q *Profile, v float64) { q.PrefillBytesPerS = 1000 / v })
+		p.PrefillBytesPerS = 1000 / perByte
+		return p, err
+	}
 	for range 8 {
 		p.PrefillBytesPerS = 1000 / perByte
 		q, err := fitPrefillMessage(p, layout, s, o, ttftMs, -ttftMs)
@@ -442,9 +445,12 @@ func (p Profile) SplitPrefill(s Shape, prompt int, wholeTokenMs float64) Profile
 	if wholeTokenMs <= 0 || s.MainWeights <= 0 || s.ExpertWeights <= 0 || prompt < 2 {
 		return p
 	}
-	busiest := expectedBusiest(s, prompt)
+	// the slowest expert's time at the calibration's prompt as Calibrate
+	// read it (its busiest expert's tokens as an even draw's), split by
+	// the busiest expert's tokens as the profile draws a prompt
+	busiest := expectedBusiest(s, prompt, p.PromptSkew)
 	mainAt := p.mainPrefillFirstMs() + float64(prompt-1)*p.MainPrefillTokenMs
-	expertAt := p.expertPrefillFirstMs() + (busiest-1)*p.ExpertPrefillTokenMs
+	expertAt := p.expertPrefillFirstMs() + (expectedBusiest(s, prompt, 0)-1)*p.ExpertPrefillTokenMs
 	perLayer := wholeTokenMs / float64(s.Layers)
 	weights := float64(s.MainWeights) + float64(s.TopK)*float64(s.ExpertWeights)
 	p.MainPrefillLayerMs, p.MainPrefillTokenMs = splitAt(mainAt, float64(prompt), perLayer*float64(s.MainWeights)/weights)
@@ -553,7 +559,7 @@ func (p Profile) PrefillLines(s Shape, a, b Measured) (q Profile, ok bool) {
 	}
 	mainToken := (mb - ma) / float64(b.Prompt-a.Prompt)
 	mainFirst := ma - float64(a.Prompt-1)*mainToken
-	ba, bb := expectedBusiest(s, a.Prompt), expectedBusiest(s, b.Prompt)
+	ba, bb := expectedBusiest(s, a.Prompt, p.PromptSkew), expectedBusiest(s, b.Prompt, p.PromptSkew)
 	if bb <= ba {
 		return p, false
 	}
@@ -566,3 +572,64 @@ func (p Profile) PrefillLines(s Shape, a, b Measured) (q Profile, ok bool) {
 	p.ExpertPrefillMs, p.ExpertPrefillTokenMs = expertFirst, expertToken
 	return p, true
 }
+
+// FitPrefillCPU returns p with PrefillCPUByteNs and PrefillMessageMs
+// set so that resident runs o and longer (a longer prompt; their modes
+// are taken to be Resident) on layout take ttftMs and longerMs to their
+// first tokens, as measured runs did, with PrefillCPUTokenMs the prompt's
+// compute as given and its messages' bytes at their links' rate
+// (PrefillBytesPerS let go): on shared cores a long prompt's pass is
+// CPU-bound, and a short one's waits on its messages one after another,
+// each holding its node's turn (their fixed cost, never below nothing).
+// Each is fitted in turn with the other held, until neither moves; p is
+// unchanged where the nodes have cores of their own.
+func FitPrefillCPU(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, longer Options, longerMs float64) (Profile, error) {
+	if p.Cores == 0 {
+		return p, nil
+	}
+	if longer.Prompt <= o.Prompt {
+		return p, fmt.Errorf("sim: fitting a prompt's CPU needs a longer prompt than %d tokens, not %d", o.Prompt, longer.Prompt)
+	}
+	longer.Mode = Resident
+	p.PrefillMessageMs, p.PrefillBytesPerS, p.PrefillCPUByteNs = 0, 0, 0
+	// ns a byte: from nothing to what makes one layer's activations
+	// alone take the whole time on the cores
+	hi := 1e6 * longerMs * p.sharedCores() / float64(max(longer.Prompt*s.TopK, 1)*int(max(s.HiddenBytes, 1)))
+	for range 8 {
+		q, err := fitPrefillMessage(p, layout, s, o, ttftMs, 0)
+		if err != nil {
+			return p, err
+		}
+		was := p.PrefillCPUByteNs
+		if q.PrefillCPUByteNs, err = bisectTTFT(q, layout, s, longer, longerMs, 0, hi, func(q *Profile, v float64) { q.PrefillCPUByteNs = v }); err != nil {
+			return p, err
+		}
+		p = q
+		if math.Abs(p.PrefillCPUByteNs-was) <= 1e-3*max(was, 1e-9) {
+			break
+		}
+	}
+	return fitPrefillMessage(p, layout, s, o, ttftMs, 0)
+}
+
+// FitPromptSkew returns p with PromptSkew set so that a layer of a prompt
+// of prompt tokens uses used of its experts on average, as a measured
+// reactive run's prompt loads say (each expert a prompt layer uses is
+// loaded once); 0 where an even draw uses no more.
+func FitPromptSkew(p Profile, s Shape, prompt int, used float64) (Profile, error) {
+	p.PromptSkew = 0
+	if prompt < 1 || used <= 0 {
+		return p, nil
+	}
+	// fewer experts used as the skew grows (bisect's way: rising)
+	by, err := bisect(0, maxPromptSkew, -used, func(by float64) (float64, error) {
+		_, u := promptCounts(s, prompt, by)
+		return -u, nil
+	})
+	p.PromptSkew = by
+	return p, err
+}
+
+// maxPromptSkew is the skew FitPromptSkew tries at most: the most chosen
+// expert e^8 (~3000) times as likely as the next.
+const maxPromptSkew = 8.0

@@ -50,12 +50,12 @@ func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
 	}
 	checkFigures(t, []figure{
 		{"main_layer_ms", p.MainLayerMs, 1},
-		{"main_token_ms", p.MainTokenMs, 2},                                                         // layer 0's excess
-		{"expert_ms", p.ExpertMs, 2},                                                                // the slowest request's compute a call
-		{"hop_ms", p.HopMs, 0.25 - 0.01},                                                            // half the round trip less the bytes' time (1000 B at 100 MB/s)
-		{"load_bytes_per_s", p.LoadBytesPerS, float64(s.ExpertBytes) / 4e-3},                        // 4 ms a load
-		{"main_prefill_token_ms", p.MainPrefillTokenMs, (1.6 - 1) / 15},                             // the first token costs a decode layer's
-		{"expert_prefill_token_ms", p.ExpertPrefillTokenMs, (8 - 2) / (expectedBusiest(s, 16) - 1)}, // the busiest expert's tokens after the first
+		{"main_token_ms", p.MainTokenMs, 2},                                                            // layer 0's excess
+		{"expert_ms", p.ExpertMs, 2},                                                                   // the slowest request's compute a call
+		{"hop_ms", p.HopMs, 0.25 - 0.01},                                                               // half the round trip less the bytes' time (1000 B at 100 MB/s)
+		{"load_bytes_per_s", p.LoadBytesPerS, float64(s.ExpertBytes) / 4e-3},                           // 4 ms a load
+		{"main_prefill_token_ms", p.MainPrefillTokenMs, (1.6 - 1) / 15},                                // the first token costs a decode layer's
+		{"expert_prefill_token_ms", p.ExpertPrefillTokenMs, (8 - 2) / (expectedBusiest(s, 16, 0) - 1)}, // the busiest expert's tokens after the first
 		{"shadow_cpu_token_ms", p.ShadowCPUTokenMs, 8},
 		{"shadow_layer_ms", p.ShadowLayerMs, 2},
 		{"main_cpu_token_ms", p.MainCPUTokenMs, 10},
@@ -64,7 +64,7 @@ func TestCalibrateReadsEachCostFromItsFigure(t *testing.T) {
 	})
 	// 16 tokens over 8 experts, 2 each: the busiest gets more than the
 	// mean 4, rarely more than 8
-	if b := expectedBusiest(s, 16); b <= 4.5 || b >= 8 {
+	if b := expectedBusiest(s, 16, 0); b <= 4.5 || b >= 8 {
 		t.Errorf("the busiest of 8 experts gets %v of 16 tokens' 32 routes on average", b)
 	}
 	// the shadow run at 20 tok/s kept this share of 2 cores busy
@@ -307,7 +307,7 @@ func TestSplitPrefillKeepsTheCalibratedPromptAndTakesLocalsSlope(t *testing.T) {
 	s.MainWeights, s.ExpertWeights = 1000, 2000 // a token: 1000 + 2 x 2000 weights a layer
 	p.MainLayerMs, p.MainPrefillTokenMs, p.ExpertMs, p.ExpertPrefillTokenMs = 0.1, 0.2, 0.1, 0.3
 	const prompt = 16
-	busiest := expectedBusiest(s, prompt)
+	busiest := expectedBusiest(s, prompt, 0)
 	mainAt, expertAt := 0.1+15*0.2, 0.1+(busiest-1)*0.3
 	whole := 0.05 * float64(s.Layers) // a prompt token adds 0.05 ms a layer
 	q := p.SplitPrefill(s, prompt, whole)
@@ -381,7 +381,7 @@ func TestPrefillLinesReadEachPartsLineFromTwoLengths(t *testing.T) {
 	const mainFirst, mainToken, expertFirst, expertToken = 1.5, 0.12, 7.5, 0.9
 	run := func(prompt int, mainAdd float64) Measured {
 		m := Measured{Prompt: prompt}
-		busiest := expectedBusiest(s, prompt)
+		busiest := expectedBusiest(s, prompt, 0)
 		for l := range s.Layers {
 			// two calls a layer, as a prompt in two chunks sums them
 			m.Prefill = append(m.Prefill, LayerStats{Layer: l, Calls: 2, MainMs: 2 * (mainFirst + float64(prompt-1)*mainToken + mainAdd),

@@ -133,6 +133,19 @@ type Profile struct {
 	// Calibrate fits it to a reactive run's time to first token, where
 	// the bench made one.
 	PrefillLoadCPUMs float64 `json:"prefill_load_cpu_ms,omitempty"`
+	// PrefillCPUTokenMs and PrefillCPUByteNs, when not 0, are the CPU a
+	// prompt's pass costs all the nodes together where they share cores
+	// (Cores): its compute, a prompt token's over every layer, and its
+	// messages (activations, results, a stage's rows), each byte sent and
+	// received. The prompt's pass then takes no less than that CPU over
+	// the shared cores: on the emulated rig a long prompt's pass is
+	// CPU-bound (every worker's experts and every message on two cores),
+	// a short one's timeline-bound. Calibrate takes the compute's from
+	// local mode's times to first token and fits the bytes' to a resident
+	// run at a long prompt; its messages then cross their links at the
+	// links' rate.
+	PrefillCPUTokenMs float64 `json:"prefill_cpu_token_ms,omitempty"`
+	PrefillCPUByteNs  float64 `json:"prefill_cpu_byte_ns,omitempty"`
 	// Cores, when not 0, is how many CPU cores all the nodes share (the
 	// emulated rig: ten nodes on one machine). Decode then goes no faster
 	// than Cores over the CPU a token costs: the main node's, the
@@ -147,6 +160,16 @@ type Profile struct {
 	// the layer kept to the worker that holds it, it is not loaded again.
 	// Calibrate fits it to a shadow run's decode loads a token.
 	RouteRepeat float64 `json:"route_repeat,omitempty"`
+	// PromptSkew is how unevenly a prompt layer's router spreads the
+	// prompt's tokens over its experts: its i-th most chosen expert is
+	// drawn with weight exp(-PromptSkew * i), each layer's order of
+	// experts its own (0: evenly). A skewed model's prompt uses fewer of
+	// a layer's experts than an even draw's, so a swarm loads fewer for
+	// it (the small preset's 16 tokens used 5.4 of 8 experts a layer, an
+	// even draw 7.9). Calibrate fits it to the reactive run's prompt
+	// loads. A decode token's routing is RouteRepeat's, fitted to its
+	// loads.
+	PromptSkew float64 `json:"prompt_skew,omitempty"`
 	// CPUEfficiency is the share of the shared cores the nodes keep busy
 	// when they bound decode (0: 1), as calibrated from a CPU-bound run.
 	CPUEfficiency     float64 `json:"cpu_efficiency,omitempty"`
@@ -163,13 +186,17 @@ func (p Profile) Validate() error {
 		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
 		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs,
 		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs, "prefill_load_cpu_ms": p.PrefillLoadCPUMs,
-		"main_prefill_layer_ms": p.MainPrefillLayerMs, "expert_prefill_ms": p.ExpertPrefillMs, "prefill_bytes_per_s": p.PrefillBytesPerS} {
+		"main_prefill_layer_ms": p.MainPrefillLayerMs, "expert_prefill_ms": p.ExpertPrefillMs, "prefill_bytes_per_s": p.PrefillBytesPerS,
+		"prefill_cpu_token_ms": p.PrefillCPUTokenMs, "prefill_cpu_byte_ns": p.PrefillCPUByteNs} {
 		if v < 0 {
 			return fmt.Errorf("sim: profile %q: %s is %v, must be >= 0", p.Name, name, v)
 		}
 	}
 	if p.RouteRepeat < 0 || p.RouteRepeat >= 1 {
 		return fmt.Errorf("sim: profile %q: route_repeat is %v, must be in 0..1 (excluding 1)", p.Name, p.RouteRepeat)
+	}
+	if p.PromptSkew < 0 {
+		return fmt.Errorf("sim: profile %q: prompt_skew is %v, must be >= 0 (0: an even draw)", p.Name, p.PromptSkew)
 	}
 	if p.ShadowPromptShare < 0 || p.ShadowPromptShare >= 1 {
 		return fmt.Errorf("sim: profile %q: shadow_prompt_share is %v, must be in 0..1 (excluding 1; 0: no bound)", p.Name, p.ShadowPromptShare)
@@ -338,7 +365,7 @@ func Run(p Profile, layout sched.Layout, s Shape, o Options) (Result, error) {
 	r := &run{p: p, layout: layout, s: s, o: o, rng: rand.New(rand.NewPCG(o.Seed, 0x0d30e)),
 		link: make([]timeline, layout.Workers), cpu: make([]timeline, layout.Workers),
 		up: make([]timeline, nodes), down: make([]timeline, nodes), node: make([]int, s.Layers),
-		latency: hop, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS, load: make([]float64, layout.Workers)}
+		latency: hop, wire: 1000 * float64(s.HiddenBytes) / p.LinkBytesPerS, load: make([]float64, layout.Workers), skew: newSkew(s, p.PromptSkew, o.Seed)}
 	for l := range r.node {
 		for _, first := range o.Stages {
 			if l >= first {
@@ -380,6 +407,9 @@ type run struct {
 	kept []map[int]prediction
 	// rowsRun are the decode passes' rows, guesses taken back included
 	rowsRun int
+	// promptBytes are the prompt's messages' bytes (prefillMessage)
+	promptBytes float64
+	skew        *skew // Profile.PromptSkew's draw (nil: even)
 }
 
 // prediction is a load the shadow asked of a worker for an expert.
@@ -400,7 +430,10 @@ func (r *run) prefill() float64 {
 	now := 0.0
 	P := r.o.Prompt
 	count := make([]int, r.s.Experts)
-	on := 0 // the node the prompt's rows are on
+	tokens := make([]int, r.layout.Workers)   // each worker's tokens of a layer: its activation's rows
+	sent := make([]float64, r.layout.Workers) // when each worker's activation arrives
+	allLoadsCPU := 0.0                        // the loads' CPU over the shared cores, every layer's
+	on := 0                                   // the node the prompt's rows are on
 	for l := range r.s.Layers {
 		if n := r.node[l]; n != on {
 			now, on = r.goTo(on, n, now, P, 0), n
@@ -411,9 +444,22 @@ func (r *run) prefill() float64 {
 			continue
 		}
 		clear(count)
+		clear(tokens)
 		for range P {
-			for _, e := range r.route(nil) {
+			rt := r.route(l, nil, r.skew)
+			for i, e := range rt {
 				count[e]++
+				// the token goes to each worker of its experts once
+				if w := r.layout.PrefillWorker(e); !slices.ContainsFunc(rt[:i], func(x int) bool { return r.layout.PrefillWorker(x) == w }) {
+					tokens[w]++
+				}
+			}
+		}
+		// each worker's activation, its tokens' rows, leaves in turn
+		for w, n := range tokens {
+			if n > 0 {
+				send := r.prefillMessage(n)
+				sent[w] = r.up[on].reserve(need, send) + send + r.latency
 			}
 		}
 		// the layer's loads (but in a resident swarm) run at once, one a
@@ -433,9 +479,7 @@ func (r *run) prefill() float64 {
 				continue
 			}
 			w := r.layout.PrefillWorker(e)
-			bytes := 1000 * float64(c) * float64(r.s.HiddenBytes) / cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS)
-			send := max(0, r.p.PrefillMessageMs+bytes)
-			at := r.up[on].reserve(need, send) + send + r.latency
+			at := sent[w]
 			ready := at
 			if r.o.Mode != Resident { // the figures are decode's: not counted
 				// every worker is hinted its experts at once; on shared
@@ -449,12 +493,19 @@ func (r *run) prefill() float64 {
 			}
 			compute := r.p.expertPrefillFirstMs() + float64(c-1)*r.p.ExpertPrefillTokenMs
 			done := r.cpu[w].reserve(ready, compute) + compute
+			// each expert's result, its rows, comes back on its own
+			send := r.prefillMessage(c)
 			back := r.down[on].reserve(done+r.latency, send) + send
 			now = max(now, back)
 		}
 		now += loadsCPU
+		allLoadsCPU += loadsCPU
 	}
-	now = r.goTo(on, 0, now, P, 0)           // the last stage's rows back to the main node's head
+	now = r.goTo(on, 0, now, P, 0) // the last stage's rows back to the main node's head
+	if r.p.Cores > 0 {             // the prompt's compute and messages on the shared cores, their loads' too
+		cpu := float64(P)*r.p.PrefillCPUTokenMs + r.promptBytes*r.p.PrefillCPUByteNs/1e6
+		now = max(now, cpu/r.p.sharedCores()+allLoadsCPU)
+	}
 	if r.o.Mode == Shadow && r.p.Cores > 0 { // the shadow's pass over the prompt takes its share of the cores
 		extra := (r.p.ShadowPromptMs + float64(P)*r.p.ShadowPrefillTokenMs) / r.p.sharedCores()
 		if share := r.p.ShadowPromptShare; share > 0 {
@@ -463,6 +514,14 @@ func (r *run) prefill() float64 {
 		now += extra
 	}
 	return now + r.p.MainTokenMs
+}
+
+// prefillMessage is how long a prompt's message of rows rows holds the
+// main node's link (its way): its fixed cost and its bytes, never less
+// than nothing.
+func (r *run) prefillMessage(rows int) float64 {
+	r.promptBytes += float64(rows) * float64(r.s.HiddenBytes)
+	return max(0, r.p.PrefillMessageMs+1000*float64(rows)*float64(r.s.HiddenBytes)/cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS))
 }
 
 // mainPrefillFirstMs is what a prompt's first token costs the main
@@ -614,7 +673,7 @@ func (r *run) routeRows(prev [][]int) [][]int {
 		if prev != nil {
 			was = prev[l]
 		}
-		routes[l] = r.route(was)
+		routes[l] = r.route(l, was, nil)
 	}
 	return routes
 }
@@ -631,15 +690,21 @@ func (p Profile) tokenCPUMs(s Shape, loadsPerToken float64, shadow bool, pos flo
 	return cpu
 }
 
-// route is a layer's k distinct experts, in id order: each of was (the
+// route is layer l's k distinct experts, in id order: each of was (the
 // layer's experts the token before; nil: none) kept with RouteRepeat's
-// chance, the rest drawn from the experts not yet chosen.
-func (r *run) route(was []int) []int {
+// chance, the rest drawn from the experts not yet chosen (by skew's
+// weights where it is set: a prompt's).
+func (r *run) route(l int, was []int, skew *skew) []int {
 	e := make([]int, 0, r.s.TopK)
 	for _, x := range was {
 		if r.p.RouteRepeat > 0 && r.rng.Float64() < r.p.RouteRepeat {
 			e = append(e, x)
 		}
+	}
+	if skew != nil {
+		e = skew.draw(r.rng, l, e, r.s.TopK)
+		slices.Sort(e)
+		return e
 	}
 	// the rest uniformly among the experts not yet chosen: a draw of one
 	// already chosen is drawn again (k is small beside the experts, so
@@ -833,7 +898,7 @@ func (r *run) goTo(from, to int, at float64, rows int, kvPerLayer float64) float
 func (r *run) hop(from int, at float64, rows int, extra float64) float64 {
 	d := r.wire
 	if rows > 1 {
-		d = max(0, r.p.PrefillMessageMs+1000*float64(rows)*float64(r.s.HiddenBytes)/cmp.Or(r.p.PrefillBytesPerS, r.p.LinkBytesPerS))
+		d = r.prefillMessage(rows)
 	}
 	d += 1000 * extra / r.p.LinkBytesPerS
 	return r.up[from].reserve(at, d) + d + r.latency

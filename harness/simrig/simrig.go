@@ -156,6 +156,18 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		ps = append(ps, p)
 	}
 	p := sim.MedianProfile(ps)
+	// the routing's skew, from how many experts a prompt layer loaded
+	// (the reactive runs', else the shadow runs')
+	loaded := runs[testbed.ModeReactive]
+	if len(loaded) == 0 {
+		loaded = runs[testbed.ModeShadow]
+	}
+	if used := medianOf(loaded, func(m sim.Measured) float64 { return promptLoadsPerLayer(m) }); used > 0 {
+		var err error
+		if p, err = sim.FitPromptSkew(p, shape, c.Prompt, used); err != nil {
+			return p, fmt.Errorf("sim calibrate: fitting the routing's skew: %w", err)
+		}
+	}
 	// a prompt layer's fixed cost apart from its tokens', by how local
 	// mode's pass grows with the prompt
 	local := localTTFTs(rep)
@@ -207,8 +219,17 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		if other.Prompt < c.Prompt {
 			short, long, shortMs, longMs = long, short, longMs, shortMs
 		}
-		p, err = sim.FitPrefillMessages(p, layout, shape, short, shortMs, long, longMs)
-		p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s and %s", c.String(), other.Case))
+		if p.Cores > 0 {
+			// on shared cores: the prompt's CPU, its compute's as local
+			// mode's pass grows with the prompt (on the same cores), its
+			// messages' fitted to the longer prompt's time
+			p.PrefillCPUTokenMs = sim.PrefillSlope(local) * float64(p.Cores)
+			p, err = sim.FitPrefillCPU(p, layout, shape, short, shortMs, long, longMs)
+			p.Sources = append(p.Sources, fmt.Sprintf("the prompt's CPU (its compute's from the local runs) and its messages' fixed cost from the resident runs of %s and %s", c.String(), other.Case))
+		} else {
+			p, err = sim.FitPrefillMessages(p, layout, shape, short, shortMs, long, longMs)
+			p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s and %s", c.String(), other.Case))
+		}
 	} else if o.Other.Prompt > 0 {
 		return p, fmt.Errorf("sim calibrate: %s has no resident runs of case %s", o.Bench, o.Other.String())
 	} else {
@@ -320,6 +341,21 @@ func otherResident(rep *testbed.Report, c, want testbed.Case) (testbed.Run, bool
 		}
 	}
 	return best, found
+}
+
+// promptLoadsPerLayer is how many experts m's prompt loaded a layer
+// with experts (0: its figures say none).
+func promptLoadsPerLayer(m sim.Measured) float64 {
+	var loads, layers int
+	for _, l := range m.Prefill {
+		if l.Calls > 0 {
+			loads, layers = loads+l.Loads, layers+1
+		}
+	}
+	if layers == 0 {
+		return 0
+	}
+	return float64(loads) / float64(layers)
 }
 
 // repeatsOf are r's repeats, or r alone where the bench ran it once.
