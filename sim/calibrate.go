@@ -68,16 +68,18 @@ func Calibrate(name string, s Shape, cores int, linkBytesPerS float64, resident,
 	p := Profile{Name: name, LinkBytesPerS: linkBytesPerS, Cores: cores}
 	rd := withCalls(resident.Decode)
 	sd := withCalls(shadow.Decode)
-	if len(rd) < 2 || len(sd) < 2 {
-		return p, fmt.Errorf("sim: calibration needs decode figures of at least 2 layers in both runs (resident %d, shadow %d)", len(rd), len(sd))
+	if len(rd) < 1 || len(sd) < 1 {
+		return p, fmt.Errorf("sim: calibration needs decode figures of a layer in both runs (resident %d, shadow %d)", len(rd), len(sd))
 	}
 	// layer 0's main time also holds the token's own work (embedding,
-	// the previous token's head and sampling)
+	// the previous token's head and sampling): a layer's is the others'
+	// mean, or, with one layer (the presets of real layer shapes), layer
+	// 0's, the token's work then left to the decode rate
 	var main, worker, network float64
-	for _, l := range rd[1:] {
+	for _, l := range rd[min(1, len(rd)-1):] {
 		main += l.MainMs / float64(l.Calls)
 	}
-	main /= float64(len(rd) - 1)
+	main /= float64(max(len(rd)-1, 1))
 	for _, l := range rd {
 		worker += l.WorkerMs / float64(l.Calls)
 		network += l.NetworkMs / float64(l.Calls)
@@ -633,3 +635,62 @@ func FitPromptSkew(p Profile, s Shape, prompt int, used float64) (Profile, error
 // maxPromptSkew is the skew FitPromptSkew tries at most: the most chosen
 // expert e^8 (~3000) times as likely as the next.
 const maxPromptSkew = 8.0
+
+// SplitLoadCPU returns p, calibrated from a shadow run (Calibrate), with
+// the CPU its workers spent beyond computing split between loads and
+// predictions by a reactive run of the same case, whose every load is
+// one on demand: WorkerCPULoadMs becomes a reactive load's and
+// WorkerCPUHintMs what each of the shadow's predictions cost besides
+// (never below nothing: then a load costs the shadow run's). The share of
+// the cores the shadow run kept busy is taken again. Unchanged where the
+// nodes have cores of their own or the reactive run has no loads or no
+// workers' CPU.
+func (p Profile) SplitLoadCPU(s Shape, reactive, shadow Measured) Profile {
+	rc := reactive.CPUSeconds
+	if p.Cores == 0 || rc == nil || rc["workers"] <= 0 || shadow.Output < 2 {
+		return p
+	}
+	loads := func(m Measured) float64 {
+		var n int
+		for _, l := range m.Decode {
+			n += l.Loads
+		}
+		return float64(n)
+	}
+	rl, sl := loads(reactive), loads(shadow)
+	if rl == 0 || sl == 0 {
+		return p
+	}
+	acts := float64(moe(s) * s.TopK)
+	perLoad := max(0, (1000*rc["workers"]-p.WorkerCPUExpertMs*reactive.cpuTokens()*acts)/rl)
+	shadowLoads := p.WorkerCPULoadMs * sl // what Calibrate counted as the shadow run's loads
+	if perLoad*sl >= shadowLoads {
+		return p
+	}
+	p.WorkerCPULoadMs = perLoad
+	p.WorkerCPUHintMs = (shadowLoads - perLoad*sl) / (shadow.cpuTokens() * acts)
+	if shadow.DecodeTokensPerS > 0 {
+		cpu := p.tokenCPUMs(s, sl/float64(shadow.Output-1), true, meanDecodePosition(shadow))
+		p.CPUEfficiency = min(1, shadow.DecodeTokensPerS*cpu/(1000*float64(p.Cores)))
+	}
+	return p
+}
+
+// OnLayout returns p with its hops read anew for a rig whose layout runs
+// more than one of a decode layer's experts on a worker (top-k above the
+// group): a layer's round trip (Calibrate's hop) is measured as the
+// slowest request's time less its own expert's compute, which holds the
+// compute of the experts its worker ran before it; the timeline runs
+// those in turn on the worker, so they are not the hop's.
+func (p Profile) OnLayout(s Shape, l sched.Layout) Profile {
+	each := (s.TopK + l.Group - 1) / max(l.Group, 1) // a worker's experts of a decode layer
+	if each <= 1 {
+		return p
+	}
+	before := float64(each-1) * p.ExpertMs / 2 // a round trip's two hops' share
+	p.HopMs = max(0, p.HopMs-before)
+	if p.LoadingHopMs > 0 {
+		p.LoadingHopMs = max(0, p.LoadingHopMs-before)
+	}
+	return p
+}

@@ -177,6 +177,13 @@ type Profile struct {
 	WorkerCPUExpertMs float64 `json:"worker_cpu_expert_ms,omitempty"`
 	WorkerCPULoadMs   float64 `json:"worker_cpu_load_ms,omitempty"`
 	ShadowCPUTokenMs  float64 `json:"shadow_cpu_token_ms,omitempty"`
+	// WorkerCPUHintMs is what a shadow's prediction of an activation
+	// costs the workers beyond the load it may start (its message, the
+	// placement, a load withdrawn): a shadow-driven swarm's CPU a decode
+	// token has one an activation more. SplitLoadCPU sets it, with
+	// WorkerCPULoadMs from a reactive run's loads (on the tiny presets a
+	// shadow-driven load cost the workers 2.8 times a reactive one's).
+	WorkerCPUHintMs float64 `json:"worker_cpu_hint_ms,omitempty"`
 }
 
 // Validate refuses negative costs and rates that are not positive.
@@ -184,7 +191,7 @@ func (p Profile) Validate() error {
 	for name, v := range map[string]float64{"main_layer_ms": p.MainLayerMs, "main_token_ms": p.MainTokenMs, "shadow_layer_ms": p.ShadowLayerMs,
 		"shadow_token_ms": p.ShadowTokenMs, "expert_ms": p.ExpertMs, "load_ms": p.LoadMs, "hop_ms": p.HopMs,
 		"main_prefill_token_ms": p.MainPrefillTokenMs, "expert_prefill_token_ms": p.ExpertPrefillTokenMs, "main_cpu_token_ms": p.MainCPUTokenMs,
-		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs,
+		"worker_cpu_expert_ms": p.WorkerCPUExpertMs, "worker_cpu_load_ms": p.WorkerCPULoadMs, "shadow_cpu_token_ms": p.ShadowCPUTokenMs, "worker_cpu_hint_ms": p.WorkerCPUHintMs,
 		"main_position_ms": p.MainPositionMs, "shadow_position_ms": p.ShadowPositionMs, "loading_hop_ms": p.LoadingHopMs, "shadow_prompt_ms": p.ShadowPromptMs, "shadow_prefill_token_ms": p.ShadowPrefillTokenMs, "prefill_load_cpu_ms": p.PrefillLoadCPUMs,
 		"main_prefill_layer_ms": p.MainPrefillLayerMs, "expert_prefill_ms": p.ExpertPrefillMs, "prefill_bytes_per_s": p.PrefillBytesPerS,
 		"prefill_cpu_token_ms": p.PrefillCPUTokenMs, "prefill_cpu_byte_ns": p.PrefillCPUByteNs} {
@@ -680,12 +687,14 @@ func (r *run) routeRows(prev [][]int) [][]int {
 
 // tokenCPUMs is the CPU a decode token at position pos costs all the
 // nodes together: the main node's, the workers' per expert activation
-// and per load, and the shadow's when there is one.
+// and per load, and the shadow's when there is one (its predictions'
+// on the workers too).
 func (p Profile) tokenCPUMs(s Shape, loadsPerToken float64, shadow bool, pos float64) float64 {
 	layers := float64(s.Layers)
-	cpu := p.MainCPUTokenMs + layers*pos*p.MainPositionMs + float64(moe(s)*s.TopK)*p.WorkerCPUExpertMs + loadsPerToken*p.WorkerCPULoadMs
+	acts := float64(moe(s) * s.TopK)
+	cpu := p.MainCPUTokenMs + layers*pos*p.MainPositionMs + acts*p.WorkerCPUExpertMs + loadsPerToken*p.WorkerCPULoadMs
 	if shadow {
-		cpu += p.ShadowCPUTokenMs + layers*pos*p.ShadowPositionMs
+		cpu += p.ShadowCPUTokenMs + layers*pos*p.ShadowPositionMs + acts*p.WorkerCPUHintMs
 	}
 	return cpu
 }

@@ -153,6 +153,11 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		if err != nil {
 			return sim.Profile{}, fmt.Errorf("sim calibrate: run %d of %d: %w", i+1, n, err)
 		}
+		// a load's CPU from the reactive run of the round, where the
+		// bench made one, and the shadow's predictions' beside it
+		if i < len(runs[testbed.ModeReactive]) {
+			p = p.SplitLoadCPU(shape, runs[testbed.ModeReactive][i], runs[testbed.ModeShadow][i])
+		}
 		ps = append(ps, p)
 	}
 	p := sim.MedianProfile(ps)
@@ -179,6 +184,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: %w", err)
 	}
 	layout, ahead := br.layout, br.ahead
+	p = p.OnLayout(shape, layout)
 	// a load's time from the reactive runs where the bench made them: a
 	// load on demand waits for no other, where the shadow's, many at
 	// once, queue on their links and share the cores; the wait a layer
@@ -485,7 +491,7 @@ func benchLayout(rep *testbed.Report, rigFile string, cfg model.Config) (benchRi
 			workers++
 		}
 	}
-	layout, err := sched.NewLayout(workers, cfg.TopK)
+	layout, err := sched.NewLayout(workers, sched.DefaultGroup(workers, cfg.TopK))
 	return benchRig{layout: layout, ahead: shadow.DefaultAhead}, err
 }
 
@@ -818,7 +824,7 @@ func rigLayout(rig *testbed.Rig, cfg model.Config) (sched.Layout, error) {
 	if err != nil {
 		return sched.Layout{}, err
 	}
-	return sched.NewLayout(len(rig.Workers), cmp.Or(f.Group, cfg.TopK))
+	return sched.NewLayout(len(rig.Workers), cmp.Or(f.Group, sched.DefaultGroup(len(rig.Workers), cfg.TopK))) // the main node's default
 }
 
 // linkRates are the rig's links (rates) where p takes them
