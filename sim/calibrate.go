@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 
@@ -676,21 +677,84 @@ func (p Profile) SplitLoadCPU(s Shape, reactive, shadow Measured) Profile {
 	return p
 }
 
-// OnLayout returns p with its hops read anew for a rig whose layout runs
-// more than one of a decode layer's experts on a worker (top-k above the
-// group): a layer's round trip (Calibrate's hop) is measured as the
-// slowest request's time less its own expert's compute, which holds the
-// compute of the experts its worker ran before it; the timeline runs
-// those in turn on the worker, so they are not the hop's.
+// OnLayout returns p with its expert and hops read anew for a rig
+// whose layout runs more than one of a decode layer's experts on a
+// worker. Calibrate reads a layer's round trip from the resident run as
+// its slowest request's time less its own expert's compute, and an
+// expert's compute as the slowest result's; but a resident swarm's
+// worker holds the experts its owner mapping gives it, and the busiest
+// of a layer's runs several in turn (top-8 over four workers: 3.2 on
+// average), which the timeline runs in turn too. So where the layer's
+// wall (two hops and the slowest result) is less than the busiest
+// worker's experts at the slowest result's cost, an expert's compute is
+// its share of the wall (the slowest of eight results on shared cores is
+// a contended outlier) and the hops nothing more; and the shadow run's
+// hop (its workers each run ceil(k / group) of a layer) is less the
+// experts before the slowest.
 func (p Profile) OnLayout(s Shape, l sched.Layout) Profile {
-	each := (s.TopK + l.Group - 1) / max(l.Group, 1) // a worker's experts of a decode layer
-	if each <= 1 {
-		return p
+	if m := residentBusiest(s, l); m > 1 {
+		// where the wall cannot hold the busiest worker's experts at the
+		// slowest result's cost, that cost is the outlier: an expert
+		// gets its share of the wall, the hops nothing more
+		if wall := 2*p.HopMs + p.ExpertMs; m*p.ExpertMs > wall { // less the wire both ways
+			p.ExpertMs, p.HopMs = wall/m, 0
+		}
 	}
-	before := float64(each-1) * p.ExpertMs / 2 // a round trip's two hops' share
-	p.HopMs = max(0, p.HopMs-before)
-	if p.LoadingHopMs > 0 {
-		p.LoadingHopMs = max(0, p.LoadingHopMs-before)
+	each := (s.TopK + l.Group - 1) / max(l.Group, 1) // a worker's experts of a decode layer
+	if each > 1 && p.LoadingHopMs > 0 {
+		p.LoadingHopMs = max(0, p.LoadingHopMs-float64(each-1)*p.ExpertMs/2)
 	}
 	return p
+}
+
+// residentBusiest is how many of a decode layer's TopK experts, drawn
+// evenly, the busiest worker of a resident swarm on l holds (each
+// expert on its owner, sched.Layout.Owner), averaged over many draws.
+func residentBusiest(s Shape, l sched.Layout) float64 {
+	if l.Workers < 1 || s.TopK < 2 {
+		return 1
+	}
+	rng := rand.New(rand.NewPCG(0xb05, uint64(l.Workers)))
+	per := make([]int, l.Workers)
+	const draws = 1024
+	var sum float64
+	for range draws {
+		clear(per)
+		for _, e := range rng.Perm(s.Experts)[:s.TopK] {
+			per[l.Owner(0, e)]++
+		}
+		sum += float64(slices.Max(per))
+	}
+	return sum / draws
+}
+
+// ExpertPrefillFromWall returns p with ExpertPrefillMs, a prompt
+// expert's first token, read from a resident run's prompt layers' wall
+// (their slowest request's compute and the round trip around it, which
+// holds the experts its worker ran before it) where that is less than
+// p's: the busiest worker runs its experts in turn, each its first token
+// and ExpertPrefillTokenMs for each further one, between two hops. Both
+// are bounds from above: the slowest single expert (p's, PrefillLines')
+// is the most contended of a layer's results, far above a typical one
+// where a worker runs many experts of a layer (top-8 over four workers:
+// ten of a 16-token prompt's 41 experts); the wall holds the messages'
+// time that the timeline counts again. ok is false, and p unchanged,
+// where the run has no prefill figures or the wall gives no less.
+func (p Profile) ExpertPrefillFromWall(s Shape, l sched.Layout, m Measured) (q Profile, ok bool) {
+	ls := withCalls(m.Prefill)
+	if len(ls) == 0 || m.Prompt < 1 || l.Workers < 1 {
+		return p, false
+	}
+	var wall float64
+	for _, x := range ls {
+		wall += (x.WorkerMs + x.NetworkMs) / float64(x.Calls)
+	}
+	wall /= float64(len(ls))
+	experts, tokens := promptWorkers(s, m.Prompt, p.PromptSkew, l.Workers)
+	first := (wall - 2*p.HopMs - experts*(tokens-1)*p.ExpertPrefillTokenMs) / experts
+	if first <= 0 || first >= p.expertPrefillFirstMs() {
+		return p, false
+	}
+	p.ExpertPrefillMs = first
+	return p, true
 }

@@ -92,3 +92,42 @@ func promptCounts(s Shape, n int, by float64) (busiest, used float64) {
 	}
 	return busiest / draws, used / draws
 }
+
+// promptWorkers are, for a layer of a prompt of n tokens routed as a
+// profile of skew by draws them, on workers workers each running the
+// experts PrefillWorker gives it (expert mod workers), the experts its
+// busiest worker runs and the tokens an expert it runs gets, averaged
+// over many draws.
+func promptWorkers(s Shape, n int, by float64, workers int) (experts, tokens float64) {
+	rng := rand.New(rand.NewPCG(0xb05, uint64(n)))
+	k := newSkew(Shape{Layers: 1, Experts: s.Experts}, by, 0xb05)
+	count := make([]int, s.Experts)
+	per := make([]int, workers)
+	const draws = 256
+	e := make([]int, 0, s.TopK)
+	for range draws {
+		clear(count)
+		clear(per)
+		for range n {
+			e = e[:0]
+			if k != nil {
+				e = k.draw(rng, 0, e, s.TopK)
+			} else {
+				e = append(e, rng.Perm(s.Experts)[:s.TopK]...)
+			}
+			for _, x := range e {
+				count[x]++
+			}
+		}
+		used := 0
+		for x, c := range count {
+			if c > 0 {
+				per[x%workers]++
+				used++
+			}
+		}
+		experts += float64(slices.Max(per))
+		tokens += float64(n*s.TopK) / float64(used)
+	}
+	return experts / draws, tokens / draws
+}

@@ -216,9 +216,19 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		}
 		// a prompt layer's parts, each a line through the two lengths'
 		// figures (the runs of the median time to first token)
-		if q, ok := p.PrefillLines(shape, medianRun(runs[testbed.ModeResident][:n], ttftOf), medianRun(om, ttftOf)); ok {
+		calRun, otherRun := medianRun(runs[testbed.ModeResident][:n], ttftOf), medianRun(om, ttftOf)
+		if q, ok := p.PrefillLines(shape, calRun, otherRun); ok {
 			p = q
 			p.Sources = append(p.Sources, fmt.Sprintf("a prompt layer's main part and slowest expert, a first token's and each further one's, from the resident runs of %s and %s", c.String(), other.Case))
+		}
+		// an expert's first token from the shorter prompt's layers'
+		// wall, where the timeline, not the cores, sets its time
+		shorter := calRun
+		if other.Prompt < c.Prompt {
+			shorter = otherRun
+		}
+		if q, ok := p.ExpertPrefillFromWall(shape, layout, shorter); ok {
+			p = q
 		}
 		short, long := at, sim.Options{Prompt: other.Prompt, Output: other.Output, LoadRates: rates}
 		shortMs, longMs := ttft, otherMs
