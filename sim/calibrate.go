@@ -350,19 +350,60 @@ func FitPrefillMessages(p Profile, layout sched.Layout, s Shape, o Options, ttft
 	return fitPrefillMessage(p, layout, s, o, ttftMs, -ttftMs)
 }
 
-// FitPrefillLoads returns p with PrefillLoadCPUMs set so that a reactive
-// run o (o.Mode is taken to be Reactive) on layout takes ttftMs to its
-// first token, as a measured run did; unchanged where the nodes have
-// cores of their own.
-func FitPrefillLoads(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
-	if p.Cores == 0 {
+// Point is a measured run a figure is fitted to: its options and what
+// it measured (a time to first token, or decode loads a step).
+type Point struct {
+	O    Options
+	Want float64
+}
+
+// FitPrefillLoads returns p with PrefillLoadCPUMs set so that reactive
+// runs (their modes are taken to be Reactive) on layout take the times
+// to first token they measured: one, exactly; several (the bench's two
+// prompt lengths), missed as alike as one value allows (their relative
+// errors summing to nothing). Unchanged where the nodes have cores of
+// their own.
+func FitPrefillLoads(p Profile, layout sched.Layout, s Shape, pts ...Point) (Profile, error) {
+	if p.Cores == 0 || len(pts) == 0 {
 		return p, nil
 	}
-	o.Mode = Reactive
-	// a load's CPU somewhere between nothing and the whole prompt's time
-	v, err := bisectTTFT(p, layout, s, o, ttftMs, 1e-6, ttftMs, func(q *Profile, v float64) { q.PrefillLoadCPUMs = v })
+	// a load's CPU somewhere between nothing and the longest prompt's time
+	hi := 0.0
+	for i := range pts {
+		pts[i].O.Mode, pts[i].O.Output = Reactive, 2 // the first token is all it times
+		hi = max(hi, pts[i].Want)
+	}
+	v, err := bisectAlike(1e-6, hi, pts, false, func(x float64, o Options) (float64, error) {
+		q := p
+		q.PrefillLoadCPUMs = x
+		res, err := Expect(q, layout, s, o, ExpectRuns)
+		return res.TTFTms, err
+	})
 	p.PrefillLoadCPUMs = v
 	return p, err
+}
+
+// bisectAlike returns the x in [lo, hi] at which the runs pts, each
+// measuring f (rising with x, or falling), miss their Want by relative
+// errors that sum to nothing (to 40 halvings): one point's x meets it;
+// two points' miss them alike, one over and one under. lo where they are
+// past it already, hi where still short.
+func bisectAlike(lo, hi float64, pts []Point, falling bool, f func(x float64, o Options) (float64, error)) (float64, error) {
+	g := func(x float64) (float64, error) {
+		var sum float64
+		for _, pt := range pts {
+			y, err := f(x, pt.O)
+			if err != nil {
+				return 0, err
+			}
+			sum += y/pt.Want - 1
+		}
+		if falling {
+			sum = -sum
+		}
+		return sum, nil
+	}
+	return bisect(lo, hi, 0, g)
 }
 
 // bisectTTFT returns the value between lo and hi of the figure set sets
@@ -409,6 +450,45 @@ func bisect(lo, hi, target float64, f func(x float64) (float64, error)) (float64
 // prompt's; all 0 where the nodes have cores of their own, or where the
 // timeline alone already takes that long.
 func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
+	return FitShadowPrefillAt(p, layout, s, local, Point{o, ttftMs})
+}
+
+// FitShadowPrefillAt is FitShadowPrefill at one shadow-driven run or
+// more: with two at different prompt lengths (the bench's), what the
+// shadow's pass adds to each beyond the timeline is measured at both, so
+// ShadowPromptMs and ShadowPrefillTokenMs are the line through the two
+// (over the shared cores) and no share bounds it; one run, or two whose
+// line would cost a prompt less than nothing, fit as FitShadowPrefill
+// does at the first.
+func FitShadowPrefillAt(p Profile, layout sched.Layout, s Shape, local [][2]float64, pts ...Point) (Profile, error) {
+	if len(pts) >= 2 && p.Cores > 0 {
+		q := p
+		q.ShadowPromptMs, q.ShadowPrefillTokenMs, q.ShadowPromptShare = 0, 0, 0
+		var xs [2][2]float64 // prompt tokens, the CPU the shadow's pass added
+		ok := true
+		for i, pt := range pts[:2] {
+			o := pt.O
+			o.Output, o.Mode = 2, Shadow
+			res, err := Expect(q, layout, s, o, ExpectRuns)
+			if err != nil {
+				return p, err
+			}
+			xs[i] = [2]float64{float64(o.Prompt), (pt.Want - res.TTFTms) * q.sharedCores()}
+			ok = ok && xs[i][1] > 0
+		}
+		if ok && xs[0][0] != xs[1][0] {
+			perToken := (xs[1][1] - xs[0][1]) / (xs[1][0] - xs[0][0])
+			if fixed := xs[0][1] - xs[0][0]*perToken; perToken >= 0 && fixed >= 0 {
+				q.ShadowPromptMs, q.ShadowPrefillTokenMs = fixed, perToken
+				return q, nil
+			}
+		}
+	}
+	return fitShadowPrefill(p, layout, s, pts[0].O, pts[0].Want, local)
+}
+
+// fitShadowPrefill is FitShadowPrefill.
+func fitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
 	o.Output = 2 // the first token is all it times
 	o.Mode = Shadow
 	p.ShadowPromptMs, p.ShadowPrefillTokenMs, p.ShadowPromptShare = 0, 0, 0
@@ -508,21 +588,26 @@ func lineFit(pts [][2]float64) (a, b float64) {
 	return my - b*mx, b
 }
 
-// FitRouteRepeat returns p with RouteRepeat set so that a shadow-driven
-// run o (o.Mode is taken to be Shadow) on layout loads loadsPerStep
-// experts a decode step, as a measured run did: the model's routing
-// locality, which the loads a token show (a layer that routes the next
-// token to an expert a worker holds for it loads nothing). It stays 0
-// where even drawing every token's experts anew loads no more than that.
-func FitRouteRepeat(p Profile, layout sched.Layout, s Shape, o Options, loadsPerStep float64) (Profile, error) {
-	o.Mode = Shadow
-	// the loads saved a step rise with the locality (bisect's way)
-	saved, err := bisect(0, maxRouteRepeat, -loadsPerStep, func(repeat float64) (float64, error) {
+// FitRouteRepeat returns p with RouteRepeat set so that shadow-driven
+// runs (their modes are taken to be Shadow) on layout load the experts a
+// decode step they measured (Point.Want): the model's routing locality,
+// which the loads a token show (a layer that routes the next token to an
+// expert a worker holds for it loads nothing). One run's loads are met;
+// several runs' (the bench's two prompt lengths: the small preset loads
+// 9.6 a token after a 16-token prompt, 11.3 after 128) missed as alike as
+// one locality allows. It stays 0 where even drawing every token's
+// experts anew loads no more than that.
+func FitRouteRepeat(p Profile, layout sched.Layout, s Shape, pts ...Point) (Profile, error) {
+	for i := range pts {
+		pts[i].O.Mode = Shadow
+	}
+	// the loads a step fall as the locality rises
+	saved, err := bisectAlike(0, maxRouteRepeat, pts, true, func(repeat float64, o Options) (float64, error) {
 		q := p
 		q.RouteRepeat = repeat
 		res, err := Expect(q, layout, s, o, ExpectRuns)
 		// a run's figures count the loads a request used
-		return -float64(res.Loads-res.WastedLoads) / float64(o.Output-1), err
+		return float64(res.Loads-res.WastedLoads) / float64(o.Output-1), err
 	})
 	p.RouteRepeat = saved
 	return p, err

@@ -246,7 +246,7 @@ func TestFitsRecoverWhatTheyFit(t *testing.T) {
 	if err != nil || math.Abs(got.PrefillMessageMs-0.4) > 0.01 {
 		t.Errorf("prefill_message_ms fitted %v (%v), want 0.4", got.PrefillMessageMs, err)
 	}
-	if got, err = FitRouteRepeat(got, l, s, o, float64(shadow.Loads)/float64(o.Output-1)); err != nil || math.Abs(got.RouteRepeat-0.6) > 0.05 {
+	if got, err = FitRouteRepeat(got, l, s, Point{o, float64(shadow.Loads) / float64(o.Output-1)}); err != nil || math.Abs(got.RouteRepeat-0.6) > 0.05 {
 		t.Errorf("route_repeat fitted %v (%v), want 0.6", got.RouteRepeat, err)
 	}
 	// the local runs' prompts: 30 ms fixed, 2 a token

@@ -255,26 +255,67 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: fitting the prompt's messages: %w", err)
 	}
 	// the prompt's loads' CPU, from the reactive runs' TTFT, where the
-	// bench made them
-	if reactive := medianOf(runs[testbed.ModeReactive], ttftOf); reactive > 0 {
-		if p, err = sim.FitPrefillLoads(p, layout, shape, sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}, reactive); err != nil {
-			return p, fmt.Errorf("sim calibrate: fitting the prompt's loads: %w", err)
+	// bench made them (at the other prompt length too: both missed alike)
+	otherCase, hasOther := otherResident(rep, c, o.Other)
+	var loadsAt []sim.Point
+	for i, rs := range [][]sim.Measured{runs[testbed.ModeReactive], nil} {
+		at := c
+		if i == 1 {
+			if !hasOther {
+				break
+			}
+			at = testbed.Case{Prompt: otherCase.Prompt, Output: otherCase.Output}
+			if rs, err = modeRuns(rep, testbed.ModeReactive, at.Prompt, at.Output); err != nil {
+				return p, err
+			}
+		}
+		if ms := medianOf(rs, ttftOf); ms > 0 {
+			loadsAt = append(loadsAt, sim.Point{O: sim.Options{Prompt: at.Prompt, Output: at.Output, LoadRates: rates}, Want: ms})
 		}
 	}
-	var loads, recall float64
-	for _, m := range runs[testbed.ModeShadow][:n] {
-		for _, l := range m.Decode {
-			loads += float64(l.Loads) / float64(max(m.Output-1, 1))
-		}
-		recall += m.Recall
+	if p, err = sim.FitPrefillLoads(p, layout, shape, loadsAt...); err != nil {
+		return p, fmt.Errorf("sim calibrate: fitting the prompt's loads: %w", err)
 	}
-	shadowRun := sim.Options{Prompt: c.Prompt, Output: c.Output, Recall: recall / float64(n), Ahead: ahead, AlignKV: 1, LoadRates: rates}
-	p, err = sim.FitRouteRepeat(p, layout, shape, shadowRun, loads/float64(n))
-	if err != nil {
+	// the routing's locality, from the shadow runs' decode loads a step
+	// (at the other prompt length too)
+	shadowAt := func(at testbed.Case, rs []sim.Measured) (sim.Point, bool) {
+		var loads, recall float64
+		for _, m := range rs {
+			for _, l := range m.Decode {
+				loads += float64(l.Loads) / float64(max(m.Output-1, 1))
+			}
+			recall += m.Recall
+		}
+		if len(rs) == 0 || loads == 0 {
+			return sim.Point{}, false
+		}
+		k := float64(len(rs))
+		return sim.Point{O: sim.Options{Prompt: at.Prompt, Output: at.Output, Recall: recall / k, Ahead: ahead, AlignKV: 1, LoadRates: rates}, Want: loads / k}, true
+	}
+	cal, _ := shadowAt(c, runs[testbed.ModeShadow][:n])
+	repeatAt := []sim.Point{cal}
+	// the shadow's pass over the prompt, from the shadow runs' TTFT (at
+	// the other prompt length too)
+	promptAt := []sim.Point{{O: cal.O, Want: medianOf(runs[testbed.ModeShadow][:n], ttftOf)}}
+	if hasOther {
+		at := testbed.Case{Prompt: otherCase.Prompt, Output: otherCase.Output}
+		rs, err := modeRuns(rep, testbed.ModeShadow, at.Prompt, at.Output)
+		if err != nil {
+			return p, err
+		}
+		if pt, ok := shadowAt(at, rs); ok {
+			repeatAt = append(repeatAt, pt)
+		}
+		if ms := medianOf(rs, ttftOf); ms > 0 {
+			o := cal.O
+			o.Prompt, o.Output = at.Prompt, at.Output
+			promptAt = append(promptAt, sim.Point{O: o, Want: ms})
+		}
+	}
+	if p, err = sim.FitRouteRepeat(p, layout, shape, repeatAt...); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the routing's locality: %w", err)
 	}
-	// the shadow's pass over the prompt, from the shadow runs' TTFT
-	if p, err = sim.FitShadowPrefill(p, layout, shape, shadowRun, medianOf(runs[testbed.ModeShadow][:n], ttftOf), local); err != nil {
+	if p, err = sim.FitShadowPrefillAt(p, layout, shape, local, promptAt...); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
 	}
 	return p, p.Validate()
@@ -372,6 +413,25 @@ func promptLoadsPerLayer(m sim.Measured) float64 {
 		return 0
 	}
 	return float64(loads) / float64(layers)
+}
+
+// modeRuns are the measured runs (every repeat) of rep's run of mode at
+// a case, none where the bench made none.
+func modeRuns(rep *testbed.Report, mode testbed.Mode, prompt, output int) ([]sim.Measured, error) {
+	var out []sim.Measured
+	for _, r := range rep.Runs {
+		if r.Mode != mode || r.Prompt != prompt || r.Output != output {
+			continue
+		}
+		for _, rr := range repeatsOf(r) {
+			m, err := measured(rr)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, m)
+		}
+	}
+	return out, nil
 }
 
 // repeatsOf are r's repeats, or r alone where the bench ran it once.
