@@ -65,8 +65,9 @@ type RunStats struct {
 	TierBytes map[string]int64 `json:"tier_bytes,omitempty"`
 	// DecodeCPU is the CPU time each role used over decode, in seconds:
 	// from the first token to the last, without start-up, prefill and
-	// the figures' collection (main or local; workers, all together;
-	// shadow). A role whose processes did not say is absent.
+	// the figures' collection (main or local; stages, all together, as
+	// their rows said; workers, all together; shadow, its stages too). A
+	// role whose processes did not say is absent.
 	DecodeCPU map[string]float64 `json:"decode_cpu_s,omitempty"`
 	// Drafting is what checking the shadow's guesses did (-draft):
 	// absent when no pass checked one.

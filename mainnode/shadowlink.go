@@ -896,9 +896,10 @@ type ShadowStats struct {
 	// Align is the alignment the run used: the fixed policy, or the
 	// periods an adaptive one ran the most decode steps under.
 	Align align.Policy
-	// DecodeCPU is the CPU time the shadow process used from the end of
-	// the prompt's pass to the end of the last decode pass's (text
-	// mode's one sequence; 0 where it did not say).
+	// DecodeCPU is the CPU time the shadow used (a staged shadow's
+	// stages too) from the end of the prompt's pass to the end of the
+	// last decode pass's (text mode's one sequence; 0 where it did not
+	// say).
 	DecodeCPU time.Duration
 }
 

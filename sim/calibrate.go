@@ -322,8 +322,10 @@ func FitPrefillMessages(p Profile, layout sched.Layout, s Shape, o Options, ttft
 	// bytes take what is left of its time: a fixed cost fitted below
 	// nothing there would be no message's cost but the noise's
 	free := p
-	free.PrefillMessageMs, free.PrefillBytesPerS = 0, 1e6/(hi*1e-6)
-	if base, err := Expect(free, layout, s, Options{Mode: Resident, Prompt: o.Prompt, Output: 2, LoadRates: o.LoadRates}, ExpectRuns); err != nil {
+	free.PrefillMessageMs, free.PrefillBytesPerS = 0, 1000/(hi*1e-6)
+	short := o
+	short.Mode, short.Output = Resident, 2
+	if base, err := Expect(free, layout, s, short, ExpectRuns); err != nil {
 		return p, err
 	} else if base.TTFTms >= ttftMs {
 		p.PrefillMessageMs = 0
@@ -754,7 +756,7 @@ func (p Profile) SplitLoadCPU(s Shape, reactive, shadow Measured) Profile {
 		return p
 	}
 	p.WorkerCPULoadMs = perLoad
-	p.WorkerCPUHintMs = (shadowLoads - perLoad*sl) / (shadow.cpuTokens() * acts)
+	p.WorkerCPUHintMs = (shadowLoads - perLoad*sl) / (float64(shadow.Output-1) * acts) // a decode step's, as tokenCPUMs counts them
 	if shadow.DecodeTokensPerS > 0 {
 		cpu := p.tokenCPUMs(s, sl/float64(shadow.Output-1), true, meanDecodePosition(shadow))
 		p.CPUEfficiency = min(1, shadow.DecodeTokensPerS*cpu/(1000*float64(p.Cores)))

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/odmoe/odmoe/sched"
 	"math"
 	"reflect"
 	"testing"
@@ -404,5 +405,113 @@ func TestPrefillLinesReadEachPartsLineFromTwoLengths(t *testing.T) {
 	}
 	if got, ok := p.PrefillLines(s, short, short); ok || !reflect.DeepEqual(got, p) {
 		t.Errorf("one length taken for two: %v, %+v", ok, got)
+	}
+}
+
+// TestPromptCPUAndTwoLengthFitsRecoverWhatTheyFit: resident, reactive
+// and shadow-driven runs simulated on shared cores with known figures,
+// at 16 and 128 prompt tokens, are fitted back to them: a prompt's
+// messages' CPU a byte (the long prompt CPU-bound) and a message's fixed
+// cost (the short one), a prompt load's CPU from both reactive runs, and
+// the shadow's pass over the prompt as the line through what it added at
+// each length.
+func TestPromptCPUAndTwoLengthFitsRecoverWhatTheyFit(t *testing.T) {
+	p, l, s := testRig(t)
+	p.Cores, p.WorkerCPULoadMs, p.PrefillCPUTokenMs = 2, 0.5, 0.3
+	want := p
+	want.PrefillCPUByteNs, want.PrefillMessageMs, want.PrefillLoadCPUMs = 40, 0.3, 1.5
+	want.ShadowPromptMs, want.ShadowPrefillTokenMs = 20, 1.5
+	short, long := Options{Prompt: 16, Output: 2, Recall: 1}, Options{Prompt: 128, Output: 2, Recall: 1}
+	ttft := func(q Profile, o Options, mode Mode) float64 {
+		o.Mode = mode
+		r, err := Expect(q, l, s, o, ExpectRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.TTFTms
+	}
+	// the long prompt is CPU-bound, the short one is not: else the test
+	// tells the two figures nothing apart
+	if free := want; true {
+		free.PrefillCPUByteNs = 0
+		if ttft(free, long, Resident) >= 0.9*ttft(want, long, Resident) || ttft(free, short, Resident) < 0.98*ttft(want, short, Resident) {
+			t.Fatalf("the rig's long prompt is not CPU-bound, or its short one is: %v/%v, %v/%v", ttft(free, long, Resident), ttft(want, long, Resident), ttft(free, short, Resident), ttft(want, short, Resident))
+		}
+	}
+	got, err := FitPrefillCPU(p, l, s, short, ttft(want, short, Resident), long, ttft(want, long, Resident))
+	if err != nil || math.Abs(got.PrefillCPUByteNs/want.PrefillCPUByteNs-1) > 0.02 || math.Abs(got.PrefillMessageMs-want.PrefillMessageMs) > 0.02 {
+		t.Errorf("prefill_cpu_byte_ns %v, prefill_message_ms %v (%v): want %v, %v", got.PrefillCPUByteNs, got.PrefillMessageMs, err, want.PrefillCPUByteNs, want.PrefillMessageMs)
+	}
+	got.PrefillCPUByteNs, got.PrefillMessageMs = want.PrefillCPUByteNs, want.PrefillMessageMs
+	if got, err = FitPrefillLoads(got, l, s, Point{short, ttft(want, short, Reactive)}, Point{long, ttft(want, long, Reactive)}); err != nil || math.Abs(got.PrefillLoadCPUMs/want.PrefillLoadCPUMs-1) > 0.02 {
+		t.Errorf("prefill_load_cpu_ms %v (%v), want %v", got.PrefillLoadCPUMs, err, want.PrefillLoadCPUMs)
+	}
+	got.PrefillLoadCPUMs = want.PrefillLoadCPUMs
+	got, err = FitShadowPrefillAt(got, l, s, nil, Point{short, ttft(want, short, Shadow)}, Point{long, ttft(want, long, Shadow)})
+	if err != nil || math.Abs(got.ShadowPromptMs-want.ShadowPromptMs) > 0.5 || math.Abs(got.ShadowPrefillTokenMs-want.ShadowPrefillTokenMs) > 0.02 || got.ShadowPromptShare != 0 {
+		t.Errorf("shadow_prompt_ms %v, shadow_prefill_token_ms %v, share %v (%v): want %v, %v, 0", got.ShadowPromptMs, got.ShadowPrefillTokenMs, got.ShadowPromptShare, err, want.ShadowPromptMs, want.ShadowPrefillTokenMs)
+	}
+}
+
+// TestSplitLoadCPUGivesAReactiveLoadItsOwnCPU: a reactive run's workers'
+// CPU beyond computing is its loads'; a shadow run's, beyond its loads
+// at that cost, its predictions' (one an activation). The share of the
+// cores is taken again so the shadow run's CPU a token is what it was.
+func TestSplitLoadCPUGivesAReactiveLoadItsOwnCPU(t *testing.T) {
+	_, _, s := testRig(t) // 8 layers of top-2: 16 activations a token
+	p := Profile{Cores: 2, WorkerCPUExpertMs: 1, WorkerCPULoadMs: 5, MainCPUTokenMs: 10, ShadowCPUTokenMs: 8}
+	decode := func(loadsPerLayer int) []LayerStats {
+		ls := make([]LayerStats, s.Layers)
+		for i := range ls {
+			ls[i] = LayerStats{Layer: i, Calls: 10, Loads: 10 * loadsPerLayer}
+		}
+		return ls
+	}
+	// 11 decode steps (DecodeCPU: the CPU is theirs): reactive, 2 loads a
+	// layer at 2 ms CPU each beside 16 activations at 1 ms
+	reactive := Measured{Output: 11, DecodeCPU: true, Decode: decode(2), CPUSeconds: map[string]float64{"workers": 10 * (16*1 + 16*2) / 1000.0}}
+	shadow := Measured{Output: 11, DecodeCPU: true, Decode: decode(1), DecodeTokensPerS: 20}
+	got := p.SplitLoadCPU(s, reactive, shadow)
+	// the shadow run's 80 loads at 5 ms were 400 ms: at 2 ms, 160, the
+	// other 240 over 10 steps of 16 predictions
+	if math.Abs(got.WorkerCPULoadMs-2) > 1e-9 || math.Abs(got.WorkerCPUHintMs-1.5) > 1e-9 {
+		t.Errorf("worker_cpu_load_ms %v, worker_cpu_hint_ms %v: want 2, 1.5", got.WorkerCPULoadMs, got.WorkerCPUHintMs)
+	}
+	if a, b := p.tokenCPUMs(s, 8, true, 0), got.tokenCPUMs(s, 8, true, 0); math.Abs(a-b) > 1e-9 {
+		t.Errorf("the shadow run's CPU a token %v, after the split %v", a, b)
+	}
+	// a reactive load dearer than the shadow run's: nothing to split
+	dear := reactive
+	dear.CPUSeconds = map[string]float64{"workers": 10 * (16*1 + 16*9) / 1000.0}
+	if got := p.SplitLoadCPU(s, dear, shadow); got.WorkerCPULoadMs != 5 || got.WorkerCPUHintMs != 0 {
+		t.Errorf("a dearer reactive load split the shadow run's: %v, %v", got.WorkerCPULoadMs, got.WorkerCPUHintMs)
+	}
+}
+
+// TestOnLayoutGivesABusyWorkersExpertsTheirShareOfTheWall: with top-8 on
+// four workers the busiest owner of a resident layer holds about three
+// of its experts; a measured wall (two hops and the slowest result) too
+// short for three at the slowest result's cost gives an expert its share
+// of it and the hops nothing; a wall that holds them (top-2) is kept.
+func TestOnLayoutGivesABusyWorkersExpertsTheirShareOfTheWall(t *testing.T) {
+	four, err := sched.NewLayout(4, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide := Shape{Layers: 1, Experts: 128, TopK: 8}
+	m := residentBusiest(wide, four)
+	if m < 2.8 || m > 3.6 {
+		t.Fatalf("the busiest of four owners holds %v of a layer's 8 experts, want about 3.2", m)
+	}
+	got := Profile{HopMs: 1, ExpertMs: 4}.OnLayout(wide, four)
+	if math.Abs(got.ExpertMs-6/m) > 1e-9 || got.HopMs != 0 {
+		t.Errorf("expert_ms %v, hop_ms %v: want %v, 0", got.ExpertMs, got.HopMs, 6/m)
+	}
+	two, err := sched.NewLayout(4, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := (Profile{HopMs: 1, ExpertMs: 1}).OnLayout(Shape{Layers: 8, Experts: 8, TopK: 2}, two); got.ExpertMs != 1 || got.HopMs != 1 {
+		t.Errorf("a wall that holds the experts changed: %+v", got)
 	}
 }

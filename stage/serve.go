@@ -47,7 +47,7 @@ func Serve(ctx context.Context, p *wire.Peer, l *Layers) error {
 				}
 				continue
 			}
-			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: sinceFigures(l.runner.Figures(l.Held()), base), CPU: procmem.CPUTime() - cpu0}
+			rows := &wire.StageRows{ID: m.ID, Hidden: wire.Float32Tensor(out.hidden, len(out.hidden)/h, h), Figures: sinceFigures(l.runner.Figures(l.Held()), base), CPU: max(0, procmem.CPUTime()-cpu0)}
 			for i, kv := range out.kv {
 				k := wire.StageKV{Seq: m.Seqs[i], FromPos: kv.From, First: kv.First}
 				k.Keys, k.Values = kv.Tensors()

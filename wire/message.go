@@ -539,9 +539,10 @@ type ShadowDone struct {
 	// rows the shadow copied from a finished sequence that started with
 	// them (its prefix cache) instead of running them.
 	Reused int64
-	// CPU is the CPU time the shadow process has used so far: the main
-	// node's decode figures take the shadow's CPU over a run's decode
-	// from it.
+	// CPU is the CPU time the shadow process has used so far, a staged
+	// shadow's first stage's with its stages' (as their rows said): the
+	// main node's decode figures take the shadow's CPU over a run's
+	// decode from it.
 	CPU time.Duration
 }
 

@@ -49,7 +49,8 @@ type StageRoutes struct {
 
 // StageRows is a stage's answer to a StageRun: its rows' hidden state
 // after its last layer ([rows, hidden] F32), and, from a main stage, what
-// its layers' experts have cost so far and (when the run asked) the KV
+// its layers' experts have cost since the connection began and (when
+// the run asked) the KV
 // rows the run wrote in its layers, a StageKV a span (fp16).
 type StageRows struct {
 	_msgpack struct{} `msgpack:",as_array"`
@@ -63,8 +64,9 @@ type StageRows struct {
 	CPU time.Duration
 }
 
-// StageFigures are what a main stage has measured of its layers so far,
-// decode and prefill passes apart, as its main node measures its own:
+// StageFigures are what a main stage has measured of its layers since
+// the connection began, decode and prefill passes apart, as its main
+// node measures its own:
 // Decode[i] and Prefill[i] are layer First+i's; Workers[w] what worker w
 // of the layout did for the stage's requests.
 type StageFigures struct {
