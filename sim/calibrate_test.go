@@ -1,10 +1,11 @@
 package sim
 
 import (
-	"github.com/odmoe/odmoe/sched"
 	"math"
 	"reflect"
 	"testing"
+
+	"github.com/odmoe/odmoe/sched"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(b)) }
