@@ -86,11 +86,15 @@ func TestSimCalibratesFromRecordedRigRuns(t *testing.T) {
 		ttftBar         float64 // TTFT's bar off the calibration case
 		ratioBar        float64 // shadow/resident's
 		attention       bool    // the context's growth measurable (Mixtral-sized attention), so fitted; the tiny preset's is noise, fitted or not
+		links           bool    // the rig's workers' links paced (-load-bw): a load's cost split from them
 	}{
-		{"testdata/sim/paper-rig-r9", "testbed/rigs/paper.rig", "16x256", 12, 4, 0.15, 0.15, true},
-		{"testdata/sim/loopback-tiny", "testbed/rigs/loopback.rig", "16x64", 6, 2, 0.15, 0.15, false},
-		{"testdata/sim/loopback-tiny-2", "testbed/rigs/loopback.rig", "16x64", 6, 2, 0.20, 0.15, false},
-		{"testdata/sim/hetero-small", "testbed/rigs/hetero-loopback.rig", "16x64", 6, 2, 0.15, 0.20, true},
+		{"testdata/sim/paper-rig-r9", "testbed/rigs/paper.rig", "16x256", 12, 4, 0.15, 0.15, true, true},
+		{"testdata/sim/loopback-tiny", "testbed/rigs/loopback.rig", "16x64", 6, 2, 0.15, 0.15, false, true},
+		{"testdata/sim/loopback-tiny-2", "testbed/rigs/loopback.rig", "16x64", 6, 2, 0.20, 0.15, false, true},
+		{"testdata/sim/hetero-small", "testbed/rigs/hetero-loopback.rig", "16x64", 6, 2, 0.15, 0.20, true, true},
+		// one layer of real shape, top-8 over four workers (2026-11-29)
+		{"testdata/sim/qwen3-moe-small-rig", "testbed/rigs/shadow-whole.rig", "128x64", 6, 2, 0.15, 0.15, false, false},
+		{"testdata/sim/olmoe-small-rig", "testbed/rigs/shadow-whole.rig", "128x64", 6, 2, 0.15, 0.15, false, false},
 	} {
 		t.Run(filepath.Base(c.bench), func(t *testing.T) {
 			profile := filepath.Join(t.TempDir(), "p.json")
@@ -102,12 +106,12 @@ func TestSimCalibratesFromRecordedRigRuns(t *testing.T) {
 				t.Fatalf("the profile: %v", err)
 			}
 			longer := slices.ContainsFunc(p.Sources, func(s string) bool {
-				return strings.Contains(s, "the prompt's CPU") && strings.Contains(s, " and p128-")
+				return strings.Contains(s, "the prompt's CPU") && strings.Contains(s, "p16-") && strings.Contains(s, "p128-")
 			})
 			// on shared cores: the longer prompt's CPU a byte of its
 			// messages, and the prompt's routing no more even than the
 			// skewed presets' is
-			if c.attention && p.MainPositionMs <= 0 || !strings.Contains(p.Sources[0], "median of") || !p.WorkerLinks || !longer || p.PrefillCPUByteNs <= 0 || p.PromptSkew <= 0 {
+			if c.attention && p.MainPositionMs <= 0 || !strings.Contains(p.Sources[0], "median of") || c.links != p.WorkerLinks || !longer || p.PrefillCPUByteNs <= 0 || p.PromptSkew <= 0 {
 				t.Errorf("profile: main_position_ms %v, sources %q, worker_links %v, prefill_cpu_byte_ns %v, prompt_skew %v: want the context's growth fitted, the runs averaged, the rig's links, the longer prompt's CPU, a skew",
 					p.MainPositionMs, p.Sources, p.WorkerLinks, p.PrefillCPUByteNs, p.PromptSkew)
 			}
