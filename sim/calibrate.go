@@ -278,8 +278,7 @@ func moe(s Shape) int {
 // drawn as a profile of PromptSkew by draws them (0: evenly, as Run draws
 // a prompt's).
 func expectedBusiest(s Shape, n int, by float64) float64 {
-	busiest, _ := promptCounts(s, n, by)
-	return busiest
+	return promptDraws(s, n, by, sched.Layout{}).busiest
 }
 
 // FitPrefillMessage returns p with PrefillMessageMs set so that a
@@ -713,8 +712,7 @@ func FitPromptSkew(p Profile, s Shape, prompt int, used float64) (Profile, error
 	}
 	// fewer experts used as the skew grows (bisect's way: rising)
 	by, err := bisect(0, maxPromptSkew, -used, func(by float64) (float64, error) {
-		_, u := promptCounts(s, prompt, by)
-		return -u, nil
+		return -promptDraws(s, prompt, by, sched.Layout{}).used, nil
 	})
 	p.PromptSkew = by
 	return p, err
@@ -837,7 +835,8 @@ func (p Profile) ExpertPrefillFromWall(s Shape, l sched.Layout, m Measured) (q P
 		wall += (x.WorkerMs + x.NetworkMs) / float64(x.Calls)
 	}
 	wall /= float64(len(ls))
-	experts, tokens := promptWorkers(s, m.Prompt, p.PromptSkew, l.Workers)
+	d := promptDraws(s, m.Prompt, p.PromptSkew, l)
+	experts, tokens := d.workerExperts, d.tokens
 	first := (wall - 2*p.HopMs - experts*(tokens-1)*p.ExpertPrefillTokenMs) / experts
 	if first <= 0 || first >= p.expertPrefillFirstMs() {
 		return p, false

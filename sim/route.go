@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/odmoe/odmoe/sched"
 )
 
 // skew draws a layer's experts unevenly (Profile.PromptSkew): the i-th
@@ -60,54 +62,30 @@ func (k *skew) draw(rng *rand.Rand, l int, e []int, want int) []int {
 	return e
 }
 
-// promptCounts are, for a layer of a prompt of n tokens routed as a
-// profile of skew by draws them, the tokens each expert gets, averaged
-// over many draws: the busiest expert's (what its layer waits for) and
-// how many experts get any (what a reactive swarm loads).
-func promptCounts(s Shape, n int, by float64) (busiest, used float64) {
-	rng := rand.New(rand.NewPCG(0xb05, uint64(n)))
-	k := newSkew(Shape{Layers: 1, Experts: s.Experts}, by, 0xb05)
-	count := make([]int, s.Experts)
-	const draws = 256
-	e := make([]int, 0, s.TopK)
-	for range draws {
-		clear(count)
-		for range n {
-			e = e[:0]
-			if k != nil {
-				e = k.draw(rng, 0, e, s.TopK)
-			} else {
-				e = append(e, rng.Perm(s.Experts)[:s.TopK]...)
-			}
-			for _, x := range e {
-				count[x]++
-			}
-		}
-		busiest += float64(slices.Max(count))
-		for _, c := range count {
-			if c > 0 {
-				used++
-			}
-		}
-	}
-	return busiest / draws, used / draws
+// promptLayer is what a prompt layer's routing gives its experts,
+// averaged over many draws (promptDraws).
+type promptLayer struct {
+	busiest float64 // the tokens the busiest expert gets (what its layer waits for)
+	used    float64 // the experts that get any (what a reactive swarm loads)
+	// on a layout's workers (each running the experts PrefillWorker gives
+	// it; none without one): the experts the busiest worker runs, and the
+	// tokens an expert gets
+	workerExperts, tokens float64
 }
 
-// promptWorkers are, for a layer of a prompt of n tokens routed as a
-// profile of skew by draws them, on workers workers each running the
-// experts PrefillWorker gives it (expert mod workers), the experts its
-// busiest worker runs and the tokens an expert it runs gets, averaged
-// over many draws.
-func promptWorkers(s Shape, n int, by float64, workers int) (experts, tokens float64) {
+// promptDraws is promptLayer for a layer of a prompt of n tokens routed
+// as a profile of skew by draws them, on layout l (the zero Layout: no
+// workers counted).
+func promptDraws(s Shape, n int, by float64, l sched.Layout) promptLayer {
 	rng := rand.New(rand.NewPCG(0xb05, uint64(n)))
 	k := newSkew(Shape{Layers: 1, Experts: s.Experts}, by, 0xb05)
 	count := make([]int, s.Experts)
-	per := make([]int, workers)
+	per := make([]int, l.Workers)
 	const draws = 256
 	e := make([]int, 0, s.TopK)
+	var out promptLayer
 	for range draws {
 		clear(count)
-		clear(per)
 		for range n {
 			e = e[:0]
 			if k != nil {
@@ -119,15 +97,23 @@ func promptWorkers(s Shape, n int, by float64, workers int) (experts, tokens flo
 				count[x]++
 			}
 		}
+		out.busiest += float64(slices.Max(count))
+		clear(per)
 		used := 0
 		for x, c := range count {
 			if c > 0 {
-				per[x%workers]++
 				used++
+				if l.Workers > 0 {
+					per[l.PrefillWorker(x)]++
+				}
 			}
 		}
-		experts += float64(slices.Max(per))
-		tokens += float64(n*s.TopK) / float64(used)
+		out.used += float64(used)
+		if l.Workers > 0 {
+			out.workerExperts += float64(slices.Max(per))
+			out.tokens += float64(n*s.TopK) / float64(used)
+		}
 	}
-	return experts / draws, tokens / draws
+	out.busiest, out.used, out.workerExperts, out.tokens = out.busiest/draws, out.used/draws, out.workerExperts/draws, out.tokens/draws
+	return out
 }
