@@ -442,26 +442,15 @@ func bisect(lo, hi, target float64, f func(x float64) (float64, error)) (float64
 }
 
 // FitShadowPrefill returns p with ShadowPromptMs and
-// ShadowPrefillTokenMs set so that a shadow-driven run o (o.Mode is taken
-// to be Shadow) on layout takes ttftMs to its first token, as a measured
-// run did, their ratio that of the fixed and per-token parts of local
-// (local mode's times to first token: a prompt's tokens each, and the
-// time; one is taken to be all per token), and ShadowPromptShare the
-// least share that makes it so: the shadow's pass ending with the
-// prompt's; all 0 where the nodes have cores of their own, or where the
-// timeline alone already takes that long.
-func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
-	return FitShadowPrefillAt(p, layout, s, local, Point{o, ttftMs})
-}
-
-// FitShadowPrefillAt is FitShadowPrefill at one shadow-driven run or
-// more: with two at different prompt lengths (the bench's), what the
-// shadow's pass adds to each beyond the timeline is measured at both, so
-// ShadowPromptMs and ShadowPrefillTokenMs are the line through the two
-// (over the shared cores) and no share bounds it; one run, or two whose
-// line would cost a prompt less than nothing, fit as FitShadowPrefill
-// does at the first.
-func FitShadowPrefillAt(p Profile, layout sched.Layout, s Shape, local [][2]float64, pts ...Point) (Profile, error) {
+// ShadowPrefillTokenMs set so that shadow-driven runs (their modes are
+// taken to be Shadow) on layout take the times to first token they
+// measured (Point.Want); all 0 where the nodes have cores of their own.
+// Two runs at different prompt lengths (the bench's): what the shadow's
+// pass adds to each beyond the timeline is measured at both, so the two
+// figures are the line through them (over the shared cores) and no share
+// bounds it. One run, or two whose line would cost a prompt less than
+// nothing: as shadowPrefillAtOne at the first.
+func FitShadowPrefill(p Profile, layout sched.Layout, s Shape, local [][2]float64, pts ...Point) (Profile, error) {
 	if len(pts) >= 2 && p.Cores > 0 {
 		q := p
 		q.ShadowPromptMs, q.ShadowPrefillTokenMs, q.ShadowPromptShare = 0, 0, 0
@@ -485,11 +474,21 @@ func FitShadowPrefillAt(p Profile, layout sched.Layout, s Shape, local [][2]floa
 			}
 		}
 	}
-	return fitShadowPrefill(p, layout, s, pts[0].O, pts[0].Want, local)
+	if len(pts) == 0 {
+		return p, nil
+	}
+	return shadowPrefillAtOne(p, layout, s, pts[0].O, pts[0].Want, local)
 }
 
-// fitShadowPrefill is FitShadowPrefill.
-func fitShadowPrefill(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
+// shadowPrefillAtOne fits ShadowPromptMs and ShadowPrefillTokenMs to one
+// shadow-driven run o that took ttftMs to its first token, their ratio
+// that of the fixed and per-token parts of local (local mode's times to
+// first token: a prompt's tokens each, and the time; one is taken to be
+// all per token), and ShadowPromptShare the least share that makes it
+// so: the shadow's pass ending with the prompt's; all 0 where the nodes
+// have cores of their own, or where the timeline alone already takes
+// that long.
+func shadowPrefillAtOne(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, local [][2]float64) (Profile, error) {
 	o.Output = 2 // the first token is all it times
 	o.Mode = Shadow
 	p.ShadowPromptMs, p.ShadowPrefillTokenMs, p.ShadowPromptShare = 0, 0, 0

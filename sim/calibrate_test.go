@@ -253,12 +253,12 @@ func TestFitsRecoverWhatTheyFit(t *testing.T) {
 	}
 	// the local runs' prompts: 30 ms fixed, 2 a token
 	local := [][2]float64{{16, 30 + 16*2}, {128, 30 + 128*2}}
-	if got, err = FitShadowPrefill(got, l, s, o, shadow.TTFTms, local); err != nil || math.Abs(got.ShadowPromptMs-30) > 1.5 || math.Abs(got.ShadowPrefillTokenMs-2) > 0.1 {
+	if got, err = FitShadowPrefill(got, l, s, local, Point{o, shadow.TTFTms}); err != nil || math.Abs(got.ShadowPromptMs-30) > 1.5 || math.Abs(got.ShadowPrefillTokenMs-2) > 0.1 {
 		t.Errorf("shadow_prompt_ms, shadow_prefill_token_ms fitted %v, %v (%v), want 30, 2", got.ShadowPromptMs, got.ShadowPrefillTokenMs, err)
 	}
 	// with cores of their own, the shadow's prompt costs the TTFT nothing
 	got.Cores = 0
-	if own, _ := FitShadowPrefill(got, l, s, o, shadow.TTFTms, local); own.ShadowPromptMs != 0 || own.ShadowPrefillTokenMs != 0 {
+	if own, _ := FitShadowPrefill(got, l, s, local, Point{o, shadow.TTFTms}); own.ShadowPromptMs != 0 || own.ShadowPrefillTokenMs != 0 {
 		t.Errorf("no shared cores, yet the shadow's prompt fitted at %v + %v a token", own.ShadowPromptMs, own.ShadowPrefillTokenMs)
 	}
 }
@@ -356,7 +356,7 @@ func TestTheShadowsPromptShareHoldsAtALongerPrompt(t *testing.T) {
 		return r.TTFTms
 	}
 	local := [][2]float64{{16, 3000 + 16*200}, {128, 3000 + 128*200}}
-	got, err := FitShadowPrefill(p, l, s, Options{Prompt: 16, Output: 64, Recall: 1, Ahead: 1}, ttft(want, 16), local)
+	got, err := FitShadowPrefill(p, l, s, local, Point{Options{Prompt: 16, Output: 64, Recall: 1, Ahead: 1}, ttft(want, 16)})
 	if err != nil || math.Abs(got.ShadowPromptShare-0.3) > 0.01 {
 		t.Fatalf("shadow_prompt_share fitted %v (%v), want 0.3", got.ShadowPromptShare, err)
 	}
@@ -448,7 +448,7 @@ func TestPromptCPUAndTwoLengthFitsRecoverWhatTheyFit(t *testing.T) {
 		t.Errorf("prefill_load_cpu_ms %v (%v), want %v", got.PrefillLoadCPUMs, err, want.PrefillLoadCPUMs)
 	}
 	got.PrefillLoadCPUMs = want.PrefillLoadCPUMs
-	got, err = FitShadowPrefillAt(got, l, s, nil, Point{short, ttft(want, short, Shadow)}, Point{long, ttft(want, long, Shadow)})
+	got, err = FitShadowPrefill(got, l, s, nil, Point{short, ttft(want, short, Shadow)}, Point{long, ttft(want, long, Shadow)})
 	if err != nil || math.Abs(got.ShadowPromptMs-want.ShadowPromptMs) > 0.5 || math.Abs(got.ShadowPrefillTokenMs-want.ShadowPrefillTokenMs) > 0.02 || got.ShadowPromptShare != 0 {
 		t.Errorf("shadow_prompt_ms %v, shadow_prefill_token_ms %v, share %v (%v): want %v, %v, 0", got.ShadowPromptMs, got.ShadowPrefillTokenMs, got.ShadowPromptShare, err, want.ShadowPromptMs, want.ShadowPrefillTokenMs)
 	}

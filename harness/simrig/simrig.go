@@ -315,7 +315,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	if p, err = sim.FitRouteRepeat(p, layout, shape, repeatAt...); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the routing's locality: %w", err)
 	}
-	if p, err = sim.FitShadowPrefillAt(p, layout, shape, local, promptAt...); err != nil {
+	if p, err = sim.FitShadowPrefill(p, layout, shape, local, promptAt...); err != nil {
 		return p, fmt.Errorf("sim calibrate: fitting the shadow's prompt: %w", err)
 	}
 	return p, p.Validate()
