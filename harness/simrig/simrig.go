@@ -201,15 +201,21 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	ttftOf := func(m sim.Measured) float64 { return m.TTFTms }
 	ttft := medianOf(runs[testbed.ModeResident][:n], ttftOf) // the median, as validate compares
 	at := sim.Options{Prompt: c.Prompt, Output: c.Output, LoadRates: rates}
-	if other, ok := otherResident(rep, c, o.Other); ok {
-		var om []sim.Measured
-		for _, rr := range repeatsOf(other) {
-			m, err := measured(rr)
-			if err != nil {
-				return p, err
-			}
-			om = append(om, m)
+	// the other prompt length's runs of every mode, where the bench made
+	// one: the figures that vary with the prompt are fitted at both
+	other, hasOther := otherResident(rep, c, o.Other)
+	oc := testbed.Case{Prompt: other.Prompt, Output: other.Output}
+	otherRuns := map[testbed.Mode][]sim.Measured{}
+	for _, mode := range []testbed.Mode{testbed.ModeResident, testbed.ModeReactive, testbed.ModeShadow} {
+		if !hasOther {
+			break
 		}
+		if otherRuns[mode], err = modeRuns(rep, mode, oc.Prompt, oc.Output); err != nil {
+			return p, err
+		}
+	}
+	if hasOther {
+		om := otherRuns[testbed.ModeResident]
 		otherMs := medianOf(om, ttftOf)
 		if otherMs <= 0 {
 			return p, fmt.Errorf("sim calibrate: %s %s: no time to first token in its stats", other.Mode, other.Case)
@@ -255,21 +261,13 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 		return p, fmt.Errorf("sim calibrate: fitting the prompt's messages: %w", err)
 	}
 	// the prompt's loads' CPU, from the reactive runs' TTFT, where the
-	// bench made them (at the other prompt length too: both missed alike)
-	otherCase, hasOther := otherResident(rep, c, o.Other)
+	// bench made them (at both prompt lengths: missed alike)
 	var loadsAt []sim.Point
-	for i, rs := range [][]sim.Measured{runs[testbed.ModeReactive], nil} {
-		at := c
-		if i == 1 {
-			if !hasOther {
-				break
-			}
-			at = testbed.Case{Prompt: otherCase.Prompt, Output: otherCase.Output}
-			if rs, err = modeRuns(rep, testbed.ModeReactive, at.Prompt, at.Output); err != nil {
-				return p, err
-			}
-		}
-		if ms := medianOf(rs, ttftOf); ms > 0 {
+	for _, r := range []struct {
+		at testbed.Case
+		rs []sim.Measured
+	}{{c, runs[testbed.ModeReactive]}, {oc, otherRuns[testbed.ModeReactive]}} {
+		if at, ms := r.at, medianOf(r.rs, ttftOf); ms > 0 {
 			loadsAt = append(loadsAt, sim.Point{O: sim.Options{Prompt: at.Prompt, Output: at.Output, LoadRates: rates}, Want: ms})
 		}
 	}
@@ -297,18 +295,13 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	// the shadow's pass over the prompt, from the shadow runs' TTFT (at
 	// the other prompt length too)
 	promptAt := []sim.Point{{O: cal.O, Want: medianOf(runs[testbed.ModeShadow][:n], ttftOf)}}
-	if hasOther {
-		at := testbed.Case{Prompt: otherCase.Prompt, Output: otherCase.Output}
-		rs, err := modeRuns(rep, testbed.ModeShadow, at.Prompt, at.Output)
-		if err != nil {
-			return p, err
-		}
-		if pt, ok := shadowAt(at, rs); ok {
+	if rs := otherRuns[testbed.ModeShadow]; hasOther {
+		if pt, ok := shadowAt(oc, rs); ok {
 			repeatAt = append(repeatAt, pt)
 		}
 		if ms := medianOf(rs, ttftOf); ms > 0 {
 			o := cal.O
-			o.Prompt, o.Output = at.Prompt, at.Output
+			o.Prompt, o.Output = oc.Prompt, oc.Output
 			promptAt = append(promptAt, sim.Point{O: o, Want: ms})
 		}
 	}
