@@ -21,6 +21,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/noderef"
 	"github.com/odmoe/odmoe/internal/schematest"
+	"github.com/odmoe/odmoe/serve"
 )
 
 // The official OpenAI client (the `openai` npm package, pinned in
@@ -104,7 +105,7 @@ func servingAddr(logFile string) string {
 	b, _ := os.ReadFile(logFile)
 	for _, line := range strings.Split(string(b), "\n") {
 		var l struct{ Message, Addr string }
-		if json.Unmarshal([]byte(line), &l) == nil && strings.HasPrefix(l.Message, "serving the OpenAI-compatible API") {
+		if json.Unmarshal([]byte(line), &l) == nil && strings.HasPrefix(l.Message, serve.ServingMessage) {
 			return l.Addr
 		}
 	}

@@ -109,17 +109,19 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 		}
 	})
 	log.Info().Str("model", cfg.Model).Str("store", cfg.Store).Str("listen", ln.Addr().String()).Msg("main node: serving the checkpoint and the expert store to fetching nodes")
-	return func() {
-			cancel()
-			ln.Close()
-			wg.Wait()
-			closeAll()
-			log.Info().Str("served", progress.Bytes(bytes.Load())).Msg("main node: stopped serving the checkpoint and the expert store")
-		}, bytes, func(r wire.Role) bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return active[r] > 0
-		}, nil
+	stop = func() {
+		cancel()
+		ln.Close()
+		wg.Wait()
+		closeAll()
+		log.Info().Str("served", progress.Bytes(bytes.Load())).Msg("main node: stopped serving the checkpoint and the expert store")
+	}
+	fetching = func(r wire.Role) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return active[r] > 0
+	}
+	return stop, bytes, fetching, nil
 }
 
 // logStoreTraffic says, a line per worker, what each fetched of its

@@ -27,6 +27,10 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// ServingMessage is the line a server logs once it listens: what a
+// harness waits for to know the node serves.
+const ServingMessage = "serving the OpenAI-compatible API"
+
 // Generator runs one sequence's generation: the prompt, then up to
 // opt.MaxTokens tokens, each handed to opt.OnToken. It must be safe for
 // concurrent use; a cancelled ctx ends the sequence and frees what it
@@ -309,7 +313,7 @@ func (s *Server) ServeOn(ctx context.Context, ln net.Listener, ready func(net.Ad
 		ready(ln.Addr())
 	}
 	s.cfg.Log.Info().Str("addr", ln.Addr().String()).Str("model", s.cfg.Model).Int("max_batch", s.cfg.MaxBatch).
-		Int("context", s.cfg.Context).Bool("chat_template", s.cfg.Chat != nil).Bool("api_key", s.cfg.APIKey != "").Msg("serving the OpenAI-compatible API")
+		Int("context", s.cfg.Context).Bool("chat_template", s.cfg.Chat != nil).Bool("api_key", s.cfg.APIKey != "").Msg(ServingMessage)
 	if s.cfg.APIKey == "" && !loopback(ln.Addr()) {
 		s.cfg.Log.Warn().Str("addr", ln.Addr().String()).
 			Msg("serving the API beyond this machine without an API key: anyone who reaches this address can use it (-api-key KEY or $ODMOE_API_KEY)")

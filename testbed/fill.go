@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/runflags"
+	"github.com/odmoe/odmoe/serve"
 	"github.com/odmoe/odmoe/wire"
 )
 
@@ -49,9 +50,6 @@ func fillMark(n Node) string {
 	}
 	return "its part of the checkpoint fetched"
 }
-
-// servingMark is what a main node serving the API logs once it does.
-const servingMark = "serving the OpenAI-compatible API"
 
 var logInt = regexp.MustCompile(`\b(share_bytes|fetched_bytes)=(\d+)`)
 
@@ -126,7 +124,7 @@ func fillRig(opt BenchOptions, start int) (FillStart, error) {
 			return fs, fmt.Errorf("testbed: the main node %w while the nodes filled; its log: %s", errExited, filepath.Join(logDir, opt.Rig.Main.Name+".log"))
 		}
 		if fs.ServingS == 0 {
-			if b, _ := os.ReadFile(filepath.Join(logDir, opt.Rig.Main.Name+".log")); bytes.Contains(b, []byte(servingMark)) {
+			if b, _ := os.ReadFile(filepath.Join(logDir, opt.Rig.Main.Name+".log")); bytes.Contains(b, []byte(serve.ServingMessage)) {
 				fs.ServingS = time.Since(t0).Seconds()
 			}
 		}
