@@ -85,16 +85,17 @@ type Profile struct {
 	// sets them.
 	MainPrefillLayerMs float64 `json:"main_prefill_layer_ms,omitempty"`
 	ExpertPrefillMs    float64 `json:"expert_prefill_ms,omitempty"`
-	// PrefillMessageMs is what each of a prompt layer's activation
-	// messages, and each result, holds the main node's link (its way)
-	// beyond its bytes: sending it,
-	// one after another (on the emulated rig, whose nodes share cores,
-	// the layer's seven or eight messages wait for the main node's turn
-	// on them). Calibrate fits it to the calibration run's time to first
-	// token. Fitted with PrefillBytesPerS it may be negative: a line
-	// through a message's cost at two sizes, which grows faster than its
-	// bytes (QUIC's window opening over a larger message), meets 0 above
-	// no bytes; a message never costs less than nothing.
+	// PrefillMessageMs is what each of a prompt layer's messages (an
+	// activation a worker, a result an expert) holds the main node's link
+	// (its way) beyond its bytes: sending it, one after another (on the
+	// emulated rig, whose nodes share cores, the layer's messages wait for
+	// the main node's turn on them). Calibrate fits it to the calibration
+	// run's time to first token (on shared cores, to the shorter prompt's,
+	// never below nothing: FitPrefillCPU). Fitted with PrefillBytesPerS it
+	// may be negative: a line through a message's cost at two sizes, which
+	// grows faster than its bytes (QUIC's window opening over a larger
+	// message), meets 0 above no bytes; a message never costs less than
+	// nothing.
 	PrefillMessageMs float64 `json:"prefill_message_ms,omitempty"`
 	// PrefillBytesPerS, when not 0, is the rate a prompt's activations
 	// and results move at over the main node's link, each way, instead of
@@ -104,7 +105,9 @@ type Profile struct {
 	// (not measured why: QUIC's window opening over a larger message and
 	// every node's packets through two shared cores are the likely parts).
 	// Calibrate fits it, with PrefillMessageMs, to resident runs' times
-	// to first token at two prompt lengths (FitPrefillMessages).
+	// to first token at two prompt lengths (FitPrefillMessages) where the
+	// nodes have cores of their own; on shared cores that slowness is the
+	// cores' (PrefillCPUByteNs) and the messages move at the link's rate.
 	PrefillBytesPerS float64 `json:"prefill_bytes_per_s,omitempty"`
 	// ShadowPromptMs and ShadowPrefillTokenMs are the CPU the shadow's
 	// pass over a prompt costs, fixed and a token: where the nodes share
@@ -428,11 +431,14 @@ type prediction struct {
 // prefill runs the prompt layer by layer (OD-MoE section 3.3): the main
 // node's part for every token, then each used expert on the worker that
 // holds its index (sched.Layout.PrefillWorker) for the tokens routed to
-// it, their activations over the main node's link each way; loads (but
-// in a resident swarm) from the moment the layer's router has run, as
-// the main node hints every worker its experts at once (on shared cores
-// a load's CPU is the layer's lost time, and only its link is waited
-// for). It returns the time to the first token.
+// it (routed as PromptSkew draws them), one activation a worker out over
+// the main node's link (the tokens of all its experts) and a result an
+// expert back; loads (but in a resident swarm) from the moment the
+// layer's router has run, as the main node hints every worker its
+// experts at once (on shared cores a load's CPU is the layer's lost
+// time, and only its link is waited for). On shared cores the pass lasts
+// no less than its CPU over the cores (PrefillCPUTokenMs,
+// PrefillCPUByteNs, the loads'). It returns the time to the first token.
 func (r *run) prefill() float64 {
 	now := 0.0
 	P := r.o.Prompt
