@@ -35,7 +35,7 @@ test-cuda:
 # Packages whose tests are one goroutine's long reference runs, where the
 # race detector costs 4-8x and watches nothing concurrent: the tokenizer
 # against Hugging Face's, the grammars, skewed routers' fits, the model
-# against float64 references (163 s of CI's race run). Their shared
+# against float64 references (163 s of a local CI run's race run). Their shared
 # caches and the model's passes on the kernels' thread team are raced by
 # serve's, mainnode's, shadow's and passloop's tests, which run them from
 # many requests at once.

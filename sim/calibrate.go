@@ -767,7 +767,7 @@ func (p Profile) SplitLoadCPU(s Shape, reactive, shadow Measured) Profile {
 // its slowest request's time less its own expert's compute, and an
 // expert's compute as the slowest result's; but a resident swarm's
 // worker holds the experts its owner mapping gives it, and the busiest
-// of a layer's runs several in turn (top-8 over four workers: 3.2 on
+// of a layer's runs several in turn (top-8 over four workers: 3.5 on
 // average), which the timeline runs in turn too. So where the layer's
 // wall (two hops and the slowest result) is less than the busiest
 // worker's experts at the slowest result's cost, an expert's compute is
@@ -821,8 +821,8 @@ func residentBusiest(s Shape, l sched.Layout) float64 {
 // are bounds from above: the slowest single expert (p's, PrefillLines')
 // is the most contended of a layer's results, far above a typical one
 // where a worker runs many experts of a layer (top-8 over four workers:
-// ten of a 16-token prompt's 41 experts); the wall holds the messages'
-// time that the timeline counts again. ok is false, and p unchanged,
+// ten to thirteen of a 16-token prompt's 41 experts); the wall holds the
+// messages' time that the timeline counts again. ok is false, and p unchanged,
 // where the run has no prefill figures or the wall gives no less.
 func (p Profile) ExpertPrefillFromWall(s Shape, l sched.Layout, m Measured) (q Profile, ok bool) {
 	ls := withCalls(m.Prefill)
