@@ -116,6 +116,28 @@ func BenchmarkMatVecDecodeShapes(b *testing.B) {
 	}
 }
 
+// BenchmarkMatVecSmallStreamed streams the small preset's decode shapes
+// (an expert's 3584x1024 and 1024x3584, attention's 1024x1024) from DRAM,
+// as local decode on small does: weight GB/s at -cpu 1,2.
+func BenchmarkMatVecSmallStreamed(b *testing.B) {
+	for _, s := range []struct{ rows, cols int }{{3584, 1024}, {1024, 3584}, {1024, 1024}} {
+		b.Run(fmt.Sprintf("%dx%d", s.rows, s.cols), func(b *testing.B) {
+			ms := benchMatrices(BF16, s.rows, s.cols)
+			x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
+			out := make([]float32, s.rows)
+			bytes := int64(s.rows * s.cols * 2)
+			b.SetBytes(bytes)
+			next := 0
+			b.ResetTimer()
+			for range b.N {
+				MatVec(out, ms[next%len(ms)], x)
+				next++
+			}
+			b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
 // BenchmarkMatVecWake times one BF16 product of 64K to 1M elements
 // directly (ns/product) and after a 200 us pause, where the team's members
 // have parked (minWakeElems).

@@ -94,13 +94,14 @@ func (k x86) fold(a *asm, acc []int, tmp int) {
 	a.i("VADDSS X%d, X%d, X%d", tmp, lo, lo) // l += l+1
 }
 
-// prefetchElems is how far ahead of its loads each row stream of the
-// BF16 and F16 row kernels asks for the weights (PREFETCHNTA: weights are
-// read once per token and need not displace activations from the caches).
-// On the Zen 5 VM of docs/BENCHMARKS.md it gains 3-5% of BF16 GB/s; F32
-// rows, which read twice the bytes per instruction, gain nothing from it
-// and go without.
-const prefetchElems = 512
+// The BF16 and F16 row kernels ask for no weights ahead of their loads:
+// their four row streams are long and sequential, and the hardware
+// prefetchers follow them. PREFETCHNTA 512 elements ahead gained 3-5% of
+// BF16 GB/s on the Zen 5 VM of docs/BENCHMARKS.md, but on a Zen 4 VM
+// (2026-11-29) it cost local decode on small 8% at one thread (54.3
+// against 58.6 tok/s, medians of four interleaved rounds; 61.1 against
+// 65.6 at two), and every distance tried there (1 and 4 KiB, NTA and T0)
+// streamed slower than none.
 
 // mmPrefetchElems is how far ahead of its loads mmBF16 asks for the
 // weights: its one stream of rows is read at a quarter of a row kernel's
@@ -161,11 +162,6 @@ func (k x86) rows(a *asm, d dtype) {
 	block := func(bases []string) {
 		for p := range k.parts {
 			a.i("VMOVUPS %d(DX)(AX*4), %s", p*k.width*4, k.r(xreg+p))
-		}
-		if d != f32 {
-			for _, base := range bases {
-				a.i("PREFETCHNTA %d(%s)(AX*%d)", prefetchElems*d.size(), base, d.size())
-			}
 		}
 		n := 0
 		for r, base := range bases {
