@@ -231,6 +231,9 @@ func partsNow(rows, elems int) int {
 		return parts
 	}
 	if int64(time.Since(clockStart))-lastEnd.Load() > int64(denseGap) && teamAsleep() {
+		if tracing.Load() {
+			teamTrace.alone.Add(1)
+		}
 		return 1
 	}
 	return parts
@@ -284,6 +287,9 @@ func parallelChunks(parts, rows, chunks int, fn func(c, r0, r1 int)) {
 		return
 	}
 	// the team is running another goroutine's product: start goroutines
+	if tracing.Load() {
+		teamTrace.spawned.Add(1)
+	}
 	var next atomic.Int64
 	work := func() {
 		for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {

@@ -4,14 +4,15 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A team is the persistent goroutines that parallel regions (parallelRows)
 // run on: Threads()-1 members beside the calling goroutine. Starting
 // goroutines for every matrix product costs a thread wake-up each time
-// (tens of microseconds in a VM, ~90 times a token); a member instead
-// spins briefly on the team's generation after a region, where the next
-// region of a token usually finds it, and parks only when none comes.
+// (tens of microseconds in a VM, ~60-90 times a token); a member instead
+// spins on the team's generation after a region (spinFor), where the
+// next region of a token finds it, and parks only when none comes.
 //
 // One region runs on the team at a time; a caller that finds the team
 // busy (another goroutine's product: a worker serving two requests, the
@@ -42,11 +43,22 @@ type member struct {
 	wake   chan struct{} // capacity 1: a wake-up never blocks the caller
 }
 
-// spinLoads is how many times a member looks at the team's generation
-// before it parks: 5.7-7.0 us on the 2-vCPU VM of docs/BENCHMARKS.md (go
-// test -bench of the loop), about the serial work between two products
-// of a layer (norms, RoPE), well under a token.
-const spinLoads = 1 << 14
+// spinFor is how long a member looks at the team's generation before it
+// parks: longer than the gaps between a token's products (the serial
+// work between them: norms, RoPE, routing), shorter than a token or a
+// network hop. Local decode on small at two threads (Zen 4 VM,
+// 2026-11-29, bench kernels' trace) ran 56 regions a token; a spin of
+// 6 us (2^14 loads, before) found 21 of them parked, so the caller began
+// each of those alone and its member, woken, ran 38-42% of the chunks;
+// a spin of ~25 us found 6-10 parked, ~100 us one (the next token's
+// first), the members then running 49-50%, and decode gained 7% (63.1 ->
+// 67.3 tok/s, medians of eight interleaved runs). Time, not a count of
+// loads, so that it means the same on every CPU.
+const spinFor = 100 * time.Microsecond
+
+// spinCheck is how many loads of the generation a member makes between
+// two looks at the clock while it spins.
+const spinCheck = 1 << 10
 
 var (
 	theTeam atomic.Pointer[team] // of Threads() goroutines
@@ -103,7 +115,9 @@ func (t *team) serve(m *member) {
 			return
 		}
 		seen = g
-		t.cur.Load().work()
+		if n := t.cur.Load().work(); n > 0 && tracing.Load() {
+			teamTrace.memberChunks.Add(n)
+		}
 	}
 }
 
@@ -111,12 +125,19 @@ func (t *team) serve(m *member) {
 // first, then parked until the caller of a region wakes it. ok is false
 // when the team stopped.
 func (t *team) await(m *member, seen uint64) (gen uint64, ok bool) {
-	for range spinLoads {
+	deadline := time.Now().Add(spinFor)
+	for i := 1; ; i++ {
 		if g := t.gen.Load(); g != seen {
 			return g, true
 		}
+		if i%spinCheck == 0 && time.Now().After(deadline) {
+			break
+		}
 	}
 	m.parked.Store(true)
+	if tracing.Load() {
+		teamTrace.parks.Add(1)
+	}
 	if g := t.gen.Load(); g != seen {
 		if m.parked.CompareAndSwap(true, false) {
 			return g, true
@@ -131,12 +152,15 @@ func (t *team) await(m *member, seen uint64) (gen uint64, ok bool) {
 	}
 }
 
-// work claims and runs chunks until none is left.
-func (r *region) work() {
+// work claims and runs chunks until none is left, and returns how many
+// it ran.
+func (r *region) work() (ran int64) {
 	for c := r.next.Add(1) - 1; c < r.chunks; c = r.next.Add(1) - 1 {
 		r.fn(int(c), int(int64(r.rows)*c/r.chunks), int(int64(r.rows)*(c+1)/r.chunks))
 		r.done.Add(1)
+		ran++
 	}
+	return ran
 }
 
 // run runs fn over chunks row ranges covering [0, rows) on the team and
@@ -147,20 +171,94 @@ func (t *team) run(rows, chunks int, fn func(c, r0, r1 int)) bool {
 		return false
 	}
 	defer t.busy.Unlock()
+	traced := tracing.Load()
+	var t0 time.Time
+	if traced {
+		t0 = time.Now()
+	}
 	r := &region{fn: fn, rows: rows, chunks: int64(chunks)}
 	t.cur.Store(r)
 	t.gen.Add(1)
+	woke := int64(0)
 	for _, m := range t.members {
 		if m.parked.CompareAndSwap(true, false) {
 			m.wake <- struct{}{}
+			woke++
 		}
 	}
 	r.work()
+	var t1 time.Time
+	if traced {
+		t1 = time.Now()
+	}
 	// every chunk is claimed: wait for the members still computing one
 	for i := 0; r.done.Load() < r.chunks; i++ {
 		if i%64 == 63 {
 			runtime.Gosched()
 		}
 	}
+	if traced {
+		t2 := time.Now()
+		teamTrace.regions.Add(1)
+		teamTrace.chunks.Add(r.chunks)
+		teamTrace.wakes.Add(woke)
+		teamTrace.regionNs.Add(int64(t2.Sub(t0)))
+		teamTrace.barrierNs.Add(int64(t2.Sub(t1)))
+	}
 	return true
+}
+
+// TeamStats count what the thread team did while TraceTeam was on: where
+// a parallel product's time goes between its work, the wait for the
+// last chunk, and members asleep.
+type TeamStats struct {
+	// Regions are the parallel products run on the team, RegionTime
+	// their wall time as their callers saw it, and BarrierTime the part
+	// of it a caller, its own chunks done, waited for members still
+	// computing theirs.
+	Regions     int64
+	RegionTime  time.Duration
+	BarrierTime time.Duration
+	// Chunks are the regions' row ranges, MemberChunks those the
+	// members (not the callers) ran.
+	Chunks, MemberChunks int64
+	// Wakes are members a region found parked and woke; Parks the times
+	// a member, no region coming while it spun, parked.
+	Wakes, Parks int64
+	// Alone are products that ran on their caller alone because the
+	// members were parked and the product was small (minWakeElems);
+	// Spawned those that ran on new goroutines because another
+	// goroutine held the team.
+	Alone, Spawned int64
+}
+
+var (
+	tracing   atomic.Bool
+	teamTrace struct {
+		regions, regionNs, barrierNs, chunks, memberChunks, wakes, parks, alone, spawned atomic.Int64
+	}
+)
+
+// TraceTeam turns the team's counts (ReadTeamStats) on or off. Off, the
+// default, they cost one atomic load a region.
+func TraceTeam(on bool) { tracing.Store(on) }
+
+// ReadTeamStats returns the counts since the process started, of the
+// time TraceTeam was on.
+func ReadTeamStats() TeamStats {
+	tr := &teamTrace
+	return TeamStats{
+		Regions: tr.regions.Load(), RegionTime: time.Duration(tr.regionNs.Load()), BarrierTime: time.Duration(tr.barrierNs.Load()),
+		Chunks: tr.chunks.Load(), MemberChunks: tr.memberChunks.Load(), Wakes: tr.wakes.Load(), Parks: tr.parks.Load(),
+		Alone: tr.alone.Load(), Spawned: tr.spawned.Load(),
+	}
+}
+
+// Sub returns the counts of s since earlier.
+func (s TeamStats) Sub(earlier TeamStats) TeamStats {
+	return TeamStats{
+		Regions: s.Regions - earlier.Regions, RegionTime: s.RegionTime - earlier.RegionTime, BarrierTime: s.BarrierTime - earlier.BarrierTime,
+		Chunks: s.Chunks - earlier.Chunks, MemberChunks: s.MemberChunks - earlier.MemberChunks, Wakes: s.Wakes - earlier.Wakes, Parks: s.Parks - earlier.Parks,
+		Alone: s.Alone - earlier.Alone, Spawned: s.Spawned - earlier.Spawned,
+	}
 }

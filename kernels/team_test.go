@@ -86,7 +86,7 @@ func TestTeamMembersParkAndWake(t *testing.T) {
 		return n
 	}
 	for range 3 {
-		// far past spinLoads (~7 us), the members park; a loaded machine
+		// far past spinFor (100 us), the members park; a loaded machine
 		// may keep one from running to its park for a while
 		for deadline := time.Now().Add(2 * time.Second); parked() != len(tm.members) && time.Now().Before(deadline); {
 			time.Sleep(5 * time.Millisecond)
@@ -162,6 +162,58 @@ func TestSmallProductsLeaveAParkedTeamAsleep(t *testing.T) {
 	}
 	if !woke {
 		t.Error("20 small products back to back never ran on the team")
+	}
+}
+
+// TestTeamTraceCountsWhatTheTeamDid: with TraceTeam on, a product on
+// the team counts one region of its chunks, woken members and parks
+// included, and its barrier wait within its wall time; a small product
+// after a pause counts as run alone; off, nothing is counted.
+func TestTeamTraceCountsWhatTheTeamDid(t *testing.T) {
+	prev := SetThreads(2)
+	defer SetThreads(prev)
+	rng := rand.New(rand.NewPCG(11, 12))
+	big, _ := randMatrix(rng, BF16, 2048, 512) // minWakeElems: wakes the team
+	small, _ := randMatrix(rng, BF16, 512, 512)
+	x := randVec(rng, 512)
+	out := make([]float32, 2048)
+	MatVec(out, big, x) // starts the 2-thread team
+	tm := teamFor(2)
+	waitParked := func() {
+		for deadline := time.Now().Add(2 * time.Second); !tm.members[0].parked.Load() && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !tm.members[0].parked.Load() {
+			t.Fatal("the member did not park within 2 s without work")
+		}
+	}
+	waitParked()
+	TraceTeam(true)
+	defer TraceTeam(false)
+	before := ReadTeamStats()
+	MatVec(out, big, x)
+	d := ReadTeamStats().Sub(before)
+	if d.Regions != 1 || d.Chunks != int64(chunksFor(2, 2048)) || d.Wakes != 1 {
+		t.Errorf("one product on a parked team of 2 counted %d regions of %d chunks waking %d members, want 1 of %d waking 1", d.Regions, d.Chunks, d.Wakes, chunksFor(2, 2048))
+	}
+	if d.MemberChunks < 0 || d.MemberChunks > d.Chunks || d.RegionTime <= 0 || d.BarrierTime < 0 || d.BarrierTime > d.RegionTime {
+		t.Errorf("member chunks %d of %d, region %v, barrier %v: want 0..chunks, a positive region holding the barrier", d.MemberChunks, d.Chunks, d.RegionTime, d.BarrierTime)
+	}
+	waitParked()
+	if p := ReadTeamStats().Sub(before).Parks; p < 1 {
+		t.Errorf("the member parked after the product, counted %d parks", p)
+	}
+	time.Sleep(2 * denseGap)
+	before = ReadTeamStats()
+	MatVec(out[:512], small, x)
+	if d := ReadTeamStats().Sub(before); d.Alone != 1 || d.Regions != 0 {
+		t.Errorf("a small product after a pause counted %d alone and %d regions, want 1 and 0", d.Alone, d.Regions)
+	}
+	TraceTeam(false)
+	before = ReadTeamStats()
+	MatVec(out, big, x)
+	if d := ReadTeamStats().Sub(before); d != (TeamStats{}) {
+		t.Errorf("with the trace off a product counted %+v", d)
 	}
 }
 

@@ -154,6 +154,69 @@ type decodeResult struct {
 	ScalingCeiling map[string]float64 `json:"scaling_ceiling"`
 	// ThreadsBitIdentical: every thread count gave the same logits.
 	ThreadsBitIdentical bool `json:"threads_bit_identical"`
+	// Trace is, at each thread count, where its faster run's time went.
+	Trace map[string]decodeTrace `json:"trace"`
+}
+
+// decodeTrace is one decode run's steps and the thread team's counts
+// (kernels.TeamStats), a token's each.
+type decodeTrace struct {
+	// TokenMs are the steps' times: 10th, 50th and 90th percentiles;
+	// Spread is P90 over P10.
+	TokenMsP10 float64 `json:"token_ms_p10"`
+	TokenMsP50 float64 `json:"token_ms_p50"`
+	TokenMsP90 float64 `json:"token_ms_p90"`
+	Spread     float64 `json:"spread"`
+	// Regions are the parallel products on the team; RegionMs their
+	// time, BarrierMs the part of it the caller waited for the members'
+	// last chunks, SerialMs the step's time outside them (on one thread:
+	// all of it).
+	Regions   float64 `json:"regions"`
+	RegionMs  float64 `json:"region_ms"`
+	BarrierMs float64 `json:"barrier_ms"`
+	SerialMs  float64 `json:"serial_ms"`
+	// MemberShare is the share of the regions' chunks the members ran;
+	// Wakes the members woken from parking, Parks their parkings, Alone
+	// the products run on the caller alone as the members slept.
+	MemberShare float64 `json:"member_share"`
+	Wakes       float64 `json:"wakes"`
+	Parks       float64 `json:"parks"`
+	Alone       float64 `json:"alone"`
+	// MinorFaults and MajorFaults are the process's page faults, GCs
+	// the garbage collections during the whole run (not a token's).
+	MinorFaults float64 `json:"minor_faults"`
+	MajorFaults float64 `json:"major_faults"`
+	GCs         uint32  `json:"gcs"`
+}
+
+// newDecodeTrace makes the trace of a run of steps (each step's time)
+// over which the team counted team, the process faulted minor and major
+// pages and collected garbage gcs times.
+func newDecodeTrace(steps []time.Duration, team kernels.TeamStats, minor, major int64, gcs uint32) decodeTrace {
+	n := float64(len(steps))
+	sorted := slices.Clone(steps)
+	slices.Sort(sorted)
+	at := func(q float64) float64 {
+		return float64(sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]) / 1e6
+	}
+	var wall time.Duration
+	for _, d := range steps {
+		wall += d
+	}
+	tr := decodeTrace{
+		TokenMsP10: at(0.1), TokenMsP50: at(0.5), TokenMsP90: at(0.9),
+		Regions: float64(team.Regions) / n, RegionMs: team.RegionTime.Seconds() * 1e3 / n, BarrierMs: team.BarrierTime.Seconds() * 1e3 / n,
+		SerialMs: (wall - team.RegionTime).Seconds() * 1e3 / n,
+		Wakes:    float64(team.Wakes) / n, Parks: float64(team.Parks) / n, Alone: float64(team.Alone) / n,
+		MinorFaults: float64(minor) / n, MajorFaults: float64(major) / n, GCs: gcs,
+	}
+	if tr.TokenMsP10 > 0 {
+		tr.Spread = tr.TokenMsP90 / tr.TokenMsP10
+	}
+	if team.Chunks > 0 {
+		tr.MemberShare = float64(team.MemberChunks) / float64(team.Chunks)
+	}
+	return tr
 }
 
 // Mixtral-8x7B expert shapes: w1/w3 are 14336x4096, w2 4096x14336.
@@ -502,7 +565,8 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 	for i := range prompt {
 		prompt[i] = (i*7919 + 1) % m.Config.VocabSize
 	}
-	var busy float64 // the last run's CPUs busy
+	var busy float64      // the last run's CPUs busy
+	var trace decodeTrace // the last run's
 	run := func(path string) (tokPerS float64, digest []byte, err error) {
 		if err := kernels.SetPath(path); err != nil {
 			return 0, nil, err
@@ -514,15 +578,28 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 		}
 		h := fnv.New64a()
 		hashLogits(h, logits)
+		times := make([]time.Duration, steps)
+		var gc0, gc1 runtime.MemStats
+		runtime.ReadMemStats(&gc0)
+		minor0, major0 := procmem.PageFaults()
+		kernels.TraceTeam(true)
+		defer kernels.TraceTeam(false)
+		team0 := kernels.ReadTeamStats()
 		t0, cpu0 := time.Now(), procmem.CPUTime()
-		for range steps {
+		for i := range steps {
+			ts := time.Now()
 			if logits, err = s.Forward(ctx, []int{model.Argmax(logits)}); err != nil {
 				return 0, nil, err
 			}
+			times[i] = time.Since(ts)
 			hashLogits(h, logits)
 		}
 		wall := time.Since(t0)
 		busy = (procmem.CPUTime() - cpu0).Seconds() / wall.Seconds()
+		team := kernels.ReadTeamStats().Sub(team0)
+		minor1, major1 := procmem.PageFaults()
+		runtime.ReadMemStats(&gc1)
+		trace = newDecodeTrace(times, team, minor1-minor0, major1-major0, gc1.NumGC-gc0.NumGC)
 		return float64(steps) / wall.Seconds(), h.Sum(nil), nil
 	}
 	// Warm the page cache and the CPU with a short run first.
@@ -549,7 +626,7 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 	}
 	// simd at each thread count, interleaved, the better of two runs
 	d.BytesPerToken = m.DecodeBytesPerToken()
-	d.TokPerSByThreads, d.RooflineFraction, d.CPUBusy = map[string]float64{}, map[string]float64{}, map[string]float64{}
+	d.TokPerSByThreads, d.RooflineFraction, d.CPUBusy, d.Trace = map[string]float64{}, map[string]float64{}, map[string]float64{}, map[string]decodeTrace{}
 	d.ThreadsBitIdentical = true
 	prev := kernels.SetThreads(0)
 	defer kernels.SetThreads(prev)
@@ -563,7 +640,7 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 			d.ThreadsBitIdentical = d.ThreadsBitIdentical && bytes.Equal(digest, simdDigest)
 			key := strconv.Itoa(th)
 			if rate > d.TokPerSByThreads[key] {
-				d.TokPerSByThreads[key], d.CPUBusy[key] = rate, busy
+				d.TokPerSByThreads[key], d.CPUBusy[key], d.Trace[key] = rate, busy, trace
 				if gbps := dram[key]; gbps > 0 {
 					d.RooflineFraction[key] = float64(d.BytesPerToken) * rate / (gbps * 1e9)
 				}
@@ -649,6 +726,18 @@ func PrintReport(w io.Writer, r *Report) {
 			}
 			fmt.Fprintln(w)
 		}
+		fmt.Fprintln(w, "Where a token's time went (the faster run at each count; kernels.TeamStats):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  threads\tms a token p10/p50/p90\tp90/p10\tregions\tin regions ms\tof it at the barrier\tserial ms\tmembers' chunks\twakes\tparks\talone\tpage faults minor/major\tGCs")
+		for _, k := range keys {
+			t, ok := d.Trace[k]
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(tw, "  %s\t%.2f/%.2f/%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\t%.1f\t%.1f\t%.1f\t%.1f/%.1f\t%d\n",
+				k, t.TokenMsP10, t.TokenMsP50, t.TokenMsP90, t.Spread, t.Regions, t.RegionMs, t.BarrierMs, t.SerialMs, 100*t.MemberShare, t.Wakes, t.Parks, t.Alone, t.MinorFaults, t.MajorFaults, t.GCs)
+		}
+		tw.Flush()
 	}
 }
 

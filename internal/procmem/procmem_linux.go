@@ -88,3 +88,13 @@ func CPUTimeOf(pid int) (time.Duration, bool) {
 	}
 	return time.Duration(ut+st) * time.Second / clockTicks, true
 }
+
+// PageFaults are the process's page faults so far: minor (the page was
+// in memory: a mapping set up) and major (read from disk); 0 if unknown.
+func PageFaults() (minor, major int64) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0
+	}
+	return ru.Minflt, ru.Majflt
+}
