@@ -3,6 +3,7 @@ package mainnode
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/odmoe/odmoe/internal/quantile"
 	"io"
 	"os"
 	"time"
@@ -72,6 +73,33 @@ type RunStats struct {
 	// Drafting is what checking the shadow's guesses did (-draft):
 	// absent when no pass checked one.
 	Drafting *DraftingJSON `json:"drafting,omitempty"`
+	// DecodePassMs is the spread of the decode passes' times (each from
+	// the pass before to its token): absent without a decode pass.
+	DecodePassMs *PassTimesJSON `json:"decode_pass_ms,omitempty"`
+}
+
+// PassTimesJSON are the 10th, 50th and 90th percentiles of a run's
+// decode passes' times (ms), their number, and Spread, P90 over P10: how
+// steady decode ran.
+type PassTimesJSON struct {
+	Passes int     `json:"passes"`
+	P10    float64 `json:"p10"`
+	P50    float64 `json:"p50"`
+	P90    float64 `json:"p90"`
+	Spread float64 `json:"p90_over_p10"`
+}
+
+// passTimesOf makes the spread of passes; nil for none.
+func passTimesOf(passes []time.Duration) *PassTimesJSON {
+	if len(passes) == 0 {
+		return nil
+	}
+	q := quantile.Of(passes, 0.10, 0.50, 0.90)
+	pt := &PassTimesJSON{Passes: len(passes), P10: ms(q[0]), P50: ms(q[1]), P90: ms(q[2])}
+	if q[0] > 0 {
+		pt.Spread = float64(q[2]) / float64(q[0])
+	}
+	return pt
 }
 
 // DraftingJSON are a run's drafting figures: the guesses its decode
@@ -169,7 +197,7 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	rs := RunStats{
 		PromptTokens: st.PromptTokens, GeneratedTokens: st.GeneratedTokens, FinishReason: st.FinishReason,
 		TTFTms: ms(st.Prefill), PrefillTokensPerS: st.PrefillTokensPerSec(), DecodeTokensPerS: st.DecodeTokensPerSec(),
-		PeakMemory: map[string]int64{},
+		PeakMemory: map[string]int64{}, DecodePassMs: passTimesOf(st.PassTimes),
 	}
 	if total := st.Prefill + st.Decode; total > 0 {
 		rs.OutputTokensPerS = float64(st.GeneratedTokens) / total.Seconds()

@@ -1,7 +1,7 @@
 package mainnode
 
 import (
-	"math"
+	"github.com/odmoe/odmoe/internal/quantile"
 	"slices"
 	"time"
 
@@ -227,13 +227,6 @@ func (s *Stats) addLeads(leads []time.Duration) {
 // LeadPercentiles returns the 5th, 50th and 95th percentiles of the
 // leads (nearest rank), zeros if there are none.
 func (s *Stats) LeadPercentiles() (p5, p50, p95 time.Duration) {
-	if len(s.Leads) == 0 {
-		return 0, 0, 0
-	}
-	sorted := slices.Sorted(slices.Values(s.Leads))
-	at := func(p float64) time.Duration {
-		i := int(math.Ceil(p*float64(len(sorted)))) - 1
-		return sorted[max(i, 0)]
-	}
-	return at(0.05), at(0.50), at(0.95)
+	q := quantile.Of(s.Leads, 0.05, 0.50, 0.95)
+	return q[0], q[1], q[2]
 }

@@ -29,6 +29,10 @@ type GenerateStats struct {
 	// last token and those its own samples agreed with: each accepted
 	// guess is a token that took no pass of its own.
 	Drafted, Accepted int
+	// PassTimes are the decode passes' times, each from the pass before
+	// (the prompt's, for the first) to its token: a token's time where no
+	// guess was kept.
+	PassTimes []time.Duration
 }
 
 // ExpertFigures are one sequence's share of a swarm's decode figures,
@@ -111,6 +115,7 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 		return nil, st, err
 	}
 	t1 := time.Now()
+	last := t1
 	for step := 0; step < opt.MaxTokens; step++ {
 		if step > 0 {
 			if s.Len() >= s.m.Config.MaxPositions {
@@ -120,6 +125,9 @@ func Generate(ctx context.Context, s *Session, prompt []int, opt GenerateOptions
 			if logits, err = s.Forward(ctx, out[len(out)-1:]); err != nil {
 				return out, st, err
 			}
+			now := time.Now()
+			st.PassTimes = append(st.PassTimes, now.Sub(last))
+			last = now
 		}
 		id, err := sampler.Sample(logits)
 		if err != nil {

@@ -215,6 +215,7 @@ type member struct {
 	eos      func(id int) bool
 	joined   time.Time // when it asked to join
 	first    time.Time // when its first token came; zero before
+	lastPass time.Time // when its latest pass's token came
 	left     bool      // the loop has finished it
 	done     chan struct{}
 	// the token draw sampled from the latest pass's logits (those after
@@ -529,7 +530,10 @@ func (b *Batcher) loop() {
 					finish(m, nil)
 					continue
 				}
+			} else {
+				m.st.PassTimes = append(m.st.PassTimes, now.Sub(m.lastPass))
 			}
+			m.lastPass = now
 			if m.takeChecked(lens[i]) {
 				finish(m, nil)
 			}

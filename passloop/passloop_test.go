@@ -3,10 +3,12 @@ package passloop_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
@@ -130,7 +132,30 @@ func TestRequestsSharingPassesGetWhatEachGetsAlone(t *testing.T) {
 	alone := rq.alone(t, m)
 	b := passloop.New(m, model.NewResidentExperts(m), passloop.Hooks{})
 	defer b.Close()
-	sameAsAlone(t, alone, rq.together(t, b))
+	together := rq.together(t, b)
+	sameAsAlone(t, alone, together)
+	for i := range alone {
+		for way, g := range map[string]gen{"alone": alone[i], "in the pass loop": together[i]} {
+			checkPassTimes(t, fmt.Sprintf("request %d %s", i, way), g.st)
+		}
+	}
+}
+
+// checkPassTimes fails t unless st has a positive time for each decode
+// pass (a token each but the first) and they add up to no more than the
+// decode's time.
+func checkPassTimes(t *testing.T, what string, st model.GenerateStats) {
+	t.Helper()
+	var sum time.Duration
+	for _, d := range st.PassTimes {
+		if d <= 0 {
+			t.Errorf("%s: a decode pass took %v", what, d)
+		}
+		sum += d
+	}
+	if len(st.PassTimes) != st.GeneratedTokens-1 || sum > st.Decode {
+		t.Errorf("%s: %d pass times adding up to %v for %d tokens decoded in %v: want one a token but the first, within the decode's time", what, len(st.PassTimes), sum, st.GeneratedTokens, st.Decode)
+	}
 }
 
 // TestCheckedGuessesGiveWhatOneTokenAPassGives: on every family, four

@@ -27,6 +27,7 @@ import (
 
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
@@ -194,17 +195,13 @@ type decodeTrace struct {
 // pages and collected garbage gcs times.
 func newDecodeTrace(steps []time.Duration, team kernels.TeamStats, minor, major int64, gcs uint32) decodeTrace {
 	n := float64(len(steps))
-	sorted := slices.Clone(steps)
-	slices.Sort(sorted)
-	at := func(q float64) float64 {
-		return float64(sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]) / 1e6
-	}
+	q := quantile.Of(steps, 0.1, 0.5, 0.9)
 	var wall time.Duration
 	for _, d := range steps {
 		wall += d
 	}
 	tr := decodeTrace{
-		TokenMsP10: at(0.1), TokenMsP50: at(0.5), TokenMsP90: at(0.9),
+		TokenMsP10: float64(q[0]) / 1e6, TokenMsP50: float64(q[1]) / 1e6, TokenMsP90: float64(q[2]) / 1e6,
 		Regions: float64(team.Regions) / n, RegionMs: team.RegionTime.Seconds() * 1e3 / n, BarrierMs: team.BarrierTime.Seconds() * 1e3 / n,
 		SerialMs: (wall - team.RegionTime).Seconds() * 1e3 / n,
 		Wakes:    float64(team.Wakes) / n, Parks: float64(team.Parks) / n, Alone: float64(team.Alone) / n,

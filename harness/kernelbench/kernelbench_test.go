@@ -3,6 +3,9 @@ package kernelbench
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/odmoe/odmoe/kernels"
 )
 
 // TestDecodeScalingCeiling: the ceiling of N threads over one is the
@@ -50,5 +53,23 @@ func TestReportSaysTheFeaturesAndEachProductsRoute(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestDecodeTraceIsATokensShare: ten steps of 1..10 ms, of which the
+// team's regions took 50 ms (4 at the barrier) and the members ran half
+// the chunks, read as a token's: 5 ms in regions, 0.5 outside, p10 1 ms,
+// p90 9 ms (nearest rank), spread 9.
+func TestDecodeTraceIsATokensShare(t *testing.T) {
+	var steps []time.Duration
+	for i := 1; i <= 10; i++ {
+		steps = append(steps, time.Duration(i)*time.Millisecond)
+	}
+	team := kernels.TeamStats{Regions: 30, RegionTime: 50 * time.Millisecond, BarrierTime: 4 * time.Millisecond, Chunks: 8, MemberChunks: 4, Wakes: 10, Parks: 20}
+	tr := newDecodeTrace(steps, team, 5, 0, 1)
+	want := decodeTrace{TokenMsP10: 1, TokenMsP50: 5, TokenMsP90: 9, Spread: 9, Regions: 3, RegionMs: 5, BarrierMs: 0.4, SerialMs: 0.5,
+		MemberShare: 0.5, Wakes: 1, Parks: 2, MinorFaults: 0.5, GCs: 1}
+	if tr != want {
+		t.Errorf("trace %+v, want %+v", tr, want)
 	}
 }
