@@ -1820,3 +1820,309 @@ loop:
 done:
 	VZEROUPPER
 	RET
+DATA expconsts<>+0(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+8(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+16(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+24(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+32(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+40(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+48(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+56(SB)/8, $0x3ff71547652b82fe
+DATA expconsts<>+64(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+72(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+80(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+88(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+96(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+104(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+112(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+120(SB)/8, $0x3fe62e42fee00000
+DATA expconsts<>+128(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+136(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+144(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+152(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+160(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+168(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+176(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+184(SB)/8, $0x3dea39ef35793c76
+DATA expconsts<>+192(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+200(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+208(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+216(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+224(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+232(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+240(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+248(SB)/8, $0x3ec71de3a556c734
+DATA expconsts<>+256(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+264(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+272(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+280(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+288(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+296(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+304(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+312(SB)/8, $0x3efa01a01a01a01a
+DATA expconsts<>+320(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+328(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+336(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+344(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+352(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+360(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+368(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+376(SB)/8, $0x3f2a01a01a01a01a
+DATA expconsts<>+384(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+392(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+400(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+408(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+416(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+424(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+432(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+440(SB)/8, $0x3f56c16c16c16c17
+DATA expconsts<>+448(SB)/8, $0x3f81111111111111
+DATA expconsts<>+456(SB)/8, $0x3f81111111111111
+DATA expconsts<>+464(SB)/8, $0x3f81111111111111
+DATA expconsts<>+472(SB)/8, $0x3f81111111111111
+DATA expconsts<>+480(SB)/8, $0x3f81111111111111
+DATA expconsts<>+488(SB)/8, $0x3f81111111111111
+DATA expconsts<>+496(SB)/8, $0x3f81111111111111
+DATA expconsts<>+504(SB)/8, $0x3f81111111111111
+DATA expconsts<>+512(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+520(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+528(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+536(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+544(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+552(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+560(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+568(SB)/8, $0x3fa5555555555555
+DATA expconsts<>+576(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+584(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+592(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+600(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+608(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+616(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+624(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+632(SB)/8, $0x3fc5555555555555
+DATA expconsts<>+640(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+648(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+656(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+664(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+672(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+680(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+688(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+696(SB)/8, $0x3fe0000000000000
+DATA expconsts<>+704(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+712(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+720(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+728(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+736(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+744(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+752(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+760(SB)/8, $0x3ff0000000000000
+DATA expconsts<>+768(SB)/8, $0x4338000000000000
+DATA expconsts<>+776(SB)/8, $0x4338000000000000
+DATA expconsts<>+784(SB)/8, $0x4338000000000000
+DATA expconsts<>+792(SB)/8, $0x4338000000000000
+DATA expconsts<>+800(SB)/8, $0x4338000000000000
+DATA expconsts<>+808(SB)/8, $0x4338000000000000
+DATA expconsts<>+816(SB)/8, $0x4338000000000000
+DATA expconsts<>+824(SB)/8, $0x4338000000000000
+DATA expconsts<>+832(SB)/4, $0x42b1999a
+DATA expconsts<>+836(SB)/4, $0x42b1999a
+DATA expconsts<>+840(SB)/4, $0x42b1999a
+DATA expconsts<>+844(SB)/4, $0x42b1999a
+DATA expconsts<>+848(SB)/4, $0x42b1999a
+DATA expconsts<>+852(SB)/4, $0x42b1999a
+DATA expconsts<>+856(SB)/4, $0x42b1999a
+DATA expconsts<>+860(SB)/4, $0x42b1999a
+DATA expconsts<>+864(SB)/4, $0xc2d00000
+DATA expconsts<>+868(SB)/4, $0xc2d00000
+DATA expconsts<>+872(SB)/4, $0xc2d00000
+DATA expconsts<>+876(SB)/4, $0xc2d00000
+DATA expconsts<>+880(SB)/4, $0xc2d00000
+DATA expconsts<>+884(SB)/4, $0xc2d00000
+DATA expconsts<>+888(SB)/4, $0xc2d00000
+DATA expconsts<>+892(SB)/4, $0xc2d00000
+DATA expconsts<>+896(SB)/4, $0x7f800000
+DATA expconsts<>+900(SB)/4, $0x7f800000
+DATA expconsts<>+904(SB)/4, $0x7f800000
+DATA expconsts<>+908(SB)/4, $0x7f800000
+DATA expconsts<>+912(SB)/4, $0x7f800000
+DATA expconsts<>+916(SB)/4, $0x7f800000
+DATA expconsts<>+920(SB)/4, $0x7f800000
+DATA expconsts<>+924(SB)/4, $0x7f800000
+DATA expconsts<>+928(SB)/4, $0x80000000
+DATA expconsts<>+932(SB)/4, $0x80000000
+DATA expconsts<>+936(SB)/4, $0x80000000
+DATA expconsts<>+940(SB)/4, $0x80000000
+DATA expconsts<>+944(SB)/4, $0x80000000
+DATA expconsts<>+948(SB)/4, $0x80000000
+DATA expconsts<>+952(SB)/4, $0x80000000
+DATA expconsts<>+956(SB)/4, $0x80000000
+DATA expconsts<>+960(SB)/4, $0x3f800000
+DATA expconsts<>+964(SB)/4, $0x3f800000
+DATA expconsts<>+968(SB)/4, $0x3f800000
+DATA expconsts<>+972(SB)/4, $0x3f800000
+DATA expconsts<>+976(SB)/4, $0x3f800000
+DATA expconsts<>+980(SB)/4, $0x3f800000
+DATA expconsts<>+984(SB)/4, $0x3f800000
+DATA expconsts<>+988(SB)/4, $0x3f800000
+GLOBL expconsts<>(SB), RODATA|NOPTR, $992
+DATA exp1023<>+0(SB)/8, $1023
+DATA exp1023<>+8(SB)/8, $1023
+DATA exp1023<>+16(SB)/8, $1023
+DATA exp1023<>+24(SB)/8, $1023
+DATA exp1023<>+32(SB)/8, $1023
+DATA exp1023<>+40(SB)/8, $1023
+DATA exp1023<>+48(SB)/8, $1023
+DATA exp1023<>+56(SB)/8, $1023
+GLOBL exp1023<>(SB), RODATA|NOPTR, $64
+
+// func expShiftAVX512(x *float32, m float32, n int)
+TEXT ·expShiftAVX512(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), DI
+	VBROADCASTSS m+8(FP), Y9
+	MOVQ n+16(FP), CX
+	VMOVUPD expconsts<>+0(SB), Z16
+	VMOVUPD expconsts<>+64(SB), Z17
+	VMOVUPD expconsts<>+128(SB), Z18
+	VMOVUPD expconsts<>+192(SB), Z19
+	VMOVUPD expconsts<>+256(SB), Z20
+	VMOVUPD expconsts<>+320(SB), Z21
+	VMOVUPD expconsts<>+384(SB), Z22
+	VMOVUPD expconsts<>+448(SB), Z23
+	VMOVUPD expconsts<>+512(SB), Z24
+	VMOVUPD expconsts<>+576(SB), Z25
+	VMOVUPD expconsts<>+640(SB), Z26
+	VMOVUPD expconsts<>+704(SB), Z27
+	VMOVUPD expconsts<>+768(SB), Z28
+	VMOVDQU64 exp1023<>(SB), Z29
+	VXORPS Y8, Y8, Y8
+	XORQ AX, AX
+	TESTQ CX, CX
+	JEQ done
+loop:
+	VMOVUPS (DI)(AX*4), Y0
+	VSUBPS Y9, Y0, Y0
+	VCVTPS2PD Y0, Z1
+	VMULPD Z16, Z1, Z2
+	VRNDSCALEPD $0, Z2, Z2
+	VMULPD Z17, Z2, Z3
+	VSUBPD Z3, Z1, Z3
+	VMULPD Z18, Z2, Z5
+	VSUBPD Z5, Z3, Z3
+	VMOVAPD Z19, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z20, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z21, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z22, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z23, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z24, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z25, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z26, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z27, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z27, Z4, Z4
+	VADDPD Z28, Z2, Z5
+	VPADDQ Z29, Z5, Z5
+	VPSLLQ $52, Z5, Z5
+	VMULPD Z5, Z4, Z4
+	VCVTPD2PS Z4, Y10
+	VMOVUPS expconsts<>+832(SB), Y7
+	VCMPPS $0x1e, Y7, Y0, Y6
+	VBLENDVPS Y6, expconsts<>+896(SB), Y10, Y10
+	VMOVUPS expconsts<>+864(SB), Y7
+	VCMPPS $0x11, Y7, Y0, Y6
+	VBLENDVPS Y6, Y8, Y10, Y10
+	VCMPPS $3, Y0, Y0, Y6
+	VBLENDVPS Y6, Y0, Y10, Y10
+	VMOVUPS Y10, (DI)(AX*4)
+	ADDQ $8, AX
+	CMPQ AX, CX
+	JLT loop
+done:
+	VZEROUPPER
+	RET
+
+// func siluMulAVX512(out, gate, up *float32, n int)
+TEXT ·siluMulAVX512(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), DX
+	MOVQ n+24(FP), CX
+	VMOVUPD expconsts<>+0(SB), Z16
+	VMOVUPD expconsts<>+64(SB), Z17
+	VMOVUPD expconsts<>+128(SB), Z18
+	VMOVUPD expconsts<>+192(SB), Z19
+	VMOVUPD expconsts<>+256(SB), Z20
+	VMOVUPD expconsts<>+320(SB), Z21
+	VMOVUPD expconsts<>+384(SB), Z22
+	VMOVUPD expconsts<>+448(SB), Z23
+	VMOVUPD expconsts<>+512(SB), Z24
+	VMOVUPD expconsts<>+576(SB), Z25
+	VMOVUPD expconsts<>+640(SB), Z26
+	VMOVUPD expconsts<>+704(SB), Z27
+	VMOVUPD expconsts<>+768(SB), Z28
+	VMOVDQU64 exp1023<>(SB), Z29
+	VXORPS Y8, Y8, Y8
+	VMOVUPS expconsts<>+928(SB), Y9
+	VMOVUPS expconsts<>+960(SB), Y12
+	XORQ AX, AX
+	TESTQ CX, CX
+	JEQ done
+loop:
+	VMOVUPS (SI)(AX*4), Y11
+	VXORPS Y9, Y11, Y0
+	VCVTPS2PD Y0, Z1
+	VMULPD Z16, Z1, Z2
+	VRNDSCALEPD $0, Z2, Z2
+	VMULPD Z17, Z2, Z3
+	VSUBPD Z3, Z1, Z3
+	VMULPD Z18, Z2, Z5
+	VSUBPD Z5, Z3, Z3
+	VMOVAPD Z19, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z20, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z21, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z22, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z23, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z24, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z25, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z26, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z27, Z4, Z4
+	VMULPD Z3, Z4, Z4
+	VADDPD Z27, Z4, Z4
+	VADDPD Z28, Z2, Z5
+	VPADDQ Z29, Z5, Z5
+	VPSLLQ $52, Z5, Z5
+	VMULPD Z5, Z4, Z4
+	VCVTPD2PS Z4, Y10
+	VMOVUPS expconsts<>+832(SB), Y7
+	VCMPPS $0x1e, Y7, Y0, Y6
+	VBLENDVPS Y6, expconsts<>+896(SB), Y10, Y10
+	VMOVUPS expconsts<>+864(SB), Y7
+	VCMPPS $0x11, Y7, Y0, Y6
+	VBLENDVPS Y6, Y8, Y10, Y10
+	VCMPPS $3, Y0, Y0, Y6
+	VBLENDVPS Y6, Y0, Y10, Y10
+	VADDPS Y12, Y10, Y10
+	VDIVPS Y10, Y11, Y10
+	VMULPS (DX)(AX*4), Y10, Y10
+	VMOVUPS Y10, (DI)(AX*4)
+	ADDQ $8, AX
+	CMPQ AX, CX
+	JLT loop
+done:
+	VZEROUPPER
+	RET

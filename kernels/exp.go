@@ -66,11 +66,28 @@ func SiLU(x float32) float32 {
 
 // SwiGLU computes out[i] = float32(SiLU(gate[i]) * up[i]), the Mixtral
 // expert activation. out may alias gate or up; it panics if the lengths
-// differ.
+// differ. A long one is split over the thread team (each element is
+// computed alone, so the split changes nothing).
 func SwiGLU(out, gate, up []float32) {
 	if len(gate) != len(out) || len(up) != len(out) {
 		panic("kernels.SwiGLU: length mismatch")
 	}
+	n, p := len(out), cur()
+	if chunks := ParallelChunks(n, n*p.expWork); chunks > 1 {
+		ParallelFor(chunks, n, func(_, i0, i1 int) { p.siluMul(out[i0:i1], gate[i0:i1], up[i0:i1]) })
+		return
+	}
+	p.siluMul(out, gate, up)
+}
+
+// expWorkGo is what an element of SwiGLU or Softmax's exponentials costs
+// in Go, in multiply-adds of a product (ParallelChunks' unit): Exp's
+// float64 polynomial and a division, ~15 ns (212 us for 14336 elements
+// on the Zen 4 VM) against ~0.5 ns a BF16 multiply-add streamed.
+const expWorkGo = 32
+
+// swiGLU is SwiGLU on the calling goroutine, in Go.
+func swiGLU(out, gate, up []float32) {
 	for i, g := range gate[:len(out)] {
 		out[i] = SiLU(g) * up[i]
 	}

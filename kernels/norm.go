@@ -21,6 +21,13 @@ func RMSNorm(out, x, weight []float32, eps float32) {
 	p.scaleMul(out, x, weight, r)
 }
 
+// expShiftGo is Softmax's exponentials: x[i] = Exp(x[i] - m).
+func expShiftGo(x []float32, m float32) {
+	for i, v := range x {
+		x[i] = Exp(v - m)
+	}
+}
+
 // scaleMulGo is RMSNorm's last step: out[i] = weight[i] * float32(x[i]*r).
 func scaleMulGo(out, x, weight []float32, r float32) {
 	x, weight = x[:len(out)], weight[:len(out)]
@@ -58,9 +65,7 @@ func SoftmaxSink(x []float32, sink float32) {
 	if sinks && sink > m {
 		m = sink
 	}
-	for i, v := range x {
-		x[i] = Exp(v - m)
-	}
+	cur().expShift(x, m)
 	s := Sum(x)
 	if sinks {
 		s += Exp(sink - m)

@@ -36,6 +36,14 @@ type path struct {
 	add  func(dst, x []float32)
 	// scaleMul is RMSNorm's last step: out[i] = weight[i] * float32(x[i]*r).
 	scaleMul func(out, x, weight []float32, r float32)
+	// expShift is Softmax's exponentials: x[i] = Exp(x[i] - m); siluMul
+	// SwiGLU's: out[i] = SiLU(gate[i]) * up[i].
+	expShift func(x []float32, m float32)
+	siluMul  func(out, gate, up []float32)
+	// expWork is what an element of them costs, in multiply-adds of a
+	// product (ParallelChunks' unit): where it is worth splitting them
+	// over the thread team.
+	expWork int
 }
 
 // rowKernels compute out[r] = Dot(row r of w, x) for r < len(out), where
@@ -71,6 +79,9 @@ var goPath = &path{
 	axpy:     axpyGo,
 	add:      addGo,
 	scaleMul: scaleMulGo,
+	expShift: expShiftGo,
+	siluMul:  swiGLU,
+	expWork:  expWorkGo,
 }
 
 var active atomic.Pointer[path]

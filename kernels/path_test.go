@@ -373,3 +373,56 @@ func TestMatMulRouteSaysWhichWayMatMulTakes(t *testing.T) {
 		}
 	}
 }
+
+// TestPathsMatchGoExponentials: Softmax's exponentials (Exp(x - m)) and
+// SwiGLU's (SiLU(gate) * up) on every path equal the pure-Go path's bit
+// for bit over a million float32 bit patterns spread over all 2^32 (NaNs
+// of both signs and any payload, infinities, zeros, subnormals), around
+// Exp's thresholds (88.8 above, -104 below) and where its results turn
+// subnormal, at lengths that leave the Go tail a part.
+func TestPathsMatchGoExponentials(t *testing.T) {
+	var xs []float32
+	for b := uint64(0); b < 1<<32; b += 4093 {
+		xs = append(xs, math.Float32frombits(uint32(b)))
+	}
+	for _, edge := range []float32{88.8, -104, -87.33655, -103.27893, 0, 1} {
+		for d := -64; d <= 64; d++ {
+			xs = append(xs, math.Float32frombits(uint32(int32(math.Float32bits(edge))+int32(d))))
+		}
+	}
+	xs = append(xs, 88.72284, 88.72283, -103.972084, -103.97209, float32(math.Inf(1)), float32(math.Inf(-1)))
+	rng := rand.New(rand.NewPCG(107, 108))
+	up := specialVec(rng, len(xs), true)
+	for _, name := range simdPathNames() {
+		for _, n := range []int{len(xs), 1, 7, 9, 31} {
+			x := xs[:n]
+			check := func(what string, f func() []float32) {
+				t.Helper()
+				var want, got []float32
+				withPath(t, "go", func() { want = f() })
+				withPath(t, name, func() { got = f() })
+				if i, ok := sameSlices(got, want); !ok {
+					t.Fatalf("%s %s n=%d: x %v (%#08x): %v (%#08x), go path %v (%#08x)",
+						name, what, n, x[i], math.Float32bits(x[i]), got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+				}
+			}
+			for _, m := range []float32{0, 3.5, -80} {
+				check(fmt.Sprintf("Exp(x - %v)", m), func() []float32 {
+					d := slices.Clone(x)
+					cur().expShift(d, m)
+					return d
+				})
+			}
+			check("SwiGLU", func() []float32 {
+				d := make([]float32, n)
+				cur().siluMul(d, x, up[:n])
+				return d
+			})
+			check("SwiGLU in place", func() []float32 {
+				d := slices.Clone(x)
+				cur().siluMul(d, d, up[:n])
+				return d
+			})
+		}
+	}
+}

@@ -43,6 +43,9 @@ func newSIMDPath(name string, k isa) *path {
 	p.axpy = func(dst []float32, a float32, x []float32) { axpySIMD(k, dst, a, x) }
 	p.add = func(dst, x []float32) { addSIMD(k, dst, x) }
 	p.scaleMul = func(out, x, weight []float32, r float32) { scaleMulSIMD(k, out, x, weight, r) }
+	p.expShift = func(x []float32, m float32) { expShiftSIMD(k, x, m) }
+	p.siluMul = func(out, gate, up []float32) { siluMulSIMD(k, out, gate, up) }
+	p.expWork = expWorkAsm
 	return p
 }
 
@@ -161,6 +164,23 @@ func scaleMulSIMD(k isa, out, x, weight []float32, r float32) {
 	for i := n16; i < len(out); i++ {
 		out[i] = weight[i] * float32(x[i]*r)
 	}
+}
+
+func expShiftSIMD(k isa, x []float32, m float32) {
+	n := len(x) &^ (expStep - 1)
+	if n > 0 {
+		expShiftAsm(k, &x[0], m, n)
+	}
+	expShiftGo(x[n:], m)
+}
+
+func siluMulSIMD(k isa, out, gate, up []float32) {
+	gate, up = gate[:len(out)], up[:len(out)]
+	n := len(out) &^ (expStep - 1)
+	if n > 0 {
+		siluMulAsm(k, &out[0], &gate[0], &up[0], n)
+	}
+	swiGLU(out[n:], gate[n:], up[n:])
 }
 
 // mmTileBytes bounds the float32 weights of one MatMul tile: rows widened

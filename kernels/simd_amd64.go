@@ -163,7 +163,45 @@ func scaleMulAsm(k isa, out, x, weight *float32, r float32, n int) {
 	}
 }
 
+// expStep is the elements the exponential kernels take at a time: 8
+// (AVX-512, a zmm of float64s), a multiple of AVX2's 4.
+const expStep = 8
+
+// expWorkAsm is what an element of the exponential kernels costs, in
+// multiply-adds (path.expWork): SwiGLU of 14336 elements took 19 us on
+// AVX-512 and 47 us on AVX2 (Zen 4 VM), against ~0.5 ns a BF16
+// multiply-add streamed.
+const expWorkAsm = 4
+
+func expShiftAsm(k isa, x *float32, m float32, n int) {
+	if k == isaAVX512 {
+		expShiftAVX512(x, m, n)
+	} else {
+		expShiftAVX2(x, m, n)
+	}
+}
+
+func siluMulAsm(k isa, out, gate, up *float32, n int) {
+	if k == isaAVX512 {
+		siluMulAVX512(out, gate, up, n)
+	} else {
+		siluMulAVX2(out, gate, up, n)
+	}
+}
+
 // Generated kernels; see internal/asmgen for what each computes.
+
+//go:noescape
+func expShiftAVX512(x *float32, m float32, n int)
+
+//go:noescape
+func expShiftAVX2(x *float32, m float32, n int)
+
+//go:noescape
+func siluMulAVX512(out, gate, up *float32, n int)
+
+//go:noescape
+func siluMulAVX2(out, gate, up *float32, n int)
 
 //go:noescape
 func rowsF32AVX512(out *float32, w unsafe.Pointer, x *float32, rows, n16, stride int, lanes bool)

@@ -67,6 +67,18 @@ func scaleMulAsm(_ isa, out, x, weight *float32, r float32, n int) {
 	scaleMulNEON(out, x, weight, r, n)
 }
 
+// expStep: the exponentials have no NEON kernel; Go computes them.
+const expStep = 1
+
+// expWorkAsm: Go's cost (expWorkGo).
+const expWorkAsm = expWorkGo
+
+func expShiftAsm(_ isa, x *float32, m float32, n int) { expShiftGo(unsafe.Slice(x, n), m) }
+
+func siluMulAsm(_ isa, out, gate, up *float32, n int) {
+	swiGLU(unsafe.Slice(out, n), unsafe.Slice(gate, n), unsafe.Slice(up, n))
+}
+
 // Generated kernels; see internal/asmgen for what each computes.
 
 //go:noescape

@@ -10,7 +10,9 @@
 // in whole 16-element blocks; the Go side (simd.go, simd_quant.go) adds a
 // row's tail (cols%16 elements) to the lanes the kernel returns and folds
 // them. x86quant.go and neonquant.go emit the Q8 and NF4 rows and the
-// dequantization of MatMul's Q8 and NF4 tiles.
+// dequantization of MatMul's Q8 and NF4 tiles; x86exp.go the elementwise
+// exponentials (Softmax's, SwiGLU's), Exp's float64 definition lane by
+// lane.
 package main
 
 import (

@@ -55,6 +55,9 @@ func (k x86) all(a *asm) {
 	}
 	k.add(a)
 	k.scaleMul(a)
+	expData(a)
+	k.expShift(a)
+	k.siluMul(a)
 }
 
 // loadW widens part p of the 16-element block of weights at element
