@@ -88,6 +88,20 @@ func BenchmarkMatMul(b *testing.B) {
 	}
 }
 
+// BenchmarkClampedSwiGLU is gpt-oss's activation over its 2880-wide
+// expert (interleaved gate and up pairs), in place as Expert.Forward runs
+// it.
+func BenchmarkClampedSwiGLU(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	gu := randVec(rng, 2*2880)
+	work := make([]float32, len(gu))
+	b.SetBytes(int64(4 * len(gu)))
+	for b.Loop() {
+		copy(work, gu)
+		ClampedSwiGLU(work[:2880], work, 7, 1.702)
+	}
+}
+
 func BenchmarkSwiGLU(b *testing.B) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	gate, up := randVec(rng, 14336), randVec(rng, 14336)

@@ -107,6 +107,11 @@ func ClampedSwiGLU(out, gateUp []float32, limit, alpha float32) {
 	if len(gateUp) != 2*len(out) {
 		panic("kernels.ClampedSwiGLU: length mismatch")
 	}
+	cur().clampedSwiGLU(out, gateUp, limit, alpha)
+}
+
+// clampedSwiGLUGo is ClampedSwiGLU in Go.
+func clampedSwiGLUGo(out, gateUp []float32, limit, alpha float32) {
 	for i := range out {
 		g, u := min(gateUp[2*i], limit), max(min(gateUp[2*i+1], limit), -limit)
 		glu := g / (1 + Exp(-(alpha * g)))

@@ -40,6 +40,8 @@ type path struct {
 	// SwiGLU's: out[i] = SiLU(gate[i]) * up[i].
 	expShift func(x []float32, m float32)
 	siluMul  func(out, gate, up []float32)
+	// clampedSwiGLU is ClampedSwiGLU's (lengths checked).
+	clampedSwiGLU func(out, gateUp []float32, limit, alpha float32)
 	// expWork is what an element of them costs, in multiply-adds of a
 	// product (ParallelChunks' unit): where it is worth splitting them
 	// over the thread team.
@@ -82,6 +84,8 @@ var goPath = &path{
 	expShift: expShiftGo,
 	siluMul:  swiGLU,
 	expWork:  expWorkGo,
+
+	clampedSwiGLU: clampedSwiGLUGo,
 }
 
 var active atomic.Pointer[path]

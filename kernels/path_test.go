@@ -374,8 +374,9 @@ func TestMatMulRouteSaysWhichWayMatMulTakes(t *testing.T) {
 	}
 }
 
-// TestPathsMatchGoExponentials: Softmax's exponentials (Exp(x - m)) and
-// SwiGLU's (SiLU(gate) * up) on every path equal the pure-Go path's bit
+// TestPathsMatchGoExponentials: Softmax's exponentials (Exp(x - m)),
+// SwiGLU's (SiLU(gate) * up) and ClampedSwiGLU's (its clamps' NaNs
+// included) on every path equal the pure-Go path's bit
 // for bit over a million float32 bit patterns spread over all 2^32 (NaNs
 // of both signs and any payload, infinities, zeros, subnormals), around
 // Exp's thresholds (88.8 above, -104 below) and where its results turn
@@ -391,10 +392,19 @@ func TestPathsMatchGoExponentials(t *testing.T) {
 		}
 	}
 	xs = append(xs, 88.72284, 88.72283, -103.972084, -103.97209, float32(math.Inf(1)), float32(math.Inf(-1)))
+	// ClampedSwiGLU's pairs with a NaN in the gate, the up or both, first
+	// (where the assembly, not the Go tail, computes them): a NaN must come
+	// out a NaN (sameBits holds NaNs alike, as the package's definition
+	// does)
+	var pairs []float32
+	for _, pair := range [][2]uint32{{0x7f800123, 0xffc45600}, {0xffc45600, 0x7f800123}, {0x7fc00001, 0x40000000}, {0xc0000000, 0xff800001}} {
+		pairs = append(pairs, math.Float32frombits(pair[0]), math.Float32frombits(pair[1]))
+	}
+	xs = append(pairs, xs...)
 	rng := rand.New(rand.NewPCG(107, 108))
 	up := specialVec(rng, len(xs), true)
 	for _, name := range simdPathNames() {
-		for _, n := range []int{len(xs), 1, 7, 9, 31} {
+		for _, n := range []int{len(xs) &^ 1, 1, 7, 9, 31, 34} {
 			x := xs[:n]
 			check := func(what string, f func() []float32) {
 				t.Helper()
@@ -423,6 +433,21 @@ func TestPathsMatchGoExponentials(t *testing.T) {
 				cur().siluMul(d, d, up[:n])
 				return d
 			})
+			if n%2 == 0 {
+				// pairs of x (gate and up interleaved, NaNs in both)
+				for _, la := range [][2]float32{{7, 1.702}, {1e-3, -3}, {88, 40}} {
+					check(fmt.Sprintf("ClampedSwiGLU(limit %v, alpha %v)", la[0], la[1]), func() []float32 {
+						d := make([]float32, n/2)
+						ClampedSwiGLU(d, x, la[0], la[1])
+						return d
+					})
+					check("ClampedSwiGLU in place", func() []float32 {
+						d := slices.Clone(x)
+						ClampedSwiGLU(d[:n/2], d, la[0], la[1])
+						return d[:n/2]
+					})
+				}
+			}
 		}
 	}
 }

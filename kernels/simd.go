@@ -46,6 +46,7 @@ func newSIMDPath(name string, k isa) *path {
 	p.expShift = func(x []float32, m float32) { expShiftSIMD(k, x, m) }
 	p.siluMul = func(out, gate, up []float32) { siluMulSIMD(k, out, gate, up) }
 	p.expWork = expWorkAsm
+	p.clampedSwiGLU = func(out, gateUp []float32, limit, alpha float32) { clampedSwiGLUSIMD(k, out, gateUp, limit, alpha) }
 	return p
 }
 
@@ -181,6 +182,14 @@ func siluMulSIMD(k isa, out, gate, up []float32) {
 		siluMulAsm(k, &out[0], &gate[0], &up[0], n)
 	}
 	swiGLU(out[n:], gate[n:], up[n:])
+}
+
+func clampedSwiGLUSIMD(k isa, out, gateUp []float32, limit, alpha float32) {
+	n := len(out) &^ (expStep - 1)
+	if n > 0 {
+		clampedSwiGLUAsm(k, &out[0], &gateUp[0], limit, alpha, n)
+	}
+	clampedSwiGLUGo(out[n:], gateUp[2*n:], limit, alpha)
 }
 
 // mmTileBytes bounds the float32 weights of one MatMul tile: rows widened

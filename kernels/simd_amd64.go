@@ -189,7 +189,21 @@ func siluMulAsm(k isa, out, gate, up *float32, n int) {
 	}
 }
 
+func clampedSwiGLUAsm(k isa, out, gateUp *float32, limit, alpha float32, n int) {
+	if k == isaAVX512 {
+		clampedSwiGLUAVX512(out, gateUp, limit, alpha, n)
+	} else {
+		clampedSwiGLUAVX2(out, gateUp, limit, alpha, n)
+	}
+}
+
 // Generated kernels; see internal/asmgen for what each computes.
+
+//go:noescape
+func clampedSwiGLUAVX512(out, gateUp *float32, limit, alpha float32, n int)
+
+//go:noescape
+func clampedSwiGLUAVX2(out, gateUp *float32, limit, alpha float32, n int)
 
 //go:noescape
 func expShiftAVX512(x *float32, m float32, n int)

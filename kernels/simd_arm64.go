@@ -79,6 +79,10 @@ func siluMulAsm(_ isa, out, gate, up *float32, n int) {
 	swiGLU(unsafe.Slice(out, n), unsafe.Slice(gate, n), unsafe.Slice(up, n))
 }
 
+func clampedSwiGLUAsm(_ isa, out, gateUp *float32, limit, alpha float32, n int) {
+	clampedSwiGLUGo(unsafe.Slice(out, n), unsafe.Slice(gateUp, 2*n), limit, alpha)
+}
+
 // Generated kernels; see internal/asmgen for what each computes.
 
 //go:noescape

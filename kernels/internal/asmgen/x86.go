@@ -58,6 +58,7 @@ func (k x86) all(a *asm) {
 	expData(a)
 	k.expShift(a)
 	k.siluMul(a)
+	k.clampedSwiGLU(a)
 }
 
 // loadW widens part p of the 16-element block of weights at element

@@ -230,3 +230,66 @@ func (k x86) siluMul(a *asm) {
 	a.i("VZEROUPPER")
 	a.i("RET")
 }
+
+// clampedSwiGLU emits clampedSwiGLU<ISA>(out, gateUp *float32, limit,
+// alpha float32, n int), gpt-oss's activation on n pairs (a multiple of
+// expStep; g = gateUp[2i], u = gateUp[2i+1]): out[i] = (u' + 1) * (g' /
+// (1 + Exp(-(alpha*g')))) with g' = min(g, limit), u' = max(min(u,
+// limit), -limit), each clamp as Go compiles min and max (two MINSS and
+// an OR, max through the sign flips), so a NaN stays a NaN and -0 and +0
+// order as Go orders them. out may be gateUp: a block's outputs land on
+// pairs already read.
+func (k x86) clampedSwiGLU(a *asm) {
+	name := "clampedSwiGLU" + k.name
+	a.comment("func %s(out, gateUp *float32, limit, alpha float32, n int)", name)
+	a.text(name, 32)
+	a.i("MOVQ out+0(FP), DI")
+	a.i("MOVQ gateUp+8(FP), SI")
+	a.i("VBROADCASTSS limit+16(FP), %s", k.fv(13))
+	a.i("VBROADCASTSS alpha+20(FP), %s", k.fv(14))
+	a.i("MOVQ n+24(FP), CX")
+	k.expRegs(a)
+	a.i("VXORPS %s, %s, %s", k.fv(8), k.fv(8), k.fv(8))
+	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("sign"), k.fv(9))
+	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("onef"), k.fv(12))
+	a.i("XORQ AX, AX")
+	a.i("TESTQ CX, CX")
+	a.i("JEQ done")
+	a.label("loop")
+	half := 4 * k.expStep() // bytes of half a block's pairs
+	a.i("VMOVUPS (SI)(AX*8), %s", k.fv(10))
+	a.i("VMOVUPS %d(SI)(AX*8), %s", half, k.fv(11))
+	// even elements (g) and odd (u), in the same order: on AVX-512 the
+	// 128-bit lanes interleave them, put right after
+	a.i("VSHUFPS $0x88, %s, %s, %s", k.fv(11), k.fv(10), k.fv(15))
+	a.i("VSHUFPS $0xdd, %s, %s, %s", k.fv(11), k.fv(10), k.fv(10))
+	// min(x, limit): a = x < limit ? x : limit; b = a < x ? a : x; a | b
+	clampMin := func(x int) {
+		a.i("VMINPS %s, %s, %s", k.fv(13), k.fv(x), k.fv(6))
+		a.i("VMINPS %s, %s, %s", k.fv(x), k.fv(6), k.fv(7))
+		a.i("VORPS %s, %s, %s", k.fv(6), k.fv(7), k.fv(x))
+	}
+	clampMin(15) // g'
+	clampMin(10) // min(u, limit)
+	// max(y, -limit) = -min(-y, limit), as Go compiles it
+	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(10), k.fv(10))
+	clampMin(10)
+	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(10), k.fv(11)) // u'
+	a.i("VMULPS %s, %s, %s", k.fv(14), k.fv(15), k.fv(0)) // alpha*g'
+	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(0), k.fv(0))   // -(alpha*g')
+	k.exp(a, 0, 10)
+	a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(10), k.fv(10)) // 1 + Exp
+	a.i("VDIVPS %s, %s, %s", k.fv(10), k.fv(15), k.fv(10)) // g' / that
+	a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(11), k.fv(11)) // u' + 1
+	a.i("VMULPS %s, %s, %s", k.fv(10), k.fv(11), k.fv(10)) // (u'+1) * glu
+	if k.parts == 1 {
+		a.i("VPERMPD $0xd8, %s, %s", k.fv(10), k.fv(10)) // pairs 0-1, 4-5, 2-3, 6-7 back in order
+	}
+	a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
+	a.i("ADDQ $%d, AX", k.expStep())
+	a.i("CMPQ AX, CX")
+	a.i("JLT loop")
+	a.label("done")
+	a.i("VZEROUPPER")
+	a.i("RET")
+}
