@@ -80,10 +80,11 @@ func SwiGLU(out, gate, up []float32) {
 	p.siluMul(out, gate, up)
 }
 
-// expWorkGo is what an element of SwiGLU or Softmax's exponentials costs
-// in Go, in multiply-adds of a product (ParallelChunks' unit): Exp's
-// float64 polynomial and a division, ~15 ns (212 us for 14336 elements
-// on the Zen 4 VM) against ~0.5 ns a BF16 multiply-add streamed.
+// expWorkGo is what an element of SwiGLU costs in Go, in ParallelChunks'
+// unit (multiply-adds), as the team sees it worth splitting: an element
+// takes ~15 ns in Go (212 us for 14336 on the Zen 4 VM), so a SwiGLU
+// splits from 2048 elements, ~30 us of work, many times a region's cost
+// (expWorkAsm puts the assembly's split at about as much work).
 const expWorkGo = 32
 
 // swiGLU is SwiGLU on the calling goroutine, in Go.

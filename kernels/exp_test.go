@@ -112,24 +112,26 @@ func TestSiLUWithinFloat64Bound(t *testing.T) {
 }
 
 // TestSwiGLUIsSiLUTimesUp: every element is SiLU(gate)*up, near the
-// float64 formula, in place too; at one thread and at three, where a long
-// one (8192) computed in Go is split over the team.
+// float64 formula, in place too, on every path; at one thread and at
+// three, where a long one (32768) is split over the team.
 func TestSwiGLUIsSiLUTimesUp(t *testing.T) {
 	for _, threads := range []int{1, 3} {
 		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
 			prev := SetThreads(threads)
 			defer SetThreads(prev)
-			if split := ParallelChunks(8192, 8192*cur().expWork) > 1; split != (threads > 1 && cur().expWork == expWorkGo) {
-				t.Fatalf("at %d threads on the %s path a SwiGLU of 8192 splits: %v", threads, Path(), split)
-			}
-			swiGLUIsSiLUTimesUp(t)
+			forEachPath(t, func(t *testing.T) {
+				if split := ParallelChunks(32768, 32768*cur().expWork) > 1; split != (threads > 1) {
+					t.Fatalf("at %d threads a SwiGLU of 32768 splits: %v", threads, split)
+				}
+				swiGLUIsSiLUTimesUp(t)
+			})
 		})
 	}
 }
 
 func swiGLUIsSiLUTimesUp(t *testing.T) {
 	rng := rand.New(rand.NewPCG(35, 36))
-	for _, n := range []int{0, 1, 17, 1000, 8192} {
+	for _, n := range []int{0, 1, 17, 1000, 32768} {
 		gate, up := randVec(rng, n), randVec(rng, n)
 		out := make([]float32, n)
 		SwiGLU(out, gate, up)

@@ -42,9 +42,9 @@ type path struct {
 	siluMul  func(out, gate, up []float32)
 	// clampedSwiGLU is ClampedSwiGLU's (lengths checked).
 	clampedSwiGLU func(out, gateUp []float32, limit, alpha float32)
-	// expWork is what an element of them costs, in multiply-adds of a
-	// product (ParallelChunks' unit): where it is worth splitting them
-	// over the thread team.
+	// expWork is what an element of SwiGLU costs, in ParallelChunks'
+	// unit: where it is worth splitting over the thread team (Softmax's
+	// rows are split by the attention's heads instead).
 	expWork int
 }
 

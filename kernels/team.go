@@ -10,7 +10,7 @@ import (
 // A team is the persistent goroutines that parallel regions (parallelRows)
 // run on: Threads()-1 members beside the calling goroutine. Starting
 // goroutines for every matrix product costs a thread wake-up each time
-// (tens of microseconds in a VM, ~60-90 times a token); a member instead
+// (tens of microseconds in a VM, 56 times a token on small); a member instead
 // spins on the team's generation after a region (spinFor), where the
 // next region of a token finds it, and parks only when none comes.
 //
@@ -48,12 +48,12 @@ type member struct {
 // work between them: norms, RoPE, routing), shorter than a token or a
 // network hop. Local decode on small at two threads (Zen 4 VM,
 // 2026-11-29, bench kernels' trace) ran 56 regions a token; a spin of
-// 6 us (2^14 loads, before) found 21 of them parked, so the caller began
-// each of those alone and its member, woken, ran 38-42% of the chunks;
-// a spin of ~25 us found 6-10 parked, ~100 us one (the next token's
-// first), the members then running 49-50%, and decode gained 7% (63.1 ->
-// 67.3 tok/s, medians of eight interleaved runs). Time, not a count of
-// loads, so that it means the same on every CPU.
+// ~6 us (2^14 loads, before) found 23 of them parked, so the caller
+// began each of those alone and its member, woken, ran 40-41% of the
+// chunks; 100 us finds one parked (the next token's first), the members
+// run 49%, and decode ran 60.7 -> 72.5 tok/s (medians of eight
+// interleaved runs). Time, not a count of loads, so that it means the
+// same on every CPU.
 const spinFor = 100 * time.Microsecond
 
 // spinCheck is how many loads of the generation a member makes between
@@ -115,9 +115,7 @@ func (t *team) serve(m *member) {
 			return
 		}
 		seen = g
-		if n := t.cur.Load().work(); n > 0 && tracing.Load() {
-			teamTrace.memberChunks.Add(n)
-		}
+		t.cur.Load().work()
 	}
 }
 
@@ -134,10 +132,10 @@ func (t *team) await(m *member, seen uint64) (gen uint64, ok bool) {
 			break
 		}
 	}
-	m.parked.Store(true)
 	if tracing.Load() {
-		teamTrace.parks.Add(1)
+		teamTrace.parks.Add(1) // before parked says so, for a reader that waits on it
 	}
+	m.parked.Store(true)
 	if g := t.gen.Load(); g != seen {
 		if m.parked.CompareAndSwap(true, false) {
 			return g, true
@@ -186,7 +184,7 @@ func (t *team) run(rows, chunks int, fn func(c, r0, r1 int)) bool {
 			woke++
 		}
 	}
-	r.work()
+	mine := r.work()
 	var t1 time.Time
 	if traced {
 		t1 = time.Now()
@@ -201,6 +199,7 @@ func (t *team) run(rows, chunks int, fn func(c, r0, r1 int)) bool {
 		t2 := time.Now()
 		teamTrace.regions.Add(1)
 		teamTrace.chunks.Add(r.chunks)
+		teamTrace.memberChunks.Add(r.chunks - mine)
 		teamTrace.wakes.Add(woke)
 		teamTrace.regionNs.Add(int64(t2.Sub(t0)))
 		teamTrace.barrierNs.Add(int64(t2.Sub(t1)))
@@ -240,7 +239,8 @@ var (
 )
 
 // TraceTeam turns the team's counts (ReadTeamStats) on or off. Off, the
-// default, they cost one atomic load a region.
+// default, they cost an atomic load where they would count (a region, a
+// park, a product run alone or on new goroutines).
 func TraceTeam(on bool) { tracing.Store(on) }
 
 // ReadTeamStats returns the counts since the process started, of the

@@ -3,13 +3,13 @@ package mainnode
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/odmoe/odmoe/internal/quantile"
 	"io"
 	"os"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )

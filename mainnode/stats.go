@@ -1,10 +1,10 @@
 package mainnode
 
 import (
-	"github.com/odmoe/odmoe/internal/quantile"
 	"slices"
 	"time"
 
+	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/wire"
 )
 

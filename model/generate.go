@@ -29,9 +29,9 @@ type GenerateStats struct {
 	// last token and those its own samples agreed with: each accepted
 	// guess is a token that took no pass of its own.
 	Drafted, Accepted int
-	// PassTimes are the decode passes' times, each from the pass before
-	// (the prompt's, for the first) to its token: a token's time where no
-	// guess was kept.
+	// PassTimes are the decode passes' times, each from the end of the
+	// pass before (the prompt's, for the first) to its own end: a token's
+	// time where no guess was kept.
 	PassTimes []time.Duration
 }
 

@@ -34,6 +34,7 @@ int main(int argc, char ** argv) {
     cp.n_batch = cp.n_ctx;
     cp.n_threads = cp.n_threads_batch = threads;
     llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) { fprintf(stderr, "cannot make a context for %s\n", argv[1]); return 1; }
 
     std::vector<llama_token> next;
     for (int i = 0; i < n_prompt; i++) next.push_back((i * 7919 + 1) % n_vocab);
