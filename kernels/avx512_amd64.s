@@ -2032,11 +2032,9 @@ loop:
 	VPSLLQ $52, Z5, Z5
 	VMULPD Z5, Z4, Z4
 	VCVTPD2PS Z4, Y10
-	VMOVUPS expconsts<>+832(SB), Y7
-	VCMPPS $0x1e, Y7, Y0, Y6
+	VCMPPS $0x1e, expconsts<>+832(SB), Y0, Y6
 	VBLENDVPS Y6, expconsts<>+896(SB), Y10, Y10
-	VMOVUPS expconsts<>+864(SB), Y7
-	VCMPPS $0x11, Y7, Y0, Y6
+	VCMPPS $0x11, expconsts<>+864(SB), Y0, Y6
 	VBLENDVPS Y6, Y8, Y10, Y10
 	VCMPPS $3, Y0, Y0, Y6
 	VBLENDVPS Y6, Y0, Y10, Y10
@@ -2108,11 +2106,9 @@ loop:
 	VPSLLQ $52, Z5, Z5
 	VMULPD Z5, Z4, Z4
 	VCVTPD2PS Z4, Y10
-	VMOVUPS expconsts<>+832(SB), Y7
-	VCMPPS $0x1e, Y7, Y0, Y6
+	VCMPPS $0x1e, expconsts<>+832(SB), Y0, Y6
 	VBLENDVPS Y6, expconsts<>+896(SB), Y10, Y10
-	VMOVUPS expconsts<>+864(SB), Y7
-	VCMPPS $0x11, Y7, Y0, Y6
+	VCMPPS $0x11, expconsts<>+864(SB), Y0, Y6
 	VBLENDVPS Y6, Y8, Y10, Y10
 	VCMPPS $3, Y0, Y0, Y6
 	VBLENDVPS Y6, Y0, Y10, Y10
@@ -2203,11 +2199,9 @@ loop:
 	VPSLLQ $52, Z5, Z5
 	VMULPD Z5, Z4, Z4
 	VCVTPD2PS Z4, Y10
-	VMOVUPS expconsts<>+832(SB), Y7
-	VCMPPS $0x1e, Y7, Y0, Y6
+	VCMPPS $0x1e, expconsts<>+832(SB), Y0, Y6
 	VBLENDVPS Y6, expconsts<>+896(SB), Y10, Y10
-	VMOVUPS expconsts<>+864(SB), Y7
-	VCMPPS $0x11, Y7, Y0, Y6
+	VCMPPS $0x11, expconsts<>+864(SB), Y0, Y6
 	VBLENDVPS Y6, Y8, Y10, Y10
 	VCMPPS $3, Y0, Y0, Y6
 	VBLENDVPS Y6, Y0, Y10, Y10

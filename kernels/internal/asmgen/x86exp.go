@@ -118,7 +118,7 @@ func (k x86) expRegs(a *asm) {
 // k*ln2hi) - k*ln2lo, the Horner polynomial (each product rounded before
 // its add), times 2^k built in the exponent bits, rounded once to
 // float32; then +Inf above 88.8, 0 below -104 and the input itself where
-// it is NaN. Uses float64 registers 1-5 and float32 registers 6-8 (fv(8)
+// it is NaN. Uses float64 registers 1-5 and float32 register 6 (fv(8)
 // must hold zero); v and dst are below 16.
 func (k x86) exp(a *asm, v, dst int) {
 	d, t, r, p, s := k.dv(1), k.dv(2), k.dv(3), k.dv(4), k.dv(5)
@@ -158,12 +158,10 @@ func (k x86) exp(a *asm, v, dst int) {
 		a.i("VCVTPD2PSY %s, %s", p, k.fv(dst))
 	}
 	// the cases kernels.Exp returns before its polynomial
-	m, lim := k.fv(6), k.fv(7)
-	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("over"), lim)
-	a.i("VCMPPS $0x1e, %s, %s, %s", lim, k.fv(v), m) // v > 88.8 (ordered)
+	m := k.fv(6)
+	a.i("VCMPPS $0x1e, expconsts<>+%d(SB), %s, %s", expOff("over"), k.fv(v), m) // v > 88.8 (ordered)
 	a.i("VBLENDVPS %s, expconsts<>+%d(SB), %s, %s", m, expOff("inf"), k.fv(dst), k.fv(dst))
-	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("under"), lim)
-	a.i("VCMPPS $0x11, %s, %s, %s", lim, k.fv(v), m) // v < -104 (ordered)
+	a.i("VCMPPS $0x11, expconsts<>+%d(SB), %s, %s", expOff("under"), k.fv(v), m) // v < -104 (ordered)
 	a.i("VBLENDVPS %s, %s, %s, %s", m, k.fv(8), k.fv(dst), k.fv(dst))
 	a.i("VCMPPS $3, %s, %s, %s", k.fv(v), k.fv(v), m) // v is NaN
 	a.i("VBLENDVPS %s, %s, %s, %s", m, k.fv(v), k.fv(dst), k.fv(dst))
