@@ -2052,6 +2052,8 @@ TEXT ·siluMulAVX512(SB), NOSPLIT, $0-32
 	MOVQ gate+8(FP), SI
 	MOVQ up+16(FP), DX
 	MOVQ n+24(FP), CX
+	VMOVUPS expconsts<>+928(SB), Y9
+	VMOVUPS expconsts<>+960(SB), Y12
 	VMOVUPD expconsts<>+0(SB), Z16
 	VMOVUPD expconsts<>+64(SB), Z17
 	VMOVUPD expconsts<>+128(SB), Z18
@@ -2067,8 +2069,6 @@ TEXT ·siluMulAVX512(SB), NOSPLIT, $0-32
 	VMOVUPD expconsts<>+768(SB), Z28
 	VMOVDQU64 exp1023<>(SB), Z29
 	VXORPS Y8, Y8, Y8
-	VMOVUPS expconsts<>+928(SB), Y9
-	VMOVUPS expconsts<>+960(SB), Y12
 	XORQ AX, AX
 	TESTQ CX, CX
 	JEQ done
@@ -2130,6 +2130,8 @@ TEXT ·clampedSwiGLUAVX512(SB), NOSPLIT, $0-32
 	VBROADCASTSS limit+16(FP), Y13
 	VBROADCASTSS alpha+20(FP), Y14
 	MOVQ n+24(FP), CX
+	VMOVUPS expconsts<>+928(SB), Y9
+	VMOVUPS expconsts<>+960(SB), Y12
 	VMOVUPD expconsts<>+0(SB), Z16
 	VMOVUPD expconsts<>+64(SB), Z17
 	VMOVUPD expconsts<>+128(SB), Z18
@@ -2145,8 +2147,6 @@ TEXT ·clampedSwiGLUAVX512(SB), NOSPLIT, $0-32
 	VMOVUPD expconsts<>+768(SB), Z28
 	VMOVDQU64 exp1023<>(SB), Z29
 	VXORPS Y8, Y8, Y8
-	VMOVUPS expconsts<>+928(SB), Y9
-	VMOVUPS expconsts<>+960(SB), Y12
 	XORQ AX, AX
 	TESTQ CX, CX
 	JEQ done

@@ -523,14 +523,22 @@ func (k x86) sumLanes(a *asm) {
 // multiple of 16), index AX; body emits the work for part p at byte
 // offset off.
 func (k x86) elementwise(a *asm, body func(p, off int)) {
+	k.loop(a, 16, func() {
+		for p := range k.parts {
+			body(p, 4*k.width*p)
+		}
+	})
+}
+
+// loop emits a kernel's loop over CX elements (a multiple of step), index
+// AX, turn emitting a turn's work, and its return.
+func (k x86) loop(a *asm, step int, turn func()) {
 	a.i("XORQ AX, AX")
 	a.i("TESTQ CX, CX")
 	a.i("JEQ done")
 	a.label("loop")
-	for p := range k.parts {
-		body(p, 4*k.width*p)
-	}
-	a.i("ADDQ $16, AX")
+	turn()
+	a.i("ADDQ $%d, AX", step)
 	a.i("CMPQ AX, CX")
 	a.i("JLT loop")
 	a.label("done")

@@ -88,8 +88,8 @@ func (k x86) dv(i int) string {
 	return fmt.Sprintf("Y%d", i)
 }
 
-// c names constant name as an operand: a register the AVX-512 prologue
-// loaded it into (expRegs), else its place in memory (a ymm's worth).
+// c names constant name as an operand: a register the AVX-512 set-up
+// loaded it into (expLoop), else its place in memory (a ymm's worth).
 func (k x86) c(name string) string {
 	if k.parts == 1 {
 		for i, c := range expF64 {
@@ -101,16 +101,25 @@ func (k x86) c(name string) string {
 	return fmt.Sprintf("expconsts<>+%d(SB)", expOff(name))
 }
 
-// expRegs loads the float64 constants into Z16-Z28 and 1023 into Z29
-// (AVX-512 only: the AVX2 path reads them from memory).
-func (k x86) expRegs(a *asm) {
-	if k.parts != 1 {
-		return
+// expLoop emits an exponential kernel's set-up, what exp needs (the
+// float64 constants in Z16-Z28 and 1023 in Z29 on AVX-512, the AVX2 path
+// reading them from memory; fv(8) zero), then its loop over CX elements,
+// expStep a turn.
+func (k x86) expLoop(a *asm, turn func()) {
+	if k.parts == 1 {
+		for i, c := range expF64 {
+			a.i("VMOVUPD expconsts<>+%d(SB), Z%d", expOff(c.name), 16+i)
+		}
+		a.i("VMOVDQU64 exp1023<>(SB), Z29")
 	}
-	for i, c := range expF64 {
-		a.i("VMOVUPD expconsts<>+%d(SB), Z%d", expOff(c.name), 16+i)
-	}
-	a.i("VMOVDQU64 exp1023<>(SB), Z29")
+	a.i("VXORPS %s, %s, %s", k.fv(8), k.fv(8), k.fv(8))
+	k.loop(a, k.expStep(), turn)
+}
+
+// signAndOne loads the float32 sign mask into fv(9) and 1 into fv(12).
+func (k x86) signAndOne(a *asm) {
+	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("sign"), k.fv(9))
+	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("onef"), k.fv(12))
 }
 
 // exp emits Exp of the float32 lanes of fv(v) into fv(dst), bit for bit
@@ -177,22 +186,12 @@ func (k x86) expShift(a *asm) {
 	a.i("MOVQ x+0(FP), DI")
 	a.i("VBROADCASTSS m+8(FP), %s", k.fv(9))
 	a.i("MOVQ n+16(FP), CX")
-	k.expRegs(a)
-	a.i("VXORPS %s, %s, %s", k.fv(8), k.fv(8), k.fv(8))
-	a.i("XORQ AX, AX")
-	a.i("TESTQ CX, CX")
-	a.i("JEQ done")
-	a.label("loop")
-	a.i("VMOVUPS (DI)(AX*4), %s", k.fv(0))
-	a.i("VSUBPS %s, %s, %s", k.fv(9), k.fv(0), k.fv(0))
-	k.exp(a, 0, 10)
-	a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
-	a.i("ADDQ $%d, AX", k.expStep())
-	a.i("CMPQ AX, CX")
-	a.i("JLT loop")
-	a.label("done")
-	a.i("VZEROUPPER")
-	a.i("RET")
+	k.expLoop(a, func() {
+		a.i("VMOVUPS (DI)(AX*4), %s", k.fv(0))
+		a.i("VSUBPS %s, %s, %s", k.fv(9), k.fv(0), k.fv(0))
+		k.exp(a, 0, 10)
+		a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
+	})
 }
 
 // siluMul emits siluMul<ISA>(out, gate, up *float32, n int): out[i] =
@@ -206,27 +205,16 @@ func (k x86) siluMul(a *asm) {
 	a.i("MOVQ gate+8(FP), SI")
 	a.i("MOVQ up+16(FP), DX")
 	a.i("MOVQ n+24(FP), CX")
-	k.expRegs(a)
-	a.i("VXORPS %s, %s, %s", k.fv(8), k.fv(8), k.fv(8))
-	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("sign"), k.fv(9))
-	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("onef"), k.fv(12))
-	a.i("XORQ AX, AX")
-	a.i("TESTQ CX, CX")
-	a.i("JEQ done")
-	a.label("loop")
-	a.i("VMOVUPS (SI)(AX*4), %s", k.fv(11))              // g
-	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(11), k.fv(0)) // -g
-	k.exp(a, 0, 10)
-	a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(10), k.fv(10)) // 1 + Exp(-g)
-	a.i("VDIVPS %s, %s, %s", k.fv(10), k.fv(11), k.fv(10)) // g / that
-	a.i("VMULPS (DX)(AX*4), %s, %s", k.fv(10), k.fv(10))   // * up
-	a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
-	a.i("ADDQ $%d, AX", k.expStep())
-	a.i("CMPQ AX, CX")
-	a.i("JLT loop")
-	a.label("done")
-	a.i("VZEROUPPER")
-	a.i("RET")
+	k.signAndOne(a)
+	k.expLoop(a, func() {
+		a.i("VMOVUPS (SI)(AX*4), %s", k.fv(11))              // g
+		a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(11), k.fv(0)) // -g
+		k.exp(a, 0, 10)
+		a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(10), k.fv(10)) // 1 + Exp(-g)
+		a.i("VDIVPS %s, %s, %s", k.fv(10), k.fv(11), k.fv(10)) // g / that
+		a.i("VMULPS (DX)(AX*4), %s, %s", k.fv(10), k.fv(10))   // * up
+		a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
+	})
 }
 
 // clampedSwiGLU emits clampedSwiGLU<ISA>(out, gateUp *float32, limit,
@@ -246,48 +234,37 @@ func (k x86) clampedSwiGLU(a *asm) {
 	a.i("VBROADCASTSS limit+16(FP), %s", k.fv(13))
 	a.i("VBROADCASTSS alpha+20(FP), %s", k.fv(14))
 	a.i("MOVQ n+24(FP), CX")
-	k.expRegs(a)
-	a.i("VXORPS %s, %s, %s", k.fv(8), k.fv(8), k.fv(8))
-	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("sign"), k.fv(9))
-	a.i("VMOVUPS expconsts<>+%d(SB), %s", expOff("onef"), k.fv(12))
-	a.i("XORQ AX, AX")
-	a.i("TESTQ CX, CX")
-	a.i("JEQ done")
-	a.label("loop")
+	k.signAndOne(a)
 	half := 4 * k.expStep() // bytes of half a block's pairs
-	a.i("VMOVUPS (SI)(AX*8), %s", k.fv(10))
-	a.i("VMOVUPS %d(SI)(AX*8), %s", half, k.fv(11))
-	// even elements (g) and odd (u), in the same order: on AVX-512 the
-	// 128-bit lanes interleave them, put right after
-	a.i("VSHUFPS $0x88, %s, %s, %s", k.fv(11), k.fv(10), k.fv(15))
-	a.i("VSHUFPS $0xdd, %s, %s, %s", k.fv(11), k.fv(10), k.fv(10))
 	// min(x, limit): a = x < limit ? x : limit; b = a < x ? a : x; a | b
 	clampMin := func(x int) {
 		a.i("VMINPS %s, %s, %s", k.fv(13), k.fv(x), k.fv(6))
 		a.i("VMINPS %s, %s, %s", k.fv(x), k.fv(6), k.fv(7))
 		a.i("VORPS %s, %s, %s", k.fv(6), k.fv(7), k.fv(x))
 	}
-	clampMin(15) // g'
-	clampMin(10) // min(u, limit)
-	// max(y, -limit) = -min(-y, limit), as Go compiles it
-	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(10), k.fv(10))
-	clampMin(10)
-	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(10), k.fv(11)) // u'
-	a.i("VMULPS %s, %s, %s", k.fv(14), k.fv(15), k.fv(0)) // alpha*g'
-	a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(0), k.fv(0))   // -(alpha*g')
-	k.exp(a, 0, 10)
-	a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(10), k.fv(10)) // 1 + Exp
-	a.i("VDIVPS %s, %s, %s", k.fv(10), k.fv(15), k.fv(10)) // g' / that
-	a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(11), k.fv(11)) // u' + 1
-	a.i("VMULPS %s, %s, %s", k.fv(10), k.fv(11), k.fv(10)) // (u'+1) * glu
-	if k.parts == 1 {
-		a.i("VPERMPD $0xd8, %s, %s", k.fv(10), k.fv(10)) // pairs 0-1, 4-5, 2-3, 6-7 back in order
-	}
-	a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
-	a.i("ADDQ $%d, AX", k.expStep())
-	a.i("CMPQ AX, CX")
-	a.i("JLT loop")
-	a.label("done")
-	a.i("VZEROUPPER")
-	a.i("RET")
+	k.expLoop(a, func() {
+		a.i("VMOVUPS (SI)(AX*8), %s", k.fv(10))
+		a.i("VMOVUPS %d(SI)(AX*8), %s", half, k.fv(11))
+		// even elements (g) and odd (u), in the same order: on AVX-512 the
+		// 128-bit lanes interleave them, put right after
+		a.i("VSHUFPS $0x88, %s, %s, %s", k.fv(11), k.fv(10), k.fv(15))
+		a.i("VSHUFPS $0xdd, %s, %s, %s", k.fv(11), k.fv(10), k.fv(10))
+		clampMin(15) // g'
+		clampMin(10) // min(u, limit)
+		// max(y, -limit) = -min(-y, limit), as Go compiles it
+		a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(10), k.fv(10))
+		clampMin(10)
+		a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(10), k.fv(11)) // u'
+		a.i("VMULPS %s, %s, %s", k.fv(14), k.fv(15), k.fv(0)) // alpha*g'
+		a.i("VXORPS %s, %s, %s", k.fv(9), k.fv(0), k.fv(0))   // -(alpha*g')
+		k.exp(a, 0, 10)
+		a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(10), k.fv(10)) // 1 + Exp
+		a.i("VDIVPS %s, %s, %s", k.fv(10), k.fv(15), k.fv(10)) // g' / that
+		a.i("VADDPS %s, %s, %s", k.fv(12), k.fv(11), k.fv(11)) // u' + 1
+		a.i("VMULPS %s, %s, %s", k.fv(10), k.fv(11), k.fv(10)) // (u'+1) * glu
+		if k.parts == 1 {
+			a.i("VPERMPD $0xd8, %s, %s", k.fv(10), k.fv(10)) // pairs 0-1, 4-5, 2-3, 6-7 back in order
+		}
+		a.i("VMOVUPS %s, (DI)(AX*4)", k.fv(10))
+	})
 }
