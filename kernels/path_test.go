@@ -136,6 +136,20 @@ func sameSlices(a, b []float32) (int, bool) {
 	return -1, true
 }
 
+// againstGo runs f on the pure-Go path and on the named one and returns
+// the first result where they differ (sameBits) and the two values there;
+// -1 where none does.
+func againstGo(t *testing.T, name string, f func() []float32) (i int, got, want float32) {
+	t.Helper()
+	var gots, wants []float32
+	withPath(t, "go", func() { wants = f() })
+	withPath(t, name, func() { gots = f() })
+	if i, ok := sameSlices(gots, wants); !ok {
+		return i, gots[i], wants[i]
+	}
+	return -1, 0, 0
+}
+
 // withPath runs f on the named path and restores the previous one.
 func withPath(t *testing.T, name string, f func()) {
 	t.Helper()
@@ -237,12 +251,9 @@ func TestPathsMatchGoVectorKernels(t *testing.T) {
 				s := float32(rng.NormFloat64())
 				check := func(what string, f func() []float32) {
 					t.Helper()
-					var want, got []float32
-					withPath(t, "go", func() { want = f() })
-					withPath(t, name, func() { got = f() })
-					if i, ok := sameSlices(got, want); !ok {
+					if i, got, want := againstGo(t, name, f); i >= 0 {
 						t.Fatalf("%s %s n=%d specials=%v: [%d] = %v (%#08x), go path %v (%#08x)",
-							name, what, n, specials, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+							name, what, n, specials, i, got, math.Float32bits(got), want, math.Float32bits(want))
 					}
 				}
 				check("Dot", func() []float32 { return []float32{Dot(a, b), Dot(b, a), Dot(a, a)} })
@@ -406,29 +417,29 @@ func TestPathsMatchGoExponentials(t *testing.T) {
 	for _, name := range simdPathNames() {
 		for _, n := range []int{len(xs) &^ 1, 1, 7, 9, 31, 34} {
 			x := xs[:n]
-			check := func(what string, f func() []float32) {
+			// check compares f's results on the two paths; result i is
+			// computed from x[stride*i] (and the rest of its pair)
+			check := func(what string, stride int, f func() []float32) {
 				t.Helper()
-				var want, got []float32
-				withPath(t, "go", func() { want = f() })
-				withPath(t, name, func() { got = f() })
-				if i, ok := sameSlices(got, want); !ok {
+				if i, got, want := againstGo(t, name, f); i >= 0 {
+					in := x[stride*i]
 					t.Fatalf("%s %s n=%d: x %v (%#08x): %v (%#08x), go path %v (%#08x)",
-						name, what, n, x[i], math.Float32bits(x[i]), got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+						name, what, n, in, math.Float32bits(in), got, math.Float32bits(got), want, math.Float32bits(want))
 				}
 			}
 			for _, m := range []float32{0, 3.5, -80} {
-				check(fmt.Sprintf("Exp(x - %v)", m), func() []float32 {
+				check(fmt.Sprintf("Exp(x - %v)", m), 1, func() []float32 {
 					d := slices.Clone(x)
 					cur().expShift(d, m)
 					return d
 				})
 			}
-			check("SwiGLU", func() []float32 {
+			check("SwiGLU", 1, func() []float32 {
 				d := make([]float32, n)
 				cur().siluMul(d, x, up[:n])
 				return d
 			})
-			check("SwiGLU in place", func() []float32 {
+			check("SwiGLU in place", 1, func() []float32 {
 				d := slices.Clone(x)
 				cur().siluMul(d, d, up[:n])
 				return d
@@ -436,12 +447,12 @@ func TestPathsMatchGoExponentials(t *testing.T) {
 			if n%2 == 0 {
 				// pairs of x (gate and up interleaved, NaNs in both)
 				for _, la := range [][2]float32{{7, 1.702}, {1e-3, -3}, {88, 40}} {
-					check(fmt.Sprintf("ClampedSwiGLU(limit %v, alpha %v)", la[0], la[1]), func() []float32 {
+					check(fmt.Sprintf("ClampedSwiGLU(limit %v, alpha %v)", la[0], la[1]), 2, func() []float32 {
 						d := make([]float32, n/2)
 						ClampedSwiGLU(d, x, la[0], la[1])
 						return d
 					})
-					check("ClampedSwiGLU in place", func() []float32 {
+					check("ClampedSwiGLU in place", 2, func() []float32 {
 						d := slices.Clone(x)
 						ClampedSwiGLU(d[:n/2], d, la[0], la[1])
 						return d[:n/2]
