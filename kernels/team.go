@@ -208,10 +208,11 @@ func (t *team) run(rows, chunks int, fn func(c, r0, r1 int)) bool {
 }
 
 // TeamStats count what the thread team did while TraceTeam was on: where
-// a parallel product's time goes between its work, the wait for the
-// last chunk, and members asleep.
+// a parallel region's time goes between its work, the wait for the last
+// chunk, and members asleep.
 type TeamStats struct {
-	// Regions are the parallel products run on the team, RegionTime
+	// Regions are the parallel regions run on the team (products,
+	// attention's heads, a split activation), RegionTime
 	// their wall time as their callers saw it, and BarrierTime the part
 	// of it a caller, its own chunks done, waited for members still
 	// computing theirs.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/progress"
-	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/wire"
 )
@@ -75,31 +74,7 @@ type RunStats struct {
 	Drafting *DraftingJSON `json:"drafting,omitempty"`
 	// DecodePassMs is the spread of the decode passes' times (each from
 	// the pass before to its token): absent without a decode pass.
-	DecodePassMs *PassTimesJSON `json:"decode_pass_ms,omitempty"`
-}
-
-// PassTimesJSON are the 10th, 50th and 90th percentiles of a run's
-// decode passes' times (ms), their number, and Spread, P90 over P10: how
-// steady decode ran.
-type PassTimesJSON struct {
-	Passes int     `json:"passes"`
-	P10    float64 `json:"p10"`
-	P50    float64 `json:"p50"`
-	P90    float64 `json:"p90"`
-	Spread float64 `json:"p90_over_p10"`
-}
-
-// passTimesOf makes the spread of passes; nil for none.
-func passTimesOf(passes []time.Duration) *PassTimesJSON {
-	if len(passes) == 0 {
-		return nil
-	}
-	q := quantile.Of(passes, 0.10, 0.50, 0.90)
-	pt := &PassTimesJSON{Passes: len(passes), P10: ms(q[0]), P50: ms(q[1]), P90: ms(q[2])}
-	if q[0] > 0 {
-		pt.Spread = float64(q[2]) / float64(q[0])
-	}
-	return pt
+	DecodePassMs *model.PassSpread `json:"decode_pass_ms,omitempty"`
 }
 
 // DraftingJSON are a run's drafting figures: the guesses its decode
@@ -197,7 +172,7 @@ func runStats(st model.GenerateStats, sw *Stats) RunStats {
 	rs := RunStats{
 		PromptTokens: st.PromptTokens, GeneratedTokens: st.GeneratedTokens, FinishReason: st.FinishReason,
 		TTFTms: ms(st.Prefill), PrefillTokensPerS: st.PrefillTokensPerSec(), DecodeTokensPerS: st.DecodeTokensPerSec(),
-		PeakMemory: map[string]int64{}, DecodePassMs: passTimesOf(st.PassTimes),
+		PeakMemory: map[string]int64{}, DecodePassMs: model.SpreadOf(st.PassTimes),
 	}
 	if total := st.Prefill + st.Decode; total > 0 {
 		rs.OutputTokensPerS = float64(st.GeneratedTokens) / total.Seconds()

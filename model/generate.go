@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/odmoe/odmoe/internal/quantile"
 )
 
 // GenerateStats summarises one generation.
@@ -49,6 +51,32 @@ type ExpertFigures struct {
 	Routed, Predicted               int64
 	Misses, MissesLate, MissesWrong int64
 	AlignToken, AlignKV             int
+}
+
+// PassSpread is how steady a run's decode passes ran: their number, the
+// 10th, 50th and 90th percentiles of their times (ms, nearest rank) and
+// P90 over P10.
+type PassSpread struct {
+	Passes int     `json:"passes"`
+	P10    float64 `json:"p10"`
+	P50    float64 `json:"p50"`
+	P90    float64 `json:"p90"`
+	Spread float64 `json:"p90_over_p10"`
+}
+
+// SpreadOf is the spread of passes' times (GenerateStats.PassTimes); nil
+// for none.
+func SpreadOf(passes []time.Duration) *PassSpread {
+	if len(passes) == 0 {
+		return nil
+	}
+	q := quantile.Of(passes, 0.10, 0.50, 0.90)
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	s := &PassSpread{Passes: len(passes), P10: ms(q[0]), P50: ms(q[1]), P90: ms(q[2])}
+	if q[0] > 0 {
+		s.Spread = float64(q[2]) / float64(q[0])
+	}
+	return s
 }
 
 // Recall is Predicted over Routed, 0 when nothing was scored.

@@ -27,7 +27,6 @@ import (
 
 	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/internal/progress"
-	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
@@ -159,16 +158,12 @@ type decodeResult struct {
 	Trace map[string]decodeTrace `json:"trace"`
 }
 
-// decodeTrace is one decode run's steps and the thread team's counts
-// (kernels.TeamStats), a token's each.
+// decodeTrace is one decode run's passes (a token each) and the thread
+// team's counts (kernels.TeamStats), a token's each.
 type decodeTrace struct {
-	// TokenMs are the steps' times: 10th, 50th and 90th percentiles;
-	// Spread is P90 over P10.
-	TokenMsP10 float64 `json:"token_ms_p10"`
-	TokenMsP50 float64 `json:"token_ms_p50"`
-	TokenMsP90 float64 `json:"token_ms_p90"`
-	Spread     float64 `json:"spread"`
-	// Regions are the parallel products on the team; RegionMs their
+	// Passes is the spread of the passes' times.
+	Passes model.PassSpread `json:"decode_pass_ms"`
+	// Regions are the parallel regions run on the team; RegionMs their
 	// time, BarrierMs the part of it the caller waited for the members'
 	// last chunks, SerialMs the step's time outside them (on one thread:
 	// all of it).
@@ -190,25 +185,23 @@ type decodeTrace struct {
 	GCs         uint32  `json:"gcs"`
 }
 
-// newDecodeTrace makes the trace of a run of steps (each step's time)
-// over which the team counted team, the process faulted minor and major
-// pages and collected garbage gcs times.
-func newDecodeTrace(steps []time.Duration, team kernels.TeamStats, minor, major int64, gcs uint32) decodeTrace {
-	n := float64(len(steps))
-	q := quantile.Of(steps, 0.1, 0.5, 0.9)
+// newDecodeTrace makes the trace of a run of decode passes (each one's
+// time) over which the team counted team, the process faulted minor and
+// major pages and collected garbage gcs times.
+func newDecodeTrace(passes []time.Duration, team kernels.TeamStats, minor, major int64, gcs uint32) decodeTrace {
+	n := float64(len(passes))
 	var wall time.Duration
-	for _, d := range steps {
+	for _, d := range passes {
 		wall += d
 	}
 	tr := decodeTrace{
-		TokenMsP10: float64(q[0]) / 1e6, TokenMsP50: float64(q[1]) / 1e6, TokenMsP90: float64(q[2]) / 1e6,
 		Regions: float64(team.Regions) / n, RegionMs: team.RegionTime.Seconds() * 1e3 / n, BarrierMs: team.BarrierTime.Seconds() * 1e3 / n,
 		SerialMs: (wall - team.RegionTime).Seconds() * 1e3 / n,
 		Wakes:    float64(team.Wakes) / n, Parks: float64(team.Parks) / n, Alone: float64(team.Alone) / n,
 		MinorFaults: float64(minor) / n, MajorFaults: float64(major) / n, GCs: gcs,
 	}
-	if tr.TokenMsP10 > 0 {
-		tr.Spread = tr.TokenMsP90 / tr.TokenMsP10
+	if spread := model.SpreadOf(passes); spread != nil {
+		tr.Passes = *spread
 	}
 	if team.Chunks > 0 {
 		tr.MemberShare = float64(team.MemberChunks) / float64(team.Chunks)
@@ -732,7 +725,7 @@ func PrintReport(w io.Writer, r *Report) {
 				continue
 			}
 			fmt.Fprintf(tw, "  %s\t%.2f/%.2f/%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\t%.1f\t%.1f\t%.1f\t%.1f/%.1f\t%d\n",
-				k, t.TokenMsP10, t.TokenMsP50, t.TokenMsP90, t.Spread, t.Regions, t.RegionMs, t.BarrierMs, t.SerialMs, 100*t.MemberShare, t.Wakes, t.Parks, t.Alone, t.MinorFaults, t.MajorFaults, t.GCs)
+				k, t.Passes.P10, t.Passes.P50, t.Passes.P90, t.Passes.Spread, t.Regions, t.RegionMs, t.BarrierMs, t.SerialMs, 100*t.MemberShare, t.Wakes, t.Parks, t.Alone, t.MinorFaults, t.MajorFaults, t.GCs)
 		}
 		tw.Flush()
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model"
 )
 
 // TestDecodeScalingCeiling: the ceiling of N threads over one is the
@@ -67,7 +68,7 @@ func TestDecodeTraceIsATokensShare(t *testing.T) {
 	}
 	team := kernels.TeamStats{Regions: 30, RegionTime: 50 * time.Millisecond, BarrierTime: 4 * time.Millisecond, Chunks: 8, MemberChunks: 4, Wakes: 10, Parks: 20}
 	tr := newDecodeTrace(steps, team, 5, 0, 1)
-	want := decodeTrace{TokenMsP10: 1, TokenMsP50: 5, TokenMsP90: 9, Spread: 9, Regions: 3, RegionMs: 5, BarrierMs: 0.4, SerialMs: 0.5,
+	want := decodeTrace{Passes: model.PassSpread{Passes: 10, P10: 1, P50: 5, P90: 9, Spread: 9}, Regions: 3, RegionMs: 5, BarrierMs: 0.4, SerialMs: 0.5,
 		MemberShare: 0.5, Wakes: 1, Parks: 2, MinorFaults: 0.5, GCs: 1}
 	if tr != want {
 		t.Errorf("trace %+v, want %+v", tr, want)

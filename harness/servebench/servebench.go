@@ -30,6 +30,7 @@ import (
 	"github.com/odmoe/odmoe/harness/procswarm"
 	"github.com/odmoe/odmoe/internal/cpuset"
 	"github.com/odmoe/odmoe/internal/progress"
+	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/model/synth"
@@ -232,13 +233,12 @@ func quantilesOf(ms []float64) Quantiles {
 	if len(ms) == 0 {
 		return Quantiles{}
 	}
-	s := slices.Sorted(slices.Values(ms))
-	rank := func(p float64) float64 { return s[max(0, int(math.Ceil(p*float64(len(s))))-1)] }
+	q := quantile.Of(ms, 0.50, 0.99)
 	var sum float64
-	for _, v := range s {
+	for _, v := range ms {
 		sum += v
 	}
-	return Quantiles{P50: rank(0.50), P99: rank(0.99), Mean: sum / float64(len(s)), N: len(s)}
+	return Quantiles{P50: q[0], P99: q[1], Mean: sum / float64(len(ms)), N: len(ms)}
 }
 
 // Options are `odmoe bench serve`'s settings.
