@@ -220,7 +220,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 				return err
 			}
 			buf := make([]byte, c.Ref.Size)
-			if _, err := b.f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
+			if alreadyThere(b.f, buf, c.Ref.Offset, c.Check) {
 				kept.Add(int64(c.Ref.Size))
 				progress(c.Ref.Size)
 				return nil

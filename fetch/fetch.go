@@ -154,7 +154,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 				return err
 			}
 			buf := make([]byte, c.Ref.Size)
-			if _, err := f.ReadAt(buf, c.Ref.Offset); err == nil && c.Check(buf) == nil {
+			if alreadyThere(f, buf, c.Ref.Offset, c.Check) {
 				kept.Add(int64(c.Ref.Size))
 			} else {
 				if err := pace.wait(gctx, c.Ref.Size); err != nil {

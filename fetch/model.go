@@ -273,7 +273,7 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 				return err
 			}
 			buf := make([]byte, p.size)
-			if _, err := p.file.ReadAt(buf, p.at); err == nil && checkDigest(buf, p.digest) == nil {
+			if alreadyThere(p.file, buf, p.at, func(b []byte) error { return checkDigest(b, p.digest) }) {
 				keptBytes.Add(p.size)
 				progress(p.size)
 				return nil
