@@ -167,6 +167,7 @@ func (b *binder) mxfp4(name string, n, rows, cols int) func(e int) kernels.Matri
 		return nil
 	}
 	*b.bytes += int64(len(blocks) + len(scales))
+	blocks, scales = b.keep(blocks), b.keep(scales)
 	cb, sb := rows*cols/2, rows*cols/32
 	return func(e int) kernels.Matrix {
 		return kernels.Matrix{DType: kernels.MXFP4, Rows: rows, Cols: cols,
@@ -189,6 +190,7 @@ func (b *binder) tensor(name string, shape ...int) safetensors.Tensor {
 		return safetensors.Tensor{}
 	}
 	*b.bytes += int64(len(t.Data))
+	t.Data = b.keep(t.Data)
 	return t
 }
 

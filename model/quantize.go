@@ -117,9 +117,10 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		wg.Go(func() {
 			for j := range next {
 				qm, err := kernels.Quantize(j.dt, j.src)
-				if m.set != nil && !j.derived {
+				if m.set != nil && m.inMemory == nil && !j.derived {
 					// done with these source bytes: quantizing a whole model
-					// then holds about its copy, not the checkpoint too
+					// then holds about its copy, not the checkpoint too (a
+					// copy in memory is the model's own, dropped at Close)
 					release(j.src.Data)
 					release(j.src.Scales)
 				}

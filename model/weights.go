@@ -1,8 +1,11 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/odmoe/odmoe/internal/anonmem"
+	"github.com/odmoe/odmoe/internal/procmem"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model/safetensors"
 )
@@ -27,6 +30,13 @@ type Model struct {
 	remote LayerRunner
 	// bytes held by the bound matrices, split by role
 	nonExpertBytes, expertBytes int64
+	// inMemory holds the weights' copies (LoadOptions.Weights); nil
+	// where they are the checkpoint's mapping
+	inMemory *anonmem.Arena
+	// copyable is the bytes of the weights LoadOptions.Weights copies:
+	// every one bound as it is (not the norms' vectors, made float32 at
+	// load), but an embedding that is not the head
+	copyable int64
 }
 
 // Expert is one feed-forward network: a SwiGLU, Down(silu(Gate x) *
@@ -119,6 +129,73 @@ type LoadOptions struct {
 	// count footprints with (package plan, on a checkpoint of shapes
 	// only), never to run.
 	Shapes bool
+	// Weights says where the bound weights live: the checkpoint's
+	// mapping (WeightsMapped, the default), or copies in memory of the
+	// process's own (WeightsInMemory; WeightsAuto where they fit). The
+	// token embedding stays mapped unless it is also the output head: a
+	// token reads one of its rows.
+	Weights Weights
+	// Check, if set, is given the model bound (its weights mapped)
+	// before they are copied into memory: an error ends the load (a
+	// node's budget, checked before it takes the memory).
+	Check func(*Model) error
+	// Progress, if set, is told the bytes copied into memory so far and
+	// their total.
+	Progress func(done, total int64)
+}
+
+// Weights is where a model's bound weights live (LoadOptions.Weights).
+type Weights int
+
+const (
+	// WeightsMapped leaves them in the checkpoint's mapping: the page
+	// cache's pages, which stream as fast as memory of the process's own
+	// only where the file is cached in large folios (read in order); read
+	// a piece at a time, it decoded ~25% slower on the Zen 4 VM
+	// (docs/benchmarks/2026-11-29.md).
+	WeightsMapped Weights = iota
+	// WeightsInMemory copies them into memory of the process's own
+	// (package anonmem), which the kernel cannot page out: a node must
+	// have the room.
+	WeightsInMemory
+	// WeightsAuto copies them where the platform allows and they take
+	// at most three quarters of the memory the kernel says is available
+	// (procmem.Available), and maps them otherwise.
+	WeightsAuto
+)
+
+// ParseWeights reads -weights: mapped, memory or auto.
+func ParseWeights(s string) (Weights, error) {
+	for w := WeightsMapped; w <= WeightsAuto; w++ {
+		if w.String() == s {
+			return w, nil
+		}
+	}
+	return 0, fmt.Errorf("weights %q: want mapped, memory or auto", s)
+}
+
+func (w Weights) String() string {
+	switch w {
+	case WeightsMapped:
+		return "mapped"
+	case WeightsInMemory:
+		return "memory"
+	case WeightsAuto:
+		return "auto"
+	}
+	return fmt.Sprintf("Weights(%d)", int(w))
+}
+
+// inMemory reports whether w copies weights of n bytes into memory.
+func (w Weights) inMemory(n int64) bool {
+	switch w {
+	case WeightsInMemory:
+		return true
+	case WeightsAuto:
+		avail := procmem.Available()
+		return anonmem.Supported && avail > 0 && n <= avail/4*3
+	}
+	return false
 }
 
 // Load binds the checkpoint in dir (config.json plus safetensors, single or
@@ -148,6 +225,9 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	m := &Model{Config: cfg, arch: architectures[cfg.Architecture], set: set, held: AllLayers(cfg.NumLayers)}
+	if opt.Shapes {
+		opt.Weights = WeightsMapped // a checkpoint of shapes has no bytes to copy
+	}
 	if opt.Layers != nil {
 		if *opt.Layers == NoLayers && !opt.Head {
 			set.Close()
@@ -159,11 +239,55 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 		}
 		m.held = *opt.Layers
 	}
-	if err := m.bind(opt); err != nil {
+	if err := m.bind(opt, nil); err != nil {
 		set.Close()
 		return nil, fmt.Errorf("model: %s: %w", dir, err)
 	}
-	return m, nil
+	if opt.Check != nil {
+		if err := opt.Check(m); err != nil {
+			set.Close()
+			return nil, err
+		}
+	}
+	if !opt.Weights.inMemory(m.copyable) {
+		return m, nil
+	}
+	// bound again, each weight copied as it is: the first binding's
+	// slices of the mapping are dropped with it
+	own := &copier{set: set, arena: &anonmem.Arena{}, total: m.copyable, progress: opt.Progress}
+	mem := &Model{Config: m.Config, arch: m.arch, set: set, held: m.held, inMemory: own.arena}
+	if err := mem.bind(opt, own); err != nil {
+		own.arena.Close()
+		set.Close()
+		return nil, fmt.Errorf("model: %s: %w", dir, err)
+	}
+	return mem, nil
+}
+
+// copier copies weights into an arena as a binder binds them
+// (LoadOptions.Weights), read from the checkpoint's files: nothing of the
+// mapping is faulted in, so a load holds the copies, not the file's
+// pages too.
+type copier struct {
+	set         *safetensors.Set
+	arena       *anonmem.Arena
+	done, total int64
+	progress    func(done, total int64)
+}
+
+func (c *copier) copy(b []byte) ([]byte, error) {
+	mem, err := c.arena.Alloc(len(b))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.set.ReadInto(mem, b); err != nil {
+		return nil, err
+	}
+	c.done += int64(len(b))
+	if c.progress != nil {
+		c.progress(c.done, c.total)
+	}
+	return mem, nil
 }
 
 // binder collects the first error so bind reads as a list of tensors.
@@ -173,6 +297,31 @@ type binder struct {
 	bytes  *int64
 	fp8    bool // the config's quantization_config is fp8
 	shapes bool // LoadOptions.Shapes
+	// own, if set, copies every weight bound into memory of the
+	// process's own (LoadOptions.Weights), but while mapped is set (the
+	// token embedding, unless it is the head); copyable counts what it
+	// copies, or would
+	own      *copier
+	mapped   bool
+	copyable *int64
+}
+
+// keep is the bytes a weight binds to: data, the checkpoint's, or their
+// copy (own).
+func (b *binder) keep(data []byte) []byte {
+	if b.err != nil || len(data) == 0 || b.mapped {
+		return data
+	}
+	*b.copyable += int64(len(data))
+	if b.own == nil {
+		return data
+	}
+	mem, err := b.own.copy(data)
+	if err != nil {
+		b.err = err
+		return nil
+	}
+	return mem
 }
 
 func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
@@ -189,6 +338,7 @@ func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
 	}
 	m, _ := t.Matrix()
 	*b.bytes += int64(len(t.Data))
+	m.Data = b.keep(m.Data)
 	return m
 }
 
@@ -211,7 +361,7 @@ func (b *binder) f8(name string, rows, cols int) kernels.Matrix {
 		return kernels.Matrix{}
 	}
 	*b.bytes += int64(len(codes) + len(scales))
-	return kernels.Matrix{DType: kernels.F8E4M3, Rows: rows, Cols: cols, Data: codes, Scales: scales}
+	return kernels.Matrix{DType: kernels.F8E4M3, Rows: rows, Cols: cols, Data: b.keep(codes), Scales: b.keep(scales)}
 }
 
 func (b *binder) vector(name string, n int) []float32 {
@@ -229,14 +379,17 @@ func (b *binder) vector(name string, n int) []float32 {
 	return v
 }
 
-func (m *Model) bind(opt LoadOptions) error {
+// bind binds the weights opt says, copied by own where it is set.
+func (m *Model) bind(opt LoadOptions, own *copier) error {
 	c, arch := m.Config, m.arch
 	h := c.HiddenSize
 	fp8 := c.Quantization == "fp8"
-	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8, shapes: opt.Shapes}
+	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8, shapes: opt.Shapes, own: own, copyable: &m.copyable}
 	first, last := m.held.First == 0, (m.held.End == c.NumLayers || opt.Head) && !opt.SkipHead
 	if first || last && c.TieEmbeddings {
+		b.mapped = !c.TieEmbeddings // a token reads one row of it
 		m.Embed = b.matrix(arch.embed, c.VocabSize, h)
+		b.mapped = false
 	}
 	if last {
 		m.FinalNorm = b.vector(arch.finalNorm, h)
@@ -256,7 +409,7 @@ func (m *Model) bind(opt LoadOptions) error {
 	if opt.SkipExperts || b.err != nil {
 		return b.err
 	}
-	eb := &binder{set: m.set, bytes: &m.expertBytes, fp8: fp8, shapes: opt.Shapes}
+	eb := &binder{set: m.set, bytes: &m.expertBytes, fp8: fp8, shapes: opt.Shapes, own: own, copyable: &m.copyable}
 	for _, l := range c.ExpertLayers() {
 		if !m.held.Contains(l) {
 			continue
@@ -326,5 +479,18 @@ func (m *Model) Close() error {
 	if m.set == nil { // a quantized copy owns its memory
 		return nil
 	}
-	return m.set.Close()
+	err := m.set.Close()
+	if m.inMemory != nil {
+		err = errors.Join(err, m.inMemory.Close())
+	}
+	return err
+}
+
+// WeightsInMemory is the bytes of weights copied into memory of the
+// process's own (LoadOptions.Weights): 0 where they are mapped.
+func (m *Model) WeightsInMemory() int64 {
+	if m.inMemory == nil {
+		return 0
+	}
+	return m.inMemory.Held()
 }

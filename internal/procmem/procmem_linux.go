@@ -26,12 +26,21 @@ func PeakRSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmHWM:") }
 // RSSOf is process pid's resident set size now in bytes (0 if unknown).
 func RSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmRSS:") }
 
+// Available is the memory the kernel says could be given to new work
+// without swapping, page cache it would drop included, in bytes (0 if
+// unknown): MemAvailable of /proc/meminfo.
+func Available() int64 { return fieldOf("/proc/meminfo", "MemAvailable:") }
+
 // status reads a field of /proc/self/status given in kB, in bytes.
 func status(field string) int64 { return statusOf("self", field) }
 
 // statusOf reads a field of /proc/PID/status given in kB, in bytes.
-func statusOf(pid, field string) int64 {
-	b, err := os.ReadFile("/proc/" + pid + "/status")
+func statusOf(pid, field string) int64 { return fieldOf("/proc/"+pid+"/status", field) }
+
+// fieldOf reads a field given in kB of a /proc file of such lines, in
+// bytes.
+func fieldOf(path, field string) int64 {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}

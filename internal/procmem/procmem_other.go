@@ -7,6 +7,9 @@ import "time"
 // PeakRSS is unknown on this platform: 0.
 func PeakRSS() int64 { return 0 }
 
+// Available is unknown on this platform: 0.
+func Available() int64 { return 0 }
+
 // RSS is unknown on this platform: 0.
 func RSS() int64 { return 0 }
 

@@ -66,3 +66,11 @@ func TestCPUTimeCountsBusyThreads(t *testing.T) {
 		t.Fatalf("/proc/PID/stat: CPU time grew by %v while getrusage saw %v", got-beforeOf, CPUTime()-before)
 	}
 }
+
+// Available is what /proc/meminfo says, within the machine's total.
+func TestAvailableIsWithinTheMachinesMemory(t *testing.T) {
+	avail, total := Available(), fieldOf("/proc/meminfo", "MemTotal:")
+	if avail <= 0 || total <= 0 || avail > total {
+		t.Fatalf("MemAvailable %d bytes, MemTotal %d", avail, total)
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"sync"
+	"unsafe"
 
 	"github.com/odmoe/odmoe/kernels"
 )
@@ -71,7 +73,9 @@ func elements(shape []int) int {
 type File struct {
 	path     string
 	data     []byte // the whole mapping
-	dataOff  int64  // start of the data section
+	mu       sync.Mutex
+	reader   *os.File // opened by the first readAt
+	dataOff  int64    // start of the data section
 	infos    map[string]Info
 	metadata map[string]string
 }
@@ -204,9 +208,44 @@ func (f *File) Tensor(name string) (Tensor, error) {
 	return Tensor{Name: name, DType: dt, Shape: slices.Clone(info.Shape), Data: f.data[lo:hi:hi]}, nil
 }
 
+// offsetOf is where in the file b, a piece of its mapping, lies.
+func (f *File) offsetOf(b []byte) (int64, bool) {
+	if len(f.data) == 0 || len(b) == 0 {
+		return 0, false
+	}
+	base, p := uintptr(unsafe.Pointer(unsafe.SliceData(f.data))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	if p < base || p+uintptr(len(b)) > base+uintptr(len(f.data)) {
+		return 0, false
+	}
+	return int64(p - base), true
+}
+
+// readAt reads len(dst) bytes of the file at off.
+func (f *File) readAt(dst []byte, off int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reader == nil {
+		r, err := os.Open(f.path)
+		if err != nil {
+			return fmt.Errorf("safetensors: %w", err)
+		}
+		f.reader = r
+	}
+	if _, err := f.reader.ReadAt(dst, off); err != nil {
+		return fmt.Errorf("safetensors: %s: %d bytes at %d: %w", f.path, len(dst), off, err)
+	}
+	return nil
+}
+
 // Close unmaps the file; Tensors obtained from it must not be used after.
 func (f *File) Close() error {
 	d := f.data
 	f.data = nil
-	return unmap(d)
+	f.mu.Lock()
+	var err error
+	if f.reader != nil {
+		err, f.reader = f.reader.Close(), nil
+	}
+	f.mu.Unlock()
+	return errors.Join(unmap(d), err)
 }

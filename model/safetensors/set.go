@@ -162,6 +162,25 @@ func (s *Set) Bytes(names ...string) int64 {
 	return n
 }
 
+// ReadInto fills dst with the bytes of src, a piece of one of the set's
+// mappings (a Tensor's Data, or part of it), reading them from its file:
+// nothing of src is mapped in (a copy of a weight that does not leave
+// the file's pages in the process's resident set).
+func (s *Set) ReadInto(dst, src []byte) error {
+	if len(dst) != len(src) {
+		return fmt.Errorf("safetensors: reading %d bytes into %d", len(src), len(dst))
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	for _, f := range s.files {
+		if off, ok := f.offsetOf(src); ok {
+			return f.readAt(dst, off)
+		}
+	}
+	return fmt.Errorf("safetensors: %d bytes that are none of the checkpoint's", len(src))
+}
+
 // Close unmaps every shard.
 func (s *Set) Close() error {
 	var errs []error

@@ -1,0 +1,58 @@
+package anonmem
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// Allocations come zero, do not overlap (each holds what was written
+// to it after all were made), start 64-byte aligned, the big ones at a
+// huge page; Close ends the arena.
+func TestAllocationsHoldTheirBytesApart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var a Arena
+	var srcs, dsts [][]byte
+	for _, n := range []int{1, 63, 64, 4096, 100000, chunk / 4, 3 << 20, chunk - 5, 17, 0, 2 << 20, 31 << 20} {
+		src := make([]byte, n)
+		for i := range src {
+			src[i] = byte(rng.Uint32())
+		}
+		dst, err := a.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(dst, func(b byte) bool { return b != 0 }) {
+			t.Fatalf("%d bytes allocated are not zero", n)
+		}
+		copy(dst, src)
+		if len(dst) != n || cap(dst) != n {
+			t.Fatalf("a copy of %d bytes has len %d, cap %d", n, len(dst), cap(dst))
+		}
+		if n > 0 && addr(dst)%64 != 0 {
+			t.Fatalf("a copy of %d bytes starts at %#x, not 64-byte aligned", n, addr(dst))
+		}
+		if n >= chunk/4 && addr(dst)%align != 0 {
+			t.Fatalf("a copy of %d bytes starts at %#x, not at a huge page", n, addr(dst))
+		}
+		srcs, dsts = append(srcs, src), append(dsts, dst)
+	}
+	var total int64
+	for i, d := range dsts { // written after every copy: an overlap shows here
+		if !bytes.Equal(d, srcs[i]) {
+			t.Fatalf("copy %d (%d bytes) does not hold its source's bytes", i, len(d))
+		}
+		total += int64(len(d))
+	}
+	if a.Held() != total {
+		t.Errorf("Held %d, want %d", a.Held(), total)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Alloc(1); !errors.Is(err, ErrClosed) {
+		t.Errorf("Alloc after Close: %v, want ErrClosed", err)
+	}
+}

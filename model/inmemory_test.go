@@ -1,0 +1,59 @@
+package model
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// A model whose weights are copied into memory of its own decodes bit
+// for bit as the mapped one, every family; every weight but the token
+// embedding (unless it is the head) is copied, and what a Check refuses
+// is never copied.
+func TestWeightsInMemoryDecodeAsTheMapping(t *testing.T) {
+	prompts := [][]int{{1, 5, 9, 2}, {3}}
+	eachFamilyIn(t, 11, func(t *testing.T, dir string, mapped *Model) {
+		want := aloneLogits(t, mapped, prompts, 4)
+		var copied, total int64
+		mem, err := Load(dir, LoadOptions{Weights: WeightsInMemory, Progress: func(done, all int64) { copied, total = done, all }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mem.Close()
+		if got := aloneLogits(t, mem, prompts, 4); !slices.EqualFunc(got, want, func(a, b [][]float32) bool {
+			return slices.EqualFunc(a, b, func(x, y []float32) bool { return slices.Equal(x, y) })
+		}) {
+			t.Fatal("logits differ between the weights in memory and mapped")
+		}
+		held := mem.NonExpertBytes() + mem.ExpertBytes()
+		embed := int64(0)
+		if mem.Embed.Bytes() > 0 && (len(mem.LMHead.Data) == 0 || &mem.Embed.Data[0] != &mem.LMHead.Data[0]) {
+			embed = int64(mem.Embed.Bytes()) // stays mapped
+		}
+		// every weight but the embedding, less what the load makes of its
+		// own: the norms' vectors (float32) and DeepSeek's MLA key and
+		// value blocks (11% of deepseek-v3-tiny-fp8's)
+		if copied != total || total > held-embed || total < (held-embed)*4/5 {
+			t.Errorf("progress said %d of %d bytes copied; the model binds %d, %d of them the mapped embedding", copied, total, held, embed)
+		}
+		if got := mem.WeightsInMemory(); got != total {
+			t.Errorf("WeightsInMemory %d, want the %d copied", got, total)
+		}
+		if mapped.WeightsInMemory() != 0 {
+			t.Errorf("the mapped model says %d bytes in memory", mapped.WeightsInMemory())
+		}
+	})
+	t.Run("check refuses", func(t *testing.T) {
+		dir := tinyModel(t)
+		refused := errors.New("over budget")
+		_, err := Load(dir, LoadOptions{Weights: WeightsInMemory, Check: func(m *Model) error {
+			if m.WeightsInMemory() != 0 {
+				t.Error("Check was given a model already copied")
+			}
+			return refused
+		}})
+		if !errors.Is(err, refused) {
+			t.Fatalf("Load: %v, want the Check's error", err)
+		}
+	})
+}
