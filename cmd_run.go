@@ -9,6 +9,7 @@ import (
 
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/mainnode"
+	"github.com/odmoe/odmoe/model"
 	"github.com/odmoe/odmoe/runflags"
 	"github.com/rs/zerolog"
 )
@@ -67,7 +68,15 @@ func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	return usagef("-role %q unknown: local, main, worker, shadow or stage", f.Role)
 }
 
-// checkGenerate validates the flags local and main share.
+// weights reads -weights.
+func (f *runFlags) weights() (model.Weights, error) {
+	w, err := model.ParseWeights(f.Weights)
+	if err != nil {
+		return 0, usagef("-weights: %v", err)
+	}
+	return w, nil
+}
+
 // memBytes reads -mem (0: none).
 func (f *runFlags) memBytes() (int64, error) {
 	if f.Context < 0 {
@@ -141,9 +150,13 @@ func runLocal(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Lo
 	if err != nil {
 		return err
 	}
+	weights, err := f.weights()
+	if err != nil {
+		return err
+	}
 	sv := f.serving()
 	if err := sv.Listen(); err != nil {
 		return err
 	}
-	return mainnode.RunLocal(ctx, f.Model, f.text(), sv, mem, f.Context, stdout, log)
+	return mainnode.RunLocal(ctx, f.Model, f.text(), sv, mem, weights, f.Context, stdout, log)
 }

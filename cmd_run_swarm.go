@@ -90,6 +90,9 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 	if cfg.Mem, err = f.memBytes(); err != nil {
 		return err
 	}
+	if cfg.Weights, err = f.weights(); err != nil {
+		return err
+	}
 	if f.Trace != "" {
 		if cfg.TraceFrom, cfg.TraceTo, err = runflags.ParseIters(f.TraceIters); err != nil {
 			return usagef("-trace-iters: %v", err)
@@ -134,8 +137,12 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	weights, err := f.weights()
+	if err != nil {
+		return err
+	}
 	cfg := mainnode.StageConfig{Model: f.Model, Layers: f.Layers, Listen: f.Listen, Workers: workers, Group: f.Group, Prefetch: policy, MiniBatch: f.MiniBatch,
-		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Context: f.Context, Log: log}
+		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Weights: weights, Context: f.Context, Log: log}
 	if f.Cluster.Name == "" {
 		f.Cluster.Name = "stage"
 	}

@@ -57,6 +57,9 @@ type Config struct {
 	// Mem, when set, is the node's memory budget in bytes: it refuses to
 	// start when what it will hold passes it (holds).
 	Mem int64
+	// Weights is where the node's weights live: mapped, or copied into
+	// memory of its own (model.LoadOptions.Weights)
+	Weights model.Weights
 	// Context, when positive, is the longest sequence served instead of
 	// the model's (-context: model.LoadOptions.Context).
 	Context int
@@ -87,6 +90,11 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		defer stop()
 		storeServed, fetching = served, f
 	}
+	if len(cfg.Stages) > 0 && cfg.Serve.PrefixCacheBytes > 0 {
+		// a prefix's rows on the stages are not kept with the main node's
+		log.Info().Msg("main node: the prefix cache is off with -stages")
+		cfg.Serve.PrefixCacheBytes = 0
+	}
 	m, stages, d, err := loadMain(ctx, cfg)
 	if err != nil {
 		return err
@@ -94,14 +102,6 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 	defer m.Close()
 	if stages != nil {
 		defer stages.Close()
-		if cfg.Serve.PrefixCacheBytes > 0 {
-			// a prefix's rows on the stages are not kept with the main node's
-			log.Info().Msg("main node: the prefix cache is off with -stages")
-			cfg.Serve.PrefixCacheBytes = 0
-		}
-	}
-	if err := holds(m, "main", cfg.Serve, cfg.Mem, log); err != nil {
-		return err
 	}
 	opt, err := swarmOptions(m, len(cfg.Workers), cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Log: log, Align: cfg.Align, Draft: cfg.Draft,
 		Seed: cfg.Text.Seed, Residency: cfg.Residency, UniformPlacement: cfg.UniformPlacement, Stages: stages, StoreServed: storeServed})
@@ -109,8 +109,8 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return err
 	}
 	log.Info().Str("model", cfg.Model).Str("holds", progress.Bytes(m.NonExpertBytes())).Stringer("layers", m.HeldLayers()).Int("workers", len(cfg.Workers)).
-		Int("groups", opt.Layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Bool("residency", cfg.Residency).Dur("load", time.Since(t0)).
-		Msg("main node: non-expert weights mapped")
+		Int("groups", opt.Layout.Groups()).Str("prefetch", string(cfg.Prefetch)).Bool("residency", cfg.Residency).Str("weights", weightsWhere(m)).Dur("load", time.Since(t0)).
+		Msg("main node: non-expert weights loaded")
 	if cfg.TraceFile != "" {
 		name := cfg.Wire.Name
 		if cfg.Wire.Certs != nil {
@@ -207,21 +207,18 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 // RunLocal answers t with the whole model in this process (`odmoe run
 // -role local`): the reference the swarm must match bit for bit. With
 // sv.Addr set it serves the API instead.
-func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, mem int64, contextLen int, stdout io.Writer, log zerolog.Logger) error {
+func RunLocal(ctx context.Context, modelDir string, t Text, sv Serving, mem int64, weights model.Weights, contextLen int, stdout io.Writer, log zerolog.Logger) error {
 	t0 := time.Now()
-	m, err := model.Load(modelDir, model.LoadOptions{Context: contextLen})
+	m, err := model.Load(modelDir, nodeLoad(model.LoadOptions{Context: contextLen}, weights, "local", sv, mem, log))
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if err := holds(m, "local", sv, mem, log); err != nil {
-		return err
-	}
 	c := m.Config
 	log.Info().Str("model", modelDir).Str("arch", c.Architecture).Int("layers", c.NumLayers).
 		Int("experts", c.NumExperts).Int("top_k", c.TopK).
-		Str("non_expert", progress.Bytes(m.NonExpertBytes())).Str("experts_bytes", progress.Bytes(m.ExpertBytes())).
-		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model mapped")
+		Str("non_expert", progress.Bytes(m.NonExpertBytes())).Str("experts_bytes", progress.Bytes(m.ExpertBytes())).Str("weights", weightsWhere(m)).
+		Int("threads", kernels.Threads()).Str("kernels", kernels.Path()).Dur("load", time.Since(t0)).Msg("model loaded")
 	if sv.Addr != "" {
 		b := NewLocalBatcher(m)
 		defer b.Close()
@@ -298,6 +295,35 @@ func holds(m *model.Model, role string, sv Serving, mem int64, log zerolog.Logge
 	return nil
 }
 
+// nodeLoad is opt as a node of role loads its share: its weights where
+// weights says, checked against its budget (holds) before any is copied
+// into memory, with a progress bar where the copy is long.
+func nodeLoad(opt model.LoadOptions, weights model.Weights, role string, sv Serving, mem int64, log zerolog.Logger) model.LoadOptions {
+	opt.Weights = weights
+	opt.Check = func(m *model.Model) error { return holds(m, role, sv, mem, log) }
+	var bar *progress.Bar
+	opt.Progress = func(done, total int64) {
+		if total < 1<<30 {
+			return
+		}
+		if bar == nil {
+			bar = progress.New(role+": weights into memory", total)
+		}
+		if bar.Set(done); done == total {
+			bar.Finish()
+		}
+	}
+	return opt
+}
+
+// weightsWhere says where m's weights live, for the node's log.
+func weightsWhere(m *model.Model) string {
+	if n := m.WeightsInMemory(); n > 0 {
+		return progress.Bytes(n) + " in memory"
+	}
+	return "mapped"
+}
+
 // shadowFetchingDial is how long a main node waits at start for a
 // shadow that is fetching its weights from it (ShadowDialTimeout set):
 // one try, then it serves without the shadow, which attaches later.
@@ -349,7 +375,7 @@ func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire
 // stages check).
 func loadMain(ctx context.Context, cfg Config) (*model.Model, *stage.Client, workerDialing, error) {
 	if len(cfg.Stages) == 0 {
-		m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Context: cfg.Context})
+		m, err := model.Load(cfg.Model, nodeLoad(model.LoadOptions{SkipExperts: true, Context: cfg.Context}, cfg.Weights, "main", cfg.Serve, cfg.Mem, cfg.Log))
 		if err != nil {
 			return nil, nil, workerDialing{}, err
 		}
@@ -382,7 +408,8 @@ func loadStaged(ctx context.Context, cfg Config, d workerDialing) (*model.Model,
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &model.LayerRange{First: 0, End: first}, Head: true, Context: cfg.Context})
+	m, err := model.Load(cfg.Model, nodeLoad(model.LoadOptions{SkipExperts: true, Layers: &model.LayerRange{First: 0, End: first}, Head: true, Context: cfg.Context},
+		cfg.Weights, "main", cfg.Serve, cfg.Mem, cfg.Log))
 	if err != nil {
 		stages.Close()
 		return nil, nil, err

@@ -36,6 +36,7 @@ type StageConfig struct {
 	DialTimeout time.Duration
 	Wire        *wire.Config
 	Mem         int64
+	Weights     model.Weights // where the layers' weights live (Config.Weights)
 	Context     int // -context: model.LoadOptions.Context
 	Log         zerolog.Logger
 	// Ready, if set, gets the address the stage listens on, once it does
@@ -55,15 +56,12 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 		return fmt.Errorf("stage: -layers: %w", err)
 	}
 	t0 := time.Now()
-	m, err := model.Load(cfg.Model, model.LoadOptions{SkipExperts: true, Layers: &r, SkipHead: true, Context: cfg.Context})
+	m, err := model.Load(cfg.Model, nodeLoad(model.LoadOptions{SkipExperts: true, Layers: &r, SkipHead: true, Context: cfg.Context}, cfg.Weights, "stage", Serving{}, cfg.Mem, log))
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if err := holds(m, "stage", Serving{}, cfg.Mem, log); err != nil {
-		return err
-	}
-	log.Info().Str("model", cfg.Model).Stringer("layers", r).Str("holds", progress.Bytes(m.NonExpertBytes())).Dur("load", time.Since(t0)).Msg("stage: layers mapped")
+	log.Info().Str("model", cfg.Model).Stringer("layers", r).Str("holds", progress.Bytes(m.NonExpertBytes())).Str("weights", weightsWhere(m)).Dur("load", time.Since(t0)).Msg("stage: layers loaded")
 	id, err := store.ModelIdentity(cfg.Model) // the whole checkpoint's: every router
 	if err != nil {
 		return err

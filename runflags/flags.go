@@ -59,6 +59,7 @@ type Flags struct {
 	Ahead          int
 	Layers, Stages string
 	Mem            string
+	Weights        string
 	Context        int
 	// worker
 	Listen, Store, DeviceMem, LoadBW string
@@ -133,6 +134,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.IntVar(&f.Ahead, "ahead", shadow.DefaultAhead, "shadow: run up to `N` passes past the main node's latest alignment on the tokens the shadow guessed (each member's as the main node draws it), so predictions come a pass early; where the main node's pass differs, only the rows that differ run again or are taken back (their predictions revised, those no longer wanted withdrawn); 0 = wait for every alignment (OD-MoE's late departure)")
 	fs.StringVar(&f.Layers, "layers", "", "shadow, stage: the layers `A-B` (0-based, inclusive; A- to the last) this node holds. A shadow's of a staged shadow, whose nodes each hold a share of the quantized copy: the first stage (0-B) follows the main node and dials -stages; a later stage serves the first its layers, and needs no -workers (default: every layer). A stage's of the main node's (required): their attention and KV rows, their experts run on its -workers")
 	fs.StringVar(&f.Mem, "mem", "", "local, main, shadow, stage: the node's memory budget (bytes; KiB, MiB, GiB suffixes): it refuses to start, saying what does not fit, when its weights (a shadow's quantized; a shadow also says how many stages, -layers, would fit), the KV cache of one sequence of -context and, serving, -prefix-cache pass it (default: none)")
+	fs.StringVar(&f.Weights, "weights", "auto", "local, main, stage: where the node's weights live: memory (copied into memory of its own: they stream at full speed whatever the page cache holds of the checkpoint, and cannot be paged out), mapped (the checkpoint's file mapping: the kernel may page them out, and they stream as fast only where the page cache holds the file in large pieces) or auto (memory where they take at most three quarters of the memory available, else mapped). The token embedding stays mapped unless it is also the output head")
 	fs.IntVar(&f.Context, "context", 0, "local, main, shadow, stage: the longest sequence, prompt and answer, this node serves, in `TOKENS`: its KV cache, and what -mem counts, are sized to it, and longer requests are refused; a shadow and every stage need at least the main node's, which it checks when they connect (default: the model's max_position_embeddings)")
 	fs.StringVar(&f.Stages, "stages", "", "main, shadow: the `ADDRS` (HOST:PORT,...) of the stages holding the layers after this node's, in order. A main node's (-role stage) hold its layers from the first stage's on: the main node keeps the embedding, the layers before (perhaps none) and the output head. A shadow's (with -layers 0-B) are the shadow stages holding the layers after B")
 	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow, stage: UDP `ADDR` to listen on")

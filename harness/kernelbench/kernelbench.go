@@ -546,7 +546,7 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 			return nil, err
 		}
 	}
-	m, err := model.Load(dir, model.LoadOptions{})
+	m, err := model.Load(dir, model.LoadOptions{Weights: model.WeightsAuto}) // as odmoe run -role local
 	if err != nil {
 		return nil, err
 	}
