@@ -151,12 +151,12 @@ const (
 	// WeightsMapped leaves them in the checkpoint's mapping: the page
 	// cache's pages, which stream as fast as memory of the process's own
 	// only where the file is cached in large folios (read in order); read
-	// a piece at a time, it decoded ~25% slower on the Zen 4 VM
-	// (docs/benchmarks/2026-11-29.md).
+	// 4 KiB at a time, it decoded 21% slower at one thread on the Zen 4
+	// VM, 8% at two (docs/benchmarks/2026-11-29.md).
 	WeightsMapped Weights = iota
 	// WeightsInMemory copies them into memory of the process's own
-	// (package anonmem), which the kernel cannot page out: a node must
-	// have the room.
+	// (package anonmem: huge pages asked for), which the kernel cannot
+	// page out: a node must have the room.
 	WeightsInMemory
 	// WeightsAuto copies them where the platform allows and they take
 	// at most three quarters of the memory the kernel says is available

@@ -1,12 +1,12 @@
 // Package anonmem hands out anonymous memory of the process's own,
 // outside the Go heap (which would count it in its GC goal), in regions
-// aligned to 2 MiB: what a model's weights are copied into
-// (model.WeightsInMemory). A file mapping streams as fast only where the
-// page cache happens to hold the file in large folios: on the Zen 4 VM
-// of docs/benchmarks/2026-11-29.md, local decode of the small preset from
-// a mapping whose page cache had been read 4 KiB at a time ran 46 tok/s
-// at one thread and 62 at two, from a copy 59 and 84, and level with the
-// mapping of a file read in order.
+// aligned to 2 MiB with transparent huge pages asked for: what a model's
+// weights are copied into (model.WeightsInMemory). A file mapping streams
+// as fast only where the page cache holds the file in large folios: on
+// the Zen 4 VM of docs/benchmarks/2026-11-29.md, local decode of the
+// small preset from a file the page cache had read 4 KiB at a time ran
+// 47 tok/s at one thread and 66 at two, from a copy here 60 and 72; from
+// a file read in order, 59 and 70 mapped, 59 and 72 copied.
 package anonmem
 
 import "errors"
