@@ -37,7 +37,7 @@ type StageConfig struct {
 	Wire        *wire.Config
 	Mem         int64
 	Weights     model.Weights // where the layers' weights live (Config.Weights)
-	Context     int // -context: model.LoadOptions.Context
+	Context     int           // -context: model.LoadOptions.Context
 	Log         zerolog.Logger
 	// Ready, if set, gets the address the stage listens on, once it does
 	Ready func(addr string)
