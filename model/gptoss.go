@@ -127,7 +127,11 @@ func gptOssExperts(b *binder, c Config, l int) []Expert {
 		gateUp = b.mxfp4(p+"gate_up_proj", E, 2*in, h)
 		down = b.mxfp4(p+"down_proj", E, h, in)
 	} else {
+		// each expert's slice is transposed into memory of its own:
+		// the stacked tensors stay mapped
+		b.mapped = true
 		gu, dn := b.tensor(p+"gate_up_proj", E, h, 2*in), b.tensor(p+"down_proj", E, in, h)
+		b.mapped = false
 		gateUp = func(e int) kernels.Matrix { return transposedSlice(gu, e) }
 		down = func(e int) kernels.Matrix { return transposedSlice(dn, e) }
 	}

@@ -23,6 +23,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		return nil, fmt.Errorf("model: quantize to %v: want F16, Q8 or NF4", dt)
 	}
 	q := *m
+	q.inMemory = nil // m's copies: the quantized model's are its own
 	q.Layers = make([]Layer, len(m.Layers))
 	type job struct {
 		dst    *kernels.Matrix

@@ -265,9 +265,10 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 }
 
 // copier copies weights into an arena as a binder binds them
-// (LoadOptions.Weights), read from the checkpoint's files: nothing of the
-// mapping is faulted in, so a load holds the copies, not the file's
-// pages too.
+// (LoadOptions.Weights), read from the checkpoint's files rather than
+// through the mapping, so a load holds the copies, not the file's pages
+// too. (The first, mapped binding reads what it derives: the norms,
+// DeepSeek's absorbed keys, BF16 gpt-oss's experts transposed.)
 type copier struct {
 	set         *safetensors.Set
 	arena       *anonmem.Arena
@@ -387,7 +388,7 @@ func (m *Model) bind(opt LoadOptions, own *copier) error {
 	b := &binder{set: m.set, bytes: &m.nonExpertBytes, fp8: fp8, shapes: opt.Shapes, own: own, copyable: &m.copyable}
 	first, last := m.held.First == 0, (m.held.End == c.NumLayers || opt.Head) && !opt.SkipHead
 	if first || last && c.TieEmbeddings {
-		b.mapped = !c.TieEmbeddings // a token reads one row of it
+		b.mapped = !(last && c.TieEmbeddings) // a token reads one row of it, unless it is the head
 		m.Embed = b.matrix(arch.embed, c.VocabSize, h)
 		b.mapped = false
 	}

@@ -14,9 +14,10 @@ import "errors"
 // align is the alignment of each region: a huge page.
 const align = 2 << 20
 
-// chunk is the size of the regions small allocations are packed into;
-// one of at least chunk/4 gets a region of its own.
-const chunk = 32 << 20
+// chunk is the size of the regions allocations are packed into; one of
+// more than chunk/2 gets a region of its own. Large regions keep a big
+// model's weights in few mappings (vm.max_map_count is ~65,000).
+const chunk = 256 << 20
 
 // Arena hands out memory until Close. It is not safe for concurrent use.
 type Arena struct {
@@ -29,8 +30,8 @@ type Arena struct {
 // ErrClosed is returned by Alloc after Close.
 var ErrClosed = errors.New("anonmem: arena closed")
 
-// Alloc returns n bytes of the arena (64-byte aligned; a huge page's
-// boundary where n is large), zero, valid until Close.
+// Alloc returns n bytes of the arena (64-byte aligned; at a huge page's
+// boundary where n is more than half a region), zero, valid until Close.
 func (a *Arena) Alloc(n int) ([]byte, error) {
 	if a.closed {
 		return nil, ErrClosed
@@ -39,7 +40,7 @@ func (a *Arena) Alloc(n int) ([]byte, error) {
 		return []byte{}, nil
 	}
 	var dst []byte
-	if n >= chunk/4 {
+	if n > chunk/2 {
 		r, err := a.region(n)
 		if err != nil {
 			return nil, err

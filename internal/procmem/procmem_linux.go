@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -26,10 +29,72 @@ func PeakRSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmHWM:") }
 // RSSOf is process pid's resident set size now in bytes (0 if unknown).
 func RSSOf(pid int) int64 { return statusOf(strconv.Itoa(pid), "VmRSS:") }
 
-// Available is the memory the kernel says could be given to new work
-// without swapping, page cache it would drop included, in bytes (0 if
-// unknown): MemAvailable of /proc/meminfo.
-func Available() int64 { return fieldOf("/proc/meminfo", "MemAvailable:") }
+// Available is the memory new work of this process could take without
+// swapping, page cache the kernel would drop included, in bytes (0 if
+// unknown): MemAvailable of /proc/meminfo, or less where the process's
+// memory cgroup (a container's) or one above it leaves less room
+// (cgroupRoom).
+func Available() int64 {
+	avail := fieldOf("/proc/meminfo", "MemAvailable:")
+	if room, ok := cgroupRoom(); ok && (avail == 0 || room < avail) {
+		return room
+	}
+	return avail
+}
+
+// cgroupRoom is the least room, its limit less its use, that the
+// process's memory cgroup and those above it leave (v2's memory.max and
+// memory.current, v1's memory.limit_in_bytes and memory.usage_in_bytes);
+// ok is false where none sets a limit.
+func cgroupRoom() (room int64, ok bool) { return cgroupRoomIn("/proc/self/cgroup", "/sys/fs/cgroup") }
+
+// cgroupRoomIn is cgroupRoom with the process's cgroup file and the
+// cgroup file systems' mount point given.
+func cgroupRoomIn(cgroupFile, mount string) (room int64, ok bool) {
+	b, err := os.ReadFile(cgroupFile)
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// "0::/path" (v2) or "4:memory:/path" (v1)
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		root, limit, use := "", "", ""
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			root, limit, use = mount, "memory.max", "memory.current"
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			root, limit, use = filepath.Join(mount, "memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"
+		default:
+			continue
+		}
+		for dir := filepath.Join(root, parts[2]); ; dir = filepath.Dir(dir) {
+			lim, okLim := readInt(filepath.Join(dir, limit))
+			cur, okCur := readInt(filepath.Join(dir, use))
+			if okLim && okCur && lim < 1<<62 { // v1 says "no limit" with a page-rounded 2^63
+				if r := max(0, lim-cur); !ok || r < room {
+					room, ok = r, true
+				}
+			}
+			if dir == root || len(dir) <= len(root) {
+				break
+			}
+		}
+	}
+	return room, ok
+}
+
+// readInt reads a file holding one integer ("max" and others: false).
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return v, err == nil
+}
 
 // status reads a field of /proc/self/status given in kB, in bytes.
 func status(field string) int64 { return statusOf("self", field) }

@@ -4,6 +4,7 @@ package procmem
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -67,10 +68,56 @@ func TestCPUTimeCountsBusyThreads(t *testing.T) {
 	}
 }
 
-// Available is what /proc/meminfo says, within the machine's total.
-func TestAvailableIsWithinTheMachinesMemory(t *testing.T) {
-	avail, total := Available(), fieldOf("/proc/meminfo", "MemTotal:")
-	if avail <= 0 || total <= 0 || avail > total {
-		t.Fatalf("MemAvailable %d bytes, MemTotal %d", avail, total)
+// Available is at most what /proc/meminfo says is available, and what
+// the process's memory cgroups leave where they set a limit.
+func TestAvailableIsWithinTheMachinesAndTheCgroupsRoom(t *testing.T) {
+	avail, meminfo := Available(), fieldOf("/proc/meminfo", "MemAvailable:")
+	if avail <= 0 || meminfo <= 0 || avail > meminfo {
+		t.Fatalf("Available %d bytes, MemAvailable %d", avail, meminfo)
+	}
+	if room, ok := cgroupRoom(); ok && avail > room {
+		t.Fatalf("Available %d bytes, the cgroups leave %d", avail, room)
+	}
+}
+
+// The room a cgroup leaves is the least of its and its parents' limits
+// less their use, in either version's files; none where none sets one.
+func TestCgroupRoomIsTheLeastLimitLessUseOnTheWayUp(t *testing.T) {
+	write := func(path, body string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name, cgroup string
+		files        map[string]string
+		room         int64
+		ok           bool
+	}{
+		{"v2, the parent's limit is the least", "0::/a/b\n", map[string]string{
+			"a/b/memory.max": "max\n", "a/b/memory.current": "100\n",
+			"a/memory.max": "1000\n", "a/memory.current": "400\n",
+			"memory.max": "5000\n", "memory.current": "600\n"}, 600, true},
+		{"v2, no limit", "0::/a\n", map[string]string{"a/memory.max": "max\n", "a/memory.current": "5\n"}, 0, false},
+		{"v1, the process's own", "4:memory:/p/q\n3:cpu:/\n", map[string]string{
+			"memory/p/q/memory.limit_in_bytes": "2048\n", "memory/p/q/memory.usage_in_bytes": "48\n",
+			"memory/p/memory.limit_in_bytes": "9223372036854771712\n", "memory/p/memory.usage_in_bytes": "48\n"}, 2000, true},
+		{"over its limit: no room", "0::/a\n", map[string]string{"a/memory.max": "100\n", "a/memory.current": "150\n"}, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(filepath.Join(dir, "cgroup"), c.cgroup)
+			for name, body := range c.files {
+				write(filepath.Join(dir, "fs", name), body)
+			}
+			room, ok := cgroupRoomIn(filepath.Join(dir, "cgroup"), filepath.Join(dir, "fs"))
+			if room != c.room || ok != c.ok {
+				t.Errorf("room %d, %v; want %d, %v", room, ok, c.room, c.ok)
+			}
+		})
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"sync"
 	"unsafe"
 
 	"github.com/odmoe/odmoe/kernels"
@@ -72,9 +71,8 @@ func elements(shape []int) int {
 // File is one memory-mapped safetensors file.
 type File struct {
 	path     string
-	data     []byte // the whole mapping
-	mu       sync.Mutex
-	reader   *os.File // opened by the first readAt
+	data     []byte   // the whole mapping
+	reader   *os.File // the file mapped, open until Close (readAt)
 	dataOff  int64    // start of the data section
 	infos    map[string]Info
 	metadata map[string]string
@@ -93,24 +91,28 @@ func OpenFile(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
-	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
 	size := st.Size()
 	if size < 8 {
+		f.Close()
 		return nil, fmt.Errorf("safetensors: %s: file of %d bytes is too short for the 8-byte header length", path, size)
 	}
 	data, err := mapFile(f, size)
 	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
 	}
 	file, err := parse(path, data)
 	if err != nil {
 		unmap(data)
+		f.Close()
 		return nil, err
 	}
+	file.reader = f // the file mapped, for ReadInto: not one put at its path since
 	return file, nil
 }
 
@@ -222,14 +224,8 @@ func (f *File) offsetOf(b []byte) (int64, bool) {
 
 // readAt reads len(dst) bytes of the file at off.
 func (f *File) readAt(dst []byte, off int64) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.reader == nil {
-		r, err := os.Open(f.path)
-		if err != nil {
-			return fmt.Errorf("safetensors: %w", err)
-		}
-		f.reader = r
+		return fmt.Errorf("safetensors: %s: not opened for reading", f.path)
 	}
 	if _, err := f.reader.ReadAt(dst, off); err != nil {
 		return fmt.Errorf("safetensors: %s: %d bytes at %d: %w", f.path, len(dst), off, err)
@@ -241,11 +237,9 @@ func (f *File) readAt(dst []byte, off int64) error {
 func (f *File) Close() error {
 	d := f.data
 	f.data = nil
-	f.mu.Lock()
 	var err error
 	if f.reader != nil {
 		err, f.reader = f.reader.Close(), nil
 	}
-	f.mu.Unlock()
 	return errors.Join(unmap(d), err)
 }
