@@ -100,14 +100,21 @@ func TestGenTinyThenRunLocalWithDump(t *testing.T) {
 		t.Fatalf("logits.npy holds %d data bytes, want %d (5 steps x %d vocab)", got, want, cfg.Vocab)
 	}
 
-	// Same run again: greedy decoding is deterministic, dumps are identical.
+	if !strings.Contains(se, "in memory") {
+		t.Errorf("the run (-weights auto) did not say its weights are in memory:\n%s", se)
+	}
+
+	// Same run again, its weights mapped: greedy decoding is deterministic,
+	// wherever the weights live; dumps are identical.
 	dump2 := filepath.Join(dir, "dump2")
-	if _, se, code := run(t, "", "run", "-model", modelDir, "-prompt", "Hello world", "-n", "5", "-ignore-eos", "-dump", dump2); code != 0 {
+	if _, se, code := run(t, "", "run", "-model", modelDir, "-prompt", "Hello world", "-n", "5", "-ignore-eos", "-weights", "mapped", "-dump", dump2); code != 0 {
 		t.Fatalf("second run exit %d: %s", code, se)
+	} else if !strings.Contains(se, `weights=mapped`) {
+		t.Errorf("the run with -weights mapped did not say so:\n%s", se)
 	}
 	npy2, _ := os.ReadFile(filepath.Join(dump2, "logits.npy"))
 	if string(npy) != string(npy2) {
-		t.Fatal("two identical greedy runs dumped different logits")
+		t.Fatal("two identical greedy runs, weights in memory and mapped, dumped different logits")
 	}
 
 	// tokenize -jsonl agrees with the prompt ids the run used (minus BOS).
@@ -190,6 +197,9 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-role", "shadow", "-model", "x", "-layers", "4"}, 2, `-layers: layers "4": want A-B`},
 		{[]string{"run", "-role", "local", "-model", "x", "-mem", "plenty"}, 2, `-mem: want a size such as 16GiB, got "plenty"`},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-mem", "0"}, 2, `-mem: want a size such as 16GiB, got "0"`},
+		{[]string{"run", "-role", "local", "-model", "x", "-weights", "ram"}, 2, `-weights: weights "ram": want mapped, memory or auto`},
+		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want mapped, memory or auto`},
+		{[]string{"run", "-role", "stage", "-model", "x", "-layers", "0-1", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want mapped, memory or auto`},
 	}
 	for _, tc := range cases {
 		_, se, code := run(t, "", tc.args...)
