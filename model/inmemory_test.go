@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/odmoe/odmoe/model/synth"
 )
 
 // A model whose weights are copied into memory of its own decodes bit
@@ -48,6 +50,29 @@ func TestWeightsInMemoryDecodeAsTheMapping(t *testing.T) {
 		}
 		if mapped.WeightsInMemory() != 0 {
 			t.Errorf("the mapped model says %d bytes in memory", mapped.WeightsInMemory())
+		}
+	})
+	t.Run("check counts what the load holds", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "ds")
+		if err := synth.Generate(dir, synth.Options{Preset: "deepseek-v3-tiny-fp8", Seed: 3}); err != nil {
+			t.Fatal(err)
+		}
+		var counted Footprint
+		m, err := Load(dir, LoadOptions{Weights: WeightsInMemory, Check: func(m *Model) error {
+			var err error
+			counted, err = m.FootprintOf(m.HeldLayers(), FootprintOptions{Experts: true, Head: true})
+			return err
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		held, err := m.FootprintOf(m.HeldLayers(), FootprintOptions{Experts: true, Head: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if counted != held {
+			t.Errorf("Check counted %v; the model loaded holds %v", counted, held)
 		}
 	})
 	t.Run("check refuses", func(t *testing.T) {

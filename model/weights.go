@@ -135,9 +135,11 @@ type LoadOptions struct {
 	// token embedding stays mapped unless it is also the output head: a
 	// token reads one of its rows.
 	Weights Weights
-	// Check, if set, is given the model bound (its weights mapped)
-	// before they are copied into memory: an error ends the load (a
-	// node's budget, checked before it takes the memory).
+	// Check, if set, is given the model bound (its weights mapped;
+	// unless Weights is WeightsMapped, bound for counting only: what it
+	// would derive from their values left out, so never to run) before
+	// any is copied: an error ends the load (a node's budget, checked
+	// before it takes the memory).
 	Check func(*Model) error
 	// Progress, if set, is told the bytes copied into memory so far and
 	// their total.
@@ -239,7 +241,12 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 		}
 		m.held = *opt.Layers
 	}
-	if err := m.bind(opt, nil); err != nil {
+	// a load that may copy binds twice: first counting (shapes only:
+	// nothing derived from the values, such as DeepSeek's absorbed keys,
+	// made only to be dropped), then for good, copying or not
+	counting := opt
+	counting.Shapes = counting.Shapes || opt.Weights != WeightsMapped
+	if err := m.bind(counting, nil); err != nil {
 		set.Close()
 		return nil, fmt.Errorf("model: %s: %w", dir, err)
 	}
@@ -249,15 +256,19 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 			return nil, err
 		}
 	}
-	if !opt.Weights.inMemory(m.copyable) {
+	if !counting.Shapes || opt.Shapes {
 		return m, nil
 	}
-	// bound again, each weight copied as it is: the first binding's
-	// slices of the mapping are dropped with it
-	own := &copier{set: set, arena: &anonmem.Arena{}, total: m.copyable, progress: opt.Progress}
-	mem := &Model{Config: m.Config, arch: m.arch, set: set, held: m.held, inMemory: own.arena}
+	var own *copier
+	mem := &Model{Config: m.Config, arch: m.arch, set: set, held: m.held}
+	if opt.Weights.inMemory(m.copyable) {
+		own = &copier{set: set, arena: &anonmem.Arena{}, total: m.copyable, progress: opt.Progress}
+		mem.inMemory = own.arena
+	}
 	if err := mem.bind(opt, own); err != nil {
-		own.arena.Close()
+		if own != nil {
+			own.arena.Close()
+		}
 		set.Close()
 		return nil, fmt.Errorf("model: %s: %w", dir, err)
 	}
@@ -267,8 +278,9 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 // copier copies weights into an arena as a binder binds them
 // (LoadOptions.Weights), read from the checkpoint's files rather than
 // through the mapping, so a load holds the copies, not the file's pages
-// too. (The first, mapped binding reads what it derives: the norms,
-// DeepSeek's absorbed keys, BF16 gpt-oss's experts transposed.)
+// too. (The counting binding before it still reads what it derives from
+// the values but for MLA's absorbed keys: the norms, an F8 kv_b_proj's
+// dequantized value rows, BF16 gpt-oss's experts transposed.)
 type copier struct {
 	set         *safetensors.Set
 	arena       *anonmem.Arena
