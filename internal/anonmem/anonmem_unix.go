@@ -19,8 +19,10 @@ const Supported = true
 // the slack mapped to align it given back. Huge pages are the point:
 // 4 KiB pages of anonymous memory lie scattered, and streamed no faster
 // than the page cache's (on the Zen 4 VM, one thread, 53 tok/s against
-// 58 from a file read in order). Where the kernel compacts memory to
-// find them, a load waits (once, 1.4 GiB: 3.8 s against 0.5).
+// 58 from a file read in order). A copy's first touch of fresh memory
+// is most of a load: 0.28-0.5 s for 1.4 GiB on the Zen 4 VM, up to 4.5 s
+// where the VM's host had taken the pages back (no compaction stalls in
+// /proc/vmstat).
 func mapAligned(n int) (raw, r []byte, err error) {
 	size := (n + align - 1) &^ (align - 1)
 	m, err := unix.Mmap(-1, 0, size+align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
