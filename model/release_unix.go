@@ -4,8 +4,9 @@ package model
 
 import (
 	"os"
-	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // release tells the kernel this process no longer needs the pages of b,
@@ -24,5 +25,5 @@ func release(b []byte) {
 		return
 	}
 	off := int(first - start)
-	_ = syscall.Madvise(b[off:off+int(end-first)], syscall.MADV_DONTNEED)
+	_ = unix.Madvise(b[off:off+int(end-first)], unix.MADV_DONTNEED)
 }

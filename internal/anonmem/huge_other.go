@@ -1,6 +1,6 @@
-//go:build unix && !linux
+//go:build !linux
 
 package anonmem
 
-// adviseHuge does nothing where madvise has no MADV_HUGEPAGE.
-func adviseHuge([]byte) {}
+// AdviseHuge does nothing where madvise has no MADV_HUGEPAGE.
+func AdviseHuge([]byte) {}
