@@ -15,7 +15,7 @@ const Supported = true
 
 // mapAligned maps n bytes (rounded up to a huge page) of anonymous
 // memory at a huge page's boundary, with transparent huge pages asked
-// for (AdviseHuge); raw is the mapping, for unmap: one mapping a region,
+// for (adviseHuge); raw is the mapping, for unmap: one mapping a region,
 // the slack mapped to align it given back. Huge pages are the point:
 // 4 KiB pages of anonymous memory lie scattered, and streamed no faster
 // than the page cache's (on the Zen 4 VM, one thread, 53 tok/s against
@@ -38,7 +38,7 @@ func mapAligned(n int) (raw, r []byte, err error) {
 		_ = unix.MunmapPtr(unsafe.Add(base, off+size), uintptr(tail))
 	}
 	r = unsafe.Slice((*byte)(unsafe.Add(base, off)), size)
-	AdviseHuge(r)
+	adviseHuge(r)
 	return r, r, nil
 }
 

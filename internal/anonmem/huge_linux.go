@@ -2,6 +2,6 @@ package anonmem
 
 import "golang.org/x/sys/unix"
 
-// AdviseHuge asks for transparent huge pages for r, anonymous memory: a
+// adviseHuge asks for transparent huge pages for r, anonymous memory: a
 // hint, where it is refused the pages are small.
-func AdviseHuge(r []byte) { _ = unix.Madvise(r, unix.MADV_HUGEPAGE) }
+func adviseHuge(r []byte) { _ = unix.Madvise(r, unix.MADV_HUGEPAGE) }

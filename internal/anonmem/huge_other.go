@@ -2,5 +2,5 @@
 
 package anonmem
 
-// AdviseHuge does nothing where madvise has no MADV_HUGEPAGE.
-func AdviseHuge([]byte) {}
+// adviseHuge does nothing where madvise has no MADV_HUGEPAGE.
+func adviseHuge([]byte) {}
