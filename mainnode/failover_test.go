@@ -19,6 +19,7 @@ import (
 	"github.com/odmoe/odmoe/sched"
 	"github.com/odmoe/odmoe/shadow"
 	"github.com/odmoe/odmoe/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -201,7 +202,8 @@ func TestSwarmWithNoLiveWorkerFailsSayingSo(t *testing.T) {
 // TestALoneWorkerBackIsTakenInAtOnce: with no other worker live, a worker
 // that comes back is taken into the layout at once (its share-in answer
 // is not waited for: the pass needs it), and the next generation runs;
-// one that is back but still filling its share shows in /healthz.
+// one that is back but still filling its share shows in /healthz and in
+// odmoe_worker_filling.
 func TestALoneWorkerBackIsTakenInAtOnce(t *testing.T) {
 	f := newSwarmFixture(t, 1)
 	_, mainModel := loadModels(t, f)
@@ -226,9 +228,18 @@ func TestALoneWorkerBackIsTakenInAtOnce(t *testing.T) {
 	if _, _, err := alone(ctx, sw, mainModel, []int{1, 2, 3}, model.GenerateOptions{MaxTokens: 4}); err != nil {
 		t.Fatalf("the generation after the lone worker came back: %v", err)
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(sw.Collector(1))
+	const filling = `odmoe_worker_filling{worker="w1"}`
+	if got, ok := gather(t, reg)[filling]; !ok || got != 0 {
+		t.Errorf("%s = %v (present %v) before it fills, want 0", filling, got, ok)
+	}
 	sw.Filling(0)
 	if h := sw.Health(); len(h.Degraded) != 1 || !strings.Contains(h.Degraded[0], "w1: back, filling its share of the store") || len(h.Down) != 0 {
 		t.Fatalf("health of a worker back but filling: %+v", h)
+	}
+	if got := gather(t, reg)[filling]; got != 1 {
+		t.Errorf("%s = %v while it fills, want 1", filling, got)
 	}
 }
 

@@ -87,6 +87,7 @@ var (
 	descLayerStall   = newDesc(metricnames.LayerStallSecondsTotal, "The slowest request's wait for its expert to load, per layer.", "phase")
 
 	descWorkerUp        = newDesc(metricnames.WorkerUp, "Whether the connection to the worker is live (1) or lost (0).", "worker")
+	descWorkerFilling   = newDesc(metricnames.WorkerFilling, "Whether the worker is back but still filling its share of the store (1): out of the layout until its share is in.", "worker")
 	descWorkerResults   = newDesc(metricnames.WorkerResultsTotal, "Expert results received from the worker.", "worker")
 	descWorkerLoads     = newDesc(metricnames.WorkerLoadsTotal, "Experts the worker loaded for this node's requests.", "worker")
 	descWorkerBytes     = newDesc(metricnames.WorkerLoadBytesTotal, "Bytes of the experts the worker loaded for this node's requests.", "worker")
@@ -146,6 +147,8 @@ var (
 // Per worker (worker="w1", ...), from every result it sent:
 //
 //	odmoe_worker_up{worker}                    1 while its connection is live, 0 while it is lost
+//	odmoe_worker_filling{worker}               1 while it is back but filling its share of the store
+//	                                           (out of the layout until its share is in), else 0
 //	odmoe_worker_info{worker,addr}             1, the address of its current connection as a label
 //	odmoe_worker_rejoins_total{worker}         times it came back into the layout after it was lost
 //	odmoe_worker_predicted_misses_total{worker,cause} its misses in layers with a shadow prediction:
@@ -194,7 +197,7 @@ type swarmCollector struct {
 
 func (c *swarmCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descExpertLoads, descExpertMisses, descLayerPasses, descLayerResults, descLayerMain, descLayerExperts,
-		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
+		descLayerNetwork, descLayerStall, descWorkerUp, descWorkerFilling, descWorkerResults, descWorkerLoads, descWorkerBytes, descWorkerMisses,
 		descWorkerLoad, descWorkerCompute, descWorkerStall, descWorkersLost, descWorkersRejoined, descResent,
 		descWorkerDevice, descWorkerBudget, descWorkerResident, descWorkerFetched, descWorkerServed, descWorkerInfo, descWorkerMissCause, descWorkerRejoins} {
 		ch <- d
@@ -268,9 +271,10 @@ func (c *swarmCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descWorkerServed, float64(p.StoreServed), l.name)
 		}
 		l.mu.Lock()
-		up := l.err == nil
+		up, filling := l.err == nil, l.shareIn != nil
 		l.mu.Unlock()
 		gauge(descWorkerUp, boolFloat(up), l.name)
+		gauge(descWorkerFilling, boolFloat(filling), l.name)
 		if p := l.conn(); p != nil {
 			gauge(descWorkerInfo, 1, l.name, p.RemoteAddr().String())
 		}

@@ -57,6 +57,7 @@ const (
 	WorkerResultsTotal          = "odmoe_worker_results_total"
 	WorkerStallSecondsTotal     = "odmoe_worker_stall_seconds_total"
 	WorkerUp                    = "odmoe_worker_up"
+	WorkerFilling               = "odmoe_worker_filling"
 	WorkersLostTotal            = "odmoe_workers_lost_total"
 	WorkersRejoinedTotal        = "odmoe_workers_rejoined_total"
 )
