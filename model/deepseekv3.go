@@ -165,10 +165,10 @@ func (b *binder) mla(c Config, p string) Attention {
 		*b.bytes += int64(w.ukT.Rows) * int64(w.ukT.DType.RowBytes(w.ukT.Cols))
 	}
 	if b.err == nil && w.KVB.DType == kernels.F8E4M3 {
-		w.uv = headValueRows(w.KVB, m, H)
+		w.uv = headValueRows(w.KVB, m, H, b.shapes)
 		for _, u := range w.uv {
-			if u.DType == kernels.F32 {
-				*b.bytes += int64(len(u.Data))
+			if u.DType == kernels.F32 { // dequantized: held beside the checkpoint's
+				*b.bytes += int64(u.Rows) * int64(u.DType.RowBytes(u.Cols))
 			}
 		}
 	}

@@ -132,8 +132,14 @@ func gptOssExperts(b *binder, c Config, l int) []Expert {
 		b.mapped = true
 		gu, dn := b.tensor(p+"gate_up_proj", E, h, 2*in), b.tensor(p+"down_proj", E, in, h)
 		b.mapped = false
-		gateUp = func(e int) kernels.Matrix { return transposedSlice(gu, e) }
-		down = func(e int) kernels.Matrix { return transposedSlice(dn, e) }
+		slice := transposedSlice
+		if b.shapes { // its dtype and shape, not its data
+			slice = func(t safetensors.Tensor, _ int) kernels.Matrix {
+				return kernels.Matrix{DType: t.DType, Rows: t.Shape[2], Cols: t.Shape[1]}
+			}
+		}
+		gateUp = func(e int) kernels.Matrix { return slice(gu, e) }
+		down = func(e int) kernels.Matrix { return slice(dn, e) }
 	}
 	if b.err != nil {
 		return nil

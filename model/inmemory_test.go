@@ -52,29 +52,34 @@ func TestWeightsInMemoryDecodeAsTheMapping(t *testing.T) {
 			t.Errorf("the mapped model says %d bytes in memory", mapped.WeightsInMemory())
 		}
 	})
-	t.Run("check counts what the load holds", func(t *testing.T) {
-		dir := filepath.Join(t.TempDir(), "ds")
-		if err := synth.Generate(dir, synth.Options{Preset: "deepseek-v3-tiny-fp8", Seed: 3}); err != nil {
-			t.Fatal(err)
-		}
-		var counted Footprint
-		m, err := Load(dir, LoadOptions{Weights: WeightsInMemory, Check: func(m *Model) error {
-			var err error
-			counted, err = m.FootprintOf(m.HeldLayers(), FootprintOptions{Experts: true, Head: true})
-			return err
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		held, err := m.FootprintOf(m.HeldLayers(), FootprintOptions{Experts: true, Head: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if counted != held {
-			t.Errorf("Check counted %v; the model loaded holds %v", counted, held)
-		}
-	})
+	for _, preset := range []string{"deepseek-v3-tiny-fp8", "gpt-oss-tiny"} { // MLA's derived matrices; experts transposed
+		t.Run("check counts what the load holds/"+preset, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), preset)
+			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 3}); err != nil {
+				t.Fatal(err)
+			}
+			var counted Footprint
+			var nonExpert, experts int64
+			m, err := Load(dir, LoadOptions{Weights: WeightsInMemory, Check: func(m *Model) error {
+				var err error
+				counted, err = m.FootprintOf(m.HeldLayers(), FootprintOptions{Experts: true, Head: true})
+				nonExpert, experts = m.NonExpertBytes(), m.ExpertBytes()
+				return err
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			held, err := m.FootprintOf(m.HeldLayers(), FootprintOptions{Experts: true, Head: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if counted != held || nonExpert != m.NonExpertBytes() || experts != m.ExpertBytes() {
+				t.Errorf("Check counted %v (non-expert %d, experts %d bytes); the model loaded holds %v (%d, %d)",
+					counted, nonExpert, experts, held, m.NonExpertBytes(), m.ExpertBytes())
+			}
+		})
+	}
 	t.Run("check refuses", func(t *testing.T) {
 		dir := tinyModel(t)
 		refused := errors.New("over budget")

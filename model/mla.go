@@ -54,18 +54,23 @@ func (w *MLAWeights) valueRows(m *MLAConfig, head int) kernels.Matrix {
 // start a 128-row block keeps them in F8 with their scales; another's
 // are dequantized to F32 (each weight exactly as the F8 product reads
 // it, so results do not change).
-func headValueRows(kvb kernels.Matrix, m *MLAConfig, heads int) []kernels.Matrix {
+// With shapes set (LoadOptions.Shapes), a dequantized head's rows get
+// their dtype and shape, not their data.
+func headValueRows(kvb kernels.Matrix, m *MLAConfig, heads int, shapes bool) []kernels.Matrix {
 	uv := make([]kernels.Matrix, heads)
 	cb := 4 * ((kvb.Cols + 127) / 128) // scale bytes of a 128-row block
 	for h := range uv {
 		from := h*(m.NopeDim+m.VDim) + m.NopeDim
-		if from%128 == 0 && (m.VDim%128 == 0 || from+m.VDim == kvb.Rows) {
+		switch {
+		case from%128 == 0 && (m.VDim%128 == 0 || from+m.VDim == kvb.Rows):
 			b := rowBlock(kvb, from, m.VDim)
 			b.Scales = kvb.Scales[from/128*cb : (from+m.VDim+127)/128*cb]
 			uv[h] = b
-			continue
+		case shapes:
+			uv[h] = kernels.Matrix{DType: kernels.F32, Rows: m.VDim, Cols: kvb.Cols}
+		default:
+			uv[h] = dequantizedRows(kvb, from, m.VDim)
 		}
-		uv[h] = dequantizedRows(kvb, from, m.VDim)
 	}
 	return uv
 }

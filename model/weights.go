@@ -278,9 +278,7 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 // copier copies weights into an arena as a binder binds them
 // (LoadOptions.Weights), read from the checkpoint's files rather than
 // through the mapping, so a load holds the copies, not the file's pages
-// too. (The counting binding before it still reads what it derives from
-// the values but for MLA's absorbed keys: the norms, an F8 kv_b_proj's
-// dequantized value rows, BF16 gpt-oss's experts transposed.)
+// too. (The counting binding before it reads only the norms' vectors.)
 type copier struct {
 	set         *safetensors.Set
 	arena       *anonmem.Arena
