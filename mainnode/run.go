@@ -367,7 +367,7 @@ func dialShadow(ctx context.Context, addr string, d workerDialing, peers []*wire
 	return p, redial, nil
 }
 
-// loadMain maps the main node's share of cfg.Model: every non-expert
+// loadMain loads the main node's share of cfg.Model: every non-expert
 // weight, or, with cfg.Stages, the embedding, the layers before the first
 // stage's and the output head, and the client that runs the stages'
 // layers (its model's LayerRunner), nil without stages; and how the node
@@ -395,7 +395,7 @@ func loadMain(ctx context.Context, cfg Config) (*model.Model, *stage.Client, wor
 	return m, stages, d, err
 }
 
-// loadStaged maps a staged main node's share and dials its stages.
+// loadStaged loads a staged main node's share and dials its stages.
 func loadStaged(ctx context.Context, cfg Config, d workerDialing) (*model.Model, *stage.Client, error) {
 	if cfg.Residency {
 		return nil, nil, fmt.Errorf("mainnode: -stages with -residency on: each stage would place its layers' experts on its own")

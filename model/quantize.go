@@ -23,7 +23,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		return nil, fmt.Errorf("model: quantize to %v: want F16, Q8 or NF4", dt)
 	}
 	q := *m
-	q.inMemory = nil // m's copies: the quantized model's are its own
+	q.arena = nil // m's copies: the quantized model's are its own
 	q.Layers = make([]Layer, len(m.Layers))
 	type job struct {
 		dst    *kernels.Matrix
@@ -118,7 +118,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		wg.Go(func() {
 			for j := range next {
 				qm, err := kernels.Quantize(j.dt, j.src)
-				if m.set != nil && m.inMemory == nil && !j.derived {
+				if m.set != nil && m.arena == nil && !j.derived {
 					// done with these source bytes: quantizing a whole model
 					// then holds about its copy, not the checkpoint too (a
 					// copy in memory is the model's own, dropped at Close)

@@ -30,9 +30,9 @@ type Model struct {
 	remote LayerRunner
 	// bytes held by the bound matrices, split by role
 	nonExpertBytes, expertBytes int64
-	// inMemory holds the weights' copies (LoadOptions.Weights); nil
-	// where they are the checkpoint's mapping
-	inMemory *anonmem.Arena
+	// arena holds the weights' copies (LoadOptions.Weights); nil where
+	// they are the checkpoint's mapping
+	arena *anonmem.Arena
 	// copyable is the bytes of the weights LoadOptions.Weights copies:
 	// every one bound as it is (not the norms' vectors, made float32 at
 	// load), but an embedding that is not the head
@@ -131,9 +131,9 @@ type LoadOptions struct {
 	Shapes bool
 	// Weights says where the bound weights live: the checkpoint's
 	// mapping (WeightsMapped, the default), or copies in memory of the
-	// process's own (WeightsInMemory; WeightsAuto where they fit). The
-	// token embedding stays mapped unless it is also the output head: a
-	// token reads one of its rows.
+	// process's own (WeightsInMemory; WeightsAuto where they fit; never
+	// with Shapes). The token embedding stays mapped unless it is also the
+	// output head: a token reads one of its rows.
 	Weights Weights
 	// Check, if set, is given the model bound (its weights mapped;
 	// unless Weights is WeightsMapped, bound for counting only: what it
@@ -188,8 +188,8 @@ func (w Weights) String() string {
 	return fmt.Sprintf("Weights(%d)", int(w))
 }
 
-// inMemory reports whether w copies weights of n bytes into memory.
-func (w Weights) inMemory(n int64) bool {
+// copies reports whether w copies weights of n bytes into memory.
+func (w Weights) copies(n int64) bool {
 	switch w {
 	case WeightsInMemory:
 		return true
@@ -227,9 +227,6 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	m := &Model{Config: cfg, arch: architectures[cfg.Architecture], set: set, held: AllLayers(cfg.NumLayers)}
-	if opt.Shapes {
-		opt.Weights = WeightsMapped // a checkpoint of shapes has no bytes to copy
-	}
 	if opt.Layers != nil {
 		if *opt.Layers == NoLayers && !opt.Head {
 			set.Close()
@@ -241,11 +238,13 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 		}
 		m.held = *opt.Layers
 	}
-	// a load that may copy binds twice: first counting (shapes only:
-	// nothing derived from the values, such as DeepSeek's absorbed keys,
-	// made only to be dropped), then for good, copying or not
+	// a load that may copy (not of a checkpoint of shapes, which has no
+	// bytes to copy) binds twice: first counting (shapes only: nothing
+	// derived from the values, such as DeepSeek's absorbed keys, made only
+	// to be dropped), then for good, copying or not
+	mayCopy := opt.Weights != WeightsMapped && !opt.Shapes
 	counting := opt
-	counting.Shapes = counting.Shapes || opt.Weights != WeightsMapped
+	counting.Shapes = opt.Shapes || mayCopy
 	if err := m.bind(counting, nil); err != nil {
 		set.Close()
 		return nil, fmt.Errorf("model: %s: %w", dir, err)
@@ -256,14 +255,14 @@ func Load(dir string, opt LoadOptions) (*Model, error) {
 			return nil, err
 		}
 	}
-	if !counting.Shapes || opt.Shapes {
+	if !mayCopy {
 		return m, nil
 	}
 	var own *copier
 	mem := &Model{Config: m.Config, arch: m.arch, set: set, held: m.held}
-	if opt.Weights.inMemory(m.copyable) {
+	if opt.Weights.copies(m.copyable) {
 		own = &copier{set: set, arena: &anonmem.Arena{}, total: m.copyable, progress: opt.Progress}
-		mem.inMemory = own.arena
+		mem.arena = own.arena
 	}
 	if err := mem.bind(opt, own); err != nil {
 		if own != nil {
@@ -491,8 +490,8 @@ func (m *Model) Close() error {
 		return nil
 	}
 	err := m.set.Close()
-	if m.inMemory != nil {
-		err = errors.Join(err, m.inMemory.Close())
+	if m.arena != nil {
+		err = errors.Join(err, m.arena.Close())
 	}
 	return err
 }
@@ -500,8 +499,8 @@ func (m *Model) Close() error {
 // WeightsInMemory is the bytes of weights copied into memory of the
 // process's own (LoadOptions.Weights): 0 where they are mapped.
 func (m *Model) WeightsInMemory() int64 {
-	if m.inMemory == nil {
+	if m.arena == nil {
 		return 0
 	}
-	return m.inMemory.Held()
+	return m.arena.Held()
 }

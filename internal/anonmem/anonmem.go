@@ -9,7 +9,10 @@
 // a file read in order, 59 and 70 mapped, 59 and 72 copied.
 package anonmem
 
-import "errors"
+import (
+	"errors"
+	"unsafe"
+)
 
 // align is the alignment of each region: a huge page.
 const align = 2 << 20
@@ -21,7 +24,7 @@ const chunk = 256 << 20
 
 // Arena hands out memory until Close. It is not safe for concurrent use.
 type Arena struct {
-	regions [][]byte // as mapped, for Close
+	regions [][]byte // the regions mapped, for Close
 	free    []byte   // the rest of the current region
 	held    int64
 	closed  bool
@@ -67,13 +70,15 @@ func (a *Arena) Held() int64 { return a.held }
 
 // region maps an aligned region of at least n bytes.
 func (a *Arena) region(n int) ([]byte, error) {
-	raw, r, err := mapAligned(n)
+	r, err := mapAligned(n)
 	if err != nil {
 		return nil, err
 	}
-	a.regions = append(a.regions, raw)
+	a.regions = append(a.regions, r)
 	return r, nil
 }
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 // Close unmaps every region: nothing Alloc returned may be used after.
 func (a *Arena) Close() error {

@@ -2,18 +2,15 @@
 
 package anonmem
 
-import "unsafe"
-
 // Supported reports whether copies are made outside the Go heap, in
 // regions of their own: not here, where they are Go memory.
 const Supported = false
 
-func mapAligned(n int) (raw, r []byte, err error) {
+// mapAligned allocates n bytes of Go memory at a huge page's boundary.
+func mapAligned(n int) ([]byte, error) {
 	b := make([]byte, n+align)
 	off := (align - int(addr(b))%align) % align
-	return b, b[off : off+n : off+n], nil
+	return b[off : off+n : off+n], nil
 }
 
 func unmap([]byte) error { return nil }
-
-func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
