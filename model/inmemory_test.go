@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model/synth"
 )
 
@@ -93,4 +94,35 @@ func TestWeightsInMemoryDecodeAsTheMapping(t *testing.T) {
 			t.Fatalf("Load: %v, want the Check's error", err)
 		}
 	})
+}
+
+// Shapes mode gives an F8 kv_b_proj's value rows the dtype and shape the
+// values would have, head by head: the rows kept in F8 (a head whose
+// rows start a 128-row block) and those dequantized to F32 alike.
+func TestHeadValueRowsShapesAreTheValuesShapes(t *testing.T) {
+	const heads, rank = 6, 64
+	m := &MLAConfig{NopeDim: 64, VDim: 128} // head h's value rows start at 192h+64: a 128-row block for odd h
+	rows := heads * (m.NopeDim + m.VDim)
+	kvb := kernels.Matrix{DType: kernels.F8E4M3, Rows: rows, Cols: rank,
+		Data: make([]byte, rows*rank), Scales: make([]byte, kernels.ScalesBytes(kernels.F8E4M3, rows, rank))}
+	for i := range kvb.Data {
+		kvb.Data[i] = byte(i % 0x7e)
+	}
+	values, shapes := headValueRows(kvb, m, heads, false), headValueRows(kvb, m, heads, true)
+	f32 := 0
+	for h := range values {
+		v, s := values[h], shapes[h]
+		if v.DType != s.DType || v.Rows != s.Rows || v.Cols != s.Cols {
+			t.Errorf("head %d: values %v %dx%d, shapes %v %dx%d", h, v.DType, v.Rows, v.Cols, s.DType, s.Rows, s.Cols)
+		}
+		if v.DType == kernels.F32 {
+			f32++
+			if int64(len(v.Data)) != int64(s.Rows)*int64(s.DType.RowBytes(s.Cols)) {
+				t.Errorf("head %d: %d bytes of values, the shape says %d", h, len(v.Data), s.Rows*s.DType.RowBytes(s.Cols))
+			}
+		}
+	}
+	if f32 == 0 || f32 == heads {
+		t.Fatalf("%d of %d heads dequantized: the test wants both kinds", f32, heads)
+	}
 }
