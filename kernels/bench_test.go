@@ -16,6 +16,13 @@ const benchSetBytes = 512 << 20
 // least benchSetBytes. The data is random N(0, 0.02) weights, cheap to
 // make: one random block repeated at shifting offsets.
 func benchMatrices(dt DType, rows, cols int) []Matrix {
+	if dt == BF16P {
+		ms := benchMatrices(BF16, rows, cols)
+		for i, m := range ms {
+			ms[i], _ = PackBF16(m, nil)
+		}
+		return ms
+	}
 	size := rows * cols * dt.Size()
 	count := (benchSetBytes + size - 1) / size
 	rng := rand.New(rand.NewPCG(71, 72))
@@ -39,9 +46,11 @@ func benchMatrices(dt DType, rows, cols int) []Matrix {
 
 // BenchmarkMatVec streams Mixtral expert-sized matrices (w1/w3 are
 // 14336x4096, w2 4096x14336) with Threads() goroutines; SetBytes counts
-// weight bytes, so MB/s (and the GB/s metric) is weight bandwidth.
+// weight bytes as stored, so MB/s (and the GB/s metric) is weight
+// bandwidth, and Gweight/s compares dtypes (BF16P reads 0.81 of BF16's
+// bytes for the same weights).
 func BenchmarkMatVec(b *testing.B) {
-	for _, dt := range []DType{BF16, F16, F32} {
+	for _, dt := range []DType{BF16, BF16P, F16, F32} {
 		b.Run(dt.String(), func(b *testing.B) {
 			var ms []Matrix // shared by both shapes: same byte size
 			next := 0       // rotation continues across runs: no matrix is reused while cached
@@ -52,7 +61,7 @@ func BenchmarkMatVec(b *testing.B) {
 					}
 					x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
 					out := make([]float32, s.rows)
-					bytes := int64(s.rows * s.cols * dt.Size())
+					bytes := int64(s.rows * dt.RowBytes(s.cols))
 					b.SetBytes(bytes)
 					b.ResetTimer()
 					for range b.N {
@@ -62,6 +71,7 @@ func BenchmarkMatVec(b *testing.B) {
 						MatVec(out, m, x)
 					}
 					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					b.ReportMetric(float64(s.rows*s.cols)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gweight/s")
 				})
 			}
 		})
@@ -72,10 +82,16 @@ func BenchmarkMatVec(b *testing.B) {
 // vectors (a batched decode pass's 2 to 16 rows, prefill); SetBytes
 // counts the weight bytes once per call.
 func BenchmarkMatMul(b *testing.B) {
-	ms := benchMatrices(BF16, 14336, 4096)
+	for _, dt := range []DType{BF16, BF16P} {
+		benchMatMul(b, dt)
+	}
+}
+
+func benchMatMul(b *testing.B, dt DType) {
+	ms := benchMatrices(dt, 14336, 4096)
 	next := 0
 	for _, n := range []int{2, 3, 4, 8, 16, 128} {
-		b.Run(fmt.Sprintf("BF16/n=%d", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%v/n=%d", dt, n), func(b *testing.B) {
 			x := randVec(rand.New(rand.NewPCG(1, 1)), n*4096)
 			out := make([]float32, n*14336)
 			b.SetBytes(int64(len(ms[0].Data)))

@@ -57,6 +57,8 @@ func (d DType) RowBytes(cols int) int {
 		return ceilDiv(cols, 2)
 	case F8E4M3:
 		return cols
+	case BF16P:
+		return ceilDiv(cols, packedBlock) * packedBlockBytes
 	}
 	return cols * d.Size()
 }
@@ -73,7 +75,7 @@ func (d DType) ScaleBytes(cols int) int {
 
 // HasScales reports whether d keeps scales apart from its codes, in
 // Matrix.Scales: MXFP4 and F8E4M3.
-func (d DType) HasScales() bool { return d == MXFP4 || d == F8E4M3 }
+func (d DType) HasScales() bool { return d == MXFP4 || d == F8E4M3 || d == BF16P }
 
 // ScalesBytes returns the size of Matrix.Scales for a rows x cols matrix
 // of d: rows*ScaleBytes(cols) for MXFP4, a float32 per 128x128 block for
@@ -86,7 +88,7 @@ func ScalesBytes(d DType, rows, cols int) int {
 }
 
 // known reports whether d is one of the dtypes above.
-func (d DType) known() bool { return d <= F8E4M3 }
+func (d DType) known() bool { return d <= BF16P }
 
 // String returns the safetensors spelling ("F32", "F16", "BF16"), or "Q8"
 // or "NF4".
@@ -106,6 +108,8 @@ func (d DType) String() string {
 		return "MXFP4"
 	case F8E4M3:
 		return "F8E4M3"
+	case BF16P:
+		return "BF16P"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -151,11 +155,16 @@ func (m Matrix) Validate() error {
 		return fmt.Errorf("kernels: matrix shape %dx%d is negative", m.Rows, m.Cols)
 	case m.Cols > math.MaxInt/4 || m.Cols > 0 && m.Rows > math.MaxInt/m.DType.RowBytes(m.Cols):
 		return fmt.Errorf("kernels: matrix shape %dx%d %v overflows int", m.Rows, m.Cols, m.DType)
+	case m.DType == BF16P && m.Cols%packedBlock != 0:
+		return fmt.Errorf("kernels: BF16P matrix of %d columns; its rows are blocks of %d", m.Cols, packedBlock)
 	case m.DType == MXFP4 && m.Cols%mxfp4Block != 0:
 		return fmt.Errorf("kernels: MXFP4 matrix of %d columns; its rows are blocks of %d", m.Cols, mxfp4Block)
 	}
 	if want := m.Rows * m.DType.RowBytes(m.Cols); len(m.Data) != want {
 		return fmt.Errorf("kernels: %dx%d %v matrix needs %d bytes, has %d", m.Rows, m.Cols, m.DType, want, len(m.Data))
+	}
+	if m.DType == BF16P {
+		return validPackedScales(m)
 	}
 	if want := ScalesBytes(m.DType, m.Rows, m.Cols); len(m.Scales) != want {
 		return fmt.Errorf("kernels: %dx%d %v matrix needs %d bytes of scales, has %d", m.Rows, m.Cols, m.DType, want, len(m.Scales))

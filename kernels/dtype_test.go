@@ -46,7 +46,7 @@ func TestMatrixValidate(t *testing.T) {
 		{"short", Matrix{DType: F16, Rows: 2, Cols: 3, Data: make([]byte, 11)}, "2x3 F16 matrix needs 12 bytes, has 11"},
 		{"long", Matrix{DType: F32, Rows: 1, Cols: 1, Data: make([]byte, 5)}, "needs 4 bytes, has 5"},
 		{"negative", Matrix{DType: F32, Rows: -1, Cols: 1}, "negative"},
-		{"unknown dtype", Matrix{DType: 7, Rows: 1, Cols: 1, Data: make([]byte, 4)}, "unknown dtype"},
+		{"unknown dtype", Matrix{DType: BF16P + 1, Rows: 1, Cols: 1, Data: make([]byte, 4)}, "unknown dtype"},
 		{"overflow", Matrix{DType: F32, Rows: math.MaxInt / 2, Cols: 3}, "overflows"},
 	}
 	for _, tc := range cases {

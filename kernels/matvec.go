@@ -325,6 +325,9 @@ func matVecRows(p *rowKernels, out []float32, w Matrix, x []float32, r0, r1 int)
 		p.matVecMXFP4(out, b, w.Scales[r0*sb:r1*sb], x)
 	case F8E4M3:
 		p.matVecF8(out, b, w.Scales, x, r0)
+	case BF16P:
+		p.matVecBF16P(out, b, packedTable(w.Scales), x)
+		fixExceptionRows(p, out, w, x, r0)
 	}
 }
 

@@ -62,9 +62,14 @@ type rowKernels struct {
 	// F8E4M3: len(out) rows of codes from row r0 on, and the matrix's
 	// whole Matrix.Scales
 	matVecF8 func(out []float32, codes, scales []byte, x []float32, r0 int)
+	// BF16P: len(out) rows of blocks and the matrix's code table (its
+	// exception rows are redone by matVecRows)
+	matVecBF16P func(out []float32, data []byte, table *[packedTableBytes]byte, x []float32)
+	// unpackBF16P widens len(dst)/64 blocks (a tile of MatMul)
+	unpackBF16P func(dst []float32, src []byte, table *[packedTableBytes]byte)
 }
 
-var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go, matVecMXFP4Go, matVecF8Go}
+var goRows = rowKernels{matVecF32Go, matVecBF16Go, matVecF16Go, matVecQ8Go, matVecNF4Go, matVecMXFP4Go, matVecF8Go, matVecBF16PGo, widenBlocksGo}
 
 // goPath is the pure-Go reference: the definition itself.
 var goPath = &path{

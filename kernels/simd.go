@@ -32,6 +32,10 @@ func newSIMDPath(name string, k isa) *path {
 	p.matVecF8 = func(out []float32, codes, scales []byte, x []float32, r0 int) {
 		rowsF8SIMD(k, out, codes, scales, x, r0)
 	}
+	p.matVecBF16P = func(out []float32, data []byte, table *[packedTableBytes]byte, x []float32) {
+		rowsBF16PSIMD(k, out, data, table, x)
+	}
+	p.unpackBF16P = func(dst []float32, src []byte, table *[packedTableBytes]byte) { widenBlocksSIMD(k, dst, src, table) }
 	p.dotF32 = func(a, b []float32) float32 { return dotF32SIMD(k, a, b) }
 	p.sum = func(x []float32) float32 { return sumSIMD(k, x) }
 	p.matMulRows = func(out []float32, w Matrix, x []float32, n, r0, r1 int) {
@@ -272,6 +276,9 @@ func matMulSIMD(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n, r
 		case BF16, F16:
 			wf = scratch[:nr*cols]
 			widenAsm(k, w.DType, &wf[0], &u16View(src)[0], nr*cols)
+		case BF16P:
+			wf = scratch[:nr*cols]
+			unpackRows(wf, w, b0, nr, p.unpackBF16P)
 		case F8E4M3:
 			wf = scratch[:nr*cols]
 			for r := range nr {

@@ -1,0 +1,247 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"unsafe"
+)
+
+// BF16P ("BF16, packed") holds a BF16 matrix losslessly in 13 bits a
+// weight instead of 16, for the row kernels of a memory-bound decode to
+// read 0.81 of the bytes. A weight's low byte (the last exponent bit and
+// the 7 mantissa bits) is kept as it is; its high byte (sign and the
+// exponent's top 7 bits), of which trained and initialised weights use a
+// few dozen values (ZipMoE's exponent entropy of ~2.6 bits), becomes a
+// 5-bit code into a table of the matrix's 32 most frequent high bytes.
+//
+// A row is whole blocks of 64 weights (Cols a multiple of 64), each block
+// 104 bytes: 40 bytes of codes, code p at bits [5p, 5p+5) little-endian,
+// then 64 low bytes, byte p. Position p = 16L + 4k + d holds the weight
+// 16k + 4L + d of the block (L, k, d < 4 and d < 4): the order in which
+// the AVX-512 kernel's byte and word interleaves give back weights 16k to
+// 16k+15 as the k-th 16 lanes.
+//
+// Matrix.Scales holds the table, twice (64 bytes: a code's sixth bit does
+// not matter), a little-endian uint32 count of exception rows, their
+// indices (uint32, ascending), and their weights as BF16 (Cols each): a
+// row with a high byte outside the table is stored in the blocks too
+// (codes of 0 there) but computed from its BF16 copy. PackBF16 refuses a
+// matrix where more than an eighth of the rows are exceptions, so a
+// packed matrix is never larger than its BF16.
+const BF16P DType = F8E4M3 + 1
+
+const (
+	packedBlock      = 64  // weights a block
+	packedBlockBytes = 104 // 40 bytes of 5-bit codes, 64 low bytes
+	packedCodeBytes  = 40
+	packedTableBytes = 64
+)
+
+// packedConsts are the AVX-512 kernel's byte gather (qword i of a block's
+// codes takes its bytes 5i to 5i+7) and bit selection (byte m of a qword
+// takes the 8 bits from 5m): with them a block's 64 codes become 64 bytes.
+var packedConsts = func() (c [2][64]byte) {
+	for i := range 8 {
+		for m := range 8 {
+			c[0][8*i+m] = byte(5*i + m)
+			c[1][8*i+m] = byte(5 * m)
+		}
+	}
+	return c
+}()
+
+// packedWeight returns the weight of a block that position p holds.
+func packedWeight(p int) int { return 16*(p>>2&3) + 4*(p>>4) + p&3 }
+
+// PackBF16 returns m (BF16) as BF16P, its Data and Scales in memory from
+// alloc (make where alloc is nil), or false, allocating nothing, where m
+// is not BF16, its columns are not whole blocks of 64 or more than an
+// eighth of its rows hold a high byte outside the 32 most frequent.
+func PackBF16(m Matrix, alloc func(n int) []byte) (Matrix, bool) {
+	if m.DType != BF16 || m.Cols == 0 || m.Cols%packedBlock != 0 || m.Rows == 0 || m.Validate() != nil {
+		return Matrix{}, false
+	}
+	w := u16View(m.Data)[:m.Rows*m.Cols]
+	var freq [256]int
+	for _, v := range w {
+		freq[v>>8]++
+	}
+	order := make([]int, 256)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return freq[b] - freq[a] })
+	var code [256]int8
+	for i := range code {
+		code[i] = -1
+	}
+	var table [packedTableBytes]byte
+	for i, hi := range order[:32] {
+		if freq[hi] > 0 {
+			code[hi] = int8(i)
+			table[i], table[i+32] = byte(hi), byte(hi)
+		}
+	}
+	rows, cols := m.Rows, m.Cols
+	var exceptions []int
+	for r := range rows {
+		for _, v := range w[r*cols : (r+1)*cols] {
+			if code[v>>8] < 0 {
+				exceptions = append(exceptions, r)
+				break
+			}
+		}
+	}
+	if len(exceptions)*8 > rows {
+		return Matrix{}, false
+	}
+	if alloc == nil {
+		alloc = func(n int) []byte { return make([]byte, n) }
+	}
+	data := alloc(rows * BF16P.RowBytes(cols))
+	scales := alloc(packedTableBytes + 4 + len(exceptions)*(4+2*cols))
+	copy(scales, table[:])
+	binary.LittleEndian.PutUint32(scales[packedTableBytes:], uint32(len(exceptions)))
+	idx := scales[packedTableBytes+4:]
+	raw := idx[4*len(exceptions):]
+	for i, r := range exceptions {
+		binary.LittleEndian.PutUint32(idx[4*i:], uint32(r))
+		copy(raw[2*cols*i:2*cols*(i+1)], m.Data[2*cols*r:2*cols*(r+1)])
+	}
+	nb := cols / packedBlock
+	ParallelFor(ParallelChunks(rows, rows*cols), rows, func(_, r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			for b := range nb {
+				src := w[r*cols+b*packedBlock:][:packedBlock]
+				blk := data[(r*nb+b)*packedBlockBytes:][:packedBlockBytes]
+				for i := range 8 {
+					var q uint64
+					for m := range 8 {
+						p := 8*i + m
+						v := src[packedWeight(p)]
+						q |= uint64(max(code[v>>8], 0)) << (5 * m)
+						blk[packedCodeBytes+p] = byte(v)
+					}
+					for j := range 5 {
+						blk[5*i+j] = byte(q >> (8 * j))
+					}
+				}
+			}
+		}
+	})
+	return Matrix{DType: BF16P, Rows: rows, Cols: cols, Data: data, Scales: scales}, true
+}
+
+// packedTable returns the code table of a BF16P matrix's Scales.
+func packedTable(scales []byte) *[packedTableBytes]byte {
+	return (*[packedTableBytes]byte)(scales[:packedTableBytes])
+}
+
+// packedExceptions returns the exception rows of a BF16P matrix's Scales
+// and their BF16 weights, cols a row.
+func packedExceptions(scales []byte, cols int) (rows []uint32, raw []uint16) {
+	n := int(binary.LittleEndian.Uint32(scales[packedTableBytes:]))
+	if n == 0 {
+		return nil, nil
+	}
+	b := scales[packedTableBytes+4:]
+	rows = unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), n)
+	return rows, u16View(b[4*n:])[:n*cols]
+}
+
+// validPackedScales reports what is wrong with a BF16P matrix's Scales.
+func validPackedScales(m Matrix) error {
+	if len(m.Scales) < packedTableBytes+4 {
+		return fmt.Errorf("kernels: BF16P matrix %dx%d has %d bytes of scales, fewer than its table's %d", m.Rows, m.Cols, len(m.Scales), packedTableBytes+4)
+	}
+	n := int(binary.LittleEndian.Uint32(m.Scales[packedTableBytes:]))
+	if n > m.Rows || len(m.Scales) != packedTableBytes+4+n*(4+2*m.Cols) {
+		return fmt.Errorf("kernels: BF16P matrix %dx%d: %d exception rows in %d bytes of scales", m.Rows, m.Cols, n, len(m.Scales))
+	}
+	rows, _ := packedExceptions(m.Scales, m.Cols)
+	for i, r := range rows {
+		if int(r) >= m.Rows || i > 0 && r <= rows[i-1] {
+			return fmt.Errorf("kernels: BF16P matrix %dx%d: exception row %d out of order or range", m.Rows, m.Cols, r)
+		}
+	}
+	return nil
+}
+
+// unpackBlock writes a block's 64 BF16 weights, in order, into dst.
+func unpackBlock(dst *[packedBlock]uint16, blk []byte, table *[packedTableBytes]byte) {
+	blk = blk[:packedBlockBytes]
+	for i := range 8 {
+		q := uint64(blk[5*i]) | uint64(blk[5*i+1])<<8 | uint64(blk[5*i+2])<<16 | uint64(blk[5*i+3])<<24 | uint64(blk[5*i+4])<<32
+		for m := range 8 {
+			p := 8*i + m
+			dst[packedWeight(p)] = uint16(table[q>>(5*m)&31])<<8 | uint16(blk[packedCodeBytes+p])
+		}
+	}
+}
+
+// matVecBF16PGo is the row kernel of BF16P: each row's blocks unpacked
+// and applied exactly as dotBF16Go applies its BF16 (16 lanes, then
+// fold16). Exception rows come out wrong here: matVecRows redoes them.
+func matVecBF16PGo(out []float32, data []byte, table *[packedTableBytes]byte, x []float32) {
+	cols := len(x)
+	nb := cols / packedBlock
+	var w [packedBlock]uint16
+	for r := range out {
+		var acc [16]float32
+		for b := range nb {
+			unpackBlock(&w, data[(r*nb+b)*packedBlockBytes:], table)
+			xb := x[b*packedBlock:]
+			for k := range 4 {
+				for j := range 16 {
+					acc[j] += float32(BF16ToF32(w[16*k+j]) * xb[16*k+j])
+				}
+			}
+		}
+		out[r] = fold16(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
+			acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15])
+	}
+}
+
+// unpackRows widens rows [r0, r0+nr) of the BF16P matrix w into dst
+// (nr*Cols floats): blocks widens the packed rows (the Go or the assembly
+// way), then exception rows are widened from their BF16 copies.
+func unpackRows(dst []float32, w Matrix, r0, nr int, blocks func(dst []float32, src []byte, table *[packedTableBytes]byte)) {
+	cols := w.Cols
+	rb := BF16P.RowBytes(cols)
+	blocks(dst[:nr*cols], w.Data[r0*rb:(r0+nr)*rb], packedTable(w.Scales))
+	rows, raw := packedExceptions(w.Scales, cols)
+	i, _ := slices.BinarySearch(rows, uint32(r0))
+	for ; i < len(rows) && int(rows[i]) < r0+nr; i++ {
+		r := int(rows[i]) - r0
+		for j, h := range raw[i*cols : (i+1)*cols] {
+			dst[r*cols+j] = BF16ToF32(h)
+		}
+	}
+}
+
+// widenBlocksGo widens the len(dst)/64 blocks of src into dst.
+func widenBlocksGo(dst []float32, src []byte, table *[packedTableBytes]byte) {
+	var w [packedBlock]uint16
+	for i := range len(dst) / packedBlock {
+		unpackBlock(&w, src[i*packedBlockBytes:], table)
+		for j, h := range w {
+			dst[i*packedBlock+j] = BF16ToF32(h)
+		}
+	}
+}
+
+// fixExceptionRows recomputes out's exception rows (out holds rows
+// [r0, r0+len(out)) of w) from their BF16 copies with p's BF16 kernel.
+func fixExceptionRows(p *rowKernels, out []float32, w Matrix, x []float32, r0 int) {
+	rows, raw := packedExceptions(w.Scales, w.Cols)
+	if len(rows) == 0 {
+		return
+	}
+	r1 := r0 + len(out)
+	i, _ := slices.BinarySearch(rows, uint32(r0))
+	for ; i < len(rows) && int(rows[i]) < r1; i++ {
+		r := int(rows[i])
+		p.matVecBF16(out[r-r0:r-r0+1], raw[i*w.Cols:(i+1)*w.Cols], x)
+	}
+}
