@@ -197,9 +197,9 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-role", "shadow", "-model", "x", "-layers", "4"}, 2, `-layers: layers "4": want A-B`},
 		{[]string{"run", "-role", "local", "-model", "x", "-mem", "plenty"}, 2, `-mem: want a size such as 16GiB, got "plenty"`},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-mem", "0"}, 2, `-mem: want a size such as 16GiB, got "0"`},
-		{[]string{"run", "-role", "local", "-model", "x", "-weights", "ram"}, 2, `-weights: weights "ram": want mapped, memory or auto`},
-		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want mapped, memory or auto`},
-		{[]string{"run", "-role", "stage", "-model", "x", "-layers", "0-1", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want mapped, memory or auto`},
+		{[]string{"run", "-role", "local", "-model", "x", "-weights", "ram"}, 2, `-weights: weights "ram": want auto, packed, memory or mapped`},
+		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want auto, packed, memory or mapped`},
+		{[]string{"run", "-role", "stage", "-model", "x", "-layers", "0-1", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want auto, packed, memory or mapped`},
 	}
 	for _, tc := range cases {
 		_, se, code := run(t, "", tc.args...)

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -19,7 +20,7 @@ func benchMatrices(dt DType, rows, cols int) []Matrix {
 	if dt == BF16P {
 		ms := benchMatrices(BF16, rows, cols)
 		for i, m := range ms {
-			ms[i], _ = PackBF16(m, nil)
+			ms[i], _, _ = PackBF16(m, nil)
 		}
 		return ms
 	}
@@ -134,37 +135,44 @@ func BenchmarkSwiGLU(b *testing.B) {
 func BenchmarkMatVecDecodeShapes(b *testing.B) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, s := range []struct{ rows, cols int }{{256, 1024}, {1024, 1024}, {3584, 1024}, {1024, 3584}} {
-		b.Run(fmt.Sprintf("BF16_%dx%d", s.rows, s.cols), func(b *testing.B) {
-			m, _ := randMatrix(rng, BF16, s.rows, s.cols)
-			x := randVec(rng, s.cols)
-			out := make([]float32, s.rows)
-			b.SetBytes(int64(len(m.Data)))
-			for b.Loop() {
-				MatVec(out, m, x)
-			}
-		})
+		for _, dt := range []DType{BF16, BF16P} {
+			b.Run(fmt.Sprintf("%v_%dx%d", dt, s.rows, s.cols), func(b *testing.B) {
+				m := benchMatrices(dt, s.rows, s.cols)[0]
+				x := randVec(rng, s.cols)
+				out := make([]float32, s.rows)
+				b.SetBytes(int64(len(m.Data)))
+				for b.Loop() {
+					MatVec(out, m, x)
+				}
+				b.ReportMetric(float64(s.rows*s.cols)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gweight/s")
+			})
+		}
 	}
 }
 
 // BenchmarkMatVecSmallStreamed streams the small preset's decode shapes
 // (an expert's 3584x1024 and 1024x3584, attention's 1024x1024) from DRAM,
 // as local decode on small does: weight GB/s at -cpu 1,2.
+// BF16P's GB/s are of its own bytes; Gweight/s compares the two.
 func BenchmarkMatVecSmallStreamed(b *testing.B) {
 	for _, s := range []struct{ rows, cols int }{{3584, 1024}, {1024, 3584}, {1024, 1024}} {
-		b.Run(fmt.Sprintf("%dx%d", s.rows, s.cols), func(b *testing.B) {
-			ms := benchMatrices(BF16, s.rows, s.cols)
-			x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
-			out := make([]float32, s.rows)
-			bytes := int64(s.rows * s.cols * 2)
-			b.SetBytes(bytes)
-			next := 0
-			b.ResetTimer()
-			for range b.N {
-				MatVec(out, ms[next%len(ms)], x)
-				next++
-			}
-			b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-		})
+		for _, dt := range []DType{BF16, BF16P} {
+			b.Run(fmt.Sprintf("%v_%dx%d", dt, s.rows, s.cols), func(b *testing.B) {
+				ms := benchMatrices(dt, s.rows, s.cols)
+				x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
+				out := make([]float32, s.rows)
+				bytes := int64(s.rows * dt.RowBytes(s.cols))
+				b.SetBytes(bytes)
+				next := 0
+				b.ResetTimer()
+				for range b.N {
+					MatVec(out, ms[next%len(ms)], x)
+					next++
+				}
+				b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				b.ReportMetric(float64(s.rows*s.cols)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gweight/s")
+			})
+		}
 	}
 }
 
@@ -190,6 +198,48 @@ func BenchmarkMatVecWake(b *testing.B) {
 				}
 				b.ReportMetric(float64(busy.Nanoseconds())/float64(b.N), "ns/product")
 			})
+		}
+	}
+}
+
+// BenchmarkPackedAgainstBF16 streams the small preset's decode shapes
+// from DRAM as BF16 and as BF16P in alternating rounds of 64 products and
+// reports the median of the rounds' time ratios (BF16 over BF16P: above 1,
+// packed is faster): one figure robust to a shared machine's drift.
+func BenchmarkPackedAgainstBF16(b *testing.B) {
+	for _, s := range []struct{ rows, cols int }{{3584, 1024}, {1024, 3584}, {1024, 1024}} {
+		b.Run(fmt.Sprintf("%dx%d", s.rows, s.cols), func(b *testing.B) {
+			plain, packed := benchMatrices(BF16, s.rows, s.cols), benchMatrices(BF16P, s.rows, s.cols)
+			x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
+			out := make([]float32, s.rows)
+			round := func(ms []Matrix, next int) time.Duration {
+				t0 := time.Now()
+				for i := range 64 {
+					MatVec(out, ms[(next+i)%len(ms)], x)
+				}
+				return time.Since(t0)
+			}
+			var ratios []float64
+			b.ResetTimer()
+			for i := range b.N {
+				tp := round(plain, 64*i)
+				tq := round(packed, 64*i)
+				ratios = append(ratios, float64(tp)/float64(tq))
+			}
+			slices.Sort(ratios)
+			b.ReportMetric(ratios[len(ratios)/2], "bf16/packed")
+		})
+	}
+}
+
+// BenchmarkPackBF16 packs a 14336x4096 BF16 matrix: what packing costs a
+// load, in MB/s of BF16.
+func BenchmarkPackBF16(b *testing.B) {
+	m := benchMatrices(BF16, 14336, 4096)[0]
+	b.SetBytes(int64(len(m.Data)))
+	for b.Loop() {
+		if _, ok, _ := PackBF16(m, nil); !ok {
+			b.Fatal("not packed")
 		}
 	}
 }

@@ -17,10 +17,10 @@ import (
 //
 // A row is whole blocks of 64 weights (Cols a multiple of 64), each block
 // 104 bytes: 40 bytes of codes, code p at bits [5p, 5p+5) little-endian,
-// then 64 low bytes, byte p. Position p = 16L + 4k + d holds the weight
-// 16k + 4L + d of the block (L, k, d < 4 and d < 4): the order in which
-// the AVX-512 kernel's byte and word interleaves give back weights 16k to
-// 16k+15 as the k-th 16 lanes.
+// then 64 low bytes, byte p. Position p = 16L + 8h + 2d + o (L, d < 4;
+// h, o < 2) holds the weight 16k + 4L + d of the block, k = 2h + o: the
+// order in which the AVX-512 kernel's byte interleave (h) and its 16-bit
+// shift or mask (o) give back weights 16k to 16k+15 as the k-th 16 lanes.
 //
 // Matrix.Scales holds the table, twice (64 bytes: a code's sixth bit does
 // not matter), a little-endian uint32 count of exception rows, their
@@ -51,56 +51,89 @@ var packedConsts = func() (c [2][64]byte) {
 	return c
 }()
 
+// packedOrder is packedWeight of every position.
+var packedOrder = func() (o [packedBlock]uint8) {
+	for p := range o {
+		o[p] = uint8(packedWeight(p))
+	}
+	return o
+}()
+
 // packedWeight returns the weight of a block that position p holds.
-func packedWeight(p int) int { return 16*(p>>2&3) + 4*(p>>4) + p&3 }
+func packedWeight(p int) int {
+	r := p & 15
+	return 16*(2*(r>>3)+r&1) + 4*(p>>4) + (r&7)>>1
+}
 
 // PackBF16 returns m (BF16) as BF16P, its Data and Scales in memory from
 // alloc (make where alloc is nil), or false, allocating nothing, where m
 // is not BF16, its columns are not whole blocks of 64 or more than an
-// eighth of its rows hold a high byte outside the 32 most frequent.
-func PackBF16(m Matrix, alloc func(n int) []byte) (Matrix, bool) {
+// eighth of its rows hold a high byte outside the 32 most frequent. An
+// error is alloc's.
+func PackBF16(m Matrix, alloc func(n int) ([]byte, error)) (Matrix, bool, error) {
 	if m.DType != BF16 || m.Cols == 0 || m.Cols%packedBlock != 0 || m.Rows == 0 || m.Validate() != nil {
-		return Matrix{}, false
+		return Matrix{}, false, nil
 	}
-	w := u16View(m.Data)[:m.Rows*m.Cols]
+	rows, cols := m.Rows, m.Cols
+	w := u16View(m.Data)[:rows*cols]
+	// one pass counts the high bytes, for the table, and notes which
+	// each row holds, for its exception rows
+	chunks := ParallelChunks(rows, rows*cols)
+	counts := make([][256]int, chunks)
+	held := make([][4]uint64, rows)
+	ParallelFor(chunks, rows, func(c, r0, r1 int) {
+		n := &counts[c]
+		for r := r0; r < r1; r++ {
+			var set [4]uint64
+			for _, v := range w[r*cols : (r+1)*cols] {
+				h := v >> 8
+				n[h]++
+				set[h>>6] |= 1 << (h & 63)
+			}
+			held[r] = set
+		}
+	})
 	var freq [256]int
-	for _, v := range w {
-		freq[v>>8]++
+	for c := range counts {
+		for h, n := range counts[c] {
+			freq[h] += n
+		}
 	}
 	order := make([]int, 256)
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return freq[b] - freq[a] })
-	var code [256]int8
-	for i := range code {
-		code[i] = -1
-	}
+	var code [256]uint8 // a high byte outside the table: 0, its row an exception
+	var inTable [4]uint64
 	var table [packedTableBytes]byte
 	for i, hi := range order[:32] {
 		if freq[hi] > 0 {
-			code[hi] = int8(i)
+			code[hi] = uint8(i)
+			inTable[hi>>6] |= 1 << (hi & 63)
 			table[i], table[i+32] = byte(hi), byte(hi)
 		}
 	}
-	rows, cols := m.Rows, m.Cols
 	var exceptions []int
-	for r := range rows {
-		for _, v := range w[r*cols : (r+1)*cols] {
-			if code[v>>8] < 0 {
-				exceptions = append(exceptions, r)
-				break
-			}
+	for r, set := range held {
+		if set[0]&^inTable[0]|set[1]&^inTable[1]|set[2]&^inTable[2]|set[3]&^inTable[3] != 0 {
+			exceptions = append(exceptions, r)
 		}
 	}
 	if len(exceptions)*8 > rows {
-		return Matrix{}, false
+		return Matrix{}, false, nil
 	}
 	if alloc == nil {
-		alloc = func(n int) []byte { return make([]byte, n) }
+		alloc = func(n int) ([]byte, error) { return make([]byte, n), nil }
 	}
-	data := alloc(rows * BF16P.RowBytes(cols))
-	scales := alloc(packedTableBytes + 4 + len(exceptions)*(4+2*cols))
+	data, err := alloc(rows * BF16P.RowBytes(cols))
+	if err != nil {
+		return Matrix{}, false, err
+	}
+	scales, err := alloc(packedTableBytes + 4 + len(exceptions)*(4+2*cols))
+	if err != nil {
+		return Matrix{}, false, err
+	}
 	copy(scales, table[:])
 	binary.LittleEndian.PutUint32(scales[packedTableBytes:], uint32(len(exceptions)))
 	idx := scales[packedTableBytes+4:]
@@ -109,29 +142,29 @@ func PackBF16(m Matrix, alloc func(n int) []byte) (Matrix, bool) {
 		binary.LittleEndian.PutUint32(idx[4*i:], uint32(r))
 		copy(raw[2*cols*i:2*cols*(i+1)], m.Data[2*cols*r:2*cols*(r+1)])
 	}
-	nb := cols / packedBlock
-	ParallelFor(ParallelChunks(rows, rows*cols), rows, func(_, r0, r1 int) {
-		for r := r0; r < r1; r++ {
-			for b := range nb {
-				src := w[r*cols+b*packedBlock:][:packedBlock]
-				blk := data[(r*nb+b)*packedBlockBytes:][:packedBlockBytes]
-				for i := range 8 {
-					var q uint64
-					for m := range 8 {
-						p := 8*i + m
-						v := src[packedWeight(p)]
-						q |= uint64(max(code[v>>8], 0)) << (5 * m)
-						blk[packedCodeBytes+p] = byte(v)
-					}
-					for j := range 5 {
-						blk[5*i+j] = byte(q >> (8 * j))
-					}
+	blocks := rows * cols / packedBlock
+	ParallelFor(ParallelChunks(blocks, rows*cols), blocks, func(_, b0, b1 int) {
+		for b := b0; b < b1; b++ {
+			src := (*[packedBlock]uint16)(w[b*packedBlock:])
+			blk := (*[packedBlockBytes]byte)(data[b*packedBlockBytes:])
+			for i := range 8 {
+				var q uint64
+				for m := range 8 {
+					v := src[packedOrder[8*i+m]]
+					q |= uint64(code[v>>8]) << (5 * m)
+					blk[packedCodeBytes+8*i+m] = byte(v)
 				}
+				blk[5*i], blk[5*i+1], blk[5*i+2], blk[5*i+3], blk[5*i+4] = byte(q), byte(q>>8), byte(q>>16), byte(q>>24), byte(q>>32)
 			}
 		}
 	})
-	return Matrix{DType: BF16P, Rows: rows, Cols: cols, Data: data, Scales: scales}, true
+	return Matrix{DType: BF16P, Rows: rows, Cols: cols, Data: data, Scales: scales}, true, nil
 }
+
+// PackedNative reports whether the active path computes BF16P in
+// assembly (AVX-512 with VBMI); elsewhere its products run in pure Go,
+// far slower than BF16's.
+func PackedNative() bool { return cur().packedNative }
 
 // packedTable returns the code table of a BF16P matrix's Scales.
 func packedTable(scales []byte) *[packedTableBytes]byte {

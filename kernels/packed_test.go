@@ -29,7 +29,7 @@ func TestPackBF16KeepsEveryWeight(t *testing.T) {
 	rng := rand.New(rand.NewPCG(61, 62))
 	for _, s := range []struct{ rows, cols, rare int }{{1, 64, 0}, {9, 128, 0}, {67, 1024, 9}, {40, 4096, 8}, {3, 192, 0}, {17, 128, 16}} {
 		m, exc := packableMatrix(rng, s.rows, s.cols, s.rare)
-		p, ok := PackBF16(m, nil)
+		p, ok, _ := PackBF16(m, nil)
 		if !ok {
 			t.Fatalf("%dx%d: not packed", s.rows, s.cols)
 		}
@@ -58,18 +58,18 @@ func TestPackBF16KeepsEveryWeight(t *testing.T) {
 
 func TestPackBF16RefusesWhatItCannotHold(t *testing.T) {
 	rng := rand.New(rand.NewPCG(63, 64))
-	alloc := func(n int) []byte { t.Fatalf("allocated %d bytes for a refused matrix", n); return nil }
+	alloc := func(n int) ([]byte, error) { t.Fatalf("allocated %d bytes for a refused matrix", n); return nil, nil }
 	f32, _ := randMatrix(rng, F32, 4, 64)
 	odd, _ := packableMatrix(rng, 4, 64, 0)
 	odd.Cols, odd.Data = 32, odd.Data[:2*4*32]
 	many, _ := packableMatrix(rng, 16, 64, 4) // 4 exception rows of 16: more than an eighth
 	for name, m := range map[string]Matrix{"F32": f32, "32 columns": odd, "a quarter of the rows exceptions": many} {
-		if _, ok := PackBF16(m, alloc); ok {
+		if _, ok, _ := PackBF16(m, alloc); ok {
 			t.Errorf("%s: packed", name)
 		}
 	}
 	few, _ := packableMatrix(rng, 16, 64, 8) // 2 of 16: an eighth
-	if _, ok := PackBF16(few, nil); !ok {
+	if _, ok, _ := PackBF16(few, nil); !ok {
 		t.Error("an eighth of the rows exceptions: refused")
 	}
 }
@@ -77,7 +77,7 @@ func TestPackBF16RefusesWhatItCannotHold(t *testing.T) {
 func TestValidateNamesBadPackedScales(t *testing.T) {
 	rng := rand.New(rand.NewPCG(65, 66))
 	m, _ := packableMatrix(rng, 20, 64, 10)
-	p, _ := PackBF16(m, nil)
+	p, _, _ := PackBF16(m, nil)
 	swapped := append([]byte(nil), p.Scales...)
 	a, b := swapped[packedTableBytes+4:], swapped[packedTableBytes+8:]
 	ra, rb := binary.LittleEndian.Uint32(a), binary.LittleEndian.Uint32(b)
@@ -108,7 +108,7 @@ func testPackedProducts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(67, 68))
 	for _, s := range []struct{ rows, cols, rare int }{{1, 64, 0}, {3, 128, 0}, {17, 128, 16}, {5, 64, 0}, {67, 1024, 9}, {130, 2048, 11}, {64, 4096, 0}} {
 		m, _ := packableMatrix(rng, s.rows, s.cols, s.rare)
-		p, ok := PackBF16(m, nil)
+		p, ok, _ := PackBF16(m, nil)
 		if !ok {
 			t.Fatalf("%dx%d: not packed", s.rows, s.cols)
 		}
@@ -131,11 +131,45 @@ func TestPackedMatVecSingleThreadDoesNotAllocate(t *testing.T) {
 	defer SetThreads(SetThreads(1))
 	rng := rand.New(rand.NewPCG(69, 70))
 	m, _ := packableMatrix(rng, 64, 1024, 16)
-	p, _ := PackBF16(m, nil)
+	p, _, _ := PackBF16(m, nil)
 	x, out := randVec(rng, 1024), make([]float32, 64)
 	forEachPath(t, func(t *testing.T) {
 		if a := testing.AllocsPerRun(20, func() { MatVec(out, p, x) }); a != 0 {
 			t.Errorf("%v allocations a MatVec", a)
 		}
 	})
+}
+
+// TestPackedRowsQuantizeAsTheirBF16: RowToFloat32 and Quantize read a
+// packed matrix, exception rows included, as the BF16 it was packed from.
+func TestPackedRowsQuantizeAsTheirBF16(t *testing.T) {
+	rng := rand.New(rand.NewPCG(71, 72))
+	m, _ := packableMatrix(rng, 24, 128, 8)
+	for i := range u16View(m.Data) { // finite weights for Quantize: the exceptions' are subnormal or zero
+		if h := u16View(m.Data)[i]; h&0x7f80 == 0x7f80 {
+			u16View(m.Data)[i] = h &^ 0x7f80
+		}
+	}
+	p, ok, _ := PackBF16(m, nil)
+	if !ok {
+		t.Fatal("not packed")
+	}
+	if rows, _ := packedExceptions(p.Scales, p.Cols); len(rows) == 0 {
+		t.Fatal("no exception rows to read")
+	}
+	got, want := make([]float32, 128), make([]float32, 128)
+	for r := range m.Rows {
+		RowToFloat32(got, p, r)
+		RowToFloat32(want, m, r)
+		if i, ok := sameSlices(got, want); !ok {
+			t.Fatalf("row %d weight %d: %v, BF16 gives %v", r, i, got[i], want[i])
+		}
+	}
+	for _, dt := range []DType{F16, Q8, NF4} {
+		qp, errP := Quantize(dt, p)
+		qm, errM := Quantize(dt, m)
+		if (errP == nil) != (errM == nil) || errP == nil && string(qp.Data) != string(qm.Data) {
+			t.Errorf("%v: packed quantizes to other bytes (errors %v, %v)", dt, errP, errM)
+		}
+	}
 }

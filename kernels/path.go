@@ -42,6 +42,8 @@ type path struct {
 	siluMul  func(out, gate, up []float32)
 	// clampedSwiGLU is ClampedSwiGLU's (lengths checked).
 	clampedSwiGLU func(out, gateUp []float32, limit, alpha float32)
+	// packedNative: this path computes BF16P in assembly
+	packedNative bool
 	// expWork is what an element of SwiGLU costs, in ParallelChunks'
 	// unit: where it is worth splitting over the thread team (Softmax's
 	// rows are split by the attention's heads instead).

@@ -82,9 +82,9 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 		return Matrix{}, fmt.Errorf("kernels.Quantize: %w", err)
 	}
 	switch m.DType {
-	case F32, F16, BF16, MXFP4, F8E4M3:
+	case F32, F16, BF16, MXFP4, F8E4M3, BF16P:
 	default:
-		return Matrix{}, fmt.Errorf("kernels.Quantize: source %v: want F32, F16, BF16, MXFP4 or F8E4M3", m.DType)
+		return Matrix{}, fmt.Errorf("kernels.Quantize: source %v: want F32, F16, BF16, BF16P, MXFP4 or F8E4M3", m.DType)
 	}
 	switch dt {
 	case F16, Q8, NF4:
@@ -116,7 +116,7 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 	work := func(_, r0, r1 int) {
 		w := make([]float32, cols)
 		for r := r0; r < r1; r++ {
-			if m.DType == MXFP4 || m.DType == F8E4M3 {
+			if m.DType.HasScales() {
 				RowToFloat32(w, m, r)
 			} else {
 				ToFloat32(w, m.Data[r*srcBytes:(r+1)*srcBytes], m.DType)
@@ -271,6 +271,8 @@ func RowToFloat32(dst []float32, m Matrix, r int) {
 		dequantMXFP4Row(dst, row, m.Scales[r*sb:(r+1)*sb])
 	case F8E4M3:
 		dequantF8Row(dst, row, m.Scales, r)
+	case BF16P:
+		unpackRows(dst, m, r, 1, widenBlocksGo)
 	default:
 		ToFloat32(dst, row, m.DType)
 	}

@@ -35,6 +35,7 @@ func newSIMDPath(name string, k isa) *path {
 	p.matVecBF16P = func(out []float32, data []byte, table *[packedTableBytes]byte, x []float32) {
 		rowsBF16PSIMD(k, out, data, table, x)
 	}
+	p.packedNative = packedAsm(k)
 	p.unpackBF16P = func(dst []float32, src []byte, table *[packedTableBytes]byte) { widenBlocksSIMD(k, dst, src, table) }
 	p.dotF32 = func(a, b []float32) float32 { return dotF32SIMD(k, a, b) }
 	p.sum = func(x []float32) float32 { return sumSIMD(k, x) }

@@ -319,6 +319,9 @@ func nodeLoad(opt model.LoadOptions, weights model.Weights, role string, sv Serv
 // weightsWhere says where m's weights live, for the node's log.
 func weightsWhere(m *model.Model) string {
 	if n := m.WeightsInMemory(); n > 0 {
+		if from, to := m.WeightsPacked(); from > 0 {
+			return fmt.Sprintf("%s in memory (%s of BF16 packed into %s)", progress.Bytes(n), progress.Bytes(from), progress.Bytes(to))
+		}
 		return progress.Bytes(n) + " in memory"
 	}
 	return "mapped"

@@ -62,10 +62,10 @@ func (b *binder) attention(c Config, p string) Attention {
 	h, q, kv := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim
 	return Attention{
 		Norm: b.vector(p+"input_layernorm.weight", h),
-		Q:    b.matrix(p+"self_attn.q_proj.weight", q, h),
-		K:    b.matrix(p+"self_attn.k_proj.weight", kv, h),
-		V:    b.matrix(p+"self_attn.v_proj.weight", kv, h),
-		O:    b.matrix(p+"self_attn.o_proj.weight", h, q),
+		Q:    b.product(p+"self_attn.q_proj.weight", q, h),
+		K:    b.product(p+"self_attn.k_proj.weight", kv, h),
+		V:    b.product(p+"self_attn.v_proj.weight", kv, h),
+		O:    b.product(p+"self_attn.o_proj.weight", h, q),
 	}
 }
 
@@ -90,9 +90,9 @@ func (b *binder) ffn(c Config, l int, p, router string) Layer {
 	return Layer{Dense: &Dense{
 		Norm: b.vector(p+"post_attention_layernorm.weight", h),
 		MLP: Expert{
-			Gate: b.matrix(p+"mlp.gate_proj.weight", in, h),
-			Up:   b.matrix(p+"mlp.up_proj.weight", in, h),
-			Down: b.matrix(p+"mlp.down_proj.weight", h, in),
+			Gate: b.product(p+"mlp.gate_proj.weight", in, h),
+			Up:   b.product(p+"mlp.up_proj.weight", in, h),
+			Down: b.product(p+"mlp.down_proj.weight", h, in),
 		},
 	}}
 }

@@ -44,9 +44,9 @@ func init() {
 					Groups: c.RouterGroups, GroupsKept: c.RouterGroupsKept, Scale: float32(c.RoutedScale)}
 				if si, h := c.SharedIntermediateSize, c.HiddenSize; si > 0 {
 					moe.Shared = &Expert{ // no gate: added as it is
-						Gate: b.matrix(p+"mlp.shared_experts.gate_proj.weight", si, h),
-						Up:   b.matrix(p+"mlp.shared_experts.up_proj.weight", si, h),
-						Down: b.matrix(p+"mlp.shared_experts.down_proj.weight", h, si),
+						Gate: b.product(p+"mlp.shared_experts.gate_proj.weight", si, h),
+						Up:   b.product(p+"mlp.shared_experts.up_proj.weight", si, h),
+						Down: b.product(p+"mlp.shared_experts.down_proj.weight", h, si),
 					}
 				}
 			}
@@ -142,18 +142,18 @@ func deepseekV3Config(r *rawConfig, c *Config) error {
 func (b *binder) mla(c Config, p string) Attention {
 	m, h, H := c.MLA, c.HiddenSize, c.NumHeads
 	qk, rank := m.NopeDim+m.RopeDim, m.KVLoRARank
-	a := Attention{Norm: b.vector(p+"input_layernorm.weight", h), O: b.matrix(p+"self_attn.o_proj.weight", h, H*m.VDim)}
+	a := Attention{Norm: b.vector(p+"input_layernorm.weight", h), O: b.product(p+"self_attn.o_proj.weight", h, H*m.VDim)}
 	w := &MLAWeights{
-		KVA:     b.matrix(p+"self_attn.kv_a_proj_with_mqa.weight", rank+m.RopeDim, h),
+		KVA:     b.product(p+"self_attn.kv_a_proj_with_mqa.weight", rank+m.RopeDim, h),
 		KVANorm: b.vector(p+"self_attn.kv_a_layernorm.weight", rank),
 		KVB:     b.matrix(p+"self_attn.kv_b_proj.weight", H*(m.NopeDim+m.VDim), rank),
 	}
 	if m.QLoRARank > 0 {
-		w.QA = b.matrix(p+"self_attn.q_a_proj.weight", m.QLoRARank, h)
+		w.QA = b.product(p+"self_attn.q_a_proj.weight", m.QLoRARank, h)
 		w.QANorm = b.vector(p+"self_attn.q_a_layernorm.weight", m.QLoRARank)
-		w.QB = b.matrix(p+"self_attn.q_b_proj.weight", H*qk, m.QLoRARank)
+		w.QB = b.product(p+"self_attn.q_b_proj.weight", H*qk, m.QLoRARank)
 	} else {
-		a.Q = b.matrix(p+"self_attn.q_proj.weight", H*qk, h)
+		a.Q = b.product(p+"self_attn.q_proj.weight", H*qk, h)
 	}
 	switch {
 	case b.err == nil && b.shapes:

@@ -60,6 +60,9 @@ func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, erro
 			return 0
 		}
 		if !opt.Quantized { // as stored: its codes and scales (its Data and Scales, but for a model of shapes only)
+			if len(x.Data) > 0 {
+				return int64(x.Bytes()) // a packed matrix's table and exception rows too
+			}
 			return int64(x.Rows)*int64(x.DType.RowBytes(x.Cols)) + int64(kernels.ScalesBytes(x.DType, x.Rows, x.Cols))
 		}
 		return int64(x.Rows) * int64(dt.RowBytes(x.Cols)+dt.ScaleBytes(x.Cols))

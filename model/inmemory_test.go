@@ -96,6 +96,34 @@ func TestWeightsInMemoryDecodeAsTheMapping(t *testing.T) {
 	})
 }
 
+// Packed weights (kernels.BF16P: every BF16 product weight whose rows are
+// whole blocks of 64) decode bit for bit as the mapping, every family,
+// and hold about 13/16 of the BF16 bytes they packed.
+func TestPackedWeightsDecodeAsTheMapping(t *testing.T) {
+	prompts := [][]int{{1, 5, 9, 2}, {3}}
+	eachFamilyIn(t, 12, func(t *testing.T, dir string, mapped *Model) {
+		want := aloneLogits(t, mapped, prompts, 4)
+		packed, err := Load(dir, LoadOptions{Weights: WeightsPacked})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer packed.Close()
+		if got := aloneLogits(t, packed, prompts, 4); !slices.EqualFunc(got, want, func(a, b [][]float32) bool {
+			return slices.EqualFunc(a, b, func(x, y []float32) bool { return slices.Equal(x, y) })
+		}) {
+			t.Fatal("logits differ between the packed weights and mapped")
+		}
+		from, to := packed.WeightsPacked()
+		bf16 := packed.Config.Quantization != "fp8" // FP8's products are F8E4M3
+		if bf16 && (from == 0 || to < from*13/16 || to > from*14/16) {
+			t.Errorf("%d bytes of BF16 packed into %d: want about 13/16", from, to)
+		}
+		if got := packed.Layers[0].Attention.O.DType; bf16 && got != kernels.BF16P {
+			t.Errorf("layer 0's o_proj is %v, want BF16P", got)
+		}
+	})
+}
+
 // Shapes mode gives an F8 kv_b_proj's value rows the dtype and shape the
 // values would have, head by head: the rows kept in F8 (a head whose
 // rows start a 128-row block) and those dequantized to F32 alike.

@@ -37,9 +37,9 @@ func init() {
 			L.Attention.VBias = b.vector(p+"self_attn.v_proj.bias", kv)
 			if si > 0 && L.MoE != nil {
 				L.MoE.Shared = &Expert{
-					Gate: b.matrix(p+"mlp.shared_expert.gate_proj.weight", si, h),
-					Up:   b.matrix(p+"mlp.shared_expert.up_proj.weight", si, h),
-					Down: b.matrix(p+"mlp.shared_expert.down_proj.weight", h, si),
+					Gate: b.product(p+"mlp.shared_expert.gate_proj.weight", si, h),
+					Up:   b.product(p+"mlp.shared_expert.up_proj.weight", si, h),
+					Down: b.product(p+"mlp.shared_expert.down_proj.weight", h, si),
 				}
 				L.MoE.SharedGate = b.matrix(p+"mlp.shared_expert_gate.weight", 1, h)
 			}
