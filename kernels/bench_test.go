@@ -243,3 +243,34 @@ func BenchmarkPackBF16(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPackedAgainstBF16MatMul is BenchmarkPackedAgainstBF16 for
+// MatMul of 2 to 128 vectors (batched decode, prefill) on small's expert
+// shape: the median ratio of alternating rounds.
+func BenchmarkPackedAgainstBF16MatMul(b *testing.B) {
+	const rows, cols = 3584, 1024
+	plain, packed := benchMatrices(BF16, rows, cols), benchMatrices(BF16P, rows, cols)
+	for _, n := range []int{2, 3, 4, 16, 128} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			x := randVec(rand.New(rand.NewPCG(1, 1)), n*cols)
+			out := make([]float32, n*rows)
+			per := max(1, 64/n)
+			round := func(ms []Matrix, next int) time.Duration {
+				t0 := time.Now()
+				for i := range per {
+					MatMul(out, ms[(next+i)%len(ms)], x, n)
+				}
+				return time.Since(t0)
+			}
+			var ratios []float64
+			b.ResetTimer()
+			for i := range b.N {
+				tp := round(plain, per*i)
+				tq := round(packed, per*i)
+				ratios = append(ratios, float64(tp)/float64(tq))
+			}
+			slices.Sort(ratios)
+			b.ReportMetric(ratios[len(ratios)/2], "bf16/packed")
+		})
+	}
+}

@@ -46,3 +46,25 @@ func rowsBF16PAVX512(out *float32, w unsafe.Pointer, x *float32, rows, nblk int,
 
 //go:noescape
 func widenBF16PAVX512(dst *float32, src unsafe.Pointer, nblk int, table *[packedTableBytes]byte, consts *[2][64]byte)
+
+// mmBF16PSIMD applies rows of a BF16P matrix (whole rows, from the
+// matrix's Data at the first) to t vectors, 3 or 4, as mmDirectAsm does
+// for BF16 (mmWayOf: 2 go by vector); exception rows are left to the
+// caller.
+func mmBF16PSIMD(t int, out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, cols int, table *[packedTableBytes]byte) {
+	nb := cols / packedBlock
+	switch t {
+	case 3:
+		mmBF16Px3AVX512(out, outStride, w, wStride, rows, x, xStride, nb, table, &packedConsts)
+	case 4:
+		mmBF16Px4AVX512(out, outStride, w, wStride, rows, x, xStride, nb, table, &packedConsts)
+	default:
+		panic("kernels: no BF16P MatMul micro-kernel for this many vectors")
+	}
+}
+
+//go:noescape
+func mmBF16Px3AVX512(out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, nblk int, table *[packedTableBytes]byte, consts *[2][64]byte)
+
+//go:noescape
+func mmBF16Px4AVX512(out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, nblk int, table *[packedTableBytes]byte, consts *[2][64]byte)

@@ -218,6 +218,8 @@ const (
 func mmWayOf(k isa, dt DType, cols, n int) mmWay {
 	_, mt := mmShape(k)
 	switch {
+	case dt == BF16P && n >= 3 && n <= 4 && mmDirect(k, dt):
+		return mmInRegisters // its kernels take 3 or 4 vectors (mmBF16PSIMD)
 	case cols == 0 || cols%16 != 0 || n < mt:
 		return mmByVector
 	case n <= mmDirectMax(k) && mmDirect(k, dt):
@@ -340,9 +342,15 @@ func matMulDirect(k isa, p *rowKernels, out []float32, w Matrix, x []float32, n,
 		b1 := min(b0+tile, r1)
 		for t := 0; t < n; {
 			v := min(4, n-t)
-			if v == 1 {
+			switch {
+			case v == 1:
 				matVecRows(p, out[t*rows+b0:t*rows+b1], w, x[t*cols:(t+1)*cols], b0, b1)
-			} else {
+			case w.DType == BF16P:
+				mmBF16PSIMD(v, &out[t*rows+b0], rows*4, unsafe.Pointer(&w.Data[b0*rowBytes]), rowBytes, b1-b0, &x[t*cols], cols*4, cols, packedTable(w.Scales))
+				for i := t; i < t+v; i++ {
+					fixExceptionRows(p, out[i*rows+b0:i*rows+b1], w, x[i*cols:(i+1)*cols], b0)
+				}
+			default:
 				mmDirectAsm(k, w.DType, v, &out[t*rows+b0], rows*4, unsafe.Pointer(&w.Data[b0*rowBytes]), rowBytes, b1-b0, &x[t*cols], cols*4, cols)
 			}
 			t += v

@@ -67,7 +67,9 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 // mmDirect reports whether k has MatMul micro-kernels that read dt's
 // weights as they are (mmDirectAsm): BF16 on both, Q8 on AVX2. Others
 // widen or dequantize a tile first.
-func mmDirect(k isa, dt DType) bool { return dt == BF16 || k == isaAVX2 && dt == Q8 }
+func mmDirect(k isa, dt DType) bool {
+	return dt == BF16 || k == isaAVX2 && dt == Q8 || dt == BF16P && packedAsm(k)
+}
 
 // mmDirectMax is the most vectors a MatMul on k applies directly
 // (mmDirect): AVX2's 16 (mmDirectVectors); AVX-512's 4, where go test
@@ -88,6 +90,8 @@ func mmDirectMax(k isa) int {
 // apart, n16 elements long: a multiple of 16) to t vectors, 2 to 4.
 func mmDirectAsm(k isa, dt DType, t int, out *float32, outStride int, w unsafe.Pointer, wStride, rows int, x *float32, xStride, n16 int) {
 	switch {
+	case dt == BF16P:
+		panic("kernels: BF16P's micro-kernels take its table: mmBF16PSIMD")
 	case k == isaAVX512 && dt == BF16 && t == 2:
 		mmBF16x2AVX512(out, outStride, (*uint16)(w), wStride, rows, x, xStride, n16)
 	case k == isaAVX512 && dt == BF16 && t == 3:
