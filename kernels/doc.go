@@ -1,5 +1,6 @@
 // Package kernels owns the arithmetic on tensors that odmoe computes with:
-// matrix-vector products over weights stored as F32, F16 or BF16 or
+// matrix-vector products over weights stored as F32, F16 or BF16, BF16
+// packed losslessly into 13 bits a weight (BF16P, packed.go), or
 // quantized as Q8 or NF4 (the shadow node's lossy copies), RMSNorm,
 // rotary embeddings, softmax, SiLU/SwiGLU, exp, the conversions between
 // float32 and the 16-bit formats, and quantization. It does not own
@@ -31,7 +32,8 @@
 // A row of n elements w[i] times a vector x[i] (Dot, one MatVec row, one
 // MatMul output element) is:
 //
-//  1. Widen each weight exactly to float32: F32 as is; BF16 by bits<<16;
+//  1. Widen each weight exactly to float32: F32 as is; BF16 by bits<<16
+//     (BF16P: the BF16 it was packed from);
 //     F16 by the exact IEEE conversion (F16ToF32); Q8 and NF4 by their
 //     dequantization (below), one float32 multiply; MXFP4 to its exact
 //     value and F8E4M3 to its code's times its block's scale (below).
