@@ -2,6 +2,8 @@
 
 package kernels
 
+import "unsafe"
+
 // packedAsm reports whether k computes BF16P in assembly: no path off
 // amd64 does yet.
 func packedAsm(isa) bool { return false }
@@ -12,4 +14,9 @@ func rowsBF16PSIMD(_ isa, out []float32, data []byte, table *[packedTableBytes]b
 
 func widenBlocksSIMD(_ isa, dst []float32, src []byte, table *[packedTableBytes]byte) {
 	widenBlocksGo(dst, src, table)
+}
+
+// mmBF16PSIMD is never called here: NEON's mmDirect is false.
+func mmBF16PSIMD(int, *float32, int, unsafe.Pointer, int, int, *float32, int, int, *[packedTableBytes]byte) {
+	panic("kernels: no BF16P MatMul micro-kernel on arm64")
 }

@@ -320,7 +320,11 @@ func nodeLoad(opt model.LoadOptions, weights model.Weights, role string, sv Serv
 func weightsWhere(m *model.Model) string {
 	if n := m.WeightsInMemory(); n > 0 {
 		if from, to := m.WeightsPacked(); from > 0 {
-			return fmt.Sprintf("%s in memory (%s of BF16 packed into %s)", progress.Bytes(n), progress.Bytes(from), progress.Bytes(to))
+			slow := ""
+			if !kernels.PackedNative() {
+				slow = "; this CPU has no packed kernel: their products run in pure Go, slowly"
+			}
+			return fmt.Sprintf("%s in memory (%s of BF16 packed into %s%s)", progress.Bytes(n), progress.Bytes(from), progress.Bytes(to), slow)
 		}
 		return progress.Bytes(n) + " in memory"
 	}
