@@ -137,7 +137,10 @@ func BenchmarkMatVecDecodeShapes(b *testing.B) {
 	for _, s := range []struct{ rows, cols int }{{256, 1024}, {1024, 1024}, {3584, 1024}, {1024, 3584}} {
 		for _, dt := range []DType{BF16, BF16P} {
 			b.Run(fmt.Sprintf("%v_%dx%d", dt, s.rows, s.cols), func(b *testing.B) {
-				m := benchMatrices(dt, s.rows, s.cols)[0]
+				m, _ := randMatrix(rng, BF16, s.rows, s.cols)
+				if dt == BF16P {
+					m, _, _ = PackBF16(m, nil)
+				}
 				x := randVec(rng, s.cols)
 				out := make([]float32, s.rows)
 				b.SetBytes(int64(len(m.Data)))

@@ -74,7 +74,8 @@ func (d DType) ScaleBytes(cols int) int {
 }
 
 // HasScales reports whether d keeps scales apart from its codes, in
-// Matrix.Scales: MXFP4 and F8E4M3.
+// Matrix.Scales: MXFP4, F8E4M3, and BF16P its code table and exception
+// rows (of a size ScalesBytes cannot give: len(Matrix.Scales)).
 func (d DType) HasScales() bool { return d == MXFP4 || d == F8E4M3 || d == BF16P }
 
 // ScalesBytes returns the size of Matrix.Scales for a rows x cols matrix

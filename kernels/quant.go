@@ -116,7 +116,9 @@ func QuantizeInto(dst []byte, dt DType, m Matrix) (Matrix, error) {
 	work := func(_, r0, r1 int) {
 		w := make([]float32, cols)
 		for r := r0; r < r1; r++ {
-			if m.DType.HasScales() {
+			if m.DType == BF16P {
+				unpackRows(w, m, r, 1, widenBlocksGo) // RowToFloat32 would validate m again
+			} else if m.DType.HasScales() {
 				RowToFloat32(w, m, r)
 			} else {
 				ToFloat32(w, m.Data[r*srcBytes:(r+1)*srcBytes], m.DType)

@@ -65,8 +65,9 @@ func mmAsm(k isa, out *float32, outStride int, w *float32, wStride, rows int, x 
 }
 
 // mmDirect reports whether k has MatMul micro-kernels that read dt's
-// weights as they are (mmDirectAsm): BF16 on both, Q8 on AVX2. Others
-// widen or dequantize a tile first.
+// weights as they are (mmDirectAsm): BF16 on both, Q8 on AVX2, BF16P on
+// AVX-512 with VBMI (mmBF16PSIMD). Others widen or dequantize a tile
+// first.
 func mmDirect(k isa, dt DType) bool {
 	return dt == BF16 || k == isaAVX2 && dt == Q8 || dt == BF16P && packedAsm(k)
 }

@@ -1,7 +1,10 @@
 package model
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -122,6 +125,86 @@ func TestPackedWeightsDecodeAsTheMapping(t *testing.T) {
 			t.Errorf("layer 0's o_proj is %v, want BF16P", got)
 		}
 	})
+}
+
+// A packed model whose head and a layer-1 expert hold rows with a high
+// byte outside their tables (a subnormal weight: exception rows, computed
+// from their BF16 copies) still decodes bit for bit as the mapping.
+func TestPackedExceptionRowsDecodeAsTheMapping(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := synth.Generate(dir, synth.Options{Preset: "tiny", Seed: 13}); err != nil {
+		t.Fatal(err)
+	}
+	mapped, err := Load(dir, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expert, _ := mapped.ExpertTensors(1, 0)
+	vocab := mapped.Config.VocabSize
+	mapped.Close()
+	spoilHighBytes(t, filepath.Join(dir, "model.safetensors"), map[string][]int{
+		"lm_head.weight": {0, 5, vocab / 2, vocab - 1},
+		expert[2]:        {1, 3}, // down_proj: hidden rows
+	})
+	mapped, err = Load(dir, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mapped.Close()
+	packed, err := Load(dir, LoadOptions{Weights: WeightsPacked})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer packed.Close()
+	down := packed.Layers[1].MoE.Experts[0].Down
+	for name, m := range map[string]kernels.Matrix{"head": packed.LMHead, "layer 1 expert 0 down": down} {
+		if m.DType != kernels.BF16P || len(m.Scales) <= 68 {
+			t.Fatalf("%s: %v with %d bytes of table and exceptions: want BF16P with exception rows", name, m.DType, len(m.Scales))
+		}
+	}
+	prompts := [][]int{{1, 5, 9, 2}, {3}}
+	want, got := aloneLogits(t, mapped, prompts, 4), aloneLogits(t, packed, prompts, 4)
+	if !slices.EqualFunc(got, want, func(a, b [][]float32) bool {
+		return slices.EqualFunc(a, b, func(x, y []float32) bool { return slices.Equal(x, y) })
+	}) {
+		t.Fatal("logits differ between the packed weights with exception rows and mapped")
+	}
+}
+
+// spoilHighBytes gives the first 40 weights of each listed row of each
+// BF16 tensor of a safetensors file the high bytes 0x00 to 0x27 (tiny
+// magnitudes, low bytes kept): more rare high bytes than a table holds
+// beside the common ones, so those rows are exceptions.
+func spoilHighBytes(t *testing.T, path string, rows map[string][]int) {
+	t.Helper()
+	f, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(f)
+	var header map[string]json.RawMessage
+	if err := json.Unmarshal(f[8:8+n], &header); err != nil {
+		t.Fatal(err)
+	}
+	for name, rs := range rows {
+		var info struct {
+			DType       string  `json:"dtype"`
+			Shape       []int   `json:"shape"`
+			DataOffsets []int64 `json:"data_offsets"`
+		}
+		if err := json.Unmarshal(header[name], &info); err != nil || info.DType != "BF16" || len(info.Shape) != 2 {
+			t.Fatalf("tensor %q: %s %v (%v): want a BF16 matrix", name, info.DType, info.Shape, err)
+		}
+		data := f[8+int64(n)+info.DataOffsets[0]:]
+		for _, r := range rs {
+			for i := range 40 {
+				data[2*(r*info.Shape[1]+i)+1] = byte(i)
+			}
+		}
+	}
+	if err := os.WriteFile(path, f, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Shapes mode gives an F8 kv_b_proj's value rows the dtype and shape the

@@ -531,8 +531,8 @@ func (m *Model) ExpertBytes() int64 { return m.expertBytes }
 // DecodeBytesPerToken is the weight bytes a decode step of one token
 // reads, the numerator of its memory roofline: every non-expert matrix
 // once (of the embedding only the token's row, unless it is also the
-// output head) and TopK of each MoE layer's experts (all equal in size),
-// with the experts bound.
+// output head) and TopK of each MoE layer's experts (all equal in size;
+// packed, nearly: their average), with the experts bound.
 func (m *Model) DecodeBytesPerToken() int64 {
 	b := m.nonExpertBytes + m.expertBytes*int64(m.Config.TopK)/int64(max(1, m.Config.NumExperts))
 	if e := m.Embed; len(e.Data) > 0 && (len(m.LMHead.Data) == 0 || &e.Data[0] != &m.LMHead.Data[0]) {
