@@ -200,6 +200,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-role", "local", "-model", "x", "-weights", "ram"}, 2, `-weights: weights "ram": want auto, packed, memory or mapped`},
 		{[]string{"run", "-role", "main", "-model", "x", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want auto, packed, memory or mapped`},
 		{[]string{"run", "-role", "stage", "-model", "x", "-layers", "0-1", "-workers", "a:1", "-weights", "ram"}, 2, `-weights: weights "ram": want auto, packed, memory or mapped`},
+		{[]string{"bench", "kernels", "-dtypes", "BF16,BF12"}, 2, `-dtypes: kernels: unsupported dtype "BF12" (want F32, F16 or BF16) (or BF16P: BF16 packed as -weights packed holds it)`},
 	}
 	for _, tc := range cases {
 		_, se, code := run(t, "", tc.args...)

@@ -244,12 +244,29 @@ func Run(ctx context.Context, o Options, log zerolog.Logger) (*Report, error) {
 	dram := newDRAMProbe(o.DRAMMiB)
 	arenas := map[kernels.DType][]kernels.Matrix{}
 	for _, dt := range append(o.DTypes, kernels.BF16) { // BF16 for prefill too
-		if arenas[dt] == nil {
+		if arenas[dt] == nil && dt != kernels.BF16P {
 			arenas[dt] = benchMatrices(dt, o.SetMiB)
 		}
 	}
+	// BF16P's layout depends on the columns: the BF16 set packed once
+	// for each shape
+	var packed [][]kernels.Matrix
+	if slices.Contains(o.DTypes, kernels.BF16P) {
+		for _, s := range mixtralShapes {
+			var ms []kernels.Matrix
+			for _, m := range arenas[kernels.BF16] {
+				m.Rows, m.Cols = s[0], s[1]
+				p, ok, err := kernels.PackBF16(m, nil)
+				if err != nil || !ok {
+					return nil, fmt.Errorf("kernelbench: packing a %dx%d BF16 matrix: %v", s[0], s[1], err)
+				}
+				ms = append(ms, p)
+			}
+			packed = append(packed, ms)
+		}
+	}
 	log.Info().Int("rounds", o.Rounds).Msg("DRAM read bandwidth and matvec, interleaved")
-	if err := benchBandwidth(ctx, rep, dram, arenas, o.DTypes, o.Threads, o.Rounds); err != nil {
+	if err := benchBandwidth(ctx, rep, dram, arenas, packed, o.DTypes, o.Threads, o.Rounds); err != nil {
 		return nil, err
 	}
 	dram = nil
@@ -300,7 +317,8 @@ func (rep *Report) Check() error {
 
 // benchBandwidth runs the DRAM probes and every matvec (dtype, shape,
 // threads) once per round, rounds times, and fills in rep.
-func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas map[kernels.DType][]kernels.Matrix, dtypes []kernels.DType, threads []int, rounds int) error {
+// packed holds BF16P's matrices, one set a shape of mixtralShapes.
+func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas map[kernels.DType][]kernels.Matrix, packed [][]kernels.Matrix, dtypes []kernels.DType, threads []int, rounds int) error {
 	drams := make([]dramResult, len(threads))
 	type mvKey struct {
 		dt      kernels.DType
@@ -318,8 +336,11 @@ func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas ma
 			dram.run(&drams[i], th)
 		}
 		for _, dt := range dtypes {
-			ms := arenas[dt]
 			for si, s := range mixtralShapes {
+				ms := arenas[dt]
+				if dt == kernels.BF16P {
+					ms = packed[si]
+				}
 				for _, th := range threads {
 					k := mvKey{dt, si, th}
 					if mv[k] == nil {
@@ -332,11 +353,13 @@ func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas ma
 						for range calls {
 							m := ms[next[dt]%len(ms)]
 							next[dt]++
-							m.Rows, m.Cols = s[0], s[1]
+							if dt != kernels.BF16P {
+								m.Rows, m.Cols = s[0], s[1]
+							}
 							kernels.MatVec(out, m, x)
 						}
 					})
-					mv[k].add(float64(calls*s[0]*s[1]*dt.Size())/secs/1e9, clean)
+					mv[k].add(float64(calls*s[0]*dt.RowBytes(s[1]))/secs/1e9, clean)
 				}
 			}
 		}
@@ -353,7 +376,7 @@ func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas ma
 			var bytes, secs float64
 			for si, s := range mixtralShapes {
 				r := *mv[mvKey{dt, si, th}]
-				size := float64(s[0] * s[1] * dt.Size())
+				size := float64(s[0] * dt.RowBytes(s[1])) // BF16P: its packed bytes
 				bytes += size
 				secs += size / (r.Best * 1e9)
 				res.Shapes = append(res.Shapes, shapeResult{Shape: fmt.Sprintf("%dx%d", s[0], s[1]),
