@@ -12,7 +12,7 @@
 // them. x86quant.go and neonquant.go emit the Q8 and NF4 rows and the
 // dequantization of MatMul's Q8 and NF4 tiles; x86exp.go the elementwise
 // exponentials (Softmax's, SwiGLU's), Exp's float64 definition lane by
-// lane.
+// lane; x86packed.go BF16P's kernels (AVX-512 only).
 package main
 
 import (

@@ -42,6 +42,9 @@ func (k x86) all(a *asm) {
 			k.mmQ8(a, t)
 		}
 	}
+	if k.parts == 1 {
+		packedAVX512(a) // BF16P: AVX-512 with VBMI only
+	}
 	k.widen(a, bf16)
 	k.widen(a, f16)
 	k.sumLanes(a)
