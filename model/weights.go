@@ -385,6 +385,17 @@ func (b *binder) keep(data []byte) []byte {
 }
 
 func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
+	return b.bindMatrix(name, rows, cols, false)
+}
+
+// product is matrix for a weight that only ever multiplies vectors
+// (kernels.MatVec and MatMul): packed (kernels.BF16P) where the copier
+// packs (LoadOptions.Weights) and it is BF16.
+func (b *binder) product(name string, rows, cols int) kernels.Matrix {
+	return b.bindMatrix(name, rows, cols, true)
+}
+
+func (b *binder) bindMatrix(name string, rows, cols int, product bool) kernels.Matrix {
 	if b.err != nil {
 		return kernels.Matrix{}
 	}
@@ -397,8 +408,16 @@ func (b *binder) matrix(name string, rows, cols int) kernels.Matrix {
 		return kernels.Matrix{}
 	}
 	m, _ := t.Matrix()
-	*b.bytes += int64(len(t.Data))
-	m.Data = b.keep(m.Data)
+	if product && m.DType == kernels.BF16 && b.own != nil && b.own.pack && !b.mapped {
+		*b.copyable += int64(len(m.Data))
+		if m, err = b.own.packed(m); err != nil {
+			b.err = err
+			return kernels.Matrix{}
+		}
+	} else {
+		m.Data = b.keep(m.Data)
+	}
+	*b.bytes += int64(m.Bytes())
 	return m
 }
 
@@ -422,32 +441,6 @@ func (b *binder) f8(name string, rows, cols int) kernels.Matrix {
 	}
 	*b.bytes += int64(len(codes) + len(scales))
 	return kernels.Matrix{DType: kernels.F8E4M3, Rows: rows, Cols: cols, Data: b.keep(codes), Scales: b.keep(scales)}
-}
-
-// product is matrix for a weight that only ever multiplies vectors
-// (kernels.MatVec and MatMul): packed where the copier packs
-// (LoadOptions.Weights) and it is BF16.
-func (b *binder) product(name string, rows, cols int) kernels.Matrix {
-	if b.err != nil || b.own == nil || !b.own.pack || b.mapped {
-		return b.matrix(name, rows, cols)
-	}
-	if info, ok := b.set.Info(name); !ok || info.DType != "BF16" {
-		return b.matrix(name, rows, cols)
-	}
-	t, err := b.set.TensorShape(name, rows, cols)
-	if err != nil {
-		b.err = err
-		return kernels.Matrix{}
-	}
-	m, _ := t.Matrix()
-	*b.copyable += int64(len(m.Data))
-	p, err := b.own.packed(m)
-	if err != nil {
-		b.err = err
-		return kernels.Matrix{}
-	}
-	*b.bytes += int64(p.Bytes())
-	return p
 }
 
 func (b *binder) vector(name string, n int) []float32 {
