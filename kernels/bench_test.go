@@ -212,27 +212,46 @@ func BenchmarkMatVecWake(b *testing.B) {
 func BenchmarkPackedAgainstBF16(b *testing.B) {
 	for _, s := range []struct{ rows, cols int }{{3584, 1024}, {1024, 3584}, {1024, 1024}} {
 		b.Run(fmt.Sprintf("%dx%d", s.rows, s.cols), func(b *testing.B) {
-			plain, packed := benchMatrices(BF16, s.rows, s.cols), benchMatrices(BF16P, s.rows, s.cols)
-			x := randVec(rand.New(rand.NewPCG(1, 1)), s.cols)
-			out := make([]float32, s.rows)
-			round := func(ms []Matrix, next int) time.Duration {
-				t0 := time.Now()
-				for i := range 64 {
-					MatVec(out, ms[(next+i)%len(ms)], x)
-				}
-				return time.Since(t0)
-			}
-			var ratios []float64
-			b.ResetTimer()
-			for i := range b.N {
-				tp := round(plain, 64*i)
-				tq := round(packed, 64*i)
-				ratios = append(ratios, float64(tp)/float64(tq))
-			}
-			slices.Sort(ratios)
-			b.ReportMetric(ratios[len(ratios)/2], "bf16/packed")
+			packedAgainstBF16(b, benchMatrices(BF16, s.rows, s.cols), benchMatrices(BF16P, s.rows, s.cols), 1)
 		})
 	}
+}
+
+// BenchmarkPackedAgainstBF16MatMul is BenchmarkPackedAgainstBF16 for
+// MatMul of 2 to 128 vectors (batched decode, prefill) on small's expert
+// shape.
+func BenchmarkPackedAgainstBF16MatMul(b *testing.B) {
+	const rows, cols = 3584, 1024
+	plain, packed := benchMatrices(BF16, rows, cols), benchMatrices(BF16P, rows, cols)
+	for _, n := range []int{2, 3, 4, 16, 128} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) { packedAgainstBF16(b, plain, packed, n) })
+	}
+}
+
+// packedAgainstBF16 times MatMul of n vectors (MatVec for one) over
+// rotating BF16 and BF16P matrices of one shape in alternating rounds of
+// 64 products' worth and reports the rounds' median time ratio.
+func packedAgainstBF16(b *testing.B, plain, packed []Matrix, n int) {
+	rows, cols := plain[0].Rows, plain[0].Cols
+	x := randVec(rand.New(rand.NewPCG(1, 1)), n*cols)
+	out := make([]float32, n*rows)
+	per := max(1, 64/n)
+	round := func(ms []Matrix, next int) time.Duration {
+		t0 := time.Now()
+		for i := range per {
+			MatMul(out, ms[(next+i)%len(ms)], x, n)
+		}
+		return time.Since(t0)
+	}
+	var ratios []float64
+	b.ResetTimer()
+	for i := range b.N {
+		tp := round(plain, per*i)
+		tq := round(packed, per*i)
+		ratios = append(ratios, float64(tp)/float64(tq))
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/2], "bf16/packed")
 }
 
 // BenchmarkPackBF16 packs a 14336x4096 BF16 matrix: what packing costs a
@@ -244,36 +263,5 @@ func BenchmarkPackBF16(b *testing.B) {
 		if _, ok, _ := PackBF16(m, nil); !ok {
 			b.Fatal("not packed")
 		}
-	}
-}
-
-// BenchmarkPackedAgainstBF16MatMul is BenchmarkPackedAgainstBF16 for
-// MatMul of 2 to 128 vectors (batched decode, prefill) on small's expert
-// shape: the median ratio of alternating rounds.
-func BenchmarkPackedAgainstBF16MatMul(b *testing.B) {
-	const rows, cols = 3584, 1024
-	plain, packed := benchMatrices(BF16, rows, cols), benchMatrices(BF16P, rows, cols)
-	for _, n := range []int{2, 3, 4, 16, 128} {
-		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
-			x := randVec(rand.New(rand.NewPCG(1, 1)), n*cols)
-			out := make([]float32, n*rows)
-			per := max(1, 64/n)
-			round := func(ms []Matrix, next int) time.Duration {
-				t0 := time.Now()
-				for i := range per {
-					MatMul(out, ms[(next+i)%len(ms)], x, n)
-				}
-				return time.Since(t0)
-			}
-			var ratios []float64
-			b.ResetTimer()
-			for i := range b.N {
-				tp := round(plain, per*i)
-				tq := round(packed, per*i)
-				ratios = append(ratios, float64(tp)/float64(tq))
-			}
-			slices.Sort(ratios)
-			b.ReportMetric(ratios[len(ratios)/2], "bf16/packed")
-		})
 	}
 }

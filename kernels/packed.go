@@ -179,7 +179,6 @@ func packedTable(scales []byte) *[packedTableBytes]byte {
 type exceptionRows struct {
 	idx []byte
 	raw []uint16
-	n   int
 }
 
 // packedExceptions returns the exception rows of a BF16P matrix's Scales.
@@ -189,15 +188,18 @@ func packedExceptions(scales []byte, cols int) exceptionRows {
 		return exceptionRows{}
 	}
 	b := scales[packedTableBytes+4:]
-	return exceptionRows{idx: b[:4*n], raw: u16View(b[4*n:])[:n*cols], n: n}
+	return exceptionRows{idx: b[:4*n], raw: u16View(b[4*n:])[:n*cols]}
 }
+
+// count returns how many exception rows there are.
+func (e exceptionRows) count() int { return len(e.idx) / 4 }
 
 // row returns the i-th exception row's index.
 func (e exceptionRows) row(i int) int { return int(binary.LittleEndian.Uint32(e.idx[4*i:])) }
 
 // from returns the first exception at or after row r.
 func (e exceptionRows) from(r int) int {
-	return sort.Search(e.n, func(i int) bool { return e.row(i) >= r })
+	return sort.Search(e.count(), func(i int) bool { return e.row(i) >= r })
 }
 
 // validPackedScales reports what is wrong with a BF16P matrix's Scales:
@@ -221,7 +223,7 @@ func unpackBlock(dst *[packedBlock]uint16, blk []byte, table *[packedTableBytes]
 		q := uint64(blk[5*i]) | uint64(blk[5*i+1])<<8 | uint64(blk[5*i+2])<<16 | uint64(blk[5*i+3])<<24 | uint64(blk[5*i+4])<<32
 		for m := range 8 {
 			p := 8*i + m
-			dst[packedWeight(p)] = uint16(table[q>>(5*m)&31])<<8 | uint16(blk[packedCodeBytes+p])
+			dst[packedOrder[p]] = uint16(table[q>>(5*m)&31])<<8 | uint16(blk[packedCodeBytes+p])
 		}
 	}
 }
@@ -257,7 +259,7 @@ func unpackRows(dst []float32, w Matrix, r0, nr int, blocks func(dst []float32, 
 	rb := BF16P.RowBytes(cols)
 	blocks(dst[:nr*cols], w.Data[r0*rb:(r0+nr)*rb], packedTable(w.Scales))
 	e := packedExceptions(w.Scales, cols)
-	for i := e.from(r0); i < e.n && e.row(i) < r0+nr; i++ {
+	for i := e.from(r0); i < e.count() && e.row(i) < r0+nr; i++ {
 		r := e.row(i) - r0
 		for j, h := range e.raw[i*cols : (i+1)*cols] {
 			dst[r*cols+j] = BF16ToF32(h)
@@ -280,11 +282,8 @@ func widenBlocksGo(dst []float32, src []byte, table *[packedTableBytes]byte) {
 // [r0, r0+len(out)) of w) from their BF16 copies with p's BF16 kernel.
 func fixExceptionRows(p *rowKernels, out []float32, w Matrix, x []float32, r0 int) {
 	e := packedExceptions(w.Scales, w.Cols)
-	if e.n == 0 {
-		return
-	}
 	r1 := r0 + len(out)
-	for i := e.from(r0); i < e.n && e.row(i) < r1; i++ {
+	for i := e.from(r0); i < e.count() && e.row(i) < r1; i++ {
 		r := e.row(i)
 		p.matVecBF16(out[r-r0:r-r0+1], e.raw[i*w.Cols:(i+1)*w.Cols], x)
 	}

@@ -36,8 +36,8 @@ func TestPackBF16KeepsEveryWeight(t *testing.T) {
 		if err := p.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		if e := packedExceptions(p.Scales, p.Cols); e.n != exc {
-			t.Errorf("%dx%d: %d exception rows, want %d", s.rows, s.cols, e.n, exc)
+		if e := packedExceptions(p.Scales, p.Cols); e.count() != exc {
+			t.Errorf("%dx%d: %d exception rows, want %d", s.rows, s.cols, e.count(), exc)
 		}
 		if got, want := len(p.Data), s.rows*s.cols/64*104; got != want {
 			t.Errorf("%dx%d: %d bytes of blocks, want %d (13 bits a weight)", s.rows, s.cols, got, want)
@@ -148,7 +148,7 @@ func TestPackedRowsQuantizeAsTheirBF16(t *testing.T) {
 	if !ok {
 		t.Fatal("not packed")
 	}
-	if packedExceptions(p.Scales, p.Cols).n == 0 {
+	if packedExceptions(p.Scales, p.Cols).count() == 0 {
 		t.Fatal("no exception rows to read")
 	}
 	got, want := make([]float32, 128), make([]float32, 128)
