@@ -45,9 +45,9 @@ func newChaosRigOf(t testing.TB, workers int, model string) *chaosRig {
 	nodes := "main,shadow"
 	for i := range workers {
 		nodes += fmt.Sprintf(",w%d", i+1)
-		r.workers = append(r.workers, freeLoopbackUDP(t))
+		r.workers = append(r.workers, freeLoopbackAddr(t))
 	}
-	r.shadow = freeLoopbackUDP(t)
+	r.shadow = freeLoopbackAddr(t)
 	r.store = filepath.Join(r.dir, "tiny.store")
 	for _, args := range [][]string{
 		{"certs", "-out", filepath.Join(r.dir, "certs"), "-nodes", nodes, "-log-level", "warn"},
@@ -67,10 +67,10 @@ func newChaosRigOf(t testing.TB, workers int, model string) *chaosRig {
 	return r
 }
 
-// freeLoopbackUDP is procswarm.FreeUDPAddr (the demo's) for a test.
-func freeLoopbackUDP(t testing.TB) string {
+// freeLoopbackAddr is procswarm.FreeAddr (the demo's) for a test.
+func freeLoopbackAddr(t testing.TB) string {
 	t.Helper()
-	addr, err := procswarm.FreeUDPAddr()
+	addr, err := procswarm.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,7 +87,7 @@ func runFetch(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	cfg.PeerRoles = []wire.Role{wire.RoleWorker, wire.RoleMain} // workers holding the store, or the main node serving it
 	var sources []fetch.Source
 	for _, addr := range strings.Split(*from, ",") {
-		p, err := wire.Dial(ctx, strings.TrimSpace(addr), cfg)
+		p, err := wire.DialStream(ctx, strings.TrimSpace(addr), cfg)
 		if err != nil {
 			log.Warn().Str("addr", addr).Err(err).Msg("fetch: a source did not answer; fetching from the others")
 			continue

@@ -189,7 +189,7 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 		t.Skip("a swarm of processes")
 	}
 	r := newChaosRig(t, 4)
-	storeAddr := freeLoopbackUDP(t)
+	storeAddr := freeLoopbackAddr(t)
 	for i := range r.workers {
 		name := fmt.Sprintf("w%d", i+1)
 		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
@@ -275,14 +275,14 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "stage1,stage2,shadow2", "-log-level", "warn"); code != 0 {
 		t.Fatalf("certs: %s", se)
 	}
-	storeAddr := freeLoopbackUDP(t)
+	storeAddr := freeLoopbackAddr(t)
 	workers := strings.Join(r.workers, ",")
 	for i := range r.workers {
 		name := fmt.Sprintf("w%d", i+1)
 		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
 			"-certs", certs, "-name", name, "-device-mem", "64MiB", "-log-level", "info")
 	}
-	stages := []string{freeLoopbackUDP(t), freeLoopbackUDP(t)}
+	stages := []string{freeLoopbackAddr(t), freeLoopbackAddr(t)}
 	startStage := func(i int, layers string) {
 		name := fmt.Sprintf("stage%d", i+1)
 		r.start(name, "run", "-role", "stage", "-model", filepath.Join(r.dir, name+".model"), "-fetch-from", storeAddr, "-layers", layers, "-listen", stages[i],
@@ -290,7 +290,7 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	}
 	startStage(0, "0-1")
 	startStage(1, "2-")
-	shadow2 := freeLoopbackUDP(t)
+	shadow2 := freeLoopbackAddr(t)
 	r.start("shadow2", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow2.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "2-",
 		"-listen", shadow2, "-certs", certs, "-name", "shadow2", "-log-level", "info")
 	r.start("shadow", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "0-1",
@@ -374,7 +374,7 @@ func TestAWorkerStartedEmptyRejoinsOnceItsShareIsIn(t *testing.T) {
 	for i := range r.workers {
 		r.startWorker(i)
 	}
-	storeAddr := freeLoopbackUDP(t)
+	storeAddr := freeLoopbackAddr(t)
 	const tokens = 64
 	n := strconv.Itoa(tokens)
 	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
@@ -478,7 +478,7 @@ func TestAWorkerCatchesAPeerServingAFlippedChunk(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ln, err := wire.Listen(ctx, freeLoopbackUDP(t), &wire.Config{Certs: wc, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
+	ln, err := wire.ListenStream(ctx, freeLoopbackAddr(t), &wire.Config{Certs: wc, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +492,7 @@ func TestAWorkerCatchesAPeerServingAFlippedChunk(t *testing.T) {
 			go func() { fetch.Serve(ctx, p, fetch.Served{Store: liar{held}}, nil); p.Close() }()
 		}
 	}()
-	storeAddr := freeLoopbackUDP(t)
+	storeAddr := freeLoopbackAddr(t)
 	r.start("w1", "run", "-role", "worker", "-listen", r.workers[0], "-store", filepath.Join(r.dir, "w1.empty"), "-fetch-from", ln.Addr().String()+","+storeAddr,
 		"-certs", certs, "-name", "w1", "-device-mem", "64MiB", "-log-level", "info")
 	r.startWorker(1)

@@ -318,7 +318,7 @@ func TestMainNodeToAbsentWorkerSaysSoAndStops(t *testing.T) {
 	if _, se, code := run(t, "", "certs", "-out", certs, "-nodes", "main,w1", "-log-level", "warn"); code != 0 {
 		t.Fatal(se)
 	}
-	addr := freeLoopbackUDP(t)
+	addr := freeLoopbackAddr(t)
 	start := time.Now()
 	_, se, code := run(t, "", "run", "-role", "main", "-model", model, "-workers", addr, "-group", "1", "-certs", certs, "-name", "main", "-dial-timeout", "2s")
 	if took := time.Since(start); code == 0 || took > 15*time.Second {

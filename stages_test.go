@@ -52,7 +52,7 @@ func TestAStagedShadowIsTheWholeShadow(t *testing.T) {
 	}
 	whole := shadowRun("whole", shadowArgs("shadow", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","))...)
 	r.signal("shadow", syscall.SIGKILL)
-	stageAddr := freeLoopbackUDP(t)
+	stageAddr := freeLoopbackAddr(t)
 	r.start("shadow2", shadowArgs("shadow2", "-layers", "2-3", "-listen", stageAddr)[1:]...)
 	staged := shadowRun("staged", shadowArgs("shadow", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","), "-layers", "0-1", "-stages", stageAddr)...)
 	t.Logf("recall: one whole shadow %.4f, two shadow stages %.4f", whole, staged)
@@ -106,7 +106,7 @@ func TestAShadowStageKilledAndRestartedMidRun(t *testing.T) {
 		t.Fatalf("local run: %s", se)
 	}
 	certs := filepath.Join(r.dir, "certs")
-	stageAddr := freeLoopbackUDP(t)
+	stageAddr := freeLoopbackAddr(t)
 	startStage := func() {
 		r.start("shadow2", "run", "-role", "shadow", "-model", r.model, "-quant", "int8", "-layers", "2-3", "-listen", stageAddr,
 			"-certs", certs, "-name", "shadow2", "-log-level", "info")
@@ -233,12 +233,12 @@ func stagedMainRig(t *testing.T, dir string) string {
 	t.Helper()
 	var rig strings.Builder
 	fmt.Fprintln(&rig, "main main 127.0.0.1")
-	fmt.Fprintf(&rig, "stage1 stage %s -layers 0-1\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "stage2 stage %s -layers 2-\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "shadow shadow %s -quant int8 -layers 0-1\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "shadow2 shadow %s -quant int8 -layers 2-\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "stage1 stage %s -layers 0-1\n", freeLoopbackAddr(t))
+	fmt.Fprintf(&rig, "stage2 stage %s -layers 2-\n", freeLoopbackAddr(t))
+	fmt.Fprintf(&rig, "shadow shadow %s -quant int8 -layers 0-1\n", freeLoopbackAddr(t))
+	fmt.Fprintf(&rig, "shadow2 shadow %s -quant int8 -layers 2-\n", freeLoopbackAddr(t))
 	for i := range 4 {
-		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
+		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackAddr(t))
 	}
 	path := filepath.Join(dir, "stages.rig")
 	if err := os.WriteFile(path, []byte(rig.String()), 0o644); err != nil {
@@ -330,7 +330,7 @@ func TestAStagedMainNodeAlignsTheShadowAsAWholeOne(t *testing.T) {
 	whole := shadowRecall(t, r, "whole", local, n)
 	var stages []string
 	for i, layers := range []string{"0-1", "2-"} {
-		name, addr := fmt.Sprintf("stage%d", i+1), freeLoopbackUDP(t)
+		name, addr := fmt.Sprintf("stage%d", i+1), freeLoopbackAddr(t)
 		r.start(name, "run", "-role", "stage", "-model", r.model, "-layers", layers, "-listen", addr, "-workers", strings.Join(r.workers, ","),
 			"-group", "2", "-prefetch", "shadow", "-certs", certs, "-name", name, "-log-level", "info")
 		stages = append(stages, addr)
@@ -372,7 +372,7 @@ func TestAMainStageKilledAndRestartedMidRun(t *testing.T) {
 	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
 		t.Fatalf("local run: %s", se)
 	}
-	addrs := []string{freeLoopbackUDP(t), freeLoopbackUDP(t)}
+	addrs := []string{freeLoopbackAddr(t), freeLoopbackAddr(t)}
 	startStage := func(i int, layers string) {
 		name := fmt.Sprintf("stage%d", i+1)
 		r.start(name, "run", "-role", "stage", "-model", r.model, "-layers", layers, "-listen", addrs[i], "-workers", strings.Join(r.workers, ","),

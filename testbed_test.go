@@ -33,7 +33,7 @@ func loopbackRig(t *testing.T, dir string, workers int, workerFlags string) stri
 	var rig strings.Builder
 	fmt.Fprintln(&rig, "main main 127.0.0.1")
 	for i := range workers + 1 {
-		addr := freeLoopbackUDP(t)
+		addr := freeLoopbackAddr(t)
 		if i == 0 {
 			fmt.Fprintf(&rig, "shadow shadow %s -quant fp16\n", addr)
 		} else {
@@ -292,11 +292,11 @@ func TestBenchFaultModeKillsAWorkerMidRun(t *testing.T) {
 func fetchRig(t *testing.T, dir string) string {
 	t.Helper()
 	var rig strings.Builder
-	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackUDP(t))
-	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackUDP(t))
+	fmt.Fprintf(&rig, "main main %s\n", freeLoopbackAddr(t))
+	fmt.Fprintf(&rig, "stage1 stage %s -layers 2-\n", freeLoopbackAddr(t))
+	fmt.Fprintf(&rig, "shadow shadow %s -quant int8\n", freeLoopbackAddr(t))
 	for i := range 2 {
-		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackUDP(t))
+		fmt.Fprintf(&rig, "w%d worker %s -device-mem 64MiB\n", i+1, freeLoopbackAddr(t))
 	}
 	path := filepath.Join(dir, "fetch.rig")
 	if err := os.WriteFile(path, []byte(rig.String()), 0o644); err != nil {

@@ -335,7 +335,7 @@ func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 	if time.Now().Before(d.retryAt) {
 		return nil, fmt.Errorf("%s did not answer lately: %w", d.addr, d.failed)
 	}
-	p, err := wire.Dial(ctx, d.addr, d.cfg)
+	p, err := wire.DialStream(ctx, d.addr, d.cfg)
 	if err != nil {
 		d.retryAt, d.failed = time.Now().Add(redialAfter), err
 		return nil, err

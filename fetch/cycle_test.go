@@ -44,12 +44,12 @@ func TestTwoNodesFetchingFromEachOtherServeOnlyWhatTheyHold(t *testing.T) {
 		os.WriteFile(filepath.Join(d, store.IndexFile), index, 0o644)
 		return d
 	}
-	lnA, err := wire.Listen(ctx, "127.0.0.1:0", certs("w2"))
+	lnA, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w2"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lnA.Close()
-	lnB, err := wire.Listen(ctx, "127.0.0.1:0", certs("w1"))
+	lnB, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestTwoNodesFetchingFromEachOtherServeOnlyWhatTheyHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { stA.Close(); stB.Close(); bA.Close(); bB.Close() }()
-	serve := func(ln *wire.Listener, h fetch.Holder) {
+	serve := func(ln *wire.StreamListener, h fetch.Holder) {
 		for {
 			p, err := ln.Accept(ctx)
 			if err != nil {
@@ -90,7 +90,7 @@ func TestTwoNodesFetchingFromEachOtherServeOnlyWhatTheyHold(t *testing.T) {
 		t.Fatalf("B fetched %d bytes on A's behalf", bB.Fetched())
 	}
 	// the Dialed source that answers nobody is passed over after one try
-	dead := fetch.Dial("127.0.0.1:9", certs("w2")) // discard: nobody answers QUIC there
+	dead := fetch.Dial("127.0.0.1:9", certs("w2")) // discard: nobody answers there
 	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
 	defer dcancel()
 	if _, err := dead.Index(dctx); err == nil {

@@ -255,7 +255,7 @@ func TestAModelFetchResumesRepairsAndNamesABadSource(t *testing.T) {
 }
 
 // TestAModelComesOverTheWire: a stage node fetches its layers from the
-// main node's Checkpoint over a real QUIC connection with mutual TLS;
+// main node's Checkpoint over a real TCP connection with mutual TLS (a wire.Stream);
 // the main node serving no store says so when asked for one.
 func TestAModelComesOverTheWire(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -271,7 +271,7 @@ func TestAModelComesOverTheWire(t *testing.T) {
 		}
 		return &wire.Config{Certs: cs, PeerRoles: []wire.Role{wire.RoleMain}, Log: zerolog.Nop()}
 	}
-	ln, err := wire.Listen(ctx, "127.0.0.1:0", certs("main"))
+	ln, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("main"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // TestAShareComesOverTheWire: a node (w2) fetches its share from another
-// that holds the store (w1) over a real QUIC connection with mutual TLS:
+// that holds the store (w1) over a real TCP connection with mutual TLS (a wire.Stream):
 // the share opens with the model's identity and every chunk of it passes
 // its check; a request outside the store is answered with why. Stores of
 // MXFP4 and FP8 experts too, whose empty chunks start where the next do.
@@ -43,12 +43,12 @@ func shareOverTheWire(t *testing.T, preset string) {
 		}
 		return &wire.Config{Certs: c, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()}
 	}
-	ln, err := wire.Listen(ctx, "127.0.0.1:0", certs("w1"))
+	ln, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	serve := func(ln *wire.Listener, h fetch.Holder) {
+	serve := func(ln *wire.StreamListener, h fetch.Holder) {
 		for {
 			p, err := ln.Accept(ctx)
 			if err != nil {
@@ -61,7 +61,7 @@ func shareOverTheWire(t *testing.T, preset string) {
 		}
 	}
 	go serve(ln, held)
-	p, err := wire.Dial(ctx, ln.Addr().String(), certs("w2"))
+	p, err := wire.DialStream(ctx, ln.Addr().String(), certs("w2"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,14 +95,14 @@ func shareOverTheWire(t *testing.T, preset string) {
 	// w2 now serves its share (one layer) to w3, which fetches the whole
 	// store from w2 first, then w1: what w2 lacks it says so and w1
 	// gives, nobody named for a bad chunk
-	ln2, err := wire.Listen(ctx, "127.0.0.1:0", certs("w2"))
+	ln2, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w2"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln2.Close()
 	go serve(ln2, share)
 	dial := func(addr string) *fetch.PeerSource {
-		p, err := wire.Dial(ctx, addr, certs("w3"))
+		p, err := wire.DialStream(ctx, addr, certs("w3"))
 		if err != nil {
 			t.Fatal(err)
 		}

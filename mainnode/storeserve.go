@@ -72,7 +72,7 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	wcfg.PeerRoles = []wire.Role{wire.RoleWorker, wire.RoleMain, wire.RoleShadow} // workers, stages, shadows
 	wcfg.CheckHello = wire.SameModel(false)                                       // a node with no store yet names no model; one of another model is refused
 	ctx, cancel := context.WithCancel(ctx)
-	ln, err := wire.Listen(ctx, cfg.StoreListen, &wcfg)
+	ln, err := wire.ListenStream(ctx, cfg.StoreListen, &wcfg)
 	if err != nil {
 		cancel()
 		closeAll()

@@ -506,7 +506,7 @@ func quicStreamPair(b *testing.B, serve func(*quic.Stream)) *quic.Stream {
 	scfg, ccfg := benchConfigs(b)
 	scfg, _ = scfg.settled()
 	ccfg, _ = ccfg.settled()
-	stls, err := scfg.serverTLS()
+	stls, err := scfg.serverTLS(alpn)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -516,7 +516,7 @@ func quicStreamPair(b *testing.B, serve func(*quic.Stream)) *quic.Stream {
 		b.Fatal(err)
 	}
 	var refused errBox
-	ctls := ccfg.clientTLS(&refused)
+	ctls := ccfg.clientTLS(alpn, &refused)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	conn, err := quic.DialAddr(ctx, ln.Addr().String(), ctls, qconf)

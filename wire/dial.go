@@ -78,7 +78,7 @@ func dialOnce(ctx context.Context, addr string, c *Config) (*Peer, error) {
 	var refused errBox
 	hctx, cancel := context.WithTimeout(ctx, c.HandshakeTimeout)
 	defer cancel()
-	conn, err := tr.Dial(hctx, raddr, c.clientTLS(&refused), c.quicConfig())
+	conn, err := tr.Dial(hctx, raddr, c.clientTLS(alpn, &refused), c.quicConfig())
 	if err != nil {
 		release()
 		if r := refused.get(); r != nil {

@@ -50,7 +50,7 @@ func Listen(ctx context.Context, addr string, cfg *Config) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
 	}
-	tlsConf, err := c.serverTLS()
+	tlsConf, err := c.serverTLS(alpn)
 	if err != nil {
 		return nil, fmt.Errorf("wire: listen %s: %w", addr, err)
 	}

@@ -12,20 +12,21 @@ import (
 // error (ErrBadVersion) rather than a failed handshake.
 const alpn = "odmoe"
 
-// serverTLS returns the TLS configuration of a listener: with Certs it
-// requires a client certificate of the cluster CA carrying an accepted
-// role; refusals are counted and logged with the remote address.
-func (c *Config) serverTLS() (*tls.Config, error) {
+// serverTLS returns the TLS configuration of a listener speaking proto
+// (alpn or alpnStream): with Certs it requires a client certificate of
+// the cluster CA carrying an accepted role; refusals are counted and
+// logged with the remote address.
+func (c *Config) serverTLS(proto string) (*tls.Config, error) {
 	if c.Insecure {
 		cert, err := selfSigned()
 		if err != nil {
 			return nil, err
 		}
-		return &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{alpn}, Certificates: []tls.Certificate{cert}}, nil
+		return &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{proto}, Certificates: []tls.Certificate{cert}}, nil
 	}
 	base := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{alpn},
+		NextProtos:   []string{proto},
 		Certificates: []tls.Certificate{c.Certs.cert},
 		ClientAuth:   tls.RequireAnyClientCert, // verified below, against the cluster CA only
 	}
@@ -60,10 +61,10 @@ func (c *Config) serverTLS() (*tls.Config, error) {
 // server's certificate is checked against the cluster CA, PeerRoles and
 // PeerName, not against the address dialed: nodes are named by their
 // certificates, not by DNS. A refusal is stored in refused.
-func (c *Config) clientTLS(refused *errBox) *tls.Config {
+func (c *Config) clientTLS(proto string, refused *errBox) *tls.Config {
 	conf := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
-		NextProtos:         []string{alpn},
+		NextProtos:         []string{proto},
 		ServerName:         "odmoe",
 		InsecureSkipVerify: true, // replaced by VerifyPeerCertificate below (or none: Insecure)
 	}

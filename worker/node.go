@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 
 	"github.com/odmoe/odmoe/fetch"
@@ -70,6 +71,7 @@ type Node struct {
 	// store is what the worker serves a node fetching its share from
 	// (fetch.Serve); fetched says what it fetched itself (Deps.Fetched)
 	store   fetch.Holder
+	streams *wire.StreamListener // where it serves the store (Listen)
 	fetched func() int64
 	place   func(worker, workers, group int, peers []string) <-chan struct{}
 }
@@ -119,8 +121,9 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	}
 	eng.OnLoadFailed = n.health.loadFailed
 	n.health.back = eng.forgetQuarantine
-	// (a worker peer fetches its share of the store: fetch.Serve)
-	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow, wire.RoleWorker}
+	// (a worker fetching its share of the store comes over a stream:
+	// Listen, fetch.Serve)
+	n.wire.PeerRoles = []wire.Role{wire.RoleMain, wire.RoleShadow}
 	n.wire.Hello.DeviceMemBytes, n.wire.Hello.LoadBytesSec = budget, o.LoadBytesSec
 	n.wire.Hello.Device = d.Device.String()
 	// a main node or shadow of another model is refused here too (they
@@ -136,14 +139,39 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 	return n, nil
 }
 
-// Listen listens on addr (UDP) for the main node and the shadow, as this
-// worker.
+// Listen listens on addr for the main node and the shadow (UDP, QUIC),
+// as this worker, and on the same port over TCP for workers fetching
+// their share of the store from it (wire.ListenStream); port 0 picks one
+// free for both. Serve serves both; the stream listener closes when
+// Serve returns (or ctx ends).
 func (n *Node) Listen(ctx context.Context, addr string) (*wire.Listener, error) {
-	return wire.Listen(ctx, addr, &n.wire)
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("worker: -listen %q: %w", addr, err)
+	}
+	fetching := n.wire
+	fetching.PeerRoles = []wire.Role{wire.RoleWorker}
+	for attempt := 0; ; attempt++ {
+		ln, err := wire.Listen(ctx, addr, &n.wire)
+		if err != nil {
+			return nil, err
+		}
+		_, got, _ := net.SplitHostPort(ln.Addr().String())
+		sl, err := wire.ListenStream(ctx, net.JoinHostPort(host, got), &fetching)
+		if err == nil {
+			n.streams = sl
+			return ln, nil
+		}
+		ln.Close()
+		if port != "0" || attempt == 8 { // a port picked for UDP may be taken over TCP: pick again
+			return nil, fmt.Errorf("worker: TCP port %s, where workers fetch from this one: %w", got, err)
+		}
+	}
 }
 
 // Serve serves the main node and the shadow on ln until ctx ends, out of
-// service while its store cannot be read (storeHealth).
+// service while its store cannot be read (storeHealth), and the workers
+// fetching from it on Listen's stream listener.
 func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var checks sync.WaitGroup
@@ -152,6 +180,10 @@ func (n *Node) Serve(ctx context.Context, ln *wire.Listener) error {
 	defer cancel()
 	s := NewServer(n.eng, n.log)
 	s.health, s.store, s.fetched, s.place = n.health, n.store, n.fetched, n.place
+	if n.streams != nil {
+		defer n.streams.Close()
+		checks.Go(func() { s.ServeFetching(ctx, n.streams) })
+	}
 	return s.Serve(ctx, ln)
 }
 

@@ -160,6 +160,32 @@ func (s *Server) Serve(ctx context.Context, ln *wire.Listener) error {
 	}
 }
 
+// ServeFetching serves the workers fetching their share of the store
+// from this one (its stream listener, Node.Listen) until ctx ends, each
+// on its own goroutine.
+func (s *Server) ServeFetching(ctx context.Context, ln *wire.StreamListener) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		wg.Go(func() {
+			defer p.Close()
+			log := s.log.With().Str("peer", p.Identity().Name).Logger()
+			if s.store == nil {
+				return
+			}
+			log.Info().Msg("serving a share of the store")
+			err := fetch.Serve(ctx, p, fetch.Served{Store: s.store}, &s.served)
+			if ctx.Err() == nil {
+				log.Info().Err(err).Msg("fetching peer gone")
+			}
+		})
+	}
+}
+
 // ServePeer handles one connection until it ends. Activations are computed
 // one after another in arrival order, as on one device: the next
 // mini-batch arrives while this one computes, and a Keep=false request is
@@ -168,17 +194,6 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 	id := p.Identity()
 	log := s.log.With().Str("peer", id.Name).Str("role", string(id.Role)).Logger()
 	defer p.Close()
-	if id.Role == wire.RoleWorker { // a worker fetching its share: the store, and nothing else
-		if s.store == nil {
-			return
-		}
-		log.Info().Msg("serving a share of the store")
-		err := fetch.Serve(ctx, p, fetch.Served{Store: s.store}, &s.served)
-		if ctx.Err() == nil {
-			log.Info().Err(err).Msg("fetching peer gone")
-		}
-		return
-	}
 	if s.health != nil {
 		if !s.health.serving(p) { // out of service: refused, told why
 			return

@@ -7,6 +7,7 @@ package procswarm
 import (
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -80,7 +81,7 @@ type ports struct{ next int }
 
 func (p *ports) addr() (string, error) {
 	if p.next == 0 {
-		return FreeUDPAddr()
+		return FreeAddr()
 	}
 	p.next++
 	if p.next > 65535 {
@@ -526,22 +527,28 @@ func (s *Swarm) LogDir() string { return s.logDir }
 // KeepsLogs reports whether Close keeps the logs (Options.LogDir).
 func (s *Swarm) KeepsLogs() bool { return s.keepLogs }
 
-// FreeUDPAddr returns a free loopback UDP port, one this process has
-// not handed out before: a port is free again once this lets go of it,
+// FreeAddr returns a loopback port free over UDP and TCP (a worker
+// listens on both: QUIC for its peers, TCP for the workers fetching
+// from it), one this process has not handed out before: a port is free again once this lets go of it,
 // so two nodes that have not bound theirs yet could otherwise be given
 // the same one (seen: a shadow given a worker's port, failing to listen).
 // It picks below the kernel's ephemeral range where it can: a port the
 // kernel handed this process for a moment it hands anyone who binds port
 // 0 next, and the tests' QUIC clients do that all the time (seen: a
 // shadow failing to listen in CI, go test running every package at once).
-func FreeUDPAddr() (string, error) {
+func FreeAddr() (string, error) {
 	for range 64 {
 		addr, err := freeLoopback(func(a string) (io.Closer, net.Addr, error) {
 			c, err := net.ListenPacket("udp", a)
 			if err != nil {
 				return nil, nil, err
 			}
-			return c, c.LocalAddr(), nil
+			t, err := net.Listen("tcp", c.LocalAddr().String())
+			if err != nil {
+				c.Close()
+				return nil, nil, err
+			}
+			return both{c, t}, c.LocalAddr(), nil
 		})
 		if err != nil {
 			return "", err
@@ -554,8 +561,16 @@ func FreeUDPAddr() (string, error) {
 			return addr, nil
 		}
 	}
-	return "", fmt.Errorf("no loopback UDP port this process has not handed out already, in 64 tries")
+	return "", fmt.Errorf("no loopback port this process has not handed out already, in 64 tries")
 }
+
+// both closes a UDP socket and a TCP listener on one port.
+type both struct {
+	udp net.PacketConn
+	tcp net.Listener
+}
+
+func (b both) Close() error { return errors.Join(b.udp.Close(), b.tcp.Close()) }
 
 // freeLoopback binds listen to a loopback port below the kernel's
 // ephemeral range (belowEphemeral; the kernel's pick where that is not
@@ -580,7 +595,7 @@ func freeLoopback(listen func(addr string) (io.Closer, net.Addr, error)) (string
 	return "", fmt.Errorf("no free loopback port in [%d, %d) in 64 tries", lo, hi)
 }
 
-// belowEphemeral is the range of ports [lo, hi) FreeUDPAddr picks from:
+// belowEphemeral is the range of ports [lo, hi) FreeAddr picks from:
 // up to 8192 ports below the kernel's ephemeral range
 // (/proc/sys/net/ipv4/ip_local_port_range), none of them privileged;
 // lo == hi where the range is not known (the kernel picks, from it).
@@ -600,14 +615,14 @@ var belowEphemeral = sync.OnceValues(func() (lo, hi int) {
 	return max(1024, first-8192), first
 })
 
-// handedOut are the addresses FreeUDPAddr has returned.
+// handedOut are the addresses FreeAddr has returned.
 var handedOut = struct {
 	sync.Mutex
 	addrs map[string]bool
 }{addrs: map[string]bool{}}
 
 // FreeTCPAddr returns a free loopback TCP port, picked below the
-// kernel's ephemeral range as FreeUDPAddr picks (a test's HTTP clients
+// kernel's ephemeral range as FreeAddr picks (a test's HTTP clients
 // take ports from that range all the time).
 func FreeTCPAddr() (string, error) {
 	return freeLoopback(func(a string) (io.Closer, net.Addr, error) {

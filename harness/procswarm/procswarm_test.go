@@ -25,7 +25,7 @@ func TestFreeAddrsPickBelowTheEphemeralRange(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for range 200 {
-		addr, err := FreeUDPAddr()
+		addr, err := FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
