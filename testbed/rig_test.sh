@@ -263,6 +263,23 @@ if command -v python3 >/dev/null && ((rc == 0)); then
 	fi
 fi
 "$RIG" down >/dev/null
+
+echo "== -burst"
+"$RIG" up 2 -burst 1k >"$out/o" 2>&1 && rc=0 || rc=$?
+check "rig up -burst 1k is refused, naming the option" eval '[[ $rc == 1 ]] && grep -q "bad -burst" "$out/o"'
+"$RIG" up 2 -rate 1gbit -burst 256k -delay 0 >"$out/o" 2>&1 && rc=0 || rc=$?
+check "rig up 2 -rate 1gbit -burst 256k succeeds" test "$rc" = 0
+# shellcheck disable=SC1091
+check "burst is 262144 bytes" eval '[[ $(. /run/odmoe-rig/state && echo "$burst") == 262144 ]]'
+if command -v python3 >/dev/null && ((rc == 0)); then
+	if mbit=$(tcp_mbit 1 2 "$SUBNET.12" 2); then
+		echo "  tcp node1 -> node2 at 1gbit, burst 256k: $mbit Mbit/s"
+		check "throughput at -rate 1gbit -burst 256k is 700..1050 Mbit/s" awk -v m="$mbit" 'BEGIN { exit !(m >= 700 && m <= 1050) }'
+	else
+		fail "tcp throughput test at 1gbit -burst 256k ran"
+	fi
+fi
+"$RIG" down >/dev/null
 "$RIG" down >"$out/o" 2>&1 && rc=0 || rc=$?
 check "second rig down succeeds" test "$rc" = 0
 check "nothing left at the end" nothing_left

@@ -107,7 +107,8 @@ func (s *Stream) write(ctx context.Context, frame []byte) error {
 }
 
 // Recv reads the next message; its memory is the caller's. Bad input
-// closes the stream with the reason (the peer is told) and returns it.
+// closes the stream with the reason (the peer is told) and returns it;
+// a peer that closed between two frames is ErrClosed.
 func (s *Stream) Recv(ctx context.Context) (Message, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
@@ -138,6 +139,9 @@ func (s *Stream) Recv(ctx context.Context) (Message, error) {
 	var ce *ConnError
 	var ne net.Error
 	switch {
+	case errors.Is(err, io.EOF): // the peer closed between frames: a clean end
+		s.Close()
+		return nil, &ConnError{Code: CodeClosed, Remote: true}
 	case errors.As(err, &ce):
 		s.cfg.Stats.countError(ce.Code)
 		s.log.Warn().Stringer("code", ce.Code).Str("reason", ce.Reason).Msg("wire: closing the stream")

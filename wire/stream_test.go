@@ -95,8 +95,8 @@ func TestAStreamCarriesRequestsAndAnswers(t *testing.T) {
 	if _, err := c.Recv(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Recv past its context: %v", err)
 	}
-	if _, err := s.Recv(ctx); err == nil {
-		t.Fatal("the listener's side still reads after the dialer closed")
+	if _, err := s.Recv(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("the listener's side after the dialer closed: %v, want ErrClosed", err)
 	}
 }
 
