@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"slices"
@@ -17,6 +18,24 @@ import (
 // done and the total. The copy owns all its memory (the embedding is
 // copied): m may be closed once it returns.
 func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*Model, error) {
+	return m.QuantizedWith(dt, nil, progress)
+}
+
+// ExpertReader gives routed experts one at a time, full precision:
+// *store.Store does, from its compressed chunks (ReadExpert aliases dst).
+type ExpertReader interface {
+	ExpertBytes(layer, expert int) (int, error)
+	ReadExpert(ctx context.Context, layer, expert int, dst []byte) (Expert, error)
+}
+
+// QuantizedWith is Quantized, where the experts of a held layer m was
+// loaded without (LoadOptions.SkipExperts) are read from experts: a
+// shadow whose experts came as a store's chunks (a third fewer bytes to
+// fetch than their bf16 tensors). Each is read, quantized and let go in
+// turn, so the copy's making holds a few experts at full precision at
+// once, never a layer's. The result is the same as quantizing them bound
+// from the checkpoint (a store's expert is its tensors' bytes).
+func (m *Model) QuantizedWith(dt kernels.DType, experts ExpertReader, progress func(done, total int64)) (*Model, error) {
 	switch dt {
 	case kernels.F16, kernels.Q8, kernels.NF4:
 	default:
@@ -33,6 +52,11 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 		// derived: src is heap memory the model made at load (MLA's
 		// transposed keys), not the checkpoint's mapping: never released
 		derived bool
+		// read, if set, is the expert (layer, index) to read from
+		// experts into *into and quantize; readBytes its size
+		read      *[2]int
+		into      *Expert
+		readBytes int64
 	}
 	var jobs []job
 	var biasBytes int64 // fused experts' biases, copied as they are
@@ -83,6 +107,16 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 			add(&sh.Down, smoe.Shared.Down, dt)
 			add(&dmoe.SharedGate, smoe.SharedGate, routerDT)
 		}
+		if smoe.Experts == nil && experts != nil {
+			dmoe.Experts = make([]Expert, m.Config.NumExperts)
+			for e := range dmoe.Experts {
+				n, err := experts.ExpertBytes(l, e)
+				if err != nil {
+					return nil, fmt.Errorf("model: quantizing layer %d expert %d: %w", l, e, err)
+				}
+				jobs = append(jobs, job{read: &[2]int{l, e}, into: &dmoe.Experts[e], readBytes: int64(n), dt: dt, expert: true})
+			}
+		}
 		if smoe.Experts != nil {
 			dmoe.Experts = make([]Expert, len(smoe.Experts))
 			for e := range smoe.Experts {
@@ -106,7 +140,7 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	}
 	var total, done int64
 	for _, j := range jobs {
-		total += int64(j.src.Bytes())
+		total += int64(j.src.Bytes()) + j.readBytes
 	}
 	// Quantize parallelises inside a matrix; a few matrices at once keep
 	// the cores busy on the small ones too.
@@ -117,6 +151,20 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	for range min(runtime.GOMAXPROCS(0), 4) {
 		wg.Go(func() {
 			for j := range next {
+				if j.read != nil {
+					n, err := quantizeRead(experts, j.read[0], j.read[1], j.readBytes, j.dt, j.into)
+					mu.Lock()
+					if err != nil && firstErr == nil {
+						firstErr = err
+					}
+					biasBytes += n
+					done += j.readBytes
+					if progress != nil {
+						progress(done, total)
+					}
+					mu.Unlock()
+					continue
+				}
 				qm, err := kernels.Quantize(j.dt, j.src)
 				if m.set != nil && m.arena == nil && !j.derived {
 					// done with these source bytes: quantizing a whole model
@@ -150,6 +198,11 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	// quantized matrices at their new size
 	q.expertBytes = biasBytes
 	for _, j := range jobs {
+		if j.read != nil {
+			x := j.into
+			q.expertBytes += int64(len(x.Gate.Data) + len(x.Up.Data) + len(x.GateUp.Data) + len(x.Down.Data))
+			continue
+		}
 		if j.expert {
 			q.expertBytes += int64(len(j.dst.Data))
 		} else {
@@ -166,6 +219,32 @@ func (m *Model) Quantized(dt kernels.DType, progress func(done, total int64)) (*
 	q.Embed.Data = slices.Clone(m.Embed.Data)
 	q.set = nil
 	return &q, nil
+}
+
+// quantizeRead reads expert (layer, e) of n bytes from r and quantizes
+// it to dt into *into, as Quantized does a bound one: its matrices at dt,
+// a fused expert's biases copied as they are (their bytes returned).
+func quantizeRead(r ExpertReader, layer, e int, n int64, dt kernels.DType, into *Expert) (biases int64, err error) {
+	buf := make([]byte, n)
+	x, err := r.ReadExpert(context.Background(), layer, e, buf)
+	if err != nil {
+		return 0, fmt.Errorf("layer %d expert %d: %w", layer, e, err)
+	}
+	q := x
+	if x.Fused() {
+		q.GateUpBias, q.DownBias = cloneMatrix(x.GateUpBias), cloneMatrix(x.DownBias)
+		biases = int64(len(q.GateUpBias.Data) + len(q.DownBias.Data))
+	}
+	for _, p := range []struct{ dst, src *kernels.Matrix }{{&q.Gate, &x.Gate}, {&q.Up, &x.Up}, {&q.GateUp, &x.GateUp}, {&q.Down, &x.Down}} {
+		if p.src.Rows == 0 {
+			continue
+		}
+		if *p.dst, err = kernels.Quantize(dt, *p.src); err != nil {
+			return 0, fmt.Errorf("layer %d expert %d: %w", layer, e, err)
+		}
+	}
+	*into = q
+	return biases, nil
 }
 
 // cloneMatrix copies m's bytes, for a copy that must own its memory.
