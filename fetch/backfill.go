@@ -344,44 +344,43 @@ func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 	return d.src, nil
 }
 
-func (d *Dialed) Index(ctx context.Context) ([]byte, error) {
-	s, err := d.peer(ctx)
-	if err != nil {
-		return nil, err
+// ask runs f on the connection, and once more on a new one where the
+// connection ended under it: a holder drops a stream nothing moved on
+// for its idle timeout (a fetcher pacing itself), and a request sent as
+// it did is lost, not refused.
+func (d *Dialed) ask(ctx context.Context, f func(*PeerSource) error) error {
+	for attempt := 0; ; attempt++ {
+		s, err := d.peer(ctx)
+		if err != nil {
+			return err
+		}
+		if err = f(s); attempt > 0 || !errors.Is(err, errConnGone) || ctx.Err() != nil {
+			return err
+		}
 	}
-	return s.Index(ctx)
+}
+
+func (d *Dialed) Index(ctx context.Context) (b []byte, err error) {
+	err = d.ask(ctx, func(s *PeerSource) (err error) { b, err = s.Index(ctx); return err })
+	return b, err
 }
 
 func (d *Dialed) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
-	s, err := d.peer(ctx)
-	if err != nil {
-		return err
-	}
-	return s.ReadChunk(ctx, ref, dst)
+	return d.ask(ctx, func(s *PeerSource) error { return s.ReadChunk(ctx, ref, dst) })
 }
 
-func (d *Dialed) Manifest(ctx context.Context) ([]byte, error) {
-	s, err := d.peer(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s.Manifest(ctx)
+func (d *Dialed) Manifest(ctx context.Context) (b []byte, err error) {
+	err = d.ask(ctx, func(s *PeerSource) (err error) { b, err = s.Manifest(ctx); return err })
+	return b, err
 }
 
-func (d *Dialed) ReadFile(ctx context.Context, name string) ([]byte, error) {
-	s, err := d.peer(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s.ReadFile(ctx, name)
+func (d *Dialed) ReadFile(ctx context.Context, name string) (b []byte, err error) {
+	err = d.ask(ctx, func(s *PeerSource) (err error) { b, err = s.ReadFile(ctx, name); return err })
+	return b, err
 }
 
 func (d *Dialed) ReadTensor(ctx context.Context, name string, off int64, dst []byte) error {
-	s, err := d.peer(ctx)
-	if err != nil {
-		return err
-	}
-	return s.ReadTensor(ctx, name, off, dst)
+	return d.ask(ctx, func(s *PeerSource) error { return s.ReadTensor(ctx, name, off, dst) })
 }
 
 // Timed is src with each chunk it is asked for bounded by d: a source

@@ -99,7 +99,7 @@ func TestAStageFetchesItsLayersAndNoMore(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "stage")
 			var last atomic.Int64
 			res, err := fetch.Model(context.Background(), dir, []fetch.ModelSource{c.Source()}, fixed(fetch.Need{Layers: r}),
-				fetch.Options{Log: zerolog.Nop(), Progress: func(done, total int64) { last.Store(done) }})
+				fetch.Options{Log: zerolog.Nop(), Progress: func(done, total int64) { storeMax(&last, done) }})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -81,6 +81,9 @@ func (s *PeerSource) receive(ctx context.Context) {
 	}
 }
 
+// errConnGone is a request's error where its connection ended under it.
+var errConnGone = errors.New("connection gone")
+
 // ask sends r and waits for its answer.
 func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest) ([]byte, error) {
 	r.ID = s.next.Add(1)
@@ -88,7 +91,7 @@ func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest) ([]byte, err
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("connection gone: %w", s.err)
+		return nil, fmt.Errorf("%w: %w", errConnGone, s.err)
 	}
 	s.waiting[r.ID] = ch
 	s.mu.Unlock()
@@ -107,7 +110,7 @@ func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest) ([]byte, err
 			s.mu.Lock()
 			err := s.err
 			s.mu.Unlock()
-			return nil, fmt.Errorf("connection gone: %w", err)
+			return nil, fmt.Errorf("%w: %w", errConnGone, err)
 		}
 		if d.Err != "" {
 			return nil, errors.New(d.Err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/harness/inproc"
@@ -114,5 +116,70 @@ func shareOverTheWire(t *testing.T, preset string) {
 	all, err := fetch.Share(ctx, filepath.Join(t.TempDir(), "w3"), []fetch.Source{fromShare, fromWhole}, fetch.Options{Log: zerolog.Nop()})
 	if err != nil || all.Bad != 0 || all.Fetched != all.Share || all.Share != held.ChunkFileSize()-int64(len(held.ChunkFileHeader())) {
 		t.Fatalf("the whole store from w2's share, then w1: %+v, %v", all, err)
+	}
+}
+
+// TestADialedSourceOutlivesTheHoldersIdleTimeout: a holder drops a
+// stream nothing moved on for its idle timeout (a fetcher pacing
+// itself); the fetcher's next request goes over a new stream, as if
+// nothing had happened.
+func TestADialedSourceOutlivesTheHoldersIdleTimeout(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f, err := inproc.Generate(ctx, t.TempDir(), "tiny", 5, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := store.Open(f.Store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	certs := func(name string) *wire.Config {
+		c, err := wire.LoadCerts(f.Certs, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &wire.Config{Certs: c, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop(),
+			IdleTimeout: 100 * time.Millisecond, FrameBodyTimeout: 100 * time.Millisecond}
+	}
+	ln, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var streams atomic.Int64
+	go func() {
+		for {
+			p, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			streams.Add(1)
+			go func() {
+				fetch.Serve(ctx, p, fetch.Served{Store: held}, nil)
+				p.Close()
+			}()
+		}
+	}()
+	src := fetch.Dial(ln.Addr().String(), certs("w2"))
+	defer src.Close()
+	layer := held.Layers()[0]
+	chunks, err := held.ExpertChunks(layer, 0)
+	if err != nil || len(chunks) == 0 {
+		t.Fatalf("chunks of layer %d expert 0: %v", layer, err)
+	}
+	for i := range 3 {
+		buf := make([]byte, chunks[0].Ref.Size)
+		if err := src.ReadChunk(ctx, chunks[0].Ref, buf); err != nil {
+			t.Fatalf("read %d, after %v of silence: %v", i+1, time.Duration(i)*300*time.Millisecond, err)
+		}
+		if err := held.CheckChunk(chunks[0].Ref, buf); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // three idle timeouts
+	}
+	if n := streams.Load(); n < 2 {
+		t.Fatalf("%d streams: the holder did not drop the silent one", n)
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,13 +34,11 @@ import (
 // set.
 type Stream struct {
 	conn  *tls.Conn
+	raw   *idleConn // under conn: every read and write has Idle to move a byte
 	cfg   *Config
 	id    Identity
 	hello Hello
 	log   zerolog.Logger
-	// idle, where set (a listener's side), is how long Recv waits for
-	// the next frame before the connection is dropped
-	idle time.Duration
 
 	rmu sync.Mutex // one Recv at a time
 	fr  *frameReader
@@ -54,6 +54,70 @@ type Stream struct {
 // streamRequestBytes bounds the frames a stream listener reads: requests
 // (a FetchRequest is a few numbers and a name), never near this.
 const streamRequestBytes = 64 << 10
+
+// maxPendingStreams bounds the connections a stream listener holds in
+// their TLS handshake and Hello: past it, the oldest is closed for the
+// newest, so connections that never finish (anyone's: no certificate is
+// needed to open one) cannot keep a node's members from getting in.
+const maxPendingStreams = 32
+
+// streamIdle is how long a stream waits for a byte to move, either way,
+// before it is dropped: Config.IdleTimeout, but never under
+// FrameBodyTimeout. A stream has no keep-alives: a fetcher pacing its
+// requests (-fetch-rate) or a holder answering others first is silent
+// for a while, and a dead host is found by this (or TCP's keep-alive).
+func streamIdle(c *Config) time.Duration { return max(c.IdleTimeout, c.FrameBodyTimeout) }
+
+// idleConn gives every Read and Write on a connection Idle to move a
+// byte (a frame of 16 MiB on a slow link keeps its stream as long as it
+// moves); once cancelled (a Send's or Recv's context ended) every call
+// fails at once.
+type idleConn struct {
+	net.Conn
+	idle      atomic.Int64 // nanoseconds
+	until     time.Time    // if set, no deadline past it (a handshake's)
+	cancelled atomic.Bool
+}
+
+func newIdleConn(c net.Conn, idle time.Duration, until time.Time) *idleConn {
+	ic := &idleConn{Conn: c, until: until}
+	ic.setIdle(idle)
+	return ic
+}
+
+func (c *idleConn) setIdle(d time.Duration) { c.idle.Store(int64(d)) }
+func (c *idleConn) Idle() time.Duration     { return time.Duration(c.idle.Load()) }
+
+// deadline is the next call's.
+func (c *idleConn) deadline() time.Time {
+	d := time.Now().Add(c.Idle())
+	if !c.until.IsZero() && d.After(c.until) {
+		return c.until
+	}
+	return d
+}
+
+func (c *idleConn) Read(b []byte) (int, error) {
+	if c.cancelled.Load() {
+		return 0, os.ErrDeadlineExceeded
+	}
+	c.Conn.SetReadDeadline(c.deadline())
+	return c.Conn.Read(b)
+}
+
+func (c *idleConn) Write(b []byte) (int, error) {
+	if c.cancelled.Load() {
+		return 0, os.ErrDeadlineExceeded
+	}
+	c.Conn.SetWriteDeadline(c.deadline())
+	return c.Conn.Write(b)
+}
+
+// cancel makes the call in progress, and every one after, fail.
+func (c *idleConn) cancel() {
+	c.cancelled.Store(true)
+	c.Conn.SetDeadline(time.Unix(1, 0))
+}
 
 // alpnStream is the TLS application protocol of streams: a QUIC client
 // and a stream listener (or the reverse) never mistake each other.
@@ -91,7 +155,7 @@ func (s *Stream) write(ctx context.Context, frame []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, func() { s.conn.SetWriteDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, s.raw.cancel)
 	_, err := s.conn.Write(frame)
 	if !stop() { // the deadline was set: the write was cut short
 		s.Close()
@@ -115,10 +179,7 @@ func (s *Stream) Recv(ctx context.Context) (Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if s.idle > 0 {
-		s.conn.SetReadDeadline(time.Now().Add(s.idle))
-	}
-	stop := context.AfterFunc(ctx, func() { s.conn.SetReadDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, s.raw.cancel)
 	typ, body, owned, err := s.fr.next()
 	if !stop() {
 		s.Close()
@@ -148,7 +209,7 @@ func (s *Stream) Recv(ctx context.Context) (Message, error) {
 		s.closeFor(ce)
 	case errors.As(err, &ne) && ne.Timeout():
 		s.cfg.Stats.PeersLost.Add(1)
-		err = fmt.Errorf("%w (silent for %v)", ErrTimeout, s.idle)
+		err = fmt.Errorf("%w (no byte moved for %v)", ErrTimeout, s.raw.Idle())
 		s.Close()
 	default:
 		s.Close()
@@ -176,7 +237,7 @@ func (s *Stream) closeFor(ce *ConnError) {
 	if s.wmu.TryLock() { // a frame half written cannot be followed by another
 		frame, err := s.enc.encode(&Error{Code: uint32(ce.Code), Msg: reason}, s.cfg.MaxFrameBytes)
 		if err == nil {
-			s.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			s.raw.setIdle(min(s.raw.Idle(), time.Second)) // a peer that reads nothing costs a second
 			s.conn.Write(frame)
 		}
 		s.wmu.Unlock()
@@ -184,10 +245,10 @@ func (s *Stream) closeFor(ce *ConnError) {
 	s.Close()
 }
 
-// newStream wraps a TLS connection whose handshake is done.
-func newStream(conn *tls.Conn, c *Config, maxIn int) *Stream {
+// newStream wraps a TLS connection over raw whose handshake is done.
+func newStream(conn *tls.Conn, raw *idleConn, c *Config, maxIn int) *Stream {
 	return &Stream{
-		conn: conn, cfg: c, log: c.Log,
+		conn: conn, raw: raw, cfg: c, log: c.Log,
 		fr:  &frameReader{r: conn, maxBytes: min(maxIn, maxHelloBytes)}, // the Hello's limit until it has come
 		md:  newMessageDecoder(),
 		enc: newFrameEncoder(keepBulkBuf),
@@ -297,15 +358,15 @@ func dialStreamOnce(ctx context.Context, addr string, c *Config) (*Stream, error
 	hctx, cancel := context.WithTimeout(ctx, c.HandshakeTimeout)
 	defer cancel()
 	var d net.Dialer
-	raw, err := d.DialContext(hctx, "tcp", addr)
+	tcp, err := d.DialContext(hctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	raw := newIdleConn(tcp, c.HandshakeTimeout, time.Now().Add(c.HandshakeTimeout))
 	var refused errBox
 	conf := c.clientTLS(alpnStream, &refused)
 	conn := tls.Client(raw, conf)
-	stop := context.AfterFunc(hctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	stop := context.AfterFunc(hctx, raw.cancel)
 	if err := conn.HandshakeContext(hctx); err != nil {
 		raw.Close()
 		if r := refused.get(); r != nil {
@@ -317,12 +378,16 @@ func dialStreamOnce(ctx context.Context, addr string, c *Config) (*Stream, error
 			return nil, &permanentError{err}
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
-			err = fmt.Errorf("%w: closed before TLS began (a node at its connection cap, MaxConns, closes at once)", err)
+			err = fmt.Errorf("%w: closed before TLS ended (a listener with more handshakes in progress than it holds closes the oldest)", err)
 		}
 		return nil, err
 	}
-	s := newStream(conn, c, c.MaxFrameBytes)
-	if err := s.helloExchange(true, c.PeerName, c.MaxFrameBytes, nil); err != nil {
+	s := newStream(conn, raw, c, c.MaxFrameBytes)
+	err = s.helloExchange(true, c.PeerName, c.MaxFrameBytes, nil)
+	if !stop() && err == nil { // the handshake's time ran out as it ended: raw is cancelled
+		err = hctx.Err()
+	}
+	if err != nil {
 		raw.Close()
 		var ce *ConnError
 		if errors.As(err, &ce) && (ce.Code == CodeIdentity || ce.Code == CodeBadVersion || ce.Code == codeTooMany) || refusedByTLS(err) {
@@ -334,6 +399,8 @@ func dialStreamOnce(ctx context.Context, addr string, c *Config) (*Stream, error
 		}
 		return nil, err
 	}
+	raw.until = time.Time{} // (nothing else uses raw yet)
+	raw.setIdle(streamIdle(c))
 	c.Stats.PeersDialed.Add(1)
 	s.log.Info().Stringer("role", roleStringer(s.id.Role)).Msg("wire: stream connected")
 	return s, nil
@@ -343,7 +410,13 @@ func dialStreamOnce(ctx context.Context, addr string, c *Config) (*Stream, error
 // refused this node's certificate (TLS 1.3 tells a client so only at its
 // first read, after its handshake returned), or speaks no stream.
 func refusedByTLS(err error) bool {
-	return strings.Contains(err.Error(), "remote error: tls:")
+	msg := err.Error()
+	for _, alert := range []string{"bad certificate", "certificate required", "unknown certificate authority", "access denied", "no application protocol", "protocol version not supported"} {
+		if strings.Contains(msg, "remote error: tls: "+alert) {
+			return true
+		}
+	}
+	return false
 }
 
 // StreamListener accepts streams on one TCP address: the peers asking a
@@ -358,9 +431,14 @@ type StreamListener struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	mu    sync.Mutex
-	conns int            // held: in the handshake or established
-	perID map[string]int // established, by identity (MaxConnsPerIdentity)
+	mu      sync.Mutex
+	pending map[net.Conn]time.Time // in their handshake, since (maxPendingStreams)
+	conns   int                    // established (MaxConns)
+	perID   map[string]int         // established, by identity (MaxConnsPerIdentity)
+	// refusals is when a refusal was last logged and how many went
+	// unlogged since: a flood of them is one line a second
+	lastRefusal time.Time
+	unlogged    int
 }
 
 // ListenStream listens for streams on addr (host:port over TCP; port 0
@@ -382,7 +460,7 @@ func ListenStream(ctx context.Context, addr string, cfg *Config) (*StreamListene
 	if err != nil {
 		return nil, err
 	}
-	l := &StreamListener{cfg: c, tls: conf, ln: ln, ready: make(chan *Stream), closing: make(chan struct{}), perID: map[string]int{}}
+	l := &StreamListener{cfg: c, tls: conf, ln: ln, ready: make(chan *Stream), closing: make(chan struct{}), pending: map[net.Conn]time.Time{}, perID: map[string]int{}}
 	l.wg.Go(l.acceptLoop)
 	go func() {
 		select {
@@ -414,14 +492,36 @@ func (l *StreamListener) Accept(ctx context.Context) (*Stream, error) {
 	}
 }
 
-// Close stops accepting; streams accepted go on until closed.
+// Close stops accepting and ends the handshakes in progress; streams
+// accepted go on until closed.
 func (l *StreamListener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closing)
 		l.ln.Close()
+		l.mu.Lock()
+		for c := range l.pending {
+			c.Close()
+		}
+		l.mu.Unlock()
 	})
 	l.wg.Wait()
 	return nil
+}
+
+// refused logs a refusal, at most one line a second with the count of
+// those left out since.
+func (l *StreamListener) refused(remote net.Addr, err error) {
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.lastRefusal) < time.Second {
+		l.unlogged++
+		l.mu.Unlock()
+		return
+	}
+	more := l.unlogged
+	l.lastRefusal, l.unlogged = now, 0
+	l.mu.Unlock()
+	l.cfg.Log.Warn().Err(err).Str("node", l.cfg.Name).Stringer("remote", remote).Int("refused_unlogged", more).Msg("wire: refused a stream")
 }
 
 func (l *StreamListener) acceptLoop() {
@@ -441,17 +541,18 @@ func (l *StreamListener) acceptLoop() {
 			continue
 		}
 		l.mu.Lock()
-		full := l.conns >= l.cfg.MaxConns
-		if !full {
-			l.conns++
+		if len(l.pending) >= maxPendingStreams { // the oldest makes room
+			var oldest net.Conn
+			for c, t := range l.pending {
+				if oldest == nil || t.Before(l.pending[oldest]) {
+					oldest = c
+				}
+			}
+			delete(l.pending, oldest)
+			oldest.Close()
 		}
+		l.pending[raw] = time.Now()
 		l.mu.Unlock()
-		if full {
-			l.cfg.Stats.Refused.Add(1)
-			l.cfg.Log.Warn().Str("node", l.cfg.Name).Stringer("remote", raw.RemoteAddr()).Int("max_conns", l.cfg.MaxConns).Msg("wire: refused a stream: this node holds MaxConns connections already")
-			raw.Close()
-			continue
-		}
 		l.wg.Go(func() { l.handshake(raw) })
 	}
 }
@@ -459,40 +560,50 @@ func (l *StreamListener) acceptLoop() {
 // handshake runs TLS and the Hello exchange with a new connection and
 // queues the stream for Accept.
 func (l *StreamListener) handshake(raw net.Conn) {
-	drop := func() {
+	unpend := func() {
 		l.mu.Lock()
-		l.conns--
+		delete(l.pending, raw)
 		l.mu.Unlock()
 	}
-	raw.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
-	conn := tls.Server(raw, l.tls)
+	// TLS and the Hello together within HandshakeTimeout, however slowly
+	// their bytes come
+	idle := newIdleConn(raw, l.cfg.HandshakeTimeout, time.Now().Add(l.cfg.HandshakeTimeout))
+	conn := tls.Server(idle, l.tls)
 	if err := conn.Handshake(); err != nil { // a refused certificate is logged by serverTLS
 		raw.Close()
-		drop()
+		unpend()
 		return
 	}
-	s := newStream(conn, l.cfg, streamRequestBytes)
+	s := newStream(conn, idle, l.cfg, streamRequestBytes)
 	var key string // the identity's, once it holds a place
 	err := s.helloExchange(false, "", streamRequestBytes, func(id Identity) error {
 		k := string(id.Role) + "/" + id.Name
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		if l.perID[k] >= l.cfg.MaxConnsPerIdentity {
+		switch {
+		case l.conns >= l.cfg.MaxConns:
+			return connErrorf(codeTooMany, nil, "this node holds %d streams already (MaxConns)", l.conns)
+		case l.perID[k] >= l.cfg.MaxConnsPerIdentity:
 			return connErrorf(codeTooMany, nil, "%q holds %d streams to this node already (MaxConnsPerIdentity)", k, l.perID[k])
 		}
+		l.conns++
 		l.perID[k]++
 		key = k
 		return nil
 	})
-	if err != nil && key != "" { // its answer failed: the place goes back
+	release := func() {
 		l.mu.Lock()
+		l.conns--
 		if l.perID[key]--; l.perID[key] == 0 {
 			delete(l.perID, key)
 		}
 		l.mu.Unlock()
 	}
+	unpend()
 	if err != nil {
-		drop() // before the dialer hears: its next try finds the place free
+		if key != "" { // its answer failed: the place goes back, before the dialer hears
+			release()
+		}
 		var ce *ConnError
 		if errors.As(err, &ce) && !ce.Remote {
 			if ce.Code == CodeIdentity || ce.Code == codeTooMany {
@@ -502,20 +613,13 @@ func (l *StreamListener) handshake(raw net.Conn) {
 			}
 			s.closeFor(ce) // a dialer is told why it was refused
 		}
-		l.cfg.Log.Warn().Err(err).Str("node", l.cfg.Name).Stringer("remote", raw.RemoteAddr()).Msg("wire: refused a stream")
+		l.refused(raw.RemoteAddr(), err)
 		raw.Close()
 		return
 	}
-	raw.SetDeadline(time.Time{})
-	s.idle = l.cfg.IdleTimeout
-	s.release = func() {
-		l.mu.Lock()
-		l.conns--
-		if l.perID[key]--; l.perID[key] == 0 {
-			delete(l.perID, key)
-		}
-		l.mu.Unlock()
-	}
+	idle.until = time.Time{} // (nothing else uses it before Accept)
+	idle.setIdle(streamIdle(l.cfg))
+	s.release = release
 	l.cfg.Stats.PeersAccepted.Add(1)
 	s.log.Info().Stringer("role", roleStringer(s.id.Role)).Msg("wire: stream connected")
 	select {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -194,8 +195,183 @@ func TestAStreamListenerReadsRequestsOnly(t *testing.T) {
 		t.Fatalf("the next peer: %v", err)
 	}
 	c2.Close()
-	if a := <-accepted; a != nil {
+	a := <-accepted
+	if a == nil {
+		t.Fatal("the next peer was not accepted")
+	}
+	a.Close()
+}
+
+// throttle is a TCP proxy to target that passes what target sends at
+// most rate bytes a second (a slow link), the other way at once.
+func throttle(t *testing.T, target string, rate int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				return
+			}
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() {
+				defer in.Close()
+				buf := make([]byte, rate/50)
+				for {
+					n, err := out.Read(buf)
+					if n > 0 {
+						if _, err := in.Write(buf[:n]); err != nil {
+							return
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestAStreamLivesWhileBytesMove: an answer that takes several times the
+// idle timeout to cross a slow link arrives whole (the stream lives while
+// bytes move, either way); a stream where nothing moves for the idle
+// timeout is dropped, the dialer told ErrTimeout; a listener whose peer
+// asks and never reads gives its place back after the idle timeout.
+func TestAStreamLivesWhileBytesMove(t *testing.T) {
+	short := func(name string) *Config {
+		c := testConfig(t, "streams", name, RoleWorker)
+		c.IdleTimeout, c.FrameBodyTimeout = 200*time.Millisecond, 200*time.Millisecond
+		return c
+	}
+	lcfg := short("w1")
+	lcfg.MaxConns = 1
+	l := listenStream(t, lcfg)
+	ctx := context.Background()
+	answer := make([]byte, 4<<20)
+	go func() { // answers every request with 4 MiB until its stream ends
+		for {
+			s, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			go func() {
+				defer s.Close()
+				for {
+					m, err := s.Recv(ctx)
+					if err != nil {
+						return
+					}
+					if s.Send(ctx, &FetchData{ID: m.(*FetchRequest).ID, Data: answer}) != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	slow := throttle(t, l.Addr().String(), 6<<20) // 4 MiB in ~0.7 s: 3.5 idle timeouts
+	c, err := DialStream(ctx, slow, short("w2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Send(ctx, &FetchRequest{ID: 1, Size: len(answer)}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Recv(ctx)
+	if err != nil {
+		t.Fatalf("a 4 MiB answer over a slow link (%v in): %v", time.Since(start), err)
+	}
+	if d := m.(*FetchData); len(d.Data) != len(answer) || time.Since(start) < 2*lcfg.IdleTimeout {
+		t.Fatalf("%d bytes in %v: want 4 MiB over more than two idle timeouts", len(d.Data), time.Since(start))
+	}
+	if _, err := c.Recv(ctx); !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrClosed) {
+		t.Fatalf("a stream where nothing moves: %v, want it dropped", err)
+	}
+
+	// a peer that asks and never reads: the listener's writes stall, and
+	// its place (MaxConns 1) comes back once nothing has moved for idle
+	greedy, err := DialStream(ctx, l.Addr().String(), short("w2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer greedy.Close()
+	for i := range 8 {
+		if err := greedy.Send(ctx, &FetchRequest{ID: uint64(i + 1), Size: len(answer)}); err != nil {
+			break // the listener may have dropped it already
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, err := DialStream(ctx, l.Addr().String(), short("w2"))
+		if err == nil {
+			s.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a peer that never reads still holds the only place: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestStrangersCannotKeepMembersOut: connections that never finish their
+// handshake (anyone can open them: no certificate needed) cannot take a
+// member's place, however many; Close ends those in progress at once.
+func TestStrangersCannotKeepMembersOut(t *testing.T) {
+	lcfg := testConfig(t, "streams", "w1", RoleWorker)
+	lcfg.HandshakeTimeout = 3 * time.Second
+	l, err := ListenStream(context.Background(), "127.0.0.1:0", lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	for range 3 * maxPendingStreams {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	accepted := acceptOne(t, l)
+	dcfg := testConfig(t, "streams", "w2", RoleWorker)
+	dcfg.HandshakeTimeout = time.Second
+	s, err := DialStream(context.Background(), l.Addr().String(), dcfg)
+	if err != nil {
+		t.Fatalf("a member after %d silent connections: %v", len(silent), err)
+	}
+	s.Close()
+	if a := <-accepted; a == nil {
+		t.Fatal("the member was not accepted")
+	} else {
 		a.Close()
+	}
+	c, err := net.Dial("tcp", l.Addr().String()) // one more, in its handshake as the listener closes
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent = append(silent, c)
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	l.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Close took %v with a handshake in progress (HandshakeTimeout %v)", d, lcfg.HandshakeTimeout)
 	}
 }
 

@@ -615,7 +615,7 @@ var belowEphemeral = sync.OnceValues(func() (lo, hi int) {
 	return max(1024, first-8192), first
 })
 
-// handedOut are the addresses FreeAddr has returned.
+// handedOut are the addresses FreeAddr and FreeTCPAddr have returned.
 var handedOut = struct {
 	sync.Mutex
 	addrs map[string]bool
@@ -625,11 +625,24 @@ var handedOut = struct {
 // kernel's ephemeral range as FreeAddr picks (a test's HTTP clients
 // take ports from that range all the time).
 func FreeTCPAddr() (string, error) {
-	return freeLoopback(func(a string) (io.Closer, net.Addr, error) {
-		l, err := net.Listen("tcp", a)
+	for range 64 {
+		addr, err := freeLoopback(func(a string) (io.Closer, net.Addr, error) {
+			l, err := net.Listen("tcp", a)
+			if err != nil {
+				return nil, nil, err
+			}
+			return l, l.Addr(), nil
+		})
 		if err != nil {
-			return nil, nil, err
+			return "", err
 		}
-		return l, l.Addr(), nil
-	})
+		handedOut.Lock()
+		fresh := !handedOut.addrs[addr]
+		handedOut.addrs[addr] = true
+		handedOut.Unlock()
+		if fresh { // not a worker's, whose TCP port may not be bound yet (FreeAddr)
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("no loopback TCP port this process has not handed out already, in 64 tries")
 }
