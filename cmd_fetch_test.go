@@ -291,8 +291,10 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	startStage(0, "0-1")
 	startStage(1, "2-")
 	shadow2 := freeLoopbackAddr(t)
-	r.start("shadow2", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow2.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "2-",
-		"-listen", shadow2, "-certs", certs, "-name", "shadow2", "-log-level", "info")
+	// shadow2 takes its experts as the store's chunks (-store), the
+	// first shadow stage as bf16 tensors
+	r.start("shadow2", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow2.model"), "-store", filepath.Join(r.dir, "shadow2.store"), "-fetch-from", storeAddr,
+		"-quant", "int8", "-layers", "2-", "-listen", shadow2, "-certs", certs, "-name", "shadow2", "-log-level", "info")
 	r.start("shadow", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "0-1",
 		"-stages", shadow2, "-listen", r.shadow, "-workers", workers, "-group", "2", "-certs", certs, "-name", "shadow", "-log-level", "info")
 
@@ -332,7 +334,7 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 		"stage1":  {"embedding.safetensors", "layer-000.safetensors", "layer-001.safetensors"},
 		"stage2":  {"layer-002.safetensors", "layer-003.safetensors"},
 		"shadow":  {"embedding.safetensors", "head.safetensors", "layer-000-experts.safetensors", "layer-000.safetensors", "layer-001-experts.safetensors", "layer-001.safetensors"},
-		"shadow2": {"layer-002-experts.safetensors", "layer-002.safetensors", "layer-003-experts.safetensors", "layer-003.safetensors"},
+		"shadow2": {"layer-002.safetensors", "layer-003.safetensors"},
 	} {
 		got, _ := filepath.Glob(filepath.Join(r.dir, name+".model", "*.safetensors"))
 		for i := range got {
@@ -342,6 +344,26 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 			t.Errorf("%s fetched %v, want %v", name, got, want)
 		}
 	}
+	// shadow2's experts came as chunks: its layers' whole (each expert
+	// reads back), the others' holes
+	if log := r.logOf("shadow2"); !strings.Contains(log, "its experts as the store's chunks") {
+		t.Errorf("shadow2's log does not say its experts came as the store's chunks:\n%s", log)
+	}
+	share, err := store.Open(filepath.Join(r.dir, "shadow2.store"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []int{2, 3} {
+		size, _ := share.ExpertBytes(l, 0)
+		if _, err := share.ReadExpert(context.Background(), l, 0, make([]byte, size)); err != nil {
+			t.Errorf("shadow2's store: layer %d expert 0: %v", l, err)
+		}
+	}
+	size, _ := share.ExpertBytes(0, 0)
+	if _, err := share.ReadExpert(context.Background(), 0, 0, make([]byte, size)); err == nil {
+		t.Error("shadow2's store holds layer 0's experts: more than its share")
+	}
+	share.Close()
 	// stage2 started again while the main node is down starts on what
 	// it fetched before
 	r.signal("stage2", syscall.SIGKILL)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -20,38 +21,83 @@ import (
 // empty (or stale, or damaged) -model directory fetches what it lacks,
 // each piece checked against the main node's manifest, and one started
 // again on what it fetched fetches nothing.
-func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role string, need func(model.Config) (fetch.Need, error), log zerolog.Logger) error {
+//
+// With experts (a shadow given -store), the checkpoint comes without its
+// expert tensors and the experts of the layers need says as the store's
+// chunks into f.Store (a third fewer bytes than their bf16 tensors),
+// from the same nodes; the line that says the node has its share counts
+// both.
+func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role string, need func(model.Config) (fetch.Need, error), experts bool, log zerolog.Logger) error {
 	rate, err := runflags.ParseBytes(f.FetchRate)
 	if err != nil || rate < 0 {
 		return usagef("-fetch-rate %q: want bytes a second such as 50MB, or 0", f.FetchRate)
 	}
 	dial := *node
 	dial.PeerRoles = []wire.Role{wire.RoleMain} // the main node serves the checkpoint
-	var sources []fetch.ModelSource
+	var sources []*fetch.Dialed
 	for _, addr := range strings.Split(f.FetchFrom, ",") {
 		d := fetch.Dial(strings.TrimSpace(addr), &dial)
 		defer d.Close()
 		sources = append(sources, d)
 	}
+	var held model.LayerRange // the layers whose experts come as chunks
+	needOf := need
+	if experts {
+		needOf = func(c model.Config) (fetch.Need, error) {
+			n, err := need(c)
+			held, n.Experts = n.Layers, false
+			return n, err
+		}
+	}
 	update, finish := progress.Reporter(role + ": fetching its weights")
 	var mu sync.Mutex
+	report := func(done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		update(done, total)
+	}
 	t0 := time.Now()
-	res, err := fetch.Model(ctx, f.Model, sources, need, fetch.Options{Rate: float64(rate), Spread: true, Log: log,
-		Progress: func(done, total int64) {
-			mu.Lock()
-			defer mu.Unlock()
-			update(done, total)
-		}})
-	finish()
+	res, err := fetch.Model(ctx, f.Model, toModelSources(sources), needOf, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report})
 	if err != nil {
+		finish()
 		return err
 	}
-	ev := log.Info()
-	if res.Bad > 0 {
-		ev = log.Warn().Int("bad pieces", res.Bad).Strs("bad sources", res.BadSources)
+	share, fetched, kept, bad, badSources := res.Share, res.Fetched, res.Kept, res.Bad, res.BadSources
+	what := "its part of the checkpoint fetched"
+	if experts {
+		st, err := fetch.Share(ctx, f.Store, toSources(sources), fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report,
+			Layers: func(l int) bool { return held.Contains(l) }})
+		if err != nil {
+			finish()
+			return fmt.Errorf("%s: its layers' experts from the store: %w", role, err)
+		}
+		share, fetched, kept, bad = share+st.Share, fetched+st.Fetched, kept+st.Kept, bad+st.Bad
+		badSources = append(badSources, st.BadSources...)
+		what = "its part of the checkpoint fetched, its experts as the store's chunks"
 	}
-	ev.Str("dir", f.Model).Str("share", progress.Bytes(res.Share)).Str("kept", progress.Bytes(res.Kept)).Str("fetched", progress.Bytes(res.Fetched)).
-		Bool("offline", res.Offline).Dur("took", time.Since(t0).Round(time.Millisecond)).Int64("share_bytes", res.Share).Int64("fetched_bytes", res.Fetched).
-		Msg(role + ": its part of the checkpoint fetched")
+	finish()
+	ev := log.Info()
+	if bad > 0 {
+		ev = log.Warn().Int("bad pieces", bad).Strs("bad sources", badSources)
+	}
+	ev.Str("dir", f.Model).Str("store", f.Store).Str("share", progress.Bytes(share)).Str("kept", progress.Bytes(kept)).Str("fetched", progress.Bytes(fetched)).
+		Bool("offline", res.Offline).Dur("took", time.Since(t0).Round(time.Millisecond)).Int64("share_bytes", share).Int64("fetched_bytes", fetched).
+		Msg(role + ": " + what)
 	return nil
+}
+
+func toModelSources(ds []*fetch.Dialed) []fetch.ModelSource {
+	out := make([]fetch.ModelSource, len(ds))
+	for i, d := range ds {
+		out[i] = d
+	}
+	return out
+}
+
+func toSources(ds []*fetch.Dialed) []fetch.Source {
+	out := make([]fetch.Source, len(ds))
+	for i, d := range ds {
+		out[i] = d
+	}
+	return out
 }

@@ -153,7 +153,7 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		if err := fetchCheckpoint(ctx, f, cfg.Wire, "stage", func(c model.Config) (fetch.Need, error) {
 			r, err := model.ParseLayerRange(f.Layers, c.NumLayers)
 			return fetch.Need{Layers: r, Embedding: r.First == 0}, err // a stage from layer 0 binds the embedding
-		}, log); err != nil {
+		}, false, log); err != nil {
 			return err
 		}
 	}
@@ -217,10 +217,11 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 			// it quantizes its layers' experts too; the first stage samples
 			first := held.First == 0
 			return fetch.Need{Layers: held, Experts: true, Embedding: first, Head: first}, err
-		}, log); err != nil {
+		}, f.Store != "", log); err != nil {
 			return err
 		}
 	}
+	cfg.Store = f.Store
 	return shadow.Run(ctx, cfg)
 }
 

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/odmoe/odmoe/internal/progress"
@@ -39,6 +40,10 @@ type FootprintOptions struct {
 	Quantized bool
 	Quant     kernels.DType
 	Experts   bool // the routed experts too (a shadow's; a main node's are on workers)
+	// ExpertsFrom, with Experts, is where the experts of a model loaded
+	// without them are (a store: a shadow that quantizes them from it,
+	// QuantizedWith): each layer's are counted by its first's shape.
+	ExpertsFrom ExpertReader
 	Head      bool // the output head, even where r ends before the last layer
 	SkipHead  bool // no output head, even where r ends at the last layer (a later stage's)
 }
@@ -52,7 +57,7 @@ func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, erro
 	if err := r.heldOf(c.NumLayers); err != nil {
 		return Footprint{}, fmt.Errorf("model: %w", err)
 	}
-	if !m.held.Covers(r) || opt.Experts && len(c.ExpertLayers()) > 0 && m.expertBytes == 0 {
+	if !m.held.Covers(r) || opt.Experts && opt.ExpertsFrom == nil && len(c.ExpertLayers()) > 0 && m.expertBytes == 0 {
 		return Footprint{}, fmt.Errorf("model: the footprint of layers %s from a model holding %s (experts bound: %v)", r, m.held, m.expertBytes > 0)
 	}
 	bytes := func(x kernels.Matrix, dt kernels.DType) int64 {
@@ -102,15 +107,33 @@ func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, erro
 		if s := moe.Shared; s != nil {
 			f.Layers += bytes(s.Gate, q) + bytes(s.Up, q) + bytes(s.Down, q) + bytes(moe.SharedGate, router)
 		}
-		if opt.Experts {
+		switch {
+		case opt.Experts && opt.ExpertsFrom != nil && moe.Experts == nil:
+			// every expert of a layer has one shape: its first's, times
+			// their number
+			n, err := opt.ExpertsFrom.ExpertBytes(l, 0)
+			if err != nil {
+				return Footprint{}, fmt.Errorf("model: layer %d's experts: %w", l, err)
+			}
+			x, err := opt.ExpertsFrom.ReadExpert(context.Background(), l, 0, make([]byte, n))
+			if err != nil {
+				return Footprint{}, fmt.Errorf("model: layer %d's experts: %w", l, err)
+			}
+			f.Experts += int64(c.NumExperts) * expertBytes(x, bytes, q)
+		case opt.Experts:
 			for _, e := range moe.Experts {
-				f.Experts += bytes(e.Gate, q) + bytes(e.Up, q) + bytes(e.GateUp, q) + bytes(e.Down, q) +
-					int64(len(e.GateUpBias.Data)+len(e.DownBias.Data))
+				f.Experts += expertBytes(e, bytes, q)
 			}
 		}
 	}
 	f.KV = m.kvBytes(r, c.MaxPositions)
 	return f, nil
+}
+
+// expertBytes is what expert e holds, its matrices counted by bytes at
+// dt, a fused expert's biases as they are.
+func expertBytes(e Expert, bytes func(kernels.Matrix, kernels.DType) int64, dt kernels.DType) int64 {
+	return bytes(e.Gate, dt) + bytes(e.Up, dt) + bytes(e.GateUp, dt) + bytes(e.Down, dt) + int64(len(e.GateUpBias.Data)+len(e.DownBias.Data))
 }
 
 // kvBytes is the KV cache of one sequence of positions positions in

@@ -56,7 +56,12 @@ type Config struct {
 	// Context, when positive, is the longest sequence followed instead
 	// of the model's (-context: model.LoadOptions.Context).
 	Context int
-	Wire    *wire.Config // this node's identity and transport settings
+	// Store, if set, is an expert store holding (at least) this node's
+	// layers' experts: they are read from it and quantized, and Model
+	// need not hold their tensors (a shadow that fetched them as the
+	// store's chunks: a third fewer bytes than their bf16 tensors).
+	Store string
+	Wire  *wire.Config // this node's identity and transport settings
 	Log     zerolog.Logger
 }
 
@@ -85,13 +90,27 @@ func Run(ctx context.Context, cfg Config) error {
 	case held.First > 0 && len(cfg.Stages) > 0:
 		return fmt.Errorf("shadow: layers %s: a stage after the first has no -stages (the first stage dials each)", held)
 	}
-	id, err := checkFootprint(cfg, held)
+	var experts *store.Store
+	if cfg.Store != "" {
+		id, err := store.ModelIdentity(cfg.Model)
+		if err != nil {
+			return err
+		}
+		if experts, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
+			return fmt.Errorf("shadow: -store: %w", err)
+		}
+		defer experts.Close()
+	}
+	id, err := checkFootprint(cfg, held, experts)
 	if err != nil {
 		return err
 	}
-	qm, err := quantized(cfg.Model, cfg.Quant, held, cfg.Context, log)
+	qm, err := quantized(cfg.Model, cfg.Quant, held, cfg.Context, experts, log)
 	if err != nil {
 		return err
+	}
+	if experts != nil {
+		experts.Close() // quantized: the store is not read again
 	}
 	if held.First > 0 {
 		return serveStage(ctx, cfg, qm, id.String())
@@ -134,15 +153,18 @@ func Run(ctx context.Context, cfg Config) error {
 // (layers held, quantized as cfg says) and refuses, naming the
 // shortfall and how many stages would fit, where that passes cfg.Mem;
 // it returns the checkpoint's identity (store.IdentityOf).
-func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
+func checkFootprint(cfg Config, held model.LayerRange, experts *store.Store) (store.Identity, error) {
 	// held's layers alone: a stage's directory may hold no other (fetched
-	// with -fetch-from)
-	m, err := model.Load(cfg.Model, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0, Context: cfg.Context})
+	// with -fetch-from); their experts from the store where there is one
+	m, err := model.Load(cfg.Model, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0, Context: cfg.Context, SkipExperts: experts != nil})
 	if err != nil {
 		return store.Identity{}, err
 	}
 	defer m.Close()
 	opt := model.FootprintOptions{Quantized: true, Quant: cfg.Quant, Experts: true, Head: held.First == 0, SkipHead: held.First > 0}
+	if experts != nil {
+		opt.ExpertsFrom = experts
+	}
 	f, err := m.FootprintOf(held, opt)
 	if err != nil {
 		return store.Identity{}, err
@@ -152,8 +174,8 @@ func checkFootprint(cfg Config, held model.LayerRange) (store.Identity, error) {
 		return store.Identity{}, fmt.Errorf("shadow: layers %s need %s, -mem allows %s: %s short%s", held, f, progress.Bytes(cfg.Mem),
 			progress.Bytes(f.Total()-cfg.Mem), stagesThatFit(m, held, opt, cfg.Mem))
 	}
-	if held != model.AllLayers(m.Config.NumLayers) {
-		return store.ModelIdentity(cfg.Model) // every router's, which this node does not hold
+	if held != model.AllLayers(m.Config.NumLayers) || experts != nil {
+		return store.ModelIdentity(cfg.Model) // every router's and expert's, which this node does not hold (or not here)
 	}
 	return store.IdentityOf(cfg.Model, m)
 }
@@ -191,8 +213,8 @@ func stagesThatFit(m *model.Model, held model.LayerRange, opt model.FootprintOpt
 // quantized loads layers held of the checkpoint in dir (with the head,
 // where they begin at the first: a first stage samples) and quantizes
 // them to dt; the copy owns its memory, the checkpoint let go.
-func quantized(dir string, dt kernels.DType, held model.LayerRange, contextLen int, log zerolog.Logger) (*model.Model, error) {
-	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0, Context: contextLen}) // the first stage samples
+func quantized(dir string, dt kernels.DType, held model.LayerRange, contextLen int, experts *store.Store, log zerolog.Logger) (*model.Model, error) {
+	full, err := model.Load(dir, model.LoadOptions{Layers: &held, Head: held.First == 0, SkipHead: held.First > 0, Context: contextLen, SkipExperts: experts != nil}) // the first stage samples
 	if err != nil {
 		return nil, err
 	}
@@ -200,8 +222,24 @@ func quantized(dir string, dt kernels.DType, held model.LayerRange, contextLen i
 	// checkpoint gives its pages back, so the shadow holds only its copy
 	defer full.Close()
 	t0 := time.Now()
-	bar := progress.New("quantize "+dt.String(), full.NonExpertBytes()+full.ExpertBytes())
-	qm, err := full.Quantized(dt, func(done, total int64) { bar.Set(done) })
+	total := full.NonExpertBytes() + full.ExpertBytes()
+	var reader model.ExpertReader // nil: the experts are bound from the checkpoint
+	if experts != nil {
+		reader = experts
+		for _, l := range full.Config.ExpertLayers() {
+			for e := range full.Config.NumExperts {
+				if held.Contains(l) {
+					n, err := experts.ExpertBytes(l, e)
+					if err != nil {
+						return nil, fmt.Errorf("shadow: -store: %w", err)
+					}
+					total += int64(n)
+				}
+			}
+		}
+	}
+	bar := progress.New("quantize "+dt.String(), total)
+	qm, err := full.QuantizedWith(dt, reader, func(done, total int64) { bar.Set(done) })
 	bar.Finish()
 	if err != nil {
 		return nil, err

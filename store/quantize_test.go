@@ -56,6 +56,29 @@ func TestAShadowQuantizesExpertsFromTheStoreAsFromTheCheckpoint(t *testing.T) {
 				if last != total || total == 0 {
 					t.Errorf("%v: progress ended at %d of %d", dt, last, total)
 				}
+				// the footprint a shadow says at start, counted from the store
+				// (one expert a layer read), is the checkpoint's
+				all := model.AllLayers(want.Config.NumLayers)
+				fopt := model.FootprintOptions{Quantized: true, Quant: dt, Experts: true}
+				bound, err = model.Load(dir, model.LoadOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantF, err := bound.FootprintOf(all, fopt)
+				bound.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				bare, err = model.Load(dir, model.LoadOptions{SkipExperts: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				fopt.ExpertsFrom = st
+				gotF, err := bare.FootprintOf(all, fopt)
+				bare.Close()
+				if err != nil || gotF != wantF {
+					t.Errorf("%v: footprint from the store %+v (%v), from the checkpoint %+v", dt, gotF, err, wantF)
+				}
 				if got.ExpertBytes() != want.ExpertBytes() || got.NonExpertBytes() != want.NonExpertBytes() {
 					t.Errorf("%v: holds experts %d, the rest %d; from the checkpoint %d, %d", dt, got.ExpertBytes(), got.NonExpertBytes(), want.ExpertBytes(), want.NonExpertBytes())
 				}
