@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
+	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/testbed"
 )
 
@@ -310,7 +312,8 @@ func fetchRig(t *testing.T, dir string) string {
 // directories of their own; the printed main-node command serves the
 // model and store on the rig's main address, the nodes fill their
 // directories from it (the stage its layers, the shadow every layer
-// with experts, each worker its share of the store), and the run is
+// and every layer's experts as the store's chunks, each worker its
+// share of the store), and the run is
 // local mode's bit for bit.
 func TestLaunchWithFetchStartsEveryNodeFromNothing(t *testing.T) {
 	if testing.Short() {
@@ -353,7 +356,8 @@ func TestLaunchWithFetchStartsEveryNodeFromNothing(t *testing.T) {
 		t.Fatalf("the printed main command (%s): %v\n%s", line, err, out)
 	}
 	sameDump(t, swarm, local)
-	for name, file := range map[string]string{"stage1": "model/layer-002.safetensors", "shadow": "model/layer-000-experts.safetensors", "w1": "store/index.bin", "w2": "store/index.bin"} {
+	// (the shadow's experts come as the store's chunks)
+	for name, file := range map[string]string{"stage1": "model/layer-002.safetensors", "shadow": "store/index.bin", "w1": "store/index.bin", "w2": "store/index.bin"} {
 		if _, err := os.Stat(filepath.Join(nodes, name, file)); err != nil {
 			b, _ := os.ReadFile(filepath.Join(logs, name+".log"))
 			t.Errorf("%s did not fetch %s: %v\n%s", name, file, err, b)
@@ -392,6 +396,19 @@ func TestBenchRigFromEmptyDirectories(t *testing.T) {
 				t.Errorf("start 2: %s fetched %d bytes: want nothing", n.Name, n.FetchedBytes)
 			}
 		}
+	}
+	// the shadow's experts came as the store's chunks: none of their
+	// tensors in its checkpoint, its store whole
+	if experts, _ := filepath.Glob(filepath.Join(dir, "nodes", "shadow", "model", "*-experts.safetensors")); len(experts) > 0 {
+		t.Errorf("the shadow fetched expert tensors %v: want its experts as the store's chunks", experts)
+	}
+	if st, err := store.Open(filepath.Join(dir, "nodes", "shadow", "store"), store.Options{}); err != nil {
+		t.Errorf("the shadow's store: %v", err)
+	} else {
+		if err := st.Verify(context.Background(), nil); err != nil {
+			t.Errorf("the shadow's store does not hold every layer's experts: %v", err)
+		}
+		st.Close()
 	}
 	md, err := os.ReadFile(filepath.Join(out, "report.md"))
 	if err != nil || !strings.Contains(string(md), "## Start 2 from the nodes' own directories") {

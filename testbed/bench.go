@@ -160,7 +160,8 @@ type BenchOptions struct {
 	// own, which it fills from the main node (-fetch-from; the main node
 	// serves its checkpoint and store on FetchAddr): NodeFiles holds
 	// them on this machine (local and netns: NodeFiles/NAME/model and
-	// /store), the remote directory on a real LAN.
+	// /store), the remote directory on a real LAN. A shadow (or shadow
+	// stage) fetches its experts as the store's chunks into its store.
 	Fetch     bool
 	NodeFiles string
 	// filled: the nodes' directories were filled (fillRig) before the
@@ -358,6 +359,9 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		for _, st := range opt.Rig.ShadowStages {
 			f := nodeFlags(opt, opt.Via, st, runflags.RoleShadow)
 			f.Listen, f.Model = st.Addr, opt.NodePaths(st).Model
+			if opt.Fetch { // its experts as the store's chunks
+				f.Store = opt.NodePaths(st).Store
+			}
 			if err := start(st, f.Args()); err != nil {
 				return servers, err
 			}
@@ -366,6 +370,9 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		f := nodeFlags(opt, opt.Via, s, runflags.RoleShadow)
 		f.Listen, f.Model, f.Workers, f.DialTimeout = s.Addr, opt.NodePaths(s).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
 		f.Stages = opt.Rig.ShadowStageAddrs()
+		if opt.Fetch { // its experts as the store's chunks
+			f.Store = opt.NodePaths(s).Store
+		}
 		if mode == ModeShadowLate {
 			f.Ahead = 0 // whatever the rig says
 		}
