@@ -293,8 +293,11 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	shadow2 := freeLoopbackAddr(t)
 	// shadow2 takes its experts as the store's chunks (-store), the
 	// first shadow stage as bf16 tensors
-	r.start("shadow2", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow2.model"), "-store", filepath.Join(r.dir, "shadow2.store"), "-fetch-from", storeAddr,
-		"-quant", "int8", "-layers", "2-", "-listen", shadow2, "-certs", certs, "-name", "shadow2", "-log-level", "info")
+	startShadow2 := func() {
+		r.start("shadow2", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow2.model"), "-store", filepath.Join(r.dir, "shadow2.store"), "-fetch-from", storeAddr,
+			"-quant", "int8", "-layers", "2-", "-listen", shadow2, "-certs", certs, "-name", "shadow2", "-log-level", "info")
+	}
+	startShadow2()
 	r.start("shadow", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow.model"), "-fetch-from", storeAddr, "-quant", "int8", "-layers", "0-1",
 		"-stages", shadow2, "-listen", r.shadow, "-workers", workers, "-group", "2", "-certs", certs, "-name", "shadow", "-log-level", "info")
 
@@ -377,6 +380,18 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	}
 	if log := r.logOf("stage2"); !strings.Contains(log, "checking what the directory holds against the one it kept") || !strings.Contains(log, "offline=true") {
 		t.Errorf("stage2 started again with no source does not say it checked what it fetched before:\n%s", log)
+	}
+	// and so does shadow2, its experts from the store it filled
+	r.signal("shadow2", syscall.SIGKILL)
+	startShadow2()
+	for strings.Count(r.logOf("shadow2"), "shadow stage ready") < 2 {
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			t.Fatalf("shadow2 started again with no source never got ready:\n%s", r.logOf("shadow2"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if log := r.logOf("shadow2"); !strings.Contains(log, "its experts read from the store as it holds them") {
+		t.Errorf("shadow2 started again with no source does not say it read its experts from the store it holds:\n%s", log)
 	}
 }
 

@@ -49,33 +49,45 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 			return n, err
 		}
 	}
-	update, finish := progress.Reporter(role + ": fetching its weights")
-	var mu sync.Mutex
-	report := func(done, total int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		update(done, total)
+	// a bar a phase (its total is the phase's own); reports come from
+	// many goroutines
+	reporter := func(label string) (func(done, total int64), func()) {
+		update, finish := progress.Reporter(label)
+		var mu sync.Mutex
+		return func(done, total int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			update(done, total)
+		}, finish
 	}
+	report, finish := reporter(role + ": fetching its weights")
 	t0 := time.Now()
 	res, err := fetch.Model(ctx, f.Model, toModelSources(sources), needOf, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report})
+	finish()
 	if err != nil {
-		finish()
 		return err
 	}
 	share, fetched, kept, bad, badSources := res.Share, res.Fetched, res.Kept, res.Bad, res.BadSources
 	what := "its part of the checkpoint fetched"
-	if experts {
+	switch {
+	case experts && res.Offline:
+		// no source answered, and the checkpoint passed the manifest it
+		// kept: the store is used as it is, each chunk checked as the
+		// shadow reads it (a missing one fails it, named)
+		log.Warn().Str("store", f.Store).Msg(role + ": no source: its experts read from the store as it holds them")
+		what = "its part of the checkpoint fetched, its experts as the store's chunks (kept, not checked again)"
+	case experts:
+		report, finish := reporter(role + ": fetching its experts")
 		st, err := fetch.Share(ctx, f.Store, toSources(sources), fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report,
 			Layers: func(l int) bool { return held.Contains(l) }})
+		finish()
 		if err != nil {
-			finish()
 			return fmt.Errorf("%s: its layers' experts from the store: %w", role, err)
 		}
 		share, fetched, kept, bad = share+st.Share, fetched+st.Fetched, kept+st.Kept, bad+st.Bad
 		badSources = append(badSources, st.BadSources...)
 		what = "its part of the checkpoint fetched, its experts as the store's chunks"
 	}
-	finish()
 	ev := log.Info()
 	if bad > 0 {
 		ev = log.Warn().Int("bad pieces", bad).Strs("bad sources", badSources)

@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/odmoe/odmoe/internal/progress"
 	"github.com/odmoe/odmoe/kernels"
@@ -44,8 +45,8 @@ type FootprintOptions struct {
 	// without them are (a store: a shadow that quantizes them from it,
 	// QuantizedWith): each layer's are counted by its first's shape.
 	ExpertsFrom ExpertReader
-	Head      bool // the output head, even where r ends before the last layer
-	SkipHead  bool // no output head, even where r ends at the last layer (a later stage's)
+	Head        bool // the output head, even where r ends before the last layer
+	SkipHead    bool // no output head, even where r ends at the last layer (a later stage's)
 }
 
 // FootprintOf is what a node holding layers r of m keeps, as opt says
@@ -57,7 +58,8 @@ func (m *Model) FootprintOf(r LayerRange, opt FootprintOptions) (Footprint, erro
 	if err := r.heldOf(c.NumLayers); err != nil {
 		return Footprint{}, fmt.Errorf("model: %w", err)
 	}
-	if !m.held.Covers(r) || opt.Experts && opt.ExpertsFrom == nil && len(c.ExpertLayers()) > 0 && m.expertBytes == 0 {
+	hasExperts := slices.ContainsFunc(c.ExpertLayers(), r.Contains) // not a range of dense layers alone
+	if !m.held.Covers(r) || opt.Experts && opt.ExpertsFrom == nil && hasExperts && m.expertBytes == 0 {
 		return Footprint{}, fmt.Errorf("model: the footprint of layers %s from a model holding %s (experts bound: %v)", r, m.held, m.expertBytes > 0)
 	}
 	bytes := func(x kernels.Matrix, dt kernels.DType) int64 {

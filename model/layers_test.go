@@ -196,6 +196,18 @@ func TestFootprintIsWhatANodeHolds(t *testing.T) {
 		if !m.Config.TieEmbeddings && b.Embedding != 0 {
 			t.Errorf("the last stage counts the embedding: %+v", b)
 		}
+		// a first stage's own load says the same of itself, a stage of
+		// dense layers alone (DeepSeek's first) too
+		first := LayerRange{0, 1}
+		part, err := Load(dir, LoadOptions{Layers: &first})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pa, err := part.FootprintOf(first, opt)
+		part.Close()
+		if err != nil || pa.Layers != a.Layers || pa.Experts != a.Experts || pa.Embedding != a.Embedding {
+			t.Errorf("layer 0 loaded alone: footprint %+v (%v), want %+v", pa, err, a)
+		}
 		bf, err := m.FootprintOf(AllLayers(L), FootprintOptions{Experts: true})
 		if err != nil {
 			t.Fatal(err)

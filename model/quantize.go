@@ -29,7 +29,8 @@ type ExpertReader interface {
 }
 
 // QuantizedWith is Quantized, where the experts of a held layer m was
-// loaded without (LoadOptions.SkipExperts) are read from experts: a
+// loaded without (LoadOptions.SkipExperts) are read from experts (nil:
+// none, as Quantized; a typed nil is not none): a
 // shadow whose experts came as a store's chunks (a third fewer bytes to
 // fetch than their bf16 tensors). Each is read, quantized and let go in
 // turn, so the copy's making holds a few experts at full precision at
@@ -150,9 +151,19 @@ func (m *Model) QuantizedWith(dt kernels.DType, experts ExpertReader, progress f
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), 4) {
 		wg.Go(func() {
+			var buf []byte // an expert read from experts, full precision: one at a time
 			for j := range next {
+				mu.Lock()
+				failed := firstErr != nil
+				mu.Unlock()
+				if failed { // the copy is lost: the rest is not worth reading
+					continue
+				}
 				if j.read != nil {
-					n, err := quantizeRead(experts, j.read[0], j.read[1], j.readBytes, j.dt, j.into)
+					if int64(cap(buf)) < j.readBytes {
+						buf = make([]byte, j.readBytes)
+					}
+					n, err := quantizeRead(experts, j.read[0], j.read[1], buf[:j.readBytes], j.dt, j.into)
 					mu.Lock()
 					if err != nil && firstErr == nil {
 						firstErr = err
@@ -221,14 +232,14 @@ func (m *Model) QuantizedWith(dt kernels.DType, experts ExpertReader, progress f
 	return &q, nil
 }
 
-// quantizeRead reads expert (layer, e) of n bytes from r and quantizes
-// it to dt into *into, as Quantized does a bound one: its matrices at dt,
-// a fused expert's biases copied as they are (their bytes returned).
-func quantizeRead(r ExpertReader, layer, e int, n int64, dt kernels.DType, into *Expert) (biases int64, err error) {
-	buf := make([]byte, n)
+// quantizeRead reads expert (layer, e) from r into buf (its size) and
+// quantizes it to dt into *into, as Quantized does a bound one: its
+// matrices at dt, a fused expert's biases copied as they are (their
+// bytes returned); nothing of it keeps buf.
+func quantizeRead(r ExpertReader, layer, e int, buf []byte, dt kernels.DType, into *Expert) (biases int64, err error) {
 	x, err := r.ReadExpert(context.Background(), layer, e, buf)
 	if err != nil {
-		return 0, fmt.Errorf("layer %d expert %d: %w", layer, e, err)
+		return 0, fmt.Errorf("layer %d expert %d from the expert store: %w (a store must hold every expert of the layers quantized: a worker's share lacks others')", layer, e, err)
 	}
 	q := x
 	if x.Fused() {

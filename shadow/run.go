@@ -62,7 +62,7 @@ type Config struct {
 	// store's chunks: a third fewer bytes than their bf16 tensors).
 	Store string
 	Wire  *wire.Config // this node's identity and transport settings
-	Log     zerolog.Logger
+	Log   zerolog.Logger
 }
 
 // Run quantizes the model, builds the shadow on it (New: connected to
@@ -90,27 +90,9 @@ func Run(ctx context.Context, cfg Config) error {
 	case held.First > 0 && len(cfg.Stages) > 0:
 		return fmt.Errorf("shadow: layers %s: a stage after the first has no -stages (the first stage dials each)", held)
 	}
-	var experts *store.Store
-	if cfg.Store != "" {
-		id, err := store.ModelIdentity(cfg.Model)
-		if err != nil {
-			return err
-		}
-		if experts, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
-			return fmt.Errorf("shadow: -store: %w", err)
-		}
-		defer experts.Close()
-	}
-	id, err := checkFootprint(cfg, held, experts)
+	id, qm, err := load(cfg, held)
 	if err != nil {
 		return err
-	}
-	qm, err := quantized(cfg.Model, cfg.Quant, held, cfg.Context, experts, log)
-	if err != nil {
-		return err
-	}
-	if experts != nil {
-		experts.Close() // quantized: the store is not read again
 	}
 	if held.First > 0 {
 		return serveStage(ctx, cfg, qm, id.String())
@@ -146,6 +128,29 @@ func Run(ctx context.Context, cfg Config) error {
 	defer ln.Close()
 	log.Info().Str("listen", ln.Addr().String()).Int("workers", len(cfg.Workers)).Stringer("layers", held).Msg("shadow ready")
 	return node.Serve(ctx, ln)
+}
+
+// load checks cfg's footprint (checkFootprint) and quantizes the layers
+// held (quantized), their experts read from cfg.Store where it is set;
+// it returns the model's identity and the quantized copy.
+func load(cfg Config, held model.LayerRange) (store.Identity, *model.Model, error) {
+	var experts *store.Store
+	if cfg.Store != "" {
+		id, err := store.ModelIdentity(cfg.Model)
+		if err != nil {
+			return store.Identity{}, nil, err
+		}
+		if experts, err = store.Open(cfg.Store, store.Options{Identity: id}); err != nil {
+			return store.Identity{}, nil, fmt.Errorf("shadow: -store: %w", err)
+		}
+		defer experts.Close() // quantized: not read again
+	}
+	id, err := checkFootprint(cfg, held, experts)
+	if err != nil {
+		return store.Identity{}, nil, err
+	}
+	qm, err := quantized(cfg.Model, cfg.Quant, held, cfg.Context, experts, cfg.Log)
+	return id, qm, err
 }
 
 // checkFootprint reads the checkpoint's mapping (nothing is paged in
@@ -222,25 +227,13 @@ func quantized(dir string, dt kernels.DType, held model.LayerRange, contextLen i
 	// checkpoint gives its pages back, so the shadow holds only its copy
 	defer full.Close()
 	t0 := time.Now()
-	total := full.NonExpertBytes() + full.ExpertBytes()
-	var reader model.ExpertReader // nil: the experts are bound from the checkpoint
+	var reader model.ExpertReader // nil (not a typed nil): the experts are bound from the checkpoint
 	if experts != nil {
 		reader = experts
-		for _, l := range full.Config.ExpertLayers() {
-			for e := range full.Config.NumExperts {
-				if held.Contains(l) {
-					n, err := experts.ExpertBytes(l, e)
-					if err != nil {
-						return nil, fmt.Errorf("shadow: -store: %w", err)
-					}
-					total += int64(n)
-				}
-			}
-		}
 	}
-	bar := progress.New("quantize "+dt.String(), total)
-	qm, err := full.QuantizedWith(dt, reader, func(done, total int64) { bar.Set(done) })
-	bar.Finish()
+	update, finish := progress.Reporter("quantize " + dt.String())
+	qm, err := full.QuantizedWith(dt, reader, update)
+	finish()
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,7 @@ import (
 // family and format (BF16, FP8 with its scales, gpt-oss's fused MXFP4
 // with biases), and so decodes the same logits.
 func TestAShadowQuantizesExpertsFromTheStoreAsFromTheCheckpoint(t *testing.T) {
-	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny-fp8"} {
+	for _, preset := range []string{"tiny", "qwen3-moe-tiny", "olmoe-tiny", "qwen2-moe-tiny", "gpt-oss-tiny", "gpt-oss-tiny-mxfp4", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8"} {
 		t.Run(preset, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), preset)
 			if err := synth.Generate(dir, synth.Options{Preset: preset, Seed: 21}); err != nil {
