@@ -26,10 +26,11 @@ func TestAShareComesOverTheWire(t *testing.T) {
 	}
 }
 
-func shareOverTheWire(t *testing.T, preset string) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	f, err := inproc.Generate(ctx, t.TempDir(), preset, 5, 3)
+// holder is a generated preset's store, open until the test ends, and
+// the workers' configs of its cluster (each one's as tune says).
+func holder(t *testing.T, preset string, tune func(*wire.Config)) (*store.Store, func(name string) *wire.Config) {
+	t.Helper()
+	f, err := inproc.Generate(context.Background(), t.TempDir(), preset, 5, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,14 +38,24 @@ func shareOverTheWire(t *testing.T, preset string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer held.Close()
-	certs := func(name string) *wire.Config {
+	t.Cleanup(func() { held.Close() })
+	return held, func(name string) *wire.Config {
 		c, err := wire.LoadCerts(f.Certs, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &wire.Config{Certs: c, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()}
+		cfg := &wire.Config{Certs: c, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop()}
+		if tune != nil {
+			tune(cfg)
+		}
+		return cfg
 	}
+}
+
+func shareOverTheWire(t *testing.T, preset string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held, certs := holder(t, preset, nil)
 	ln, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w1"))
 	if err != nil {
 		t.Fatal(err)
@@ -126,23 +137,9 @@ func shareOverTheWire(t *testing.T, preset string) {
 func TestADialedSourceOutlivesTheHoldersIdleTimeout(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f, err := inproc.Generate(ctx, t.TempDir(), "tiny", 5, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := store.Open(f.Store, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	certs := func(name string) *wire.Config {
-		c, err := wire.LoadCerts(f.Certs, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &wire.Config{Certs: c, PeerRoles: []wire.Role{wire.RoleWorker}, Log: zerolog.Nop(),
-			IdleTimeout: 100 * time.Millisecond, FrameBodyTimeout: 100 * time.Millisecond}
-	}
+	held, certs := holder(t, "tiny", func(c *wire.Config) {
+		c.IdleTimeout, c.FrameBodyTimeout = 100*time.Millisecond, 100*time.Millisecond
+	})
 	ln, err := wire.ListenStream(ctx, "127.0.0.1:0", certs("w1"))
 	if err != nil {
 		t.Fatal(err)

@@ -454,12 +454,29 @@ func BenchmarkStreamAgainstQUIC(b *testing.B) {
 		data[i] = byte(i * 7)
 	}
 	ctx := context.Background()
-	run := func(b *testing.B, ask func(id uint64) error) {
+	type conn interface {
+		Send(context.Context, Message) error
+		Recv(context.Context) (Message, error)
+	}
+	// run answers every request c's peer s gets with a piece, and times
+	// pieces asked for and answered one at a time
+	run := func(b *testing.B, c, s conn) {
+		go func() {
+			for {
+				m, err := s.Recv(ctx)
+				if err != nil || s.Send(ctx, &FetchData{ID: m.(*FetchRequest).ID, Data: data}) != nil {
+					return
+				}
+			}
+		}()
 		b.SetBytes(piece)
 		cpu0 := cpuTime()
 		b.ResetTimer()
 		for i := range b.N {
-			if err := ask(uint64(i + 1)); err != nil {
+			if err := c.Send(ctx, &FetchRequest{ID: uint64(i + 1), Size: piece}); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := c.Recv(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -476,39 +493,11 @@ func BenchmarkStreamAgainstQUIC(b *testing.B) {
 		defer c.Close()
 		s := <-accepted
 		defer s.Close()
-		go func() {
-			for {
-				m, err := s.Recv(ctx)
-				if err != nil || s.Send(ctx, &FetchData{ID: m.(*FetchRequest).ID, Data: data}) != nil {
-					return
-				}
-			}
-		}()
-		run(b, func(id uint64) error {
-			if err := c.Send(ctx, &FetchRequest{ID: id, Size: piece}); err != nil {
-				return err
-			}
-			_, err := c.Recv(ctx)
-			return err
-		})
+		run(b, c, s)
 	})
 	b.Run("quic", func(b *testing.B) {
 		l := listen(b, testConfig(b, "streams", "w1", RoleWorker))
 		c, s := connect(b, l, testConfig(b, "streams", "w2", RoleWorker))
-		go func() {
-			for {
-				m, err := s.Recv(ctx)
-				if err != nil || s.Send(ctx, &FetchData{ID: m.(*FetchRequest).ID, Data: data}) != nil {
-					return
-				}
-			}
-		}()
-		run(b, func(id uint64) error {
-			if err := c.Send(ctx, &FetchRequest{ID: id, Size: piece}); err != nil {
-				return err
-			}
-			_, err := c.Recv(ctx)
-			return err
-		})
+		run(b, c, s)
 	})
 }
