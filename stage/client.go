@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/odmoe/odmoe/align"
@@ -59,6 +60,9 @@ type remote struct {
 	layers model.LayerRange
 	in     chan wire.Message // closed when p ends, err then set
 	err    error
+	// ended is set as in closes: a run can learn the stage is gone from
+	// in before p's Done is closed (a Reset then must redial it)
+	ended atomic.Bool
 }
 
 // LayersOf reads the layers a stage's Hello says it holds.
@@ -127,6 +131,9 @@ var ErrLost = errors.New("the stage is gone")
 
 // lost reports whether st's connection has ended.
 func (st *remote) lost() bool {
+	if st.ended.Load() {
+		return true
+	}
 	select {
 	case <-st.p.Done():
 		return true
@@ -137,6 +144,7 @@ func (st *remote) lost() bool {
 
 func (st *remote) read(ctx context.Context) {
 	defer close(st.in)
+	defer st.ended.Store(true)
 	for {
 		m, err := st.p.Recv(ctx)
 		if err != nil {
