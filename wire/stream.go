@@ -20,8 +20,9 @@ import (
 // A Stream is a connection over TCP and TLS 1.3, with the same cluster
 // certificates, Hello exchange and frames as a Peer's, for one job: bulk
 // transfers of weights (package fetch). One long byte stream moves a
-// byte for ~1/3 of the CPU QUIC's ~1.4 KB packets cost on loopback
-// (BenchmarkStreamAgainstQUIC), and a node filling its share over a
+// byte for less than half the CPU QUIC's ~1.4 KB packets cost on
+// loopback (1.9-2.9 ns against 4.2-5.9, both ends;
+// BenchmarkStreamAgainstQUIC), and a node filling its share over a
 // 1 Gbit/s link spends its cores on checking and writing, not on UDP
 // syscalls (docs/benchmarks/2026-11-29.md, "Fetching over TCP").
 //
@@ -34,7 +35,7 @@ import (
 // set.
 type Stream struct {
 	conn  *tls.Conn
-	raw   *idleConn // under conn: every read and write has Idle to move a byte
+	raw   *idleConn // under conn: every read and write has its idle time to move a byte
 	cfg   *Config
 	id    Identity
 	hello Hello
