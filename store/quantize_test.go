@@ -126,3 +126,36 @@ func logitsOf(t *testing.T, m *model.Model, prompt []int) []float32 {
 	}
 	return logits
 }
+
+// BenchmarkShadowQuantizes: a shadow's int8 copy of the benchmark model
+// (ODMOE_BENCH_PRESET; `make bench` uses small) made from the
+// checkpoint's bf16 tensors and from the store (its experts decompressed
+// one at a time), alternating: what taking the experts as chunks costs
+// the shadow's start.
+func BenchmarkShadowQuantizes(b *testing.B) {
+	modelDir, storeDir := benchDirs(b)
+	st, err := Open(storeDir, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	for _, from := range []string{"checkpoint", "store"} {
+		b.Run(from, func(b *testing.B) {
+			for range b.N {
+				m, err := model.Load(modelDir, model.LoadOptions{SkipExperts: from == "store"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var reader model.ExpertReader
+				if from == "store" {
+					reader = st
+				}
+				q, err := m.QuantizedWith(kernels.Q8, reader, nil)
+				m.Close()
+				if err != nil || q.ExpertBytes() == 0 {
+					b.Fatalf("%v (%d expert bytes)", err, q.ExpertBytes())
+				}
+			}
+		})
+	}
+}
