@@ -442,6 +442,46 @@ func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPr
 	}
 }
 
+// readPassAfterRewinds is readUntilDone for pass it of seq where the
+// shadow may have run an earlier pass ahead on its own guess before the
+// main node's alignment for it came, then taken it back (a Withdraw from
+// that pass) and run it again: what precedes pass it's own messages is
+// passed over.
+func (r *shadowRig) readPassAfterRewinds(t *testing.T, seq uint64, it int64) ([]layerPrediction, *wire.ShadowDone) {
+	t.Helper()
+	got := make([]layerPrediction, r.qm.Config.NumLayers)
+	for {
+		switch m := r.recv(t).(type) {
+		case *wire.Withdraw:
+			if m.Seq != seq || m.From >= it {
+				t.Fatalf("withdraw %+v while reading pass %d", m, it)
+			}
+			got = make([]layerPrediction, r.qm.Config.NumLayers)
+		case *wire.Prediction:
+			if m.Seq == seq && m.Pass < it {
+				continue // the earlier pass run again
+			}
+			if m.Seq != seq || m.Pass != it {
+				t.Fatalf("prediction for sequence %d pass %d, want pass %d of %d", m.Seq, m.Pass, it, seq)
+			}
+			lp := &got[m.Layer]
+			lp.experts = nil
+			for _, e := range m.Experts {
+				lp.experts = append(lp.experts, int(e))
+			}
+			lp.on, lp.token, lp.all, lp.msgs = m.Workers, m.Token, append(lp.all, lp.experts), append(lp.msgs, m)
+		case *wire.ShadowDone:
+			if m.Seq == seq && m.Pass < it {
+				continue
+			}
+			if m.Seq != seq || m.Pass != it {
+				t.Fatalf("shadow reports %+v, want pass %d of %d", m, it, seq)
+			}
+			return got, m
+		}
+	}
+}
+
 // awaitWithdraw reads the shadow's messages until a Withdraw, which must
 // take back seq's passes from on; a prediction or a report before it
 // fails the test.
