@@ -415,31 +415,7 @@ func (r *shadowRig) recv(t *testing.T) wire.Message {
 // message of another pass, or a withdrawal, fails the test.
 func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPrediction, *wire.ShadowDone) {
 	t.Helper()
-	got := make([]layerPrediction, r.qm.Config.NumLayers)
-	for {
-		switch m := r.recv(t).(type) {
-		case *wire.Prediction:
-			if m.Seq != seq || m.Pass != it {
-				t.Fatalf("prediction for sequence %d pass %d, want pass %d of %d", m.Seq, m.Pass, it, seq)
-			}
-			lp := &got[m.Layer]
-			lp.experts = nil
-			for _, e := range m.Experts {
-				lp.experts = append(lp.experts, int(e))
-			}
-			lp.on, lp.token, lp.all, lp.msgs = m.Workers, m.Token, append(lp.all, lp.experts), append(lp.msgs, m)
-		case *wire.ShadowDone:
-			if m.Pass == 1 && it > 1 {
-				continue // a prompt's pass: no predictions
-			}
-			if m.Seq != seq || m.Pass != it {
-				t.Fatalf("shadow reports %+v, want pass %d of %d", m, it, seq)
-			}
-			return got, m
-		case *wire.Withdraw:
-			t.Fatalf("withdraw %+v while reading pass %d", m, it)
-		}
-	}
+	return r.readPass(t, seq, it, false)
 }
 
 // readPassAfterRewinds is readUntilDone for pass it of seq where the
@@ -449,16 +425,19 @@ func (r *shadowRig) readUntilDone(t *testing.T, seq uint64, it int64) ([]layerPr
 // passed over.
 func (r *shadowRig) readPassAfterRewinds(t *testing.T, seq uint64, it int64) ([]layerPrediction, *wire.ShadowDone) {
 	t.Helper()
+	return r.readPass(t, seq, it, true)
+}
+
+// readPass is readUntilDone, passing over an earlier pass's withdrawal
+// and rerun where rewinds is set.
+func (r *shadowRig) readPass(t *testing.T, seq uint64, it int64, rewinds bool) ([]layerPrediction, *wire.ShadowDone) {
+	t.Helper()
 	got := make([]layerPrediction, r.qm.Config.NumLayers)
+	earlier := func(s uint64, pass int64) bool { return rewinds && s == seq && pass < it }
 	for {
 		switch m := r.recv(t).(type) {
-		case *wire.Withdraw:
-			if m.Seq != seq || m.From >= it {
-				t.Fatalf("withdraw %+v while reading pass %d", m, it)
-			}
-			got = make([]layerPrediction, r.qm.Config.NumLayers)
 		case *wire.Prediction:
-			if m.Seq == seq && m.Pass < it {
+			if earlier(m.Seq, m.Pass) {
 				continue // the earlier pass run again
 			}
 			if m.Seq != seq || m.Pass != it {
@@ -471,13 +450,18 @@ func (r *shadowRig) readPassAfterRewinds(t *testing.T, seq uint64, it int64) ([]
 			}
 			lp.on, lp.token, lp.all, lp.msgs = m.Workers, m.Token, append(lp.all, lp.experts), append(lp.msgs, m)
 		case *wire.ShadowDone:
-			if m.Seq == seq && m.Pass < it {
-				continue
+			if m.Pass == 1 && it > 1 || earlier(m.Seq, m.Pass) {
+				continue // a prompt's pass (no predictions), or the earlier pass run again
 			}
 			if m.Seq != seq || m.Pass != it {
 				t.Fatalf("shadow reports %+v, want pass %d of %d", m, it, seq)
 			}
 			return got, m
+		case *wire.Withdraw:
+			if !earlier(m.Seq, m.From) {
+				t.Fatalf("withdraw %+v while reading pass %d", m, it)
+			}
+			got = make([]layerPrediction, r.qm.Config.NumLayers)
 		}
 	}
 }

@@ -38,24 +38,33 @@ func acceptOne(t testing.TB, l *StreamListener) <-chan *Stream {
 	return ch
 }
 
+// pair dials l as node name (a worker of the test cluster) and returns
+// both ends of the stream, closed when the test ends; what (a refusal,
+// nothing accepted) fails the test, naming what.
+func pair(t testing.TB, l *StreamListener, name, what string) (dialer, accepted *Stream) {
+	t.Helper()
+	ch := acceptOne(t, l)
+	c, err := DialStream(context.Background(), l.Addr().String(), testConfig(t, "streams", name, RoleWorker))
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := <-ch
+	if s == nil {
+		t.Fatalf("%s: not accepted", what)
+	}
+	t.Cleanup(func() { s.Close() })
+	return c, s
+}
+
 // TestAStreamCarriesRequestsAndAnswers: a worker asks a holder for a
 // piece over a real TCP connection with mutual TLS and gets 16 MiB back
 // whole, in order with a second answer; both ends know who the other is
 // from its certificate.
 func TestAStreamCarriesRequestsAndAnswers(t *testing.T) {
 	l := listenStream(t, testConfig(t, "streams", "w1", RoleWorker))
-	accepted := acceptOne(t, l)
 	ctx := context.Background()
-	c, err := DialStream(ctx, l.Addr().String(), testConfig(t, "streams", "w2", RoleWorker))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := <-accepted
-	if s == nil {
-		t.Fatal("nothing accepted")
-	}
-	defer s.Close()
+	c, s := pair(t, l, "w2", "w2's stream")
 	if c.Identity() != (Identity{Name: "w1", Role: RoleWorker}) || s.Identity() != (Identity{Name: "w2", Role: RoleWorker}) {
 		t.Fatalf("identities: dialer sees %v, listener %v", c.Identity(), s.Identity())
 	}
@@ -136,17 +145,7 @@ func TestAStreamRefusesStrangers(t *testing.T) {
 	if n := l.Stats().Refused.Load(); n != 1 {
 		t.Fatalf("listener counted %d refusals, want 1", n)
 	}
-	accepted := acceptOne(t, l)
-	s, err := DialStream(ctx, l.Addr().String(), testConfig(t, "streams", "w2", RoleWorker))
-	if err != nil {
-		t.Fatalf("a node of the cluster after the refusals: %v", err)
-	}
-	s.Close()
-	if a := <-accepted; a == nil {
-		t.Fatal("not accepted")
-	} else {
-		a.Close()
-	}
+	pair(t, l, "w2", "a node of the cluster after the refusals")
 }
 
 // TestAStreamListenerReadsRequestsOnly: a peer that sends a frame longer
@@ -170,14 +169,7 @@ func TestAStreamListenerReadsRequestsOnly(t *testing.T) {
 		t.Fatalf("a silent connection: read %v after %v, want it closed after the handshake timeout", err, time.Since(start))
 	}
 
-	accepted := acceptOne(t, l)
-	c, err := DialStream(ctx, l.Addr().String(), testConfig(t, "streams", "w2", RoleWorker))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s := <-accepted
-	defer s.Close()
+	c, s := pair(t, l, "w2", "w2's stream")
 	big := &FetchData{ID: 1, Data: make([]byte, streamRequestBytes)} // a request's room and more
 	if err := c.Send(ctx, big); err != nil {
 		t.Fatal(err)
@@ -189,17 +181,7 @@ func TestAStreamListenerReadsRequestsOnly(t *testing.T) {
 		t.Fatalf("the dialer was told %v, want ErrFrameTooLarge", err)
 	}
 
-	accepted = acceptOne(t, l)
-	c2, err := DialStream(ctx, l.Addr().String(), testConfig(t, "streams", "w2", RoleWorker))
-	if err != nil {
-		t.Fatalf("the next peer: %v", err)
-	}
-	c2.Close()
-	a := <-accepted
-	if a == nil {
-		t.Fatal("the next peer was not accepted")
-	}
-	a.Close()
+	pair(t, l, "w2", "the next peer")
 }
 
 // throttle is a TCP proxy to target that passes what target sends at
@@ -484,15 +466,7 @@ func BenchmarkStreamAgainstQUIC(b *testing.B) {
 		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N*piece), "cpu-ns/B")
 	}
 	b.Run("stream", func(b *testing.B) {
-		l := listenStream(b, testConfig(b, "streams", "w1", RoleWorker))
-		accepted := acceptOne(b, l)
-		c, err := DialStream(ctx, l.Addr().String(), testConfig(b, "streams", "w2", RoleWorker))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		s := <-accepted
-		defer s.Close()
+		c, s := pair(b, listenStream(b, testConfig(b, "streams", "w1", RoleWorker)), "w2", "w2's stream")
 		run(b, c, s)
 	})
 	b.Run("quic", func(b *testing.B) {
