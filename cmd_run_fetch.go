@@ -34,11 +34,12 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	}
 	dial := *node
 	dial.PeerRoles = []wire.Role{wire.RoleMain} // the main node serves the checkpoint
-	var sources []*fetch.Dialed
+	var sources []fetch.ModelSource             // the same nodes, as sources of the store
+	var storeSources []fetch.Source
 	for _, addr := range strings.Split(f.FetchFrom, ",") {
 		d := fetch.Dial(strings.TrimSpace(addr), &dial)
 		defer d.Close()
-		sources = append(sources, d)
+		sources, storeSources = append(sources, d), append(storeSources, d)
 	}
 	var held model.LayerRange // the layers whose experts come as chunks
 	needOf := need
@@ -62,7 +63,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	}
 	report, finish := reporter(role + ": fetching its weights")
 	t0 := time.Now()
-	res, err := fetch.Model(ctx, f.Model, toModelSources(sources), needOf, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report})
+	res, err := fetch.Model(ctx, f.Model, sources, needOf, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report})
 	finish()
 	if err != nil {
 		return err
@@ -78,7 +79,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 		what = "its part of the checkpoint fetched, its experts as the store's chunks (kept, not checked again)"
 	case experts:
 		report, finish := reporter(role + ": fetching its experts")
-		st, err := fetch.Share(ctx, f.Store, toSources(sources), fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report,
+		st, err := fetch.Share(ctx, f.Store, storeSources, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report,
 			Layers: func(l int) bool { return held.Contains(l) }})
 		finish()
 		if err != nil {
@@ -92,24 +93,11 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	if bad > 0 {
 		ev = log.Warn().Int("bad pieces", bad).Strs("bad sources", badSources)
 	}
-	ev.Str("dir", f.Model).Str("store", f.Store).Str("share", progress.Bytes(share)).Str("kept", progress.Bytes(kept)).Str("fetched", progress.Bytes(fetched)).
+	if experts {
+		ev = ev.Str("store", f.Store)
+	}
+	ev.Str("dir", f.Model).Str("share", progress.Bytes(share)).Str("kept", progress.Bytes(kept)).Str("fetched", progress.Bytes(fetched)).
 		Bool("offline", res.Offline).Dur("took", time.Since(t0).Round(time.Millisecond)).Int64("share_bytes", share).Int64("fetched_bytes", fetched).
 		Msg(role + ": " + what)
 	return nil
-}
-
-func toModelSources(ds []*fetch.Dialed) []fetch.ModelSource {
-	out := make([]fetch.ModelSource, len(ds))
-	for i, d := range ds {
-		out[i] = d
-	}
-	return out
-}
-
-func toSources(ds []*fetch.Dialed) []fetch.Source {
-	out := make([]fetch.Source, len(ds))
-	for i, d := range ds {
-		out[i] = d
-	}
-	return out
 }

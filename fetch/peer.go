@@ -11,20 +11,11 @@ import (
 	"github.com/odmoe/odmoe/wire"
 )
 
-// Conn is a connection fetching runs over: a *wire.Stream (TCP and TLS,
-// what Dial and the nodes' stream listeners use) or a *wire.Peer (QUIC).
-type Conn interface {
-	Send(ctx context.Context, m wire.Message) error
-	Recv(ctx context.Context) (wire.Message, error)
-	Identity() wire.Identity
-	Close() error
-}
-
 // PeerSource fetches from a node that holds the store over a connection
 // of its own (a peer dialed to fetch): each piece is a FetchRequest, its
 // answer the FetchData with the same ID. Close it when done.
 type PeerSource struct {
-	p       Conn
+	p       *wire.Stream
 	next    atomic.Uint64
 	mu      sync.Mutex
 	waiting map[uint64]chan *wire.FetchData
@@ -34,7 +25,7 @@ type PeerSource struct {
 }
 
 // NewPeerSource fetches over p, which it owns from now on.
-func NewPeerSource(p Conn) *PeerSource {
+func NewPeerSource(p *wire.Stream) *PeerSource {
 	ctx, stop := context.WithCancel(context.Background())
 	s := &PeerSource{p: p, waiting: map[uint64]chan *wire.FetchData{}, stop: stop, done: make(chan struct{})}
 	go s.receive(ctx)
@@ -193,7 +184,7 @@ const serveParallel = 4
 //
 // served, if set, count the chunk and tensor bytes sent (each of them
 // all of them: the connection's own and a node's total, say).
-func Serve(ctx context.Context, p Conn, h Served, served ...*atomic.Int64) error {
+func Serve(ctx context.Context, p *wire.Stream, h Served, served ...*atomic.Int64) error {
 	sem := make(chan struct{}, serveParallel)
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -179,8 +179,11 @@ func checkFootprint(cfg Config, held model.LayerRange, experts *store.Store) (st
 		return store.Identity{}, fmt.Errorf("shadow: layers %s need %s, -mem allows %s: %s short%s", held, f, progress.Bytes(cfg.Mem),
 			progress.Bytes(f.Total()-cfg.Mem), stagesThatFit(m, held, opt, cfg.Mem))
 	}
-	if held != model.AllLayers(m.Config.NumLayers) || experts != nil {
-		return store.ModelIdentity(cfg.Model) // every router's and expert's, which this node does not hold (or not here)
+	switch {
+	case experts != nil:
+		return experts.Identity(), nil // opened as the checkpoint's (load)
+	case held != model.AllLayers(m.Config.NumLayers):
+		return store.ModelIdentity(cfg.Model) // every router's, which this node does not hold
 	}
 	return store.IdentityOf(cfg.Model, m)
 }
