@@ -222,28 +222,43 @@ func (k x86) rows(a *asm, d dtype) {
 		a.i("ADDQ $64, DI")
 		a.label("next" + sfx)
 	}
+	quarterRows(a, "CX", false,
+		func() {
+			group(4, []string{"SI", "R12", "R13", "R14"}, []string{"(DI)", "(DI)(R11*1)", "(DI)(R11*2)", "(DI)(AX*1)"}, "4")
+		},
+		func() { group(1, []string{"SI"}, []string{"(DI)"}, "1") })
+}
+
+// quarterRows emits a row kernel's driver over its four quarters: R15
+// groups of a row from each quarter (four, then SI, R12, R13 and R14 each
+// a row on, BX bytes), then the rows%4 last rows one at a time (one, then
+// SI a row on), which start where the fourth quarter ended and write
+// after its outputs. count is the last rows' counter: CX holding rows,
+// or, reload set, a register loaded with rows from the frame.
+func quarterRows(a *asm, count string, reload bool, four, one func()) {
 	a.label("group4")
 	a.i("TESTQ R15, R15")
 	a.i("JEQ rest")
-	group(4, []string{"SI", "R12", "R13", "R14"}, []string{"(DI)", "(DI)(R11*1)", "(DI)(R11*2)", "(DI)(AX*1)"}, "4")
+	four()
 	for _, r := range []string{"SI", "R12", "R13", "R14"} {
 		a.i("ADDQ BX, %s", r)
 	}
 	a.i("DECQ R15")
 	a.i("JMP group4")
-	// The rows%4 last rows start where the fourth stream ended; their
-	// outputs after the fourth quarter's.
 	a.label("rest")
 	a.i("MOVQ R14, SI")
 	a.i("LEAQ (R11)(R11*2), AX")
 	a.i("ADDQ AX, DI")
-	a.i("ANDQ $3, CX")
+	if reload {
+		a.i("MOVQ rows+24(FP), %s", count)
+	}
+	a.i("ANDQ $3, %s", count)
 	a.label("single")
-	a.i("TESTQ CX, CX")
+	a.i("TESTQ %s, %s", count, count)
 	a.i("JEQ done")
-	group(1, []string{"SI"}, []string{"(DI)"}, "1")
+	one()
 	a.i("ADDQ BX, SI")
-	a.i("DECQ CX")
+	a.i("DECQ %s", count)
 	a.i("JMP single")
 	a.label("done")
 	a.i("VZEROUPPER")

@@ -128,38 +128,20 @@ func packedRows(a *asm) {
 		a.i("JNE loop" + sfx)
 		a.label("fold" + sfx)
 	}
-	a.label("group4")
-	a.i("TESTQ R15, R15")
-	a.i("JEQ rest")
-	loop("4", []string{"SI", "R12", "R13", "R14"})
-	a.i("LEAQ (R11)(R11*2), AX")
-	for r, addr := range []string{"(DI)", "(DI)(R11*1)", "(DI)(R11*2)", "(DI)(AX*1)"} {
-		foldTo(a, r, 0, addr)
-	}
-	a.i("ADDQ $4, DI")
-	for _, p := range []string{"SI", "R12", "R13", "R14"} {
-		a.i("ADDQ BX, %s", p)
-	}
-	a.i("DECQ R15")
-	a.i("JMP group4")
-	a.label("rest")
-	a.i("MOVQ R14, SI")
-	a.i("LEAQ (R11)(R11*2), AX")
-	a.i("ADDQ AX, DI")
-	a.i("MOVQ rows+24(FP), R15")
-	a.i("ANDQ $3, R15")
-	a.label("single")
-	a.i("TESTQ R15, R15")
-	a.i("JEQ done")
-	loop("1", []string{"SI"})
-	foldTo(a, 0, 0, "(DI)")
-	a.i("ADDQ $4, DI")
-	a.i("ADDQ BX, SI")
-	a.i("DECQ R15")
-	a.i("JMP single")
-	a.label("done")
-	a.i("VZEROUPPER")
-	a.i("RET")
+	quarterRows(a, "R15", true,
+		func() {
+			loop("4", []string{"SI", "R12", "R13", "R14"})
+			a.i("LEAQ (R11)(R11*2), AX")
+			for r, addr := range []string{"(DI)", "(DI)(R11*1)", "(DI)(R11*2)", "(DI)(AX*1)"} {
+				foldTo(a, r, 0, addr)
+			}
+			a.i("ADDQ $4, DI")
+		},
+		func() {
+			loop("1", []string{"SI"})
+			foldTo(a, 0, 0, "(DI)")
+			a.i("ADDQ $4, DI")
+		})
 }
 
 // packedWiden emits widenBF16PAVX512(dst *float32, src unsafe.Pointer,

@@ -220,31 +220,11 @@ func (k x86) quantRows(a *asm, q8 bool) {
 		a.i("ADDQ $64, DI")
 		a.label("next" + sfx)
 	}
-	a.label("group4")
-	a.i("TESTQ R15, R15")
-	a.i("JEQ rest")
-	group(4, []string{"SI", "R12", "R13", "R14"}, []string{"(DI)", "(DI)(R11*1)", "(DI)(R11*2)", "(DI)(AX*1)"}, "R10", "CX", "4")
-	for _, r := range []string{"SI", "R12", "R13", "R14"} {
-		a.i("ADDQ BX, %s", r)
-	}
-	a.i("DECQ R15")
-	a.i("JMP group4")
-	a.label("rest")
-	a.i("MOVQ R14, SI")
-	a.i("LEAQ (R11)(R11*2), AX")
-	a.i("ADDQ AX, DI")
-	a.i("MOVQ rows+24(FP), CX")
-	a.i("ANDQ $3, CX")
-	a.label("single")
-	a.i("TESTQ CX, CX")
-	a.i("JEQ done")
-	group(1, []string{"SI"}, []string{"(DI)"}, "R12", "R13", "1")
-	a.i("ADDQ BX, SI")
-	a.i("DECQ CX")
-	a.i("JMP single")
-	a.label("done")
-	a.i("VZEROUPPER")
-	a.i("RET")
+	quarterRows(a, "CX", true,
+		func() {
+			group(4, []string{"SI", "R12", "R13", "R14"}, []string{"(DI)", "(DI)(R11*1)", "(DI)(R11*2)", "(DI)(AX*1)"}, "R10", "CX", "4")
+		},
+		func() { group(1, []string{"SI"}, []string{"(DI)"}, "R12", "R13", "1") })
 }
 
 // quantIndex sets si to the scale index of element AX and ci to the byte
