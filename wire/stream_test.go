@@ -344,6 +344,12 @@ func TestStrangersCannotKeepMembersOut(t *testing.T) {
 	} else {
 		a.Close()
 	}
+	l.mu.Lock()
+	pending := len(l.pending)
+	l.mu.Unlock()
+	if pending > maxPendingStreams {
+		t.Fatalf("%d connections held in their handshake, the cap %d", pending, maxPendingStreams)
+	}
 	c, err := net.Dial("tcp", l.Addr().String()) // one more, in its handshake as the listener closes
 	if err != nil {
 		t.Fatal(err)
