@@ -181,13 +181,15 @@ func quantizeF16Row(row []byte, w []float32) int {
 // absMax returns the largest |v| of blk, or the index of the first weight
 // that is not finite (ok false).
 func absMax(blk []float32) (amax float32, bad int, ok bool) {
+	var most uint32 // |v|'s bits: ordered as the values are, for finite ones
 	for i, v := range blk {
-		if !finite(v) {
+		b := math.Float32bits(v) &^ (1 << 31)
+		if b >= 0x7f800000 { // Inf or NaN
 			return 0, i, false
 		}
-		amax = max(amax, float32(math.Abs(float64(v))))
+		most = max(most, b)
 	}
-	return amax, 0, true
+	return math.Float32frombits(most), 0, true
 }
 
 // quantizeQ8Row writes the Q8 form of w into row (RowBytes(len(w)) bytes):
@@ -208,12 +210,20 @@ func quantizeQ8Row(row []byte, w []float32) int {
 		}
 		scale := amax / 127
 		binary.LittleEndian.PutUint32(row[4*g:], math.Float32bits(scale))
+		out := codes[lo : lo+len(blk)]
+		if scale == 0 {
+			clear(out)
+			continue
+		}
+		s := float64(scale)
 		for i, v := range blk {
-			var q float64
-			if scale != 0 {
-				q = max(-127, min(127, math.RoundToEven(float64(v)/float64(scale))))
+			q := math.RoundToEven(float64(v) / s)
+			if q > 127 { // (comparisons: min and max of floats check for NaN, which w/scale is not)
+				q = 127
+			} else if q < -127 {
+				q = -127
 			}
-			codes[lo+i] = byte(int8(q))
+			out[i] = byte(int8(q))
 		}
 	}
 	return -1

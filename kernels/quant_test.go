@@ -564,3 +564,60 @@ func quantGolden(res map[string]string) {
 		}
 	}
 }
+
+// TestQuantizeQ8RowIsItsDefinition: quantizeQ8Row's codes and scales are
+// byte for byte those of its definition written plainly (absmax as a
+// float32 max of |w|, scale = absmax/127, code = RoundToEven(w/scale) in
+// float64 clamped to [-127, 127], 0 where scale is 0), on random rows
+// and on groups made to hit its edges: ties between two codes (w exactly
+// half way, so the even code wins), all zeros, signed zeros, subnormals,
+// a group's largest weight negative, a short last group.
+func TestQuantizeQ8RowIsItsDefinition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(205, 206))
+	var rows [][]float32
+	for range 200 {
+		n := 1 + rng.IntN(300)
+		w := make([]float32, n)
+		for i := range w {
+			w[i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(12)-8)))
+		}
+		rows = append(rows, w)
+	}
+	ties := make([]float32, 64)
+	for i := range ties { // scale 1: absmax 127 at the end of each group; w = k + 0.5
+		ties[i] = float32(i%31) + 0.5 - float32(i%2)*float32(i%7)
+	}
+	ties[31], ties[63] = 127, -127
+	sub := make([]float32, 40)
+	for i := range sub {
+		sub[i] = math.Float32frombits(uint32(i*37+1)) * float32(1-2*(i%2))
+	}
+	rows = append(rows, ties, make([]float32, 70), []float32{float32(math.Copysign(0, -1)), 0, -3, 2}, sub)
+	for r, w := range rows {
+		got := make([]byte, Q8.RowBytes(len(w)))
+		if bad := quantizeQ8Row(got, w); bad >= 0 {
+			t.Fatalf("row %d: weight %d called not finite", r, bad)
+		}
+		want := make([]byte, len(got))
+		ng := (len(w) + 31) / 32
+		for g := range ng {
+			blk := w[32*g : min(32*g+32, len(w))]
+			var amax float32
+			for _, v := range blk {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			scale := amax / 127
+			binary.LittleEndian.PutUint32(want[4*g:], math.Float32bits(scale))
+			for i, v := range blk {
+				var q float64
+				if scale != 0 {
+					q = max(-127, min(127, math.RoundToEven(float64(v)/float64(scale))))
+				}
+				want[4*ng+32*g+i] = byte(int8(q))
+			}
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("row %d (%d weights): %x, want %x", r, len(w), got, want)
+		}
+	}
+}
