@@ -1,7 +1,9 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -137,6 +139,29 @@ func BenchmarkMatVecNative(b *testing.B) {
 					b.ReportMetric(float64(stored)*float64(b.N)/secs/1e9, "GB/s")
 					b.ReportMetric(float64(c.rows*c.cols*2)*float64(b.N)/secs/1e9, "eff-GB/s")
 				})
+			}
+		})
+	}
+}
+
+// BenchmarkQuantize is the shadow's start: a 768x2048 BF16 matrix (one
+// of the small preset's expert tensors) quantized to Q8 and to NF4 on
+// every core, bytes of BF16 in a second.
+func BenchmarkQuantize(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const rows, cols = 768, 2048
+	src := Matrix{DType: BF16, Rows: rows, Cols: cols, Data: make([]byte, 2*rows*cols)}
+	for i := range rows * cols {
+		binary.LittleEndian.PutUint16(src.Data[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()*0.02))>>16))
+	}
+	for _, dt := range []DType{Q8, NF4} {
+		b.Run(dt.String(), func(b *testing.B) {
+			dst := make([]byte, rows*dt.RowBytes(cols))
+			b.SetBytes(int64(len(src.Data)))
+			for b.Loop() {
+				if _, err := QuantizeInto(dst, dt, src); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
