@@ -16,7 +16,7 @@ import (
 
 // ProtocolVersion is the version of the message set this build speaks.
 // Both ends of a connection must speak the same one.
-const ProtocolVersion = 24 // 8: an Alignment in a pass carries prompt chunks (Chunk, PromptLeft); 9: ShadowDone.Reused; 10: SequenceEnd.Last; 11: Alignment.Final; 12: Prediction.Workers, Withdraw.Layer/Experts, ShadowDone.RewoundSeqs; 13: Hello.Device; 14: WorkerStats.CPU, ShadowDone.CPU; 15: Alignment.Sampling, ShadowDone.AgreedSeqs; 16: the stage messages (StageRun, StageRoutes, StageRows, StageKV, StageEnd), Hello.Layers/Quant; 17: Sampling.MinP/Repeat/RepeatN/RepeatTail; 18: StageRun.Batch/Pass/Prefill (a main stage runs its experts under its first stage's step); 19: Hello.Context; 20: Alignment.Pos/Guesses/Draft, Drafts; 21: FetchRequest, FetchData, WorkerStats.StoreFetched/StoreServed, Place; 22: FetchRequest.Model/File/Tensor, Place.Peers, ShareIn; 23: StageRows.CPU; 24: FetchRequest/FetchData over a Stream (TCP + TLS), not QUIC
+const ProtocolVersion = 25 // 8: an Alignment in a pass carries prompt chunks (Chunk, PromptLeft); 9: ShadowDone.Reused; 10: SequenceEnd.Last; 11: Alignment.Final; 12: Prediction.Workers, Withdraw.Layer/Experts, ShadowDone.RewoundSeqs; 13: Hello.Device; 14: WorkerStats.CPU, ShadowDone.CPU; 15: Alignment.Sampling, ShadowDone.AgreedSeqs; 16: the stage messages (StageRun, StageRoutes, StageRows, StageKV, StageEnd), Hello.Layers/Quant; 17: Sampling.MinP/Repeat/RepeatN/RepeatTail; 18: StageRun.Batch/Pass/Prefill (a main stage runs its experts under its first stage's step); 19: Hello.Context; 20: Alignment.Pos/Guesses/Draft, Drafts; 21: FetchRequest, FetchData, WorkerStats.StoreFetched/StoreServed, Place; 22: FetchRequest.Model/File/Tensor, Place.Peers, ShareIn; 23: StageRows.CPU; 24: FetchRequest/FetchData over a Stream (TCP + TLS), not QUIC; 25: Place.Holders
 
 // defaultMaxFrameBytes bounds a frame unless Config.MaxFrameBytes says
 // otherwise: the largest message is an expert chunk or a prefill batch.
@@ -137,31 +137,47 @@ const readPiece = 1 << 20
 // input), the stream's own error, or the end of the connection while the
 // frame waited for buffer room.
 func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
+	typ, size, err := fr.header()
+	if err != nil {
+		return 0, nil, false, err
+	}
+	body, owned, err = fr.body(typ, size)
+	return typ, body, owned, err
+}
+
+// header reads and checks the next frame's header, and returns its type
+// and the size of its body (which body, or the caller, reads next).
+func (fr *frameReader) header() (Type, int, error) {
 	if _, err := io.ReadFull(fr.r, fr.hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return 0, nil, false, connErrorf(CodeMalformed, err, "stream ends inside a frame header")
+			return 0, 0, connErrorf(CodeMalformed, err, "stream ends inside a frame header")
 		}
-		return 0, nil, false, err
+		return 0, 0, err
 	}
 	n := binary.BigEndian.Uint32(fr.hdr[:4])
 	version, typ := fr.hdr[4], Type(fr.hdr[5])
 	switch {
 	case n < 2:
-		return 0, nil, false, connErrorf(CodeMalformed, nil, "frame length %d is shorter than its header", n)
+		return 0, 0, connErrorf(CodeMalformed, nil, "frame length %d is shorter than its header", n)
 	case uint64(n) > uint64(fr.maxBytes):
-		return 0, nil, false, connErrorf(CodeFrameTooLarge, nil, "%v frame of %d bytes exceeds the limit of %d bytes", typ, n, fr.maxBytes)
+		return 0, 0, connErrorf(CodeFrameTooLarge, nil, "%v frame of %d bytes exceeds the limit of %d bytes", typ, n, fr.maxBytes)
 	case version != ProtocolVersion:
-		return 0, nil, false, connErrorf(CodeBadVersion, nil, "peer speaks protocol version %d, this build speaks %d", version, ProtocolVersion)
+		return 0, 0, connErrorf(CodeBadVersion, nil, "peer speaks protocol version %d, this build speaks %d", version, ProtocolVersion)
 	case newMessage(typ) == nil:
-		return 0, nil, false, connErrorf(CodeUnknownType, nil, "unknown message type %d", uint8(typ))
+		return 0, 0, connErrorf(CodeUnknownType, nil, "unknown message type %d", uint8(typ))
 	}
 	if fr.headers != nil {
 		fr.headers.Add(1)
 	}
-	size := int(n) - 2
+	return typ, int(n) - 2, nil
+}
+
+// body reads the body of size bytes of a frame of type typ whose header
+// was just read (next says how).
+func (fr *frameReader) body(typ Type, size int) (body []byte, owned bool, err error) {
 	if fr.buffers != nil {
 		if err := fr.buffers.reserve(int64(size)); err != nil {
-			return 0, nil, false, fmt.Errorf("waiting for room for a %v frame of %d bytes: %w", typ, size, err)
+			return nil, false, fmt.Errorf("waiting for room for a %v frame of %d bytes: %w", typ, size, err)
 		}
 	}
 	if fr.bodyDeadline != nil {
@@ -186,11 +202,11 @@ func (fr *frameReader) next() (typ Type, body []byte, owned bool, err error) {
 			memoryBack.soon()
 		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return 0, nil, false, connErrorf(CodeMalformed, err, "stream ends inside a %v frame", typ)
+			return nil, false, connErrorf(CodeMalformed, err, "stream ends inside a %v frame", typ)
 		}
-		return 0, nil, false, err
+		return nil, false, err
 	}
-	return typ, body, owned, nil
+	return body, owned, nil
 }
 
 // readBody reads a frame body of size bytes into a buffer of its own. A

@@ -144,6 +144,8 @@ func badFrames(t testing.TB) []struct {
 		{"fetch of a negative offset", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Offset: -1, Size: 4})), CodeMalformed},
 		{"place outside the layout", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 8, Workers: 8, Group: 2})), CodeMalformed},
 		{"place with too few peers", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 1, Workers: 2, Group: 2, Peers: []string{"a:1"}})), CodeMalformed},
+		{"place with a holder's address too long", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 1, Workers: 2, Group: 2, Holders: []string{strings.Repeat("a", maxFetchName+1)}})), CodeMalformed},
+		{"place with too many holders", rawFrame(typePlace, mustMsgpack(t, &Place{Worker: 1, Workers: 2, Group: 2, Holders: make([]string, maxPlaceHolders+1)})), CodeMalformed},
 		{"fetch past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Size: MaxFetchBytes + 1})), CodeMalformed},
 		{"fetch of a tensor from the store", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Tensor: "lm_head.weight", Size: 4})), CodeMalformed},
 		{"fetch of a name past the bound", rawFrame(typeFetchRequest, mustMsgpack(t, &FetchRequest{ID: 1, Model: true, File: strings.Repeat("x", maxFetchName+1)})), CodeMalformed},

@@ -156,6 +156,7 @@ func sampleMessages(hidden int) []Message {
 		&FetchData{ID: 10, Err: "no store here"},
 		&Place{Worker: 3, Workers: 8, Group: 2},
 		&Place{Worker: 1, Workers: 2, Group: 2, Peers: []string{"10.0.0.3:7400", "10.0.0.4:7400"}},
+		&Place{Worker: 0, Workers: 2, Group: 2, Peers: []string{"10.0.0.3:7400", "10.0.0.4:7400"}, Holders: []string{"10.0.0.2:7400"}},
 		&ShareIn{Fetched: 5 << 20},
 		&SequenceEnd{Seq: 1 << 40, Last: 7},
 		&StageRun{ID: 5, First: 2, End: 4, Seqs: []uint64{3, 1 << 40}, Starts: []int32{0, 17}, Counts: []int32{1, 1}, Hidden: Float32Tensor(ramp(2*hidden), 2, hidden), Routes: true, Batch: 9, Pass: 1 << 33, Prefill: true},

@@ -5,6 +5,7 @@ package wire
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/odmoe/odmoe/internal/trace"
@@ -334,13 +335,16 @@ type FetchData struct {
 // the store is sched.Layout.Holds's, which a worker filling its store
 // as it runs (-fetch-from) then fills in the background, asking the
 // other workers (Peers: every worker's address in layout order, as the
-// main node dials them; or none) for what they hold too.
+// main node dials them; or none) for what they hold too, and the nodes
+// that relay the store as they fill it (Holders: the shadow's address)
+// before the main node.
 type Place struct {
 	_msgpack struct{} `msgpack:",as_array"`
 	Worker   int
 	Workers  int
 	Group    int
 	Peers    []string
+	Holders  []string
 }
 
 // ShareIn answers a Place once the worker holds its share of the store
@@ -355,6 +359,9 @@ type ShareIn struct {
 	// logs as it takes the worker back.
 	Fetched int64
 }
+
+// maxPlaceHolders bounds a Place's Holders (a shadow, or its stages).
+const maxPlaceHolders = 64
 
 // MaxFetchBytes bounds a FetchRequest's Size: a chunk (a shard of an
 // expert's tensor, ~7 MB at Mixtral's largest) fits with room to spare.
@@ -794,7 +801,10 @@ func (m *Place) validate() error {
 	if len(m.Peers) != 0 && len(m.Peers) != m.Workers {
 		return malformed("place: %d peers' addresses for %d workers", len(m.Peers), m.Workers)
 	}
-	for _, a := range m.Peers {
+	if len(m.Holders) > maxPlaceHolders {
+		return malformed("place: %d holders' addresses (at most %d)", len(m.Holders), maxPlaceHolders)
+	}
+	for _, a := range slices.Concat(m.Peers, m.Holders) {
 		if len(a) > maxFetchName {
 			return malformed("place: a peer's address of %d bytes", len(a))
 		}

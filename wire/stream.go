@@ -144,20 +144,31 @@ func (s *Stream) Send(ctx context.Context, m Message) error {
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if d, ok := m.(*FetchData); ok && len(d.Data) >= directDataMin && len(d.Err) < directDataMin {
+		return s.sendFetchData(ctx, d)
+	}
 	frame, err := s.enc.encode(m, s.cfg.MaxFrameBytes)
 	if err != nil {
 		return err
 	}
-	return s.write(ctx, frame)
+	return s.writeParts(ctx, frame)
 }
 
-// write writes frame whole, or closes the stream. Call with wmu held.
-func (s *Stream) write(ctx context.Context, frame []byte) error {
+// writeParts writes a frame, in parts, whole, or closes the stream. Call
+// with wmu held.
+func (s *Stream) writeParts(ctx context.Context, parts ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	stop := context.AfterFunc(ctx, s.raw.cancel)
-	_, err := s.conn.Write(frame)
+	var err error
+	var n int
+	for _, p := range parts {
+		if len(p) > 0 && err == nil {
+			_, err = s.conn.Write(p)
+			n += len(p)
+		}
+	}
 	if !stop() { // the deadline was set: the write was cut short
 		s.Close()
 		return ctx.Err()
@@ -167,36 +178,52 @@ func (s *Stream) write(ctx context.Context, frame []byte) error {
 		return fmt.Errorf("wire: stream to %s: %w", s.id.Name, err)
 	}
 	s.cfg.Stats.FramesSent.Add(1)
-	s.cfg.Stats.BytesSent.Add(uint64(len(frame)))
+	s.cfg.Stats.BytesSent.Add(uint64(n))
 	return nil
 }
 
 // Recv reads the next message; its memory is the caller's. Bad input
 // closes the stream with the reason (the peer is told) and returns it;
 // a peer that closed between two frames is ErrClosed.
-func (s *Stream) Recv(ctx context.Context) (Message, error) {
+func (s *Stream) Recv(ctx context.Context) (Message, error) { return s.RecvInto(ctx, nil) }
+
+// RecvInto is Recv, but the data of a FetchData is read straight into the
+// buffer into returns for its ID and length, where into is set and
+// returns one of that length (nil: a buffer of its own): a fetcher's
+// chunks land in the buffers they are kept in, with no copy. into is
+// called before those bytes arrive, from this call.
+func (s *Stream) RecvInto(ctx context.Context, into func(id uint64, n int) []byte) (Message, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, s.raw.cancel)
-	typ, body, owned, err := s.fr.next()
+	var m Message
+	typ, size, err := s.fr.header()
+	if err == nil {
+		if into != nil && typ == typeFetchData {
+			m, err = s.readFetchData(s.fr.r, size, into)
+		} else {
+			var body []byte
+			var owned bool
+			if body, owned, err = s.fr.body(typ, size); err == nil {
+				m, err = s.md.decode(typ, body, owned)
+			}
+		}
+	}
 	if !stop() {
 		s.Close()
 		return nil, ctx.Err()
 	}
 	if err == nil {
 		s.cfg.Stats.FramesReceived.Add(1)
-		s.cfg.Stats.BytesReceived.Add(uint64(len(body) + frameHeaderLen))
-		var m Message
-		if m, err = s.md.decode(typ, body, owned); err == nil {
-			if e, ok := m.(*Error); ok { // the close frame
-				s.Close()
-				return nil, &ConnError{Code: ErrorCode(e.Code), Remote: true, Reason: e.Msg}
-			}
-			return m, nil
+		s.cfg.Stats.BytesReceived.Add(uint64(size + frameHeaderLen))
+		if e, ok := m.(*Error); ok { // the close frame
+			s.Close()
+			return nil, &ConnError{Code: ErrorCode(e.Code), Remote: true, Reason: e.Msg}
 		}
+		return m, nil
 	}
 	var ce *ConnError
 	var ne net.Error
