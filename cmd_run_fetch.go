@@ -25,9 +25,10 @@ import (
 // With experts (a shadow given -store), the checkpoint comes without its
 // expert tensors and the experts of the layers need says as the store's
 // chunks into f.Store (a third fewer bytes than their bf16 tensors),
-// from the same nodes; the line that says the node has its share counts
-// both.
-func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role string, need func(model.Config) (fetch.Need, error), experts bool, log zerolog.Logger) error {
+// from the same nodes, served to the workers as they arrive (experts is
+// the store as it fills); the line that says the node has its share
+// counts both.
+func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role string, need func(model.Config) (fetch.Need, error), experts *fetch.Filling, log zerolog.Logger) error {
 	rate, err := runflags.ParseBytes(f.FetchRate)
 	if err != nil || rate < 0 {
 		return usagef("-fetch-rate %q: want bytes a second such as 50MB, or 0", f.FetchRate)
@@ -43,7 +44,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	}
 	var held model.LayerRange // the layers whose experts come as chunks
 	needOf := need
-	if experts {
+	if experts != nil {
 		needOf = func(c model.Config) (fetch.Need, error) {
 			n, err := need(c)
 			held, n.Experts = n.Layers, false
@@ -71,16 +72,19 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	share, fetched, kept, bad, badSources := res.Share, res.Fetched, res.Kept, res.Bad, res.BadSources
 	what := "its part of the checkpoint fetched"
 	switch {
-	case experts && res.Offline:
+	case experts != nil && res.Offline:
 		// no source answered, and the checkpoint passed the manifest it
 		// kept: the store is used as it is, each chunk checked as the
 		// shadow reads it (a missing one fails it, named)
 		log.Warn().Str("store", f.Store).Msg(role + ": no source: its experts read from the store as it holds them")
+		if err := experts.Open(f.Store); err != nil {
+			log.Warn().Err(err).Msg(role + ": its store is not served to the workers")
+		}
 		what = "its part of the checkpoint fetched, its experts as the store's chunks (kept, not checked again)"
-	case experts:
+	case experts != nil:
 		report, finish := reporter(role + ": fetching its experts")
 		st, err := fetch.Share(ctx, f.Store, storeSources, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report,
-			Layers: func(l int) bool { return held.Contains(l) }})
+			Layers: func(l int) bool { return held.Contains(l) }, Filling: experts})
 		finish()
 		if err != nil {
 			return fmt.Errorf("%s: its layers' experts from the store: %w", role, err)
@@ -93,7 +97,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	if bad > 0 {
 		ev = log.Warn().Int("bad pieces", bad).Strs("bad sources", badSources)
 	}
-	if experts {
+	if experts != nil {
 		ev = ev.Str("store", f.Store)
 	}
 	ev.Str("dir", f.Model).Str("share", progress.Bytes(share)).Str("kept", progress.Bytes(kept)).Str("fetched", progress.Bytes(fetched)).

@@ -153,7 +153,7 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		if err := fetchCheckpoint(ctx, f, cfg.Wire, "stage", func(c model.Config) (fetch.Need, error) {
 			r, err := model.ParseLayerRange(f.Layers, c.NumLayers)
 			return fetch.Need{Layers: r, Embedding: r.First == 0}, err // a stage from layer 0 binds the embedding
-		}, false, log); err != nil {
+		}, nil, log); err != nil {
 			return err
 		}
 	}
@@ -207,6 +207,21 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	if cfg.Wire, err = clusterConfig(f.Cluster, wire.RoleShadow, log); err != nil {
 		return err
 	}
+	var experts *fetch.Filling // its store, served to the workers from the start, as it fills
+	if f.Store != "" {
+		experts = fetch.NewFilling()
+		defer experts.Close()
+		stop, err := shadow.ServeStore(ctx, f.Listen, cfg.Wire, experts, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		if f.FetchFrom == "" {
+			if err := experts.Open(f.Store); err != nil {
+				return fmt.Errorf("shadow: -store: %w", err)
+			}
+		}
+	}
 	if f.FetchFrom != "" {
 		if err := fetchCheckpoint(ctx, f, cfg.Wire, "shadow", func(c model.Config) (fetch.Need, error) {
 			held := model.AllLayers(c.NumLayers)
@@ -217,7 +232,7 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 			// it quantizes its layers' experts too; the first stage samples
 			first := held.First == 0
 			return fetch.Need{Layers: held, Experts: true, Embedding: first, Head: first}, err
-		}, f.Store != "", log); err != nil {
+		}, experts, log); err != nil {
 			return err
 		}
 	}

@@ -36,6 +36,9 @@ type Backfill struct {
 	// many ask for it at once (a read and Fill)
 	mu       sync.Mutex
 	inflight map[store.ChunkRef]*flight
+	// coming are the chunks a Fill in progress will write: Local holds a
+	// request for one until it has
+	coming arrivals
 }
 
 type expertChunks struct {
@@ -107,12 +110,15 @@ func OpenBackfill(ctx context.Context, dir string, sources []Source, opt store.O
 // bytes fail their check, from the sources (then keeps it there).
 func (b *Backfill) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
 	crc, known := b.crcs[ref]
-	c := store.Chunk{Ref: ref, CRC: crc}
-	_, err := b.f.ReadAt(dst, ref.Offset)
-	if !known || err == nil && c.Check(dst) == nil {
-		return err // (not a chunk of the index: the store says so)
+	if !known { // not a chunk of the index: the store says so
+		_, err := b.f.ReadAt(dst, ref.Offset)
+		return err
 	}
-	_, err = b.fetch(ctx, c, dst, b.sources)
+	c := store.Chunk{Ref: ref, CRC: crc}
+	if alreadyThere(b.f, dst, ref.Offset, c.Check) {
+		return nil
+	}
+	_, err := b.fetch(ctx, c, dst, b.sources)
 	return err
 }
 
@@ -141,21 +147,24 @@ func (b *Backfill) fetch(ctx context.Context, c store.Chunk, dst []byte, sources
 	f := &flight{done: make(chan struct{})}
 	b.inflight[c.Ref] = f
 	b.mu.Unlock()
-	// a fetch that ended since this caller looked has written it
-	_, err := b.f.ReadAt(dst, c.Ref.Offset)
-	if err == nil && c.Check(dst) == nil {
+	// a fetch that ended since this caller looked has written it (a
+	// hole, as most are while a share fills, is not read: see
+	// alreadyThere)
+	if alreadyThere(b.f, dst, c.Ref.Offset, c.Check) {
 		b.mu.Lock()
 		delete(b.inflight, c.Ref)
 		b.mu.Unlock()
 		close(f.done)
 		return false, nil
 	}
-	err = fetchChunk(ctx, sources, c, dst, &b.fetched, func(src string, err error) {
+	err := fetchChunk(ctx, sources, c, dst, &b.fetched, func(src string, err error) {
 		b.log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
 	})
 	if err == nil {
 		if _, werr := b.f.WriteAt(dst, c.Ref.Offset); werr != nil {
 			b.log.Warn().Err(werr).Str("file", b.f.Name()).Msg("fetch: a chunk fetched could not be kept; it is fetched again next time")
+		} else {
+			b.coming.arrived(c.Ref)
 		}
 	}
 	f.err = err
@@ -167,23 +176,27 @@ func (b *Backfill) fetch(ctx context.Context, c store.Chunk, dst []byte, sources
 }
 
 // Fill brings the directory every chunk it lacks of the experts selected
-// (a worker's share: sched.Layout.Holds), opt.Parallel at a time at
-// opt.Rate, the sources asked in turn with opt.Spread, each chunk fetched
-// once even while the node's own reads ask for it too; it says what it
-// kept and fetched (Fetched: the fill's own fetches).
+// (a worker's share: sched.Layout.Holds), in the store's order,
+// opt.Parallel at a time at opt.Rate, the sources asked in turn with
+// opt.Spread (after opt.SourcesFor's), each chunk fetched once even while
+// the node's own reads ask for it too; it says what it kept and fetched
+// (Fetched: the fill's own fetches). While it runs, Local holds a request
+// for a chunk it will bring until it has.
 func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) bool, opt Options) (Result, error) {
 	if opt.Parallel <= 0 {
 		opt.Parallel = 4
 	}
 	type chunkOf struct {
 		store.Chunk
-		layer, expert int
+		layer, expert, k int
 	}
 	var chunks []chunkOf
+	var refs []store.ChunkRef
 	for _, ec := range b.experts {
 		if experts == nil || experts(ec.layer, ec.expert) {
-			for _, c := range ec.chunks {
-				chunks = append(chunks, chunkOf{c, ec.layer, ec.expert})
+			for k, c := range ec.chunks {
+				chunks = append(chunks, chunkOf{c, ec.layer, ec.expert, k})
+				refs = append(refs, c.Ref)
 			}
 		}
 	}
@@ -191,6 +204,8 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 	for _, c := range chunks {
 		res.Share += int64(c.Ref.Size)
 	}
+	b.coming.expect(refs)
+	defer b.coming.ended() // what was not written is not coming
 	pace := newPacer(opt.Rate)
 	var kept, fetched, done atomic.Int64
 	progress := func(n int) {
@@ -200,28 +215,24 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Parallel)
-	n := len(chunks)
-	start := 0
-	if n > 0 {
-		start = int(opt.Start*float64(n)) % n
-	}
-	for j := range n {
-		i := (start + j) % n // where the fill begins, wrapping
-		c := chunks[i]
+	for i, c := range chunks {
 		order := b.sources
 		if opt.Spread {
 			order = rotated(order, i)
 		}
 		if opt.SourcesFor != nil {
-			order = slices.Concat(opt.SourcesFor(i, n, c.layer, c.expert), order) // (a new slice: neither is written)
+			order = slices.Concat(opt.SourcesFor(c.layer, c.expert, c.k), order) // (a new slice: neither is written)
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			buf := make([]byte, c.Ref.Size)
+			bp := getBuffer(c.Ref.Size)
+			defer putBuffer(bp)
+			buf := *bp
 			if alreadyThere(b.f, buf, c.Ref.Offset, c.Check) {
 				kept.Add(int64(c.Ref.Size))
+				b.coming.arrived(c.Ref)
 				progress(c.Ref.Size)
 				return nil
 			}
@@ -250,16 +261,16 @@ const IndexWait = 5 * time.Minute
 
 // Local is what the node serves others from: the chunks its directory
 // holds, never fetched on their behalf (two nodes fetching from each
-// other would ask each other for a chunk neither holds, for ever).
+// other would ask each other for a chunk neither holds, for ever); one a
+// Fill in progress will bring is served once it has (up to holdWait).
 func (b *Backfill) Local() Holder { return local{b} }
 
 type local struct{ b *Backfill }
 
 func (l local) IndexBytes() []byte { return l.b.index }
 
-func (l local) ReadChunk(_ context.Context, ref store.ChunkRef, dst []byte) error {
-	_, err := l.b.f.ReadAt(dst[:ref.Size], ref.Offset)
-	return err
+func (l local) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	return l.b.coming.readHeld(ctx, l.b.f, ref, dst[:ref.Size], func(b []byte) error { return l.CheckChunk(ref, b) })
 }
 
 func (l local) CheckChunk(ref store.ChunkRef, data []byte) error {
@@ -278,6 +289,18 @@ func (l local) IsChunk(ref store.ChunkRef) bool {
 // Dir is the directory the store is in; Sources what it fetches from.
 func (b *Backfill) Dir() string       { return filepath.Dir(b.f.Name()) }
 func (b *Backfill) Sources() []Source { return b.sources }
+
+// MeanChunk is the mean size of the store's chunks, in bytes.
+func (b *Backfill) MeanChunk() int64 {
+	var sum, n int64
+	for _, ec := range b.experts {
+		for _, c := range ec.chunks {
+			sum += int64(c.Ref.Size)
+			n++
+		}
+	}
+	return sum / max(n, 1)
+}
 
 // Fetched is the chunk bytes fetched so far.
 func (b *Backfill) Fetched() int64 { return b.fetched.Load() }

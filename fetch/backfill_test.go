@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/fetch"
 	"github.com/odmoe/odmoe/harness/inproc"
@@ -154,25 +155,36 @@ func (c *countingSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst 
 }
 
 // holding serves a node's store from what it holds (Backfill.Local), as
-// fetch.Serve does: a chunk it lacks is refused.
-type holding struct{ h fetch.Holder }
+// fetch.Serve does: a chunk it lacks is refused. Where after is set, it
+// is asked nothing before after is closed.
+type holding struct {
+	h     fetch.Holder
+	after chan struct{}
+}
 
 func (holding) Name() string { return "peer" }
 func (s holding) Index(context.Context) ([]byte, error) {
 	return s.h.IndexBytes(), nil
 }
 func (s holding) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	if s.after != nil {
+		<-s.after
+	}
 	if err := s.h.ReadChunk(ctx, ref, dst); err != nil {
 		return err
 	}
 	return s.h.CheckChunk(ref, dst)
 }
 
-// TestTwoNodesFillingTheSameShareFetchEachOthersHalves: node A fills a
-// share from its first chunk, node B, filling the same share, from its
-// middle (Options.Start), asking A first for A's half (SourcesFor): the
-// main source serves B only B's half; B then holds it all.
-func TestTwoNodesFillingTheSameShareFetchEachOthersHalves(t *testing.T) {
+// TestTwoNodesFillingTheSameShareFetchEachChunkOnce: nodes A and B fill
+// the same share at the same time, each owning every other chunk
+// ((expert+k) % 2, as a worker's group does: worker.fillOwner) and asking
+// the other first for the rest. The other holds a request for a chunk
+// its fill will bring until it has (Local), so the main source serves
+// each chunk once, about half to each, and both then hold it all.
+// Without the hold a request that comes before the owner's fetch is
+// refused and goes to the main source.
+func TestTwoNodesFillingTheSameShareFetchEachChunkOnce(t *testing.T) {
 	ctx := context.Background()
 	src := source(t)
 	whole, err := store.Open(src, store.Options{})
@@ -180,33 +192,58 @@ func TestTwoNodesFillingTheSameShareFetchEachOthersHalves(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer whole.Close()
-	open := func(name string, main fetch.Source) (*store.Store, *fetch.Backfill) {
+	open := func(name string, main fetch.Source) *fetch.Backfill {
 		st, b, err := fetch.OpenBackfill(ctx, filepath.Join(t.TempDir(), name), []fetch.Source{main}, store.Options{Identity: whole.Identity()}, zerolog.Nop())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close(); b.Close() })
-		return st, b
+		return b
 	}
-	mainA, mainB := &countingSource{Source: fetch.DirSource{Dir: src}}, &countingSource{Source: fetch.DirSource{Dir: src}}
-	_, a := open("a", mainA)
-	_, b := open("b", mainB)
-	ra, err := a.Fill(ctx, nil, fetch.Options{Log: zerolog.Nop()})
-	if err != nil || ra.Fetched != ra.Share || mainA.served.Load() != ra.Share {
-		t.Fatalf("A: %+v, %v; main served %d", ra, err, mainA.served.Load())
+	// a node is asked for chunks only once its fill runs (its first
+	// fetch from the main source): one not filling refuses at once
+	aFills, bFills := make(chan struct{}), make(chan struct{})
+	mainA := &countingSource{Source: slowSource{fetch.DirSource{Dir: src}, aFills, new(sync.Once)}}
+	mainB := &countingSource{Source: slowSource{fetch.DirSource{Dir: src}, bFills, new(sync.Once)}}
+	a, b := open("a", mainA), open("b", mainB)
+	fill := func(n *fetch.Backfill, mine int, other fetch.Source) (fetch.Result, error) {
+		return n.Fill(ctx, nil, fetch.Options{Parallel: 4, Log: zerolog.Nop(), SourcesFor: func(layer, expert, k int) []fetch.Source {
+			if (expert+k)%2 != mine {
+				return []fetch.Source{other}
+			}
+			return nil
+		}})
 	}
-	rb, err := b.Fill(ctx, nil, fetch.Options{Start: 0.5, Log: zerolog.Nop(), SourcesFor: func(i, n, layer, expert int) []fetch.Source {
-		if i < n/2 { // A's part: A fetched it first
-			return []fetch.Source{holding{a.Local()}}
-		}
-		return nil
-	}})
-	if err != nil || rb.Fetched != rb.Share {
-		t.Fatalf("B: %+v, %v", rb, err)
+	var wg sync.WaitGroup
+	var ra, rb fetch.Result
+	var ea, eb error
+	wg.Go(func() { ra, ea = fill(a, 0, holding{b.Local(), bFills}) })
+	wg.Go(func() { rb, eb = fill(b, 1, holding{a.Local(), aFills}) })
+	wg.Wait()
+	if ea != nil || eb != nil || ra.Fetched != ra.Share || rb.Fetched != rb.Share {
+		t.Fatalf("A %+v, %v; B %+v, %v", ra, ea, rb, eb)
 	}
-	if got := float64(mainB.served.Load()) / float64(rb.Share); got < 0.3 || got > 0.7 {
-		t.Fatalf("main served B %d of its share %d: want its own half alone", mainB.served.Load(), rb.Share)
+	sa, sb := mainA.served.Load(), mainB.served.Load()
+	if sa+sb != ra.Share {
+		t.Fatalf("the main source served %d + %d bytes for a share of %d: want each chunk once", sa, sb, ra.Share)
 	}
+	if got := float64(sa) / float64(ra.Share); got < 0.3 || got > 0.7 {
+		t.Fatalf("the main source served A %d of the share's %d: want about its half", sa, ra.Share)
+	}
+}
+
+// slowSource is a source whose chunks take a millisecond, which says
+// when it is first asked (closing asked).
+type slowSource struct {
+	fetch.Source
+	asked chan struct{}
+	once  *sync.Once
+}
+
+func (s slowSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
+	s.once.Do(func() { close(s.asked) })
+	time.Sleep(time.Millisecond)
+	return s.Source.ReadChunk(ctx, ref, dst)
 }
 
 // TestFillLeavesTheSourcesForSliceAlone: SourcesFor may hand out parts
@@ -229,8 +266,8 @@ func TestFillLeavesTheSourcesForSliceAlone(t *testing.T) {
 	defer b.Close()
 	a, c := &countingSource{Source: fetch.DirSource{Dir: src}}, &countingSource{Source: fetch.DirSource{Dir: src}}
 	members := []fetch.Source{a, c, a} // what each part is asked of first
-	if _, err := b.Fill(ctx, nil, fetch.Options{Parallel: 4, Log: zerolog.Nop(), SourcesFor: func(i, n, layer, expert int) []fetch.Source {
-		q := i * 2 / n
+	if _, err := b.Fill(ctx, nil, fetch.Options{Parallel: 4, Log: zerolog.Nop(), SourcesFor: func(layer, expert, k int) []fetch.Source {
+		q := (expert + k) % 2
 		return members[q : q+1] // spare capacity: an append would write into members
 	}}); err != nil {
 		t.Fatal(err)
@@ -239,6 +276,6 @@ func TestFillLeavesTheSourcesForSliceAlone(t *testing.T) {
 		t.Fatalf("Fill wrote its sources into SourcesFor's array: %v", members)
 	}
 	if a.served.Load() == 0 || c.served.Load() == 0 || main.served.Load() != 0 {
-		t.Fatalf("served: first half's %d, second half's %d, main %d: want each half from its member alone", a.served.Load(), c.served.Load(), main.served.Load())
+		t.Fatalf("served: first part's %d, second part's %d, main %d: want each part from its member alone", a.served.Load(), c.served.Load(), main.served.Load())
 	}
 }

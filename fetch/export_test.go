@@ -17,3 +17,11 @@ func SetOfflineWait(d time.Duration) (restore func()) {
 	offlineWait = d
 	return func() { offlineWait = old }
 }
+
+// SetHoldWait sets how long a node filling its directory holds a request
+// for a chunk to come until the returned func puts it back.
+func SetHoldWait(d time.Duration) (restore func()) {
+	old := holdWait
+	holdWait = d
+	return func() { holdWait = old }
+}

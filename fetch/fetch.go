@@ -65,15 +65,17 @@ type Options struct {
 	// Progress, if set, is told the share's bytes done (kept or fetched)
 	// and its total, as chunks complete; it may be called concurrently.
 	Progress func(done, total int64)
-	// Backfill.Fill only: Start is where in the share's chunks the fill
-	// begins (a fraction; it wraps around), and SourcesFor, if set, the
-	// sources chunk i of the share's n (of expert of layer) is asked
-	// of first, before the backfill's own: nodes filling the same
-	// experts start apart, each fetching from the others what they
-	// fetched first.
-	Start      float64
-	SourcesFor func(i, n, layer, expert int) []Source
-	Log        zerolog.Logger
+	// Backfill.Fill only: SourcesFor, if set, are the sources the k-th
+	// chunk of expert of layer is asked of first, before the backfill's
+	// own: nodes filling the same experts each fetch their part from a
+	// holder and the rest from each other, and a node relaying the store
+	// as it fills it (a shadow's Filling) is asked before the main node.
+	SourcesFor func(layer, expert, k int) []Source
+	// Share only: Filling, if set, serves the directory to other nodes
+	// as Share fills it (the chunks written so far, and those to come
+	// once written).
+	Filling *Filling
+	Log     zerolog.Logger
 }
 
 // Result is what a fetch did, in chunk bytes.
@@ -102,17 +104,24 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	if opt.Parallel <= 0 {
 		opt.Parallel = 4
 	}
+	if opt.Filling != nil {
+		defer opt.Filling.ended() // what was not written is not coming
+	}
 	index, err := fetchIndex(ctx, sources)
 	if err != nil {
+		opt.Filling.fail(err)
 		return Result{}, err
 	}
 	st, err := store.New(index, noChunks{}, store.Options{})
 	if err != nil {
-		return Result{}, fmt.Errorf("fetch: the index %s served: %w", sources[0].Name(), err)
+		err = fmt.Errorf("fetch: the index %s served: %w", sources[0].Name(), err)
+		opt.Filling.fail(err)
+		return Result{}, err
 	}
 	defer st.Close()
 	f, err := prepare(dir, index, st, opt.Log)
 	if err != nil {
+		opt.Filling.fail(err)
 		return Result{}, err
 	}
 	defer f.Close()
@@ -135,9 +144,12 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	}
 	var res Result
 	res.Chunks = len(chunks)
-	for _, c := range chunks {
+	refs := make([]store.ChunkRef, len(chunks))
+	for i, c := range chunks {
 		res.Share += int64(c.Ref.Size)
+		refs[i] = c.Ref
 	}
+	opt.Filling.begin(dir, index, refs)
 	pace := newPacer(opt.Rate)
 	var kept, fetched, done atomic.Int64
 	var bad atomic.Int64
@@ -153,9 +165,12 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			if err := gctx.Err(); err != nil { // failed, or ended: the rest is not looked at
 				return err
 			}
-			buf := make([]byte, c.Ref.Size)
+			bp := getBuffer(c.Ref.Size)
+			defer putBuffer(bp)
+			buf := *bp
 			if alreadyThere(f, buf, c.Ref.Offset, c.Check) {
 				kept.Add(int64(c.Ref.Size))
+				opt.Filling.arrived(c.Ref)
 			} else {
 				if err := pace.wait(gctx, c.Ref.Size); err != nil {
 					return err
@@ -174,6 +189,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 				if _, err := f.WriteAt(buf, c.Ref.Offset); err != nil {
 					return fmt.Errorf("fetch: writing %s: %w", f.Name(), err)
 				}
+				opt.Filling.arrived(c.Ref)
 			}
 			if opt.Progress != nil {
 				opt.Progress(done.Add(int64(c.Ref.Size)), res.Share)
@@ -284,6 +300,7 @@ func prepare(dir string, index []byte, st *store.Store, log zerolog.Logger) (*os
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
+	noReadahead(f)
 	fi, err := f.Stat()
 	if err == nil && fi.Size() != st.ChunkFileSize() {
 		err = f.Truncate(st.ChunkFileSize()) // holes where no chunk is yet

@@ -18,16 +18,27 @@ type PeerSource struct {
 	p       *wire.Stream
 	next    atomic.Uint64
 	mu      sync.Mutex
-	waiting map[uint64]chan *wire.FetchData
+	waiting map[uint64]*asked
 	err     error // why the connection ended; set once
 	stop    context.CancelFunc
 	done    chan struct{}
 }
 
+// asked is a request waiting for its answer: the answer's data is read
+// into dst where it has dst's length (wire.Stream.RecvInto), and a
+// request given up while that read is under way waits for it to end
+// (reading), so that dst is the caller's again when ask returns.
+type asked struct {
+	answer  chan *wire.FetchData // (room for one)
+	dst     []byte
+	reading sync.WaitGroup
+	claimed bool
+}
+
 // NewPeerSource fetches over p, which it owns from now on.
 func NewPeerSource(p *wire.Stream) *PeerSource {
 	ctx, stop := context.WithCancel(context.Background())
-	s := &PeerSource{p: p, waiting: map[uint64]chan *wire.FetchData{}, stop: stop, done: make(chan struct{})}
+	s := &PeerSource{p: p, waiting: map[uint64]*asked{}, stop: stop, done: make(chan struct{})}
 	go s.receive(ctx)
 	return s
 }
@@ -42,17 +53,35 @@ func (s *PeerSource) Close() {
 	<-s.done
 }
 
-// receive hands each FetchData to the request waiting for it until the
-// connection ends, then fails those still waiting.
+// receive hands each FetchData to the request waiting for it (its data
+// read into the request's buffer) until the connection ends, then fails
+// those still waiting.
 func (s *PeerSource) receive(ctx context.Context) {
 	defer close(s.done)
+	var claimed *asked // the request whose buffer the frame read now fills
+	into := func(id uint64, n int) []byte {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		a := s.waiting[id]
+		if a == nil || len(a.dst) != n || n == 0 {
+			return nil
+		}
+		a.claimed = true
+		a.reading.Add(1)
+		claimed = a
+		return a.dst
+	}
 	for {
-		m, err := s.p.Recv(ctx)
+		m, err := s.p.RecvInto(ctx, into)
+		if claimed != nil {
+			claimed.reading.Done()
+			claimed = nil
+		}
 		if err != nil {
 			s.mu.Lock()
 			s.err = err
-			for id, ch := range s.waiting {
-				close(ch)
+			for id, a := range s.waiting {
+				close(a.answer)
 				delete(s.waiting, id)
 			}
 			s.mu.Unlock()
@@ -63,11 +92,11 @@ func (s *PeerSource) receive(ctx context.Context) {
 			continue // a node that holds the store says nothing else to a fetcher
 		}
 		s.mu.Lock()
-		ch := s.waiting[d.ID]
+		a := s.waiting[d.ID]
 		delete(s.waiting, d.ID)
 		s.mu.Unlock()
-		if ch != nil {
-			ch <- d
+		if a != nil {
+			a.answer <- d
 		}
 	}
 }
@@ -75,28 +104,33 @@ func (s *PeerSource) receive(ctx context.Context) {
 // errConnGone is a request's error where its connection ended under it.
 var errConnGone = errors.New("connection gone")
 
-// ask sends r and waits for its answer.
-func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest) ([]byte, error) {
+// ask sends r and waits for its answer; the answer's data is read into
+// dst where it is as long (then the answer's Data is dst).
+func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest, dst []byte) ([]byte, error) {
 	r.ID = s.next.Add(1)
-	ch := make(chan *wire.FetchData, 1)
+	a := &asked{answer: make(chan *wire.FetchData, 1), dst: dst}
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: %w", errConnGone, s.err)
 	}
-	s.waiting[r.ID] = ch
+	s.waiting[r.ID] = a
 	s.mu.Unlock()
 	forget := func() {
 		s.mu.Lock()
 		delete(s.waiting, r.ID)
+		claimed := a.claimed
 		s.mu.Unlock()
+		if claimed {
+			a.reading.Wait() // dst is being written: the caller gets it back once it is not
+		}
 	}
 	if err := s.p.Send(ctx, r); err != nil {
 		forget()
 		return nil, err
 	}
 	select {
-	case d, ok := <-ch:
+	case d, ok := <-a.answer:
 		if !ok {
 			s.mu.Lock()
 			err := s.err
@@ -115,42 +149,46 @@ func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest) ([]byte, err
 
 // Index asks the peer for its store's index file.
 func (s *PeerSource) Index(ctx context.Context) ([]byte, error) {
-	return s.ask(ctx, &wire.FetchRequest{Index: true})
+	return s.ask(ctx, &wire.FetchRequest{Index: true}, nil)
 }
 
 // ReadChunk asks the peer for the chunk at ref.
 func (s *PeerSource) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
-	b, err := s.ask(ctx, &wire.FetchRequest{Offset: ref.Offset, Size: ref.Size})
+	b, err := s.ask(ctx, &wire.FetchRequest{Offset: ref.Offset, Size: ref.Size}, dst)
 	if err != nil {
 		return err
 	}
 	if len(b) != len(dst) {
 		return fmt.Errorf("%d bytes for a chunk of %d at %d", len(b), len(dst), ref.Offset)
 	}
-	copy(dst, b)
+	if len(b) > 0 && &b[0] != &dst[0] { // (read into dst as it came, where it came directly)
+		copy(dst, b)
+	}
 	return nil
 }
 
 // Manifest asks the peer for its model's manifest.
 func (s *PeerSource) Manifest(ctx context.Context) ([]byte, error) {
-	return s.ask(ctx, &wire.FetchRequest{Model: true, Index: true})
+	return s.ask(ctx, &wire.FetchRequest{Model: true, Index: true}, nil)
 }
 
 // ReadFile asks the peer for its checkpoint's small file name.
 func (s *PeerSource) ReadFile(ctx context.Context, name string) ([]byte, error) {
-	return s.ask(ctx, &wire.FetchRequest{Model: true, File: name})
+	return s.ask(ctx, &wire.FetchRequest{Model: true, File: name}, nil)
 }
 
 // ReadTensor asks the peer for len(dst) bytes of tensor name at off.
 func (s *PeerSource) ReadTensor(ctx context.Context, name string, off int64, dst []byte) error {
-	b, err := s.ask(ctx, &wire.FetchRequest{Model: true, Tensor: name, Offset: off, Size: len(dst)})
+	b, err := s.ask(ctx, &wire.FetchRequest{Model: true, Tensor: name, Offset: off, Size: len(dst)}, dst)
 	if err != nil {
 		return err
 	}
 	if len(b) != len(dst) {
 		return fmt.Errorf("%d bytes for %d of tensor %q at %d", len(b), len(dst), name, off)
 	}
-	copy(dst, b)
+	if len(b) > 0 && &b[0] != &dst[0] {
+		copy(dst, b)
+	}
 	return nil
 }
 
@@ -165,7 +203,8 @@ type Served struct {
 // Holder is a store a node serves from: its index file and chunks, the
 // check a chunk's bytes must pass, and whether a place and size is one
 // of its chunks. *store.Store is one (that of a node whose store reads
-// through a Backfill is not: Backfill.Local is).
+// through a Backfill is not: Backfill.Local is), and a Filling (whose
+// IndexBytes is nil until its fill has the index).
 type Holder interface {
 	IndexBytes() []byte
 	ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error
@@ -214,9 +253,15 @@ func Serve(ctx context.Context, p *wire.Stream, h Served, served ...*atomic.Int6
 			case h.Store == nil:
 				err = errors.New("no expert store here")
 			case r.Index:
-				d.Data = h.Store.IndexBytes()
+				if d.Data = h.Store.IndexBytes(); d.Data == nil {
+					err = errNotYet // (a Filling's)
+				}
 			default:
-				d.Data, err = h.chunk(ctx, r)
+				var buf *[]byte
+				if buf, err = h.chunk(ctx, r); err == nil {
+					defer putBuffer(buf) // once sent (Send copies it into its frame)
+					d.Data = *buf
+				}
 			}
 			if err != nil {
 				d.Data, d.Err = nil, err.Error()
@@ -232,19 +277,24 @@ func Serve(ctx context.Context, p *wire.Stream, h Served, served ...*atomic.Int6
 	}
 }
 
-// chunk is the store's chunk r asks for.
-func (h Served) chunk(ctx context.Context, r *wire.FetchRequest) ([]byte, error) {
+// chunk is the store's chunk r asks for, in a buffer of getBuffer's.
+func (h Served) chunk(ctx context.Context, r *wire.FetchRequest) (*[]byte, error) {
 	ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}
+	if w, ok := h.Store.(interface{ waitIndex(context.Context) }); ok {
+		w.waitIndex(ctx) // a store still coming: its index first
+	}
 	if !h.Store.IsChunk(ref) { // (nothing is allocated for what is not a chunk)
 		return nil, fmt.Errorf("no chunk of the store is %d bytes at %d", r.Size, r.Offset)
 	}
-	b := make([]byte, r.Size)
-	if err := h.Store.ReadChunk(ctx, ref, b); err != nil {
+	b := getBuffer(r.Size)
+	if err := h.Store.ReadChunk(ctx, ref, *b); err != nil {
+		putBuffer(b)
 		return nil, err
 	}
 	// a share holds some chunks only: one it lacks (a hole), or has
 	// damaged, is not passed on
-	if err := h.Store.CheckChunk(ref, b); err != nil {
+	if err := h.Store.CheckChunk(ref, *b); err != nil {
+		putBuffer(b)
 		return nil, fmt.Errorf("the chunk at %d is not held here: %w", r.Offset, err)
 	}
 	return b, nil

@@ -135,6 +135,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 		}
 	}
 	if cfg.Shadow != "" {
+		opt.Holders = []string{cfg.Shadow} // a shadow with a store relays it as it fetches it
 		sd := d
 		if cfg.ShadowDialTimeout > 0 {
 			sd.start.DialTimeout = cfg.ShadowDialTimeout

@@ -89,6 +89,12 @@ type Options struct {
 	// each worker told its place is told them (wire.Place.Peers), so that
 	// it fetches from the others what they hold.
 	WorkerAddrs []string
+	// Holders, if set, are the addresses of nodes that relay the store as
+	// they fill their own (the shadow, given -store): each worker told its
+	// place is told them (wire.Place.Holders) and asks them for its chunks
+	// before this node, so that the store leaves this node's link about
+	// once.
+	Holders []string
 	// Draft is -draft: how many of the shadow's guesses a pass checks
 	// after each decoding member's token (with a shadow; off: none).
 	Draft Drafting
@@ -300,6 +306,7 @@ func (s *Swarm) tellPlace(w int, p *wire.Peer) error {
 	if len(s.opt.WorkerAddrs) == l.Workers {
 		place.Peers = s.opt.WorkerAddrs
 	}
+	place.Holders = s.opt.Holders
 	err := p.Send(s.life, place)
 	if err != nil {
 		s.opt.Log.Debug().Int("worker", w).Err(err).Msg("mainnode: a worker was not told its place")

@@ -35,11 +35,12 @@ type Deps struct {
 	Fetched func() int64
 	Serves  fetch.Holder
 	// Place, if set, is told the worker's place in the main node's layout
-	// (wire.Place: with every worker's address, or none) each time the
-	// main node connects, and returns a channel closed once the worker
-	// holds its share (nil: it does now), which the worker then tells the
-	// main node (wire.ShareIn). Without Place a worker holds its share.
-	Place func(worker, workers, group int, peers []string) <-chan struct{}
+	// (wire.Place: with every worker's address and the nodes relaying
+	// the store, or none) each time the main node connects, and returns
+	// a channel closed once the worker holds its share (nil: it does
+	// now), which the worker then tells the main node (wire.ShareIn).
+	// Without Place a worker holds its share.
+	Place func(wire.Place) <-chan struct{}
 }
 
 // Options say how a worker uses its deps.
@@ -73,7 +74,7 @@ type Node struct {
 	store   fetch.Holder
 	streams *wire.StreamListener // where it serves the store (Listen)
 	fetched func() int64
-	place   func(worker, workers, group int, peers []string) <-chan struct{}
+	place   func(wire.Place) <-chan struct{}
 }
 
 // New checks that d's device can run every expert of d's store, builds

@@ -79,11 +79,11 @@ func Run(ctx context.Context, cfg Config) error {
 		deps.Fetched, deps.Serves = backfill.Fetched, backfill.Local()
 		var once sync.Once // the share of the first place told: a layout does not change under a running swarm
 		in := make(chan struct{})
-		deps.Place = func(w, workers, group int, peers []string) <-chan struct{} {
+		deps.Place = func(p wire.Place) <-chan struct{} {
 			once.Do(func() {
 				go func() {
 					defer close(in) // (a fill that failed too: what is missing comes as it is read)
-					fillShare(ctx, backfill, w, workers, group, peers, cfg, log)
+					fillShare(ctx, backfill, p, cfg, log)
 				}()
 			})
 			return in
@@ -161,47 +161,66 @@ func openStore(ctx context.Context, cfg Config, log zerolog.Logger) (st *store.S
 }
 
 // fillShare fetches into b's directory, in the background, the rest of
-// the share of worker w of workers in groups of group (what the layout
-// has it run: sched.Layout.Holds), at cfg.FetchRate bytes a second, and
-// says what it did. The members of its group hold the same decode
-// layers: each starts at its own part of the share and fetches the
-// others' parts from them first (peers: every worker's address, or
-// none), so the nodes behind -fetch-from send each chunk about once a
-// group.
-func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, peers []string, cfg Config, log zerolog.Logger) {
+// the share of worker p.Worker of p.Workers in groups of p.Group (what
+// the layout has it run: sched.Layout.Holds), at cfg.FetchRate bytes a
+// second, and says what it did. Each chunk has one owner among the
+// workers (fillOwner), which fetches it from the nodes relaying the store
+// as they fill theirs (p.Holders: the shadow), then from -fetch-from; the
+// others holding it ask the owner first (p.Peers: every worker's
+// address, or none), each waiting for what the other's fill will bring.
+// Every worker walks its share in the store's order, as the shadow fills
+// it, so a chunk leaves the main node about once for the whole swarm,
+// and the shadow about once too.
+func fillShare(ctx context.Context, b *fetch.Backfill, p wire.Place, cfg Config, log zerolog.Logger) {
+	w, workers, group := p.Worker, p.Workers, p.Group
 	l, err := sched.NewLayout(workers, group)
 	if err != nil {
 		log.Warn().Err(err).Msg("worker: a place outside any layout: its share is not filled")
 		return
 	}
 	opt := fetch.Options{Rate: cfg.FetchRate, Spread: true, Parallel: 2, Log: log}
-	if len(peers) == workers && group > 1 {
-		dial := *cfg.Wire
-		dial.PeerRoles = []wire.Role{wire.RoleWorker}
-		// a member that does not answer soon is passed over (redialled
-		// a while later), and one that stalls costs a chunk's timeout:
-		// the main node has every chunk
-		dial.DialAttempts, dial.DialTimeout = 1, peerDialTimeout
-		pos, first := w%group, w-w%group
-		members := make([]fetch.Source, group)
-		for q := range group {
-			if q != pos {
-				d := fetch.Dial(peers[first+q], &dial)
+	dial := *cfg.Wire
+	// a node that does not answer soon is passed over (redialled a while
+	// later), and one that stalls costs a chunk's timeout: the main node
+	// has every chunk
+	dial.DialAttempts, dial.DialTimeout = 1, peerDialTimeout
+	var holders []fetch.Source
+	if len(p.Holders) > 0 {
+		hd := dial
+		hd.PeerRoles = []wire.Role{wire.RoleShadow}
+		for _, a := range p.Holders {
+			d := fetch.Dial(a, &hd)
+			defer d.Close()
+			holders = append(holders, fetch.Timed(d, peerChunkTimeout))
+		}
+	}
+	var peers []fetch.Source // by position in the layout; nil: this one, or none
+	if len(p.Peers) == workers && workers > 1 {
+		pd := dial
+		pd.PeerRoles = []wire.Role{wire.RoleWorker}
+		peers = make([]fetch.Source, workers)
+		for q := range workers {
+			if q != w {
+				d := fetch.Dial(p.Peers[q], &pd) // (dialled when first asked)
 				defer d.Close()
-				members[q] = fetch.Timed(d, peerChunkTimeout)
+				peers[q] = fetch.Timed(d, peerChunkTimeout)
 			}
 		}
-		opt.Start = float64(pos) / float64(group)
-		opt.SourcesFor = func(i, n, layer, expert int) []fetch.Source {
-			q := i * group / n // the member that fetches chunk i first
-			if q == pos || !l.Holds(first+q, layer, expert) {
-				return nil
+	}
+	if peers != nil || len(holders) > 0 {
+		// requests are held until the owner or holder has them: more in
+		// flight, as many as fillAheadBytes holds
+		opt.Parallel = int(min(max(fillAheadBytes/b.MeanChunk(), 4), 16))
+		opt.SourcesFor = func(layer, expert, k int) []fetch.Source {
+			if o := fillOwner(l, layer, expert, k); o != w && peers != nil {
+				return append([]fetch.Source{peers[o]}, holders...)
 			}
-			return members[q : q+1 : q+1]
+			return holders
 		}
 	}
 	t0 := time.Now()
-	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Bool("from group", opt.SourcesFor != nil).Msg("worker: filling its share of the store in the background")
+	log.Info().Int("worker", w).Int("workers", workers).Int("group", group).Bool("from peers", peers != nil).Strs("holders", p.Holders).
+		Msg("worker: filling its share of the store in the background")
 	opt.Progress = fillProgress(t0, fillLogEvery, log)
 	res, err := b.Fill(ctx, func(layer, expert int) bool { return l.Holds(w, layer, expert) }, opt)
 	ev := log.Info()
@@ -212,6 +231,23 @@ func fillShare(ctx context.Context, b *fetch.Backfill, w, workers, group int, pe
 		Int64("share_bytes", res.Share).Int64("kept_bytes", res.Kept).Int64("fetched_bytes", b.Fetched()). // (all this process fetched: as it ran, then the rest)
 		Msg("worker: its share of the store filled")
 }
+
+// fillOwner is the worker that fetches the k-th chunk of expert of layer
+// for the others holding it: a worker of the group that runs the layer in
+// decode (which holds all its experts), the members in turn, so that
+// each fetches about as much from outside and serves as much to the
+// others, its group's members and the workers running the expert in
+// prefill alike.
+func fillOwner(l sched.Layout, layer, expert, k int) int {
+	return l.GroupOf(layer)*l.Group + (expert+k)%l.Group
+}
+
+// fillAheadBytes bounds the chunks a worker filling its share from its
+// peers and the shadow asks for at once (4 to 16 of them): each is held
+// until its owner has it, so a short window stalls behind the slowest (on
+// the emulated rig, four in flight left the workers 2 s behind the
+// shadow, sixteen of ~300 KB kept them with it).
+const fillAheadBytes = 16 << 20
 
 // peerDialTimeout and peerChunkTimeout bound what a group's member that
 // does not answer, or stalls, costs a worker filling its share.

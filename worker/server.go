@@ -34,7 +34,7 @@ type Server struct {
 	fetched func() int64
 	// place, if set, is told the worker's place in the main node's
 	// layout (a worker filling its share in the background)
-	place func(worker, workers, group int, peers []string) <-chan struct{}
+	place func(wire.Place) <-chan struct{}
 	log   zerolog.Logger
 
 	mu    sync.Mutex
@@ -247,7 +247,7 @@ func (s *Server) ServePeer(ctx context.Context, p *wire.Peer) {
 		case *wire.Place:
 			var in <-chan struct{}
 			if s.place != nil {
-				in = s.place(m.Worker, m.Workers, m.Group, m.Peers)
+				in = s.place(*m)
 			}
 			go func() { // its share in: the main node takes it into the layout
 				if in != nil {
