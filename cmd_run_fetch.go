@@ -15,6 +15,11 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// shadowAheadBytes bounds the chunks a shadow asks for at once when it
+// fetches its experts (fetch.Options.AheadBytes): the workers' fills ride
+// just behind it, so its pace is theirs.
+const shadowAheadBytes = 16 << 20
+
 // fetchCheckpoint fills -model from the nodes at -fetch-from (the main
 // node's -store-listen) with the part of the checkpoint need says this
 // node binds, before the node loads it: a stage or shadow started on an
@@ -84,7 +89,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 	case experts != nil:
 		report, finish := reporter(role + ": fetching its experts")
 		st, err := fetch.Share(ctx, f.Store, storeSources, fetch.Options{Rate: float64(rate), Spread: true, Log: log, Progress: report,
-			Layers: func(l int) bool { return held.Contains(l) }, Filling: experts})
+			Layers: func(l int) bool { return held.Contains(l) }, Filling: experts, AheadBytes: shadowAheadBytes})
 		finish()
 		if err != nil {
 			return fmt.Errorf("%s: its layers' experts from the store: %w", role, err)

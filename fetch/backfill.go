@@ -206,6 +206,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 	}
 	b.coming.expect(refs)
 	defer b.coming.ended() // what was not written is not coming
+	opt.Parallel = ahead(opt, res.Share, len(chunks))
 	pace := newPacer(opt.Rate)
 	var kept, fetched, done atomic.Int64
 	progress := func(n int) {
@@ -289,18 +290,6 @@ func (l local) IsChunk(ref store.ChunkRef) bool {
 // Dir is the directory the store is in; Sources what it fetches from.
 func (b *Backfill) Dir() string       { return filepath.Dir(b.f.Name()) }
 func (b *Backfill) Sources() []Source { return b.sources }
-
-// MeanChunk is the mean size of the store's chunks, in bytes.
-func (b *Backfill) MeanChunk() int64 {
-	var sum, n int64
-	for _, ec := range b.experts {
-		for _, c := range ec.chunks {
-			sum += int64(c.Ref.Size)
-			n++
-		}
-	}
-	return sum / max(n, 1)
-}
 
 // Fetched is the chunk bytes fetched so far.
 func (b *Backfill) Fetched() int64 { return b.fetched.Load() }

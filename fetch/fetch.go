@@ -53,8 +53,13 @@ type Options struct {
 	Layers  func(layer int) bool
 	Experts func(layer, expert int) bool
 	// Parallel is how many chunks are fetched at once (default 4): a
-	// source's round trip is hidden behind the others'.
-	Parallel int
+	// source's round trip is hidden behind the others'. AheadBytes, if
+	// set, makes it as many of the share's chunks as AheadBytes holds (4
+	// to 16): where sources hold requests until they have the chunk (a
+	// Filling, a filling peer's Local), a short window stalls behind its
+	// slowest chunk.
+	Parallel   int
+	AheadBytes int64
 	// Rate caps the bytes fetched a second (0: no cap), so that a
 	// running swarm's traffic keeps the links it needs.
 	Rate float64
@@ -150,6 +155,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 		refs[i] = c.Ref
 	}
 	opt.Filling.begin(dir, index, refs)
+	opt.Parallel = ahead(opt, res.Share, len(chunks))
 	pace := newPacer(opt.Rate)
 	var kept, fetched, done atomic.Int64
 	var bad atomic.Int64
@@ -206,6 +212,15 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 		return res, fmt.Errorf("fetch: %w", err)
 	}
 	return res, nil
+}
+
+// ahead is how many chunks of a share of n chunks and bytes are fetched
+// at once (Options.Parallel, Options.AheadBytes).
+func ahead(opt Options, bytes int64, n int) int {
+	if opt.AheadBytes <= 0 || n == 0 {
+		return opt.Parallel
+	}
+	return int(min(max(opt.AheadBytes/max(bytes/int64(n), 1), 4), 16))
 }
 
 // fetchChunk fills buf with chunk c from the first source whose bytes

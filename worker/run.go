@@ -208,9 +208,7 @@ func fillShare(ctx context.Context, b *fetch.Backfill, p wire.Place, cfg Config,
 		}
 	}
 	if peers != nil || len(holders) > 0 {
-		// requests are held until the owner or holder has them: more in
-		// flight, as many as fillAheadBytes holds
-		opt.Parallel = int(min(max(fillAheadBytes/b.MeanChunk(), 4), 16))
+		opt.AheadBytes = fillAheadBytes // requests are held until the owner or holder has them
 		opt.SourcesFor = func(layer, expert, k int) []fetch.Source {
 			if o := fillOwner(l, layer, expert, k); o != w && peers != nil {
 				return append([]fetch.Source{peers[o]}, holders...)
@@ -243,10 +241,10 @@ func fillOwner(l sched.Layout, layer, expert, k int) int {
 }
 
 // fillAheadBytes bounds the chunks a worker filling its share from its
-// peers and the shadow asks for at once (4 to 16 of them): each is held
-// until its owner has it, so a short window stalls behind the slowest (on
-// the emulated rig, four in flight left the workers 2 s behind the
-// shadow, sixteen of ~300 KB kept them with it).
+// peers and the shadow asks for at once (fetch.Options.AheadBytes): each
+// is held until its owner has it, so a short window stalls behind the
+// slowest (on the emulated rig, four in flight left the workers 2 s
+// behind the shadow, sixteen of ~300 KB kept them with it).
 const fillAheadBytes = 16 << 20
 
 // peerDialTimeout and peerChunkTimeout bound what a group's member that
