@@ -260,6 +260,61 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 	}
 }
 
+// TestAShadowRelaysTheStoreToTheWorkers: real processes on loopback, a
+// shadow and four workers started on empty directories with -fetch-from
+// the main node's -store-listen, the shadow with -store: it serves the
+// store to the workers as it fetches it (on the TCP port of its -listen;
+// the main node tells the workers its address, wire.Place.Holders), and
+// every worker takes chunks from it; the run is local mode's bit for bit.
+func TestAShadowRelaysTheStoreToTheWorkers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a swarm of processes")
+	}
+	r := newChaosRig(t, 4)
+	storeAddr := freeLoopbackAddr(t)
+	certs := filepath.Join(r.dir, "certs")
+	for i := range r.workers {
+		name := fmt.Sprintf("w%d", i+1)
+		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
+			"-certs", certs, "-name", name, "-device-mem", "64MiB", "-log-level", "info")
+	}
+	r.start("shadow", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow.model"), "-store", filepath.Join(r.dir, "shadow.store"),
+		"-fetch-from", storeAddr, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","), "-group", "2",
+		"-certs", certs, "-name", "shadow", "-log-level", "info")
+	const n = "16"
+	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
+	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
+		t.Fatalf("local run: %s", se)
+	}
+	se, code := r.runMain("-prefetch", "shadow", "-shadow", r.shadow, "-n", n, "-ignore-eos", "-dump", swarm, "-store", r.store, "-store-listen", storeAddr, "-log-level", "info")
+	if code != 0 {
+		t.Fatalf("main node: exit %d\n%s\n%s", code, se, r.logs())
+	}
+	sameDump(t, swarm, local)
+	// each worker, its share filled, closes its stream to the shadow,
+	// which says what it served it
+	deadline := time.Now().Add(60 * time.Second)
+	served := regexp.MustCompile(`a worker fetching from its store is done.*peer=(w\d).*served="([0-9.]+) ([KMG]i)?B"`)
+	for {
+		got := map[string]bool{}
+		for _, m := range served.FindAllStringSubmatch(r.logOf("shadow"), -1) {
+			if m[2] != "0" && m[2] != "0.0" {
+				got[m[1]] = true
+			}
+		}
+		if len(got) == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shadow served chunks to %v, want every worker:\n%s\n%s", got, r.logOf("shadow"), r.logOf("w1"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if log := r.logOf("w1"); !strings.Contains(log, "holders=") || !strings.Contains(log, r.shadow) {
+		t.Errorf("w1 was not told the shadow holds the store:\n%s", log)
+	}
+}
+
 // TestAStagedSwarmStartsFromEmptyDirectories: real processes on
 // loopback, every node but the main node started on empty directories
 // with -fetch-from the main node's -store-listen (the main node makes
