@@ -291,6 +291,27 @@ func (l local) IsChunk(ref store.ChunkRef) bool {
 func (b *Backfill) Dir() string       { return filepath.Dir(b.f.Name()) }
 func (b *Backfill) Sources() []Source { return b.sources }
 
+// HoldsExpert reports whether every chunk of expert of layer is in the
+// directory (its bytes pass their check): what the node can read without
+// fetching.
+func (b *Backfill) HoldsExpert(layer, expert int) bool {
+	for _, ec := range b.experts {
+		if ec.layer != layer || ec.expert != expert {
+			continue
+		}
+		for _, c := range ec.chunks {
+			bp := getBuffer(c.Ref.Size)
+			there := alreadyThere(b.f, *bp, c.Ref.Offset, c.Check)
+			putBuffer(bp)
+			if !there {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
 // Fetched is the chunk bytes fetched so far.
 func (b *Backfill) Fetched() int64 { return b.fetched.Load() }
 

@@ -68,6 +68,14 @@ func backfills(t *testing.T, src string) {
 	if b.Fetched() != want {
 		t.Fatalf("fetched %d bytes, want the three experts' %d, once", b.Fetched(), want)
 	}
+	for e := range 5 { // what it holds now: the three it read, no other
+		if got := b.HoldsExpert(layer, e); got != (e < 3) {
+			t.Fatalf("HoldsExpert(%d, %d) = %v after reading experts 0-2", layer, e, got)
+		}
+	}
+	if b.Fetched() != want {
+		t.Fatalf("HoldsExpert fetched: %d bytes, want %d", b.Fetched(), want)
+	}
 	st.Close()
 	b.Close()
 	st, b, err = fetch.OpenBackfill(ctx, dir, []fetch.Source{fetch.DirSource{Dir: filepath.Join(t.TempDir(), "gone")}}, store.Options{}, zerolog.Nop())

@@ -182,15 +182,19 @@ func (c *HostCache) Stats() (hits, misses, used int64) {
 }
 
 // Preload fills the cache with src's experts of layers (ascending) in
-// (layer, expert) order
-// until the next would not fit (a node that keeps the whole model in host
-// RAM, as OD-MoE's do), reporting bytes done to progress (may be nil).
-// It returns the number of experts loaded.
-func (c *HostCache) Preload(ctx context.Context, src ExpertSource, layers []int, experts int, progress func(done int64)) (int, error) {
+// (layer, expert) order, those held says (nil: all; a worker filling its
+// store: those its directory holds, none fetched for this), until the
+// next would not fit (a node that keeps the whole model in host RAM, as
+// OD-MoE's do), reporting bytes done to progress (may be nil). It
+// returns the number of experts loaded.
+func (c *HostCache) Preload(ctx context.Context, src ExpertSource, layers []int, experts int, held func(layer, expert int) bool, progress func(done int64)) (int, error) {
 	var done int64
 	n := 0
 	for _, l := range layers {
 		for e := range experts {
+			if held != nil && !held(l, e) {
+				continue
+			}
 			size, err := src.ExpertBytes(l, e)
 			if err != nil {
 				return n, err

@@ -89,9 +89,21 @@ func TestHostPreloadFillsInOrderUpToTheBudget(t *testing.T) {
 	size, _ := f.store.ExpertBytes(0, 0)
 	c := newHostCache(t, int64(3*size+size/2))
 	var progressed int64
-	n, err := c.Preload(context.Background(), src, f.store.Layers(), f.store.Experts(), func(done int64) { progressed = done })
+	n, err := c.Preload(context.Background(), src, f.store.Layers(), f.store.Experts(), nil, func(done int64) { progressed = done })
 	if err != nil || n != 3 || progressed != int64(3*size) {
 		t.Fatalf("preloaded %d experts (%d bytes reported), err %v; want 3", n, progressed, err)
+	}
+	// held: only those (a worker filling its store preloads what its
+	// directory holds, and reads nothing else)
+	odd := newHostCache(t, int64(3*size+size/2))
+	other := &countingSource{ExpertSource: f.store}
+	n, err = odd.Preload(context.Background(), other, f.store.Layers(), f.store.Experts(), func(l, e int) bool { return l == 0 && e%2 == 1 }, nil)
+	odd.mu.Lock()
+	_, has0 := odd.byKey[slotKey{0, 0}]
+	_, has1 := odd.byKey[slotKey{0, 1}]
+	odd.mu.Unlock()
+	if err != nil || n != 3 || other.reads.Load() != 3 || has0 || !has1 {
+		t.Fatalf("preloaded %d experts held (%d read), err %v; want experts 1, 3, 5 of layer 0", n, other.reads.Load(), err)
 	}
 	arena, _ := NewArena(64 << 20)
 	e := NewEngine(src, f.model.Config.HiddenSize, NewCPU(arena, NewLink(0)), zerolog.Nop())
@@ -210,7 +222,7 @@ func TestHostCacheIsOffTheGoHeap(t *testing.T) {
 	layers, experts := f.store.Layers(), f.store.Experts()
 	before := liveHeap()
 	c := newHostCache(t, int64(len(layers)*experts*size))
-	n, err := c.Preload(context.Background(), f.store, layers, experts, nil)
+	n, err := c.Preload(context.Background(), f.store, layers, experts, nil, nil)
 	if err != nil || n != len(layers)*experts {
 		t.Fatalf("preloaded %d of %d experts: %v", n, len(layers)*experts, err)
 	}

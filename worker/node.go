@@ -27,6 +27,10 @@ type Deps struct {
 	// settings; New adds what a worker tells its peers.
 	Wire *wire.Config
 	Log  zerolog.Logger
+	// Held, if set, says which experts the store's directory holds now (a
+	// worker filling its store: fetch.Backfill.HoldsExpert): the host
+	// cache is preloaded with those alone, none fetched for it.
+	Held func(layer, expert int) bool
 	// Fetched, if set, says the bytes of the store fetched from other
 	// nodes so far (fetch.Backfill.Fetched), for the worker's counters;
 	// Serves, if set, is what the worker serves nodes fetching their
@@ -106,7 +110,7 @@ func New(ctx context.Context, d Deps, o Options) (*Node, error) {
 		eng.chooseTiers(st, o.LoadBytesSec) // both host tiers: each expert earns its decompressed copy
 	}
 	if o.HostPreload {
-		err = preloadHost(ctx, eng, st, d.Host.Budget(), o.Quiet, d.Log)
+		err = preloadHost(ctx, eng, st, d.Held, d.Host.Budget(), o.Quiet, d.Log)
 	}
 	if err == nil && o.ResidentOf > 0 {
 		err = pinResident(ctx, eng, st, o.ResidentIndex, o.ResidentOf, o.Quiet, d.Log)

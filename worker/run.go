@@ -76,7 +76,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	deps := Deps{Store: st, Chunks: chunks, Host: host, Device: dev, Wire: cfg.Wire, Log: log}
 	if backfill != nil {
-		deps.Fetched, deps.Serves = backfill.Fetched, backfill.Local()
+		deps.Fetched, deps.Serves, deps.Held = backfill.Fetched, backfill.Local(), backfill.HoldsExpert
 		var once sync.Once // the share of the first place told: a layout does not change under a running swarm
 		in := make(chan struct{})
 		deps.Place = func(p wire.Place) <-chan struct{} {
@@ -301,7 +301,7 @@ func smallestBudget(st *store.Store, dev Device) (int64, error) {
 
 func align(n int64) int64 { return (n + arenaAlign - 1) / arenaAlign * arenaAlign }
 
-func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64, quiet bool, log zerolog.Logger) error {
+func preloadHost(ctx context.Context, eng *Engine, st *store.Store, held func(layer, expert int) bool, limit int64, quiet bool, log zerolog.Logger) error {
 	t0 := time.Now()
 	var total int64 // every expert's decompressed size
 	for _, l := range st.Layers() {
@@ -312,7 +312,7 @@ func preloadHost(ctx context.Context, eng *Engine, st *store.Store, limit int64,
 		}
 	}
 	bar := newBar(quiet, "host cache", min(limit, total))
-	n, err := eng.Host.Preload(ctx, st, st.Layers(), st.Experts(), bar.Set)
+	n, err := eng.Host.Preload(ctx, st, st.Layers(), st.Experts(), held, bar.Set)
 	bar.Finish()
 	if err != nil {
 		return err
