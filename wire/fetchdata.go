@@ -88,12 +88,11 @@ func (s *Stream) readFetchData(r io.Reader, size int, into func(id uint64, n int
 		return b, nil
 	}
 	generic := func() (Message, error) { // the rest of the body, decoded as any frame
-		body := make([]byte, size)
-		copy(body, pre[:got])
-		if _, err := io.ReadFull(r, body[got:]); err != nil {
+		rest, err := readBody(r, size-got) // (allocated whole only once its first piece has come)
+		if err != nil {
 			return nil, bodyErr(err)
 		}
-		return s.md.decode(typeFetchData, body, true)
+		return s.md.decode(typeFetchData, append(pre[:got:got], rest...), true)
 	}
 	b, err := next(2)
 	if err != nil {
@@ -135,10 +134,12 @@ func (s *Stream) readFetchData(r io.Reader, size int, into func(id uint64, n int
 		return nil, connErrorf(CodeMalformed, nil, "%v: %d bytes after its data", typeFetchData, rest)
 	}
 	data := into(id, int(n))
-	if len(data) != int(n) {
-		data = make([]byte, n)
+	if len(data) == int(n) {
+		_, err = io.ReadFull(r, data)
+	} else { // nobody waits for it: a buffer of its own, allocated whole once its first piece has come
+		data, err = readBody(r, int(n))
 	}
-	if _, err := io.ReadFull(r, data); err != nil {
+	if err != nil {
 		return nil, bodyErr(err)
 	}
 	tail := make([]byte, rest)

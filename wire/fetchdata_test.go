@@ -3,9 +3,12 @@ package wire
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -113,6 +116,51 @@ func TestAMalformedFetchDataClosesItsStream(t *testing.T) {
 		var ce *ConnError
 		if !errors.As(err, &ce) || ce.Code != CodeMalformed || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s: %v, want it malformed: %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestAFetchDataHeaderAloneAllocatesNothingBig: a peer that sends a
+// FetchData frame's header claiming 48 MiB and a few bytes of it, then
+// stalls, costs the fetcher no more than readBody's first piece, for an
+// ID nobody waits for (no buffer of into's) and for a prefix the generic
+// decoder reads (an int64 ID): a body is allocated whole only once its
+// first piece has come. (Found by a review: both allocated the claim.)
+func TestAFetchDataHeaderAloneAllocatesNothingBig(t *testing.T) {
+	l := listenStream(t, testConfig(t, "streams", "w1", RoleWorker))
+	for _, tc := range []struct {
+		name   string
+		prefix []byte
+	}{
+		{"an ID nobody waits for", []byte{0x93, 0x01, 0xc6, 0, 0, 0, 0}},
+		{"a prefix for the generic decoder (an int64 ID)", []byte{0x93, 0xd3, 0, 0, 0, 0, 0, 0, 0, 1}},
+	} {
+		c, s := pair(t, l, "w2", tc.name)
+		const claim = 48 << 20
+		p := tc.prefix
+		if p[2] == 0xc6 {
+			binary.BigEndian.PutUint32(p[3:], uint32(claim-len(p)-1))
+		}
+		hdr := make([]byte, 6)
+		binary.BigEndian.PutUint32(hdr, uint32(claim+2))
+		hdr[4], hdr[5] = ProtocolVersion, byte(typeFetchData)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.RecvInto(context.Background(), func(uint64, int) []byte { return nil })
+		}()
+		s.wmu.Lock()
+		s.conn.Write(append(hdr, p...))
+		s.wmu.Unlock()
+		time.Sleep(300 * time.Millisecond) // the peer stalls
+		runtime.ReadMemStats(&after)
+		c.Close()
+		<-done
+		if got := after.TotalAlloc - before.TotalAlloc; got > 8<<20 {
+			t.Errorf("%s: %d MiB allocated for a frame whose first %d bytes came", tc.name, got>>20, len(p))
 		}
 	}
 }
