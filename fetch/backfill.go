@@ -207,7 +207,7 @@ func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) boo
 	b.coming.expect(refs)
 	defer b.coming.ended() // what was not written is not coming
 	opt.Parallel = ahead(opt, res.Share, len(chunks))
-	pace := newPacer(opt.Rate)
+	pace := pacerOf(opt)
 	var kept, fetched, done atomic.Int64
 	progress := func(n int) {
 		if opt.Progress != nil {
@@ -326,15 +326,27 @@ type Dialed struct {
 	cfg  *wire.Config
 	mu   sync.Mutex
 	src  *PeerSource
-	// a failed dial is not tried again before retryAt: a source that
-	// is down costs one dial a while, not one a chunk
+	// a failed dial is not tried again before retryAt, later each time
+	// it fails again (backoff): a source that is down costs one dial a
+	// while, not one a chunk. While a dial is under way (dialing, closed
+	// when it ends) other askers wait for it, unless the last one failed:
+	// then they are told so at once and ask their next source
 	retryAt time.Time
+	backoff time.Duration
 	failed  error
+	dialing chan struct{}
 	closed  bool
 }
 
-// redialAfter is how long a source whose dial failed is passed over.
-const redialAfter = 2 * time.Second
+// redialAfter is how long a source whose dial failed is passed over at
+// first; maxRedialAfter the most, the wait doubling with each failure.
+const (
+	redialAfter    = 2 * time.Second
+	maxRedialAfter = 30 * time.Second
+)
+
+// errDialing is an asker's error while another's dial is under way.
+var errDialing = errors.New("being dialled")
 
 // Dial is a source at addr, dialed with cfg (this node's identity) when
 // first asked.
@@ -349,12 +361,24 @@ func (d *Dialed) Name() string {
 	return d.addr
 }
 
-// peer is the connection, dialed now if there is none.
+// peer is the connection, dialed now if there is none (one dial at a
+// time, outside the lock: a dial to a host that does not answer takes
+// its timeout, which no other asker waits out).
 func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	for d.dialing != nil && d.failed == nil && !d.closed {
+		wait := d.dialing
+		d.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		d.mu.Lock()
+	}
 	switch {
 	case d.closed:
+		d.mu.Unlock()
 		return nil, fmt.Errorf("source %s closed", d.addr)
 	case d.src != nil:
 		select {
@@ -362,17 +386,37 @@ func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 			d.src.Close()
 			d.src = nil
 		default:
-			return d.src, nil
+			src := d.src
+			d.mu.Unlock()
+			return src, nil
 		}
 	}
-	if time.Now().Before(d.retryAt) {
+	switch {
+	case d.dialing != nil:
+		d.mu.Unlock()
+		return nil, fmt.Errorf("%s: %w (its last dial failed: %w)", d.addr, errDialing, d.failed)
+	case time.Now().Before(d.retryAt):
+		d.mu.Unlock()
 		return nil, fmt.Errorf("%s did not answer lately: %w", d.addr, d.failed)
 	}
+	done := make(chan struct{})
+	d.dialing = done
+	d.mu.Unlock()
 	p, err := wire.DialStream(ctx, d.addr, d.cfg)
-	if err != nil {
-		d.retryAt, d.failed = time.Now().Add(redialAfter), err
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dialing = nil
+	close(done)
+	switch {
+	case err != nil:
+		d.backoff = min(max(2*d.backoff, redialAfter), maxRedialAfter)
+		d.retryAt, d.failed = time.Now().Add(d.backoff), err
 		return nil, err
+	case d.closed:
+		p.Close()
+		return nil, fmt.Errorf("source %s closed", d.addr)
 	}
+	d.backoff, d.failed = 0, nil
 	d.src = NewPeerSource(p)
 	return d.src, nil
 }

@@ -61,8 +61,11 @@ type Options struct {
 	Parallel   int
 	AheadBytes int64
 	// Rate caps the bytes fetched a second (0: no cap), so that a
-	// running swarm's traffic keeps the links it needs.
-	Rate float64
+	// running swarm's traffic keeps the links it needs. Pacer, if set,
+	// is used instead: one cap over fetches that run at once (a shadow's
+	// checkpoint and its experts).
+	Rate  float64
+	Pacer *Pacer
 	// Spread asks the sources in turn, chunk by chunk (the next one where
 	// a source fails), so that every source serves a share of the load;
 	// otherwise each chunk is asked of the sources in their order.
@@ -142,6 +145,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			}
 			cs, err := st.ExpertChunks(l, e)
 			if err != nil {
+				opt.Filling.fail(err)
 				return Result{}, err
 			}
 			chunks = append(chunks, cs...)
@@ -156,7 +160,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	}
 	opt.Filling.begin(dir, index, refs)
 	opt.Parallel = ahead(opt, res.Share, len(chunks))
-	pace := newPacer(opt.Rate)
+	pace := pacerOf(opt)
 	var kept, fetched, done atomic.Int64
 	var bad atomic.Int64
 	var mu sync.Mutex // res.BadSources
@@ -365,19 +369,31 @@ func (noChunks) ReadChunk(context.Context, store.ChunkRef, []byte) error {
 	return errors.New("fetch: the index alone")
 }
 
-// pacer spaces fetches so that their bytes keep to a rate: each waits
+// Pacer spaces fetches so that their bytes keep to a rate: each waits
 // until the bytes before it have had their time.
-type pacer struct {
+type Pacer struct {
 	rate float64 // bytes a second; 0: no pacing
 	mu   sync.Mutex
 	next time.Time // when the link is free for the next bytes
 }
 
-func newPacer(rate float64) *pacer { return &pacer{rate: rate} }
+func newPacer(rate float64) *Pacer { return &Pacer{rate: rate} }
+
+// NewPacer is a cap of rate bytes a second (0: none) that fetches share
+// (Options.Pacer).
+func NewPacer(rate float64) *Pacer { return newPacer(rate) }
+
+// pacerOf is opt's Pacer, or one of opt.Rate's own.
+func pacerOf(opt Options) *Pacer {
+	if opt.Pacer != nil {
+		return opt.Pacer
+	}
+	return newPacer(opt.Rate)
+}
 
 // wait returns once n more bytes keep within the rate (at once without
 // one), or when ctx ends.
-func (p *pacer) wait(ctx context.Context, n int) error {
+func (p *Pacer) wait(ctx context.Context, n int) error {
 	if p.rate <= 0 {
 		return nil
 	}

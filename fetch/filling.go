@@ -102,8 +102,8 @@ func (a *arrivals) readHeld(ctx context.Context, f *os.File, ref store.ChunkRef,
 // need not take them all from the main node. Close it after Share.
 type Filling struct {
 	arrivals
-	begun chan struct{} // closed once Share has the index and the directory
-	once  sync.Once
+	begun chan struct{} // closed once Share has the index and the directory, or failed
+	mu    sync.Mutex
 	st    *store.Store // the index alone
 	f     *os.File     // the chunk file, read only
 	err   error        // why there is no index, once begun
@@ -113,37 +113,54 @@ type Filling struct {
 func NewFilling() *Filling { return &Filling{begun: make(chan struct{})} }
 
 // begin is called by Share once dir holds index, with the chunks it will
-// fetch or keep (refs). Like fail, arrived and ended, it does nothing on
-// a nil Filling (Share without one).
-func (f *Filling) begin(dir string, index []byte, refs []store.ChunkRef) {
+// fetch or keep (refs); Open calls it too, after a fill that failed.
+// Like fail, arrived and ended, it does nothing on a nil Filling (Share
+// without one).
+func (f *Filling) begin(dir string, index []byte, refs []store.ChunkRef) error {
 	if f == nil {
-		return
+		return nil
 	}
-	f.once.Do(func() {
-		defer close(f.begun)
-		f.expect(refs)
-		st, err := store.New(index, noChunks{}, store.Options{})
-		if err == nil {
-			if f.f, err = os.Open(filepath.Join(dir, store.ChunkFile)); err != nil {
-				st.Close()
-			} else {
-				noReadahead(f.f)
-				f.st = st
-			}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st != nil {
+		return nil // (begun already)
+	}
+	f.expect(refs)
+	st, err := store.New(index, noChunks{}, store.Options{})
+	if err == nil {
+		if f.f, err = os.Open(filepath.Join(dir, store.ChunkFile)); err != nil {
+			st.Close()
+		} else {
+			noReadahead(f.f)
+			f.st = st
 		}
-		f.err = err
-	})
+	}
+	f.err = err
+	f.markBegun()
+	return err
 }
 
-// fail says the fill ended before it had the index, with err.
+// fail says the fill ended before it had the index, with err (requests
+// are refused with it, until an Open).
 func (f *Filling) fail(err error) {
 	if f == nil {
 		return
 	}
-	f.once.Do(func() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st == nil {
 		f.err = err
+		f.markBegun()
+	}
+}
+
+// markBegun closes begun once. Call with mu held.
+func (f *Filling) markBegun() {
+	select {
+	case <-f.begun:
+	default:
 		close(f.begun)
-	})
+	}
 }
 
 func (f *Filling) arrived(ref store.ChunkRef) {
@@ -166,26 +183,27 @@ func (f *Filling) Open(dir string) error {
 		f.fail(err)
 		return fmt.Errorf("fetch: %w", err)
 	}
-	f.begin(dir, index, nil)
-	return f.err
+	return f.begin(dir, index, nil)
 }
 
-// index is the parsed index, waiting for Share to have it (up to
-// holdWait or ctx's end).
-func (f *Filling) index(ctx context.Context) (*store.Store, error) {
+// index is the parsed index and the chunk file, waiting for Share to
+// have them (up to holdWait or ctx's end).
+func (f *Filling) index(ctx context.Context) (*store.Store, *os.File, error) {
 	t := time.NewTimer(holdWait)
 	defer t.Stop()
 	select {
 	case <-f.begun:
 	case <-t.C:
-		return nil, errNotYet
+		return nil, nil, errNotYet
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	if f.err != nil {
-		return nil, fmt.Errorf("no store here: %w", f.err)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st == nil {
+		return nil, nil, fmt.Errorf("no store here: %w", f.err)
 	}
-	return f.st, nil
+	return f.st, f.f, nil
 }
 
 // errNotYet is a Filling's answer before its fill has the index.
@@ -193,12 +211,8 @@ var errNotYet = errors.New("the store is not here yet: its index is still coming
 
 // IndexBytes is the index, nil before Share has it.
 func (f *Filling) IndexBytes() []byte {
-	select {
-	case <-f.begun:
-		if f.st != nil {
-			return f.st.IndexBytes()
-		}
-	default:
+	if st := f.parsed(); st != nil {
+		return st.IndexBytes()
 	}
 	return nil
 }
@@ -222,25 +236,26 @@ func (f *Filling) CheckChunk(ref store.ChunkRef, data []byte) error {
 // ReadChunk reads the chunk at ref, waiting for it where Share will
 // write it.
 func (f *Filling) ReadChunk(ctx context.Context, ref store.ChunkRef, dst []byte) error {
-	st, err := f.index(ctx)
+	st, file, err := f.index(ctx)
 	if err != nil {
 		return err
 	}
-	return f.readHeld(ctx, f.f, ref, dst[:ref.Size], func(b []byte) error { return st.CheckChunk(ref, b) })
+	return f.readHeld(ctx, file, ref, dst[:ref.Size], func(b []byte) error { return st.CheckChunk(ref, b) })
 }
 
 // waitIndex holds a request until Share has the index (Served.chunk asks
-// before it checks the request against it).
-func (f *Filling) waitIndex(ctx context.Context) { f.index(ctx) }
+// before it checks the request against it), and says why not where it
+// does not.
+func (f *Filling) waitIndex(ctx context.Context) error {
+	_, _, err := f.index(ctx)
+	return err
+}
 
 // parsed is the index once begun, or nil.
 func (f *Filling) parsed() *store.Store {
-	select {
-	case <-f.begun:
-		return f.st
-	default:
-		return nil
-	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st
 }
 
 // Close closes the chunk file; a Filling never begun says so to anyone
@@ -248,6 +263,8 @@ func (f *Filling) parsed() *store.Store {
 func (f *Filling) Close() error {
 	f.fail(errors.New("closed before its fill began"))
 	f.ended()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.f != nil {
 		return f.f.Close()
 	}

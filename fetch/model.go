@@ -264,7 +264,7 @@ func Model(ctx context.Context, dir string, sources []ModelSource, need func(mod
 	res.Pieces = len(pieces) + len(man.Files)
 	total = res.Share
 	progress(0)
-	pace := newPacer(opt.Rate)
+	pace := pacerOf(opt)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Parallel)
 	for i, p := range pieces {

@@ -121,8 +121,9 @@ func (s *PeerSource) ask(ctx context.Context, r *wire.FetchRequest, dst []byte) 
 		delete(s.waiting, r.ID)
 		claimed := a.claimed
 		s.mu.Unlock()
-		if claimed {
-			a.reading.Wait() // dst is being written: the caller gets it back once it is not
+		if claimed { // dst is being written: the stream goes (a holder stalled mid-frame would keep it for its idle timeout), and the caller gets dst back once nothing writes it
+			s.p.Close()
+			a.reading.Wait()
 		}
 	}
 	if err := s.p.Send(ctx, r); err != nil {
@@ -280,8 +281,10 @@ func Serve(ctx context.Context, p *wire.Stream, h Served, served ...*atomic.Int6
 // chunk is the store's chunk r asks for, in a buffer of getBuffer's.
 func (h Served) chunk(ctx context.Context, r *wire.FetchRequest) (*[]byte, error) {
 	ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}
-	if w, ok := h.Store.(interface{ waitIndex(context.Context) }); ok {
-		w.waitIndex(ctx) // a store still coming: its index first
+	if w, ok := h.Store.(interface{ waitIndex(context.Context) error }); ok {
+		if err := w.waitIndex(ctx); err != nil { // a store still coming: its index first
+			return nil, err
+		}
 	}
 	if !h.Store.IsChunk(ref) { // (nothing is allocated for what is not a chunk)
 		return nil, fmt.Errorf("no chunk of the store is %d bytes at %d", r.Size, r.Offset)

@@ -2,6 +2,7 @@ package fetch_test
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -178,5 +179,47 @@ func TestADialedSourceOutlivesTheHoldersIdleTimeout(t *testing.T) {
 	}
 	if n := streams.Load(); n < 2 {
 		t.Fatalf("%d streams: the holder did not drop the silent one", n)
+	}
+}
+
+// TestADownSourceCostsOneDialNotOneAChunk: a source whose host does not
+// answer (a TCP port that never completes the handshake) costs its dial
+// timeout once; after its dial failed, an asker that comes while it is
+// dialled again is told so at once (and asks its next source) rather than
+// waiting that dial out behind it.
+func TestADownSourceCostsOneDialNotOneAChunk(t *testing.T) {
+	held, certs := holder(t, "qwen3-moe-tiny", nil)
+	stuck, err := net.Listen("tcp", "127.0.0.1:0") // never accepts: the TLS handshake hangs
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	cfg := certs("w2")
+	cfg.DialAttempts, cfg.DialTimeout = 1, time.Second
+	d := fetch.Dial(stuck.Addr().String(), cfg)
+	defer d.Close()
+	layer := held.Layers()[0]
+	cs, _ := held.ExpertChunks(layer, 0)
+	ref := cs[0].Ref
+	ask := func() (time.Duration, error) {
+		t0 := time.Now()
+		err := d.ReadChunk(context.Background(), ref, make([]byte, ref.Size))
+		return time.Since(t0), err
+	}
+	if took, err := ask(); err == nil || took < time.Second/2 {
+		t.Fatalf("the first ask of a source that does not answer: %v in %v, want its dial's timeout", err, took)
+	}
+	if took, err := ask(); err == nil || took > 200*time.Millisecond {
+		t.Fatalf("an ask right after the dial failed: %v in %v, want a refusal at once", err, took)
+	}
+	time.Sleep(2100 * time.Millisecond) // (redialAfter: it is dialled again)
+	redial := make(chan error, 1)
+	go func() { _, err := ask(); redial <- err }()
+	time.Sleep(100 * time.Millisecond)
+	if took, err := ask(); err == nil || took > 200*time.Millisecond {
+		t.Fatalf("an ask while the source is dialled again: %v in %v, want a refusal at once", err, took)
+	}
+	if err := <-redial; err == nil {
+		t.Fatal("the redial of a source that does not answer succeeded")
 	}
 }
