@@ -61,18 +61,7 @@ func TestAFillingStoreRelaysWhatItFetches(t *testing.T) {
 	defer ln.Close()
 	var serving sync.WaitGroup
 	defer func() { cancel(); serving.Wait() }()
-	serving.Go(func() {
-		for {
-			p, err := ln.Accept(ctx)
-			if err != nil {
-				return
-			}
-			serving.Go(func() {
-				fetch.Serve(ctx, p, fetch.Served{Store: relay})
-				p.Close()
-			})
-		}
-	})
+	serving.Go(func() { fetch.ServeStreams(ctx, ln, fetch.Served{Store: relay}, nil, nil, nil) })
 
 	toWorker := &countingSource{Source: fetch.DirSource{Dir: src}}
 	st, b, err := fetch.OpenBackfill(ctx, filepath.Join(t.TempDir(), "worker"), []fetch.Source{toWorker}, store.Options{Identity: held.Identity()}, zerolog.Nop())

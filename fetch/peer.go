@@ -278,6 +278,34 @@ func Serve(ctx context.Context, p *wire.Stream, h Served, served ...*atomic.Int6
 	}
 }
 
+// ServeStreams answers every stream ln accepts with Serve from h, each
+// on its own goroutine, until ctx ends or ln is closed, then waits for
+// them. served counts every connection's chunk and tensor bytes; each
+// peer is told to came, if set, as it connects, and to gone, if set, as
+// its connection ends, with what it was sent and why (a node's logs and
+// counts; ctx has ended where the node is stopping).
+func ServeStreams(ctx context.Context, ln *wire.StreamListener, h Served, served *atomic.Int64, came func(wire.Identity), gone func(id wire.Identity, sent int64, err error)) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		p, err := ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		wg.Go(func() {
+			defer p.Close()
+			if came != nil {
+				came(p.Identity())
+			}
+			var sent atomic.Int64 // this peer's (others fetch at the same time)
+			err := Serve(ctx, p, h, &sent, served)
+			if gone != nil {
+				gone(p.Identity(), sent.Load(), err)
+			}
+		})
+	}
+}
+
 // chunk is the store's chunk r asks for, in a buffer of getBuffer's.
 func (h Served) chunk(ctx context.Context, r *wire.FetchRequest) (*[]byte, error) {
 	ref := store.ChunkRef{Offset: r.Offset, Size: r.Size}

@@ -83,30 +83,19 @@ func serveStore(ctx context.Context, cfg Config, log zerolog.Logger) (stop func(
 	active := map[wire.Role]int{} // the nodes fetching now, by role
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for {
-			p, err := ln.Accept(ctx)
-			if err != nil {
-				return
+		fetch.ServeStreams(ctx, ln, holds, bytes, func(id wire.Identity) {
+			mu.Lock()
+			active[id.Role]++
+			mu.Unlock()
+			log.Info().Str("peer", id.Name).Msg("main node: a node fetches from its store")
+		}, func(id wire.Identity, sent int64, err error) {
+			mu.Lock()
+			active[id.Role]--
+			mu.Unlock()
+			if ctx.Err() == nil {
+				log.Info().Str("peer", id.Name).Str("served", progress.Bytes(sent)).Err(err).Msg("main node: a fetching node is done")
 			}
-			wg.Go(func() {
-				defer p.Close()
-				role := p.Identity().Role
-				mu.Lock()
-				active[role]++
-				mu.Unlock()
-				defer func() {
-					mu.Lock()
-					active[role]--
-					mu.Unlock()
-				}()
-				log.Info().Str("peer", p.Identity().Name).Msg("main node: a node fetches from its store")
-				var sent atomic.Int64 // this node's (others fetch at the same time)
-				err := fetch.Serve(ctx, p, holds, &sent, bytes)
-				if ctx.Err() == nil {
-					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(sent.Load())).Err(err).Msg("main node: a fetching node is done")
-				}
-			})
-		}
+		})
 	})
 	log.Info().Str("model", cfg.Model).Str("store", cfg.Store).Str("listen", ln.Addr().String()).Msg("main node: serving the checkpoint and the expert store to fetching nodes")
 	stop = func() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"sync"
 	"sync/atomic"
 
 	"github.com/odmoe/odmoe/fetch"
@@ -33,28 +32,20 @@ func ServeStore(ctx context.Context, listen string, cfg *wire.Config, h fetch.Ho
 		return nil, fmt.Errorf("shadow: TCP %s, where workers fetch its store: %w", listen, err)
 	}
 	var served atomic.Int64
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			p, err := ln.Accept(ctx)
-			if err != nil {
-				return
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fetch.ServeStreams(ctx, ln, fetch.Served{Store: h}, &served, nil, func(id wire.Identity, sent int64, err error) {
+			if ctx.Err() == nil {
+				log.Info().Str("peer", id.Name).Str("served", progress.Bytes(sent)).Err(err).Msg("shadow: a worker fetching from its store is done")
 			}
-			wg.Go(func() {
-				defer p.Close()
-				var sent atomic.Int64
-				err := fetch.Serve(ctx, p, fetch.Served{Store: h}, &sent, &served)
-				if ctx.Err() == nil {
-					log.Info().Str("peer", p.Identity().Name).Str("served", progress.Bytes(sent.Load())).Err(err).Msg("shadow: a worker fetching from its store is done")
-				}
-			})
-		}
-	})
+		})
+	}()
 	log.Info().Str("listen", ln.Addr().String()).Msg("shadow: serving its expert store to the workers filling theirs")
 	return func() {
 		cancel()
 		ln.Close()
-		wg.Wait()
+		<-done
 		log.Info().Str("served", progress.Bytes(served.Load())).Int64("served_bytes", served.Load()).Msg("shadow: stopped serving its expert store")
 	}, nil
 }

@@ -164,26 +164,13 @@ func (s *Server) Serve(ctx context.Context, ln *wire.Listener) error {
 // from this one (its stream listener, Node.Listen) until ctx ends, each
 // on its own goroutine.
 func (s *Server) ServeFetching(ctx context.Context, ln *wire.StreamListener) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		p, err := ln.Accept(ctx)
-		if err != nil {
-			return
-		}
-		wg.Go(func() {
-			defer p.Close()
-			log := s.log.With().Str("peer", p.Identity().Name).Logger()
-			if s.store == nil {
-				return
-			}
-			log.Info().Msg("serving a share of the store")
-			err := fetch.Serve(ctx, p, fetch.Served{Store: s.store}, &s.served)
+	fetch.ServeStreams(ctx, ln, fetch.Served{Store: s.store}, &s.served,
+		func(id wire.Identity) { s.log.Info().Str("peer", id.Name).Msg("serving a share of the store") },
+		func(id wire.Identity, sent int64, err error) {
 			if ctx.Err() == nil {
-				log.Info().Err(err).Msg("fetching peer gone")
+				s.log.Info().Str("peer", id.Name).Int64("served_bytes", sent).Err(err).Msg("fetching peer gone")
 			}
 		})
-	}
 }
 
 // ServePeer handles one connection until it ends. Activations are computed
