@@ -391,13 +391,13 @@ func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 			return src, nil
 		}
 	}
-	switch {
+	switch failed := d.failed; {
 	case d.dialing != nil:
 		d.mu.Unlock()
-		return nil, fmt.Errorf("%s: %w (its last dial failed: %w)", d.addr, errDialing, d.failed)
+		return nil, fmt.Errorf("%s: %w (its last dial failed: %w)", d.addr, errDialing, failed)
 	case time.Now().Before(d.retryAt):
 		d.mu.Unlock()
-		return nil, fmt.Errorf("%s did not answer lately: %w", d.addr, d.failed)
+		return nil, fmt.Errorf("%s did not answer lately: %w", d.addr, failed)
 	}
 	done := make(chan struct{})
 	d.dialing = done
