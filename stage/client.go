@@ -706,34 +706,53 @@ func (c *Client) Reset(ctx context.Context) error {
 	defer c.mu.Unlock()
 	clear(c.kv)
 	for i, st := range c.stages {
-		if st.lost() {
-			if c.redial == nil {
-				return fmt.Errorf("stage: %s (layers %s) is lost", st.p.Identity(), st.layers)
+		// a stage whose end closed may not look lost yet (its peer's
+		// close has not come in): the send fails then, and it is
+		// dialled again once
+		for redialed := false; ; redialed = true {
+			if st.lost() || redialed {
+				var err error
+				if st, err = c.replace(ctx, i, st); err != nil {
+					return err
+				}
 			}
-			p, err := c.redial(ctx, i)
-			if err != nil {
-				return fmt.Errorf("stage: layers %s: %w", st.layers, err)
+			err := st.send(ctx, &wire.StageEnd{All: true})
+			if err == nil {
+				break
 			}
-			r, err := c.check(p, st.layers.First)
-			if err == nil && r != st.layers {
-				err = fmt.Errorf("stage: %s holds layers %s, the stage it replaces %s", p.Identity(), r, st.layers)
-			}
-			if err != nil {
-				p.Close()
+			if redialed || c.redial == nil {
 				return err
 			}
-			c.retire(i)
-			st = &remote{p: p, layers: r, in: make(chan wire.Message, 64)} // the lost one's reader keeps its own
-			c.smu.Lock()
-			c.stages[i] = st
-			c.smu.Unlock()
-			go st.read(context.WithoutCancel(ctx))
-		}
-		if err := st.send(ctx, &wire.StageEnd{All: true}); err != nil {
-			return err
 		}
 	}
 	return nil
+}
+
+// replace connects to stage i (st, lost) again, checks it holds st's
+// layers, and puts it in st's place. Call with mu held.
+func (c *Client) replace(ctx context.Context, i int, st *remote) (*remote, error) {
+	if c.redial == nil {
+		return nil, fmt.Errorf("stage: %s (layers %s) is lost", st.p.Identity(), st.layers)
+	}
+	p, err := c.redial(ctx, i)
+	if err != nil {
+		return nil, fmt.Errorf("stage: layers %s: %w", st.layers, err)
+	}
+	r, err := c.check(p, st.layers.First)
+	if err == nil && r != st.layers {
+		err = fmt.Errorf("stage: %s holds layers %s, the stage it replaces %s", p.Identity(), r, st.layers)
+	}
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	c.retire(i)
+	st = &remote{p: p, layers: r, in: make(chan wire.Message, 64)} // the lost one's reader keeps its own
+	c.smu.Lock()
+	c.stages[i] = st
+	c.smu.Unlock()
+	go st.read(context.WithoutCancel(ctx))
+	return st, nil
 }
 
 // Close closes the stages' connections.
