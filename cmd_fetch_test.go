@@ -340,14 +340,16 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 			"-certs", certs, "-name", name, "-device-mem", "64MiB", "-log-level", "info")
 	}
 	stages := []string{freeLoopbackAddr(t), freeLoopbackAddr(t)}
+	shadow2 := freeLoopbackAddr(t)
 	startStage := func(i int, layers string) {
 		name := fmt.Sprintf("stage%d", i+1)
+		// the stages tell the workers their place, and shadow2, which
+		// relays its layers' chunks (-store)
 		r.start(name, "run", "-role", "stage", "-model", filepath.Join(r.dir, name+".model"), "-fetch-from", storeAddr, "-layers", layers, "-listen", stages[i],
-			"-workers", workers, "-group", "2", "-prefetch", "shadow", "-certs", certs, "-name", name, "-log-level", "info")
+			"-workers", workers, "-group", "2", "-prefetch", "shadow", "-store-relays", shadow2, "-certs", certs, "-name", name, "-log-level", "info")
 	}
 	startStage(0, "0-1")
 	startStage(1, "2-")
-	shadow2 := freeLoopbackAddr(t)
 	// shadow2 takes its experts as the store's chunks (-store), the
 	// first shadow stage as bf16 tensors
 	startShadow2 := func() {
@@ -404,6 +406,18 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 			t.Errorf("%s fetched %v, want %v", name, got, want)
 		}
 	}
+	// the workers were told shadow2 relays the store, and took chunks of
+	// its layers from it
+	if log := r.logOf("w1"); !strings.Contains(log, "holders=") || !strings.Contains(log, shadow2) {
+		t.Errorf("w1 was not told shadow2 relays the store:\n%s", log)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !regexp.MustCompile(`a worker fetching from its store is done.*served="[1-9]`).MatchString(r.logOf("shadow2")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("shadow2 served no worker chunks:\n%s", r.logOf("shadow2"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	// shadow2's experts came as chunks: its layers' whole (each expert
 	// reads back), the others' holes
 	if log := r.logOf("shadow2"); !strings.Contains(log, "its experts as the store's chunks") {
@@ -428,7 +442,7 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	// it fetched before
 	r.signal("stage2", syscall.SIGKILL)
 	startStage(1, "2-")
-	deadline := time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(60 * time.Second)
 	for strings.Count(r.logOf("stage2"), "stage ready") < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("stage2 started again with no source never got ready:\n%s", r.logOf("stage2"))

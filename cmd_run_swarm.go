@@ -83,7 +83,7 @@ func runMain(ctx context.Context, f *runFlags, stdout io.Writer, log zerolog.Log
 		return err
 	}
 	cfg := mainnode.Config{Residency: residency, UniformPlacement: f.Placement == "uniform", Model: f.Model, Text: f.text(), Serve: sv, Workers: workers, Group: f.Group,
-		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, Store: f.Store, StoreListen: f.StoreListen, TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, ShadowDialTimeout: shadowDial, Context: f.Context, Log: log}
+		Prefetch: policy, MiniBatch: f.MiniBatch, Shadow: f.Shadow, Stages: stages, Align: pol, Draft: drafting, Store: f.Store, StoreListen: f.StoreListen, StoreRelays: listOf(f.StoreRelays), TraceFile: f.Trace, PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, ShadowDialTimeout: shadowDial, Context: f.Context, Log: log}
 	if f.PeerTimeout < 100*time.Millisecond {
 		return usagef("-peer-timeout %v: at least 100ms (QUIC keep-alives go out every half of it)", f.PeerTimeout)
 	}
@@ -142,7 +142,7 @@ func runStage(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 		return err
 	}
 	cfg := mainnode.StageConfig{Model: f.Model, Layers: f.Layers, Listen: f.Listen, Workers: workers, Group: f.Group, Prefetch: policy, MiniBatch: f.MiniBatch,
-		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Weights: weights, Context: f.Context, Log: log}
+		PeerTimeout: f.PeerTimeout, DialTimeout: f.DialTimeout, Mem: mem, Weights: weights, Context: f.Context, StoreRelays: listOf(f.StoreRelays), Log: log}
 	if f.Cluster.Name == "" {
 		f.Cluster.Name = "stage"
 	}
@@ -238,6 +238,17 @@ func runShadow(ctx context.Context, f *runFlags, log zerolog.Logger) error {
 	}
 	cfg.Store = f.Store
 	return shadow.Run(ctx, cfg)
+}
+
+// listOf is a comma-separated list's items, trimmed, the empty left out.
+func listOf(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // fetchingDialTimeout is how long a node dials at start (-dial-timeout

@@ -71,6 +71,10 @@ type Config struct {
 	// checkpoint and its expert store Store (if set) to nodes fetching
 	// their share of them (package fetch): where a swarm's weights start.
 	Store, StoreListen string
+	// StoreRelays are other nodes that serve the store as they fill
+	// theirs (a staged shadow's later stages): told to the workers with
+	// the shadow (wire.Place.Holders).
+	StoreRelays []string
 	Log                zerolog.Logger
 }
 
@@ -134,8 +138,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) error {
 			return err
 		}
 	}
+	opt.Holders = cfg.StoreRelays
 	if cfg.Shadow != "" {
-		opt.Holders = []string{cfg.Shadow} // a shadow with a store relays it as it fetches it
+		opt.Holders = append([]string{cfg.Shadow}, cfg.StoreRelays...) // a shadow with a store relays it as it fetches it
 		sd := d
 		if cfg.ShadowDialTimeout > 0 {
 			sd.start.DialTimeout = cfg.ShadowDialTimeout

@@ -38,6 +38,10 @@ type StageConfig struct {
 	Mem         int64
 	Weights     model.Weights // where the layers' weights live (Config.Weights)
 	Context     int           // -context: model.LoadOptions.Context
+	// StoreRelays are the nodes that serve the store as they fill theirs
+	// (the shadow and its stages), told to the workers with their place
+	// (wire.Place.Holders), as the main node does
+	StoreRelays []string
 	Log         zerolog.Logger
 	// Ready, if set, gets the address the stage listens on, once it does
 	Ready func(addr string)
@@ -69,7 +73,7 @@ func RunStage(ctx context.Context, cfg StageConfig) error {
 	d := dialing(id, cfg.Wire, cfg.PeerTimeout, cfg.DialTimeout)
 	// with -prefetch shadow, the shadow's predictions of its layers come
 	// from the main node, as it hears them
-	sw, err := d.swarm(ctx, m, cfg.Workers, cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Forwarded: cfg.Prefetch == Shadow, Log: log})
+	sw, err := d.swarm(ctx, m, cfg.Workers, cfg.Group, Options{Prefetch: cfg.Prefetch, MiniBatch: cfg.MiniBatch, Forwarded: cfg.Prefetch == Shadow, Holders: cfg.StoreRelays, Log: log})
 	if err != nil {
 		return err
 	}

@@ -68,7 +68,7 @@ type Flags struct {
 	HostCompressed                   string
 	FetchFrom                        string
 	FetchRate                        string
-	StoreListen                      string
+	StoreListen, StoreRelays         string
 	HostPreload                      bool
 	// all
 	Threads    int
@@ -139,6 +139,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Stages, "stages", "", "main, shadow: the `ADDRS` (HOST:PORT,...) of the stages holding the layers after this node's, in order. A main node's (-role stage) hold its layers from the first stage's on: the main node keeps the embedding, the layers before (perhaps none) and the output head. A shadow's (with -layers 0-B) are the shadow stages holding the layers after B")
 	fs.StringVar(&f.Listen, "listen", "127.0.0.1:7400", "worker, shadow, stage: UDP `ADDR` to listen on (a worker, and a shadow given -store, also listen on its TCP port, where workers fetch their share of its store)")
 	fs.StringVar(&f.Store, "store", "", "worker, main, shadow: compressed expert store `DIR`. A worker's (odmoe convert; or a share of it, or an empty directory, with -fetch-from) (required for a worker); the main node's, with -store-listen: the model's store, served to nodes fetching their share (made from -model, once, if the directory holds none); a shadow's: its layers' experts are read from it and quantized, and a -model fetched with -fetch-from holds none of them (their share of the store is fetched into it: a third fewer bytes than their bf16 tensors)")
+	fs.StringVar(&f.StoreRelays, "store-relays", "", "main, stage: `ADDRS` (comma-separated) of the nodes that serve the store as they fill theirs, told to the workers filling their shares, which ask them before the main node: a stage's, the shadow and its stages; the main node's, a staged shadow's later stages (its -shadow is one already)")
 	fs.StringVar(&f.StoreListen, "store-listen", "", "main: serve the -model checkpoint (and -store, if given) on this TCP `ADDR` to nodes fetching their share (workers' -fetch-from and odmoe fetch -from: their experts; stages' and shadows' -fetch-from: their layers' tensors): a swarm's weights start at the main node (default: not served)")
 	fs.StringVar(&f.DeviceMem, "device-mem", "1GiB", "worker: device memory budget (bytes; KiB, MiB, GiB suffixes)")
 	fs.StringVar(&f.Device, "device", "cpu", "worker: what experts run on: cpu (host memory and this CPU's kernels), or cuda:N (GPU N, in a binary built with -tags cuda: -device-mem is then GPU memory); every device gives the same bits")

@@ -347,6 +347,9 @@ func StartServers(opt BenchOptions, mode Mode, logDir string) ([]*Proc, error) {
 		f := nodeFlags(opt, opt.Via, st, runflags.RoleStage)
 		f.Listen, f.Model, f.Workers, f.DialTimeout = st.Addr, opt.NodePaths(st).Model, opt.Rig.WorkerAddrs(), rigDialTimeout
 		f.Prefetch, f.Group, f.MiniBatch, f.PeerTimeout = main.Prefetch, main.Group, main.MiniBatch, main.PeerTimeout
+		if opt.Fetch && main.Shadow != "" {
+			f.StoreRelays = strings.Trim(main.Shadow+","+main.StoreRelays, ",") // the stage tells its workers their place
+		}
 		if err := start(st, f.Args()); err != nil {
 			return servers, err
 		}
@@ -463,6 +466,13 @@ func MainFlags(opt BenchOptions, mode Mode) runflags.Flags {
 	f.Stages = opt.Rig.StageAddrs()
 	if opt.Fetch {
 		f.Store, f.StoreListen = via.Paths(m).Store, opt.FetchAddr()
+		if mode.usesShadow() { // the later shadow stages relay their layers' chunks too
+			var relays []string
+			for _, n := range opt.Rig.ShadowStages {
+				relays = append(relays, n.Addr)
+			}
+			f.StoreRelays = strings.Join(relays, ",")
+		}
 	}
 	return f
 }
