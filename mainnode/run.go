@@ -75,7 +75,7 @@ type Config struct {
 	// theirs (a staged shadow's later stages): told to the workers with
 	// the shadow (wire.Place.Holders).
 	StoreRelays []string
-	Log                zerolog.Logger
+	Log         zerolog.Logger
 }
 
 // Run loads the non-expert weights, connects to the workers (and the
