@@ -15,11 +15,6 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// shadowAheadBytes bounds the chunks a shadow asks for at once when it
-// fetches its experts (fetch.Options.AheadBytes): the workers' fills ride
-// just behind it, so its pace is theirs.
-const shadowAheadBytes = 16 << 20
-
 // fetchCheckpoint fills -model from the nodes at -fetch-from (the main
 // node's -store-listen) with the part of the checkpoint need says this
 // node binds, before the node loads it: a stage or shadow started on an
@@ -78,7 +73,7 @@ func fetchCheckpoint(ctx context.Context, f *runFlags, node *wire.Config, role s
 				held := n.Layers
 				experts.Go(func() {
 					st, stErr = fetch.Share(expertsCtx, f.Store, storeSources, fetch.Options{Pacer: pace, Spread: true, Log: log, Progress: reporter(1),
-						Layers: func(l int) bool { return held.Contains(l) }, Filling: store, AheadBytes: shadowAheadBytes})
+						Layers: func(l int) bool { return held.Contains(l) }, Filling: store, AheadBytes: fetch.HeldAheadBytes})
 				})
 			}
 			n.Experts = false

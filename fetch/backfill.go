@@ -361,9 +361,10 @@ func (d *Dialed) Name() string {
 	return d.addr
 }
 
-// peer is the connection, dialed now if there is none (one dial at a
-// time, outside the lock: a dial to a host that does not answer takes
-// its timeout, which no other asker waits out).
+// peer is the connection, dialed now if there is none: one dial at a
+// time, outside the lock, the others waiting for it unless the last dial
+// failed, so a host that does not answer costs its dial timeout once,
+// not once a chunk.
 func (d *Dialed) peer(ctx context.Context) (*PeerSource, error) {
 	d.mu.Lock()
 	for d.dialing != nil && d.failed == nil && !d.closed {

@@ -112,9 +112,7 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	if opt.Parallel <= 0 {
 		opt.Parallel = 4
 	}
-	if opt.Filling != nil {
-		defer opt.Filling.ended() // what was not written is not coming
-	}
+	defer opt.Filling.ended() // what was not written is not coming (nil: nothing)
 	index, err := fetchIndex(ctx, sources)
 	if err != nil {
 		opt.Filling.fail(err)
@@ -217,6 +215,13 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	}
 	return res, nil
 }
+
+// HeldAheadBytes is the AheadBytes of a fill whose sources hold requests
+// until they have the chunk (a worker asking its peers and the shadow,
+// the shadow asking the main node ahead of the workers riding behind
+// it): on the emulated rig four chunks in flight left the workers 2 s
+// behind the shadow, sixteen of ~300 KB kept them with it.
+const HeldAheadBytes = 16 << 20
 
 // ahead is how many chunks of a share of n chunks and bytes are fetched
 // at once (Options.Parallel, Options.AheadBytes).
@@ -377,18 +382,16 @@ type Pacer struct {
 	next time.Time // when the link is free for the next bytes
 }
 
-func newPacer(rate float64) *Pacer { return &Pacer{rate: rate} }
-
 // NewPacer is a cap of rate bytes a second (0: none) that fetches share
 // (Options.Pacer).
-func NewPacer(rate float64) *Pacer { return newPacer(rate) }
+func NewPacer(rate float64) *Pacer { return &Pacer{rate: rate} }
 
 // pacerOf is opt's Pacer, or one of opt.Rate's own.
 func pacerOf(opt Options) *Pacer {
 	if opt.Pacer != nil {
 		return opt.Pacer
 	}
-	return newPacer(opt.Rate)
+	return NewPacer(opt.Rate)
 }
 
 // wait returns once n more bytes keep within the rate (at once without

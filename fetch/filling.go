@@ -20,7 +20,7 @@ var holdWait = 20 * time.Second
 
 // arrivals are the chunks a fill in progress will write, so that a node
 // serving its directory as it fills (the shadow relaying the store to the
-// workers, a worker to its group) answers a request for one of them once
+// workers, a worker the chunks it owns to the others holding them) answers a request for one of them once
 // it is written, rather than refusing it and sending the asker to the
 // main node for bytes already on their way here.
 type arrivals struct {

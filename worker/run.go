@@ -208,7 +208,7 @@ func fillShare(ctx context.Context, b *fetch.Backfill, p wire.Place, cfg Config,
 		}
 	}
 	if peers != nil || len(holders) > 0 {
-		opt.AheadBytes = fillAheadBytes // requests are held until the owner or holder has them
+		opt.AheadBytes = fetch.HeldAheadBytes // requests are held until the owner or holder has them
 		opt.SourcesFor = func(layer, expert, k int) []fetch.Source {
 			if o := fillOwner(l, layer, expert, k); o != w && peers != nil {
 				return append([]fetch.Source{peers[o]}, holders...)
@@ -237,15 +237,8 @@ func fillShare(ctx context.Context, b *fetch.Backfill, p wire.Place, cfg Config,
 // others, its group's members and the workers running the expert in
 // prefill alike.
 func fillOwner(l sched.Layout, layer, expert, k int) int {
-	return l.GroupOf(layer)*l.Group + (expert+k)%l.Group
+	return l.DecodeWorker(layer, expert+k) // (the decode rule: the group's members in turn)
 }
-
-// fillAheadBytes bounds the chunks a worker filling its share from its
-// peers and the shadow asks for at once (fetch.Options.AheadBytes): each
-// is held until its owner has it, so a short window stalls behind the
-// slowest (on the emulated rig, four in flight left the workers 2 s
-// behind the shadow, sixteen of ~300 KB kept them with it).
-const fillAheadBytes = 16 << 20
 
 // peerDialTimeout and peerChunkTimeout bound what a group's member that
 // does not answer, or stalls, costs a worker filling its share.
