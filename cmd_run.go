@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/odmoe/odmoe/internal/heapfloor"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/mainnode"
 	"github.com/odmoe/odmoe/model"
@@ -22,6 +23,10 @@ type runFlags struct {
 }
 
 func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	// first, while the heap has freed nothing: a node collects per ~64 MiB
+	// allocated, not per 2 MB (every worker's first collection landed on
+	// the first prompt)
+	heapfloor.Floor(heapfloor.DefaultBytes)
 	var f runFlags
 	fs := newFlagSet("run", stderr)
 	f.Register(fs)
