@@ -23,7 +23,7 @@ type runFlags struct {
 }
 
 func runRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	// first, while the heap has freed nothing: a node collects per ~64 MiB
+	// first, while the heap has freed nothing: a node collects per ~16 MiB
 	// allocated, not per 2 MB (every worker's first collection landed on
 	// the first prompt)
 	heapfloor.Floor(heapfloor.DefaultBytes)

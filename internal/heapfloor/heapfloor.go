@@ -20,9 +20,13 @@ package heapfloor
 
 import "sync"
 
-// DefaultBytes is the floor the node roles set: a collection per ~64 MiB
-// allocated, against a live heap of a few megabytes.
-const DefaultBytes = 64 << 20
+// DefaultBytes is the floor the node roles set: a collection per ~16 MiB
+// allocated (a worker's first requests allocate ~2 MB; on the small
+// preset its decode ~80 KB a token), against a live heap of a few
+// megabytes. Between collections the heap holds up to that much garbage
+// more than it did, which a node's resident memory may show in a long
+// run.
+const DefaultBytes = 16 << 20
 
 var (
 	once    sync.Once
