@@ -454,6 +454,42 @@ func TestPromptCPUAndTwoLengthFitsRecoverWhatTheyFit(t *testing.T) {
 	}
 }
 
+// TestPromptCPUFitMeetsTheShortPromptWhereItsExpertsAreOverstated:
+// where the timeline with free messages already takes longer than the
+// short prompt did (its experts' first token read off the most contended
+// of each layer's results), the fit brings that first token down to
+// the short prompt's time and leaves the messages free; the long,
+// CPU-bound prompt still fits its bytes' CPU.
+func TestPromptCPUFitMeetsTheShortPromptWhereItsExpertsAreOverstated(t *testing.T) {
+	p, l, s := testRig(t)
+	p.Cores, p.WorkerCPULoadMs, p.PrefillCPUTokenMs = 2, 0.5, 0.3
+	want := p
+	want.PrefillCPUByteNs, want.ExpertPrefillMs = 40, 2
+	short, long := Options{Prompt: 16, Output: 2, Recall: 1, Mode: Resident}, Options{Prompt: 128, Output: 2, Recall: 1, Mode: Resident}
+	ttft := func(q Profile, o Options) float64 {
+		r, err := Expect(q, l, s, o, ExpectRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.TTFTms
+	}
+	over := p
+	over.ExpertPrefillMs = 3 * want.ExpertPrefillMs // as PrefillLines may read it
+	if free := over; ttft(free, short) <= 1.05*ttft(want, short) {
+		t.Fatalf("the overstated expert does not lengthen the short prompt: %v against %v", ttft(free, short), ttft(want, short))
+	}
+	got, err := FitPrefillCPU(over, l, s, short, ttft(want, short), long, ttft(want, long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(ttft(got, short)/ttft(want, short)-1) > 0.01 || got.PrefillMessageMs > 1e-6 || got.ExpertPrefillMs >= over.ExpertPrefillMs {
+		t.Errorf("short prompt %v ms (want %v), prefill_message_ms %v (want 0), expert_prefill_ms %v (want below %v)", ttft(got, short), ttft(want, short), got.PrefillMessageMs, got.ExpertPrefillMs, over.ExpertPrefillMs)
+	}
+	if math.Abs(ttft(got, long)/ttft(want, long)-1) > 0.01 {
+		t.Errorf("long prompt %v ms, want %v", ttft(got, long), ttft(want, long))
+	}
+}
+
 // TestSplitLoadCPUGivesAReactiveLoadItsOwnCPU: a reactive run's workers'
 // CPU beyond computing is its loads'; a shadow run's, beyond its loads
 // at that cost, its predictions' (one an activation). The share of the

@@ -82,7 +82,9 @@ type Profile struct {
 	// MainLayerMs and ExpertMs): a prompt's batch runs other kernels than
 	// a decode token (tiles that widen the weights once for every row,
 	// scratch for every row), whose fixed cost is its own. SplitPrefill
-	// sets them.
+	// sets them; calibrating from two prompt lengths, PrefillLines reads
+	// them off the resident runs and FitPrefillCPU lowers
+	// ExpertPrefillMs where the shorter prompt took less than it gives.
 	MainPrefillLayerMs float64 `json:"main_prefill_layer_ms,omitempty"`
 	ExpertPrefillMs    float64 `json:"expert_prefill_ms,omitempty"`
 	// PrefillMessageMs is what each of a prompt layer's messages (an
