@@ -72,7 +72,9 @@ func TestSimPredictsACaseAsJSON(t *testing.T) {
 // preset, three runs each, each role's decode CPU measured, a day and a
 // machine's speed apart: resident 752 and 507 tok/s) and
 // testdata/sim/hetero-small (hetero-loopback.rig: four workers on 4 GB/s
-// links, four on 1 GB/s, the small preset, three runs). Two bars are
+// links, four on 1 GB/s, the small preset, three runs), and the one-layer
+// presets of real shape, qwen3-moe-small and olmoe-small, on
+// shadow-whole.rig on the AVX2 VM and on the Zen 4 VM (*-zen4). Two bars are
 // wider, each for one row: hetero-small's shadow/resident ratio at 20%
 // (+16% at 128 tokens, where the resident runs spread from 33 to 42
 // tok/s) and loopback-tiny-2's TTFT at 20% (the reactive swarm's
@@ -95,6 +97,11 @@ func TestSimCalibratesFromRecordedRigRuns(t *testing.T) {
 		// one layer of real shape, top-8 over four workers (2026-11-29)
 		{"testdata/sim/qwen3-moe-small-rig", "testbed/rigs/shadow-whole.rig", "128x64", 6, 2, 0.15, 0.15, false, false},
 		{"testdata/sim/olmoe-small-rig", "testbed/rigs/shadow-whole.rig", "128x64", 6, 2, 0.15, 0.15, false, false},
+		// the same on the Zen 4 VM, its workers collecting per 16 MiB
+		// (2026-11-29 23:31 UTC): a reactive layer's two loads a worker
+		// took 21.8 ms together, 13.8 each
+		{"testdata/sim/qwen3-moe-small-rig-zen4", "testbed/rigs/shadow-whole.rig", "128x64", 6, 2, 0.15, 0.15, false, false},
+		{"testdata/sim/olmoe-small-rig-zen4", "testbed/rigs/shadow-whole.rig", "128x64", 6, 2, 0.15, 0.15, false, false},
 	} {
 		t.Run(filepath.Base(c.bench), func(t *testing.T) {
 			profile := filepath.Join(t.TempDir(), "p.json")
