@@ -714,18 +714,12 @@ func fitShortPrompt(p Profile, layout sched.Layout, s Shape, o Options, ttftMs f
 	if err != nil || p.PrefillMessageMs > 0 {
 		return p, err
 	}
-	o.Mode, o.Output = Resident, 2
+	o.Mode, o.Output = Resident, 2 // the first token is all it times
 	if res, err := Expect(p, layout, s, o, ExpectRuns); err != nil || res.TTFTms <= ttftMs {
 		return p, err
 	}
 	first := p.expertPrefillFirstMs()
-	v, err := bisect(first*1e-3, first, ttftMs, func(v float64) (float64, error) {
-		q := p
-		q.ExpertPrefillMs = v
-		res, err := Expect(q, layout, s, o, ExpectRuns)
-		return res.TTFTms, err
-	})
-	p.ExpertPrefillMs = v
+	p.ExpertPrefillMs, err = bisectTTFT(p, layout, s, o, ttftMs, first*1e-3, first, func(q *Profile, v float64) { q.ExpertPrefillMs = v })
 	return p, err
 }
 
