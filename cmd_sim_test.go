@@ -169,9 +169,9 @@ func TestSimCalibratesFromRecordedRigRuns(t *testing.T) {
 // 06:44 UTC). There the staged rig's 16-token resident prompt took 27%
 // longer than the unstaged rig's (275 ms against 217; 4.5% longer on
 // the Zen 4 VM), which the stages' hops (64 KB each) do not explain:
-// that one row is held to 25%. Until the calibration met the shorter
+// that one row's TTFT is held to 25%. Until the calibration met the shorter
 // prompt's own time (fitShortPrompt) it over-predicted the unstaged
-// rig's 16-token prompt (+10% there, +23% on the Zen 4 VM), which hid
+// rig's 16-token prompt (+7% there, +23% on the Zen 4 VM), which hid
 // the gap on the AVX2 VM and failed the Zen 4 pair.
 func TestSimPredictsAStagedRigFromTheUnstagedOne(t *testing.T) {
 	for _, pair := range []struct {

@@ -668,7 +668,9 @@ func (p Profile) PrefillLines(s Shape, a, b Measured) (q Profile, ok bool) {
 // compute as given and its messages' bytes at their links' rate
 // (PrefillBytesPerS let go): on shared cores a long prompt's pass is
 // CPU-bound, and a short one's waits on its messages one after another,
-// each holding its node's turn (their fixed cost, never below nothing).
+// each holding its node's turn (their fixed cost, never below nothing;
+// where the short prompt takes longer than ttftMs with them free, its
+// experts' first token, ExpertPrefillMs, comes down: fitShortPrompt).
 // Each is fitted in turn with the other held, until neither moves; p is
 // unchanged where the nodes have cores of their own.
 func FitPrefillCPU(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64, longer Options, longerMs float64) (Profile, error) {
@@ -683,8 +685,9 @@ func FitPrefillCPU(p Profile, layout sched.Layout, s Shape, o Options, ttftMs fl
 	// ns a byte: from nothing to what makes one layer's activations
 	// alone take the whole time on the cores
 	hi := 1e6 * longerMs * p.sharedCores() / float64(max(longer.Prompt*s.TopK, 1)*int(max(s.HiddenBytes, 1)))
+	firstHi := p.expertPrefillFirstMs() // a prompt expert's first token as read: at most that
 	for range 8 {
-		q, err := fitShortPrompt(p, layout, s, o, ttftMs)
+		q, err := fitShortPrompt(p, layout, s, o, ttftMs, firstHi)
 		if err != nil {
 			return p, err
 		}
@@ -697,29 +700,41 @@ func FitPrefillCPU(p Profile, layout sched.Layout, s Shape, o Options, ttftMs fl
 			break
 		}
 	}
-	return fitShortPrompt(p, layout, s, o, ttftMs)
+	return fitShortPrompt(p, layout, s, o, ttftMs, firstHi)
 }
 
 // fitShortPrompt fits the shorter resident prompt o's time to its first
 // token, ttftMs: its messages' fixed cost (fitPrefillMessage, never below
 // nothing), and, where the timeline takes longer than ttftMs with them
-// free, a prompt expert's first token (ExpertPrefillMs) down to meet it.
-// That cost is a bound from above (PrefillLines reads it off each
-// layer's slowest expert, the most contended of its results, and the
-// timeline runs a worker's experts in turn at it): on the Zen 4 VM the
-// small preset's 16-token prompt took 138 ms where the timeline with
-// free messages gave 172.
-func fitShortPrompt(p Profile, layout sched.Layout, s Shape, o Options, ttftMs float64) (Profile, error) {
+// free, a prompt expert's first token (ExpertPrefillMs), at most firstHi
+// (as read) and no less than a thousandth of it, to meet it: that cost
+// is a bound from above (PrefillLines reads it off each layer's slowest
+// expert, the most contended of its results, and the timeline runs a
+// worker's experts in turn at it); on the Zen 4 VM the small preset's
+// 16-token prompt took 138 ms where the timeline with free messages
+// gave 172. Where even the least of it cannot meet ttftMs the experts
+// are not what is long, and the first token is left as read.
+func fitShortPrompt(p Profile, layout sched.Layout, s Shape, o Options, ttftMs, firstHi float64) (Profile, error) {
+	p.ExpertPrefillMs = firstHi
 	p, err := fitPrefillMessage(p, layout, s, o, ttftMs, 0)
 	if err != nil || p.PrefillMessageMs > 0 {
 		return p, err
 	}
 	o.Mode, o.Output = Resident, 2 // the first token is all it times
-	if res, err := Expect(p, layout, s, o, ExpectRuns); err != nil || res.TTFTms <= ttftMs {
+	at := func(first float64) (float64, error) {
+		q := p
+		q.ExpertPrefillMs = first
+		res, err := Expect(q, layout, s, o, ExpectRuns)
+		return res.TTFTms, err
+	}
+	lo := firstHi * 1e-3
+	if t, err := at(firstHi); err != nil || t <= ttftMs {
 		return p, err
 	}
-	first := p.expertPrefillFirstMs()
-	p.ExpertPrefillMs, err = bisectTTFT(p, layout, s, o, ttftMs, first*1e-3, first, func(q *Profile, v float64) { q.ExpertPrefillMs = v })
+	if t, err := at(lo); err != nil || t > ttftMs {
+		return p, err
+	}
+	p.ExpertPrefillMs, err = bisectTTFT(p, layout, s, o, ttftMs, lo, firstHi, func(q *Profile, v float64) { q.ExpertPrefillMs = v })
 	return p, err
 }
 

@@ -190,11 +190,13 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 	// once, queue on their links and share the cores; the wait a layer
 	// has for its slowest (its stall), since a layer's loads run at once
 	// and the slower of two is what the layer waits for, shared by the
-	// loads each worker makes of a layer (the timeline runs them in turn:
-	// top-8 over four workers, two each, took 21.8 ms together on
-	// olmoe-small, 13.8 ms each)
+	// loads each worker makes of a layer, which the timeline runs in turn
+	// (top-8 over four workers, two a worker: a layer waited 21.8 ms on
+	// olmoe-small for loads of 13.8 ms each that ran at once; the
+	// timeline runs two of 10.9)
 	if stall := medianStall(runs[testbed.ModeReactive]); stall > 0 {
-		each := float64((shape.TopK + layout.Group - 1) / max(layout.Group, 1))
+		group := max(layout.Group, 1)
+		each := float64((shape.TopK + group - 1) / group)
 		p.LoadMs, p.LoadBytesPerS = 0, float64(shape.ExpertBytes)/(stall/each/1000)
 	}
 	if slices.ContainsFunc(br.rates, func(r float64) bool { return r > 0 }) {
@@ -251,7 +253,7 @@ func Calibrate(o CalibrateOptions) (sim.Profile, error) {
 			// messages' fitted to the longer prompt's time
 			p.PrefillCPUTokenMs = sim.PrefillSlope(local) * float64(p.Cores)
 			p, err = sim.FitPrefillCPU(p, layout, shape, short, shortMs, long, longMs)
-			p.Sources = append(p.Sources, fmt.Sprintf("the prompt's CPU (its compute's from the local runs) and its messages' fixed cost from the resident runs of %s and %s", c.String(), other.Case))
+			p.Sources = append(p.Sources, fmt.Sprintf("the prompt's CPU (its compute's from the local runs), its messages' fixed cost and, where they cost nothing, its experts' first token, from the resident runs of %s and %s", c.String(), other.Case))
 		} else {
 			p, err = sim.FitPrefillMessages(p, layout, shape, short, shortMs, long, longMs)
 			p.Sources = append(p.Sources, fmt.Sprintf("the prompt's messages' rate from the resident runs of %s and %s", c.String(), other.Case))

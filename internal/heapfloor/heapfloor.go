@@ -29,7 +29,8 @@ import "sync"
 const DefaultBytes = 16 << 20
 
 var (
-	once    sync.Once
+	once sync.Once
+	//lint:ignore U1000 held, never read: its bytes count as live while it is
 	ballast []byte
 )
 
