@@ -103,6 +103,17 @@ func (r *chaosRig) startWorkerOn(i int, store string) {
 		"-device-mem", "64MiB", "-load-bw", "8MB", "-log-level", "info")
 }
 
+// startFetchingWorkers starts every worker on an empty store directory
+// of its own, filling its share from the node serving the store at addr
+// (-fetch-from).
+func (r *chaosRig) startFetchingWorkers(addr string) {
+	for i := range r.workers {
+		name := fmt.Sprintf("w%d", i+1)
+		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", addr,
+			"-certs", filepath.Join(r.dir, "certs"), "-name", name, "-device-mem", "64MiB", "-log-level", "info")
+	}
+}
+
 func (r *chaosRig) startShadow() { r.startShadowOf(r.workers) }
 
 // startShadowOf starts the shadow with workers as its -workers list.

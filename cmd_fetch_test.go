@@ -192,11 +192,7 @@ func TestASwarmStartsFromEmptyWorkersAndTheMainNodesStore(t *testing.T) {
 	}
 	r := newChaosRig(t, 4)
 	storeAddr := freeLoopbackAddr(t)
-	for i := range r.workers {
-		name := fmt.Sprintf("w%d", i+1)
-		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
-			"-certs", filepath.Join(r.dir, "certs"), "-name", name, "-device-mem", "64MiB", "-log-level", "info")
-	}
+	r.startFetchingWorkers(storeAddr)
 	const n = "16"
 	local, swarm := filepath.Join(r.dir, "local"), filepath.Join(r.dir, "swarm")
 	if _, se, code := run(t, "", "run", "-role", "local", "-model", r.model, "-n", n, "-ignore-eos", "-dump", local, "-log-level", "warn"); code != 0 {
@@ -273,11 +269,7 @@ func TestAShadowRelaysTheStoreToTheWorkers(t *testing.T) {
 	r := newChaosRig(t, 4)
 	storeAddr := freeLoopbackAddr(t)
 	certs := filepath.Join(r.dir, "certs")
-	for i := range r.workers {
-		name := fmt.Sprintf("w%d", i+1)
-		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
-			"-certs", certs, "-name", name, "-device-mem", "64MiB", "-log-level", "info")
-	}
+	r.startFetchingWorkers(storeAddr)
 	r.start("shadow", "run", "-role", "shadow", "-model", filepath.Join(r.dir, "shadow.model"), "-store", filepath.Join(r.dir, "shadow.store"),
 		"-fetch-from", storeAddr, "-quant", "int8", "-listen", r.shadow, "-workers", strings.Join(r.workers, ","), "-group", "2",
 		"-certs", certs, "-name", "shadow", "-log-level", "info")
@@ -334,11 +326,7 @@ func TestAStagedSwarmStartsFromEmptyDirectories(t *testing.T) {
 	}
 	storeAddr := freeLoopbackAddr(t)
 	workers := strings.Join(r.workers, ",")
-	for i := range r.workers {
-		name := fmt.Sprintf("w%d", i+1)
-		r.start(name, "run", "-role", "worker", "-listen", r.workers[i], "-store", filepath.Join(r.dir, name+".store"), "-fetch-from", storeAddr,
-			"-certs", certs, "-name", name, "-device-mem", "64MiB", "-log-level", "info")
-	}
+	r.startFetchingWorkers(storeAddr)
 	stages := []string{freeLoopbackAddr(t), freeLoopbackAddr(t)}
 	shadow2 := freeLoopbackAddr(t)
 	startStage := func(i int, layers string) {
