@@ -14,7 +14,6 @@ import (
 	"github.com/odmoe/odmoe/store"
 	"github.com/odmoe/odmoe/wire"
 	"github.com/rs/zerolog"
-	"golang.org/x/sync/errgroup"
 )
 
 // Backfill is the chunk source of a node running on a share of the
@@ -183,75 +182,36 @@ func (b *Backfill) fetch(ctx context.Context, c store.Chunk, dst []byte, sources
 // (Fetched: the fill's own fetches). While it runs, Local holds a request
 // for a chunk it will bring until it has.
 func (b *Backfill) Fill(ctx context.Context, experts func(layer, expert int) bool, opt Options) (Result, error) {
-	if opt.Parallel <= 0 {
-		opt.Parallel = 4
-	}
-	type chunkOf struct {
-		store.Chunk
-		layer, expert, k int
-	}
-	var chunks []chunkOf
+	type place struct{ layer, expert, k int } // a chunk's expert, and which of its chunks
+	var chunks []store.Chunk
+	var places []place
 	var refs []store.ChunkRef
 	for _, ec := range b.experts {
 		if experts == nil || experts(ec.layer, ec.expert) {
 			for k, c := range ec.chunks {
-				chunks = append(chunks, chunkOf{c, ec.layer, ec.expert, k})
-				refs = append(refs, c.Ref)
+				chunks, places, refs = append(chunks, c), append(places, place{ec.layer, ec.expert, k}), append(refs, c.Ref)
 			}
 		}
 	}
-	res := Result{Chunks: len(chunks)}
-	for _, c := range chunks {
-		res.Share += int64(c.Ref.Size)
-	}
 	b.coming.expect(refs)
 	defer b.coming.ended() // what was not written is not coming
-	opt.Parallel = ahead(opt, res.Share, len(chunks))
-	pace := pacerOf(opt)
-	var kept, fetched, done atomic.Int64
-	progress := func(n int) {
-		if opt.Progress != nil {
-			opt.Progress(done.Add(int64(n)), res.Share)
-		}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opt.Parallel)
-	for i, c := range chunks {
+	var fetched atomic.Int64
+	res, err := fill(ctx, b.f, chunks, opt, b.coming.arrived, func(ctx context.Context, i int, buf []byte) error {
 		order := b.sources
 		if opt.Spread {
 			order = rotated(order, i)
 		}
 		if opt.SourcesFor != nil {
-			order = slices.Concat(opt.SourcesFor(c.layer, c.expert, c.k), order) // (a new slice: neither is written)
+			at := places[i]
+			order = slices.Concat(opt.SourcesFor(at.layer, at.expert, at.k), order) // (a new slice: neither is written)
 		}
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
-			}
-			bp := getBuffer(c.Ref.Size)
-			defer putBuffer(bp)
-			buf := *bp
-			if alreadyThere(b.f, buf, c.Ref.Offset, c.Check) {
-				kept.Add(int64(c.Ref.Size))
-				b.coming.arrived(c.Ref)
-				progress(c.Ref.Size)
-				return nil
-			}
-			if err := pace.wait(gctx, c.Ref.Size); err != nil {
-				return err
-			}
-			here, err := b.fetch(gctx, c.Chunk, buf, order)
-			if here { // (not a wait on a read's fetch)
-				fetched.Add(int64(c.Ref.Size))
-			}
-			if err == nil {
-				progress(c.Ref.Size)
-			}
-			return err
-		})
-	}
-	err := g.Wait()
-	res.Kept, res.Fetched = kept.Load(), fetched.Load()
+		here, err := b.fetch(ctx, chunks[i], buf, order)
+		if here { // (not a wait on a read's fetch)
+			fetched.Add(int64(chunks[i].Ref.Size))
+		}
+		return err
+	})
+	res.Fetched = fetched.Load()
 	return res, err
 }
 

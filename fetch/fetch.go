@@ -109,9 +109,6 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 	if len(sources) == 0 {
 		return Result{}, fmt.Errorf("fetch: no source")
 	}
-	if opt.Parallel <= 0 {
-		opt.Parallel = 4
-	}
 	defer opt.Filling.ended() // what was not written is not coming (nil: nothing)
 	index, err := fetchIndex(ctx, sources)
 	if err != nil {
@@ -149,26 +146,64 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			chunks = append(chunks, cs...)
 		}
 	}
-	var res Result
-	res.Chunks = len(chunks)
 	refs := make([]store.ChunkRef, len(chunks))
 	for i, c := range chunks {
-		res.Share += int64(c.Ref.Size)
 		refs[i] = c.Ref
 	}
 	opt.Filling.begin(dir, index, refs)
-	opt.Parallel = ahead(opt, res.Share, len(chunks))
-	pace := pacerOf(opt)
-	var kept, fetched, done atomic.Int64
-	var bad atomic.Int64
-	var mu sync.Mutex // res.BadSources
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opt.Parallel)
-	for i, c := range chunks {
-		order := sources
+	var fetched, bad atomic.Int64
+	var mu sync.Mutex // badSources
+	var badSources []string
+	res, err := fill(ctx, f, chunks, opt, opt.Filling.arrived, func(ctx context.Context, i int, buf []byte) error {
+		c, order := chunks[i], sources
 		if opt.Spread {
 			order = rotated(sources, i)
 		}
+		if err := fetchChunk(ctx, order, c, buf, &fetched, func(src string, err error) {
+			bad.Add(1)
+			opt.Log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
+			mu.Lock()
+			if !slices.Contains(badSources, src) {
+				badSources = append(badSources, src)
+			}
+			mu.Unlock()
+		}); err != nil {
+			return err
+		}
+		if _, err := f.WriteAt(buf, c.Ref.Offset); err != nil {
+			return fmt.Errorf("fetch: writing %s: %w", f.Name(), err)
+		}
+		opt.Filling.arrived(c.Ref)
+		return nil
+	})
+	res.Fetched, res.Bad, res.BadSources = fetched.Load(), int(bad.Load()), badSources
+	if err != nil {
+		return res, err
+	}
+	if err := f.Sync(); err != nil {
+		return res, fmt.Errorf("fetch: %w", err)
+	}
+	return res, nil
+}
+
+// fill is the walk Share and Backfill.Fill make over a share's chunks,
+// in order, ahead(opt) of them at a time: a chunk whose bytes f holds
+// already is kept (and kept told of it), any other fetched into buf by
+// get at opt.Rate (get writes it into f); opt.Progress is told of each
+// chunk done. It returns the share's chunks and bytes and what was kept.
+func fill(ctx context.Context, f *os.File, chunks []store.Chunk, opt Options, kept func(store.ChunkRef), get func(ctx context.Context, i int, buf []byte) error) (Result, error) {
+	res := Result{Chunks: len(chunks)}
+	for _, c := range chunks {
+		res.Share += int64(c.Ref.Size)
+	}
+	if opt.Parallel <= 0 {
+		opt.Parallel = 4
+	}
+	pace := pacerOf(opt)
+	var keptBytes, done atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(ahead(opt, res.Share, len(chunks)))
+	for i, c := range chunks {
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil { // failed, or ended: the rest is not looked at
 				return err
@@ -177,27 +212,15 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			defer putBuffer(bp)
 			buf := *bp
 			if alreadyThere(f, buf, c.Ref.Offset, c.Check) {
-				kept.Add(int64(c.Ref.Size))
-				opt.Filling.arrived(c.Ref)
+				keptBytes.Add(int64(c.Ref.Size))
+				kept(c.Ref)
 			} else {
 				if err := pace.wait(gctx, c.Ref.Size); err != nil {
 					return err
 				}
-				if err := fetchChunk(gctx, order, c, buf, &fetched, func(src string, err error) {
-					bad.Add(1)
-					opt.Log.Warn().Str("source", src).Int64("offset", c.Ref.Offset).Err(err).Msg("fetch: a source served a bad chunk; asking the next")
-					mu.Lock()
-					if !slices.Contains(res.BadSources, src) {
-						res.BadSources = append(res.BadSources, src)
-					}
-					mu.Unlock()
-				}); err != nil {
+				if err := get(gctx, i, buf); err != nil {
 					return err
 				}
-				if _, err := f.WriteAt(buf, c.Ref.Offset); err != nil {
-					return fmt.Errorf("fetch: writing %s: %w", f.Name(), err)
-				}
-				opt.Filling.arrived(c.Ref)
 			}
 			if opt.Progress != nil {
 				opt.Progress(done.Add(int64(c.Ref.Size)), res.Share)
@@ -205,15 +228,9 @@ func Share(ctx context.Context, dir string, sources []Source, opt Options) (Resu
 			return nil
 		})
 	}
-	err = g.Wait()
-	res.Kept, res.Fetched, res.Bad = kept.Load(), fetched.Load(), int(bad.Load())
-	if err != nil {
-		return res, err
-	}
-	if err := f.Sync(); err != nil {
-		return res, fmt.Errorf("fetch: %w", err)
-	}
-	return res, nil
+	err := g.Wait()
+	res.Kept = keptBytes.Load()
+	return res, err
 }
 
 // HeldAheadBytes is the AheadBytes of a fill whose sources hold requests
