@@ -57,6 +57,8 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	dtypeList := fs.String("dtypes", "BF16,F16,F32", "comma-separated weight dtypes for matvec (BF16P: BF16 packed, as -weights packed holds it; its GB/s are of its own bytes, 0.81 of the weights' BF16)")
 	tokenList := fs.String("prefill-tokens", "4,16,64", "comma-separated tokens per prefill matmul")
 	decodeTokens := fs.Int("decode-tokens", 32, "decode steps timed per path on the small preset; 0 skips decode")
+	llamaTimes := fs.String("llama-times", "", "`BIN`: testbed/llama/token_times.cpp built against llama.cpp (testbed/decode-spread builds it beside the llama-side-by-side tool's llama.cpp build): its steps run between the side-by-side run's blocks; needs -llama-gguf")
+	llamaGGUF := fs.String("llama-gguf", "", "`FILE`: a GGUF of the small preset (llama-side-by-side's) for -llama-times")
 	cache := fs.String("cache", "", "`DIR` holding models/small-seed1, generated there if absent, ~1.5 GB (default: $ODMOE_CACHE or the user cache dir/odmoe)")
 	var lf runflags.Log
 	lf.Register(fs)
@@ -91,6 +93,9 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 	if err != nil {
 		return usagef("-prefill-tokens: %v", err)
 	}
+	if (*llamaTimes == "") != (*llamaGGUF == "") {
+		return usagef("-llama-times and -llama-gguf go together")
+	}
 	if *rounds < 1 || *setMiB < 1 || *dramMiB < 1 || *decodeTokens < 0 {
 		return usagef("-rounds, -set-mib and -dram-mib must be >= 1, -decode-tokens >= 0")
 	}
@@ -100,7 +105,8 @@ func runBenchKernels(ctx context.Context, args []string, _ io.Reader, stdout, st
 		}
 	}
 	rep, err := kernelbench.Run(ctx, kernelbench.Options{SetMiB: *setMiB, DRAMMiB: *dramMiB, Rounds: *rounds, Threads: threads, DTypes: dtypes,
-		PrefillTokens: tokens, DecodeTokens: *decodeTokens, ModelDir: filepath.Join(*cache, "models", "small-seed1")}, log)
+		PrefillTokens: tokens, DecodeTokens: *decodeTokens, ModelDir: filepath.Join(*cache, "models", "small-seed1"),
+		Llama: kernelbench.LlamaOptions{Times: *llamaTimes, GGUF: *llamaGGUF}}, log)
 	if err != nil {
 		return err
 	}

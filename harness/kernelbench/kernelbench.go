@@ -156,6 +156,10 @@ type decodeResult struct {
 	ThreadsBitIdentical bool `json:"threads_bit_identical"`
 	// Trace is, at each thread count, where its faster run's time went.
 	Trace map[string]decodeTrace `json:"trace"`
+	// SideBySide is a run at each thread count held to DRAM probes made
+	// between its blocks of steps, with llama.cpp's steps between them
+	// where it was given (sideBySideRun).
+	SideBySide []sideBySide `json:"side_by_side"`
 }
 
 // decodeTrace is one decode run's passes (a token each) and the thread
@@ -221,6 +225,9 @@ type Options struct {
 	PrefillTokens   []int           // tokens per prefill matmul
 	DecodeTokens    int             // decode steps timed per path on the model in ModelDir; 0 skips decode
 	ModelDir        string          // the small preset (generated there if absent)
+	// Llama, where set, runs llama.cpp's steps between the side-by-side
+	// run's blocks (a GGUF of the model in ModelDir).
+	Llama LlamaOptions
 }
 
 // Run measures DRAM bandwidth, matvec GB/s against it, prefill GFLOP/s
@@ -291,7 +298,7 @@ func Run(ctx context.Context, o Options, log zerolog.Logger) (*Report, error) {
 	if o.DecodeTokens > 0 {
 		dir := o.ModelDir
 		log.Info().Str("model", dir).Int("tokens", o.DecodeTokens).Msg("local decode, small preset")
-		d, err := benchDecode(ctx, dir, o.DecodeTokens, simd, o.Threads, rep.DRAMGBps)
+		d, err := benchDecode(ctx, dir, o.DecodeTokens, simd, o.Threads, rep.DRAMGBps, o.Llama)
 		if err != nil {
 			return nil, err
 		}
@@ -395,24 +402,25 @@ func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas ma
 // process took a core from it for long. Where the CPU time is unknown
 // (no Linux /proc), every run counts as clean.
 func timed(threads int, fn func()) (secs float64, clean bool) {
-	c0, ok := processCPU()
+	c0, ok := processCPUOf("/proc/self")
 	t0 := time.Now()
 	fn()
 	wall := time.Since(t0)
-	c1, ok1 := processCPU()
+	c1, ok1 := processCPUOf("/proc/self")
 	return wall.Seconds(), !ok || !ok1 || c1-c0 >= wall*time.Duration(threads)*3/4
 }
 
-// processCPU returns the CPU time all threads of this process have run,
-// in nanoseconds (Linux: /proc/self/task/*/schedstat).
-func processCPU() (time.Duration, bool) {
-	tasks, err := os.ReadDir("/proc/self/task")
+// processCPUOf returns the CPU time all threads of the process at dir
+// (/proc/self, /proc/PID) have run, to the nanosecond (Linux: its
+// task/*/schedstat).
+func processCPUOf(dir string) (time.Duration, bool) {
+	tasks, err := os.ReadDir(dir + "/task")
 	if err != nil {
 		return 0, false
 	}
 	var total int64
 	for _, t := range tasks {
-		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		b, err := os.ReadFile(dir + "/task/" + t.Name() + "/schedstat")
 		if err != nil {
 			continue // the thread has exited
 		}
@@ -557,8 +565,10 @@ func benchVec(n int) []float32 {
 // small preset (generated into dir if absent, as model/bench_test.go
 // does), on the pure-Go path and on simd, and checks that both produce
 // the same logits bit for bit; then simd at each thread count, against
-// that count's DRAM roofline (dram, GB/s by thread count).
-func benchDecode(ctx context.Context, dir string, steps int, simd string, threads []int, dram map[string]float64) (*decodeResult, error) {
+// that count's DRAM roofline (dram, GB/s by thread count); then a
+// side-by-side run at each count, with llama.cpp's steps where llama
+// names them.
+func benchDecode(ctx context.Context, dir string, steps int, simd string, threads []int, dram map[string]float64, llama LlamaOptions) (*decodeResult, error) {
 	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err != nil {
 		tmp := dir + ".partial"
 		os.RemoveAll(tmp)
@@ -660,6 +670,31 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 			}
 		}
 	}
+	probe := newSideProbe(sideProbeMiB)
+	for _, th := range threads {
+		kernels.SetThreads(th)
+		s := model.NewSession(m, model.NewResidentExperts(m), len(prompt)+steps)
+		logits, err := s.Forward(ctx, prompt)
+		if err != nil {
+			return nil, err
+		}
+		var l *llamaSteps
+		if llama.Times != "" {
+			if l, err = startLlama(ctx, llama, len(prompt), steps, th); err != nil {
+				return nil, err
+			}
+		}
+		side, err := sideBySideRun(ctx, s, logits, steps, d.BytesPerToken, probe, l)
+		if l != nil {
+			if cerr := l.close(); err == nil && cerr != nil {
+				err = fmt.Errorf("llama.cpp's steps: %w", cerr)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		d.SideBySide = append(d.SideBySide, *side)
+	}
 	return d, nil
 }
 
@@ -751,6 +786,7 @@ func PrintReport(w io.Writer, r *Report) {
 				k, t.Passes.P10, t.Passes.P50, t.Passes.P90, t.Passes.Spread, t.Regions, t.RegionMs, t.BarrierMs, t.SerialMs, 100*t.MemberShare, t.Wakes, t.Parks, t.Alone, t.MinorFaults, t.MajorFaults, t.GCs)
 		}
 		tw.Flush()
+		printSideBySide(w, d.SideBySide)
 	}
 }
 

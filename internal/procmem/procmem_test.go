@@ -4,7 +4,9 @@ package procmem
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -65,6 +67,68 @@ func TestCPUTimeCountsBusyThreads(t *testing.T) {
 	// /proc counts in 10 ms ticks
 	if got, _ := CPUTimeOf(os.Getpid()); got-beforeOf < 30*time.Millisecond {
 		t.Fatalf("/proc/PID/stat: CPU time grew by %v while getrusage saw %v", got-beforeOf, CPUTime()-before)
+	}
+}
+
+// TestCPUClockOfCountsAnotherProcessToTheNanosecond: a child spinning
+// shows in its CPU clock as it runs, between the spin's own wall time and
+// that wall time on every CPU; a sleeping child's clock stands still;
+// a process gone cannot be read.
+func TestCPUClockOfCountsAnotherProcessToTheNanosecond(t *testing.T) {
+	spin := exec.Command("sh", "-c", "while :; do :; done")
+	if err := spin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer spin.Process.Kill()
+	c0, ok := CPUClockOf(spin.Process.Pid)
+	if !ok {
+		t.Fatal("a running child's CPU clock is unreadable")
+	}
+	t0 := time.Now()
+	var c1 time.Duration
+	for deadline := t0.Add(5 * time.Second); c1-c0 < 20*time.Millisecond && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		c1, _ = CPUClockOf(spin.Process.Pid)
+	}
+	if wall := time.Since(t0); c1-c0 < 20*time.Millisecond || c1-c0 > wall*time.Duration(runtime.NumCPU()) {
+		t.Fatalf("a spinning child's CPU clock grew %v in %v of wall time", c1-c0, wall)
+	}
+	// A clock of scheduler ticks (4 ms at 250 Hz) moves by 0 or by whole
+	// ticks; this one moves by the time the child ran: less than a tick
+	// between two reads 0.5 ms apart, once in a while at least.
+	fine := false
+	prev, _ := CPUClockOf(spin.Process.Pid)
+	for range 200 {
+		time.Sleep(500 * time.Microsecond)
+		cur, _ := CPUClockOf(spin.Process.Pid)
+		if d := cur - prev; d > 0 && d < 2*time.Millisecond {
+			fine = true
+			break
+		}
+		prev = cur
+	}
+	if !fine {
+		t.Error("a spinning child's CPU clock never moved by less than 2 ms between reads 0.5 ms apart: it counts in ticks")
+	}
+	spin.Process.Kill()
+	spin.Wait()
+
+	sleeper := exec.Command("sleep", "5")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleeper.Process.Kill()
+	time.Sleep(20 * time.Millisecond)
+	a, ok := CPUClockOf(sleeper.Process.Pid)
+	time.Sleep(50 * time.Millisecond)
+	b, _ := CPUClockOf(sleeper.Process.Pid)
+	if !ok || b-a > 5*time.Millisecond {
+		t.Errorf("a sleeping child's CPU clock: %v then %v (readable %v)", a, b, ok)
+	}
+	sleeper.Process.Kill()
+	sleeper.Wait()
+	if _, ok := CPUClockOf(sleeper.Process.Pid); ok {
+		t.Error("a reaped child's CPU clock read as if it were there")
 	}
 }
 

@@ -1,0 +1,265 @@
+package kernelbench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/kernels"
+	"github.com/odmoe/odmoe/model"
+)
+
+// A side-by-side run times local decode in blocks of sideBlock steps
+// with a DRAM read probe before each block and after the last, and, where
+// llama.cpp is at hand, llama.cpp's own steps between the blocks (odmoe,
+// llama.cpp, odmoe, ...), so that each engine's tokens, and the probe
+// they are held to, meet the same moments of the machine. A shared host's
+// bandwidth moves within a second (the Zen 4 VM's two-thread read 26-52
+// GB/s from one 128 MiB probe to the next, 2026-11-30): a roofline read
+// minutes before a decode run says as much about the host as about the
+// decode.
+const sideBlock = 8
+
+// sideProbeMiB is what each probe between the blocks reads: a few ms,
+// long enough for a stream's rate, short beside a block's ~100 ms.
+const sideProbeMiB = 128
+
+// sideProbe is the DRAM read probe of a side-by-side run: dramProbe's
+// two reads of one buffer, one stream a thread (kernels.Sum) and four (an
+// F32 MatVec of 4096 columns), on the thread team that decodes.
+type sideProbe struct {
+	floats []float32
+	m      kernels.Matrix
+	x, out []float32
+}
+
+func newSideProbe(mib int) *sideProbe {
+	p := newDRAMProbe(mib)
+	return &sideProbe{floats: p.floats, m: p.m, x: p.x, out: p.out}
+}
+
+func (p *sideProbe) bytes() int { return len(p.m.Data) }
+
+// read reads the buffer both ways on threads threads and returns the
+// faster read's time: the roofline of the moment, as the whole run's
+// roofline is the better of the two probes.
+func (p *sideProbe) read(threads int) time.Duration {
+	t0 := time.Now()
+	kernels.ParallelFor(threads, len(p.floats), func(_, i0, i1 int) { kernels.Sum(p.floats[i0:i1]) })
+	t1 := time.Now()
+	kernels.MatVec(p.out, p.m, p.x)
+	return min(t1.Sub(t0), time.Since(t1))
+}
+
+// sideBySide is one side-by-side run at one thread count.
+type sideBySide struct {
+	Threads int `json:"threads"`
+	Tokens  int `json:"tokens"` // odmoe's steps timed (and llama.cpp's, where it ran)
+	Block   int `json:"block"`  // steps a block
+	// TokPerS is odmoe's steps over their time; GBps the weight bytes
+	// they read over it; RooflineGBps the probes' bytes over their time
+	// (every probe of the run, one before each block and one after the
+	// last); RooflineFraction the one over the other.
+	TokPerS          float64          `json:"tokens_per_s"`
+	GBps             float64          `json:"gbps"`
+	RooflineGBps     float64          `json:"roofline_gbps"`
+	RooflineFraction float64          `json:"roofline_fraction"`
+	Passes           model.PassSpread `json:"decode_pass_ms"`
+	// Llama is llama.cpp's steps between odmoe's blocks; nil where it
+	// did not run.
+	Llama *llamaSide `json:"llama_cpp,omitempty"`
+}
+
+type llamaSide struct {
+	TokPerS float64          `json:"tokens_per_s"`
+	Passes  model.PassSpread `json:"decode_pass_ms"`
+	// OdmoeOverLlama is odmoe's tokens/s over llama.cpp's in the run.
+	OdmoeOverLlama float64 `json:"odmoe_over_llama_cpp"`
+	// QuietMs is how long, a block's mean, llama.cpp's threads kept a
+	// CPU busy after its last step (its OpenMP threads spin before they
+	// sleep): the run waits for it before its next probe.
+	QuietMs float64 `json:"quiet_ms"`
+}
+
+// LlamaOptions name llama.cpp's side of a side-by-side run:
+// testbed/llama/token_times.cpp built against llama.cpp (testbed/
+// decode-spread builds it into the llama-side-by-side tool's cache) and a
+// GGUF of the same model.
+type LlamaOptions struct {
+	Times, GGUF string
+}
+
+// llamaSteps is llama.cpp decoding in blocks on demand: token_times in
+// its stepped mode, its prompt decoded.
+type llamaSteps struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+// startLlama starts token_times on o.GGUF with a prompt of prompt tokens,
+// room for gen steps, on threads threads, and waits for its prompt.
+func startLlama(ctx context.Context, o LlamaOptions, prompt, gen, threads int) (*llamaSteps, error) {
+	cmd := exec.CommandContext(ctx, o.Times, o.GGUF, strconv.Itoa(prompt), strconv.Itoa(max(gen, 2)), strconv.Itoa(threads), "stepped")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("llama.cpp's steps (%s): %w", o.Times, err)
+	}
+	l := &llamaSteps{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	line, err := l.out.ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		l.close()
+		return nil, fmt.Errorf("llama.cpp's steps (%s %s): got %q before its prompt was decoded (%v): %s", o.Times, o.GGUF, line, err, strings.TrimSpace(stderr.String()))
+	}
+	return l, nil
+}
+
+// steps decodes n more steps and returns each one's time.
+func (l *llamaSteps) steps(n int) ([]time.Duration, error) {
+	if _, err := fmt.Fprintf(l.in, "%d\n", n); err != nil {
+		return nil, fmt.Errorf("llama.cpp's steps: %w", err)
+	}
+	line, err := l.out.ReadString('\n')
+	if err != nil {
+		return nil, fmt.Errorf("llama.cpp's steps: %w", err)
+	}
+	f := strings.Fields(line)
+	if len(f) != n {
+		return nil, fmt.Errorf("llama.cpp's steps: asked for %d steps, got %q", n, line)
+	}
+	ds := make([]time.Duration, n)
+	for i, s := range f {
+		ms, err := strconv.ParseFloat(s, 64)
+		if err != nil || ms < 0 {
+			return nil, fmt.Errorf("llama.cpp's steps: step %d's time %q", i, s)
+		}
+		ds[i] = time.Duration(ms * 1e6)
+	}
+	return ds, nil
+}
+
+// quiet waits until llama.cpp's threads stop taking CPU time (at most
+// 200 ms) and returns how long that took.
+func (l *llamaSteps) quiet() time.Duration {
+	const poll, limit = time.Millisecond, 200 * time.Millisecond
+	pid := l.cmd.Process.Pid
+	t0 := time.Now()
+	prev, ok := procmem.CPUClockOf(pid)
+	for ok && time.Since(t0) < limit {
+		time.Sleep(poll)
+		cur, ok2 := procmem.CPUClockOf(pid)
+		if !ok2 || cur-prev < poll/10 {
+			break
+		}
+		prev = cur
+	}
+	return time.Since(t0)
+}
+
+func (l *llamaSteps) close() error {
+	l.in.Close()
+	err := l.cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && !exit.Exited() {
+		return nil // killed by the context
+	}
+	return err
+}
+
+// sideBySideRun decodes steps tokens on session s (its prompt done, its
+// last logits given) at the current thread count in blocks, probing DRAM
+// with probe before each block and after the last, and running llama's
+// steps (if not nil) after each block; bytes is the weights a step reads.
+func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, steps int, bytes int64, probe *sideProbe, llama *llamaSteps) (*sideBySide, error) {
+	th := kernels.Threads()
+	res := &sideBySide{Threads: th, Tokens: steps, Block: min(sideBlock, steps)}
+	var ours, theirs []time.Duration
+	var probeTime, ourTime, theirTime, quiet time.Duration
+	probes := 0
+	read := func() {
+		probeTime += probe.read(th)
+		probes++
+	}
+	blocks := 0
+	for done := 0; done < steps; blocks++ {
+		n := min(res.Block, steps-done)
+		read()
+		for range n {
+			t0 := time.Now()
+			var err error
+			if logits, err = s.Forward(ctx, []int{model.Argmax(logits)}); err != nil {
+				return nil, err
+			}
+			d := time.Since(t0)
+			ours, ourTime = append(ours, d), ourTime+d
+		}
+		done += n
+		if llama != nil {
+			ds, err := llama.steps(n)
+			if err != nil {
+				return nil, err
+			}
+			for _, d := range ds {
+				theirs, theirTime = append(theirs, d), theirTime+d
+			}
+			quiet += llama.quiet()
+		}
+	}
+	read()
+	res.TokPerS = float64(len(ours)) / ourTime.Seconds()
+	res.GBps = float64(bytes) * res.TokPerS / 1e9
+	res.RooflineGBps = float64(probes) * float64(probe.bytes()) / probeTime.Seconds() / 1e9
+	res.RooflineFraction = fraction(res.GBps, res.RooflineGBps)
+	res.Passes = *model.SpreadOf(ours)
+	if llama != nil {
+		l := &llamaSide{TokPerS: float64(len(theirs)) / theirTime.Seconds(), Passes: *model.SpreadOf(theirs),
+			QuietMs: quiet.Seconds() * 1e3 / float64(blocks)}
+		l.OdmoeOverLlama = res.TokPerS / l.TokPerS
+		res.Llama = l
+	}
+	return res, nil
+}
+
+func printSideBySide(w io.Writer, runs []sideBySide) {
+	if len(runs) == 0 {
+		return
+	}
+	llama := runs[0].Llama != nil
+	fmt.Fprintf(w, "Side by side: blocks of %d steps, a %d MiB DRAM read probe (the faster of one stream a thread and four) before each block and after the last", runs[0].Block, sideProbeMiB)
+	if llama {
+		fmt.Fprint(w, ", llama.cpp's steps after each block")
+	}
+	fmt.Fprintln(w, "; the roofline is the probes' bytes over their time:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	head := "  threads\ttok/s\tGB/s\troofline GB/s\tof it\tms a step p10/p50/p90\tp90/p10"
+	if llama {
+		head += "\tllama.cpp tok/s\tms a step p10/p50/p90\tp90/p10\todmoe/llama.cpp\tllama.cpp quiet ms"
+	}
+	fmt.Fprintln(tw, head)
+	for _, r := range runs {
+		fmt.Fprintf(tw, "  %d\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f/%.2f/%.2f\t%.2f", r.Threads, r.TokPerS, r.GBps, r.RooflineGBps, r.RooflineFraction,
+			r.Passes.P10, r.Passes.P50, r.Passes.P90, r.Passes.Spread)
+		if l := r.Llama; l != nil {
+			fmt.Fprintf(tw, "\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f\t%.1f", l.TokPerS, l.Passes.P10, l.Passes.P50, l.Passes.P90, l.Passes.Spread, l.OdmoeOverLlama, l.QuietMs)
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+}
