@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/odmoe/odmoe/internal/procmem"
+	"github.com/odmoe/odmoe/internal/quantile"
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
 )
@@ -73,14 +74,19 @@ type sideBySide struct {
 	RooflineGBps     float64          `json:"roofline_gbps"`
 	RooflineFraction float64          `json:"roofline_fraction"`
 	Passes           model.PassSpread `json:"decode_pass_ms"`
+	// BlockSpread is p90/p10 of every step's time over its block's
+	// median: the spread within blocks, without the machine's slower
+	// and faster stretches between them that Passes.Spread holds too.
+	BlockSpread float64 `json:"block_spread"`
 	// Llama is llama.cpp's steps between odmoe's blocks; nil where it
 	// did not run.
 	Llama *llamaSide `json:"llama_cpp,omitempty"`
 }
 
 type llamaSide struct {
-	TokPerS float64          `json:"tokens_per_s"`
-	Passes  model.PassSpread `json:"decode_pass_ms"`
+	TokPerS     float64          `json:"tokens_per_s"`
+	Passes      model.PassSpread `json:"decode_pass_ms"`
+	BlockSpread float64          `json:"block_spread"`
 	// OdmoeOverLlama is odmoe's tokens/s over llama.cpp's in the run.
 	OdmoeOverLlama float64 `json:"odmoe_over_llama_cpp"`
 	// QuietMs is how long, a block's mean, llama.cpp's threads kept a
@@ -227,14 +233,33 @@ func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, step
 	res.GBps = float64(bytes) * res.TokPerS / 1e9
 	res.RooflineGBps = float64(probes) * float64(probe.bytes()) / probeTime.Seconds() / 1e9
 	res.RooflineFraction = fraction(res.GBps, res.RooflineGBps)
-	res.Passes = *model.SpreadOf(ours)
+	res.Passes, res.BlockSpread = *model.SpreadOf(ours), blockSpread(ours, res.Block)
 	if llama != nil {
-		l := &llamaSide{TokPerS: float64(len(theirs)) / theirTime.Seconds(), Passes: *model.SpreadOf(theirs),
+		l := &llamaSide{TokPerS: float64(len(theirs)) / theirTime.Seconds(), Passes: *model.SpreadOf(theirs), BlockSpread: blockSpread(theirs, res.Block),
 			QuietMs: quiet.Seconds() * 1e3 / float64(blocks)}
 		l.OdmoeOverLlama = res.TokPerS / l.TokPerS
 		res.Llama = l
 	}
 	return res, nil
+}
+
+// blockSpread is p90/p10 (nearest rank) of each step's time over the
+// median of its block (steps block at a time, the last block possibly
+// shorter).
+func blockSpread(steps []time.Duration, block int) float64 {
+	var rel []float64
+	for b := 0; b < len(steps); b += block {
+		in := steps[b:min(b+block, len(steps))]
+		med := float64(quantile.Of(in, 0.5)[0])
+		for _, d := range in {
+			rel = append(rel, float64(d)/med)
+		}
+	}
+	if len(rel) == 0 {
+		return 0
+	}
+	q := quantile.Of(rel, 0.1, 0.9)
+	return q[1] / q[0]
 }
 
 func printSideBySide(w io.Writer, runs []sideBySide) {
@@ -246,18 +271,18 @@ func printSideBySide(w io.Writer, runs []sideBySide) {
 	if llama {
 		fmt.Fprint(w, ", llama.cpp's steps after each block")
 	}
-	fmt.Fprintln(w, "; the roofline is the probes' bytes over their time:")
+	fmt.Fprintln(w, "; the roofline is the probes' bytes over their time; \"in blocks\" is p90/p10 of each step over its block's median:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	head := "  threads\ttok/s\tGB/s\troofline GB/s\tof it\tms a step p10/p50/p90\tp90/p10"
+	head := "  threads\ttok/s\tGB/s\troofline GB/s\tof it\tms a step p10/p50/p90\tp90/p10\tin blocks"
 	if llama {
-		head += "\tllama.cpp tok/s\tms a step p10/p50/p90\tp90/p10\todmoe/llama.cpp\tllama.cpp quiet ms"
+		head += "\tllama.cpp tok/s\tms a step p10/p50/p90\tp90/p10\tin blocks\todmoe/llama.cpp\tllama.cpp quiet ms"
 	}
 	fmt.Fprintln(tw, head)
 	for _, r := range runs {
-		fmt.Fprintf(tw, "  %d\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f/%.2f/%.2f\t%.2f", r.Threads, r.TokPerS, r.GBps, r.RooflineGBps, r.RooflineFraction,
-			r.Passes.P10, r.Passes.P50, r.Passes.P90, r.Passes.Spread)
+		fmt.Fprintf(tw, "  %d\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f", r.Threads, r.TokPerS, r.GBps, r.RooflineGBps, r.RooflineFraction,
+			r.Passes.P10, r.Passes.P50, r.Passes.P90, r.Passes.Spread, r.BlockSpread)
 		if l := r.Llama; l != nil {
-			fmt.Fprintf(tw, "\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f\t%.1f", l.TokPerS, l.Passes.P10, l.Passes.P50, l.Passes.P90, l.Passes.Spread, l.OdmoeOverLlama, l.QuietMs)
+			fmt.Fprintf(tw, "\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f\t%.2f\t%.1f", l.TokPerS, l.Passes.P10, l.Passes.P50, l.Passes.P90, l.Passes.Spread, l.BlockSpread, l.OdmoeOverLlama, l.QuietMs)
 		}
 		fmt.Fprintln(tw)
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/odmoe/odmoe/kernels"
 	"github.com/odmoe/odmoe/model"
@@ -79,7 +80,7 @@ func TestSideBySideRunsBothEnginesInBlocks(t *testing.T) {
 	if res.Tokens != steps || res.Block != sideBlock || res.Passes.Passes != steps || res.Threads != 2 {
 		t.Errorf("run %+v: want %d steps timed in blocks of %d at 2 threads", res, steps, sideBlock)
 	}
-	if res.Llama == nil || res.Llama.TokPerS != 50 || res.Llama.Passes.Spread != 1 || res.Llama.Passes.Passes != steps {
+	if res.Llama == nil || res.Llama.TokPerS != 50 || res.Llama.Passes.Spread != 1 || res.Llama.BlockSpread != 1 || res.Llama.Passes.Passes != steps {
 		t.Fatalf("llama.cpp's side %+v: want %d steps at 50 tok/s, spread 1", res.Llama, steps)
 	}
 	if got, want := res.Llama.OdmoeOverLlama, res.TokPerS/50; math.Abs(got-want) > 1e-12 {
@@ -118,5 +119,32 @@ func TestLlamaStepsSayWhatWentWrong(t *testing.T) {
 			t.Errorf("answer %q: %v, want an error saying %q", c.answer, err, c.want)
 		}
 		l.close()
+	}
+}
+
+// TestBlockSpreadLeavesOutTheStretchesBetweenBlocks: two blocks of 10
+// steps, one at 10 ms and one at 20 (the machine slower for the second)
+// spread 2 over the run and not at all within the blocks; a block with
+// every other step 1.5 times its neighbour spreads 1.5 within it.
+func TestBlockSpreadLeavesOutTheStretchesBetweenBlocks(t *testing.T) {
+	var steps []time.Duration
+	for i := range 20 {
+		steps = append(steps, time.Duration(10+10*(i/10))*time.Millisecond)
+	}
+	if got := model.SpreadOf(steps).Spread; got != 2 {
+		t.Fatalf("the run's spread %v, want 2", got)
+	}
+	if got := blockSpread(steps, 10); got != 1 {
+		t.Errorf("within blocks %v, want 1", got)
+	}
+	steps = steps[:0]
+	for i := range 21 { // the last block one step long
+		steps = append(steps, time.Duration(20+10*(i%2))*time.Millisecond)
+	}
+	if got := blockSpread(steps, 10); math.Abs(got-1.5) > 1e-12 {
+		t.Errorf("alternating 20 and 30 ms: within blocks %v, want 1.5", got)
+	}
+	if got := blockSpread(nil, 8); got != 0 {
+		t.Errorf("no steps: %v", got)
 	}
 }
