@@ -20,9 +20,11 @@ import (
 
 // A side-by-side run times local decode in blocks of sideBlock steps
 // with a DRAM read probe before each block and after the last, and, where
-// llama.cpp is at hand, llama.cpp's own steps between the blocks (odmoe,
-// llama.cpp, odmoe, ...), so that each engine's tokens, and the probe
-// they are held to, meet the same moments of the machine. A shared host's
+// llama.cpp is at hand, llama.cpp's own steps between the blocks, a probe
+// before each of its blocks too (probe, odmoe, probe, llama.cpp, ...), so
+// that each engine's tokens, and the probes they are held to, meet the
+// same moments of the machine, and each engine's block starts alike:
+// after a probe, from threads asleep. A shared host's
 // bandwidth moves within a second (the Zen 4 VM's two-thread read 26-52
 // GB/s from one 128 MiB probe to the next, 2026-11-30): a roofline read
 // minutes before a decode run says as much about the host as about the
@@ -59,6 +61,10 @@ func (p *sideProbe) read(threads int) time.Duration {
 	kernels.MatVec(p.out, p.m, p.x)
 	return min(t1.Sub(t0), time.Since(t1))
 }
+
+// settle is how long a side-by-side run waits after each probe: longer
+// than the thread team's spin (kernels' spinFor, 100 us).
+const settle = time.Millisecond
 
 // sideBySide is one side-by-side run at one thread count.
 type sideBySide struct {
@@ -202,6 +208,10 @@ func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, step
 	read := func() {
 		probeTime += probe.read(th)
 		probes++
+		// the team's members spin after a region (100 us) before they
+		// park: let them park, so that either engine's block starts
+		// from threads asleep, and llama.cpp's with no spinning beside
+		time.Sleep(settle)
 	}
 	blocks := 0
 	for done := 0; done < steps; blocks++ {
@@ -218,6 +228,7 @@ func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, step
 		}
 		done += n
 		if llama != nil {
+			read()
 			ds, err := llama.steps(n)
 			if err != nil {
 				return nil, err
