@@ -402,25 +402,24 @@ func benchBandwidth(ctx context.Context, rep *Report, dram *dramProbe, arenas ma
 // process took a core from it for long. Where the CPU time is unknown
 // (no Linux /proc), every run counts as clean.
 func timed(threads int, fn func()) (secs float64, clean bool) {
-	c0, ok := processCPUOf("/proc/self")
+	c0, ok := processCPU()
 	t0 := time.Now()
 	fn()
 	wall := time.Since(t0)
-	c1, ok1 := processCPUOf("/proc/self")
+	c1, ok1 := processCPU()
 	return wall.Seconds(), !ok || !ok1 || c1-c0 >= wall*time.Duration(threads)*3/4
 }
 
-// processCPUOf returns the CPU time all threads of the process at dir
-// (/proc/self, /proc/PID) have run, to the nanosecond (Linux: its
-// task/*/schedstat).
-func processCPUOf(dir string) (time.Duration, bool) {
-	tasks, err := os.ReadDir(dir + "/task")
+// processCPU returns the CPU time all threads of this process have run,
+// in nanoseconds (Linux: /proc/self/task/*/schedstat).
+func processCPU() (time.Duration, bool) {
+	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return 0, false
 	}
 	var total int64
 	for _, t := range tasks {
-		b, err := os.ReadFile(dir + "/task/" + t.Name() + "/schedstat")
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
 		if err != nil {
 			continue // the thread has exited
 		}

@@ -3,7 +3,6 @@ package kernelbench
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os/exec"
@@ -38,16 +37,9 @@ const sideProbeMiB = 128
 // sideProbe is the DRAM read probe of a side-by-side run: dramProbe's
 // two reads of one buffer, one stream a thread (kernels.Sum) and four (an
 // F32 MatVec of 4096 columns), on the thread team that decodes.
-type sideProbe struct {
-	floats []float32
-	m      kernels.Matrix
-	x, out []float32
-}
+type sideProbe struct{ *dramProbe }
 
-func newSideProbe(mib int) *sideProbe {
-	p := newDRAMProbe(mib)
-	return &sideProbe{floats: p.floats, m: p.m, x: p.x, out: p.out}
-}
+func newSideProbe(mib int) *sideProbe { return &sideProbe{newDRAMProbe(mib)} }
 
 func (p *sideProbe) bytes() int { return len(p.m.Data) }
 
@@ -112,85 +104,114 @@ type LlamaOptions struct {
 // llamaSteps is llama.cpp decoding in blocks on demand: token_times in
 // its stepped mode, its prompt decoded.
 type llamaSteps struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Reader
+	ctx    context.Context
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Reader
+	stderr *strings.Builder // written by cmd's own goroutine: read after wait
+	waited bool
+	err    error // wait's
 }
 
 // startLlama starts token_times on o.GGUF with a prompt of prompt tokens,
-// room for gen steps, on threads threads, and waits for its prompt.
+// room for gen steps, on threads threads, and waits for its prompt and
+// for its threads to go quiet after it.
 func startLlama(ctx context.Context, o LlamaOptions, prompt, gen, threads int) (*llamaSteps, error) {
 	cmd := exec.CommandContext(ctx, o.Times, o.GGUF, strconv.Itoa(prompt), strconv.Itoa(max(gen, 2)), strconv.Itoa(threads), "stepped")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	l := &llamaSteps{ctx: ctx, cmd: cmd, stderr: &strings.Builder{}}
+	cmd.Stderr = l.stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
+		in.Close()
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("llama.cpp's steps (%s): %w", o.Times, err)
 	}
-	l := &llamaSteps{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	l.in, l.out = in, bufio.NewReader(out)
 	line, err := l.out.ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "ready" {
-		l.close()
-		return nil, fmt.Errorf("llama.cpp's steps (%s %s): got %q before its prompt was decoded (%v): %s", o.Times, o.GGUF, line, err, strings.TrimSpace(stderr.String()))
+		return nil, l.fail(fmt.Errorf("llama.cpp's steps (%s %s): got %q before its prompt was decoded (%v)", o.Times, o.GGUF, line, err))
 	}
+	l.quiet()
 	return l, nil
 }
 
 // steps decodes n more steps and returns each one's time.
 func (l *llamaSteps) steps(n int) ([]time.Duration, error) {
 	if _, err := fmt.Fprintf(l.in, "%d\n", n); err != nil {
-		return nil, fmt.Errorf("llama.cpp's steps: %w", err)
+		return nil, l.fail(fmt.Errorf("llama.cpp's steps: %w", err))
 	}
 	line, err := l.out.ReadString('\n')
 	if err != nil {
-		return nil, fmt.Errorf("llama.cpp's steps: %w", err)
+		return nil, l.fail(fmt.Errorf("llama.cpp's steps: %w", err))
 	}
 	f := strings.Fields(line)
 	if len(f) != n {
-		return nil, fmt.Errorf("llama.cpp's steps: asked for %d steps, got %q", n, line)
+		return nil, l.fail(fmt.Errorf("llama.cpp's steps: asked for %d steps, got %q", n, line))
 	}
 	ds := make([]time.Duration, n)
 	for i, s := range f {
 		ms, err := strconv.ParseFloat(s, 64)
 		if err != nil || ms < 0 {
-			return nil, fmt.Errorf("llama.cpp's steps: step %d's time %q", i, s)
+			return nil, l.fail(fmt.Errorf("llama.cpp's steps: step %d's time %q", i, s))
 		}
 		ds[i] = time.Duration(ms * 1e6)
 	}
 	return ds, nil
 }
 
-// quiet waits until llama.cpp's threads stop taking CPU time (at most
-// 200 ms) and returns how long that took.
+// fail ends the process (its stdin closed: token_times ends at EOF) and
+// returns err with what it wrote to stderr.
+func (l *llamaSteps) fail(err error) error {
+	l.wait()
+	if msg := strings.TrimSpace(l.stderr.String()); msg != "" {
+		return fmt.Errorf("%w: %s", err, msg)
+	}
+	return err
+}
+
+// wait closes the process's stdin and waits for it to exit, once.
+func (l *llamaSteps) wait() error {
+	if !l.waited {
+		if l.in != nil {
+			l.in.Close()
+		}
+		l.err, l.waited = l.cmd.Wait(), true
+	}
+	return l.err
+}
+
+// quiet waits until no thread of llama.cpp's runs or waits to run (its
+// OpenMP threads spin after a step before they sleep; at most 200 ms)
+// and returns how long that took, one poll (~1 ms) at least.
 func (l *llamaSteps) quiet() time.Duration {
 	const poll, limit = time.Millisecond, 200 * time.Millisecond
-	pid := l.cmd.Process.Pid
 	t0 := time.Now()
-	prev, ok := procmem.CPUClockOf(pid)
-	for ok && time.Since(t0) < limit {
+	for time.Since(t0) < limit {
 		time.Sleep(poll)
-		cur, ok2 := procmem.CPUClockOf(pid)
-		if !ok2 || cur-prev < poll/10 {
+		if n, ok := procmem.RunningThreads(l.cmd.Process.Pid); !ok || n == 0 {
 			break
 		}
-		prev = cur
 	}
 	return time.Since(t0)
 }
 
+// close ends the process and returns how it ended: nil where it exited
+// cleanly, or was killed because the run's context ended.
 func (l *llamaSteps) close() error {
-	l.in.Close()
-	err := l.cmd.Wait()
-	var exit *exec.ExitError
-	if errors.As(err, &exit) && !exit.Exited() {
-		return nil // killed by the context
+	err := l.wait()
+	if err != nil && l.ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		if msg := strings.TrimSpace(l.stderr.String()); msg != "" {
+			return fmt.Errorf("%w: %s", err, msg)
+		}
 	}
 	return err
 }
@@ -200,6 +221,9 @@ func (l *llamaSteps) close() error {
 // with probe before each block and after the last, and running llama's
 // steps (if not nil) after each block; bytes is the weights a step reads.
 func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, steps int, bytes int64, probe *sideProbe, llama *llamaSteps) (*sideBySide, error) {
+	if steps < 1 {
+		return nil, fmt.Errorf("a side-by-side run of %d steps", steps)
+	}
 	th := kernels.Threads()
 	res := &sideBySide{Threads: th, Tokens: steps, Block: min(sideBlock, steps)}
 	var ours, theirs []time.Duration
@@ -278,7 +302,7 @@ func printSideBySide(w io.Writer, runs []sideBySide) {
 		return
 	}
 	llama := runs[0].Llama != nil
-	fmt.Fprintf(w, "Side by side: blocks of %d steps, a %d MiB DRAM read probe (the faster of one stream a thread and four) before each block and after the last", runs[0].Block, sideProbeMiB)
+	fmt.Fprintf(w, "Side by side: blocks of %d steps, a %d MiB DRAM read probe (the faster of one stream a thread and four) before each block (odmoe's and llama.cpp's) and after the last, then 1 ms for the team to park", runs[0].Block, sideProbeMiB)
 	if llama {
 		fmt.Fprint(w, ", llama.cpp's steps after each block")
 	}

@@ -109,6 +109,7 @@ func TestLlamaStepsSayWhatWentWrong(t *testing.T) {
 		{"echo 1.0 x 2.0", `step 1's time "x"`},
 		{"echo 1.0 -2.0 2.0", `step 1's time "-2.0"`},
 		{"exit 0", "EOF"},
+		{"echo 'decode failed at step 3' >&2; exit 1", "decode failed at step 3"},
 	} {
 		bin, _ := standIn(t, "echo ready\nread n\n"+c.answer+"\n")
 		l, err := startLlama(ctx, LlamaOptions{Times: bin, GGUF: "model.gguf"}, 4, 8, 1)
@@ -119,6 +120,19 @@ func TestLlamaStepsSayWhatWentWrong(t *testing.T) {
 			t.Errorf("answer %q: %v, want an error saying %q", c.answer, err, c.want)
 		}
 		l.close()
+	}
+	// a token_times that dies by a signal is not taken for one the
+	// run's context killed
+	bin, _ = standIn(t, "echo ready\nread n\nkill -SEGV $$\n")
+	l, err := startLlama(ctx, LlamaOptions{Times: bin, GGUF: "model.gguf"}, 4, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.steps(3); err == nil {
+		t.Error("steps from a token_times that crashed")
+	}
+	if err := l.close(); err == nil || !strings.Contains(err.Error(), "signal") {
+		t.Errorf("closing a token_times that crashed: %v, want its signal", err)
 	}
 }
 

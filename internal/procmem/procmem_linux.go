@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // PeakRSS is the process's peak resident set size in bytes (0 if unknown):
@@ -164,21 +163,30 @@ func CPUTimeOf(pid int) (time.Duration, bool) {
 	return time.Duration(ut+st) * time.Second / clockTicks, true
 }
 
-// CPUClockOf is the CPU time every thread of process pid has used so
-// far, to the nanosecond and counting the slices running now (the
-// kernel's CPU clock of the process, clock_gettime of
-// clock_getcpuclockid(pid)), where CPUTimeOf counts in 10 ms ticks and
-// /proc/PID/task/*/schedstat leaves out a running thread's slice until
-// the next scheduler tick; false if it cannot be read (the process is
-// gone).
-func CPUClockOf(pid int) (time.Duration, bool) {
-	const cpuClockSched = 2                      // CPUCLOCK_SCHED, process-wide
-	id := int32(^uint32(pid)<<3 | cpuClockSched) // MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
-	var ts syscall.Timespec
-	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, uintptr(id), uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+// RunningThreads is how many threads of process pid are running or
+// ready to run (state R in /proc/PID/task/*/stat): a thread spinning is,
+// one blocked in a read or a futex is not; false if the process cannot
+// be read (it is gone). Where a CPU-time clock of another process moves
+// only at scheduler ticks for a thread running on another CPU, a
+// thread's state says at once whether it spins.
+func RunningThreads(pid int) (int, bool) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
 		return 0, false
 	}
-	return time.Duration(ts.Nano()), true
+	running := 0
+	for _, t := range tasks {
+		b, err := os.ReadFile(dir + "/" + t.Name() + "/stat")
+		if err != nil {
+			continue // the thread has exited
+		}
+		// "TID (COMM) STATE ...": the state follows the command name's last ")"
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
+			running++
+		}
+	}
+	return running, true
 }
 
 // PageFaults are the process's page faults so far: minor (the page was

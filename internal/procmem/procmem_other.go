@@ -25,8 +25,8 @@ func CPUTime() time.Duration { return 0 }
 // CPUTimeOf is unknown on this platform: false.
 func CPUTimeOf(pid int) (time.Duration, bool) { return 0, false }
 
-// CPUClockOf is unknown on this platform: false.
-func CPUClockOf(pid int) (time.Duration, bool) { return 0, false }
+// RunningThreads is unknown on this platform: false.
+func RunningThreads(pid int) (int, bool) { return 0, false }
 
 // PageFaults are unknown on this platform: 0.
 func PageFaults() (minor, major int64) { return 0, 0 }
