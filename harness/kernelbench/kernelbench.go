@@ -498,6 +498,18 @@ func (p *dramProbe) run(r *dramResult, threads int) {
 	r.Streams.add(float64(len(p.m.Data))/secs/1e9, clean)
 }
 
+// onTeam reads the buffer both ways with threads on the thread team that
+// decodes, on the current path (a side-by-side run's probe between
+// blocks), and returns the faster read's time: the roofline of the
+// moment, as a run's roofline is the better of the two probes.
+func (p *dramProbe) onTeam(threads int) time.Duration {
+	t0 := time.Now()
+	kernels.ParallelFor(threads, len(p.floats), func(_, i0, i1 int) { kernels.Sum(p.floats[i0:i1]) })
+	t1 := time.Now()
+	kernels.MatVec(p.out, p.m, p.x)
+	return min(t1.Sub(t0), time.Since(t1))
+}
+
 // benchMatrices returns matrices of dt, each as large as a Mixtral expert
 // matrix, totalling at least setMiB, filled with N(0, 0.02) weights.
 func benchMatrices(dt kernels.DType, setMiB int) []kernels.Matrix {
@@ -669,7 +681,7 @@ func benchDecode(ctx context.Context, dir string, steps int, simd string, thread
 			}
 		}
 	}
-	probe := newSideProbe(sideProbeMiB)
+	probe := newDRAMProbe(sideProbeMiB)
 	for _, th := range threads {
 		kernels.SetThreads(th)
 		s := model.NewSession(m, model.NewResidentExperts(m), len(prompt)+steps)

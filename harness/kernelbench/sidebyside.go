@@ -34,26 +34,6 @@ const sideBlock = 8
 // long enough for a stream's rate, short beside a block's ~100 ms.
 const sideProbeMiB = 128
 
-// sideProbe is the DRAM read probe of a side-by-side run: dramProbe's
-// two reads of one buffer, one stream a thread (kernels.Sum) and four (an
-// F32 MatVec of 4096 columns), on the thread team that decodes.
-type sideProbe struct{ *dramProbe }
-
-func newSideProbe(mib int) *sideProbe { return &sideProbe{newDRAMProbe(mib)} }
-
-func (p *sideProbe) bytes() int { return len(p.m.Data) }
-
-// read reads the buffer both ways on threads threads and returns the
-// faster read's time: the roofline of the moment, as the whole run's
-// roofline is the better of the two probes.
-func (p *sideProbe) read(threads int) time.Duration {
-	t0 := time.Now()
-	kernels.ParallelFor(threads, len(p.floats), func(_, i0, i1 int) { kernels.Sum(p.floats[i0:i1]) })
-	t1 := time.Now()
-	kernels.MatVec(p.out, p.m, p.x)
-	return min(t1.Sub(t0), time.Since(t1))
-}
-
 // settle is how long a side-by-side run waits after each probe: longer
 // than the thread team's spin (kernels' spinFor, 100 us).
 const settle = time.Millisecond
@@ -87,9 +67,10 @@ type llamaSide struct {
 	BlockSpread float64          `json:"block_spread"`
 	// OdmoeOverLlama is odmoe's tokens/s over llama.cpp's in the run.
 	OdmoeOverLlama float64 `json:"odmoe_over_llama_cpp"`
-	// QuietMs is how long, a block's mean, llama.cpp's threads kept a
-	// CPU busy after its last step (its OpenMP threads spin before they
-	// sleep): the run waits for it before its next probe.
+	// QuietMs is how long, a block's mean, the run waited after
+	// llama.cpp's last step for none of its threads to run (its OpenMP
+	// threads spin before they sleep) before its next probe: a 1 ms poll
+	// at least.
 	QuietMs float64 `json:"quiet_ms"`
 }
 
@@ -169,6 +150,12 @@ func (l *llamaSteps) steps(n int) ([]time.Duration, error) {
 // returns err with what it wrote to stderr.
 func (l *llamaSteps) fail(err error) error {
 	l.wait()
+	return l.withStderr(err)
+}
+
+// withStderr is err with what the process wrote to stderr, once it has
+// exited.
+func (l *llamaSteps) withStderr(err error) error {
 	if msg := strings.TrimSpace(l.stderr.String()); msg != "" {
 		return fmt.Errorf("%w: %s", err, msg)
 	}
@@ -205,22 +192,17 @@ func (l *llamaSteps) quiet() time.Duration {
 // cleanly, or was killed because the run's context ended.
 func (l *llamaSteps) close() error {
 	err := l.wait()
-	if err != nil && l.ctx.Err() != nil {
+	if err == nil || l.ctx.Err() != nil {
 		return nil
 	}
-	if err != nil {
-		if msg := strings.TrimSpace(l.stderr.String()); msg != "" {
-			return fmt.Errorf("%w: %s", err, msg)
-		}
-	}
-	return err
+	return l.withStderr(err)
 }
 
 // sideBySideRun decodes steps tokens on session s (its prompt done, its
 // last logits given) at the current thread count in blocks, probing DRAM
 // with probe before each block and after the last, and running llama's
 // steps (if not nil) after each block; bytes is the weights a step reads.
-func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, steps int, bytes int64, probe *sideProbe, llama *llamaSteps) (*sideBySide, error) {
+func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, steps int, bytes int64, probe *dramProbe, llama *llamaSteps) (*sideBySide, error) {
 	if steps < 1 {
 		return nil, fmt.Errorf("a side-by-side run of %d steps", steps)
 	}
@@ -230,7 +212,7 @@ func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, step
 	var probeTime, ourTime, theirTime, quiet time.Duration
 	probes := 0
 	read := func() {
-		probeTime += probe.read(th)
+		probeTime += probe.onTeam(th)
 		probes++
 		// the team's members spin after a region (100 us) before they
 		// park: let them park, so that either engine's block starts
@@ -266,7 +248,7 @@ func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, step
 	read()
 	res.TokPerS = float64(len(ours)) / ourTime.Seconds()
 	res.GBps = float64(bytes) * res.TokPerS / 1e9
-	res.RooflineGBps = float64(probes) * float64(probe.bytes()) / probeTime.Seconds() / 1e9
+	res.RooflineGBps = float64(probes) * float64(len(probe.m.Data)) / probeTime.Seconds() / 1e9
 	res.RooflineFraction = fraction(res.GBps, res.RooflineGBps)
 	res.Passes, res.BlockSpread = *model.SpreadOf(ours), blockSpread(ours, res.Block)
 	if llama != nil {

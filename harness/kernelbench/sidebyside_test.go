@@ -64,7 +64,7 @@ func TestSideBySideRunsBothEnginesInBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := sideBySideRun(ctx, s, logits, steps, m.DecodeBytesPerToken(), newSideProbe(4), l)
+	res, err := sideBySideRun(ctx, s, logits, steps, m.DecodeBytesPerToken(), newDRAMProbe(4), l)
 	if cerr := l.close(); cerr != nil {
 		t.Fatalf("closing the stand-in: %v", cerr)
 	}
