@@ -81,18 +81,21 @@ func TestRunningThreadsSeesASpinAndASleep(t *testing.T) {
 		}
 		defer c.Process.Kill()
 	}
-	// a spinning thread is R whether it is on a CPU or waiting for one
-	if n, ok := RunningThreads(spin.Process.Pid); !ok || n != 1 {
+	// each child read until it shows what it does (a page fault of its
+	// start may hold it in another state a moment); a spinning thread is
+	// R whether it is on a CPU or waiting for one
+	settled := func(pid, want int) (n int, ok bool) {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if n, ok = RunningThreads(pid); ok && n == want {
+				break
+			}
+		}
+		return n, ok
+	}
+	if n, ok := settled(spin.Process.Pid, 1); !ok || n != 1 {
 		t.Errorf("a spinning child: %d threads running (readable %v), want 1", n, ok)
 	}
-	var n int
-	var ok bool
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if n, ok = RunningThreads(sleeper.Process.Pid); ok && n == 0 {
-			break // asleep once it has started
-		}
-	}
-	if !ok || n != 0 {
+	if n, ok := settled(sleeper.Process.Pid, 0); !ok || n != 0 {
 		t.Errorf("a sleeping child: %d threads running (readable %v), want 0", n, ok)
 	}
 	sleeper.Process.Kill()
