@@ -24,7 +24,8 @@ type team struct {
 	gen     atomic.Uint64
 	cur     atomic.Pointer[region]
 	members []*member
-	quit    chan struct{}
+	stopped atomic.Bool    // set, and every member woken, when the team is replaced
+	serving sync.WaitGroup // the members, until they return after stopped
 }
 
 // region is one parallel product: chunks fixed row ranges of fn, claimed
@@ -40,7 +41,10 @@ type region struct {
 
 type member struct {
 	parked atomic.Bool
-	wake   chan struct{} // capacity 1: a wake-up never blocks the caller
+	sleep  parker // where a parked member sleeps until a region's caller wakes it
+	// wokeAt is when a region's caller woke the member (since
+	// clockStart), while TraceTeam is on; 0 when no wake is pending.
+	wokeAt atomic.Int64
 }
 
 // spinFor is how long a member looks at the team's generation before it
@@ -79,13 +83,17 @@ func teamFor(parts int) *team {
 		return old // another caller replaced it first
 	}
 	if old != nil {
-		close(old.quit)
+		old.stopped.Store(true)
+		for _, m := range old.members {
+			m.sleep.wake()
+		}
 	}
-	t := &team{quit: make(chan struct{})}
+	t := &team{}
 	for range parts - 1 {
-		m := &member{wake: make(chan struct{}, 1)}
+		m := &member{}
+		m.sleep.init()
 		t.members = append(t.members, m)
-		go t.serve(m)
+		t.serving.Go(func() { t.serve(m) })
 	}
 	theTeam.Store(t)
 	return t
@@ -142,12 +150,14 @@ func (t *team) await(m *member, seen uint64) (gen uint64, ok bool) {
 		}
 		// the caller saw us parked and sends a wake-up: take it
 	}
-	select {
-	case <-m.wake:
-		return t.gen.Load(), true
-	case <-t.quit:
+	m.sleep.sleep()
+	if w := m.wokeAt.Swap(0); w != 0 {
+		teamTrace.wakeNs.Add(int64(time.Since(clockStart)) - w)
+	}
+	if t.stopped.Load() {
 		return 0, false
 	}
+	return t.gen.Load(), true
 }
 
 // work claims and runs chunks until none is left, and returns how many
@@ -180,7 +190,10 @@ func (t *team) run(rows, chunks int, fn func(c, r0, r1 int)) bool {
 	woke := int64(0)
 	for _, m := range t.members {
 		if m.parked.CompareAndSwap(true, false) {
-			m.wake <- struct{}{}
+			if traced {
+				m.wokeAt.Store(int64(time.Since(clockStart)))
+			}
+			m.sleep.wake()
 			woke++
 		}
 	}
@@ -223,8 +236,10 @@ type TeamStats struct {
 	// members (not the callers) ran.
 	Chunks, MemberChunks int64
 	// Wakes are members a region found parked and woke; Parks the times
-	// a member, no region coming while it spun, parked.
+	// a member, no region coming while it spun, parked. WakeTime is the
+	// time from the wakes to the members running, summed.
 	Wakes, Parks int64
+	WakeTime     time.Duration
 	// Alone are products that ran on their caller alone because the
 	// members were parked and the product was small (minWakeElems);
 	// Spawned those that ran on new goroutines because another
@@ -235,7 +250,7 @@ type TeamStats struct {
 var (
 	tracing   atomic.Bool
 	teamTrace struct {
-		regions, regionNs, barrierNs, chunks, memberChunks, wakes, parks, alone, spawned atomic.Int64
+		regions, regionNs, barrierNs, chunks, memberChunks, wakes, wakeNs, parks, alone, spawned atomic.Int64
 	}
 )
 
@@ -250,7 +265,7 @@ func ReadTeamStats() TeamStats {
 	tr := &teamTrace
 	return TeamStats{
 		Regions: tr.regions.Load(), RegionTime: time.Duration(tr.regionNs.Load()), BarrierTime: time.Duration(tr.barrierNs.Load()),
-		Chunks: tr.chunks.Load(), MemberChunks: tr.memberChunks.Load(), Wakes: tr.wakes.Load(), Parks: tr.parks.Load(),
+		Chunks: tr.chunks.Load(), MemberChunks: tr.memberChunks.Load(), Wakes: tr.wakes.Load(), Parks: tr.parks.Load(), WakeTime: time.Duration(tr.wakeNs.Load()),
 		Alone: tr.alone.Load(), Spawned: tr.spawned.Load(),
 	}
 }
@@ -259,7 +274,7 @@ func ReadTeamStats() TeamStats {
 func (s TeamStats) Sub(earlier TeamStats) TeamStats {
 	return TeamStats{
 		Regions: s.Regions - earlier.Regions, RegionTime: s.RegionTime - earlier.RegionTime, BarrierTime: s.BarrierTime - earlier.BarrierTime,
-		Chunks: s.Chunks - earlier.Chunks, MemberChunks: s.MemberChunks - earlier.MemberChunks, Wakes: s.Wakes - earlier.Wakes, Parks: s.Parks - earlier.Parks,
+		Chunks: s.Chunks - earlier.Chunks, MemberChunks: s.MemberChunks - earlier.MemberChunks, Wakes: s.Wakes - earlier.Wakes, Parks: s.Parks - earlier.Parks, WakeTime: s.WakeTime - earlier.WakeTime,
 		Alone: s.Alone - earlier.Alone, Spawned: s.Spawned - earlier.Spawned,
 	}
 }

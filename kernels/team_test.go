@@ -102,10 +102,15 @@ func TestTeamMembersParkAndWake(t *testing.T) {
 	}
 	SetThreads(2)
 	MatVec(got, m, x)
-	select {
-	case <-tm.quit:
-	default:
+	if !tm.stopped.Load() {
 		t.Error("the 3-thread team was not stopped when the thread count changed")
+	}
+	left := make(chan struct{})
+	go func() { tm.serving.Wait(); close(left) }()
+	select {
+	case <-left:
+	case <-time.After(5 * time.Second):
+		t.Error("the stopped 3-thread team's members had not returned 5 s after it stopped")
 	}
 }
 
@@ -190,7 +195,7 @@ func TestTeamTraceCountsWhatTheTeamDid(t *testing.T) {
 	waitParked()
 	TraceTeam(true)
 	defer TraceTeam(false)
-	before := ReadTeamStats()
+	before, t0 := ReadTeamStats(), time.Now()
 	MatVec(out, big, x)
 	d := ReadTeamStats().Sub(before)
 	if d.Regions != 1 || d.Chunks != int64(chunksFor(2, 2048)) || d.Wakes != 1 {
@@ -200,8 +205,14 @@ func TestTeamTraceCountsWhatTheTeamDid(t *testing.T) {
 		t.Errorf("member chunks %d of %d, region %v, barrier %v: want 0..chunks, a positive region holding the barrier", d.MemberChunks, d.Chunks, d.RegionTime, d.BarrierTime)
 	}
 	waitParked()
-	if p := ReadTeamStats().Sub(before).Parks; p < 1 {
-		t.Errorf("the member parked after the product, counted %d parks", p)
+	after := ReadTeamStats().Sub(before)
+	if after.Parks < 1 {
+		t.Errorf("the member parked after the product, counted %d parks", after.Parks)
+	}
+	// the member counts its wake when it runs, which may be after the
+	// product: by its next park it has
+	if after.WakeTime <= 0 || after.WakeTime > time.Since(t0) {
+		t.Errorf("one wake took %v from the caller's wake-up to the member running, want more than 0 and at most the %v since the product began", after.WakeTime, time.Since(t0))
 	}
 	time.Sleep(2 * denseGap)
 	before = ReadTeamStats()

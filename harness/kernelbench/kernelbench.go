@@ -176,10 +176,12 @@ type decodeTrace struct {
 	BarrierMs float64 `json:"barrier_ms"`
 	SerialMs  float64 `json:"serial_ms"`
 	// MemberShare is the share of the regions' chunks the members ran;
-	// Wakes the members woken from parking, Parks their parkings, Alone
-	// the products run on the caller alone as the members slept.
+	// Wakes the members woken from parking, WakeUs the mean time from a
+	// wake-up to the member running, Parks their parkings, Alone the
+	// products run on the caller alone as the members slept.
 	MemberShare float64 `json:"member_share"`
 	Wakes       float64 `json:"wakes"`
+	WakeUs      float64 `json:"wake_us"`
 	Parks       float64 `json:"parks"`
 	Alone       float64 `json:"alone"`
 	// MinorFaults and MajorFaults are the process's page faults, GCs
@@ -206,6 +208,9 @@ func newDecodeTrace(passes []time.Duration, team kernels.TeamStats, minor, major
 	}
 	if spread := model.SpreadOf(passes); spread != nil {
 		tr.Passes = *spread
+	}
+	if team.Wakes > 0 {
+		tr.WakeUs = team.WakeTime.Seconds() * 1e6 / float64(team.Wakes)
 	}
 	if team.Chunks > 0 {
 		tr.MemberShare = float64(team.MemberChunks) / float64(team.Chunks)
@@ -787,14 +792,14 @@ func PrintReport(w io.Writer, r *Report) {
 		}
 		fmt.Fprintln(w, "Where a token's time went (the faster run at each count; kernels.TeamStats):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  threads\tms a token p10/p50/p90\tp90/p10\tregions\tin regions ms\tof it at the barrier\tserial ms\tmembers' chunks\twakes\tparks\talone\tpage faults minor/major\tGCs")
+		fmt.Fprintln(tw, "  threads\tms a token p10/p50/p90\tp90/p10\tregions\tin regions ms\tof it at the barrier\tserial ms\tmembers' chunks\twakes\tus a wake\tparks\talone\tpage faults minor/major\tGCs")
 		for _, k := range keys {
 			t, ok := d.Trace[k]
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(tw, "  %s\t%.2f/%.2f/%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\t%.1f\t%.1f\t%.1f\t%.1f/%.1f\t%d\n",
-				k, t.Passes.P10, t.Passes.P50, t.Passes.P90, t.Passes.Spread, t.Regions, t.RegionMs, t.BarrierMs, t.SerialMs, 100*t.MemberShare, t.Wakes, t.Parks, t.Alone, t.MinorFaults, t.MajorFaults, t.GCs)
+			fmt.Fprintf(tw, "  %s\t%.2f/%.2f/%.2f\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f/%.1f\t%d\n",
+				k, t.Passes.P10, t.Passes.P50, t.Passes.P90, t.Passes.Spread, t.Regions, t.RegionMs, t.BarrierMs, t.SerialMs, 100*t.MemberShare, t.Wakes, t.WakeUs, t.Parks, t.Alone, t.MinorFaults, t.MajorFaults, t.GCs)
 		}
 		tw.Flush()
 		printSideBySide(w, d.SideBySide)

@@ -60,16 +60,17 @@ func TestReportSaysTheFeaturesAndEachProductsRoute(t *testing.T) {
 // TestDecodeTraceIsATokensShare: ten steps of 1..10 ms, of which the
 // team's regions took 50 ms (4 at the barrier) and the members ran half
 // the chunks, read as a token's: 5 ms in regions, 0.5 outside, p10 1 ms,
-// p90 9 ms (nearest rank), spread 9.
+// p90 9 ms (nearest rank), spread 9; ten wakes of 500 us in all, 50 us a
+// wake.
 func TestDecodeTraceIsATokensShare(t *testing.T) {
 	var steps []time.Duration
 	for i := 1; i <= 10; i++ {
 		steps = append(steps, time.Duration(i)*time.Millisecond)
 	}
-	team := kernels.TeamStats{Regions: 30, RegionTime: 50 * time.Millisecond, BarrierTime: 4 * time.Millisecond, Chunks: 8, MemberChunks: 4, Wakes: 10, Parks: 20}
+	team := kernels.TeamStats{Regions: 30, RegionTime: 50 * time.Millisecond, BarrierTime: 4 * time.Millisecond, Chunks: 8, MemberChunks: 4, Wakes: 10, WakeTime: 500 * time.Microsecond, Parks: 20}
 	tr := newDecodeTrace(steps, team, 5, 0, 1)
 	want := decodeTrace{Passes: model.PassSpread{Passes: 10, P10: 1, P50: 5, P90: 9, Spread: 9}, Regions: 3, RegionMs: 5, BarrierMs: 0.4, SerialMs: 0.5,
-		MemberShare: 0.5, Wakes: 1, Parks: 2, MinorFaults: 0.5, GCs: 1}
+		MemberShare: 0.5, Wakes: 1, WakeUs: 50, Parks: 2, MinorFaults: 0.5, GCs: 1}
 	if tr != want {
 		t.Errorf("trace %+v, want %+v", tr, want)
 	}
