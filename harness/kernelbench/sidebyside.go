@@ -67,6 +67,13 @@ type llamaSide struct {
 	BlockSpread float64          `json:"block_spread"`
 	// OdmoeOverLlama is odmoe's tokens/s over llama.cpp's in the run.
 	OdmoeOverLlama float64 `json:"odmoe_over_llama_cpp"`
+	// SpreadAsOdmoes is the p90/p10 llama.cpp's steps would have had
+	// were each odmoe's step of the run plus a constant (llama.cpp's p10
+	// over odmoe's): its spread were its steps stretched by the machine
+	// as odmoe's are, the time it spends beyond odmoe's not at all
+	// (spreadPlus). Where the two spreads agree, llama.cpp's narrower
+	// spread is that added time, not steadier steps.
+	SpreadAsOdmoes float64 `json:"p90_over_p10_as_odmoe_plus_constant"`
 	// QuietMs is how long, a block's mean, the run waited after
 	// llama.cpp's last step for none of its threads to run (its OpenMP
 	// threads spin before they sleep) before its next probe: a 1 ms poll
@@ -255,6 +262,7 @@ func sideBySideRun(ctx context.Context, s *model.Session, logits []float32, step
 		l := &llamaSide{TokPerS: float64(len(theirs)) / theirTime.Seconds(), Passes: *model.SpreadOf(theirs), BlockSpread: blockSpread(theirs, res.Block),
 			QuietMs: quiet.Seconds() * 1e3 / float64(blocks)}
 		l.OdmoeOverLlama = res.TokPerS / l.TokPerS
+		l.SpreadAsOdmoes = spreadPlus(res.Passes, l.Passes.P10-res.Passes.P10)
 		res.Llama = l
 	}
 	return res, nil
@@ -279,6 +287,14 @@ func blockSpread(steps []time.Duration, block int) float64 {
 	return q[1] / q[0]
 }
 
+// spreadPlus is p90/p10 of steps s with extraMs added to each.
+func spreadPlus(s model.PassSpread, extraMs float64) float64 {
+	if s.P10+extraMs <= 0 {
+		return 0
+	}
+	return (s.P90 + extraMs) / (s.P10 + extraMs)
+}
+
 func printSideBySide(w io.Writer, runs []sideBySide) {
 	if len(runs) == 0 {
 		return
@@ -292,14 +308,14 @@ func printSideBySide(w io.Writer, runs []sideBySide) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := "  threads\ttok/s\tGB/s\troofline GB/s\tof it\tms a step p10/p50/p90\tp90/p10\tin blocks"
 	if llama {
-		head += "\tllama.cpp tok/s\tms a step p10/p50/p90\tp90/p10\tin blocks\todmoe/llama.cpp\tllama.cpp quiet ms"
+		head += "\tllama.cpp tok/s\tms a step p10/p50/p90\tp90/p10\tin blocks\tp90/p10 were it odmoe's + a constant\todmoe/llama.cpp\tllama.cpp quiet ms"
 	}
 	fmt.Fprintln(tw, head)
 	for _, r := range runs {
 		fmt.Fprintf(tw, "  %d\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f", r.Threads, r.TokPerS, r.GBps, r.RooflineGBps, r.RooflineFraction,
 			r.Passes.P10, r.Passes.P50, r.Passes.P90, r.Passes.Spread, r.BlockSpread)
 		if l := r.Llama; l != nil {
-			fmt.Fprintf(tw, "\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f\t%.2f\t%.1f", l.TokPerS, l.Passes.P10, l.Passes.P50, l.Passes.P90, l.Passes.Spread, l.BlockSpread, l.OdmoeOverLlama, l.QuietMs)
+			fmt.Fprintf(tw, "\t%.2f\t%.2f/%.2f/%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f", l.TokPerS, l.Passes.P10, l.Passes.P50, l.Passes.P90, l.Passes.Spread, l.BlockSpread, l.SpreadAsOdmoes, l.OdmoeOverLlama, l.QuietMs)
 		}
 		fmt.Fprintln(tw)
 	}

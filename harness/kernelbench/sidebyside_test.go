@@ -86,6 +86,11 @@ func TestSideBySideRunsBothEnginesInBlocks(t *testing.T) {
 	if got, want := res.Llama.OdmoeOverLlama, res.TokPerS/50; math.Abs(got-want) > 1e-12 {
 		t.Errorf("odmoe over llama.cpp %v, want %v", got, want)
 	}
+	// llama.cpp's steps are a constant 20 ms: odmoe's plus a constant
+	// would spread as odmoe's p10 and p90 do with 20 - p10 ms added
+	if got, want := res.Llama.SpreadAsOdmoes, (res.Passes.P90+20-res.Passes.P10)/20; math.Abs(got-want) > 1e-12 {
+		t.Errorf("llama.cpp's spread as odmoe's plus a constant %v, want %v", got, want)
+	}
 	if res.TokPerS <= 0 || res.RooflineGBps <= 0 || math.Abs(res.RooflineFraction-res.GBps/res.RooflineGBps) > 1e-12 ||
 		math.Abs(res.GBps-float64(m.DecodeBytesPerToken())*res.TokPerS/1e9) > 1e-9 {
 		t.Errorf("run %+v: the roofline fraction is not the decode's GB/s over the probes'", res)
@@ -133,6 +138,22 @@ func TestLlamaStepsSayWhatWentWrong(t *testing.T) {
 	}
 	if err := l.close(); err == nil || !strings.Contains(err.Error(), "signal") {
 		t.Errorf("closing a token_times that crashed: %v, want its signal", err)
+	}
+}
+
+// TestSpreadPlusIsTheSpreadWithAConstantAdded: steps of 10 to 13 ms
+// (p10 10, p90 13) with 4 ms added to each spread 17/14; none added, as
+// they did; a constant that leaves no time is no spread.
+func TestSpreadPlusIsTheSpreadWithAConstantAdded(t *testing.T) {
+	s := model.PassSpread{Passes: 10, P10: 10, P50: 11, P90: 13, Spread: 1.3}
+	if got := spreadPlus(s, 4); math.Abs(got-17.0/14) > 1e-12 {
+		t.Errorf("4 ms added: %v, want 17/14", got)
+	}
+	if got := spreadPlus(s, 0); math.Abs(got-1.3) > 1e-12 {
+		t.Errorf("none added: %v, want 1.3", got)
+	}
+	if got := spreadPlus(s, -10); got != 0 {
+		t.Errorf("10 ms taken from a 10 ms p10: %v, want 0", got)
 	}
 }
 
