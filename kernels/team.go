@@ -237,7 +237,9 @@ type TeamStats struct {
 	Chunks, MemberChunks int64
 	// Wakes are members a region found parked and woke; Parks the times
 	// a member, no region coming while it spun, parked. WakeTime is the
-	// time from the wakes to the members running, summed.
+	// time from the wakes to the members running, summed; a member
+	// counts it when it runs, so a wake just before a reading (or before
+	// TraceTeam(false)) is counted in the next.
 	Wakes, Parks int64
 	WakeTime     time.Duration
 	// Alone are products that ran on their caller alone because the

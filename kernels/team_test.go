@@ -281,3 +281,44 @@ func TestMatMulEachMatchesSeparateProducts(t *testing.T) {
 	w := Matrix{DType: F32, Rows: 2, Cols: 3, Data: make([]byte, 24)}
 	MatMulEach(make([]float32, 3), 1, []Product{{Out: make([]float32, 2), W: w}, {Out: make([]float32, 3), W: w}})
 }
+
+// BenchmarkTeamWake: a two-thread product on a team whose member has
+// parked (each product after the member's spin ran out, as a token after
+// a pause), reporting the time from the caller's wake-up to the member
+// running ("us/wake", TeamStats.WakeTime) and the product's own time;
+// the waits for the park are outside the timer.
+func BenchmarkTeamWake(b *testing.B) {
+	prev := SetThreads(2)
+	defer SetThreads(prev)
+	rng := rand.New(rand.NewPCG(13, 14))
+	m, _ := randMatrix(rng, BF16, 2048, 512) // minWakeElems: wakes the member
+	x := randVec(rng, 512)
+	out := make([]float32, 2048)
+	MatVec(out, m, x) // starts the team
+	tm := teamFor(2)
+	parked := func() {
+		for deadline := time.Now().Add(2 * time.Second); !tm.members[0].parked.Load(); {
+			if time.Now().After(deadline) {
+				b.Fatal("the member did not park within 2 s without work")
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	TraceTeam(true)
+	defer TraceTeam(false)
+	before := ReadTeamStats()
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		parked()
+		b.StartTimer()
+		MatVec(out, m, x)
+	}
+	b.StopTimer()
+	parked() // the last wake counted
+	d := ReadTeamStats().Sub(before)
+	if d.Wakes > 0 {
+		b.ReportMetric(float64(d.WakeTime.Microseconds())/float64(d.Wakes), "us/wake")
+		b.ReportMetric(float64(d.Wakes)/float64(b.N), "wakes/op")
+	}
+}
