@@ -132,12 +132,7 @@ func TestSmallProductsLeaveAParkedTeamAsleep(t *testing.T) {
 	MatVec(got, m, x) // starts the 2-thread team
 	tm := teamFor(2)
 	mb := tm.members[0]
-	for deadline := time.Now().Add(2 * time.Second); !mb.parked.Load() && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !mb.parked.Load() {
-		t.Fatal("the member did not park within 2 s without work")
-	}
+	awaitPark(t, mb)
 	time.Sleep(2 * denseGap)
 	gen := tm.gen.Load()
 	clear(got)
@@ -184,15 +179,7 @@ func TestTeamTraceCountsWhatTheTeamDid(t *testing.T) {
 	out := make([]float32, 2048)
 	MatVec(out, big, x) // starts the 2-thread team
 	tm := teamFor(2)
-	waitParked := func() {
-		for deadline := time.Now().Add(2 * time.Second); !tm.members[0].parked.Load() && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if !tm.members[0].parked.Load() {
-			t.Fatal("the member did not park within 2 s without work")
-		}
-	}
-	waitParked()
+	awaitPark(t, tm.members[0])
 	TraceTeam(true)
 	defer TraceTeam(false)
 	before, t0 := ReadTeamStats(), time.Now()
@@ -204,7 +191,7 @@ func TestTeamTraceCountsWhatTheTeamDid(t *testing.T) {
 	if d.MemberChunks < 0 || d.MemberChunks > d.Chunks || d.RegionTime <= 0 || d.BarrierTime < 0 || d.BarrierTime > d.RegionTime {
 		t.Errorf("member chunks %d of %d, region %v, barrier %v: want 0..chunks, a positive region holding the barrier", d.MemberChunks, d.Chunks, d.RegionTime, d.BarrierTime)
 	}
-	waitParked()
+	awaitPark(t, tm.members[0])
 	after := ReadTeamStats().Sub(before)
 	if after.Parks < 1 {
 		t.Errorf("the member parked after the product, counted %d parks", after.Parks)
@@ -295,30 +282,32 @@ func BenchmarkTeamWake(b *testing.B) {
 	x := randVec(rng, 512)
 	out := make([]float32, 2048)
 	MatVec(out, m, x) // starts the team
-	tm := teamFor(2)
-	parked := func() {
-		for deadline := time.Now().Add(2 * time.Second); !tm.members[0].parked.Load(); {
-			if time.Now().After(deadline) {
-				b.Fatal("the member did not park within 2 s without work")
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-	}
+	mb := teamFor(2).members[0]
 	TraceTeam(true)
 	defer TraceTeam(false)
 	before := ReadTeamStats()
-	b.ResetTimer()
 	for b.Loop() {
 		b.StopTimer()
-		parked()
+		awaitPark(b, mb)
 		b.StartTimer()
 		MatVec(out, m, x)
 	}
 	b.StopTimer()
-	parked() // the last wake counted
+	awaitPark(b, mb) // the last wake counted
 	d := ReadTeamStats().Sub(before)
 	if d.Wakes > 0 {
-		b.ReportMetric(float64(d.WakeTime.Microseconds())/float64(d.Wakes), "us/wake")
+		b.ReportMetric(d.WakeTime.Seconds()*1e6/float64(d.Wakes), "us/wake")
 		b.ReportMetric(float64(d.Wakes)/float64(b.N), "wakes/op")
+	}
+}
+
+// awaitPark waits (up to 2 s: a loaded machine may keep a member from
+// running to its park a while) for member m to park, and fails tb if it
+// does not.
+func awaitPark(tb testing.TB, m *member) {
+	for deadline := time.Now().Add(2 * time.Second); !m.parked.Load(); time.Sleep(100 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			tb.Fatal("the member did not park within 2 s without work")
+		}
 	}
 }

@@ -68,11 +68,10 @@ type llamaSide struct {
 	// OdmoeOverLlama is odmoe's tokens/s over llama.cpp's in the run.
 	OdmoeOverLlama float64 `json:"odmoe_over_llama_cpp"`
 	// SpreadAsOdmoes is the p90/p10 llama.cpp's steps would have had
-	// were each odmoe's step of the run plus a constant (llama.cpp's p10
-	// over odmoe's): its spread were its steps stretched by the machine
-	// as odmoe's are, the time it spends beyond odmoe's not at all
-	// (spreadPlus). Where the two spreads agree, llama.cpp's narrower
-	// spread is that added time, not steadier steps.
+	// were each of them odmoe's step plus a constant, llama.cpp's p10
+	// less odmoe's (spreadPlus): the machine stretching odmoe's time and
+	// not llama.cpp's added time. Where it matches Passes.Spread,
+	// llama.cpp's narrower spread is that added time, not steadier steps.
 	SpreadAsOdmoes float64 `json:"p90_over_p10_as_odmoe_plus_constant"`
 	// QuietMs is how long, a block's mean, the run waited after
 	// llama.cpp's last step for none of its threads to run (its OpenMP
